@@ -1,0 +1,183 @@
+"""`coordinator`: thin Typer commands that build a config and call a plain function."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from dilforge_shared.configs import PipelineConfig, load_pipeline
+from dilforge_shared.errors import DilforgeError
+from dilforge_shared.store import ArtifactStore, NotFound, fetch, ls_files, read_manifest
+
+from . import pipeline as pl
+from .backends import BACKENDS, get_backend
+
+app = typer.Typer(help="dilforge coordinator: run the tokenizer → cpt → sft → eval pipeline.",
+                  no_args_is_help=True, pretty_exceptions_enable=False)
+manifest_app = typer.Typer(help="Inspect artifact manifests.", no_args_is_help=True)
+app.add_typer(manifest_app, name="manifest")
+
+ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="Pipeline YAML (see configs/).", exists=False)]
+DataOpt = Annotated[Optional[Path], typer.Option(
+    "--data", help="Folder with the data the config refers to as ${DILFORGE_DATA} (e.g. ../shared/data).")]
+BackendOpt = Annotated[str, typer.Option("--backend", "-b", help=f"Where stages run: {', '.join(BACKENDS)}.")]
+StoreOpt = Annotated[Optional[str], typer.Option("--store", help="Override store.uri of the config.")]
+RunIdOpt = Annotated[Optional[str], typer.Option("--run-id", help="Override run_id of the config.")]
+EndpointOpt = Annotated[Optional[str], typer.Option(
+    "--s3-endpoint-url", envvar="DILFORGE_S3_ENDPOINT_URL", help="S3-compatible endpoint (SeaweedFS, MinIO).")]
+
+
+def fail(message: str) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(1)
+
+
+def _load(config: Path, data: Optional[Path], store: Optional[str], run_id: Optional[str]) -> PipelineConfig:
+    if data is not None:
+        os.environ["DILFORGE_DATA"] = str(data.resolve())
+    overrides = {}
+    if store:
+        overrides["store.uri"] = store
+    if run_id:
+        overrides["run_id"] = run_id
+    return load_pipeline(config, overrides)
+
+
+def _setup_logging(verbose: bool) -> None:
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def _backend(name: str, **options):
+    try:
+        return get_backend(name, **options)
+    except ValueError as exc:
+        fail(str(exc))
+
+
+@app.command("validate")
+def validate_cmd(config: ConfigOpt, data: DataOpt = None) -> None:
+    """Validate a pipeline config (every stage) without running anything."""
+    try:
+        cfg = _load(config, data, None, None)
+    except DilforgeError as exc:
+        fail(str(exc))
+    typer.echo(f"{config}: valid; stages: {', '.join(name for name, _ in cfg.stages()) or 'none'}")
+
+
+@app.command("run")
+def run_cmd(
+    stage: Annotated[str, typer.Argument(help="tokenizer, cpt, sft or eval")],
+    config: ConfigOpt,
+    data: DataOpt = None,
+    backend: BackendOpt = "local",
+    store: StoreOpt = None,
+    run_id: RunIdOpt = None,
+    inputs: Annotated[Optional[list[str]], typer.Option(
+        "--input", help="Upstream artifact NAME=URI; defaults to this run's record.")] = None,
+    verbose: bool = False,
+) -> None:
+    """Run one stage of the pipeline config."""
+    _setup_logging(verbose)
+    try:
+        cfg = _load(config, data, store, run_id)
+        if getattr(cfg, stage, None) is None:
+            fail(f"{config}: no '{stage}' section; stages configured: {[n for n, _ in cfg.stages()]}")
+        upstream = pl.upstream_from_record(cfg)
+        for item in inputs or []:
+            name, sep, uri = item.partition("=")
+            if not sep:
+                fail(f"--input {item!r}: expected NAME=URI")
+            upstream[name] = uri
+        uri = pl.run_stage(cfg, stage, _backend(backend), upstream)
+    except DilforgeError as exc:
+        fail(str(exc))
+    typer.echo(f"[{stage}] artifact: {uri}")
+
+
+@app.command("run-all")
+def run_all_cmd(
+    config: ConfigOpt,
+    data: DataOpt = None,
+    backend: BackendOpt = "local",
+    store: StoreOpt = None,
+    run_id: RunIdOpt = None,
+    verbose: bool = False,
+) -> None:
+    """Run every configured stage in order, each fed the manifests of the ones before."""
+    _setup_logging(verbose)
+    try:
+        cfg = _load(config, data, store, run_id)
+        produced = pl.run_all(cfg, _backend(backend))
+    except DilforgeError as exc:
+        fail(str(exc))
+    for stage, uri in produced.items():
+        typer.echo(f"[{stage}] artifact: {uri}")
+    if "eval" in produced:
+        art = fetch(produced["eval"], endpoint_url=cfg.store.s3_endpoint_url)
+        report = art.path / "report.html"
+        typer.echo(f"report: {report}")
+
+
+@manifest_app.command("show")
+def manifest_show(uri: Annotated[str, typer.Argument(help="Artifact folder or manifest.json URI")],
+                  endpoint: EndpointOpt = None, as_json: bool = typer.Option(False, "--json")) -> None:
+    """Print a manifest: kind, lineage, files and metrics."""
+    try:
+        manifest, digest = read_manifest(uri, endpoint)
+    except DilforgeError as exc:
+        fail(str(exc))
+    if as_json:
+        typer.echo(manifest.model_dump_json(indent=2))
+        return
+    typer.echo(f"{manifest.kind} artifact {manifest.artifact_id} (stage {manifest.stage}, run {manifest.run_id})")
+    typer.echo(f"schema {manifest.schema_version}, created {manifest.created_at.isoformat()}, sha256 {digest}")
+    typer.echo(f"producer: {manifest.producer.package} {manifest.producer.version} git {manifest.producer.git_sha}")
+    for ref in manifest.inputs:
+        typer.echo(f"input {ref.name}: {ref.uri} ({ref.sha256[:16]})")
+    typer.echo(ls_files(manifest.files))
+    typer.echo(json.dumps(manifest.metrics, indent=2, default=str)[:4000])
+
+
+@manifest_app.command("validate")
+def manifest_validate(uri: Annotated[str, typer.Argument(help="Artifact folder or manifest.json URI")],
+                      endpoint: EndpointOpt = None) -> None:
+    """Check the manifest's schema and every file's size and sha256."""
+    try:
+        art = fetch(uri, endpoint_url=endpoint)
+    except DilforgeError as exc:
+        fail(str(exc))
+    typer.echo(f"{art.uri}: valid ({len(art.manifest.files)} files verified)")
+
+
+@app.command("status")
+def status_cmd(run_id: Annotated[str, typer.Argument(help="Pipeline run id")],
+               store: Annotated[str, typer.Option("--store", help="Artifact store root URI")] = ".dilforge/store",
+               endpoint: EndpointOpt = None) -> None:
+    """Show each stage of a run: artifact, produced or reused, failure reason."""
+    try:
+        raw = json.loads(ArtifactStore(store, endpoint).read_run_record(run_id))
+    except NotFound:
+        fail(f"no run {run_id!r} in store {store}")
+    except DilforgeError as exc:
+        fail(str(exc))
+    typer.echo(f"run {run_id} (updated {raw.get('updated_at')})")
+    for stage, info in raw["stages"].items():
+        line = f"  {stage:<10} {info['status']:<9} {info['artifact_uri']}"
+        if info.get("error"):
+            line += f"\n             {info['error'].splitlines()[0][:200]}"
+        typer.echo(line)
+
+
+def main() -> None:  # pragma: no cover
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(app())

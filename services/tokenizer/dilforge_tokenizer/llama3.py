@@ -1,0 +1,105 @@
+"""Llama 3's tokenizer conventions, so a new tokenizer is a drop-in for Llama 3.x models.
+
+Pre-tokenizer regex, byte-level alphabet, the 256 special tokens (ids right after the regular
+vocabulary, as in Llama 3 where they are 128000-128255) and a chat template with generation
+markers (TRL's llama3_training.jinja: same text as Llama 3's template, plus {% generation %} so
+SFT can mask everything but assistant content and its <|eot_id|>).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+PRETOKENIZE_REGEX = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+    r"\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+BOS, EOS, EOT = "<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"
+PAD = "<|finetune_right_pad_id|>"
+_NAMED = {0: BOS, 1: EOS, 4: PAD, 6: "<|start_header_id|>", 7: "<|end_header_id|>", 8: "<|eom_id|>",
+          9: EOT, 10: "<|python_tag|>"}
+
+
+def special_tokens() -> list[str]:
+    """Llama 3's 256 special tokens in id order (offset 0 = <|begin_of_text|>)."""
+    tokens, reserved = [], 0
+    for i in range(256):
+        if i in _NAMED:
+            tokens.append(_NAMED[i])
+        else:
+            tokens.append(f"<|reserved_special_token_{reserved}|>")
+            reserved += 1
+    return tokens
+
+
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{%- if loop.index0 == 0 %}{{- bos_token }}{%- endif %}"
+    "{%- if message['role'] == 'assistant' %}"
+    "{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}"
+    "{%- generation %}{{- message['content'] | trim + '<|eot_id|>' }}{%- endgeneration %}"
+    "{%- else %}"
+    "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] | trim + '<|eot_id|>' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}"
+)
+
+
+def pre_tokenizer() -> pre_tokenizers.PreTokenizer:
+    return pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False),
+    ])
+
+
+def empty_bpe() -> Tokenizer:
+    tok = Tokenizer(models.BPE(ignore_merges=True, byte_fallback=False))
+    tok.pre_tokenizer = pre_tokenizer()
+    tok.decoder = decoders.ByteLevel()
+    return tok
+
+
+def finish(tok: Tokenizer) -> Tokenizer:
+    """Append the 256 special tokens after the regular vocabulary and prepend BOS on encode."""
+    tok.add_special_tokens(special_tokens())
+    bos_id = tok.token_to_id(BOS)
+    tok.post_processor = processors.Sequence([
+        processors.ByteLevel(trim_offsets=False),
+        processors.TemplateProcessing(single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, bos_id)]),
+    ])
+    return tok
+
+
+def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int = 2, length: int | None = None,
+              show_progress: bool = False) -> Tokenizer:
+    """A new byte-level BPE of `vocab_size` regular tokens (256 byte symbols included) + 256 specials."""
+    tok = empty_bpe()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=[],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=show_progress,
+    )
+    tok.train_from_iterator(_iter(texts), trainer=trainer, length=length)
+    return finish(tok)
+
+
+def _iter(texts: Iterable[str]) -> Iterator[str]:
+    yield from texts
+
+
+def to_transformers(tok: Tokenizer, model_max_length: int = 131072):
+    """Wrap as a transformers fast tokenizer with Llama 3's BOS/EOS/pad and chat template."""
+    from transformers import PreTrainedTokenizerFast
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token=BOS, eos_token=EOT, pad_token=PAD,
+        model_max_length=model_max_length, chat_template=CHAT_TEMPLATE, clean_up_tokenization_spaces=False,
+    )
+
+
+def save(tok: Tokenizer, out_dir: Path) -> None:
+    """Write a folder that AutoTokenizer.from_pretrained and Tokenizer.from_file both load as is."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    to_transformers(tok).save_pretrained(str(out_dir))

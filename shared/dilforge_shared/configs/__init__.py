@@ -1,0 +1,12 @@
+from .base import DataSource, Precision, StageConfig, StrictModel
+from .cpt import CptConfig
+from .eval import EvalConfig
+from .pipeline import STAGE_CONFIGS, PipelineConfig, StoreConfig, expand_env, load_pipeline, load_yaml, validate_model
+from .sft import SftConfig
+from .tokenizer import TokenizerConfig
+
+__all__ = [
+    "DataSource", "Precision", "StageConfig", "StrictModel", "CptConfig", "EvalConfig", "SftConfig",
+    "TokenizerConfig", "STAGE_CONFIGS", "PipelineConfig", "StoreConfig", "expand_env", "load_pipeline",
+    "load_yaml", "validate_model",
+]

@@ -1,0 +1,49 @@
+"""What every stage config shares: strict validation, data sources, and the stage's wiring."""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..corpus import TextFormat
+
+
+class StrictModel(BaseModel):
+    """Unknown fields are errors, so a typo in a config never silently falls back to a default."""
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+class DataSource(StrictModel):
+    """A corpus or text set: a file, folder, glob, or S3 object/prefix."""
+    uri: str = Field(description="Local path, file://, glob, or s3:// URI of the data.")
+    format: TextFormat = Field(default="auto", description="File format; 'auto' decides by extension.")
+    text_field: str = Field(default="text", description="JSONL field, TSV column or parquet column with the text.")
+    name: str | None = Field(default=None, description="Short name for reports (defaults to the file name).")
+    weight: float = Field(default=1.0, gt=0, description="Mixture weight where a stage mixes several sources.")
+
+    @property
+    def label(self) -> str:
+        return self.name or self.uri.rstrip("/").rsplit("/", 1)[-1]
+
+
+class StageConfig(StrictModel):
+    """Base of the four stage configs.
+
+    `stage`: the stage's name; `artifact_kind`: what it publishes; `consumes`: upstream stages
+    whose manifests the coordinator feeds it when they are in the same pipeline (as inputs named
+    after those stages).
+    """
+    stage: ClassVar[str]
+    artifact_kind: ClassVar[str]
+    consumes: ClassVar[tuple[str, ...]] = ()
+    required_inputs: ClassVar[tuple[str, ...]] = ()
+
+    seed: int = Field(default=0, description="Seed for every random choice the stage makes.")
+
+    def data_sources(self) -> list[DataSource]:
+        """Raw data the stage reads; their digests are part of the artifact fingerprint."""
+        return []
+
+
+Precision = Literal["auto", "bf16", "fp32"]

@@ -1,0 +1,94 @@
+"""The pipeline config: where artifacts go, the run id, and each stage's config."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import Field, ValidationError
+
+from ..errors import ConfigError, format_validation_error
+from .base import StageConfig, StrictModel
+from .cpt import CptConfig
+from .eval import EvalConfig
+from .sft import SftConfig
+from .tokenizer import TokenizerConfig
+
+STAGE_CONFIGS: dict[str, type[StageConfig]] = {
+    "tokenizer": TokenizerConfig, "cpt": CptConfig, "sft": SftConfig, "eval": EvalConfig,
+}
+
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+class StoreConfig(StrictModel):
+    uri: str = Field(description="Artifact store root: a path, file:// or s3://bucket/prefix.")
+    s3_endpoint_url: str | None = Field(
+        default=None, description="Endpoint of an S3-compatible server (SeaweedFS, MinIO); None for AWS."
+    )
+
+
+class PipelineConfig(StrictModel):
+    run_id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$", description="Name of this pipeline run.")
+    store: StoreConfig
+    tokenizer: TokenizerConfig | None = Field(default=None, description="Tokenizer stage; omitted = not run.")
+    cpt: CptConfig | None = Field(default=None, description="CPT stage; omitted = not run.")
+    sft: SftConfig | None = Field(default=None, description="SFT stage; omitted = not run.")
+    eval: EvalConfig | None = Field(default=None, description="Eval stage; omitted = not run.")
+
+    def stages(self) -> list[tuple[str, StageConfig]]:
+        """The configured stages, in pipeline order."""
+        return [(name, cfg) for name in STAGE_CONFIGS if (cfg := getattr(self, name)) is not None]
+
+
+def expand_env(value: Any, source: str) -> Any:
+    """Replace ${VAR} / ${VAR:-default} in every string; an unset variable without default is an error."""
+    if isinstance(value, dict):
+        return {k: expand_env(v, source) for k, v in value.items()}
+    if isinstance(value, list):
+        return [expand_env(v, source) for v in value]
+    if isinstance(value, str):
+        def sub(m: re.Match) -> str:
+            name, default = m.group(1), m.group(2)
+            if name in os.environ:
+                return os.environ[name]
+            if default is not None:
+                return default
+            raise ConfigError(f"{source}: ${{{name}}} is used but not set (export it, or pass the matching option)")
+        return _ENV_REF.sub(sub, value)
+    return value
+
+
+def load_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read config: {exc.strerror}") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    return expand_env(raw, str(path))
+
+
+def load_pipeline(path: Path, overrides: dict[str, Any] | None = None) -> PipelineConfig:
+    raw = load_yaml(path)
+    for key, value in (overrides or {}).items():
+        node = raw
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return validate_model(PipelineConfig, raw, str(path))
+
+
+def validate_model(model: type[StrictModel], raw: Any, source: str):
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, source)) from None

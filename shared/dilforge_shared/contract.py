@@ -1,0 +1,323 @@
+"""The container contract: every stage runs exactly as SageMaker runs a bring-your-own container.
+
+`IMAGE train` → the stage reads
+  /opt/ml/input/config/hyperparameters.json   every value a string (SageMaker's rule)
+  /opt/ml/input/config/inputdataconfig.json   channels
+  /opt/ml/input/config/resourceconfig.json    current_host, hosts, network_interface_name
+  /opt/ml/input/data/<channel>/               channel data (an upstream artifact folder)
+and writes /opt/ml/model (the artifact's files), /opt/ml/output (failure file, tensorboard),
+/opt/ml/checkpoints (resumable state). The root is `DILFORGE_OPT_ML` for local runs.
+
+Hyperparameters (all strings):
+  stage_config | stage_config_uri   the stage config as one JSON document, or a URI to one
+  artifact_uri                      where the artifact is published (its folder in the store)
+  run_id                            pipeline run id
+  inputs                            JSON object {name: manifest URI} of upstream artifacts
+  s3_endpoint_url                   optional, for S3-compatible stores
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import tempfile
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from pydantic import BaseModel
+
+from .configs.base import StageConfig
+from .configs.pipeline import validate_model
+from .corpus import data_digest
+from .errors import ConfigError, DilforgeError
+from .manifest import MANIFEST_NAME, InputRef, Manifest, current_producer
+from .store import Artifact, fetch, parse_manifest, publish, read_uri_bytes, sha256_bytes, verify_files
+
+log = logging.getLogger("dilforge")
+
+OPT_ML_ENV = "DILFORGE_OPT_ML"
+HYPERPARAMETER_KEYS = {"stage_config", "stage_config_uri", "artifact_uri", "run_id", "inputs", "s3_endpoint_url"}
+FAILURE_LIMIT = 1024 * 1024 - 1  # SageMaker reads at most 1 MiB of the failure file
+
+
+@dataclass(frozen=True)
+class OptMl:
+    """The /opt/ml layout, rooted anywhere."""
+    root: Path
+
+    @classmethod
+    def from_env(cls) -> "OptMl":
+        return cls(Path(os.environ.get(OPT_ML_ENV, "/opt/ml")))
+
+    @property
+    def config_dir(self) -> Path: return self.root / "input" / "config"
+    @property
+    def data_dir(self) -> Path: return self.root / "input" / "data"
+    @property
+    def model_dir(self) -> Path: return self.root / "model"
+    @property
+    def output_dir(self) -> Path: return self.root / "output"
+    @property
+    def checkpoint_dir(self) -> Path: return self.root / "checkpoints"
+    @property
+    def tensorboard_dir(self) -> Path: return self.output_dir / "tensorboard"
+    @property
+    def failure_file(self) -> Path: return self.output_dir / "failure"
+
+    def read_json(self, name: str, default: Any) -> Any:
+        path = self.config_dir / name
+        if not path.exists():
+            return default
+        try:
+            return json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{path}: not valid JSON: {exc}") from None
+
+    def write_inputs(self, hyperparameters: dict[str, str], resource: dict | None = None,
+                     input_data: dict | None = None) -> None:
+        """What SageMaker (or the local/compose backends) lays down before the container starts."""
+        self.config_dir.mkdir(parents=True, exist_ok=True)
+        (self.config_dir / "hyperparameters.json").write_text(json.dumps(hyperparameters))
+        (self.config_dir / "inputdataconfig.json").write_text(json.dumps(input_data or {}))
+        resource = resource or {"current_host": "algo-1", "hosts": ["algo-1"], "network_interface_name": "lo"}
+        (self.config_dir / "resourceconfig.json").write_text(json.dumps(resource))
+
+
+@dataclass(frozen=True)
+class ResourceConfig:
+    current_host: str
+    hosts: list[str]
+    network_interface_name: str | None = None
+    instance_type: str | None = None
+
+    @classmethod
+    def load(cls, opt: OptMl) -> "ResourceConfig":
+        raw = opt.read_json("resourceconfig.json", {"current_host": "algo-1", "hosts": ["algo-1"]})
+        try:
+            return cls(current_host=raw["current_host"], hosts=sorted(raw["hosts"]),
+                       network_interface_name=raw.get("network_interface_name"),
+                       instance_type=raw.get("current_instance_type"))
+        except (KeyError, TypeError) as exc:
+            raise ConfigError(f"{opt.config_dir / 'resourceconfig.json'}: missing field {exc}") from None
+
+    @property
+    def node_rank(self) -> int:
+        return self.hosts.index(self.current_host)
+
+    @property
+    def master_addr(self) -> str:
+        return self.hosts[0]
+
+
+@dataclass
+class StageRequest:
+    """A validated request to run one stage: what the hyperparameters said, parsed once."""
+    config: StageConfig
+    artifact_uri: str
+    run_id: str
+    inputs: dict[str, str]
+    s3_endpoint_url: str | None = None
+
+
+def parse_hyperparameters(hp: dict[str, Any], config_cls: type[StageConfig], source: str) -> StageRequest:
+    """Strictly parse SageMaker-style string hyperparameters into a StageRequest."""
+    bad = [k for k in hp if k not in HYPERPARAMETER_KEYS and not k.startswith("sagemaker_")]
+    if bad:
+        raise ConfigError(f"{source}: unknown hyperparameters {sorted(bad)}; expected {sorted(HYPERPARAMETER_KEYS)}")
+    for key, value in hp.items():
+        if not isinstance(value, str):
+            raise ConfigError(f"{source}: hyperparameter {key!r} must be a string (SageMaker passes strings)")
+    for key in ("artifact_uri", "run_id"):
+        if not hp.get(key):
+            raise ConfigError(f"{source}: hyperparameter {key!r} is required")
+    endpoint = hp.get("s3_endpoint_url") or None
+    if "stage_config" in hp and "stage_config_uri" in hp:
+        raise ConfigError(f"{source}: give stage_config or stage_config_uri, not both")
+    if "stage_config" in hp:
+        doc, doc_source = hp["stage_config"], f"{source}: stage_config"
+    elif "stage_config_uri" in hp:
+        doc_source = hp["stage_config_uri"]
+        doc = read_uri_bytes(doc_source, endpoint).decode()
+    else:
+        raise ConfigError(f"{source}: hyperparameter 'stage_config' or 'stage_config_uri' is required")
+    try:
+        raw = json.loads(doc)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{doc_source}: not valid JSON: {exc}") from None
+    config = validate_model(config_cls, raw, doc_source)
+    try:
+        inputs = json.loads(hp.get("inputs", "{}"))
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{source}: hyperparameter 'inputs' is not valid JSON: {exc}") from None
+    if not isinstance(inputs, dict) or not all(isinstance(v, str) for v in inputs.values()):
+        raise ConfigError(f"{source}: hyperparameter 'inputs' must be a JSON object of name -> manifest URI")
+    missing = [name for name in config_cls.required_inputs if name not in inputs]
+    if missing:
+        raise ConfigError(f"{source}: stage {config_cls.stage} needs inputs {missing}")
+    return StageRequest(config=config, artifact_uri=hp["artifact_uri"].rstrip("/"), run_id=hp["run_id"],
+                        inputs=inputs, s3_endpoint_url=endpoint)
+
+
+def build_hyperparameters(config: StageConfig, artifact_uri: str, run_id: str, inputs: dict[str, str],
+                          s3_endpoint_url: str | None = None, config_uri: str | None = None) -> dict[str, str]:
+    """The inverse of parse_hyperparameters, for backends."""
+    hp = {"artifact_uri": artifact_uri, "run_id": run_id, "inputs": json.dumps(inputs, sort_keys=True)}
+    if config_uri:
+        hp["stage_config_uri"] = config_uri
+    else:
+        hp["stage_config"] = config.model_dump_json()
+    if s3_endpoint_url:
+        hp["s3_endpoint_url"] = s3_endpoint_url
+    return hp
+
+
+@dataclass
+class StageContext:
+    """What a stage's run function gets besides its config: where to write, and its inputs."""
+    request: StageRequest
+    opt: OptMl
+    resources: ResourceConfig
+    _artifacts: dict[str, Artifact] = field(default_factory=dict)
+
+    @property
+    def model_dir(self) -> Path: return self.opt.model_dir
+    @property
+    def checkpoint_dir(self) -> Path: return self.opt.checkpoint_dir
+    @property
+    def tensorboard_dir(self) -> Path: return self.opt.tensorboard_dir
+    @property
+    def endpoint_url(self) -> str | None: return self.request.s3_endpoint_url
+
+    def input(self, name: str) -> Artifact:
+        """An upstream artifact, verified: from its SageMaker channel when mounted, else from the store."""
+        if name not in self._artifacts:
+            if name not in self.request.inputs:
+                raise ConfigError(f"stage {self.request.config.stage} has no input {name!r} "
+                                  f"(inputs given: {sorted(self.request.inputs)})")
+            uri = self.request.inputs[name]
+            channel = self.opt.data_dir / name
+            if (channel / MANIFEST_NAME).is_file():
+                data = (channel / MANIFEST_NAME).read_bytes()
+                manifest = parse_manifest(data, str(channel / MANIFEST_NAME))
+                verify_files(manifest, channel / manifest.data_dir, str(channel))
+                self._artifacts[name] = Artifact(uri=uri, manifest=manifest, manifest_sha256=sha256_bytes(data),
+                                                 path=channel / manifest.data_dir)
+            else:
+                cache = Path(os.environ.get("DILFORGE_CACHE", str(self.opt.root / "cache")))
+                self._artifacts[name] = fetch(uri, cache_dir=cache, endpoint_url=self.endpoint_url)
+        return self._artifacts[name]
+
+    def has_input(self, name: str) -> bool:
+        return name in self.request.inputs
+
+
+@dataclass
+class StageResult:
+    """What a run function returns: the metrics for the manifest. Files are whatever it left in model_dir."""
+    metrics: dict[str, Any]
+    extra_inputs: list[InputRef] = field(default_factory=list)
+
+
+RunFn = Callable[[StageConfig, StageContext], StageResult]
+
+
+def lineage(ctx: StageContext) -> list[InputRef]:
+    refs = [ctx.input(name).ref(name) for name in sorted(ctx.request.inputs)]
+    for source in ctx.request.config.data_sources():
+        refs.append(InputRef(name=f"data:{source.label}", kind="data", uri=source.uri,
+                             sha256=data_digest(source.uri, ctx.endpoint_url)))
+    return refs
+
+
+def publish_result(ctx: StageContext, result: StageResult, package: str) -> Manifest:
+    config = ctx.request.config
+    manifest = Manifest(
+        kind=config.artifact_kind, artifact_id=ctx.request.artifact_uri.rsplit("/", 1)[-1],
+        run_id=ctx.request.run_id, stage=config.stage, producer=current_producer(package),
+        config=config.model_dump(mode="json"), inputs=[*lineage(ctx), *result.extra_inputs],
+        data_dir="pending", files=[], metrics=result.metrics,
+    )
+    return publish(ctx.request.artifact_uri, ctx.model_dir, manifest, ctx.endpoint_url, progress=sys.stderr.isatty())
+
+
+def write_failure(opt: OptMl, message: str) -> None:
+    try:
+        opt.output_dir.mkdir(parents=True, exist_ok=True)
+        opt.failure_file.write_text(message[:FAILURE_LIMIT])
+    except OSError:
+        pass
+
+
+def setup_logging() -> None:
+    logging.basicConfig(level=os.environ.get("DILFORGE_LOG_LEVEL", "INFO"),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stdout, force=True)
+
+
+def log_config(config: BaseModel, derived: dict[str, Any] | None = None) -> None:
+    """Log the resolved config and derived numbers once, at start."""
+    log.info("resolved config: %s", config.model_dump_json())
+    if derived:
+        log.info("derived: %s", json.dumps(derived, sort_keys=True, default=str))
+
+
+class Terminated(DilforgeError):
+    """SIGTERM arrived (SageMaker stop or spot interruption)."""
+
+
+def install_sigterm_handler(flag: dict[str, bool] | None = None) -> dict[str, bool]:
+    """Turn SIGTERM into a flag the training loop polls, so it can checkpoint within the 120 s budget."""
+    flag = flag if flag is not None else {"stop": False}
+
+    def handler(signum, frame):
+        flag["stop"] = True
+        log.warning("SIGTERM received: will checkpoint and stop at the next step")
+    signal.signal(signal.SIGTERM, handler)
+    return flag
+
+
+def stage_main(config_cls: type[StageConfig], run_fn: RunFn, package: str, argv: list[str] | None = None,
+               publish_from_this_process: bool = True) -> int:
+    """Entrypoint body shared by every stage image: `IMAGE train`.
+
+    Any exception becomes a failure file + non-zero exit. Nothing is published unless run_fn returns.
+    """
+    argv = sys.argv[1:] if argv is None else argv
+    setup_logging()
+    opt = OptMl.from_env()
+    if argv[:1] != ["train"]:
+        print(f"usage: {package} train   (SageMaker contract; /opt/ml root from ${OPT_ML_ENV})", file=sys.stderr)
+        return 2
+    try:
+        hp_path = opt.config_dir / "hyperparameters.json"
+        hp = opt.read_json("hyperparameters.json", None)
+        if hp is None:
+            raise ConfigError(f"{hp_path}: missing; the stage needs its hyperparameters")
+        request = parse_hyperparameters(hp, config_cls, str(hp_path))
+        ctx = StageContext(request=request, opt=opt, resources=ResourceConfig.load(opt))
+        for d in (opt.model_dir, opt.output_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        log.info("stage %s run %s → %s", config_cls.stage, request.run_id, request.artifact_uri)
+        result = run_fn(request.config, ctx)
+        if publish_from_this_process:
+            manifest = publish_result(ctx, result, package)
+            log.info("published %s/%s (%d files)", request.artifact_uri, MANIFEST_NAME, len(manifest.files))
+        return 0
+    except DilforgeError as exc:
+        message = str(exc)
+        log.error("%s", message)
+        write_failure(opt, message)
+        return 1
+    except Exception as exc:  # an unexpected bug still leaves a reason for SageMaker to show
+        message = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
+        log.error("%s", message)
+        write_failure(opt, message)
+        return 1
+
+
+def temp_opt_ml(prefix: str = "dilforge-optml-") -> OptMl:
+    return OptMl(Path(tempfile.mkdtemp(prefix=prefix)))

@@ -1,0 +1,46 @@
+"""Errors a user can act on. Each names the file, line or field to fix."""
+
+
+class DilforgeError(Exception):
+    """Base class: the message is shown to the user as is, and the process exits non-zero."""
+
+
+class InputError(DilforgeError):
+    """Bad user input: a corpus, a data record, a config value."""
+
+    def __init__(self, message: str, *, path: str | None = None, line: int | None = None):
+        where = ""
+        if path is not None:
+            where = f"{path}:{line}: " if line is not None else f"{path}: "
+        super().__init__(f"{where}{message}")
+        self.path = path
+        self.line = line
+
+
+class ConfigError(DilforgeError):
+    """A config document that does not validate; the message lists every bad field."""
+
+
+class ManifestError(DilforgeError):
+    """A manifest that cannot be read: wrong schema version, bad JSON, failed integrity check."""
+
+
+class IntegrityError(ManifestError):
+    """A published file is missing or does not match its recorded size or sha256."""
+
+
+class ArtifactExistsError(DilforgeError):
+    """An artifact's manifest already exists; manifests are never overwritten."""
+
+    def __init__(self, uri: str):
+        super().__init__(f"artifact already published at {uri}; manifests are never overwritten")
+        self.uri = uri
+
+
+def format_validation_error(exc, source: str) -> str:
+    """Render a pydantic ValidationError field by field, naming the document it came from."""
+    lines = [f"invalid config in {source}:"]
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "<root>"
+        lines.append(f"  {loc}: {err['msg']}")
+    return "\n".join(lines)

@@ -1,0 +1,202 @@
+"""The versioned artifact manifest: the only thing stages say to each other.
+
+A manifest names the artifact's kind, lineage (upstream manifests and data, by sha256), the full
+resolved config that produced it, every file with its size and sha256, and the metrics.
+
+Version rule: a reader accepts manifests of its own major version (any minor; fields added by a
+newer minor are ignored with a warning) and rejects any other major with an error that says which
+dilforge to use.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import platform
+import subprocess
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path, PurePosixPath
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from .errors import ManifestError
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = "1.0.0"
+MANIFEST_NAME = "manifest.json"
+
+ArtifactKind = Literal["tokenizer", "model", "adapter", "eval_report"]
+StageName = Literal["tokenizer", "cpt", "sft", "eval"]
+STAGES: tuple[StageName, ...] = ("tokenizer", "cpt", "sft", "eval")
+
+KEY_LIBRARIES = (
+    "torch", "transformers", "tokenizers", "trl", "peft", "accelerate", "datasets",
+    "liger-kernel", "safetensors", "pydantic", "boto3",
+)
+
+
+def check_relative_path(path: str) -> str:
+    """Reject absolute paths, `..`, backslashes and empty parts: a file name may not escape its artifact."""
+    p = PurePosixPath(path)
+    if (not path or "\\" in path or p.is_absolute() or any(part in ("..", "", ".") for part in path.split("/"))):
+        raise ValueError(f"unsafe file path {path!r}: must be relative, without '..' or empty parts")
+    return path
+
+
+class Producer(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    package: str = Field(description="Python distribution that ran the stage, e.g. dilforge-cpt.")
+    version: str = Field(description="Version of that distribution.")
+    git_sha: str | None = Field(default=None, description="Commit of the dilforge source, when known.")
+    image: str | None = Field(default=None, description="Container image (by digest when known) the stage ran in.")
+    python: str = Field(default_factory=platform.python_version, description="Python version.")
+    libraries: dict[str, str] = Field(default_factory=dict, description="Versions of key libraries installed.")
+
+
+class InputRef(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(description="Role of the input, e.g. 'tokenizer', 'model', or 'data:<uri>'.")
+    kind: Literal["manifest", "data"] = Field(description="An upstream artifact manifest, or a raw data file.")
+    uri: str = Field(description="Where the input was read from.")
+    sha256: str = Field(description="sha256 of the manifest bytes (or data file); S3 data may use 'etag:<etag>'.")
+
+
+class FileEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    path: str = Field(description="Path relative to the artifact's data directory, '/'-separated.")
+    size: int = Field(ge=0, description="Size in bytes.")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="Hex sha256 of the content.")
+
+    _check_path = field_validator("path")(lambda cls, v: check_relative_path(v))
+
+
+class Manifest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    schema_version: str = Field(default=SCHEMA_VERSION, description="Semver of this schema.")
+    kind: ArtifactKind = Field(description="What the artifact is.")
+    artifact_id: str = Field(description="Fingerprint of stage, config and inputs; the artifact's folder name.")
+    run_id: str = Field(description="Pipeline run that produced the artifact.")
+    stage: StageName = Field(description="Stage that produced the artifact.")
+    created_at: datetime = Field(default_factory=lambda: datetime.now(timezone.utc))
+    producer: Producer
+    config: dict[str, Any] = Field(description="The full resolved stage config.")
+    inputs: list[InputRef] = Field(default_factory=list)
+    data_dir: str = Field(description="Folder, relative to the manifest, that holds the files.")
+    files: list[FileEntry]
+    metrics: dict[str, Any] = Field(default_factory=dict)
+
+    _check_data_dir = field_validator("data_dir")(lambda cls, v: check_relative_path(v))
+
+    def to_json(self) -> bytes:
+        return self.model_dump_json(indent=2).encode() + b"\n"
+
+    def input(self, name: str) -> InputRef:
+        for ref in self.inputs:
+            if ref.name == name:
+                return ref
+        raise KeyError(name)
+
+
+def parse_manifest(data: bytes | str, source: str) -> Manifest:
+    """Parse manifest JSON with the version rule; errors name `source`."""
+    try:
+        raw = json.loads(data)
+    except json.JSONDecodeError as exc:
+        raise ManifestError(f"{source}: not valid JSON: {exc}") from None
+    if not isinstance(raw, dict) or "schema_version" not in raw:
+        raise ManifestError(f"{source}: not a dilforge manifest (no schema_version)")
+    version = str(raw["schema_version"])
+    try:
+        major, minor, _ = (int(x) for x in version.split("."))
+    except ValueError:
+        raise ManifestError(f"{source}: schema_version {version!r} is not semver MAJOR.MINOR.PATCH") from None
+    our_major, our_minor, _ = (int(x) for x in SCHEMA_VERSION.split("."))
+    if major != our_major:
+        newer = "newer" if major > our_major else "older"
+        raise ManifestError(
+            f"{source}: manifest schema {version} is from a {newer} major version; this dilforge reads "
+            f"schema {our_major}.x only (installed schema {SCHEMA_VERSION}); use a dilforge release with "
+            f"schema {major}.x to read it"
+        )
+    if minor > our_minor:
+        known = set(Manifest.model_fields)
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            log.warning("%s: schema %s is newer than %s; ignoring fields %s", source, version, SCHEMA_VERSION, unknown)
+        raw = {k: v for k, v in raw.items() if k in known}
+    try:
+        return Manifest.model_validate(raw)
+    except ValidationError as exc:
+        details = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise ManifestError(f"{source}: invalid manifest: {details}") from None
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def scan_files(root: Path) -> list[FileEntry]:
+    """Every regular file under root, sorted, with size and sha256."""
+    entries = []
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        rel = path.relative_to(root).as_posix()
+        entries.append(FileEntry(path=rel, size=path.stat().st_size, sha256=sha256_file(path)))
+    return entries
+
+
+def _git_sha() -> str | None:
+    if sha := os.environ.get("DILFORGE_GIT_SHA"):
+        return sha
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+            cwd=Path(__file__).resolve().parent,
+        )
+        return out.stdout.strip() or None if out.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def current_producer(package: str) -> Producer:
+    libs = {}
+    for name in KEY_LIBRARIES:
+        try:
+            libs[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    try:
+        version = metadata.version(package)
+    except metadata.PackageNotFoundError:
+        version = "unknown"
+    return Producer(
+        package=package, version=version, git_sha=_git_sha(),
+        image=os.environ.get("DILFORGE_IMAGE"), libraries=libs,
+    )
+
+
+def canonical_json(obj: Any) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str).encode()
+
+
+def fingerprint(stage: str, config: dict[str, Any], inputs: list[InputRef]) -> str:
+    """Artifact id: same stage + config + input digests gives the same id, so reruns reuse artifacts."""
+    payload = {
+        "stage": stage,
+        "config": config,
+        "inputs": sorted((ref.name, ref.sha256) for ref in inputs),
+        "schema_major": SCHEMA_VERSION.split(".")[0],
+    }
+    return sha256_bytes(canonical_json(payload))[:16]

@@ -1,0 +1,49 @@
+"""Small real objects for tests: a Llama-3-style tokenizer and a 2-layer, 64-dim random Llama."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from pathlib import Path
+
+
+def data_root() -> Path:
+    root = Path(os.environ.get("DILFORGE_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+    if not (root / "az").is_dir():
+        raise RuntimeError(f"Azerbaijani data not found at {root}; set DILFORGE_DATA to ../shared/data")
+    return root
+
+
+def wiki_lines(n: int = 5000) -> list[str]:
+    from dilforge_shared.corpus import iter_texts
+    return list(itertools.islice(iter_texts(str(data_root() / "az/train/azwiki_sentences_cv_extractor.txt")), n))
+
+
+def build_tokenizer(out_dir: Path, vocab_size: int = 512, num_lines: int = 5000) -> Path:
+    """A Llama-3-style BPE trained on Azerbaijani Wikipedia lines, saved as an HF folder."""
+    from dilforge_tokenizer import llama3
+    llama3.save(llama3.train_bpe(wiki_lines(num_lines), vocab_size), out_dir)
+    return out_dir
+
+
+def tiny_llama_config(vocab_size: int, **overrides):
+    from transformers import LlamaConfig
+    kwargs = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                  tie_word_embeddings=True, rope_theta=500000.0)
+    kwargs.update(overrides)
+    return LlamaConfig(**kwargs)
+
+
+def build_tiny_llama(out_dir: Path, tokenizer_dir: Path, seed: int = 0, **overrides) -> Path:
+    """A random 2-layer, 64-dim Llama saved as safetensors next to its tokenizer."""
+    import torch
+    from transformers import AutoTokenizer, LlamaForCausalLM
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    torch.manual_seed(seed)
+    cfg = tiny_llama_config(len(tok), bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                            pad_token_id=tok.pad_token_id, **overrides)
+    model = LlamaForCausalLM(cfg)
+    model.save_pretrained(str(out_dir), safe_serialization=True)
+    tok.save_pretrained(str(out_dir))
+    return out_dir
