@@ -47,3 +47,27 @@ def build_tiny_llama(out_dir: Path, tokenizer_dir: Path, seed: int = 0, **overri
     model.save_pretrained(str(out_dir), safe_serialization=True)
     tok.save_pretrained(str(out_dir))
     return out_dir
+
+
+def make_manifest(**overrides):
+    """A valid manifest with made-up contents, for store and schema tests."""
+    from dilforge_shared.manifest import FileEntry, InputRef, Manifest, Producer
+    fields = dict(
+        kind="tokenizer", artifact_id="abc123", run_id="r1", stage="tokenizer",
+        producer=Producer(package="dilforge-tokenizer", version="0.1.0", libraries={"tokenizers": "0.23.3"}),
+        config={"strategy": "replace", "vocab_sizes": [1000]},
+        inputs=[InputRef(name="data:corpus", kind="data", uri="/data/a.txt", sha256="0" * 64)],
+        data_dir="data-0123", files=[FileEntry(path="tokenizer.json", size=3, sha256="a" * 64)],
+        metrics={"fertility": 1.5},
+    )
+    fields.update(overrides)
+    return Manifest(**fields)
+
+
+def write_output(tmp_path: Path, name: str = "out", content: bytes = b"weights") -> Path:
+    """A stage output folder with a nested file."""
+    out = tmp_path / name
+    (out / "sub").mkdir(parents=True)
+    (out / "model.safetensors").write_bytes(content)
+    (out / "sub" / "config.json").write_text("{}")
+    return out

@@ -61,6 +61,25 @@ def expand(uri: str, endpoint_url: str | None = None) -> list[str]:
     return [str(p)]
 
 
+class _BodyReader(io.RawIOBase):
+    """A botocore StreamingBody as a raw stream, so buffering, gzip and line iteration work on it."""
+
+    def __init__(self, body):
+        self.body = body
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        data = self.body.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        self.body.close()
+        super().close()
+
+
 def _open_binary(uri: str, endpoint_url: str | None) -> IO[bytes]:
     parsed = urlparse(uri)
     if parsed.scheme == "s3":
@@ -72,7 +91,7 @@ def _open_binary(uri: str, endpoint_url: str | None) -> IO[bytes]:
             body = backend.client.get_object(Bucket=parsed.netloc, Key=parsed.path.lstrip("/"))["Body"]
         except ClientError as exc:
             raise InputError(f"cannot read S3 object: {exc.response.get('Error', {}).get('Code')}", path=uri) from None
-        stream: IO[bytes] = io.BufferedReader(body._raw_stream) if hasattr(body, "_raw_stream") else body
+        stream: IO[bytes] = io.BufferedReader(_BodyReader(body), buffer_size=1 << 20)
     else:
         try:
             stream = open(uri, "rb")

@@ -27,6 +27,7 @@ from .manifest import (
 log = logging.getLogger(__name__)
 
 S3_ENDPOINT_ENV = "DILFORGE_S3_ENDPOINT_URL"
+MULTIPART_THRESHOLD = 64 << 20  # bytes; larger files go up in parts of this size
 
 
 class NotFound(DilforgeError):
@@ -143,7 +144,8 @@ class S3Backend:
             "s3", endpoint_url=endpoint_url,
             config=Config(retries={"max_attempts": 8, "mode": "adaptive"}, s3={"addressing_style": "path"}),
         )
-        self.transfer = TransferConfig(multipart_threshold=64 << 20, multipart_chunksize=64 << 20, max_concurrency=8)
+        self.transfer = TransferConfig(multipart_threshold=MULTIPART_THRESHOLD, multipart_chunksize=MULTIPART_THRESHOLD,
+                                       max_concurrency=8)
 
     def _key(self, key: str) -> str:
         if key:

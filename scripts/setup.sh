@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Create .venv and install dilforge (shared, coordinator, the four services) with pinned dependencies.
+# Idempotent. Uses pip (not uv): `pip install torch==2.13.0` takes the local CPU wheel where one exists.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[[ -x .venv/bin/python ]] || "$PY" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q torch==2.13.0
+.venv/bin/python -m pip install -q -r requirements-dev.txt
+editable=(-e shared -e coordinator)
+for svc in services/*/; do [[ -f $svc/pyproject.toml ]] && editable+=(-e "$svc"); done
+.venv/bin/python -m pip install -q --no-deps "${editable[@]}"
+.venv/bin/python -m pip check >/dev/null || { .venv/bin/python -m pip check; exit 1; }
+echo "setup: ok ($(.venv/bin/python -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'))"

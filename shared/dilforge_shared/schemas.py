@@ -1,0 +1,47 @@
+"""Export the JSON Schemas of the manifest and the pipeline config into `schemas/`.
+
+`python -m dilforge_shared.schemas schemas/` rewrites them; `--check` exits 1 if they are stale.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from .configs import PipelineConfig
+from .manifest import Manifest
+
+
+def schemas() -> dict[str, dict]:
+    return {
+        "manifest.schema.json": Manifest.model_json_schema(),
+        "pipeline.schema.json": PipelineConfig.model_json_schema(),
+    }
+
+
+def render(schema: dict) -> str:
+    return json.dumps(schema, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    check = "--check" in argv
+    out = Path(next((a for a in argv if not a.startswith("--")), "schemas"))
+    stale = []
+    for name, schema in schemas().items():
+        path = out / name
+        text = render(schema)
+        if check:
+            if not path.exists() or path.read_text() != text:
+                stale.append(str(path))
+        else:
+            out.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+    if stale:
+        print(f"stale JSON schemas: {stale}; run `python -m dilforge_shared.schemas {out}`", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

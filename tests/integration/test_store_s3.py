@@ -1,0 +1,118 @@
+"""The artifact store against a real S3 server (SeaweedFS on 127.0.0.1)."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from dilforge_shared import store
+from dilforge_shared.errors import ArtifactExistsError, InputError, IntegrityError
+from dilforge_shared.store import S3Backend, fetch, publish, read_manifest
+from factories import make_manifest, write_output
+
+
+def test_publish_read_round_trip(s3_bucket, tmp_path):
+    uri = f"{s3_bucket}/proj/artifacts/tokenizer/abc"
+    published = publish(uri, write_output(tmp_path), make_manifest())
+    art = fetch(uri, cache_dir=tmp_path / "cache")
+    assert art.manifest == published
+    assert (art.path / "model.safetensors").read_bytes() == b"weights"
+    assert read_manifest(uri)[1] == art.manifest_sha256
+
+
+def test_multipart_upload_round_trips(s3_bucket, tmp_path, monkeypatch):
+    monkeypatch.setattr(store, "MULTIPART_THRESHOLD", 5 << 20)
+    out = tmp_path / "big"
+    out.mkdir()
+    payload = os.urandom(11 << 20)
+    (out / "model.safetensors").write_bytes(payload)
+    uri = f"{s3_bucket}/big"
+    publish(uri, out, make_manifest())
+    bucket = s3_bucket.removeprefix("s3://")
+    m = read_manifest(uri)[0]
+    head = S3Backend(bucket, "").client.head_object(Bucket=bucket, Key=f"big/{m.data_dir}/model.safetensors")
+    assert "-" in head["ETag"], "expected a multipart ETag"
+    assert (fetch(uri, cache_dir=tmp_path / "c").path / "model.safetensors").read_bytes() == payload
+
+
+def test_tampered_object_is_detected(s3_bucket, tmp_path):
+    uri = f"{s3_bucket}/t"
+    m = publish(uri, write_output(tmp_path), make_manifest())
+    bucket = s3_bucket.removeprefix("s3://")
+    S3Backend(bucket, "").client.put_object(Bucket=bucket, Key=f"t/{m.data_dir}/model.safetensors", Body=b"weightz")
+    with pytest.raises(IntegrityError, match="model.safetensors does not match its sha256"):
+        fetch(uri, cache_dir=tmp_path / "cache")
+
+
+def test_missing_object_is_detected(s3_bucket, tmp_path):
+    uri = f"{s3_bucket}/m"
+    m = publish(uri, write_output(tmp_path), make_manifest())
+    bucket = s3_bucket.removeprefix("s3://")
+    S3Backend(bucket, "").client.delete_object(Bucket=bucket, Key=f"m/{m.data_dir}/sub/config.json")
+    with pytest.raises(IntegrityError, match="sub/config.json listed in the manifest is missing"):
+        fetch(uri, cache_dir=tmp_path / "cache")
+
+
+def test_manifest_is_never_overwritten(s3_bucket, tmp_path):
+    uri = f"{s3_bucket}/o"
+    first = publish(uri, write_output(tmp_path, "a", b"first"), make_manifest())
+    with pytest.raises(ArtifactExistsError):
+        publish(uri, write_output(tmp_path, "b", b"second"), make_manifest())
+    assert read_manifest(uri)[0] == first
+    # the create-only write itself refuses, even when the early existence check is bypassed
+    backend = S3Backend(s3_bucket.removeprefix("s3://"), "o")
+    assert backend.create_bytes("manifest.json", b"{}") is False
+
+
+CONCURRENT = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    sys.path.insert(0, {tests!r})
+    from dilforge_shared.errors import ArtifactExistsError
+    from dilforge_shared.store import publish
+    from factories import make_manifest
+    out = Path(sys.argv[1])
+    time.sleep(max(0.0, float(sys.argv[2]) - time.time()))
+    try:
+        publish({uri!r}, out, make_manifest())
+        print("won")
+    except ArtifactExistsError:
+        print("lost")
+""")
+
+
+def test_concurrent_publishers_exactly_one_wins(s3_bucket, tmp_path):
+    import time
+    uri = f"{s3_bucket}/race"
+    script = tmp_path / "pub.py"
+    script.write_text(CONCURRENT.format(tests=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), uri=uri))
+    outs = [write_output(tmp_path, f"o{i}", f"version {i}".encode() * 1000) for i in range(3)]
+    start = str(time.time() + 3)
+    procs = [subprocess.Popen([sys.executable, str(script), str(o), start], stdout=subprocess.PIPE, text=True)
+             for o in outs]
+    results = [p.communicate(timeout=120)[0].strip() for p in procs]
+    assert sorted(results) == ["lost", "lost", "won"], results
+    art = fetch(uri, cache_dir=tmp_path / "cache")  # the winner's files are intact and verified
+    bucket = s3_bucket.removeprefix("s3://")
+    data_dirs = {k.split("/")[0] for k in S3Backend(bucket, "race").list("")} - {"manifest.json"}
+    assert data_dirs == {art.manifest.data_dir}, "losers must remove their files"
+
+
+def test_missing_s3_corpus_object_is_named(s3_bucket):
+    from dilforge_shared.corpus import iter_texts
+    with pytest.raises(InputError, match=f"{s3_bucket}/corpus/nope.txt: no such S3 object"):
+        list(iter_texts(f"{s3_bucket}/corpus/nope.txt"))
+
+
+def test_s3_corpus_streams_gz_and_jsonl(s3_bucket):
+    import gzip
+    import json
+    from dilforge_shared.corpus import iter_texts
+    bucket = s3_bucket.removeprefix("s3://")
+    client = S3Backend(bucket, "").client
+    client.put_object(Bucket=bucket, Key="c/a.txt.gz", Body=gzip.compress("bir\nIki\u0307\n".encode()))
+    client.put_object(Bucket=bucket, Key="c/b.jsonl", Body=(json.dumps({"t": "üç"}) + "\n").encode())
+    import unicodedata
+    assert list(iter_texts(f"{s3_bucket}/c", text_field="t")) == ["bir", unicodedata.normalize("NFC", "Iki\u0307"), "üç"]

@@ -1,0 +1,22 @@
+from pathlib import Path
+
+from dilforge_shared import schemas
+
+SCHEMA_DIR = Path(__file__).resolve().parents[2] / "schemas"
+
+
+def test_exported_json_schemas_match_the_models():
+    for name, schema in schemas.schemas().items():
+        path = SCHEMA_DIR / name
+        assert path.exists(), f"{path} missing: run python -m dilforge_shared.schemas schemas"
+        assert path.read_text() == schemas.render(schema), (
+            f"{path} is stale: run python -m dilforge_shared.schemas schemas")
+
+
+def test_manifest_schema_validates_a_real_manifest():
+    import json
+
+    import jsonschema
+    from factories import make_manifest
+    schema = json.loads((SCHEMA_DIR / "manifest.schema.json").read_text())
+    jsonschema.validate(json.loads(make_manifest().to_json()), schema)
