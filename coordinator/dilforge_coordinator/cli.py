@@ -17,11 +17,15 @@ from dilforge_shared.store import ArtifactStore, NotFound, fetch, ls_files, read
 
 from . import pipeline as pl
 from .backends import BACKENDS, get_backend
+from .images import images_app
+from .chat import chat_cmd
 
 app = typer.Typer(help="dilforge coordinator: run the tokenizer → cpt → sft → eval pipeline.",
                   no_args_is_help=True, pretty_exceptions_enable=False)
 manifest_app = typer.Typer(help="Inspect artifact manifests.", no_args_is_help=True)
 app.add_typer(manifest_app, name="manifest")
+app.add_typer(images_app, name="images")
+app.command("chat")(chat_cmd)
 
 ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="Pipeline YAML (see configs/).", exists=False)]
 DataOpt = Annotated[Optional[Path], typer.Option(
@@ -61,6 +65,25 @@ def _backend(name: str, **options):
         fail(str(exc))
 
 
+DryRunOpt = Annotated[bool, typer.Option(
+    "--dry-run", help="sagemaker backend: print every CreateTrainingJob request, offline, and submit nothing.")]
+
+
+def _prepared_backend(name: str, cfg: PipelineConfig, dry_run: bool = False):
+    """The backend, and the config as it runs there (compose points the store at its S3)."""
+    if dry_run and name != "sagemaker":
+        fail("--dry-run is for --backend sagemaker")
+    backend = _backend(name, **({"dry_run": True} if dry_run else {}))
+    prepare = getattr(backend, "prepare", None)
+    return backend, (prepare(cfg) if prepare else cfg)
+
+
+def _print_dry_run(backend, cfg: PipelineConfig, stage: str | None = None) -> None:
+    from .backends.sagemaker import offline_jobs
+    requests = [backend.build_request(job) for job in offline_jobs(cfg) if stage is None or job.stage == stage]
+    typer.echo(json.dumps(requests, indent=2))
+
+
 @app.command("validate")
 def validate_cmd(config: ConfigOpt, data: DataOpt = None) -> None:
     """Validate a pipeline config (every stage) without running anything."""
@@ -81,6 +104,7 @@ def run_cmd(
     run_id: RunIdOpt = None,
     inputs: Annotated[Optional[list[str]], typer.Option(
         "--input", help="Upstream artifact NAME=URI; defaults to this run's record.")] = None,
+    dry_run: DryRunOpt = False,
     verbose: bool = False,
 ) -> None:
     """Run one stage of the pipeline config."""
@@ -89,13 +113,16 @@ def run_cmd(
         cfg = _load(config, data, store, run_id)
         if getattr(cfg, stage, None) is None:
             fail(f"{config}: no '{stage}' section; stages configured: {[n for n, _ in cfg.stages()]}")
+        runner, cfg = _prepared_backend(backend, cfg, dry_run)
+        if dry_run:
+            return _print_dry_run(runner, cfg, stage)
         upstream = pl.upstream_from_record(cfg)
         for item in inputs or []:
             name, sep, uri = item.partition("=")
             if not sep:
                 fail(f"--input {item!r}: expected NAME=URI")
             upstream[name] = uri
-        uri = pl.run_stage(cfg, stage, _backend(backend), upstream)
+        uri = pl.run_stage(cfg, stage, runner, upstream)
     except DilforgeError as exc:
         fail(str(exc))
     typer.echo(f"[{stage}] artifact: {uri}")
@@ -108,13 +135,17 @@ def run_all_cmd(
     backend: BackendOpt = "local",
     store: StoreOpt = None,
     run_id: RunIdOpt = None,
+    dry_run: DryRunOpt = False,
     verbose: bool = False,
 ) -> None:
     """Run every configured stage in order, each fed the manifests of the ones before."""
     _setup_logging(verbose)
     try:
         cfg = _load(config, data, store, run_id)
-        produced = pl.run_all(cfg, _backend(backend))
+        runner, cfg = _prepared_backend(backend, cfg, dry_run)
+        if dry_run:
+            return _print_dry_run(runner, cfg)
+        produced = pl.run_all(cfg, runner)
     except DilforgeError as exc:
         fail(str(exc))
     for stage, uri in produced.items():

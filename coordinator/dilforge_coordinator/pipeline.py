@@ -12,6 +12,7 @@ from dilforge_shared.configs import PipelineConfig, StageConfig
 from dilforge_shared.corpus import data_digest
 from dilforge_shared.errors import DilforgeError
 from dilforge_shared.manifest import MANIFEST_NAME, InputRef, fingerprint
+from dilforge_shared.models import source_digest
 from dilforge_shared.store import ArtifactStore, NotFound, artifact_exists, read_manifest
 
 log = logging.getLogger("dilforge.coordinator")
@@ -87,6 +88,8 @@ def plan_stage(pipeline: PipelineConfig, stage: str, upstream: dict[str, str]) -
     for source in config.data_sources():
         refs.append(InputRef(name=f"data:{source.label}", kind="data", uri=source.uri,
                              sha256=data_digest(source.uri, endpoint)))
+    for uri in config.model_uris():
+        refs.append(InputRef(name=f"model:{uri}", kind="data", uri=uri, sha256=source_digest(uri, endpoint)))
     artifact_id = fingerprint(stage, config.model_dump(mode="json"), refs)
     store = ArtifactStore(pipeline.store.uri, endpoint)
     return StageJob(stage=stage, config=config, run_id=pipeline.run_id, artifact_uri=store.artifact_uri(stage, artifact_id),

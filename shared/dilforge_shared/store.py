@@ -389,5 +389,20 @@ def fetch(uri: str, cache_dir: Path | None = None, endpoint_url: str | None = No
     return Artifact(uri=artifact_uri, manifest=manifest, manifest_sha256=digest, path=local)
 
 
+def mirror_prefix(uri: str, dest: Path, endpoint_url: str | None = None) -> Path:
+    """Copy every object under an S3 (or local) prefix into `dest` once; `.complete` marks a finished copy."""
+    marker = dest / ".complete"
+    if marker.exists():
+        return dest
+    backend = open_backend(uri, endpoint_url)
+    keys = [k for k in backend.list("") if not k.endswith("/")]
+    if not keys:
+        raise NotFound(f"{uri}: no objects under this prefix")
+    for key in keys:
+        backend.download_file(key, dest / key)
+    marker.touch()
+    return dest
+
+
 def ls_files(files: list[FileEntry]) -> str:
     return "\n".join(f"{f.size:>12}  {f.sha256[:12]}  {f.path}" for f in files)

@@ -117,3 +117,17 @@ def test_stage_without_required_upstream_fails_clearly(tmp_path):
             pl.plan_stage(cfg, "tokenizer", {})
     finally:
         cls.required_inputs = ()
+
+
+def test_base_model_content_is_part_of_the_fingerprint(tmp_path):
+    """A base tokenizer/model rewritten in place at the same path must not reuse the old artifact."""
+    from dilforge_shared.configs import PipelineConfig
+    base = tmp_path / "base_tok"
+    base.mkdir()
+    (base / "tokenizer.json").write_text('{"v": 1}')
+    cfg = PipelineConfig.model_validate({"run_id": "x", "store": {"uri": str(tmp_path / "s")}, "tokenizer": {
+        "strategy": "base", "base_tokenizer": str(base), "vocab_sizes": [1000]}})
+    before = pl.plan_stage(cfg, "tokenizer", {}).artifact_id
+    assert pl.plan_stage(cfg, "tokenizer", {}).artifact_id == before
+    (base / "tokenizer.json").write_text('{"v": 2}')
+    assert pl.plan_stage(cfg, "tokenizer", {}).artifact_id != before

@@ -45,5 +45,9 @@ class StageConfig(StrictModel):
         """Raw data the stage reads; their digests are part of the artifact fingerprint."""
         return []
 
+    def model_uris(self) -> list[str]:
+        """Model or tokenizer folders read besides upstream artifacts; their content is fingerprinted too."""
+        return []
+
 
 Precision = Literal["auto", "bf16", "fp32"]

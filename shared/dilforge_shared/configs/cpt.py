@@ -1,20 +1,168 @@
-"""CPT stage config (skeleton; owned by the CPT service work)."""
+"""CPT stage config: continued pre-training of a Llama-family model on new-language text.
+
+No torch import here: the coordinator validates this config on machines without torch.
+"""
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from .base import DataSource, StageConfig
+from .base import DataSource, Precision, StageConfig, StrictModel
+
+
+class ScratchModel(StrictModel):
+    """Architecture of a randomly initialised Llama (tests, demos, benchmarks). Vocab = the tokenizer's."""
+    hidden_size: int = Field(default=64, ge=8, description="Model width.")
+    intermediate_size: int = Field(default=128, ge=8, description="MLP width.")
+    num_hidden_layers: int = Field(default=2, ge=1, description="Decoder layers.")
+    num_attention_heads: int = Field(default=4, ge=1, description="Query heads.")
+    num_key_value_heads: int = Field(default=2, ge=1, description="Key/value heads (GQA).")
+    max_position_embeddings: int = Field(default=2048, ge=16, description="Longest sequence the model supports.")
+    rope_theta: float = Field(default=500000.0, gt=0, description="RoPE base.")
+    tie_word_embeddings: bool = Field(default=True, description="Share embedding and LM-head weights.")
+
+    @model_validator(mode="after")
+    def _check(self) -> ScratchModel:
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError("hidden_size must be a multiple of num_attention_heads")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
+        return self
+
+
+class Phase(StrictModel):
+    """One training phase: its own steps, peak LR and warmup; cosine decay to min_lr_ratio × lr."""
+    num_steps: int = Field(default=0, ge=0, description="Optimizer steps in this phase; 0 skips the phase.")
+    lr: float = Field(default=1e-3, gt=0, description="Peak learning rate (AdamW).")
+    num_warmup_steps: int = Field(default=0, ge=0, description="Linear warmup steps from 0 to lr.")
+    min_lr_ratio: float = Field(default=0.1, ge=0, le=1, description="Cosine decays to lr × min_lr_ratio.")
+    weight_decay: float = Field(default=0.0, ge=0, description="AdamW decoupled weight decay.")
 
 
 class CptConfig(StageConfig):
     stage: ClassVar[str] = "cpt"
     artifact_kind: ClassVar[str] = "model"
     consumes: ClassVar[tuple[str, ...]] = ("tokenizer",)
+    required_inputs: ClassVar[tuple[str, ...]] = ("tokenizer",)
 
-    corpora: list[DataSource] = Field(default_factory=list, description="Training corpora with mixture weights.")
+    # ---- model -----------------------------------------------------------------------------
+    base_model: str | None = Field(
+        default=None,
+        description="HF model folder (local path or s3:// prefix) with config.json, safetensors weights and "
+        "its tokenizer. None = a random model shaped by scratch_model (tests, demos).",
+    )
+    scratch_model: ScratchModel | None = Field(
+        default=None, description="Architecture of a random model; used only when base_model is None."
+    )
+    transplant: Literal["none", "mean_of_pieces", "mean_of_all", "random"] = Field(
+        default="mean_of_pieces",
+        description="How embedding/LM-head rows are initialised when the stage's tokenizer differs from the "
+        "base model's. Tokens in both keep their rows; new tokens get: mean_of_pieces = mean of the base "
+        "rows of the pieces the base tokenizer splits the token's bytes into; mean_of_all = mean of all "
+        "base rows; random = normal(0, initializer_range). none = the tokenizers must be identical.",
+    )
+    compare_transplant_inits: bool = Field(
+        default=True,
+        description="Measure step-0 validation BPB for every transplant initialisation (mean_of_pieces, "
+        "mean_of_all, random), not just the one trained.",
+    )
+
+    # ---- data ------------------------------------------------------------------------------
+    corpora: list[DataSource] = Field(
+        default_factory=list,
+        description="Training corpora; `weight` is each one's share of sampled windows (e.g. 0.2 English "
+        "replay against forgetting).",
+    )
+    validation: list[DataSource] = Field(
+        default_factory=list, description="Held-out text for validation loss and bits per byte (BPB)."
+    )
+    seq_len: int = Field(default=2048, ge=8, description="Tokens per packed training window.")
+    num_validation_docs: int = Field(default=500, ge=1, description="Validation documents read (first N) per source.")
+    max_docs_per_corpus: int | None = Field(
+        default=None, ge=1, description="Read at most this many documents of each corpus (demos)."
+    )
+    tokenize_batch_size: int = Field(default=1000, ge=1, description="Documents per encode_batch call.")
+
+    # ---- optimisation ----------------------------------------------------------------------
+    phase1: Phase = Field(
+        default_factory=lambda: Phase(num_steps=0, lr=1e-3),
+        description="Embeddings + LM head only; every other parameter frozen.",
+    )
+    phase2: Phase = Field(default_factory=lambda: Phase(num_steps=0, lr=1e-4), description="All parameters.")
+    global_batch_size: int = Field(
+        default=8, ge=1,
+        description="Sequences per optimizer step across all processes (= micro_batch_size × processes × "
+        "gradient accumulation steps, which is derived).",
+    )
+    micro_batch_size: int = Field(default=1, ge=1, description="Sequences per forward pass per process.")
+    max_grad_norm: float | None = Field(default=1.0, gt=0, description="Gradient clipping norm; None = off.")
+    adam_beta1: float = Field(default=0.9, ge=0, lt=1, description="AdamW beta1.")
+    adam_beta2: float = Field(default=0.95, ge=0, lt=1, description="AdamW beta2.")
+    adam_eps: float = Field(default=1e-8, gt=0, description="AdamW epsilon.")
+    precision: Precision = Field(default="auto", description="auto = bf16 on CUDA, fp32 on CPU.")
+
+    # ---- distribution and kernels ----------------------------------------------------------
+    num_processes_per_node: int | None = Field(
+        default=None, ge=1,
+        description="Training processes per host; None = one per GPU (1 on CPU). More than one process in "
+        "total (here or several hosts in resourceconfig.json) runs under torchrun.",
+    )
+    fsdp: Literal["auto", "on", "off"] = Field(
+        default="auto", description="FSDP2 fully_shard per decoder layer + root; auto = on with >1 process."
+    )
+    distributed_backend: Literal["auto", "nccl", "gloo"] = Field(
+        default="auto", description="auto = nccl on CUDA, gloo on CPU."
+    )
+    master_port: int = Field(default=29500, ge=1024, le=65535, description="Rendezvous port on multi-host runs.")
+    activation_checkpointing: bool = Field(default=False, description="Recompute layer activations in backward.")
+    compile: bool = Field(default=False, description="torch.compile every decoder layer.")
+    liger: bool = Field(default=True, description="Apply Liger kernels on CUDA (never on CPU).")
+    peak_tflops_per_device: float | None = Field(
+        default=None, gt=0,
+        description="Peak dense TFLOP/s of one device for MFU; None = known GPUs' bf16 peak (H100/H200 "
+        "989, A100 312, ...), no MFU on CPU.",
+    )
+
+    # ---- logging, evaluation, checkpoints ------------------------------------------------
+    log_every: int = Field(default=10, ge=1, description="Log training metrics every N steps.")
+    eval_every: int = Field(default=100, ge=1, description="Validation loss/BPB every N steps (and at the end).")
+    checkpoint_every: int = Field(default=200, ge=1, description="Checkpoint every N steps (and on SIGTERM).")
+    num_checkpoints_kept: int = Field(default=2, ge=1, description="Complete checkpoints kept on disk.")
+    save_dtype: Literal["auto", "bf16", "fp32"] = Field(
+        default="auto", description="dtype of the published weights; auto = the training precision."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> CptConfig:
+        if self.base_model is None and self.scratch_model is None:
+            raise ValueError("give base_model (an HF folder or s3:// prefix) or scratch_model (a random model)")
+        if self.base_model is not None and self.scratch_model is not None:
+            raise ValueError("give base_model or scratch_model, not both")
+        if not self.corpora:
+            raise ValueError("corpora: at least one training corpus is needed")
+        if not self.validation:
+            raise ValueError("validation: at least one validation text set is needed (for loss and BPB)")
+        if self.phase1.num_steps + self.phase2.num_steps == 0:
+            raise ValueError("phase1.num_steps + phase2.num_steps is 0: nothing to train")
+        for name in ("phase1", "phase2"):
+            phase = getattr(self, name)
+            if phase.num_steps and phase.num_warmup_steps > phase.num_steps:
+                raise ValueError(f"{name}.num_warmup_steps ({phase.num_warmup_steps}) exceeds {name}.num_steps")
+        if self.global_batch_size % self.micro_batch_size:
+            raise ValueError(f"global_batch_size ({self.global_batch_size}) must be a multiple of "
+                             f"micro_batch_size ({self.micro_batch_size})")
+        if self.scratch_model is not None and self.seq_len > self.scratch_model.max_position_embeddings:
+            raise ValueError("seq_len exceeds scratch_model.max_position_embeddings")
+        return self
+
+    @property
+    def num_steps(self) -> int:
+        return self.phase1.num_steps + self.phase2.num_steps
+
+    def model_uris(self) -> list[str]:
+        return [self.base_model] if self.base_model else []
 
     def data_sources(self) -> list[DataSource]:
-        return list(self.corpora)
+        return [*self.corpora, *self.validation]

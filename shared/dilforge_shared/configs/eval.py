@@ -1,12 +1,71 @@
-"""Eval stage config (skeleton; owned by the eval service work)."""
+"""Eval stage config: which models, tokenizers, text sets and resources the report compares."""
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from .base import DataSource, StageConfig
+from .base import DataSource, Precision, StageConfig, StrictModel
+
+_LABEL = r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,39}$"
+UPSTREAM_LABELS = ("tokenizer", "cpt", "sft")
+
+
+class ModelRef(StrictModel):
+    """A causal LM to evaluate besides the upstream CPT/SFT models (e.g. the stock base model)."""
+    label: str = Field(pattern=_LABEL, description="Name shown in the report, e.g. 'base'.")
+    uri: str = Field(description="HF model folder (local path or s3:// prefix) or a dilforge artifact "
+                     "(folder or manifest.json URI) holding one.")
+    tokenizer_uri: str | None = Field(default=None, description="Tokenizer folder if it is not next to the model.")
+    adapter_uri: str | None = Field(default=None, description="Optional PEFT adapter folder applied on top of the model.")
+
+
+class TokenizerRef(StrictModel):
+    """A tokenizer to compare (fertility, morpheme alignment) without a model."""
+    label: str = Field(pattern=_LABEL, description="Name shown in the report, e.g. 'llama3'.")
+    uri: str = Field(description="HF tokenizer folder (local or s3:// prefix), a tokenizer.json file, or a dilforge artifact.")
+
+
+class ParallelSet(StrictModel):
+    """Aligned Azerbaijani/English text for tokenizer parity (tokens az / tokens en)."""
+    name: str = Field(pattern=_LABEL, description="Name shown in the report.")
+    az: DataSource = Field(description="Azerbaijani side; document i aligns with document i of `en`.")
+    en: DataSource = Field(description="English side.")
+
+
+class MorphResources(StrictModel):
+    """Gold morphology for the morpheme-alignment metric (see docs/eval.md for the method)."""
+    segmented: list[str] = Field(default_factory=list, description="TSV files word<TAB>segmentation ('kitab+lar'), "
+                                 "header row optional.")
+    lemma_forms: list[str] = Field(default_factory=list, description="TSV files of lemma/form pairs (UniMorph "
+                                   "lemma<TAB>form<TAB>feats, or a header naming 'lemma' and 'form' columns).")
+    conllu: list[str] = Field(default_factory=list, description="CoNLL-U files; lemmas give stem boundaries and a "
+                              "'# glossing =' comment (Leipzig hyphens) refines them.")
+    num_words_per_source: int = Field(default=2000, ge=1, description="Words sampled (seeded) from each source.")
+
+
+class GenerationSettings(StrictModel):
+    modes: list[Literal["greedy", "sampled"]] = Field(default=["greedy", "sampled"], description="Decoding modes.")
+    max_new_tokens: int = Field(default=64, ge=1, description="New tokens per answer.")
+    temperature: float = Field(default=0.7, gt=0, description="Sampling temperature (sampled mode).")
+    top_p: float = Field(default=0.9, gt=0, le=1, description="Nucleus sampling mass (sampled mode).")
+    repetition_penalty: float = Field(default=1.0, gt=0, description="1.0 = none, so the report shows raw behaviour.")
+    num_prompts: int | None = Field(default=None, ge=1, description="Use at most this many prompts (demos).")
+
+
+class BpbSettings(StrictModel):
+    window: int | None = Field(default=None, ge=8, description="Tokens per forward window; None = the model's "
+                               "max_position_embeddings capped at 2048.")
+    stride: int | None = Field(default=None, ge=1, description="Window step in tokens; every token after the first "
+                               "window sees at least window-stride tokens of context. None = window/2.")
+    batch_size: int = Field(default=8, ge=1, description="Windows per forward pass.")
+
+    @model_validator(mode="after")
+    def _check(self) -> BpbSettings:
+        if self.window is not None and self.stride is not None and self.stride > self.window:
+            raise ValueError(f"bpb.stride ({self.stride}) must not exceed bpb.window ({self.window})")
+        return self
 
 
 class EvalConfig(StageConfig):
@@ -14,7 +73,54 @@ class EvalConfig(StageConfig):
     artifact_kind: ClassVar[str] = "eval_report"
     consumes: ClassVar[tuple[str, ...]] = ("tokenizer", "cpt", "sft")
 
-    text_sets: list[DataSource] = Field(default_factory=list, description="Text sets for BPB, one per domain.")
+    models: list[ModelRef] = Field(default_factory=list, description="Models besides the upstream cpt/sft ones "
+                                   "(e.g. the base model), each with a label.")
+    tokenizers: list[TokenizerRef] = Field(default_factory=list, description="Tokenizers besides the upstream one "
+                                           "and the models' own.")
+    text_sets: list[DataSource] = Field(default_factory=list, description="Text sets (one per domain) for BPB and "
+                                        "tokenizer metrics; `name` is the domain label.")
+    parallel_sets: list[ParallelSet] = Field(default_factory=list, description="Aligned az/en text for parity.")
+    morph: MorphResources | None = Field(default=None, description="Gold morphology; None = no alignment metric.")
+    prompts: str | None = Field(default=None, description="JSONL prompts file: {id, kind: completion|chat, prompt}.")
+    generation: GenerationSettings = Field(default_factory=GenerationSettings, description="Decoding settings.")
+    bpb: BpbSettings = Field(default_factory=BpbSettings, description="Sliding-window settings for bits per byte.")
+    max_docs_per_set: int | None = Field(default=None, ge=1, description="Read at most this many documents per set.")
+    max_bytes_per_set: int | None = Field(default=200_000, ge=1, description="Stop reading a set after this many "
+                                          "UTF-8 bytes (keeps CPU demos fast); None = the whole set.")
+    device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="auto = cuda when available.")
+    precision: Precision = Field(default="auto", description="auto = bf16 on CUDA with bf16 support, else fp32.")
+
+    @model_validator(mode="after")
+    def _check(self) -> EvalConfig:
+        labels = [m.label for m in self.models]
+        for label in labels:
+            if label in UPSTREAM_LABELS:
+                raise ValueError(f"models: label {label!r} is reserved for the upstream artifact")
+        dupes = sorted({x for x in labels if labels.count(x) > 1})
+        if dupes:
+            raise ValueError(f"models: duplicate labels {dupes}")
+        tlabels = [t.label for t in self.tokenizers]
+        dupes = sorted({x for x in tlabels if tlabels.count(x) > 1})
+        if dupes:
+            raise ValueError(f"tokenizers: duplicate labels {dupes}")
+        names = [s.label for s in self.text_sets]
+        dupes = sorted({x for x in names if names.count(x) > 1})
+        if dupes:
+            raise ValueError(f"text_sets: duplicate names {dupes}; set `name` on each")
+        return self
+
+    def model_uris(self) -> list[str]:
+        uris = [u for m in self.models for u in (m.uri, m.tokenizer_uri, m.adapter_uri) if u]
+        return uris + [t.uri for t in self.tokenizers]
 
     def data_sources(self) -> list[DataSource]:
-        return list(self.text_sets)
+        sources = list(self.text_sets)
+        for p in self.parallel_sets:
+            sources += [p.az.model_copy(update={"name": f"{p.name}.az"}), p.en.model_copy(update={"name": f"{p.name}.en"})]
+        if self.morph:
+            for kind in ("segmented", "lemma_forms", "conllu"):
+                for i, uri in enumerate(getattr(self.morph, kind)):
+                    sources.append(DataSource(uri=uri, name=f"morph.{kind}.{i}"))
+        if self.prompts:
+            sources.append(DataSource(uri=self.prompts, name="prompts"))
+        return sources

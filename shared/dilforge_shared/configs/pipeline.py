@@ -12,6 +12,7 @@ from pydantic import Field, ValidationError
 
 from ..errors import ConfigError, format_validation_error
 from .base import StageConfig, StrictModel
+from .cloud import SageMakerConfig
 from .cpt import CptConfig
 from .eval import EvalConfig
 from .sft import SftConfig
@@ -38,6 +39,7 @@ class PipelineConfig(StrictModel):
     cpt: CptConfig | None = Field(default=None, description="CPT stage; omitted = not run.")
     sft: SftConfig | None = Field(default=None, description="SFT stage; omitted = not run.")
     eval: EvalConfig | None = Field(default=None, description="Eval stage; omitted = not run.")
+    sagemaker: SageMakerConfig | None = Field(default=None, description="SageMaker jobs for --backend sagemaker.")
 
     def stages(self) -> list[tuple[str, StageConfig]]:
         """The configured stages, in pipeline order."""

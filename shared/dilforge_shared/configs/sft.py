@@ -1,12 +1,61 @@
-"""SFT stage config (skeleton; owned by the SFT service work)."""
+"""SFT stage config: LoRA fine-tuning of a CPT model into a chat assistant, loss on assistant turns only."""
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from .base import DataSource, StageConfig
+from .base import DataSource, Precision, StageConfig, StrictModel
+
+
+class SftDataSource(DataSource):
+    """A chat or instruction data set and how its records map to a conversation.
+
+    `layout`:
+      messages    — JSONL, each record has a list of {role, content} under `messages_field`
+      instruction — JSONL, `instruction_field` (+ optional `input_field`) is the user turn,
+                    `response_field` the assistant turn, optional `system_field`
+      translation — TSV with a header: `source_field` column becomes the user turn inside
+                    `translation_prompt`, `target_field` column the assistant turn
+    """
+    layout: Literal["messages", "instruction", "translation"] = Field(
+        default="messages", description="How a record maps to a conversation (see class doc).")
+    messages_field: str = Field(default="messages", description="messages: field with the list of turns.")
+    instruction_field: str = Field(default="instruction", description="instruction: field with the user request.")
+    input_field: str | None = Field(
+        default="input", description="instruction: optional field appended to the request after a blank line.")
+    response_field: str = Field(default="response", description="instruction: field with the assistant answer.")
+    system_field: str | None = Field(default="system", description="instruction: optional field with a system prompt.")
+    source_field: str = Field(default="aze", description="translation: TSV column of the text to translate.")
+    target_field: str = Field(default="eng", description="translation: TSV column of the expected translation.")
+    translation_prompt: str = Field(
+        default="Bu cümləni ingilis dilinə tərcümə et:\n{source}",
+        description="translation: user turn; '{source}' is replaced by the source text.")
+    max_records: int | None = Field(default=None, ge=1, description="Use at most this many records (demos).")
+
+    @model_validator(mode="after")
+    def _check(self) -> SftDataSource:
+        if self.layout == "translation" and "{source}" not in self.translation_prompt:
+            raise ValueError("translation_prompt must contain '{source}'")
+        return self
+
+
+class LoraSettings(StrictModel):
+    r: int = Field(default=64, ge=1, description="LoRA rank.")
+    alpha: float = Field(default=28, gt=0, description="LoRA alpha (scale = alpha / r).")
+    dropout: float = Field(default=0.05, ge=0, lt=1, description="Dropout on the LoRA input.")
+    target_modules: list[str] = Field(
+        default=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        description="Module names that get a LoRA adapter (never lm_head).")
+
+    @model_validator(mode="after")
+    def _check(self) -> LoraSettings:
+        if not self.target_modules:
+            raise ValueError("target_modules: name at least one module")
+        if "lm_head" in self.target_modules:
+            raise ValueError("target_modules: lm_head cannot carry an adapter (TRL computes logits from its weight)")
+        return self
 
 
 class SftConfig(StageConfig):
@@ -14,7 +63,69 @@ class SftConfig(StageConfig):
     artifact_kind: ClassVar[str] = "adapter"
     consumes: ClassVar[tuple[str, ...]] = ("cpt",)
 
-    train: list[DataSource] = Field(default_factory=list, description="Chat or instruction JSONL files.")
+    base_model: str | None = Field(
+        default=None,
+        description="Model to fine-tune when no 'cpt' input is given: an HF model folder, an s3:// prefix of one, "
+        "or a dilforge model artifact URI. Ignored (with a warning) when the pipeline feeds a 'cpt' artifact.")
+
+    # ---- data -----------------------------------------------------------------------------
+    train: list[SftDataSource] = Field(default_factory=list, description="Training sets (chat, instruction or TSV).")
+    validation: list[SftDataSource] = Field(
+        default_factory=list,
+        description="Validation sets. When empty, validation_fraction of the training conversations is held out.")
+    validation_fraction: float = Field(
+        default=0.1, gt=0, lt=1, description="Share of training conversations held out when no validation set is given.")
+    system_prompt: str | None = Field(
+        default=None, description="System turn prepended to every conversation that has none.")
+    on_bad_record: Literal["fail", "skip"] = Field(
+        default="fail", description="A malformed record: stop with file:line (fail) or skip it and count it (skip).")
+    unknown_roles: Literal["bad_record", "drop_message"] = Field(
+        default="bad_record",
+        description="A role other than system/user/assistant: treat the record as bad, or drop that message (counted).")
+    empty_assistant_turns: Literal["drop_conversation", "drop_turn", "bad_record"] = Field(
+        default="drop_conversation",
+        description="An assistant turn with blank content: drop the conversation, drop that turn and the turns it "
+        "answers, or treat the record as bad. Every case is counted.")
+    long_conversations: Literal["truncate", "drop"] = Field(
+        default="truncate",
+        description="A conversation longer than max_length tokens: keep its first max_length tokens (conversations "
+        "with no assistant token left are dropped), or drop it. Both counted.")
+
+    # ---- model and training -----------------------------------------------------------------
+    lora: LoraSettings = Field(default_factory=LoraSettings, description="LoRA adapter settings.")
+    max_length: int = Field(default=1024, ge=16, description="Tokens per sequence (and per packed block).")
+    packing: bool = Field(default=False, description="Pack several conversations per sequence (best-fit decreasing).")
+    learning_rate: float = Field(default=1e-4, gt=0, description="Peak learning rate.")
+    lr_scheduler: Literal["cosine", "linear", "constant_with_warmup"] = Field(
+        default="cosine", description="Learning-rate schedule after warmup.")
+    warmup_ratio: float = Field(default=0.03, ge=0, lt=1, description="Share of steps spent warming up.")
+    weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay on the adapter.")
+    max_grad_norm: float = Field(default=1.0, gt=0, description="Gradient clipping norm.")
+    num_epochs: float = Field(default=2.0, gt=0, description="Passes over the training conversations.")
+    max_steps: int | None = Field(default=None, ge=1, description="Stop after this many optimizer steps (overrides num_epochs).")
+    per_device_batch_size: int = Field(default=8, ge=1, description="Sequences per forward pass.")
+    gradient_accumulation_steps: int = Field(default=2, ge=1, description="Forward passes per optimizer step.")
+    eval_batch_size: int = Field(default=8, ge=1, description="Sequences per validation forward pass.")
+    gradient_checkpointing: bool = Field(default=True, description="Recompute activations to save memory.")
+    precision: Precision = Field(default="auto", description="auto: bf16 on CUDA, fp32 on CPU.")
+    liger: Literal["auto", "on", "off"] = Field(
+        default="auto", description="Liger layer kernels (RMSNorm, RoPE, SwiGLU): auto = on with CUDA, off on CPU.")
+    logging_steps: int = Field(default=10, ge=1, description="Log the training loss every this many steps.")
+    save_steps: int = Field(default=200, ge=1, description="Write a resumable checkpoint every this many steps.")
+    num_checkpoints_kept: int = Field(default=2, ge=1, description="Newest checkpoints kept in /opt/ml/checkpoints.")
+
+    # ---- outputs --------------------------------------------------------------------------------
+    save_merged: bool = Field(
+        default=True, description="Also publish merged/: base + adapter merged into plain safetensors weights.")
+
+    @model_validator(mode="after")
+    def _check(self) -> SftConfig:
+        if not self.train:
+            raise ValueError("train: give at least one training set")
+        return self
+
+    def model_uris(self) -> list[str]:
+        return [self.base_model] if self.base_model else []
 
     def data_sources(self) -> list[DataSource]:
-        return list(self.train)
+        return [*self.train, *self.validation]

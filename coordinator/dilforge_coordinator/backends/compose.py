@@ -1,0 +1,159 @@
+"""Run each stage as a one-off `docker compose run` of its image, against the compose S3 (SeaweedFS).
+
+Exactly the SageMaker contract, on this machine: the backend lays down a private /opt/ml root per job
+(`<workdir>/<stage>-<artifact_id>/`, hyperparameters + resourceconfig), compose bind-mounts it as /opt/ml
+(DILFORGE_JOB_DIR), the container runs `IMAGE train`, publishes its artifact to the compose S3 and
+leaves /opt/ml/output/failure when it fails. The data the config names under ${DILFORGE_DATA} is mounted
+read-only at the same path, so data digests (and so artifact ids) match a local run's.
+
+The coordinator reaches the S3 on the host port (http://127.0.0.1:8333); containers reach it as
+http://s3:8333, which is what the stage's hyperparameters say.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+from dilforge_shared.configs import PipelineConfig
+from dilforge_shared.contract import OptMl, build_hyperparameters
+from dilforge_shared.errors import DilforgeError
+
+from ..pipeline import StageFailed, StageJob
+
+log = logging.getLogger("dilforge.coordinator.compose")
+
+ROOT = Path(__file__).resolve().parents[3]
+S3_ACCESS_KEY = "dilforge"                       # docker/seaweedfs-identities.json: local-only identity
+S3_SECRET_KEY = "dilforge-local-only"
+CONTAINER_ENDPOINT = "http://s3:8333"
+DEFAULT_BUCKET = "dilforge"
+
+
+def docker_binary() -> str:
+    """Debian's client matches the engine here; /usr/local/bin/docker may refuse BuildKit (see container-env.sh)."""
+    if env := os.environ.get("DILFORGE_DOCKER"):
+        return env
+    return "/usr/bin/docker" if Path("/usr/bin/docker").exists() else "docker"
+
+
+class ComposeBackend:
+    name = "compose"
+
+    def __init__(self, project_dir: Path | None = None, workdir: Path | None = None, tag: str | None = None,
+                 s3_port: int | None = None, keep: bool = False, docker: str | None = None, up: bool = True):
+        self.project_dir = Path(project_dir or os.environ.get("DILFORGE_COMPOSE_DIR", ROOT)).resolve()
+        self.workdir = Path(workdir or os.environ.get("DILFORGE_WORKDIR", ".dilforge/work")).resolve() / "compose"
+        self.tag = tag or os.environ.get("DILFORGE_IMAGE_TAG", "dev")
+        self.s3_port = int(s3_port or os.environ.get("DILFORGE_S3_PORT", "8333"))
+        self.keep = keep
+        self.docker = docker or docker_binary()
+        self.up = up
+        self._s3_ready = False
+
+    @property
+    def host_endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.s3_port}"
+
+    def compose_cmd(self, *args: str) -> list[str]:
+        return [self.docker, "compose", "--project-directory", str(self.project_dir),
+                "-f", str(self.project_dir / "compose.yaml"), *args]
+
+    def compose_env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        env = {**os.environ, "DILFORGE_IMAGE_TAG": self.tag, "DILFORGE_S3_PORT": str(self.s3_port),
+               "DILFORGE_UID": str(os.getuid()), "DILFORGE_GID": str(os.getgid())}
+        return {**env, **(extra or {})}
+
+    def prepare(self, pipeline: PipelineConfig) -> PipelineConfig:
+        """Point the pipeline at the compose S3 unless it already names an S3 store with an endpoint."""
+        os.environ.setdefault("AWS_ACCESS_KEY_ID", S3_ACCESS_KEY)
+        os.environ.setdefault("AWS_SECRET_ACCESS_KEY", S3_SECRET_KEY)
+        os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+        store = pipeline.store
+        if store.uri.startswith("s3://") and store.s3_endpoint_url:
+            return pipeline
+        new_store = store.model_copy(update={"uri": f"s3://{DEFAULT_BUCKET}/store", "s3_endpoint_url": self.host_endpoint})
+        print(f"[compose] artifact store: {new_store.uri} at {new_store.s3_endpoint_url} (the compose S3)")
+        return pipeline.model_copy(update={"store": new_store})
+
+    def ensure_s3(self, bucket: str | None = None) -> None:
+        """Start the S3 service (healthy) and create the bucket the store names."""
+        if self._s3_ready:
+            return
+        if self.up:
+            proc = subprocess.run(self.compose_cmd("up", "-d", "--wait", "s3"), env=self.compose_env(),
+                                  capture_output=True, text=True, check=False)
+            if proc.returncode != 0:
+                raise DilforgeError(f"docker compose up s3 failed: {proc.stderr.strip()[-2000:]}")
+        if bucket:
+            import boto3
+            from botocore.exceptions import ClientError
+            client = boto3.client("s3", endpoint_url=self.host_endpoint)
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    client.head_bucket(Bucket=bucket)
+                    break
+                except ClientError:
+                    try:
+                        client.create_bucket(Bucket=bucket)
+                        break
+                    except ClientError as exc:
+                        if time.monotonic() > deadline:
+                            raise DilforgeError(f"compose S3: cannot create bucket {bucket!r}: {exc}") from None
+                        time.sleep(1)
+        self._s3_ready = True
+
+    def image_ref(self, stage: str) -> str:
+        """What the manifest cites: the image tag and its content id (a registry digest once pushed)."""
+        ref = f"dilforge-{stage}:{self.tag}"
+        proc = subprocess.run([self.docker, "image", "inspect", ref, "--format", "{{json .}}"],
+                              capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise StageFailed(stage, f"image {ref} not found; build it: coordinator images build --stage {stage}")
+        info = json.loads(proc.stdout)
+        digests = info.get("RepoDigests") or []
+        return digests[0] if digests else f"{ref}@{info['Id']}"
+
+    def mounts(self, job: StageJob) -> list[str]:
+        """Read-only mounts for local data outside ${DILFORGE_DATA} (same path inside as outside)."""
+        data_root = os.environ.get("DILFORGE_DATA")
+        extra: set[str] = set()
+        for source in job.config.data_sources():
+            uri = source.uri.removeprefix("file://")
+            if "://" in uri or not uri.startswith("/"):
+                continue
+            if data_root and Path(uri).resolve().is_relative_to(Path(data_root).resolve()):
+                continue
+            path = Path(uri.split("*", 1)[0])
+            extra.add(str(path if path.is_dir() else path.parent))
+        return [arg for p in sorted(extra) for arg in ("-v", f"{p}:{p}:ro")]
+
+    def run(self, job: StageJob) -> None:
+        if not job.store_uri.startswith("s3://"):
+            raise StageFailed(job.stage, f"the compose backend needs an s3:// store (got {job.store_uri}); "
+                                         f"run through `coordinator ... --backend compose`, which uses the compose S3")
+        self.ensure_s3(job.store_uri.removeprefix("s3://").split("/", 1)[0])
+        opt = OptMl(self.workdir / f"{job.stage}-{job.artifact_id}")
+        if opt.failure_file.exists():
+            opt.failure_file.unlink()
+        shutil.rmtree(opt.model_dir, ignore_errors=True)
+        endpoint = CONTAINER_ENDPOINT if job.s3_endpoint_url == self.host_endpoint else job.s3_endpoint_url
+        hp = build_hyperparameters(job.config, job.artifact_uri, job.run_id, job.inputs, endpoint)
+        opt.write_inputs(hp)
+        for d in (opt.model_dir, opt.output_dir, opt.checkpoint_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        env = self.compose_env({"DILFORGE_JOB_DIR": str(opt.root), "DILFORGE_IMAGE": self.image_ref(job.stage)})
+        cmd = self.compose_cmd("run", "--rm", "--no-deps", *self.mounts(job), job.stage, "train")
+        log.info("compose: %s", " ".join(cmd))
+        proc = subprocess.run(cmd, env=env, check=False)
+        if proc.returncode != 0:
+            reason = opt.failure_file.read_text() if opt.failure_file.exists() else f"container exit code {proc.returncode}"
+            raise StageFailed(job.stage, reason)
+        if not self.keep:
+            shutil.rmtree(opt.root, ignore_errors=True)

@@ -1,0 +1,88 @@
+"""`coordinator chat`: talk to any model or adapter artifact (or HF folder) from the terminal.
+
+torch, transformers and peft are imported inside the command, so the coordinator itself stays
+light (`pip install dilforge-coordinator[chat]` adds them); artifact → model resolution is in
+dilforge_shared.models.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+
+def _load(model_uri: str, base: str | None, endpoint: str | None, merged: bool, device: str):
+    from dilforge_shared.models import resolve_chat_model
+    try:
+        import torch
+    except ImportError:
+        raise typer.BadParameter("chat needs torch, transformers and peft: pip install dilforge-coordinator[chat]") from None
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    spec = resolve_chat_model(model_uri, base=base, endpoint_url=endpoint, prefer_merged=merged)
+    tok = AutoTokenizer.from_pretrained(str(spec.tokenizer_dir), trust_remote_code=False)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(str(spec.base_dir), dtype=dtype, trust_remote_code=False)
+    if spec.adapter_dir is not None:
+        from peft import PeftModel
+        model = PeftModel.from_pretrained(model, str(spec.adapter_dir))
+    return spec, tok, model.to(device).eval()
+
+
+def reply(tok, model, messages: list[dict[str, str]], max_new_tokens: int, temperature: float, seed: int) -> str:
+    """One assistant turn for the conversation so far, stopping at <|eot_id|>."""
+    import torch
+    if not tok.chat_template:
+        raise typer.BadParameter("the tokenizer has no chat template; this model cannot hold a dialogue")
+    enc = tok.apply_chat_template(messages, add_generation_prompt=True, return_dict=True, return_tensors="pt")
+    enc = {k: v.to(model.device) for k, v in enc.items()}
+    stop = [i for i in {tok.convert_tokens_to_ids("<|eot_id|>"), tok.eos_token_id} if isinstance(i, int) and i >= 0]
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=temperature > 0,
+                             temperature=temperature if temperature > 0 else None, top_p=0.95 if temperature > 0 else None,
+                             eos_token_id=stop, pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else stop[0])
+    return tok.decode(out[0, enc["input_ids"].shape[1]:], skip_special_tokens=True).strip()
+
+
+def chat_cmd(
+    model: Annotated[str, typer.Argument(help="Model or adapter artifact URI (store folder or manifest), or HF folder.")],
+    prompt: Annotated[str | None, typer.Option("--prompt", "-p", help="Ask once and exit; else interactive.")] = None,
+    system: Annotated[str | None, typer.Option("--system", help="System prompt.")] = None,
+    base: Annotated[str | None, typer.Option("--base", help="Base model for an adapter (default: its lineage).")] = None,
+    merged: Annotated[bool, typer.Option("--merged", help="Use the artifact's merged/ weights when it has them.")] = False,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1)] = 256,
+    temperature: Annotated[float, typer.Option("--temperature", min=0.0, help="0 = greedy.")] = 0.0,
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+    device: Annotated[str, typer.Option("--device", help="auto, cpu or cuda.")] = "auto",
+    endpoint: Annotated[str | None, typer.Option(
+        "--s3-endpoint-url", envvar="DILFORGE_S3_ENDPOINT_URL", help="S3-compatible endpoint.")] = None,
+) -> None:
+    """Chat with a model or adapter artifact. Empty line or Ctrl-D ends an interactive session."""
+    import torch
+    from dilforge_shared.errors import DilforgeError
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        spec, tok, lm = _load(model, base, endpoint, merged, device)
+    except DilforgeError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1)
+    messages = [{"role": "system", "content": system}] if system else []
+    if prompt is not None:
+        messages.append({"role": "user", "content": prompt})
+        typer.echo(reply(tok, lm, messages, max_new_tokens, temperature, seed))
+        return
+    typer.echo(f"{spec.description} on {device}. Empty line or Ctrl-D to quit.", err=True)
+    while True:
+        try:
+            line = input("siz> ") if sys.stdin.isatty() else sys.stdin.readline().rstrip("\n")
+        except EOFError:
+            break
+        if not line.strip():
+            break
+        messages.append({"role": "user", "content": line})
+        answer = reply(tok, lm, messages, max_new_tokens, temperature, seed)
+        messages.append({"role": "assistant", "content": answer})
+        typer.echo(f"model> {answer}")

@@ -1,0 +1,317 @@
+"""Build the stage images and push them to ECR; record each image's digest for the SageMaker backend.
+
+`coordinator images build` builds services/<stage>/Dockerfile from the repository root with BuildKit:
+the CA bundle as a secret (restricted networks), local wheels (torch's CPU wheel) hard-linked into
+docker/wheelhouse/, tags `dilforge-<stage>:<version>-<gitsha>` and `dilforge-<stage>:dev` (what
+compose.yaml runs). `coordinator images push` creates the ECR repository when missing, logs docker in
+with ecr:GetAuthorizationToken, pushes, and records `<repo>@sha256:<digest>` in the images record
+(.dilforge/images.json), which `--backend sagemaker` uses, so every job names its image by digest and
+the manifests it publishes cite that digest (DILFORGE_IMAGE).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from dilforge_shared.errors import DilforgeError
+
+from .backends.compose import ROOT, docker_binary
+
+STAGES = ("tokenizer", "cpt", "sft", "eval")
+RECORD_ENV = "DILFORGE_IMAGES_RECORD"
+Runner = Callable[..., subprocess.CompletedProcess]
+
+
+def record_path() -> Path:
+    return Path(os.environ.get(RECORD_ENV, ".dilforge/images.json"))
+
+
+def load_record(path: Path | None = None) -> dict:
+    path = path or record_path()
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def save_record(record: dict, path: Path | None = None) -> None:
+    path = path or record_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+
+
+def git_sha(root: Path = ROOT) -> str:
+    if sha := os.environ.get("DILFORGE_GIT_SHA"):
+        return sha[:12]
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True, text=True,
+                             timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return "nogit"
+    return out.stdout.strip() or "nogit"
+
+
+def version() -> str:
+    try:
+        return metadata.version("dilforge-coordinator")
+    except metadata.PackageNotFoundError:
+        return "0.0.0"
+
+
+def default_tag(gpu: bool = False) -> str:
+    return f"{version()}-{git_sha()}" + ("-gpu" if gpu else "")
+
+
+def prepare_wheelhouse(source: str | None = None, root: Path = ROOT) -> list[str]:
+    """Hard-link (or copy) local wheels into the build context's docker/wheelhouse/ (git-ignored)."""
+    dest = root / "docker" / "wheelhouse"
+    dest.mkdir(parents=True, exist_ok=True)
+    source = source if source is not None else os.environ.get("BUILD_WHEELHOUSE", "")
+    linked = []
+    if source and Path(source).is_dir():
+        for wheel in sorted(Path(source).glob("*.whl")):
+            target = dest / wheel.name
+            if not target.exists():
+                try:
+                    os.link(wheel, target)
+                except OSError:
+                    shutil.copy2(wheel, target)
+            linked.append(wheel.name)
+    return linked
+
+
+@dataclass
+class BuildResult:
+    stage: str
+    ref: str
+    image_id: str
+    size_bytes: int
+    build_s: float
+    tag: str
+    git_sha: str
+    gpu: bool
+
+
+def build_command(stage: str, tags: list[str], docker: str, base_image: str | None = None, gpu: bool = False,
+                  ca_bundle: str | None = None, root: Path = ROOT, no_cache: bool = False) -> list[str]:
+    dockerfile = root / ("docker/seaweedfs.Dockerfile" if stage == "s3" else
+                         "docker/coordinator.Dockerfile" if stage == "coordinator" else f"services/{stage}/Dockerfile")
+    if not dockerfile.exists():
+        raise DilforgeError(f"{dockerfile} not found (is the {stage} service in this checkout?)")
+    cmd = [docker, "build", "--pull=false", "--progress=plain", "-f", str(dockerfile)]
+    for tag in tags:
+        cmd += ["-t", tag]
+    if ca_bundle:
+        cmd += ["--secret", f"id=ca_bundle,src={ca_bundle}"]
+    if base_image:
+        cmd += ["--build-arg", f"BASE_IMAGE={base_image}"]
+    if gpu:
+        cmd += ["--build-arg", "VARIANT=gpu"]
+    if not gpu and not any((root / "docker" / "wheelhouse").glob("torch-*.whl")):
+        cmd += ["--build-arg", "TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu"]  # no local CPU wheel
+    if no_cache:
+        cmd += ["--no-cache"]
+    cmd += ["--build-arg", f"GIT_SHA={git_sha(root)}", "--build-arg", f"IMAGE_VERSION={tags[0].rsplit(':', 1)[-1]}",
+            str(root)]
+    return cmd
+
+
+def inspect(ref: str, docker: str, runner: Runner = subprocess.run) -> dict:
+    proc = runner([docker, "image", "inspect", ref, "--format", "{{json .}}"], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise DilforgeError(f"docker image inspect {ref}: {proc.stderr.strip()}")
+    return json.loads(proc.stdout)
+
+
+def build(stage: str, tag: str | None = None, base_image: str | None = None, gpu: bool = False,
+          ca_bundle: str | None = None, docker: str | None = None,
+          runner: Runner = subprocess.run, log_dir: Path | None = None, no_cache: bool = False) -> BuildResult:
+    """Build one image (a stage, or 's3' / 'coordinator'); returns its id, size and build time."""
+    docker = docker or docker_binary()
+    tag = tag or default_tag(gpu)
+    name = f"dilforge-{stage}"
+    tags = [f"{name}:{tag}"] + ([] if gpu or tag == "dev" else [f"{name}:dev"])
+    ca_bundle = ca_bundle if ca_bundle is not None else os.environ.get("BUILD_CA_BUNDLE") or None
+    cmd = build_command(stage, tags, docker, base_image, gpu, ca_bundle, no_cache=no_cache)
+    env = {**os.environ, "DOCKER_BUILDKIT": "1"}
+    start = time.monotonic()
+    log_dir = log_dir or Path(".dilforge/build-logs")
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_file = log_dir / f"{name}.log"
+    with open(log_file, "w") as log:
+        proc = runner(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    seconds = time.monotonic() - start
+    if proc.returncode != 0:
+        tail = log_file.read_text()[-3000:] if log_file.exists() else ""
+        raise DilforgeError(f"building {tags[0]} failed (exit {proc.returncode}); log {log_file}:\n{tail}")
+    info = inspect(tags[0], docker, runner)
+    return BuildResult(stage=stage, ref=tags[0], image_id=info["Id"], size_bytes=int(info.get("Size", 0)),
+                       build_s=round(seconds, 1), tag=tag, git_sha=git_sha(), gpu=gpu)
+
+
+def record_build(result: BuildResult, path: Path | None = None) -> None:
+    record = load_record(path)
+    key = result.stage + ("-gpu" if result.gpu else "")
+    record.setdefault(key, {})["build"] = asdict(result)
+    save_record(record, path)
+
+
+# ---------------------------------------------------------------- ECR
+
+def ensure_repository(ecr, name: str, tags: dict[str, str] | None = None) -> str:
+    """The repository's URI, creating it (scan on push, immutable tags) when missing."""
+    try:
+        repo = ecr.describe_repositories(repositoryNames=[name])["repositories"][0]
+    except ecr.exceptions.RepositoryNotFoundException:
+        kwargs = {"repositoryName": name, "imageScanningConfiguration": {"scanOnPush": True},
+                  "imageTagMutability": "IMMUTABLE"}
+        if tags:
+            kwargs["tags"] = [{"Key": k, "Value": v} for k, v in sorted(tags.items())]
+        repo = ecr.create_repository(**kwargs)["repository"]
+    return repo["repositoryUri"]
+
+
+def docker_login(ecr, docker: str, runner: Runner = subprocess.run) -> str:
+    """docker login to the registry with a 12-hour token from ecr:GetAuthorizationToken (password on stdin)."""
+    data = ecr.get_authorization_token()["authorizationData"][0]
+    user, password = base64.b64decode(data["authorizationToken"]).decode().split(":", 1)
+    endpoint = data["proxyEndpoint"]
+    proc = runner([docker, "login", "--username", user, "--password-stdin", endpoint], input=password,
+                  capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise DilforgeError(f"docker login {endpoint} failed: {proc.stderr.strip()}")
+    return endpoint
+
+
+@dataclass
+class PushResult:
+    stage: str
+    source: str
+    repository_uri: str
+    tag: str
+    digest: str
+
+    @property
+    def image(self) -> str:
+        return f"{self.repository_uri}@{self.digest}"
+
+
+def push(stage: str, ecr, repository: str, tag: str | None = None, docker: str | None = None,
+         runner: Runner = subprocess.run, logged_in: set[str] | None = None, gpu: bool = False) -> PushResult:
+    """Tag the local image for ECR, push it, and read back the digest the registry assigned."""
+    docker = docker or docker_binary()
+    tag = tag or default_tag(gpu)
+    source = f"dilforge-{stage}:{tag}"
+    inspect(source, docker, runner)  # fails clearly when the image was not built
+    uri = ensure_repository(ecr, repository, {"project": "dilforge", "stage": stage})
+    registry = uri.split("/", 1)[0]
+    if logged_in is None or registry not in logged_in:
+        docker_login(ecr, docker, runner)
+        if logged_in is not None:
+            logged_in.add(registry)
+    target = f"{uri}:{tag}"
+    for cmd in ([docker, "tag", source, target], [docker, "push", target]):
+        proc = runner(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise DilforgeError(f"{' '.join(cmd[:2])} {target} failed: {proc.stderr.strip()[-2000:]}")
+    details = ecr.describe_images(repositoryName=repository, imageIds=[{"imageTag": tag}])["imageDetails"]
+    if not details:
+        raise DilforgeError(f"pushed {target} but ECR does not list it")
+    return PushResult(stage=stage, source=source, repository_uri=uri, tag=tag, digest=details[0]["imageDigest"])
+
+
+def record_push(result: PushResult, gpu: bool = False, path: Path | None = None) -> None:
+    record = load_record(path)
+    key = result.stage + ("-gpu" if gpu else "")
+    record.setdefault(key, {})["push"] = {**asdict(result), "image": result.image}
+    save_record(record, path)
+
+
+def pushed_image(stage: str, gpu: bool = True, path: Path | None = None) -> str | None:
+    """The recorded `repo@sha256:...` for a stage (the GPU variant first when asked), or None."""
+    record = load_record(path)
+    for key in ([f"{stage}-gpu"] if gpu else []) + [stage]:
+        if image := record.get(key, {}).get("push", {}).get("image"):
+            return image
+    return None
+
+
+# ---------------------------------------------------------------- CLI: coordinator images build|push
+
+images_app = typer.Typer(help="Build the stage images and push them to ECR.", no_args_is_help=True)
+StageOpt = Annotated[list[str] | None, typer.Option(
+    "--stage", "-s", help="tokenizer, cpt, sft, eval (repeatable); also s3, coordinator. Default: the four stages.")]
+TagOpt = Annotated[str | None, typer.Option("--tag", help="Image tag; default <version>-<git sha>[-gpu].")]
+GpuOpt = Annotated[bool, typer.Option("--gpu", help="GPU variant on the AWS PyTorch training DLC (--base-image).")]
+
+
+def _stages(stages: list[str] | None) -> list[str]:
+    chosen = stages or list(STAGES)
+    bad = [s for s in chosen if s not in (*STAGES, "s3", "coordinator")]
+    if bad:
+        typer.echo(f"error: unknown --stage {bad}; choose from {[*STAGES, 's3', 'coordinator']}", err=True)
+        raise typer.Exit(2)
+    return chosen
+
+
+def _human(n: int) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB"
+
+
+@images_app.command("build")
+def build_cmd(stage: StageOpt = None, tag: TagOpt = None, gpu: GpuOpt = False,
+              base_image: Annotated[str | None, typer.Option(
+                  "--base-image", help="FROM image; CPU default python:3.11-slim. The GPU variant needs the DLC.")] = None,
+              no_cache: bool = typer.Option(False, "--no-cache", help="Build every layer again (timing from scratch).")
+              ) -> None:
+    """Build images (BuildKit; CA bundle from $BUILD_CA_BUNDLE, local wheels from $BUILD_WHEELHOUSE)."""
+    if gpu and not base_image:
+        typer.echo("error: --gpu needs --base-image (the AWS PyTorch training DLC; see docs/containers.md)", err=True)
+        raise typer.Exit(2)
+    wheels = prepare_wheelhouse()
+    if wheels:
+        typer.echo(f"wheelhouse: {', '.join(wheels)}")
+    for name in _stages(stage):
+        try:
+            result = build(name, tag, base_image, gpu, no_cache=no_cache)
+        except DilforgeError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(1)
+        record_build(result)
+        typer.echo(f"{result.ref}: {_human(result.size_bytes)}, built in {result.build_s:.0f} s ({result.image_id[:19]})")
+
+
+@images_app.command("push")
+def push_cmd(stage: StageOpt = None, tag: TagOpt = None, gpu: GpuOpt = False,
+             config: Annotated[Path | None, typer.Option(
+                 "--config", "-c", help="Pipeline YAML whose sagemaker section names region and repository prefix.")]
+             = None,
+             region: Annotated[str | None, typer.Option("--region", help="AWS region (overrides the config).")] = None,
+             prefix: Annotated[str, typer.Option("--repository-prefix", help="ECR repositories <prefix>-<stage>.")]
+             = "dilforge") -> None:
+    """Push images to ECR (creating repositories) and record their digests for --backend sagemaker."""
+    import boto3
+    if config is not None:
+        from dilforge_shared.configs import load_yaml
+        section = load_yaml(config).get("sagemaker") or {}
+        region = region or section.get("region")
+        prefix = section.get("repository_prefix", prefix)
+    ecr = boto3.client("ecr", region_name=region)
+    logged_in: set[str] = set()
+    for name in _stages(stage):
+        try:
+            result = push(name, ecr, f"{prefix}-{name}", tag, logged_in=logged_in, gpu=gpu)
+        except DilforgeError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(1)
+        record_push(result, gpu=gpu)
+        typer.echo(f"{result.source} → {result.image}")
+    typer.echo(f"recorded in {record_path()}")

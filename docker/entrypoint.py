@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""Container entrypoint of every dilforge stage image: `IMAGE train`, as SageMaker runs it.
+
+`train` runs this image's stage (`DILFORGE_STAGE`; module `DILFORGE_STAGE_MODULE`, default
+dilforge_<stage>) as a child process and stays PID 1 to forward signals: SIGTERM from SageMaker (stop,
+spot interruption) reaches the stage, which checkpoints within its 120 s grace; the exit code is the
+stage's (128+N when a signal killed it). Any other command is exec'd unchanged (`docker run IMAGE bash`).
+
+Processes and hosts: a stage that runs several processes starts torchrun itself (cpt does, from
+resourceconfig.json through dilforge_shared.launch), so by default this entrypoint only supervises
+`python -m <module> train` on every host. Stages without their own launcher can ask for one with
+DILFORGE_LAUNCHER=torchrun: then this entrypoint waits until every peer host name resolves (SageMaker's
+algo-N names appear a few seconds after start) and runs torchrun with dilforge_shared.launch's plan:
+hosts sorted, master = first host, node rank = its index, NCCL_SOCKET_IFNAME from
+network_interface_name, EFA variables on EFA instance types; DILFORGE_NPROC_PER_NODE overrides one
+process per GPU. Stages that run on one host only (all but MULTI_HOST_STAGES) exit 0 on other hosts.
+
+Environment: DILFORGE_LAUNCHER=auto|torchrun (auto = the stage's own), DILFORGE_MASTER_PORT (29500),
+DILFORGE_HOST_WAIT_S (600), DILFORGE_OPT_ML (the /opt/ml root, for local runs).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+MULTI_HOST_STAGES = {"cpt"}   # stages that use every host of a multi-host job themselves
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+
+log = logging.getLogger("dilforge.entrypoint")
+
+
+def plan(stage: str, env: dict[str, str] | None = None) -> tuple[list[str] | None, dict[str, str], str]:
+    """(command or None when this host has nothing to do, environment, description) for `train`."""
+    from dilforge_shared.contract import OptMl, ResourceConfig
+    from dilforge_shared.launch import build_launch, detect_gpus, wait_for_hosts
+
+    env = dict(os.environ if env is None else env)
+    module = env.get("DILFORGE_STAGE_MODULE") or f"dilforge_{stage}"
+    resources = ResourceConfig.load(OptMl(_opt_root(env)))
+    launcher = env.get("DILFORGE_LAUNCHER", "auto")
+    if launcher not in ("auto", "torchrun"):
+        raise ValueError(f"DILFORGE_LAUNCHER={launcher!r}: expected auto or torchrun")
+    if launcher == "torchrun":
+        nproc = int(env["DILFORGE_NPROC_PER_NODE"]) if env.get("DILFORGE_NPROC_PER_NODE") else max(1, detect_gpus())
+        if len(resources.hosts) > 1:
+            wait_for_hosts(resources.hosts, timeout_s=float(env.get("DILFORGE_HOST_WAIT_S", "600")))
+        launch = build_launch(resources, ["-m", module, "train"], nproc_per_node=nproc,
+                              master_port=int(env.get("DILFORGE_MASTER_PORT", "29500")), python=sys.executable,
+                              base_env=env)
+        desc = (f"torchrun: node {launch.node_rank}/{launch.nnodes}, {launch.nproc_per_node} processes per node, "
+                f"master {launch.master_addr}:{launch.master_port}")
+        return launch.command, launch.env, desc
+    if resources.node_rank > 0 and stage not in MULTI_HOST_STAGES and env.get("DILFORGE_MULTI_HOST") != "1":
+        return None, env, f"{stage} runs on the first host only; {resources.current_host} has nothing to do"
+    return [sys.executable, "-m", module, "train"], env, f"python -m {module} train (host {resources.node_rank + 1} of {len(resources.hosts)})"
+
+
+def _opt_root(env: dict[str, str]) -> Path:
+    return Path(env.get("DILFORGE_OPT_ML", "/opt/ml"))
+
+
+def supervise(cmd: list[str], env: dict[str, str]) -> int:
+    """Run cmd as our child, forward signals to it, reap every child (we may be PID 1), return its status."""
+    child = subprocess.Popen(cmd, env=env)
+
+    def forward(signum, frame):
+        log.warning("entrypoint: forwarding %s to the stage (pid %d)", signal.Signals(signum).name, child.pid)
+        try:
+            child.send_signal(signum)
+        except ProcessLookupError:
+            pass
+
+    for sig in FORWARDED:
+        signal.signal(sig, forward)
+    while True:
+        try:
+            pid, status = os.wait()
+        except ChildProcessError:
+            return child.returncode if child.returncode is not None else 1
+        if pid == child.pid:
+            child.returncode = os.waitstatus_to_exitcode(status)
+            code = child.returncode
+            return 128 - code if code < 0 else code
+
+
+def main(argv: list[str]) -> int:
+    logging.basicConfig(level=os.environ.get("DILFORGE_LOG_LEVEL", "INFO"),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stdout)
+    if not argv or argv[0] != "train":
+        if not argv:
+            print("usage: IMAGE train   (or any command to run it instead)", file=sys.stderr)
+            return 2
+        os.execvp(argv[0], argv)
+    stage = os.environ.get("DILFORGE_STAGE")
+    if not stage:
+        print("entrypoint: DILFORGE_STAGE is not set (the stage Dockerfile sets it)", file=sys.stderr)
+        return 2
+    try:
+        cmd, env, desc = plan(stage)
+    except Exception as exc:  # the stage never started: leave SageMaker a reason
+        from dilforge_shared.contract import OptMl, write_failure
+        write_failure(OptMl.from_env(), f"entrypoint: {exc}")
+        log.error("entrypoint: %s", exc)
+        return 1
+    log.info("entrypoint: %s", desc)
+    if cmd is None:
+        return 0
+    return supervise(cmd + argv[1:], env)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Container part of CI (.ci/run calls it): Docker engine + Compose v2 + local python:3.11-slim base
+# (../shared/tools/container-env.sh), the images (shared layers built once), then the tiny pipeline end to
+# end with `coordinator run-all --backend compose` (tests/docker). Prints image sizes and build times.
+# Budget: about 15 minutes on 2 cores from a machine without Docker.
+#
+#   scripts/ci_containers.sh                 # PYTHON=.venv/bin/python by default
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-.venv/bin/python}
+SETUP=${CONTAINER_ENV:-../shared/tools/container-env.sh}
+start=$(date +%s)
+step() { echo "== ci_containers: $* ($(( $(date +%s) - start )) s)"; }
+
+step "container engine, compose, base image"
+bash "$SETUP" >/dev/null
+eval "$(bash "$SETUP" --env)"
+export DOCKER_BUILDKIT=1 DILFORGE_IMAGES_RECORD=${DILFORGE_IMAGES_RECORD:-.dilforge/images.json}
+
+step "images"
+stages=(s3)
+for s in tokenizer cpt sft eval; do [[ -f services/$s/pyproject.toml ]] && stages+=("$s"); done
+args=(); for s in "${stages[@]}"; do args+=(--stage "$s"); done
+"$PYTHON" -m dilforge_coordinator.cli images build "${args[@]}"
+
+step "compose pipeline end to end"
+status=0
+"$PYTHON" -m pytest -q -m docker tests/docker -p no:cacheprovider || status=$?
+
+step "image sizes and build times"
+"$PYTHON" - <<'PY'
+import json, os
+record = json.load(open(os.environ["DILFORGE_IMAGES_RECORD"]))
+for name, entry in sorted(record.items()):
+    b = entry.get("build")
+    if b:
+        print(f"  {b['ref']:<40} {b['size_bytes'] / 1e9:6.2f} GB  built in {b['build_s']:6.1f} s")
+PY
+/usr/bin/docker system df
+/usr/bin/docker compose down --remove-orphans >/dev/null 2>&1 || true
+step "done (exit $status)"
+exit $status

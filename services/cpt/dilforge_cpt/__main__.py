@@ -1,0 +1,28 @@
+"""`python -m dilforge_cpt train` (container entry) and `... worker` (one torchrun process)."""
+
+import sys
+
+from dilforge_shared.configs.cpt import CptConfig
+from dilforge_shared.contract import OptMl, ResourceConfig, stage_main
+from dilforge_shared.errors import DilforgeError
+
+from .stage import run, worker
+
+
+def _node_zero() -> bool:
+    """Only the first sorted host publishes on a multi-host run."""
+    try:
+        return ResourceConfig.load(OptMl.from_env()).node_rank == 0
+    except (DilforgeError, ValueError):
+        return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["worker"]:
+        return stage_main(CptConfig, worker, "dilforge-cpt", ["train", *argv[1:]], publish_from_this_process=False)
+    return stage_main(CptConfig, run, "dilforge-cpt", argv, publish_from_this_process=_node_zero())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,298 @@
+"""Training and validation data: streamed tokenisation into an on-disk token cache, packed windows,
+deterministic mixture sampling, and per-document validation windows for BPB.
+
+Training corpora are tokenised once, in batches (`encode_batch`), as `<bos> doc <eos>` runs appended
+to a uint32 file; nothing holds a whole corpus in memory. The file is memory-mapped and cut into
+fixed windows of `seq_len` tokens. The cache lives under the checkpoint folder, which SageMaker
+syncs to S3, so a restarted job does not tokenise again.
+
+The sampler picks a corpus per window by the mixture weights and walks a seeded permutation of that
+corpus's windows (a new permutation each epoch). Both are functions of (seed, position), so the
+sampler's whole state is a few integers saved with each checkpoint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from itertools import islice
+from pathlib import Path
+
+import numpy as np
+from dilforge_shared.configs import DataSource
+from dilforge_shared.corpus import data_digest, iter_texts
+from dilforge_shared.errors import InputError
+from tokenizers import Tokenizer
+
+log = logging.getLogger("dilforge.cpt.data")
+
+TOKEN_DTYPE = np.uint32
+SAMPLER_BLOCK = 4096
+
+
+@dataclass(frozen=True)
+class TokenIds:
+    bos: int
+    eos: int
+
+
+def find_tokenizer_dir(root: Path) -> Path:
+    """The folder holding tokenizer.json: the root itself or the one subfolder that has it."""
+    if (root / "tokenizer.json").is_file():
+        return root
+    found = sorted(p.parent for p in root.rglob("tokenizer.json"))
+    if not found:
+        raise InputError("no tokenizer.json in the tokenizer artifact", path=str(root))
+    return found[0]
+
+
+def load_tokenizer(folder: Path) -> Tokenizer:
+    path = folder / "tokenizer.json"
+    if not path.is_file():
+        raise InputError("no tokenizer.json (a fast HF tokenizer is required)", path=str(folder))
+    return Tokenizer.from_file(str(path))
+
+
+def special_ids(tok: Tokenizer, source: str) -> TokenIds:
+    """BOS = <|begin_of_text|>; document separator = <|end_of_text|> (Llama 3's pre-training EOS)."""
+    bos = tok.token_to_id("<|begin_of_text|>")
+    eos = tok.token_to_id("<|end_of_text|>")
+    if eos is None:
+        eos = tok.token_to_id("<|eot_id|>")
+    if bos is None or eos is None:
+        raise InputError("tokenizer lacks Llama 3's <|begin_of_text|> / <|end_of_text|> special tokens", path=source)
+    return TokenIds(bos=bos, eos=eos)
+
+
+def batched(items: Iterable[str], size: int) -> Iterator[list[str]]:
+    it = iter(items)
+    while batch := list(islice(it, size)):
+        yield batch
+
+
+def pack_stream(docs: Iterable[str], tok: Tokenizer, ids: TokenIds, batch_size: int) -> Iterator[np.ndarray]:
+    """`<bos> doc <eos>` token runs, one array per encode_batch call."""
+    for batch in batched(docs, batch_size):
+        encs = tok.encode_batch_fast(batch, add_special_tokens=False) if hasattr(tok, "encode_batch_fast") \
+            else tok.encode_batch(batch, add_special_tokens=False)
+        lengths = [len(e.ids) + 2 for e in encs]
+        out = np.empty(sum(lengths), dtype=TOKEN_DTYPE)
+        pos = 0
+        for enc, n in zip(encs, lengths):
+            out[pos] = ids.bos
+            out[pos + 1:pos + n - 1] = enc.ids
+            out[pos + n - 1] = ids.eos
+            pos += n
+        yield out
+
+
+@dataclass
+class TokenFile:
+    """A tokenised corpus on disk, cut into windows of seq_len tokens."""
+    path: Path
+    num_tokens: int
+    num_docs: int
+    label: str
+
+    def windows(self, seq_len: int) -> int:
+        return self.num_tokens // seq_len
+
+    def open(self) -> np.ndarray:
+        return np.memmap(self.path, dtype=TOKEN_DTYPE, mode="r", shape=(self.num_tokens,))
+
+
+def cache_key(source: DataSource, tokenizer_json: Path, max_docs: int | None, endpoint_url: str | None) -> str:
+    h = hashlib.sha256()
+    h.update(source.model_dump_json(exclude={"weight", "name"}).encode())
+    h.update(data_digest(source.uri, endpoint_url).encode())
+    h.update(hashlib.sha256(tokenizer_json.read_bytes()).hexdigest().encode())
+    h.update(str(max_docs).encode())
+    return h.hexdigest()[:24]
+
+
+def tokenize_to_file(source: DataSource, tok: Tokenizer, ids: TokenIds, cache_dir: Path, key: str,
+                     max_docs: int | None, batch_size: int, endpoint_url: str | None) -> TokenFile:
+    """Tokenise a corpus into `<cache_dir>/<key>.u32` unless a complete cache entry exists (atomic)."""
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    path, meta_path = cache_dir / f"{key}.u32", cache_dir / f"{key}.json"
+    if meta_path.is_file() and path.is_file():
+        meta = json.loads(meta_path.read_text())
+        if path.stat().st_size == meta["num_tokens"] * TOKEN_DTYPE().itemsize:
+            log.info("corpus %s: reusing token cache %s (%d tokens)", source.label, path.name, meta["num_tokens"])
+            return TokenFile(path, meta["num_tokens"], meta["num_docs"], source.label)
+    docs = iter_texts(source.uri, source.format, source.text_field, endpoint_url)
+    if max_docs is not None:
+        docs = islice(docs, max_docs)
+    counted = _Counter(docs)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    num_tokens = 0
+    with open(tmp, "wb") as f:
+        for chunk in pack_stream(counted, tok, ids, batch_size):
+            f.write(chunk.tobytes())
+            num_tokens += len(chunk)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    meta = {"num_tokens": num_tokens, "num_docs": counted.n, "source": source.uri}
+    meta_tmp = meta_path.with_suffix(f".tmp{os.getpid()}")
+    meta_tmp.write_text(json.dumps(meta))
+    os.replace(meta_tmp, meta_path)
+    log.info("corpus %s: tokenised %d documents into %d tokens", source.label, counted.n, num_tokens)
+    return TokenFile(path, num_tokens, counted.n, source.label)
+
+
+class _Counter:
+    def __init__(self, it: Iterable[str]):
+        self.it, self.n = it, 0
+
+    def __iter__(self):
+        for x in self.it:
+            self.n += 1
+            yield x
+
+
+def check_windows(files: list[TokenFile], seq_len: int) -> None:
+    for tf in files:
+        if tf.windows(seq_len) == 0:
+            raise InputError(f"corpus has {tf.num_tokens} tokens ({tf.num_docs} documents), fewer than one "
+                             f"training window of seq_len={seq_len}; add text or lower seq_len", path=tf.label)
+
+
+class MixtureSampler:
+    """Global sequence of (corpus, window) picks, deterministic in (seed, position).
+
+    Corpus choice for positions [b·B, (b+1)·B) comes from rng(seed, b); within a corpus, windows
+    follow rng(seed, corpus, epoch).permutation. State = position + per-corpus cursors.
+    """
+
+    def __init__(self, num_windows: list[int], weights: list[float], seed: int):
+        self.num_windows = num_windows
+        total = float(sum(weights))
+        self.p = np.asarray([w / total for w in weights])
+        self.seed = seed
+        self.position = 0
+        self.cursors = [0] * len(num_windows)
+        self._block: tuple[int, np.ndarray] | None = None
+        self._perms: dict[int, tuple[int, np.ndarray]] = {}
+
+    def _choices(self, block: int) -> np.ndarray:
+        if self._block is None or self._block[0] != block:
+            if len(self.num_windows) == 1:
+                choices = np.zeros(SAMPLER_BLOCK, dtype=np.int64)
+            else:
+                choices = np.random.default_rng([self.seed, 0, block]).choice(len(self.p), size=SAMPLER_BLOCK, p=self.p)
+            self._block = (block, choices)
+        return self._block[1]
+
+    def _perm(self, corpus: int, epoch: int) -> np.ndarray:
+        cached = self._perms.get(corpus)
+        if cached is None or cached[0] != epoch:
+            perm = np.random.default_rng([self.seed, 1 + corpus, epoch]).permutation(self.num_windows[corpus])
+            self._perms[corpus] = cached = (epoch, perm)
+        return cached[1]
+
+    def next(self) -> tuple[int, int]:
+        block, offset = divmod(self.position, SAMPLER_BLOCK)
+        corpus = int(self._choices(block)[offset])
+        epoch, index = divmod(self.cursors[corpus], self.num_windows[corpus])
+        window = int(self._perm(corpus, epoch)[index])
+        self.cursors[corpus] += 1
+        self.position += 1
+        return corpus, window
+
+    def take(self, n: int) -> list[tuple[int, int]]:
+        return [self.next() for _ in range(n)]
+
+    def state_dict(self) -> dict:
+        return {"position": self.position, "cursors": list(self.cursors)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.position = int(state["position"])
+        self.cursors = [int(c) for c in state["cursors"]]
+
+
+class PackedData:
+    """Windows of every corpus, sampled by the mixture; each rank reads only its share of a step."""
+
+    def __init__(self, files: list[TokenFile], weights: list[float], seq_len: int, seed: int):
+        check_windows(files, seq_len)
+        self.files = files
+        self.seq_len = seq_len
+        self.arrays = [tf.open() for tf in files]
+        self.sampler = MixtureSampler([tf.windows(seq_len) for tf in files], weights, seed)
+
+    def window(self, corpus: int, index: int) -> np.ndarray:
+        start = index * self.seq_len
+        return np.asarray(self.arrays[corpus][start:start + self.seq_len], dtype=np.int64)
+
+    def next_step(self, global_batch: int, micro_batch: int, rank: int, world: int) -> list[np.ndarray]:
+        """This rank's micro-batches for one optimizer step: [accum] arrays of shape [micro, seq_len].
+
+        Sample i of the step goes to micro-step i // (micro·world), rank (i // micro) % world, so the
+        global batch does not depend on the number of processes.
+        """
+        picks = self.sampler.take(global_batch)
+        per_micro_step = micro_batch * world
+        batches = []
+        for start in range(0, global_batch, per_micro_step):
+            mine = picks[start + rank * micro_batch: start + (rank + 1) * micro_batch]
+            batches.append(np.stack([self.window(c, w) for c, w in mine]))
+        return batches
+
+
+@dataclass
+class ValidationSet:
+    """Per-document windows `<bos> doc` (no packing across documents) and the documents' UTF-8 bytes.
+
+    Every text token is predicted exactly once, from its own document's context only, so the summed
+    NLL divided by bytes is tokenizer-independent bits per byte.
+    """
+    inputs: list[np.ndarray]
+    targets: list[np.ndarray]
+    num_bytes: int
+    num_docs: int
+    num_tokens: int
+
+
+def build_validation(sources: list[DataSource], tok: Tokenizer, ids: TokenIds, seq_len: int, max_docs: int,
+                     endpoint_url: str | None) -> ValidationSet:
+    inputs, targets, num_bytes, num_docs, num_tokens = [], [], 0, 0, 0
+    for source in sources:
+        docs = list(islice(iter_texts(source.uri, source.format, source.text_field, endpoint_url), max_docs))
+        if not docs:
+            raise InputError("validation source holds no text", path=source.uri)
+        for doc, enc in zip(docs, tok.encode_batch(docs, add_special_tokens=False)):
+            seq = np.asarray([ids.bos, *enc.ids], dtype=np.int64)
+            num_bytes += len(doc.encode("utf-8"))
+            num_tokens += len(seq) - 1
+            num_docs += 1
+            for start in range(0, len(seq) - 1, seq_len):
+                inputs.append(seq[start:start + seq_len])
+                targets.append(seq[start + 1:start + seq_len + 1])
+    return ValidationSet(inputs, targets, num_bytes, num_docs, num_tokens)
+
+
+def validation_batches(val: ValidationSet, batch_size: int, rank: int, world: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """This rank's padded (input, label) batches; every rank gets the same number (collectives match).
+
+    Labels of padding are -100. Windows are sorted by length so padding stays small.
+    """
+    order = sorted(range(len(val.inputs)), key=lambda i: len(val.inputs[i]))
+    mine = order[rank::world]
+    num_batches = -(-len(order[0::world]) // batch_size) if order else 0
+    out = []
+    for b in range(num_batches):
+        idx = mine[b * batch_size:(b + 1) * batch_size]
+        width = max((len(val.inputs[i]) for i in idx), default=1)
+        x = np.zeros((max(len(idx), 1), width), dtype=np.int64)
+        y = np.full((max(len(idx), 1), width), -100, dtype=np.int64)
+        for row, i in enumerate(idx):
+            n = len(val.inputs[i])
+            x[row, :n] = val.inputs[i]
+            y[row, :len(val.targets[i])] = val.targets[i]
+        out.append((x, y))
+    return out

@@ -1,0 +1,262 @@
+"""Morpheme alignment: do token boundaries fall on morpheme boundaries?
+
+Gold words come from three kinds of resources (docs/eval.md, "Morpheme alignment"):
+  segmented    'kitab+lar': every morpheme known;
+  lemma/form   (kitab, kitablar): one boundary after the stem (lemma as prefix of the form, with
+               Azerbaijani final-consonant alternations k→y/ğ, q→ğ, p→b, ç→c, t→d); the stem is a
+               known morpheme, the suffix part a region of unknown inner structure;
+  CoNLL-U      lemma/form as above, in running text; the Leipzig gloss ('friend-POSS.3SG-DAT')
+               says how many morphemes the word has, so a one-suffix word is fully known.
+A word equal to its lemma (or unsegmented) is one known morpheme.
+
+Per tokenizer, each word is tokenized as it appears mid-sentence (" " + word) and its internal token
+boundaries are taken in bytes (a boundary inside a multi-byte letter is inside a morpheme):
+  boundary_recall        share of gold boundaries that are token boundaries;
+  inside_morpheme_rate   share of decidable token boundaries (at a gold boundary or inside a known
+                         morpheme) that fall inside a morpheme; boundaries in unknown regions are
+                         not counted.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import lru_cache
+from itertools import pairwise
+from pathlib import Path
+
+from dilforge_shared.errors import InputError
+
+ALTERNATIONS = {"k": "yğ", "q": "ğ", "p": "b", "ç": "c", "t": "d"}
+
+
+def az_lower(s: str) -> str:
+    return s.replace("I", "ı").replace("İ", "i").lower()
+
+
+@dataclass(frozen=True)
+class GoldWord:
+    word: str
+    boundaries: tuple[int, ...]          # character offsets, 0 < b < len(word)
+    known: tuple[tuple[int, int], ...]   # character spans known to be one morpheme each
+    source: str
+
+
+def from_segments(word: str, parts: list[str], source: str) -> GoldWord:
+    offsets, pos = [], 0
+    for part in parts[:-1]:
+        pos += len(part)
+        offsets.append(pos)
+    edges = [0, *offsets, len(word)]
+    return GoldWord(word, tuple(offsets), tuple(pairwise(edges)), source)
+
+
+def stem_boundary(lemma: str, form: str) -> int | None:
+    """Length of the stem in `form` when `lemma` is its prefix (allowing a final-consonant alternation)."""
+    lemma, low = az_lower(lemma), az_lower(form)
+    if not lemma or len(low) != len(form):
+        return None
+    if low.startswith(lemma):
+        return len(lemma)
+    last = lemma[-1]
+    if last in ALTERNATIONS and len(low) >= len(lemma) and low.startswith(lemma[:-1]) \
+            and low[len(lemma) - 1] in ALTERNATIONS[last]:
+        return len(lemma)
+    return None
+
+
+def from_lemma(form: str, lemma: str, source: str, num_morphemes: int | None = None) -> GoldWord | None:
+    """A gold word from a lemma/form pair; `num_morphemes` from a gloss, when there is one."""
+    b = stem_boundary(lemma, form)
+    if b is None:
+        return None
+    if b == len(form):
+        if num_morphemes not in (None, 1):
+            return None           # a fused or zero-marked form: nothing reliable to say
+        return GoldWord(form, (), ((0, len(form)),), source)
+    if num_morphemes == 1:
+        return None               # gloss says one morpheme but the form is longer than its lemma
+    known = ((0, b), (b, len(form))) if num_morphemes == 2 else ((0, b),)
+    return GoldWord(form, (b,), known, source)
+
+
+def _rows(path: str) -> Iterable[tuple[int, list[str]]]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            for lineno, line in enumerate(f, start=1):
+                line = line.rstrip("\r\n")
+                if line.strip():
+                    yield lineno, line.split("\t")
+    except OSError as exc:
+        raise InputError(f"cannot read morphology resource: {exc.strerror}", path=path) from None
+
+
+def load_segmented(path: str) -> list[GoldWord]:
+    words = []
+    for lineno, cells in _rows(path):
+        if lineno == 1 and cells[0].strip().lower() == "word":
+            continue
+        if len(cells) < 2:
+            raise InputError("expected word<TAB>segmentation", path=path, line=lineno)
+        word, seg = cells[0].strip(), cells[1].strip() or cells[0].strip()
+        parts = [p for p in re.split(r"[+]", seg) if p]
+        if "".join(parts) != word or not word:
+            continue   # segmentation does not spell the word (an alternation written as the lemma's form)
+        words.append(from_segments(word, parts, Path(path).name))
+    return words
+
+
+def load_lemma_forms(path: str) -> list[GoldWord]:
+    words, lemma_col, form_col = [], 0, 1
+    for lineno, cells in _rows(path):
+        low = [c.strip().lower() for c in cells]
+        if lineno == 1 and "lemma" in low and "form" in low:
+            lemma_col, form_col = low.index("lemma"), low.index("form")
+            continue
+        if len(cells) <= max(lemma_col, form_col):
+            raise InputError(f"expected at least {max(lemma_col, form_col) + 1} columns", path=path, line=lineno)
+        lemma, form = cells[lemma_col].strip(), cells[form_col].strip()
+        if " " in form or " " in lemma or not form:
+            continue
+        gw = from_lemma(form, lemma, Path(path).name)
+        if gw is not None:
+            words.append(gw)
+    return words
+
+
+def load_conllu(path: str) -> list[GoldWord]:
+    words: list[GoldWord] = []
+    tokens: list[tuple[str, str, str]] = []
+    glossing: str | None = None
+
+    def flush() -> None:
+        content = [t for t in tokens if t[2] != "PUNCT"]
+        glosses = glossing.split() if glossing else []
+        aligned = len(glosses) == len(content)
+        for i, (form, lemma, _) in enumerate(content):
+            n = glosses[i].count("-") + 1 if aligned else None
+            gw = from_lemma(form, lemma, Path(path).name, n)
+            if gw is not None and re.fullmatch(r"\w+", form):
+                words.append(gw)
+
+    for lineno, cells in _rows(path):
+        line = cells[0]
+        if line.startswith("#"):
+            if line.startswith("# sent_id"):
+                if tokens:
+                    flush()
+                tokens, glossing = [], None
+            m = re.match(r"#\s*glossing\s*=\s*(.*)", "\t".join(cells))
+            if m:
+                glossing = m.group(1).strip()
+            continue
+        if len(cells) < 4:
+            raise InputError("expected a CoNLL-U token line (10 tab-separated columns)", path=path, line=lineno)
+        if "-" in cells[0] or "." in cells[0]:
+            continue       # multiword range or empty node
+        tokens.append((cells[1], cells[2], cells[3]))
+    if tokens:
+        flush()
+    return words
+
+
+def load_gold(segmented: list[str], lemma_forms: list[str], conllu: list[str], num_words_per_source: int,
+              seed: int) -> dict[str, list[GoldWord]]:
+    """Gold words per source file, deduplicated and sampled with `seed`."""
+    out: dict[str, list[GoldWord]] = {}
+    for loader, paths in ((load_segmented, segmented), (load_lemma_forms, lemma_forms), (load_conllu, conllu)):
+        for path in paths:
+            unique = list({w.word: w for w in loader(path)}.values())
+            if len(unique) > num_words_per_source:
+                unique = random.Random(seed).sample(unique, num_words_per_source)
+            if not unique:
+                raise InputError("no usable gold words in this morphology resource", path=path)
+            out[Path(path).name] = unique
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# token boundaries in bytes
+
+@lru_cache(maxsize=1)
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2 / Llama 3 byte-level alphabet: printable unicode char → byte."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+def token_byte_boundaries(tokenizer, text: str) -> list[int]:
+    """Internal token boundaries of `text` as byte offsets, for a `tokenizers.Tokenizer`.
+
+    Byte-level BPE tokens map to exact bytes; other tokenizers fall back to character offsets.
+    """
+    enc = tokenizer.encode(text, add_special_tokens=False)
+    dec = _byte_decoder()
+    data = text.encode("utf-8")
+    if all(ch in dec for tok in enc.tokens for ch in tok):
+        lengths = [len(tok) for tok in enc.tokens]
+        if sum(lengths) == len(data):
+            out, pos = [], 0
+            for n in lengths[:-1]:
+                pos += n
+                out.append(pos)
+            return out
+    ends = sorted({end for _, end in enc.offsets})
+    return [len(text[:e].encode("utf-8")) for e in ends if 0 < e < len(text)]
+
+
+@dataclass
+class AlignmentStats:
+    num_words: int = 0
+    num_gold_boundaries: int = 0
+    num_gold_hit: int = 0
+    num_token_boundaries_decidable: int = 0
+    num_token_boundaries_inside: int = 0
+    num_words_exact: int = 0     # fully known words whose token boundaries equal the gold ones
+    num_words_fully_known: int = 0
+
+    def summary(self) -> dict:
+        def ratio(a: int, b: int) -> float | None:
+            return round(a / b, 4) if b else None
+        return {"boundary_recall": ratio(self.num_gold_hit, self.num_gold_boundaries),
+                "inside_morpheme_rate": ratio(self.num_token_boundaries_inside, self.num_token_boundaries_decidable),
+                "exact_segmentation_rate": ratio(self.num_words_exact, self.num_words_fully_known),
+                **self.__dict__}
+
+
+def word_alignment(tokenizer, gold: GoldWord, stats: AlignmentStats) -> None:
+    word_bytes = len(gold.word.encode("utf-8"))
+    token_b = {b - 1 for b in token_byte_boundaries(tokenizer, " " + gold.word) if 1 < b < word_bytes + 1}
+
+    def to_byte(i: int) -> int:
+        return len(gold.word[:i].encode("utf-8"))
+    gold_b = {to_byte(b) for b in gold.boundaries}
+    known = [(to_byte(s), to_byte(e)) for s, e in gold.known]
+    stats.num_words += 1
+    stats.num_gold_boundaries += len(gold_b)
+    stats.num_gold_hit += len(gold_b & token_b)
+    for b in token_b:
+        if b in gold_b:
+            stats.num_token_boundaries_decidable += 1
+        elif any(s < b < e for s, e in known):
+            stats.num_token_boundaries_decidable += 1
+            stats.num_token_boundaries_inside += 1
+    if sum(e - s for s, e in known) == word_bytes:
+        stats.num_words_fully_known += 1
+        stats.num_words_exact += token_b == gold_b
+
+
+def alignment(tokenizer, words: Iterable[GoldWord]) -> AlignmentStats:
+    stats = AlignmentStats()
+    for w in words:
+        word_alignment(tokenizer, w, stats)
+    return stats

@@ -1,0 +1,318 @@
+"""Eval stage: did the new tokenizer, the CPT and the SFT make the model better at Azerbaijani, by how
+much, and what did it cost?
+
+Story: read the text sets (capped) → resolve tokenizers and models (upstream artifacts + ones given in
+the config) → tokenizer metrics, parity, morpheme alignment → per model: bits per byte on every set and
+generations for the prompts → training curves and costs from the upstream manifests → metrics.json,
+generations.jsonl, report.html / report.md / plots/*.png in the artifact.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import json
+import logging
+import re
+import time
+from pathlib import Path
+
+from dilforge_shared.configs import EvalConfig
+from dilforge_shared.contract import StageContext, StageResult, log_config
+from dilforge_shared.corpus import iter_texts
+from dilforge_shared.errors import InputError
+from dilforge_shared.textmetrics import measure, tokenizers_encoder
+
+from . import bpb as bpb_mod
+from . import curves as curves_mod
+from . import generate as gen_mod
+from . import morph as morph_mod
+from .report import write_report
+from .resolve import (
+    ModelSource,
+    adapter_base_uri,
+    cache_dir_for,
+    find_adapter_dir,
+    find_model_dir,
+    find_tokenizer_dir,
+    load_model,
+    locate,
+    model_source,
+    pick_device,
+    pick_dtype,
+    tokenizer_json,
+)
+
+log = logging.getLogger("dilforge.eval")
+
+COST_KEY = re.compile(r"second|time|hours|tokens|steps|samples|throughput|mfu|memory|rss|flops", re.IGNORECASE)
+
+
+def read_set(source, max_docs: int | None, max_bytes: int | None, endpoint: str | None) -> list[str]:
+    """Documents of a text set, stopping at max_docs or once max_bytes are reached (at least one doc)."""
+    docs, size = [], 0
+    for text in iter_texts(source.uri, source.format, source.text_field, endpoint):
+        n = len(text.encode("utf-8")) + 1
+        if docs and max_bytes is not None and size + n > max_bytes:
+            break
+        docs.append(text)
+        size += n
+        if max_docs is not None and len(docs) >= max_docs:
+            break
+    if not docs:
+        raise InputError("text set holds no text", path=source.uri)
+    return docs
+
+
+def read_parallel(pset, max_docs: int | None, max_bytes: int | None, endpoint: str | None) -> list[tuple[str, str]]:
+    """Aligned (az, en) pairs: line i of one side with line i of the other; capped like a text set."""
+    az = list(iter_texts(pset.az.uri, pset.az.format, pset.az.text_field, endpoint, skip_empty=False))
+    en = list(iter_texts(pset.en.uri, pset.en.format, pset.en.text_field, endpoint, skip_empty=False))
+    if len(az) != len(en):
+        raise InputError(f"parallel set {pset.name!r}: {len(az)} az documents but {len(en)} en documents",
+                         path=pset.en.uri)
+    pairs: list[tuple[str, str]] = []
+    size = 0
+    for a, e in zip(az, en):
+        if not (a.strip() and e.strip()):
+            continue
+        n = len(a.encode("utf-8")) + 1
+        if pairs and max_bytes is not None and size + n > max_bytes:
+            break
+        pairs.append((a, e))
+        size += n
+        if max_docs is not None and len(pairs) >= max_docs:
+            break
+    if not pairs:
+        raise InputError(f"parallel set {pset.name!r} holds no aligned pair", path=pset.az.uri)
+    return pairs
+
+
+def load_tokenizers(config: EvalConfig, ctx: StageContext, models: list[ModelSource], cache: Path):
+    """label -> tokenizers.Tokenizer; tokenizers with identical tokenizer.json are listed once, with aliases."""
+    from tokenizers import Tokenizer
+    entries: list[tuple[str, Path, str]] = []
+    if ctx.has_input("tokenizer"):
+        art = ctx.input("tokenizer")
+        tdir = find_tokenizer_dir(art.path)
+        if tdir is None:
+            raise InputError("tokenizer artifact holds no tokenizer.json", path=art.uri)
+        entries.append(("tokenizer", tdir, f"artifact {art.manifest.artifact_id}"))
+    for ref in config.tokenizers:
+        loc = locate(ref.uri, cache, ctx.endpoint_url)
+        tdir = find_tokenizer_dir(loc.path)
+        if tdir is None:
+            raise InputError(f"tokenizers[{ref.label}]: no tokenizer.json found", path=ref.uri)
+        entries.append((ref.label, tdir, ref.uri))
+    for m in models:
+        entries.append((m.label, m.tokenizer_dir, f"tokenizer of model {m.label}"))
+    out, info, by_hash = {}, {}, {}
+    for label, tdir, origin in entries:
+        path = tokenizer_json(tdir)
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        if digest in by_hash:
+            info[by_hash[digest]]["aliases"].append(label)
+            continue
+        by_hash[digest] = label
+        tok = Tokenizer.from_file(str(path))
+        out[label] = tok
+        info[label] = {"origin": origin, "vocab_size": tok.get_vocab_size(with_added_tokens=True), "aliases": []}
+    return out, info
+
+
+def resolve_models(config: EvalConfig, ctx: StageContext, cache: Path) -> tuple[list[ModelSource], list[str]]:
+    models, skipped = [], []
+    for ref in config.models:
+        loc = locate(ref.uri, cache, ctx.endpoint_url)
+        tok = find_tokenizer_dir(locate(ref.tokenizer_uri, cache, ctx.endpoint_url).path) if ref.tokenizer_uri else None
+        adapter = locate(ref.adapter_uri, cache, ctx.endpoint_url).path if ref.adapter_uri else None
+        models.append(model_source(ref.label, loc.path, ref.uri, loc.manifest, tokenizer_dir=tok, adapter_dir=adapter))
+    cpt = None
+    if ctx.has_input("cpt"):
+        art = ctx.input("cpt")
+        cpt = model_source("cpt", art.path, f"artifact {art.manifest.artifact_id}", art.manifest)
+        models.append(cpt)
+    if ctx.has_input("sft"):
+        art = ctx.input("sft")
+        try:
+            base_dir = base_tok = None
+            adapter = find_adapter_dir(art.path) if find_model_dir(art.path) is None else None
+            declared = adapter_base_uri(adapter) if adapter else None
+            if adapter and cpt and (declared is None or declared.rstrip("/") == ctx.input("cpt").uri.rstrip("/")):
+                base_dir, base_tok = cpt.model_dir, cpt.tokenizer_dir
+            elif adapter and declared:
+                base_dir = find_model_dir(locate(declared, cache, ctx.endpoint_url).path)
+            models.append(model_source("sft", art.path, f"artifact {art.manifest.artifact_id}", art.manifest,
+                                       base_model_dir=base_dir, base_tokenizer_dir=base_tok))
+        except InputError as exc:
+            log.warning("%s", exc)
+            skipped.append(f"sft model: {exc}")
+    return models, skipped
+
+
+def tokenizer_metrics(toks, sets: dict[str, list[str]]) -> dict:
+    return {label: {name: measure(docs, tokenizers_encoder(tok)).summary() for name, docs in sets.items()}
+            for label, tok in toks.items()}
+
+
+def parity_metrics(toks, parallel: dict[str, list[tuple[str, str]]]) -> dict:
+    out: dict = {}
+    for label, tok in toks.items():
+        for name, pairs in parallel.items():
+            az = sum(len(e.ids) for e in tok.encode_batch([p[0] for p in pairs], add_special_tokens=False))
+            en = sum(len(e.ids) for e in tok.encode_batch([p[1] for p in pairs], add_special_tokens=False))
+            out.setdefault(label, {})[name] = {"tokens_az": az, "tokens_en": en, "num_pairs": len(pairs),
+                                               "parity": round(az / en, 4) if en else None}
+    return out
+
+
+def morph_metrics(toks, gold: dict[str, list[morph_mod.GoldWord]]) -> dict:
+    out: dict = {}
+    for label, tok in toks.items():
+        total = morph_mod.AlignmentStats()
+        for source, words in gold.items():
+            stats = morph_mod.alignment(tok, words)
+            out.setdefault(label, {})[source] = stats.summary()
+            for k, v in stats.__dict__.items():
+                setattr(total, k, getattr(total, k) + v)
+        if len(gold) > 1:
+            out[label]["all"] = total.summary()
+    return out
+
+
+def vocab_sweep(ctx: StageContext) -> dict | None:
+    if not ctx.has_input("tokenizer"):
+        return None
+    m = ctx.input("tokenizer").manifest.metrics
+    rows = [{"vocab_size": r["vocab_size"], "sets": r.get("sets", {})} for r in m.get("sweep") or []
+            if isinstance(r, dict) and "vocab_size" in r]
+    return {"selected": m.get("selected_vocab_size"), "rows": rows, "base": m.get("base")}
+
+
+def cost(manifest_metrics: dict) -> dict:
+    """Numeric time/token/memory figures an upstream stage recorded (top level and one level down)."""
+    out = {}
+    for k, v in (manifest_metrics or {}).items():
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and COST_KEY.search(k):
+            out[k] = v
+        elif isinstance(v, dict):
+            for k2, v2 in v.items():
+                if isinstance(v2, (int, float)) and not isinstance(v2, bool) and COST_KEY.search(f"{k}.{k2}"):
+                    out[f"{k}.{k2}"] = v2
+    return dict(list(out.items())[:16])
+
+
+def evaluate_model(src: ModelSource, config: EvalConfig, sets: dict[str, list[str]], prompts, device: str, dtype):
+    """BPB per set and generations of one model; the model is freed afterwards."""
+    import torch
+    t0 = time.perf_counter()
+    model, tokenizer = load_model(src, device, dtype)
+    window = bpb_mod.default_window(model, config.bpb.window)
+    stride = min(config.bpb.stride or max(1, window // 2), window)
+    info = {"origin": src.origin, "num_parameters": sum(p.numel() for p in model.parameters()),
+            "adapter": src.adapter_dir is not None, "bpb_window": window, "bpb_stride": stride,
+            "dtype": str(dtype).removeprefix("torch."), "device": device,
+            "load_seconds": round(time.perf_counter() - t0, 2)}
+    log.info("model %s: %s parameters, window %d stride %d", src.label, f"{info['num_parameters']:,}", window, stride)
+    bpb = {}
+    for name, docs in sets.items():
+        res = bpb_mod.bits_per_byte(model, tokenizer, docs, window, stride, config.bpb.batch_size)
+        bpb[name] = res.summary()
+        log.info("bpb %s / %s: %.4f (%d tokens, %d bytes, %.0f bytes/s)", src.label, name, res.bpb, res.num_tokens,
+                 res.num_bytes, res.num_bytes / max(res.seconds, 1e-9))
+    generations = []
+    if prompts:
+        g = config.generation
+        for mode in g.modes:
+            for row in gen_mod.generate(model, tokenizer, prompts, mode, g.max_new_tokens, g.temperature, g.top_p,
+                                        g.repetition_penalty, config.seed):
+                generations.append({"model": src.label, **row})
+    del model
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return info, bpb, generations
+
+
+def run(config: EvalConfig, ctx: StageContext) -> StageResult:
+    t_start = time.perf_counter()
+    import torch
+    torch.manual_seed(config.seed)
+    endpoint = ctx.endpoint_url
+    cache = cache_dir_for(ctx.opt.root)
+    device = pick_device(config.device)
+    dtype = pick_dtype(config.precision, device)
+
+    sets = {s.label: read_set(s, config.max_docs_per_set, config.max_bytes_per_set, endpoint) for s in config.text_sets}
+    parallel = {p.name: read_parallel(p, config.max_docs_per_set, config.max_bytes_per_set, endpoint)
+                for p in config.parallel_sets}
+    prompts = (gen_mod.load_prompts(config.prompts, config.generation.num_prompts, endpoint)
+               if config.prompts else [])
+    models, skipped = resolve_models(config, ctx, cache)
+    toks, tok_info = load_tokenizers(config, ctx, models, cache)
+    gold = (morph_mod.load_gold(config.morph.segmented, config.morph.lemma_forms, config.morph.conllu,
+                                config.morph.num_words_per_source, config.seed) if config.morph else {})
+    log_config(config, {
+        "device": device, "dtype": str(dtype), "models": [m.label for m in models], "tokenizers": list(toks),
+        "text_set_bytes": {k: len(bpb_mod.pack(v).encode()) for k, v in sets.items()},
+        "parallel_pairs": {k: len(v) for k, v in parallel.items()}, "num_prompts": len(prompts),
+        "morph_words": {k: len(v) for k, v in gold.items()},
+        "num_generations": len(prompts) * len(config.generation.modes) * len(models),
+    })
+    if not models and not toks:
+        raise InputError("nothing to evaluate: no upstream artifacts and no models/tokenizers in the config",
+                         path="eval.models")
+
+    t_tok = time.perf_counter()
+    metrics: dict = {
+        "models": {}, "tokenizers": tok_info,
+        "text_sets": {k: {"uri": s.uri, "num_docs": len(sets[k]), "num_bytes": len(bpb_mod.pack(sets[k]).encode())}
+                      for k, s in zip(sets, config.text_sets)},
+        "tokenizer_metrics": tokenizer_metrics(toks, sets),
+        "parity": parity_metrics(toks, parallel),
+        "morph": morph_metrics(toks, gold),
+    }
+    seconds = {"tokenizer_metrics": round(time.perf_counter() - t_tok, 2)}
+
+    metrics["bpb"], generations = {}, []
+    for src in models:
+        t_model = time.perf_counter()
+        info, bpb, gens = evaluate_model(src, config, sets, prompts, device, dtype)
+        metrics["models"][src.label] = info
+        if bpb:
+            metrics["bpb"][src.label] = bpb
+        generations += gens
+        seconds[f"model.{src.label}"] = round(time.perf_counter() - t_model, 2)
+    metrics["generation"] = {}
+    for g in generations:
+        metrics["generation"].setdefault(g["model"], {}).setdefault(g["mode"], []).append(g)
+    metrics["generation"] = {m: {mode: gen_mod.mean_repetition(rows) for mode, rows in d.items()}
+                             for m, d in metrics["generation"].items()}
+
+    metrics["curves"], metrics["cost"] = {}, {}
+    for stage in ("cpt", "sft"):
+        if ctx.has_input(stage):
+            art = ctx.input(stage)
+            series = curves_mod.training_curves(art.manifest.metrics, art.path)
+            if series:
+                metrics["curves"][stage] = {k: [list(p) for p in v] for k, v in series.items()}
+            if c := cost(art.manifest.metrics):
+                metrics["cost"][stage] = c
+    if sweep := vocab_sweep(ctx):
+        metrics["vocab_sweep"] = sweep
+    metrics["skipped"] = skipped
+    seconds["total"] = round(time.perf_counter() - t_start, 2)
+    metrics["cost"]["eval"] = {"seconds_total": seconds["total"]}
+    metrics["seconds"] = seconds
+
+    out = ctx.model_dir
+    with open(out / "generations.jsonl", "w", encoding="utf-8") as f:
+        for g in generations:
+            f.write(json.dumps(g, ensure_ascii=False) + "\n")
+    paths = write_report(metrics, generations, out, f"dilforge eval report — run {ctx.request.run_id}")
+    metrics["report"] = {k: str(p.relative_to(out)) for k, p in paths.items()}
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2, ensure_ascii=False), encoding="utf-8")
+    log.info("report: %s", out / "report.html")
+    summary = {k: v for k, v in metrics.items() if k != "curves"}
+    summary["curves"] = {stage: {k: v[-1] for k, v in s.items()} for stage, s in metrics["curves"].items()}
+    return StageResult(metrics=summary)

@@ -1,0 +1,274 @@
+"""Records → conversations, with explicit counted rules for everything that is not a clean chat.
+
+A conversation is a list of {"role": system|user|assistant, "content": str}: the shape TRL's
+SFTTrainer treats as conversational, so the chat template (with {% generation %} markers) decides
+which tokens carry loss. Every rule that changes or drops data adds to a named counter that ends
+up in the manifest, so "trained on 940 conversations" can be traced back to the input files.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import unicodedata
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from dilforge_shared.configs.sft import SftConfig, SftDataSource
+from dilforge_shared.corpus import iter_located_texts
+from dilforge_shared.errors import InputError
+
+log = logging.getLogger("dilforge.sft.data")
+
+ROLES = ("system", "user", "assistant")
+Conversation = list[dict[str, str]]
+MAX_EXAMPLES = 10
+
+
+@dataclass
+class DataCounts:
+    """Counters of one split; every rule that touches the data has one."""
+    num_records: int = 0
+    num_conversations: int = 0
+    num_bad_records: int = 0
+    num_unknown_role_messages: int = 0
+    num_empty_assistant_turns: int = 0
+    num_dropped_empty_assistant: int = 0
+    num_system_prompts_added: int = 0
+    num_long_truncated: int = 0
+    num_long_dropped: int = 0
+    num_long_dropped_no_assistant_left: int = 0
+    num_tokens: int = 0
+    num_assistant_tokens: int = 0
+    bad_record_examples: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class BadRecord(Exception):
+    """A record that cannot become a conversation; the reader adds file and line."""
+
+
+def _nfc(text: str) -> str:
+    return unicodedata.normalize("NFC", text)
+
+
+def _optional_str(record: dict, name: str | None) -> str | None:
+    if name is None or record.get(name) is None:
+        return None
+    value = record[name]
+    if not isinstance(value, str):
+        raise BadRecord(f"field {name!r} must be a string, got {type(value).__name__}")
+    return _nfc(value)
+
+
+def _required_str(record: dict, name: str) -> str:
+    if name not in record:
+        raise BadRecord(f"field {name!r} is missing (fields: {sorted(record)})")
+    value = _optional_str(record, name)
+    if value is None:
+        raise BadRecord(f"field {name!r} is null")
+    return value
+
+
+def messages_from_record(record: dict, source: SftDataSource, config: SftConfig, counts: DataCounts) -> Conversation:
+    """A `messages` record; unknown roles follow config.unknown_roles."""
+    turns = record.get(source.messages_field)
+    if not isinstance(turns, list) or not turns:
+        raise BadRecord(f"field {source.messages_field!r} must be a non-empty list of {{role, content}}")
+    out: Conversation = []
+    for i, turn in enumerate(turns):
+        where = f"{source.messages_field}[{i}]"
+        if not isinstance(turn, dict):
+            raise BadRecord(f"{where} is not an object")
+        role, content = turn.get("role"), turn.get("content")
+        if not isinstance(role, str):
+            raise BadRecord(f"{where}.role is missing or not a string")
+        if not isinstance(content, str):
+            raise BadRecord(f"{where}.content is missing or not a string")
+        if role not in ROLES:
+            if config.unknown_roles == "bad_record":
+                raise BadRecord(f"{where}.role {role!r} is not one of {', '.join(ROLES)}")
+            counts.num_unknown_role_messages += 1
+            continue
+        out.append({"role": role, "content": _nfc(content)})
+    return out
+
+
+def instruction_from_record(record: dict, source: SftDataSource) -> Conversation:
+    """An instruction/response record: user = instruction (+ blank line + input), assistant = response."""
+    instruction = _required_str(record, source.instruction_field)
+    if not instruction.strip():
+        raise BadRecord(f"field {source.instruction_field!r} is empty")
+    extra = _optional_str(record, source.input_field)
+    if extra and extra.strip():
+        instruction = f"{instruction}\n\n{extra}"
+    response = _required_str(record, source.response_field)
+    conv: Conversation = []
+    system = _optional_str(record, source.system_field)
+    if system and system.strip():
+        conv.append({"role": "system", "content": system})
+    conv += [{"role": "user", "content": instruction}, {"role": "assistant", "content": response}]
+    return conv
+
+
+def translation_from_row(cells: list[str], columns: dict[str, int], source: SftDataSource) -> Conversation:
+    need = max(columns.values()) + 1
+    if len(cells) < need:
+        raise BadRecord(f"row has {len(cells)} columns, expected at least {need}")
+    text = _nfc(cells[columns["source"]]).strip()
+    if not text:
+        raise BadRecord(f"column {source.source_field!r} is empty")
+    return [{"role": "user", "content": source.translation_prompt.replace("{source}", text)},
+            {"role": "assistant", "content": _nfc(cells[columns["target"]])}]
+
+
+def apply_turn_rules(conv: Conversation, config: SftConfig, counts: DataCounts) -> Conversation | None:
+    """Empty assistant turns, then the default system prompt. None = dropped (counted)."""
+    empty = [i for i, m in enumerate(conv) if m["role"] == "assistant" and not m["content"].strip()]
+    if empty:
+        counts.num_empty_assistant_turns += len(empty)
+        if config.empty_assistant_turns == "bad_record":
+            raise BadRecord(f"assistant turn {empty[0]} is empty")
+        if config.empty_assistant_turns == "drop_conversation":
+            counts.num_dropped_empty_assistant += 1
+            return None
+        conv = drop_empty_turns(conv)
+    if not any(m["role"] == "assistant" for m in conv):
+        if empty:  # drop_turn left nothing to learn from
+            counts.num_dropped_empty_assistant += 1
+            return None
+        raise BadRecord("no assistant turn: nothing to learn from")
+    if config.system_prompt and conv[0]["role"] != "system":
+        conv = [{"role": "system", "content": config.system_prompt}, *conv]
+        counts.num_system_prompts_added += 1
+    return conv
+
+
+def drop_empty_turns(conv: Conversation) -> Conversation:
+    """Remove each empty assistant turn together with the user turns it answered (back to the previous assistant)."""
+    out: Conversation = []
+    pending: Conversation = []
+    for m in conv:
+        if m["role"] == "assistant":
+            if m["content"].strip():
+                out += pending + [m]
+            pending = []
+        elif m["role"] == "system" and not out and not pending:
+            out.append(m)
+        else:
+            pending.append(m)
+    return out + pending
+
+
+def iter_conversations(source: SftDataSource, config: SftConfig, counts: DataCounts,
+                       endpoint_url: str | None = None) -> Iterator[Conversation]:
+    """Stream one source's conversations; a bad record fails with file:line or is skipped and counted."""
+    produced = 0
+    current_file, columns = None, None
+    for file, line, raw in iter_located_texts(source.uri, "txt", endpoint_url=endpoint_url):
+        if source.layout == "translation" and file != current_file:
+            current_file, header = file, raw.split("\t")
+            missing = [c for c in (source.source_field, source.target_field) if c not in header]
+            if missing:
+                raise InputError(f"TSV header has no column(s) {missing} (columns: {header}); set source_field/"
+                                 "target_field", path=file, line=line)
+            columns = {"source": header.index(source.source_field), "target": header.index(source.target_field)}
+            continue
+        counts.num_records += 1
+        try:
+            if source.layout == "translation":
+                conv = translation_from_row(raw.split("\t"), columns, source)
+            else:
+                try:
+                    record = json.loads(raw)
+                except json.JSONDecodeError as exc:
+                    raise BadRecord(f"not valid JSON: {exc.msg} (column {exc.colno})") from None
+                if not isinstance(record, dict):
+                    raise BadRecord(f"expected a JSON object, got {type(record).__name__}")
+                if source.layout == "messages":
+                    conv = messages_from_record(record, source, config, counts)
+                else:
+                    conv = instruction_from_record(record, source)
+            conv = apply_turn_rules(conv, config, counts)
+        except BadRecord as exc:
+            if config.on_bad_record == "fail":
+                raise InputError(f"bad {source.layout} record: {exc} (set on_bad_record: skip to skip and count such "
+                                 "records)", path=file, line=line) from None
+            counts.num_bad_records += 1
+            if len(counts.bad_record_examples) < MAX_EXAMPLES:
+                counts.bad_record_examples.append(f"{file}:{line}: {exc}")
+            log.warning("skipping bad record %s:%d: %s", file, line, exc)
+            continue
+        if conv is None:
+            continue
+        counts.num_conversations += 1
+        yield conv
+        produced += 1
+        if source.max_records is not None and produced >= source.max_records:
+            return
+
+
+def load_sources(sources: list[SftDataSource], config: SftConfig, counts: DataCounts,
+                 endpoint_url: str | None = None) -> list[Conversation]:
+    out: list[Conversation] = []
+    for source in sources:
+        out.extend(iter_conversations(source, config, counts, endpoint_url))
+    return out
+
+
+def load_splits(config: SftConfig, endpoint_url: str | None = None
+                ) -> tuple[list[Conversation], list[Conversation], DataCounts, DataCounts]:
+    """Train and validation conversations; without validation sources, a seeded slice of train is held out."""
+    train_counts, val_counts = DataCounts(), DataCounts()
+    train = load_sources(config.train, config, train_counts, endpoint_url)
+    if config.validation:
+        val = load_sources(config.validation, config, val_counts, endpoint_url)
+    else:
+        if len(train) < 2:
+            raise InputError(f"only {len(train)} usable training conversation(s): cannot hold out a validation split; "
+                             "add training data or give validation sets", path=config.train[0].uri)
+        order = list(range(len(train)))
+        random.Random(config.seed).shuffle(order)
+        n_val = max(1, round(config.validation_fraction * len(train)))
+        held = set(order[:n_val])
+        val = [c for i, c in enumerate(train) if i in held]
+        train = [c for i, c in enumerate(train) if i not in held]
+        val_counts.num_conversations = len(val)
+        train_counts.num_conversations = len(train)
+    if not train:
+        raise InputError("no usable training conversation (see the counted data rules in the log)", path=config.train[0].uri)
+    if not val:
+        raise InputError("no usable validation conversation", path=config.validation[0].uri)
+    return train, val, train_counts, val_counts
+
+
+def apply_length_rule(convs: list[Conversation], tokenizer, max_length: int, rule: str, counts: DataCounts
+                      ) -> list[Conversation]:
+    """Count (and, with rule 'drop', remove) conversations over max_length tokens.
+
+    Tokenised exactly as TRL does (apply_chat_template with the assistant mask). With 'truncate' TRL
+    keeps the first max_length tokens; a conversation whose kept window has no assistant token is
+    dropped here so that the count is ours, not a silent filter inside TRL.
+    """
+    kept = []
+    for conv in convs:
+        enc = tokenizer.apply_chat_template(conv, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+        ids, mask = list(enc["input_ids"]), list(enc["assistant_masks"])
+        if len(ids) > max_length:
+            if rule == "drop":
+                counts.num_long_dropped += 1
+                continue
+            if 1 not in mask[:max_length]:
+                counts.num_long_dropped_no_assistant_left += 1
+                continue
+            counts.num_long_truncated += 1
+            ids, mask = ids[:max_length], mask[:max_length]
+        counts.num_tokens += len(ids)
+        counts.num_assistant_tokens += sum(mask)
+        kept.append(conv)
+    counts.num_conversations = len(kept)
+    return kept

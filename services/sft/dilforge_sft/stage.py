@@ -1,0 +1,303 @@
+"""The SFT stage, top to bottom: data → base model → LoRA via TRL's SFTTrainer → adapter (+ merged) → metrics.
+
+The loss falls on assistant content and the <|eot_id|> that ends each assistant turn only: the
+chat template carries {% generation %} markers and TRL's `assistant_only_loss` turns everything
+outside them into label -100. TRL, PEFT and transformers are used as libraries; the only
+extension is a TrainerCallback that turns SIGTERM into "checkpoint and stop".
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import shutil
+import time
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from dilforge_shared.configs.sft import SftConfig
+from dilforge_shared.contract import StageContext, StageResult, Terminated, install_sigterm_handler, log_config
+from dilforge_shared.errors import ConfigError, InputError
+from dilforge_shared.manifest import InputRef
+
+from .data import Conversation, DataCounts, apply_length_rule, load_splits
+from dilforge_shared.models import ADAPTER_DIR, MERGED_DIR, ModelSource, find_hf_dir, open_model
+
+log = logging.getLogger("dilforge.sft")
+
+TRAINER_DIR = "trainer"              # under ctx.checkpoint_dir: Trainer's checkpoint-<step>/ folders
+EVAL_BEFORE_FILE = "eval_before.json"  # under ctx.checkpoint_dir: the base model's validation loss, kept across resumes
+TEMPLATE_TOKENS = ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
+
+
+# ---- where the base model comes from ---------------------------------------------------------------
+
+def resolve_base(config: SftConfig, ctx: StageContext) -> tuple[Path, str, list[InputRef]]:
+    """(HF folder, URI for reports, extra lineage). The 'cpt' input wins over config.base_model."""
+    if ctx.has_input("cpt"):
+        if config.base_model:
+            log.warning("base_model %s ignored: the pipeline feeds the 'cpt' artifact", config.base_model)
+        art = ctx.input("cpt")
+        return find_hf_dir(art.path, art.uri), art.uri, []
+    if not config.base_model:
+        raise ConfigError("sft: no base model: run the cpt stage in the same pipeline, pass --input cpt=URI, "
+                          "or set sft.base_model to an HF folder, s3:// prefix or model artifact")
+    src: ModelSource = open_model(config.base_model, "base_model", ctx.endpoint_url,
+                                  cache_dir=ctx.opt.root / "cache")
+    return find_hf_dir(src.path, config.base_model), config.base_model, [src.ref]
+
+
+# ---- device, tokenizer, model --------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class DevicePlan:
+    device: str
+    bf16: bool
+    liger: bool
+
+
+def device_plan(config: SftConfig) -> DevicePlan:
+    """bf16 + Liger on CUDA, fp32 without Liger on CPU, unless the config says otherwise."""
+    import torch
+    cuda = torch.cuda.is_available()
+    if config.precision == "bf16" and not (cuda and torch.cuda.is_bf16_supported()):
+        raise ConfigError("sft.precision: bf16 needs a CUDA GPU with bf16 support; use auto or fp32")
+    bf16 = config.precision == "bf16" or (config.precision == "auto" and cuda and torch.cuda.is_bf16_supported())
+    if config.liger == "on" and not cuda:
+        raise ConfigError("sft.liger: the Liger kernels need CUDA; use auto or off")
+    return DevicePlan(device="cuda" if cuda else "cpu", bf16=bf16, liger=cuda and config.liger != "off")
+
+
+def training_chat_template() -> str:
+    """TRL's Llama-3 training template: Llama 3's text plus {% generation %} around assistant content + <|eot_id|>."""
+    return resources.files("trl").joinpath("chat_templates/llama3_training.jinja").read_text(encoding="utf-8")
+
+
+def load_tokenizer(model_dir: Path):
+    """The model's tokenizer with a chat template that has generation markers (TRL's llama3 one if it lacks them)."""
+    from transformers import AutoTokenizer
+    from trl.chat_template_utils import has_generation_markers
+    tok = AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=False)
+    template_source = "tokenizer"
+    if not tok.chat_template or not has_generation_markers(tok.chat_template):
+        tok.chat_template = training_chat_template()
+        template_source = "trl_llama3_training"
+        log.info("tokenizer has no chat template with {%% generation %%} markers: using TRL's llama3_training.jinja")
+    vocab = tok.get_vocab()
+    missing = [t for t in TEMPLATE_TOKENS if t not in vocab]
+    if missing:
+        raise InputError(f"tokenizer lacks the Llama 3 chat tokens {missing}; SFT needs a Llama-3-style tokenizer",
+                         path=str(model_dir))
+    if tok.pad_token is None:
+        tok.pad_token = "<|finetune_right_pad_id|>" if "<|finetune_right_pad_id|>" in vocab else tok.eos_token
+    return tok, template_source
+
+
+def load_model(model_dir: Path, plan: DevicePlan):
+    import torch
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(
+        str(model_dir), dtype=torch.bfloat16 if plan.bf16 else torch.float32, attn_implementation="sdpa",
+        trust_remote_code=False)
+    if plan.liger:
+        from liger_kernel.transformers import apply_liger_kernel_to_llama
+        # layer kernels only: TRL replaces the LM head/loss with its own fused one
+        apply_liger_kernel_to_llama(rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
+                                    fused_linear_cross_entropy=False, model=model)
+    return model
+
+
+def lora_config(config: SftConfig):
+    from peft import LoraConfig
+    return LoraConfig(r=config.lora.r, lora_alpha=config.lora.alpha, lora_dropout=config.lora.dropout,
+                      target_modules=list(config.lora.target_modules), bias="none", task_type="CAUSAL_LM")
+
+
+def sft_arguments(config: SftConfig, output_dir: Path, plan: DevicePlan):
+    """The TRL SFTConfig of this stage: every knob comes from SftConfig, nothing from TRL's own defaults by accident."""
+    from trl import SFTConfig
+    return SFTConfig(
+        output_dir=str(output_dir), seed=config.seed, data_seed=config.seed,
+        assistant_only_loss=True, max_length=config.max_length, truncation_mode="keep_start",
+        packing=config.packing, packing_strategy="bfd", eval_packing=False,
+        learning_rate=config.learning_rate, lr_scheduler_type=config.lr_scheduler, warmup_steps=config.warmup_ratio,
+        weight_decay=config.weight_decay, max_grad_norm=config.max_grad_norm,
+        num_train_epochs=config.num_epochs, max_steps=config.max_steps or -1,
+        per_device_train_batch_size=config.per_device_batch_size, per_device_eval_batch_size=config.eval_batch_size,
+        gradient_accumulation_steps=config.gradient_accumulation_steps,
+        gradient_checkpointing=config.gradient_checkpointing,
+        gradient_checkpointing_kwargs={"use_reentrant": False} if config.gradient_checkpointing else None,
+        bf16=plan.bf16, fp16=False, use_cpu=plan.device == "cpu",
+        logging_steps=config.logging_steps, logging_first_step=True,
+        save_strategy="steps", save_steps=config.save_steps, save_total_limit=config.num_checkpoints_kept,
+        eval_strategy="no", report_to="none", disable_tqdm=True, dataloader_pin_memory=plan.device == "cuda",
+    )
+
+
+def build_trainer(config: SftConfig, model, tokenizer, train: list[Conversation], val: list[Conversation],
+                  output_dir: Path, plan: DevicePlan, callbacks: list | None = None):
+    """TRL's SFTTrainer with LoRA on the stage's conversations; datasets are tokenised and masked here."""
+    from datasets import Dataset
+    from trl import SFTTrainer
+    return SFTTrainer(
+        model=model, args=sft_arguments(config, output_dir, plan), processing_class=tokenizer,
+        train_dataset=Dataset.from_list([{"messages": c} for c in train]),
+        eval_dataset=Dataset.from_list([{"messages": c} for c in val]),
+        peft_config=lora_config(config), callbacks=callbacks or [],
+    )
+
+
+# ---- checkpoints ------------------------------------------------------------------------------------
+
+def latest_checkpoint(folder: Path) -> Path | None:
+    """Newest complete Trainer checkpoint: trainer_state.json is written last, so its presence (parsable) marks it."""
+    best: tuple[int, Path] | None = None
+    for path in folder.glob("checkpoint-*"):
+        try:
+            step = int(path.name.split("-", 1)[1])
+            json.loads((path / "trainer_state.json").read_text())
+        except (ValueError, OSError):
+            log.warning("ignoring incomplete checkpoint %s", path)
+            continue
+        if best is None or step > best[0]:
+            best = (step, path)
+    return best[1] if best else None
+
+
+def stop_on_sigterm_callback(flag: dict[str, bool]):
+    """Checkpoint at the end of the current step and stop, when SIGTERM arrives (spot interruption, stop job)."""
+    from transformers import TrainerCallback
+
+    class StopOnSigterm(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if flag.get("stop"):
+                control.should_save = True
+                control.should_training_stop = True
+            return control
+    return StopOnSigterm()
+
+
+def tensorboard_callback(log_dir: Path):
+    from torch.utils.tensorboard import SummaryWriter
+    from transformers.integrations import TensorBoardCallback
+    log_dir.mkdir(parents=True, exist_ok=True)
+    return TensorBoardCallback(tb_writer=SummaryWriter(log_dir=str(log_dir)))
+
+
+# ---- outputs ------------------------------------------------------------------------------------------
+
+def save_adapter(trainer, tokenizer, out_dir: Path, base_uri: str) -> None:
+    """PEFT adapter (safetensors) + tokenizer; adapter_config names the base by its URI, not a local path."""
+    trainer.model.save_pretrained(str(out_dir), safe_serialization=True)
+    tokenizer.save_pretrained(str(out_dir))
+    cfg_path = out_dir / "adapter_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["base_model_name_or_path"] = base_uri
+    cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True))
+
+
+def save_merged(base_dir: Path, adapter_dir: Path, out_dir: Path) -> None:
+    """Merge in fp32 on CPU from the saved files (what a user would do), then store in the base's own dtype."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    base = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32, trust_remote_code=False)
+    target_dtype = getattr(base.config, "dtype", None) or torch.float32
+    merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
+    if isinstance(target_dtype, str):
+        target_dtype = getattr(torch, target_dtype)
+    merged.to(target_dtype).save_pretrained(str(out_dir), safe_serialization=True)
+    AutoTokenizer.from_pretrained(str(adapter_dir)).save_pretrained(str(out_dir))
+
+
+def loss_history(log_history: list[dict[str, Any]]) -> list[dict[str, float]]:
+    return [{"step": e["step"], "loss": round(float(e["loss"]), 6)} for e in log_history if "loss" in e]
+
+
+# ---- the stage ---------------------------------------------------------------------------------------------
+
+def prepare_data(config: SftConfig, tokenizer, endpoint_url: str | None,
+                 splits: tuple | None = None) -> tuple[list[Conversation], list[Conversation], DataCounts, DataCounts]:
+    """Read both splits with the counted record rules, then apply the max-length rule with the real tokenizer."""
+    train, val, train_counts, val_counts = splits or load_splits(config, endpoint_url)
+    train = apply_length_rule(train, tokenizer, config.max_length, config.long_conversations, train_counts)
+    val = apply_length_rule(val, tokenizer, config.max_length, config.long_conversations, val_counts)
+    if not train or not val:
+        raise InputError(f"no conversation left after the long_conversations={config.long_conversations!r} rule "
+                         f"(max_length {config.max_length}); raise max_length", path=config.train[0].uri)
+    return train, val, train_counts, val_counts
+
+
+def run(config: SftConfig, ctx: StageContext) -> StageResult:
+    if len(ctx.resources.hosts) > 1:
+        raise ConfigError(f"sft runs on one host; resourceconfig lists {len(ctx.resources.hosts)}")
+    stop_flag = install_sigterm_handler()
+    splits = load_splits(config, ctx.endpoint_url)  # bad data fails here, before torch is even imported
+    base_dir, base_uri, extra_inputs = resolve_base(config, ctx)
+    import torch
+    torch.manual_seed(config.seed)
+    plan = device_plan(config)
+    tokenizer, template_source = load_tokenizer(base_dir)
+    train, val, train_counts, val_counts = prepare_data(config, tokenizer, ctx.endpoint_url, splits)
+
+    global_batch = config.per_device_batch_size * config.gradient_accumulation_steps
+    steps_per_epoch = math.ceil(len(train) / global_batch)
+    total_steps = config.max_steps or math.ceil(steps_per_epoch * config.num_epochs)
+    log_config(config, {
+        "base_model": base_uri, "device": plan.device, "bf16": plan.bf16, "liger": plan.liger,
+        "chat_template": template_source, "global_batch": global_batch,
+        "tokens_per_step_max": global_batch * config.max_length, "num_train_conversations": len(train),
+        "num_validation_conversations": len(val), "optimizer_steps": total_steps,
+        "train_tokens": train_counts.num_tokens, "train_assistant_tokens": train_counts.num_assistant_tokens,
+    })
+
+    model = load_model(base_dir, plan)
+    trainer_dir = ctx.checkpoint_dir / TRAINER_DIR
+    trainer_dir.mkdir(parents=True, exist_ok=True)
+    trainer = build_trainer(config, model, tokenizer, train, val, trainer_dir, plan,
+                            callbacks=[stop_on_sigterm_callback(stop_flag), tensorboard_callback(ctx.tensorboard_dir)])
+    trainable, total = trainer.model.get_nb_trainable_parameters()
+
+    resume = latest_checkpoint(trainer_dir)
+    before_file = ctx.checkpoint_dir / EVAL_BEFORE_FILE
+    if before_file.exists() and resume is not None:
+        eval_before = json.loads(before_file.read_text())["eval_loss"]
+    else:
+        eval_before = trainer.evaluate()["eval_loss"]
+        before_file.write_text(json.dumps({"eval_loss": eval_before}))
+    log.info("validation loss before: %.4f; %s", eval_before,
+             f"resuming from {resume.name}" if resume else "training from the start")
+
+    start = time.perf_counter()
+    out = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    train_seconds = time.perf_counter() - start
+    if stop_flag["stop"]:
+        raise Terminated(f"stopped by SIGTERM at step {trainer.state.global_step}; checkpoint saved in "
+                         f"{trainer_dir}; rerun the stage to resume")
+    eval_after = trainer.evaluate()["eval_loss"]
+    history = loss_history(trainer.state.log_history)  # includes steps logged before a resume
+    log.info("validation loss after: %.4f (before %.4f)", eval_after, eval_before)
+
+    adapter_dir = ctx.model_dir / ADAPTER_DIR
+    save_adapter(trainer, tokenizer, adapter_dir, base_uri)
+    del trainer, model
+    if config.save_merged:
+        save_merged(base_dir, adapter_dir, ctx.model_dir / MERGED_DIR)
+    shutil.rmtree(ctx.model_dir / "runs", ignore_errors=True)
+
+    metrics = {
+        "base_model": base_uri, "chat_template": template_source, "device": plan.device, "bf16": plan.bf16,
+        "liger": plan.liger, "trainable_parameters": trainable, "total_parameters": total,
+        "eval_loss_before": eval_before, "eval_loss_after": eval_after,
+        "train_loss": out.training_loss, "train_loss_history": history,
+        "optimizer_steps": out.global_step, "resumed_from_step": int(resume.name.split("-")[1]) if resume else 0,
+        "train_runtime_s": round(train_seconds, 3),
+        "train_steps_per_second": out.metrics.get("train_steps_per_second"),
+        "data": {"train": train_counts.as_dict(), "validation": val_counts.as_dict()},
+        "outputs": [ADAPTER_DIR, *([MERGED_DIR] if config.save_merged else [])],
+    }
+    return StageResult(metrics=metrics, extra_inputs=extra_inputs)
+

@@ -1,0 +1,11 @@
+"""`python -m dilforge_tokenizer train`: the container entrypoint (SageMaker BYOC contract)."""
+
+import sys
+
+from dilforge_shared.configs.tokenizer import TokenizerConfig
+from dilforge_shared.contract import stage_main
+
+from .stage import run
+
+if __name__ == "__main__":
+    sys.exit(stage_main(TokenizerConfig, run, "dilforge-tokenizer"))

@@ -1,0 +1,61 @@
+"""The base tokenizer: an HF tokenizer folder on disk or under an s3:// prefix."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from urllib.parse import urlparse
+
+from dilforge_shared.errors import InputError
+from dilforge_shared.manifest import InputRef, sha256_file
+from tokenizers import Tokenizer
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                   "chat_template.json")
+
+
+def resolve(uri: str, workdir: Path, endpoint_url: str | None = None) -> Path:
+    """A local folder holding the base tokenizer's files (downloaded first when on S3)."""
+    parsed = urlparse(uri)
+    if parsed.scheme == "s3":
+        from dilforge_shared.store import S3Backend
+        backend = S3Backend(parsed.netloc, parsed.path.lstrip("/"), endpoint_url)
+        keys = [k for k in backend.list("") if "/" not in k and k in TOKENIZER_FILES]
+        if "tokenizer.json" not in keys:
+            raise InputError("no tokenizer.json under this S3 prefix (base_tokenizer must be an HF tokenizer folder)",
+                             path=uri)
+        out = workdir / "base_tokenizer"
+        shutil.rmtree(out, ignore_errors=True)
+        for key in keys:
+            backend.download_file(key, out / key)
+        return out
+    path = Path(uri[len("file://"):] if parsed.scheme == "file" else uri)
+    if not path.is_dir():
+        raise InputError("base_tokenizer: no such folder", path=uri)
+    if not (path / "tokenizer.json").is_file():
+        raise InputError("base_tokenizer: the folder has no tokenizer.json (an HF fast-tokenizer folder is needed)",
+                         path=uri)
+    return path
+
+
+def load(folder: Path, uri: str, parse_json: bool = True) -> tuple[Tokenizer, dict | None]:
+    """The base as a tokenizers.Tokenizer and (when asked, for extend) its parsed tokenizer.json."""
+    path = folder / "tokenizer.json"
+    try:
+        text = path.read_text(encoding="utf-8")
+        return Tokenizer.from_str(text), json.loads(text) if parse_json else None
+    except Exception as exc:  # noqa: BLE001 - tokenizers raises a bare Exception on a bad file
+        raise InputError(f"tokenizer.json does not load as a tokenizer: {exc}", path=f"{uri}/tokenizer.json") from None
+
+
+def lineage(folder: Path, uri: str) -> InputRef:
+    return InputRef(name="base_tokenizer", kind="data", uri=uri, sha256=sha256_file(folder / "tokenizer.json"))
+
+
+def copy_folder(folder: Path, out: Path) -> None:
+    """Publish the base unchanged (strategy base): its tokenizer files, byte for byte."""
+    out.mkdir(parents=True, exist_ok=True)
+    for name in TOKENIZER_FILES:
+        if (folder / name).is_file():
+            shutil.copyfile(folder / name, out / name)

@@ -1,0 +1,122 @@
+"""BPE building blocks: one training at the largest size, exact truncation to smaller sizes, extension.
+
+BPE training is greedy and deterministic, so the vocabulary trained at size N is exactly the first
+N tokens (and their merges) of the one trained at any size above N. A sweep therefore trains once.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+
+from dilforge_shared.errors import InputError
+from tokenizers import Tokenizer, pre_tokenizers, trainers
+
+from . import llama3
+
+
+def trainer(vocab_size: int, min_frequency: int, show_progress: bool = False) -> trainers.BpeTrainer:
+    return trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=[],
+                               initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=show_progress)
+
+
+def train(batches: Iterable, vocab_size: int, min_frequency: int, template: Tokenizer | None = None,
+          show_progress: bool = False) -> Tokenizer:
+    """A byte-level BPE (no special tokens) with `template`'s normalizer/pre-tokenizer, or Llama 3's."""
+    tok = llama3.empty_bpe()
+    if template is not None:
+        tok.normalizer = template.normalizer
+        tok.pre_tokenizer = template.pre_tokenizer
+        tok.decoder = template.decoder
+    tok.train_from_iterator(batches, trainer=trainer(vocab_size, min_frequency, show_progress))
+    return tok
+
+
+def model_of(tok: Tokenizer) -> dict:
+    return json.loads(tok.to_str())
+
+
+def _merge_pair(merge) -> tuple[str, str]:
+    if isinstance(merge, str):  # older tokenizer.json: "a b"
+        a, b = merge.split(" ", 1)
+        return a, b
+    return merge[0], merge[1]
+
+
+def truncate(doc: dict, size: int) -> dict:
+    """The tokenizer.json that training at `size` would have produced, cut from a larger training.
+
+    The trainer stops once the vocab holds `size` tokens, i.e. right after the merge that creates
+    id size-1; every merge up to that one is kept, later ones dropped.
+    """
+    vocab = doc["model"]["vocab"]
+    if len(vocab) <= size:
+        return doc
+    doc = {**doc, "model": dict(doc["model"])}  # shallow: vocab and merges are rebuilt below
+    model = doc["model"]
+    merges = []
+    for merge in model["merges"]:
+        a, b = _merge_pair(merge)
+        rid = vocab[a + b]
+        if rid >= size:
+            break
+        merges.append(merge)
+        if rid == size - 1:
+            break
+    model["vocab"] = {t: i for t, i in vocab.items() if i < size}
+    model["merges"] = merges
+    return doc
+
+
+def from_doc(doc: dict) -> Tokenizer:
+    return Tokenizer.from_str(json.dumps(doc, ensure_ascii=False))
+
+
+def replace_tokenizer(trained: dict, size: int) -> Tokenizer:
+    """A Llama-3-compatible tokenizer of `size` regular tokens + the 256 specials."""
+    return llama3.finish(from_doc(truncate(trained, size)))
+
+
+def check_extendable(base: dict, source: str) -> None:
+    if base.get("model", {}).get("type") != "BPE":
+        raise InputError(f"extend needs a BPE base tokenizer, got model type {base.get('model', {}).get('type')!r}",
+                         path=source)
+    if "ByteLevel" not in json.dumps(base.get("pre_tokenizer")):
+        raise InputError("extend needs a byte-level BPE base (a ByteLevel pre-tokenizer, as Llama 3 / GPT-2)",
+                         path=source)
+
+
+def extend(base: dict, corpus: dict) -> tuple[dict, int]:
+    """Append the corpus BPE's tokens missing from `base` after every existing id; returns (doc, added).
+
+    New tokens take ids after the base's highest id (special tokens included), in the order the corpus
+    BPE learned them; the merges that create them are appended after the base's merges, so the base's
+    own merges keep priority and every base id keeps its meaning.
+    """
+    doc = {**base, "model": dict(base["model"])}  # shallow copies: the base doc stays untouched
+    vocab: dict[str, int] = dict(doc["model"]["vocab"])
+    merges: list = list(doc["model"]["merges"])
+    doc["model"]["vocab"], doc["model"]["merges"] = vocab, merges
+    as_strings = bool(merges) and isinstance(merges[0], str)
+    # tokenizers gives added (special) tokens the ids after the model's vocab size on load, whatever
+    # tokenizer.json says, unless the model's vocab holds them: so the model vocab takes them in.
+    for added_token in doc.get("added_tokens", []):
+        vocab.setdefault(added_token["content"], added_token["id"])
+    next_id = max(vocab.values()) + 1
+    new_tokens = set()
+    for token, _ in sorted(corpus["model"]["vocab"].items(), key=lambda kv: kv[1]):
+        if token not in vocab:
+            vocab[token] = next_id
+            new_tokens.add(token)
+            next_id += 1
+    existing = {_merge_pair(m) for m in merges}
+    for merge in corpus["model"]["merges"]:
+        a, b = _merge_pair(merge)
+        if a + b in new_tokens and (a, b) not in existing:
+            merges.append(f"{a} {b}" if as_strings else [a, b])
+            existing.add((a, b))
+    return doc, len(new_tokens)
+
+
+def vocab_size_with_specials(tok: Tokenizer) -> int:
+    return tok.get_vocab_size(with_added_tokens=True)

@@ -1,0 +1,156 @@
+"""One pass over the corpora: interleave sources, hold out a hashed slice, dedup, upsample by weight.
+
+The trainer reads this stream once; the held-out slice is collected on the way, so metrics never
+need a second pass over the corpus.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import logging
+import random
+import sys
+import zlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+from dilforge_shared.configs.base import DataSource
+from dilforge_shared.corpus import iter_located_texts
+from dilforge_shared.errors import InputError
+
+log = logging.getLogger("dilforge.tokenizer")
+
+
+@dataclass
+class SourceStats:
+    lines_read: int = 0
+    lines_heldout: int = 0
+    lines_duplicate: int = 0
+    lines_trained: int = 0
+    lines_fed: int = 0  # after upsampling by weight
+    bytes_fed: int = 0
+
+
+@dataclass
+class CorpusStream:
+    """Iterating yields batches of training lines; `heldout` fills up as a side effect.
+
+    A line is held out when a seeded hash (CRC-32) of its text falls below `validation_fraction`, so
+    exact duplicates always land on the same side and the split does not depend on line order.
+    """
+    sources: Sequence[DataSource]
+    seed: int = 0
+    validation_fraction: float = 0.02
+    num_validation_lines: int = 2000
+    max_lines: int | None = None
+    dedup: bool = False
+    normalization: str = "NFC"
+    endpoint_url: str | None = None
+    progress: bool = True
+    heldout: list[str] = field(default_factory=list)
+    stats: dict[str, SourceStats] = field(default_factory=dict)
+
+    def _interleaved(self, chunk: int) -> Iterator[tuple[DataSource, SourceStats, list[str]]]:
+        """Round-robin over the sources, `chunk` lines at a time, so max_lines and the held-out cap see
+        every source (and per-line Python overhead stays small)."""
+        iters = [(s, self.stats[s.label], iter_located_texts(s.uri, s.format, s.text_field, self.endpoint_url,
+                                                             self.normalization))
+                 for s in self.sources]
+        while iters:
+            alive = []
+            for source, st, it in iters:
+                texts = [item[2] for item in itertools.islice(it, chunk)]
+                if texts:
+                    yield source, st, texts
+                if len(texts) == chunk:
+                    alive.append((source, st, it))
+                elif st.lines_read == 0 and not texts:
+                    raise InputError("corpus is empty: no non-blank text in it", path=source.uri)
+            iters = alive
+
+    def _scan(self, heldout_only: bool = False) -> Iterator[list[str]]:
+        """Lists of training lines (each repeated by its source's weight), one per source chunk.
+
+        Per line: one UTF-8 encode, a seeded CRC-32 for the held-out split (uniform enough, and
+        collisions there are harmless) and, with dedup, an 8-byte BLAKE2b (no false duplicates).
+        """
+        from tqdm import tqdm
+        for s in self.sources:
+            self.stats.setdefault(s.label, SourceStats())
+        threshold = int(self.validation_fraction * 2**32)
+        crc_seed = zlib.crc32(self.seed.to_bytes(8, "little"))
+        key = self.seed.to_bytes(8, "little")
+        seen: set[bytes] = set()
+        rng = random.Random(self.seed)
+        heldout = self.heldout
+        crc32, blake2b = zlib.crc32, hashlib.blake2b
+        chunk = 256 if self.max_lines is None else max(1, min(256, self.max_lines // (10 * len(self.sources))))
+        read = 0
+        bar = tqdm(desc="corpus", unit=" lines", disable=not self.progress, mininterval=1 if sys.stderr.isatty() else 30,
+                   file=sys.stderr)
+        try:
+            for source, st, texts in self._interleaved(chunk):
+                if self.max_lines is not None:
+                    texts = texts[:max(0, self.max_lines - read)]
+                    if not texts:
+                        break
+                read += len(texts)
+                st.lines_read += len(texts)
+                bar.update(len(texts))
+                weight = source.weight
+                whole = int(weight)
+                out: list[str] = []
+                for text in texts:
+                    data = text.encode("utf-8")
+                    if self.dedup:
+                        digest = blake2b(data, digest_size=8, key=key).digest()
+                        if digest in seen:
+                            st.lines_duplicate += 1
+                            continue
+                        seen.add(digest)
+                    if crc32(data, crc_seed) < threshold:
+                        st.lines_heldout += 1
+                        if len(heldout) < self.num_validation_lines:
+                            heldout.append(text)
+                        elif heldout_only:
+                            return
+                        continue
+                    if heldout_only:
+                        continue
+                    reps = 1 if weight == 1.0 else whole + (1 if rng.random() < weight - whole else 0)
+                    st.lines_trained += 1
+                    st.lines_fed += reps
+                    st.bytes_fed += reps * len(data)
+                    out.append(text)
+                    if reps != 1:
+                        out.extend([text] * (reps - 1))
+                if out:
+                    yield out
+        finally:
+            bar.close()
+
+    def lines(self) -> Iterator[str]:
+        """Training lines, one by one."""
+        for batch in self._scan():
+            yield from batch
+
+    def batches(self) -> Iterator[list[str]]:
+        """Training lines in lists (a few hundred each), which the tokenizers trainer takes with less
+        per-call overhead than single strings."""
+        return self._scan()
+
+    def drain_heldout(self) -> list[str]:
+        """Read just far enough to fill the held-out slice (strategy base: nothing is trained)."""
+        for _ in self._scan(heldout_only=True):
+            pass
+        return self.heldout
+
+    def summary(self) -> dict:
+        from dataclasses import asdict
+        total = SourceStats()
+        for st in self.stats.values():
+            for k, v in asdict(st).items():
+                setattr(total, k, getattr(total, k) + v)
+        return {"total": asdict(total), "sources": {k: asdict(v) for k, v in self.stats.items()},
+                "heldout_lines_measured": len(self.heldout)}

@@ -1,0 +1,124 @@
+"""Build the `torchrun` command and environment for one host from SageMaker's resourceconfig.json.
+
+Torch-free, so the coordinator and container tooling can use it. Multi-host rules (SageMaker):
+hosts are sorted, the master is the first host, this host's node rank is its index among them.
+NCCL uses the interface SageMaker names; EFA instance types (ml.p4d, ml.p4de, ml.p5, ml.p5e,
+ml.p5en, ml.trn1, ...) get the libfabric EFA provider with GPUDirect RDMA.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from .contract import ResourceConfig
+from .errors import DilforgeError
+
+log = logging.getLogger("dilforge.launch")
+
+EFA_INSTANCE_PREFIXES = ("ml.p4d", "ml.p4de", "ml.p5", "ml.p6", "ml.trn1", "ml.trn2", "ml.g6e.48", "ml.gr6")
+EFA_ENV = {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1"}
+
+
+@dataclass
+class LaunchPlan:
+    """Everything needed to start torchrun on this host."""
+    command: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    nnodes: int = 1
+    node_rank: int = 0
+    nproc_per_node: int = 1
+    master_addr: str = "localhost"
+    master_port: int = 29500
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.nproc_per_node
+
+
+def detect_gpus() -> int:
+    """GPUs visible on this host without importing torch: CUDA_VISIBLE_DEVICES, else `nvidia-smi -L`."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+    if shutil.which("nvidia-smi") is None:
+        return 0
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+
+
+def is_efa_instance(instance_type: str | None) -> bool:
+    return bool(instance_type) and instance_type.startswith(EFA_INSTANCE_PREFIXES)
+
+
+def build_launch(
+    resources: ResourceConfig,
+    module_args: Sequence[str],
+    nproc_per_node: int | None = None,
+    num_gpus: int | None = None,
+    master_port: int = 29500,
+    python: str | None = None,
+    base_env: dict[str, str] | None = None,
+) -> LaunchPlan:
+    """torchrun command + env for this host.
+
+    nproc_per_node: explicit processes per host; None = one per GPU (`num_gpus`, detected when None),
+    at least 1. A single host uses `--standalone` (a free port, no fixed master); several hosts use
+    static rendezvous on the first sorted host at `master_port`.
+    """
+    hosts = sorted(resources.hosts)
+    if resources.current_host not in hosts:
+        raise DilforgeError(f"resourceconfig.json: current_host {resources.current_host!r} is not in hosts {hosts}")
+    if nproc_per_node is None:
+        nproc_per_node = max(1, detect_gpus() if num_gpus is None else num_gpus)
+    nnodes = len(hosts)
+    node_rank = hosts.index(resources.current_host)
+    master_addr = hosts[0]
+    cmd = [python or sys.executable, "-m", "torch.distributed.run"]
+    if nnodes == 1:
+        cmd += ["--standalone", "--nnodes", "1"]
+    else:
+        cmd += ["--nnodes", str(nnodes), "--node_rank", str(node_rank),
+                "--master_addr", master_addr, "--master_port", str(master_port)]
+    cmd += ["--nproc_per_node", str(nproc_per_node), *module_args]
+    env = dict(base_env if base_env is not None else os.environ)
+    if resources.network_interface_name and nnodes > 1:
+        env.setdefault("NCCL_SOCKET_IFNAME", resources.network_interface_name)
+        env.setdefault("GLOO_SOCKET_IFNAME", resources.network_interface_name)
+    if is_efa_instance(resources.instance_type):
+        for key, value in EFA_ENV.items():
+            env.setdefault(key, value)
+    return LaunchPlan(command=cmd, env=env, nnodes=nnodes, node_rank=node_rank, nproc_per_node=nproc_per_node,
+                      master_addr=master_addr, master_port=master_port)
+
+
+def wait_for_hosts(hosts: Sequence[str], timeout_s: float = 300.0, interval_s: float = 2.0,
+                   resolve: Callable[[str], object] | None = None, sleep: Callable[[float], None] = time.sleep) -> None:
+    """Block until every host name resolves (SageMaker's DNS for algo-N appears a little after start)."""
+    resolve = resolve or (lambda h: socket.getaddrinfo(h, None))
+    deadline = time.monotonic() + timeout_s
+    pending = list(hosts)
+    while True:
+        still = []
+        for host in pending:
+            try:
+                resolve(host)
+            except OSError:
+                still.append(host)
+        if not still:
+            return
+        if time.monotonic() >= deadline:
+            raise DilforgeError(f"hosts {still} did not resolve within {timeout_s:.0f} s; check the cluster's network")
+        log.info("waiting for hosts to resolve: %s", still)
+        pending = still
+        sleep(interval_s)

@@ -1,0 +1,216 @@
+"""CPT stage end to end through the coordinator (local backend) on a 2-layer, 64-dim Llama.
+
+Tolerance for the 1- vs 2-process comparison: the same global batch is split differently (gradient
+accumulation of 2 micro-batches in one process vs. one micro-batch per process with FSDP2's
+reduce-scatter average), so only float summation order differs; losses agree to 1e-4 relative.
+The interrupted run resumes from a full checkpoint (model, optimizer, data position, RNG) on the
+same machine and must reproduce the uninterrupted run's final loss to 1e-6 relative.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import factories
+import pytest
+import yaml
+
+psutil = pytest.importorskip("psutil")
+pytestmark = pytest.mark.slow
+
+COORDINATOR = str(Path(sys.executable).parent / "coordinator")
+WIKI = "${DILFORGE_DATA}/az/train/azwiki_sentences_cv_extractor.txt"
+FLORES = "${DILFORGE_DATA}/az/dev/flores200.dev.partial_from_sib200.tsv"
+SCRATCH = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+           "num_key_value_heads": 2}
+
+
+def cpt_section(**overrides) -> dict:
+    section = {
+        "scratch_model": SCRATCH,
+        "corpora": [{"uri": WIKI}],
+        "validation": [{"uri": FLORES, "text_field": "azj_Latn"}],
+        "max_docs_per_corpus": 2000, "num_validation_docs": 40, "seq_len": 64,
+        "global_batch_size": 4, "micro_batch_size": 2,
+        "phase1": {"num_steps": 3, "lr": 0.01}, "phase2": {"num_steps": 17, "lr": 0.003, "num_warmup_steps": 2},
+        "log_every": 1, "eval_every": 10, "checkpoint_every": 10,
+    }
+    section.update(overrides)
+    return section
+
+
+def publish_tokenizer(store: Path, tok_dir: Path, name: str = "tok") -> str:
+    from dilforge_shared.manifest import Manifest, current_producer
+    from dilforge_shared.store import publish
+    uri = f"{store}/artifacts/tokenizer/{name}"
+    manifest = Manifest(kind="tokenizer", artifact_id=name, run_id="test", stage="tokenizer",
+                        producer=current_producer("dilforge-tokenizer"), config={}, data_dir="pending", files=[])
+    publish(uri, tok_dir, manifest)
+    return uri
+
+
+def write_pipeline(path: Path, store: Path, cpt: dict, run_id: str = "t") -> Path:
+    path.write_text(yaml.safe_dump({"run_id": run_id, "store": {"uri": str(store)}, "cpt": cpt}))
+    return path
+
+
+def coordinator_cmd(config: Path, data_root: Path, tokenizer_uri: str) -> list[str]:
+    return [COORDINATOR, "run", "cpt", "--config", str(config), "--data", str(data_root),
+            "--input", f"tokenizer={tokenizer_uri}"]
+
+
+def env_for(workdir: Path) -> dict:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "DILFORGE_WORKDIR": str(workdir), "PYTHONWARNINGS": "ignore"}
+
+
+def run_cpt(tmp: Path, data_root: Path, tok_dir: Path, cpt: dict, check: bool = True) -> subprocess.CompletedProcess:
+    store = tmp / "store"
+    tok_uri = publish_tokenizer(store, tok_dir)
+    config = write_pipeline(tmp / "pipeline.yaml", store, cpt)
+    proc = subprocess.run(coordinator_cmd(config, data_root, tok_uri), env=env_for(tmp / "work"),
+                          capture_output=True, text=True, timeout=600, check=False)
+    if check:
+        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return proc
+
+
+def published(store: Path) -> list[Path]:
+    return sorted((store / "artifacts" / "cpt").glob("*/manifest.json")) if (store / "artifacts" / "cpt").exists() else []
+
+
+def artifact(store: Path):
+    from dilforge_shared.store import fetch
+    (manifest_path,) = published(store)
+    return fetch(str(manifest_path.parent))
+
+
+@pytest.fixture(scope="module")
+def single_run(tmp_path_factory, data_root, tiny_tokenizer_dir):
+    tmp = tmp_path_factory.mktemp("cpt1")
+    run_cpt(tmp, data_root, tiny_tokenizer_dir, cpt_section())
+    return artifact(tmp / "store")
+
+
+def test_trains_publishes_loadable_model(single_run, tiny_tokenizer_dir):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    art = single_run
+    m = art.manifest
+    assert m.kind == "model" and m.stage == "cpt"
+    names = {ref.name for ref in m.inputs}
+    assert {"tokenizer", "data:azwiki_sentences_cv_extractor.txt", "data:flores200.dev.partial_from_sib200.tsv"} <= names
+    history = m.metrics["history"]
+    assert [h["step"] for h in history] == list(range(1, 21))
+    first, last = history[0]["loss"], m.metrics["final_train_loss"]
+    assert last < first - 0.3, (first, last)
+    assert m.metrics["final_val_bpb"] < m.metrics["step0_val_bpb"]
+    assert {"loss", "lr", "tokens_per_s", "mfu", "peak_memory_gb"} <= set(history[-1])
+    assert m.metrics["global_batch_tokens"] == 4 * 64
+    model = AutoModelForCausalLM.from_pretrained(str(art.path))
+    tok = AutoTokenizer.from_pretrained(str(art.path))
+    assert model.config.vocab_size == len(tok) == 768
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()  # still tied
+    ids = tok("Bakı Azərbaycanın paytaxtıdır.", return_tensors="pt").input_ids
+    assert torch.isfinite(model(input_ids=ids).logits).all()
+
+
+def test_two_process_fsdp_matches_single_process(single_run, tmp_path, data_root, tiny_tokenizer_dir):
+    run_cpt(tmp_path, data_root, tiny_tokenizer_dir, cpt_section(num_processes_per_node=2))
+    m2 = artifact(tmp_path / "store").manifest.metrics
+    m1 = single_run.manifest.metrics
+    assert m2["world_size"] == 2 and m1["world_size"] == 1
+    l1 = [h["loss"] for h in m1["history"]]
+    l2 = [h["loss"] for h in m2["history"]]
+    assert l2 == pytest.approx(l1, rel=1e-4)
+    assert m2["final_val_bpb"] == pytest.approx(m1["final_val_bpb"], rel=1e-4)
+
+
+def test_sigterm_then_rerun_resumes_to_the_same_loss(single_run, tmp_path, data_root, tiny_tokenizer_dir):
+    store = tmp_path / "store"
+    tok_uri = publish_tokenizer(store, tiny_tokenizer_dir)
+    config = write_pipeline(tmp_path / "pipeline.yaml", store, cpt_section())
+    cmd, env = coordinator_cmd(config, data_root, tok_uri), env_for(tmp_path / "work")
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if " step=2 phase=1 " in line:
+            (stage,) = psutil.Process(proc.pid).children()
+            stage.send_signal(signal.SIGTERM)
+            break
+    lines += proc.stdout.readlines()
+    assert proc.wait(timeout=300) != 0, "".join(lines)[-3000:]
+    text = "".join(lines)
+    assert "SIGTERM" in text and "checkpoint saved" in text
+    assert not published(store)
+    ckpts = list((tmp_path / "work").glob("cpt-*/checkpoints/train/step-*/COMPLETE"))
+    assert ckpts, text[-3000:]
+    stopped_at = int(ckpts[0].read_text())
+    assert 2 <= stopped_at < 20
+
+    resumed = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert resumed.returncode == 0, resumed.stdout[-4000:] + resumed.stderr[-3000:]
+    assert "resumed from checkpoint" in resumed.stdout + resumed.stderr
+    m = artifact(store).manifest.metrics
+    ref = single_run.manifest.metrics
+    assert m["final_train_loss"] == pytest.approx(ref["final_train_loss"], rel=1e-6)
+    assert m["final_val_bpb"] == pytest.approx(ref["final_val_bpb"], rel=1e-6)
+    assert [h["step"] for h in m["history"]] == list(range(1, 21))
+
+
+@pytest.fixture(scope="module")
+def other_tokenizer_dir(tmp_path_factory, data_root) -> Path:
+    return factories.build_tokenizer(tmp_path_factory.mktemp("tok600") / "tokenizer", vocab_size=600, num_lines=3000)
+
+
+def test_phase1_with_transplant_keeps_backbone_bit_identical(tmp_path, data_root, tiny_llama_dir, other_tokenizer_dir):
+    import torch
+    from safetensors.torch import load_file
+    cpt = cpt_section(scratch_model=None, base_model=str(tiny_llama_dir), transplant="mean_of_pieces",
+                      phase1={"num_steps": 3, "lr": 0.01}, phase2={"num_steps": 0})
+    run_cpt(tmp_path, data_root, other_tokenizer_dir, cpt)
+    art = artifact(tmp_path / "store")
+    before = load_file(str(tiny_llama_dir / "model.safetensors"))
+    after = load_file(str(art.path / "model.safetensors"))
+    backbone = [k for k in before if "embed_tokens" not in k and "lm_head" not in k]
+    assert backbone and all(torch.equal(before[k], after[k]) for k in backbone)
+    assert after["model.embed_tokens.weight"].shape[0] == 600 + 256
+    report = art.manifest.metrics["transplant"]
+    assert report["method"] == "mean_of_pieces" and report["num_kept"] > 256
+    for method in ("mean_of_pieces", "mean_of_all", "random"):
+        assert report[f"step0_val_bpb_{method}"] > 0
+    assert any(ref.name == "base_model" for ref in art.manifest.inputs)
+
+
+def test_bad_inputs_fail_clearly_and_publish_nothing(tmp_path, data_root, tiny_llama_dir, other_tokenizer_dir,
+                                                     tiny_tokenizer_dir):
+    # tokenizer differs from the base model's and transplant is off
+    a = tmp_path / "mismatch"
+    a.mkdir()
+    proc = run_cpt(a, data_root, other_tokenizer_dir,
+                   cpt_section(scratch_model=None, base_model=str(tiny_llama_dir), transplant="none"), check=False)
+    assert proc.returncode != 0
+    assert "differs from the base model's tokenizer" in proc.stderr + proc.stdout
+    assert not published(a / "store")
+
+    # a corpus shorter than one window
+    b = tmp_path / "short"
+    b.mkdir()
+    short = b / "short.txt"
+    short.write_text("Salam.\nSağ ol.\n")
+    proc = run_cpt(b, data_root, tiny_tokenizer_dir, cpt_section(corpora=[{"uri": str(short)}]), check=False)
+    assert proc.returncode != 0
+    assert "fewer than one training window of seq_len=64" in proc.stderr + proc.stdout
+    assert not published(b / "store")
+
+    # an unknown config field is rejected before anything runs
+    c = tmp_path / "unknown"
+    c.mkdir()
+    proc = run_cpt(c, data_root, tiny_tokenizer_dir, cpt_section(learning_rate=0.1), check=False)
+    assert proc.returncode != 0
+    assert "cpt.learning_rate" in proc.stderr and "Extra inputs are not permitted" in proc.stderr
+    assert not published(c / "store")

@@ -1,0 +1,151 @@
+"""The eval stage through the real entrypoint and coordinator, fed tokenizer/cpt/sft artifacts."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from dilforge_shared.manifest import Manifest, current_producer
+from dilforge_shared.store import fetch, publish, read_manifest
+
+
+def _publish(store: Path, stage: str, kind: str, folder: Path, metrics: dict) -> str:
+    uri = f"{store.resolve().as_uri()}/artifacts/{stage}/fake-{stage}"
+    m = Manifest(kind=kind, artifact_id=f"fake-{stage}", run_id="fixture", stage=stage,
+                 producer=current_producer("tests"), config={}, data_dir="pending", files=[], metrics=metrics)
+    publish(uri, folder, m)
+    return uri
+
+
+def _sft_adapter(cpt_dir: Path, out: Path, base_uri: str) -> Path:
+    """A LoRA adapter with non-zero B, so applying it changes the model."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    model = AutoModelForCausalLM.from_pretrained(str(cpt_dir))
+    peft = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+    torch.manual_seed(5)
+    with torch.no_grad():
+        for name, p in peft.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+    adapter = out / "adapter"
+    peft.save_pretrained(str(adapter), safe_serialization=True)
+    AutoTokenizer.from_pretrained(str(cpt_dir)).save_pretrained(str(adapter))
+    cfg = json.loads((adapter / "adapter_config.json").read_text())
+    cfg["base_model_name_or_path"] = base_uri
+    (adapter / "adapter_config.json").write_text(json.dumps(cfg))
+    return out
+
+
+def _eval_section(data: Path, base_dir: Path, prompts: Path) -> dict:
+    flores = str(data / "az/dev/flores200.dev.partial_from_sib200.tsv")
+    return {
+        "models": [{"label": "base", "uri": str(base_dir)}],
+        "text_sets": [{"uri": flores, "text_field": "azj_Latn", "name": "flores"},
+                      {"uri": str(data / "az/train/udhr_azj_latn.txt"), "name": "udhr"}],
+        "parallel_sets": [{"name": "flores", "az": {"uri": flores, "text_field": "azj_Latn"},
+                           "en": {"uri": flores, "text_field": "eng_Latn"}}],
+        "morph": {"segmented": [str(data / "az/morph/az-lang-nlp_golden_morph.tsv")],
+                  "conllu": [str(data / "az/morph/ud_az_tuecl-ud-test.conllu")], "num_words_per_source": 100},
+        "prompts": str(prompts),
+        "generation": {"max_new_tokens": 6, "num_prompts": 2},
+        "bpb": {"window": 64, "stride": 32},
+        "max_bytes_per_set": 3000,
+    }
+
+
+def _coordinator(args: list[str], tmp: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DILFORGE_WORKDIR": str(tmp / "work"), "DILFORGE_CACHE": str(tmp / "cache")}
+    return subprocess.run([sys.executable, "-m", "dilforge_coordinator.cli", *args], capture_output=True, text=True,
+                          env=env, timeout=600, cwd=tmp, check=False)
+
+
+@pytest.fixture(scope="module")
+def upstream(tmp_path_factory, tiny_tokenizer_dir, tiny_llama_dir):
+    tmp = tmp_path_factory.mktemp("eval-up")
+    store = tmp / "store"
+    tok_uri = _publish(store, "tokenizer", "tokenizer", tiny_tokenizer_dir, {
+        "selected_vocab_size": 512, "base": None,
+        "sweep": [{"vocab_size": v, "sets": {"heldout": {"tokens_per_word": 4 - v / 512}}} for v in (300, 400, 512)]})
+    cpt_uri = _publish(store, "cpt", "model", tiny_llama_dir, {
+        "num_steps": 4, "total_tokens": 4096, "tokens_per_s": 100.0,
+        "history": [{"step": s, "loss": 6.0 - s / 2, "lr": 1e-3} for s in range(1, 5)],
+        "validation": [{"step": 0, "val_loss": 6.5}, {"step": 4, "val_loss": 4.1}]})
+    sft_dir = _sft_adapter(fetch(cpt_uri).path, tmp / "sft", cpt_uri)
+    sft_uri = _publish(store, "sft", "adapter", sft_dir, {
+        "train_runtime_s": 2.5, "train_loss_history": [{"step": 1, "loss": 3.0}, {"step": 2, "loss": 2.5}]})
+    import factories
+    base_dir = factories.build_tiny_llama(tmp / "base", tiny_tokenizer_dir, seed=1)
+    return {"tmp": tmp, "store": store, "tokenizer": tok_uri, "cpt": cpt_uri, "sft": sft_uri, "base": base_dir}
+
+
+def _write_pipeline(path: Path, store: Path, run_id: str, section: dict) -> Path:
+    path.write_text(json.dumps({"run_id": run_id, "store": {"uri": str(store)}, "eval": section}))
+    return path
+
+
+def test_eval_stage_reports_every_model_and_set(upstream, data_root):
+    tmp = upstream["tmp"]
+    prompts = Path(__file__).resolve().parents[2] / "configs/prompts/az-generation.jsonl"
+    cfg = _write_pipeline(tmp / "pipe.yaml", upstream["store"], "evalrun", _eval_section(data_root, upstream["base"], prompts))
+    proc = _coordinator(["run", "eval", "--config", str(cfg), "--input", f"tokenizer={upstream['tokenizer']}",
+                         "--input", f"cpt={upstream['cpt']}", "--input", f"sft={upstream['sft']}"], tmp)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    uri = proc.stdout.strip().splitlines()[-1].split("artifact: ")[1]
+    manifest, _ = read_manifest(uri)
+    assert manifest.kind == "eval_report" and manifest.stage == "eval"
+    assert {r.name for r in manifest.inputs} >= {"tokenizer", "cpt", "sft", "data:flores", "data:udhr", "data:prompts"}
+    files = {f.path for f in manifest.files}
+    assert {"report.html", "report.md", "metrics.json", "generations.jsonl", "plots/bpb_per_model.png",
+            "plots/training_curves.png", "plots/fertility_per_vocab_size.png"} <= files
+    m = manifest.metrics
+    assert list(m["bpb"]) == ["base", "cpt", "sft"]
+    for model in ("base", "cpt", "sft"):
+        assert set(m["bpb"][model]) == {"flores", "udhr"}
+        assert 0 < m["bpb"][model]["flores"]["bpb"] < 20
+    assert m["bpb"]["sft"]["flores"]["bpb"] != m["bpb"]["cpt"]["flores"]["bpb"]   # the adapter was applied
+    assert m["models"]["sft"]["adapter"] is True and m["models"]["cpt"]["adapter"] is False
+    assert m["tokenizers"]["tokenizer"]["aliases"] == ["base", "cpt", "sft"]      # one tokenizer, listed once
+    assert m["tokenizer_metrics"]["tokenizer"]["flores"]["tokens_per_word"] > 1
+    assert 0 < m["parity"]["tokenizer"]["flores"]["parity"] < 1   # a tokenizer trained on az: English costs more
+    assert set(m["morph"]["tokenizer"]) == {"az-lang-nlp_golden_morph.tsv", "ud_az_tuecl-ud-test.conllu", "all"}
+    assert set(m["generation"]) == {"base", "cpt", "sft"} and set(m["generation"]["sft"]) == {"greedy", "sampled"}
+    assert m["curves"]["cpt"] == {"loss": [4, 4.0], "validation/val_loss": [4, 4.1]}
+    assert m["curves"]["sft"] == {"loss": [2, 2.5]}
+    assert m["cost"]["cpt"]["total_tokens"] == 4096 and m["cost"]["sft"]["train_runtime_s"] == 2.5
+    art = fetch(uri)
+    gens = [json.loads(x) for x in (art.path / "generations.jsonl").read_text().splitlines()]
+    assert len(gens) == 3 * 2 * 2
+    html = (art.path / "report.html").read_text()
+    for name in ("base", "cpt", "sft", "flores", "udhr"):
+        assert f">{name}<" in html
+    full = json.loads((art.path / "metrics.json").read_text())
+    assert len(full["curves"]["cpt"]["loss"]) == 4
+
+
+def test_run_all_prints_report_path_and_bad_input_fails_cleanly(upstream, data_root, tmp_path):
+    section = {"models": [{"label": "base", "uri": str(upstream["base"])}],
+               "text_sets": [{"uri": str(data_root / "az/train/udhr_azj_latn.txt"), "name": "udhr"}],
+               "bpb": {"window": 32}, "max_bytes_per_set": 800}
+    cfg = _write_pipeline(tmp_path / "p.yaml", tmp_path / "store", "evalonly", section)
+    proc = _coordinator(["run-all", "--config", str(cfg)], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.startswith("report: ") and last.endswith("report.html")
+    assert Path(last.removeprefix("report: ")).is_file()
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "a", "prompt": "Salam"}\n{"id": "b", "kind": "essay", "prompt": "x"}\n')
+    section["prompts"] = str(bad)
+    cfg = _write_pipeline(tmp_path / "p2.yaml", tmp_path / "store", "evalbad", section)
+    proc = _coordinator(["run-all", "--config", str(cfg)], tmp_path)
+    assert proc.returncode != 0
+    assert f"{bad}:2: field 'kind'" in proc.stderr
+    assert not list((tmp_path / "store" / "artifacts" / "eval").glob("*/manifest.json"))[1:]  # only the first run's

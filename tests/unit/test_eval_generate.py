@@ -1,0 +1,63 @@
+"""Repetition measures on hand-checked texts, prompts file parsing, and seeded generation."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from dilforge_eval import generate as G
+from dilforge_shared.errors import InputError
+
+
+def test_repetition_measures_hand_checked():
+    r = G.repetition("a b a b a b")
+    # 1-grams: 6, unique 2; 2-grams: 5, unique 2; 3-grams: aba bab aba bab → 2 of 4 repeat an earlier one
+    assert r == {"num_words": 6, "distinct_1": pytest.approx(2 / 6), "distinct_2": pytest.approx(2 / 5),
+                 "repeated_3gram_rate": pytest.approx(0.5)}
+    r = G.repetition("Bakı gözəl şəhərdir, BAKI isə paytaxtdır")
+    assert r["distinct_1"] == pytest.approx(5 / 6)       # "Bakı" and "BAKI" (az lower-casing) are one word
+    assert r["repeated_3gram_rate"] == 0.0
+    assert G.repetition("tək")["distinct_2"] is None
+
+
+def test_mean_repetition_skips_missing_values():
+    rows = [G.repetition("a a a a"), G.repetition("b")]
+    m = G.mean_repetition(rows)
+    assert m["num_generations"] == 2 and m["distinct_1"] == pytest.approx((0.25 + 1) / 2)
+    assert m["repeated_3gram_rate"] == pytest.approx(0.5)   # only the first has 3-grams: aaa aaa → 1 of 2
+
+
+def test_load_prompts_and_errors(tmp_path):
+    p = tmp_path / "p.jsonl"
+    p.write_text(json.dumps({"id": "a", "kind": "chat", "prompt": "Salam"}) + "\n\n"
+                 + json.dumps({"prompt": "Bakı"}) + "\n")
+    prompts = G.load_prompts(str(p))
+    assert [(x.id, x.kind) for x in prompts] == [("a", "chat"), ("line3", "completion")]
+    assert len(G.load_prompts(str(p), limit=1)) == 1
+    p.write_text(json.dumps({"id": "a", "kind": "poem", "prompt": "x"}) + "\n")
+    with pytest.raises(InputError, match=r"p.jsonl:1: field 'kind'"):
+        G.load_prompts(str(p))
+    p.write_text(json.dumps({"id": "a", "prompt": "x"}) + "\n" + json.dumps({"id": "a", "prompt": "y"}) + "\n")
+    with pytest.raises(InputError, match=r"p.jsonl:2: duplicate prompt id"):
+        G.load_prompts(str(p))
+
+
+def test_repo_prompts_file_is_valid():
+    from pathlib import Path
+    prompts = G.load_prompts(str(Path(__file__).resolve().parents[2] / "configs/prompts/az-generation.jsonl"))
+    assert {p.kind for p in prompts} == {"completion", "chat"} and len(prompts) >= 10
+
+
+def test_generation_is_reproducible_and_uses_chat_template(tiny_llama_dir):
+    torch = pytest.importorskip("torch")
+    torch.set_num_threads(1)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_llama_dir)).eval()
+    tok = AutoTokenizer.from_pretrained(str(tiny_llama_dir))
+    prompts = [G.Prompt("c", "completion", "Bakı"), G.Prompt("q", "chat", "Salam")]
+    text, templated = G.render_prompt(tok, prompts[1])
+    assert templated and "<|start_header_id|>assistant<|end_header_id|>" in text and text.startswith("<|begin_of_text|>")
+    runs = [G.generate(model, tok, prompts, mode, 6, 1.0, 1.0, 1.0, seed=3) for mode in ("greedy", "sampled", "sampled")]
+    assert all(r["num_new_tokens"] <= 6 for run in runs for r in run)
+    assert [r["output"] for r in runs[1]] == [r["output"] for r in runs[2]]
+    assert runs[0][1]["chat_template"] is True and runs[0][0]["chat_template"] is False

@@ -1,0 +1,142 @@
+"""Tokenizer metrics and morpheme alignment on hand-checked strings and hand-made segmentations."""
+
+from __future__ import annotations
+
+import pytest
+from dilforge_eval import morph as M
+from dilforge_eval.stage import morph_metrics, parity_metrics, tokenizer_metrics
+from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+
+
+def char_tokenizer(text: str) -> Tokenizer:
+    """Every non-space character is one token (a vocabulary built from `text`)."""
+    vocab = {"[UNK]": 0, **{c: i + 1 for i, c in enumerate(sorted(set(text) - {" "}))}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(),
+                                                 pre_tokenizers.Split(Regex("."), behavior="isolated")])
+    return tok
+
+
+def suffix_tokenizer(words: list[str], suffix: str) -> Tokenizer:
+    """Whole words, except that `suffix` is split off as its own token."""
+    pieces = {p for w in words for p in w.split(suffix) if p} | {suffix}
+    tok = Tokenizer(models.WordLevel({"[UNK]": 0, **{p: i + 1 for i, p in enumerate(sorted(pieces))}}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(),
+                                                 pre_tokenizers.Split(suffix, behavior="isolated")])
+    return tok
+
+
+def byte_tokenizer() -> Tokenizer:
+    """Byte-level BPE without merges: every UTF-8 byte is a token (a two-byte letter is split)."""
+    from dilforge_tokenizer import llama3
+    return llama3.train_bpe(["x"], 256)
+
+
+def test_fertility_bytes_per_token_and_3plus_on_hand_checked_strings():
+    text_a, text_b = "kitab ev", "əl su"
+    tok = char_tokenizer(text_a + text_b)
+    m = tokenizer_metrics({"chars": tok}, {"s": [text_a, text_b]})["chars"]["s"]
+    # tokens: 5 + 2 + 2 + 2 = 11; words: 4; bytes: 8 + 6 (ə is two bytes); only "kitab" has 3+ tokens
+    assert (m["num_tokens"], m["num_words"], m["num_bytes"], m["num_words_3plus"]) == (11, 4, 14, 1)
+    assert m["tokens_per_word"] == pytest.approx(11 / 4, abs=1e-4)
+    assert m["bytes_per_token"] == pytest.approx(14 / 11, abs=1e-4)
+    assert m["share_words_3plus"] == pytest.approx(0.25)
+
+
+def test_parity_is_az_tokens_over_en_tokens():
+    tok = char_tokenizer("ev house kitab book")
+    p = parity_metrics({"c": tok}, {"pairs": [("ev", "house"), ("kitab", "book")]})["c"]["pairs"]
+    assert (p["tokens_az"], p["tokens_en"], p["num_pairs"]) == (7, 9, 2)
+    assert p["parity"] == pytest.approx(7 / 9, abs=1e-4)
+
+
+def test_alignment_perfect_when_tokens_follow_morphemes():
+    words = [M.from_segments("kitablar", ["kitab", "lar"], "hand"), M.from_segments("evlər", ["ev", "lər"], "hand")]
+    tok = suffix_tokenizer(["kitablar"], "lar")
+    s = M.alignment(tok, words[:1]).summary()
+    assert s["boundary_recall"] == 1.0 and s["inside_morpheme_rate"] == 0.0 and s["exact_segmentation_rate"] == 1.0
+    # evlər is one unknown token for this vocabulary: a missed boundary, no token boundary at all
+    s = M.alignment(tok, words[1:]).summary()
+    assert s["boundary_recall"] == 0.0 and s["inside_morpheme_rate"] is None and s["exact_segmentation_rate"] == 0.0
+
+
+def test_alignment_character_tokens_hit_every_boundary_but_mostly_inside_morphemes():
+    word = M.from_segments("kitablar", ["kitab", "lar"], "hand")
+    s = M.alignment(char_tokenizer("kitablar"), [word]).summary()
+    # 7 internal token boundaries; 1 is the gold one, the other 6 fall inside kitab or lar
+    assert (s["num_gold_hit"], s["num_token_boundaries_decidable"], s["num_token_boundaries_inside"]) == (1, 7, 6)
+    assert s["boundary_recall"] == 1.0 and s["inside_morpheme_rate"] == pytest.approx(6 / 7, abs=1e-4)
+
+
+def test_alignment_counts_a_split_inside_a_two_byte_letter_as_inside_a_morpheme():
+    tok = byte_tokenizer()
+    assert M.token_byte_boundaries(tok, "əl") == [1, 2]      # ə = C9 99: a boundary between its two bytes
+    s = M.alignment(tok, [M.from_segments("əl", ["əl"], "hand")]).summary()
+    assert s["num_token_boundaries_inside"] == 2 and s["inside_morpheme_rate"] == 1.0
+
+
+def test_alignment_ignores_token_boundaries_in_unknown_suffix_regions():
+    # lemma/form: stem known, suffix "lara" (two morphemes, split unknown)
+    gw = M.from_lemma("açarlara", "açar", "hand")
+    assert gw.boundaries == (4,) and gw.known == ((0, 4),)
+    s = M.alignment(char_tokenizer("açarlara"), [gw]).summary()
+    # char boundaries at 1..7: 1,2,3 inside the stem; 4 gold; 5,6,7 undecidable
+    assert (s["num_token_boundaries_decidable"], s["num_token_boundaries_inside"], s["num_gold_hit"]) == (4, 3, 1)
+    assert s["exact_segmentation_rate"] is None
+
+
+def test_morph_metrics_has_per_source_and_overall_rows():
+    gold = {"a": [M.from_segments("evlər", ["ev", "lər"], "a")], "b": [M.from_segments("ev", ["ev"], "b")]}
+    out = morph_metrics({"c": char_tokenizer("evlər")}, gold)["c"]
+    assert set(out) == {"a", "b", "all"}
+    assert out["all"]["num_words"] == 2 and out["all"]["num_gold_boundaries"] == 1
+
+
+@pytest.mark.parametrize("lemma,form,boundary", [
+    ("kitab", "kitablar", 5), ("çiçək", "çiçəyi", 5), ("ayaq", "ayağı", 4), ("kitab", "kitab", 5),
+    ("İş", "işlər", 2), ("ağız", "ağzı", None), ("ev", "at", None),
+])
+def test_stem_boundary_with_alternations(lemma, form, boundary):
+    assert M.stem_boundary(lemma, form) == boundary
+
+
+def test_from_lemma_uses_gloss_morpheme_count():
+    assert M.from_lemma("yoldaşı", "yoldaş", "g", num_morphemes=2).known == ((0, 6), (6, 7))
+    assert M.from_lemma("yoldaşına", "yoldaş", "g", num_morphemes=3).known == ((0, 6),)
+    assert M.from_lemma("aç", "aç", "g", num_morphemes=1).known == ((0, 2),)
+    assert M.from_lemma("aç", "aç", "g", num_morphemes=3) is None
+    assert M.from_lemma("yazdı", "yaz", "g", num_morphemes=1) is None
+
+
+def test_loaders_read_hand_made_resources(tmp_path):
+    seg = tmp_path / "seg.tsv"
+    seg.write_text("word\tsegmentation\ttags\nkitab\tkitab\t\nkitablar\tkitab+lar\tPl\nuşağı\tuşaq+ı\tAcc\n")
+    words = M.load_segmented(str(seg))
+    assert [(w.word, w.boundaries) for w in words] == [("kitab", ()), ("kitablar", (5,))]  # uşaq+ı does not spell uşağı
+    lf = tmp_path / "lf.tsv"
+    lf.write_text("lemma\tform\tpos\nev\tevlər\tN\nev\tev\tN\nal\tgözəl alma\tN\n")
+    assert [(w.word, w.boundaries) for w in M.load_lemma_forms(str(lf))] == [("evlər", (2,)), ("ev", ())]
+    um = tmp_path / "um.tsv"
+    um.write_text("açar\taçarlara\tN;DAT;PL\n")
+    assert M.load_lemma_forms(str(um))[0].boundaries == (4,)
+    conllu = tmp_path / "x.conllu"
+    conllu.write_text("# sent_id = 1\n# text = Qız yoldaşına yazdı.\n# glossing = girl friend-POSS.3SG-DAT write-PST\n"
+                      "1\tQız\tqız\tNOUN\t_\t_\t0\troot\t_\t_\n2\tyoldaşına\tyoldaş\tNOUN\t_\t_\t1\tobl\t_\t_\n"
+                      "3\tyazdı\tyaz\tVERB\t_\t_\t1\tx\t_\tSpaceAfter=No\n4\t.\t.\tPUNCT\t_\t_\t3\tpunct\t_\t_\n")
+    got = {w.word: (w.boundaries, w.known) for w in M.load_conllu(str(conllu))}
+    assert got == {"Qız": ((), ((0, 3),)), "yoldaşına": ((6,), ((0, 6),)), "yazdı": ((3,), ((0, 3), (3, 5)))}
+
+
+def test_loader_errors_name_file_and_line(tmp_path):
+    from dilforge_shared.errors import InputError
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("word\tsegmentation\nkitab\n")
+    with pytest.raises(InputError, match=r"bad.tsv:2: expected word<TAB>segmentation"):
+        M.load_segmented(str(bad))
+
+
+def test_load_gold_samples_with_seed(data_root):
+    args = ([], [str(data_root / "az/morph/unimorph_aze.tsv")], [], 50)
+    a, b = M.load_gold(*args, seed=1), M.load_gold(*args, seed=1)
+    assert [w.word for w in a["unimorph_aze.tsv"]] == [w.word for w in b["unimorph_aze.tsv"]]
+    assert len(a["unimorph_aze.tsv"]) == 50

@@ -1,0 +1,150 @@
+"""Image build inputs: one template, identical shared layers, locks in step with the venv, exec-form
+entrypoint, nothing under /opt/ml; and the ECR push flow against moto."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import boto3
+import pytest
+
+from dilforge_coordinator import images
+
+ROOT = Path(__file__).resolve().parents[2]
+STAGES = ("tokenizer", "cpt", "sft", "eval")
+MARK = "# ---- stage layer ----"
+
+
+def _dockerfile(stage: str) -> str:
+    return (ROOT / "services" / stage / "Dockerfile").read_text()
+
+
+def test_dockerfiles_are_rendered_from_the_template():
+    proc = subprocess.run([sys.executable, str(ROOT / "docker" / "render.py"), "--check"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout
+
+
+def test_shared_layers_identical_and_stage_layer_on_top():
+    heads = {}
+    for stage in STAGES:
+        text = _dockerfile(stage)
+        head, tail = text.split(MARK)
+        # only the header comments name the stage; every instruction above the mark is the same
+        heads[stage] = [line for line in head.splitlines() if line and not line.startswith("#")]
+        assert f"services/{stage}/requirements.lock" in tail and "dilforge_" + stage in tail
+    assert len({json.dumps(h) for h in heads.values()}) == 1
+    instructions = heads["cpt"]
+    assert instructions[0] == "ARG BASE_IMAGE=python:3.11-slim" and instructions[1] == "FROM ${BASE_IMAGE}"
+
+
+def test_entrypoint_exec_form_and_nothing_under_opt_ml():
+    for stage in STAGES:
+        text = _dockerfile(stage)
+        lines = [line for line in text.splitlines() if not line.lstrip().startswith("#")]
+        assert not any("/opt/ml" in line for line in lines), f"{stage}: SageMaker mounts over /opt/ml"
+        entry = next(line for line in lines if line.startswith("ENTRYPOINT"))
+        assert json.loads(entry.removeprefix("ENTRYPOINT ")) == ["python3", "/usr/local/bin/dilforge-entrypoint"]
+        assert 'CMD ["train"]' in lines
+        # CA bundle as a secret, wheels as a bind mount: neither lands in a layer
+        assert "--mount=type=secret,id=ca_bundle" in text and "COPY docker/wheelhouse" not in text
+
+
+def test_locks_match_the_venv_and_agree_with_the_shared_layer():
+    proc = subprocess.run([sys.executable, str(ROOT / "docker" / "lock.py"), "--check"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+    def pins(path: Path) -> dict[str, str]:
+        return dict(line.split("==") for line in path.read_text().splitlines() if line and not line.startswith("#"))
+    common = pins(ROOT / "docker" / "requirements-common.lock")
+    assert common["torch"].endswith("+cpu")
+    for stage in STAGES:
+        lock = ROOT / "services" / stage / "requirements.lock"
+        if not lock.exists():
+            continue
+        own = pins(lock)
+        clash = {k: (v, common[k]) for k, v in own.items() if k in common and common[k] != v}
+        assert not clash, f"{stage} pins differ from the shared layer (the stage layer would reinstall): {clash}"
+
+
+def test_build_command_cpu_and_gpu(tmp_path, monkeypatch):
+    cmd = images.build_command("cpt", ["dilforge-cpt:1-abc", "dilforge-cpt:dev"], "/usr/bin/docker",
+                               ca_bundle="/etc/ca.pem")
+    assert cmd[:3] == ["/usr/bin/docker", "build", "--pull=false"]
+    assert cmd[cmd.index("-f") + 1].endswith("services/cpt/Dockerfile") and cmd[-1] == str(ROOT)
+    assert "id=ca_bundle,src=/etc/ca.pem" in cmd and cmd.count("-t") == 2
+    gpu = images.build_command("cpt", ["dilforge-cpt:1-abc-gpu"], "docker", base_image="dlc:2.9", gpu=True)
+    assert "BASE_IMAGE=dlc:2.9" in gpu and "VARIANT=gpu" in gpu
+    assert not any(a.startswith("TORCH_INDEX_URL") for a in gpu)
+
+
+def test_wheelhouse_links_wheels(tmp_path):
+    src = tmp_path / "wheels"
+    src.mkdir()
+    (src / "torch-0-cp311-none-any.whl").write_bytes(b"wheel")
+    (tmp_path / "docker").mkdir()
+    assert images.prepare_wheelhouse(str(src), root=tmp_path) == ["torch-0-cp311-none-any.whl"]
+    linked = tmp_path / "docker" / "wheelhouse" / "torch-0-cp311-none-any.whl"
+    assert linked.read_bytes() == b"wheel" and linked.stat().st_ino == (src / "torch-0-cp311-none-any.whl").stat().st_ino
+
+
+class FakeDocker:
+    """Records docker commands; `docker push` uploads a manifest to (moto's) ECR as a registry would."""
+
+    def __init__(self, ecr):
+        self.ecr, self.calls, self.stdin = ecr, [], []
+
+    def __call__(self, cmd, **kw):
+        self.calls.append(cmd)
+        if kw.get("input") is not None:
+            self.stdin.append(kw["input"])
+        out = ""
+        if cmd[1:3] == ["image", "inspect"]:
+            out = json.dumps({"Id": "sha256:" + "1" * 64, "Size": 123, "RepoDigests": []})
+        if cmd[1] == "push":
+            repo_uri, tag = cmd[2].rsplit(":", 1)
+            manifest = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+                                   "config": {"digest": "sha256:" + "2" * 64, "size": 1,
+                                              "mediaType": "application/vnd.docker.container.image.v1+json"},
+                                   "layers": []})
+            self.ecr.put_image(repositoryName=repo_uri.split("/", 1)[1], imageManifest=manifest, imageTag=tag)
+        return subprocess.CompletedProcess(cmd, 0, stdout=out, stderr="")
+
+
+@pytest.fixture
+def ecr(monkeypatch, tmp_path):
+    moto = pytest.importorskip("moto")
+    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                       "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("DILFORGE_IMAGES_RECORD", str(tmp_path / "images.json"))
+    with moto.mock_aws():
+        yield boto3.client("ecr", region_name="us-east-1")
+
+
+def test_push_creates_repository_logs_in_and_records_digest(ecr):
+    docker = FakeDocker(ecr)
+    logged: set[str] = set()
+    result = images.push("sft", ecr, "dilforge-sft", tag="0.1.0-abc", docker="docker", runner=docker, logged_in=logged)
+    repo = ecr.describe_repositories(repositoryNames=["dilforge-sft"])["repositories"][0]
+    assert result.repository_uri == repo["repositoryUri"]
+    detail = ecr.describe_images(repositoryName="dilforge-sft", imageIds=[{"imageTag": "0.1.0-abc"}])["imageDetails"][0]
+    assert result.digest == detail["imageDigest"] and result.image == f"{repo['repositoryUri']}@{detail['imageDigest']}"
+    login = next(c for c in docker.calls if c[1] == "login")
+    assert login[2:5] == ["--username", "AWS", "--password-stdin"] and "--password" not in login
+    token = ecr.get_authorization_token()["authorizationData"][0]["authorizationToken"]
+    assert docker.stdin == [base64.b64decode(token).decode().split(":", 1)[1]]
+    assert ["docker", "tag", "dilforge-sft:0.1.0-abc", f"{repo['repositoryUri']}:0.1.0-abc"] in docker.calls
+
+    # second stage: the repository is created, but docker is not logged in twice
+    images.push("eval", ecr, "dilforge-eval", tag="0.1.0-abc", docker="docker", runner=docker, logged_in=logged)
+    assert sum(1 for c in docker.calls if c[1] == "login") == 1
+
+    images.record_push(result, gpu=True)
+    assert images.pushed_image("sft") == result.image
+    # an existing repository is reused
+    assert images.ensure_repository(ecr, "dilforge-sft") == repo["repositoryUri"]
+    assert len(ecr.describe_repositories()["repositories"]) == 2

@@ -1,0 +1,123 @@
+"""The image entrypoint (docker/entrypoint.py): SIGTERM reaches the stage, exit codes pass through, the
+torchrun plan follows resourceconfig.json, single-host stages idle on other hosts."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+ENTRYPOINT = ROOT / "docker" / "entrypoint.py"
+
+spec = importlib.util.spec_from_file_location("dilforge_entrypoint", ENTRYPOINT)
+ep = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(ep)
+
+PROBE = '''
+import os, signal, sys, time, pathlib
+root = pathlib.Path(os.environ["DILFORGE_OPT_ML"])
+if os.environ.get("PROBE_HANDLE") == "1":
+    def handler(signum, frame):
+        (root / "got-sigterm").write_text("checkpointed")
+        sys.exit(int(os.environ.get("PROBE_EXIT", "0")))
+    signal.signal(signal.SIGTERM, handler)
+(root / "argv").write_text(" ".join(sys.argv[1:]))
+(root / "ready").write_text("1")
+time.sleep(60)
+'''
+
+
+def _start(tmp_path: Path, **env) -> subprocess.Popen:
+    (tmp_path / "sigprobe.py").write_text(PROBE)
+    opt = tmp_path / "opt"
+    opt.mkdir(exist_ok=True)
+    full = {**os.environ, "DILFORGE_STAGE": "sft", "DILFORGE_STAGE_MODULE": "sigprobe", "DILFORGE_OPT_ML": str(opt),
+            "PYTHONPATH": str(tmp_path), **env}
+    proc = subprocess.Popen([sys.executable, str(ENTRYPOINT), "train"], env=full)
+    deadline = time.time() + 30
+    while not (opt / "ready").exists():
+        assert proc.poll() is None and time.time() < deadline, "probe stage did not start"
+        time.sleep(0.05)
+    return proc
+
+
+def test_sigterm_is_forwarded_and_the_stage_exit_code_returned(tmp_path):
+    proc = _start(tmp_path, PROBE_HANDLE="1", PROBE_EXIT="3")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 3
+    assert (tmp_path / "opt" / "got-sigterm").read_text() == "checkpointed"
+    assert (tmp_path / "opt" / "argv").read_text() == "train"
+
+
+def test_stage_killed_by_sigterm_exits_143(tmp_path):
+    proc = _start(tmp_path)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+
+
+def test_other_commands_are_executed_as_given(tmp_path):
+    out = subprocess.run([sys.executable, str(ENTRYPOINT), "python3", "-c", "print('hello')"], capture_output=True,
+                         text=True, env={**os.environ, "DILFORGE_STAGE": "eval"})
+    assert out.returncode == 0 and out.stdout.strip() == "hello"
+
+
+def _opt(tmp_path: Path, current: str, hosts: list[str], instance_type: str | None = None) -> dict[str, str]:
+    cfg = tmp_path / current / "input" / "config"
+    cfg.mkdir(parents=True)
+    rc = {"current_host": current, "hosts": hosts, "network_interface_name": "eth0"}
+    if instance_type:
+        rc["current_instance_type"] = instance_type
+    (cfg / "resourceconfig.json").write_text(json.dumps(rc))
+    return {"DILFORGE_OPT_ML": str(tmp_path / current)}
+
+
+def test_torchrun_plan_from_resourceconfig(tmp_path):
+    env = {**_opt(tmp_path, "algo-2", ["algo-2", "algo-1"], "ml.p4d.24xlarge"), "DILFORGE_LAUNCHER": "torchrun",
+           "DILFORGE_NPROC_PER_NODE": "8", "DILFORGE_HOST_WAIT_S": "1"}
+    import dilforge_shared.launch as launch
+    waited = []
+    original = launch.wait_for_hosts
+    launch.wait_for_hosts = lambda hosts, timeout_s: waited.append(list(hosts))
+    try:
+        cmd, penv, desc = ep.plan("sft", env)
+    finally:
+        launch.wait_for_hosts = original
+    assert waited == [["algo-1", "algo-2"]]
+    assert cmd[1:3] == ["-m", "torch.distributed.run"]
+    args = dict(zip(cmd[3::2], cmd[4::2]))
+    assert args["--nnodes"] == "2" and args["--node_rank"] == "1" and args["--master_addr"] == "algo-1"
+    assert args["--nproc_per_node"] == "8" and cmd[-3:] == ["-m", "dilforge_sft", "train"]
+    assert penv["NCCL_SOCKET_IFNAME"] == "eth0" and penv["FI_PROVIDER"] == "efa" and penv["FI_EFA_USE_DEVICE_RDMA"] == "1"
+    assert "node 1/2" in desc
+
+
+def test_stage_launcher_by_default_and_single_host_stages(tmp_path):
+    cpt_env = _opt(tmp_path / "a", "algo-2", ["algo-1", "algo-2"])
+    cmd, _, _ = ep.plan("cpt", cpt_env)  # cpt starts torchrun itself; every host runs its `train`
+    assert cmd[1:] == ["-m", "dilforge_cpt", "train"]
+    cmd, _, desc = ep.plan("eval", _opt(tmp_path / "b", "algo-2", ["algo-1", "algo-2"]))
+    assert cmd is None and "first host only" in desc
+    cmd, _, _ = ep.plan("eval", _opt(tmp_path / "c", "algo-1", ["algo-1", "algo-2"]))
+    assert cmd[1:] == ["-m", "dilforge_eval", "train"]
+
+
+def test_bad_launcher_leaves_a_failure_file(tmp_path):
+    opt = tmp_path / "opt"
+    out = subprocess.run([sys.executable, str(ENTRYPOINT), "train"], capture_output=True, text=True,
+                         env={**os.environ, "DILFORGE_STAGE": "sft", "DILFORGE_OPT_ML": str(opt),
+                              "DILFORGE_LAUNCHER": "mpirun"})
+    assert out.returncode == 1
+    assert "DILFORGE_LAUNCHER='mpirun'" in (opt / "output" / "failure").read_text()
+
+
+@pytest.mark.parametrize("argv", [[]])
+def test_no_command_is_usage(argv):
+    assert ep.main(argv) == 2

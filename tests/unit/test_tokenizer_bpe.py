@@ -1,0 +1,118 @@
+"""BPE building blocks: exact truncation, extension keeping every base id, size selection, config rules."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import factories
+import pytest
+from dilforge_shared.configs.tokenizer import TokenizerConfig
+from dilforge_tokenizer import bpe, llama3
+from dilforge_tokenizer.stage import select_size
+from pydantic import ValidationError
+
+
+@pytest.fixture(scope="module")
+def wiki(data_root) -> list[str]:
+    return factories.wiki_lines(3000)
+
+
+@pytest.fixture(scope="module")
+def legal(data_root) -> list[str]:
+    from dilforge_shared.corpus import iter_texts
+    return list(itertools.islice(iter_texts(str(data_root / "az/train/az_legal_codes.part02.txt")), 3000))
+
+
+def test_truncating_a_larger_training_equals_training_at_that_size(wiki):
+    big = bpe.model_of(bpe.train([wiki], 900, 2))
+    small = bpe.model_of(bpe.train([wiki], 600, 2))
+    cut = bpe.truncate(big, 600)
+    assert cut["model"]["vocab"] == small["model"]["vocab"]
+    assert cut["model"]["merges"] == small["model"]["merges"]
+    assert len(big["model"]["vocab"]) == 900  # the original is left whole
+
+
+def test_replace_tokenizer_puts_llama3_specials_after_the_regular_vocab(wiki):
+    tok = bpe.replace_tokenizer(bpe.model_of(bpe.train([wiki], 700, 2)), 600)
+    assert tok.get_vocab_size(with_added_tokens=False) == 600
+    assert tok.token_to_id(llama3.BOS) == 600 and tok.token_to_id(llama3.EOT) == 609
+    assert tok.encode("Salam").ids[0] == 600  # BOS prepended
+
+
+def test_extend_keeps_every_base_id_and_appends_new_tokens(tiny_tokenizer_dir, legal):
+    base_doc = json.loads((tiny_tokenizer_dir / "tokenizer.json").read_text())
+    base = bpe.from_doc(base_doc)
+    corpus = bpe.model_of(bpe.train([legal], 900, 2, template=base))
+    doc, added = bpe.extend(base_doc, corpus)
+    ext = bpe.from_doc(doc)
+    base_vocab = base.get_vocab(with_added_tokens=True)
+    ext_vocab = ext.get_vocab(with_added_tokens=True)
+    assert added > 50
+    assert all(ext_vocab[t] == i for t, i in base_vocab.items())  # every existing id kept
+    new_ids = sorted(i for t, i in ext_vocab.items() if t not in base_vocab)
+    assert new_ids == list(range(len(base_vocab), len(base_vocab) + added))  # contiguous after the specials
+    assert base_doc["model"]["merges"] == doc["model"]["merges"][:len(base_doc["model"]["merges"])]
+    text = legal[0]
+    assert len(ext.encode(text).ids) < len(base.encode(text).ids)  # new tokens are used
+    assert ext.decode(ext.encode(text, add_special_tokens=False).ids) == text
+    # the input documents are left untouched (shallow copies)
+    assert len(base_doc["model"]["vocab"]) == base.get_vocab_size(with_added_tokens=False)
+
+
+def test_extend_refuses_a_non_byte_level_base(tmp_path):
+    from dilforge_shared.errors import InputError
+    with pytest.raises(InputError, match="byte-level"):
+        bpe.check_extendable({"model": {"type": "BPE"}, "pre_tokenizer": {"type": "Metaspace"}}, "base/")
+    with pytest.raises(InputError, match="model type 'Unigram'"):
+        bpe.check_extendable({"model": {"type": "Unigram"}}, "base/")
+
+
+def rows(*pairs):
+    return [{"vocab_size": v, "sets": {"heldout": {"tokens_per_word": f}}} for v, f in pairs]
+
+
+def test_selection_rules():
+    sweep = rows((8000, 2.0), (16000, 1.60), (32000, 1.58), (50000, 1.55))
+    assert select_size(sweep, "largest", 0.02, "heldout")["vocab_size"] == 50000
+    # best 1.55; 1.58 <= 1.55 * 1.02 = 1.581 -> 32000 is the smallest within 2 %
+    assert select_size(sweep, "smallest_within_tolerance", 0.02, "heldout")["vocab_size"] == 32000
+    assert select_size(sweep, "smallest_within_tolerance", 0.0, "heldout")["vocab_size"] == 50000
+    assert select_size(sweep, "smallest_within_tolerance", 0.5, "heldout")["vocab_size"] == 8000
+
+
+CORPUS = [{"uri": "/data/az.txt"}]
+
+
+def test_config_rejects_vocab_below_alphabet_plus_specials():
+    with pytest.raises(ValidationError, match=r"vocab_sizes\n.*500 is not above the byte alphabet \+ special tokens"):
+        TokenizerConfig(strategy="replace", corpora=CORPUS, vocab_sizes=[500])
+    with pytest.raises(ValidationError, match="vocab_sizes\n.*200 is not above the byte alphabet"):
+        TokenizerConfig(strategy="extend", base_tokenizer="/b", corpora=CORPUS, vocab_sizes=[200])
+
+
+def test_config_rejects_unknown_field_and_bad_selection_set():
+    with pytest.raises(ValidationError, match="vocab_size\n.*Extra inputs are not permitted"):
+        TokenizerConfig(corpora=CORPUS, vocab_size=1000)
+    with pytest.raises(ValidationError, match="selection_set\n.*'flores' is not one of"):
+        TokenizerConfig(corpora=CORPUS, selection_set="flores")
+    ok = TokenizerConfig(corpora=CORPUS, selection_set="flores",
+                         validation=[{"uri": "/d.tsv", "text_field": "azj_Latn", "name": "flores"}])
+    assert ok.selection_set == "flores"
+    with pytest.raises(ValidationError, match="base_tokenizer is required"):
+        TokenizerConfig(strategy="extend", corpora=CORPUS)
+
+
+def test_write_folder_loads_like_the_transformers_save(tmp_path, wiki):
+    """The stage writes the HF folder without importing transformers; it must load the same."""
+    from transformers import AutoTokenizer
+    tok = bpe.replace_tokenizer(bpe.model_of(bpe.train([wiki], 600, 2)), 600)
+    llama3.save(tok, tmp_path / "hf")
+    llama3.write_folder(tok, tmp_path / "plain")
+    a, b = (AutoTokenizer.from_pretrained(str(tmp_path / d)) for d in ("hf", "plain"))
+    text = "Bakı Azərbaycanın paytaxtıdır."
+    assert a(text)["input_ids"] == b(text)["input_ids"]
+    assert (len(a), a.bos_token_id, a.eos_token_id, a.pad_token_id) == (len(b), b.bos_token_id, b.eos_token_id,
+                                                                         b.pad_token_id)
+    assert a.chat_template == b.chat_template == llama3.CHAT_TEMPLATE
+    assert a.model_max_length == b.model_max_length

@@ -1,0 +1,92 @@
+"""The one-pass corpus stream: held-out split, dedup, upsampling, interleaving, errors."""
+
+from __future__ import annotations
+
+import pytest
+from dilforge_shared.configs.base import DataSource
+from dilforge_shared.errors import InputError
+from dilforge_tokenizer.stream import CorpusStream
+
+
+def write(path, lines):
+    path.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
+    return str(path)
+
+
+def test_heldout_lines_are_never_trained_and_split_is_by_content(tmp_path):
+    lines = [f"cümlə nömrə {i}" for i in range(2000)]
+    src = [DataSource(uri=write(tmp_path / "a.txt", lines))]
+    s1 = CorpusStream(src, validation_fraction=0.1, num_validation_lines=10_000, progress=False)
+    trained = list(s1.lines())
+    assert 120 < len(s1.heldout) < 280  # ~10 %
+    assert not set(trained) & set(s1.heldout)
+    assert len(trained) + len(s1.heldout) == 2000
+    # reversed order, same split: it depends on the text, not the position
+    s2 = CorpusStream([DataSource(uri=write(tmp_path / "b.txt", lines[::-1]))], validation_fraction=0.1,
+                      num_validation_lines=10_000, progress=False)
+    list(s2.lines())
+    assert set(s2.heldout) == set(s1.heldout)
+    s3 = CorpusStream(src, seed=1, validation_fraction=0.1, num_validation_lines=10_000, progress=False)
+    list(s3.lines())
+    assert set(s3.heldout) != set(s1.heldout)
+
+
+def test_heldout_cap_dedup_and_weights(tmp_path):
+    a = write(tmp_path / "a.txt", ["x"] * 5 + [f"a{i}" for i in range(100)])
+    b = write(tmp_path / "b.txt", [f"b{i}" for i in range(100)])
+    s = CorpusStream([DataSource(uri=a, name="a"), DataSource(uri=b, name="b", weight=2.5)], dedup=True,
+                     validation_fraction=0.05, num_validation_lines=3, progress=False)
+    trained = list(s.lines())
+    assert len(s.heldout) <= 3
+    assert s.stats["a"].lines_duplicate == 4 and trained.count("x") <= 1
+    b_stats = s.stats["b"]
+    assert 2 * b_stats.lines_trained <= b_stats.lines_fed <= 3 * b_stats.lines_trained
+    assert sum(1 for t in trained if t.startswith("b")) == b_stats.lines_fed
+    assert s.summary()["total"]["lines_read"] == 205
+
+
+def test_sources_are_interleaved_so_max_lines_sees_each(tmp_path):
+    a = write(tmp_path / "a.txt", [f"a{i}" for i in range(50)])
+    b = write(tmp_path / "b.txt", [f"b{i}" for i in range(50)])
+    s = CorpusStream([DataSource(uri=a), DataSource(uri=b)], max_lines=20, validation_fraction=0.01, progress=False)
+    out = list(s.lines())
+    assert s.summary()["total"]["lines_read"] == 20
+    assert sum(t.startswith("a") for t in out) >= 9 and sum(t.startswith("b") for t in out) >= 9
+
+
+def test_batches_and_drain_heldout(tmp_path):
+    a = write(tmp_path / "a.txt", [f"line {i}" for i in range(3000)])
+    s = CorpusStream([DataSource(uri=a)], validation_fraction=0.02, progress=False)
+    batches = list(s.batches())
+    assert all(0 < len(b) <= 256 for b in batches) and sum(map(len, batches)) + len(s.heldout) == 3000
+    d = CorpusStream([DataSource(uri=a)], validation_fraction=0.2, num_validation_lines=5, progress=False)
+    assert len(d.drain_heldout()) == 5
+    assert d.summary()["total"]["lines_read"] < 3000  # stopped early
+
+
+def test_empty_source_is_an_error_naming_it(tmp_path):
+    empty = write(tmp_path / "empty.txt", ["", "   "])
+    full = write(tmp_path / "full.txt", ["salam"] * 10)
+    s = CorpusStream([DataSource(uri=full), DataSource(uri=empty)], progress=False)
+    with pytest.raises(InputError, match=r"empty\.txt: corpus is empty"):
+        list(s.lines())
+
+
+def test_non_utf8_names_file_and_line(tmp_path):
+    path = tmp_path / "bad.txt"
+    path.write_bytes(b"salam\n\xff\xfe dunya\n")
+    with pytest.raises(InputError, match=r"bad\.txt:2: not valid UTF-8"):
+        list(CorpusStream([DataSource(uri=str(path))], progress=False).lines())
+
+
+def test_parquet_and_gzip_sources(tmp_path):
+    import gzip
+    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+    pq.write_table(pa.table({"id": [1, 2, 3], "body": ["birinci cümlə", "ikinci cümlə", "üçüncü cümlə"]}),
+                   tmp_path / "c.parquet")
+    with gzip.open(tmp_path / "d.txt.gz", "wt", encoding="utf-8") as f:
+        f.write("dördüncü\nbeşinci\n")
+    s = CorpusStream([DataSource(uri=str(tmp_path / "c.parquet"), text_field="body"),
+                      DataSource(uri=str(tmp_path / "d.txt.gz"))], validation_fraction=0.001, progress=False)
+    assert sorted(s.lines()) == sorted(["birinci cümlə", "ikinci cümlə", "üçüncü cümlə", "dördüncü", "beşinci"])
