@@ -15,10 +15,8 @@
 from __future__ import annotations
 
 import argparse
-import datetime
 import itertools
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -26,16 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+import hardware  # bench/hardware.py
 
 
 def make_tokenizer(corpus: Path, out: Path, vocab: int) -> Path:
@@ -103,9 +92,7 @@ def main() -> int:
     from dilforge_shared.configs.cpt import CptConfig
     from dilforge_shared.corpus import iter_texts
 
-    print(f"# cpt_cpu  {datetime.datetime.now().isoformat(timespec='seconds')}")
-    print(f"# cpu {cpu_name()}; cores {os.cpu_count()}; threads {torch.get_num_threads()}; torch {torch.__version__}; "
-          f"python {platform.python_version()}")
+    print(f"# cpt_cpu  {hardware.describe('transformers')}")
     corpus = args.data / "az/train/azwiki_sentences_cv_extractor.txt"
     root = Path(tempfile.mkdtemp(prefix="cpt-bench-"))
     tok_dir = make_tokenizer(corpus, root / "tok", 2000)

@@ -15,26 +15,12 @@ Needs the Azerbaijani data (DILFORGE_DATA, default ../shared/data) for text and 
 from __future__ import annotations
 
 import argparse
-import datetime
 import itertools
 import os
-import platform
 import sys
 import time
 from pathlib import Path
-
-
-def hardware(device: str) -> str:
-    import torch
-    cpu = platform.processor() or ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    gpu = torch.cuda.get_device_name(0) if device == "cuda" else "none"
-    return (f"date {datetime.datetime.now().isoformat(timespec='seconds')}; CPU {cpu}; cores {os.cpu_count()}; "
-            f"torch threads {torch.get_num_threads()}; GPU {gpu}; torch {torch.__version__}; python {platform.python_version()}")
+import hardware  # bench/hardware.py
 
 
 def baseline_bytes_per_s(model, ids: list[int], num_bytes: int, window: int, batch_size: int) -> tuple[float, float]:
@@ -88,7 +74,7 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     data = Path(os.environ.get("DILFORGE_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
-    print(hardware(args.device))
+    print(hardware.describe("transformers"))
     wiki = list(itertools.islice(iter_texts(str(data / "az/train/azwiki_sentences_cv_extractor.txt")), 20000))
     tok = llama3.to_transformers(llama3.train_bpe(wiki, args.vocab))
     docs, size = [], 0

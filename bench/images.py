@@ -3,7 +3,7 @@
     python bench/images.py                 # cold: prunes the BuildKit cache first; then a warm rebuild
     python bench/images.py --no-prune      # only what the cache allows (quick)
 
-Prints hardware and date, and writes docs/benchmarks/images.md. Baseline, in the same run: the sum of
+Prints hardware, date and a Markdown table (for docs/benchmarks.md; --out also writes it to a file). Baseline, in the same run: the sum of
 the four images' sizes as if they shared nothing, against what they really take on disk together
 (`docker system df -v`: shared layers counted once), and the first image's cold build time against
 the other three (which reuse the shared layers).
@@ -15,7 +15,6 @@ import argparse
 import datetime as dt
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -27,15 +26,9 @@ sys.path.insert(0, str(ROOT / "shared"))
 
 from dilforge_coordinator import images  # noqa: E402
 from dilforge_coordinator.backends.compose import docker_binary  # noqa: E402
+import hardware  # bench/hardware.py
 
 STAGES = ("tokenizer", "cpt", "sft", "eval")
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
 
 
 def disk_usage(docker: str) -> dict[str, dict]:
@@ -56,12 +49,12 @@ def to_bytes(text: str) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--no-prune", action="store_true", help="keep the build cache (warm numbers only)")
-    ap.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks" / "images.md")
+    ap.add_argument("--out", type=Path, default=None, help="also write the Markdown section to this file")
     args = ap.parse_args()
     docker = docker_binary()
     engine = subprocess.run([docker, "version", "--format", "{{.Server.Version}}"], capture_output=True,
                             text=True).stdout.strip()
-    header = (f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC, {cpu_model()}, {os.cpu_count()} cores, "
+    header = (f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC, {hardware.cpu_model()}, {os.cpu_count()} cores, "
               f"Docker engine {engine}, base python:3.11-slim")
     print(header)
     images.prepare_wheelhouse()
@@ -102,9 +95,10 @@ def main() -> int:
         f"together ({rest / first:.2f}× the first).",
         "",
     ]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("\n".join(lines))
     print("\n".join(lines))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text("\n".join(lines))
     return 0
 
 

@@ -11,33 +11,17 @@ store; its steps/s comes from the Trainer like the bare run's.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+import hardware  # bench/hardware.py
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
-
-
-def hardware() -> str:
-    import torch
-    cpu = platform.processor() or "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
-    return (f"{datetime.date.today()} | CPU {cpu}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()} | "
-            f"GPU {gpu} | torch {torch.__version__}")
 
 
 def section(data: Path, model_dir: Path | None, steps: int) -> dict:
@@ -98,7 +82,7 @@ def main() -> None:
     a = p.parse_args()
     os.environ["DILFORGE_DATA"] = str(a.data.resolve())
     import factories
-    print(hardware())
+    print(hardware.describe("transformers", "trl", "peft"))
     work = Path(tempfile.mkdtemp(prefix="dilforge-bench-sft-"))
     tok = factories.build_tokenizer(work / "tok", vocab_size=2000, num_lines=5000)
     model = factories.build_tiny_llama(work / "model", tok, hidden_size=256, intermediate_size=688,
@@ -114,7 +98,7 @@ def main() -> None:
               "incl. data rules, eval before/after, publish)", flush=True)
     bare, ours = (statistics.median(results[k]) for k in ("bare TRL", "dilforge stage"))
     print(f"\nmodel: Llama 4x256, vocab {2000 + 256}, LoRA r16 on 7 projections, batch 4, max_length 256, "
-          f"{a.steps} steps, {'bf16' if 'cuda' in hardware().lower() and 'GPU none' not in hardware() else 'fp32'}")
+          f"{a.steps} steps, {'bf16' if 'GPU none' not in hardware.describe() else 'fp32'}")
     print(f"| run | train steps/s (median of {a.repeats}) | ratio |\n|---|---|---|")
     print(f"| bare TRL SFTTrainer | {bare:.3f} | 1.00 |\n| dilforge SFT stage | {ours:.3f} | {ours / bare:.2f} |")
 

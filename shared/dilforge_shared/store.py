@@ -27,6 +27,8 @@ from .manifest import (
 log = logging.getLogger(__name__)
 
 S3_ENDPOINT_ENV = "DILFORGE_S3_ENDPOINT_URL"
+# Credentials for an S3-compatible store only (SeaweedFS, MinIO). Unset = boto3's usual chain (AWS).
+S3_KEY_ENV, S3_SECRET_ENV = "DILFORGE_S3_ACCESS_KEY_ID", "DILFORGE_S3_SECRET_ACCESS_KEY"
 MULTIPART_THRESHOLD = 64 << 20  # bytes; larger files go up in parts of this size
 
 
@@ -140,8 +142,11 @@ class S3Backend:
         self.prefix = prefix.strip("/")
         self.uri = f"s3://{bucket}/{self.prefix}".rstrip("/")
         endpoint_url = endpoint_url or os.environ.get(S3_ENDPOINT_ENV) or None
+        keys = {}
+        if os.environ.get(S3_KEY_ENV) and os.environ.get(S3_SECRET_ENV):
+            keys = {"aws_access_key_id": os.environ[S3_KEY_ENV], "aws_secret_access_key": os.environ[S3_SECRET_ENV]}
         self.client = client or boto3.client(
-            "s3", endpoint_url=endpoint_url,
+            "s3", endpoint_url=endpoint_url, **keys,
             config=Config(retries={"max_attempts": 8, "mode": "adaptive"}, s3={"addressing_style": "path"}),
         )
         self.transfer = TransferConfig(multipart_threshold=MULTIPART_THRESHOLD, multipart_chunksize=MULTIPART_THRESHOLD,
@@ -373,19 +378,26 @@ def fetch(uri: str, cache_dir: Path | None = None, endpoint_url: str | None = No
     manifest, digest = read_manifest(muri, endpoint_url)
     backend = _artifact_backend(artifact_uri, endpoint_url)
     local = backend.local_path(manifest.data_dir)
-    if local is None:
+    if local is not None:
+        verify_files(manifest, local, muri)
+    else:
         cache_dir = cache_dir or Path(os.environ.get("DILFORGE_CACHE", tempfile.gettempdir())) / "dilforge-cache"
         local = cache_dir / f"{manifest.artifact_id}-{digest[:12]}"
         marker = local / ".complete"
-        if not marker.exists():
-            for entry in manifest.files:
-                try:
-                    backend.download_file(f"{manifest.data_dir}/{entry.path}", local / entry.path)
-                except NotFound:
-                    raise IntegrityError(f"{muri}: file {entry.path} listed in the manifest is missing") from None
-    verify_files(manifest, local, muri)
-    if backend.local_path(manifest.data_dir) is None:
-        (local / ".complete").touch()
+        if marker.exists():
+            try:
+                verify_files(manifest, local, muri)
+                return Artifact(uri=artifact_uri, manifest=manifest, manifest_sha256=digest, path=local)
+            except IntegrityError:
+                log.warning("%s: cached copy at %s is damaged; downloading again", muri, local)
+                shutil.rmtree(local)
+        for entry in manifest.files:
+            try:
+                backend.download_file(f"{manifest.data_dir}/{entry.path}", local / entry.path)
+            except NotFound:
+                raise IntegrityError(f"{muri}: file {entry.path} listed in the manifest is missing") from None
+        verify_files(manifest, local, muri)
+        marker.touch()
     return Artifact(uri=artifact_uri, manifest=manifest, manifest_sha256=digest, path=local)
 
 

@@ -97,7 +97,7 @@ def test_tiny_pipeline_runs_in_containers(docker_ready, data_root, tmp_path):
 def test_stage_failure_reason_comes_back(docker_ready, data_root, tmp_path):
     if not _have_image("tokenizer"):
         pytest.skip("tokenizer image not built")
-    raw = yaml.safe_load((ROOT / "configs" / "stages" / "tokenizer-tiny.yaml").read_text())
+    raw = yaml.safe_load((ROOT / "configs" / "az-tiny.yaml").read_text())["tokenizer"]
     # the file exists (the coordinator hashes it), but the column does not: only the stage finds out
     raw["validation"] = [{**raw["validation"][0], "text_field": "no_such_column"}]
     path = tmp_path / "bad.yaml"

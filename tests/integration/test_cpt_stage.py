@@ -9,6 +9,7 @@ same machine and must reproduce the uninterrupted run's final loss to 1e-6 relat
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -118,9 +119,15 @@ def test_trains_publishes_loadable_model(single_run, tiny_tokenizer_dir):
     assert torch.isfinite(model(input_ids=ids).logits).all()
 
 
-def test_two_process_fsdp_matches_single_process(single_run, tmp_path, data_root, tiny_tokenizer_dir):
-    run_cpt(tmp_path, data_root, tiny_tokenizer_dir, cpt_section(num_processes_per_node=2))
-    m2 = artifact(tmp_path / "store").manifest.metrics
+@pytest.fixture(scope="module")
+def two_process_run(tmp_path_factory, data_root, tiny_tokenizer_dir):
+    tmp = tmp_path_factory.mktemp("cpt2")
+    run_cpt(tmp, data_root, tiny_tokenizer_dir, cpt_section(num_processes_per_node=2))
+    return artifact(tmp / "store")
+
+
+def test_two_process_fsdp_matches_single_process(single_run, two_process_run):
+    m2 = two_process_run.manifest.metrics
     m1 = single_run.manifest.metrics
     assert m2["world_size"] == 2 and m1["world_size"] == 1
     l1 = [h["loss"] for h in m1["history"]]
@@ -129,10 +136,11 @@ def test_two_process_fsdp_matches_single_process(single_run, tmp_path, data_root
     assert m2["final_val_bpb"] == pytest.approx(m1["final_val_bpb"], rel=1e-4)
 
 
-def test_sigterm_then_rerun_resumes_to_the_same_loss(single_run, tmp_path, data_root, tiny_tokenizer_dir):
+def sigterm_then_rerun(tmp_path: Path, data_root: Path, tok_dir: Path, cpt: dict) -> tuple[str, int, dict]:
+    """Start the stage, SIGTERM the `train` process after step 2, rerun; (log, stopped at, metrics)."""
     store = tmp_path / "store"
-    tok_uri = publish_tokenizer(store, tiny_tokenizer_dir)
-    config = write_pipeline(tmp_path / "pipeline.yaml", store, cpt_section())
+    tok_uri = publish_tokenizer(store, tok_dir)
+    config = write_pipeline(tmp_path / "pipeline.yaml", store, cpt)
     cmd, env = coordinator_cmd(config, data_root, tok_uri), env_for(tmp_path / "work")
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = []
@@ -147,19 +155,40 @@ def test_sigterm_then_rerun_resumes_to_the_same_loss(single_run, tmp_path, data_
     text = "".join(lines)
     assert "SIGTERM" in text and "checkpoint saved" in text
     assert not published(store)
-    ckpts = list((tmp_path / "work").glob("cpt-*/checkpoints/train/step-*/COMPLETE"))
+    ckpts = list((tmp_path / "work").glob("cpt-*/checkpoints/train/step-*/COMPLETE.node00000-of-00001"))
     assert ckpts, text[-3000:]
-    stopped_at = int(ckpts[0].read_text())
+    stopped_at = json.loads(ckpts[0].read_text())["step"]
     assert 2 <= stopped_at < 20
 
     resumed = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert resumed.returncode == 0, resumed.stdout[-4000:] + resumed.stderr[-3000:]
     assert "resumed from checkpoint" in resumed.stdout + resumed.stderr
     m = artifact(store).manifest.metrics
+    assert [h["step"] for h in m["history"]] == list(range(1, 21))
+    return text, stopped_at, m
+
+
+def test_sigterm_then_rerun_resumes_to_the_same_loss(single_run, tmp_path, data_root, tiny_tokenizer_dir):
+    _, _, m = sigterm_then_rerun(tmp_path, data_root, tiny_tokenizer_dir, cpt_section())
     ref = single_run.manifest.metrics
     assert m["final_train_loss"] == pytest.approx(ref["final_train_loss"], rel=1e-6)
     assert m["final_val_bpb"] == pytest.approx(ref["final_val_bpb"], rel=1e-6)
-    assert [h["step"] for h in m["history"]] == list(range(1, 21))
+
+
+def test_two_process_sigterm_checkpoints_through_the_stop_file_then_resumes(two_process_run, tmp_path, data_root,
+                                                                            tiny_tokenizer_dir):
+    """SIGTERM goes to the launcher only; workers see the stop file, checkpoint and exit (torchrun is not
+    signalled, so its 30 s kill does not apply); the rerun matches the uninterrupted 2-process run."""
+    text, stopped_at, m = sigterm_then_rerun(tmp_path, data_root, tiny_tokenizer_dir,
+                                             cpt_section(num_processes_per_node=2))
+    assert "asked the workers to checkpoint and exit" in text
+    assert f"stopped by SIGTERM at step {stopped_at}" in text
+    assert "sending SIGTERM to torchrun" not in text
+    assert not list((tmp_path / "work").glob("cpt-*/output/cpt-stop"))
+    ref = two_process_run.manifest.metrics
+    assert m["world_size"] == 2
+    assert m["final_train_loss"] == pytest.approx(ref["final_train_loss"], rel=1e-6)
+    assert m["final_val_bpb"] == pytest.approx(ref["final_val_bpb"], rel=1e-6)
 
 
 @pytest.fixture(scope="module")
@@ -214,3 +243,25 @@ def test_bad_inputs_fail_clearly_and_publish_nothing(tmp_path, data_root, tiny_l
     assert proc.returncode != 0
     assert "cpt.learning_rate" in proc.stderr and "Extra inputs are not permitted" in proc.stderr
     assert not published(c / "store")
+
+
+def test_non_finite_loss_stops_with_checkpoint_and_clear_error(tmp_path, data_root, tiny_tokenizer_dir):
+    """An lr of 1e30 blows the weights up after one step (1e38 overflows inside AdamW itself); the next
+    step's loss is still finite but its gradient norm is inf. The run must stop without stepping,
+    keep a checkpoint of the last good state, name step/phase/lr, and publish nothing."""
+    import re
+    section = cpt_section(phase1={"num_steps": 0}, phase2={"num_steps": 6, "lr": 1e30}, max_grad_norm=None,
+                          eval_every=100, checkpoint_every=100)
+    proc = run_cpt(tmp_path, data_root, tiny_tokenizer_dir, section, check=False)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    found = re.search(r"non-finite (training loss|gradient norm) \(.*?\) at step (\d+) \(phase 2, lr [0-9e.+]+\).*"
+                      r"checkpoint saved at step (\d+)", output)
+    assert found, output[-3000:]
+    assert (int(found[2]), int(found[3])) == (2, 1)  # stopped at the first bad step, before any bad update
+    assert not published(tmp_path / "store")
+    (opt_root,) = (tmp_path / "work").glob("cpt-*")  # kept after a failure, so a rerun resumes from it
+    assert len(re.findall("non-finite (training loss|gradient norm)", (opt_root / "output" / "failure").read_text())) == 1
+    # the last good state is a complete checkpoint (the token cache also lives under checkpoints/)
+    marker = opt_root / "checkpoints" / "train" / f"step-{int(found[3]):08d}" / "COMPLETE.node00000-of-00001"
+    assert marker.is_file(), output[-3000:]

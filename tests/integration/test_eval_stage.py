@@ -149,3 +149,25 @@ def test_run_all_prints_report_path_and_bad_input_fails_cleanly(upstream, data_r
     assert proc.returncode != 0
     assert f"{bad}:2: field 'kind'" in proc.stderr
     assert not list((tmp_path / "store" / "artifacts" / "eval").glob("*/manifest.json"))[1:]  # only the first run's
+
+
+def test_unloadable_sft_model_fails_unless_skipping_is_asked_for(upstream, data_root, tmp_path):
+    """An adapter whose base cannot be found is an error by default, not a silently missing column."""
+    orphan = _sft_adapter(fetch(upstream["cpt"]).path, tmp_path / "orphan", str(tmp_path / "no-such-base"))
+    store = tmp_path / "store"
+    sft_uri = _publish(store, "sft", "adapter", orphan, {})
+    section = {"text_sets": [{"uri": str(data_root / "az/train/udhr_azj_latn.txt"), "name": "udhr"}],
+               "bpb": {"window": 32}, "max_bytes_per_set": 500}
+    cfg = _write_pipeline(tmp_path / "p.yaml", store, "orphan", section)
+    proc = _coordinator(["run", "eval", "--config", str(cfg), "--input", f"sft={sft_uri}"], tmp_path)
+    assert proc.returncode != 0
+    assert f"sft artifact {sft_uri}" in proc.stderr and "on_unloadable_model: skip" in proc.stderr
+    assert not list((store / "artifacts" / "eval").glob("*/manifest.json"))
+
+    section.update(on_unloadable_model="skip", models=[{"label": "base", "uri": str(upstream["base"])}])
+    cfg = _write_pipeline(tmp_path / "p2.yaml", store, "orphan2", section)
+    proc = _coordinator(["run", "eval", "--config", str(cfg), "--input", f"sft={sft_uri}"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (manifest,) = (store / "artifacts" / "eval").glob("*/manifest.json")
+    skipped = json.loads(manifest.read_text())["metrics"]["skipped"]
+    assert len(skipped) == 1 and skipped[0].startswith("sft model:")

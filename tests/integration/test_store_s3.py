@@ -116,3 +116,13 @@ def test_s3_corpus_streams_gz_and_jsonl(s3_bucket):
     client.put_object(Bucket=bucket, Key="c/b.jsonl", Body=(json.dumps({"t": "üç"}) + "\n").encode())
     import unicodedata
     assert list(iter_texts(f"{s3_bucket}/c", text_field="t")) == ["bir", unicodedata.normalize("NFC", "Iki\u0307"), "üç"]
+
+
+def test_damaged_download_cache_is_fetched_again(s3_bucket, tmp_path):
+    uri = f"{s3_bucket}/cache"
+    publish(uri, write_output(tmp_path), make_manifest())
+    first = fetch(uri, cache_dir=tmp_path / "cache")
+    (first.path / "model.safetensors").write_bytes(b"corrupt")  # e.g. a disk error in the local cache
+    again = fetch(uri, cache_dir=tmp_path / "cache")
+    assert again.path == first.path
+    assert (again.path / "model.safetensors").read_bytes() == b"weights"

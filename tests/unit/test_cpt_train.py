@@ -87,7 +87,8 @@ def test_checkpoint_round_trip_and_latest(tmp_path):
     (tmp_path / "step-00000009.tmp").mkdir()  # a half-written checkpoint is never picked
     path = latest_checkpoint(tmp_path)
     assert path.name == "step-00000003" and read_checkpoint_state(path) == {"step": 3}
-    assert list(path.glob("__0_*.distcp")) and (path / "rng-rank00000.pt").is_file()
+    assert list(path.glob("__0_*.distcp")) and (path / "rng-rank00000.json").is_file()
+    assert not list(tmp_path.glob("*.tmp/COMPLETE*"))
     fresh = tiny_model()
     fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=0.1)
     load_checkpoint(path, fresh, fresh_opt, rt)
@@ -99,3 +100,118 @@ def test_checkpoint_round_trip_and_latest(tmp_path):
         save_checkpoint(tmp_path, step, model, opt, {"step": step}, rt, keep=2)
     assert sorted(p.name for p in tmp_path.glob("step-*") if not p.name.endswith(".tmp")) == \
         ["step-00000006", "step-00000009"]
+
+
+def test_rng_state_round_trips_through_json():
+    import json
+    import random
+
+    from dilforge_cpt.train import rng_state, set_rng_state
+    random.seed(1), np.random.seed(2), torch.manual_seed(3)
+    np.random.normal()  # a cached gaussian is part of numpy's state
+    saved = json.loads(json.dumps(rng_state()))
+    expect = (random.random(), np.random.normal(), torch.rand(3))
+    random.seed(9), np.random.seed(9), torch.manual_seed(9)
+    set_rng_state(saved)
+    got = (random.random(), np.random.normal(), torch.rand(3))
+    assert got[:2] == expect[:2] and torch.equal(got[2], expect[2])
+
+
+def test_checkpoint_holds_no_pickled_objects_and_refuses_a_malicious_metadata(tmp_path):
+    import pickle
+    import pickletools
+
+    from dilforge_cpt.train import Runtime, load_checkpoint, save_checkpoint
+    from dilforge_shared.errors import InputError
+    rt = Runtime()
+    model = tiny_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    path = save_checkpoint(tmp_path / "ck", 1, model, opt, {"step": 1}, rt, keep=2)
+    names = {p.name for p in path.iterdir()}
+    assert not {n for n in names if n.endswith((".pt", ".pkl", ".pth"))}, names
+    assert "rng-rank00000.json" in names and "state.json" in names
+    # DCP's metadata only refers to DCP's own types (no byte blobs that DCP would torch.load unsafely)
+    refs = {arg for op, arg, _ in pickletools.genops((path / ".metadata").read_bytes()) if op.name == "SHORT_BINUNICODE"}
+    assert "BytesStorageMetadata" not in refs
+
+    class Evil:
+        def __reduce__(self):
+            return (open, (str(tmp_path / "pwned"), "w"))
+    (path / ".metadata").write_bytes(pickle.dumps(Evil()))
+    with pytest.raises(InputError, match=r"refers to (io|builtins)\.open, which is not allowed"):
+        load_checkpoint(path, model, opt, rt)
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_train_step_skips_the_update_on_an_infinite_gradient():
+    from dilforge_cpt.train import Runtime, train_step
+    model = tiny_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    bad = model.model.layers[0].mlp.down_proj.weight
+    hook = bad.register_hook(lambda g: torch.full_like(g, float("inf")))
+    batch = [np.random.default_rng(0).integers(0, 64, (2, 8))]
+    loss, norm = train_step(model, opt, batch, Runtime(), max_grad_norm=1.0)
+    assert math.isfinite(loss) and not math.isfinite(norm)
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    assert all(p.grad is None for p in model.parameters()) and not opt.state
+    hook.remove()
+    loss, norm = train_step(model, opt, batch, Runtime(), max_grad_norm=1.0)
+    assert math.isfinite(norm) and not torch.equal(model.model.layers[0].mlp.down_proj.weight, before[
+        "model.layers.0.mlp.down_proj.weight"])
+
+
+def _two_nodes(rank: int, port: int, base: str, shared: bool) -> None:
+    import os
+    from pathlib import Path
+
+    import torch.distributed as dist
+    from dilforge_cpt.train import Runtime, save_checkpoint
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:  # one process per "node": local rank 0 on both
+        rt = Runtime(rank=rank, world=2, local_rank=0, distributed=True, node=rank, num_nodes=2)
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 3)
+        opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+        model(torch.ones(1, 4)).sum().backward()
+        opt.step()
+        root = Path(base) / ("shared" if shared else f"host{rank}")
+        for step in (1, 2, 3):
+            save_checkpoint(root, step, model, opt, {"step": step}, rt, keep=2)
+        torch.save(model.state_dict(), Path(base) / f"expected{rank}.pt") if rank == 0 else None
+        os.environ.pop("MASTER_ADDR", None)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["shared-fs", "per-host-dirs"])
+def test_multi_node_checkpoint_finalisation(tmp_path, shared):
+    import shutil
+    import socket
+
+    import torch.multiprocessing as mp
+    from dilforge_cpt.train import Runtime, latest_checkpoint, load_checkpoint
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.start_processes(_two_nodes, args=(port, str(tmp_path), shared), nprocs=2, start_method="fork")
+    if shared:  # finalised once: one folder per kept step, both nodes' markers in it, no leftovers
+        root = tmp_path / "shared"
+        assert sorted(p.name for p in root.iterdir()) == ["step-00000002", "step-00000003"]
+        assert sorted(p.name for p in (root / "step-00000003").glob("COMPLETE*")) == \
+            ["COMPLETE.node00000-of-00002", "COMPLETE.node00001-of-00002"]
+    else:  # each host finalised its own folder; neither alone is a complete checkpoint
+        for host in ("host0", "host1"):
+            assert sorted(p.name for p in (tmp_path / host).iterdir()) == ["step-00000002", "step-00000003"]
+            assert latest_checkpoint(tmp_path / host) is None
+        root = tmp_path / "s3-restore"  # SageMaker restores the union of all hosts' uploads
+        for host in ("host0", "host1"):
+            shutil.copytree(tmp_path / host, root, dirs_exist_ok=True)
+    assert latest_checkpoint(root).name == "step-00000003"
+    model = torch.nn.Linear(4, 3)
+    load_checkpoint(latest_checkpoint(root), model, torch.optim.AdamW(model.parameters(), lr=0.1), Runtime())
+    expected = torch.load(tmp_path / "expected0.pt", weights_only=True)
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in expected.items())
+    (root / "step-00000003" / "rng-rank00001.json").unlink()  # a file a marker lists is missing
+    assert latest_checkpoint(root).name == "step-00000002"

@@ -88,14 +88,23 @@ def test_sliding_window_matches_manual_truncated_context(model_and_tok):
 
 
 def test_bpb_unchanged_when_documents_are_split_differently(model_and_tok):
+    """Documents are one newline-joined stream scored by sliding windows, so where the document boundaries
+    fall (within the window or across several windows) does not change BPB; scoring each document on its
+    own would, since each would restart its context."""
     model, tok = model_and_tok
-    a = B.bits_per_byte(model, tok, ["Bakı gözəl şəhərdir.\nXəzər dənizi", "sahildədir."], 64, 32)
-    b = B.bits_per_byte(model, tok, ["Bakı gözəl şəhərdir.", "Xəzər dənizi\nsahildədir."], 64, 32)
-    c = B.bits_per_byte(model, tok, ["Bakı gözəl şəhərdir.", "Xəzər dənizi", "sahildədir."], 64, 32)
-    assert a.num_bytes == b.num_bytes == c.num_bytes
-    assert a.bpb == b.bpb == c.bpb
-    d = B.bits_per_byte(model, tok, ["Bakı gözəl şəhərdir. Xəzər dənizi sahildədir."], 64, 32)
-    assert d.bpb != a.bpb  # the separator is text too: different text, different value
+    lines = ["Bakı gözəl şəhərdir.", "Xəzər dənizi sahildədir.", "Qış soyuq keçdi.", "Yaz gəlir."]
+    window, stride = 16, 8  # several windows over the ~40-token text
+    splits = [["\n".join(lines)], ["\n".join(lines[:1]), "\n".join(lines[1:])],
+              ["\n".join(lines[:3]), lines[3]], lines]
+    results = [B.bits_per_byte(model, tok, docs, window, stride) for docs in splits]
+    assert results[0].num_tokens > 2 * window
+    assert len({r.num_bytes for r in results}) == 1
+    assert all(abs(r.bpb - results[0].bpb) < 1e-9 for r in results)
+    separate = [B.bits_per_byte(model, tok, [line], window, stride) for line in lines]
+    per_doc = sum(r.bpb * r.num_bytes for r in separate) / sum(r.num_bytes for r in separate)
+    assert abs(per_doc - results[0].bpb) > 1e-4  # the invariance comes from streaming, not from the text
+    d = B.bits_per_byte(model, tok, [" ".join(lines)], window, stride)
+    assert d.bpb != results[0].bpb  # the separator is text too: different text, different value
 
 
 def test_default_window_respects_model_limit(model_and_tok):

@@ -117,6 +117,16 @@ def test_single_host_stages_refuse_several_instances(no_aws, tmp_path):
         SageMakerBackend(dry_run=True).dry_run_requests(load_pipeline(path))
 
 
+def test_local_data_or_model_paths_are_refused_before_submitting(no_aws, tmp_path):
+    text = PRESET.read_text().replace("  base_model: s3://dilforge-data-123456789012/models/llama-3.2-1b/",
+                                      f"  base_model: {tmp_path}/llama")
+    assert text != PRESET.read_text()
+    path = tmp_path / "p.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=rf"cpt: \['{tmp_path}/llama'\] are local paths"):
+        SageMakerBackend(dry_run=True).dry_run_requests(load_pipeline(path))
+
+
 def test_dry_run_cli_prints_every_request_offline(no_aws):
     result = CliRunner().invoke(app, ["run-all", "-c", str(PRESET), "--backend", "sagemaker", "--dry-run"])
     assert result.exit_code == 0, result.output

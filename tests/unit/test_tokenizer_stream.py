@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from dilforge_shared.configs.base import DataSource
 from dilforge_shared.errors import InputError
-from dilforge_tokenizer.stream import CorpusStream
+from dilforge_tokenizer.stream import CorpusStream, read_ahead
 
 
 def write(path, lines):
@@ -57,8 +57,11 @@ def test_sources_are_interleaved_so_max_lines_sees_each(tmp_path):
 def test_batches_and_drain_heldout(tmp_path):
     a = write(tmp_path / "a.txt", [f"line {i}" for i in range(3000)])
     s = CorpusStream([DataSource(uri=a)], validation_fraction=0.02, progress=False)
-    batches = list(s.batches())
-    assert all(0 < len(b) <= 256 for b in batches) and sum(map(len, batches)) + len(s.heldout) == 3000
+    batches = list(s.batches(min_lines=1000))
+    assert len(batches) == 3 and all(len(b) >= 1000 for b in batches[:-1]) and batches[-1]
+    assert sum(map(len, batches)) + len(s.heldout) == 3000
+    assert [t for b in batches for t in b] == list(CorpusStream([DataSource(uri=a)], validation_fraction=0.02,
+                                                               progress=False).lines())  # same lines, same order
     d = CorpusStream([DataSource(uri=a)], validation_fraction=0.2, num_validation_lines=5, progress=False)
     assert len(d.drain_heldout()) == 5
     assert d.summary()["total"]["lines_read"] < 3000  # stopped early
@@ -77,6 +80,24 @@ def test_non_utf8_names_file_and_line(tmp_path):
     path.write_bytes(b"salam\n\xff\xfe dunya\n")
     with pytest.raises(InputError, match=r"bad\.txt:2: not valid UTF-8"):
         list(CorpusStream([DataSource(uri=str(path))], progress=False).lines())
+    # the same error, raised in the read-ahead thread, reaches whoever iterates batches()
+    with pytest.raises(InputError, match=r"bad\.txt:2: not valid UTF-8"):
+        list(CorpusStream([DataSource(uri=str(path))], progress=False).batches())
+
+
+def test_read_ahead_stops_its_thread_when_abandoned():
+    import threading
+    produced = []
+
+    def items():
+        for i in range(1000):
+            produced.append(i)
+            yield i
+    it = read_ahead(items(), depth=2)
+    assert next(it) == 0
+    it.close()
+    assert not any(t.name == "corpus-read-ahead" for t in threading.enumerate())
+    assert len(produced) < 10  # stopped at most `depth` + a couple ahead, not run to the end
 
 
 def test_parquet_and_gzip_sources(tmp_path):

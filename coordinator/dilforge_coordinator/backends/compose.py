@@ -23,6 +23,7 @@ from pathlib import Path
 from dilforge_shared.configs import PipelineConfig
 from dilforge_shared.contract import OptMl, build_hyperparameters
 from dilforge_shared.errors import DilforgeError
+from dilforge_shared.store import S3_KEY_ENV, S3_SECRET_ENV
 
 from ..pipeline import StageFailed, StageJob
 
@@ -71,8 +72,10 @@ class ComposeBackend:
 
     def prepare(self, pipeline: PipelineConfig) -> PipelineConfig:
         """Point the pipeline at the compose S3 unless it already names an S3 store with an endpoint."""
-        os.environ.setdefault("AWS_ACCESS_KEY_ID", S3_ACCESS_KEY)
-        os.environ.setdefault("AWS_SECRET_ACCESS_KEY", S3_SECRET_KEY)
+        # The compose S3's local-only identity, for dilforge's own S3 client in this process (unless the user
+        # set store credentials); the user's AWS credentials (AWS_*) are neither read nor sent to the endpoint.
+        os.environ.setdefault(S3_KEY_ENV, S3_ACCESS_KEY)
+        os.environ.setdefault(S3_SECRET_ENV, S3_SECRET_KEY)
         os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
         store = pipeline.store
         if store.uri.startswith("s3://") and store.s3_endpoint_url:
@@ -93,7 +96,8 @@ class ComposeBackend:
         if bucket:
             import boto3
             from botocore.exceptions import ClientError
-            client = boto3.client("s3", endpoint_url=self.host_endpoint)
+            client = boto3.client("s3", endpoint_url=self.host_endpoint, region_name="us-east-1",
+                                  aws_access_key_id=S3_ACCESS_KEY, aws_secret_access_key=S3_SECRET_KEY)
             deadline = time.monotonic() + 60
             while True:
                 try:

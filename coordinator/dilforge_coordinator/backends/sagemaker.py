@@ -97,8 +97,10 @@ def offline_jobs(pipeline: PipelineConfig) -> list[StageJob]:
     return jobs
 
 
-def local_data(job: StageJob) -> list[str]:
-    return [s.uri for s in job.config.data_sources() if not s.uri.startswith("s3://")]
+def local_paths(job: StageJob) -> list[str]:
+    """Data and model/tokenizer URIs a SageMaker job could not read: anything not on S3."""
+    uris = [s.uri for s in job.config.data_sources()] + job.config.model_uris()
+    return [u for u in uris if not u.startswith("s3://")]
 
 
 @dataclass
@@ -151,6 +153,9 @@ class SageMakerBackend:
         return f"{self.output_root(job)}/configs/{job.stage}/{job.artifact_id}.json"
 
     def build_request(self, job: StageJob, job_name: str | None = None) -> dict:
+        if bad := local_paths(job):
+            raise ConfigError(f"{job.stage}: {bad} are local paths; SageMaker jobs read data and models from S3: "
+                              "upload them and use s3:// URIs in the config")
         cfg = self.config
         res = cfg.resources(job.stage)
         if res.num_instances > 1 and job.stage not in MULTI_HOST_STAGES:
@@ -236,9 +241,6 @@ class SageMakerBackend:
             raise ConfigError("SageMakerBackend.prepare(pipeline) must run first (it reads the sagemaker section)")
         if self.dry_run:
             raise DilforgeError("a dry run builds requests offline: use dry_run_requests(pipeline)")
-        if bad := local_data(job):
-            raise StageFailed(job.stage, f"data {bad} is local; SageMaker jobs read data from S3: upload it and "
-                                         "use s3:// URIs in the config")
         name, attach = self.job_name(job)
         if attach:
             self.out(f"[{job.stage}] attaching to running job {name}")

@@ -38,6 +38,8 @@ from . import transplant as X
 log = logging.getLogger("dilforge.cpt")
 
 RESULT_FILE = "cpt-result.json"
+STOP_FILE = "cpt-stop"  # in /opt/ml/output: the launcher's "checkpoint and exit" request to its workers
+STOP_GRACE_S = 110.0  # SageMaker SIGKILLs 120 s after SIGTERM; torchrun is signalled only after this
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "added_tokens.json")
 
@@ -45,6 +47,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 # ---- entry points --------------------------------------------------------------------------
 def run(config: CptConfig, ctx: StageContext) -> StageResult:
     """`train`: one process trains here; more go through torchrun and this process waits."""
+    stop_file(ctx).unlink(missing_ok=True)
     nproc = config.num_processes_per_node or max(1, torch.cuda.device_count())
     plan = build_launch(ctx.resources, ["-m", "dilforge_cpt", "worker"], nproc_per_node=nproc,
                         master_port=config.master_port)
@@ -67,28 +70,48 @@ def worker(config: CptConfig, ctx: StageContext) -> StageResult:
     return StageResult(metrics=metrics)
 
 
-def run_workers(plan, ctx: StageContext) -> dict:
-    """Run torchrun, forward SIGTERM to it, and surface a worker's failure message."""
+def stop_file(ctx: StageContext) -> Path:
+    return ctx.opt.output_dir / STOP_FILE
+
+
+def run_workers(plan, ctx: StageContext, grace_s: float | None = None) -> dict:
+    """Run torchrun and surface a worker's failure message.
+
+    SIGTERM is not forwarded: torchrun's elastic agent would SIGTERM the workers and SIGKILL them
+    30 s later, too short to checkpoint a 1B FSDP model. Instead this process creates the stop
+    file, which every worker polls each step (all ranks agree through an all-reduce), checkpoints
+    and exits; torchrun is signalled only if workers are still running `grace_s` later.
+    """
+    grace_s = STOP_GRACE_S if grace_s is None else grace_s
     result = ctx.opt.output_dir / RESULT_FILE
-    for stale in (result, ctx.opt.failure_file):
+    ctx.opt.output_dir.mkdir(parents=True, exist_ok=True)
+    for stale in (result, ctx.opt.failure_file, stop_file(ctx)):
         stale.unlink(missing_ok=True)
     log.info("launching %d processes on this host (node %d of %d): %s", plan.nproc_per_node, plan.node_rank,
              plan.nnodes, " ".join(plan.command))
     proc = subprocess.Popen(plan.command, env=plan.env)
-    terminated = {"stop": False}
+    stopped_at: list[float] = []
 
-    def forward(signum, frame):
-        terminated["stop"] = True
-        log.warning("SIGTERM received: forwarding to torchrun so workers checkpoint")
-        proc.send_signal(signal.SIGTERM)
-    previous = signal.signal(signal.SIGTERM, forward)
+    def request_stop(signum, frame):
+        if not stopped_at:
+            stopped_at.append(time.monotonic())
+            stop_file(ctx).write_text("SIGTERM")
+            log.warning("SIGTERM received: asked the workers to checkpoint and exit (stop file %s)", stop_file(ctx))
+    previous = signal.signal(signal.SIGTERM, request_stop)
     try:
-        rc = proc.wait()
+        signalled = False
+        while (rc := proc.poll()) is None:
+            if stopped_at and not signalled and time.monotonic() - stopped_at[0] > grace_s:
+                log.warning("workers still running %.0f s after SIGTERM: sending SIGTERM to torchrun", grace_s)
+                proc.send_signal(signal.SIGTERM)
+                signalled = True
+            time.sleep(0.2)
     finally:
         signal.signal(signal.SIGTERM, previous)
+        stop_file(ctx).unlink(missing_ok=True)
     if rc != 0:
         reason = ctx.opt.failure_file.read_text() if ctx.opt.failure_file.exists() else ""
-        if terminated["stop"]:
+        if stopped_at:
             raise Terminated(reason or "stopped by SIGTERM after checkpointing; rerun to resume")
         raise DilforgeError(reason or f"training workers failed (torchrun exit code {rc}); see the log above")
     if plan.node_rank != 0:
@@ -107,6 +130,7 @@ def train(config: CptConfig, ctx: StageContext) -> dict:
 
 def _train(config: CptConfig, ctx: StageContext, rt: T.Runtime) -> dict:
     stop = install_sigterm_handler()
+    stop_path = stop_file(ctx)  # created by the launcher (multi-process runs) on SIGTERM
     grad_accum = derive_grad_accum(config, rt.world)
 
     tok_dir = D.find_tokenizer_dir(ctx.input("tokenizer").path)
@@ -119,7 +143,7 @@ def _train(config: CptConfig, ctx: StageContext, rt: T.Runtime) -> dict:
                              ctx.endpoint_url)
 
     ckpt_root = ctx.checkpoint_dir / "train"
-    resume = broadcast_path(T.latest_checkpoint(ckpt_root), rt)
+    resume = common_checkpoint(ckpt_root, rt)
     model, init_report = build_model(config, ctx, tok, tok_dir, ids, rt, val if resume is None else None)
     kernels = T.apply_liger(model, config, rt)
     log.info("liger kernels applied: %s", ", ".join(kernels) if kernels else "none (CPU or liger: false)")
@@ -178,12 +202,14 @@ def _train(config: CptConfig, ctx: StageContext, rt: T.Runtime) -> dict:
             loss, norm = T.train_step(model, optimizer, batches, rt, config.max_grad_norm)
             step_time += time.perf_counter() - t0
             step_tokens += tokens_per_step
-            if not math.isfinite(loss):
+            if not (math.isfinite(loss) and math.isfinite(norm)):
                 data.sampler.load_state_dict(sampler_before)
                 checkpoint()
-                raise DilforgeError(f"non-finite training loss ({loss}) at step {state['step'] + 1} (phase {index}, "
-                                    f"lr {lr:g}); checkpoint saved at step {state['step']}. Lower the phase's lr, "
-                                    "raise num_warmup_steps, or check the data")
+                what = (f"non-finite training loss ({loss})" if not math.isfinite(loss)
+                        else f"non-finite gradient norm ({norm}; training loss {loss:.6g})")
+                raise DilforgeError(f"{what} at step {state['step'] + 1} (phase {index}, lr {lr:g}); the optimizer "
+                                    f"did not step; checkpoint saved at step {state['step']}. Lower the phase's lr, "
+                                    "raise num_warmup_steps, set max_grad_norm, or check the data")
             state["step_in_phase"] += 1
             state["step"] += 1
             state["last_loss"] = loss
@@ -199,7 +225,7 @@ def _train(config: CptConfig, ctx: StageContext, rt: T.Runtime) -> dict:
                 step_time, step_tokens = 0.0, 0
             if step % config.eval_every == 0 or step == config.num_steps:
                 metrics.record(step, T.evaluate(model, val, config.micro_batch_size, rt), kind="validation")
-            stopping = rt.any(stop["stop"])
+            stopping = rt.any(stop["stop"] or stop_path.exists())
             if step % config.checkpoint_every == 0 or stopping:
                 checkpoint()
             if stopping:
@@ -247,14 +273,18 @@ def derive_grad_accum(config: CptConfig, world: int) -> int:
     return config.global_batch_size // per_step
 
 
-def broadcast_path(path: Path | None, rt: T.Runtime) -> Path | None:
-    """Every rank resumes from rank 0's choice of checkpoint."""
+def common_checkpoint(root: Path, rt: T.Runtime) -> Path | None:
+    """The newest checkpoint complete on every host (each checks its own /opt/ml/checkpoints)."""
+    mine = [p.name for p in T.complete_checkpoints(root)]
     if not rt.distributed:
-        return path
+        return root / mine[-1] if mine else None
     import torch.distributed as dist
-    box = [str(path) if path else None]
-    dist.broadcast_object_list(box, src=0)
-    return Path(box[0]) if box[0] else None
+    everyone: list = [None] * rt.world
+    dist.all_gather_object(everyone, mine)
+    common = set(everyone[0]).intersection(*everyone[1:])
+    if set(mine) - common and rt.local_rank == 0:
+        log.warning("checkpoints %s are not complete on every host; ignored", sorted(set(mine) - common))
+    return root / max(common) if common else None
 
 
 def tokenize_corpora(config: CptConfig, ctx: StageContext, rt: T.Runtime, tok, ids, tok_dir: Path) -> list[D.TokenFile]:

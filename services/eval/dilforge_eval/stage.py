@@ -145,6 +145,8 @@ def resolve_models(config: EvalConfig, ctx: StageContext, cache: Path) -> tuple[
             models.append(model_source("sft", art.path, f"artifact {art.manifest.artifact_id}", art.manifest,
                                        base_model_dir=base_dir, base_tokenizer_dir=base_tok))
         except InputError as exc:
+            if config.on_unloadable_model == "fail":
+                raise InputError(f"sft artifact {art.uri}: {exc} (set on_unloadable_model: skip to report without it)")
             log.warning("%s", exc)
             skipped.append(f"sft model: {exc}")
     return models, skipped

@@ -9,8 +9,10 @@ from __future__ import annotations
 import hashlib
 import itertools
 import logging
+import queue
 import random
 import sys
+import threading
 import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -135,10 +137,17 @@ class CorpusStream:
         for batch in self._scan():
             yield from batch
 
-    def batches(self) -> Iterator[list[str]]:
-        """Training lines in lists (a few hundred each), which the tokenizers trainer takes with less
-        per-call overhead than single strings."""
-        return self._scan()
+    def batches(self, min_lines: int = 4096, depth: int = 4) -> Iterator[list[str]]:
+        """Training lines in lists of at least `min_lines` (the last may be shorter), read ahead by a
+        background thread.
+
+        Why: the tokenizers trainer pulls this iterator while holding the GIL and the lock its Rust
+        workers take for their next line, so Python work done inside `next()` (decode, NFC, hashing)
+        leaves every worker idle. Read ahead in a thread, that work overlaps the workers' instead, and
+        large lists keep the trainer's pulls (each a GIL hand-over) few. Stats and `heldout` are final
+        once this iterator is exhausted or closed.
+        """
+        return read_ahead(_regrouped(self._scan(), min_lines), depth)
 
     def drain_heldout(self) -> list[str]:
         """Read just far enough to fill the held-out slice (strategy base: nothing is trained)."""
@@ -154,3 +163,65 @@ class CorpusStream:
                 setattr(total, k, getattr(total, k) + v)
         return {"total": asdict(total), "sources": {k: asdict(v) for k, v in self.stats.items()},
                 "heldout_lines_measured": len(self.heldout)}
+
+
+def _regrouped(batches: Iterator[list[str]], min_lines: int) -> Iterator[list[str]]:
+    """The same lines, in the same order, in lists of at least `min_lines` (the last may be shorter)."""
+    out: list[str] = []
+    for batch in batches:
+        out.extend(batch)
+        if len(out) >= min_lines:
+            yield out
+            out = []
+    if out:
+        yield out
+
+
+def read_ahead(items: Iterator, depth: int) -> Iterator:
+    """`items`, produced by a background thread up to `depth` ahead; its exceptions are re-raised here.
+
+    Closing (or abandoning) the returned generator stops and joins the thread, so nothing the
+    producer touches changes after that.
+    """
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(entry: tuple) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(entry, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for item in items:
+                if not put(("item", item)):
+                    return
+            put(("end", None))
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which re-raises it
+            put(("error", exc))
+        finally:
+            close = getattr(items, "close", None)
+            if close is not None:
+                close()
+
+    thread = threading.Thread(target=produce, name="corpus-read-ahead", daemon=True)
+
+    def consume() -> Iterator:
+        thread.start()
+        try:
+            while True:
+                kind, payload = q.get()
+                if kind == "end":
+                    return
+                if kind == "error":
+                    raise payload
+                yield payload
+        finally:
+            stop.set()
+            thread.join()
+
+    return consume()

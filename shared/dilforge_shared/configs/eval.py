@@ -73,6 +73,9 @@ class EvalConfig(StageConfig):
     artifact_kind: ClassVar[str] = "eval_report"
     consumes: ClassVar[tuple[str, ...]] = ("tokenizer", "cpt", "sft")
 
+    on_unloadable_model: Literal["fail", "skip"] = Field(
+        default="fail", description="An upstream model that cannot be loaded (e.g. an adapter without its base): "
+        "fail the stage, or skip it and say so in the report.")
     models: list[ModelRef] = Field(default_factory=list, description="Models besides the upstream cpt/sft ones "
                                    "(e.g. the base model), each with a label.")
     tokenizers: list[TokenizerRef] = Field(default_factory=list, description="Tokenizers besides the upstream one "

@@ -34,7 +34,7 @@ class StoreConfig(StrictModel):
 
 class PipelineConfig(StrictModel):
     run_id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$", description="Name of this pipeline run.")
-    store: StoreConfig
+    store: StoreConfig = Field(description="Artifact store every stage publishes to and reads from.")
     tokenizer: TokenizerConfig | None = Field(default=None, description="Tokenizer stage; omitted = not run.")
     cpt: CptConfig | None = Field(default=None, description="CPT stage; omitted = not run.")
     sft: SftConfig | None = Field(default=None, description="SFT stage; omitted = not run.")
