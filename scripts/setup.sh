@@ -8,7 +8,7 @@ PY=${PYTHON:-python3}
 [[ -x .venv/bin/python ]] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} torch==2.13.0
-.venv/bin/python -m pip install -q -r requirements-dev.txt
+.venv/bin/python -m pip install -q -r requirements-dev.txt -c requirements-dev.lock
 editable=(-e shared -e coordinator)
 for svc in services/*/; do [[ -f $svc/pyproject.toml ]] && editable+=(-e "$svc"); done
 .venv/bin/python -m pip install -q --no-deps "${editable[@]}"
