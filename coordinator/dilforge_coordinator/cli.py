@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from botocore.exceptions import BotoCoreError, ClientError
 
 from dilforge_shared.configs import PipelineConfig, load_pipeline
 from dilforge_shared.errors import DilforgeError
@@ -35,6 +36,11 @@ StoreOpt = Annotated[Optional[str], typer.Option("--store", help="Override store
 RunIdOpt = Annotated[Optional[str], typer.Option("--run-id", help="Override run_id of the config.")]
 EndpointOpt = Annotated[Optional[str], typer.Option(
     "--s3-endpoint-url", envvar="DILFORGE_S3_ENDPOINT_URL", help="S3-compatible endpoint (SeaweedFS, MinIO).")]
+
+
+# What a user can act on: our own errors, and S3 answers such as an unreachable endpoint or missing
+# credentials; shown as one line and exit 1, never as a traceback.
+USER_ERRORS = (DilforgeError, BotoCoreError, ClientError)
 
 
 def fail(message: str) -> None:
@@ -89,7 +95,7 @@ def validate_cmd(config: ConfigOpt, data: DataOpt = None) -> None:
     """Validate a pipeline config (every stage) without running anything."""
     try:
         cfg = _load(config, data, None, None)
-    except DilforgeError as exc:
+    except USER_ERRORS as exc:
         fail(str(exc))
     typer.echo(f"{config}: valid; stages: {', '.join(name for name, _ in cfg.stages()) or 'none'}")
 
@@ -123,7 +129,7 @@ def run_cmd(
                 fail(f"--input {item!r}: expected NAME=URI")
             upstream[name] = uri
         uri = pl.run_stage(cfg, stage, runner, upstream)
-    except DilforgeError as exc:
+    except USER_ERRORS as exc:
         fail(str(exc))
     typer.echo(f"[{stage}] artifact: {uri}")
 
@@ -146,7 +152,7 @@ def run_all_cmd(
         if dry_run:
             return _print_dry_run(runner, cfg)
         produced = pl.run_all(cfg, runner)
-    except DilforgeError as exc:
+    except USER_ERRORS as exc:
         fail(str(exc))
     for stage, uri in produced.items():
         typer.echo(f"[{stage}] artifact: {uri}")
@@ -162,7 +168,7 @@ def manifest_show(uri: Annotated[str, typer.Argument(help="Artifact folder or ma
     """Print a manifest: kind, lineage, files and metrics."""
     try:
         manifest, digest = read_manifest(uri, endpoint)
-    except DilforgeError as exc:
+    except USER_ERRORS as exc:
         fail(str(exc))
     if as_json:
         typer.echo(manifest.model_dump_json(indent=2))
@@ -182,7 +188,7 @@ def manifest_validate(uri: Annotated[str, typer.Argument(help="Artifact folder o
     """Check the manifest's schema and every file's size and sha256."""
     try:
         art = fetch(uri, endpoint_url=endpoint)
-    except DilforgeError as exc:
+    except USER_ERRORS as exc:
         fail(str(exc))
     typer.echo(f"{art.uri}: valid ({len(art.manifest.files)} files verified)")
 
@@ -196,7 +202,7 @@ def status_cmd(run_id: Annotated[str, typer.Argument(help="Pipeline run id")],
         raw = json.loads(ArtifactStore(store, endpoint).read_run_record(run_id))
     except NotFound:
         fail(f"no run {run_id!r} in store {store}")
-    except DilforgeError as exc:
+    except USER_ERRORS as exc:
         fail(str(exc))
     typer.echo(f"run {run_id} (updated {raw.get('updated_at')})")
     for stage, info in raw["stages"].items():

@@ -44,7 +44,7 @@ def _sft_adapter(cpt_dir: Path, out: Path, base_uri: str) -> Path:
     return out
 
 
-def _eval_section(data: Path, base_dir: Path, prompts: Path) -> dict:
+def _eval_section(data: Path, base_dir: Path, prompts: str) -> dict:
     flores = str(data / "az/dev/flores200.dev.partial_from_sib200.tsv")
     return {
         "models": [{"label": "base", "uri": str(base_dir)}],
@@ -93,7 +93,7 @@ def _write_pipeline(path: Path, store: Path, run_id: str, section: dict) -> Path
 
 def test_eval_stage_reports_every_model_and_set(upstream, data_root):
     tmp = upstream["tmp"]
-    prompts = Path(__file__).resolve().parents[2] / "configs/prompts/az-generation.jsonl"
+    prompts = "builtin:az-generation"
     cfg = _write_pipeline(tmp / "pipe.yaml", upstream["store"], "evalrun", _eval_section(data_root, upstream["base"], prompts))
     proc = _coordinator(["run", "eval", "--config", str(cfg), "--input", f"tokenizer={upstream['tokenizer']}",
                          "--input", f"cpt={upstream['cpt']}", "--input", f"sft={upstream['sft']}"], tmp)
@@ -101,7 +101,7 @@ def test_eval_stage_reports_every_model_and_set(upstream, data_root):
     uri = proc.stdout.strip().splitlines()[-1].split("artifact: ")[1]
     manifest, _ = read_manifest(uri)
     assert manifest.kind == "eval_report" and manifest.stage == "eval"
-    assert {r.name for r in manifest.inputs} >= {"tokenizer", "cpt", "sft", "data:flores", "data:udhr", "data:prompts"}
+    assert {r.name for r in manifest.inputs} >= {"tokenizer", "cpt", "sft", "data:flores", "data:udhr"}
     files = {f.path for f in manifest.files}
     assert {"report.html", "report.md", "metrics.json", "generations.jsonl", "plots/bpb_per_model.png",
             "plots/training_curves.png", "plots/fertility_per_vocab_size.png"} <= files

@@ -42,10 +42,11 @@ def test_load_prompts_and_errors(tmp_path):
         G.load_prompts(str(p))
 
 
-def test_repo_prompts_file_is_valid():
-    from pathlib import Path
-    prompts = G.load_prompts(str(Path(__file__).resolve().parents[2] / "configs/prompts/az-generation.jsonl"))
+def test_builtin_prompts_are_valid():
+    prompts = G.load_prompts("builtin:az-generation")
     assert {p.kind for p in prompts} == {"completion", "chat"} and len(prompts) >= 10
+    with pytest.raises(InputError, match="no built-in prompts 'nope'"):
+        G.load_prompts("builtin:nope")
 
 
 def test_generation_is_reproducible_and_uses_chat_template(tiny_llama_dir):

@@ -78,11 +78,14 @@ class ComposeBackend:
         os.environ.setdefault(S3_SECRET_ENV, S3_SECRET_KEY)
         os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
         store = pipeline.store
-        if store.uri.startswith("s3://") and store.s3_endpoint_url:
-            return pipeline
-        new_store = store.model_copy(update={"uri": f"s3://{DEFAULT_BUCKET}/store", "s3_endpoint_url": self.host_endpoint})
-        print(f"[compose] artifact store: {new_store.uri} at {new_store.s3_endpoint_url} (the compose S3)")
-        return pipeline.model_copy(update={"store": new_store})
+        if not (store.uri.startswith("s3://") and store.s3_endpoint_url):
+            store = store.model_copy(update={"uri": f"s3://{DEFAULT_BUCKET}/store", "s3_endpoint_url": self.host_endpoint})
+            print(f"[compose] artifact store: {store.uri} at {store.s3_endpoint_url} (the compose S3)")
+            pipeline = pipeline.model_copy(update={"store": store})
+        if store.s3_endpoint_url.rstrip("/") == self.host_endpoint:
+            # up and healthy before the coordinator reads the run record or any manifest from it
+            self.ensure_s3(store.uri.removeprefix("s3://").split("/", 1)[0])
+        return pipeline
 
     def ensure_s3(self, bucket: str | None = None) -> None:
         """Start the S3 service (healthy) and create the bucket the store names."""

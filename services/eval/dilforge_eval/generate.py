@@ -25,8 +25,25 @@ class Prompt:
     prompt: str
 
 
+BUILTIN = "builtin:"
+
+
+def resolve_prompts_uri(uri: str) -> str:
+    """`builtin:NAME` is a prompts file shipped inside this package, so it exists in every image and job."""
+    if not uri.startswith(BUILTIN):
+        return uri
+    from importlib.resources import files
+    name = uri.removeprefix(BUILTIN)
+    path = files("dilforge_eval") / "prompts" / f"{name}.jsonl"
+    if not path.is_file():
+        shipped = sorted(p.name.removesuffix(".jsonl") for p in (files("dilforge_eval") / "prompts").iterdir())
+        raise InputError(f"no built-in prompts {name!r}; built-in: {shipped}", path=uri)
+    return str(path)
+
+
 def load_prompts(uri: str, limit: int | None = None, endpoint_url: str | None = None) -> list[Prompt]:
     """JSONL {id, kind: completion|chat, prompt}; errors name the file and line."""
+    uri = resolve_prompts_uri(uri)
     prompts, seen = [], set()
     for lineno, rec in iter_records(uri, endpoint_url):
         kind = rec.get("kind", "completion")

@@ -84,7 +84,8 @@ class EvalConfig(StageConfig):
                                         "tokenizer metrics; `name` is the domain label.")
     parallel_sets: list[ParallelSet] = Field(default_factory=list, description="Aligned az/en text for parity.")
     morph: MorphResources | None = Field(default=None, description="Gold morphology; None = no alignment metric.")
-    prompts: str | None = Field(default=None, description="JSONL prompts file: {id, kind: completion|chat, prompt}.")
+    prompts: str | None = Field(default=None, description="JSONL prompts file: {id, kind: completion|chat, prompt}, or "
+                                "'builtin:az-generation' for the Azerbaijani prompts shipped with the eval service.")
     generation: GenerationSettings = Field(default_factory=GenerationSettings, description="Decoding settings.")
     bpb: BpbSettings = Field(default_factory=BpbSettings, description="Sliding-window settings for bits per byte.")
     max_docs_per_set: int | None = Field(default=None, ge=1, description="Read at most this many documents per set.")
@@ -124,6 +125,6 @@ class EvalConfig(StageConfig):
             for kind in ("segmented", "lemma_forms", "conllu"):
                 for i, uri in enumerate(getattr(self.morph, kind)):
                     sources.append(DataSource(uri=uri, name=f"morph.{kind}.{i}"))
-        if self.prompts:
+        if self.prompts and not self.prompts.startswith("builtin:"):  # built-ins are versioned with the code
             sources.append(DataSource(uri=self.prompts, name="prompts"))
         return sources
