@@ -49,6 +49,39 @@ def build_tiny_llama(out_dir: Path, tokenizer_dir: Path, seed: int = 0, **overri
     return out_dir
 
 
+# A known multi-turn conversation and its hand-written SFT loss mask, shared by the unit and the
+# end-to-end mask tests. Each segment is (text, is it in the loss?). Headers, system and user text
+# are masked; assistant content and the <|eot_id|> that closes each assistant turn are not; the
+# "\n\n" after the assistant header belongs to the header.
+SFT_CONVERSATION = [
+    {"role": "system", "content": "Sən köməkçisən."},
+    {"role": "user", "content": "Salam!"},
+    {"role": "assistant", "content": "Salam, necə kömək edim?"},
+    {"role": "user", "content": "Bakı haradadır?"},
+    {"role": "assistant", "content": "Bakı Azərbaycanın paytaxtıdır."},
+]
+SFT_EXPECTED_MASK = [
+    ("<|begin_of_text|>", 0),
+    ("<|start_header_id|>", 0), ("system", 0), ("<|end_header_id|>", 0), ("\n\nSən köməkçisən.", 0), ("<|eot_id|>", 0),
+    ("<|start_header_id|>", 0), ("user", 0), ("<|end_header_id|>", 0), ("\n\nSalam!", 0), ("<|eot_id|>", 0),
+    ("<|start_header_id|>", 0), ("assistant", 0), ("<|end_header_id|>", 0), ("\n\n", 0),
+    ("Salam, necə kömək edim?", 1), ("<|eot_id|>", 1),
+    ("<|start_header_id|>", 0), ("user", 0), ("<|end_header_id|>", 0), ("\n\nBakı haradadır?", 0), ("<|eot_id|>", 0),
+    ("<|start_header_id|>", 0), ("assistant", 0), ("<|end_header_id|>", 0), ("\n\n", 0),
+    ("Bakı Azərbaycanın paytaxtıdır.", 1), ("<|eot_id|>", 1),
+]
+
+
+def sft_expected_tokens(tok, segments=SFT_EXPECTED_MASK) -> tuple[list[int], list[int]]:
+    """(input ids, labels) of hand-written (text, in-loss) segments: labels are the ids, or -100 off the loss."""
+    ids, labels = [], []
+    for text, on in segments:
+        seg = tok(text, add_special_tokens=False)["input_ids"]
+        ids += seg
+        labels += [t if on else -100 for t in seg]
+    return ids, labels
+
+
 def make_manifest(**overrides):
     """A valid manifest with made-up contents, for store and schema tests."""
     from dilforge_shared.manifest import FileEntry, InputRef, Manifest, Producer

@@ -29,6 +29,10 @@ class IntegrityError(ManifestError):
     """A published file is missing or does not match its recorded size or sha256."""
 
 
+class UnsafePathError(DilforgeError, ValueError):
+    """A file name that would escape its artifact (absolute, '..', empty parts); a ValueError for pydantic too."""
+
+
 class ArtifactExistsError(DilforgeError):
     """An artifact's manifest already exists; manifests are never overwritten."""
 

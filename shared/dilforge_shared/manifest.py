@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from .errors import ManifestError
+from .errors import ManifestError, UnsafePathError
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ def check_relative_path(path: str) -> str:
     """Reject absolute paths, `..`, backslashes and empty parts: a file name may not escape its artifact."""
     p = PurePosixPath(path)
     if (not path or "\\" in path or p.is_absolute() or any(part in ("..", "", ".") for part in path.split("/"))):
-        raise ValueError(f"unsafe file path {path!r}: must be relative, without '..' or empty parts")
+        raise UnsafePathError(f"unsafe file path {path!r}: must be relative, without '..' or empty parts")
     return path
 
 

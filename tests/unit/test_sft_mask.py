@@ -10,37 +10,11 @@ import pytest
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from dilforge_shared.configs.sft import SftConfig
+from factories import SFT_CONVERSATION, sft_expected_tokens
 
-CONV = [
-    {"role": "system", "content": "Sən köməkçisən."},
-    {"role": "user", "content": "Salam!"},
-    {"role": "assistant", "content": "Salam, necə kömək edim?"},
-    {"role": "user", "content": "Bakı haradadır?"},
-    {"role": "assistant", "content": "Bakı Azərbaycanın paytaxtıdır."},
-]
-
-# Hand-written: (text, is the token in the loss?). Headers, system and user text are masked; assistant
-# content and the <|eot_id|> that closes each assistant turn are not; the "\n\n" after the assistant
-# header belongs to the header.
-EXPECTED = [
-    ("<|begin_of_text|>", 0),
-    ("<|start_header_id|>", 0), ("system", 0), ("<|end_header_id|>", 0), ("\n\nSən köməkçisən.", 0), ("<|eot_id|>", 0),
-    ("<|start_header_id|>", 0), ("user", 0), ("<|end_header_id|>", 0), ("\n\nSalam!", 0), ("<|eot_id|>", 0),
-    ("<|start_header_id|>", 0), ("assistant", 0), ("<|end_header_id|>", 0), ("\n\n", 0),
-    ("Salam, necə kömək edim?", 1), ("<|eot_id|>", 1),
-    ("<|start_header_id|>", 0), ("user", 0), ("<|end_header_id|>", 0), ("\n\nBakı haradadır?", 0), ("<|eot_id|>", 0),
-    ("<|start_header_id|>", 0), ("assistant", 0), ("<|end_header_id|>", 0), ("\n\n", 0),
-    ("Bakı Azərbaycanın paytaxtıdır.", 1), ("<|eot_id|>", 1),
-]
-
-
-def expected_tokens(tok) -> tuple[list[int], list[int]]:
-    ids, labels = [], []
-    for text, on in EXPECTED:
-        seg = tok(text, add_special_tokens=False)["input_ids"]
-        ids += seg
-        labels += [t if on else -100 for t in seg]
-    return ids, labels
+# the known conversation and its hand-written mask live in factories (shared with the end-to-end test)
+CONV = SFT_CONVERSATION
+expected_tokens = sft_expected_tokens
 
 
 @pytest.fixture(scope="module")
@@ -94,6 +68,21 @@ def test_label_mask_truncated_at_max_length(stage_parts, tiny_llama_dir, tmp_pat
     assert len(rows) == 1  # the late-answer conversation has no assistant token in its window
     assert counts.num_long_truncated == 1
     assert counts.num_long_dropped_no_assistant_left == 1
+
+
+def test_label_preview_writes_ids_mask_and_decoded_text(stage_parts, tmp_path):
+    stage, tok = stage_parts[0], stage_parts[1]
+    ids, labels = expected_tokens(tok)
+    rows = [{"input_ids": ids, "labels": labels}, {"input_ids": ids[:5], "labels": [-100] * 5}]
+    path = tmp_path / stage.LABEL_PREVIEW_FILE
+    assert stage.write_label_preview(rows, tok, path, 1) == 1
+    (only,) = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    assert only["index"] == 0 and only["input_ids"] == ids
+    assert only["trained"] == [0 if lab == -100 else 1 for lab in labels]
+    assert only["text"].startswith("<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nSən köməkçisən.")
+    assert only["trained_text"] == "Salam, necə kömək edim?<|eot_id|>Bakı Azərbaycanın paytaxtıdır.<|eot_id|>"
+    assert stage.write_label_preview(rows, tok, path, 5) == 2
+    assert [json.loads(line)["trained"] for line in path.read_text().splitlines()][1] == [0] * 5
 
 
 def test_tokenizer_without_generation_markers_gets_trl_template(tiny_llama_dir, tmp_path):

@@ -314,7 +314,7 @@ def run(config: EvalConfig, ctx: StageContext) -> StageResult:
     paths = write_report(metrics, generations, out, f"dilforge eval report — run {ctx.request.run_id}")
     metrics["report"] = {k: str(p.relative_to(out)) for k, p in paths.items()}
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2, ensure_ascii=False), encoding="utf-8")
-    log.info("report: %s", out / "report.html")
+    log.info("wrote %s (published with the artifact)", ", ".join(sorted(metrics["report"].values())))
     summary = {k: v for k, v in metrics.items() if k != "curves"}
     summary["curves"] = {stage: {k: v[-1] for k, v in s.items()} for stage, s in metrics["curves"].items()}
     return StageResult(metrics=summary)

@@ -30,6 +30,7 @@ log = logging.getLogger("dilforge.sft")
 
 TRAINER_DIR = "trainer"              # under ctx.checkpoint_dir: Trainer's checkpoint-<step>/ folders
 EVAL_BEFORE_FILE = "eval_before.json"  # under ctx.checkpoint_dir: the base model's validation loss, kept across resumes
+LABEL_PREVIEW_FILE = "label_preview.jsonl"  # under ctx.model_dir: the first training examples with their loss mask
 TEMPLATE_TOKENS = ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
 
 
@@ -213,6 +214,26 @@ def save_merged(base_dir: Path, adapter_dir: Path, out_dir: Path) -> None:
     AutoTokenizer.from_pretrained(str(adapter_dir)).save_pretrained(str(out_dir))
 
 
+def write_label_preview(dataset, tokenizer, path: Path, num_examples: int) -> int:
+    """The first training rows as the trainer sees them (template, TRL tokenisation, truncation, packing done):
+    one JSON line each with the ids, a 0/1 `trained` flag per token (label != -100), and both decoded.
+
+    So a user can read, in the artifact, exactly which tokens the loss falls on. Returns the rows written.
+    """
+    n = min(num_examples, len(dataset))
+    with path.open("w", encoding="utf-8") as f:
+        for i in range(n):
+            row = dataset[i]
+            ids = list(row["input_ids"])
+            trained = [0 if label == -100 else 1 for label in row["labels"]]
+            f.write(json.dumps({
+                "index": i, "input_ids": ids, "trained": trained,
+                "text": tokenizer.decode(ids, skip_special_tokens=False),
+                "trained_text": tokenizer.decode([t for t, on in zip(ids, trained) if on], skip_special_tokens=False),
+            }, ensure_ascii=False) + "\n")
+    return n
+
+
 def loss_history(log_history: list[dict[str, Any]]) -> list[dict[str, float]]:
     return [{"step": e["step"], "loss": round(float(e["loss"]), 6)} for e in log_history if "loss" in e]
 
@@ -260,6 +281,11 @@ def run(config: SftConfig, ctx: StageContext) -> StageResult:
     trainer = build_trainer(config, model, tokenizer, train, val, trainer_dir, plan,
                             callbacks=[stop_on_sigterm_callback(stop_flag), tensorboard_callback(ctx.tensorboard_dir)])
     trainable, total = trainer.model.get_nb_trainable_parameters()
+    num_previewed = 0
+    if config.num_label_preview_examples:
+        num_previewed = write_label_preview(trainer.train_dataset, tokenizer, ctx.model_dir / LABEL_PREVIEW_FILE,
+                                            config.num_label_preview_examples)
+        log.info("wrote %s: %d training example(s) with their loss mask", LABEL_PREVIEW_FILE, num_previewed)
 
     resume = latest_checkpoint(trainer_dir)
     before_file = ctx.checkpoint_dir / EVAL_BEFORE_FILE
@@ -298,6 +324,7 @@ def run(config: SftConfig, ctx: StageContext) -> StageResult:
         "train_steps_per_second": out.metrics.get("train_steps_per_second"),
         "data": {"train": train_counts.as_dict(), "validation": val_counts.as_dict()},
         "outputs": [ADAPTER_DIR, *([MERGED_DIR] if config.save_merged else [])],
+        "num_label_preview_examples": num_previewed,
     }
     return StageResult(metrics=metrics, extra_inputs=extra_inputs)
 

@@ -117,6 +117,11 @@ class SftConfig(StageConfig):
     # ---- outputs --------------------------------------------------------------------------------
     save_merged: bool = Field(
         default=True, description="Also publish merged/: base + adapter merged into plain safetensors weights.")
+    num_label_preview_examples: int = Field(
+        default=3, ge=0,
+        description="Publish label_preview.jsonl: the first this many training examples exactly as the trainer "
+        "sees them (token ids, per-token 'trained' flag, decoded text and decoded trained tokens), to audit where "
+        "the loss falls. 0 disables.")
 
     @model_validator(mode="after")
     def _check(self) -> SftConfig:
