@@ -15,7 +15,7 @@ step() { echo "== ci_containers: $* ($(( $(date +%s) - start )) s)"; }
 step "container engine, compose, base image"
 bash "$SETUP" >/dev/null
 eval "$(bash "$SETUP" --env)"
-export DOCKER_BUILDKIT=1 DILFORGE_IMAGES_RECORD=${DILFORGE_IMAGES_RECORD:-.dilforge/images.json}
+export DILFORGE_REQUIRE_DOCKER=1 DOCKER_BUILDKIT=1 DILFORGE_IMAGES_RECORD=${DILFORGE_IMAGES_RECORD:-.dilforge/images.json}
 
 step "images"
 stages=(s3)

@@ -23,7 +23,6 @@ import logging
 import os
 import signal
 import sys
-import tempfile
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -317,7 +316,3 @@ def stage_main(config_cls: type[StageConfig], run_fn: RunFn, package: str, argv:
         log.error("%s", message)
         write_failure(opt, message)
         return 1
-
-
-def temp_opt_ml(prefix: str = "dilforge-optml-") -> OptMl:
-    return OptMl(Path(tempfile.mkdtemp(prefix=prefix)))

@@ -25,6 +25,10 @@ class ManifestError(DilforgeError):
     """A manifest that cannot be read: wrong schema version, bad JSON, failed integrity check."""
 
 
+class ManifestNotFound(ManifestError):
+    """No manifest at that URI: not an artifact (yet), which callers may treat as 'a plain folder'."""
+
+
 class IntegrityError(ManifestError):
     """A published file is missing or does not match its recorded size or sha256."""
 

@@ -11,10 +11,11 @@ import json
 import os
 import tempfile
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from urllib.parse import urlparse
 
-from .errors import ConfigError, ManifestError
+from .errors import ConfigError, ManifestNotFound
 from .manifest import InputRef, Manifest, scan_files, sha256_file
 from .store import NotFound, S3Backend, fetch, mirror_prefix, read_manifest
 
@@ -26,8 +27,17 @@ MODEL_SUBDIRS = ("model", "hf", "merged")
 class ModelSource:
     """A local folder holding an artifact's or model's files, and how lineage names it."""
     path: Path
-    ref: InputRef
+    uri: str
+    name: str
     manifest: Manifest | None = None
+    manifest_sha256: str | None = None
+
+    @cached_property
+    def ref(self) -> InputRef:
+        """Lineage: the manifest digest of an artifact, else a digest of every file (computed only when asked)."""
+        if self.manifest_sha256 is not None:
+            return InputRef(name=self.name, kind="manifest", uri=self.uri, sha256=self.manifest_sha256)
+        return InputRef(name=self.name, kind="data", uri=self.uri, sha256=dir_digest(self.path))
 
 
 def find_hf_dir(root: Path, source: str) -> Path:
@@ -72,9 +82,8 @@ def source_digest(uri: str, endpoint_url: str | None = None) -> str:
     """Digest of whatever a model/tokenizer URI holds: an artifact's manifest, a single file, or a folder."""
     try:
         return read_manifest(uri, endpoint_url)[1]
-    except ManifestError as exc:
-        if "no manifest there" not in str(exc):
-            raise
+    except ManifestNotFound:
+        pass
     path = Path(uri.removeprefix("file://")).expanduser()
     if urlparse(uri).scheme != "s3" and path.is_file():
         return sha256_file(path)
@@ -93,11 +102,9 @@ def open_model(uri: str, name: str, endpoint_url: str | None = None, cache_dir: 
     """A dilforge artifact (verified, lineage by manifest digest) or a plain HF folder (lineage by file digests)."""
     try:
         art = fetch(uri, cache_dir=cache_dir, endpoint_url=endpoint_url)
-        return ModelSource(path=art.path, ref=art.ref(name), manifest=art.manifest)
-    except ManifestError as exc:
-        if "no manifest there" not in str(exc):
-            raise
-    except NotFound:
+        return ModelSource(path=art.path, uri=art.uri, name=name, manifest=art.manifest,
+                           manifest_sha256=art.manifest_sha256)
+    except (ManifestNotFound, NotFound):
         pass
     if urlparse(uri).scheme == "s3":
         path = _download_prefix(uri, endpoint_url, cache_dir)
@@ -105,7 +112,7 @@ def open_model(uri: str, name: str, endpoint_url: str | None = None, cache_dir: 
         path = Path(uri.removeprefix("file://")).expanduser()
         if not path.is_dir():
             raise ConfigError(f"{uri}: no such model folder or artifact")
-    return ModelSource(path=path, ref=InputRef(name=name, kind="data", uri=uri, sha256=dir_digest(path)))
+    return ModelSource(path=path, uri=uri, name=name)
 
 
 @dataclass

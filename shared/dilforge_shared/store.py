@@ -15,10 +15,10 @@ import tempfile
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Protocol
+from typing import Collection, Iterator, Protocol
 from urllib.parse import urlparse
 
-from .errors import ArtifactExistsError, DilforgeError, IntegrityError, ManifestError
+from .errors import ArtifactExistsError, DilforgeError, IntegrityError, ManifestNotFound
 from .manifest import (
     MANIFEST_NAME, FileEntry, InputRef, Manifest, check_relative_path, parse_manifest, scan_files,
     sha256_bytes, sha256_file,
@@ -351,7 +351,7 @@ def read_manifest(uri: str, endpoint_url: str | None = None) -> tuple[Manifest, 
     try:
         data = read_uri_bytes(muri, endpoint_url)
     except NotFound as exc:
-        raise ManifestError(f"{muri}: no manifest there ({exc})") from None
+        raise ManifestNotFound(f"{muri}: no manifest there ({exc})") from None
     return parse_manifest(data, muri), sha256_bytes(data)
 
 
@@ -401,15 +401,18 @@ def fetch(uri: str, cache_dir: Path | None = None, endpoint_url: str | None = No
     return Artifact(uri=artifact_uri, manifest=manifest, manifest_sha256=digest, path=local)
 
 
-def mirror_prefix(uri: str, dest: Path, endpoint_url: str | None = None) -> Path:
-    """Copy every object under an S3 (or local) prefix into `dest` once; `.complete` marks a finished copy."""
+def mirror_prefix(uri: str, dest: Path, endpoint_url: str | None = None, only: Collection[str] | None = None) -> Path:
+    """Copy the objects under an S3 (or local) prefix into `dest` once; `.complete` marks a finished copy.
+
+    `only`: top-level names to copy (e.g. a tokenizer's files from a model prefix that also holds weights).
+    """
     marker = dest / ".complete"
     if marker.exists():
         return dest
     backend = open_backend(uri, endpoint_url)
-    keys = [k for k in backend.list("") if not k.endswith("/")]
+    keys = [k for k in backend.list("") if not k.endswith("/") and (only is None or k in only)]
     if not keys:
-        raise NotFound(f"{uri}: no objects under this prefix")
+        raise NotFound(f"{uri}: no objects under this prefix" + (f" named {sorted(only)}" if only else ""))
     for key in keys:
         backend.download_file(key, dest / key)
     marker.touch()

@@ -76,12 +76,6 @@ def tokens_per_word_span(text: str, offsets: Offsets) -> list[int]:
     return [bisect_left(starts, we) - bisect_right(ends, ws) for ws, we in word_spans(text)]
 
 
-def text_stats(text: str, offsets: Offsets) -> TokenStats:
-    per_word = tokens_per_word_span(text, offsets)
-    return TokenStats(num_texts=1, num_words=len(per_word), num_tokens=len(offsets),
-                      num_bytes=len(text.encode("utf-8")), num_words_3plus=sum(1 for c in per_word if c >= 3))
-
-
 def measure(texts: Iterable[str], encode: EncodeOffsets, batch_size: int = 256) -> TokenStats:
     """TokenStats of a text set under a tokenizer given as `encode` (see EncodeOffsets)."""
     total = TokenStats()
@@ -110,12 +104,4 @@ def tokenizers_encoder(tokenizer) -> EncodeOffsets:
     """EncodeOffsets for a `tokenizers.Tokenizer` (no special tokens added)."""
     def encode(texts: list[str]) -> list[Offsets]:
         return [enc.offsets for enc in tokenizer.encode_batch(texts, add_special_tokens=False)]
-    return encode
-
-
-def transformers_encoder(tokenizer) -> EncodeOffsets:
-    """EncodeOffsets for a transformers fast tokenizer (no special tokens added)."""
-    def encode(texts: list[str]) -> list[Offsets]:
-        out = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
-        return [list(map(tuple, o)) for o in out["offset_mapping"]]
     return encode

@@ -20,7 +20,7 @@ import factories
 import pytest
 import yaml
 
-psutil = pytest.importorskip("psutil")
+import psutil
 pytestmark = pytest.mark.slow
 
 COORDINATOR = str(Path(sys.executable).parent / "coordinator")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch")
+import torch
 
 from dilforge_shared.manifest import Manifest, current_producer
 from dilforge_shared.store import fetch, publish, read_manifest

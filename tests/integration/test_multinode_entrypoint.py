@@ -37,7 +37,6 @@ def free_port() -> int:
 
 @pytest.mark.slow
 def test_two_hosts_form_one_process_group(tmp_path):
-    pytest.importorskip("torch")
     (tmp_path / "mnprobe.py").write_text(PROBE)
     hosts = ["localhost", "127.0.0.1"]            # both resolve to this machine; sorted → master 127.0.0.1
     port = str(free_port())

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-torch = pytest.importorskip("torch")
+import torch
 torch.set_num_threads(1)
 
 from dilforge_eval import bpb as B

@@ -50,7 +50,7 @@ def test_builtin_prompts_are_valid():
 
 
 def test_generation_is_reproducible_and_uses_chat_template(tiny_llama_dir):
-    torch = pytest.importorskip("torch")
+    import torch
     torch.set_num_threads(1)
     from transformers import AutoModelForCausalLM, AutoTokenizer
     model = AutoModelForCausalLM.from_pretrained(str(tiny_llama_dir)).eval()

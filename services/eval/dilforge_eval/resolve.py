@@ -10,7 +10,7 @@ from urllib.parse import urlparse
 
 from dilforge_shared.errors import ConfigError, InputError
 from dilforge_shared.manifest import MANIFEST_NAME, Manifest
-from dilforge_shared.store import NotFound, artifact_exists, fetch, mirror_prefix
+from dilforge_shared.models import open_model
 
 log = logging.getLogger("dilforge.eval")
 
@@ -27,24 +27,14 @@ class Located:
 
 def locate(uri: str, cache_dir: Path, endpoint_url: str | None = None) -> Located:
     """A local folder (or file) for an HF folder, a tokenizer.json, an artifact, or an s3:// prefix."""
-    parsed = urlparse(uri)
-    if parsed.scheme == "s3":
-        base = uri.removesuffix("/" + MANIFEST_NAME)
-        if artifact_exists(base, endpoint_url):
-            art = fetch(base, cache_dir=cache_dir, endpoint_url=endpoint_url)
-            return Located(art.path, art.manifest)
-        try:
-            return Located(mirror_prefix(uri, cache_dir / "s3" / (parsed.netloc + parsed.path).replace("/", "_"),
-                                         endpoint_url))
-        except NotFound:
-            raise InputError("no such S3 object or prefix", path=uri) from None
-    path = Path(uri[len("file://"):] if parsed.scheme == "file" else uri)
-    if path.name == MANIFEST_NAME or (path / MANIFEST_NAME).is_file():
-        art = fetch(str(path), cache_dir=cache_dir, endpoint_url=endpoint_url)
-        return Located(art.path, art.manifest)
-    if not path.exists():
-        raise InputError("no such file or folder", path=uri)
-    return Located(path)
+    path = Path(uri.removeprefix("file://"))
+    if urlparse(uri).scheme != "s3" and path.is_file() and path.name != MANIFEST_NAME:
+        return Located(path)  # a bare tokenizer.json
+    try:
+        src = open_model(uri, "model", endpoint_url, cache_dir)
+    except ConfigError as exc:
+        raise InputError(str(exc).removeprefix(f"{uri}: "), path=uri) from None
+    return Located(src.path, src.manifest)
 
 
 def _candidates(root: Path, depth: int = 3) -> list[Path]:

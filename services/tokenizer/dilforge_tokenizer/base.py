@@ -9,6 +9,7 @@ from urllib.parse import urlparse
 
 from dilforge_shared.errors import InputError
 from dilforge_shared.manifest import InputRef, sha256_file
+from dilforge_shared.store import NotFound, mirror_prefix
 from tokenizers import Tokenizer
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
@@ -19,16 +20,15 @@ def resolve(uri: str, workdir: Path, endpoint_url: str | None = None) -> Path:
     """A local folder holding the base tokenizer's files (downloaded first when on S3)."""
     parsed = urlparse(uri)
     if parsed.scheme == "s3":
-        from dilforge_shared.store import S3Backend
-        backend = S3Backend(parsed.netloc, parsed.path.lstrip("/"), endpoint_url)
-        keys = [k for k in backend.list("") if "/" not in k and k in TOKENIZER_FILES]
-        if "tokenizer.json" not in keys:
-            raise InputError("no tokenizer.json under this S3 prefix (base_tokenizer must be an HF tokenizer folder)",
-                             path=uri)
         out = workdir / "base_tokenizer"
         shutil.rmtree(out, ignore_errors=True)
-        for key in keys:
-            backend.download_file(key, out / key)
+        try:
+            mirror_prefix(uri, out, endpoint_url, only=TOKENIZER_FILES)  # never the weights beside it
+        except NotFound:
+            pass
+        if not (out / "tokenizer.json").is_file():
+            raise InputError("no tokenizer.json under this S3 prefix (base_tokenizer must be an HF tokenizer folder)",
+                             path=uri)
         return out
     path = Path(uri[len("file://"):] if parsed.scheme == "file" else uri)
     if not path.is_dir():
