@@ -9,15 +9,16 @@ from datetime import datetime, timezone
 from typing import Protocol
 
 from dilforge_shared.configs import PipelineConfig, StageConfig
-from dilforge_shared.corpus import data_digest
 from dilforge_shared.errors import DilforgeError
-from dilforge_shared.manifest import MANIFEST_NAME, InputRef, fingerprint
-from dilforge_shared.models import source_digest
-from dilforge_shared.store import ArtifactStore, NotFound, artifact_exists, read_manifest
+from dilforge_shared.manifest import MANIFEST_NAME, fingerprint
+from dilforge_shared.models import stage_refs
+from dilforge_shared.store import ArtifactStore, NotFound, artifact_exists
 
 log = logging.getLogger("dilforge.coordinator")
 
-STAGE_MODULES = {"tokenizer": "dilforge_tokenizer", "cpt": "dilforge_cpt", "sft": "dilforge_sft", "eval": "dilforge_eval"}
+# The model stage (importer) runs in the cpt image: it needs torch, transformers and gguf, which the
+# torch-free coordinator does not have.
+STAGE_MODULES = {"model": "dilforge_cpt.import_model", "tokenizer": "dilforge_tokenizer", "cpt": "dilforge_cpt", "sft": "dilforge_sft", "eval": "dilforge_eval"}
 
 
 class StageFailed(DilforgeError):
@@ -76,21 +77,12 @@ def plan_stage(pipeline: PipelineConfig, stage: str, upstream: dict[str, str]) -
     """Resolve inputs and fingerprint: same config + same upstream manifests + same data → same artifact."""
     config: StageConfig = getattr(pipeline, stage)
     inputs = {name: upstream[name] for name in config.consumes if name in upstream}
-    missing = [name for name in config.required_inputs if name not in inputs]
+    missing = [name for name in config.needed_inputs() if name not in inputs]
     if missing:
         raise DilforgeError(f"stage {stage} needs upstream artifacts {missing}: add those stages to the pipeline, "
                             f"run them first, or pass --input NAME=URI")
     endpoint = pipeline.store.s3_endpoint_url
-    refs = []
-    for name, uri in sorted(inputs.items()):
-        _, digest = read_manifest(uri, endpoint)
-        refs.append(InputRef(name=name, kind="manifest", uri=uri, sha256=digest))
-    for source in config.data_sources():
-        refs.append(InputRef(name=f"data:{source.label}", kind="data", uri=source.uri,
-                             sha256=data_digest(source.uri, endpoint)))
-    for uri in config.model_uris():
-        refs.append(InputRef(name=f"model:{uri}", kind="data", uri=uri, sha256=source_digest(uri, endpoint)))
-    artifact_id = fingerprint(stage, config.model_dump(mode="json"), refs)
+    artifact_id = fingerprint(stage, config.model_dump(mode="json"), stage_refs(config, inputs, endpoint))
     store = ArtifactStore(pipeline.store.uri, endpoint)
     return StageJob(stage=stage, config=config, run_id=pipeline.run_id, artifact_uri=store.artifact_uri(stage, artifact_id),
                     inputs=inputs, store_uri=store.backend.uri, s3_endpoint_url=endpoint)

@@ -32,9 +32,9 @@ from pydantic import BaseModel
 
 from .configs.base import StageConfig
 from .configs.pipeline import validate_model
-from .corpus import data_digest
 from .errors import ConfigError, DilforgeError
 from .manifest import MANIFEST_NAME, InputRef, Manifest, current_producer
+from .models import config_refs
 from .store import Artifact, fetch, parse_manifest, publish, read_uri_bytes, sha256_bytes, verify_files
 
 log = logging.getLogger("dilforge")
@@ -155,7 +155,7 @@ def parse_hyperparameters(hp: dict[str, Any], config_cls: type[StageConfig], sou
         raise ConfigError(f"{source}: hyperparameter 'inputs' is not valid JSON: {exc}") from None
     if not isinstance(inputs, dict) or not all(isinstance(v, str) for v in inputs.values()):
         raise ConfigError(f"{source}: hyperparameter 'inputs' must be a JSON object of name -> manifest URI")
-    missing = [name for name in config_cls.required_inputs if name not in inputs]
+    missing = [name for name in config.needed_inputs() if name not in inputs]
     if missing:
         raise ConfigError(f"{source}: stage {config_cls.stage} needs inputs {missing}")
     return StageRequest(config=config, artifact_uri=hp["artifact_uri"].rstrip("/"), run_id=hp["run_id"],
@@ -226,11 +226,19 @@ RunFn = Callable[[StageConfig, StageContext], StageResult]
 
 
 def lineage(ctx: StageContext) -> list[InputRef]:
+    """Exactly the refs the coordinator fingerprinted (`models.stage_refs`), so the id can be recomputed."""
     refs = [ctx.input(name).ref(name) for name in sorted(ctx.request.inputs)]
-    for source in ctx.request.config.data_sources():
-        refs.append(InputRef(name=f"data:{source.label}", kind="data", uri=source.uri,
-                             sha256=data_digest(source.uri, ctx.endpoint_url)))
-    return refs
+    return [*refs, *config_refs(ctx.request.config, ctx.endpoint_url)]
+
+
+def merge_inputs(fingerprinted: list[InputRef], extra: list[InputRef]) -> list[InputRef]:
+    """The manifest's inputs: the fingerprinted refs, plus a stage's extra refs that are not already among them.
+
+    A stage that records a base model it opened through `models.open_model` records the same (name, sha256)
+    as the fingerprint, so it is not listed twice and the id stays recomputable from the manifest.
+    """
+    seen = {(ref.name, ref.sha256) for ref in fingerprinted}
+    return [*fingerprinted, *(ref for ref in extra if (ref.name, ref.sha256) not in seen)]
 
 
 def publish_result(ctx: StageContext, result: StageResult, package: str) -> Manifest:
@@ -238,7 +246,7 @@ def publish_result(ctx: StageContext, result: StageResult, package: str) -> Mani
     manifest = Manifest(
         kind=config.artifact_kind, artifact_id=ctx.request.artifact_uri.rsplit("/", 1)[-1],
         run_id=ctx.request.run_id, stage=config.stage, producer=current_producer(package),
-        config=config.model_dump(mode="json"), inputs=[*lineage(ctx), *result.extra_inputs],
+        config=config.model_dump(mode="json"), inputs=merge_inputs(lineage(ctx), result.extra_inputs),
         data_dir="pending", files=[], metrics=result.metrics,
     )
     return publish(ctx.request.artifact_uri, ctx.model_dir, manifest, ctx.endpoint_url, progress=sys.stderr.isatty())

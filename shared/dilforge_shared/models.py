@@ -1,7 +1,11 @@
-"""Find the HF model behind a URI: a dilforge artifact, a plain HF folder, or an s3:// prefix of one.
+"""The one resolver: a model/tokenizer/source URI → its lineage (InputRef) and, when needed, a local folder.
 
-Shared by the stages (their base models) and `coordinator chat` (any model or adapter artifact). No
-torch import here: resolving is file work.
+Used by the coordinator's planning (`stage_refs`: the artifact id of a stage is the fingerprint of its
+config and these refs), by the container contract (which records the very same refs in the manifest,
+so `recompute_artifact_id(manifest) == manifest.artifact_id`), by every stage that opens a base model
+or tokenizer (`open_model`), and by `coordinator chat`. A URI is a dilforge artifact (lineage: its
+manifest's sha256), a local file (its sha256), a local folder (sha256 of every file) or an s3:// prefix
+(the ETags of its objects: no download needed to plan). No torch import here: resolving is file work.
 """
 
 from __future__ import annotations
@@ -15,12 +19,73 @@ from functools import cached_property
 from pathlib import Path
 from urllib.parse import urlparse
 
-from .errors import ConfigError, ManifestNotFound
-from .manifest import InputRef, Manifest, scan_files, sha256_file
+from .configs.base import StageConfig
+from .configs.model import ModelConfig
+from .corpus import data_digest
+from .errors import ConfigError, InputError, ManifestNotFound
+from .manifest import InputRef, Manifest, fingerprint, scan_files, sha256_file
+from .recipes import RECIPES, source_kind
 from .store import NotFound, S3Backend, fetch, mirror_prefix, read_manifest
 
 ADAPTER_DIR, MERGED_DIR = "adapter", "merged"
 MODEL_SUBDIRS = ("model", "hf", "merged")
+
+
+def model_ref_name(uri: str) -> str:
+    """The lineage name of a model or tokenizer read from a URI in a stage's config."""
+    return f"model:{uri}"
+
+
+def _local(uri: str) -> Path:
+    return Path(uri.removeprefix("file://")).expanduser()
+
+
+def source_ref(uri: str, name: str, endpoint_url: str | None = None) -> InputRef:
+    """Lineage of whatever a model/tokenizer URI holds, computed without downloading any weights."""
+    try:
+        return InputRef(name=name, kind="manifest", uri=uri, sha256=read_manifest(uri, endpoint_url)[1])
+    except ManifestNotFound:
+        pass
+    if urlparse(uri).scheme != "s3" and _local(uri).is_file():
+        return InputRef(name=name, kind="data", uri=uri, sha256=sha256_file(_local(uri)))
+    return InputRef(name=name, kind="data", uri=uri, sha256=model_digest(uri, endpoint_url))
+
+
+def model_stage_ref(config: ModelConfig, endpoint_url: str | None = None) -> InputRef:
+    """Identity of a model stage's source: a recipe's pinned sha256 (nothing downloaded), else its content."""
+    kind = source_kind(config.source)
+    if kind == "recipe":
+        recipe = RECIPES[config.source]
+        return InputRef(name="source", kind="data", uri=recipe.uri, sha256=recipe.sha256)
+    if kind == "gguf" and not _local(config.source).is_file():
+        raise InputError("model.source: no such GGUF file", path=config.source)
+    return source_ref(config.source, "source", endpoint_url)
+
+
+def config_refs(config: StageConfig, endpoint_url: str | None = None) -> list[InputRef]:
+    """Everything a stage reads besides upstream artifacts: data sources, models/tokenizers by URI, a model source."""
+    refs = [InputRef(name=f"data:{s.label}", kind="data", uri=s.uri, sha256=data_digest(s.uri, endpoint_url))
+            for s in config.data_sources()]
+    refs += [source_ref(uri, model_ref_name(uri), endpoint_url) for uri in config.model_uris()]
+    if isinstance(config, ModelConfig):
+        refs.append(model_stage_ref(config, endpoint_url))
+    return refs
+
+
+def upstream_refs(inputs: dict[str, str], endpoint_url: str | None = None) -> list[InputRef]:
+    """Upstream artifacts by the sha256 of their manifest bytes."""
+    return [InputRef(name=name, kind="manifest", uri=uri, sha256=read_manifest(uri, endpoint_url)[1])
+            for name, uri in sorted(inputs.items())]
+
+
+def stage_refs(config: StageConfig, inputs: dict[str, str], endpoint_url: str | None = None) -> list[InputRef]:
+    """What a stage's artifact id covers, in the form its manifest records them."""
+    return [*upstream_refs(inputs, endpoint_url), *config_refs(config, endpoint_url)]
+
+
+def recompute_artifact_id(manifest: Manifest) -> str:
+    """The artifact id from a published manifest alone: stage, resolved config and recorded inputs."""
+    return fingerprint(manifest.stage, manifest.config, manifest.inputs)
 
 
 @dataclass
@@ -31,13 +96,14 @@ class ModelSource:
     name: str
     manifest: Manifest | None = None
     manifest_sha256: str | None = None
+    endpoint_url: str | None = None
 
     @cached_property
     def ref(self) -> InputRef:
-        """Lineage: the manifest digest of an artifact, else a digest of every file (computed only when asked)."""
+        """The same ref the coordinator fingerprints (computed only when asked: a folder digest reads every file)."""
         if self.manifest_sha256 is not None:
             return InputRef(name=self.name, kind="manifest", uri=self.uri, sha256=self.manifest_sha256)
-        return InputRef(name=self.name, kind="data", uri=self.uri, sha256=dir_digest(self.path))
+        return source_ref(self.uri, self.name, self.endpoint_url)
 
 
 def find_hf_dir(root: Path, source: str) -> Path:
@@ -66,28 +132,24 @@ def model_digest(uri: str, endpoint_url: str | None = None) -> str:
     """Content digest of a model folder without downloading it: file sha256s locally, ETags on S3."""
     parsed = urlparse(uri)
     if parsed.scheme != "s3":
-        path = Path(uri.removeprefix("file://")).expanduser()
+        path = _local(uri)
         if not path.is_dir():
             raise ConfigError(f"{uri}: no such model folder")
         return dir_digest(path)
     backend = S3Backend(parsed.netloc, parsed.path, endpoint_url)
     h = hashlib.sha256()
-    for key in sorted(backend.list("")):
+    keys = sorted(backend.list(""))
+    if not keys:
+        raise ConfigError(f"{uri}: no objects under this prefix")
+    for key in keys:
         head = backend.client.head_object(Bucket=parsed.netloc, Key=backend._key(key))
         h.update(f"{key}:{head['ETag']}\n".encode())
     return h.hexdigest()
 
 
 def source_digest(uri: str, endpoint_url: str | None = None) -> str:
-    """Digest of whatever a model/tokenizer URI holds: an artifact's manifest, a single file, or a folder."""
-    try:
-        return read_manifest(uri, endpoint_url)[1]
-    except ManifestNotFound:
-        pass
-    path = Path(uri.removeprefix("file://")).expanduser()
-    if urlparse(uri).scheme != "s3" and path.is_file():
-        return sha256_file(path)
-    return model_digest(uri, endpoint_url)
+    """Digest of whatever a model/tokenizer URI holds (kept for callers that want only the hex digest)."""
+    return source_ref(uri, model_ref_name(uri), endpoint_url).sha256
 
 
 def _download_prefix(uri: str, endpoint_url: str | None, cache_dir: Path | None = None) -> Path:
@@ -98,21 +160,27 @@ def _download_prefix(uri: str, endpoint_url: str | None, cache_dir: Path | None 
         raise ConfigError(f"{uri}: no objects under this prefix") from None
 
 
-def open_model(uri: str, name: str, endpoint_url: str | None = None, cache_dir: Path | None = None) -> ModelSource:
-    """A dilforge artifact (verified, lineage by manifest digest) or a plain HF folder (lineage by file digests)."""
+def open_model(uri: str, name: str | None = None, endpoint_url: str | None = None,
+               cache_dir: Path | None = None) -> ModelSource:
+    """A dilforge artifact (verified) or a plain HF folder / s3:// prefix, as a local folder plus its lineage.
+
+    `name` defaults to the name `config_refs` gives a URI from a stage config, so a stage that records
+    `.ref` records what the coordinator fingerprinted.
+    """
+    name = name or model_ref_name(uri)
     try:
         art = fetch(uri, cache_dir=cache_dir, endpoint_url=endpoint_url)
         return ModelSource(path=art.path, uri=art.uri, name=name, manifest=art.manifest,
-                           manifest_sha256=art.manifest_sha256)
+                           manifest_sha256=art.manifest_sha256, endpoint_url=endpoint_url)
     except (ManifestNotFound, NotFound):
         pass
     if urlparse(uri).scheme == "s3":
         path = _download_prefix(uri, endpoint_url, cache_dir)
     else:
-        path = Path(uri.removeprefix("file://")).expanduser()
+        path = _local(uri)
         if not path.is_dir():
             raise ConfigError(f"{uri}: no such model folder or artifact")
-    return ModelSource(path=path, uri=uri, name=name)
+    return ModelSource(path=path, uri=uri, name=name, endpoint_url=endpoint_url)
 
 
 @dataclass

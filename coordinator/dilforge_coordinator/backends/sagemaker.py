@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from dilforge_shared.configs import PipelineConfig
+from dilforge_shared.configs import ModelConfig, PipelineConfig
 from dilforge_shared.configs.cloud import SageMakerConfig
 from dilforge_shared.contract import build_hyperparameters
 from dilforge_shared.errors import ConfigError, DilforgeError
@@ -82,13 +82,15 @@ def offline_jobs(pipeline: PipelineConfig) -> list[StageJob]:
     jobs = []
     for stage, config in pipeline.stages():
         inputs = {name: planned[name] for name in config.consumes if name in planned}
-        missing = [n for n in config.required_inputs if n not in inputs]
+        missing = [n for n in config.needed_inputs() if n not in inputs]
         if missing:
             raise DilforgeError(f"stage {stage} needs upstream artifacts {missing} in the same pipeline for a dry run")
         refs = [InputRef(name=n, kind="manifest", uri=u, sha256=f"offline:{u}") for n, u in sorted(inputs.items())]
         refs += [InputRef(name=f"data:{s.label}", kind="data", uri=s.uri, sha256=f"offline:{s.uri}")
                  for s in config.data_sources()]
         refs += [InputRef(name=f"model:{u}", kind="data", uri=u, sha256=f"offline:{u}") for u in config.model_uris()]
+        if isinstance(config, ModelConfig):
+            refs.append(InputRef(name="source", kind="data", uri=config.source, sha256=f"offline:{config.source}"))
         artifact_id = fingerprint(stage, config.model_dump(mode="json"), refs)
         uri = f"{store}/artifacts/{stage}/{artifact_id}"
         planned[stage] = uri

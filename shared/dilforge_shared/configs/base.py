@@ -49,5 +49,10 @@ class StageConfig(StrictModel):
         """Model or tokenizer folders read besides upstream artifacts; their content is fingerprinted too."""
         return []
 
+    def needed_inputs(self) -> tuple[str, ...]:
+        """Upstream inputs this config cannot run without: `required_inputs`, plus those its fields leave open
+        (e.g. no `base_model` given → the base model must come from the pipeline's `model` stage)."""
+        return self.required_inputs
+
 
 Precision = Literal["auto", "bf16", "fp32"]

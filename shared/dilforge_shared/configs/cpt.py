@@ -44,14 +44,15 @@ class Phase(StrictModel):
 class CptConfig(StageConfig):
     stage: ClassVar[str] = "cpt"
     artifact_kind: ClassVar[str] = "model"
-    consumes: ClassVar[tuple[str, ...]] = ("tokenizer",)
+    consumes: ClassVar[tuple[str, ...]] = ("model", "tokenizer")
     required_inputs: ClassVar[tuple[str, ...]] = ("tokenizer",)
 
     # ---- model -----------------------------------------------------------------------------
     base_model: str | None = Field(
         default=None,
-        description="HF model folder (local path or s3:// prefix) with config.json, safetensors weights and "
-        "its tokenizer. None = a random model shaped by scratch_model (tests, demos).",
+        description="HF model folder (local path or s3:// prefix) or model artifact URI, with config.json, "
+        "safetensors weights and its tokenizer. None = the pipeline's `model` stage (input 'model'), or a random "
+        "model shaped by scratch_model (tests, demos).",
     )
     scratch_model: ScratchModel | None = Field(
         default=None, description="Architecture of a random model; used only when base_model is None."
@@ -136,8 +137,6 @@ class CptConfig(StageConfig):
 
     @model_validator(mode="after")
     def _check(self) -> CptConfig:
-        if self.base_model is None and self.scratch_model is None:
-            raise ValueError("give base_model (an HF folder or s3:// prefix) or scratch_model (a random model)")
         if self.base_model is not None and self.scratch_model is not None:
             raise ValueError("give base_model or scratch_model, not both")
         if not self.corpora:
@@ -163,6 +162,11 @@ class CptConfig(StageConfig):
 
     def model_uris(self) -> list[str]:
         return [self.base_model] if self.base_model else []
+
+    def needed_inputs(self) -> tuple[str, ...]:
+        if self.base_model is None and self.scratch_model is None:
+            return (*self.required_inputs, "model")
+        return self.required_inputs
 
     def data_sources(self) -> list[DataSource]:
         return [*self.corpora, *self.validation]

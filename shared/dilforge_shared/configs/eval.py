@@ -71,7 +71,7 @@ class BpbSettings(StrictModel):
 class EvalConfig(StageConfig):
     stage: ClassVar[str] = "eval"
     artifact_kind: ClassVar[str] = "eval_report"
-    consumes: ClassVar[tuple[str, ...]] = ("tokenizer", "cpt", "sft")
+    consumes: ClassVar[tuple[str, ...]] = ("model", "tokenizer", "cpt", "sft")
 
     on_unloadable_model: Literal["fail", "skip"] = Field(
         default="fail", description="An upstream model that cannot be loaded (e.g. an adapter without its base): "

@@ -8,18 +8,19 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, model_validator
 
 from ..errors import ConfigError, format_validation_error
 from .base import StageConfig, StrictModel
 from .cloud import SageMakerConfig
 from .cpt import CptConfig
 from .eval import EvalConfig
+from .model import ModelConfig
 from .sft import SftConfig
 from .tokenizer import TokenizerConfig
 
 STAGE_CONFIGS: dict[str, type[StageConfig]] = {
-    "tokenizer": TokenizerConfig, "cpt": CptConfig, "sft": SftConfig, "eval": EvalConfig,
+    "model": ModelConfig, "tokenizer": TokenizerConfig, "cpt": CptConfig, "sft": SftConfig, "eval": EvalConfig,
 }
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -35,11 +36,29 @@ class StoreConfig(StrictModel):
 class PipelineConfig(StrictModel):
     run_id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$", description="Name of this pipeline run.")
     store: StoreConfig = Field(description="Artifact store every stage publishes to and reads from.")
+    model: ModelConfig | None = Field(default=None, description="Base model import, run first; downstream stages "
+                                      "get it as their input named 'model'. Omitted = not run.")
     tokenizer: TokenizerConfig | None = Field(default=None, description="Tokenizer stage; omitted = not run.")
     cpt: CptConfig | None = Field(default=None, description="CPT stage; omitted = not run.")
     sft: SftConfig | None = Field(default=None, description="SFT stage; omitted = not run.")
     eval: EvalConfig | None = Field(default=None, description="Eval stage; omitted = not run.")
     sagemaker: SageMakerConfig | None = Field(default=None, description="SageMaker jobs for --backend sagemaker.")
+
+    @model_validator(mode="after")
+    def _check_model_inputs(self) -> PipelineConfig:
+        """Each base model comes from exactly one place: a field of the stage, or the pipeline's `model` stage."""
+        explicit = {"cpt": ("base_model", "scratch_model"), "tokenizer": ("base_tokenizer",)}
+        for name, cfg in self.stages():
+            if name == "model":
+                continue
+            given = [f for f in explicit.get(name, ()) if getattr(cfg, f, None) is not None]
+            if self.model is None and "model" in cfg.needed_inputs():
+                fields = " or ".join(f"{name}.{f}" for f in explicit.get(name, ()))
+                raise ValueError(f"{name}: no base model: set {fields}, or add a pipeline-level `model:` block")
+            if self.model is not None and given and getattr(cfg, "strategy", None) != "replace":
+                raise ValueError(f"{name}.{given[0]} and the pipeline's `model:` block both give the base model; "
+                                 f"keep one (remove {name}.{given[0]} to use the model artifact)")
+        return self
 
     def stages(self) -> list[tuple[str, StageConfig]]:
         """The configured stages, in pipeline order."""

@@ -16,6 +16,7 @@ NUM_LLAMA3_SPECIAL_TOKENS = 256
 class TokenizerConfig(StageConfig):
     stage: ClassVar[str] = "tokenizer"
     artifact_kind: ClassVar[str] = "tokenizer"
+    consumes: ClassVar[tuple[str, ...]] = ("model",)
 
     strategy: Literal["base", "extend", "replace"] = Field(
         default="replace",
@@ -36,8 +37,9 @@ class TokenizerConfig(StageConfig):
     )
     base_tokenizer: str | None = Field(
         default=None,
-        description="HF tokenizer folder (with tokenizer.json) or s3:// prefix of one. Required for base and "
-        "extend; with replace, its figures are reported beside the new tokenizer's.",
+        description="HF tokenizer folder (with tokenizer.json), s3:// prefix or model artifact URI. Needed for base "
+        "and extend unless the pipeline has a `model` stage (then its tokenizer is the base); with replace, its "
+        "figures are reported beside the new tokenizer's.",
     )
     vocab_sizes: list[int] = Field(
         default=[50_000],
@@ -97,14 +99,18 @@ class TokenizerConfig(StageConfig):
 
     @model_validator(mode="after")
     def _check(self) -> TokenizerConfig:
-        if self.strategy in ("base", "extend") and not self.base_tokenizer:
-            raise ValueError(f"base_tokenizer is required with strategy {self.strategy!r}")
         if self.strategy in ("extend", "replace") and not self.corpora:
             raise ValueError(f"corpora: at least one corpus is needed with strategy {self.strategy!r}")
         return self
 
     def model_uris(self) -> list[str]:
         return [self.base_tokenizer] if self.base_tokenizer else []
+
+    def needed_inputs(self) -> tuple[str, ...]:
+        """base/extend without base_tokenizer read the tokenizer of the pipeline's `model` artifact."""
+        if self.strategy in ("base", "extend") and not self.base_tokenizer:
+            return (*self.required_inputs, "model")
+        return self.required_inputs
 
     def data_sources(self) -> list[DataSource]:
         return [*self.corpora, *self.validation]

