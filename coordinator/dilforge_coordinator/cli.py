@@ -20,12 +20,14 @@ from . import pipeline as pl
 from .backends import BACKENDS, get_backend
 from .images import images_app
 from .chat import chat_cmd
+from .models_cmd import models_app
 
 app = typer.Typer(help="dilforge coordinator: run the tokenizer → cpt → sft → eval pipeline.",
                   no_args_is_help=True, pretty_exceptions_enable=False)
 manifest_app = typer.Typer(help="Inspect artifact manifests.", no_args_is_help=True)
 app.add_typer(manifest_app, name="manifest")
 app.add_typer(images_app, name="images")
+app.add_typer(models_app, name="models")
 app.command("chat")(chat_cmd)
 
 ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="Pipeline YAML (see configs/).", exists=False)]

@@ -27,11 +27,11 @@ from .errors import ManifestError, UnsafePathError
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = "1.0.0"
+SCHEMA_VERSION = "1.1.0"  # 1.1: stage "model" (base models as artifacts)
 MANIFEST_NAME = "manifest.json"
 
 ArtifactKind = Literal["tokenizer", "model", "adapter", "eval_report"]
-StageName = Literal["tokenizer", "cpt", "sft", "eval"]
+StageName = Literal["model", "tokenizer", "cpt", "sft", "eval"]
 STAGES: tuple[StageName, ...] = ("tokenizer", "cpt", "sft", "eval")
 
 KEY_LIBRARIES = (

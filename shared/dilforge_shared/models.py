@@ -42,12 +42,12 @@ def _local(uri: str) -> Path:
 
 def source_ref(uri: str, name: str, endpoint_url: str | None = None) -> InputRef:
     """Lineage of whatever a model/tokenizer URI holds, computed without downloading any weights."""
+    if urlparse(uri).scheme != "s3" and _local(uri).is_file():
+        return InputRef(name=name, kind="data", uri=uri, sha256=sha256_file(_local(uri)))
     try:
         return InputRef(name=name, kind="manifest", uri=uri, sha256=read_manifest(uri, endpoint_url)[1])
     except ManifestNotFound:
         pass
-    if urlparse(uri).scheme != "s3" and _local(uri).is_file():
-        return InputRef(name=name, kind="data", uri=uri, sha256=sha256_file(_local(uri)))
     return InputRef(name=name, kind="data", uri=uri, sha256=model_digest(uri, endpoint_url))
 
 
@@ -196,8 +196,8 @@ def resolve_chat_model(uri: str, base: str | None = None, endpoint_url: str | No
                        prefer_merged: bool = False) -> ChatModel:
     """Any model or adapter artifact (or HF folder) → base + adapter folders.
 
-    For an SFT adapter artifact the base model comes from its manifest's lineage (the 'cpt' input or
-    the 'base_model' input), unless `base` overrides it.
+    For an SFT adapter artifact the base model comes from its manifest's lineage (the 'cpt' input, a
+    'model' input, or the config's base_model), unless `base` overrides it.
     """
     src = open_model(uri, "model", endpoint_url)
     adapter = src.path / ADAPTER_DIR if (src.path / ADAPTER_DIR / "adapter_config.json").is_file() else (
@@ -210,7 +210,10 @@ def resolve_chat_model(uri: str, base: str | None = None, endpoint_url: str | No
         return ChatModel(base_dir=merged, adapter_dir=None, tokenizer_dir=merged, description=f"merged model of {uri}")
     if base is None:
         refs = {r.name: r for r in (src.manifest.inputs if src.manifest else [])}
-        ref = refs.get("cpt") or refs.get("base_model")
+        ref = refs.get("cpt") or refs.get("base_model") or refs.get("model")
+        recorded = (src.manifest.config.get("base_model") if src.manifest else None)
+        if ref is None and recorded:
+            ref = refs.get(model_ref_name(recorded))
         if ref is None:
             cfg = json.loads((adapter / "adapter_config.json").read_text())
             raise ConfigError(f"{uri}: an adapter without a recorded base model; pass --base (adapter_config names "

@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 import psutil
+from dilforge_shared.models import recompute_artifact_id
 pytestmark = pytest.mark.slow
 
 COORDINATOR = str(Path(sys.executable).parent / "coordinator")
@@ -212,7 +213,8 @@ def test_phase1_with_transplant_keeps_backbone_bit_identical(tmp_path, data_root
     assert report["method"] == "mean_of_pieces" and report["num_kept"] > 256
     for method in ("mean_of_pieces", "mean_of_all", "random"):
         assert report[f"step0_val_bpb_{method}"] > 0
-    assert any(ref.name == "base_model" for ref in art.manifest.inputs)
+    assert any(ref.name == f"model:{tiny_llama_dir}" for ref in art.manifest.inputs)
+    assert recompute_artifact_id(art.manifest) == art.manifest.artifact_id
 
 
 def test_bad_inputs_fail_clearly_and_publish_nothing(tmp_path, data_root, tiny_llama_dir, other_tokenizer_dir,

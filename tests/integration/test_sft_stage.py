@@ -161,7 +161,7 @@ def test_resumes_from_the_latest_checkpoint_with_a_direct_base_model(tmp_path, d
     assert second.metrics["resumed_from_step"] == 2 and second.metrics["optimizer_steps"] == 4
     assert [h["step"] for h in second.metrics["train_loss_history"]] == [1, 2, 3, 4]
     assert second.metrics["eval_loss_before"] == first.metrics["eval_loss_before"]
-    base_ref = second.input("base_model")
+    base_ref = second.input(f"model:{tiny_llama_dir}")
     assert base_ref.kind == "data" and base_ref.uri == str(tiny_llama_dir) and len(base_ref.sha256) == 64
 
 

@@ -15,6 +15,7 @@ os.environ["OMP_NUM_THREADS"] = "1"
 
 from dilforge_coordinator.cli import app
 from dilforge_shared.corpus import iter_texts
+from dilforge_shared.models import recompute_artifact_id
 from dilforge_shared.store import fetch
 from tokenizers import Tokenizer
 from typer.testing import CliRunner
@@ -106,7 +107,8 @@ def test_replace_manifest_has_the_sweep_table_and_base_figures(replace_run, tiny
     table = (replace_run.path / "sweep.md").read_text()
     assert "| 900 (selected) | flores_dev |" in table and "base tokens/word" in table
     refs = {r.name: r for r in replace_run.manifest.inputs}
-    assert {"base_tokenizer", "data:wiki", "data:legal", "data:tatoeba", "data:flores_dev"} <= set(refs)
+    assert recompute_artifact_id(replace_run.manifest) == replace_run.manifest.artifact_id
+    assert {f"model:{tiny_tokenizer_dir}", "data:wiki", "data:legal", "data:tatoeba", "data:flores_dev"} <= set(refs)
 
 
 def test_extend_keeps_every_base_id(tmp_path, data_root, mixed_corpus, tiny_tokenizer_dir):

@@ -28,8 +28,7 @@ from dilforge_shared.contract import StageContext, StageResult, Terminated, inst
 from dilforge_shared.errors import ConfigError, DilforgeError, InputError
 from dilforge_shared.launch import build_launch, wait_for_hosts
 from dilforge_shared.manifest import InputRef
-from dilforge_shared.models import model_digest
-from dilforge_shared.store import NotFound, mirror_prefix
+from dilforge_shared.models import find_hf_dir, open_model
 
 from . import data as D
 from . import train as T
@@ -304,24 +303,23 @@ def tokenize_corpora(config: CptConfig, ctx: StageContext, rt: T.Runtime, tok, i
 
 
 def local_base_model(config: CptConfig, ctx: StageContext, rt: T.Runtime) -> Path:
-    """The base model folder: as is when local, downloaded once per host when on S3."""
+    """The base model's HF folder: the pipeline's `model` artifact, else config.base_model through the shared
+    resolver (an artifact, a local folder, or an s3:// prefix downloaded once per host)."""
+    if ctx.has_input("model"):
+        art = ctx.input("model")
+        return find_hf_dir(art.path, art.uri)
     uri = config.base_model
     assert uri is not None
-    if not uri.startswith("s3://"):
-        path = Path(uri.removeprefix("file://"))
-        if not (path / "config.json").is_file():
-            raise InputError("base_model: no config.json in this folder (an HF model folder is expected)", path=uri)
-        return path
-    dest = ctx.opt.root / "base_model"
+    cache = ctx.opt.root / "base_model"
     if rt.local_rank == 0:
-        try:
-            mirror_prefix(uri, dest, ctx.endpoint_url)
-        except NotFound:
-            raise InputError("base_model: no objects under this S3 prefix", path=uri) from None
-        if not (dest / "config.json").is_file():
-            raise InputError("base_model: no config.json under this S3 prefix", path=uri)
+        src = open_model(uri, endpoint_url=ctx.endpoint_url, cache_dir=cache)
     rt.barrier()
-    return dest
+    if rt.local_rank != 0:
+        src = open_model(uri, endpoint_url=ctx.endpoint_url, cache_dir=cache)
+    try:
+        return find_hf_dir(src.path, uri)
+    except ConfigError as exc:
+        raise InputError(f"base_model: {exc}", path=uri) from None
 
 
 def build_model(config: CptConfig, ctx: StageContext, tok, tok_dir: Path, ids: D.TokenIds, rt: T.Runtime,
@@ -329,7 +327,7 @@ def build_model(config: CptConfig, ctx: StageContext, tok, tok_dir: Path, ids: D
     """The model on the stage's tokenizer, plus a report of the transplant (step-0 BPB per init)."""
     vocab = tok.get_vocab_size(with_added_tokens=True)
     pad = tok.token_to_id("<|finetune_right_pad_id|>")
-    if config.base_model is None:
+    if config.base_model is None and not ctx.has_input("model"):
         from transformers import LlamaConfig, LlamaForCausalLM
         s = config.scratch_model
         cfg = LlamaConfig(vocab_size=vocab, hidden_size=s.hidden_size, intermediate_size=s.intermediate_size,
@@ -379,8 +377,6 @@ def build_model(config: CptConfig, ctx: StageContext, tok, tok_dir: Path, ids: D
 
 
 def base_model_refs(config: CptConfig, ctx: StageContext) -> list[InputRef]:
-    """Lineage for the base model: sha256 of its files (ETags on S3)."""
-    if config.base_model is None:
-        return []
-    return [InputRef(name="base_model", kind="data", uri=config.base_model,
-                     sha256=model_digest(config.base_model, ctx.endpoint_url))]
+    """Nothing extra: the contract records the base model (input 'model', or `models.config_refs` for
+    config.base_model) by exactly the ref the coordinator fingerprinted."""
+    return []

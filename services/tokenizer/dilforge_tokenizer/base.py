@@ -8,8 +8,8 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from dilforge_shared.errors import InputError
-from dilforge_shared.manifest import InputRef, sha256_file
-from dilforge_shared.store import NotFound, mirror_prefix
+from dilforge_shared.errors import ManifestNotFound
+from dilforge_shared.store import NotFound, fetch, mirror_prefix
 from tokenizers import Tokenizer
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
@@ -17,7 +17,16 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 
 def resolve(uri: str, workdir: Path, endpoint_url: str | None = None) -> Path:
-    """A local folder holding the base tokenizer's files (downloaded first when on S3)."""
+    """A local folder holding the base tokenizer's files: a dilforge artifact (tokenizer or model, verified),
+    an HF folder, or an s3:// prefix (only the tokenizer files are downloaded, never the weights beside them)."""
+    try:
+        art = fetch(uri, cache_dir=workdir / "base_artifact", endpoint_url=endpoint_url)
+    except (ManifestNotFound, NotFound):
+        art = None
+    if art is not None:
+        if not (art.path / "tokenizer.json").is_file():
+            raise InputError("base_tokenizer: the artifact has no tokenizer.json", path=uri)
+        return art.path
     parsed = urlparse(uri)
     if parsed.scheme == "s3":
         out = workdir / "base_tokenizer"
@@ -47,10 +56,6 @@ def load(folder: Path, uri: str, parse_json: bool = True) -> tuple[Tokenizer, di
         return Tokenizer.from_str(text), json.loads(text) if parse_json else None
     except Exception as exc:  # noqa: BLE001 - tokenizers raises a bare Exception on a bad file
         raise InputError(f"tokenizer.json does not load as a tokenizer: {exc}", path=f"{uri}/tokenizer.json") from None
-
-
-def lineage(folder: Path, uri: str) -> InputRef:
-    return InputRef(name="base_tokenizer", kind="data", uri=uri, sha256=sha256_file(folder / "tokenizer.json"))
 
 
 def copy_folder(folder: Path, out: Path) -> None:

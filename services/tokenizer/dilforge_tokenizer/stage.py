@@ -134,12 +134,15 @@ def run(config: TokenizerConfig, ctx: StageContext) -> StageResult:
     endpoint = ctx.endpoint_url
     extra_inputs = []
     base_dir = base_model = base_doc = None
-    if config.base_tokenizer:
-        base_dir = base_tok.resolve(config.base_tokenizer, ctx.checkpoint_dir, endpoint)
-        base_model, base_doc = base_tok.load(base_dir, config.base_tokenizer, parse_json=config.strategy == "extend")
-        extra_inputs.append(base_tok.lineage(base_dir, config.base_tokenizer))
+    # The base: config.base_tokenizer, else the pipeline's `model` artifact. The contract records its
+    # lineage by the same ref the coordinator fingerprinted (shared models.config_refs / the 'model' input).
+    base_uri = config.base_tokenizer or (ctx.input("model").uri if ctx.has_input("model") else None)
+    if base_uri:
+        base_dir = (base_tok.resolve(config.base_tokenizer, ctx.checkpoint_dir, endpoint) if config.base_tokenizer
+                    else ctx.input("model").path)
+        base_model, base_doc = base_tok.load(base_dir, base_uri, parse_json=config.strategy == "extend")
         if config.strategy == "extend":
-            bpe.check_extendable(base_doc, config.base_tokenizer)
+            bpe.check_extendable(base_doc, base_uri)
     validation = read_validation_sets(config, endpoint)
 
     stream = CorpusStream(config.corpora, seed=config.seed, validation_fraction=config.validation_fraction,
@@ -196,7 +199,7 @@ def run(config: TokenizerConfig, ctx: StageContext) -> StageResult:
         "selection": {"rule": config.selection, "tolerance": config.selection_tolerance, "set": config.selection_set},
         "word_definition": "whitespace-separated (str.split); tokens without BOS/EOS; fertility = sum tokens / sum words",
         "sweep": rows,
-        "base": {"uri": config.base_tokenizer, "sets": base_metrics} if base_metrics is not None else None,
+        "base": {"uri": base_uri, "sets": base_metrics} if base_metrics is not None else None,
         "output": output,
         "corpus": stream.summary(),
         "seconds": {"train": round(seconds_train, 2), "measure_and_save": round(seconds_metrics, 2),

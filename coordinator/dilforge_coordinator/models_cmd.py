@@ -1,0 +1,47 @@
+"""`coordinator models import SOURCE`: publish a base model as a `model` artifact, like a pipeline's `model:` block.
+
+The import is the pipeline's `model` stage run on its own (same fingerprint, same backends), so a later
+pipeline with `model: {source: SAME}` reuses the artifact, and a second import downloads nothing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from dilforge_shared.configs import PipelineConfig, validate_model
+from dilforge_shared.recipes import RECIPES, source_kind
+
+from . import pipeline as pl
+
+models_app = typer.Typer(help="Base models as artifacts: import a recipe, a GGUF, an HF folder or an s3:// prefix.",
+                         no_args_is_help=True)
+
+
+@models_app.command("import")
+def import_cmd(
+    source: Annotated[str, typer.Argument(help=f"Recipe ({', '.join(sorted(RECIPES))}), a local .gguf file, a local "
+                                              "HF folder, or an s3:// prefix of one.")],
+    store: Annotated[str, typer.Option("--store", help="Artifact store root URI.")] = ".dilforge/store",
+    endpoint: Annotated[Optional[str], typer.Option("--s3-endpoint-url", envvar="DILFORGE_S3_ENDPOINT_URL",
+                                                    help="S3-compatible endpoint (SeaweedFS, MinIO).")] = None,
+    backend: Annotated[str, typer.Option("--backend", "-b", help="Where the importer runs: local, compose, sagemaker.")
+                       ] = "local",
+    run_id: Annotated[str, typer.Option("--run-id", help="Run record the import is written to.")] = "models",
+    verbose: bool = False,
+) -> None:
+    """Publish a base model to the store as a `model` artifact; prints its URI."""
+    from .cli import USER_ERRORS, _prepared_backend, _setup_logging, fail
+    _setup_logging(verbose)
+    if source_kind(source) in ("folder", "gguf") and not source.startswith("file://"):
+        source = str(Path(source).expanduser().resolve())
+    try:
+        cfg = validate_model(PipelineConfig, {"run_id": run_id, "store": {"uri": store, "s3_endpoint_url": endpoint},
+                                              "model": {"source": source}}, "coordinator models import")
+        runner, cfg = _prepared_backend(backend, cfg)
+        uri = pl.run_stage(cfg, "model", runner, {})
+    except USER_ERRORS as exc:
+        fail(str(exc))
+    typer.echo(f"[model] artifact: {uri}")

