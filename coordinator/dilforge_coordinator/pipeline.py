@@ -19,6 +19,17 @@ log = logging.getLogger("dilforge.coordinator")
 # The model stage (importer) runs in the cpt image: it needs torch, transformers and gguf, which the
 # torch-free coordinator does not have.
 STAGE_MODULES = {"model": "dilforge_cpt.import_model", "tokenizer": "dilforge_tokenizer", "cpt": "dilforge_cpt", "sft": "dilforge_sft", "eval": "dilforge_eval"}
+STAGE_IMAGES = {"model": "cpt"}
+
+
+def image_of(stage: str) -> str:
+    """The stage image a stage runs in (its own, except the model stage: the cpt image)."""
+    return STAGE_IMAGES.get(stage, stage)
+
+
+def module_env(stage: str) -> dict[str, str]:
+    """Environment that makes a shared image's entrypoint run this stage's module (see docker/entrypoint.py)."""
+    return {"DILFORGE_STAGE_MODULE": STAGE_MODULES[stage]} if image_of(stage) != stage else {}
 
 
 class StageFailed(DilforgeError):

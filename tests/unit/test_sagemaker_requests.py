@@ -174,3 +174,18 @@ def test_metric_definitions_match_the_stage_log_lines(stage):
     # a validation line is not a training loss
     if stage == "cpt":
         assert not re.search(METRIC_DEFINITIONS["cpt"][0]["Regex"], LOG_LINES["cpt"][1])
+
+
+def test_model_stage_runs_the_importer_in_the_cpt_image(no_aws, tmp_path):
+    """The model stage has no image of its own: the cpt image's entrypoint runs dilforge_cpt.import_model."""
+    digest = "sha256:" + "cd" * 32
+    image = f"123456789012.dkr.ecr.us-east-1.amazonaws.com/dilforge-cpt@{digest}"
+    (tmp_path / "images.json").write_text(json.dumps({"cpt-gpu": {"push": {"image": image}}}))
+    cfg = load_pipeline(PRESET, {"model": {"source": "smollm2-135m-instruct"}, "cpt.base_model": None,
+                                 "tokenizer.base_tokenizer": None})
+    reqs = {_stage(r): r for r in SageMakerBackend(dry_run=True).dry_run_requests(cfg)}
+    model = reqs["model"]
+    assert model["AlgorithmSpecification"]["TrainingImage"] == image
+    assert model["Environment"]["DILFORGE_STAGE_MODULE"] == "dilforge_cpt.import_model"
+    assert "DILFORGE_STAGE_MODULE" not in reqs["cpt"]["Environment"]
+    assert [c["ChannelName"] for c in reqs["cpt"]["InputDataConfig"]] == ["model", "tokenizer"]

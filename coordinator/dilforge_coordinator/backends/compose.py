@@ -25,7 +25,7 @@ from dilforge_shared.contract import OptMl, build_hyperparameters
 from dilforge_shared.errors import DilforgeError
 from dilforge_shared.store import S3_KEY_ENV, S3_SECRET_ENV
 
-from ..pipeline import StageFailed, StageJob
+from ..pipeline import StageFailed, StageJob, image_of, module_env
 
 log = logging.getLogger("dilforge.coordinator.compose")
 
@@ -155,8 +155,10 @@ class ComposeBackend:
         opt.write_inputs(hp)
         for d in (opt.model_dir, opt.output_dir, opt.checkpoint_dir):
             d.mkdir(parents=True, exist_ok=True)
-        env = self.compose_env({"DILFORGE_JOB_DIR": str(opt.root), "DILFORGE_IMAGE": self.image_ref(job.stage)})
-        cmd = self.compose_cmd("run", "--rm", "--no-deps", *self.mounts(job), job.stage, "train")
+        service = image_of(job.stage)
+        env = self.compose_env({"DILFORGE_JOB_DIR": str(opt.root), "DILFORGE_IMAGE": self.image_ref(service)})
+        module = [arg for k, v in module_env(job.stage).items() for arg in ("-e", f"{k}={v}")]
+        cmd = self.compose_cmd("run", "--rm", "--no-deps", *module, *self.mounts(job), service, "train")
         log.info("compose: %s", " ".join(cmd))
         proc = subprocess.run(cmd, env=env, check=False)
         if proc.returncode != 0:

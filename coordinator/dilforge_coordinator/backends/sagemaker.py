@@ -30,7 +30,7 @@ from dilforge_shared.errors import ConfigError, DilforgeError
 from dilforge_shared.manifest import InputRef, fingerprint
 from dilforge_shared.store import open_backend
 
-from ..pipeline import StageFailed, StageJob
+from ..pipeline import StageFailed, StageJob, image_of, module_env
 
 log = logging.getLogger("dilforge.coordinator.sagemaker")
 
@@ -169,13 +169,14 @@ class SageMakerBackend:
             if len(value) > HYPERPARAMETER_LIMIT:
                 raise ConfigError(f"hyperparameter {key!r} of stage {job.stage} is {len(value)} characters; "
                                   f"SageMaker allows {HYPERPARAMETER_LIMIT}")
-        image = self.image(job.stage)
+        image = self.image(image_of(job.stage))
         spot = cfg.spot if res.spot is None else res.spot
         root = self.output_root(job)
         stopping = {"MaxRuntimeInSeconds": res.max_runtime_s}
         if spot:
             stopping["MaxWaitTimeInSeconds"] = res.max_wait_s or min(2 * res.max_runtime_s, 28 * 24 * 3600)
-        env = {"DILFORGE_IMAGE": image, "DILFORGE_RUN_ID": job.run_id, "DILFORGE_LOG_LEVEL": "INFO"}
+        env = {"DILFORGE_IMAGE": image, "DILFORGE_RUN_ID": job.run_id, "DILFORGE_LOG_LEVEL": "INFO",
+               **module_env(job.stage)}
         if res.nproc_per_node:
             env["DILFORGE_NPROC_PER_NODE"] = str(res.nproc_per_node)
         env.update(res.environment)
