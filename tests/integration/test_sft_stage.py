@@ -18,6 +18,7 @@ from dilforge_coordinator.cli import app
 from dilforge_shared.configs.sft import SftConfig
 from dilforge_shared.contract import OPT_ML_ENV, OptMl, build_hyperparameters
 from dilforge_shared.manifest import Manifest, current_producer
+from dilforge_shared.models import stage_refs
 from dilforge_shared.store import fetch, publish
 from typer.testing import CliRunner
 
@@ -163,6 +164,8 @@ def test_resumes_from_the_latest_checkpoint_with_a_direct_base_model(tmp_path, d
     assert second.metrics["eval_loss_before"] == first.metrics["eval_loss_before"]
     base_ref = second.input(f"model:{tiny_llama_dir}")
     assert base_ref.kind == "data" and base_ref.uri == str(tiny_llama_dir) and len(base_ref.sha256) == 64
+    planned = stage_refs(SftConfig.model_validate(second.config), {})  # what the coordinator would fingerprint
+    assert sorted((r.name, r.sha256) for r in second.inputs) == sorted((r.name, r.sha256) for r in planned)
 
 
 @pytest.mark.gpu
