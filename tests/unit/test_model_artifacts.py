@@ -133,3 +133,10 @@ def test_merge_inputs_drops_a_stage_ref_equal_to_a_fingerprinted_one():
     a = InputRef(name="model:/m", kind="data", uri="/m", sha256="1" * 64)
     b = InputRef(name="note", kind="data", uri="/n", sha256="2" * 64)
     assert merge_inputs([a], [a.model_copy(), b]) == [a, b]
+
+
+def test_eval_label_base_is_reserved_for_the_model_stage(tmp_path):
+    eval_section = {"text_sets": [{"uri": "/t", "name": "az"}], "models": [{"label": "base", "uri": "/m"}]}
+    assert pipeline(tmp_path, eval=eval_section).eval.models[0].label == "base"  # fine without a model stage
+    with pytest.raises(ConfigError, match="eval.models: label 'base' is the pipeline's `model` stage"):
+        pipeline(tmp_path, model={"source": "./m"}, eval=eval_section)

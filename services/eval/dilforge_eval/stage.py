@@ -127,6 +127,9 @@ def resolve_models(config: EvalConfig, ctx: StageContext, cache: Path) -> tuple[
         tok = find_tokenizer_dir(locate(ref.tokenizer_uri, cache, ctx.endpoint_url).path) if ref.tokenizer_uri else None
         adapter = locate(ref.adapter_uri, cache, ctx.endpoint_url).path if ref.adapter_uri else None
         models.append(model_source(ref.label, loc.path, ref.uri, loc.manifest, tokenizer_dir=tok, adapter_dir=adapter))
+    if ctx.has_input("model"):  # the pipeline's base model, compared as "base"
+        art = ctx.input("model")
+        models.append(model_source("base", art.path, f"artifact {art.manifest.artifact_id}", art.manifest))
     cpt = None
     if ctx.has_input("cpt"):
         art = ctx.input("cpt")

@@ -58,6 +58,9 @@ class PipelineConfig(StrictModel):
             if self.model is not None and given and getattr(cfg, "strategy", None) != "replace":
                 raise ValueError(f"{name}.{given[0]} and the pipeline's `model:` block both give the base model; "
                                  f"keep one (remove {name}.{given[0]} to use the model artifact)")
+        if self.model is not None and self.eval is not None and "base" in [m.label for m in self.eval.models]:
+            raise ValueError("eval.models: label 'base' is the pipeline's `model` stage (compared automatically); "
+                             "rename it or drop it")
         return self
 
     def stages(self) -> list[tuple[str, StageConfig]]:
