@@ -13,6 +13,7 @@ import typer
 
 from dilforge_shared.configs import PipelineConfig, validate_model
 from dilforge_shared.recipes import RECIPES, source_kind
+from dilforge_shared.store import read_manifest
 
 from . import pipeline as pl
 
@@ -42,6 +43,9 @@ def import_cmd(
                                               "model": {"source": source}}, "coordinator models import")
         runner, cfg = _prepared_backend(backend, cfg)
         uri = pl.run_stage(cfg, "model", runner, {})
+        metrics = read_manifest(uri, endpoint)[0].metrics
     except USER_ERRORS as exc:
         fail(str(exc))
+    typer.echo(f"[model] {metrics.get('architecture')}, {metrics.get('num_parameters', 0):,} parameters, "
+               f"{metrics.get('dtype')}, licence {metrics.get('license') or 'not stated'}, from {metrics.get('source')}")
     typer.echo(f"[model] artifact: {uri}")
