@@ -22,7 +22,7 @@ from .images import images_app
 from .chat import chat_cmd
 from .models_cmd import models_app
 
-app = typer.Typer(help="dilforge coordinator: run the tokenizer → cpt → sft → eval pipeline.",
+app = typer.Typer(help="dilforge coordinator: run the model → tokenizer → cpt → sft → eval pipeline.",
                   no_args_is_help=True, pretty_exceptions_enable=False)
 manifest_app = typer.Typer(help="Inspect artifact manifests.", no_args_is_help=True)
 app.add_typer(manifest_app, name="manifest")
@@ -104,7 +104,7 @@ def validate_cmd(config: ConfigOpt, data: DataOpt = None) -> None:
 
 @app.command("run")
 def run_cmd(
-    stage: Annotated[str, typer.Argument(help="tokenizer, cpt, sft or eval")],
+    stage: Annotated[str, typer.Argument(help="model, tokenizer, cpt, sft or eval")],
     config: ConfigOpt,
     data: DataOpt = None,
     backend: BackendOpt = "local",
