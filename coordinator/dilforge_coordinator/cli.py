@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -14,6 +13,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from dilforge_shared.configs import PipelineConfig, load_pipeline
 from dilforge_shared.errors import DilforgeError
+from dilforge_shared.settings import install_log_masking, mask
 from dilforge_shared.store import ArtifactStore, NotFound, fetch, ls_files, read_manifest
 
 from . import pipeline as pl
@@ -21,8 +21,23 @@ from .backends import BACKENDS, get_backend
 from .images import images_app
 from .chat import chat_cmd
 
-app = typer.Typer(help="dilforge coordinator: run the tokenizer → cpt → sft → eval pipeline.",
-                  no_args_is_help=True, pretty_exceptions_enable=False)
+class OneLineErrors(typer.Typer):
+    """Whatever command runs (chat included): a user error, an OS error (full disk, a store path under a file) or
+    an S3 answer is one line on stderr and exit 1; Ctrl-C is `cancelled` and exit 130; never a traceback."""
+
+    def __call__(self, *args, **kwargs):
+        try:
+            return super().__call__(*args, **kwargs)
+        except KeyboardInterrupt:
+            typer.echo("cancelled (interrupted)", err=True)
+            sys.exit(130)
+        except (*USER_ERRORS, OSError) as exc:
+            typer.echo(f"error: {one_line(exc)}", err=True)
+            sys.exit(1)
+
+
+app = OneLineErrors(help="dilforge coordinator: run the tokenizer → cpt → sft → eval pipeline.",
+                    no_args_is_help=True, pretty_exceptions_enable=False)
 manifest_app = typer.Typer(help="Inspect artifact manifests.", no_args_is_help=True)
 app.add_typer(manifest_app, name="manifest")
 app.add_typer(images_app, name="images")
@@ -43,25 +58,37 @@ EndpointOpt = Annotated[Optional[str], typer.Option(
 USER_ERRORS = (DilforgeError, BotoCoreError, ClientError)
 
 
-def fail(message: str) -> None:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(1)
+def one_line(exc: BaseException) -> str:
+    """An error as the user reads it: OS errors name the file and what failed; credentials are masked."""
+    if isinstance(exc, OSError) and exc.strerror:
+        text = f"{exc.filename}: {exc.strerror}" if exc.filename else exc.strerror
+        if exc.filename2:
+            text += f" (→ {exc.filename2})"
+    else:
+        text = str(exc) or type(exc).__name__
+    return mask(text)
+
+
+def fail(message: str, code: int = 1) -> None:
+    typer.echo(f"error: {mask(message)}", err=True)
+    raise typer.Exit(code)
 
 
 def _load(config: Path, data: Optional[Path], store: Optional[str], run_id: Optional[str]) -> PipelineConfig:
-    if data is not None:
-        os.environ["DILFORGE_DATA"] = str(data.resolve())
+    """The pipeline config; `--data` is passed to interpolation as DILFORGE_DATA (os.environ is never written)."""
     overrides = {}
     if store:
         overrides["store.uri"] = store
     if run_id:
         overrides["run_id"] = run_id
-    return load_pipeline(config, overrides)
+    variables = {"DILFORGE_DATA": str(data.resolve())} if data is not None else None
+    return load_pipeline(config, overrides, variables)
 
 
 def _setup_logging(verbose: bool) -> None:
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    install_log_masking()
 
 
 def _backend(name: str, **options):
@@ -75,11 +102,14 @@ DryRunOpt = Annotated[bool, typer.Option(
     "--dry-run", help="sagemaker backend: print every CreateTrainingJob request, offline, and submit nothing.")]
 
 
-def _prepared_backend(name: str, cfg: PipelineConfig, dry_run: bool = False):
+def _prepared_backend(name: str, cfg: PipelineConfig, dry_run: bool = False, data: Optional[Path] = None):
     """The backend, and the config as it runs there (compose points the store at its S3)."""
     if dry_run and name != "sagemaker":
         fail("--dry-run is for --backend sagemaker")
-    backend = _backend(name, **({"dry_run": True} if dry_run else {}))
+    options = {"dry_run": True} if dry_run else {}
+    if name == "compose" and data is not None:
+        options["data_root"] = data.resolve()
+    backend = _backend(name, **options)
     prepare = getattr(backend, "prepare", None)
     return backend, (prepare(cfg) if prepare else cfg)
 
@@ -119,7 +149,7 @@ def run_cmd(
         cfg = _load(config, data, store, run_id)
         if getattr(cfg, stage, None) is None:
             fail(f"{config}: no '{stage}' section; stages configured: {[n for n, _ in cfg.stages()]}")
-        runner, cfg = _prepared_backend(backend, cfg, dry_run)
+        runner, cfg = _prepared_backend(backend, cfg, dry_run, data)
         if dry_run:
             return _print_dry_run(runner, cfg, stage)
         upstream = pl.upstream_from_record(cfg)
@@ -128,7 +158,9 @@ def run_cmd(
             if not sep:
                 fail(f"--input {item!r}: expected NAME=URI")
             upstream[name] = uri
-        uri = pl.run_stage(cfg, stage, runner, upstream)
+        uri = pl.run_one(cfg, stage, runner, upstream)
+    except pl.StageCancelled as exc:
+        fail(str(exc), 130)
     except USER_ERRORS as exc:
         fail(str(exc))
     typer.echo(f"[{stage}] artifact: {uri}")
@@ -148,18 +180,19 @@ def run_all_cmd(
     _setup_logging(verbose)
     try:
         cfg = _load(config, data, store, run_id)
-        runner, cfg = _prepared_backend(backend, cfg, dry_run)
+        runner, cfg = _prepared_backend(backend, cfg, dry_run, data)
         if dry_run:
             return _print_dry_run(runner, cfg)
         produced = pl.run_all(cfg, runner)
+        for stage, uri in produced.items():
+            typer.echo(f"[{stage}] artifact: {uri}")
+        if "eval" in produced:
+            art = fetch(produced["eval"], endpoint_url=cfg.store.s3_endpoint_url)
+            typer.echo(f"report: {art.path / 'report.html'}")
+    except pl.StageCancelled as exc:
+        fail(str(exc), 130)
     except USER_ERRORS as exc:
         fail(str(exc))
-    for stage, uri in produced.items():
-        typer.echo(f"[{stage}] artifact: {uri}")
-    if "eval" in produced:
-        art = fetch(produced["eval"], endpoint_url=cfg.store.s3_endpoint_url)
-        report = art.path / "report.html"
-        typer.echo(f"report: {report}")
 
 
 @manifest_app.command("show")
