@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import socket
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -13,7 +15,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from dilforge_shared.configs import PipelineConfig, load_pipeline
 from dilforge_shared.errors import DilforgeError
-from dilforge_shared.settings import install_log_masking, mask
+from dilforge_shared.settings import install_log_masking, mask, settings
 from dilforge_shared.store import ArtifactStore, NotFound, fetch, ls_files, read_manifest
 
 from . import pipeline as pl
@@ -31,7 +33,7 @@ class OneLineErrors(typer.Typer):
         except KeyboardInterrupt:
             typer.echo("cancelled (interrupted)", err=True)
             sys.exit(130)
-        except (*USER_ERRORS, OSError) as exc:
+        except USER_ERRORS as exc:
             typer.echo(f"error: {one_line(exc)}", err=True)
             sys.exit(1)
 
@@ -53,9 +55,9 @@ EndpointOpt = Annotated[Optional[str], typer.Option(
     "--s3-endpoint-url", envvar="DILFORGE_S3_ENDPOINT_URL", help="S3-compatible endpoint (SeaweedFS, MinIO).")]
 
 
-# What a user can act on: our own errors, and S3 answers such as an unreachable endpoint or missing
+# What a user can act on: our own errors, OS errors (a full disk, a path under a file), and S3 answers such as an unreachable endpoint or missing
 # credentials; shown as one line and exit 1, never as a traceback.
-USER_ERRORS = (DilforgeError, BotoCoreError, ClientError)
+USER_ERRORS = (DilforgeError, BotoCoreError, ClientError, OSError)
 
 
 def one_line(exc: BaseException) -> str:
@@ -95,7 +97,7 @@ def _backend(name: str, **options):
     try:
         return get_backend(name, **options)
     except ValueError as exc:
-        fail(str(exc))
+        fail(one_line(exc))
 
 
 DryRunOpt = Annotated[bool, typer.Option(
@@ -126,7 +128,7 @@ def validate_cmd(config: ConfigOpt, data: DataOpt = None) -> None:
     try:
         cfg = _load(config, data, None, None)
     except USER_ERRORS as exc:
-        fail(str(exc))
+        fail(one_line(exc))
     typer.echo(f"{config}: valid; stages: {', '.join(name for name, _ in cfg.stages()) or 'none'}")
 
 
@@ -162,7 +164,7 @@ def run_cmd(
     except pl.StageCancelled as exc:
         fail(str(exc), 130)
     except USER_ERRORS as exc:
-        fail(str(exc))
+        fail(one_line(exc))
     typer.echo(f"[{stage}] artifact: {uri}")
 
 
@@ -192,7 +194,7 @@ def run_all_cmd(
     except pl.StageCancelled as exc:
         fail(str(exc), 130)
     except USER_ERRORS as exc:
-        fail(str(exc))
+        fail(one_line(exc))
 
 
 @manifest_app.command("show")
@@ -202,7 +204,7 @@ def manifest_show(uri: Annotated[str, typer.Argument(help="Artifact folder or ma
     try:
         manifest, digest = read_manifest(uri, endpoint)
     except USER_ERRORS as exc:
-        fail(str(exc))
+        fail(one_line(exc))
     if as_json:
         typer.echo(manifest.model_dump_json(indent=2))
         return
@@ -222,27 +224,77 @@ def manifest_validate(uri: Annotated[str, typer.Argument(help="Artifact folder o
     try:
         art = fetch(uri, endpoint_url=endpoint)
     except USER_ERRORS as exc:
-        fail(str(exc))
+        fail(one_line(exc))
     typer.echo(f"{art.uri}: valid ({len(art.manifest.files)} files verified)")
+
+
+def _process_state(owner: dict) -> str:
+    """'alive', 'gone' or 'unknown' (another host) for the process a running record names."""
+    pid, host = owner.get("pid"), owner.get("host")
+    if not pid or host != socket.gethostname():
+        return "unknown"
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return "gone"
+    except PermissionError:
+        return "alive"
+    return "alive"
 
 
 @app.command("status")
 def status_cmd(run_id: Annotated[str, typer.Argument(help="Pipeline run id")],
                store: Annotated[str, typer.Option("--store", help="Artifact store root URI")] = ".dilforge/store",
                endpoint: EndpointOpt = None) -> None:
-    """Show each stage of a run: artifact, produced or reused, failure reason."""
+    """Show each stage of a run: artifact, produced or reused, failure reason; flags a run whose process is gone."""
     try:
         raw = json.loads(ArtifactStore(store, endpoint).read_run_record(run_id))
     except NotFound:
         fail(f"no run {run_id!r} in store {store}")
     except USER_ERRORS as exc:
-        fail(str(exc))
-    typer.echo(f"run {run_id} (updated {raw.get('updated_at')})")
+        fail(one_line(exc))
+    status, owner = raw.get("status", "unknown"), raw.get("owner") or {}
+    running = status == "running" or any(i.get("status") == "running" for i in raw["stages"].values())
+    note = ""
+    if running:
+        state = _process_state(owner)
+        if state == "gone":
+            status = "stale"
+            note = (f" — process {owner.get('pid')} on {owner.get('host')} is gone (killed or crashed); "
+                    "rerun the same command to resume")
+        elif state == "unknown":
+            note = f" — owned by process {owner.get('pid')} on {owner.get('host')}"
+    typer.echo(f"run {run_id}: {status}{note} (updated {raw.get('updated_at')})")
     for stage, info in raw["stages"].items():
         line = f"  {stage:<10} {info['status']:<9} {info['artifact_uri']}"
         if info.get("error"):
             line += f"\n             {info['error'].splitlines()[0][:200]}"
         typer.echo(line)
+
+
+@app.command("gc")
+def gc_cmd(store: Annotated[str, typer.Option("--store", help="Artifact store root URI")] = ".dilforge/store",
+           workdir: Annotated[Optional[Path], typer.Option(
+               "--workdir", help="Local backend work folders (default DILFORGE_WORKDIR or .dilforge/work)")] = None,
+           delete: Annotated[bool, typer.Option("--delete", help="Remove what is listed (default: list only).")] = False,
+           unreferenced: Annotated[bool, typer.Option(
+               "--unreferenced", help="Also list artifacts no run record in this store names.")] = False,
+           min_age_minutes: Annotated[float, typer.Option(
+               "--min-age-minutes", min=0, help="Leave orphans and temp files younger than this alone.")] = 60,
+           endpoint: EndpointOpt = None) -> None:
+    """List (dry run) or --delete orphan data-* folders, damaged copies, temp files, stale work folders."""
+    from . import gc
+    try:
+        found = gc.find_store_garbage(ArtifactStore(store, endpoint), min_age_minutes * 60, unreferenced)
+        found += gc.find_work_garbage(Path(workdir or settings().workdir).resolve(), min_age_minutes * 60)
+    except USER_ERRORS as exc:
+        fail(one_line(exc))
+    for item in found:
+        typer.echo(f"{'removing' if delete else 'would remove'} {item.kind:<12} {item.uri}  ({item.why})")
+        if delete:
+            item.remove()
+    verb = "removed" if delete else "found (dry run; --delete to remove)"
+    typer.echo(f"{len(found)} item(s) {verb}")
 
 
 def main() -> None:  # pragma: no cover
