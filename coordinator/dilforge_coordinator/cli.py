@@ -8,11 +8,10 @@ import os
 import socket
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from botocore.exceptions import BotoCoreError, ClientError
-
 from dilforge_shared.configs import PipelineConfig, load_pipeline
 from dilforge_shared.errors import DilforgeError
 from dilforge_shared.settings import install_log_masking, mask, settings
@@ -20,8 +19,9 @@ from dilforge_shared.store import ArtifactStore, NotFound, fetch, ls_files, read
 
 from . import pipeline as pl
 from .backends import BACKENDS, get_backend
-from .images import images_app
 from .chat import chat_cmd
+from .images import images_app
+
 
 class OneLineErrors(typer.Typer):
     """Whatever command runs (chat included): a user error, an OS error (full disk, a store path under a file) or
@@ -46,12 +46,12 @@ app.add_typer(images_app, name="images")
 app.command("chat")(chat_cmd)
 
 ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="Pipeline YAML (see configs/).", exists=False)]
-DataOpt = Annotated[Optional[Path], typer.Option(
+DataOpt = Annotated[Path | None, typer.Option(
     "--data", help="Folder with the data the config refers to as ${DILFORGE_DATA} (e.g. ../shared/data).")]
 BackendOpt = Annotated[str, typer.Option("--backend", "-b", help=f"Where stages run: {', '.join(BACKENDS)}.")]
-StoreOpt = Annotated[Optional[str], typer.Option("--store", help="Override store.uri of the config.")]
-RunIdOpt = Annotated[Optional[str], typer.Option("--run-id", help="Override run_id of the config.")]
-EndpointOpt = Annotated[Optional[str], typer.Option(
+StoreOpt = Annotated[str | None, typer.Option("--store", help="Override store.uri of the config.")]
+RunIdOpt = Annotated[str | None, typer.Option("--run-id", help="Override run_id of the config.")]
+EndpointOpt = Annotated[str | None, typer.Option(
     "--s3-endpoint-url", envvar="DILFORGE_S3_ENDPOINT_URL", help="S3-compatible endpoint (SeaweedFS, MinIO).")]
 
 
@@ -76,7 +76,7 @@ def fail(message: str, code: int = 1) -> None:
     raise typer.Exit(code)
 
 
-def _load(config: Path, data: Optional[Path], store: Optional[str], run_id: Optional[str]) -> PipelineConfig:
+def _load(config: Path, data: Path | None, store: str | None, run_id: str | None) -> PipelineConfig:
     """The pipeline config; `--data` is passed to interpolation as DILFORGE_DATA (os.environ is never written)."""
     overrides = {}
     if store:
@@ -104,7 +104,7 @@ DryRunOpt = Annotated[bool, typer.Option(
     "--dry-run", help="sagemaker backend: print every CreateTrainingJob request, offline, and submit nothing.")]
 
 
-def _prepared_backend(name: str, cfg: PipelineConfig, dry_run: bool = False, data: Optional[Path] = None):
+def _prepared_backend(name: str, cfg: PipelineConfig, dry_run: bool = False, data: Path | None = None):
     """The backend, and the config as it runs there (compose points the store at its S3)."""
     if dry_run and name != "sagemaker":
         fail("--dry-run is for --backend sagemaker")
@@ -140,7 +140,7 @@ def run_cmd(
     backend: BackendOpt = "local",
     store: StoreOpt = None,
     run_id: RunIdOpt = None,
-    inputs: Annotated[Optional[list[str]], typer.Option(
+    inputs: Annotated[list[str] | None, typer.Option(
         "--input", help="Upstream artifact NAME=URI; defaults to this run's record.")] = None,
     dry_run: DryRunOpt = False,
     verbose: bool = False,
@@ -274,7 +274,7 @@ def status_cmd(run_id: Annotated[str, typer.Argument(help="Pipeline run id")],
 
 @app.command("gc")
 def gc_cmd(store: Annotated[str, typer.Option("--store", help="Artifact store root URI")] = ".dilforge/store",
-           workdir: Annotated[Optional[Path], typer.Option(
+           workdir: Annotated[Path | None, typer.Option(
                "--workdir", help="Local backend work folders (default DILFORGE_WORKDIR or .dilforge/work)")] = None,
            delete: Annotated[bool, typer.Option("--delete", help="Remove what is listed (default: list only).")] = False,
            unreferenced: Annotated[bool, typer.Option(

@@ -112,9 +112,9 @@ def _temp_files(root: Path, min_age_s: float) -> list[Garbage]:
     found = []
     for path in sorted(root.rglob("*")):
         name = path.name
-        if (name.endswith((".tmp", ".partial", ".old")) and name.startswith(".")) or name.endswith(".tmp"):
-            if _age_s(path) >= min_age_s:
-                found.append(Garbage("temp", str(path), "left by an interrupted write", lambda p=path: _rm(p)))
+        leftover = name.endswith(".tmp") or (name.startswith(".") and name.endswith((".partial", ".old")))
+        if leftover and _age_s(path) >= min_age_s:
+            found.append(Garbage("temp", str(path), "left by an interrupted write", lambda p=path: _rm(p)))
     return found
 
 

@@ -7,7 +7,7 @@ import logging
 import os
 import socket
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Protocol
 
 from dilforge_shared.configs import PipelineConfig, StageConfig
@@ -18,7 +18,12 @@ from dilforge_shared.manifest import MANIFEST_NAME, InputRef, fingerprint
 from dilforge_shared.models import source_digest
 from dilforge_shared.settings import settings
 from dilforge_shared.store import (
-    ArtifactStore, NotFound, artifact_exists, check_artifact, move_aside, read_manifest,
+    ArtifactStore,
+    NotFound,
+    artifact_exists,
+    check_artifact,
+    move_aside,
+    read_manifest,
 )
 
 log = logging.getLogger("dilforge.coordinator")
@@ -81,12 +86,12 @@ class RunRecord:
     error: str | None = None
 
     def to_json(self) -> bytes:
-        return json.dumps({"run_id": self.run_id, "updated_at": datetime.now(timezone.utc).isoformat(),
+        return json.dumps({"run_id": self.run_id, "updated_at": datetime.now(UTC).isoformat(),
                            "status": self.status, "owner": self.owner, "error": self.error,
                            "stages": self.stages}, indent=2).encode()
 
     @classmethod
-    def load(cls, store: ArtifactStore, run_id: str) -> "RunRecord":
+    def load(cls, store: ArtifactStore, run_id: str) -> RunRecord:
         try:
             raw = json.loads(store.read_run_record(run_id))
         except NotFound:
@@ -99,7 +104,7 @@ def track_run(store: ArtifactStore, record: RunRecord, body):
     """Run `body()` with the record saying `running`, then `succeeded`, `failed` or `cancelled` whatever happens."""
     record.status, record.error = "running", None
     record.owner = {"pid": os.getpid(), "host": socket.gethostname(),
-                    "started_at": datetime.now(timezone.utc).isoformat()}
+                    "started_at": datetime.now(UTC).isoformat()}
     store.write_run_record(record.run_id, record.to_json())
     try:
         result = body()
@@ -127,7 +132,7 @@ def artifact_lock(store: ArtifactStore, stage: str, artifact_id: str) -> FileLoc
     return S3Lease(store.backend, key, settings().lock_lease_seconds)
 
 
-def reusable(job: "StageJob", stage: str) -> bool:
+def reusable(job: StageJob, stage: str) -> bool:
     """True if the artifact exists and is whole; a damaged one is reported and moved aside to be rebuilt."""
     try:
         problem = check_artifact(job.artifact_uri, job.s3_endpoint_url)

@@ -21,8 +21,9 @@ import json
 import logging
 import os
 import unicodedata
+from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Iterator, Literal
+from typing import IO, Literal
 from urllib.parse import urlparse
 
 from .errors import InputError
@@ -106,7 +107,7 @@ def _open_binary(uri: str, endpoint_url: str | None) -> IO[bytes]:
         stream: IO[bytes] = io.BufferedReader(_BodyReader(body), buffer_size=1 << 20)
     else:
         try:
-            stream = open(uri, "rb")
+            stream = open(uri, "rb")  # noqa: SIM115 - returned to the caller, who closes it
         except OSError as exc:
             raise InputError(f"cannot open: {exc.strerror}", path=uri) from None
     if uri.lower().endswith(".gz"):

@@ -19,6 +19,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Self
 
 from .errors import DilforgeError
 
@@ -64,7 +65,7 @@ class FileLock:
             os.close(self.fd)  # closes our description; a child holding an inherited copy keeps the lock
             self.fd = None
 
-    def __enter__(self) -> "FileLock":
+    def __enter__(self) -> Self:
         self.acquire()
         return self
 
@@ -145,7 +146,7 @@ class S3Lease:
         if current is not None and current.get("token") == self.owner["token"]:
             self.backend.delete(self.key)
 
-    def __enter__(self) -> "S3Lease":
+    def __enter__(self) -> Self:
         self.acquire()
         return self
 

@@ -13,17 +13,26 @@ import os
 import shutil
 import tempfile
 import uuid
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
+from datetime import UTC
 from pathlib import Path
-from typing import Collection, Iterator, Protocol
+from typing import Protocol
 from urllib.parse import urlparse
 
 from .errors import ArtifactExistsError, DilforgeError, IntegrityError, ManifestError, ManifestNotFound
-from .settings import settings
 from .manifest import (
-    MANIFEST_NAME, FileEntry, InputRef, Manifest, check_relative_path, parse_manifest, scan_files,
-    sha256_bytes, sha256_file,
+    MANIFEST_NAME,
+    FileEntry,
+    InputRef,
+    Manifest,
+    check_relative_path,
+    parse_manifest,
+    scan_files,
+    sha256_bytes,
+    sha256_file,
 )
+from .settings import settings
 
 log = logging.getLogger(__name__)
 
@@ -438,8 +447,8 @@ def check_artifact(artifact_uri: str, endpoint_url: str | None = None, full: boo
 
 def move_aside(artifact_uri: str, endpoint_url: str | None = None) -> str:
     """Move a damaged artifact to `<id>.damaged-<utc>` beside it (manifest first gone), so its id can be rebuilt."""
-    from datetime import datetime, timezone
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    from datetime import datetime
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     parent_uri, _, name = artifact_uri.rstrip("/").rpartition("/")
     target = f"{name}.damaged-{stamp}"
     parent = open_backend(parent_uri, endpoint_url)

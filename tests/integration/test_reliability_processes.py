@@ -101,7 +101,7 @@ def record(world: Path, run_id: str = "a") -> dict:
 
 def test_a_stage_never_reads_the_users_stdin(world):
     proc = start(world, stdin=b"y\ny\ny\n")
-    out, err = proc.communicate(timeout=120)
+    _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err.decode()
     assert "stdin=''" in wait_for(world, "start")[0]
     assert record(world)["status"] == "succeeded"
@@ -112,7 +112,7 @@ def test_stop_signal_is_forwarded_stage_checkpoints_and_record_says_cancelled(wo
     proc = start(world, seconds=60)
     stage_pid = int(wait_for(world, "start")[0].split()[1])
     proc.send_signal(sig)
-    out, err = proc.communicate(timeout=60)
+    _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err.decode()
     assert "Traceback" not in err.decode() and "cancelled" in err.decode()
     assert "checkpointed" in wait_for(world, "checkpointed")
@@ -129,7 +129,7 @@ def test_kill_9_of_the_coordinator_stops_the_stage_and_a_rerun_waits_then_resume
     proc.kill()
     proc.wait(10)
     rerun = start(world, seconds=0)          # immediately: the orphan may still be checkpointing
-    out, err = rerun.communicate(timeout=120)
+    _, err = rerun.communicate(timeout=120)
     assert rerun.returncode == 0, err.decode()
     log = wait_for(world, "published")
     assert log[:2] == [log[0], "checkpointed"], log

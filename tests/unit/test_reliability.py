@@ -13,14 +13,13 @@ import time
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
-
 from dilforge_coordinator import pipeline as pl
 from dilforge_coordinator.cli import app
 from dilforge_shared.configs import load_pipeline
 from dilforge_shared.errors import ConfigError, IntegrityError
 from dilforge_shared.manifest import MANIFEST_NAME, Manifest, current_producer
 from dilforge_shared.store import ArtifactStore, check_artifact, fetch, mirror_prefix, publish
+from typer.testing import CliRunner
 
 ROOT = Path(__file__).resolve().parents[2]
 LOADERS = ("from_pretrained", "AutoConfig", "pipeline")
