@@ -411,3 +411,20 @@ def test_default_s3_budget_is_under_a_minute(monkeypatch):
         monkeypatch.delenv(name, raising=False)
     s = settings()
     assert s.s3_max_attempts * (s.s3_connect_timeout + s.s3_read_timeout) <= 60
+
+
+def test_a_full_disk_in_a_stage_is_a_one_line_failure_naming_the_file(tmp_path, monkeypatch):
+    import errno
+
+    from dilforge_shared.configs import STAGE_CONFIGS
+    from dilforge_shared.contract import OptMl, build_hyperparameters, stage_main
+    cfg = load_pipeline(write_config(tmp_path))
+    opt = OptMl(tmp_path / "opt")
+    opt.write_inputs(build_hyperparameters(cfg.tokenizer, str(tmp_path / "store" / "a"), "r", {}))
+    monkeypatch.setenv("DILFORGE_OPT_ML", str(opt.root))
+
+    def body(config, ctx):
+        raise OSError(errno.EFBIG, "File too large", str(ctx.model_dir / "model.safetensors"))
+    assert stage_main(STAGE_CONFIGS["tokenizer"], body, "test", ["train"]) == 1
+    failure = opt.failure_file.read_text()
+    assert failure == f"{opt.model_dir / 'model.safetensors'}: File too large (disk full or a file-size limit)"
