@@ -37,6 +37,7 @@ from .configs.pipeline import validate_model
 from .corpus import data_digest
 from .errors import ConfigError, DilforgeError
 from .manifest import MANIFEST_NAME, InputRef, Manifest, current_producer
+from .settings import install_log_masking, settings
 from .store import Artifact, fetch, parse_manifest, publish, read_uri_bytes, sha256_bytes, verify_files
 
 log = logging.getLogger("dilforge")
@@ -255,8 +256,10 @@ def write_failure(opt: OptMl, message: str) -> None:
 
 
 def setup_logging() -> None:
-    logging.basicConfig(level=os.environ.get("DILFORGE_LOG_LEVEL", "INFO"),
+    """Stage logging to stdout, credentials masked on every line (botocore logs keys at DEBUG)."""
+    logging.basicConfig(level=settings().log_level,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stdout, force=True)
+    install_log_masking()
 
 
 def log_config(config: BaseModel, derived: dict[str, Any] | None = None) -> None:

@@ -428,3 +428,46 @@ def test_a_full_disk_in_a_stage_is_a_one_line_failure_naming_the_file(tmp_path, 
     assert stage_main(STAGE_CONFIGS["tokenizer"], body, "test", ["train"]) == 1
     failure = opt.failure_file.read_text()
     assert failure == f"{opt.model_dir / 'model.safetensors'}: File too large (disk full or a file-size limit)"
+
+
+# ---- bounded readers -----------------------------------------------------------------------------------------
+
+def test_oversize_policies(tmp_path, caplog):
+    import gzip
+
+    from dilforge_shared.corpus import iter_located_texts, iter_records
+    from dilforge_shared.errors import InputError
+    words = [f"söz{i}" for i in range(200)]
+    long_line = " ".join(words)
+    for name, opener in (("c.txt", open), ("c.txt.gz", gzip.open)):
+        with opener(tmp_path / name, "wt", encoding="utf-8") as f:
+            f.write(f"short\n{long_line}\nəşğ\n")
+        uri = str(tmp_path / name)
+        with pytest.raises(InputError, match=rf"{name}:2: line longer than 100 bytes"):
+            list(iter_located_texts(uri, max_document_bytes=100))
+        pieces = [(line, text) for _, line, text in iter_located_texts(uri, max_document_bytes=100,
+                                                                         on_oversize="split")]
+        assert pieces[0] == (1, "short") and pieces[-1] == (3, "əşğ")
+        middle = [text for line, text in pieces[1:-1]]
+        assert all(line == 2 for line, _ in pieces[1:-1]) and len(middle) > 1
+        assert all(len(t.encode()) <= 100 for t in middle)
+        assert " ".join(middle).split() == words, "split keeps every word, cut at whitespace"
+        truncated = [text for _, _, text in iter_located_texts(uri, max_document_bytes=100, on_oversize="truncate")]
+        assert truncated[0] == "short" and truncated[2] == "əşğ" and long_line.startswith(truncated[1])
+        assert 96 <= len(truncated[1].encode()) <= 100
+        with caplog.at_level(logging.WARNING):
+            skipped = [text for _, _, text in iter_located_texts(uri, max_document_bytes=100, on_oversize="skip")]
+        assert skipped == ["short", "əşğ"] and f"{name}:2" in caplog.text
+    record = tmp_path / "r.jsonl"
+    record.write_text(json.dumps({"text": long_line}) + "\n" + json.dumps({"text": "ok"}) + "\n")
+    with pytest.raises(InputError, match="r.jsonl:1: line longer than 100 bytes"):
+        list(iter_records(str(record), max_document_bytes=100, on_oversize="split"))
+    assert [r["text"] for _, r in iter_records(str(record), max_document_bytes=100, on_oversize="skip")] == ["ok"]
+
+
+def test_a_multibyte_character_on_the_read_boundary_is_never_broken(tmp_path):
+    from dilforge_shared.corpus import iter_texts
+    path = tmp_path / "a.txt"
+    path.write_text("ə" * 1000 + "\n", encoding="utf-8")     # 2 bytes each; bound 101 is odd
+    pieces = list(iter_texts(str(path), max_document_bytes=101, on_oversize="split"))
+    assert "".join(pieces) == "ə" * 1000 and all(len(p.encode()) <= 101 for p in pieces)
