@@ -286,7 +286,8 @@ def gc_cmd(store: Annotated[str, typer.Option("--store", help="Artifact store ro
     from . import gc
     try:
         found = gc.find_store_garbage(ArtifactStore(store, endpoint), min_age_minutes * 60, unreferenced)
-        found += gc.find_work_garbage(Path(workdir or settings().workdir).resolve(), min_age_minutes * 60)
+        found += gc.find_work_garbage(Path(workdir or settings().workdir).resolve(), min_age_minutes * 60,
+                                      settings().cache)
     except USER_ERRORS as exc:
         fail(one_line(exc))
     for item in found:

@@ -13,6 +13,7 @@ What counts as garbage, and why it is safe to remove:
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import time
 from dataclasses import dataclass
@@ -22,6 +23,8 @@ from dilforge_shared.errors import ManifestError
 from dilforge_shared.locks import is_locked
 from dilforge_shared.manifest import MANIFEST_NAME
 from dilforge_shared.store import ArtifactStore, NotFound, parse_manifest
+
+TEMP_NAME = re.compile(r"\.tmp\d*$")  # store writes (`.x.<uuid>.tmp`), CPT token cache (`.tmp<pid>`)
 
 
 @dataclass
@@ -112,7 +115,7 @@ def _temp_files(root: Path, min_age_s: float) -> list[Garbage]:
     found = []
     for path in sorted(root.rglob("*")):
         name = path.name
-        leftover = name.endswith(".tmp") or (name.startswith(".") and name.endswith((".partial", ".old")))
+        leftover = TEMP_NAME.search(name) or (name.startswith(".") and name.endswith((".partial", ".old")))
         if leftover and _age_s(path) >= min_age_s:
             found.append(Garbage("temp", str(path), "left by an interrupted write", lambda p=path: _rm(p)))
     return found
@@ -125,10 +128,11 @@ def _rm(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
-def find_work_garbage(workdir: Path, min_age_s: float) -> list[Garbage]:
+def find_work_garbage(workdir: Path, min_age_s: float, cache: Path | None = None) -> list[Garbage]:
+    """Work folders no live process holds, and temp files of interrupted downloads in the cache."""
+    found = _temp_files(cache, min_age_s) if cache is not None and cache.is_dir() else []
     if not workdir.is_dir():
-        return []
-    found = []
+        return found
     for path in sorted(workdir.iterdir()):
         if path.is_dir() and not path.name.startswith("."):
             if is_locked(workdir / f"{path.name}.lock"):
@@ -136,4 +140,4 @@ def find_work_garbage(workdir: Path, min_age_s: float) -> list[Garbage]:
             found.append(Garbage("work", str(path), "work folder no live process holds (checkpoints of a failed "
                                  "or cancelled run; removing it means the next run starts over)",
                                  lambda p=path: _rm(p)))
-    return found + _temp_files(workdir, min_age_s)
+    return found  # temp files inside a work folder go with it; a held one is a live process's business

@@ -217,7 +217,10 @@ def test_status_flags_a_running_record_whose_process_is_gone(tmp_path):
     assert "running" in result.output and "gone" not in result.output
 
 
-def test_gc_lists_by_default_and_removes_with_delete(tmp_path):
+def test_gc_lists_by_default_and_removes_with_delete(tmp_path, monkeypatch):
+    monkeypatch.setenv("DILFORGE_CACHE", str(tmp_path / "cache"))
+    partial = tmp_path / "cache" / "models" / ".abc.1234.partial"     # an interrupted model download
+    partial.mkdir(parents=True)
     cfg = load_pipeline(write_config(tmp_path))
     uri = pl.run_all(cfg, PublishingBackend())["tokenizer"]
     art = Path(uri.removeprefix("file://"))
@@ -232,15 +235,16 @@ def test_gc_lists_by_default_and_removes_with_delete(tmp_path):
     work = tmp_path / "work" / "cpt-0011223344556677"
     (work / "checkpoints").mkdir(parents=True)
     old = time.time() - 7200
-    for p in (orphan, half, tmp):
+    for p in (orphan, half, tmp, partial):
         os.utime(p, (old, old))
     args = ["gc", "--store", str(tmp_path / "store"), "--workdir", str(tmp_path / "work")]
     dry = CliRunner().invoke(app, args)
     assert dry.exit_code == 0, dry.output
-    assert "4 item(s) found" in dry.output and orphan.exists() and half.exists() and tmp.exists() and work.exists()
+    assert "5 item(s) found" in dry.output, dry.output
+    assert all(p.exists() for p in (orphan, half, tmp, work, partial))
     done = CliRunner().invoke(app, [*args, "--delete"])
-    assert done.exit_code == 0 and "4 item(s) removed" in done.output, done.output
-    assert not orphan.exists() and not half.exists() and not tmp.exists() and not work.exists()
+    assert done.exit_code == 0 and "5 item(s) removed" in done.output, done.output
+    assert not any(p.exists() for p in (orphan, half, tmp, work, partial))
     assert check_artifact(uri) is None, "gc must never touch a whole artifact's data"
     unref = CliRunner().invoke(app, [*args, "--unreferenced"])
     assert "0 item(s)" in unref.output, "the artifact is named by run record demo"
