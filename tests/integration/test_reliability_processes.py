@@ -148,3 +148,21 @@ def test_two_runs_started_apart_share_one_stage_process_and_both_succeed(world):
     statuses = {r: record(world, r)["stages"]["tokenizer"]["status"] for r in ("a", "b")}
     assert statuses == {"a": "produced", "b": "reused"}
     assert "waiting" in results[1][0].decode()
+
+
+@pytest.mark.parametrize("case", ["bad_endpoint", "bad_secret"])
+def test_chat_with_a_bad_endpoint_or_secret_is_one_line(case, tmp_path, s3_server, s3_bucket):
+    """The installed `coordinator` script: an S3 error in any command (chat here) is one line, exit 1."""
+    import socket
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed_port = probe.getsockname()[1]
+    endpoint = f"http://127.0.0.1:{closed_port}" if case == "bad_endpoint" else s3_server.endpoint_url
+    env = {**os.environ, "DILFORGE_S3_MAX_ATTEMPTS": "1", "DILFORGE_S3_ACCESS_KEY_ID": "dilforge-test",
+           "DILFORGE_S3_SECRET_ACCESS_KEY": "wrong-secret-value", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([str(Path(sys.executable).parent / "coordinator"), "chat", f"{s3_bucket}/model", "-p", "hi",
+                           "--s3-endpoint-url", endpoint], env=env, capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "wrong-secret-value" not in proc.stderr
