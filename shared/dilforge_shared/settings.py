@@ -13,6 +13,7 @@ dilforge writes `os.environ` after process start-up: values travel as arguments 
 | DILFORGE_S3_ACCESS_KEY_ID / DILFORGE_S3_SECRET_ACCESS_KEY | keys for that endpoint only (never logged) |
 | DILFORGE_S3_CONNECT_TIMEOUT / DILFORGE_S3_READ_TIMEOUT | seconds per attempt (default 5 / 15) |
 | DILFORGE_S3_MAX_ATTEMPTS | attempts per S3 call, first included (default 3: a frozen endpoint fails in < 60 s) |
+| DILFORGE_VERIFY_ON_REUSE | sha256 (default) or stamp: how a local artifact is checked before reuse |
 | DILFORGE_LOCK_LEASE_SECONDS | lease of an S3 run lock; renewed while the owner lives (default 120) |
 | DILFORGE_LOG_LEVEL | stage log level (default INFO) |
 | DILFORGE_VAR_<NAME> | user variables a config may interpolate as `${DILFORGE_VAR_<NAME>}` |
@@ -23,6 +24,7 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -48,6 +50,9 @@ class Settings(BaseSettings):
     s3_connect_timeout: float = Field(default=5.0, gt=0, description="Seconds to connect, per attempt.")
     s3_read_timeout: float = Field(default=15.0, gt=0, description="Seconds to wait for an answer, per attempt.")
     s3_max_attempts: int = Field(default=3, ge=1, le=10, description="Attempts per S3 call, the first included.")
+    verify_on_reuse: Literal["sha256", "stamp"] = Field(
+        default="sha256", description="Reuse check of local artifacts: sha256 of every file, or skip the hashing "
+        "while size, mtime and inode match the last full check.")
     lock_lease_seconds: float = Field(default=120.0, gt=0, description="Lease of an S3 run lock.")
     log_level: str = Field(default="INFO", description="Stage log level.")
 

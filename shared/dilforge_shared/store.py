@@ -8,6 +8,7 @@ wins while the other's files are removed. Reading verifies the size and sha256 o
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -414,15 +415,38 @@ def verify_files(manifest: Manifest, root: Path, source: str, full: bool = True)
             raise IntegrityError(f"{source}: file {entry.path} does not match its sha256 in the manifest")
 
 
-def check_artifact(artifact_uri: str, endpoint_url: str | None = None, full: bool = True) -> str | None:
+STAMP_NAME = ".verified.json"  # local stores: (size, mtime_ns, inode) of each file when last fully verified
+
+
+def _stamp(manifest: Manifest, digest: str, root: Path) -> dict:
+    stats = {}
+    for entry in manifest.files:
+        st = (root / entry.path).lstat()
+        stats[entry.path] = [st.st_size, st.st_mtime_ns, st.st_ino]
+    return {"manifest_sha256": digest, "files": stats}
+
+
+def _stamp_matches(backend: Backend, manifest: Manifest, digest: str, root: Path) -> bool:
+    try:
+        return json.loads(backend.read_bytes(STAMP_NAME)) == _stamp(manifest, digest, root)
+    except (NotFound, OSError, ValueError):
+        return False
+
+
+def check_artifact(artifact_uri: str, endpoint_url: str | None = None, full: bool = True,
+                   mode: str | None = None) -> str | None:
     """None if the artifact is whole, else what is wrong with it; ManifestNotFound if there is none.
 
-    Local stores: sizes always, sha256 of every file when `full`. S3: every object present with its size
-    (a sha256 check would mean downloading the weights; `fetch` verifies them on every download anyway).
+    Local stores: sizes always, sha256 of every file when `full`; with `mode="stamp"` (DILFORGE_VERIFY_ON_REUSE)
+    the hashing is skipped while every file still has the size, mtime and inode recorded at the last full check
+    (any ordinary write changes them; a deliberate mtime reset does not — hence sha256 is the default).
+    S3: every object present with its size (a sha256 check would mean downloading the weights; `fetch`
+    verifies them on every download anyway).
     """
     muri = manifest_uri_of(artifact_uri)
+    mode = mode or settings().verify_on_reuse
     try:
-        manifest, _ = read_manifest(muri, endpoint_url)
+        manifest, digest = read_manifest(muri, endpoint_url)
     except ManifestNotFound:
         raise
     except ManifestError as exc:
@@ -431,7 +455,10 @@ def check_artifact(artifact_uri: str, endpoint_url: str | None = None, full: boo
     local = backend.local_path(manifest.data_dir)
     try:
         if local is not None:
-            verify_files(manifest, local, muri, full=full)
+            fast = full and mode == "stamp" and _stamp_matches(backend, manifest, digest, local)
+            verify_files(manifest, local, muri, full=full and not fast)
+            if full and mode == "stamp" and not fast:
+                backend.write_bytes(STAMP_NAME, json.dumps(_stamp(manifest, digest, local)).encode())
             return None
         for entry in manifest.files:
             try:
@@ -517,7 +544,6 @@ def mirror_prefix(uri: str, dest: Path, endpoint_url: str | None = None, only: C
     the stale one. A new copy is downloaded beside `dest` and swapped in, so a crash never leaves a half copy.
     `only`: top-level names to copy (e.g. a tokenizer's files from a model prefix that also holds weights).
     """
-    import json
     backend = open_backend(uri, endpoint_url)
     listing = _listing(backend, only)
     if not listing:

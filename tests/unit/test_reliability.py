@@ -475,3 +475,18 @@ def test_a_multibyte_character_on_the_read_boundary_is_never_broken(tmp_path):
     path.write_text("ə" * 1000 + "\n", encoding="utf-8")     # 2 bytes each; bound 101 is odd
     pieces = list(iter_texts(str(path), max_document_bytes=101, on_oversize="split"))
     assert "".join(pieces) == "ə" * 1000 and all(len(p.encode()) <= 101 for p in pieces)
+
+
+def test_stamp_mode_skips_hashing_until_a_file_changes(tmp_path, monkeypatch):
+    from dilforge_shared import store as store_mod
+    cfg = load_pipeline(write_config(tmp_path))
+    uri = pl.run_all(cfg, PublishingBackend())["tokenizer"]
+    hashed = []
+    original = store_mod.sha256_file
+    monkeypatch.setattr(store_mod, "sha256_file", lambda p: hashed.append(p.name) or original(p))
+    assert check_artifact(uri, mode="stamp") is None and len(hashed) == 2      # first time: full, then stamped
+    assert check_artifact(uri, mode="stamp") is None and len(hashed) == 2      # stamp matches: no hashing
+    target = _data_dir(uri) / "tokenizer.json"
+    target.write_text('{"model": "bpf"}')                                     # same size, new mtime
+    assert "sha256" in check_artifact(uri, mode="stamp")
+    assert check_artifact(uri) is not None, "sha256 mode (default) catches it too"
