@@ -72,7 +72,7 @@ def check(out: Path) -> None:
     from transformers import AutoTokenizer
     text, expected = CHECK
     raw = Tokenizer.from_file(str(out / "tokenizer.json")).encode(text, add_special_tokens=False).ids
-    hf = AutoTokenizer.from_pretrained(str(out))
+    hf = AutoTokenizer.from_pretrained(str(out), trust_remote_code=False)
     ids = hf(text, add_special_tokens=False)["input_ids"]
     specials = {t: hf.convert_tokens_to_ids(t) for t in
                 ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")}

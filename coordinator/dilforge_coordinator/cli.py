@@ -5,25 +5,42 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from botocore.exceptions import BotoCoreError, ClientError
-
 from dilforge_shared.configs import PipelineConfig, load_pipeline
 from dilforge_shared.errors import DilforgeError
+from dilforge_shared.settings import install_log_masking, mask, settings
 from dilforge_shared.store import ArtifactStore, NotFound, fetch, ls_files, read_manifest
 
 from . import pipeline as pl
 from .backends import BACKENDS, get_backend
-from .images import images_app
 from .chat import chat_cmd
+from .images import images_app
 from .models_cmd import models_app
 
-app = typer.Typer(help="dilforge coordinator: run the model → tokenizer → cpt → sft → eval pipeline.",
-                  no_args_is_help=True, pretty_exceptions_enable=False)
+
+class OneLineErrors(typer.Typer):
+    """Whatever command runs (chat included): a user error, an OS error (full disk, a store path under a file) or
+    an S3 answer is one line on stderr and exit 1; Ctrl-C is `cancelled` and exit 130; never a traceback."""
+
+    def __call__(self, *args, **kwargs):
+        try:
+            return super().__call__(*args, **kwargs)
+        except KeyboardInterrupt:
+            typer.echo("cancelled (interrupted)", err=True)
+            sys.exit(130)
+        except USER_ERRORS as exc:
+            typer.echo(f"error: {one_line(exc)}", err=True)
+            sys.exit(1)
+
+
+app = OneLineErrors(help="dilforge coordinator: run the model → tokenizer → cpt → sft → eval pipeline.",
+                    no_args_is_help=True, pretty_exceptions_enable=False)
 manifest_app = typer.Typer(help="Inspect artifact manifests.", no_args_is_help=True)
 app.add_typer(manifest_app, name="manifest")
 app.add_typer(images_app, name="images")
@@ -31,57 +48,72 @@ app.add_typer(models_app, name="models")
 app.command("chat")(chat_cmd)
 
 ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="Pipeline YAML (see configs/).", exists=False)]
-DataOpt = Annotated[Optional[Path], typer.Option(
+DataOpt = Annotated[Path | None, typer.Option(
     "--data", help="Folder with the data the config refers to as ${DILFORGE_DATA} (e.g. ../shared/data).")]
 BackendOpt = Annotated[str, typer.Option("--backend", "-b", help=f"Where stages run: {', '.join(BACKENDS)}.")]
-StoreOpt = Annotated[Optional[str], typer.Option("--store", help="Override store.uri of the config.")]
-RunIdOpt = Annotated[Optional[str], typer.Option("--run-id", help="Override run_id of the config.")]
-EndpointOpt = Annotated[Optional[str], typer.Option(
+StoreOpt = Annotated[str | None, typer.Option("--store", help="Override store.uri of the config.")]
+RunIdOpt = Annotated[str | None, typer.Option("--run-id", help="Override run_id of the config.")]
+EndpointOpt = Annotated[str | None, typer.Option(
     "--s3-endpoint-url", envvar="DILFORGE_S3_ENDPOINT_URL", help="S3-compatible endpoint (SeaweedFS, MinIO).")]
 
 
-# What a user can act on: our own errors, and S3 answers such as an unreachable endpoint or missing
+# What a user can act on: our own errors, OS errors (a full disk, a path under a file), and S3 answers such as an unreachable endpoint or missing
 # credentials; shown as one line and exit 1, never as a traceback.
-USER_ERRORS = (DilforgeError, BotoCoreError, ClientError)
+USER_ERRORS = (DilforgeError, BotoCoreError, ClientError, OSError)
 
 
-def fail(message: str) -> None:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(1)
+def one_line(exc: BaseException) -> str:
+    """An error as the user reads it: OS errors name the file and what failed; credentials are masked."""
+    if isinstance(exc, OSError) and exc.strerror:
+        text = f"{exc.filename}: {exc.strerror}" if exc.filename else exc.strerror
+        if exc.filename2:
+            text += f" (→ {exc.filename2})"
+    else:
+        text = str(exc) or type(exc).__name__
+    return mask(text)
 
 
-def _load(config: Path, data: Optional[Path], store: Optional[str], run_id: Optional[str]) -> PipelineConfig:
-    if data is not None:
-        os.environ["DILFORGE_DATA"] = str(data.resolve())
+def fail(message: str, code: int = 1) -> None:
+    typer.echo(f"error: {mask(message)}", err=True)
+    raise typer.Exit(code)
+
+
+def _load(config: Path, data: Path | None, store: str | None, run_id: str | None) -> PipelineConfig:
+    """The pipeline config; `--data` is passed to interpolation as DILFORGE_DATA (os.environ is never written)."""
     overrides = {}
     if store:
         overrides["store.uri"] = store
     if run_id:
         overrides["run_id"] = run_id
-    return load_pipeline(config, overrides)
+    variables = {"DILFORGE_DATA": str(data.resolve())} if data is not None else None
+    return load_pipeline(config, overrides, variables)
 
 
 def _setup_logging(verbose: bool) -> None:
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    install_log_masking()
 
 
 def _backend(name: str, **options):
     try:
         return get_backend(name, **options)
     except ValueError as exc:
-        fail(str(exc))
+        fail(one_line(exc))
 
 
 DryRunOpt = Annotated[bool, typer.Option(
     "--dry-run", help="sagemaker backend: print every CreateTrainingJob request, offline, and submit nothing.")]
 
 
-def _prepared_backend(name: str, cfg: PipelineConfig, dry_run: bool = False):
+def _prepared_backend(name: str, cfg: PipelineConfig, dry_run: bool = False, data: Path | None = None):
     """The backend, and the config as it runs there (compose points the store at its S3)."""
     if dry_run and name != "sagemaker":
         fail("--dry-run is for --backend sagemaker")
-    backend = _backend(name, **({"dry_run": True} if dry_run else {}))
+    options = {"dry_run": True} if dry_run else {}
+    if name == "compose" and data is not None:
+        options["data_root"] = data.resolve()
+    backend = _backend(name, **options)
     prepare = getattr(backend, "prepare", None)
     return backend, (prepare(cfg) if prepare else cfg)
 
@@ -98,7 +130,7 @@ def validate_cmd(config: ConfigOpt, data: DataOpt = None) -> None:
     try:
         cfg = _load(config, data, None, None)
     except USER_ERRORS as exc:
-        fail(str(exc))
+        fail(one_line(exc))
     typer.echo(f"{config}: valid; stages: {', '.join(name for name, _ in cfg.stages()) or 'none'}")
 
 
@@ -110,7 +142,7 @@ def run_cmd(
     backend: BackendOpt = "local",
     store: StoreOpt = None,
     run_id: RunIdOpt = None,
-    inputs: Annotated[Optional[list[str]], typer.Option(
+    inputs: Annotated[list[str] | None, typer.Option(
         "--input", help="Upstream artifact NAME=URI; defaults to this run's record.")] = None,
     dry_run: DryRunOpt = False,
     verbose: bool = False,
@@ -121,7 +153,7 @@ def run_cmd(
         cfg = _load(config, data, store, run_id)
         if getattr(cfg, stage, None) is None:
             fail(f"{config}: no '{stage}' section; stages configured: {[n for n, _ in cfg.stages()]}")
-        runner, cfg = _prepared_backend(backend, cfg, dry_run)
+        runner, cfg = _prepared_backend(backend, cfg, dry_run, data)
         if dry_run:
             return _print_dry_run(runner, cfg, stage)
         upstream = pl.upstream_from_record(cfg)
@@ -130,9 +162,11 @@ def run_cmd(
             if not sep:
                 fail(f"--input {item!r}: expected NAME=URI")
             upstream[name] = uri
-        uri = pl.run_stage(cfg, stage, runner, upstream)
+        uri = pl.run_one(cfg, stage, runner, upstream)
+    except pl.StageCancelled as exc:
+        fail(str(exc), 130)
     except USER_ERRORS as exc:
-        fail(str(exc))
+        fail(one_line(exc))
     typer.echo(f"[{stage}] artifact: {uri}")
 
 
@@ -150,18 +184,19 @@ def run_all_cmd(
     _setup_logging(verbose)
     try:
         cfg = _load(config, data, store, run_id)
-        runner, cfg = _prepared_backend(backend, cfg, dry_run)
+        runner, cfg = _prepared_backend(backend, cfg, dry_run, data)
         if dry_run:
             return _print_dry_run(runner, cfg)
         produced = pl.run_all(cfg, runner)
+        for stage, uri in produced.items():
+            typer.echo(f"[{stage}] artifact: {uri}")
+        if "eval" in produced:
+            art = fetch(produced["eval"], endpoint_url=cfg.store.s3_endpoint_url)
+            typer.echo(f"report: {art.path / 'report.html'}")
+    except pl.StageCancelled as exc:
+        fail(str(exc), 130)
     except USER_ERRORS as exc:
-        fail(str(exc))
-    for stage, uri in produced.items():
-        typer.echo(f"[{stage}] artifact: {uri}")
-    if "eval" in produced:
-        art = fetch(produced["eval"], endpoint_url=cfg.store.s3_endpoint_url)
-        report = art.path / "report.html"
-        typer.echo(f"report: {report}")
+        fail(one_line(exc))
 
 
 @manifest_app.command("show")
@@ -171,7 +206,7 @@ def manifest_show(uri: Annotated[str, typer.Argument(help="Artifact folder or ma
     try:
         manifest, digest = read_manifest(uri, endpoint)
     except USER_ERRORS as exc:
-        fail(str(exc))
+        fail(one_line(exc))
     if as_json:
         typer.echo(manifest.model_dump_json(indent=2))
         return
@@ -191,27 +226,78 @@ def manifest_validate(uri: Annotated[str, typer.Argument(help="Artifact folder o
     try:
         art = fetch(uri, endpoint_url=endpoint)
     except USER_ERRORS as exc:
-        fail(str(exc))
+        fail(one_line(exc))
     typer.echo(f"{art.uri}: valid ({len(art.manifest.files)} files verified)")
+
+
+def _process_state(owner: dict) -> str:
+    """'alive', 'gone' or 'unknown' (another host) for the process a running record names."""
+    pid, host = owner.get("pid"), owner.get("host")
+    if not pid or host != socket.gethostname():
+        return "unknown"
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return "gone"
+    except PermissionError:
+        return "alive"
+    return "alive"
 
 
 @app.command("status")
 def status_cmd(run_id: Annotated[str, typer.Argument(help="Pipeline run id")],
                store: Annotated[str, typer.Option("--store", help="Artifact store root URI")] = ".dilforge/store",
                endpoint: EndpointOpt = None) -> None:
-    """Show each stage of a run: artifact, produced or reused, failure reason."""
+    """Show each stage of a run: artifact, produced or reused, failure reason; flags a run whose process is gone."""
     try:
         raw = json.loads(ArtifactStore(store, endpoint).read_run_record(run_id))
     except NotFound:
         fail(f"no run {run_id!r} in store {store}")
     except USER_ERRORS as exc:
-        fail(str(exc))
-    typer.echo(f"run {run_id} (updated {raw.get('updated_at')})")
+        fail(one_line(exc))
+    status, owner = raw.get("status", "unknown"), raw.get("owner") or {}
+    running = status == "running" or any(i.get("status") == "running" for i in raw["stages"].values())
+    note = ""
+    if running:
+        state = _process_state(owner)
+        if state == "gone":
+            status = "stale"
+            note = (f" — process {owner.get('pid')} on {owner.get('host')} is gone (killed or crashed); "
+                    "rerun the same command to resume")
+        elif state == "unknown":
+            note = f" — owned by process {owner.get('pid')} on {owner.get('host')}"
+    typer.echo(f"run {run_id}: {status}{note} (updated {raw.get('updated_at')})")
     for stage, info in raw["stages"].items():
         line = f"  {stage:<10} {info['status']:<9} {info['artifact_uri']}"
         if info.get("error"):
             line += f"\n             {info['error'].splitlines()[0][:200]}"
         typer.echo(line)
+
+
+@app.command("gc")
+def gc_cmd(store: Annotated[str, typer.Option("--store", help="Artifact store root URI")] = ".dilforge/store",
+           workdir: Annotated[Path | None, typer.Option(
+               "--workdir", help="Local backend work folders (default DILFORGE_WORKDIR or .dilforge/work)")] = None,
+           delete: Annotated[bool, typer.Option("--delete", help="Remove what is listed (default: list only).")] = False,
+           unreferenced: Annotated[bool, typer.Option(
+               "--unreferenced", help="Also list artifacts no run record in this store names.")] = False,
+           min_age_minutes: Annotated[float, typer.Option(
+               "--min-age-minutes", min=0, help="Leave orphans and temp files younger than this alone.")] = 60,
+           endpoint: EndpointOpt = None) -> None:
+    """List (dry run) or --delete orphan data-* folders, damaged copies, temp files, stale work folders."""
+    from . import gc
+    try:
+        found = gc.find_store_garbage(ArtifactStore(store, endpoint), min_age_minutes * 60, unreferenced)
+        found += gc.find_work_garbage(Path(workdir or settings().workdir).resolve(), min_age_minutes * 60,
+                                      settings().cache)
+    except USER_ERRORS as exc:
+        fail(one_line(exc))
+    for item in found:
+        typer.echo(f"{'removing' if delete else 'would remove'} {item.kind:<12} {item.uri}  ({item.why})")
+        if delete:
+            item.remove()
+    verb = "removed" if delete else "found (dry run; --delete to remove)"
+    typer.echo(f"{len(found)} item(s) {verb}")
 
 
 def main() -> None:  # pragma: no cover

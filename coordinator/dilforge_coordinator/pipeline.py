@@ -4,15 +4,25 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import socket
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Protocol
 
 from dilforge_shared.configs import PipelineConfig, StageConfig
-from dilforge_shared.errors import DilforgeError
+from dilforge_shared.errors import DilforgeError, ManifestNotFound
+from dilforge_shared.locks import FileLock, S3Lease
 from dilforge_shared.manifest import MANIFEST_NAME, fingerprint
 from dilforge_shared.models import stage_refs
-from dilforge_shared.store import ArtifactStore, NotFound, artifact_exists
+from dilforge_shared.settings import settings
+from dilforge_shared.store import (
+    ArtifactStore,
+    NotFound,
+    artifact_exists,
+    check_artifact,
+    move_aside,
+)
 
 log = logging.getLogger("dilforge.coordinator")
 
@@ -37,6 +47,10 @@ class StageFailed(DilforgeError):
         super().__init__(f"stage {stage} failed: {reason.strip()}")
         self.stage = stage
         self.reason = reason
+
+
+class StageCancelled(StageFailed):
+    """The stage stopped because the coordinator was asked to stop (SIGTERM, SIGINT)."""
 
 
 @dataclass
@@ -66,22 +80,82 @@ class Backend(Protocol):
         """Run the stage to completion; raise StageFailed with the stage's failure reason."""
 
 
+FINAL_STATUSES = ("succeeded", "failed", "cancelled")
+
+
 @dataclass
 class RunRecord:
+    """`<store>/runs/<run_id>.json`: each stage's artifact and status, and the run's own status and owner.
+
+    The run's status is `running` while a coordinator works on it (with its pid and host, so `status` can tell
+    when that process is gone) and always ends `succeeded`, `failed` or `cancelled`.
+    """
     run_id: str
     stages: dict[str, dict] = field(default_factory=dict)
+    status: str = "new"
+    owner: dict = field(default_factory=dict)
+    error: str | None = None
 
     def to_json(self) -> bytes:
-        return json.dumps({"run_id": self.run_id, "updated_at": datetime.now(timezone.utc).isoformat(),
+        return json.dumps({"run_id": self.run_id, "updated_at": datetime.now(UTC).isoformat(),
+                           "status": self.status, "owner": self.owner, "error": self.error,
                            "stages": self.stages}, indent=2).encode()
 
     @classmethod
-    def load(cls, store: ArtifactStore, run_id: str) -> "RunRecord":
+    def load(cls, store: ArtifactStore, run_id: str) -> RunRecord:
         try:
             raw = json.loads(store.read_run_record(run_id))
         except NotFound:
             return cls(run_id=run_id)
-        return cls(run_id=run_id, stages=raw.get("stages", {}))
+        return cls(run_id=run_id, stages=raw.get("stages", {}), status=raw.get("status", "new"),
+                   owner=raw.get("owner", {}), error=raw.get("error"))
+
+
+def track_run(store: ArtifactStore, record: RunRecord, body):
+    """Run `body()` with the record saying `running`, then `succeeded`, `failed` or `cancelled` whatever happens."""
+    record.status, record.error = "running", None
+    record.owner = {"pid": os.getpid(), "host": socket.gethostname(),
+                    "started_at": datetime.now(UTC).isoformat()}
+    store.write_run_record(record.run_id, record.to_json())
+    try:
+        result = body()
+        record.status = "succeeded"
+        return result
+    except (StageCancelled, KeyboardInterrupt, SystemExit) as exc:
+        record.status, record.error = "cancelled", str(exc) or type(exc).__name__
+        raise
+    except BaseException as exc:
+        record.status, record.error = "failed", str(exc)[:2000] or type(exc).__name__
+        raise
+    finally:
+        for info in record.stages.values():
+            if info.get("status") == "running":
+                info["status"] = record.status if record.status != "succeeded" else "failed"
+        store.write_run_record(record.run_id, record.to_json())
+
+
+def artifact_lock(store: ArtifactStore, stage: str, artifact_id: str) -> FileLock | S3Lease:
+    """One producer per artifact: flock in a local store, a lease object in S3."""
+    key = f"locks/{stage}-{artifact_id}.lock"
+    local = store.backend.local_path("")
+    if local is not None:
+        return FileLock(local / key)
+    return S3Lease(store.backend, key, settings().lock_lease_seconds)
+
+
+def reusable(job: StageJob, stage: str) -> bool:
+    """True if the artifact exists and is whole; a damaged one is reported and moved aside to be rebuilt."""
+    try:
+        problem = check_artifact(job.artifact_uri, job.s3_endpoint_url)
+    except ManifestNotFound:
+        return False
+    if problem is None:
+        return True
+    aside = move_aside(job.artifact_uri, job.s3_endpoint_url)
+    log.warning("stage %s: damaged artifact %s: %s; moved to %s", stage, job.artifact_uri, problem, aside)
+    print(f"[{stage}] damaged artifact: {problem}\n[{stage}] moved it to {aside}; rebuilding under the same id",
+          flush=True)
+    return False
 
 
 def plan_stage(pipeline: PipelineConfig, stage: str, upstream: dict[str, str]) -> StageJob:
@@ -101,31 +175,47 @@ def plan_stage(pipeline: PipelineConfig, stage: str, upstream: dict[str, str]) -
 
 def run_stage(pipeline: PipelineConfig, stage: str, backend: Backend, upstream: dict[str, str],
               record: RunRecord | None = None) -> str:
-    """Run (or reuse) one stage; returns its artifact URI."""
+    """Run (or reuse) one stage; returns its artifact URI.
+
+    Holds the artifact's lock throughout: a second run of the same artifact waits, then reuses the result.
+    """
     store = ArtifactStore(pipeline.store.uri, pipeline.store.s3_endpoint_url)
     record = record or RunRecord.load(store, pipeline.run_id)
     job = plan_stage(pipeline, stage, upstream)
-    if artifact_exists(job.artifact_uri, job.s3_endpoint_url):
-        log.info("stage %s: reusing existing artifact %s (same config and inputs)", stage, job.artifact_uri)
-        print(f"[{stage}] reusing {job.artifact_uri} (same config and inputs)")
-        status = "reused"
-    else:
-        print(f"[{stage}] running on {backend.name} → {job.artifact_uri}")
-        record.stages[stage] = {"artifact_uri": job.artifact_uri, "status": "running", "backend": backend.name}
-        store.write_run_record(pipeline.run_id, record.to_json())
-        try:
-            backend.run(job)
-        except StageFailed as exc:
-            record.stages[stage] = {"artifact_uri": job.artifact_uri, "status": "failed", "error": exc.reason[:2000],
-                                    "backend": backend.name}
-            store.write_run_record(pipeline.run_id, record.to_json())
-            raise
-        if not artifact_exists(job.artifact_uri, job.s3_endpoint_url):
-            raise StageFailed(stage, f"the stage exited cleanly but published no manifest at {job.manifest_uri}")
-        status = "produced"
+    lock = artifact_lock(store, stage, job.artifact_id)
+    lock.acquire(on_wait=lambda holder: print(
+        f"[{stage}] waiting: process {holder.get('pid')} on {holder.get('host')} is producing {job.artifact_uri}",
+        flush=True))
+    try:
+        status = _reuse_or_run(job, stage, backend, store, record)
+    finally:
+        lock.release()
     record.stages[stage] = {"artifact_uri": job.artifact_uri, "status": status, "backend": backend.name}
     store.write_run_record(pipeline.run_id, record.to_json())
     return job.artifact_uri
+
+
+def _reuse_or_run(job: StageJob, stage: str, backend: Backend, store: ArtifactStore, record: RunRecord) -> str:
+    if reusable(job, stage):
+        log.info("stage %s: reusing existing artifact %s (same config and inputs, files verified)", stage,
+                 job.artifact_uri)
+        print(f"[{stage}] reusing {job.artifact_uri} (same config and inputs)", flush=True)
+        return "reused"
+    print(f"[{stage}] running on {backend.name} → {job.artifact_uri}", flush=True)
+    record.stages[stage] = {"artifact_uri": job.artifact_uri, "status": "running", "backend": backend.name}
+    store.write_run_record(job.run_id, record.to_json())
+    try:
+        backend.run(job)
+    except BaseException as exc:
+        cancelled = isinstance(exc, (StageCancelled, KeyboardInterrupt))
+        reason = exc.reason if isinstance(exc, StageFailed) else (str(exc) or type(exc).__name__)
+        record.stages[stage] = {"artifact_uri": job.artifact_uri, "status": "cancelled" if cancelled else "failed",
+                                "error": reason[:2000], "backend": backend.name}
+        store.write_run_record(job.run_id, record.to_json())
+        raise
+    if not artifact_exists(job.artifact_uri, job.s3_endpoint_url):
+        raise StageFailed(stage, f"the stage exited cleanly but published no manifest at {job.manifest_uri}")
+    return "produced"
 
 
 def upstream_from_record(pipeline: PipelineConfig) -> dict[str, str]:
@@ -136,9 +226,21 @@ def upstream_from_record(pipeline: PipelineConfig) -> dict[str, str]:
 
 def run_all(pipeline: PipelineConfig, backend: Backend) -> dict[str, str]:
     """Every configured stage in order, each fed the artifacts of the ones before."""
+    if not pipeline.stages():
+        raise DilforgeError("the config has no stage section (tokenizer, cpt, sft or eval): nothing to run")
     store = ArtifactStore(pipeline.store.uri, pipeline.store.s3_endpoint_url)
     record = RunRecord.load(store, pipeline.run_id)
     produced: dict[str, str] = {}
-    for stage, _ in pipeline.stages():
-        produced[stage] = run_stage(pipeline, stage, backend, produced, record)
-    return produced
+
+    def body() -> dict[str, str]:
+        for stage, _ in pipeline.stages():
+            produced[stage] = run_stage(pipeline, stage, backend, produced, record)
+        return produced
+    return track_run(store, record, body)
+
+
+def run_one(pipeline: PipelineConfig, stage: str, backend: Backend, upstream: dict[str, str]) -> str:
+    """One stage, with the run record tracked like run_all's."""
+    store = ArtifactStore(pipeline.store.uri, pipeline.store.s3_endpoint_url)
+    record = RunRecord.load(store, pipeline.run_id)
+    return track_run(store, record, lambda: run_stage(pipeline, stage, backend, upstream, record))

@@ -18,15 +18,17 @@ Hyperparameters (all strings):
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
 import signal
 import sys
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -35,6 +37,7 @@ from .configs.pipeline import validate_model
 from .errors import ConfigError, DilforgeError
 from .manifest import MANIFEST_NAME, InputRef, Manifest, current_producer
 from .models import config_refs
+from .settings import install_log_masking, settings
 from .store import Artifact, fetch, parse_manifest, publish, read_uri_bytes, sha256_bytes, verify_files
 
 log = logging.getLogger("dilforge")
@@ -50,7 +53,7 @@ class OptMl:
     root: Path
 
     @classmethod
-    def from_env(cls) -> "OptMl":
+    def from_env(cls) -> OptMl:
         return cls(Path(os.environ.get(OPT_ML_ENV, "/opt/ml")))
 
     @property
@@ -95,7 +98,7 @@ class ResourceConfig:
     instance_type: str | None = None
 
     @classmethod
-    def load(cls, opt: OptMl) -> "ResourceConfig":
+    def load(cls, opt: OptMl) -> ResourceConfig:
         raw = opt.read_json("resourceconfig.json", {"current_host": "algo-1", "hosts": ["algo-1"]})
         try:
             return cls(current_host=raw["current_host"], hosts=sorted(raw["hosts"]),
@@ -261,8 +264,10 @@ def write_failure(opt: OptMl, message: str) -> None:
 
 
 def setup_logging() -> None:
-    logging.basicConfig(level=os.environ.get("DILFORGE_LOG_LEVEL", "INFO"),
+    """Stage logging to stdout, credentials masked on every line (botocore logs keys at DEBUG)."""
+    logging.basicConfig(level=settings().log_level,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stdout, force=True)
+    install_log_masking()
 
 
 def log_config(config: BaseModel, derived: dict[str, Any] | None = None) -> None:
@@ -319,7 +324,15 @@ def stage_main(config_cls: type[StageConfig], run_fn: RunFn, package: str, argv:
         log.error("%s", message)
         write_failure(opt, message)
         return 1
-    except Exception as exc:  # an unexpected bug still leaves a reason for SageMaker to show
+    except OSError as exc:  # a full disk, a file-size limit, a read-only mount: the operator's to fix, one line
+        where = f"{exc.filename}: " if exc.filename else ""
+        message = f"{where}{exc.strerror or exc}" + (" (disk full or a file-size limit)" if exc.errno in
+                                                     (errno.ENOSPC, errno.EFBIG, errno.EDQUOT) else "")
+        log.error("%s", message)
+        log.debug("%s", traceback.format_exc())
+        write_failure(opt, message)
+        return 1
+    except Exception as exc:  # noqa: BLE001 - an unexpected bug still leaves a reason for SageMaker to show
         message = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
         log.error("%s", message)
         write_failure(opt, message)

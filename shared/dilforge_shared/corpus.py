@@ -3,23 +3,36 @@
 Formats: `.txt` (one document per line), `.txt.gz`, `.jsonl` (a configurable text field),
 `.tsv` (a header row; a configurable column) and `.parquet` (a configurable column, if pyarrow is
 installed). Nothing is loaded whole. Every error names the file and, where there is one, the line.
+
+Memory is bounded for any input: a line (a document of .txt, a record of .jsonl/.tsv) is read at most
+`max_document_bytes` at a time, never whole. Past that, `on_oversize` decides: `error` (the default: name the
+file and line), `split` (.txt and parquet: consecutive documents of at most that size, cut at whitespace when
+there is some), `truncate` (keep the first part) or `skip` (with a warning). A .jsonl or .tsv record cannot be
+split without breaking it, so there only `error` and `skip` apply (`split`/`truncate` act as `error`).
 """
 
 from __future__ import annotations
 
+import codecs
 import glob
 import gzip
 import io
 import json
+import logging
 import os
 import unicodedata
+from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Iterator, Literal
+from typing import IO, Literal
 from urllib.parse import urlparse
 
 from .errors import InputError
 
+log = logging.getLogger(__name__)
+
 TextFormat = Literal["auto", "txt", "jsonl", "tsv", "parquet"]
+Oversize = Literal["error", "split", "truncate", "skip"]
+MAX_DOCUMENT_BYTES = 32 << 20  # default bound on one line/document; a 200 MB line never reaches memory whole
 SUFFIXES = (".txt", ".txt.gz", ".jsonl", ".jsonl.gz", ".tsv", ".tsv.gz", ".parquet")
 
 
@@ -94,7 +107,7 @@ def _open_binary(uri: str, endpoint_url: str | None) -> IO[bytes]:
         stream: IO[bytes] = io.BufferedReader(_BodyReader(body), buffer_size=1 << 20)
     else:
         try:
-            stream = open(uri, "rb")
+            stream = open(uri, "rb")  # noqa: SIM115 - returned to the caller, who closes it
         except OSError as exc:
             raise InputError(f"cannot open: {exc.strerror}", path=uri) from None
     if uri.lower().endswith(".gz"):
@@ -102,25 +115,79 @@ def _open_binary(uri: str, endpoint_url: str | None) -> IO[bytes]:
     return stream
 
 
-def _lines(uri: str, endpoint_url: str | None) -> Iterator[tuple[int, str]]:
+def _decode(data: bytes, uri: str, lineno: int, decoder=None, final: bool = True) -> str:
+    try:
+        return decoder.decode(data, final) if decoder is not None else data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"not valid UTF-8 (byte {exc.start}: {data[exc.start:exc.start + 4]!r})",
+                         path=uri, line=lineno) from None
+
+
+def _split_piece(text: str, max_bytes: int) -> tuple[str, str]:
+    """The longest prefix of at most `max_bytes` UTF-8 bytes, cut at its last whitespace in the second half."""
+    prefix = text.encode("utf-8")[:max_bytes].decode("utf-8", errors="ignore")
+    at = max(prefix.rfind(" ", len(prefix) // 2), prefix.rfind("\t", len(prefix) // 2))
+    if at > 0:
+        return prefix[:at], text[at + 1:]
+    return prefix, text[len(prefix):]
+
+
+def _oversize_message(limit: int) -> str:
+    return (f"line longer than {limit} bytes (max_document_bytes); raise it, or set on_oversize to split, "
+            "truncate or skip")
+
+
+def _lines(uri: str, endpoint_url: str | None, max_bytes: int = MAX_DOCUMENT_BYTES,
+           oversize: Oversize = "error", splittable: bool = True) -> Iterator[tuple[int, str]]:
+    """(line number, text) with every yielded text at most `max_bytes` of UTF-8; see the module doc."""
+    policy = oversize if splittable or oversize == "skip" else "error"
     with _open_binary(uri, endpoint_url) as stream:
         lineno = 0
         try:
-            for lineno, raw in enumerate(stream, start=1):
-                try:
-                    yield lineno, raw.decode("utf-8").rstrip("\r\n")
-                except UnicodeDecodeError as exc:
-                    raise InputError(f"not valid UTF-8 (byte {exc.start}: {raw[exc.start:exc.start + 4]!r})",
-                                     path=uri, line=lineno) from None
+            while raw := stream.readline(max_bytes + 1):
+                lineno += 1
+                if len(raw) <= max_bytes or raw.endswith(b"\n"):
+                    yield lineno, _decode(raw, uri, lineno).rstrip("\r\n")
+                    continue
+                if policy == "error":
+                    raise InputError(_oversize_message(max_bytes), path=uri, line=lineno)
+                yield from _oversized(stream, raw, uri, lineno, max_bytes, policy)
         except (OSError, EOFError) as exc:
             if isinstance(exc, InputError):
                 raise
             raise InputError(f"read failed: {exc}", path=uri, line=lineno + 1) from None
 
 
-def iter_records(uri: str, endpoint_url: str | None = None) -> Iterator[tuple[int, dict]]:
-    """JSON objects of a JSONL file with their line numbers; blank lines skipped."""
-    for lineno, line in _lines(uri, endpoint_url):
+def _oversized(stream, first: bytes, uri: str, lineno: int, max_bytes: int,
+               policy: Oversize) -> Iterator[tuple[int, str]]:
+    """The rest of an over-long line, read `max_bytes` at a time: split into pieces, truncated or skipped."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    if policy != "split":
+        log.warning("%s:%d: %s; %s", uri, lineno, _oversize_message(max_bytes),
+                    "skipped" if policy == "skip" else "truncated")
+    if policy == "truncate":  # a character cut in half at the end is dropped, not decoded
+        yield lineno, _decode(first[:max_bytes], uri, lineno, decoder, final=False)
+    chunk, buffer = first, ""
+    while True:
+        done = chunk.endswith(b"\n") or len(chunk) <= max_bytes
+        if policy == "split":
+            buffer += _decode(chunk, uri, lineno, decoder, final=done)
+            if done:
+                buffer = buffer.rstrip("\r\n")
+            while len(buffer.encode("utf-8")) > max_bytes:
+                piece, buffer = _split_piece(buffer, max_bytes)
+                yield lineno, piece
+            if done and buffer:
+                yield lineno, buffer
+        if done:
+            return
+        chunk = stream.readline(max_bytes + 1)
+
+
+def iter_records(uri: str, endpoint_url: str | None = None, max_document_bytes: int = MAX_DOCUMENT_BYTES,
+                 on_oversize: Oversize = "error") -> Iterator[tuple[int, dict]]:
+    """JSON objects of a JSONL file with their line numbers; blank lines skipped; lines bounded (error or skip)."""
+    for lineno, line in _lines(uri, endpoint_url, max_document_bytes, on_oversize, splittable=False):
         if not line.strip():
             continue
         try:
@@ -132,18 +199,19 @@ def iter_records(uri: str, endpoint_url: str | None = None) -> Iterator[tuple[in
         yield lineno, record
 
 
-def _iter_file(uri: str, fmt: str, text_field: str, endpoint_url: str | None) -> Iterator[tuple[int, str]]:
+def _iter_file(uri: str, fmt: str, text_field: str, endpoint_url: str | None, max_bytes: int = MAX_DOCUMENT_BYTES,
+               oversize: Oversize = "error") -> Iterator[tuple[int, str]]:
     if fmt == "txt":
-        yield from _lines(uri, endpoint_url)
+        yield from _lines(uri, endpoint_url, max_bytes, oversize)
     elif fmt == "jsonl":
-        for lineno, record in iter_records(uri, endpoint_url):
+        for lineno, record in iter_records(uri, endpoint_url, max_bytes, oversize):
             value = record.get(text_field)
             if not isinstance(value, str):
                 raise InputError(f"field {text_field!r} missing or not a string (set text_field)", path=uri, line=lineno)
             yield lineno, value
     elif fmt == "tsv":
         column = None
-        for lineno, line in _lines(uri, endpoint_url):
+        for lineno, line in _lines(uri, endpoint_url, max_bytes, oversize, splittable=False):
             cells = line.split("\t")
             if column is None:
                 if text_field not in cells:
@@ -171,9 +239,23 @@ def _iter_file(uri: str, fmt: str, text_field: str, endpoint_url: str | None) ->
             for value in batch.column(0).to_pylist():
                 row += 1
                 if isinstance(value, str):
-                    yield row, value
+                    yield from _bounded_value(value, uri, row, max_bytes, oversize)
     else:
         raise InputError(f"unknown format {fmt!r}", path=uri)
+
+
+def _bounded_value(text: str, uri: str, row: int, max_bytes: int, oversize: Oversize) -> Iterator[tuple[int, str]]:
+    """A parquet value (already in memory, as arrow hands it over) under the same policy as a line."""
+    if len(text) * 4 <= max_bytes or len(text.encode("utf-8")) <= max_bytes:
+        yield row, text
+    elif oversize == "error":
+        raise InputError(_oversize_message(max_bytes).replace("line", "value"), path=uri, line=row)
+    elif oversize == "truncate":
+        yield row, _split_piece(text, max_bytes)[0]
+    elif oversize == "split":
+        while text:
+            piece, text = _split_piece(text, max_bytes)
+            yield row, piece
 
 
 def iter_texts(
@@ -183,9 +265,12 @@ def iter_texts(
     endpoint_url: str | None = None,
     normalization: Literal["NFC", "none"] = "NFC",
     skip_empty: bool = True,
+    max_document_bytes: int = MAX_DOCUMENT_BYTES,
+    on_oversize: Oversize = "error",
 ) -> Iterator[str]:
-    """Documents of every file behind `uri`, NFC-normalised, streamed."""
-    for located in iter_located_texts(uri, fmt, text_field, endpoint_url, normalization, skip_empty):
+    """Documents of every file behind `uri`, NFC-normalised, streamed, each bounded (see the module doc)."""
+    for located in iter_located_texts(uri, fmt, text_field, endpoint_url, normalization, skip_empty,
+                                      max_document_bytes, on_oversize):
         yield located[2]
 
 
@@ -196,11 +281,13 @@ def iter_located_texts(
     endpoint_url: str | None = None,
     normalization: Literal["NFC", "none"] = "NFC",
     skip_empty: bool = True,
+    max_document_bytes: int = MAX_DOCUMENT_BYTES,
+    on_oversize: Oversize = "error",
 ) -> Iterator[tuple[str, int, str]]:
     """(file, line, text) for every document behind `uri`; the location serves error messages."""
     for file_uri in expand(uri, endpoint_url):
         file_fmt = detect_format(file_uri) if fmt == "auto" else fmt
-        for lineno, text in _iter_file(file_uri, file_fmt, text_field, endpoint_url):
+        for lineno, text in _iter_file(file_uri, file_fmt, text_field, endpoint_url, max_document_bytes, on_oversize):
             if normalization == "NFC":
                 text = unicodedata.normalize("NFC", text)
             if skip_empty and not text.strip():

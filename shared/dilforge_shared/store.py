@@ -8,21 +8,32 @@ wins while the other's files are removed. Reading verifies the size and sha256 o
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
 import tempfile
 import uuid
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
+from datetime import UTC
 from pathlib import Path
-from typing import Collection, Iterator, Protocol
+from typing import Protocol
 from urllib.parse import urlparse
 
-from .errors import ArtifactExistsError, DilforgeError, IntegrityError, ManifestNotFound
+from .errors import ArtifactExistsError, DilforgeError, IntegrityError, ManifestError, ManifestNotFound
 from .manifest import (
-    MANIFEST_NAME, FileEntry, InputRef, Manifest, check_relative_path, parse_manifest, scan_files,
-    sha256_bytes, sha256_file,
+    MANIFEST_NAME,
+    FileEntry,
+    InputRef,
+    Manifest,
+    check_relative_path,
+    parse_manifest,
+    scan_files,
+    sha256_bytes,
+    sha256_file,
 )
+from .settings import settings
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +140,17 @@ class LocalBackend:
     def delete_prefix(self, prefix: str) -> None:
         shutil.rmtree(self._path(prefix), ignore_errors=True)
 
+    def delete(self, key: str) -> None:
+        self._path(key).unlink(missing_ok=True)
+
+    def copy(self, key: str, dest: str) -> None:
+        self.upload_file(dest, self._path(key))
+
+    def stat(self, key: str) -> tuple[int, str]:
+        """(size, a version tag): size and mtime in ns locally, the ETag on S3."""
+        st = self._path(key).stat()
+        return st.st_size, f"mtime:{st.st_mtime_ns}"
+
 
 class S3Backend:
     """boto3 with adaptive retries (exponential backoff) and multipart transfers above 64 MiB."""
@@ -141,13 +163,18 @@ class S3Backend:
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self.uri = f"s3://{bucket}/{self.prefix}".rstrip("/")
-        endpoint_url = endpoint_url or os.environ.get(S3_ENDPOINT_ENV) or None
+        cfg = settings()
+        endpoint_url = endpoint_url or cfg.s3_endpoint_url or None
         keys = {}
-        if os.environ.get(S3_KEY_ENV) and os.environ.get(S3_SECRET_ENV):
-            keys = {"aws_access_key_id": os.environ[S3_KEY_ENV], "aws_secret_access_key": os.environ[S3_SECRET_ENV]}
+        if cfg.s3_access_key_id and cfg.s3_secret_access_key:
+            keys = {"aws_access_key_id": cfg.s3_access_key_id.get_secret_value(),
+                    "aws_secret_access_key": cfg.s3_secret_access_key.get_secret_value()}
+        # Bounded: a frozen endpoint fails after max_attempts × (connect + read timeout), not 8 × 60 s.
         self.client = client or boto3.client(
             "s3", endpoint_url=endpoint_url, **keys,
-            config=Config(retries={"max_attempts": 8, "mode": "adaptive"}, s3={"addressing_style": "path"}),
+            config=Config(retries={"total_max_attempts": cfg.s3_max_attempts, "mode": "standard"},
+                          connect_timeout=cfg.s3_connect_timeout, read_timeout=cfg.s3_read_timeout,
+                          s3={"addressing_style": "path"}),
         )
         self.transfer = TransferConfig(multipart_threshold=MULTIPART_THRESHOLD, multipart_chunksize=MULTIPART_THRESHOLD,
                                        max_concurrency=8)
@@ -228,6 +255,22 @@ class S3Backend:
         for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=full):
             for obj in page.get("Contents", []):
                 yield obj["Key"][strip:]
+
+    def delete(self, key: str) -> None:
+        self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
+
+    def copy(self, key: str, dest: str) -> None:
+        self.client.copy({"Bucket": self.bucket, "Key": self._key(key)}, self.bucket, self._key(dest),
+                         Config=self.transfer)
+
+    def list_stats(self, prefix: str) -> Iterator[tuple[str, int, str]]:
+        """(key, size, ETag) of every object under prefix, from the listing (no HEAD per object)."""
+        full = self._key(prefix)
+        full = full + "/" if full else ""
+        strip = len(self.prefix) + 1 if self.prefix else 0
+        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=full):
+            for obj in page.get("Contents", []):
+                yield obj["Key"][strip:], obj["Size"], obj["ETag"]
 
     def delete_prefix(self, prefix: str) -> None:
         keys = [self._key(k) for k in self.list(prefix)]
@@ -355,16 +398,99 @@ def read_manifest(uri: str, endpoint_url: str | None = None) -> tuple[Manifest, 
     return parse_manifest(data, muri), sha256_bytes(data)
 
 
-def verify_files(manifest: Manifest, root: Path, source: str) -> None:
+def verify_files(manifest: Manifest, root: Path, source: str, full: bool = True) -> None:
+    """Every listed file present, inside `root` (no symlink leaving it), of its size, and (full) of its sha256."""
+    real_root = root.resolve()
     for entry in manifest.files:
         path = root / entry.path
+        if path.is_symlink() or not path.resolve().is_relative_to(real_root):
+            raise IntegrityError(f"{source}: file {entry.path} is a symlink ({path} -> {path.resolve()}); "
+                                 "artifact files must be regular files inside the artifact")
         if not path.is_file():
             raise IntegrityError(f"{source}: file {entry.path} listed in the manifest is missing")
         size = path.stat().st_size
         if size != entry.size:
             raise IntegrityError(f"{source}: file {entry.path} has {size} bytes, manifest says {entry.size}")
-        if sha256_file(path) != entry.sha256:
+        if full and sha256_file(path) != entry.sha256:
             raise IntegrityError(f"{source}: file {entry.path} does not match its sha256 in the manifest")
+
+
+STAMP_NAME = ".verified.json"  # local stores: (size, mtime_ns, inode) of each file when last fully verified
+
+
+def _stamp(manifest: Manifest, digest: str, root: Path) -> dict:
+    stats = {}
+    for entry in manifest.files:
+        st = (root / entry.path).lstat()
+        stats[entry.path] = [st.st_size, st.st_mtime_ns, st.st_ino]
+    return {"manifest_sha256": digest, "files": stats}
+
+
+def _stamp_matches(backend: Backend, manifest: Manifest, digest: str, root: Path) -> bool:
+    try:
+        return json.loads(backend.read_bytes(STAMP_NAME)) == _stamp(manifest, digest, root)
+    except (NotFound, OSError, ValueError):
+        return False
+
+
+def check_artifact(artifact_uri: str, endpoint_url: str | None = None, full: bool = True,
+                   mode: str | None = None) -> str | None:
+    """None if the artifact is whole, else what is wrong with it; ManifestNotFound if there is none.
+
+    Local stores: sizes always, sha256 of every file when `full`; with `mode="stamp"` (DILFORGE_VERIFY_ON_REUSE)
+    the hashing is skipped while every file still has the size, mtime and inode recorded at the last full check
+    (any ordinary write changes them; a deliberate mtime reset does not — hence sha256 is the default).
+    S3: every object present with its size (a sha256 check would mean downloading the weights; `fetch`
+    verifies them on every download anyway).
+    """
+    muri = manifest_uri_of(artifact_uri)
+    mode = mode or settings().verify_on_reuse
+    try:
+        manifest, digest = read_manifest(muri, endpoint_url)
+    except ManifestNotFound:
+        raise
+    except ManifestError as exc:
+        return str(exc)
+    backend = _artifact_backend(artifact_uri, endpoint_url)
+    local = backend.local_path(manifest.data_dir)
+    try:
+        if local is not None:
+            fast = full and mode == "stamp" and _stamp_matches(backend, manifest, digest, local)
+            verify_files(manifest, local, muri, full=full and not fast)
+            if full and mode == "stamp" and not fast:
+                backend.write_bytes(STAMP_NAME, json.dumps(_stamp(manifest, digest, local)).encode())
+            return None
+        for entry in manifest.files:
+            try:
+                size = backend.size(f"{manifest.data_dir}/{entry.path}")
+            except NotFound:
+                return f"{muri}: file {entry.path} listed in the manifest is missing"
+            if size != entry.size:
+                return f"{muri}: file {entry.path} has {size} bytes, manifest says {entry.size}"
+    except IntegrityError as exc:
+        return str(exc)
+    return None
+
+
+def move_aside(artifact_uri: str, endpoint_url: str | None = None) -> str:
+    """Move a damaged artifact to `<id>.damaged-<utc>` beside it (manifest first gone), so its id can be rebuilt."""
+    from datetime import datetime
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    parent_uri, _, name = artifact_uri.rstrip("/").rpartition("/")
+    target = f"{name}.damaged-{stamp}"
+    parent = open_backend(parent_uri, endpoint_url)
+    local = parent.local_path(name)
+    if local is not None:
+        os.rename(local, local.with_name(target))
+    else:
+        keys = list(parent.list(name))
+        manifest_key = f"{name}/{MANIFEST_NAME}"
+        for key in keys:
+            parent.copy(key, target + key[len(name):])
+        if manifest_key in keys:
+            parent.delete(manifest_key)
+        parent.delete_prefix(name)
+    return f"{parent_uri}/{target}"
 
 
 def fetch(uri: str, cache_dir: Path | None = None, endpoint_url: str | None = None) -> Artifact:
@@ -401,21 +527,50 @@ def fetch(uri: str, cache_dir: Path | None = None, endpoint_url: str | None = No
     return Artifact(uri=artifact_uri, manifest=manifest, manifest_sha256=digest, path=local)
 
 
-def mirror_prefix(uri: str, dest: Path, endpoint_url: str | None = None, only: Collection[str] | None = None) -> Path:
-    """Copy the objects under an S3 (or local) prefix into `dest` once; `.complete` marks a finished copy.
+def _listing(backend: Backend, only: Collection[str] | None) -> dict[str, list]:
+    """key → [size, version] for what a mirror copies: ETags on S3, size + mtime locally."""
+    if isinstance(backend, S3Backend):
+        items = ((k, size, etag) for k, size, etag in backend.list_stats(""))
+    else:
+        items = ((k, *backend.stat(k)) for k in backend.list(""))
+    return {k: [size, tag] for k, size, tag in items if not k.endswith("/") and (only is None or k in only)}
 
+
+def mirror_prefix(uri: str, dest: Path, endpoint_url: str | None = None, only: Collection[str] | None = None) -> Path:
+    """Make `dest` a copy of the objects under an S3 (or local) prefix, re-validated against the source on every use.
+
+    The listing (keys, sizes, ETags on S3; sizes and mtimes locally) is read each time and compared with the one
+    `.complete` recorded when the copy was made: changed weights under the same URI get a fresh copy instead of
+    the stale one. A new copy is downloaded beside `dest` and swapped in, so a crash never leaves a half copy.
     `only`: top-level names to copy (e.g. a tokenizer's files from a model prefix that also holds weights).
     """
+    backend = open_backend(uri, endpoint_url)
+    listing = _listing(backend, only)
+    if not listing:
+        raise NotFound(f"{uri}: no objects under this prefix" + (f" named {sorted(only)}" if only else ""))
     marker = dest / ".complete"
     if marker.exists():
-        return dest
-    backend = open_backend(uri, endpoint_url)
-    keys = [k for k in backend.list("") if not k.endswith("/") and (only is None or k in only)]
-    if not keys:
-        raise NotFound(f"{uri}: no objects under this prefix" + (f" named {sorted(only)}" if only else ""))
-    for key in keys:
-        backend.download_file(key, dest / key)
-    marker.touch()
+        try:
+            recorded = json.loads(marker.read_text())
+        except (OSError, ValueError):
+            recorded = None
+        sizes_ok = all((dest / k).is_file() and (dest / k).stat().st_size == size for k, (size, _) in listing.items())
+        if recorded == listing and sizes_ok:
+            return dest
+        log.warning("%s: the copy at %s is %s; downloading again", uri, dest,
+                    "out of date (the source changed)" if recorded != listing else "damaged")
+    partial = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}.partial")
+    try:
+        for key in listing:
+            backend.download_file(key, partial / key)
+        (partial / ".complete").write_text(json.dumps(listing, sort_keys=True))
+        old = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}.old")
+        if dest.exists():
+            os.rename(dest, old)
+        os.rename(partial, dest)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
     return dest
 
 

@@ -42,14 +42,14 @@ def write_config(tmp_path, vocab=1000, corpus_text="bir iki üç\n"):
         store: {{uri: {tmp_path / 'store'}}}
         tokenizer:
           strategy: replace
-          corpora: [{{uri: "${{CORPUS_DIR}}/corpus.txt"}}]
+          corpora: [{{uri: "${{DILFORGE_VAR_CORPUS_DIR}}/corpus.txt"}}]
           vocab_sizes: [{vocab}]
     """))
     return path
 
 
 def test_rerun_reuses_and_changed_config_or_data_makes_a_new_artifact(tmp_path, monkeypatch):
-    monkeypatch.setenv("CORPUS_DIR", str(tmp_path))
+    monkeypatch.setenv("DILFORGE_VAR_CORPUS_DIR", str(tmp_path))
     backend = InProcessBackend(tmp_path, monkeypatch)
     first = pl.run_all(load_pipeline(write_config(tmp_path)), backend)
     again = pl.run_all(load_pipeline(write_config(tmp_path)), backend)
@@ -61,7 +61,7 @@ def test_rerun_reuses_and_changed_config_or_data_makes_a_new_artifact(tmp_path, 
 
 
 def test_run_record_and_status_command(tmp_path, monkeypatch):
-    monkeypatch.setenv("CORPUS_DIR", str(tmp_path))
+    monkeypatch.setenv("DILFORGE_VAR_CORPUS_DIR", str(tmp_path))
     produced = pl.run_all(load_pipeline(write_config(tmp_path)), InProcessBackend(tmp_path, monkeypatch))
     result = CliRunner().invoke(app, ["status", "demo", "--store", str(tmp_path / "store")])
     assert result.exit_code == 0, result.output
@@ -69,7 +69,7 @@ def test_run_record_and_status_command(tmp_path, monkeypatch):
 
 
 def test_failed_stage_is_recorded_and_nothing_published(tmp_path, monkeypatch):
-    monkeypatch.setenv("CORPUS_DIR", str(tmp_path))
+    monkeypatch.setenv("DILFORGE_VAR_CORPUS_DIR", str(tmp_path))
     cfg = load_pipeline(write_config(tmp_path))
     with pytest.raises(pl.StageFailed, match="corpus.txt:3: not valid UTF-8"):
         pl.run_all(cfg, InProcessBackend(tmp_path, monkeypatch, fail=True))
@@ -79,8 +79,8 @@ def test_failed_stage_is_recorded_and_nothing_published(tmp_path, monkeypatch):
 
 
 def test_unset_variable_is_named(tmp_path, monkeypatch):
-    monkeypatch.delenv("CORPUS_DIR", raising=False)
-    with pytest.raises(ConfigError, match=r"\$\{CORPUS_DIR\} is used but not set"):
+    monkeypatch.delenv("DILFORGE_VAR_CORPUS_DIR", raising=False)
+    with pytest.raises(ConfigError, match=r"\$\{DILFORGE_VAR_CORPUS_DIR\} is used but not set"):
         load_pipeline(write_config(tmp_path))
 
 
@@ -94,7 +94,7 @@ def test_cli_validate_prints_every_bad_field_and_exits_1(tmp_path):
 
 
 def test_cli_manifest_show_and_validate(tmp_path, monkeypatch):
-    monkeypatch.setenv("CORPUS_DIR", str(tmp_path))
+    monkeypatch.setenv("DILFORGE_VAR_CORPUS_DIR", str(tmp_path))
     uri = pl.run_all(load_pipeline(write_config(tmp_path)), InProcessBackend(tmp_path, monkeypatch))["tokenizer"]
     shown = CliRunner().invoke(app, ["manifest", "show", uri])
     assert shown.exit_code == 0 and "tokenizer artifact" in shown.output and "out.txt" in shown.output

@@ -25,7 +25,7 @@ PRESET = ROOT / "configs" / "sagemaker-published.yaml"
 def no_aws(monkeypatch, tmp_path):
     """No credentials anywhere: a dry run must not need them."""
     for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
-                "DILFORGE_STORE", "DILFORGE_SAGEMAKER_ROLE", "AWS_REGION", "DILFORGE_S3_ENDPOINT_URL"):
+                "DILFORGE_STORE", "DILFORGE_VAR_SAGEMAKER_ROLE", "AWS_REGION", "DILFORGE_S3_ENDPOINT_URL"):
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))

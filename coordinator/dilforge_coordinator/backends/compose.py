@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -23,9 +24,11 @@ from pathlib import Path
 from dilforge_shared.configs import PipelineConfig
 from dilforge_shared.contract import OptMl, build_hyperparameters
 from dilforge_shared.errors import DilforgeError
+from dilforge_shared.settings import settings
 from dilforge_shared.store import S3_KEY_ENV, S3_SECRET_ENV
 
-from ..pipeline import StageFailed, StageJob, image_of, module_env
+from ..pipeline import StageCancelled, StageFailed, StageJob, image_of, module_env
+from .process import run_child
 
 log = logging.getLogger("dilforge.coordinator.compose")
 
@@ -47,12 +50,14 @@ class ComposeBackend:
     name = "compose"
 
     def __init__(self, project_dir: Path | None = None, workdir: Path | None = None, tag: str | None = None,
-                 s3_port: int | None = None, keep: bool = False, docker: str | None = None, up: bool = True):
+                 s3_port: int | None = None, keep: bool = False, docker: str | None = None, up: bool = True,
+                 data_root: Path | None = None):
         self.project_dir = Path(project_dir or os.environ.get("DILFORGE_COMPOSE_DIR", ROOT)).resolve()
         self.workdir = Path(workdir or os.environ.get("DILFORGE_WORKDIR", ".dilforge/work")).resolve() / "compose"
         self.tag = tag or os.environ.get("DILFORGE_IMAGE_TAG", "dev")
         self.s3_port = int(s3_port or os.environ.get("DILFORGE_S3_PORT", "8333"))
         self.keep = keep
+        self.data_root = data_root or settings().data
         self.docker = docker or docker_binary()
         self.up = up
         self._s3_ready = False
@@ -66,13 +71,14 @@ class ComposeBackend:
                 "-f", str(self.project_dir / "compose.yaml"), *args]
 
     def compose_env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
-        env = {**os.environ, "DILFORGE_IMAGE_TAG": self.tag, "DILFORGE_S3_PORT": str(self.s3_port),
+        env = {**os.environ, **({"DILFORGE_DATA": str(self.data_root)} if self.data_root else {}),
+               "DILFORGE_IMAGE_TAG": self.tag, "DILFORGE_S3_PORT": str(self.s3_port),
                "DILFORGE_UID": str(os.getuid()), "DILFORGE_GID": str(os.getgid())}
         return {**env, **(extra or {})}
 
     def prepare(self, pipeline: PipelineConfig) -> PipelineConfig:
         """Point the pipeline at the compose S3 unless it already names an S3 store with an endpoint."""
-        # The compose S3's local-only identity, for dilforge's own S3 client in this process (unless the user
+        # Part of start-up (before any stage or S3 call): the compose S3's local-only identity, for dilforge's own S3 client in this process (unless the user
         # set store credentials); the user's AWS credentials (AWS_*) are neither read nor sent to the endpoint.
         os.environ.setdefault(S3_KEY_ENV, S3_ACCESS_KEY)
         os.environ.setdefault(S3_SECRET_ENV, S3_SECRET_KEY)
@@ -129,7 +135,7 @@ class ComposeBackend:
 
     def mounts(self, job: StageJob) -> list[str]:
         """Read-only mounts for local data outside ${DILFORGE_DATA} (same path inside as outside)."""
-        data_root = os.environ.get("DILFORGE_DATA")
+        data_root = self.data_root
         extra: set[str] = set()
         for source in job.config.data_sources():
             uri = source.uri.removeprefix("file://")
@@ -160,9 +166,11 @@ class ComposeBackend:
         module = [arg for k, v in module_env(job.stage).items() for arg in ("-e", f"{k}={v}")]
         cmd = self.compose_cmd("run", "--rm", "--no-deps", *module, *self.mounts(job), service, "train")
         log.info("compose: %s", " ".join(cmd))
-        proc = subprocess.run(cmd, env=env, check=False)
-        if proc.returncode != 0:
-            reason = opt.failure_file.read_text() if opt.failure_file.exists() else f"container exit code {proc.returncode}"
+        returncode, stopped_by = run_child(cmd, env)
+        if stopped_by is not None:
+            raise StageCancelled(job.stage, f"cancelled by {signal.Signals(stopped_by).name}; {opt.root} kept")
+        if returncode != 0:
+            reason = opt.failure_file.read_text() if opt.failure_file.exists() else f"container exit code {returncode}"
             raise StageFailed(job.stage, reason)
         if not self.keep:
             shutil.rmtree(opt.root, ignore_errors=True)

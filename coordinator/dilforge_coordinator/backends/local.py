@@ -1,41 +1,66 @@
 """Run a stage's container entrypoint in a subprocess, with a private /opt/ml root.
 
-The /opt/ml root lives at `<workdir>/<stage>-<artifact_id>/` and is kept after a failure, so
-rerunning the same stage resumes from its checkpoints; it is removed after success.
+The /opt/ml root lives at `<workdir>/<stage>-<artifact_id>/` and is kept after a failure or a cancel, so
+rerunning the same stage resumes from its checkpoints; it is removed after success. `<stage>-<artifact_id>.lock`
+beside it is flocked by the coordinator and inherited by the stage process, so two runs never share a work
+folder, not even when a killed coordinator left its stage running: a rerun waits for it.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import subprocess
+import signal
 import sys
 from pathlib import Path
 
 from dilforge_shared.contract import OPT_ML_ENV, OptMl, build_hyperparameters
+from dilforge_shared.locks import FileLock
+from dilforge_shared.settings import settings
 
-from ..pipeline import STAGE_MODULES, StageFailed, StageJob
+from ..pipeline import STAGE_MODULES, StageCancelled, StageFailed, StageJob
+from .process import run_child
 
 
 class LocalBackend:
     name = "local"
 
     def __init__(self, workdir: Path | None = None, python: str | None = None, keep: bool = False):
-        self.workdir = Path(workdir or os.environ.get("DILFORGE_WORKDIR", ".dilforge/work")).resolve()
+        self.workdir = Path(workdir or settings().workdir).resolve()
         self.python = python or sys.executable
         self.keep = keep
 
     def run(self, job: StageJob) -> None:
-        opt = OptMl(self.workdir / f"{job.stage}-{job.artifact_id}")
-        if opt.failure_file.exists():
-            opt.failure_file.unlink()
-        shutil.rmtree(opt.model_dir, ignore_errors=True)
-        hp = build_hyperparameters(job.config, job.artifact_uri, job.run_id, job.inputs, job.s3_endpoint_url)
-        opt.write_inputs(hp)
-        env = {**os.environ, OPT_ML_ENV: str(opt.root)}
-        proc = subprocess.run([self.python, "-m", STAGE_MODULES[job.stage], "train"], env=env)
-        if proc.returncode != 0:
-            reason = opt.failure_file.read_text() if opt.failure_file.exists() else f"exit code {proc.returncode}"
+        root = self.workdir / f"{job.stage}-{job.artifact_id}"
+        lock = FileLock(self.workdir / f"{job.stage}-{job.artifact_id}.lock")
+        lock.acquire(on_wait=lambda holder: print(
+            f"[{job.stage}] waiting for process {holder.get('pid')} on {holder.get('host')}, which holds {root}",
+            flush=True))
+        try:
+            opt = OptMl(root)
+            if opt.failure_file.exists():
+                opt.failure_file.unlink()
+            shutil.rmtree(opt.model_dir, ignore_errors=True)
+            hp = build_hyperparameters(job.config, job.artifact_uri, job.run_id, job.inputs, job.s3_endpoint_url)
+            opt.write_inputs(hp)
+            env = {**os.environ, OPT_ML_ENV: str(opt.root)}
+            returncode, stopped_by = run_child([self.python, "-m", STAGE_MODULES[job.stage], "train"], env,
+                                               pass_fds=(lock.fd,))
+        finally:
+            lock.release()
+        if stopped_by is not None:
+            raise StageCancelled(job.stage, f"cancelled by {signal.Signals(stopped_by).name}; work folder {root} "
+                                            "kept, a rerun resumes from its checkpoints")
+        if returncode != 0:
+            reason = opt.failure_file.read_text() if opt.failure_file.exists() else _exit_reason(returncode)
             raise StageFailed(job.stage, reason)
         if not self.keep:
             shutil.rmtree(opt.root, ignore_errors=True)
+
+
+def _exit_reason(returncode: int) -> str:
+    if returncode < 0:
+        name = signal.Signals(-returncode).name
+        hint = " (the kernel's OOM killer sends this when memory runs out)" if name == "SIGKILL" else ""
+        return f"killed by {name}{hint}"
+    return f"exit code {returncode}"

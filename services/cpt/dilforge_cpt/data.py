@@ -124,7 +124,7 @@ def tokenize_to_file(source: DataSource, tok: Tokenizer, ids: TokenIds, cache_di
         if path.stat().st_size == meta["num_tokens"] * TOKEN_DTYPE().itemsize:
             log.info("corpus %s: reusing token cache %s (%d tokens)", source.label, path.name, meta["num_tokens"])
             return TokenFile(path, meta["num_tokens"], meta["num_docs"], source.label)
-    docs = iter_texts(source.uri, source.format, source.text_field, endpoint_url)
+    docs = iter_texts(source.uri, source.format, source.text_field, endpoint_url, **source.bounds)
     if max_docs is not None:
         docs = islice(docs, max_docs)
     counted = _Counter(docs)
@@ -262,7 +262,7 @@ def build_validation(sources: list[DataSource], tok: Tokenizer, ids: TokenIds, s
                      endpoint_url: str | None) -> ValidationSet:
     inputs, targets, num_bytes, num_docs, num_tokens = [], [], 0, 0, 0
     for source in sources:
-        docs = list(islice(iter_texts(source.uri, source.format, source.text_field, endpoint_url), max_docs))
+        docs = list(islice(iter_texts(source.uri, source.format, source.text_field, endpoint_url, **source.bounds), max_docs))
         if not docs:
             raise InputError("validation source holds no text", path=source.uri)
         for doc, enc in zip(docs, tok.encode_batch(docs, add_special_tokens=False)):

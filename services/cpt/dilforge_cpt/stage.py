@@ -349,7 +349,7 @@ def build_model(config: CptConfig, ctx: StageContext, tok, tok_dir: Path, ids: D
             f"({base_tok.get_vocab_size(with_added_tokens=True)} tokens) and transplant is 'none'; set transplant "
             "to mean_of_pieces (or mean_of_all / random) or use the base model's tokenizer", path=config.base_model)
     from transformers import AutoModelForCausalLM
-    model = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32, trust_remote_code=False)
     if same:
         if model.get_input_embeddings().weight.shape[0] < vocab:
             raise InputError(f"base_model: embedding has {model.get_input_embeddings().weight.shape[0]} rows, "

@@ -15,6 +15,7 @@ import json
 import logging
 import re
 import time
+from itertools import zip_longest
 from pathlib import Path
 
 from dilforge_shared.configs import EvalConfig
@@ -48,10 +49,18 @@ log = logging.getLogger("dilforge.eval")
 COST_KEY = re.compile(r"second|time|hours|tokens|steps|samples|throughput|mfu|memory|rss|flops", re.IGNORECASE)
 
 
+def _capped(source, max_bytes: int | None) -> dict:
+    """Reader bounds: a document never larger than the set's byte cap (the first one is truncated to it)."""
+    bounds = source.bounds
+    if max_bytes is not None and max_bytes < bounds["max_document_bytes"]:
+        bounds = {"max_document_bytes": max(max_bytes, 64), "on_oversize": "truncate"}
+    return bounds
+
+
 def read_set(source, max_docs: int | None, max_bytes: int | None, endpoint: str | None) -> list[str]:
     """Documents of a text set, stopping at max_docs or once max_bytes are reached (at least one doc)."""
     docs, size = [], 0
-    for text in iter_texts(source.uri, source.format, source.text_field, endpoint):
+    for text in iter_texts(source.uri, source.format, source.text_field, endpoint, **_capped(source, max_bytes)):
         n = len(text.encode("utf-8")) + 1
         if docs and max_bytes is not None and size + n > max_bytes:
             break
@@ -65,24 +74,31 @@ def read_set(source, max_docs: int | None, max_bytes: int | None, endpoint: str 
 
 
 def read_parallel(pset, max_docs: int | None, max_bytes: int | None, endpoint: str | None) -> list[tuple[str, str]]:
-    """Aligned (az, en) pairs: line i of one side with line i of the other; capped like a text set."""
-    az = list(iter_texts(pset.az.uri, pset.az.format, pset.az.text_field, endpoint, skip_empty=False))
-    en = list(iter_texts(pset.en.uri, pset.en.format, pset.en.text_field, endpoint, skip_empty=False))
-    if len(az) != len(en):
-        raise InputError(f"parallel set {pset.name!r}: {len(az)} az documents but {len(en)} en documents",
-                         path=pset.en.uri)
+    """Aligned (az, en) pairs: line i of one side with line i of the other; capped like a text set.
+
+    Both sides are streamed together; past the cap the rest is only counted (to check alignment), not kept.
+    """
+    az = iter_texts(pset.az.uri, pset.az.format, pset.az.text_field, endpoint, skip_empty=False,
+                    **_capped(pset.az, max_bytes))
+    en = iter_texts(pset.en.uri, pset.en.format, pset.en.text_field, endpoint, skip_empty=False,
+                    **_capped(pset.en, max_bytes))
     pairs: list[tuple[str, str]] = []
-    size = 0
-    for a, e in zip(az, en):
-        if not (a.strip() and e.strip()):
+    size, full, num_az, num_en = 0, False, 0, 0
+    for a, e in zip_longest(az, en):
+        num_az += a is not None
+        num_en += e is not None
+        if full or a is None or e is None or not (a.strip() and e.strip()):
             continue
         n = len(a.encode("utf-8")) + 1
         if pairs and max_bytes is not None and size + n > max_bytes:
-            break
+            full = True
+            continue
         pairs.append((a, e))
         size += n
-        if max_docs is not None and len(pairs) >= max_docs:
-            break
+        full = max_docs is not None and len(pairs) >= max_docs
+    if num_az != num_en:
+        raise InputError(f"parallel set {pset.name!r}: {num_az} az documents but {num_en} en documents",
+                         path=pset.en.uri)
     if not pairs:
         raise InputError(f"parallel set {pset.name!r} holds no aligned pair", path=pset.az.uri)
     return pairs

@@ -169,7 +169,8 @@ def iter_conversations(source: SftDataSource, config: SftConfig, counts: DataCou
     """Stream one source's conversations; a bad record fails with file:line or is skipped and counted."""
     produced = 0
     current_file, columns = None, None
-    for file, line, raw in iter_located_texts(source.uri, "txt", endpoint_url=endpoint_url):
+    for file, line, raw in iter_located_texts(source.uri, "txt", endpoint_url=endpoint_url,
+                                                 **source.bounds):
         if source.layout == "translation" and file != current_file:
             current_file, header = file, raw.split("\t")
             missing = [c for c in (source.source_field, source.target_field) if c not in header]

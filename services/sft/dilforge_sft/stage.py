@@ -210,7 +210,7 @@ def save_merged(base_dir: Path, adapter_dir: Path, out_dir: Path) -> None:
     if isinstance(target_dtype, str):
         target_dtype = getattr(torch, target_dtype)
     merged.to(target_dtype).save_pretrained(str(out_dir), safe_serialization=True)
-    AutoTokenizer.from_pretrained(str(adapter_dir)).save_pretrained(str(out_dir))
+    AutoTokenizer.from_pretrained(str(adapter_dir), trust_remote_code=False).save_pretrained(str(out_dir))
 
 
 def write_label_preview(dataset, tokenizer, path: Path, num_examples: int) -> int:

@@ -36,7 +36,8 @@ def read_validation_sets(config: TokenizerConfig, endpoint_url: str | None) -> d
     """Validation sets are small (dev sets): read whole; an empty one is an error, not a NaN."""
     sets = {}
     for source in config.validation:
-        texts = list(iter_texts(source.uri, source.format, source.text_field, endpoint_url, config.normalization))
+        texts = list(iter_texts(source.uri, source.format, source.text_field, endpoint_url, config.normalization,
+                                    **source.bounds))
         if not texts:
             raise InputError("validation set is empty: no non-blank text in it", path=source.uri)
         sets[source.label] = texts

@@ -57,7 +57,7 @@ class CorpusStream:
         """Round-robin over the sources, `chunk` lines at a time, so max_lines and the held-out cap see
         every source (and per-line Python overhead stays small)."""
         iters = [(s, self.stats[s.label], iter_located_texts(s.uri, s.format, s.text_field, self.endpoint_url,
-                                                             self.normalization))
+                                                             self.normalization, **s.bounds))
                  for s in self.sources]
         while iters:
             alive = []

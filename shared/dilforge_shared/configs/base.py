@@ -6,7 +6,7 @@ from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..corpus import TextFormat
+from ..corpus import MAX_DOCUMENT_BYTES, Oversize, TextFormat
 
 
 class StrictModel(BaseModel):
@@ -21,6 +21,17 @@ class DataSource(StrictModel):
     text_field: str = Field(default="text", description="JSONL field, TSV column or parquet column with the text.")
     name: str | None = Field(default=None, description="Short name for reports (defaults to the file name).")
     weight: float = Field(default=1.0, gt=0, description="Mixture weight where a stage mixes several sources.")
+    max_document_bytes: int = Field(
+        default=MAX_DOCUMENT_BYTES, ge=64, le=1 << 30,
+        description="Largest line/document read at once, in UTF-8 bytes; memory stays bounded for any input.")
+    on_oversize: Oversize = Field(
+        default="error", description="A longer line: error (names file:line), split into documents of at most "
+        "max_document_bytes (txt, parquet), truncate, or skip with a warning. JSONL/TSV records: error or skip.")
+
+    @property
+    def bounds(self) -> dict:
+        """Keyword arguments for the corpus readers (iter_texts, iter_located_texts, iter_records)."""
+        return {"max_document_bytes": self.max_document_bytes, "on_oversize": self.on_oversize}
 
     @property
     def label(self) -> str:

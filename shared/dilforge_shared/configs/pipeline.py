@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -11,6 +10,7 @@ import yaml
 from pydantic import Field, ValidationError, model_validator
 
 from ..errors import ConfigError, format_validation_error
+from ..settings import INTERPOLATION_ALLOWED, USER_VAR_PREFIX, interpolation_variables, is_secret_name
 from .base import StageConfig, StrictModel
 from .cloud import SageMakerConfig
 from .cpt import CptConfig
@@ -68,17 +68,30 @@ class PipelineConfig(StrictModel):
         return [(name, cfg) for name in STAGE_CONFIGS if (cfg := getattr(self, name)) is not None]
 
 
-def expand_env(value: Any, source: str) -> Any:
-    """Replace ${VAR} / ${VAR:-default} in every string; an unset variable without default is an error."""
+def expand_env(value: Any, source: str, variables: dict[str, str] | None = None) -> Any:
+    """Replace ${VAR} / ${VAR:-default} in every string, from an allow-list only.
+
+    `variables` defaults to `interpolation_variables()`: DILFORGE_DATA, DILFORGE_STORE, DILFORGE_CACHE,
+    DILFORGE_WORKDIR, DILFORGE_S3_ENDPOINT_URL and user variables DILFORGE_VAR_*; never a credential (a secret
+    would end up in manifests, metrics and logs). Any other name, or an unset one without default, is an error.
+    """
+    if variables is None:
+        variables = interpolation_variables()
     if isinstance(value, dict):
-        return {k: expand_env(v, source) for k, v in value.items()}
+        return {k: expand_env(v, source, variables) for k, v in value.items()}
     if isinstance(value, list):
-        return [expand_env(v, source) for v in value]
+        return [expand_env(v, source, variables) for v in value]
     if isinstance(value, str):
         def sub(m: re.Match) -> str:
             name, default = m.group(1), m.group(2)
-            if name in os.environ:
-                return os.environ[name]
+            allowed = name in INTERPOLATION_ALLOWED or name.startswith(USER_VAR_PREFIX)
+            if not allowed or is_secret_name(name.removeprefix(USER_VAR_PREFIX)):
+                raise ConfigError(
+                    f"{source}: ${{{name}}} may not be interpolated: a config may name only "
+                    f"{', '.join(INTERPOLATION_ALLOWED)} and {USER_VAR_PREFIX}<NAME> variables, never a credential "
+                    "(see docs/reliability.md)")
+            if name in variables:
+                return variables[name]
             if default is not None:
                 return default
             raise ConfigError(f"{source}: ${{{name}}} is used but not set (export it, or pass the matching option)")
@@ -86,9 +99,12 @@ def expand_env(value: Any, source: str) -> Any:
     return value
 
 
-def load_yaml(path: Path) -> dict[str, Any]:
+def load_yaml(path: Path, variables: dict[str, str] | None = None) -> dict[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.object[exc.start:exc.start + 4]!r}); "
+                          "save the config as UTF-8") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read config: {exc.strerror}") from None
     try:
@@ -97,11 +113,13 @@ def load_yaml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
-    return expand_env(raw, str(path))
+    return expand_env(raw, str(path), interpolation_variables(variables))
 
 
-def load_pipeline(path: Path, overrides: dict[str, Any] | None = None) -> PipelineConfig:
-    raw = load_yaml(path)
+def load_pipeline(path: Path, overrides: dict[str, Any] | None = None,
+                  variables: dict[str, str] | None = None) -> PipelineConfig:
+    """`variables` (e.g. DILFORGE_DATA from `--data`) take precedence over the environment's."""
+    raw = load_yaml(path, variables)
     for key, value in (overrides or {}).items():
         node = raw
         *parents, leaf = key.split(".")

@@ -1,0 +1,54 @@
+"""Run a stage process the coordinator owns: no stdin, its own session, signals forwarded, dies with us.
+
+- stdin is /dev/null, so nothing in a stage (e.g. a library asking "trust this code? [y/N]") can read an answer
+  from the user's terminal or a pipe.
+- The child gets its own session: a Ctrl-C in the terminal reaches only the coordinator, which forwards SIGTERM
+  once (the stage checkpoints and exits) and SIGKILL on a second signal.
+- PR_SET_PDEATHSIG: if the coordinator is killed (even with -9) the stage gets SIGTERM instead of living on as an
+  orphan that publishes behind a run record nobody updates.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import signal
+import subprocess
+import threading
+from collections.abc import Sequence
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        pass
+
+
+def run_child(cmd: Sequence[str], env: dict[str, str], pass_fds: Sequence[int] = ()) -> tuple[int, int | None]:
+    """Run to completion; returns (exit code, the first signal that asked us to stop, or None)."""
+    proc = subprocess.Popen(list(cmd), env=env, stdin=subprocess.DEVNULL, start_new_session=True,
+                            pass_fds=tuple(pass_fds), preexec_fn=_die_with_parent)  # noqa: PLW1509 - prctl only
+    received: list[int] = []
+
+    def forward(signum, frame) -> None:
+        received.append(signum)
+        try:
+            proc.send_signal(signal.SIGTERM if len(received) == 1 else signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    main = threading.current_thread() is threading.main_thread()
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)} if main else {}
+    try:
+        while True:
+            try:
+                returncode = proc.wait()
+                break
+            except KeyboardInterrupt:  # a SIGINT that raced the handler install
+                forward(signal.SIGINT, None)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return returncode, (received[0] if received else None)

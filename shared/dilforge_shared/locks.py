@@ -1,0 +1,154 @@
+"""Run locks: one producer per artifact, one process per work folder.
+
+Local (a path or file:// store, and every work folder): an `fcntl.flock` on a lock file. The kernel drops it
+when the last process holding the file closes it, so a crash never leaves a stale lock; a child that inherits
+the descriptor keeps it held while it lives, so an orphaned stage still excludes a rerun.
+
+S3: a create-only lock object (`If-None-Match: *`) holding the owner and an expiry. The owner renews it from a
+thread while it lives; a lock whose lease has expired belongs to a dead owner and is taken over.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Self
+
+from .errors import DilforgeError
+
+log = logging.getLogger(__name__)
+
+
+def owner_info() -> dict:
+    return {"pid": os.getpid(), "host": socket.gethostname(), "token": uuid.uuid4().hex}
+
+
+class FileLock:
+    """Exclusive flock on `path`; `acquire(wait=True)` blocks, saying once who holds it."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.fd: int | None = None
+
+    def acquire(self, wait: bool = True, on_wait=None) -> bool:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if not wait:
+                os.close(fd)
+                return False
+            if on_wait:
+                on_wait(self.holder())
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        os.ftruncate(fd, 0)
+        os.write(fd, json.dumps(owner_info()).encode())
+        self.fd = fd
+        return True
+
+    def holder(self) -> dict:
+        try:
+            return json.loads(self.path.read_text() or "{}")
+        except (OSError, ValueError):
+            return {}
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closes our description; a child holding an inherited copy keeps the lock
+            self.fd = None
+
+    def __enter__(self) -> Self:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def is_locked(path: Path) -> bool:
+    """True while some live process holds the flock on `path`."""
+    if not path.exists():
+        return False
+    fd = os.open(path, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+
+
+class S3Lease:
+    """A create-only lock object with a lease, renewed by a daemon thread while held."""
+
+    def __init__(self, backend, key: str, lease_s: float, poll_s: float = 2.0):
+        self.backend, self.key, self.lease_s, self.poll_s = backend, key, lease_s, poll_s
+        self.owner = owner_info()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _body(self) -> bytes:
+        return json.dumps({**self.owner, "expires_at": time.time() + self.lease_s}).encode()
+
+    def _current(self) -> dict | None:
+        from .store import NotFound
+        try:
+            return json.loads(self.backend.read_bytes(self.key))
+        except NotFound:
+            return None
+        except ValueError:
+            return {"expires_at": 0}
+
+    def acquire(self, wait: bool = True, on_wait=None, timeout_s: float | None = None) -> bool:
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        told = False
+        while True:
+            if self.backend.create_bytes(self.key, self._body()):
+                break
+            current = self._current()
+            if current is not None and current.get("expires_at", 0) < time.time():
+                log.warning("lock %s: lease of %s expired; taking it over", self.key, current)
+                self.backend.delete(self.key)
+                continue
+            if not wait:
+                return False
+            if not told and on_wait:
+                on_wait(current or {})
+                told = True
+            if deadline is not None and time.monotonic() > deadline:
+                raise DilforgeError(f"lock {self.key}: still held by {current} after {timeout_s:.0f} s")
+            time.sleep(self.poll_s)
+        self._thread = threading.Thread(target=self._renew, daemon=True)
+        self._thread.start()
+        return True
+
+    def _renew(self) -> None:
+        while not self._stop.wait(self.lease_s / 3):
+            current = self._current()
+            if current is None or current.get("token") != self.owner["token"]:
+                log.error("lock %s: lost (now %s)", self.key, current)
+                return
+            self.backend.write_bytes(self.key, self._body())
+
+    def release(self) -> None:
+        self._stop.set()
+        current = self._current()
+        if current is not None and current.get("token") == self.owner["token"]:
+            self.backend.delete(self.key)
+
+    def __enter__(self) -> Self:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()

@@ -1,0 +1,118 @@
+"""Every setting dilforge reads from the environment, in one place (pydantic-settings, prefix `DILFORGE_`).
+
+Read once per use with `settings()` (cheap; not cached, so tests can `monkeypatch.setenv`). Nothing in
+dilforge writes `os.environ` after process start-up: values travel as arguments instead.
+
+| variable | meaning |
+|---|---|
+| DILFORGE_DATA | root of the data a config names as `${DILFORGE_DATA}` |
+| DILFORGE_STORE | default artifact store root (`${DILFORGE_STORE}` in configs) |
+| DILFORGE_CACHE | where remote artifacts and model prefixes are downloaded |
+| DILFORGE_WORKDIR | local backend's work folders (`/opt/ml` roots) and locks |
+| DILFORGE_S3_ENDPOINT_URL | S3-compatible endpoint (SeaweedFS, MinIO) |
+| DILFORGE_S3_ACCESS_KEY_ID / DILFORGE_S3_SECRET_ACCESS_KEY | keys for that endpoint only (never logged) |
+| DILFORGE_S3_CONNECT_TIMEOUT / DILFORGE_S3_READ_TIMEOUT | seconds per attempt (default 5 / 15) |
+| DILFORGE_S3_MAX_ATTEMPTS | attempts per S3 call, first included (default 3: a frozen endpoint fails in < 60 s) |
+| DILFORGE_VERIFY_ON_REUSE | sha256 (default) or stamp: how a local artifact is checked before reuse |
+| DILFORGE_LOCK_LEASE_SECONDS | lease of an S3 run lock; renewed while the owner lives (default 120) |
+| DILFORGE_LOG_LEVEL | stage log level (default INFO) |
+| DILFORGE_VAR_<NAME> | user variables a config may interpolate as `${DILFORGE_VAR_<NAME>}` |
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+USER_VAR_PREFIX = "DILFORGE_VAR_"
+# The only variables `${...}` in a config may name, besides DILFORGE_VAR_*. Secrets are never on this list.
+INTERPOLATION_ALLOWED = ("DILFORGE_DATA", "DILFORGE_STORE", "DILFORGE_CACHE", "DILFORGE_WORKDIR",
+                         "DILFORGE_S3_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION")
+SECRET_MARKERS = ("SECRET", "PASSWORD", "TOKEN", "ACCESS_KEY", "SESSION", "CREDENTIAL", "PRIVATE")
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="DILFORGE_", extra="ignore")
+
+    data: Path | None = Field(default=None, description="Root of the data configs name as ${DILFORGE_DATA}.")
+    store: str | None = Field(default=None, description="Default artifact store root.")
+    cache: Path = Field(default=Path(tempfile.gettempdir()) / "dilforge-cache",
+                        description="Download cache for remote artifacts and model prefixes.")
+    workdir: Path = Field(default=Path(".dilforge/work"), description="Local backend work folders and locks.")
+    s3_endpoint_url: str | None = Field(default=None, description="S3-compatible endpoint URL.")
+    s3_access_key_id: SecretStr | None = Field(default=None, description="Access key for that endpoint only.")
+    s3_secret_access_key: SecretStr | None = Field(default=None, description="Secret key for that endpoint only.")
+    s3_connect_timeout: float = Field(default=5.0, gt=0, description="Seconds to connect, per attempt.")
+    s3_read_timeout: float = Field(default=15.0, gt=0, description="Seconds to wait for an answer, per attempt.")
+    s3_max_attempts: int = Field(default=3, ge=1, le=10, description="Attempts per S3 call, the first included.")
+    verify_on_reuse: Literal["sha256", "stamp"] = Field(
+        default="sha256", description="Reuse check of local artifacts: sha256 of every file, or skip the hashing "
+        "while size, mtime and inode match the last full check.")
+    lock_lease_seconds: float = Field(default=120.0, gt=0, description="Lease of an S3 run lock.")
+    log_level: str = Field(default="INFO", description="Stage log level.")
+
+
+def settings() -> Settings:
+    return Settings()
+
+
+def is_secret_name(name: str) -> bool:
+    upper = name.upper()
+    return any(marker in upper for marker in SECRET_MARKERS)
+
+
+def interpolation_variables(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """What `${VAR}` in a config may see: the allow-list and DILFORGE_VAR_*, never a secret; `extra` wins."""
+    names = [n for n in os.environ if n in INTERPOLATION_ALLOWED or n.startswith(USER_VAR_PREFIX)]
+    found = {n: os.environ[n] for n in names if not is_secret_name(n.removeprefix(USER_VAR_PREFIX))}
+    found.update(extra or {})
+    return found
+
+
+def secret_values() -> list[str]:
+    """Values of every credential-looking variable (ours and AWS's), to mask in logs and refuse in configs."""
+    values = []
+    for name, value in os.environ.items():
+        if is_secret_name(name) and len(value) >= 4:
+            values.append(value)
+    s = settings()
+    for secret in (s.s3_access_key_id, s.s3_secret_access_key):
+        if secret is not None and len(secret.get_secret_value()) >= 4:
+            values.append(secret.get_secret_value())
+    return sorted(set(values), key=len, reverse=True)
+
+
+class MaskSecrets:
+    """A logging filter that replaces every credential value in a record with `***` (installed on handlers)."""
+
+    def __init__(self, values: list[str] | None = None):
+        self.values = values if values is not None else secret_values()
+
+    def filter(self, record) -> bool:
+        if not self.values:
+            return True
+        message = record.getMessage()
+        masked = mask(message, self.values)
+        if masked != message:
+            record.msg, record.args = masked, None
+        return True
+
+
+def mask(text: str, values: list[str] | None = None) -> str:
+    for value in values if values is not None else secret_values():
+        text = text.replace(value, "***")
+    return text
+
+
+def install_log_masking() -> None:
+    """Mask credentials on every handler of the root logger (call after logging is configured)."""
+    import logging
+    masker = MaskSecrets()
+    for handler in logging.getLogger().handlers:
+        if not any(isinstance(f, MaskSecrets) for f in handler.filters):
+            handler.addFilter(masker)
