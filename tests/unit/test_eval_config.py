@@ -19,7 +19,7 @@ def test_data_sources_list_every_file():
     assert labels == ["a", "fl.az", "fl.en", "morph.segmented.0", "morph.lemma_forms.0", "morph.lemma_forms.1",
                       "morph.conllu.0", "prompts"]
     assert (EvalConfig.stage, EvalConfig.artifact_kind, EvalConfig.consumes) == ("eval", "eval_report",
-                                                                                 ("tokenizer", "cpt", "sft"))
+                                                                                 ("model", "tokenizer", "cpt", "sft"))
 
 
 @pytest.mark.parametrize("raw,message", [

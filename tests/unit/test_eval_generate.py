@@ -6,6 +6,7 @@ import json
 
 import pytest
 from dilforge_eval import generate as G
+from dilforge_shared.configs.eval import GenerationSettings
 from dilforge_shared.errors import InputError
 
 
@@ -58,7 +59,7 @@ def test_generation_is_reproducible_and_uses_chat_template(tiny_llama_dir):
     prompts = [G.Prompt("c", "completion", "Bakı"), G.Prompt("q", "chat", "Salam")]
     text, templated = G.render_prompt(tok, prompts[1])
     assert templated and "<|start_header_id|>assistant<|end_header_id|>" in text and text.startswith("<|begin_of_text|>")
-    runs = [G.generate(model, tok, prompts, mode, 6, 1.0, 1.0, 1.0, seed=3) for mode in ("greedy", "sampled", "sampled")]
+    runs = [G.generate(model, tok, prompts, mode, GenerationSettings(max_new_tokens=6, temperature=1.0, top_p=1.0), seed=3) for mode in ("greedy", "sampled", "sampled")]
     assert all(r["num_new_tokens"] <= 6 for run in runs for r in run)
     assert [r["output"] for r in runs[1]] == [r["output"] for r in runs[2]]
     assert runs[0][1]["chat_template"] is True and runs[0][0]["chat_template"] is False
