@@ -83,8 +83,9 @@ class EvalConfig(StageConfig):
     on_unloadable_model: Literal["fail", "skip"] = Field(
         default="fail", description="An upstream model that cannot be loaded (e.g. an adapter without its base): "
         "fail the stage, or skip it and say so in the report.")
-    models: list[ModelRef] = Field(default_factory=list, description="Models besides the upstream cpt/sft ones "
-                                   "(e.g. the base model), each with a label.")
+    models: list[ModelRef] = Field(default_factory=list, description="Models besides the upstream model/cpt/sft "
+                                   "ones, each with a label. Every BPB change is against the upstream `model` "
+                                   "artifact (labelled 'base'), else the model labelled 'base', else the first listed.")
     tokenizers: list[TokenizerRef] = Field(default_factory=list, description="Tokenizers besides the upstream one "
                                            "and the models' own.")
     text_sets: list[DataSource] = Field(default_factory=list, description="Text sets (one per domain) for BPB and "
