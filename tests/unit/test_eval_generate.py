@@ -80,11 +80,14 @@ class _FakeTokenizer:
 
 def test_stop_tokens_come_from_the_family():
     chatml = _FakeTokenizer({"<|im_start|>": 1, "<|im_end|>": 2, "<|endoftext|>": 0, "a": 5}, eos=2)
+    chatml.unk_token_id = 0                     # as in SmolLM2: the unk token is the document end
     family = G.model_family(chatml, "smol")
     assert family.name == "chatml" and G.stop_token_ids(chatml, family) == [2, 0]   # end of turn, end of document
     llama = _FakeTokenizer({"<|begin_of_text|>": 10, "<|start_header_id|>": 11, "<|end_header_id|>": 12,
                             "<|eot_id|>": 13, "<|end_of_text|>": 14}, eos=14)
     assert G.stop_token_ids(llama, G.model_family(llama, "l3")) == [13, 14]
+    chatml.bos_token, chatml.chat_template = "<|im_start|>", None     # SmolLM2 names a bos_token; ChatML has none
+    assert G.render_prompt(chatml, G.Prompt("c", "completion", "Bakı"), family) == ("Bakı", False)
     other = _FakeTokenizer({"</s>": 2, "a": 3}, eos=2)
     assert G.model_family(other, "x") is None and G.stop_token_ids(other, None) == [2]   # unknown family: EOS only
 

@@ -116,20 +116,23 @@ def model_family(tokenizer, source: str) -> Family | None:
 
 def stop_token_ids(tokenizer, family: Family | None) -> list[int]:
     """Ids generation stops on: the family's end of turn and end of document, and the tokenizer's EOS."""
-    names = family.stop_tokens if family else []
-    ids = [tokenizer.convert_tokens_to_ids(t) for t in names] + [tokenizer.eos_token_id]
-    return list(dict.fromkeys(i for i in ids if isinstance(i, int) and i >= 0 and i != tokenizer.unk_token_id))
+    vocab = tokenizer.get_vocab()
+    ids = [vocab[t] for t in (family.stop_tokens if family else []) if t in vocab] + [tokenizer.eos_token_id]
+    # by vocabulary, not by "is not the unk id": SmolLM2's unk token is its document end, <|endoftext|>
+    return list(dict.fromkeys(i for i in ids if isinstance(i, int) and i >= 0))
 
 
 def render_prompt(tokenizer, prompt: Prompt, family: Family | None = None) -> tuple[str, bool]:
     """The model input text: chat prompts through the tokenizer's chat template (an instruct or SFT model's own),
-    else the family's, so an assistant is asked the way it was trained; completion prompts as BOS + text."""
+    else the family's, so an assistant is asked the way it was trained; completion prompts as the family's BOS
+    (none for ChatML) + text."""
     template = getattr(tokenizer, "chat_template", None) or (family.chat_template if family else None)
     if prompt.kind == "chat" and template:
         text = tokenizer.apply_chat_template([{"role": "user", "content": prompt.prompt}], tokenize=False,
                                              add_generation_prompt=True, chat_template=template)
         return text, True
-    bos = tokenizer.bos_token or ""
+    # the family's BOS, not the tokenizer's: SmolLM2 names <|im_start|> as bos_token, but ChatML documents have none
+    bos = (family.bos if family else tokenizer.bos_token) or ""
     return bos + prompt.prompt, False
 
 
