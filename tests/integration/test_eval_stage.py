@@ -169,7 +169,8 @@ def test_eval_stage_reports_every_model_and_set(upstream, data_root):
 
 
 def test_run_all_prints_report_path_and_bad_input_fails_cleanly(upstream, data_root, tmp_path):
-    section = {"models": [{"label": "base", "uri": str(upstream["base"])}],
+    """Also: a base model given by artifact URI in `models:` (a model artifact with the HF folder inside)."""
+    section = {"models": [{"label": "base", "uri": upstream["model"]}],
                "text_sets": [{"uri": str(data_root / "az/train/udhr_azj_latn.txt"), "name": "udhr"}],
                "bpb": {"window": 32}, "max_bytes_per_set": 800}
     cfg = _write_pipeline(tmp_path / "p.yaml", tmp_path / "store", "evalonly", section)
@@ -178,6 +179,8 @@ def test_run_all_prints_report_path_and_bad_input_fails_cleanly(upstream, data_r
     last = proc.stdout.strip().splitlines()[-1]
     assert last.startswith("report: ") and last.endswith("report.html")
     assert Path(last.removeprefix("report: ")).is_file()
+    metrics = json.loads((Path(last.removeprefix("report: ")).parent / "metrics.json").read_text())
+    assert metrics["models"]["base"]["origin"] == upstream["model"] and "udhr" in metrics["bpb"]["base"]
 
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": "a", "prompt": "Salam"}\n{"id": "b", "kind": "essay", "prompt": "x"}\n')

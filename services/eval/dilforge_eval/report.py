@@ -215,12 +215,12 @@ def generations_tables(generations: list[dict], models: list[str]) -> dict[str, 
 
 SECTIONS = [
     ("Headline", None, headline_table, (
-        "BPB of each model against the base model on the first text set of each language: the gain on the "
-        "target language and what every other language kept (negative = fewer bits per byte = better). "
-        "Per set, never averaged across languages.")),
+        "BPB of each model against the reference model named in the header (the base model when the pipeline has "
+        "one) on the first text set of each language: the gain on the target language and what every other "
+        "language kept (negative = fewer bits per byte = better). Per set, never averaged across languages.")),
     ("Bits per byte", "bpb", bpb_table, ("BPB of each model with its own tokenizer on each text set: NLL in bits over "
                                          "the UTF-8 bytes, so different vocabularies compare fairly. Lower is better. "
-                                         "The change is against the base model on the same set.")),
+                                         "The change is against the reference model on the same set.")),
     ("Step-0 BPB per initialisation", None, step0_table, (
         "BPB on the CPT validation text right after the vocabulary transplant, before any training, for each way of "
         "initialising the new embedding rows (from the CPT manifest).")),
