@@ -1,4 +1,4 @@
-"""The eval stage through the real entrypoint and coordinator, fed tokenizer/cpt/sft artifacts."""
+"""The eval stage through the real entrypoint and coordinator, fed model/tokenizer/cpt/sft artifacts."""
 
 from __future__ import annotations
 
@@ -13,13 +13,13 @@ import pytest
 import torch
 
 from dilforge_shared.manifest import Manifest, current_producer
-from dilforge_shared.models import dir_digest, recompute_artifact_id
+from dilforge_shared.models import recompute_artifact_id
 from dilforge_shared.store import fetch, publish, read_manifest
 
 
-def _publish(store: Path, stage: str, kind: str, folder: Path, metrics: dict) -> str:
+def _publish(store: Path, stage: str, kind: str, folder: Path, metrics: dict, manifest_stage: str | None = None) -> str:
     uri = f"{store.resolve().as_uri()}/artifacts/{stage}/fake-{stage}"
-    m = Manifest(kind=kind, artifact_id=f"fake-{stage}", run_id="fixture", stage=stage,
+    m = Manifest(kind=kind, artifact_id=f"fake-{stage}", run_id="fixture", stage=manifest_stage or stage,
                  producer=current_producer("tests"), config={}, data_dir="pending", files=[], metrics=metrics)
     publish(uri, folder, m)
     return uri
@@ -45,18 +45,18 @@ def _sft_adapter(cpt_dir: Path, out: Path, base_uri: str) -> Path:
     return out
 
 
-def _eval_section(data: Path, base_dir: Path, prompts: str) -> dict:
+def _eval_section(data: Path, prompts: str) -> dict:
     flores = str(data / "az/dev/flores200.dev.partial_from_sib200.tsv")
     return {
-        "models": [{"label": "base", "uri": str(base_dir)}],
         "text_sets": [{"uri": flores, "text_field": "azj_Latn", "name": "flores"},
-                      {"uri": str(data / "az/train/udhr_azj_latn.txt"), "name": "udhr"}],
+                      {"uri": str(data / "az/train/udhr_azj_latn.txt"), "name": "udhr"},
+                      {"uri": flores, "text_field": "eng_Latn", "name": "flores-en"}],
         "parallel_sets": [{"name": "flores", "az": {"uri": flores, "text_field": "azj_Latn"},
                            "en": {"uri": flores, "text_field": "eng_Latn"}}],
         "morph": {"segmented": [str(data / "az/morph/az-lang-nlp_golden_morph.tsv")],
                   "conllu": [str(data / "az/morph/ud_az_tuecl-ud-test.conllu")], "num_words_per_source": 100},
         "prompts": str(prompts),
-        "generation": {"max_new_tokens": 6, "num_prompts": 2},
+        "generation": {"max_new_tokens": 6, "num_prompts": 2, "repetition_penalty": 1.2, "no_repeat_ngram_size": 3},
         "bpb": {"window": 64, "stride": 32},
         "max_bytes_per_set": 3000,
     }
@@ -74,17 +74,37 @@ def upstream(tmp_path_factory, tiny_tokenizer_dir, tiny_llama_dir):
     store = tmp / "store"
     tok_uri = _publish(store, "tokenizer", "tokenizer", tiny_tokenizer_dir, {
         "selected_vocab_size": 512, "base": None,
-        "sweep": [{"vocab_size": v, "sets": {"heldout": {"tokens_per_word": 4 - v / 512}}} for v in (300, 400, 512)]})
+        "sweep": [{"vocab_size": v, "sets": {"heldout": {"tokens_per_word": 4 - v / 512}}} for v in (300, 400, 512)],
+        "comparison": [{"strategy": "replace", "vocab_size": 512, "num_new_tokens": 512, "selected": True,
+                        "languages": {"az": {"tokens_per_word": 2.1, "bytes_per_token": 3.0, "frac_words_3plus": 0.3},
+                                      "en": {"tokens_per_word": 3.2, "bytes_per_token": 1.9, "frac_words_3plus": 0.6}},
+                        "dead_new_tokens_frac": 0.01}],
+        "dead_tokens": {"num_new_dead": 5}})
     cpt_uri = _publish(store, "cpt", "model", tiny_llama_dir, {
         "num_steps": 4, "total_tokens": 4096, "tokens_per_s": 100.0,
         "history": [{"step": s, "loss": 6.0 - s / 2, "lr": 1e-3} for s in range(1, 5)],
-        "validation": [{"step": 0, "val_loss": 6.5}, {"step": 4, "val_loss": 4.1}]})
+        "validation": [{"step": 0, "val_loss": 6.5}, {"step": 4, "val_loss": 4.1}],
+        "transplant": {"method": "mean_of_pieces", "num_kept": 300, "step0_val_bpb_random": 5.27,
+                       "step0_val_bpb_mean_of_pieces": 2.81}})
     sft_dir = _sft_adapter(fetch(cpt_uri).path, tmp / "sft", cpt_uri)
     sft_uri = _publish(store, "sft", "adapter", sft_dir, {
         "train_runtime_s": 2.5, "train_loss_history": [{"step": 1, "loss": 3.0}, {"step": 2, "loss": 2.5}]})
     import factories
     base_dir = factories.build_tiny_llama(tmp / "base", tiny_tokenizer_dir, seed=1)
-    return {"tmp": tmp, "store": store, "tokenizer": tok_uri, "cpt": cpt_uri, "sft": sft_uri, "base": base_dir}
+    # the model stage's artifact: a plain HF folder inside (here in model/, found by find_hf_dir)
+    factories.build_tiny_llama(tmp / "base-artifact" / "model", tiny_tokenizer_dir, seed=1)
+    # (recorded as produced by "cpt" while the manifest schema predates the model stage; eval reads only the files)
+    model_uri = _publish(store, "model", "model", tmp / "base-artifact", {"num_parameters": 1}, manifest_stage="cpt")
+    return {"tmp": tmp, "store": store, "tokenizer": tok_uri, "cpt": cpt_uri, "sft": sft_uri, "base": base_dir,
+            "model": model_uri}
+
+
+def _keys(node) -> list[str]:
+    if isinstance(node, dict):
+        return [k for k, v in node.items() for k in (k, *_keys(v))]
+    if isinstance(node, list):
+        return [k for v in node for k in _keys(v)]
+    return []
 
 
 def _write_pipeline(path: Path, store: Path, run_id: str, section: dict) -> Path:
@@ -95,24 +115,38 @@ def _write_pipeline(path: Path, store: Path, run_id: str, section: dict) -> Path
 def test_eval_stage_reports_every_model_and_set(upstream, data_root):
     tmp = upstream["tmp"]
     prompts = "builtin:az-generation"
-    cfg = _write_pipeline(tmp / "pipe.yaml", upstream["store"], "evalrun", _eval_section(data_root, upstream["base"], prompts))
-    proc = _coordinator(["run", "eval", "--config", str(cfg), "--input", f"tokenizer={upstream['tokenizer']}",
+    cfg = _write_pipeline(tmp / "pipe.yaml", upstream["store"], "evalrun", _eval_section(data_root, prompts))
+    proc = _coordinator(["run", "eval", "--config", str(cfg), "--input", f"model={upstream['model']}",
+                         "--input", f"tokenizer={upstream['tokenizer']}",
                          "--input", f"cpt={upstream['cpt']}", "--input", f"sft={upstream['sft']}"], tmp)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     uri = proc.stdout.strip().splitlines()[-1].split("artifact: ")[1]
     manifest, _ = read_manifest(uri)
     assert manifest.kind == "eval_report" and manifest.stage == "eval"
-    assert {r.name for r in manifest.inputs} >= {"tokenizer", "cpt", "sft", "data:flores", "data:udhr"}
-    assert manifest.input(f"model:{upstream['base']}").sha256 == dir_digest(upstream["base"])  # the extra model
+    assert {r.name for r in manifest.inputs} >= {"model", "tokenizer", "cpt", "sft", "data:flores", "data:udhr"}
     assert recompute_artifact_id(manifest) == manifest.artifact_id
     files = {f.path for f in manifest.files}
     assert {"report.html", "report.md", "metrics.json", "generations.jsonl", "plots/bpb_per_model.png",
             "plots/training_curves.png", "plots/fertility_per_vocab_size.png"} <= files
     m = manifest.metrics
     assert list(m["bpb"]) == ["base", "cpt", "sft"]
+    assert m["models"]["base"]["origin"] == "artifact fake-model"     # the pipeline's model artifact is the base
     for model in ("base", "cpt", "sft"):
-        assert set(m["bpb"][model]) == {"flores", "udhr"}
+        assert set(m["bpb"][model]) == {"flores", "udhr", "flores-en"}
         assert 0 < m["bpb"][model]["flores"]["bpb"] < 20
+    assert {k: v["language"] for k, v in m["text_sets"].items()} == {"flores": "az", "udhr": "az", "flores-en": "en"}
+    for model in ("cpt", "sft"):                                         # change per set, against base, never averaged
+        for s in ("flores", "udhr", "flores-en"):
+            got = m["bpb_change"][model][s]
+            assert got["change"] == pytest.approx(m["bpb"][model][s]["bpb"] / m["bpb"]["base"][s]["bpb"] - 1, abs=1e-4)
+    h = m["headline"]
+    assert h["reference"] == "base" and h["gain"]["cpt"]["set"] == "flores" and h["gain"]["cpt"] == \
+        {"set": "flores", **m["bpb_change"]["cpt"]["flores"]}
+    assert set(h["retention"]["sft"]) == {"en"} and h["retention"]["sft"]["en"]["set"] == "flores-en"
+    assert not [k for k in _keys(m) if any(w in k.lower() for w in ("mean", "average", "avg"))
+                and k != "step0_val_bpb_mean_of_pieces" and k != "mean_of_pieces"]
+    assert m["transplant"]["step0_bpb"] == {"random": {"val": 5.27}, "mean_of_pieces": {"val": 2.81}}
+    assert m["tokenizer_comparison"]["languages"] == ["az", "en"]
     assert m["bpb"]["sft"]["flores"]["bpb"] != m["bpb"]["cpt"]["flores"]["bpb"]   # the adapter was applied
     assert m["models"]["sft"]["adapter"] is True and m["models"]["cpt"]["adapter"] is False
     assert m["tokenizers"]["tokenizer"]["aliases"] == ["base", "cpt", "sft"]      # one tokenizer, listed once
@@ -127,14 +161,18 @@ def test_eval_stage_reports_every_model_and_set(upstream, data_root):
     gens = [json.loads(x) for x in (art.path / "generations.jsonl").read_text().splitlines()]
     assert len(gens) == 3 * 2 * 2
     html = (art.path / "report.html").read_text()
-    for name in ("base", "cpt", "sft", "flores", "udhr"):
+    for name in ("base", "cpt", "sft", "flores", "udhr", "flores-en"):
         assert f">{name}<" in html
+    assert html.index("<h2>Headline</h2>") < html.index("<h2>Bits per byte</h2>")
+    assert "English retention: BPB vs base on flores-en" in html and "Step-0 BPB per initialisation" in html
+    assert "Tokenizer strategies" in html and "Dead-token audit" in html
     full = json.loads((art.path / "metrics.json").read_text())
     assert len(full["curves"]["cpt"]["loss"]) == 4
 
 
 def test_run_all_prints_report_path_and_bad_input_fails_cleanly(upstream, data_root, tmp_path):
-    section = {"models": [{"label": "base", "uri": str(upstream["base"])}],
+    """Also: a base model given by artifact URI in `models:` (a model artifact with the HF folder inside)."""
+    section = {"models": [{"label": "base", "uri": upstream["model"]}],
                "text_sets": [{"uri": str(data_root / "az/train/udhr_azj_latn.txt"), "name": "udhr"}],
                "bpb": {"window": 32}, "max_bytes_per_set": 800}
     cfg = _write_pipeline(tmp_path / "p.yaml", tmp_path / "store", "evalonly", section)
@@ -143,6 +181,8 @@ def test_run_all_prints_report_path_and_bad_input_fails_cleanly(upstream, data_r
     last = proc.stdout.strip().splitlines()[-1]
     assert last.startswith("report: ") and last.endswith("report.html")
     assert Path(last.removeprefix("report: ")).is_file()
+    metrics = json.loads((Path(last.removeprefix("report: ")).parent / "metrics.json").read_text())
+    assert metrics["models"]["base"]["origin"] == upstream["model"] and "udhr" in metrics["bpb"]["base"]
 
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": "a", "prompt": "Salam"}\n{"id": "b", "kind": "essay", "prompt": "x"}\n')

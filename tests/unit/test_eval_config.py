@@ -30,7 +30,24 @@ def test_data_sources_list_every_file():
     ({"generation": {"modes": ["beam"]}}, "generation.modes"),
     ({"max_bytes_per_set": 0}, "max_bytes_per_set"),
     ({"modles": []}, "modles"),
+    ({"set_languages": {"nope": "en"}}, "set_languages: 'nope' is not a text set name"),
+    ({"text_sets": [{"uri": "/a.txt", "name": "a"}], "set_languages": {"a": "English"}}, r"set_languages\[a\]"),
+    ({"target_language": "Azerbaijani"}, "target_language"),
+    ({"generation": {"no_repeat_ngram_size": -1}}, "generation.no_repeat_ngram_size"),
 ])
 def test_bad_configs_name_the_field(raw, message):
     with pytest.raises(ConfigError, match=message):
         validate_model(EvalConfig, raw, "test")
+
+
+def test_base_label_is_taken_by_the_pipeline_model_artifact():
+    """With a `model` input, "base" is that artifact; a config model of the same label is an error naming the field."""
+    from dilforge_eval.stage import base_model
+
+    class Ctx:
+        def has_input(self, name):
+            return name == "model"
+
+    cfg = EvalConfig.model_validate({"models": [{"label": "stock", "uri": "/x"}, {"label": "base", "uri": "/y"}]})
+    with pytest.raises(ConfigError, match=r"eval.models\[1\].label: 'base' is the pipeline's model artifact"):
+        base_model(cfg, Ctx())

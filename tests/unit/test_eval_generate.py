@@ -6,6 +6,7 @@ import json
 
 import pytest
 from dilforge_eval import generate as G
+from dilforge_shared.configs.eval import GenerationSettings
 from dilforge_shared.errors import InputError
 
 
@@ -58,7 +59,83 @@ def test_generation_is_reproducible_and_uses_chat_template(tiny_llama_dir):
     prompts = [G.Prompt("c", "completion", "Bakı"), G.Prompt("q", "chat", "Salam")]
     text, templated = G.render_prompt(tok, prompts[1])
     assert templated and "<|start_header_id|>assistant<|end_header_id|>" in text and text.startswith("<|begin_of_text|>")
-    runs = [G.generate(model, tok, prompts, mode, 6, 1.0, 1.0, 1.0, seed=3) for mode in ("greedy", "sampled", "sampled")]
+    runs = [G.generate(model, tok, prompts, mode, GenerationSettings(max_new_tokens=6, temperature=1.0, top_p=1.0), seed=3) for mode in ("greedy", "sampled", "sampled")]
     assert all(r["num_new_tokens"] <= 6 for run in runs for r in run)
     assert [r["output"] for r in runs[1]] == [r["output"] for r in runs[2]]
     assert runs[0][1]["chat_template"] is True and runs[0][0]["chat_template"] is False
+
+
+class _FakeTokenizer:
+    """Just enough of a transformers tokenizer for the stop-token rules."""
+
+    def __init__(self, vocab: dict[str, int], eos: int | None):
+        self.vocab, self.eos_token_id, self.unk_token_id = vocab, eos, None
+
+    def get_vocab(self):
+        return dict(self.vocab)
+
+    def convert_tokens_to_ids(self, token):
+        return self.vocab.get(token)
+
+
+def test_stop_tokens_come_from_the_family():
+    chatml = _FakeTokenizer({"<|im_start|>": 1, "<|im_end|>": 2, "<|endoftext|>": 0, "a": 5}, eos=2)
+    chatml.unk_token_id = 0                     # as in SmolLM2: the unk token is the document end
+    family = G.model_family(chatml, "smol")
+    assert family.name == "chatml" and G.stop_token_ids(chatml, family) == [2, 0]   # end of turn, end of document
+    llama = _FakeTokenizer({"<|begin_of_text|>": 10, "<|start_header_id|>": 11, "<|end_header_id|>": 12,
+                            "<|eot_id|>": 13, "<|end_of_text|>": 14}, eos=14)
+    assert G.stop_token_ids(llama, G.model_family(llama, "l3")) == [13, 14]
+    chatml.bos_token, chatml.chat_template = "<|im_start|>", None     # SmolLM2 names a bos_token; ChatML has none
+    assert G.render_prompt(chatml, G.Prompt("c", "completion", "Bakı"), family) == ("Bakı", False)
+    other = _FakeTokenizer({"</s>": 2, "a": 3}, eos=2)
+    assert G.model_family(other, "x") is None and G.stop_token_ids(other, None) == [2]   # unknown family: EOS only
+
+
+def test_repetition_options_reach_generate(tiny_llama_dir, monkeypatch):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_llama_dir)).eval()
+    tok = AutoTokenizer.from_pretrained(str(tiny_llama_dir))
+    seen = []
+    real = model.generate
+
+    def spy(**kwargs):
+        seen.append(kwargs)
+        return real(**kwargs)
+    monkeypatch.setattr(model, "generate", spy)
+    settings = GenerationSettings(max_new_tokens=4, repetition_penalty=1.3, no_repeat_ngram_size=3)
+    G.generate(model, tok, [G.Prompt("c", "completion", "Bakı")], "greedy", settings, seed=0)
+    (kw,) = seen
+    assert kw["repetition_penalty"] == 1.3 and kw["no_repeat_ngram_size"] == 3
+    assert kw["eos_token_id"] == [tok.convert_tokens_to_ids("<|eot_id|>"), tok.convert_tokens_to_ids("<|end_of_text|>")]
+
+
+def test_no_repeat_ngram_size_removes_repeated_ngrams(tiny_llama_dir):
+    """A random tiny model loops under greedy decoding; with no_repeat_ngram_size=2 no token bigram repeats."""
+    import torch
+    torch.set_num_threads(1)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_llama_dir)).eval()
+    tok = AutoTokenizer.from_pretrained(str(tiny_llama_dir))
+    prompt = [G.Prompt("c", "completion", "Bakı")]
+
+    def bigram_repeats(settings) -> int:
+        ids = tok(G.render_prompt(tok, prompt[0])[0], add_special_tokens=False)["input_ids"]
+        with torch.inference_mode():
+            out = model.generate(input_ids=torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                 **G.generate_kwargs(settings, "greedy", tok.pad_token_id, []))[0].tolist()
+        grams = list(zip(out, out[1:]))
+        return len(grams) - len(set(grams))
+    assert bigram_repeats(GenerationSettings(max_new_tokens=40)) > 0          # the failure mode is there
+    assert bigram_repeats(GenerationSettings(max_new_tokens=40, no_repeat_ngram_size=2)) == 0
+
+
+def test_chat_prompt_falls_back_to_the_family_template(tiny_llama_dir):
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(str(tiny_llama_dir))
+    tok.chat_template = None
+    family = G.model_family(tok, "tiny")
+    text, templated = G.render_prompt(tok, G.Prompt("q", "chat", "Salam"), family)
+    assert templated and text == ("<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nSalam<|eot_id|>"
+                                  "<|start_header_id|>assistant<|end_header_id|>\n\n")

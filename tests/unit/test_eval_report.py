@@ -1,4 +1,5 @@
-"""The report lists every model and text set it was given, embeds its plots, and renders in Chromium."""
+"""The report lists every model and text set it was given, leads with the per-language headline, shows upstream
+step-0 and tokenizer-strategy figures, embeds its plots, and renders in Chromium."""
 
 from __future__ import annotations
 
@@ -7,11 +8,17 @@ import re
 import os
 
 import pytest
+from dilforge_eval import compare
 from dilforge_eval.render import chromium, dump_dom, screenshot
 from dilforge_eval.report import write_report
 
 MODELS = ["base", "cpt", "sft"]
-SETS = ["flores", "legal", "wiki"]
+SETS = ["flores", "legal", "wiki", "flores-en"]
+LANGS = {"flores": "az", "legal": "az", "wiki": "az", "flores-en": "en"}
+# cpt: az sets 20 % lower than base, English 50 % higher; sft: az 25 % lower, English 40 % higher
+BPB = {"base": {"flores": 3.0, "legal": 2.0, "wiki": 2.5, "flores-en": 1.0},
+       "cpt": {"flores": 2.4, "legal": 1.6, "wiki": 2.0, "flores-en": 1.5},
+       "sft": {"flores": 2.25, "legal": 1.5, "wiki": 1.875, "flores-en": 1.4}}
 
 
 def fake_metrics() -> dict:
@@ -19,11 +26,11 @@ def fake_metrics() -> dict:
           "num_bytes": 320, "num_texts": 5, "num_words_3plus": 10}
     morph = {"boundary_recall": 0.5, "inside_morpheme_rate": 0.3, "exact_segmentation_rate": 0.1, "num_words": 10,
              "num_gold_boundaries": 8}
-    return {
+    m = {
         "models": {m: {"origin": f"origin-{m}"} for m in MODELS},
         "tokenizers": {"tokenizer": {"aliases": ["cpt", "sft"]}, "base": {"aliases": []}},
-        "text_sets": {s: {"uri": f"/d/{s}", "num_docs": 3, "num_bytes": 300} for s in SETS},
-        "bpb": {m: {s: {"bpb": (1.0 + i / 10) * (1.0 + j / 10)} for j, s in enumerate(SETS)} for i, m in enumerate(MODELS)},
+        "text_sets": {s: {"uri": f"/d/{s}", "language": LANGS[s], "num_docs": 3, "num_bytes": 300} for s in SETS},
+        "bpb": {m: {s: {"bpb": v} for s, v in sets.items()} for m, sets in BPB.items()},
         "tokenizer_metrics": {t: {s: tm for s in SETS} for t in ("tokenizer", "base")},
         "parity": {"base": {"flores": {"tokens_az": 150, "tokens_en": 100, "parity": 1.5, "num_pairs": 3}}},
         "morph": {"base": {"seg.tsv": morph}},
@@ -34,7 +41,21 @@ def fake_metrics() -> dict:
         "curves": {"cpt": {"loss": [[1, 5.0], [2, 4.0], [3, 3.5]]}, "sft": {"train_loss": [[1, 2.0], [2, 1.5]]}},
         "cost": {"cpt": {"seconds_train": 12.5}},
         "skipped": [],
+        "transplant": compare.step0_bpb({"transplant": {"method": "mean_of_pieces", "step0_val_bpb_random": 5.27,
+                                                        "step0_val_bpb_mean_of_pieces": 2.81}}),
+        "tokenizer_comparison": compare.tokenizer_comparison({
+            "comparison": [{"strategy": s, "vocab_size": v, "num_new_tokens": n, "selected": s == "extend",
+                            "dead_new_tokens_frac": d,
+                            "languages": {"az": {"tokens_per_word": az, "bytes_per_token": 4.0, "frac_words_3plus": 0.1},
+                                          "en": {"tokens_per_word": en, "bytes_per_token": 4.5, "frac_words_3plus": 0.05}}}
+                           for s, v, n, d, az, en in (("base", 49152, 0, None, 3.44, 1.24),
+                                                      ("extend", 75000, 25848, 0.017, 1.53, 1.22),
+                                                      ("replace", 50000, 50000, 0.0, 1.48, 2.45))],
+            "dead_tokens": {"num_new_dead": 439, "per_corpus": {"wiki": {"frac_vocab_used": 0.61}}}}),
     }
+    changes = compare.bpb_changes(m["bpb"], "base", LANGS)
+    m.update(bpb_change=changes, headline=compare.headline(changes, "base", LANGS, "az"))
+    return m
 
 
 def generations() -> list[dict]:
@@ -56,10 +77,33 @@ def test_report_lists_every_model_and_text_set(report):
     for doc in (html, md):
         for name in MODELS + SETS:
             assert name in doc
-    bpb_rows = re.findall(r"<tr><td>(base|cpt|sft)</td>", html)
-    assert set(bpb_rows) == set(MODELS)
-    assert "change vs base" in html and "+10.0% (mean)" in html   # cpt is 0.1 above base on each set
+    bpb_rows = re.findall(r"<tr><td>(base|cpt|sft)</td><td>(flores|legal|wiki|flores-en)</td>", html)
+    assert set(bpb_rows) == {(m, s) for m in MODELS for s in SETS}     # one row per model and set
+    assert "change vs base" in html and "(mean)" not in html and "(mean)" not in md
+    assert '<td class="num better">-20.0%</td>' in html and '<td class="num worse">+50.0%</td>' in html
     assert "&lt;script&gt;" in html and "<script>" not in html      # generations are escaped
+
+
+def test_headline_comes_first_with_gain_and_retention_per_set(report):
+    _, paths = report
+    html = paths["html"].read_text()
+    md = paths["md"].read_text()
+    assert html.index("<h2>Headline</h2>") < html.index("<h2>Bits per byte</h2>")
+    assert "Azerbaijani gain: BPB vs base on flores" in html and "English retention: BPB vs base on flores-en" in html
+    row = re.search(r"<tr><td>cpt</td>(.*?)</tr>", html).group(1)
+    assert row == ('<td class="num better">3.000 → 2.400 (-20.0%)</td>'
+                   '<td class="num worse">1.000 → 1.500 (+50.0%)</td>')
+    assert "| sft | 3.000 → 2.250 (-25.0%) | 1.000 → 1.400 (+40.0%) |" in md
+
+
+def test_step0_and_tokenizer_strategies_are_shown(report):
+    _, paths = report
+    md = paths["md"].read_text()
+    assert "| mean_of_pieces (trained) | 2.8100 |" in md and "| random | 5.2700 |" in md
+    assert ("| strategy | vocab size | new tokens | selected | az tokens/word | az bytes/token | az words in 3+ tokens "
+            "| en tokens/word | en bytes/token | en words in 3+ tokens | dead new tokens |") in md
+    assert "| extend | 75000 | 25848 | yes | 1.530 | 4.000 | 10.0% | 1.220 | 4.500 | 5.0% | 1.7% |" in md
+    assert "| per_corpus.wiki.frac_vocab_used | 0.6100 |" in md
 
 
 def test_report_is_self_contained_with_png_files(report):
@@ -79,7 +123,7 @@ def test_report_without_models_still_renders(tmp_path):
     m = {"tokenizer_metrics": fake_metrics()["tokenizer_metrics"], "text_sets": fake_metrics()["text_sets"]}
     paths = write_report(m, [], tmp_path, "tokenizers only")
     html = paths["html"].read_text()
-    assert "Tokenizer efficiency" in html and "Bits per byte" not in html
+    assert "Tokenizer efficiency" in html and "Bits per byte" not in html and "Headline" not in html
 
 
 @pytest.mark.skipif(chromium() is None and not os.environ.get("CI"),  # CI installs it: there, a missing one fails

@@ -140,3 +140,27 @@ def test_load_gold_samples_with_seed(data_root):
     a, b = M.load_gold(*args, seed=1), M.load_gold(*args, seed=1)
     assert [w.word for w in a["unimorph_aze.tsv"]] == [w.word for w in b["unimorph_aze.tsv"]]
     assert len(a["unimorph_aze.tsv"]) == 50
+
+
+def test_morphology_resources_read_from_s3_like_local_files(tmp_path, s3_server, s3_bucket, data_root):
+    """Morphology files go through the shared corpus readers, so s3:// URIs (SageMaker inputs) work."""
+    client = s3_server.client()
+    bucket = s3_bucket.removeprefix("s3://")
+    local = {"segmented": str(data_root / "az/morph/az-lang-nlp_golden_morph.tsv"),
+             "lemma_forms": str(data_root / "az/morph/unimorph_aze.tsv"),
+             "conllu": str(data_root / "az/morph/ud_az_tuecl-ud-test.conllu")}
+    remote = {}
+    for kind, path in local.items():
+        key = f"morph/{path.rsplit('/', 1)[-1]}"
+        client.upload_file(path, bucket, key)
+        remote[kind] = f"{s3_bucket}/{key}"
+    args = dict(num_words_per_source=200, seed=3)
+    from_local = M.load_gold([local["segmented"]], [local["lemma_forms"]], [local["conllu"]], **args)
+    from_s3 = M.load_gold([remote["segmented"]], [remote["lemma_forms"]], [remote["conllu"]], **args,
+                          endpoint_url=s3_server.endpoint_url)
+    assert list(from_s3) == list(from_local) == ["az-lang-nlp_golden_morph.tsv", "unimorph_aze.tsv",
+                                                 "ud_az_tuecl-ud-test.conllu"]
+    assert from_s3 == from_local and all(len(v) == 200 for v in from_s3.values())
+    from dilforge_shared.errors import InputError
+    with pytest.raises(InputError, match="morph/missing.tsv"):
+        M.load_segmented(f"{s3_bucket}/morph/missing.tsv", s3_server.endpoint_url)

@@ -3,6 +3,7 @@ is repetitive, incoherent text, so the report measures repetition, not only show
 
 from __future__ import annotations
 
+import logging
 import re
 from collections import Counter
 from collections.abc import Iterable
@@ -10,11 +11,14 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
+from dilforge_shared.configs.eval import GenerationSettings
 from dilforge_shared.corpus import iter_records
 from dilforge_shared.errors import InputError
+from dilforge_shared.families import Family, detect_family
 
 from .morph import az_lower
 
+log = logging.getLogger("dilforge.eval")
 _WORDS = re.compile(r"\w+")
 
 
@@ -101,38 +105,67 @@ def mean_repetition(rows: Iterable[dict]) -> dict[str, float | None]:
     return out
 
 
-def render_prompt(tokenizer, prompt: Prompt) -> tuple[str, bool]:
-    """The model input text; chat prompts use the tokenizer's chat template when it has one."""
-    if prompt.kind == "chat" and getattr(tokenizer, "chat_template", None):
+def model_family(tokenizer, source: str) -> Family | None:
+    """The tokenizer's family (stop tokens, fallback chat template); None for a tokenizer of no known family."""
+    try:
+        return detect_family(tokenizer.get_vocab(), source)
+    except InputError as exc:
+        log.warning("%s: generation stops on the EOS token only", exc)
+        return None
+
+
+def stop_token_ids(tokenizer, family: Family | None) -> list[int]:
+    """Ids generation stops on: the family's end of turn and end of document, and the tokenizer's EOS."""
+    vocab = tokenizer.get_vocab()
+    ids = [vocab[t] for t in (family.stop_tokens if family else []) if t in vocab] + [tokenizer.eos_token_id]
+    # by vocabulary, not by "is not the unk id": SmolLM2's unk token is its document end, <|endoftext|>
+    return list(dict.fromkeys(i for i in ids if isinstance(i, int) and i >= 0))
+
+
+def render_prompt(tokenizer, prompt: Prompt, family: Family | None = None) -> tuple[str, bool]:
+    """The model input text: chat prompts through the tokenizer's chat template (an instruct or SFT model's own),
+    else the family's, so an assistant is asked the way it was trained; completion prompts as the family's BOS
+    (none for ChatML) + text."""
+    template = getattr(tokenizer, "chat_template", None) or (family.chat_template if family else None)
+    if prompt.kind == "chat" and template:
         text = tokenizer.apply_chat_template([{"role": "user", "content": prompt.prompt}], tokenize=False,
-                                             add_generation_prompt=True)
+                                             add_generation_prompt=True, chat_template=template)
         return text, True
-    bos = tokenizer.bos_token or ""
+    # the family's BOS, not the tokenizer's: SmolLM2 names <|im_start|> as bos_token, but ChatML documents have none
+    bos = (family.bos if family else tokenizer.bos_token) or ""
     return bos + prompt.prompt, False
 
 
+def generate_kwargs(settings: GenerationSettings, mode: str, pad_id: int | None, stop: list[int]) -> dict:
+    """The arguments of `model.generate` for one decoding mode (greedy ignores temperature/top_p)."""
+    kwargs = {"max_new_tokens": settings.max_new_tokens, "do_sample": mode == "sampled", "pad_token_id": pad_id,
+              "eos_token_id": stop or None, "repetition_penalty": settings.repetition_penalty,
+              "no_repeat_ngram_size": settings.no_repeat_ngram_size}
+    if mode == "sampled":
+        kwargs.update(temperature=settings.temperature, top_p=settings.top_p, top_k=0)
+    else:
+        kwargs.update(temperature=None, top_p=None, top_k=None)
+    return kwargs
+
+
 @torch.inference_mode()
-def generate(model, tokenizer, prompts: list[Prompt], mode: str, max_new_tokens: int, temperature: float,
-             top_p: float, repetition_penalty: float, seed: int) -> list[dict]:
+def generate(model, tokenizer, prompts: list[Prompt], mode: str, settings: GenerationSettings, seed: int,
+             source: str = "model", progress=None) -> list[dict]:
     """One answer per prompt; sampled answers are seeded per prompt so reruns match."""
     device = next(model.parameters()).device
-    stop = [t for t in {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|eot_id|>"),
-                        tokenizer.convert_tokens_to_ids("<|end_of_text|>")} if isinstance(t, int) and t >= 0
-            and t != tokenizer.unk_token_id]
+    family = model_family(tokenizer, source)
+    stop = stop_token_ids(tokenizer, family)
     out = []
     for i, p in enumerate(prompts):
-        text, templated = render_prompt(tokenizer, p)
+        text, templated = render_prompt(tokenizer, p, family)
         ids = tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"].to(device)
-        kwargs = {"max_new_tokens": max_new_tokens, "do_sample": mode == "sampled",
-                  "pad_token_id": tokenizer.pad_token_id, "eos_token_id": stop or None,
-                  "repetition_penalty": repetition_penalty}
         if mode == "sampled":
             torch.manual_seed(seed + i)
-            kwargs.update(temperature=temperature, top_p=top_p, top_k=0)
-        else:
-            kwargs.update(temperature=None, top_p=None, top_k=None)
+        kwargs = generate_kwargs(settings, mode, tokenizer.pad_token_id, stop)
         gen = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **kwargs)[0, ids.shape[1]:]
         answer = tokenizer.decode(gen, skip_special_tokens=True)
         out.append({"prompt_id": p.id, "kind": p.kind, "mode": mode, "chat_template": templated,
                     "prompt": p.prompt, "output": answer, "num_new_tokens": int(gen.shape[0]), **repetition(answer)})
+        if progress is not None:
+            progress.update(1)
     return out

@@ -19,14 +19,15 @@ boundaries are taken in bytes (a boundary inside a multi-byte letter is inside a
 
 from __future__ import annotations
 
+import csv
 import random
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import pairwise
-from pathlib import Path
 
+from dilforge_shared.corpus import iter_located_texts
 from dilforge_shared.errors import InputError
 
 ALTERNATIONS = {"k": "yğ", "q": "ğ", "p": "b", "ç": "c", "t": "d"}
@@ -82,20 +83,26 @@ def from_lemma(form: str, lemma: str, source: str, num_morphemes: int | None = N
     return GoldWord(form, (b,), known, source)
 
 
-def _rows(path: str) -> Iterable[tuple[int, list[str]]]:
-    try:
-        with open(path, encoding="utf-8") as f:
-            for lineno, line in enumerate(f, start=1):
-                line = line.rstrip("\r\n")
-                if line.strip():
-                    yield lineno, line.split("\t")
-    except OSError as exc:
-        raise InputError(f"cannot read morphology resource: {exc.strerror}", path=path) from None
+def _name(uri: str) -> str:
+    """The file name of a local path or s3:// URI: how the report labels a resource."""
+    return uri.rstrip("/").rsplit("/", 1)[-1]
 
 
-def load_segmented(path: str) -> list[GoldWord]:
+def _lines(uri: str, endpoint_url: str | None) -> Iterable[tuple[int, str]]:
+    """(line number, line) of every non-blank line, through the shared corpus reader (local, gz or s3://)."""
+    for _, lineno, line in iter_located_texts(uri, "txt", endpoint_url=endpoint_url, skip_empty=True):
+        yield lineno, line
+
+
+def _rows(uri: str, endpoint_url: str | None) -> Iterable[tuple[int, list[str]]]:
+    """TSV rows (tab-separated, no quoting: a quote is a letter here) with their line numbers."""
+    for lineno, line in _lines(uri, endpoint_url):
+        yield lineno, next(csv.reader([line], delimiter="\t", quoting=csv.QUOTE_NONE))
+
+
+def load_segmented(path: str, endpoint_url: str | None = None) -> list[GoldWord]:
     words = []
-    for lineno, cells in _rows(path):
+    for lineno, cells in _rows(path, endpoint_url):
         if lineno == 1 and cells[0].strip().lower() == "word":
             continue
         if len(cells) < 2:
@@ -104,13 +111,13 @@ def load_segmented(path: str) -> list[GoldWord]:
         parts = [p for p in re.split(r"[+]", seg) if p]
         if "".join(parts) != word or not word:
             continue   # segmentation does not spell the word (an alternation written as the lemma's form)
-        words.append(from_segments(word, parts, Path(path).name))
+        words.append(from_segments(word, parts, _name(path)))
     return words
 
 
-def load_lemma_forms(path: str) -> list[GoldWord]:
+def load_lemma_forms(path: str, endpoint_url: str | None = None) -> list[GoldWord]:
     words, lemma_col, form_col = [], 0, 1
-    for lineno, cells in _rows(path):
+    for lineno, cells in _rows(path, endpoint_url):
         low = [c.strip().lower() for c in cells]
         if lineno == 1 and "lemma" in low and "form" in low:
             lemma_col, form_col = low.index("lemma"), low.index("form")
@@ -120,13 +127,14 @@ def load_lemma_forms(path: str) -> list[GoldWord]:
         lemma, form = cells[lemma_col].strip(), cells[form_col].strip()
         if " " in form or " " in lemma or not form:
             continue
-        gw = from_lemma(form, lemma, Path(path).name)
+        gw = from_lemma(form, lemma, _name(path))
         if gw is not None:
             words.append(gw)
     return words
 
 
-def load_conllu(path: str) -> list[GoldWord]:
+def load_conllu(path: str, endpoint_url: str | None = None) -> list[GoldWord]:
+    """Words of a CoNLL-U file (no CoNLL-U library is a dependency: only FORM, LEMMA, UPOS and comments are read)."""
     words: list[GoldWord] = []
     tokens: list[tuple[str, str, str]] = []
     glossing: str | None = None
@@ -137,12 +145,12 @@ def load_conllu(path: str) -> list[GoldWord]:
         aligned = len(glosses) == len(content)
         for i, (form, lemma, _) in enumerate(content):
             n = glosses[i].count("-") + 1 if aligned else None
-            gw = from_lemma(form, lemma, Path(path).name, n)
+            gw = from_lemma(form, lemma, _name(path), n)
             if gw is not None and re.fullmatch(r"\w+", form):
                 words.append(gw)
 
-    for lineno, cells in _rows(path):
-        line = cells[0]
+    for lineno, line in _lines(path, endpoint_url):
+        cells = line.split("\t")
         if line.startswith("#"):
             if line.startswith("# sent_id"):
                 if tokens:
@@ -163,17 +171,17 @@ def load_conllu(path: str) -> list[GoldWord]:
 
 
 def load_gold(segmented: list[str], lemma_forms: list[str], conllu: list[str], num_words_per_source: int,
-              seed: int) -> dict[str, list[GoldWord]]:
+              seed: int, endpoint_url: str | None = None) -> dict[str, list[GoldWord]]:
     """Gold words per source file, deduplicated and sampled with `seed`."""
     out: dict[str, list[GoldWord]] = {}
     for loader, paths in ((load_segmented, segmented), (load_lemma_forms, lemma_forms), (load_conllu, conllu)):
         for path in paths:
-            unique = list({w.word: w for w in loader(path)}.values())
+            unique = list({w.word: w for w in loader(path, endpoint_url)}.values())
             if len(unique) > num_words_per_source:
                 unique = random.Random(seed).sample(unique, num_words_per_source)
             if not unique:
                 raise InputError("no usable gold words in this morphology resource", path=path)
-            out[Path(path).name] = unique
+            out[_name(path)] = unique
     return out
 
 

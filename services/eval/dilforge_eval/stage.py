@@ -1,10 +1,13 @@
 """Eval stage: did the new tokenizer, the CPT and the SFT make the model better at Azerbaijani, by how
 much, and what did it cost?
 
-Story: read the text sets (capped) → resolve tokenizers and models (upstream artifacts + ones given in
-the config) → tokenizer metrics, parity, morpheme alignment → per model: bits per byte on every set and
-generations for the prompts → training curves and costs from the upstream manifests → metrics.json,
-generations.jsonl, report.html / report.md / plots/*.png in the artifact.
+Story: read the text sets (capped) and give each its language → resolve tokenizers and models (the
+pipeline's base `model` artifact as "base", models given in the config, the upstream cpt/sft) →
+tokenizer metrics, parity, morpheme alignment → per model: bits per byte on every set and generations
+for the prompts (progress with ETA) → per-set BPB change against the base, the headline (target-language
+gain, other languages' retention), step-0 BPB per initialisation, tokenizer strategies, training
+curves and costs from the upstream manifests → metrics.json, generations.jsonl, report.html /
+report.md / plots/*.png in the artifact.
 """
 
 from __future__ import annotations
@@ -19,15 +22,19 @@ from itertools import zip_longest
 from pathlib import Path
 
 from dilforge_shared.configs import EvalConfig
+from dilforge_shared.configs.eval import BASE_LABEL
 from dilforge_shared.contract import StageContext, StageResult, log_config
 from dilforge_shared.corpus import iter_texts
-from dilforge_shared.errors import InputError
+from dilforge_shared.errors import ConfigError, InputError
+from dilforge_shared.models import find_hf_dir
 from dilforge_shared.textmetrics import measure, tokenizers_encoder
 
 from . import bpb as bpb_mod
+from . import compare
 from . import curves as curves_mod
 from . import generate as gen_mod
 from . import morph as morph_mod
+from . import progress
 from .report import write_report
 from .resolve import (
     ModelSource,
@@ -136,16 +143,32 @@ def load_tokenizers(config: EvalConfig, ctx: StageContext, models: list[ModelSou
     return out, info
 
 
+def base_model(config: EvalConfig, ctx: StageContext) -> ModelSource | None:
+    """The pipeline's `model` artifact (the base model, with its own tokenizer) as "base", when there is one."""
+    if not ctx.has_input("model"):
+        return None
+    for i, ref in enumerate(config.models):
+        if ref.label == BASE_LABEL:
+            raise ConfigError(f"eval.models[{i}].label: {BASE_LABEL!r} is the pipeline's model artifact here; "
+                              "give this model another label")
+    art = ctx.input("model")
+    try:
+        hf_dir = find_hf_dir(art.path, art.uri)
+    except ConfigError as exc:
+        raise InputError(str(exc).removeprefix(f"{art.uri}: "), path=art.uri) from None
+    return model_source(BASE_LABEL, hf_dir, f"artifact {art.manifest.artifact_id}", art.manifest, tokenizer_dir=hf_dir)
+
+
 def resolve_models(config: EvalConfig, ctx: StageContext, cache: Path) -> tuple[list[ModelSource], list[str]]:
+    """Base first (the reference of every change), then the config's models, then cpt and sft."""
     models, skipped = [], []
+    if (base := base_model(config, ctx)) is not None:
+        models.append(base)
     for ref in config.models:
         loc = locate(ref.uri, cache, ctx.endpoint_url)
         tok = find_tokenizer_dir(locate(ref.tokenizer_uri, cache, ctx.endpoint_url).path) if ref.tokenizer_uri else None
         adapter = locate(ref.adapter_uri, cache, ctx.endpoint_url).path if ref.adapter_uri else None
         models.append(model_source(ref.label, loc.path, ref.uri, loc.manifest, tokenizer_dir=tok, adapter_dir=adapter))
-    if ctx.has_input("model"):  # the pipeline's base model, compared as "base"
-        art = ctx.input("model")
-        models.append(model_source("base", art.path, f"artifact {art.manifest.artifact_id}", art.manifest))
     cpt = None
     if ctx.has_input("cpt"):
         art = ctx.input("cpt")
@@ -205,8 +228,8 @@ def vocab_sweep(ctx: StageContext) -> dict | None:
     if not ctx.has_input("tokenizer"):
         return None
     m = ctx.input("tokenizer").manifest.metrics
-    rows = [{"vocab_size": r["vocab_size"], "sets": r.get("sets", {})} for r in m.get("sweep") or []
-            if isinstance(r, dict) and "vocab_size" in r]
+    rows = [{"vocab_size": r["vocab_size"], "sets": r.get("sets") or r.get("languages") or {}}
+            for r in m.get("sweep") or [] if isinstance(r, dict) and "vocab_size" in r]
     return {"selected": m.get("selected_vocab_size"), "rows": rows, "base": m.get("base")}
 
 
@@ -237,17 +260,21 @@ def evaluate_model(src: ModelSource, config: EvalConfig, sets: dict[str, list[st
     log.info("model %s: %s parameters, window %d stride %d", src.label, f"{info['num_parameters']:,}", window, stride)
     bpb = {}
     for name, docs in sets.items():
-        res = bpb_mod.bits_per_byte(model, tokenizer, docs, window, stride, config.bpb.batch_size)
+        num_tokens = len(tokenizer(bpb_mod.pack(docs), add_special_tokens=False)["input_ids"])
+        total = progress.num_bpb_batches(num_tokens, window, stride, config.bpb.batch_size)
+        with progress.forward_progress(model, total, f"bpb {src.label}/{name}"):
+            res = bpb_mod.bits_per_byte(model, tokenizer, docs, window, stride, config.bpb.batch_size)
         bpb[name] = res.summary()
         log.info("bpb %s / %s: %.4f (%d tokens, %d bytes, %.0f bytes/s)", src.label, name, res.bpb, res.num_tokens,
                  res.num_bytes, res.num_bytes / max(res.seconds, 1e-9))
     generations = []
     if prompts:
-        g = config.generation
-        for mode in g.modes:
-            for row in gen_mod.generate(model, tokenizer, prompts, mode, g.max_new_tokens, g.temperature, g.top_p,
-                                        g.repetition_penalty, config.seed):
+        bar = progress.bar(len(prompts) * len(config.generation.modes), f"generate {src.label}", unit="answer")
+        for mode in config.generation.modes:
+            for row in gen_mod.generate(model, tokenizer, prompts, mode, config.generation, config.seed,
+                                        source=str(src.tokenizer_dir), progress=bar):
                 generations.append({"model": src.label, **row})
+        bar.close()
     del model
     gc.collect()
     if torch.cuda.is_available():
@@ -265,6 +292,8 @@ def run(config: EvalConfig, ctx: StageContext) -> StageResult:
     dtype = pick_dtype(config.precision, device)
 
     sets = {s.label: read_set(s, config.max_docs_per_set, config.max_bytes_per_set, endpoint) for s in config.text_sets}
+    languages = {s.label: compare.infer_language(s, config.set_languages, config.target_language)
+                 for s in config.text_sets}
     parallel = {p.name: read_parallel(p, config.max_docs_per_set, config.max_bytes_per_set, endpoint)
                 for p in config.parallel_sets}
     prompts = (gen_mod.load_prompts(config.prompts, config.generation.num_prompts, endpoint)
@@ -272,9 +301,10 @@ def run(config: EvalConfig, ctx: StageContext) -> StageResult:
     models, skipped = resolve_models(config, ctx, cache)
     toks, tok_info = load_tokenizers(config, ctx, models, cache)
     gold = (morph_mod.load_gold(config.morph.segmented, config.morph.lemma_forms, config.morph.conllu,
-                                config.morph.num_words_per_source, config.seed) if config.morph else {})
+                                config.morph.num_words_per_source, config.seed, endpoint) if config.morph else {})
     log_config(config, {
         "device": device, "dtype": str(dtype), "models": [m.label for m in models], "tokenizers": list(toks),
+        "set_languages": languages, "reference_model": compare.reference_label(m.label for m in models),
         "text_set_bytes": {k: len(bpb_mod.pack(v).encode()) for k, v in sets.items()},
         "parallel_pairs": {k: len(v) for k, v in parallel.items()}, "num_prompts": len(prompts),
         "morph_words": {k: len(v) for k, v in gold.items()},
@@ -287,8 +317,8 @@ def run(config: EvalConfig, ctx: StageContext) -> StageResult:
     t_tok = time.perf_counter()
     metrics: dict = {
         "models": {}, "tokenizers": tok_info,
-        "text_sets": {k: {"uri": s.uri, "num_docs": len(sets[k]), "num_bytes": len(bpb_mod.pack(sets[k]).encode())}
-                      for k, s in zip(sets, config.text_sets)},
+        "text_sets": {k: {"uri": s.uri, "language": languages[k], "num_docs": len(sets[k]),
+                          "num_bytes": len(bpb_mod.pack(sets[k]).encode())} for k, s in zip(sets, config.text_sets)},
         "tokenizer_metrics": tokenizer_metrics(toks, sets),
         "parity": parity_metrics(toks, parallel),
         "morph": morph_metrics(toks, gold),
@@ -304,6 +334,11 @@ def run(config: EvalConfig, ctx: StageContext) -> StageResult:
             metrics["bpb"][src.label] = bpb
         generations += gens
         seconds[f"model.{src.label}"] = round(time.perf_counter() - t_model, 2)
+    reference = compare.reference_label(metrics["bpb"])
+    metrics["bpb_change"] = compare.bpb_changes(metrics["bpb"], reference, languages)
+    metrics["headline"] = compare.headline(metrics["bpb_change"], reference, languages, config.target_language)
+    for line in compare.headline_lines(metrics["headline"]):
+        log.info("headline: %s", line)
     metrics["generation"] = {}
     for g in generations:
         metrics["generation"].setdefault(g["model"], {}).setdefault(g["mode"], []).append(g)
@@ -321,6 +356,10 @@ def run(config: EvalConfig, ctx: StageContext) -> StageResult:
                 metrics["cost"][stage] = c
     if sweep := vocab_sweep(ctx):
         metrics["vocab_sweep"] = sweep
+    if ctx.has_input("tokenizer") and (comp := compare.tokenizer_comparison(ctx.input("tokenizer").manifest.metrics)):
+        metrics["tokenizer_comparison"] = comp
+    if ctx.has_input("cpt") and (step0 := compare.step0_bpb(ctx.input("cpt").manifest.metrics)):
+        metrics["transplant"] = step0
     metrics["skipped"] = skipped
     seconds["total"] = round(time.perf_counter() - t_start, 2)
     metrics["cost"]["eval"] = {"seconds_total": seconds["total"]}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
@@ -10,6 +11,8 @@ from .base import DataSource, Precision, StageConfig, StrictModel
 
 _LABEL = r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,39}$"
 UPSTREAM_LABELS = ("tokenizer", "cpt", "sft")
+BASE_LABEL = "base"   # the label of the upstream `model` input (the pipeline's base model)
+_LANG = r"^[a-z]{2,3}$"
 
 
 class ModelRef(StrictModel):
@@ -50,7 +53,11 @@ class GenerationSettings(StrictModel):
     max_new_tokens: int = Field(default=64, ge=1, description="New tokens per answer.")
     temperature: float = Field(default=0.7, gt=0, description="Sampling temperature (sampled mode).")
     top_p: float = Field(default=0.9, gt=0, le=1, description="Nucleus sampling mass (sampled mode).")
-    repetition_penalty: float = Field(default=1.0, gt=0, description="1.0 = none, so the report shows raw behaviour.")
+    repetition_penalty: float = Field(default=1.0, gt=0, description="Divides the logits of tokens already in the "
+                                      "prompt or answer (transformers' CTRL penalty); 1.0 = none, so the report "
+                                      "shows raw behaviour; 1.1-1.3 keeps small models from looping.")
+    no_repeat_ngram_size: int = Field(default=0, ge=0, description="Never repeat an n-gram of this many tokens within "
+                                      "one prompt+answer; 0 = off.")
     num_prompts: int | None = Field(default=None, ge=1, description="Use at most this many prompts (demos).")
 
 
@@ -76,8 +83,9 @@ class EvalConfig(StageConfig):
     on_unloadable_model: Literal["fail", "skip"] = Field(
         default="fail", description="An upstream model that cannot be loaded (e.g. an adapter without its base): "
         "fail the stage, or skip it and say so in the report.")
-    models: list[ModelRef] = Field(default_factory=list, description="Models besides the upstream cpt/sft ones "
-                                   "(e.g. the base model), each with a label.")
+    models: list[ModelRef] = Field(default_factory=list, description="Models besides the upstream model/cpt/sft "
+                                   "ones, each with a label. Every BPB change is against the upstream `model` "
+                                   "artifact (labelled 'base'), else the model labelled 'base', else the first listed.")
     tokenizers: list[TokenizerRef] = Field(default_factory=list, description="Tokenizers besides the upstream one "
                                            "and the models' own.")
     text_sets: list[DataSource] = Field(default_factory=list, description="Text sets (one per domain) for BPB and "
@@ -88,6 +96,13 @@ class EvalConfig(StageConfig):
                                 "'builtin:az-generation' for the Azerbaijani prompts shipped with the eval service.")
     generation: GenerationSettings = Field(default_factory=GenerationSettings, description="Decoding settings.")
     bpb: BpbSettings = Field(default_factory=BpbSettings, description="Sliding-window settings for bits per byte.")
+    target_language: str = Field(default="az", pattern=_LANG, description="Language the pipeline adapts to: its "
+                                 "text sets give the report's headline gain; every other language is a retention "
+                                 "row (BPB change against the base model, per set).")
+    set_languages: dict[str, str] = Field(default_factory=dict, description="Language code per text set name, e.g. "
+                                          "{flores-dev-en: en}; a set not listed takes it from a FLORES-style "
+                                          "text_field (eng_Latn -> en) or a trailing -en/_en/.en in its name or file "
+                                          "name, else target_language.")
     max_docs_per_set: int | None = Field(default=None, ge=1, description="Read at most this many documents per set.")
     max_bytes_per_set: int | None = Field(default=200_000, ge=1, description="Stop reading a set after this many "
                                           "UTF-8 bytes (keeps CPU demos fast); None = the whole set.")
@@ -111,6 +126,11 @@ class EvalConfig(StageConfig):
         dupes = sorted({x for x in names if names.count(x) > 1})
         if dupes:
             raise ValueError(f"text_sets: duplicate names {dupes}; set `name` on each")
+        for name, lang in self.set_languages.items():
+            if name not in names:
+                raise ValueError(f"set_languages: {name!r} is not a text set name (names: {names})")
+            if not re.fullmatch(_LANG, lang):
+                raise ValueError(f"set_languages[{name}]: {lang!r} is not a 2-3 letter language code")
         return self
 
     def model_uris(self) -> list[str]:

@@ -1,0 +1,157 @@
+"""What the report compares: each model's BPB against the base model's, per text set and per language.
+
+A pipeline that adapts a model to one language is judged on two things that move in opposite
+directions: the gain on the target language and what is lost on the others (English, for an assistant
+that still has English-speaking users). Averaging the two hides both (+155 % for "-28 % Azerbaijani,
++336 % English"), so nothing here averages across text sets: every change is per set, the headline
+takes the first set of each language, and each set carries its language.
+
+Also read from upstream manifests, tolerating older and newer layouts: the step-0 BPB of each
+initialisation (CPT `metrics.transplant`), and the tokenizer strategies side by side
+(tokenizer `metrics.comparison` / `metrics.dead_tokens`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Any
+
+from dilforge_shared.configs.base import DataSource
+
+# ISO 639-3 codes that FLORES-style column names use, mapped to the 2-letter codes the report uses.
+ISO3 = {"eng": "en", "azj": "az", "aze": "az", "azb": "az", "rus": "ru", "tur": "tr", "deu": "de", "fra": "fr"}
+LANGUAGE_NAMES = {"az": "Azerbaijani", "en": "English", "ru": "Russian", "tr": "Turkish", "de": "German",
+                  "fr": "French"}
+_FLORES_FIELD = re.compile(r"^([a-z]{3})_[A-Z][a-z]{3}$")
+_SUFFIX = re.compile(r"[-_.]([a-z]{2,3})$")
+
+
+def language_name(code: str) -> str:
+    return LANGUAGE_NAMES.get(code, code)
+
+
+def infer_language(source: DataSource, explicit: dict[str, str], default: str) -> str:
+    """The language of a text set: explicit config, a FLORES-style text_field, a -xx suffix, else `default`."""
+    if source.label in explicit:
+        return explicit[source.label]
+    if m := _FLORES_FIELD.match(source.text_field):
+        return ISO3.get(m.group(1), m.group(1))
+    file_stem = source.uri.rstrip("/").rsplit("/", 1)[-1].split(".txt")[0].split(".jsonl")[0].split(".tsv")[0]
+    for name in (source.label, file_stem):
+        if m := _SUFFIX.search(name.lower()):
+            code = ISO3.get(m.group(1), m.group(1))
+            if code in LANGUAGE_NAMES:
+                return code
+    return default
+
+
+def reference_label(model_labels: Iterable[str], base_label: str = "base") -> str | None:
+    """The model every change is measured against: the one labelled `base`, else the first model listed."""
+    labels = list(model_labels)
+    if base_label in labels:
+        return base_label
+    return labels[0] if labels else None
+
+
+def relative_change(value: float | None, ref: float | None) -> float | None:
+    if value is None or ref is None or ref == 0:
+        return None
+    return round(value / ref - 1, 5)
+
+
+def bpb_changes(bpb: dict[str, dict[str, dict]], reference: str | None,
+                languages: dict[str, str]) -> dict[str, dict[str, dict]]:
+    """model -> set -> {language, bpb, reference_bpb, change}; change = bpb / reference's bpb - 1, per set."""
+    if reference is None or reference not in bpb:
+        return {}
+    ref = bpb[reference]
+    out: dict[str, dict[str, dict]] = {}
+    for model, sets in bpb.items():
+        if model == reference:
+            continue
+        for name, res in sets.items():
+            base = ref.get(name, {}).get("bpb")
+            out.setdefault(model, {})[name] = {"language": languages.get(name), "bpb": res.get("bpb"),
+                                               "reference_bpb": base, "change": relative_change(res.get("bpb"), base)}
+    return out
+
+
+def headline(changes: dict[str, dict[str, dict]], reference: str | None, languages: dict[str, str],
+             target: str) -> dict[str, Any]:
+    """Per model: the gain on the first target-language set and the retention on the first set of every other
+    language. Negative change = lower BPB = better; a retention change > 0 means that language got worse."""
+    first: dict[str, str] = {}
+    for name, lang in languages.items():
+        first.setdefault(lang, name)
+    out: dict[str, Any] = {"reference": reference, "target_language": target, "gain": {}, "retention": {}}
+    for model, sets in changes.items():
+        if target in first and first[target] in sets:
+            out["gain"][model] = {"set": first[target], **sets[first[target]]}
+        for lang, name in first.items():
+            if lang != target and name in sets:
+                out["retention"].setdefault(model, {})[lang] = {"set": name, **sets[name]}
+    return out
+
+
+def headline_lines(h: dict[str, Any]) -> list[str]:
+    """The headline as sentences for the log: 'cpt: Azerbaijani BPB 3.250 -> 2.330 (-28.3%) on flores vs base'."""
+    def one(lang: str, e: dict) -> str:
+        change = "n/a" if e.get("change") is None else f"{100 * e['change']:+.1f}%"
+        return f"{language_name(lang)} BPB {e.get('reference_bpb')} -> {e.get('bpb')} ({change}) on {e['set']}"
+    lines = []
+    for model in dict.fromkeys([*h.get("gain", {}), *h.get("retention", {})]):
+        parts = [one(h["target_language"], h["gain"][model])] if model in h.get("gain", {}) else []
+        parts += [one(lang, e) for lang, e in h.get("retention", {}).get(model, {}).items()]
+        lines.append(f"{model}: " + "; ".join(parts) + f" (vs {h.get('reference')})")
+    return lines
+
+
+# ----------------------------------------------------------------------------------------------- upstream manifests
+
+STEP0_PREFIX = "step0_val_bpb_"
+
+
+def _numbers(value: Any) -> dict[str, float] | None:
+    """A number as {"val": x}; a dict of numbers (per validation set) as it is; anything else None."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return {"val": float(value)}
+    if isinstance(value, dict):
+        nums = {str(k): float(v) for k, v in value.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        return nums or None
+    return None
+
+
+def step0_bpb(cpt_metrics: dict | None) -> dict[str, Any] | None:
+    """Step-0 BPB per initialisation from the CPT manifest's `transplant` block, per validation set when given.
+
+    Accepted layouts: `step0_val_bpb_<method>: x` (one validation set, shown as "val"),
+    `step0_val_bpb_<method>: {set: x}`, and `step0_val_bpb: {<method>: x | {set: x}}`.
+    """
+    block = (cpt_metrics or {}).get("transplant")
+    if not isinstance(block, dict):
+        return None
+    methods: dict[str, dict[str, float]] = {}
+    nested = block.get("step0_val_bpb")
+    if isinstance(nested, dict):
+        for method, value in nested.items():
+            if (nums := _numbers(value)) is not None:
+                methods[str(method)] = nums
+    for key, value in block.items():
+        if key.startswith(STEP0_PREFIX) and (nums := _numbers(value)) is not None:
+            methods[key.removeprefix(STEP0_PREFIX)] = nums
+    if not methods:
+        return None
+    return {"method": block.get("method"), "sets": sorted({s for v in methods.values() for s in v}),
+            "step0_bpb": methods}
+
+
+def tokenizer_comparison(tok_metrics: dict | None) -> dict[str, Any] | None:
+    """The tokenizer strategies side by side (`comparison` rows, `dead_tokens`), or None for older manifests."""
+    m = tok_metrics or {}
+    rows = [r for r in m.get("comparison") or [] if isinstance(r, dict) and "strategy" in r]
+    dead = m.get("dead_tokens") if isinstance(m.get("dead_tokens"), dict) else None
+    if not rows and not dead:
+        return None
+    languages = sorted({lang for r in rows for lang in (r.get("languages") or {})})
+    return {"rows": rows, "languages": languages, "dead_tokens": dead}

@@ -1,0 +1,100 @@
+"""The report's plots: PNG files drawn with matplotlib (Agg), embedded in the HTML and linked from the Markdown."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+def _save(fig, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def grouped_bars(data: dict[str, dict[str, float]], title: str, ylabel: str, path: Path) -> Path | None:
+    """data[group][series] -> value; groups on the x axis (text sets), one bar per series (model/tokenizer)."""
+    groups = sorted({g for s in data.values() for g in s})
+    series = list(data)
+    if not groups or not series:
+        return None
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(groups) * max(1, len(series)) / 2 + 2), 4))
+    width = 0.8 / len(series)
+    for i, name in enumerate(series):
+        xs = [g + (i - (len(series) - 1) / 2) * width for g in range(len(groups))]
+        ys = [data[name].get(g, float("nan")) for g in groups]
+        bars = ax.bar(xs, ys, width, label=name)
+        ax.bar_label(bars, fmt="%.3g", fontsize=7)
+    ax.set_xticks(range(len(groups)), groups, rotation=15, ha="right")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def sweep_plot(sweep: dict, path: Path) -> Path | None:
+    rows = sweep.get("rows") or []
+    if not rows:
+        return None
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    sets = sorted({s for r in rows for s in r.get("sets", {})})
+    for s in sets:
+        pts = sorted((r["vocab_size"], r["sets"][s]["tokens_per_word"]) for r in rows if s in r.get("sets", {}))
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=s)
+        base = (sweep.get("base") or {}).get("sets", {}).get(s)
+        if base:
+            ax.axhline(base["tokens_per_word"], linestyle="--", linewidth=1, color=ax.lines[-1].get_color(),
+                       label=f"{s} (base tokenizer)")
+    if sweep.get("selected"):
+        ax.axvline(sweep["selected"], color="grey", linestyle=":", label=f"selected {sweep['selected']}")
+    sizes = sorted({r["vocab_size"] for r in rows})
+    if len(sizes) > 1 and sizes[-1] / sizes[0] > 4:
+        ax.set_xscale("log")
+    ax.set_xticks(sizes, [f"{s:,}" for s in sizes], rotation=30)
+    ax.minorticks_off()
+    ax.set_xlabel("vocab size (regular tokens)")
+    ax.set_ylabel("tokens per word")
+    ax.set_title("Fertility per vocab size (tokenizer stage sweep)")
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def curves_plot(curves: dict[str, dict[str, list]], path: Path) -> Path | None:
+    panels = [(stage, s) for stage, s in curves.items() if s]
+    if not panels:
+        return None
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4), squeeze=False)
+    for ax, (stage, series) in zip(axes[0], panels):
+        for name, pts in sorted(series.items()):
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], label=name, marker="." if len(pts) < 30 else None)
+        ax.set_title(f"{stage} training curves")
+        ax.set_xlabel("step")
+        ax.set_ylabel("loss")
+        ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def make_plots(metrics: dict, plot_dir: Path) -> dict[str, Path]:
+    plots: dict[str, Path] = {}
+    fert = {tok: {s: v["tokens_per_word"] for s, v in sets.items()} for tok, sets in metrics.get("tokenizer_metrics", {}).items()}
+    bpb = {m: {s: v["bpb"] for s, v in sets.items()} for m, sets in metrics.get("bpb", {}).items()}
+    morph = {tok: {src: v["boundary_recall"] for src, v in d.items() if v.get("boundary_recall") is not None}
+             for tok, d in metrics.get("morph", {}).items()}
+    for key, p in (
+        ("fertility", grouped_bars(fert, "Fertility per tokenizer (lower is better)", "tokens per word",
+                                   plot_dir / "fertility_per_tokenizer.png")),
+        ("sweep", sweep_plot(metrics.get("vocab_sweep") or {}, plot_dir / "fertility_per_vocab_size.png")),
+        ("bpb", grouped_bars(bpb, "Bits per byte per model and domain (lower is better)", "bits per byte",
+                             plot_dir / "bpb_per_model.png")),
+        ("morph", grouped_bars(morph, "Morpheme boundary recall (higher is better)",
+                               "boundary recall", plot_dir / "morpheme_boundary_recall.png")),
+        ("curves", curves_plot(metrics.get("curves", {}), plot_dir / "training_curves.png")),
+    ):
+        if p is not None:
+            plots[key] = p
+    return plots
