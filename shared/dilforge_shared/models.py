@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -24,7 +22,7 @@ from .configs.model import ModelConfig
 from .corpus import data_digest
 from .errors import ConfigError, InputError, ManifestNotFound
 from .manifest import InputRef, Manifest, fingerprint, scan_files, sha256_file
-from .recipes import RECIPES, source_kind
+from .recipes import RECIPES, cache_root, source_kind
 from .store import NotFound, S3Backend, fetch, mirror_prefix, read_manifest
 
 ADAPTER_DIR, MERGED_DIR = "adapter", "merged"
@@ -153,7 +151,7 @@ def source_digest(uri: str, endpoint_url: str | None = None) -> str:
 
 
 def _download_prefix(uri: str, endpoint_url: str | None, cache_dir: Path | None = None) -> Path:
-    cache = cache_dir or Path(os.environ.get("DILFORGE_CACHE", tempfile.gettempdir())) / "dilforge-models"
+    cache = cache_dir or cache_root() / "models"
     try:
         return mirror_prefix(uri, cache / hashlib.sha256(uri.encode()).hexdigest()[:16], endpoint_url)
     except NotFound:

@@ -139,3 +139,24 @@ def test_pipeline_model_block_feeds_the_real_tokenizer_and_cpt_stages(tmp_path, 
     from safetensors.torch import load_file
     before, after = load_file(str(tiny_llama_dir / "model.safetensors")), load_file(str(arts["cpt"].path / "model.safetensors"))
     assert set(before) == set(after) and any(not (before[k] == after[k]).all() for k in before)  # trained from the base
+
+
+def test_s3_prefix_import_is_fingerprinted_by_etags_and_lands_in_an_s3_store(tmp_path, s3_server, s3_bucket,
+                                                                            tiny_llama_dir):
+    from dilforge_shared.models import model_digest
+    client = s3_server.client()
+    bucket = s3_bucket.removeprefix("s3://")
+    for f in tiny_llama_dir.iterdir():
+        client.upload_file(str(f), bucket, f"models/tiny/{f.name}")
+    source = f"{s3_bucket}/models/tiny/"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DILFORGE_WORKDIR": str(tmp_path / "work"),
+           "DILFORGE_CACHE": str(tmp_path / "cache")}
+    proc = subprocess.run([COORDINATOR, "models", "import", source, "--store", f"{s3_bucket}/store"], env=env,
+                          capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    uri = proc.stdout.strip().splitlines()[-1].split("artifact: ")[1]
+    assert uri.startswith(f"{s3_bucket}/store/artifacts/model/")
+    art = fetch(uri, cache_dir=tmp_path / "fetched", endpoint_url=s3_server.endpoint_url)
+    assert art.manifest.input("source").sha256 == model_digest(source, s3_server.endpoint_url)
+    assert recompute_artifact_id(art.manifest) == art.manifest.artifact_id
+    assert (art.path / "model.safetensors").read_bytes() == (tiny_llama_dir / "model.safetensors").read_bytes()

@@ -18,7 +18,7 @@ def cfg(**overrides) -> dict:
 
 def test_config_wiring_and_data_sources():
     c = validate_model(CptConfig, cfg(), "t")
-    assert (CptConfig.stage, CptConfig.artifact_kind, CptConfig.consumes) == ("cpt", "model", ("tokenizer",))
+    assert (CptConfig.stage, CptConfig.artifact_kind, CptConfig.consumes) == ("cpt", "model", ("model", "tokenizer"))
     assert [s.uri for s in c.data_sources()] == ["a.txt", "en.txt", "dev.txt"]
     assert c.num_steps == 5
 
@@ -26,7 +26,6 @@ def test_config_wiring_and_data_sources():
 @pytest.mark.parametrize("overrides, message", [
     ({"lr": 1e-4}, "lr: Extra inputs are not permitted"),
     ({"phase1": {"num_steps": 1, "learning_rate": 1}}, "phase1.learning_rate: Extra inputs"),
-    ({"scratch_model": None}, "give base_model"),
     ({"base_model": "/m"}, "not both"),
     ({"corpora": []}, "corpora: at least one"),
     ({"validation": []}, "validation: at least one"),
@@ -39,6 +38,11 @@ def test_config_wiring_and_data_sources():
 def test_config_errors_name_the_field(overrides, message):
     with pytest.raises(ConfigError, match=message):
         validate_model(CptConfig, cfg(**overrides), "cpt.yaml")
+
+
+def test_without_base_model_or_scratch_model_the_model_input_is_needed():
+    assert validate_model(CptConfig, cfg(), "t").needed_inputs() == ("tokenizer",)
+    assert validate_model(CptConfig, cfg(scratch_model=None), "t").needed_inputs() == ("tokenizer", "model")
 
 
 def test_launch_multi_host_uses_sorted_hosts_and_efa():

@@ -140,3 +140,28 @@ def test_eval_label_base_is_reserved_for_the_model_stage(tmp_path):
     assert pipeline(tmp_path, eval=eval_section).eval.models[0].label == "base"  # fine without a model stage
     with pytest.raises(ConfigError, match="eval.models: label 'base' is the pipeline's `model` stage"):
         pipeline(tmp_path, model={"source": "./m"}, eval=eval_section)
+
+
+def test_tokenizer_stage_resolves_a_base_tokenizer_given_as_an_artifact_or_folder(tmp_path, monkeypatch):
+    from dilforge_tokenizer import base as base_tok
+    folder = hf_folder(tmp_path / "base")
+    uri = pl.run_all(pipeline(tmp_path, model={"source": str(folder)}), InProcessBackend(tmp_path, monkeypatch))["model"]
+    art = fetch(uri)
+    assert sorted(p.name for p in art.path.iterdir()) == ["out.txt"]
+    assert base_tok.resolve(str(folder), tmp_path / "w") == folder
+    with pytest.raises(InputError, match="the artifact has no tokenizer.json"):  # the fake stage body wrote out.txt
+        base_tok.resolve(uri, tmp_path / "w")
+    with pytest.raises(InputError, match="base_tokenizer: no such folder"):
+        base_tok.resolve(str(folder / "tokenizer.json"), tmp_path / "w")
+
+
+def test_tokenizer_stage_resolves_a_tokenizer_artifact_to_its_verified_files(tmp_path):
+    from dilforge_shared.manifest import Manifest, current_producer
+    from dilforge_shared.store import publish
+    from dilforge_tokenizer import base as base_tok
+    folder = hf_folder(tmp_path / "tok")
+    uri = str(tmp_path / "store" / "artifacts" / "tokenizer" / "t1")
+    publish(uri, folder, Manifest(kind="tokenizer", artifact_id="t1", run_id="r", stage="tokenizer",
+                                  producer=current_producer("test"), config={}, data_dir="pending", files=[]))
+    resolved = base_tok.resolve(uri, tmp_path / "w")
+    assert resolved != folder and (resolved / "tokenizer.json").read_text() == "{}"

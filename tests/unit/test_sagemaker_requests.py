@@ -189,3 +189,10 @@ def test_model_stage_runs_the_importer_in_the_cpt_image(no_aws, tmp_path):
     assert model["Environment"]["DILFORGE_STAGE_MODULE"] == "dilforge_cpt.import_model"
     assert "DILFORGE_STAGE_MODULE" not in reqs["cpt"]["Environment"]
     assert [c["ChannelName"] for c in reqs["cpt"]["InputDataConfig"]] == ["model", "tokenizer"]
+
+
+def test_model_stage_with_a_local_folder_is_refused_before_submitting(no_aws, tmp_path):
+    cfg = load_pipeline(PRESET, {"model": {"source": "/home/me/llama"}, "cpt.base_model": None,
+                                 "tokenizer.base_tokenizer": None})
+    with pytest.raises(ConfigError, match=r"model: \['/home/me/llama'\] are local paths"):
+        SageMakerBackend(dry_run=True).dry_run_requests(cfg)

@@ -99,8 +99,9 @@ def test_config_rejects_unknown_field_and_bad_selection_set():
     ok = TokenizerConfig(corpora=CORPUS, selection_set="flores",
                          validation=[{"uri": "/d.tsv", "text_field": "azj_Latn", "name": "flores"}])
     assert ok.selection_set == "flores"
-    with pytest.raises(ValidationError, match="base_tokenizer is required"):
-        TokenizerConfig(strategy="extend", corpora=CORPUS)
+    # extend without base_tokenizer takes the pipeline's `model` artifact (PipelineConfig checks one exists)
+    assert TokenizerConfig(strategy="extend", corpora=CORPUS).needed_inputs() == ("model",)
+    assert TokenizerConfig(strategy="extend", corpora=CORPUS, base_tokenizer="/t").needed_inputs() == ()
 
 
 def test_write_folder_loads_like_the_transformers_save(tmp_path, wiki):

@@ -28,6 +28,7 @@ from dilforge_shared.configs.cloud import SageMakerConfig
 from dilforge_shared.contract import build_hyperparameters
 from dilforge_shared.errors import ConfigError, DilforgeError
 from dilforge_shared.manifest import InputRef, fingerprint
+from dilforge_shared.recipes import source_kind
 from dilforge_shared.store import open_backend
 
 from ..pipeline import StageFailed, StageJob, image_of, module_env
@@ -102,6 +103,8 @@ def offline_jobs(pipeline: PipelineConfig) -> list[StageJob]:
 def local_paths(job: StageJob) -> list[str]:
     """Data and model/tokenizer URIs a SageMaker job could not read: anything not on S3."""
     uris = [s.uri for s in job.config.data_sources()] + job.config.model_uris()
+    if isinstance(job.config, ModelConfig) and source_kind(job.config.source) in ("folder", "gguf"):
+        uris.append(job.config.source)  # a recipe is fetched by the job itself; a local folder is not reachable
     return [u for u in uris if not u.startswith("s3://")]
 
 

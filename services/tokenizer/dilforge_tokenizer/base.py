@@ -19,15 +19,18 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 def resolve(uri: str, workdir: Path, endpoint_url: str | None = None) -> Path:
     """A local folder holding the base tokenizer's files: a dilforge artifact (tokenizer or model, verified),
     an HF folder, or an s3:// prefix (only the tokenizer files are downloaded, never the weights beside them)."""
-    try:
-        art = fetch(uri, cache_dir=workdir / "base_artifact", endpoint_url=endpoint_url)
-    except (ManifestNotFound, NotFound):
-        art = None
+    parsed = urlparse(uri)
+    local = Path(uri[len("file://"):] if parsed.scheme == "file" else uri)
+    art = None
+    if parsed.scheme == "s3" or local.is_dir():
+        try:
+            art = fetch(uri, cache_dir=workdir / "base_artifact", endpoint_url=endpoint_url)
+        except (ManifestNotFound, NotFound):
+            pass
     if art is not None:
         if not (art.path / "tokenizer.json").is_file():
             raise InputError("base_tokenizer: the artifact has no tokenizer.json", path=uri)
         return art.path
-    parsed = urlparse(uri)
     if parsed.scheme == "s3":
         out = workdir / "base_tokenizer"
         shutil.rmtree(out, ignore_errors=True)
@@ -39,7 +42,7 @@ def resolve(uri: str, workdir: Path, endpoint_url: str | None = None) -> Path:
             raise InputError("no tokenizer.json under this S3 prefix (base_tokenizer must be an HF tokenizer folder)",
                              path=uri)
         return out
-    path = Path(uri[len("file://"):] if parsed.scheme == "file" else uri)
+    path = local
     if not path.is_dir():
         raise InputError("base_tokenizer: no such folder", path=uri)
     if not (path / "tokenizer.json").is_file():
