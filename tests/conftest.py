@@ -4,9 +4,8 @@ import os
 import uuid
 from pathlib import Path
 
-import pytest
-
 import factories
+import pytest
 import seaweed
 
 
