@@ -4,9 +4,8 @@ import os
 import uuid
 from pathlib import Path
 
-import pytest
-
 import factories
+import pytest
 import seaweed
 
 
@@ -21,15 +20,11 @@ def data_root() -> Path:
 def s3_server(tmp_path_factory):
     """A real SeaweedFS S3 server on 127.0.0.1 for the whole session."""
     server = seaweed.start(tmp_path_factory.mktemp("seaweed"))
-    saved = {k: os.environ.get(k) for k in server.env()}
-    os.environ.update(server.env())
-    yield server
+    with pytest.MonkeyPatch.context() as patch:  # restored when the session ends, like a test's monkeypatch
+        for key, value in server.env().items():
+            patch.setenv(key, value)
+        yield server
     server.stop()
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
 
 
 @pytest.fixture

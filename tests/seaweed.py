@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import socket
 import subprocess
@@ -61,7 +60,7 @@ def start(workdir: Path, timeout: float = 60.0) -> SeaweedS3:
            "-master.telemetry=false", "-s3", "-s3.port", str(s3_port), "-s3.config", str(identities),
            "-master.port", str(ports[0]), "-volume.port", str(ports[1]), "-filer.port", str(ports[2]),
            *(arg for name, port in grpc.items() for arg in (f"-{name}.port.grpc", port))]
-    log = open(workdir / "weed.log", "wb")
+    log = open(workdir / "weed.log", "wb")  # noqa: SIM115 - the server process writes it for its lifetime
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     server = SeaweedS3(f"http://127.0.0.1:{s3_port}", proc, workdir)
     deadline = time.time() + timeout
@@ -72,7 +71,7 @@ def start(workdir: Path, timeout: float = 60.0) -> SeaweedS3:
         try:
             client.list_buckets()
             return server
-        except Exception:
+        except Exception:  # noqa: BLE001 - any answer but success means "not up yet"
             time.sleep(0.5)
     server.stop()
     raise RuntimeError(f"SeaweedFS did not answer within {timeout}s; see {workdir / 'weed.log'}")

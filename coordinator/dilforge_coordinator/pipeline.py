@@ -12,17 +12,12 @@ from typing import Protocol
 
 from dilforge_shared.configs import PipelineConfig, StageConfig
 from dilforge_shared.errors import DilforgeError, ManifestNotFound
+from dilforge_shared.integrity import check_artifact, move_aside
 from dilforge_shared.locks import FileLock, S3Lease
 from dilforge_shared.manifest import MANIFEST_NAME, fingerprint
 from dilforge_shared.models import stage_refs
 from dilforge_shared.settings import settings
-from dilforge_shared.store import (
-    ArtifactStore,
-    NotFound,
-    artifact_exists,
-    check_artifact,
-    move_aside,
-)
+from dilforge_shared.store import ArtifactStore, NotFound, artifact_exists
 
 log = logging.getLogger("dilforge.coordinator")
 

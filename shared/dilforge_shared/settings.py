@@ -78,11 +78,12 @@ def secret_values() -> list[str]:
     """Values of every credential-looking variable (ours and AWS's), to mask in logs and refuse in configs."""
     values = []
     for name, value in os.environ.items():
-        if is_secret_name(name) and len(value) >= 4:
+        # 8+ characters: a short value ("user", "tty") would garble every log line it appears in
+        if is_secret_name(name) and not name.startswith("XDG_") and len(value) >= 8:
             values.append(value)
     s = settings()
     for secret in (s.s3_access_key_id, s.s3_secret_access_key):
-        if secret is not None and len(secret.get_secret_value()) >= 4:
+        if secret is not None and len(secret.get_secret_value()) >= 8:
             values.append(secret.get_secret_value())
     return sorted(set(values), key=len, reverse=True)
 

@@ -16,12 +16,11 @@ import tempfile
 import uuid
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass
-from datetime import UTC
 from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlparse
 
-from .errors import ArtifactExistsError, DilforgeError, IntegrityError, ManifestError, ManifestNotFound
+from .errors import ArtifactExistsError, DilforgeError, IntegrityError, ManifestNotFound
 from .manifest import (
     MANIFEST_NAME,
     FileEntry,
@@ -413,84 +412,6 @@ def verify_files(manifest: Manifest, root: Path, source: str, full: bool = True)
             raise IntegrityError(f"{source}: file {entry.path} has {size} bytes, manifest says {entry.size}")
         if full and sha256_file(path) != entry.sha256:
             raise IntegrityError(f"{source}: file {entry.path} does not match its sha256 in the manifest")
-
-
-STAMP_NAME = ".verified.json"  # local stores: (size, mtime_ns, inode) of each file when last fully verified
-
-
-def _stamp(manifest: Manifest, digest: str, root: Path) -> dict:
-    stats = {}
-    for entry in manifest.files:
-        st = (root / entry.path).lstat()
-        stats[entry.path] = [st.st_size, st.st_mtime_ns, st.st_ino]
-    return {"manifest_sha256": digest, "files": stats}
-
-
-def _stamp_matches(backend: Backend, manifest: Manifest, digest: str, root: Path) -> bool:
-    try:
-        return json.loads(backend.read_bytes(STAMP_NAME)) == _stamp(manifest, digest, root)
-    except (NotFound, OSError, ValueError):
-        return False
-
-
-def check_artifact(artifact_uri: str, endpoint_url: str | None = None, full: bool = True,
-                   mode: str | None = None) -> str | None:
-    """None if the artifact is whole, else what is wrong with it; ManifestNotFound if there is none.
-
-    Local stores: sizes always, sha256 of every file when `full`; with `mode="stamp"` (DILFORGE_VERIFY_ON_REUSE)
-    the hashing is skipped while every file still has the size, mtime and inode recorded at the last full check
-    (any ordinary write changes them; a deliberate mtime reset does not — hence sha256 is the default).
-    S3: every object present with its size (a sha256 check would mean downloading the weights; `fetch`
-    verifies them on every download anyway).
-    """
-    muri = manifest_uri_of(artifact_uri)
-    mode = mode or settings().verify_on_reuse
-    try:
-        manifest, digest = read_manifest(muri, endpoint_url)
-    except ManifestNotFound:
-        raise
-    except ManifestError as exc:
-        return str(exc)
-    backend = _artifact_backend(artifact_uri, endpoint_url)
-    local = backend.local_path(manifest.data_dir)
-    try:
-        if local is not None:
-            fast = full and mode == "stamp" and _stamp_matches(backend, manifest, digest, local)
-            verify_files(manifest, local, muri, full=full and not fast)
-            if full and mode == "stamp" and not fast:
-                backend.write_bytes(STAMP_NAME, json.dumps(_stamp(manifest, digest, local)).encode())
-            return None
-        for entry in manifest.files:
-            try:
-                size = backend.size(f"{manifest.data_dir}/{entry.path}")
-            except NotFound:
-                return f"{muri}: file {entry.path} listed in the manifest is missing"
-            if size != entry.size:
-                return f"{muri}: file {entry.path} has {size} bytes, manifest says {entry.size}"
-    except IntegrityError as exc:
-        return str(exc)
-    return None
-
-
-def move_aside(artifact_uri: str, endpoint_url: str | None = None) -> str:
-    """Move a damaged artifact to `<id>.damaged-<utc>` beside it (manifest first gone), so its id can be rebuilt."""
-    from datetime import datetime
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    parent_uri, _, name = artifact_uri.rstrip("/").rpartition("/")
-    target = f"{name}.damaged-{stamp}"
-    parent = open_backend(parent_uri, endpoint_url)
-    local = parent.local_path(name)
-    if local is not None:
-        os.rename(local, local.with_name(target))
-    else:
-        keys = list(parent.list(name))
-        manifest_key = f"{name}/{MANIFEST_NAME}"
-        for key in keys:
-            parent.copy(key, target + key[len(name):])
-        if manifest_key in keys:
-            parent.delete(manifest_key)
-        parent.delete_prefix(name)
-    return f"{parent_uri}/{target}"
 
 
 def fetch(uri: str, cache_dir: Path | None = None, endpoint_url: str | None = None) -> Artifact:

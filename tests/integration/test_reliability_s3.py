@@ -7,15 +7,15 @@ import time
 from pathlib import Path
 
 import pytest
-
 from dilforge_coordinator import gc
 from dilforge_coordinator import pipeline as pl
 from dilforge_shared.configs import load_pipeline
 from dilforge_shared.errors import DilforgeError
+from dilforge_shared.integrity import check_artifact
 from dilforge_shared.locks import S3Lease
 from dilforge_shared.manifest import MANIFEST_NAME, Manifest, current_producer
 from dilforge_shared.models import open_model
-from dilforge_shared.store import ArtifactStore, check_artifact, open_backend, publish
+from dilforge_shared.store import ArtifactStore, open_backend, publish
 
 
 def _put(s3_server, uri: str, key: str, body: bytes) -> None:

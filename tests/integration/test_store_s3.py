@@ -6,7 +6,6 @@ import sys
 import textwrap
 
 import pytest
-
 from dilforge_shared import store
 from dilforge_shared.errors import ArtifactExistsError, InputError, IntegrityError
 from dilforge_shared.store import S3Backend, fetch, publish, read_manifest
@@ -109,6 +108,7 @@ def test_missing_s3_corpus_object_is_named(s3_bucket):
 def test_s3_corpus_streams_gz_and_jsonl(s3_bucket):
     import gzip
     import json
+
     from dilforge_shared.corpus import iter_texts
     bucket = s3_bucket.removeprefix("s3://")
     client = S3Backend(bucket, "").client

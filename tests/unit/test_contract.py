@@ -1,10 +1,14 @@
 import json
 
 import pytest
-
 from dilforge_shared.configs import TokenizerConfig
 from dilforge_shared.contract import (
-    OptMl, ResourceConfig, StageResult, build_hyperparameters, parse_hyperparameters, stage_main,
+    OptMl,
+    ResourceConfig,
+    StageResult,
+    build_hyperparameters,
+    parse_hyperparameters,
+    stage_main,
 )
 from dilforge_shared.errors import ConfigError
 from dilforge_shared.store import fetch

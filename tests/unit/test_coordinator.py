@@ -2,13 +2,12 @@ import json
 import textwrap
 
 import pytest
-from typer.testing import CliRunner
-
 from dilforge_coordinator import pipeline as pl
 from dilforge_coordinator.cli import app
 from dilforge_shared.configs import STAGE_CONFIGS, load_pipeline
 from dilforge_shared.contract import OptMl, StageResult, build_hyperparameters, stage_main
 from dilforge_shared.errors import ConfigError, DilforgeError
+from typer.testing import CliRunner
 
 
 class InProcessBackend:

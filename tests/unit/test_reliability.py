@@ -17,8 +17,9 @@ from dilforge_coordinator import pipeline as pl
 from dilforge_coordinator.cli import app
 from dilforge_shared.configs import load_pipeline
 from dilforge_shared.errors import ConfigError, IntegrityError
+from dilforge_shared.integrity import check_artifact
 from dilforge_shared.manifest import MANIFEST_NAME, Manifest, current_producer
-from dilforge_shared.store import ArtifactStore, check_artifact, fetch, mirror_prefix, publish
+from dilforge_shared.store import ArtifactStore, fetch, mirror_prefix, publish
 from typer.testing import CliRunner
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -481,7 +482,7 @@ def test_stamp_mode_skips_hashing_until_a_file_changes(tmp_path, monkeypatch):
     from dilforge_shared import store as store_mod
     cfg = load_pipeline(write_config(tmp_path))
     uri = pl.run_all(cfg, PublishingBackend())["tokenizer"]
-    hashed = []
+    hashed = []  # verify_files (in store) does the hashing
     original = store_mod.sha256_file
     monkeypatch.setattr(store_mod, "sha256_file", lambda p: hashed.append(p.name) or original(p))
     assert check_artifact(uri, mode="stamp") is None and len(hashed) == 2      # first time: full, then stamped

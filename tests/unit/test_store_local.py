@@ -1,7 +1,6 @@
 import threading
 
 import pytest
-
 from dilforge_shared.errors import ArtifactExistsError, IntegrityError, ManifestError
 from dilforge_shared.store import fetch, publish, read_manifest
 from factories import make_manifest, write_output
