@@ -49,6 +49,23 @@ def load(folder: Path, uri: str, parse_json: bool = True) -> tuple[Tokenizer, di
         raise InputError(f"tokenizer.json does not load as a tokenizer: {exc}", path=f"{uri}/tokenizer.json") from None
 
 
+def check_extendable(doc: dict, source: str) -> None:
+    """One clear line when `extend` cannot continue this base's BPE (before any corpus is read)."""
+    model = doc.get("model", {})
+    if model.get("type") != "BPE":
+        raise InputError(f"extend needs a BPE base tokenizer, got model type {model.get('type')!r}", path=source)
+    if "ByteLevel" not in json.dumps(doc.get("pre_tokenizer")):
+        raise InputError("extend needs a byte-level BPE base (a ByteLevel pre-tokenizer, as Llama 3 / GPT-2 / "
+                         "SmolLM2)", path=source)
+    if not model.get("merges"):
+        raise InputError("extend needs a BPE base with merges; this tokenizer.json has none", path=source)
+
+
+def vocab_tokens(doc: dict) -> list[str]:
+    """Every token string of a tokenizer.json: the model's vocabulary and the added tokens."""
+    return [*doc.get("model", {}).get("vocab", {}), *(t["content"] for t in doc.get("added_tokens", []))]
+
+
 def lineage(folder: Path, uri: str) -> InputRef:
     return InputRef(name="base_tokenizer", kind="data", uri=uri, sha256=sha256_file(folder / "tokenizer.json"))
 
