@@ -95,7 +95,7 @@ def check_base(config: TokenizerConfig, base: Base | None) -> None:
             raise ConfigError(f"tokenizer.base_tokenizer: strategy {strategy!r} needs a base tokenizer: set "
                               "base_tokenizer or run a model stage upstream (input 'model')")
     if "extend" in config.strategies:
-        base_tok.check_extendable(base.doc, base.uri)
+        base_tok.check_extendable(base.doc, f"{base.uri.rstrip('/')}/tokenizer.json")
         if base.family is None:
             raise base.family_error
 
