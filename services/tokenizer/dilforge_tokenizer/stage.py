@@ -63,6 +63,7 @@ class Candidate:
     sets: dict = field(default_factory=dict)
     audit: dict = field(default_factory=dict)
     dead: set[int] = field(default_factory=set)
+    learned: list | None = None  # extend: the whole continued merge list (for prune-and-refill)
 
 
 def resolve_base(config: TokenizerConfig, ctx: StageContext) -> tuple[Base | None, list]:
@@ -182,8 +183,28 @@ def extend_candidates(config: TokenizerConfig, seg: continued.Segmented, base: B
         first = max(base.doc["model"]["vocab"].values()) + 1
         first = max([first, *(t["id"] + 1 for t in base.doc.get("added_tokens", []))])
         new_ids = set(range(first, first + added))
-        out.append(Candidate("extend", size, bpe.from_doc(doc), doc, new_ids, first, base.family))
+        out.append(Candidate("extend", size, bpe.from_doc(doc), doc, new_ids, first, base.family, learned=learned))
     return out
+
+
+def prune_and_refill(cand: Candidate, base: Base, words: Counter, rounds: int = 3) -> tuple[dict, int]:
+    """extend + prune_dead: drop the dead new tokens and take further merges in their place, so the
+    published tokenizer has up to `size` new tokens that are all (or nearly all) produced on the corpus.
+    Returns (doc, number of dead tokens dropped in the last round)."""
+    best, best_pruned = audit.prune(cand.doc, cand.first_new_id, cand.dead)
+    take = cand.size
+    for _ in range(rounds):
+        num_live = len(best["model"]["vocab"]) - cand.first_new_id
+        if num_live >= cand.size or cand.learned is None:
+            break
+        take += cand.size - num_live
+        doc, added = continued.extend_doc(base.doc, cand.learned, take)
+        _, dead = audit.audit(doc, bpe.from_doc(doc), words, set(range(cand.first_new_id, cand.first_new_id + added)), {})
+        pruned_doc, pruned = audit.prune(doc, cand.first_new_id, dead)
+        if len(pruned_doc["model"]["vocab"]) - cand.first_new_id > cand.size or added < take:
+            break
+        best, best_pruned = pruned_doc, pruned
+    return best, best_pruned
 
 
 def run(config: TokenizerConfig, ctx: StageContext) -> StageResult:
@@ -219,7 +240,7 @@ def run(config: TokenizerConfig, ctx: StageContext) -> StageResult:
     t_train = time.perf_counter()
     seconds: dict[str, float] = {}
     words: dict[str, Counter] = {}  # unique training words per pre-tokenizer, for extend and the audit
-    if base is not None and lines:
+    if "extend" in config.strategies:  # the other strategies' audits encode whole lines instead
         words["base"] = continued.word_counts(lines.items(), base.tok)
         seconds["pre_tokenize"] = round(time.perf_counter() - t_train, 2)
     candidates: list[Candidate] = []
@@ -237,16 +258,19 @@ def run(config: TokenizerConfig, ctx: StageContext) -> StageResult:
         seconds["train_replace"] = round(time.perf_counter() - t0, 2)
         same = base is not None and base.doc.get("pre_tokenizer") == trained_doc.get("pre_tokenizer") \
             and base.doc.get("normalizer") is None
-        words["replace"] = words["base"] if same else continued.word_counts(lines.items(), replaced[-1].tok)
+        if same and "base" in words:
+            words["replace"] = words["base"]
     seconds["train"] = round(time.perf_counter() - t_train, 2)
 
     # measure and audit every (strategy, size)
     t_metrics = time.perf_counter()
+    unique_lines = list(lines)
     base_metrics = measure_sets(base.tok, sets) if base is not None else None
     for cand in tqdm(candidates, desc="measure", disable=not tty):
         cand.sets = base_metrics if cand.strategy == "base" else measure_sets(cand.tok, sets)
-        corpus_words = words.get("replace" if cand.strategy == "replace" else "base", Counter())
-        cand.audit, cand.dead = audit.audit(cand.doc, cand.tok, corpus_words, cand.new_ids, validation)
+        corpus_words = words.get("replace" if cand.strategy == "replace" else "base")
+        cand.audit, cand.dead = audit.audit(cand.doc, cand.tok, corpus_words, cand.new_ids, validation,
+                                            lines=unique_lines if corpus_words is None else None)
     rows = [{"vocab_size": c.size, "vocab_size_total": bpe.vocab_size_with_specials(c.tok),
              **({"vocab_size_regular": c.tok.get_vocab_size(with_added_tokens=False)} if c.strategy == "replace"
                 else {"num_added_tokens": len(c.new_ids)}), "sets": c.sets}
@@ -268,14 +292,21 @@ def run(config: TokenizerConfig, ctx: StageContext) -> StageResult:
 
     # publish: prune (optional), write in the base's family, verify
     names = list(validation)
-    published, pruned = chosen.tok, 0
+    published, pruned, published_audit = chosen.tok, 0, chosen.audit
     if config.prune_dead and chosen.dead and chosen.strategy != "base":
-        doc, pruned = audit.prune(chosen.doc, chosen.first_new_id, chosen.dead)
+        doc, pruned = (prune_and_refill(chosen, base, words["base"]) if chosen.strategy == "extend"
+                       else audit.prune(chosen.doc, chosen.first_new_id, chosen.dead))
         published = bpe.from_doc(doc)
         if chosen.strategy == "replace":
             published = family_out.finish(published, family, base.doc if base else None)
-        log.info("pruned %d dead new tokens (%d stay: kept tokens are built from them)", pruned,
-                 len(chosen.dead) - pruned)
+        new_ids = {i for i in doc["model"]["vocab"].values() if i >= chosen.first_new_id}
+        corpus_words = words.get("replace" if chosen.strategy == "replace" else "base")
+        published_audit, _ = audit.audit(doc, published, corpus_words, new_ids, validation,
+                                         lines=unique_lines if corpus_words is None else None)
+        log.info("pruned %d dead new tokens (%s); %d new tokens published", pruned,
+                 "refilled with further merges" if chosen.strategy == "extend" else "kept ones are built from the rest",
+                 published.get_vocab_size(with_added_tokens=True) - chosen.first_new_id
+                 if chosen.strategy == "extend" else len(doc["model"]["vocab"]) - chosen.first_new_id)
     if chosen.strategy == "base":
         base_tok.copy_folder(base.folder, ctx.model_dir)
     else:
@@ -299,7 +330,7 @@ def run(config: TokenizerConfig, ctx: StageContext) -> StageResult:
         "word_definition": "whitespace-separated (str.split); tokens without BOS/EOS; fertility = sum tokens / sum words",
         "comparison": comparison,
         "languages": language_figures(published_sets, names),
-        "dead_tokens": {**chosen.audit, "num_pruned": pruned},
+        "dead_tokens": {**published_audit, "num_pruned": pruned},
         "sweep": rows,
         "base": {"uri": base.uri, "sets": base_metrics} if base_metrics is not None else None,
         "output": output,
