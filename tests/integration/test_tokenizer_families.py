@@ -148,7 +148,7 @@ def test_every_strategy_round_trips_both_dev_sets(tmp_path, data_root, smollm2_d
                                  num_new_tokens=[200], vocab_sizes=[800])
         seg = continued.segment(continued.word_counts(lines.items(), tok), doc)
         candidates = [stage.base_candidate(base), *stage.extend_candidates(config, seg, base, False),
-                      *stage.replace_candidates(config, lines, family, base, False)[0]]
+                      *stage.replace_candidates(config, stage.expanded(lines), family, base, False)[0]]
         assert [c.strategy for c in candidates] == ["base", "extend", "replace"]
         for cand in candidates:
             for lang, sents in texts.items():

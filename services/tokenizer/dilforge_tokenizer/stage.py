@@ -152,12 +152,19 @@ def base_candidate(base: Base) -> Candidate:
     return Candidate("base", size, base.tok, base.doc, set(), size, base.family or LLAMA3)
 
 
-def replace_candidates(config: TokenizerConfig, lines: Counter, family: Family, base: Base | None,
+def counted(batches: Iterator[list[str]], lines: Counter) -> Iterator[list[str]]:
+    """The same batches, each also counted into `lines` (for the audit) as the trainer pulls it."""
+    for batch in batches:
+        lines.update(batch)
+        yield batch
+
+
+def replace_candidates(config: TokenizerConfig, batches: Iterator[list[str]], family: Family, base: Base | None,
                        tty: bool) -> tuple[list[Candidate], dict]:
     """One fresh BPE at the largest size; smaller sizes are its prefixes. Also returns its doc."""
     largest = max(config.vocab_sizes)
     log.info("replace: training one BPE at %d tokens (serves sizes %s)", largest, sorted(config.vocab_sizes))
-    trained = bpe.train(expanded(lines), largest, config.min_frequency, show_progress=tty)
+    trained = bpe.train(batches, largest, config.min_frequency, show_progress=tty)
     trained_doc = bpe.model_of(trained)
     out = []
     for size in sorted(config.vocab_sizes):
@@ -223,18 +230,12 @@ def run(config: TokenizerConfig, ctx: StageContext) -> StageResult:
                           num_validation_lines=config.num_validation_lines, max_lines=config.max_lines,
                           dedup=config.dedup, normalization=config.normalization, endpoint_url=ctx.endpoint_url)
     lines: Counter = Counter()
-    if config.corpora:
+    # replace alone streams the corpus straight into its trainer (reading overlaps training), counting
+    # the lines on the way for the audit; extend needs every word count before it trains: read first
+    stream_into_replace = config.strategies == ["replace"] or set(config.strategies) == {"replace", "base"}
+    if config.corpora and not stream_into_replace:
         for batch in stream.batches():
             lines.update(batch)
-    log.info("corpus: %s", json.dumps(stream.summary()["total"]))
-    if config.strategy != "base" and not lines:
-        raise InputError("no training text left after holding out the validation slice"
-                         + (" and dropping duplicates" if config.dedup else ""),
-                         path=", ".join(s.uri for s in config.corpora))
-    sets = {HELDOUT: stream.heldout, **validation} if stream.heldout else dict(validation)
-    if not sets:
-        raise InputError("nothing to measure: give corpora (for a held-out slice) or validation sets",
-                         path="validation")
 
     # train: each strategy once, at its largest size
     t_train = time.perf_counter()
@@ -253,14 +254,27 @@ def run(config: TokenizerConfig, ctx: StageContext) -> StageResult:
         seconds["train_extend"] = round(time.perf_counter() - t0, 2)  # + pre_tokenize
     if "replace" in config.strategies:
         t0 = time.perf_counter()
-        replaced, trained_doc = replace_candidates(config, lines, family, base, tty)
+        batches = counted(stream.batches(), lines) if stream_into_replace else expanded(lines)
+        replaced, trained_doc = replace_candidates(config, batches, family, base, tty)
         candidates += replaced
         seconds["train_replace"] = round(time.perf_counter() - t0, 2)
         same = base is not None and base.doc.get("pre_tokenizer") == trained_doc.get("pre_tokenizer") \
             and base.doc.get("normalizer") is None
         if same and "base" in words:
             words["replace"] = words["base"]
+    if stream_into_replace and config.corpora and "replace" not in config.strategies:
+        for batch in stream.batches():  # base alone: the held-out slice and the audit's lines
+            lines.update(batch)
     seconds["train"] = round(time.perf_counter() - t_train, 2)
+    log.info("corpus: %s", json.dumps(stream.summary()["total"]))
+    if config.strategy != "base" and not lines:
+        raise InputError("no training text left after holding out the validation slice"
+                         + (" and dropping duplicates" if config.dedup else ""),
+                         path=", ".join(s.uri for s in config.corpora))
+    sets = {HELDOUT: stream.heldout, **validation} if stream.heldout else dict(validation)
+    if not sets:
+        raise InputError("nothing to measure: give corpora (for a held-out slice) or validation sets",
+                         path="validation")
 
     # measure and audit every (strategy, size)
     t_metrics = time.perf_counter()
