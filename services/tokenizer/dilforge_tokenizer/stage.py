@@ -262,9 +262,6 @@ def run(config: TokenizerConfig, ctx: StageContext) -> StageResult:
             and base.doc.get("normalizer") is None
         if same and "base" in words:
             words["replace"] = words["base"]
-    if stream_into_replace and config.corpora and "replace" not in config.strategies:
-        for batch in stream.batches():  # base alone: the held-out slice and the audit's lines
-            lines.update(batch)
     seconds["train"] = round(time.perf_counter() - t_train, 2)
     log.info("corpus: %s", json.dumps(stream.summary()["total"]))
     if config.strategy != "base" and not lines:
