@@ -62,8 +62,11 @@ def settings() -> Settings:
 
 
 def is_secret_name(name: str) -> bool:
+    """A credential-looking name: a marker as a whole `_`-separated part (AWS_SESSION_TOKEN, MY_PASSWORD) or
+    ACCESS_KEY anywhere; `LLAMA32_TOKENIZER` is not one (TOKENIZER is not TOKEN)."""
     upper = name.upper()
-    return any(marker in upper for marker in SECRET_MARKERS)
+    parts = set(upper.split("_"))
+    return "ACCESS_KEY" in upper or any(m in parts or f"{m}S" in parts for m in SECRET_MARKERS)
 
 
 def interpolation_variables(extra: dict[str, str] | None = None) -> dict[str, str]:

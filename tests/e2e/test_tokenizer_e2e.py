@@ -38,11 +38,38 @@ def test_full_preset_replace_50k_on_flores(tmp_path, data_root):
     m = art.manifest.metrics
     assert m["selected_vocab_size"] == 50_000
     row = next(r for r in m["sweep"] if r["vocab_size"] == 50_000)
-    flores = row["sets"]["flores_dev"]
+    flores = row["sets"]["az"]
     assert flores["num_texts"] == 510
     assert flores["tokens_per_word"] <= 1.50, flores
     table = (art.path / "sweep.md").read_text()
-    assert "| 50000 (selected) | flores_dev |" in table
+    assert "| 50000 (selected) | az |" in table and "| 50000 (selected) | en |" in table
+    assert set(m["languages"]) == {"az", "en"} and m["languages"]["en"]["tokens_per_word"] > 1.5  # English paid
+    assert [r["strategy"] for r in m["comparison"]] == ["replace"] * 3
     if base:
-        assert m["base"]["sets"]["flores_dev"]["tokens_per_word"] > 2 * flores["tokens_per_word"]
+        assert m["base"]["sets"]["az"]["tokens_per_word"] > 2 * flores["tokens_per_word"]
         assert "base tokens/word" in table
+
+
+COMPARE = Path(__file__).resolve().parents[2] / "configs/az-tokenizer-compare.yaml"
+
+
+def test_compare_preset_extend_beats_replace_and_keeps_english(tmp_path, data_root):
+    """Issue 13's bar on Llama 3.2 (needs DILFORGE_LLAMA32_TOKENIZER: scripts/build_llama32_tokenizer.py)."""
+    base = os.environ.get("DILFORGE_LLAMA32_TOKENIZER")
+    if not base:
+        pytest.skip("DILFORGE_LLAMA32_TOKENIZER not set (build it with scripts/build_llama32_tokenizer.py)")
+    section = yaml.safe_load(COMPARE.read_text())["tokenizer"]
+    section["base_tokenizer"] = base
+    cfg = {"run_id": "tok-cmp", "store": {"uri": str(tmp_path / "store")}, "tokenizer": section}
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(cfg, allow_unicode=True))
+    os.environ["DILFORGE_WORKDIR"] = str(tmp_path / "work")
+    result = CliRunner().invoke(app, ["run-all", "--config", str(tmp_path / "p.yaml"), "--data", str(data_root)])
+    assert result.exit_code == 0, result.output
+    m = fetch(result.output.strip().splitlines()[-1].split("artifact: ")[1]).manifest.metrics
+    rows = {(r["strategy"], r["num_new_tokens"] if r["strategy"] == "extend" else 0): r for r in m["comparison"]}
+    llama, replace = rows[("base", 0)], rows[("replace", 0)]
+    ext64 = max((r for r in m["comparison"] if r["strategy"] == "extend"), key=lambda r: r["num_new_tokens"])
+    assert ext64["languages"]["en"]["tokens_per_word"] <= llama["languages"]["en"]["tokens_per_word"]
+    assert ext64["languages"]["az"]["tokens_per_word"] < replace["languages"]["az"]["tokens_per_word"]
+    assert all(r["dead_new_tokens_frac"] <= 0.02 for r in m["comparison"] if r["strategy"] == "extend")
+    assert m["selection"]["retain_met"] and m["dead_tokens"]["num_pruned"] >= 0

@@ -104,3 +104,49 @@ def test_missing_s3_object_is_named(tmp_path, s3_server, s3_bucket):
     assert rc != 0 and f"{missing}: no such S3 object" in failure, failure
     listed = s3_server.client().list_objects_v2(Bucket=s3_bucket.removeprefix("s3://"), Prefix="store/artifacts/")
     assert [o["Key"] for o in listed.get("Contents", []) if o["Key"].endswith("manifest.json")] == []
+
+
+def unextendable_base(root: Path, kind: str) -> tuple[Path, str]:
+    """An HF tokenizer folder `extend` cannot continue, and the message (regex) that must say why."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    folder = root / f"base-{kind}"
+    folder.mkdir()
+    if kind == "wordpiece":  # not BPE at all
+        tok = Tokenizer(models.WordPiece({"[UNK]": 0, "salam": 1}, unk_token="[UNK]"))
+        tok.pre_tokenizer = pre_tokenizers.Whitespace()
+        message = r"tokenizer.json: extend needs a BPE base tokenizer, got model type 'WordPiece'"
+    elif kind == "no_merges":
+        alphabet = pre_tokenizers.ByteLevel.alphabet()
+        tok = Tokenizer(models.BPE({c: i for i, c in enumerate(sorted(alphabet))}, []))
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel()
+        tok.add_special_tokens(["<|im_start|>", "<|im_end|>", "<|endoftext|>"])
+        message = r"extend needs a BPE base with merges; this tokenizer.json has none"
+    else:  # byte-level BPE with merges, but no known family's special tokens
+        alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+        vocab = {c: i for i, c in enumerate(alphabet)}
+        vocab["sa"] = len(vocab)
+        tok = Tokenizer(models.BPE(vocab, [("s", "a")]))
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel()
+        message = r"tokenizer follows no known family"
+    tok.save(str(folder / "tokenizer.json"))
+    return folder, message
+
+
+@pytest.mark.parametrize("kind", ["wordpiece", "no_merges", "unknown_family"])
+def test_base_that_extend_cannot_continue_fails_in_one_line(tmp_path, data_root, kind):
+    folder, message = unextendable_base(tmp_path, kind)
+    config = {"strategy": "extend", "base_tokenizer": str(folder), "num_new_tokens": [100],
+              "corpora": [{"uri": str(data_root / "az/train/udhr_azj_latn.txt")}]}
+    store = tmp_path / "store"
+    rc, failure = entrypoint(tmp_path, config, str(store / "artifacts/tokenizer/x"))
+    assert rc == 1 and len(failure.strip().splitlines()) == 1, failure
+    assert re.search(message, failure) and str(folder) in failure, failure
+    assert published(store) == []
+
+
+def test_extend_without_any_base_names_the_field(tmp_path, data_root):
+    config = {"strategy": "extend", "corpora": [{"uri": str(data_root / "az/train/udhr_azj_latn.txt")}]}
+    store = tmp_path / "store"
+    rc, failure = entrypoint(tmp_path, config, str(store / "artifacts/tokenizer/x"))
+    assert rc == 1 and "tokenizer.base_tokenizer: strategy 'extend' needs a base tokenizer" in failure, failure
+    assert published(store) == []

@@ -114,7 +114,7 @@ def test_replace_manifest_has_the_sweep_table_and_base_figures(replace_run, tiny
 def test_extend_keeps_every_base_id(tmp_path, data_root, mixed_corpus, tiny_tokenizer_dir):
     from transformers import AutoTokenizer
     section = {"strategy": "extend", "base_tokenizer": str(tiny_tokenizer_dir), "corpora": corpora(mixed_corpus)[1:],
-               "validation": [flores(data_root)], "vocab_sizes": [700, 1000], "selection": "largest"}
+               "validation": [flores(data_root)], "num_new_tokens": [150, 300], "selection": "largest"}
     art = artifact_of(run_all(tmp_path, section))
     base = AutoTokenizer.from_pretrained(str(tiny_tokenizer_dir))
     ext = AutoTokenizer.from_pretrained(str(art.path))
@@ -122,7 +122,7 @@ def test_extend_keeps_every_base_id(tmp_path, data_root, mixed_corpus, tiny_toke
     assert all(ext_vocab[t] == i for t, i in base_vocab.items())
     m = art.manifest.metrics
     added = m["sweep"][-1]["num_added_tokens"]
-    assert added > 100 and len(ext) == len(base) + added
+    assert added == 300 and len(ext) == len(base) + added
     assert sorted(set(ext_vocab.values()) - set(base_vocab.values())) == list(range(len(base), len(base) + added))
     assert (ext.bos_token_id, ext.eos_token_id, ext.pad_token_id) == (base.bos_token_id, base.eos_token_id,
                                                                        base.pad_token_id)
@@ -141,7 +141,9 @@ def test_base_measures_and_republishes_the_base_unchanged(tmp_path, data_root, m
     assert m["sweep"] == [] and m["selected_vocab_size"] is None
     assert m["base"]["sets"]["heldout"]["num_texts"] == 50
     assert m["base"]["sets"]["flores_dev"]["num_texts"] == 510
-    assert m["corpus"]["total"]["lines_read"] < 51380  # read only until the held-out slice was full
+    assert m["corpus"]["total"]["lines_read"] == 51380  # the whole corpus: the dead-token audit reads it
+    assert m["comparison"][0]["strategy"] == "base" and m["comparison"][0]["selected"]
+    assert m["dead_tokens"]["dead_new_tokens_frac"] is None and 0 < m["dead_tokens"]["vocab_used_frac"]["train"] <= 1
 
 
 @pytest.mark.slow
@@ -153,7 +155,7 @@ def test_corpus_and_base_tokenizer_from_s3(tmp_path, s3_server, s3_bucket, data_
                       Body="".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in lines).encode())
     for f in tiny_tokenizer_dir.iterdir():
         client.upload_file(str(f), bucket, f"tok/{f.name}")
-    section = {"strategy": "extend", "base_tokenizer": f"{s3_bucket}/tok", "vocab_sizes": [700],
+    section = {"strategy": "extend", "base_tokenizer": f"{s3_bucket}/tok", "num_new_tokens": [200],
                "corpora": [{"uri": f"{s3_bucket}/corpus/wiki.jsonl"}]}
     art = artifact_of(run_all(tmp_path, section, {"uri": f"{s3_bucket}/store",
                                                   "s3_endpoint_url": s3_server.endpoint_url}))

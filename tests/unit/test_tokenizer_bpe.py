@@ -8,8 +8,9 @@ import json
 import factories
 import pytest
 from dilforge_shared.configs.tokenizer import TokenizerConfig
+from dilforge_tokenizer import base as base_tok
 from dilforge_tokenizer import bpe, llama3
-from dilforge_tokenizer.stage import select_size
+from dilforge_tokenizer.report import select
 from pydantic import ValidationError
 
 
@@ -63,22 +64,41 @@ def test_extend_keeps_every_base_id_and_appends_new_tokens(tiny_tokenizer_dir, l
 def test_extend_refuses_a_non_byte_level_base(tmp_path):
     from dilforge_shared.errors import InputError
     with pytest.raises(InputError, match="byte-level"):
-        bpe.check_extendable({"model": {"type": "BPE"}, "pre_tokenizer": {"type": "Metaspace"}}, "base/")
+        base_tok.check_extendable({"model": {"type": "BPE"}, "pre_tokenizer": {"type": "Metaspace"}}, "base/")
     with pytest.raises(InputError, match="model type 'Unigram'"):
-        bpe.check_extendable({"model": {"type": "Unigram"}}, "base/")
+        base_tok.check_extendable({"model": {"type": "Unigram"}}, "base/")
+    with pytest.raises(InputError, match="has none"):
+        base_tok.check_extendable({"model": {"type": "BPE", "merges": []}, "pre_tokenizer": {"type": "ByteLevel"}},
+                                  "base/")
 
 
 def rows(*pairs):
-    return [{"vocab_size": v, "sets": {"heldout": {"tokens_per_word": f}}} for v, f in pairs]
+    return [{"vocab_size": v, "sets": {"heldout": {"tokens_per_word": f}, "en": {"tokens_per_word": e}}}
+            for v, f, e in pairs]
+
+
+def select_size(sweep, rule, tolerance, set_name):
+    return select(sweep, rule, tolerance, set_name)[0]
 
 
 def test_selection_rules():
-    sweep = rows((8000, 2.0), (16000, 1.60), (32000, 1.58), (50000, 1.55))
+    sweep = rows((8000, 2.0, 1.2), (16000, 1.60, 1.2), (32000, 1.58, 1.3), (50000, 1.55, 1.4))
     assert select_size(sweep, "largest", 0.02, "heldout")["vocab_size"] == 50000
     # best 1.55; 1.58 <= 1.55 * 1.02 = 1.581 -> 32000 is the smallest within 2 %
     assert select_size(sweep, "smallest_within_tolerance", 0.02, "heldout")["vocab_size"] == 32000
     assert select_size(sweep, "smallest_within_tolerance", 0.0, "heldout")["vocab_size"] == 50000
     assert select_size(sweep, "smallest_within_tolerance", 0.5, "heldout")["vocab_size"] == 8000
+
+
+def test_selection_keeps_the_retained_language_within_its_bound():
+    sweep = rows((8000, 2.0, 1.2), (16000, 1.60, 1.2), (32000, 1.58, 1.3), (50000, 1.55, 1.4))
+    base = {"en": {"tokens_per_word": 1.25}}
+    # en bound 1.25 * 1.05 = 1.3125: 50000 is out, so the best eligible is 1.58 (32000), 16000 within 2 %
+    row, met = select(sweep, "smallest_within_tolerance", 0.02, "heldout", "en", 0.05, base)
+    assert (row["vocab_size"], met) == (16000, True)
+    assert select(sweep, "largest", 0.02, "heldout", "en", 0.05, base) == (sweep[2], True)
+    row, met = select(sweep, "largest", 0.02, "heldout", "en", 0.0, {"en": {"tokens_per_word": 1.0}})
+    assert (row["vocab_size"], met) == (8000, False)  # none passes: the closest to the bound, flagged
 
 
 CORPUS = [{"uri": "/data/az.txt"}]
@@ -87,8 +107,11 @@ CORPUS = [{"uri": "/data/az.txt"}]
 def test_config_rejects_vocab_below_alphabet_plus_specials():
     with pytest.raises(ValidationError, match=r"vocab_sizes\n.*500 is not above the byte alphabet \+ special tokens"):
         TokenizerConfig(strategy="replace", corpora=CORPUS, vocab_sizes=[500])
-    with pytest.raises(ValidationError, match="vocab_sizes\n.*200 is not above the byte alphabet"):
-        TokenizerConfig(strategy="extend", base_tokenizer="/b", corpora=CORPUS, vocab_sizes=[200])
+    with pytest.raises(ValidationError, match="vocab_sizes\n.*500 is not above the byte alphabet"):
+        TokenizerConfig(strategy="extend", compare_with=["replace"], base_tokenizer="/b", corpora=CORPUS,
+                        vocab_sizes=[500])
+    with pytest.raises(ValidationError, match="num_new_tokens\n.*0 must be positive"):
+        TokenizerConfig(strategy="extend", base_tokenizer="/b", corpora=CORPUS, num_new_tokens=[0])
 
 
 def test_config_rejects_unknown_field_and_bad_selection_set():
@@ -102,6 +125,10 @@ def test_config_rejects_unknown_field_and_bad_selection_set():
     # extend without base_tokenizer takes the pipeline's `model` artifact (PipelineConfig checks one exists)
     assert TokenizerConfig(strategy="extend", corpora=CORPUS).needed_inputs() == ("model",)
     assert TokenizerConfig(strategy="extend", corpora=CORPUS, base_tokenizer="/t").needed_inputs() == ()
+    with pytest.raises(ValidationError, match="retain_set 'en' is not a validation set name"):
+        TokenizerConfig(corpora=CORPUS, retain_set="en")
+    with pytest.raises(ValidationError, match="corpora: at least one corpus is needed with strategy 'replace'"):
+        TokenizerConfig(strategy="base", base_tokenizer="/b", compare_with=["replace"])
 
 
 def test_write_folder_loads_like_the_transformers_save(tmp_path, wiki):

@@ -7,8 +7,7 @@ import shutil
 from pathlib import Path
 from urllib.parse import urlparse
 
-from dilforge_shared.errors import InputError
-from dilforge_shared.errors import ManifestNotFound
+from dilforge_shared.errors import InputError, ManifestNotFound
 from dilforge_shared.store import NotFound, fetch, mirror_prefix
 from tokenizers import Tokenizer
 
@@ -59,6 +58,23 @@ def load(folder: Path, uri: str, parse_json: bool = True) -> tuple[Tokenizer, di
         return Tokenizer.from_str(text), json.loads(text) if parse_json else None
     except Exception as exc:  # noqa: BLE001 - tokenizers raises a bare Exception on a bad file
         raise InputError(f"tokenizer.json does not load as a tokenizer: {exc}", path=f"{uri}/tokenizer.json") from None
+
+
+def check_extendable(doc: dict, source: str) -> None:
+    """One clear line when `extend` cannot continue this base's BPE (before any corpus is read)."""
+    model = doc.get("model", {})
+    if model.get("type") != "BPE":
+        raise InputError(f"extend needs a BPE base tokenizer, got model type {model.get('type')!r}", path=source)
+    if "ByteLevel" not in json.dumps(doc.get("pre_tokenizer")):
+        raise InputError("extend needs a byte-level BPE base (a ByteLevel pre-tokenizer, as Llama 3 / GPT-2 / "
+                         "SmolLM2)", path=source)
+    if not model.get("merges"):
+        raise InputError("extend needs a BPE base with merges; this tokenizer.json has none", path=source)
+
+
+def vocab_tokens(doc: dict) -> list[str]:
+    """Every token string of a tokenizer.json: the model's vocabulary and the added tokens."""
+    return [*doc.get("model", {}).get("vocab", {}), *(t["content"] for t in doc.get("added_tokens", []))]
 
 
 def copy_folder(folder: Path, out: Path) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 
-from dilforge_shared.errors import InputError
 from tokenizers import Tokenizer, pre_tokenizers, trainers
 
 from . import llama3
@@ -77,17 +76,9 @@ def replace_tokenizer(trained: dict, size: int) -> Tokenizer:
     return llama3.finish(from_doc(truncate(trained, size)))
 
 
-def check_extendable(base: dict, source: str) -> None:
-    if base.get("model", {}).get("type") != "BPE":
-        raise InputError(f"extend needs a BPE base tokenizer, got model type {base.get('model', {}).get('type')!r}",
-                         path=source)
-    if "ByteLevel" not in json.dumps(base.get("pre_tokenizer")):
-        raise InputError("extend needs a byte-level BPE base (a ByteLevel pre-tokenizer, as Llama 3 / GPT-2)",
-                         path=source)
-
-
 def extend(base: dict, corpus: dict) -> tuple[dict, int]:
-    """Append the corpus BPE's tokens missing from `base` after every existing id; returns (doc, added).
+    """Naive extension (the stage's `extend` before continued BPE; kept as the baseline the tests and the
+    bench compare against): append a raw corpus BPE's tokens missing from `base`; returns (doc, added).
 
     New tokens take ids after the base's highest id (special tokens included), in the order the corpus
     BPE learned them; the merges that create them are appended after the base's merges, so the base's

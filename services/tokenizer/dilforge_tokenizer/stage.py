@@ -1,9 +1,11 @@
 """The tokenizer stage, top to bottom.
 
-parse (config, base tokenizer, validation sets) → stream the corpora once into one BPE training at
-the largest swept size (the held-out slice is collected on the way) → cut every smaller size from it
-→ measure each size and the base on the held-out slice and validation sets → pick a size by the
-config's rule → write the tokenizer folder, metrics.json and sweep.md to model_dir.
+parse (config, base tokenizer from `base_tokenizer` or the upstream `model` artifact, its family,
+validation sets) → read the corpora once (held-out slice on the way) → train each strategy once at its
+largest size (replace: a fresh byte-level BPE; extend: continued BPE over the base's own segmentation)
+→ cut every smaller size from it → measure every (strategy, size) on every set and audit its dead
+tokens → pick the published size by the config's rule (with the retain bound) → optionally prune dead
+tokens → write the tokenizer folder (in the base's family), metrics.json, sweep.md and comparison.md.
 """
 
 from __future__ import annotations
@@ -13,23 +15,90 @@ import logging
 import resource
 import sys
 import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from dilforge_shared.configs.tokenizer import TokenizerConfig
 from dilforge_shared.contract import StageContext, StageResult, log_config
 from dilforge_shared.corpus import iter_texts
-from dilforge_shared.errors import DilforgeError, InputError
-from dilforge_shared.textmetrics import measure, tokenizers_encoder
+from dilforge_shared.errors import ConfigError, DilforgeError, InputError
+from dilforge_shared.families import LLAMA3, Family, detect_family
+from dilforge_shared.models import find_hf_dir
 from tokenizers import Tokenizer
 from tqdm import tqdm
 
+from . import audit, bpe, continued, family_out
 from . import base as base_tok
-from . import bpe, llama3
+from .report import comparison_table, language_figures, measure_sets, select, sweep_table
 from .stream import CorpusStream
 
 log = logging.getLogger("dilforge.tokenizer")
 
 HELDOUT = "heldout"
+
+
+@dataclass
+class Base:
+    """The base tokenizer, wherever it came from, and its family (None when unknown)."""
+    folder: Path
+    uri: str
+    tok: Tokenizer
+    doc: dict
+    family: Family | None
+    family_error: InputError | None = None
+
+
+@dataclass
+class Candidate:
+    """One (strategy, size): its tokenizer, regular-vocab doc (for the audit), and which ids are new."""
+    strategy: str
+    size: int
+    tok: Tokenizer
+    doc: dict
+    new_ids: set[int]
+    first_new_id: int
+    family: Family
+    sets: dict = field(default_factory=dict)
+    audit: dict = field(default_factory=dict)
+    dead: set[int] = field(default_factory=set)
+    learned: list | None = None  # extend: the whole continued merge list (for prune-and-refill)
+
+
+def resolve_base(config: TokenizerConfig, ctx: StageContext) -> tuple[Base | None, list]:
+    """`base_tokenizer` when set, else the tokenizer of the upstream `model` artifact, else None."""
+    refs = []
+    if config.base_tokenizer:
+        uri = config.base_tokenizer
+        folder = base_tok.resolve(uri, ctx.checkpoint_dir, ctx.endpoint_url)
+        # lineage: the contract records the same ref the coordinator fingerprinted (shared models.config_refs)
+    elif ctx.has_input("model"):
+        art = ctx.input("model")  # lineage: recorded as the stage's upstream input
+        uri = art.uri
+        folder = find_hf_dir(art.path, uri)
+        if not (folder / "tokenizer.json").is_file():
+            raise InputError("the model artifact's HF folder has no tokenizer.json", path=uri)
+    else:
+        return None, refs
+    tok, doc = base_tok.load(folder, uri)
+    try:
+        family, error = detect_family(base_tok.vocab_tokens(doc), uri), None
+    except InputError as exc:
+        family, error = None, exc
+    return Base(folder=folder, uri=uri, tok=tok, doc=doc, family=family, family_error=error), refs
+
+
+def check_base(config: TokenizerConfig, base: Base | None) -> None:
+    """Refuse, before reading any corpus, a strategy that needs a base it cannot use."""
+    for strategy in config.strategies:
+        if strategy in ("base", "extend") and base is None:
+            raise ConfigError(f"tokenizer.base_tokenizer: strategy {strategy!r} needs a base tokenizer: set "
+                              "base_tokenizer or run a model stage upstream (input 'model')")
+    if "extend" in config.strategies:
+        base_tok.check_extendable(base.doc, f"{base.uri.rstrip('/')}/tokenizer.json")
+        if base.family is None:
+            raise base.family_error
 
 
 def read_validation_sets(config: TokenizerConfig, endpoint_url: str | None) -> dict[str, list[str]]:
@@ -44,22 +113,16 @@ def read_validation_sets(config: TokenizerConfig, endpoint_url: str | None) -> d
     return sets
 
 
-def measure_sets(tok: Tokenizer, sets: dict[str, list[str]]) -> dict[str, dict]:
-    """One encode_batch call per set (the sets are small and already in memory): fewer, larger
-    batches keep the tokenizer's threads busier than the 256-text default."""
-    encode = tokenizers_encoder(tok)
-    return {name: measure(texts, encode, batch_size=max(1, len(texts))).summary()
-            for name, texts in sets.items() if texts}
-
-
-def select_size(rows: list[dict], rule: str, tolerance: float, set_name: str) -> dict:
-    """smallest_within_tolerance: the smallest size whose fertility on `set_name` is at most
-    (1 + tolerance) x the best fertility of the sweep; largest: the largest size."""
-    rows = sorted(rows, key=lambda r: r["vocab_size"])
-    if rule == "largest":
-        return rows[-1]
-    best = min(r["sets"][set_name]["tokens_per_word"] for r in rows)
-    return next(r for r in rows if r["sets"][set_name]["tokens_per_word"] <= best * (1 + tolerance))
+def expanded(lines: Counter, batch: int = 4096) -> Iterator[list[str]]:
+    """The training lines, each as often as it was fed (weights), in lists for the trainer."""
+    out: list[str] = []
+    for line, n in lines.items():
+        out.extend([line] * n)
+        if len(out) >= batch:
+            yield out
+            out = []
+    if out:
+        yield out
 
 
 def verify_output(out: Path, tok: Tokenizer | None) -> dict:
@@ -85,130 +148,212 @@ def verify_output(out: Path, tok: Tokenizer | None) -> dict:
             "has_chat_template": (out / "chat_template.jinja").exists() or "chat_template" in config}
 
 
-def sweep_table(rows: list[dict], base: dict[str, dict] | None, selected: int | None) -> str:
-    head = "| vocab size | set | tokens/word | bytes/token | words 3+ tokens |"
-    sep = "|---:|---|---:|---:|---:|"
-    if base:
-        head += " base tokens/word | base bytes/token | base words 3+ |"
-        sep += "---:|---:|---:|"
-    lines = [head, sep]
-
-    def cells(s: dict) -> str:
-        return f" {s['tokens_per_word']:.3f} | {s['bytes_per_token']:.3f} | {100 * s['share_words_3plus']:.1f}% |"
-    for row in sorted(rows, key=lambda r: r["vocab_size"]):
-        mark = " (selected)" if row["vocab_size"] == selected else ""
-        for name, s in row["sets"].items():
-            line = f"| {row['vocab_size']}{mark} | {name} |" + cells(s)
-            if base and name in base:
-                line += cells(base[name])
-            lines.append(line)
-    if not rows and base:
-        lines = ["| set | base tokens/word | base bytes/token | base words 3+ tokens |", "|---|---:|---:|---:|"]
-        lines += [f"| {name} |" + cells(s) for name, s in base.items()]
-    return "\n".join(lines) + "\n"
+def base_candidate(base: Base) -> Candidate:
+    size = base.tok.get_vocab_size(with_added_tokens=True)
+    return Candidate("base", size, base.tok, base.doc, set(), size, base.family or LLAMA3)
 
 
-def sweep(config: TokenizerConfig, trained: Tokenizer, trained_doc: dict | None, base_doc: dict | None,
-          sets: dict[str, list[str]]) -> tuple[list[dict], dict[int, Tokenizer]]:
-    """Every size of the sweep, cut from the one training, finished and measured on every set."""
+def counted(batches: Iterator[list[str]], lines: Counter) -> Iterator[list[str]]:
+    """The same batches, each also counted into `lines` (for the audit) as the trainer pulls it."""
+    for batch in batches:
+        lines.update(batch)
+        yield batch
+
+
+def replace_candidates(config: TokenizerConfig, batches: Iterator[list[str]], family: Family, base: Base | None,
+                       tty: bool) -> tuple[list[Candidate], dict]:
+    """One fresh BPE at the largest size; smaller sizes are its prefixes. Also returns its doc."""
     largest = max(config.vocab_sizes)
-    rows, built = [], {}
-    for size in tqdm(sorted(config.vocab_sizes), desc="sweep", disable=not sys.stderr.isatty()):
-        if config.strategy == "replace":
-            # the largest size is the trained tokenizer itself: no serialise/parse round trip
-            tok = llama3.finish(trained) if size == largest else bpe.replace_tokenizer(trained_doc, size)
-            info = {"vocab_size_regular": tok.get_vocab_size(with_added_tokens=False)}
-        else:
-            doc, added = bpe.extend(base_doc, bpe.truncate(trained_doc, size))
-            tok, info = bpe.from_doc(doc), {"num_added_tokens": added}
-        built[size] = tok
-        rows.append({"vocab_size": size, "vocab_size_total": bpe.vocab_size_with_specials(tok), **info,
-                     "sets": measure_sets(tok, sets)})
-    return rows, built
+    log.info("replace: training one BPE at %d tokens (serves sizes %s)", largest, sorted(config.vocab_sizes))
+    trained = bpe.train(batches, largest, config.min_frequency, show_progress=tty)
+    trained_doc = bpe.model_of(trained)
+    out = []
+    for size in sorted(config.vocab_sizes):
+        doc = bpe.truncate(trained_doc, size)
+        new_ids = {i for t, i in doc["model"]["vocab"].items() if len(t) > 1}
+        tok = family_out.finish(bpe.from_doc(doc), family, base.doc if base else None)
+        out.append(Candidate("replace", size, tok, doc, new_ids, min(new_ids, default=size), family))
+    return out, trained_doc
+
+
+def extend_candidates(config: TokenizerConfig, seg: continued.Segmented, base: Base, tty: bool) -> list[Candidate]:
+    """One continued training at the largest number of new tokens; smaller ones are prefixes."""
+    largest = max(config.num_new_tokens)
+    log.info("extend: continuing the base's BPE by %d new tokens over %d unique words (serves %s)", largest,
+             len(seg.words), sorted(config.num_new_tokens))
+    learned = continued.learn_merges(seg, largest, config.min_frequency, show_progress=tty)
+    out = []
+    for size in sorted(config.num_new_tokens):
+        doc, added = continued.extend_doc(base.doc, learned, size)
+        if added < size:
+            log.warning("extend: the corpus supports only %d new tokens at min_frequency %d (asked %d)",
+                        added, config.min_frequency, size)
+        first = max(base.doc["model"]["vocab"].values()) + 1
+        first = max([first, *(t["id"] + 1 for t in base.doc.get("added_tokens", []))])
+        new_ids = set(range(first, first + added))
+        out.append(Candidate("extend", size, bpe.from_doc(doc), doc, new_ids, first, base.family, learned=learned))
+    return out
+
+
+def prune_and_refill(cand: Candidate, base: Base, words: Counter, rounds: int = 3) -> tuple[dict, int]:
+    """extend + prune_dead: drop the dead new tokens and take further merges in their place, so the
+    published tokenizer has up to `size` new tokens that are all (or nearly all) produced on the corpus.
+    Returns (doc, number of dead tokens dropped in the last round)."""
+    best, best_pruned = audit.prune(cand.doc, cand.first_new_id, cand.dead)
+    take = cand.size
+    for _ in range(rounds):
+        num_live = len(best["model"]["vocab"]) - cand.first_new_id
+        if num_live >= cand.size or cand.learned is None:
+            break
+        take += cand.size - num_live
+        doc, added = continued.extend_doc(base.doc, cand.learned, take)
+        _, dead = audit.audit(doc, bpe.from_doc(doc), words, set(range(cand.first_new_id, cand.first_new_id + added)), {})
+        pruned_doc, pruned = audit.prune(doc, cand.first_new_id, dead)
+        if len(pruned_doc["model"]["vocab"]) - cand.first_new_id > cand.size or added < take:
+            break
+        best, best_pruned = pruned_doc, pruned
+    return best, best_pruned
 
 
 def run(config: TokenizerConfig, ctx: StageContext) -> StageResult:
     t_start = time.perf_counter()
     tty = sys.stderr.isatty()
-    log_config(config, {"num_sizes": len(config.vocab_sizes), "train_vocab_size": max(config.vocab_sizes),
-                        "trainings": 0 if config.strategy == "base" else 1})
-    endpoint = ctx.endpoint_url
-    extra_inputs = []
-    base_dir = base_model = base_doc = None
-    # The base: config.base_tokenizer, else the pipeline's `model` artifact. The contract records its
-    # lineage by the same ref the coordinator fingerprinted (shared models.config_refs / the 'model' input).
-    base_uri = config.base_tokenizer or (ctx.input("model").uri if ctx.has_input("model") else None)
-    if base_uri:
-        base_dir = (base_tok.resolve(config.base_tokenizer, ctx.checkpoint_dir, endpoint) if config.base_tokenizer
-                    else ctx.input("model").path)
-        base_model, base_doc = base_tok.load(base_dir, base_uri, parse_json=config.strategy == "extend")
-        if config.strategy == "extend":
-            bpe.check_extendable(base_doc, base_uri)
-    validation = read_validation_sets(config, endpoint)
+    log_config(config, {"strategies": config.strategies, "replace_train_size": max(config.vocab_sizes),
+                        "extend_num_new_tokens": max(config.num_new_tokens)})
+    base, extra_inputs = resolve_base(config, ctx)
+    check_base(config, base)
+    family = base.family if base is not None and base.family is not None else LLAMA3
+    log.info("base: %s (family %s)", base.uri if base else None, family.name)
+    validation = read_validation_sets(config, ctx.endpoint_url)
 
+    # one pass over the corpora: unique training lines with how often each was fed (weights), held-out slice
     stream = CorpusStream(config.corpora, seed=config.seed, validation_fraction=config.validation_fraction,
                           num_validation_lines=config.num_validation_lines, max_lines=config.max_lines,
-                          dedup=config.dedup, normalization=config.normalization, endpoint_url=endpoint)
-    rows: list[dict] = []
-    selected = trained = trained_doc = None
-    t_train = time.perf_counter()
-    if config.strategy == "base":
-        if config.corpora:
-            stream.drain_heldout()
-    else:
-        size = max(config.vocab_sizes)
-        log.info("training one %s BPE at %d tokens (serves sizes %s)", config.strategy, size, sorted(config.vocab_sizes))
-        trained = bpe.train(stream.batches(), size, config.min_frequency,
-                            template=base_model if config.strategy == "extend" else None, show_progress=tty)
-        if sum(s.lines_trained for s in stream.stats.values()) == 0:
-            raise InputError("no training text left after holding out the validation slice"
-                             + (" and dropping duplicates" if config.dedup else ""),
-                             path=", ".join(s.uri for s in config.corpora))
-        # smaller sizes (and extend) are cut from the trained model's JSON
-        trained_doc = bpe.model_of(trained) if config.strategy == "extend" or len(config.vocab_sizes) > 1 else None
-    seconds_train = time.perf_counter() - t_train
-    log.info("corpus: %s", json.dumps(stream.summary()["total"]))
+                          dedup=config.dedup, normalization=config.normalization, endpoint_url=ctx.endpoint_url)
+    lines: Counter = Counter()
+    # replace alone streams the corpus straight into its trainer (reading overlaps training), counting
+    # the lines on the way for the audit; extend needs every word count before it trains: read first
+    stream_into_replace = config.strategies == ["replace"] or set(config.strategies) == {"replace", "base"}
+    if config.corpora and not stream_into_replace:
+        for batch in stream.batches():
+            lines.update(batch)
 
+    # train: each strategy once, at its largest size
+    t_train = time.perf_counter()
+    seconds: dict[str, float] = {}
+    words: dict[str, Counter] = {}  # unique training words per pre-tokenizer, for extend and the audit
+    if "extend" in config.strategies:  # the other strategies' audits encode whole lines instead
+        words["base"] = continued.word_counts(lines.items(), base.tok)
+        seconds["pre_tokenize"] = round(time.perf_counter() - t_train, 2)
+    candidates: list[Candidate] = []
+    if base is not None and "base" in config.strategies:
+        candidates.append(base_candidate(base))
+    if "extend" in config.strategies:
+        t0 = time.perf_counter()
+        seg = continued.segment(words["base"], base.doc)
+        candidates += extend_candidates(config, seg, base, tty)
+        seconds["train_extend"] = round(time.perf_counter() - t0, 2)  # + pre_tokenize
+    if "replace" in config.strategies:
+        t0 = time.perf_counter()
+        batches = counted(stream.batches(), lines) if stream_into_replace else expanded(lines)
+        replaced, trained_doc = replace_candidates(config, batches, family, base, tty)
+        candidates += replaced
+        seconds["train_replace"] = round(time.perf_counter() - t0, 2)
+        same = base is not None and base.doc.get("pre_tokenizer") == trained_doc.get("pre_tokenizer") \
+            and base.doc.get("normalizer") is None
+        if same and "base" in words:
+            words["replace"] = words["base"]
+    seconds["train"] = round(time.perf_counter() - t_train, 2)
+    log.info("corpus: %s", json.dumps(stream.summary()["total"]))
+    if config.strategy != "base" and not lines:
+        raise InputError("no training text left after holding out the validation slice"
+                         + (" and dropping duplicates" if config.dedup else ""),
+                         path=", ".join(s.uri for s in config.corpora))
     sets = {HELDOUT: stream.heldout, **validation} if stream.heldout else dict(validation)
     if not sets:
         raise InputError("nothing to measure: give corpora (for a held-out slice) or validation sets",
                          path="validation")
-    t_metrics = time.perf_counter()
-    base_metrics = measure_sets(base_model, sets) if base_model is not None else None
 
-    published = base_model
+    # measure and audit every (strategy, size)
+    t_metrics = time.perf_counter()
+    unique_lines = list(lines)
+    base_metrics = measure_sets(base.tok, sets) if base is not None else None
+    for cand in tqdm(candidates, desc="measure", disable=not tty):
+        cand.sets = base_metrics if cand.strategy == "base" else measure_sets(cand.tok, sets)
+        corpus_words = words.get("replace" if cand.strategy == "replace" else "base")
+        cand.audit, cand.dead = audit.audit(cand.doc, cand.tok, corpus_words, cand.new_ids, validation,
+                                            lines=unique_lines if corpus_words is None else None)
+    rows = [{"vocab_size": c.size, "vocab_size_total": bpe.vocab_size_with_specials(c.tok),
+             **({"vocab_size_regular": c.tok.get_vocab_size(with_added_tokens=False)} if c.strategy == "replace"
+                else {"num_added_tokens": len(c.new_ids)}), "sets": c.sets}
+            for c in candidates if c.strategy == config.strategy and c.strategy != "base"]
     if config.strategy == "base":
-        base_tok.copy_folder(base_dir, ctx.model_dir)
+        chosen, retain_met = next(c for c in candidates if c.strategy == "base"), True
+        selected = None
     else:
-        rows, built = sweep(config, trained, trained_doc, base_doc, sets)
         if config.selection_set not in rows[0]["sets"]:
             raise InputError(f"selection_set {config.selection_set!r} has no text to measure (empty held-out slice?)",
                              path="selection_set")
-        selected = select_size(rows, config.selection, config.selection_tolerance, config.selection_set)["vocab_size"]
-        if config.strategy == "replace":
-            llama3.write_folder(built[selected], ctx.model_dir)
-        else:  # the base's config files (special-token roles, chat template) with the extended vocab
-            base_tok.copy_folder(base_dir, ctx.model_dir)
-            built[selected].save(str(ctx.model_dir / "tokenizer.json"))
-        published = built[selected]
-    seconds_metrics = time.perf_counter() - t_metrics
+        row, retain_met = select(rows, config.selection, config.selection_tolerance, config.selection_set,
+                                 config.retain_set, config.retain_tolerance, base_metrics)
+        selected = row["vocab_size"]
+        chosen = next(c for c in candidates if c.strategy == config.strategy and c.size == selected)
+        if not retain_met:
+            log.warning("no size keeps %s within %.1f %% of the base; publishing the closest (%d)",
+                        config.retain_set, 100 * config.retain_tolerance, selected)
+
+    # publish: prune (optional), write in the base's family, verify
+    names = list(validation)
+    published, pruned, published_audit = chosen.tok, 0, chosen.audit
+    if config.prune_dead and chosen.dead and chosen.strategy != "base":
+        doc, pruned = (prune_and_refill(chosen, base, words["base"]) if chosen.strategy == "extend"
+                       else audit.prune(chosen.doc, chosen.first_new_id, chosen.dead))
+        published = bpe.from_doc(doc)
+        if chosen.strategy == "replace":
+            published = family_out.finish(published, family, base.doc if base else None)
+        new_ids = {i for i in doc["model"]["vocab"].values() if i >= chosen.first_new_id}
+        corpus_words = words.get("replace" if chosen.strategy == "replace" else "base")
+        published_audit, _ = audit.audit(doc, published, corpus_words, new_ids, validation,
+                                         lines=unique_lines if corpus_words is None else None)
+        log.info("pruned %d dead new tokens (%s); %d new tokens published", pruned,
+                 "refilled with further merges" if chosen.strategy == "extend" else "kept ones are built from the rest",
+                 published.get_vocab_size(with_added_tokens=True) - chosen.first_new_id
+                 if chosen.strategy == "extend" else len(doc["model"]["vocab"]) - chosen.first_new_id)
+    if chosen.strategy == "base":
+        base_tok.copy_folder(base.folder, ctx.model_dir)
+    else:
+        family_out.write_folder(published, ctx.model_dir, chosen.family)
     output = verify_output(ctx.model_dir, published)
+    published_sets = chosen.sets if published is chosen.tok else measure_sets(published, sets)
+    comparison = [{"strategy": c.strategy, "vocab_size": bpe.vocab_size_with_specials(c.tok),
+                   "num_new_tokens": len(c.new_ids), "selected": c is chosen,
+                   "languages": language_figures(c.sets, names),
+                   "dead_new_tokens_frac": c.audit["dead_new_tokens_frac"]} for c in candidates]
+    seconds["measure_and_save"] = round(time.perf_counter() - t_metrics, 2)
+    seconds["total"] = round(time.perf_counter() - t_start, 2)
 
     metrics = {
         "strategy": config.strategy,
+        "family": chosen.family.name,
         "selected_vocab_size": selected,
-        "selection": {"rule": config.selection, "tolerance": config.selection_tolerance, "set": config.selection_set},
+        "selection": {"rule": config.selection, "tolerance": config.selection_tolerance, "set": config.selection_set,
+                      "retain_set": config.retain_set, "retain_tolerance": config.retain_tolerance,
+                      "retain_met": retain_met},
         "word_definition": "whitespace-separated (str.split); tokens without BOS/EOS; fertility = sum tokens / sum words",
+        "comparison": comparison,
+        "languages": language_figures(published_sets, names),
+        "dead_tokens": {**published_audit, "num_pruned": pruned},
         "sweep": rows,
-        "base": {"uri": base_uri, "sets": base_metrics} if base_metrics is not None else None,
+        "base": {"uri": base.uri, "sets": base_metrics} if base_metrics is not None else None,
         "output": output,
         "corpus": stream.summary(),
-        "seconds": {"train": round(seconds_train, 2), "measure_and_save": round(seconds_metrics, 2),
-                    "total": round(time.perf_counter() - t_start, 2)},
+        "seconds": seconds,
         "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     }
     table = sweep_table(rows, base_metrics, selected)
-    log.info("sweep (selected %s):\n%s", selected, table)
+    compared = comparison_table(comparison)
+    log.info("sweep (selected %s):\n%s\ncomparison:\n%s", selected, table, compared)
     (ctx.model_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
     (ctx.model_dir / "sweep.md").write_text(table)
+    (ctx.model_dir / "comparison.md").write_text(compared)
     return StageResult(metrics=metrics, extra_inputs=extra_inputs)

@@ -16,13 +16,20 @@ NUM_LLAMA3_SPECIAL_TOKENS = 256
 class TokenizerConfig(StageConfig):
     stage: ClassVar[str] = "tokenizer"
     artifact_kind: ClassVar[str] = "tokenizer"
+    # optional upstream: a `model` artifact whose HF folder's tokenizer is the base (else base_tokenizer)
     consumes: ClassVar[tuple[str, ...]] = ("model",)
 
     strategy: Literal["base", "extend", "replace"] = Field(
         default="replace",
-        description="base: measure base_tokenizer only; extend: append tokens learned on the corpus to "
-        "base_tokenizer keeping every existing id; replace: a new byte-level BPE with Llama 3's "
-        "pre-tokenizer, special tokens and chat template.",
+        description="The strategy whose tokenizer is published. base: measure the base tokenizer only; extend: "
+        "continue the base's BPE training on the corpus (new merges learned over the base's own segmentation, "
+        "appended after its merges) keeping every existing id; replace: a new byte-level BPE with Llama 3's "
+        "pre-tokenizer and the base family's special tokens and chat template (Llama 3 without a base).",
+    )
+    compare_with: list[Literal["base", "extend", "replace"]] = Field(
+        default_factory=list,
+        description="Other strategies to train and measure beside `strategy` (not published), at their sizes "
+        "(`vocab_sizes` for replace, `num_new_tokens` for extend), for the side-by-side comparison table.",
     )
     corpora: list[DataSource] = Field(
         default_factory=list,
@@ -32,30 +39,48 @@ class TokenizerConfig(StageConfig):
     )
     validation: list[DataSource] = Field(
         default_factory=list,
-        description="Extra text sets to report fertility on (e.g. FLORES dev, text_field azj); read whole, never "
-        "trained on. The held-out slice of the corpora is always reported as set 'heldout'.",
+        description="Language sets to report every figure on, one per language (e.g. FLORES dev, text_field "
+        "azj_Latn, name az; the same file, text_field eng_Latn, name en); read whole, never trained on. The held-out "
+        "slice of the corpora is also reported, as set 'heldout'.",
     )
     base_tokenizer: str | None = Field(
         default=None,
-        description="HF tokenizer folder (with tokenizer.json), s3:// prefix or model artifact URI. Needed for base "
-        "and extend unless the pipeline has a `model` stage (then its tokenizer is the base); with replace, its "
-        "figures are reported beside the new tokenizer's.",
+        description="HF tokenizer folder (with tokenizer.json) or s3:// prefix of one. The base for base and "
+        "extend (else the upstream `model` artifact's tokenizer); with replace, its figures are reported beside "
+        "the new tokenizer's and its family's special tokens and chat template are used.",
     )
     vocab_sizes: list[int] = Field(
         default=[50_000],
-        description="Sweep of BPE vocab sizes (regular tokens incl. the 256 byte symbols; special tokens not "
-        "counted). With extend, the size of the corpus BPE whose tokens missing from the base are appended. "
-        "One training at the largest size serves every size (BPE merges are a prefix). Ignored by base.",
+        description="replace: sweep of BPE vocab sizes (regular tokens incl. the 256 byte symbols; special "
+        "tokens not counted). One training at the largest size serves every size (BPE merges are a prefix).",
+    )
+    num_new_tokens: list[int] = Field(
+        default=[32_000],
+        description="extend: sweep of the number of new tokens appended to the base. One continued training at "
+        "the largest serves every size (each is a prefix of the same merge list).",
     )
     selection: Literal["smallest_within_tolerance", "largest"] = Field(
         default="smallest_within_tolerance",
         description="Rule that picks the published size from the sweep: the smallest size whose fertility on "
-        "selection_set is at most (1 + selection_tolerance) x the sweep's best, or simply the largest.",
+        "selection_set is at most (1 + selection_tolerance) x the sweep's best, or simply the largest; both "
+        "among the sizes that pass retain_set.",
     )
     selection_tolerance: float = Field(default=0.02, ge=0, le=1, description="Relative fertility slack for the rule.")
     selection_set: str = Field(
         default="heldout",
         description="Text set whose fertility the rule reads: 'heldout' or the name of a validation set.",
+    )
+    retain_set: str | None = Field(
+        default=None,
+        description="A language set that must not get worse, e.g. 'en': only sizes whose tokens/word on it are "
+        "at most (1 + retain_tolerance) x the base tokenizer's are eligible (needs a base). When no size passes, "
+        "the one closest to the bound is published and metrics.selection.retain_met is false.",
+    )
+    retain_tolerance: float = Field(default=0.01, ge=0, le=10, description="Relative slack of retain_set.")
+    prune_dead: bool = Field(
+        default=False,
+        description="Drop new tokens never produced on the training corpus before publishing (and their merges), "
+        "unless a kept token is built from them; kept base ids never change, new ids stay in order.",
     )
     min_frequency: int = Field(default=2, ge=1, description="BPE merges need at least this many occurrences.")
     validation_fraction: float = Field(
@@ -71,20 +96,29 @@ class TokenizerConfig(StageConfig):
     @field_validator("vocab_sizes")
     @classmethod
     def _check_sizes(cls, sizes: list[int], info: ValidationInfo) -> list[int]:
-        strategy = info.data.get("strategy")
+        replace = "replace" in [info.data.get("strategy"), *(info.data.get("compare_with") or [])]
         if not sizes:
             raise ValueError("give at least one size")
         if len(set(sizes)) != len(sizes):
             raise ValueError(f"{sizes} lists a size twice")
         floor = NUM_BYTE_SYMBOLS + NUM_LLAMA3_SPECIAL_TOKENS
         for size in sizes:
-            if strategy == "replace" and size <= floor:
+            if replace and size <= floor:
                 raise ValueError(f"{size} is not above the byte alphabet + special tokens ({NUM_BYTE_SYMBOLS} + "
                                  f"{NUM_LLAMA3_SPECIAL_TOKENS} = {floor})")
-            if strategy == "extend" and size <= NUM_BYTE_SYMBOLS:
-                raise ValueError(f"{size} is not above the byte alphabet ({NUM_BYTE_SYMBOLS})")
             if size <= 0:
                 raise ValueError(f"{size} must be positive")
+        return sizes
+
+    @field_validator("num_new_tokens")
+    @classmethod
+    def _check_new(cls, sizes: list[int]) -> list[int]:
+        if not sizes:
+            raise ValueError("give at least one size")
+        if len(set(sizes)) != len(sizes):
+            raise ValueError(f"{sizes} lists a size twice")
+        if min(sizes) <= 0:
+            raise ValueError(f"{min(sizes)} must be positive")
         return sizes
 
     @field_validator("selection_set")
@@ -99,16 +133,27 @@ class TokenizerConfig(StageConfig):
 
     @model_validator(mode="after")
     def _check(self) -> TokenizerConfig:
-        if self.strategy in ("extend", "replace") and not self.corpora:
-            raise ValueError(f"corpora: at least one corpus is needed with strategy {self.strategy!r}")
+        # base/extend without base_tokenizer need the upstream `model` input: checked when the stage starts
+        for strategy in self.strategies:
+            if strategy in ("extend", "replace") and not self.corpora:
+                raise ValueError(f"corpora: at least one corpus is needed with strategy {strategy!r}")
+        if self.retain_set is not None:
+            names = [v.label for v in self.validation]
+            if self.retain_set not in names:
+                raise ValueError(f"retain_set {self.retain_set!r} is not a validation set name ({names})")
         return self
+
+    @property
+    def strategies(self) -> list[str]:
+        """The published strategy first, then the compared ones (each once)."""
+        return list(dict.fromkeys([self.strategy, *self.compare_with]))
 
     def model_uris(self) -> list[str]:
         return [self.base_tokenizer] if self.base_tokenizer else []
 
     def needed_inputs(self) -> tuple[str, ...]:
         """base/extend without base_tokenizer read the tokenizer of the pipeline's `model` artifact."""
-        if self.strategy in ("base", "extend") and not self.base_tokenizer:
+        if {"base", "extend"} & set(self.strategies) and not self.base_tokenizer:
             return (*self.required_inputs, "model")
         return self.required_inputs
 

@@ -1,0 +1,147 @@
+#!/usr/bin/env python
+"""Merge-compatible `extend` vs naive appending vs `replace`, on the full shared corpus, FLORES dev az + en.
+
+All in one process, on the corpus mixture of configs/az-tokenizer.yaml (read once):
+  raw trainer   tokenizers' BpeTrainer on the raw corpus at (new tokens + 256) — the old extend's
+                training, appended naively to the base (its dead tokens are measured too)
+  continued     the stage's extend: pre-tokenize with the base, segment each unique word with the base's
+                BPE, continue training over those segmentations (tokenizers trainer on mapped symbols)
+  replace       a fresh byte-level BPE at --replace-size (optional)
+Printed: hardware and date, the training time of each and the ratio continued / raw trainer, and one
+row per tokenizer with tokens/word, bytes/token and words in 3+ tokens on FLORES dev az and en, and the
+share of new tokens never produced on the training corpus.
+
+    python bench/tokenizer_extend.py --base /tmp/llama32-tokenizer --sizes 32000 64000 --replace-size 50000
+    python bench/tokenizer_extend.py --base /work/cache/smollm2-hf --sizes 8000 16000 32000
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from collections import Counter
+from pathlib import Path
+
+import hardware  # bench/hardware.py
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def corpus_lines(data: Path) -> Counter:
+    from dilforge_shared.configs.tokenizer import TokenizerConfig
+    from dilforge_tokenizer.stream import CorpusStream
+    text = (REPO / "configs/az-tokenizer.yaml").read_text().replace("${DILFORGE_DATA}", str(data))
+    section = yaml.safe_load(text)["tokenizer"]
+    config = TokenizerConfig(**{k: v for k, v in section.items() if k in ("corpora", "dedup", "validation_fraction")})
+    stream = CorpusStream(config.corpora, seed=config.seed, validation_fraction=config.validation_fraction,
+                          dedup=config.dedup, progress=False)
+    lines: Counter = Counter()
+    for batch in stream.batches():
+        lines.update(batch)
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", type=Path, default=Path(os.environ.get("DILFORGE_DATA", REPO.parent / "shared/data")))
+    parser.add_argument("--base", type=Path, required=True, help="HF tokenizer folder (Llama 3.2, SmolLM2, ...)")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[32000, 64000], help="new tokens for extend")
+    parser.add_argument("--replace-size", type=int, default=0, help="also train replace at this size (0: no)")
+    parser.add_argument("--min-frequency", type=int, default=2)
+    args = parser.parse_args()
+
+    from dilforge_shared.corpus import iter_texts
+    from dilforge_shared.families import LLAMA3, detect_family
+    from dilforge_tokenizer import audit, bpe, continued, family_out
+    from dilforge_tokenizer import base as base_tok
+    from dilforge_tokenizer.report import measure_sets
+
+    flores = str(args.data / "az/dev/flores200.dev.partial_from_sib200.tsv")
+    sets = {"az": list(iter_texts(flores, text_field="azj_Latn")), "en": list(iter_texts(flores, text_field="eng_Latn"))}
+    tok, doc = base_tok.load(args.base, str(args.base))
+    family = detect_family(base_tok.vocab_tokens(doc), str(args.base))
+    first_new = max([*doc["model"]["vocab"].values(), *(t["id"] for t in doc.get("added_tokens", []))]) + 1
+    print(f"# extend bench: base {args.base} ({family.name}, {first_new} ids)\n{hardware.describe('tokenizers')}\n"
+          f"corpus: configs/az-tokenizer.yaml mixture of {args.data}/az/train; sets: FLORES dev (510) az, en; "
+          f"min_frequency {args.min_frequency}; load average at start {os.getloadavg()}\n")
+
+    t0 = time.perf_counter()
+    lines = corpus_lines(args.data)
+    read_s = time.perf_counter() - t0
+    largest = max(args.sizes)
+
+    t0 = time.perf_counter()
+    raw = bpe.train(continued_batches(lines), largest + 256, args.min_frequency, template=tok)
+    raw_s = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    words = continued.word_counts(lines.items(), tok)
+    words_s = time.perf_counter() - t0
+    seg = continued.segment(words, doc)
+    segment_s = time.perf_counter() - t0 - words_s
+    learned = continued.learn_merges(seg, largest, args.min_frequency)
+    cont_s = time.perf_counter() - t0
+
+    rows = [("base", tok, doc, set())]
+    naive_doc, added = bpe.extend(doc, bpe.truncate(bpe.model_of(raw), min(args.sizes) + 256))
+    rows.append((f"extend, naive (raw BPE {min(args.sizes) + 256})", bpe.from_doc(naive_doc), naive_doc,
+                 set(range(first_new, first_new + added))))
+    from dilforge_tokenizer import stage
+    base = stage.Base(folder=args.base, uri=str(args.base), tok=tok, doc=doc, family=family)
+    for size in sorted(args.sizes):
+        ext, added = continued.extend_doc(doc, learned, size)
+        new_ids = set(range(first_new, first_new + added))
+        rows.append((f"extend, continued {size}", bpe.from_doc(ext), ext, new_ids))
+        cand = stage.Candidate("extend", size, rows[-1][1], ext, new_ids, first_new, family, learned=learned)
+        _, cand.dead = audit.audit(ext, cand.tok, words, new_ids, {})
+        if cand.dead:  # what prune_dead publishes: dead new tokens dropped, further merges in their place
+            pruned, _ = stage.prune_and_refill(cand, base, words)
+            n = len(pruned["model"]["vocab"]) - first_new
+            rows.append((f"extend, continued {size}, dead pruned + refilled", bpe.from_doc(pruned), pruned,
+                         set(range(first_new, first_new + n))))
+    replace_s = None
+    if args.replace_size:
+        t0 = time.perf_counter()
+        trained = bpe.train(continued_batches(lines), args.replace_size, args.min_frequency)
+        replace_s = time.perf_counter() - t0
+        rdoc = bpe.model_of(trained)
+        rwords = words if rdoc["pre_tokenizer"] == doc["pre_tokenizer"] else continued.word_counts(lines.items(), trained)
+        rows.append((f"replace {args.replace_size}", family_out.finish(trained, family if family else LLAMA3, doc),
+                     rdoc, {i for t, i in rdoc["model"]["vocab"].items() if len(t) > 1}))
+
+    print(f"corpus read {read_s:.1f} s ({len(lines):,} unique lines, {sum(lines.values()):,} fed); "
+          f"{len(words):,} unique words\n")
+    print("| training | seconds | ratio to raw trainer |\n|---|---:|---:|")
+    print(f"| raw trainer (tokenizers BpeTrainer, {largest + 256} on raw text) | {raw_s:.1f} | 1.00 |")
+    print(f"| continued extend, {largest} new (pre-tokenize {words_s:.1f} + segment {segment_s:.1f} + "
+          f"train {cont_s - words_s - segment_s:.1f}) | {cont_s:.1f} | {cont_s / raw_s:.2f} |")
+    if replace_s is not None:
+        print(f"| replace {args.replace_size} (raw trainer) | {replace_s:.1f} | {replace_s / raw_s:.2f} |")
+    print("\n| tokenizer | vocab | new tokens | dead new | az tokens/word | az bytes/token | az words 3+ | "
+          "en tokens/word | en bytes/token | en words 3+ |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for name, t, d, new_ids in rows:
+        w = rwords if name.startswith("replace") else words
+        report, _ = audit.audit(d, t, w, new_ids, {})
+        s = measure_sets(t, sets)
+        dead = "-" if report["dead_new_tokens_frac"] is None else f"{100 * report['dead_new_tokens_frac']:.2f}%"
+        print(f"| {name} | {t.get_vocab_size(with_added_tokens=True):,} | {len(new_ids):,} | {dead} | "
+              + " | ".join(f"{s[k]['tokens_per_word']:.3f} | {s[k]['bytes_per_token']:.3f} | "
+                           f"{100 * s[k]['share_words_3plus']:.1f}%" for k in ("az", "en")) + " |", flush=True)
+    print(f"\nload average at the end: {os.getloadavg()}")
+
+
+def continued_batches(lines: Counter, batch: int = 4096):
+    out: list[str] = []
+    for line, n in lines.items():
+        out.extend([line] * n)
+        if len(out) >= batch:
+            yield out
+            out = []
+    if out:
+        yield out
+
+
+if __name__ == "__main__":
+    main()

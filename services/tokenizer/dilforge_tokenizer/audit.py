@@ -1,0 +1,95 @@
+"""Dead-token audit and pruning.
+
+A token the tokenizer never produces on its own training corpus is an embedding row the model pays for
+and never trains. Three figures per tokenizer: new tokens never produced when encoding the training
+corpus (`dead_new_tokens_frac`; for `replace` every learned, non-byte token is new), tokens whose own
+string does not encode to themselves, and how much of the vocabulary each corpus uses.
+
+Encoding the corpus is done per unique pre-tokenized word with the BPE model alone (the pre-tokenizer
+never lets a token cross a word), so the audit costs one `encode_batch` over the distinct words.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+
+from tokenizers import Tokenizer
+
+from .continued import merge_pair, model_only
+
+
+def used_ids(encoder: Tokenizer, texts: list[str]) -> set[int]:
+    out: set[int] = set()
+    for enc in encoder.encode_batch(texts, add_special_tokens=False):
+        out.update(enc.ids)
+    return out
+
+
+def audit(doc: dict, tok: Tokenizer, words: Iterable[str] | None, new_ids: set[int],
+          sets: dict[str, list[str]], lines: list[str] | None = None) -> tuple[dict, set[int]]:
+    """The audit dict and the set of dead new ids. `words`: the training corpus's unique pre-tokenized words
+    (byte-level strings, under this tokenizer's pre-tokenizer), or else `lines`: its unique lines (encoded
+    whole: when no word list under this pre-tokenizer exists, that is cheaper than making one);
+    `new_ids`: the tokens this strategy added."""
+    model = model_only(doc)
+    vocab = doc["model"]["vocab"]
+    specials = {t["content"] for t in doc.get("added_tokens", [])}
+    regular = {t: i for t, i in vocab.items() if t not in specials}
+    train_used = used_ids(model, list(words)) if words is not None else used_ids(tok, lines or [])
+    dead_new = {i for i in new_ids if i not in train_used}
+    strings = list(regular)
+    not_own = [regular[t] for t, enc in zip(strings, model.encode_batch(strings, add_special_tokens=False))
+               if enc.ids != [regular[t]]]
+    usage = {"train": round(len(train_used & set(regular.values())) / max(1, len(regular)), 4)}
+    for name, texts in sets.items():
+        ids = used_ids(tok, texts)
+        usage[name] = round(len(ids & set(regular.values())) / max(1, len(regular)), 4)
+    report = {
+        "num_regular_tokens": len(regular),
+        "num_new_tokens": len(new_ids),
+        "num_dead_new_tokens": len(dead_new),
+        "dead_new_tokens_frac": round(len(dead_new) / len(new_ids), 4) if new_ids else None,
+        "num_dead_tokens": sum(1 for i in regular.values() if i not in train_used),
+        "num_not_from_own_string": len(not_own),
+        "num_new_not_from_own_string": sum(1 for i in not_own if i in new_ids),
+        "vocab_used_frac": usage,
+    }
+    return report, dead_new
+
+
+def prune(doc: dict, first_new_id: int, dead: set[int]) -> tuple[dict, int]:
+    """`doc` without the dead tokens at or above `first_new_id` that no kept token is built from.
+
+    Ids below `first_new_id` (the base, or the byte alphabet) never change; kept new tokens are
+    renumbered densely in their old order. A merge is kept when its result and both its parts are kept.
+    """
+    vocab: dict[str, int] = doc["model"]["vocab"]
+    merges = [merge_pair(m) for m in doc["model"]["merges"]]
+    as_strings = bool(doc["model"]["merges"]) and isinstance(doc["model"]["merges"][0], str)
+    producing: dict[str, list[tuple[str, str]]] = defaultdict(list)
+    for a, b in merges:
+        producing[a + b].append((a, b))
+    kept = {t for t, i in vocab.items() if i >= first_new_id and i not in dead}
+    # a merge producing a base token from new parts keeps those parts
+    stack = [t for t in kept] + [t for t, i in vocab.items() if i < first_new_id and t in producing]
+    seen = set(stack)
+    while stack:
+        token = stack.pop()
+        for a, b in producing.get(token, ()):
+            for part in (a, b):
+                if vocab[part] >= first_new_id and part not in kept:
+                    kept.add(part)
+                if part not in seen:
+                    seen.add(part)
+                    stack.append(part)
+    removed = {t for t, i in vocab.items() if i >= first_new_id and t not in kept}
+    if not removed:
+        return doc, 0
+    order = sorted((i, t) for t, i in vocab.items() if i >= first_new_id and t in kept)
+    new_vocab = {t: i for t, i in vocab.items() if i < first_new_id}
+    new_vocab.update({t: first_new_id + k for k, (_, t) in enumerate(order)})
+    new_merges = [(f"{a} {b}" if as_strings else [a, b]) for a, b in merges
+                  if a not in removed and b not in removed and (a + b) not in removed]
+    out = {**doc, "model": {**doc["model"], "vocab": new_vocab, "merges": new_merges}}
+    return out, len(removed)

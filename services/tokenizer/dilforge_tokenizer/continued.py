@@ -1,0 +1,140 @@
+"""Merge-compatible extension: continue the base tokenizer's BPE training on the new corpus.
+
+Why not train a fresh BPE and append its merges (the old `extend`)? Its merges were learned from
+raw bytes, but at encode time the base's merges all fire first (they rank lower), so a new merge
+whose parts the base segmentation never leaves side by side is never applied: on the shared corpus
+17 % of such tokens were dead. Continued training learns each new merge over the *base's own
+segmentation* of every corpus word, so a merge appended after the base's applies on real text
+exactly as it did in training.
+
+How, fast: the corpus is pre-tokenized by the base's own normalizer/pre-tokenizer, each unique word
+is segmented by the base's BPE model (one Rust `encode_batch`), every base token id becomes one
+private character (chr(0x10000 + id), never whitespace), and the `tokenizers` BPE trainer — Rust,
+multi-threaded — learns merges over those character strings with the word counts. Its merges map
+back to pairs of base-vocabulary strings. A merge whose result already is a vocabulary string maps to
+that id (no new token); training runs with slack so the largest size still gets its full count of
+new tokens, and every smaller size is a prefix of the same merge list.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+log = logging.getLogger("dilforge.tokenizer")
+
+CODE_OFFSET = 0x10000  # above the BMP: no whitespace, no surrogates; 0x10000 + any vocab id < 0x110000
+
+
+def merge_pair(merge) -> tuple[str, str]:
+    if isinstance(merge, str):  # older tokenizer.json: "a b"
+        a, b = merge.split(" ", 1)
+        return a, b
+    return merge[0], merge[1]
+
+
+def model_only(doc: dict) -> Tokenizer:
+    """The base's BPE model alone (no normalizer, pre-tokenizer, added or special tokens): encodes one
+    already pre-tokenized, byte-level word per input string."""
+    bare = {"version": doc.get("version", "1.0"), "truncation": None, "padding": None, "added_tokens": [],
+            "normalizer": None, "pre_tokenizer": None, "post_processor": None, "decoder": None,
+            "model": doc["model"]}
+    return Tokenizer.from_str(json.dumps(bare, ensure_ascii=False))
+
+
+def word_counts(line_counts: Iterable[tuple[str, int]], base: Tokenizer) -> Counter:
+    """Pre-tokenized words (byte-level strings, as the base's model sees them) with their counts."""
+    normalizer, pre = base.normalizer, base.pre_tokenizer
+    counts: Counter = Counter()
+    for line, n in line_counts:
+        text = normalizer.normalize_str(line) if normalizer is not None else line
+        for word, _ in pre.pre_tokenize_str(text):
+            counts[word] += n
+    return counts
+
+
+@dataclass
+class Segmented:
+    """Unique corpus words, their counts and the base model's segmentation of each (ids)."""
+    words: list[str]
+    counts: list[int]
+    ids: list[list[int]]
+
+
+def segment(words: Counter, doc: dict) -> Segmented:
+    encoder = model_only(doc)
+    unique = list(words)
+    encodings = encoder.encode_batch(unique, add_special_tokens=False)
+    return Segmented(words=unique, counts=[words[w] for w in unique], ids=[e.ids for e in encodings])
+
+
+def _training_text(seg: Segmented, batch_words: int = 50_000) -> Iterator[str]:
+    """Each word as a string of one private character per base token, repeated by its count, spaces between."""
+    out: list[str] = []
+    n = 0
+    for ids, count in zip(seg.ids, seg.counts):
+        if not ids:
+            continue
+        out.append((("".join(chr(CODE_OFFSET + i) for i in ids)) + " ") * count)
+        n += 1
+        if n >= batch_words:
+            yield "".join(out)
+            out, n = [], 0
+    if out:
+        yield "".join(out)
+
+
+def learn_merges(seg: Segmented, num_new: int, min_frequency: int, slack: float = 0.15,
+                 show_progress: bool = False) -> list[tuple[list[int], list[int]]]:
+    """The continued merges, in order, as pairs of base-id sequences (each side: the base tokens it spans)."""
+    alphabet = {i for ids in seg.ids for i in ids}
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    target = len(alphabet) + int(num_new * (1 + slack)) + 100
+    trainer = trainers.BpeTrainer(vocab_size=target, min_frequency=min_frequency, special_tokens=[],
+                                  show_progress=show_progress, limit_alphabet=len(alphabet) + 1)
+    tok.train_from_iterator(_training_text(seg), trainer=trainer)
+    merges = json.loads(tok.to_str())["model"]["merges"]
+    return [tuple([ord(c) - CODE_OFFSET for c in part] for part in merge_pair(m)) for m in merges]
+
+
+def extend_doc(base: dict, learned: list[tuple[list[int], list[int]]], num_new: int) -> tuple[dict, int]:
+    """`base` with the learned merges appended until `num_new` new tokens exist; returns (doc, added).
+
+    Every base id and merge keeps its place; new tokens take ids after the base's highest id (special
+    tokens included). A merge whose result is already in the vocabulary maps to that id; one whose pair
+    the base already merges is skipped (the base's rank wins).
+    """
+    doc = {**base, "model": dict(base["model"])}
+    vocab: dict[str, int] = dict(doc["model"]["vocab"])
+    merges: list = list(doc["model"]["merges"])
+    doc["model"]["vocab"], doc["model"]["merges"] = vocab, merges
+    as_strings = bool(merges) and isinstance(merges[0], str)
+    # tokenizers gives added (special) tokens the ids after the model's vocab size on load, whatever
+    # tokenizer.json says, unless the model's vocab holds them: so the model vocab takes them in.
+    for added_token in doc.get("added_tokens", []):
+        vocab.setdefault(added_token["content"], added_token["id"])
+    id_to_token = {i: t for t, i in base["model"]["vocab"].items()}
+    existing = {merge_pair(m) for m in merges}
+    next_id = max(vocab.values()) + 1
+    added = 0
+    for left_ids, right_ids in learned:
+        if added >= num_new:
+            break
+        left = "".join(id_to_token[i] for i in left_ids)
+        right = "".join(id_to_token[i] for i in right_ids)
+        if (left, right) in existing or left not in vocab or right not in vocab:
+            continue
+        merged = left + right
+        if merged not in vocab:
+            vocab[merged] = next_id
+            next_id += 1
+            added += 1
+        merges.append(f"{left} {right}" if as_strings else [left, right])
+        existing.add((left, right))
+    return doc, added

@@ -1,0 +1,85 @@
+"""Figures and tables of the tokenizer stage: per-set metrics, the size rule, sweep.md and comparison.md."""
+
+from __future__ import annotations
+
+from dilforge_shared.textmetrics import measure, tokenizers_encoder
+from tokenizers import Tokenizer
+
+
+def measure_sets(tok: Tokenizer, sets: dict[str, list[str]]) -> dict[str, dict]:
+    """One encode_batch call per set (the sets are small and already in memory): fewer, larger
+    batches keep the tokenizer's threads busier than the 256-text default."""
+    encode = tokenizers_encoder(tok)
+    return {name: measure(texts, encode, batch_size=max(1, len(texts))).summary()
+            for name, texts in sets.items() if texts}
+
+
+def language_figures(sets: dict[str, dict], names: list[str]) -> dict[str, dict]:
+    """The eval report's per-language figures (exactly these three keys per set)."""
+    return {name: {"tokens_per_word": sets[name]["tokens_per_word"], "bytes_per_token": sets[name]["bytes_per_token"],
+                   "frac_words_3plus": sets[name]["share_words_3plus"]} for name in names if name in sets}
+
+
+def select(rows: list[dict], rule: str, tolerance: float, set_name: str, retain: str | None = None,
+           retain_tolerance: float = 0.0, base_sets: dict | None = None) -> tuple[dict, bool]:
+    """The published row and whether the retain bound held.
+
+    Eligible: rows whose tokens/word on `retain` is at most (1 + retain_tolerance) x the base's (all rows
+    when no bound). Among them, smallest_within_tolerance picks the smallest size whose tokens/word on
+    `set_name` is at most (1 + tolerance) x the eligible best; largest picks the largest. When no row
+    passes the bound, the one closest to it is returned with False.
+    """
+    rows = sorted(rows, key=lambda r: r["vocab_size"])
+    eligible = rows
+    if retain is not None and base_sets and retain in base_sets:
+        bound = base_sets[retain]["tokens_per_word"] * (1 + retain_tolerance)
+        eligible = [r for r in rows if r["sets"][retain]["tokens_per_word"] <= bound]
+        if not eligible:
+            return min(rows, key=lambda r: r["sets"][retain]["tokens_per_word"]), False
+    if rule == "largest":
+        return eligible[-1], True
+    best = min(r["sets"][set_name]["tokens_per_word"] for r in eligible)
+    return next(r for r in eligible if r["sets"][set_name]["tokens_per_word"] <= best * (1 + tolerance)), True
+
+
+def _cells(s: dict) -> str:
+    return f" {s['tokens_per_word']:.3f} | {s['bytes_per_token']:.3f} | {100 * s['share_words_3plus']:.1f}% |"
+
+
+def sweep_table(rows: list[dict], base: dict[str, dict] | None, selected: int | None) -> str:
+    """The published strategy's sizes on every set, with the base tokenizer's figures beside them."""
+    head = "| vocab size | set | tokens/word | bytes/token | words 3+ tokens |"
+    sep = "|---:|---|---:|---:|---:|"
+    if base:
+        head += " base tokens/word | base bytes/token | base words 3+ |"
+        sep += "---:|---:|---:|"
+    lines = [head, sep]
+    for row in sorted(rows, key=lambda r: r["vocab_size"]):
+        mark = " (selected)" if row["vocab_size"] == selected else ""
+        for name, s in row["sets"].items():
+            line = f"| {row['vocab_size']}{mark} | {name} |" + _cells(s)
+            if base and name in base:
+                line += _cells(base[name])
+            lines.append(line)
+    if not rows and base:
+        lines = ["| set | base tokens/word | base bytes/token | base words 3+ tokens |", "|---|---:|---:|---:|"]
+        lines += [f"| {name} |" + _cells(s) for name, s in base.items()]
+    return "\n".join(lines) + "\n"
+
+
+def comparison_table(comparison: list[dict]) -> str:
+    """Every strategy and size side by side, one column group per language set."""
+    names = list(dict.fromkeys(n for row in comparison for n in row["languages"]))
+    head = "| strategy | vocab size | new tokens | dead new |" + "".join(
+        f" {n} tokens/word | {n} bytes/token | {n} words 3+ |" for n in names)
+    lines = [head, "|---|---:|---:|---:|" + "---:|---:|---:|" * len(names)]
+    for row in comparison:
+        dead = "-" if row["dead_new_tokens_frac"] is None else f"{100 * row['dead_new_tokens_frac']:.1f}%"
+        line = (f"| {row['strategy']}{' (selected)' if row['selected'] else ''} | {row['vocab_size']} | "
+                f"{row['num_new_tokens']} | {dead} |")
+        for n in names:
+            s = row["languages"].get(n)
+            line += (f" {s['tokens_per_word']:.3f} | {s['bytes_per_token']:.3f} | {100 * s['frac_words_3plus']:.1f}% |"
+                     if s else " - | - | - |")
+        lines.append(line)
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,91 @@
+"""Continued BPE (merge-compatible extend), the dead-token audit and pruning, on hand-made corpora."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+from dilforge_tokenizer import audit, bpe, continued, llama3
+from tokenizers import Tokenizer, models, pre_tokenizers
+
+# "abc" 10x and "dbc" 5x: a raw BPE learns "bc" first (15) and then "abc" from (a, bc); but the base
+# merges (a, b) first, so appended naively, (a, bc) never applies and "abc" is never produced.
+LINES = Counter({"abc": 10, "dbc": 5})
+
+
+def base_doc() -> dict:
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {c: i for i, c in enumerate(alphabet)}
+    vocab["ab"] = len(vocab)
+    tok = llama3.empty_bpe()
+    tok.model = models.BPE(vocab=vocab, merges=[("a", "b")])
+    return json.loads(tok.to_str())
+
+
+def encode_words(doc: dict, words) -> list[list[str]]:
+    model = continued.model_only(doc)
+    return [enc.tokens for enc in model.encode_batch(list(words), add_special_tokens=False)]
+
+
+def test_naive_appending_leaves_a_token_dead_and_continued_bpe_does_not():
+    doc = base_doc()
+    base = bpe.from_doc(doc)
+    words = continued.word_counts(LINES.items(), base)
+    first_new = len(doc["model"]["vocab"])
+
+    raw = bpe.train([[line] * n for line, n in LINES.items()], first_new + 3, 2, template=base)
+    naive, added = bpe.extend(doc, bpe.model_of(raw))
+    assert "abc" in naive["model"]["vocab"] and added >= 2
+    report, dead = audit.audit(naive, bpe.from_doc(naive), words, set(range(first_new, first_new + added)), {})
+    assert naive["model"]["vocab"]["abc"] in dead and report["num_dead_new_tokens"] >= 1
+
+    learned = continued.learn_merges(continued.segment(words, doc), 2, 2)
+    ext, added = continued.extend_doc(doc, learned, 2)
+    assert added == 2 and ext["model"]["vocab"]["abc"] == first_new  # (ab, c): the most frequent pair over [ab, c]
+    report, dead = audit.audit(ext, bpe.from_doc(ext), words, {first_new, first_new + 1}, {})
+    assert dead == set() and report["dead_new_tokens_frac"] == 0.0
+    assert encode_words(ext, ["abc", "dbc"])[0] == ["abc"]
+
+
+def test_extend_keeps_base_ids_and_merges_in_place_and_smaller_sizes_are_prefixes():
+    doc = base_doc()
+    words = continued.word_counts(Counter({"abc abd abe": 3, "dbc dbd xyzw xyzw": 4}).items(), bpe.from_doc(doc))
+    learned = continued.learn_merges(continued.segment(words, doc), 50, 1)
+    big, n_big = continued.extend_doc(doc, learned, 50)
+    small, n_small = continued.extend_doc(doc, learned, 3)
+    assert n_small == 3 and n_big > 3
+    for out in (small, big):
+        assert all(out["model"]["vocab"][t] == i for t, i in doc["model"]["vocab"].items())
+        assert out["model"]["merges"][:len(doc["model"]["merges"])] == doc["model"]["merges"]
+    assert big["model"]["merges"][:len(small["model"]["merges"])] == small["model"]["merges"]
+    tok = bpe.from_doc(big)
+    for text in ("abc abd abe", "dbc xyzw", "Azərbaycan dili"):
+        assert tok.decode(tok.encode(text).ids) == text
+
+
+def test_prune_drops_dead_leaves_keeps_base_ids_and_renumbers_densely():
+    doc = base_doc()
+    vocab = dict(doc["model"]["vocab"])
+    first = len(vocab)
+    for k, token in enumerate(["abc", "dd", "ddd", "xy"]):
+        vocab[token] = first + k
+    merges = [*doc["model"]["merges"], ["ab", "c"], ["d", "d"], ["dd", "d"], ["x", "y"]]
+    ext = {**doc, "model": {**doc["model"], "vocab": vocab, "merges": merges}}
+    # "dd" is dead but "ddd" (kept) is built from it; "xy" is dead and nothing uses it
+    pruned, n = audit.prune(ext, first, {first + 1, first + 3})
+    assert n == 1 and "xy" not in pruned["model"]["vocab"] and ["x", "y"] not in pruned["model"]["merges"]
+    assert [pruned["model"]["vocab"][t] for t in ("abc", "dd", "ddd")] == [first, first + 1, first + 2]
+    assert all(pruned["model"]["vocab"][t] == i for t, i in doc["model"]["vocab"].items())
+    tok = bpe.from_doc(pruned)
+    assert tok.encode("ddd abc", add_special_tokens=False).tokens[0] == "ddd"
+
+
+def test_audit_counts_tokens_not_produced_from_their_own_string():
+    doc = base_doc()
+    vocab = dict(doc["model"]["vocab"])
+    vocab["bc"] = len(vocab)  # no merge makes it: "bc" encodes to [b, c]
+    odd = {**doc, "model": {**doc["model"], "vocab": vocab, "ignore_merges": False}}
+    report, dead = audit.audit(odd, Tokenizer.from_str(json.dumps(odd)), ["abc", "bc"], {vocab["bc"]},
+                               {"az": ["abc bc"]})
+    assert report["num_new_not_from_own_string"] == 1 and dead == {vocab["bc"]}
+    assert 0 < report["vocab_used_frac"]["az"] < 0.05
