@@ -90,9 +90,8 @@ def main() -> None:
                       bos_token_id=tok.bos_token_id)
     torch.manual_seed(0)
     model = LlamaForCausalLM(cfg).to(device=args.device, dtype=dtype).eval()
-    text = B.pack(docs)
-    ids = B.encode_stream(tok, text)
-    num_bytes = len(text.encode())
+    stream = B.encode_stream(tok, docs)  # family-framed stream (dilforge_shared.bpb)
+    ids, num_bytes = stream.ids, stream.num_bytes
     params = sum(p.numel() for p in model.parameters())
     print(f"model: {args.layers} layers, hidden {args.hidden}, vocab {len(tok)}, {params / 1e6:.1f} M params, {dtype}; "
           f"text: {num_bytes} bytes, {len(ids) - 1} tokens; window {args.window}, batch {args.batch_size}")
