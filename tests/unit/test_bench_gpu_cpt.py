@@ -1,0 +1,79 @@
+"""bench/gpu_cpt.py: bisection of the largest micro-batch, and the whole sweep in --tiny mode on CPU
+through the CPT stage's own training step."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "gpu_cpt.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    sys.path.insert(0, str(BENCH.parent))
+    spec = importlib.util.spec_from_file_location("gpu_cpt_bench", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("capacity", [1, 2, 3, 7, 8, 18, 45, 100, 255, 256])
+def test_bisection_finds_the_exact_largest_batch(bench, capacity):
+    best, probes = bench.bisect_max_batch(lambda b: b <= capacity, start=8, limit=256)
+    assert best == capacity
+    assert len(probes) <= 2 * 8 + 2 and len(set(probes)) == len(probes)  # log-many, never the same batch twice
+
+
+def test_bisection_edges(bench):
+    assert bench.bisect_max_batch(lambda b: False, start=8, limit=64) == (0, [8, 4, 2, 1])
+    assert bench.bisect_max_batch(lambda b: True, start=8, limit=20) == (20, [8, 16, 20])
+    best, probes = bench.bisect_max_batch(lambda b: b <= 18, start=1, limit=256)
+    assert best == 18 and probes == [1, 2, 4, 8, 16, 32, 24, 20, 18, 19]  # 18: not a power of two
+
+
+def test_plan_runs_plain_first_and_skips_liger_without_cuda(bench):
+    plan = bench.plan_points(False, ["eager", "compile"], list(bench.LIGER_VARIANTS))
+    assert len(plan) == 12
+    assert [p[0] for p in plan[:3]] == ["plain", "liger_all", "liger_flce"]
+    assert all((reason is None) == (liger == "plain") for liger, _, _, reason in plan)
+
+
+def test_equal_batch_comparison(bench):
+    plain = bench.Point("plain", "eager", False, batch=10, ok=True, tok_s=100.0, peak_allocated_gb=60.0)
+    liger = bench.Point("liger_all", "eager", False, batch=10, role="equal", ok=True, tok_s=120.0,
+                        peak_allocated_gb=24.0)
+    other = bench.Point("liger_all", "eager", False, batch=18, ok=True, tok_s=130.0, peak_allocated_gb=50.0)
+    (cmp,) = bench.equal_batch_comparison([plain, liger, other])
+    assert cmp["batch"] == 10 and cmp["memory_cut"] == pytest.approx(0.6) and cmp["speedup"] == pytest.approx(1.2)
+
+
+def test_tiny_sweep_drives_the_stage_training_step(bench, tmp_path, monkeypatch):
+    from dilforge_cpt import train
+    calls = []
+    real = train.train_step
+
+    def counting(*args, **kwargs):
+        calls.append(args[2][0].shape)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(train, "train_step", counting)
+    out = tmp_path / "gpu_cpt.json"
+    assert bench.main(["--tiny", "--max-batch", "3", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    ran = [p for p in result["points"] if p["ok"]]
+    assert {(p["liger"], p["checkpointing"]) for p in ran} == {("plain", False), ("plain", True)}
+    for p in ran:
+        assert p["max_batch"] == 3 and p["batch"] == 3 and p["tok_s"] > 0 and p["tflops"] > 0
+        assert 3 in p["probes"]
+    skipped = [p for p in result["points"] if not p["ok"]]
+    assert len(skipped) == 4 and all("CUDA" in p["skipped"] for p in skipped)
+    assert (3, 64) in calls and calls  # the stage's own step ran, at the bisected batch and seq 64
+    assert "Llama" in result["header"] and "date" in result["header"]
