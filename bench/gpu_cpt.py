@@ -227,7 +227,14 @@ def plan_points(cuda: bool, modes: list[str], ligers: list[str]) -> list[tuple[s
     return out
 
 
-def run_sweep(args, shape, cuda: bool) -> list[Point]:
+def write_json(path: str | None, header: str, points: list[Point]) -> None:
+    """Rewritten after every point, so a run stopped by a wall-clock limit still leaves its results."""
+    if path:
+        Path(path).write_text(json.dumps({"header": header, "points": [asdict(p) for p in points],
+                                          "equal_batch": equal_batch_comparison(points)}, indent=1))
+
+
+def run_sweep(args, shape, cuda: bool, header: str = "") -> list[Point]:
     import torch
     points: list[Point] = []
     began = time.perf_counter()
@@ -270,6 +277,7 @@ def run_sweep(args, shape, cuda: bool) -> list[Point]:
         print(row(point), flush=True)
         if points[-1] is not point:
             print(row(points[-1]), flush=True)
+        write_json(args.json, header, points)
     return points
 
 
@@ -345,15 +353,13 @@ def main(argv: list[str] | None = None) -> int:
              f"{'tiny Llama' if args.tiny else 'Llama-3.2-1B shape'}; steps {args.steps} (+{args.warmup} warmup)"
     print(header)
     print(HEADER, flush=True)
-    points = run_sweep(args, shape, cuda)
+    points = run_sweep(args, shape, cuda, header)
     comparison = equal_batch_comparison(points)
     for c in comparison:
         cut = f"{100 * c['memory_cut']:.0f}% lower peak memory" if c["memory_cut"] is not None else "memory n/a"
         print(f"# {c['liger']} vs plain, {c['mode']}, checkpointing {c['checkpointing']}, batch {c['batch']}: "
               f"{cut}, {c['speedup']:.2f}x tok/s")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"header": header, "points": [asdict(p) for p in points],
-                                               "equal_batch": comparison}, indent=1))
+    write_json(args.json, header, points)
     return 0 if any(p.ok for p in points) else 1
 
 

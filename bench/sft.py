@@ -65,8 +65,9 @@ def run_bare_trl(data: Path, model_dir: Path, steps: int, work: Path) -> float:
                      learning_rate=1e-3, max_steps=steps, per_device_train_batch_size=4, gradient_accumulation_steps=1,
                      gradient_checkpointing=False, bf16=cuda, use_cpu=not cuda, report_to="none", save_strategy="no",
                      logging_steps=5, disable_tqdm=True, lr_scheduler_type="cosine", seed=0)
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.bfloat16 if cuda else torch.float32)
-    trainer = SFTTrainer(model=model, args=args, processing_class=AutoTokenizer.from_pretrained(str(model_dir)),
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.bfloat16 if cuda else torch.float32,
+                                                 trust_remote_code=False)
+    trainer = SFTTrainer(model=model, args=args, processing_class=AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=False),
                          train_dataset=Dataset.from_list(msgs),
                          peft_config=LoraConfig(r=16, lora_alpha=32, lora_dropout=0.05, task_type="CAUSAL_LM",
                                                 target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",

@@ -30,7 +30,9 @@ CHATML_EXPECTED_MASK = [
 ]
 
 
-def build_chatml_tokenizer(out_dir: Path, vocab_size: int = 512, num_lines: int = 3000) -> Path:
+def build_chatml_tokenizer(out_dir: Path, vocab_size: int = 512, num_lines: int = 3000,
+                           lines: list[str] | None = None) -> Path:
+    """`lines`: training text (default: the first num_lines of Azerbaijani Wikipedia from the shared data)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
     tok = Tokenizer(models.BPE())
@@ -38,7 +40,7 @@ def build_chatml_tokenizer(out_dir: Path, vocab_size: int = 512, num_lines: int 
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=CHATML_SPECIALS,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(wiki_lines(num_lines), trainer)
+    tok.train_from_iterator(lines if lines is not None else wiki_lines(num_lines), trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|im_start|>", eos_token="<|im_end|>",
                                    pad_token="<|im_end|>", unk_token="<|endoftext|>")
     fast.chat_template = SMOLLM2_TEMPLATE
