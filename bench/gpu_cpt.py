@@ -19,6 +19,11 @@ MFU = tok/s x FLOPs/token (the stage's `flops_per_token`) / the device's peak (t
   python bench/gpu_cpt.py --budget-s 240 --json out.json  # stop starting new points after 240 s
   python bench/gpu_cpt.py --tiny --json out.json          # CPU, tiny Llama: checks the script (seconds)
 
+Compiled points start from the eager largest batch of the same variant and search only downwards
+(`--bisect-compiled` searches from scratch). The whole table takes about 10-15 minutes on one H200
+(mostly compilation); scripts/gpu_check.sh runs it with the time left after the GPU suite, eager
+points first.
+
 Points not run (no CUDA for Liger, budget spent) are listed with the reason.
 """
 
@@ -217,11 +222,13 @@ def free_memory() -> None:
 
 # ---- the sweep -----------------------------------------------------------------------------------------
 
-def plan_points(cuda: bool, modes: list[str], ligers: list[str]) -> list[tuple[str, str, bool, str | None]]:
-    """(liger, mode, checkpointing, reason skipped) in run order: per (mode, checkpointing), plain first, so
-    its largest batch is known when the Liger variants are measured at equal batch."""
+def plan_points(cuda: bool, modes: list[str], ligers: list[str],
+                checkpointing: tuple[bool, ...] = CHECKPOINTING) -> list[tuple[str, str, bool, str | None]]:
+    """(liger, mode, checkpointing, reason skipped) in run order: every eager point before any compiled one
+    (compiled points start from the eager largest batch), and per (mode, checkpointing) plain first, so its
+    largest batch is known when the Liger variants are measured at equal batch."""
     out = []
-    for mode, ckpt in itertools.product(modes, CHECKPOINTING):
+    for mode, ckpt in itertools.product(modes, checkpointing):
         for liger in ligers:
             out.append((liger, mode, ckpt, None if cuda or liger == "plain" else "Liger needs CUDA (Triton)"))
     return out
@@ -239,8 +246,9 @@ def run_sweep(args, shape, cuda: bool, header: str = "") -> list[Point]:
     points: list[Point] = []
     began = time.perf_counter()
     plain_max: dict[tuple[str, bool], int] = {}
+    eager_max: dict[tuple[str, bool], int] = {}
     start_hint = args.start_batch
-    for liger, mode, ckpt, skip in plan_points(cuda, args.modes, args.liger):
+    for liger, mode, ckpt, skip in plan_points(cuda, args.modes, args.liger, args.checkpointing):
         point = Point(liger, mode, ckpt)
         points.append(point)
         if skip is None and time.perf_counter() - began > args.budget_s:
@@ -254,11 +262,17 @@ def run_sweep(args, shape, cuda: bool, header: str = "") -> list[Point]:
         trainer = None
         try:
             trainer = Trainer(args, shape, liger, mode, ckpt)
-            best, probes = bisect_max_batch(trainer.fits, start=start_hint, limit=args.max_batch)
+            known = eager_max.get((liger, ckpt)) if mode == "compile" and not args.bisect_compiled else None
+            # a compiled point starts at the eager point's largest batch and only searches down if it does not
+            # fit (compiling every probe's shape would cost minutes per point)
+            best, probes = bisect_max_batch(trainer.fits, start=known or start_hint,
+                                            limit=known or args.max_batch)
             point.max_batch, point.probes = best, probes
             if best == 0:
                 point.skipped = "batch 1 does not fit"
                 continue
+            if mode == "eager":
+                eager_max[(liger, ckpt)] = best
             if liger == "plain":
                 plain_max[(mode, ckpt)] = best
                 start_hint = max(start_hint, best)
@@ -322,6 +336,9 @@ def parse_args(argv: list[str] | None = None):
     ap.add_argument("--max-batch", type=int, default=None, help="largest batch probed (256; 4 with --tiny)")
     ap.add_argument("--modes", default=None, help="comma list of eager,compile (both; eager with --tiny)")
     ap.add_argument("--liger", default=",".join(LIGER_VARIANTS), help="comma list of plain,liger_all,liger_flce")
+    ap.add_argument("--checkpointing", default="off,on", help="comma list of off,on (activation checkpointing)")
+    ap.add_argument("--bisect-compiled", action="store_true",
+                    help="bisect compiled points from scratch too (default: start at the eager largest batch)")
     ap.add_argument("--budget-s", type=float, default=float("inf"), help="start no new point after this many seconds")
     ap.add_argument("--peak-tflops", type=float, default=None, help="override the device's peak bf16 TFLOP/s")
     ap.add_argument("--json", default=None, help="also write the results to this file")
@@ -333,7 +350,10 @@ def parse_args(argv: list[str] | None = None):
     args.max_batch = args.max_batch or (4 if args.tiny else 256)
     args.modes = (args.modes or ("eager" if args.tiny else "eager,compile")).split(",")
     args.liger = args.liger.split(",")
-    bad = [m for m in args.modes if m not in MODES] + [v for v in args.liger if v not in LIGER_VARIANTS]
+    ckpt = args.checkpointing.split(",")
+    args.checkpointing = tuple(c == "on" for c in ckpt)
+    bad = [m for m in args.modes if m not in MODES] + [v for v in args.liger if v not in LIGER_VARIANTS] + \
+        [c for c in ckpt if c not in ("off", "on")]
     if bad:
         ap.error(f"unknown mode or Liger variant {bad}")
     return args

@@ -54,7 +54,7 @@ if [ "$DRY" = 0 ] && ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_
 fi
 
 # 1. the GPU suite (at most ~4 minutes; each test has its own timeout)
-suite_budget=$((TOTAL_S * 55 / 100))
+suite_budget=$((TOTAL_S * 60 / 100))
 timeout "$suite_budget" "$PY" -m pytest tests/gpu -m gpu -p no:cacheprovider -q -rA --timeout 240 \
   --junitxml "$RESULTS/pytest.xml" > "$RESULTS/pytest.log" 2>&1
 suite_rc=$?

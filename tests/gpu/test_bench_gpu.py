@@ -14,7 +14,7 @@ BENCH = Path(__file__).resolve().parents[2] / "bench" / "gpu_cpt.py"
 
 def test_bench_llama_1b_shape_measures_liger_against_plain(tmp_path, results_dir):
     out = (results_dir or tmp_path) / "bench_pytest.json"
-    proc = subprocess.run([sys.executable, str(BENCH), "--modes", "eager", "--start-batch", "4", "--max-batch", "8",
+    proc = subprocess.run([sys.executable, str(BENCH), "--modes", "eager", "--checkpointing", "off", "--start-batch", "4", "--max-batch", "8",
                            "--steps", "2", "--warmup", "1", "--json", str(out)], env=stage_env(),
                           capture_output=True, text=True, timeout=400, check=False)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]

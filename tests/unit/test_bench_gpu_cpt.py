@@ -77,3 +77,49 @@ def test_tiny_sweep_drives_the_stage_training_step(bench, tmp_path, monkeypatch)
     assert len(skipped) == 4 and all("CUDA" in p["skipped"] for p in skipped)
     assert (3, 64) in calls and calls  # the stage's own step ran, at the bisected batch and seq 64
     assert "Llama" in result["header"] and "date" in result["header"]
+
+
+def test_sweep_logic_with_a_simulated_gpu(bench, monkeypatch):
+    """Capacities per variant stand in for GPU memory: eager points bisect, compiled points start at the eager
+    largest batch, Liger variants are also measured at plain's largest batch, the budget stops new points."""
+    capacity = {("plain", False): 18, ("liger_all", False): 45, ("liger_flce", False): 40,
+                ("plain", True): 30, ("liger_all", True): 90, ("liger_flce", True): 80}
+    built = []
+
+    class FakeTrainer:
+        def __init__(self, args, shape, liger, mode, checkpointing):
+            built.append((liger, mode, checkpointing))
+            self.cap = capacity[(liger, checkpointing)] - (1 if mode == "compile" and liger == "plain" else 0)
+            self.liger = liger
+
+        def fits(self, batch):
+            return batch <= self.cap
+
+        def measure(self, batch, warmup, steps):
+            mem = batch * (1.0 if self.liger == "plain" else 0.4)
+            return {"tok_s": 1000.0 * batch, "tflops": 1.0, "mfu": 0.5, "loss": 1.0, "seconds": 1.0,
+                    "peak_allocated_gb": mem, "peak_reserved_gb": mem + 1}
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(bench, "Trainer", FakeTrainer)
+    args = bench.parse_args(["--max-batch", "256"])
+    points = bench.run_sweep(args, None, cuda=True)
+    at_max = {(p.liger, p.mode, p.checkpointing): p for p in points if p.ok and p.role == "max"}
+    assert at_max[("plain", "eager", False)].max_batch == 18
+    assert at_max[("liger_all", "eager", True)].max_batch == 90
+    # compiled: one probe at the eager batch when it fits, a downward search when it does not
+    assert at_max[("liger_all", "compile", False)].probes == [45]
+    plain_compiled = at_max[("plain", "compile", False)]
+    assert plain_compiled.max_batch == 17 and plain_compiled.probes[0] == 18
+    equal = [p for p in points if p.role == "equal"]
+    assert {(p.liger, p.mode, p.checkpointing, p.batch) for p in equal} >= {("liger_all", "eager", False, 18),
+                                                                             ("liger_flce", "compile", False, 17)}
+    cmp = {(c["liger"], c["mode"], c["checkpointing"]): c for c in bench.equal_batch_comparison(points)}
+    assert cmp[("liger_all", "eager", False)]["memory_cut"] == pytest.approx(0.6)
+    # budget spent: no point starts, each says why
+    built.clear()
+    args = bench.parse_args(["--budget-s", "0"])
+    points = bench.run_sweep(args, None, cuda=True)
+    assert built == [] and len(points) == 12 and all("budget" in p.skipped for p in points)
