@@ -315,15 +315,13 @@ HEADER = (f"{'liger':<11} {'mode':<8} {'ckpt':<5} {'batch':>5} {'at':<6} {'max':
 def row(p: Point) -> str:
     def num(v, fmt):
         return format(v, fmt) if v is not None else "n/a"
+    head = f"{p.liger:<11} {p.mode:<8} {p.checkpointing!s:<5}"
     if not p.ok:
-        return f"{p.liger:<11} {p.mode:<8} {p.checkpointing!s:<5} {'':>5} {'':<6} {num(p.max_batch, 'd'):>4}  {p.skipped}"
+        return f"{head} {'':>5} {'':<6} {num(p.max_batch, 'd'):>4}  {p.skipped}"
     mfu = f"{100 * p.mfu:.1f}%" if p.mfu is not None else "n/a"
-    return (f"{p.liger:<11} {p.mode:<8} {p.checkpointing!s:<5} {p.batch:>5} {p.role:<6} {num(p.max_batch, 'd'):>4} "
-            f"{p.tok_s:>11,.0f} {mfu:>6} {p.tflops:>8.1f} {num(p.peak_allocated_gb, '.1f'):>8} "
-            f"{num(p.peak_reserved_gb, '.1f'):>8}  probes {p.probes}" if p.role == "max" else
-            f"{p.liger:<11} {p.mode:<8} {p.checkpointing!s:<5} {p.batch:>5} {p.role:<6} {num(p.max_batch, 'd'):>4} "
-            f"{p.tok_s:>11,.0f} {mfu:>6} {p.tflops:>8.1f} {num(p.peak_allocated_gb, '.1f'):>8} "
-            f"{num(p.peak_reserved_gb, '.1f'):>8}  at plain's largest batch")
+    note = f"probes {p.probes}" if p.role == "max" else "at plain's largest batch"
+    return (f"{head} {p.batch:>5} {p.role:<6} {num(p.max_batch, 'd'):>4} {p.tok_s:>11,.0f} {mfu:>6} "
+            f"{p.tflops:>8.1f} {num(p.peak_allocated_gb, '.1f'):>8} {num(p.peak_reserved_gb, '.1f'):>8}  {note}")
 
 
 def parse_args(argv: list[str] | None = None):
