@@ -46,8 +46,8 @@ def resolve_base(config: SftConfig, ctx: StageContext) -> tuple[Path, str, list[
             art = ctx.input(name)
             return find_hf_dir(art.path, art.uri), art.uri, []
     if not config.base_model:
-        raise ConfigError("sft: no base model: run the cpt (or model) stage in the same pipeline, pass "
-                          "--input cpt=URI, or set sft.base_model to an HF folder, s3:// prefix or model artifact")
+        raise ConfigError("sft: no base model: run the cpt stage in the same pipeline, pass --input cpt=URI, "
+                          "or set sft.base_model to an HF folder, s3:// prefix or model artifact")
     src: ModelSource = open_model(config.base_model, "base_model", ctx.endpoint_url,
                                   cache_dir=ctx.opt.root / "cache")
     return find_hf_dir(src.path, config.base_model), config.base_model, [src.ref]
