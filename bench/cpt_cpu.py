@@ -22,9 +22,9 @@ import tempfile
 import time
 from pathlib import Path
 
+import hardware  # bench/hardware.py
 import numpy as np
 import torch
-import hardware  # bench/hardware.py
 
 
 def make_tokenizer(corpus: Path, out: Path, vocab: int) -> Path:
@@ -86,8 +86,7 @@ def main() -> int:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     os.environ.setdefault("DILFORGE_LOG_LEVEL", "WARNING")
 
-    from dilforge_cpt import data as D
-    from dilforge_cpt import stage
+    from dilforge_cpt import data, stage
     from dilforge_shared.configs import DataSource
     from dilforge_shared.configs.cpt import CptConfig
     from dilforge_shared.corpus import iter_texts
@@ -96,21 +95,21 @@ def main() -> int:
     corpus = args.data / "az/train/azwiki_sentences_cv_extractor.txt"
     root = Path(tempfile.mkdtemp(prefix="cpt-bench-"))
     tok_dir = make_tokenizer(corpus, root / "tok", 2000)
-    tok = D.load_tokenizer(tok_dir)
-    ids = D.special_ids(tok, str(tok_dir))
+    tok = data.load_tokenizer(tok_dir)
+    ids = data.special_ids(tok, str(tok_dir))
 
     # ---- 2. tokenise + pack -----------------------------------------------------------------
     docs = list(itertools.islice(iter_texts(str(corpus)), args.docs))
 
     def bare_rate() -> float:
         t0 = time.perf_counter()
-        for batch in D.batched(docs, 1000):
+        for batch in data.batched(docs, 1000):
             tok.encode_batch(batch, add_special_tokens=False)
         return len(docs) / (time.perf_counter() - t0)
     bare_first = bare_rate()
     source = DataSource(uri=str(corpus))
     t0 = time.perf_counter()
-    tf = D.tokenize_to_file(source, tok, ids, root / "cache", "bench", args.docs, 1000, None)
+    tf = data.tokenize_to_file(source, tok, ids, root / "cache", "bench", args.docs, 1000, None)
     ours = tf.num_docs / (time.perf_counter() - t0)
     bare = max(bare_first, bare_rate())  # the baseline's better of a run before and after ours
     print(f"tokenise+pack: stage {ours:,.0f} docs/s vs bare encode_batch {bare:,.0f} docs/s -> {ours / bare:.2f}x "

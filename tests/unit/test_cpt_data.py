@@ -26,24 +26,47 @@ def test_pack_stream_wraps_each_document(tok, ids):
     out = np.concatenate(list(pack_stream(docs, tok, ids, batch_size=2)))
     expected = []
     for d in docs:
-        expected += [ids.bos, *tok.encode(d, add_special_tokens=False).ids, ids.eos]
+        expected += [ids.bos, *tok.encode(d, add_special_tokens=False).ids, ids.doc_end]
     assert out.tolist() == expected
-    assert ids.eos == tok.token_to_id("<|end_of_text|>") and ids.bos == tok.token_to_id("<|begin_of_text|>")
+    assert ids.family == "llama3"
+    assert ids.doc_end == tok.token_to_id("<|end_of_text|>") and ids.bos == tok.token_to_id("<|begin_of_text|>")
+
+
+def test_chatml_tokenizer_packs_without_bos_and_ends_documents_with_endoftext(tmp_path):
+    """SmolLM2's family: no bos, documents end with <|endoftext|>; the stage accepts it."""
+    from dilforge_cpt.data import pack_stream, special_ids
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    vocab = {c: i for i, c in enumerate("abcdefghijklmnopqrstuvwxyz ")}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="a"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    tok.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+    ids = special_ids(tok, "smol")
+    assert (ids.family, ids.bos, ids.doc_end) == ("chatml", None, tok.token_to_id("<|endoftext|>"))
+    out = np.concatenate(list(pack_stream(["ab", "c"], tok, ids, batch_size=8))).tolist()
+    assert out == [vocab["a"], vocab["b"], ids.doc_end, vocab["c"], ids.doc_end]
+
+
+def test_a_tokenizer_of_no_known_family_is_refused_naming_it(tmp_path):
+    from dilforge_cpt.data import special_ids
+    from tokenizers import Tokenizer, models
+    with pytest.raises(InputError, match="no known family") as err:
+        special_ids(Tokenizer(models.WordLevel({"a": 0}, unk_token="a")), "/tmp/tok")
+    assert "/tmp/tok" in str(err.value)
 
 
 def test_token_cache_is_reused(tmp_path, tok, ids, tiny_tokenizer_dir, monkeypatch):
-    from dilforge_cpt import data as D
+    from dilforge_cpt import data
     corpus = tmp_path / "c.txt"
     corpus.write_text("\n".join(f"cümlə nömrə {i} burada" for i in range(200)) + "\n")
     source = DataSource(uri=str(corpus))
-    key = D.cache_key(source, tiny_tokenizer_dir / "tokenizer.json", None, None)
-    tf = D.tokenize_to_file(source, tok, ids, tmp_path / "cache", key, None, 64, None)
+    key = data.cache_key(source, tiny_tokenizer_dir / "tokenizer.json", None, None)
+    tf = data.tokenize_to_file(source, tok, ids, tmp_path / "cache", key, None, 64, None)
     assert tf.num_docs == 200 and tf.num_tokens == tf.path.stat().st_size // 4
-    monkeypatch.setattr(D, "pack_stream", lambda *a, **k: (_ for _ in ()).throw(AssertionError("re-tokenised")))
-    again = D.tokenize_to_file(source, tok, ids, tmp_path / "cache", key, None, 64, None)
+    monkeypatch.setattr(data, "pack_stream", lambda *a, **k: (_ for _ in ()).throw(AssertionError("re-tokenised")))
+    again = data.tokenize_to_file(source, tok, ids, tmp_path / "cache", key, None, 64, None)
     assert again.num_tokens == tf.num_tokens
     corpus.write_text("başqa mətn\n")
-    assert D.cache_key(source, tiny_tokenizer_dir / "tokenizer.json", None, None) != key  # content changes the key
+    assert data.cache_key(source, tiny_tokenizer_dir / "tokenizer.json", None, None) != key  # content changes the key
 
 
 def test_too_short_corpus_is_an_input_error(tmp_path):
@@ -87,17 +110,17 @@ def test_global_batch_does_not_depend_on_process_count(tmp_path):
     assert step_rows(2, 2) == one and step_rows(4, 1) == one
 
 
-def test_validation_windows_predict_each_token_once(tok, ids, tmp_path):
-    from dilforge_cpt.data import build_validation, validation_batches
+def test_validation_sets_are_family_framed_streams_of_their_text(tok, ids, tmp_path):
+    from dilforge_cpt.data import build_validation
     dev = tmp_path / "dev.txt"
     docs = ["Bakı Azərbaycanın paytaxtıdır və ən böyük şəhəridir.", "Salam!", "Kitab oxumaq faydalıdır. " * 8]
     dev.write_text("\n".join(docs) + "\n")
-    val = build_validation([DataSource(uri=str(dev))], tok, ids, seq_len=16, max_docs=10, endpoint_url=None)
-    assert val.num_bytes == sum(len(d.encode()) for d in docs)
-    expected_targets = sum(len(tok.encode(d, add_special_tokens=False).ids) for d in docs)
-    assert val.num_tokens == expected_targets
-    for world in (1, 2):
-        batches = [validation_batches(val, 2, r, world) for r in range(world)]
-        assert len({len(b) for b in batches}) == 1  # same number of forwards on every rank
-        labelled = sum(int((y != -100).sum()) for rank in batches for _, y in rank)
-        assert labelled == expected_targets
+    (val,) = build_validation([DataSource(uri=str(dev), name="dev")], tok, ids, max_docs=10, endpoint_url=None)
+    assert val.name == "dev" and val.stream.num_docs == 3
+    assert val.stream.num_bytes == sum(len(d.encode()) for d in docs)
+    encoded = [tok.encode(d, add_special_tokens=False).ids for d in docs]
+    expected = [ids.bos, *encoded[0], ids.doc_end, ids.bos, *encoded[1], ids.doc_end, ids.bos, *encoded[2]]
+    assert val.stream.ids == expected
+    assert val.stream.num_text_tokens == sum(map(len, encoded))
+    with pytest.raises(InputError, match="distinct names"):
+        build_validation([DataSource(uri=str(dev)), DataSource(uri=str(dev))], tok, ids, 10, None)

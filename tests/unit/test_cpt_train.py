@@ -15,7 +15,7 @@ torch.set_num_threads(1)
 
 
 def test_lr_schedule_warmup_then_cosine_to_floor():
-    from dilforge_cpt.train import lr_at
+    from dilforge_cpt.loop import lr_at
     p = Phase(num_steps=10, lr=1.0, num_warmup_steps=2, min_lr_ratio=0.1)
     lrs = [lr_at(p, s) for s in range(10)]
     assert lrs[:2] == [0.5, 1.0]
@@ -24,7 +24,7 @@ def test_lr_schedule_warmup_then_cosine_to_floor():
 
 
 def test_flops_per_token_llama_3_2_1b():
-    from dilforge_cpt.train import flops_per_token
+    from dilforge_cpt.reporting import flops_per_token
     from transformers import LlamaConfig
     cfg = LlamaConfig(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
                       num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=True)
@@ -44,27 +44,13 @@ def tiny_model():
     return LlamaForCausalLM(factories.tiny_llama_config(64))
 
 
-def test_evaluate_bpb_is_total_nll_bits_over_bytes():
-    from dilforge_cpt.data import ValidationSet
-    from dilforge_cpt.train import Runtime, evaluate
-    model = tiny_model()
-    x = np.array([1, 5, 9, 3, 7], dtype=np.int64)
-    val = ValidationSet(inputs=[x[:-1]], targets=[x[1:]], num_bytes=10, num_docs=1, num_tokens=4)
-    out = evaluate(model, val, batch_size=1, rt=Runtime())
-    with torch.no_grad():
-        logits = model(input_ids=torch.from_numpy(x[None, :-1])).logits[0]
-    nll = float(torch.nn.functional.cross_entropy(logits, torch.from_numpy(x[1:]), reduction="sum"))
-    assert out["val_loss"] == pytest.approx(nll / 4, rel=1e-5)
-    assert out["val_bpb"] == pytest.approx(nll / math.log(2) / 10, rel=1e-5)
-
-
 def test_phase1_trains_only_embeddings_and_head():
-    from dilforge_cpt.train import make_optimizer, set_trainable
+    from dilforge_cpt.loop import make_optimizer, set_trainable
     model = tiny_model()
-    params = set_trainable(model, 1)
-    assert [p.shape for p in params] == [model.model.embed_tokens.weight.shape]  # tied: one matrix
+    trainable = set_trainable(model, 1)
+    assert [p.shape for p in trainable.params] == [model.model.embed_tokens.weight.shape]  # tied: one matrix
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    opt = make_optimizer(params, CptConfig(scratch_model={}, corpora=[{"uri": "a"}], validation=[{"uri": "b"}],
+    opt = make_optimizer(trainable, CptConfig(scratch_model={}, corpora=[{"uri": "a"}], validation=[{"uri": "b"}],
                                            phase1={"num_steps": 1}), Phase(num_steps=1, lr=0.1))
     x = torch.randint(0, 64, (2, 8))
     model(input_ids=x, labels=x).loss.backward()
@@ -72,11 +58,12 @@ def test_phase1_trains_only_embeddings_and_head():
     after = model.state_dict()
     changed = {k for k in after if not torch.equal(after[k], before[k])}
     assert changed == {"model.embed_tokens.weight", "lm_head.weight"}
-    assert len(set_trainable(model, 2)) == len(list(model.parameters()))
+    assert len(set_trainable(model, 2).params) == len(list(model.parameters()))
 
 
 def test_checkpoint_round_trip_and_latest(tmp_path):
-    from dilforge_cpt.train import Runtime, latest_checkpoint, load_checkpoint, read_checkpoint_state, save_checkpoint
+    from dilforge_cpt.checkpoints import latest_checkpoint, load_checkpoint, read_checkpoint_state, save_checkpoint
+    from dilforge_cpt.runtime import Runtime
     rt = Runtime()
     model = tiny_model()
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)
@@ -106,7 +93,7 @@ def test_rng_state_round_trips_through_json():
     import json
     import random
 
-    from dilforge_cpt.train import rng_state, set_rng_state
+    from dilforge_cpt.checkpoints import rng_state, set_rng_state
     random.seed(1), np.random.seed(2), torch.manual_seed(3)
     np.random.normal()  # a cached gaussian is part of numpy's state
     saved = json.loads(json.dumps(rng_state()))
@@ -121,7 +108,8 @@ def test_checkpoint_holds_no_pickled_objects_and_refuses_a_malicious_metadata(tm
     import pickle
     import pickletools
 
-    from dilforge_cpt.train import Runtime, load_checkpoint, save_checkpoint
+    from dilforge_cpt.checkpoints import load_checkpoint, save_checkpoint
+    from dilforge_cpt.runtime import Runtime
     from dilforge_shared.errors import InputError
     rt = Runtime()
     model = tiny_model()
@@ -144,7 +132,8 @@ def test_checkpoint_holds_no_pickled_objects_and_refuses_a_malicious_metadata(tm
 
 
 def test_train_step_skips_the_update_on_an_infinite_gradient():
-    from dilforge_cpt.train import Runtime, train_step
+    from dilforge_cpt.loop import train_step
+    from dilforge_cpt.runtime import Runtime
     model = tiny_model()
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)
     before = {k: v.clone() for k, v in model.state_dict().items()}
@@ -166,7 +155,8 @@ def _two_nodes(rank: int, port: int, base: str, shared: bool) -> None:
     from pathlib import Path
 
     import torch.distributed as dist
-    from dilforge_cpt.train import Runtime, save_checkpoint
+    from dilforge_cpt.checkpoints import save_checkpoint
+    from dilforge_cpt.runtime import Runtime
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:  # one process per "node": local rank 0 on both
@@ -191,7 +181,8 @@ def test_multi_node_checkpoint_finalisation(tmp_path, shared):
     import socket
 
     import torch.multiprocessing as mp
-    from dilforge_cpt.train import Runtime, latest_checkpoint, load_checkpoint
+    from dilforge_cpt.checkpoints import latest_checkpoint, load_checkpoint
+    from dilforge_cpt.runtime import Runtime
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

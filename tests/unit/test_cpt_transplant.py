@@ -24,14 +24,14 @@ def model_for(vocab: int, tied: bool):
 
 @pytest.mark.parametrize("tied", [True, False])
 def test_mean_of_pieces_rows(toks, tied):
-    from dilforge_cpt import transplant as X
+    from dilforge_cpt import transplant
     base, new = toks
     model = model_for(base.get_vocab_size(True), tied)
     emb0 = model.get_input_embeddings().weight.detach().clone()
     head0 = model.get_output_embeddings().weight.detach().clone()
-    mapping = X.build_mapping(base, new)
-    rows = X.prepare(model, new.get_vocab_size(True))
-    X.transplant(model, rows, mapping, "mean_of_pieces", seed=0)
+    mapping = transplant.build_mapping(base, new)
+    rows = transplant.prepare(model, new.get_vocab_size(True))
+    transplant.transplant(model, rows, mapping, "mean_of_pieces", seed=0)
     emb = model.get_input_embeddings().weight
     head = model.get_output_embeddings().weight
     assert emb.shape[0] == new.get_vocab_size(True) == 856
@@ -60,21 +60,21 @@ def test_mean_of_pieces_rows(toks, tied):
 
 
 def test_mean_of_all_and_random(toks):
-    from dilforge_cpt import transplant as X
+    from dilforge_cpt import transplant
     base, new = toks
-    mapping = X.build_mapping(base, new)
+    mapping = transplant.build_mapping(base, new)
     model = model_for(base.get_vocab_size(True), True)
     emb0 = model.get_input_embeddings().weight.detach().clone()
-    rows = X.prepare(model, new.get_vocab_size(True))
+    rows = transplant.prepare(model, new.get_vocab_size(True))
     new_ids = [i for i, k in enumerate(mapping.kept) if k < 0]
     kept_ids = [(i, k) for i, k in enumerate(mapping.kept) if k >= 0]
 
-    X.transplant(model, rows, mapping, "mean_of_all", seed=0)
+    transplant.transplant(model, rows, mapping, "mean_of_all", seed=0)
     emb = model.get_input_embeddings().weight
     torch.testing.assert_close(emb[new_ids[0]], emb0.mean(0), rtol=0, atol=1e-6)
     assert all(torch.equal(emb[i], emb0[k]) for i, k in kept_ids)
 
-    X.transplant(model, rows, mapping, "random", seed=0)
+    transplant.transplant(model, rows, mapping, "random", seed=0)
     emb = model.get_input_embeddings().weight
     std = float(emb[new_ids].detach().std())
     assert 0.01 < std < 0.03  # initializer_range 0.02

@@ -1,7 +1,10 @@
 """Training and validation data: streamed tokenisation into an on-disk token cache, packed windows,
-deterministic mixture sampling, and per-document validation windows for BPB.
+deterministic mixture sampling, and validation text sets as token streams for BPB.
 
-Training corpora are tokenised once, in batches (`encode_batch`), as `<bos> doc <eos>` runs appended
+Special tokens follow the tokenizer's family (`dilforge_shared.families`): Llama 3 packs
+`<|begin_of_text|> doc <|end_of_text|>`, ChatML (SmolLM2) `doc <|endoftext|>`.
+
+Training corpora are tokenised once, in batches (`encode_batch`), as `[bos] doc doc_end` runs appended
 to a uint32 file; nothing holds a whole corpus in memory. The file is memory-mapped and cut into
 fixed windows of `seq_len` tokens. The cache lives under the checkpoint folder, which SageMaker
 syncs to S3, so a restarted job does not tokenise again.
@@ -23,9 +26,11 @@ from itertools import islice
 from pathlib import Path
 
 import numpy as np
+from dilforge_shared.bpb import TokenStream, build_stream
 from dilforge_shared.configs import DataSource
 from dilforge_shared.corpus import data_digest, iter_texts
 from dilforge_shared.errors import InputError
+from dilforge_shared.families import detect_family
 from tokenizers import Tokenizer
 
 log = logging.getLogger("dilforge.cpt.data")
@@ -36,8 +41,11 @@ SAMPLER_BLOCK = 4096
 
 @dataclass(frozen=True)
 class TokenIds:
-    bos: int
-    eos: int
+    """The ids of the tokenizer family's special tokens this stage uses."""
+    family: str
+    bos: int | None   # before every document (None: the family uses none, e.g. ChatML)
+    doc_end: int      # after every document: the packing separator
+    pad: int | None   # written into the model config for later stages
 
 
 def find_tokenizer_dir(root: Path) -> Path:
@@ -58,14 +66,11 @@ def load_tokenizer(folder: Path) -> Tokenizer:
 
 
 def special_ids(tok: Tokenizer, source: str) -> TokenIds:
-    """BOS = <|begin_of_text|>; document separator = <|end_of_text|> (Llama 3's pre-training EOS)."""
-    bos = tok.token_to_id("<|begin_of_text|>")
-    eos = tok.token_to_id("<|end_of_text|>")
-    if eos is None:
-        eos = tok.token_to_id("<|eot_id|>")
-    if bos is None or eos is None:
-        raise InputError("tokenizer lacks Llama 3's <|begin_of_text|> / <|end_of_text|> special tokens", path=source)
-    return TokenIds(bos=bos, eos=eos)
+    """The family's document separators (InputError naming `source` for an unknown family)."""
+    family = detect_family(tok.get_vocab(with_added_tokens=True), source)
+    bos = tok.token_to_id(family.bos) if family.bos is not None else None
+    return TokenIds(family=family.name, bos=bos, doc_end=tok.token_to_id(family.doc_end),
+                    pad=tok.token_to_id(family.pad))
 
 
 def batched(items: Iterable[str], size: int) -> Iterator[list[str]]:
@@ -75,17 +80,19 @@ def batched(items: Iterable[str], size: int) -> Iterator[list[str]]:
 
 
 def pack_stream(docs: Iterable[str], tok: Tokenizer, ids: TokenIds, batch_size: int) -> Iterator[np.ndarray]:
-    """`<bos> doc <eos>` token runs, one array per encode_batch call."""
+    """`[bos] doc doc_end` token runs, one array per encode_batch call."""
+    lead = 0 if ids.bos is None else 1
     for batch in batched(docs, batch_size):
         encs = tok.encode_batch_fast(batch, add_special_tokens=False) if hasattr(tok, "encode_batch_fast") \
             else tok.encode_batch(batch, add_special_tokens=False)
-        lengths = [len(e.ids) + 2 for e in encs]
+        lengths = [len(e.ids) + lead + 1 for e in encs]
         out = np.empty(sum(lengths), dtype=TOKEN_DTYPE)
         pos = 0
         for enc, n in zip(encs, lengths):
-            out[pos] = ids.bos
-            out[pos + 1:pos + n - 1] = enc.ids
-            out[pos + n - 1] = ids.eos
+            if lead:
+                out[pos] = ids.bos
+            out[pos + lead:pos + n - 1] = enc.ids
+            out[pos + n - 1] = ids.doc_end
             pos += n
         yield out
 
@@ -244,55 +251,24 @@ class PackedData:
         return batches
 
 
-@dataclass
+@dataclass(frozen=True)
 class ValidationSet:
-    """Per-document windows `<bos> doc` (no packing across documents) and the documents' UTF-8 bytes.
-
-    Every text token is predicted exactly once, from its own document's context only, so the summed
-    NLL divided by bytes is tokenizer-independent bits per byte.
-    """
-    inputs: list[np.ndarray]
-    targets: list[np.ndarray]
-    num_bytes: int
-    num_docs: int
-    num_tokens: int
+    """One validation text set as a token stream (`dilforge_shared.bpb`), under its report name."""
+    name: str
+    stream: TokenStream
 
 
-def build_validation(sources: list[DataSource], tok: Tokenizer, ids: TokenIds, seq_len: int, max_docs: int,
-                     endpoint_url: str | None) -> ValidationSet:
-    inputs, targets, num_bytes, num_docs, num_tokens = [], [], 0, 0, 0
+def build_validation(sources: list[DataSource], tok: Tokenizer, ids: TokenIds, max_docs: int,
+                     endpoint_url: str | None) -> list[ValidationSet]:
+    """The first `max_docs` documents of each source, framed by the family's separators."""
+    sets = []
     for source in sources:
         docs = list(islice(iter_texts(source.uri, source.format, source.text_field, endpoint_url), max_docs))
         if not docs:
             raise InputError("validation source holds no text", path=source.uri)
-        for doc, enc in zip(docs, tok.encode_batch(docs, add_special_tokens=False)):
-            seq = np.asarray([ids.bos, *enc.ids], dtype=np.int64)
-            num_bytes += len(doc.encode("utf-8"))
-            num_tokens += len(seq) - 1
-            num_docs += 1
-            for start in range(0, len(seq) - 1, seq_len):
-                inputs.append(seq[start:start + seq_len])
-                targets.append(seq[start + 1:start + seq_len + 1])
-    return ValidationSet(inputs, targets, num_bytes, num_docs, num_tokens)
-
-
-def validation_batches(val: ValidationSet, batch_size: int, rank: int, world: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    """This rank's padded (input, label) batches; every rank gets the same number (collectives match).
-
-    Labels of padding are -100. Windows are sorted by length so padding stays small.
-    """
-    order = sorted(range(len(val.inputs)), key=lambda i: len(val.inputs[i]))
-    mine = order[rank::world]
-    num_batches = -(-len(order[0::world]) // batch_size) if order else 0
-    out = []
-    for b in range(num_batches):
-        idx = mine[b * batch_size:(b + 1) * batch_size]
-        width = max((len(val.inputs[i]) for i in idx), default=1)
-        x = np.zeros((max(len(idx), 1), width), dtype=np.int64)
-        y = np.full((max(len(idx), 1), width), -100, dtype=np.int64)
-        for row, i in enumerate(idx):
-            n = len(val.inputs[i])
-            x[row, :n] = val.inputs[i]
-            y[row, :len(val.targets[i])] = val.targets[i]
-        out.append((x, y))
-    return out
+        encoded = [enc.ids for enc in tok.encode_batch(docs, add_special_tokens=False)]
+        sets.append(ValidationSet(source.label, build_stream(docs, encoded, ids.bos, ids.doc_end)))
+    names = [vs.name for vs in sets]
+    if len(set(names)) != len(names):
+        raise InputError(f"validation sets need distinct names (got {names}); set `name` on each", path="cpt.validation")
+    return sets

@@ -24,7 +24,7 @@ METHODS = ("mean_of_pieces", "mean_of_all", "random")
 
 
 @dataclass
-class Mapping:
+class VocabMapping:
     """For each new id: the base id it keeps (or -1) and the base piece ids of new tokens."""
     kept: list[int]
     pieces: list[list[int]]
@@ -38,7 +38,7 @@ def same_vocab(a: Tokenizer, b: Tokenizer) -> bool:
     return a.get_vocab(with_added_tokens=True) == b.get_vocab(with_added_tokens=True)
 
 
-def build_mapping(base: Tokenizer, new: Tokenizer) -> Mapping:
+def build_mapping(base: Tokenizer, new: Tokenizer) -> VocabMapping:
     base_vocab = base.get_vocab(with_added_tokens=True)
     added = {t.content for t in new.get_added_tokens_decoder().values()}
     size = new.get_vocab_size(with_added_tokens=True)
@@ -57,10 +57,10 @@ def build_mapping(base: Tokenizer, new: Tokenizer) -> Mapping:
             text = token if token in added else new.decode([new_id], skip_special_tokens=False)
             ids = base.encode(text, add_special_tokens=False).ids
         pieces[new_id] = ids
-    return Mapping(kept, pieces)
+    return VocabMapping(kept, pieces)
 
 
-def new_rows(base_rows: torch.Tensor, mapping: Mapping, method: str, std: float, seed: int) -> torch.Tensor:
+def new_rows(base_rows: torch.Tensor, mapping: VocabMapping, method: str, std: float, seed: int) -> torch.Tensor:
     """The [new_vocab, dim] matrix for one weight (embedding or LM head)."""
     if method not in METHODS:
         raise ValueError(f"unknown transplant method {method!r}")
@@ -83,7 +83,7 @@ def new_rows(base_rows: torch.Tensor, mapping: Mapping, method: str, std: float,
     return out.to(base_rows.dtype)
 
 
-def transplant(model, base_rows: dict[str, torch.Tensor], mapping: Mapping, method: str, seed: int) -> None:
+def transplant(model, base_rows: dict[str, torch.Tensor], mapping: VocabMapping, method: str, seed: int) -> None:
     """Write new embedding (and untied LM-head) rows into `model`, whose vocab is already the new size."""
     std = float(getattr(model.config, "initializer_range", 0.02))
     emb = model.get_input_embeddings().weight

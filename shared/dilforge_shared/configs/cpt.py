@@ -41,6 +41,25 @@ class Phase(StrictModel):
     weight_decay: float = Field(default=0.0, ge=0, description="AdamW decoupled weight decay.")
 
 
+class Phase1(Phase):
+    """Phase 1 adapts the vocabulary: the backbone is frozen."""
+    trainable: Literal["embeddings", "new_rows"] = Field(
+        default="embeddings",
+        description="What phase 1 trains: embeddings = the whole embedding and LM-head matrices; new_rows = only "
+        "the rows of tokens the base model did not have (kept tokens' rows and everything else stay "
+        "bit-identical, so the base model's knowledge of its own tokens is untouched).",
+    )
+
+
+class Phase2(Phase):
+    """Phase 2 trains every parameter."""
+    embedding_lr: float | None = Field(
+        default=None, gt=0,
+        description="Peak learning rate of the embedding and LM-head matrices in phase 2 (same warmup and "
+        "cosine shape as lr); None = lr.",
+    )
+
+
 class CptConfig(StageConfig):
     stage: ClassVar[str] = "cpt"
     artifact_kind: ClassVar[str] = "model"
@@ -80,17 +99,26 @@ class CptConfig(StageConfig):
     )
     seq_len: int = Field(default=2048, ge=8, description="Tokens per packed training window.")
     num_validation_docs: int = Field(default=500, ge=1, description="Validation documents read (first N) per source.")
+    validation_stride: int | None = Field(
+        default=None, ge=1,
+        description="Validation BPB slides windows of seq_len tokens by this many (dilforge_shared.bpb); None = "
+        "seq_len // 2, eval's default, so CPT and eval report the same number for the same window.",
+    )
+    validation_micro_batch_size: int | None = Field(
+        default=None, ge=1, description="Windows per validation forward pass per process; None = micro_batch_size."
+    )
     max_docs_per_corpus: int | None = Field(
         default=None, ge=1, description="Read at most this many documents of each corpus (demos)."
     )
     tokenize_batch_size: int = Field(default=1000, ge=1, description="Documents per encode_batch call.")
 
     # ---- optimisation ----------------------------------------------------------------------
-    phase1: Phase = Field(
-        default_factory=lambda: Phase(num_steps=0, lr=1e-3),
-        description="Embeddings + LM head only; every other parameter frozen.",
+    phase1: Phase1 = Field(
+        default_factory=lambda: Phase1(num_steps=0, lr=1e-3),
+        description="Embeddings + LM head only (all of them, or only the new rows: trainable); every other "
+        "parameter frozen.",
     )
-    phase2: Phase = Field(default_factory=lambda: Phase(num_steps=0, lr=1e-4), description="All parameters.")
+    phase2: Phase2 = Field(default_factory=lambda: Phase2(num_steps=0, lr=1e-4), description="All parameters.")
     global_batch_size: int = Field(
         default=8, ge=1,
         description="Sequences per optimizer step across all processes (= micro_batch_size × processes × "
@@ -146,6 +174,9 @@ class CptConfig(StageConfig):
             raise ValueError("validation: at least one validation text set is needed (for loss and BPB)")
         if self.phase1.num_steps + self.phase2.num_steps == 0:
             raise ValueError("phase1.num_steps + phase2.num_steps is 0: nothing to train")
+        if self.phase1.trainable == "new_rows" and self.phase1.weight_decay:
+            raise ValueError("phase1.weight_decay must be 0 with phase1.trainable: new_rows (decay would change "
+                             "the kept rows)")
         for name in ("phase1", "phase2"):
             phase = getattr(self, name)
             if phase.num_steps and phase.num_warmup_steps > phase.num_steps:

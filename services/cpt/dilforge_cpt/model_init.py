@@ -1,0 +1,171 @@
+"""The model training starts from: a random Llama, a base model as is, or a base model moved onto the
+stage's vocabulary (the transplant), and the step-0 comparison of the transplant's initialisations.
+
+The stage calls these as explicit steps before the loop: `locate_base_model` (where the base comes
+from and its lineage, in one place) → `load_model` → `apply_transplant` / `compare_initialisations`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from dilforge_shared.configs.cpt import CptConfig
+from dilforge_shared.contract import StageContext
+from dilforge_shared.errors import ConfigError, InputError
+from dilforge_shared.manifest import InputRef
+from dilforge_shared.models import find_hf_dir, model_digest
+from dilforge_shared.store import NotFound, mirror_prefix
+from tokenizers import Tokenizer
+
+from . import transplant
+from .data import TokenIds, load_tokenizer
+from .runtime import Runtime
+from .validation import bpb_by_set, evaluate
+
+log = logging.getLogger("dilforge.cpt")
+
+
+@dataclass(frozen=True)
+class BaseModelSource:
+    """Where the base model comes from and the lineage this stage records for it."""
+    uri: str
+    from_artifact: bool            # the upstream `model` input (its manifest is already the lineage)
+    refs: list[InputRef]           # extra lineage: sha256 of a plain folder's files (ETags on S3)
+
+
+def base_model_source(config: CptConfig, ctx: StageContext) -> BaseModelSource | None:
+    """The one place that decides which base model a run uses: the upstream `model` artifact when
+    the pipeline has a model stage, else `base_model` (a local folder or s3:// prefix), else None
+    (a scratch model)."""
+    if ctx.has_input("model"):
+        return BaseModelSource(ctx.request.inputs["model"], True, [])
+    if config.base_model is None:
+        return None
+    return BaseModelSource(config.base_model, False, [InputRef(
+        name="base_model", kind="data", uri=config.base_model, sha256=model_digest(config.base_model, ctx.endpoint_url))])
+
+
+@dataclass(frozen=True)
+class BaseModel:
+    path: Path    # the local HF folder
+    source: str   # what the user named, for error messages
+
+
+def locate_base_model(config: CptConfig, ctx: StageContext, rt: Runtime) -> BaseModel | None:
+    """The base model's local HF folder: the verified artifact, a local folder as is, or an s3://
+    prefix downloaded once per host."""
+    source = base_model_source(config, ctx)
+    if source is None:
+        return None
+    uri = source.uri
+    if source.from_artifact:
+        art = ctx.input("model")
+        return BaseModel(find_hf_dir(art.path, uri), uri)
+    if not uri.startswith("s3://"):
+        path = Path(uri.removeprefix("file://"))
+        if not (path / "config.json").is_file():
+            raise InputError("base_model: no config.json in this folder (an HF model folder is expected)", path=uri)
+        return BaseModel(path, uri)
+    dest = ctx.opt.root / "base_model"
+    if rt.local_rank == 0:
+        try:
+            mirror_prefix(uri, dest, ctx.endpoint_url)
+        except NotFound:
+            raise InputError("base_model: no objects under this S3 prefix", path=uri) from None
+        if not (dest / "config.json").is_file():
+            raise InputError("base_model: no config.json under this S3 prefix", path=uri)
+    rt.barrier()
+    return BaseModel(dest, uri)
+
+
+@dataclass
+class PendingTransplant:
+    """A base model resized to the new vocabulary whose new rows are not written yet."""
+    base_rows: dict[str, torch.Tensor]
+    mapping: transplant.VocabMapping
+    report: dict
+
+
+def scratch_model(config: CptConfig, vocab: int, ids: TokenIds):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    s = config.scratch_model
+    assert s is not None
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=s.hidden_size, intermediate_size=s.intermediate_size,
+                      num_hidden_layers=s.num_hidden_layers, num_attention_heads=s.num_attention_heads,
+                      num_key_value_heads=s.num_key_value_heads, max_position_embeddings=s.max_position_embeddings,
+                      rope_theta=s.rope_theta, tie_word_embeddings=s.tie_word_embeddings,
+                      bos_token_id=ids.bos, eos_token_id=ids.doc_end, pad_token_id=ids.pad)
+    torch.manual_seed(config.seed)
+    return LlamaForCausalLM(cfg)
+
+
+def load_model(config: CptConfig, base: BaseModel | None, tok: Tokenizer, ids: TokenIds, rt: Runtime):
+    """(model on rt.device, PendingTransplant or None, transplant report)."""
+    vocab = tok.get_vocab_size(with_added_tokens=True)
+    if base is None:
+        model = scratch_model(config, vocab, ids).to(rt.device)
+        return model, None, {"method": "none", "reason": "scratch model on the stage's tokenizer"}
+    if not (base.path / "tokenizer.json").is_file():
+        raise InputError("base_model: no tokenizer.json beside the weights (needed to compare vocabularies)",
+                         path=base.source)
+    base_tok = load_tokenizer(base.path)
+    same = transplant.same_vocab(base_tok, tok)
+    if not same and config.transplant == "none":
+        raise InputError(
+            f"the tokenizer artifact ({vocab} tokens) differs from the base model's tokenizer "
+            f"({base_tok.get_vocab_size(with_added_tokens=True)} tokens) and transplant is 'none'; set transplant "
+            "to mean_of_pieces (or mean_of_all / random) or use the base model's tokenizer", path=base.source)
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(str(base.path), dtype=torch.float32, trust_remote_code=False)
+    if same:
+        if model.get_input_embeddings().weight.shape[0] < vocab:
+            raise InputError(f"base_model: embedding has {model.get_input_embeddings().weight.shape[0]} rows, "
+                             f"fewer than the tokenizer's {vocab} tokens", path=base.source)
+        return model.to(rt.device), None, {"method": "none", "reason": "same tokenizer as the base model"}
+    mapping = transplant.build_mapping(base_tok, tok)
+    rows = transplant.prepare(model, vocab)
+    model.config.bos_token_id, model.config.eos_token_id, model.config.pad_token_id = ids.bos, ids.doc_end, ids.pad
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.bos_token_id, model.generation_config.eos_token_id = ids.bos, ids.doc_end
+        model.generation_config.pad_token_id = ids.pad
+    report = {"method": config.transplant, "num_kept": mapping.num_kept, "num_new": vocab - mapping.num_kept,
+              "base_vocab_size": base_tok.get_vocab_size(with_added_tokens=True), "new_vocab_size": vocab}
+    return model.to(rt.device), PendingTransplant(rows, mapping, report), report
+
+
+def new_row_mask(config: CptConfig, pending: PendingTransplant | None, vocab: int, scratch: bool
+                 ) -> torch.Tensor | None:
+    """For phase 1 `new_rows`: True for rows of tokens the base model did not have (all rows of a
+    scratch model); None when phase 1 trains whole matrices."""
+    if config.phase1.trainable != "new_rows" or config.phase1.num_steps == 0:
+        return None
+    if pending is None:
+        if scratch:
+            return torch.ones(vocab, dtype=torch.bool)
+        raise ConfigError("phase1.trainable: new_rows, but the tokenizer equals the base model's: there are no new "
+                          "rows to train (use trainable: embeddings or a new tokenizer)")
+    return torch.tensor([k < 0 for k in pending.mapping.kept], dtype=torch.bool)
+
+
+def apply_transplant(model, pending: PendingTransplant, method: str, seed: int) -> None:
+    transplant.transplant(model, pending.base_rows, pending.mapping, method, seed)
+
+
+def compare_initialisations(model, pending: PendingTransplant, val, config: CptConfig, rt: Runtime
+                            ) -> dict[str, float]:
+    """Step-0 validation of every initialisation (the trained one last, so the model ends with its
+    rows); each measured once. Returns the trained initialisation's result (the run's step 0)."""
+    methods = [config.transplant]
+    if config.compare_transplant_inits:
+        methods = [m for m in transplant.METHODS if m != config.transplant] + [config.transplant]
+    result: dict[str, float] = {}
+    for method in methods:
+        apply_transplant(model, pending, method, config.seed)
+        result = evaluate(model, val, config, rt, desc=f"step-0 {method}")
+        pending.report[f"step0_val_bpb_{method}"] = result["val_bpb"]
+        pending.report[f"step0_val_bpb_{method}_by_set"] = bpb_by_set(result)
+        log.info("transplant %s: step-0 val_bpb=%.4f val_loss=%.4f", method, result["val_bpb"], result["val_loss"])
+    return result

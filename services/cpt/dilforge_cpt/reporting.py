@@ -1,0 +1,143 @@
+"""What a run reports: metric rows to TensorBoard, log lines and a progress bar, and the throughput
+numbers behind them (FLOPs per token, device peak, memory)."""
+
+from __future__ import annotations
+
+import logging
+import math
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from dilforge_shared.configs.cpt import CptConfig
+
+from .runtime import Runtime
+
+log = logging.getLogger("dilforge.cpt")
+
+# Peak dense bf16 tensor-core TFLOP/s per device, for MFU.
+PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "H800": 989.0, "A100": 312.0, "A800": 312.0, "L40S": 362.0,
+               "L4": 121.0, "B200": 2250.0, "GH200": 989.0}
+
+
+def flops_per_token(model_config, num_params: int, seq_len: int) -> float:
+    """6·N + 12·L·d·T (PaLM appendix B): N = unique parameters − embedding + LM-head matmul."""
+    d, layers, vocab = model_config.hidden_size, model_config.num_hidden_layers, model_config.vocab_size
+    tied = bool(getattr(model_config, "tie_word_embeddings", False))
+    matmul_params = num_params if tied else num_params - vocab * d
+    return 6.0 * matmul_params + 12.0 * layers * d * seq_len
+
+
+def peak_flops(config: CptConfig, rt: Runtime) -> float | None:
+    if config.peak_tflops_per_device:
+        return config.peak_tflops_per_device * 1e12
+    if not rt.cuda:
+        return None
+    name = torch.cuda.get_device_name(rt.device)
+    for key in sorted(PEAK_TFLOPS, key=len, reverse=True):
+        if key in name:
+            return PEAK_TFLOPS[key] * 1e12
+    return None
+
+
+def peak_memory_gb(rt: Runtime) -> float:
+    if rt.cuda:
+        return torch.cuda.max_memory_allocated(rt.device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+class Progress:
+    """A pass over `total` units with an ETA, on global rank 0: a tqdm bar when stderr is a TTY, else a
+    log line at most every `every_s` seconds (so short passes stay quiet and long ones show an ETA)."""
+
+    def __init__(self, desc: str, total: int, rt: Runtime, unit: str = "batches", initial: int = 0,
+                 every_s: float = 30.0):
+        self.desc, self.total, self.unit, self.every_s = desc, total, unit, every_s
+        self.done = self.start_done = initial
+        self.active = rt.is_main
+        self.bar = None
+        self.t0 = self.last = time.monotonic()
+        if self.active and sys.stderr.isatty():
+            from tqdm import tqdm
+            self.bar = tqdm(total=total, initial=initial, desc=desc, unit=unit, leave=False)
+
+    def set_total(self, total: int) -> None:
+        if self.total != total:
+            self.total = total
+            if self.bar is not None:
+                self.bar.total = total
+                self.bar.refresh()
+
+    def update(self, n: int = 1, **postfix: Any) -> None:
+        if not self.active:
+            return
+        self.done += n
+        if self.bar is not None:
+            self.bar.update(n)
+            if postfix:
+                self.bar.set_postfix({k: _fmt(v) for k, v in postfix.items()})
+            return
+        now = time.monotonic()
+        if now - self.last >= self.every_s and self.done < self.total:
+            self.last = now
+            rate = (self.done - self.start_done) / max(now - self.t0, 1e-9)
+            eta = (self.total - self.done) / rate if rate else float("inf")
+            extra = "".join(f" {k}={_fmt(v)}" for k, v in postfix.items())
+            log.info("%s: %d/%d %s (%.0f%%), %.0f s elapsed, ETA %.0f s%s", self.desc, self.done, self.total,
+                     self.unit, 100 * self.done / max(self.total, 1), now - self.t0, eta, extra)
+
+    def write(self, text: str) -> None:
+        if self.bar is not None:
+            self.bar.write(text)
+        else:
+            log.info("%s", text)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+class MetricsLog:
+    """Where metric rows go besides the TrainState: TensorBoard (rank 0), parseable `key=value` log
+    lines, and a progress bar on a TTY."""
+
+    def __init__(self, tb_dir: Path | None, total_steps: int, rt: Runtime, start_step: int):
+        self.rt = rt
+        self.writer = None
+        self.progress = Progress("cpt", total_steps, rt, unit="steps", initial=start_step)
+        if rt.is_main and tb_dir is not None:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+                self.writer = SummaryWriter(str(tb_dir))
+            except ImportError:
+                log.warning("tensorboard not installed: no TensorBoard logs")
+
+    def record(self, step: int, values: dict[str, Any], kind: str = "train") -> dict | None:
+        """The row {"step": step, **values} on global rank 0 (written out), None elsewhere."""
+        if not self.rt.is_main:
+            return None
+        row = {"step": step, **values}
+        if self.writer is not None:
+            for key, value in values.items():
+                if isinstance(value, (int, float)) and value is not None and math.isfinite(value):
+                    self.writer.add_scalar(f"{kind}/{key}", value, step)
+        self.progress.write(" ".join(f"{k}={_fmt(v)}" for k, v in row.items()))
+        return row
+
+    def tick(self, loss: float) -> None:
+        self.progress.update(1, loss=loss)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.flush()
+            self.writer.close()
+        self.progress.close()
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return str(v)

@@ -1,0 +1,95 @@
+"""Where training runs: process group, device, precision and whether FSDP2 shards the model.
+
+Built once per process by `init_runtime` and frozen: every rule that depends on it (autocast or
+FSDP's mixed precision, collectives, who writes files) reads the same answer for the whole run.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from dilforge_shared.configs.cpt import CptConfig
+from dilforge_shared.errors import ConfigError
+
+warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """This process's place in the run. `fsdp` is decided here, before the model exists."""
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    dtype: torch.dtype = torch.float32
+    distributed: bool = False
+    fsdp: bool = False
+    node: int = 0
+    num_nodes: int = 1
+
+    @property
+    def cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def barrier(self) -> None:
+        if self.distributed:
+            dist.barrier()
+
+    def all_sum(self, values: list[float]) -> list[float]:
+        if not self.distributed:
+            return values
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(t)
+        return t.tolist()
+
+    def any(self, flag: bool) -> bool:
+        return self.all_sum([1.0 if flag else 0.0])[0] > 0
+
+    def autocast(self):
+        """bf16 autocast without FSDP; under FSDP2 its MixedPrecisionPolicy casts instead."""
+        if self.dtype == torch.bfloat16 and not self.fsdp:
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return nullcontext()
+
+
+def init_runtime(config: CptConfig) -> Runtime:
+    """One process per device; under torchrun (RANK/WORLD_SIZE set) join the process group."""
+    cuda = torch.cuda.is_available()
+    distributed = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world))) or 1
+    node = int(os.environ.get("GROUP_RANK", str(rank // local_world)))
+    if world > 1 and config.fsdp == "off":
+        raise ConfigError("fsdp: 'off' needs a single process; this run has "
+                          f"{world} (num_processes_per_node × hosts)")
+    fsdp = config.fsdp == "on" or (config.fsdp == "auto" and world > 1)
+    if fsdp and not distributed:
+        raise ConfigError("fsdp: 'on' needs torchrun (set num_processes_per_node) or fsdp: auto")
+    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    if distributed:
+        backend = config.distributed_backend if config.distributed_backend != "auto" else ("nccl" if cuda else "gloo")
+        dist.init_process_group(backend, timeout=timedelta(minutes=30),
+                                device_id=device if backend == "nccl" else None)
+    dtype = torch.bfloat16 if config.precision == "bf16" or (config.precision == "auto" and cuda) else torch.float32
+    torch.manual_seed(config.seed)
+    return Runtime(rank, world, local_rank, device, dtype, distributed, fsdp=fsdp, node=node,
+                   num_nodes=max(1, world // local_world))
+
+
+def shutdown(rt: Runtime) -> None:
+    if rt.distributed and dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,61 @@
+"""Validation of the model being trained: loss per text token and bits per byte, overall and per
+validation set, by the shared definition (`dilforge_shared.bpb`) that eval reports too."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from dilforge_shared.bpb import stream_nll
+from dilforge_shared.configs.cpt import CptConfig
+
+from .data import ValidationSet
+from .reporting import Progress
+from .runtime import Runtime
+
+SET_PREFIX = "val_bpb/"  # validation rows hold one `val_bpb/<set name>` per validation set
+
+
+def window_and_stride(config: CptConfig) -> tuple[int, int]:
+    return config.seq_len, config.validation_stride or max(1, config.seq_len // 2)
+
+
+@torch.no_grad()
+def evaluate(model, val: list[ValidationSet], config: CptConfig, rt: Runtime, desc: str = "validation"
+             ) -> dict[str, float]:
+    """val_loss (nats per text token) and val_bpb over all sets, and `val_bpb/<set>` for each set.
+
+    Each rank scores its share of every set's windows; the sums are all-reduced.
+    """
+    window, stride = window_and_stride(config)
+    batch_size = config.validation_micro_batch_size or config.micro_batch_size
+    was_training = model.training
+    model.eval()
+    sums: list[float] = []
+    try:
+        for vs in val:
+            progress = Progress(f"{desc} {vs.name}", 0, rt)
+
+            def on_batch(done: int, total: int, progress=progress) -> None:
+                progress.set_total(total)
+                progress.update(1)
+            with rt.autocast():
+                nll, count, _ = stream_nll(model, vs.stream, window, stride, batch_size, rank=rt.rank, world=rt.world,
+                                           on_batch=on_batch)
+            progress.close()
+            sums += [nll, float(count)]
+    finally:
+        if was_training:
+            model.train()
+    sums = rt.all_sum(sums)
+    nll_total, count_total = sum(sums[0::2]), sum(sums[1::2])
+    bytes_total = sum(vs.stream.num_bytes for vs in val)
+    out = {"val_loss": nll_total / max(count_total, 1.0), "val_bpb": nll_total / math.log(2) / max(bytes_total, 1)}
+    for i, vs in enumerate(val):
+        out[f"{SET_PREFIX}{vs.name}"] = sums[2 * i] / math.log(2) / max(vs.stream.num_bytes, 1)
+    return out
+
+
+def bpb_by_set(row: dict) -> dict[str, float]:
+    """{set name: bpb} from a validation row."""
+    return {k.removeprefix(SET_PREFIX): v for k, v in row.items() if k.startswith(SET_PREFIX)}

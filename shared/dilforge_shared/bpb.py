@@ -1,0 +1,222 @@
+"""Sliding-window bits per byte of a text set: the one BPB that CPT validation and eval report.
+
+Imports torch: only services (cpt, eval) import this module, never the coordinator or the rest of
+`dilforge_shared` (which stay torch-free).
+
+Definition (`sliding_window_bpb`):
+  * the documents of a set become one token stream, each document framed by its tokenizer family's
+    separators exactly as CPT packs training text: `[bos] doc [doc_end]` (`dilforge_shared.families`;
+    ChatML has no bos, so its stream starts with `doc_end` to give the first token a context);
+  * windows of `window` tokens end every `stride` tokens; a window scores only the targets the
+    previous one did not, so every text token is scored exactly once, after the first window with
+    at least `window - stride` tokens of context (stride is capped at window - 1);
+  * separators are context only: they are never scored and their bytes are not counted;
+  * BPB = sum of the text tokens' NLL in nats / ln 2 / UTF-8 bytes of the documents' text.
+Dividing by bytes rather than tokens makes models with different tokenizers comparable.
+
+Log-probabilities are computed from the final hidden states in chunks of `chunk_positions` scored
+positions, so no full-vocabulary fp32 logits exist for a whole batch (Llama 3's 128k vocabulary at
+2048 positions would be 1 GB per sequence). The model's own forward runs with `logits_to_keep=1`
+and a hook on its decoder scores the hidden states, so FSDP2's root hooks (which gather the
+embedding, final norm and LM head) apply exactly as in training.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class TokenStream:
+    """A text set as one stream: token ids, which of them are text (scored), and the text's bytes."""
+    ids: list[int]
+    scored: list[bool]
+    num_bytes: int
+    num_docs: int
+
+    @property
+    def num_text_tokens(self) -> int:
+        return sum(self.scored)
+
+
+def build_stream(docs: Sequence[str], encoded: Sequence[Sequence[int]], bos: int | None, doc_end: int) -> TokenStream:
+    """`[bos] doc doc_end [bos] doc ...` from each document's text and its token ids (no special tokens)."""
+    if len(docs) != len(encoded):
+        raise ValueError(f"{len(docs)} documents but {len(encoded)} encodings")
+    ids: list[int] = [] if bos is not None else [doc_end]
+    scored: list[bool] = [False] * len(ids)
+    for i, doc_ids in enumerate(encoded):
+        if i:
+            ids.append(doc_end)
+            scored.append(False)
+        if bos is not None:
+            ids.append(bos)
+            scored.append(False)
+        ids.extend(int(t) for t in doc_ids)
+        scored.extend([True] * len(doc_ids))
+    return TokenStream(ids, scored, sum(len(d.encode("utf-8")) for d in docs), len(docs))
+
+
+def window_plan(num_positions: int, window: int, stride: int) -> list[tuple[int, int, int]]:
+    """(begin, end, first_scored) per window over positions 0..n-1 (position 0 is only context).
+
+    Window k feeds positions [begin, end) and scores target positions [first_scored, end); every
+    target 1..n-1 falls in exactly one window, with at least window - stride tokens of context
+    after the first window. The stride is capped at window - 1: the first position of a window has
+    no context inside it, so consecutive windows must overlap by one token at least.
+    """
+    if window < 2 or stride < 1 or stride > window:
+        raise ValueError(f"need window >= 2 and 1 <= stride <= window, got window={window}, stride={stride}")
+    stride = min(stride, window - 1)
+    plans: list[tuple[int, int, int]] = []
+    scored_until, end = 1, min(window, num_positions)
+    while scored_until < num_positions:
+        plans.append((max(0, end - window), end, scored_until))
+        scored_until = end
+        end = min(end + stride, num_positions)
+    return plans
+
+
+def _decoder_and_head(model):
+    """(decoder, lm_head) when logits are a plain linear map of the decoder's output and the model's
+    forward can skip computing them (`logits_to_keep`), else (None, None)."""
+    import inspect
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    cfg = getattr(model, "config", None)
+    if decoder is None or head is None or getattr(cfg, "final_logit_softcapping", None) \
+            or getattr(cfg, "logit_scale", None) or "logits_to_keep" not in inspect.signature(model.forward).parameters:
+        return None, None
+    return decoder, head
+
+
+def _batch_nll(model, batch: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, targets: torch.Tensor,
+               chunk_positions: int) -> torch.Tensor:
+    """Summed NLL (float64) of `targets` at hidden positions (rows, cols) of one forward pass.
+
+    The model's own forward runs (so FSDP2's root hooks gather the embedding, norm and head, and
+    Liger/compile apply as in training) with `logits_to_keep=1`; a hook on the decoder turns the
+    scored positions' final hidden states into log-probabilities, `chunk_positions` at a time.
+    """
+    decoder, head = _decoder_and_head(model)
+    total = torch.zeros((), dtype=torch.float64, device=targets.device)
+    if decoder is None:  # logits are not a plain linear map of the hidden states: the model computes them
+        logits = model(input_ids=batch).logits[rows, cols]
+        for j in range(0, len(targets), chunk_positions):
+            total += F.cross_entropy(logits[j:j + chunk_positions].float(), targets[j:j + chunk_positions],
+                                     reduction="sum").double()
+        return total
+
+    def score(module, args, output):
+        nonlocal total
+        hidden = output[0] if isinstance(output, tuple) else output.last_hidden_state
+        picked = hidden[rows, cols]
+        for j in range(0, len(targets), chunk_positions):
+            logits = head(picked[j:j + chunk_positions]).float()
+            total = total + F.cross_entropy(logits, targets[j:j + chunk_positions], reduction="sum").double()
+
+    handle = decoder.register_forward_hook(score)
+    try:
+        model(input_ids=batch, logits_to_keep=1)
+    finally:
+        handle.remove()
+    return total
+
+
+def _reshard(model) -> None:
+    """After a no_grad forward FSDP2 leaves the root's parameters gathered; a later training forward
+    would then use those stale copies after the optimizer updated the shards. Free them explicitly."""
+    from torch.distributed.fsdp import FSDPModule
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
+
+
+@torch.no_grad()
+def stream_nll(model, stream: TokenStream, window: int, stride: int, batch_size: int = 8,
+               chunk_positions: int = 1024, rank: int = 0, world: int = 1,
+               on_batch: Callable[[int, int], None] | None = None) -> tuple[float, int, int]:
+    """(NLL in nats, text tokens scored, windows) of this rank's share of the stream's windows.
+
+    Windows are dealt to ranks round-robin; every rank runs the same number of forward passes (a
+    rank out of windows runs one that scores nothing), as FSDP's collectives require. Sum the
+    results over ranks. `on_batch(done, total)` reports progress.
+    """
+    device = next(model.parameters()).device
+    ids_t = torch.tensor(stream.ids, dtype=torch.long)
+    scored_t = torch.tensor(stream.scored, dtype=torch.bool)
+    plans = window_plan(len(stream.ids), window, stride)
+    mine = plans[rank::world]
+    num_batches = -(-len(plans[0::world]) // batch_size) if plans else 0
+    total = torch.zeros((), dtype=torch.float64, device=device)
+    count = 0
+    for k in range(num_batches):
+        group = mine[k * batch_size:(k + 1) * batch_size]
+        if not group:
+            b, e, _ = plans[0]
+            group = [(b, e, e)]  # scores nothing
+        width = max(e - b for b, e, _ in group)
+        batch = torch.zeros((len(group), width), dtype=torch.long)
+        rows, cols, targets = [], [], []
+        for row, (b, e, s) in enumerate(group):
+            batch[row, : e - b] = ids_t[b:e]  # right padding: causal attention never looks at it
+            t = torch.arange(s, e)
+            t = t[scored_t[s:e]]
+            rows.append(torch.full_like(t, row))
+            cols.append(t - 1 - b)  # the hidden state at p predicts token p + 1
+            targets.append(ids_t[t])
+        rows_t, cols_t = torch.cat(rows).to(device), torch.cat(cols).to(device)
+        tgt = torch.cat(targets).to(device)
+        total += _batch_nll(model, batch.to(device), rows_t, cols_t, tgt, chunk_positions)
+        count += len(tgt)
+        if on_batch is not None:
+            on_batch(k + 1, num_batches)
+    _reshard(model)
+    return float(total), count, len(mine)
+
+
+@dataclass
+class BpbResult:
+    nll_nats: float
+    num_bytes: int
+    num_tokens: int          # text tokens scored (separators excluded)
+    num_windows: int
+    seconds: float
+
+    @property
+    def bits(self) -> float:
+        return self.nll_nats / math.log(2)
+
+    @property
+    def bpb(self) -> float:
+        return self.bits / self.num_bytes if self.num_bytes else float("nan")
+
+    @property
+    def bits_per_token(self) -> float:
+        return self.bits / self.num_tokens if self.num_tokens else float("nan")
+
+
+@torch.no_grad()
+def sliding_window_bpb(model, stream: TokenStream, window: int, stride: int, batch_size: int = 8,
+                       chunk_positions: int = 1024,
+                       on_batch: Callable[[int, int], None] | None = None) -> BpbResult:
+    """BPB of one stream in one process (see the module docstring for the definition)."""
+    start = time.perf_counter()
+    was_training = model.training
+    model.eval()
+    try:
+        nll, scored, windows = stream_nll(model, stream, window, stride, batch_size, chunk_positions,
+                                          on_batch=on_batch)
+    finally:
+        if was_training:
+            model.train()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return BpbResult(nll_nats=nll, num_bytes=stream.num_bytes, num_tokens=scored, num_windows=windows,
+                     seconds=time.perf_counter() - start)

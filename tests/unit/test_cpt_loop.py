@@ -1,0 +1,102 @@
+"""The training loop in process: TrainState is what a checkpoint saves, and a run stopped mid-way and
+resumed from its checkpoint ends exactly where the uninterrupted run ends (across the phase boundary)."""
+
+from __future__ import annotations
+
+import json
+
+import factories
+import numpy as np
+import pytest
+import torch
+from dilforge_shared.configs.cpt import CptConfig
+from dilforge_shared.contract import Terminated
+
+torch.set_num_threads(1)
+VOCAB, SEQ = 64, 16
+
+
+def config() -> CptConfig:
+    return CptConfig(scratch_model={}, corpora=[{"uri": "a"}, {"uri": "b", "weight": 0.5}],
+                     validation=[{"uri": "v"}], seq_len=SEQ, global_batch_size=4, micro_batch_size=2,
+                     phase1={"num_steps": 3, "lr": 0.01}, phase2={"num_steps": 4, "lr": 0.003, "num_warmup_steps": 1},
+                     log_every=1, eval_every=3, checkpoint_every=100)
+
+
+def token_files(tmp_path):
+    from dilforge_cpt.data import TokenFile
+    files = []
+    for i, n in enumerate((40 * SEQ, 25 * SEQ)):
+        path = tmp_path / f"c{i}.u32"
+        np.random.default_rng(i).integers(0, VOCAB, n).astype(np.uint32).tofile(path)
+        files.append(TokenFile(path, n, 1, f"c{i}"))
+    return files
+
+
+def run(tmp_path, ckpt_root, stop_at: int | None):
+    """Train from the newest checkpoint under ckpt_root (or from scratch); SIGTERM-like stop after stop_at."""
+    from dilforge_cpt.checkpoints import latest_checkpoint, read_checkpoint_state
+    from dilforge_cpt.data import PackedData, ValidationSet
+    from dilforge_cpt.loop import LoopSetup, TrainState, train_loop
+    from dilforge_cpt.reporting import MetricsLog
+    from dilforge_cpt.runtime import Runtime
+    from dilforge_shared.bpb import build_stream
+    from transformers import LlamaForCausalLM
+    cfg = config()
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(factories.tiny_llama_config(VOCAB))
+    data = PackedData(token_files(tmp_path), [c.weight for c in cfg.corpora], SEQ, cfg.seed)
+    stream = build_stream(["abc", "de"], [[1, 2, 3, 4, 5, 6, 7], [8, 9, 10]], bos=0, doc_end=63)
+    val = [ValidationSet("v", stream)]
+    resume = latest_checkpoint(ckpt_root)
+    state = TrainState() if resume is None else TrainState.from_json(read_checkpoint_state(resume))
+    if resume is None:
+        state.sampler = data.sampler.state_dict()
+    else:
+        data.sampler.load_state_dict(state.sampler)
+    rt = Runtime()
+    setup = LoopSetup(config=cfg, rt=rt, checkpoint_root=ckpt_root, metrics=MetricsLog(None, cfg.num_steps, rt, 0),
+                      stop_requested=lambda: stop_at is not None and state.step >= stop_at, flops_per_token=1.0,
+                      peak_flops=None)
+    state = train_loop(model, data, val, state, setup, resume)
+    return model, state
+
+
+@pytest.mark.parametrize("stop_at", [2, 5], ids=["in-phase-1", "in-phase-2"])
+def test_stop_and_resume_equals_uninterrupted(tmp_path, stop_at):
+    ref_model, ref_state = run(tmp_path, tmp_path / "ref", None)
+    with pytest.raises(Terminated, match=f"stopped by SIGTERM at step {stop_at}"):
+        run(tmp_path, tmp_path / "ck", stop_at)
+    saved = json.loads((tmp_path / "ck" / f"step-{stop_at:08d}" / "state.json").read_text())
+    assert saved["step"] == stop_at and saved["tokens_seen"] == stop_at * 4 * SEQ
+    assert saved["phase"] == (1 if stop_at < 3 else 2)
+    model, state = run(tmp_path, tmp_path / "ck", None)
+    assert state.step == ref_state.step == 7 and state.tokens_seen == 7 * 4 * SEQ
+    assert state.sampler == ref_state.sampler
+    assert [h["loss"] for h in state.history] == [h["loss"] for h in ref_state.history]
+    assert state.best_val_bpb == ref_state.best_val_bpb == min(v["val_bpb"] for v in ref_state.validation)
+    for (name, a), b in zip(ref_model.state_dict().items(), model.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+def test_train_state_reads_checkpoints_written_before_it_had_every_field():
+    from dilforge_cpt.loop import TrainState
+    old = {"phase": 2, "step_in_phase": 1, "step": 4, "sampler": {"position": 16, "cursors": [10, 6]},
+           "transplant": {"method": "none"}, "history": [{"step": 4, "loss": 1.0}], "validation": [],
+           "last_loss": 1.0}
+    state = TrainState.from_json(old)
+    assert (state.step, state.phase, state.step_in_phase, state.tokens_seen) == (4, 2, 1, 0)
+    assert TrainState.from_json(json.loads(json.dumps(state.to_json()))) == state
+
+
+def test_runtime_is_decided_once_and_frozen():
+    import dataclasses
+
+    from dilforge_cpt.runtime import init_runtime
+    from dilforge_shared.errors import ConfigError
+    rt = init_runtime(config())
+    assert rt.fsdp is False and rt.world == 1
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        rt.fsdp = True  # type: ignore[misc]
+    with pytest.raises(ConfigError, match="fsdp: 'on' needs torchrun"):
+        init_runtime(config().model_copy(update={"fsdp": "on"}))
