@@ -1,9 +1,10 @@
 #!/usr/bin/env python
 """CPT training throughput and memory on one GPU, through the CPT stage's OWN training step.
 
-Llama-3.2-1B architecture (random init), seq 2048, the stage's runtime, model preparation
-(activation checkpointing, per-layer compile, bf16), optimizer and `train_step` from
-`dilforge_cpt.train`; only the Liger kernel set is chosen here. One table for
+Llama-3.2-1B architecture (random init), seq 2048, the stage's runtime (`dilforge_cpt.runtime`), model
+preparation (`dilforge_cpt.sharding`: Liger, activation checkpointing, per-layer compile, FSDP2 when the
+runtime says so), trainable set, optimizer and `train_step` (`dilforge_cpt.loop`) and its FLOP and
+peak accounting (`dilforge_cpt.reporting`); only the Liger kernel set is chosen here. One table for
 {plain, Liger all kernels, Liger FLCE only} x {eager, compile} x {no activation checkpointing,
 checkpointing}: the largest micro-batch that fits, found by bisection (doubling until the first
 out-of-memory, then halving the interval: any integer, not only powers of two), and at that batch
@@ -132,11 +133,11 @@ def stage_config(args, mode: str, checkpointing: bool, liger: str):
 
 def apply_kernels(model, config, rt, liger: str) -> list[str]:
     """plain: none; liger_all: the stage's own set (apply_liger); liger_flce: fused linear cross entropy only."""
-    from dilforge_cpt import train
+    from dilforge_cpt import sharding
     if liger == "plain" or not rt.cuda:
         return []
     if liger == "liger_all":
-        return train.apply_liger(model, config, rt)
+        return sharding.apply_liger(model, config, rt)
     from liger_kernel.transformers import apply_liger_kernel_to_llama
     apply_liger_kernel_to_llama(rope=False, rms_norm=False, swiglu=False, cross_entropy=False,
                                 fused_linear_cross_entropy=True, model=model)
@@ -144,31 +145,32 @@ def apply_kernels(model, config, rt, liger: str) -> list[str]:
 
 
 class Trainer:
-    """One variant's model + optimizer, stepped through dilforge_cpt.train.train_step at any micro-batch."""
+    """One variant's model + optimizer, stepped through dilforge_cpt.loop.train_step at any micro-batch."""
 
     def __init__(self, args, shape, liger: str, mode: str, checkpointing: bool):
         import torch
-        from dilforge_cpt import train
+        from dilforge_cpt import loop, reporting, runtime, sharding
         from transformers import LlamaForCausalLM
         self.config = stage_config(args, mode, checkpointing, liger)
-        self.rt = train.init_runtime(self.config)
+        self.rt = runtime.init_runtime(self.config)
         torch.manual_seed(0)
         with self.rt.device:  # initialise on the GPU: a 1.2B-parameter init on CPU takes longer than the measurement
             model = LlamaForCausalLM(shape)
         self.kernels = apply_kernels(model, self.config, self.rt, liger)
-        self.model = train.prepare_model(model, self.config, self.rt)
-        params = train.set_trainable(self.model, 2)
+        self.model = sharding.shard_model(model, self.config, self.rt)
+        self.trainable = loop.set_trainable(self.model, 2)
         self.num_params = sum(p.numel() for p in self.model.parameters())
-        self.optimizer = train.make_optimizer(params, self.config, self.config.phase2)
-        self.fpt = train.flops_per_token(shape, self.num_params, args.seq)
-        self.peak = train.peak_flops(self.config, self.rt)
+        self.optimizer = loop.make_optimizer(self.trainable, self.config, self.config.phase2)
+        self.fpt = reporting.flops_per_token(shape, self.num_params, args.seq)
+        self.peak = reporting.peak_flops(self.config, self.rt)
         self.shape, self.seq = shape, args.seq
         self.rng = __import__("numpy").random.default_rng(0)
 
     def step(self, batch: int) -> float:
-        from dilforge_cpt import train
+        from dilforge_cpt import loop
         tokens = self.rng.integers(0, self.shape.vocab_size, size=(batch, self.seq), dtype="int64")
-        loss, _ = train.train_step(self.model, self.optimizer, [tokens], self.rt, self.config.max_grad_norm)
+        loss, _ = loop.train_step(self.model, self.optimizer, [tokens], self.rt, self.config.max_grad_norm,
+                                  self.trainable.row_masks)
         return loss
 
     def fits(self, batch: int) -> bool:

@@ -29,30 +29,31 @@ def cpt_config(data: dict, **overrides):
 
 def test_bf16_liger_step_never_materialises_logits(gpu_data):
     import torch
-    from dilforge_cpt import train
+    from dilforge_cpt import loop, runtime, sharding
     from factories import tiny_llama_config
     from transformers import LlamaForCausalLM
     config = cpt_config(gpu_data)
-    rt = train.init_runtime(config)
+    rt = runtime.init_runtime(config)
     assert rt.cuda and rt.dtype == torch.bfloat16
     vocab, batch, seq = 32768, 4, 1024
     torch.manual_seed(0)
     model = LlamaForCausalLM(tiny_llama_config(vocab, hidden_size=256, intermediate_size=704, num_hidden_layers=4))
-    kernels = train.apply_liger(model, config, rt)
+    kernels = sharding.apply_liger(model, config, rt)
     assert {"fused_linear_cross_entropy", "rms_norm", "rope", "swiglu"} <= set(kernels)
     assert any(type(m).__name__.startswith("Liger") for m in model.modules())
-    model = train.prepare_model(model, config, rt)
+    model = sharding.shard_model(model, config, rt)
     head_calls, q_dtypes = [], []
     model.get_output_embeddings().register_forward_hook(lambda *a: head_calls.append(1))
     model.model.layers[0].self_attn.q_proj.register_forward_hook(lambda m, i, o: q_dtypes.append(o.dtype))
-    params = train.set_trainable(model, 2)
-    optimizer = train.make_optimizer(params, config, config.phase2)
+    trainable = loop.set_trainable(model, 2)
+    params = trainable.params
+    optimizer = loop.make_optimizer(trainable, config, config.phase2)
     before = {n: p.detach().float().clone() for n, p in model.named_parameters()}
     tokens = torch.randint(0, vocab, (batch, seq)).numpy()
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
-    loss, norm = train.train_step(model, optimizer, [tokens], rt, 1.0)
+    loss, norm = loop.train_step(model, optimizer, [tokens], rt, 1.0)
     torch.cuda.synchronize()
     peak_extra = torch.cuda.max_memory_allocated() - base
     logits_fp32 = batch * seq * vocab * 4

@@ -56,15 +56,15 @@ def test_equal_batch_comparison(bench):
 
 
 def test_tiny_sweep_drives_the_stage_training_step(bench, tmp_path, monkeypatch):
-    from dilforge_cpt import train
+    from dilforge_cpt import loop
     calls = []
-    real = train.train_step
+    real = loop.train_step
 
     def counting(*args, **kwargs):
         calls.append(args[2][0].shape)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(train, "train_step", counting)
+    monkeypatch.setattr(loop, "train_step", counting)
     out = tmp_path / "gpu_cpt.json"
     assert bench.main(["--tiny", "--max-batch", "3", "--json", str(out)]) == 0
     result = json.loads(out.read_text())
