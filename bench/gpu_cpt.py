@@ -243,6 +243,23 @@ def write_json(path: str | None, header: str, points: list[Point]) -> None:
                                           "equal_batch": equal_batch_comparison(points)}, indent=1))
 
 
+def measure_point(trainer, point: Point, args, eager_max: dict, plain_max: dict, points: list[Point]) -> None:
+    """Time `point` at its largest batch; a Liger variant also at plain's largest batch of its mode."""
+    key, mode_key = (point.liger, point.checkpointing), (point.mode, point.checkpointing)
+    if point.mode == "eager":
+        eager_max[key] = point.max_batch
+    if point.liger == "plain":
+        plain_max[mode_key] = point.max_batch
+    point.batch = point.max_batch
+    point.__dict__.update(trainer.measure(point.batch, args.warmup, args.steps), ok=True)
+    equal = plain_max.get(mode_key)
+    if point.liger != "plain" and equal and equal < point.max_batch:
+        extra = Point(point.liger, point.mode, point.checkpointing, batch=equal, role="equal",
+                      max_batch=point.max_batch)
+        extra.__dict__.update(trainer.measure(equal, args.warmup, args.steps), ok=True)
+        points.append(extra)
+
+
 def run_sweep(args, shape, cuda: bool, header: str = "") -> list[Point]:
     import torch
     points: list[Point] = []
@@ -272,19 +289,9 @@ def run_sweep(args, shape, cuda: bool, header: str = "") -> list[Point]:
             point.max_batch, point.probes = best, probes
             if best == 0:
                 point.skipped = "batch 1 does not fit"
-                continue
-            if mode == "eager":
-                eager_max[(liger, ckpt)] = best
-            if liger == "plain":
-                plain_max[(mode, ckpt)] = best
-                start_hint = max(start_hint, best)
-            point.batch = best
-            point.__dict__.update(trainer.measure(best, args.warmup, args.steps), ok=True)
-            equal = plain_max.get((mode, ckpt))
-            if liger != "plain" and equal and equal <= best and equal != best:
-                extra = Point(liger, mode, ckpt, batch=equal, role="equal", max_batch=best)
-                extra.__dict__.update(trainer.measure(equal, args.warmup, args.steps), ok=True)
-                points.append(extra)
+            else:
+                measure_point(trainer, point, args, eager_max, plain_max, points)
+                start_hint = max(start_hint, plain_max.get((mode, ckpt), 0))
         except Exception as exc:  # a variant that breaks (compile error, OOM while timing) is reported, not fatal
             point.skipped = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
         finally:
