@@ -144,15 +144,27 @@ def apply_kernels(model, config, rt, liger: str) -> list[str]:
     return ["fused_linear_cross_entropy"]
 
 
+_RUNTIME: list = []
+
+
+def runtime_for(config):
+    """The stage's runtime, made once per process: every point shares its device, dtype and (if the stage
+    sets one up) process group; what differs between points (Liger, compile, checkpointing) is not in it."""
+    if not _RUNTIME:
+        from dilforge_cpt import runtime
+        _RUNTIME.append(runtime.init_runtime(config))
+    return _RUNTIME[0]
+
+
 class Trainer:
     """One variant's model + optimizer, stepped through dilforge_cpt.loop.train_step at any micro-batch."""
 
     def __init__(self, args, shape, liger: str, mode: str, checkpointing: bool):
         import torch
-        from dilforge_cpt import loop, reporting, runtime, sharding
+        from dilforge_cpt import loop, reporting, sharding
         from transformers import LlamaForCausalLM
         self.config = stage_config(args, mode, checkpointing, liger)
-        self.rt = runtime.init_runtime(self.config)
+        self.rt = runtime_for(self.config)
         torch.manual_seed(0)
         with self.rt.device:  # initialise on the GPU: a 1.2B-parameter init on CPU takes longer than the measurement
             model = LlamaForCausalLM(shape)
@@ -387,6 +399,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"# {c['liger']} vs plain, {c['mode']}, checkpointing {c['checkpointing']}, batch {c['batch']}: "
               f"{cut}, {c['speedup']:.2f}x tok/s")
     write_json(args.json, header, points)
+    if _RUNTIME:
+        from dilforge_cpt import runtime
+        runtime.shutdown(_RUNTIME.pop())
     return 0 if any(p.ok for p in points) else 1
 
 
