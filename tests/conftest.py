@@ -48,3 +48,13 @@ def tiny_tokenizer_dir(tmp_path_factory, data_root) -> Path:
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory, tiny_tokenizer_dir) -> Path:
     return factories.build_tiny_llama(tmp_path_factory.mktemp("llama") / "model", tiny_tokenizer_dir)
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """SmolLM2-135M-Instruct as a plain HF folder. For now: DILFORGE_SMOLLM2_DIR or /work/cache/smollm2-hf,
+    skipping otherwise; the lead replaces this with the project's importer (fetch + convert + cache)."""
+    path = Path(os.environ.get("DILFORGE_SMOLLM2_DIR", "/work/cache/smollm2-hf"))
+    if not (path / "config.json").is_file() or not (path / "tokenizer.json").is_file():
+        pytest.skip(f"SmolLM2 HF folder not found at {path} (set DILFORGE_SMOLLM2_DIR)")
+    return path

@@ -124,3 +124,22 @@ def test_validation_sets_are_family_framed_streams_of_their_text(tok, ids, tmp_p
     assert val.stream.num_text_tokens == sum(map(len, encoded))
     with pytest.raises(InputError, match="distinct names"):
         build_validation([DataSource(uri=str(dev)), DataSource(uri=str(dev))], tok, ids, 10, None)
+
+
+def test_english_replay_is_a_weighted_corpus_and_its_share_matches(tok, ids, tmp_path, data_root):
+    """cpt.corpora: Azerbaijani Wikipedia (weight 3) + the English side of Tatoeba (weight 1): a quarter of
+    the sampled training windows come from the English file, across its epochs."""
+    from dilforge_cpt.data import PackedData, tokenize_to_file
+    sources = [DataSource(uri=str(data_root / "az/train/azwiki_sentences_cv_extractor.txt"), weight=3),
+               DataSource(uri=str(data_root / "az/train/tatoeba_aze-eng.tsv"), text_field="eng", weight=1,
+                          name="english-replay")]
+    files = [tokenize_to_file(s, tok, ids, tmp_path, f"c{i}",
+                              400, 200, None) for i, s in enumerate(sources)]
+    data = PackedData(files, [s.weight for s in sources], seq_len=32, seed=0)
+    assert files[1].windows(32) < 0.25 * 1600  # the English corpus wraps into a second epoch below
+    picks = [data.sampler.next() for _ in range(1600)]
+    share = sum(1 for corpus, _ in picks if corpus == 1) / len(picks)
+    assert abs(share - 0.25) < 0.04, share
+    english = next(w for corpus, w in picks if corpus == 1)
+    text = tok.decode(data.window(1, english).tolist())
+    assert " the " in f" {text.lower()} " or " is " in f" {text.lower()} ", text

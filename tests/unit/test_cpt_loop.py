@@ -56,7 +56,7 @@ def run(tmp_path, ckpt_root, stop_at: int | None):
         data.sampler.load_state_dict(state.sampler)
     rt = Runtime()
     setup = LoopSetup(config=cfg, rt=rt, checkpoint_root=ckpt_root, metrics=MetricsLog(None, cfg.num_steps, rt, 0),
-                      stop_requested=lambda: stop_at is not None and state.step >= stop_at, flops_per_token=1.0,
+                      stop_requested=lambda: stop_at is not None and state.step >= stop_at, flops_per_token={1: 1.0, 2: 1.0},
                       peak_flops=None)
     state = train_loop(model, data, val, state, setup, resume)
     return model, state
@@ -92,11 +92,38 @@ def test_train_state_reads_checkpoints_written_before_it_had_every_field():
 def test_runtime_is_decided_once_and_frozen():
     import dataclasses
 
-    from dilforge_cpt.runtime import init_runtime
-    from dilforge_shared.errors import ConfigError
+    import torch.distributed as dist
+    from dilforge_cpt.runtime import init_runtime, shutdown
     rt = init_runtime(config())
-    assert rt.fsdp is False and rt.world == 1
+    assert rt.fsdp is False and rt.world == 1 and not rt.distributed  # CPU, one process: plain
     with pytest.raises(dataclasses.FrozenInstanceError):
         rt.fsdp = True  # type: ignore[misc]
-    with pytest.raises(ConfigError, match="fsdp: 'on' needs torchrun"):
-        init_runtime(config().model_copy(update={"fsdp": "on"}))
+    one = init_runtime(config().model_copy(update={"fsdp": "on"}))
+    try:  # FSDP in one process: a one-rank group, the same code path as many processes
+        assert one.fsdp and one.distributed and one.world == 1 and dist.get_world_size() == 1
+    finally:
+        shutdown(one)
+    assert not dist.is_initialized()
+
+
+def test_one_process_fsdp2_trains_like_the_unsharded_model(tmp_path):
+    """fsdp: on without torchrun (a one-rank gloo group, MixedPrecisionPolicy) takes the same steps as
+    the plain model: FSDP2 is a layout, not a different optimisation."""
+    from dilforge_cpt.loop import make_optimizer, set_trainable, train_step
+    from dilforge_cpt.runtime import Runtime, init_runtime, shutdown
+    from dilforge_cpt.sharding import shard_model
+    from transformers import LlamaForCausalLM
+    cfg = config().model_copy(update={"fsdp": "on"})
+    batch = [np.random.default_rng(0).integers(0, VOCAB, (2, SEQ))]
+    results = []
+    for fsdp in (False, True):
+        rt = init_runtime(cfg) if fsdp else Runtime()
+        try:
+            torch.manual_seed(0)
+            model = shard_model(LlamaForCausalLM(factories.tiny_llama_config(VOCAB)), cfg, rt)
+            opt = make_optimizer(set_trainable(model, 2), cfg, cfg.phase2)
+            losses = [train_step(model, opt, batch, rt, 1.0)[0] for _ in range(3)]
+            results.append(losses)
+        finally:
+            shutdown(rt)
+    assert results[1] == pytest.approx(results[0], rel=1e-6)

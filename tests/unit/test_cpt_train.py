@@ -36,6 +36,24 @@ def test_flops_per_token_llama_3_2_1b():
     assert fpt == 6 * params + 12 * L * d * 2048
     # 80k tok/s on a 989 TFLOP/s H200 is the 65 % MFU goal
     assert 0.65 < 80_000 * fpt / 989e12 < 0.68
+    # phase 1: frozen blocks compute no weight gradients; only the LM head's (2·V·d) remains of the third 2·N
+    phase1 = flops_per_token(cfg, params, 2048, phase=1)
+    assert phase1 == fpt - 2 * params + 2 * v * d
+    assert 0.75 < phase1 / fpt < 0.78  # charging 6·N in phase 1 overstates MFU by ~31 % (the figure)
+
+
+@pytest.mark.parametrize("name,tflops", [
+    ("NVIDIA H200", 989.0), ("NVIDIA H200 NVL", 835.0), ("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA H100 PCIe", 756.0),
+    ("NVIDIA H100 NVL", 835.0), ("NVIDIA A100-SXM4-80GB", 312.0), ("NVIDIA A100 80GB PCIe", 312.0),
+    ("NVIDIA L4", 121.0), ("NVIDIA L40S", 362.0), ("NVIDIA GH200 480GB", 989.0), ("NVIDIA A10G", None),
+    ("Tesla T4", None)])
+def test_device_peak_by_exact_name_and_override(name, tflops):
+    from dilforge_cpt.reporting import device_peak_tflops, peak_flops
+    from dilforge_cpt.runtime import Runtime
+    assert device_peak_tflops(name) == tflops
+    cfg = CptConfig(scratch_model={}, corpora=[{"uri": "a"}], validation=[{"uri": "b"}], phase1={"num_steps": 1},
+                    peak_tflops_per_device=100.0)
+    assert peak_flops(cfg, Runtime()) == 100e12
 
 
 def tiny_model():

@@ -26,7 +26,7 @@ from dilforge_shared.errors import DilforgeError
 
 from .checkpoints import load_checkpoint, save_checkpoint
 from .data import PackedData, ValidationSet
-from .reporting import MetricsLog, peak_memory_gb
+from .reporting import MetricsLog, PeakMemory
 from .runtime import Runtime
 from .validation import evaluate
 
@@ -110,9 +110,10 @@ def _row_mask(param: torch.nn.Parameter, new_rows: torch.Tensor) -> torch.Tensor
     return mask
 
 
-def make_optimizer(trainable: Trainable, config: CptConfig, phase: Phase) -> torch.optim.Optimizer:
+def make_optimizer(trainable: Trainable, config: CptConfig, phase: Phase, fused: bool = False) -> torch.optim.Optimizer:
     """AdamW; matrices decay, vectors do not. `embedding_lr` (phase 2) scales the vocabulary matrices'
-    learning rate by embedding_lr / lr, so they follow the phase's warmup and cosine at their own peak."""
+    learning rate by embedding_lr / lr, so they follow the phase's warmup and cosine at their own peak.
+    `fused` (on CUDA) runs one kernel for all parameters instead of a loop of small ones."""
     vocab_ids = {id(p) for p in trainable.vocab_params}
     scale = (getattr(phase, "embedding_lr", None) or phase.lr) / phase.lr
     groups = []
@@ -123,7 +124,8 @@ def make_optimizer(trainable: Trainable, config: CptConfig, phase: Phase) -> tor
             ("vectors", [p for p in trainable.params if p.ndim < 2], 0.0, 1.0)):
         if members:
             groups.append({"params": members, "weight_decay": decay, "lr_scale": lr_scale, "name": name})
-    return torch.optim.AdamW(groups, lr=phase.lr, betas=(config.adam_beta1, config.adam_beta2), eps=config.adam_eps)
+    return torch.optim.AdamW(groups, lr=phase.lr, betas=(config.adam_beta1, config.adam_beta2), eps=config.adam_eps,
+                             fused=fused or None)
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
@@ -192,7 +194,7 @@ class LoopSetup:
     checkpoint_root: Path
     metrics: MetricsLog
     stop_requested: Callable[[], bool]   # SIGTERM here or the launcher's stop file (checked on every rank)
-    flops_per_token: float
+    flops_per_token: dict[int, float]   # per phase (phase 1 computes no weight gradients in the blocks)
     peak_flops: float | None
     new_rows: torch.Tensor | None = None  # bool per vocabulary row: phase 1 `new_rows` trains only these
 
@@ -209,6 +211,7 @@ def train_loop(model, data: PackedData, val: list[ValidationSet], state: TrainSt
     rank's RNG) are restored from that checkpoint when its phase's optimizer exists."""
     config, rt, metrics = setup.config, setup.rt, setup.metrics
     tokens_per_step = config.global_batch_size * config.seq_len
+    memory = PeakMemory(rt)
     for index, phase in ((1, config.phase1), (2, config.phase2)):
         if phase.num_steps == 0 or index < state.phase:
             continue
@@ -216,13 +219,14 @@ def train_loop(model, data: PackedData, val: list[ValidationSet], state: TrainSt
             state.phase, state.step_in_phase = index, 0
         rows = setup.new_rows if index == 1 and config.phase1.trainable == "new_rows" else None
         trainable = set_trainable(model, index, rows)
-        optimizer = make_optimizer(trainable, config, phase)
+        optimizer = make_optimizer(trainable, config, phase, fused=rt.cuda)
         if resume_from is not None:
             load_checkpoint(resume_from, model, optimizer, rt)
             resume_from = None
         what = "all parameters" if index == 2 else "embeddings + LM head" if rows is None else \
             f"the {int(rows.sum())} new rows of the embeddings + LM head"
         log.info("phase %d: %d steps at lr %g (%s)", index, phase.num_steps, phase.lr, what)
+        memory.start_phase()
         step_time, step_tokens = 0.0, 0
         while state.step_in_phase < phase.num_steps:
             lr = lr_at(phase, state.step_in_phase)
@@ -249,17 +253,20 @@ def train_loop(model, data: PackedData, val: list[ValidationSet], state: TrainSt
             metrics.tick(loss)
             if step % config.log_every == 0 or step == config.num_steps or state.step_in_phase == phase.num_steps:
                 tps = step_tokens / step_time if step_time else 0.0
+                fpt = setup.flops_per_token[index]
                 row = metrics.record(step, {
                     "phase": index, "loss": loss, "lr": lr, "grad_norm": norm, "tokens_per_s": tps,
                     "tokens_per_s_per_device": tps / rt.world,
-                    "mfu": (tps / rt.world) * setup.flops_per_token / setup.peak_flops if setup.peak_flops else None,
-                    "peak_memory_gb": peak_memory_gb(rt),
+                    "mfu": (tps / rt.world) * fpt / setup.peak_flops if setup.peak_flops else None,
+                    "peak_memory_gb": memory.training_gb(),
                 })
                 if row is not None:
                     state.history.append(row)
                 step_time, step_tokens = 0.0, 0
             if step % config.eval_every == 0 or step == config.num_steps:
-                state.add_validation(metrics.record(step, evaluate(model, val, config, rt),
+                with memory.evaluating() as eval_memory:
+                    result = evaluate(model, val, config, rt)
+                state.add_validation(metrics.record(step, {**result, "eval_peak_memory_gb": eval_memory["gb"]},
                                                     kind="validation"))
             stopping = rt.any(setup.stop_requested())
             if step % config.checkpoint_every == 0 or stopping:

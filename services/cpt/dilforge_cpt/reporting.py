@@ -3,6 +3,7 @@ numbers behind them (FLOPs per token, device peak, memory)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import resource
@@ -18,17 +19,35 @@ from .runtime import Runtime
 
 log = logging.getLogger("dilforge.cpt")
 
-# Peak dense bf16 tensor-core TFLOP/s per device, for MFU.
-PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "H800": 989.0, "A100": 312.0, "A800": 312.0, "L40S": 362.0,
-               "L4": 121.0, "B200": 2250.0, "GH200": 989.0}
+# Peak dense (no sparsity) bf16 tensor-core TFLOP/s by device name as torch.cuda.get_device_name
+# reports it (NVIDIA datasheets), for MFU. The first entry whose key is in the name wins, so variants
+# come before their family; override with cpt.peak_tflops_per_device.
+PEAK_TFLOPS: tuple[tuple[str, float], ...] = (
+    ("GH200", 989.0), ("H200 NVL", 835.0), ("H200", 989.0),                       # H200 SXM
+    ("H100 NVL", 835.0), ("H100 PCIe", 756.0), ("H100", 989.0), ("H800", 989.0),  # H100 SXM (HBM3)
+    ("A100", 312.0), ("A800", 312.0), ("L40S", 362.0), ("L4", 121.0), ("B200", 2250.0),
+)
 
 
-def flops_per_token(model_config, num_params: int, seq_len: int) -> float:
-    """6·N + 12·L·d·T (PaLM appendix B): N = unique parameters − embedding + LM-head matmul."""
+def flops_per_token(model_config, num_params: int, seq_len: int, phase: int = 2) -> float:
+    """Training FLOPs per token (PaLM appendix B): 6·N + 12·L·d·T in phase 2, where N = unique
+    parameters − embedding + LM-head matmul. Phase 1 freezes the blocks, which then compute no weight
+    gradients: forward 2·N + activation gradients 2·N + the LM head's weight gradient 2·V·d (the
+    embedding's is a scatter) + attention 12·L·d·T (all of its backward is activation gradients)."""
     d, layers, vocab = model_config.hidden_size, model_config.num_hidden_layers, model_config.vocab_size
     tied = bool(getattr(model_config, "tie_word_embeddings", False))
     matmul_params = num_params if tied else num_params - vocab * d
-    return 6.0 * matmul_params + 12.0 * layers * d * seq_len
+    attention = 12.0 * layers * d * seq_len
+    if phase == 1:
+        return 4.0 * matmul_params + 2.0 * vocab * d + attention
+    return 6.0 * matmul_params + attention
+
+
+def device_peak_tflops(name: str) -> float | None:
+    for key, tflops in PEAK_TFLOPS:
+        if key in name:
+            return tflops
+    return None
 
 
 def peak_flops(config: CptConfig, rt: Runtime) -> float | None:
@@ -36,17 +55,47 @@ def peak_flops(config: CptConfig, rt: Runtime) -> float | None:
         return config.peak_tflops_per_device * 1e12
     if not rt.cuda:
         return None
-    name = torch.cuda.get_device_name(rt.device)
-    for key in sorted(PEAK_TFLOPS, key=len, reverse=True):
-        if key in name:
-            return PEAK_TFLOPS[key] * 1e12
-    return None
+    tflops = device_peak_tflops(torch.cuda.get_device_name(rt.device))
+    return tflops * 1e12 if tflops else None
 
 
 def peak_memory_gb(rt: Runtime) -> float:
     if rt.cuda:
         return torch.cuda.max_memory_allocated(rt.device) / 2**30
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux; never reset
+
+
+class PeakMemory:
+    """Peak memory of training and of evaluation kept apart (CUDA: the allocator's peak is reset at
+    each phase start and around each evaluation; CPU: the process's max RSS, which cannot be reset)."""
+
+    def __init__(self, rt: Runtime):
+        self.rt = rt
+        self.train_gb = 0.0
+
+    def _reset(self) -> None:
+        if self.rt.cuda:
+            torch.cuda.reset_peak_memory_stats(self.rt.device)
+
+    def start_phase(self) -> None:
+        self.train_gb = 0.0
+        self._reset()
+
+    def training_gb(self) -> float:
+        return max(self.train_gb, peak_memory_gb(self.rt))
+
+    @contextlib.contextmanager
+    def evaluating(self):
+        """Yields a dict whose `gb` is the evaluation's own peak afterwards (None on CPU)."""
+        self.train_gb = self.training_gb()
+        self._reset()
+        out: dict[str, float | None] = {"gb": None}
+        try:
+            yield out
+        finally:
+            if self.rt.cuda:
+                out["gb"] = peak_memory_gb(self.rt)
+            self._reset()
 
 
 class Progress:

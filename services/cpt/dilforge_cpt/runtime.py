@@ -7,6 +7,7 @@ FSDP's mixed precision, collectives, who writes files) reads the same answer for
 from __future__ import annotations
 
 import os
+import tempfile
 import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -74,16 +75,21 @@ def init_runtime(config: CptConfig) -> Runtime:
     if world > 1 and config.fsdp == "off":
         raise ConfigError("fsdp: 'off' needs a single process; this run has "
                           f"{world} (num_processes_per_node × hosts)")
-    fsdp = config.fsdp == "on" or (config.fsdp == "auto" and world > 1)
-    if fsdp and not distributed:
-        raise ConfigError("fsdp: 'on' needs torchrun (set num_processes_per_node) or fsdp: auto")
+    fsdp = config.fsdp == "on" or (config.fsdp == "auto" and (world > 1 or cuda))
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
+    backend = config.distributed_backend if config.distributed_backend != "auto" else ("nccl" if cuda else "gloo")
     if distributed:
-        backend = config.distributed_backend if config.distributed_backend != "auto" else ("nccl" if cuda else "gloo")
         dist.init_process_group(backend, timeout=timedelta(minutes=30),
                                 device_id=device if backend == "nccl" else None)
+    elif fsdp:
+        # One process with FSDP2: a one-rank group, so a single GPU computes in bf16 with fp32 master
+        # weights (MixedPrecisionPolicy) through the same code path as many GPUs.
+        store = dist.FileStore(tempfile.mkstemp(prefix="dilforge-cpt-pg-")[1], 1)
+        dist.init_process_group(backend, store=store, rank=0, world_size=1, timeout=timedelta(minutes=30),
+                                device_id=device if backend == "nccl" else None)
+        distributed = True
     dtype = torch.bfloat16 if config.precision == "bf16" or (config.precision == "auto" and cuda) else torch.float32
     torch.manual_seed(config.seed)
     return Runtime(rank, world, local_rank, device, dtype, distributed, fsdp=fsdp, node=node,

@@ -177,12 +177,12 @@ def train_in_process(config: CptConfig, ctx: StageContext, rt: Runtime) -> dict:
     num_params = sum(p.numel() for p in model.parameters())
     model = shard_model(model, config, rt)
 
-    fpt = flops_per_token(model.config, num_params, config.seq_len)
+    fpt = {phase: flops_per_token(model.config, num_params, config.seq_len, phase) for phase in (1, 2)}
     tokens_per_step = config.global_batch_size * config.seq_len
     derived = {
         "world_size": rt.world, "grad_accum_steps": grad_accum, "global_batch_sequences": config.global_batch_size,
         "global_batch_tokens": tokens_per_step, "total_tokens": tokens_per_step * config.num_steps,
-        "num_params": num_params, "vocab_size": model.config.vocab_size, "flops_per_token": fpt,
+        "num_params": num_params, "vocab_size": model.config.vocab_size, "flops_per_token": fpt[2], "flops_per_token_phase1": fpt[1],
         "device": str(rt.device), "dtype": str(rt.dtype).removeprefix("torch."), "fsdp": rt.fsdp,
         "liger_kernels": kernels, "train_windows": {tf.label: tf.windows(config.seq_len) for tf in files},
         "tokenizer_family": ids.family,
@@ -242,6 +242,8 @@ def summarize(state: TrainState, derived: dict) -> dict:
         "tokens_per_s": timed[-1]["tokens_per_s"] if timed else None,
         "mfu": timed[-1]["mfu"] if timed else None,
         "peak_memory_gb": max((h["peak_memory_gb"] for h in state.history), default=None),
+        "eval_peak_memory_gb": max((v["eval_peak_memory_gb"] for v in state.validation
+                                    if v.get("eval_peak_memory_gb") is not None), default=None),
         **{k: derived[k] for k in ("world_size", "global_batch_sequences", "global_batch_tokens", "total_tokens",
                                    "num_params", "liger_kernels", "dtype")},
         "history": state.history, "validation": state.validation,

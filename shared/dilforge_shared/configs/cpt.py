@@ -138,7 +138,10 @@ class CptConfig(StageConfig):
         "total (here or several hosts in resourceconfig.json) runs under torchrun.",
     )
     fsdp: Literal["auto", "on", "off"] = Field(
-        default="auto", description="FSDP2 fully_shard per decoder layer + root; auto = on with >1 process."
+        default="auto",
+        description="FSDP2 fully_shard per decoder layer + root; auto = on with >1 process or on CUDA (one GPU "
+        "gets a one-rank group: bf16 compute, fp32 master weights, the multi-GPU code path); off = plain "
+        "module with autocast (single process only).",
     )
     distributed_backend: Literal["auto", "nccl", "gloo"] = Field(
         default="auto", description="auto = nccl on CUDA, gloo on CPU."
