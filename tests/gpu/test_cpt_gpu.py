@@ -27,6 +27,12 @@ def cpt_config(data: dict, **overrides):
     return CptConfig.model_validate(section)
 
 
+def full(param):
+    """A parameter's whole value as a plain fp32 tensor (FSDP2 holds DTensor shards)."""
+    value = param.detach()
+    return (value.full_tensor() if hasattr(value, "full_tensor") else value).float()
+
+
 def test_bf16_liger_step_never_materialises_logits(gpu_data):
     import torch
     from dilforge_cpt import loop, runtime, sharding
@@ -34,8 +40,10 @@ def test_bf16_liger_step_never_materialises_logits(gpu_data):
     from transformers import LlamaForCausalLM
     config = cpt_config(gpu_data)
     rt = runtime.init_runtime(config)
-    assert rt.cuda and rt.dtype == torch.bfloat16
-    vocab, batch, seq = 32768, 4, 1024
+    assert rt.cuda and rt.dtype == torch.bfloat16 and rt.fsdp  # one GPU: one-rank FSDP2, bf16 mixed precision
+    # sized so that one fp32 logits tensor (2 GiB) dwarfs everything else the step holds (~0.6 GiB:
+    # weights, bf16 copies, grads, AdamW state, activations): a peak below half of it proves FLCE
+    vocab, batch, seq = 65536, 8, 1024
     torch.manual_seed(0)
     model = LlamaForCausalLM(tiny_llama_config(vocab, hidden_size=256, intermediate_size=704, num_hidden_layers=4))
     kernels = sharding.apply_liger(model, config, rt)
@@ -47,8 +55,8 @@ def test_bf16_liger_step_never_materialises_logits(gpu_data):
     model.model.layers[0].self_attn.q_proj.register_forward_hook(lambda m, i, o: q_dtypes.append(o.dtype))
     trainable = loop.set_trainable(model, 2)
     params = trainable.params
-    optimizer = loop.make_optimizer(trainable, config, config.phase2)
-    before = {n: p.detach().float().clone() for n, p in model.named_parameters()}
+    optimizer = loop.make_optimizer(trainable, config, config.phase2, fused=True)
+    before = {n: full(p).clone() for n, p in model.named_parameters()}
     tokens = torch.randint(0, vocab, (batch, seq)).numpy()
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
@@ -62,8 +70,9 @@ def test_bf16_liger_step_never_materialises_logits(gpu_data):
     assert q_dtypes and set(q_dtypes) == {torch.bfloat16}  # compute in bf16
     assert all(p.dtype == torch.float32 for p in params)   # fp32 master weights
     assert torch.isfinite(torch.tensor([loss, norm])).all()
-    changed = [n for n, p in model.named_parameters() if not torch.equal(before[n], p.detach().float())]
+    changed = [n for n, p in model.named_parameters() if not torch.equal(before[n], full(p))]
     assert len(changed) == len(before)
+    runtime.shutdown(rt)
 
 
 # ---- through the stage's entrypoint (the container contract), as SageMaker runs it -----------------------
