@@ -60,6 +60,7 @@ class Point:
     skipped: str | None = None  # why the point did not run
     max_batch: int | None = None
     probes: list[int] = field(default_factory=list)
+    kernels: list[str] = field(default_factory=list)  # the Liger kernels actually applied (the stage decides for liger_all)
     tok_s: float | None = None
     mfu: float | None = None
     tflops: float | None = None
@@ -263,12 +264,12 @@ def measure_point(trainer, point: Point, args, eager_max: dict, plain_max: dict,
         eager_max[key] = point.max_batch
     if point.liger == "plain":
         plain_max[mode_key] = point.max_batch
-    point.batch = point.max_batch
+    point.batch, point.kernels = point.max_batch, list(trainer.kernels)
     point.__dict__.update(trainer.measure(point.batch, args.warmup, args.steps), ok=True)
     equal = plain_max.get(mode_key)
     if point.liger != "plain" and equal and equal < point.max_batch:
         extra = Point(point.liger, point.mode, point.checkpointing, batch=equal, role="equal",
-                      max_batch=point.max_batch)
+                      max_batch=point.max_batch, kernels=point.kernels)
         extra.__dict__.update(trainer.measure(equal, args.warmup, args.steps), ok=True)
         points.append(extra)
 
