@@ -56,8 +56,8 @@ def run(tmp_path, ckpt_root, stop_at: int | None):
         data.sampler.load_state_dict(state.sampler)
     rt = Runtime()
     setup = LoopSetup(config=cfg, rt=rt, checkpoint_root=ckpt_root, metrics=MetricsLog(None, cfg.num_steps, rt, 0),
-                      stop_requested=lambda: stop_at is not None and state.step >= stop_at, flops_per_token={1: 1.0, 2: 1.0},
-                      peak_flops=None)
+                      stop_requested=lambda: stop_at is not None and state.step >= stop_at,
+                      flops_per_token={1: 1.0, 2: 1.0}, peak_flops=None)
     state = train_loop(model, data, val, state, setup, resume)
     return model, state
 

@@ -270,5 +270,6 @@ def build_validation(sources: list[DataSource], tok: Tokenizer, ids: TokenIds, m
         sets.append(ValidationSet(source.label, build_stream(docs, encoded, ids.bos, ids.doc_end)))
     names = [vs.name for vs in sets]
     if len(set(names)) != len(names):
-        raise InputError(f"validation sets need distinct names (got {names}); set `name` on each", path="cpt.validation")
+        raise InputError(f"validation sets need distinct names (got {names}); set `name` on each",
+                         path="cpt.validation")
     return sets

@@ -44,8 +44,9 @@ def base_model_source(config: CptConfig, ctx: StageContext) -> BaseModelSource |
         return BaseModelSource(ctx.request.inputs["model"], True, [])
     if config.base_model is None:
         return None
-    return BaseModelSource(config.base_model, False, [InputRef(
-        name="base_model", kind="data", uri=config.base_model, sha256=model_digest(config.base_model, ctx.endpoint_url))])
+    digest = model_digest(config.base_model, ctx.endpoint_url)
+    return BaseModelSource(config.base_model, False,
+                           [InputRef(name="base_model", kind="data", uri=config.base_model, sha256=digest)])
 
 
 @dataclass(frozen=True)

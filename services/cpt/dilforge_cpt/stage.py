@@ -182,7 +182,8 @@ def train_in_process(config: CptConfig, ctx: StageContext, rt: Runtime) -> dict:
     derived = {
         "world_size": rt.world, "grad_accum_steps": grad_accum, "global_batch_sequences": config.global_batch_size,
         "global_batch_tokens": tokens_per_step, "total_tokens": tokens_per_step * config.num_steps,
-        "num_params": num_params, "vocab_size": model.config.vocab_size, "flops_per_token": fpt[2], "flops_per_token_phase1": fpt[1],
+        "num_params": num_params, "vocab_size": model.config.vocab_size,
+        "flops_per_token": fpt[2], "flops_per_token_phase1": fpt[1],
         "device": str(rt.device), "dtype": str(rt.dtype).removeprefix("torch."), "fsdp": rt.fsdp,
         "liger_kernels": kernels, "train_windows": {tf.label: tf.windows(config.seq_len) for tf in files},
         "tokenizer_family": ids.family,
