@@ -35,12 +35,22 @@ def full(param):
 
 def test_bf16_liger_step_never_materialises_logits(gpu_data):
     import torch
-    from dilforge_cpt import loop, runtime, sharding
-    from factories import tiny_llama_config
-    from transformers import LlamaForCausalLM
+    from dilforge_cpt import runtime
     config = cpt_config(gpu_data)
     rt = runtime.init_runtime(config)
     assert rt.cuda and rt.dtype == torch.bfloat16 and rt.fsdp  # one GPU: one-rank FSDP2, bf16 mixed precision
+    try:
+        check_fused_step(rt, config)
+    finally:  # a one-rank process group left open would make later tests look distributed
+        runtime.shutdown(rt)
+
+
+def check_fused_step(rt, config) -> None:
+    """One stage train_step with Liger on a model whose logits would be the largest tensor by far."""
+    import torch
+    from dilforge_cpt import loop, sharding
+    from factories import tiny_llama_config
+    from transformers import LlamaForCausalLM
     # sized so that one fp32 logits tensor (2 GiB) dwarfs everything else the step holds (~0.6 GiB:
     # weights, bf16 copies, grads, AdamW state, activations): a peak below half of it proves FLCE
     vocab, batch, seq = 65536, 8, 1024
@@ -72,7 +82,6 @@ def test_bf16_liger_step_never_materialises_logits(gpu_data):
     assert torch.isfinite(torch.tensor([loss, norm])).all()
     changed = [n for n, p in model.named_parameters() if not torch.equal(before[n], full(p))]
     assert len(changed) == len(before)
-    runtime.shutdown(rt)
 
 
 # ---- through the stage's entrypoint (the container contract), as SageMaker runs it -----------------------
