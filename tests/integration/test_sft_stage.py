@@ -104,6 +104,8 @@ def test_training_lowers_validation_loss_and_counts_data(sft_run):
     assert train["num_long_truncated"] > 0  # max_length 128 with a 512-token vocab cuts long answers
     assert metrics["data"]["validation"]["num_records"] == 16
     assert metrics["chat_template"] == "tokenizer" and metrics["device"] == "cpu" and metrics["bf16"] is False
+    assert metrics["family"] == "llama3" and metrics["attention"] == "sdpa"
+    assert metrics["gradient_checkpointing"] is False
 
 
 def test_adapter_changes_outputs_and_merged_equals_base_plus_adapter(sft_run, tiny_llama_dir):
@@ -177,8 +179,9 @@ def test_cuda_plan_uses_bf16_and_liger_and_trains(tiny_llama_dir, tmp_path, data
     config = SftConfig.model_validate(sft_section(data_root, max_steps=2, gradient_checkpointing=True))
     plan = stage.device_plan(config)
     assert plan.device == "cuda" and plan.bf16 and plan.liger
-    tok, _ = stage.load_tokenizer(tiny_llama_dir)
+    tok, _, _ = stage.load_tokenizer(tiny_llama_dir)
     train, val, _, _ = stage.prepare_data(config, tok, None)
-    trainer = stage.build_trainer(config, stage.load_model(tiny_llama_dir, plan), tok, train, val, tmp_path, plan)
+    trainer = stage.build_trainer(config, stage.load_model(tiny_llama_dir, plan), tok, train, val, tmp_path, plan,
+                                  checkpointing=True)
     out = trainer.train()
     assert out.global_step == 2 and math.isfinite(out.training_loss)

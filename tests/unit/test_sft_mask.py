@@ -26,7 +26,7 @@ def stage_parts(tiny_llama_dir, tmp_path_factory):
     # the second record's only assistant turn starts after 40 tokens of user text
     late = [{"role": "user", "content": " ".join(["Azərbaycan"] * 40)}, {"role": "assistant", "content": "Bəli."}]
     path.write_text("\n".join(json.dumps({"messages": m}, ensure_ascii=False) for m in (CONV, late)) + "\n")
-    tok, source = stage.load_tokenizer(tiny_llama_dir)
+    tok, _, source = stage.load_tokenizer(tiny_llama_dir)
     plan = stage.DevicePlan(device="cpu", bf16=False, liger=False)
     return stage, tok, source, plan, str(path)
 
@@ -85,15 +85,15 @@ def test_label_preview_writes_ids_mask_and_decoded_text(stage_parts, tmp_path):
     assert [json.loads(line)["trained"] for line in path.read_text().splitlines()][1] == [0] * 5
 
 
-def test_tokenizer_without_generation_markers_gets_trl_template(tiny_llama_dir, tmp_path):
+def test_tokenizer_without_generation_markers_gets_the_family_template(tiny_llama_dir, tmp_path):
     from dilforge_sft import stage
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(str(tiny_llama_dir))
     tok.chat_template = None
     tok.save_pretrained(str(tmp_path))
     (tmp_path / "chat_template.jinja").unlink(missing_ok=True)
-    loaded, source = stage.load_tokenizer(tmp_path)
-    assert source == "trl_llama3_training"
+    loaded, family, source = stage.load_tokenizer(tmp_path)
+    assert (family.name, source) == ("llama3", "family:llama3")
     enc = loaded.apply_chat_template(CONV, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
     ids, labels = expected_tokens(loaded)
     assert list(enc["input_ids"]) == ids

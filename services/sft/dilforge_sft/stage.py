@@ -1,8 +1,10 @@
 """The SFT stage, top to bottom: data → base model → LoRA via TRL's SFTTrainer → adapter (+ merged) → metrics.
 
-The loss falls on assistant content and the <|eot_id|> that ends each assistant turn only: the
-chat template carries {% generation %} markers and TRL's `assistant_only_loss` turns everything
-outside them into label -100. TRL, PEFT and transformers are used as libraries; the only
+The loss falls on assistant content and the end-of-turn token of the base model's family only
+(`<|eot_id|>` for Llama 3, `<|im_end|>` for ChatML): the family's chat template carries
+{% generation %} markers and TRL's `assistant_only_loss` turns everything outside them into label
+-100. Packing is padding-free, with an attention kernel that keeps documents apart (see
+`attention_plan`). TRL, PEFT and transformers are used as libraries; the only
 extension is a TrainerCallback that turns SIGTERM into "checkpoint and stop".
 """
 
@@ -14,13 +16,13 @@ import math
 import shutil
 import time
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from dilforge_shared.configs.sft import SftConfig
 from dilforge_shared.contract import StageContext, StageResult, Terminated, install_sigterm_handler, log_config
 from dilforge_shared.errors import ConfigError, InputError
+from dilforge_shared.families import Family, detect_family
 from dilforge_shared.manifest import InputRef
 
 from .data import Conversation, DataCounts, apply_length_rule, load_splits
@@ -31,18 +33,18 @@ log = logging.getLogger("dilforge.sft")
 TRAINER_DIR = "trainer"              # under ctx.checkpoint_dir: Trainer's checkpoint-<step>/ folders
 EVAL_BEFORE_FILE = "eval_before.json"  # under ctx.checkpoint_dir: the base model's validation loss, kept across resumes
 LABEL_PREVIEW_FILE = "label_preview.jsonl"  # under ctx.model_dir: the first training examples with their loss mask
-TEMPLATE_TOKENS = ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
 
 
 # ---- where the base model comes from ---------------------------------------------------------------
 
 def resolve_base(config: SftConfig, ctx: StageContext) -> tuple[Path, str, list[InputRef]]:
-    """(HF folder, URI for reports, extra lineage). The 'cpt' input wins over config.base_model."""
-    if ctx.has_input("cpt"):
-        if config.base_model:
-            log.warning("base_model %s ignored: the pipeline feeds the 'cpt' artifact", config.base_model)
-        art = ctx.input("cpt")
-        return find_hf_dir(art.path, art.uri), art.uri, []
+    """(HF folder, URI for reports, extra lineage). The 'cpt' input wins, then 'model', then config.base_model."""
+    for name in ("cpt", "model"):
+        if ctx.has_input(name):
+            if config.base_model:
+                log.warning("base_model %s ignored: the pipeline feeds the %r artifact", config.base_model, name)
+            art = ctx.input(name)
+            return find_hf_dir(art.path, art.uri), art.uri, []
     if not config.base_model:
         raise ConfigError("sft: no base model: run the cpt stage in the same pipeline, pass --input cpt=URI, "
                           "or set sft.base_model to an HF folder, s3:// prefix or model artifact")
@@ -71,36 +73,115 @@ def device_plan(config: SftConfig) -> DevicePlan:
     return DevicePlan(device="cuda" if cuda else "cpu", bf16=bf16, liger=cuda and config.liger != "off")
 
 
-def training_chat_template() -> str:
-    """TRL's Llama-3 training template: Llama 3's text plus {% generation %} around assistant content + <|eot_id|>."""
-    return resources.files("trl").joinpath("chat_templates/llama3_training.jinja").read_text(encoding="utf-8")
+def load_tokenizer(model_dir: Path) -> tuple[Any, Family, str]:
+    """(tokenizer, its family, where the chat template came from).
 
-
-def load_tokenizer(model_dir: Path):
-    """The model's tokenizer with a chat template that has generation markers (TRL's llama3 one if it lacks them)."""
+    The family (Llama 3 or ChatML) decides the turn-end token the loss must cover and the pad token.
+    A tokenizer whose own template already has {% generation %} markers keeps it; otherwise the
+    family's training template replaces it (SmolLM2's shipped template, for one, has none and injects
+    a default system prompt), so `assistant_only_loss` masks exactly assistant content + the family's eot.
+    """
     from transformers import AutoTokenizer
     from trl.chat_template_utils import has_generation_markers
     tok = AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=False)
+    vocab = tok.get_vocab()
+    family = detect_family(vocab, str(model_dir))
     template_source = "tokenizer"
     if not tok.chat_template or not has_generation_markers(tok.chat_template):
-        tok.chat_template = training_chat_template()
-        template_source = "trl_llama3_training"
-        log.info("tokenizer has no chat template with {%% generation %%} markers: using TRL's llama3_training.jinja")
-    vocab = tok.get_vocab()
-    missing = [t for t in TEMPLATE_TOKENS if t not in vocab]
-    if missing:
-        raise InputError(f"tokenizer lacks the Llama 3 chat tokens {missing}; SFT needs a Llama-3-style tokenizer",
-                         path=str(model_dir))
-    if tok.pad_token is None:
-        tok.pad_token = "<|finetune_right_pad_id|>" if "<|finetune_right_pad_id|>" in vocab else tok.eos_token
-    return tok, template_source
+        tok.chat_template = family.chat_template
+        template_source = f"family:{family.name}"
+        log.info("tokenizer has no chat template with {%% generation %%} markers: using the %s family's "
+                 "training template", family.name)
+    if tok.pad_token is None or tok.pad_token == family.eot:
+        # SmolLM2 ships pad = <|im_end|>: padding with the token the loss must teach invites masking it
+        tok.pad_token = family.pad if family.pad in vocab else tok.eos_token
+    return tok, family, template_source
 
 
-def load_model(model_dir: Path, plan: DevicePlan):
+# ---- attention kernel and activation checkpointing ---------------------------------------------------
+
+@dataclass(frozen=True)
+class AttentionPlan:
+    implementation: str  # transformers' attn_implementation
+    reason: str          # logged and published: why this kernel
+
+
+def flash_attn_installed() -> bool:
+    import importlib.util
+    return importlib.util.find_spec("flash_attn") is not None
+
+
+def attention_plan(config: SftConfig, device: str, has_flash_attn: bool | None = None) -> AttentionPlan:
+    """Which attention kernel trains this config, and why.
+
+    Packing is padding-free (TRL's BFD): one row holds several conversations told apart only by
+    position ids that restart at 0. Kernels that take those boundaries natively are flash-attention's
+    varlen path (cu_seq_lens from the collator) and flex attention (a block-sparse BlockMask built from
+    the position ids). SDPA and eager get the same boundaries from transformers as a dense
+    block-diagonal N x N mask (N = batch x max_length), which on CUDA disables SDPA's flash kernel and
+    costs about batch-size times the attention work: fine on CPU, avoided on GPU.
+    """
+    has_flash_attn = flash_attn_installed() if has_flash_attn is None else has_flash_attn
+    if config.attention == "flash_attention_2" and not (device == "cuda" and has_flash_attn):
+        raise ConfigError("sft.attention: flash_attention_2 needs CUDA and the flash-attn package; use auto")
+    if config.attention != "auto":
+        return AttentionPlan(config.attention, "set by sft.attention")
+    if not config.packing:
+        return AttentionPlan("sdpa", "no packing: padded rows, sdpa's own causal kernels")
+    if device != "cuda":
+        return AttentionPlan("sdpa", "packing on CPU: no varlen/flex kernel worth compiling here; sdpa gets a "
+                                     "block-diagonal mask from the position ids (dense, N^2 per packed row)")
+    if has_flash_attn:
+        return AttentionPlan("flash_attention_2", "packing on CUDA: flash-attn varlen kernel on the collator's "
+                                                  "cu_seq_lens, no mask")
+    return AttentionPlan("flex_attention", "packing on CUDA without flash-attn: flex attention with a block-sparse "
+                                           "mask of document boundaries (no N^2 mask)")
+
+
+def estimate_training_bytes(model_config, tokens_per_micro_batch: int, bf16: bool) -> int:
+    """Rough peak memory of LoRA training WITHOUT activation checkpointing, in bytes.
+
+    Frozen weights + saved activations + logits. Activations per token and layer follow Korthikanti
+    et al. (2022) for a flash-style attention kernel, with the MLP width taken from the config:
+    about 10 hidden-sized and 3 MLP-sized tensors. Logits are counted in the compute dtype, in fp32 for
+    the loss and once more for their gradient. Deliberately pessimistic: it only decides whether
+    recomputation (25-30 % slower) is worth turning on.
+    """
+    elem = 2 if bf16 else 4
+    hidden, layers = model_config.hidden_size, model_config.num_hidden_layers
+    inter, vocab = model_config.intermediate_size, model_config.vocab_size
+    params = vocab * hidden * (1 if getattr(model_config, "tie_word_embeddings", False) else 2) + layers * (
+        4 * hidden * hidden + 3 * hidden * inter)
+    activations = tokens_per_micro_batch * layers * elem * (10 * hidden + 3 * inter)
+    logits = tokens_per_micro_batch * vocab * (elem + 4 + 4)
+    return params * elem + activations + logits
+
+
+def device_memory_bytes(device: str) -> int:
+    """Total memory of the training device: the GPU's, or the host's RAM on CPU."""
+    import os
+    if device == "cuda":
+        import torch
+        return int(torch.cuda.get_device_properties(0).total_memory)
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def checkpointing_decision(config: SftConfig, estimate: int, memory: int) -> tuple[bool, str]:
+    """(use activation checkpointing?, why): auto turns it on only when memory would not allow training without."""
+    if config.gradient_checkpointing != "auto":
+        return config.gradient_checkpointing == "on", "set by sft.gradient_checkpointing"
+    budget = int(memory * config.memory_budget_fraction)
+    gib = 2 ** 30
+    if estimate > budget:
+        return True, f"estimated {estimate / gib:.1f} GiB > budget {budget / gib:.1f} GiB: recompute activations"
+    return False, f"estimated {estimate / gib:.1f} GiB <= budget {budget / gib:.1f} GiB: no recomputation"
+
+
+def load_model(model_dir: Path, plan: DevicePlan, attn_implementation: str = "sdpa"):
     import torch
     from transformers import AutoModelForCausalLM
     model = AutoModelForCausalLM.from_pretrained(
-        str(model_dir), dtype=torch.bfloat16 if plan.bf16 else torch.float32, attn_implementation="sdpa",
+        str(model_dir), dtype=torch.bfloat16 if plan.bf16 else torch.float32, attn_implementation=attn_implementation,
         trust_remote_code=False)
     if plan.liger:
         from liger_kernel.transformers import apply_liger_kernel_to_llama
@@ -116,7 +197,7 @@ def lora_config(config: SftConfig):
                       target_modules=list(config.lora.target_modules), bias="none", task_type="CAUSAL_LM")
 
 
-def sft_arguments(config: SftConfig, output_dir: Path, plan: DevicePlan):
+def sft_arguments(config: SftConfig, output_dir: Path, plan: DevicePlan, checkpointing: bool = False):
     """The TRL SFTConfig of this stage: every knob comes from SftConfig, nothing from TRL's own defaults by accident."""
     from trl import SFTConfig
     return SFTConfig(
@@ -128,8 +209,8 @@ def sft_arguments(config: SftConfig, output_dir: Path, plan: DevicePlan):
         num_train_epochs=config.num_epochs, max_steps=config.max_steps or -1,
         per_device_train_batch_size=config.per_device_batch_size, per_device_eval_batch_size=config.eval_batch_size,
         gradient_accumulation_steps=config.gradient_accumulation_steps,
-        gradient_checkpointing=config.gradient_checkpointing,
-        gradient_checkpointing_kwargs={"use_reentrant": False} if config.gradient_checkpointing else None,
+        activation_checkpointing=checkpointing,
+        activation_checkpointing_kwargs={"use_reentrant": False} if checkpointing else None,
         bf16=plan.bf16, fp16=False, use_cpu=plan.device == "cpu",
         logging_steps=config.logging_steps, logging_first_step=True,
         save_strategy="steps", save_steps=config.save_steps, save_total_limit=config.num_checkpoints_kept,
@@ -138,12 +219,12 @@ def sft_arguments(config: SftConfig, output_dir: Path, plan: DevicePlan):
 
 
 def build_trainer(config: SftConfig, model, tokenizer, train: list[Conversation], val: list[Conversation],
-                  output_dir: Path, plan: DevicePlan, callbacks: list | None = None):
+                  output_dir: Path, plan: DevicePlan, callbacks: list | None = None, checkpointing: bool = False):
     """TRL's SFTTrainer with LoRA on the stage's conversations; datasets are tokenised and masked here."""
     from datasets import Dataset
     from trl import SFTTrainer
     return SFTTrainer(
-        model=model, args=sft_arguments(config, output_dir, plan), processing_class=tokenizer,
+        model=model, args=sft_arguments(config, output_dir, plan, checkpointing), processing_class=tokenizer,
         train_dataset=Dataset.from_list([{"messages": c} for c in train]),
         eval_dataset=Dataset.from_list([{"messages": c} for c in val]),
         peft_config=lora_config(config), callbacks=callbacks or [],
@@ -258,27 +339,36 @@ def run(config: SftConfig, ctx: StageContext) -> StageResult:
     splits = load_splits(config, ctx.endpoint_url)  # bad data fails here, before torch is even imported
     base_dir, base_uri, extra_inputs = resolve_base(config, ctx)
     import torch
+    from transformers import AutoConfig
     torch.manual_seed(config.seed)
     plan = device_plan(config)
-    tokenizer, template_source = load_tokenizer(base_dir)
+    tokenizer, family, template_source = load_tokenizer(base_dir)
     train, val, train_counts, val_counts = prepare_data(config, tokenizer, ctx.endpoint_url, splits)
+    attention = attention_plan(config, plan.device)
+    model_config = AutoConfig.from_pretrained(str(base_dir), trust_remote_code=False)
+    estimate = estimate_training_bytes(model_config, config.per_device_batch_size * config.max_length, plan.bf16)
+    checkpointing, checkpointing_reason = checkpointing_decision(config, estimate, device_memory_bytes(plan.device))
 
     global_batch = config.per_device_batch_size * config.gradient_accumulation_steps
     steps_per_epoch = math.ceil(len(train) / global_batch)
     total_steps = config.max_steps or math.ceil(steps_per_epoch * config.num_epochs)
     log_config(config, {
         "base_model": base_uri, "device": plan.device, "bf16": plan.bf16, "liger": plan.liger,
-        "chat_template": template_source, "global_batch": global_batch,
+        "chat_template": template_source, "family": family.name, "eot": family.eot,
+        "attention": attention.implementation, "attention_reason": attention.reason,
+        "gradient_checkpointing": checkpointing, "gradient_checkpointing_reason": checkpointing_reason,
+        "global_batch": global_batch,
         "tokens_per_step_max": global_batch * config.max_length, "num_train_conversations": len(train),
         "num_validation_conversations": len(val), "optimizer_steps": total_steps,
         "train_tokens": train_counts.num_tokens, "train_assistant_tokens": train_counts.num_assistant_tokens,
     })
 
-    model = load_model(base_dir, plan)
+    model = load_model(base_dir, plan, attention.implementation)
     trainer_dir = ctx.checkpoint_dir / TRAINER_DIR
     trainer_dir.mkdir(parents=True, exist_ok=True)
     trainer = build_trainer(config, model, tokenizer, train, val, trainer_dir, plan,
-                            callbacks=[stop_on_sigterm_callback(stop_flag), tensorboard_callback(ctx.tensorboard_dir)])
+                            callbacks=[stop_on_sigterm_callback(stop_flag), tensorboard_callback(ctx.tensorboard_dir)],
+                            checkpointing=checkpointing)
     trainable, total = trainer.model.get_nb_trainable_parameters()
     num_previewed = 0
     if config.num_label_preview_examples:
@@ -314,7 +404,9 @@ def run(config: SftConfig, ctx: StageContext) -> StageResult:
     shutil.rmtree(ctx.model_dir / "runs", ignore_errors=True)
 
     metrics = {
-        "base_model": base_uri, "chat_template": template_source, "device": plan.device, "bf16": plan.bf16,
+        "base_model": base_uri, "chat_template": template_source, "family": family.name,
+        "attention": attention.implementation, "gradient_checkpointing": checkpointing,
+        "device": plan.device, "bf16": plan.bf16,
         "liger": plan.liger, "trainable_parameters": trainable, "total_parameters": total,
         "eval_loss_before": eval_before, "eval_loss_after": eval_after,
         "train_loss": out.training_loss, "train_loss_history": history,

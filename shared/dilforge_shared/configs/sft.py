@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from .base import DataSource, Precision, StageConfig, StrictModel
 
@@ -61,12 +61,13 @@ class LoraSettings(StrictModel):
 class SftConfig(StageConfig):
     stage: ClassVar[str] = "sft"
     artifact_kind: ClassVar[str] = "adapter"
-    consumes: ClassVar[tuple[str, ...]] = ("cpt",)
+    consumes: ClassVar[tuple[str, ...]] = ("cpt", "model")
 
     base_model: str | None = Field(
         default=None,
-        description="Model to fine-tune when no 'cpt' input is given: an HF model folder, an s3:// prefix of one, "
-        "or a dilforge model artifact URI. Ignored (with a warning) when the pipeline feeds a 'cpt' artifact.")
+        description="Model to fine-tune when no 'cpt' or 'model' input is given: an HF model folder, an s3:// prefix "
+        "of one, or a dilforge model artifact URI. Ignored (with a warning) when the pipeline feeds a 'cpt' or "
+        "'model' artifact.")
 
     # ---- data -----------------------------------------------------------------------------
     train: list[SftDataSource] = Field(default_factory=list, description="Training sets (chat, instruction or TSV).")
@@ -94,7 +95,15 @@ class SftConfig(StageConfig):
     # ---- model and training -----------------------------------------------------------------
     lora: LoraSettings = Field(default_factory=LoraSettings, description="LoRA adapter settings.")
     max_length: int = Field(default=1024, ge=16, description="Tokens per sequence (and per packed block).")
-    packing: bool = Field(default=False, description="Pack several conversations per sequence (best-fit decreasing).")
+    packing: bool = Field(
+        default=False,
+        description="Pack several conversations per sequence (best-fit decreasing, padding-free: documents are "
+        "told apart by their position ids, never attend to each other).")
+    attention: Literal["auto", "sdpa", "flex_attention", "flash_attention_2", "eager"] = Field(
+        default="auto",
+        description="Attention kernel. auto: with packing on CUDA, flash_attention_2 if the flash-attn package is "
+        "installed, else flex_attention (a block-sparse mask of document boundaries, no N^2 mask); sdpa otherwise "
+        "(on CPU, packed rows get a dense block-diagonal mask; the reason is logged).")
     learning_rate: float = Field(default=1e-4, gt=0, description="Peak learning rate.")
     lr_scheduler: Literal["cosine", "linear", "constant_with_warmup"] = Field(
         default="cosine", description="Learning-rate schedule after warmup.")
@@ -106,7 +115,15 @@ class SftConfig(StageConfig):
     per_device_batch_size: int = Field(default=8, ge=1, description="Sequences per forward pass.")
     gradient_accumulation_steps: int = Field(default=2, ge=1, description="Forward passes per optimizer step.")
     eval_batch_size: int = Field(default=8, ge=1, description="Sequences per validation forward pass.")
-    gradient_checkpointing: bool = Field(default=True, description="Recompute activations to save memory.")
+    gradient_checkpointing: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description="Recompute activations to save memory (costs ~25-30% speed). auto: on only when the estimated "
+        "training memory exceeds memory_budget_fraction of the device's (or host's) memory. YAML true/false "
+        "mean on/off.")
+    memory_budget_fraction: float = Field(
+        default=0.7, gt=0, le=1,
+        description="gradient_checkpointing auto: share of device memory the estimate may use before checkpointing "
+        "is turned on.")
     precision: Precision = Field(default="auto", description="auto: bf16 on CUDA, fp32 on CPU.")
     liger: Literal["auto", "on", "off"] = Field(
         default="auto", description="Liger layer kernels (RMSNorm, RoPE, SwiGLU): auto = on with CUDA, off on CPU.")
@@ -122,6 +139,12 @@ class SftConfig(StageConfig):
         description="Publish label_preview.jsonl: the first this many training examples exactly as the trainer "
         "sees them (token ids, per-token 'trained' flag, decoded text and decoded trained tokens), to audit where "
         "the loss falls. 0 disables.")
+
+    @field_validator("gradient_checkpointing", mode="before")
+    @classmethod
+    def _bool_is_on_off(cls, value):
+        """YAML 1.1 reads `on`/`off`/`true`/`false` as booleans; older configs used a bool here."""
+        return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
 
     @model_validator(mode="after")
     def _check(self) -> SftConfig:
