@@ -1,0 +1,114 @@
+"""The real-model result: SmolLM2-135M-Instruct adapted to Azerbaijani by configs/az-small.yaml, both languages.
+
+Runs the README's main job (`coordinator run-all -c configs/az-small.yaml`; artifacts that already exist are
+reused, so a second call only reads them), then prints, from the published manifests:
+- bits per byte per model (base = SmolLM2 with its own tokenizer, cpt, sft) on FLORES dev Azerbaijani and English,
+  never trained on, with each model's ratio to the base per language (never averaged across languages);
+- the step-0 BPB of each transplant initialisation (mean_of_pieces, mean_of_all, random) per validation set;
+- the issue 9 bars (Azerbaijani ≤ 0.75 × base, English ≤ 1.10 × base) as pass/fail;
+- the wall time of the run (meaningful only when nothing was reused: pass a fresh --store).
+
+    python bench/real_model.py --data ../shared/data [--store /tmp/fresh-store] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from hardware import describe  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+AZ_BAR, EN_BAR = 0.75, 1.10
+
+
+def run_pipeline(config: Path, data: str, store: str) -> tuple[float, dict]:
+    env = {**os.environ, "DILFORGE_STORE": store}
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "dilforge_coordinator.cli", "run-all", "-c", str(config),
+                           "--data", data], env=env, stdin=subprocess.DEVNULL, check=False)
+    seconds = time.perf_counter() - t0
+    if proc.returncode != 0:
+        sys.exit(f"run-all failed (exit {proc.returncode})")
+    from dilforge_shared.store import ArtifactStore
+    record = json.loads(ArtifactStore(store).read_run_record("az-small"))
+    return seconds, {stage: info["artifact_uri"] for stage, info in record["stages"].items()}
+
+
+def language_sets(eval_metrics: dict) -> dict[str, str]:
+    """language → the first text set of that language (the set the report's headline uses)."""
+    out: dict[str, str] = {}
+    for name, info in eval_metrics["text_sets"].items():
+        out.setdefault(info["language"], name)
+    return out
+
+
+def table(artifacts: dict[str, str]) -> dict:
+    from dilforge_shared.store import read_manifest
+    ev, _ = read_manifest(artifacts["eval"])
+    cpt, _ = read_manifest(artifacts["cpt"])
+    tok, _ = read_manifest(artifacts["tokenizer"])
+    m = ev.metrics
+    sets = language_sets(m)
+    rows = []
+    for model in m["bpb"]:
+        row = {"model": model}
+        for lang, name in sets.items():
+            bpb = m["bpb"][model][name]["bpb"]
+            row[lang] = {"set": name, "bpb": bpb, "ratio_to_base": bpb / m["bpb"]["base"][name]["bpb"]}
+        rows.append(row)
+    bars = {}
+    for model in ("cpt", "sft"):
+        row = next(r for r in rows if r["model"] == model)
+        bars[model] = {"az_ratio": row["az"]["ratio_to_base"], "az_ok": row["az"]["ratio_to_base"] <= AZ_BAR,
+                       "en_ratio": row["en"]["ratio_to_base"], "en_ok": row["en"]["ratio_to_base"] <= EN_BAR}
+    transplant = cpt.metrics.get("transplant", {})
+    step0 = {k.removeprefix("step0_val_bpb_"): v for k, v in transplant.items() if k.startswith("step0_val_bpb_")}
+    return {"rows": rows, "bars": bars, "step0": step0, "transplant_method": transplant.get("method"),
+            "tokenizer": {k: tok.metrics.get(k) for k in ("languages", "selected_vocab_size")},
+            "cpt_tokens": cpt.metrics.get("total_tokens"), "eval_bytes_per_set": m.get("max_bytes_per_set")}
+
+
+def markdown(result: dict) -> str:
+    lines = ["| model | Azerbaijani BPB | × base | English BPB | × base |", "|---|---|---|---|---|"]
+    for r in result["rows"]:
+        lines.append(f"| {r['model']} | {r['az']['bpb']:.4f} | {r['az']['ratio_to_base']:.3f} | "
+                     f"{r['en']['bpb']:.4f} | {r['en']['ratio_to_base']:.3f} |")
+    lines += ["", f"bars (Azerbaijani ≤ {AZ_BAR} × base, English ≤ {EN_BAR} × base):"]
+    for model, b in result["bars"].items():
+        lines.append(f"- {model}: az {b['az_ratio']:.3f} ({'ok' if b['az_ok'] else 'MISSED'}), "
+                     f"en {b['en_ratio']:.3f} ({'ok' if b['en_ok'] else 'MISSED'})")
+    if result["step0"]:
+        names = sorted({s for v in result["step0"].values() for s in (v if isinstance(v, dict) else {"val": v})})
+        lines += ["", "| step-0 initialisation | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+        for method, v in result["step0"].items():
+            v = v if isinstance(v, dict) else {"val": v}
+            mark = " (trained)" if method == result["transplant_method"] else ""
+            lines.append(f"| {method}{mark} | " + " | ".join(f"{v.get(n, float('nan')):.4f}" for n in names) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", default=os.environ.get("DILFORGE_DATA", str(ROOT.parent / "shared" / "data")))
+    ap.add_argument("--store", default=os.environ.get("DILFORGE_STORE", str(ROOT / ".dilforge" / "store")))
+    ap.add_argument("--config", type=Path, default=ROOT / "configs" / "az-small.yaml")
+    ap.add_argument("--json", type=Path, help="also write the numbers here")
+    args = ap.parse_args()
+    print(describe("transformers", "tokenizers"), flush=True)
+    seconds, artifacts = run_pipeline(args.config, args.data, args.store)
+    result = {"wall_seconds": round(seconds, 1), "hardware": describe("transformers"), **table(artifacts)}
+    print(f"\nrun-all wall time: {seconds:.0f} s (artifacts reused where they existed)\n")
+    print(markdown(result))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
