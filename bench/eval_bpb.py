@@ -20,6 +20,7 @@ import os
 import sys
 import time
 from pathlib import Path
+
 import hardware  # bench/hardware.py
 
 

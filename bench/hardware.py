@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 
 
@@ -18,7 +18,7 @@ def cpu_model() -> str:
 
 def describe(*libraries: str) -> str:
     """UTC date, CPU, cores (and affinity), GPU, torch threads, python and library versions."""
-    parts = [f"date {datetime.now(timezone.utc).isoformat(timespec='seconds')}",
+    parts = [f"date {datetime.now(UTC).isoformat(timespec='seconds')}",
              f"CPU {cpu_model()}, {os.cpu_count()} cores (affinity {len(os.sched_getaffinity(0))})"]
     try:
         import torch

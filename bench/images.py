@@ -24,9 +24,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "coordinator"))
 sys.path.insert(0, str(ROOT / "shared"))
 
-from dilforge_coordinator import images  # noqa: E402
-from dilforge_coordinator.backends.compose import docker_binary  # noqa: E402
 import hardware  # bench/hardware.py
+from dilforge_coordinator import images
+from dilforge_coordinator.backends.compose import docker_binary
 
 STAGES = ("tokenizer", "cpt", "sft", "eval")
 
@@ -54,7 +54,7 @@ def main() -> int:
     docker = docker_binary()
     engine = subprocess.run([docker, "version", "--format", "{{.Server.Version}}"], capture_output=True,
                             text=True).stdout.strip()
-    header = (f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC, {hardware.cpu_model()}, {os.cpu_count()} cores, "
+    header = (f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, {hardware.cpu_model()}, {os.cpu_count()} cores, "
               f"Docker engine {engine}, base python:3.11-slim")
     print(header)
     images.prepare_wheelhouse()
@@ -83,16 +83,16 @@ def main() -> int:
     rest = sum(cold[s][0] for s in STAGES[1:])
     lines = [
         "## Container images (CPU variant)", "", f"Measured {header}.", "",
-        f"Command: `python bench/images.py`{' --no-prune' if args.no_prune else ''} "
-        "(cold = BuildKit cache pruned first; the base image and PyPI downloads are not cached).", "",
+        (f"Command: `python bench/images.py`{' --no-prune' if args.no_prune else ''} "
+        "(cold = BuildKit cache pruned first; the base image and PyPI downloads are not cached)."), "",
         "| image | size | cold build | warm rebuild |", "|---|---|---|---|",
         *[f"| dilforge-{s} | {cold[s][1] / 1e9:.2f} GB | {cold[s][0]:.0f} s | {warm[s]:.1f} s |" for s in STAGES],
         "",
-        f"- Four images on disk together: **{together / 1e9:.2f} GB** (shared layers {shared / 1e9:.2f} GB once, "
+        (f"- Four images on disk together: **{together / 1e9:.2f} GB** (shared layers {shared / 1e9:.2f} GB once, "
         f"stage layers {sum(unique.values()) / 1e6:.0f} MB), against {naive / 1e9:.2f} GB if nothing were shared "
-        f"({together / naive:.2f}×).",
-        f"- Cold build: the first image {first:.0f} s (builds the shared layers), the other three {rest:.0f} s "
-        f"together ({rest / first:.2f}× the first).",
+        f"({together / naive:.2f}×)."),
+        (f"- Cold build: the first image {first:.0f} s (builds the shared layers), the other three {rest:.0f} s "
+        f"together ({rest / first:.2f}× the first)."),
         "",
     ]
     print("\n".join(lines))

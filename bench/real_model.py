@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hardware import describe  # noqa: E402
+from hardware import describe
 
 ROOT = Path(__file__).resolve().parents[1]
 AZ_BAR, EN_BAR = 0.75, 1.10

@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
 import hardware  # bench/hardware.py
 
 ROOT = Path(__file__).resolve().parents[1]

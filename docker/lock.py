@@ -69,9 +69,9 @@ def closure(roots: list[Requirement], exclude: set[str]) -> dict[str, str]:
         pinned[name] = dist.version
         for raw in dist.requires or []:
             dep = Requirement(raw)
-            if dep.marker is not None:
-                if not any(dep.marker.evaluate({**TARGET_ENV, "extra": e}) for e in (extras or {""})):
-                    continue
+            if dep.marker is not None and not any(
+                    dep.marker.evaluate({**TARGET_ENV, "extra": e}) for e in (extras or {""})):
+                continue
             stack.append((dep, frozenset(dep.extras)))
     return pinned
 

@@ -28,9 +28,9 @@ def build_tokenizer(out_dir: Path, vocab_size: int = 512, num_lines: int = 5000)
 
 def tiny_llama_config(vocab_size: int, **overrides):
     from transformers import LlamaConfig
-    kwargs = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-                  tie_word_embeddings=True, rope_theta=500000.0)
+    kwargs = {"vocab_size": vocab_size, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+                  "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 2048,
+                  "tie_word_embeddings": True, "rope_theta": 500000.0}
     kwargs.update(overrides)
     return LlamaConfig(**kwargs)
 
@@ -85,14 +85,14 @@ def sft_expected_tokens(tok, segments=SFT_EXPECTED_MASK) -> tuple[list[int], lis
 def make_manifest(**overrides):
     """A valid manifest with made-up contents, for store and schema tests."""
     from dilforge_shared.manifest import FileEntry, InputRef, Manifest, Producer
-    fields = dict(
-        kind="tokenizer", artifact_id="abc123", run_id="r1", stage="tokenizer",
-        producer=Producer(package="dilforge-tokenizer", version="0.1.0", libraries={"tokenizers": "0.23.3"}),
-        config={"strategy": "replace", "vocab_sizes": [1000]},
-        inputs=[InputRef(name="data:corpus", kind="data", uri="/data/a.txt", sha256="0" * 64)],
-        data_dir="data-0123", files=[FileEntry(path="tokenizer.json", size=3, sha256="a" * 64)],
-        metrics={"fertility": 1.5},
-    )
+    fields = {
+        "kind": "tokenizer", "artifact_id": "abc123", "run_id": "r1", "stage": "tokenizer",
+        "producer": Producer(package="dilforge-tokenizer", version="0.1.0", libraries={"tokenizers": "0.23.3"}),
+        "config": {"strategy": "replace", "vocab_sizes": [1000]},
+        "inputs": [InputRef(name="data:corpus", kind="data", uri="/data/a.txt", sha256="0" * 64)],
+        "data_dir": "data-0123", "files": [FileEntry(path="tokenizer.json", size=3, sha256="a" * 64)],
+        "metrics": {"fertility": 1.5},
+    }
     fields.update(overrides)
     return Manifest(**fields)
 

@@ -7,10 +7,9 @@ pipeline with `model: {source: SAME}` reuses the artifact, and a second import d
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
-
 from dilforge_shared.configs import PipelineConfig, validate_model
 from dilforge_shared.recipes import RECIPES, source_kind
 from dilforge_shared.store import read_manifest
@@ -26,7 +25,7 @@ def import_cmd(
     source: Annotated[str, typer.Argument(help=f"Recipe ({', '.join(sorted(RECIPES))}), a local .gguf file, a local "
                                               "HF folder, or an s3:// prefix of one.")],
     store: Annotated[str, typer.Option("--store", help="Artifact store root URI.")] = ".dilforge/store",
-    endpoint: Annotated[Optional[str], typer.Option("--s3-endpoint-url", envvar="DILFORGE_S3_ENDPOINT_URL",
+    endpoint: Annotated[str | None, typer.Option("--s3-endpoint-url", envvar="DILFORGE_S3_ENDPOINT_URL",
                                                     help="S3-compatible endpoint (SeaweedFS, MinIO).")] = None,
     backend: Annotated[str, typer.Option("--backend", "-b", help="Where the importer runs: local, compose, sagemaker.")
                        ] = "local",

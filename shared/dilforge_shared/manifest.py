@@ -16,7 +16,7 @@ import logging
 import os
 import platform
 import subprocess
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
@@ -82,7 +82,7 @@ class Manifest(BaseModel):
     artifact_id: str = Field(description="Fingerprint of stage, config and inputs; the artifact's folder name.")
     run_id: str = Field(description="Pipeline run that produced the artifact.")
     stage: StageName = Field(description="Stage that produced the artifact.")
-    created_at: datetime = Field(default_factory=lambda: datetime.now(timezone.utc))
+    created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
     producer: Producer
     config: dict[str, Any] = Field(description="The full resolved stage config.")
     inputs: list[InputRef] = Field(default_factory=list)

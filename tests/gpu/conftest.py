@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from gpu_helpers import synthetic_lines
 
+
 def pytest_collection_modifyitems(config, items):
     import torch
     here = Path(__file__).parent

@@ -7,9 +7,7 @@ import random
 import sys
 from pathlib import Path
 
-WORDS = ("Bakı Azərbaycan paytaxt şəhər dil xalq tarix mədəniyyət dəniz Xəzər neft musiqi kitab məktəb "
-         "universitet elm dağ çay meşə yol ev ailə uşaq dost iş gün il yeni böyük kiçik gözəl qədim "
-         "və ilə üçün da də bu o bir çox ən daha var idi olur edir").split()
+WORDS = ["Bakı", "Azərbaycan", "paytaxt", "şəhər", "dil", "xalq", "tarix", "mədəniyyət", "dəniz", "Xəzər", "neft", "musiqi", "kitab", "məktəb", "universitet", "elm", "dağ", "çay", "meşə", "yol", "ev", "ailə", "uşaq", "dost", "iş", "gün", "il", "yeni", "böyük", "kiçik", "gözəl", "qədim", "və", "ilə", "üçün", "da", "də", "bu", "o", "bir", "çox", "ən", "daha", "var", "idi", "olur", "edir"]
 
 
 def synthetic_lines(n: int, seed: int = 0) -> list[str]:

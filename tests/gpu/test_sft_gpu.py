@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
-
 
 
 def sft_config(data: dict, **overrides):
@@ -40,7 +40,7 @@ def test_packed_flex_or_flash_attention_keeps_documents_apart_on_cuda(chatml_lla
         packed = model(input_ids=ids, position_ids=pos, use_cache=False).logits[0].float()
         starts = (pos[0] == 0).nonzero().flatten().tolist() + [ids.shape[1]]
         assert len(starts) > 2
-        for begin, end in zip(starts, starts[1:]):
+        for begin, end in itertools.pairwise(starts):
             alone = model(input_ids=ids[:, begin:end], use_cache=False).logits[0].float()
             tol = 1e-4 if dtype == torch.float32 else 3e-2
             torch.testing.assert_close(packed[begin:end], alone, atol=tol, rtol=tol)

@@ -17,11 +17,11 @@ import sys
 from pathlib import Path
 
 import factories
+import psutil
 import pytest
 import yaml
-
-import psutil
 from dilforge_shared.models import recompute_artifact_id
+
 pytestmark = pytest.mark.slow
 
 COORDINATOR = str(Path(sys.executable).parent / "coordinator")
@@ -262,7 +262,7 @@ def test_non_finite_loss_stops_with_checkpoint_and_clear_error(tmp_path, data_ro
     assert found, output[-3000:]
     assert (int(found[2]), int(found[3])) == (2, 1)  # stopped at the first bad step, before any bad update
     assert not published(tmp_path / "store")
-    (opt_root,) = (tmp_path / "work").glob("cpt-*")  # kept after a failure, so a rerun resumes from it
+    (opt_root,) = [p for p in (tmp_path / "work").glob("cpt-*") if p.is_dir()]  # kept after a failure: a rerun resumes
     assert len(re.findall("non-finite (training loss|gradient norm)", (opt_root / "output" / "failure").read_text())) == 1
     # the last good state is a complete checkpoint (the token cache also lives under checkpoints/)
     marker = opt_root / "checkpoints" / "train" / f"step-{int(found[3]):08d}" / "COMPLETE.node00000-of-00001"

@@ -9,9 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
 import torch
-
 from dilforge_shared.manifest import Manifest, current_producer
 from dilforge_shared.models import recompute_artifact_id
 from dilforge_shared.store import fetch, publish, read_manifest

@@ -59,7 +59,7 @@ def test_chatml_label_preview_trains_assistant_text_and_im_end_only(chatml_run):
     for row in rows:
         assert "<|eot_id|>" not in row["text"]
         # every complete assistant turn ends its trained text with <|im_end|> (max_length may cut the last one)
-        complete = re.findall(r"<\|im_start\|>assistant\n(.*?<\|im_end\|>)", row["text"], re.S)
+        complete = re.findall(r"<\|im_start\|>assistant\n(.*?<\|im_end\|>)", row["text"], re.DOTALL)
         assert row["trained_text"].count("<|im_end|>") == len(complete) and row["trained_text"]
         assert all(turn in row["trained_text"] for turn in complete)
         assert "<|im_start|>" not in row["trained_text"] and "Sən köməkçisən." not in row["trained_text"]

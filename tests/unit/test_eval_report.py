@@ -3,9 +3,8 @@ step-0 and tokenizer-strategy figures, embeds its plots, and renders in Chromium
 
 from __future__ import annotations
 
-import re
-
 import os
+import re
 
 import pytest
 from dilforge_eval import compare

@@ -154,7 +154,7 @@ def test_morphology_resources_read_from_s3_like_local_files(tmp_path, s3_server,
         key = f"morph/{path.rsplit('/', 1)[-1]}"
         client.upload_file(path, bucket, key)
         remote[kind] = f"{s3_bucket}/{key}"
-    args = dict(num_words_per_source=200, seed=3)
+    args = {"num_words_per_source": 200, "seed": 3}
     from_local = M.load_gold([local["segmented"]], [local["lemma_forms"]], [local["conllu"]], **args)
     from_s3 = M.load_gold([remote["segmented"]], [remote["lemma_forms"]], [remote["conllu"]], **args,
                           endpoint_url=s3_server.endpoint_url)

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import boto3
 import pytest
-
 from dilforge_coordinator import images
 
 ROOT = Path(__file__).resolve().parents[2]

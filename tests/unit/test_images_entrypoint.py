@@ -82,7 +82,7 @@ def _opt(tmp_path: Path, current: str, hosts: list[str], instance_type: str | No
 def test_torchrun_plan_from_resourceconfig(tmp_path):
     env = {**_opt(tmp_path, "algo-2", ["algo-2", "algo-1"], "ml.p4d.24xlarge"), "DILFORGE_LAUNCHER": "torchrun",
            "DILFORGE_NPROC_PER_NODE": "8", "DILFORGE_HOST_WAIT_S": "1"}
-    import dilforge_shared.launch as launch
+    from dilforge_shared import launch
     waited = []
     original = launch.wait_for_hosts
     launch.wait_for_hosts = lambda hosts, timeout_s: waited.append(list(hosts))

@@ -1,7 +1,6 @@
 import json
 
 import pytest
-
 from dilforge_shared.errors import ManifestError
 from dilforge_shared.manifest import SCHEMA_VERSION, FileEntry, InputRef, fingerprint, parse_manifest
 from factories import make_manifest

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from dilforge_coordinator import pipeline as pl
 from dilforge_shared.configs import ModelConfig, PipelineConfig, validate_model
 from dilforge_shared.contract import merge_inputs

@@ -3,7 +3,6 @@
 from pathlib import Path
 
 import pytest
-
 from dilforge_shared.configs import DataSource, load_pipeline
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"

@@ -10,7 +10,6 @@ from pathlib import Path
 import boto3
 import pytest
 from botocore.stub import Stubber
-
 from dilforge_coordinator.backends.sagemaker import LOG_GROUP, SageMakerBackend
 from dilforge_coordinator.pipeline import StageFailed, run_all
 from dilforge_shared.configs import PipelineConfig
@@ -19,7 +18,7 @@ from dilforge_shared.manifest import Manifest, current_producer
 from dilforge_shared.store import publish, read_manifest
 
 ROLE = "arn:aws:iam::123456789012:role/dilforge-sagemaker"
-NOW = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 
 
 @pytest.fixture

@@ -10,12 +10,11 @@ from pathlib import Path
 import botocore.session
 import pytest
 from botocore.validate import validate_parameters
-from typer.testing import CliRunner
-
 from dilforge_coordinator.backends.sagemaker import METRIC_DEFINITIONS, SageMakerBackend, offline_jobs
 from dilforge_coordinator.cli import app
 from dilforge_shared.configs import load_pipeline
 from dilforge_shared.errors import ConfigError
+from typer.testing import CliRunner
 
 ROOT = Path(__file__).resolve().parents[2]
 PRESET = ROOT / "configs" / "sagemaker-published.yaml"
@@ -146,8 +145,8 @@ def test_offline_ids_are_deterministic_and_chain(no_aws):
 # Lines as the stages print them (cpt: Metrics.record; sft: transformers' PrinterCallback + stage.py;
 # eval: stage.py's bpb line; tokenizer: the sweep line).
 LOG_LINES = {
-    "cpt": ("2026-01-01 10:00:00,000 INFO dilforge.cpt: step=20 phase=2 loss=2.31456 lr=0.0003 grad_norm=0.912 "
-            "tokens_per_s=10234.5 tokens_per_s_per_device=1279.3 mfu=0.412 peak_memory_gb=30.1",
+    "cpt": (("2026-01-01 10:00:00,000 INFO dilforge.cpt: step=20 phase=2 loss=2.31456 lr=0.0003 grad_norm=0.912 "
+            "tokens_per_s=10234.5 tokens_per_s_per_device=1279.3 mfu=0.412 peak_memory_gb=30.1"),
             "2026-01-01 10:00:01,000 INFO dilforge.cpt: step=20 val_loss=2.4 val_bpb=1.125"),
     "sft": ("{'loss': '1.873', 'grad_norm': '0.5312', 'learning_rate': '9.5e-05', 'epoch': '0.25'}",
             "2026-01-01 10:00:00,000 INFO dilforge.sft: validation loss after: 1.2345 (before 1.5000)"),

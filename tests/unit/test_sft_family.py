@@ -10,6 +10,8 @@ import pytest
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+import itertools
+
 from dilforge_shared.configs.sft import SftConfig
 from dilforge_shared.errors import ConfigError, InputError
 from factories import SFT_CONVERSATION, build_tiny_llama, sft_expected_tokens, tiny_llama_config
@@ -124,7 +126,7 @@ def test_packed_rows_do_not_attend_across_conversations(chatml_llama_dir, chat_f
     """The trainer's own packed, padding-free batch gives each conversation the logits it gets alone."""
     import torch
     from transformers import AutoModelForCausalLM
-    trainer, tok, _ = trainer_for(chatml_llama_dir, chat_file, tmp_path, packing=True)
+    trainer, _tok, _ = trainer_for(chatml_llama_dir, chat_file, tmp_path, packing=True)
     assert len(trainer.train_dataset) == 1
     batch = trainer.data_collator([trainer.train_dataset[0]])
     assert "attention_mask" not in batch and batch["input_ids"].shape[0] == 1
@@ -134,7 +136,7 @@ def test_packed_rows_do_not_attend_across_conversations(chatml_llama_dir, chat_f
         packed = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False).logits[0]
         starts = (batch["position_ids"][0] == 0).nonzero().flatten().tolist() + [batch["input_ids"].shape[1]]
         assert len(starts) == 3  # two conversations
-        for begin, end in zip(starts, starts[1:]):
+        for begin, end in itertools.pairwise(starts):
             alone = model(input_ids=batch["input_ids"][:, begin:end], use_cache=False).logits[0]
             torch.testing.assert_close(packed[begin:end], alone, atol=1e-5, rtol=1e-5)
     # the same row read as one document differs: the boundary is what keeps them apart

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -81,7 +82,7 @@ def test_bisect_counts_match_a_naive_overlap_count():
     for _ in range(200):
         text = "".join(rng.choice("ab ə\n") for _ in range(rng.randint(0, 30)))
         cuts = sorted(set(rng.sample(range(len(text) + 1), min(len(text) + 1, rng.randint(1, 12)))))
-        offsets = list(zip(cuts, cuts[1:]))
+        offsets = list(itertools.pairwise(cuts))
         naive = [sum(1 for s, e in offsets if s < we and e > ws) for ws, we in
                  [(m.start(), m.end()) for m in __import__("re").finditer(r"\S+", text)]]
         assert tokens_per_word_span(text, offsets) == naive

@@ -102,8 +102,9 @@ def test_read_ahead_stops_its_thread_when_abandoned():
 
 def test_parquet_and_gzip_sources(tmp_path):
     import gzip
-    import pyarrow.parquet as pq
+
     import pyarrow as pa
+    import pyarrow.parquet as pq
     pq.write_table(pa.table({"id": [1, 2, 3], "body": ["birinci cümlə", "ikinci cümlə", "üçüncü cümlə"]}),
                    tmp_path / "c.parquet")
     with gzip.open(tmp_path / "d.txt.gz", "wt", encoding="utf-8") as f:

@@ -30,11 +30,10 @@ from dilforge_shared.models import find_hf_dir
 from dilforge_shared.textmetrics import measure, tokenizers_encoder
 
 from . import bpb as bpb_mod
-from . import compare
+from . import compare, progress
 from . import curves as curves_mod
 from . import generate as gen_mod
 from . import morph as morph_mod
-from . import progress
 from .report import write_report
 from .resolve import (
     ModelSource,
@@ -305,7 +304,7 @@ def run(config: EvalConfig, ctx: StageContext) -> StageResult:
     log_config(config, {
         "device": device, "dtype": str(dtype), "models": [m.label for m in models], "tokenizers": list(toks),
         "set_languages": languages, "reference_model": compare.reference_label(m.label for m in models),
-        "text_set_bytes": {k: len(bpb_mod.pack(v).encode()) for k, v in sets.items()},
+        "text_set_bytes": {k: bpb_mod.text_bytes(v) for k, v in sets.items()},
         "parallel_pairs": {k: len(v) for k, v in parallel.items()}, "num_prompts": len(prompts),
         "morph_words": {k: len(v) for k, v in gold.items()},
         "num_generations": len(prompts) * len(config.generation.modes) * len(models),
@@ -318,7 +317,7 @@ def run(config: EvalConfig, ctx: StageContext) -> StageResult:
     metrics: dict = {
         "models": {}, "tokenizers": tok_info,
         "text_sets": {k: {"uri": s.uri, "language": languages[k], "num_docs": len(sets[k]),
-                          "num_bytes": len(bpb_mod.pack(sets[k]).encode())} for k, s in zip(sets, config.text_sets)},
+                          "num_bytes": bpb_mod.text_bytes(sets[k])} for k, s in zip(sets, config.text_sets)},
         "tokenizer_metrics": tokenizer_metrics(toks, sets),
         "parity": parity_metrics(toks, parallel),
         "morph": morph_metrics(toks, gold),

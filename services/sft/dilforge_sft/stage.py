@@ -24,9 +24,9 @@ from dilforge_shared.contract import StageContext, StageResult, Terminated, inst
 from dilforge_shared.errors import ConfigError, InputError
 from dilforge_shared.families import Family, detect_family
 from dilforge_shared.manifest import InputRef
+from dilforge_shared.models import ADAPTER_DIR, MERGED_DIR, ModelSource, find_hf_dir, open_model
 
 from .data import Conversation, DataCounts, apply_length_rule, load_splits
-from dilforge_shared.models import ADAPTER_DIR, MERGED_DIR, ModelSource, find_hf_dir, open_model
 
 log = logging.getLogger("dilforge.sft")
 

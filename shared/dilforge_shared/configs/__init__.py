@@ -7,7 +7,20 @@ from .sft import SftConfig
 from .tokenizer import TokenizerConfig
 
 __all__ = [
-    "DataSource", "Precision", "StageConfig", "StrictModel", "CptConfig", "EvalConfig", "ModelConfig", "SftConfig",
-    "TokenizerConfig", "STAGE_CONFIGS", "PipelineConfig", "StoreConfig", "expand_env", "load_pipeline",
-    "load_yaml", "validate_model",
+    "STAGE_CONFIGS",
+    "CptConfig",
+    "DataSource",
+    "EvalConfig",
+    "ModelConfig",
+    "PipelineConfig",
+    "Precision",
+    "SftConfig",
+    "StageConfig",
+    "StoreConfig",
+    "StrictModel",
+    "TokenizerConfig",
+    "expand_env",
+    "load_pipeline",
+    "load_yaml",
+    "validate_model",
 ]
