@@ -13,21 +13,27 @@ from typing import Annotated
 import typer
 
 
-def _load(model_uri: str, base: str | None, endpoint: str | None, merged: bool, device: str):
-    from dilforge_shared.models import resolve_chat_model
+def _policy(device: str):
+    """Device and dtype from the shared policy (imported here: it probes torch, the CLI stays torch-free)."""
     try:
-        import torch
+        import torch  # noqa: F401
     except ImportError:
         raise typer.BadParameter("chat needs torch, transformers and peft: pip install dilforge-coordinator[chat]") from None
+    from dilforge_shared import runtime_policy
+    return runtime_policy.decide("chat", device=device, precision="auto")
+
+
+def _load(model_uri: str, base: str | None, endpoint: str | None, merged: bool, policy):
+    from dilforge_shared.models import resolve_chat_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
     spec = resolve_chat_model(model_uri, base=base, endpoint_url=endpoint, prefer_merged=merged)
     tok = AutoTokenizer.from_pretrained(str(spec.tokenizer_dir), trust_remote_code=False)
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(str(spec.base_dir), dtype=dtype, trust_remote_code=False)
+    model = AutoModelForCausalLM.from_pretrained(str(spec.base_dir), dtype=policy.torch_dtype(),
+                                                 trust_remote_code=False)
     if spec.adapter_dir is not None:
         from peft import PeftModel
         model = PeftModel.from_pretrained(model, str(spec.adapter_dir))
-    return spec, tok, model.to(device).eval()
+    return spec, tok, model.to(policy.device).eval()
 
 
 def reply(tok, model, messages: list[dict[str, str]], max_new_tokens: int, temperature: float, seed: int) -> str:
@@ -60,12 +66,11 @@ def chat_cmd(
         "--s3-endpoint-url", envvar="DILFORGE_S3_ENDPOINT_URL", help="S3-compatible endpoint.")] = None,
 ) -> None:
     """Chat with a model or adapter artifact. Empty line or Ctrl-D ends an interactive session."""
-    import torch
     from dilforge_shared.errors import DilforgeError
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
-        spec, tok, lm = _load(model, base, endpoint, merged, device)
+        policy = _policy(device)
+        device = policy.device
+        spec, tok, lm = _load(model, base, endpoint, merged, policy)
     except DilforgeError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1)

@@ -15,6 +15,7 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from dilforge_shared import runtime_policy
 from dilforge_shared.configs.cpt import CptConfig
 from dilforge_shared.errors import ConfigError
 
@@ -64,8 +65,13 @@ class Runtime:
 
 
 def init_runtime(config: CptConfig) -> Runtime:
-    """One process per device; under torchrun (RANK/WORLD_SIZE set) join the process group."""
-    cuda = torch.cuda.is_available()
+    """One process per device; under torchrun (RANK/WORLD_SIZE set) join the process group.
+
+    Device and precision come from the shared policy (dilforge_shared.runtime_policy); Liger is
+    decided there too, once the model type is known (sharding.apply_liger).
+    """
+    policy = runtime_policy.decide("cpt", precision=config.precision, liger=config.liger)
+    cuda = policy.device == "cuda"
     distributed = "RANK" in os.environ and "WORLD_SIZE" in os.environ
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -90,7 +96,7 @@ def init_runtime(config: CptConfig) -> Runtime:
         dist.init_process_group(backend, store=store, rank=0, world_size=1, timeout=timedelta(minutes=30),
                                 device_id=device if backend == "nccl" else None)
         distributed = True
-    dtype = torch.bfloat16 if config.precision == "bf16" or (config.precision == "auto" and cuda) else torch.float32
+    dtype = policy.torch_dtype()
     torch.manual_seed(config.seed)
     return Runtime(rank, world, local_rank, device, dtype, distributed, fsdp=fsdp, node=node,
                    num_nodes=max(1, world // local_world))

@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 
 import torch
+from dilforge_shared import runtime_policy
 from dilforge_shared.configs.cpt import CptConfig
 
 from .runtime import Runtime
@@ -15,11 +16,12 @@ log = logging.getLogger("dilforge.cpt")
 
 
 def apply_liger(model, config: CptConfig, rt: Runtime) -> list[str]:
-    """Liger kernels on CUDA only (Triton); returns the kernels applied, for the log and manifest."""
-    if not config.liger or not rt.cuda:
-        return []
-    if model.config.model_type != "llama":
-        log.warning("liger: no kernels for model_type %s", model.config.model_type)
+    """Liger kernels where the shared policy says they apply (CUDA + llama + cpt.liger); returns the
+    kernels applied, for the log and manifest."""
+    model_type = model.config.model_type
+    if not runtime_policy.choose_liger(config.liger, rt.device.type, model_type, "cpt.liger"):
+        if config.liger and rt.cuda:
+            log.warning("liger: no kernels for model_type %s", model_type)
         return []
     from liger_kernel.transformers import apply_liger_kernel_to_llama
     kernels = {"rope": True, "rms_norm": True, "swiglu": True, "fused_linear_cross_entropy": True}

@@ -125,20 +125,6 @@ def _adapter_base(adapter_dir: Path) -> Path | None:
     return None
 
 
-def pick_device(requested: str) -> str:
-    import torch
-    if requested == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("eval.device: 'cuda' requested but no CUDA device is available")
-    return "cuda" if requested in ("cuda", "auto") and torch.cuda.is_available() else "cpu"
-
-
-def pick_dtype(precision: str, device: str):
-    import torch
-    if precision == "bf16" or (precision == "auto" and device == "cuda" and torch.cuda.is_bf16_supported()):
-        return torch.bfloat16
-    return torch.float32
-
-
 def load_model(src: ModelSource, device: str, dtype):
     """(model in eval mode on device, transformers tokenizer); a PEFT adapter is merged in."""
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -21,6 +21,7 @@ import time
 from itertools import zip_longest
 from pathlib import Path
 
+from dilforge_shared import runtime_policy
 from dilforge_shared.configs import EvalConfig
 from dilforge_shared.configs.eval import BASE_LABEL
 from dilforge_shared.contract import StageContext, StageResult, log_config
@@ -45,8 +46,6 @@ from .resolve import (
     load_model,
     locate,
     model_source,
-    pick_device,
-    pick_dtype,
     tokenizer_json,
 )
 
@@ -287,8 +286,8 @@ def run(config: EvalConfig, ctx: StageContext) -> StageResult:
     torch.manual_seed(config.seed)
     endpoint = ctx.endpoint_url
     cache = cache_dir_for(ctx.opt.root)
-    device = pick_device(config.device)
-    dtype = pick_dtype(config.precision, device)
+    policy = runtime_policy.decide("eval", device=config.device, precision=config.precision)
+    device, dtype = policy.device, policy.torch_dtype()
 
     sets = {s.label: read_set(s, config.max_docs_per_set, config.max_bytes_per_set, endpoint) for s in config.text_sets}
     languages = {s.label: compare.infer_language(s, config.set_languages, config.target_language)

@@ -19,12 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dilforge_shared import runtime_policy
 from dilforge_shared.configs.sft import SftConfig
 from dilforge_shared.contract import StageContext, StageResult, Terminated, install_sigterm_handler, log_config
 from dilforge_shared.errors import ConfigError, InputError
 from dilforge_shared.families import Family, detect_family
 from dilforge_shared.manifest import InputRef
 from dilforge_shared.models import ADAPTER_DIR, MERGED_DIR, ModelSource, find_hf_dir, open_model
+from dilforge_shared.runtime_policy import DeviceFacts
 
 from .data import Conversation, DataCounts, apply_length_rule, load_splits
 
@@ -61,16 +63,12 @@ class DevicePlan:
     liger: bool
 
 
-def device_plan(config: SftConfig) -> DevicePlan:
-    """bf16 + Liger on CUDA, fp32 without Liger on CPU, unless the config says otherwise."""
-    import torch
-    cuda = torch.cuda.is_available()
-    if config.precision == "bf16" and not (cuda and torch.cuda.is_bf16_supported()):
-        raise ConfigError("sft.precision: bf16 needs a CUDA GPU with bf16 support; use auto or fp32")
-    bf16 = config.precision == "bf16" or (config.precision == "auto" and cuda and torch.cuda.is_bf16_supported())
-    if config.liger == "on" and not cuda:
-        raise ConfigError("sft.liger: the Liger kernels need CUDA; use auto or off")
-    return DevicePlan(device="cuda" if cuda else "cpu", bf16=bf16, liger=cuda and config.liger != "off")
+def device_plan(config: SftConfig, model_type: str | None = None, facts: DeviceFacts | None = None) -> DevicePlan:
+    """bf16 + Liger on CUDA, fp32 without Liger on CPU, unless the config says otherwise: the shared
+    policy (dilforge_shared.runtime_policy) decides; SFT does not train in bf16 on CPU."""
+    policy = runtime_policy.decide("sft", precision=config.precision, liger=config.liger, model_type=model_type,
+                                   cpu_bf16=False, facts=facts)
+    return DevicePlan(device=policy.device, bf16=policy.bf16, liger=policy.liger)
 
 
 def load_tokenizer(model_dir: Path) -> tuple[Any, Family, str]:
@@ -106,36 +104,14 @@ class AttentionPlan:
     reason: str          # logged and published: why this kernel
 
 
-def flash_attn_installed() -> bool:
-    import importlib.util
-    return importlib.util.find_spec("flash_attn") is not None
-
-
 def attention_plan(config: SftConfig, device: str, has_flash_attn: bool | None = None) -> AttentionPlan:
-    """Which attention kernel trains this config, and why.
-
-    Packing is padding-free (TRL's BFD): one row holds several conversations told apart only by
-    position ids that restart at 0. Kernels that take those boundaries natively are flash-attention's
-    varlen path (cu_seq_lens from the collator) and flex attention (a block-sparse BlockMask built from
-    the position ids). SDPA and eager get the same boundaries from transformers as a dense
-    block-diagonal N x N mask (N = batch x max_length), which on CUDA disables SDPA's flash kernel and
-    costs about batch-size times the attention work: fine on CPU, avoided on GPU.
-    """
-    has_flash_attn = flash_attn_installed() if has_flash_attn is None else has_flash_attn
-    if config.attention == "flash_attention_2" and not (device == "cuda" and has_flash_attn):
-        raise ConfigError("sft.attention: flash_attention_2 needs CUDA and the flash-attn package; use auto")
-    if config.attention != "auto":
-        return AttentionPlan(config.attention, "set by sft.attention")
-    if not config.packing:
-        return AttentionPlan("sdpa", "no packing: padded rows, sdpa's own causal kernels")
-    if device != "cuda":
-        return AttentionPlan("sdpa", "packing on CPU: no varlen/flex kernel worth compiling here; sdpa gets a "
-                                     "block-diagonal mask from the position ids (dense, N^2 per packed row)")
-    if has_flash_attn:
-        return AttentionPlan("flash_attention_2", "packing on CUDA: flash-attn varlen kernel on the collator's "
-                                                  "cu_seq_lens, no mask")
-    return AttentionPlan("flex_attention", "packing on CUDA without flash-attn: flex attention with a block-sparse "
-                                           "mask of document boundaries (no N^2 mask)")
+    """Which attention kernel trains this config, and why: the shared policy's rule
+    (runtime_policy.choose_attention; packing on CUDA wants a varlen or flex kernel)."""
+    facts = DeviceFacts(cuda=device == "cuda",
+                        flash_attn=runtime_policy.probe_device().flash_attn if has_flash_attn is None else has_flash_attn)
+    implementation, reason = runtime_policy.choose_attention(config.attention, device, facts, config.packing,
+                                                             "sft.attention")
+    return AttentionPlan(implementation, reason)
 
 
 def estimate_training_bytes(model_config, tokens_per_micro_batch: int, bf16: bool) -> int:
@@ -341,11 +317,11 @@ def run(config: SftConfig, ctx: StageContext) -> StageResult:
     import torch
     from transformers import AutoConfig
     torch.manual_seed(config.seed)
-    plan = device_plan(config)
+    model_config = AutoConfig.from_pretrained(str(base_dir), trust_remote_code=False)
+    plan = device_plan(config, model_config.model_type)
     tokenizer, family, template_source = load_tokenizer(base_dir)
     train, val, train_counts, val_counts = prepare_data(config, tokenizer, ctx.endpoint_url, splits)
     attention = attention_plan(config, plan.device)
-    model_config = AutoConfig.from_pretrained(str(base_dir), trust_remote_code=False)
     estimate = estimate_training_bytes(model_config, config.per_device_batch_size * config.max_length, plan.bf16)
     checkpointing, checkpointing_reason = checkpointing_decision(config, estimate, device_memory_bytes(plan.device))
 

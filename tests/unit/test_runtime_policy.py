@@ -1,0 +1,144 @@
+"""The one device/precision/kernels policy (dilforge_shared.runtime_policy): its decisions for given
+machine facts (no GPU needed), and that cpt, sft, eval and `coordinator chat` ask it instead of
+probing torch themselves."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+from dilforge_shared import runtime_policy
+from dilforge_shared.errors import ConfigError
+from dilforge_shared.runtime_policy import DeviceFacts, decide
+
+CPU = DeviceFacts(cuda=False)
+OLD_GPU = DeviceFacts(cuda=True, bf16_supported=False)  # e.g. V100: CUDA, no native bf16
+GPU = DeviceFacts(cuda=True, bf16_supported=True)
+GPU_FLASH = DeviceFacts(cuda=True, bf16_supported=True, flash_attn=True)
+
+
+# ---- decisions ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("facts,expected", [(CPU, ("cpu", "fp32", False)), (OLD_GPU, ("cuda", "fp32", True)),
+                                            (GPU, ("cuda", "bf16", True))])
+def test_auto_is_bf16_and_liger_on_a_bf16_gpu_fp32_without_liger_on_cpu(facts, expected):
+    policy = decide("cpt", liger=True, model_type="llama", facts=facts)
+    assert (policy.device, policy.precision, policy.liger) == expected
+    assert policy.attention == "sdpa"
+
+
+def test_explicit_settings_win_where_the_machine_allows_them():
+    assert decide("eval", device="cpu", facts=GPU).as_dict()["device"] == "cpu"
+    assert decide("eval", device="cpu", facts=GPU).precision == "fp32"
+    assert decide("eval", precision="fp32", facts=GPU).precision == "fp32"
+    assert decide("eval", precision="bf16", facts=CPU).precision == "bf16"  # CPU bf16 inference is allowed
+    assert decide("sft", liger="off", model_type="llama", facts=GPU).liger is False
+
+
+@pytest.mark.parametrize("kwargs,facts,field", [
+    ({"device": "cuda"}, CPU, "eval.device"),
+    ({"precision": "bf16"}, OLD_GPU, "eval.precision"),
+    ({"precision": "bf16", "cpu_bf16": False}, CPU, "eval.precision"),
+    ({"liger": "on"}, CPU, "eval.liger"),
+    ({"liger": "on", "model_type": "mistral"}, GPU, "eval.liger"),
+    ({"attention": "flash_attention_2"}, GPU, "eval.attention"),
+])
+def test_impossible_requests_are_config_errors_naming_the_field(kwargs, facts, field):
+    with pytest.raises(ConfigError, match=field):
+        decide("eval", facts=facts, **kwargs)
+
+
+def test_liger_only_for_llama_and_auto_stays_off_quietly():
+    assert runtime_policy.choose_liger("auto", "cuda", "llama") is True
+    assert runtime_policy.choose_liger("auto", "cuda", "mistral") is False
+    assert runtime_policy.choose_liger(True, "cuda", None) is True  # model type not known yet
+    assert runtime_policy.choose_liger(True, "cpu", "llama") is False
+    assert runtime_policy.choose_liger(False, "cuda", "llama") is False
+
+
+@pytest.mark.parametrize("packing,facts,expected", [
+    (False, GPU_FLASH, "sdpa"), (True, CPU, "sdpa"), (True, GPU, "flex_attention"),
+    (True, GPU_FLASH, "flash_attention_2")])
+def test_attention_follows_packing_and_the_installed_kernels(packing, facts, expected):
+    assert decide("sft", packing=packing, facts=facts).attention == expected
+    assert decide("sft", attention="eager", packing=packing, facts=facts).attention == "eager"
+
+
+def test_the_policy_module_does_not_import_torch():
+    code = "import sys, dilforge_shared.runtime_policy; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+# ---- every stage asks the policy ---------------------------------------------------------------------
+
+class Asked(Exception):
+    pass
+
+
+@pytest.fixture
+def spy(monkeypatch):
+    """Record every policy decision; the probe claims a bf16 GPU, which no stage's own torch check would."""
+    calls = []
+    real = runtime_policy.decide
+
+    def recording(stage, **kwargs):
+        calls.append((stage, kwargs))
+        return real(stage, **{**kwargs, "facts": kwargs.get("facts") or CPU})
+    monkeypatch.setattr(runtime_policy, "decide", recording)
+    return calls
+
+
+def test_sft_device_plan_is_the_policy():
+    from dilforge_sft import stage
+    from dilforge_shared.configs.sft import SftConfig
+    config = SftConfig.model_validate({"train": [{"uri": "x.jsonl"}]})
+    assert stage.device_plan(config, "llama", facts=GPU) == stage.DevicePlan(device="cuda", bf16=True, liger=True)
+    assert stage.device_plan(config, "mistral", facts=GPU).liger is False
+    with pytest.raises(ConfigError, match="sft.precision"):  # SFT does not train in bf16 on CPU
+        stage.device_plan(config.model_copy(update={"precision": "bf16"}), facts=CPU)
+    packed = config.model_copy(update={"packing": True})
+    assert stage.attention_plan(packed, "cuda", has_flash_attn=False).implementation == "flex_attention"
+
+
+def test_cpt_runtime_and_liger_ask_the_policy(spy, monkeypatch):
+    import torch
+    from dilforge_cpt import sharding
+    from dilforge_cpt.runtime import Runtime, init_runtime, shutdown
+    from dilforge_shared.configs.cpt import CptConfig
+    config = CptConfig(scratch_model={}, corpora=[{"uri": "a"}], validation=[{"uri": "v"}],
+                       phase2={"num_steps": 1}, precision="bf16")
+    rt = init_runtime(config)
+    shutdown(rt)
+    assert spy == [("cpt", {"precision": "bf16", "liger": True})] and rt.dtype == torch.bfloat16
+    liger_calls = []
+    monkeypatch.setattr(runtime_policy, "choose_liger",
+                        lambda *args: liger_calls.append(args) or False)
+    model = SimpleNamespace(config=SimpleNamespace(model_type="llama"))
+    assert sharding.apply_liger(model, config, Runtime(device=torch.device("cuda", 0))) == []
+    assert liger_calls == [(True, "cuda", "llama", "cpt.liger")]
+
+
+def test_eval_run_asks_the_policy_first(monkeypatch, tmp_path):
+    from dilforge_eval import stage
+    from dilforge_shared.configs import EvalConfig
+
+    def refuse(stage_name, **kwargs):
+        raise Asked(stage_name, kwargs)
+    monkeypatch.setattr(runtime_policy, "decide", refuse)
+    config = EvalConfig.model_validate({"models": [{"label": "m", "uri": "/x"}], "device": "cpu",
+                                        "precision": "fp32"})
+    ctx = SimpleNamespace(endpoint_url=None, opt=SimpleNamespace(root=tmp_path))
+    with pytest.raises(Asked) as asked:
+        stage.run(config, ctx)
+    assert asked.value.args == ("eval", {"device": "cpu", "precision": "fp32"})
+
+
+def test_chat_asks_the_policy_and_reports_its_error(monkeypatch):
+    from dilforge_coordinator.cli import app
+    from typer.testing import CliRunner
+    monkeypatch.setattr(runtime_policy, "probe_device", lambda: CPU)
+    result = CliRunner().invoke(app, ["chat", "/nowhere", "--device", "cuda", "-p", "salam"])
+    assert result.exit_code == 1
+    assert "chat.device: 'cuda' requested but no CUDA device" in result.output
