@@ -27,8 +27,9 @@ sys.path.insert(0, str(ROOT / "shared"))
 import hardware  # bench/hardware.py
 from dilforge_coordinator import images
 from dilforge_coordinator.backends.compose import docker_binary
+from dilforge_shared.stages import IMAGES
 
-STAGES = ("tokenizer", "cpt", "sft", "eval")
+STAGES = IMAGES
 
 
 def disk_usage(docker: str) -> dict[str, dict]:

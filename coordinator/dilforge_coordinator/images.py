@@ -25,10 +25,11 @@ from typing import Annotated
 
 import typer
 from dilforge_shared.errors import DilforgeError
+from dilforge_shared.stages import IMAGES
 
 from .backends.compose import ROOT, docker_binary
 
-STAGES = ("tokenizer", "cpt", "sft", "eval")
+STAGES = IMAGES  # one image per stage (the model stage runs in the cpt image)
 RECORD_ENV = "DILFORGE_IMAGES_RECORD"
 Runner = Callable[..., subprocess.CompletedProcess]
 

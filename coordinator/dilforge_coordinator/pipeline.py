@@ -17,19 +17,10 @@ from dilforge_shared.locks import FileLock, S3Lease
 from dilforge_shared.manifest import MANIFEST_NAME, fingerprint
 from dilforge_shared.models import stage_refs
 from dilforge_shared.settings import settings
+from dilforge_shared.stages import STAGE_MODULES, image_of
 from dilforge_shared.store import ArtifactStore, NotFound, artifact_exists
 
 log = logging.getLogger("dilforge.coordinator")
-
-# The model stage (importer) runs in the cpt image: it needs torch, transformers and gguf, which the
-# torch-free coordinator does not have.
-STAGE_MODULES = {"model": "dilforge_cpt.import_model", "tokenizer": "dilforge_tokenizer", "cpt": "dilforge_cpt", "sft": "dilforge_sft", "eval": "dilforge_eval"}
-STAGE_IMAGES = {"model": "cpt"}
-
-
-def image_of(stage: str) -> str:
-    """The stage image a stage runs in (its own, except the model stage: the cpt image)."""
-    return STAGE_IMAGES.get(stage, stage)
 
 
 def module_env(stage: str) -> dict[str, str]:

@@ -24,6 +24,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .errors import ManifestError, UnsafePathError
+from .stages import StageName
 
 log = logging.getLogger(__name__)
 
@@ -31,8 +32,6 @@ SCHEMA_VERSION = "1.1.0"  # 1.1: stage "model" (base models as artifacts)
 MANIFEST_NAME = "manifest.json"
 
 ArtifactKind = Literal["tokenizer", "model", "adapter", "eval_report"]
-StageName = Literal["model", "tokenizer", "cpt", "sft", "eval"]
-STAGES: tuple[StageName, ...] = ("tokenizer", "cpt", "sft", "eval")
 
 KEY_LIBRARIES = (
     "torch", "transformers", "tokenizers", "trl", "peft", "accelerate", "datasets",

@@ -12,9 +12,10 @@ from pathlib import Path
 import boto3
 import pytest
 from dilforge_coordinator import images
+from dilforge_shared.stages import IMAGES
 
 ROOT = Path(__file__).resolve().parents[2]
-STAGES = ("tokenizer", "cpt", "sft", "eval")
+STAGES = IMAGES
 MARK = "# ---- stage layer ----"
 
 

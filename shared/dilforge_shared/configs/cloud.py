@@ -10,9 +10,8 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from ..stages import ImageName
 from .base import StrictModel
-
-StageName = Literal["tokenizer", "cpt", "sft", "eval"]
 
 
 class StageResources(StrictModel):
@@ -48,7 +47,7 @@ class SageMakerConfig(StrictModel):
                                    description="ECR registry account; None = the role ARN's account.")
     repository_prefix: str = Field(default="dilforge", pattern=r"^[a-z0-9][a-z0-9._/-]*$",
                                    description="ECR repositories are <prefix>-<stage>.")
-    images: dict[StageName, str] = Field(
+    images: dict[ImageName, str] = Field(
         default_factory=dict,
         description="Image per stage (repo@sha256:digest); None = the digest `coordinator images push` recorded.")
     output_uri: str | None = Field(default=None, pattern=r"^s3://",
@@ -61,7 +60,7 @@ class SageMakerConfig(StrictModel):
     security_group_ids: list[str] = Field(default_factory=list, description="VPC security groups (with subnets).")
     tags: dict[str, str] = Field(default_factory=dict, description="Tags on every job, besides dilforge's own.")
     poll_interval_s: float = Field(default=30.0, gt=0, description="How often a real run polls job status.")
-    stages: dict[StageName, StageResources] = Field(
+    stages: dict[ImageName, StageResources] = Field(
         default_factory=dict, description="Per-stage machines; a stage not listed runs on one ml.m5.xlarge.")
 
     @model_validator(mode="after")

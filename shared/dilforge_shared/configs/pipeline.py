@@ -11,6 +11,7 @@ from pydantic import Field, ValidationError, model_validator
 
 from ..errors import ConfigError, format_validation_error
 from ..settings import INTERPOLATION_ALLOWED, USER_VAR_PREFIX, interpolation_variables, is_secret_name
+from ..stages import StageName
 from .base import StageConfig, StrictModel
 from .cloud import SageMakerConfig
 from .cpt import CptConfig
@@ -19,9 +20,8 @@ from .model import ModelConfig
 from .sft import SftConfig
 from .tokenizer import TokenizerConfig
 
-STAGE_CONFIGS: dict[str, type[StageConfig]] = {
-    "model": ModelConfig, "tokenizer": TokenizerConfig, "cpt": CptConfig, "sft": SftConfig, "eval": EvalConfig,
-}
+STAGE_CONFIGS: dict[StageName, type[StageConfig]] = {
+    config.stage: config for config in (ModelConfig, TokenizerConfig, CptConfig, SftConfig, EvalConfig)}
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 

@@ -1,0 +1,36 @@
+"""Stage names are defined once (dilforge_shared.stages); every other list is derived from it."""
+
+from __future__ import annotations
+
+import typing
+from pathlib import Path
+
+from dilforge_shared.configs import STAGE_CONFIGS, PipelineConfig
+from dilforge_shared.configs.cloud import SageMakerConfig
+from dilforge_shared.manifest import Manifest
+from dilforge_shared.stages import IMAGES, STAGE_IMAGES, STAGE_MODULES, STAGES, image_of
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_every_stage_list_is_the_shared_one():
+    assert STAGES == ("model", "tokenizer", "cpt", "sft", "eval")
+    assert tuple(STAGE_CONFIGS) == STAGES
+    assert all(config.stage == name for name, config in STAGE_CONFIGS.items())
+    assert [name for name in PipelineConfig.model_fields if name in STAGES] == list(STAGES)
+    assert typing.get_args(Manifest.model_fields["stage"].annotation) == STAGES
+    assert set(STAGE_IMAGES) == set(STAGE_MODULES) == set(STAGES)
+
+
+def test_each_stage_runs_a_module_that_its_image_holds():
+    assert image_of("model") == "cpt" and [image_of(s) for s in STAGES[1:]] == list(IMAGES)
+    for stage in STAGES:
+        package, *rest = STAGE_MODULES[stage].split(".")
+        module = ROOT / "services" / image_of(stage) / package / (f"{rest[0]}.py" if rest else "__main__.py")
+        assert module.is_file(), (stage, module)
+
+
+def test_sagemaker_sections_are_keyed_by_image():
+    for field in ("images", "stages"):
+        key_type = typing.get_args(SageMakerConfig.model_fields[field].annotation)[0]
+        assert typing.get_args(key_type) == IMAGES
