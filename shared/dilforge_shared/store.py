@@ -39,6 +39,29 @@ log = logging.getLogger(__name__)
 S3_ENDPOINT_ENV = "DILFORGE_S3_ENDPOINT_URL"
 # Credentials for an S3-compatible store only (SeaweedFS, MinIO). Unset = boto3's usual chain (AWS).
 S3_KEY_ENV, S3_SECRET_ENV = "DILFORGE_S3_ACCESS_KEY_ID", "DILFORGE_S3_SECRET_ACCESS_KEY"
+
+# Keys for an S3-compatible endpoint this process itself provides (the compose backend's local-only
+# SeaweedFS identity), by endpoint URL: used only by clients of that endpoint, and only while the
+# DILFORGE_S3_* keys are unset. This replaces writing them into os.environ at run time.
+_ENDPOINT_KEYS: dict[str, tuple[str, str, str]] = {}
+
+
+def use_endpoint_keys(endpoint_url: str, access_key_id: str, secret_access_key: str,
+                      region: str = "us-east-1") -> None:
+    """Give this process's S3 clients of `endpoint_url` these keys (unless DILFORGE_S3_* keys are set)."""
+    _ENDPOINT_KEYS[endpoint_url.rstrip("/")] = (access_key_id, secret_access_key, region)
+
+
+def endpoint_keys(endpoint_url: str | None) -> dict[str, str]:
+    """boto3 client keyword arguments for `endpoint_url`: the DILFORGE_S3_* keys, else registered ones."""
+    cfg = settings()
+    if cfg.s3_access_key_id and cfg.s3_secret_access_key:
+        return {"aws_access_key_id": cfg.s3_access_key_id.get_secret_value(),
+                "aws_secret_access_key": cfg.s3_secret_access_key.get_secret_value()}
+    if endpoint_url and (registered := _ENDPOINT_KEYS.get(endpoint_url.rstrip("/"))):
+        key, secret, region = registered
+        return {"aws_access_key_id": key, "aws_secret_access_key": secret, "region_name": region}
+    return {}
 MULTIPART_THRESHOLD = 64 << 20  # bytes; larger files go up in parts of this size
 
 
@@ -164,10 +187,7 @@ class S3Backend:
         self.uri = f"s3://{bucket}/{self.prefix}".rstrip("/")
         cfg = settings()
         endpoint_url = endpoint_url or cfg.s3_endpoint_url or None
-        keys = {}
-        if cfg.s3_access_key_id and cfg.s3_secret_access_key:
-            keys = {"aws_access_key_id": cfg.s3_access_key_id.get_secret_value(),
-                    "aws_secret_access_key": cfg.s3_secret_access_key.get_secret_value()}
+        keys = endpoint_keys(endpoint_url)
         # Bounded: a frozen endpoint fails after max_attempts × (connect + read timeout), not 8 × 60 s.
         self.client = client or boto3.client(
             "s3", endpoint_url=endpoint_url, **keys,

@@ -25,7 +25,7 @@ from dilforge_shared.configs import PipelineConfig
 from dilforge_shared.contract import OptMl, build_hyperparameters
 from dilforge_shared.errors import DilforgeError
 from dilforge_shared.settings import settings
-from dilforge_shared.store import S3_KEY_ENV, S3_SECRET_ENV
+from dilforge_shared.store import use_endpoint_keys
 
 from ..pipeline import StageCancelled, StageFailed, StageJob, image_of, module_env
 from .process import run_child
@@ -78,11 +78,10 @@ class ComposeBackend:
 
     def prepare(self, pipeline: PipelineConfig) -> PipelineConfig:
         """Point the pipeline at the compose S3 unless it already names an S3 store with an endpoint."""
-        # Part of start-up (before any stage or S3 call): the compose S3's local-only identity, for dilforge's own S3 client in this process (unless the user
-        # set store credentials); the user's AWS credentials (AWS_*) are neither read nor sent to the endpoint.
-        os.environ.setdefault(S3_KEY_ENV, S3_ACCESS_KEY)
-        os.environ.setdefault(S3_SECRET_ENV, S3_SECRET_KEY)
-        os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+        # The compose S3's local-only identity, for this process's own S3 clients of that endpoint only
+        # (unless the user set DILFORGE_S3_* keys); the user's AWS credentials (AWS_*) are neither read nor
+        # sent to it. The stage containers get the same identity from compose.yaml. os.environ is not written.
+        use_endpoint_keys(self.host_endpoint, S3_ACCESS_KEY, S3_SECRET_KEY)
         store = pipeline.store
         if not (store.uri.startswith("s3://") and store.s3_endpoint_url):
             store = store.model_copy(update={"uri": f"s3://{DEFAULT_BUCKET}/store", "s3_endpoint_url": self.host_endpoint})
