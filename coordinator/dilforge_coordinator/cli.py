@@ -14,7 +14,7 @@ import typer
 from botocore.exceptions import BotoCoreError, ClientError
 from dilforge_shared.configs import PipelineConfig, load_pipeline
 from dilforge_shared.errors import DilforgeError
-from dilforge_shared.settings import install_log_masking, mask, settings
+from dilforge_shared.settings import default_download_cache, install_log_masking, mask, settings
 from dilforge_shared.store import ArtifactStore, NotFound, fetch, ls_files, read_manifest
 
 from . import pipeline as pl
@@ -289,7 +289,7 @@ def gc_cmd(store: Annotated[str, typer.Option("--store", help="Artifact store ro
     try:
         found = gc.find_store_garbage(ArtifactStore(store, endpoint), min_age_minutes * 60, unreferenced)
         found += gc.find_work_garbage(Path(workdir or settings().workdir).resolve(), min_age_minutes * 60,
-                                      settings().cache)
+                                      settings().cache or default_download_cache())
     except USER_ERRORS as exc:
         fail(one_line(exc))
     for item in found:

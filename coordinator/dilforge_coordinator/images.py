@@ -25,6 +25,7 @@ from typing import Annotated
 
 import typer
 from dilforge_shared.errors import DilforgeError
+from dilforge_shared.settings import settings
 from dilforge_shared.stages import IMAGES
 
 from .backends.compose import ROOT, docker_binary
@@ -35,7 +36,7 @@ Runner = Callable[..., subprocess.CompletedProcess]
 
 
 def record_path() -> Path:
-    return Path(os.environ.get(RECORD_ENV, ".dilforge/images.json"))
+    return settings().images_record
 
 
 def load_record(path: Path | None = None) -> dict:
@@ -50,7 +51,7 @@ def save_record(record: dict, path: Path | None = None) -> None:
 
 
 def git_sha(root: Path = ROOT) -> str:
-    if sha := os.environ.get("DILFORGE_GIT_SHA"):
+    if sha := settings().git_sha:
         return sha[:12]
     try:
         out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True, text=True,

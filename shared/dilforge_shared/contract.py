@@ -210,7 +210,7 @@ class StageContext:
                 self._artifacts[name] = Artifact(uri=uri, manifest=manifest, manifest_sha256=sha256_bytes(data),
                                                  path=channel / manifest.data_dir)
             else:
-                cache = Path(os.environ.get("DILFORGE_CACHE", str(self.opt.root / "cache")))
+                cache = settings().cache or self.opt.root / "cache"
                 self._artifacts[name] = fetch(uri, cache_dir=cache, endpoint_url=self.endpoint_url)
         return self._artifacts[name]
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import platform
 import subprocess
 from datetime import UTC, datetime
@@ -24,6 +23,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .errors import ManifestError, UnsafePathError
+from .settings import settings
 from .stages import StageName
 
 log = logging.getLogger(__name__)
@@ -157,7 +157,7 @@ def scan_files(root: Path) -> list[FileEntry]:
 
 
 def _git_sha() -> str | None:
-    if sha := os.environ.get("DILFORGE_GIT_SHA"):
+    if sha := settings().git_sha:
         return sha
     try:
         out = subprocess.run(
@@ -182,7 +182,7 @@ def current_producer(package: str) -> Producer:
         version = "unknown"
     return Producer(
         package=package, version=version, git_sha=_git_sha(),
-        image=os.environ.get("DILFORGE_IMAGE"), libraries=libs,
+        image=settings().image, libraries=libs,
     )
 
 

@@ -9,9 +9,10 @@ configured Python package index with `pip download`, like any dependency.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from .settings import settings
 
 CACHE_ENV = "DILFORGE_CACHE"
 
@@ -21,7 +22,7 @@ def cache_root() -> Path:
 
     Outside the repository on purpose: CI and every test fetch a recipe's wheel once per machine.
     """
-    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "dilforge").expanduser()
+    return (settings().cache or Path.home() / ".cache" / "dilforge").expanduser()
 
 
 @dataclass(frozen=True)

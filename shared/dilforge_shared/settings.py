@@ -16,6 +16,10 @@ dilforge writes `os.environ` after process start-up: values travel as arguments 
 | DILFORGE_VERIFY_ON_REUSE | sha256 (default) or stamp: how a local artifact is checked before reuse |
 | DILFORGE_LOCK_LEASE_SECONDS | lease of an S3 run lock; renewed while the owner lives (default 120) |
 | DILFORGE_LOG_LEVEL | stage log level (default INFO) |
+| DILFORGE_GIT_SHA / DILFORGE_IMAGE | provenance recorded in manifests (set in images at build/run time) |
+| DILFORGE_DOCKER / DILFORGE_COMPOSE_DIR / DILFORGE_IMAGE_TAG / DILFORGE_S3_PORT | compose backend: docker binary, compose.yaml folder, image tag, S3 host port |
+| DILFORGE_IMAGES_RECORD | where `coordinator images push` records digests |
+| DILFORGE_OPT_ML | root of the SageMaker contract folders for local runs (read once at process start) |
 | DILFORGE_VAR_<NAME> | user variables a config may interpolate as `${DILFORGE_VAR_<NAME>}` |
 """
 
@@ -41,8 +45,9 @@ class Settings(BaseSettings):
 
     data: Path | None = Field(default=None, description="Root of the data configs name as ${DILFORGE_DATA}.")
     store: str | None = Field(default=None, description="Default artifact store root.")
-    cache: Path = Field(default=Path(tempfile.gettempdir()) / "dilforge-cache",
-                        description="Download cache for remote artifacts and model prefixes.")
+    cache: Path | None = Field(
+        default=None, description="Download cache root; unset = each use's own default: <opt_ml>/cache for a stage's "
+        "inputs, ~/.cache/dilforge for recipe wheels, <tmp>/dilforge-cache for store downloads and gc.")
     workdir: Path = Field(default=Path(".dilforge/work"), description="Local backend work folders and locks.")
     s3_endpoint_url: str | None = Field(default=None, description="S3-compatible endpoint URL.")
     s3_access_key_id: SecretStr | None = Field(default=None, description="Access key for that endpoint only.")
@@ -55,6 +60,20 @@ class Settings(BaseSettings):
         "while size, mtime and inode match the last full check.")
     lock_lease_seconds: float = Field(default=120.0, gt=0, description="Lease of an S3 run lock.")
     log_level: str = Field(default="INFO", description="Stage log level.")
+    git_sha: str | None = Field(default=None, description="Source commit recorded in manifests and image labels "
+                                "(set in images at build time); unset = `git rev-parse` where a checkout exists.")
+    image: str | None = Field(default=None, description="Image reference a stage runs in, recorded in its manifest.")
+    docker: str | None = Field(default=None, description="docker client binary; unset = /usr/bin/docker or docker.")
+    compose_dir: Path | None = Field(default=None, description="Folder with compose.yaml; unset = the repository.")
+    image_tag: str = Field(default="dev", description="Tag of the stage images the compose backend runs.")
+    s3_port: int = Field(default=8333, ge=1, le=65535, description="Host port of the compose S3.")
+    images_record: Path = Field(default=Path(".dilforge/images.json"),
+                                description="Where `coordinator images push` records image digests.")
+
+
+def default_download_cache() -> Path:
+    """The store's and gc's download cache when DILFORGE_CACHE is unset."""
+    return Path(tempfile.gettempdir()) / "dilforge-cache"
 
 
 def settings() -> Settings:

@@ -448,7 +448,7 @@ def fetch(uri: str, cache_dir: Path | None = None, endpoint_url: str | None = No
     if local is not None:
         verify_files(manifest, local, muri)
     else:
-        cache_dir = cache_dir or Path(os.environ.get("DILFORGE_CACHE", tempfile.gettempdir())) / "dilforge-cache"
+        cache_dir = cache_dir or (settings().cache or Path(tempfile.gettempdir())) / "dilforge-cache"
         local = cache_dir / f"{manifest.artifact_id}-{digest[:12]}"
         marker = local / ".complete"
         if marker.exists():

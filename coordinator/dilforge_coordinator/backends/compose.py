@@ -41,8 +41,8 @@ DEFAULT_BUCKET = "dilforge"
 
 def docker_binary() -> str:
     """Debian's client matches the engine here; /usr/local/bin/docker may refuse BuildKit (see container-env.sh)."""
-    if env := os.environ.get("DILFORGE_DOCKER"):
-        return env
+    if configured := settings().docker:
+        return configured
     return "/usr/bin/docker" if Path("/usr/bin/docker").exists() else "docker"
 
 
@@ -52,10 +52,11 @@ class ComposeBackend:
     def __init__(self, project_dir: Path | None = None, workdir: Path | None = None, tag: str | None = None,
                  s3_port: int | None = None, keep: bool = False, docker: str | None = None, up: bool = True,
                  data_root: Path | None = None):
-        self.project_dir = Path(project_dir or os.environ.get("DILFORGE_COMPOSE_DIR", ROOT)).resolve()
-        self.workdir = Path(workdir or os.environ.get("DILFORGE_WORKDIR", ".dilforge/work")).resolve() / "compose"
-        self.tag = tag or os.environ.get("DILFORGE_IMAGE_TAG", "dev")
-        self.s3_port = int(s3_port or os.environ.get("DILFORGE_S3_PORT", "8333"))
+        env = settings()
+        self.project_dir = Path(project_dir or env.compose_dir or ROOT).resolve()
+        self.workdir = Path(workdir or env.workdir).resolve() / "compose"
+        self.tag = tag or env.image_tag
+        self.s3_port = int(s3_port or env.s3_port)
         self.keep = keep
         self.data_root = data_root or settings().data
         self.docker = docker or docker_binary()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
@@ -11,6 +10,7 @@ from urllib.parse import urlparse
 from dilforge_shared.errors import ConfigError, InputError
 from dilforge_shared.manifest import MANIFEST_NAME, Manifest
 from dilforge_shared.models import open_model
+from dilforge_shared.settings import settings
 
 log = logging.getLogger("dilforge.eval")
 
@@ -143,4 +143,4 @@ def load_model(src: ModelSource, device: str, dtype):
 
 
 def cache_dir_for(opt_root: Path) -> Path:
-    return Path(os.environ.get("DILFORGE_CACHE", str(opt_root / "cache")))
+    return settings().cache or opt_root / "cache"
