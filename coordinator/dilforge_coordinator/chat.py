@@ -36,14 +36,27 @@ def _load(model_uri: str, base: str | None, endpoint: str | None, merged: bool, 
     return spec, tok, model.to(policy.device).eval()
 
 
+def stop_token_ids(tok) -> list[int]:
+    """The tokenizer family's end-of-turn and end-of-document ids (<|eot_id|> for Llama 3, <|im_end|> for
+    ChatML), plus its eos; a tokenizer of no known family stops at its eos only."""
+    from dilforge_shared.errors import InputError
+    from dilforge_shared.families import detect_family
+    try:
+        names = detect_family(tok.get_vocab(), "chat tokenizer").stop_tokens
+    except InputError:
+        names = []
+    ids = [tok.convert_tokens_to_ids(name) for name in names] + [tok.eos_token_id]
+    return list(dict.fromkeys(i for i in ids if isinstance(i, int) and i >= 0))
+
+
 def reply(tok, model, messages: list[dict[str, str]], max_new_tokens: int, temperature: float, seed: int) -> str:
-    """One assistant turn for the conversation so far, stopping at <|eot_id|>."""
+    """One assistant turn for the conversation so far, stopping at the family's end of turn."""
     import torch
     if not tok.chat_template:
         raise typer.BadParameter("the tokenizer has no chat template; this model cannot hold a dialogue")
     enc = tok.apply_chat_template(messages, add_generation_prompt=True, return_dict=True, return_tensors="pt")
     enc = {k: v.to(model.device) for k, v in enc.items()}
-    stop = [i for i in {tok.convert_tokens_to_ids("<|eot_id|>"), tok.eos_token_id} if isinstance(i, int) and i >= 0]
+    stop = stop_token_ids(tok)
     torch.manual_seed(seed)
     with torch.no_grad():
         out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=temperature > 0,

@@ -142,3 +142,13 @@ def test_chat_asks_the_policy_and_reports_its_error(monkeypatch):
     result = CliRunner().invoke(app, ["chat", "/nowhere", "--device", "cuda", "-p", "salam"])
     assert result.exit_code == 1
     assert "chat.device: 'cuda' requested but no CUDA device" in result.output
+
+
+def test_chat_stops_at_the_tokenizer_familys_end_of_turn():
+    from dilforge_coordinator.chat import stop_token_ids
+    vocab = {"<|im_start|>": 1, "<|im_end|>": 2, "<|endoftext|>": 0, "salam": 3}
+    chatml = SimpleNamespace(get_vocab=lambda: vocab, convert_tokens_to_ids=vocab.get, eos_token_id=2)
+    assert stop_token_ids(chatml) == [2, 0]  # <|im_end|>, <|endoftext|>; never Llama 3's <|eot_id|>
+    plain = SimpleNamespace(get_vocab=lambda: {"a": 0, "</s>": 1}, convert_tokens_to_ids=lambda t: None,
+                            eos_token_id=1)
+    assert stop_token_ids(plain) == [1]
