@@ -15,6 +15,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from dilforge_shared.configs import PipelineConfig, load_pipeline
 from dilforge_shared.errors import DilforgeError
 from dilforge_shared.settings import default_download_cache, install_log_masking, mask, settings
+from dilforge_shared.stages import STAGES
 from dilforge_shared.store import ArtifactStore, NotFound, fetch, ls_files, read_manifest
 
 from . import pipeline as pl
@@ -136,7 +137,7 @@ def validate_cmd(config: ConfigOpt, data: DataOpt = None) -> None:
 
 @app.command("run")
 def run_cmd(
-    stage: Annotated[str, typer.Argument(help="model, tokenizer, cpt, sft or eval")],
+    stage: Annotated[str, typer.Argument(help=", ".join(STAGES))],
     config: ConfigOpt,
     data: DataOpt = None,
     backend: BackendOpt = "local",

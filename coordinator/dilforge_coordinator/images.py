@@ -250,7 +250,7 @@ def pushed_image(stage: str, gpu: bool = True, path: Path | None = None) -> str 
 
 images_app = typer.Typer(help="Build the stage images and push them to ECR.", no_args_is_help=True)
 StageOpt = Annotated[list[str] | None, typer.Option(
-    "--stage", "-s", help="tokenizer, cpt, sft, eval (repeatable); also s3, coordinator. Default: the four stages.")]
+    "--stage", "-s", help=f"{', '.join(IMAGES)} (repeatable); also s3, coordinator. Default: every stage image.")]
 TagOpt = Annotated[str | None, typer.Option("--tag", help="Image tag; default <version>-<git sha>[-gpu].")]
 GpuOpt = Annotated[bool, typer.Option("--gpu", help="GPU variant on the AWS PyTorch training DLC (--base-image).")]
 

@@ -17,7 +17,7 @@ from dilforge_shared.locks import FileLock, S3Lease
 from dilforge_shared.manifest import MANIFEST_NAME, fingerprint
 from dilforge_shared.models import stage_refs
 from dilforge_shared.settings import settings
-from dilforge_shared.stages import STAGE_MODULES, image_of
+from dilforge_shared.stages import STAGE_MODULES, STAGES, image_of
 from dilforge_shared.store import ArtifactStore, NotFound, artifact_exists
 
 log = logging.getLogger("dilforge.coordinator")
@@ -213,7 +213,7 @@ def upstream_from_record(pipeline: PipelineConfig) -> dict[str, str]:
 def run_all(pipeline: PipelineConfig, backend: Backend) -> dict[str, str]:
     """Every configured stage in order, each fed the artifacts of the ones before."""
     if not pipeline.stages():
-        raise DilforgeError("the config has no stage section (tokenizer, cpt, sft or eval): nothing to run")
+        raise DilforgeError(f"the config has no stage section ({', '.join(STAGES)}): nothing to run")
     store = ArtifactStore(pipeline.store.uri, pipeline.store.s3_endpoint_url)
     record = RunRecord.load(store, pipeline.run_id)
     produced: dict[str, str] = {}
