@@ -12,7 +12,7 @@ row per tokenizer with tokens/word, bytes/token and words in 3+ tokens on FLORES
 share of new tokens never produced on the training corpus.
 
     python bench/tokenizer_extend.py --base /tmp/llama32-tokenizer --sizes 32000 64000 --replace-size 50000
-    python bench/tokenizer_extend.py --base /work/cache/smollm2-hf --sizes 8000 16000 32000
+    python bench/tokenizer_extend.py --base SMOLLM2_DIR --sizes 8000 16000 32000  (SMOLLM2_DIR: the HF folder of `coordinator models import smollm2-135m-instruct`)
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def main() -> None:
 
     from dilforge_shared.corpus import iter_texts
     from dilforge_shared.families import LLAMA3, detect_family
-    from dilforge_tokenizer import audit, bpe, continued, family_out
+    from dilforge_tokenizer import audit, bpe, continued, family_out, stage
     from dilforge_tokenizer import base as base_tok
     from dilforge_tokenizer.report import measure_sets
 
@@ -73,7 +73,7 @@ def main() -> None:
     largest = max(args.sizes)
 
     t0 = time.perf_counter()
-    raw = bpe.train(continued_batches(lines), largest + 256, args.min_frequency, template=tok)
+    raw = bpe.train(stage.expanded(lines), largest + 256, args.min_frequency, template=tok)
     raw_s = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -88,7 +88,6 @@ def main() -> None:
     naive_doc, added = bpe.extend(doc, bpe.truncate(bpe.model_of(raw), min(args.sizes) + 256))
     rows.append((f"extend, naive (raw BPE {min(args.sizes) + 256})", bpe.from_doc(naive_doc), naive_doc,
                  set(range(first_new, first_new + added))))
-    from dilforge_tokenizer import stage
     base = stage.Base(folder=args.base, uri=str(args.base), tok=tok, doc=doc, family=family)
     for size in sorted(args.sizes):
         ext, added = continued.extend_doc(doc, learned, size)
@@ -104,7 +103,7 @@ def main() -> None:
     replace_s = None
     if args.replace_size:
         t0 = time.perf_counter()
-        trained = bpe.train(continued_batches(lines), args.replace_size, args.min_frequency)
+        trained = bpe.train(stage.expanded(lines), args.replace_size, args.min_frequency)
         replace_s = time.perf_counter() - t0
         rdoc = bpe.model_of(trained)
         rwords = words if rdoc["pre_tokenizer"] == doc["pre_tokenizer"] else continued.word_counts(lines.items(), trained)
@@ -130,17 +129,6 @@ def main() -> None:
               + " | ".join(f"{s[k]['tokens_per_word']:.3f} | {s[k]['bytes_per_token']:.3f} | "
                            f"{100 * s[k]['share_words_3plus']:.1f}%" for k in ("az", "en")) + " |", flush=True)
     print(f"\nload average at the end: {os.getloadavg()}")
-
-
-def continued_batches(lines: Counter, batch: int = 4096):
-    out: list[str] = []
-    for line, n in lines.items():
-        out.extend([line] * n)
-        if len(out) >= batch:
-            yield out
-            out = []
-    if out:
-        yield out
 
 
 if __name__ == "__main__":

@@ -76,6 +76,22 @@ def replace_tokenizer(trained: dict, size: int) -> Tokenizer:
     return llama3.finish(from_doc(truncate(trained, size)))
 
 
+def editable_copy(base: dict) -> tuple[dict, dict[str, int], list, bool]:
+    """A tokenizer.json doc whose model vocab and merges can be appended to without touching `base`.
+
+    Returns (doc, vocab, merges, merges_are_strings). tokenizers gives added (special) tokens the ids after
+    the model's vocab size on load, whatever tokenizer.json says, unless the model's vocab holds them: so
+    the model vocab takes them in.
+    """
+    doc = {**base, "model": dict(base["model"])}  # shallow copies: the base doc stays untouched
+    vocab: dict[str, int] = dict(doc["model"]["vocab"])
+    merges: list = list(doc["model"]["merges"])
+    doc["model"]["vocab"], doc["model"]["merges"] = vocab, merges
+    for added_token in doc.get("added_tokens", []):
+        vocab.setdefault(added_token["content"], added_token["id"])
+    return doc, vocab, merges, bool(merges) and isinstance(merges[0], str)
+
+
 def extend(base: dict, corpus: dict) -> tuple[dict, int]:
     """Naive extension (the stage's `extend` before continued BPE; kept as the baseline the tests and the
     bench compare against): append a raw corpus BPE's tokens missing from `base`; returns (doc, added).
@@ -84,15 +100,7 @@ def extend(base: dict, corpus: dict) -> tuple[dict, int]:
     BPE learned them; the merges that create them are appended after the base's merges, so the base's
     own merges keep priority and every base id keeps its meaning.
     """
-    doc = {**base, "model": dict(base["model"])}  # shallow copies: the base doc stays untouched
-    vocab: dict[str, int] = dict(doc["model"]["vocab"])
-    merges: list = list(doc["model"]["merges"])
-    doc["model"]["vocab"], doc["model"]["merges"] = vocab, merges
-    as_strings = bool(merges) and isinstance(merges[0], str)
-    # tokenizers gives added (special) tokens the ids after the model's vocab size on load, whatever
-    # tokenizer.json says, unless the model's vocab holds them: so the model vocab takes them in.
-    for added_token in doc.get("added_tokens", []):
-        vocab.setdefault(added_token["content"], added_token["id"])
+    doc, vocab, merges, as_strings = editable_copy(base)
     next_id = max(vocab.values()) + 1
     new_tokens = set()
     for token, _ in sorted(corpus["model"]["vocab"].items(), key=lambda kv: kv[1]):

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
+from .bpe import editable_copy
+
 log = logging.getLogger("dilforge.tokenizer")
 
 CODE_OFFSET = 0x10000  # above the BMP: no whitespace, no surrogates; 0x10000 + any vocab id < 0x110000
@@ -110,15 +112,7 @@ def extend_doc(base: dict, learned: list[tuple[list[int], list[int]]], num_new: 
     tokens included). A merge whose result is already in the vocabulary maps to that id; one whose pair
     the base already merges is skipped (the base's rank wins).
     """
-    doc = {**base, "model": dict(base["model"])}
-    vocab: dict[str, int] = dict(doc["model"]["vocab"])
-    merges: list = list(doc["model"]["merges"])
-    doc["model"]["vocab"], doc["model"]["merges"] = vocab, merges
-    as_strings = bool(merges) and isinstance(merges[0], str)
-    # tokenizers gives added (special) tokens the ids after the model's vocab size on load, whatever
-    # tokenizer.json says, unless the model's vocab holds them: so the model vocab takes them in.
-    for added_token in doc.get("added_tokens", []):
-        vocab.setdefault(added_token["content"], added_token["id"])
+    doc, vocab, merges, as_strings = editable_copy(base)
     id_to_token = {i: t for t, i in base["model"]["vocab"].items()}
     existing = {merge_pair(m) for m in merges}
     next_id = max(vocab.values()) + 1
