@@ -25,7 +25,7 @@ def test_config_wiring_and_data_sources():
 
 @pytest.mark.parametrize("overrides, message", [
     ({"lr": 1e-4}, "lr: Extra inputs are not permitted"),
-    ({"phase1": {"num_steps": 1, "learning_rate": 1}}, "phase1.learning_rate: Extra inputs"),
+    ({"phase1": {"num_steps": 1, "peak_lr": 1}}, "phase1.peak_lr: Extra inputs"),
     ({"base_model": "/m"}, "not both"),
     ({"corpora": []}, "corpora: at least one"),
     ({"validation": []}, "validation: at least one"),

@@ -16,7 +16,7 @@ torch.set_num_threads(1)
 
 def test_lr_schedule_warmup_then_cosine_to_floor():
     from dilforge_cpt.loop import lr_at
-    p = Phase(num_steps=10, lr=1.0, num_warmup_steps=2, min_lr_ratio=0.1)
+    p = Phase(num_steps=10, learning_rate=1.0, num_warmup_steps=2, min_lr_ratio=0.1)
     lrs = [lr_at(p, s) for s in range(10)]
     assert lrs[:2] == [0.5, 1.0]
     assert lrs[2] == pytest.approx(1.0) and lrs[-1] == pytest.approx(0.1)
@@ -69,7 +69,7 @@ def test_phase1_trains_only_embeddings_and_head():
     assert [p.shape for p in trainable.params] == [model.model.embed_tokens.weight.shape]  # tied: one matrix
     before = {k: v.clone() for k, v in model.state_dict().items()}
     opt = make_optimizer(trainable, CptConfig(scratch_model={}, corpora=[{"uri": "a"}], validation=[{"uri": "b"}],
-                                           phase1={"num_steps": 1}), Phase(num_steps=1, lr=0.1))
+                                           phase1={"num_steps": 1}), Phase(num_steps=1, learning_rate=0.1))
     x = torch.randint(0, 64, (2, 8))
     model(input_ids=x, labels=x).loss.backward()
     opt.step()

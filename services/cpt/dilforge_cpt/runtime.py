@@ -75,6 +75,8 @@ def init_runtime(config: CptConfig) -> Runtime:
     if world > 1 and config.fsdp == "off":
         raise ConfigError("fsdp: 'off' needs a single process; this run has "
                           f"{world} (num_processes_per_node × hosts)")
+    if config.liger == "on" and not cuda:
+        raise ConfigError("cpt.liger: the Liger kernels need CUDA; use auto or off")
     fsdp = config.fsdp == "on" or (config.fsdp == "auto" and (world > 1 or cuda))
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
     if cuda:

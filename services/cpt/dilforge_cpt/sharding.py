@@ -15,8 +15,9 @@ log = logging.getLogger("dilforge.cpt")
 
 
 def apply_liger(model, config: CptConfig, rt: Runtime) -> list[str]:
-    """Liger kernels on CUDA only (Triton); returns the kernels applied, for the log and manifest."""
-    if not config.liger or not rt.cuda:
+    """Liger kernels on CUDA only (Triton; init_runtime rejects liger: on without CUDA); returns the kernels
+    applied, for the log and manifest."""
+    if config.liger == "off" or not rt.cuda:
         return []
     if model.config.model_type != "llama":
         log.warning("liger: no kernels for model_type %s", model.config.model_type)
