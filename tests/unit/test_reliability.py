@@ -280,13 +280,13 @@ def test_concurrent_publishers_really_race_and_the_loser_cleans_up(tmp_path, mon
     """Both publishers pass the existence check and upload before either creates the manifest (a barrier)."""
     from dilforge_shared import store as store_mod
     barrier = threading.Barrier(2, timeout=20)
-    original = store_mod.LocalBackend.create_bytes
+    original = store_mod.LocalStorage.create_bytes
 
     def racing_create(self, key, data):
         if key == MANIFEST_NAME:
             barrier.wait()
         return original(self, key, data)
-    monkeypatch.setattr(store_mod.LocalBackend, "create_bytes", racing_create)
+    monkeypatch.setattr(store_mod.LocalStorage, "create_bytes", racing_create)
     uri = str(tmp_path / "store" / "artifacts" / "tokenizer" / "same")
     outcomes = []
 

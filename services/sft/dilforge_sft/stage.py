@@ -262,6 +262,9 @@ def stop_on_sigterm_callback(flag: dict[str, bool]):
 
 
 def tensorboard_callback(log_dir: Path):
+    """transformers' own TensorBoardCallback, writing where SageMaker uploads TensorBoard logs. Not `report_to=
+    "tensorboard"`: transformers 5 dropped `logging_dir`, so that would log under output_dir/runs/ (or need
+    TENSORBOARD_LOGGING_DIR set in os.environ while running)."""
     from torch.utils.tensorboard import SummaryWriter
     from transformers.integrations import TensorBoardCallback
     log_dir.mkdir(parents=True, exist_ok=True)

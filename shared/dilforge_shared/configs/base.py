@@ -10,7 +10,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..corpus import MAX_DOCUMENT_BYTES, Oversize, TextFormat
 
-
 log = logging.getLogger("dilforge.config")
 
 
