@@ -10,6 +10,7 @@ same machine and must reproduce the uninterrupted run's final loss to 1e-6 relat
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -211,8 +212,8 @@ def test_phase1_with_transplant_keeps_backbone_bit_identical(tmp_path, data_root
     assert after["model.embed_tokens.weight"].shape[0] == 600 + 256
     report = art.manifest.metrics["transplant"]
     assert report["method"] == "mean_of_pieces" and report["num_kept"] > 256
-    for method in ("mean_of_pieces", "mean_of_all", "random"):
-        assert report[f"step0_val_bpb_{method}"] > 0
+    step0 = [report[f"step0_val_bpb_{method}"] for method in ("mean_of_pieces", "mean_of_all", "random")]
+    assert all(math.isfinite(v) for v in step0) and len(set(step0)) == 3, step0  # each init measured on its own
     assert any(ref.name == f"model:{tiny_llama_dir}" for ref in art.manifest.inputs)
     assert recompute_artifact_id(art.manifest) == art.manifest.artifact_id
 

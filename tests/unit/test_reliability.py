@@ -152,7 +152,8 @@ def test_damaged_artifact_is_reported_moved_aside_and_rebuilt(tmp_path, damage, 
         outside.write_bytes(target.read_bytes())
         target.unlink()
         target.symlink_to(outside)
-    assert check_artifact(uri) is not None
+    problem = check_artifact(uri)
+    assert problem is not None and ("extra.txt" if damage == "delete_file" else "tokenizer.json") in problem, problem
     again = pl.run_all(cfg, backend)["tokenizer"]
     out = capsys.readouterr().out
     assert again == uri and len(backend.runs) == 2, "the damaged artifact must be rebuilt under the same id"
