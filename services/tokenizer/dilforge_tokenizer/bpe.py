@@ -71,11 +71,6 @@ def from_doc(doc: dict) -> Tokenizer:
     return Tokenizer.from_str(json.dumps(doc, ensure_ascii=False))
 
 
-def replace_tokenizer(trained: dict, size: int) -> Tokenizer:
-    """A Llama-3-compatible tokenizer of `size` regular tokens + the 256 specials."""
-    return llama3.finish(from_doc(truncate(trained, size)))
-
-
 def extend(base: dict, corpus: dict) -> tuple[dict, int]:
     """Naive extension (the stage's `extend` before continued BPE; kept as the baseline the tests and the
     bench compare against): append a raw corpus BPE's tokens missing from `base`; returns (doc, added).
