@@ -84,3 +84,11 @@ def test_wait_for_hosts_retries_until_names_resolve():
     with pytest.raises(DilforgeError, match=r"\['algo-9'\] did not resolve"):
         wait_for_hosts(["algo-9"], timeout_s=0, interval_s=0, resolve=lambda h: (_ for _ in ()).throw(OSError()),
                        sleep=lambda s: None)
+
+
+def test_liger_on_without_cuda_is_a_config_error_naming_the_field(monkeypatch):
+    import torch
+    from dilforge_cpt.runtime import init_runtime
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match="cpt.liger: the Liger kernels need CUDA"):
+        init_runtime(validate_model(CptConfig, cfg(liger="on"), "t"))
