@@ -56,7 +56,7 @@ def plain_loop(config, vocab: int, tokens: np.ndarray, steps: int, warmup: int) 
                                          num_key_value_heads=s.num_key_value_heads, tie_word_embeddings=True,
                                          use_cache=False))
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=config.phase2.lr, betas=(0.9, 0.95))
+    opt = torch.optim.AdamW(model.parameters(), lr=config.phase2.learning_rate, betas=(0.9, 0.95))
     L, B = config.seq_len, config.global_batch_size
     n_windows = len(tokens) // L
     rng = np.random.default_rng(0)
@@ -123,7 +123,7 @@ def main() -> int:
         corpora=[{"uri": str(corpus)}], validation=[{"uri": str(args.data / "az/dev/xwmt_test.az-en.az.txt")}],
         max_docs_per_corpus=args.docs, num_validation_docs=8, seq_len=args.seq_len,
         global_batch_size=args.batch, micro_batch_size=args.batch,
-        phase1={"num_steps": 0}, phase2={"num_steps": args.steps, "lr": 1e-3},
+        phase1={"num_steps": 0}, phase2={"num_steps": args.steps, "learning_rate": 1e-3},
         log_every=log_every, eval_every=10**6, checkpoint_every=10**6,
     )
     ctx = stage_ctx(root, tok_dir, config)

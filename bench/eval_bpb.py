@@ -27,7 +27,7 @@ import hardware  # bench/hardware.py
 def baseline_bytes_per_s(model, ids: list[int], num_bytes: int, window: int, batch_size: int) -> tuple[float, float]:
     """Bare loop: non-overlapping windows, full logits, cross-entropy over every position."""
     import torch
-    import torch.nn.functional as F
+    from torch.nn import functional
     device = next(model.parameters()).device
     start = time.perf_counter()
     t = torch.tensor(ids)
@@ -44,7 +44,7 @@ def baseline_bytes_per_s(model, ids: list[int], num_bytes: int, window: int, bat
                 labels[r, :len(c)] = c
             batch, labels = batch.to(device), labels.to(device)
             logits = model(input_ids=batch).logits
-            nll += F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100,
+            nll += functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100,
                                    reduction="sum").item()
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -68,7 +68,7 @@ def main() -> None:
     args = ap.parse_args()
 
     import torch
-    from dilforge_eval import bpb as B
+    from dilforge_eval import bpb as eval_bpb
     from dilforge_shared.corpus import iter_texts
     from dilforge_tokenizer import llama3
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -91,14 +91,14 @@ def main() -> None:
                       bos_token_id=tok.bos_token_id)
     torch.manual_seed(0)
     model = LlamaForCausalLM(cfg).to(device=args.device, dtype=dtype).eval()
-    stream = B.encode_stream(tok, docs)  # family-framed stream (dilforge_shared.bpb)
+    stream = eval_bpb.encode_stream(tok, docs)  # family-framed stream (dilforge_shared.bpb)
     ids, num_bytes = stream.ids, stream.num_bytes
     params = sum(p.numel() for p in model.parameters())
     print(f"model: {args.layers} layers, hidden {args.hidden}, vocab {len(tok)}, {params / 1e6:.1f} M params, {dtype}; "
           f"text: {num_bytes} bytes, {len(ids) - 1} tokens; window {args.window}, batch {args.batch_size}")
 
     def ours(stride: int) -> tuple[float, float]:
-        res = B.bits_per_byte(model, tok, docs, args.window, stride, args.batch_size)
+        res = eval_bpb.bits_per_byte(model, tok, docs, args.window, stride, args.batch_size)
         return res.num_bytes / res.seconds, res.bpb
 
     runs = {"baseline (bare forward, non-overlapping)": lambda: baseline_bytes_per_s(model, ids, num_bytes, args.window,

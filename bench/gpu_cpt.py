@@ -126,9 +126,9 @@ def stage_config(args, mode: str, checkpointing: bool, liger: str):
     from dilforge_shared.configs.cpt import CptConfig
     return CptConfig.model_validate({
         "scratch_model": {"max_position_embeddings": 131072}, "corpora": [{"uri": "/dev/null"}],
-        "validation": [{"uri": "/dev/null"}], "seq_len": args.seq, "phase2": {"num_steps": 1, "lr": 1e-4},
+        "validation": [{"uri": "/dev/null"}], "seq_len": args.seq, "phase2": {"num_steps": 1, "learning_rate": 1e-4},
         "global_batch_size": 1, "micro_batch_size": 1, "compile": mode == "compile",
-        "activation_checkpointing": checkpointing, "liger": liger != "plain", "fsdp": "auto",
+        "activation_checkpointing": checkpointing, "liger": "off" if liger == "plain" else "auto", "fsdp": "auto",
         "peak_tflops_per_device": args.peak_tflops,
     })
 

@@ -31,7 +31,7 @@ def section(data: Path, model_dir: Path | None, steps: int) -> dict:
                          "max_records": 8}],
          "lora": {"r": 16, "alpha": 32}, "max_length": 256, "learning_rate": 1e-3, "max_steps": steps,
          "per_device_batch_size": 4, "gradient_accumulation_steps": 1, "gradient_checkpointing": False,
-         "logging_steps": 5, "save_steps": 10_000, "save_merged": False, "warmup_ratio": 0.0}
+         "log_every": 5, "checkpoint_every": 10_000, "save_merged": False, "warmup_ratio": 0.0}
     if model_dir:
         s["base_model"] = str(model_dir)
     return s

@@ -7,16 +7,12 @@ spot interruption) reaches the stage, which checkpoints within its 120 s grace; 
 stage's (128+N when a signal killed it). Any other command is exec'd unchanged (`docker run IMAGE bash`).
 
 Processes and hosts: a stage that runs several processes starts torchrun itself (cpt does, from
-resourceconfig.json through dilforge_shared.launch), so by default this entrypoint only supervises
-`python -m <module> train` on every host. Stages without their own launcher can ask for one with
-DILFORGE_LAUNCHER=torchrun: then this entrypoint waits until every peer host name resolves (SageMaker's
-algo-N names appear a few seconds after start) and runs torchrun with dilforge_shared.launch's plan:
-hosts sorted, master = first host, node rank = its index, NCCL_SOCKET_IFNAME from
-network_interface_name, EFA variables on EFA instance types; DILFORGE_NPROC_PER_NODE overrides one
-process per GPU. Stages that run on one host only (all but MULTI_HOST_STAGES) exit 0 on other hosts.
+`cpt.num_processes_per_node` and resourceconfig.json through dilforge_shared.launch), so this entrypoint only
+supervises `python -m <module> train` on every host. Stages that run on one host only (all but
+MULTI_HOST_STAGES) exit 0 on other hosts.
 
-Environment: DILFORGE_LAUNCHER=auto|torchrun (auto = the stage's own), DILFORGE_MASTER_PORT (29500),
-DILFORGE_HOST_WAIT_S (600), DILFORGE_OPT_ML (the /opt/ml root, for local runs).
+Environment: DILFORGE_OPT_ML (the /opt/ml root, for local runs), DILFORGE_MULTI_HOST=1 (run a single-host
+stage on every host anyway).
 """
 
 from __future__ import annotations
@@ -37,24 +33,10 @@ log = logging.getLogger("dilforge.entrypoint")
 def plan(stage: str, env: dict[str, str] | None = None) -> tuple[list[str] | None, dict[str, str], str]:
     """(command or None when this host has nothing to do, environment, description) for `train`."""
     from dilforge_shared.contract import OptMl, ResourceConfig
-    from dilforge_shared.launch import build_launch, detect_gpus, wait_for_hosts
 
     env = dict(os.environ if env is None else env)
     module = env.get("DILFORGE_STAGE_MODULE") or f"dilforge_{stage}"
     resources = ResourceConfig.load(OptMl(_opt_root(env)))
-    launcher = env.get("DILFORGE_LAUNCHER", "auto")
-    if launcher not in ("auto", "torchrun"):
-        raise ValueError(f"DILFORGE_LAUNCHER={launcher!r}: expected auto or torchrun")
-    if launcher == "torchrun":
-        nproc = int(env["DILFORGE_NPROC_PER_NODE"]) if env.get("DILFORGE_NPROC_PER_NODE") else max(1, detect_gpus())
-        if len(resources.hosts) > 1:
-            wait_for_hosts(resources.hosts, timeout_s=float(env.get("DILFORGE_HOST_WAIT_S", "600")))
-        launch = build_launch(resources, ["-m", module, "train"], nproc_per_node=nproc,
-                              master_port=int(env.get("DILFORGE_MASTER_PORT", "29500")), python=sys.executable,
-                              base_env=env)
-        desc = (f"torchrun: node {launch.node_rank}/{launch.nnodes}, {launch.nproc_per_node} processes per node, "
-                f"master {launch.master_addr}:{launch.master_port}")
-        return launch.command, launch.env, desc
     if resources.node_rank > 0 and stage not in MULTI_HOST_STAGES and env.get("DILFORGE_MULTI_HOST") != "1":
         return None, env, f"{stage} runs on the first host only; {resources.current_host} has nothing to do"
     return [sys.executable, "-m", module, "train"], env, f"python -m {module} train (host {resources.node_rank + 1} of {len(resources.hosts)})"

@@ -3,6 +3,7 @@ up to the stage layer). `python docker/render.py --check` exits 1 when a Dockerf
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -15,11 +16,14 @@ def render(stage: str) -> str:
 
 
 def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python docker/render.py", description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 when a Dockerfile is out of date, write nothing")
+    check = parser.parse_args(argv).check
     stale = []
     for stage in STAGES:
         path = ROOT / "services" / stage / "Dockerfile"
         text = render(stage)
-        if "--check" in argv:
+        if check:
             if not path.exists() or path.read_text() != text:
                 stale.append(str(path.relative_to(ROOT)))
         else:

@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
+from torch.nn import functional
 
 
 @dataclass(frozen=True)
@@ -109,7 +109,7 @@ def _batch_nll(model, batch: torch.Tensor, rows: torch.Tensor, cols: torch.Tenso
     if decoder is None:  # logits are not a plain linear map of the hidden states: the model computes them
         logits = model(input_ids=batch).logits[rows, cols]
         for j in range(0, len(targets), chunk_positions):
-            total += F.cross_entropy(logits[j:j + chunk_positions].float(), targets[j:j + chunk_positions],
+            total += functional.cross_entropy(logits[j:j + chunk_positions].float(), targets[j:j + chunk_positions],
                                      reduction="sum").double()
         return total
 
@@ -119,7 +119,7 @@ def _batch_nll(model, batch: torch.Tensor, rows: torch.Tensor, cols: torch.Tenso
         picked = hidden[rows, cols]
         for j in range(0, len(targets), chunk_positions):
             logits = head(picked[j:j + chunk_positions]).float()
-            total = total + F.cross_entropy(logits, targets[j:j + chunk_positions], reduction="sum").double()
+            total = total + functional.cross_entropy(logits, targets[j:j + chunk_positions], reduction="sum").double()
 
     handle = decoder.register_forward_hook(score)
     try:

@@ -48,8 +48,8 @@ def expand(uri: str, endpoint_url: str | None = None) -> list[str]:
     """A file, a folder (every corpus file inside, sorted), a glob, or an S3 object or prefix."""
     parsed = urlparse(uri)
     if parsed.scheme == "s3":
-        from .store import S3Backend
-        backend = S3Backend(parsed.netloc, "", endpoint_url)
+        from .store import S3Storage
+        backend = S3Storage(parsed.netloc, "", endpoint_url)
         key = parsed.path.lstrip("/")
         if backend.exists(key):
             return [uri]
@@ -98,8 +98,8 @@ def _open_binary(uri: str, endpoint_url: str | None) -> IO[bytes]:
     if parsed.scheme == "s3":
         from botocore.exceptions import ClientError
 
-        from .store import S3Backend
-        backend = S3Backend(parsed.netloc, "", endpoint_url)
+        from .store import S3Storage
+        backend = S3Storage(parsed.netloc, "", endpoint_url)
         try:
             body = backend.client.get_object(Bucket=parsed.netloc, Key=parsed.path.lstrip("/"))["Body"]
         except ClientError as exc:
@@ -304,8 +304,8 @@ def data_digest(uri: str, endpoint_url: str | None = None) -> str:
     for file_uri in expand(uri, endpoint_url):
         parsed = urlparse(file_uri)
         if parsed.scheme == "s3":
-            from .store import S3Backend
-            backend = S3Backend(parsed.netloc, "", endpoint_url)
+            from .store import S3Storage
+            backend = S3Storage(parsed.netloc, "", endpoint_url)
             head = backend.client.head_object(Bucket=parsed.netloc, Key=parsed.path.lstrip("/"))
             h.update(f"{file_uri}:{head['ETag']}\n".encode())
         else:

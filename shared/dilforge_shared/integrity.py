@@ -14,7 +14,7 @@ from pathlib import Path
 from .errors import IntegrityError, ManifestError, ManifestNotFound
 from .manifest import MANIFEST_NAME, Manifest
 from .settings import settings
-from .store import Backend, NotFound, _artifact_backend, manifest_uri_of, open_backend, read_manifest, verify_files
+from .store import NotFound, Storage, _artifact_backend, manifest_uri_of, open_backend, read_manifest, verify_files
 
 STAMP_NAME = ".verified.json"  # local stores: (size, mtime_ns, inode) of each file when last fully verified
 
@@ -27,7 +27,7 @@ def _stamp(manifest: Manifest, digest: str, root: Path) -> dict:
     return {"manifest_sha256": digest, "files": stats}
 
 
-def _stamp_matches(backend: Backend, manifest: Manifest, digest: str, root: Path) -> bool:
+def _stamp_matches(backend: Storage, manifest: Manifest, digest: str, root: Path) -> bool:
     try:
         return json.loads(backend.read_bytes(STAMP_NAME)) == _stamp(manifest, digest, root)
     except (NotFound, OSError, ValueError):

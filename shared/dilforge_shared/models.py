@@ -23,7 +23,7 @@ from .corpus import data_digest
 from .errors import ConfigError, InputError, ManifestNotFound
 from .manifest import InputRef, Manifest, fingerprint, scan_files, sha256_file
 from .recipes import RECIPES, cache_root, source_kind
-from .store import NotFound, S3Backend, fetch, mirror_prefix, read_manifest
+from .store import NotFound, S3Storage, fetch, mirror_prefix, read_manifest
 
 ADAPTER_DIR, MERGED_DIR = "adapter", "merged"
 MODEL_SUBDIRS = ("model", "hf", "merged")
@@ -134,7 +134,7 @@ def model_digest(uri: str, endpoint_url: str | None = None) -> str:
         if not path.is_dir():
             raise ConfigError(f"{uri}: no such model folder")
         return dir_digest(path)
-    backend = S3Backend(parsed.netloc, parsed.path, endpoint_url)
+    backend = S3Storage(parsed.netloc, parsed.path, endpoint_url)
     h = hashlib.sha256()
     keys = sorted(backend.list(""))
     if not keys:
@@ -143,11 +143,6 @@ def model_digest(uri: str, endpoint_url: str | None = None) -> str:
         head = backend.client.head_object(Bucket=parsed.netloc, Key=backend._key(key))
         h.update(f"{key}:{head['ETag']}\n".encode())
     return h.hexdigest()
-
-
-def source_digest(uri: str, endpoint_url: str | None = None) -> str:
-    """Digest of whatever a model/tokenizer URI holds (kept for callers that want only the hex digest)."""
-    return source_ref(uri, model_ref_name(uri), endpoint_url).sha256
 
 
 def _download_prefix(uri: str, endpoint_url: str | None, cache_dir: Path | None = None) -> Path:

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -25,8 +26,11 @@ def render(schema: dict) -> str:
 
 
 def main(argv: list[str]) -> int:
-    check = "--check" in argv
-    out = Path(next((a for a in argv if not a.startswith("--")), "schemas"))
+    parser = argparse.ArgumentParser(prog="python -m dilforge_shared.schemas", description=__doc__.splitlines()[0])
+    parser.add_argument("out", nargs="?", default="schemas", type=Path, help="folder of the JSON schemas")
+    parser.add_argument("--check", action="store_true", help="exit 1 when a schema file is stale, write nothing")
+    args = parser.parse_args(argv)
+    check, out = args.check, args.out
     stale = []
     for name, schema in schemas().items():
         path = out / name

@@ -69,7 +69,9 @@ class NotFound(DilforgeError):
     """A key or object that does not exist."""
 
 
-class Backend(Protocol):
+class Storage(Protocol):
+    """Where artifact bytes live: a folder (LocalStorage) or an S3 bucket prefix (S3Storage). Named Storage, not
+    Backend, because the coordinator's backends (local, compose, sagemaker) are where stages *run*."""
     uri: str
 
     def exists(self, key: str) -> bool: ...
@@ -88,7 +90,9 @@ def join(*parts: str) -> str:
     return "/".join(p.strip("/") for p in parts if p and p.strip("/"))
 
 
-class LocalBackend:
+class LocalStorage:
+    """Artifact bytes in a local folder; create-only writes with os.link."""
+
     def __init__(self, root: Path):
         self.root = root.expanduser().resolve()
         self.uri = self.root.as_uri()
@@ -174,7 +178,7 @@ class LocalBackend:
         return st.st_size, f"mtime:{st.st_mtime_ns}"
 
 
-class S3Backend:
+class S3Storage:
     """boto3 with adaptive retries (exponential backoff) and multipart transfers above 64 MiB."""
 
     def __init__(self, bucket: str, prefix: str, endpoint_url: str | None = None, client=None):
@@ -299,21 +303,21 @@ class S3Backend:
             )
 
 
-def open_backend(uri: str, endpoint_url: str | None = None) -> Backend:
+def open_backend(uri: str, endpoint_url: str | None = None) -> Storage:
     """`s3://bucket/prefix`, `file:///path` or a plain path."""
     parsed = urlparse(uri)
     if parsed.scheme == "s3":
         if not parsed.netloc:
             raise DilforgeError(f"{uri}: an s3:// URI needs a bucket")
-        return S3Backend(parsed.netloc, parsed.path, endpoint_url)
+        return S3Storage(parsed.netloc, parsed.path, endpoint_url)
     if parsed.scheme == "file":
-        return LocalBackend(Path(parsed.path))
+        return LocalStorage(Path(parsed.path))
     if parsed.scheme in ("", ) or (len(parsed.scheme) == 1 and os.name == "nt"):
-        return LocalBackend(Path(uri))
+        return LocalStorage(Path(uri))
     raise DilforgeError(f"{uri}: unsupported URI scheme {parsed.scheme!r}; use a path, file:// or s3://")
 
 
-def split_uri(uri: str, endpoint_url: str | None = None) -> tuple[Backend, str]:
+def split_uri(uri: str, endpoint_url: str | None = None) -> tuple[Storage, str]:
     """Split an object URI into (backend rooted at its parent, file name)."""
     uri = uri.rstrip("/")
     parent, _, name = uri.rpartition("/")
@@ -364,7 +368,7 @@ class ArtifactStore:
         return self.backend.read_bytes(f"runs/{run_id}.json")
 
 
-def _artifact_backend(artifact_uri: str, endpoint_url: str | None) -> Backend:
+def _artifact_backend(artifact_uri: str, endpoint_url: str | None) -> Storage:
     return open_backend(artifact_uri.rstrip("/"), endpoint_url)
 
 
@@ -468,9 +472,9 @@ def fetch(uri: str, cache_dir: Path | None = None, endpoint_url: str | None = No
     return Artifact(uri=artifact_uri, manifest=manifest, manifest_sha256=digest, path=local)
 
 
-def _listing(backend: Backend, only: Collection[str] | None) -> dict[str, list]:
+def _listing(backend: Storage, only: Collection[str] | None) -> dict[str, list]:
     """key → [size, version] for what a mirror copies: ETags on S3, size + mtime locally."""
-    if isinstance(backend, S3Backend):
+    if isinstance(backend, S3Storage):
         items = ((k, size, etag) for k, size, etag in backend.list_stats(""))
     else:
         items = ((k, *backend.stat(k)) for k in backend.list(""))

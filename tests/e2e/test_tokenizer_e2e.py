@@ -76,4 +76,4 @@ def test_compare_preset_extend_beats_replace_and_keeps_english(tmp_path, data_ro
     # Not met (see docs/benchmarks.md): 64k gives 1.421, not <= 1.40, with 4.75 % dead.
     assert ext32["dead_new_tokens_frac"] <= 0.02 and ext32["languages"]["az"]["tokens_per_word"] <= 1.505
     assert ext64["languages"]["az"]["tokens_per_word"] < replace["languages"]["az"]["tokens_per_word"]
-    assert ext64["selected"] and m["selection"]["retain_met"] and m["dead_tokens"]["num_pruned"] >= 0
+    assert ext64["selected"] and m["selection"]["retain_met"]

@@ -20,8 +20,8 @@ def cpt_config(data: dict, **overrides):
     from dilforge_shared.configs.cpt import CptConfig
     section = {"scratch_model": SCRATCH, "corpora": [{"uri": str(data["train"])}],
                "validation": [{"uri": str(data["valid"])}], "num_validation_docs": 50, "seq_len": 256,
-               "global_batch_size": 8, "micro_batch_size": 4, "precision": "bf16", "liger": True,
-               "phase1": {"num_steps": 2, "lr": 0.01}, "phase2": {"num_steps": 10, "lr": 0.003, "num_warmup_steps": 2},
+               "global_batch_size": 8, "micro_batch_size": 4, "precision": "bf16", "liger": "on",
+               "phase1": {"num_steps": 2, "learning_rate": 0.01}, "phase2": {"num_steps": 10, "learning_rate": 0.003, "num_warmup_steps": 2},
                "log_every": 1, "eval_every": 6, "checkpoint_every": 4}
     section.update(overrides)
     return CptConfig.model_validate(section)

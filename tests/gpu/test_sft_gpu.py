@@ -12,7 +12,7 @@ def sft_config(data: dict, **overrides):
     section = {"train": [{"uri": str(data["chat"])}], "validation": [{"uri": str(data["chat"]), "max_records": 8}],
                "max_length": 512, "lora": {"r": 8, "alpha": 16, "dropout": 0.0}, "packing": True,
                "learning_rate": 3e-3, "max_steps": 3, "per_device_batch_size": 2, "gradient_accumulation_steps": 1,
-               "warmup_ratio": 0.0, "logging_steps": 1}
+               "warmup_ratio": 0.0, "log_every": 1}
     section.update(overrides)
     return SftConfig.model_validate(section)
 

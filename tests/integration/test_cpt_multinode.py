@@ -55,7 +55,7 @@ def tiny_config(data_root: Path, master_port: int):
                         "text_field": "azj_Latn"}],
         "max_docs_per_corpus": 1000, "num_validation_docs": 20, "seq_len": 64,
         "global_batch_size": 4, "micro_batch_size": 2,
-        "phase1": {"num_steps": 2, "lr": 0.01}, "phase2": {"num_steps": 4, "lr": 0.003, "num_warmup_steps": 1},
+        "phase1": {"num_steps": 2, "learning_rate": 0.01}, "phase2": {"num_steps": 4, "learning_rate": 0.003, "num_warmup_steps": 1},
         "log_every": 1, "eval_every": 100, "checkpoint_every": 3,
         "num_processes_per_node": 1, "master_port": master_port,
     })

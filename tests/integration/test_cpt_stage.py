@@ -10,6 +10,7 @@ same machine and must reproduce the uninterrupted run's final loss to 1e-6 relat
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -38,7 +39,7 @@ def cpt_section(**overrides) -> dict:
         "validation": [{"uri": FLORES, "text_field": "azj_Latn"}],
         "max_docs_per_corpus": 2000, "num_validation_docs": 40, "seq_len": 64,
         "global_batch_size": 4, "micro_batch_size": 2,
-        "phase1": {"num_steps": 3, "lr": 0.01}, "phase2": {"num_steps": 17, "lr": 0.003, "num_warmup_steps": 2},
+        "phase1": {"num_steps": 3, "learning_rate": 0.01}, "phase2": {"num_steps": 17, "learning_rate": 0.003, "num_warmup_steps": 2},
         "log_every": 1, "eval_every": 10, "checkpoint_every": 10,
     }
     section.update(overrides)
@@ -201,7 +202,7 @@ def test_phase1_with_transplant_keeps_backbone_bit_identical(tmp_path, data_root
     import torch
     from safetensors.torch import load_file
     cpt = cpt_section(scratch_model=None, base_model=str(tiny_llama_dir), transplant="mean_of_pieces",
-                      phase1={"num_steps": 3, "lr": 0.01}, phase2={"num_steps": 0})
+                      phase1={"num_steps": 3, "learning_rate": 0.01}, phase2={"num_steps": 0})
     run_cpt(tmp_path, data_root, other_tokenizer_dir, cpt)
     art = artifact(tmp_path / "store")
     before = load_file(str(tiny_llama_dir / "model.safetensors"))
@@ -211,8 +212,8 @@ def test_phase1_with_transplant_keeps_backbone_bit_identical(tmp_path, data_root
     assert after["model.embed_tokens.weight"].shape[0] == 600 + 256
     report = art.manifest.metrics["transplant"]
     assert report["method"] == "mean_of_pieces" and report["num_kept"] > 256
-    for method in ("mean_of_pieces", "mean_of_all", "random"):
-        assert report[f"step0_val_bpb_{method}"] > 0
+    step0 = [report[f"step0_val_bpb_{method}"] for method in ("mean_of_pieces", "mean_of_all", "random")]
+    assert all(math.isfinite(v) for v in step0) and len(set(step0)) == 3, step0  # each init measured on its own
     assert any(ref.name == f"model:{tiny_llama_dir}" for ref in art.manifest.inputs)
     assert recompute_artifact_id(art.manifest) == art.manifest.artifact_id
 
@@ -252,7 +253,7 @@ def test_non_finite_loss_stops_with_checkpoint_and_clear_error(tmp_path, data_ro
     step's loss is still finite but its gradient norm is inf. The run must stop without stepping,
     keep a checkpoint of the last good state, name step/phase/lr, and publish nothing."""
     import re
-    section = cpt_section(phase1={"num_steps": 0}, phase2={"num_steps": 6, "lr": 1e30}, max_grad_norm=None,
+    section = cpt_section(phase1={"num_steps": 0}, phase2={"num_steps": 6, "learning_rate": 1e30}, max_grad_norm=None,
                           eval_every=100, checkpoint_every=100)
     proc = run_cpt(tmp_path, data_root, tiny_tokenizer_dir, section, check=False)
     output = proc.stdout + proc.stderr

@@ -117,7 +117,7 @@ def test_pipeline_model_block_feeds_the_real_tokenizer_and_cpt_stages(tmp_path, 
         "cpt": {"corpora": [{"uri": "${DILFORGE_DATA}/az/train/azwiki_sentences_cv_extractor.txt"}],
                 "validation": [flores], "transplant": "none", "max_docs_per_corpus": 200, "num_validation_docs": 8,
                 "seq_len": 32, "global_batch_size": 2, "micro_batch_size": 2, "phase1": {"num_steps": 0},
-                "phase2": {"num_steps": 2, "lr": 0.01}, "eval_every": 2, "checkpoint_every": 2},
+                "phase2": {"num_steps": 2, "learning_rate": 0.01}, "eval_every": 2, "checkpoint_every": 2},
     }
     path = tmp_path / "pipeline.yaml"
     path.write_text(yaml.safe_dump(config))

@@ -27,7 +27,7 @@ WRAPPER = ("import resource, subprocess, sys\n"
 TINY_CPT = {"scratch_model": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
                               "num_attention_heads": 4, "num_key_value_heads": 2},
             "max_docs_per_corpus": 100, "seq_len": 64, "global_batch_size": 4, "micro_batch_size": 2,
-            "phase1": {"num_steps": 1, "lr": 0.01}, "phase2": {"num_steps": 1, "lr": 0.003, "num_warmup_steps": 0},
+            "phase1": {"num_steps": 1, "learning_rate": 0.01}, "phase2": {"num_steps": 1, "learning_rate": 0.003, "num_warmup_steps": 0},
             "validation": [{"uri": "${DILFORGE_DATA}/az/dev/flores200.dev.partial_from_sib200.tsv",
                             "text_field": "azj_Latn"}], "num_validation_docs": 8}
 

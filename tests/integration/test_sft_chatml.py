@@ -32,7 +32,7 @@ def chatml_run(tmp_path_factory, data_root):
                         "max_records": 8}],
         "system_prompt": "Sən köməkçisən.", "lora": {"r": 8, "alpha": 16, "dropout": 0.0}, "max_length": 128,
         "learning_rate": 3e-3, "max_steps": 4, "per_device_batch_size": 4, "gradient_accumulation_steps": 1,
-        "eval_batch_size": 8, "logging_steps": 1, "save_steps": 4, "warmup_ratio": 0.0, "packing": True,
+        "eval_batch_size": 8, "log_every": 1, "checkpoint_every": 4, "warmup_ratio": 0.0, "packing": True,
         "save_merged": False, "num_label_preview_examples": 2,
     }
     cfg = {"run_id": "sft-chatml", "store": {"uri": str(root / "store")}, "sft": sft}

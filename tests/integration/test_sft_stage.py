@@ -35,7 +35,7 @@ def sft_section(data_root: Path, **overrides) -> dict:
         "system_prompt": "Sən Azərbaycan dilində cavab verən köməkçisən.",
         "lora": {"r": 8, "alpha": 16, "dropout": 0.0}, "max_length": 128, "learning_rate": 3e-3,
         "max_steps": 12, "per_device_batch_size": 4, "gradient_accumulation_steps": 1, "eval_batch_size": 8,
-        "gradient_checkpointing": False, "logging_steps": 2, "save_steps": 6, "warmup_ratio": 0.0,
+        "gradient_checkpointing": False, "log_every": 2, "checkpoint_every": 6, "warmup_ratio": 0.0,
     }
     section.update(overrides)
     return section
@@ -151,7 +151,7 @@ def test_resumes_from_the_latest_checkpoint_with_a_direct_base_model(tmp_path, d
 
     def run(max_steps: int, name: str) -> dict:
         config = SftConfig.model_validate(sft_section(data_root, base_model=str(tiny_llama_dir), max_steps=max_steps,
-                                                      save_steps=2, save_merged=False, logging_steps=1))
+                                                      checkpoint_every=2, save_merged=False, log_every=1))
         opt.write_inputs(build_hyperparameters(config, str(tmp_path / "store" / name), "resume", {}))
         proc = subprocess.run([sys.executable, "-m", "dilforge_sft", "train"], env=env, capture_output=True, text=True, check=False)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -8,7 +8,7 @@ import textwrap
 import pytest
 from dilforge_shared import store
 from dilforge_shared.errors import ArtifactExistsError, InputError, IntegrityError
-from dilforge_shared.store import S3Backend, fetch, publish, read_manifest
+from dilforge_shared.store import S3Storage, fetch, publish, read_manifest
 from factories import make_manifest, write_output
 
 
@@ -31,7 +31,7 @@ def test_multipart_upload_round_trips(s3_bucket, tmp_path, monkeypatch):
     publish(uri, out, make_manifest())
     bucket = s3_bucket.removeprefix("s3://")
     m = read_manifest(uri)[0]
-    head = S3Backend(bucket, "").client.head_object(Bucket=bucket, Key=f"big/{m.data_dir}/model.safetensors")
+    head = S3Storage(bucket, "").client.head_object(Bucket=bucket, Key=f"big/{m.data_dir}/model.safetensors")
     assert "-" in head["ETag"], "expected a multipart ETag"
     assert (fetch(uri, cache_dir=tmp_path / "c").path / "model.safetensors").read_bytes() == payload
 
@@ -40,7 +40,7 @@ def test_tampered_object_is_detected(s3_bucket, tmp_path):
     uri = f"{s3_bucket}/t"
     m = publish(uri, write_output(tmp_path), make_manifest())
     bucket = s3_bucket.removeprefix("s3://")
-    S3Backend(bucket, "").client.put_object(Bucket=bucket, Key=f"t/{m.data_dir}/model.safetensors", Body=b"weightz")
+    S3Storage(bucket, "").client.put_object(Bucket=bucket, Key=f"t/{m.data_dir}/model.safetensors", Body=b"weightz")
     with pytest.raises(IntegrityError, match="model.safetensors does not match its sha256"):
         fetch(uri, cache_dir=tmp_path / "cache")
 
@@ -49,7 +49,7 @@ def test_missing_object_is_detected(s3_bucket, tmp_path):
     uri = f"{s3_bucket}/m"
     m = publish(uri, write_output(tmp_path), make_manifest())
     bucket = s3_bucket.removeprefix("s3://")
-    S3Backend(bucket, "").client.delete_object(Bucket=bucket, Key=f"m/{m.data_dir}/sub/config.json")
+    S3Storage(bucket, "").client.delete_object(Bucket=bucket, Key=f"m/{m.data_dir}/sub/config.json")
     with pytest.raises(IntegrityError, match="sub/config.json listed in the manifest is missing"):
         fetch(uri, cache_dir=tmp_path / "cache")
 
@@ -61,7 +61,7 @@ def test_manifest_is_never_overwritten(s3_bucket, tmp_path):
         publish(uri, write_output(tmp_path, "b", b"second"), make_manifest())
     assert read_manifest(uri)[0] == first
     # the create-only write itself refuses, even when the early existence check is bypassed
-    backend = S3Backend(s3_bucket.removeprefix("s3://"), "o")
+    backend = S3Storage(s3_bucket.removeprefix("s3://"), "o")
     assert backend.create_bytes("manifest.json", b"{}") is False
 
 
@@ -95,7 +95,7 @@ def test_concurrent_publishers_exactly_one_wins(s3_bucket, tmp_path):
     assert sorted(results) == ["lost", "lost", "won"], results
     art = fetch(uri, cache_dir=tmp_path / "cache")  # the winner's files are intact and verified
     bucket = s3_bucket.removeprefix("s3://")
-    data_dirs = {k.split("/")[0] for k in S3Backend(bucket, "race").list("")} - {"manifest.json"}
+    data_dirs = {k.split("/")[0] for k in S3Storage(bucket, "race").list("")} - {"manifest.json"}
     assert data_dirs == {art.manifest.data_dir}, "losers must remove their files"
 
 
@@ -111,7 +111,7 @@ def test_s3_corpus_streams_gz_and_jsonl(s3_bucket):
 
     from dilforge_shared.corpus import iter_texts
     bucket = s3_bucket.removeprefix("s3://")
-    client = S3Backend(bucket, "").client
+    client = S3Storage(bucket, "").client
     client.put_object(Bucket=bucket, Key="c/a.txt.gz", Body=gzip.compress("bir\nIki\u0307\n".encode()))
     client.put_object(Bucket=bucket, Key="c/b.jsonl", Body=(json.dumps({"t": "üç"}) + "\n").encode())
     import unicodedata

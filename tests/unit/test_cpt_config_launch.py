@@ -25,7 +25,7 @@ def test_config_wiring_and_data_sources():
 
 @pytest.mark.parametrize("overrides, message", [
     ({"lr": 1e-4}, "lr: Extra inputs are not permitted"),
-    ({"phase1": {"num_steps": 1, "learning_rate": 1}}, "phase1.learning_rate: Extra inputs"),
+    ({"phase1": {"num_steps": 1, "peak_lr": 1}}, "phase1.peak_lr: Extra inputs"),
     ({"base_model": "/m"}, "not both"),
     ({"corpora": []}, "corpora: at least one"),
     ({"validation": []}, "validation: at least one"),
@@ -84,3 +84,11 @@ def test_wait_for_hosts_retries_until_names_resolve():
     with pytest.raises(DilforgeError, match=r"\['algo-9'\] did not resolve"):
         wait_for_hosts(["algo-9"], timeout_s=0, interval_s=0, resolve=lambda h: (_ for _ in ()).throw(OSError()),
                        sleep=lambda s: None)
+
+
+def test_liger_on_without_cuda_is_a_config_error_naming_the_field(monkeypatch):
+    import torch
+    from dilforge_cpt.runtime import init_runtime
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match="cpt.liger: the Liger kernels need CUDA"):
+        init_runtime(validate_model(CptConfig, cfg(liger="on"), "t"))

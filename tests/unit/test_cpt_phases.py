@@ -1,5 +1,5 @@
 """Phase 1 `new_rows` leaves kept rows and every other tensor bit-identical (plain, and under FSDP2 on
-1- and 2-process gloo groups with tied weights); phase 2 `embedding_lr` gives the vocabulary matrices
+1- and 2-process gloo groups with tied weights); phase 2 `embedding_learning_rate` gives the vocabulary matrices
 their own learning rate."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def tiny_model(tied: bool = True):
 
 def config(**phase1) -> CptConfig:
     return CptConfig(scratch_model={}, corpora=[{"uri": "a"}], validation=[{"uri": "b"}],
-                     phase1={"num_steps": 3, "lr": 0.05, "trainable": "new_rows", **phase1})
+                     phase1={"num_steps": 3, "learning_rate": 0.05, "trainable": "new_rows", **phase1})
 
 
 def batches(seed: int):
@@ -103,15 +103,15 @@ def test_new_rows_under_fsdp2_gloo_with_tied_weights(tmp_path, world):
     assert_only_new_rows_changed({k: v for k, v in before.items() if k in after}, after)
 
 
-def test_phase2_embedding_lr_scales_the_vocabulary_matrices_step():
+def test_phase2_embedding_learning_rate_scales_the_vocabulary_matrices_step():
     """Adam's first step moves every element by about its group's lr: 0.1 for the embedding, 0.001 elsewhere."""
     from dilforge_cpt.loop import make_optimizer, set_lr, set_trainable
     model = tiny_model()
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    phase = Phase2(num_steps=1, lr=1e-3, embedding_lr=1e-1)
+    phase = Phase2(num_steps=1, learning_rate=1e-3, embedding_learning_rate=1e-1)
     cfg = CptConfig(scratch_model={}, corpora=[{"uri": "a"}], validation=[{"uri": "b"}], phase2=phase)
     opt = make_optimizer(set_trainable(model, 2), cfg, phase)
-    set_lr(opt, phase.lr)
+    set_lr(opt, phase.learning_rate)
     x = torch.from_numpy(batches(0)[0])
     model(input_ids=x, labels=x).loss.backward()
     opt.step()
@@ -119,4 +119,4 @@ def test_phase2_embedding_lr_scales_the_vocabulary_matrices_step():
     emb = (after["model.embed_tokens.weight"] - before["model.embed_tokens.weight"]).abs().max()
     mlp = (after["model.layers.0.mlp.up_proj.weight"] - before["model.layers.0.mlp.up_proj.weight"]).abs().max()
     assert emb == pytest.approx(0.1, rel=0.01) and mlp == pytest.approx(1e-3, rel=0.01)
-    assert Phase1().trainable == "embeddings" and Phase2().embedding_lr is None
+    assert Phase1().trainable == "embeddings" and Phase2().embedding_learning_rate is None

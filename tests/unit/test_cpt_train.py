@@ -16,30 +16,52 @@ torch.set_num_threads(1)
 
 def test_lr_schedule_warmup_then_cosine_to_floor():
     from dilforge_cpt.loop import lr_at
-    p = Phase(num_steps=10, lr=1.0, num_warmup_steps=2, min_lr_ratio=0.1)
+    p = Phase(num_steps=10, learning_rate=1.0, num_warmup_steps=2, min_lr_ratio=0.1)
     lrs = [lr_at(p, s) for s in range(10)]
     assert lrs[:2] == [0.5, 1.0]
     assert lrs[2] == pytest.approx(1.0) and lrs[-1] == pytest.approx(0.1)
     assert all(a >= b for a, b in itertools.pairwise(lrs[2:]))
 
 
-def test_flops_per_token_llama_3_2_1b():
+@pytest.mark.parametrize("tied", [True, False])
+@pytest.mark.parametrize("phase", [1, 2])
+def test_flops_per_token_matches_torch_flop_counter(tied, phase):
+    """The formula against FLOPs torch counts in a real forward + backward (eager attention, so the attention
+    matmuls are visible to the counter): equal up to the RMSNorm weights, which are parameters but no matmul."""
     from dilforge_cpt.reporting import flops_per_token
-    from transformers import LlamaConfig
+    from torch.utils.flop_counter import FlopCounterMode
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tied,
+                      attn_implementation="eager")
+    model = LlamaForCausalLM(cfg)
+    num_params = sum(p.numel() for p in model.parameters())
+    norm_params = sum(p.numel() for n, p in model.named_parameters() if "norm" in n)
+    if phase == 1:  # phase 1 trains only the vocabulary matrices
+        for name, param in model.named_parameters():
+            param.requires_grad_("embed_tokens" in name or "lm_head" in name)
+    ids = torch.randint(0, 512, (2, 64))
+    with FlopCounterMode(display=False) as counter:
+        model(input_ids=ids, labels=ids).loss.backward()
+    measured = counter.get_total_flops() / ids.numel()
+    passes = 4 if phase == 1 else 6
+    assert flops_per_token(cfg, num_params, 64, phase=phase) - passes * norm_params == measured
+
+
+def test_flops_per_token_llama_3_2_1b_mfu_figures():
+    """The issue's figures for Llama 3.2 1B at 2048 tokens: 80k tok/s on a 989 TFLOP/s H200 is ~65 % MFU, and
+    charging 6·N in phase 1 would overstate MFU by ~31 %."""
+    from dilforge_cpt.reporting import flops_per_token
+    from transformers import LlamaConfig, LlamaForCausalLM
     cfg = LlamaConfig(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
                       num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=True)
-    d, v, L = 2048, 128256, 16
-    per_layer = d * d * 2 + 2 * d * 512 + 3 * d * 8192 + 2 * d
-    params = v * d + L * per_layer + d  # tied: the embedding is counted once
+    with torch.device("meta"):
+        params = sum(p.numel() for p in LlamaForCausalLM(cfg).parameters())
     assert params == 1_235_814_400
     fpt = flops_per_token(cfg, params, 2048)
-    assert fpt == 6 * params + 12 * L * d * 2048
-    # 80k tok/s on a 989 TFLOP/s H200 is the issue's 65 % MFU goal
     assert 0.65 < 80_000 * fpt / 989e12 < 0.68
-    # phase 1: frozen blocks compute no weight gradients; only the LM head's (2·V·d) remains of the third 2·N
-    phase1 = flops_per_token(cfg, params, 2048, phase=1)
-    assert phase1 == fpt - 2 * params + 2 * v * d
-    assert 0.75 < phase1 / fpt < 0.78  # charging 6·N in phase 1 overstates MFU by ~31 % (the issue's figure)
+    assert 0.75 < flops_per_token(cfg, params, 2048, phase=1) / fpt < 0.78
 
 
 @pytest.mark.parametrize("name,tflops", [
@@ -69,7 +91,7 @@ def test_phase1_trains_only_embeddings_and_head():
     assert [p.shape for p in trainable.params] == [model.model.embed_tokens.weight.shape]  # tied: one matrix
     before = {k: v.clone() for k, v in model.state_dict().items()}
     opt = make_optimizer(trainable, CptConfig(scratch_model={}, corpora=[{"uri": "a"}], validation=[{"uri": "b"}],
-                                           phase1={"num_steps": 1}), Phase(num_steps=1, lr=0.1))
+                                           phase1={"num_steps": 1}), Phase(num_steps=1, learning_rate=0.1))
     x = torch.randint(0, 64, (2, 8))
     model(input_ids=x, labels=x).loss.backward()
     opt.step()

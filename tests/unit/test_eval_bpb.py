@@ -8,7 +8,7 @@ import torch
 
 torch.set_num_threads(1)
 
-from dilforge_eval import bpb as B
+from dilforge_eval import bpb as eval_bpb
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +21,7 @@ def model_and_tok(tiny_llama_dir):
 @pytest.mark.parametrize("n,window,stride", [(1, 8, 4), (2, 8, 4), (9, 8, 8), (40, 8, 3), (40, 8, 1), (17, 16, 16),
                                              (100, 32, 16)])
 def test_window_plan_scores_every_token_once_with_enough_context(n, window, stride):
-    plans = B.window_plan(n, window, stride)
+    plans = eval_bpb.window_plan(n, window, stride)
     scored = [t for b, e, s in plans for t in range(s, e)]
     assert scored == list(range(1, n))
     for i, (b, e, s) in enumerate(plans):
@@ -33,18 +33,18 @@ def test_window_plan_scores_every_token_once_with_enough_context(n, window, stri
 
 def test_window_plan_rejects_bad_stride():
     with pytest.raises(ValueError):
-        B.window_plan(10, 4, 5)
+        eval_bpb.window_plan(10, 4, 5)
     with pytest.raises(ValueError):
-        B.window_plan(10, 1, 1)
+        eval_bpb.window_plan(10, 1, 1)
 
 
 def test_eval_bpb_is_the_shared_sliding_window_bpb(model_and_tok):
     from dilforge_shared.bpb import sliding_window_bpb
     model, tok = model_and_tok
     docs = ["Qız yoldaşına namə yazdı.", "Sabah biz muzeyə gedəcəyik."]
-    stream = B.encode_stream(tok, docs)
-    assert stream.ids[0] == tok.bos_token_id and stream.num_bytes == B.text_bytes(docs)
-    res = B.bits_per_byte(model, tok, docs, window=8, stride=3)
+    stream = eval_bpb.encode_stream(tok, docs)
+    assert stream.ids[0] == tok.bos_token_id and stream.num_bytes == eval_bpb.text_bytes(docs)
+    res = eval_bpb.bits_per_byte(model, tok, docs, window=8, stride=3)
     assert res.bpb == sliding_window_bpb(model, stream, 8, 3).bpb
     row = res.summary()
     assert row["bpb"] == round(res.bpb, 5) and row["num_tokens"] == stream.num_text_tokens
@@ -53,13 +53,13 @@ def test_eval_bpb_is_the_shared_sliding_window_bpb(model_and_tok):
 def test_bpb_changes_with_the_text_not_with_how_it_is_batched(model_and_tok):
     model, tok = model_and_tok
     lines = ["Bakı gözəl şəhərdir.", "Xəzər dənizi sahildədir.", "Qış soyuq keçdi.", "Yaz gəlir."]
-    ref = B.bits_per_byte(model, tok, lines, 16, 8, batch_size=1).bpb
-    assert B.bits_per_byte(model, tok, lines, 16, 8, batch_size=5).bpb == pytest.approx(ref, rel=1e-6)
-    assert B.bits_per_byte(model, tok, lines[::-1], 16, 8).bpb != pytest.approx(ref, rel=1e-6)
+    ref = eval_bpb.bits_per_byte(model, tok, lines, 16, 8, batch_size=1).bpb
+    assert eval_bpb.bits_per_byte(model, tok, lines, 16, 8, batch_size=5).bpb == pytest.approx(ref, rel=1e-6)
+    assert eval_bpb.bits_per_byte(model, tok, lines[::-1], 16, 8).bpb != pytest.approx(ref, rel=1e-6)
 
 
 def test_default_window_respects_model_limit(model_and_tok):
     model, _ = model_and_tok
-    assert B.default_window(model, None) == 2048
-    assert B.default_window(model, 100) == 100
-    assert B.default_window(model, 10_000) == model.config.max_position_embeddings
+    assert eval_bpb.default_window(model, None) == 2048
+    assert eval_bpb.default_window(model, 100) == 100
+    assert eval_bpb.default_window(model, 10_000) == model.config.max_position_embeddings

@@ -6,25 +6,25 @@ import itertools
 import json
 
 import pytest
-from dilforge_eval import generate as G
+from dilforge_eval import generate as eval_generate
 from dilforge_shared.configs.eval import GenerationSettings
 from dilforge_shared.errors import InputError
 
 
 def test_repetition_measures_hand_checked():
-    r = G.repetition("a b a b a b")
+    r = eval_generate.repetition("a b a b a b")
     # 1-grams: 6, unique 2; 2-grams: 5, unique 2; 3-grams: aba bab aba bab → 2 of 4 repeat an earlier one
     assert r == {"num_words": 6, "distinct_1": pytest.approx(2 / 6), "distinct_2": pytest.approx(2 / 5),
                  "repeated_3gram_rate": pytest.approx(0.5)}
-    r = G.repetition("Bakı gözəl şəhərdir, BAKI isə paytaxtdır")
+    r = eval_generate.repetition("Bakı gözəl şəhərdir, BAKI isə paytaxtdır")
     assert r["distinct_1"] == pytest.approx(5 / 6)       # "Bakı" and "BAKI" (az lower-casing) are one word
     assert r["repeated_3gram_rate"] == 0.0
-    assert G.repetition("tək")["distinct_2"] is None
+    assert eval_generate.repetition("tək")["distinct_2"] is None
 
 
 def test_mean_repetition_skips_missing_values():
-    rows = [G.repetition("a a a a"), G.repetition("b")]
-    m = G.mean_repetition(rows)
+    rows = [eval_generate.repetition("a a a a"), eval_generate.repetition("b")]
+    m = eval_generate.mean_repetition(rows)
     assert m["num_generations"] == 2 and m["distinct_1"] == pytest.approx((0.25 + 1) / 2)
     assert m["repeated_3gram_rate"] == pytest.approx(0.5)   # only the first has 3-grams: aaa aaa → 1 of 2
 
@@ -33,22 +33,22 @@ def test_load_prompts_and_errors(tmp_path):
     p = tmp_path / "p.jsonl"
     p.write_text(json.dumps({"id": "a", "kind": "chat", "prompt": "Salam"}) + "\n\n"
                  + json.dumps({"prompt": "Bakı"}) + "\n")
-    prompts = G.load_prompts(str(p))
+    prompts = eval_generate.load_prompts(str(p))
     assert [(x.id, x.kind) for x in prompts] == [("a", "chat"), ("line3", "completion")]
-    assert len(G.load_prompts(str(p), limit=1)) == 1
+    assert len(eval_generate.load_prompts(str(p), limit=1)) == 1
     p.write_text(json.dumps({"id": "a", "kind": "poem", "prompt": "x"}) + "\n")
     with pytest.raises(InputError, match=r"p.jsonl:1: field 'kind'"):
-        G.load_prompts(str(p))
+        eval_generate.load_prompts(str(p))
     p.write_text(json.dumps({"id": "a", "prompt": "x"}) + "\n" + json.dumps({"id": "a", "prompt": "y"}) + "\n")
     with pytest.raises(InputError, match=r"p.jsonl:2: duplicate prompt id"):
-        G.load_prompts(str(p))
+        eval_generate.load_prompts(str(p))
 
 
 def test_builtin_prompts_are_valid():
-    prompts = G.load_prompts("builtin:az-generation")
+    prompts = eval_generate.load_prompts("builtin:az-generation")
     assert {p.kind for p in prompts} == {"completion", "chat"} and len(prompts) >= 10
     with pytest.raises(InputError, match="no built-in prompts 'nope'"):
-        G.load_prompts("builtin:nope")
+        eval_generate.load_prompts("builtin:nope")
 
 
 def test_generation_is_reproducible_and_uses_chat_template(tiny_llama_dir):
@@ -57,10 +57,10 @@ def test_generation_is_reproducible_and_uses_chat_template(tiny_llama_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
     model = AutoModelForCausalLM.from_pretrained(str(tiny_llama_dir)).eval()
     tok = AutoTokenizer.from_pretrained(str(tiny_llama_dir))
-    prompts = [G.Prompt("c", "completion", "Bakı"), G.Prompt("q", "chat", "Salam")]
-    text, templated = G.render_prompt(tok, prompts[1])
+    prompts = [eval_generate.Prompt("c", "completion", "Bakı"), eval_generate.Prompt("q", "chat", "Salam")]
+    text, templated = eval_generate.render_prompt(tok, prompts[1])
     assert templated and "<|start_header_id|>assistant<|end_header_id|>" in text and text.startswith("<|begin_of_text|>")
-    runs = [G.generate(model, tok, prompts, mode, GenerationSettings(max_new_tokens=6, temperature=1.0, top_p=1.0), seed=3) for mode in ("greedy", "sampled", "sampled")]
+    runs = [eval_generate.generate(model, tok, prompts, mode, GenerationSettings(max_new_tokens=6, temperature=1.0, top_p=1.0), seed=3) for mode in ("greedy", "sampled", "sampled")]
     assert all(r["num_new_tokens"] <= 6 for run in runs for r in run)
     assert [r["output"] for r in runs[1]] == [r["output"] for r in runs[2]]
     assert runs[0][1]["chat_template"] is True and runs[0][0]["chat_template"] is False
@@ -82,15 +82,15 @@ class _FakeTokenizer:
 def test_stop_tokens_come_from_the_family():
     chatml = _FakeTokenizer({"<|im_start|>": 1, "<|im_end|>": 2, "<|endoftext|>": 0, "a": 5}, eos=2)
     chatml.unk_token_id = 0                     # as in SmolLM2: the unk token is the document end
-    family = G.model_family(chatml, "smol")
-    assert family.name == "chatml" and G.stop_token_ids(chatml, family) == [2, 0]   # end of turn, end of document
+    family = eval_generate.model_family(chatml, "smol")
+    assert family.name == "chatml" and eval_generate.stop_token_ids(chatml, family) == [2, 0]   # end of turn, end of document
     llama = _FakeTokenizer({"<|begin_of_text|>": 10, "<|start_header_id|>": 11, "<|end_header_id|>": 12,
                             "<|eot_id|>": 13, "<|end_of_text|>": 14}, eos=14)
-    assert G.stop_token_ids(llama, G.model_family(llama, "l3")) == [13, 14]
+    assert eval_generate.stop_token_ids(llama, eval_generate.model_family(llama, "l3")) == [13, 14]
     chatml.bos_token, chatml.chat_template = "<|im_start|>", None     # SmolLM2 names a bos_token; ChatML has none
-    assert G.render_prompt(chatml, G.Prompt("c", "completion", "Bakı"), family) == ("Bakı", False)
+    assert eval_generate.render_prompt(chatml, eval_generate.Prompt("c", "completion", "Bakı"), family) == ("Bakı", False)
     other = _FakeTokenizer({"</s>": 2, "a": 3}, eos=2)
-    assert G.model_family(other, "x") is None and G.stop_token_ids(other, None) == [2]   # unknown family: EOS only
+    assert eval_generate.model_family(other, "x") is None and eval_generate.stop_token_ids(other, None) == [2]   # unknown family: EOS only
 
 
 def test_repetition_options_reach_generate(tiny_llama_dir, monkeypatch):
@@ -105,7 +105,7 @@ def test_repetition_options_reach_generate(tiny_llama_dir, monkeypatch):
         return real(**kwargs)
     monkeypatch.setattr(model, "generate", spy)
     settings = GenerationSettings(max_new_tokens=4, repetition_penalty=1.3, no_repeat_ngram_size=3)
-    G.generate(model, tok, [G.Prompt("c", "completion", "Bakı")], "greedy", settings, seed=0)
+    eval_generate.generate(model, tok, [eval_generate.Prompt("c", "completion", "Bakı")], "greedy", settings, seed=0)
     (kw,) = seen
     assert kw["repetition_penalty"] == 1.3 and kw["no_repeat_ngram_size"] == 3
     assert kw["eos_token_id"] == [tok.convert_tokens_to_ids("<|eot_id|>"), tok.convert_tokens_to_ids("<|end_of_text|>")]
@@ -118,13 +118,13 @@ def test_no_repeat_ngram_size_removes_repeated_ngrams(tiny_llama_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
     model = AutoModelForCausalLM.from_pretrained(str(tiny_llama_dir)).eval()
     tok = AutoTokenizer.from_pretrained(str(tiny_llama_dir))
-    prompt = [G.Prompt("c", "completion", "Bakı")]
+    prompt = [eval_generate.Prompt("c", "completion", "Bakı")]
 
     def bigram_repeats(settings) -> int:
-        ids = tok(G.render_prompt(tok, prompt[0])[0], add_special_tokens=False)["input_ids"]
+        ids = tok(eval_generate.render_prompt(tok, prompt[0])[0], add_special_tokens=False)["input_ids"]
         with torch.inference_mode():
             out = model.generate(input_ids=torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                                 **G.generate_kwargs(settings, "greedy", tok.pad_token_id, []))[0].tolist()
+                                 **eval_generate.generate_kwargs(settings, "greedy", tok.pad_token_id, []))[0].tolist()
         grams = list(itertools.pairwise(out))
         return len(grams) - len(set(grams))
     assert bigram_repeats(GenerationSettings(max_new_tokens=40)) > 0          # the failure mode is there
@@ -135,7 +135,7 @@ def test_chat_prompt_falls_back_to_the_family_template(tiny_llama_dir):
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(str(tiny_llama_dir))
     tok.chat_template = None
-    family = G.model_family(tok, "tiny")
-    text, templated = G.render_prompt(tok, G.Prompt("q", "chat", "Salam"), family)
+    family = eval_generate.model_family(tok, "tiny")
+    text, templated = eval_generate.render_prompt(tok, eval_generate.Prompt("q", "chat", "Salam"), family)
     assert templated and text == ("<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nSalam<|eot_id|>"
                                   "<|start_header_id|>assistant<|end_header_id|>\n\n")

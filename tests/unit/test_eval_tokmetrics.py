@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from dilforge_eval import morph as M
+from dilforge_eval import morph as eval_morph
 from dilforge_eval.stage import morph_metrics, parity_metrics, tokenizer_metrics
 from tokenizers import Regex, Tokenizer, models, pre_tokenizers
 
@@ -51,18 +51,18 @@ def test_parity_is_az_tokens_over_en_tokens():
 
 
 def test_alignment_perfect_when_tokens_follow_morphemes():
-    words = [M.from_segments("kitablar", ["kitab", "lar"], "hand"), M.from_segments("evlər", ["ev", "lər"], "hand")]
+    words = [eval_morph.from_segments("kitablar", ["kitab", "lar"], "hand"), eval_morph.from_segments("evlər", ["ev", "lər"], "hand")]
     tok = suffix_tokenizer(["kitablar"], "lar")
-    s = M.alignment(tok, words[:1]).summary()
+    s = eval_morph.alignment(tok, words[:1]).summary()
     assert s["boundary_recall"] == 1.0 and s["inside_morpheme_rate"] == 0.0 and s["exact_segmentation_rate"] == 1.0
     # evlər is one unknown token for this vocabulary: a missed boundary, no token boundary at all
-    s = M.alignment(tok, words[1:]).summary()
+    s = eval_morph.alignment(tok, words[1:]).summary()
     assert s["boundary_recall"] == 0.0 and s["inside_morpheme_rate"] is None and s["exact_segmentation_rate"] == 0.0
 
 
 def test_alignment_character_tokens_hit_every_boundary_but_mostly_inside_morphemes():
-    word = M.from_segments("kitablar", ["kitab", "lar"], "hand")
-    s = M.alignment(char_tokenizer("kitablar"), [word]).summary()
+    word = eval_morph.from_segments("kitablar", ["kitab", "lar"], "hand")
+    s = eval_morph.alignment(char_tokenizer("kitablar"), [word]).summary()
     # 7 internal token boundaries; 1 is the gold one, the other 6 fall inside kitab or lar
     assert (s["num_gold_hit"], s["num_token_boundaries_decidable"], s["num_token_boundaries_inside"]) == (1, 7, 6)
     assert s["boundary_recall"] == 1.0 and s["inside_morpheme_rate"] == pytest.approx(6 / 7, abs=1e-4)
@@ -70,23 +70,23 @@ def test_alignment_character_tokens_hit_every_boundary_but_mostly_inside_morphem
 
 def test_alignment_counts_a_split_inside_a_two_byte_letter_as_inside_a_morpheme():
     tok = byte_tokenizer()
-    assert M.token_byte_boundaries(tok, "əl") == [1, 2]      # ə = C9 99: a boundary between its two bytes
-    s = M.alignment(tok, [M.from_segments("əl", ["əl"], "hand")]).summary()
+    assert eval_morph.token_byte_boundaries(tok, "əl") == [1, 2]      # ə = C9 99: a boundary between its two bytes
+    s = eval_morph.alignment(tok, [eval_morph.from_segments("əl", ["əl"], "hand")]).summary()
     assert s["num_token_boundaries_inside"] == 2 and s["inside_morpheme_rate"] == 1.0
 
 
 def test_alignment_ignores_token_boundaries_in_unknown_suffix_regions():
     # lemma/form: stem known, suffix "lara" (two morphemes, split unknown)
-    gw = M.from_lemma("açarlara", "açar", "hand")
+    gw = eval_morph.from_lemma("açarlara", "açar", "hand")
     assert gw.boundaries == (4,) and gw.known == ((0, 4),)
-    s = M.alignment(char_tokenizer("açarlara"), [gw]).summary()
+    s = eval_morph.alignment(char_tokenizer("açarlara"), [gw]).summary()
     # char boundaries at 1..7: 1,2,3 inside the stem; 4 gold; 5,6,7 undecidable
     assert (s["num_token_boundaries_decidable"], s["num_token_boundaries_inside"], s["num_gold_hit"]) == (4, 3, 1)
     assert s["exact_segmentation_rate"] is None
 
 
 def test_morph_metrics_has_per_source_and_overall_rows():
-    gold = {"a": [M.from_segments("evlər", ["ev", "lər"], "a")], "b": [M.from_segments("ev", ["ev"], "b")]}
+    gold = {"a": [eval_morph.from_segments("evlər", ["ev", "lər"], "a")], "b": [eval_morph.from_segments("ev", ["ev"], "b")]}
     out = morph_metrics({"c": char_tokenizer("evlər")}, gold)["c"]
     assert set(out) == {"a", "b", "all"}
     assert out["all"]["num_words"] == 2 and out["all"]["num_gold_boundaries"] == 1
@@ -97,33 +97,33 @@ def test_morph_metrics_has_per_source_and_overall_rows():
     ("İş", "işlər", 2), ("ağız", "ağzı", None), ("ev", "at", None),
 ])
 def test_stem_boundary_with_alternations(lemma, form, boundary):
-    assert M.stem_boundary(lemma, form) == boundary
+    assert eval_morph.stem_boundary(lemma, form) == boundary
 
 
 def test_from_lemma_uses_gloss_morpheme_count():
-    assert M.from_lemma("yoldaşı", "yoldaş", "g", num_morphemes=2).known == ((0, 6), (6, 7))
-    assert M.from_lemma("yoldaşına", "yoldaş", "g", num_morphemes=3).known == ((0, 6),)
-    assert M.from_lemma("aç", "aç", "g", num_morphemes=1).known == ((0, 2),)
-    assert M.from_lemma("aç", "aç", "g", num_morphemes=3) is None
-    assert M.from_lemma("yazdı", "yaz", "g", num_morphemes=1) is None
+    assert eval_morph.from_lemma("yoldaşı", "yoldaş", "g", num_morphemes=2).known == ((0, 6), (6, 7))
+    assert eval_morph.from_lemma("yoldaşına", "yoldaş", "g", num_morphemes=3).known == ((0, 6),)
+    assert eval_morph.from_lemma("aç", "aç", "g", num_morphemes=1).known == ((0, 2),)
+    assert eval_morph.from_lemma("aç", "aç", "g", num_morphemes=3) is None
+    assert eval_morph.from_lemma("yazdı", "yaz", "g", num_morphemes=1) is None
 
 
 def test_loaders_read_hand_made_resources(tmp_path):
     seg = tmp_path / "seg.tsv"
     seg.write_text("word\tsegmentation\ttags\nkitab\tkitab\t\nkitablar\tkitab+lar\tPl\nuşağı\tuşaq+ı\tAcc\n")
-    words = M.load_segmented(str(seg))
+    words = eval_morph.load_segmented(str(seg))
     assert [(w.word, w.boundaries) for w in words] == [("kitab", ()), ("kitablar", (5,))]  # uşaq+ı does not spell uşağı
     lf = tmp_path / "lf.tsv"
     lf.write_text("lemma\tform\tpos\nev\tevlər\tN\nev\tev\tN\nal\tgözəl alma\tN\n")
-    assert [(w.word, w.boundaries) for w in M.load_lemma_forms(str(lf))] == [("evlər", (2,)), ("ev", ())]
+    assert [(w.word, w.boundaries) for w in eval_morph.load_lemma_forms(str(lf))] == [("evlər", (2,)), ("ev", ())]
     um = tmp_path / "um.tsv"
     um.write_text("açar\taçarlara\tN;DAT;PL\n")
-    assert M.load_lemma_forms(str(um))[0].boundaries == (4,)
+    assert eval_morph.load_lemma_forms(str(um))[0].boundaries == (4,)
     conllu = tmp_path / "x.conllu"
     conllu.write_text("# sent_id = 1\n# text = Qız yoldaşına yazdı.\n# glossing = girl friend-POSS.3SG-DAT write-PST\n"
                       "1\tQız\tqız\tNOUN\t_\t_\t0\troot\t_\t_\n2\tyoldaşına\tyoldaş\tNOUN\t_\t_\t1\tobl\t_\t_\n"
                       "3\tyazdı\tyaz\tVERB\t_\t_\t1\tx\t_\tSpaceAfter=No\n4\t.\t.\tPUNCT\t_\t_\t3\tpunct\t_\t_\n")
-    got = {w.word: (w.boundaries, w.known) for w in M.load_conllu(str(conllu))}
+    got = {w.word: (w.boundaries, w.known) for w in eval_morph.load_conllu(str(conllu))}
     assert got == {"Qız": ((), ((0, 3),)), "yoldaşına": ((6,), ((0, 6),)), "yazdı": ((3,), ((0, 3), (3, 5)))}
 
 
@@ -132,12 +132,12 @@ def test_loader_errors_name_file_and_line(tmp_path):
     bad = tmp_path / "bad.tsv"
     bad.write_text("word\tsegmentation\nkitab\n")
     with pytest.raises(InputError, match=r"bad.tsv:2: expected word<TAB>segmentation"):
-        M.load_segmented(str(bad))
+        eval_morph.load_segmented(str(bad))
 
 
 def test_load_gold_samples_with_seed(data_root):
     args = ([], [str(data_root / "az/morph/unimorph_aze.tsv")], [], 50)
-    a, b = M.load_gold(*args, seed=1), M.load_gold(*args, seed=1)
+    a, b = eval_morph.load_gold(*args, seed=1), eval_morph.load_gold(*args, seed=1)
     assert [w.word for w in a["unimorph_aze.tsv"]] == [w.word for w in b["unimorph_aze.tsv"]]
     assert len(a["unimorph_aze.tsv"]) == 50
 
@@ -155,12 +155,12 @@ def test_morphology_resources_read_from_s3_like_local_files(tmp_path, s3_server,
         client.upload_file(path, bucket, key)
         remote[kind] = f"{s3_bucket}/{key}"
     args = {"num_words_per_source": 200, "seed": 3}
-    from_local = M.load_gold([local["segmented"]], [local["lemma_forms"]], [local["conllu"]], **args)
-    from_s3 = M.load_gold([remote["segmented"]], [remote["lemma_forms"]], [remote["conllu"]], **args,
+    from_local = eval_morph.load_gold([local["segmented"]], [local["lemma_forms"]], [local["conllu"]], **args)
+    from_s3 = eval_morph.load_gold([remote["segmented"]], [remote["lemma_forms"]], [remote["conllu"]], **args,
                           endpoint_url=s3_server.endpoint_url)
     assert list(from_s3) == list(from_local) == ["az-lang-nlp_golden_morph.tsv", "unimorph_aze.tsv",
                                                  "ud_az_tuecl-ud-test.conllu"]
     assert from_s3 == from_local and all(len(v) == 200 for v in from_s3.values())
     from dilforge_shared.errors import InputError
     with pytest.raises(InputError, match="morph/missing.tsv"):
-        M.load_segmented(f"{s3_bucket}/morph/missing.tsv", s3_server.endpoint_url)
+        eval_morph.load_segmented(f"{s3_bucket}/morph/missing.tsv", s3_server.endpoint_url)

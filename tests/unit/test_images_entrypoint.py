@@ -1,5 +1,5 @@
-"""The image entrypoint (docker/entrypoint.py): SIGTERM reaches the stage, exit codes pass through, the
-torchrun plan follows resourceconfig.json, single-host stages idle on other hosts."""
+"""The image entrypoint (docker/entrypoint.py): SIGTERM reaches the stage, exit codes pass through, every host
+runs the stage's `train` (cpt launches torchrun itself), single-host stages idle on other hosts."""
 
 from __future__ import annotations
 
@@ -79,26 +79,6 @@ def _opt(tmp_path: Path, current: str, hosts: list[str], instance_type: str | No
     return {"DILFORGE_OPT_ML": str(tmp_path / current)}
 
 
-def test_torchrun_plan_from_resourceconfig(tmp_path):
-    env = {**_opt(tmp_path, "algo-2", ["algo-2", "algo-1"], "ml.p4d.24xlarge"), "DILFORGE_LAUNCHER": "torchrun",
-           "DILFORGE_NPROC_PER_NODE": "8", "DILFORGE_HOST_WAIT_S": "1"}
-    from dilforge_shared import launch
-    waited = []
-    original = launch.wait_for_hosts
-    launch.wait_for_hosts = lambda hosts, timeout_s: waited.append(list(hosts))
-    try:
-        cmd, penv, desc = ep.plan("sft", env)
-    finally:
-        launch.wait_for_hosts = original
-    assert waited == [["algo-1", "algo-2"]]
-    assert cmd[1:3] == ["-m", "torch.distributed.run"]
-    args = dict(zip(cmd[3::2], cmd[4::2]))
-    assert args["--nnodes"] == "2" and args["--node_rank"] == "1" and args["--master_addr"] == "algo-1"
-    assert args["--nproc_per_node"] == "8" and cmd[-3:] == ["-m", "dilforge_sft", "train"]
-    assert penv["NCCL_SOCKET_IFNAME"] == "eth0" and penv["FI_PROVIDER"] == "efa" and penv["FI_EFA_USE_DEVICE_RDMA"] == "1"
-    assert "node 1/2" in desc
-
-
 def test_stage_launcher_by_default_and_single_host_stages(tmp_path):
     cpt_env = _opt(tmp_path / "a", "algo-2", ["algo-1", "algo-2"])
     cmd, _, _ = ep.plan("cpt", cpt_env)  # cpt starts torchrun itself; every host runs its `train`
@@ -109,13 +89,15 @@ def test_stage_launcher_by_default_and_single_host_stages(tmp_path):
     assert cmd[1:] == ["-m", "dilforge_eval", "train"]
 
 
-def test_bad_launcher_leaves_a_failure_file(tmp_path):
+def test_bad_resourceconfig_leaves_a_failure_file(tmp_path):
     opt = tmp_path / "opt"
+    (opt / "input" / "config").mkdir(parents=True)
+    (opt / "input" / "config" / "resourceconfig.json").write_text(json.dumps({"hosts": ["algo-1"]}))
     out = subprocess.run([sys.executable, str(ENTRYPOINT), "train"], capture_output=True, text=True,
-                         env={**os.environ, "DILFORGE_STAGE": "sft", "DILFORGE_OPT_ML": str(opt),
-                              "DILFORGE_LAUNCHER": "mpirun"})
+                         env={**os.environ, "DILFORGE_STAGE": "sft", "DILFORGE_OPT_ML": str(opt)})
     assert out.returncode == 1
-    assert "DILFORGE_LAUNCHER='mpirun'" in (opt / "output" / "failure").read_text()
+    failure = (opt / "output" / "failure").read_text()
+    assert "resourceconfig.json" in failure and "current_host" in failure
 
 
 @pytest.mark.parametrize("argv", [[]])

@@ -152,7 +152,8 @@ def test_damaged_artifact_is_reported_moved_aside_and_rebuilt(tmp_path, damage, 
         outside.write_bytes(target.read_bytes())
         target.unlink()
         target.symlink_to(outside)
-    assert check_artifact(uri) is not None
+    problem = check_artifact(uri)
+    assert problem is not None and ("extra.txt" if damage == "delete_file" else "tokenizer.json") in problem, problem
     again = pl.run_all(cfg, backend)["tokenizer"]
     out = capsys.readouterr().out
     assert again == uri and len(backend.runs) == 2, "the damaged artifact must be rebuilt under the same id"
@@ -280,13 +281,13 @@ def test_concurrent_publishers_really_race_and_the_loser_cleans_up(tmp_path, mon
     """Both publishers pass the existence check and upload before either creates the manifest (a barrier)."""
     from dilforge_shared import store as store_mod
     barrier = threading.Barrier(2, timeout=20)
-    original = store_mod.LocalBackend.create_bytes
+    original = store_mod.LocalStorage.create_bytes
 
     def racing_create(self, key, data):
         if key == MANIFEST_NAME:
             barrier.wait()
         return original(self, key, data)
-    monkeypatch.setattr(store_mod.LocalBackend, "create_bytes", racing_create)
+    monkeypatch.setattr(store_mod.LocalStorage, "create_bytes", racing_create)
     uri = str(tmp_path / "store" / "artifacts" / "tokenizer" / "same")
     outcomes = []
 

@@ -111,7 +111,7 @@ def test_cpt_runtime_and_liger_ask_the_policy(spy, monkeypatch):
                        phase2={"num_steps": 1}, precision="bf16")
     rt = init_runtime(config)
     shutdown(rt)
-    assert spy == [("cpt", {"precision": "bf16", "liger": True})] and rt.dtype == torch.bfloat16
+    assert spy == [("cpt", {"precision": "bf16", "liger": "auto"})] and rt.dtype == torch.bfloat16
     liger_calls = []
     monkeypatch.setattr(runtime_policy, "choose_liger",
                         lambda *args: liger_calls.append(args) or False)

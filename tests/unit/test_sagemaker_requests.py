@@ -74,6 +74,7 @@ def test_channels_are_the_upstream_artifacts(requests):
 
 
 def test_output_checkpoint_tensorboard_spot_runtime(requests):
+    machines = load_pipeline(PRESET).sagemaker
     for stage, r in requests.items():
         assert r["OutputDataConfig"]["S3OutputPath"].endswith("/")
         assert r["CheckpointConfig"]["S3Uri"].endswith("/") and stage in r["CheckpointConfig"]["S3Uri"]
@@ -81,7 +82,7 @@ def test_output_checkpoint_tensorboard_spot_runtime(requests):
         assert r["TensorBoardOutputConfig"]["S3OutputPath"].endswith("/")
         assert r["TensorBoardOutputConfig"]["LocalPath"] == "/opt/ml/output/tensorboard"
         stop = r["StoppingCondition"]
-        assert stop["MaxRuntimeInSeconds"] > 0
+        assert stop["MaxRuntimeInSeconds"] == machines.resources(stage).max_runtime_s
         if r["EnableManagedSpotTraining"]:
             assert stop["MaxWaitTimeInSeconds"] >= stop["MaxRuntimeInSeconds"]
         else:

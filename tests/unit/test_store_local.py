@@ -61,8 +61,8 @@ def test_failed_upload_leaves_no_manifest(tmp_path, monkeypatch):
         if len(calls) == 2:
             raise OSError("disk full")
         return original(self, key, path)
-    original = store.LocalBackend.upload_file
-    monkeypatch.setattr(store.LocalBackend, "upload_file", flaky)
+    original = store.LocalStorage.upload_file
+    monkeypatch.setattr(store.LocalStorage, "upload_file", flaky)
     with pytest.raises(OSError):
         publish(str(uri), out, make_manifest())
     assert not (uri / "manifest.json").exists()

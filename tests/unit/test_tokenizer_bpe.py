@@ -8,8 +8,9 @@ import json
 import factories
 import pytest
 from dilforge_shared.configs.tokenizer import TokenizerConfig
+from dilforge_shared.families import LLAMA3
 from dilforge_tokenizer import base as base_tok
-from dilforge_tokenizer import bpe, llama3
+from dilforge_tokenizer import bpe, family_out, llama3
 from dilforge_tokenizer.report import select
 from pydantic import ValidationError
 
@@ -34,8 +35,13 @@ def test_truncating_a_larger_training_equals_training_at_that_size(wiki):
     assert len(big["model"]["vocab"]) == 900  # the original is left whole
 
 
+def replaced(wiki, trained_size: int, size: int):
+    """What the stage's `replace` strategy builds for a Llama 3 base: a truncated BPE finished in its family."""
+    return family_out.finish(bpe.from_doc(bpe.truncate(bpe.model_of(bpe.train([wiki], trained_size, 2)), size)), LLAMA3)
+
+
 def test_replace_tokenizer_puts_llama3_specials_after_the_regular_vocab(wiki):
-    tok = bpe.replace_tokenizer(bpe.model_of(bpe.train([wiki], 700, 2)), 600)
+    tok = replaced(wiki, 700, 600)
     assert tok.get_vocab_size(with_added_tokens=False) == 600
     assert tok.token_to_id(llama3.BOS) == 600 and tok.token_to_id(llama3.EOT) == 609
     assert tok.encode("Salam").ids[0] == 600  # BOS prepended
@@ -134,7 +140,7 @@ def test_config_rejects_unknown_field_and_bad_selection_set():
 def test_write_folder_loads_like_the_transformers_save(tmp_path, wiki):
     """The stage writes the HF folder without importing transformers; it must load the same."""
     from transformers import AutoTokenizer
-    tok = bpe.replace_tokenizer(bpe.model_of(bpe.train([wiki], 600, 2)), 600)
+    tok = replaced(wiki, 600, 600)
     llama3.save(tok, tmp_path / "hf")
     llama3.write_folder(tok, tmp_path / "plain")
     a, b = (AutoTokenizer.from_pretrained(str(tmp_path / d)) for d in ("hf", "plain"))

@@ -18,7 +18,6 @@ import os
 import shutil
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 from dilforge_shared.configs import PipelineConfig
@@ -44,6 +43,20 @@ def docker_binary() -> str:
     if configured := settings().docker:
         return configured
     return "/usr/bin/docker" if Path("/usr/bin/docker").exists() else "docker"
+
+
+def ensure_bucket(client, bucket: str, timeout_s: int = 60) -> None:
+    """Create `bucket` unless it exists, then wait (botocore's `bucket_exists` waiter) until S3 serves it."""
+    from botocore.exceptions import ClientError, WaiterError
+    try:
+        client.create_bucket(Bucket=bucket)
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+            raise DilforgeError(f"compose S3: cannot create bucket {bucket!r}: {exc}") from None
+    try:
+        client.get_waiter("bucket_exists").wait(Bucket=bucket, WaiterConfig={"Delay": 1, "MaxAttempts": timeout_s})
+    except WaiterError as exc:
+        raise DilforgeError(f"compose S3: bucket {bucket!r} not available after {timeout_s} s: {exc}") from None
 
 
 class ComposeBackend:
@@ -104,22 +117,13 @@ class ComposeBackend:
                 raise DilforgeError(f"docker compose up s3 failed: {proc.stderr.strip()[-2000:]}")
         if bucket:
             import boto3
-            from botocore.exceptions import ClientError
+            from botocore.config import Config
+            # botocore retries (standard mode: connection errors, 5xx, throttling, with backoff) cover an S3 that
+            # is healthy but still warming up; ensure_bucket's waiter covers the bucket becoming visible.
             client = boto3.client("s3", endpoint_url=self.host_endpoint, region_name="us-east-1",
-                                  aws_access_key_id=S3_ACCESS_KEY, aws_secret_access_key=S3_SECRET_KEY)
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    client.head_bucket(Bucket=bucket)
-                    break
-                except ClientError:
-                    try:
-                        client.create_bucket(Bucket=bucket)
-                        break
-                    except ClientError as exc:
-                        if time.monotonic() > deadline:
-                            raise DilforgeError(f"compose S3: cannot create bucket {bucket!r}: {exc}") from None
-                        time.sleep(1)
+                                  aws_access_key_id=S3_ACCESS_KEY, aws_secret_access_key=S3_SECRET_KEY,
+                                  config=Config(retries={"mode": "standard", "max_attempts": 10}))
+            ensure_bucket(client, bucket)
         self._s3_ready = True
 
     def image_ref(self, stage: str) -> str:

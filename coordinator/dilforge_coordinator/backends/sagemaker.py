@@ -180,8 +180,6 @@ class SageMakerBackend:
             stopping["MaxWaitTimeInSeconds"] = res.max_wait_s or min(2 * res.max_runtime_s, 28 * 24 * 3600)
         env = {"DILFORGE_IMAGE": image, "DILFORGE_RUN_ID": job.run_id, "DILFORGE_LOG_LEVEL": "INFO",
                **module_env(job.stage)}
-        if res.nproc_per_node:
-            env["DILFORGE_NPROC_PER_NODE"] = str(res.nproc_per_node)
         env.update(res.environment)
         tags = {"dilforge:run-id": job.run_id, "dilforge:stage": job.stage, "dilforge:artifact-id": job.artifact_id,
                 **cfg.tags}

@@ -74,7 +74,7 @@ class Trainable:
     which only some rows train (phase 1 `new_rows`); masked rows get zero gradient, so AdamW (no
     weight decay there) leaves them bit-identical."""
     params: list[torch.nn.Parameter]
-    vocab_params: list[torch.nn.Parameter]   # embedding (and untied LM head): embedding_lr applies
+    vocab_params: list[torch.nn.Parameter]   # embedding (and untied LM head): embedding_learning_rate applies
     row_masks: list[tuple[torch.nn.Parameter, torch.Tensor]] = field(default_factory=list)
 
 
@@ -111,11 +111,11 @@ def _row_mask(param: torch.nn.Parameter, new_rows: torch.Tensor) -> torch.Tensor
 
 
 def make_optimizer(trainable: Trainable, config: CptConfig, phase: Phase, fused: bool = False) -> torch.optim.Optimizer:
-    """AdamW; matrices decay, vectors do not. `embedding_lr` (phase 2) scales the vocabulary matrices'
-    learning rate by embedding_lr / lr, so they follow the phase's warmup and cosine at their own peak.
+    """AdamW; matrices decay, vectors do not. `embedding_learning_rate` (phase 2) scales the vocabulary matrices'
+    learning rate by embedding_learning_rate / learning_rate, so they follow the phase's warmup and cosine at their own peak.
     `fused` (on CUDA) runs one kernel for all parameters instead of a loop of small ones."""
     vocab_ids = {id(p) for p in trainable.vocab_params}
-    scale = (getattr(phase, "embedding_lr", None) or phase.lr) / phase.lr
+    scale = (getattr(phase, "embedding_learning_rate", None) or phase.learning_rate) / phase.learning_rate
     groups = []
     for name, members, decay, lr_scale in (
             ("matrices", [p for p in trainable.params if p.ndim >= 2 and id(p) not in vocab_ids],
@@ -124,23 +124,23 @@ def make_optimizer(trainable: Trainable, config: CptConfig, phase: Phase, fused:
             ("vectors", [p for p in trainable.params if p.ndim < 2], 0.0, 1.0)):
         if members:
             groups.append({"params": members, "weight_decay": decay, "lr_scale": lr_scale, "name": name})
-    return torch.optim.AdamW(groups, lr=phase.lr, betas=(config.adam_beta1, config.adam_beta2), eps=config.adam_eps,
+    return torch.optim.AdamW(groups, lr=phase.learning_rate, betas=(config.adam_beta1, config.adam_beta2), eps=config.adam_eps,
                              fused=fused or None)
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
-    """The schedule's lr for this step, times each group's scale (embedding_lr / lr for the vocabulary)."""
+    """The schedule's lr for this step, times each group's scale (embedding_learning_rate / learning_rate for the vocabulary)."""
     for group in optimizer.param_groups:
         group["lr"] = lr * group["lr_scale"]
 
 
 def lr_at(phase: Phase, step: int) -> float:
-    """Linear warmup to phase.lr, then cosine to phase.lr × min_lr_ratio at the phase's last step."""
+    """Linear warmup to phase.learning_rate, then cosine to phase.learning_rate × min_lr_ratio at the phase's last step."""
     if step < phase.num_warmup_steps:
-        return phase.lr * (step + 1) / phase.num_warmup_steps
+        return phase.learning_rate * (step + 1) / phase.num_warmup_steps
     span = max(1, phase.num_steps - phase.num_warmup_steps - 1)
     progress = min(1.0, (step - phase.num_warmup_steps) / span)
-    return phase.lr * (phase.min_lr_ratio + (1 - phase.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+    return phase.learning_rate * (phase.min_lr_ratio + (1 - phase.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
 def grad_norm(model, max_norm: float | None) -> float:
@@ -225,7 +225,7 @@ def train_loop(model, data: PackedData, val: list[ValidationSet], state: TrainSt
             resume_from = None
         what = "all parameters" if index == 2 else "embeddings + LM head" if rows is None else \
             f"the {int(rows.sum())} new rows of the embeddings + LM head"
-        log.info("phase %d: %d steps at lr %g (%s)", index, phase.num_steps, phase.lr, what)
+        log.info("phase %d: %d steps at lr %g (%s)", index, phase.num_steps, phase.learning_rate, what)
         memory.start_phase()
         step_time, step_tokens = 0.0, 0
         while state.step_in_phase < phase.num_steps:
@@ -243,7 +243,7 @@ def train_loop(model, data: PackedData, val: list[ValidationSet], state: TrainSt
                 what = (f"non-finite training loss ({loss})" if not math.isfinite(loss)
                         else f"non-finite gradient norm ({norm}; training loss {loss:.6g})")
                 raise DilforgeError(f"{what} at step {state.step + 1} (phase {index}, lr {lr:g}); the optimizer "
-                                    f"did not step; checkpoint saved at step {state.step}. Lower the phase's lr, "
+                                    f"did not step; checkpoint saved at step {state.step}. Lower the phase's learning_rate, "
                                     "raise num_warmup_steps, set max_grad_norm, or check the data")
             state.step_in_phase += 1
             state.step += 1

@@ -20,7 +20,7 @@ def apply_liger(model, config: CptConfig, rt: Runtime) -> list[str]:
     kernels applied, for the log and manifest."""
     model_type = model.config.model_type
     if not runtime_policy.choose_liger(config.liger, rt.device.type, model_type, "cpt.liger"):
-        if config.liger and rt.cuda:
+        if config.liger != "off" and rt.cuda:
             log.warning("liger: no kernels for model_type %s", model_type)
         return []
     from liger_kernel.transformers import apply_liger_kernel_to_llama

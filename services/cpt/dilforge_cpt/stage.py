@@ -173,7 +173,7 @@ def train_in_process(config: CptConfig, ctx: StageContext, rt: Runtime) -> dict:
     new_rows = new_row_mask(config, pending, tok.get_vocab_size(with_added_tokens=True), scratch=base is None)
 
     kernels = apply_liger(model, config, rt)
-    log.info("liger kernels applied: %s", ", ".join(kernels) if kernels else "none (CPU or liger: false)")
+    log.info("liger kernels applied: %s", ", ".join(kernels) if kernels else "none (CPU or liger: off)")
     num_params = sum(p.numel() for p in model.parameters())
     model = shard_model(model, config, rt)
 

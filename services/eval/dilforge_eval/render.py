@@ -6,9 +6,9 @@ scripts/render_report.sh and the report test.
 
 from __future__ import annotations
 
+import argparse
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -41,7 +41,14 @@ def dump_dom(html: Path, timeout: int = 120) -> str:
     return _run(["--dump-dom", html.resolve().as_uri()], timeout).stdout
 
 
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m dilforge_eval.render", description="Screenshot an HTML report "
+                                     "in headless Chromium (full page).")
+    parser.add_argument("report", type=Path, help="report.html")
+    parser.add_argument("screenshot", type=Path, help="PNG to write")
+    args = parser.parse_args(argv)
+    print(screenshot(args.report, args.screenshot))
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 3:
-        sys.exit("usage: python -m dilforge_eval.render REPORT.html SCREENSHOT.png")
-    print(screenshot(Path(sys.argv[1]), Path(sys.argv[2])))
+    main()

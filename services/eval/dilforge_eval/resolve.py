@@ -77,8 +77,9 @@ def tokenizer_json(path: Path) -> Path:
 
 
 @dataclass
-class ModelSource:
-    """Everything needed to load one model under a label."""
+class EvalModel:
+    """One model the eval stage scores, under its report label: model, tokenizer and adapter folders and where
+    they came from (not the shared `models.ModelSource`, which is a fetched folder and its lineage)."""
     label: str
     model_dir: Path
     tokenizer_dir: Path
@@ -90,7 +91,7 @@ class ModelSource:
 
 def model_source(label: str, root: Path, origin: str, manifest: Manifest | None = None,
                  tokenizer_dir: Path | None = None, adapter_dir: Path | None = None,
-                 base_model_dir: Path | None = None, base_tokenizer_dir: Path | None = None) -> ModelSource:
+                 base_model_dir: Path | None = None, base_tokenizer_dir: Path | None = None) -> EvalModel:
     """Resolve a model folder; an adapter-only folder is applied on `base_model_dir` (the CPT model)."""
     model_dir = find_model_dir(root)
     if model_dir is None:
@@ -105,7 +106,7 @@ def model_source(label: str, root: Path, origin: str, manifest: Manifest | None 
     tok = tokenizer_dir or find_tokenizer_dir(root) or find_tokenizer_dir(model_dir) or base_tokenizer_dir
     if tok is None:
         raise InputError(f"model {label!r}: no tokenizer.json next to the model; set tokenizer_uri", path=str(root))
-    return ModelSource(label=label, model_dir=model_dir, tokenizer_dir=tok, adapter_dir=adapter_dir, origin=origin,
+    return EvalModel(label=label, model_dir=model_dir, tokenizer_dir=tok, adapter_dir=adapter_dir, origin=origin,
                        manifest=manifest)
 
 
@@ -125,7 +126,7 @@ def _adapter_base(adapter_dir: Path) -> Path | None:
     return None
 
 
-def load_model(src: ModelSource, device: str, dtype):
+def load_model(src: EvalModel, device: str, dtype):
     """(model in eval mode on device, transformers tokenizer); a PEFT adapter is merged in."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     tokenizer = AutoTokenizer.from_pretrained(str(src.tokenizer_dir), trust_remote_code=False)

@@ -37,7 +37,7 @@ from . import generate as gen_mod
 from . import morph as morph_mod
 from .report import write_report
 from .resolve import (
-    ModelSource,
+    EvalModel,
     adapter_base_uri,
     cache_dir_for,
     find_adapter_dir,
@@ -109,7 +109,7 @@ def read_parallel(pset, max_docs: int | None, max_bytes: int | None, endpoint: s
     return pairs
 
 
-def load_tokenizers(config: EvalConfig, ctx: StageContext, models: list[ModelSource], cache: Path):
+def load_tokenizers(config: EvalConfig, ctx: StageContext, models: list[EvalModel], cache: Path):
     """label -> tokenizers.Tokenizer; tokenizers with identical tokenizer.json are listed once, with aliases."""
     from tokenizers import Tokenizer
     entries: list[tuple[str, Path, str]] = []
@@ -141,7 +141,7 @@ def load_tokenizers(config: EvalConfig, ctx: StageContext, models: list[ModelSou
     return out, info
 
 
-def base_model(config: EvalConfig, ctx: StageContext) -> ModelSource | None:
+def base_model(config: EvalConfig, ctx: StageContext) -> EvalModel | None:
     """The pipeline's `model` artifact (the base model, with its own tokenizer) as "base", when there is one."""
     if not ctx.has_input("model"):
         return None
@@ -157,7 +157,7 @@ def base_model(config: EvalConfig, ctx: StageContext) -> ModelSource | None:
     return model_source(BASE_LABEL, hf_dir, f"artifact {art.manifest.artifact_id}", art.manifest, tokenizer_dir=hf_dir)
 
 
-def resolve_models(config: EvalConfig, ctx: StageContext, cache: Path) -> tuple[list[ModelSource], list[str]]:
+def resolve_models(config: EvalConfig, ctx: StageContext, cache: Path) -> tuple[list[EvalModel], list[str]]:
     """Base first (the reference of every change), then the config's models, then cpt and sft."""
     models, skipped = [], []
     if (base := base_model(config, ctx)) is not None:
@@ -244,7 +244,7 @@ def cost(manifest_metrics: dict) -> dict:
     return dict(list(out.items())[:16])
 
 
-def evaluate_model(src: ModelSource, config: EvalConfig, sets: dict[str, list[str]], prompts, device: str, dtype):
+def evaluate_model(src: EvalModel, config: EvalConfig, sets: dict[str, list[str]], prompts, device: str, dtype):
     """BPB per set and generations of one model; the model is freed afterwards."""
     import torch
     t0 = time.perf_counter()

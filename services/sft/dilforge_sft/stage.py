@@ -188,8 +188,8 @@ def sft_arguments(config: SftConfig, output_dir: Path, plan: DevicePlan, checkpo
         activation_checkpointing=checkpointing,
         activation_checkpointing_kwargs={"use_reentrant": False} if checkpointing else None,
         bf16=plan.bf16, fp16=False, use_cpu=plan.device == "cpu",
-        logging_steps=config.logging_steps, logging_first_step=True,
-        save_strategy="steps", save_steps=config.save_steps, save_total_limit=config.num_checkpoints_kept,
+        logging_steps=config.log_every, logging_first_step=True,
+        save_strategy="steps", save_steps=config.checkpoint_every, save_total_limit=config.num_checkpoints_kept,
         eval_strategy="no", report_to="none", disable_tqdm=True, dataloader_pin_memory=plan.device == "cuda",
     )
 
@@ -238,6 +238,9 @@ def stop_on_sigterm_callback(flag: dict[str, bool]):
 
 
 def tensorboard_callback(log_dir: Path):
+    """transformers' own TensorBoardCallback, writing where SageMaker uploads TensorBoard logs. Not `report_to=
+    "tensorboard"`: transformers 5 dropped `logging_dir`, so that would log under output_dir/runs/ (or need
+    TENSORBOARD_LOGGING_DIR set in os.environ while running)."""
     from torch.utils.tensorboard import SummaryWriter
     from transformers.integrations import TensorBoardCallback
     log_dir.mkdir(parents=True, exist_ok=True)

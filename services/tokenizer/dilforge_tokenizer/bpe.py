@@ -71,11 +71,6 @@ def from_doc(doc: dict) -> Tokenizer:
     return Tokenizer.from_str(json.dumps(doc, ensure_ascii=False))
 
 
-def replace_tokenizer(trained: dict, size: int) -> Tokenizer:
-    """A Llama-3-compatible tokenizer of `size` regular tokens + the 256 specials."""
-    return llama3.finish(from_doc(truncate(trained, size)))
-
-
 def editable_copy(base: dict) -> tuple[dict, dict[str, int], list, bool]:
     """A tokenizer.json doc whose model vocab and merges can be appended to without touching `base`.
 

@@ -2,16 +2,60 @@
 
 from __future__ import annotations
 
+import logging
+import warnings
 from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..corpus import MAX_DOCUMENT_BYTES, Oversize, TextFormat
 
+log = logging.getLogger("dilforge.config")
+
+
+def deprecated(message: str) -> None:
+    """A DeprecationWarning for code that loads configs, and a log line for people running the CLI (Python hides
+    DeprecationWarnings raised outside __main__ by default)."""
+    warnings.warn(message, DeprecationWarning, stacklevel=3)
+    log.warning(message)
+
 
 class StrictModel(BaseModel):
     """Unknown fields are errors, so a typo in a config never silently falls back to a default."""
     model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+def rename_fields(data, renamed: dict[str, str], where: str):
+    """Map deprecated field names to their new ones (a `model_validator(mode="before")` helper).
+
+    Old names keep working for one minor version of the config schema, with a DeprecationWarning that names the
+    new field; giving both the old and the new name is an error, so a config never means two things.
+    """
+    if not isinstance(data, dict):
+        return data
+    data = dict(data)
+    for old, new in renamed.items():
+        if old not in data:
+            continue
+        if new in data:
+            raise ValueError(f"{where}{old} and {where}{new} are the same setting; keep only {new}")
+        data[new] = data.pop(old)
+        deprecated(f"config field {where}{old} is deprecated; use {where}{new} (the old name goes away in the next "
+                   f"minor version of the config schema)")
+    return data
+
+
+def kernels_switch(value, where: str):
+    """`liger` used to be a bool in the cpt config (true = on CUDA, never on CPU, i.e. today's `auto`)."""
+    if isinstance(value, bool):
+        new = "auto" if value else "off"
+        deprecated(f"config field {where}liger: {str(value).lower()} is deprecated; write {where}liger: {new} "
+                   f"(auto|'on'|off; YAML reads unquoted on/off as booleans)")
+        return new
+    return value
+
+
+Switch = Literal["auto", "on", "off"]
 
 
 class DataSource(StrictModel):

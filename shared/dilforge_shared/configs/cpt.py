@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from .base import DataSource, Precision, StageConfig, StrictModel
+from .base import DataSource, Precision, StageConfig, StrictModel, Switch, kernels_switch, rename_fields
 
 
 class ScratchModel(StrictModel):
@@ -33,16 +33,23 @@ class ScratchModel(StrictModel):
 
 
 class Phase(StrictModel):
-    """One training phase: its own steps, peak LR and warmup; cosine decay to min_lr_ratio × lr."""
+    """One training phase: its own steps, peak learning rate and warmup; cosine decay to min_lr_ratio × peak."""
     num_steps: int = Field(default=0, ge=0, description="Optimizer steps in this phase; 0 skips the phase.")
-    lr: float = Field(default=1e-3, gt=0, description="Peak learning rate (AdamW).")
-    num_warmup_steps: int = Field(default=0, ge=0, description="Linear warmup steps from 0 to lr.")
-    min_lr_ratio: float = Field(default=0.1, ge=0, le=1, description="Cosine decays to lr × min_lr_ratio.")
+    learning_rate: float = Field(default=1e-3, gt=0, description="Peak learning rate (AdamW).")
+    num_warmup_steps: int = Field(default=0, ge=0, description="Linear warmup steps from 0 to learning_rate.")
+    min_lr_ratio: float = Field(default=0.1, ge=0, le=1, description="Cosine decays to learning_rate × min_lr_ratio.")
     weight_decay: float = Field(default=0.0, ge=0, description="AdamW decoupled weight decay.")
+    where: ClassVar[str] = "cpt.phase."
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_names(cls, data):
+        return rename_fields(data, {"lr": "learning_rate", "embedding_lr": "embedding_learning_rate"}, cls.where)
 
 
 class Phase1(Phase):
     """Phase 1 adapts the vocabulary: the backbone is frozen."""
+    where: ClassVar[str] = "cpt.phase1."
     trainable: Literal["embeddings", "new_rows"] = Field(
         default="embeddings",
         description="What phase 1 trains: embeddings = the whole embedding and LM-head matrices; new_rows = only "
@@ -53,10 +60,11 @@ class Phase1(Phase):
 
 class Phase2(Phase):
     """Phase 2 trains every parameter."""
-    embedding_lr: float | None = Field(
+    where: ClassVar[str] = "cpt.phase2."
+    embedding_learning_rate: float | None = Field(
         default=None, gt=0,
         description="Peak learning rate of the embedding and LM-head matrices in phase 2 (same warmup and "
-        "cosine shape as lr); None = lr.",
+        "cosine shape as learning_rate); None = learning_rate.",
     )
 
 
@@ -115,11 +123,11 @@ class CptConfig(StageConfig):
 
     # ---- optimisation ----------------------------------------------------------------------
     phase1: Phase1 = Field(
-        default_factory=lambda: Phase1(num_steps=0, lr=1e-3),
+        default_factory=lambda: Phase1(num_steps=0, learning_rate=1e-3),
         description="Embeddings + LM head only (all of them, or only the new rows: trainable); every other "
         "parameter frozen.",
     )
-    phase2: Phase2 = Field(default_factory=lambda: Phase2(num_steps=0, lr=1e-4), description="All parameters.")
+    phase2: Phase2 = Field(default_factory=lambda: Phase2(num_steps=0, learning_rate=1e-4), description="All parameters.")
     global_batch_size: int = Field(
         default=8, ge=1,
         description="Sequences per optimizer step across all processes (= micro_batch_size × processes × "
@@ -150,7 +158,9 @@ class CptConfig(StageConfig):
     master_port: int = Field(default=29500, ge=1024, le=65535, description="Rendezvous port on multi-host runs.")
     activation_checkpointing: bool = Field(default=False, description="Recompute layer activations in backward.")
     compile: bool = Field(default=False, description="torch.compile every decoder layer.")
-    liger: bool = Field(default=True, description="Apply Liger kernels on CUDA (never on CPU).")
+    liger: Switch = Field(
+        default="auto", description="Liger layer kernels (RMSNorm, RoPE, SwiGLU): auto = on with CUDA, off on CPU; "
+        "on = required (an error without CUDA). The old bool (true = auto) is read with a deprecation warning.")
     peak_tflops_per_device: float | None = Field(
         default=None, gt=0,
         description="Peak dense TFLOP/s of one device for MFU; None = known GPUs' bf16 peak (H100/H200 "
@@ -158,13 +168,18 @@ class CptConfig(StageConfig):
     )
 
     # ---- logging, evaluation, checkpoints ------------------------------------------------
-    log_every: int = Field(default=10, ge=1, description="Log training metrics every N steps.")
+    log_every: int = Field(default=10, ge=1, description="Log training metrics every this many steps.")
     eval_every: int = Field(default=100, ge=1, description="Validation loss/BPB every N steps (and at the end).")
     checkpoint_every: int = Field(default=200, ge=1, description="Checkpoint every N steps (and on SIGTERM).")
     num_checkpoints_kept: int = Field(default=2, ge=1, description="Complete checkpoints kept on disk.")
     save_dtype: Literal["auto", "bf16", "fp32"] = Field(
         default="auto", description="dtype of the published weights; auto = the training precision."
     )
+
+    @field_validator("liger", mode="before")
+    @classmethod
+    def _liger_bool(cls, value):
+        return kernels_switch(value, "cpt.")
 
     @model_validator(mode="after")
     def _check(self) -> CptConfig:

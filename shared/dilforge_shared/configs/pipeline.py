@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from ..errors import ConfigError, format_validation_error
 from ..settings import INTERPOLATION_ALLOWED, USER_VAR_PREFIX, interpolation_variables, is_secret_name
@@ -23,6 +23,12 @@ from .tokenizer import TokenizerConfig
 STAGE_CONFIGS: dict[StageName, type[StageConfig]] = {
     config.stage: config for config in (ModelConfig, TokenizerConfig, CptConfig, SftConfig, EvalConfig)}
 
+# Semver of the pipeline config schema (schemas/pipeline.schema.json, key "x-dilforge-config-version").
+# 1.1.0: one name per idea across the stage configs (cpt.phaseN.learning_rate, sft.log_every,
+#        sft.checkpoint_every, cpt.liger auto|on|off) and sagemaker.stages.*.nproc_per_node removed; the old names
+#        still load with a DeprecationWarning until 1.2.0.
+CONFIG_SCHEMA_VERSION = "1.1.0"
+
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
@@ -34,6 +40,9 @@ class StoreConfig(StrictModel):
 
 
 class PipelineConfig(StrictModel):
+    model_config = ConfigDict(extra="forbid", validate_default=True,
+                              json_schema_extra={"x-dilforge-config-version": CONFIG_SCHEMA_VERSION})
+
     run_id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$", description="Name of this pipeline run.")
     store: StoreConfig = Field(description="Artifact store every stage publishes to and reads from.")
     model: ModelConfig | None = Field(default=None, description="Base model import, run first; downstream stages "

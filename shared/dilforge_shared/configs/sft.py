@@ -6,7 +6,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from .base import DataSource, Precision, StageConfig, StrictModel
+from .base import DataSource, Precision, StageConfig, StrictModel, Switch, kernels_switch, rename_fields
 
 
 class SftDataSource(DataSource):
@@ -125,10 +125,11 @@ class SftConfig(StageConfig):
         description="gradient_checkpointing auto: share of device memory the estimate may use before checkpointing "
         "is turned on.")
     precision: Precision = Field(default="auto", description="auto: bf16 on CUDA, fp32 on CPU.")
-    liger: Literal["auto", "on", "off"] = Field(
-        default="auto", description="Liger layer kernels (RMSNorm, RoPE, SwiGLU): auto = on with CUDA, off on CPU.")
-    logging_steps: int = Field(default=10, ge=1, description="Log the training loss every this many steps.")
-    save_steps: int = Field(default=200, ge=1, description="Write a resumable checkpoint every this many steps.")
+    liger: Switch = Field(
+        default="auto", description="Liger layer kernels (RMSNorm, RoPE, SwiGLU): auto = on with CUDA, off on CPU; "
+        "on = required (an error without CUDA).")
+    log_every: int = Field(default=10, ge=1, description="Log the training loss every this many steps.")
+    checkpoint_every: int = Field(default=200, ge=1, description="Write a resumable checkpoint every this many steps.")
     num_checkpoints_kept: int = Field(default=2, ge=1, description="Newest checkpoints kept in /opt/ml/checkpoints.")
 
     # ---- outputs --------------------------------------------------------------------------------
@@ -139,6 +140,16 @@ class SftConfig(StageConfig):
         description="Publish label_preview.jsonl: the first this many training examples exactly as the trainer "
         "sees them (token ids, per-token 'trained' flag, decoded text and decoded trained tokens), to audit where "
         "the loss falls. 0 disables.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_names(cls, data):
+        return rename_fields(data, {"logging_steps": "log_every", "save_steps": "checkpoint_every"}, "sft.")
+
+    @field_validator("liger", mode="before")
+    @classmethod
+    def _liger_bool(cls, value):
+        return kernels_switch(value, "sft.")
 
     @field_validator("gradient_checkpointing", mode="before")
     @classmethod
