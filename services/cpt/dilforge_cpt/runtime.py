@@ -47,7 +47,7 @@ class Runtime:
             dist.barrier()
 
     def all_sum(self, values: list[float]) -> list[float]:
-        if not self.distributed:
+        if not self.distributed or self.world == 1:  # a one-rank group (FSDP2 on one GPU): no collective, no sync
             return values
         t = torch.tensor(values, dtype=torch.float64, device=self.device)
         dist.all_reduce(t)
