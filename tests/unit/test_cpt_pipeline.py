@@ -223,3 +223,10 @@ def test_the_graph_break_count_sees_a_compiler_disabled_rope(monkeypatch):
         assert sum(counters["graph_break"].values()) >= 2  # at least one per layer
     finally:
         torch._dynamo.reset()
+
+
+def test_fused_adamw_skips_a_non_finite_step_on_the_device_leaving_weights_and_moments():
+    """The CPU side of tests/gpu/test_cpt_pipeline_gpu.py: found_inf keeps parameters, moments and the
+    step count as they were, for the bad step and for a good step while the loop's flag is latched."""
+    from cpt_steps import check_skip_on_device
+    check_skip_on_device(torch.device("cpu"))
