@@ -117,7 +117,7 @@ def test_cpt_runtime_and_liger_ask_the_policy(spy, monkeypatch):
                         lambda *args: liger_calls.append(args) or False)
     model = SimpleNamespace(config=SimpleNamespace(model_type="llama"))
     assert sharding.apply_liger(model, config, Runtime(device=torch.device("cuda", 0))) == []
-    assert liger_calls == [(True, "cuda", "llama", "cpt.liger")]
+    assert liger_calls == [("auto", "cuda", "llama", "cpt.liger")]
 
 
 def test_eval_run_asks_the_policy_first(monkeypatch, tmp_path):

@@ -18,14 +18,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from dilforge_shared.configs.cpt import CptConfig, Phase
 from dilforge_shared.contract import Terminated
 from dilforge_shared.errors import DilforgeError
 
 from .checkpoints import load_checkpoint, save_checkpoint
-from .data import PackedData, ValidationSet
+from .data import PackedData, Prefetcher, ValidationSet
 from .reporting import MetricsLog, PeakMemory
 from .runtime import Runtime
 from .validation import evaluate
@@ -143,46 +142,76 @@ def lr_at(phase: Phase, step: int) -> float:
     return phase.learning_rate * (phase.min_lr_ratio + (1 - phase.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def grad_norm(model, max_norm: float | None) -> float:
+def grad_norm(model, max_norm: float | None) -> torch.Tensor:
+    """Clip and return the global gradient norm as a device tensor (no host sync; under FSDP2 the
+    DTensor norm is all-reduced to the full norm, the same on every rank)."""
     params = [p for p in model.parameters() if p.grad is not None]
     if not params:
-        return 0.0
+        return torch.zeros((), dtype=torch.float32)
     norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm is not None else float("inf"))
     if hasattr(norm, "full_tensor"):
         norm = norm.full_tensor()
-    return float(norm)
+    return norm.float()
 
 
-def train_step(model, optimizer, batches: list[np.ndarray], rt: Runtime, max_grad_norm: float | None,
-               row_masks: list[tuple[torch.nn.Parameter, torch.Tensor]] = ()) -> tuple[float, float]:
-    """Forward/backward over this rank's micro-batches, clip, and (if loss and grad norm are finite) step.
+def skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
+    """Fused AdamW honours `optimizer.found_inf` inside its kernel (the GradScaler protocol): with
+    found_inf = 1 neither parameters nor moments nor the step count change, decided on the device.
+    The foreach/for-loop AdamW cannot, so the step needs a host sync there."""
+    return all(group.get("fused") for group in optimizer.param_groups)
 
-    Returns (mean loss over the global batch, grad norm). On a non-finite loss or gradient norm (a
-    finite bf16 loss can still come with inf/NaN gradients) the gradients are dropped and the
-    optimizer does not step, so the caller can checkpoint the last good state; every rank sees the
-    same reduced loss and norm, so all ranks take the same decision.
+
+@dataclass(frozen=True)
+class StepResult:
+    """One step's numbers, left on the device so the loop decides when to read them."""
+    loss: torch.Tensor   # mean loss over the global batch (fp32, 0-dim)
+    norm: torch.Tensor   # gradient norm before clipping (fp32, 0-dim)
+    ok: torch.Tensor     # bool: loss and norm finite (the same on every rank)
+
+
+def run_step(model, optimizer, batches: list, rt: Runtime, max_grad_norm: float | None,
+             row_masks: list[tuple[torch.nn.Parameter, torch.Tensor]] = (),
+             skip: torch.Tensor | None = None) -> StepResult:
+    """Forward/backward over this rank's micro-batches, clip, and step unless the loss or gradient norm
+    is non-finite (a finite bf16 loss can still come with inf/NaN gradients) or `skip` (a device bool)
+    is set. Nothing here waits for the device when the optimizer skips on the device (fused AdamW,
+    see `skips_on_device`); the loss is all-reduced as a tensor, so every rank takes the same decision.
     """
     total = torch.zeros((), device=rt.device, dtype=torch.float32)
     for mb in batches:
-        x = torch.from_numpy(mb).to(rt.device, non_blocking=True)
+        x = mb if isinstance(mb, torch.Tensor) else torch.from_numpy(mb)
+        x = x.to(rt.device, non_blocking=True)
         with rt.autocast():
             loss = model(input_ids=x, labels=x).loss / len(batches)
         loss.backward()
         total += loss.detach().float()
-    loss_value = rt.all_sum([float(total)])[0] / rt.world
-    if not math.isfinite(loss_value):
-        optimizer.zero_grad(set_to_none=True)
-        return loss_value, float("nan")
+    if rt.distributed and rt.world > 1:
+        import torch.distributed as dist
+        dist.all_reduce(total)
+        total /= rt.world
     for param, mask in row_masks:
         if param.grad is not None:
             param.grad.mul_(mask)
-    norm = grad_norm(model, max_grad_norm)
-    if not math.isfinite(norm):
-        optimizer.zero_grad(set_to_none=True)
-        return loss_value, norm
-    optimizer.step()
+    norm = grad_norm(model, max_grad_norm).to(total.device)
+    ok = torch.isfinite(total) & torch.isfinite(norm)
+    blocked = ~ok if skip is None else ~ok | skip
+    if skips_on_device(optimizer):
+        optimizer.found_inf = blocked.float()
+        optimizer.step()
+    elif not bool(blocked):  # host sync: only the non-fused optimizer needs it
+        optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return loss_value, norm
+    return StepResult(total, norm, ok)
+
+
+def train_step(model, optimizer, batches: list, rt: Runtime, max_grad_norm: float | None,
+               row_masks: list[tuple[torch.nn.Parameter, torch.Tensor]] = ()) -> tuple[float, float]:
+    """`run_step` read back at once: (mean loss over the global batch, grad norm); for callers that
+    want the numbers of every step (tests, the bench). A non-finite loss or norm leaves the model
+    and optimizer as they were."""
+    result = run_step(model, optimizer, batches, rt, max_grad_norm, row_masks)
+    loss, norm = torch.stack([result.loss, result.norm]).tolist()
+    return loss, norm
 
 
 # ---- the loop ------------------------------------------------------------------------------
@@ -199,79 +228,140 @@ class LoopSetup:
     new_rows: torch.Tensor | None = None  # bool per vocabulary row: phase 1 `new_rows` trains only these
 
 
-def save(setup: LoopSetup, state: TrainState, model, optimizer, data: PackedData) -> None:
-    state.sampler = data.sampler.state_dict()
+def save(setup: LoopSetup, state: TrainState, model, optimizer) -> None:
+    """A checkpoint of `state` (whose `sampler` is what the loop consumed, not what the prefetcher read)."""
     save_checkpoint(setup.checkpoint_root, state.step, model, optimizer, state.to_json(), setup.rt,
                     setup.config.num_checkpoints_kept)
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A step taken but not yet read back: what a rollback to just before it needs."""
+    step: int
+    lr: float
+    sampler_before: dict
+    result: StepResult
+
+
+def settle(pending: list[Pending], state: TrainState, setup: LoopSetup, model, optimizer,
+           index: int, tokens_per_step: int) -> list[tuple[float, float]]:
+    """Read back the pending steps (one host sync) and return their (loss, norm).
+
+    The first non-finite step latched the loop's device-side skip, so it and every step after it
+    left the model and optimizer untouched: they hold the state after the step before it. The
+    TrainState is rolled back to that step, checkpointed, and the run stops naming step/phase/lr.
+    """
+    values = torch.stack([torch.stack([p.result.loss, p.result.norm, p.result.ok.float()])
+                          for p in pending]).tolist()
+    bad = next((i for i, (_, _, ok) in enumerate(values) if not ok), None)
+    rows = [(loss, norm) for loss, norm, _ in values]
+    if bad is None:
+        return rows
+    undone = len(pending) - bad
+    first = pending[bad]
+    state.step -= undone
+    state.step_in_phase -= undone
+    state.tokens_seen -= undone * tokens_per_step
+    state.sampler = first.sampler_before
+    if bad:
+        state.last_loss = rows[bad - 1][0]
+    for loss, _ in rows[:bad]:
+        setup.metrics.tick(loss)
+    save(setup, state, model, optimizer)
+    loss, norm = rows[bad]
+    what = (f"non-finite training loss ({loss})" if not math.isfinite(loss)
+            else f"non-finite gradient norm ({norm}; training loss {loss:.6g})")
+    raise DilforgeError(f"{what} at step {first.step} (phase {index}, lr {first.lr:g}); the optimizer "
+                        f"did not step; checkpoint saved at step {state.step}. Lower the phase's lr, "
+                        "raise num_warmup_steps, set max_grad_norm, or check the data")
 
 
 def train_loop(model, data: PackedData, val: list[ValidationSet], state: TrainState, setup: LoopSetup,
                resume_from: Path | None) -> TrainState:
     """Phase 1 then phase 2 from `state`; with `resume_from`, model and optimizer tensors (and this
-    rank's RNG) are restored from that checkpoint when its phase's optimizer exists."""
+    rank's RNG) are restored from that checkpoint when its phase's optimizer exists.
+
+    Batches come from a background `Prefetcher`. Steps are read back (a host sync) only on log
+    steps, the last step of a phase, before validation and before a checkpoint; in between, a
+    non-finite step sets a device-side flag that keeps the fused optimizer from stepping until the
+    read-back, which rolls back to the last good step and stops (`settle`)."""
     config, rt, metrics = setup.config, setup.rt, setup.metrics
     tokens_per_step = config.global_batch_size * config.seq_len
     memory = PeakMemory(rt)
-    for index, phase in ((1, config.phase1), (2, config.phase2)):
-        if phase.num_steps == 0 or index < state.phase:
-            continue
-        if index > state.phase:
-            state.phase, state.step_in_phase = index, 0
-        rows = setup.new_rows if index == 1 and config.phase1.trainable == "new_rows" else None
-        trainable = set_trainable(model, index, rows)
-        optimizer = make_optimizer(trainable, config, phase, fused=rt.cuda)
-        if resume_from is not None:
-            load_checkpoint(resume_from, model, optimizer, rt)
-            resume_from = None
-        what = "all parameters" if index == 2 else "embeddings + LM head" if rows is None else \
-            f"the {int(rows.sum())} new rows of the embeddings + LM head"
-        log.info("phase %d: %d steps at lr %g (%s)", index, phase.num_steps, phase.learning_rate, what)
-        memory.start_phase()
-        step_time, step_tokens = 0.0, 0
-        while state.step_in_phase < phase.num_steps:
-            lr = lr_at(phase, state.step_in_phase)
-            set_lr(optimizer, lr)
-            sampler_before = data.sampler.state_dict()
-            t0 = time.perf_counter()
-            batches = data.next_step(config.global_batch_size, config.micro_batch_size, rt.rank, rt.world)
-            loss, norm = train_step(model, optimizer, batches, rt, config.max_grad_norm, trainable.row_masks)
-            step_time += time.perf_counter() - t0
-            step_tokens += tokens_per_step
-            if not (math.isfinite(loss) and math.isfinite(norm)):
-                data.sampler.load_state_dict(sampler_before)
-                save(setup, state, model, optimizer, data)
-                what = (f"non-finite training loss ({loss})" if not math.isfinite(loss)
-                        else f"non-finite gradient norm ({norm}; training loss {loss:.6g})")
-                raise DilforgeError(f"{what} at step {state.step + 1} (phase {index}, lr {lr:g}); the optimizer "
-                                    f"did not step; checkpoint saved at step {state.step}. Lower the phase's learning_rate, "
-                                    "raise num_warmup_steps, set max_grad_norm, or check the data")
-            state.step_in_phase += 1
-            state.step += 1
-            state.tokens_seen += tokens_per_step
-            state.last_loss = loss
-            step = state.step
-            metrics.tick(loss)
-            if step % config.log_every == 0 or step == config.num_steps or state.step_in_phase == phase.num_steps:
-                tps = step_tokens / step_time if step_time else 0.0
-                fpt = setup.flops_per_token[index]
-                row = metrics.record(step, {
-                    "phase": index, "loss": loss, "lr": lr, "grad_norm": norm, "tokens_per_s": tps,
-                    "tokens_per_s_per_device": tps / rt.world,
-                    "mfu": (tps / rt.world) * fpt / setup.peak_flops if setup.peak_flops else None,
-                    "peak_memory_gb": memory.training_gb(),
-                })
-                if row is not None:
-                    state.history.append(row)
-                step_time, step_tokens = 0.0, 0
-            if step % config.eval_every == 0 or step == config.num_steps:
-                with memory.evaluating() as eval_memory:
-                    result = evaluate(model, val, config, rt)
-                state.add_validation(metrics.record(step, {**result, "eval_peak_memory_gb": eval_memory["gb"]},
-                                                    kind="validation"))
-            stopping = rt.any(setup.stop_requested())
-            if step % config.checkpoint_every == 0 or stopping:
-                save(setup, state, model, optimizer, data)
-            if stopping:
-                raise Terminated(f"stopped by SIGTERM at step {step}; checkpoint saved, rerun to resume")
-    state.sampler = data.sampler.state_dict()
+    prefetch = Prefetcher(data, config.global_batch_size, config.micro_batch_size, rt.rank, rt.world, rt.device)
+    try:
+        for index, phase in ((1, config.phase1), (2, config.phase2)):
+            if phase.num_steps == 0 or index < state.phase:
+                continue
+            if index > state.phase:
+                state.phase, state.step_in_phase = index, 0
+            rows = setup.new_rows if index == 1 and config.phase1.trainable == "new_rows" else None
+            trainable = set_trainable(model, index, rows)
+            optimizer = make_optimizer(trainable, config, phase, fused=rt.device.type in ("cuda", "cpu"))
+            if resume_from is not None:
+                load_checkpoint(resume_from, model, optimizer, rt)
+                resume_from = None
+            what = "all parameters" if index == 2 else "embeddings + LM head" if rows is None else \
+                f"the {int(rows.sum())} new rows of the embeddings + LM head"
+            log.info("phase %d: %d steps at lr %g (%s); host syncs on log steps only: %s", index, phase.num_steps,
+                     phase.learning_rate, what, skips_on_device(optimizer))
+            memory.start_phase()
+            step_time, step_tokens = 0.0, 0
+            skip = torch.zeros((), dtype=torch.bool, device=rt.device)   # latched by the first bad step
+            pending: list[Pending] = []
+            while state.step_in_phase < phase.num_steps:
+                lr = lr_at(phase, state.step_in_phase)
+                set_lr(optimizer, lr)
+                t0 = time.perf_counter()
+                item = prefetch.next()
+                result = run_step(model, optimizer, item.batches, rt, config.max_grad_norm, trainable.row_masks, skip)
+                skip = skip | ~result.ok
+                pending.append(Pending(state.step + 1, lr, item.sampler_before, result))
+                state.step_in_phase += 1
+                state.step += 1
+                state.tokens_seen += tokens_per_step
+                state.sampler = item.sampler_after
+                step = state.step
+                log_now = step % config.log_every == 0 or step == config.num_steps or \
+                    state.step_in_phase == phase.num_steps
+                eval_now = step % config.eval_every == 0 or step == config.num_steps
+                stopping = rt.any(setup.stop_requested())
+                checkpoint_now = step % config.checkpoint_every == 0 or stopping
+                if log_now or eval_now or checkpoint_now or not skips_on_device(optimizer):
+                    try:
+                        values = settle(pending, state, setup, model, optimizer, index, tokens_per_step)
+                    except DilforgeError:
+                        prefetch.consumed = state.sampler
+                        raise
+                    pending = []
+                    for loss, _ in values:
+                        metrics.tick(loss)
+                    loss, norm = values[-1]
+                    state.last_loss = loss
+                step_time += time.perf_counter() - t0
+                step_tokens += tokens_per_step
+                if log_now:
+                    tps = step_tokens / step_time if step_time else 0.0
+                    fpt = setup.flops_per_token[index]
+                    row = metrics.record(step, {
+                        "phase": index, "loss": loss, "lr": lr, "grad_norm": norm, "tokens_per_s": tps,
+                        "tokens_per_s_per_device": tps / rt.world,
+                        "mfu": (tps / rt.world) * fpt / setup.peak_flops if setup.peak_flops else None,
+                        "peak_memory_gb": memory.training_gb(),
+                    })
+                    if row is not None:
+                        state.history.append(row)
+                    step_time, step_tokens = 0.0, 0
+                if eval_now:
+                    with memory.evaluating() as eval_memory:
+                        result_row = evaluate(model, val, config, rt)
+                    state.add_validation(metrics.record(step, {**result_row, "eval_peak_memory_gb": eval_memory["gb"]},
+                                                        kind="validation"))
+                if checkpoint_now:
+                    save(setup, state, model, optimizer)
+                if stopping:
+                    raise Terminated(f"stopped by SIGTERM at step {step}; checkpoint saved, rerun to resume")
+    finally:
+        prefetch.close()
+    state.sampler = prefetch.consumed
     return state

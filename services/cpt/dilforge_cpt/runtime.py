@@ -48,20 +48,38 @@ class Runtime:
             dist.barrier()
 
     def all_sum(self, values: list[float]) -> list[float]:
-        if not self.distributed:
+        if not self.distributed or self.world == 1:  # a one-rank group (FSDP2 on one GPU): no collective, no sync
             return values
         t = torch.tensor(values, dtype=torch.float64, device=self.device)
         dist.all_reduce(t)
         return t.tolist()
 
     def any(self, flag: bool) -> bool:
-        return self.all_sum([1.0 if flag else 0.0])[0] > 0
+        """True on every rank if `flag` is true on any. The loop asks this every step (stop requests), so
+        with several processes it all-reduces a CPU tensor over a gloo group: an NCCL all-reduce of a
+        host value would copy it to the GPU behind the step's kernels and wait for them, every step."""
+        if not self.distributed or self.world == 1:
+            return flag
+        t = torch.tensor([1.0 if flag else 0.0], dtype=torch.float64)
+        dist.all_reduce(t, group=_control_group())
+        return bool(t.item() > 0)
 
     def autocast(self):
         """bf16 autocast without FSDP; under FSDP2 its MixedPrecisionPolicy casts instead."""
         if self.dtype == torch.bfloat16 and not self.fsdp:
             return torch.autocast(self.device.type, dtype=torch.bfloat16)
         return nullcontext()
+
+
+_CONTROL: list = []
+
+
+def _control_group():
+    """The gloo group for host-side flags, made on first use (every rank reaches `Runtime.any` at the
+    same points, so they create it together)."""
+    if not _CONTROL:
+        _CONTROL.append(dist.new_group(backend="gloo"))
+    return _CONTROL[0]
 
 
 def init_runtime(config: CptConfig) -> Runtime:
@@ -103,5 +121,6 @@ def init_runtime(config: CptConfig) -> Runtime:
 
 
 def shutdown(rt: Runtime) -> None:
+    _CONTROL.clear()
     if rt.distributed and dist.is_initialized():
         dist.destroy_process_group()

@@ -14,6 +14,23 @@ from .runtime import Runtime
 
 log = logging.getLogger("dilforge.cpt")
 
+# torch.compile backend for the decoder layers (the CPU test swaps in aot_eager: graph capture and graph
+# breaks do not depend on the backend, Inductor's C++ build on two cores does take minutes).
+COMPILE_BACKEND = "inductor"
+
+
+LIGER_KERNELS = ("rope", "rms_norm", "swiglu", "fused_linear_cross_entropy")
+
+
+def liger_kernels(config: CptConfig) -> dict[str, bool]:
+    """Which Liger kernels to apply. Eager: all four. With `compile`: only the fused linear cross
+    entropy, which lives in the LM head's loss, outside the compiled decoder layers. Liger's RoPE
+    dispatch is `torch.compiler.disable`d (one graph break per layer; with activation checkpointing
+    no graph was captured at all), and its RMSNorm/SwiGLU Triton kernels are opaque to Inductor,
+    which fuses those element-wise ops itself."""
+    keep = ("fused_linear_cross_entropy",) if config.compile else LIGER_KERNELS
+    return {name: name in keep for name in LIGER_KERNELS}
+
 
 def apply_liger(model, config: CptConfig, rt: Runtime) -> list[str]:
     """Liger kernels where the shared policy says they apply (CUDA + llama + cpt.liger); returns the
@@ -24,9 +41,9 @@ def apply_liger(model, config: CptConfig, rt: Runtime) -> list[str]:
             log.warning("liger: no kernels for model_type %s", model_type)
         return []
     from liger_kernel.transformers import apply_liger_kernel_to_llama
-    kernels = {"rope": True, "rms_norm": True, "swiglu": True, "fused_linear_cross_entropy": True}
+    kernels = liger_kernels(config)
     apply_liger_kernel_to_llama(cross_entropy=False, model=model, **kernels)
-    return sorted(kernels)
+    return sorted(name for name, on in kernels.items() if on)
 
 
 def shard_model(model, config: CptConfig, rt: Runtime):
@@ -37,7 +54,7 @@ def shard_model(model, config: CptConfig, rt: Runtime):
     layers = model.model.layers
     if config.compile:
         for layer in layers:
-            layer.compile()
+            layer.compile(backend=COMPILE_BACKEND)
     model.to(rt.device)
     if rt.fsdp:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
