@@ -7,7 +7,7 @@ import os
 
 from dilforge_coordinator.backends.compose import S3_ACCESS_KEY, ComposeBackend
 from dilforge_shared.configs import PipelineConfig
-from dilforge_shared.store import S3Backend, endpoint_keys
+from dilforge_shared.store import S3Storage, endpoint_keys
 
 
 def test_prepare_leaves_os_environ_alone_and_scopes_the_keys_to_the_compose_endpoint(monkeypatch, tmp_path):
@@ -21,7 +21,7 @@ def test_prepare_leaves_os_environ_alone_and_scopes_the_keys_to_the_compose_endp
     assert dict(os.environ) == before
     assert endpoint_keys("http://127.0.0.1:18333/")["aws_access_key_id"] == S3_ACCESS_KEY
     assert endpoint_keys("http://other:9000") == {}
-    client = S3Backend("b", "p", "http://127.0.0.1:18333").client
+    client = S3Storage("b", "p", "http://127.0.0.1:18333").client
     assert client._request_signer._credentials.access_key == S3_ACCESS_KEY
 
 
