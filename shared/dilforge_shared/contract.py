@@ -160,7 +160,7 @@ def parse_hyperparameters(hp: dict[str, Any], config_cls: type[StageConfig], sou
         raise ConfigError(f"{source}: hyperparameter 'inputs' must be a JSON object of name -> manifest URI")
     missing = [name for name in config.needed_inputs() if name not in inputs]
     if missing:
-        raise ConfigError(f"{source}: stage {config_cls.stage} needs inputs {missing}")
+        raise ConfigError(f"{source}: {config.missing_inputs_message(missing)}")
     return StageRequest(config=config, artifact_uri=hp["artifact_uri"].rstrip("/"), run_id=hp["run_id"],
                         inputs=inputs, s3_endpoint_url=endpoint)
 

@@ -109,5 +109,10 @@ class StageConfig(StrictModel):
         (e.g. no `base_model` given → the base model must come from the pipeline's `model` stage)."""
         return self.required_inputs
 
+    def missing_inputs_message(self, missing: list[str]) -> str:
+        """The one-line error when `missing` upstream inputs are absent; configs override it to name the field
+        that would have made the input unnecessary."""
+        return f"stage {self.stage} needs inputs {missing}"
+
 
 Precision = Literal["auto", "bf16", "fp32"]

@@ -157,5 +157,12 @@ class TokenizerConfig(StageConfig):
             return (*self.required_inputs, "model")
         return self.required_inputs
 
+    def missing_inputs_message(self, missing: list[str]) -> str:
+        if "model" in missing:
+            strategy = next(s for s in self.strategies if s in ("base", "extend"))
+            return (f"tokenizer.base_tokenizer: strategy {strategy!r} needs a base tokenizer: set base_tokenizer "
+                    "or run a model stage upstream (input 'model')")
+        return super().missing_inputs_message(missing)
+
     def data_sources(self) -> list[DataSource]:
         return [*self.corpora, *self.validation]
