@@ -37,7 +37,7 @@ def preview_run(tmp_path_factory, tiny_llama_dir):
     """One coordinator run on [known conversation, extended one]; max_length cuts the extended one 3 tokens
     into its last assistant answer, so one artifact holds an untouched and a truncated example."""
     from transformers import AutoTokenizer
-    tok = AutoTokenizer.from_pretrained(str(tiny_llama_dir))
+    tok = AutoTokenizer.from_pretrained(str(tiny_llama_dir), trust_remote_code=False)
     ids, labels = sft_expected_tokens(tok)
     ext_ids, ext_labels = sft_expected_tokens(tok, EXTENDED_MASK)
     last_answer = next(i for i in range(len(ids), len(ext_ids)) if ext_labels[i] != -100)

@@ -15,7 +15,7 @@ from dilforge_eval import bpb as eval_bpb
 def model_and_tok(tiny_llama_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
     model = AutoModelForCausalLM.from_pretrained(str(tiny_llama_dir), dtype=torch.float32).eval()
-    return model, AutoTokenizer.from_pretrained(str(tiny_llama_dir))
+    return model, AutoTokenizer.from_pretrained(str(tiny_llama_dir), trust_remote_code=False)
 
 
 @pytest.mark.parametrize("n,window,stride", [(1, 8, 4), (2, 8, 4), (9, 8, 8), (40, 8, 3), (40, 8, 1), (17, 16, 16),

@@ -55,8 +55,8 @@ def test_generation_is_reproducible_and_uses_chat_template(tiny_llama_dir):
     import torch
     torch.set_num_threads(1)
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    model = AutoModelForCausalLM.from_pretrained(str(tiny_llama_dir)).eval()
-    tok = AutoTokenizer.from_pretrained(str(tiny_llama_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_llama_dir), trust_remote_code=False).eval()
+    tok = AutoTokenizer.from_pretrained(str(tiny_llama_dir), trust_remote_code=False)
     prompts = [eval_generate.Prompt("c", "completion", "Bakı"), eval_generate.Prompt("q", "chat", "Salam")]
     text, templated = eval_generate.render_prompt(tok, prompts[1])
     assert templated and "<|start_header_id|>assistant<|end_header_id|>" in text and text.startswith("<|begin_of_text|>")
@@ -95,8 +95,8 @@ def test_stop_tokens_come_from_the_family():
 
 def test_repetition_options_reach_generate(tiny_llama_dir, monkeypatch):
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    model = AutoModelForCausalLM.from_pretrained(str(tiny_llama_dir)).eval()
-    tok = AutoTokenizer.from_pretrained(str(tiny_llama_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_llama_dir), trust_remote_code=False).eval()
+    tok = AutoTokenizer.from_pretrained(str(tiny_llama_dir), trust_remote_code=False)
     seen = []
     real = model.generate
 
@@ -116,8 +116,8 @@ def test_no_repeat_ngram_size_removes_repeated_ngrams(tiny_llama_dir):
     import torch
     torch.set_num_threads(1)
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    model = AutoModelForCausalLM.from_pretrained(str(tiny_llama_dir)).eval()
-    tok = AutoTokenizer.from_pretrained(str(tiny_llama_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_llama_dir), trust_remote_code=False).eval()
+    tok = AutoTokenizer.from_pretrained(str(tiny_llama_dir), trust_remote_code=False)
     prompt = [eval_generate.Prompt("c", "completion", "Bakı")]
 
     def bigram_repeats(settings) -> int:
@@ -133,7 +133,7 @@ def test_no_repeat_ngram_size_removes_repeated_ngrams(tiny_llama_dir):
 
 def test_chat_prompt_falls_back_to_the_family_template(tiny_llama_dir):
     from transformers import AutoTokenizer
-    tok = AutoTokenizer.from_pretrained(str(tiny_llama_dir))
+    tok = AutoTokenizer.from_pretrained(str(tiny_llama_dir), trust_remote_code=False)
     tok.chat_template = None
     family = eval_generate.model_family(tok, "tiny")
     text, templated = eval_generate.render_prompt(tok, eval_generate.Prompt("q", "chat", "Salam"), family)

@@ -13,8 +13,8 @@ def test_bpb_bar_total_equals_forward_passes(tiny_llama_dir, window, stride, bat
     import torch
     torch.set_num_threads(1)
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    model = AutoModelForCausalLM.from_pretrained(str(tiny_llama_dir)).eval()
-    tok = AutoTokenizer.from_pretrained(str(tiny_llama_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_llama_dir), trust_remote_code=False).eval()
+    tok = AutoTokenizer.from_pretrained(str(tiny_llama_dir), trust_remote_code=False)
     docs = ["Bakı Azərbaycanın paytaxtıdır.", "Xəzər dənizinin sahilində yerləşir və böyük şəhərdir."] * 3
     num_tokens = len(tok(bpb.pack(docs), add_special_tokens=False)["input_ids"])
     total = progress.num_bpb_batches(num_tokens, window, stride, batch_size)

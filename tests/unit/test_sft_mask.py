@@ -88,7 +88,7 @@ def test_label_preview_writes_ids_mask_and_decoded_text(stage_parts, tmp_path):
 def test_tokenizer_without_generation_markers_gets_the_family_template(tiny_llama_dir, tmp_path):
     from dilforge_sft import stage
     from transformers import AutoTokenizer
-    tok = AutoTokenizer.from_pretrained(str(tiny_llama_dir))
+    tok = AutoTokenizer.from_pretrained(str(tiny_llama_dir), trust_remote_code=False)
     tok.chat_template = None
     tok.save_pretrained(str(tmp_path))
     (tmp_path / "chat_template.jinja").unlink(missing_ok=True)

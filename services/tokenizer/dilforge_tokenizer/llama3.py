@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from dilforge_shared.families import LLAMA3_CHAT_TEMPLATE
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 PRETOKENIZE_REGEX = (
@@ -35,18 +36,7 @@ def special_tokens() -> list[str]:
     return tokens
 
 
-CHAT_TEMPLATE = (
-    "{%- for message in messages %}"
-    "{%- if loop.index0 == 0 %}{{- bos_token }}{%- endif %}"
-    "{%- if message['role'] == 'assistant' %}"
-    "{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}"
-    "{%- generation %}{{- message['content'] | trim + '<|eot_id|>' }}{%- endgeneration %}"
-    "{%- else %}"
-    "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] | trim + '<|eot_id|>' }}"
-    "{%- endif %}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}"
-)
+CHAT_TEMPLATE = LLAMA3_CHAT_TEMPLATE  # one definition, in the shared families
 
 
 def pre_tokenizer() -> pre_tokenizers.PreTokenizer:
