@@ -69,7 +69,9 @@ def table(artifacts: dict[str, str]) -> dict:
         bars[model] = {"az_ratio": row["az"]["ratio_to_base"], "az_ok": row["az"]["ratio_to_base"] <= AZ_BAR,
                        "en_ratio": row["en"]["ratio_to_base"], "en_ok": row["en"]["ratio_to_base"] <= EN_BAR}
     transplant = cpt.metrics.get("transplant", {})
-    step0 = {k.removeprefix("step0_val_bpb_"): v for k, v in transplant.items() if k.startswith("step0_val_bpb_")}
+    raw = {k.removeprefix("step0_val_bpb_"): v for k, v in transplant.items() if k.startswith("step0_val_bpb_")}
+    # one row per initialisation: its BPB per validation set, and over both sets together ("all")
+    step0 = {m: {**raw.get(f"{m}_by_set", {}), "all": raw[m]} for m in raw if not m.endswith("_by_set")}
     return {"rows": rows, "bars": bars, "step0": step0, "transplant_method": transplant.get("method"),
             "tokenizer": {k: tok.metrics.get(k) for k in ("languages", "selected_vocab_size")},
             "cpt_tokens": cpt.metrics.get("total_tokens"), "eval_bytes_per_set": m.get("max_bytes_per_set")}
@@ -85,10 +87,9 @@ def markdown(result: dict) -> str:
         lines.append(f"- {model}: az {b['az_ratio']:.3f} ({'ok' if b['az_ok'] else 'MISSED'}), "
                      f"en {b['en_ratio']:.3f} ({'ok' if b['en_ok'] else 'MISSED'})")
     if result["step0"]:
-        names = sorted({s for v in result["step0"].values() for s in (v if isinstance(v, dict) else {"val": v})})
-        lines += ["", "| step-0 initialisation | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+        names = sorted({s for v in result["step0"].values() for s in v} - {"all"}) + ["all"]
+        lines += ["", "| step-0 BPB (CPT validation) | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
         for method, v in result["step0"].items():
-            v = v if isinstance(v, dict) else {"val": v}
             mark = " (trained)" if method == result["transplant_method"] else ""
             lines.append(f"| {method}{mark} | " + " | ".join(f"{v.get(n, float('nan')):.4f}" for n in names) + " |")
     return "\n".join(lines)

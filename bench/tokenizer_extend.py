@@ -88,6 +88,7 @@ def main() -> None:
     naive_doc, added = bpe.extend(doc, bpe.truncate(bpe.model_of(raw), min(args.sizes) + 256))
     rows.append((f"extend, naive (raw BPE {min(args.sizes) + 256})", bpe.from_doc(naive_doc), naive_doc,
                  set(range(first_new, first_new + added))))
+    refill_s: dict[int, float] = {}
     base = stage.Base(folder=args.base, uri=str(args.base), tok=tok, doc=doc, family=family)
     for size in sorted(args.sizes):
         ext, added = continued.extend_doc(doc, learned, size)
@@ -96,7 +97,9 @@ def main() -> None:
         cand = stage.Candidate("extend", size, rows[-1][1], ext, new_ids, first_new, family, learned=learned)
         _, cand.dead = audit.audit(ext, cand.tok, words, new_ids, {})
         if cand.dead:  # what prune_dead publishes: dead new tokens dropped, further merges in their place
+            t0 = time.perf_counter()
             pruned, _ = stage.prune_and_refill(cand, base, words)
+            refill_s[size] = time.perf_counter() - t0
             n = len(pruned["model"]["vocab"]) - first_new
             rows.append((f"extend, continued {size}, dead pruned + refilled", bpe.from_doc(pruned), pruned,
                          set(range(first_new, first_new + n))))
@@ -116,6 +119,9 @@ def main() -> None:
     print(f"| raw trainer (tokenizers BpeTrainer, {largest + 256} on raw text) | {raw_s:.1f} | 1.00 |")
     print(f"| continued extend, {largest} new (pre-tokenize {words_s:.1f} + segment {segment_s:.1f} + "
           f"train {cont_s - words_s - segment_s:.1f}) | {cont_s:.1f} | {cont_s / raw_s:.2f} |")
+    for size, sec in refill_s.items():
+        print(f"| prune_dead at {size} new (audit, prune, refill with further merges; after training) | {sec:.1f} | "
+              f"{sec / raw_s:.2f} |")
     if replace_s is not None:
         print(f"| replace {args.replace_size} (raw trainer) | {replace_s:.1f} | {replace_s / raw_s:.2f} |")
     print("\n| tokenizer | vocab | new tokens | dead new | az tokens/word | az bytes/token | az words 3+ | "

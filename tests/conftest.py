@@ -73,3 +73,27 @@ def smollm2_dir(smollm2_artifact) -> Path:
     """The imported SmolLM2 as a plain HF folder (config, safetensors, tokenizer with its chat template)."""
     from dilforge_shared.models import find_hf_dir
     return find_hf_dir(smollm2_artifact.path, smollm2_artifact.uri)
+
+
+@pytest.fixture(scope="session")
+def llama32_tokenizer() -> Path:
+    """The Llama 3.2 tokenizer (issue 13's base) as an HF folder, built offline by
+    scripts/build_llama32_tokenizer.py from Meta's tiktoken file in the PyPI wheel llama-models==0.3.0.
+
+    Never skipped: DILFORGE_LLAMA32_TOKENIZER names a ready folder; otherwise the first run on a machine
+    pip-downloads the wheel and converts it (about 20 s) into the download cache ($DILFORGE_CACHE, else
+    ~/.cache/dilforge; outside the repository: the licence forbids committing the converted file).
+    """
+    import subprocess
+    import sys
+
+    from dilforge_shared.recipes import cache_root
+    if os.environ.get("DILFORGE_LLAMA32_TOKENIZER"):
+        return Path(os.environ["DILFORGE_LLAMA32_TOKENIZER"])
+    out = cache_root() / "llama32-tokenizer"
+    if not (out / "tokenizer.json").is_file():
+        script = Path(__file__).resolve().parents[1] / "scripts/build_llama32_tokenizer.py"
+        proc = subprocess.run([sys.executable, str(script), "--out", str(out)], capture_output=True, text=True,
+                              stdin=subprocess.DEVNULL, timeout=900, check=False)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return out

@@ -89,3 +89,36 @@ def test_audit_counts_tokens_not_produced_from_their_own_string():
                                {"az": ["abc bc"]})
     assert report["num_new_not_from_own_string"] == 1 and dead == {vocab["bc"]}
     assert 0 < report["vocab_used_frac"]["az"] < 0.05
+
+
+def with_tokens(doc: dict, tokens: list[str], merges: list[list[str]], ignore_merges: bool) -> tuple[dict, int]:
+    vocab = dict(doc["model"]["vocab"])
+    first = len(vocab)
+    for k, token in enumerate(tokens):
+        vocab[token] = first + k
+    model = {**doc["model"], "vocab": vocab, "merges": [*doc["model"]["merges"], *merges], "ignore_merges": ignore_merges}
+    return {**doc, "model": model}, first
+
+
+def test_prune_with_ignore_merges_drops_intermediates_of_whole_word_tokens_only():
+    # "abcd" (a word of its own) is built through "abc", which nothing else produces: dead. "xyz" is
+    # produced inside "xyzq" (x y z q → [xyz, q]), so its intermediate "xy" must stay.
+    doc = base_doc()
+    words = ["abcd", "xyzq"]
+    for ignore in (True, False):
+        ext, first = with_tokens(doc, ["abc", "abcd", "xy", "xyz"],
+                                 [["ab", "c"], ["abc", "d"], ["x", "y"], ["xy", "z"]], ignore)
+        before = encode_words(ext, words)
+        assert before == [["abcd"], ["xyz", "q"]]
+        _, dead = audit.audit(ext, bpe.from_doc(ext), words, set(range(first, first + 4)), {})
+        assert dead == {first, first + 2}  # abc, xy
+        pruned, n = audit.prune(ext, first, dead, audit.needs_parts(ext, words, first))
+        vocab = pruned["model"]["vocab"]
+        assert encode_words(pruned, words) == before  # the corpus encodes exactly as before
+        assert "xy" in vocab and ["x", "y"] in pruned["model"]["merges"]
+        if ignore:
+            assert n == 1 and "abc" not in vocab and [vocab["abcd"], vocab["xy"], vocab["xyz"]] == [first, first + 1, first + 2]
+            assert ["abc", "d"] not in pruned["model"]["merges"]  # "abcd" is reached by lookup, not by merges
+            assert bpe.from_doc(pruned).encode("abcd", add_special_tokens=False).tokens == ["abcd"]
+        else:  # without the lookup, "abcd" needs "abc": nothing can go
+            assert n == 0 and "abc" in vocab

@@ -58,11 +58,35 @@ def audit(doc: dict, tok: Tokenizer, words: Iterable[str] | None, new_ids: set[i
     return report, dead_new
 
 
-def prune(doc: dict, first_new_id: int, dead: set[int]) -> tuple[dict, int]:
+def needs_parts(doc: dict, words: Iterable[str], first_new_id: int) -> set[int] | None:
+    """The new ids that must stay buildable by merges, or None when every kept token must.
+
+    Why: with `ignore_merges` (Llama 3; tiktoken does the same) a pre-tokenized word that is itself in
+    the vocabulary is emitted whole, before any merge runs. A new token the corpus produces only that
+    way, as a whole word, needs no chain of intermediate tokens; the intermediates that only served to
+    build it are dead rows that `prune` can then drop. A token produced inside a longer segmentation
+    is reached by merges and keeps its whole chain. Without `ignore_merges` every token needs its chain.
+    """
+    if not doc["model"].get("ignore_merges"):
+        return None
+    vocab = doc["model"]["vocab"]
+    words = list(words)
+    out: set[int] = set()
+    for word, enc in zip(words, model_only(doc).encode_batch(words, add_special_tokens=False)):
+        ids = enc.ids
+        if len(ids) == 1 and vocab.get(word) == ids[0]:
+            continue  # the whole word, found by lookup
+        out.update(i for i in ids if i >= first_new_id)
+    return out
+
+
+def prune(doc: dict, first_new_id: int, dead: set[int], parts_needed: set[int] | None = None) -> tuple[dict, int]:
     """`doc` without the dead tokens at or above `first_new_id` that no kept token is built from.
 
     Ids below `first_new_id` (the base, or the byte alphabet) never change; kept new tokens are
     renumbered densely in their old order. A merge is kept when its result and both its parts are kept.
+    `parts_needed` (from `needs_parts`): the kept new tokens whose merge chain must stay; None: all of
+    them. Every word of the corpus `parts_needed` was computed on encodes exactly as before.
     """
     vocab: dict[str, int] = doc["model"]["vocab"]
     merges = [merge_pair(m) for m in doc["model"]["merges"]]
@@ -72,7 +96,8 @@ def prune(doc: dict, first_new_id: int, dead: set[int]) -> tuple[dict, int]:
         producing[a + b].append((a, b))
     kept = {t for t, i in vocab.items() if i >= first_new_id and i not in dead}
     # a merge producing a base token from new parts keeps those parts
-    stack = [t for t in kept] + [t for t, i in vocab.items() if i < first_new_id and t in producing]
+    stack = [t for t in kept if parts_needed is None or vocab[t] in parts_needed]
+    stack += [t for t, i in vocab.items() if i < first_new_id and t in producing]
     seen = set(stack)
     while stack:
         token = stack.pop()

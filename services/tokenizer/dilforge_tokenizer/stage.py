@@ -195,11 +195,21 @@ def extend_candidates(config: TokenizerConfig, seg: continued.Segmented, base: B
     return out
 
 
-def prune_and_refill(cand: Candidate, base: Base, words: Counter, rounds: int = 3) -> tuple[dict, int]:
+def prune_and_refill(cand: Candidate, base: Base, words: Counter, rounds: int = 6) -> tuple[dict, int]:
     """extend + prune_dead: drop the dead new tokens and take further merges in their place, so the
     published tokenizer has up to `size` new tokens that are all (or nearly all) produced on the corpus.
+
+    With `ignore_merges` a token the corpus only produces as a whole word keeps no chain of intermediate
+    tokens (`audit.needs_parts`), so those intermediates are dropped too. Each round takes as many more
+    merges as the last pruning left free; it stops at `size` live tokens (usually 2-4 rounds).
     Returns (doc, number of dead tokens dropped in the last round)."""
-    best, best_pruned = audit.prune(cand.doc, cand.first_new_id, cand.dead)
+    def pruned(doc: dict, dead: set[int] | None = None) -> tuple[dict, int]:
+        if dead is None:
+            new_ids = {i for i in doc["model"]["vocab"].values() if i >= cand.first_new_id}
+            _, dead = audit.audit(doc, bpe.from_doc(doc), words, new_ids, {})
+        return audit.prune(doc, cand.first_new_id, dead, audit.needs_parts(doc, words, cand.first_new_id))
+
+    best, best_pruned = pruned(cand.doc, cand.dead)
     take = cand.size
     for _ in range(rounds):
         num_live = len(best["model"]["vocab"]) - cand.first_new_id
@@ -207,11 +217,10 @@ def prune_and_refill(cand: Candidate, base: Base, words: Counter, rounds: int = 
             break
         take += cand.size - num_live
         doc, added = continued.extend_doc(base.doc, cand.learned, take)
-        _, dead = audit.audit(doc, bpe.from_doc(doc), words, set(range(cand.first_new_id, cand.first_new_id + added)), {})
-        pruned_doc, pruned = audit.prune(doc, cand.first_new_id, dead)
+        pruned_doc, num_pruned = pruned(doc)
         if len(pruned_doc["model"]["vocab"]) - cand.first_new_id > cand.size or added < take:
             break
-        best, best_pruned = pruned_doc, pruned
+        best, best_pruned = pruned_doc, num_pruned
     return best, best_pruned
 
 
@@ -305,7 +314,7 @@ def run(config: TokenizerConfig, ctx: StageContext) -> StageResult:
     # publish: prune (optional), write in the base's family, verify
     names = list(validation)
     published, pruned, published_audit = chosen.tok, 0, chosen.audit
-    if config.prune_dead and chosen.dead and chosen.strategy != "base":
+    if config.prune_dead and chosen.dead and chosen.strategy != "base":  # extend: also intermediates (ignore_merges)
         doc, pruned = (prune_and_refill(chosen, base, words["base"]) if chosen.strategy == "extend"
                        else audit.prune(chosen.doc, chosen.first_new_id, chosen.dead))
         published = bpe.from_doc(doc)
