@@ -112,7 +112,9 @@ def test_prune_with_ignore_merges_drops_intermediates_of_whole_word_tokens_only(
         assert before == [["abcd"], ["xyz", "q"]]
         _, dead = audit.audit(ext, bpe.from_doc(ext), words, set(range(first, first + 4)), {})
         assert dead == {first, first + 2}  # abc, xy
-        pruned, n = audit.prune(ext, first, dead, audit.needs_parts(ext, words, first))
+        used, parts_needed = audit.corpus_use(ext, words, first)
+        assert {first, first + 2}.isdisjoint(used) and {first + 1, first + 3} <= used
+        pruned, n = audit.prune(ext, first, dead, parts_needed)
         vocab = pruned["model"]["vocab"]
         assert encode_words(pruned, words) == before  # the corpus encodes exactly as before
         assert "xy" in vocab and ["x", "y"] in pruned["model"]["merges"]

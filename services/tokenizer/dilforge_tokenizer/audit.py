@@ -58,26 +58,26 @@ def audit(doc: dict, tok: Tokenizer, words: Iterable[str] | None, new_ids: set[i
     return report, dead_new
 
 
-def needs_parts(doc: dict, words: Iterable[str], first_new_id: int) -> set[int] | None:
-    """The new ids that must stay buildable by merges, or None when every kept token must.
+def corpus_use(doc: dict, words: Iterable[str], first_new_id: int) -> tuple[set[int], set[int] | None]:
+    """One encode of the corpus words: (every id produced, the new ids whose merge chain must stay).
 
-    Why: with `ignore_merges` (Llama 3; tiktoken does the same) a pre-tokenized word that is itself in
-    the vocabulary is emitted whole, before any merge runs. A new token the corpus produces only that
-    way, as a whole word, needs no chain of intermediate tokens; the intermediates that only served to
-    build it are dead rows that `prune` can then drop. A token produced inside a longer segmentation
-    is reached by merges and keeps its whole chain. Without `ignore_merges` every token needs its chain.
+    The second is None when every kept token needs its chain. Why it can be smaller: with `ignore_merges`
+    (Llama 3; tiktoken does the same) a pre-tokenized word that is itself in the vocabulary is emitted
+    whole, before any merge runs. A new token the corpus produces only that way needs no chain of
+    intermediate tokens, so the intermediates that only served to build it are dead rows `prune` can drop.
+    A token produced inside a longer segmentation is reached by merges and keeps its whole chain.
     """
-    if not doc["model"].get("ignore_merges"):
-        return None
+    lookup = bool(doc["model"].get("ignore_merges"))
     vocab = doc["model"]["vocab"]
     words = list(words)
-    out: set[int] = set()
+    used: set[int] = set()
+    chained: set[int] = set()
     for word, enc in zip(words, model_only(doc).encode_batch(words, add_special_tokens=False)):
         ids = enc.ids
-        if len(ids) == 1 and vocab.get(word) == ids[0]:
-            continue  # the whole word, found by lookup
-        out.update(i for i in ids if i >= first_new_id)
-    return out
+        used.update(ids)
+        if lookup and not (len(ids) == 1 and vocab.get(word) == ids[0]):  # not a whole word found by lookup
+            chained.update(i for i in ids if i >= first_new_id)
+    return used, (chained if lookup else None)
 
 
 def prune(doc: dict, first_new_id: int, dead: set[int], parts_needed: set[int] | None = None) -> tuple[dict, int]:
@@ -85,7 +85,7 @@ def prune(doc: dict, first_new_id: int, dead: set[int], parts_needed: set[int] |
 
     Ids below `first_new_id` (the base, or the byte alphabet) never change; kept new tokens are
     renumbered densely in their old order. A merge is kept when its result and both its parts are kept.
-    `parts_needed` (from `needs_parts`): the kept new tokens whose merge chain must stay; None: all of
+    `parts_needed` (from `corpus_use`): the kept new tokens whose merge chain must stay; None: all of
     them. Every word of the corpus `parts_needed` was computed on encodes exactly as before.
     """
     vocab: dict[str, int] = doc["model"]["vocab"]

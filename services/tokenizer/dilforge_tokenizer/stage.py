@@ -200,16 +200,16 @@ def prune_and_refill(cand: Candidate, base: Base, words: Counter, rounds: int = 
     published tokenizer has up to `size` new tokens that are all (or nearly all) produced on the corpus.
 
     With `ignore_merges` a token the corpus only produces as a whole word keeps no chain of intermediate
-    tokens (`audit.needs_parts`), so those intermediates are dropped too. Each round takes as many more
-    merges as the last pruning left free; it stops at `size` live tokens (usually 2-4 rounds).
+    tokens (`audit.corpus_use`), so those intermediates are dropped too. Each round takes as many more
+    merges as the last pruning left free; it stops at `size` live tokens (usually 2-4 rounds). A round
+    encodes the corpus words once (not the full audit: the published tokenizer is audited afterwards).
     Returns (doc, number of dead tokens dropped in the last round)."""
-    def pruned(doc: dict, dead: set[int] | None = None) -> tuple[dict, int]:
-        if dead is None:
-            new_ids = {i for i in doc["model"]["vocab"].values() if i >= cand.first_new_id}
-            _, dead = audit.audit(doc, bpe.from_doc(doc), words, new_ids, {})
-        return audit.prune(doc, cand.first_new_id, dead, audit.needs_parts(doc, words, cand.first_new_id))
+    def pruned(doc: dict) -> tuple[dict, int]:
+        used, parts_needed = audit.corpus_use(doc, words, cand.first_new_id)
+        dead = {i for i in doc["model"]["vocab"].values() if i >= cand.first_new_id and i not in used}
+        return audit.prune(doc, cand.first_new_id, dead, parts_needed)
 
-    best, best_pruned = pruned(cand.doc, cand.dead)
+    best, best_pruned = pruned(cand.doc)
     take = cand.size
     for _ in range(rounds):
         num_live = len(best["model"]["vocab"]) - cand.first_new_id
