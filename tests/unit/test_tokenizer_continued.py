@@ -113,8 +113,10 @@ def test_prune_with_ignore_merges_drops_intermediates_of_whole_word_tokens_only(
         _, dead = audit.audit(ext, bpe.from_doc(ext), words, set(range(first, first + 4)), {})
         assert dead == {first, first + 2}  # abc, xy
         used, parts_needed = audit.corpus_use(ext, words, first)
-        assert {first, first + 2}.isdisjoint(used) and {first + 1, first + 3} <= used
+        assert {first, first + 2}.isdisjoint(used) and {first + 1, first + 3} <= used.keys()
         pruned, n = audit.prune(ext, first, dead, parts_needed)
+        # the base's own merges can be skipped unread: the same result
+        assert audit.prune(ext, first, dead, parts_needed, num_fixed_merges=len(doc["model"]["merges"])) == (pruned, n)
         vocab = pruned["model"]["vocab"]
         assert encode_words(pruned, words) == before  # the corpus encodes exactly as before
         assert "xy" in vocab and ["x", "y"] in pruned["model"]["merges"]
@@ -124,3 +126,45 @@ def test_prune_with_ignore_merges_drops_intermediates_of_whole_word_tokens_only(
             assert bpe.from_doc(pruned).encode("abcd", add_special_tokens=False).tokens == ["abcd"]
         else:  # without the lookup, "abcd" needs "abc": nothing can go
             assert n == 0 and "abc" in vocab
+
+
+def test_costly_tokens_alone_hold_dead_rows_and_have_few_uses_per_row():
+    # "abc" is dead and only "abcd" is built from it; "xy" is dead and only "xyz" is built from it. "abcd" is
+    # used once (1 use over 2 rows), "xyz" ten times (5 uses per row): at a price of 3 only "abcd" is costly.
+    doc = base_doc()
+    ext, first = with_tokens(doc, ["abc", "abcd", "xy", "xyz"],
+                             [["ab", "c"], ["abc", "d"], ["x", "y"], ["xy", "z"]], ignore_merges=False)
+    words = Counter({"abcd": 1, "xyzq": 10})
+    counts, parts_needed = audit.corpus_use(ext, words, first)
+    assert (counts[first + 1], counts[first + 3]) == (1, 10) and first not in counts and first + 2 not in counts
+    num_fixed = len(doc["model"]["merges"])
+    costly = audit.costly_tokens(ext, first, counts, 3.0, parts_needed, num_fixed)
+    assert costly == {first + 1}
+    assert audit.costly_tokens(ext, first, counts, 0.5, parts_needed, num_fixed) == set()
+    dead = {first, first + 2}
+    pruned, n = audit.prune(ext, first, dead | costly, parts_needed, num_fixed)
+    assert n == 2 and set(pruned["model"]["vocab"]) - set(doc["model"]["vocab"]) == {"xy", "xyz"}
+    # a shared dead part is nobody's alone: "abc" also builds "abce", so neither holder is costly
+    ext2, first2 = with_tokens(doc, ["abc", "abcd", "abce"], [["ab", "c"], ["abc", "d"], ["abc", "e"]], False)
+    counts2, parts2 = audit.corpus_use(ext2, Counter({"abcd": 1, "abce": 1}), first2)
+    assert audit.costly_tokens(ext2, first2, counts2, 100.0, parts2, num_fixed) == set()
+
+
+def test_extend_doc_skips_excluded_tokens_and_what_is_built_on_them():
+    doc = base_doc()
+    base_id = {t: i for t, i in doc["model"]["vocab"].items()}
+    learned = [([base_id["ab"]], [base_id["c"]]), ([base_id["ab"], base_id["c"]], [base_id["d"]]),
+               ([base_id["x"]], [base_id["y"]])]
+    ext, added = continued.extend_doc(doc, learned, 3, exclude={"abc"})
+    assert added == 1 and set(ext["model"]["vocab"]) - set(doc["model"]["vocab"]) == {"xy"}
+    ext, added = continued.extend_doc(doc, learned, 3)
+    assert added == 3 and {"abc", "abcd", "xy"} <= set(ext["model"]["vocab"])
+
+
+def test_word_counts_over_forked_workers_equal_one_process(monkeypatch):
+    base = bpe.from_doc(base_doc())
+    lines = Counter({f"söz{i} abc  dbc, {i % 7}x": 1 + i % 3 for i in range(300)})
+    one = continued.word_counts(lines.items(), base, num_workers=1)
+    monkeypatch.setattr(continued, "MIN_LINES_PER_WORKER", 10)
+    assert continued.word_counts(lines.items(), base, num_workers=3) == one
+    assert one["Ġabc"] == sum(lines.values()) and sum(one.values()) > 3 * len(lines)

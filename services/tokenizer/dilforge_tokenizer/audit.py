@@ -11,7 +11,7 @@ never lets a token cross a word), so the audit costs one `encode_batch` over the
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable
 
 from tokenizers import Tokenizer
@@ -58,10 +58,11 @@ def audit(doc: dict, tok: Tokenizer, words: Iterable[str] | None, new_ids: set[i
     return report, dead_new
 
 
-def corpus_use(doc: dict, words: Iterable[str], first_new_id: int) -> tuple[set[int], set[int] | None]:
-    """One encode of the corpus words: (every id produced, the new ids whose merge chain must stay).
+def corpus_use(doc: dict, words: Iterable[str], first_new_id: int) -> tuple[Counter, set[int] | None]:
+    """One encode of the corpus words: (how often each id is produced, the new ids whose merge chain must stay).
 
-    The second is None when every kept token needs its chain. Why it can be smaller: with `ignore_merges`
+    Counts are weighted by the word counts when `words` is a Counter, else one per word. The second is None
+    when every kept token needs its chain. Why it can be smaller: with `ignore_merges`
     (Llama 3; tiktoken does the same) a pre-tokenized word that is itself in the vocabulary is emitted
     whole, before any merge runs. A new token the corpus produces only that way needs no chain of
     intermediate tokens, so the intermediates that only served to build it are dead rows `prune` can drop.
@@ -69,27 +70,65 @@ def corpus_use(doc: dict, words: Iterable[str], first_new_id: int) -> tuple[set[
     """
     lookup = bool(doc["model"].get("ignore_merges"))
     vocab = doc["model"]["vocab"]
+    weights = words if isinstance(words, Counter) else None
     words = list(words)
-    used: set[int] = set()
+    counts: Counter = Counter()
     chained: set[int] = set()
     for word, enc in zip(words, model_only(doc).encode_batch(words, add_special_tokens=False)):
         ids = enc.ids
-        used.update(ids)
+        n = weights[word] if weights is not None else 1
+        for i in ids:
+            counts[i] += n
         if lookup and not (len(ids) == 1 and vocab.get(word) == ids[0]):  # not a whole word found by lookup
             chained.update(i for i in ids if i >= first_new_id)
-    return used, (chained if lookup else None)
+    return counts, (chained if lookup else None)
 
 
-def prune(doc: dict, first_new_id: int, dead: set[int], parts_needed: set[int] | None = None) -> tuple[dict, int]:
+def costly_tokens(doc: dict, first_new_id: int, counts: Counter, price: float, parts_needed: set[int] | None = None,
+                  num_fixed_merges: int = 0) -> set[int]:
+    """Produced new tokens that hold dead rows: tokens the corpus never produces that only they are built from.
+
+    Such a token costs 1 + k embedding rows (k of them never trained) for `counts[id]` uses. It is worth
+    keeping when its uses per row reach `price` (what a refill row buys: the uses of the newest tokens the
+    learner took); below that, dropping it with its k dead parts and refilling is the better use of rows.
+    `counts`, `parts_needed`: from `corpus_use` on `doc`; only tokens whose chain must stay hold parts.
+    """
+    vocab = doc["model"]["vocab"]
+    producing: dict[str, tuple[str, str]] = {}
+    for m in doc["model"]["merges"][num_fixed_merges:]:
+        a, b = merge_pair(m)
+        producing.setdefault(a + b, (a, b))
+    dead = {i for i in vocab.values() if i >= first_new_id and not counts.get(i)}
+    holders: dict[int, set[int]] = defaultdict(set)
+    for token, i in vocab.items():
+        if i < first_new_id or i in dead or token not in producing or (parts_needed is not None
+                                                                      and i not in parts_needed):
+            continue
+        stack = list(producing[token])
+        while stack:  # down the chain through dead parts only: a produced part is paid for by its own uses
+            part = stack.pop()
+            j = vocab[part]
+            if j in dead and i not in holders[j]:
+                holders[j].add(i)
+                stack.extend(producing.get(part, ()))
+    exclusive = Counter(next(iter(h)) for h in holders.values() if len(h) == 1)
+    return {i for i, k in exclusive.items() if counts[i] / (1 + k) < price}
+
+
+def prune(doc: dict, first_new_id: int, dead: set[int], parts_needed: set[int] | None = None,
+          num_fixed_merges: int = 0) -> tuple[dict, int]:
     """`doc` without the dead tokens at or above `first_new_id` that no kept token is built from.
 
     Ids below `first_new_id` (the base, or the byte alphabet) never change; kept new tokens are
     renumbered densely in their old order. A merge is kept when its result and both its parts are kept.
     `parts_needed` (from `corpus_use`): the kept new tokens whose merge chain must stay; None: all of
     them. Every word of the corpus `parts_needed` was computed on encodes exactly as before.
+    `num_fixed_merges`: how many leading merges only involve ids below `first_new_id` (the base's own, for
+    extend); they are kept as they are without being read, which is most of the work on a 128k base.
     """
     vocab: dict[str, int] = doc["model"]["vocab"]
-    merges = [merge_pair(m) for m in doc["model"]["merges"]]
+    fixed, tail = doc["model"]["merges"][:num_fixed_merges], doc["model"]["merges"][num_fixed_merges:]
+    merges = [merge_pair(m) for m in tail]
     as_strings = bool(doc["model"]["merges"]) and isinstance(doc["model"]["merges"][0], str)
     producing: dict[str, list[tuple[str, str]]] = defaultdict(list)
     for a, b in merges:
@@ -97,7 +136,7 @@ def prune(doc: dict, first_new_id: int, dead: set[int], parts_needed: set[int] |
     kept = {t for t, i in vocab.items() if i >= first_new_id and i not in dead}
     # a merge producing a base token from new parts keeps those parts
     stack = [t for t in kept if parts_needed is None or vocab[t] in parts_needed]
-    stack += [t for t, i in vocab.items() if i < first_new_id and t in producing]
+    stack += [t for t in producing if vocab[t] < first_new_id]
     seen = set(stack)
     while stack:
         token = stack.pop()
@@ -114,7 +153,7 @@ def prune(doc: dict, first_new_id: int, dead: set[int], parts_needed: set[int] |
     order = sorted((i, t) for t, i in vocab.items() if i >= first_new_id and t in kept)
     new_vocab = {t: i for t, i in vocab.items() if i < first_new_id}
     new_vocab.update({t: first_new_id + k for k, (_, t) in enumerate(order)})
-    new_merges = [(f"{a} {b}" if as_strings else [a, b]) for a, b in merges
-                  if a not in removed and b not in removed and (a + b) not in removed]
+    new_merges = [*fixed, *((f"{a} {b}" if as_strings else [a, b]) for a, b in merges
+                            if a not in removed and b not in removed and (a + b) not in removed)]
     out = {**doc, "model": {**doc["model"], "vocab": new_vocab, "merges": new_merges}}
     return out, len(removed)

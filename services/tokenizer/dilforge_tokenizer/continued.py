@@ -49,8 +49,50 @@ def model_only(doc: dict) -> Tokenizer:
     return Tokenizer.from_str(json.dumps(bare, ensure_ascii=False))
 
 
-def word_counts(line_counts: Iterable[tuple[str, int]], base: Tokenizer) -> Counter:
-    """Pre-tokenized words (byte-level strings, as the base's model sees them) with their counts."""
+def word_counts(line_counts: Iterable[tuple[str, int]], base: Tokenizer, num_workers: int | None = None) -> Counter:
+    """Pre-tokenized words (byte-level strings, as the base's model sees them) with their counts.
+
+    The base's own normalizer and pre-tokenizer, one line at a time (`pre_tokenize_str` is Rust, but the
+    call and its tuples are Python: ~20 s for the shared corpus on one core). With more than one CPU and
+    a large corpus the lines are split over forked workers, each counting its share; the counts add up
+    to exactly the single-process result. `num_workers`: None = the CPUs this process may use."""
+    items = line_counts if isinstance(line_counts, list) else list(line_counts)
+    workers = min(num_workers or available_cpus(), max(1, len(items) // MIN_LINES_PER_WORKER))
+    if workers <= 1:
+        return _count_words(items, base)
+    import multiprocessing
+    chunks = [items[k::workers] for k in range(workers)]
+    global _FORK_STATE
+    _FORK_STATE = (chunks, base)  # inherited by the forked workers, never pickled
+    try:
+        with multiprocessing.get_context("fork").Pool(workers) as pool:
+            parts = pool.map(_count_chunk, range(workers))
+    finally:
+        _FORK_STATE = None
+    counts = parts[0]
+    for part in parts[1:]:
+        counts.update(part)
+    return counts
+
+
+MIN_LINES_PER_WORKER = 20_000
+_FORK_STATE: tuple | None = None
+
+
+def available_cpus() -> int:
+    import os
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def _count_chunk(k: int) -> Counter:
+    chunks, base = _FORK_STATE
+    return _count_words(chunks[k], base)
+
+
+def _count_words(line_counts: Iterable[tuple[str, int]], base: Tokenizer) -> Counter:
     normalizer, pre = base.normalizer, base.pre_tokenizer
     counts: Counter = Counter()
     for line, n in line_counts:
@@ -105,12 +147,14 @@ def learn_merges(seg: Segmented, num_new: int, min_frequency: int, slack: float 
     return [tuple([ord(c) - CODE_OFFSET for c in part] for part in merge_pair(m)) for m in merges]
 
 
-def extend_doc(base: dict, learned: list[tuple[list[int], list[int]]], num_new: int) -> tuple[dict, int]:
+def extend_doc(base: dict, learned: list[tuple[list[int], list[int]]], num_new: int,
+               exclude: frozenset[str] | set[str] = frozenset()) -> tuple[dict, int]:
     """`base` with the learned merges appended until `num_new` new tokens exist; returns (doc, added).
 
     Every base id and merge keeps its place; new tokens take ids after the base's highest id (special
     tokens included). A merge whose result is already in the vocabulary maps to that id; one whose pair
-    the base already merges is skipped (the base's rank wins).
+    the base already merges is skipped (the base's rank wins); one whose result is in `exclude` (tokens
+    pruning dropped) is skipped, and so is every later merge built on it.
     """
     doc, vocab, merges, as_strings = editable_copy(base)
     id_to_token = {i: t for t, i in base["model"]["vocab"].items()}
@@ -125,6 +169,8 @@ def extend_doc(base: dict, learned: list[tuple[list[int], list[int]]], num_new: 
         if (left, right) in existing or left not in vocab or right not in vocab:
             continue
         merged = left + right
+        if merged in exclude:
+            continue
         if merged not in vocab:
             vocab[merged] = next_id
             next_id += 1

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import resource
+import statistics
 import sys
 import time
 from collections import Counter
@@ -199,29 +201,56 @@ def prune_and_refill(cand: Candidate, base: Base, words: Counter, rounds: int = 
     """extend + prune_dead: drop the dead new tokens and take further merges in their place, so the
     published tokenizer has up to `size` new tokens that are all (or nearly all) produced on the corpus.
 
-    With `ignore_merges` a token the corpus only produces as a whole word keeps no chain of intermediate
-    tokens (`audit.corpus_use`), so those intermediates are dropped too. Each round takes as many more
-    merges as the last pruning left free; it stops at `size` live tokens (usually 2-4 rounds). A round
-    encodes the corpus words once (not the full audit: the published tokenizer is audited afterwards).
-    Returns (doc, number of dead tokens dropped in the last round)."""
-    def pruned(doc: dict) -> tuple[dict, int]:
-        used, parts_needed = audit.corpus_use(doc, words, cand.first_new_id)
-        dead = {i for i in doc["model"]["vocab"].values() if i >= cand.first_new_id and i not in used}
-        return audit.prune(doc, cand.first_new_id, dead, parts_needed)
+    1. Dead new tokens go. With `ignore_merges` a token the corpus only produces as a whole word keeps no
+       chain of intermediate tokens (`audit.corpus_use`), so those intermediates go too. What stays dead
+       are intermediates that produced tokens are built from: a produced token that alone holds k of them
+       costs 1 + k rows, and when its uses per row fall below what a refill row buys (the median uses of
+       the newest `size / 50` tokens) it goes too, with its dead parts (`audit.costly_tokens`).
+    2. Refill: further learned merges (never the dropped tokens) take the free places, plus a margin of
+       the dead share seen so far (they die at about that rate too); on an overshoot the newest tokens
+       beyond `size` are dropped (a token's parts are always older than it, so nothing kept loses its
+       chain). Usually one round.
+    A round encodes the corpus words once (not the full audit: the published tokenizer is audited afterwards).
+    Returns (doc, number of new tokens dropped from the candidate before refilling)."""
+    first, size = cand.first_new_id, cand.size
+    num_fixed = len(base.doc["model"]["merges"])  # the base's merges: never touched by pruning
 
-    best, best_pruned = pruned(cand.doc)
-    take = cand.size
+    def pruned(doc: dict, drop: set[int] = frozenset()) -> tuple[dict, Counter, set[int] | None]:
+        counts, parts_needed = audit.corpus_use(doc, words, first)
+        dead = {i for i in doc["model"]["vocab"].values() if i >= first and i not in counts}
+        return audit.prune(doc, first, dead | drop, parts_needed, num_fixed)[0], counts, parts_needed
+
+    def num_live(doc: dict) -> int:
+        return len(doc["model"]["vocab"]) - first
+
+    counts, parts_needed = audit.corpus_use(cand.doc, words, first)
+    vocab = cand.doc["model"]["vocab"]
+    newest = sorted(i for i in vocab.values() if i >= first)[-max(1, size // 50):]
+    price = statistics.median(counts.get(i, 0) for i in newest)
+    costly = audit.costly_tokens(cand.doc, first, counts, price, parts_needed, num_fixed)
+    dead = {i for i in vocab.values() if i >= first and i not in counts}
+    best = audit.prune(cand.doc, first, dead | costly, parts_needed, num_fixed)[0]
+    num_pruned = num_live(cand.doc) - num_live(best)
+    if costly:
+        log.info("prune_dead: %d produced tokens were the only ones built from dead intermediates and had fewer "
+                 "uses per row than %.1f (the newest tokens' median): dropped with those intermediates",
+                 len(costly), price)
+    exclude = {t for t, i in vocab.items() if i in costly}
+    take = size
     for _ in range(rounds):
-        num_live = len(best["model"]["vocab"]) - cand.first_new_id
-        if num_live >= cand.size or cand.learned is None:
+        live = num_live(best)
+        if live >= size or cand.learned is None:
             break
-        take += cand.size - num_live
-        doc, added = continued.extend_doc(base.doc, cand.learned, take)
-        pruned_doc, num_pruned = pruned(doc)
-        if len(pruned_doc["model"]["vocab"]) - cand.first_new_id > cand.size or added < take:
+        take += math.ceil((size - live) * take / max(1, live))
+        doc, added = continued.extend_doc(base.doc, cand.learned, take, exclude)
+        best = pruned(doc)[0]
+        if num_live(best) > size:
+            newest_ids = {i for i in best["model"]["vocab"].values() if i >= first + size}
+            best = pruned(best, newest_ids)[0]
             break
-        best, best_pruned = pruned_doc, num_pruned
-    return best, best_pruned
+        if added < take:  # the learned merge list is exhausted
+            break
+    return best, num_pruned
 
 
 def run(config: TokenizerConfig, ctx: StageContext) -> StageResult:
@@ -324,8 +353,9 @@ def run(config: TokenizerConfig, ctx: StageContext) -> StageResult:
         corpus_words = words.get("replace" if chosen.strategy == "replace" else "base")
         published_audit, _ = audit.audit(doc, published, corpus_words, new_ids, validation,
                                          lines=unique_lines if corpus_words is None else None)
-        log.info("pruned %d dead new tokens (%s); %d new tokens published", pruned,
-                 "refilled with further merges" if chosen.strategy == "extend" else "kept ones are built from the rest",
+        log.info("pruned %d new tokens (%s); %d new tokens published", pruned,
+                 "dead, or rarely used holders of dead intermediates; refilled with further merges"
+                 if chosen.strategy == "extend" else "dead; kept ones are built from the rest",
                  published.get_vocab_size(with_added_tokens=True) - chosen.first_new_id
                  if chosen.strategy == "extend" else len(doc["model"]["vocab"]) - chosen.first_new_id)
     if chosen.strategy == "base":

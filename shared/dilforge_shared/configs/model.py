@@ -6,11 +6,11 @@ No torch import here: the coordinator fingerprints this stage from the source's 
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator
 
-from ..recipes import RECIPES
+from ..recipes import GGUF_CONVERTER_VERSION, RECIPES
 from .base import StageConfig
 
 
@@ -23,6 +23,11 @@ class ModelConfig(StageConfig):
         description="A built-in recipe name (" + ", ".join(sorted(RECIPES)) + "), a local .gguf file (Llama "
         "architecture), a local HF model folder (config.json, safetensors weights, tokenizer.json), or an "
         "s3:// prefix of one. A relative folder is written with a slash (./my-model). Never a model-hub id.",
+    )
+    gguf_converter: Literal[GGUF_CONVERTER_VERSION] = Field(
+        GGUF_CONVERTER_VERSION,
+        description="Version of dilforge's GGUF → safetensors converter (not a choice: it is part of the resolved "
+        "config so that a changed converter gives new artifact ids instead of reusing an older conversion).",
     )
 
     @field_validator("source")

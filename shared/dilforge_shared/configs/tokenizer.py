@@ -80,7 +80,9 @@ class TokenizerConfig(StageConfig):
     prune_dead: bool = Field(
         default=False,
         description="Drop new tokens never produced on the training corpus before publishing (and their merges), "
-        "unless a kept token is built from them; kept base ids never change, new ids stay in order.",
+        "unless a kept token is built from them; for extend also rarely used tokens that alone hold such dead "
+        "intermediates, then refill with further merges up to the size. Kept base ids never change, new ids "
+        "stay in order.",
     )
     min_frequency: int = Field(default=2, ge=1, description="BPE merges need at least this many occurrences.")
     validation_fraction: float = Field(
