@@ -203,7 +203,11 @@ def dequantized_tensors(path: Path):
         else:
             block_elements, block_bytes = GGML_QUANT_SIZES[qtype]
             row_bytes = info.shape[-1] // block_elements * block_bytes
-            array = dequantize(np.asarray(raw).reshape(-1, row_bytes), qtype).reshape(info.shape)
+            try:
+                array = dequantize(np.asarray(raw).reshape(-1, row_bytes), qtype).reshape(info.shape)
+            except NotImplementedError:
+                raise InputError(f"tensor {info.name} is stored as {qtype.name}, which the gguf package cannot "
+                                 "dequantize", path=str(path)) from None
         yield info.name, array
 
 
