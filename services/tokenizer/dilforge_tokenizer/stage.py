@@ -215,10 +215,11 @@ def prune_and_refill(cand: Candidate, base: Base, words: Counter, rounds: int = 
     first, size = cand.first_new_id, cand.size
     num_fixed = len(base.doc["model"]["merges"])  # the base's merges: never touched by pruning
 
-    def pruned(doc: dict, drop: set[int] = frozenset()) -> tuple[dict, Counter, set[int] | None]:
+    def pruned(doc: dict, drop: set[int] = frozenset()) -> dict:
+        """`doc` without its dead new tokens (and `drop`), after one encode of the corpus words."""
         counts, parts_needed = audit.corpus_use(doc, words, first)
         dead = {i for i in doc["model"]["vocab"].values() if i >= first and i not in counts}
-        return audit.prune(doc, first, dead | drop, parts_needed, num_fixed)[0], counts, parts_needed
+        return audit.prune(doc, first, dead | drop, parts_needed, num_fixed)[0]
 
     def num_live(doc: dict) -> int:
         return len(doc["model"]["vocab"]) - first
@@ -243,10 +244,10 @@ def prune_and_refill(cand: Candidate, base: Base, words: Counter, rounds: int = 
             break
         take += math.ceil((size - live) * take / max(1, live))
         doc, added = continued.extend_doc(base.doc, cand.learned, take, exclude)
-        best = pruned(doc)[0]
+        best = pruned(doc)
         if num_live(best) > size:
             newest_ids = {i for i in best["model"]["vocab"].values() if i >= first + size}
-            best = pruned(best, newest_ids)[0]
+            best = pruned(best, newest_ids)
             break
         if added < take:  # the learned merge list is exhausted
             break
