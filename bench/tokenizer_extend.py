@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Merge-compatible `extend` vs naive appending vs `replace`, on the full shared corpus, FLORES dev az + en.
 
-All in one process, on the corpus mixture of configs/az-tokenizer.yaml (read once):
+All in one process, on the corpus mixture of a preset (--config; configs/az-tokenizer.yaml by default, read once):
   raw trainer   tokenizers' BpeTrainer on the raw corpus at (new tokens + 256) — the old extend's
                 training, appended naively to the base (its dead tokens are measured too)
   continued     the stage's extend: pre-tokenize with the base, segment each unique word with the base's
@@ -29,11 +29,16 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 
 
-def corpus_lines(data: Path) -> Counter:
+def corpus_lines(data: Path, config: Path, list_weight: float | None = None, recase: bool | None = None) -> Counter:
+    """The preset's training lines with how often each is fed; `list_weight`/`recase` override those of its
+    word_counts sources (for the sensitivity rows)."""
     from dilforge_shared.configs.tokenizer import TokenizerConfig
     from dilforge_tokenizer.stream import CorpusStream
-    text = (REPO / "configs/az-tokenizer.yaml").read_text().replace("${DILFORGE_DATA}", str(data))
+    text = config.read_text().replace("${DILFORGE_DATA}", str(data))
     section = yaml.safe_load(text)["tokenizer"]
+    for source in section.get("corpora", []):
+        if source.get("format") == "word_counts":
+            source.update({k: v for k, v in (("weight", list_weight), ("recase", recase)) if v is not None})
     config = TokenizerConfig(**{k: v for k, v in section.items() if k in ("corpora", "dedup", "validation_fraction")})
     stream = CorpusStream(config.corpora, seed=config.seed, validation_fraction=config.validation_fraction,
                           dedup=config.dedup, progress=False)
@@ -50,6 +55,12 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[32000, 64000], help="new tokens for extend")
     parser.add_argument("--replace-size", type=int, default=0, help="also train replace at this size (0: no)")
     parser.add_argument("--min-frequency", type=int, default=2)
+    parser.add_argument("--config", type=Path, default=REPO / "configs/az-tokenizer.yaml",
+                        help="preset whose tokenizer corpora (mixture, dedup) are read")
+    parser.add_argument("--word-list-weight", type=float, default=None,
+                        help="override the weight of the preset's word_counts sources")
+    parser.add_argument("--no-recase", dest="recase", action="store_const", const=False, default=None,
+                        help="feed the preset's word_counts sources as listed (recase off)")
     args = parser.parse_args()
 
     from dilforge_shared.corpus import iter_texts
@@ -64,11 +75,11 @@ def main() -> None:
     family = detect_family(base_tok.vocab_tokens(doc), str(args.base))
     first_new = max([*doc["model"]["vocab"].values(), *(t["id"] for t in doc.get("added_tokens", []))]) + 1
     print(f"# extend bench: base {args.base} ({family.name}, {first_new} ids)\n{hardware.describe('tokenizers')}\n"
-          f"corpus: configs/az-tokenizer.yaml mixture of {args.data}/az/train; sets: FLORES dev (510) az, en; "
-          f"min_frequency {args.min_frequency}; load average at start {os.getloadavg()}\n")
+          f"corpus: the mixture of {args.config.relative_to(REPO) if args.config.is_relative_to(REPO) else args.config} over {args.data}; sets: FLORES dev (510) az, en; "
+          f"min_frequency {args.min_frequency}; word-list overrides: weight {args.word_list_weight}, recase {args.recase}; load average at start {os.getloadavg()}\n")
 
     t0 = time.perf_counter()
-    lines = corpus_lines(args.data)
+    lines = corpus_lines(args.data, args.config, args.word_list_weight, args.recase)
     read_s = time.perf_counter() - t0
     largest = max(args.sizes)
 
@@ -132,7 +143,7 @@ def main() -> None:
         s = measure_sets(t, sets)
         dead = "-" if report["dead_new_tokens_frac"] is None else f"{100 * report['dead_new_tokens_frac']:.2f}%"
         print(f"| {name} | {t.get_vocab_size(with_added_tokens=True):,} | {len(new_ids):,} | {dead} | "
-              + " | ".join(f"{s[k]['tokens_per_word']:.3f} | {s[k]['bytes_per_token']:.3f} | "
+              + " | ".join(f"{s[k]['tokens_per_word']:.4f} | {s[k]['bytes_per_token']:.3f} | "
                            f"{100 * s[k]['share_words_3plus']:.1f}%" for k in ("az", "en")) + " |", flush=True)
     print(f"\nload average at the end: {os.getloadavg()}")
 

@@ -2,7 +2,8 @@
 
 Formats: `.txt` (one document per line), `.txt.gz`, `.jsonl` (a configurable text field),
 `.tsv` (a header row; a configurable column) and `.parquet` (a configurable column, if pyarrow is
-installed). Nothing is loaded whole. Every error names the file and, where there is one, the line.
+installed); for tokenizer training also word-frequency lists (`iter_word_counts`). Nothing is loaded
+whole. Every error names the file and, where there is one, the line.
 
 Memory is bounded for any input: a line (a document of .txt, a record of .jsonl/.tsv) is read at most
 `max_document_bytes` at a time, never whole. Past that, `on_oversize` decides: `error` (the default: name the
@@ -293,6 +294,34 @@ def iter_located_texts(
             if skip_empty and not text.strip():
                 continue
             yield file_uri, lineno, text
+
+
+def iter_word_counts(
+    uri: str,
+    endpoint_url: str | None = None,
+    normalization: Literal["NFC", "none"] = "NFC",
+    max_document_bytes: int = MAX_DOCUMENT_BYTES,
+    on_oversize: Oversize = "error",
+) -> Iterator[tuple[str, int, str, int]]:
+    """(file, line, word, count) of every entry of a word-frequency list behind `uri`.
+
+    One `WORD COUNT` per line: the count last (a positive integer), after a space or tab; blank lines are
+    skipped. Why a format of its own: a team often holds counts of a crawl it cannot ship (or a published
+    list, as SentencePiece's TSV input takes), and expanding 70 M counts into text would be absurd.
+    Anything else is an error naming the file and line."""
+    for file_uri in expand(uri, endpoint_url):
+        for lineno, line in _lines(file_uri, endpoint_url, max_document_bytes, on_oversize, splittable=False):
+            if not line.strip():
+                continue
+            parts = line.rsplit(None, 1)
+            count = parts[1] if len(parts) == 2 else ""
+            if not (count.isascii() and count.isdigit()) or int(count) == 0 or not parts[0].strip():
+                raise InputError(f"expected 'WORD COUNT' (a word, a space or tab, a positive integer), got "
+                                 f"{line.strip()[:60]!r}", path=file_uri, line=lineno)
+            word = parts[0].strip()
+            if normalization == "NFC":
+                word = unicodedata.normalize("NFC", word)
+            yield file_uri, lineno, word, int(count)
 
 
 def data_digest(uri: str, endpoint_url: str | None = None) -> str:

@@ -63,10 +63,14 @@ def write_bad(tmp_path: Path, kind: str) -> tuple[dict, str]:
     if kind == "bad_jsonl":
         (tmp_path / "c.jsonl").write_text('{"text": "salam"}\n{"text": "dünya"\n{"text": "ok"}\n')
         return {"uri": str(tmp_path / "c.jsonl")}, r"c\.jsonl:2: not valid JSON"
+    if kind == "bad_word_counts":
+        (tmp_path / "freq.txt").write_text("kitab 12\n\nkitablar\nev 3\n")
+        return ({"uri": str(tmp_path / "freq.txt"), "format": "word_counts"},
+                r"freq\.txt:3: expected 'WORD COUNT' .*got 'kitablar'")
     raise ValueError(kind)
 
 
-@pytest.mark.parametrize("kind", ["empty", "non_utf8", "bad_jsonl"])
+@pytest.mark.parametrize("kind", ["empty", "non_utf8", "bad_jsonl", "bad_word_counts"])
 def test_bad_corpus_fails_the_stage_naming_file_and_line(tmp_path, data_root, kind):
     source, message = write_bad(tmp_path, kind)
     wiki = {"uri": str(data_root / "az/train/udhr_azj_latn.txt")}

@@ -131,6 +131,23 @@ def test_extend_keeps_every_base_id(tmp_path, data_root, mixed_corpus, tiny_toke
     assert row["tokens_per_word"] < m["base"]["sets"]["flores_dev"]["tokens_per_word"]
 
 
+def test_extend_learns_from_a_word_frequency_list(tmp_path, data_root, tiny_tokenizer_dir):
+    """A word only the frequency list holds, frequent there, ends up one token; the list is reported as a source."""
+    (tmp_path / "freq.txt").write_text("qarabağlılarımızdan 400\nsalam 7\n", encoding="utf-8")
+    section = {"strategy": "extend", "base_tokenizer": str(tiny_tokenizer_dir), "num_new_tokens": [300],
+               "corpora": [{"uri": str(data_root / "az/train/udhr_azj_latn.txt"), "name": "udhr"},
+                           {"uri": str(tmp_path / "freq.txt"), "format": "word_counts", "name": "freq"}]}
+    art = artifact_of(run_all(tmp_path, section))
+    word = "Bu qarabağlılarımızdan"
+    base = Tokenizer.from_file(str(tiny_tokenizer_dir / "tokenizer.json"))
+    ext = Tokenizer.from_file(str(art.path / "tokenizer.json"))
+    assert len(base.encode(word, add_special_tokens=False).ids) > 5
+    assert len(ext.encode(word, add_special_tokens=False).ids) == len(ext.encode("Bu", add_special_tokens=False).ids) + 1
+    freq = art.manifest.metrics["corpus"]["sources"]["freq"]
+    assert (freq["lines_read"], freq["lines_heldout"], freq["lines_fed"]) == (2, 0, 407)
+    assert ext.decode(ext.encode(word, add_special_tokens=False).ids) == word
+
+
 def test_base_measures_and_republishes_the_base_unchanged(tmp_path, data_root, mixed_corpus, tiny_tokenizer_dir):
     section = {"strategy": "base", "base_tokenizer": str(tiny_tokenizer_dir), "corpora": corpora(mixed_corpus)[:1],
                "validation": [flores(data_root)], "num_validation_lines": 50}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from dilforge_shared.configs.base import DataSource
+from dilforge_shared.configs.tokenizer import CorpusSource
 from dilforge_shared.errors import InputError
 from dilforge_tokenizer.stream import CorpusStream, read_ahead
 
@@ -112,3 +113,77 @@ def test_parquet_and_gzip_sources(tmp_path):
     s = CorpusStream([DataSource(uri=str(tmp_path / "c.parquet"), text_field="body"),
                       DataSource(uri=str(tmp_path / "d.txt.gz"))], validation_fraction=0.001, progress=False)
     assert sorted(s.lines()) == sorted(["birinci cümlə", "ikinci cümlə", "üçüncü cümlə", "dördüncü", "beşinci"])
+
+
+def test_word_counts_feed_each_word_after_a_space_count_times_weight_never_held_out(tmp_path):
+    freq = write(tmp_path / "freq.txt", ["kitab 3", "kitablar\t10", "", "Ev 1"])
+    text = write(tmp_path / "a.txt", [f"cümlə {i}" for i in range(200)])
+    s = CorpusStream([CorpusSource(uri=text, name="text"), CorpusSource(uri=freq, format="word_counts", name="freq",
+                                                                        weight=2)],
+                     validation_fraction=0.4, num_validation_lines=10_000, dedup=True, progress=False)
+    trained = list(s.lines())
+    fed = [t for t in trained if not t.startswith("cümlə")]
+    assert sorted(set(fed)) == [" Ev", " kitab", " kitablar"]
+    assert (fed.count(" kitab"), fed.count(" kitablar"), fed.count(" Ev")) == (6, 20, 2)  # dedup: counts kept
+    st = s.stats["freq"]
+    assert (st.lines_read, st.lines_heldout, st.lines_trained, st.lines_fed) == (3, 0, 3, 28)
+    assert st.bytes_fed == 6 * len(" kitab") + 20 * len(" kitablar") + 2 * len(" Ev")
+    assert all(h.startswith("cümlə") for h in s.heldout) and s.heldout  # only text lines are held out
+
+
+def test_word_count_fractions_are_seeded_and_unbiased(tmp_path):
+    freq = write(tmp_path / "freq.txt", [f"söz{i} 3" for i in range(2000)])
+
+    def fed(seed):
+        s = CorpusStream([CorpusSource(uri=freq, format="word_counts", weight=0.5)], seed=seed, progress=False)
+        return list(s.lines())
+    once = fed(0)
+    assert once == fed(0) and once != fed(1)
+    assert {once.count(w) for w in set(once)} <= {1, 2}  # 3 x 0.5 = 1.5: one or two, never more
+    assert 2800 < len(once) < 3200  # expected 3000
+
+
+@pytest.mark.parametrize("line", ["kitablar", "kitab 0", "kitab -2", "kitab 2.5", "12", "kitab ٣"])
+def test_bad_word_count_line_names_file_and_line(tmp_path, line):
+    freq = write(tmp_path / "freq.txt", ["kitab 3", line])
+    with pytest.raises(InputError, match=r"freq\.txt:2: expected 'WORD COUNT'"):
+        list(CorpusStream([CorpusSource(uri=freq, format="word_counts")], progress=False).lines())
+
+
+def test_word_counts_are_a_tokenizer_corpus_format_only():
+    from dilforge_shared.configs.cpt import CptConfig
+    from dilforge_shared.configs.tokenizer import TokenizerConfig
+    from pydantic import ValidationError
+    TokenizerConfig(corpora=[{"uri": "freq.txt", "format": "word_counts"}])
+    with pytest.raises(ValidationError, match=r"corpora\.0\.format"):
+        CptConfig(corpora=[{"uri": "freq.txt", "format": "word_counts"}], base_model="m")
+
+
+def test_usual_casing_prefers_the_texts_form_lowercase_or_capitalised_turkic_aware():
+    from collections import Counter
+
+    from dilforge_tokenizer.stream import usual_casing
+    best = usual_casing(Counter({"Rusiya": 5, "rusiya": 1, "RUSİYA": 10, "İraq": 3, "bu": 50, "Bu": 5, "Iğdır": 2}))
+    assert best["rusiya"] == "Rusiya"  # ALL-CAPS headings never win
+    assert best["iraq"] == "İraq" and best["ığdır"] == "Iğdır"  # İ -> i and I -> ı
+    assert best["bu"] == "bu"
+
+
+def test_recase_feeds_a_lowercased_lists_words_as_the_text_writes_them(tmp_path):
+    text = write(tmp_path / "a.txt", ["Rusiya böyük ölkədir.", "Bu gün Rusiya, sabah İraq.", "rusiya"])
+    freq = write(tmp_path / "freq.txt", ["rusiya 3", "iraq 1", "bakı 2", "bu 1"])
+
+    def fed(recase):
+        s = CorpusStream([CorpusSource(uri=freq, format="word_counts", recase=recase, name="freq"),  # listed first:
+                          CorpusSource(uri=text, name="text")],  # still read after the text
+                         validation_fraction=0.001, progress=False)
+        lines = [t for t in s.lines() if t.startswith(" ")]
+        return lines, s.stats["freq"].words_recased
+    assert fed(True) == ([" Rusiya"] * 3 + [" İraq", " bakı", " bakı", " Bu"], 3)
+    assert fed(False) == ([" rusiya"] * 3 + [" iraq", " bakı", " bakı", " bu"], 0)
+
+
+def test_recase_is_for_word_lists_only():
+    from pydantic import ValidationError
+    with pytest.raises(ValidationError, match="recase applies to word_counts lists only"):
+        CorpusSource(uri="a.txt", recase=True)

@@ -1,5 +1,9 @@
 """One pass over the corpora: interleave sources, hold out a hashed slice, dedup, upsample by weight.
 
+A word-frequency source (format word_counts) feeds each word as it stands inside running text (" word":
+after a space, one pre-token for a byte-level BPE) count x weight times; it has no lines to hold out or
+deduplicate.
+
 The trainer reads this stream once; the held-out slice is collected on the way, so metrics never
 need a second pass over the corpus.
 """
@@ -11,14 +15,16 @@ import itertools
 import logging
 import queue
 import random
+import re
 import sys
 import threading
 import zlib
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from dilforge_shared.configs.base import DataSource
-from dilforge_shared.corpus import iter_located_texts
+from dilforge_shared.corpus import iter_located_texts, iter_word_counts
 from dilforge_shared.errors import InputError
 
 log = logging.getLogger("dilforge.tokenizer")
@@ -32,6 +38,7 @@ class SourceStats:
     lines_trained: int = 0
     lines_fed: int = 0  # after upsampling by weight
     bytes_fed: int = 0
+    words_recased: int = 0  # word lists with recase: entries fed in the text's usual casing
 
 
 @dataclass
@@ -53,23 +60,31 @@ class CorpusStream:
     heldout: list[str] = field(default_factory=list)
     stats: dict[str, SourceStats] = field(default_factory=dict)
 
-    def _interleaved(self, chunk: int) -> Iterator[tuple[DataSource, SourceStats, list[str]]]:
-        """Round-robin over the sources, `chunk` lines at a time, so max_lines and the held-out cap see
-        every source (and per-line Python overhead stays small)."""
-        iters = [(s, self.stats[s.label], iter_located_texts(s.uri, s.format, s.text_field, self.endpoint_url,
-                                                             self.normalization, **s.bounds))
-                 for s in self.sources]
-        while iters:
-            alive = []
-            for source, st, it in iters:
-                texts = [item[2] for item in itertools.islice(it, chunk)]
-                if texts:
-                    yield source, st, texts
-                if len(texts) == chunk:
-                    alive.append((source, st, it))
-                elif st.lines_read == 0 and not texts:
-                    raise InputError("corpus is empty: no non-blank text in it", path=source.uri)
-            iters = alive
+    def _interleaved(self, chunk: int) -> Iterator[tuple[DataSource, SourceStats, list]]:
+        """Round-robin over the text sources, `chunk` lines at a time, so max_lines and the held-out cap see
+        every source (and per-line Python overhead stays small); then over the word lists (one that takes
+        its casing from the text, `recase`, needs all of the text read first)."""
+        for group in ([s for s in self.sources if s.format != "word_counts"],
+                      [s for s in self.sources if s.format == "word_counts"]):
+            iters = [(s, self.stats[s.label], self._reader(s)) for s in group]
+            while iters:
+                alive = []
+                for source, st, it in iters:
+                    texts = [item[2] for item in itertools.islice(it, chunk)]
+                    if texts:
+                        yield source, st, texts
+                    if len(texts) == chunk:
+                        alive.append((source, st, it))
+                    elif st.lines_read == 0 and not texts:
+                        raise InputError("corpus is empty: no non-blank text in it", path=source.uri)
+                iters = alive
+
+    def _reader(self, s: DataSource) -> Iterator[tuple]:
+        """(file, line, text) of a text source; (file, line, (word, count)) of a word_counts list."""
+        if s.format == "word_counts":
+            return ((f, n, (word, count)) for f, n, word, count in
+                    iter_word_counts(s.uri, self.endpoint_url, self.normalization, **s.bounds))
+        return iter_located_texts(s.uri, s.format, s.text_field, self.endpoint_url, self.normalization, **s.bounds)
 
     def _scan(self, heldout_only: bool = False) -> Iterator[list[str]]:
         """Lists of training lines (each repeated by its source's weight), one per source chunk.
@@ -86,6 +101,9 @@ class CorpusStream:
         seen: set[bytes] = set()
         rng = random.Random(self.seed)
         heldout = self.heldout
+        # word forms of the trained text, for word lists that take their casing from it (recase)
+        forms: Counter | None = Counter() if any(getattr(s, "recase", False) for s in self.sources) else None
+        casing: dict[str, str] | None = None
         crc32, blake2b = zlib.crc32, hashlib.blake2b
         chunk = 256 if self.max_lines is None else max(1, min(256, self.max_lines // (10 * len(self.sources))))
         read = 0
@@ -103,6 +121,15 @@ class CorpusStream:
                 weight = source.weight
                 whole = int(weight)
                 out: list[str] = []
+                if source.format == "word_counts":
+                    if heldout_only:
+                        continue
+                    if getattr(source, "recase", False) and casing is None:
+                        casing = usual_casing(forms)
+                    out = _fed_words(texts, weight, st, rng, casing if getattr(source, "recase", False) else None)
+                    if out:
+                        yield out
+                    continue
                 for text in texts:
                     data = text.encode("utf-8")
                     if self.dedup:
@@ -127,6 +154,8 @@ class CorpusStream:
                     out.append(text)
                     if reps != 1:
                         out.extend([text] * (reps - 1))
+                    if forms is not None:  # each trained line once: upsampling does not change a word's casing
+                        forms.update(WORD.findall(text))
                 if out:
                     yield out
         finally:
@@ -163,6 +192,46 @@ class CorpusStream:
                 setattr(total, k, getattr(total, k) + v)
         return {"total": asdict(total), "sources": {k: asdict(v) for k, v in self.stats.items()},
                 "heldout_lines_measured": len(self.heldout)}
+
+
+WORD = re.compile(r"\w+(?:[-'’]\w+)*")  # a word of running text, as a frequency list spells one
+
+
+def usual_casing(forms: Counter) -> dict[str, str]:
+    """Lowercased word -> the form the text uses most often, lowercase or capitalised (ties: the first seen),
+    so a lowercased list's proper nouns are fed as the text writes them. Both plain and Turkic
+    lowercasing (I -> ı, İ -> i: Azerbaijani, Turkish) key a form, so 'rusiya' finds 'Rusiya' and 'iraq'
+    finds 'İraq'."""
+    best: dict[str, str] = {}
+    for form, count in forms.items():
+        if any(ch.isupper() for ch in form[1:]):  # ALL-CAPS headings, acronyms: not how a word is usually written
+            continue
+        for key in {form.lower(), form.replace("I", "ı").replace("İ", "i").lower()}:
+            if key not in best or count > forms[best[key]]:
+                best[key] = form
+    return best
+
+
+def _fed_words(entries: list[tuple[str, int]], weight: float, st: SourceStats, rng: random.Random,
+               casing: dict[str, str] | None = None) -> list[str]:
+    """Each (word, count) as " word", count x weight times (the fraction by seeded sampling); with
+    `casing`, in the form the text corpora use most often for it."""
+    out: list[str] = []
+    for word, count in entries:
+        if casing is not None:
+            usual = casing.get(word, word)
+            if usual != word:
+                st.words_recased += 1
+                word = usual
+        text = " " + word
+        expected = count * weight
+        reps = int(expected) + (1 if rng.random() < expected - int(expected) else 0)
+        st.lines_trained += 1
+        st.lines_fed += reps
+        st.bytes_fed += reps * len(text.encode("utf-8"))
+        if reps:
+            out.extend([text] * reps)
+    return out
 
 
 def _regrouped(batches: Iterator[list[str]], min_lines: int) -> Iterator[list[str]]:

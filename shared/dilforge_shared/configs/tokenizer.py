@@ -13,6 +13,28 @@ NUM_BYTE_SYMBOLS = 256
 NUM_LLAMA3_SPECIAL_TOKENS = 256
 
 
+class CorpusSource(DataSource):
+    """A tokenizer training corpus: any text format, or a word-frequency list (`word_counts`)."""
+    format: Literal["auto", "txt", "jsonl", "tsv", "parquet", "word_counts"] = Field(
+        default="auto",
+        description="File format; 'auto' decides by extension. word_counts: one `WORD COUNT` per line (count last, "
+        "a positive integer), e.g. a frequency list of a crawl; each word is fed as it stands inside running text "
+        "(after a space), count x weight times (fractions by seeded sampling); never held out or deduplicated.",
+    )
+    recase: bool = Field(
+        default=False,
+        description="word_counts only, for a lowercased list: feed each word in the form the text corpora use most "
+        "often for it, lowercase or capitalised ('rusiya' as 'Rusiya'; I/ı and İ/i matched as in Azerbaijani and "
+        "Turkish). Words the text never shows stay as listed. The word lists are read after the text for this.",
+    )
+
+    @model_validator(mode="after")
+    def _check_recase(self) -> CorpusSource:
+        if self.recase and self.format != "word_counts":
+            raise ValueError(f"recase applies to word_counts lists only (format is {self.format!r})")
+        return self
+
+
 class TokenizerConfig(StageConfig):
     stage: ClassVar[str] = "tokenizer"
     artifact_kind: ClassVar[str] = "tokenizer"
@@ -31,11 +53,12 @@ class TokenizerConfig(StageConfig):
         description="Other strategies to train and measure beside `strategy` (not published), at their sizes "
         "(`vocab_sizes` for replace, `num_new_tokens` for extend), for the side-by-side comparison table.",
     )
-    corpora: list[DataSource] = Field(
+    corpora: list[CorpusSource] = Field(
         default_factory=list,
         description="Training corpora, streamed once and interleaved line by line. A source's `weight` is its "
         "upsampling factor: each training line is fed weight times (fractions by seeded sampling), e.g. weight 3 on "
-        "general-domain files to offset a legal-heavy corpus. Held-out lines are never weighted.",
+        "general-domain files to offset a legal-heavy corpus; a word_counts list's counts are multiplied by it. "
+        "Held-out lines are never weighted.",
     )
     validation: list[DataSource] = Field(
         default_factory=list,
