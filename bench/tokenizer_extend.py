@@ -45,6 +45,7 @@ def corpus_lines(data: Path, config: Path, list_weight: float | None = None, rec
     lines: Counter = Counter()
     for batch in stream.batches():
         lines.update(batch)
+    lines.update(stream.fed_words)  # word lists: " word" -> times fed
     return lines
 
 

@@ -305,20 +305,23 @@ def iter_word_counts(
 ) -> Iterator[tuple[str, int, str, int]]:
     """(file, line, word, count) of every entry of a word-frequency list behind `uri`.
 
-    One `WORD COUNT` per line: the count last (a positive integer), after a space or tab; blank lines are
-    skipped. Why a format of its own: a team often holds counts of a crawl it cannot ship (or a published
-    list, as SentencePiece's TSV input takes), and expanding 70 M counts into text would be absurd.
-    Anything else is an error naming the file and line."""
+    One `WORD COUNT` per line: two fields, whitespace between (a space or a tab), the count a positive integer;
+    blank lines are skipped and a UTF-8 byte-order mark is dropped. Why a format of its own: a team often holds
+    counts of a crawl it cannot ship (or a published list, as SentencePiece's TSV input takes), and expanding
+    70 M counts into text would be absurd. Anything else is an error naming the file and line, so a layout with
+    more columns (Leipzig's `rank word count`) or a header fails instead of training on wrong words."""
     for file_uri in expand(uri, endpoint_url):
         for lineno, line in _lines(file_uri, endpoint_url, max_document_bytes, on_oversize, splittable=False):
-            if not line.strip():
+            if lineno == 1:
+                line = line.removeprefix("\ufeff")
+            parts = line.split()
+            if not parts:
                 continue
-            parts = line.rsplit(None, 1)
-            count = parts[1] if len(parts) == 2 else ""
-            if not (count.isascii() and count.isdigit()) or int(count) == 0 or not parts[0].strip():
-                raise InputError(f"expected 'WORD COUNT' (a word, a space or tab, a positive integer), got "
+            count = parts[-1]
+            if len(parts) != 2 or not (count.isascii() and count.isdigit()) or int(count) == 0:
+                raise InputError(f"expected 'WORD COUNT' (two fields: a word, then a positive integer), got "
                                  f"{line.strip()[:60]!r}", path=file_uri, line=lineno)
-            word = parts[0].strip()
+            word = parts[0]
             if normalization == "NFC":
                 word = unicodedata.normalize("NFC", word)
             yield file_uri, lineno, word, int(count)

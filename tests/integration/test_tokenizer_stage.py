@@ -146,6 +146,13 @@ def test_extend_learns_from_a_word_frequency_list(tmp_path, data_root, tiny_toke
     freq = art.manifest.metrics["corpus"]["sources"]["freq"]
     assert (freq["lines_read"], freq["lines_heldout"], freq["lines_fed"]) == (2, 0, 407)
     assert ext.decode(ext.encode(word, add_special_tokens=False).ids) == word
+    # replace alone streams the corpus into its trainer: the list's words (read last) reach it too
+    section = {"strategy": "replace", "vocab_sizes": [1200], "corpora": section["corpora"]}
+    (tmp_path / "replace").mkdir()
+    rep = artifact_of(run_all(tmp_path / "replace", section))
+    tok = Tokenizer.from_file(str(rep.path / "tokenizer.json"))
+    assert len(tok.encode(" qarabağlılarımızdan", add_special_tokens=False).ids) == 1
+    assert rep.manifest.metrics["corpus"]["sources"]["freq"]["lines_fed"] == 407
 
 
 def test_base_measures_and_republishes_the_base_unchanged(tmp_path, data_root, mixed_corpus, tiny_tokenizer_dir):

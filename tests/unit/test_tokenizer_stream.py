@@ -116,15 +116,15 @@ def test_parquet_and_gzip_sources(tmp_path):
 
 
 def test_word_counts_feed_each_word_after_a_space_count_times_weight_never_held_out(tmp_path):
-    freq = write(tmp_path / "freq.txt", ["kitab 3", "kitablar\t10", "", "Ev 1"])
+    freq = tmp_path / "freq.txt"
+    freq.write_text("\ufeffkitab 3\nkitablar\t10\n\n  Ev 1 \r\n", encoding="utf-8")  # BOM, tab, CRLF, spaces
     text = write(tmp_path / "a.txt", [f"cümlə {i}" for i in range(200)])
-    s = CorpusStream([CorpusSource(uri=text, name="text"), CorpusSource(uri=freq, format="word_counts", name="freq",
-                                                                        weight=2)],
+    s = CorpusStream([CorpusSource(uri=str(freq), format="word_counts", name="freq", weight=2),  # read after the text
+                      CorpusSource(uri=text, name="text")],
                      validation_fraction=0.4, num_validation_lines=10_000, dedup=True, progress=False)
     trained = list(s.lines())
-    fed = [t for t in trained if not t.startswith("cümlə")]
-    assert sorted(set(fed)) == [" Ev", " kitab", " kitablar"]
-    assert (fed.count(" kitab"), fed.count(" kitablar"), fed.count(" Ev")) == (6, 20, 2)  # dedup: counts kept
+    assert all(t.startswith("cümlə") for t in trained)  # the list's words are counted, not repeated in the stream
+    assert s.fed_words == {" kitab": 6, " kitablar": 20, " Ev": 2}  # dedup leaves counts alone
     st = s.stats["freq"]
     assert (st.lines_read, st.lines_heldout, st.lines_trained, st.lines_fed) == (3, 0, 3, 28)
     assert st.bytes_fed == 6 * len(" kitab") + 20 * len(" kitablar") + 2 * len(" Ev")
@@ -136,14 +136,25 @@ def test_word_count_fractions_are_seeded_and_unbiased(tmp_path):
 
     def fed(seed):
         s = CorpusStream([CorpusSource(uri=freq, format="word_counts", weight=0.5)], seed=seed, progress=False)
-        return list(s.lines())
+        list(s.lines())
+        return s.fed_words
     once = fed(0)
     assert once == fed(0) and once != fed(1)
-    assert {once.count(w) for w in set(once)} <= {1, 2}  # 3 x 0.5 = 1.5: one or two, never more
-    assert 2800 < len(once) < 3200  # expected 3000
+    assert set(once.values()) <= {1, 2}  # 3 x 0.5 = 1.5: one or two, never more
+    assert 2800 < sum(once.values()) < 3200  # expected 3000
 
 
-@pytest.mark.parametrize("line", ["kitablar", "kitab 0", "kitab -2", "kitab 2.5", "12", "kitab ٣"])
+def test_max_lines_cuts_the_text_but_word_lists_are_read_whole(tmp_path):
+    text = write(tmp_path / "a.txt", [f"cümlə {i}" for i in range(500)])
+    freq = write(tmp_path / "freq.txt", [f"söz{i} 2" for i in range(300)])
+    s = CorpusStream([CorpusSource(uri=text), CorpusSource(uri=freq, format="word_counts", name="freq")],
+                     max_lines=50, validation_fraction=0.01, progress=False)
+    list(s.lines())
+    assert s.stats["a.txt"].lines_read == 50 and s.stats["freq"].lines_read == 300 and len(s.fed_words) == 300
+
+
+@pytest.mark.parametrize("line", ["kitablar", "kitab 0", "kitab -2", "kitab 2.5", "12", "kitab ٣",
+                                  "1\tkitab\t12", "word count", "new york 3"])
 def test_bad_word_count_line_names_file_and_line(tmp_path, line):
     freq = write(tmp_path / "freq.txt", ["kitab 3", line])
     with pytest.raises(InputError, match=r"freq\.txt:2: expected 'WORD COUNT'"):
@@ -170,17 +181,18 @@ def test_usual_casing_prefers_the_texts_form_lowercase_or_capitalised_turkic_awa
 
 
 def test_recase_feeds_a_lowercased_lists_words_as_the_text_writes_them(tmp_path):
-    text = write(tmp_path / "a.txt", ["Rusiya böyük ölkədir.", "Bu gün Rusiya, sabah İraq.", "rusiya"])
-    freq = write(tmp_path / "freq.txt", ["rusiya 3", "iraq 1", "bakı 2", "bu 1"])
+    # "Burada" only ever starts a sentence: capitalised by position, so it stays "burada"
+    text = write(tmp_path / "a.txt", ["Burada Rusiya böyük ölkədir.", "Burada, sabah İraq. Burada Rusiya!",
+                                      "«Burada» dedi: rusiya"])
+    freq = write(tmp_path / "freq.txt", ["rusiya 3", "iraq 1", "bakı 2", "burada 1"])
 
     def fed(recase):
-        s = CorpusStream([CorpusSource(uri=freq, format="word_counts", recase=recase, name="freq"),  # listed first:
-                          CorpusSource(uri=text, name="text")],  # still read after the text
-                         validation_fraction=0.001, progress=False)
-        lines = [t for t in s.lines() if t.startswith(" ")]
-        return lines, s.stats["freq"].words_recased
-    assert fed(True) == ([" Rusiya"] * 3 + [" İraq", " bakı", " bakı", " Bu"], 3)
-    assert fed(False) == ([" rusiya"] * 3 + [" iraq", " bakı", " bakı", " bu"], 0)
+        s = CorpusStream([CorpusSource(uri=freq, format="word_counts", recase=recase, name="freq"),
+                          CorpusSource(uri=text, name="text")], validation_fraction=0.001, progress=False)
+        list(s.lines())
+        return s.fed_words, s.stats["freq"].words_recased
+    assert fed(True) == ({" Rusiya": 3, " İraq": 1, " bakı": 2, " burada": 1}, 2)
+    assert fed(False) == ({" rusiya": 3, " iraq": 1, " bakı": 2, " burada": 1}, 0)
 
 
 def test_recase_is_for_word_lists_only():

@@ -155,11 +155,14 @@ def base_candidate(base: Base) -> Candidate:
     return Candidate("base", size, base.tok, base.doc, set(), size, base.family or LLAMA3)
 
 
-def counted(batches: Iterator[list[str]], lines: Counter) -> Iterator[list[str]]:
-    """The same batches, each also counted into `lines` (for the audit) as the trainer pulls it."""
-    for batch in batches:
+def counted(stream: CorpusStream, lines: Counter) -> Iterator[list[str]]:
+    """The stream's batches, each also counted into `lines` (for the audit) as the trainer pulls it; then the
+    word lists' words (read last, kept as counts by the stream), each as often as it was fed."""
+    for batch in stream.batches():
         lines.update(batch)
         yield batch
+    lines.update(stream.fed_words)
+    yield from expanded(stream.fed_words)
 
 
 def replace_candidates(config: TokenizerConfig, batches: Iterator[list[str]], family: Family, base: Base | None,
@@ -276,6 +279,7 @@ def run(config: TokenizerConfig, ctx: StageContext) -> StageResult:
     if config.corpora and not stream_into_replace:
         for batch in stream.batches():
             lines.update(batch)
+        lines.update(stream.fed_words)  # word lists: " word" -> times fed
 
     # train: each strategy once, at its largest size
     t_train = time.perf_counter()
@@ -294,7 +298,7 @@ def run(config: TokenizerConfig, ctx: StageContext) -> StageResult:
         seconds["train_extend"] = round(time.perf_counter() - t0, 2)  # + pre_tokenize
     if "replace" in config.strategies:
         t0 = time.perf_counter()
-        batches = counted(stream.batches(), lines) if stream_into_replace else expanded(lines)
+        batches = counted(stream, lines) if stream_into_replace else expanded(lines)
         replaced, trained_doc = replace_candidates(config, batches, family, base, tty)
         candidates += replaced
         seconds["train_replace"] = round(time.perf_counter() - t0, 2)

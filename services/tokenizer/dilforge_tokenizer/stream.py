@@ -2,7 +2,9 @@
 
 A word-frequency source (format word_counts) feeds each word as it stands inside running text (" word":
 after a space, one pre-token for a byte-level BPE) count x weight times; it has no lines to hold out or
-deduplicate.
+deduplicate, and `max_lines` does not cut it. Its words are not repeated in the line stream: they add up in
+`fed_words` (word -> times fed), which the consumer adds to its line counts, so memory stays that of the
+list however large its counts.
 
 The trainer reads this stream once; the held-out slice is collected on the way, so metrics never
 need a second pass over the corpus.
@@ -59,20 +61,24 @@ class CorpusStream:
     progress: bool = True
     heldout: list[str] = field(default_factory=list)
     stats: dict[str, SourceStats] = field(default_factory=dict)
+    fed_words: Counter = field(default_factory=Counter)  # word lists: " word" -> times fed (count x weight)
+    _text_done: bool = False  # max_lines reached: the text sources stop, the word lists are still read
 
     def _interleaved(self, chunk: int) -> Iterator[tuple[DataSource, SourceStats, list]]:
         """Round-robin over the text sources, `chunk` lines at a time, so max_lines and the held-out cap see
         every source (and per-line Python overhead stays small); then over the word lists (one that takes
         its casing from the text, `recase`, needs all of the text read first)."""
-        for group in ([s for s in self.sources if s.format != "word_counts"],
-                      [s for s in self.sources if s.format == "word_counts"]):
+        text = [s for s in self.sources if s.format != "word_counts"]
+        for group in (text, [s for s in self.sources if s.format == "word_counts"]):
             iters = [(s, self.stats[s.label], self._reader(s)) for s in group]
-            while iters:
+            while iters and not (group is text and self._text_done):
                 alive = []
                 for source, st, it in iters:
                     texts = [item[2] for item in itertools.islice(it, chunk)]
                     if texts:
                         yield source, st, texts
+                        if group is text and self._text_done:
+                            break
                     if len(texts) == chunk:
                         alive.append((source, st, it))
                     elif st.lines_read == 0 and not texts:
@@ -87,7 +93,8 @@ class CorpusStream:
         return iter_located_texts(s.uri, s.format, s.text_field, self.endpoint_url, self.normalization, **s.bounds)
 
     def _scan(self, heldout_only: bool = False) -> Iterator[list[str]]:
-        """Lists of training lines (each repeated by its source's weight), one per source chunk.
+        """Lists of training lines (each repeated by its source's weight), one per source chunk; word lists
+        go to `fed_words` instead.
 
         Per line: one UTF-8 encode, a seeded CRC-32 for the held-out split (uniform enough, and
         collisions there are harmless) and, with dedup, an 8-byte BLAKE2b (no false duplicates).
@@ -101,6 +108,7 @@ class CorpusStream:
         seen: set[bytes] = set()
         rng = random.Random(self.seed)
         heldout = self.heldout
+        self._text_done = False
         # word forms of the trained text, for word lists that take their casing from it (recase)
         forms: Counter | None = Counter() if any(getattr(s, "recase", False) for s in self.sources) else None
         casing: dict[str, str] | None = None
@@ -111,24 +119,25 @@ class CorpusStream:
                    file=sys.stderr)
         try:
             for source, st, texts in self._interleaved(chunk):
-                if self.max_lines is not None:
+                is_list = source.format == "word_counts"
+                if self.max_lines is not None and not is_list:
                     texts = texts[:max(0, self.max_lines - read)]
+                    self._text_done = read + len(texts) >= self.max_lines  # the text sources stop here
                     if not texts:
-                        break
-                read += len(texts)
+                        continue
+                read += 0 if is_list else len(texts)
                 st.lines_read += len(texts)
                 bar.update(len(texts))
                 weight = source.weight
                 whole = int(weight)
                 out: list[str] = []
-                if source.format == "word_counts":
+                if is_list:
                     if heldout_only:
                         continue
                     if getattr(source, "recase", False) and casing is None:
                         casing = usual_casing(forms)
-                    out = _fed_words(texts, weight, st, rng, casing if getattr(source, "recase", False) else None)
-                    if out:
-                        yield out
+                    _feed_words(texts, weight, st, rng, self.fed_words,
+                                casing if getattr(source, "recase", False) else None)
                     continue
                 for text in texts:
                     data = text.encode("utf-8")
@@ -155,7 +164,7 @@ class CorpusStream:
                     if reps != 1:
                         out.extend([text] * (reps - 1))
                     if forms is not None:  # each trained line once: upsampling does not change a word's casing
-                        forms.update(WORD.findall(text))
+                        forms.update(WORD.findall(SENTENCE_START.sub(" ", text)))
                 if out:
                     yield out
         finally:
@@ -195,13 +204,15 @@ class CorpusStream:
 
 
 WORD = re.compile(r"\w+(?:[-'’]\w+)*")  # a word of running text, as a frequency list spells one
+# the first word of a line or of a sentence: capitalised by position, so it says nothing of the word's casing
+SENTENCE_START = re.compile(r"(?:^|[.!?…])[\s\"'«“(\[-]*\w+(?:[-'’]\w+)*")
 
 
 def usual_casing(forms: Counter) -> dict[str, str]:
-    """Lowercased word -> the form the text uses most often, lowercase or capitalised (ties: the first seen),
-    so a lowercased list's proper nouns are fed as the text writes them. Both plain and Turkic
-    lowercasing (I -> ı, İ -> i: Azerbaijani, Turkish) key a form, so 'rusiya' finds 'Rusiya' and 'iraq'
-    finds 'İraq'."""
+    """Lowercased word -> the form the text uses most often inside sentences, lowercase or capitalised (ties:
+    the first seen), so a lowercased list's proper nouns are fed as the text writes them. Both plain and
+    Turkic lowercasing (I -> ı, İ -> i: Azerbaijani, Turkish) key a form, so 'rusiya' finds 'Rusiya' and
+    'iraq' finds 'İraq'."""
     best: dict[str, str] = {}
     for form, count in forms.items():
         if any(ch.isupper() for ch in form[1:]):  # ALL-CAPS headings, acronyms: not how a word is usually written
@@ -212,11 +223,10 @@ def usual_casing(forms: Counter) -> dict[str, str]:
     return best
 
 
-def _fed_words(entries: list[tuple[str, int]], weight: float, st: SourceStats, rng: random.Random,
-               casing: dict[str, str] | None = None) -> list[str]:
-    """Each (word, count) as " word", count x weight times (the fraction by seeded sampling); with
-    `casing`, in the form the text corpora use most often for it."""
-    out: list[str] = []
+def _feed_words(entries: list[tuple[str, int]], weight: float, st: SourceStats, rng: random.Random,
+                fed: Counter, casing: dict[str, str] | None = None) -> None:
+    """Each (word, count) as " word" into `fed`, count x weight times (the fraction by seeded sampling);
+    with `casing`, in the form the text corpora use most often for it."""
     for word, count in entries:
         if casing is not None:
             usual = casing.get(word, word)
@@ -230,8 +240,7 @@ def _fed_words(entries: list[tuple[str, int]], weight: float, st: SourceStats, r
         st.lines_fed += reps
         st.bytes_fed += reps * len(text.encode("utf-8"))
         if reps:
-            out.extend([text] * reps)
-    return out
+            fed[text] += reps
 
 
 def _regrouped(batches: Iterator[list[str]], min_lines: int) -> Iterator[list[str]]:

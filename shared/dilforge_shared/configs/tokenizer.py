@@ -17,15 +17,22 @@ class CorpusSource(DataSource):
     """A tokenizer training corpus: any text format, or a word-frequency list (`word_counts`)."""
     format: Literal["auto", "txt", "jsonl", "tsv", "parquet", "word_counts"] = Field(
         default="auto",
-        description="File format; 'auto' decides by extension. word_counts: one `WORD COUNT` per line (count last, "
-        "a positive integer), e.g. a frequency list of a crawl; each word is fed as it stands inside running text "
-        "(after a space), count x weight times (fractions by seeded sampling); never held out or deduplicated.",
+        description="File format; 'auto' decides by extension. word_counts: one `WORD COUNT` per line (two fields, "
+        "the count a positive integer), e.g. a frequency list of a crawl; each word is fed as it stands inside running "
+        "text (after a space), count x weight times (fractions by seeded sampling); never held out or deduplicated, "
+        "never cut by max_lines.",
+    )
+    weight: float = Field(
+        default=1.0, gt=0,
+        description="Upsampling factor: each training line is fed weight times (fractions by seeded sampling); for a "
+        "word_counts list, the factor on its counts (e.g. 0.04 feeds a 70 M-count list as 2.8 M words).",
     )
     recase: bool = Field(
         default=False,
         description="word_counts only, for a lowercased list: feed each word in the form the text corpora use most "
-        "often for it, lowercase or capitalised ('rusiya' as 'Rusiya'; I/ı and İ/i matched as in Azerbaijani and "
-        "Turkish). Words the text never shows stay as listed. The word lists are read after the text for this.",
+        "often for it inside sentences (a sentence's first word does not count), lowercase or capitalised ('rusiya' "
+        "as 'Rusiya'; I/ı and İ/i matched as in Azerbaijani and Turkish). Words the text never shows stay as listed. "
+        "The word lists are read after the text for this.",
     )
 
     @model_validator(mode="after")
@@ -114,7 +121,8 @@ class TokenizerConfig(StageConfig):
         "the same side); held-out lines are never trained on.",
     )
     num_validation_lines: int = Field(default=2000, ge=1, description="At most this many held-out lines are measured.")
-    max_lines: int | None = Field(default=None, ge=1, description="Read at most this many corpus lines (demos).")
+    max_lines: int | None = Field(default=None, ge=1,
+                                  description="Read at most this many corpus text lines (demos); word lists are read whole.")
     dedup: bool = Field(default=False, description="Drop exact duplicate lines (after normalisation).")
     normalization: Literal["NFC", "none"] = Field(default="NFC", description="Unicode normalisation of the corpus.")
 
