@@ -42,11 +42,7 @@ def corpus_lines(data: Path, config: Path, list_weight: float | None = None, rec
     config = TokenizerConfig(**{k: v for k, v in section.items() if k in ("corpora", "dedup", "validation_fraction")})
     stream = CorpusStream(config.corpora, seed=config.seed, validation_fraction=config.validation_fraction,
                           dedup=config.dedup, progress=False)
-    lines: Counter = Counter()
-    for batch in stream.batches():
-        lines.update(batch)
-    lines.update(stream.fed_words)  # word lists: " word" -> times fed
-    return lines
+    return stream.line_counts()
 
 
 def main() -> None:

@@ -169,3 +169,40 @@ def test_s3_prefix_import_is_fingerprinted_by_etags_and_lands_in_an_s3_store(tmp
     assert art.manifest.input("source").sha256 == model_digest(source, s3_server.endpoint_url)
     assert recompute_artifact_id(art.manifest) == art.manifest.artifact_id
     assert (art.path / "model.safetensors").read_bytes() == (tiny_llama_dir / "model.safetensors").read_bytes()
+
+
+def q8_1_gguf(path: Path, metadata: bool) -> Path:
+    """A llama GGUF whose one tensor is Q8_1 (no dequantization kernel); with or without the config metadata."""
+    import numpy as np
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
+    _, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType.Q8_1]
+    writer = GGUFWriter(str(path), "llama")
+    writer.add_block_count(1)
+    if metadata:
+        writer.add_head_count(1)
+        writer.add_embedding_length(32)
+        writer.add_feed_forward_length(64)
+        writer.add_context_length(128)
+        writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_tensor("token_embd.weight", np.zeros((2, block_bytes), dtype=np.uint8),  # 2 rows of one block
+                      raw_dtype=GGMLQuantizationType.Q8_1)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.mark.parametrize("metadata,message", [
+    (True, "cannot read its tensors: holds tensors of ggml type 9, which is not supported yet"),
+    (False, ("GGUF metadata lacks llama.attention.head_count, llama.embedding_length, llama.feed_forward_length, "
+             "llama.context_length, llama.attention.layer_norm_rms_epsilon")),
+])
+def test_gguf_without_config_metadata_or_with_an_unsupported_quantization_fails_in_one_line(tmp_path, metadata,
+                                                                                               message):
+    path = q8_1_gguf(tmp_path / "q8_1.gguf", metadata)
+    proc = import_model(tmp_path, str(path))
+    assert proc.returncode == 1
+    line = error_line(proc)
+    assert f"{path}: {message}" in line, line
+    assert published(tmp_path) == []

@@ -149,8 +149,10 @@ def test_max_lines_cuts_the_text_but_word_lists_are_read_whole(tmp_path):
     freq = write(tmp_path / "freq.txt", [f"söz{i} 2" for i in range(300)])
     s = CorpusStream([CorpusSource(uri=text), CorpusSource(uri=freq, format="word_counts", name="freq")],
                      max_lines=50, validation_fraction=0.01, progress=False)
-    list(s.lines())
-    assert s.stats["a.txt"].lines_read == 50 and s.stats["freq"].lines_read == 300 and len(s.fed_words) == 300
+    counts = s.line_counts()  # text lines and the list's words, each with how often it was fed
+    assert s.stats["a.txt"].lines_read == 50 and s.stats["freq"].lines_read == 300
+    assert sum(n for t, n in counts.items() if t.startswith(" söz")) == 600 and counts[" söz7"] == 2
+    assert sum(n for t, n in counts.items() if t.startswith("cümlə")) == 50 - len(s.heldout)
 
 
 @pytest.mark.parametrize("line", ["kitablar", "kitab 0", "kitab -2", "kitab 2.5", "12", "kitab ٣",

@@ -164,6 +164,11 @@ def unpermute_rope(weight, num_heads: int):
     return weight.reshape(num_heads, rows // num_heads // 2, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
 
 
+# the metadata `llama_config_from_gguf` cannot do without (the rest has defaults)
+GGUF_REQUIRED_KEYS = ("attention.head_count", "embedding_length", "feed_forward_length", "block_count",
+                      "context_length", "attention.layer_norm_rms_epsilon")
+
+
 def llama_config_from_gguf(meta: dict, tied: bool):
     """A LlamaConfig from llama.cpp's metadata keys (the same fields transformers' GGUF loader maps)."""
     from transformers import LlamaConfig
@@ -192,7 +197,10 @@ def dequantized_tensors(path: Path):
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
     from gguf.quants import dequantize
     from transformers.integrations.gguf.reader import GgufHeader
-    header = GgufHeader.from_file(str(path))
+    try:
+        header = GgufHeader.from_file(str(path))
+    except ValueError as exc:  # e.g. a quantization type without a dequantization kernel (Q8_1, I8, ...)
+        raise InputError(f"cannot read its tensors: {str(exc).removeprefix(f'{path} ')}", path=str(path)) from None
     blob = np.memmap(str(path), mode="r", dtype=np.uint8)
     plain = {GGMLQuantizationType.F32: np.float32, GGMLQuantizationType.F16: np.float16}
     for info in header.tensors:
@@ -203,11 +211,7 @@ def dequantized_tensors(path: Path):
         else:
             block_elements, block_bytes = GGML_QUANT_SIZES[qtype]
             row_bytes = info.shape[-1] // block_elements * block_bytes
-            try:
-                array = dequantize(np.asarray(raw).reshape(-1, row_bytes), qtype).reshape(info.shape)
-            except NotImplementedError:
-                raise InputError(f"tensor {info.name} is stored as {qtype.name}, which the gguf package cannot "
-                                 "dequantize", path=str(path)) from None
+            array = dequantize(np.asarray(raw).reshape(-1, row_bytes), qtype).reshape(info.shape)
         yield info.name, array
 
 
@@ -226,6 +230,9 @@ def convert_gguf(path: Path, out: Path) -> dict:
     if arch not in SUPPORTED_GGUF_ARCHITECTURES:
         raise InputError(f"GGUF architecture {arch!r} is not supported (dilforge imports "
                          f"{', '.join(SUPPORTED_GGUF_ARCHITECTURES)} models)", path=str(path))
+    missing = [f"{arch}.{key}" for key in GGUF_REQUIRED_KEYS if f"{arch}.{key}" not in meta]
+    if missing:
+        raise InputError(f"GGUF metadata lacks {', '.join(missing)}", path=str(path))
     import torch
     from safetensors.torch import save_file
     from transformers import GenerationConfig, LlamaForCausalLM

@@ -277,9 +277,7 @@ def run(config: TokenizerConfig, ctx: StageContext) -> StageResult:
     # the lines on the way for the audit; extend needs every word count before it trains: read first
     stream_into_replace = config.strategies == ["replace"] or set(config.strategies) == {"replace", "base"}
     if config.corpora and not stream_into_replace:
-        for batch in stream.batches():
-            lines.update(batch)
-        lines.update(stream.fed_words)  # word lists: " word" -> times fed
+        lines = stream.line_counts()
 
     # train: each strategy once, at its largest size
     t_train = time.perf_counter()

@@ -62,7 +62,7 @@ class CorpusStream:
     heldout: list[str] = field(default_factory=list)
     stats: dict[str, SourceStats] = field(default_factory=dict)
     fed_words: Counter = field(default_factory=Counter)  # word lists: " word" -> times fed (count x weight)
-    _text_done: bool = False  # max_lines reached: the text sources stop, the word lists are still read
+    _text_done: bool = field(default=False, init=False, repr=False)  # max_lines reached: the text stops, lists go on
 
     def _interleaved(self, chunk: int) -> Iterator[tuple[DataSource, SourceStats, list]]:
         """Round-robin over the text sources, `chunk` lines at a time, so max_lines and the held-out cap see
@@ -129,15 +129,14 @@ class CorpusStream:
                 st.lines_read += len(texts)
                 bar.update(len(texts))
                 weight = source.weight
-                whole = int(weight)
                 out: list[str] = []
                 if is_list:
-                    if heldout_only:
-                        continue
-                    if getattr(source, "recase", False) and casing is None:
+                    if heldout_only:  # the lists come after all the text: nothing held out is left to read
+                        return
+                    recase = getattr(source, "recase", False)  # a plain DataSource has no such field
+                    if recase and casing is None:
                         casing = usual_casing(forms)
-                    _feed_words(texts, weight, st, rng, self.fed_words,
-                                casing if getattr(source, "recase", False) else None)
+                    _feed_words(texts, weight, st, rng, self.fed_words, casing if recase else None)
                     continue
                 for text in texts:
                     data = text.encode("utf-8")
@@ -156,7 +155,7 @@ class CorpusStream:
                         continue
                     if heldout_only:
                         continue
-                    reps = 1 if weight == 1.0 else whole + (1 if rng.random() < weight - whole else 0)
+                    reps = 1 if weight == 1.0 else _times(weight, rng)
                     st.lines_trained += 1
                     st.lines_fed += reps
                     st.bytes_fed += reps * len(data)
@@ -169,6 +168,15 @@ class CorpusStream:
                     yield out
         finally:
             bar.close()
+
+    def line_counts(self) -> Counter:
+        """Every training line with how often it was fed (weights), word lists' words included: what a
+        strategy that needs the whole corpus before it trains (extend, a sweep beside replace) reads."""
+        counts: Counter = Counter()
+        for batch in self.batches():
+            counts.update(batch)
+        counts.update(self.fed_words)
+        return counts
 
     def lines(self) -> Iterator[str]:
         """Training lines, one by one."""
@@ -223,6 +231,12 @@ def usual_casing(forms: Counter) -> dict[str, str]:
     return best
 
 
+def _times(expected: float, rng: random.Random) -> int:
+    """`expected` rounded down or up at random, so the mean is `expected` (seeded: the same every run)."""
+    whole = int(expected)
+    return whole + (1 if rng.random() < expected - whole else 0)
+
+
 def _feed_words(entries: list[tuple[str, int]], weight: float, st: SourceStats, rng: random.Random,
                 fed: Counter, casing: dict[str, str] | None = None) -> None:
     """Each (word, count) as " word" into `fed`, count x weight times (the fraction by seeded sampling);
@@ -234,8 +248,7 @@ def _feed_words(entries: list[tuple[str, int]], weight: float, st: SourceStats, 
                 st.words_recased += 1
                 word = usual
         text = " " + word
-        expected = count * weight
-        reps = int(expected) + (1 if rng.random() < expected - int(expected) else 0)
+        reps = _times(count * weight, rng)
         st.lines_trained += 1
         st.lines_fed += reps
         st.bytes_fed += reps * len(text.encode("utf-8"))
