@@ -10,8 +10,10 @@ and the tests use it as is.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import json
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from .errors import InputError
 
@@ -53,6 +55,8 @@ class Family:
     doc_end: appended to every document in pre-training (packing separator).
     eot: ends an assistant turn (SFT loss covers it; generation stops on it).
     pad: padding for batches (never trained on).
+    extra_stops: other tokens the family's own instruct models stop on (Llama 3: `<|eom_id|>`, the end of a
+    tool-call message), listed in generation_config.json between eot and doc_end when the vocabulary has them.
     """
     name: str
     bos: str | None
@@ -61,6 +65,7 @@ class Family:
     pad: str
     chat_template: str
     markers: tuple[str, ...]  # tokens whose presence identifies the family
+    extra_stops: tuple[str, ...] = ()
 
     @property
     def specials(self) -> list[str]:
@@ -73,13 +78,25 @@ class Family:
 
     @property
     def stop_tokens(self) -> list[str]:
-        """Generation ends on either the end of a turn or the end of a document."""
-        return list(dict.fromkeys([self.eot, self.doc_end]))
+        """Generation ends on the end of a turn (or the family's other message ends) or the end of a document."""
+        return list(dict.fromkeys([self.eot, *self.extra_stops, self.doc_end]))
+
+    def generation_ids(self, token_ids: Mapping[str, int]) -> dict[str, int | list[int] | None]:
+        """bos/eos/pad ids for config.json and generation_config.json, as the family's instruct models write
+        them: eos is every stop token the vocabulary has (a list when several: Meta's Llama 3.x Instruct lists
+        `<|end_of_text|>`, `<|eom_id|>`, `<|eot_id|>`), so stock `generate`, `transformers serve`, vLLM and TGI
+        end an answer at the end of the turn without being told."""
+        eos = [token_ids[t] for t in self.stop_tokens if t in token_ids]
+        if self.eot not in token_ids or self.doc_end not in token_ids:
+            raise InputError(f"tokenizer lacks the {self.name} family's {self.eot} or {self.doc_end}")
+        return {"bos_token_id": token_ids.get(self.bos) if self.bos is not None else None,
+                "eos_token_id": eos if len(eos) > 1 else eos[0], "pad_token_id": token_ids.get(self.pad)}
 
 
 LLAMA3 = Family(name="llama3", bos="<|begin_of_text|>", doc_end="<|end_of_text|>", eot="<|eot_id|>",
                 pad="<|finetune_right_pad_id|>", chat_template=LLAMA3_CHAT_TEMPLATE,
-                markers=("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"))
+                markers=("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"),
+                extra_stops=("<|eom_id|>",))
 CHATML = Family(name="chatml", bos=None, doc_end="<|endoftext|>", eot="<|im_end|>", pad="<|endoftext|>",
                 chat_template=CHATML_CHAT_TEMPLATE, markers=("<|im_start|>", "<|im_end|>", "<|endoftext|>"))
 FAMILIES: dict[str, Family] = {f.name: f for f in (LLAMA3, CHATML)}
@@ -97,3 +114,48 @@ def detect_family(tokens: Iterable[str], source: str) -> Family:
             return family
     raise InputError("tokenizer follows no known family (Llama 3: <|begin_of_text|>/<|eot_id|>; ChatML: "
                      "<|im_start|>/<|im_end|>/<|endoftext|>); its special tokens cannot be mapped", path=source)
+
+
+# ---- self-describing model folders --------------------------------------------------------------------
+
+GENERATION_CONFIG_FILE = "generation_config.json"
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
+
+
+def special_token_ids(tokenizer_json: Path) -> dict[str, int]:
+    """content -> id of a tokenizer.json's added tokens (where every family's specials live), read as JSON."""
+    try:
+        doc = json.loads(tokenizer_json.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise InputError(f"cannot read the tokenizer: {exc}", path=str(tokenizer_json)) from None
+    return {t["content"]: int(t["id"]) for t in doc.get("added_tokens", [])}
+
+
+def describe_model_folder(folder: Path, tokenizer_dir: Path | None = None) -> tuple[Family, dict]:
+    """Make a published model folder (full model or PEFT adapter) describe itself to stock consumers.
+
+    Writes the family's bos/eos/pad ids (`Family.generation_ids`) into config.json (when there is one) and
+    generation_config.json (created when missing; other keys kept), and the family's chat template when the
+    tokenizer carries none. Without this a ChatML model would say eos `<|endoftext|>` while its turns end with
+    `<|im_end|>`, and every server that is not `coordinator chat` would answer past the end of the turn.
+    `tokenizer_dir` is where tokenizer.json is (default: `folder`). JSON only: no transformers import.
+    Returns (family, the ids written).
+    """
+    tokenizer_dir = tokenizer_dir or folder
+    tokens = special_token_ids(tokenizer_dir / "tokenizer.json")
+    family = detect_family(tokens, str(tokenizer_dir))
+    ids = family.generation_ids(tokens)
+    config_path = folder / "config.json"
+    if config_path.is_file():
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+        config.update(ids)
+        config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    gen_path = folder / GENERATION_CONFIG_FILE
+    gen = json.loads(gen_path.read_text(encoding="utf-8")) if gen_path.is_file() else {}
+    gen.update(ids)
+    gen_path.write_text(json.dumps(gen, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    tok_config_path = folder / "tokenizer_config.json"
+    tok_config = json.loads(tok_config_path.read_text(encoding="utf-8")) if tok_config_path.is_file() else {}
+    if not (folder / CHAT_TEMPLATE_FILE).is_file() and not tok_config.get("chat_template"):
+        (folder / CHAT_TEMPLATE_FILE).write_text(family.chat_template, encoding="utf-8")
+    return family, ids

@@ -107,3 +107,11 @@ def test_stage_trains_new_rows_only_on_chatml(tmp_path, data_root, smollm2_dir, 
     assert m["transplant"]["num_new"] == len(NEW_TOKENS)
     assert set(m["transplant"]["step0_val_bpb_mean_of_pieces_by_set"]) == {"az"}
     assert m["final_val_bpb_by_set"]["az"] > 0
+    # the published folder describes the ChatML family: stock generate ends the answer at <|im_end|>
+    from generation_checks import assert_stock_generate_stops_at_end_of_turn, expected_ids, published_ids
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(str(art.path), trust_remote_code=False)
+    assert published_ids(art.path) == expected_ids(tok)
+    assert expected_ids(tok)["eos_token_id"] == [2, 0]  # <|im_end|>, <|endoftext|>: SmolLM2's ids
+    model = AutoModelForCausalLM.from_pretrained(str(art.path), trust_remote_code=False).eval()
+    assert assert_stock_generate_stops_at_end_of_turn(model, tok)[-1] == 2

@@ -119,6 +119,11 @@ def test_trains_publishes_loadable_model(single_run, tiny_tokenizer_dir):
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()  # still tied
     ids = tok("Bakı Azərbaycanın paytaxtıdır.", return_tensors="pt").input_ids
     assert torch.isfinite(model(input_ids=ids).logits).all()
+    # Llama 3 family described for stock consumers: eos = <|eot_id|>, <|eom_id|>, <|end_of_text|>
+    from generation_checks import assert_stock_generate_stops_at_end_of_turn, expected_ids, published_ids
+    assert published_ids(art.path) == expected_ids(tok) and len(expected_ids(tok)["eos_token_id"]) == 3
+    assert model.config.eos_token_id == expected_ids(tok)["eos_token_id"]
+    assert_stock_generate_stops_at_end_of_turn(model.eval(), tok)
 
 
 @pytest.fixture(scope="module")

@@ -74,3 +74,17 @@ def test_chatml_adapter_weights_moved_and_tokenizer_keeps_the_training_template(
     assert lora_b and all(t.abs().max().item() > 0 for t in lora_b)  # B starts at zero
     tok = AutoTokenizer.from_pretrained(str(art.path / "adapter"), trust_remote_code=False)
     assert tok.pad_token == "<|endoftext|>" and "generation %}" in tok.chat_template
+
+
+def test_chatml_adapter_describes_its_family_to_stock_generate(chatml_run):
+    from generation_checks import assert_stock_generate_stops_at_end_of_turn, expected_ids, published_ids
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+    art, model_dir = chatml_run
+    tok = AutoTokenizer.from_pretrained(str(art.path / "adapter"), trust_remote_code=False)
+    assert published_ids(art.path / "adapter") == expected_ids(tok)
+    assert expected_ids(tok)["eos_token_id"] == [tok.convert_tokens_to_ids("<|im_end|>"), 0]
+    base = AutoModelForCausalLM.from_pretrained(str(model_dir), trust_remote_code=False)
+    model = PeftModel.from_pretrained(base, str(art.path / "adapter")).merge_and_unload().eval()
+    model.generation_config = GenerationConfig.from_pretrained(str(art.path / "adapter"))
+    assert_stock_generate_stops_at_end_of_turn(model, tok)

@@ -124,6 +124,23 @@ def test_adapter_changes_outputs_and_merged_equals_base_plus_adapter(sft_run, ti
     torch.testing.assert_close(merged, with_adapter, atol=1e-4, rtol=1e-4)
 
 
+def test_stock_generate_stops_at_end_of_turn_on_adapter_and_merged(sft_run, tiny_llama_dir):
+    from generation_checks import assert_stock_generate_stops_at_end_of_turn, expected_ids, published_ids
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+    art, _ = sft_run
+    tok = AutoTokenizer.from_pretrained(str(art.path / "merged"), trust_remote_code=False)
+    want = expected_ids(tok)
+    assert published_ids(art.path / "merged") == published_ids(art.path / "adapter") == want
+    merged = AutoModelForCausalLM.from_pretrained(str(art.path / "merged"), trust_remote_code=False).eval()
+    assert merged.config.eos_token_id == want["eos_token_id"]
+    assert_stock_generate_stops_at_end_of_turn(merged, tok)
+    base = AutoModelForCausalLM.from_pretrained(str(tiny_llama_dir), trust_remote_code=False)
+    with_adapter = PeftModel.from_pretrained(base, str(art.path / "adapter")).merge_and_unload().eval()
+    with_adapter.generation_config = GenerationConfig.from_pretrained(str(art.path / "adapter"))
+    assert_stock_generate_stops_at_end_of_turn(with_adapter, tok)
+
+
 def test_chat_command_answers_from_the_adapter_artifact(sft_run):
     art, root = sft_run
     res = coordinator("chat", art.uri, "--prompt", PROMPT[0]["content"], "--max-new-tokens", "8", workdir=root / "w")

@@ -108,7 +108,7 @@ def test_repetition_options_reach_generate(tiny_llama_dir, monkeypatch):
     eval_generate.generate(model, tok, [eval_generate.Prompt("c", "completion", "Bakı")], "greedy", settings, seed=0)
     (kw,) = seen
     assert kw["repetition_penalty"] == 1.3 and kw["no_repeat_ngram_size"] == 3
-    assert kw["eos_token_id"] == [tok.convert_tokens_to_ids("<|eot_id|>"), tok.convert_tokens_to_ids("<|end_of_text|>")]
+    assert kw["eos_token_id"] == [tok.convert_tokens_to_ids(t) for t in ("<|eot_id|>", "<|eom_id|>", "<|end_of_text|>")]
 
 
 def test_no_repeat_ngram_size_removes_repeated_ngrams(tiny_llama_dir):

@@ -27,6 +27,7 @@ import torch
 from dilforge_shared.configs.cpt import CptConfig
 from dilforge_shared.contract import StageContext, StageResult, Terminated, install_sigterm_handler, log_config
 from dilforge_shared.errors import ConfigError, DilforgeError
+from dilforge_shared.families import describe_model_folder
 from dilforge_shared.launch import build_launch, wait_for_hosts
 
 from .checkpoints import common_checkpoint, read_checkpoint_state
@@ -224,6 +225,8 @@ def publish_files(config: CptConfig, ctx: StageContext, rt: Runtime, model, tok_
         for name in TOKENIZER_FILES:
             if (tok_dir / name).is_file():
                 shutil.copy2(tok_dir / name, ctx.model_dir / name)
+        family, ids = describe_model_folder(ctx.model_dir)
+        log.info("model folder describes the %s family: %s", family.name, ids)
         (ctx.model_dir / "cpt_metrics.json").write_text(json.dumps(
             {"train": state.history, "validation": state.validation, "transplant": state.transplant}, indent=1))
     rt.barrier()

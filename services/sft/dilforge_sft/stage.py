@@ -23,7 +23,7 @@ from dilforge_shared import runtime_policy
 from dilforge_shared.configs.sft import SftConfig
 from dilforge_shared.contract import StageContext, StageResult, Terminated, install_sigterm_handler, log_config
 from dilforge_shared.errors import ConfigError, InputError
-from dilforge_shared.families import Family, detect_family
+from dilforge_shared.families import Family, describe_model_folder, detect_family
 from dilforge_shared.manifest import InputRef
 from dilforge_shared.models import ADAPTER_DIR, MERGED_DIR, ModelSource, find_hf_dir, open_model
 from dilforge_shared.runtime_policy import DeviceFacts
@@ -257,6 +257,7 @@ def save_adapter(trainer, tokenizer, out_dir: Path, base_uri: str) -> None:
     cfg = json.loads(cfg_path.read_text())
     cfg["base_model_name_or_path"] = base_uri
     cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True))
+    describe_model_folder(out_dir)
 
 
 def save_merged(base_dir: Path, adapter_dir: Path, out_dir: Path) -> None:
@@ -271,6 +272,7 @@ def save_merged(base_dir: Path, adapter_dir: Path, out_dir: Path) -> None:
         target_dtype = getattr(torch, target_dtype)
     merged.to(target_dtype).save_pretrained(str(out_dir), safe_serialization=True)
     AutoTokenizer.from_pretrained(str(adapter_dir), trust_remote_code=False).save_pretrained(str(out_dir))
+    describe_model_folder(out_dir)
 
 
 def write_label_preview(dataset, tokenizer, path: Path, num_examples: int) -> int:
