@@ -23,6 +23,7 @@ from .backends import BACKENDS, get_backend
 from .chat import chat_cmd
 from .images import images_app
 from .models_cmd import models_app
+from .serve_cmd import serve_cmd
 
 
 class OneLineErrors(typer.Typer):
@@ -47,6 +48,7 @@ app.add_typer(manifest_app, name="manifest")
 app.add_typer(images_app, name="images")
 app.add_typer(models_app, name="models")
 app.command("chat")(chat_cmd)
+app.command("serve")(serve_cmd)
 
 ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="Pipeline YAML (see configs/).", exists=False)]
 DataOpt = Annotated[Path | None, typer.Option(

@@ -1,0 +1,62 @@
+"""`coordinator serve ARTIFACT`: an OpenAI-compatible endpoint over a model or SFT artifact, on this machine.
+
+The server is the serve service (`python -m dilforge_serve`, services/serve): transformers serve's own
+FastAPI app pinned to the artifact, behind a request guard, the same program the serving image runs as a
+SageMaker endpoint. The coordinator reads the manifest (nothing else is downloaded here) to print the URL
+and the model id, then replaces itself with the server process so Ctrl-C and SIGTERM reach it directly.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from typing import Annotated
+
+import typer
+
+
+def serve_cmd(
+    artifact: Annotated[str, typer.Argument(help="SFT/CPT/model artifact URI (store folder or s3://), or an HF folder.")],
+    host: Annotated[str, typer.Option("--host", help="Listen address (0.0.0.0 to accept other machines).")]
+    = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=1, max=65535)] = 8000,
+    model_id: Annotated[str | None, typer.Option(
+        "--model-id", help="The OpenAI `model` clients send; default <run_id>-<stage>, e.g. az-small-sft.")] = None,
+    system_prompt: Annotated[str | None, typer.Option(
+        "--system-prompt", help="Default system message; default the SFT config's system_prompt, '' for none.")]
+    = None,
+    base: Annotated[str | None, typer.Option("--base", help="Base model of an adapter (default: its lineage).")] = None,
+    adapter: Annotated[bool, typer.Option(
+        "--adapter", help="Merge base + adapter at start-up even when the artifact has merged/.")] = False,
+    device: Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:N.")] = "auto",
+    continuous_batching: Annotated[bool, typer.Option(
+        "--continuous-batching", help="transformers' continuous batching (paged attention).")] = False,
+    workdir: Annotated[str | None, typer.Option(
+        "--workdir", help="Where the served folder is built (links to the weights); default a temporary folder.")]
+    = None,
+    endpoint: Annotated[str | None, typer.Option(
+        "--s3-endpoint-url", envvar="DILFORGE_S3_ENDPOINT_URL", help="S3-compatible endpoint.")] = None,
+) -> None:
+    """Serve an artifact with an OpenAI-compatible API (chat/completions, streaming) and SageMaker's /ping + /invocations."""
+    from dilforge_shared.serving import manifest_or_none, served_model_id
+    if importlib.util.find_spec("dilforge_serve") is None:
+        typer.echo("error: serving needs the serve service: pip install -e services/serve "
+                   "(scripts/setup.sh installs it)", err=True)
+        raise typer.Exit(1)
+    model = served_model_id(artifact, manifest_or_none(artifact, endpoint), model_id)
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    typer.echo(f"serving {artifact}\n  OpenAI base URL: http://{shown}:{port}/v1\n  model id: {model}\n"
+               f"  try: curl http://{shown}:{port}/v1/chat/completions -H 'Content-Type: application/json' "
+               f"-d '{{\"model\": \"{model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Salam!\"}}]}}'")
+    cmd = [sys.executable, "-m", "dilforge_serve", artifact, "--host", host, "--port", str(port), "--model-id", model,
+           "--device", device]
+    for flag, value in (("--system-prompt", system_prompt), ("--base", base), ("--workdir", workdir),
+                        ("--s3-endpoint-url", endpoint)):
+        if value is not None:
+            cmd += [flag, value]
+    cmd += ["--adapter"] if adapter else []
+    cmd += ["--continuous-batching"] if continuous_batching else []
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, cmd)

@@ -1,0 +1,220 @@
+"""The ASGI app: `transformers serve`'s own FastAPI server, pinned to one model, behind a request guard.
+
+transformers serve (the `serving` extra of the pinned transformers 5.24) does the OpenAI API: chat and text
+completions, streaming, /v1/models. `build_transformers_app` assembles it from transformers' serving
+modules exactly as `transformers.cli.serve.Serve.__init__` does (that constructor also starts uvicorn, so
+it cannot be wrapped); tests/integration/test_serve.py pins the routes it must have.
+
+`RequestGuard` is a pure ASGI middleware in front of it that adds what a customer-facing endpoint needs and
+the stock server leaves to a stack trace or an endless generation: a body that is not UTF-8 or not JSON,
+no messages, an unknown model id, a prompt longer than the context, `max_tokens` past it — each gets a 4xx
+with an OpenAI-style error (`{"error": {"message", "type", "param", "code"}}`) naming the field. It also
+maps SageMaker's inference contract onto the same server: GET /ping → /health, POST /invocations → the
+chat completions route (an OpenAI chat request in, an OpenAI response or SSE stream out).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger("dilforge.serve")
+
+CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
+GUARDED = (CHAT, COMPLETIONS)
+ROLES = ("system", "user", "assistant", "tool", "developer")
+DEFAULT_MAX_TOKENS = 1024  # transformers serve's own default when a request names none
+
+
+@dataclass
+class ServerOptions:
+    device: str = "auto"
+    dtype: str = "auto"
+    continuous_batching: bool = False
+    attn_implementation: str | None = None
+
+
+def build_transformers_app(model_id: str, options: ServerOptions):
+    """transformers serve's FastAPI app with `model_id` (a local folder name in the working directory)
+    preloaded and pinned; returns (app, the loaded model, its tokenizer)."""
+    from transformers.cli.serving.chat_completion import ChatCompletionHandler
+    from transformers.cli.serving.completion import CompletionHandler
+    from transformers.cli.serving.model_manager import ModelManager
+    from transformers.cli.serving.response import ResponseHandler
+    from transformers.cli.serving.server import build_server
+    from transformers.cli.serving.systemone import SystemOneHandler
+    from transformers.cli.serving.transcription import TranscriptionHandler
+    from transformers.cli.serving.utils import GenerationState
+
+    manager = ModelManager(device=options.device, dtype=options.dtype, trust_remote_code=False,
+                           attn_implementation=options.attn_implementation,
+                           continuous_batching=options.continuous_batching, force_model=model_id)
+    state = GenerationState(continuous_batching=options.continuous_batching)
+    app = build_server(
+        manager, ChatCompletionHandler(model_manager=manager, generation_state=state),
+        completion_handler=CompletionHandler(model_manager=manager, generation_state=state),
+        response_handler=ResponseHandler(model_manager=manager, generation_state=state),
+        transcription_handler=TranscriptionHandler(manager, state),
+        systemone_handler=SystemOneHandler(model_manager=manager, generation_state=state),
+        generation_state=state,
+    )
+    model, tokenizer = manager.load_model_and_processor(manager.process_model_name(model_id))
+    return app, model, tokenizer
+
+
+def context_length(model) -> int:
+    cfg = model.config
+    return int(getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None) or 2048)
+
+
+class BadRequest(Exception):
+    def __init__(self, message: str, param: str | None = None, status: int = 400, code: str = "invalid_request"):
+        super().__init__(message)
+        self.message, self.param, self.status, self.code = message, param, status, code
+
+    def body(self) -> bytes:
+        err_type = "not_found_error" if self.status == 404 else "invalid_request_error"
+        return json.dumps({"error": {"message": self.message, "type": err_type, "param": self.param,
+                                     "code": self.code}}, ensure_ascii=False).encode()
+
+
+class RequestGuard:
+    """ASGI middleware: validate OpenAI requests before transformers serve sees them; SageMaker routes."""
+
+    def __init__(self, app, model_id: str, tokenizer, context: int):
+        self.app, self.model_id, self.tokenizer, self.context = app, model_id, tokenizer, context
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path, method = scope["path"], scope["method"]
+        if path == "/ping" and method == "GET":
+            scope = {**scope, "path": "/health", "raw_path": b"/health"}
+            return await self.app(scope, receive, send)
+        if path == "/invocations" and method == "POST":
+            scope = {**scope, "path": CHAT, "raw_path": CHAT.encode()}
+            path = CHAT
+        if method != "POST" or path not in GUARDED:
+            return await self.app(scope, receive, send)
+        raw = await read_body(receive)
+        try:
+            body = self.check(path, raw)
+        except BadRequest as exc:
+            log.info("rejected %s: %s %s", path, exc.status, exc.message)
+            return await respond(send, exc.status, exc.body())
+        data = json.dumps(body).encode()
+        headers = [(k, v) for k, v in scope["headers"] if k.lower() != b"content-length"]
+        headers.append((b"content-length", str(len(data)).encode()))
+        return await self.app({**scope, "headers": headers}, replay(data, receive), send)
+
+    # ---- the checks ----------------------------------------------------------------------------
+    def check(self, path: str, raw: bytes) -> dict[str, Any]:
+        """The request as transformers serve should get it (model id and max_tokens filled in), or BadRequest."""
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise BadRequest(f"request body is not UTF-8: byte 0x{raw[exc.start]:02x} at offset {exc.start}") from None
+        try:
+            body = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise BadRequest(f"request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") \
+                from None
+        if not isinstance(body, dict):
+            raise BadRequest("request body must be a JSON object")
+        model = body.get("model")
+        if model is not None and model != self.model_id:
+            raise BadRequest(f"model {model!r} does not exist on this server; it serves {self.model_id!r} "
+                             "(GET /v1/models)", param="model", status=404, code="model_not_found")
+        body["model"] = self.model_id
+        prompt_tokens = self.chat_prompt_tokens(body) if path == CHAT else self.completion_prompt_tokens(body)
+        if prompt_tokens >= self.context:
+            raise BadRequest(f"the prompt is {prompt_tokens} tokens; this model's context is {self.context} tokens "
+                             "(shorten the messages)", param="messages" if path == CHAT else "prompt",
+                             code="context_length_exceeded")
+        room = self.context - prompt_tokens
+        for key in ("max_completion_tokens", "max_tokens"):
+            value = body.get(key)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise BadRequest(f"{key} must be a positive integer, got {value!r}", param=key)
+            if value > room:
+                raise BadRequest(f"{key} is {value}, but the prompt ({prompt_tokens} tokens) leaves room for at most "
+                                 f"{room} new tokens in this model's {self.context}-token context", param=key,
+                                 code="context_length_exceeded")
+        if body.get("max_completion_tokens") is None and body.get("max_tokens") is None:
+            body["max_tokens"] = min(DEFAULT_MAX_TOKENS, room)
+        return body
+
+    def chat_prompt_tokens(self, body: dict) -> int:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise BadRequest("messages is required: a non-empty list of {role, content} objects", param="messages")
+        conversation = []
+        for i, message in enumerate(messages):
+            if not isinstance(message, dict):
+                raise BadRequest(f"messages[{i}] must be an object with role and content", param=f"messages[{i}]")
+            role = message.get("role")
+            if role not in ROLES:
+                raise BadRequest(f"messages[{i}].role must be one of {list(ROLES)}, got {role!r}",
+                                 param=f"messages[{i}].role")
+            content = message.get("content")
+            if isinstance(content, list):
+                parts = [p.get("text") for p in content if isinstance(p, dict)]
+                if len(parts) != len(content) or not all(isinstance(t, str) for t in parts):
+                    raise BadRequest(f"messages[{i}].content: this text model takes strings or text parts "
+                                     "({type: text, text})", param=f"messages[{i}].content")
+                content = " ".join(parts)
+            if content is None and message.get("tool_calls"):
+                content = ""
+            if not isinstance(content, str):
+                raise BadRequest(f"messages[{i}].content must be a string, got {type(content).__name__}",
+                                 param=f"messages[{i}].content")
+            conversation.append({"role": role, "content": content})
+        ids = self.tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True,
+                                                 return_dict=False)
+        return len(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+    def completion_prompt_tokens(self, body: dict) -> int:
+        prompt = body.get("prompt")
+        if not isinstance(prompt, str) or not prompt:
+            raise BadRequest("prompt is required: a non-empty string", param="prompt")
+        return len(self.tokenizer(prompt)["input_ids"])
+
+
+async def read_body(receive) -> bytes:
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            break
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body"):
+            break
+    return b"".join(chunks)
+
+
+def replay(data: bytes, receive):
+    sent = False
+
+    async def _receive():
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": data, "more_body": False}
+        return await receive()  # then the client's disconnect, for streaming responses
+    return _receive
+
+
+async def respond(send, status: int, body: bytes) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def build_app(model_id: str, options: ServerOptions):
+    """The guarded app for a served folder named `model_id` in the working directory."""
+    app, model, tokenizer = build_transformers_app(model_id, options)
+    return RequestGuard(app, model_id, tokenizer, context_length(model))

@@ -1,0 +1,108 @@
+"""What a server needs to know about an artifact: which weights, which tokenizer, the model id, the default
+system message. Shared by `coordinator serve` / `coordinator deploy` and the serve image (dilforge_serve),
+so both name a model the same way. File work only (no torch import).
+
+An SFT artifact is served from its `merged/` folder when it has one, else as base + adapter (the base from
+its lineage, resolved like `coordinator chat` does); a CPT or model artifact, or a plain HF folder, as is.
+The SFT config's `system_prompt` becomes the default system message: the served copy's chat template
+inserts it when a request brings no system message of its own (`serving_template`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import ConfigError, ManifestNotFound
+from .manifest import Manifest
+from .models import resolve_chat_model
+from .store import read_manifest
+
+MODEL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+SYSTEM_PROMPT_ENV = "DILFORGE_SYSTEM_PROMPT"
+MODEL_ID_ENV = "DILFORGE_MODEL_ID"
+_GENERATION_TAGS = re.compile(r"\{%-?\s*(end)?generation\s*-?%\}")
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """An artifact resolved for serving: local folders, the OpenAI `model` id, the default system message."""
+    base_dir: Path
+    adapter_dir: Path | None
+    tokenizer_dir: Path
+    model_id: str
+    system_prompt: str | None
+    description: str
+
+
+def default_model_id(run_id: str | None, stage: str | None, fallback: str) -> str:
+    """`<run_id>-<stage>` for an artifact (e.g. az-small-sft), else the folder's name; safe as an OpenAI model id
+    and as a folder name (the server is pinned to a local folder of that name)."""
+    raw = f"{run_id}-{stage}" if run_id and stage else fallback
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", raw).strip("-._")[:64] or "model"
+    return name
+
+
+def check_model_id(model_id: str) -> str:
+    if not MODEL_ID.match(model_id):
+        raise ConfigError(f"--model-id {model_id!r}: use 1-64 letters, digits, '.', '_' or '-', starting with a "
+                          "letter or digit")
+    return model_id
+
+
+def resolve_served_model(uri: str, endpoint_url: str | None = None, base: str | None = None,
+                         model_id: str | None = None, system_prompt: str | None = None,
+                         prefer_merged: bool = True) -> ServedModel:
+    """Any model/adapter artifact (local or s3://) or HF folder → what to serve. `system_prompt` overrides the
+    SFT config's (an empty string serves without a default system message)."""
+    manifest = manifest_or_none(uri, endpoint_url)
+    spec = resolve_chat_model(uri, base=base, endpoint_url=endpoint_url, prefer_merged=prefer_merged)
+    if system_prompt is None and manifest is not None and manifest.stage == "sft":
+        system_prompt = manifest.config.get("system_prompt") or None
+    return ServedModel(base_dir=spec.base_dir, adapter_dir=spec.adapter_dir, tokenizer_dir=spec.tokenizer_dir,
+                       model_id=served_model_id(uri, manifest, model_id), system_prompt=system_prompt or None,
+                       description=spec.description)
+
+
+def manifest_or_none(uri: str, endpoint_url: str | None = None) -> Manifest | None:
+    """The artifact's manifest (read, not downloaded with its files), or None for a plain HF folder/prefix."""
+    try:
+        return read_manifest(uri, endpoint_url)[0]
+    except ManifestNotFound:
+        return None
+
+
+def served_model_id(uri: str, manifest: Manifest | None, model_id: str | None = None) -> str:
+    """The OpenAI `model` id a server of `uri` answers to: `model_id`, else `<run_id>-<stage>`, else the folder name."""
+    name = model_id or default_model_id(manifest.run_id if manifest else None, manifest.stage if manifest else None,
+                                        Path(uri.rstrip("/")).name)
+    return check_model_id(name)
+
+
+def chat_template_of(tokenizer_dir: Path) -> str | None:
+    """The template a tokenizer folder carries: chat_template.jinja, else tokenizer_config.json's."""
+    jinja = tokenizer_dir / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text(encoding="utf-8")
+    config = tokenizer_dir / "tokenizer_config.json"
+    if config.is_file():
+        template = json.loads(config.read_text(encoding="utf-8")).get("chat_template")
+        return template if isinstance(template, str) else None
+    return None
+
+
+def serving_template(template: str, system_prompt: str | None) -> str:
+    """The chat template a server applies: the training template without TRL's {% generation %} markers
+    (servers other than transformers do not know them) and, with a system prompt, one that starts the
+    conversation with it unless the request's first message is a system message."""
+    template = _GENERATION_TAGS.sub("", template)
+    if not system_prompt:
+        return template
+    literal = json.dumps(system_prompt)  # a valid Jinja string literal (\\uXXXX escapes are decoded by Jinja)
+    prefix = ("{%- if not messages or messages[0]['role'] != 'system' %}"
+              f"{{%- set messages = [{{'role': 'system', 'content': {literal}}}] + messages %}}"
+              "{%- endif %}")
+    return prefix + template
+

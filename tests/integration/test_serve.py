@@ -1,0 +1,192 @@
+"""`coordinator serve` on the az-tiny SFT artifact, driven by the `openai` client (issue 20 items 2 and 5).
+
+The artifact: az-tiny's own `sft:` section (system prompt, data, LoRA) trained for 2 steps on the tiny
+random Llama 3 model, published with merged/. The server is the real command in a subprocess
+(transformers serve behind dilforge's request guard); one server for the module.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+os.environ["OMP_NUM_THREADS"] = "1"
+
+from dilforge_coordinator.cli import app
+from dilforge_shared.manifest import Manifest, current_producer
+from dilforge_shared.store import fetch, publish
+from typer.testing import CliRunner
+
+pytestmark = pytest.mark.slow
+openai = pytest.importorskip("openai")
+ROOT = Path(__file__).resolve().parents[2]
+QUESTION = "Azərbaycanın paytaxtı haradır?"
+
+
+@pytest.fixture(scope="module")
+def sft_artifact(tmp_path_factory, tiny_llama_dir, data_root):
+    """az-tiny's SFT config on the tiny Llama (published as a cpt artifact), 2 steps, merged/ published."""
+    root = tmp_path_factory.mktemp("serve")
+    cpt_uri = f"{root}/cptstore/artifacts/cpt/tiny0000"
+    publish(cpt_uri, tiny_llama_dir, Manifest(kind="model", artifact_id="tiny0000", run_id="fixture", stage="cpt",
+                                              producer=current_producer("dilforge-test"), config={},
+                                              data_dir="pending", files=[]))
+    sft = yaml.safe_load((ROOT / "configs/az-tiny.yaml").read_text())["sft"]
+    sft.update(max_steps=2, checkpoint_every=2, log_every=1)
+    sft["train"] = [{**sft["train"][0], "max_records": 16}]
+    cfg = {"run_id": "az-tiny", "store": {"uri": str(root / "store")}, "sft": sft}
+    (root / "p.yaml").write_text(yaml.safe_dump(cfg, allow_unicode=True))
+    os.environ["DILFORGE_WORKDIR"] = str(root / "w")
+    res = CliRunner().invoke(app, ["run", "sft", "--config", str(root / "p.yaml"), "--input", f"cpt={cpt_uri}",
+                                   "--data", str(data_root)])
+    assert res.exit_code == 0, res.output
+    return fetch(res.output.strip().splitlines()[-1].split("artifact: ")[1])
+
+
+def http(url: str, body: bytes | None = None, timeout: float = 60) -> tuple[int, dict]:
+    """(status, JSON body) of a GET, or a POST of raw bytes (stdlib: the bad requests must reach the wire as is)."""
+    import urllib.error
+    import urllib.request
+    req = urllib.request.Request(url, data=body, headers={"content-type": "application/json"} if body else {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as res:
+            return res.status, json.loads(res.read() or b"null")
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read() or b"null")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(sft_artifact, tmp_path_factory):
+    port = free_port()
+    log_path = tmp_path_factory.mktemp("serve-log") / "server.log"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "dilforge_coordinator.cli", "serve", sft_artifact.uri,
+                                 "--port", str(port), "--device", "cpu",
+                                 "--workdir", str(tmp_path_factory.mktemp("served"))],
+                                stdout=log, stderr=subprocess.STDOUT, env=env)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"server exited {proc.returncode}:\n{log_path.read_text()[-3000:]}")
+        try:
+            if http(f"{base}/health", timeout=2)[0] == 200:
+                break
+        except OSError:
+            time.sleep(0.5)
+    else:
+        proc.kill()
+        pytest.fail(f"server did not come up:\n{log_path.read_text()[-3000:]}")
+    yield base, log_path
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=f"{server[0]}/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+MODEL = "az-tiny-sft"  # <run_id>-<stage>
+
+
+def ask(client, content: str = QUESTION, **kwargs):
+    return client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": content}],
+                                          max_tokens=kwargs.pop("max_tokens", 8), temperature=0, **kwargs)
+
+
+def test_prints_url_and_model_id_and_lists_the_model(server, client):
+    log = server[1].read_text()
+    assert f"OpenAI base URL: {server[0]}/v1" in log and f"model id: {MODEL}" in log
+    assert [m.id for m in client.models.list().data] == [MODEL]
+
+
+def test_chat_uses_the_sft_system_prompt_by_default(client, sft_artifact):
+    from transformers import AutoTokenizer
+    answer = ask(client)
+    assert answer.choices[0].message.role == "assistant" and isinstance(answer.choices[0].message.content, str)
+    assert answer.model == MODEL and answer.usage.completion_tokens <= 8
+    tok = AutoTokenizer.from_pretrained(str(sft_artifact.path / "merged"), trust_remote_code=False)
+    system = yaml.safe_load((ROOT / "configs/az-tiny.yaml").read_text())["sft"]["system_prompt"]
+    with_system = tok.apply_chat_template([{"role": "system", "content": system}, {"role": "user", "content": QUESTION}],
+                                          add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+    assert answer.usage.prompt_tokens == len(with_system)  # the default system message was inserted
+    own = client.chat.completions.create(model=MODEL, max_tokens=4, temperature=0, messages=[
+        {"role": "system", "content": "Qısa cavab ver."}, {"role": "user", "content": QUESTION}])
+    mine = tok.apply_chat_template([{"role": "system", "content": "Qısa cavab ver."},
+                                    {"role": "user", "content": QUESTION}], add_generation_prompt=True, tokenize=True,
+                                   return_dict=True)["input_ids"]
+    assert own.usage.prompt_tokens == len(mine)  # a request's own system message replaces the default
+
+
+def test_streamed_chat_equals_the_plain_answer(client):
+    plain = ask(client, max_tokens=6).choices[0].message.content
+    chunks = list(ask(client, max_tokens=6, stream=True))
+    assert chunks and chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == plain
+    assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+
+
+def test_eight_concurrent_requests_all_answer(client):
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda i: ask(client, f"{QUESTION} ({i})", max_tokens=4), range(8)))
+    assert len(answers) == 8 and all(a.choices[0].finish_reason in ("stop", "length") for a in answers)
+    assert all(a.usage.completion_tokens >= 1 for a in answers)
+
+
+BAD_REQUESTS = [
+    ("invalid JSON", b'{"model": "az-tiny-sft", "messages": [', 400, "not valid JSON"),
+    ("no messages", json.dumps({"model": MODEL}).encode(), 400, "messages is required"),
+    ("unknown model id", json.dumps({"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}]}).encode(),
+     404, "'gpt-4o' does not exist on this server; it serves 'az-tiny-sft'"),
+    ("prompt longer than the context",
+     json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "Bakı " * 2500}]}).encode(), 400,
+     "this model's context is 2048 tokens"),
+    ("max_tokens 10^9", json.dumps({"model": MODEL, "max_tokens": 10**9,
+                                    "messages": [{"role": "user", "content": "x"}]}).encode(), 400,
+     "max_tokens is 1000000000"),
+    ("non-UTF-8 bytes", b'{"model": "az-tiny-sft", "messages": [{"role": "user", "content": "\xff\xfe"}]}', 400,
+     "not UTF-8: byte 0xff"),
+]
+
+
+@pytest.mark.parametrize(("case", "body", "status", "message"), BAD_REQUESTS, ids=[c[0] for c in BAD_REQUESTS])
+def test_bad_request_gets_a_clear_4xx_and_the_server_keeps_answering(server, client, case, body, status, message):
+    code, res = http(f"{server[0]}/v1/chat/completions", body)
+    assert code == status, res
+    assert message in res["error"]["message"]
+    assert ask(client, max_tokens=2).choices[0].message.content is not None
+
+
+def test_openai_client_raises_the_servers_message(client):
+    with pytest.raises(openai.NotFoundError, match="does not exist on this server"):
+        client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "x"}])
+    with pytest.raises(openai.BadRequestError, match="max_tokens is 1000000000"):
+        ask(client, max_tokens=10**9)
+
+
+def test_sagemaker_ping_and_invocations(server):
+    assert http(f"{server[0]}/ping", timeout=10)[0] == 200
+    code, res = http(f"{server[0]}/invocations", json.dumps({"messages": [{"role": "user", "content": QUESTION}],
+                                                            "max_tokens": 4}).encode())
+    assert code == 200, res
+    assert res["choices"][0]["message"]["role"] == "assistant" and res["model"] == MODEL
