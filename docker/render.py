@@ -1,5 +1,6 @@
-"""Write services/<stage>/Dockerfile from docker/stage.Dockerfile.in (one template, four identical images
-up to the stage layer). `python docker/render.py --check` exits 1 when a Dockerfile is out of date."""
+"""Write services/<name>/Dockerfile from docker/stage.Dockerfile.in (one template: the four stage images and the
+serve image are identical up to the stage layer). `python docker/render.py --check` exits 1 when a Dockerfile
+is out of date."""
 
 from __future__ import annotations
 
@@ -9,10 +10,19 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 STAGES = ("tokenizer", "cpt", "sft", "eval")
+SERVE = "serve"  # the serving image: SageMaker runs `IMAGE serve` (port 8080), the entrypoint execs the `serve` script
 
 
 def render(stage: str) -> str:
-    return (ROOT / "docker" / "stage.Dockerfile.in").read_text().replace("@STAGE@", stage)
+    if stage == SERVE:
+        title = ("dilforge serve image: an OpenAI-compatible server (transformers serve) that is also a SageMaker "
+                 "real-time endpoint, `IMAGE serve`.")
+        cmd = 'EXPOSE 8080\nCMD ["serve"]'
+    else:
+        title = f"dilforge {stage} stage image: SageMaker bring-your-own-container, `IMAGE train`."
+        cmd = 'CMD ["train"]'
+    text = (ROOT / "docker" / "stage.Dockerfile.in").read_text()
+    return text.replace("@TITLE@", title).replace("@CMD@", cmd).replace("@STAGE@", stage)
 
 
 def main(argv: list[str]) -> int:
@@ -20,7 +30,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--check", action="store_true", help="exit 1 when a Dockerfile is out of date, write nothing")
     check = parser.parse_args(argv).check
     stale = []
-    for stage in STAGES:
+    for stage in (*STAGES, SERVE):
         path = ROOT / "services" / stage / "Dockerfile"
         text = render(stage)
         if check:

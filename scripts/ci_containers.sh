@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Container part of CI (.ci/run calls it): Docker engine + Compose v2 + local python:3.11-slim base
 # (../shared/tools/container-env.sh), the images (shared layers built once), then the tiny pipeline end to
-# end with `coordinator run-all --backend compose` (tests/docker). Prints image sizes and build times.
+# end with `coordinator run-all --backend compose`, and the serve image as SageMaker runs it (tests/docker).
+# Prints image sizes and build times.
 # Budget: about 15 minutes on 2 cores from a machine without Docker.
 #
 #   scripts/ci_containers.sh                 # PYTHON=.venv/bin/python by default
@@ -19,11 +20,11 @@ export DILFORGE_REQUIRE_DOCKER=1 DOCKER_BUILDKIT=1 DILFORGE_IMAGES_RECORD=${DILF
 
 step "images"
 stages=(s3)
-for s in tokenizer cpt sft eval; do [[ -f services/$s/pyproject.toml ]] && stages+=("$s"); done
+for s in tokenizer cpt sft eval serve; do [[ -f services/$s/pyproject.toml ]] && stages+=("$s"); done
 args=(); for s in "${stages[@]}"; do args+=(--stage "$s"); done
 "$PYTHON" -m dilforge_coordinator.cli images build "${args[@]}"
 
-step "compose pipeline end to end"
+step "compose pipeline end to end; the serve image's /ping + /invocations (tests/docker)"
 status=0
 "$PYTHON" -m pytest -q -m docker tests/docker -p no:cacheprovider || status=$?
 

@@ -21,6 +21,7 @@ from dilforge_shared.store import ArtifactStore, NotFound, fetch, ls_files, read
 from . import pipeline as pl
 from .backends import BACKENDS, get_backend
 from .chat import chat_cmd
+from .deploy import deploy_cmd
 from .images import images_app
 from .models_cmd import models_app
 from .serve_cmd import serve_cmd
@@ -49,6 +50,7 @@ app.add_typer(images_app, name="images")
 app.add_typer(models_app, name="models")
 app.command("chat")(chat_cmd)
 app.command("serve")(serve_cmd)
+app.command("deploy")(deploy_cmd)
 
 ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="Pipeline YAML (see configs/).", exists=False)]
 DataOpt = Annotated[Path | None, typer.Option(

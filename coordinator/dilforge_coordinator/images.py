@@ -31,6 +31,7 @@ from dilforge_shared.stages import IMAGES
 from .backends.compose import ROOT, docker_binary
 
 STAGES = IMAGES  # one image per stage (the model stage runs in the cpt image)
+EXTRA_IMAGES = ("serve", "s3", "coordinator")  # the serving image (services/serve), SeaweedFS, the coordinator
 RECORD_ENV = "DILFORGE_IMAGES_RECORD"
 Runner = Callable[..., subprocess.CompletedProcess]
 
@@ -136,7 +137,7 @@ def inspect(ref: str, docker: str, runner: Runner = subprocess.run) -> dict:
 def build(stage: str, tag: str | None = None, base_image: str | None = None, gpu: bool = False,
           ca_bundle: str | None = None, docker: str | None = None,
           runner: Runner = subprocess.run, log_dir: Path | None = None, no_cache: bool = False) -> BuildResult:
-    """Build one image (a stage, or 's3' / 'coordinator'); returns its id, size and build time."""
+    """Build one image (a stage, or 'serve' / 's3' / 'coordinator'); returns its id, size and build time."""
     docker = docker or docker_binary()
     tag = tag or default_tag(gpu)
     name = f"dilforge-{stage}"
@@ -250,16 +251,16 @@ def pushed_image(stage: str, gpu: bool = True, path: Path | None = None) -> str 
 
 images_app = typer.Typer(help="Build the stage images and push them to ECR.", no_args_is_help=True)
 StageOpt = Annotated[list[str] | None, typer.Option(
-    "--stage", "-s", help=f"{', '.join(IMAGES)} (repeatable); also s3, coordinator. Default: every stage image.")]
+    "--stage", "-s", help=f"{', '.join(IMAGES)} (repeatable); also {', '.join(EXTRA_IMAGES)}. Default: every stage image.")]
 TagOpt = Annotated[str | None, typer.Option("--tag", help="Image tag; default <version>-<git sha>[-gpu].")]
 GpuOpt = Annotated[bool, typer.Option("--gpu", help="GPU variant on the AWS PyTorch training DLC (--base-image).")]
 
 
 def _stages(stages: list[str] | None) -> list[str]:
     chosen = stages or list(STAGES)
-    bad = [s for s in chosen if s not in (*STAGES, "s3", "coordinator")]
+    bad = [s for s in chosen if s not in (*STAGES, *EXTRA_IMAGES)]
     if bad:
-        typer.echo(f"error: unknown --stage {bad}; choose from {[*STAGES, 's3', 'coordinator']}", err=True)
+        typer.echo(f"error: unknown --stage {bad}; choose from {[*STAGES, *EXTRA_IMAGES]}", err=True)
         raise typer.Exit(2)
     return chosen
 

@@ -1,7 +1,6 @@
 """`coordinator serve` on the az-tiny SFT artifact, driven by the `openai` client (issue 20 items 2 and 5).
 
-The artifact: az-tiny's own `sft:` section (system prompt, data, LoRA) trained for 2 steps on the tiny
-random Llama 3 model, published with merged/. The server is the real command in a subprocess
+The artifact: az-tiny's own `sft:` section for 2 steps on the tiny random Llama 3 (serve_factories). The server is the real command in a subprocess
 (transformers serve behind dilforge's request guard); one server for the module.
 """
 
@@ -14,42 +13,21 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
-import yaml
 
 os.environ["OMP_NUM_THREADS"] = "1"
 
-from dilforge_coordinator.cli import app
-from dilforge_shared.manifest import Manifest, current_producer
-from dilforge_shared.store import fetch, publish
-from typer.testing import CliRunner
+from serve_factories import az_tiny_sft, build_sft_artifact
 
 pytestmark = pytest.mark.slow
 openai = pytest.importorskip("openai")
-ROOT = Path(__file__).resolve().parents[2]
 QUESTION = "Azərbaycanın paytaxtı haradır?"
 
 
 @pytest.fixture(scope="module")
 def sft_artifact(tmp_path_factory, tiny_llama_dir, data_root):
-    """az-tiny's SFT config on the tiny Llama (published as a cpt artifact), 2 steps, merged/ published."""
-    root = tmp_path_factory.mktemp("serve")
-    cpt_uri = f"{root}/cptstore/artifacts/cpt/tiny0000"
-    publish(cpt_uri, tiny_llama_dir, Manifest(kind="model", artifact_id="tiny0000", run_id="fixture", stage="cpt",
-                                              producer=current_producer("dilforge-test"), config={},
-                                              data_dir="pending", files=[]))
-    sft = yaml.safe_load((ROOT / "configs/az-tiny.yaml").read_text())["sft"]
-    sft.update(max_steps=2, checkpoint_every=2, log_every=1)
-    sft["train"] = [{**sft["train"][0], "max_records": 16}]
-    cfg = {"run_id": "az-tiny", "store": {"uri": str(root / "store")}, "sft": sft}
-    (root / "p.yaml").write_text(yaml.safe_dump(cfg, allow_unicode=True))
-    os.environ["DILFORGE_WORKDIR"] = str(root / "w")
-    res = CliRunner().invoke(app, ["run", "sft", "--config", str(root / "p.yaml"), "--input", f"cpt={cpt_uri}",
-                                   "--data", str(data_root)])
-    assert res.exit_code == 0, res.output
-    return fetch(res.output.strip().splitlines()[-1].split("artifact: ")[1])
+    return build_sft_artifact(tmp_path_factory.mktemp("serve"), tiny_llama_dir, data_root)
 
 
 def http(url: str, body: bytes | None = None, timeout: float = 60) -> tuple[int, dict]:
@@ -126,7 +104,7 @@ def test_chat_uses_the_sft_system_prompt_by_default(client, sft_artifact):
     assert answer.choices[0].message.role == "assistant" and isinstance(answer.choices[0].message.content, str)
     assert answer.model == MODEL and answer.usage.completion_tokens <= 8
     tok = AutoTokenizer.from_pretrained(str(sft_artifact.path / "merged"), trust_remote_code=False)
-    system = yaml.safe_load((ROOT / "configs/az-tiny.yaml").read_text())["sft"]["system_prompt"]
+    system = az_tiny_sft("system_prompt")
     with_system = tok.apply_chat_template([{"role": "system", "content": system}, {"role": "user", "content": QUESTION}],
                                           add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
     assert answer.usage.prompt_tokens == len(with_system)  # the default system message was inserted

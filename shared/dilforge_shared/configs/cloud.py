@@ -48,6 +48,22 @@ class StageResources(StrictModel):
         return self
 
 
+class EndpointResources(StrictModel):
+    """The SageMaker real-time endpoint `coordinator deploy` creates or updates (the serve image)."""
+    name: str | None = Field(default=None, pattern=r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$",
+                             description="Endpoint name; None = <job_name_prefix>-<run_id>.")
+    instance_type: str = Field(default="ml.g5.xlarge", pattern=r"^ml\.[a-z0-9]+\.[a-z0-9]+$",
+                               description="Hosting instance type, e.g. ml.g5.xlarge (1 A10G) or ml.c7i.2xlarge (CPU).")
+    num_instances: int = Field(default=1, ge=1, le=100, description="Instances behind the endpoint.")
+    image: str | None = Field(default=None, description="Serving image (repo@sha256:digest); None = the digest "
+                                                        "`coordinator images push --stage serve` recorded.")
+    container_startup_timeout_s: int = Field(default=900, ge=60, le=3600,
+                                             description="How long /ping may take to answer after start (merge, load).")
+    model_data_download_timeout_s: int = Field(default=1200, ge=60, le=3600,
+                                               description="How long copying the artifact into /opt/ml/model may take.")
+    environment: dict[str, str] = Field(default_factory=dict, description="Extra container environment variables.")
+
+
 class SageMakerConfig(StrictModel):
     """Settings for `--backend sagemaker` (and `coordinator images push`)."""
     region: str = Field(default="us-east-1", pattern=r"^[a-z]{2}(-[a-z]+)+-\d$", description="AWS region of jobs and ECR.")
@@ -72,6 +88,8 @@ class SageMakerConfig(StrictModel):
     poll_interval_s: float = Field(default=30.0, gt=0, description="How often a real run polls job status.")
     stages: dict[ImageName, StageResources] = Field(
         default_factory=dict, description="Per-stage machines; a stage not listed runs on one ml.m5.xlarge.")
+    endpoint: EndpointResources = Field(default_factory=EndpointResources,
+                                        description="The real-time endpoint `coordinator deploy` manages.")
 
     @model_validator(mode="after")
     def _vpc_pairs(self):

@@ -1,0 +1,288 @@
+"""`coordinator deploy`: the pipeline's SFT artifact as a SageMaker real-time endpoint, on the serve image.
+
+Three control-plane requests make an endpoint: CreateModel (the serve image by digest, the artifact's S3
+folder as uncompressed model data — SageMaker copies manifest.json + data-*/ into /opt/ml/model, where the
+image resolves and verifies it like any artifact — and the model id and default system message in its
+environment), CreateEndpointConfig (instance type and count from the config's `sagemaker.endpoint`) and
+CreateEndpoint, or UpdateEndpoint when the endpoint exists (a new artifact or image is a new model +
+config, named by their digest, so a redeploy of the same thing changes nothing). Then it waits for
+InService. `--delete` removes the endpoint, its config and its model.
+
+These are boto3 calls on purpose: the SageMaker SDK's ModelBuilder/`Model.deploy` packages its own
+inference server and hides the requests, while here the image is ours and `--dry-run` must print exactly
+what would be sent (offline, no credentials), which tests check against botocore's service model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+import typer
+from dilforge_shared.configs import PipelineConfig, load_pipeline
+from dilforge_shared.configs.cloud import SageMakerConfig
+from dilforge_shared.errors import ConfigError, DilforgeError
+from dilforge_shared.serving import MODEL_ID_ENV, SYSTEM_PROMPT_ENV, default_model_id
+
+log = logging.getLogger("dilforge.coordinator.deploy")
+GPU_FAMILIES = ("g", "p")  # ml.g5/g6/p4d/p5...: the serve image's GPU variant
+VARIANT = "AllTraffic"
+
+
+def is_gpu_instance(instance_type: str) -> bool:
+    return instance_type.split(".")[1].startswith(GPU_FAMILIES)
+
+
+def endpoint_name(pipeline: PipelineConfig) -> str:
+    cfg = pipeline.sagemaker
+    name = cfg.endpoint.name or f"{cfg.job_name_prefix}-{pipeline.run_id}"
+    return "".join(c if c.isalnum() else "-" for c in name).strip("-")[:63]
+
+
+def serve_image(cfg: SageMakerConfig, dry_run: bool) -> str:
+    """The serve image by digest: the config's, else the one `coordinator images push --stage serve` recorded."""
+    from .images import default_tag, pushed_image
+    gpu = is_gpu_instance(cfg.endpoint.instance_type)
+    if image := cfg.endpoint.image or pushed_image("serve", gpu=gpu):
+        return image
+    if dry_run:
+        return f"{cfg.registry}/{cfg.repository_prefix}-serve:{default_tag(gpu=gpu)}"
+    raise ConfigError("no serve image: run `coordinator images build --stage serve` and `coordinator images push "
+                      "--stage serve`, or set sagemaker.endpoint.image (repo@sha256:digest)")
+
+
+@dataclass
+class DeployPlan:
+    endpoint: str
+    model: str          # model and endpoint config share this name: <endpoint>-<digest of what they hold>
+    create_model: dict
+    create_endpoint_config: dict
+    artifact_uri: str
+
+    def endpoint_request(self, exists: bool) -> tuple[str, dict]:
+        if exists:
+            return "UpdateEndpoint", {"EndpointName": self.endpoint, "EndpointConfigName": self.model}
+        return "CreateEndpoint", {"EndpointName": self.endpoint, "EndpointConfigName": self.model,
+                                  "Tags": self.create_model["Tags"]}
+
+
+def plan(pipeline: PipelineConfig, artifact_uri: str, image: str, system_prompt: str | None = None,
+         model_id: str | None = None) -> DeployPlan:
+    """Every request of a deployment, built offline from the config, the artifact's URI and the image."""
+    cfg = pipeline.sagemaker
+    if cfg is None:
+        raise ConfigError("deploy needs a `sagemaker:` section (role_arn, region, endpoint) in the pipeline config; "
+                          "see configs/sagemaker-published.yaml")
+    if not artifact_uri.startswith("s3://"):
+        raise ConfigError(f"{artifact_uri}: a SageMaker endpoint reads its model from S3; deploy an artifact of an "
+                          "s3:// store")
+    ep = cfg.endpoint
+    if system_prompt is None and pipeline.sft is not None:
+        system_prompt = pipeline.sft.system_prompt
+    env = {MODEL_ID_ENV: model_id or default_model_id(pipeline.run_id, "sft", "model"), "DILFORGE_LOG_LEVEL": "INFO",
+           **({SYSTEM_PROMPT_ENV: system_prompt} if system_prompt else {}),
+           **({"DILFORGE_S3_ENDPOINT_URL": pipeline.store.s3_endpoint_url} if pipeline.store.s3_endpoint_url else {}),
+           **ep.environment}
+    name = endpoint_name(pipeline)
+    digest = hashlib.sha256(json.dumps([artifact_uri, image, env, ep.instance_type, ep.num_instances],
+                                       sort_keys=True).encode()).hexdigest()[:10]
+    model = f"{name[:52]}-{digest}"
+    tags = [{"Key": k, "Value": v} for k, v in sorted({"dilforge:run-id": pipeline.run_id,
+                                                        "dilforge:artifact": artifact_uri[-256:], **cfg.tags}.items())]
+    create_model: dict[str, Any] = {
+        "ModelName": model,
+        "ExecutionRoleArn": cfg.role_arn,
+        "PrimaryContainer": {
+            "Image": image,
+            "Mode": "SingleModel",
+            "ModelDataSource": {"S3DataSource": {"S3Uri": artifact_uri.rstrip("/") + "/", "S3DataType": "S3Prefix",
+                                                 "CompressionType": "None"}},
+            "Environment": env,
+        },
+        "EnableNetworkIsolation": False,
+        "Tags": tags,
+    }
+    if cfg.subnets:
+        create_model["VpcConfig"] = {"Subnets": cfg.subnets, "SecurityGroupIds": cfg.security_group_ids}
+    create_config = {
+        "EndpointConfigName": model,
+        "ProductionVariants": [{
+            "VariantName": VARIANT, "ModelName": model, "InstanceType": ep.instance_type,
+            "InitialInstanceCount": ep.num_instances, "InitialVariantWeight": 1.0,
+            "ContainerStartupHealthCheckTimeoutInSeconds": ep.container_startup_timeout_s,
+            "ModelDataDownloadTimeoutInSeconds": ep.model_data_download_timeout_s,
+        }],
+        "Tags": tags,
+    }
+    return DeployPlan(endpoint=name, model=model, create_model=create_model, create_endpoint_config=create_config,
+                      artifact_uri=artifact_uri)
+
+
+def dry_run_requests(deploy: DeployPlan) -> list[tuple[str, dict]]:
+    """What a first deployment sends (an existing endpoint gets UpdateEndpoint instead of CreateEndpoint)."""
+    return [("CreateModel", deploy.create_model), ("CreateEndpointConfig", deploy.create_endpoint_config),
+            deploy.endpoint_request(exists=False)]
+
+
+def delete_requests(name: str, config_name: str | None, models: list[str]) -> list[tuple[str, dict]]:
+    return [("DeleteEndpoint", {"EndpointName": name}),
+            *([("DeleteEndpointConfig", {"EndpointConfigName": config_name})] if config_name else []),
+            *[("DeleteModel", {"ModelName": m}) for m in models]]
+
+
+# ---- against SageMaker ------------------------------------------------------------------------------
+
+def _missing(exc: Exception) -> bool:
+    from botocore.exceptions import ClientError
+    return isinstance(exc, ClientError) and exc.response["Error"]["Code"] in ("ValidationException",
+                                                                               "ResourceNotFound")
+
+
+@dataclass
+class Deployer:
+    sagemaker: Any  # a boto3 SageMaker client
+    out: Callable[[str], None] = print
+    sleep: Callable[[float], None] = time.sleep
+    poll_s: float = 30.0
+    timeout_s: float = 3600.0
+    sent: list[tuple[str, dict]] = field(default_factory=list)
+
+    def _call(self, op: str, request: dict) -> dict:
+        self.sent.append((op, request))
+        method = "".join("_" + c.lower() if c.isupper() else c for c in op).lstrip("_")
+        return getattr(self.sagemaker, method)(**request)
+
+    def describe_endpoint(self, name: str) -> dict | None:
+        try:
+            return self.sagemaker.describe_endpoint(EndpointName=name)
+        except Exception as exc:
+            if _missing(exc):
+                return None
+            raise
+
+    def _exists(self, describe: Callable[[], Any]) -> bool:
+        try:
+            describe()
+            return True
+        except Exception as exc:
+            if _missing(exc):
+                return False
+            raise
+
+    def deploy(self, deploy: DeployPlan, wait: bool = True) -> dict:
+        current = self.describe_endpoint(deploy.endpoint)
+        if current is not None and current.get("EndpointConfigName") == deploy.model:
+            self.out(f"endpoint {deploy.endpoint} already serves {deploy.artifact_uri} ({deploy.model}): nothing to do")
+        else:
+            if not self._exists(lambda: self.sagemaker.describe_model(ModelName=deploy.model)):
+                self._call("CreateModel", deploy.create_model)
+            if not self._exists(lambda: self.sagemaker.describe_endpoint_config(EndpointConfigName=deploy.model)):
+                self._call("CreateEndpointConfig", deploy.create_endpoint_config)
+            op, request = deploy.endpoint_request(exists=current is not None)
+            self._call(op, request)
+            self.out(f"{'updating' if current else 'creating'} endpoint {deploy.endpoint} "
+                     f"({deploy.create_endpoint_config['ProductionVariants'][0]['InitialInstanceCount']} x "
+                     f"{deploy.create_endpoint_config['ProductionVariants'][0]['InstanceType']})")
+        return self.wait(deploy.endpoint) if wait else (self.describe_endpoint(deploy.endpoint) or {})
+
+    def wait(self, name: str) -> dict:
+        """Poll until InService (or Failed: raises with SageMaker's FailureReason)."""
+        deadline = time.monotonic() + self.timeout_s
+        last = None
+        while True:
+            desc = self.describe_endpoint(name) or {}
+            status = desc.get("EndpointStatus")
+            if status != last:
+                self.out(f"endpoint {name}: {status}")
+                last = status
+            if status == "InService":
+                return desc
+            if status in ("Failed", "OutOfService") or status is None:
+                raise DilforgeError(f"endpoint {name} is {status}: {desc.get('FailureReason', 'no reason given')}")
+            if time.monotonic() > deadline:
+                raise DilforgeError(f"endpoint {name} still {status} after {self.timeout_s:.0f} s")
+            self.sleep(self.poll_s)
+
+    def delete(self, name: str) -> list[tuple[str, dict]]:
+        desc = self.describe_endpoint(name)
+        if desc is None:
+            self.out(f"endpoint {name} does not exist: nothing to delete")
+            return []
+        config_name = desc["EndpointConfigName"]
+        try:
+            variants = self.sagemaker.describe_endpoint_config(EndpointConfigName=config_name)["ProductionVariants"]
+        except Exception as exc:
+            if not _missing(exc):
+                raise
+            variants = []
+        requests = delete_requests(name, config_name, [v["ModelName"] for v in variants])
+        for op, request in requests:
+            self._call(op, request)
+        self.out(f"deleted endpoint {name}, endpoint config {config_name} and model(s) "
+                 f"{[v['ModelName'] for v in variants]}")
+        return requests
+
+
+# ---- the command --------------------------------------------------------------------------------------
+
+def artifact_of(pipeline: PipelineConfig, dry_run: bool) -> str:
+    """The pipeline's SFT artifact: from its run record, or (dry run, offline) the URI the plan gives it."""
+    if dry_run:
+        from .backends.sagemaker import offline_jobs
+        planned = {job.stage: job.artifact_uri for job in offline_jobs(pipeline)}
+        if "sft" in planned:
+            return planned["sft"]
+        raise ConfigError("the pipeline has no sft stage: pass the artifact URI to deploy")
+    from .pipeline import upstream_from_record
+    produced = upstream_from_record(pipeline)
+    if "sft" not in produced:
+        raise ConfigError(f"run {pipeline.run_id} has no SFT artifact yet (run the pipeline, or pass the artifact URI)")
+    return produced["sft"]
+
+
+def deploy_cmd(
+    config: Annotated[str, typer.Option("--config", "-c", help="Pipeline YAML with a `sagemaker:` section.")],
+    artifact: Annotated[str | None, typer.Argument(
+        help="SFT (or model) artifact URI on S3; default the run's SFT artifact.")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print every request offline; send nothing.")] = False,
+    delete: Annotated[bool, typer.Option("--delete", help="Delete the endpoint, its config and its model.")] = False,
+    wait: Annotated[bool, typer.Option("--wait/--no-wait", help="Wait until the endpoint is InService.")] = True,
+    model_id: Annotated[str | None, typer.Option("--model-id", help="OpenAI model id; default <run_id>-sft.")] = None,
+    system_prompt: Annotated[str | None, typer.Option(
+        "--system-prompt", help="Default system message; default the config's sft.system_prompt.")] = None,
+) -> None:
+    """Deploy the SFT artifact to a SageMaker real-time endpoint (create or update, wait), or --delete it."""
+    from pathlib import Path
+    pipeline = load_pipeline(Path(config))
+    if pipeline.sagemaker is None:
+        raise ConfigError(f"{config}: deploy needs a `sagemaker:` section (role_arn, region, endpoint)")
+    name = endpoint_name(pipeline)
+    if delete:
+        if dry_run:
+            for op, request in delete_requests(name, "<its endpoint config>", ["<its model>"]):
+                typer.echo(json.dumps({"operation": op, "request": request}, indent=2))
+            return
+        import boto3
+        Deployer(boto3.client("sagemaker", region_name=pipeline.sagemaker.region), out=typer.echo).delete(name)
+        return
+    uri = artifact or artifact_of(pipeline, dry_run)
+    deploy = plan(pipeline, uri, serve_image(pipeline.sagemaker, dry_run), system_prompt, model_id)
+    if dry_run:
+        for op, request in dry_run_requests(deploy):
+            typer.echo(json.dumps({"operation": op, "request": request}, indent=2, ensure_ascii=False))
+        typer.echo(f"# dry run: nothing sent. An existing endpoint {name} gets UpdateEndpoint instead of CreateEndpoint.")
+        return
+    import boto3
+    deployer = Deployer(boto3.client("sagemaker", region_name=pipeline.sagemaker.region), out=typer.echo,
+                        poll_s=pipeline.sagemaker.poll_interval_s)
+    desc = deployer.deploy(deploy, wait=wait)
+    typer.echo(f"endpoint {name}: {desc.get('EndpointStatus')}; model id "
+               f"{deploy.create_model['PrimaryContainer']['Environment'][MODEL_ID_ENV]}; invoke with "
+               f"aws sagemaker-runtime invoke-endpoint --endpoint-name {name} --content-type application/json "
+               "--body '{\"messages\": [{\"role\": \"user\", \"content\": \"Salam!\"}]}' --cli-binary-format "
+               "raw-in-base64-out out.json")

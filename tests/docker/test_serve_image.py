@@ -1,0 +1,78 @@
+"""The serving image as SageMaker runs it: `docker run IMAGE serve` with the artifact in /opt/ml/model (read-only
+here) answers GET /ping and POST /invocations on port 8080. Needs Docker and `coordinator images build --stage
+serve` (scripts/ci_containers.sh does both)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+from serve_factories import build_sft_artifact
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+DOCKER = "/usr/bin/docker" if Path("/usr/bin/docker").exists() else (shutil.which("docker") or "docker")
+IMAGE = "dilforge-serve:dev"
+
+
+def http(url: str, body: dict | None = None, timeout: float = 60) -> tuple[int, dict]:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, headers={"content-type": "application/json"} if data else {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as res:
+            return res.status, json.loads(res.read() or b"null")
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read() or b"null")
+
+
+@pytest.fixture(scope="module")
+def container(tmp_path_factory, tiny_llama_dir, data_root):
+    missing = pytest.fail if os.environ.get("DILFORGE_REQUIRE_DOCKER") else pytest.skip
+    if subprocess.run([DOCKER, "info"], capture_output=True).returncode != 0:
+        missing("no Docker engine (run ../shared/tools/container-env.sh)")
+    if subprocess.run([DOCKER, "image", "inspect", IMAGE], capture_output=True).returncode != 0:
+        missing(f"{IMAGE} not built (coordinator images build --stage serve)")
+    art = build_sft_artifact(tmp_path_factory.mktemp("serve-image"), tiny_llama_dir, data_root)
+    artifact_dir = Path(art.uri.removeprefix("file://"))  # manifest.json + data-*/, as SageMaker copies it
+    name = f"dilforge-serve-test-{uuid.uuid4().hex[:8]}"
+    run = subprocess.run([DOCKER, "run", "-d", "--rm", "--name", name, "-p", "127.0.0.1::8080",
+                          "-v", f"{artifact_dir}:/opt/ml/model:ro", "-e", "OMP_NUM_THREADS=1", IMAGE, "serve"],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    try:
+        port = subprocess.run([DOCKER, "port", name, "8080/tcp"], capture_output=True, text=True,
+                              check=True).stdout.split(":")[-1].strip()
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            try:
+                if http(f"{base}/ping", timeout=2)[0] == 200:
+                    break
+            except OSError:
+                time.sleep(1)
+        else:
+            logs = subprocess.run([DOCKER, "logs", name], capture_output=True, text=True)
+            pytest.fail(f"/ping never answered:\n{(logs.stdout + logs.stderr)[-3000:]}")
+        yield base, name
+    finally:
+        subprocess.run([DOCKER, "rm", "-f", name], capture_output=True)
+
+
+def test_ping_and_invocations_on_8080_from_opt_ml_model(container):
+    base, name = container
+    assert http(f"{base}/ping")[0] == 200
+    code, res = http(f"{base}/invocations", {"messages": [{"role": "user", "content": "Salam!"}], "max_tokens": 4})
+    assert code == 200, res
+    assert res["object"] == "chat.completion" and res["model"] == "az-tiny-sft"
+    assert res["choices"][0]["message"]["role"] == "assistant" and res["usage"]["completion_tokens"] >= 1
+    code, res = http(f"{base}/invocations", {"messages": []})
+    assert code == 400 and "messages is required" in res["error"]["message"]
+    logs = subprocess.run([DOCKER, "logs", name], capture_output=True, text=True)
+    assert "model id: az-tiny-sft" in logs.stdout + logs.stderr
