@@ -148,3 +148,16 @@ def test_push_creates_repository_logs_in_and_records_digest(ecr):
     # an existing repository is reused
     assert images.ensure_repository(ecr, "dilforge-sft") == repo["repositoryUri"]
     assert len(ecr.describe_repositories()["repositories"]) == 2
+
+
+def test_serve_image_shares_the_stage_layers_and_runs_serve_on_8080():
+    """SageMaker hosting runs `IMAGE serve` and talks to port 8080; the shared layers are the stage images'."""
+    head, tail = _dockerfile("serve").split(MARK)
+    stage_head = _dockerfile("sft").split(MARK)[0]
+    instructions = [line for line in head.splitlines() if line and not line.startswith("#")]
+    assert instructions == [line for line in stage_head.splitlines() if line and not line.startswith("#")]
+    lines = tail.splitlines()
+    assert "services/serve/requirements.lock" in tail and "import dilforge_serve" in tail
+    assert lines[-2:] == ["EXPOSE 8080", 'CMD ["serve"]'] and not any("/opt/ml" in line for line in lines)
+    scripts = (ROOT / "services/serve/pyproject.toml").read_text()
+    assert 'serve = "dilforge_serve.cli:main"' in scripts  # what the entrypoint execs for `serve`
