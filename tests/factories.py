@@ -104,3 +104,16 @@ def write_output(tmp_path: Path, name: str = "out", content: bytes = b"weights")
     (out / "model.safetensors").write_bytes(content)
     (out / "sub" / "config.json").write_text("{}")
     return out
+
+
+def job_manifest(job, kind: str, **fields):
+    """The manifest a real stage publishes for a coordinator job (for fake backends): its config, code version and
+    the very inputs the id was planned from, so reuse can prove the artifact is the job's."""
+    from dilforge_shared.manifest import Manifest, current_producer
+    from dilforge_shared.models import stage_refs
+    from dilforge_shared.stages import STAGE_VERSIONS
+    return Manifest(kind=kind, artifact_id=job.artifact_id, run_id=job.run_id, stage=job.stage,
+                    code_version=STAGE_VERSIONS[job.stage], producer=current_producer("test"),
+                    config=job.config.model_dump(mode="json"), inputs=stage_refs(job.config, job.inputs,
+                                                                                 job.s3_endpoint_url),
+                    data_dir="pending", files=[], **fields)

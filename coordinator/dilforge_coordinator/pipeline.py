@@ -14,8 +14,8 @@ from dilforge_shared.configs import PipelineConfig, StageConfig
 from dilforge_shared.errors import DilforgeError, ManifestNotFound
 from dilforge_shared.integrity import check_artifact, move_aside
 from dilforge_shared.locks import FileLock, S3Lease
-from dilforge_shared.manifest import MANIFEST_NAME, fingerprint
-from dilforge_shared.models import stage_refs
+from dilforge_shared.manifest import MANIFEST_NAME
+from dilforge_shared.models import artifact_id, stage_refs
 from dilforge_shared.settings import settings
 from dilforge_shared.stages import STAGE_MODULES, STAGES, image_of
 from dilforge_shared.store import ArtifactStore, NotFound, artifact_exists
@@ -130,9 +130,11 @@ def artifact_lock(store: ArtifactStore, stage: str, artifact_id: str) -> FileLoc
 
 
 def reusable(job: StageJob, stage: str) -> bool:
-    """True if the artifact exists and is whole; a damaged one is reported and moved aside to be rebuilt."""
+    """True if the artifact exists, is whole and proves to be this job's (its manifest's id is the folder's and
+    recomputes from its recorded config, code version and data digests); otherwise it is reported and moved aside
+    to be rebuilt."""
     try:
-        problem = check_artifact(job.artifact_uri, job.s3_endpoint_url)
+        problem = check_artifact(job.artifact_uri, job.s3_endpoint_url, identity=True)
     except ManifestNotFound:
         return False
     if problem is None:
@@ -153,9 +155,9 @@ def plan_stage(pipeline: PipelineConfig, stage: str, upstream: dict[str, str]) -
         raise DilforgeError(f"stage {stage} needs upstream artifacts {missing}: add those stages to the pipeline, "
                             f"run them first, or pass --input NAME=URI")
     endpoint = pipeline.store.s3_endpoint_url
-    artifact_id = fingerprint(stage, config.model_dump(mode="json"), stage_refs(config, inputs, endpoint))
+    planned_id = artifact_id(config, stage_refs(config, inputs, endpoint))
     store = ArtifactStore(pipeline.store.uri, endpoint)
-    return StageJob(stage=stage, config=config, run_id=pipeline.run_id, artifact_uri=store.artifact_uri(stage, artifact_id),
+    return StageJob(stage=stage, config=config, run_id=pipeline.run_id, artifact_uri=store.artifact_uri(stage, planned_id),
                     inputs=inputs, store_uri=store.backend.uri, s3_endpoint_url=endpoint)
 
 

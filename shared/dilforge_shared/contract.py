@@ -22,6 +22,7 @@ import errno
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import traceback
@@ -36,8 +37,9 @@ from .configs.base import StageConfig
 from .configs.pipeline import validate_model
 from .errors import ConfigError, DilforgeError
 from .manifest import MANIFEST_NAME, InputRef, Manifest, current_producer
-from .models import config_refs
+from .models import artifact_id, config_refs
 from .settings import install_log_masking, settings
+from .stages import STAGE_VERSIONS
 from .store import Artifact, fetch, parse_manifest, publish, read_uri_bytes, sha256_bytes, verify_files
 
 log = logging.getLogger("dilforge")
@@ -244,12 +246,54 @@ def merge_inputs(fingerprinted: list[InputRef], extra: list[InputRef]) -> list[I
     return [*fingerprinted, *(ref for ref in extra if (ref.name, ref.sha256) not in seen)]
 
 
-def publish_result(ctx: StageContext, result: StageResult, package: str) -> Manifest:
+FINGERPRINT = re.compile(r"^[0-9a-f]{16}$")
+
+
+class IdentityMismatch(DilforgeError):
+    """What the stage read is not what the artifact id was planned from: nothing is published."""
+
+
+def planned_id(ctx: StageContext) -> str | None:
+    """The artifact id the coordinator planned (the folder name), or None when the folder is not named by an id
+    (a stage started by hand into a named folder: its artifact is never reused, so there is no id to keep)."""
+    name = ctx.request.artifact_uri.rsplit("/", 1)[-1]
+    return name if FINGERPRINT.fullmatch(name) else None
+
+
+def check_identity(ctx: StageContext, refs: list[InputRef], since: list[InputRef] | None = None) -> None:
+    """The inputs as this stage read them (`refs`, data hashed now) must give the planned id.
+
+    Called before the stage runs (a corpus changed after planning fails at once, before any training) and again
+    before publishing with `since` = the refs seen at the start (a corpus changed while the stage read it fails,
+    naming it). The data the stage used therefore hashes, before and after it read it, to the planned digests.
+    """
+    expected = planned_id(ctx)
+    if expected is None:
+        return
+    stage = ctx.request.config.stage
+    changed = [f"{ref.name} ({ref.uri}): sha256 {old.sha256[:12]}… at start, {ref.sha256[:12]}… now"
+               for ref in refs for old in (since or []) if old.name == ref.name and old.sha256 != ref.sha256]
+    if changed:
+        raise IdentityMismatch(f"stage {stage}: inputs changed while the stage ran: {'; '.join(changed)}; nothing "
+                               "published; rerun once the data is stable")
+    got = artifact_id(ctx.request.config, refs)
+    if got != expected:
+        names = ", ".join(ref.name for ref in refs if ref.kind == "data") or "none"
+        raise IdentityMismatch(
+            f"stage {stage}: the inputs as read now give artifact id {got}, not the planned {expected}: data or an "
+            f"upstream artifact changed after the run was planned (data inputs: {names}); nothing published; "
+            "rerun to plan again")
+
+
+def publish_result(ctx: StageContext, result: StageResult, package: str,
+                   start_refs: list[InputRef] | None = None) -> Manifest:
     config = ctx.request.config
+    inputs = merge_inputs(lineage(ctx), result.extra_inputs)
+    check_identity(ctx, inputs, start_refs)
     manifest = Manifest(
         kind=config.artifact_kind, artifact_id=ctx.request.artifact_uri.rsplit("/", 1)[-1],
-        run_id=ctx.request.run_id, stage=config.stage, producer=current_producer(package),
-        config=config.model_dump(mode="json"), inputs=merge_inputs(lineage(ctx), result.extra_inputs),
+        run_id=ctx.request.run_id, stage=config.stage, code_version=STAGE_VERSIONS[config.stage],
+        producer=current_producer(package), config=config.model_dump(mode="json"), inputs=inputs,
         data_dir="pending", files=[], metrics=result.metrics,
     )
     return publish(ctx.request.artifact_uri, ctx.model_dir, manifest, ctx.endpoint_url, progress=sys.stderr.isatty())
@@ -314,9 +358,13 @@ def stage_main(config_cls: type[StageConfig], run_fn: RunFn, package: str, argv:
         for d in (opt.model_dir, opt.output_dir):
             d.mkdir(parents=True, exist_ok=True)
         log.info("stage %s run %s → %s", config_cls.stage, request.run_id, request.artifact_uri)
+        start_refs = None
+        if publish_from_this_process and planned_id(ctx) is not None:  # proved before the work and after it
+            start_refs = lineage(ctx)
+            check_identity(ctx, start_refs)
         result = run_fn(request.config, ctx)
         if publish_from_this_process:
-            manifest = publish_result(ctx, result, package)
+            manifest = publish_result(ctx, result, package, start_refs)
             log.info("published %s/%s (%d files)", request.artifact_uri, MANIFEST_NAME, len(manifest.files))
         return 0
     except DilforgeError as exc:

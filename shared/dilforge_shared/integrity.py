@@ -11,7 +11,7 @@ import os
 from datetime import UTC, datetime
 from pathlib import Path
 
-from .errors import IntegrityError, ManifestError, ManifestNotFound
+from .errors import DilforgeError, IntegrityError, ManifestError, ManifestNotFound
 from .manifest import MANIFEST_NAME, Manifest
 from .settings import settings
 from .store import NotFound, Storage, _artifact_backend, manifest_uri_of, open_backend, read_manifest, verify_files
@@ -34,9 +34,28 @@ def _stamp_matches(backend: Storage, manifest: Manifest, digest: str, root: Path
         return False
 
 
+def identity_problem(manifest: Manifest, folder_id: str, source: str) -> str | None:
+    """None if the manifest is the artifact its folder names: its `artifact_id` is the folder's, and the id
+    recomputed from its recorded config, code version, inputs and data digests is that id too. Otherwise why not
+    (a valid artifact copied into another's folder; a stage that recorded other data than it was planned from)."""
+    from .models import recompute_artifact_id
+    if manifest.artifact_id != folder_id:
+        return f"{source}: manifest says artifact {manifest.artifact_id!r} but it sits in folder {folder_id!r}"
+    try:
+        recomputed = recompute_artifact_id(manifest)
+    except DilforgeError as exc:
+        return f"{source}: its recorded config no longer validates ({exc})"
+    if recomputed != folder_id:
+        return (f"{source}: its recorded config, code version {manifest.code_version} and input digests give id "
+                f"{recomputed}, not {folder_id}")
+    return None
+
+
 def check_artifact(artifact_uri: str, endpoint_url: str | None = None, full: bool = True,
-                   mode: str | None = None) -> str | None:
+                   mode: str | None = None, identity: bool = False) -> str | None:
     """None if the artifact is whole, else what is wrong with it; ManifestNotFound if there is none.
+
+    With `identity` (every reuse), the artifact must also prove it is the one its folder names (identity_problem).
 
     Local stores: sizes always, sha256 of every file when `full`; with `mode="stamp"` (DILFORGE_VERIFY_ON_REUSE)
     the hashing is skipped while every file still has the size, mtime and inode recorded at the last full check
@@ -52,6 +71,8 @@ def check_artifact(artifact_uri: str, endpoint_url: str | None = None, full: boo
         raise
     except ManifestError as exc:
         return str(exc)
+    if identity and (problem := identity_problem(manifest, artifact_uri.rstrip("/").rsplit("/", 1)[-1], muri)):
+        return problem
     backend = _artifact_backend(artifact_uri, endpoint_url)
     local = backend.local_path(manifest.data_dir)
     try:
@@ -81,6 +102,10 @@ def move_aside(artifact_uri: str, endpoint_url: str | None = None) -> str:
     parent = open_backend(parent_uri, endpoint_url)
     local = parent.local_path(name)
     if local is not None:
+        n = 1
+        while local.with_name(target).exists():  # set aside twice within one second
+            n += 1
+            target = f"{name}.damaged-{stamp}-{n}"
         os.rename(local, local.with_name(target))
     else:
         keys = list(parent.list(name))

@@ -28,7 +28,7 @@ from .stages import StageName
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = "1.1.0"  # 1.1: stage "model" (base models as artifacts)
+SCHEMA_VERSION = "1.2.0"  # 1.1: stage "model" (base models as artifacts); 1.2: code_version, identity-only ids
 MANIFEST_NAME = "manifest.json"
 
 ArtifactKind = Literal["tokenizer", "model", "adapter", "eval_report"]
@@ -81,6 +81,10 @@ class Manifest(BaseModel):
     artifact_id: str = Field(description="Fingerprint of stage, config and inputs; the artifact's folder name.")
     run_id: str = Field(description="Pipeline run that produced the artifact.")
     stage: StageName = Field(description="Stage that produced the artifact.")
+    code_version: int | None = Field(
+        default=None, ge=1,
+        description="The stage's code version (dilforge_shared.stages.STAGE_VERSIONS), part of the artifact id; "
+        "None in manifests older than schema 1.2, whose ids hashed the whole config.")
     created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
     producer: Producer
     config: dict[str, Any] = Field(description="The full resolved stage config.")
@@ -190,8 +194,30 @@ def canonical_json(obj: Any) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str).encode()
 
 
-def fingerprint(stage: str, config: dict[str, Any], inputs: list[InputRef]) -> str:
-    """Artifact id: same stage + config + input digests gives the same id, so reruns reuse artifacts."""
+def input_key(ref: InputRef) -> list[str]:
+    """What the id hashes of one input: a data source by its URI and content (its display name is run-only), any
+    other input (an upstream artifact, a model folder) by its role and content; never where an artifact lives."""
+    if ref.name.startswith("data:"):
+        return ["data", ref.uri, ref.sha256]
+    return [ref.name, ref.sha256]
+
+
+def fingerprint(stage: str, identity: dict[str, Any], inputs: list[InputRef], code_version: int) -> str:
+    """Artifact id: the stage, its code version, the identity fields of its config (`StageConfig.identity()`) and
+    its inputs' digests. Same values, same id, so reruns reuse artifacts and resume checkpoints."""
+    payload = {
+        "stage": stage,
+        "code_version": code_version,
+        "config": identity,
+        "inputs": sorted(input_key(ref) for ref in inputs),
+        "schema_major": SCHEMA_VERSION.split(".")[0],
+    }
+    return sha256_bytes(canonical_json(payload))[:16]
+
+
+def legacy_fingerprint(stage: str, config: dict[str, Any], inputs: list[InputRef]) -> str:
+    """The id of manifests before schema 1.2 (whole config, inputs by name, no code version): old manifests'
+    ids still recompute, though planning never produces such ids any more."""
     payload = {
         "stage": stage,
         "config": config,

@@ -21,8 +21,9 @@ from .configs.base import StageConfig
 from .configs.model import ModelConfig
 from .corpus import data_digest
 from .errors import ConfigError, InputError, ManifestNotFound
-from .manifest import InputRef, Manifest, fingerprint, scan_files, sha256_file
+from .manifest import InputRef, Manifest, fingerprint, legacy_fingerprint, scan_files, sha256_file
 from .recipes import RECIPES, cache_root, source_kind
+from .stages import STAGE_VERSIONS
 from .store import NotFound, S3Storage, fetch, mirror_prefix, read_manifest
 
 ADAPTER_DIR, MERGED_DIR = "adapter", "merged"
@@ -81,9 +82,22 @@ def stage_refs(config: StageConfig, inputs: dict[str, str], endpoint_url: str | 
     return [*upstream_refs(inputs, endpoint_url), *config_refs(config, endpoint_url)]
 
 
+def artifact_id(config: StageConfig, refs: list[InputRef], code_version: int | None = None) -> str:
+    """The id of the artifact `config` produces from inputs `refs` with this (or the given) code version."""
+    version = STAGE_VERSIONS[config.stage] if code_version is None else code_version
+    return fingerprint(config.stage, config.identity(), refs, version)
+
+
 def recompute_artifact_id(manifest: Manifest) -> str:
-    """The artifact id from a published manifest alone: stage, resolved config and recorded inputs."""
-    return fingerprint(manifest.stage, manifest.config, manifest.inputs)
+    """The artifact id from a published manifest alone: stage, code version, recorded config and inputs.
+
+    The recorded config is validated again by its stage's config class to drop its run-only fields; a config
+    the class refuses is a ConfigError naming the manifest's stage."""
+    if manifest.code_version is None:
+        return legacy_fingerprint(manifest.stage, manifest.config, manifest.inputs)
+    from .configs.pipeline import STAGE_CONFIGS, validate_model
+    config = validate_model(STAGE_CONFIGS[manifest.stage], manifest.config, f"manifest config of stage {manifest.stage}")
+    return artifact_id(config, manifest.inputs, manifest.code_version)
 
 
 @dataclass

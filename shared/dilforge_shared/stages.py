@@ -25,3 +25,12 @@ STAGE_MODULES: dict[StageName, str] = {"model": "dilforge_cpt.import_model", "to
 def image_of(stage: str) -> ImageName:
     """The image a stage runs in (its own, except the model stage: the cpt image)."""
     return STAGE_IMAGES[stage]
+
+
+# Code version of each stage: part of its artifact id and recorded in its manifest (`code_version`). Bump a stage's
+# number in the same commit as any change to its code that changes what it publishes for the same config and inputs
+# (a fixed transplant, another default inside the code, a new file in the artifact): reruns then build new artifacts
+# instead of reusing what the old code produced. tests/unit/test_stage_golden.py holds each stage's output on a tiny
+# pipeline and fails, naming the stage to bump, when the output changes under an unchanged version. Refactors that
+# publish the same bytes keep the number.
+STAGE_VERSIONS: dict[StageName, int] = {"model": 1, "tokenizer": 1, "cpt": 1, "sft": 1, "eval": 1}

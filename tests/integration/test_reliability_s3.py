@@ -6,6 +6,7 @@ import json
 import time
 from pathlib import Path
 
+import factories
 import pytest
 from dilforge_coordinator import gc
 from dilforge_coordinator import pipeline as pl
@@ -70,9 +71,7 @@ class S3Publishing:
         out = self.tmp_path / f"out{self.runs}"
         out.mkdir()
         (out / "tokenizer.json").write_text('{"v": 1}')
-        publish(job.artifact_uri, out, Manifest(kind="tokenizer", artifact_id=job.artifact_id, run_id=job.run_id,
-                                                stage="tokenizer", producer=current_producer("t"), config={},
-                                                data_dir="x", files=[]))
+        publish(job.artifact_uri, out, factories.job_manifest(job, "tokenizer"))
 
 
 def test_damaged_s3_artifact_is_moved_aside_and_rebuilt_and_gc_finds_orphans(s3_bucket, s3_server, tmp_path):

@@ -56,8 +56,12 @@ def test_not_json_names_source():
 def test_fingerprint_depends_on_config_and_inputs_only():
     ref = InputRef(name="tokenizer", kind="manifest", uri="s3://a", sha256="1" * 64)
     moved = ref.model_copy(update={"uri": "s3://elsewhere"})
-    base = fingerprint("cpt", {"lr": 1e-4}, [ref])
-    assert fingerprint("cpt", {"lr": 1e-4}, [moved]) == base  # location does not matter, content does
-    assert fingerprint("cpt", {"lr": 2e-4}, [ref]) != base
-    assert fingerprint("cpt", {"lr": 1e-4}, [ref.model_copy(update={"sha256": "2" * 64})]) != base
-    assert fingerprint("sft", {"lr": 1e-4}, [ref]) != base
+    base = fingerprint("cpt", {"lr": 1e-4}, [ref], 1)
+    assert fingerprint("cpt", {"lr": 1e-4}, [moved], 1) == base  # location does not matter, content does
+    assert fingerprint("cpt", {"lr": 2e-4}, [ref], 1) != base
+    assert fingerprint("cpt", {"lr": 1e-4}, [ref.model_copy(update={"sha256": "2" * 64})], 1) != base
+    assert fingerprint("sft", {"lr": 1e-4}, [ref], 1) != base
+    assert fingerprint("cpt", {"lr": 1e-4}, [ref], 2) != base  # a new code version is a new artifact
+    data = InputRef(name="data:wiki", kind="data", uri="/d/wiki.txt", sha256="3" * 64)
+    renamed = data.model_copy(update={"name": "data:Wikipedia"})
+    assert fingerprint("cpt", {}, [data], 1) == fingerprint("cpt", {}, [renamed], 1)  # a display name is run-only

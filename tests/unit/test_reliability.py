@@ -12,6 +12,7 @@ import threading
 import time
 from pathlib import Path
 
+import factories
 import pytest
 from dilforge_coordinator import pipeline as pl
 from dilforge_coordinator.cli import app
@@ -108,9 +109,7 @@ class PublishingBackend:
         (out / "tokenizer.json").write_text('{"model": "bpe"}')
         (out / "sub").mkdir()
         (out / "sub" / "extra.txt").write_text("x" * 100)
-        manifest = Manifest(kind="tokenizer", artifact_id=job.artifact_id, run_id=job.run_id, stage="tokenizer",
-                            producer=current_producer("test"), config={}, data_dir="pending", files=[])
-        publish(job.artifact_uri, out, manifest)
+        publish(job.artifact_uri, out, factories.job_manifest(job, "tokenizer"))
 
 
 def write_config(tmp_path: Path, run_id: str = "demo") -> Path:

@@ -138,10 +138,15 @@ def _fake_job_publishes(backend: SageMakerBackend, s3, submitted: list[dict]):
         out = Path(backend.tmp) / stage
         out.mkdir(parents=True)
         (out / "weights.txt").write_text(f"{stage} trained with inputs {hp['inputs']}")
+        from dilforge_shared.configs import STAGE_CONFIGS
+        from dilforge_shared.models import stage_refs
+        from dilforge_shared.stages import STAGE_VERSIONS
+        refs = stage_refs(STAGE_CONFIGS[stage].model_validate(config), json.loads(hp["inputs"]),
+                          hp.get("s3_endpoint_url"))
         manifest = Manifest(kind={"tokenizer": "tokenizer", "cpt": "model"}[stage],
                             artifact_id=hp["artifact_uri"].rsplit("/", 1)[1], run_id=hp["run_id"], stage=stage,
-                            producer=current_producer("dilforge-coordinator"), config=config, inputs=[],
-                            data_dir="pending", files=[])
+                            code_version=STAGE_VERSIONS[stage], producer=current_producer("dilforge-coordinator"),
+                            config=config, inputs=refs, data_dir="pending", files=[])
         publish(hp["artifact_uri"], out, manifest)
         return resp
     backend.clients["sagemaker"].create_training_job = create

@@ -27,7 +27,8 @@ from dilforge_shared.configs import ModelConfig, PipelineConfig
 from dilforge_shared.configs.cloud import SageMakerConfig
 from dilforge_shared.contract import build_hyperparameters
 from dilforge_shared.errors import ConfigError, DilforgeError
-from dilforge_shared.manifest import InputRef, fingerprint
+from dilforge_shared.manifest import InputRef
+from dilforge_shared.models import artifact_id as planned_artifact_id
 from dilforge_shared.recipes import source_kind
 from dilforge_shared.store import open_backend
 
@@ -92,7 +93,7 @@ def offline_jobs(pipeline: PipelineConfig) -> list[StageJob]:
         refs += [InputRef(name=f"model:{u}", kind="data", uri=u, sha256=f"offline:{u}") for u in config.model_uris()]
         if isinstance(config, ModelConfig):
             refs.append(InputRef(name="source", kind="data", uri=config.source, sha256=f"offline:{config.source}"))
-        artifact_id = fingerprint(stage, config.model_dump(mode="json"), refs)
+        artifact_id = planned_artifact_id(config, refs)
         uri = f"{store}/artifacts/{stage}/{artifact_id}"
         planned[stage] = uri
         jobs.append(StageJob(stage=stage, config=config, run_id=pipeline.run_id, artifact_uri=uri, inputs=inputs,

@@ -7,6 +7,8 @@ import warnings
 from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.fields import FieldInfo
+from pydantic_core import to_jsonable_python
 
 from ..corpus import MAX_DOCUMENT_BYTES, Oversize, TextFormat
 
@@ -18,6 +20,54 @@ def deprecated(message: str) -> None:
     DeprecationWarnings raised outside __main__ by default)."""
     warnings.warn(message, DeprecationWarning, stacklevel=3)
     log.warning(message)
+
+
+# ---- identity ------------------------------------------------------------------------------
+# Every stage config field either determines the stage's output (identity: part of the artifact id) or only how,
+# where or how fast it runs (run-only: logging cadence, checkpoint cadence, process layout, kernels, batch sizes
+# for the same global batch, display names). A field is identity unless it carries RUN_ONLY, so a new field is
+# hashed until someone decides otherwise. The marker is this one place, and the exported JSON Schema shows it
+# on the field (`"x-dilforge-identity": "run-only"`). Changing a run-only field keeps the artifact id, so a CPT run
+# interrupted and rerun with, say, another checkpoint_every resumes its checkpoint instead of starting over.
+IDENTITY_KEY = "x-dilforge-identity"
+RUN_ONLY = {IDENTITY_KEY: "run-only"}
+
+
+def is_run_only(info: FieldInfo) -> bool:
+    extra = info.json_schema_extra
+    return isinstance(extra, dict) and extra.get(IDENTITY_KEY) == "run-only"
+
+
+def identity_view(value):
+    """`value` (a config model, or lists/dicts of them) as JSON types without its run-only fields, at any depth."""
+    if isinstance(value, BaseModel):
+        return {name: identity_view(getattr(value, name)) for name, info in type(value).model_fields.items()
+                if not is_run_only(info)}
+    if isinstance(value, (list, tuple)):
+        return [identity_view(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): identity_view(v) for k, v in value.items()}
+    return to_jsonable_python(value)
+
+
+def run_only_paths(model: type[BaseModel], prefix: str = "") -> list[str]:
+    """Dotted paths of every run-only field of a config class, nested models included (docs, tests)."""
+    out = []
+    for name, info in model.model_fields.items():
+        path = f"{prefix}{name}"
+        if is_run_only(info):
+            out.append(path)
+            continue
+        for sub in _model_types(info.annotation):
+            out += run_only_paths(sub, f"{path}.")
+    return sorted(set(out))
+
+
+def _model_types(annotation) -> list[type[BaseModel]]:
+    from typing import get_args
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [t for arg in get_args(annotation) for t in _model_types(arg)]
 
 
 class StrictModel(BaseModel):
@@ -63,7 +113,8 @@ class DataSource(StrictModel):
     uri: str = Field(description="Local path, file://, glob, or s3:// URI of the data.")
     format: TextFormat = Field(default="auto", description="File format; 'auto' decides by extension.")
     text_field: str = Field(default="text", description="JSONL field, TSV column or parquet column with the text.")
-    name: str | None = Field(default=None, description="Short name for reports (defaults to the file name).")
+    name: str | None = Field(default=None, json_schema_extra=RUN_ONLY,
+                             description="Short name for reports (defaults to the file name).")
     weight: float = Field(default=1.0, gt=0, description="Mixture weight where a stage mixes several sources.")
     max_document_bytes: int = Field(
         default=MAX_DOCUMENT_BYTES, ge=64, le=1 << 30,
@@ -95,6 +146,10 @@ class StageConfig(StrictModel):
     required_inputs: ClassVar[tuple[str, ...]] = ()
 
     seed: int = Field(default=0, description="Seed for every random choice the stage makes.")
+
+    def identity(self) -> dict:
+        """The config as the artifact id hashes it: every field but the run-only ones (see RUN_ONLY)."""
+        return identity_view(self)
 
     def data_sources(self) -> list[DataSource]:
         """Raw data the stage reads; their digests are part of the artifact fingerprint."""

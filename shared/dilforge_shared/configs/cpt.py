@@ -9,7 +9,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from .base import DataSource, Precision, StageConfig, StrictModel, Switch, kernels_switch, rename_fields
+from .base import RUN_ONLY, DataSource, Precision, StageConfig, StrictModel, Switch, kernels_switch, rename_fields
 
 
 class ScratchModel(StrictModel):
@@ -113,13 +113,13 @@ class CptConfig(StageConfig):
         description="Validation BPB slides windows of seq_len tokens by this many (dilforge_shared.bpb); None = "
         "seq_len // 2, eval's default, so CPT and eval report the same number for the same window.",
     )
-    validation_micro_batch_size: int | None = Field(
+    validation_micro_batch_size: int | None = Field(json_schema_extra=RUN_ONLY, 
         default=None, ge=1, description="Windows per validation forward pass per process; None = micro_batch_size."
     )
     max_docs_per_corpus: int | None = Field(
         default=None, ge=1, description="Read at most this many documents of each corpus (demos)."
     )
-    tokenize_batch_size: int = Field(default=1000, ge=1, description="Documents per encode_batch call.")
+    tokenize_batch_size: int = Field(json_schema_extra=RUN_ONLY, default=1000, ge=1, description="Documents per encode_batch call.")
 
     # ---- optimisation ----------------------------------------------------------------------
     phase1: Phase1 = Field(
@@ -133,7 +133,7 @@ class CptConfig(StageConfig):
         description="Sequences per optimizer step across all processes (= micro_batch_size × processes × "
         "gradient accumulation steps, which is derived).",
     )
-    micro_batch_size: int = Field(default=1, ge=1, description="Sequences per forward pass per process.")
+    micro_batch_size: int = Field(json_schema_extra=RUN_ONLY, default=1, ge=1, description="Sequences per forward pass per process.")
     max_grad_norm: float | None = Field(default=1.0, gt=0, description="Gradient clipping norm; None = off.")
     adam_beta1: float = Field(default=0.9, ge=0, lt=1, description="AdamW beta1.")
     adam_beta2: float = Field(default=0.95, ge=0, lt=1, description="AdamW beta2.")
@@ -141,37 +141,37 @@ class CptConfig(StageConfig):
     precision: Precision = Field(default="auto", description="auto = bf16 on CUDA, fp32 on CPU.")
 
     # ---- distribution and kernels ----------------------------------------------------------
-    num_processes_per_node: int | None = Field(
+    num_processes_per_node: int | None = Field(json_schema_extra=RUN_ONLY, 
         default=None, ge=1,
         description="Training processes per host; None = one per GPU (1 on CPU). More than one process in "
         "total (here or several hosts in resourceconfig.json) runs under torchrun.",
     )
-    fsdp: Literal["auto", "on", "off"] = Field(
+    fsdp: Literal["auto", "on", "off"] = Field(json_schema_extra=RUN_ONLY, 
         default="auto",
         description="FSDP2 fully_shard per decoder layer + root; auto = on with >1 process or on CUDA (one GPU "
         "gets a one-rank group: bf16 compute, fp32 master weights, the multi-GPU code path); off = plain "
         "module with autocast (single process only).",
     )
-    distributed_backend: Literal["auto", "nccl", "gloo"] = Field(
+    distributed_backend: Literal["auto", "nccl", "gloo"] = Field(json_schema_extra=RUN_ONLY, 
         default="auto", description="auto = nccl on CUDA, gloo on CPU."
     )
-    master_port: int = Field(default=29500, ge=1024, le=65535, description="Rendezvous port on multi-host runs.")
-    activation_checkpointing: bool = Field(default=False, description="Recompute layer activations in backward.")
-    compile: bool = Field(default=False, description="torch.compile every decoder layer.")
-    liger: Switch = Field(
+    master_port: int = Field(json_schema_extra=RUN_ONLY, default=29500, ge=1024, le=65535, description="Rendezvous port on multi-host runs.")
+    activation_checkpointing: bool = Field(json_schema_extra=RUN_ONLY, default=False, description="Recompute layer activations in backward.")
+    compile: bool = Field(json_schema_extra=RUN_ONLY, default=False, description="torch.compile every decoder layer.")
+    liger: Switch = Field(json_schema_extra=RUN_ONLY, 
         default="auto", description="Liger layer kernels (RMSNorm, RoPE, SwiGLU): auto = on with CUDA, off on CPU; "
         "on = required (an error without CUDA). The old bool (true = auto) is read with a deprecation warning.")
-    peak_tflops_per_device: float | None = Field(
+    peak_tflops_per_device: float | None = Field(json_schema_extra=RUN_ONLY, 
         default=None, gt=0,
         description="Peak dense TFLOP/s of one device for MFU; None = known GPUs' bf16 peak (H100/H200 "
         "989, A100 312, ...), no MFU on CPU.",
     )
 
     # ---- logging, evaluation, checkpoints ------------------------------------------------
-    log_every: int = Field(default=10, ge=1, description="Log training metrics every this many steps.")
-    eval_every: int = Field(default=100, ge=1, description="Validation loss/BPB every N steps (and at the end).")
-    checkpoint_every: int = Field(default=200, ge=1, description="Checkpoint every N steps (and on SIGTERM).")
-    num_checkpoints_kept: int = Field(default=2, ge=1, description="Complete checkpoints kept on disk.")
+    log_every: int = Field(json_schema_extra=RUN_ONLY, default=10, ge=1, description="Log training metrics every this many steps.")
+    eval_every: int = Field(json_schema_extra=RUN_ONLY, default=100, ge=1, description="Validation loss/BPB every N steps (and at the end).")
+    checkpoint_every: int = Field(json_schema_extra=RUN_ONLY, default=200, ge=1, description="Checkpoint every N steps (and on SIGTERM).")
+    num_checkpoints_kept: int = Field(json_schema_extra=RUN_ONLY, default=2, ge=1, description="Complete checkpoints kept on disk.")
     save_dtype: Literal["auto", "bf16", "fp32"] = Field(
         default="auto", description="dtype of the published weights; auto = the training precision."
     )

@@ -7,7 +7,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from .base import DataSource, Precision, StageConfig, StrictModel
+from .base import RUN_ONLY, DataSource, Precision, StageConfig, StrictModel
 
 _LABEL = r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,39}$"
 UPSTREAM_LABELS = ("tokenizer", "cpt", "sft")
@@ -66,7 +66,7 @@ class BpbSettings(StrictModel):
                                "max_position_embeddings capped at 2048.")
     stride: int | None = Field(default=None, ge=1, description="Window step in tokens; every token after the first "
                                "window sees at least window-stride tokens of context. None = window/2.")
-    batch_size: int = Field(default=8, ge=1, description="Windows per forward pass.")
+    batch_size: int = Field(json_schema_extra=RUN_ONLY, default=8, ge=1, description="Windows per forward pass.")
 
     @model_validator(mode="after")
     def _check(self) -> BpbSettings:
@@ -106,7 +106,7 @@ class EvalConfig(StageConfig):
     max_docs_per_set: int | None = Field(default=None, ge=1, description="Read at most this many documents per set.")
     max_bytes_per_set: int | None = Field(default=200_000, ge=1, description="Stop reading a set after this many "
                                           "UTF-8 bytes (keeps CPU demos fast); None = the whole set.")
-    device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="auto = cuda when available.")
+    device: Literal["auto", "cpu", "cuda"] = Field(json_schema_extra=RUN_ONLY, default="auto", description="auto = cuda when available.")
     precision: Precision = Field(default="auto", description="auto = bf16 on CUDA with bf16 support, else fp32.")
 
     @model_validator(mode="after")

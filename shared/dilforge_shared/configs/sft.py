@@ -6,7 +6,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from .base import DataSource, Precision, StageConfig, StrictModel, Switch, kernels_switch, rename_fields
+from .base import RUN_ONLY, DataSource, Precision, StageConfig, StrictModel, Switch, kernels_switch, rename_fields
 
 
 class SftDataSource(DataSource):
@@ -99,7 +99,7 @@ class SftConfig(StageConfig):
         default=False,
         description="Pack several conversations per sequence (best-fit decreasing, padding-free: documents are "
         "told apart by their position ids, never attend to each other).")
-    attention: Literal["auto", "sdpa", "flex_attention", "flash_attention_2", "eager"] = Field(
+    attention: Literal["auto", "sdpa", "flex_attention", "flash_attention_2", "eager"] = Field(json_schema_extra=RUN_ONLY, 
         default="auto",
         description="Attention kernel. auto: with packing on CUDA, flash_attention_2 if the flash-attn package is "
         "installed, else flex_attention (a block-sparse mask of document boundaries, no N^2 mask); sdpa otherwise "
@@ -114,23 +114,23 @@ class SftConfig(StageConfig):
     max_steps: int | None = Field(default=None, ge=1, description="Stop after this many optimizer steps (overrides num_epochs).")
     per_device_batch_size: int = Field(default=8, ge=1, description="Sequences per forward pass.")
     gradient_accumulation_steps: int = Field(default=2, ge=1, description="Forward passes per optimizer step.")
-    eval_batch_size: int = Field(default=8, ge=1, description="Sequences per validation forward pass.")
-    gradient_checkpointing: Literal["auto", "on", "off"] = Field(
+    eval_batch_size: int = Field(json_schema_extra=RUN_ONLY, default=8, ge=1, description="Sequences per validation forward pass.")
+    gradient_checkpointing: Literal["auto", "on", "off"] = Field(json_schema_extra=RUN_ONLY, 
         default="auto",
         description="Recompute activations to save memory (costs ~25-30% speed). auto: on only when the estimated "
         "training memory exceeds memory_budget_fraction of the device's (or host's) memory. YAML true/false "
         "mean on/off.")
-    memory_budget_fraction: float = Field(
+    memory_budget_fraction: float = Field(json_schema_extra=RUN_ONLY, 
         default=0.7, gt=0, le=1,
         description="gradient_checkpointing auto: share of device memory the estimate may use before checkpointing "
         "is turned on.")
     precision: Precision = Field(default="auto", description="auto: bf16 on CUDA, fp32 on CPU.")
-    liger: Switch = Field(
+    liger: Switch = Field(json_schema_extra=RUN_ONLY, 
         default="auto", description="Liger layer kernels (RMSNorm, RoPE, SwiGLU): auto = on with CUDA, off on CPU; "
         "on = required (an error without CUDA).")
-    log_every: int = Field(default=10, ge=1, description="Log the training loss every this many steps.")
-    checkpoint_every: int = Field(default=200, ge=1, description="Write a resumable checkpoint every this many steps.")
-    num_checkpoints_kept: int = Field(default=2, ge=1, description="Newest checkpoints kept in /opt/ml/checkpoints.")
+    log_every: int = Field(json_schema_extra=RUN_ONLY, default=10, ge=1, description="Log the training loss every this many steps.")
+    checkpoint_every: int = Field(json_schema_extra=RUN_ONLY, default=200, ge=1, description="Write a resumable checkpoint every this many steps.")
+    num_checkpoints_kept: int = Field(json_schema_extra=RUN_ONLY, default=2, ge=1, description="Newest checkpoints kept in /opt/ml/checkpoints.")
 
     # ---- outputs --------------------------------------------------------------------------------
     save_merged: bool = Field(
