@@ -273,3 +273,14 @@ def test_non_finite_loss_stops_with_checkpoint_and_clear_error(tmp_path, data_ro
     # the last good state is a complete checkpoint (the token cache also lives under checkpoints/)
     marker = opt_root / "checkpoints" / "train" / f"step-{int(found[3]):08d}" / "COMPLETE.node00000-of-00001"
     assert marker.is_file(), output[-3000:]
+
+
+def test_output_is_golden_for_its_code_version(single_run):
+    """The cpt stage's code version is bumped whenever what it publishes for this run changes (tests/golden.py)."""
+    import golden
+    m = single_run.manifest.metrics
+    golden.check("cpt", {
+        "files": sorted(f.path for f in single_run.manifest.files),
+        "losses": [h["loss"] for h in m["history"]],
+        **{k: m[k] for k in ("step0_val_bpb", "final_val_bpb", "final_val_loss", "num_params", "total_tokens")},
+    })

@@ -166,6 +166,14 @@ def test_eval_stage_reports_every_model_and_set(upstream, data_root):
     assert "Tokenizer strategies" in html and "Dead-token audit" in html
     full = json.loads((art.path / "metrics.json").read_text())
     assert len(full["curves"]["cpt"]["loss"]) == 4
+    import golden  # the eval stage's code version is bumped whenever what it publishes here changes
+    golden.check("eval", {
+        "files": sorted(f.path for f in manifest.files),
+        "bpb": {model: {s: m["bpb"][model][s]["bpb"] for s in sorted(m["bpb"][model])} for model in m["bpb"]},
+        "tokens_per_word": m["tokenizer_metrics"]["tokenizer"]["flores"]["tokens_per_word"],
+        "parity": m["parity"]["tokenizer"]["flores"]["parity"],
+        "generations": len(gens),
+    })
 
 
 def test_run_all_prints_report_path_and_bad_input_fails_cleanly(upstream, data_root, tmp_path):

@@ -54,6 +54,11 @@ def test_hf_folder_import_publishes_a_loadable_model_with_provenance_and_is_reus
     assert len(AutoTokenizer.from_pretrained(str(art.path), trust_remote_code=False)) == model.config.vocab_size
     again = import_model(tmp_path, str(tiny_llama_dir))
     assert again.returncode == 0 and "reusing" in again.stdout and uri in again.stdout
+    import golden  # the model stage's code version is bumped whenever what it publishes here changes
+    golden.check("model", {  # weights by name and shape (their bytes equal the source's, checked above)
+        "files": {f.path: f.sha256 for f in art.manifest.files if not f.path.endswith(".safetensors")},
+        "tensors": {k: list(v.shape) for k, v in sorted(load_file(str(art.path / "model.safetensors")).items())},
+        **{k: metrics[k] for k in ("num_parameters", "dtype", "family", "architecture")}})
 
 
 @pytest.mark.parametrize("remove, message", [

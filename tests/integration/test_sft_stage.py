@@ -202,3 +202,15 @@ def test_cuda_plan_uses_bf16_and_liger_and_trains(tiny_llama_dir, tmp_path, data
                                   checkpointing=True)
     out = trainer.train()
     assert out.global_step == 2 and math.isfinite(out.training_loss)
+
+
+def test_output_is_golden_for_its_code_version(sft_run):
+    """The sft stage's code version is bumped whenever what it publishes for this run changes (tests/golden.py)."""
+    import golden
+    art, _ = sft_run
+    m = art.manifest.metrics
+    golden.check("sft", {
+        "files": sorted(f.path for f in art.manifest.files),
+        "losses": [h["loss"] for h in m["train_loss_history"]],
+        **{k: m[k] for k in ("eval_loss_before", "eval_loss_after", "optimizer_steps")},
+    })

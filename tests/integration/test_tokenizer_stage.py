@@ -187,3 +187,16 @@ def test_corpus_and_base_tokenizer_from_s3(tmp_path, s3_server, s3_bucket, data_
     m = art.manifest.metrics
     assert m["corpus"]["total"]["lines_read"] == 2000 and m["sweep"][0]["num_added_tokens"] > 0
     assert Tokenizer.from_file(str(art.path / "tokenizer.json")).get_vocab_size() > 768
+
+
+def test_replace_output_is_golden_for_its_code_version(replace_run):
+    """The tokenizer stage's code version is bumped whenever what it publishes for this run changes (tests/golden.py)."""
+    import golden
+    m = replace_run.manifest.metrics
+    golden.check("tokenizer", {
+        "files": sorted(f.path for f in replace_run.manifest.files),
+        "tokenizer.json": golden.file_digest(replace_run.path / "tokenizer.json"),
+        "selected_vocab_size": m["selected_vocab_size"],
+        "flores_tokens_per_word": [r["sets"]["flores_dev"]["tokens_per_word"] for r in m["sweep"]],
+        "heldout_tokens_per_word": [r["sets"]["heldout"]["tokens_per_word"] for r in m["sweep"]],
+    })

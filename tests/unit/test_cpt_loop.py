@@ -35,31 +35,38 @@ def token_files(tmp_path):
 
 def run(tmp_path, ckpt_root, stop_at: int | None):
     """Train from the newest checkpoint under ckpt_root (or from scratch); SIGTERM-like stop after stop_at."""
-    from dilforge_cpt.checkpoints import latest_checkpoint, read_checkpoint_state
     from dilforge_cpt.data import PackedData, ValidationSet
-    from dilforge_cpt.loop import LoopSetup, TrainState, train_loop
-    from dilforge_cpt.reporting import MetricsLog
-    from dilforge_cpt.runtime import Runtime
     from dilforge_shared.bpb import build_stream
-    from transformers import LlamaForCausalLM
     cfg = config()
     torch.manual_seed(0)
-    model = LlamaForCausalLM(factories.tiny_llama_config(VOCAB))
     data = PackedData(token_files(tmp_path), [c.weight for c in cfg.corpora], SEQ, cfg.seed)
     stream = build_stream(["abc", "de"], [[1, 2, 3, 4, 5, 6, 7], [8, 9, 10]], bos=0, doc_end=63)
-    val = [ValidationSet("v", stream)]
-    resume = latest_checkpoint(ckpt_root)
-    state = TrainState() if resume is None else TrainState.from_json(read_checkpoint_state(resume))
-    if resume is None:
-        state.sampler = data.sampler.state_dict()
-    else:
-        data.sampler.load_state_dict(state.sampler)
-    rt = Runtime()
-    setup = LoopSetup(config=cfg, rt=rt, checkpoint_root=ckpt_root, metrics=MetricsLog(None, cfg.num_steps, rt, 0),
+    return train(cfg, ckpt_root, data, [ValidationSet("v", stream)], stop_at)
+
+
+def train(cfg, ckpt_root, data, val, stop_at=None):
+    """What the stage does around the loop: one checkpointer with everything resumable, the loop starting with
+    its load() (stage.train_in_process)."""
+    from dilforge_cpt.checkpoints import Checkpointer
+    from dilforge_cpt.loop import LoopSetup, TrainState, train_loop
+    from dilforge_cpt.reporting import MetricsLog
+    from dilforge_cpt.resumable import TrainingModel, register_resumables
+    from dilforge_cpt.runtime import Runtime
+    from transformers import LlamaForCausalLM
+    model = LlamaForCausalLM(factories.tiny_llama_config(VOCAB))
+    rt, state = Runtime(), TrainState()
+    checkpointer = Checkpointer(ckpt_root, rt, cfg.num_checkpoints_kept)
+    training = TrainingModel(model, cfg, rt, state)
+    register_resumables(checkpointer, training, data.sampler, state)
+    setup = LoopSetup(config=cfg, rt=rt, checkpointer=checkpointer,
+                      metrics=MetricsLog(None, cfg.num_steps, rt, checkpointer.resume_step),
                       stop_requested=lambda: stop_at is not None and state.step >= stop_at,
                       flops_per_token={1: 1.0, 2: 1.0}, peak_flops=None)
-    state = train_loop(model, data, val, state, setup, resume)
-    return model, state
+    try:
+        return model, train_loop(training, data, val, state, setup)
+    except BaseException as exc:
+        exc.model = model  # type: ignore[attr-defined]
+        raise
 
 
 @pytest.mark.parametrize("stop_at", [2, 5], ids=["in-phase-1", "in-phase-2"])

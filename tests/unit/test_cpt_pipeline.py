@@ -84,32 +84,14 @@ def test_prefetcher_hands_a_worker_error_to_the_loop(tmp_path):
 
 # ---- 2. host reads on log steps only -------------------------------------------------------
 def run(tmp_path, root, cfg: CptConfig, stop_at=None):
-    from dilforge_cpt.checkpoints import latest_checkpoint, read_checkpoint_state
     from dilforge_cpt.data import ValidationSet
-    from dilforge_cpt.loop import LoopSetup, TrainState, train_loop
-    from dilforge_cpt.reporting import MetricsLog
-    from dilforge_cpt.runtime import Runtime
     from dilforge_shared.bpb import build_stream
-    from transformers import LlamaForCausalLM
+    from test_cpt_loop import train
     torch.manual_seed(0)
-    model = LlamaForCausalLM(factories.tiny_llama_config(VOCAB))
     data = packed(tmp_path)
     val = [ValidationSet("v", build_stream(["abc"], [[1, 2, 3, 4, 5]], bos=0, doc_end=63))]
-    resume = latest_checkpoint(root)
-    state = TrainState() if resume is None else TrainState.from_json(read_checkpoint_state(resume))
-    if resume is None:
-        state.sampler = data.sampler.state_dict()
-    else:
-        data.sampler.load_state_dict(state.sampler)
-    rt = Runtime()
-    setup = LoopSetup(config=cfg, rt=rt, checkpoint_root=root, metrics=MetricsLog(None, cfg.num_steps, rt, 0),
-                      stop_requested=lambda: stop_at is not None and state.step >= stop_at,
-                      flops_per_token={1: 1.0, 2: 1.0}, peak_flops=None)
-    try:
-        return model, train_loop(model, data, val, state, setup, resume), data
-    except BaseException as exc:
-        exc.model = model  # type: ignore[attr-defined]
-        raise
+    model, state = train(cfg, root, data, val, stop_at)
+    return model, state, data
 
 
 def test_reading_back_only_on_log_steps_trains_exactly_like_reading_every_step(tmp_path, monkeypatch):
@@ -140,7 +122,6 @@ def test_a_non_finite_step_between_log_steps_stops_at_the_last_good_state(tmp_pa
     """Step 5 (phase 2) gets an inf gradient; log_every 3 reads it back at step 6. The fused optimizer
     skipped steps 5 and 6 on the device, so the checkpoint at step 4 equals a run stopped at step 4."""
     from dilforge_cpt import loop
-    from dilforge_cpt.checkpoints import read_checkpoint_state
     with pytest.raises(Terminated, match="stopped by SIGTERM at step 4") as stopped:
         run(tmp_path, tmp_path / "ref", config(log_every=3), stop_at=4)
     ref_model = stopped.value.model
@@ -162,7 +143,7 @@ def test_a_non_finite_step_between_log_steps_stops_at_the_last_good_state(tmp_pa
                                            r".*checkpoint saved at step 4") as failed:
         run(tmp_path, tmp_path / "bad", config(log_every=3))
     assert len(calls) == 6  # step 6 ran (no host read in between) but did not step either
-    saved = read_checkpoint_state(tmp_path / "bad" / "step-00000004")
+    saved = json.loads((tmp_path / "bad" / "step-00000004" / "state.json").read_text())
     ref = json.loads((tmp_path / "ref" / "step-00000004" / "state.json").read_text())
     assert saved["step"] == 4 and saved["step_in_phase"] == 1 and saved["tokens_seen"] == 4 * 4 * SEQ
     assert saved["sampler"] == ref["sampler"]

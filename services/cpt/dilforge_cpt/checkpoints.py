@@ -1,8 +1,24 @@
-"""Checkpoints: what a run needs to continue exactly where it stopped.
+"""The CPT checkpointer: everything a run needs to continue exactly where it stopped, in one place.
 
-A checkpoint holds the `TrainState` (state.json, written by global rank 0), the model and optimizer
-*state tensors* (DCP shards, one file per rank), every rank's RNG (JSON) and one completion marker
-per node. Written into `step-N.tmp` and renamed; only complete checkpoints are ever resumed from.
+torchtitan's habit: every resumable object is registered with one `Checkpointer` (the stage registers the
+TrainState, the sampler position, the model with its phase's optimizer, and each rank's RNG; the learning-rate
+schedule is a pure function of the TrainState's phase and step), the loop starts with `load()` and calls
+`save(step)` on checkpoint steps. Nothing else reads or writes checkpoint files.
+
+A checkpoint folder `step-N` holds JSON components (state.json, sampler.json: global rank 0), per-rank JSON
+components (rng-rankRRRRR.json), tensor components (DCP shards and `.metadata`) and one completion marker per
+node listing the size and sha256 of every file its ranks wrote. Written into `step-N.tmp` and renamed.
+
+Resuming picks the newest checkpoint complete on every host and verifies every file's sha256 (the files are
+split between the ranks of each host, so a host checks its own copy in parallel). A damaged one (a flipped byte
+in a shard, a damaged state.json or shard header, a file missing, a marker without digests) is set aside as
+`step-N.damaged` with a warning and the previous one is tried, so damage never reaches the weights a run
+publishes.
+
+Nothing in a checkpoint is unpickled as arbitrary objects (SageMaker restores /opt/ml/checkpoints from S3, so its
+files are untrusted input): tensors go through DCP and are read with weights_only=True, DCP's `.metadata` is read
+with an allow-listed unpickler (DCP's own metadata classes, torch.Size/dtype/layout, PosixPath; no byte blobs),
+RNG and loop state are JSON.
 """
 
 from __future__ import annotations
@@ -11,71 +27,296 @@ import json
 import logging
 import os
 import random
+import re
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal, Protocol
 
 import numpy as np
 import torch
 from dilforge_shared.errors import InputError
+from dilforge_shared.manifest import sha256_file
 
 from .runtime import Runtime
 
 log = logging.getLogger("dilforge.cpt")
 
-
-# ---- checkpoints ---------------------------------------------------------------------------
-# Nothing in a checkpoint is unpickled as arbitrary objects (SageMaker restores /opt/ml/checkpoints
-# from S3, so its files are untrusted input): tensors go through DCP and are read with
-# weights_only=True, DCP's `.metadata` is read with an allow-listed unpickler (DCP's own metadata
-# classes, torch.Size/dtype/layout, PosixPath; no byte blobs), RNG and loop state are JSON.
 CKPT_PREFIX = "step-"
 MARKER_PREFIX = "COMPLETE.node"
+DAMAGED_SUFFIX = ".damaged"
+_RANK_FILE = re.compile(r"^(?:__(\d+)_\d+\.distcp|.+-rank(\d+)\.json)$")  # DCP's shard names; our per-rank JSON
+
+
+class Stateful(Protocol):
+    def state_dict(self) -> dict: ...
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+Kind = Literal["json", "rank_json", "tensors"]
+
+
+@dataclass
+class Component:
+    name: str
+    obj: Stateful
+    kind: Kind
+
+    def file(self, rank: int) -> str:
+        if self.kind == "rank_json":
+            return f"{self.name}-rank{rank:05d}.json"
+        return "state.json" if self.name == "train_state" else f"{self.name}.json"
 
 
 def marker_name(node: int, num_nodes: int) -> str:
     return f"{MARKER_PREFIX}{node:05d}-of-{num_nodes:05d}"
 
 
-def checkpoint_complete(path: Path) -> bool:
-    """Complete = a marker from every node, and every file a marker lists present with its size.
-
-    Each node's local rank 0 writes its marker after its ranks wrote their files; on SageMaker each
-    host syncs its own /opt/ml/checkpoints to the same S3 URI, so a checkpoint restored there is
-    complete only when all hosts' files (and markers) made it to S3.
-    """
+def read_markers(path: Path) -> list[dict] | None:
+    """Every node's marker, if there is one from each node of the same run; None otherwise (not complete yet:
+    e.g. a host's files have not reached this folder)."""
     infos = []
-    for marker in path.glob(f"{MARKER_PREFIX}*"):
+    for marker in sorted(path.glob(f"{MARKER_PREFIX}*")):
         try:
             infos.append(json.loads(marker.read_text()))
         except (OSError, ValueError):
-            return False
-    if not infos:
-        return False
+            return None
     try:
         n = int(infos[0]["num_nodes"])
         if sorted(int(i["node"]) for i in infos) != list(range(n)) or any(int(i["num_nodes"]) != n for i in infos):
-            return False
+            return None
         for info in infos:
-            for name, size in info["files"].items():
-                f = path / name
-                if not f.is_file() or f.stat().st_size != int(size):
-                    return False
-    except (KeyError, TypeError, ValueError, AttributeError):
+            if not isinstance(info["files"], dict):
+                return None
+    except (IndexError, KeyError, TypeError, ValueError, AttributeError):
+        return None
+    return infos
+
+
+def listed_files(infos: list[dict]) -> dict[str, dict | int]:
+    """name -> {size, sha256} over all markers (an int = a size only: a checkpoint from before digests)."""
+    return {name: entry for info in infos for name, entry in info["files"].items()}
+
+
+def complete(path: Path) -> bool:
+    """Every node's marker present and every file they list present with its size (no hashing: that is
+    `verify`'s job, done once, on the checkpoint chosen to resume)."""
+    infos = read_markers(path)
+    if infos is None:
         return False
+    for name, entry in listed_files(infos).items():
+        size = entry if isinstance(entry, int) else entry.get("size") if isinstance(entry, dict) else None
+        f = path / name
+        if size is None or not f.is_file() or f.stat().st_size != int(size):
+            return False
     return True
 
 
-def complete_checkpoints(root: Path) -> list[Path]:
+def checkpoint_folders(root: Path) -> list[Path]:
+    """Finalised `step-N` folders, oldest first (half-written `.tmp` and set-aside ones excluded)."""
     if not root.is_dir():
         return []
-    return sorted(p for p in root.glob(f"{CKPT_PREFIX}*") if p.is_dir() and not p.name.endswith(".tmp")
-                  and checkpoint_complete(p))
+    return sorted(p for p in root.glob(f"{CKPT_PREFIX}*") if p.is_dir() and re.fullmatch(r"step-\d+", p.name))
 
 
-def latest_checkpoint(root: Path) -> Path | None:
-    """Newest complete `step-N` folder; half-written `.tmp` folders and partial ones are ignored."""
-    done = complete_checkpoints(root)
-    return done[-1] if done else None
+def verify(path: Path, share: slice = slice(None)) -> str | None:
+    """None if the files in `share` of this checkpoint's sorted file list match their digests, else what is wrong.
+    Every file in the folder must be listed by a marker: an unlisted file is not verified, so it is refused."""
+    infos = read_markers(path)
+    if infos is None:
+        return f"{path.name}: markers missing or unreadable"
+    files = listed_files(infos)
+    present = {p.name for p in path.iterdir() if p.is_file() and not p.name.startswith(MARKER_PREFIX)}
+    if unlisted := sorted(present - set(files)):
+        return f"{path.name}: files {unlisted} are not listed by any marker"
+    for name in sorted(files)[share]:
+        entry = files[name]
+        if not isinstance(entry, dict) or "sha256" not in entry:
+            return f"{path.name}: {name} has no content digest (a checkpoint from before dilforge recorded them)"
+        f = path / name
+        if not f.is_file():
+            return f"{path.name}: {name} is missing"
+        if f.stat().st_size != int(entry["size"]) or sha256_file(f) != entry["sha256"]:
+            return f"{path.name}: {name} does not match its sha256 (damaged)"
+    return None
+
+
+def set_aside(path: Path) -> Path | None:
+    """Rename a damaged checkpoint to `step-N.damaged` (kept for inspection, never resumed again)."""
+    target, n = path.with_name(path.name + DAMAGED_SUFFIX), 1
+    while target.exists():
+        n += 1
+        target = path.with_name(f"{path.name}{DAMAGED_SUFFIX}-{n}")
+    try:
+        os.replace(path, target)
+    except FileNotFoundError:  # another host's rank set aside the same (shared) folder first
+        return None
+    return target
+
+
+class Checkpointer:
+    """Saves and restores every registered component; `load()` resumes from the newest good checkpoint.
+
+    Components are restored in registration order, so register the TrainState first (the model component reads
+    the phase from it to build that phase's optimizer before its tensors are loaded) and the RNG last (nothing
+    after it may draw random numbers before training resumes).
+    """
+
+    def __init__(self, root: Path, rt: Runtime, keep: int):
+        self.root, self.rt, self.keep = root, rt, keep
+        self.components: list[Component] = []
+        self._chosen: list[Path | None] = []
+
+    def register(self, name: str, obj: Stateful, kind: Kind = "json") -> None:
+        if any(c.name == name for c in self.components):
+            raise ValueError(f"checkpoint component {name!r} registered twice")
+        self.components.append(Component(name, obj, kind))
+
+    # ---- choosing what to resume --------------------------------------------------------------
+    def resume_point(self) -> Path | None:
+        """The newest checkpoint complete on every host whose files all verify; damaged ones are set aside on the
+        way with a warning. Decided once (every rank calls it at the same point) and cached."""
+        if not self._chosen:
+            self._chosen.append(self._choose())
+        return self._chosen[0]
+
+    @property
+    def resume_step(self) -> int:
+        path = self.resume_point()
+        return int(path.name.removeprefix(CKPT_PREFIX)) if path is not None else 0
+
+    def _choose(self) -> Path | None:
+        rt = self.rt
+        mine = [p.name for p in checkpoint_folders(self.root) if complete(p)]
+        everyone = self._gather(mine)
+        common = set(everyone[0]).intersection(*everyone[1:])
+        if set(mine) - common and rt.local_rank == 0:
+            log.warning("checkpoints %s are not complete on every host; ignored", sorted(set(mine) - common))
+        local_world = max(1, rt.world // rt.num_nodes)
+        for name in sorted(common, reverse=True):
+            path = self.root / name
+            problem = verify(path, slice(rt.local_rank, None, local_world))
+            problems = [p for p in self._gather(problem) if p]
+            if not problems:
+                return path
+            if rt.local_rank == 0:
+                aside = set_aside(path)
+                log.warning("checkpoint %s is damaged (%s); set aside as %s, trying the previous one", path,
+                            problems[0], aside.name if aside else "(already)")
+            rt.barrier()
+        return None
+
+    def _gather(self, value) -> list:
+        if not self.rt.distributed or self.rt.world == 1:
+            return [value]
+        import torch.distributed as dist
+        out: list = [None] * self.rt.world
+        dist.all_gather_object(out, value)
+        return out
+
+    # ---- load and save ------------------------------------------------------------------------
+    def load(self) -> bool:
+        """Restore every component from `resume_point()`; False (nothing touched) when there is none."""
+        path = self.resume_point()
+        if path is None:
+            return False
+        for comp in self.components:
+            if comp.kind == "tensors":
+                _load_tensors(path, comp)
+            else:
+                f = path / comp.file(self.rt.rank)
+                if comp.kind == "rank_json" and not f.is_file():  # more ranks now than when it was saved
+                    continue
+                try:
+                    comp.obj.load_state_dict(json.loads(f.read_text()))
+                except (OSError, ValueError) as exc:
+                    raise InputError(f"checkpoint component {comp.name} unreadable ({exc})", path=str(f)) from None
+        log.info("resumed from checkpoint %s", path)
+        return True
+
+    def save(self, step: int) -> Path:
+        """Every component into `step-N.tmp`, digests in each node's marker, then renamed to `step-N`.
+
+        Finalisation (rename, pruning to `keep`) happens once, from global rank 0, when `.tmp` is shared by all
+        nodes (one host, or a shared filesystem); with per-host folders (SageMaker: each host's
+        /opt/ml/checkpoints, synced to one S3 URI) each node finalises its own folder.
+        """
+        import torch.distributed.checkpoint as dcp
+        rt = self.rt
+        final = self.root / f"{CKPT_PREFIX}{step:08d}"
+        tmp = self.root / f"{final.name}.tmp"
+        if rt.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        rt.barrier()
+        if rt.local_rank == 0:
+            tmp.mkdir(parents=True, exist_ok=True)
+        rt.barrier()
+        tensors = {c.name: c.obj.state_dict() for c in self.components if c.kind == "tensors"}
+        if tensors:
+            for key, value in _leaves(tensors):
+                if not isinstance(value, torch.Tensor):
+                    raise TypeError(f"checkpoint entry {key} is a {type(value).__name__}, not a tensor; it would be "
+                                    "pickled")
+            dcp.save(tensors, checkpoint_id=str(tmp))
+        for comp in self.components:
+            if comp.kind == "rank_json" or (comp.kind == "json" and rt.is_main):
+                (tmp / comp.file(rt.rank)).write_text(json.dumps(comp.obj.state_dict()))
+        rt.barrier()
+        mine = {}
+        for f in sorted(p for p in tmp.iterdir() if p.is_file() and not p.name.startswith(MARKER_PREFIX)):
+            owner = _RANK_FILE.match(f.name)
+            rank = int(next(g for g in owner.groups() if g is not None)) if owner else 0
+            if rank == rt.rank:
+                mine[f.name] = {"size": f.stat().st_size, "sha256": sha256_file(f)}
+        by_rank = self._gather((rt.node, mine))
+        if rt.local_rank == 0:
+            files = {name: entry for node, entries in by_rank if node == rt.node for name, entry in entries.items()}
+            (tmp / marker_name(rt.node, rt.num_nodes)).write_text(
+                json.dumps({"step": step, "node": rt.node, "num_nodes": rt.num_nodes, "files": files}))
+        rt.barrier()
+        shared = rt.any(rt.is_main and all((tmp / marker_name(k, rt.num_nodes)).is_file()
+                                           for k in range(rt.num_nodes)))
+        if (rt.is_main if shared else rt.local_rank == 0):
+            shutil.rmtree(final, ignore_errors=True)
+            os.replace(tmp, final)
+            for old in checkpoint_folders(self.root)[:-self.keep]:
+                shutil.rmtree(old, ignore_errors=True)
+        rt.barrier()
+        log.info("checkpoint saved: %s", final)
+        return final
+
+
+def _load_tensors(path: Path, comp: Component) -> None:
+    """DCP load into the component's state_dict (its layout and shapes, so FSDP2 shards reshard), handed back."""
+    import pickle
+
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+    template = {comp.name: comp.obj.state_dict()}
+    reader = _safe_reader(path)
+    try:  # read once here so a rejected metadata file gives this error, not DCP's wrapped one
+        reader.read_metadata()
+    except (pickle.UnpicklingError, EOFError, AttributeError, TypeError) as exc:
+        raise InputError(f"checkpoint metadata rejected ({exc}); delete this checkpoint folder",
+                         path=str(path / ".metadata")) from None
+    try:
+        dcp.load(template, storage_reader=reader)
+    except CheckpointException as exc:  # a BaseException: would end the process without a failure file
+        first = next(iter(getattr(exc, "failures", {}).values()), exc)
+        raise InputError(f"checkpoint shards unreadable ({str(first).strip().splitlines()[-1][:300]})",
+                         path=str(path)) from None
+    comp.obj.load_state_dict(template[comp.name])
+
+
+# ---- the components the CPT stage registers -----------------------------------------------------
+class RngState:
+    """This rank's Python, NumPy, torch (and CUDA) generators, as JSON."""
+
+    def state_dict(self) -> dict:
+        return rng_state()
+
+    def load_state_dict(self, state: dict) -> None:
+        set_rng_state(state)
 
 
 def rng_state() -> dict:
@@ -100,6 +341,7 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all([torch.tensor(s, dtype=torch.uint8) for s in state["cuda"]])
 
 
+
 def _tensor_state(model, optimizer) -> tuple[dict, dict]:
     """What DCP saves: model and optimizer *state* tensors only. param_groups (hyperparameters)
     come from the config on resume, so no non-tensor value has to be pickled into the checkpoint."""
@@ -119,50 +361,6 @@ def _leaves(tree, prefix: str = ""):
     else:
         yield prefix, tree
 
-
-def save_checkpoint(root: Path, step: int, model, optimizer, state: dict, rt: Runtime, keep: int) -> Path:
-    """DCP shards (rank-named files) + per-rank RNG (JSON) + state.json, written to `.tmp` then renamed.
-
-    Every node's local rank 0 writes a marker listing the files it sees. Finalisation (rename to
-    `step-N`, pruning) then happens once, from global rank 0, when `.tmp` is shared by all nodes
-    (rank 0 sees every node's marker: one host, or a shared filesystem); with per-host local
-    folders (SageMaker: each host's /opt/ml/checkpoints) each node finalises its own folder.
-    """
-    import torch.distributed.checkpoint as dcp
-    final = root / f"{CKPT_PREFIX}{step:08d}"
-    tmp = root / f"{final.name}.tmp"
-    if rt.is_main:
-        shutil.rmtree(tmp, ignore_errors=True)
-    rt.barrier()
-    if rt.local_rank == 0:
-        tmp.mkdir(parents=True, exist_ok=True)
-    rt.barrier()
-    saved, _ = _tensor_state(model, optimizer)
-    dcp.save(saved, checkpoint_id=str(tmp))
-    (tmp / f"rng-rank{rt.rank:05d}.json").write_text(json.dumps(rng_state()))
-    if rt.is_main:
-        (tmp / "state.json").write_text(json.dumps(state))
-    rt.barrier()
-    if rt.local_rank == 0:
-        files = {p.name: p.stat().st_size for p in tmp.iterdir()
-                 if p.is_file() and not p.name.startswith(MARKER_PREFIX)}
-        (tmp / marker_name(rt.node, rt.num_nodes)).write_text(
-            json.dumps({"step": step, "node": rt.node, "num_nodes": rt.num_nodes, "files": files}))
-    rt.barrier()
-    shared = rt.any(rt.is_main and all((tmp / marker_name(k, rt.num_nodes)).is_file() for k in range(rt.num_nodes)))
-    if (rt.is_main if shared else rt.local_rank == 0):
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
-        done = sorted(p for p in root.glob(f"{CKPT_PREFIX}*") if p.is_dir() and not p.name.endswith(".tmp"))
-        for old in done[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
-    rt.barrier()
-    log.info("checkpoint saved: %s", final)
-    return final
-
-
-def read_checkpoint_state(path: Path) -> dict:
-    return json.loads((path / "state.json").read_text())
 
 
 def _safe_reader(path: Path):
@@ -200,38 +398,3 @@ def _safe_reader(path: Path):
             return metadata
 
     return Reader(str(path))
-
-
-def load_checkpoint(path: Path, model, optimizer, rt: Runtime) -> None:
-    import pickle
-
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import set_state_dict
-    saved, osd = _tensor_state(model, optimizer)
-    reader = _safe_reader(path)
-    try:  # read once here so a rejected metadata file gives this error, not DCP's wrapped one
-        reader.read_metadata()
-    except (pickle.UnpicklingError, EOFError, AttributeError, TypeError) as exc:
-        raise InputError(f"checkpoint metadata rejected ({exc}); delete this checkpoint folder",
-                         path=str(path / ".metadata")) from None
-    dcp.load(saved, storage_reader=reader)
-    set_state_dict(model, optimizer, model_state_dict=saved["model"],
-                   optim_state_dict={"state": saved["optim"]["state"], "param_groups": osd["param_groups"]})
-    rng = path / f"rng-rank{rt.rank:05d}.json"
-    if rng.is_file():
-        set_rng_state(json.loads(rng.read_text()))
-    log.info("resumed from checkpoint %s", path)
-
-
-def common_checkpoint(root: Path, rt: Runtime) -> Path | None:
-    """The newest checkpoint complete on every host (each checks its own /opt/ml/checkpoints)."""
-    mine = [p.name for p in complete_checkpoints(root)]
-    if not rt.distributed:
-        return root / mine[-1] if mine else None
-    import torch.distributed as dist
-    everyone: list = [None] * rt.world
-    dist.all_gather_object(everyone, mine)
-    common = set(everyone[0]).intersection(*everyone[1:])
-    if set(mine) - common and rt.local_rank == 0:
-        log.warning("checkpoints %s are not complete on every host; ignored", sorted(set(mine) - common))
-    return root / max(common) if common else None

@@ -1,10 +1,11 @@
 """The training loop and its state.
 
 `TrainState` is everything the loop carries from step to step that is not a tensor: it is what a
-checkpoint's state.json holds and what a resume restores (model and optimizer tensors go through
-DCP, each rank's RNG through its own JSON file: `checkpoints.py`). `train_loop` runs phase 1
-(embeddings + LM head) and phase 2 (all parameters) from wherever the state says, validating,
-logging and checkpointing on the configured steps.
+checkpoint's state.json holds (the stage registers it, the sampler position, the model with its
+phase's optimizer and the RNG with one `Checkpointer`: `checkpoints.py`, `resumable.py`).
+`train_loop` starts with the checkpointer's `load()`, then runs phase 1 (embeddings + LM head) and
+phase 2 (all parameters) from wherever the state says, validating, logging and checkpointing on the
+configured steps.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -23,7 +23,7 @@ from dilforge_shared.configs.cpt import CptConfig, Phase
 from dilforge_shared.contract import Terminated
 from dilforge_shared.errors import DilforgeError
 
-from .checkpoints import load_checkpoint, save_checkpoint
+from .checkpoints import Checkpointer
 from .data import PackedData, Prefetcher, ValidationSet
 from .reporting import MetricsLog, PeakMemory
 from .runtime import Runtime
@@ -55,6 +55,15 @@ class TrainState:
         """Fields missing from older checkpoints keep their defaults; unknown keys are ignored."""
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in names})
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.to_json()
+
+    def load_state_dict(self, data: dict[str, Any]) -> None:
+        """In place: the loop, the sampler position and the model component hold this very object."""
+        loaded = TrainState.from_json(data)
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, getattr(loaded, f.name))
 
     def add_validation(self, row: dict | None) -> None:
         if row is None:  # not global rank 0
@@ -220,18 +229,17 @@ class LoopSetup:
     """What the loop needs besides the model, data and state; built once by the stage."""
     config: CptConfig
     rt: Runtime
-    checkpoint_root: Path
+    checkpointer: Checkpointer           # everything resumable registered (resumable.register_resumables)
     metrics: MetricsLog
     stop_requested: Callable[[], bool]   # SIGTERM here or the launcher's stop file (checked on every rank)
     flops_per_token: dict[int, float]   # per phase (phase 1 computes no weight gradients in the blocks)
     peak_flops: float | None
-    new_rows: torch.Tensor | None = None  # bool per vocabulary row: phase 1 `new_rows` trains only these
 
 
 def save(setup: LoopSetup, state: TrainState, model, optimizer) -> None:
-    """A checkpoint of `state` (whose `sampler` is what the loop consumed, not what the prefetcher read)."""
-    save_checkpoint(setup.checkpoint_root, state.step, model, optimizer, state.to_json(), setup.rt,
-                    setup.config.num_checkpoints_kept)
+    """A checkpoint of every registered component at `state.step` (the TrainState's `sampler` is what the loop
+    consumed, not what the prefetcher read)."""
+    setup.checkpointer.save(state.step)
 
 
 @dataclass(frozen=True)
@@ -276,16 +284,20 @@ def settle(pending: list[Pending], state: TrainState, setup: LoopSetup, model, o
                         "raise num_warmup_steps, set max_grad_norm, or check the data")
 
 
-def train_loop(model, data: PackedData, val: list[ValidationSet], state: TrainState, setup: LoopSetup,
-               resume_from: Path | None) -> TrainState:
-    """Phase 1 then phase 2 from `state`; with `resume_from`, model and optimizer tensors (and this
-    rank's RNG) are restored from that checkpoint when its phase's optimizer exists.
+def train_loop(training, data: PackedData, val: list[ValidationSet], state: TrainState,
+               setup: LoopSetup) -> TrainState:
+    """Resume every registered component from the newest good checkpoint (`setup.checkpointer.load()`, a no-op
+    on a fresh run), then phase 1 and phase 2 from `state`. `training` is the `resumable.TrainingModel`: the model
+    and the optimizer of the phase in progress.
 
     Batches come from a background `Prefetcher`. Steps are read back (a host sync) only on log
     steps, the last step of a phase, before validation and before a checkpoint; in between, a
     non-finite step sets a device-side flag that keeps the fused optimizer from stepping until the
     read-back, which rolls back to the last good step and stops (`settle`)."""
     config, rt, metrics = setup.config, setup.rt, setup.metrics
+    if not setup.checkpointer.load():
+        state.sampler = data.sampler.state_dict()  # a fresh run starts where the sampler stands
+    model = training.model
     tokens_per_step = config.global_batch_size * config.seq_len
     memory = PeakMemory(rt)
     prefetch = Prefetcher(data, config.global_batch_size, config.micro_batch_size, rt.rank, rt.world, rt.device)
@@ -295,12 +307,8 @@ def train_loop(model, data: PackedData, val: list[ValidationSet], state: TrainSt
                 continue
             if index > state.phase:
                 state.phase, state.step_in_phase = index, 0
-            rows = setup.new_rows if index == 1 and config.phase1.trainable == "new_rows" else None
-            trainable = set_trainable(model, index, rows)
-            optimizer = make_optimizer(trainable, config, phase, fused=rt.device.type in ("cuda", "cpu"))
-            if resume_from is not None:
-                load_checkpoint(resume_from, model, optimizer, rt)
-                resume_from = None
+            rows = training.rows(index)
+            trainable, optimizer = training.start_phase(index)
             what = "all parameters" if index == 2 else "embeddings + LM head" if rows is None else \
                 f"the {int(rows.sum())} new rows of the embeddings + LM head"
             log.info("phase %d: %d steps at lr %g (%s); host syncs on log steps only: %s", index, phase.num_steps,

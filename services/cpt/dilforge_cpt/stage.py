@@ -5,11 +5,11 @@ asked for (num_processes_per_node, or several hosts in resourceconfig.json), sta
 `worker` and waits; only node 0's `train` process publishes. Each training process (`train`):
 
   runtime (built once) → tokenizer artifact → token cache (streamed, once) → packed windows +
-  mixture sampler → validation set → resume point (TrainState from the newest complete checkpoint)
+  mixture sampler → validation set → resume point (the checkpointer's newest verified checkpoint)
   → base model (upstream `model` artifact / base_model / scratch) → vocabulary transplant →
   step-0 BPB per initialisation (both skipped, with a log line, when resuming) → Liger (CUDA) →
-  activation checkpointing / compile / FSDP2 → train_loop (phase 1: embeddings + LM head, phase 2:
-  all) → HF folder in /opt/ml/model
+  activation checkpointing / compile / FSDP2 → everything resumable registered with the checkpointer
+  → train_loop (load(), then phase 1: embeddings + LM head, phase 2: all) → HF folder in /opt/ml/model
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from dilforge_shared.errors import ConfigError, DilforgeError
 from dilforge_shared.families import describe_model_folder
 from dilforge_shared.launch import build_launch, wait_for_hosts
 
-from .checkpoints import common_checkpoint, read_checkpoint_state
+from .checkpoints import Checkpointer
 from .data import (
     PackedData,
     TokenFile,
@@ -44,6 +44,7 @@ from .data import (
 from .loop import LoopSetup, TrainState, train_loop
 from .model_init import base_model_source, compare_initialisations, load_model, locate_base_model, new_row_mask
 from .reporting import MetricsLog, flops_per_token, peak_flops
+from .resumable import TrainingModel, register_resumables
 from .runtime import Runtime, init_runtime, shutdown
 from .sharding import apply_liger, save_hf_model, shard_model
 from .validation import bpb_by_set, evaluate, window_and_stride
@@ -155,10 +156,10 @@ def train_in_process(config: CptConfig, ctx: StageContext, rt: Runtime) -> dict:
     data = PackedData(files, [c.weight for c in config.corpora], config.seq_len, config.seed)
     val = build_validation(config.validation, tok, ids, config.num_validation_docs, ctx.endpoint_url)
 
-    # where the loop starts: a fresh state, or the newest checkpoint complete on every host
-    ckpt_root = ctx.checkpoint_dir / "train"
-    resume = common_checkpoint(ckpt_root, rt)
-    state = TrainState() if resume is None else TrainState.from_json(read_checkpoint_state(resume))
+    # where the loop starts: a fresh state, or the newest checkpoint complete on every host that verifies
+    checkpointer = Checkpointer(ctx.checkpoint_dir / "train", rt, config.num_checkpoints_kept)
+    resume = checkpointer.resume_point()
+    state = TrainState()
 
     # the model: base (or scratch) → transplant → step-0 comparison of the initialisations
     base = locate_base_model(config, ctx, rt)
@@ -197,18 +198,17 @@ def train_in_process(config: CptConfig, ctx: StageContext, rt: Runtime) -> dict:
     if rt.is_main:
         log_config(config, derived)
 
-    metrics = MetricsLog(ctx.tensorboard_dir, config.num_steps, rt, state.step)
+    metrics = MetricsLog(ctx.tensorboard_dir, config.num_steps, rt, checkpointer.resume_step)
     if resume is None:
-        state.sampler = data.sampler.state_dict()
         step0 = step0 if step0 is not None else evaluate(model, val, config, rt)
         state.add_validation(metrics.record(0, step0, kind="validation"))
-    else:
-        data.sampler.load_state_dict(state.sampler)
 
-    setup = LoopSetup(config=config, rt=rt, checkpoint_root=ckpt_root, metrics=metrics,
+    training = TrainingModel(model, config, rt, state, new_rows)
+    register_resumables(checkpointer, training, data.sampler, state)
+    setup = LoopSetup(config=config, rt=rt, checkpointer=checkpointer, metrics=metrics,
                       stop_requested=lambda: stop["stop"] or stop_path.exists(), flops_per_token=fpt,
-                      peak_flops=peak_flops(config, rt), new_rows=new_rows)
-    state = train_loop(model, data, val, state, setup, resume)
+                      peak_flops=peak_flops(config, rt))
+    state = train_loop(training, data, val, state, setup)
     metrics.close()
 
     publish_files(config, ctx, rt, model, tok_dir, state)

@@ -1,0 +1,77 @@
+"""What a CPT run resumes, as checkpoint components, and the one registration the stage (and its tests) use.
+
+`register_resumables` hands the `Checkpointer` everything the loop carries between steps, in the order `load()`
+restores it: the TrainState (position, phase, results; the learning-rate schedule is a function of its phase and
+step), the sampler position the loop consumed, the model with its phase's optimizer (DCP tensors), each rank's RNG.
+"""
+
+from __future__ import annotations
+
+import torch
+from dilforge_shared.configs.cpt import CptConfig
+
+from .checkpoints import Checkpointer, RngState, _tensor_state
+from .runtime import Runtime
+
+
+class TrainingModel:
+    """The model and the optimizer of the phase in progress.
+
+    A phase's optimizer is built when the phase starts, or earlier when a checkpoint taken in that phase is loaded
+    (its moments are restored into it); the loop then continues with that very optimizer.
+    """
+
+    def __init__(self, model, config: CptConfig, rt: Runtime, state, new_rows: torch.Tensor | None = None):
+        self.model, self.config, self.rt, self.state, self.new_rows = model, config, rt, state, new_rows
+        self.phase: int | None = None
+        self.trainable = self.optimizer = None
+        self._param_groups: list = []
+
+    def rows(self, index: int) -> torch.Tensor | None:
+        """Phase 1 `new_rows`: the vocabulary rows that train (None = whole matrices)."""
+        return self.new_rows if index == 1 and self.config.phase1.trainable == "new_rows" else None
+
+    def start_phase(self, index: int):
+        """(Trainable, optimizer) of phase `index`, built once."""
+        from .loop import make_optimizer, set_trainable
+        if self.phase != index:
+            phase = self.config.phase1 if index == 1 else self.config.phase2
+            self.trainable = set_trainable(self.model, index, self.rows(index))
+            self.optimizer = make_optimizer(self.trainable, self.config, phase,
+                                            fused=self.rt.device.type in ("cuda", "cpu"))
+            self.phase = index
+        return self.trainable, self.optimizer
+
+    def state_dict(self) -> dict:
+        """Model and optimizer *state* tensors (param_groups, i.e. hyperparameters, come from the config)."""
+        self.start_phase(self.state.phase)
+        saved, osd = _tensor_state(self.model, self.optimizer)
+        self._param_groups = osd["param_groups"]
+        return saved
+
+    def load_state_dict(self, saved: dict) -> None:
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+        set_state_dict(self.model, self.optimizer, model_state_dict=saved["model"],
+                       optim_state_dict={"state": saved["optim"]["state"], "param_groups": self._param_groups})
+
+
+class SamplerPosition:
+    """The data position the loop consumed (TrainState.sampler), not where the prefetcher has read ahead to."""
+
+    def __init__(self, sampler, state):
+        self.sampler, self.state = sampler, state
+
+    def state_dict(self) -> dict:
+        return self.state.sampler
+
+    def load_state_dict(self, position: dict) -> None:
+        self.sampler.load_state_dict(position)
+        self.state.sampler = position
+
+
+def register_resumables(checkpointer: Checkpointer, training: TrainingModel, sampler, state) -> Checkpointer:
+    checkpointer.register("train_state", state)
+    checkpointer.register("sampler", SamplerPosition(sampler, state))
+    checkpointer.register("model", training, kind="tensors")
+    checkpointer.register("rng", RngState(), kind="rank_json")
+    return checkpointer

@@ -1,0 +1,168 @@
+"""Artifact identity: ids hash what determines the output (identity fields, code version, input digests) and
+nothing else; reuse and publishing prove it (issue 22 item 1, issue 23 item 1)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from dilforge_coordinator import pipeline as pl
+from dilforge_shared import stages
+from dilforge_shared.configs import STAGE_CONFIGS, CptConfig, load_pipeline
+from dilforge_shared.configs.base import IDENTITY_KEY, run_only_paths
+from dilforge_shared.integrity import check_artifact
+from dilforge_shared.schemas import schemas
+from dilforge_shared.store import fetch
+from test_coordinator import InProcessBackend, write_config
+
+# The decision for every stage config field, in one list per stage: these are run-only (they change how, where
+# or how fast a stage runs, never what it publishes); every other field is identity. A new field is identity
+# until it is marked RUN_ONLY and added here.
+RUN_ONLY = {
+    "model": [],
+    "tokenizer": ["corpora.name", "validation.name"],
+    "cpt": ["activation_checkpointing", "checkpoint_every", "compile", "corpora.name", "distributed_backend",
+            "eval_every", "fsdp", "liger", "log_every", "master_port", "micro_batch_size", "num_checkpoints_kept",
+            "num_processes_per_node", "peak_tflops_per_device", "tokenize_batch_size", "validation.name",
+            "validation_micro_batch_size"],
+    "sft": ["attention", "checkpoint_every", "eval_batch_size", "gradient_checkpointing", "liger", "log_every",
+            "memory_budget_fraction", "num_checkpoints_kept", "train.name", "validation.name"],
+    "eval": ["bpb.batch_size", "device", "parallel_sets.az.name", "parallel_sets.en.name", "text_sets.name"],
+}
+
+
+@pytest.mark.parametrize("stage", list(STAGE_CONFIGS))
+def test_every_run_only_field_is_a_recorded_decision(stage):
+    assert run_only_paths(STAGE_CONFIGS[stage]) == sorted(RUN_ONLY[stage])
+
+
+def test_the_json_schema_shows_which_fields_are_run_only():
+    cpt = schemas()["pipeline.schema.json"]["$defs"]["CptConfig"]["properties"]
+    assert cpt["log_every"][IDENTITY_KEY] == "run-only"
+    assert IDENTITY_KEY not in cpt["seq_len"]
+
+
+def cpt_pipeline(tmp_path: Path, **cpt) -> dict:
+    (tmp_path / "c.txt").write_text("bir iki üç\n")
+    section = {"scratch_model": {}, "corpora": [{"uri": str(tmp_path / "c.txt")}],
+               "validation": [{"uri": str(tmp_path / "c.txt")}], "phase2": {"num_steps": 2}, **cpt}
+    return {"run_id": "r", "store": {"uri": str(tmp_path / "store")}, "cpt": section}
+
+
+@pytest.fixture
+def planned(tmp_path, monkeypatch):
+    """raw pipeline → the CPT job's planned id, fed a real (fake-trained) tokenizer artifact."""
+    from dilforge_shared.configs import PipelineConfig
+    monkeypatch.setenv("DILFORGE_VAR_CORPUS_DIR", str(tmp_path))
+    tok = pl.run_all(load_pipeline(write_config(tmp_path)), InProcessBackend(tmp_path, monkeypatch))["tokenizer"]
+    return lambda raw: pl.plan_stage(PipelineConfig.model_validate(raw), "cpt", {"tokenizer": tok}).artifact_id
+
+
+def test_run_only_changes_keep_the_id_identity_changes_and_a_code_version_bump_do_not(tmp_path, monkeypatch,
+                                                                                      planned):
+    base = planned(cpt_pipeline(tmp_path))
+    run_only = {"log_every": 1, "eval_every": 3, "checkpoint_every": 7, "master_port": 29600, "compile": True,
+                "num_processes_per_node": 2, "tokenize_batch_size": 10, "micro_batch_size": 2, "fsdp": "on",
+                "liger": "off", "num_checkpoints_kept": 5}
+    assert planned(cpt_pipeline(tmp_path, **run_only)) == base
+    renamed = cpt_pipeline(tmp_path)
+    renamed["cpt"]["corpora"][0]["name"] = "wiki"
+    assert planned(renamed) == base, "a data source's display name is run-only"
+    assert planned(cpt_pipeline(tmp_path, seq_len=64)) != base
+    assert planned(cpt_pipeline(tmp_path, phase2={"num_steps": 3})) != base
+    monkeypatch.setitem(stages.STAGE_VERSIONS, "cpt", stages.STAGE_VERSIONS["cpt"] + 1)
+    assert planned(cpt_pipeline(tmp_path)) != base
+
+
+def test_a_code_version_bump_makes_a_new_artifact_and_the_manifest_records_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("DILFORGE_VAR_CORPUS_DIR", str(tmp_path))
+    backend = InProcessBackend(tmp_path, monkeypatch)
+    first = pl.run_all(load_pipeline(write_config(tmp_path)), backend)["tokenizer"]
+    assert fetch(first).manifest.code_version == stages.STAGE_VERSIONS["tokenizer"]
+    assert pl.run_all(load_pipeline(write_config(tmp_path)), backend)["tokenizer"] == first and len(backend.runs) == 1
+    monkeypatch.setitem(stages.STAGE_VERSIONS, "tokenizer", stages.STAGE_VERSIONS["tokenizer"] + 1)
+    bumped = pl.run_all(load_pipeline(write_config(tmp_path)), backend)["tokenizer"]
+    assert bumped != first and len(backend.runs) == 2
+    assert fetch(bumped).manifest.code_version == stages.STAGE_VERSIONS["tokenizer"]
+
+
+def test_a_valid_artifact_copied_into_another_artifacts_folder_is_not_reused(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("DILFORGE_VAR_CORPUS_DIR", str(tmp_path))
+    backend = InProcessBackend(tmp_path, monkeypatch)
+    small = pl.run_all(load_pipeline(write_config(tmp_path, vocab=1000)), backend)["tokenizer"]
+    cfg = load_pipeline(write_config(tmp_path, vocab=2000))
+    target = pl.plan_stage(cfg, "tokenizer", {}).artifact_uri
+    shutil.copytree(small.removeprefix("file://"), target.removeprefix("file://"))
+    assert check_artifact(target) is None, "whole, as files go"
+    assert "sits in folder" in check_artifact(target, identity=True)
+    assert pl.run_all(cfg, backend)["tokenizer"] == target and len(backend.runs) == 2  # rebuilt, not reused
+    assert "moved it to" in capsys.readouterr().out
+    manifest = fetch(target).manifest
+    assert manifest.artifact_id == target.rsplit("/", 1)[-1] and manifest.config["vocab_sizes"] == [2000]
+
+
+def test_an_artifact_whose_recorded_data_digests_give_another_id_is_not_reused(tmp_path, monkeypatch):
+    """The folder and manifest ids agree, but the manifest recorded other data than the id was planned from."""
+    monkeypatch.setenv("DILFORGE_VAR_CORPUS_DIR", str(tmp_path))
+    backend = InProcessBackend(tmp_path, monkeypatch)
+    cfg = load_pipeline(write_config(tmp_path))
+    uri = pl.run_all(cfg, backend)["tokenizer"]
+    path = Path(uri.removeprefix("file://")) / "manifest.json"
+    raw = json.loads(path.read_text())
+    raw["inputs"][0]["sha256"] = "0" * 64
+    path.write_text(json.dumps(raw))
+    assert "give id" in check_artifact(uri, identity=True)
+    assert pl.run_all(cfg, backend)["tokenizer"] == uri and len(backend.runs) == 2
+
+
+class ChangingBackend(InProcessBackend):
+    """Changes the corpus after the run was planned, before the stage starts."""
+
+    def run(self, job):
+        (self.tmp_path / "corpus.txt").write_text("başqa mətn\n")
+        return super().run(job)
+
+
+def test_a_corpus_changed_between_planning_and_the_stage_fails_the_stage_and_publishes_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("DILFORGE_VAR_CORPUS_DIR", str(tmp_path))
+    cfg = load_pipeline(write_config(tmp_path))
+    with pytest.raises(pl.StageFailed, match=r"give artifact id \w+, not the planned \w+: data or an upstream"):
+        pl.run_all(cfg, ChangingBackend(tmp_path, monkeypatch))
+    assert not list((tmp_path / "store").glob("artifacts/**/manifest.json"))
+
+
+def test_a_corpus_changed_while_the_stage_reads_it_fails_naming_it_and_publishes_nothing(tmp_path, monkeypatch):
+    from dilforge_shared.contract import OptMl, StageResult, build_hyperparameters, stage_main
+    monkeypatch.setenv("DILFORGE_VAR_CORPUS_DIR", str(tmp_path))
+    cfg = load_pipeline(write_config(tmp_path))
+    job = pl.plan_stage(cfg, "tokenizer", {})
+    opt = OptMl(tmp_path / "opt")
+    opt.write_inputs(build_hyperparameters(job.config, job.artifact_uri, job.run_id, job.inputs))
+    monkeypatch.setenv("DILFORGE_OPT_ML", str(opt.root))
+
+    def body(config, ctx):
+        (ctx.model_dir / "out.txt").write_text("trained")
+        (tmp_path / "corpus.txt").write_text("dəyişdi\n")  # after the stage read it
+        return StageResult(metrics={})
+    assert stage_main(STAGE_CONFIGS["tokenizer"], body, "test", ["train"]) == 1
+    failure = opt.failure_file.read_text()
+    assert "inputs changed while the stage ran: data:corpus.txt" in failure and "nothing published" in failure
+    assert not list((tmp_path / "store").glob("artifacts/**/manifest.json"))
+
+
+def test_old_manifests_still_read_and_their_ids_still_recompute():
+    from dilforge_shared.manifest import InputRef, Manifest, current_producer, legacy_fingerprint, parse_manifest
+    from dilforge_shared.models import recompute_artifact_id
+    config = CptConfig(scratch_model={}, corpora=[{"uri": "a"}], validation=[{"uri": "v"}],
+                       phase2={"num_steps": 1}).model_dump(mode="json")
+    refs = [InputRef(name="data:a", kind="data", uri="a", sha256="1" * 64)]
+    old_id = legacy_fingerprint("cpt", config, refs)
+    raw = json.loads(Manifest(kind="model", artifact_id=old_id, run_id="r", stage="cpt",
+                              producer=current_producer("t"), config=config, inputs=refs, data_dir="d",
+                              files=[]).to_json())
+    raw["schema_version"] = "1.1.0"
+    del raw["code_version"]
+    manifest = parse_manifest(json.dumps(raw), "old.json")
+    assert manifest.code_version is None and recompute_artifact_id(manifest) == old_id
