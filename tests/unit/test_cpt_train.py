@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import math
 
 import factories
@@ -101,32 +102,147 @@ def test_phase1_trains_only_embeddings_and_head():
     assert len(set_trainable(model, 2).params) == len(list(model.parameters()))
 
 
-def test_checkpoint_round_trip_and_latest(tmp_path):
-    from dilforge_cpt.checkpoints import latest_checkpoint, load_checkpoint, read_checkpoint_state, save_checkpoint
+class Tensors:
+    """A checkpoint component for any module + optimizer (the stage registers resumable.TrainingModel)."""
+
+    def __init__(self, model, opt):
+        self.model, self.opt = model, opt
+
+    def state_dict(self):
+        from dilforge_cpt.checkpoints import _tensor_state
+        saved, self.osd = _tensor_state(self.model, self.opt)
+        return saved
+
+    def load_state_dict(self, saved):
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+        set_state_dict(self.model, self.opt, model_state_dict=saved["model"],
+                       optim_state_dict={"state": saved["optim"]["state"], "param_groups": self.osd["param_groups"]})
+
+
+class Json:
+    def __init__(self, value=None):
+        self.value = value or {}
+
+    def state_dict(self):
+        return self.value
+
+    def load_state_dict(self, value):
+        self.value = value
+
+
+def checkpointer(root, model, opt, state: Json, rt=None, keep=2):
+    from dilforge_cpt.checkpoints import Checkpointer, RngState
     from dilforge_cpt.runtime import Runtime
-    rt = Runtime()
+    ck = Checkpointer(root, rt or Runtime(), keep)
+    ck.register("train_state", state)
+    ck.register("model", Tensors(model, opt), kind="tensors")
+    ck.register("rng", RngState(), kind="rank_json")
+    return ck
+
+
+def trained():
     model = tiny_model()
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)
     x = torch.randint(0, 64, (2, 8))
     model(input_ids=x, labels=x).loss.backward()
     opt.step()
-    save_checkpoint(tmp_path, 3, model, opt, {"step": 3}, rt, keep=2)
+    return model, opt
+
+
+def test_checkpointer_round_trip_picks_the_newest_complete_and_prunes(tmp_path):
+    model, opt = trained()
+    checkpointer(tmp_path, model, opt, Json({"step": 3})).save(3)
     (tmp_path / "step-00000009.tmp").mkdir()  # a half-written checkpoint is never picked
-    path = latest_checkpoint(tmp_path)
-    assert path.name == "step-00000003" and read_checkpoint_state(path) == {"step": 3}
-    assert list(path.glob("__0_*.distcp")) and (path / "rng-rank00000.json").is_file()
-    assert not list(tmp_path.glob("*.tmp/COMPLETE*"))
     fresh = tiny_model()
     fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=0.1)
-    load_checkpoint(path, fresh, fresh_opt, rt)
+    state = Json()
+    ck = checkpointer(tmp_path, fresh, fresh_opt, state)
+    assert ck.resume_point().name == "step-00000003" and ck.resume_step == 3
+    path = ck.resume_point()
+    assert list(path.glob("__0_*.distcp")) and (path / "rng-rank00000.json").is_file()
+    marker = json.loads((path / "COMPLETE.node00000-of-00001").read_text())
+    assert set(marker["files"]) == {p.name for p in path.iterdir() if not p.name.startswith("COMPLETE")}
+    assert all(len(e["sha256"]) == 64 and e["size"] == (path / n).stat().st_size for n, e in marker["files"].items())
+    assert ck.load() and state.value == {"step": 3}
     for (k, a), b in zip(model.state_dict().items(), fresh.state_dict().values()):
         assert torch.equal(a, b), k
-    a_state = opt.state_dict()["state"][0]["exp_avg"]
-    assert torch.equal(a_state, fresh_opt.state_dict()["state"][0]["exp_avg"])
+    assert torch.equal(opt.state_dict()["state"][0]["exp_avg"], fresh_opt.state_dict()["state"][0]["exp_avg"])
     for step in (6, 9):
-        save_checkpoint(tmp_path, step, model, opt, {"step": step}, rt, keep=2)
+        checkpointer(tmp_path, model, opt, Json({"step": step})).save(step)
     assert sorted(p.name for p in tmp_path.glob("step-*") if not p.name.endswith(".tmp")) == \
         ["step-00000006", "step-00000009"]
+    assert not checkpointer(tmp_path / "none", fresh, fresh_opt, Json()).load()
+
+
+def _flip(path, offset: int) -> None:
+    raw = bytearray(path.read_bytes())
+    raw[offset % len(raw)] ^= 0xFF
+    path.write_bytes(bytes(raw))  # same size: only a content digest can tell
+
+
+DAMAGE = {
+    "shard-bytes": lambda p: _flip(next(p.glob("__0_*.distcp")), -100),
+    "shard-header": lambda p: _flip(next(p.glob("__0_*.distcp")), 8),
+    "dcp-metadata": lambda p: _flip(p / ".metadata", 20),
+    "state-json": lambda p: (p / "state.json").write_text('{"step": 4'),
+    "rng-json": lambda p: _flip(p / "rng-rank00000.json", 5),
+    "file-missing": lambda p: (p / "rng-rank00000.json").unlink(),
+    "unlisted-file": lambda p: (p / "extra.pt").write_bytes(b"x"),
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_a_damaged_latest_checkpoint_is_set_aside_and_the_previous_one_resumed(tmp_path, damage, caplog):
+    model, opt = trained()
+    checkpointer(tmp_path, model, opt, Json({"step": 2})).save(2)
+    expected = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    checkpointer(tmp_path, model, opt, Json({"step": 4})).save(4)
+    DAMAGE[damage](tmp_path / "step-00000004")
+    fresh = tiny_model()
+    state = Json()
+    ck = checkpointer(tmp_path, fresh, torch.optim.AdamW(fresh.parameters(), lr=0.1), state)
+    with caplog.at_level("WARNING", logger="dilforge.cpt"):
+        assert ck.load()
+    assert state.value == {"step": 2} and ck.resume_step == 2
+    assert all(torch.equal(fresh.state_dict()[k], v) for k, v in expected.items())
+    assert "step-00000004 is damaged" in caplog.text and "trying the previous one" in caplog.text
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000002", "step-00000004.damaged"]
+
+
+def test_every_checkpoint_damaged_starts_fresh_and_a_checkpoint_without_digests_is_not_trusted(tmp_path):
+    model, opt = trained()
+    path = checkpointer(tmp_path, model, opt, Json({"step": 1})).save(1)
+    marker = path / "COMPLETE.node00000-of-00001"
+    info = json.loads(marker.read_text())
+    info["files"] = {name: entry["size"] for name, entry in info["files"].items()}  # the old, sizes-only marker
+    marker.write_text(json.dumps(info))
+    ck = checkpointer(tmp_path, model, opt, Json())
+    assert ck.resume_point() is None and not ck.load()
+    assert [p.name for p in tmp_path.iterdir()] == ["step-00000001.damaged"]
+
+
+def _forge(path, name: str, data: bytes) -> None:
+    """What an attacker with write access can do: change a file and its digest in the marker."""
+    from dilforge_shared.manifest import sha256_bytes
+    (path / name).write_bytes(data)
+    marker = path / "COMPLETE.node00000-of-00001"
+    info = json.loads(marker.read_text())
+    info["files"][name] = {"size": len(data), "sha256": sha256_bytes(data)}
+    marker.write_text(json.dumps(info))
+
+
+def test_unreadable_shards_behind_forged_digests_fail_in_one_line_not_a_checkpoint_exception(tmp_path):
+    """torch's CheckpointException is a BaseException: it would end the stage with no failure file."""
+    from dilforge_shared.errors import InputError
+    model, opt = trained()
+    path = checkpointer(tmp_path, model, opt, Json({"step": 1})).save(1)
+    shard = next(path.glob("__0_*.distcp"))
+    _forge(path, shard.name, shard.read_bytes()[:64])
+    with pytest.raises(InputError, match=r"step-00000001: checkpoint shards unreadable \("):
+        checkpointer(tmp_path, model, opt, Json()).load()
 
 
 def test_rng_state_round_trips_through_json():
@@ -148,13 +264,10 @@ def test_checkpoint_holds_no_pickled_objects_and_refuses_a_malicious_metadata(tm
     import pickle
     import pickletools
 
-    from dilforge_cpt.checkpoints import load_checkpoint, save_checkpoint
-    from dilforge_cpt.runtime import Runtime
     from dilforge_shared.errors import InputError
-    rt = Runtime()
     model = tiny_model()
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)
-    path = save_checkpoint(tmp_path / "ck", 1, model, opt, {"step": 1}, rt, keep=2)
+    path = checkpointer(tmp_path / "ck", model, opt, Json({"step": 1})).save(1)
     names = {p.name for p in path.iterdir()}
     assert not {n for n in names if n.endswith((".pt", ".pkl", ".pth"))}, names
     assert "rng-rank00000.json" in names and "state.json" in names
@@ -165,9 +278,9 @@ def test_checkpoint_holds_no_pickled_objects_and_refuses_a_malicious_metadata(tm
     class Evil:
         def __reduce__(self):
             return (open, (str(tmp_path / "pwned"), "w"))
-    (path / ".metadata").write_bytes(pickle.dumps(Evil()))
+    _forge(path, ".metadata", pickle.dumps(Evil()))  # digests forged too: the unpickler is the last line
     with pytest.raises(InputError, match=r"refers to (io|builtins)\.open, which is not allowed"):
-        load_checkpoint(path, model, opt, rt)
+        checkpointer(tmp_path / "ck", model, opt, Json()).load()
     assert not (tmp_path / "pwned").exists()
 
 
@@ -195,7 +308,6 @@ def _two_nodes(rank: int, port: int, base: str, shared: bool) -> None:
     from pathlib import Path
 
     import torch.distributed as dist
-    from dilforge_cpt.checkpoints import save_checkpoint
     from dilforge_cpt.runtime import Runtime
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
@@ -208,7 +320,7 @@ def _two_nodes(rank: int, port: int, base: str, shared: bool) -> None:
         opt.step()
         root = Path(base) / ("shared" if shared else f"host{rank}")
         for step in (1, 2, 3):
-            save_checkpoint(root, step, model, opt, {"step": step}, rt, keep=2)
+            checkpointer(root, model, opt, Json({"step": step}), rt=rt).save(step)
         torch.save(model.state_dict(), Path(base) / f"expected{rank}.pt") if rank == 0 else None
         os.environ.pop("MASTER_ADDR", None)
     finally:
@@ -221,8 +333,7 @@ def test_multi_node_checkpoint_finalisation(tmp_path, shared):
     import socket
 
     import torch.multiprocessing as mp
-    from dilforge_cpt.checkpoints import latest_checkpoint, load_checkpoint
-    from dilforge_cpt.runtime import Runtime
+    from dilforge_cpt.checkpoints import checkpoint_folders, complete
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -235,14 +346,14 @@ def test_multi_node_checkpoint_finalisation(tmp_path, shared):
     else:  # each host finalised its own folder; neither alone is a complete checkpoint
         for host in ("host0", "host1"):
             assert sorted(p.name for p in (tmp_path / host).iterdir()) == ["step-00000002", "step-00000003"]
-            assert latest_checkpoint(tmp_path / host) is None
+            assert not any(complete(p) for p in checkpoint_folders(tmp_path / host))
         root = tmp_path / "s3-restore"  # SageMaker restores the union of all hosts' uploads
         for host in ("host0", "host1"):
             shutil.copytree(tmp_path / host, root, dirs_exist_ok=True)
-    assert latest_checkpoint(root).name == "step-00000003"
     model = torch.nn.Linear(4, 3)
-    load_checkpoint(latest_checkpoint(root), model, torch.optim.AdamW(model.parameters(), lr=0.1), Runtime())
+    ck = checkpointer(root, model, torch.optim.AdamW(model.parameters(), lr=0.1), Json())
+    assert ck.resume_point().name == "step-00000003" and ck.load()
     expected = torch.load(tmp_path / "expected0.pt", weights_only=True)
     assert all(torch.equal(model.state_dict()[k], v) for k, v in expected.items())
-    (root / "step-00000003" / "rng-rank00001.json").unlink()  # a file a marker lists is missing
-    assert latest_checkpoint(root).name == "step-00000002"
+    (root / "step-00000003" / "rng-rank00001.json").unlink()  # a file a marker lists is missing: not complete
+    assert checkpointer(root, model, torch.optim.AdamW(model.parameters(), lr=0.1), Json()).resume_step == 2
