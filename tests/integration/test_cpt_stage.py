@@ -143,8 +143,10 @@ def test_two_process_fsdp_matches_single_process(single_run, two_process_run):
     assert m2["final_val_bpb"] == pytest.approx(m1["final_val_bpb"], rel=1e-4)
 
 
-def sigterm_then_rerun(tmp_path: Path, data_root: Path, tok_dir: Path, cpt: dict) -> tuple[str, int, dict]:
-    """Start the stage, SIGTERM the `train` process after step 2, rerun; (log, stopped at, metrics)."""
+def sigterm_then_rerun(tmp_path: Path, data_root: Path, tok_dir: Path, cpt: dict,
+                       rerun_with: dict | None = None) -> tuple[str, int, dict]:
+    """Start the stage, SIGTERM the `train` process after step 2, rerun (with the `rerun_with` config changes);
+    (log, stopped at, metrics)."""
     store = tmp_path / "store"
     tok_uri = publish_tokenizer(store, tok_dir)
     config = write_pipeline(tmp_path / "pipeline.yaml", store, cpt)
@@ -167,16 +169,26 @@ def sigterm_then_rerun(tmp_path: Path, data_root: Path, tok_dir: Path, cpt: dict
     stopped_at = json.loads(ckpts[0].read_text())["step"]
     assert 2 <= stopped_at < 20
 
+    if rerun_with:
+        write_pipeline(config, store, {**cpt, **rerun_with})
     resumed = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert resumed.returncode == 0, resumed.stdout[-4000:] + resumed.stderr[-3000:]
     assert "resumed from checkpoint" in resumed.stdout + resumed.stderr
+    interrupted_id = ckpts[0].relative_to(tmp_path / "work").parts[0].removeprefix("cpt-")
+    assert artifact(store).manifest.artifact_id == interrupted_id  # the same artifact, resumed
     m = artifact(store).manifest.metrics
     assert [h["step"] for h in m["history"]] == list(range(1, 21))
     return text, stopped_at, m
 
 
 def test_sigterm_then_rerun_resumes_to_the_same_loss(single_run, tmp_path, data_root, tiny_tokenizer_dir):
-    _, _, m = sigterm_then_rerun(tmp_path, data_root, tiny_tokenizer_dir, cpt_section())
+    """The rerun changes run-only fields (checkpoint cadence, port, tokenizer batch, a display name, a kernel
+    switch): the artifact id stays, so it resumes the interrupted run's checkpoint instead of starting over."""
+    section = cpt_section()
+    renamed = [{**section["corpora"][0], "name": "wiki"}]
+    _, _, m = sigterm_then_rerun(tmp_path, data_root, tiny_tokenizer_dir, section, rerun_with={
+        "checkpoint_every": 7, "master_port": 29777, "tokenize_batch_size": 64, "corpora": renamed,
+        "liger": "off", "num_checkpoints_kept": 3})
     ref = single_run.manifest.metrics
     assert m["final_train_loss"] == pytest.approx(ref["final_train_loss"], rel=1e-6)
     assert m["final_val_bpb"] == pytest.approx(ref["final_val_bpb"], rel=1e-6)

@@ -14,7 +14,7 @@ from dilforge_shared.configs import load_pipeline
 from dilforge_shared.errors import DilforgeError
 from dilforge_shared.integrity import check_artifact
 from dilforge_shared.locks import S3Lease
-from dilforge_shared.manifest import MANIFEST_NAME, Manifest, current_producer
+from dilforge_shared.manifest import MANIFEST_NAME
 from dilforge_shared.models import open_model
 from dilforge_shared.store import ArtifactStore, open_backend, publish
 

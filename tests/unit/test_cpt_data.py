@@ -69,6 +69,24 @@ def test_token_cache_is_reused(tmp_path, tok, ids, tiny_tokenizer_dir, monkeypat
     assert data.cache_key(source, tiny_tokenizer_dir / "tokenizer.json", None, None) != key  # content changes the key
 
 
+def test_a_damaged_token_cache_is_tokenised_again_not_trained_on(tmp_path, tok, ids, tiny_tokenizer_dir, caplog):
+    """The cache sits under /opt/ml/checkpoints (restored from S3): same-size damage must not reach training."""
+    import numpy as np
+    from dilforge_cpt import data
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n".join(f"cümlə nömrə {i} burada" for i in range(50)) + "\n")
+    source = DataSource(uri=str(corpus))
+    tf = data.tokenize_to_file(source, tok, ids, tmp_path / "cache", "k", None, 64, None)
+    good = tf.path.read_bytes()
+    raw = bytearray(good)
+    raw[40] ^= 0xFF
+    tf.path.write_bytes(bytes(raw))
+    with caplog.at_level("WARNING", logger="dilforge.cpt"):
+        again = data.tokenize_to_file(source, tok, ids, tmp_path / "cache", "k", None, 64, None)
+    assert "token cache k.u32 is damaged" in caplog.text
+    assert again.path.read_bytes() == good and np.fromfile(again.path, dtype=np.uint32).size == tf.num_tokens
+
+
 def test_too_short_corpus_is_an_input_error(tmp_path):
     from dilforge_cpt.data import TokenFile, check_windows
     with pytest.raises(InputError, match="fewer than one training window of seq_len=64"):

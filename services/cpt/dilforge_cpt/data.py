@@ -31,6 +31,7 @@ from dilforge_shared.configs import DataSource
 from dilforge_shared.corpus import data_digest, iter_texts
 from dilforge_shared.errors import InputError
 from dilforge_shared.families import detect_family
+from dilforge_shared.manifest import sha256_file
 from tokenizers import Tokenizer
 
 log = logging.getLogger("dilforge.cpt.data")
@@ -123,28 +124,40 @@ def cache_key(source: DataSource, tokenizer_json: Path, max_docs: int | None, en
 
 def tokenize_to_file(source: DataSource, tok: Tokenizer, ids: TokenIds, cache_dir: Path, key: str,
                      max_docs: int | None, batch_size: int, endpoint_url: str | None) -> TokenFile:
-    """Tokenise a corpus into `<cache_dir>/<key>.u32` unless a complete cache entry exists (atomic)."""
+    """Tokenise a corpus into `<cache_dir>/<key>.u32` unless a complete cache entry exists (atomic).
+
+    The cache lives under /opt/ml/checkpoints (restored from S3 on SageMaker), so an entry is reused only when
+    its tokens match the sha256 recorded while they were written; a damaged one is rebuilt with a warning."""
     cache_dir.mkdir(parents=True, exist_ok=True)
     path, meta_path = cache_dir / f"{key}.u32", cache_dir / f"{key}.json"
     if meta_path.is_file() and path.is_file():
-        meta = json.loads(meta_path.read_text())
-        if path.stat().st_size == meta["num_tokens"] * TOKEN_DTYPE().itemsize:
+        try:
+            meta = json.loads(meta_path.read_text())
+            whole = (path.stat().st_size == meta["num_tokens"] * TOKEN_DTYPE().itemsize
+                     and sha256_file(path) == meta["sha256"])
+        except (ValueError, KeyError, TypeError):
+            whole = False
+        if whole:
             log.info("corpus %s: reusing token cache %s (%d tokens)", source.label, path.name, meta["num_tokens"])
             return TokenFile(path, meta["num_tokens"], meta["num_docs"], source.label)
+        log.warning("corpus %s: token cache %s is damaged or from an older dilforge; tokenising again",
+                    source.label, path.name)
     docs = iter_texts(source.uri, source.format, source.text_field, endpoint_url, **source.bounds)
     if max_docs is not None:
         docs = islice(docs, max_docs)
     counted = _Counter(docs)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
-    num_tokens = 0
+    num_tokens, digest = 0, hashlib.sha256()
     with open(tmp, "wb") as f:
         for chunk in pack_stream(counted, tok, ids, batch_size):
-            f.write(chunk.tobytes())
+            raw = chunk.tobytes()
+            f.write(raw)
+            digest.update(raw)
             num_tokens += len(chunk)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    meta = {"num_tokens": num_tokens, "num_docs": counted.n, "source": source.uri}
+    meta = {"num_tokens": num_tokens, "num_docs": counted.n, "source": source.uri, "sha256": digest.hexdigest()}
     meta_tmp = meta_path.with_suffix(f".tmp{os.getpid()}")
     meta_tmp.write_text(json.dumps(meta))
     os.replace(meta_tmp, meta_path)
