@@ -16,8 +16,27 @@ from typing import Annotated
 import typer
 
 
+def run_artifact(run_id: str, store: str, stage: str, endpoint: str | None = None) -> str:
+    """The artifact a run produced (or reused) for `stage`, from its run record."""
+    from dilforge_shared.errors import ConfigError
+    from dilforge_shared.store import ArtifactStore
+
+    from .pipeline import RunRecord
+    record = RunRecord.load(ArtifactStore(store, endpoint), run_id)
+    info = record.stages.get(stage) or {}
+    if info.get("status") not in ("produced", "reused"):
+        raise ConfigError(f"run {run_id!r} in store {store} has no {stage} artifact (run the pipeline first, or pass "
+                          "the artifact URI)")
+    return info["artifact_uri"]
+
+
 def serve_cmd(
-    artifact: Annotated[str, typer.Argument(help="SFT/CPT/model artifact URI (store folder or s3://), or an HF folder.")],
+    artifact: Annotated[str | None, typer.Argument(
+        help="SFT/CPT/model artifact URI (store folder or s3://), or an HF folder; or use --run.")] = None,
+    run: Annotated[str | None, typer.Option("--run", help="Serve this run's artifact (its run record).")] = None,
+    stage: Annotated[str, typer.Option("--stage", help="With --run: which stage's artifact.")] = "sft",
+    store: Annotated[str, typer.Option("--store", envvar="DILFORGE_STORE", help="With --run: the store root URI.")]
+    = ".dilforge/store",
     host: Annotated[str, typer.Option("--host", help="Listen address (0.0.0.0 to accept other machines).")]
     = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=1, max=65535)] = 8000,
@@ -40,6 +59,10 @@ def serve_cmd(
 ) -> None:
     """Serve an artifact with an OpenAI-compatible API (chat/completions, streaming) and SageMaker's /ping + /invocations."""
     from dilforge_shared.serving import manifest_or_none, served_model_id
+    if (artifact is None) == (run is None):
+        raise typer.BadParameter("give an artifact URI or --run RUN_ID (not both)")
+    if artifact is None:
+        artifact = run_artifact(run, store, stage, endpoint)
     if importlib.util.find_spec("dilforge_serve") is None:
         typer.echo("error: serving needs the serve service: pip install -e services/serve "
                    "(scripts/setup.sh installs it)", err=True)

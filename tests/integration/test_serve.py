@@ -54,8 +54,10 @@ def server(sft_artifact, tmp_path_factory):
     log_path = tmp_path_factory.mktemp("serve-log") / "server.log"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "dilforge_coordinator.cli", "serve", sft_artifact.uri,
-                                 "--port", str(port), "--device", "cpu",
+        # the README's form: the run's SFT artifact, found through its run record
+        store = sft_artifact.uri.removeprefix("file://").split("/artifacts/")[0]
+        proc = subprocess.Popen([sys.executable, "-m", "dilforge_coordinator.cli", "serve", "--run", "az-tiny",
+                                 "--store", store, "--port", str(port), "--device", "cpu",
                                  "--workdir", str(tmp_path_factory.mktemp("served"))],
                                 stdout=log, stderr=subprocess.STDOUT, env=env)
     base = f"http://127.0.0.1:{port}"
