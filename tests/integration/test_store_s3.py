@@ -22,7 +22,7 @@ def test_publish_read_round_trip(s3_bucket, tmp_path):
 
 
 def test_multipart_upload_round_trips(s3_bucket, tmp_path, monkeypatch):
-    monkeypatch.setattr(store, "MULTIPART_THRESHOLD", 5 << 20)
+    monkeypatch.setattr(store.backends, "MULTIPART_THRESHOLD", 5 << 20)
     out = tmp_path / "big"
     out.mkdir()
     payload = os.urandom(11 << 20)

@@ -479,10 +479,10 @@ def test_a_multibyte_character_on_the_read_boundary_is_never_broken(tmp_path):
 
 
 def test_stamp_mode_skips_hashing_until_a_file_changes(tmp_path, monkeypatch):
-    from dilforge_shared import store as store_mod
+    from dilforge_shared.store import artifacts as store_mod
     cfg = load_pipeline(write_config(tmp_path))
     uri = pl.run_all(cfg, PublishingBackend())["tokenizer"]
-    hashed = []  # verify_files (in store) does the hashing
+    hashed = []  # verify_files (in store.artifacts) does the hashing
     original = store_mod.sha256_file
     monkeypatch.setattr(store_mod, "sha256_file", lambda p: hashed.append(p.name) or original(p))
     assert check_artifact(uri, mode="stamp") is None and len(hashed) == 2      # first time: full, then stamped

@@ -1,0 +1,95 @@
+"""Artifact store over a local directory (plain path or file://) and S3 (s3://, via boto3).
+
+Publishing is atomic for readers: files go to a fresh `data-<uuid>/` folder, then the manifest is
+written last with a create-only conditional write. So a crash leaves no manifest, an existing
+manifest is never overwritten, and of two concurrent publishers of the same artifact exactly one
+wins while the other's files are removed. Reading verifies the size and sha256 of every file.
+
+Split by concern: `credentials` (S3 keys registry), `backends` (local folder and S3 bucket), `artifacts`
+(publish / read / verify / fetch), `mirror` (cached copies of model prefixes); this module re-exports their
+public API and holds the CLI's listing format.
+"""
+
+from __future__ import annotations
+
+from ..errors import ArtifactExistsError, DilforgeError, IntegrityError, ManifestNotFound
+from ..manifest import (
+    MANIFEST_NAME,
+    FileEntry,
+    InputRef,
+    Manifest,
+    check_relative_path,
+    parse_manifest,
+    scan_files,
+    sha256_bytes,
+    sha256_file,
+)
+from .artifacts import (
+    Artifact,
+    ArtifactStore,
+    _artifact_backend,
+    artifact_exists,
+    fetch,
+    manifest_uri_of,
+    publish,
+    read_manifest,
+    verify_files,
+)
+from .backends import (
+    MULTIPART_THRESHOLD,
+    LocalStorage,
+    NotFound,
+    S3Storage,
+    Storage,
+    join,
+    open_backend,
+    read_uri_bytes,
+    split_uri,
+)
+from .credentials import S3_ENDPOINT_ENV, S3_KEY_ENV, S3_SECRET_ENV, endpoint_keys, use_endpoint_keys
+from .mirror import mirror_prefix
+
+__all__ = [
+    "MANIFEST_NAME",
+    "MULTIPART_THRESHOLD",
+    "S3_ENDPOINT_ENV",
+    "S3_KEY_ENV",
+    "S3_SECRET_ENV",
+    "Artifact",
+    "ArtifactExistsError",
+    "ArtifactStore",
+    "DilforgeError",
+    "FileEntry",
+    "InputRef",
+    "IntegrityError",
+    "LocalStorage",
+    "Manifest",
+    "ManifestNotFound",
+    "NotFound",
+    "S3Storage",
+    "Storage",
+    "_artifact_backend",
+    "artifact_exists",
+    "check_relative_path",
+    "endpoint_keys",
+    "fetch",
+    "join",
+    "ls_files",
+    "manifest_uri_of",
+    "mirror_prefix",
+    "open_backend",
+    "parse_manifest",
+    "publish",
+    "read_manifest",
+    "read_uri_bytes",
+    "scan_files",
+    "sha256_bytes",
+    "sha256_file",
+    "split_uri",
+    "use_endpoint_keys",
+    "verify_files",
+]
+
+
+def ls_files(files: list[FileEntry]) -> str:
+    return "\n".join(f"{f.size:>12}  {f.sha256[:12]}  {f.path}" for f in files)

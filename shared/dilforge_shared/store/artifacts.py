@@ -1,0 +1,157 @@
+"""Publish, read, verify and fetch artifacts: `<root>/artifacts/<stage>/<artifact_id>/` with `manifest.json` last."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import ArtifactExistsError, DilforgeError, IntegrityError, ManifestNotFound
+from ..manifest import MANIFEST_NAME, InputRef, Manifest, parse_manifest, scan_files, sha256_bytes, sha256_file
+from ..settings import settings
+from .backends import NotFound, Storage, open_backend, read_uri_bytes
+
+log = logging.getLogger("dilforge_shared.store")
+
+def manifest_uri_of(uri: str) -> str:
+    """Accept either an artifact folder or its manifest.json."""
+    uri = uri.rstrip("/")
+    return uri if uri.endswith("/" + MANIFEST_NAME) or uri == MANIFEST_NAME else f"{uri}/{MANIFEST_NAME}"
+
+
+@dataclass
+class Artifact:
+    """A manifest read from a store, with the local folder holding its verified files."""
+    uri: str
+    manifest: Manifest
+    manifest_sha256: str
+    path: Path
+
+    def ref(self, name: str) -> InputRef:
+        return InputRef(name=name, kind="manifest", uri=self.uri, sha256=self.manifest_sha256)
+
+
+class ArtifactStore:
+    """Publish and fetch artifacts under a root URI: `<root>/artifacts/<stage>/<artifact_id>/`."""
+
+    def __init__(self, uri: str, endpoint_url: str | None = None):
+        self.uri = uri.rstrip("/")
+        self.endpoint_url = endpoint_url
+        self.backend = open_backend(self.uri, endpoint_url)
+
+    def artifact_uri(self, stage: str, artifact_id: str) -> str:
+        return f"{self.backend.uri}/artifacts/{stage}/{artifact_id}"
+
+    # ---- runs: small mutable records, unlike manifests -------------------------------------
+    def write_run_record(self, run_id: str, data: bytes) -> None:
+        self.backend.write_bytes(f"runs/{run_id}.json", data)
+
+    def read_run_record(self, run_id: str) -> bytes:
+        return self.backend.read_bytes(f"runs/{run_id}.json")
+
+
+def _artifact_backend(artifact_uri: str, endpoint_url: str | None) -> Storage:
+    return open_backend(artifact_uri.rstrip("/"), endpoint_url)
+
+
+def artifact_exists(artifact_uri: str, endpoint_url: str | None = None) -> bool:
+    return _artifact_backend(artifact_uri, endpoint_url).exists(MANIFEST_NAME)
+
+
+def publish(
+    artifact_uri: str,
+    local_dir: Path,
+    manifest: Manifest,
+    endpoint_url: str | None = None,
+    progress: bool = False,
+) -> Manifest:
+    """Upload every file of `local_dir`, then create the manifest. Raises ArtifactExistsError if taken.
+
+    `manifest.files` and `manifest.data_dir` are filled in here from what is actually uploaded.
+    """
+    backend = _artifact_backend(artifact_uri, endpoint_url)
+    manifest_key = MANIFEST_NAME
+    if backend.exists(manifest_key):
+        raise ArtifactExistsError(f"{artifact_uri}/{MANIFEST_NAME}")
+    files = scan_files(local_dir)
+    if not files:
+        raise DilforgeError(f"{local_dir}: nothing to publish (empty output folder)")
+    data_dir = f"data-{uuid.uuid4().hex[:12]}"
+    manifest = manifest.model_copy(update={"files": files, "data_dir": data_dir})
+    from tqdm import tqdm
+    try:
+        for entry in tqdm(files, desc=f"publish {artifact_uri}", unit="file", disable=not progress):
+            backend.upload_file(f"{data_dir}/{entry.path}", local_dir / entry.path)
+        created = backend.create_bytes(manifest_key, manifest.to_json())
+    except BaseException:
+        backend.delete_prefix(data_dir)
+        raise
+    if not created:
+        backend.delete_prefix(data_dir)
+        raise ArtifactExistsError(f"{artifact_uri}/{MANIFEST_NAME}")
+    log.info("published %s (%d files)", artifact_uri, len(files))
+    return manifest
+
+
+def read_manifest(uri: str, endpoint_url: str | None = None) -> tuple[Manifest, str]:
+    """Return (manifest, sha256 of its bytes) for an artifact folder or manifest URI."""
+    muri = manifest_uri_of(uri)
+    try:
+        data = read_uri_bytes(muri, endpoint_url)
+    except NotFound as exc:
+        raise ManifestNotFound(f"{muri}: no manifest there ({exc})") from None
+    return parse_manifest(data, muri), sha256_bytes(data)
+
+
+def verify_files(manifest: Manifest, root: Path, source: str, full: bool = True) -> None:
+    """Every listed file present, inside `root` (no symlink leaving it), of its size, and (full) of its sha256."""
+    real_root = root.resolve()
+    for entry in manifest.files:
+        path = root / entry.path
+        if path.is_symlink() or not path.resolve().is_relative_to(real_root):
+            raise IntegrityError(f"{source}: file {entry.path} is a symlink ({path} -> {path.resolve()}); "
+                                 "artifact files must be regular files inside the artifact")
+        if not path.is_file():
+            raise IntegrityError(f"{source}: file {entry.path} listed in the manifest is missing")
+        size = path.stat().st_size
+        if size != entry.size:
+            raise IntegrityError(f"{source}: file {entry.path} has {size} bytes, manifest says {entry.size}")
+        if full and sha256_file(path) != entry.sha256:
+            raise IntegrityError(f"{source}: file {entry.path} does not match its sha256 in the manifest")
+
+
+def fetch(uri: str, cache_dir: Path | None = None, endpoint_url: str | None = None) -> Artifact:
+    """Read a manifest and make its files available locally, verified.
+
+    Local stores are verified in place (no copy); remote ones are downloaded to
+    `cache_dir/<artifact_id>-<sha>/` (reused across calls when already complete and verified).
+    """
+    muri = manifest_uri_of(uri)
+    artifact_uri = muri[: -len(MANIFEST_NAME) - 1]
+    manifest, digest = read_manifest(muri, endpoint_url)
+    backend = _artifact_backend(artifact_uri, endpoint_url)
+    local = backend.local_path(manifest.data_dir)
+    if local is not None:
+        verify_files(manifest, local, muri)
+    else:
+        cache_dir = cache_dir or (settings().cache or Path(tempfile.gettempdir())) / "dilforge-cache"
+        local = cache_dir / f"{manifest.artifact_id}-{digest[:12]}"
+        marker = local / ".complete"
+        if marker.exists():
+            try:
+                verify_files(manifest, local, muri)
+                return Artifact(uri=artifact_uri, manifest=manifest, manifest_sha256=digest, path=local)
+            except IntegrityError:
+                log.warning("%s: cached copy at %s is damaged; downloading again", muri, local)
+                shutil.rmtree(local)
+        for entry in manifest.files:
+            try:
+                backend.download_file(f"{manifest.data_dir}/{entry.path}", local / entry.path)
+            except NotFound:
+                raise IntegrityError(f"{muri}: file {entry.path} listed in the manifest is missing") from None
+        verify_files(manifest, local, muri)
+        marker.touch()
+    return Artifact(uri=artifact_uri, manifest=manifest, manifest_sha256=digest, path=local)
