@@ -38,7 +38,7 @@ def run_pipeline(config: Path, data: str, store: str) -> tuple[float, dict]:
         sys.exit(f"run-all failed (exit {proc.returncode})")
     from dilforge_shared.store import ArtifactStore
     record = json.loads(ArtifactStore(store).read_run_record("az-small"))
-    return seconds, {stage: info["artifact_uri"] for stage, info in record["stages"].items()}
+    return seconds, {stage: ArtifactStore(store).resolve(info["artifact"]) for stage, info in record["stages"].items()}
 
 
 def language_sets(eval_metrics: dict) -> dict[str, str]:

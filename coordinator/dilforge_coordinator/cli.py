@@ -242,6 +242,8 @@ def _process_state(owner: dict) -> str:
         return "unknown"
     try:
         os.kill(int(pid), 0)
+    except (TypeError, ValueError, OverflowError):
+        return "unknown"
     except ProcessLookupError:
         return "gone"
     except PermissionError:
@@ -254,14 +256,18 @@ def status_cmd(run_id: Annotated[str, typer.Argument(help="Pipeline run id")],
                store: Annotated[str, typer.Option("--store", help="Artifact store root URI")] = ".dilforge/store",
                endpoint: EndpointOpt = None) -> None:
     """Show each stage of a run: artifact, produced or reused, failure reason; flags a run whose process is gone."""
+    from .records import parse_record
     try:
-        raw = json.loads(ArtifactStore(store, endpoint).read_run_record(run_id))
+        st = ArtifactStore(store, endpoint)
+        source = f"{st.backend.uri}/{st.run_record_key(run_id)}"
+        doc = parse_record(st.read_run_record(run_id), source)
     except NotFound:
         fail(f"no run {run_id!r} in store {store}")
     except USER_ERRORS as exc:
-        fail(one_line(exc))
-    status, owner = raw.get("status", "unknown"), raw.get("owner") or {}
-    running = status == "running" or any(i.get("status") == "running" for i in raw["stages"].values())
+        fail(f"{one_line(exc)} (the next run of this id sets it aside and starts a fresh record)"
+             if "damaged run record" in str(exc) else one_line(exc))
+    status, owner = doc.status, doc.owner
+    running = status == "running" or any(i.status == "running" for i in doc.stages.values())
     note = ""
     if running:
         state = _process_state(owner)
@@ -271,11 +277,11 @@ def status_cmd(run_id: Annotated[str, typer.Argument(help="Pipeline run id")],
                     "rerun the same command to resume")
         elif state == "unknown":
             note = f" — owned by process {owner.get('pid')} on {owner.get('host')}"
-    typer.echo(f"run {run_id}: {status}{note} (updated {raw.get('updated_at')})")
-    for stage, info in raw["stages"].items():
-        line = f"  {stage:<10} {info['status']:<9} {info['artifact_uri']}"
-        if info.get("error"):
-            line += f"\n             {info['error'].splitlines()[0][:200]}"
+    typer.echo(f"run {run_id}: {status}{note} (updated {doc.updated_at})")
+    for stage, info in doc.stages.items():
+        line = f"  {stage:<10} {info.status:<9} {st.resolve(info.artifact)}"
+        if info.error:
+            line += f"\n             {info.error.splitlines()[0][:200] if info.error.strip() else ''}"
         typer.echo(line)
 
 

@@ -19,10 +19,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from dilforge_shared.errors import ManifestError
+from dilforge_shared.errors import DilforgeError, ManifestError
 from dilforge_shared.locks import is_locked
 from dilforge_shared.manifest import MANIFEST_NAME
 from dilforge_shared.store import ArtifactStore, NotFound, parse_manifest
+
+from .records import DamagedRecord, parse_record
 
 TEMP_NAME = re.compile(r"\.tmp\d*$")  # store writes (`.x.<uuid>.tmp`), CPT token cache (`.tmp<pid>`)
 
@@ -42,18 +44,29 @@ def _age_s(path: Path) -> float:
         return 0.0
 
 
+class UnreadableRecords(DilforgeError):
+    """--unreferenced cannot be answered while a run record is unreadable: its artifacts would look unreferenced."""
+
+
 def _referenced(store: ArtifactStore) -> set[str]:
-    refs = set()
+    """URIs, in this store as it is now, of every artifact a run record names (records hold store-relative
+    addresses, so a copied or moved store gives the same answer as the original)."""
+    refs, damaged = set(), []
     for key in store.backend.list("runs"):
         if not key.endswith(".json"):
             continue
         try:
-            record = json.loads(store.backend.read_bytes(key))
-        except (NotFound, ValueError):
+            doc = parse_record(store.backend.read_bytes(key), f"{store.backend.uri}/{key}")
+        except NotFound:
             continue
-        for info in record.get("stages", {}).values():
-            if info.get("artifact_uri"):
-                refs.add(info["artifact_uri"].rstrip("/"))
+        except DamagedRecord as exc:
+            damaged.append(str(exc))
+            continue
+        refs.update(store.resolve(entry.artifact).rstrip("/") for entry in doc.stages.values())
+    if damaged:
+        more = f" (and {len(damaged) - 1} more)" if len(damaged) > 1 else ""
+        raise UnreadableRecords(f"{damaged[0]}{more}; --unreferenced would count its artifacts as unreferenced: "
+                                "rerun that run id (which sets the record aside) or remove it, then gc again")
     return refs
 
 

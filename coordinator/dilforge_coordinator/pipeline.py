@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Protocol
 
@@ -18,7 +17,9 @@ from dilforge_shared.manifest import MANIFEST_NAME
 from dilforge_shared.models import artifact_id, stage_refs
 from dilforge_shared.settings import settings
 from dilforge_shared.stages import STAGE_MODULES, STAGES, image_of
-from dilforge_shared.store import ArtifactStore, NotFound, artifact_exists
+from dilforge_shared.store import ArtifactStore, artifact_exists
+
+from .records import RunRecord, record_artifacts
 
 log = logging.getLogger("dilforge.coordinator")
 
@@ -64,37 +65,6 @@ class Backend(Protocol):
 
     def run(self, job: StageJob) -> None:
         """Run the stage to completion; raise StageFailed with the stage's failure reason."""
-
-
-FINAL_STATUSES = ("succeeded", "failed", "cancelled")
-
-
-@dataclass
-class RunRecord:
-    """`<store>/runs/<run_id>.json`: each stage's artifact and status, and the run's own status and owner.
-
-    The run's status is `running` while a coordinator works on it (with its pid and host, so `status` can tell
-    when that process is gone) and always ends `succeeded`, `failed` or `cancelled`.
-    """
-    run_id: str
-    stages: dict[str, dict] = field(default_factory=dict)
-    status: str = "new"
-    owner: dict = field(default_factory=dict)
-    error: str | None = None
-
-    def to_json(self) -> bytes:
-        return json.dumps({"run_id": self.run_id, "updated_at": datetime.now(UTC).isoformat(),
-                           "status": self.status, "owner": self.owner, "error": self.error,
-                           "stages": self.stages}, indent=2).encode()
-
-    @classmethod
-    def load(cls, store: ArtifactStore, run_id: str) -> RunRecord:
-        try:
-            raw = json.loads(store.read_run_record(run_id))
-        except NotFound:
-            return cls(run_id=run_id)
-        return cls(run_id=run_id, stages=raw.get("stages", {}), status=raw.get("status", "new"),
-                   owner=raw.get("owner", {}), error=raw.get("error"))
 
 
 def track_run(store: ArtifactStore, record: RunRecord, body):
@@ -178,7 +148,7 @@ def run_stage(pipeline: PipelineConfig, stage: str, backend: Backend, upstream: 
         status = _reuse_or_run(job, stage, backend, store, record)
     finally:
         lock.release()
-    record.stages[stage] = {"artifact_uri": job.artifact_uri, "status": status, "backend": backend.name}
+    record.set_stage(store, stage, job.artifact_uri, status, backend=backend.name)
     store.write_run_record(pipeline.run_id, record.to_json())
     return job.artifact_uri
 
@@ -190,15 +160,15 @@ def _reuse_or_run(job: StageJob, stage: str, backend: Backend, store: ArtifactSt
         print(f"[{stage}] reusing {job.artifact_uri} (same config and inputs)", flush=True)
         return "reused"
     print(f"[{stage}] running on {backend.name} → {job.artifact_uri}", flush=True)
-    record.stages[stage] = {"artifact_uri": job.artifact_uri, "status": "running", "backend": backend.name}
+    record.set_stage(store, stage, job.artifact_uri, "running", backend=backend.name)
     store.write_run_record(job.run_id, record.to_json())
     try:
         backend.run(job)
     except BaseException as exc:
         cancelled = isinstance(exc, (StageCancelled, KeyboardInterrupt))
         reason = exc.reason if isinstance(exc, StageFailed) else (str(exc) or type(exc).__name__)
-        record.stages[stage] = {"artifact_uri": job.artifact_uri, "status": "cancelled" if cancelled else "failed",
-                                "error": reason[:2000], "backend": backend.name}
+        record.set_stage(store, stage, job.artifact_uri, "cancelled" if cancelled else "failed",
+                         error=reason[:2000], backend=backend.name)
         store.write_run_record(job.run_id, record.to_json())
         raise
     if not artifact_exists(job.artifact_uri, job.s3_endpoint_url):
@@ -209,7 +179,7 @@ def _reuse_or_run(job: StageJob, stage: str, backend: Backend, store: ArtifactSt
 def upstream_from_record(pipeline: PipelineConfig) -> dict[str, str]:
     store = ArtifactStore(pipeline.store.uri, pipeline.store.s3_endpoint_url)
     record = RunRecord.load(store, pipeline.run_id)
-    return {name: s["artifact_uri"] for name, s in record.stages.items() if s.get("status") in ("produced", "reused")}
+    return record_artifacts(store, record, ("produced", "reused"))
 
 
 def run_all(pipeline: PipelineConfig, backend: Backend) -> dict[str, str]:

@@ -17,12 +17,13 @@ import platform
 import subprocess
 from datetime import UTC, datetime
 from importlib import metadata
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from .errors import ManifestError, UnsafePathError
+from .errors import ManifestError
+from .paths import check_name, check_relative_path
 from .settings import settings
 from .stages import StageName
 
@@ -37,14 +38,6 @@ KEY_LIBRARIES = (
     "torch", "transformers", "tokenizers", "trl", "peft", "accelerate", "datasets",
     "liger-kernel", "safetensors", "pydantic", "boto3",
 )
-
-
-def check_relative_path(path: str) -> str:
-    """Reject absolute paths, `..`, backslashes and empty parts: a file name may not escape its artifact."""
-    p = PurePosixPath(path)
-    if (not path or "\\" in path or p.is_absolute() or any(part in ("..", "", ".") for part in path.split("/"))):
-        raise UnsafePathError(f"unsafe file path {path!r}: must be relative, without '..' or empty parts")
-    return path
 
 
 class Producer(BaseModel):
@@ -94,6 +87,9 @@ class Manifest(BaseModel):
     metrics: dict[str, Any] = Field(default_factory=dict)
 
     _check_data_dir = field_validator("data_dir")(lambda cls, v: check_relative_path(v))
+    # The id names the artifact's folder and its download cache entry; a `../` in a manifest from S3 must not
+    # steer where fetch writes. The run id names a run record.
+    _check_ids = field_validator("artifact_id", "run_id")(lambda cls, v, info: check_name(v, info.field_name))
 
     def to_json(self) -> bytes:
         return self.model_dump_json(indent=2).encode() + b"\n"

@@ -22,6 +22,7 @@ from .configs.model import ModelConfig
 from .corpus import data_digest
 from .errors import ConfigError, InputError, ManifestNotFound
 from .manifest import InputRef, Manifest, fingerprint, legacy_fingerprint, scan_files, sha256_file
+from .paths import check_links
 from .recipes import RECIPES, cache_root, source_kind
 from .stages import STAGE_VERSIONS
 from .store import NotFound, S3Storage, fetch, mirror_prefix, read_manifest
@@ -134,6 +135,7 @@ def find_hf_dir(root: Path, source: str) -> Path:
 
 def dir_digest(root: Path) -> str:
     """sha256 over every file's path and sha256: lineage for a model that is not an artifact."""
+    check_links(root, str(root))  # a link out of the folder would fingerprint (and publish) a file never pointed at
     h = hashlib.sha256()
     for entry in scan_files(root):
         h.update(f"{entry.path}:{entry.sha256}\n".encode())

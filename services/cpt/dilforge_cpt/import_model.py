@@ -29,6 +29,7 @@ from dilforge_shared.errors import InputError
 from dilforge_shared.families import detect_family
 from dilforge_shared.manifest import sha256_file
 from dilforge_shared.models import model_stage_ref
+from dilforge_shared.paths import check_links
 from dilforge_shared.recipes import RECIPES, Recipe, source_kind
 from dilforge_shared.store import NotFound, mirror_prefix
 
@@ -284,6 +285,7 @@ def copy_hf_folder(folder: Path, source: str, out: Path) -> None:
     """Check an HF folder has what stock transformers needs (config, safetensors weights, tokenizer), then copy it."""
     if not folder.is_dir():
         raise InputError("model.source: no such folder", path=source)
+    check_links(folder, source)
     config_path = folder / "config.json"
     if not config_path.is_file():
         raise InputError("model.source: no config.json (an HF model folder is expected)", path=source)

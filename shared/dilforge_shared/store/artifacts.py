@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ..errors import ArtifactExistsError, DilforgeError, IntegrityError, ManifestNotFound
 from ..manifest import MANIFEST_NAME, InputRef, Manifest, parse_manifest, scan_files, sha256_bytes, sha256_file
+from ..paths import check_name, check_relative_path, confined
 from ..settings import settings
 from .backends import NotFound, Storage, open_backend, read_uri_bytes
 
@@ -43,14 +44,30 @@ class ArtifactStore:
         self.backend = open_backend(self.uri, endpoint_url)
 
     def artifact_uri(self, stage: str, artifact_id: str) -> str:
-        return f"{self.backend.uri}/artifacts/{stage}/{artifact_id}"
+        return f"{self.backend.uri}/artifacts/{check_name(stage, 'stage')}/{check_name(artifact_id, 'artifact id')}"
+
+    def relative(self, uri: str) -> str | None:
+        """`artifacts/<stage>/<id>` for a URI inside this store (what run records hold), else None."""
+        root = self.backend.uri.rstrip("/") + "/"
+        uri = uri.rstrip("/")
+        return uri[len(root):] if uri.startswith(root) else None
+
+    def resolve(self, address: str) -> str:
+        """A run record's artifact address as a URI: relative ones are inside this store, wherever it now is."""
+        if "://" in address or address.startswith("/"):
+            return address
+        check_relative_path(address)
+        return f"{self.backend.uri}/{address}"
 
     # ---- runs: small mutable records, unlike manifests -------------------------------------
+    def run_record_key(self, run_id: str) -> str:
+        return f"runs/{check_name(run_id, 'run id')}.json"
+
     def write_run_record(self, run_id: str, data: bytes) -> None:
-        self.backend.write_bytes(f"runs/{run_id}.json", data)
+        self.backend.write_bytes(self.run_record_key(run_id), data)
 
     def read_run_record(self, run_id: str) -> bytes:
-        return self.backend.read_bytes(f"runs/{run_id}.json")
+        return self.backend.read_bytes(self.run_record_key(run_id))
 
 
 def _artifact_backend(artifact_uri: str, endpoint_url: str | None) -> Storage:
@@ -138,7 +155,7 @@ def fetch(uri: str, cache_dir: Path | None = None, endpoint_url: str | None = No
         verify_files(manifest, local, muri)
     else:
         cache_dir = cache_dir or (settings().cache or Path(tempfile.gettempdir())) / "dilforge-cache"
-        local = cache_dir / f"{manifest.artifact_id}-{digest[:12]}"
+        local = confined(cache_dir, f"{manifest.artifact_id}-{digest[:12]}", f"{muri}: artifact_id")
         marker = local / ".complete"
         if marker.exists():
             try:

@@ -15,7 +15,7 @@ from typing import Protocol
 from urllib.parse import urlparse
 
 from ..errors import DilforgeError
-from ..manifest import check_relative_path
+from ..paths import check_relative_path, confined
 from ..settings import settings
 from .credentials import endpoint_keys
 
@@ -55,9 +55,7 @@ class LocalStorage:
         self.uri = self.root.as_uri()
 
     def _path(self, key: str) -> Path:
-        if key:
-            check_relative_path(key)
-        return self.root / key
+        return confined(self.root, key, "store key") if key else self.root
 
     def local_path(self, key: str) -> Path | None:
         return self._path(key)
@@ -220,9 +218,10 @@ class S3Storage:
 
     def download_file(self, key: str, path: Path) -> None:
         from botocore.exceptions import ClientError
+        full = self._key(key)  # checked before anything is created locally
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            self.client.download_file(self.bucket, self._key(key), str(path), Config=self.transfer)
+            self.client.download_file(self.bucket, full, str(path), Config=self.transfer)
         except ClientError as exc:
             if self._missing(exc):
                 raise NotFound(f"s3://{self.bucket}/{self._key(key)}: no such object") from None

@@ -1,0 +1,142 @@
+"""Run records, `<store>/runs/<run_id>.json`: each stage's artifact and status, the run's status and owner.
+
+Artifacts are addressed relative to the store (`artifacts/<stage>/<id>`), so a store that is copied or moved
+(another disk, `aws s3 sync` to another bucket) keeps working: `upstream_from_record` and `gc` resolve the address
+against wherever the store now is. Records written before this (absolute `artifact_uri`) are read the same way.
+
+A record that cannot be read (truncated JSON, the wrong shape) never blocks its run id: `load` reports it in one
+line, moves it aside to `runs/<run_id>.json.damaged-<utc>` and starts a fresh record; `status` reports it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from dilforge_shared.errors import DilforgeError
+from dilforge_shared.paths import check_relative_path
+from dilforge_shared.store import ArtifactStore, NotFound
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+log = logging.getLogger("dilforge.coordinator")
+
+FINAL_STATUSES = ("succeeded", "failed", "cancelled")
+
+
+class DamagedRecord(DilforgeError):
+    """A run record that is not valid JSON of the record's shape."""
+
+
+class StageEntry(BaseModel):
+    """One stage in a record; unknown keys are kept (a newer coordinator may add some)."""
+    model_config = ConfigDict(extra="allow")
+    artifact: str = Field(description="The stage's artifact, relative to the store: artifacts/<stage>/<id>.")
+    status: str = Field(description="running, produced, reused, failed or cancelled.")
+    backend: str | None = None
+    error: str | None = None
+
+    @field_validator("artifact")
+    @classmethod
+    def _relative(cls, value: str) -> str:
+        return check_relative_path(value)
+
+
+class RecordDoc(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    run_id: str
+    status: str = "new"
+    owner: dict[str, Any] = Field(default_factory=dict)
+    error: str | None = None
+    updated_at: str | None = None
+    stages: dict[str, StageEntry] = Field(default_factory=dict)
+
+
+def relative_address(address: str) -> str:
+    """The store-relative address of an artifact: itself if relative, else the `artifacts/...` tail of a URI."""
+    if "://" not in address and not address.startswith("/"):
+        return address
+    _, sep, tail = address.rstrip("/").rpartition("/artifacts/")
+    if not sep:
+        raise ValueError(f"{address!r} is not an artifact address (no /artifacts/<stage>/<id>)")
+    return f"artifacts/{tail}"
+
+
+def parse_record(data: bytes, source: str) -> RecordDoc:
+    """A record's bytes as a RecordDoc, or DamagedRecord naming `source` and what is wrong, in one line."""
+    try:
+        raw = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise DamagedRecord(f"{source}: damaged run record: not valid JSON ({exc})") from None
+    if isinstance(raw, dict) and isinstance(raw.get("stages"), dict):  # records before relative addresses
+        for entry in raw["stages"].values():
+            if isinstance(entry, dict) and "artifact" not in entry and isinstance(entry.get("artifact_uri"), str):
+                try:
+                    entry["artifact"] = relative_address(entry.pop("artifact_uri"))
+                except ValueError as exc:
+                    raise DamagedRecord(f"{source}: damaged run record: {exc}") from None
+    try:
+        return RecordDoc.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(map(str, first["loc"])) or "<root>"
+        raise DamagedRecord(f"{source}: damaged run record: {where}: {first['msg']}") from None
+
+
+@dataclass
+class RunRecord:
+    """The run's status is `running` while a coordinator works on it (with its pid and host, so `status` can tell
+    when that process is gone) and always ends `succeeded`, `failed` or `cancelled`."""
+    run_id: str
+    stages: dict[str, dict] = field(default_factory=dict)
+    status: str = "new"
+    owner: dict = field(default_factory=dict)
+    error: str | None = None
+
+    def to_json(self) -> bytes:
+        return json.dumps({"run_id": self.run_id, "updated_at": datetime.now(UTC).isoformat(),
+                           "status": self.status, "owner": self.owner, "error": self.error,
+                           "stages": self.stages}, indent=2).encode()
+
+    def set_stage(self, store: ArtifactStore, stage: str, artifact_uri: str, status: str, **extra) -> None:
+        address = store.relative(artifact_uri) or relative_address(artifact_uri)
+        self.stages[stage] = {"artifact": address, "status": status, **extra}
+
+    @classmethod
+    def from_doc(cls, doc: RecordDoc) -> RunRecord:
+        return cls(run_id=doc.run_id, stages={k: v.model_dump(exclude_none=True) for k, v in doc.stages.items()},
+                   status=doc.status, owner=doc.owner, error=doc.error)
+
+    @classmethod
+    def load(cls, store: ArtifactStore, run_id: str) -> RunRecord:
+        """The record, or a fresh one; a damaged record is reported in one line and moved aside, never raised."""
+        key = store.run_record_key(run_id)
+        try:
+            data = store.backend.read_bytes(key)
+        except NotFound:
+            return cls(run_id=run_id)
+        try:
+            return cls.from_doc(parse_record(data, f"{store.backend.uri}/{key}"))
+        except DamagedRecord as exc:
+            aside = set_aside(store, key, data)
+            log.warning("%s; moved to %s, starting a fresh record", exc, aside)
+            print(f"warning: {exc}; moved it to {aside}, starting a fresh record", flush=True)
+            return cls(run_id=run_id)
+
+
+def set_aside(store: ArtifactStore, key: str, data: bytes) -> str:
+    """Keep a damaged record's bytes beside it (for a post-mortem) and free its key."""
+    aside = f"{key}.damaged-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S%fZ')}"
+    store.backend.write_bytes(aside, data)
+    delete = getattr(store.backend, "delete", None)
+    if delete is not None:
+        delete(key)
+    return f"{store.backend.uri}/{aside}"
+
+
+def record_artifacts(store: ArtifactStore, record: RunRecord, statuses: tuple[str, ...] | None = None) -> dict:
+    """stage → artifact URI in this store (wherever it now is), optionally only stages with one of `statuses`."""
+    return {name: store.resolve(s["artifact"]) for name, s in record.stages.items()
+            if statuses is None or s.get("status") in statuses}

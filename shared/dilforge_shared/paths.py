@@ -1,0 +1,63 @@
+"""Paths built from untrusted text stay inside their root.
+
+Manifests, run records, configs and archives come from places a user does not fully control (an S3 bucket, a
+copied store, a downloaded wheel). Every name in them that becomes part of a path is checked here: ids and
+names by pattern (`check_name`), relative paths by `confined`, and folders read as input by `check_links`
+(no symlink, file or folder, that resolves outside the folder).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path, PurePosixPath
+
+from .errors import UnsafePathError
+
+# Artifact ids, run ids, stage and input names: one path component, no leading dot, nothing a shell or a URI
+# would read specially. Fingerprints (16 hex digits) and every run id the pipeline config accepts match.
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+_NAME = re.compile(NAME_PATTERN)
+
+
+def check_relative_path(path: str) -> str:
+    """Reject absolute paths, `..`, backslashes and empty parts: a file name may not escape its artifact."""
+    p = PurePosixPath(path)
+    if (not path or "\\" in path or p.is_absolute() or any(part in ("..", "", ".") for part in path.split("/"))):
+        raise UnsafePathError(f"unsafe file path {path!r}: must be relative, without '..' or empty parts")
+    return path
+
+
+def check_name(value: str, what: str) -> str:
+    """`value` as one safe path component (an id or a name), else UnsafePathError naming `what`."""
+    if not isinstance(value, str) or not _NAME.match(value) or ".." in value:
+        raise UnsafePathError(f"{what} {value!r} is not a valid name: use letters, digits, '.', '_' and '-' "
+                              "(at most 128, starting with a letter or digit, no '..')")
+    return value
+
+
+def confined(root: Path, rel: str, what: str = "path") -> Path:
+    """`root / rel`, refused unless `rel` is a clean relative path that also resolves (links followed) inside root."""
+    check_relative_path(rel)
+    path = root / rel
+    real_root = root.resolve()
+    if not path.resolve().is_relative_to(real_root):
+        raise UnsafePathError(f"{what} {rel!r} resolves to {path.resolve()}, outside {real_root}")
+    return path
+
+
+def check_links(folder: Path, source: str) -> None:
+    """Refuse a folder read as input if any symlink in it (file or folder) points outside it.
+
+    Links inside the folder are fine (HF caches link snapshot files to blobs beside them only when the folder is
+    the cache root; a model folder that links out would publish, or fingerprint, files the user never pointed at).
+    """
+    real = folder.resolve()
+    for dirpath, dirnames, filenames in os.walk(folder):
+        for name in (*dirnames, *filenames):
+            path = Path(dirpath) / name
+            if path.is_symlink():
+                target = path.resolve()
+                if not target.is_relative_to(real):
+                    raise UnsafePathError(f"{source}: {path.relative_to(folder)} is a link to {target}, outside the "
+                                          "folder; copy the file in instead of linking it")
