@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import socket
 import sys
+import threading
 from pathlib import Path
 from typing import Annotated
 
@@ -27,19 +29,36 @@ from .models_cmd import models_app
 from .serve_cmd import serve_cmd
 
 
+class StopRequested(KeyboardInterrupt):
+    """SIGTERM (or SIGINT) outside a running stage: unwinds like Ctrl-C, so the run record ends `cancelled`."""
+
+
+def _stop(signum, frame) -> None:
+    """Say so at once (typer turns the KeyboardInterrupt into a silent exit 130), then unwind."""
+    name = signal.Signals(signum).name
+    typer.echo(f"cancelled by {name}", err=True)
+    raise StopRequested(f"cancelled by {name}")
+
+
 class OneLineErrors(typer.Typer):
     """Whatever command runs (chat included): a user error, an OS error (full disk, a store path under a file) or
-    an S3 answer is one line on stderr and exit 1; Ctrl-C is `cancelled` and exit 130; never a traceback."""
+    an S3 answer is one line on stderr and exit 1; Ctrl-C or SIGTERM is `cancelled` and exit 130, wherever it
+    lands (planning, hashing, waiting for a lock; a running stage gets it forwarded); never a traceback."""
 
     def __call__(self, *args, **kwargs):
+        main = threading.current_thread() is threading.main_thread()
+        previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGINT)} if main else {}
         try:
             return super().__call__(*args, **kwargs)
-        except KeyboardInterrupt:
-            typer.echo("cancelled (interrupted)", err=True)
+        except KeyboardInterrupt as exc:
+            typer.echo(f"{exc or 'cancelled (interrupted)'}", err=True)
             sys.exit(130)
         except USER_ERRORS as exc:
             typer.echo(f"error: {one_line(exc)}", err=True)
             sys.exit(1)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
 
 app = OneLineErrors(help="dilforge coordinator: run the model → tokenizer → cpt → sft → eval pipeline.",
@@ -164,8 +183,9 @@ def run_cmd(
         upstream = pl.upstream_from_record(cfg)
         for item in inputs or []:
             name, sep, uri = item.partition("=")
-            if not sep:
+            if not sep or not name or not uri:
                 fail(f"--input {item!r}: expected NAME=URI")
+            pl.check_input_names(stage, getattr(cfg, stage), [name])
             upstream[name] = uri
         uri = pl.run_one(cfg, stage, runner, upstream)
     except pl.StageCancelled as exc:

@@ -116,6 +116,27 @@ def reusable(job: StageJob, stage: str) -> bool:
     return False
 
 
+def check_input_names(stage: str, config: StageConfig, names: list[str]) -> None:
+    """`--input NAME=URI`: NAME must be one of the stage's inputs (a misspelled name is never silently ignored)."""
+    unknown = [n for n in names if n not in config.consumes]
+    if unknown:
+        accepted = ", ".join(config.consumes) if config.consumes else "none (it reads no upstream artifact)"
+        raise DilforgeError(f"--input {unknown[0]}: stage {stage} has no input named {unknown[0]!r}; its inputs: "
+                            f"{accepted}")
+
+
+def check_input_kinds(stage: str, inputs: dict[str, str], endpoint_url: str | None) -> None:
+    """Each upstream artifact is of the kind its input needs: an SFT adapter is not a tokenizer."""
+    from dilforge_shared.configs import STAGE_CONFIGS
+    from dilforge_shared.store import read_manifest
+    for name, uri in sorted(inputs.items()):
+        expected = STAGE_CONFIGS[name].artifact_kind
+        manifest = read_manifest(uri, endpoint_url)[0]
+        if manifest.kind != expected:
+            raise DilforgeError(f"stage {stage}: input {name}={uri} is a {manifest.kind!r} artifact (made by stage "
+                                f"{manifest.stage}); input {name!r} needs a {expected!r} artifact")
+
+
 def plan_stage(pipeline: PipelineConfig, stage: str, upstream: dict[str, str]) -> StageJob:
     """Resolve inputs and fingerprint: same config + same upstream manifests + same data → same artifact."""
     config: StageConfig = getattr(pipeline, stage)
@@ -125,6 +146,7 @@ def plan_stage(pipeline: PipelineConfig, stage: str, upstream: dict[str, str]) -
         raise DilforgeError(f"stage {stage} needs upstream artifacts {missing}: add those stages to the pipeline, "
                             f"run them first, or pass --input NAME=URI")
     endpoint = pipeline.store.s3_endpoint_url
+    check_input_kinds(stage, inputs, endpoint)
     planned_id = artifact_id(config, stage_refs(config, inputs, endpoint))
     store = ArtifactStore(pipeline.store.uri, endpoint)
     return StageJob(stage=stage, config=config, run_id=pipeline.run_id, artifact_uri=store.artifact_uri(stage, planned_id),

@@ -21,6 +21,7 @@ import io
 import json
 import logging
 import os
+import stat
 import unicodedata
 from collections.abc import Iterator
 from pathlib import Path
@@ -63,7 +64,7 @@ def expand(uri: str, endpoint_url: str | None = None) -> list[str]:
         matches = sorted(glob.glob(path))
         if not matches:
             raise InputError("glob matches no file", path=uri)
-        return matches
+        return [_regular(m, m) for m in matches]
     p = Path(path)
     if p.is_dir():
         files = sorted(str(f) for f in p.rglob("*") if f.is_file() and f.name.lower().endswith(SUFFIXES))
@@ -72,7 +73,39 @@ def expand(uri: str, endpoint_url: str | None = None) -> list[str]:
         return files
     if not p.exists():
         raise InputError("no such file", path=uri)
-    return [str(p)]
+    return [_regular(str(p), uri)]
+
+
+def _regular(path: str, uri: str) -> str:
+    """Corpora are regular files: a FIFO, a device (/dev/zero) or a socket would hang hashing and reading."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        raise InputError(f"cannot open: {exc.strerror}", path=uri) from None
+    if not stat.S_ISREG(mode):
+        kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+                else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
+        raise InputError(f"is {kind}, not a regular file; corpora must be regular files (hashing and reading "
+                         "a stream would never end)", path=uri)
+    return path
+
+
+# Compressed files a user may name as a corpus; only gzip (.gz) is read.
+_MAGIC = ((b"\x1f\x8b", "gzip-compressed"), (b"BZh", "bzip2-compressed"), (b"\xfd7zXZ\x00", "xz-compressed"),
+          (b"\x28\xb5\x2f\xfd", "zstd-compressed"), (b"PK\x03\x04", "a zip archive"), (b"PAR1", "a parquet file"))
+
+
+def _check_not_compressed(stream: IO[bytes], uri: str, fmt_hint: str) -> None:
+    """A compressed file read as text would be reported as invalid UTF-8; say what it is instead."""
+    head = stream.peek(8)[:8] if hasattr(stream, "peek") else b""
+    for magic, what in _MAGIC:
+        if magic == b"BZh" and head[3:4] not in b"123456789":  # bzip2: "BZh" then the block size digit
+            continue
+        if head.startswith(magic) and not (what == "a parquet file" and fmt_hint == "parquet"):
+            fix = ("name it .gz (gzip is read as it streams)" if what == "gzip-compressed" else
+                   "set format: parquet" if what == "a parquet file" else
+                   "decompress it, or recompress it with gzip and name it .gz")
+            raise InputError(f"is {what}, not text: {fix}", path=uri)
 
 
 class _BodyReader(io.RawIOBase):
@@ -108,11 +141,17 @@ def _open_binary(uri: str, endpoint_url: str | None) -> IO[bytes]:
         stream: IO[bytes] = io.BufferedReader(_BodyReader(body), buffer_size=1 << 20)
     else:
         try:
-            stream = open(uri, "rb")  # noqa: SIM115 - returned to the caller, who closes it
+            stream = open(_regular(uri, uri), "rb")  # noqa: SIM115 - returned to the caller, who closes it
         except OSError as exc:
             raise InputError(f"cannot open: {exc.strerror}", path=uri) from None
     if uri.lower().endswith(".gz"):
         stream = gzip.GzipFile(fileobj=stream)  # type: ignore[assignment]
+    elif not uri.lower().endswith(".parquet"):
+        try:
+            _check_not_compressed(stream, uri, detect_format(uri))
+        except InputError:
+            stream.close()
+            raise
     return stream
 
 
@@ -232,11 +271,22 @@ def _iter_file(uri: str, fmt: str, text_field: str, endpoint_url: str | None, ma
             raise InputError("reading parquet needs pyarrow installed", path=uri) from None
         with _open_binary(uri, endpoint_url) as stream:
             data = stream.read() if urlparse(uri).scheme == "s3" else None
-        pf = pq.ParquetFile(io.BytesIO(data) if data is not None else uri)
+        try:
+            pf = pq.ParquetFile(io.BytesIO(data) if data is not None else uri)
+        except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError, ArrowIOError an OSError
+            raise InputError(f"not a readable parquet file: {str(exc).splitlines()[0][:200]}", path=uri) from None
         if text_field not in pf.schema_arrow.names:
             raise InputError(f"no column {text_field!r} (columns: {pf.schema_arrow.names}); set text_field", path=uri)
         row = 0
-        for batch in pf.iter_batches(columns=[text_field], batch_size=4096):
+        batches = pf.iter_batches(columns=[text_field], batch_size=4096)
+        while True:
+            try:
+                batch = next(batches)
+            except StopIteration:
+                break
+            except (OSError, ValueError) as exc:  # a damaged row group or page
+                raise InputError(f"damaged parquet data after row {row}: {str(exc).splitlines()[0][:200]}",
+                                 path=uri) from None
             for value in batch.column(0).to_pylist():
                 row += 1
                 if isinstance(value, str):

@@ -108,6 +108,44 @@ def expand_env(value: Any, source: str, variables: dict[str, str] | None = None)
     return value
 
 
+# A config is a few hundred nodes; aliases may repeat a block, but a document that expands past this many nodes
+# (a "billion laughs" of nested aliases) is refused before anything walks it.
+MAX_YAML_NODES = 100_000
+
+
+def _expanded_nodes(node: yaml.Node, path: Path, memo: dict[int, int], active: set[int]) -> int:
+    """How many nodes the document has with every alias expanded (linear: shared nodes are counted once each)."""
+    key = id(node)
+    if key in memo:
+        return memo[key]
+    if key in active:
+        raise ConfigError(f"{path}: line {node.start_mark.line + 1}: a YAML alias refers to the node that contains it "
+                          "(a recursive structure); a config cannot be recursive")
+    active.add(key)
+    children = node.value if isinstance(node, yaml.SequenceNode) else (
+        [n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode) else [])
+    total = 1
+    for child in children:
+        total += _expanded_nodes(child, path, memo, active)
+        if total > MAX_YAML_NODES:
+            break
+    active.discard(key)
+    memo[key] = total
+    return total
+
+
+def safe_load_bounded(text: str, path: Path) -> Any:
+    """yaml.safe_load, refusing documents whose aliases expand past MAX_YAML_NODES nodes or that recurse."""
+    node = yaml.compose(text, Loader=yaml.SafeLoader)
+    if node is None:
+        return None
+    size = _expanded_nodes(node, path, {}, set())
+    if size > MAX_YAML_NODES:
+        raise ConfigError(f"{path}: YAML aliases expand to more than {MAX_YAML_NODES:,} nodes (nested anchors "
+                          "repeating each other, a 'billion laughs' document); write the config out without them")
+    return yaml.safe_load(text)
+
+
 def load_yaml(path: Path, variables: dict[str, str] | None = None) -> dict[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
@@ -117,7 +155,9 @@ def load_yaml(path: Path, variables: dict[str, str] | None = None) -> dict[str, 
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read config: {exc.strerror}") from None
     try:
-        raw = yaml.safe_load(text)
+        raw = safe_load_bounded(text, path)
+    except RecursionError:
+        raise ConfigError(f"{path}: YAML nested too deeply") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
     if not isinstance(raw, dict):

@@ -1,0 +1,202 @@
+"""Reliability round 3 (issue 23 items 2 and 3): untrusted names cannot steer paths; run records are relative
+to the store (a copied or moved store works, gc is right there) and a damaged record never blocks its run id."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from dilforge_coordinator import pipeline as pl
+from dilforge_coordinator.cli import app
+from dilforge_shared.configs import load_pipeline
+from dilforge_shared.errors import ManifestError, UnsafePathError
+from dilforge_shared.manifest import MANIFEST_NAME, Manifest, current_producer
+from dilforge_shared.store import ArtifactStore, LocalStorage, S3Storage, fetch, publish
+from test_reliability import PublishingBackend, write_config
+from typer.testing import CliRunner
+
+
+def _published(tmp_path: Path, artifact_id: str = "a1") -> str:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "w.bin").write_bytes(b"weights")
+    uri = str(tmp_path / "store" / "artifacts" / "tokenizer" / artifact_id)
+    publish(uri, out, Manifest(kind="tokenizer", artifact_id=artifact_id, run_id="r", stage="tokenizer",
+                               producer=current_producer("test"), config={}, data_dir="x", files=[]))
+    return uri
+
+
+class RemoteLike(LocalStorage):
+    """A local folder that behaves like S3 for fetch: no local path, so files are downloaded to the cache."""
+
+    def local_path(self, key):
+        return None
+
+
+# ---- untrusted data cannot steer paths -------------------------------------------------------------------
+
+@pytest.mark.parametrize("bad_id", ["../../escape", "..", "a/../../b", "/abs", ".hidden", "a b"])
+def test_a_fetched_manifest_whose_artifact_id_climbs_out_is_refused_and_nothing_is_written(tmp_path, monkeypatch,
+                                                                                           bad_id):
+    from dilforge_shared.store import artifacts
+    uri = _published(tmp_path)
+    mpath = Path(uri) / MANIFEST_NAME
+    raw = json.loads(mpath.read_text())
+    raw["artifact_id"] = bad_id
+    mpath.write_text(json.dumps(raw))
+    monkeypatch.setattr(artifacts, "open_backend", lambda u, e=None: RemoteLike(Path(u.removeprefix("file://"))))
+    cache = tmp_path / "deep" / "cache"
+    before = sorted(p for p in tmp_path.rglob("*"))
+    with pytest.raises(ManifestError, match="artifact_id"):
+        fetch(uri, cache_dir=cache)
+    assert sorted(p for p in tmp_path.rglob("*")) == before, "nothing may be written anywhere"
+
+
+def test_a_valid_remote_fetch_still_lands_in_the_cache(tmp_path, monkeypatch):
+    from dilforge_shared.store import artifacts
+    uri = _published(tmp_path)
+    monkeypatch.setattr(artifacts, "open_backend", lambda u, e=None: RemoteLike(Path(u.removeprefix("file://"))))
+    art = fetch(uri, cache_dir=tmp_path / "cache")
+    assert art.path.parent == tmp_path / "cache" and (art.path / "w.bin").read_bytes() == b"weights"
+
+
+@pytest.mark.parametrize("run_id", ["../../etc/passwd", "a/b", "..", ".x"])
+def test_run_ids_cannot_address_files_outside_runs(tmp_path, run_id):
+    store = ArtifactStore(str(tmp_path / "store"))
+    with pytest.raises(UnsafePathError, match="run id"):
+        store.write_run_record(run_id, b"{}")
+    result = CliRunner().invoke(app, ["status", run_id, "--store", str(tmp_path / "store")])
+    assert result.exit_code == 1 and "not a valid name" in result.output and "Traceback" not in result.output
+    assert not any(tmp_path.rglob("*.json"))
+
+
+def test_stage_and_artifact_names_are_checked_before_they_become_a_uri(tmp_path):
+    store = ArtifactStore(str(tmp_path / "store"))
+    with pytest.raises(UnsafePathError, match="artifact id"):
+        store.artifact_uri("cpt", "../x")
+    with pytest.raises(UnsafePathError, match="stage"):
+        store.artifact_uri("../runs", "x")
+
+
+def test_a_store_key_through_a_symlinked_folder_out_of_the_store_is_refused(tmp_path):
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "secret").write_text("s")
+    (tmp_path / "store").mkdir()
+    (tmp_path / "store" / "runs").symlink_to(tmp_path / "outside")
+    with pytest.raises(UnsafePathError, match="outside"):
+        LocalStorage(tmp_path / "store").read_bytes("runs/secret")
+
+
+class NoClient:
+    def download_file(self, *a, **k):  # pragma: no cover - must never be reached
+        raise AssertionError("an unsafe key reached the S3 client")
+
+
+def test_an_s3_key_with_dotdot_creates_nothing_locally(tmp_path):
+    backend = S3Storage("bucket", "prefix", client=NoClient())
+    dest = tmp_path / "cache" / "m"
+    with pytest.raises(UnsafePathError):
+        backend.download_file("x/../../../escape/f", dest / "x/../../../escape/f")
+    assert not any(tmp_path.rglob("*")), "no folder may be created before the key is checked"
+
+
+def _hf_folder(root: Path) -> Path:
+    root.mkdir(parents=True)
+    (root / "config.json").write_text('{"model_type": "llama"}')
+    (root / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ")
+    (root / "tokenizer.json").write_text("{}")
+    return root
+
+
+def test_a_model_folder_with_a_link_out_of_it_is_refused_at_planning_and_import(tmp_path):
+    from dilforge_cpt.import_model import copy_hf_folder
+    from dilforge_shared.models import model_digest
+    folder = _hf_folder(tmp_path / "model")
+    (tmp_path / "secret.txt").write_text("do not publish")
+    (folder / "notes.txt").symlink_to(tmp_path / "secret.txt")
+    with pytest.raises(UnsafePathError, match="notes.txt is a link to .*outside the folder"):
+        model_digest(str(folder))
+    with pytest.raises(UnsafePathError, match="notes.txt is a link"):
+        copy_hf_folder(folder, str(folder), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    (folder / "notes.txt").unlink()
+    (folder / "sub").symlink_to(tmp_path, target_is_directory=True)   # a folder link out is refused too
+    with pytest.raises(UnsafePathError, match="sub is a link"):
+        model_digest(str(folder))
+    (folder / "sub").unlink()
+    (folder / "alias.json").symlink_to(folder / "config.json")        # a link inside the folder is fine
+    assert len(model_digest(str(folder))) == 64
+
+
+# ---- run records: relative, robust -----------------------------------------------------------------------
+
+def test_run_records_hold_store_relative_addresses(tmp_path):
+    cfg = load_pipeline(write_config(tmp_path))
+    uri = pl.run_all(cfg, PublishingBackend())["tokenizer"]
+    raw = json.loads((tmp_path / "store" / "runs" / "demo.json").read_text())
+    assert raw["stages"]["tokenizer"]["artifact"] == "artifacts/tokenizer/" + uri.rsplit("/", 1)[1]
+    assert str(tmp_path) not in json.dumps(raw["stages"]), "no absolute address in the stages"
+
+
+@pytest.mark.parametrize("legacy", [False, True])
+def test_a_moved_store_works_gc_is_right_and_stages_take_upstream_from_the_new_place(tmp_path, legacy):
+    old = tmp_path / "a"
+    old.mkdir()
+    cfg = load_pipeline(write_config(old))
+    uri = pl.run_all(cfg, PublishingBackend())["tokenizer"]
+    if legacy:  # a record written before relative addresses: absolute URIs of the old place
+        path = old / "store" / "runs" / "demo.json"
+        raw = json.loads(path.read_text())
+        raw["stages"]["tokenizer"] = {"artifact_uri": uri, "status": "produced", "backend": "fake"}
+        path.write_text(json.dumps(raw))
+    new = tmp_path / "b" / "store"
+    shutil.copytree(old / "store", new, symlinks=True)
+    shutil.rmtree(old / "store")                                     # moved, not copied
+    moved = load_pipeline(write_config(old), {"store.uri": str(new)})
+    upstream = pl.upstream_from_record(moved)
+    assert upstream["tokenizer"] == ArtifactStore(str(new)).artifact_uri("tokenizer", uri.rsplit("/", 1)[1])
+    assert Path(upstream["tokenizer"].removeprefix("file://"), MANIFEST_NAME).is_file()
+    args = ["gc", "--store", str(new), "--workdir", str(tmp_path / "work"), "--unreferenced", "--min-age-minutes", "0"]
+    result = CliRunner().invoke(app, [*args, "--delete"])
+    assert result.exit_code == 0 and "0 item(s) removed" in result.output, result.output
+    backend = PublishingBackend()
+    assert pl.run_all(moved, backend)["tokenizer"].startswith(new.as_uri()) and backend.runs == [], "reused in place"
+    status = CliRunner().invoke(app, ["status", "demo", "--store", str(new)])
+    assert status.exit_code == 0 and str(new) in status.output and str(old / "store") not in status.output
+
+
+DAMAGED = {
+    "truncated": lambda raw: raw[: len(raw) // 2],
+    "empty": lambda raw: b"",
+    "not_utf8": lambda raw: b"\xff\xfe" + raw,
+    "a_list": lambda raw: b"[1, 2]",
+    "stages_a_list": lambda raw: json.dumps({**json.loads(raw), "stages": ["x"]}).encode(),
+    "stage_without_status": lambda raw: json.dumps({**json.loads(raw), "stages": {"t": {"artifact": "a/b"}}}).encode(),
+    "artifact_climbs_out": lambda raw: json.dumps(
+        {**json.loads(raw), "stages": {"t": {"artifact": "../../x", "status": "produced"}}}).encode(),
+    "owner_a_string": lambda raw: json.dumps({**json.loads(raw), "owner": "me"}).encode(),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGED))
+def test_a_damaged_run_record_is_one_line_for_status_and_gc_and_set_aside_by_the_next_run(tmp_path, damage, capsys):
+    cfg = load_pipeline(write_config(tmp_path))
+    pl.run_all(cfg, PublishingBackend())
+    path = tmp_path / "store" / "runs" / "demo.json"
+    path.write_bytes(DAMAGED[damage](path.read_bytes()))
+    status = CliRunner().invoke(app, ["status", "demo", "--store", str(tmp_path / "store")])
+    assert status.exit_code == 1 and "damaged run record" in status.output, status.output
+    assert "Traceback" not in status.output and status.output.count("\n") == 1
+    gc = CliRunner().invoke(app, ["gc", "--store", str(tmp_path / "store"), "--workdir", str(tmp_path / "w"),
+                                  "--unreferenced", "--delete"])
+    assert gc.exit_code == 1 and "damaged run record" in gc.output and gc.output.count("\n") == 1, gc.output
+    capsys.readouterr()
+    assert pl.run_all(cfg, PublishingBackend())["tokenizer"], "the run id is not blocked"
+    out = capsys.readouterr().out
+    assert "damaged run record" in out and "moved it to" in out
+    assert json.loads(path.read_text())["status"] == "succeeded"
+    assert len(list(path.parent.glob("demo.json.damaged-*"))) == 1
+    ok = CliRunner().invoke(app, ["status", "demo", "--store", str(tmp_path / "store")])
+    assert ok.exit_code == 0 and "succeeded" in ok.output
