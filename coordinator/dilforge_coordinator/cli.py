@@ -174,6 +174,8 @@ def run_cmd(
     """Run one stage of the pipeline config."""
     _setup_logging(verbose)
     try:
+        if stage not in STAGES:
+            fail(f"{stage!r} is not a stage; stages: {', '.join(STAGES)}")
         cfg = _load(config, data, store, run_id)
         if getattr(cfg, stage, None) is None:
             fail(f"{config}: no '{stage}' section; stages configured: {[n for n, _ in cfg.stages()]}")
