@@ -77,6 +77,20 @@ def test_hf_folder_without_weights_tokenizer_or_config_fails_in_one_line(tmp_pat
     assert published(tmp_path) == []
 
 
+def test_hf_folder_whose_weights_do_not_match_its_config_fails_in_one_line_and_publishes_nothing(tmp_path,
+                                                                                                  tiny_llama_dir):
+    folder = tmp_path / "wrong-shape"
+    shutil.copytree(tiny_llama_dir, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["hidden_size"] = 32
+    (folder / "config.json").write_text(json.dumps(config))
+    proc = import_model(tmp_path, str(folder))
+    assert proc.returncode == 1
+    line = error_line(proc)
+    assert "model.safetensors: tensor" in line and "config.json gives" in line, line
+    assert published(tmp_path) == []
+
+
 def test_gguf_of_an_unsupported_architecture_fails_in_one_line(tmp_path):
     import numpy as np
     from gguf import GGUFWriter

@@ -73,8 +73,8 @@ def test_a_tokenizer_artifact_given_as_the_tokenizer_passes_the_kind_check(tmp_p
         pl.check_input_kinds("cpt", {"tokenizer": model}, None)
 
 
-@pytest.mark.parametrize("item, expected", [("tokenizr=/x", "stage cpt has no input named 'tokenizr'; its inputs: "
-                                                            "model, tokenizer"),
+@pytest.mark.parametrize("item, expected", [("tokenizr=/x", ("stage cpt has no input named 'tokenizr'; its inputs: "
+                                                            "model, tokenizer")),
                                             ("tokenizer", "expected NAME=URI"), ("=/x", "expected NAME=URI")])
 def test_a_misspelled_or_malformed_input_is_refused(tmp_path, item, expected):
     result = CliRunner().invoke(app, ["run", "cpt", "-c", str(_cpt_config(tmp_path)), "--input", item])

@@ -33,6 +33,8 @@ from dilforge_shared.paths import check_links
 from dilforge_shared.recipes import RECIPES, Recipe, source_kind
 from dilforge_shared.store import NotFound, mirror_prefix
 
+from .weights_check import read_header, verify_weights
+
 log = logging.getLogger("dilforge.model")
 
 SUPPORTED_GGUF_ARCHITECTURES = ("llama",)
@@ -65,6 +67,7 @@ def run(config: ModelConfig, ctx: StageContext) -> StageResult:
                 raise InputError("model.source: no objects under this S3 prefix", path=config.source) from None
         copy_hf_folder(folder, config.source, out)
         provenance.update(version=None, license=read_license(out), dequantized_from=None)
+    verify_weights(out)  # shapes match the config, headers match the files, tensors load: before publishing
     provenance.update(describe(out))
     log.info("model %s: %s parameters, %s, architecture %s", config.source, f"{provenance['num_parameters']:,}",
              provenance["dtype"], provenance["architecture"])
@@ -202,7 +205,14 @@ def dequantized_tensors(path: Path):
         header = GgufHeader.from_file(str(path))
     except ValueError as exc:  # e.g. a quantization type without a dequantization kernel (Q8_1, I8, ...)
         raise InputError(f"cannot read its tensors: {str(exc).removeprefix(f'{path} ')}", path=str(path)) from None
+    except (struct.error, IndexError, OverflowError, EOFError) as exc:  # the tensor table itself is cut off
+        raise InputError(f"truncated GGUF: its tensor table is cut off ({exc})", path=str(path)) from None
     blob = np.memmap(str(path), mode="r", dtype=np.uint8)
+    for info in header.tensors:
+        end = header.data_start + info.offset + info.nbytes
+        if end > blob.size:
+            raise InputError(f"truncated GGUF: tensor {info.name} needs bytes up to {end:,}, the file has "
+                             f"{blob.size:,}", path=str(path))
     plain = {GGMLQuantizationType.F32: np.float32, GGMLQuantizationType.F16: np.float16}
     for info in header.tensors:
         qtype = GGMLQuantizationType(info.ggml_type)
@@ -321,18 +331,11 @@ def read_license(folder: Path) -> str | None:
 
 # ---- describe ----------------------------------------------------------------------------------
 
-def safetensors_header(path: Path) -> dict:
-    """The JSON header of a safetensors file (tensor names, dtypes, shapes) without loading tensors."""
-    with path.open("rb") as fh:
-        (size,) = struct.unpack("<Q", fh.read(8))
-        return json.loads(fh.read(size))
-
-
 def describe(folder: Path) -> dict:
     """Parameter count and dtype from the weight headers, architecture and chat family from config and tokenizer."""
     num_parameters, dtypes = 0, set()
     for path in sorted(folder.glob(f"*{WEIGHT_SUFFIX}")):
-        for name, info in safetensors_header(path).items():
+        for name, info in read_header(path).items():
             if name == "__metadata__":
                 continue
             count = 1

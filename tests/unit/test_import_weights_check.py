@@ -1,0 +1,105 @@
+"""Model import verifies weights before publishing (issue 23 item 6): shapes match the config, safetensors headers
+match the file, tensors load; a truncated GGUF is a one-line error naming the file and tensor."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+from pathlib import Path
+
+import pytest
+from dilforge_shared.errors import InputError
+
+pytest.importorskip("dilforge_cpt")
+from dilforge_cpt.import_model import convert_gguf
+from dilforge_cpt.weights_check import read_header, verify_weights
+
+
+@pytest.fixture
+def folder(tmp_path, tiny_llama_dir) -> Path:
+    return Path(shutil.copytree(tiny_llama_dir, tmp_path / "model"))
+
+
+def _rewrite_header(path: Path, edit) -> None:
+    raw = path.read_bytes()
+    (length,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + length])
+    edit(header)
+    new = json.dumps(header).encode()
+    new += b" " * ((8 - len(new) % 8) % 8)
+    path.write_bytes(struct.pack("<Q", len(new)) + new + raw[8 + length:])
+
+
+def test_the_tiny_llama_passes(folder):
+    verify_weights(folder)
+
+
+def test_weights_of_another_shape_than_the_config_are_refused(folder):
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["intermediate_size"] = 96
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(InputError, match=r"model.safetensors: tensor 'model.layers.0.mlp.down_proj.weight' has shape "
+                                         r"\[64, 128\], config.json gives \[64, 96\] \(and 5 more\)"):
+        verify_weights(folder)
+
+
+def test_a_header_declaring_a_huge_tensor_is_refused_without_allocating(folder):
+    def huge(header):
+        header["model.embed_tokens.weight"]["shape"] = [10 ** 9, 10 ** 9]
+    _rewrite_header(folder / "model.safetensors", huge)
+    with pytest.raises(InputError, match=r"tensor 'model.embed_tokens.weight': F32\[1000000000, 1000000000\] needs"):
+        verify_weights(folder)
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda raw: raw[:-100], "truncated"),
+    (lambda raw: struct.pack("<Q", 1 << 40) + raw[8:], "header declares 1,099,511,627,776 bytes"),
+    (lambda raw: raw[:5], "shorter than its 8-byte header length"),
+    (lambda raw: raw[:8] + b"\xff" + raw[9:], "header is not valid JSON"),
+    (lambda raw: raw + b"\0" * 16, "tensors cover"),
+])
+def test_a_damaged_safetensors_file_is_one_line_naming_it(folder, damage, message):
+    path = folder / "model.safetensors"
+    path.write_bytes(damage(path.read_bytes()))
+    with pytest.raises(InputError, match=message) as info:
+        read_header(path)
+    assert str(path) in str(info.value) and "\n" not in str(info.value)
+
+
+def test_two_tensors_over_the_same_bytes_are_refused(folder):
+    _rewrite_header(folder / "model.safetensors", lambda h: h.update({"extra.weight": {**h["model.norm.weight"]}}))
+    with pytest.raises(InputError, match="overlapping or gapped"):
+        verify_weights(folder)
+
+
+def test_a_missing_tensor_is_named(folder):
+    _rewrite_header(folder / "model.safetensors", lambda h: h.update({"model.nrm.weight": h.pop("model.norm.weight")}))
+    with pytest.raises(InputError, match=r"lack 1 tensor\(s\) config.json needs, e.g. \['model.norm.weight'\]"):
+        verify_weights(folder)
+
+
+def _llama_gguf(path: Path) -> Path:
+    import numpy as np
+    from gguf import GGUFWriter
+    writer = GGUFWriter(str(path), "llama")
+    writer.add_block_count(1)
+    writer.add_head_count(1)
+    writer.add_embedding_length(32)
+    writer.add_feed_forward_length(64)
+    writer.add_context_length(128)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_tensor("token_embd.weight", np.ones((16, 32), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_a_truncated_gguf_is_one_line_naming_the_file_and_tensor(tmp_path):
+    path = _llama_gguf(tmp_path / "tiny.gguf")
+    path.write_bytes(path.read_bytes()[:-200])
+    with pytest.raises(InputError, match=r"tiny.gguf: truncated GGUF: tensor token_embd.weight needs bytes up to"):
+        convert_gguf(path, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
