@@ -23,17 +23,41 @@ def _policy(device: str):
     return runtime_policy.decide("chat", device=device, precision="auto")
 
 
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+
+
 def _load(model_uri: str, base: str | None, endpoint: str | None, merged: bool, policy):
+    """Tokenizer, model and adapter; whatever the libraries raise on bad weights (a shape that is not the config's,
+    a header declaring a huge tensor, an adapter trained on another base) is one DilforgeError naming the folder."""
+    from dilforge_shared.errors import DilforgeError
     from dilforge_shared.models import resolve_chat_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
     spec = resolve_chat_model(model_uri, base=base, endpoint_url=endpoint, prefer_merged=merged)
-    tok = AutoTokenizer.from_pretrained(str(spec.tokenizer_dir), trust_remote_code=False)
-    model = AutoModelForCausalLM.from_pretrained(str(spec.base_dir), dtype=policy.torch_dtype(),
-                                                 trust_remote_code=False)
-    if spec.adapter_dir is not None:
-        from peft import PeftModel
-        model = PeftModel.from_pretrained(model, str(spec.adapter_dir))
+    step, where = "tokenizer", spec.tokenizer_dir
+    try:
+        tok = AutoTokenizer.from_pretrained(str(spec.tokenizer_dir), trust_remote_code=False)
+        step, where = "model", spec.base_dir
+        model = AutoModelForCausalLM.from_pretrained(str(spec.base_dir), dtype=policy.torch_dtype(),
+                                                     trust_remote_code=False)
+        if spec.adapter_dir is not None:
+            from peft import PeftModel
+            step, where = f"adapter (on base {spec.base_dir})", spec.adapter_dir
+            model = PeftModel.from_pretrained(model, str(spec.adapter_dir))
+    except Exception as exc:  # noqa: BLE001 - transformers/peft/safetensors raise many types; the user needs one line
+        hint = "; pass the --base it was trained on" if step.startswith("adapter") else ""
+        raise DilforgeError(f"{where}: cannot load the {step}: {_first_line(exc)}{hint}") from None
     return spec, tok, model.to(policy.device).eval()
+
+
+def _utf8(text: str, where: str) -> str:
+    """Text from argv or stdin that was not UTF-8 arrives with surrogate escapes; say so instead of tracing back."""
+    from dilforge_shared.errors import DilforgeError
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise DilforgeError(f"{where} is not UTF-8 text (byte {exc.start}); send UTF-8") from None
+    return text
 
 
 def stop_token_ids(tok) -> list[int]:
@@ -81,6 +105,8 @@ def chat_cmd(
     """Chat with a model or adapter artifact. Empty line or Ctrl-D ends an interactive session."""
     from dilforge_shared.errors import DilforgeError
     try:
+        system, prompt = (_utf8(system, "--system") if system else system), (_utf8(prompt, "--prompt")
+                                                                             if prompt is not None else None)
         policy = _policy(device)
         device = policy.device
         spec, tok, lm = _load(model, base, endpoint, merged, policy)
@@ -98,6 +124,13 @@ def chat_cmd(
             line = input("siz> ") if sys.stdin.isatty() else sys.stdin.readline().rstrip("\n")
         except EOFError:
             break
+        except UnicodeDecodeError as exc:
+            typer.echo(f"error: stdin is not UTF-8 text (byte {exc.start}: {exc.object[exc.start:exc.start + 4]!r}); "
+                       "send UTF-8", err=True)
+            raise typer.Exit(1) from None
+        if any("\udc80" <= ch <= "\udcff" for ch in line):  # surrogate escapes: bytes that were not UTF-8
+            typer.echo("error: stdin is not UTF-8 text (undecodable bytes); send UTF-8", err=True)
+            raise typer.Exit(1)
         if not line.strip():
             break
         messages.append({"role": "user", "content": line})

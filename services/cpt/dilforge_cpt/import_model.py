@@ -345,7 +345,8 @@ def describe(folder: Path) -> dict:
             dtypes.add(info["dtype"])
     config = json.loads((folder / "config.json").read_text())
     tokens = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
-    vocab = [*(tokens.get("model", {}).get("vocab") or {}), *(t["content"] for t in tokens.get("added_tokens", []))]
+    vocab = [v[0] if isinstance(v, list) else v for v in tokens.get("model", {}).get("vocab") or {}]  # Unigram: pairs
+    vocab += [t["content"] for t in tokens.get("added_tokens", [])]
     try:
         family = detect_family(vocab, str(folder / "tokenizer.json")).name
     except InputError:  # an unknown family is provenance here, not an import failure

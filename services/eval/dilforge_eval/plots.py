@@ -7,6 +7,9 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
+# Labels are user text (text set, model and tokenizer names): a `$` in one must not be parsed as mathtext, which
+# raised ValueError at savefig — after the whole evaluation had run.
+matplotlib.rcParams["text.parse_math"] = False
 import matplotlib.pyplot as plt
 
 

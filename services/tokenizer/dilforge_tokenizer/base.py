@@ -73,8 +73,12 @@ def check_extendable(doc: dict, source: str) -> None:
 
 
 def vocab_tokens(doc: dict) -> list[str]:
-    """Every token string of a tokenizer.json: the model's vocabulary and the added tokens."""
-    return [*doc.get("model", {}).get("vocab", {}), *(t["content"] for t in doc.get("added_tokens", []))]
+    """Every token string of a tokenizer.json: the model's vocabulary and the added tokens. A BPE/WordPiece vocab
+    is a {token: id} mapping, a Unigram one a list of [token, score] pairs (so a T5-style base is refused by
+    `check_extendable` in one line rather than failing here)."""
+    vocab = doc.get("model", {}).get("vocab") or {}
+    tokens = [entry[0] if isinstance(entry, list | tuple) else entry for entry in vocab]
+    return [*tokens, *(t["content"] for t in doc.get("added_tokens", []))]
 
 
 def copy_folder(folder: Path, out: Path) -> None:

@@ -175,6 +175,15 @@ def replace_candidates(config: TokenizerConfig, batches: Iterator[list[str]], fa
     out = []
     for size in sorted(config.vocab_sizes):
         doc = bpe.truncate(trained_doc, size)
+        produced = len(doc["model"]["vocab"])
+        if produced < size:  # the corpus ran out of merges: never report (or select) a size that does not exist
+            if any(c.size == produced for c in out):
+                log.warning("replace: vocab size %d asked, but the corpus gives only %d tokens at min_frequency %d; "
+                            "dropped (same tokenizer as size %d)", size, produced, config.min_frequency, produced)
+                continue
+            log.warning("replace: vocab size %d asked, but the corpus gives only %d tokens at min_frequency %d; "
+                        "measured and recorded as %d", size, produced, config.min_frequency, produced)
+            size = produced
         new_ids = {i for t, i in doc["model"]["vocab"].items() if len(t) > 1}
         tok = family_out.finish(bpe.from_doc(doc), family, base.doc if base else None)
         out.append(Candidate("replace", size, tok, doc, new_ids, min(new_ids, default=size), family))
@@ -190,9 +199,14 @@ def extend_candidates(config: TokenizerConfig, seg: continued.Segmented, base: B
     out = []
     for size in sorted(config.num_new_tokens):
         doc, added = continued.extend_doc(base.doc, learned, size)
-        if added < size:
-            log.warning("extend: the corpus supports only %d new tokens at min_frequency %d (asked %d)",
-                        added, config.min_frequency, size)
+        if added < size:  # recorded (and selectable) as what exists, never as the size asked for
+            if any(c.size == added for c in out):
+                log.warning("extend: the corpus supports only %d new tokens at min_frequency %d (asked %d); dropped "
+                            "(same tokenizer as %d new tokens)", added, config.min_frequency, size, added)
+                continue
+            log.warning("extend: the corpus supports only %d new tokens at min_frequency %d (asked %d); recorded "
+                        "as %d", added, config.min_frequency, size, added)
+            size = added
         first = max(base.doc["model"]["vocab"].values()) + 1
         first = max([first, *(t["id"] + 1 for t in base.doc.get("added_tokens", []))])
         new_ids = set(range(first, first + added))

@@ -72,7 +72,7 @@ def _model_types(annotation) -> list[type[BaseModel]]:
 
 class StrictModel(BaseModel):
     """Unknown fields are errors, so a typo in a config never silently falls back to a default."""
-    model_config = ConfigDict(extra="forbid", validate_default=True)
+    model_config = ConfigDict(extra="forbid", validate_default=True, allow_inf_nan=False)
 
 
 def rename_fields(data, renamed: dict[str, str], where: str):
@@ -131,6 +131,16 @@ class DataSource(StrictModel):
     @property
     def label(self) -> str:
         return self.name or self.uri.rstrip("/").rsplit("/", 1)[-1]
+
+
+def check_unique_labels(sources: list[DataSource], field: str) -> None:
+    """Per-source metrics, mixture weights and lineage are keyed by a source's label (its `name`, else its file
+    name): two sources with one label would be merged silently. Raise naming the field and the label."""
+    labels = [s.label for s in sources]
+    dupes = sorted({x for x in labels if labels.count(x) > 1})
+    if dupes:
+        raise ValueError(f"{field}: two sources are named {dupes[0]!r} (set a distinct `name` on each; the name "
+                         "defaults to the file name)")
 
 
 class StageConfig(StrictModel):

@@ -9,7 +9,17 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from .base import RUN_ONLY, DataSource, Precision, StageConfig, StrictModel, Switch, kernels_switch, rename_fields
+from .base import (
+    RUN_ONLY,
+    DataSource,
+    Precision,
+    StageConfig,
+    StrictModel,
+    Switch,
+    check_unique_labels,
+    kernels_switch,
+    rename_fields,
+)
 
 
 class ScratchModel(StrictModel):
@@ -189,6 +199,8 @@ class CptConfig(StageConfig):
             raise ValueError("corpora: at least one training corpus is needed")
         if not self.validation:
             raise ValueError("validation: at least one validation text set is needed (for loss and BPB)")
+        check_unique_labels(self.corpora, "corpora")
+        check_unique_labels(self.validation, "validation")
         if self.phase1.num_steps + self.phase2.num_steps == 0:
             raise ValueError("phase1.num_steps + phase2.num_steps is 0: nothing to train")
         if self.phase1.trainable == "new_rows" and self.phase1.weight_decay:

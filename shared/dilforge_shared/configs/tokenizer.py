@@ -6,7 +6,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from .base import DataSource, StageConfig
+from .base import DataSource, StageConfig, check_unique_labels
 
 # 256 byte symbols + Llama 3's 256 reserved/special tokens: the least a byte-level vocab can hold.
 NUM_BYTE_SYMBOLS = 256
@@ -170,6 +170,7 @@ class TokenizerConfig(StageConfig):
         for strategy in self.strategies:
             if strategy in ("extend", "replace") and not self.corpora:
                 raise ValueError(f"corpora: at least one corpus is needed with strategy {strategy!r}")
+        check_unique_labels(self.corpora, "corpora")
         if self.retain_set is not None:
             names = [v.label for v in self.validation]
             if self.retain_set not in names:

@@ -6,10 +6,12 @@ manifest, record or config can address anything outside the backend's root.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlparse
@@ -41,6 +43,22 @@ class Storage(Protocol):
     def list(self, prefix: str) -> Iterator[str]: ...
     def delete_prefix(self, prefix: str) -> None: ...
     def local_path(self, key: str) -> Path | None: ...
+
+
+FULL_DISK = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+
+
+@contextmanager
+def _writing(dest: Path, tmp: Path):
+    """A failed write into the store names the store path: shutil's sendfile copy blames its *source* (the work
+    folder) for a full store disk. The temp file is removed either way."""
+    try:
+        yield
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        if exc.errno in FULL_DISK or exc.filename in (None, str(tmp)):
+            raise OSError(exc.errno, exc.strerror or str(exc), str(dest)) from None
+        raise
 
 
 def join(*parts: str) -> str:
@@ -79,7 +97,8 @@ class LocalStorage:
         path = self._path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-        tmp.write_bytes(data)
+        with _writing(path, tmp):
+            tmp.write_bytes(data)
         os.replace(tmp, path)
 
     def create_bytes(self, key: str, data: bytes) -> bool:
@@ -87,7 +106,8 @@ class LocalStorage:
         path = self._path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-        tmp.write_bytes(data)
+        with _writing(path, tmp):
+            tmp.write_bytes(data)
         try:
             os.link(tmp, path)
             return True
@@ -100,7 +120,8 @@ class LocalStorage:
         dest = self._path(key)
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex}.tmp")
-        shutil.copyfile(path, tmp)
+        with _writing(dest, tmp):
+            shutil.copyfile(path, tmp)
         os.replace(tmp, dest)
 
     def download_file(self, key: str, path: Path) -> None:
