@@ -74,6 +74,12 @@ def _artifact_backend(artifact_uri: str, endpoint_url: str | None) -> Storage:
     return open_backend(artifact_uri.rstrip("/"), endpoint_url)
 
 
+# sha256 of the manifest's bytes, written into the data folder just before the manifest: any later change to
+# manifest.json (a flipped byte in its metrics or dates too, which still parses) is caught by every reader. Inside
+# the data folder so that of two racing publishers each writes its own and the loser's goes with its files.
+MANIFEST_DIGEST_NAME = ".manifest.sha256"
+
+
 def artifact_exists(artifact_uri: str, endpoint_url: str | None = None) -> bool:
     return _artifact_backend(artifact_uri, endpoint_url).exists(MANIFEST_NAME)
 
@@ -99,10 +105,12 @@ def publish(
     data_dir = f"data-{uuid.uuid4().hex[:12]}"
     manifest = manifest.model_copy(update={"files": files, "data_dir": data_dir})
     from tqdm import tqdm
+    body = manifest.to_json()
     try:
         for entry in tqdm(files, desc=f"publish {artifact_uri}", unit="file", disable=not progress):
             backend.upload_file(f"{data_dir}/{entry.path}", local_dir / entry.path)
-        created = backend.create_bytes(manifest_key, manifest.to_json())
+        backend.write_bytes(f"{data_dir}/{MANIFEST_DIGEST_NAME}", sha256_bytes(body).encode())
+        created = backend.create_bytes(manifest_key, body)
     except BaseException:
         backend.delete_prefix(data_dir)
         raise
@@ -120,7 +128,16 @@ def read_manifest(uri: str, endpoint_url: str | None = None) -> tuple[Manifest, 
         data = read_uri_bytes(muri, endpoint_url)
     except NotFound as exc:
         raise ManifestNotFound(f"{muri}: no manifest there ({exc})") from None
-    return parse_manifest(data, muri), sha256_bytes(data)
+    manifest, digest = parse_manifest(data, muri), sha256_bytes(data)
+    try:
+        recorded = read_uri_bytes(f"{muri[: -len(MANIFEST_NAME)]}{manifest.data_dir}/{MANIFEST_DIGEST_NAME}",
+                                  endpoint_url).decode("ascii", "replace").strip()
+    except NotFound:  # published before manifests had a recorded digest
+        return manifest, digest
+    if recorded != digest:
+        raise IntegrityError(f"{muri}: damaged manifest: its sha256 is not the one recorded when it was published "
+                             f"({manifest.data_dir}/{MANIFEST_DIGEST_NAME})")
+    return manifest, digest
 
 
 def verify_files(manifest: Manifest, root: Path, source: str, full: bool = True) -> None:
