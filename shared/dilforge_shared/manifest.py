@@ -105,8 +105,8 @@ def parse_manifest(data: bytes | str, source: str) -> Manifest:
     """Parse manifest JSON with the version rule; errors name `source`."""
     try:
         raw = json.loads(data)
-    except json.JSONDecodeError as exc:
-        raise ManifestError(f"{source}: not valid JSON: {exc}") from None
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError (not UTF-8), nested too deep
+        raise ManifestError(f"{source}: not valid JSON: {str(exc)[:200]}") from None
     if not isinstance(raw, dict) or "schema_version" not in raw:
         raise ManifestError(f"{source}: not a dilforge manifest (no schema_version)")
     version = str(raw["schema_version"])
