@@ -35,9 +35,10 @@ from pydantic import BaseModel
 
 from .configs.base import StageConfig
 from .configs.pipeline import validate_model
-from .errors import ConfigError, DilforgeError
+from .errors import ConfigError, DilforgeError, UnsafePathError
 from .manifest import MANIFEST_NAME, InputRef, Manifest, current_producer
 from .models import artifact_id, config_refs
+from .paths import check_name
 from .settings import install_log_masking, settings
 from .stages import STAGE_VERSIONS
 from .store import Artifact, fetch, parse_manifest, publish, read_uri_bytes, sha256_bytes, verify_files
@@ -160,6 +161,11 @@ def parse_hyperparameters(hp: dict[str, Any], config_cls: type[StageConfig], sou
         raise ConfigError(f"{source}: hyperparameter 'inputs' is not valid JSON: {exc}") from None
     if not isinstance(inputs, dict) or not all(isinstance(v, str) for v in inputs.values()):
         raise ConfigError(f"{source}: hyperparameter 'inputs' must be a JSON object of name -> manifest URI")
+    for name in inputs:  # input names become channel folders (/opt/ml/input/data/<name>)
+        try:
+            check_name(name, "input name")
+        except UnsafePathError as exc:
+            raise ConfigError(f"{source}: hyperparameter 'inputs': {exc}") from None
     missing = [name for name in config.needed_inputs() if name not in inputs]
     if missing:
         raise ConfigError(f"{source}: {config.missing_inputs_message(missing)}")

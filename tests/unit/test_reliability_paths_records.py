@@ -200,3 +200,13 @@ def test_a_damaged_run_record_is_one_line_for_status_and_gc_and_set_aside_by_the
     assert len(list(path.parent.glob("demo.json.damaged-*"))) == 1
     ok = CliRunner().invoke(app, ["status", "demo", "--store", str(tmp_path / "store")])
     assert ok.exit_code == 0 and "succeeded" in ok.output
+
+
+def test_an_input_name_that_would_climb_out_of_the_channel_folder_is_refused():
+    from dilforge_shared.configs.tokenizer import TokenizerConfig
+    from dilforge_shared.contract import parse_hyperparameters
+    from dilforge_shared.errors import ConfigError
+    hp = {"stage_config": json.dumps({"strategy": "replace", "corpora": [{"uri": "/c.txt"}], "vocab_sizes": [1000]}),
+          "artifact_uri": "s3://b/artifacts/tokenizer/x", "run_id": "r", "inputs": json.dumps({"../../x": "s3://b/m"})}
+    with pytest.raises(ConfigError, match=r"hp.json: hyperparameter 'inputs': input name '../../x' is not a valid"):
+        parse_hyperparameters(hp, TokenizerConfig, "hp.json")
