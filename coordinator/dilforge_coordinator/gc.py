@@ -23,6 +23,7 @@ from dilforge_shared.errors import DilforgeError, ManifestError
 from dilforge_shared.locks import is_locked
 from dilforge_shared.manifest import MANIFEST_NAME
 from dilforge_shared.store import ArtifactStore, NotFound, parse_manifest
+from dilforge_shared.store.artifacts import manifest_digest_key
 
 from .records import DamagedRecord, parse_record
 
@@ -108,7 +109,9 @@ def find_store_garbage(store: ArtifactStore, min_age_s: float, unreferenced: boo
                 found.append(Garbage("unreferenced", uri, "no run record names it",
                                      lambda p=prefix: backend.delete_prefix(p)))
                 continue
-        orphans = sorted(e for e in entries if e.startswith("data-") and e != data_dir)
+        keep = {data_dir, manifest_digest_key(data_dir)} if data_dir else set()
+        orphans = sorted(e for e in entries if e not in keep and (
+            e.startswith("data-") or (e.startswith(".data-") and e.endswith(".manifest.sha256"))))
         if not orphans or _lock_held(store, stage, name):
             continue
         for entry in orphans:
@@ -116,8 +119,8 @@ def find_store_garbage(store: ArtifactStore, min_age_s: float, unreferenced: boo
             if local is not None and _age_s(local) < min_age_s:
                 continue
             why = "no manifest points at it (publish interrupted)" if data_dir is None else "not the manifest's data"
-            found.append(Garbage("orphan-data", f"{uri}/{entry}", why,
-                                 lambda p=f"{prefix}/{entry}": backend.delete_prefix(p)))
+            remove = backend.delete if entry.startswith(".") else backend.delete_prefix  # a digest file, a folder
+            found.append(Garbage("orphan-data", f"{uri}/{entry}", why, lambda p=f"{prefix}/{entry}", r=remove: r(p)))
     root = backend.local_path("")
     if root is not None:
         found += _temp_files(root, min_age_s)

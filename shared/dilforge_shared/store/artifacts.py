@@ -74,10 +74,12 @@ def _artifact_backend(artifact_uri: str, endpoint_url: str | None) -> Storage:
     return open_backend(artifact_uri.rstrip("/"), endpoint_url)
 
 
-# sha256 of the manifest's bytes, written into the data folder just before the manifest: any later change to
-# manifest.json (a flipped byte in its metrics or dates too, which still parses) is caught by every reader. Inside
-# the data folder so that of two racing publishers each writes its own and the loser's goes with its files.
-MANIFEST_DIGEST_NAME = ".manifest.sha256"
+# sha256 of the manifest's bytes, written beside it just before the manifest: any later change to manifest.json
+# (a flipped byte in its metrics or dates too, which still parses) is caught by every reader. Named after the data
+# folder, so of two racing publishers each writes its own (the loser removes its own with its files), and outside
+# it, so an artifact's data folder holds exactly the files its manifest lists.
+def manifest_digest_key(data_dir: str) -> str:
+    return f".{data_dir}.manifest.sha256"
 
 
 def artifact_exists(artifact_uri: str, endpoint_url: str | None = None) -> bool:
@@ -109,16 +111,24 @@ def publish(
     try:
         for entry in tqdm(files, desc=f"publish {artifact_uri}", unit="file", disable=not progress):
             backend.upload_file(f"{data_dir}/{entry.path}", local_dir / entry.path)
-        backend.write_bytes(f"{data_dir}/{MANIFEST_DIGEST_NAME}", sha256_bytes(body).encode())
+        backend.write_bytes(manifest_digest_key(data_dir), sha256_bytes(body).encode())
         created = backend.create_bytes(manifest_key, body)
     except BaseException:
-        backend.delete_prefix(data_dir)
+        _remove_attempt(backend, data_dir)
         raise
     if not created:
-        backend.delete_prefix(data_dir)
+        _remove_attempt(backend, data_dir)
         raise ArtifactExistsError(f"{artifact_uri}/{MANIFEST_NAME}")
     log.info("published %s (%d files)", artifact_uri, len(files))
     return manifest
+
+
+def _remove_attempt(backend: Storage, data_dir: str) -> None:
+    """What a failed or losing publish wrote: its data folder and its manifest digest."""
+    backend.delete_prefix(data_dir)
+    delete = getattr(backend, "delete", None)
+    if delete is not None:
+        delete(manifest_digest_key(data_dir))
 
 
 def read_manifest(uri: str, endpoint_url: str | None = None) -> tuple[Manifest, str]:
@@ -130,13 +140,13 @@ def read_manifest(uri: str, endpoint_url: str | None = None) -> tuple[Manifest, 
         raise ManifestNotFound(f"{muri}: no manifest there ({exc})") from None
     manifest, digest = parse_manifest(data, muri), sha256_bytes(data)
     try:
-        recorded = read_uri_bytes(f"{muri[: -len(MANIFEST_NAME)]}{manifest.data_dir}/{MANIFEST_DIGEST_NAME}",
+        recorded = read_uri_bytes(f"{muri[: -len(MANIFEST_NAME)]}{manifest_digest_key(manifest.data_dir)}",
                                   endpoint_url).decode("ascii", "replace").strip()
     except NotFound:  # published before manifests had a recorded digest
         return manifest, digest
     if recorded != digest:
         raise IntegrityError(f"{muri}: damaged manifest: its sha256 is not the one recorded when it was published "
-                             f"({manifest.data_dir}/{MANIFEST_DIGEST_NAME})")
+                             f"({manifest_digest_key(manifest.data_dir)})")
     return manifest, digest
 
 
