@@ -210,3 +210,20 @@ def test_an_input_name_that_would_climb_out_of_the_channel_folder_is_refused():
           "artifact_uri": "s3://b/artifacts/tokenizer/x", "run_id": "r", "inputs": json.dumps({"../../x": "s3://b/m"})}
     with pytest.raises(ConfigError, match=r"hp.json: hyperparameter 'inputs': input name '../../x' is not a valid"):
         parse_hyperparameters(hp, TokenizerConfig, "hp.json")
+
+
+def test_gc_removes_the_digest_of_a_killed_publish_and_keeps_the_live_one(tmp_path):
+    import os
+    import time
+    uri = _published(tmp_path)
+    root = Path(uri)
+    live = next(root.glob(".data-*.manifest.sha256"))
+    dead = root / ".data-0000deadbeef.manifest.sha256"           # a publish killed after its digest
+    dead.write_text("0" * 64)
+    old = time.time() - 7200
+    os.utime(dead, (old, old))
+    result = CliRunner().invoke(app, ["gc", "--store", str(tmp_path / "store"), "--workdir", str(tmp_path / "w"),
+                                      "--delete"])
+    assert result.exit_code == 0 and "1 item(s) removed" in result.output, result.output
+    assert not dead.exists() and live.exists()
+    assert fetch(uri).manifest.artifact_id == "a1", "the artifact still verifies"
