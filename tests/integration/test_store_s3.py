@@ -96,7 +96,9 @@ def test_concurrent_publishers_exactly_one_wins(s3_bucket, tmp_path):
     art = fetch(uri, cache_dir=tmp_path / "cache")  # the winner's files are intact and verified
     bucket = s3_bucket.removeprefix("s3://")
     data_dirs = {k.split("/")[0] for k in S3Storage(bucket, "race").list("")} - {"manifest.json"}
-    assert data_dirs == {art.manifest.data_dir}, "losers must remove their files"
+    from dilforge_shared.store.artifacts import manifest_digest_key
+    winner = art.manifest.data_dir
+    assert data_dirs == {winner, manifest_digest_key(winner)}, "losers must remove their files and digests"
 
 
 def test_missing_s3_corpus_object_is_named(s3_bucket):
