@@ -91,16 +91,7 @@ def test_a_damaged_lock_file_is_taken_and_rewritten(tmp_path, seed):
     assert len(backend.runs) == 1, "the whole artifact is reused"
 
 
-# ---- CPT checkpoints: the checkpointer with content digests (wt-ident, issue 23 item 1) -------------------------
-
-def _checkpointer_or_xfail():
-    try:
-        from dilforge_cpt.checkpoints import Checkpointer, RngState
-    except ImportError:
-        pytest.xfail("needs the CPT checkpointer with content digests (dilforge_cpt.checkpoints.Checkpointer, "
-                     "issue 23 item 1, helper wt-ident): not merged yet; today a damaged shard is resumed silently")
-    return Checkpointer, RngState
-
+# ---- CPT checkpoints: the checkpointer with content digests (issue 23 item 1) ------------------------------------
 
 class _Json:
     def __init__(self, value=None):
@@ -144,8 +135,8 @@ def _tiny():
 @pytest.mark.parametrize("seed", fault_seeds())
 @pytest.mark.parametrize("kind", ["checkpoint_shard", "checkpoint_state"])
 def test_a_damaged_checkpoint_is_never_resumed(tmp_path, kind, seed):
-    Checkpointer, RngState = _checkpointer_or_xfail()
     import torch
+    from dilforge_cpt.checkpoints import Checkpointer, RngState
     from dilforge_cpt.runtime import Runtime
 
     def checkpointer(model, opt, state):
