@@ -21,13 +21,13 @@ def run_artifact(run_id: str, store: str, stage: str, endpoint: str | None = Non
     from dilforge_shared.errors import ConfigError
     from dilforge_shared.store import ArtifactStore
 
-    from .pipeline import RunRecord
-    record = RunRecord.load(ArtifactStore(store, endpoint), run_id)
-    info = record.stages.get(stage) or {}
-    if info.get("status") not in ("produced", "reused"):
+    from .records import RunRecord, record_artifacts
+    artifacts = ArtifactStore(store, endpoint)
+    found = record_artifacts(artifacts, RunRecord.load(artifacts, run_id), ("produced", "reused"))
+    if stage not in found:
         raise ConfigError(f"run {run_id!r} in store {store} has no {stage} artifact (run the pipeline first, or pass "
                           "the artifact URI)")
-    return info["artifact_uri"]
+    return found[stage]  # store-relative in the record: wherever the store now is
 
 
 def serve_cmd(

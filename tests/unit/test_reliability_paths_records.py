@@ -227,3 +227,16 @@ def test_gc_removes_the_digest_of_a_killed_publish_and_keeps_the_live_one(tmp_pa
     assert result.exit_code == 0 and "1 item(s) removed" in result.output, result.output
     assert not dead.exists() and live.exists()
     assert fetch(uri).manifest.artifact_id == "a1", "the artifact still verifies"
+
+
+def test_serve_run_finds_the_runs_artifact_in_the_store_where_it_now_is(tmp_path):
+    from dilforge_coordinator.serve_cmd import run_artifact
+    from dilforge_shared.errors import ConfigError
+    cfg = load_pipeline(write_config(tmp_path))
+    uri = pl.run_all(cfg, PublishingBackend())["tokenizer"]
+    assert run_artifact("demo", str(tmp_path / "store"), "tokenizer") == uri
+    shutil.move(tmp_path / "store", tmp_path / "moved")
+    moved = run_artifact("demo", str(tmp_path / "moved"), "tokenizer")
+    assert moved == uri.replace("/store/", "/moved/") and Path(moved.removeprefix("file://"), MANIFEST_NAME).is_file()
+    with pytest.raises(ConfigError, match="has no sft artifact"):
+        run_artifact("demo", str(tmp_path / "moved"), "sft")
