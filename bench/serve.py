@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import json
 import os
 import socket
 import statistics
@@ -41,8 +40,8 @@ PROMPTS = [
 
 
 def default_artifact() -> str:
-    record = json.loads((ROOT / ".dilforge/store/runs/az-small.json").read_text())
-    return record["stages"]["sft"]["artifact_uri"]
+    from dilforge_coordinator.serve_cmd import run_artifact
+    return run_artifact("az-small", str(ROOT / ".dilforge/store"), "sft")
 
 
 def free_port() -> int:
