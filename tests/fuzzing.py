@@ -16,7 +16,7 @@ import os
 
 from hypothesis import HealthCheck, settings
 
-FUZZ_EXAMPLES = int(os.environ.get("DILFORGE_FUZZ_EXAMPLES", "60"))
+FUZZ_EXAMPLES = int(os.environ.get("DILFORGE_FUZZ_EXAMPLES", "40"))
 FAULT_SEEDS = int(os.environ.get("DILFORGE_FAULT_SEEDS", "3"))
 FAULT_SEED0 = int(os.environ.get("DILFORGE_FAULT_SEED0", "0"))
 
