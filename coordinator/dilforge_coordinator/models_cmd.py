@@ -41,7 +41,7 @@ def import_cmd(
         cfg = validate_model(PipelineConfig, {"run_id": run_id, "store": {"uri": store, "s3_endpoint_url": endpoint},
                                               "model": {"source": source}}, "coordinator models import")
         runner, cfg = _prepared_backend(backend, cfg)
-        uri = pl.run_stage(cfg, "model", runner, {})
+        uri = pl.run_one(cfg, "model", runner, {})  # the record ends succeeded, failed or cancelled
         metrics = read_manifest(uri, endpoint)[0].metrics
     except USER_ERRORS as exc:
         fail(str(exc))
