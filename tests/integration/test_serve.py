@@ -18,6 +18,7 @@ import pytest
 
 os.environ["OMP_NUM_THREADS"] = "1"
 
+from dilforge_shared.store import publish
 from serve_factories import az_tiny_sft, build_sft_artifact
 
 pytestmark = pytest.mark.slow
@@ -170,3 +171,27 @@ def test_sagemaker_ping_and_invocations(server):
                                                             "max_tokens": 4}).encode())
     assert code == 200, res
     assert res["choices"][0]["message"]["role"] == "assistant" and res["model"] == MODEL
+
+
+def test_an_s3_artifact_resolves_and_gets_a_served_folder(sft_artifact, s3_bucket, s3_server, tmp_path):
+    """From an S3 store (SeaweedFS): merged/ chosen, the SFT system prompt read from the manifest, and a served
+    folder whose template inserts it, whose weights are links and whose stops are the family's."""
+    import jinja2
+    from dilforge_serve.prepare import prepare
+    from dilforge_shared.serving import resolve_served_model
+    uri = f"{s3_bucket}/store/artifacts/sft/{sft_artifact.manifest.artifact_id}"
+    publish(uri, sft_artifact.path, sft_artifact.manifest, endpoint_url=s3_server.endpoint_url)
+    spec = resolve_served_model(uri, endpoint_url=s3_server.endpoint_url)
+    assert spec.model_id == MODEL and spec.adapter_dir is None and spec.base_dir.name == "merged"
+    assert spec.system_prompt == az_tiny_sft("system_prompt")
+    folder = prepare(spec, tmp_path)
+    assert folder == tmp_path / MODEL and (folder / "model.safetensors").is_symlink()
+    template = (folder / "chat_template.jinja").read_text()
+    assert "generation %}" not in template
+    render = jinja2.Environment().from_string(template).render
+    user = [{"role": "user", "content": "Salam"}]
+    assert az_tiny_sft("system_prompt") in render(messages=user, bos_token="", add_generation_prompt=True)
+    own = render(messages=[{"role": "system", "content": "Qısa."}, *user], bos_token="", add_generation_prompt=True)
+    assert "Qısa." in own and az_tiny_sft("system_prompt") not in own
+    gen = json.loads((folder / "generation_config.json").read_text())
+    assert len(gen["eos_token_id"]) == 3  # <|eot_id|>, <|eom_id|>, <|end_of_text|>
