@@ -15,7 +15,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-from serve_factories import build_sft_artifact
+from dilforge_shared.manifest import Manifest, current_producer
+from dilforge_shared.store import publish
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 DOCKER = "/usr/bin/docker" if Path("/usr/bin/docker").exists() else (shutil.which("docker") or "docker")
@@ -33,14 +34,18 @@ def http(url: str, body: dict | None = None, timeout: float = 60) -> tuple[int, 
 
 
 @pytest.fixture(scope="module")
-def container(tmp_path_factory, tiny_llama_dir, data_root):
+def container(tmp_path_factory, tiny_llama_dir):
     missing = pytest.fail if os.environ.get("DILFORGE_REQUIRE_DOCKER") else pytest.skip
     if subprocess.run([DOCKER, "info"], capture_output=True).returncode != 0:
         missing("no Docker engine (run ../shared/tools/container-env.sh)")
     if subprocess.run([DOCKER, "image", "inspect", IMAGE], capture_output=True).returncode != 0:
         missing(f"{IMAGE} not built (coordinator images build --stage serve)")
-    art = build_sft_artifact(tmp_path_factory.mktemp("serve-image"), tiny_llama_dir, data_root)
-    artifact_dir = Path(art.uri.removeprefix("file://"))  # manifest.json + data-*/, as SageMaker copies it
+    # the tiny Llama published as a model artifact (no training: the CPU budget of the docker step is small;
+    # SFT artifacts are served in tests/integration/test_serve.py)
+    artifact_dir = tmp_path_factory.mktemp("serve-image") / "store/artifacts/cpt/tiny0000"
+    publish(str(artifact_dir), tiny_llama_dir, Manifest(
+        kind="model", artifact_id="tiny0000", run_id="az-tiny", stage="cpt", producer=current_producer("dilforge-test"),
+        config={}, data_dir="pending", files=[]))  # manifest.json + data-*/, as SageMaker copies it to /opt/ml/model
     name = f"dilforge-serve-test-{uuid.uuid4().hex[:8]}"
     run = subprocess.run([DOCKER, "run", "-d", "--rm", "--name", name, "-p", "127.0.0.1::8080",
                           "-v", f"{artifact_dir}:/opt/ml/model:ro", "-e", "OMP_NUM_THREADS=1", IMAGE, "serve"],
@@ -70,9 +75,9 @@ def test_ping_and_invocations_on_8080_from_opt_ml_model(container):
     assert http(f"{base}/ping")[0] == 200
     code, res = http(f"{base}/invocations", {"messages": [{"role": "user", "content": "Salam!"}], "max_tokens": 4})
     assert code == 200, res
-    assert res["object"] == "chat.completion" and res["model"] == "az-tiny-sft"
+    assert res["object"] == "chat.completion" and res["model"] == "az-tiny-cpt"
     assert res["choices"][0]["message"]["role"] == "assistant" and res["usage"]["completion_tokens"] >= 1
     code, res = http(f"{base}/invocations", {"messages": []})
     assert code == 400 and "messages is required" in res["error"]["message"]
     logs = subprocess.run([DOCKER, "logs", name], capture_output=True, text=True)
-    assert "model id: az-tiny-sft" in logs.stdout + logs.stderr
+    assert "model id: az-tiny-cpt" in logs.stdout + logs.stderr
