@@ -195,3 +195,19 @@ def test_an_s3_artifact_resolves_and_gets_a_served_folder(sft_artifact, s3_bucke
     assert "Qısa." in own and az_tiny_sft("system_prompt") not in own
     gen = json.loads((folder / "generation_config.json").read_text())
     assert len(gen["eos_token_id"]) == 3  # <|eot_id|>, <|eom_id|>, <|end_of_text|>
+
+
+def test_base_plus_adapter_is_merged_at_start_like_the_published_merge(sft_artifact, tmp_path):
+    """--adapter (or an artifact without merged/): the base from the adapter's lineage, merged by PEFT at start."""
+    import torch
+    from dilforge_serve.prepare import prepare
+    from dilforge_shared.serving import resolve_served_model
+    from safetensors.torch import load_file
+    spec = resolve_served_model(sft_artifact.uri, prefer_merged=False)
+    assert spec.adapter_dir is not None and spec.adapter_dir.name == "adapter"
+    folder = prepare(spec, tmp_path)
+    assert not (folder / "model.safetensors").is_symlink()
+    ours, published = load_file(str(folder / "model.safetensors")), load_file(str(sft_artifact.path / "merged/model.safetensors"))
+    assert ours.keys() == published.keys()
+    for name, tensor in published.items():
+        torch.testing.assert_close(ours[name], tensor)
