@@ -31,11 +31,12 @@ def sft_artifact(tmp_path_factory, tiny_llama_dir, data_root):
     return build_sft_artifact(tmp_path_factory.mktemp("serve"), tiny_llama_dir, data_root)
 
 
-def http(url: str, body: bytes | None = None, timeout: float = 60) -> tuple[int, dict]:
+def http(url: str, body: bytes | None = None, timeout: float = 60,
+         content_type: str = "application/json") -> tuple[int, dict]:
     """(status, JSON body) of a GET, or a POST of raw bytes (stdlib: the bad requests must reach the wire as is)."""
     import urllib.error
     import urllib.request
-    req = urllib.request.Request(url, data=body, headers={"content-type": "application/json"} if body else {})
+    req = urllib.request.Request(url, data=body, headers={"content-type": content_type} if body else {})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as res:
             return res.status, json.loads(res.read() or b"null")
@@ -168,7 +169,8 @@ def test_openai_client_raises_the_servers_message(client):
 def test_sagemaker_ping_and_invocations(server):
     assert http(f"{server[0]}/ping", timeout=10)[0] == 200
     code, res = http(f"{server[0]}/invocations", json.dumps({"messages": [{"role": "user", "content": QUESTION}],
-                                                            "max_tokens": 4}).encode())
+                                                            "max_tokens": 4}).encode(),
+                     content_type="application/octet-stream")  # what some SageMaker clients send
     assert code == 200, res
     assert res["choices"][0]["message"]["role"] == "assistant" and res["model"] == MODEL
 

@@ -105,8 +105,9 @@ class RequestGuard:
             log.info("rejected %s: %s %s", path, exc.status, exc.message)
             return await respond(send, exc.status, exc.body())
         data = json.dumps(body).encode()
-        headers = [(k, v) for k, v in scope["headers"] if k.lower() != b"content-length"]
-        headers.append((b"content-length", str(len(data)).encode()))
+        # the body is JSON now, whatever the client called it (SageMaker clients may send another content type)
+        headers = [(k, v) for k, v in scope["headers"] if k.lower() not in (b"content-length", b"content-type")]
+        headers += [(b"content-length", str(len(data)).encode()), (b"content-type", b"application/json")]
         return await self.app({**scope, "headers": headers}, replay(data, receive), send)
 
     # ---- the checks ----------------------------------------------------------------------------
