@@ -87,6 +87,90 @@ def headline_table(metrics: dict) -> Table:
     return head, rows
 
 
+METRIC_NAMES = {"acc": "accuracy", "acc_norm": "accuracy (length-normalised)", "chrf++": "chrF++", "chrf": "chrF",
+                "bleu": "BLEU", "answer_in_language": "answers in the language", "repetition_rate":
+                "repeated 3-gram rate", "empty_answer": "empty answers"}
+
+
+def _score(v: dict | None, metric: str) -> str:
+    """'0.250 [0.10, 0.40]' (value and 95 % interval); chrF/BLEU with one decimal."""
+    if not v:
+        return "–"
+    digits = 1 if metric in ("chrf++", "chrf", "bleu") else 3
+    ci = v.get("ci95")
+    return _fmt(v["value"], digits) + (f" [{_fmt(ci[0], digits)}, {_fmt(ci[1], digits)}]" if ci else "")
+
+
+def _delta_cell(v: dict | None, delta: float | None, metric: str) -> Cell:
+    """A score with its change against the reference model, coloured by whether higher is better."""
+    from .downstream import HIGHER_IS_BETTER
+    text = _score(v, metric)
+    if v is None or delta is None:
+        return Cell(text, "num")
+    digits = 1 if metric in ("chrf++", "chrf", "bleu") else 3
+    better = delta > 0 if HIGHER_IS_BETTER.get(metric, True) else delta < 0
+    cls = "num" if delta == 0 else "num better" if better else "num worse"
+    return Cell(f"{text} ({delta:+.{digits}f})", cls)
+
+
+def _task_rows(metrics: dict, metric_key: str) -> tuple[list[str], list[str], list[tuple[str, str, dict]]]:
+    """(models, languages, [(row label, metric, {language: task key})]) of the downstream section."""
+    d = metrics.get("downstream") or {}
+    tasks, models = d.get("tasks") or {}, list(d.get("results") or {})
+    languages = list(dict.fromkeys(t["language"] for t in tasks.values()))
+    rows: dict[tuple[str, str], dict[str, str]] = {}
+    for key, t in tasks.items():
+        for m in t[metric_key]:
+            rows.setdefault((t["row"], m), {})[t["language"]] = key
+    return models, languages, [(row, m, by_lang) for (row, m), by_lang in rows.items()]
+
+
+def downstream_table(metrics: dict) -> Table:
+    """Headline task rows: each model's figure per language side by side (95 % interval; change vs the
+    reference model in brackets, coloured better/worse), with the task's chance level. Nothing averaged."""
+    d = metrics.get("downstream") or {}
+    models, languages, rows_ = _task_rows(metrics, "headline_metrics")
+    if not models:
+        return [], []
+    results, changes, tasks = d["results"], d.get("changes") or {}, d["tasks"]
+    head = ["task", "metric", "n", "chance"] + [f"{m} {lang}" for m in models for lang in languages]
+    rows = []
+    for row, metric, by_lang in rows_:
+        chance = [f"{lang} {_fmt(tasks[k]['chance'][metric], 3 if metric not in ('chrf++', 'bleu') else 1)}"
+                  for lang, k in by_lang.items() if metric in tasks[k]["chance"]]
+        n = "/".join(str(tasks[k]["num_examples"]) for k in by_lang.values())
+        cells: list[str | Cell] = [row, METRIC_NAMES.get(metric, metric), Cell(n, "num"),
+                                   Cell(", ".join(chance) or "–", "num")]
+        for model in models:
+            for lang in languages:
+                key = by_lang.get(lang)
+                v = results[model].get(key, {}).get(metric) if key else None
+                cells.append(_delta_cell(v, changes.get(model, {}).get(key, {}).get(metric), metric) if key
+                             else Cell("–"))
+        rows.append(cells)
+    return head, rows
+
+
+def tasks_detail_table(metrics: dict) -> Table:
+    """Every task, model and metric: value, standard error, 95 % interval, chance, examples, shots."""
+    d = metrics.get("downstream") or {}
+    head = ["task", "language", "model", "metric", "value", "stderr", "95 % interval", "chance", "n", "shots"]
+    rows = []
+    for key, t in (d.get("tasks") or {}).items():
+        for model, res in (d.get("results") or {}).items():
+            for metric in t["metrics"]:
+                v = res.get(key, {}).get(metric)
+                if v is None:
+                    continue
+                ci = v.get("ci95")
+                rows.append([key, t["language"], model, METRIC_NAMES.get(metric, metric),
+                             Cell(_fmt(v["value"], 4), "num"), Cell(_fmt(v.get("stderr"), 4), "num"),
+                             Cell(f"{_fmt(ci[0], 4)} – {_fmt(ci[1], 4)}" if ci else "–", "num"),
+                             Cell(_fmt(t["chance"].get(metric), 4), "num"), Cell(str(t["num_examples"]), "num"),
+                             Cell(str(t["num_fewshot"]), "num")])
+    return head, rows
+
+
 def bpb_table(metrics: dict) -> Table:
     """Every model on every set, with the set's language and the change against the reference on that set."""
     bpb, changes = metrics.get("bpb", {}), metrics.get("bpb_change", {})
@@ -218,6 +302,16 @@ SECTIONS = [
         "BPB of each model against the reference model named in the header (the base model when the pipeline has "
         "one) on the first text set of each language: the gain on the target language and what every other "
         "language kept (negative = fewer bits per byte = better). Per set, never averaged across languages.")),
+    ("Headline: downstream tasks", None, downstream_table, (
+        "Tasks run by lm-evaluation-harness with the task configs in the artifact's lm_eval_tasks/ (commands.txt "
+        "reproduces them with `lm_eval`). Each figure with its 95 % interval (value ± 1.96 standard errors: "
+        "binomial for accuracies and shares, bootstrap for chrF++/BLEU), the change against the reference "
+        "model in brackets (green better, red worse, by the metric's direction) and the chance level: uniform "
+        "guessing for classification and multiple choice, copying the source (translation) or the instruction "
+        "(answers) for chrF++/BLEU. Translation columns are the target language. Small n means wide intervals: "
+        "read a change as real only when the intervals do not overlap.")),
+    ("Downstream tasks: all figures", None, tasks_detail_table, (
+        "Every metric lm-eval reported, per task and model; per-example answers are in task_answers.jsonl.")),
     ("Bits per byte", "bpb", bpb_table, ("BPB of each model with its own tokenizer on each text set: NLL in bits over "
                                          "the UTF-8 bytes, so different vocabularies compare fairly. Lower is better. "
                                          "The change is against the reference model on the same set.")),

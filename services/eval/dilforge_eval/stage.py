@@ -31,7 +31,7 @@ from dilforge_shared.models import find_hf_dir
 from dilforge_shared.textmetrics import measure, tokenizers_encoder
 
 from . import bpb as bpb_mod
-from . import compare, progress
+from . import compare, downstream, progress
 from . import curves as curves_mod
 from . import generate as gen_mod
 from . import morph as morph_mod
@@ -244,8 +244,10 @@ def cost(manifest_metrics: dict) -> dict:
     return dict(list(out.items())[:16])
 
 
-def evaluate_model(src: EvalModel, config: EvalConfig, sets: dict[str, list[str]], prompts, device: str, dtype):
-    """BPB per set and generations of one model; the model is freed afterwards."""
+def evaluate_model(src: EvalModel, config: EvalConfig, sets: dict[str, list[str]], prompts, device: str, dtype,
+                   tasks: tuple[list[downstream.TaskSpec], Path, Path] | None = None):
+    """BPB per set, generations and the downstream tasks (specs, task folder, cache) of one model; the model
+    is freed afterwards."""
     import torch
     t0 = time.perf_counter()
     model, tokenizer = load_model(src, device, dtype)
@@ -273,11 +275,23 @@ def evaluate_model(src: EvalModel, config: EvalConfig, sets: dict[str, list[str]
                                         source=str(src.tokenizer_dir), progress=bar):
                 generations.append({"model": src.label, **row})
         bar.close()
+    scores: dict = {}
+    if tasks and tasks[0]:
+        specs, task_dir, cache = tasks
+        t_tasks = time.perf_counter()
+        scores["results"], scores["samples"] = downstream.run_model(
+            model, tokenizer, specs, task_dir, config.tasks, cache, config.seed, str(src.tokenizer_dir),
+            config.tasks.instructions.system_prompt if config.tasks.instructions else None)
+        info["tasks_seconds"] = round(time.perf_counter() - t_tasks, 2)
+        for key, res in scores["results"].items():
+            log.info("task %s / %s: %s", src.label, key, ", ".join(
+                f"{m} {v['value']:.4g}" + (f" ± {v['stderr']:.2g}" if v["stderr"] is not None else "")
+                for m, v in res.items()))
     del model
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-    return info, bpb, generations
+    return info, bpb, generations, scores
 
 
 def run(config: EvalConfig, ctx: StageContext) -> StageResult:
@@ -296,6 +310,8 @@ def run(config: EvalConfig, ctx: StageContext) -> StageResult:
                 for p in config.parallel_sets}
     prompts = (gen_mod.load_prompts(config.prompts, config.generation.num_prompts, endpoint)
                if config.prompts else [])
+    task_dir = ctx.model_dir / downstream.TASK_DIR
+    specs = downstream.prepare(config.tasks, task_dir, endpoint, read_parallel) if config.tasks else []
     models, skipped = resolve_models(config, ctx, cache)
     toks, tok_info = load_tokenizers(config, ctx, models, cache)
     gold = (morph_mod.load_gold(config.morph.segmented, config.morph.lemma_forms, config.morph.conllu,
@@ -307,6 +323,7 @@ def run(config: EvalConfig, ctx: StageContext) -> StageResult:
         "parallel_pairs": {k: len(v) for k, v in parallel.items()}, "num_prompts": len(prompts),
         "morph_words": {k: len(v) for k, v in gold.items()},
         "num_generations": len(prompts) * len(config.generation.modes) * len(models),
+        "tasks": {s.key: s.num_examples for s in specs},
     })
     if not models and not toks:
         raise InputError("nothing to evaluate: no upstream artifacts and no models/tokenizers in the config",
@@ -323,15 +340,23 @@ def run(config: EvalConfig, ctx: StageContext) -> StageResult:
     }
     seconds = {"tokenizer_metrics": round(time.perf_counter() - t_tok, 2)}
 
-    metrics["bpb"], generations = {}, []
+    metrics["bpb"], generations, task_samples = {}, [], []
+    if specs:
+        metrics["downstream"] = downstream.metrics_header(specs, config.tasks, task_dir.name)
     for src in models:
         t_model = time.perf_counter()
-        info, bpb, gens = evaluate_model(src, config, sets, prompts, device, dtype)
+        info, bpb, gens, scores = evaluate_model(src, config, sets, prompts, device, dtype, (specs, task_dir, cache))
         metrics["models"][src.label] = info
         if bpb:
             metrics["bpb"][src.label] = bpb
         generations += gens
+        if scores:
+            metrics["downstream"]["results"][src.label] = scores["results"]
+            metrics["downstream"]["seconds"][src.label] = info["tasks_seconds"]
+            task_samples += [{"model": src.label, **row} for row in scores["samples"]]
         seconds[f"model.{src.label}"] = round(time.perf_counter() - t_model, 2)
+        if "tasks_seconds" in info:
+            seconds[f"tasks.{src.label}"] = info["tasks_seconds"]
     reference = compare.reference_label(metrics["bpb"])
     metrics["bpb_change"] = compare.bpb_changes(metrics["bpb"], reference, languages)
     metrics["headline"] = compare.headline(metrics["bpb_change"], reference, languages, config.target_language)
@@ -361,12 +386,19 @@ def run(config: EvalConfig, ctx: StageContext) -> StageResult:
     metrics["skipped"] = skipped
     seconds["total"] = round(time.perf_counter() - t_start, 2)
     metrics["cost"]["eval"] = {"seconds_total": seconds["total"]}
+    if specs:
+        metrics["cost"]["eval"]["seconds_tasks"] = round(sum(metrics["downstream"]["seconds"].values()), 2)
     metrics["seconds"] = seconds
 
     out = ctx.model_dir
     with open(out / "generations.jsonl", "w", encoding="utf-8") as f:
         for g in generations:
             f.write(json.dumps(g, ensure_ascii=False) + "\n")
+    if specs:
+        metrics["downstream"]["changes"] = downstream.changes(metrics["downstream"], compare.reference_label(
+            metrics["downstream"]["results"]))
+        with open(out / "task_answers.jsonl", "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in task_samples)
     paths = write_report(metrics, generations, out, f"dilforge eval report — run {ctx.request.run_id}")
     metrics["report"] = {k: str(p.relative_to(out)) for k, p in paths.items()}
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2, ensure_ascii=False), encoding="utf-8")

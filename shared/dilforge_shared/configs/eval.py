@@ -75,6 +75,113 @@ class BpbSettings(StrictModel):
         return self
 
 
+SIB_LABELS = ("science/technology", "travel", "politics", "sports", "health", "entertainment", "geography")
+
+
+class SibTask(StrictModel):
+    """SIB-200 topic classification (docs/eval.md): log-likelihood of each topic label after the sentence,
+    k-shot from the SIB train split, scored on the SIB test split."""
+    uri: str = Field(description="TSV/CSV/JSONL with a split column, a topic column and one text column per "
+                     "language (the FLORES-200 dev file with SIB-200 labels).")
+    languages: dict[str, str] = Field(default_factory=lambda: {"az": "azj_Latn", "en": "eng_Latn"},
+                                      description="Language code -> text column; one task per language.")
+    label_field: str = Field(default="sib_category", description="Column with the topic label (one of the 7 "
+                             "SIB-200 topics).")
+    split_field: str = Field(default="sib_split", description="Column with the SIB split (train/dev/test): "
+                             "examples come from `test`, shots from `train`.")
+    num_fewshot: list[int] = Field(default=[0, 5], min_length=1, description="Shots per run; one figure each.")
+    max_examples: int | None = Field(default=None, ge=1, description="Score at most this many test sentences "
+                                     "(the first ones; the CPU demo's budget), None = all.")
+
+    @model_validator(mode="after")
+    def _check(self) -> SibTask:
+        for lang in self.languages:
+            if not re.fullmatch(_LANG, lang):
+                raise ValueError(f"languages: {lang!r} is not a 2-3 letter language code")
+        if any(k < 0 for k in self.num_fewshot):
+            raise ValueError("num_fewshot: shot counts must be >= 0")
+        return self
+
+
+class TranslationSet(StrictModel):
+    """Aligned Azerbaijani/English sentences scored as translation (chrF++ and BLEU, sacrebleu)."""
+    name: str = Field(pattern=_LABEL, description="Name shown in the report, e.g. 'flores-dev'.")
+    az: DataSource = Field(description="Azerbaijani side; line i aligns with line i of `en`.")
+    en: DataSource = Field(description="English side.")
+    directions: list[Literal["az-en", "en-az"]] = Field(default=["az-en", "en-az"], min_length=1,
+                                                      description="Directions scored, one task each.")
+    max_examples: int | None = Field(default=None, ge=1, description="Translate at most this many (first) pairs.")
+
+
+class InstructionTask(StrictModel):
+    """Instruction answering with the model's chat template (chrF++ against the reference, share of answers in
+    the task language, repetition)."""
+    name: str = Field(default="khazar", pattern=_LABEL, description="Name shown in the report.")
+    uri: str = Field(description="JSONL (or TSV/CSV) with an instruction and a reference response per row.")
+    instruction_field: str = Field(default="instruction", description="Field with the user's turn.")
+    response_field: str = Field(default="response", description="Field with the reference answer.")
+    language: Literal["az", "en"] = Field(default="az", description="Language the answers should be in.")
+    system_prompt: str | None = Field(default=None, description="System turn before every instruction.")
+    max_examples: int | None = Field(default=None, ge=1, description="Answer at most this many (first) rows.")
+
+
+class MultipleChoiceTask(StrictModel):
+    """A multiple-choice file in the Belebele or TUMLU layout (docs/eval.md), scored as lm-eval scores them."""
+    name: str = Field(pattern=_LABEL, description="Name shown in the report, e.g. 'belebele-az'.")
+    uri: str = Field(description="JSONL/TSV/CSV test file.")
+    layout: Literal["belebele", "tumlu"] = Field(description="belebele: flores_passage, question, mc_answer1-4, "
+                                                 "correct_answer_num (1-4); tumlu: question, choices (list of 2-5), "
+                                                 "answer (letter A-E).")
+    language: str = Field(pattern=_LANG, description="Language of the questions (the report's column).")
+    fewshot_uri: str | None = Field(default=None, description="File (same layout) the shots come from; "
+                                    "None = the first rows of `uri` other than the one scored.")
+    num_fewshot: int = Field(default=0, ge=0, description="Shots (TUMLU-mini publishes 5-shot).")
+    max_examples: int | None = Field(default=None, ge=1, description="Score at most this many (first) rows.")
+
+
+class DownstreamTasks(StrictModel):
+    """Downstream tasks run through lm-evaluation-harness with the task configs shipped in
+    dilforge_eval/tasks (docs/eval.md has the `lm_eval` command that reproduces every figure)."""
+    sib200: SibTask | None = Field(default=None, description="SIB-200 topic classification.")
+    translation: list[TranslationSet] = Field(default_factory=list, description="Translation sets (FLORES, X-WMT).")
+    instructions: InstructionTask | None = Field(default=None, description="Instruction answering (khazar).")
+    multiple_choice: list[MultipleChoiceTask] = Field(default_factory=list, description="Belebele/TUMLU files.")
+    translation_max_new_tokens: int = Field(default=64, ge=1, description="Tokens per translation (stops at "
+                                            "the first newline).")
+    instruction_max_new_tokens: int = Field(default=128, ge=1, description="Tokens per answer (stops at the end "
+                                            "of the turn).")
+    batch_size: int = Field(default=8, ge=1, description="Requests per forward pass (lm-eval batch_size).")
+    max_length: int = Field(default=2048, ge=64, description="Longest prompt+answer in tokens (lm-eval max_length; "
+                            "longer prompts are cut from the left).")
+    bootstrap_iters: int = Field(default=1000, ge=0, description="Bootstrap resamples for the standard error of "
+                                 "corpus metrics (chrF++, BLEU); 0 = no standard errors.")
+
+    @model_validator(mode="after")
+    def _check(self) -> DownstreamTasks:
+        names = [t.name for t in self.translation] + [t.name for t in self.multiple_choice]
+        if self.instructions:
+            names.append(self.instructions.name)
+        dupes = sorted({x for x in names if names.count(x) > 1})
+        if dupes:
+            raise ValueError(f"tasks: duplicate names {dupes}")
+        return self
+
+    def data_sources(self) -> list[DataSource]:
+        out: list[DataSource] = []
+        if self.sib200:
+            out.append(DataSource(uri=self.sib200.uri, name="tasks.sib200"))
+        for t in self.translation:
+            out += [t.az.model_copy(update={"name": f"tasks.{t.name}.az"}),
+                    t.en.model_copy(update={"name": f"tasks.{t.name}.en"})]
+        if self.instructions:
+            out.append(DataSource(uri=self.instructions.uri, name=f"tasks.{self.instructions.name}"))
+        for t in self.multiple_choice:
+            out.append(DataSource(uri=t.uri, name=f"tasks.{t.name}"))
+            if t.fewshot_uri:
+                out.append(DataSource(uri=t.fewshot_uri, name=f"tasks.{t.name}.fewshot"))
+        return out
+
+
 class EvalConfig(StageConfig):
     stage: ClassVar[str] = "eval"
     artifact_kind: ClassVar[str] = "eval_report"
@@ -96,6 +203,8 @@ class EvalConfig(StageConfig):
                                 "'builtin:az-generation' for the Azerbaijani prompts shipped with the eval service.")
     generation: GenerationSettings = Field(default_factory=GenerationSettings, description="Decoding settings.")
     bpb: BpbSettings = Field(default_factory=BpbSettings, description="Sliding-window settings for bits per byte.")
+    tasks: DownstreamTasks | None = Field(default=None, description="Downstream tasks through lm-evaluation-harness "
+                                          "(SIB-200, translation, instructions, multiple choice); None = none.")
     target_language: str = Field(default="az", pattern=_LANG, description="Language the pipeline adapts to: its "
                                  "text sets give the report's headline gain; every other language is a retention "
                                  "row (BPB change against the base model, per set).")
@@ -147,4 +256,6 @@ class EvalConfig(StageConfig):
                     sources.append(DataSource(uri=uri, name=f"morph.{kind}.{i}"))
         if self.prompts and not self.prompts.startswith("builtin:"):  # built-ins are versioned with the code
             sources.append(DataSource(uri=self.prompts, name="prompts"))
+        if self.tasks:
+            sources += self.tasks.data_sources()
         return sources

@@ -1,0 +1,205 @@
+"""Downstream tasks: the shipped lm-eval task configs scored by the harness against hand-computed values, the
+letter-statistics language ID on FLORES/X-WMT, and bad task files failing in one line naming file and field."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from dilforge_eval import downstream
+from dilforge_eval.stage import read_parallel
+from dilforge_eval.tasks import utils
+from dilforge_shared.configs.eval import SIB_LABELS, DownstreamTasks
+from dilforge_shared.errors import InputError
+from pydantic import ValidationError
+
+
+class FakeLM:
+    """An lm-eval LM that prefers one continuation and answers from a lookup table."""
+
+    def __new__(cls, *args, **kwargs):
+        from lm_eval.api.model import LM
+
+        class _LM(LM):
+            def __init__(self, preferred: str, answers: dict[str, str], default: str = ""):
+                super().__init__()
+                self.preferred, self.answers, self.default = preferred, answers, default
+
+            def loglikelihood(self, requests):
+                return [(0.0 if cont.strip() == self.preferred else -5.0 - len(cont), False)
+                        for cont in (r.args[1] for r in requests)]
+
+            def loglikelihood_rolling(self, requests):
+                return [0.0 for _ in requests]
+
+            def generate_until(self, requests):
+                out = []
+                for r in requests:
+                    context = r.args[0]
+                    out.append(next((a for k, a in self.answers.items() if k in context), self.default))
+                return out
+
+            def apply_chat_template(self, chat_history, add_generation_prompt=True):
+                return "\n".join(m["content"] for m in chat_history)
+
+            @property
+            def tokenizer_name(self):
+                return "fake"
+
+        return _LM(*args, **kwargs)
+
+
+def _run(lm, specs, task_dir, chat=False):
+    downstream._offline_env(task_dir.parent / "cache")
+    import contextlib
+
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+    group = [s for s in specs if s.chat == chat]
+    with contextlib.chdir(task_dir):
+        out = simple_evaluate(model=lm, tasks=[s.task for s in group], bootstrap_iters=0, apply_chat_template=chat,
+                              task_manager=TaskManager(include_path=str(task_dir), include_defaults=False))
+    return {s.key: downstream.summarize(out["results"][s.task], s) for s in group}
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory, data_root):
+    tmp = tmp_path_factory.mktemp("tasks")
+    flores = str(data_root / "az/dev/flores200.dev.partial_from_sib200.tsv")
+    mc = tmp / "tumlu.jsonl"
+    mc.write_text("".join(json.dumps({"question": f"{i} + 1 neçədir?", "choices": [str(i + 1), str(i), "0"],
+                                      "answer": "ABC"[i % 3]}) + "\n" for i in range(7)))
+    cfg = DownstreamTasks.model_validate({
+        "sib200": {"uri": flores, "num_fewshot": [0], "max_examples": 30},
+        "translation": [{"name": "flores", "az": {"uri": flores, "text_field": "azj_Latn"},
+                         "en": {"uri": flores, "text_field": "eng_Latn"}, "directions": ["az-en"], "max_examples": 5}],
+        "instructions": {"uri": str(data_root / "az/sft/khazar08_native_eval.jsonl"), "max_examples": 4},
+        "multiple_choice": [{"name": "tumlu-az", "uri": str(mc), "layout": "tumlu", "language": "az"}]})
+    specs = downstream.prepare(cfg, tmp / "lm_eval_tasks", None, read_parallel)
+    return cfg, specs, tmp / "lm_eval_tasks"
+
+
+def test_a_model_preferring_one_label_scores_that_labels_share(prepared):
+    _, specs, task_dir = prepared
+    test_rows = [json.loads(x) for x in (task_dir / "data/sib200_az.test.jsonl").read_text().splitlines()]
+    topic, count = Counter(r["topic"] for r in test_rows).most_common(1)[0]
+    share = count / len(test_rows)
+    assert len(test_rows) == 30 and 0 < share < 1
+    sib = [s for s in specs if s.kind == "sib200"]
+    got = _run(FakeLM(topic, {}), sib, task_dir)
+    assert got["sib200/az/0-shot"]["acc"]["value"] == pytest.approx(share, abs=1e-6)
+    assert got["sib200/en/0-shot"]["acc"]["value"] == pytest.approx(share, abs=1e-6)
+    assert got["sib200/az/0-shot"]["acc"]["stderr"] is None   # bootstrap_iters=0: none asked for
+    spec = next(s for s in sib if s.key == "sib200/az/0-shot")
+    assert spec.chance["acc"] == pytest.approx(1 / 7)
+    assert spec.chance["majority"] == pytest.approx(max(Counter(r["topic"] for r in test_rows).values()) / 30)
+    tumlu = _run(FakeLM("A", {}), [s for s in specs if s.kind == "multiple_choice"], task_dir)
+    assert tumlu["multiple_choice/tumlu-az"]["acc"]["value"] == pytest.approx(3 / 7, abs=1e-6)     # answers A at i = 0, 3, 6
+
+
+def test_translating_into_the_reference_scores_100_and_instruction_metrics(prepared):
+    _, specs, task_dir = prepared
+    rows = [json.loads(x) for x in (task_dir / "data/translation_flores.az-en.jsonl").read_text().splitlines()]
+    perfect = FakeLM("", {r["source"]: r["target"] for r in rows})
+    got = _run(perfect, [s for s in specs if s.kind == "translation"], task_dir)["translation/flores/az-en"]
+    assert got["chrf++"]["value"] == pytest.approx(100.0) and got["bleu"]["value"] == pytest.approx(100.0)
+    assert got["chrf"]["value"] == pytest.approx(100.0)
+    spec = next(s for s in specs if s.kind == "translation")
+    assert 0 < spec.chance["chrf++"] < 40          # copying the Azerbaijani source into English scores low
+
+    # answers: half the reference itself, half a looping English line
+    inst = [json.loads(x) for x in (task_dir / "data/instruction_khazar.jsonl").read_text().splitlines()]
+    answers = {r["instruction"]: r["response"] for r in inst[:2]}
+    lm = FakeLM("", answers, default="the cat the cat the cat")
+    got = _run(lm, [s for s in specs if s.chat], task_dir, chat=True)["instruction/khazar"]
+    assert got["answer_in_language"]["value"] == pytest.approx(0.5)
+    # "the cat the cat the cat": 3-grams (the cat the) x2, (cat the cat) x2 -> 2 repeats of 4; references: 0
+    ref_rates = [utils.repeated_ngram_rate(r["response"]) for r in inst[:2]]
+    assert got["repetition_rate"]["value"] == pytest.approx((sum(ref_rates) + 0.5 + 0.5) / 4)
+    assert utils.repeated_ngram_rate("bir iki üç bir iki üç") == pytest.approx(0.25)
+    assert got["empty_answer"]["value"] == 0.0
+
+
+def test_language_id_on_flores_and_xwmt(data_root):
+    """The letter-statistics language ID on 2,220 aligned sentences (docs/eval.md quotes the result)."""
+    flores = data_root / "az/dev/flores200.dev.partial_from_sib200.tsv"
+    pairs = read_parallel(downstream_pairs(flores), None, None, None)
+    xwmt = [(a, e) for a, e in zip((data_root / "az/dev/xwmt_test.az-en.az.txt").read_text().splitlines(),
+                                    (data_root / "az/dev/xwmt_test.az-en.en.txt").read_text().splitlines())]
+    texts = [(a, "az") for a, _ in pairs + xwmt] + [(e, "en") for _, e in pairs + xwmt]
+    wrong = [t for t, lang in texts if utils.detect_language(t) != lang]
+    assert len(texts) == 2220 and len(wrong) <= 2, wrong
+    assert utils.detect_language("Salam, necəsən? Bu gün hava çox gözəldir.") == "az"
+    assert utils.detect_language("It was a cold day in Istanbul.") == "en"
+    assert utils.detect_language("Привет, как дела?") == "other" and utils.detect_language("123 !!") == "other"
+
+
+def downstream_pairs(flores: Path):
+    from dilforge_shared.configs.eval import TranslationSet
+    return TranslationSet(name="f", az={"uri": str(flores), "text_field": "azj_Latn"},
+                          en={"uri": str(flores), "text_field": "eng_Latn"})
+
+
+def _sib(tmp: Path, body: str, **kw) -> DownstreamTasks:
+    path = tmp / "sib.tsv"
+    path.write_text(body)
+    return DownstreamTasks.model_validate({"sib200": {"uri": str(path), "num_fewshot": [0], **kw}})
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    ("flores_dev_line\tsib_split\tsib_category\tazj_Latn\n1\ttest\ttravel\tSalam\n",
+     "sib.tsv:2: field 'eng_Latn' missing"),
+    ("sib_split\tsib_category\tazj_Latn\teng_Latn\ntest\tcooking\tSalam\tHello\n",
+     "sib.tsv:2: field 'sib_category': unknown label 'cooking'"),
+    ("", "sib.tsv: task file holds no rows"),
+    ("sib_split\tsib_category\tazj_Latn\teng_Latn\ntrain\ttravel\tSalam\tHello\n",
+     "sib.tsv: field 'sib_split': no row of split 'test'"),
+])
+def test_bad_sib_files_fail_in_one_line_naming_file_and_field(tmp_path, body, message):
+    with pytest.raises(InputError) as exc:
+        downstream.prepare(_sib(tmp_path, body), tmp_path / "out", None, read_parallel)
+    assert message in str(exc.value) and "\n" not in str(exc.value)
+
+
+@pytest.mark.parametrize(("layout", "row", "message"), [
+    ("belebele", {"flores_passage": "p", "question": "q", "mc_answer1": "a", "mc_answer2": "b", "mc_answer3": "c",
+                  "mc_answer4": "d", "correct_answer_num": "5"}, "mc.jsonl:1: field 'correct_answer_num': unknown label"),
+    ("belebele", {"flores_passage": "p", "question": "q"}, "mc.jsonl:1: field 'mc_answer1' missing"),
+    ("tumlu", {"question": "q", "choices": ["a", "b"], "answer": "C"}, "mc.jsonl:1: field 'answer': unknown label 'C'"),
+    ("tumlu", {"question": "q", "answer": "A"}, "mc.jsonl:1: field 'choices' missing"),
+])
+def test_bad_multiple_choice_files(tmp_path, layout, row, message):
+    (tmp_path / "mc.jsonl").write_text(json.dumps(row) + "\n")
+    cfg = DownstreamTasks.model_validate({"multiple_choice": [
+        {"name": "mc", "uri": str(tmp_path / "mc.jsonl"), "layout": layout, "language": "az"}]})
+    with pytest.raises(InputError) as exc:
+        downstream.prepare(cfg, tmp_path / "out", None, read_parallel)
+    assert message in str(exc.value)
+
+
+def test_instruction_file_missing_field_and_config_checks(tmp_path):
+    (tmp_path / "inst.jsonl").write_text(json.dumps({"instruction": "Salam"}) + "\n")
+    cfg = DownstreamTasks.model_validate({"instructions": {"uri": str(tmp_path / "inst.jsonl")}})
+    with pytest.raises(InputError, match=r"inst.jsonl:1: field 'response' missing"):
+        downstream.prepare(cfg, tmp_path / "out", None, read_parallel)
+    with pytest.raises(ValidationError, match="duplicate names"):
+        DownstreamTasks.model_validate({"instructions": {"uri": "x.jsonl", "name": "a"},
+                                        "multiple_choice": [{"name": "a", "uri": "m.jsonl", "layout": "tumlu",
+                                                             "language": "az"}]})
+    assert len(SIB_LABELS) == 7
+
+
+def test_task_folder_is_self_contained_and_commands_name_every_task(prepared):
+    _, specs, task_dir = prepared
+    names = {p.name for p in task_dir.iterdir()}
+    assert {"_sib200.yaml", "_translation.yaml", "_instruction.yaml", "_belebele.yaml", "_tumlu.yaml", "utils.py",
+            "commands.txt", "data"} <= names
+    commands = (task_dir / "commands.txt").read_text()
+    for s in specs:
+        assert s.task in commands and (task_dir / f"{s.task}.yaml").is_file()
+    assert "--apply_chat_template" in commands
+    # data paths are relative to the folder, so the published copy works wherever it is fetched to
+    for s in specs:
+        assert str(task_dir) not in (task_dir / f"{s.task}.yaml").read_text()
