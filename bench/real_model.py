@@ -6,6 +6,10 @@ reused, so a second call only reads them), then prints, from the published manif
   never trained on, with each model's ratio to the base per language (never averaged across languages);
 - the step-0 BPB of each transplant initialisation (mean_of_pieces, mean_of_all, random) per validation set;
 - the issue 9 bars (Azerbaijani ≤ 0.75 × base, English ≤ 1.10 × base) as pass/fail;
+- the downstream tasks run through lm-evaluation-harness (SIB-200, translation, khazar instructions): per task
+  and metric, every model in Azerbaijani and English side by side with its 95 % interval, the chance level and
+  the number of examples (the main job's CPU budget keeps these small: read the intervals);
+- the eval stage's time, and its time spent in the tasks;
 - the wall time of the run (meaningful only when nothing was reused: pass a fresh --store).
 
     python bench/real_model.py --data ../shared/data [--store /tmp/fresh-store] [--json out.json]
@@ -73,8 +77,49 @@ def table(artifacts: dict[str, str]) -> dict:
     # one row per initialisation: its BPB per validation set, and over both sets together ("all")
     step0 = {m: {**raw.get(f"{m}_by_set", {}), "all": raw[m]} for m in raw if not m.endswith("_by_set")}
     return {"rows": rows, "bars": bars, "step0": step0, "transplant_method": transplant.get("method"),
+            "tasks": task_rows(m.get("downstream") or {}),
+            "eval_seconds": m.get("seconds", {}).get("total"),
+            "eval_task_seconds": (m.get("cost", {}).get("eval") or {}).get("seconds_tasks"),
             "tokenizer": {k: tok.metrics.get(k) for k in ("languages", "selected_vocab_size")},
             "cpt_tokens": cpt.metrics.get("total_tokens"), "eval_bytes_per_set": m.get("max_bytes_per_set")}
+
+
+def task_rows(d: dict) -> list[dict]:
+    """One row per (task, metric): chance, n, and per model and language the value with its 95 % interval."""
+    rows: dict[tuple[str, str], dict] = {}
+    for key, t in (d.get("tasks") or {}).items():
+        for metric in t["headline_metrics"]:
+            row = rows.setdefault((t["row"], metric), {"task": t["row"], "metric": metric, "chance": {}, "n": {},
+                                                       "values": {}})
+            row["chance"][t["language"]] = t["chance"].get(metric)
+            row["n"][t["language"]] = t["num_examples"]
+            for model, res in (d.get("results") or {}).items():
+                if metric in res.get(key, {}):
+                    row["values"].setdefault(model, {})[t["language"]] = res[key][metric]
+    return list(rows.values())
+
+
+def _cell(v: dict | None) -> str:
+    if not v:
+        return "–"
+    ci = v.get("ci95")
+    digits = 1 if v["value"] > 1 or (ci and ci[1] > 1) else 3
+    return f"{v['value']:.{digits}f}" + (f" [{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]" if ci else "")
+
+
+def task_markdown(rows: list[dict]) -> list[str]:
+    if not rows:
+        return []
+    models = list(dict.fromkeys(m for r in rows for m in r["values"]))
+    langs = ["az", "en"]
+    head = ["task", "metric", "n (az/en)", "chance (az/en)"] + [f"{m} {lang}" for m in models for lang in langs]
+    lines = ["", "| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2)]
+    for r in rows:
+        n = "/".join(str(r["n"].get(lang, "–")) for lang in langs)
+        chance = "/".join("–" if r["chance"].get(lang) is None else f"{r['chance'][lang]:.3g}" for lang in langs)
+        cells = [_cell(r["values"].get(m, {}).get(lang)) for m in models for lang in langs]
+        lines.append(f"| {r['task']} | {r['metric']} | {n} | {chance} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def markdown(result: dict) -> str:
@@ -92,6 +137,10 @@ def markdown(result: dict) -> str:
         for method, v in result["step0"].items():
             mark = " (trained)" if method == result["transplant_method"] else ""
             lines.append(f"| {method}{mark} | " + " | ".join(f"{v.get(n, float('nan')):.4f}" for n in names) + " |")
+    lines += task_markdown(result.get("tasks") or [])
+    if result.get("eval_seconds") is not None:
+        lines += ["", (f"eval stage: {result['eval_seconds']:.0f} s, of which downstream tasks "
+                  f"{result.get('eval_task_seconds') or 0:.0f} s")]
     return "\n".join(lines)
 
 

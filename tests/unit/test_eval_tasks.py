@@ -203,3 +203,27 @@ def test_task_folder_is_self_contained_and_commands_name_every_task(prepared):
     # data paths are relative to the folder, so the published copy works wherever it is fetched to
     for s in specs:
         assert str(task_dir) not in (task_dir / f"{s.task}.yaml").read_text()
+
+
+def test_task_files_read_from_s3_like_local_files(tmp_path, s3_server, s3_bucket, data_root):
+    """Task files given as s3:// URIs (SageMaker inputs) give the same task folder as local files."""
+    client = s3_server.client()
+    bucket = s3_bucket.removeprefix("s3://")
+    flores = data_root / "az/dev/flores200.dev.partial_from_sib200.tsv"
+    khazar = data_root / "az/sft/khazar08_native_eval.jsonl"
+    for path in (flores, khazar):
+        client.upload_file(str(path), bucket, f"tasks/{path.name}")
+
+    def section(flores_uri: str, khazar_uri: str) -> DownstreamTasks:
+        return DownstreamTasks.model_validate({
+            "sib200": {"uri": flores_uri, "num_fewshot": [0], "max_examples": 5},
+            "translation": [{"name": "f", "az": {"uri": flores_uri, "text_field": "azj_Latn"},
+                             "en": {"uri": flores_uri, "text_field": "eng_Latn"}, "max_examples": 3}],
+            "instructions": {"uri": khazar_uri, "max_examples": 3}})
+    downstream.prepare(section(str(flores), str(khazar)), tmp_path / "local", None, read_parallel)
+    downstream.prepare(section(f"{s3_bucket}/tasks/{flores.name}", f"{s3_bucket}/tasks/{khazar.name}"),
+                       tmp_path / "s3", s3_server.endpoint_url, read_parallel)
+    local = sorted(p.name for p in (tmp_path / "local/data").iterdir())
+    assert local == sorted(p.name for p in (tmp_path / "s3/data").iterdir()) and len(local) == 7
+    for name in local:
+        assert (tmp_path / "local/data" / name).read_text() == (tmp_path / "s3/data" / name).read_text()

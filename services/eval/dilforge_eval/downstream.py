@@ -180,13 +180,15 @@ def _write_jsonl(path: Path, rows: list[dict]) -> str:
     return str(path.relative_to(path.parent.parent))
 
 
-def write_commands(out: Path, specs: list[TaskSpec], tasks: DownstreamTasks) -> None:
+def write_commands(out: Path, specs: list[TaskSpec], tasks: DownstreamTasks, dtype: str = "float32",
+                   device: str = "cpu", seed: int = 0) -> list[str]:
     """commands.txt in the task folder: the lm_eval lines that reproduce the stage's figures."""
     system = tasks.instructions.system_prompt if tasks.instructions else None
+    commands = lm_eval_commands(specs, tasks, system, dtype, device, seed)
     lines = ["# Run inside this folder; MODEL_DIR is an HF model folder (for an SFT adapter add peft=ADAPTER_DIR to",
-             "# --model_args). Same numbers as the eval stage's metrics.json `downstream` section.",
-             *lm_eval_commands(specs, tasks, system)]
+             "# --model_args). Same numbers as the eval stage's metrics.json `downstream` section.", *commands]
     (out / "commands.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return commands
 
 
 def _copy_templates(out: Path) -> None:
@@ -308,10 +310,18 @@ def _offline_env(cache: Path) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-def lm_eval_commands(specs: list[TaskSpec], tasks: DownstreamTasks, system_prompt: str | None) -> list[str]:
+def seeds(seed: int) -> dict[str, int]:
+    """simple_evaluate's seeds for the stage seed (lm-eval's defaults 0/1234/1234/1234 at seed 0)."""
+    return {"random_seed": seed, "numpy_random_seed": 1234 + seed, "torch_random_seed": 1234 + seed,
+            "fewshot_random_seed": 1234 + seed}
+
+
+def lm_eval_commands(specs: list[TaskSpec], tasks: DownstreamTasks, system_prompt: str | None,
+                     dtype: str = "float32", device: str = "cpu", seed: int = 0) -> list[str]:
     """The `lm_eval` command lines (run inside the task folder) that reproduce the stage's figures."""
-    base = ("lm_eval run --model hf --model_args pretrained=MODEL_DIR,dtype=float32 --include_path . "
-            f"--batch_size {tasks.batch_size} --device cpu")
+    base = (f"lm_eval run --model hf --model_args pretrained=MODEL_DIR,dtype={dtype},max_length={tasks.max_length} "
+            f"--include_path . --batch_size {tasks.batch_size} --device {device} "
+            f"--seed {','.join(str(v) for v in seeds(seed).values())}")
     plain = [s.task for s in specs if not s.chat]
     chat = [s.task for s in specs if s.chat]
     cmds = []
@@ -356,8 +366,7 @@ def run_model(model, tokenizer, specs: list[TaskSpec], task_dir: Path, tasks: Do
             out = simple_evaluate(model=lm, tasks=[s.task for s in group], task_manager=manager,
                                   bootstrap_iters=tasks.bootstrap_iters, apply_chat_template=chat,
                                   system_instruction=system_prompt if chat else None, log_samples=True,
-                                  random_seed=seed, numpy_random_seed=1234 + seed, torch_random_seed=1234 + seed,
-                                  fewshot_random_seed=1234 + seed)
+                                  **seeds(seed))
             for s in group:
                 results[s.key] = summarize(out["results"][s.task], s)
                 if s.kind in ("translation", "instruction"):
@@ -367,13 +376,15 @@ def run_model(model, tokenizer, specs: list[TaskSpec], task_dir: Path, tasks: Do
     return results, samples
 
 
-def metrics_header(specs: list[TaskSpec], tasks: DownstreamTasks, task_dir_name: str) -> dict:
-    """The manifest's `downstream` section before any model ran: what each task is, how to reproduce it."""
+def metrics_header(specs: list[TaskSpec], tasks: DownstreamTasks, task_dir: Path, dtype: str, device: str,
+                   seed: int) -> dict:
+    """The manifest's `downstream` section before any model ran: what each task is, how to reproduce it
+    (the commands are also written to the task folder's commands.txt)."""
     from importlib.metadata import version
-    system = tasks.instructions.system_prompt if tasks.instructions else None
+    commands = write_commands(task_dir, specs, tasks, dtype, device, seed)
     return {"harness": {"name": "lm-evaluation-harness", "version": version("lm-eval"),
                         "bootstrap_iters": tasks.bootstrap_iters, "batch_size": tasks.batch_size},
-            "task_dir": task_dir_name, "commands": lm_eval_commands(specs, tasks, system),
+            "task_dir": task_dir.name, "commands": commands,
             "tasks": {s.key: {k: v for k, v in asdict(s).items() if k != "key"} for s in specs},
             "results": {}, "seconds": {}}
 

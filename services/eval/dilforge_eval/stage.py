@@ -278,11 +278,12 @@ def evaluate_model(src: EvalModel, config: EvalConfig, sets: dict[str, list[str]
     scores: dict = {}
     if tasks and tasks[0]:
         specs, task_dir, cache = tasks
-        t_tasks = time.perf_counter()
+        t_tasks, c_tasks = time.perf_counter(), time.process_time()
         scores["results"], scores["samples"] = downstream.run_model(
             model, tokenizer, specs, task_dir, config.tasks, cache, config.seed, str(src.tokenizer_dir),
             config.tasks.instructions.system_prompt if config.tasks.instructions else None)
         info["tasks_seconds"] = round(time.perf_counter() - t_tasks, 2)
+        info["tasks_cpu_seconds"] = round(time.process_time() - c_tasks, 2)   # all threads; shared CPUs inflate wall
         for key, res in scores["results"].items():
             log.info("task %s / %s: %s", src.label, key, ", ".join(
                 f"{m} {v['value']:.4g}" + (f" ± {v['stderr']:.2g}" if v["stderr"] is not None else "")
@@ -295,7 +296,7 @@ def evaluate_model(src: EvalModel, config: EvalConfig, sets: dict[str, list[str]
 
 
 def run(config: EvalConfig, ctx: StageContext) -> StageResult:
-    t_start = time.perf_counter()
+    t_start, c_start = time.perf_counter(), time.process_time()
     import torch
     torch.manual_seed(config.seed)
     endpoint = ctx.endpoint_url
@@ -342,7 +343,8 @@ def run(config: EvalConfig, ctx: StageContext) -> StageResult:
 
     metrics["bpb"], generations, task_samples = {}, [], []
     if specs:
-        metrics["downstream"] = downstream.metrics_header(specs, config.tasks, task_dir.name)
+        metrics["downstream"] = downstream.metrics_header(specs, config.tasks, task_dir,
+                                                          str(dtype).removeprefix("torch."), device, config.seed)
     for src in models:
         t_model = time.perf_counter()
         info, bpb, gens, scores = evaluate_model(src, config, sets, prompts, device, dtype, (specs, task_dir, cache))
@@ -386,8 +388,11 @@ def run(config: EvalConfig, ctx: StageContext) -> StageResult:
     metrics["skipped"] = skipped
     seconds["total"] = round(time.perf_counter() - t_start, 2)
     metrics["cost"]["eval"] = {"seconds_total": seconds["total"]}
+    metrics["cost"]["eval"]["cpu_seconds_total"] = round(time.process_time() - c_start, 2)
     if specs:
         metrics["cost"]["eval"]["seconds_tasks"] = round(sum(metrics["downstream"]["seconds"].values()), 2)
+        metrics["cost"]["eval"]["cpu_seconds_tasks"] = round(
+            sum(m.get("tasks_cpu_seconds", 0) for m in metrics["models"].values()), 2)
     metrics["seconds"] = seconds
 
     out = ctx.model_dir
