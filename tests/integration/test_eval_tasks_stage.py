@@ -73,7 +73,7 @@ def test_every_task_scored_for_every_model_with_intervals_and_chance(stage_run):
     for model in ("base", "other"):
         assert set(m["results"][model]) == keys
         for key, res in m["results"][model].items():
-            assert set(res) == set(m["tasks"][key]["metrics"]), key
+            assert set(res) == set(m["tasks"][key]["metrics"]) | ({"ended_turn"} if "instruction" in key else set())
             for metric, v in res.items():
                 top = 100 if metric in ("chrf++", "chrf", "bleu") else 1
                 assert 0 <= v["value"] <= top and v["stderr"] is not None, (key, metric)
@@ -118,6 +118,8 @@ def test_lm_eval_command_on_the_published_tasks_gives_the_stage_numbers(stage_ru
         got.update(json.loads(results.read_text())["results"])
     for key, spec in m["tasks"].items():
         for metric, v in m["results"]["base"][key].items():
+            if metric == "ended_turn":      # the stage's own count of answers that stopped before the limit
+                continue
             assert got[spec["task"]][f"{metric},none"] == pytest.approx(v["value"], abs=1e-6), (key, metric)
             assert got[spec["task"]][f"{metric}_stderr,none"] == pytest.approx(v["stderr"], abs=1e-6), (key, metric)
 

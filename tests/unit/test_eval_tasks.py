@@ -227,3 +227,26 @@ def test_task_files_read_from_s3_like_local_files(tmp_path, s3_server, s3_bucket
     assert local == sorted(p.name for p in (tmp_path / "s3/data").iterdir()) and len(local) == 7
     for name in local:
         assert (tmp_path / "local/data" / name).read_text() == (tmp_path / "s3/data" / name).read_text()
+
+
+def test_headline_task_table_puts_languages_side_by_side_and_shows_losses():
+    from dilforge_eval.report import downstream_table
+    spec = {"row": "SIB-200 topics, 0-shot", "headline_metrics": ["acc"], "metrics": ["acc"], "num_examples": 10,
+            "num_fewshot": 0, "chance": {"acc": 1 / 7}}
+    tasks = {"sib/az": {**spec, "language": "az"}, "sib/en": {**spec, "language": "en"},
+             "tr/en-az": {"row": "flores translation into", "headline_metrics": ["chrf++"], "metrics": ["chrf++"],
+                          "num_examples": 10, "num_fewshot": 0, "chance": {"chrf++": 20.0}, "language": "az"}}
+
+    def v(x, se=0.1):
+        return {"value": x, "stderr": se, "ci95": [max(0, x - 0.2), min(1, x + 0.2)] if x <= 1 else [x - 5, x + 5]}
+    results = {"base": {"sib/az": {"acc": v(0.3)}, "sib/en": {"acc": v(0.6)}, "tr/en-az": {"chrf++": v(30.0)}},
+               "cpt": {"sib/az": {"acc": v(0.5)}, "sib/en": {"acc": v(0.4)}, "tr/en-az": {"chrf++": v(35.5)}}}
+    changes = {"cpt": {"sib/az": {"acc": 0.2}, "sib/en": {"acc": -0.2}, "tr/en-az": {"chrf++": 5.5}}}
+    head, rows = downstream_table({"downstream": {"tasks": tasks, "results": results, "changes": changes}})
+    assert head == ["task", "metric", "n", "chance", "base az", "base en", "cpt az", "cpt en"]
+    sib, tr = rows
+    assert [str(c) for c in sib[:4]] == ["SIB-200 topics, 0-shot", "accuracy", "10/10", "az 0.143, en 0.143"]
+    assert str(sib[4]) == "0.300 [0.100, 0.500]" and str(sib[6]) == "0.500 [0.300, 0.700] (+0.200)"
+    assert sib[6].cls == "num better" and sib[7].cls == "num worse"          # the English loss is shown, in red
+    assert str(sib[7]) == "0.400 [0.200, 0.600] (-0.200)"
+    assert str(tr[5]) == "–" and str(tr[6]) == "35.5 [30.5, 40.5] (+5.5)" and str(tr[3]) == "az 20.0"

@@ -260,7 +260,7 @@ def prepare(tasks: DownstreamTasks, out: Path, endpoint: str | None, read_parall
                         kind="instruction", language=cfg.language, chat=True, source=cfg.uri,
                         row=f"{cfg.name} instructions (chat template)",
                         metrics=["chrf++", "answer_in_language", "repetition_rate", "empty_answer"],
-                        headline_metrics=["chrf++", "answer_in_language", "repetition_rate"],
+                        headline_metrics=["chrf++", "answer_in_language", "repetition_rate", "ended_turn"],
                         num_examples=len(rows), chance={"chrf++": copy},
                         chance_note="chrF++: repeating the instruction")
         gen = {"until": ["<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<|end_of_text|>"], "do_sample": False,
@@ -369,11 +369,31 @@ def run_model(model, tokenizer, specs: list[TaskSpec], task_dir: Path, tasks: Do
                                   **seeds(seed))
             for s in group:
                 results[s.key] = summarize(out["results"][s.task], s)
+                if s.kind == "instruction":
+                    answers = [row["filtered_resps"][0] for row in out["samples"][s.task]]
+                    results[s.key]["ended_turn"] = ended_turn(answers, tokenizer, tasks.instruction_max_new_tokens)
                 if s.kind in ("translation", "instruction"):
                     for row in out["samples"][s.task]:
                         samples.append({"task": s.key, "doc_id": row["doc_id"], "target": row["target"],
                                         "answer": row["filtered_resps"][0]})
     return results, samples
+
+
+def share(flags: list[bool]) -> dict:
+    """A share with lm-eval's binomial standard error (sample std / sqrt(n)) and its 95 % interval."""
+    import math
+    n = len(flags)
+    p = sum(flags) / n if n else 0.0
+    se = math.sqrt(p * (1 - p) / (n - 1)) if n > 1 else None
+    return {"value": round(p, 6), "stderr": None if se is None else round(se, 6),
+            "ci95": None if se is None else [round(max(0.0, p - Z95 * se), 6), round(min(1.0, p + Z95 * se), 6)]}
+
+
+def ended_turn(answers: list[str], tokenizer, max_new_tokens: int) -> dict:
+    """Share of answers that stopped at the end of the turn, i.e. before the token limit (the stage counts the
+    answer's tokens; lm-eval strips the stop token, so this one figure is the stage's, not the harness's)."""
+    lengths = [len(tokenizer(a, add_special_tokens=False)["input_ids"]) for a in answers]
+    return share([n < max_new_tokens for n in lengths])
 
 
 def metrics_header(specs: list[TaskSpec], tasks: DownstreamTasks, task_dir: Path, dtype: str, device: str,
@@ -408,7 +428,8 @@ def changes(section: dict, reference: str | None) -> dict:
 
 
 HIGHER_IS_BETTER = {"acc": True, "acc_norm": True, "chrf++": True, "chrf": True, "bleu": True,
-                    "answer_in_language": True, "repetition_rate": False, "empty_answer": False}
+                    "answer_in_language": True, "repetition_rate": False, "empty_answer": False, "ended_turn": True}
+STAGE_ONLY = ("ended_turn",)   # computed by the stage from lm-eval's answers; the lm_eval command omits it
 
 
 def summarize(res: dict, spec: TaskSpec) -> dict:

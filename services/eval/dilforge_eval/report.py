@@ -89,7 +89,8 @@ def headline_table(metrics: dict) -> Table:
 
 METRIC_NAMES = {"acc": "accuracy", "acc_norm": "accuracy (length-normalised)", "chrf++": "chrF++", "chrf": "chrF",
                 "bleu": "BLEU", "answer_in_language": "answers in the language", "repetition_rate":
-                "repeated 3-gram rate", "empty_answer": "empty answers"}
+                "repeated 3-gram rate", "empty_answer": "empty answers", "ended_turn":
+                "answers ending at the end of the turn"}
 
 
 def _score(v: dict | None, metric: str) -> str:
@@ -158,7 +159,7 @@ def tasks_detail_table(metrics: dict) -> Table:
     rows = []
     for key, t in (d.get("tasks") or {}).items():
         for model, res in (d.get("results") or {}).items():
-            for metric in t["metrics"]:
+            for metric in dict.fromkeys([*t["metrics"], *t["headline_metrics"]]):
                 v = res.get(key, {}).get(metric)
                 if v is None:
                     continue
