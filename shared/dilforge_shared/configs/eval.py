@@ -150,7 +150,8 @@ class DownstreamTasks(StrictModel):
                                             "the first newline).")
     instruction_max_new_tokens: int = Field(default=128, ge=1, description="Tokens per answer (stops at the end "
                                             "of the turn).")
-    batch_size: int = Field(default=8, ge=1, description="Requests per forward pass (lm-eval batch_size).")
+    batch_size: int = Field(json_schema_extra=RUN_ONLY, default=8, ge=1,
+                            description="Requests per forward pass (lm-eval batch_size).")
     max_length: int = Field(default=2048, ge=64, description="Longest prompt+answer in tokens (lm-eval max_length; "
                             "longer prompts are cut from the left).")
     bootstrap_iters: int = Field(default=1000, ge=0, description="Bootstrap resamples for the standard error of "
