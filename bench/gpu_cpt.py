@@ -1,41 +1,45 @@
 #!/usr/bin/env python
 """CPT training throughput and memory on one GPU, through the CPT stage's OWN training step.
 
-Llama-3.2-1B architecture (random init), seq 2048, the stage's runtime (`dilforge_cpt.runtime`), model
-preparation (`dilforge_cpt.sharding`: Liger, activation checkpointing, per-layer compile, FSDP2 when the
-runtime says so), trainable set, optimizer and `train_step` (`dilforge_cpt.loop`) and its FLOP and
-peak accounting (`dilforge_cpt.reporting`); only the Liger kernel set is chosen here. One table for
-{plain, Liger all kernels, Liger FLCE only} x {eager, compile} x {no activation checkpointing,
-checkpointing}: the largest micro-batch that fits, found by bisection (doubling until the first
-out-of-memory, then halving the interval: any integer, not only powers of two), and at that batch
-tok/s/GPU, MFU, achieved TFLOP/s, peak allocated and reserved memory. Liger variants are also
-measured at the plain variant's largest batch of the same mode, which gives Liger's memory cut and
-speed-up at equal batch.
+Llama-3.2-1B architecture (random init), seq 2048, the stage's runtime (`dilforge_cpt.runtime`: device,
+bf16, one-rank FSDP2, the SDPA backend the policy picks), model preparation (`dilforge_cpt.sharding`:
+Liger, activation checkpointing, per-layer compile, FSDP2 with the single-rank options), trainable
+set, optimizer and `train_step` (`dilforge_cpt.loop`) and its FLOP accounting (`dilforge_cpt.reporting`,
+causal attention counted as causal). Variants, each the stage's own choice for its settings:
 
-On one GPU the stage trains through a one-rank FSDP2 group (bf16 compute, fp32 master weights) with
-fused AdamW, so the bench does too. MFU = tok/s x FLOPs/token (the stage's phase-2 `flops_per_token`)
-/ the device's peak (the stage's table by exact device name, `--peak-tflops` to override). Goal on one H200 (Llama-3.2-1B shape, seq 2048): >= 80,000 tok/s/GPU,
->= 65 % MFU, Liger >= 50 % lower peak training memory than plain at equal batch.
+  plain         eager, no Liger
+  liger         eager, the stage's Liger set (RoPE, RMSNorm, SwiGLU, fused linear cross entropy)
+  compile_flce  per-layer torch.compile + Liger fused linear cross entropy (the stage's set with compile)
 
-  python bench/gpu_cpt.py --json out.json                 # one GPU, the whole table
-  python bench/gpu_cpt.py --budget-s 240 --json out.json  # stop starting new points after 240 s
+For each: the largest micro-batch that fits (bisection: doubling until the first out-of-memory, then
+halving the interval, any integer), and at that batch tok/s/GPU, MFU against the device's datasheet peak
+AND against the matmul ceiling measured in the same run (`--matmul-tflops`, from bench/gpu_ceilings.py,
+else measured here), peak allocated/reserved memory, and the allocator's retries (`num_alloc_retries`:
+non-zero = the batch only fits by flushing the cache, which costs time). Liger variants are measured
+at plain's largest batch too (memory cut and speed-up at equal batch).
+
+Honest labels, by construction:
+- every point runs in its OWN process (`--point`): Liger's process-wide patches, compiled graphs, the
+  one-rank process group and the allocator state of one point cannot reach the next;
+- after an out-of-memory probe the model and optimizer are built again (FSDP2's state is not usable
+  after an OOM inside backward), so every measured step runs on a fresh model (`fresh_after_oom`);
+- the Liger kernels that actually RAN are counted (their autograd Functions' calls during one checked
+  step) and fused linear cross entropy is proven by the forward returning no logits.
+
+  python bench/gpu_cpt.py --json out.json                 # one GPU, the table (about 4-6 minutes)
+  python bench/gpu_cpt.py --budget-s 240 --json out.json  # start no point after 240 s
   python bench/gpu_cpt.py --tiny --json out.json          # CPU, tiny Llama: checks the script (seconds)
 
-Compiled points start from the eager largest batch of the same variant and search only downwards
-(`--bisect-compiled` searches from scratch). The whole table takes about 10-15 minutes on one H200
-(mostly compilation); scripts/gpu_check.sh runs it with the time left after the GPU suite, eager
-points first.
-
-Points not run (no CUDA for Liger, budget spent) are listed with the reason.
+Points not run (no CUDA for Liger, budget spent, a point's process failed) are listed with the reason.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
-import itertools
 import json
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -44,30 +48,36 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-LIGER_VARIANTS = ("plain", "liger_all", "liger_flce")
-MODES = ("eager", "compile")
-CHECKPOINTING = (False, True)
+VARIANTS = ("plain", "liger", "compile_flce")
+RESULT_PREFIX = "POINT_RESULT "
 
 
 @dataclass
 class Point:
-    liger: str
-    mode: str
-    checkpointing: bool
+    variant: str
+    checkpointing: bool = False
     batch: int = 0
     role: str = "max"           # "max": at this variant's largest batch; "equal": at plain's largest batch
     ok: bool = False
     skipped: str | None = None  # why the point did not run
     max_batch: int | None = None
     probes: list[int] = field(default_factory=list)
-    kernels: list[str] = field(default_factory=list)  # the Liger kernels actually applied (the stage decides for liger_all)
+    fresh_after_oom: list[int] = field(default_factory=list)  # model build number each probe ran on
+    kernels: list[str] = field(default_factory=list)          # Liger kernels the stage applied
+    kernels_ran: dict[str, int] = field(default_factory=dict)  # Liger autograd Functions called in one step
+    logits_materialised: bool | None = None
+    liger_parts_after: list[str] = field(default_factory=list)  # Liger code left in the process at the end
     tok_s: float | None = None
-    mfu: float | None = None
+    mfu_spec: float | None = None      # against the datasheet peak
+    mfu_measured: float | None = None  # against the measured bf16 matmul ceiling
     tflops: float | None = None
     peak_allocated_gb: float | None = None
     peak_reserved_gb: float | None = None
+    num_alloc_retries: int | None = None
     loss: float | None = None
     seconds: float | None = None
+    attention: str | None = None
+    profile: dict | None = None
 
 
 # ---- bisection ---------------------------------------------------------------------------------------
@@ -107,6 +117,42 @@ def bisect_max_batch(fits: Callable[[int], bool], start: int = 1, limit: int = 2
     return good, probes
 
 
+class FreshAfterOom:
+    """`fits(batch)` for the bisection that never probes a model that went out of memory: after an OOM
+    the trainer is closed and a new one (fresh model + optimizer) is built for the next probe.
+    `builds[i]` is the build number probe i ran on."""
+
+    def __init__(self, make_trainer: Callable[[], object], is_oom: Callable[[BaseException], bool]):
+        self.make_trainer, self.is_oom = make_trainer, is_oom
+        self.trainer = None
+        self.num_builds = 0
+        self.builds: list[int] = []
+
+    def current(self):
+        if self.trainer is None:
+            self.trainer = self.make_trainer()
+            self.num_builds += 1
+        return self.trainer
+
+    def discard(self) -> None:
+        if self.trainer is not None:
+            self.trainer.close()
+        self.trainer = None
+        free_memory()
+
+    def fits(self, batch: int) -> bool:
+        trainer = self.current()
+        self.builds.append(self.num_builds)
+        try:
+            trainer.step(batch)
+            return True
+        except BaseException as exc:
+            if not self.is_oom(exc):
+                raise
+            self.discard()
+            return False
+
+
 # ---- the stage's pieces ------------------------------------------------------------------------------
 
 def model_shape(tiny: bool):
@@ -121,56 +167,33 @@ def model_shape(tiny: bool):
                        rope_theta=500000.0, max_position_embeddings=131072)
 
 
-def stage_config(args, mode: str, checkpointing: bool, liger: str):
+def stage_config(args, variant: str, checkpointing: bool, batch: int = 1):
     """The CPT stage config of one point: only what the training step reads is meaningful."""
     from dilforge_shared.configs.cpt import CptConfig
     return CptConfig.model_validate({
         "scratch_model": {"max_position_embeddings": 131072}, "corpora": [{"uri": "/dev/null"}],
         "validation": [{"uri": "/dev/null"}], "seq_len": args.seq, "phase2": {"num_steps": 1, "learning_rate": 1e-4},
-        "global_batch_size": 1, "micro_batch_size": 1, "compile": mode == "compile",
-        "activation_checkpointing": checkpointing, "liger": "off" if liger == "plain" else "auto", "fsdp": "auto",
+        "global_batch_size": batch, "micro_batch_size": batch, "compile": variant == "compile_flce",
+        "activation_checkpointing": checkpointing, "liger": "off" if variant == "plain" else "auto", "fsdp": "auto",
         "peak_tflops_per_device": args.peak_tflops,
     })
-
-
-def apply_kernels(model, config, rt, liger: str) -> list[str]:
-    """plain: none; liger_all: the stage's own set (apply_liger); liger_flce: fused linear cross entropy only."""
-    from dilforge_cpt import sharding
-    if liger == "plain" or not rt.cuda:
-        return []
-    if liger == "liger_all":
-        return sharding.apply_liger(model, config, rt)
-    from liger_kernel.transformers import apply_liger_kernel_to_llama
-    apply_liger_kernel_to_llama(rope=False, rms_norm=False, swiglu=False, cross_entropy=False,
-                                fused_linear_cross_entropy=True, model=model)
-    return ["fused_linear_cross_entropy"]
-
-
-_RUNTIME: list = []
-
-
-def runtime_for(config):
-    """The stage's runtime, made once per process: every point shares its device, dtype and (if the stage
-    sets one up) process group; what differs between points (Liger, compile, checkpointing) is not in it."""
-    if not _RUNTIME:
-        from dilforge_cpt import runtime
-        _RUNTIME.append(runtime.init_runtime(config))
-    return _RUNTIME[0]
 
 
 class Trainer:
     """One variant's model + optimizer, stepped through dilforge_cpt.loop.train_step at any micro-batch."""
 
-    def __init__(self, args, shape, liger: str, mode: str, checkpointing: bool):
+    def __init__(self, args, shape, rt, variant: str, checkpointing: bool):
+        import numpy as np
         import torch
         from dilforge_cpt import loop, reporting, sharding
         from transformers import LlamaForCausalLM
-        self.config = stage_config(args, mode, checkpointing, liger)
-        self.rt = runtime_for(self.config)
+        self.config = stage_config(args, variant, checkpointing)
+        self.rt = rt
         torch.manual_seed(0)
         with self.rt.device:  # initialise on the GPU: a 1.2B-parameter init on CPU takes longer than the measurement
             model = LlamaForCausalLM(shape)
-        self.kernels = apply_kernels(model, self.config, self.rt, liger)
+        self.liger = sharding.apply_liger(model, self.config, self.rt)
+        self.kernels = self.liger.kernels
         self.num_params = sum(p.numel() for p in model.parameters())  # before sharding, as the stage counts
         self.model = sharding.shard_model(model, self.config, self.rt)
         self.trainable = loop.set_trainable(self.model, 2)
@@ -178,49 +201,83 @@ class Trainer:
         self.fpt = reporting.flops_per_token(shape, self.num_params, args.seq, phase=2)
         self.peak = reporting.peak_flops(self.config, self.rt)
         self.shape, self.seq = shape, args.seq
-        self.rng = __import__("numpy").random.default_rng(0)
+        self.rng = np.random.default_rng(0)
+
+    def tokens(self, batch: int):
+        return self.rng.integers(0, self.shape.vocab_size, size=(batch, self.seq), dtype="int64")
 
     def step(self, batch: int) -> float:
         from dilforge_cpt import loop
-        tokens = self.rng.integers(0, self.shape.vocab_size, size=(batch, self.seq), dtype="int64")
-        loss, _ = loop.train_step(self.model, self.optimizer, [tokens], self.rt, self.config.max_grad_norm,
-                                  self.trainable.row_masks)
+        loss, _ = loop.train_step(self.model, self.optimizer, [self.tokens(batch)], self.rt,
+                                  self.config.max_grad_norm, self.trainable.row_masks)
         return loss
 
-    def fits(self, batch: int) -> bool:
+    def check_kernels(self) -> tuple[dict[str, int], bool]:
+        """One forward + backward at batch 1 counting the Liger Functions that ran; and whether the
+        forward returned logits (fused linear cross entropy returns none)."""
         import torch
-        try:
-            self.step(batch)
-            return True
-        except torch.OutOfMemoryError:
-            self.optimizer.zero_grad(set_to_none=True)
-            free_memory()
-            return False
+        x = torch.from_numpy(self.tokens(1)).to(self.rt.device)
+        from dilforge_cpt import sharding
+        with sharding.counting_calls(sharding.liger_functions()) as counts:
+            with self.rt.autocast():
+                out = self.model(input_ids=x, labels=x)
+            out.loss.backward()
+        self.optimizer.zero_grad(set_to_none=True)
+        return {k: v for k, v in counts.items() if v}, out.logits is not None
 
-    def measure(self, batch: int, warmup: int, steps: int) -> dict:
+    def measure(self, batch: int, warmup: int, steps: int, matmul_flops: float | None) -> dict:
         import torch
+        from dilforge_cpt import reporting
         for _ in range(warmup):
             self.step(batch)
         sync(self.rt)
+        retries0 = 0
         if self.rt.cuda:
             torch.cuda.reset_peak_memory_stats(self.rt.device)
+            retries0 = torch.cuda.memory_stats(self.rt.device).get("num_alloc_retries", 0)
         start = time.perf_counter()
         for _ in range(steps):
             loss = self.step(batch)
         sync(self.rt)
         elapsed = time.perf_counter() - start
         tok_s = batch * self.seq * steps / elapsed
-        achieved = tok_s * self.fpt
-        out = {"tok_s": tok_s, "tflops": achieved / 1e12, "mfu": achieved / self.peak if self.peak else None,
-               "loss": loss, "seconds": elapsed}
+        out = {"tok_s": tok_s, "tflops": tok_s * self.fpt / 1e12, "mfu_spec": reporting.mfu(tok_s, self.fpt, self.peak),
+               "mfu_measured": reporting.mfu(tok_s, self.fpt, matmul_flops), "loss": loss, "seconds": elapsed}
         if self.rt.cuda:
+            stats = torch.cuda.memory_stats(self.rt.device)
+            out["num_alloc_retries"] = stats.get("num_alloc_retries", 0) - retries0
             out["peak_allocated_gb"] = torch.cuda.max_memory_allocated(self.rt.device) / 2**30
             out["peak_reserved_gb"] = torch.cuda.max_memory_reserved(self.rt.device) / 2**30
         return out
 
+    def profile(self, batch: int) -> dict:
+        """Where one step's device time goes: GEMM, attention, everything else (torch.profiler)."""
+        from torch.profiler import ProfilerActivity, profile
+        activities = [ProfilerActivity.CUDA] if self.rt.cuda else [ProfilerActivity.CPU]
+        with profile(activities=activities) as prof:
+            self.step(batch)
+            sync(self.rt)
+        attr = "device_time_total" if self.rt.cuda else "self_cpu_time_total"
+        return time_shares([(e.key, getattr(e, attr, 0) or 0) for e in prof.key_averages()])
+
     def close(self) -> None:
+        self.liger.undo()
         self.model = self.optimizer = None
         free_memory()
+
+
+def time_shares(kernels: list[tuple[str, float]]) -> dict:
+    """Kernel times by kind: GEMM (cuBLAS/CUTLASS names), attention (flash/cuDNN/efficient/flex
+    kernels), other; shares of the total."""
+    kinds = {"gemm": ("gemm", "cutlass", "nvjet", "sm90_xmma", "cublas", "aten::mm", "aten::addmm", "aten::bmm"),
+             "attention": ("flash", "fmha", "cudnn", "attention", "sdpa", "flex")}
+    totals = {"gemm": 0.0, "attention": 0.0, "other": 0.0}
+    for name, t in kernels:
+        low = name.lower()
+        kind = next((k for k, keys in kinds.items() if any(key in low for key in keys)), "other")
+        totals[kind] += t
+    whole = sum(totals.values()) or 1.0
+    return {"time_us": totals, "share": {k: v / whole for k, v in totals.items()}}
 
 
 def sync(rt) -> None:
@@ -236,18 +293,151 @@ def free_memory() -> None:
         torch.cuda.empty_cache()
 
 
-# ---- the sweep -----------------------------------------------------------------------------------------
+def is_oom(exc: BaseException) -> bool:
+    import torch
+    return isinstance(exc, torch.OutOfMemoryError)
 
-def plan_points(cuda: bool, modes: list[str], ligers: list[str],
-                checkpointing: tuple[bool, ...] = CHECKPOINTING) -> list[tuple[str, str, bool, str | None]]:
-    """(liger, mode, checkpointing, reason skipped) in run order: every eager point before any compiled one
-    (compiled points start from the eager largest batch), and per (mode, checkpointing) plain first, so its
+
+# ---- one point, in its own process -------------------------------------------------------------------
+
+def run_point(args, point: Point, make_trainer: Callable[[], Trainer] | None = None) -> list[Point]:
+    """Bisect, check the kernels, measure at the largest batch (and at plain's, `--equal-batch`), all on
+    models that never saw an OOM. Returns the point and, if asked, its equal-batch twin."""
+    import torch
+    from dilforge_cpt import runtime, sharding
+    shape = model_shape(args.tiny)
+    rt = runtime.init_runtime(stage_config(args, point.variant, point.checkpointing))
+    point.attention = f"sdpa {','.join(rt.sdpa_backends) or 'torch default'} ({rt.sdpa_reason})"
+    make = make_trainer or (lambda: Trainer(args, shape, rt, point.variant, point.checkpointing))
+    probe = FreshAfterOom(make, is_oom)
+    out = [point]
+    matmul = args.matmul_tflops * 1e12 if args.matmul_tflops else None
+    try:
+        if point.variant == "compile_flce":
+            torch._dynamo.reset()
+        best, probes = bisect_max_batch(probe.fits, start=args.start_batch, limit=args.max_batch)
+        point.max_batch, point.probes, point.fresh_after_oom = best, probes, list(probe.builds)
+        if best == 0:
+            point.skipped = f"batch {probes[-1]} does not fit"
+            return out
+        trainer = probe.current()  # a fresh model if the last probe went out of memory
+        point.kernels = list(trainer.kernels)
+        point.kernels_ran, point.logits_materialised = trainer.check_kernels()
+        point.batch = best
+        point.__dict__.update(trainer.measure(best, args.warmup, args.steps, matmul), ok=True)
+        if args.profile:
+            point.profile = trainer.profile(best)
+        if args.equal_batch and args.equal_batch < best:
+            twin = Point(point.variant, point.checkpointing, batch=args.equal_batch, role="equal", max_batch=best,
+                         kernels=point.kernels, kernels_ran=point.kernels_ran,
+                         logits_materialised=point.logits_materialised, attention=point.attention)
+            twin.__dict__.update(trainer.measure(args.equal_batch, args.warmup, args.steps, matmul), ok=True)
+            out.append(twin)
+    finally:
+        probe.discard()
+        left = _liger_left(sharding)
+        for p in out:
+            p.liger_parts_after = left
+        runtime.shutdown(rt)
+    return out
+
+
+def _liger_left(sharding) -> list[str]:
+    """Liger code still in the process after the point closed its model (must be none)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    cfg = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1)
+    return sharding.liger_parts(LlamaForCausalLM(cfg))
+
+
+def point_main(args) -> int:
+    import torch
+    if not torch.cuda.is_available():
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    point = Point(args.point, args.point_checkpointing == "on")
+    try:
+        points = run_point(args, point)
+    except Exception as exc:  # a variant that breaks (compile error, OOM while timing) is reported, not fatal
+        point.ok = False
+        point.skipped = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+        points = [point]
+    print(RESULT_PREFIX + json.dumps([asdict(p) for p in points]), flush=True)
+    return 0
+
+
+# ---- the sweep: one process per point ----------------------------------------------------------------
+
+def plan_points(cuda: bool, variants: list[str], checkpointing: tuple[bool, ...]) -> list[tuple[str, bool, str | None]]:
+    """(variant, checkpointing, reason skipped) in run order, plain first per checkpointing setting so its
     largest batch is known when the Liger variants are measured at equal batch."""
     out = []
-    for mode, ckpt in itertools.product(modes, checkpointing):
-        for liger in ligers:
-            out.append((liger, mode, ckpt, None if cuda or liger == "plain" else "Liger needs CUDA (Triton)"))
+    for ckpt in checkpointing:
+        for variant in variants:
+            out.append((variant, ckpt, None if cuda or variant == "plain" else "Liger needs CUDA (Triton)"))
     return out
+
+
+def point_command(args, variant: str, ckpt: bool, start: int, limit: int, equal: int | None) -> list[str]:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--point", variant, "--point-checkpointing",
+           "on" if ckpt else "off", "--seq", str(args.seq), "--steps", str(args.steps), "--warmup", str(args.warmup),
+           "--start-batch", str(start), "--max-batch", str(limit)]
+    if equal:
+        cmd += ["--equal-batch", str(equal)]
+    for flag, value in (("--matmul-tflops", args.matmul_tflops), ("--peak-tflops", args.peak_tflops)):
+        if value:
+            cmd += [flag, str(value)]
+    if args.tiny:
+        cmd.append("--tiny")
+    if args.profile:
+        cmd.append("--profile")
+    return cmd
+
+
+def run_in_process(cmd: list[str], timeout: float, log) -> list[dict]:
+    """Run one point's process; its results are on the last RESULT line; its output goes to `log`."""
+    try:
+        limit = None if timeout == float("inf") else max(1.0, timeout)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=limit, check=False)
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        log.write(out)
+        return [{"skipped": f"stopped after {timeout:.0f} s (the time left in the budget)"}]
+    log.write(proc.stdout + proc.stderr)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
+    if not lines:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+        return [{"skipped": f"point process exited {proc.returncode}: {tail[0][:200]}"}]
+    return json.loads(lines[-1][len(RESULT_PREFIX):])
+
+
+def run_sweep(args, cuda: bool, header: str = "", runner=run_in_process) -> list[Point]:
+    """plain first (its largest batch is the equal-batch reference), then liger, then compile_flce, whose
+    search starts at liger's largest batch and only goes down (each compiled probe shape recompiles)."""
+    points: list[Point] = []
+    began = time.perf_counter()
+    log = open(args.log, "a") if args.log else open(os.devnull, "w")  # noqa: SIM115
+    with log:
+        for variant, ckpt, skip in plan_points(cuda, args.variants, args.checkpointing):
+            done = {p.variant: p.max_batch for p in points if p.ok and p.role == "max" and p.checkpointing == ckpt}
+            start, limit = args.start_batch, args.max_batch
+            if variant == "compile_flce" and (done.get("liger") or done.get("plain")):
+                start = limit = done.get("liger") or done["plain"]
+            left = args.budget_s - (time.perf_counter() - began)
+            if skip is None and left <= 0:
+                skip = f"time budget of {args.budget_s:.0f} s spent"
+            if skip:
+                points.append(Point(variant, ckpt, skipped=skip))
+                print(row(points[-1]), flush=True)
+                continue
+            equal = done.get("plain") if variant != "plain" else None
+            for result in runner(point_command(args, variant, ckpt, start, limit, equal), left, log):
+                point = Point(variant, ckpt)
+                point.__dict__.update({k: v for k, v in result.items() if k in Point.__dataclass_fields__})
+                point.variant, point.checkpointing = variant, ckpt
+                points.append(point)
+                print(row(point), flush=True)
+            write_json(args.json, header, points)
+    return points
 
 
 def write_json(path: str | None, header: str, points: list[Point]) -> None:
@@ -257,94 +447,38 @@ def write_json(path: str | None, header: str, points: list[Point]) -> None:
                                           "equal_batch": equal_batch_comparison(points)}, indent=1))
 
 
-def measure_point(trainer, point: Point, args, eager_max: dict, plain_max: dict, points: list[Point]) -> None:
-    """Time `point` at its largest batch; a Liger variant also at plain's largest batch of its mode."""
-    key, mode_key = (point.liger, point.checkpointing), (point.mode, point.checkpointing)
-    if point.mode == "eager":
-        eager_max[key] = point.max_batch
-    if point.liger == "plain":
-        plain_max[mode_key] = point.max_batch
-    point.batch, point.kernels = point.max_batch, list(trainer.kernels)
-    point.__dict__.update(trainer.measure(point.batch, args.warmup, args.steps), ok=True)
-    equal = plain_max.get(mode_key)
-    if point.liger != "plain" and equal and equal < point.max_batch:
-        extra = Point(point.liger, point.mode, point.checkpointing, batch=equal, role="equal",
-                      max_batch=point.max_batch, kernels=point.kernels)
-        extra.__dict__.update(trainer.measure(equal, args.warmup, args.steps), ok=True)
-        points.append(extra)
-
-
-def run_sweep(args, shape, cuda: bool, header: str = "") -> list[Point]:
-    import torch
-    points: list[Point] = []
-    began = time.perf_counter()
-    plain_max: dict[tuple[str, bool], int] = {}
-    eager_max: dict[tuple[str, bool], int] = {}
-    start_hint = args.start_batch
-    for liger, mode, ckpt, skip in plan_points(cuda, args.modes, args.liger, args.checkpointing):
-        point = Point(liger, mode, ckpt)
-        points.append(point)
-        if skip is None and time.perf_counter() - began > args.budget_s:
-            skip = f"time budget of {args.budget_s:.0f} s spent"
-        if skip:
-            point.skipped = skip
-            print(row(point), flush=True)
-            continue
-        if mode == "compile":
-            torch._dynamo.reset()  # every compiled point compiles its own graphs
-        trainer = None
-        try:
-            trainer = Trainer(args, shape, liger, mode, ckpt)
-            known = eager_max.get((liger, ckpt)) if mode == "compile" and not args.bisect_compiled else None
-            # a compiled point starts at the eager point's largest batch and only searches down if it does not
-            # fit (compiling every probe's shape would cost minutes per point)
-            best, probes = bisect_max_batch(trainer.fits, start=known or start_hint,
-                                            limit=known or args.max_batch)
-            point.max_batch, point.probes = best, probes
-            if best == 0:
-                point.skipped = "batch 1 does not fit"
-            else:
-                measure_point(trainer, point, args, eager_max, plain_max, points)
-                start_hint = max(start_hint, plain_max.get((mode, ckpt), 0))
-        except Exception as exc:  # a variant that breaks (compile error, OOM while timing) is reported, not fatal
-            point.skipped = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
-        finally:
-            if trainer is not None:
-                trainer.close()
-        print(row(point), flush=True)
-        if points[-1] is not point:
-            print(row(points[-1]), flush=True)
-        write_json(args.json, header, points)
-    return points
-
-
 def equal_batch_comparison(points: list[Point]) -> list[dict]:
-    """Liger vs plain at the same micro-batch and mode: peak memory cut and speed-up."""
-    base = {(p.mode, p.checkpointing, p.batch): p for p in points if p.ok and p.liger == "plain"}
+    """Liger vs plain at the same micro-batch and checkpointing: peak memory cut and speed-up."""
+    base = {(p.checkpointing, p.batch): p for p in points if p.ok and p.variant == "plain"}
     out = []
     for p in points:
-        b = base.get((p.mode, p.checkpointing, p.batch))
-        if p.ok and p.liger != "plain" and b is not None:
+        b = base.get((p.checkpointing, p.batch))
+        if p.ok and p.variant != "plain" and b is not None:
             cut = (1 - p.peak_allocated_gb / b.peak_allocated_gb) if p.peak_allocated_gb and b.peak_allocated_gb else None
-            out.append({"liger": p.liger, "mode": p.mode, "checkpointing": p.checkpointing, "batch": p.batch,
+            out.append({"variant": p.variant, "checkpointing": p.checkpointing, "batch": p.batch,
                         "memory_cut": cut, "speedup": p.tok_s / b.tok_s})
     return out
 
 
-HEADER = (f"{'liger':<11} {'mode':<8} {'ckpt':<5} {'batch':>5} {'at':<6} {'max':>4} {'tok/s/GPU':>11} {'MFU':>6} "
-          f"{'TFLOP/s':>8} {'alloc GB':>8} {'resv GB':>8}  note")
+HEADER = (f"{'variant':<13} {'ckpt':<5} {'batch':>5} {'at':<6} {'max':>4} {'tok/s/GPU':>11} {'MFU spec':>8} "
+          f"{'MFU meas':>8} {'TFLOP/s':>8} {'alloc GB':>8} {'resv GB':>8} {'retry':>5}  note")
 
 
 def row(p: Point) -> str:
     def num(v, fmt):
         return format(v, fmt) if v is not None else "n/a"
-    head = f"{p.liger:<11} {p.mode:<8} {p.checkpointing!s:<5}"
+
+    def pct(v):
+        return f"{100 * v:.1f}%" if v is not None else "n/a"
+    head = f"{p.variant:<13} {p.checkpointing!s:<5}"
     if not p.ok:
         return f"{head} {'':>5} {'':<6} {num(p.max_batch, 'd'):>4}  {p.skipped}"
-    mfu = f"{100 * p.mfu:.1f}%" if p.mfu is not None else "n/a"
-    note = f"probes {p.probes}" if p.role == "max" else "at plain's largest batch"
-    return (f"{head} {p.batch:>5} {p.role:<6} {num(p.max_batch, 'd'):>4} {p.tok_s:>11,.0f} {mfu:>6} "
-            f"{p.tflops:>8.1f} {num(p.peak_allocated_gb, '.1f'):>8} {num(p.peak_reserved_gb, '.1f'):>8}  {note}")
+    ran = ",".join(sorted(p.kernels_ran)) or "none"
+    note = (f"probes {p.probes}; liger ran: {ran}; logits {'yes' if p.logits_materialised else 'none'}"
+            if p.role == "max" else "at plain's largest batch")
+    return (f"{head} {p.batch:>5} {p.role:<6} {num(p.max_batch, 'd'):>4} {p.tok_s:>11,.0f} {pct(p.mfu_spec):>8} "
+            f"{pct(p.mfu_measured):>8} {p.tflops:>8.1f} {num(p.peak_allocated_gb, '.1f'):>8} "
+            f"{num(p.peak_reserved_gb, '.1f'):>8} {num(p.num_alloc_retries, 'd'):>5}  {note}")
 
 
 def parse_args(argv: list[str] | None = None):
@@ -353,57 +487,66 @@ def parse_args(argv: list[str] | None = None):
     ap.add_argument("--seq", type=int, default=None, help="sequence length (2048; 64 with --tiny)")
     ap.add_argument("--steps", type=int, default=None, help="timed steps per point (5; 2 with --tiny)")
     ap.add_argument("--warmup", type=int, default=None, help="untimed steps per point (2; 1 with --tiny)")
-    ap.add_argument("--start-batch", type=int, default=None, help="first batch probed (8; 1 with --tiny)")
-    ap.add_argument("--max-batch", type=int, default=None, help="largest batch probed (256; 4 with --tiny)")
-    ap.add_argument("--modes", default=None, help="comma list of eager,compile (both; eager with --tiny)")
-    ap.add_argument("--liger", default=",".join(LIGER_VARIANTS), help="comma list of plain,liger_all,liger_flce")
-    ap.add_argument("--checkpointing", default="off,on", help="comma list of off,on (activation checkpointing)")
-    ap.add_argument("--bisect-compiled", action="store_true",
-                    help="bisect compiled points from scratch too (default: start at the eager largest batch)")
+    ap.add_argument("--start-batch", type=int, default=None, help="first batch probed (16; 1 with --tiny)")
+    ap.add_argument("--max-batch", type=int, default=None, help="largest batch probed (128; 4 with --tiny)")
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="comma list of plain,liger,compile_flce")
+    ap.add_argument("--checkpointing", default="off", help="comma list of off,on (activation checkpointing)")
     ap.add_argument("--budget-s", type=float, default=float("inf"), help="start no new point after this many seconds")
-    ap.add_argument("--peak-tflops", type=float, default=None, help="override the device's peak bf16 TFLOP/s")
+    ap.add_argument("--peak-tflops", type=float, default=None, help="override the device's datasheet bf16 TFLOP/s")
+    ap.add_argument("--matmul-tflops", type=float, default=None,
+                    help="measured bf16 matmul ceiling for the second MFU (bench/gpu_ceilings.py); measured here if absent")
+    ap.add_argument("--profile", action="store_true", help="profile one step per variant: GEMM / attention shares")
     ap.add_argument("--json", default=None, help="also write the results to this file")
+    ap.add_argument("--log", default=None, help="append the points' own output to this file")
+    ap.add_argument("--point", choices=VARIANTS, default=None, help=argparse.SUPPRESS)  # one point, this process
+    ap.add_argument("--point-checkpointing", choices=("off", "on"), default="off", help=argparse.SUPPRESS)
+    ap.add_argument("--equal-batch", type=int, default=None, help=argparse.SUPPRESS)  # also measure here
     args = ap.parse_args(argv)
     args.seq = args.seq or (64 if args.tiny else 2048)
     args.steps = args.steps or (2 if args.tiny else 5)
     args.warmup = args.warmup if args.warmup is not None else (1 if args.tiny else 2)
-    args.start_batch = args.start_batch or (1 if args.tiny else 8)
-    args.max_batch = args.max_batch or (4 if args.tiny else 256)
-    args.modes = (args.modes or ("eager" if args.tiny else "eager,compile")).split(",")
-    args.liger = args.liger.split(",")
+    args.start_batch = args.start_batch or (1 if args.tiny else 16)
+    args.max_batch = args.max_batch or (4 if args.tiny else 128)
+    args.variants = args.variants.split(",")
     ckpt = args.checkpointing.split(",")
     args.checkpointing = tuple(c == "on" for c in ckpt)
-    bad = [m for m in args.modes if m not in MODES] + [v for v in args.liger if v not in LIGER_VARIANTS] + \
-        [c for c in ckpt if c not in ("off", "on")]
+    bad = [v for v in args.variants if v not in VARIANTS] + [c for c in ckpt if c not in ("off", "on")]
     if bad:
-        ap.error(f"unknown mode or Liger variant {bad}")
+        ap.error(f"unknown variant or checkpointing setting {bad}")
     return args
+
+
+def measured_matmul_tflops() -> float | None:
+    """A quick bf16 8192³ matmul ceiling when bench/gpu_ceilings.py did not pass one (CUDA only)."""
+    import torch
+    if not torch.cuda.is_available():
+        return None
+    from gpu_ceilings import matmul_tflops
+    return matmul_tflops(8192, 8192, 8192, reps=10)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.tiny:
-        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # before torch initialises CUDA
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # before torch initialises CUDA (children inherit it)
+    if args.point:
+        return point_main(args)
     import torch
     from hardware import describe
     cuda = torch.cuda.is_available()
-    if not cuda:
-        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    shape = model_shape(args.tiny)
-    header = f"# gpu_cpt: {describe('transformers', 'liger-kernel')}; seq {args.seq}; " \
-             f"{'tiny Llama' if args.tiny else 'Llama-3.2-1B shape'}; steps {args.steps} (+{args.warmup} warmup)"
+    if args.matmul_tflops is None:
+        args.matmul_tflops = measured_matmul_tflops()
+    header = (f"# gpu_cpt: {describe('transformers', 'liger-kernel')}; seq {args.seq}; "
+              f"{'tiny Llama' if args.tiny else 'Llama-3.2-1B shape'}; steps {args.steps} (+{args.warmup} warmup); "
+              f"measured matmul ceiling {args.matmul_tflops or 'n/a'} TFLOP/s; one process per point")
     print(header)
     print(HEADER, flush=True)
-    points = run_sweep(args, shape, cuda, header)
-    comparison = equal_batch_comparison(points)
-    for c in comparison:
+    points = run_sweep(args, cuda, header)
+    for c in equal_batch_comparison(points):
         cut = f"{100 * c['memory_cut']:.0f}% lower peak memory" if c["memory_cut"] is not None else "memory n/a"
-        print(f"# {c['liger']} vs plain, {c['mode']}, checkpointing {c['checkpointing']}, batch {c['batch']}: "
+        print(f"# {c['variant']} vs plain, checkpointing {c['checkpointing']}, batch {c['batch']}: "
               f"{cut}, {c['speedup']:.2f}x tok/s")
     write_json(args.json, header, points)
-    if _RUNTIME:
-        from dilforge_cpt import runtime
-        runtime.shutdown(_RUNTIME.pop())
     return 0 if any(p.ok for p in points) else 1
 
 

@@ -16,12 +16,18 @@ Rules:
   Llama's); `on` where it cannot apply is a config error, `auto` quietly stays off. A bool setting
   (CPT's `liger: true|false`) means auto|off.
 - attention: see `choose_attention` (packing decides whether a varlen/flex kernel is worth it).
+- SDPA backend on CUDA: see `choose_sdpa_backends`: by measurement (a table shipped with the repo,
+  `attention_table.json`, or one measured on the machine and named by DILFORGE_ATTENTION_TABLE).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 from .errors import ConfigError
@@ -151,3 +157,68 @@ def decide(stage: str, *, device: str = "auto", precision: str = "auto", liger: 
         precision=choose_precision(precision, chosen_device, facts, f"{stage}.precision", cpu_bf16=cpu_bf16),
         liger=choose_liger(liger, chosen_device, model_type, f"{stage}.liger"),
         attention=implementation, attention_reason=reason)
+
+
+# ---- SDPA backend by measurement ---------------------------------------------------------------
+# torch.nn.attention.SDPBackend names, in torch's own default priority on CUDA.
+SDPA_BACKENDS = ("FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
+ATTENTION_TABLE = Path(__file__).with_name("attention_table.json")
+ATTENTION_TABLE_ENV = "DILFORGE_ATTENTION_TABLE"
+
+
+def load_attention_table(path: str | Path | None = None) -> tuple[dict, str]:
+    """(measurements, source): DILFORGE_ATTENTION_TABLE if set (bench/gpu_ceilings.py writes one on the
+    machine), else the table shipped with the repo. Measurements: {device name: {"shape": ..., "tflops":
+    {backend: forward+backward TFLOP/s}, "date": ...}}."""
+    path = Path(path or os.environ.get(ATTENTION_TABLE_ENV) or ATTENTION_TABLE)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}, f"{path} (missing)"
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: not JSON ({exc.msg} at line {exc.lineno})") from None
+    measurements = data.get("measurements", {})
+    if not isinstance(measurements, dict):
+        raise ConfigError(f"{path}: measurements must be an object keyed by device name")
+    return measurements, str(path)
+
+
+def choose_sdpa_backends(device: Device, device_name: str | None, available: Sequence[str],
+                         measurements: Mapping[str, Mapping], source: str = "table") -> tuple[tuple[str, ...], str]:
+    """(SDPA backends in priority order, reason). () = leave torch's own choice.
+
+    On CUDA the fastest backend MEASURED on this device (forward+backward on the model's attention
+    shape) that is also available here goes first; the others follow in torch's order, so a shape the
+    first cannot take (a mask, a head dim) still runs. A device with no measurement keeps torch's order,
+    and the reason says so: the rule never guesses a speed.
+    """
+    if device != "cuda":
+        return (), "cpu: torch's own SDPA choice (flash-cpu or math)"
+    entry = next((m for key, m in measurements.items() if device_name and key in device_name), None)
+    if entry is None:
+        return (), (f"no attention measurement for {device_name!r} in {source}: torch's default order "
+                    f"({', '.join(SDPA_BACKENDS[:3])}); run bench/gpu_ceilings.py on this GPU to measure")
+    speeds = {b: float(t) for b, t in entry.get("tflops", {}).items() if b in available and t}
+    if not speeds:
+        return (), f"{source}: none of the measured backends is available here; torch's default order"
+    best = max(speeds, key=speeds.get)
+    order = (best, *[b for b in SDPA_BACKENDS if b != best and b in available])
+    ranked = ", ".join(f"{b} {t:.0f}" for b, t in sorted(speeds.items(), key=lambda kv: -kv[1]))
+    return order, (f"measured on {device_name} ({entry.get('shape', 'model shape')}, {entry.get('date', 'undated')}; "
+                   f"{source}): {ranked} TFLOP/s fwd+bwd -> {best} first")
+
+
+def available_sdpa_backends() -> list[str]:
+    """The SDPA backends this torch build and device can run (imports torch)."""
+    import torch
+    if not torch.cuda.is_available():
+        return ["MATH"]
+    out = []
+    checks = {"FLASH_ATTENTION": torch.backends.cuda.flash_sdp_enabled,
+              "CUDNN_ATTENTION": getattr(torch.backends.cuda, "cudnn_sdp_enabled", lambda: False),
+              "EFFICIENT_ATTENTION": torch.backends.cuda.mem_efficient_sdp_enabled,
+              "MATH": torch.backends.cuda.math_sdp_enabled}
+    for name in SDPA_BACKENDS:
+        if checks[name]():
+            out.append(name)
+    return out

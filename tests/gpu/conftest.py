@@ -1,4 +1,5 @@
-"""The GPU suite (`pytest -m gpu tests/gpu`, or scripts/gpu_check.sh): skipped without CUDA.
+"""The GPU suite (`pytest tests/gpu`, or scripts/gpu_check.sh): skipped without CUDA, but for the
+rehearsal checks.
 
 Self-contained: its data is synthetic Azerbaijani-like text generated here, so a GPU machine needs
 neither ../shared/data nor network access; only the repository and the packages.
@@ -16,10 +17,13 @@ from gpu_helpers import synthetic_lines
 
 
 def pytest_collection_modifyitems(config, items):
+    """Every test here needs CUDA, except the rehearsal checks (test_rehearsal.py), which run on CPU in the
+    device's replica (scripts/gpu_rehearsal.sh) and on the GPU machine alike."""
     import torch
     here = Path(__file__).parent
     for item in items:
-        if here in Path(str(item.fspath)).parents:
+        path = Path(str(item.fspath))
+        if here in path.parents and not path.name.startswith("test_rehearsal"):
             item.add_marker(pytest.mark.gpu)
             if not torch.cuda.is_available():
                 item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))

@@ -46,7 +46,8 @@ def test_bf16_liger_step_never_materialises_logits(gpu_data):
 
 
 def check_fused_step(rt, config) -> None:
-    """One stage train_step with Liger on a model whose logits would be the largest tensor by far."""
+    """One stage train_step with Liger on a model whose logits would be the largest tensor by far; the
+    kernels that RAN are counted; a plain model built afterwards has no Liger code and runs on CPU."""
     import torch
     from dilforge_cpt import loop, sharding
     from factories import tiny_llama_config
@@ -56,9 +57,10 @@ def check_fused_step(rt, config) -> None:
     vocab, batch, seq = 65536, 8, 1024
     torch.manual_seed(0)
     model = LlamaForCausalLM(tiny_llama_config(vocab, hidden_size=256, intermediate_size=704, num_hidden_layers=4))
-    kernels = sharding.apply_liger(model, config, rt)
-    assert {"fused_linear_cross_entropy", "rms_norm", "rope", "swiglu"} <= set(kernels)
-    assert any(type(m).__name__.startswith("Liger") for m in model.modules())
+    patch = sharding.apply_liger(model, config, rt)
+    assert {"fused_linear_cross_entropy", "rms_norm", "rope", "swiglu"} <= set(patch.kernels)
+    # Liger binds forwards on the instance (class names stay LlamaRMSNorm/LlamaMLP)
+    assert {"<model>", "model.norm", "model.layers.0.mlp"} <= set(sharding.liger_parts(model))
     model = sharding.shard_model(model, config, rt)
     head_calls, q_dtypes = [], []
     model.get_output_embeddings().register_forward_hook(lambda *a: head_calls.append(1))
@@ -71,17 +73,27 @@ def check_fused_step(rt, config) -> None:
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
-    loss, norm = loop.train_step(model, optimizer, [tokens], rt, 1.0)
+    with sharding.counting_calls(sharding.liger_functions()) as ran:
+        loss, norm = loop.train_step(model, optimizer, [tokens], rt, 1.0)
     torch.cuda.synchronize()
     peak_extra = torch.cuda.max_memory_allocated() - base
     logits_fp32 = batch * seq * vocab * 4
+    # every kernel applied ran: 2 norms per layer + the final one, one SwiGLU and one RoPE per layer, one FLCE
+    assert ran == {"rms_norm": 9, "swiglu": 4, "rope": 4, "fused_linear_cross_entropy": 1}, ran
     assert head_calls == []                      # the LM head module never ran: FLCE used its weight directly
     assert peak_extra < logits_fp32 / 2, (peak_extra, logits_fp32)  # no full logits tensor was ever allocated
+    x = torch.from_numpy(tokens[:1]).cuda()
+    assert model(input_ids=x, labels=x).logits is None  # FLCE returns the loss only
     assert q_dtypes and set(q_dtypes) == {torch.bfloat16}  # compute in bf16
     assert all(p.dtype == torch.float32 for p in params)   # fp32 master weights
     assert torch.isfinite(torch.tensor([loss, norm])).all()
     changed = [n for n, p in model.named_parameters() if not torch.equal(before[n], full(p))]
     assert len(changed) == len(before)
+    patch.undo()
+    plain = LlamaForCausalLM(tiny_llama_config(512))
+    assert sharding.liger_parts(plain) == []
+    ids = torch.randint(0, 512, (1, 16))
+    assert plain(input_ids=ids, labels=ids).logits.shape == (1, 16, 512)  # CPU: no Triton kernel in it
 
 
 # ---- through the stage's entrypoint (the container contract), as SageMaker runs it -----------------------

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "gpu_cpt.py"
@@ -40,87 +41,145 @@ def test_bisection_edges(bench):
 
 
 def test_plan_runs_plain_first_and_skips_liger_without_cuda(bench):
-    plan = bench.plan_points(False, ["eager", "compile"], list(bench.LIGER_VARIANTS))
-    assert len(plan) == 12
-    assert [p[0] for p in plan[:3]] == ["plain", "liger_all", "liger_flce"]
-    assert all((reason is None) == (liger == "plain") for liger, _, _, reason in plan)
+    plan = bench.plan_points(False, list(bench.VARIANTS), (False, True))
+    assert [p[0] for p in plan] == ["plain", "liger", "compile_flce"] * 2
+    assert all((reason is None) == (variant == "plain") for variant, _, reason in plan)
 
 
 def test_equal_batch_comparison(bench):
-    plain = bench.Point("plain", "eager", False, batch=10, ok=True, tok_s=100.0, peak_allocated_gb=60.0)
-    liger = bench.Point("liger_all", "eager", False, batch=10, role="equal", ok=True, tok_s=120.0,
-                        peak_allocated_gb=24.0)
-    other = bench.Point("liger_all", "eager", False, batch=18, ok=True, tok_s=130.0, peak_allocated_gb=50.0)
+    plain = bench.Point("plain", batch=10, ok=True, tok_s=100.0, peak_allocated_gb=60.0)
+    liger = bench.Point("liger", batch=10, role="equal", ok=True, tok_s=120.0, peak_allocated_gb=24.0)
+    other = bench.Point("liger", batch=18, ok=True, tok_s=130.0, peak_allocated_gb=50.0)
     (cmp,) = bench.equal_batch_comparison([plain, liger, other])
     assert cmp["batch"] == 10 and cmp["memory_cut"] == pytest.approx(0.6) and cmp["speedup"] == pytest.approx(1.2)
 
 
-def test_tiny_sweep_drives_the_stage_training_step(bench, tmp_path, monkeypatch):
-    from dilforge_cpt import loop
-    calls = []
-    real = loop.train_step
+class Oom(Exception):
+    pass
 
-    def counting(*args, **kwargs):
-        calls.append(args[2][0].shape)
-        return real(*args, **kwargs)
 
-    monkeypatch.setattr(loop, "train_step", counting)
+def test_every_probe_after_an_out_of_memory_runs_on_a_fresh_model(bench):
+    """A simulated OOM poisons the trainer (as FSDP2's state after an OOM in backward): probing it again
+    would fail; the bisection must build a new model + optimizer instead."""
+    built, closed = [], []
+
+    class Trainer:
+        def __init__(self):
+            self.poisoned = False
+            built.append(self)
+
+        def step(self, batch):
+            assert not self.poisoned, "probed a model that went out of memory"
+            if batch > 5:
+                self.poisoned = True
+                raise Oom(f"simulated OOM at batch {batch}")
+
+        def close(self):
+            closed.append(self)
+
+    probe = bench.FreshAfterOom(Trainer, lambda exc: isinstance(exc, Oom))
+    best, probes = bench.bisect_max_batch(probe.fits, start=4, limit=64)
+    assert best == 5 and probes == [4, 8, 6, 5]
+    assert probe.builds == [1, 1, 2, 3]        # a new build after each of the two OOMs
+    assert len(built) == 3 and closed == built[:2]
+    assert probe.current() is built[2] and not built[2].poisoned
+    with pytest.raises(ValueError):            # anything but an OOM is not swallowed
+        bench.FreshAfterOom(lambda: (_ for _ in ()).throw(ValueError("x")), lambda e: False).fits(1)
+
+
+def test_a_point_after_an_oom_probe_measures_a_fresh_stage_model(bench, monkeypatch):
+    """run_point with the real tiny Trainer whose steps above batch 2 raise torch.OutOfMemoryError: the
+    measured model is a build made after the last OOM, and the stage's own step ran on it."""
+    import torch
+    builds = []
+
+    class OomAbove2(bench.Trainer):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            builds.append(self)
+
+        def step(self, batch):
+            if batch > 2:
+                raise torch.OutOfMemoryError("simulated")
+            return super().step(batch)
+
+    args = bench.parse_args(["--tiny", "--max-batch", "4", "--steps", "1", "--warmup", "0", "--equal-batch", "1"])
+    monkeypatch.setattr(bench, "Trainer", OomAbove2)
+    point = bench.Point("plain")
+    points = bench.run_point(args, point)
+    assert point.ok and point.max_batch == 2 and point.probes == [1, 2, 4, 3]
+    # 4 went out of memory: 3 ran on build 2; 3 went out of memory: build 3 is the one measured
+    assert point.fresh_after_oom == [1, 1, 1, 2] and len(builds) == 3
+    assert point.kernels_ran == {} and point.logits_materialised is True and point.liger_parts_after == []
+    assert [p.role for p in points] == ["max", "equal"] and points[1].batch == 1 and points[1].tok_s > 0
+
+
+def test_counting_calls_counts_and_restores():
+    from dilforge_cpt.sharding import counting_calls
+    class Double(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return 2 * x
+
+        @staticmethod
+        def backward(ctx, g):
+            return 2 * g
+
+    x = torch.ones(2, requires_grad=True)
+    with counting_calls({"double": Double}) as counts:
+        Double.apply(x).sum().backward()
+        Double.apply(x)
+    assert counts == {"double": 2} and "apply" not in vars(Double)
+    assert torch.equal(Double.apply(x), 2 * x)
+
+
+def test_time_shares_sorts_kernels_by_kind(bench):
+    shares = bench.time_shares([("sm90_xmma_gemm_bf16", 60.0), ("flash_fwd_kernel", 25.0),
+                                ("cudnn_generated_fort_native_sdpa", 5.0), ("vectorized_elementwise", 10.0)])
+    assert shares["share"] == pytest.approx({"gemm": 0.6, "attention": 0.3, "other": 0.1})
+
+
+def test_tiny_sweep_runs_each_point_in_its_own_process(bench, tmp_path):
     out = tmp_path / "gpu_cpt.json"
-    assert bench.main(["--tiny", "--max-batch", "3", "--json", str(out)]) == 0
+    assert bench.main(["--tiny", "--max-batch", "3", "--json", str(out), "--log", str(tmp_path / "log")]) == 0
     result = json.loads(out.read_text())
-    ran = [p for p in result["points"] if p["ok"]]
-    assert {(p["liger"], p["checkpointing"]) for p in ran} == {("plain", False), ("plain", True)}
-    for p in ran:
-        assert p["max_batch"] == 3 and p["batch"] == 3 and p["tok_s"] > 0 and p["tflops"] > 0
-        assert 3 in p["probes"]
+    (plain,) = [p for p in result["points"] if p["ok"]]
+    assert plain["variant"] == "plain" and plain["max_batch"] == 3 and plain["batch"] == 3 and plain["tok_s"] > 0
+    assert plain["probes"] == [1, 2, 3] and plain["liger_parts_after"] == [] and plain["logits_materialised"]
     skipped = [p for p in result["points"] if not p["ok"]]
-    assert len(skipped) == 4 and all("CUDA" in p["skipped"] for p in skipped)
-    assert (3, 64) in calls and calls  # the stage's own step ran, at the bisected batch and seq 64
+    assert [p["variant"] for p in skipped] == ["liger", "compile_flce"] and all("CUDA" in p["skipped"] for p in skipped)
+    assert "POINT_RESULT" in (tmp_path / "log").read_text()  # the point ran in a child process
     assert "Llama" in result["header"] and "date" in result["header"]
 
 
-def test_sweep_logic_with_a_simulated_gpu(bench, monkeypatch):
-    """Capacities per variant stand in for GPU memory: eager points bisect, compiled points start at the eager
-    largest batch, Liger variants are also measured at plain's largest batch, the budget stops new points."""
-    capacity = {("plain", False): 18, ("liger_all", False): 45, ("liger_flce", False): 40,
-                ("plain", True): 30, ("liger_all", True): 90, ("liger_flce", True): 80}
-    built = []
+def test_sweep_logic_with_a_simulated_gpu(bench):
+    """Capacities per variant stand in for GPU memory: plain first, Liger measured also at plain's largest
+    batch, compile_flce searched downwards from liger's largest batch, the budget stops new points."""
+    capacity = {"plain": 18, "liger": 45, "compile_flce": 40}
+    commands = []
 
-    class FakeTrainer:
-        def __init__(self, args, shape, liger, mode, checkpointing):
-            built.append((liger, mode, checkpointing))
-            self.cap = capacity[(liger, checkpointing)] - (1 if mode == "compile" and liger == "plain" else 0)
-            self.liger = liger
-            self.kernels = [] if liger == "plain" else ["fused_linear_cross_entropy"]
+    def runner(cmd, left, log):
+        commands.append(cmd)
+        opts = dict(zip(cmd[2::2], cmd[3::2]))
+        variant, start, limit = opts["--point"], int(opts["--start-batch"]), int(opts["--max-batch"])
+        best, probes = bench.bisect_max_batch(lambda b: b <= capacity[variant], start=start, limit=limit)
+        mem = 1.0 if variant == "plain" else 0.4
+        out = [{"ok": True, "max_batch": best, "batch": best, "probes": probes, "tok_s": 1000.0 * best,
+                "tflops": 1.0, "peak_allocated_gb": mem * best}]
+        if "--equal-batch" in opts:
+            b = int(opts["--equal-batch"])
+            out.append({"ok": True, "role": "equal", "batch": b, "max_batch": best, "tok_s": 1100.0 * b,
+                        "tflops": 1.0, "peak_allocated_gb": mem * b})
+        return out
 
-        def fits(self, batch):
-            return batch <= self.cap
-
-        def measure(self, batch, warmup, steps):
-            mem = batch * (1.0 if self.liger == "plain" else 0.4)
-            return {"tok_s": 1000.0 * batch, "tflops": 1.0, "mfu": 0.5, "loss": 1.0, "seconds": 1.0,
-                    "peak_allocated_gb": mem, "peak_reserved_gb": mem + 1}
-
-        def close(self):
-            pass
-
-    monkeypatch.setattr(bench, "Trainer", FakeTrainer)
     args = bench.parse_args(["--max-batch", "256"])
-    points = bench.run_sweep(args, None, cuda=True)
-    at_max = {(p.liger, p.mode, p.checkpointing): p for p in points if p.ok and p.role == "max"}
-    assert at_max[("plain", "eager", False)].max_batch == 18
-    assert at_max[("liger_all", "eager", True)].max_batch == 90
-    # compiled: one probe at the eager batch when it fits, a downward search when it does not
-    assert at_max[("liger_all", "compile", False)].probes == [45]
-    plain_compiled = at_max[("plain", "compile", False)]
-    assert plain_compiled.max_batch == 17 and plain_compiled.probes[0] == 18
-    equal = [p for p in points if p.role == "equal"]
-    assert {(p.liger, p.mode, p.checkpointing, p.batch) for p in equal} >= {("liger_all", "eager", False, 18),
-                                                                             ("liger_flce", "compile", False, 17)}
-    cmp = {(c["liger"], c["mode"], c["checkpointing"]): c for c in bench.equal_batch_comparison(points)}
-    assert cmp[("liger_all", "eager", False)]["memory_cut"] == pytest.approx(0.6)
-    # budget spent: no point starts, each says why
-    built.clear()
-    args = bench.parse_args(["--budget-s", "0"])
-    points = bench.run_sweep(args, None, cuda=True)
-    assert built == [] and len(points) == 12 and all("budget" in p.skipped for p in points)
+    points = bench.run_sweep(args, cuda=True, runner=runner)
+    at_max = {p.variant: p for p in points if p.role == "max"}
+    assert at_max["plain"].max_batch == 18 and at_max["liger"].max_batch == 45
+    assert at_max["compile_flce"].probes[0] == 45 and at_max["compile_flce"].max_batch == 40
+    assert "--equal-batch" not in commands[0] and commands[1][commands[1].index("--equal-batch") + 1] == "18"
+    cmp = {c["variant"]: c for c in bench.equal_batch_comparison(points)}
+    assert cmp["liger"]["batch"] == 18 and cmp["liger"]["memory_cut"] == pytest.approx(0.6)
+    commands.clear()
+    points = bench.run_sweep(bench.parse_args(["--budget-s", "0"]), cuda=True, runner=runner)
+    assert commands == [] and len(points) == 3 and all("budget" in p.skipped for p in points)

@@ -4,6 +4,7 @@ probing torch themselves."""
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -116,7 +117,7 @@ def test_cpt_runtime_and_liger_ask_the_policy(spy, monkeypatch):
     monkeypatch.setattr(runtime_policy, "choose_liger",
                         lambda *args: liger_calls.append(args) or False)
     model = SimpleNamespace(config=SimpleNamespace(model_type="llama"))
-    assert sharding.apply_liger(model, config, Runtime(device=torch.device("cuda", 0))) == []
+    assert sharding.apply_liger(model, config, Runtime(device=torch.device("cuda", 0))).kernels == []
     assert liger_calls == [("auto", "cuda", "llama", "cpt.liger")]
 
 
@@ -152,3 +153,53 @@ def test_chat_stops_at_the_tokenizer_familys_end_of_turn():
     plain = SimpleNamespace(get_vocab=lambda: {"a": 0, "</s>": 1}, convert_tokens_to_ids=lambda t: None,
                             eos_token_id=1)
     assert stop_token_ids(plain) == [1]
+
+
+# ---- SDPA backend by measurement -----------------------------------------------------------------------
+H200_TABLE = {"NVIDIA H200": {"shape": "B8 H32 S2048 D64 causal bf16", "date": "2026-12-01",
+                              "tflops": {"FLASH_ATTENTION": 250.0, "CUDNN_ATTENTION": 410.0,
+                                         "EFFICIENT_ATTENTION": 180.0}}}
+ALL_SDPA = ["FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION", "MATH"]
+
+
+def test_sdpa_fastest_measured_backend_goes_first_with_the_numbers_as_reason():
+    order, reason = runtime_policy.choose_sdpa_backends("cuda", "NVIDIA H200", ALL_SDPA, H200_TABLE, "t.json")
+    assert order == ("CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
+    assert "CUDNN_ATTENTION 410" in reason and "FLASH_ATTENTION 250" in reason and "t.json" in reason
+    # the fastest is not available in this build: the next measured one leads
+    order, _ = runtime_policy.choose_sdpa_backends("cuda", "NVIDIA H200", ["FLASH_ATTENTION", "MATH"], H200_TABLE)
+    assert order == ("FLASH_ATTENTION", "MATH")
+
+
+def test_sdpa_without_a_measurement_keeps_torch_order_and_says_so():
+    order, reason = runtime_policy.choose_sdpa_backends("cuda", "NVIDIA A10G", ALL_SDPA, H200_TABLE, "t.json")
+    assert order == () and "no attention measurement for 'NVIDIA A10G'" in reason
+    assert runtime_policy.choose_sdpa_backends("cpu", None, ["MATH"], H200_TABLE)[0] == ()
+
+
+def test_attention_table_shipped_claims_no_gpu_number_and_env_overrides(tmp_path, monkeypatch):
+    import json
+    shipped, source = runtime_policy.load_attention_table()
+    assert shipped == {} and source.endswith("attention_table.json")  # no GPU has measured anything yet
+    measured = tmp_path / "measured.json"
+    measured.write_text(json.dumps({"measurements": H200_TABLE}))
+    monkeypatch.setenv(runtime_policy.ATTENTION_TABLE_ENV, str(measured))
+    assert runtime_policy.load_attention_table() == (H200_TABLE, str(measured))
+    measured.write_text("{not json")
+    with pytest.raises(ConfigError, match="measured.json"):
+        runtime_policy.load_attention_table()
+
+
+def test_runtime_enters_the_chosen_sdpa_priority(monkeypatch):
+    from dilforge_cpt.runtime import Runtime
+    from torch.nn.attention import SDPBackend
+    entered = []
+    from torch.nn import attention
+    monkeypatch.setattr(attention, "sdpa_kernel", lambda backends, set_priority=False: entered.append(
+        (backends, set_priority)) or contextlib.nullcontext())
+    with Runtime(sdpa_backends=("CUDNN_ATTENTION", "FLASH_ATTENTION")).autocast():
+        pass
+    assert entered == [([SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION], True)]
+    with Runtime().autocast():
+        pass
+    assert len(entered) == 1

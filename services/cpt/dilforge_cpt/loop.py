@@ -187,9 +187,19 @@ def run_step(model, optimizer, batches: list, rt: Runtime, max_grad_norm: float 
     see `skips_on_device`); the loss is all-reduced as a tensor, so every rank takes the same decision.
     """
     total = torch.zeros((), device=rt.device, dtype=torch.float32)
-    for mb in batches:
+    sync_control = hasattr(model, "set_requires_gradient_sync")  # an FSDP2 root module
+    for i, mb in enumerate(batches):
         x = mb if isinstance(mb, torch.Tensor) else torch.from_numpy(mb)
         x = x.to(rt.device, non_blocking=True)
+        if sync_control:
+            last = i == len(batches) - 1
+            # reduce-scatter the gradients once, after the last micro-batch: the earlier ones accumulate
+            # unsharded local gradients (FSDP2's no_sync); numerically the same sum
+            model.set_requires_gradient_sync(last)
+            if rt.world == 1:
+                # one rank: keep the gathered bf16 weights until the step's last backward (they cannot change
+                # within a step), so they are cast/copied once per step, not once per micro-batch
+                model.set_reshard_after_backward(last)
         with rt.autocast():
             loss = model(input_ids=x, labels=x).loss / len(batches)
         loss.backward()

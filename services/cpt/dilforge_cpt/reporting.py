@@ -29,18 +29,28 @@ PEAK_TFLOPS: tuple[tuple[str, float], ...] = (
 )
 
 
-def flops_per_token(model_config, num_params: int, seq_len: int, phase: int = 2) -> float:
-    """Training FLOPs per token (PaLM appendix B): 6·N + 12·L·d·T in phase 2, where N = unique
-    parameters − embedding + LM-head matmul. Phase 1 freezes the blocks, which then compute no weight
-    gradients: forward 2·N + activation gradients 2·N + the LM head's weight gradient 2·V·d (the
-    embedding's is a scatter) + attention 12·L·d·T (all of its backward is activation gradients)."""
+def flops_per_token(model_config, num_params: int, seq_len: int, phase: int = 2, causal: bool = True) -> float:
+    """Training FLOPs per token (PaLM appendix B): 6·N + 6·L·d·T in phase 2, where N = unique
+    parameters − embedding + LM-head matmul. Attention (QKᵀ and AV, forward + backward) is 12·L·d·T
+    for a full T×T score matrix; causal attention computes half of it, and causal kernels (SDPA's
+    flash/cuDNN with is_causal) skip the masked half, so MFU counts 6·L·d·T (`causal=False` gives
+    the dense count, what eager attention with a mask actually executes). Phase 1 freezes the
+    blocks, which then compute no weight gradients: forward 2·N + activation gradients 2·N + the LM
+    head's weight gradient 2·V·d (the embedding's is a scatter) + attention (all of its backward is
+    activation gradients)."""
     d, layers, vocab = model_config.hidden_size, model_config.num_hidden_layers, model_config.vocab_size
     tied = bool(getattr(model_config, "tie_word_embeddings", False))
     matmul_params = num_params if tied else num_params - vocab * d
-    attention = 12.0 * layers * d * seq_len
+    attention = (6.0 if causal else 12.0) * layers * d * seq_len
     if phase == 1:
         return 4.0 * matmul_params + 2.0 * vocab * d + attention
     return 6.0 * matmul_params + attention
+
+
+def mfu(tokens_per_s: float, flops_per_token: float, peak_flops: float | None) -> float | None:
+    """Model FLOPs utilisation against `peak_flops`: the device's datasheet peak (PEAK_TFLOPS) or the
+    matmul ceiling measured on the device in the same run (bench/gpu_ceilings.py); reports give both."""
+    return tokens_per_s * flops_per_token / peak_flops if peak_flops else None
 
 
 def device_peak_tflops(name: str) -> float | None:

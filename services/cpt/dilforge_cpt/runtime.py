@@ -6,10 +6,11 @@ FSDP's mixed precision, collectives, who writes files) reads the same answer for
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 import warnings
-from contextlib import nullcontext
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -34,6 +35,8 @@ class Runtime:
     fsdp: bool = False
     node: int = 0
     num_nodes: int = 1
+    sdpa_backends: tuple[str, ...] = ()  # SDPA priority order by measurement (runtime_policy); () = torch's
+    sdpa_reason: str = ""
 
     @property
     def cuda(self) -> bool:
@@ -65,10 +68,15 @@ class Runtime:
         return bool(t.item() > 0)
 
     def autocast(self):
-        """bf16 autocast without FSDP; under FSDP2 its MixedPrecisionPolicy casts instead."""
+        """The forward's context: bf16 autocast without FSDP (under FSDP2 its MixedPrecisionPolicy casts
+        instead), and the SDPA backend priority the policy measured (backward reuses the forward's)."""
+        stack = ExitStack()
         if self.dtype == torch.bfloat16 and not self.fsdp:
-            return torch.autocast(self.device.type, dtype=torch.bfloat16)
-        return nullcontext()
+            stack.enter_context(torch.autocast(self.device.type, dtype=torch.bfloat16))
+        if self.sdpa_backends:
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+            stack.enter_context(sdpa_kernel([getattr(SDPBackend, b) for b in self.sdpa_backends], set_priority=True))
+        return stack
 
 
 _CONTROL: list = []
@@ -116,8 +124,15 @@ def init_runtime(config: CptConfig) -> Runtime:
         distributed = True
     dtype = policy.torch_dtype()
     torch.manual_seed(config.seed)
+    measurements, source = runtime_policy.load_attention_table()
+    backends, reason = runtime_policy.choose_sdpa_backends(
+        policy.device, torch.cuda.get_device_name(device) if cuda else None,
+        runtime_policy.available_sdpa_backends(), measurements, source)
+    if rank == 0:
+        logging.getLogger("dilforge.cpt").info("attention: sdpa backends %s (%s)",
+                                               ", ".join(backends) or "torch default", reason)
     return Runtime(rank, world, local_rank, device, dtype, distributed, fsdp=fsdp, node=node,
-                   num_nodes=max(1, world // local_world))
+                   num_nodes=max(1, world // local_world), sdpa_backends=backends, sdpa_reason=reason)
 
 
 def shutdown(rt: Runtime) -> None:

@@ -3,12 +3,15 @@ activation checkpointing, per-layer torch.compile, FSDP2, and the full-state-dic
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import logging
 from pathlib import Path
 
 import torch
 from dilforge_shared import runtime_policy
 from dilforge_shared.configs.cpt import CptConfig
+from dilforge_shared.errors import ConfigError
 
 from .runtime import Runtime
 
@@ -32,18 +35,186 @@ def liger_kernels(config: CptConfig) -> dict[str, bool]:
     return {name: name in keep for name in LIGER_KERNELS}
 
 
-def apply_liger(model, config: CptConfig, rt: Runtime) -> list[str]:
-    """Liger kernels where the shared policy says they apply (CUDA + llama + cpt.liger); returns the
-    kernels applied, for the log and manifest."""
+class LigerPatch:
+    """The Liger kernels applied to ONE model instance, and how to undo what that did to the process.
+
+    `apply_liger_kernel_to_llama(model=...)` binds Liger forwards on the instance's modules (that part
+    is per instance), but it also rebinds, for the whole process, `modeling_llama.LlamaRMSNorm`,
+    `LlamaMLP` (every model built later would be made of Liger modules, whose Triton kernels refuse CPU
+    tensors) and `apply_rotary_pos_emb` (a module global every LlamaAttention calls at run time). The
+    class rebinds are undone at once (the instance is already built); RoPE must stay while the Liger
+    model runs, so `undo()` (the stage calls it when training ends) restores it and anything else saved.
+    """
+
+    def __init__(self, kernels: list[str], saved: list[tuple[object, str, object]]):
+        self.kernels = kernels
+        self._saved = saved
+
+    def undo(self) -> None:
+        for owner, name, value in reversed(self._saved):
+            if value is _ABSENT:
+                if name in vars(owner):
+                    delattr(owner, name)
+            else:
+                setattr(owner, name, value)
+        self._saved = []
+
+
+_ABSENT = object()
+
+
+def _process_wide_targets() -> list[tuple[object, str]]:
+    """Every process-wide name apply_liger_kernel_to_llama may rebind."""
+    from transformers.loss import loss_utils
+    from transformers.models.llama import modeling_llama
+    return [(modeling_llama, "apply_rotary_pos_emb"), (modeling_llama, "LlamaRMSNorm"),
+            (modeling_llama, "LlamaMLP"), (modeling_llama.LlamaForCausalLM, "forward"),
+            (loss_utils.nn.functional, "cross_entropy")]
+
+
+def patch_liger(model, kernels: dict[str, bool], apply=None) -> LigerPatch:
+    """Apply the chosen Liger kernels to `model` only (see LigerPatch). `apply` defaults to Liger's
+    apply_liger_kernel_to_llama; tests pass a stand-in that patches the same names."""
+    if apply is None:
+        from liger_kernel.transformers import apply_liger_kernel_to_llama as apply
+    targets = _process_wide_targets()
+    saved = [(owner, name, vars(owner).get(name, _ABSENT) if isinstance(owner, type) else getattr(owner, name))
+             for owner, name in targets]
+    apply(cross_entropy=False, model=model, **kernels)
+    keep = {"apply_rotary_pos_emb"}  # read at call time by the instance's attention: undone by undo()
+    patch = LigerPatch(sorted(name for name, on in kernels.items() if on),
+                       [entry for entry in saved if entry[1] in keep])
+    LigerPatch([], [entry for entry in saved if entry[1] not in keep]).undo()
+    return patch
+
+
+def liger_parts(model) -> list[str]:
+    """What of `model` (and of the process) runs Liger code: module forwards bound by Liger, Liger module
+    classes, a Liger model forward, and the process's RoPE function. Empty for a plain model."""
+    from transformers.models.llama import modeling_llama
+
+    def liger(fn) -> bool:
+        fn = getattr(fn, "__func__", fn)
+        return (getattr(fn, "__module__", "") or "").startswith("liger_kernel")
+
+    found = []
+    for name, module in model.named_modules():
+        if type(module).__module__.startswith("liger_kernel") or liger(vars(module).get("forward")):
+            found.append(name or "<model>")
+    if liger(modeling_llama.apply_rotary_pos_emb):
+        found.append("modeling_llama.apply_rotary_pos_emb")
+    return found
+
+
+LIGER_FUNCTIONS = {  # kernel name -> (module, autograd Function) whose calls prove the kernel ran
+    "rope": ("liger_kernel.ops.rope", "LigerRopeFunction"),
+    "rms_norm": ("liger_kernel.ops.rms_norm", "LigerRMSNormFunction"),
+    "swiglu": ("liger_kernel.ops.swiglu", "LigerSiLUMulFunction"),
+    "fused_linear_cross_entropy": ("liger_kernel.ops.fused_linear_cross_entropy",
+                                   "LigerFusedLinearCrossEntropyFunction"),
+}
+
+
+@contextlib.contextmanager
+def counting_calls(functions: dict[str, type]):
+    """Counts calls of each autograd Function's `apply` while inside, restored after: which Liger kernels
+    actually RAN in a step (a bound forward proves only that a kernel was patched in)."""
+    counts = dict.fromkeys(functions, 0)
+    saved = []
+    for name, cls in functions.items():
+        original = cls.apply
+        saved.append((cls, vars(cls).get("apply")))
+
+        def counted(*a, _name=name, _original=original, **k):
+            counts[_name] += 1
+            return _original(*a, **k)
+        cls.apply = staticmethod(counted)
+    try:
+        yield counts
+    finally:
+        for cls, own in saved:
+            if own is None:
+                del cls.apply
+            else:
+                cls.apply = own
+
+
+def liger_functions() -> dict[str, type]:
+    out = {}
+    for name, (module, cls) in LIGER_FUNCTIONS.items():
+        with contextlib.suppress(ImportError, AttributeError):
+            out[name] = getattr(importlib.import_module(module), cls)
+    return out
+
+
+def apply_liger(model, config: CptConfig, rt: Runtime) -> LigerPatch:
+    """Liger kernels where the shared policy says they apply (CUDA + llama + cpt.liger), on this model
+    instance only; returns the patch (its `kernels` go to the log and manifest; `undo()` when done)."""
     model_type = model.config.model_type
     if not runtime_policy.choose_liger(config.liger, rt.device.type, model_type, "cpt.liger"):
         if config.liger != "off" and rt.cuda:
             log.warning("liger: no kernels for model_type %s", model_type)
-        return []
-    from liger_kernel.transformers import apply_liger_kernel_to_llama
-    kernels = liger_kernels(config)
-    apply_liger_kernel_to_llama(cross_entropy=False, model=model, **kernels)
-    return sorted(name for name, on in kernels.items() if on)
+        return LigerPatch([], [])
+    return patch_liger(model, liger_kernels(config))
+
+
+CPU_MAX_MICRO_BATCH = 8  # CPU memory is not the limit; past a few sequences a bigger batch buys no speed
+
+
+def training_bytes(model_config, num_params: int, seq_len: int, world: int, checkpointing: bool,
+                   fused_loss: bool) -> tuple[float, float]:
+    """(bytes of model state per rank, activation bytes per sequence): an estimate, for picking a micro-batch.
+
+    State: fp32 weights + fp32 gradients + AdamW's two fp32 moments (16 B/param, sharded over the ranks)
+    + the bf16 compute copy (2 B/param, whole on one rank). Activations per layer and sequence: 34·s·h
+    bytes in bf16 with a flash/cuDNN kernel (Korthikanti et al. 2022, without the s² score term those
+    kernels never store), 2·s·h with activation checkpointing (the layer input; one layer is recomputed
+    at a time); the loss: bf16 logits, their fp32 copy and gradient (10·s·V bytes) unless the fused
+    linear cross entropy chunks them away.
+    """
+    h, layers, vocab = model_config.hidden_size, model_config.num_hidden_layers, model_config.vocab_size
+    state = 16.0 * num_params / world + 2.0 * num_params
+    per_layer = (2.0 if checkpointing else 34.0) * seq_len * h
+    activations = layers * per_layer + (34.0 * seq_len * h if checkpointing else 0.0)
+    loss = 0.0 if fused_loss else 10.0 * seq_len * vocab
+    return state, activations + loss
+
+
+def resolve_micro_batch(config: CptConfig, rt: Runtime, model_config, num_params: int,
+                        free_bytes: float | None = None) -> tuple[int, str]:
+    """micro_batch_size: auto -> (the largest divisor of global_batch_size / processes that fits, why).
+
+    CUDA: free device memory (less 15 % for the allocator's fragmentation and the step's transients)
+    after the model state, over one sequence's activations (`training_bytes`). CPU: at most 8."""
+    if config.micro_batch_size != "auto":
+        return config.micro_batch_size, "set by cpt.micro_batch_size"
+    if config.global_batch_size % rt.world:
+        raise ConfigError(f"cpt.global_batch_size ({config.global_batch_size}) must be a multiple of the "
+                          f"number of processes ({rt.world})")
+    per_rank = config.global_batch_size // rt.world
+    divisors = [d for d in range(1, per_rank + 1) if per_rank % d == 0]
+    if not rt.cuda:
+        best = max(d for d in divisors if d <= CPU_MAX_MICRO_BATCH)
+        return best, f"auto on CPU: the largest divisor of {per_rank} sequences per process up to {CPU_MAX_MICRO_BATCH}"
+    if free_bytes is None:
+        free_bytes = float(torch.cuda.mem_get_info(rt.device)[0])
+    fused = runtime_policy.choose_liger(config.liger, rt.device.type, model_config.model_type) and \
+        liger_kernels(config)["fused_linear_cross_entropy"]
+    state, per_seq = training_bytes(model_config, num_params, config.seq_len, rt.world,
+                                    config.activation_checkpointing, fused)
+    fits = int((0.85 * free_bytes - state) // per_seq)
+    best = max([d for d in divisors if d <= fits], default=1)
+    return best, (f"auto from the memory estimate: {free_bytes / 2**30:.0f} GiB free, {state / 2**30:.1f} GiB model "
+                  f"state, {per_seq / 2**30:.2f} GiB per sequence -> {max(fits, 0)} fit; largest divisor of "
+                  f"{per_rank}: {best}")
+
+
+def fsdp_options(rt: Runtime) -> dict:
+    """fully_shard options for this run. On one rank there is nothing to shard: keeping the unsharded
+    bf16 weights after forward (reshard_after_forward=False) saves a cast + copy of every weight per
+    micro-batch (gathered once per step instead of twice per micro-batch); with several ranks the
+    default frees them, which is where FSDP's memory saving comes from."""
+    return {"reshard_after_forward": rt.world > 1}
 
 
 def shard_model(model, config: CptConfig, rt: Runtime):
@@ -60,9 +231,10 @@ def shard_model(model, config: CptConfig, rt: Runtime):
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
             if rt.dtype == torch.bfloat16 else MixedPrecisionPolicy()
+        options = fsdp_options(rt)
         for layer in layers:
-            fully_shard(layer, mp_policy=mp)
-        fully_shard(model, mp_policy=mp)
+            fully_shard(layer, mp_policy=mp, **options)
+        fully_shard(model, mp_policy=mp, **options)
     model.train()
     return model
 

@@ -46,7 +46,7 @@ from .model_init import base_model_source, compare_initialisations, load_model, 
 from .reporting import MetricsLog, flops_per_token, peak_flops
 from .resumable import TrainingModel, register_resumables
 from .runtime import Runtime, init_runtime, shutdown
-from .sharding import apply_liger, save_hf_model, shard_model
+from .sharding import apply_liger, resolve_micro_batch, save_hf_model, shard_model
 from .validation import bpb_by_set, evaluate, window_and_stride
 
 log = logging.getLogger("dilforge.cpt")
@@ -146,7 +146,8 @@ def train(config: CptConfig, ctx: StageContext) -> dict:
 def train_in_process(config: CptConfig, ctx: StageContext, rt: Runtime) -> dict:
     stop = install_sigterm_handler()
     stop_path = stop_file(ctx)  # created by the launcher (multi-process runs) on SIGTERM
-    grad_accum = derive_grad_accum(config, rt.world)
+    if config.micro_batch_size != "auto":
+        derive_grad_accum(config, rt.world)  # a bad batch split fails before any data is read
 
     # data: tokenizer → token cache → packed windows + sampler; validation set
     tok_dir = find_tokenizer_dir(ctx.input("tokenizer").path)
@@ -164,6 +165,11 @@ def train_in_process(config: CptConfig, ctx: StageContext, rt: Runtime) -> dict:
     # the model: base (or scratch) → transplant → step-0 comparison of the initialisations
     base = locate_base_model(config, ctx, rt)
     model, pending, transplant_report = load_model(config, base, tok, ids, rt)
+    micro_batch, micro_reason = resolve_micro_batch(config, rt, model.config, sum(p.numel() for p in model.parameters()))
+    if rt.is_main:
+        log.info("micro_batch_size %d (%s)", micro_batch, micro_reason)
+    config = config.model_copy(update={"micro_batch_size": micro_batch})
+    grad_accum = derive_grad_accum(config, rt.world)
     step0 = None
     if pending is not None and resume is None:
         step0 = compare_initialisations(model, pending, val, config, rt)
@@ -174,7 +180,8 @@ def train_in_process(config: CptConfig, ctx: StageContext, rt: Runtime) -> dict:
         state.transplant = transplant_report
     new_rows = new_row_mask(config, pending, tok.get_vocab_size(with_added_tokens=True), scratch=base is None)
 
-    kernels = apply_liger(model, config, rt)
+    liger = apply_liger(model, config, rt)  # on this model only; undone for the process when training ends
+    kernels = liger.kernels
     log.info("liger kernels applied: %s", ", ".join(kernels) if kernels else "none (CPU or liger: off)")
     num_params = sum(p.numel() for p in model.parameters())
     model = shard_model(model, config, rt)
@@ -182,7 +189,7 @@ def train_in_process(config: CptConfig, ctx: StageContext, rt: Runtime) -> dict:
     fpt = {phase: flops_per_token(model.config, num_params, config.seq_len, phase) for phase in (1, 2)}
     tokens_per_step = config.global_batch_size * config.seq_len
     derived = {
-        "world_size": rt.world, "grad_accum_steps": grad_accum, "global_batch_sequences": config.global_batch_size,
+        "world_size": rt.world, "micro_batch_size": micro_batch, "grad_accum_steps": grad_accum, "global_batch_sequences": config.global_batch_size,
         "global_batch_tokens": tokens_per_step, "total_tokens": tokens_per_step * config.num_steps,
         "num_params": num_params, "vocab_size": model.config.vocab_size,
         "flops_per_token": fpt[2], "flops_per_token_phase1": fpt[1],
@@ -208,7 +215,10 @@ def train_in_process(config: CptConfig, ctx: StageContext, rt: Runtime) -> dict:
     setup = LoopSetup(config=config, rt=rt, checkpointer=checkpointer, metrics=metrics,
                       stop_requested=lambda: stop["stop"] or stop_path.exists(), flops_per_token=fpt,
                       peak_flops=peak_flops(config, rt))
-    state = train_loop(training, data, val, state, setup)
+    try:
+        state = train_loop(training, data, val, state, setup)
+    finally:
+        liger.undo()
     metrics.close()
 
     publish_files(config, ctx, rt, model, tok_dir, state)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PositiveInt, field_validator, model_validator
 
 from .base import (
     RUN_ONLY,
@@ -143,7 +143,12 @@ class CptConfig(StageConfig):
         description="Sequences per optimizer step across all processes (= micro_batch_size × processes × "
         "gradient accumulation steps, which is derived).",
     )
-    micro_batch_size: int = Field(json_schema_extra=RUN_ONLY, default=1, ge=1, description="Sequences per forward pass per process.")
+    micro_batch_size: PositiveInt | Literal["auto"] = Field(
+        json_schema_extra=RUN_ONLY, default="auto",
+        description="Sequences per forward pass per process. auto = the largest divisor of global_batch_size / "
+        "processes that the memory estimate says fits (CUDA: free memory after weights, gradients and AdamW state, "
+        "over the activations of one sequence; CPU: at most 8), logged at start; a number from bench/gpu_cpt.py "
+        "(its bisected largest batch) overrides it.")
     max_grad_norm: float | None = Field(default=1.0, gt=0, description="Gradient clipping norm; None = off.")
     adam_beta1: float = Field(default=0.9, ge=0, lt=1, description="AdamW beta1.")
     adam_beta2: float = Field(default=0.95, ge=0, lt=1, description="AdamW beta2.")
@@ -210,7 +215,7 @@ class CptConfig(StageConfig):
             phase = getattr(self, name)
             if phase.num_steps and phase.num_warmup_steps > phase.num_steps:
                 raise ValueError(f"{name}.num_warmup_steps ({phase.num_warmup_steps}) exceeds {name}.num_steps")
-        if self.global_batch_size % self.micro_batch_size:
+        if self.micro_batch_size != "auto" and self.global_batch_size % self.micro_batch_size:
             raise ValueError(f"global_batch_size ({self.global_batch_size}) must be a multiple of "
                              f"micro_batch_size ({self.micro_batch_size})")
         if self.scratch_model is not None and self.seq_len > self.scratch_model.max_position_embeddings:
