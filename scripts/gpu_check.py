@@ -71,7 +71,7 @@ def commands(phase: str, results: Path, logs: Path, dry_run: bool, py: str, budg
             cmd += ["--matmul-tflops", f"{matmul:.1f}"]
         return cmd
     if phase == "tests":
-        return [py, "-m", "pytest", "tests/gpu", "-p", "no:cacheprovider", "-q", "-rA", "--timeout", "150",
+        return [py, "-m", "pytest", "tests/gpu", "-p", "no:cacheprovider", "-q", "-rA", "--timeout", "240",
                 "--junitxml", str(results / "pytest.xml")]
     raise ValueError(phase)
 
