@@ -188,35 +188,45 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             Path(args.json).write_text(json.dumps(out["environment"], indent=1))
         return 0
+    def save():  # after every measurement: a phase stopped at its time limit still leaves what it measured
+        if args.json:
+            Path(args.json).write_text(json.dumps(out, indent=1))
+
+    def show(kind: str, name: str, value) -> None:
+        shown = f"skipped: {value}" if isinstance(value, str) else f"{value:,.1f} TFLOP/s"
+        print(f"{kind:<10} {name:<34} {shown}", flush=True)
+        save()
+
     square = 256 if args.tiny else 8192
-    out["matmul_tflops"] = {f"{square}^3": matmul_tflops(square, square, square)}
+    out["matmul_tflops"] = {}
+    out["matmul_tflops"][f"{square}^3"] = matmul_tflops(square, square, square)
+    show("matmul", f"{square}^3", out["matmul_tflops"][f"{square}^3"])
     tokens = batch * seq
     for name, (m, n, k) in model_gemms(tokens if not args.tiny else 64).items():
         if args.tiny:
             n, k = min(n, 256), min(k, 256)
-        out["matmul_tflops"][f"{name} {m}x{n}x{k}"] = matmul_tflops(m, n, k)
+        out["matmul_tflops"][f"{name} {m}x{n}x{k}"] = value = matmul_tflops(m, n, k)
+        show("matmul", f"{name} {m}x{n}x{k}", value)
     out["hbm_copy_gbps"] = copy_gbps(2**24 if args.tiny else 2**32)
+    print(f"hbm copy   {out['hbm_copy_gbps']:,.0f} GB/s (read + write)", flush=True)
     backends = ["FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION"] if torch.cuda.is_available() else ["MATH"]
     if not args.skip_flex:
-        backends.append("FLEX")
+        backends.append("FLEX")  # last: its compile is the slowest measurement here
     attn_batch = max(1, batch // 2)
-    out["attention_shape"] = f"B{attn_batch} H{HEADS} S{seq} D{HEAD_DIM} causal bf16"
-    out["attention_tflops"] = {b: attention_tflops(b, attn_batch, seq) for b in backends}
+    dtype = str(device_and_dtype()[1]).removeprefix("torch.")
+    out["attention_shape"] = f"B{attn_batch} H{HEADS} S{seq} D{HEAD_DIM} causal {dtype}"
+    out["attention_tflops"] = {}
     device = out["environment"]["device"]
-    out["attention_table"] = {"comment": f"measured by bench/gpu_ceilings.py on {device}",
-                              "measurements": {device: {
-                                  "shape": out["attention_shape"], "date": out["environment"]["date"],
-                                  "tflops": {b: t for b, t in out["attention_tflops"].items()
-                                             if isinstance(t, float) and b != "FLEX"}}}}
-    for key in ("matmul_tflops", "attention_tflops"):
-        for name, value in out[key].items():
-            shown = f"skipped: {value}" if isinstance(value, str) else f"{value:,.1f} TFLOP/s"
-            print(f"{key[:-7]:<10} {name:<34} {shown}", flush=True)
-    print(f"hbm copy   {out['hbm_copy_gbps']:,.0f} GB/s (read + write)", flush=True)
-    if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=1))
-    if args.attention_table:
-        Path(args.attention_table).write_text(json.dumps(out["attention_table"], indent=1))
+    for backend in backends:
+        out["attention_tflops"][backend] = value = attention_tflops(backend, attn_batch, seq)
+        out["attention_table"] = {"comment": f"measured by bench/gpu_ceilings.py on {device}",
+                                  "measurements": {device: {
+                                      "shape": out["attention_shape"], "date": out["environment"]["date"],
+                                      "tflops": {b: t for b, t in out["attention_tflops"].items()
+                                                 if isinstance(t, float) and b != "FLEX"}}}}
+        if args.attention_table:
+            Path(args.attention_table).write_text(json.dumps(out["attention_table"], indent=1))
+        show("attention", backend, value)
     return 0
 
 
