@@ -71,8 +71,8 @@ def smollm2_artifact(tmp_path_factory):
 @pytest.fixture(scope="session")
 def smollm2_dir(smollm2_artifact) -> Path:
     """The imported SmolLM2 as a plain HF folder (config, safetensors, tokenizer with its chat template)."""
-    from dilforge_shared.models import find_hf_dir
-    return find_hf_dir(smollm2_artifact.path, smollm2_artifact.uri)
+    from dilforge_shared.models import resolve
+    return resolve(smollm2_artifact, "model").path
 
 
 @pytest.fixture(scope="session")

@@ -228,9 +228,9 @@ class StageContext:
 
 @dataclass
 class StageResult:
-    """What a run function returns: the metrics for the manifest. Files are whatever it left in model_dir."""
+    """What a run function returns: the metrics for the manifest. Files are whatever it left in model_dir.
+    Lineage is not returned: it is exactly what the coordinator fingerprinted (`lineage`)."""
     metrics: dict[str, Any]
-    extra_inputs: list[InputRef] = field(default_factory=list)
 
 
 RunFn = Callable[[StageConfig, StageContext], StageResult]
@@ -240,16 +240,6 @@ def lineage(ctx: StageContext) -> list[InputRef]:
     """Exactly the refs the coordinator fingerprinted (`models.stage_refs`), so the id can be recomputed."""
     refs = [ctx.input(name).ref(name) for name in sorted(ctx.request.inputs)]
     return [*refs, *config_refs(ctx.request.config, ctx.endpoint_url)]
-
-
-def merge_inputs(fingerprinted: list[InputRef], extra: list[InputRef]) -> list[InputRef]:
-    """The manifest's inputs: the fingerprinted refs, plus a stage's extra refs that are not already among them.
-
-    A stage that records a base model it opened through `models.open_model` records the same (name, sha256)
-    as the fingerprint, so it is not listed twice and the id stays recomputable from the manifest.
-    """
-    seen = {(ref.name, ref.sha256) for ref in fingerprinted}
-    return [*fingerprinted, *(ref for ref in extra if (ref.name, ref.sha256) not in seen)]
 
 
 FINGERPRINT = re.compile(r"^[0-9a-f]{16}$")
@@ -294,7 +284,7 @@ def check_identity(ctx: StageContext, refs: list[InputRef], since: list[InputRef
 def publish_result(ctx: StageContext, result: StageResult, package: str,
                    start_refs: list[InputRef] | None = None) -> Manifest:
     config = ctx.request.config
-    inputs = merge_inputs(lineage(ctx), result.extra_inputs)
+    inputs = lineage(ctx)
     check_identity(ctx, inputs, start_refs)
     manifest = Manifest(
         kind=config.artifact_kind, artifact_id=ctx.request.artifact_uri.rsplit("/", 1)[-1],

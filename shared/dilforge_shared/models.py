@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import Literal
 from urllib.parse import urlparse
 
 from .configs.base import StageConfig
@@ -25,10 +27,21 @@ from .manifest import InputRef, Manifest, fingerprint, legacy_fingerprint, scan_
 from .paths import check_links
 from .recipes import RECIPES, cache_root, source_kind
 from .stages import STAGE_VERSIONS
-from .store import NotFound, S3Storage, fetch, mirror_prefix, read_manifest
+from .store import Artifact, NotFound, S3Storage, fetch, mirror_prefix, read_manifest
 
 ADAPTER_DIR, MERGED_DIR = "adapter", "merged"
-MODEL_SUBDIRS = ("model", "hf", "merged")
+
+Kind = Literal["model", "tokenizer", "adapter"]
+MARKERS: dict[str, str] = {"model": "config.json", "tokenizer": "tokenizer.json", "adapter": "adapter_config.json"}
+# subfolders tried before any other (in this order) when an artifact holds several folders of a kind
+PREFERRED: dict[str, tuple[str, ...]] = {"model": (MERGED_DIR, "model", "final", "hf"),
+                                         "tokenizer": ("tokenizer", MERGED_DIR, "model", "final", "hf"),
+                                         "adapter": (ADAPTER_DIR,)}
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                   "chat_template.json")
+WEIGHT_SUFFIXES = (".safetensors", ".bin")
+SEARCH_DEPTH = 3
+BASE_INPUTS = ("cpt", "model")  # upstream artifacts that carry a base model, nearest stage first
 
 
 def model_ref_name(uri: str) -> str:
@@ -101,38 +114,6 @@ def recompute_artifact_id(manifest: Manifest) -> str:
     return artifact_id(config, manifest.inputs, manifest.code_version)
 
 
-@dataclass
-class ModelSource:
-    """A local folder holding an artifact's or model's files, and how lineage names it."""
-    path: Path
-    uri: str
-    name: str
-    manifest: Manifest | None = None
-    manifest_sha256: str | None = None
-    endpoint_url: str | None = None
-
-    @cached_property
-    def ref(self) -> InputRef:
-        """The same ref the coordinator fingerprints (computed only when asked: a folder digest reads every file)."""
-        if self.manifest_sha256 is not None:
-            return InputRef(name=self.name, kind="manifest", uri=self.uri, sha256=self.manifest_sha256)
-        return source_ref(self.uri, self.name, self.endpoint_url)
-
-
-def find_hf_dir(root: Path, source: str) -> Path:
-    """The folder with config.json: root itself, a conventional subfolder, or the only subfolder that has one."""
-    if (root / "config.json").is_file():
-        return root
-    for name in MODEL_SUBDIRS:
-        if (root / name / "config.json").is_file():
-            return root / name
-    found = sorted(p.parent for p in root.glob("*/config.json"))
-    if len(found) == 1:
-        return found[0]
-    raise ConfigError(f"{source}: no HF model folder (config.json) in it" if not found else
-                      f"{source}: several model folders {[p.name for p in found]}; point at one")
-
-
 def dir_digest(root: Path) -> str:
     """sha256 over every file's path and sha256: lineage for a model that is not an artifact."""
     check_links(root, str(root))  # a link out of the folder would fingerprint (and publish) a file never pointed at
@@ -161,21 +142,139 @@ def model_digest(uri: str, endpoint_url: str | None = None) -> str:
     return h.hexdigest()
 
 
-def _download_prefix(uri: str, endpoint_url: str | None, cache_dir: Path | None = None) -> Path:
+# ---- the one precedence rule ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Choice:
+    """Where a stage's base model/tokenizer comes from: a config field's URI, or an upstream input by name."""
+    uri: str
+    input: str | None  # the upstream input's name, or None when the config field gave the URI
+    field: str          # the config field, for messages
+
+
+def choose(field: str, value: str | None, inputs: Mapping[str, str],
+           order: Iterable[str] = BASE_INPUTS) -> Choice | None:
+    """THE precedence rule for every stage, `coordinator chat` and serve: the stage's explicit config field
+    (`base_model`, `base_tokenizer`) when set; else the nearest upstream artifact that carries a base model
+    (`cpt` before `model`); else None. A pipeline never gives both for cpt, tokenizer (base/extend) or sft
+    (`PipelineConfig` refuses it); a stand-alone run with both uses the field and logs the input it ignores."""
+    present = [name for name in order if name in inputs]
+    if value:
+        if present:
+            import logging
+            logging.getLogger("dilforge").warning("%s=%s wins over the upstream %r artifact (config field first)",
+                                                  field, value, present[0])
+        return Choice(uri=value, input=None, field=field)
+    if present:
+        return Choice(uri=inputs[present[0]], input=present[0], field=field)
+    return None
+
+
+# ---- finding a folder of a kind inside an artifact or folder -----------------------------------------
+
+def _has_weights(folder: Path) -> bool:
+    return any(f.name.endswith(WEIGHT_SUFFIXES) and "adapter" not in f.name for f in folder.iterdir())
+
+
+def _walk(root: Path, depth: int = SEARCH_DEPTH) -> list[Path]:
+    out, frontier = [root], [root]
+    for _ in range(depth):
+        frontier = [c for d in frontier for c in sorted(d.iterdir()) if c.is_dir() and not c.name.startswith(".")]
+        out += frontier
+    return out
+
+
+def find_dir(root: Path, kind: Kind, source: str, required: bool = True) -> Path | None:
+    """The folder of `kind` under root (its marker file: config.json + weights, tokenizer.json,
+    adapter_config.json): root itself, else the preferred subfolders (PREFERRED, in order), else the
+    shallowest one; two equally good candidates are an error naming both."""
+    marker = MARKERS[kind]
+    hits = [d for d in _walk(root) if (d / marker).is_file() and (kind != "model" or _has_weights(d))]
+    if not hits:
+        if not required:
+            return None
+        what = {"model": "HF model folder (config.json + safetensors)", "tokenizer": "tokenizer.json",
+                "adapter": "PEFT adapter (adapter_config.json)"}[kind]
+        raise ConfigError(f"{source}: no {what} in it")
+
+    def rank(d: Path) -> tuple[int, int, int]:
+        rel = d.relative_to(root).parts
+        pref = min((PREFERRED[kind].index(p) for p in rel if p in PREFERRED[kind]), default=len(PREFERRED[kind]))
+        return (len(rel) > 0, pref, len(rel))
+    best = min(rank(d) for d in hits)
+    tied = [d for d in hits if rank(d) == best]
+    if len(tied) > 1:
+        raise ConfigError(f"{source}: several {kind} folders {[str(d.relative_to(root)) for d in tied]}; point at one")
+    return tied[0]
+
+
+# ---- the one resolver --------------------------------------------------------------------------------
+
+@dataclass
+class ModelSource:
+    """A local folder holding an artifact's or model's files, and how lineage names it."""
+    path: Path
+    uri: str
+    name: str
+    manifest: Manifest | None = None
+    manifest_sha256: str | None = None
+    endpoint_url: str | None = None
+
+    @cached_property
+    def ref(self) -> InputRef:
+        """The same ref the coordinator fingerprints (computed only when asked: a folder digest reads every file)."""
+        if self.manifest_sha256 is not None:
+            return InputRef(name=self.name, kind="manifest", uri=self.uri, sha256=self.manifest_sha256)
+        return source_ref(self.uri, self.name, self.endpoint_url)
+
+
+@dataclass
+class Resolved:
+    """What `resolve` found: the folder of the kind asked for (`path`), inside `source.path`, plus lineage."""
+    kind: str
+    path: Path
+    source: ModelSource
+
+    @property
+    def uri(self) -> str:
+        return self.source.uri
+
+    @property
+    def manifest(self) -> Manifest | None:
+        return self.source.manifest
+
+    @property
+    def ref(self) -> InputRef:
+        return self.source.ref
+
+    @property
+    def tokenizer_json(self) -> Path:
+        """The tokenizer file (a `tokenizer` resolved from a bare .json file is that file)."""
+        return self.path if self.path.is_file() else self.path / "tokenizer.json"
+
+
+def _download_prefix(uri: str, endpoint_url: str | None, cache_dir: Path | None = None,
+                     only: Iterable[str] | None = None) -> Path:
     cache = cache_dir or cache_root() / "models"
+    key = hashlib.sha256(f"{uri}|{sorted(only) if only else ''}".encode()).hexdigest()[:16] if only else \
+        hashlib.sha256(uri.encode()).hexdigest()[:16]
     try:
-        return mirror_prefix(uri, cache / hashlib.sha256(uri.encode()).hexdigest()[:16], endpoint_url)
+        return mirror_prefix(uri, cache / key, endpoint_url, only=tuple(only) if only else None)
     except NotFound:
-        raise ConfigError(f"{uri}: no objects under this prefix") from None
+        raise ConfigError(f"{uri}: no objects under this prefix" + (f" named {sorted(only)}" if only else "")) from None
 
 
-def open_model(uri: str, name: str | None = None, endpoint_url: str | None = None,
-               cache_dir: Path | None = None) -> ModelSource:
-    """A dilforge artifact (verified) or a plain HF folder / s3:// prefix, as a local folder plus its lineage.
+def open_model(uri: str | Artifact, name: str | None = None, endpoint_url: str | None = None,
+               cache_dir: Path | None = None, only: Iterable[str] | None = None) -> ModelSource:
+    """A dilforge artifact (verified; or an already fetched `Artifact`) or a plain HF folder / s3:// prefix,
+    as a local folder plus its lineage. `only`: of a plain s3:// prefix, download just these top-level files.
 
     `name` defaults to the name `config_refs` gives a URI from a stage config, so a stage that records
     `.ref` records what the coordinator fingerprinted.
     """
+    if isinstance(uri, Artifact):
+        return ModelSource(path=uri.path, uri=uri.uri, name=name or model_ref_name(uri.uri), manifest=uri.manifest,
+                           manifest_sha256=uri.manifest_sha256, endpoint_url=endpoint_url)
     name = name or model_ref_name(uri)
     try:
         art = fetch(uri, cache_dir=cache_dir, endpoint_url=endpoint_url)
@@ -184,12 +283,48 @@ def open_model(uri: str, name: str | None = None, endpoint_url: str | None = Non
     except (ManifestNotFound, NotFound):
         pass
     if urlparse(uri).scheme == "s3":
-        path = _download_prefix(uri, endpoint_url, cache_dir)
+        path = _download_prefix(uri, endpoint_url, cache_dir, only)
     else:
         path = _local(uri)
         if not path.is_dir():
             raise ConfigError(f"{uri}: no such model folder or artifact")
     return ModelSource(path=path, uri=uri, name=name, endpoint_url=endpoint_url)
+
+
+def resolve(source: str | Artifact, kind: Kind, name: str | None = None, endpoint_url: str | None = None,
+            cache_dir: Path | None = None) -> Resolved:
+    """The one resolver of a model, tokenizer or adapter folder, for every stage, `coordinator chat` and serve.
+
+    `source`: a URI (a dilforge artifact, verified; an HF folder; an s3:// prefix: for a tokenizer only its
+    files are downloaded, never the weights beside them; for a tokenizer also a bare tokenizer .json file) or
+    an already fetched upstream `Artifact`. Inside, `find_dir` picks the folder of `kind`. Which source a
+    stage uses is `choose` (one precedence rule); an adapter's base is `adapter_base` (one way).
+    Errors are ConfigError naming the URI.
+    """
+    if kind == "tokenizer" and isinstance(source, str) and urlparse(source).scheme != "s3" \
+            and _local(source).is_file() and _local(source).suffix == ".json":
+        path = _local(source)
+        return Resolved(kind, path, ModelSource(path=path, uri=source, name=name or model_ref_name(source),
+                                                endpoint_url=endpoint_url))
+    src = open_model(source, name, endpoint_url, cache_dir, only=TOKENIZER_FILES if kind == "tokenizer" else None)
+    return Resolved(kind, find_dir(src.path, kind, src.uri), src)
+
+
+def adapter_base(adapter: Resolved) -> str | None:
+    """The one way an adapter's base model is found (eval, chat, serve): an adapter artifact's base is what
+    its SFT run used, read from its manifest by the same rule the SFT stage applied (`choose` over the
+    recorded config field `base_model` and the recorded inputs `cpt`, `model`); a plain adapter folder's is
+    adapter_config.json's `base_model_name_or_path` (dilforge's SFT writes the base's URI there too)."""
+    if adapter.manifest is not None:
+        inputs = {r.name: r.uri for r in adapter.manifest.inputs if r.kind == "manifest"}
+        picked = choose("base_model", adapter.manifest.config.get("base_model"), inputs)
+        if picked is not None:
+            return picked.uri
+    try:
+        cfg = json.loads((adapter.path / MARKERS["adapter"]).read_text())
+    except (OSError, ValueError):
+        return None
+    return cfg.get("base_model_name_or_path") or None
 
 
 @dataclass
@@ -203,31 +338,23 @@ class ChatModel:
 
 def resolve_chat_model(uri: str, base: str | None = None, endpoint_url: str | None = None,
                        prefer_merged: bool = False) -> ChatModel:
-    """Any model or adapter artifact (or HF folder) → base + adapter folders.
+    """Any model or adapter artifact (or HF folder) → base + adapter folders, through `resolve`.
 
-    For an SFT adapter artifact the base model comes from its manifest's lineage (the 'cpt' input, a
-    'model' input, or the config's base_model), unless `base` overrides it.
+    An adapter's base is `adapter_base` (its SFT lineage), unless `base` overrides it.
     """
     src = open_model(uri, "model", endpoint_url)
-    adapter = src.path / ADAPTER_DIR if (src.path / ADAPTER_DIR / "adapter_config.json").is_file() else (
-        src.path if (src.path / "adapter_config.json").is_file() else None)
-    if adapter is None:
-        hf = find_hf_dir(src.path, uri)
-        return ChatModel(base_dir=hf, adapter_dir=None, tokenizer_dir=hf, description=f"model {uri}")
-    if prefer_merged and (src.path / MERGED_DIR / "config.json").is_file():
-        merged = src.path / MERGED_DIR
-        return ChatModel(base_dir=merged, adapter_dir=None, tokenizer_dir=merged, description=f"merged model of {uri}")
+    adapter_dir = find_dir(src.path, "adapter", uri, required=False)
+    model_dir = find_dir(src.path, "model", uri, required=False)
+    if adapter_dir is None or (prefer_merged and model_dir is not None):
+        if model_dir is None:
+            raise ConfigError(f"{uri}: no HF model folder (config.json + safetensors) or PEFT adapter in it")
+        tok = find_dir(src.path, "tokenizer", uri, required=False) or model_dir
+        what = "merged model of" if adapter_dir is not None else "model"
+        return ChatModel(base_dir=model_dir, adapter_dir=None, tokenizer_dir=tok, description=f"{what} {uri}")
+    adapter = Resolved("adapter", adapter_dir, src)
+    base = base or adapter_base(adapter)
     if base is None:
-        refs = {r.name: r for r in (src.manifest.inputs if src.manifest else [])}
-        ref = refs.get("cpt") or refs.get("base_model") or refs.get("model")
-        recorded = (src.manifest.config.get("base_model") if src.manifest else None)
-        if ref is None and recorded:
-            ref = refs.get(model_ref_name(recorded))
-        if ref is None:
-            cfg = json.loads((adapter / "adapter_config.json").read_text())
-            raise ConfigError(f"{uri}: an adapter without a recorded base model; pass --base (adapter_config names "
-                              f"{cfg.get('base_model_name_or_path')!r})")
-        base = ref.uri
-    base_src = open_model(base, "base_model", endpoint_url)
-    return ChatModel(base_dir=find_hf_dir(base_src.path, base), adapter_dir=adapter, tokenizer_dir=adapter,
+        raise ConfigError(f"{uri}: an adapter without a recorded base model; pass --base")
+    base_res = resolve(base, "model", "base_model", endpoint_url)
+    return ChatModel(base_dir=base_res.path, adapter_dir=adapter_dir, tokenizer_dir=adapter_dir,
                      description=f"adapter {uri} on base {base}")

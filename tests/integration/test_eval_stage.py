@@ -89,7 +89,7 @@ def upstream(tmp_path_factory, tiny_tokenizer_dir, tiny_llama_dir):
         "train_runtime_s": 2.5, "train_loss_history": [{"step": 1, "loss": 3.0}, {"step": 2, "loss": 2.5}]})
     import factories
     base_dir = factories.build_tiny_llama(tmp / "base", tiny_tokenizer_dir, seed=1)
-    # the model stage's artifact: a plain HF folder inside (here in model/, found by find_hf_dir)
+    # the model stage's artifact: a plain HF folder inside (here in model/, found by models.resolve)
     factories.build_tiny_llama(tmp / "base-artifact" / "model", tiny_tokenizer_dir, seed=1)
     # (recorded as produced by "cpt" while the manifest schema predates the model stage; eval reads only the files)
     model_uri = _publish(store, "model", "model", tmp / "base-artifact", {"num_parameters": 1}, manifest_stage="cpt")

@@ -7,10 +7,9 @@ import json
 import pytest
 from dilforge_coordinator import pipeline as pl
 from dilforge_shared.configs import ModelConfig, PipelineConfig, validate_model
-from dilforge_shared.contract import merge_inputs
 from dilforge_shared.errors import ConfigError, InputError
 from dilforge_shared.manifest import InputRef, sha256_file
-from dilforge_shared.models import config_refs, dir_digest, recompute_artifact_id, source_ref
+from dilforge_shared.models import config_refs, dir_digest, recompute_artifact_id, resolve, source_ref
 from dilforge_shared.recipes import RECIPES
 from dilforge_shared.store import fetch
 from test_coordinator import InProcessBackend
@@ -128,12 +127,6 @@ def test_model_block_and_replace_with_a_comparison_tokenizer_are_fine(tmp_path):
     assert ModelConfig(source="./m").stage == "model"
 
 
-def test_merge_inputs_drops_a_stage_ref_equal_to_a_fingerprinted_one():
-    a = InputRef(name="model:/m", kind="data", uri="/m", sha256="1" * 64)
-    b = InputRef(name="note", kind="data", uri="/n", sha256="2" * 64)
-    assert merge_inputs([a], [a.model_copy(), b]) == [a, b]
-
-
 def test_eval_label_base_is_reserved_for_the_model_stage(tmp_path):
     eval_section = {"text_sets": [{"uri": "/t", "name": "az"}], "models": [{"label": "base", "uri": "/m"}]}
     assert pipeline(tmp_path, eval=eval_section).eval.models[0].label == "base"  # fine without a model stage
@@ -141,26 +134,27 @@ def test_eval_label_base_is_reserved_for_the_model_stage(tmp_path):
         pipeline(tmp_path, model={"source": "./m"}, eval=eval_section)
 
 
-def test_tokenizer_stage_resolves_a_base_tokenizer_given_as_an_artifact_or_folder(tmp_path, monkeypatch):
-    from dilforge_tokenizer import base as base_tok
+def test_resolve_finds_a_tokenizer_in_an_artifact_or_folder_and_names_what_is_missing(tmp_path, monkeypatch):
     folder = hf_folder(tmp_path / "base")
     uri = pl.run_all(pipeline(tmp_path, model={"source": str(folder)}), InProcessBackend(tmp_path, monkeypatch))["model"]
     art = fetch(uri)
     assert sorted(p.name for p in art.path.iterdir()) == ["out.txt"]
-    assert base_tok.resolve(str(folder), tmp_path / "w") == folder
-    with pytest.raises(InputError, match="the artifact has no tokenizer.json"):  # the fake stage body wrote out.txt
-        base_tok.resolve(uri, tmp_path / "w")
-    with pytest.raises(InputError, match="base_tokenizer: no such folder"):
-        base_tok.resolve(str(folder / "tokenizer.json"), tmp_path / "w")
+    assert resolve(str(folder), "tokenizer").path == folder
+    with pytest.raises(ConfigError, match="no tokenizer.json in it"):  # the fake stage body wrote out.txt
+        resolve(uri, "tokenizer")
+    with pytest.raises(ConfigError, match="no such model folder or artifact"):
+        resolve(str(tmp_path / "nowhere"), "tokenizer")
+    bare = resolve(str(folder / "tokenizer.json"), "tokenizer")  # a bare tokenizer file is a tokenizer
+    assert bare.path.is_file() and bare.tokenizer_json == folder / "tokenizer.json"
 
 
 def test_tokenizer_stage_resolves_a_tokenizer_artifact_to_its_verified_files(tmp_path):
     from dilforge_shared.manifest import Manifest, current_producer
     from dilforge_shared.store import publish
-    from dilforge_tokenizer import base as base_tok
     folder = hf_folder(tmp_path / "tok")
     uri = str(tmp_path / "store" / "artifacts" / "tokenizer" / "t1")
     publish(uri, folder, Manifest(kind="tokenizer", artifact_id="t1", run_id="r", stage="tokenizer",
                                   producer=current_producer("test"), config={}, data_dir="pending", files=[]))
-    resolved = base_tok.resolve(uri, tmp_path / "w")
-    assert resolved != folder and (resolved / "tokenizer.json").read_text() == "{}"
+    resolved = resolve(uri, "tokenizer")
+    assert resolved.path != folder and (resolved.path / "tokenizer.json").read_text() == "{}"
+    assert resolved.manifest.artifact_id == "t1" and resolved.ref.kind == "manifest"

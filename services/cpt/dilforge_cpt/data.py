@@ -49,16 +49,6 @@ class TokenIds:
     pad: int | None   # written into the model config for later stages
 
 
-def find_tokenizer_dir(root: Path) -> Path:
-    """The folder holding tokenizer.json: the root itself or the one subfolder that has it."""
-    if (root / "tokenizer.json").is_file():
-        return root
-    found = sorted(p.parent for p in root.rglob("tokenizer.json"))
-    if not found:
-        raise InputError("no tokenizer.json in the tokenizer artifact", path=str(root))
-    return found[0]
-
-
 def load_tokenizer(folder: Path) -> Tokenizer:
     path = folder / "tokenizer.json"
     if not path.is_file():

@@ -15,8 +15,7 @@ import torch
 from dilforge_shared.configs.cpt import CptConfig
 from dilforge_shared.contract import StageContext
 from dilforge_shared.errors import ConfigError, InputError
-from dilforge_shared.manifest import InputRef
-from dilforge_shared.models import find_hf_dir, open_model
+from dilforge_shared.models import Choice, choose, resolve
 from tokenizers import Tokenizer
 
 from . import transplant
@@ -27,24 +26,12 @@ from .validation import bpb_by_set, evaluate
 log = logging.getLogger("dilforge.cpt")
 
 
-@dataclass(frozen=True)
-class BaseModelSource:
-    """Where the base model comes from and the lineage this stage records for it."""
-    uri: str
-    from_artifact: bool            # the upstream `model` input (its manifest is already the lineage)
-    refs: list[InputRef]           # extra lineage: sha256 of a plain folder's files (ETags on S3)
-
-
-def base_model_source(config: CptConfig, ctx: StageContext) -> BaseModelSource | None:
-    """The one place that decides which base model a run uses: the upstream `model` artifact when
-    the pipeline has a model stage, else `base_model` (an artifact, a local folder or an s3:// prefix),
-    else None (a scratch model). No extra lineage: the contract records the base model (input `model`, or
-    `models.config_refs` for base_model) by exactly the ref the coordinator fingerprinted."""
-    if ctx.has_input("model"):
-        return BaseModelSource(ctx.request.inputs["model"], True, [])
-    if config.base_model is None:
-        return None
-    return BaseModelSource(config.base_model, False, [])
+def base_model_source(config: CptConfig, ctx: StageContext) -> Choice | None:
+    """Which base model a run uses, by the shared precedence rule (`models.choose`): `base_model` when
+    set, else the upstream `model` artifact, else None (a scratch model). No extra lineage: the contract
+    records the base model (input `model`, or `models.config_refs` for base_model) by exactly the ref the
+    coordinator fingerprinted."""
+    return choose("base_model", config.base_model, ctx.request.inputs, order=("model",))
 
 
 @dataclass(frozen=True)
@@ -54,25 +41,24 @@ class BaseModel:
 
 
 def locate_base_model(config: CptConfig, ctx: StageContext, rt: Runtime) -> BaseModel | None:
-    """The base model's local HF folder: the verified artifact, a local folder as is, or an s3://
-    prefix downloaded once per host."""
-    source = base_model_source(config, ctx)
-    if source is None:
+    """The base model's local HF folder through the shared resolver: the verified artifact, a local folder
+    as is, or an s3:// prefix downloaded once per host (local rank 0 first, the others after the barrier)."""
+    choice = base_model_source(config, ctx)
+    if choice is None:
         return None
-    uri = source.uri
-    if source.from_artifact:
-        art = ctx.input("model")
-        return BaseModel(find_hf_dir(art.path, uri), uri)
-    # the shared resolver: an artifact (verified), a local folder, or an s3:// prefix downloaded once per host
+    uri = choice.uri
     cache = ctx.opt.root / "base_model"
-    src = open_model(uri, endpoint_url=ctx.endpoint_url, cache_dir=cache) if rt.local_rank == 0 else None
-    rt.barrier()
-    if src is None:
-        src = open_model(uri, endpoint_url=ctx.endpoint_url, cache_dir=cache)
+
+    def find():
+        return resolve(ctx.input(choice.input) if choice.input else uri, "model", endpoint_url=ctx.endpoint_url,
+                       cache_dir=cache)
     try:
-        return BaseModel(find_hf_dir(src.path, uri), uri)
+        found = find() if rt.local_rank == 0 else None
+        rt.barrier()
+        found = found or find()
     except ConfigError as exc:
         raise InputError(f"base_model: {str(exc).removeprefix(f'{uri}: ')}", path=uri) from None
+    return BaseModel(found.path, uri)
 
 
 @dataclass

@@ -29,6 +29,7 @@ from dilforge_shared.contract import StageContext, StageResult, Terminated, inst
 from dilforge_shared.errors import ConfigError, DilforgeError
 from dilforge_shared.families import describe_model_folder
 from dilforge_shared.launch import build_launch, wait_for_hosts
+from dilforge_shared.models import resolve
 
 from .checkpoints import Checkpointer
 from .data import (
@@ -36,13 +37,12 @@ from .data import (
     TokenFile,
     build_validation,
     cache_key,
-    find_tokenizer_dir,
     load_tokenizer,
     special_ids,
     tokenize_to_file,
 )
 from .loop import LoopSetup, TrainState, train_loop
-from .model_init import base_model_source, compare_initialisations, load_model, locate_base_model, new_row_mask
+from .model_init import compare_initialisations, load_model, locate_base_model, new_row_mask
 from .reporting import MetricsLog, flops_per_token, peak_flops
 from .resumable import TrainingModel, register_resumables
 from .runtime import Runtime, init_runtime, shutdown
@@ -71,8 +71,7 @@ def run(config: CptConfig, ctx: StageContext) -> StageResult:
         metrics = run_workers(plan, ctx)
     else:
         metrics = train(config, ctx)
-    source = base_model_source(config, ctx)
-    return StageResult(metrics=metrics, extra_inputs=source.refs if source is not None else [])
+    return StageResult(metrics=metrics)
 
 
 def worker(config: CptConfig, ctx: StageContext) -> StageResult:
@@ -150,7 +149,7 @@ def train_in_process(config: CptConfig, ctx: StageContext, rt: Runtime) -> dict:
         derive_grad_accum(config, rt.world)  # a bad batch split fails before any data is read
 
     # data: tokenizer → token cache → packed windows + sampler; validation set
-    tok_dir = find_tokenizer_dir(ctx.input("tokenizer").path)
+    tok_dir = resolve(ctx.input("tokenizer"), "tokenizer").path
     tok = load_tokenizer(tok_dir)
     ids = special_ids(tok, str(tok_dir))
     files = tokenize_corpora(config, ctx, rt, tok, ids, tok_dir)

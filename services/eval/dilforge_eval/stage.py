@@ -27,7 +27,7 @@ from dilforge_shared.configs.eval import BASE_LABEL
 from dilforge_shared.contract import StageContext, StageResult, log_config
 from dilforge_shared.corpus import iter_texts
 from dilforge_shared.errors import ConfigError, InputError
-from dilforge_shared.models import find_hf_dir
+from dilforge_shared.models import Resolved, adapter_base, open_model, resolve
 from dilforge_shared.textmetrics import measure, tokenizers_encoder
 
 from . import bpb as bpb_mod
@@ -38,7 +38,7 @@ from . import morph as morph_mod
 from .report import write_report
 from .resolve import (
     EvalModel,
-    adapter_base_uri,
+    adapter_base_dir,
     cache_dir_for,
     find_adapter_dir,
     find_model_dir,
@@ -46,6 +46,7 @@ from .resolve import (
     load_model,
     locate,
     model_source,
+    open_root,
     tokenizer_json,
 )
 
@@ -120,11 +121,7 @@ def load_tokenizers(config: EvalConfig, ctx: StageContext, models: list[EvalMode
             raise InputError("tokenizer artifact holds no tokenizer.json", path=art.uri)
         entries.append(("tokenizer", tdir, f"artifact {art.manifest.artifact_id}"))
     for ref in config.tokenizers:
-        loc = locate(ref.uri, cache, ctx.endpoint_url)
-        tdir = find_tokenizer_dir(loc.path)
-        if tdir is None:
-            raise InputError(f"tokenizers[{ref.label}]: no tokenizer.json found", path=ref.uri)
-        entries.append((ref.label, tdir, ref.uri))
+        entries.append((ref.label, locate(ref.uri, "tokenizer", cache, ctx.endpoint_url).path, ref.uri))
     for m in models:
         entries.append((m.label, m.tokenizer_dir, f"tokenizer of model {m.label}"))
     out, info, by_hash = {}, {}, {}
@@ -151,10 +148,25 @@ def base_model(config: EvalConfig, ctx: StageContext) -> EvalModel | None:
                               "give this model another label")
     art = ctx.input("model")
     try:
-        hf_dir = find_hf_dir(art.path, art.uri)
+        hf_dir = resolve(art, "model").path
     except ConfigError as exc:
         raise InputError(str(exc).removeprefix(f"{art.uri}: "), path=art.uri) from None
     return model_source(BASE_LABEL, hf_dir, f"artifact {art.manifest.artifact_id}", art.manifest, tokenizer_dir=hf_dir)
+
+
+def sft_model(art, cpt: EvalModel | None, ctx: StageContext, cache: Path) -> EvalModel:
+    """The SFT artifact: its merged/ weights, else its adapter on the base `models.adapter_base` names (the
+    pipeline's cpt artifact, already loaded, when that is the one)."""
+    base_dir = base_tok = None
+    src = open_model(art)
+    if find_model_dir(art.path) is None and (adapter := find_adapter_dir(art.path)) is not None:
+        declared = adapter_base(Resolved("adapter", adapter, src))
+        if cpt is not None and (declared is None or declared.rstrip("/") == ctx.input("cpt").uri.rstrip("/")):
+            base_dir, base_tok = cpt.model_dir, cpt.tokenizer_dir
+        else:
+            base_dir = adapter_base_dir(src, cache, ctx.endpoint_url)
+    return model_source("sft", art.path, f"artifact {art.manifest.artifact_id}", art.manifest,
+                        base_model_dir=base_dir, base_tokenizer_dir=base_tok)
 
 
 def resolve_models(config: EvalConfig, ctx: StageContext, cache: Path) -> tuple[list[EvalModel], list[str]]:
@@ -163,10 +175,11 @@ def resolve_models(config: EvalConfig, ctx: StageContext, cache: Path) -> tuple[
     if (base := base_model(config, ctx)) is not None:
         models.append(base)
     for ref in config.models:
-        loc = locate(ref.uri, cache, ctx.endpoint_url)
-        tok = find_tokenizer_dir(locate(ref.tokenizer_uri, cache, ctx.endpoint_url).path) if ref.tokenizer_uri else None
-        adapter = locate(ref.adapter_uri, cache, ctx.endpoint_url).path if ref.adapter_uri else None
-        models.append(model_source(ref.label, loc.path, ref.uri, loc.manifest, tokenizer_dir=tok, adapter_dir=adapter))
+        src = open_root(ref.uri, cache, ctx.endpoint_url)
+        tok = locate(ref.tokenizer_uri, "tokenizer", cache, ctx.endpoint_url).path if ref.tokenizer_uri else None
+        adapter = locate(ref.adapter_uri, "adapter", cache, ctx.endpoint_url).path if ref.adapter_uri else None
+        models.append(model_source(ref.label, src.path, ref.uri, src.manifest, tokenizer_dir=tok, adapter_dir=adapter,
+                                   base_model_dir=adapter_base_dir(src, cache, ctx.endpoint_url)))
     cpt = None
     if ctx.has_input("cpt"):
         art = ctx.input("cpt")
@@ -175,15 +188,7 @@ def resolve_models(config: EvalConfig, ctx: StageContext, cache: Path) -> tuple[
     if ctx.has_input("sft"):
         art = ctx.input("sft")
         try:
-            base_dir = base_tok = None
-            adapter = find_adapter_dir(art.path) if find_model_dir(art.path) is None else None
-            declared = adapter_base_uri(adapter) if adapter else None
-            if adapter and cpt and (declared is None or declared.rstrip("/") == ctx.input("cpt").uri.rstrip("/")):
-                base_dir, base_tok = cpt.model_dir, cpt.tokenizer_dir
-            elif adapter and declared:
-                base_dir = find_model_dir(locate(declared, cache, ctx.endpoint_url).path)
-            models.append(model_source("sft", art.path, f"artifact {art.manifest.artifact_id}", art.manifest,
-                                       base_model_dir=base_dir, base_tokenizer_dir=base_tok))
+            models.append(sft_model(art, cpt, ctx, cache))
         except InputError as exc:
             if config.on_unloadable_model == "fail":
                 raise InputError(f"sft artifact {art.uri}: {exc} (set on_unloadable_model: skip to report without it)")

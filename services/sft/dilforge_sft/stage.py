@@ -24,8 +24,7 @@ from dilforge_shared.configs.sft import SftConfig
 from dilforge_shared.contract import StageContext, StageResult, Terminated, install_sigterm_handler, log_config
 from dilforge_shared.errors import ConfigError, InputError
 from dilforge_shared.families import Family, describe_model_folder, detect_family
-from dilforge_shared.manifest import InputRef
-from dilforge_shared.models import ADAPTER_DIR, MERGED_DIR, ModelSource, find_hf_dir, open_model
+from dilforge_shared.models import ADAPTER_DIR, MERGED_DIR, choose, resolve
 from dilforge_shared.runtime_policy import DeviceFacts
 
 from .data import Conversation, DataCounts, apply_length_rule, load_splits
@@ -39,19 +38,20 @@ LABEL_PREVIEW_FILE = "label_preview.jsonl"  # under ctx.model_dir: the first tra
 
 # ---- where the base model comes from ---------------------------------------------------------------
 
-def resolve_base(config: SftConfig, ctx: StageContext) -> tuple[Path, str, list[InputRef]]:
-    """(HF folder, URI for reports, extra lineage). The 'cpt' input wins, then 'model', then config.base_model."""
-    for name in ("cpt", "model"):
-        if ctx.has_input(name):
-            if config.base_model:
-                log.warning("base_model %s ignored: the pipeline feeds the %r artifact", config.base_model, name)
-            art = ctx.input(name)
-            return find_hf_dir(art.path, art.uri), art.uri, []
-    if not config.base_model:
+def resolve_base(config: SftConfig, ctx: StageContext) -> tuple[Path, str]:
+    """(HF folder, URI for reports) by the shared precedence rule (`models.choose`): `base_model` when set,
+    else the upstream `cpt` artifact, else `model`. Lineage is what the coordinator fingerprinted: the input
+    as upstream, base_model by its `models.config_refs` ref."""
+    choice = choose("base_model", config.base_model, ctx.request.inputs)
+    if choice is None:
         raise ConfigError("sft: no base model: run the cpt stage in the same pipeline, pass --input cpt=URI, "
                           "or set sft.base_model to an HF folder, s3:// prefix or model artifact")
-    src: ModelSource = open_model(config.base_model, endpoint_url=ctx.endpoint_url, cache_dir=ctx.opt.root / "cache")
-    return find_hf_dir(src.path, config.base_model), config.base_model, [src.ref]
+    source = ctx.input(choice.input) if choice.input else choice.uri
+    try:
+        found = resolve(source, "model", endpoint_url=ctx.endpoint_url, cache_dir=ctx.opt.root / "cache")
+    except ConfigError as exc:
+        raise InputError(f"base_model: {str(exc).removeprefix(f'{choice.uri}: ')}", path=choice.uri) from None
+    return found.path, found.uri
 
 
 # ---- device, tokenizer, model --------------------------------------------------------------------
@@ -318,7 +318,7 @@ def run(config: SftConfig, ctx: StageContext) -> StageResult:
         raise ConfigError(f"sft runs on one host; resourceconfig lists {len(ctx.resources.hosts)}")
     stop_flag = install_sigterm_handler()
     splits = load_splits(config, ctx.endpoint_url)  # bad data fails here, before torch is even imported
-    base_dir, base_uri, extra_inputs = resolve_base(config, ctx)
+    base_dir, base_uri = resolve_base(config, ctx)
     import torch
     from transformers import AutoConfig
     torch.manual_seed(config.seed)
@@ -398,5 +398,5 @@ def run(config: SftConfig, ctx: StageContext) -> StageResult:
         "outputs": [ADAPTER_DIR, *([MERGED_DIR] if config.save_merged else [])],
         "num_label_preview_examples": num_previewed,
     }
-    return StageResult(metrics=metrics, extra_inputs=extra_inputs)
+    return StageResult(metrics=metrics)
 

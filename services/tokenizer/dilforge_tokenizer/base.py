@@ -1,53 +1,14 @@
-"""The base tokenizer: an HF tokenizer folder on disk or under an s3:// prefix."""
+"""The base tokenizer, once `dilforge_shared.models.resolve(..., "tokenizer")` found its folder: load, checks, copy."""
 
 from __future__ import annotations
 
 import json
 import shutil
 from pathlib import Path
-from urllib.parse import urlparse
 
-from dilforge_shared.errors import InputError, ManifestNotFound
-from dilforge_shared.store import NotFound, fetch, mirror_prefix
+from dilforge_shared.errors import InputError
+from dilforge_shared.models import TOKENIZER_FILES
 from tokenizers import Tokenizer
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
-                   "chat_template.json")
-
-
-def resolve(uri: str, workdir: Path, endpoint_url: str | None = None) -> Path:
-    """A local folder holding the base tokenizer's files: a dilforge artifact (tokenizer or model, verified),
-    an HF folder, or an s3:// prefix (only the tokenizer files are downloaded, never the weights beside them)."""
-    parsed = urlparse(uri)
-    local = Path(uri[len("file://"):] if parsed.scheme == "file" else uri)
-    art = None
-    if parsed.scheme == "s3" or local.is_dir():
-        try:
-            art = fetch(uri, cache_dir=workdir / "base_artifact", endpoint_url=endpoint_url)
-        except (ManifestNotFound, NotFound):
-            pass
-    if art is not None:
-        if not (art.path / "tokenizer.json").is_file():
-            raise InputError("base_tokenizer: the artifact has no tokenizer.json", path=uri)
-        return art.path
-    if parsed.scheme == "s3":
-        out = workdir / "base_tokenizer"
-        shutil.rmtree(out, ignore_errors=True)
-        try:
-            mirror_prefix(uri, out, endpoint_url, only=TOKENIZER_FILES)  # never the weights beside it
-        except NotFound:
-            pass
-        if not (out / "tokenizer.json").is_file():
-            raise InputError("no tokenizer.json under this S3 prefix (base_tokenizer must be an HF tokenizer folder)",
-                             path=uri)
-        return out
-    path = local
-    if not path.is_dir():
-        raise InputError("base_tokenizer: no such folder", path=uri)
-    if not (path / "tokenizer.json").is_file():
-        raise InputError("base_tokenizer: the folder has no tokenizer.json (an HF fast-tokenizer folder is needed)",
-                         path=uri)
-    return path
 
 
 def load(folder: Path, uri: str, parse_json: bool = True) -> tuple[Tokenizer, dict | None]:

@@ -27,7 +27,7 @@ from dilforge_shared.contract import StageContext, StageResult, log_config
 from dilforge_shared.corpus import iter_texts
 from dilforge_shared.errors import ConfigError, DilforgeError, InputError
 from dilforge_shared.families import LLAMA3, Family, detect_family
-from dilforge_shared.models import find_hf_dir
+from dilforge_shared.models import choose, resolve
 from tokenizers import Tokenizer
 from tqdm import tqdm
 
@@ -68,27 +68,27 @@ class Candidate:
     learned: list | None = None  # extend: the whole continued merge list (for prune-and-refill)
 
 
-def resolve_base(config: TokenizerConfig, ctx: StageContext) -> tuple[Base | None, list]:
-    """`base_tokenizer` when set, else the tokenizer of the upstream `model` artifact, else None."""
-    refs = []
-    if config.base_tokenizer:
-        uri = config.base_tokenizer
-        folder = base_tok.resolve(uri, ctx.checkpoint_dir, ctx.endpoint_url)
-        # lineage: the contract records the same ref the coordinator fingerprinted (shared models.config_refs)
-    elif ctx.has_input("model"):
-        art = ctx.input("model")  # lineage: recorded as the stage's upstream input
-        uri = art.uri
-        folder = find_hf_dir(art.path, uri)
-        if not (folder / "tokenizer.json").is_file():
-            raise InputError("the model artifact's HF folder has no tokenizer.json", path=uri)
-    else:
-        return None, refs
+def resolve_base(config: TokenizerConfig, ctx: StageContext) -> Base | None:
+    """The base by the shared precedence rule (`models.choose`): `base_tokenizer` when set, else the upstream
+    `model` artifact's tokenizer, else None. Lineage: an input is recorded as upstream, base_tokenizer by the
+    ref the coordinator fingerprinted (shared models.config_refs), so no extra refs here."""
+    choice = choose("base_tokenizer", config.base_tokenizer, ctx.request.inputs, order=("model",))
+    if choice is None:
+        return None
+    uri = choice.uri
+    source = ctx.input(choice.input) if choice.input else uri
+    try:
+        folder = resolve(source, "tokenizer", endpoint_url=ctx.endpoint_url, cache_dir=ctx.checkpoint_dir / "base").path
+    except ConfigError as exc:
+        raise InputError(f"{choice.field}: {str(exc).removeprefix(f'{uri}: ')}", path=uri) from None
+    if folder.is_file():
+        raise InputError(f"{choice.field}: a folder (or artifact) with tokenizer.json is needed, not a file", path=uri)
     tok, doc = base_tok.load(folder, uri)
     try:
         family, error = detect_family(base_tok.vocab_tokens(doc), uri), None
     except InputError as exc:
         family, error = None, exc
-    return Base(folder=folder, uri=uri, tok=tok, doc=doc, family=family, family_error=error), refs
+    return Base(folder=folder, uri=uri, tok=tok, doc=doc, family=family, family_error=error)
 
 
 def check_base(config: TokenizerConfig, base: Base | None) -> None:
@@ -276,7 +276,7 @@ def run(config: TokenizerConfig, ctx: StageContext) -> StageResult:
     tty = sys.stderr.isatty()
     log_config(config, {"strategies": config.strategies, "replace_train_size": max(config.vocab_sizes),
                         "extend_num_new_tokens": max(config.num_new_tokens)})
-    base, extra_inputs = resolve_base(config, ctx)
+    base = resolve_base(config, ctx)
     check_base(config, base)
     family = base.family if base is not None and base.family is not None else LLAMA3
     log.info("base: %s (family %s)", base.uri if base else None, family.name)
@@ -412,4 +412,4 @@ def run(config: TokenizerConfig, ctx: StageContext) -> StageResult:
     (ctx.model_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
     (ctx.model_dir / "sweep.md").write_text(table)
     (ctx.model_dir / "comparison.md").write_text(compared)
-    return StageResult(metrics=metrics, extra_inputs=extra_inputs)
+    return StageResult(metrics=metrics)

@@ -56,7 +56,7 @@ class PipelineConfig(StrictModel):
     @model_validator(mode="after")
     def _check_model_inputs(self) -> PipelineConfig:
         """Each base model comes from exactly one place: a field of the stage, or the pipeline's `model` stage."""
-        explicit = {"cpt": ("base_model", "scratch_model"), "tokenizer": ("base_tokenizer",)}
+        explicit = {"cpt": ("base_model", "scratch_model"), "tokenizer": ("base_tokenizer",), "sft": ("base_model",)}
         for name, cfg in self.stages():
             if name == "model":
                 continue
@@ -64,9 +64,11 @@ class PipelineConfig(StrictModel):
             if self.model is None and "model" in cfg.needed_inputs():
                 fields = " or ".join(f"{name}.{f}" for f in explicit.get(name, ()))
                 raise ValueError(f"{name}: no base model: set {fields}, or add a pipeline-level `model:` block")
-            if self.model is not None and given and getattr(cfg, "strategy", None) != "replace":
-                raise ValueError(f"{name}.{given[0]} and the pipeline's `model:` block both give the base model; "
-                                 f"keep one (remove {name}.{given[0]} to use the model artifact)")
+            upstream = [u for u in ("cpt", "model") if u in cfg.consumes and getattr(self, u) is not None]
+            if upstream and given and getattr(cfg, "strategy", None) != "replace":
+                block = "the pipeline's `model:` block" if upstream[0] == "model" else f"the pipeline's {upstream[0]} stage"
+                raise ValueError(f"{name}.{given[0]} and {block} both give the base model; "
+                                 f"keep one (remove {name}.{given[0]} to use the {upstream[0]} artifact)")
         if self.model is not None and self.eval is not None and "base" in [m.label for m in self.eval.models]:
             raise ValueError("eval.models: label 'base' is the pipeline's `model` stage (compared automatically); "
                              "rename it or drop it")
