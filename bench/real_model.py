@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from dilforge_shared.metrics import CptMetrics
 from hardware import describe
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,11 +73,11 @@ def table(artifacts: dict[str, str]) -> dict:
         row = next(r for r in rows if r["model"] == model)
         bars[model] = {"az_ratio": row["az"]["ratio_to_base"], "az_ok": row["az"]["ratio_to_base"] <= AZ_BAR,
                        "en_ratio": row["en"]["ratio_to_base"], "en_ok": row["en"]["ratio_to_base"] <= EN_BAR}
-    transplant = cpt.metrics.get("transplant", {})
-    raw = {k.removeprefix("step0_val_bpb_"): v for k, v in transplant.items() if k.startswith("step0_val_bpb_")}
+    transplant = CptMetrics.model_validate(cpt.metrics).transplant
     # one row per initialisation: its BPB per validation set, and over both sets together ("all")
-    step0 = {m: {**raw.get(f"{m}_by_set", {}), "all": raw[m]} for m in raw if not m.endswith("_by_set")}
-    return {"rows": rows, "bars": bars, "step0": step0, "transplant_method": transplant.get("method"),
+    step0 = {m: {**transplant.step0_val_bpb_by_set.get(m, {}), "all": v}
+             for m, v in transplant.step0_val_bpb.items()} if transplant else {}
+    return {"rows": rows, "bars": bars, "step0": step0, "transplant_method": transplant.method if transplant else None,
             "tasks": task_rows(m.get("downstream") or {}),
             "eval_seconds": m.get("seconds", {}).get("total"),
             "eval_task_seconds": (m.get("cost", {}).get("eval") or {}).get("seconds_tasks"),

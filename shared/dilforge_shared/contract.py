@@ -37,6 +37,7 @@ from .configs.base import StageConfig
 from .configs.pipeline import validate_model
 from .errors import ConfigError, DilforgeError, UnsafePathError
 from .manifest import MANIFEST_NAME, InputRef, Manifest, current_producer
+from .metrics import validate_metrics
 from .models import artifact_id, config_refs
 from .paths import check_name
 from .settings import install_log_masking, settings
@@ -283,7 +284,10 @@ def check_identity(ctx: StageContext, refs: list[InputRef], since: list[InputRef
 
 def publish_result(ctx: StageContext, result: StageResult, package: str,
                    start_refs: list[InputRef] | None = None) -> Manifest:
+    """Validate the metrics against the stage's model (`dilforge_shared.metrics`) and the inputs against the
+    planned id, then publish files + manifest."""
     config = ctx.request.config
+    validate_metrics(config.stage, result.metrics)
     inputs = lineage(ctx)
     check_identity(ctx, inputs, start_refs)
     manifest = Manifest(

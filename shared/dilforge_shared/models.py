@@ -133,12 +133,11 @@ def model_digest(uri: str, endpoint_url: str | None = None) -> str:
         return dir_digest(path)
     backend = S3Storage(parsed.netloc, parsed.path, endpoint_url)
     h = hashlib.sha256()
-    keys = sorted(backend.list(""))
-    if not keys:
+    stats = sorted(backend.list_stats(""))  # (key, size, ETag): one listing, no request per object
+    if not stats:
         raise ConfigError(f"{uri}: no objects under this prefix")
-    for key in keys:
-        head = backend.client.head_object(Bucket=parsed.netloc, Key=backend._key(key))
-        h.update(f"{key}:{head['ETag']}\n".encode())
+    for key, _, etag in stats:
+        h.update(f"{key}:{etag}\n".encode())
     return h.hexdigest()
 
 

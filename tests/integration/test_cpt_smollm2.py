@@ -105,7 +105,7 @@ def test_stage_trains_new_rows_only_on_chatml(tmp_path, data_root, smollm2_dir, 
             assert torch.equal(after[name], tensor.float()), name
     m = art.manifest.metrics
     assert m["transplant"]["num_new"] == len(NEW_TOKENS)
-    assert set(m["transplant"]["step0_val_bpb_mean_of_pieces_by_set"]) == {"az"}
+    assert set(m["transplant"]["step0_val_bpb_by_set"]["mean_of_pieces"]) == {"az"}
     assert m["final_val_bpb_by_set"]["az"] > 0
     # the published folder describes the ChatML family: stock generate ends the answer at <|im_end|>
     from generation_checks import assert_stock_generate_stops_at_end_of_turn, expected_ids, published_ids

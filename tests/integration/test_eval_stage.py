@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import metrics_samples
 import pytest
 import torch
 from dilforge_shared.manifest import Manifest, current_producer
@@ -70,29 +71,17 @@ def _coordinator(args: list[str], tmp: Path) -> subprocess.CompletedProcess:
 def upstream(tmp_path_factory, tiny_tokenizer_dir, tiny_llama_dir):
     tmp = tmp_path_factory.mktemp("eval-up")
     store = tmp / "store"
-    tok_uri = _publish(store, "tokenizer", "tokenizer", tiny_tokenizer_dir, {
-        "selected_vocab_size": 512, "base": None,
-        "sweep": [{"vocab_size": v, "sets": {"heldout": {"tokens_per_word": 4 - v / 512}}} for v in (300, 400, 512)],
-        "comparison": [{"strategy": "replace", "vocab_size": 512, "num_new_tokens": 512, "selected": True,
-                        "languages": {"az": {"tokens_per_word": 2.1, "bytes_per_token": 3.0, "frac_words_3plus": 0.3},
-                                      "en": {"tokens_per_word": 3.2, "bytes_per_token": 1.9, "frac_words_3plus": 0.6}},
-                        "dead_new_tokens_frac": 0.01}],
-        "dead_tokens": {"num_new_dead": 5}})
-    cpt_uri = _publish(store, "cpt", "model", tiny_llama_dir, {
-        "num_steps": 4, "total_tokens": 4096, "tokens_per_s": 100.0,
-        "history": [{"step": s, "loss": 6.0 - s / 2, "lr": 1e-3} for s in range(1, 5)],
-        "validation": [{"step": 0, "val_loss": 6.5}, {"step": 4, "val_loss": 4.1}],
-        "transplant": {"method": "mean_of_pieces", "num_kept": 300, "step0_val_bpb_random": 5.27,
-                       "step0_val_bpb_mean_of_pieces": 2.81}})
+    tok_uri = _publish(store, "tokenizer", "tokenizer", tiny_tokenizer_dir, metrics_samples.sample("tokenizer"))
+    cpt_uri = _publish(store, "cpt", "model", tiny_llama_dir, metrics_samples.sample("cpt"))
     sft_dir = _sft_adapter(fetch(cpt_uri).path, tmp / "sft", cpt_uri)
-    sft_uri = _publish(store, "sft", "adapter", sft_dir, {
-        "train_runtime_s": 2.5, "train_loss_history": [{"step": 1, "loss": 3.0}, {"step": 2, "loss": 2.5}]})
+    sft_uri = _publish(store, "sft", "adapter", sft_dir, metrics_samples.sample("sft", base_model=cpt_uri))
     import factories
     base_dir = factories.build_tiny_llama(tmp / "base", tiny_tokenizer_dir, seed=1)
     # the model stage's artifact: a plain HF folder inside (here in model/, found by models.resolve)
     factories.build_tiny_llama(tmp / "base-artifact" / "model", tiny_tokenizer_dir, seed=1)
     # (recorded as produced by "cpt" while the manifest schema predates the model stage; eval reads only the files)
-    model_uri = _publish(store, "model", "model", tmp / "base-artifact", {"num_parameters": 1}, manifest_stage="cpt")
+    model_uri = _publish(store, "model", "model", tmp / "base-artifact", metrics_samples.sample("model"),
+                         manifest_stage="cpt")
     return {"tmp": tmp, "store": store, "tokenizer": tok_uri, "cpt": cpt_uri, "sft": sft_uri, "base": base_dir,
             "model": model_uri}
 
@@ -204,7 +193,7 @@ def test_unloadable_sft_model_fails_unless_skipping_is_asked_for(upstream, data_
     """An adapter whose base cannot be found is an error by default, not a silently missing column."""
     orphan = _sft_adapter(fetch(upstream["cpt"]).path, tmp_path / "orphan", str(tmp_path / "no-such-base"))
     store = tmp_path / "store"
-    sft_uri = _publish(store, "sft", "adapter", orphan, {})
+    sft_uri = _publish(store, "sft", "adapter", orphan, metrics_samples.sample("sft"))
     section = {"text_sets": [{"uri": str(data_root / "az/train/udhr_azj_latn.txt"), "name": "udhr"}],
                "bpb": {"window": 32}, "max_bytes_per_set": 500}
     cfg = _write_pipeline(tmp_path / "p.yaml", store, "orphan", section)

@@ -16,11 +16,12 @@ import textwrap
 import time
 from pathlib import Path
 
+import metrics_samples
 import psutil
 import pytest
 
 FAKE_STAGE = '''
-import os, sys, time
+import json, os, sys, time
 from pathlib import Path
 from dilforge_shared.configs import STAGE_CONFIGS
 from dilforge_shared.contract import StageResult, Terminated, install_sigterm_handler, stage_main
@@ -43,7 +44,7 @@ def body(config, ctx):
     (ctx.model_dir / "out.txt").write_text("done")
     with open(log, "a") as f:
         f.write("published\\n")
-    return StageResult(metrics={})
+    return StageResult(metrics=json.loads(os.environ["FAKE_METRICS"]))
 
 if __name__ == "__main__":
     sys.exit(stage_main(STAGE_CONFIGS["tokenizer"], body, "fake", sys.argv[1:]))
@@ -75,6 +76,7 @@ def world(tmp_path):
 def start(world: Path, run_id: str = "a", seconds: float = 0, stdin: bytes | None = None) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": f"{world}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
            "FAKE_LOG": str(world / "stage.log"), "FAKE_SECONDS": str(seconds),
+           "FAKE_METRICS": json.dumps(metrics_samples.TOKENIZER),
            "DILFORGE_WORKDIR": str(world / "work"), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, str(world / "driver.py"), "run-all", "-c", str(world / f"{run_id}.yaml")],
                             env=env, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,

@@ -1,5 +1,6 @@
 import json
 
+import metrics_samples
 import pytest
 from dilforge_shared.configs import TokenizerConfig
 from dilforge_shared.contract import (
@@ -82,11 +83,11 @@ def test_stage_main_publishes_what_run_left_in_model_dir(tmp_path, monkeypatch):
 
     def run(config, ctx):
         (ctx.model_dir / "tokenizer.json").write_text("{}")
-        return StageResult(metrics={"fertility": 1.4})
+        return StageResult(metrics=metrics_samples.sample("tokenizer", peak_rss_mib=1.4))
     code, opt = run_main(tmp_path, monkeypatch, run)
     assert code == 0 and not opt.failure_file.exists()
     art = fetch(str(tmp_path / "store" / "a"))
-    assert art.manifest.metrics == {"fertility": 1.4}
+    assert art.manifest.metrics == metrics_samples.sample("tokenizer", peak_rss_mib=1.4)
     assert art.manifest.config["vocab_sizes"] == [1000] and art.manifest.run_id == "r1"
 
 

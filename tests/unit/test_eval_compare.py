@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import metrics_samples
 import pytest
 from dilforge_eval import compare
 from dilforge_shared.configs.base import DataSource
+from dilforge_shared.metrics import CptMetrics, TokenizerMetrics
 
 
 @pytest.mark.parametrize("source,expected", [
@@ -61,28 +63,30 @@ def test_reference_is_base_else_first_model():
 
 
 @pytest.mark.parametrize("transplant,expected", [
-    ({"method": "mean_of_pieces", "step0_val_bpb_random": 5.27, "step0_val_bpb_mean_of_pieces": 2.81},
-     {"random": {"val": 5.27}, "mean_of_pieces": {"val": 2.81}}),
-    ({"method": "mean_of_all", "step0_val_bpb_mean_of_all": {"flores-az": 3.3, "flores-en": 1.4}},
+    ({"method": "mean_of_pieces", "step0_val_bpb": {"random": 5.27, "mean_of_pieces": 2.81}},
+     {"random": {"val": 5.27}, "mean_of_pieces": {"val": 2.81}}),                 # no per-set figures recorded
+    ({"method": "mean_of_all", "step0_val_bpb": {"mean_of_all": 2.0},
+      "step0_val_bpb_by_set": {"mean_of_all": {"flores-az": 3.3, "flores-en": 1.4}}},
      {"mean_of_all": {"flores-az": 3.3, "flores-en": 1.4}}),
-    ({"step0_val_bpb": {"random": {"az": 5.0}, "mean_of_pieces": 2.8}},
-     {"random": {"az": 5.0}, "mean_of_pieces": {"val": 2.8}}),
 ])
-def test_step0_bpb_layouts(transplant, expected):
-    got = compare.step0_bpb({"transplant": transplant})
-    assert got["step0_bpb"] == expected and got["method"] == transplant.get("method")
+def test_step0_bpb_per_initialisation_and_set(transplant, expected):
+    got = compare.step0_bpb(CptMetrics.model_validate(metrics_samples.sample("cpt", transplant=transplant)))
+    assert got["step0_bpb"] == expected and got["method"] == transplant["method"]
     assert got["sets"] == sorted({s for v in expected.values() for s in v})
 
 
-@pytest.mark.parametrize("metrics", [{}, {"transplant": None}, {"transplant": {"method": "random", "num_kept": 3}},
-                                     {"transplant": {"step0_val_bpb_random": "n/a"}}])
-def test_step0_bpb_absent_in_older_manifests(metrics):
-    assert compare.step0_bpb(metrics) is None
+@pytest.mark.parametrize("transplant", [None, {"method": "none", "reason": "same tokenizer as the base model"}])
+def test_step0_bpb_absent_without_a_comparison(transplant):
+    assert compare.step0_bpb(CptMetrics.model_validate(metrics_samples.sample("cpt", transplant=transplant))) is None
 
 
-def test_tokenizer_comparison_rows_and_absence():
-    rows = [{"strategy": "extend", "vocab_size": 75000, "languages": {"en": {}, "az": {}}}, {"no": "strategy"}]
-    got = compare.tokenizer_comparison({"comparison": rows, "dead_tokens": {"num_new_dead": 3}})
-    assert got == {"rows": rows[:1], "languages": ["az", "en"], "dead_tokens": {"num_new_dead": 3}}
-    assert compare.tokenizer_comparison({"sweep": []}) is None
-    assert compare.tokenizer_comparison(None) is None
+def test_tokenizer_comparison_and_sweep_read_the_typed_metrics():
+    tok = TokenizerMetrics.model_validate(metrics_samples.sample("tokenizer"))
+    got = compare.tokenizer_comparison(tok)
+    assert got["languages"] == ["az", "en"] and got["rows"][0]["strategy"] == "replace"
+    assert got["dead_tokens"]["num_dead_new_tokens"] == 5
+    sweep = compare.vocab_sweep(tok)
+    assert sweep["selected"] == 512 and [r["vocab_size"] for r in sweep["rows"]] == [300, 400, 512]
+    assert sweep["rows"][0]["sets"]["heldout"]["tokens_per_word"] == pytest.approx(4 - 300 / 512)
+    empty = TokenizerMetrics.model_validate(metrics_samples.sample("tokenizer", comparison=[], dead_tokens={}))
+    assert compare.tokenizer_comparison(empty) is None

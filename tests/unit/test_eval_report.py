@@ -6,10 +6,12 @@ from __future__ import annotations
 import os
 import re
 
+import metrics_samples
 import pytest
 from dilforge_eval import compare
 from dilforge_eval.render import chromium, dump_dom, screenshot
 from dilforge_eval.report import write_report
+from dilforge_shared.metrics import CptMetrics, TokenizerMetrics
 
 MODELS = ["base", "cpt", "sft"]
 SETS = ["flores", "legal", "wiki", "flores-en"]
@@ -40,17 +42,15 @@ def fake_metrics() -> dict:
         "curves": {"cpt": {"loss": [[1, 5.0], [2, 4.0], [3, 3.5]]}, "sft": {"train_loss": [[1, 2.0], [2, 1.5]]}},
         "cost": {"cpt": {"seconds_train": 12.5}},
         "skipped": [],
-        "transplant": compare.step0_bpb({"transplant": {"method": "mean_of_pieces", "step0_val_bpb_random": 5.27,
-                                                        "step0_val_bpb_mean_of_pieces": 2.81}}),
-        "tokenizer_comparison": compare.tokenizer_comparison({
-            "comparison": [{"strategy": s, "vocab_size": v, "num_new_tokens": n, "selected": s == "extend",
-                            "dead_new_tokens_frac": d,
-                            "languages": {"az": {"tokens_per_word": az, "bytes_per_token": 4.0, "frac_words_3plus": 0.1},
-                                          "en": {"tokens_per_word": en, "bytes_per_token": 4.5, "frac_words_3plus": 0.05}}}
-                           for s, v, n, d, az, en in (("base", 49152, 0, None, 3.44, 1.24),
-                                                      ("extend", 75000, 25848, 0.017, 1.53, 1.22),
-                                                      ("replace", 50000, 50000, 0.0, 1.48, 2.45))],
-            "dead_tokens": {"num_new_dead": 439, "per_corpus": {"wiki": {"frac_vocab_used": 0.61}}}}),
+        "transplant": compare.step0_bpb(CptMetrics.model_validate(metrics_samples.sample("cpt"))),
+        "tokenizer_comparison": compare.tokenizer_comparison(TokenizerMetrics.model_validate(metrics_samples.sample(
+            "tokenizer", comparison=[
+                {"strategy": s, "vocab_size": v, "num_new_tokens": n, "selected": s == "extend", "dead_new_tokens_frac": d,
+                 "languages": {"az": {"tokens_per_word": az, "bytes_per_token": 4.0, "frac_words_3plus": 0.1},
+                               "en": {"tokens_per_word": en, "bytes_per_token": 4.5, "frac_words_3plus": 0.05}}}
+                for s, v, n, d, az, en in (("base", 49152, 0, None, 3.44, 1.24), ("extend", 75000, 25848, 0.017, 1.53, 1.22),
+                                           ("replace", 50000, 50000, 0.0, 1.48, 2.45))],
+            dead_tokens={"num_new_dead": 439, "per_corpus": {"wiki": {"frac_vocab_used": 0.61}}}))),
     }
     changes = compare.bpb_changes(m["bpb"], "base", LANGS)
     m.update(bpb_change=changes, headline=compare.headline(changes, "base", LANGS, "az"))

@@ -89,7 +89,9 @@ def test_every_stage_applies_the_same_rule(tmp_path, two_bases, monkeypatch):
     from dilforge_tokenizer.stage import resolve_base as tok_base
     art, plain = two_bases
     corpus = [{"uri": str(tmp_path / "c.txt")}]
-    tok_cfg = lambda **kw: TokenizerConfig.model_validate({"strategy": "extend", "corpora": corpus, **kw})  # noqa: E731
+
+    def tok_cfg(**kw):
+        return TokenizerConfig.model_validate({"strategy": "extend", "corpora": corpus, **kw})
     both, only_input = Ctx({"model": art}, tmp_path), Ctx({"model": art}, tmp_path)
 
     class Chosen(Exception):

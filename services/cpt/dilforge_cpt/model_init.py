@@ -145,7 +145,7 @@ def compare_initialisations(model, pending: PendingTransplant, val, config: CptC
     for method in methods:
         apply_transplant(model, pending, method, config.seed)
         result = evaluate(model, val, config, rt, desc=f"step-0 {method}")
-        pending.report[f"step0_val_bpb_{method}"] = result["val_bpb"]
-        pending.report[f"step0_val_bpb_{method}_by_set"] = bpb_by_set(result)
+        pending.report.setdefault("step0_val_bpb", {})[method] = result["val_bpb"]
+        pending.report.setdefault("step0_val_bpb_by_set", {})[method] = bpb_by_set(result)
         log.info("transplant %s: step-0 val_bpb=%.4f val_loss=%.4f", method, result["val_bpb"], result["val_loss"])
     return result

@@ -8,12 +8,11 @@ import math
 import torch
 from dilforge_shared.bpb import stream_nll
 from dilforge_shared.configs.cpt import CptConfig
+from dilforge_shared.metrics import SET_PREFIX  # a validation row's `val_bpb/<set>`, as CptMetrics reads it
 
 from .data import ValidationSet
 from .reporting import Progress
 from .runtime import Runtime
-
-SET_PREFIX = "val_bpb/"  # validation rows hold one `val_bpb/<set name>` per validation set
 
 
 def window_and_stride(config: CptConfig) -> tuple[int, int]:

@@ -6,9 +6,9 @@ that still has English-speaking users). Averaging the two hides both (+155 % for
 +336 % English"), so nothing here averages across text sets: every change is per set, the headline
 takes the first set of each language, and each set carries its language.
 
-Also read from upstream manifests, tolerating older and newer layouts: the step-0 BPB of each
-initialisation (CPT `metrics.transplant`), and the tokenizer strategies side by side
-(tokenizer `metrics.comparison` / `metrics.dead_tokens`).
+Also read from upstream manifests, typed (`dilforge_shared.metrics`): the step-0 BPB of each
+initialisation (`CptMetrics.transplant`), the tokenizer strategies side by side and the vocabulary sweep
+(`TokenizerMetrics.comparison` / `.dead_tokens` / `.sweep`).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from dilforge_shared.configs.base import DataSource
+from dilforge_shared.metrics import CptMetrics, TokenizerMetrics
 
 # ISO 639-3 codes that FLORES-style column names use, mapped to the 2-letter codes the report uses.
 ISO3 = {"eng": "en", "azj": "az", "aze": "az", "azb": "az", "rus": "ru", "tur": "tr", "deu": "de", "fra": "fr"}
@@ -109,49 +110,26 @@ def headline_lines(h: dict[str, Any]) -> list[str]:
 
 # ----------------------------------------------------------------------------------------------- upstream manifests
 
-STEP0_PREFIX = "step0_val_bpb_"
-
-
-def _numbers(value: Any) -> dict[str, float] | None:
-    """A number as {"val": x}; a dict of numbers (per validation set) as it is; anything else None."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return {"val": float(value)}
-    if isinstance(value, dict):
-        nums = {str(k): float(v) for k, v in value.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-        return nums or None
-    return None
-
-
-def step0_bpb(cpt_metrics: dict | None) -> dict[str, Any] | None:
-    """Step-0 BPB per initialisation from the CPT manifest's `transplant` block, per validation set when given.
-
-    Accepted layouts: `step0_val_bpb_<method>: x` (one validation set, shown as "val"),
-    `step0_val_bpb_<method>: {set: x}`, and `step0_val_bpb: {<method>: x | {set: x}}`.
-    """
-    block = (cpt_metrics or {}).get("transplant")
-    if not isinstance(block, dict):
+def step0_bpb(cpt: CptMetrics) -> dict[str, Any] | None:
+    """Step-0 BPB per initialisation from the CPT metrics' typed `transplant` block, per validation set
+    (`{"val": x}` when the run recorded no per-set figures)."""
+    t = cpt.transplant
+    if t is None or not t.step0_val_bpb:
         return None
-    methods: dict[str, dict[str, float]] = {}
-    nested = block.get("step0_val_bpb")
-    if isinstance(nested, dict):
-        for method, value in nested.items():
-            if (nums := _numbers(value)) is not None:
-                methods[str(method)] = nums
-    for key, value in block.items():
-        if key.startswith(STEP0_PREFIX) and (nums := _numbers(value)) is not None:
-            methods[key.removeprefix(STEP0_PREFIX)] = nums
-    if not methods:
-        return None
-    return {"method": block.get("method"), "sets": sorted({s for v in methods.values() for s in v}),
-            "step0_bpb": methods}
+    methods = {m: dict(t.step0_val_bpb_by_set.get(m) or {"val": v}) for m, v in t.step0_val_bpb.items()}
+    return {"method": t.method, "sets": sorted({s for v in methods.values() for s in v}), "step0_bpb": methods}
 
 
-def tokenizer_comparison(tok_metrics: dict | None) -> dict[str, Any] | None:
-    """The tokenizer strategies side by side (`comparison` rows, `dead_tokens`), or None for older manifests."""
-    m = tok_metrics or {}
-    rows = [r for r in m.get("comparison") or [] if isinstance(r, dict) and "strategy" in r]
-    dead = m.get("dead_tokens") if isinstance(m.get("dead_tokens"), dict) else None
-    if not rows and not dead:
+def tokenizer_comparison(tok: TokenizerMetrics) -> dict[str, Any] | None:
+    """The tokenizer strategies side by side (`comparison` rows, `dead_tokens`), or None when it has neither."""
+    if not tok.comparison and not tok.dead_tokens:
         return None
-    languages = sorted({lang for r in rows for lang in (r.get("languages") or {})})
-    return {"rows": rows, "languages": languages, "dead_tokens": dead}
+    languages = sorted({lang for r in tok.comparison for lang in r.languages})
+    return {"rows": [r.model_dump() for r in tok.comparison], "languages": languages,
+            "dead_tokens": tok.dead_tokens or None}
+
+
+def vocab_sweep(tok: TokenizerMetrics) -> dict[str, Any]:
+    """Fertility per vocabulary size (the sweep's rows), the selected size and the base's figures."""
+    rows = [{"vocab_size": r.vocab_size, "sets": {k: v.model_dump() for k, v in r.sets.items()}} for r in tok.sweep]
+    return {"selected": tok.selected_vocab_size, "rows": rows, "base": tok.base.model_dump() if tok.base else None}

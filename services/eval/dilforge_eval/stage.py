@@ -16,7 +16,6 @@ import gc
 import hashlib
 import json
 import logging
-import re
 import time
 from itertools import zip_longest
 from pathlib import Path
@@ -27,6 +26,7 @@ from dilforge_shared.configs.eval import BASE_LABEL
 from dilforge_shared.contract import StageContext, StageResult, log_config
 from dilforge_shared.corpus import iter_texts
 from dilforge_shared.errors import ConfigError, InputError
+from dilforge_shared.metrics import read_metrics
 from dilforge_shared.models import Resolved, adapter_base, open_model, resolve
 from dilforge_shared.textmetrics import measure, tokenizers_encoder
 
@@ -52,7 +52,6 @@ from .resolve import (
 
 log = logging.getLogger("dilforge.eval")
 
-COST_KEY = re.compile(r"second|time|hours|tokens|steps|samples|throughput|mfu|memory|rss|flops", re.IGNORECASE)
 
 
 def _capped(source, max_bytes: int | None) -> dict:
@@ -227,26 +226,12 @@ def morph_metrics(toks, gold: dict[str, list[morph_mod.GoldWord]]) -> dict:
     return out
 
 
-def vocab_sweep(ctx: StageContext) -> dict | None:
-    if not ctx.has_input("tokenizer"):
+def upstream_metrics(ctx: StageContext, stage: str):
+    """An upstream stage's metrics, typed (`dilforge_shared.metrics`), or None without that input."""
+    if not ctx.has_input(stage):
         return None
-    m = ctx.input("tokenizer").manifest.metrics
-    rows = [{"vocab_size": r["vocab_size"], "sets": r.get("sets") or r.get("languages") or {}}
-            for r in m.get("sweep") or [] if isinstance(r, dict) and "vocab_size" in r]
-    return {"selected": m.get("selected_vocab_size"), "rows": rows, "base": m.get("base")}
-
-
-def cost(manifest_metrics: dict) -> dict:
-    """Numeric time/token/memory figures an upstream stage recorded (top level and one level down)."""
-    out = {}
-    for k, v in (manifest_metrics or {}).items():
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and COST_KEY.search(k):
-            out[k] = v
-        elif isinstance(v, dict):
-            for k2, v2 in v.items():
-                if isinstance(v2, (int, float)) and not isinstance(v2, bool) and COST_KEY.search(f"{k}.{k2}"):
-                    out[f"{k}.{k2}"] = v2
-    return dict(list(out.items())[:16])
+    art = ctx.input(stage)
+    return read_metrics(stage, art.manifest.metrics, art.uri)
 
 
 def evaluate_model(src: EvalModel, config: EvalConfig, sets: dict[str, list[str]], prompts, device: str, dtype,
@@ -377,18 +362,16 @@ def run(config: EvalConfig, ctx: StageContext) -> StageResult:
 
     metrics["curves"], metrics["cost"] = {}, {}
     for stage in ("cpt", "sft"):
-        if ctx.has_input(stage):
-            art = ctx.input(stage)
-            series = curves_mod.training_curves(art.manifest.metrics, art.path)
-            if series:
+        if (typed := upstream_metrics(ctx, stage)) is not None:
+            if series := curves_mod.training_curves(typed):
                 metrics["curves"][stage] = {k: [list(p) for p in v] for k, v in series.items()}
-            if c := cost(art.manifest.metrics):
+            if c := typed.cost():
                 metrics["cost"][stage] = c
-    if sweep := vocab_sweep(ctx):
-        metrics["vocab_sweep"] = sweep
-    if ctx.has_input("tokenizer") and (comp := compare.tokenizer_comparison(ctx.input("tokenizer").manifest.metrics)):
-        metrics["tokenizer_comparison"] = comp
-    if ctx.has_input("cpt") and (step0 := compare.step0_bpb(ctx.input("cpt").manifest.metrics)):
+    if (tok := upstream_metrics(ctx, "tokenizer")) is not None:
+        metrics["vocab_sweep"] = compare.vocab_sweep(tok)
+        if comp := compare.tokenizer_comparison(tok):
+            metrics["tokenizer_comparison"] = comp
+    if (cpt := upstream_metrics(ctx, "cpt")) is not None and (step0 := compare.step0_bpb(cpt)):
         metrics["transplant"] = step0
     metrics["skipped"] = skipped
     seconds["total"] = round(time.perf_counter() - t_start, 2)

@@ -1,0 +1,297 @@
+"""One pydantic metrics model per stage: what each stage publishes in its manifest's `metrics`, and what a
+downstream stage (eval) reads.
+
+Validated when published (`contract.publish_result` → `validate_metrics`) and parsed again when read
+(`read_metrics`), so a metric renamed in a producer fails that stage's publish (unknown keys are refused,
+`extra="forbid"`) and a field renamed here without its consumer fails the consumer's tests (it reads
+attributes, not key names). To add a metric: add a typed field here (optional, with a default, so older
+manifests still read), then write it in the stage. Sections other helpers own are separate sub-models
+(e.g. a CPT step-0 leakage table, eval's downstream task results): add them as `Optional[...] = None`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from .errors import DilforgeError, InputError
+
+
+class Metrics(BaseModel):
+    """Base: unknown keys are an error, so a renamed metric cannot slip through."""
+    model_config = ConfigDict(extra="forbid")
+
+
+# ---- model --------------------------------------------------------------------------------------------
+
+class ModelMetrics(Metrics):
+    """The model stage's provenance (architecture.md "Base models are artifacts")."""
+    source: str
+    source_kind: str
+    sha256: str
+    package: str | None = None
+    version: str | None = None
+    file: str | None = None
+    license: str | None = None
+    description: str | None = None
+    dequantized_from: str | None = None
+    gguf_file: str | None = None
+    gguf_sha256: str | None = None
+    gguf_architecture: str | None = None
+    gguf_tensors_skipped: list[str] = Field(default_factory=list)
+    num_parameters: int
+    dtype: str
+    architecture: str | None = None
+    vocab_size: int | None = None
+    num_hidden_layers: int | None = None
+    hidden_size: int | None = None
+    tie_word_embeddings: bool | None = None
+    family: str | None = None
+
+
+# ---- tokenizer ----------------------------------------------------------------------------------------
+
+class SetFigures(Metrics):
+    """A tokenizer measured on one text set (tokenizer report.measure_sets)."""
+    tokens_per_word: float
+    bytes_per_token: float
+    share_words_3plus: float
+    num_texts: int
+    num_words: int
+    num_tokens: int
+    num_bytes: int
+    num_words_3plus: int
+
+
+class LanguageFigures(Metrics):
+    """The headline figures of one validation set (tokenizer report.language_figures)."""
+    tokens_per_word: float
+    bytes_per_token: float
+    frac_words_3plus: float
+
+
+class StrategyRow(Metrics):
+    """One strategy's candidate in the side-by-side comparison (`languages`: per validation set)."""
+    strategy: str
+    vocab_size: int
+    num_new_tokens: int
+    selected: bool
+    languages: dict[str, LanguageFigures]
+    dead_new_tokens_frac: float | None = None
+
+
+class SweepRow(Metrics):
+    """One candidate size of the configured strategy: replace records its regular vocabulary, extend the
+    number of tokens it added."""
+    vocab_size: int
+    vocab_size_total: int | None = None
+    vocab_size_regular: int | None = None
+    num_added_tokens: int | None = None
+    sets: dict[str, SetFigures]
+
+
+class TokenizerBase(Metrics):
+    uri: str
+    sets: dict[str, SetFigures]
+
+
+class TokenizerMetrics(Metrics):
+    strategy: str
+    family: str
+    selected_vocab_size: int | None
+    selection: dict[str, Any]
+    word_definition: str
+    comparison: list[StrategyRow]
+    languages: dict[str, LanguageFigures]
+    dead_tokens: dict[str, Any] = Field(description="The dead-token audit of the published tokenizer.")
+    sweep: list[SweepRow]
+    base: TokenizerBase | None = None
+    output: dict[str, Any]
+    corpus: dict[str, Any]
+    seconds: dict[str, float]
+    peak_rss_mib: float
+
+
+# ---- cpt ----------------------------------------------------------------------------------------------
+
+class TrainRow(Metrics):
+    """One logged optimizer step."""
+    step: int
+    phase: int
+    loss: float
+    lr: float
+    grad_norm: float | None = None
+    tokens_per_s: float | None = None
+    tokens_per_s_per_device: float | None = None
+    mfu: float | None = None
+    peak_memory_gb: float | None = None
+
+
+SET_PREFIX = "val_bpb/"  # a validation row holds one `val_bpb/<set name>` per validation set
+
+
+class ValidationRow(BaseModel):
+    """One validation pass: loss and BPB over all sets, and `val_bpb/<set>` per set (read as `by_set`)."""
+    model_config = ConfigDict(extra="allow")
+    step: int
+    val_loss: float
+    val_bpb: float
+    eval_peak_memory_gb: float | None = None
+
+    @model_validator(mode="after")
+    def _only_per_set_bpb(self) -> ValidationRow:
+        for key, value in (self.model_extra or {}).items():
+            if not key.startswith(SET_PREFIX) or not isinstance(value, (int, float)):
+                raise ValueError(f"unknown validation metric {key!r} (only {SET_PREFIX}<set> may be added)")
+        return self
+
+    @property
+    def by_set(self) -> dict[str, float]:
+        return {k.removeprefix(SET_PREFIX): float(v) for k, v in (self.model_extra or {}).items()}
+
+
+class Transplant(Metrics):
+    """How the base model's vocabulary became the stage's: kept/new rows and the step-0 BPB of each
+    initialisation compared (`step0_val_bpb[method]`, per validation set in `step0_val_bpb_by_set`)."""
+    method: str
+    reason: str | None = None
+    num_kept: int | None = None
+    num_new: int | None = None
+    base_vocab_size: int | None = None
+    new_vocab_size: int | None = None
+    step0_val_bpb: dict[str, float] = Field(default_factory=dict)
+    step0_val_bpb_by_set: dict[str, dict[str, float]] = Field(default_factory=dict)
+
+
+class CptMetrics(Metrics):
+    num_steps: int
+    tokens_seen: int
+    final_train_loss: float | None
+    final_val_loss: float | None
+    final_val_bpb: float | None
+    final_val_bpb_by_set: dict[str, float]
+    best_val_bpb: float | None
+    step0_val_loss: float | None
+    step0_val_bpb: float | None
+    step0_val_bpb_by_set: dict[str, float]
+    transplant: Transplant | None
+    tokens_per_s: float | None
+    mfu: float | None
+    peak_memory_gb: float | None
+    eval_peak_memory_gb: float | None
+    world_size: int
+    global_batch_sequences: int
+    global_batch_tokens: int
+    total_tokens: int
+    num_params: int
+    liger_kernels: list[str]
+    dtype: str
+    history: list[TrainRow]
+    validation: list[ValidationRow]
+
+    def cost(self) -> dict[str, float]:
+        """Time, token and memory figures the eval report lists."""
+        figures = {"tokens_seen": self.tokens_seen, "total_tokens": self.total_tokens,
+                   "tokens_per_s": self.tokens_per_s, "mfu": self.mfu, "peak_memory_gb": self.peak_memory_gb,
+                   "eval_peak_memory_gb": self.eval_peak_memory_gb}
+        return {k: v for k, v in figures.items() if v is not None}
+
+    def curves(self) -> dict[str, list[tuple[float, float]]]:
+        """Loss per step (train) and validation loss per step."""
+        out = {"loss": [(float(r.step), r.loss) for r in self.history],
+               "validation/val_loss": [(float(r.step), r.val_loss) for r in self.validation]}
+        return {k: v for k, v in out.items() if v}
+
+
+# ---- sft ----------------------------------------------------------------------------------------------
+
+class LossPoint(Metrics):
+    step: int
+    loss: float
+
+
+class SftMetrics(Metrics):
+    base_model: str
+    chat_template: str
+    family: str
+    attention: str
+    gradient_checkpointing: bool
+    device: str
+    bf16: bool
+    liger: bool
+    trainable_parameters: int
+    total_parameters: int
+    eval_loss_before: float
+    eval_loss_after: float
+    train_loss: float
+    train_loss_history: list[LossPoint]
+    optimizer_steps: int
+    resumed_from_step: int
+    train_runtime_s: float
+    train_steps_per_second: float | None = None
+    data: dict[str, dict[str, Any]] = Field(description="Record counts per split (sft data.DataCounts).")
+    outputs: list[str]
+    num_label_preview_examples: int
+
+    def cost(self) -> dict[str, float]:
+        figures = {"train_runtime_s": self.train_runtime_s, "train_steps_per_second": self.train_steps_per_second,
+                   "optimizer_steps": self.optimizer_steps}
+        return {k: v for k, v in figures.items() if v is not None}
+
+    def curves(self) -> dict[str, list[tuple[float, float]]]:
+        return {"loss": [(float(p.step), p.loss) for p in self.train_loss_history]} if self.train_loss_history else {}
+
+
+# ---- eval ---------------------------------------------------------------------------------------------
+
+class EvalMetrics(Metrics):
+    """The eval summary in the manifest (metrics.json beside the report has the full curves)."""
+    models: dict[str, dict[str, Any]]
+    tokenizers: dict[str, dict[str, Any]]
+    text_sets: dict[str, dict[str, Any]]
+    tokenizer_metrics: dict[str, dict[str, dict[str, Any]]]
+    parity: dict[str, dict[str, dict[str, Any]]]
+    morph: dict[str, dict[str, dict[str, Any]]]
+    bpb: dict[str, dict[str, dict[str, Any]]]
+    bpb_change: dict[str, dict[str, dict[str, Any]]]
+    headline: dict[str, Any]
+    generation: dict[str, dict[str, dict[str, Any]]]
+    curves: dict[str, dict[str, Any]]
+    cost: dict[str, dict[str, float]]
+    vocab_sweep: dict[str, Any] | None = None
+    tokenizer_comparison: dict[str, Any] | None = None
+    transplant: dict[str, Any] | None = None
+    skipped: list[str]
+    seconds: dict[str, float]
+    report: dict[str, str]
+
+
+STAGE_METRICS: dict[str, type[BaseModel]] = {"model": ModelMetrics, "tokenizer": TokenizerMetrics,
+                                             "cpt": CptMetrics, "sft": SftMetrics, "eval": EvalMetrics}
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    return f"metrics.{where}: {err['msg']}{more}"
+
+
+def validate_metrics(stage: str, metrics: dict[str, Any]) -> BaseModel:
+    """The stage's metrics model for what a run is about to publish (DilforgeError naming the field: a bug
+    in the stage, caught before anything is published)."""
+    try:
+        return STAGE_METRICS[stage].model_validate(metrics)
+    except ValidationError as exc:
+        raise DilforgeError(f"stage {stage} publishes metrics that do not match "
+                         f"dilforge_shared.metrics.{STAGE_METRICS[stage].__name__}: {_first_error(exc)}") from None
+
+
+def read_metrics(stage: str, metrics: dict[str, Any], uri: str) -> Any:
+    """An upstream manifest's metrics, typed; InputError naming the artifact and field when they do not parse."""
+    try:
+        return STAGE_METRICS[stage].model_validate(metrics)
+    except ValidationError as exc:
+        raise InputError(f"{stage} metrics do not match {STAGE_METRICS[stage].__name__} (an artifact of another "
+                         f"dilforge version?): {_first_error(exc)}", path=uri) from None

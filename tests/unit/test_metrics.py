@@ -1,0 +1,58 @@
+"""Typed metrics between stages (dilforge_shared.metrics): a producer's renamed metric fails its publish, and
+eval reads the typed fields, so a field renamed in the model without its consumer fails here too."""
+
+from __future__ import annotations
+
+import metrics_samples
+import pytest
+from dilforge_eval import compare, curves
+from dilforge_shared.errors import DilforgeError, InputError
+from dilforge_shared.metrics import STAGE_METRICS, CptMetrics, SftMetrics, read_metrics, validate_metrics
+
+
+@pytest.mark.parametrize("stage", sorted(metrics_samples.SAMPLES))
+def test_every_stage_sample_validates_and_round_trips(stage):
+    typed = validate_metrics(stage, metrics_samples.sample(stage))
+    assert type(typed) is STAGE_METRICS[stage]
+    again = STAGE_METRICS[stage].model_validate(typed.model_dump(mode="json"))
+    assert again == typed
+
+
+@pytest.mark.parametrize("stage,key", [(stage, key) for stage, sample in sorted(metrics_samples.SAMPLES.items())
+                                       for key in sample])
+def test_renaming_any_published_metric_fails_the_publish_naming_it(stage, key):
+    metrics = metrics_samples.sample(stage)
+    metrics[f"{key}_renamed"] = metrics.pop(key)
+    with pytest.raises(DilforgeError, match=rf"stage {stage} publishes metrics .*metrics\.{key}(_renamed)?:"):
+        validate_metrics(stage, metrics)
+
+
+def test_a_nested_rename_and_a_stray_validation_key_are_refused():
+    bad = metrics_samples.sample("cpt")
+    bad["history"][0]["train_loss"] = bad["history"][0].pop("loss")
+    with pytest.raises(DilforgeError, match=r"metrics\.history\.0\."):
+        validate_metrics("cpt", bad)
+    stray = metrics_samples.sample("cpt")
+    stray["validation"][0]["val_ppl"] = 3.0
+    with pytest.raises(DilforgeError, match="unknown validation metric 'val_ppl'"):
+        validate_metrics("cpt", stray)
+    typed = CptMetrics.model_validate(metrics_samples.sample("cpt"))
+    assert typed.validation[1].by_set == {"az": 3.9}
+
+
+def test_an_upstream_manifest_that_does_not_parse_names_the_artifact_and_field():
+    old = metrics_samples.sample("sft")
+    del old["train_loss_history"]
+    with pytest.raises(InputError, match=r"s3://b/sft/1: sft metrics do not match SftMetrics .*train_loss_history"):
+        read_metrics("sft", old, "s3://b/sft/1")
+
+
+def test_eval_reads_curves_cost_and_step0_from_the_typed_models():
+    cpt = CptMetrics.model_validate(metrics_samples.sample("cpt"))
+    sft = SftMetrics.model_validate(metrics_samples.sample("sft"))
+    assert curves.training_curves(cpt) == {"loss": [(1.0, 5.5), (2.0, 5.0), (3.0, 4.5), (4.0, 4.0)],
+                                           "validation/val_loss": [(0.0, 6.5), (4.0, 4.1)]}
+    assert curves.training_curves(sft) == {"loss": [(1.0, 3.0), (2.0, 2.5)]}
+    assert cpt.cost() == {"tokens_seen": 4096, "total_tokens": 4096, "tokens_per_s": 100.0, "peak_memory_gb": 0.46}
+    assert sft.cost() == {"train_runtime_s": 2.5, "train_steps_per_second": 0.8, "optimizer_steps": 2}
+    assert compare.step0_bpb(cpt)["step0_bpb"] == {"random": {"val": 5.27}, "mean_of_pieces": {"val": 2.81}}
