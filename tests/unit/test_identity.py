@@ -7,6 +7,7 @@ import json
 import shutil
 from pathlib import Path
 
+import metrics_samples
 import pytest
 from dilforge_coordinator import pipeline as pl
 from dilforge_shared import stages
@@ -149,7 +150,7 @@ def test_a_corpus_changed_while_the_stage_reads_it_fails_naming_it_and_publishes
     def body(config, ctx):
         (ctx.model_dir / "out.txt").write_text("trained")
         (tmp_path / "corpus.txt").write_text("dəyişdi\n")  # after the stage read it
-        return StageResult(metrics={})
+        return StageResult(metrics=metrics_samples.sample("tokenizer"))
     assert stage_main(STAGE_CONFIGS["tokenizer"], body, "test", ["train"]) == 1
     failure = opt.failure_file.read_text()
     assert "inputs changed while the stage ran: data:corpus.txt" in failure and "nothing published" in failure
