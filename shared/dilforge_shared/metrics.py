@@ -245,6 +245,19 @@ class SftMetrics(Metrics):
 
 # ---- eval ---------------------------------------------------------------------------------------------
 
+class Downstream(Metrics):
+    """eval's downstream tasks (lm-eval): what each task is, how to rerun it, each model's scores and the change
+    against the reference model (services/eval downstream.py)."""
+    harness: dict[str, Any]
+    task_dir: str
+    commands: list[str]
+    tasks: dict[str, dict[str, Any]]
+    results: dict[str, dict[str, dict[str, dict[str, Any]]]] = Field(
+        description="model -> task -> metric -> {value, stderr, ...}.")
+    seconds: dict[str, float]
+    changes: dict[str, dict[str, dict[str, float]]] = Field(default_factory=dict)
+
+
 class EvalMetrics(Metrics):
     """The eval summary in the manifest (metrics.json beside the report has the full curves)."""
     models: dict[str, dict[str, Any]]
@@ -262,6 +275,7 @@ class EvalMetrics(Metrics):
     vocab_sweep: dict[str, Any] | None = None
     tokenizer_comparison: dict[str, Any] | None = None
     transplant: dict[str, Any] | None = None
+    downstream: Downstream | None = None
     skipped: list[str]
     seconds: dict[str, float]
     report: dict[str, str]

@@ -30,7 +30,8 @@ RUN_ONLY = {
             "validation_micro_batch_size"],
     "sft": ["attention", "checkpoint_every", "eval_batch_size", "gradient_checkpointing", "liger", "log_every",
             "memory_budget_fraction", "num_checkpoints_kept", "train.name", "validation.name"],
-    "eval": ["bpb.batch_size", "device", "parallel_sets.az.name", "parallel_sets.en.name", "text_sets.name"],
+    "eval": ["bpb.batch_size", "device", "parallel_sets.az.name", "parallel_sets.en.name", "tasks.batch_size",
+             "tasks.translation.az.name", "tasks.translation.en.name", "text_sets.name"],
 }
 
 
