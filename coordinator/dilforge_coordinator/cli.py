@@ -143,9 +143,7 @@ def _prepared_backend(name: str, cfg: PipelineConfig, dry_run: bool = False, dat
 
 
 def _print_dry_run(backend, cfg: PipelineConfig, stage: str | None = None) -> None:
-    from .backends.sagemaker import offline_jobs
-    requests = [backend.build_request(job) for job in offline_jobs(cfg) if stage is None or job.stage == stage]
-    typer.echo(json.dumps(requests, indent=2))
+    typer.echo(json.dumps(backend.dry_run_requests(cfg, stage), indent=2, default=str))
 
 
 @app.command("validate")

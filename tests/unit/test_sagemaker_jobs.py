@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 from pathlib import Path
 
 import boto3
@@ -29,6 +30,7 @@ def aws_env(monkeypatch, tmp_path):
     monkeypatch.delenv("DILFORGE_S3_ENDPOINT_URL", raising=False)
     monkeypatch.delenv("AWS_CA_BUNDLE", raising=False)
     monkeypatch.setenv("DILFORGE_IMAGES_RECORD", str(tmp_path / "images.json"))
+    monkeypatch.setenv("SAGEMAKER_VALIDATE_ROLE", "false")  # the SDK's IAM check: moto has no SimulatePrincipalPolicy
 
 
 def _describe(status: str, secondary: str, transitions: list[tuple[str, str]], reason: str | None = None) -> dict:
@@ -126,16 +128,15 @@ def test_logs_are_streamed_once_per_event():
 # ---- moto: submit for real (to moto), hand the published manifest to the next stage -------------------
 
 def _fake_job_publishes(backend: SageMakerBackend, s3, submitted: list[dict]):
-    """Stand in for the container: when a job is created, publish the artifact its hyperparameters name."""
-    real_create = backend.clients["sagemaker"].create_training_job
-
-    def create(**request):
+    """Stand in for the container: when the SDK creates a job (through moto), publish the artifact its
+    hyperparameters name. Hooked at botocore, under the SDK, on the session the backend submits with."""
+    def create(params, model, **kwargs):
+        request = params
         submitted.append(request)
-        resp = real_create(**request)
         hp = request["HyperParameters"]
         config = json.loads(s3.get_object(**_split(hp["stage_config_uri"]))["Body"].read())
         stage = {t["Key"]: t["Value"] for t in request["Tags"]}["dilforge:stage"]
-        out = Path(backend.tmp) / stage
+        out = Path(backend.tmp) / f"{stage}-{len(submitted)}"
         out.mkdir(parents=True)
         (out / "weights.txt").write_text(f"{stage} trained with inputs {hp['inputs']}")
         from dilforge_shared.configs import STAGE_CONFIGS
@@ -148,8 +149,7 @@ def _fake_job_publishes(backend: SageMakerBackend, s3, submitted: list[dict]):
                             code_version=STAGE_VERSIONS[stage], producer=current_producer("dilforge-coordinator"),
                             config=config, inputs=refs, data_dir="pending", files=[])
         publish(hp["artifact_uri"], out, manifest)
-        return resp
-    backend.clients["sagemaker"].create_training_job = create
+    backend.session().events.register("before-parameter-build.sagemaker.CreateTrainingJob", create)
 
 
 def _split(uri: str) -> dict:
@@ -179,7 +179,6 @@ def test_run_all_submits_jobs_and_chains_manifests(aws_env, tmp_path):
         backend = SageMakerBackend(stream_logs=False, out=out.append, sleep=lambda s: None)
         backend.tmp = tmp_path
         pipeline = backend.prepare(pipeline)
-        backend.clients["sagemaker"] = boto3.client("sagemaker", region_name="us-east-1")
         submitted: list[dict] = []
         _fake_job_publishes(backend, s3, submitted)
         produced = run_all(pipeline, backend)
@@ -199,14 +198,17 @@ def test_run_all_submits_jobs_and_chains_manifests(aws_env, tmp_path):
         assert any("submitted training job" in line for line in out)
 
         # same config and inputs again: both artifacts reused, nothing submitted
+        first = list(submitted)
         submitted.clear()
         assert run_all(pipeline, backend) == produced
         assert submitted == []
 
-        # a failed attempt gets a fresh job name next time (SageMaker names are never reused)
+        # the SDK names each job <prefix>-<stage>-<artifact id>-<timestamp>; a job of the artifact still running
+        # is attached to instead of submitting a second one
         job = cpt_req["TrainingJobName"]
-        name, attach = backend.job_name(_job_of(pipeline, produced))
-        assert (name, attach) == (job[:-1] + "2", False)
+        assert re.fullmatch(r"dilforge-cpt-[0-9a-f]+-[0-9]{14}", job) and len(job) <= 63
+        assert backend.running_job(_job_of(pipeline, produced)) is None  # moto's jobs complete at once
+        assert backend.requests == first  # what botocore was handed, recorded once per job
 
 
 def _job_of(pipeline, produced):

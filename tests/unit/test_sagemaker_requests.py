@@ -20,9 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PRESET = ROOT / "configs" / "sagemaker-published.yaml"
 
 
-@pytest.fixture
-def no_aws(monkeypatch, tmp_path):
-    """No credentials anywhere: a dry run must not need them."""
+def _no_aws(monkeypatch, tmp_path):
     for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
                 "DILFORGE_STORE", "DILFORGE_VAR_SAGEMAKER_ROLE", "AWS_REGION", "DILFORGE_S3_ENDPOINT_URL"):
         monkeypatch.delenv(key, raising=False)
@@ -33,9 +31,18 @@ def no_aws(monkeypatch, tmp_path):
 
 
 @pytest.fixture
-def requests(no_aws) -> dict[str, dict]:
-    cfg = load_pipeline(PRESET)
-    return {_stage(r): r for r in SageMakerBackend(dry_run=True).dry_run_requests(cfg)}
+def no_aws(monkeypatch, tmp_path):
+    """No credentials anywhere: a dry run must not need them."""
+    _no_aws(monkeypatch, tmp_path)
+
+
+@pytest.fixture(scope="module")
+def requests(tmp_path_factory) -> dict[str, dict]:
+    """The preset's requests, built once (the SDK takes seconds per dry run)."""
+    with pytest.MonkeyPatch.context() as mp:
+        _no_aws(mp, tmp_path_factory.mktemp("no-aws"))
+        cfg = load_pipeline(PRESET)
+        return {_stage(r): r for r in SageMakerBackend(dry_run=True).dry_run_requests(cfg)}
 
 
 def _stage(request: dict) -> str:

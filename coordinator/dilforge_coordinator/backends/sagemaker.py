@@ -1,25 +1,37 @@
-"""Run each stage as a SageMaker training job (boto3 CreateTrainingJob), exchanging manifests in S3.
+"""Run each stage as a SageMaker training job built with the SageMaker Python SDK's `ModelTrainer`.
 
-One request per stage: the stage image by digest, the execution role, instance type and count, one
-S3Prefix input channel per upstream artifact (the artifact folder: manifest.json + data-*/, mounted at
-/opt/ml/input/data/<name>/ where the contract's ctx.input() finds it), output, checkpoint and
-TensorBoard S3 URIs, metric definitions that match the stages' log lines, managed spot with a max
-wait, an explicit max runtime, environment and tags. The stage config goes to S3 and the job gets its
-URI (hyperparameter values are limited to 2500 characters).
+One job definition per stage (`job_spec`, SDK-free): the stage image by digest, the execution role,
+instance type and count, one S3Prefix channel per upstream artifact (the artifact folder: manifest.json +
+data-*/, mounted at /opt/ml/input/data/<name>/ where the contract's ctx.input() finds it), output,
+checkpoint and TensorBoard S3 URIs, metric definitions that match the stages' log lines, managed spot
+with a max wait, an explicit max runtime, VPC, retries, environment and tags. `model_trainer` turns it
+into a `sagemaker.train.ModelTrainer`; the same builder makes the local-container job of
+`--backend sagemaker-local` (backends/sagemaker_local.py), so what runs locally is what is submitted.
+The stage config goes to S3 and the job gets its URI (hyperparameter values are limited to 2500 characters).
 
-`--dry-run` builds every request offline (no credentials, no S3 reads: artifact ids are computed from
-the configs and the input URIs, not from their digests) and prints them. A real run uploads the
-config, submits, polls status (printing secondary status transitions), streams the job's CloudWatch
-log, raises StageFailed with the job's FailureReason, and leaves the next stage the artifact the job
-published (the coordinator checks its manifest before going on).
+`--dry-run` runs the SDK's own `train()` offline: every botocore call is answered in-process
+(`capture_requests`), so the printed CreateTrainingJob request is exactly what botocore would send (already
+checked against botocore's service model), with no credentials and no network. A real run submits through
+`ModelTrainer.train(wait=False)` (the SDK also checks the role's permissions), polls status (printing
+secondary status transitions), streams the job's CloudWatch log, raises StageFailed with the job's
+FailureReason, and leaves the next stage the artifact the job published (the coordinator checks its
+manifest before going on).
+
+The SDK is an optional extra (requirements-sagemaker.txt; `bash scripts/setup.sh --sagemaker`): it is
+imported only when a job is built, and its absence is a one-line error.
 """
 
 from __future__ import annotations
 
+import contextlib
+import datetime as dt
+import functools
+import json
 import logging
+import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,8 +52,9 @@ HYPERPARAMETER_LIMIT = 2500
 LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 TERMINAL = {"Completed", "Failed", "Stopped"}
 MULTI_HOST_STAGES = {"cpt"}
+BASE_NAME_LIMIT = 48  # the SDK appends -YYYYMMDDHHMMSS; SageMaker names are at most 63 characters
+SDK_HINT = "install the SageMaker SDK extra: bash scripts/setup.sh --sagemaker (requirements-sagemaker.txt)"
 NUM = r"([-+]?(?:[0-9]*\.)?[0-9]+(?:[eE][-+]?[0-9]+)?)"
-
 # SageMaker reads the job's stdout/stderr with these (first capture group = the value).
 # cpt: its Metrics.record lines `step=10 phase=2 loss=2.31 lr=0.0003 grad_norm=0.9 tokens_per_s=...`
 #      and validation lines `step=10 val_loss=2.4 val_bpb=1.1`;
@@ -74,7 +87,8 @@ METRIC_DEFINITIONS: dict[str, list[dict[str, str]]] = {
 
 
 def job_base_name(prefix: str, stage: str, artifact_id: str) -> str:
-    return f"{prefix}-{stage}-{artifact_id}"[:56]
+    """`<prefix>-<stage>-<artifact id>`, cut so the SDK's timestamp suffix keeps the name within 63 characters."""
+    return f"{prefix}-{stage}-{artifact_id}"[:BASE_NAME_LIMIT].rstrip("-")
 
 
 def offline_jobs(pipeline: PipelineConfig) -> list[StageJob]:
@@ -109,13 +123,248 @@ def local_paths(job: StageJob) -> list[str]:
     return [u for u in uris if not u.startswith("s3://")]
 
 
+CHECKPOINT_PATH = "/opt/ml/checkpoints"
+TENSORBOARD_PATH = "/opt/ml/output/tensorboard"
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One stage's training job, SDK-free: everything `model_trainer` hands to ModelTrainer, cloud and local alike."""
+    stage: str
+    base_job_name: str
+    image: str
+    role_arn: str
+    instance_type: str
+    num_instances: int
+    volume_size_gb: int
+    spot: bool
+    max_runtime_s: int
+    max_wait_s: int | None
+    input_mode: str
+    channels: dict[str, str]  # channel name -> S3 prefix of the upstream artifact folder (with a trailing /)
+    output_path: str
+    checkpoint_uri: str
+    tensorboard_uri: str
+    environment: dict[str, str]
+    hyperparameters: dict[str, str]
+    tags: dict[str, str]
+    metric_definitions: list[dict[str, str]]
+    subnets: list[str] = field(default_factory=list)
+    security_group_ids: list[str] = field(default_factory=list)
+    max_retry_attempts: int = 0
+
+
+def output_root(cfg: SageMakerConfig, job: StageJob) -> str:
+    return (cfg.output_uri or f"{job.store_uri}/sagemaker").rstrip("/")
+
+
+def config_uri(cfg: SageMakerConfig, job: StageJob) -> str:
+    """Where the stage config goes (hyperparameter values are limited to 2500 characters)."""
+    return f"{output_root(cfg, job)}/configs/{job.stage}/{job.artifact_id}.json"
+
+
+def job_spec(job: StageJob, cfg: SageMakerConfig, image: str, endpoint_url: str | None = None) -> JobSpec:
+    """The job definition of one stage; `endpoint_url` is the S3 endpoint as the job's containers reach it."""
+    if bad := local_paths(job):
+        raise ConfigError(f"{job.stage}: {bad} are local paths; SageMaker jobs read data and models from S3: "
+                          "upload them and use s3:// URIs in the config")
+    res = cfg.resources(job.stage)
+    if res.num_instances > 1 and job.stage not in MULTI_HOST_STAGES:
+        raise ConfigError(f"sagemaker.stages.{job.stage}.num_instances: {job.stage} runs on one host "
+                          f"(multi-host stages: {sorted(MULTI_HOST_STAGES)})")
+    hp = build_hyperparameters(job.config, job.artifact_uri, job.run_id, job.inputs, endpoint_url,
+                               config_uri=config_uri(cfg, job))
+    for key, value in hp.items():
+        if len(value) > HYPERPARAMETER_LIMIT:
+            raise ConfigError(f"hyperparameter {key!r} of stage {job.stage} is {len(value)} characters; "
+                              f"SageMaker allows {HYPERPARAMETER_LIMIT}")
+    spot = cfg.spot if res.spot is None else res.spot
+    root = output_root(cfg, job)
+    env = {"DILFORGE_IMAGE": image, "DILFORGE_RUN_ID": job.run_id, "DILFORGE_LOG_LEVEL": "INFO",
+           **module_env(job.stage), **res.environment}
+    tags = {"dilforge:run-id": job.run_id, "dilforge:stage": job.stage, "dilforge:artifact-id": job.artifact_id,
+            **cfg.tags}
+    return JobSpec(
+        stage=job.stage, base_job_name=job_base_name(cfg.job_name_prefix, job.stage, job.artifact_id), image=image,
+        role_arn=cfg.role_arn, instance_type=res.instance_type, num_instances=res.num_instances,
+        volume_size_gb=res.volume_size_gb, spot=spot, max_runtime_s=res.max_runtime_s,
+        max_wait_s=(res.max_wait_s or min(2 * res.max_runtime_s, 28 * 24 * 3600)) if spot else None,
+        input_mode=res.input_mode, channels={n: u.rstrip("/") + "/" for n, u in sorted(job.inputs.items())},
+        output_path=f"{root}/output/", checkpoint_uri=f"{root}/checkpoints/{job.stage}/{job.artifact_id}/",
+        tensorboard_uri=f"{root}/tensorboard/{job.stage}/{job.artifact_id}/", environment=env, hyperparameters=hp,
+        tags=tags, metric_definitions=METRIC_DEFINITIONS.get(job.stage, []), subnets=list(cfg.subnets),
+        security_group_ids=list(cfg.security_group_ids), max_retry_attempts=cfg.max_retry_attempts)
+
+
+def require_sdk() -> None:
+    """One line, not a traceback, when the optional SDK extra is missing."""
+    try:
+        import sagemaker.train.model_trainer  # noqa: F401
+    except ImportError as exc:
+        raise ConfigError(f"the SageMaker Python SDK is not installed ({exc.name}): {SDK_HINT}") from None
+
+
+OFFLINE_SDK_CONFIG = {"SchemaVersion": "1.0", "SageMaker": {"PythonSDK": {"Modules": {"TelemetryOptOut": True}}}}
+
+
+def sdk_session(boto_session, offline: bool = False):
+    """A sagemaker Session on `boto_session`; offline (dry run, local mode): the SDK's telemetry opted out
+    through its documented defaults config, so nothing at all leaves the machine."""
+    require_sdk()
+    from sagemaker.core.helper.session_helper import Session
+    session = Session(boto_session=boto_session)
+    if offline:
+        _validate_offline_config()
+        session.sagemaker_config = OFFLINE_SDK_CONFIG  # after init: Session() would re-validate it 5 times
+    return session
+
+
+@functools.cache
+def _validate_offline_config() -> None:
+    from sagemaker.core.config.config_manager import SageMakerConfig as SdkConfig
+    SdkConfig.validate_sagemaker_config(OFFLINE_SDK_CONFIG)
+
+
+def _config_manager(session):
+    """The SDK re-validates a session's defaults config against its whole JSON schema on every lookup (~0.3 s,
+    dozens per job). Our offline config is a constant, validated here once; the manager then skips re-checks."""
+    from sagemaker.core.config.config_manager import SageMakerConfig as SdkConfig
+    if session is None or getattr(session, "sagemaker_config", None) is not OFFLINE_SDK_CONFIG:
+        return {}
+    _validate_offline_config()
+
+    class Prevalidated(SdkConfig):
+        @staticmethod
+        def validate_sagemaker_config(sagemaker_config=None):
+            return None
+    return {"config_mgr": Prevalidated()}
+
+
+def model_trainer(spec: JobSpec, session=None, local_root: str | None = None,
+                  local_channels: dict[str, str] | None = None):
+    """The SDK's ModelTrainer for `spec`: a SageMaker training job, or (local_root given) SageMaker's local
+    container mode with the upstream artifacts as local channel folders (`local_channels`: name -> folder)."""
+    require_sdk()
+    from sagemaker.core.training.configs import (
+        Channel,
+        CheckpointConfig,
+        Compute,
+        DataSource,
+        InputData,
+        MetricDefinition,
+        Networking,
+        OutputDataConfig,
+        RetryStrategy,
+        S3DataSource,
+        StoppingCondition,
+        Tag,
+        TensorBoardOutputConfig,
+    )
+    from sagemaker.train.model_trainer import Mode, ModelTrainer
+
+    local = local_root is not None
+    if local:
+        missing = sorted(set(spec.channels) - set(local_channels or {}))
+        if missing:
+            raise DilforgeError(f"{spec.stage}: local mode needs a folder for channels {missing}")
+        channels = [InputData(channel_name=n, data_source=str(local_channels[n])) for n in sorted(spec.channels)]
+    else:
+        channels = [Channel(channel_name=n, input_mode=spec.input_mode, data_source=DataSource(s3_data_source=S3DataSource(
+            s3_data_type="S3Prefix", s3_uri=uri, s3_data_distribution_type="FullyReplicated")))
+            for n, uri in sorted(spec.channels.items())]
+    stopping = {"max_runtime_in_seconds": spec.max_runtime_s}
+    if spec.spot:
+        stopping["max_wait_time_in_seconds"] = spec.max_wait_s
+    networking = {"enable_network_isolation": False}
+    if spec.subnets:
+        networking.update(subnets=spec.subnets, security_group_ids=spec.security_group_ids)
+    trainer = ModelTrainer(
+        training_mode=Mode.LOCAL_CONTAINER if local else Mode.SAGEMAKER_TRAINING_JOB,
+        sagemaker_session=session, role=spec.role_arn, base_job_name=spec.base_job_name,
+        training_image=spec.image, training_input_mode=spec.input_mode,
+        compute=Compute(instance_type="local" if local else spec.instance_type, instance_count=spec.num_instances,
+                        volume_size_in_gb=spec.volume_size_gb, enable_managed_spot_training=spec.spot),
+        networking=Networking(**networking), stopping_condition=StoppingCondition(**stopping),
+        output_data_config=OutputDataConfig(s3_output_path=spec.output_path),
+        checkpoint_config=CheckpointConfig(s3_uri=spec.checkpoint_uri, local_path=CHECKPOINT_PATH),
+        environment=dict(spec.environment), hyperparameters=dict(spec.hyperparameters),
+        tags=[Tag(key=k, value=v) for k, v in sorted(spec.tags.items())], input_data_config=channels or None,
+        **({"local_container_root": str(local_root)} if local else {}), **_config_manager(session),
+    )
+    trainer.with_metric_definitions([MetricDefinition(name=d["Name"], regex=d["Regex"])
+                                     for d in spec.metric_definitions])
+    trainer.with_tensorboard_output_config(TensorBoardOutputConfig(s3_output_path=spec.tensorboard_uri,
+                                                                   local_path=TENSORBOARD_PATH))
+    if spec.max_retry_attempts:
+        trainer.with_retry_strategy(RetryStrategy(maximum_retry_attempts=spec.max_retry_attempts))
+    return trainer
+
+
+def _offline_response(operation: str, body: dict) -> dict:
+    now = dt.datetime.now(dt.UTC)
+    name = body.get("TrainingJobName", "dry-run")
+    arn = f"arn:aws:sagemaker:us-east-1:000000000000:training-job/{name}"
+    if operation == "CreateTrainingJob":
+        return {"TrainingJobArn": arn}
+    return {"TrainingJobName": name, "TrainingJobArn": arn, "TrainingJobStatus": "InProgress",
+            "SecondaryStatus": "Starting", "CreationTime": now, "AlgorithmSpecification": {"TrainingInputMode": "File"},
+            "ResourceConfig": {"InstanceCount": 1, "VolumeSizeInGB": 1}, "StoppingCondition": {},
+            "ModelArtifacts": {"S3ModelArtifacts": "s3://dry-run/model.tar.gz"}}
+
+
+def record_requests(boto_session, requests: list[dict]) -> None:
+    """Append every CreateTrainingJob's parameters, as botocore is about to serialize them, to `requests`."""
+    import copy
+
+    def params(params, model, **kwargs):
+        requests.append(copy.deepcopy(params))
+    boto_session.events.register("before-parameter-build.sagemaker.CreateTrainingJob", params)
+
+
+@contextlib.contextmanager
+def offline(boto_session) -> Iterator[list[dict]]:
+    """Answer every AWS call of `boto_session` in-process (nothing is signed or sent; no credentials needed) and
+    yield the CreateTrainingJob requests it saw. botocore has validated each against its service model by then."""
+    from botocore.awsrequest import AWSResponse
+
+    requests: list[dict] = []
+    record_requests(boto_session, requests)
+
+    def answer(model, params, **kwargs):
+        if model.name not in ("CreateTrainingJob", "DescribeTrainingJob"):
+            raise DilforgeError(f"dry run: unexpected AWS call {model.service_model.service_name}:{model.name}")
+        body = json.loads(params.get("body") or b"{}")
+        return AWSResponse("https://dry-run.invalid", 200, {}, None), _offline_response(model.name, body)
+    boto_session.events.register("before-call", answer)
+    previous = os.environ.get("SAGEMAKER_VALIDATE_ROLE")
+    os.environ["SAGEMAKER_VALIDATE_ROLE"] = "false"  # the SDK's IAM role check needs credentials; a dry run has none
+    try:
+        yield requests
+    finally:
+        if previous is None:
+            os.environ.pop("SAGEMAKER_VALIDATE_ROLE", None)
+        else:
+            os.environ["SAGEMAKER_VALIDATE_ROLE"] = previous
+
+
+def offline_boto_session(region: str):
+    """A boto3 session that can never sign: no credential provider, so nothing can leave this process."""
+    import boto3
+    import botocore.session
+    core = botocore.session.Session()
+    core.get_component("credential_provider").providers = []
+    return boto3.Session(botocore_session=core, region_name=region)
+
+
 @dataclass
 class SageMakerBackend:
-    """`--backend sagemaker`. clients: {'sagemaker', 'logs', 's3'} boto3 clients (made from the config's region)."""
+    """`--backend sagemaker`. clients: {'sagemaker', 'logs', 's3'} boto3 clients (default: from `boto_session`,
+    made from the config's region); the SDK submits through `boto_session` too."""
     config: SageMakerConfig | None = None
     dry_run: bool = False
     images: dict[str, str] = field(default_factory=dict)
     clients: dict[str, Any] = field(default_factory=dict)
+    boto_session: Any = None
     stream_logs: bool = True
     out: Callable[[str], None] = print
     sleep: Callable[[float], None] = time.sleep
@@ -132,12 +381,19 @@ class SageMakerBackend:
         if not pipeline.store.uri.startswith("s3://"):
             raise ConfigError(f"store.uri: SageMaker jobs exchange artifacts through S3; got {pipeline.store.uri!r} "
                               "(pass --store s3://bucket/prefix)")
+        require_sdk()
         return pipeline
+
+    def session(self):
+        if self.boto_session is None:
+            import boto3
+            self.boto_session = boto3.Session(region_name=self.config.region)
+            record_requests(self.boto_session, self.requests)
+        return self.boto_session
 
     def client(self, name: str):
         if name not in self.clients:
-            import boto3
-            self.clients[name] = boto3.client(name, region_name=self.config.region)
+            self.clients[name] = self.session().client(name)
         return self.clients[name]
 
     def image(self, stage: str) -> str:
@@ -151,110 +407,49 @@ class SageMakerBackend:
             return f"{self.config.registry}/{self.config.repository_prefix}-{stage}:{default_tag(gpu=True)}"
         raise ConfigError(f"no image for stage {stage}: run `coordinator images push` or set sagemaker.images.{stage}")
 
+    def spec(self, job: StageJob) -> JobSpec:
+        return job_spec(job, self.config, self.image(image_of(job.stage)), job.s3_endpoint_url)
+
     # ---- the request -------------------------------------------------------------------------
-    def output_root(self, job: StageJob) -> str:
-        return (self.config.output_uri or f"{job.store_uri}/sagemaker").rstrip("/")
-
-    def config_uri(self, job: StageJob) -> str:
-        return f"{self.output_root(job)}/configs/{job.stage}/{job.artifact_id}.json"
-
-    def build_request(self, job: StageJob, job_name: str | None = None) -> dict:
-        if bad := local_paths(job):
-            raise ConfigError(f"{job.stage}: {bad} are local paths; SageMaker jobs read data and models from S3: "
-                              "upload them and use s3:// URIs in the config")
-        cfg = self.config
-        res = cfg.resources(job.stage)
-        if res.num_instances > 1 and job.stage not in MULTI_HOST_STAGES:
-            raise ConfigError(f"sagemaker.stages.{job.stage}.num_instances: {job.stage} runs on one host "
-                              f"(multi-host stages: {sorted(MULTI_HOST_STAGES)})")
-        hp = build_hyperparameters(job.config, job.artifact_uri, job.run_id, job.inputs, job.s3_endpoint_url,
-                                   config_uri=self.config_uri(job))
-        for key, value in hp.items():
-            if len(value) > HYPERPARAMETER_LIMIT:
-                raise ConfigError(f"hyperparameter {key!r} of stage {job.stage} is {len(value)} characters; "
-                                  f"SageMaker allows {HYPERPARAMETER_LIMIT}")
-        image = self.image(image_of(job.stage))
-        spot = cfg.spot if res.spot is None else res.spot
-        root = self.output_root(job)
-        stopping = {"MaxRuntimeInSeconds": res.max_runtime_s}
-        if spot:
-            stopping["MaxWaitTimeInSeconds"] = res.max_wait_s or min(2 * res.max_runtime_s, 28 * 24 * 3600)
-        env = {"DILFORGE_IMAGE": image, "DILFORGE_RUN_ID": job.run_id, "DILFORGE_LOG_LEVEL": "INFO",
-               **module_env(job.stage)}
-        env.update(res.environment)
-        tags = {"dilforge:run-id": job.run_id, "dilforge:stage": job.stage, "dilforge:artifact-id": job.artifact_id,
-                **cfg.tags}
-        request = {
-            "TrainingJobName": job_name or job_base_name(cfg.job_name_prefix, job.stage, job.artifact_id) + "-1",
-            "HyperParameters": hp,
-            "AlgorithmSpecification": {
-                "TrainingImage": image,
-                "TrainingInputMode": res.input_mode,
-                "MetricDefinitions": METRIC_DEFINITIONS.get(job.stage, []),
-                "EnableSageMakerMetricsTimeSeries": True,
-            },
-            "RoleArn": cfg.role_arn,
-            "InputDataConfig": [
-                {"ChannelName": name,
-                 "DataSource": {"S3DataSource": {"S3DataType": "S3Prefix", "S3Uri": uri.rstrip("/") + "/",
-                                                 "S3DataDistributionType": "FullyReplicated"}},
-                 "InputMode": res.input_mode}
-                for name, uri in sorted(job.inputs.items())
-            ],
-            "OutputDataConfig": {"S3OutputPath": f"{root}/output/"},
-            "ResourceConfig": {"InstanceType": res.instance_type, "InstanceCount": res.num_instances,
-                               "VolumeSizeInGB": res.volume_size_gb},
-            "StoppingCondition": stopping,
-            "EnableManagedSpotTraining": spot,
-            "CheckpointConfig": {"S3Uri": f"{root}/checkpoints/{job.stage}/{job.artifact_id}/",
-                                 "LocalPath": "/opt/ml/checkpoints"},
-            "TensorBoardOutputConfig": {"S3OutputPath": f"{root}/tensorboard/{job.stage}/{job.artifact_id}/",
-                                        "LocalPath": "/opt/ml/output/tensorboard"},
-            "EnableNetworkIsolation": False,
-            "Environment": env,
-            "Tags": [{"Key": k, "Value": v} for k, v in sorted(tags.items())],
-        }
-        if not request["InputDataConfig"]:
-            del request["InputDataConfig"]
-        if cfg.max_retry_attempts:
-            request["RetryStrategy"] = {"MaximumRetryAttempts": cfg.max_retry_attempts}
-        if cfg.subnets:
-            request["VpcConfig"] = {"Subnets": cfg.subnets, "SecurityGroupIds": cfg.security_group_ids}
-        return request
-
-    def dry_run_requests(self, pipeline: PipelineConfig) -> list[dict]:
+    def dry_run_requests(self, pipeline: PipelineConfig, stage: str | None = None) -> list[dict]:
+        """Every stage's CreateTrainingJob request, built by the SDK's own train() and captured at botocore."""
         self.prepare(pipeline)
-        return [self.build_request(job) for job in offline_jobs(pipeline)]
+        specs = [self.spec(job) for job in offline_jobs(pipeline) if stage is None or job.stage == stage]
+        boto_session = offline_boto_session(self.config.region)
+        with offline(boto_session) as requests:
+            session = sdk_session(boto_session, offline=True)
+            for spec in specs:
+                model_trainer(spec, session).train(wait=False, logs=False)
+        return requests
 
     # ---- a real run --------------------------------------------------------------------------
-    def job_name(self, job: StageJob) -> tuple[str, bool]:
-        """(name, attach): attach to a job of this artifact still running, else the next free name."""
+    def running_job(self, job: StageJob) -> str | None:
+        """A job of this artifact still running (attach to it instead of submitting a second one), or None."""
         base = job_base_name(self.config.job_name_prefix, job.stage, job.artifact_id)
-        sm = self.client("sagemaker")
-        existing = []
-        for page in sm.get_paginator("list_training_jobs").paginate(NameContains=base):
-            existing += [j for j in page["TrainingJobSummaries"] if re.fullmatch(re.escape(base) + r"-[0-9]+",
-                                                                                 j["TrainingJobName"])]
-        for summary in existing:
-            if summary["TrainingJobStatus"] in ("InProgress", "Stopping"):
-                return summary["TrainingJobName"], True
-        attempt = max((int(j["TrainingJobName"].rsplit("-", 1)[1]) for j in existing), default=0) + 1
-        return f"{base}-{attempt}", False
+        pattern = re.compile(re.escape(base) + r"-[0-9]+")
+        for page in self.client("sagemaker").get_paginator("list_training_jobs").paginate(NameContains=base):
+            for summary in page["TrainingJobSummaries"]:
+                if pattern.fullmatch(summary["TrainingJobName"]) and summary["TrainingJobStatus"] in (
+                        "InProgress", "Stopping"):
+                    return summary["TrainingJobName"]
+        return None
 
     def run(self, job: StageJob) -> None:
         if self.config is None:
             raise ConfigError("SageMakerBackend.prepare(pipeline) must run first (it reads the sagemaker section)")
         if self.dry_run:
             raise DilforgeError("a dry run builds requests offline: use dry_run_requests(pipeline)")
-        name, attach = self.job_name(job)
-        if attach:
+        if name := self.running_job(job):
             self.out(f"[{job.stage}] attaching to running job {name}")
         else:
-            request = self.build_request(job, name)
-            backend = open_backend(self.config_uri(job).rsplit("/", 1)[0], job.s3_endpoint_url)
-            backend.write_bytes(self.config_uri(job).rsplit("/", 1)[1], job.config.model_dump_json(indent=2).encode())
-            self.client("sagemaker").create_training_job(**request)
-            self.requests.append(request)
+            spec = self.spec(job)
+            where = config_uri(self.config, job)
+            backend = open_backend(where.rsplit("/", 1)[0], job.s3_endpoint_url)
+            backend.write_bytes(where.rsplit("/", 1)[1], job.config.model_dump_json(indent=2).encode())
+            submitted = len(self.requests)
+            model_trainer(spec, sdk_session(self.session())).train(wait=False, logs=False)
+            request = self.requests[submitted]
+            name = request["TrainingJobName"]
             self.out(f"[{job.stage}] submitted training job {name} "
                      f"({request['ResourceConfig']['InstanceCount']} x {request['ResourceConfig']['InstanceType']})")
         self.wait(job.stage, name)
