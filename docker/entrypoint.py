@@ -12,7 +12,8 @@ supervises `python -m <module> train` on every host. Stages that run on one host
 MULTI_HOST_STAGES) exit 0 on other hosts.
 
 Environment: DILFORGE_OPT_ML (the /opt/ml root, for local runs), DILFORGE_MULTI_HOST=1 (run a single-host
-stage on every host anyway).
+stage on every host anyway), DILFORGE_CHECKPOINT_SYNC_URI (SageMaker's checkpoint sync where the platform
+does not do it: the SDK's local container mode; see sync_checkpoints).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import sys
 from pathlib import Path
 
 MULTI_HOST_STAGES = {"cpt"}   # stages that use every host of a multi-host job themselves
+CHECKPOINT_SYNC_ENV = "DILFORGE_CHECKPOINT_SYNC_URI"  # set by `--backend sagemaker-local` only
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 
 log = logging.getLogger("dilforge.entrypoint")
@@ -92,7 +94,45 @@ def main(argv: list[str]) -> int:
     log.info("entrypoint: %s", desc)
     if cmd is None:
         return 0
-    return supervise(cmd + argv[1:], env)
+    sync = env.get(CHECKPOINT_SYNC_ENV)
+    if sync:
+        sync_checkpoints(sync, "restore")
+    code = supervise(cmd + argv[1:], env)
+    if sync:
+        sync_checkpoints(sync, "save")
+    return code
+
+
+def sync_checkpoints(uri: str, direction: str) -> None:
+    """SageMaker's CheckpointConfig, emulated where nothing else does it (the SDK's local container mode sets
+    DILFORGE_CHECKPOINT_SYNC_URI): `restore` copies the S3 prefix into /opt/ml/checkpoints before the stage starts,
+    `save` uploads what is new or changed after it ended, also after a SIGTERM. As on SageMaker, every host uses
+    the same prefix (checkpoint files are per rank, completion markers per node) and nothing is deleted."""
+    from dilforge_shared.contract import OptMl
+    from dilforge_shared.store import open_backend
+
+    opt = OptMl.from_env()
+    endpoint = (opt.read_json("hyperparameters.json", {}) or {}).get("s3_endpoint_url") or None
+    backend = open_backend(uri, endpoint)
+    local = opt.checkpoint_dir
+    try:
+        if direction == "restore":
+            keys = [k for k in backend.list("") if not k.endswith("/")]
+            for key in keys:
+                if not (local / key).is_file() or (local / key).stat().st_size != backend.size(key):
+                    backend.download_file(key, local / key)
+            log.info("entrypoint: restored %d checkpoint files from %s", len(keys), uri)
+        else:
+            files = [p for p in local.rglob("*") if p.is_file()] if local.is_dir() else []
+            sent = 0
+            for path in files:
+                key = str(path.relative_to(local))
+                if not backend.exists(key) or backend.size(key) != path.stat().st_size:
+                    backend.upload_file(key, path)
+                    sent += 1
+            log.info("entrypoint: saved %d of %d checkpoint files to %s", sent, len(files), uri)
+    except Exception as exc:  # a failed sync must not hide the stage's own exit status
+        log.error("entrypoint: checkpoint %s with %s failed: %s", direction, uri, exc)
 
 
 if __name__ == "__main__":

@@ -135,7 +135,7 @@ def _prepared_backend(name: str, cfg: PipelineConfig, dry_run: bool = False, dat
     if dry_run and name != "sagemaker":
         fail("--dry-run is for --backend sagemaker")
     options = {"dry_run": True} if dry_run else {}
-    if name == "compose" and data is not None:
+    if name in ("compose", "sagemaker-local") and data is not None:
         options["data_root"] = data.resolve()
     backend = _backend(name, **options)
     prepare = getattr(backend, "prepare", None)

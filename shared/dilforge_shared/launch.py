@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from .contract import ResourceConfig
 from .errors import DilforgeError
@@ -57,6 +58,12 @@ def detect_gpus() -> int:
     return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
 
 
+def interface_exists(name: str) -> bool:
+    """SageMaker names the host's interface (eth0); the SDK's local mode writes `ethwe`, which a Docker container
+    lacks: pointing NCCL/gloo at a missing interface fails the rendezvous, so it is only set when present."""
+    return not Path("/sys/class/net").is_dir() or (Path("/sys/class/net") / name).exists()
+
+
 def is_efa_instance(instance_type: str | None) -> bool:
     return bool(instance_type) and instance_type.startswith(EFA_INSTANCE_PREFIXES)
 
@@ -92,7 +99,7 @@ def build_launch(
                 "--master_addr", master_addr, "--master_port", str(master_port)]
     cmd += ["--nproc_per_node", str(nproc_per_node), *module_args]
     env = dict(base_env if base_env is not None else os.environ)
-    if resources.network_interface_name and nnodes > 1:
+    if resources.network_interface_name and nnodes > 1 and interface_exists(resources.network_interface_name):
         env.setdefault("NCCL_SOCKET_IFNAME", resources.network_interface_name)
         env.setdefault("GLOO_SOCKET_IFNAME", resources.network_interface_name)
     if is_efa_instance(resources.instance_type):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..pipeline import Backend
 
-BACKENDS = ("local", "compose", "sagemaker")
+BACKENDS = ("local", "compose", "sagemaker", "sagemaker-local")
 
 
 def get_backend(name: str, **options) -> Backend:
@@ -17,4 +17,7 @@ def get_backend(name: str, **options) -> Backend:
     if name == "sagemaker":
         from .sagemaker import SageMakerBackend
         return SageMakerBackend(**options)
+    if name == "sagemaker-local":
+        from .sagemaker_local import SageMakerLocalBackend
+        return SageMakerLocalBackend(**options)
     raise ValueError(f"unknown backend {name!r}; choose one of {BACKENDS}")

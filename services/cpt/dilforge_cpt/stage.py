@@ -25,7 +25,14 @@ from pathlib import Path
 
 import torch
 from dilforge_shared.configs.cpt import CptConfig
-from dilforge_shared.contract import StageContext, StageResult, Terminated, install_sigterm_handler, log_config
+from dilforge_shared.contract import (
+    StageContext,
+    StageResult,
+    Terminated,
+    install_sigterm_handler,
+    log_config,
+    wait_for_artifact,
+)
 from dilforge_shared.errors import ConfigError, DilforgeError
 from dilforge_shared.families import describe_model_folder
 from dilforge_shared.launch import build_launch, wait_for_hosts
@@ -69,6 +76,8 @@ def run(config: CptConfig, ctx: StageContext) -> StageResult:
         if plan.nnodes > 1:
             wait_for_hosts(ctx.resources.hosts)
         metrics = run_workers(plan, ctx)
+        if plan.node_rank > 0:  # stay up until the first host has published (see wait_for_artifact)
+            wait_for_artifact(ctx.request.artifact_uri, ctx.endpoint_url)
     else:
         metrics = train(config, ctx)
     return StageResult(metrics=metrics)

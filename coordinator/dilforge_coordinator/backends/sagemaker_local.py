@@ -1,0 +1,237 @@
+"""`--backend sagemaker-local`: every stage as a job of the SageMaker SDK's local container mode.
+
+The job is the one `--backend sagemaker` submits (`sagemaker.job_spec` → `sagemaker.model_trainer`), run by
+`ModelTrainer(training_mode=Mode.LOCAL_CONTAINER)`: the SDK writes SageMaker's own
+/opt/ml/input/config/{hyperparameters,inputdataconfig,resourceconfig}.json for hosts algo-1..N, mounts the
+channels under /opt/ml/input/data/<name>, and runs the stage image (built by `coordinator images build`) once
+per host with `docker compose` on the `sagemaker-local` network, where the hosts find each other by name.
+What differs from a cloud job, and only that:
+
+- instance type `local`, no IAM role check, no ECR (the local image by tag; manifests cite tag@image id);
+- the artifact store is the compose SeaweedFS S3 (compose.yaml), joined to `sagemaker-local` as
+  `dilforge-s3`; jobs publish their manifests to it exactly as cloud jobs publish to S3 (the stage config
+  goes there too, `stage_config_uri`); local data the config names is uploaded to it first,
+  content-addressed (`data/<sha256>/<name>`), and the config points at the upload, as you would for SageMaker;
+- channels: the coordinator copies each upstream artifact folder (manifest.json + data-*/) from the store
+  and the SDK mounts the copy, as SageMaker's File mode downloads an S3Prefix channel;
+- checkpoints: local mode has no CheckpointConfig sync, so the stage images' entrypoint does it when
+  DILFORGE_CHECKPOINT_SYNC_URI is set (only here): /opt/ml/checkpoints is filled from that S3 prefix before
+  the stage starts and uploaded after it ends, also after a SIGTERM, so a rerun resumes (a spot restart).
+
+Bad setup fails in one line before anything runs: region unset, SDK missing, Docker not running, Compose v2
+missing, an image not built.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from dilforge_shared.configs import PipelineConfig
+from dilforge_shared.configs.cloud import SageMakerConfig
+from dilforge_shared.errors import ConfigError, DilforgeError
+from dilforge_shared.settings import settings
+from dilforge_shared.store import open_backend, read_manifest, verify_files
+
+from ..pipeline import StageFailed, StageJob, image_of
+from . import sagemaker as sm
+from .compose import S3_ACCESS_KEY, S3_SECRET_KEY, ComposeBackend
+
+log = logging.getLogger("dilforge.coordinator.sagemaker_local")
+
+NETWORK = "sagemaker-local"           # the network the SDK's local mode puts every host on
+S3_ALIAS = "dilforge-s3"              # the compose S3 as the job containers reach it on that network
+CONTAINER_ENDPOINT = f"http://{S3_ALIAS}:8333"
+LOCAL_ROLE = "arn:aws:iam::000000000000:role/dilforge-local"  # local mode assumes no role
+CHECKPOINT_SYNC_ENV = "DILFORGE_CHECKPOINT_SYNC_URI"
+
+
+def preflight(docker: str, run=subprocess.run) -> str:
+    """The region, the SDK, a running Docker engine and Compose v2, each checked with a one-line error.
+    Returns the region."""
+    region = os.environ.get("AWS_DEFAULT_REGION") or os.environ.get("AWS_REGION")
+    if not region:
+        raise ConfigError("AWS region unset: the SageMaker SDK needs one even in local mode; "
+                          "export AWS_DEFAULT_REGION=us-east-1 (no AWS account or credentials are used)")
+    sm.require_sdk()
+    if shutil.which(docker) is None:
+        raise ConfigError(f"Docker is not installed ({docker} not found): bash ../shared/tools/container-env.sh")
+    if run([docker, "info"], capture_output=True, text=True, check=False).returncode != 0:
+        raise ConfigError("Docker is not running (docker info failed): start the engine, e.g. "
+                          "bash ../shared/tools/container-env.sh")
+    # The SDK runs `docker compose` from PATH (v2), else `docker-compose`
+    compose = run(["docker", "compose", "version"], capture_output=True, text=True, check=False)
+    if compose.returncode != 0 and shutil.which("docker-compose") is None:
+        raise ConfigError("Docker Compose v2 is missing (`docker compose version` failed): SageMaker local mode "
+                          "runs every job with it; install the plugin (bash ../shared/tools/container-env.sh)")
+    return region
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def upload_local_data(raw: Any, store: str, endpoint_url: str) -> tuple[Any, dict[str, str]]:
+    """Every string in the config that names an existing local file or folder → its content-addressed copy
+    in the store's `data/` prefix (uploaded once). Returns the rewritten config and {local path: S3 URI}."""
+    bucket_root = "s3://" + store.removeprefix("s3://").split("/", 1)[0]
+    moved: dict[str, str] = {}
+
+    def upload(text: str) -> str:
+        path = Path(text.removeprefix("file://"))
+        if "://" in text.removeprefix("file://") or "\n" in text or len(text) > 4096 or not path.exists():
+            return text
+        if "*" in text:
+            raise ConfigError(f"{text}: local globs are not uploaded for sagemaker-local; name a folder instead")
+        path = path.resolve()
+        if str(path) in moved:
+            return moved[str(path)]
+        files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+        digest = hashlib.sha256("".join(f"{p.relative_to(path.parent)}\0{_sha256(p)}\n" for p in files).encode())
+        prefix = f"{bucket_root}/data/{digest.hexdigest()[:16]}"
+        backend = open_backend(prefix, endpoint_url)
+        for file in files:
+            key = str(file.relative_to(path.parent))
+            if not backend.exists(key) or backend.size(key) != file.stat().st_size:
+                backend.upload_file(key, file)
+        moved[str(path)] = f"{prefix}/{path.name}" + ("/" if path.is_dir() else "")
+        return moved[str(path)]
+
+    def walk(value):
+        if isinstance(value, dict):
+            return {k: walk(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [walk(v) for v in value]
+        return upload(value) if isinstance(value, str) else value
+    return walk(raw), moved
+
+
+class SageMakerLocalBackend:
+    """`--backend sagemaker-local`: the SDK's local container mode, the compose S3 as the store."""
+    name = "sagemaker-local"
+
+    def __init__(self, workdir: Path | None = None, tag: str | None = None, s3_port: int | None = None,
+                 docker: str | None = None, data_root: Path | None = None, keep: bool = False, run=subprocess.run):
+        self.compose = ComposeBackend(workdir=workdir, tag=tag, s3_port=s3_port, docker=docker, data_root=data_root)
+        self.workdir = Path(workdir or settings().workdir).resolve() / "sagemaker-local"
+        self.docker = self.compose.docker
+        self.keep = keep
+        self.run_cmd = run
+        self.config: SageMakerConfig | None = None
+        self.region: str | None = None
+
+    # ---- setup -----------------------------------------------------------------------------------
+    def prepare(self, pipeline: PipelineConfig) -> PipelineConfig:
+        self.region = preflight(self.docker, self.run_cmd)
+        pipeline = self.compose.prepare(pipeline)  # store → the compose S3, up and healthy
+        self.join_network()
+        raw = pipeline.model_dump(mode="json", exclude_none=True)
+        store = raw.pop("store")
+        raw, moved = upload_local_data(raw, store["uri"], store["s3_endpoint_url"])
+        for local, uri in moved.items():
+            print(f"[sagemaker-local] data {local} → {uri}")
+        pipeline = PipelineConfig.model_validate({**raw, "store": store})
+        self.config = pipeline.sagemaker or SageMakerConfig(role_arn=LOCAL_ROLE, spot=False)
+        return pipeline
+
+    def join_network(self) -> None:
+        """Put the compose S3 on the SDK's `sagemaker-local` network as `dilforge-s3`. The network is made with
+        the compose label the SDK's generated compose file expects, so its `docker compose up` adopts it."""
+        run = self.run_cmd
+        if run([self.docker, "network", "inspect", NETWORK], capture_output=True, check=False).returncode != 0:
+            made = run([self.docker, "network", "create", "--label", f"com.docker.compose.network={NETWORK}",
+                        NETWORK], capture_output=True, text=True, check=False)
+            if made.returncode != 0 and "already exists" not in made.stderr:
+                raise DilforgeError(f"docker network create {NETWORK}: {made.stderr.strip()}")
+        ps = run(self.compose.compose_cmd("ps", "-q", "s3"), env=self.compose.compose_env(), capture_output=True,
+                 text=True, check=False)
+        container = ps.stdout.strip().splitlines()[0] if ps.stdout.strip() else ""
+        if not container:
+            raise DilforgeError("the compose S3 is not running (docker compose ps s3 shows no container)")
+        joined = run([self.docker, "network", "connect", "--alias", S3_ALIAS, NETWORK, container],
+                     capture_output=True, text=True, check=False)
+        if joined.returncode != 0 and "already exists" not in joined.stderr:
+            raise DilforgeError(f"docker network connect {NETWORK} (compose S3): {joined.stderr.strip()}")
+
+    # ---- one stage -------------------------------------------------------------------------------
+    def image(self, stage: str) -> tuple[str, str]:
+        """(the local image by tag, what the manifest cites: tag@image id); one line when it is not built."""
+        ref = f"dilforge-{stage}:{self.compose.tag}"
+        proc = self.run_cmd([self.docker, "image", "inspect", ref, "--format", "{{.Id}}"], capture_output=True,
+                            text=True, check=False)
+        if proc.returncode != 0:
+            raise StageFailed(stage, f"image {ref} is not built: coordinator images build --stage {stage}"
+                                     f"{' --tag ' + self.compose.tag if self.compose.tag != 'dev' else ''}")
+        return ref, f"{ref}@{proc.stdout.strip()}"
+
+    def channel(self, name: str, uri: str, endpoint_url: str) -> Path:
+        """An upstream artifact folder copied from the store (manifest.json + data-*/), verified."""
+        manifest, digest = read_manifest(f"{uri}/manifest.json", endpoint_url)
+        dest = self.workdir / "channels" / f"{manifest.artifact_id}-{digest[:12]}"
+        done = dest.with_name(dest.name + ".complete")
+        if done.exists() and (dest / "manifest.json").is_file():
+            verify_files(manifest, dest / manifest.data_dir, uri)
+            return dest
+        partial = dest.with_name(dest.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        backend = open_backend(uri, endpoint_url)
+        backend.download_file("manifest.json", partial / "manifest.json")
+        if _sha256(partial / "manifest.json") != digest:
+            raise DilforgeError(f"{uri}/manifest.json changed while it was being copied")
+        for entry in manifest.files:
+            backend.download_file(f"{manifest.data_dir}/{entry.path}", partial / manifest.data_dir / entry.path)
+        verify_files(manifest, partial / manifest.data_dir, uri)
+        shutil.rmtree(dest, ignore_errors=True)
+        os.rename(partial, dest)
+        done.touch()
+        return dest
+
+    def spec(self, job: StageJob) -> tuple[sm.JobSpec, dict[str, str]]:
+        ref, cited = self.image(image_of(job.stage))
+        spec = sm.job_spec(job, self.config, ref, CONTAINER_ENDPOINT)
+        env = {**spec.environment, "DILFORGE_IMAGE": cited, "AWS_DEFAULT_REGION": self.region,
+               "DILFORGE_S3_ACCESS_KEY_ID": S3_ACCESS_KEY, "DILFORGE_S3_SECRET_ACCESS_KEY": S3_SECRET_KEY,
+               "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "HOME": "/tmp",
+               CHECKPOINT_SYNC_ENV: spec.checkpoint_uri}
+        channels = {name: str(self.channel(name, uri.rstrip("/"), job.s3_endpoint_url))
+                    for name, uri in spec.channels.items()}
+        return sm.JobSpec(**{**spec.__dict__, "environment": env}), channels
+
+    def run(self, job: StageJob) -> None:
+        if self.config is None:
+            raise ConfigError("SageMakerLocalBackend.prepare(pipeline) must run first")
+        spec, channels = self.spec(job)
+        where = sm.config_uri(self.config, job)
+        open_backend(where.rsplit("/", 1)[0], job.s3_endpoint_url).write_bytes(
+            where.rsplit("/", 1)[1], job.config.model_dump_json(indent=2).encode())
+        root = self.workdir / f"{job.stage}-{job.artifact_id}"
+        shutil.rmtree(root, ignore_errors=True)  # the SDK's leftovers of a failed attempt (checkpoints live in S3)
+        root.mkdir(parents=True)
+        session = sm.sdk_session(sm.offline_boto_session(self.region), offline=True)
+        trainer = sm.model_trainer(spec, session, local_root=str(root), local_channels=channels)
+        print(f"[{job.stage}] SageMaker local mode: {spec.num_instances} x {spec.image} in {root}", flush=True)
+        try:
+            trainer.train(wait=True, logs=True)
+        except (RuntimeError, subprocess.CalledProcessError) as exc:
+            raise StageFailed(job.stage, self.failure_reason(root, spec.num_instances) or f"local job failed: {exc}") \
+                from None
+        if not self.keep:
+            shutil.rmtree(root, ignore_errors=True)
+
+    @staticmethod
+    def failure_reason(root: Path, num_hosts: int) -> str | None:
+        """The first host's /opt/ml/output/failure (what SageMaker shows as FailureReason), else any host's."""
+        for host in [f"algo-{i}" for i in range(1, num_hosts + 1)]:
+            failure = root / host / "output" / "failure"
+            if failure.is_file() and (text := failure.read_text(errors="replace").strip()):
+                return f"{host}: {text}" if num_hosts > 1 else text
+        return None

@@ -1,0 +1,220 @@
+"""The tiny pipeline through the SageMaker SDK's local container mode (`--backend sagemaker-local`), CPT on two
+hosts from resourceconfig.json, a rerun that reuses every artifact, a one-host CPT reference, and a spot
+interruption (SIGTERM to the CPT container mid-training) survived by a rerun.
+
+Needs Docker + Compose v2 and the stage images (scripts/ci_containers.sh: ../shared/tools/container-env.sh,
+`coordinator images build`), the SDK extra (scripts/setup.sh --sagemaker) and AWS_DEFAULT_REGION (set here;
+no AWS account or credentials are used). Image tag: $DILFORGE_IMAGE_TAG (default dev).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCKER = "/usr/bin/docker" if Path("/usr/bin/docker").exists() else (shutil.which("docker") or "docker")
+STAGES = ("tokenizer", "cpt", "sft", "eval")
+TAG = os.environ.get("DILFORGE_IMAGE_TAG", "dev")
+S3 = {"endpoint_url": "http://127.0.0.1:8333", "aws_access_key_id": "dilforge",
+      "aws_secret_access_key": "dilforge-local-only", "region_name": "us-east-1"}
+SIGTERM_BUDGET_S = 120  # SageMaker's time between SIGTERM and SIGKILL
+
+
+@pytest.fixture(scope="module")
+def ready():
+    missing = pytest.fail if os.environ.get("DILFORGE_REQUIRE_DOCKER") else pytest.skip
+    pytest.importorskip("sagemaker.train.model_trainer", reason="SDK extra: bash scripts/setup.sh --sagemaker")
+    if subprocess.run([DOCKER, "info"], capture_output=True).returncode != 0:
+        missing("no Docker engine (run ../shared/tools/container-env.sh)")
+    absent = [s for s in ("s3", *STAGES)
+              if subprocess.run([DOCKER, "image", "inspect", f"dilforge-{s}:{TAG if s != 's3' else 'dev'}"],
+                                capture_output=True).returncode != 0]
+    if absent:
+        missing(f"images not built: {absent} (coordinator images build)")
+
+
+def config(tmp: Path, name: str, prefix: str, num_cpt_hosts: int, stages=STAGES) -> Path:
+    """configs/az-tiny.yaml, plus the `sagemaker:` section a SageMaker run would have, in a fresh store prefix."""
+    raw = yaml.safe_load((ROOT / "configs" / "az-tiny.yaml").read_text())
+    raw = {k: v for k, v in raw.items() if k not in STAGES or k in stages}
+    raw.update(run_id=prefix, store={"uri": f"s3://dilforge/{prefix}", "s3_endpoint_url": S3["endpoint_url"]},
+               sagemaker={"role_arn": "arn:aws:iam::123456789012:role/dilforge-sagemaker", "spot": False,
+                          "stages": {"cpt": {"instance_type": "ml.c5.xlarge", "num_instances": num_cpt_hosts}}})
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def env(tmp: Path) -> dict[str, str]:
+    return {**os.environ, "DILFORGE_WORKDIR": str(tmp / "work"), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+            "AWS_DEFAULT_REGION": "us-east-1", "DILFORGE_IMAGE_TAG": TAG}
+
+
+def coordinator(tmp: Path, *args: str, timeout: int = 1500) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "dilforge_coordinator.cli", *args, "--backend", "sagemaker-local"],
+                          cwd=ROOT, env=env(tmp), capture_output=True, text=True, timeout=timeout)
+    (tmp / f"log-{uuid.uuid4().hex[:6]}.txt").write_text(proc.stdout + proc.stderr)
+    return proc
+
+
+def artifacts(stdout: str) -> dict[str, str]:
+    return dict(re.findall(r"^\[(\w+)\] artifact: (\S+)$", stdout, re.M))
+
+
+def s3():
+    import boto3
+    return boto3.client("s3", **S3)
+
+
+def manifest(uri: str) -> dict:
+    key = uri.removeprefix("s3://dilforge/") + "/manifest.json"
+    return json.loads(s3().get_object(Bucket="dilforge", Key=key)["Body"].read())
+
+
+def weights_sha(uri: str) -> str:
+    return {f["path"]: f["sha256"] for f in manifest(uri)["files"]}["model.safetensors"]
+
+
+def load_weights(uri: str, tmp: Path) -> dict:
+    from safetensors.torch import load_file
+    m = manifest(uri)
+    path = tmp / f"{m['artifact_id']}-{uuid.uuid4().hex[:6]}.safetensors"
+    s3().download_file("dilforge", f"{uri.removeprefix('s3://dilforge/')}/{m['data_dir']}/model.safetensors", str(path))
+    return load_file(path)
+
+
+@pytest.fixture(scope="module")
+def pipeline(ready, data_root, tmp_path_factory):
+    """az-tiny, every stage, CPT on 2 hosts; then the same command again."""
+    tmp = tmp_path_factory.mktemp("smlocal")
+    prefix = f"smlocal-{uuid.uuid4().hex[:8]}"
+    cfg = config(tmp, "pipeline", prefix, num_cpt_hosts=2)
+    start = time.monotonic()
+    first = coordinator(tmp, "run-all", "-c", str(cfg), "--data", str(data_root))
+    seconds = time.monotonic() - start
+    assert first.returncode == 0, first.stdout[-6000:] + first.stderr[-3000:]
+    again = coordinator(tmp, "run-all", "-c", str(cfg), "--data", str(data_root))
+    assert again.returncode == 0, again.stdout[-4000:] + again.stderr[-3000:]
+    print(f"sagemaker-local az-tiny pipeline: {seconds:.0f} s")
+    return {"tmp": tmp, "first": first, "again": again, "artifacts": artifacts(first.stdout), "prefix": prefix}
+
+
+def test_every_stage_runs_as_a_local_sagemaker_job_and_publishes(pipeline):
+    out, arts = pipeline["first"].stdout, pipeline["artifacts"]
+    assert list(arts) == list(STAGES)
+    for stage in STAGES:
+        assert f"[{stage}] SageMaker local mode: " in out
+        m = manifest(arts[stage])
+        assert m["stage"] == stage and m["run_id"] == pipeline["prefix"]
+        assert arts[stage].startswith(f"s3://dilforge/{pipeline['prefix']}/artifacts/{stage}/")
+        assert m["producer"]  # published by the stage inside the container, as a cloud job does
+    assert "[cpt] SageMaker local mode: 2 x dilforge-cpt:" in out
+    # upstream artifacts arrived as channels: the eval stage verified three mounted channel folders
+    assert [i["name"] for i in manifest(arts["eval"])["inputs"]][:3] == ["cpt", "sft", "tokenizer"]
+    # data the config names locally was uploaded to the store, content-addressed, and the config points there
+    assert re.search(r"\[sagemaker-local\] data .*azwiki_sentences_cv_extractor.txt → s3://dilforge/data/", out)
+
+
+def test_cpt_ran_on_two_hosts_from_resourceconfig(pipeline):
+    metrics = manifest(pipeline["artifacts"]["cpt"])["metrics"]
+    assert metrics["world_size"] == 2
+    out = pipeline["first"].stdout
+    assert re.search(r"algo-2.*host 2 of 2", out) and re.search(r"algo-1.*host 1 of 2", out)
+    assert "--master_addr algo-1" in out  # master = the first host
+
+
+def test_rerun_reuses_every_artifact(pipeline):
+    again = pipeline["again"].stdout
+    assert "SageMaker local mode" not in again and "running on" not in again
+    assert artifacts(again) == pipeline["artifacts"]
+
+
+@pytest.fixture(scope="module")
+def one_host(pipeline, data_root):
+    """The same CPT on one host (its own store prefix), the reference for 2 hosts and for the spot run."""
+    tmp = pipeline["tmp"]
+    prefix = f"smlocal-1host-{uuid.uuid4().hex[:8]}"
+    cfg = config(tmp, "one-host", prefix, num_cpt_hosts=1, stages=("tokenizer", "cpt"))
+    proc = coordinator(tmp, "run", "cpt", "-c", str(cfg), "--data", str(data_root),
+                       "--input", f"tokenizer={pipeline['artifacts']['tokenizer']}")
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    return artifacts(proc.stdout)["cpt"]
+
+
+def test_two_hosts_equal_one_host_within_the_world_size_tolerance(pipeline, one_host):
+    import torch
+    two, one = manifest(pipeline["artifacts"]["cpt"])["metrics"], manifest(one_host)["metrics"]
+    assert one["world_size"] == 1
+    # the tolerance of tests/integration/test_cpt_multinode.py (1 vs 2 processes): losses to 1e-4 relative
+    assert [h["loss"] for h in two["history"]] == pytest.approx([h["loss"] for h in one["history"]], rel=1e-4)
+    assert two["final_val_bpb"] == pytest.approx(one["final_val_bpb"], rel=1e-4)
+    w2, w1 = load_weights(pipeline["artifacts"]["cpt"], pipeline["tmp"]), load_weights(one_host, pipeline["tmp"])
+    assert w2.keys() == w1.keys()
+    for name in w1:
+        torch.testing.assert_close(w2[name], w1[name], rtol=1e-3, atol=1e-4, msg=name)
+
+
+def _container(project: str) -> str | None:
+    out = subprocess.run([DOCKER, "ps", "-q", "--filter", f"label=com.docker.compose.project={project}",
+                          "--filter", "label=com.docker.compose.service=algo-1"], capture_output=True, text=True)
+    return out.stdout.strip() or None
+
+
+def test_spot_interruption_checkpoints_and_the_rerun_resumes_to_the_same_weights(pipeline, one_host, data_root):
+    tmp = pipeline["tmp"]
+    prefix = f"smlocal-spot-{uuid.uuid4().hex[:8]}"
+    cfg = config(tmp, "spot", prefix, num_cpt_hosts=1, stages=("tokenizer", "cpt"))
+    args = [sys.executable, "-m", "dilforge_coordinator.cli", "run", "cpt", "-c", str(cfg), "--data", str(data_root),
+            "--input", f"tokenizer={pipeline['artifacts']['tokenizer']}", "--backend", "sagemaker-local"]
+    proc = subprocess.Popen(args, cwd=ROOT, env=env(tmp), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    killed_at: list[float] = []
+    project = None
+    timer = threading.Timer(1200, proc.kill)
+    timer.start()
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if m := re.search(r"\[cpt\] running on sagemaker-local → (\S+)", line):
+                project = f"cpt-{m.group(1).rsplit('/', 1)[1]}"
+            if not killed_at and project and re.search(r"step=1[05] phase=2 loss=", line):
+                container = _container(project)
+                assert container, f"no running container of compose project {project}"
+                subprocess.run([DOCKER, "kill", "--signal", "TERM", container], check=True, capture_output=True)
+                killed_at.append(time.monotonic())
+            if killed_at and "entrypoint: saved" in line:
+                saved_s = time.monotonic() - killed_at[0]
+        proc.wait()
+    finally:
+        timer.cancel()
+    out = "".join(lines)
+    (tmp / "spot-first.txt").write_text(out)
+    assert killed_at, "training never reached phase 2:\n" + out[-4000:]
+    assert proc.returncode != 0 and "stopped by SIGTERM" in out, out[-4000:]
+    assert saved_s < SIGTERM_BUDGET_S, f"checkpoint reached the store {saved_s:.0f} s after SIGTERM"
+    ckpt_prefix = f"{prefix}/sagemaker/checkpoints/cpt/"
+    keys = [o["Key"] for o in s3().list_objects_v2(Bucket="dilforge", Prefix=ckpt_prefix).get("Contents", [])]
+    assert any("/train/step-" in k and "COMPLETE.node" in k for k in keys), keys
+    print(f"spot: SIGTERM → checkpoint in the store in {saved_s:.1f} s")
+
+    again = subprocess.run(args, cwd=ROOT, env=env(tmp), capture_output=True, text=True, timeout=1200)
+    (tmp / "spot-again.txt").write_text(again.stdout + again.stderr)
+    assert again.returncode == 0, again.stdout[-6000:] + again.stderr[-2000:]
+    assert "entrypoint: restored" in again.stdout and re.search(r"resumed from checkpoint \S*step-\d+", again.stdout)
+    resumed = artifacts(again.stdout)["cpt"]
+    # resume is exact on CPU: the weights are the uninterrupted one-host run's, byte for byte
+    assert weights_sha(resumed) == weights_sha(one_host)

@@ -1,0 +1,174 @@
+"""`--backend sagemaker-local` without Docker: its one-line errors (region unset, SDK missing, Docker not running,
+Compose missing, image not built), the local data upload, the failure reason it reports, the entrypoint's
+checkpoint sync that stands in for SageMaker's CheckpointConfig, and the launcher on local mode's `ethwe`."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from dilforge_coordinator.backends import sagemaker as sm
+from dilforge_coordinator.backends import sagemaker_local as sml
+from dilforge_coordinator.backends.sagemaker_local import SageMakerLocalBackend, preflight, upload_local_data
+from dilforge_coordinator.cli import app
+from dilforge_coordinator.pipeline import StageFailed
+from dilforge_shared.contract import ResourceConfig
+from dilforge_shared.errors import ConfigError
+from dilforge_shared.launch import build_launch
+from typer.testing import CliRunner
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def fake_run(fail: set[str]):
+    """subprocess.run stand-in: the commands whose second word is in `fail` exit 1."""
+    def run(cmd, **kwargs):
+        word = cmd[1] if len(cmd) > 1 else ""
+        return subprocess.CompletedProcess(cmd, 1 if word in fail else 0, stdout="sha256:abc\n", stderr="boom")
+    return run
+
+
+@pytest.fixture
+def region(monkeypatch):
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setattr(sml.shutil, "which", lambda name: f"/usr/bin/{name}" if name == "docker" else None)
+
+
+def test_region_unset_is_one_line(monkeypatch):
+    monkeypatch.delenv("AWS_DEFAULT_REGION", raising=False)
+    monkeypatch.delenv("AWS_REGION", raising=False)
+    with pytest.raises(ConfigError, match=r"^AWS region unset: .*export AWS_DEFAULT_REGION=us-east-1"):
+        preflight("docker", fake_run(set()))
+
+
+def test_docker_not_installed_or_not_running(region, monkeypatch):
+    with pytest.raises(ConfigError, match=r"^Docker is not running \(docker info failed\)"):
+        preflight("docker", fake_run({"info"}))
+    monkeypatch.setattr(sml.shutil, "which", lambda name: None)
+    with pytest.raises(ConfigError, match=r"^Docker is not installed \(/no/docker not found\)"):
+        preflight("/no/docker", fake_run(set()))
+
+
+def test_compose_v2_missing(region):
+    with pytest.raises(ConfigError, match=r"^Docker Compose v2 is missing"):
+        preflight("docker", fake_run({"compose"}))
+    assert preflight("docker", fake_run(set())) == "us-east-1"
+
+
+def test_sdk_missing_is_one_line(region, monkeypatch):
+    monkeypatch.setitem(sys.modules, "sagemaker.train.model_trainer", None)
+    with pytest.raises(ConfigError, match=r"^the SageMaker Python SDK is not installed .*setup.sh --sagemaker"):
+        preflight("docker", fake_run(set()))
+
+
+def test_image_not_built_names_the_build_command(tmp_path):
+    backend = SageMakerLocalBackend(workdir=tmp_path, tag="sm", docker="docker", run=fake_run({"image"}))
+    with pytest.raises(StageFailed, match=r"image dilforge-cpt:sm is not built: coordinator images build "
+                                          r"--stage cpt --tag sm"):
+        backend.image("cpt")
+    ok = SageMakerLocalBackend(workdir=tmp_path, tag="dev", docker="docker", run=fake_run(set()))
+    assert ok.image("cpt") == ("dilforge-cpt:dev", "dilforge-cpt:dev@sha256:abc")
+
+
+def test_cli_reports_the_setup_error_in_one_line(monkeypatch, tmp_path):
+    monkeypatch.delenv("AWS_DEFAULT_REGION", raising=False)
+    monkeypatch.delenv("AWS_REGION", raising=False)
+    monkeypatch.setenv("DILFORGE_WORKDIR", str(tmp_path))
+    result = CliRunner().invoke(app, ["run-all", "-c", str(ROOT / "configs" / "az-tiny.yaml"), "--data", str(tmp_path),
+                                      "--backend", "sagemaker-local"])
+    assert result.exit_code != 0
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and "AWS region unset" in lines[0], result.output
+
+
+def test_failure_reason_is_the_first_hosts_failure_file(tmp_path):
+    (tmp_path / "algo-2" / "output").mkdir(parents=True)
+    (tmp_path / "algo-2" / "output" / "failure").write_text("rendezvous timed out")
+    assert SageMakerLocalBackend.failure_reason(tmp_path, 2) == "algo-2: rendezvous timed out"
+    (tmp_path / "algo-1" / "output").mkdir(parents=True)
+    (tmp_path / "algo-1" / "output" / "failure").write_text("resourceconfig.json: missing field 'hosts'")
+    assert SageMakerLocalBackend.failure_reason(tmp_path, 2) == "algo-1: resourceconfig.json: missing field 'hosts'"
+    assert SageMakerLocalBackend.failure_reason(tmp_path / "none", 1) is None
+
+
+def test_local_data_is_uploaded_content_addressed_and_the_config_points_there(monkeypatch, tmp_path):
+    import boto3
+    import moto
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.delenv("DILFORGE_S3_ENDPOINT_URL", raising=False)
+    corpus = tmp_path / "az" / "train.txt"
+    corpus.parent.mkdir()
+    corpus.write_text("Salam dünya.\n")
+    with moto.mock_aws():
+        s3 = boto3.client("s3", region_name="us-east-1")
+        s3.create_bucket(Bucket="bkt")
+        raw = {"tokenizer": {"corpora": [{"uri": str(corpus), "name": "wiki"}], "system_prompt": "Sən köməkçisən."},
+               "eval": {"prompts": "builtin:az-generation", "morph": {"segmented": [str(corpus)]}}}
+        out, moved = upload_local_data(raw, "s3://bkt/store", None)
+        uri = out["tokenizer"]["corpora"][0]["uri"]
+        assert uri.startswith("s3://bkt/data/") and uri.endswith("/train.txt") and moved == {str(corpus): uri}
+        assert out["eval"]["morph"]["segmented"] == [uri]  # one upload per file
+        assert out["tokenizer"]["system_prompt"] == "Sən köməkçisən." and out["eval"]["prompts"] == raw["eval"]["prompts"]
+        key = uri.removeprefix("s3://bkt/")
+        assert s3.get_object(Bucket="bkt", Key=key)["Body"].read() == corpus.read_bytes()
+        assert upload_local_data(raw, "s3://bkt/store", None)[0] == out  # same content, same URI: same artifact ids
+        corpus.write_text("Bakı.\n")
+        assert upload_local_data(raw, "s3://bkt/store", None)[0]["tokenizer"]["corpora"][0]["uri"] != uri
+
+
+def _entrypoint():
+    spec = importlib.util.spec_from_file_location("dilforge_entrypoint", ROOT / "docker" / "entrypoint.py")
+    ep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ep)
+    return ep
+
+
+def test_entrypoint_checkpoint_sync_saves_after_the_stage_and_restores_before_it(monkeypatch, tmp_path):
+    ep = _entrypoint()
+    opt, store = tmp_path / "opt", tmp_path / "s3-checkpoints"
+    monkeypatch.setenv("DILFORGE_OPT_ML", str(opt))
+    ckpt = opt / "checkpoints" / "train" / "step-15"
+    ckpt.mkdir(parents=True)
+    (ckpt / "state.json").write_text('{"step": 15}')
+    (ckpt / "COMPLETE.node00000-of-00001").write_text("{}")
+    ep.sync_checkpoints(str(store), "save")
+    assert (store / "train" / "step-15" / "state.json").read_text() == '{"step": 15}'
+    # a new host (a spot restart): /opt/ml/checkpoints is empty until the restore
+    new = tmp_path / "opt2"
+    monkeypatch.setenv("DILFORGE_OPT_ML", str(new))
+    ep.sync_checkpoints(str(store), "restore")
+    assert (new / "checkpoints" / "train" / "step-15" / "COMPLETE.node00000-of-00001").is_file()
+    # a sync that cannot reach its store logs and leaves the stage's exit status alone
+    ep.sync_checkpoints(str(tmp_path / "missing" / "deeper"), "restore")
+
+
+def test_local_modes_ethwe_interface_is_not_forced_on_gloo(monkeypatch):
+    res = ResourceConfig(current_host="algo-2", hosts=["algo-1", "algo-2"], network_interface_name="ethwe-not-here")
+    plan = build_launch(res, ["-m", "x"], nproc_per_node=1, base_env={})
+    assert "GLOO_SOCKET_IFNAME" not in plan.env and "NCCL_SOCKET_IFNAME" not in plan.env
+    assert plan.master_addr == "algo-1" and plan.node_rank == 1 and "--master_addr" in plan.command
+
+
+def test_local_job_is_the_cloud_job_with_local_compute(monkeypatch, tmp_path):
+    """model_trainer builds the local ModelTrainer from the same JobSpec: image, hyperparameters, environment,
+    host count are the cloud job's; compute is `local` and the channels are folders."""
+    pytest.importorskip("sagemaker.train.model_trainer")
+    spec = sm.JobSpec(stage="cpt", base_job_name="dilforge-cpt-abc", image="dilforge-cpt:dev",
+                      role_arn="arn:aws:iam::123456789012:role/r", instance_type="ml.c5.xlarge", num_instances=2,
+                      volume_size_gb=30, spot=False, max_runtime_s=3600, max_wait_s=None, input_mode="File",
+                      channels={"tokenizer": "s3://b/artifacts/tokenizer/t/"}, output_path="s3://b/out/",
+                      checkpoint_uri="s3://b/ck/", tensorboard_uri="s3://b/tb/", environment={"A": "1"},
+                      hyperparameters={"run_id": "r"}, tags={"k": "v"}, metric_definitions=[])
+    (tmp_path / "tok").mkdir()
+    local = sm.model_trainer(spec, None, local_root=str(tmp_path), local_channels={"tokenizer": str(tmp_path / "tok")})
+    assert (local.training_image, local.compute.instance_count, local.compute.instance_type) == ("dilforge-cpt:dev", 2,
+                                                                                                  "local")
+    assert local.hyperparameters == {"run_id": "r"} and local.environment == {"A": "1"}
+    assert local.input_data_config[0].data_source == str(tmp_path / "tok")
+    with pytest.raises(Exception, match="needs a folder for channels"):
+        sm.model_trainer(spec, None, local_root=str(tmp_path), local_channels={})
