@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Container part of CI (.ci/run calls it): Docker engine + Compose v2 + local python:3.11-slim base
 # (../shared/tools/container-env.sh), the images (shared layers built once), then the tiny pipeline end to
-# end with `coordinator run-all --backend compose`, and the serve image as SageMaker runs it (tests/docker).
-# Prints image sizes and build times.
+# end with `coordinator run-all --backend compose`, and the serve image as SageMaker runs it (tests/docker),
+# then through the SageMaker SDK's local container mode (`--backend sagemaker-local`: CPT on 2 hosts, a rerun
+# that reuses everything, a 1-host reference, a spot SIGTERM survived, a broken image contract; needs the SDK
+# extra, setup.sh --sagemaker). Prints image sizes and build times.
 # Budget: about 15 minutes on 2 cores from a machine without Docker.
 #
 #   scripts/ci_containers.sh                 # PYTHON=.venv/bin/python by default
@@ -26,7 +28,12 @@ args=(); for s in "${stages[@]}"; do args+=(--stage "$s"); done
 
 step "compose pipeline end to end; the serve image's /ping + /invocations (tests/docker)"
 status=0
-"$PYTHON" -m pytest -q -m docker tests/docker -p no:cacheprovider || status=$?
+"$PYTHON" -m pytest -q -m docker tests/docker --ignore=tests/docker/test_sagemaker_local.py -p no:cacheprovider \
+  || status=$?
+
+step "SageMaker local mode: az-tiny (CPT on 2 hosts), rerun, 1-host reference, spot interruption"
+AWS_DEFAULT_REGION=${AWS_DEFAULT_REGION:-us-east-1} "$PYTHON" -m pytest -q -s -m docker \
+  tests/docker/test_sagemaker_local.py -p no:cacheprovider || status=$?
 
 step "image sizes and build times"
 "$PYTHON" - <<'PY'

@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow]
+# the module fixtures run whole local-mode jobs: several minutes each on 2 cores, more than the 900 s default
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(3600)]
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = "/usr/bin/docker" if Path("/usr/bin/docker").exists() else (shutil.which("docker") or "docker")
