@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 
 import botocore.session
@@ -203,3 +204,23 @@ def test_model_stage_with_a_local_folder_is_refused_before_submitting(no_aws, tm
                                  "tokenizer.base_tokenizer": None})
     with pytest.raises(ConfigError, match=r"model: \['/home/me/llama'\] are local paths"):
         SageMakerBackend(dry_run=True).dry_run_requests(cfg)
+
+
+def test_without_the_sdk_extra_the_backend_fails_in_one_line(no_aws, monkeypatch):
+    monkeypatch.setitem(sys.modules, "sagemaker.train.model_trainer", None)
+    result = CliRunner().invoke(app, ["run-all", "-c", str(PRESET), "--backend", "sagemaker", "--dry-run"])
+    assert result.exit_code != 0
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and "SageMaker Python SDK is not installed" in lines[0] and "--sagemaker" in lines[0]
+
+
+def test_dry_run_sends_nothing_and_needs_no_credentials(no_aws):
+    """The offline session has no credential provider: had any call escaped the in-process answers, signing it
+    would have raised NoCredentialsError; and an unexpected operation is refused outright."""
+    from dilforge_coordinator.backends.sagemaker import offline, offline_boto_session
+    from dilforge_shared.errors import DilforgeError
+    session = offline_boto_session("us-east-1")
+    assert session.get_credentials() is None
+    with offline(session) as requests, pytest.raises(DilforgeError, match="unexpected AWS call s3:ListBuckets"):
+        session.client("s3").list_buckets()
+    assert requests == []
