@@ -130,10 +130,22 @@ def test_every_stage_runs_as_a_local_sagemaker_job_and_publishes(pipeline):
     assert re.search(r"\[sagemaker-local\] data \S*azwiki_sentences_cv_extractor.txt → s3://\S+/data/[0-9a-f]{16}/", out)
 
 
+def assert_cpt_on_two_hosts(proc: subprocess.CompletedProcess) -> str:
+    """The image contract for multi-host CPT, with a message that says which part broke."""
+    if proc.returncode != 0:
+        reason = [line for line in proc.stderr.splitlines() + proc.stdout.splitlines() if "failed" in line][-1:]
+        raise AssertionError(f"CPT on 2 hosts failed ({reason}): every host must start torchrun from "
+                             "/opt/ml/input/config/resourceconfig.json (master = the first host)")
+    uri = artifacts(proc.stdout)["cpt"]
+    size = manifest(uri)["metrics"]["world_size"]
+    if size != 2:
+        raise AssertionError(f"CPT trained with world size {size} on a 2-host job: the image did not start torchrun "
+                             "across the hosts of /opt/ml/input/config/resourceconfig.json")
+    return uri
+
+
 def test_cpt_ran_on_two_hosts_from_resourceconfig(pipeline):
-    metrics = manifest(pipeline["artifacts"]["cpt"])["metrics"]
-    assert metrics["world_size"] == 2, (f"CPT trained with world size {metrics['world_size']} on a 2-host job: the "
-                                        "image did not start torchrun across the hosts of resourceconfig.json")
+    assert_cpt_on_two_hosts(pipeline["first"])
     out = pipeline["first"].stdout
     assert re.search(r"algo-2.*host 2 of 2", out) and re.search(r"algo-1.*host 1 of 2", out)
     assert "--master_addr algo-1" in out  # master = the first host
@@ -220,3 +232,33 @@ def test_spot_interruption_checkpoints_and_the_rerun_resumes_to_the_same_weights
     resumed = artifacts(again.stdout)["cpt"]
     # resume is exact on CPU: the weights are the uninterrupted one-host run's, byte for byte
     assert weights_sha(resumed) == weights_sha(one_host)
+
+
+BROKEN = """FROM dilforge-cpt:{tag}
+# a broken image contract: each host overwrites SageMaker's resourceconfig.json with a one-host view of itself
+ENTRYPOINT ["sh", "-c", "h=$(python3 -c 'import json; print(json.load(open(\\"/opt/ml/input/config/resourceconfig.json\\"))[\\"current_host\\"])'); printf '{{\\"current_host\\": \\"%s\\", \\"hosts\\": [\\"%s\\"]}}' $h $h > /opt/ml/input/config/resourceconfig.json; exec python3 /usr/local/bin/dilforge-entrypoint train"]
+"""
+
+
+def test_an_image_that_ignores_resourceconfig_fails_the_two_host_check_clearly(pipeline, data_root):
+    tmp = pipeline["tmp"]
+    tag = f"broken-{uuid.uuid4().hex[:6]}"
+    build = tmp / "broken"
+    build.mkdir()
+    (build / "Dockerfile").write_text(BROKEN.format(tag=TAG))
+    subprocess.run([DOCKER, "build", "-q", "-t", f"dilforge-cpt:{tag}", str(build)], check=True, capture_output=True)
+    try:
+        cfg = config(tmp, "broken", f"smlocal-broken-{uuid.uuid4().hex[:8]}", num_cpt_hosts=2, stages=("tokenizer", "cpt"))
+        raw = yaml.safe_load(cfg.read_text())
+        raw["cpt"].update(phase1={"num_steps": 2, "learning_rate": 0.01}, phase2={"num_steps": 2, "learning_rate": 0.003,
+                                                                               "num_warmup_steps": 1})
+        cfg.write_text(yaml.safe_dump(raw, sort_keys=False))
+        proc = subprocess.run([sys.executable, "-m", "dilforge_coordinator.cli", "run", "cpt", "-c", str(cfg), "--data",
+                               str(data_root), "--input", f"tokenizer={pipeline['artifacts']['tokenizer']}",
+                               "--backend", "sagemaker-local"], cwd=ROOT, env={**env(tmp), "DILFORGE_IMAGE_TAG": tag},
+                              capture_output=True, text=True, timeout=1500)
+        (tmp / "broken.txt").write_text(proc.stdout + proc.stderr)
+        with pytest.raises(AssertionError, match=r"resourceconfig\.json"):
+            assert_cpt_on_two_hosts(proc)
+    finally:
+        subprocess.run([DOCKER, "image", "rm", "-f", f"dilforge-cpt:{tag}"], capture_output=True)
