@@ -172,3 +172,43 @@ def test_local_job_is_the_cloud_job_with_local_compute(monkeypatch, tmp_path):
     assert local.input_data_config[0].data_source == str(tmp_path / "tok")
     with pytest.raises(Exception, match="needs a folder for channels"):
         sm.model_trainer(spec, None, local_root=str(tmp_path), local_channels={})
+
+
+def test_checkpoint_metadata_pickled_by_the_images_python_is_read_and_nothing_else(tmp_path):
+    """The stage images run Debian's CPython 3.11.2, which pickles enum members as getattr(cls, name): a spot
+    rerun must read that DCP `.metadata`, and the getattr must not reach any other attribute."""
+    import io
+    import pathlib
+    import pickle
+
+    import torch
+    from dilforge_cpt.checkpoints import _safe_reader
+    from torch.distributed.checkpoint.metadata import (
+        _MEM_FORMAT_ENCODING,
+        Metadata,
+        TensorProperties,
+        TensorStorageMetadata,
+    )
+
+    def dump(obj, reduce) -> bytes:
+        class Pickler(pickle.Pickler):
+            def reducer_override(self, o):
+                return reduce(o)
+        buf = io.BytesIO()
+        Pickler(buf, protocol=4).dump(obj)
+        return buf.getvalue()
+
+    def as_3_11_2(obj):
+        return (getattr, (type(obj), obj.name)) if isinstance(obj, _MEM_FORMAT_ENCODING) else NotImplemented
+
+    meta = Metadata(state_dict_metadata={"w": TensorStorageMetadata(
+        properties=TensorProperties(dtype=torch.float32), size=torch.Size([2]), chunks=[])})
+    (tmp_path / ".metadata").write_bytes(dump(meta, as_3_11_2))
+    read = _safe_reader(tmp_path).read_metadata()
+    assert read.state_dict_metadata["w"].properties.memory_format == meta.state_dict_metadata["w"].properties.memory_format
+
+    def escape(obj):  # getattr used to reach a method of an allowed class: refused
+        return (getattr, (pathlib.PosixPath, "write_text")) if isinstance(obj, _MEM_FORMAT_ENCODING) else NotImplemented
+    (tmp_path / ".metadata").write_bytes(dump(meta, escape))
+    with pytest.raises(pickle.UnpicklingError, match="getattr"):
+        _safe_reader(tmp_path).read_metadata()

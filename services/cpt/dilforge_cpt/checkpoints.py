@@ -358,6 +358,7 @@ def _leaves(tree, prefix: str = ""):
 
 def _safe_reader(path: Path):
     """A DCP FileSystemReader whose `.metadata` unpickler only builds DCP's metadata types."""
+    import enum
     import io
     import pathlib
     import pickle
@@ -373,8 +374,17 @@ def _safe_reader(path: Path):
          ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"), ("pathlib", "WindowsPath"),
          ("pathlib", "PurePosixPath")}
 
+    def enum_member(cls, name):
+        # CPython 3.11.0-3.11.4 (Debian's 3.11.2 in the stage images) pickle an enum member as getattr(cls, name):
+        # only a member lookup on an allow-listed enum (_MEM_FORMAT_ENCODING) is built, never another attribute
+        if not (isinstance(cls, type) and issubclass(cls, enum.Enum)) or name not in cls.__members__:
+            raise pickle.UnpicklingError(f"checkpoint metadata uses getattr({cls!r}, {name!r}), which is not allowed")
+        return cls[name]
+
     class Unpickler(pickle.Unpickler):
         def find_class(self, module, name):
+            if (module, name) == ("builtins", "getattr"):
+                return enum_member
             if (module, name) in allowed or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)):
                 if module == "pathlib":
                     return getattr(pathlib, name)
