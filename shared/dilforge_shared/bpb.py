@@ -96,21 +96,31 @@ def _decoder_and_head(model):
     return decoder, head
 
 
+def _chunk_nll(logits: torch.Tensor, targets: torch.Tensor, kept: torch.Tensor | None) -> torch.Tensor:
+    """Summed NLL (float64) of one chunk; with `kept` (bool per vocabulary row) a [2] tensor: under the
+    full softmax and under the softmax restricted to the kept rows (which must hold every target)."""
+    full = functional.cross_entropy(logits, targets, reduction="sum").double()
+    if kept is None:
+        return full
+    restricted = functional.cross_entropy(logits.masked_fill(~kept, float("-inf")), targets, reduction="sum").double()
+    return torch.stack([full, restricted])
+
+
 def _batch_nll(model, batch: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, targets: torch.Tensor,
-               chunk_positions: int) -> torch.Tensor:
-    """Summed NLL (float64) of `targets` at hidden positions (rows, cols) of one forward pass.
+               chunk_positions: int, kept: torch.Tensor | None = None) -> torch.Tensor:
+    """Summed NLL (float64) of `targets` at hidden positions (rows, cols) of one forward pass
+    (with `kept`: [full softmax, kept rows only], see `_chunk_nll`).
 
     The model's own forward runs (so FSDP2's root hooks gather the embedding, norm and head, and
     Liger/compile apply as in training) with `logits_to_keep=1`; a hook on the decoder turns the
     scored positions' final hidden states into log-probabilities, `chunk_positions` at a time.
     """
     decoder, head = _decoder_and_head(model)
-    total = torch.zeros((), dtype=torch.float64, device=targets.device)
+    total = torch.zeros(() if kept is None else (2,), dtype=torch.float64, device=targets.device)
     if decoder is None:  # logits are not a plain linear map of the hidden states: the model computes them
         logits = model(input_ids=batch).logits[rows, cols]
         for j in range(0, len(targets), chunk_positions):
-            total += functional.cross_entropy(logits[j:j + chunk_positions].float(), targets[j:j + chunk_positions],
-                                     reduction="sum").double()
+            total += _chunk_nll(logits[j:j + chunk_positions].float(), targets[j:j + chunk_positions], kept)
         return total
 
     def score(module, args, output):
@@ -119,7 +129,7 @@ def _batch_nll(model, batch: torch.Tensor, rows: torch.Tensor, cols: torch.Tenso
         picked = hidden[rows, cols]
         for j in range(0, len(targets), chunk_positions):
             logits = head(picked[j:j + chunk_positions]).float()
-            total = total + functional.cross_entropy(logits, targets[j:j + chunk_positions], reduction="sum").double()
+            total = total + _chunk_nll(logits, targets[j:j + chunk_positions], kept)
 
     handle = decoder.register_forward_hook(score)
     try:
@@ -141,12 +151,19 @@ def _reshard(model) -> None:
 @torch.no_grad()
 def stream_nll(model, stream: TokenStream, window: int, stride: int, batch_size: int = 8,
                chunk_positions: int = 1024, rank: int = 0, world: int = 1,
-               on_batch: Callable[[int, int], None] | None = None) -> tuple[float, int, int]:
+               on_batch: Callable[[int, int], None] | None = None,
+               kept: torch.Tensor | None = None) -> tuple:
     """(NLL in nats, text tokens scored, windows) of this rank's share of the stream's windows.
 
     Windows are dealt to ranks round-robin; every rank runs the same number of forward passes (a
     rank out of windows runs one that scores nothing), as FSDP's collectives require. Sum the
     results over ranks. `on_batch(done, total)` reports progress.
+
+    With `kept` (a bool per vocabulary row) the NLL is a pair in the same pass: under the full
+    softmax and under the softmax over the kept rows only. For a stream in the base model's
+    tokenisation of a model whose kept rows are the base model's, the second is the base model's own
+    NLL (same inputs, same hidden states, same rows) and the difference is what the new rows take:
+    the vocabulary leakage (services/cpt leakage.py).
     """
     device = next(model.parameters()).device
     ids_t = torch.tensor(stream.ids, dtype=torch.long)
@@ -154,7 +171,8 @@ def stream_nll(model, stream: TokenStream, window: int, stride: int, batch_size:
     plans = window_plan(len(stream.ids), window, stride)
     mine = plans[rank::world]
     num_batches = -(-len(plans[0::world]) // batch_size) if plans else 0
-    total = torch.zeros((), dtype=torch.float64, device=device)
+    total = torch.zeros(() if kept is None else (2,), dtype=torch.float64, device=device)
+    kept = kept.to(device) if kept is not None else None
     count = 0
     for k in range(num_batches):
         group = mine[k * batch_size:(k + 1) * batch_size]
@@ -173,12 +191,13 @@ def stream_nll(model, stream: TokenStream, window: int, stride: int, batch_size:
             targets.append(ids_t[t])
         rows_t, cols_t = torch.cat(rows).to(device), torch.cat(cols).to(device)
         tgt = torch.cat(targets).to(device)
-        total += _batch_nll(model, batch.to(device), rows_t, cols_t, tgt, chunk_positions)
+        total += _batch_nll(model, batch.to(device), rows_t, cols_t, tgt, chunk_positions, kept)
         count += len(tgt)
         if on_batch is not None:
             on_batch(k + 1, num_batches)
     _reshard(model)
-    return float(total), count, len(mine)
+    nll = float(total) if kept is None else tuple(total.tolist())
+    return nll, count, len(mine)
 
 
 @dataclass

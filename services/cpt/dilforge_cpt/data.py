@@ -20,7 +20,7 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
@@ -262,14 +262,18 @@ class ValidationSet:
 
 
 def build_validation(sources: list[DataSource], tok: Tokenizer, ids: TokenIds, max_docs: int,
-                     endpoint_url: str | None) -> list[ValidationSet]:
-    """The first `max_docs` documents of each source, framed by the family's separators."""
+                     endpoint_url: str | None, encode: Callable[[list[str]], list[list[int]]] | None = None
+                     ) -> list[ValidationSet]:
+    """The first `max_docs` documents of each source, framed by the family's separators. `encode`
+    replaces the tokenizer's encoding of the documents (the leakage measure encodes them with the base
+    model's tokenizer, in the stage's ids)."""
     sets = []
     for source in sources:
         docs = list(islice(iter_texts(source.uri, source.format, source.text_field, endpoint_url, **source.bounds), max_docs))
         if not docs:
             raise InputError("validation source holds no text", path=source.uri)
-        encoded = [enc.ids for enc in tok.encode_batch(docs, add_special_tokens=False)]
+        encoded = encode(docs) if encode is not None else \
+            [enc.ids for enc in tok.encode_batch(docs, add_special_tokens=False)]
         sets.append(ValidationSet(source.label, build_stream(docs, encoded, ids.bos, ids.doc_end)))
     names = [vs.name for vs in sets]
     if len(set(names)) != len(names):

@@ -46,6 +46,7 @@ class TrainState:
     transplant: dict = field(default_factory=dict)  # the transplant report (step-0 BPB per initialisation)
     history: list[dict] = field(default_factory=list)     # training rows (global rank 0)
     validation: list[dict] = field(default_factory=list)  # validation rows, step 0 first (global rank 0)
+    leakage: list[dict] = field(default_factory=list)  # {step, sets: {set: leakage row}} at step 0 and each validation
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -64,6 +65,10 @@ class TrainState:
         loaded = TrainState.from_json(data)
         for f in dataclasses.fields(self):
             setattr(self, f.name, getattr(loaded, f.name))
+
+    def add_leakage(self, step: int, sets: dict[str, dict[str, float]]) -> None:
+        """A leakage measurement (leakage.measure / step0_row) after `step` steps."""
+        self.leakage.append({"step": step, "sets": sets})
 
     def add_validation(self, row: dict | None) -> None:
         if row is None:  # not global rank 0
@@ -233,6 +238,28 @@ def train_step(model, optimizer, batches: list, rt: Runtime, max_grad_norm: floa
     return loss, norm
 
 
+# ---- leakage -----------------------------------------------------------------------------
+def track_leakage(model, data: PackedData, setup: LoopSetup, state: TrainState, step: int) -> bool:
+    """Measure the leakage (leakage.py) after a validation; when a `leakage_sets` set is above
+    `leakage_tolerance`, re-calibrate the new output rows and measure again. True if the model changed
+    (the caller then validates again, so the last validation row describes the model published)."""
+    from .leakage import measure
+    from .model_init import recalibrate
+    config, rt, probe = setup.config, setup.rt, setup.leakage_probe
+    rows = measure(model, probe, config, rt)
+    entry: dict[str, Any] = {"step": step, "sets": rows}
+    over = {n: rows[n]["leakage"] for n in config.leakage_sets if rows[n]["leakage"] > (config.leakage_tolerance or math.inf)}
+    log.info("leakage at step %d: %s", step, ", ".join(f"{n}={r['leakage']:+.4f}" for n, r in rows.items()))
+    if over:
+        cal = recalibrate(model, probe.mapping, data, config, rt)
+        entry["recalibrated"] = {"over": over, **cal.to_report()}
+        entry["sets_after"] = measure(model, probe, config, rt)
+        log.info("leakage at step %d after re-calibration: %s", step,
+                 ", ".join(f"{n}={r['leakage']:+.4f}" for n, r in entry["sets_after"].items()))
+    state.leakage.append(entry)
+    return bool(over)
+
+
 # ---- the loop ------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class LoopSetup:
@@ -244,6 +271,7 @@ class LoopSetup:
     stop_requested: Callable[[], bool]   # SIGTERM here or the launcher's stop file (checked on every rank)
     flops_per_token: dict[int, float]   # per phase (phase 1 computes no weight gradients in the blocks)
     peak_flops: float | None
+    leakage_probe: Any = None  # leakage.LeakageProbe: measured at every validation when set
 
 
 def save(setup: LoopSetup, state: TrainState, model, optimizer) -> None:
@@ -375,6 +403,8 @@ def train_loop(training, data: PackedData, val: list[ValidationSet], state: Trai
                         result_row = evaluate(model, val, config, rt)
                     state.add_validation(metrics.record(step, {**result_row, "eval_peak_memory_gb": eval_memory["gb"]},
                                                         kind="validation"))
+                    if setup.leakage_probe is not None and track_leakage(model, data, setup, state, step):
+                        state.add_validation(metrics.record(step, evaluate(model, val, config, rt), kind="validation"))
                 if checkpoint_now:
                     save(setup, state, model, optimizer)
                 if stopping:

@@ -48,6 +48,8 @@ from .data import (
     special_ids,
     tokenize_to_file,
 )
+from .leakage import build_probe
+from .leakage import measure as measure_leakage
 from .loop import LoopSetup, TrainState, train_loop
 from .model_init import compare_initialisations, load_model, locate_base_model, new_row_mask
 from .reporting import MetricsLog, flops_per_token, peak_flops
@@ -178,9 +180,15 @@ def train_in_process(config: CptConfig, ctx: StageContext, rt: Runtime) -> dict:
         log.info("micro_batch_size %d (%s)", micro_batch, micro_reason)
     config = config.model_copy(update={"micro_batch_size": micro_batch})
     grad_accum = derive_grad_accum(config, rt.world)
+    probe = None
+    if pending is not None and config.measure_leakage:
+        probe, why = build_probe(config, pending.base_tok, pending.mapping, tok, ids, ctx.endpoint_url)
+        if probe is None:
+            transplant_report["leakage_not_measured"] = why
+            log.info("leakage not measured: %s", why)
     step0 = None
     if pending is not None and resume is None:
-        step0 = compare_initialisations(model, pending, val, config, rt)
+        step0 = compare_initialisations(model, pending, val, config, rt, data, probe)
     elif pending is not None:
         log.info("resuming from %s: transplant and step-0 comparison skipped (the checkpoint holds the model)",
                  resume.name)
@@ -217,12 +225,15 @@ def train_in_process(config: CptConfig, ctx: StageContext, rt: Runtime) -> dict:
     if resume is None:
         step0 = step0 if step0 is not None else evaluate(model, val, config, rt)
         state.add_validation(metrics.record(0, step0, kind="validation"))
+        if probe is not None:
+            state.add_leakage(0, pending.step0_leakage if pending.step0_leakage is not None
+                              else measure_leakage(model, probe, config, rt))
 
     training = TrainingModel(model, config, rt, state, new_rows)
     register_resumables(checkpointer, training, data.sampler, state)
     setup = LoopSetup(config=config, rt=rt, checkpointer=checkpointer, metrics=metrics,
                       stop_requested=lambda: stop["stop"] or stop_path.exists(), flops_per_token=fpt,
-                      peak_flops=peak_flops(config, rt))
+                      peak_flops=peak_flops(config, rt), leakage_probe=probe)
     try:
         state = train_loop(training, data, val, state, setup)
     finally:
@@ -246,7 +257,8 @@ def publish_files(config: CptConfig, ctx: StageContext, rt: Runtime, model, tok_
         family, ids = describe_model_folder(ctx.model_dir)
         log.info("model folder describes the %s family: %s", family.name, ids)
         (ctx.model_dir / "cpt_metrics.json").write_text(json.dumps(
-            {"train": state.history, "validation": state.validation, "transplant": state.transplant}, indent=1))
+            {"train": state.history, "validation": state.validation, "transplant": state.transplant,
+             "leakage": state.leakage}, indent=1))
     rt.barrier()
 
 
@@ -261,6 +273,7 @@ def summarize(state: TrainState, derived: dict) -> dict:
         "step0_val_loss": first_val.get("val_loss"), "step0_val_bpb": first_val.get("val_bpb"),
         "step0_val_bpb_by_set": bpb_by_set(first_val),
         "transplant": state.transplant,
+        "leakage": state.leakage,
         "tokens_per_s": timed[-1]["tokens_per_s"] if timed else None,
         "mfu": timed[-1]["mfu"] if timed else None,
         "peak_memory_gb": max((h["peak_memory_gb"] for h in state.history), default=None),

@@ -94,17 +94,57 @@ class CptConfig(StageConfig):
     scratch_model: ScratchModel | None = Field(
         default=None, description="Architecture of a random model; used only when base_model is None."
     )
-    transplant: Literal["none", "mean_of_pieces", "mean_of_all", "random"] = Field(
+    transplant: Literal["none", "mean_of_pieces", "mean_of_all", "random", "offset", "calibrated"] = Field(
         default="mean_of_pieces",
         description="How embedding/LM-head rows are initialised when the stage's tokenizer differs from the "
         "base model's. Tokens in both keep their rows; new tokens get: mean_of_pieces = mean of the base "
         "rows of the pieces the base tokenizer splits the token's bytes into; mean_of_all = mean of all "
-        "base rows; random = normal(0, initializer_range). none = the tokenizers must be identical.",
+        "base rows; random = normal(0, initializer_range); offset = mean_of_pieces with each new output row's "
+        "logit lowered by ln(number of pieces) along the constant direction of the final hidden states; "
+        "calibrated = mean_of_pieces plus offsets along that direction and the direction that tells "
+        "retain_corpora text from the rest, fitted on sampled hidden states (docs/cpt.md, leakage). "
+        "none = the tokenizers must be identical.",
     )
     compare_transplant_inits: bool = Field(
         default=True,
-        description="Measure step-0 validation BPB for every transplant initialisation (mean_of_pieces, "
-        "mean_of_all, random), not just the one trained.",
+        description="Measure step-0 validation BPB (and the leakage table) for every transplant initialisation "
+        "(mean_of_pieces, mean_of_all, random, offset, calibrated), not just the one trained.",
+    )
+    untie_embeddings: bool = Field(
+        default=False,
+        description="With a transplant on a tied model: give the LM head its own copy of the embedding "
+        "(config.tie_word_embeddings = false, +vocab × hidden parameters), so the output-side offsets of "
+        "offset/calibrated leave the input rows at the mean of their pieces.",
+    )
+    retain_corpora: list[str] = Field(
+        default_factory=list,
+        description="Names of corpora in the base model's own language (English replay): the calibrated "
+        "transplant fits the direction that tells their hidden states from the others', and its offset "
+        "along it gives the new rows' probability back on that language.",
+    )
+    calibration_num_windows: int = Field(
+        default=16, ge=1,
+        description="Training windows (the first of each corpus; half from retain_corpora) whose final hidden "
+        "states the offset/calibrated transplants are fitted on.",
+    )
+    measure_leakage: bool = Field(
+        default=True,
+        description="Score the validation sets also in the base model's tokenisation (full softmax), at step 0 "
+        "for each initialisation and at each validation: the BPB the new rows take from text the base "
+        "model already handled (needs every base token in the stage's vocabulary, i.e. extend).",
+    )
+
+    leakage_sets: list[str] = Field(
+        default_factory=list,
+        description="Validation sets in the base model's language (e.g. flores-en) on which leakage_tolerance "
+        "holds the leakage down during training.",
+    )
+    leakage_tolerance: float | None = Field(
+        default=None, gt=0,
+        description="Counter-measure: when, at a validation, the leakage (base-tokenisation BPB / base-model BPB "
+        "- 1) of a leakage_sets set exceeds this, the new output rows are re-calibrated on the current "
+        "model's hidden states (the calibrated offsets fitted again, relative to the trained rows) and the "
+        "leakage measured again. None = measure only.",
     )
 
     # ---- data ------------------------------------------------------------------------------
@@ -220,6 +260,16 @@ class CptConfig(StageConfig):
                              f"micro_batch_size ({self.micro_batch_size})")
         if self.scratch_model is not None and self.seq_len > self.scratch_model.max_position_embeddings:
             raise ValueError("seq_len exceeds scratch_model.max_position_embeddings")
+        val_names = {v.label for v in self.validation}
+        unknown_sets = [n for n in self.leakage_sets if n not in val_names]
+        if unknown_sets:
+            raise ValueError(f"leakage_sets: {unknown_sets} name no validation set (validation: {sorted(val_names)})")
+        if self.leakage_tolerance is not None and not self.leakage_sets:
+            raise ValueError("leakage_tolerance needs leakage_sets (the validation sets it applies to)")
+        names = {c.label for c in self.corpora}
+        unknown = [n for n in self.retain_corpora if n not in names]
+        if unknown:
+            raise ValueError(f"retain_corpora: {unknown} name no corpus (corpora: {sorted(names)})")
         return self
 
     @property

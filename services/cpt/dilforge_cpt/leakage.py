@@ -1,0 +1,121 @@
+"""Vocabulary leakage: how much probability a transplant's new rows take on text the base model
+already handled, measured at step 0 for every initialisation and at every validation.
+
+A model moved onto an extended vocabulary is scored on each validation set twice: in the stage's
+tokenisation (the usual `val_bpb/<set>`) and in the *base* model's tokenisation, written in the stage's
+ids, under the full softmax. In the second, every input and every target is a token the base model had
+and whose rows are the base model's, so the hidden states are the base model's until training moves
+them; what the base model scored is lost only to the mass the new rows take in the softmax — the
+leakage. The same pass also scores the softmax restricted to the kept rows (`bpb.stream_nll(kept=)`),
+which at step 0 is exactly the base model's own BPB on that text: no second model is loaded.
+
+Per set (`LeakageRow`): bpb_base_tokenization, bpb_kept_rows (= the base model's BPB at step 0) and
+leakage = bpb_base_tokenization / bpb_kept_rows - 1. Defined when every base token is in the stage's
+vocabulary (extend strategies); otherwise no probe is built and the report says why.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+
+import torch
+from dilforge_shared.bpb import stream_nll
+from dilforge_shared.configs.cpt import CptConfig
+from tokenizers import Tokenizer
+
+from .data import TokenIds, ValidationSet, build_validation
+from .runtime import Runtime
+from .transplant import VocabMapping
+from .validation import window_and_stride
+
+log = logging.getLogger("dilforge.cpt")
+
+
+@dataclass(frozen=True)
+class LeakageProbe:
+    """The validation sets in the base model's tokenisation (stage ids) and which rows are kept."""
+    sets: list[ValidationSet]
+    kept: torch.Tensor  # bool per vocabulary row of the stage's tokenizer
+    mapping: VocabMapping  # for re-calibration (number of pieces of each new token)
+
+
+def base_to_new_ids(mapping: VocabMapping, base_vocab_size: int) -> list[int] | None:
+    """The stage's id of every base token, or None when some base token is not in the stage's vocabulary."""
+    out = [-1] * base_vocab_size
+    for new_id, base_id in enumerate(mapping.kept):
+        if 0 <= base_id < base_vocab_size:
+            out[base_id] = new_id
+    return None if min(out, default=0) < 0 else out
+
+
+def build_probe(config: CptConfig, base_tok: Tokenizer, mapping: VocabMapping, tok: Tokenizer, ids: TokenIds,
+                endpoint_url: str | None) -> tuple[LeakageProbe | None, str | None]:
+    """(probe, None) or (None, why there is none)."""
+    remap = base_to_new_ids(mapping, base_tok.get_vocab_size(with_added_tokens=True))
+    if remap is None:
+        return None, "some base tokens are not in the stage's vocabulary: base tokenisation is not expressible"
+
+    def encode(docs: list[str]) -> list[list[int]]:
+        return [[remap[t] for t in enc.ids] for enc in base_tok.encode_batch(docs, add_special_tokens=False)]
+    sets = build_validation(config.validation, tok, ids, config.num_validation_docs, endpoint_url, encode=encode)
+    kept = torch.tensor([k >= 0 for k in mapping.kept], dtype=torch.bool)
+    return LeakageProbe(sets, kept, mapping), None
+
+
+@torch.no_grad()
+def measure(model, probe: LeakageProbe, config: CptConfig, rt: Runtime) -> dict[str, dict[str, float]]:
+    """{set: {bpb_base_tokenization, bpb_kept_rows, leakage}} (summed over ranks)."""
+    window, stride = window_and_stride(config)
+    batch_size = config.validation_micro_batch_size or config.micro_batch_size
+    was_training = model.training
+    model.eval()
+    sums: list[float] = []
+    try:
+        for vs in probe.sets:
+            with rt.autocast():
+                (full, kept), _, _ = stream_nll(model, vs.stream, window, stride, batch_size, rank=rt.rank,
+                                                world=rt.world, kept=probe.kept)
+            sums += [full, kept]
+    finally:
+        if was_training:
+            model.train()
+    sums = rt.all_sum(sums)
+    out = {}
+    for i, vs in enumerate(probe.sets):
+        bits = 1 / math.log(2) / max(vs.stream.num_bytes, 1)
+        full, kept = sums[2 * i] * bits, sums[2 * i + 1] * bits
+        out[vs.name] = {"bpb_base_tokenization": full, "bpb_kept_rows": kept, "leakage": full / kept - 1}
+    return out
+
+
+def step0_row(ext_by_set: dict[str, float], leak: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    """One initialisation's step-0 row per set: extended-tokenizer BPB and base-tokenisation BPB, each
+    next to (and as a ratio of) the base model's BPB on the same text."""
+    out = {}
+    for name, ext in ext_by_set.items():
+        row = leak.get(name)
+        if row is None:
+            out[name] = {"bpb_extended": ext}
+            continue
+        base = row["bpb_kept_rows"]
+        out[name] = {"bpb_base_model": base, "bpb_extended": ext, "extended_vs_base": ext / base,
+                     "bpb_base_tokenization": row["bpb_base_tokenization"],
+                     "base_tokenization_vs_base": row["bpb_base_tokenization"] / base}
+    return out
+
+
+def format_table(table: dict[str, dict[str, dict[str, float]]]) -> str:
+    """The step-0 leakage table as Markdown: one row per (initialisation, set)."""
+    lines = ["| initialisation | set | base model BPB | extended tokenizer BPB | × base | base tokenisation BPB | × base |",
+             "|---|---|---:|---:|---:|---:|---:|"]
+    for method, sets in table.items():
+        for name, r in sets.items():
+            if "bpb_base_model" not in r:
+                lines.append(f"| {method} | {name} | — | {r['bpb_extended']:.4f} | — | — | — |")
+                continue
+            lines.append(f"| {method} | {name} | {r['bpb_base_model']:.4f} | {r['bpb_extended']:.4f} | "
+                         f"{r['extended_vs_base']:.4f} | {r['bpb_base_tokenization']:.4f} | "
+                         f"{r['base_tokenization_vs_base']:.4f} |")
+    return "\n".join(lines)
