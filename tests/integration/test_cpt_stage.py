@@ -296,3 +296,47 @@ def test_output_is_golden_for_its_code_version(single_run):
         "losses": [h["loss"] for h in m["history"]],
         **{k: m[k] for k in ("step0_val_bpb", "final_val_bpb", "final_val_loss", "num_params", "total_tokens")},
     })
+
+
+@pytest.fixture(scope="module")
+def extended_tokenizer_dir(tmp_path_factory, tiny_tokenizer_dir) -> Path:
+    """The tiny tokenizer with a few Azerbaijani words added: every base token kept (an extension)."""
+    import shutil
+
+    from tokenizers import Tokenizer
+    out = tmp_path_factory.mktemp("tokext") / "tokenizer"
+    shutil.copytree(tiny_tokenizer_dir, out)
+    tok = Tokenizer.from_file(str(out / "tokenizer.json"))
+    tok.add_tokens(["Azərbaycan", "Respublikası", "şəhər", " və ", "ğı", "lar", "ində"])
+    tok.save(str(out / "tokenizer.json"))
+    return out
+
+
+def test_leakage_table_and_counter_measure(tmp_path, data_root, tiny_llama_dir, extended_tokenizer_dir):
+    """An extension of the base tokenizer: the step-0 leakage table holds every initialisation with the
+    base model's BPB (equal for all: it is the kept-rows softmax of the same text) and base tokenisation
+    never better than it; the calibrated run records leakage at step 0 and at the final validation, where
+    a tolerance below it triggers the re-calibration and a second validation row."""
+    cpt = cpt_section(scratch_model=None, base_model=str(tiny_llama_dir), transplant="calibrated",
+                      corpora=[{"uri": WIKI, "name": "az"},
+                               {"uri": "${DILFORGE_DATA}/az/train/tatoeba_aze-eng.tsv", "text_field": "eng",
+                                "name": "en"}],
+                      validation=[{"uri": FLORES, "text_field": "azj_Latn", "name": "az"},
+                                  {"uri": FLORES, "text_field": "eng_Latn", "name": "en"}],
+                      num_validation_docs=12, retain_corpora=["en"], calibration_num_windows=8,
+                      leakage_sets=["en"], leakage_tolerance=1e-9,
+                      phase1={"num_steps": 2, "learning_rate": 0.01, "trainable": "new_rows"}, phase2={"num_steps": 0})
+    run_cpt(tmp_path, data_root, extended_tokenizer_dir, cpt)
+    m = artifact(tmp_path / "store").manifest.metrics
+    table = m["transplant"]["step0_leakage"]
+    assert set(table) == {"mean_of_pieces", "mean_of_all", "random", "offset", "calibrated"}
+    for name in ("az", "en"):
+        base = {method: rows[name]["bpb_base_model"] for method, rows in table.items()}
+        assert max(base.values()) == pytest.approx(min(base.values()), rel=1e-6), base
+        assert all(rows[name]["base_tokenization_vs_base"] >= 1 - 1e-9 for rows in table.values())
+    assert set(m["transplant"]["calibration"]) >= {"alpha", "beta", "gamma", "num_retain_positions"}
+    steps = [entry["step"] for entry in m["leakage"]]
+    assert steps == [0, 2]
+    last = m["leakage"][-1]
+    assert "recalibrated" in last and set(last["sets_after"]) == {"az", "en"}
+    assert [row["step"] for row in m["validation"]] == [0, 2, 2]  # validated again after the re-calibration

@@ -42,7 +42,10 @@ def fake_metrics() -> dict:
         "curves": {"cpt": {"loss": [[1, 5.0], [2, 4.0], [3, 3.5]]}, "sft": {"train_loss": [[1, 2.0], [2, 1.5]]}},
         "cost": {"cpt": {"seconds_train": 12.5}},
         "skipped": [],
-        "transplant": compare.step0_bpb(CptMetrics.model_validate(metrics_samples.sample("cpt"))),
+        "transplant": compare.step0_bpb(CptMetrics.model_validate(metrics_samples.sample("cpt", transplant={
+            **metrics_samples.sample("cpt")["transplant"],
+            "step0_leakage": {"offset": {"en": {"bpb_base_model": 1.25, "bpb_extended": 1.30, "extended_vs_base": 1.04,
+                                                "bpb_base_tokenization": 1.26, "base_tokenization_vs_base": 1.008}}}}))),
         "tokenizer_comparison": compare.tokenizer_comparison(TokenizerMetrics.model_validate(metrics_samples.sample(
             "tokenizer", comparison=[
                 {"strategy": s, "vocab_size": v, "num_new_tokens": n, "selected": s == "extend", "dead_new_tokens_frac": d,
@@ -103,6 +106,7 @@ def test_step0_and_tokenizer_strategies_are_shown(report):
             "| en tokens/word | en bytes/token | en words in 3+ tokens | dead new tokens |") in md
     assert "| extend | 75000 | 25848 | yes | 1.530 | 4.000 | 10.0% | 1.220 | 4.500 | 5.0% | 1.7% |" in md
     assert "| per_corpus.wiki.frac_vocab_used | 0.6100 |" in md
+    assert "| offset | en | 1.2500 | 1.3000 | 1.0400 | 1.2600 | 1.0080 |" in md  # the step-0 leakage table
 
 
 def test_report_is_self_contained_with_png_files(report):

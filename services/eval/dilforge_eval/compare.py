@@ -117,7 +117,10 @@ def step0_bpb(cpt: CptMetrics) -> dict[str, Any] | None:
     if t is None or not t.step0_val_bpb:
         return None
     methods = {m: dict(t.step0_val_bpb_by_set.get(m) or {"val": v}) for m, v in t.step0_val_bpb.items()}
-    return {"method": t.method, "sets": sorted({s for v in methods.values() for s in v}), "step0_bpb": methods}
+    out = {"method": t.method, "sets": sorted({s for v in methods.values() for s in v}), "step0_bpb": methods}
+    if t.step0_leakage:  # issue 24: {method: {set: row}} (cpt leakage.step0_row)
+        out["leakage"] = t.step0_leakage
+    return out
 
 
 def tokenizer_comparison(tok: TokenizerMetrics) -> dict[str, Any] | None:

@@ -201,6 +201,24 @@ def step0_table(metrics: dict) -> Table:
     return head, rows
 
 
+def leakage_table(metrics: dict) -> Table:
+    """Step-0 leakage per initialisation and set: the base model's BPB, the extended tokenizer's and the base
+    tokenisation's under the full softmax (what the new rows take from text the base model handled)."""
+    t = metrics.get("transplant") or {}
+    table = t.get("leakage") or {}
+    head = ["initialisation", "set", "base model BPB", "extended tokenizer BPB", "× base",
+            "base tokenisation BPB", "× base"]
+    rows = []
+    for method, sets in table.items():
+        name = f"{method} (trained)" if method == t.get("method") else method
+        for s, r in sets.items():
+            rows.append([name, s, Cell(_fmt(r.get("bpb_base_model"), 4), "num"), Cell(_fmt(r.get("bpb_extended"), 4), "num"),
+                         Cell(_fmt(r.get("extended_vs_base"), 4), "num"),
+                         Cell(_fmt(r.get("bpb_base_tokenization"), 4), "num"),
+                         Cell(_fmt(r.get("base_tokenization_vs_base"), 4), "num")])
+    return (head, rows) if rows else ([], [])
+
+
 def strategy_table(metrics: dict) -> Table:
     """The tokenizer strategies side by side, every language's figures in the same row."""
     comp = metrics.get("tokenizer_comparison") or {}
@@ -319,6 +337,11 @@ SECTIONS = [
     ("Step-0 BPB per initialisation", None, step0_table, (
         "BPB on the CPT validation text right after the vocabulary transplant, before any training, for each way of "
         "initialising the new embedding rows (from the CPT manifest).")),
+    ("Step-0 vocabulary leakage", None, leakage_table, (
+        "Per initialisation (CPT manifest `transplant.step0_leakage`): each validation set scored with the extended "
+        "tokenizer and in the base model's own tokenisation under the full softmax, next to the base model's BPB on "
+        "the same text. Base tokenisation above 1.0 × base is probability the new rows take from text the base "
+        "model already handled (docs/cpt.md, Vocabulary leakage).")),
     ("Tokenizer strategies", None, strategy_table, (
         "The tokenizer stage's strategies side by side on each language's validation text (from its manifest); "
         "dead new tokens are never produced on the training corpus.")),
