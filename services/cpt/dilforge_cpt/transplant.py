@@ -114,7 +114,8 @@ def fit_offsets(sample: Sample, head: torch.Tensor, mapping: VocabMapping, const
     with torch.no_grad():
         for m in groups:
             hg, tg = h[m], sample.targets[m]
-            cached.append({"lse_kept": torch.logsumexp(hg @ w[~new].T, 1), "new": hg @ w[new].T,
+            lse_kept = torch.cat([torch.logsumexp(hg[j:j + 512] @ w[~new].T, 1) for j in range(0, len(hg), 512)])
+            cached.append({"lse_kept": lse_kept, "new": hg @ w[new].T,
                            "target": (hg * w[tg]).sum(1), "pos": new_pos[tg], "sb": hg @ const,
                            "sd": hg @ retain if retain is not None else torch.zeros(len(hg))})
     params = torch.tensor(list(start), requires_grad=True)
