@@ -81,7 +81,8 @@ def step0(args) -> dict:
         head = build_probe(cfg.model_copy(update={"validation": cfg.validation[:len(pipe.cpt.validation)]}),
                            pending.base_tok, pending.mapping, tok, ids, None)[0]
         probe = type(probe)(head.sets + extra.sets, probe.kept, probe.mapping)
-    model_init.compare_initialisations(model, pending, val, cfg, rt, data, probe)
+    methods = args.methods.split(",") if args.methods else None
+    model_init.compare_initialisations(model, pending, val, cfg, rt, data, probe, methods)
     table = pending.report["step0_leakage"]
     return {"table": table, "markdown": format_table(table), "calibration": pending.report.get("calibration"),
             "tied": report.get("tied"), "seconds": time.perf_counter() - t0}
@@ -126,11 +127,15 @@ def main() -> None:
     ap.add_argument("--trained", default="mean_of_pieces", help="initialisation measured last (the run's own)")
     ap.add_argument("--extra-heldout", type=int, default=0,
                     help="also score the first N English sentences of the xwmt test set (news, never trained on)")
+    ap.add_argument("--methods", default=None, help="comma-separated initialisations (default: all five)")
     ap.add_argument("--max-docs", type=int, default=500, help="documents tokenised per corpus for the calibration")
     ap.add_argument("--main-job", default=None, help="also run two main jobs: the default and this initialisation")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    import logging
+
     import torch
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
     print(describe("transformers"), flush=True)
     result = {"step0": step0(args)}

@@ -244,14 +244,13 @@ def apply_transplant(model, pending: PendingTransplant, method: str, seed: int, 
 
 
 def compare_initialisations(model, pending: PendingTransplant, val, config: CptConfig, rt: Runtime,
-                            data: PackedData | None = None, probe: leakage.LeakageProbe | None = None
-                            ) -> dict[str, float]:
+                            data: PackedData | None = None, probe: leakage.LeakageProbe | None = None,
+                            methods: list[str] | None = None) -> dict[str, float]:
     """Step-0 validation of every initialisation (the trained one last, so the model ends with its
     rows); each measured once, with the leakage measure (`leakage.py`) when there is a probe. Returns
     the trained initialisation's result (the run's step 0)."""
-    methods = [config.transplant]
-    if config.compare_transplant_inits:
-        methods = [m for m in transplant.METHODS if m != config.transplant] + [config.transplant]
+    compared = methods if methods is not None else transplant.METHODS if config.compare_transplant_inits else []
+    methods = [m for m in compared if m != config.transplant] + [config.transplant]
     result: dict[str, float] = {}
     table = {}
     for method in methods:
