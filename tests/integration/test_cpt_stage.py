@@ -318,12 +318,12 @@ def test_leakage_table_and_counter_measure(tmp_path, data_root, tiny_llama_dir, 
     never better than it; the calibrated run records leakage at step 0 and at the final validation, where
     a tolerance below it triggers the re-calibration and a second validation row."""
     cpt = cpt_section(scratch_model=None, base_model=str(tiny_llama_dir), transplant="calibrated",
-                      corpora=[{"uri": WIKI, "name": "az"},
+                      corpora=[{"uri": WIKI, "name": "az-wiki"},
                                {"uri": "${DILFORGE_DATA}/az/train/tatoeba_aze-eng.tsv", "text_field": "eng",
-                                "name": "en"}],
+                                "name": "en-replay"}],
                       validation=[{"uri": FLORES, "text_field": "azj_Latn", "name": "az"},
                                   {"uri": FLORES, "text_field": "eng_Latn", "name": "en"}],
-                      num_validation_docs=12, retain_corpora=["en"], calibration_num_windows=8,
+                      num_validation_docs=12, retain_corpora=["en-replay"], calibration_num_windows=8,
                       leakage_sets=["en"], leakage_tolerance=1e-9,
                       phase1={"num_steps": 2, "learning_rate": 0.01, "trainable": "new_rows"}, phase2={"num_steps": 0})
     run_cpt(tmp_path, data_root, extended_tokenizer_dir, cpt)
