@@ -120,8 +120,8 @@ def main() -> int:
     config = CptConfig(
         scratch_model={"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
                        "num_attention_heads": 4, "num_key_value_heads": 2},
-        corpora=[{"uri": str(corpus)}], validation=[{"uri": str(args.data / "az/dev/xwmt_test.az-en.az.txt")}],
-        max_docs_per_corpus=args.docs, num_validation_docs=8, seq_len=args.seq_len,
+        corpora=[{"uri": str(corpus), "max_docs": args.docs}], validation=[{"uri": str(args.data / "az/dev/xwmt_test.az-en.az.txt")}],
+        num_validation_docs=8, seq_len=args.seq_len,
         global_batch_size=args.batch, micro_batch_size=args.batch,
         phase1={"num_steps": 0}, phase2={"num_steps": args.steps, "learning_rate": 1e-3},
         log_every=log_every, eval_every=10**6, checkpoint_every=10**6,

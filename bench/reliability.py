@@ -71,7 +71,7 @@ def oversized(tmp: Path, size_mb: int) -> list[str]:
     cases = {
         "tokenizer": ({"strategy": "replace", "corpora": [{"uri": str(txt)}], "vocab_sizes": [600]}, []),
         "cpt": ({**tiny, "corpora": [{"uri": str(txt)}]}, ["--input", f"tokenizer={tok_uri}"]),
-        "sft": ({"base_model": str(llama), "train": [{"uri": str(jsonl), "layout": "messages"}], "max_steps": 1,
+        "sft": ({"base_model": str(llama), "train": [{"uri": str(jsonl), "layout": "messages"}], "num_steps": 1,
                  "lora": {"r": 4, "alpha": 8, "dropout": 0.0}, "max_length": 64}, []),
         "eval (max_bytes_per_set 20000)": (
             {"models": [{"label": "base", "uri": str(llama)}], "text_sets": [{"uri": str(txt), "name": "big"}],

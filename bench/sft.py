@@ -28,9 +28,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 def section(data: Path, model_dir: Path | None, steps: int) -> dict:
     s = {"train": [{"uri": str(data / "az/sft/khazar08_native_train.jsonl"), "layout": "instruction"}],
          "validation": [{"uri": str(data / "az/sft/khazar08_native_eval.jsonl"), "layout": "instruction",
-                         "max_records": 8}],
-         "lora": {"r": 16, "alpha": 32}, "max_length": 256, "learning_rate": 1e-3, "max_steps": steps,
-         "per_device_batch_size": 4, "gradient_accumulation_steps": 1, "gradient_checkpointing": False,
+                         "max_docs": 8}],
+         "lora": {"r": 16, "alpha": 32}, "max_length": 256, "learning_rate": 1e-3, "num_steps": steps,
+         "micro_batch_size": 4, "global_batch_size": 4, "activation_checkpointing": False,
          "log_every": 5, "checkpoint_every": 10_000, "save_merged": False, "warmup_ratio": 0.0}
     if model_dir:
         s["base_model"] = str(model_dir)

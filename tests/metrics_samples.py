@@ -56,7 +56,7 @@ CPT = {
 
 SFT = {
     "base_model": "file:///store/artifacts/cpt/c1", "chat_template": "family llama3", "family": "llama3",
-    "attention": "sdpa", "gradient_checkpointing": False, "device": "cpu", "bf16": False, "liger": False,
+    "attention": "sdpa", "activation_checkpointing": False, "device": "cpu", "bf16": False, "liger": False,
     "trainable_parameters": 1000, "total_parameters": 100000, "eval_loss_before": 3.2, "eval_loss_after": 2.4,
     "train_loss": 2.7, "train_loss_history": [{"step": 1, "loss": 3.0}, {"step": 2, "loss": 2.5}],
     "optimizer_steps": 2, "resumed_from_step": 0, "train_runtime_s": 2.5, "train_steps_per_second": 0.8,

@@ -25,8 +25,8 @@ def build_sft_artifact(root: Path, tiny_llama_dir: Path, data_root: Path):
                                               producer=current_producer("dilforge-test"), config={},
                                               data_dir="pending", files=[]))
     sft = yaml.safe_load((ROOT / "configs/az-tiny.yaml").read_text())["sft"]
-    sft.update(max_steps=2, checkpoint_every=2, log_every=1)
-    sft["train"] = [{**sft["train"][0], "max_records": 16}]
+    sft.update(num_steps=2, checkpoint_every=2, log_every=1)
+    sft["train"] = [{**sft["train"][0], "max_docs": 16}]
     cfg = {"run_id": "az-tiny", "store": {"uri": str(root / "store")}, "sft": sft}
     (root / "p.yaml").write_text(yaml.safe_dump(cfg, allow_unicode=True))
     os.environ["DILFORGE_WORKDIR"] = str(root / "w")

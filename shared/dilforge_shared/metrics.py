@@ -233,7 +233,7 @@ class SftMetrics(Metrics):
     chat_template: str
     family: str
     attention: str
-    gradient_checkpointing: bool
+    activation_checkpointing: bool
     device: str
     bf16: bool
     liger: bool

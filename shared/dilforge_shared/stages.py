@@ -27,11 +27,12 @@ def image_of(stage: str) -> ImageName:
     return STAGE_IMAGES[stage]
 
 
-# (cpt 2: transplant step-0 BPB published as maps per method, typed by metrics.Transplant.)
+# (cpt 2: transplant step-0 BPB published as maps per method, typed by metrics.Transplant; sft 2: its metric
+# gradient_checkpointing is activation_checkpointing, the shared knob's name.)
 # Code version of each stage: part of its artifact id and recorded in its manifest (`code_version`). Bump a stage's
 # number in the same commit as any change to its code that changes what it publishes for the same config and inputs
 # (a fixed transplant, another default inside the code, a new file in the artifact): reruns then build new artifacts
 # instead of reusing what the old code produced. tests/unit/test_stage_golden.py holds each stage's output on a tiny
 # pipeline and fails, naming the stage to bump, when the output changes under an unchanged version. Refactors that
 # publish the same bytes keep the number.
-STAGE_VERSIONS: dict[StageName, int] = {"model": 1, "tokenizer": 1, "cpt": 2, "sft": 1, "eval": 1}
+STAGE_VERSIONS: dict[StageName, int] = {"model": 1, "tokenizer": 1, "cpt": 2, "sft": 2, "eval": 1}

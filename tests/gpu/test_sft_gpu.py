@@ -9,9 +9,9 @@ import math
 
 def sft_config(data: dict, **overrides):
     from dilforge_shared.configs.sft import SftConfig
-    section = {"train": [{"uri": str(data["chat"])}], "validation": [{"uri": str(data["chat"]), "max_records": 8}],
+    section = {"train": [{"uri": str(data["chat"])}], "validation": [{"uri": str(data["chat"]), "max_docs": 8}],
                "max_length": 512, "lora": {"r": 8, "alpha": 16, "dropout": 0.0}, "packing": True,
-               "learning_rate": 3e-3, "max_steps": 3, "per_device_batch_size": 2, "gradient_accumulation_steps": 1,
+               "learning_rate": 3e-3, "num_steps": 3, "micro_batch_size": 2, "global_batch_size": 2,
                "warmup_ratio": 0.0, "log_every": 1}
     section.update(overrides)
     return SftConfig.model_validate(section)

@@ -50,10 +50,10 @@ def tiny_config(data_root: Path, master_port: int):
     from dilforge_shared.configs.cpt import CptConfig
     return CptConfig.model_validate({
         "scratch_model": SCRATCH,
-        "corpora": [{"uri": str(data_root / "az/train/azwiki_sentences_cv_extractor.txt")}],
+        "corpora": [{"uri": str(data_root / "az/train/azwiki_sentences_cv_extractor.txt"), "max_docs": 1000}],
         "validation": [{"uri": str(data_root / "az/dev/flores200.dev.partial_from_sib200.tsv"),
                         "text_field": "azj_Latn"}],
-        "max_docs_per_corpus": 1000, "num_validation_docs": 20, "seq_len": 64,
+        "num_validation_docs": 20, "seq_len": 64,
         "global_batch_size": 4, "micro_batch_size": 2,
         "phase1": {"num_steps": 2, "learning_rate": 0.01}, "phase2": {"num_steps": 4, "learning_rate": 0.003, "num_warmup_steps": 1},
         "log_every": 1, "eval_every": 100, "checkpoint_every": 3,

@@ -86,8 +86,8 @@ def test_stage_trains_new_rows_only_on_chatml(tmp_path, data_root, smollm2_dir, 
     from safetensors.torch import load_file
     from test_cpt_stage import FLORES, WIKI, artifact, run_cpt
     cpt = {"base_model": str(smollm2_dir), "transplant": "mean_of_pieces", "compare_transplant_inits": False,
-           "corpora": [{"uri": WIKI}], "validation": [{"uri": FLORES, "text_field": "azj_Latn", "name": "az"}],
-           "max_docs_per_corpus": 300, "num_validation_docs": 4, "seq_len": 32, "global_batch_size": 2,
+           "corpora": [{"uri": WIKI, "max_docs": 300}], "validation": [{"uri": FLORES, "text_field": "azj_Latn", "name": "az"}],
+           "num_validation_docs": 4, "seq_len": 32, "global_batch_size": 2,
            "micro_batch_size": 2, "phase1": {"num_steps": 2, "learning_rate": 0.01, "trainable": "new_rows"},
            "phase2": {"num_steps": 0}, "log_every": 1, "eval_every": 100, "checkpoint_every": 100}
     run_cpt(tmp_path, data_root, extended_tokenizer_dir, cpt)

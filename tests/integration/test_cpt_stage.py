@@ -35,9 +35,9 @@ SCRATCH = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, 
 def cpt_section(**overrides) -> dict:
     section = {
         "scratch_model": SCRATCH,
-        "corpora": [{"uri": WIKI}],
+        "corpora": [{"uri": WIKI, "max_docs": 2000}],
         "validation": [{"uri": FLORES, "text_field": "azj_Latn"}],
-        "max_docs_per_corpus": 2000, "num_validation_docs": 40, "seq_len": 64,
+        "num_validation_docs": 40, "seq_len": 64,
         "global_batch_size": 4, "micro_batch_size": 2,
         "phase1": {"num_steps": 3, "learning_rate": 0.01}, "phase2": {"num_steps": 17, "learning_rate": 0.003, "num_warmup_steps": 2},
         "log_every": 1, "eval_every": 10, "checkpoint_every": 10,

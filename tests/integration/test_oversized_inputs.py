@@ -26,7 +26,7 @@ WRAPPER = ("import resource, subprocess, sys\n"
            "sys.exit(rc)\n")
 TINY_CPT = {"scratch_model": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
                               "num_attention_heads": 4, "num_key_value_heads": 2},
-            "max_docs_per_corpus": 100, "seq_len": 64, "global_batch_size": 4, "micro_batch_size": 2,
+            "seq_len": 64, "global_batch_size": 4, "micro_batch_size": 2,
             "phase1": {"num_steps": 1, "learning_rate": 0.01}, "phase2": {"num_steps": 1, "learning_rate": 0.003, "num_warmup_steps": 0},
             "validation": [{"uri": "${DILFORGE_DATA}/az/dev/flores200.dev.partial_from_sib200.tsv",
                             "text_field": "azj_Latn"}], "num_validation_docs": 8}
@@ -80,11 +80,11 @@ def stage_case(stage: str, big: dict, tmp: Path, tiny_tokenizer_dir: Path, tiny_
         section = {"strategy": "replace", "corpora": [{"uri": str(big["txt"])}], "vocab_sizes": [600]}
     elif stage == "cpt":
         tok = publish_folder(tmp / "store", "tokenizer", "tokenizer", tiny_tokenizer_dir)
-        section = {**TINY_CPT, "corpora": [{"uri": str(big["txt"])}]}
+        section = {**TINY_CPT, "corpora": [{"uri": str(big["txt"]), "max_docs": 100}]}
         extra = ["--input", f"tokenizer={tok}"]
     elif stage == "sft":
         section = {"base_model": str(tiny_llama_dir), "train": [{"uri": str(big["jsonl"]), "layout": "messages"}],
-                   "max_steps": 1, "lora": {"r": 4, "alpha": 8, "dropout": 0.0}, "max_length": 64}
+                   "num_steps": 1, "lora": {"r": 4, "alpha": 8, "dropout": 0.0}, "max_length": 64}
     else:
         section = {"models": [{"label": "base", "uri": str(tiny_llama_dir)}],
                    "text_sets": [{"uri": str(big["txt"]), "name": "big"}], "max_bytes_per_set": 20000,
@@ -120,7 +120,7 @@ def test_cpt_refuses_a_base_model_whose_code_would_run(tmp_path, tiny_tokenizer_
     (evil / "config.json").write_text(json.dumps(cfg))
     tok = publish_folder(tmp_path / "store", "tokenizer", "tokenizer", tiny_tokenizer_dir)
     data = Path(os.environ["DILFORGE_DATA"]) / "az/train/azwiki_sentences_cv_extractor.txt"
-    section = {**TINY_CPT, "base_model": str(evil), "corpora": [{"uri": str(data)}]}
+    section = {**TINY_CPT, "base_model": str(evil), "corpora": [{"uri": str(data), "max_docs": 100}]}
     section.pop("scratch_model")
     proc, _ = run_cli(tmp_path, ["run", "cpt", "-c", str(pipeline(tmp_path, "cpt", section)),
                                  "--input", f"tokenizer={tok}"], stdin=b"y\ny\ny\n")

@@ -27,12 +27,12 @@ def chatml_run(tmp_path_factory, data_root):
     sft = {
         "base_model": str(model_dir),
         "train": [{"uri": str(data_root / "az/sft/khazar08_native_train.jsonl"), "layout": "instruction",
-                   "max_records": 32}],
+                   "max_docs": 32}],
         "validation": [{"uri": str(data_root / "az/sft/khazar08_native_eval.jsonl"), "layout": "instruction",
-                        "max_records": 8}],
+                        "max_docs": 8}],
         "system_prompt": "Sən köməkçisən.", "lora": {"r": 8, "alpha": 16, "dropout": 0.0}, "max_length": 128,
-        "learning_rate": 3e-3, "max_steps": 4, "per_device_batch_size": 4, "gradient_accumulation_steps": 1,
-        "eval_batch_size": 8, "log_every": 1, "checkpoint_every": 4, "warmup_ratio": 0.0, "packing": True,
+        "learning_rate": 3e-3, "num_steps": 4, "micro_batch_size": 4, "global_batch_size": 4,
+        "eval_micro_batch_size": 8, "log_every": 1, "checkpoint_every": 4, "warmup_ratio": 0.0, "packing": True,
         "save_merged": False, "num_label_preview_examples": 2,
     }
     cfg = {"run_id": "sft-chatml", "store": {"uri": str(root / "store")}, "sft": sft}
@@ -47,7 +47,7 @@ def test_chatml_run_follows_the_family_and_trains(chatml_run):
     art, _ = chatml_run
     metrics = art.manifest.metrics
     assert metrics["family"] == "chatml" and metrics["chat_template"] == "family:chatml"
-    assert metrics["attention"] == "sdpa" and metrics["gradient_checkpointing"] is False  # CPU fallback, auto off
+    assert metrics["attention"] == "sdpa" and metrics["activation_checkpointing"] is False  # CPU fallback, auto off
     assert metrics["optimizer_steps"] == 4
     assert metrics["eval_loss_after"] < metrics["eval_loss_before"]
 

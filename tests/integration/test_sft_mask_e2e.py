@@ -49,9 +49,9 @@ def preview_run(tmp_path_factory, tiny_llama_dir):
     chat.write_text("\n".join(json.dumps({"messages": m}, ensure_ascii=False)
                               for m in (SFT_CONVERSATION, SFT_CONVERSATION + EXTRA_TURNS)) + "\n")
     sft = {"base_model": str(tiny_llama_dir), "train": [{"uri": str(chat)}],
-           "validation": [{"uri": str(chat), "max_records": 1}], "max_length": cut,
-           "lora": {"r": 2, "alpha": 4, "dropout": 0.0}, "max_steps": 1, "per_device_batch_size": 2,
-           "gradient_accumulation_steps": 1, "eval_batch_size": 1, "gradient_checkpointing": False,
+           "validation": [{"uri": str(chat), "max_docs": 1}], "max_length": cut,
+           "lora": {"r": 2, "alpha": 4, "dropout": 0.0}, "num_steps": 1, "micro_batch_size": 2,
+           "global_batch_size": 2, "eval_micro_batch_size": 1, "activation_checkpointing": False,
            "warmup_ratio": 0.0, "log_every": 1, "checkpoint_every": 100, "save_merged": False,
            "num_label_preview_examples": 5}
     (root / "p.yaml").write_text(yaml.safe_dump({"run_id": "sft-mask", "store": {"uri": str(root / "store")},

@@ -31,11 +31,11 @@ def sft_section(data_root: Path, **overrides) -> dict:
     section = {
         "train": [{"uri": str(data_root / "az/sft/khazar08_native_train.jsonl"), "layout": "instruction"}],
         "validation": [{"uri": str(data_root / "az/sft/khazar08_native_eval.jsonl"), "layout": "instruction",
-                        "max_records": 16}],
+                        "max_docs": 16}],
         "system_prompt": "Sən Azərbaycan dilində cavab verən köməkçisən.",
         "lora": {"r": 8, "alpha": 16, "dropout": 0.0}, "max_length": 128, "learning_rate": 3e-3,
-        "max_steps": 12, "per_device_batch_size": 4, "gradient_accumulation_steps": 1, "eval_batch_size": 8,
-        "gradient_checkpointing": False, "log_every": 2, "checkpoint_every": 6, "warmup_ratio": 0.0,
+        "num_steps": 12, "micro_batch_size": 4, "global_batch_size": 4, "eval_micro_batch_size": 8,
+        "activation_checkpointing": False, "log_every": 2, "checkpoint_every": 6, "warmup_ratio": 0.0,
     }
     section.update(overrides)
     return section
@@ -105,7 +105,7 @@ def test_training_lowers_validation_loss_and_counts_data(sft_run):
     assert metrics["data"]["validation"]["num_records"] == 16
     assert metrics["chat_template"] == "tokenizer" and metrics["device"] == "cpu" and metrics["bf16"] is False
     assert metrics["family"] == "llama3" and metrics["attention"] == "sdpa"
-    assert metrics["gradient_checkpointing"] is False
+    assert metrics["activation_checkpointing"] is False
 
 
 def test_adapter_changes_outputs_and_merged_equals_base_plus_adapter(sft_run, tiny_llama_dir):
@@ -167,7 +167,7 @@ def test_resumes_from_the_latest_checkpoint_with_a_direct_base_model(tmp_path, d
     env = {**os.environ, OPT_ML_ENV: str(opt.root)}
 
     def run(max_steps: int, name: str) -> dict:
-        config = SftConfig.model_validate(sft_section(data_root, base_model=str(tiny_llama_dir), max_steps=max_steps,
+        config = SftConfig.model_validate(sft_section(data_root, base_model=str(tiny_llama_dir), num_steps=max_steps,
                                                       checkpoint_every=2, save_merged=False, log_every=1))
         opt.write_inputs(build_hyperparameters(config, str(tmp_path / "store" / name), "resume", {}))
         proc = subprocess.run([sys.executable, "-m", "dilforge_sft", "train"], env=env, capture_output=True, text=True, check=False)
@@ -193,7 +193,7 @@ def test_cuda_plan_uses_bf16_and_liger_and_trains(tiny_llama_dir, tmp_path, data
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     from dilforge_sft import stage
-    config = SftConfig.model_validate(sft_section(data_root, max_steps=2, gradient_checkpointing=True))
+    config = SftConfig.model_validate(sft_section(data_root, num_steps=2, activation_checkpointing=True))
     plan = stage.device_plan(config)
     assert plan.device == "cuda" and plan.bf16 and plan.liger
     tok, _, _ = stage.load_tokenizer(tiny_llama_dir)

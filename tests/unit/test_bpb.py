@@ -160,7 +160,7 @@ def test_cpt_validation_and_eval_report_the_same_bpb(model_and_tok, tmp_path, ti
     sets = build_validation([DataSource(uri=str(az), name="az"), DataSource(uri=str(en), name="en")], fast, ids,
                             max_docs=10, endpoint_url=None)
     config = CptConfig(scratch_model={}, corpora=[{"uri": "a"}], validation=[{"uri": "b"}], seq_len=16,
-                       validation_stride=5, validation_micro_batch_size=3, phase1={"num_steps": 1})
+                       validation_stride=5, eval_micro_batch_size=3, phase1={"num_steps": 1})
     cpt = evaluate(model, sets, config, Runtime())
     eval_az = bits_per_byte(model, tok, DOCS, window=16, stride=5, batch_size=2)
     eval_en = bits_per_byte(model, tok, ["The capital of France is Paris.", "It rains."], window=16, stride=5)

@@ -1,5 +1,6 @@
-"""One name per idea across the stage configs (config schema 1.1): the old names still load for one minor version,
-warn naming the new field, and give exactly the config the new names give; presets use only the new names."""
+"""One name per idea across the stage configs (config schema 1.2: the shared training knobs of configs/knobs.py):
+the 1.1 names still load for one minor version, warn naming the new field, and give exactly the config the new
+names give; the names 1.1 deprecated are gone; presets use only the new names."""
 
 from __future__ import annotations
 
@@ -10,11 +11,13 @@ from pathlib import Path
 import pytest
 from dilforge_shared.configs import CptConfig, SftConfig, load_pipeline, validate_model
 from dilforge_shared.configs.cloud import StageResources
+from dilforge_shared.configs.knobs import Batching, Checkpointing, SourceLimits, Warmup
 from dilforge_shared.configs.pipeline import CONFIG_SCHEMA_VERSION
 from dilforge_shared.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
-CPT = {"scratch_model": {}, "corpora": [{"uri": "a.txt"}], "validation": [{"uri": "dev.txt"}]}
+CPT = {"scratch_model": {}, "corpora": [{"uri": "a.txt"}, {"uri": "b.txt"}], "validation": [{"uri": "dev.txt"}],
+       "phase2": {"num_steps": 4}}
 SFT = {"train": [{"uri": "chat.jsonl"}]}
 
 
@@ -27,41 +30,79 @@ def _load_old(model, raw: dict, *new_fields: str):
     return config
 
 
-def test_cpt_phase_lr_names():
-    old = {**CPT, "phase1": {"num_steps": 2, "lr": 0.01}, "phase2": {"num_steps": 3, "lr": 1e-4, "embedding_lr": 1e-3}}
-    new = {**CPT, "phase1": {"num_steps": 2, "learning_rate": 0.01},
-           "phase2": {"num_steps": 3, "learning_rate": 1e-4, "embedding_learning_rate": 1e-3}}
-    loaded = _load_old(CptConfig, old, "cpt.phase1.learning_rate", "cpt.phase2.learning_rate",
-                       "cpt.phase2.embedding_learning_rate")
+def test_sft_batch_steps_and_checkpointing_names():
+    old = {**SFT, "per_device_batch_size": 4, "gradient_accumulation_steps": 3, "eval_batch_size": 2, "max_steps": 9,
+           "gradient_checkpointing": "on", "train": [{"uri": "chat.jsonl", "max_records": 5}]}
+    new = {**SFT, "micro_batch_size": 4, "global_batch_size": 12, "eval_micro_batch_size": 2, "num_steps": 9,
+           "activation_checkpointing": "on", "train": [{"uri": "chat.jsonl", "max_docs": 5}]}
+    loaded = _load_old(SftConfig, old, "sft.micro_batch_size", "sft.global_batch_size", "sft.eval_micro_batch_size",
+                       "sft.num_steps", "sft.activation_checkpointing", "max_docs")
+    assert loaded == validate_model(SftConfig, new, "new.yaml")
+    assert loaded.grad_accum_steps(1, "sft.") == 3 and loaded.train[0].max_docs == 5
+
+
+def test_sft_accumulation_alone_uses_the_default_micro_batch():
+    loaded = _load_old(SftConfig, {**SFT, "gradient_accumulation_steps": 2}, "sft.global_batch_size")
+    assert (loaded.micro_batch_size, loaded.global_batch_size) == (8, 16) == (SftConfig.model_validate(SFT).micro_batch_size,
+                                                                              SftConfig.model_validate(SFT).global_batch_size)
+
+
+def test_cpt_eval_batch_and_per_corpus_cap_names():
+    old = {**CPT, "validation_micro_batch_size": 3, "max_docs_per_corpus": 50,
+           "corpora": [{"uri": "a.txt"}, {"uri": "b.txt", "max_docs": 7}]}
+    new = {**CPT, "eval_micro_batch_size": 3, "corpora": [{"uri": "a.txt", "max_docs": 50}, {"uri": "b.txt", "max_docs": 7}]}
+    loaded = _load_old(CptConfig, old, "cpt.eval_micro_batch_size", "max_docs on each of cpt.corpora")
     assert loaded == validate_model(CptConfig, new, "new.yaml")
-    assert (loaded.phase1.learning_rate, loaded.phase2.embedding_learning_rate) == (0.01, 1e-3)
-
-
-@pytest.mark.parametrize("old, new", [(True, "auto"), (False, "off")])
-def test_cpt_liger_bool_is_the_switch(old, new):
-    base = {**CPT, "phase2": {"num_steps": 1}}
-    loaded = _load_old(CptConfig, {**base, "liger": old}, f"cpt.liger: {new}")
-    assert loaded == validate_model(CptConfig, {**base, "liger": new}, "new.yaml")
-
-
-def test_sft_logging_and_checkpoint_names():
-    loaded = _load_old(SftConfig, {**SFT, "logging_steps": 3, "save_steps": 7}, "sft.log_every", "sft.checkpoint_every")
-    assert loaded == validate_model(SftConfig, {**SFT, "log_every": 3, "checkpoint_every": 7}, "new.yaml")
-    assert (loaded.log_every, loaded.checkpoint_every) == (3, 7)
 
 
 def test_old_and_new_name_together_is_an_error_naming_both():
-    with pytest.raises(ConfigError, match="sft.save_steps and sft.checkpoint_every"):
-        validate_model(SftConfig, {**SFT, "save_steps": 7, "checkpoint_every": 8}, "both.yaml")
-    with pytest.raises(ConfigError, match="cpt.phase2.lr and cpt.phase2.learning_rate"):
-        validate_model(CptConfig, {**CPT, "phase2": {"num_steps": 1, "lr": 1, "learning_rate": 2}}, "both.yaml")
+    with pytest.raises(ConfigError, match="sft.max_steps and sft.num_steps"):
+        validate_model(SftConfig, {**SFT, "max_steps": 7, "num_steps": 8}, "both.yaml")
+    with pytest.raises(ConfigError, match="sft.gradient_accumulation_steps and sft.global_batch_size"):
+        validate_model(SftConfig, {**SFT, "gradient_accumulation_steps": 2, "global_batch_size": 8}, "both.yaml")
+    with pytest.raises(ConfigError, match="cpt.validation_micro_batch_size and cpt.eval_micro_batch_size"):
+        validate_model(CptConfig, {**CPT, "validation_micro_batch_size": 1, "eval_micro_batch_size": 2}, "both.yaml")
 
 
-def test_sagemaker_nproc_per_node_is_ignored_with_a_warning():
-    loaded = _load_old(StageResources, {"instance_type": "ml.p4d.24xlarge", "nproc_per_node": 8},
-                       "cpt.num_processes_per_node")
-    assert loaded == StageResources(instance_type="ml.p4d.24xlarge")
-    assert "nproc_per_node" not in StageResources.model_fields
+@pytest.mark.parametrize("model, raw, field", [
+    (CptConfig, {**CPT, "phase1": {"num_steps": 2, "lr": 0.01}}, "lr"),
+    (CptConfig, {**CPT, "phase2": {"num_steps": 1, "embedding_lr": 0.01}}, "embedding_lr"),
+    (SftConfig, {**SFT, "logging_steps": 3}, "logging_steps"),
+    (SftConfig, {**SFT, "save_steps": 3}, "save_steps"),
+    (StageResources, {"instance_type": "ml.p4d.24xlarge", "nproc_per_node": 8}, "nproc_per_node"),
+])
+def test_the_names_1_1_deprecated_are_gone_in_1_2(model, raw, field):
+    with pytest.raises(ConfigError, match=f"{field}: Extra inputs are not permitted"):
+        validate_model(model, raw, "old.yaml")
+    with pytest.raises(ConfigError, match="liger"):
+        validate_model(CptConfig, {**CPT, "liger": True}, "old.yaml")
+
+
+def test_both_stages_share_one_definition_of_each_knob():
+    for group in (Batching, Warmup, Checkpointing):
+        for name, info in group.model_fields.items():
+            cpt_field = CptConfig.model_fields.get(name) or CptConfig.model_fields["phase1"].annotation.model_fields[name]
+            sft_field = SftConfig.model_fields[name]
+            assert cpt_field.description == sft_field.description == info.description, name
+            assert cpt_field.json_schema_extra == sft_field.json_schema_extra == info.json_schema_extra, name
+    for source in (CptConfig.model_fields["corpora"], SftConfig.model_fields["train"]):
+        assert source.annotation.__args__[0].model_fields["max_docs"].description == \
+            SourceLimits.model_fields["max_docs"].description
+
+
+def test_warmup_as_a_count_or_a_share():
+    assert Warmup().warmup_steps(100) == 0
+    assert Warmup(warmup_ratio=0.03).warmup_steps(100) == 3
+    assert Warmup(num_warmup_steps=5, warmup_ratio=0.5).warmup_steps(100) == 5   # the count wins
+    cfg = validate_model(CptConfig, {**CPT, "phase2": {"num_steps": 10, "warmup_ratio": 0.25}}, "r.yaml")
+    assert cfg.phase2.warmup_steps(cfg.phase2.num_steps) == 3
+    with pytest.raises(ConfigError, match=r"phase2.num_warmup_steps \(11\) exceeds phase2.num_steps"):
+        validate_model(CptConfig, {**CPT, "phase2": {"num_steps": 10, "num_warmup_steps": 11}}, "w.yaml")
+
+
+def test_a_global_batch_that_does_not_divide_names_both_fields():
+    with pytest.raises(ConfigError, match=r"global_batch_size \(10\) must be a multiple of micro_batch_size \(4\)"):
+        validate_model(SftConfig, {**SFT, "global_batch_size": 10, "micro_batch_size": 4}, "b.yaml")
 
 
 def test_new_names_load_without_warnings_in_every_preset(data_root):
@@ -73,7 +114,10 @@ def test_new_names_load_without_warnings_in_every_preset(data_root):
 
 def test_exported_schema_carries_the_config_version():
     schema = json.loads((ROOT / "schemas" / "pipeline.schema.json").read_text())
-    assert schema["x-dilforge-config-version"] == CONFIG_SCHEMA_VERSION == "1.1.0"
+    assert schema["x-dilforge-config-version"] == CONFIG_SCHEMA_VERSION == "1.2.0"
     props = schema["$defs"]
     assert "learning_rate" in props["Phase1"]["properties"] and "lr" not in props["Phase1"]["properties"]
+    assert {"global_batch_size", "micro_batch_size", "eval_micro_batch_size", "activation_checkpointing"} <= \
+        set(props["SftConfig"]["properties"]) & set(props["CptConfig"]["properties"])
+    assert "per_device_batch_size" not in props["SftConfig"]["properties"]
     assert "nproc_per_node" not in props["StageResources"]["properties"]

@@ -101,7 +101,7 @@ def test_instruction_records_from_the_shared_sft_pairs(data_root):
 
 def test_translation_pairs_from_tatoeba(data_root):
     config = SftConfig.model_validate({"train": [{
-        "uri": str(data_root / "az/train/tatoeba_aze-eng.tsv"), "layout": "translation", "max_records": 5}]})
+        "uri": str(data_root / "az/train/tatoeba_aze-eng.tsv"), "layout": "translation", "max_docs": 5}]})
     out, _ = convs(config)
     assert len(out) == 5
     assert out[0][0]["content"] == "Bu cümləni ingilis dilinə tərcümə et:\n105-ci otaq haradadır?"

@@ -34,7 +34,7 @@ def chat_file(tmp_path_factory):
 
 def sft_config(path: str, **overrides) -> SftConfig:
     section = {"train": [{"uri": path}], "validation": [{"uri": path}], "max_length": 1024, "lora": {"r": 4},
-               "max_steps": 1, "per_device_batch_size": 2, "gradient_checkpointing": False}
+               "num_steps": 1, "micro_batch_size": 2, "activation_checkpointing": False}
     section.update(overrides)
     return SftConfig.model_validate(section)
 
@@ -147,9 +147,9 @@ def test_packed_rows_do_not_attend_across_conversations(chatml_llama_dir, chat_f
 
 # ---- activation checkpointing ------------------------------------------------------------------------
 
-def test_gradient_checkpointing_auto_follows_the_memory_estimate():
+def test_activation_checkpointing_auto_follows_the_memory_estimate():
     from dilforge_sft.stage import checkpointing_decision, estimate_training_bytes
-    config = sft_config("x.jsonl", gradient_checkpointing="auto")
+    config = sft_config("x.jsonl", activation_checkpointing="auto")
     llama_1b = tiny_llama_config(128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
                                  num_attention_heads=32, num_key_value_heads=8)
     small = estimate_training_bytes(llama_1b, 8 * 1024, bf16=True)
@@ -160,11 +160,11 @@ def test_gradient_checkpointing_auto_follows_the_memory_estimate():
     assert on is False and "no recomputation" in why
     on, why = checkpointing_decision(config, large, 24 * gib)
     assert on is True and "recompute" in why
-    assert checkpointing_decision(sft_config("x.jsonl", gradient_checkpointing="on"), small, 141 * gib)[0] is True
+    assert checkpointing_decision(sft_config("x.jsonl", activation_checkpointing="on"), small, 141 * gib)[0] is True
 
 
 @pytest.mark.parametrize("value, expected", [(True, "on"), (False, "off"), ("auto", "auto"), ("off", "off")])
-def test_gradient_checkpointing_accepts_yaml_booleans(value, expected):
-    assert sft_config("x.jsonl", gradient_checkpointing=value).gradient_checkpointing == expected
-    with pytest.raises(ValueError, match="gradient_checkpointing"):
-        sft_config("x.jsonl", gradient_checkpointing="sometimes")
+def test_activation_checkpointing_accepts_yaml_booleans(value, expected):
+    assert sft_config("x.jsonl", activation_checkpointing=value).activation_checkpointing == expected
+    with pytest.raises(ValueError, match="activation_checkpointing"):
+        sft_config("x.jsonl", activation_checkpointing="sometimes")

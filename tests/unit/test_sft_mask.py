@@ -104,8 +104,8 @@ def test_packing_keeps_each_conversations_mask_and_trains(stage_parts, tiny_llam
     stage, tok, _, plan, path = stage_parts
     ids, labels = expected_tokens(tok)
     config = SftConfig.model_validate({"train": [{"uri": path}], "validation": [{"uri": path}], "packing": True,
-                                       "max_length": 1024, "lora": {"r": 4}, "max_steps": 1,
-                                       "gradient_checkpointing": False, "per_device_batch_size": 1})
+                                       "max_length": 1024, "lora": {"r": 4}, "num_steps": 1,
+                                       "activation_checkpointing": False, "micro_batch_size": 1})
     train, val, _, _ = stage.prepare_data(config, tok, None)
     trainer = stage.build_trainer(config, stage.load_model(tiny_llama_dir, plan), tok, train, val, tmp_path, plan)
     assert len(trainer.train_dataset) == 1  # both conversations in one block

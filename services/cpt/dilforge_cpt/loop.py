@@ -149,10 +149,11 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
 
 def lr_at(phase: Phase, step: int) -> float:
     """Linear warmup to phase.learning_rate, then cosine to phase.learning_rate × min_lr_ratio at the phase's last step."""
-    if step < phase.num_warmup_steps:
-        return phase.learning_rate * (step + 1) / phase.num_warmup_steps
-    span = max(1, phase.num_steps - phase.num_warmup_steps - 1)
-    progress = min(1.0, (step - phase.num_warmup_steps) / span)
+    warmup = phase.warmup_steps(phase.num_steps)
+    if step < warmup:
+        return phase.learning_rate * (step + 1) / warmup
+    span = max(1, phase.num_steps - warmup - 1)
+    progress = min(1.0, (step - warmup) / span)
     return phase.learning_rate * (phase.min_lr_ratio + (1 - phase.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 

@@ -220,7 +220,7 @@ def fsdp_options(rt: Runtime) -> dict:
 def shard_model(model, config: CptConfig, rt: Runtime):
     """Activation checkpointing → torch.compile per layer → FSDP2 (per layer, then root) when rt.fsdp."""
     model.config.use_cache = False
-    if config.activation_checkpointing:
+    if config.activation_checkpointing == "on":  # auto = off: CPT has no memory estimate
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     layers = model.model.layers
     if config.compile:

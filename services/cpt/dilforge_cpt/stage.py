@@ -287,11 +287,10 @@ def summarize(state: TrainState, derived: dict) -> dict:
 
 # ---- pieces ----------------------------------------------------------------------------------
 def derive_grad_accum(config: CptConfig, world: int) -> int:
-    per_step = config.micro_batch_size * world
-    if config.global_batch_size % per_step:
-        raise ConfigError(f"global_batch_size ({config.global_batch_size}) must be a multiple of micro_batch_size "
-                          f"({config.micro_batch_size}) × processes ({world})")
-    return config.global_batch_size // per_step
+    try:
+        return config.grad_accum_steps(world, "cpt.")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def tokenize_corpora(config: CptConfig, ctx: StageContext, rt: Runtime, tok, ids, tok_dir: Path) -> list[TokenFile]:
@@ -301,8 +300,8 @@ def tokenize_corpora(config: CptConfig, ctx: StageContext, rt: Runtime, tok, ids
     def build() -> list[TokenFile]:
         out = []
         for source in config.corpora:
-            key = cache_key(source, tok_dir / "tokenizer.json", config.max_docs_per_corpus, ctx.endpoint_url)
-            out.append(tokenize_to_file(source, tok, ids, cache, key, config.max_docs_per_corpus,
+            key = cache_key(source, tok_dir / "tokenizer.json", source.max_docs, ctx.endpoint_url)
+            out.append(tokenize_to_file(source, tok, ids, cache, key, source.max_docs,
                                         config.tokenize_batch_size, ctx.endpoint_url))
         return out
     files = build() if rt.local_rank == 0 else None

@@ -27,7 +27,7 @@ def evaluate(model, val: list[ValidationSet], config: CptConfig, rt: Runtime, de
     Each rank scores its share of every set's windows; the sums are all-reduced.
     """
     window, stride = window_and_stride(config)
-    batch_size = config.validation_micro_batch_size or config.micro_batch_size
+    batch_size = config.eval_micro_batch_size or config.micro_batch_size
     was_training = model.training
     model.eval()
     sums: list[float] = []

@@ -209,7 +209,7 @@ def iter_conversations(source: SftDataSource, config: SftConfig, counts: DataCou
         counts.num_conversations += 1
         yield conv
         produced += 1
-        if source.max_records is not None and produced >= source.max_records:
+        if source.max_docs is not None and produced >= source.max_docs:
             return
 
 

@@ -144,8 +144,8 @@ def device_memory_bytes(device: str) -> int:
 
 def checkpointing_decision(config: SftConfig, estimate: int, memory: int) -> tuple[bool, str]:
     """(use activation checkpointing?, why): auto turns it on only when memory would not allow training without."""
-    if config.gradient_checkpointing != "auto":
-        return config.gradient_checkpointing == "on", "set by sft.gradient_checkpointing"
+    if config.activation_checkpointing != "auto":
+        return config.activation_checkpointing == "on", "set by sft.activation_checkpointing"
     budget = int(memory * config.memory_budget_fraction)
     gib = 2 ** 30
     if estimate > budget:
@@ -173,6 +173,11 @@ def lora_config(config: SftConfig):
                       target_modules=list(config.lora.target_modules), bias="none", task_type="CAUSAL_LM")
 
 
+def warmup_arg(config: SftConfig) -> int | float:
+    """TrainingArguments.warmup_steps: an int is a count of steps, a float below 1 a share of them."""
+    return config.num_warmup_steps if config.num_warmup_steps is not None else float(config.warmup_ratio or 0.0)
+
+
 def sft_arguments(config: SftConfig, output_dir: Path, plan: DevicePlan, checkpointing: bool = False):
     """The TRL SFTConfig of this stage: every knob comes from SftConfig, nothing from TRL's own defaults by accident."""
     from trl import SFTConfig
@@ -180,11 +185,12 @@ def sft_arguments(config: SftConfig, output_dir: Path, plan: DevicePlan, checkpo
         output_dir=str(output_dir), seed=config.seed, data_seed=config.seed,
         assistant_only_loss=True, max_length=config.max_length, truncation_mode="keep_start",
         packing=config.packing, packing_strategy="bfd", eval_packing=False,
-        learning_rate=config.learning_rate, lr_scheduler_type=config.lr_scheduler, warmup_steps=config.warmup_ratio,
+        learning_rate=config.learning_rate, lr_scheduler_type=config.lr_scheduler, warmup_steps=warmup_arg(config),
         weight_decay=config.weight_decay, max_grad_norm=config.max_grad_norm,
-        num_train_epochs=config.num_epochs, max_steps=config.max_steps or -1,
-        per_device_train_batch_size=config.per_device_batch_size, per_device_eval_batch_size=config.eval_batch_size,
-        gradient_accumulation_steps=config.gradient_accumulation_steps,
+        num_train_epochs=config.num_epochs, max_steps=config.num_steps or -1,
+        per_device_train_batch_size=config.micro_batch_size,
+        per_device_eval_batch_size=config.eval_micro_batch_size or config.micro_batch_size,
+        gradient_accumulation_steps=config.grad_accum_steps(1, "sft."),
         activation_checkpointing=checkpointing,
         activation_checkpointing_kwargs={"use_reentrant": False} if checkpointing else None,
         bf16=plan.bf16, fp16=False, use_cpu=plan.device == "cpu",
@@ -327,17 +333,17 @@ def run(config: SftConfig, ctx: StageContext) -> StageResult:
     tokenizer, family, template_source = load_tokenizer(base_dir)
     train, val, train_counts, val_counts = prepare_data(config, tokenizer, ctx.endpoint_url, splits)
     attention = attention_plan(config, plan.device)
-    estimate = estimate_training_bytes(model_config, config.per_device_batch_size * config.max_length, plan.bf16)
+    estimate = estimate_training_bytes(model_config, config.micro_batch_size * config.max_length, plan.bf16)
     checkpointing, checkpointing_reason = checkpointing_decision(config, estimate, device_memory_bytes(plan.device))
 
-    global_batch = config.per_device_batch_size * config.gradient_accumulation_steps
+    global_batch = config.global_batch_size
     steps_per_epoch = math.ceil(len(train) / global_batch)
-    total_steps = config.max_steps or math.ceil(steps_per_epoch * config.num_epochs)
+    total_steps = config.num_steps or math.ceil(steps_per_epoch * config.num_epochs)
     log_config(config, {
         "base_model": base_uri, "device": plan.device, "bf16": plan.bf16, "liger": plan.liger,
         "chat_template": template_source, "family": family.name, "eot": family.eot,
         "attention": attention.implementation, "attention_reason": attention.reason,
-        "gradient_checkpointing": checkpointing, "gradient_checkpointing_reason": checkpointing_reason,
+        "activation_checkpointing": checkpointing, "activation_checkpointing_reason": checkpointing_reason,
         "global_batch": global_batch,
         "tokens_per_step_max": global_batch * config.max_length, "num_train_conversations": len(train),
         "num_validation_conversations": len(val), "optimizer_steps": total_steps,
@@ -386,7 +392,7 @@ def run(config: SftConfig, ctx: StageContext) -> StageResult:
 
     metrics = {
         "base_model": base_uri, "chat_template": template_source, "family": family.name,
-        "attention": attention.implementation, "gradient_checkpointing": checkpointing,
+        "attention": attention.implementation, "activation_checkpointing": checkpointing,
         "device": plan.device, "bf16": plan.bf16,
         "liger": plan.liger, "trainable_parameters": trainable, "total_parameters": total,
         "eval_loss_before": eval_before, "eval_loss_after": eval_after,

@@ -95,16 +95,6 @@ def rename_fields(data, renamed: dict[str, str], where: str):
     return data
 
 
-def kernels_switch(value, where: str):
-    """`liger` used to be a bool in the cpt config (true = on CUDA, never on CPU, i.e. today's `auto`)."""
-    if isinstance(value, bool):
-        new = "auto" if value else "off"
-        deprecated(f"config field {where}liger: {str(value).lower()} is deprecated; write {where}liger: {new} "
-                   f"(auto|'on'|off; YAML reads unquoted on/off as booleans)")
-        return new
-    return value
-
-
 Switch = Literal["auto", "on", "off"]
 
 

@@ -11,7 +11,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from ..stages import ImageName
-from .base import StrictModel, deprecated
+from .base import StrictModel
 
 
 class StageResources(StrictModel):
@@ -28,18 +28,6 @@ class StageResources(StrictModel):
     input_mode: Literal["File", "FastFile"] = Field(
         default="File", description="How upstream artifacts reach /opt/ml/input/data: copied (File) or streamed.")
     environment: dict[str, str] = Field(default_factory=dict, description="Extra container environment variables.")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _drop_nproc_per_node(cls, data):
-        """`nproc_per_node` fed a launcher no stage used (cpt reads `cpt.num_processes_per_node`); accepted and
-        ignored with a warning until the next minor version of the config schema."""
-        if isinstance(data, dict) and "nproc_per_node" in data:
-            data = {k: v for k, v in data.items() if k != "nproc_per_node"}
-            deprecated("config field sagemaker.stages.<stage>.nproc_per_node does nothing and is ignored; set "
-                       "cpt.num_processes_per_node instead (the field goes away in the next minor version of the "
-                       "config schema)")
-        return data
 
     @model_validator(mode="after")
     def _wait_covers_runtime(self):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from pydantic import Field, PositiveInt, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from .base import (
     RUN_ONLY,
@@ -17,9 +17,10 @@ from .base import (
     StrictModel,
     Switch,
     check_unique_labels,
-    kernels_switch,
+    deprecated,
     rename_fields,
 )
+from .knobs import Batching, Checkpointing, SourceLimits, Warmup, on_off
 
 
 class ScratchModel(StrictModel):
@@ -42,19 +43,14 @@ class ScratchModel(StrictModel):
         return self
 
 
-class Phase(StrictModel):
-    """One training phase: its own steps, peak learning rate and warmup; cosine decay to min_lr_ratio × peak."""
+class Phase(Warmup):
+    """One training phase: its own steps, peak learning rate and warmup (`knobs.Warmup`: num_warmup_steps or
+    warmup_ratio); cosine decay to min_lr_ratio × peak."""
     num_steps: int = Field(default=0, ge=0, description="Optimizer steps in this phase; 0 skips the phase.")
     learning_rate: float = Field(default=1e-3, gt=0, description="Peak learning rate (AdamW).")
-    num_warmup_steps: int = Field(default=0, ge=0, description="Linear warmup steps from 0 to learning_rate.")
     min_lr_ratio: float = Field(default=0.1, ge=0, le=1, description="Cosine decays to learning_rate × min_lr_ratio.")
     weight_decay: float = Field(default=0.0, ge=0, description="AdamW decoupled weight decay.")
     where: ClassVar[str] = "cpt.phase."
-
-    @model_validator(mode="before")
-    @classmethod
-    def _old_names(cls, data):
-        return rename_fields(data, {"lr": "learning_rate", "embedding_lr": "embedding_learning_rate"}, cls.where)
 
 
 class Phase1(Phase):
@@ -78,7 +74,14 @@ class Phase2(Phase):
     )
 
 
-class CptConfig(StageConfig):
+class CptDataSource(DataSource, SourceLimits):
+    """A training corpus: a data source, its mixture `weight`, and how many documents of it to read (`max_docs`)."""
+
+
+class CptConfig(StageConfig, Batching, Checkpointing):
+    """CPT: the shared training knobs (`knobs.Batching`: global_batch_size, micro_batch_size,
+    eval_micro_batch_size; `knobs.Checkpointing`: checkpoint_every, num_checkpoints_kept,
+    activation_checkpointing) plus what only CPT has."""
     stage: ClassVar[str] = "cpt"
     artifact_kind: ClassVar[str] = "model"
     consumes: ClassVar[tuple[str, ...]] = ("model", "tokenizer")
@@ -148,7 +151,7 @@ class CptConfig(StageConfig):
     )
 
     # ---- data ------------------------------------------------------------------------------
-    corpora: list[DataSource] = Field(
+    corpora: list[CptDataSource] = Field(
         default_factory=list,
         description="Training corpora; `weight` is each one's share of sampled windows (e.g. 0.2 English "
         "replay against forgetting).",
@@ -163,12 +166,6 @@ class CptConfig(StageConfig):
         description="Validation BPB slides windows of seq_len tokens by this many (dilforge_shared.bpb); None = "
         "seq_len // 2, eval's default, so CPT and eval report the same number for the same window.",
     )
-    validation_micro_batch_size: int | None = Field(json_schema_extra=RUN_ONLY, 
-        default=None, ge=1, description="Windows per validation forward pass per process; None = micro_batch_size."
-    )
-    max_docs_per_corpus: int | None = Field(
-        default=None, ge=1, description="Read at most this many documents of each corpus (demos)."
-    )
     tokenize_batch_size: int = Field(json_schema_extra=RUN_ONLY, default=1000, ge=1, description="Documents per encode_batch call.")
 
     # ---- optimisation ----------------------------------------------------------------------
@@ -178,17 +175,6 @@ class CptConfig(StageConfig):
         "parameter frozen.",
     )
     phase2: Phase2 = Field(default_factory=lambda: Phase2(num_steps=0, learning_rate=1e-4), description="All parameters.")
-    global_batch_size: int = Field(
-        default=8, ge=1,
-        description="Sequences per optimizer step across all processes (= micro_batch_size × processes × "
-        "gradient accumulation steps, which is derived).",
-    )
-    micro_batch_size: PositiveInt | Literal["auto"] = Field(
-        json_schema_extra=RUN_ONLY, default="auto",
-        description="Sequences per forward pass per process. auto = the largest divisor of global_batch_size / "
-        "processes that the memory estimate says fits (CUDA: free memory after weights, gradients and AdamW state, "
-        "over the activations of one sequence; CPU: at most 8), logged at start; a number from bench/gpu_cpt.py "
-        "(its bisected largest batch) overrides it.")
     max_grad_norm: float | None = Field(default=1.0, gt=0, description="Gradient clipping norm; None = off.")
     adam_beta1: float = Field(default=0.9, ge=0, lt=1, description="AdamW beta1.")
     adam_beta2: float = Field(default=0.95, ge=0, lt=1, description="AdamW beta2.")
@@ -211,7 +197,6 @@ class CptConfig(StageConfig):
         default="auto", description="auto = nccl on CUDA, gloo on CPU."
     )
     master_port: int = Field(json_schema_extra=RUN_ONLY, default=29500, ge=1024, le=65535, description="Rendezvous port on multi-host runs.")
-    activation_checkpointing: bool = Field(json_schema_extra=RUN_ONLY, default=False, description="Recompute layer activations in backward.")
     compile: bool = Field(json_schema_extra=RUN_ONLY, default=False, description="torch.compile every decoder layer.")
     liger: Switch = Field(json_schema_extra=RUN_ONLY, 
         default="auto", description="Liger layer kernels (RMSNorm, RoPE, SwiGLU): auto = on with CUDA, off on CPU; "
@@ -225,16 +210,28 @@ class CptConfig(StageConfig):
     # ---- logging, evaluation, checkpoints ------------------------------------------------
     log_every: int = Field(json_schema_extra=RUN_ONLY, default=10, ge=1, description="Log training metrics every this many steps.")
     eval_every: int = Field(json_schema_extra=RUN_ONLY, default=100, ge=1, description="Validation loss/BPB every N steps (and at the end).")
-    checkpoint_every: int = Field(json_schema_extra=RUN_ONLY, default=200, ge=1, description="Checkpoint every N steps (and on SIGTERM).")
-    num_checkpoints_kept: int = Field(json_schema_extra=RUN_ONLY, default=2, ge=1, description="Complete checkpoints kept on disk.")
     save_dtype: Literal["auto", "bf16", "fp32"] = Field(
         default="auto", description="dtype of the published weights; auto = the training precision."
     )
 
-    @field_validator("liger", mode="before")
+    @model_validator(mode="before")
     @classmethod
-    def _liger_bool(cls, value):
-        return kernels_switch(value, "cpt.")
+    def _old_names(cls, data):
+        """Config schema 1.2.0 names (knobs.py); the 1.1 names load with a DeprecationWarning until 1.3.0."""
+        data = rename_fields(data, {"validation_micro_batch_size": "eval_micro_batch_size"}, "cpt.")
+        if isinstance(data, dict) and "max_docs_per_corpus" in data:
+            data = dict(data)
+            cap = data.pop("max_docs_per_corpus")
+            deprecated("config field cpt.max_docs_per_corpus is deprecated; set max_docs on each of cpt.corpora (the "
+                       "old name goes away in the next minor version of the config schema)")
+            if cap is not None:
+                data["corpora"] = [{"max_docs": cap, **c} if isinstance(c, dict) else c for c in data.get("corpora", [])]
+        return data
+
+    @field_validator("activation_checkpointing", mode="before")
+    @classmethod
+    def _bool_is_on_off(cls, value):
+        return on_off(value)
 
     @model_validator(mode="after")
     def _check(self) -> CptConfig:
@@ -253,11 +250,10 @@ class CptConfig(StageConfig):
                              "the kept rows)")
         for name in ("phase1", "phase2"):
             phase = getattr(self, name)
-            if phase.num_steps and phase.num_warmup_steps > phase.num_steps:
+            if phase.num_steps and phase.warmup_steps(phase.num_steps) > phase.num_steps:
                 raise ValueError(f"{name}.num_warmup_steps ({phase.num_warmup_steps}) exceeds {name}.num_steps")
-        if self.micro_batch_size != "auto" and self.global_batch_size % self.micro_batch_size:
-            raise ValueError(f"global_batch_size ({self.global_batch_size}) must be a multiple of "
-                             f"micro_batch_size ({self.micro_batch_size})")
+        if self.micro_batch_size != "auto":
+            self.grad_accum_steps(1, "")
         if self.scratch_model is not None and self.seq_len > self.scratch_model.max_position_embeddings:
             raise ValueError("seq_len exceeds scratch_model.max_position_embeddings")
         val_names = {v.label for v in self.validation}

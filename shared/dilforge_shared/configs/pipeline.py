@@ -27,7 +27,11 @@ STAGE_CONFIGS: dict[StageName, type[StageConfig]] = {
 # 1.1.0: one name per idea across the stage configs (cpt.phaseN.learning_rate, sft.log_every,
 #        sft.checkpoint_every, cpt.liger auto|on|off) and sagemaker.stages.*.nproc_per_node removed; the old names
 #        still load with a DeprecationWarning until 1.2.0.
-CONFIG_SCHEMA_VERSION = "1.1.0"
+# 1.2.0: the 1.1 deprecated names are gone; CPT and SFT share one vocabulary of training knobs (configs/knobs.py:
+#        global_batch_size / micro_batch_size / eval_micro_batch_size, num_steps, num_warmup_steps / warmup_ratio,
+#        activation_checkpointing auto|on|off, a source's max_docs); the 1.1 names load with a DeprecationWarning
+#        until 1.3.0.
+CONFIG_SCHEMA_VERSION = "1.2.0"
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PositiveInt, field_validator, model_validator
 
-from .base import RUN_ONLY, DataSource, Precision, StageConfig, StrictModel, Switch, kernels_switch, rename_fields
+from .base import RUN_ONLY, DataSource, Precision, StageConfig, StrictModel, Switch, deprecated, rename_fields
+from .knobs import Batching, Checkpointing, SourceLimits, Warmup, knob, on_off
 
 
-class SftDataSource(DataSource):
+class SftDataSource(DataSource, SourceLimits):
     """A chat or instruction data set and how its records map to a conversation.
 
     `layout`:
@@ -32,7 +33,11 @@ class SftDataSource(DataSource):
     translation_prompt: str = Field(
         default="Bu cümləni ingilis dilinə tərcümə et:\n{source}",
         description="translation: user turn; '{source}' is replaced by the source text.")
-    max_records: int | None = Field(default=None, ge=1, description="Use at most this many records (demos).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_names(cls, data):
+        return rename_fields(data, {"max_records": "max_docs"}, "sft.<source>.")
 
     @model_validator(mode="after")
     def _check(self) -> SftDataSource:
@@ -58,16 +63,18 @@ class LoraSettings(StrictModel):
         return self
 
 
-class SftConfig(StageConfig):
+class SftConfig(StageConfig, Batching, Warmup, Checkpointing):
+    """SFT: the shared training knobs (`knobs.Batching`, `knobs.Warmup`, `knobs.Checkpointing`; other defaults
+    where SFT needs them) plus what only SFT has."""
     stage: ClassVar[str] = "sft"
     artifact_kind: ClassVar[str] = "adapter"
     consumes: ClassVar[tuple[str, ...]] = ("cpt", "model")
 
     base_model: str | None = Field(
         default=None,
-        description="Model to fine-tune when no 'cpt' or 'model' input is given: an HF model folder, an s3:// prefix "
-        "of one, or a dilforge model artifact URI. Ignored (with a warning) when the pipeline feeds a 'cpt' or "
-        "'model' artifact.")
+        description="Model to fine-tune: an HF model folder, an s3:// prefix of one, or a dilforge model artifact URI. "
+        "None = the upstream 'cpt' artifact, else 'model' (the shared precedence rule, models.choose); a pipeline "
+        "that also runs cpt or a model stage is refused.")
 
     # ---- data -----------------------------------------------------------------------------
     train: list[SftDataSource] = Field(default_factory=list, description="Training sets (chat, instruction or TSV).")
@@ -107,30 +114,24 @@ class SftConfig(StageConfig):
     learning_rate: float = Field(default=1e-4, gt=0, description="Peak learning rate.")
     lr_scheduler: Literal["cosine", "linear", "constant_with_warmup"] = Field(
         default="cosine", description="Learning-rate schedule after warmup.")
-    warmup_ratio: float = Field(default=0.03, ge=0, lt=1, description="Share of steps spent warming up.")
     weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay on the adapter.")
     max_grad_norm: float = Field(default=1.0, gt=0, description="Gradient clipping norm.")
     num_epochs: float = Field(default=2.0, gt=0, description="Passes over the training conversations.")
-    max_steps: int | None = Field(default=None, ge=1, description="Stop after this many optimizer steps (overrides num_epochs).")
-    per_device_batch_size: int = Field(default=8, ge=1, description="Sequences per forward pass.")
-    gradient_accumulation_steps: int = Field(default=2, ge=1, description="Forward passes per optimizer step.")
-    eval_batch_size: int = Field(json_schema_extra=RUN_ONLY, default=8, ge=1, description="Sequences per validation forward pass.")
-    gradient_checkpointing: Literal["auto", "on", "off"] = Field(json_schema_extra=RUN_ONLY, 
-        default="auto",
-        description="Recompute activations to save memory (costs ~25-30% speed). auto: on only when the estimated "
-        "training memory exceeds memory_budget_fraction of the device's (or host's) memory. YAML true/false "
-        "mean on/off.")
+    num_steps: int | None = Field(
+        default=None, ge=1, description="Optimizer steps; None = num_epochs passes over the training conversations.")
+    global_batch_size: int = knob(Batching, "global_batch_size", 16)
+    micro_batch_size: PositiveInt | Literal["auto"] = knob(Batching, "micro_batch_size", 8)
+    warmup_ratio: float | None = knob(Warmup, "warmup_ratio", 0.03)
+    activation_checkpointing: Switch = knob(Checkpointing, "activation_checkpointing", "auto")
     memory_budget_fraction: float = Field(json_schema_extra=RUN_ONLY, 
         default=0.7, gt=0, le=1,
-        description="gradient_checkpointing auto: share of device memory the estimate may use before checkpointing "
+        description="activation_checkpointing auto: share of device memory the estimate may use before checkpointing "
         "is turned on.")
     precision: Precision = Field(default="auto", description="auto: bf16 on CUDA, fp32 on CPU.")
     liger: Switch = Field(json_schema_extra=RUN_ONLY, 
         default="auto", description="Liger layer kernels (RMSNorm, RoPE, SwiGLU): auto = on with CUDA, off on CPU; "
         "on = required (an error without CUDA).")
     log_every: int = Field(json_schema_extra=RUN_ONLY, default=10, ge=1, description="Log the training loss every this many steps.")
-    checkpoint_every: int = Field(json_schema_extra=RUN_ONLY, default=200, ge=1, description="Write a resumable checkpoint every this many steps.")
-    num_checkpoints_kept: int = Field(json_schema_extra=RUN_ONLY, default=2, ge=1, description="Newest checkpoints kept in /opt/ml/checkpoints.")
 
     # ---- outputs --------------------------------------------------------------------------------
     save_merged: bool = Field(
@@ -144,23 +145,36 @@ class SftConfig(StageConfig):
     @model_validator(mode="before")
     @classmethod
     def _old_names(cls, data):
-        return rename_fields(data, {"logging_steps": "log_every", "save_steps": "checkpoint_every"}, "sft.")
+        """Config schema 1.2.0 names (knobs.py); the 1.1 names load with a DeprecationWarning until 1.3.0.
+        gradient_accumulation_steps becomes global_batch_size = micro_batch_size × gradient_accumulation_steps."""
+        data = rename_fields(data, {"per_device_batch_size": "micro_batch_size", "eval_batch_size":
+                                    "eval_micro_batch_size", "max_steps": "num_steps",
+                                    "gradient_checkpointing": "activation_checkpointing"}, "sft.")
+        if isinstance(data, dict) and "gradient_accumulation_steps" in data:
+            if "global_batch_size" in data:
+                raise ValueError("sft.gradient_accumulation_steps and sft.global_batch_size are the same setting; keep "
+                                 "only global_batch_size")
+            data = dict(data)
+            accum = data.pop("gradient_accumulation_steps")
+            micro = data.get("micro_batch_size", cls.model_fields["micro_batch_size"].default)
+            data["global_batch_size"] = micro * accum if isinstance(micro, int) and isinstance(accum, int) else accum
+            deprecated(f"config field sft.gradient_accumulation_steps is deprecated; use sft.global_batch_size "
+                       f"(= micro_batch_size × accumulation = {data['global_batch_size']}; the old name goes away in "
+                       "the next minor version of the config schema)")
+        return data
 
-    @field_validator("liger", mode="before")
-    @classmethod
-    def _liger_bool(cls, value):
-        return kernels_switch(value, "sft.")
-
-    @field_validator("gradient_checkpointing", mode="before")
+    @field_validator("activation_checkpointing", mode="before")
     @classmethod
     def _bool_is_on_off(cls, value):
-        """YAML 1.1 reads `on`/`off`/`true`/`false` as booleans; older configs used a bool here."""
-        return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
+        return on_off(value)
 
     @model_validator(mode="after")
     def _check(self) -> SftConfig:
         if not self.train:
             raise ValueError("train: give at least one training set")
+        if self.micro_batch_size == "auto":
+            raise ValueError("micro_batch_size: auto is CPT's memory estimate; give sft.micro_batch_size a number")
+        self.grad_accum_steps(1, "")
         return self
 
     def model_uris(self) -> list[str]:

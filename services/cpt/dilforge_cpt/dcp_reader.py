@@ -1,0 +1,53 @@
+"""The one place that subclasses a private part of torch.distributed.checkpoint.
+
+DCP's FileSystemReader unpickles `.metadata` with the stock unpickler, which runs whatever a crafted file names.
+`safe_reader` overrides `read_metadata` to unpickle only DCP's own metadata types; that needs the reader's
+private `_get_metadata_path` and the metadata's `storage_meta.load_id` bookkeeping. tests/unit/test_private_apis.py
+saves and loads a real DCP checkpoint through it and feeds it a hostile pickle, so a torch upgrade that changes
+either fails there, by name, first.
+"""
+
+from __future__ import annotations
+
+import io
+import pathlib
+import pickle
+from pathlib import Path
+
+import torch
+
+ALLOWED = {
+    ("torch.distributed.checkpoint.metadata", name) for name in
+    ("Metadata", "MetadataIndex", "StorageMeta", "TensorProperties", "TensorStorageMetadata",
+     "ChunkStorageMetadata", "_MEM_FORMAT_ENCODING")
+} | {("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch", "Size"),
+     ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"), ("pathlib", "WindowsPath"),
+     ("pathlib", "PurePosixPath")}
+
+
+class MetadataUnpickler(pickle.Unpickler):
+    """Builds only DCP metadata types (and torch dtypes); anything else is an UnpicklingError naming it."""
+
+    def find_class(self, module, name):
+        if (module, name) in ALLOWED or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)):
+            if module == "pathlib":
+                return getattr(pathlib, name)
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"checkpoint metadata refers to {module}.{name}, which is not allowed")
+
+
+def safe_reader(path: Path):
+    """A DCP FileSystemReader whose `.metadata` unpickler only builds DCP's metadata types."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    class Reader(FileSystemReader):
+        def read_metadata(self, *args, **kwargs):
+            with self.fs.create_stream(self._get_metadata_path(kwargs.get("rank")), "rb") as f:
+                metadata = MetadataUnpickler(io.BytesIO(f.read())).load()
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    return Reader(str(path))

@@ -1,0 +1,103 @@
+"""Training knobs CPT and SFT share: one name, one meaning, one description per idea.
+
+Each group is a pydantic model the stage configs inherit their fields from (the YAML stays flat:
+`cpt.global_batch_size`, `sft.global_batch_size`), so the JSON Schema, the docs and the errors use the same
+words in both stages. A stage that needs another default re-declares the field with `knob(Group, name, default)`,
+which copies the one definition (description, bounds, identity marker) and changes only the default.
+
+| idea | name | was |
+|---|---|---|
+| sequences per optimizer step, all processes | `global_batch_size` | sft: per_device × gradient_accumulation_steps |
+| sequences per forward pass, per process | `micro_batch_size` | sft: per_device_batch_size |
+| sequences per validation forward pass, per process | `eval_micro_batch_size` | cpt: validation_micro_batch_size, sft: eval_batch_size |
+| optimizer steps | `num_steps` | sft: max_steps |
+| warmup as a count / as a share of the steps | `num_warmup_steps` / `warmup_ratio` | cpt had only the count, sft only the share |
+| recompute activations in backward | `activation_checkpointing: auto/on/off` | cpt: a bool, sft: gradient_checkpointing |
+| checkpoint cadence and retention | `checkpoint_every`, `num_checkpoints_kept` | (already shared) |
+| documents read from one source | `max_docs` (on each source) | cpt: max_docs_per_corpus, sft: max_records |
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, PositiveInt
+from pydantic.fields import FieldInfo
+
+from .base import RUN_ONLY, StrictModel, Switch
+
+
+def knob(group: type[BaseModel], name: str, default: Any) -> Any:
+    """The shared field `name` of `group` with another default (everything else as defined once there)."""
+    info: FieldInfo = copy.copy(group.model_fields[name])
+    info.default = default
+    return info
+
+
+class Batching(StrictModel):
+    """How many sequences make an optimizer step and a forward pass (gradient accumulation is derived)."""
+    global_batch_size: int = Field(
+        default=8, ge=1,
+        description="Sequences per optimizer step across all processes (= micro_batch_size × processes × "
+        "gradient accumulation steps, which is derived; must divide evenly).")
+    micro_batch_size: PositiveInt | Literal["auto"] = Field(
+        json_schema_extra=RUN_ONLY, default="auto",
+        description="Sequences per forward pass per process (memory, not results: the global batch is the same). "
+        "auto (CPT only) = the largest divisor of global_batch_size / processes that the memory estimate says fits "
+        "(CUDA: free memory after weights, gradients and AdamW state, over the activations of one sequence; CPU: at "
+        "most 8), logged at start; a number from bench/gpu_cpt.py (its bisected largest batch) overrides it.")
+    eval_micro_batch_size: int | None = Field(
+        json_schema_extra=RUN_ONLY, default=None, ge=1,
+        description="Sequences per validation forward pass per process; None = micro_batch_size.")
+
+    def grad_accum_steps(self, num_processes: int, where: str) -> int:
+        """Forward passes per optimizer step per process; ValueError naming the fields when it does not divide."""
+        if self.micro_batch_size == "auto":
+            raise ValueError(f"{where}micro_batch_size is auto: resolve it before deriving gradient accumulation")
+        per_step = self.micro_batch_size * num_processes
+        if self.global_batch_size % per_step:
+            raise ValueError(f"{where}global_batch_size ({self.global_batch_size}) must be a multiple of "
+                             f"{where}micro_batch_size ({self.micro_batch_size}) × processes ({num_processes})")
+        return self.global_batch_size // per_step
+
+
+class Warmup(StrictModel):
+    """Linear warmup from 0 to the peak learning rate: a count of steps, or a share of the steps."""
+    num_warmup_steps: int | None = Field(
+        default=None, ge=0, description="Warmup optimizer steps; None = warmup_ratio (or no warmup).")
+    warmup_ratio: float | None = Field(
+        default=None, ge=0, lt=1, description="Warmup as a share of the optimizer steps (rounded up); used only when "
+        "num_warmup_steps is None.")
+
+    def warmup_steps(self, num_steps: int) -> int:
+        """The warmup length in optimizer steps for a run of num_steps."""
+        if self.num_warmup_steps is not None:
+            return self.num_warmup_steps
+        return math.ceil(self.warmup_ratio * num_steps) if self.warmup_ratio else 0
+
+
+class Checkpointing(StrictModel):
+    """Resumable checkpoints (cadence, retention) and activation recomputation."""
+    checkpoint_every: int = Field(
+        json_schema_extra=RUN_ONLY, default=200, ge=1, description="Write a resumable checkpoint every this many "
+        "optimizer steps (and on SIGTERM).")
+    num_checkpoints_kept: int = Field(
+        json_schema_extra=RUN_ONLY, default=2, ge=1, description="Newest complete checkpoints kept on disk.")
+    activation_checkpointing: Switch = Field(
+        json_schema_extra=RUN_ONLY, default="off",
+        description="Recompute layer activations in backward to save memory (~25-30 % slower). auto: SFT turns it on "
+        "when its memory estimate exceeds memory_budget_fraction of the device's memory; CPT has no estimate and "
+        "treats auto as off. YAML true/false mean on/off.")
+
+
+class SourceLimits(StrictModel):
+    """How much of one data source a stage reads (demos, smoke runs)."""
+    max_docs: int | None = Field(
+        default=None, ge=1, description="Read at most this many documents (records) of this source; None = all.")
+
+
+def on_off(value: Any) -> Any:
+    """YAML 1.1 reads `on`/`off`/`true`/`false` as booleans; a bool switch means on/off."""
+    return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
