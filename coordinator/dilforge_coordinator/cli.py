@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import os
 import signal
 import socket
@@ -13,16 +12,15 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from botocore.exceptions import BotoCoreError, ClientError
 from dilforge_shared.configs import PipelineConfig, load_pipeline
-from dilforge_shared.errors import DilforgeError
-from dilforge_shared.settings import default_download_cache, install_log_masking, mask, settings
+from dilforge_shared.settings import default_download_cache, settings
 from dilforge_shared.stages import STAGES
 from dilforge_shared.store import ArtifactStore, NotFound, fetch, ls_files, read_manifest
 
 from . import pipeline as pl
-from .backends import BACKENDS, get_backend
+from .backends import BACKENDS
 from .chat import chat_cmd
+from .common import USER_ERRORS, _prepared_backend, _setup_logging, fail, one_line
 from .deploy import deploy_cmd
 from .images import images_app
 from .models_cmd import models_app
@@ -81,25 +79,8 @@ EndpointOpt = Annotated[str | None, typer.Option(
     "--s3-endpoint-url", envvar="DILFORGE_S3_ENDPOINT_URL", help="S3-compatible endpoint (SeaweedFS, MinIO).")]
 
 
-# What a user can act on: our own errors, OS errors (a full disk, a path under a file), and S3 answers such as an unreachable endpoint or missing
-# credentials; shown as one line and exit 1, never as a traceback.
-USER_ERRORS = (DilforgeError, BotoCoreError, ClientError, OSError)
-
-
-def one_line(exc: BaseException) -> str:
-    """An error as the user reads it: OS errors name the file and what failed; credentials are masked."""
-    if isinstance(exc, OSError) and exc.strerror:
-        text = f"{exc.filename}: {exc.strerror}" if exc.filename else exc.strerror
-        if exc.filename2:
-            text += f" (→ {exc.filename2})"
-    else:
-        text = str(exc) or type(exc).__name__
-    return mask(text)
-
-
-def fail(message: str, code: int = 1) -> None:
-    typer.echo(f"error: {mask(message)}", err=True)
-    raise typer.Exit(code)
+DryRunOpt = Annotated[bool, typer.Option(
+    "--dry-run", help="sagemaker backend: print every CreateTrainingJob request, offline, and submit nothing.")]
 
 
 def _load(config: Path, data: Path | None, store: str | None, run_id: str | None) -> PipelineConfig:
@@ -111,35 +92,6 @@ def _load(config: Path, data: Path | None, store: str | None, run_id: str | None
         overrides["run_id"] = run_id
     variables = {"DILFORGE_DATA": str(data.resolve())} if data is not None else None
     return load_pipeline(config, overrides, variables)
-
-
-def _setup_logging(verbose: bool) -> None:
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    install_log_masking()
-
-
-def _backend(name: str, **options):
-    try:
-        return get_backend(name, **options)
-    except ValueError as exc:
-        fail(one_line(exc))
-
-
-DryRunOpt = Annotated[bool, typer.Option(
-    "--dry-run", help="sagemaker backend: print every CreateTrainingJob request, offline, and submit nothing.")]
-
-
-def _prepared_backend(name: str, cfg: PipelineConfig, dry_run: bool = False, data: Path | None = None):
-    """The backend, and the config as it runs there (compose points the store at its S3)."""
-    if dry_run and name != "sagemaker":
-        fail("--dry-run is for --backend sagemaker")
-    options = {"dry_run": True} if dry_run else {}
-    if name in ("compose", "sagemaker-local") and data is not None:
-        options["data_root"] = data.resolve()
-    backend = _backend(name, **options)
-    prepare = getattr(backend, "prepare", None)
-    return backend, (prepare(cfg) if prepare else cfg)
 
 
 def _print_dry_run(backend, cfg: PipelineConfig, stage: str | None = None) -> None:

@@ -15,6 +15,7 @@ from dilforge_shared.recipes import RECIPES, source_kind
 from dilforge_shared.store import read_manifest
 
 from . import pipeline as pl
+from .common import USER_ERRORS, _prepared_backend, _setup_logging, fail
 
 models_app = typer.Typer(help="Base models as artifacts: import a recipe, a GGUF, an HF folder or an s3:// prefix.",
                          no_args_is_help=True)
@@ -33,7 +34,6 @@ def import_cmd(
     verbose: bool = False,
 ) -> None:
     """Publish a base model to the store as a `model` artifact; prints its URI."""
-    from .cli import USER_ERRORS, _prepared_backend, _setup_logging, fail
     _setup_logging(verbose)
     if source_kind(source) in ("folder", "gguf") and not source.startswith("file://"):
         source = str(Path(source).expanduser().resolve())

@@ -125,6 +125,7 @@ def test_latest_checkpoint_skips_incomplete_ones(tmp_path):
         if state is not None:
             (tmp_path / f"checkpoint-{step}" / "trainer_state.json").write_text(state)
     assert latest_checkpoint(tmp_path).name == "checkpoint-4"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-2", "checkpoint-4"]  # the cut-off ones removed
 
 
 def test_sigterm_flag_checkpoints_and_stops():

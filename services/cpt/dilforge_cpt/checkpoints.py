@@ -38,6 +38,7 @@ import torch
 from dilforge_shared.errors import InputError
 from dilforge_shared.manifest import sha256_file
 
+from .dcp_reader import safe_reader
 from .runtime import Runtime
 
 log = logging.getLogger("dilforge.cpt")
@@ -286,7 +287,7 @@ def _load_tensors(path: Path, comp: Component) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
     template = {comp.name: comp.obj.state_dict()}
-    reader = _safe_reader(path)
+    reader = safe_reader(path)
     try:  # read once here so a rejected metadata file gives this error, not DCP's wrapped one
         reader.read_metadata()
     except (pickle.UnpicklingError, EOFError, AttributeError, TypeError) as exc:
@@ -353,51 +354,3 @@ def _leaves(tree, prefix: str = ""):
             yield from _leaves(v, f"{prefix}.{k}" if prefix else str(k))
     else:
         yield prefix, tree
-
-
-
-def _safe_reader(path: Path):
-    """A DCP FileSystemReader whose `.metadata` unpickler only builds DCP's metadata types."""
-    import enum
-    import io
-    import pathlib
-    import pickle
-
-    from torch.distributed.checkpoint import FileSystemReader
-    from torch.distributed.checkpoint.metadata import StorageMeta
-
-    allowed = {
-        ("torch.distributed.checkpoint.metadata", name) for name in
-        ("Metadata", "MetadataIndex", "StorageMeta", "TensorProperties", "TensorStorageMetadata",
-         "ChunkStorageMetadata", "_MEM_FORMAT_ENCODING")
-    } | {("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch", "Size"),
-         ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"), ("pathlib", "WindowsPath"),
-         ("pathlib", "PurePosixPath")}
-
-    def enum_member(cls, name):
-        # CPython 3.11.0-3.11.4 (Debian's 3.11.2 in the stage images) pickle an enum member as getattr(cls, name):
-        # only a member lookup on an allow-listed enum (_MEM_FORMAT_ENCODING) is built, never another attribute
-        if not (isinstance(cls, type) and issubclass(cls, enum.Enum)) or name not in cls.__members__:
-            raise pickle.UnpicklingError(f"checkpoint metadata uses getattr({cls!r}, {name!r}), which is not allowed")
-        return cls[name]
-
-    class Unpickler(pickle.Unpickler):
-        def find_class(self, module, name):
-            if (module, name) == ("builtins", "getattr"):
-                return enum_member
-            if (module, name) in allowed or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)):
-                if module == "pathlib":
-                    return getattr(pathlib, name)
-                return super().find_class(module, name)
-            raise pickle.UnpicklingError(f"checkpoint metadata refers to {module}.{name}, which is not allowed")
-
-    class Reader(FileSystemReader):
-        def read_metadata(self, *args, **kwargs):
-            with self.fs.create_stream(self._get_metadata_path(kwargs.get("rank")), "rb") as f:
-                metadata = Unpickler(io.BytesIO(f.read())).load()
-            if getattr(metadata, "storage_meta", None) is None:
-                metadata.storage_meta = StorageMeta()
-            metadata.storage_meta.load_id = self.load_id
-            return metadata
-
-    return Reader(str(path))

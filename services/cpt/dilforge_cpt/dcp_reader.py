@@ -9,6 +9,7 @@ either fails there, by name, first.
 
 from __future__ import annotations
 
+import enum
 import io
 import pathlib
 import pickle
@@ -25,10 +26,20 @@ ALLOWED = {
      ("pathlib", "PurePosixPath")}
 
 
+def enum_member(cls, name):
+    """CPython 3.11.0-3.11.4 (Debian's 3.11.2 in the stage images) pickle an enum member as getattr(cls, name):
+    only a member lookup on an allow-listed enum (_MEM_FORMAT_ENCODING) is built, never another attribute."""
+    if not (isinstance(cls, type) and issubclass(cls, enum.Enum)) or name not in cls.__members__:
+        raise pickle.UnpicklingError(f"checkpoint metadata uses getattr({cls!r}, {name!r}), which is not allowed")
+    return cls[name]
+
+
 class MetadataUnpickler(pickle.Unpickler):
     """Builds only DCP metadata types (and torch dtypes); anything else is an UnpicklingError naming it."""
 
     def find_class(self, module, name):
+        if (module, name) == ("builtins", "getattr"):
+            return enum_member
         if (module, name) in ALLOWED or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)):
             if module == "pathlib":
                 return getattr(pathlib, name)

@@ -33,6 +33,7 @@ from dilforge_shared.paths import check_links
 from dilforge_shared.recipes import RECIPES, Recipe, source_kind
 from dilforge_shared.store import NotFound, mirror_prefix
 
+from . import gguf_compat
 from .weights_check import read_header, verify_weights
 
 log = logging.getLogger("dilforge.model")
@@ -133,9 +134,8 @@ def gguf_metadata(path: Path) -> dict:
     transformers' own numpy reader (a memory map and `struct`): the `gguf` package's GGUFReader walks
     every vocabulary string into Python objects and takes ~7 s on SmolLM2 for the same answer.
     """
-    from transformers.integrations.gguf.reader import read_gguf_metadata
     try:
-        metadata, _ = read_gguf_metadata(str(path))
+        metadata = gguf_compat.read_metadata(path)
     except Exception as exc:  # noqa: BLE001 - the reader raises ValueError/struct.error/IndexError on junk
         raise InputError(f"not a readable GGUF file: {exc}", path=str(path)) from None
     return metadata
@@ -200,9 +200,8 @@ def dequantized_tensors(path: Path):
     import numpy as np
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
     from gguf.quants import dequantize
-    from transformers.integrations.gguf.reader import GgufHeader
     try:
-        header = GgufHeader.from_file(str(path))
+        header = gguf_compat.header(path)
     except ValueError as exc:  # e.g. a quantization type without a dequantization kernel (Q8_1, I8, ...)
         raise InputError(f"cannot read its tensors: {str(exc).removeprefix(f'{path} ')}", path=str(path)) from None
     except (struct.error, IndexError, OverflowError, EOFError) as exc:  # the tensor table itself is cut off
@@ -284,11 +283,7 @@ def convert_gguf(path: Path, out: Path) -> dict:
 def save_gguf_tokenizer(path: Path, out: Path) -> None:
     """The tokenizer the GGUF describes, built by transformers' GGUF tokenizer mapping (what
     `AutoTokenizer.from_pretrained(gguf_file=...)` does, without its second parse of the whole file)."""
-    from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer, get_gguf_tokenizer
-    from transformers.tokenization_utils_tokenizers import TokenizersBackend
-    architecture, tokenizer_dict, tokenizer_config = get_gguf_tokenizer(str(path))
-    backend, extra = convert_gguf_tokenizer(architecture, tokenizer_dict)
-    TokenizersBackend(tokenizer_object=backend, **tokenizer_config, **extra).save_pretrained(str(out))
+    gguf_compat.save_tokenizer(path, out)
 
 
 def copy_hf_folder(folder: Path, source: str, out: Path) -> None:

@@ -216,18 +216,18 @@ def build_trainer(config: SftConfig, model, tokenizer, train: list[Conversation]
 # ---- checkpoints ------------------------------------------------------------------------------------
 
 def latest_checkpoint(folder: Path) -> Path | None:
-    """Newest complete Trainer checkpoint: trainer_state.json is written last, so its presence (parsable) marks it."""
-    best: tuple[int, Path] | None = None
+    """Newest complete Trainer checkpoint, by transformers' own `get_last_checkpoint`, after removing the
+    incomplete ones a crash left (trainer_state.json is written last, so a missing or unparsable one marks a
+    checkpoint cut off mid-save; Trainer would otherwise resume from it and fail)."""
+    from transformers.trainer_utils import get_last_checkpoint
     for path in folder.glob("checkpoint-*"):
         try:
-            step = int(path.name.split("-", 1)[1])
             json.loads((path / "trainer_state.json").read_text())
         except (ValueError, OSError):
-            log.warning("ignoring incomplete checkpoint %s", path)
-            continue
-        if best is None or step > best[0]:
-            best = (step, path)
-    return best[1] if best else None
+            log.warning("removing incomplete checkpoint %s (no complete trainer_state.json)", path)
+            shutil.rmtree(path, ignore_errors=True)
+    last = get_last_checkpoint(str(folder)) if folder.is_dir() else None
+    return Path(last) if last else None
 
 
 def stop_on_sigterm_callback(flag: dict[str, bool]):
