@@ -41,7 +41,7 @@ def step0(args) -> dict:
     from dilforge_cpt.leakage import build_probe, format_table
     from dilforge_cpt.runtime import Runtime
     from dilforge_shared.configs import DataSource, load_pipeline
-    from dilforge_shared.models import find_hf_dir
+    from dilforge_shared.models import find_dir
     from dilforge_shared.store import ArtifactStore
 
     torch.manual_seed(0)
@@ -50,7 +50,7 @@ def step0(args) -> dict:
     paths = {}
     for stage in ("model", "tokenizer"):
         uri = record["stages"][stage]["artifact_uri"]
-        paths[stage] = find_hf_dir(Path(uri.removeprefix("file://")), uri) if stage == "model" else \
+        paths[stage] = find_dir(Path(uri.removeprefix("file://")), "model", uri) if stage == "model" else \
             next(Path(uri.removeprefix("file://")).glob("data-*"))
     validation = list(pipe.cpt.validation)
     if args.extra_heldout:

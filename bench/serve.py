@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
             batched = f"{g['batched']['tokens'] / g['batched']['wall_s']:.1f}" if "batched" in g else "—"
             print(f"| {label} | {c} | {s['ttft_s']:.3f} | {g['ttft_s']:.3f} | {s['tokens_per_s']:.1f} | "
                   f"{g['tokens_per_s']:.1f} | {s['tokens_per_s'] / g['tokens_per_s']:.2f}x | {batched} | "
-                  f"{sum(a == b for a, b in zip(s['answers'], g['answers']))}/{c} |")
+                  f"{sum(a == b for a, b in zip(s['answers'], g['answers'], strict=False))}/{c} |")
     print(f"\nanswer to {PROMPTS[0]!r}: {served['server'][1]['answers'][0]!r}")
     return 0
 

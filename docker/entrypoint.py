@@ -18,6 +18,7 @@ does not do it: the SDK's local container mode; see sync_checkpoints).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -54,10 +55,8 @@ def supervise(cmd: list[str], env: dict[str, str]) -> int:
 
     def forward(signum, frame):
         log.warning("entrypoint: forwarding %s to the stage (pid %d)", signal.Signals(signum).name, child.pid)
-        try:
+        with contextlib.suppress(ProcessLookupError):
             child.send_signal(signum)
-        except ProcessLookupError:
-            pass
 
     for sig in FORWARDED:
         signal.signal(sig, forward)

@@ -41,8 +41,8 @@ def read_requirements(path: Path) -> list[Requirement]:
         import tomllib
         return [Requirement(r) for r in tomllib.loads(path.read_text())["project"].get("dependencies", [])]
     reqs = []
-    for line in path.read_text().splitlines():
-        line = line.split("#", 1)[0].strip()
+    for raw in path.read_text().splitlines():
+        line = raw.split("#", 1)[0].strip()
         if not line or line.startswith("-"):
             continue
         reqs.append(Requirement(line))

@@ -31,8 +31,8 @@ def device_packages() -> tuple[set[str], dict[str, Version]]:
     names = {canonicalize_name(line.strip()) for line in (ROOT / "scripts" / "gpu_device_packages.txt").read_text().splitlines()
              if line.strip() and not line.startswith("#")}
     versions = {}
-    for line in (ROOT / "scripts" / "gpu_device_env.txt").read_text().splitlines():
-        line = line.split("#", 1)[0].strip()
+    for raw in (ROOT / "scripts" / "gpu_device_env.txt").read_text().splitlines():
+        line = raw.split("#", 1)[0].strip()
         if "==" in line and not line.endswith("# lock"):
             name, version = line.split("==")
             versions[canonicalize_name(name)] = Version(version.strip())

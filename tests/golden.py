@@ -39,7 +39,7 @@ def differences(expected, got, where: str = "") -> list[str]:
             out += differences(expected[k], got[k], f"{where}.{k}")
         return out
     if isinstance(expected, list) and isinstance(got, list) and len(expected) == len(got):
-        return [d for i, (a, b) in enumerate(zip(expected, got)) for d in differences(a, b, f"{where}[{i}]")]
+        return [d for i, (a, b) in enumerate(zip(expected, got, strict=False)) for d in differences(a, b, f"{where}[{i}]")]
     if isinstance(expected, float) and isinstance(got, (int, float)) and not isinstance(got, bool):
         return [] if math.isclose(expected, got, rel_tol=REL_TOL, abs_tol=1e-9) else [f"{where}: {expected} -> {got}"]
     return [] if expected == got else [f"{where}: {expected!r} -> {got!r}"]

@@ -112,7 +112,7 @@ def chat_cmd(
         spec, tok, lm = _load(model, base, endpoint, merged, policy)
     except DilforgeError as exc:
         typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1)
+        raise typer.Exit(1) from None
     messages = [{"role": "system", "content": system}] if system else []
     if prompt is not None:
         messages.append({"role": "user", "content": prompt})

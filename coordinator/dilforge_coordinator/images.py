@@ -287,7 +287,7 @@ def build_cmd(stage: StageOpt = None, tag: TagOpt = None, gpu: GpuOpt = False,
             result = build(name, tag, base_image, gpu, no_cache=no_cache)
         except DilforgeError as exc:
             typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(1)
+            raise typer.Exit(1) from None
         record_build(result)
         typer.echo(f"{result.ref}: {_human(result.size_bytes)}, built in {result.build_s:.0f} s ({result.image_id[:19]})")
 
@@ -314,7 +314,7 @@ def push_cmd(stage: StageOpt = None, tag: TagOpt = None, gpu: GpuOpt = False,
             result = push(name, ecr, f"{prefix}-{name}", tag, logged_in=logged_in, gpu=gpu)
         except DilforgeError as exc:
             typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(1)
+            raise typer.Exit(1) from None
         record_push(result, gpu=gpu)
         typer.echo(f"{result.source} → {result.image}")
     typer.echo(f"recorded in {record_path()}")

@@ -10,6 +10,7 @@ dilforge to use.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -172,10 +173,8 @@ def _git_sha() -> str | None:
 def current_producer(package: str) -> Producer:
     libs = {}
     for name in KEY_LIBRARIES:
-        try:
+        with contextlib.suppress(metadata.PackageNotFoundError):
             libs[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            pass
     try:
         version = metadata.version(package)
     except metadata.PackageNotFoundError:

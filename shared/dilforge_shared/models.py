@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
@@ -28,6 +29,8 @@ from .paths import check_links
 from .recipes import RECIPES, cache_root, source_kind
 from .stages import STAGE_VERSIONS
 from .store import Artifact, NotFound, S3Storage, fetch, mirror_prefix, read_manifest
+
+log = logging.getLogger("dilforge")
 
 ADAPTER_DIR, MERGED_DIR = "adapter", "merged"
 
@@ -160,8 +163,7 @@ def choose(field: str, value: str | None, inputs: Mapping[str, str],
     present = [name for name in order if name in inputs]
     if value:
         if present:
-            import logging
-            logging.getLogger("dilforge").warning("%s=%s wins over the upstream %r artifact (config field first)",
+            log.warning("%s=%s wins over the upstream %r artifact (config field first)",
                                                   field, value, present[0])
         return Choice(uri=value, input=None, field=field)
     if present:

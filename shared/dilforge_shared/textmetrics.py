@@ -50,7 +50,7 @@ class TokenStats:
         return self.num_words_3plus / self.num_words if self.num_words else float("nan")
 
     def __add__(self, other: TokenStats) -> TokenStats:
-        return TokenStats(*(a + b for a, b in zip(asdict(self).values(), asdict(other).values())))
+        return TokenStats(*(a + b for a, b in zip(asdict(self).values(), asdict(other).values(), strict=False)))
 
     def summary(self, digits: int = 4) -> dict[str, float | int]:
         """Counts and ratios, for a manifest or a report table."""
@@ -82,7 +82,7 @@ def measure(texts: Iterable[str], encode: EncodeOffsets, batch_size: int = 256) 
     batch: list[str] = []
 
     def flush() -> None:
-        for text, offsets in zip(batch, encode(batch)):
+        for text, offsets in zip(batch, encode(batch), strict=False):
             per_word = tokens_per_word_span(text, offsets)
             total.num_texts += 1
             total.num_words += len(per_word)

@@ -95,7 +95,7 @@ def test_extend_of_a_chatml_base_keeps_ids_and_follows_its_family(chatml_run, sm
     assert ext.chat_template == CHATML_CHAT_TEMPLATE and m["family"] == "chatml"
     chat = ext.apply_chat_template([{"role": "user", "content": "Salam"}, {"role": "assistant", "content": "Necəsən?"}],
                                    tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
-    masked = [i for i, keep in zip(chat["input_ids"], chat["assistant_masks"]) if keep]
+    masked = [i for i, keep in zip(chat["input_ids"], chat["assistant_masks"], strict=False) if keep]
     assert ext.decode(masked) == "Necəsən?<|im_end|>"
     text = "Azərbaycan Respublikasının paytaxtı Bakı şəhəridir."
     assert len(ext(text)["input_ids"]) < len(base(text)["input_ids"])

@@ -160,7 +160,7 @@ def test_sweep_logic_with_a_simulated_gpu(bench):
 
     def runner(cmd, left, log):
         commands.append(cmd)
-        opts = dict(zip(cmd[2::2], cmd[3::2]))
+        opts = dict(zip(cmd[2::2], cmd[3::2], strict=False))
         variant, start, limit = opts["--point"], int(opts["--start-batch"]), int(opts["--max-batch"])
         best, probes = bench.bisect_max_batch(lambda b: b <= capacity[variant], start=start, limit=limit)
         mem = 1.0 if variant == "plain" else 0.4

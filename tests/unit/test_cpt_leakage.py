@@ -223,7 +223,7 @@ def test_loop_counter_measure_recalibrates_when_leakage_returns():
     kept = torch.tensor([k >= 0 for k in mapping.kept])
     en = build_stream(["e" * 40], [random_ids(9, (40,), BASE_VOCAB).tolist()], None, 0)
     probe = LeakageProbe([ValidationSet("en", en)], kept, mapping)
-    config = SimpleNamespace(seq_len=32, validation_stride=None, validation_micro_batch_size=None, micro_batch_size=4,
+    config = SimpleNamespace(seq_len=32, validation_stride=None, eval_micro_batch_size=None, micro_batch_size=4,
                              retain_corpora=["en"], calibration_num_windows=8, leakage_sets=["en"],
                              leakage_tolerance=0.01)
     setup = SimpleNamespace(config=config, rt=Runtime(), leakage_probe=probe)

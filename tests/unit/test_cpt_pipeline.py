@@ -52,7 +52,7 @@ def test_prefetcher_yields_the_same_steps_and_rewinds_the_sampler_to_what_was_co
             item = prefetch.next()
             assert item.sampler_before == before
             assert len(item.batches) == len(arrays) == 2
-            for got, want in zip(item.batches, arrays):
+            for got, want in zip(item.batches, arrays, strict=False):
                 assert got.dtype == torch.int64 and torch.equal(got, torch.from_numpy(want))
         time.sleep(0.2)  # the worker runs ahead, bounded by the queue: 2 queued + 1 in hand at most
         assert 3 * 8 < data.sampler.position <= 6 * 8
@@ -114,7 +114,7 @@ def test_reading_back_only_on_log_steps_trains_exactly_like_reading_every_step(t
     assert lazy_state.sampler == every_state.sampler == data.sampler.state_dict()
     by_step = {h["step"]: h["loss"] for h in every_state.history}
     assert [h["loss"] for h in lazy_state.history] == [by_step[h["step"]] for h in lazy_state.history]
-    for (name, a), b in zip(every_model.state_dict().items(), lazy_model.state_dict().values()):
+    for (name, a), b in zip(every_model.state_dict().items(), lazy_model.state_dict().values(), strict=False):
         assert torch.equal(a, b), name
 
 
@@ -147,7 +147,7 @@ def test_a_non_finite_step_between_log_steps_stops_at_the_last_good_state(tmp_pa
     ref = json.loads((tmp_path / "ref" / "step-00000004" / "state.json").read_text())
     assert saved["step"] == 4 and saved["step_in_phase"] == 1 and saved["tokens_seen"] == 4 * 4 * SEQ
     assert saved["sampler"] == ref["sampler"]
-    for (name, a), b in zip(ref_model.state_dict().items(), failed.value.model.state_dict().values()):
+    for (name, a), b in zip(ref_model.state_dict().items(), failed.value.model.state_dict().values(), strict=False):
         assert torch.equal(a, b), name
 
 

@@ -8,7 +8,7 @@ import torch
 
 torch.set_num_threads(1)
 
-from dilforge_eval import bpb as eval_bpb
+from dilforge_eval import bpb as eval_bpb  # noqa: E402 - after set_num_threads, before any torch work
 
 
 @pytest.fixture(scope="module")

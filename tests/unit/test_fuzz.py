@@ -5,6 +5,7 @@ TypeError, RecursionError, hang) and no path that leaves its root. Budget: tests
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import tempfile
@@ -145,10 +146,8 @@ def test_a_mutated_manifest_parses_safely_or_is_a_manifest_error(data):
 @FUZZ
 @given(st.binary(max_size=400))
 def test_any_manifest_bytes_parse_or_are_a_manifest_error(raw):
-    try:
+    with contextlib.suppress(ManifestError):
         parse_manifest(raw, "m.json")
-    except ManifestError:
-        pass
 
 
 @FUZZ

@@ -182,7 +182,7 @@ def test_checkpoint_metadata_pickled_by_the_images_python_is_read_and_nothing_el
     import pickle
 
     import torch
-    from dilforge_cpt.checkpoints import _safe_reader
+    from dilforge_cpt.dcp_reader import safe_reader as _safe_reader
     from torch.distributed.checkpoint.metadata import (
         _MEM_FORMAT_ENCODING,
         Metadata,

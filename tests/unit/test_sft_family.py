@@ -78,8 +78,8 @@ def test_chatml_label_mask_equals_hand_written_mask(chatml_llama_dir, chat_file,
     assert row["labels"] == labels
     im_end = tok.convert_tokens_to_ids("<|im_end|>")
     # of the five turn ends, only the two closing assistant turns are in the loss
-    assert [lab == im_end for t, lab in zip(ids, labels) if t == im_end] == [False, False, True, False, True]
-    trained = tok.decode([t for t, lab in zip(ids, labels) if lab != -100])
+    assert [lab == im_end for t, lab in zip(ids, labels, strict=False) if t == im_end] == [False, False, True, False, True]
+    trained = tok.decode([t for t, lab in zip(ids, labels, strict=False) if lab != -100])
     assert trained == "Salam, necə kömək edim?<|im_end|>Bakı Azərbaycanın paytaxtıdır.<|im_end|>"
 
 

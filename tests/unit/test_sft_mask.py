@@ -55,7 +55,7 @@ def test_label_mask_equals_hand_written_mask(stage_parts, tiny_llama_dir, tmp_pa
     assert counts.num_long_truncated == 0 and counts.num_conversations == 2
     # both assistant <|eot_id|> are trained, the other three are not
     eot = tok.convert_tokens_to_ids("<|eot_id|>")
-    assert [lab == eot for t, lab in zip(ids, labels) if t == eot] == [False, False, True, False, True]
+    assert [lab == eot for t, lab in zip(ids, labels, strict=False) if t == eot] == [False, False, True, False, True]
 
 
 def test_label_mask_truncated_at_max_length(stage_parts, tiny_llama_dir, tmp_path):

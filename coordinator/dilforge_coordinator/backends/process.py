@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import signal
 import subprocess
@@ -20,10 +21,8 @@ PR_SET_PDEATHSIG = 1
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
-    try:
+    with contextlib.suppress(OSError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:
-        pass
 
 
 def run_child(cmd: Sequence[str], env: dict[str, str], pass_fds: Sequence[int] = ()) -> tuple[int, int | None]:
@@ -34,10 +33,8 @@ def run_child(cmd: Sequence[str], env: dict[str, str], pass_fds: Sequence[int] =
 
     def forward(signum, frame) -> None:
         received.append(signum)
-        try:
+        with contextlib.suppress(ProcessLookupError):
             proc.send_signal(signal.SIGTERM if len(received) == 1 else signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
     main = threading.current_thread() is threading.main_thread()
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)} if main else {}

@@ -16,6 +16,7 @@ sampler's whole state is a few integers saved with each checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -79,7 +80,7 @@ def pack_stream(docs: Iterable[str], tok: Tokenizer, ids: TokenIds, batch_size: 
         lengths = [len(e.ids) + lead + 1 for e in encs]
         out = np.empty(sum(lengths), dtype=TOKEN_DTYPE)
         pos = 0
-        for enc, n in zip(encs, lengths):
+        for enc, n in zip(encs, lengths, strict=False):
             if lead:
                 out[pos] = ids.bos
             out[pos + lead:pos + n - 1] = enc.ids
@@ -351,9 +352,7 @@ class Prefetcher:
         import queue
         self._stop.set()
         while self._thread.is_alive():
-            try:
+            with contextlib.suppress(queue.Empty):
                 self._queue.get_nowait()
-            except queue.Empty:
-                pass
             self._thread.join(timeout=0.05)
         self.data.sampler.load_state_dict(self.consumed)

@@ -68,7 +68,7 @@ def build_probe(config: CptConfig, base_tok: Tokenizer, mapping: VocabMapping, t
 def measure(model, probe: LeakageProbe, config: CptConfig, rt: Runtime) -> dict[str, dict[str, float]]:
     """{set: {bpb_base_tokenization, bpb_kept_rows, leakage}} (summed over ranks)."""
     window, stride = window_and_stride(config)
-    batch_size = config.validation_micro_batch_size or config.micro_batch_size
+    batch_size = config.eval_micro_batch_size or config.micro_batch_size
     was_training = model.training
     model.eval()
     sums: list[float] = []

@@ -80,7 +80,7 @@ def read_rows(uri: str, endpoint_url: str | None = None) -> list[tuple[int, dict
             continue
         if len(cells) != len(header):
             raise InputError(f"{len(cells)} columns, the header has {len(header)}", path=uri, line=lineno)
-        rows.append((lineno, dict(zip(header, cells))))
+        rows.append((lineno, dict(zip(header, cells, strict=False))))
     return rows
 
 
@@ -114,7 +114,7 @@ def sib_rows(cfg, endpoint: str | None) -> dict[str, dict[str, list[dict]]]:
             text = need(rec, column, cfg.uri, lineno)
             if split in ("train", "test"):
                 out[lang][split].append({"text": text, "label": SIB_LABELS.index(topic), "topic": topic})
-    for lang, splits in out.items():
+    for splits in out.values():
         if not splits["test"]:
             raise InputError(f"field {cfg.split_field!r}: no row of split 'test' to score", path=cfg.uri)
         if max(cfg.num_fewshot) > len(splits["train"]):

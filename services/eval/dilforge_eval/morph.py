@@ -199,7 +199,7 @@ def _byte_decoder() -> dict[str, int]:
             bs.append(b)
             cs.append(256 + n)
             n += 1
-    return {chr(c): b for b, c in zip(bs, cs)}
+    return {chr(c): b for b, c in zip(bs, cs, strict=False)}
 
 
 def token_byte_boundaries(tokenizer, text: str) -> list[int]:

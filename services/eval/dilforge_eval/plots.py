@@ -10,7 +10,7 @@ matplotlib.use("Agg")
 # Labels are user text (text set, model and tokenizer names): a `$` in one must not be parsed as mathtext, which
 # raised ValueError at savefig — after the whole evaluation had run.
 matplotlib.rcParams["text.parse_math"] = False
-import matplotlib.pyplot as plt
+import matplotlib.pyplot as plt  # noqa: E402 - after the rcParams change above
 
 
 def _save(fig, path: Path) -> Path:
@@ -73,7 +73,7 @@ def curves_plot(curves: dict[str, dict[str, list]], path: Path) -> Path | None:
     if not panels:
         return None
     fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4), squeeze=False)
-    for ax, (stage, series) in zip(axes[0], panels):
+    for ax, (stage, series) in zip(axes[0], panels, strict=False):
         for name, pts in sorted(series.items()):
             ax.plot([p[0] for p in pts], [p[1] for p in pts], label=name, marker="." if len(pts) < 30 else None)
         ax.set_title(f"{stage} training curves")

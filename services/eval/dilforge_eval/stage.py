@@ -190,7 +190,8 @@ def resolve_models(config: EvalConfig, ctx: StageContext, cache: Path) -> tuple[
             models.append(sft_model(art, cpt, ctx, cache))
         except InputError as exc:
             if config.on_unloadable_model == "fail":
-                raise InputError(f"sft artifact {art.uri}: {exc} (set on_unloadable_model: skip to report without it)")
+                raise InputError(f"sft artifact {art.uri}: {exc} (set on_unloadable_model: skip to report without "
+                                 "it)") from None
             log.warning("%s", exc)
             skipped.append(f"sft model: {exc}")
     return models, skipped
@@ -324,7 +325,7 @@ def run(config: EvalConfig, ctx: StageContext) -> StageResult:
     metrics: dict = {
         "models": {}, "tokenizers": tok_info,
         "text_sets": {k: {"uri": s.uri, "language": languages[k], "num_docs": len(sets[k]),
-                          "num_bytes": bpb_mod.text_bytes(sets[k])} for k, s in zip(sets, config.text_sets)},
+                          "num_bytes": bpb_mod.text_bytes(sets[k])} for k, s in zip(sets, config.text_sets, strict=False)},
         "tokenizer_metrics": tokenizer_metrics(toks, sets),
         "parity": parity_metrics(toks, parallel),
         "morph": morph_metrics(toks, gold),

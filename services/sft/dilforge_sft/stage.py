@@ -296,7 +296,7 @@ def write_label_preview(dataset, tokenizer, path: Path, num_examples: int) -> in
             f.write(json.dumps({
                 "index": i, "input_ids": ids, "trained": trained,
                 "text": tokenizer.decode(ids, skip_special_tokens=False),
-                "trained_text": tokenizer.decode([t for t, on in zip(ids, trained) if on], skip_special_tokens=False),
+                "trained_text": tokenizer.decode([t for t, on in zip(ids, trained, strict=False) if on], skip_special_tokens=False),
             }, ensure_ascii=False) + "\n")
     return n
 

@@ -39,7 +39,7 @@ def audit(doc: dict, tok: Tokenizer, words: Iterable[str] | None, new_ids: set[i
     train_used = used_ids(model, list(words)) if words is not None else used_ids(tok, lines or [])
     dead_new = {i for i in new_ids if i not in train_used}
     strings = list(regular)
-    not_own = [regular[t] for t, enc in zip(strings, model.encode_batch(strings, add_special_tokens=False))
+    not_own = [regular[t] for t, enc in zip(strings, model.encode_batch(strings, add_special_tokens=False), strict=False)
                if enc.ids != [regular[t]]]
     usage = {"train": round(len(train_used & set(regular.values())) / max(1, len(regular)), 4)}
     for name, texts in sets.items():
@@ -74,7 +74,7 @@ def corpus_use(doc: dict, words: Iterable[str], first_new_id: int) -> tuple[Coun
     words = list(words)
     counts: Counter = Counter()
     chained: set[int] = set()
-    for word, enc in zip(words, model_only(doc).encode_batch(words, add_special_tokens=False)):
+    for word, enc in zip(words, model_only(doc).encode_batch(words, add_special_tokens=False), strict=False):
         ids = enc.ids
         n = weights[word] if weights is not None else 1
         for i in ids:

@@ -62,7 +62,7 @@ def word_counts(line_counts: Iterable[tuple[str, int]], base: Tokenizer, num_wor
         return _count_words(items, base)
     import multiprocessing
     chunks = [items[k::workers] for k in range(workers)]
-    global _FORK_STATE
+    global _FORK_STATE  # noqa: PLW0603 - fork inheritance is the point: the chunks are never pickled
     _FORK_STATE = (chunks, base)  # inherited by the forked workers, never pickled
     try:
         with multiprocessing.get_context("fork").Pool(workers) as pool:
@@ -121,7 +121,7 @@ def _training_text(seg: Segmented, batch_words: int = 50_000) -> Iterator[str]:
     """Each word as a string of one private character per base token, repeated by its count, spaces between."""
     out: list[str] = []
     n = 0
-    for ids, count in zip(seg.ids, seg.counts):
+    for ids, count in zip(seg.ids, seg.counts, strict=False):
         if not ids:
             continue
         out.append((("".join(chr(CODE_OFFSET + i) for i in ids)) + " ") * count)
