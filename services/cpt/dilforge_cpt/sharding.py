@@ -201,7 +201,7 @@ def resolve_micro_batch(config: CptConfig, rt: Runtime, model_config, num_params
     fused = runtime_policy.choose_liger(config.liger, rt.device.type, model_config.model_type) and \
         liger_kernels(config)["fused_linear_cross_entropy"]
     state, per_seq = training_bytes(model_config, num_params, config.seq_len, rt.world,
-                                    config.activation_checkpointing, fused)
+                                    config.activation_checkpointing == "on", fused)
     fits = int((0.85 * free_bytes - state) // per_seq)
     best = max([d for d in divisors if d <= fits], default=1)
     return best, (f"auto from the memory estimate: {free_bytes / 2**30:.0f} GiB free, {state / 2**30:.1f} GiB model "
