@@ -30,6 +30,7 @@ import torch
 def make_tokenizer(corpus: Path, out: Path, vocab: int) -> Path:
     from dilforge_shared.corpus import iter_texts
     from dilforge_tokenizer import llama3
+
     llama3.save(llama3.train_bpe(list(itertools.islice(iter_texts(str(corpus)), 5000)), vocab), out)
     return out
 
@@ -38,23 +39,46 @@ def stage_ctx(root: Path, tok_dir: Path, config):
     from dilforge_shared.contract import OptMl, ResourceConfig, StageContext, StageRequest
     from dilforge_shared.manifest import Manifest, current_producer
     from dilforge_shared.store import publish
+
     uri = f"{root}/store/artifacts/tokenizer/bench"
-    publish(uri, tok_dir, Manifest(kind="tokenizer", artifact_id="bench", run_id="bench", stage="tokenizer",
-                                   producer=current_producer("bench"), config={}, data_dir="pending", files=[]))
-    req = StageRequest(config=config, artifact_uri=f"{root}/store/artifacts/cpt/bench", run_id="bench",
-                       inputs={"tokenizer": uri})
+    publish(
+        uri,
+        tok_dir,
+        Manifest(
+            kind="tokenizer",
+            artifact_id="bench",
+            run_id="bench",
+            stage="tokenizer",
+            producer=current_producer("bench"),
+            config={},
+            data_dir="pending",
+            files=[],
+        ),
+    )
+    req = StageRequest(
+        config=config, artifact_uri=f"{root}/store/artifacts/cpt/bench", run_id="bench", inputs={"tokenizer": uri}
+    )
     return StageContext(request=req, opt=OptMl(root / "opt_ml"), resources=ResourceConfig("algo-1", ["algo-1"]))
 
 
 def plain_loop(config, vocab: int, tokens: np.ndarray, steps: int, warmup: int) -> float:
     """The baseline: what one would write by hand."""
     from transformers import LlamaConfig, LlamaForCausalLM
+
     s = config.scratch_model
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=vocab, hidden_size=s.hidden_size, intermediate_size=s.intermediate_size,
-                                         num_hidden_layers=s.num_hidden_layers, num_attention_heads=s.num_attention_heads,
-                                         num_key_value_heads=s.num_key_value_heads, tie_word_embeddings=True,
-                                         use_cache=False))
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=vocab,
+            hidden_size=s.hidden_size,
+            intermediate_size=s.intermediate_size,
+            num_hidden_layers=s.num_hidden_layers,
+            num_attention_heads=s.num_attention_heads,
+            num_key_value_heads=s.num_key_value_heads,
+            tie_word_embeddings=True,
+            use_cache=False,
+        )
+    )
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=config.phase2.learning_rate, betas=(0.9, 0.95))
     L, B = config.seq_len, config.global_batch_size
@@ -65,7 +89,7 @@ def plain_loop(config, vocab: int, tokens: np.ndarray, steps: int, warmup: int) 
         if step == warmup:
             t0 = time.perf_counter()
         idx = rng.integers(0, n_windows, B)
-        x = torch.from_numpy(np.stack([tokens[i * L:(i + 1) * L] for i in idx]).astype(np.int64))
+        x = torch.from_numpy(np.stack([tokens[i * L : (i + 1) * L] for i in idx]).astype(np.int64))
         loss = model(input_ids=x, labels=x).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -106,25 +130,39 @@ def main() -> int:
         for batch in data.batched(docs, 1000):
             tok.encode_batch(batch, add_special_tokens=False)
         return len(docs) / (time.perf_counter() - t0)
+
     bare_first = bare_rate()
     source = DataSource(uri=str(corpus))
     t0 = time.perf_counter()
     tf = data.tokenize_to_file(source, tok, ids, root / "cache", "bench", args.docs, 1000, None)
     ours = tf.num_docs / (time.perf_counter() - t0)
     bare = max(bare_first, bare_rate())  # the baseline's better of a run before and after ours
-    print(f"tokenise+pack: stage {ours:,.0f} docs/s vs bare encode_batch {bare:,.0f} docs/s -> {ours / bare:.2f}x "
-          f"(goal >= 0.8x; {tf.num_tokens:,} tokens)")
+    print(
+        f"tokenise+pack: stage {ours:,.0f} docs/s vs bare encode_batch {bare:,.0f} docs/s -> {ours / bare:.2f}x "
+        f"(goal >= 0.8x; {tf.num_tokens:,} tokens)"
+    )
 
     # ---- 1. training loop ---------------------------------------------------------------------
     log_every = 10
     config = CptConfig(
-        scratch_model={"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-                       "num_attention_heads": 4, "num_key_value_heads": 2},
-        corpora=[{"uri": str(corpus), "max_docs": args.docs}], validation=[{"uri": str(args.data / "az/dev/xwmt_test.az-en.az.txt")}],
-        num_validation_docs=8, seq_len=args.seq_len,
-        global_batch_size=args.batch, micro_batch_size=args.batch,
-        phase1={"num_steps": 0}, phase2={"num_steps": args.steps, "learning_rate": 1e-3},
-        log_every=log_every, eval_every=10**6, checkpoint_every=10**6,
+        scratch_model={
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+        },
+        corpora=[{"uri": str(corpus), "max_docs": args.docs}],
+        validation=[{"uri": str(args.data / "az/dev/xwmt_test.az-en.az.txt")}],
+        num_validation_docs=8,
+        seq_len=args.seq_len,
+        global_batch_size=args.batch,
+        micro_batch_size=args.batch,
+        phase1={"num_steps": 0},
+        phase2={"num_steps": args.steps, "learning_rate": 1e-3},
+        log_every=log_every,
+        eval_every=10**6,
+        checkpoint_every=10**6,
     )
     ctx = stage_ctx(root, tok_dir, config)
     arr = np.fromfile(tf.path, dtype=np.uint32)
@@ -135,9 +173,11 @@ def main() -> int:
     stage_tps = tokens / sum(log_every * args.batch * args.seq_len / h["tokens_per_s"] for h in timed)
     plain_after = plain_loop(config, tok.get_vocab_size(True), arr, args.steps - log_every, log_every)
     plain_tps = (plain_before + plain_after) / 2  # runs before and after the stage cancel machine-load drift
-    print(f"training: stage {stage_tps:,.0f} tok/s vs plain PyTorch loop {plain_tps:,.0f} tok/s -> "
-          f"{stage_tps / plain_tps:.2f}x (goal >= 0.95x; 2-layer 64-dim Llama, vocab {tok.get_vocab_size(True)}, "
-          f"seq {args.seq_len}, batch {args.batch}, {args.steps - log_every} timed steps)")
+    print(
+        f"training: stage {stage_tps:,.0f} tok/s vs plain PyTorch loop {plain_tps:,.0f} tok/s -> "
+        f"{stage_tps / plain_tps:.2f}x (goal >= 0.95x; 2-layer 64-dim Llama, vocab {tok.get_vocab_size(True)}, "
+        f"seq {args.seq_len}, batch {args.batch}, {args.steps - log_every} timed steps)"
+    )
     return 0
 
 

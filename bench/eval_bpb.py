@@ -28,24 +28,26 @@ def baseline_bytes_per_s(model, ids: list[int], num_bytes: int, window: int, bat
     """Bare loop: non-overlapping windows, full logits, cross-entropy over every position."""
     import torch
     from torch.nn import functional
+
     device = next(model.parameters()).device
     start = time.perf_counter()
     t = torch.tensor(ids)
-    chunks = [t[i:i + window] for i in range(0, len(t) - 1, window - 1)]   # overlap 1 so every token is a target
+    chunks = [t[i : i + window] for i in range(0, len(t) - 1, window - 1)]  # overlap 1 so every token is a target
     nll = 0.0
     with torch.inference_mode():
         for i in range(0, len(chunks), batch_size):
-            group = chunks[i:i + batch_size]
+            group = chunks[i : i + batch_size]
             width = max(len(c) for c in group)
             batch = torch.zeros((len(group), width), dtype=torch.long)
             labels = torch.full((len(group), width), -100, dtype=torch.long)
             for r, c in enumerate(group):
-                batch[r, :len(c)] = c
-                labels[r, :len(c)] = c
+                batch[r, : len(c)] = c
+                labels[r, : len(c)] = c
             batch, labels = batch.to(device), labels.to(device)
             logits = model(input_ids=batch).logits
-            nll += functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100,
-                                   reduction="sum").item()
+            nll += functional.cross_entropy(
+                logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100, reduction="sum"
+            ).item()
     if device.type == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
@@ -85,27 +87,39 @@ def main() -> None:
         docs.append(text)
         size += len(text.encode()) + 1
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=args.hidden, intermediate_size=4 * args.hidden,
-                      num_hidden_layers=args.layers, num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
-                      max_position_embeddings=max(2048, args.window), tie_word_embeddings=True,
-                      bos_token_id=tok.bos_token_id)
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=args.hidden,
+        intermediate_size=4 * args.hidden,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.heads,
+        num_key_value_heads=args.kv_heads,
+        max_position_embeddings=max(2048, args.window),
+        tie_word_embeddings=True,
+        bos_token_id=tok.bos_token_id,
+    )
     torch.manual_seed(0)
     model = LlamaForCausalLM(cfg).to(device=args.device, dtype=dtype).eval()
     stream = eval_bpb.encode_stream(tok, docs)  # family-framed stream (dilforge_shared.bpb)
     ids, num_bytes = stream.ids, stream.num_bytes
     params = sum(p.numel() for p in model.parameters())
-    print(f"model: {args.layers} layers, hidden {args.hidden}, vocab {len(tok)}, {params / 1e6:.1f} M params, {dtype}; "
-          f"text: {num_bytes} bytes, {len(ids) - 1} tokens; window {args.window}, batch {args.batch_size}")
+    print(
+        f"model: {args.layers} layers, hidden {args.hidden}, vocab {len(tok)}, {params / 1e6:.1f} M params, {dtype}; "
+        f"text: {num_bytes} bytes, {len(ids) - 1} tokens; window {args.window}, batch {args.batch_size}"
+    )
 
     def ours(stride: int) -> tuple[float, float]:
         res = eval_bpb.bits_per_byte(model, tok, docs, args.window, stride, args.batch_size)
         return res.num_bytes / res.seconds, res.bpb
 
-    runs = {"baseline (bare forward, non-overlapping)": lambda: baseline_bytes_per_s(model, ids, num_bytes, args.window,
-                                                                                      args.batch_size),
-            f"bits_per_byte stride {args.window - 1}": lambda: ours(args.window - 1),
-            f"bits_per_byte stride {args.window // 2} (default)": lambda: ours(args.window // 2)}
-    for fn in runs.values():   # warm-up
+    runs = {
+        "baseline (bare forward, non-overlapping)": lambda: baseline_bytes_per_s(
+            model, ids, num_bytes, args.window, args.batch_size
+        ),
+        f"bits_per_byte stride {args.window - 1}": lambda: ours(args.window - 1),
+        f"bits_per_byte stride {args.window // 2} (default)": lambda: ours(args.window // 2),
+    }
+    for fn in runs.values():  # warm-up
         fn()
     results = {}
     for name, fn in runs.items():

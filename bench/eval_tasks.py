@@ -35,6 +35,7 @@ def main() -> None:
     from dilforge_eval.resolve import load_model, model_source
     from dilforge_eval.stage import read_parallel
     from dilforge_shared.configs.eval import DownstreamTasks
+
     raw = args.config.read_text().replace("${DILFORGE_DATA}", args.data)
     tasks = DownstreamTasks.model_validate(yaml.safe_load(raw)["eval"]["tasks"])
     print(describe("transformers", "lm-eval"), flush=True)
@@ -46,10 +47,22 @@ def main() -> None:
             label, folder = item.split("=", 1)
             model, tok = load_model(model_source(label, Path(folder), folder), "cpu", torch.float32)
             t0, c0 = time.perf_counter(), time.process_time()
-            downstream.run_model(model, tok, specs, out, tasks, Path(tmp) / "cache", 0, folder,
-                                 tasks.instructions.system_prompt if tasks.instructions else None)
-            print(f"{label}: tasks {time.perf_counter() - t0:.0f} s wall, {time.process_time() - c0:.0f} s CPU "
-                  f"({torch.get_num_threads()} threads)", flush=True)
+            downstream.run_model(
+                model,
+                tok,
+                specs,
+                out,
+                tasks,
+                Path(tmp) / "cache",
+                0,
+                folder,
+                tasks.instructions.system_prompt if tasks.instructions else None,
+            )
+            print(
+                f"{label}: tasks {time.perf_counter() - t0:.0f} s wall, {time.process_time() - c0:.0f} s CPU "
+                f"({torch.get_num_threads()} threads)",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -39,14 +39,19 @@ HIDDEN, INTER, HEADS, KV_HEADS, HEAD_DIM, VOCAB = 2048, 8192, 32, 8, 64, 128256
 def model_gemms(tokens: int) -> dict[str, tuple[int, int, int]]:
     """(M, N, K) of the forward GEMMs of one micro-batch of `tokens` tokens."""
     kv = KV_HEADS * HEAD_DIM
-    return {"q/o_proj": (tokens, HIDDEN, HIDDEN), "k/v_proj": (tokens, kv, HIDDEN),
-            "gate/up_proj": (tokens, INTER, HIDDEN), "down_proj": (tokens, HIDDEN, INTER),
-            "lm_head": (tokens, VOCAB, HIDDEN)}
+    return {
+        "q/o_proj": (tokens, HIDDEN, HIDDEN),
+        "k/v_proj": (tokens, kv, HIDDEN),
+        "gate/up_proj": (tokens, INTER, HIDDEN),
+        "down_proj": (tokens, HIDDEN, INTER),
+        "lm_head": (tokens, VOCAB, HIDDEN),
+    }
 
 
 def timed(fn, reps: int, warmup: int = 3) -> float:
     """Median seconds of fn() (CUDA events on a GPU, the host clock on CPU)."""
     import torch
+
     for _ in range(warmup):
         fn()
     cuda = torch.cuda.is_available()
@@ -68,6 +73,7 @@ def timed(fn, reps: int, warmup: int = 3) -> float:
 
 def device_and_dtype():
     import torch
+
     if torch.cuda.is_available():
         return torch.device("cuda"), torch.bfloat16
     return torch.device("cpu"), torch.float32
@@ -75,6 +81,7 @@ def device_and_dtype():
 
 def matmul_tflops(m: int, n: int, k: int, reps: int = 10) -> float:
     import torch
+
     device, dtype = device_and_dtype()
     a = torch.randn(m, k, device=device, dtype=dtype)
     b = torch.randn(k, n, device=device, dtype=dtype)
@@ -84,6 +91,7 @@ def matmul_tflops(m: int, n: int, k: int, reps: int = 10) -> float:
 
 def copy_gbps(num_bytes: int, reps: int = 10) -> float:
     import torch
+
     device, _ = device_and_dtype()
     src = torch.randn(num_bytes // 4, device=device)
     dst = torch.empty_like(src)
@@ -101,6 +109,7 @@ def attention_tflops(backend: str, batch: int, seq: int, reps: int = 5) -> float
     """fwd+bwd TFLOP/s of one SDPA backend (or 'FLEX') on the model's shape; a string says why not."""
     import torch
     import torch.nn.functional as F
+
     device, dtype = device_and_dtype()
     shape = (batch, HEADS, seq, HEAD_DIM)
     q, k, v = (torch.randn(shape, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
@@ -121,6 +130,7 @@ def attention_tflops(backend: str, batch: int, seq: int, reps: int = 5) -> float
         def step():
             with sdpa_kernel([getattr(SDPBackend, backend)]):
                 F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(grad)
+
     try:
         seconds = timed(step, reps, warmup=2)
     except Exception as exc:  # noqa: BLE001 - a backend this build or shape cannot run says so
@@ -131,20 +141,35 @@ def attention_tflops(backend: str, batch: int, seq: int, reps: int = 5) -> float
 def environment() -> dict:
     import torch
     from dilforge_shared import runtime_policy
-    env = {"date": datetime.now(UTC).isoformat(timespec="seconds"), "python": sys.version.split()[0],
-           "torch": torch.__version__, "cuda": torch.version.cuda, "cuda_available": torch.cuda.is_available(),
-           "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None}
+
+    env = {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cuda_available": torch.cuda.is_available(),
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+    }
     try:
         env["nccl"] = ".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else None
     except Exception as exc:  # noqa: BLE001 - NCCL missing from the build
         env["nccl"] = f"unavailable: {exc}"
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
-        env.update(device=props.name, capability=f"{props.major}.{props.minor}", sms=props.multi_processor_count,
-                   memory_gib=round(props.total_memory / 2**30, 1))
+        env.update(
+            device=props.name,
+            capability=f"{props.major}.{props.minor}",
+            sms=props.multi_processor_count,
+            memory_gib=round(props.total_memory / 2**30, 1),
+        )
         try:
-            smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version,clocks.max.sm,power.limit",
-                                  "--format=csv,noheader"], capture_output=True, text=True, timeout=20, check=False)
+            smi = subprocess.run(
+                ["nvidia-smi", "--query-gpu=driver_version,clocks.max.sm,power.limit", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=20,
+                check=False,
+            )
             env["nvidia_smi"] = smi.stdout.strip()
         except (OSError, subprocess.TimeoutExpired) as exc:
             env["nvidia_smi"] = f"unavailable: {exc}"
@@ -153,12 +178,25 @@ def environment() -> dict:
     env["sdpa_backends_available"] = runtime_policy.available_sdpa_backends()
     try:
         import torch.nn.attention.flex_attention
+
         env["flex_attention"] = True
     except ImportError:
         env["flex_attention"] = False
     from importlib.metadata import PackageNotFoundError, version
-    for name in ("transformers", "accelerate", "peft", "trl", "datasets", "liger-kernel", "triton", "numpy",
-                 "tokenizers", "pydantic", "pydantic-settings"):
+
+    for name in (
+        "transformers",
+        "accelerate",
+        "peft",
+        "trl",
+        "datasets",
+        "liger-kernel",
+        "triton",
+        "numpy",
+        "tokenizers",
+        "pydantic",
+        "pydantic-settings",
+    ):
         try:
             env[name] = version(name)
         except PackageNotFoundError:
@@ -179,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.tiny:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
     import torch
+
     if not torch.cuda.is_available():
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     batch, seq = args.batch or (1 if args.tiny else 16), args.seq or (128 if args.tiny else 2048)
@@ -188,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             Path(args.json).write_text(json.dumps(out["environment"], indent=1))
         return 0
+
     def save():  # after every measurement: a phase stopped at its time limit still leaves what it measured
         if args.json:
             Path(args.json).write_text(json.dumps(out, indent=1))
@@ -219,11 +259,18 @@ def main(argv: list[str] | None = None) -> int:
     device = out["environment"]["device"]
     for backend in backends:
         out["attention_tflops"][backend] = value = attention_tflops(backend, attn_batch, seq)
-        out["attention_table"] = {"comment": f"measured by bench/gpu_ceilings.py on {device}",
-                                  "measurements": {device: {
-                                      "shape": out["attention_shape"], "date": out["environment"]["date"],
-                                      "tflops": {b: t for b, t in out["attention_tflops"].items()
-                                                 if isinstance(t, float) and b != "FLEX"}}}}
+        out["attention_table"] = {
+            "comment": f"measured by bench/gpu_ceilings.py on {device}",
+            "measurements": {
+                device: {
+                    "shape": out["attention_shape"],
+                    "date": out["environment"]["date"],
+                    "tflops": {
+                        b: t for b, t in out["attention_tflops"].items() if isinstance(t, float) and b != "FLEX"
+                    },
+                }
+            },
+        }
         if args.attention_table:
             Path(args.attention_table).write_text(json.dumps(out["attention_table"], indent=1))
         show("attention", backend, value)

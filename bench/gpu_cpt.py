@@ -57,18 +57,18 @@ class Point:
     variant: str
     checkpointing: bool = False
     batch: int = 0
-    role: str = "max"           # "max": at this variant's largest batch; "equal": at plain's largest batch
+    role: str = "max"  # "max": at this variant's largest batch; "equal": at plain's largest batch
     ok: bool = False
     skipped: str | None = None  # why the point did not run
     max_batch: int | None = None
     probes: list[int] = field(default_factory=list)
     fresh_after_oom: list[int] = field(default_factory=list)  # model build number each probe ran on
-    kernels: list[str] = field(default_factory=list)          # Liger kernels the stage applied
+    kernels: list[str] = field(default_factory=list)  # Liger kernels the stage applied
     kernels_ran: dict[str, int] = field(default_factory=dict)  # Liger autograd Functions called in one step
     logits_materialised: bool | None = None
     liger_parts_after: list[str] = field(default_factory=list)  # Liger code left in the process at the end
     tok_s: float | None = None
-    mfu_spec: float | None = None      # against the datasheet peak
+    mfu_spec: float | None = None  # against the datasheet peak
     mfu_measured: float | None = None  # against the measured bf16 matmul ceiling
     tflops: float | None = None
     peak_allocated_gb: float | None = None
@@ -81,6 +81,7 @@ class Point:
 
 
 # ---- bisection ---------------------------------------------------------------------------------------
+
 
 def bisect_max_batch(fits: Callable[[int], bool], start: int = 1, limit: int = 256) -> tuple[int, list[int]]:
     """Largest batch b in [1, limit] with fits(b), assuming fits is monotone; and the batches probed.
@@ -155,28 +156,57 @@ class FreshAfterOom:
 
 # ---- the stage's pieces ------------------------------------------------------------------------------
 
+
 def model_shape(tiny: bool):
     from transformers import LlamaConfig
+
     if tiny:
-        return LlamaConfig(vocab_size=1024, hidden_size=64, intermediate_size=256, num_hidden_layers=2,
-                           num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
-                           rope_theta=500000.0, max_position_embeddings=4096)
+        return LlamaConfig(
+            vocab_size=1024,
+            hidden_size=64,
+            intermediate_size=256,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            tie_word_embeddings=True,
+            rope_theta=500000.0,
+            max_position_embeddings=4096,
+        )
     # Llama-3.2-1B
-    return LlamaConfig(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-                       num_attention_heads=32, num_key_value_heads=8, head_dim=64, tie_word_embeddings=True,
-                       rope_theta=500000.0, max_position_embeddings=131072)
+    return LlamaConfig(
+        vocab_size=128256,
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=64,
+        tie_word_embeddings=True,
+        rope_theta=500000.0,
+        max_position_embeddings=131072,
+    )
 
 
 def stage_config(args, variant: str, checkpointing: bool, batch: int = 1):
     """The CPT stage config of one point: only what the training step reads is meaningful."""
     from dilforge_shared.configs.cpt import CptConfig
-    return CptConfig.model_validate({
-        "scratch_model": {"max_position_embeddings": 131072}, "corpora": [{"uri": "/dev/null"}],
-        "validation": [{"uri": "/dev/null"}], "seq_len": args.seq, "phase2": {"num_steps": 1, "learning_rate": 1e-4},
-        "global_batch_size": batch, "micro_batch_size": batch, "compile": variant == "compile_flce",
-        "activation_checkpointing": checkpointing, "liger": "off" if variant == "plain" else "auto", "fsdp": "auto",
-        "peak_tflops_per_device": args.peak_tflops,
-    })
+
+    return CptConfig.model_validate(
+        {
+            "scratch_model": {"max_position_embeddings": 131072},
+            "corpora": [{"uri": "/dev/null"}],
+            "validation": [{"uri": "/dev/null"}],
+            "seq_len": args.seq,
+            "phase2": {"num_steps": 1, "learning_rate": 1e-4},
+            "global_batch_size": batch,
+            "micro_batch_size": batch,
+            "compile": variant == "compile_flce",
+            "activation_checkpointing": checkpointing,
+            "liger": "off" if variant == "plain" else "auto",
+            "fsdp": "auto",
+            "peak_tflops_per_device": args.peak_tflops,
+        }
+    )
 
 
 class Trainer:
@@ -187,6 +217,7 @@ class Trainer:
         import torch
         from dilforge_cpt import loop, reporting, sharding
         from transformers import LlamaForCausalLM
+
         self.config = stage_config(args, variant, checkpointing)
         self.rt = rt
         torch.manual_seed(0)
@@ -208,16 +239,25 @@ class Trainer:
 
     def step(self, batch: int) -> float:
         from dilforge_cpt import loop
-        loss, _ = loop.train_step(self.model, self.optimizer, [self.tokens(batch)], self.rt,
-                                  self.config.max_grad_norm, self.trainable.row_masks)
+
+        loss, _ = loop.train_step(
+            self.model,
+            self.optimizer,
+            [self.tokens(batch)],
+            self.rt,
+            self.config.max_grad_norm,
+            self.trainable.row_masks,
+        )
         return loss
 
     def check_kernels(self) -> tuple[dict[str, int], bool]:
         """One forward + backward at batch 1 counting the Liger Functions that ran; and whether the
         forward returned logits (fused linear cross entropy returns none)."""
         import torch
+
         x = torch.from_numpy(self.tokens(1)).to(self.rt.device)
         from dilforge_cpt import sharding
+
         with sharding.counting_calls(sharding.liger_functions()) as counts:
             with self.rt.autocast():
                 out = self.model(input_ids=x, labels=x)
@@ -228,6 +268,7 @@ class Trainer:
     def measure(self, batch: int, warmup: int, steps: int, matmul_flops: float | None) -> dict:
         import torch
         from dilforge_cpt import reporting
+
         for _ in range(warmup):
             self.step(batch)
         sync(self.rt)
@@ -241,8 +282,14 @@ class Trainer:
         sync(self.rt)
         elapsed = time.perf_counter() - start
         tok_s = batch * self.seq * steps / elapsed
-        out = {"tok_s": tok_s, "tflops": tok_s * self.fpt / 1e12, "mfu_spec": reporting.mfu(tok_s, self.fpt, self.peak),
-               "mfu_measured": reporting.mfu(tok_s, self.fpt, matmul_flops), "loss": loss, "seconds": elapsed}
+        out = {
+            "tok_s": tok_s,
+            "tflops": tok_s * self.fpt / 1e12,
+            "mfu_spec": reporting.mfu(tok_s, self.fpt, self.peak),
+            "mfu_measured": reporting.mfu(tok_s, self.fpt, matmul_flops),
+            "loss": loss,
+            "seconds": elapsed,
+        }
         if self.rt.cuda:
             stats = torch.cuda.memory_stats(self.rt.device)
             out["num_alloc_retries"] = stats.get("num_alloc_retries", 0) - retries0
@@ -253,6 +300,7 @@ class Trainer:
     def profile(self, batch: int) -> dict:
         """Where one step's device time goes: GEMM, attention, everything else (torch.profiler)."""
         from torch.profiler import ProfilerActivity, profile
+
         activities = [ProfilerActivity.CUDA] if self.rt.cuda else [ProfilerActivity.CPU]
         with profile(activities=activities) as prof:
             self.step(batch)
@@ -269,8 +317,10 @@ class Trainer:
 def time_shares(kernels: list[tuple[str, float]]) -> dict:
     """Kernel times by kind: GEMM (cuBLAS/CUTLASS names), attention (flash/cuDNN/efficient/flex
     kernels), other; shares of the total."""
-    kinds = {"gemm": ("gemm", "cutlass", "nvjet", "sm90_xmma", "cublas", "aten::mm", "aten::addmm", "aten::bmm"),
-             "attention": ("flash", "fmha", "cudnn", "attention", "sdpa", "flex")}
+    kinds = {
+        "gemm": ("gemm", "cutlass", "nvjet", "sm90_xmma", "cublas", "aten::mm", "aten::addmm", "aten::bmm"),
+        "attention": ("flash", "fmha", "cudnn", "attention", "sdpa", "flex"),
+    }
     totals = {"gemm": 0.0, "attention": 0.0, "other": 0.0}
     for name, t in kernels:
         low = name.lower()
@@ -282,12 +332,14 @@ def time_shares(kernels: list[tuple[str, float]]) -> dict:
 
 def sync(rt) -> None:
     import torch
+
     if rt.cuda:
         torch.cuda.synchronize(rt.device)
 
 
 def free_memory() -> None:
     import torch
+
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -295,16 +347,19 @@ def free_memory() -> None:
 
 def is_oom(exc: BaseException) -> bool:
     import torch
+
     return isinstance(exc, torch.OutOfMemoryError)
 
 
 # ---- one point, in its own process -------------------------------------------------------------------
+
 
 def run_point(args, point: Point, make_trainer: Callable[[], Trainer] | None = None) -> list[Point]:
     """Bisect, check the kernels, measure at the largest batch (and at plain's, `--equal-batch`), all on
     models that never saw an OOM. Returns the point and, if asked, its equal-batch twin."""
     import torch
     from dilforge_cpt import runtime, sharding
+
     shape = model_shape(args.tiny)
     rt = runtime.init_runtime(stage_config(args, point.variant, point.checkpointing))
     point.attention = f"sdpa {','.join(rt.sdpa_backends) or 'torch default'} ({rt.sdpa_reason})"
@@ -328,9 +383,17 @@ def run_point(args, point: Point, make_trainer: Callable[[], Trainer] | None = N
         if args.profile:
             point.profile = trainer.profile(best)
         if args.equal_batch and args.equal_batch < best:
-            twin = Point(point.variant, point.checkpointing, batch=args.equal_batch, role="equal", max_batch=best,
-                         kernels=point.kernels, kernels_ran=point.kernels_ran,
-                         logits_materialised=point.logits_materialised, attention=point.attention)
+            twin = Point(
+                point.variant,
+                point.checkpointing,
+                batch=args.equal_batch,
+                role="equal",
+                max_batch=best,
+                kernels=point.kernels,
+                kernels_ran=point.kernels_ran,
+                logits_materialised=point.logits_materialised,
+                attention=point.attention,
+            )
             twin.__dict__.update(trainer.measure(args.equal_batch, args.warmup, args.steps, matmul), ok=True)
             out.append(twin)
     finally:
@@ -345,13 +408,21 @@ def run_point(args, point: Point, make_trainer: Callable[[], Trainer] | None = N
 def _liger_left(sharding) -> list[str]:
     """Liger code still in the process after the point closed its model (must be none)."""
     from transformers import LlamaConfig, LlamaForCausalLM
-    cfg = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=1)
+
+    cfg = LlamaConfig(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+    )
     return sharding.liger_parts(LlamaForCausalLM(cfg))
 
 
 def point_main(args) -> int:
     import torch
+
     if not torch.cuda.is_available():
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     point = Point(args.point, args.point_checkpointing == "on")
@@ -367,6 +438,7 @@ def point_main(args) -> int:
 
 # ---- the sweep: one process per point ----------------------------------------------------------------
 
+
 def plan_points(cuda: bool, variants: list[str], checkpointing: tuple[bool, ...]) -> list[tuple[str, bool, str | None]]:
     """(variant, checkpointing, reason skipped) in run order, plain first per checkpointing setting so its
     largest batch is known when the Liger variants are measured at equal batch."""
@@ -378,9 +450,24 @@ def plan_points(cuda: bool, variants: list[str], checkpointing: tuple[bool, ...]
 
 
 def point_command(args, variant: str, ckpt: bool, start: int, limit: int, equal: int | None) -> list[str]:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--point", variant, "--point-checkpointing",
-           "on" if ckpt else "off", "--seq", str(args.seq), "--steps", str(args.steps), "--warmup", str(args.warmup),
-           "--start-batch", str(start), "--max-batch", str(limit)]
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--point",
+        variant,
+        "--point-checkpointing",
+        "on" if ckpt else "off",
+        "--seq",
+        str(args.seq),
+        "--steps",
+        str(args.steps),
+        "--warmup",
+        str(args.warmup),
+        "--start-batch",
+        str(start),
+        "--max-batch",
+        str(limit),
+    ]
     if equal:
         cmd += ["--equal-batch", str(equal)]
     for flag, value in (("--matmul-tflops", args.matmul_tflops), ("--peak-tflops", args.peak_tflops)):
@@ -407,7 +494,7 @@ def run_in_process(cmd: list[str], timeout: float, log) -> list[dict]:
     if not lines:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
         return [{"skipped": f"point process exited {proc.returncode}: {tail[0][:200]}"}]
-    return json.loads(lines[-1][len(RESULT_PREFIX):])
+    return json.loads(lines[-1][len(RESULT_PREFIX) :])
 
 
 def run_sweep(args, cuda: bool, header: str = "", runner=run_in_process) -> list[Point]:
@@ -443,8 +530,16 @@ def run_sweep(args, cuda: bool, header: str = "", runner=run_in_process) -> list
 def write_json(path: str | None, header: str, points: list[Point]) -> None:
     """Rewritten after every point, so a run stopped by a wall-clock limit still leaves its results."""
     if path:
-        Path(path).write_text(json.dumps({"header": header, "points": [asdict(p) for p in points],
-                                          "equal_batch": equal_batch_comparison(points)}, indent=1))
+        Path(path).write_text(
+            json.dumps(
+                {
+                    "header": header,
+                    "points": [asdict(p) for p in points],
+                    "equal_batch": equal_batch_comparison(points),
+                },
+                indent=1,
+            )
+        )
 
 
 def equal_batch_comparison(points: list[Point]) -> list[dict]:
@@ -454,14 +549,25 @@ def equal_batch_comparison(points: list[Point]) -> list[dict]:
     for p in points:
         b = base.get((p.checkpointing, p.batch))
         if p.ok and p.variant != "plain" and b is not None:
-            cut = (1 - p.peak_allocated_gb / b.peak_allocated_gb) if p.peak_allocated_gb and b.peak_allocated_gb else None
-            out.append({"variant": p.variant, "checkpointing": p.checkpointing, "batch": p.batch,
-                        "memory_cut": cut, "speedup": p.tok_s / b.tok_s})
+            cut = (
+                (1 - p.peak_allocated_gb / b.peak_allocated_gb) if p.peak_allocated_gb and b.peak_allocated_gb else None
+            )
+            out.append(
+                {
+                    "variant": p.variant,
+                    "checkpointing": p.checkpointing,
+                    "batch": p.batch,
+                    "memory_cut": cut,
+                    "speedup": p.tok_s / b.tok_s,
+                }
+            )
     return out
 
 
-HEADER = (f"{'variant':<13} {'ckpt':<5} {'batch':>5} {'at':<6} {'max':>4} {'tok/s/GPU':>11} {'MFU spec':>8} "
-          f"{'MFU meas':>8} {'TFLOP/s':>8} {'alloc GB':>8} {'resv GB':>8} {'retry':>5}  note")
+HEADER = (
+    f"{'variant':<13} {'ckpt':<5} {'batch':>5} {'at':<6} {'max':>4} {'tok/s/GPU':>11} {'MFU spec':>8} "
+    f"{'MFU meas':>8} {'TFLOP/s':>8} {'alloc GB':>8} {'resv GB':>8} {'retry':>5}  note"
+)
 
 
 def row(p: Point) -> str:
@@ -470,15 +576,21 @@ def row(p: Point) -> str:
 
     def pct(v):
         return f"{100 * v:.1f}%" if v is not None else "n/a"
+
     head = f"{p.variant:<13} {p.checkpointing!s:<5}"
     if not p.ok:
         return f"{head} {'':>5} {'':<6} {num(p.max_batch, 'd'):>4}  {p.skipped}"
     ran = ",".join(sorted(p.kernels_ran)) or "none"
-    note = (f"probes {p.probes}; liger ran: {ran}; logits {'yes' if p.logits_materialised else 'none'}"
-            if p.role == "max" else "at plain's largest batch")
-    return (f"{head} {p.batch:>5} {p.role:<6} {num(p.max_batch, 'd'):>4} {p.tok_s:>11,.0f} {pct(p.mfu_spec):>8} "
-            f"{pct(p.mfu_measured):>8} {p.tflops:>8.1f} {num(p.peak_allocated_gb, '.1f'):>8} "
-            f"{num(p.peak_reserved_gb, '.1f'):>8} {num(p.num_alloc_retries, 'd'):>5}  {note}")
+    note = (
+        f"probes {p.probes}; liger ran: {ran}; logits {'yes' if p.logits_materialised else 'none'}"
+        if p.role == "max"
+        else "at plain's largest batch"
+    )
+    return (
+        f"{head} {p.batch:>5} {p.role:<6} {num(p.max_batch, 'd'):>4} {p.tok_s:>11,.0f} {pct(p.mfu_spec):>8} "
+        f"{pct(p.mfu_measured):>8} {p.tflops:>8.1f} {num(p.peak_allocated_gb, '.1f'):>8} "
+        f"{num(p.peak_reserved_gb, '.1f'):>8} {num(p.num_alloc_retries, 'd'):>5}  {note}"
+    )
 
 
 def parse_args(argv: list[str] | None = None):
@@ -493,8 +605,12 @@ def parse_args(argv: list[str] | None = None):
     ap.add_argument("--checkpointing", default="off", help="comma list of off,on (activation checkpointing)")
     ap.add_argument("--budget-s", type=float, default=float("inf"), help="start no new point after this many seconds")
     ap.add_argument("--peak-tflops", type=float, default=None, help="override the device's datasheet bf16 TFLOP/s")
-    ap.add_argument("--matmul-tflops", type=float, default=None,
-                    help="measured bf16 matmul ceiling for the second MFU (bench/gpu_ceilings.py); measured here if absent")
+    ap.add_argument(
+        "--matmul-tflops",
+        type=float,
+        default=None,
+        help="measured bf16 matmul ceiling for the second MFU (bench/gpu_ceilings.py); measured here if absent",
+    )
     ap.add_argument("--profile", action="store_true", help="profile one step per variant: GEMM / attention shares")
     ap.add_argument("--json", default=None, help="also write the results to this file")
     ap.add_argument("--log", default=None, help="append the points' own output to this file")
@@ -519,9 +635,11 @@ def parse_args(argv: list[str] | None = None):
 def measured_matmul_tflops() -> float | None:
     """A quick bf16 8192³ matmul ceiling when bench/gpu_ceilings.py did not pass one (CUDA only)."""
     import torch
+
     if not torch.cuda.is_available():
         return None
     from gpu_ceilings import matmul_tflops
+
     return matmul_tflops(8192, 8192, 8192, reps=10)
 
 
@@ -533,19 +651,24 @@ def main(argv: list[str] | None = None) -> int:
         return point_main(args)
     import torch
     from hardware import describe
+
     cuda = torch.cuda.is_available()
     if args.matmul_tflops is None:
         args.matmul_tflops = measured_matmul_tflops()
-    header = (f"# gpu_cpt: {describe('transformers', 'liger-kernel')}; seq {args.seq}; "
-              f"{'tiny Llama' if args.tiny else 'Llama-3.2-1B shape'}; steps {args.steps} (+{args.warmup} warmup); "
-              f"measured matmul ceiling {args.matmul_tflops or 'n/a'} TFLOP/s; one process per point")
+    header = (
+        f"# gpu_cpt: {describe('transformers', 'liger-kernel')}; seq {args.seq}; "
+        f"{'tiny Llama' if args.tiny else 'Llama-3.2-1B shape'}; steps {args.steps} (+{args.warmup} warmup); "
+        f"measured matmul ceiling {args.matmul_tflops or 'n/a'} TFLOP/s; one process per point"
+    )
     print(header)
     print(HEADER, flush=True)
     points = run_sweep(args, cuda, header)
     for c in equal_batch_comparison(points):
         cut = f"{100 * c['memory_cut']:.0f}% lower peak memory" if c["memory_cut"] is not None else "memory n/a"
-        print(f"# {c['variant']} vs plain, checkpointing {c['checkpointing']}, batch {c['batch']}: "
-              f"{cut}, {c['speedup']:.2f}x tok/s")
+        print(
+            f"# {c['variant']} vs plain, checkpointing {c['checkpointing']}, batch {c['batch']}: "
+            f"{cut}, {c['speedup']:.2f}x tok/s"
+        )
     write_json(args.json, header, points)
     return 0 if any(p.ok for p in points) else 1
 

@@ -18,10 +18,13 @@ def cpu_model() -> str:
 
 def describe(*libraries: str) -> str:
     """UTC date, CPU, cores (and affinity), GPU, torch threads, python and library versions."""
-    parts = [f"date {datetime.now(UTC).isoformat(timespec='seconds')}",
-             f"CPU {cpu_model()}, {os.cpu_count()} cores (affinity {len(os.sched_getaffinity(0))})"]
+    parts = [
+        f"date {datetime.now(UTC).isoformat(timespec='seconds')}",
+        f"CPU {cpu_model()}, {os.cpu_count()} cores (affinity {len(os.sched_getaffinity(0))})",
+    ]
     try:
         import torch
+
         gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
         parts += [f"GPU {gpu}", f"torch {torch.__version__} ({torch.get_num_threads()} threads)"]
     except ImportError:

@@ -33,8 +33,9 @@ STAGES = IMAGES
 
 
 def disk_usage(docker: str) -> dict[str, dict]:
-    out = subprocess.run([docker, "system", "df", "-v", "--format", "{{json .Images}}"], capture_output=True,
-                         text=True, check=True).stdout
+    out = subprocess.run(
+        [docker, "system", "df", "-v", "--format", "{{json .Images}}"], capture_output=True, text=True, check=True
+    ).stdout
     rows = json.loads(out)
     return {f"{r['Repository']}:{r['Tag']}": r for r in rows}
 
@@ -53,10 +54,13 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=None, help="also write the Markdown section to this file")
     args = ap.parse_args()
     docker = docker_binary()
-    engine = subprocess.run([docker, "version", "--format", "{{.Server.Version}}"], capture_output=True,
-                            text=True).stdout.strip()
-    header = (f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, {hardware.cpu_model()}, {os.cpu_count()} cores, "
-              f"Docker engine {engine}, base python:3.11-slim")
+    engine = subprocess.run(
+        [docker, "version", "--format", "{{.Server.Version}}"], capture_output=True, text=True
+    ).stdout.strip()
+    header = (
+        f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, {hardware.cpu_model()}, {os.cpu_count()} cores, "
+        f"Docker engine {engine}, base python:3.11-slim"
+    )
     print(header)
     images.prepare_wheelhouse()
     if not args.no_prune:
@@ -83,17 +87,28 @@ def main() -> int:
     first = cold[STAGES[0]][0]
     rest = sum(cold[s][0] for s in STAGES[1:])
     lines = [
-        "## Container images (CPU variant)", "", f"Measured {header}.", "",
-        (f"Command: `python bench/images.py`{' --no-prune' if args.no_prune else ''} "
-        "(cold = BuildKit cache pruned first; the base image and PyPI downloads are not cached)."), "",
-        "| image | size | cold build | warm rebuild |", "|---|---|---|---|",
+        "## Container images (CPU variant)",
+        "",
+        f"Measured {header}.",
+        "",
+        (
+            f"Command: `python bench/images.py`{' --no-prune' if args.no_prune else ''} "
+            "(cold = BuildKit cache pruned first; the base image and PyPI downloads are not cached)."
+        ),
+        "",
+        "| image | size | cold build | warm rebuild |",
+        "|---|---|---|---|",
         *[f"| dilforge-{s} | {cold[s][1] / 1e9:.2f} GB | {cold[s][0]:.0f} s | {warm[s]:.1f} s |" for s in STAGES],
         "",
-        (f"- Four images on disk together: **{together / 1e9:.2f} GB** (shared layers {shared / 1e9:.2f} GB once, "
-        f"stage layers {sum(unique.values()) / 1e6:.0f} MB), against {naive / 1e9:.2f} GB if nothing were shared "
-        f"({together / naive:.2f}×)."),
-        (f"- Cold build: the first image {first:.0f} s (builds the shared layers), the other three {rest:.0f} s "
-        f"together ({rest / first:.2f}× the first)."),
+        (
+            f"- Four images on disk together: **{together / 1e9:.2f} GB** (shared layers {shared / 1e9:.2f} GB once, "
+            f"stage layers {sum(unique.values()) / 1e6:.0f} MB), against {naive / 1e9:.2f} GB if nothing were shared "
+            f"({together / naive:.2f}×)."
+        ),
+        (
+            f"- Cold build: the first image {first:.0f} s (builds the shared layers), the other three {rest:.0f} s "
+            f"together ({rest / first:.2f}× the first)."
+        ),
         "",
     ]
     print("\n".join(lines))

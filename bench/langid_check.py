@@ -23,11 +23,19 @@ def main() -> None:
     args = ap.parse_args()
     from dilforge_eval.tasks.utils import detect_language
     from dilforge_shared.corpus import iter_texts
+
     data = Path(args.data)
     flores = str(data / "az/dev/flores200.dev.partial_from_sib200.tsv")
-    sets = {"flores-dev": (list(iter_texts(flores, text_field="azj_Latn")), list(iter_texts(flores, text_field="eng_Latn"))),
-            "xwmt": (list(iter_texts(str(data / "az/dev/xwmt_test.az-en.az.txt"))),
-                     list(iter_texts(str(data / "az/dev/xwmt_test.az-en.en.txt"))))}
+    sets = {
+        "flores-dev": (
+            list(iter_texts(flores, text_field="azj_Latn")),
+            list(iter_texts(flores, text_field="eng_Latn")),
+        ),
+        "xwmt": (
+            list(iter_texts(str(data / "az/dev/xwmt_test.az-en.az.txt"))),
+            list(iter_texts(str(data / "az/dev/xwmt_test.az-en.en.txt"))),
+        ),
+    }
     print(describe())
     total = right = 0
     print("| set | language | sentences | right | accuracy |\n|---|---|---:|---:|---:|")

@@ -45,29 +45,50 @@ def step0(args) -> dict:
     from dilforge_shared.store import ArtifactStore
 
     torch.manual_seed(0)
-    pipe = load_pipeline(Path(args.config), {"store.uri": args.store}, {"DILFORGE_DATA": str(Path(args.data).resolve())})
+    pipe = load_pipeline(
+        Path(args.config), {"store.uri": args.store}, {"DILFORGE_DATA": str(Path(args.data).resolve())}
+    )
     record = json.loads(ArtifactStore(args.store).read_run_record(pipe.run_id))
     paths = {}
     for stage in ("model", "tokenizer"):
         uri = record["stages"][stage]["artifact_uri"]
-        paths[stage] = find_dir(Path(uri.removeprefix("file://")), "model", uri) if stage == "model" else \
-            next(Path(uri.removeprefix("file://")).glob("data-*"))
+        paths[stage] = (
+            find_dir(Path(uri.removeprefix("file://")), "model", uri)
+            if stage == "model"
+            else next(Path(uri.removeprefix("file://")).glob("data-*"))
+        )
     validation = list(pipe.cpt.validation)
     if args.extra_heldout:
         validation.append(DataSource(uri=str(Path(args.data) / XWMT.format("en")), name="xwmt-en"))
-    cfg = pipe.cpt.model_copy(update={"validation": validation, "untie_embeddings": args.untied,
-                                      "compare_transplant_inits": True, "transplant": args.trained})
+    cfg = pipe.cpt.model_copy(
+        update={
+            "validation": validation,
+            "untie_embeddings": args.untied,
+            "compare_transplant_inits": True,
+            "transplant": args.trained,
+        }
+    )
     tok = load_tokenizer(paths["tokenizer"])
     ids = special_ids(tok, str(paths["tokenizer"]))
     rt = Runtime()
     t0 = time.perf_counter()
-    val = build_validation(cfg.validation[:len(pipe.cpt.validation)], tok, ids, cfg.num_validation_docs, None)
+    val = build_validation(cfg.validation[: len(pipe.cpt.validation)], tok, ids, cfg.num_validation_docs, None)
     if args.extra_heldout:
-        val += build_validation(cfg.validation[len(pipe.cpt.validation):], tok, ids, args.extra_heldout, None)
+        val += build_validation(cfg.validation[len(pipe.cpt.validation) :], tok, ids, args.extra_heldout, None)
     cache = Path(tempfile.mkdtemp(prefix="leak-bench-"))
-    files = [tokenize_to_file(src, tok, ids, cache, cache_key(src, paths["tokenizer"] / "tokenizer.json",
-                                                             args.max_docs, None), args.max_docs, 1000, None)
-             for src in cfg.corpora]
+    files = [
+        tokenize_to_file(
+            src,
+            tok,
+            ids,
+            cache,
+            cache_key(src, paths["tokenizer"] / "tokenizer.json", args.max_docs, None),
+            args.max_docs,
+            1000,
+            None,
+        )
+        for src in cfg.corpora
+    ]
     data = PackedData(files, [c.weight for c in cfg.corpora], cfg.seq_len, cfg.seed)
     base = model_init.BaseModel(paths["model"], str(paths["model"]))
     model, pending, report = model_init.load_model(cfg, base, tok, ids, rt)
@@ -75,23 +96,45 @@ def step0(args) -> dict:
     if probe is None:
         sys.exit(f"no leakage probe: {why}")
     if args.extra_heldout:  # the extra sets read args.extra_heldout documents, not num_validation_docs
-        extra = build_probe(cfg.model_copy(update={"validation": cfg.validation[len(pipe.cpt.validation):],
-                                                   "num_validation_docs": args.extra_heldout}),
-                            pending.base_tok, pending.mapping, tok, ids, None)[0]
-        head = build_probe(cfg.model_copy(update={"validation": cfg.validation[:len(pipe.cpt.validation)]}),
-                           pending.base_tok, pending.mapping, tok, ids, None)[0]
+        extra = build_probe(
+            cfg.model_copy(
+                update={
+                    "validation": cfg.validation[len(pipe.cpt.validation) :],
+                    "num_validation_docs": args.extra_heldout,
+                }
+            ),
+            pending.base_tok,
+            pending.mapping,
+            tok,
+            ids,
+            None,
+        )[0]
+        head = build_probe(
+            cfg.model_copy(update={"validation": cfg.validation[: len(pipe.cpt.validation)]}),
+            pending.base_tok,
+            pending.mapping,
+            tok,
+            ids,
+            None,
+        )[0]
         probe = type(probe)(head.sets + extra.sets, probe.kept, probe.mapping)
     methods = args.methods.split(",") if args.methods else None
     model_init.compare_initialisations(model, pending, val, cfg, rt, data, probe, methods)
     table = pending.report["step0_leakage"]
-    return {"table": table, "markdown": format_table(table), "calibration": pending.report.get("calibration"),
-            "tied": report.get("tied"), "seconds": time.perf_counter() - t0}
+    return {
+        "table": table,
+        "markdown": format_table(table),
+        "calibration": pending.report.get("calibration"),
+        "tied": report.get("tied"),
+        "seconds": time.perf_counter() - t0,
+    }
 
 
 def main_job(args) -> dict:
     """Two README main jobs on one store (model and tokenizer artifacts reused): default and args.main_job."""
     import yaml
     from dilforge_shared.store import ArtifactStore, read_manifest
+
     out = {}
     text = Path(args.config).read_text()
     for method in ("default", args.main_job):
@@ -103,8 +146,12 @@ def main_job(args) -> dict:
         path.write_text(yaml.safe_dump(cfg, sort_keys=False))
         t0 = time.perf_counter()
         env = {**os.environ, "DILFORGE_STORE": args.store}
-        proc = subprocess.run([sys.executable, "-m", "dilforge_coordinator.cli", "run-all", "-c", str(path),
-                               "--data", args.data], env=env, stdin=subprocess.DEVNULL, check=False)
+        proc = subprocess.run(
+            [sys.executable, "-m", "dilforge_coordinator.cli", "run-all", "-c", str(path), "--data", args.data],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            check=False,
+        )
         if proc.returncode:
             sys.exit(f"run-all ({method}) failed: exit {proc.returncode}")
         record = json.loads(ArtifactStore(args.store).read_run_record(cfg["run_id"]))
@@ -112,8 +159,11 @@ def main_job(args) -> dict:
         bpb = ev.metrics["bpb"]
         row = {"seconds": time.perf_counter() - t0, "transplant": cfg["cpt"]["transplant"]}
         for name in bpb["base"]:
-            row[name] = {m: {"bpb": bpb[m][name]["bpb"], "ratio_to_base": bpb[m][name]["bpb"] / bpb["base"][name]["bpb"]}
-                         for m in bpb if m != "base"}
+            row[name] = {
+                m: {"bpb": bpb[m][name]["bpb"], "ratio_to_base": bpb[m][name]["bpb"] / bpb["base"][name]["bpb"]}
+                for m in bpb
+                if m != "base"
+            }
         out[method] = row
     return out
 
@@ -125,8 +175,12 @@ def main() -> None:
     ap.add_argument("--config", default=str(ROOT / "configs/az-small.yaml"))
     ap.add_argument("--untied", action="store_true", help="untie_embeddings: true (a tied base gets its own LM head)")
     ap.add_argument("--trained", default="mean_of_pieces", help="initialisation measured last (the run's own)")
-    ap.add_argument("--extra-heldout", type=int, default=0,
-                    help="also score the first N English sentences of the xwmt test set (news, never trained on)")
+    ap.add_argument(
+        "--extra-heldout",
+        type=int,
+        default=0,
+        help="also score the first N English sentences of the xwmt test set (news, never trained on)",
+    )
     ap.add_argument("--methods", default=None, help="comma-separated initialisations (default: all five)")
     ap.add_argument("--max-docs", type=int, default=500, help="documents tokenised per corpus for the calibration")
     ap.add_argument("--main-job", default=None, help="also run two main jobs: the default and this initialisation")
@@ -135,21 +189,27 @@ def main() -> None:
     import logging
 
     import torch
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
     print(describe("transformers"), flush=True)
     result = {"step0": step0(args)}
-    print(f"\nstep-0 leakage table ({'untied' if args.untied else 'as the base model ties'}; "
-          f"{result['step0']['seconds']:.0f} s):")
+    print(
+        f"\nstep-0 leakage table ({'untied' if args.untied else 'as the base model ties'}; "
+        f"{result['step0']['seconds']:.0f} s):"
+    )
     print(result["step0"]["markdown"])
     print("calibration:", result["step0"]["calibration"])
     if args.main_job:
         result["main_job"] = main_job(args)
         print("\nmain job, eval held-out BPB × base:")
         for row in result["main_job"].values():
-            cells = [f"{name} {m} {v['bpb']:.4f} ({v['ratio_to_base']:.3f}×)"
-                     for name, models in row.items() if isinstance(models, dict) and name != "transplant"
-                     for m, v in models.items()]
+            cells = [
+                f"{name} {m} {v['bpb']:.4f} ({v['ratio_to_base']:.3f}×)"
+                for name, models in row.items()
+                if isinstance(models, dict) and name != "transplant"
+                for m, v in models.items()
+            ]
             print(f"  {row['transplant']}: " + "; ".join(cells) + f"  [{row['seconds']:.0f} s]")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))

@@ -36,12 +36,17 @@ AZ_BAR, EN_BAR = 0.75, 1.10
 def run_pipeline(config: Path, data: str, store: str) -> tuple[float, dict]:
     env = {**os.environ, "DILFORGE_STORE": store}
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "dilforge_coordinator.cli", "run-all", "-c", str(config),
-                           "--data", data], env=env, stdin=subprocess.DEVNULL, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "dilforge_coordinator.cli", "run-all", "-c", str(config), "--data", data],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
     seconds = time.perf_counter() - t0
     if proc.returncode != 0:
         sys.exit(f"run-all failed (exit {proc.returncode})")
     from dilforge_shared.store import ArtifactStore
+
     record = json.loads(ArtifactStore(store).read_run_record("az-small"))
     return seconds, {stage: ArtifactStore(store).resolve(info["artifact"]) for stage, info in record["stages"].items()}
 
@@ -56,6 +61,7 @@ def language_sets(eval_metrics: dict) -> dict[str, str]:
 
 def table(artifacts: dict[str, str]) -> dict:
     from dilforge_shared.store import read_manifest
+
     ev, _ = read_manifest(artifacts["eval"])
     cpt, _ = read_manifest(artifacts["cpt"])
     tok, _ = read_manifest(artifacts["tokenizer"])
@@ -71,18 +77,31 @@ def table(artifacts: dict[str, str]) -> dict:
     bars = {}
     for model in ("cpt", "sft"):
         row = next(r for r in rows if r["model"] == model)
-        bars[model] = {"az_ratio": row["az"]["ratio_to_base"], "az_ok": row["az"]["ratio_to_base"] <= AZ_BAR,
-                       "en_ratio": row["en"]["ratio_to_base"], "en_ok": row["en"]["ratio_to_base"] <= EN_BAR}
+        bars[model] = {
+            "az_ratio": row["az"]["ratio_to_base"],
+            "az_ok": row["az"]["ratio_to_base"] <= AZ_BAR,
+            "en_ratio": row["en"]["ratio_to_base"],
+            "en_ok": row["en"]["ratio_to_base"] <= EN_BAR,
+        }
     transplant = CptMetrics.model_validate(cpt.metrics).transplant
     # one row per initialisation: its BPB per validation set, and over both sets together ("all")
-    step0 = {m: {**transplant.step0_val_bpb_by_set.get(m, {}), "all": v}
-             for m, v in transplant.step0_val_bpb.items()} if transplant else {}
-    return {"rows": rows, "bars": bars, "step0": step0, "transplant_method": transplant.method if transplant else None,
-            "tasks": task_rows(m.get("downstream") or {}),
-            "eval_seconds": m.get("seconds", {}).get("total"),
-            "eval_task_seconds": (m.get("cost", {}).get("eval") or {}).get("seconds_tasks"),
-            "tokenizer": {k: tok.metrics.get(k) for k in ("languages", "selected_vocab_size")},
-            "cpt_tokens": cpt.metrics.get("total_tokens"), "eval_bytes_per_set": m.get("max_bytes_per_set")}
+    step0 = (
+        {m: {**transplant.step0_val_bpb_by_set.get(m, {}), "all": v} for m, v in transplant.step0_val_bpb.items()}
+        if transplant
+        else {}
+    )
+    return {
+        "rows": rows,
+        "bars": bars,
+        "step0": step0,
+        "transplant_method": transplant.method if transplant else None,
+        "tasks": task_rows(m.get("downstream") or {}),
+        "eval_seconds": m.get("seconds", {}).get("total"),
+        "eval_task_seconds": (m.get("cost", {}).get("eval") or {}).get("seconds_tasks"),
+        "tokenizer": {k: tok.metrics.get(k) for k in ("languages", "selected_vocab_size")},
+        "cpt_tokens": cpt.metrics.get("total_tokens"),
+        "eval_bytes_per_set": m.get("max_bytes_per_set"),
+    }
 
 
 def task_rows(d: dict) -> list[dict]:
@@ -90,8 +109,9 @@ def task_rows(d: dict) -> list[dict]:
     rows: dict[tuple[str, str], dict] = {}
     for key, t in (d.get("tasks") or {}).items():
         for metric in t["headline_metrics"]:
-            row = rows.setdefault((t["row"], metric), {"task": t["row"], "metric": metric, "chance": {}, "n": {},
-                                                       "values": {}})
+            row = rows.setdefault(
+                (t["row"], metric), {"task": t["row"], "metric": metric, "chance": {}, "n": {}, "values": {}}
+            )
             row["chance"][t["language"]] = t["chance"].get(metric)
             row["n"][t["language"]] = t["num_examples"]
             for model, res in (d.get("results") or {}).items():
@@ -126,12 +146,16 @@ def task_markdown(rows: list[dict]) -> list[str]:
 def markdown(result: dict) -> str:
     lines = ["| model | Azerbaijani BPB | × base | English BPB | × base |", "|---|---|---|---|---|"]
     for r in result["rows"]:
-        lines.append(f"| {r['model']} | {r['az']['bpb']:.4f} | {r['az']['ratio_to_base']:.3f} | "
-                     f"{r['en']['bpb']:.4f} | {r['en']['ratio_to_base']:.3f} |")
+        lines.append(
+            f"| {r['model']} | {r['az']['bpb']:.4f} | {r['az']['ratio_to_base']:.3f} | "
+            f"{r['en']['bpb']:.4f} | {r['en']['ratio_to_base']:.3f} |"
+        )
     lines += ["", f"bars (Azerbaijani ≤ {AZ_BAR} × base, English ≤ {EN_BAR} × base):"]
     for model, b in result["bars"].items():
-        lines.append(f"- {model}: az {b['az_ratio']:.3f} ({'ok' if b['az_ok'] else 'MISSED'}), "
-                     f"en {b['en_ratio']:.3f} ({'ok' if b['en_ok'] else 'MISSED'})")
+        lines.append(
+            f"- {model}: az {b['az_ratio']:.3f} ({'ok' if b['az_ok'] else 'MISSED'}), "
+            f"en {b['en_ratio']:.3f} ({'ok' if b['en_ok'] else 'MISSED'})"
+        )
     if result["step0"]:
         names = sorted({s for v in result["step0"].values() for s in v} - {"all"}) + ["all"]
         lines += ["", "| step-0 BPB (CPT validation) | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
@@ -140,8 +164,13 @@ def markdown(result: dict) -> str:
             lines.append(f"| {method}{mark} | " + " | ".join(f"{v.get(n, float('nan')):.4f}" for n in names) + " |")
     lines += task_markdown(result.get("tasks") or [])
     if result.get("eval_seconds") is not None:
-        lines += ["", (f"eval stage: {result['eval_seconds']:.0f} s, of which downstream tasks "
-                  f"{result.get('eval_task_seconds') or 0:.0f} s")]
+        lines += [
+            "",
+            (
+                f"eval stage: {result['eval_seconds']:.0f} s, of which downstream tasks "
+                f"{result.get('eval_task_seconds') or 0:.0f} s"
+            ),
+        ]
     return "\n".join(lines)
 
 

@@ -28,18 +28,31 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from hardware import describe
 
-WRAPPER = ("import resource, subprocess, sys\n"
-           "rc = subprocess.call(sys.argv[1:])\n"
-           "print('PEAK_RSS_KB', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr)\n"
-           "sys.exit(rc)\n")
+WRAPPER = (
+    "import resource, subprocess, sys\n"
+    "rc = subprocess.call(sys.argv[1:])\n"
+    "print('PEAK_RSS_KB', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr)\n"
+    "sys.exit(rc)\n"
+)
 
 
 def cli(tmp: Path, args: list[str], env_extra: dict | None = None) -> tuple[int, str, float, float]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "DILFORGE_WORKDIR": str(tmp / "work"),
-           "DILFORGE_CACHE": str(tmp / "cache"), "PYTHONWARNINGS": "ignore", **(env_extra or {})}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "DILFORGE_WORKDIR": str(tmp / "work"),
+        "DILFORGE_CACHE": str(tmp / "cache"),
+        "PYTHONWARNINGS": "ignore",
+        **(env_extra or {}),
+    }
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-c", WRAPPER, sys.executable, "-m", "dilforge_coordinator.cli", *args],
-                          capture_output=True, env=env, timeout=900, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", WRAPPER, sys.executable, "-m", "dilforge_coordinator.cli", *args],
+        capture_output=True,
+        env=env,
+        timeout=900,
+        check=False,
+    )
     wall = time.monotonic() - start
     err = proc.stderr.decode(errors="replace")
     peak_mib = int(err.rsplit("PEAK_RSS_KB", 1)[1].split()[0]) / 1024 if "PEAK_RSS_KB" in err else float("nan")
@@ -51,6 +64,7 @@ def oversized(tmp: Path, size_mb: int) -> list[str]:
     import factories
     from dilforge_shared.manifest import Manifest, current_producer
     from dilforge_shared.store import publish
+
     tok_dir = factories.build_tokenizer(tmp / "tok")
     llama = factories.build_tiny_llama(tmp / "llama", tok_dir)
     block = ("söz " * 16384).encode()
@@ -60,33 +74,79 @@ def oversized(tmp: Path, size_mb: int) -> list[str]:
             f.write(head)
             f.writelines(block for _ in range(size_mb * (1 << 20) // len(block)))
     tok_uri = f"{tmp}/store/artifacts/tokenizer/fixture"
-    publish(tok_uri, tok_dir, Manifest(kind="tokenizer", artifact_id="fixture", run_id="f", stage="tokenizer",
-                                       producer=current_producer("bench"), config={}, data_dir="x", files=[]))
+    publish(
+        tok_uri,
+        tok_dir,
+        Manifest(
+            kind="tokenizer",
+            artifact_id="fixture",
+            run_id="f",
+            stage="tokenizer",
+            producer=current_producer("bench"),
+            config={},
+            data_dir="x",
+            files=[],
+        ),
+    )
     flores = "${DILFORGE_DATA}/az/dev/flores200.dev.partial_from_sib200.tsv"
-    tiny = {"scratch_model": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-                              "num_attention_heads": 4, "num_key_value_heads": 2}, "seq_len": 64,
-            "global_batch_size": 4, "micro_batch_size": 2, "phase1": {"num_steps": 1, "learning_rate": 0.01},
-            "phase2": {"num_steps": 1, "learning_rate": 0.003, "num_warmup_steps": 0},
-            "validation": [{"uri": flores, "text_field": "azj_Latn"}], "num_validation_docs": 8}
+    tiny = {
+        "scratch_model": {
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+        },
+        "seq_len": 64,
+        "global_batch_size": 4,
+        "micro_batch_size": 2,
+        "phase1": {"num_steps": 1, "learning_rate": 0.01},
+        "phase2": {"num_steps": 1, "learning_rate": 0.003, "num_warmup_steps": 0},
+        "validation": [{"uri": flores, "text_field": "azj_Latn"}],
+        "num_validation_docs": 8,
+    }
     cases = {
         "tokenizer": ({"strategy": "replace", "corpora": [{"uri": str(txt)}], "vocab_sizes": [600]}, []),
         "cpt": ({**tiny, "corpora": [{"uri": str(txt)}]}, ["--input", f"tokenizer={tok_uri}"]),
-        "sft": ({"base_model": str(llama), "train": [{"uri": str(jsonl), "layout": "messages"}], "num_steps": 1,
-                 "lora": {"r": 4, "alpha": 8, "dropout": 0.0}, "max_length": 64}, []),
+        "sft": (
+            {
+                "base_model": str(llama),
+                "train": [{"uri": str(jsonl), "layout": "messages"}],
+                "num_steps": 1,
+                "lora": {"r": 4, "alpha": 8, "dropout": 0.0},
+                "max_length": 64,
+            },
+            [],
+        ),
         "eval (max_bytes_per_set 20000)": (
-            {"models": [{"label": "base", "uri": str(llama)}], "text_sets": [{"uri": str(txt), "name": "big"}],
-             "max_bytes_per_set": 20000, "generation": {"max_new_tokens": 2, "num_prompts": 1},
-             "bpb": {"window": 64, "stride": 32}}, []),
+            {
+                "models": [{"label": "base", "uri": str(llama)}],
+                "text_sets": [{"uri": str(txt), "name": "big"}],
+                "max_bytes_per_set": 20000,
+                "generation": {"max_new_tokens": 2, "num_prompts": 1},
+                "bpb": {"window": 64, "stride": 32},
+            },
+            [],
+        ),
         "tokenizer, on_oversize: skip": (
-            {"strategy": "replace", "corpora": [{"uri": str(txt), "on_oversize": "skip"}, {
-                "uri": "${DILFORGE_DATA}/az/train/udhr_azj_latn.txt"}], "vocab_sizes": [600]}, []),
+            {
+                "strategy": "replace",
+                "corpora": [
+                    {"uri": str(txt), "on_oversize": "skip"},
+                    {"uri": "${DILFORGE_DATA}/az/train/udhr_azj_latn.txt"},
+                ],
+                "vocab_sizes": [600],
+            },
+            [],
+        ),
     }
     rows = []
     for name, (section, extra) in cases.items():
         stage = name.split()[0].rstrip(",")
         config = tmp / f"{stage}-{len(rows)}.yaml"
-        config.write_text(yaml.safe_dump({"run_id": f"big{len(rows)}", "store": {"uri": str(tmp / "store")},
-                                          stage: section}))
+        config.write_text(
+            yaml.safe_dump({"run_id": f"big{len(rows)}", "store": {"uri": str(tmp / "store")}, stage: section})
+        )
         code, first, wall, peak = cli(tmp, ["run", stage, "-c", str(config), *extra])
         message = first.replace(str(tmp), "<tmp>")[:150] or "(succeeded)"
         rows.append(f"| {size_mb} MB single line → {name} | exit {code}: {message} | {peak:.0f} MiB | {wall:.1f} s |")
@@ -103,8 +163,9 @@ def frozen_endpoint(tmp: Path) -> str:
     for name in ("DILFORGE_S3_READ_TIMEOUT", "DILFORGE_S3_CONNECT_TIMEOUT", "DILFORGE_S3_MAX_ATTEMPTS"):
         os.environ.pop(name, None)
     try:
-        code, first, wall, _ = cli(tmp, ["manifest", "show", "s3://bucket/artifact", "--s3-endpoint-url", endpoint],
-                                   env)
+        code, first, wall, _ = cli(
+            tmp, ["manifest", "show", "s3://bucket/artifact", "--s3-endpoint-url", endpoint], env
+        )
     finally:
         server.close()
     row = f"| frozen S3 endpoint, default timeouts → manifest show | exit {code}: {first[:120]} | | {wall:.1f} s |"
@@ -117,22 +178,41 @@ def verification(tmp: Path) -> list[str]:
     from dilforge_shared.integrity import check_artifact
     from dilforge_shared.manifest import Manifest, current_producer
     from dilforge_shared.store import publish
+
     out = tmp / "weights"
     out.mkdir()
     with open(out / "model.safetensors", "wb") as f:
         f.writelines(os.urandom(1 << 20) for _ in range(512))
     uri = str(tmp / "store" / "artifacts" / "cpt" / "big")
-    publish(uri, out, Manifest(kind="model", artifact_id="big", run_id="b", stage="cpt",
-                               producer=current_producer("bench"), config={}, data_dir="x", files=[]))
+    publish(
+        uri,
+        out,
+        Manifest(
+            kind="model",
+            artifact_id="big",
+            run_id="b",
+            stage="cpt",
+            producer=current_producer("bench"),
+            config={},
+            data_dir="x",
+            files=[],
+        ),
+    )
     timings = {}
     for mode in ("sha256", "stamp", "stamp"):  # the first stamp check hashes and records; the second is the fast path
         start = time.perf_counter()
         assert check_artifact(uri, mode=mode) is None
         timings[mode] = time.perf_counter() - start
-    rows = [(f"| reuse check of a 512 MiB artifact, sha256 (default) | {512 / timings['sha256']:.0f} MiB/s "
-             f"= {1024 / (512 / timings['sha256']):.1f} s per GiB | | {timings['sha256']:.2f} s |"),
-            (f"| same, DILFORGE_VERIFY_ON_REUSE=stamp (stats match the last full check) | "
-             f"{timings['sha256'] / timings['stamp']:,.0f}x faster than sha256 | | {timings['stamp'] * 1000:.1f} ms |")]
+    rows = [
+        (
+            f"| reuse check of a 512 MiB artifact, sha256 (default) | {512 / timings['sha256']:.0f} MiB/s "
+            f"= {1024 / (512 / timings['sha256']):.1f} s per GiB | | {timings['sha256']:.2f} s |"
+        ),
+        (
+            f"| same, DILFORGE_VERIFY_ON_REUSE=stamp (stats match the last full check) | "
+            f"{timings['sha256'] / timings['stamp']:,.0f}x faster than sha256 | | {timings['stamp'] * 1000:.1f} ms |"
+        ),
+    ]
     for row in rows:
         print(row, flush=True)
     return rows

@@ -33,14 +33,20 @@ import hardware  # bench/hardware.py
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = [
-    "Azərbaycanın paytaxtı haradır?", "Bakı haqqında qısa məlumat ver.", "Xəzər dənizi nədir?",
-    "Azərbaycan dilində üç meyvə adı yaz.", "Novruz bayramı necə qeyd olunur?", "Gəncə hansı ölkədədir?",
-    "Çay necə dəmlənir?", "Kitab oxumağın faydaları nələrdir?",
+    "Azərbaycanın paytaxtı haradır?",
+    "Bakı haqqında qısa məlumat ver.",
+    "Xəzər dənizi nədir?",
+    "Azərbaycan dilində üç meyvə adı yaz.",
+    "Novruz bayramı necə qeyd olunur?",
+    "Gəncə hansı ölkədədir?",
+    "Çay necə dəmlənir?",
+    "Kitab oxumağın faydaları nələrdir?",
 ]
 
 
 def default_artifact() -> str:
     from dilforge_coordinator.serve_cmd import run_artifact
+
     return run_artifact("az-small", str(ROOT / ".dilforge/store"), "sft")
 
 
@@ -51,18 +57,25 @@ def free_port() -> int:
 
 
 def stats(rows: list[dict], wall: float) -> dict:
-    return {"ttft_s": statistics.median(r["ttft"] for r in rows), "tokens": sum(r["tokens"] for r in rows),
-            "tokens_per_s": sum(r["tokens"] for r in rows) / wall, "wall_s": wall}
+    return {
+        "ttft_s": statistics.median(r["ttft"] for r in rows),
+        "tokens": sum(r["tokens"] for r in rows),
+        "tokens_per_s": sum(r["tokens"] for r in rows) / wall,
+        "wall_s": wall,
+    }
 
 
 # ---- baseline: transformers generate in this process ----------------------------------------------------
+
 
 def generate_one(model, tok, prompt: str, max_tokens: int, t0: float | None = None) -> dict:
     """One request; TTFT counted from `t0` (the round's start: a queued request waits for the ones before it)."""
     import torch
     from transformers import TextIteratorStreamer
-    enc = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                  return_dict=True, return_tensors="pt")
+
+    enc = tok.apply_chat_template(
+        [{"role": "user", "content": prompt}], add_generation_prompt=True, return_dict=True, return_tensors="pt"
+    )
     streamer = TextIteratorStreamer(tok, skip_prompt=True, skip_special_tokens=True)
     start = time.perf_counter() if t0 is None else t0
     first = None
@@ -71,6 +84,7 @@ def generate_one(model, tok, prompt: str, max_tokens: int, t0: float | None = No
     def run():
         with torch.no_grad():
             out["ids"] = model.generate(**enc, max_new_tokens=max_tokens, do_sample=False, streamer=streamer)
+
     worker = threading.Thread(target=run)
     worker.start()
     text = ""
@@ -79,33 +93,58 @@ def generate_one(model, tok, prompt: str, max_tokens: int, t0: float | None = No
             first = time.perf_counter() - start
         text += piece
     worker.join()
-    return {"ttft": first if first is not None else time.perf_counter() - start, "text": text,
-            "tokens": len(tok(text, add_special_tokens=False)["input_ids"])}
+    return {
+        "ttft": first if first is not None else time.perf_counter() - start,
+        "text": text,
+        "tokens": len(tok(text, add_special_tokens=False)["input_ids"]),
+    }
 
 
 def generate_batch(model, tok, prompts: list[str], max_tokens: int) -> dict:
     import torch
+
     tok.padding_side = "left"
-    texts = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False)
-             for p in prompts]
+    texts = [
+        tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False)
+        for p in prompts
+    ]
     enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
     start = time.perf_counter()
     with torch.no_grad():
         out = model.generate(**enc, max_new_tokens=max_tokens, do_sample=False)
     wall = time.perf_counter() - start
-    answers = tok.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+    answers = tok.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
     return {"tokens": sum(len(tok(a, add_special_tokens=False)["input_ids"]) for a in answers), "wall_s": wall}
 
 
 # ---- the server -------------------------------------------------------------------------------------------
 
+
 def start_server(artifact: str, port: int, workdir: Path, threads: int, cb: bool) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
     log = open(workdir / "server.log", "w")  # noqa: SIM115 - lives as long as the server
-    proc = subprocess.Popen([sys.executable, "-m", "dilforge_serve", artifact, "--host", "127.0.0.1", "--port",
-                             str(port), "--device", "cpu", "--workdir", str(workdir / "served"),
-                             "--log-level", "warning", *(["--continuous-batching"] if cb else [])],
-                            stdout=log, stderr=subprocess.STDOUT, env=env)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "dilforge_serve",
+            artifact,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--device",
+            "cpu",
+            "--workdir",
+            str(workdir / "served"),
+            "--log-level",
+            "warning",
+            *(["--continuous-batching"] if cb else []),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -123,15 +162,23 @@ def server_one(client, model_id: str, tok, prompt: str, max_tokens: int) -> dict
     start = time.perf_counter()
     first = None
     text = ""
-    for chunk in client.chat.completions.create(model=model_id, messages=[{"role": "user", "content": prompt}],
-                                                max_tokens=max_tokens, temperature=0, stream=True):
+    for chunk in client.chat.completions.create(
+        model=model_id,
+        messages=[{"role": "user", "content": prompt}],
+        max_tokens=max_tokens,
+        temperature=0,
+        stream=True,
+    ):
         piece = chunk.choices[0].delta.content if chunk.choices else None
         if piece:
             if first is None:
                 first = time.perf_counter() - start
             text += piece
-    return {"ttft": first if first is not None else time.perf_counter() - start, "text": text,
-            "tokens": len(tok(text, add_special_tokens=False)["input_ids"])}
+    return {
+        "ttft": first if first is not None else time.perf_counter() - start,
+        "text": text,
+        "tokens": len(tok(text, add_special_tokens=False)["input_ids"]),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -140,14 +187,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=48)
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8])
     p.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "2")))
-    p.add_argument("--continuous-batching", action="store_true",
-                   help="also a server with transformers' continuous batching (GPU; it hung on CPU)")
+    p.add_argument(
+        "--continuous-batching",
+        action="store_true",
+        help="also a server with transformers' continuous batching (GPU; it hung on CPU)",
+    )
     args = p.parse_args(argv)
     import openai
     import torch
     from dilforge_serve.prepare import prepare
     from dilforge_shared.serving import resolve_served_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
     torch.set_num_threads(args.threads)
     artifact = args.artifact or default_artifact()
     work = Path(tempfile.mkdtemp(prefix="bench-serve-"))
@@ -156,8 +207,10 @@ def main(argv: list[str] | None = None) -> int:
     tok = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
     model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32, trust_remote_code=False).eval()
     print(hardware.describe("transformers", "fastapi", "uvicorn", "openai"))
-    print(f"model {spec.description}; served as {spec.model_id}; greedy, max_tokens {args.max_tokens}; "
-          f"torch threads {args.threads} (server and generate)")
+    print(
+        f"model {spec.description}; served as {spec.model_id}; greedy, max_tokens {args.max_tokens}; "
+        f"torch threads {args.threads} (server and generate)"
+    )
     generate_one(model, tok, PROMPTS[0], 4)  # warm-up
 
     baseline = {}
@@ -177,31 +230,35 @@ def main(argv: list[str] | None = None) -> int:
         port = free_port()
         proc = start_server(artifact, port, work, args.threads, cb)
         try:
-            client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0,
-                                   timeout=600)
+            client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=600)
             server_one(client, spec.model_id, tok, PROMPTS[0], 4)  # warm-up
             served[label] = {}
             for c in args.concurrency:
                 prompts = PROMPTS[:c]
                 start = time.perf_counter()
                 with concurrent.futures.ThreadPoolExecutor(c) as pool:
-                    rows = list(pool.map(lambda q, cl=client: server_one(cl, spec.model_id, tok, q, args.max_tokens),
-                                         prompts))
+                    rows = list(
+                        pool.map(lambda q, cl=client: server_one(cl, spec.model_id, tok, q, args.max_tokens), prompts)
+                    )
                 served[label][c] = {**stats(rows, time.perf_counter() - start), "answers": [r["text"] for r in rows]}
         finally:
             proc.terminate()
             proc.wait(timeout=30)
 
-    print("\n| server | concurrency | TTFT median (s) | generate TTFT median (s) | tok/s | generate tok/s "
-          "(one by one) | ratio | batched generate tok/s | same answers as generate |")
+    print(
+        "\n| server | concurrency | TTFT median (s) | generate TTFT median (s) | tok/s | generate tok/s "
+        "(one by one) | ratio | batched generate tok/s | same answers as generate |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for label, rounds in served.items():
         for c in args.concurrency:
             s, g = rounds[c], baseline[c]
             batched = f"{g['batched']['tokens'] / g['batched']['wall_s']:.1f}" if "batched" in g else "—"
-            print(f"| {label} | {c} | {s['ttft_s']:.3f} | {g['ttft_s']:.3f} | {s['tokens_per_s']:.1f} | "
-                  f"{g['tokens_per_s']:.1f} | {s['tokens_per_s'] / g['tokens_per_s']:.2f}x | {batched} | "
-                  f"{sum(a == b for a, b in zip(s['answers'], g['answers'], strict=False))}/{c} |")
+            print(
+                f"| {label} | {c} | {s['ttft_s']:.3f} | {g['ttft_s']:.3f} | {s['tokens_per_s']:.1f} | "
+                f"{g['tokens_per_s']:.1f} | {s['tokens_per_s'] / g['tokens_per_s']:.2f}x | {batched} | "
+                f"{sum(a == b for a, b in zip(s['answers'], g['answers'], strict=False))}/{c} |"
+            )
     print(f"\nanswer to {PROMPTS[0]!r}: {served['server'][1]['answers'][0]!r}")
     return 0
 

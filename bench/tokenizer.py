@@ -51,16 +51,27 @@ def timed(cmd: list[str], env: dict | None = None) -> tuple[float, float, float]
 
 def stage_cmd(files: list[str], size: int, validation: str, work: Path, i: int) -> tuple[list[str], dict]:
     from dilforge_shared.contract import OptMl
-    config = {"strategy": "replace", "corpora": [{"uri": f} for f in files], "vocab_sizes": [size],
-              "validation": [{"uri": validation, "text_field": "azj_Latn", "name": "flores_dev"}]}
+
+    config = {
+        "strategy": "replace",
+        "corpora": [{"uri": f} for f in files],
+        "vocab_sizes": [size],
+        "validation": [{"uri": validation, "text_field": "azj_Latn", "name": "flores_dev"}],
+    }
     opt = OptMl(work / f"optml-{i}")
-    opt.write_inputs({"stage_config": json.dumps(config), "artifact_uri": str(work / f"store/artifacts/tokenizer/{i}"),
-                      "run_id": "bench"})
+    opt.write_inputs(
+        {
+            "stage_config": json.dumps(config),
+            "artifact_uri": str(work / f"store/artifacts/tokenizer/{i}"),
+            "run_id": "bench",
+        }
+    )
     return [sys.executable, "-m", "dilforge_tokenizer", "train"], {**os.environ, "DILFORGE_OPT_ML": str(opt.root)}
 
 
 def throughput(tokenizer_json: Path, texts: list[str], rounds: int = 5) -> dict:
     from tokenizers import Tokenizer
+
     tok = Tokenizer.from_file(str(tokenizer_json))
     nbytes = sum(len(t.encode()) for t in texts)
     tok.encode_batch(texts[:100])
@@ -73,8 +84,11 @@ def throughput(tokenizer_json: Path, texts: list[str], rounds: int = 5) -> dict:
     for t in texts:
         tok.encode(t, add_special_tokens=False)
     single_s = time.perf_counter() - start
-    return {"batch_mb_s": rounds * nbytes / batch_s / 1e6, "batch_tok_s": ntok / batch_s,
-            "single_mb_s": nbytes / single_s / 1e6}
+    return {
+        "batch_mb_s": rounds * nbytes / batch_s / 1e6,
+        "batch_tok_s": ntok / batch_s,
+        "single_mb_s": nbytes / single_s / 1e6,
+    }
 
 
 def main() -> None:
@@ -86,39 +100,62 @@ def main() -> None:
     args = parser.parse_args()
     train = args.data / "az" / "train"
     files = sorted(glob.glob(str(train / "az_legal_codes.part*.txt"))) + [
-        str(train / n) for n in ("azwiki_sentences_cv_extractor.txt", "tatoeba_aze_sentences.txt", "udhr_azj_latn.txt")]
+        str(train / n) for n in ("azwiki_sentences_cv_extractor.txt", "tatoeba_aze_sentences.txt", "udhr_azj_latn.txt")
+    ]
     validation = str(args.data / "az/dev/flores200.dev.partial_from_sib200.tsv")
     mb = sum(os.path.getsize(f) for f in files) / 1e6
-    print(f"# tokenizer bench\n{hardware.describe('tokenizers')}\ninput: {len(files)} files, {mb:.1f} MB; vocab size {args.vocab_size}; "
-          f"min_frequency 2; RAYON_NUM_THREADS={os.environ.get('RAYON_NUM_THREADS', 'unset')}\n")
+    print(
+        f"# tokenizer bench\n{hardware.describe('tokenizers')}\ninput: {len(files)} files, {mb:.1f} MB; vocab size {args.vocab_size}; "
+        f"min_frequency 2; RAYON_NUM_THREADS={os.environ.get('RAYON_NUM_THREADS', 'unset')}\n"
+    )
     runs: dict[str, list[tuple[float, float, float]]] = {"bare": [], "stage": []}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         for i in range(args.repeats):
-            runs["bare"].append(timed([sys.executable, "-c", BASELINE, ",".join(files), str(args.vocab_size),
-                                       str(work / f"bare-{i}.json")]))
+            runs["bare"].append(
+                timed(
+                    [
+                        sys.executable,
+                        "-c",
+                        BASELINE,
+                        ",".join(files),
+                        str(args.vocab_size),
+                        str(work / f"bare-{i}.json"),
+                    ]
+                )
+            )
             cmd, env = stage_cmd(files, args.vocab_size, validation, work, i)
             runs["stage"].append(timed(cmd, env))
-            print(f"repeat {i}: bare {runs['bare'][-1][0]:.2f} s wall / {runs['bare'][-1][2]:.2f} s CPU, "
-                  f"stage {runs['stage'][-1][0]:.2f} s wall / {runs['stage'][-1][2]:.2f} s CPU", flush=True)
+            print(
+                f"repeat {i}: bare {runs['bare'][-1][0]:.2f} s wall / {runs['bare'][-1][2]:.2f} s CPU, "
+                f"stage {runs['stage'][-1][0]:.2f} s wall / {runs['stage'][-1][2]:.2f} s CPU",
+                flush=True,
+            )
         bare = [min(r[k] for r in runs["bare"]) for k in range(3)]
         stage = [min(r[k] for r in runs["stage"]) for k in range(3)]
         print("\n| process | wall s (min) | CPU s (min) | peak RSS MiB |\n|---|---:|---:|---:|")
         print(f"| bare tokenizers training | {bare[0]:.2f} | {bare[2]:.2f} | {bare[1]:.0f} |")
         print(f"| tokenizer stage (entrypoint, publish included) | {stage[0]:.2f} | {stage[2]:.2f} | {stage[1]:.0f} |")
-        print(f"| ratio stage / bare | {stage[0] / bare[0]:.3f} | {stage[2] / bare[2]:.3f} | {stage[1] / bare[1]:.2f} |")
+        print(
+            f"| ratio stage / bare | {stage[0] / bare[0]:.3f} | {stage[2] / bare[2]:.3f} | {stage[1] / bare[1]:.2f} |"
+        )
         print(f"\nload average at the end: {os.getloadavg()}")
 
         from dilforge_shared.corpus import iter_texts
+
         texts = list(iter_texts(validation, text_field="azj_Latn"))
         texts += list(iter_texts(str(train / "azwiki_sentences_cv_extractor.txt")))[:5000]
         out = next((work / "store/artifacts/tokenizer/0").glob("data-*"))
-        rows = {"stage tokenizer": throughput(out / "tokenizer.json", texts),
-                "bare training's tokenizer": throughput(work / "bare-0.json", texts)}
+        rows = {
+            "stage tokenizer": throughput(out / "tokenizer.json", texts),
+            "bare training's tokenizer": throughput(work / "bare-0.json", texts),
+        }
         if args.base:
             rows[f"base {args.base.name}"] = throughput(args.base / "tokenizer.json", texts)
         print(f"\nencode throughput on {len(texts)} lines (FLORES dev + wiki), no special tokens:\n")
-        print("| tokenizer | encode_batch MB/s | encode_batch tokens/s | encode (one by one) MB/s |\n|---|---:|---:|---:|")
+        print(
+            "| tokenizer | encode_batch MB/s | encode_batch tokens/s | encode (one by one) MB/s |\n|---|---:|---:|---:|"
+        )
         for name, r in rows.items():
             print(f"| {name} | {r['batch_mb_s']:.2f} | {r['batch_tok_s']:,.0f} | {r['single_mb_s']:.2f} |")
         metrics = json.loads(next((work / "store/artifacts/tokenizer/0").glob("manifest.json")).read_text())["metrics"]

@@ -34,14 +34,20 @@ def corpus_lines(data: Path, config: Path, list_weight: float | None = None, rec
     word_counts sources (for the sensitivity rows)."""
     from dilforge_shared.configs.tokenizer import TokenizerConfig
     from dilforge_tokenizer.stream import CorpusStream
+
     text = config.read_text().replace("${DILFORGE_DATA}", str(data))
     section = yaml.safe_load(text)["tokenizer"]
     for source in section.get("corpora", []):
         if source.get("format") == "word_counts":
             source.update({k: v for k, v in (("weight", list_weight), ("recase", recase)) if v is not None})
     config = TokenizerConfig(**{k: v for k, v in section.items() if k in ("corpora", "dedup", "validation_fraction")})
-    stream = CorpusStream(config.corpora, seed=config.seed, validation_fraction=config.validation_fraction,
-                          dedup=config.dedup, progress=False)
+    stream = CorpusStream(
+        config.corpora,
+        seed=config.seed,
+        validation_fraction=config.validation_fraction,
+        dedup=config.dedup,
+        progress=False,
+    )
     return stream.line_counts()
 
 
@@ -52,12 +58,23 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[32000, 64000], help="new tokens for extend")
     parser.add_argument("--replace-size", type=int, default=0, help="also train replace at this size (0: no)")
     parser.add_argument("--min-frequency", type=int, default=2)
-    parser.add_argument("--config", type=Path, default=REPO / "configs/az-tokenizer.yaml",
-                        help="preset whose tokenizer corpora (mixture, dedup) are read")
-    parser.add_argument("--word-list-weight", type=float, default=None,
-                        help="override the weight of the preset's word_counts sources")
-    parser.add_argument("--no-recase", dest="recase", action="store_const", const=False, default=None,
-                        help="feed the preset's word_counts sources as listed (recase off)")
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=REPO / "configs/az-tokenizer.yaml",
+        help="preset whose tokenizer corpora (mixture, dedup) are read",
+    )
+    parser.add_argument(
+        "--word-list-weight", type=float, default=None, help="override the weight of the preset's word_counts sources"
+    )
+    parser.add_argument(
+        "--no-recase",
+        dest="recase",
+        action="store_const",
+        const=False,
+        default=None,
+        help="feed the preset's word_counts sources as listed (recase off)",
+    )
     args = parser.parse_args()
 
     from dilforge_shared.corpus import iter_texts
@@ -67,13 +84,18 @@ def main() -> None:
     from dilforge_tokenizer.report import measure_sets
 
     flores = str(args.data / "az/dev/flores200.dev.partial_from_sib200.tsv")
-    sets = {"az": list(iter_texts(flores, text_field="azj_Latn")), "en": list(iter_texts(flores, text_field="eng_Latn"))}
+    sets = {
+        "az": list(iter_texts(flores, text_field="azj_Latn")),
+        "en": list(iter_texts(flores, text_field="eng_Latn")),
+    }
     tok, doc = base_tok.load(args.base, str(args.base))
     family = detect_family(base_tok.vocab_tokens(doc), str(args.base))
     first_new = max([*doc["model"]["vocab"].values(), *(t["id"] for t in doc.get("added_tokens", []))]) + 1
-    print(f"# extend bench: base {args.base} ({family.name}, {first_new} ids)\n{hardware.describe('tokenizers')}\n"
-          f"corpus: the mixture of {args.config.relative_to(REPO) if args.config.is_relative_to(REPO) else args.config} over {args.data}; sets: FLORES dev (510) az, en; "
-          f"min_frequency {args.min_frequency}; word-list overrides: weight {args.word_list_weight}, recase {args.recase}; load average at start {os.getloadavg()}\n")
+    print(
+        f"# extend bench: base {args.base} ({family.name}, {first_new} ids)\n{hardware.describe('tokenizers')}\n"
+        f"corpus: the mixture of {args.config.relative_to(REPO) if args.config.is_relative_to(REPO) else args.config} over {args.data}; sets: FLORES dev (510) az, en; "
+        f"min_frequency {args.min_frequency}; word-list overrides: weight {args.word_list_weight}, recase {args.recase}; load average at start {os.getloadavg()}\n"
+    )
 
     t0 = time.perf_counter()
     lines = corpus_lines(args.data, args.config, args.word_list_weight, args.recase)
@@ -94,8 +116,14 @@ def main() -> None:
 
     rows = [("base", tok, doc, set())]
     naive_doc, added = bpe.extend(doc, bpe.truncate(bpe.model_of(raw), min(args.sizes) + 256))
-    rows.append((f"extend, naive (raw BPE {min(args.sizes) + 256})", bpe.from_doc(naive_doc), naive_doc,
-                 set(range(first_new, first_new + added))))
+    rows.append(
+        (
+            f"extend, naive (raw BPE {min(args.sizes) + 256})",
+            bpe.from_doc(naive_doc),
+            naive_doc,
+            set(range(first_new, first_new + added)),
+        )
+    )
     refill_s: dict[int, float] = {}
     base = stage.Base(folder=args.base, uri=str(args.base), tok=tok, doc=doc, family=family)
     for size in sorted(args.sizes):
@@ -109,39 +137,68 @@ def main() -> None:
             pruned, _ = stage.prune_and_refill(cand, base, words)
             refill_s[size] = time.perf_counter() - t0
             n = len(pruned["model"]["vocab"]) - first_new
-            rows.append((f"extend, continued {size}, dead pruned + refilled", bpe.from_doc(pruned), pruned,
-                         set(range(first_new, first_new + n))))
+            rows.append(
+                (
+                    f"extend, continued {size}, dead pruned + refilled",
+                    bpe.from_doc(pruned),
+                    pruned,
+                    set(range(first_new, first_new + n)),
+                )
+            )
     replace_s = None
     if args.replace_size:
         t0 = time.perf_counter()
         trained = bpe.train(stage.expanded(lines), args.replace_size, args.min_frequency)
         replace_s = time.perf_counter() - t0
         rdoc = bpe.model_of(trained)
-        rwords = words if rdoc["pre_tokenizer"] == doc["pre_tokenizer"] else continued.word_counts(lines.items(), trained)
-        rows.append((f"replace {args.replace_size}", family_out.finish(trained, family if family else LLAMA3, doc),
-                     rdoc, {i for t, i in rdoc["model"]["vocab"].items() if len(t) > 1}))
+        rwords = (
+            words if rdoc["pre_tokenizer"] == doc["pre_tokenizer"] else continued.word_counts(lines.items(), trained)
+        )
+        rows.append(
+            (
+                f"replace {args.replace_size}",
+                family_out.finish(trained, family if family else LLAMA3, doc),
+                rdoc,
+                {i for t, i in rdoc["model"]["vocab"].items() if len(t) > 1},
+            )
+        )
 
-    print(f"corpus read {read_s:.1f} s ({len(lines):,} unique lines, {sum(lines.values()):,} fed); "
-          f"{len(words):,} unique words\n")
+    print(
+        f"corpus read {read_s:.1f} s ({len(lines):,} unique lines, {sum(lines.values()):,} fed); "
+        f"{len(words):,} unique words\n"
+    )
     print("| training | seconds | ratio to raw trainer |\n|---|---:|---:|")
     print(f"| raw trainer (tokenizers BpeTrainer, {largest + 256} on raw text) | {raw_s:.1f} | 1.00 |")
-    print(f"| continued extend, {largest} new (pre-tokenize {words_s:.1f} + segment {segment_s:.1f} + "
-          f"train {cont_s - words_s - segment_s:.1f}) | {cont_s:.1f} | {cont_s / raw_s:.2f} |")
+    print(
+        f"| continued extend, {largest} new (pre-tokenize {words_s:.1f} + segment {segment_s:.1f} + "
+        f"train {cont_s - words_s - segment_s:.1f}) | {cont_s:.1f} | {cont_s / raw_s:.2f} |"
+    )
     for size, sec in refill_s.items():
-        print(f"| prune_dead at {size} new (audit, prune, refill with further merges; after training) | {sec:.1f} | "
-              f"{sec / raw_s:.2f} |")
+        print(
+            f"| prune_dead at {size} new (audit, prune, refill with further merges; after training) | {sec:.1f} | "
+            f"{sec / raw_s:.2f} |"
+        )
     if replace_s is not None:
         print(f"| replace {args.replace_size} (raw trainer) | {replace_s:.1f} | {replace_s / raw_s:.2f} |")
-    print("\n| tokenizer | vocab | new tokens | dead new | az tokens/word | az bytes/token | az words 3+ | "
-          "en tokens/word | en bytes/token | en words 3+ |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print(
+        "\n| tokenizer | vocab | new tokens | dead new | az tokens/word | az bytes/token | az words 3+ | "
+        "en tokens/word | en bytes/token | en words 3+ |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    )
     for name, t, d, new_ids in rows:
         w = rwords if name.startswith("replace") else words
         report, _ = audit.audit(d, t, w, new_ids, {})
         s = measure_sets(t, sets)
         dead = "-" if report["dead_new_tokens_frac"] is None else f"{100 * report['dead_new_tokens_frac']:.2f}%"
-        print(f"| {name} | {t.get_vocab_size(with_added_tokens=True):,} | {len(new_ids):,} | {dead} | "
-              + " | ".join(f"{s[k]['tokens_per_word']:.4f} | {s[k]['bytes_per_token']:.3f} | "
-                           f"{100 * s[k]['share_words_3plus']:.1f}%" for k in ("az", "en")) + " |", flush=True)
+        print(
+            f"| {name} | {t.get_vocab_size(with_added_tokens=True):,} | {len(new_ids):,} | {dead} | "
+            + " | ".join(
+                f"{s[k]['tokens_per_word']:.4f} | {s[k]['bytes_per_token']:.3f} | "
+                f"{100 * s[k]['share_words_3plus']:.1f}%"
+                for k in ("az", "en")
+            )
+            + " |",
+            flush=True,
+        )
     print(f"\nload average at the end: {os.getloadavg()}")
 
 

@@ -26,7 +26,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-MULTI_HOST_STAGES = {"cpt"}   # stages that use every host of a multi-host job themselves
+MULTI_HOST_STAGES = {"cpt"}  # stages that use every host of a multi-host job themselves
 CHECKPOINT_SYNC_ENV = "DILFORGE_CHECKPOINT_SYNC_URI"  # set by `--backend sagemaker-local` only
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 
@@ -42,7 +42,11 @@ def plan(stage: str, env: dict[str, str] | None = None) -> tuple[list[str] | Non
     resources = ResourceConfig.load(OptMl(_opt_root(env)))
     if resources.node_rank > 0 and stage not in MULTI_HOST_STAGES and env.get("DILFORGE_MULTI_HOST") != "1":
         return None, env, f"{stage} runs on the first host only; {resources.current_host} has nothing to do"
-    return [sys.executable, "-m", module, "train"], env, f"python -m {module} train (host {resources.node_rank + 1} of {len(resources.hosts)})"
+    return (
+        [sys.executable, "-m", module, "train"],
+        env,
+        f"python -m {module} train (host {resources.node_rank + 1} of {len(resources.hosts)})",
+    )
 
 
 def _opt_root(env: dict[str, str]) -> Path:
@@ -72,8 +76,11 @@ def supervise(cmd: list[str], env: dict[str, str]) -> int:
 
 
 def main(argv: list[str]) -> int:
-    logging.basicConfig(level=os.environ.get("DILFORGE_LOG_LEVEL", "INFO"),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stdout)
+    logging.basicConfig(
+        level=os.environ.get("DILFORGE_LOG_LEVEL", "INFO"),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stdout,
+    )
     if not argv or argv[0] != "train":
         if not argv:
             print("usage: IMAGE train   (or any command to run it instead)", file=sys.stderr)
@@ -87,6 +94,7 @@ def main(argv: list[str]) -> int:
         cmd, env, desc = plan(stage)
     except Exception as exc:  # the stage never started: leave SageMaker a reason
         from dilforge_shared.contract import OptMl, write_failure
+
         write_failure(OptMl.from_env(), f"entrypoint: {exc}")
         log.error("entrypoint: %s", exc)
         return 1

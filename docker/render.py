@@ -15,8 +15,10 @@ SERVE = "serve"  # the serving image: SageMaker runs `IMAGE serve` (port 8080), 
 
 def render(stage: str) -> str:
     if stage == SERVE:
-        title = ("dilforge serve image: an OpenAI-compatible server (transformers serve) that is also a SageMaker "
-                 "real-time endpoint, `IMAGE serve`.")
+        title = (
+            "dilforge serve image: an OpenAI-compatible server (transformers serve) that is also a SageMaker "
+            "real-time endpoint, `IMAGE serve`."
+        )
         cmd = 'EXPOSE 8080\nCMD ["serve"]'
     else:
         title = f"dilforge {stage} stage image: SageMaker bring-your-own-container, `IMAGE train`."

@@ -43,8 +43,10 @@ def load_tiktoken_bpe(path: str) -> dict[bytes, int]:
 
 def tokenizer_model(wheel: Path | None, workdir: Path) -> Path:
     if wheel is None:
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "llama-models==0.3.0", "-d",
-                        str(workdir)], check=True)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "llama-models==0.3.0", "-d", str(workdir)],
+            check=True,
+        )
         wheel = next(workdir.glob("llama_models-0.3.0-*.whl"))
     with zipfile.ZipFile(wheel) as zf:
         zf.extract(MEMBER, workdir)
@@ -70,17 +72,25 @@ def convert(model_file: Path, out: Path) -> None:
 def check(out: Path) -> None:
     from tokenizers import Tokenizer
     from transformers import AutoTokenizer
+
     text, expected = CHECK
     raw = Tokenizer.from_file(str(out / "tokenizer.json")).encode(text, add_special_tokens=False).ids
     hf = AutoTokenizer.from_pretrained(str(out), trust_remote_code=False)
     ids = hf(text, add_special_tokens=False)["input_ids"]
-    specials = {t: hf.convert_tokens_to_ids(t) for t in
-                ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")}
-    want = {"<|begin_of_text|>": 128000, "<|start_header_id|>": 128006, "<|end_header_id|>": 128007,
-            "<|eot_id|>": 128009}
+    specials = {
+        t: hf.convert_tokens_to_ids(t)
+        for t in ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
+    }
+    want = {
+        "<|begin_of_text|>": 128000,
+        "<|start_header_id|>": 128006,
+        "<|end_header_id|>": 128007,
+        "<|eot_id|>": 128009,
+    }
     if raw != expected or ids != expected or specials != want or len(hf) != 128256:
-        raise SystemExit(f"check failed: {text!r} -> {raw} / {ids} (want {expected}); specials {specials}; "
-                         f"len {len(hf)}")
+        raise SystemExit(
+            f"check failed: {text!r} -> {raw} / {ids} (want {expected}); specials {specials}; len {len(hf)}"
+        )
     print(f"ok: {text!r} -> {ids}; specials {specials}; {len(hf)} tokens; written to {out}")
 
 

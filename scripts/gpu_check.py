@@ -40,8 +40,8 @@ MARGIN_S = 20  # kept back at the end: tarring, the summary
 @dataclass
 class Phase:
     name: str
-    min_s: float          # a phase with less time left than this is skipped
-    max_s: float          # never more than this
+    min_s: float  # a phase with less time left than this is skipped
+    max_s: float  # never more than this
     reserve_s: float = 0  # left for the phases after it
     status: str = "not run"
     seconds: float = 0.0
@@ -50,10 +50,18 @@ class Phase:
 
 def plan(dry_run: bool) -> list[Phase]:
     if dry_run:  # CPU: the same phases on tiny shapes
-        return [Phase("environment", 5, 120), Phase("ceilings", 10, 300), Phase("cpt", 20, 600),
-                Phase("tests", 20, 900)]
-    return [Phase("environment", 5, 45), Phase("ceilings", 30, 90, reserve_s=330),
-            Phase("cpt", 90, 300, reserve_s=120), Phase("tests", 60, 300)]
+        return [
+            Phase("environment", 5, 120),
+            Phase("ceilings", 10, 300),
+            Phase("cpt", 20, 600),
+            Phase("tests", 20, 900),
+        ]
+    return [
+        Phase("environment", 5, 45),
+        Phase("ceilings", 30, 90, reserve_s=330),
+        Phase("cpt", 90, 300, reserve_s=120),
+        Phase("tests", 60, 300),
+    ]
 
 
 def commands(phase: str, results: Path, logs: Path, dry_run: bool, py: str, budget: float) -> list[str]:
@@ -61,18 +69,47 @@ def commands(phase: str, results: Path, logs: Path, dry_run: bool, py: str, budg
     if phase == "environment":
         return [py, "bench/gpu_ceilings.py", "--env-only", "--json", str(results / "env.json"), *tiny]
     if phase == "ceilings":
-        return [py, "bench/gpu_ceilings.py", "--json", str(results / "ceilings.json"),
-                "--attention-table", str(results / "attention_table.json"), *tiny]
+        return [
+            py,
+            "bench/gpu_ceilings.py",
+            "--json",
+            str(results / "ceilings.json"),
+            "--attention-table",
+            str(results / "attention_table.json"),
+            *tiny,
+        ]
     if phase == "cpt":
-        cmd = [py, "bench/gpu_cpt.py", "--json", str(results / "bench.json"), "--log", str(logs / "bench_points.log"),
-               "--budget-s", str(max(10, budget - 60)), "--profile", *tiny]
+        cmd = [
+            py,
+            "bench/gpu_cpt.py",
+            "--json",
+            str(results / "bench.json"),
+            "--log",
+            str(logs / "bench_points.log"),
+            "--budget-s",
+            str(max(10, budget - 60)),
+            "--profile",
+            *tiny,
+        ]
         matmul = read_json(results / "ceilings.json").get("matmul_tflops", {}).get("8192^3")
         if matmul and not dry_run:
             cmd += ["--matmul-tflops", f"{matmul:.1f}"]
         return cmd
     if phase == "tests":
-        return [py, "-m", "pytest", "tests/gpu", "-p", "no:cacheprovider", "-q", "-rA", "--timeout", "240",
-                "--junitxml", str(results / "pytest.xml")]
+        return [
+            py,
+            "-m",
+            "pytest",
+            "tests/gpu",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            "-rA",
+            "--timeout",
+            "240",
+            "--junitxml",
+            str(results / "pytest.xml"),
+        ]
     raise ValueError(phase)
 
 
@@ -125,15 +162,21 @@ def phase_notes(name: str, results: Path) -> list[str]:
     """The numbers each phase contributes to the summary."""
     if name == "environment":
         env = read_json(results / "env.json")
-        return [(f"{env.get('device')} cc {env.get('capability', '-')}; torch {env.get('torch')} cuda {env.get('cuda')} "
-                 f"cudnn {env.get('cudnn')} nccl {env.get('nccl')}; sdpa {','.join(env.get('sdpa_backends_available', []))}")]
+        return [
+            (
+                f"{env.get('device')} cc {env.get('capability', '-')}; torch {env.get('torch')} cuda {env.get('cuda')} "
+                f"cudnn {env.get('cudnn')} nccl {env.get('nccl')}; sdpa {','.join(env.get('sdpa_backends_available', []))}"
+            )
+        ]
     if name == "ceilings":
         c = read_json(results / "ceilings.json")
         out = [f"matmul {k}: {v:,.0f} TFLOP/s" for k, v in c.get("matmul_tflops", {}).items()]
         if "hbm_copy_gbps" in c:
             out.append(f"HBM copy {c['hbm_copy_gbps']:,.0f} GB/s")
-        out += [f"attention {k}: {v:,.0f} TFLOP/s" if isinstance(v, float) else f"attention {k}: {v}"
-                for k, v in c.get("attention_tflops", {}).items()]
+        out += [
+            f"attention {k}: {v:,.0f} TFLOP/s" if isinstance(v, float) else f"attention {k}: {v}"
+            for k, v in c.get("attention_tflops", {}).items()
+        ]
         return out
     if name == "cpt":
         out = []
@@ -144,14 +187,19 @@ def phase_notes(name: str, results: Path) -> list[str]:
 
             def pct(v):
                 return f"{100 * v:.1f}%" if v is not None else "n/a"
+
             mem = f"{p['peak_allocated_gb']:.1f} GB" if p.get("peak_allocated_gb") is not None else "n/a"
-            out.append(f"{p['variant']} batch {p['batch']} ({p['role']}, max {p['max_batch']}): {p['tok_s']:,.0f} tok/s, "
-                       f"MFU {pct(p.get('mfu_spec'))} spec / {pct(p.get('mfu_measured'))} measured, peak {mem}, "
-                       f"alloc retries {p.get('num_alloc_retries')}, liger ran {sorted(p.get('kernels_ran', {}))}")
+            out.append(
+                f"{p['variant']} batch {p['batch']} ({p['role']}, max {p['max_batch']}): {p['tok_s']:,.0f} tok/s, "
+                f"MFU {pct(p.get('mfu_spec'))} spec / {pct(p.get('mfu_measured'))} measured, peak {mem}, "
+                f"alloc retries {p.get('num_alloc_retries')}, liger ran {sorted(p.get('kernels_ran', {}))}"
+            )
             if p.get("profile"):
                 share = p["profile"]["share"]
-                out.append(f"  time: gemm {100 * share['gemm']:.0f}%, attention {100 * share['attention']:.0f}%, "
-                           f"other {100 * share['other']:.0f}%")
+                out.append(
+                    f"  time: gemm {100 * share['gemm']:.0f}%, attention {100 * share['attention']:.0f}%, "
+                    f"other {100 * share['other']:.0f}%"
+                )
         for c in read_json(results / "bench.json").get("equal_batch", []):
             cut = f"{100 * c['memory_cut']:.0f}%" if c.get("memory_cut") is not None else "n/a"
             out.append(f"{c['variant']} vs plain at batch {c['batch']}: memory cut {cut}, speed-up {c['speedup']:.2f}x")
@@ -192,9 +240,13 @@ def main(argv: list[str] | None = None) -> int:
     results.mkdir(parents=True, exist_ok=True)
     logs = results / "logs"
     logs.mkdir(exist_ok=True)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "DILFORGE_GPU_RESULTS": str(logs),
-           "PYTORCH_CUDA_ALLOC_CONF": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"),
-           "TOKENIZERS_PARALLELISM": "false"}
+    env = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "DILFORGE_GPU_RESULTS": str(logs),
+        "PYTORCH_CUDA_ALLOC_CONF": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"),
+        "TOKENIZERS_PARALLELISM": "false",
+    }
     py = sys.executable
     phases = plan(args.dry_run)
     wanted = set(args.phases.split(",")) if args.phases else None
@@ -223,9 +275,14 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join("   " + line for line in tail), flush=True)
     files = pack(results, logs)
     total = time.monotonic() - began
-    lines = [(f"gpu_check {'(dry run, CPU) ' if args.dry_run else ''}finished in {total:.0f} s of {args.total_s:.0f}; "
-              f"files: {', '.join(files + ['summary.txt'])}"),
-             f"{'phase':<12} {'seconds':>7}  status", "-" * 78]
+    lines = [
+        (
+            f"gpu_check {'(dry run, CPU) ' if args.dry_run else ''}finished in {total:.0f} s of {args.total_s:.0f}; "
+            f"files: {', '.join(files + ['summary.txt'])}"
+        ),
+        f"{'phase':<12} {'seconds':>7}  status",
+        "-" * 78,
+    ]
     for phase in phases:
         lines.append(f"{phase.name:<12} {phase.seconds:>7.0f}  {phase.status}")
         lines += [f"{'':<21}{note}" for note in phase.notes]

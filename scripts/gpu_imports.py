@@ -20,12 +20,32 @@ import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = {"dilforge_shared": ROOT / "shared", "dilforge_tokenizer": ROOT / "services" / "tokenizer",
-            "dilforge_cpt": ROOT / "services" / "cpt", "dilforge_sft": ROOT / "services" / "sft",
-            "dilforge_eval": ROOT / "services" / "eval"}
+PACKAGES = {
+    "dilforge_shared": ROOT / "shared",
+    "dilforge_tokenizer": ROOT / "services" / "tokenizer",
+    "dilforge_cpt": ROOT / "services" / "cpt",
+    "dilforge_sft": ROOT / "services" / "sft",
+    "dilforge_eval": ROOT / "services" / "eval",
+}
 # what the GPU path imports lazily (inside functions): Liger on CUDA, TRL/PEFT for SFT, datasets for TRL
-LIBRARIES = ("torch", "triton", "transformers", "accelerate", "peft", "trl", "datasets", "liger_kernel.transformers",
-             "pydantic", "pydantic_settings", "dotenv", "safetensors", "tokenizers", "numpy", "yaml", "tqdm")
+LIBRARIES = (
+    "torch",
+    "triton",
+    "transformers",
+    "accelerate",
+    "peft",
+    "trl",
+    "datasets",
+    "liger_kernel.transformers",
+    "pydantic",
+    "pydantic_settings",
+    "dotenv",
+    "safetensors",
+    "tokenizers",
+    "numpy",
+    "yaml",
+    "tqdm",
+)
 
 
 def production_modules() -> list[str]:
@@ -52,8 +72,10 @@ def main() -> int:
             print(f"gpu_imports: {name}: {type(exc).__name__}: {exc}", file=sys.stderr)
             if "-v" in sys.argv:
                 traceback.print_exc()
-    print(f"gpu_imports: {len(names) - len(failed)} of {len(names)} modules import "
-          f"(python {sys.version.split()[0]})", flush=True)
+    print(
+        f"gpu_imports: {len(names) - len(failed)} of {len(names)} modules import (python {sys.version.split()[0]})",
+        flush=True,
+    )
     return 1 if failed else 0
 
 

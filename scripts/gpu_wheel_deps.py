@@ -28,8 +28,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def device_packages() -> tuple[set[str], dict[str, Version]]:
-    names = {canonicalize_name(line.strip()) for line in (ROOT / "scripts" / "gpu_device_packages.txt").read_text().splitlines()
-             if line.strip() and not line.startswith("#")}
+    names = {
+        canonicalize_name(line.strip())
+        for line in (ROOT / "scripts" / "gpu_device_packages.txt").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
     versions = {}
     for raw in (ROOT / "scripts" / "gpu_device_env.txt").read_text().splitlines():
         line = raw.split("#", 1)[0].strip()
@@ -43,14 +46,20 @@ def wheel_requirements(path: Path) -> list[Requirement]:
     with zipfile.ZipFile(path) as zf:
         meta = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
         text = zf.read(meta).decode()
-    return [Requirement(line.split(":", 1)[1].strip()) for line in text.splitlines() if line.startswith("Requires-Dist:")]
+    return [
+        Requirement(line.split(":", 1)[1].strip()) for line in text.splitlines() if line.startswith("Requires-Dist:")
+    ]
 
 
 def tree_bytes() -> int:
     """Bytes of what a device call sends besides the carried folders: tracked + untracked-not-ignored files."""
     try:
-        out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                             capture_output=True, check=True).stdout
+        out = subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            cwd=ROOT,
+            capture_output=True,
+            check=True,
+        ).stdout
     except (OSError, subprocess.CalledProcessError):
         return 0
     return sum((ROOT / name).stat().st_size for name in out.decode().split("\0") if name and (ROOT / name).is_file())
@@ -68,9 +77,17 @@ def check(wheel_dir: Path, python: str, limit_mib: float) -> list[str]:
             problems.append(f"{w.name}: two versions of {name} ({carried[name]} and {version}); pip --target stops")
         carried[name] = version
     on_device, device_versions = device_packages()
-    env = {"python_version": python, "python_full_version": f"{python}.0", "sys_platform": "linux",
-           "platform_system": "Linux", "platform_machine": "x86_64", "implementation_name": "cpython",
-           "platform_python_implementation": "CPython", "os_name": "posix", "extra": ""}
+    env = {
+        "python_version": python,
+        "python_full_version": f"{python}.0",
+        "sys_platform": "linux",
+        "platform_system": "Linux",
+        "platform_machine": "x86_64",
+        "implementation_name": "cpython",
+        "platform_python_implementation": "CPython",
+        "os_name": "posix",
+        "extra": "",
+    }
     for w in wheels:
         for req in wheel_requirements(w):
             if req.marker is not None and not req.marker.evaluate(env):
@@ -79,14 +96,17 @@ def check(wheel_dir: Path, python: str, limit_mib: float) -> list[str]:
             version = carried.get(name) or device_versions.get(name)
             where = "carried" if name in carried else "on the device"
             if name not in carried and name not in on_device:
-                problems.append(f"{w.name}: needs {req} - neither carried nor on the device (add it to "
-                                "scripts/fetch_gpu_wheels.sh)")
+                problems.append(
+                    f"{w.name}: needs {req} - neither carried nor on the device (add it to scripts/fetch_gpu_wheels.sh)"
+                )
             elif version is not None and req.specifier and not req.specifier.contains(version, prereleases=True):
                 problems.append(f"{w.name}: needs {req}, {where} is {version}")
     wheel_bytes = sum(w.stat().st_size for w in wheels)
     total = wheel_bytes + tree_bytes()
-    print(f"gpu_wheel_deps: {len(wheels)} wheels, {wheel_bytes / 2**20:.1f} MiB; with the working tree "
-          f"{total / 2**20:.1f} MiB of the {limit_mib:.0f} MiB one call carries")
+    print(
+        f"gpu_wheel_deps: {len(wheels)} wheels, {wheel_bytes / 2**20:.1f} MiB; with the working tree "
+        f"{total / 2**20:.1f} MiB of the {limit_mib:.0f} MiB one call carries"
+    )
     if total > limit_mib * 2**20:
         problems.append(f"carried set + working tree = {total / 2**20:.1f} MiB > {limit_mib:.0f} MiB")
     return problems

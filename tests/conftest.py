@@ -58,12 +58,31 @@ def smollm2_artifact(tmp_path_factory):
 
     from dilforge_shared.recipes import cache_root
     from dilforge_shared.store import fetch
+
     store = cache_root() / "test-store"
-    env = {**os.environ, "DILFORGE_WORKDIR": str(tmp_path_factory.mktemp("smollm2-work")),
-           "DILFORGE_CACHE": str(cache_root())}
-    proc = subprocess.run([sys.executable, "-m", "dilforge_coordinator.cli", "models", "import",
-                           "smollm2-135m-instruct", "--store", str(store)], env=env, capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL, timeout=1800, check=False)
+    env = {
+        **os.environ,
+        "DILFORGE_WORKDIR": str(tmp_path_factory.mktemp("smollm2-work")),
+        "DILFORGE_CACHE": str(cache_root()),
+    }
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dilforge_coordinator.cli",
+            "models",
+            "import",
+            "smollm2-135m-instruct",
+            "--store",
+            str(store),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=1800,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return fetch(proc.stdout.strip().splitlines()[-1].split("artifact: ")[1])
 
@@ -72,6 +91,7 @@ def smollm2_artifact(tmp_path_factory):
 def smollm2_dir(smollm2_artifact) -> Path:
     """The imported SmolLM2 as a plain HF folder (config, safetensors, tokenizer with its chat template)."""
     from dilforge_shared.models import resolve
+
     return resolve(smollm2_artifact, "model").path
 
 
@@ -88,12 +108,19 @@ def llama32_tokenizer() -> Path:
     import sys
 
     from dilforge_shared.recipes import cache_root
+
     if os.environ.get("DILFORGE_LLAMA32_TOKENIZER"):
         return Path(os.environ["DILFORGE_LLAMA32_TOKENIZER"])
     out = cache_root() / "llama32-tokenizer"
     if not (out / "tokenizer.json").is_file():
         script = Path(__file__).resolve().parents[1] / "scripts/build_llama32_tokenizer.py"
-        proc = subprocess.run([sys.executable, str(script), "--out", str(out)], capture_output=True, text=True,
-                              stdin=subprocess.DEVNULL, timeout=900, check=False)
+        proc = subprocess.run(
+            [sys.executable, str(script), "--out", str(out)],
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            timeout=900,
+            check=False,
+        )
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return out

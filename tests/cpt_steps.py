@@ -9,13 +9,29 @@ def tiny(device):
     from dilforge_cpt import loop
     from dilforge_shared.configs.cpt import CptConfig
     from transformers import LlamaConfig, LlamaForCausalLM
+
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                         num_attention_heads=4, num_key_value_heads=2)).to(device)
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=256,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        )
+    ).to(device)
     model.config.use_cache = False
-    config = CptConfig(scratch_model={}, corpora=[{"uri": "a"}], validation=[{"uri": "v"}], seq_len=32,
-                       global_batch_size=2, micro_batch_size=2, phase1={"num_steps": 0},
-                       phase2={"num_steps": 4, "learning_rate": 0.01})
+    config = CptConfig(
+        scratch_model={},
+        corpora=[{"uri": "a"}],
+        validation=[{"uri": "v"}],
+        seq_len=32,
+        global_batch_size=2,
+        micro_batch_size=2,
+        phase1={"num_steps": 0},
+        phase2={"num_steps": 4, "learning_rate": 0.01},
+    )
     optimizer = loop.make_optimizer(loop.set_trainable(model, 2), config, config.phase2, fused=True)
     tokens = torch.randint(0, 256, (2, 32))
     return model, optimizer, tokens.pin_memory() if device.type == "cuda" else tokens
@@ -25,6 +41,7 @@ def check_skip_on_device(device):
     import torch
     from dilforge_cpt import loop
     from dilforge_cpt.runtime import Runtime
+
     rt = Runtime(device=device)
     model, optimizer, tokens = tiny(device)
     assert loop.skips_on_device(optimizer)  # fused: no host read decides the skip

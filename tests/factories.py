@@ -16,21 +16,32 @@ def data_root() -> Path:
 
 def wiki_lines(n: int = 5000) -> list[str]:
     from dilforge_shared.corpus import iter_texts
+
     return list(itertools.islice(iter_texts(str(data_root() / "az/train/azwiki_sentences_cv_extractor.txt")), n))
 
 
 def build_tokenizer(out_dir: Path, vocab_size: int = 512, num_lines: int = 5000) -> Path:
     """A Llama-3-style BPE trained on Azerbaijani Wikipedia lines, saved as an HF folder."""
     from dilforge_tokenizer import llama3
+
     llama3.save(llama3.train_bpe(wiki_lines(num_lines), vocab_size), out_dir)
     return out_dir
 
 
 def tiny_llama_config(vocab_size: int, **overrides):
     from transformers import LlamaConfig
-    kwargs = {"vocab_size": vocab_size, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-                  "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 2048,
-                  "tie_word_embeddings": True, "rope_theta": 500000.0}
+
+    kwargs = {
+        "vocab_size": vocab_size,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 2048,
+        "tie_word_embeddings": True,
+        "rope_theta": 500000.0,
+    }
     kwargs.update(overrides)
     return LlamaConfig(**kwargs)
 
@@ -39,10 +50,16 @@ def build_tiny_llama(out_dir: Path, tokenizer_dir: Path, seed: int = 0, **overri
     """A random 2-layer, 64-dim Llama saved as safetensors next to its tokenizer."""
     import torch
     from transformers import AutoTokenizer, LlamaForCausalLM
+
     tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     torch.manual_seed(seed)
-    cfg = tiny_llama_config(len(tok), bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                            pad_token_id=tok.pad_token_id, **overrides)
+    cfg = tiny_llama_config(
+        len(tok),
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        **overrides,
+    )
     model = LlamaForCausalLM(cfg)
     model.save_pretrained(str(out_dir), safe_serialization=True)
     tok.save_pretrained(str(out_dir))
@@ -62,13 +79,33 @@ SFT_CONVERSATION = [
 ]
 SFT_EXPECTED_MASK = [
     ("<|begin_of_text|>", 0),
-    ("<|start_header_id|>", 0), ("system", 0), ("<|end_header_id|>", 0), ("\n\nSən köməkçisən.", 0), ("<|eot_id|>", 0),
-    ("<|start_header_id|>", 0), ("user", 0), ("<|end_header_id|>", 0), ("\n\nSalam!", 0), ("<|eot_id|>", 0),
-    ("<|start_header_id|>", 0), ("assistant", 0), ("<|end_header_id|>", 0), ("\n\n", 0),
-    ("Salam, necə kömək edim?", 1), ("<|eot_id|>", 1),
-    ("<|start_header_id|>", 0), ("user", 0), ("<|end_header_id|>", 0), ("\n\nBakı haradadır?", 0), ("<|eot_id|>", 0),
-    ("<|start_header_id|>", 0), ("assistant", 0), ("<|end_header_id|>", 0), ("\n\n", 0),
-    ("Bakı Azərbaycanın paytaxtıdır.", 1), ("<|eot_id|>", 1),
+    ("<|start_header_id|>", 0),
+    ("system", 0),
+    ("<|end_header_id|>", 0),
+    ("\n\nSən köməkçisən.", 0),
+    ("<|eot_id|>", 0),
+    ("<|start_header_id|>", 0),
+    ("user", 0),
+    ("<|end_header_id|>", 0),
+    ("\n\nSalam!", 0),
+    ("<|eot_id|>", 0),
+    ("<|start_header_id|>", 0),
+    ("assistant", 0),
+    ("<|end_header_id|>", 0),
+    ("\n\n", 0),
+    ("Salam, necə kömək edim?", 1),
+    ("<|eot_id|>", 1),
+    ("<|start_header_id|>", 0),
+    ("user", 0),
+    ("<|end_header_id|>", 0),
+    ("\n\nBakı haradadır?", 0),
+    ("<|eot_id|>", 0),
+    ("<|start_header_id|>", 0),
+    ("assistant", 0),
+    ("<|end_header_id|>", 0),
+    ("\n\n", 0),
+    ("Bakı Azərbaycanın paytaxtıdır.", 1),
+    ("<|eot_id|>", 1),
 ]
 
 
@@ -85,12 +122,17 @@ def sft_expected_tokens(tok, segments=SFT_EXPECTED_MASK) -> tuple[list[int], lis
 def make_manifest(**overrides):
     """A valid manifest with made-up contents, for store and schema tests."""
     from dilforge_shared.manifest import FileEntry, InputRef, Manifest, Producer
+
     fields = {
-        "kind": "tokenizer", "artifact_id": "abc123", "run_id": "r1", "stage": "tokenizer",
+        "kind": "tokenizer",
+        "artifact_id": "abc123",
+        "run_id": "r1",
+        "stage": "tokenizer",
         "producer": Producer(package="dilforge-tokenizer", version="0.1.0", libraries={"tokenizers": "0.23.3"}),
         "config": {"strategy": "replace", "vocab_sizes": [1000]},
         "inputs": [InputRef(name="data:corpus", kind="data", uri="/data/a.txt", sha256="0" * 64)],
-        "data_dir": "data-0123", "files": [FileEntry(path="tokenizer.json", size=3, sha256="a" * 64)],
+        "data_dir": "data-0123",
+        "files": [FileEntry(path="tokenizer.json", size=3, sha256="a" * 64)],
         "metrics": {"fertility": 1.5},
     }
     fields.update(overrides)
@@ -112,8 +154,17 @@ def job_manifest(job, kind: str, **fields):
     from dilforge_shared.manifest import Manifest, current_producer
     from dilforge_shared.models import stage_refs
     from dilforge_shared.stages import STAGE_VERSIONS
-    return Manifest(kind=kind, artifact_id=job.artifact_id, run_id=job.run_id, stage=job.stage,
-                    code_version=STAGE_VERSIONS[job.stage], producer=current_producer("test"),
-                    config=job.config.model_dump(mode="json"), inputs=stage_refs(job.config, job.inputs,
-                                                                                 job.s3_endpoint_url),
-                    data_dir="pending", files=[], **fields)
+
+    return Manifest(
+        kind=kind,
+        artifact_id=job.artifact_id,
+        run_id=job.run_id,
+        stage=job.stage,
+        code_version=STAGE_VERSIONS[job.stage],
+        producer=current_producer("test"),
+        config=job.config.model_dump(mode="json"),
+        inputs=stage_refs(job.config, job.inputs, job.s3_endpoint_url),
+        data_dir="pending",
+        files=[],
+        **fields,
+    )

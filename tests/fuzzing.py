@@ -22,8 +22,13 @@ FAULT_SEED0 = int(os.environ.get("DILFORGE_FAULT_SEED0", "0"))
 
 # derandomize: the examples are a function of the test alone (a fixed seed), so CI is reproducible; the nightly
 # budget explores more of the same deterministic stream. No example database is written into the repo.
-FUZZ = settings(max_examples=FUZZ_EXAMPLES, derandomize=True, deadline=None, database=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+FUZZ = settings(
+    max_examples=FUZZ_EXAMPLES,
+    derandomize=True,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 
 
 def fault_seeds() -> list[int]:

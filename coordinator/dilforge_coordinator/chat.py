@@ -18,8 +18,11 @@ def _policy(device: str):
     try:
         import torch  # noqa: F401
     except ImportError:
-        raise typer.BadParameter("chat needs torch, transformers and peft: pip install dilforge-coordinator[chat]") from None
+        raise typer.BadParameter(
+            "chat needs torch, transformers and peft: pip install dilforge-coordinator[chat]"
+        ) from None
     from dilforge_shared import runtime_policy
+
     return runtime_policy.decide("chat", device=device, precision="auto")
 
 
@@ -33,15 +36,18 @@ def _load(model_uri: str, base: str | None, endpoint: str | None, merged: bool, 
     from dilforge_shared.errors import DilforgeError
     from dilforge_shared.models import resolve_chat_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
     spec = resolve_chat_model(model_uri, base=base, endpoint_url=endpoint, prefer_merged=merged)
     step, where = "tokenizer", spec.tokenizer_dir
     try:
         tok = AutoTokenizer.from_pretrained(str(spec.tokenizer_dir), trust_remote_code=False)
         step, where = "model", spec.base_dir
-        model = AutoModelForCausalLM.from_pretrained(str(spec.base_dir), dtype=policy.torch_dtype(),
-                                                     trust_remote_code=False)
+        model = AutoModelForCausalLM.from_pretrained(
+            str(spec.base_dir), dtype=policy.torch_dtype(), trust_remote_code=False
+        )
         if spec.adapter_dir is not None:
             from peft import PeftModel
+
             step, where = f"adapter (on base {spec.base_dir})", spec.adapter_dir
             model = PeftModel.from_pretrained(model, str(spec.adapter_dir))
     except Exception as exc:  # noqa: BLE001 - transformers/peft/safetensors raise many types; the user needs one line
@@ -53,6 +59,7 @@ def _load(model_uri: str, base: str | None, endpoint: str | None, merged: bool, 
 def _utf8(text: str, where: str) -> str:
     """Text from argv or stdin that was not UTF-8 arrives with surrogate escapes; say so instead of tracing back."""
     from dilforge_shared.errors import DilforgeError
+
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
@@ -65,6 +72,7 @@ def stop_token_ids(tok) -> list[int]:
     ChatML), plus its eos; a tokenizer of no known family stops at its eos only."""
     from dilforge_shared.errors import InputError
     from dilforge_shared.families import detect_family
+
     try:
         names = detect_family(tok.get_vocab(), "chat tokenizer").stop_tokens
     except InputError:
@@ -76,6 +84,7 @@ def stop_token_ids(tok) -> list[int]:
 def reply(tok, model, messages: list[dict[str, str]], max_new_tokens: int, temperature: float, seed: int) -> str:
     """One assistant turn for the conversation so far, stopping at the family's end of turn."""
     import torch
+
     if not tok.chat_template:
         raise typer.BadParameter("the tokenizer has no chat template; this model cannot hold a dialogue")
     enc = tok.apply_chat_template(messages, add_generation_prompt=True, return_dict=True, return_tensors="pt")
@@ -83,30 +92,46 @@ def reply(tok, model, messages: list[dict[str, str]], max_new_tokens: int, tempe
     stop = stop_token_ids(tok)
     torch.manual_seed(seed)
     with torch.no_grad():
-        out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=temperature > 0,
-                             temperature=temperature if temperature > 0 else None, top_p=0.95 if temperature > 0 else None,
-                             eos_token_id=stop, pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else stop[0])
-    return tok.decode(out[0, enc["input_ids"].shape[1]:], skip_special_tokens=True).strip()
+        out = model.generate(
+            **enc,
+            max_new_tokens=max_new_tokens,
+            do_sample=temperature > 0,
+            temperature=temperature if temperature > 0 else None,
+            top_p=0.95 if temperature > 0 else None,
+            eos_token_id=stop,
+            pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else stop[0],
+        )
+    return tok.decode(out[0, enc["input_ids"].shape[1] :], skip_special_tokens=True).strip()
 
 
 def chat_cmd(
-    model: Annotated[str, typer.Argument(help="Model or adapter artifact URI (store folder or manifest), or HF folder.")],
+    model: Annotated[
+        str, typer.Argument(help="Model or adapter artifact URI (store folder or manifest), or HF folder.")
+    ],
     prompt: Annotated[str | None, typer.Option("--prompt", "-p", help="Ask once and exit; else interactive.")] = None,
     system: Annotated[str | None, typer.Option("--system", help="System prompt.")] = None,
-    base: Annotated[str | None, typer.Option("--base", help="Base model for an adapter (default: its lineage).")] = None,
-    merged: Annotated[bool, typer.Option("--merged", help="Use the artifact's merged/ weights when it has them.")] = False,
+    base: Annotated[
+        str | None, typer.Option("--base", help="Base model for an adapter (default: its lineage).")
+    ] = None,
+    merged: Annotated[
+        bool, typer.Option("--merged", help="Use the artifact's merged/ weights when it has them.")
+    ] = False,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1)] = 256,
     temperature: Annotated[float, typer.Option("--temperature", min=0.0, help="0 = greedy.")] = 0.0,
     seed: Annotated[int, typer.Option("--seed")] = 0,
     device: Annotated[str, typer.Option("--device", help="auto, cpu or cuda.")] = "auto",
-    endpoint: Annotated[str | None, typer.Option(
-        "--s3-endpoint-url", envvar="DILFORGE_S3_ENDPOINT_URL", help="S3-compatible endpoint.")] = None,
+    endpoint: Annotated[
+        str | None, typer.Option("--s3-endpoint-url", envvar="DILFORGE_S3_ENDPOINT_URL", help="S3-compatible endpoint.")
+    ] = None,
 ) -> None:
     """Chat with a model or adapter artifact. Empty line or Ctrl-D ends an interactive session."""
     from dilforge_shared.errors import DilforgeError
+
     try:
-        system, prompt = (_utf8(system, "--system") if system else system), (_utf8(prompt, "--prompt")
-                                                                             if prompt is not None else None)
+        system, prompt = (
+            (_utf8(system, "--system") if system else system),
+            (_utf8(prompt, "--prompt") if prompt is not None else None),
+        )
         policy = _policy(device)
         device = policy.device
         spec, tok, lm = _load(model, base, endpoint, merged, policy)
@@ -125,8 +150,11 @@ def chat_cmd(
         except EOFError:
             break
         except UnicodeDecodeError as exc:
-            typer.echo(f"error: stdin is not UTF-8 text (byte {exc.start}: {exc.object[exc.start:exc.start + 4]!r}); "
-                       "send UTF-8", err=True)
+            typer.echo(
+                f"error: stdin is not UTF-8 text (byte {exc.start}: {exc.object[exc.start : exc.start + 4]!r}); "
+                "send UTF-8",
+                err=True,
+            )
             raise typer.Exit(1) from None
         if any("\udc80" <= ch <= "\udcff" for ch in line):  # surrogate escapes: bytes that were not UTF-8
             typer.echo("error: stdin is not UTF-8 text (undecodable bytes); send UTF-8", err=True)

@@ -59,8 +59,11 @@ class OneLineErrors(typer.Typer):
                 signal.signal(sig, handler)
 
 
-app = OneLineErrors(help="dilforge coordinator: run the model → tokenizer → cpt → sft → eval pipeline.",
-                    no_args_is_help=True, pretty_exceptions_enable=False)
+app = OneLineErrors(
+    help="dilforge coordinator: run the model → tokenizer → cpt → sft → eval pipeline.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
 manifest_app = typer.Typer(help="Inspect artifact manifests.", no_args_is_help=True)
 app.add_typer(manifest_app, name="manifest")
 app.add_typer(images_app, name="images")
@@ -70,17 +73,27 @@ app.command("serve")(serve_cmd)
 app.command("deploy")(deploy_cmd)
 
 ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="Pipeline YAML (see configs/).", exists=False)]
-DataOpt = Annotated[Path | None, typer.Option(
-    "--data", help="Folder with the data the config refers to as ${DILFORGE_DATA} (e.g. ../shared/data).")]
+DataOpt = Annotated[
+    Path | None,
+    typer.Option("--data", help="Folder with the data the config refers to as ${DILFORGE_DATA} (e.g. ../shared/data)."),
+]
 BackendOpt = Annotated[str, typer.Option("--backend", "-b", help=f"Where stages run: {', '.join(BACKENDS)}.")]
 StoreOpt = Annotated[str | None, typer.Option("--store", help="Override store.uri of the config.")]
 RunIdOpt = Annotated[str | None, typer.Option("--run-id", help="Override run_id of the config.")]
-EndpointOpt = Annotated[str | None, typer.Option(
-    "--s3-endpoint-url", envvar="DILFORGE_S3_ENDPOINT_URL", help="S3-compatible endpoint (SeaweedFS, MinIO).")]
+EndpointOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--s3-endpoint-url", envvar="DILFORGE_S3_ENDPOINT_URL", help="S3-compatible endpoint (SeaweedFS, MinIO)."
+    ),
+]
 
 
-DryRunOpt = Annotated[bool, typer.Option(
-    "--dry-run", help="sagemaker backend: print every CreateTrainingJob request, offline, and submit nothing.")]
+DryRunOpt = Annotated[
+    bool,
+    typer.Option(
+        "--dry-run", help="sagemaker backend: print every CreateTrainingJob request, offline, and submit nothing."
+    ),
+]
 
 
 def _load(config: Path, data: Path | None, store: str | None, run_id: str | None) -> PipelineConfig:
@@ -116,8 +129,9 @@ def run_cmd(
     backend: BackendOpt = "local",
     store: StoreOpt = None,
     run_id: RunIdOpt = None,
-    inputs: Annotated[list[str] | None, typer.Option(
-        "--input", help="Upstream artifact NAME=URI; defaults to this run's record.")] = None,
+    inputs: Annotated[
+        list[str] | None, typer.Option("--input", help="Upstream artifact NAME=URI; defaults to this run's record.")
+    ] = None,
     dry_run: DryRunOpt = False,
     verbose: bool = False,
 ) -> None:
@@ -177,8 +191,11 @@ def run_all_cmd(
 
 
 @manifest_app.command("show")
-def manifest_show(uri: Annotated[str, typer.Argument(help="Artifact folder or manifest.json URI")],
-                  endpoint: EndpointOpt = None, as_json: bool = typer.Option(False, "--json")) -> None:
+def manifest_show(
+    uri: Annotated[str, typer.Argument(help="Artifact folder or manifest.json URI")],
+    endpoint: EndpointOpt = None,
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
     """Print a manifest: kind, lineage, files and metrics."""
     try:
         manifest, digest = read_manifest(uri, endpoint)
@@ -197,8 +214,9 @@ def manifest_show(uri: Annotated[str, typer.Argument(help="Artifact folder or ma
 
 
 @manifest_app.command("validate")
-def manifest_validate(uri: Annotated[str, typer.Argument(help="Artifact folder or manifest.json URI")],
-                      endpoint: EndpointOpt = None) -> None:
+def manifest_validate(
+    uri: Annotated[str, typer.Argument(help="Artifact folder or manifest.json URI")], endpoint: EndpointOpt = None
+) -> None:
     """Check the manifest's schema and every file's size and sha256."""
     try:
         art = fetch(uri, endpoint_url=endpoint)
@@ -224,11 +242,14 @@ def _process_state(owner: dict) -> str:
 
 
 @app.command("status")
-def status_cmd(run_id: Annotated[str, typer.Argument(help="Pipeline run id")],
-               store: Annotated[str, typer.Option("--store", help="Artifact store root URI")] = ".dilforge/store",
-               endpoint: EndpointOpt = None) -> None:
+def status_cmd(
+    run_id: Annotated[str, typer.Argument(help="Pipeline run id")],
+    store: Annotated[str, typer.Option("--store", help="Artifact store root URI")] = ".dilforge/store",
+    endpoint: EndpointOpt = None,
+) -> None:
     """Show each stage of a run: artifact, produced or reused, failure reason; flags a run whose process is gone."""
     from .records import parse_record
+
     try:
         st = ArtifactStore(store, endpoint)
         source = f"{st.backend.uri}/{st.run_record_key(run_id)}"
@@ -236,8 +257,11 @@ def status_cmd(run_id: Annotated[str, typer.Argument(help="Pipeline run id")],
     except NotFound:
         fail(f"no run {run_id!r} in store {store}")
     except USER_ERRORS as exc:
-        fail(f"{one_line(exc)} (the next run of this id sets it aside and starts a fresh record)"
-             if "damaged run record" in str(exc) else one_line(exc))
+        fail(
+            f"{one_line(exc)} (the next run of this id sets it aside and starts a fresh record)"
+            if "damaged run record" in str(exc)
+            else one_line(exc)
+        )
     status, owner = doc.status, doc.owner
     running = status == "running" or any(i.status == "running" for i in doc.stages.values())
     note = ""
@@ -245,8 +269,10 @@ def status_cmd(run_id: Annotated[str, typer.Argument(help="Pipeline run id")],
         state = _process_state(owner)
         if state == "gone":
             status = "stale"
-            note = (f" — process {owner.get('pid')} on {owner.get('host')} is gone (killed or crashed); "
-                    "rerun the same command to resume")
+            note = (
+                f" — process {owner.get('pid')} on {owner.get('host')} is gone (killed or crashed); "
+                "rerun the same command to resume"
+            )
         elif state == "unknown":
             note = f" — owned by process {owner.get('pid')} on {owner.get('host')}"
     typer.echo(f"run {run_id}: {status}{note} (updated {doc.updated_at})")
@@ -258,21 +284,31 @@ def status_cmd(run_id: Annotated[str, typer.Argument(help="Pipeline run id")],
 
 
 @app.command("gc")
-def gc_cmd(store: Annotated[str, typer.Option("--store", help="Artifact store root URI")] = ".dilforge/store",
-           workdir: Annotated[Path | None, typer.Option(
-               "--workdir", help="Local backend work folders (default DILFORGE_WORKDIR or .dilforge/work)")] = None,
-           delete: Annotated[bool, typer.Option("--delete", help="Remove what is listed (default: list only).")] = False,
-           unreferenced: Annotated[bool, typer.Option(
-               "--unreferenced", help="Also list artifacts no run record in this store names.")] = False,
-           min_age_minutes: Annotated[float, typer.Option(
-               "--min-age-minutes", min=0, help="Leave orphans and temp files younger than this alone.")] = 60,
-           endpoint: EndpointOpt = None) -> None:
+def gc_cmd(
+    store: Annotated[str, typer.Option("--store", help="Artifact store root URI")] = ".dilforge/store",
+    workdir: Annotated[
+        Path | None,
+        typer.Option("--workdir", help="Local backend work folders (default DILFORGE_WORKDIR or .dilforge/work)"),
+    ] = None,
+    delete: Annotated[bool, typer.Option("--delete", help="Remove what is listed (default: list only).")] = False,
+    unreferenced: Annotated[
+        bool, typer.Option("--unreferenced", help="Also list artifacts no run record in this store names.")
+    ] = False,
+    min_age_minutes: Annotated[
+        float, typer.Option("--min-age-minutes", min=0, help="Leave orphans and temp files younger than this alone.")
+    ] = 60,
+    endpoint: EndpointOpt = None,
+) -> None:
     """List (dry run) or --delete orphan data-* folders, damaged copies, temp files, stale work folders."""
     from . import gc
+
     try:
         found = gc.find_store_garbage(ArtifactStore(store, endpoint), min_age_minutes * 60, unreferenced)
-        found += gc.find_work_garbage(Path(workdir or settings().workdir).resolve(), min_age_minutes * 60,
-                                      settings().cache or default_download_cache())
+        found += gc.find_work_garbage(
+            Path(workdir or settings().workdir).resolve(),
+            min_age_minutes * 60,
+            settings().cache or default_download_cache(),
+        )
     except USER_ERRORS as exc:
         fail(one_line(exc))
     for item in found:

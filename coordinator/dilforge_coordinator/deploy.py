@@ -47,19 +47,22 @@ def endpoint_name(pipeline: PipelineConfig) -> str:
 def serve_image(cfg: SageMakerConfig, dry_run: bool) -> str:
     """The serve image by digest: the config's, else the one `coordinator images push --stage serve` recorded."""
     from .images import default_tag, pushed_image
+
     gpu = is_gpu_instance(cfg.endpoint.instance_type)
     if image := cfg.endpoint.image or pushed_image("serve", gpu=gpu):
         return image
     if dry_run:
         return f"{cfg.registry}/{cfg.repository_prefix}-serve:{default_tag(gpu=gpu)}"
-    raise ConfigError("no serve image: run `coordinator images build --stage serve` and `coordinator images push "
-                      "--stage serve`, or set sagemaker.endpoint.image (repo@sha256:digest)")
+    raise ConfigError(
+        "no serve image: run `coordinator images build --stage serve` and `coordinator images push "
+        "--stage serve`, or set sagemaker.endpoint.image (repo@sha256:digest)"
+    )
 
 
 @dataclass
 class DeployPlan:
     endpoint: str
-    model: str          # model and endpoint config share this name: <endpoint>-<digest of what they hold>
+    model: str  # model and endpoint config share this name: <endpoint>-<digest of what they hold>
     create_model: dict
     create_endpoint_config: dict
     artifact_uri: str
@@ -67,41 +70,65 @@ class DeployPlan:
     def endpoint_request(self, exists: bool) -> tuple[str, dict]:
         if exists:
             return "UpdateEndpoint", {"EndpointName": self.endpoint, "EndpointConfigName": self.model}
-        return "CreateEndpoint", {"EndpointName": self.endpoint, "EndpointConfigName": self.model,
-                                  "Tags": self.create_model["Tags"]}
+        return "CreateEndpoint", {
+            "EndpointName": self.endpoint,
+            "EndpointConfigName": self.model,
+            "Tags": self.create_model["Tags"],
+        }
 
 
-def plan(pipeline: PipelineConfig, artifact_uri: str, image: str, system_prompt: str | None = None,
-         model_id: str | None = None) -> DeployPlan:
+def plan(
+    pipeline: PipelineConfig,
+    artifact_uri: str,
+    image: str,
+    system_prompt: str | None = None,
+    model_id: str | None = None,
+) -> DeployPlan:
     """Every request of a deployment, built offline from the config, the artifact's URI and the image."""
     cfg = pipeline.sagemaker
     if cfg is None:
-        raise ConfigError("deploy needs a `sagemaker:` section (role_arn, region, endpoint) in the pipeline config; "
-                          "see configs/sagemaker-published.yaml")
+        raise ConfigError(
+            "deploy needs a `sagemaker:` section (role_arn, region, endpoint) in the pipeline config; "
+            "see configs/sagemaker-published.yaml"
+        )
     if not artifact_uri.startswith("s3://"):
-        raise ConfigError(f"{artifact_uri}: a SageMaker endpoint reads its model from S3; deploy an artifact of an "
-                          "s3:// store")
+        raise ConfigError(
+            f"{artifact_uri}: a SageMaker endpoint reads its model from S3; deploy an artifact of an s3:// store"
+        )
     ep = cfg.endpoint
     if system_prompt is None and pipeline.sft is not None:
         system_prompt = pipeline.sft.system_prompt
-    env = {MODEL_ID_ENV: model_id or default_model_id(pipeline.run_id, "sft", "model"), "DILFORGE_LOG_LEVEL": "INFO",
-           **({SYSTEM_PROMPT_ENV: system_prompt} if system_prompt else {}),
-           **({"DILFORGE_S3_ENDPOINT_URL": pipeline.store.s3_endpoint_url} if pipeline.store.s3_endpoint_url else {}),
-           **ep.environment}
+    env = {
+        MODEL_ID_ENV: model_id or default_model_id(pipeline.run_id, "sft", "model"),
+        "DILFORGE_LOG_LEVEL": "INFO",
+        **({SYSTEM_PROMPT_ENV: system_prompt} if system_prompt else {}),
+        **({"DILFORGE_S3_ENDPOINT_URL": pipeline.store.s3_endpoint_url} if pipeline.store.s3_endpoint_url else {}),
+        **ep.environment,
+    }
     name = endpoint_name(pipeline)
-    digest = hashlib.sha256(json.dumps([artifact_uri, image, env, ep.instance_type, ep.num_instances],
-                                       sort_keys=True).encode()).hexdigest()[:10]
+    digest = hashlib.sha256(
+        json.dumps([artifact_uri, image, env, ep.instance_type, ep.num_instances], sort_keys=True).encode()
+    ).hexdigest()[:10]
     model = f"{name[:52]}-{digest}"
-    tags = [{"Key": k, "Value": v} for k, v in sorted({"dilforge:run-id": pipeline.run_id,
-                                                        "dilforge:artifact": artifact_uri[-256:], **cfg.tags}.items())]
+    tags = [
+        {"Key": k, "Value": v}
+        for k, v in sorted(
+            {"dilforge:run-id": pipeline.run_id, "dilforge:artifact": artifact_uri[-256:], **cfg.tags}.items()
+        )
+    ]
     create_model: dict[str, Any] = {
         "ModelName": model,
         "ExecutionRoleArn": cfg.role_arn,
         "PrimaryContainer": {
             "Image": image,
             "Mode": "SingleModel",
-            "ModelDataSource": {"S3DataSource": {"S3Uri": artifact_uri.rstrip("/") + "/", "S3DataType": "S3Prefix",
-                                                 "CompressionType": "None"}},
+            "ModelDataSource": {
+                "S3DataSource": {
+                    "S3Uri": artifact_uri.rstrip("/") + "/",
+                    "S3DataType": "S3Prefix",
+                    "CompressionType": "None",
+                }
+            },
             "Environment": env,
         },
         "EnableNetworkIsolation": False,
@@ -111,36 +138,52 @@ def plan(pipeline: PipelineConfig, artifact_uri: str, image: str, system_prompt:
         create_model["VpcConfig"] = {"Subnets": cfg.subnets, "SecurityGroupIds": cfg.security_group_ids}
     create_config = {
         "EndpointConfigName": model,
-        "ProductionVariants": [{
-            "VariantName": VARIANT, "ModelName": model, "InstanceType": ep.instance_type,
-            "InitialInstanceCount": ep.num_instances, "InitialVariantWeight": 1.0,
-            "ContainerStartupHealthCheckTimeoutInSeconds": ep.container_startup_timeout_s,
-            "ModelDataDownloadTimeoutInSeconds": ep.model_data_download_timeout_s,
-        }],
+        "ProductionVariants": [
+            {
+                "VariantName": VARIANT,
+                "ModelName": model,
+                "InstanceType": ep.instance_type,
+                "InitialInstanceCount": ep.num_instances,
+                "InitialVariantWeight": 1.0,
+                "ContainerStartupHealthCheckTimeoutInSeconds": ep.container_startup_timeout_s,
+                "ModelDataDownloadTimeoutInSeconds": ep.model_data_download_timeout_s,
+            }
+        ],
         "Tags": tags,
     }
-    return DeployPlan(endpoint=name, model=model, create_model=create_model, create_endpoint_config=create_config,
-                      artifact_uri=artifact_uri)
+    return DeployPlan(
+        endpoint=name,
+        model=model,
+        create_model=create_model,
+        create_endpoint_config=create_config,
+        artifact_uri=artifact_uri,
+    )
 
 
 def dry_run_requests(deploy: DeployPlan) -> list[tuple[str, dict]]:
     """What a first deployment sends (an existing endpoint gets UpdateEndpoint instead of CreateEndpoint)."""
-    return [("CreateModel", deploy.create_model), ("CreateEndpointConfig", deploy.create_endpoint_config),
-            deploy.endpoint_request(exists=False)]
+    return [
+        ("CreateModel", deploy.create_model),
+        ("CreateEndpointConfig", deploy.create_endpoint_config),
+        deploy.endpoint_request(exists=False),
+    ]
 
 
 def delete_requests(name: str, config_name: str | None, models: list[str]) -> list[tuple[str, dict]]:
-    return [("DeleteEndpoint", {"EndpointName": name}),
-            *([("DeleteEndpointConfig", {"EndpointConfigName": config_name})] if config_name else []),
-            *[("DeleteModel", {"ModelName": m}) for m in models]]
+    return [
+        ("DeleteEndpoint", {"EndpointName": name}),
+        *([("DeleteEndpointConfig", {"EndpointConfigName": config_name})] if config_name else []),
+        *[("DeleteModel", {"ModelName": m}) for m in models],
+    ]
 
 
 # ---- against SageMaker ------------------------------------------------------------------------------
 
+
 def _missing(exc: Exception) -> bool:
     from botocore.exceptions import ClientError
-    return isinstance(exc, ClientError) and exc.response["Error"]["Code"] in ("ValidationException",
-                                                                               "ResourceNotFound")
+
+    return isinstance(exc, ClientError) and exc.response["Error"]["Code"] in ("ValidationException", "ResourceNotFound")
 
 
 @dataclass
@@ -185,9 +228,11 @@ class Deployer:
                 self._call("CreateEndpointConfig", deploy.create_endpoint_config)
             op, request = deploy.endpoint_request(exists=current is not None)
             self._call(op, request)
-            self.out(f"{'updating' if current else 'creating'} endpoint {deploy.endpoint} "
-                     f"({deploy.create_endpoint_config['ProductionVariants'][0]['InitialInstanceCount']} x "
-                     f"{deploy.create_endpoint_config['ProductionVariants'][0]['InstanceType']})")
+            self.out(
+                f"{'updating' if current else 'creating'} endpoint {deploy.endpoint} "
+                f"({deploy.create_endpoint_config['ProductionVariants'][0]['InitialInstanceCount']} x "
+                f"{deploy.create_endpoint_config['ProductionVariants'][0]['InstanceType']})"
+            )
         return self.wait(deploy.endpoint) if wait else (self.describe_endpoint(deploy.endpoint) or {})
 
     def wait(self, name: str) -> dict:
@@ -223,22 +268,26 @@ class Deployer:
         requests = delete_requests(name, config_name, [v["ModelName"] for v in variants])
         for op, request in requests:
             self._call(op, request)
-        self.out(f"deleted endpoint {name}, endpoint config {config_name} and model(s) "
-                 f"{[v['ModelName'] for v in variants]}")
+        self.out(
+            f"deleted endpoint {name}, endpoint config {config_name} and model(s) {[v['ModelName'] for v in variants]}"
+        )
         return requests
 
 
 # ---- the command --------------------------------------------------------------------------------------
 
+
 def artifact_of(pipeline: PipelineConfig, dry_run: bool) -> str:
     """The pipeline's SFT artifact: from its run record, or (dry run, offline) the URI the plan gives it."""
     if dry_run:
         from .backends.sagemaker import offline_jobs
+
         planned = {job.stage: job.artifact_uri for job in offline_jobs(pipeline)}
         if "sft" in planned:
             return planned["sft"]
         raise ConfigError("the pipeline has no sft stage: pass the artifact URI to deploy")
     from .pipeline import upstream_from_record
+
     produced = upstream_from_record(pipeline)
     if "sft" not in produced:
         raise ConfigError(f"run {pipeline.run_id} has no SFT artifact yet (run the pipeline, or pass the artifact URI)")
@@ -247,17 +296,21 @@ def artifact_of(pipeline: PipelineConfig, dry_run: bool) -> str:
 
 def deploy_cmd(
     config: Annotated[str, typer.Option("--config", "-c", help="Pipeline YAML with a `sagemaker:` section.")],
-    artifact: Annotated[str | None, typer.Argument(
-        help="SFT (or model) artifact URI on S3; default the run's SFT artifact.")] = None,
+    artifact: Annotated[
+        str | None, typer.Argument(help="SFT (or model) artifact URI on S3; default the run's SFT artifact.")
+    ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print every request offline; send nothing.")] = False,
     delete: Annotated[bool, typer.Option("--delete", help="Delete the endpoint, its config and its model.")] = False,
     wait: Annotated[bool, typer.Option("--wait/--no-wait", help="Wait until the endpoint is InService.")] = True,
     model_id: Annotated[str | None, typer.Option("--model-id", help="OpenAI model id; default <run_id>-sft.")] = None,
-    system_prompt: Annotated[str | None, typer.Option(
-        "--system-prompt", help="Default system message; default the config's sft.system_prompt.")] = None,
+    system_prompt: Annotated[
+        str | None,
+        typer.Option("--system-prompt", help="Default system message; default the config's sft.system_prompt."),
+    ] = None,
 ) -> None:
     """Deploy the SFT artifact to a SageMaker real-time endpoint (create or update, wait), or --delete it."""
     from pathlib import Path
+
     pipeline = load_pipeline(Path(config))
     if pipeline.sagemaker is None:
         raise ConfigError(f"{config}: deploy needs a `sagemaker:` section (role_arn, region, endpoint)")
@@ -268,6 +321,7 @@ def deploy_cmd(
                 typer.echo(json.dumps({"operation": op, "request": request}, indent=2))
             return
         import boto3
+
         Deployer(boto3.client("sagemaker", region_name=pipeline.sagemaker.region), out=typer.echo).delete(name)
         return
     uri = artifact or artifact_of(pipeline, dry_run)
@@ -275,14 +329,22 @@ def deploy_cmd(
     if dry_run:
         for op, request in dry_run_requests(deploy):
             typer.echo(json.dumps({"operation": op, "request": request}, indent=2, ensure_ascii=False))
-        typer.echo(f"# dry run: nothing sent. An existing endpoint {name} gets UpdateEndpoint instead of CreateEndpoint.")
+        typer.echo(
+            f"# dry run: nothing sent. An existing endpoint {name} gets UpdateEndpoint instead of CreateEndpoint."
+        )
         return
     import boto3
-    deployer = Deployer(boto3.client("sagemaker", region_name=pipeline.sagemaker.region), out=typer.echo,
-                        poll_s=pipeline.sagemaker.poll_interval_s)
+
+    deployer = Deployer(
+        boto3.client("sagemaker", region_name=pipeline.sagemaker.region),
+        out=typer.echo,
+        poll_s=pipeline.sagemaker.poll_interval_s,
+    )
     desc = deployer.deploy(deploy, wait=wait)
-    typer.echo(f"endpoint {name}: {desc.get('EndpointStatus')}; model id "
-               f"{deploy.create_model['PrimaryContainer']['Environment'][MODEL_ID_ENV]}; invoke with "
-               f"aws sagemaker-runtime invoke-endpoint --endpoint-name {name} --content-type application/json "
-               "--body '{\"messages\": [{\"role\": \"user\", \"content\": \"Salam!\"}]}' --cli-binary-format "
-               "raw-in-base64-out out.json")
+    typer.echo(
+        f"endpoint {name}: {desc.get('EndpointStatus')}; model id "
+        f"{deploy.create_model['PrimaryContainer']['Environment'][MODEL_ID_ENV]}; invoke with "
+        f"aws sagemaker-runtime invoke-endpoint --endpoint-name {name} --content-type application/json "
+        '--body \'{"messages": [{"role": "user", "content": "Salam!"}]}\' --cli-binary-format '
+        "raw-in-base64-out out.json"
+    )

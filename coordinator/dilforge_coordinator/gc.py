@@ -66,8 +66,10 @@ def _referenced(store: ArtifactStore) -> set[str]:
         refs.update(store.resolve(entry.artifact).rstrip("/") for entry in doc.stages.values())
     if damaged:
         more = f" (and {len(damaged) - 1} more)" if len(damaged) > 1 else ""
-        raise UnreadableRecords(f"{damaged[0]}{more}; --unreferenced would count its artifacts as unreferenced: "
-                                "rerun that run id (which sets the record aside) or remove it, then gc again")
+        raise UnreadableRecords(
+            f"{damaged[0]}{more}; --unreferenced would count its artifacts as unreferenced: "
+            "rerun that run id (which sets the record aside) or remove it, then gc again"
+        )
     return refs
 
 
@@ -96,8 +98,11 @@ def find_store_garbage(store: ArtifactStore, min_age_s: float, unreferenced: boo
         prefix = f"artifacts/{stage}/{name}"
         uri = f"{backend.uri}/{prefix}"
         if ".damaged-" in name:
-            found.append(Garbage("damaged", uri, "moved aside by a rerun that rebuilt it",
-                                 lambda p=prefix: backend.delete_prefix(p)))
+            found.append(
+                Garbage(
+                    "damaged", uri, "moved aside by a rerun that rebuilt it", lambda p=prefix: backend.delete_prefix(p)
+                )
+            )
             continue
         data_dir = None
         if MANIFEST_NAME in entries:
@@ -106,12 +111,16 @@ def find_store_garbage(store: ArtifactStore, min_age_s: float, unreferenced: boo
             except ManifestError:
                 data_dir = None
             if unreferenced and uri not in refs:
-                found.append(Garbage("unreferenced", uri, "no run record names it",
-                                     lambda p=prefix: backend.delete_prefix(p)))
+                found.append(
+                    Garbage("unreferenced", uri, "no run record names it", lambda p=prefix: backend.delete_prefix(p))
+                )
                 continue
         keep = {data_dir, manifest_digest_key(data_dir)} if data_dir else set()
-        orphans = sorted(e for e in entries if e not in keep and (
-            e.startswith("data-") or (e.startswith(".data-") and e.endswith(".manifest.sha256"))))
+        orphans = sorted(
+            e
+            for e in entries
+            if e not in keep and (e.startswith("data-") or (e.startswith(".data-") and e.endswith(".manifest.sha256")))
+        )
         if not orphans or _lock_held(store, stage, name):
             continue
         for entry in orphans:
@@ -153,7 +162,13 @@ def find_work_garbage(workdir: Path, min_age_s: float, cache: Path | None = None
         if path.is_dir() and not path.name.startswith("."):
             if is_locked(workdir / f"{path.name}.lock"):
                 continue
-            found.append(Garbage("work", str(path), "work folder no live process holds (checkpoints of a failed "
-                                 "or cancelled run; removing it means the next run starts over)",
-                                 lambda p=path: _rm(p)))
+            found.append(
+                Garbage(
+                    "work",
+                    str(path),
+                    "work folder no live process holds (checkpoints of a failed "
+                    "or cancelled run; removing it means the next run starts over)",
+                    lambda p=path: _rm(p),
+                )
+            )
     return found  # temp files inside a work folder go with it; a held one is a live process's business

@@ -55,8 +55,14 @@ def git_sha(root: Path = ROOT) -> str:
     if sha := settings().git_sha:
         return sha[:12]
     try:
-        out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True, text=True,
-                             timeout=10, check=False)
+        out = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
     except (OSError, subprocess.SubprocessError):
         return "nogit"
     return out.stdout.strip() or "nogit"
@@ -103,10 +109,23 @@ class BuildResult:
     gpu: bool
 
 
-def build_command(stage: str, tags: list[str], docker: str, base_image: str | None = None, gpu: bool = False,
-                  ca_bundle: str | None = None, root: Path = ROOT, no_cache: bool = False) -> list[str]:
-    dockerfile = root / ("docker/seaweedfs.Dockerfile" if stage == "s3" else
-                         "docker/coordinator.Dockerfile" if stage == "coordinator" else f"services/{stage}/Dockerfile")
+def build_command(
+    stage: str,
+    tags: list[str],
+    docker: str,
+    base_image: str | None = None,
+    gpu: bool = False,
+    ca_bundle: str | None = None,
+    root: Path = ROOT,
+    no_cache: bool = False,
+) -> list[str]:
+    dockerfile = root / (
+        "docker/seaweedfs.Dockerfile"
+        if stage == "s3"
+        else "docker/coordinator.Dockerfile"
+        if stage == "coordinator"
+        else f"services/{stage}/Dockerfile"
+    )
     if not dockerfile.exists():
         raise DilforgeError(f"{dockerfile} not found (is the {stage} service in this checkout?)")
     cmd = [docker, "build", "--pull=false", "--progress=plain", "-f", str(dockerfile)]
@@ -122,8 +141,13 @@ def build_command(stage: str, tags: list[str], docker: str, base_image: str | No
         cmd += ["--build-arg", "TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu"]  # no local CPU wheel
     if no_cache:
         cmd += ["--no-cache"]
-    cmd += ["--build-arg", f"GIT_SHA={git_sha(root)}", "--build-arg", f"IMAGE_VERSION={tags[0].rsplit(':', 1)[-1]}",
-            str(root)]
+    cmd += [
+        "--build-arg",
+        f"GIT_SHA={git_sha(root)}",
+        "--build-arg",
+        f"IMAGE_VERSION={tags[0].rsplit(':', 1)[-1]}",
+        str(root),
+    ]
     return cmd
 
 
@@ -134,9 +158,17 @@ def inspect(ref: str, docker: str, runner: Runner = subprocess.run) -> dict:
     return json.loads(proc.stdout)
 
 
-def build(stage: str, tag: str | None = None, base_image: str | None = None, gpu: bool = False,
-          ca_bundle: str | None = None, docker: str | None = None,
-          runner: Runner = subprocess.run, log_dir: Path | None = None, no_cache: bool = False) -> BuildResult:
+def build(
+    stage: str,
+    tag: str | None = None,
+    base_image: str | None = None,
+    gpu: bool = False,
+    ca_bundle: str | None = None,
+    docker: str | None = None,
+    runner: Runner = subprocess.run,
+    log_dir: Path | None = None,
+    no_cache: bool = False,
+) -> BuildResult:
     """Build one image (a stage, or 'serve' / 's3' / 'coordinator'); returns its id, size and build time."""
     docker = docker or docker_binary()
     tag = tag or default_tag(gpu)
@@ -156,8 +188,16 @@ def build(stage: str, tag: str | None = None, base_image: str | None = None, gpu
         tail = log_file.read_text()[-3000:] if log_file.exists() else ""
         raise DilforgeError(f"building {tags[0]} failed (exit {proc.returncode}); log {log_file}:\n{tail}")
     info = inspect(tags[0], docker, runner)
-    return BuildResult(stage=stage, ref=tags[0], image_id=info["Id"], size_bytes=int(info.get("Size", 0)),
-                       build_s=round(seconds, 1), tag=tag, git_sha=git_sha(), gpu=gpu)
+    return BuildResult(
+        stage=stage,
+        ref=tags[0],
+        image_id=info["Id"],
+        size_bytes=int(info.get("Size", 0)),
+        build_s=round(seconds, 1),
+        tag=tag,
+        git_sha=git_sha(),
+        gpu=gpu,
+    )
 
 
 def record_build(result: BuildResult, path: Path | None = None) -> None:
@@ -169,13 +209,17 @@ def record_build(result: BuildResult, path: Path | None = None) -> None:
 
 # ---------------------------------------------------------------- ECR
 
+
 def ensure_repository(ecr, name: str, tags: dict[str, str] | None = None) -> str:
     """The repository's URI, creating it (scan on push, immutable tags) when missing."""
     try:
         repo = ecr.describe_repositories(repositoryNames=[name])["repositories"][0]
     except ecr.exceptions.RepositoryNotFoundException:
-        kwargs = {"repositoryName": name, "imageScanningConfiguration": {"scanOnPush": True},
-                  "imageTagMutability": "IMMUTABLE"}
+        kwargs = {
+            "repositoryName": name,
+            "imageScanningConfiguration": {"scanOnPush": True},
+            "imageTagMutability": "IMMUTABLE",
+        }
         if tags:
             kwargs["tags"] = [{"Key": k, "Value": v} for k, v in sorted(tags.items())]
         repo = ecr.create_repository(**kwargs)["repository"]
@@ -187,8 +231,12 @@ def docker_login(ecr, docker: str, runner: Runner = subprocess.run) -> str:
     data = ecr.get_authorization_token()["authorizationData"][0]
     user, password = base64.b64decode(data["authorizationToken"]).decode().split(":", 1)
     endpoint = data["proxyEndpoint"]
-    proc = runner([docker, "login", "--username", user, "--password-stdin", endpoint], input=password,
-                  capture_output=True, text=True)
+    proc = runner(
+        [docker, "login", "--username", user, "--password-stdin", endpoint],
+        input=password,
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0:
         raise DilforgeError(f"docker login {endpoint} failed: {proc.stderr.strip()}")
     return endpoint
@@ -207,8 +255,16 @@ class PushResult:
         return f"{self.repository_uri}@{self.digest}"
 
 
-def push(stage: str, ecr, repository: str, tag: str | None = None, docker: str | None = None,
-         runner: Runner = subprocess.run, logged_in: set[str] | None = None, gpu: bool = False) -> PushResult:
+def push(
+    stage: str,
+    ecr,
+    repository: str,
+    tag: str | None = None,
+    docker: str | None = None,
+    runner: Runner = subprocess.run,
+    logged_in: set[str] | None = None,
+    gpu: bool = False,
+) -> PushResult:
     """Tag the local image for ECR, push it, and read back the digest the registry assigned."""
     docker = docker or docker_binary()
     tag = tag or default_tag(gpu)
@@ -250,8 +306,14 @@ def pushed_image(stage: str, gpu: bool = True, path: Path | None = None) -> str 
 # ---------------------------------------------------------------- CLI: coordinator images build|push
 
 images_app = typer.Typer(help="Build the stage images and push them to ECR.", no_args_is_help=True)
-StageOpt = Annotated[list[str] | None, typer.Option(
-    "--stage", "-s", help=f"{', '.join(IMAGES)} (repeatable); also {', '.join(EXTRA_IMAGES)}. Default: every stage image.")]
+StageOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--stage",
+        "-s",
+        help=f"{', '.join(IMAGES)} (repeatable); also {', '.join(EXTRA_IMAGES)}. Default: every stage image.",
+    ),
+]
 TagOpt = Annotated[str | None, typer.Option("--tag", help="Image tag; default <version>-<git sha>[-gpu].")]
 GpuOpt = Annotated[bool, typer.Option("--gpu", help="GPU variant on the AWS PyTorch training DLC (--base-image).")]
 
@@ -270,11 +332,16 @@ def _human(n: int) -> str:
 
 
 @images_app.command("build")
-def build_cmd(stage: StageOpt = None, tag: TagOpt = None, gpu: GpuOpt = False,
-              base_image: Annotated[str | None, typer.Option(
-                  "--base-image", help="FROM image; CPU default python:3.11-slim. The GPU variant needs the DLC.")] = None,
-              no_cache: bool = typer.Option(False, "--no-cache", help="Build every layer again (timing from scratch).")
-              ) -> None:
+def build_cmd(
+    stage: StageOpt = None,
+    tag: TagOpt = None,
+    gpu: GpuOpt = False,
+    base_image: Annotated[
+        str | None,
+        typer.Option("--base-image", help="FROM image; CPU default python:3.11-slim. The GPU variant needs the DLC."),
+    ] = None,
+    no_cache: bool = typer.Option(False, "--no-cache", help="Build every layer again (timing from scratch)."),
+) -> None:
     """Build images (BuildKit; CA bundle from $BUILD_CA_BUNDLE, local wheels from $BUILD_WHEELHOUSE)."""
     if gpu and not base_image:
         typer.echo("error: --gpu needs --base-image (the AWS PyTorch training DLC; see docs/containers.md)", err=True)
@@ -289,21 +356,31 @@ def build_cmd(stage: StageOpt = None, tag: TagOpt = None, gpu: GpuOpt = False,
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(1) from None
         record_build(result)
-        typer.echo(f"{result.ref}: {_human(result.size_bytes)}, built in {result.build_s:.0f} s ({result.image_id[:19]})")
+        typer.echo(
+            f"{result.ref}: {_human(result.size_bytes)}, built in {result.build_s:.0f} s ({result.image_id[:19]})"
+        )
 
 
 @images_app.command("push")
-def push_cmd(stage: StageOpt = None, tag: TagOpt = None, gpu: GpuOpt = False,
-             config: Annotated[Path | None, typer.Option(
-                 "--config", "-c", help="Pipeline YAML whose sagemaker section names region and repository prefix.")]
-             = None,
-             region: Annotated[str | None, typer.Option("--region", help="AWS region (overrides the config).")] = None,
-             prefix: Annotated[str, typer.Option("--repository-prefix", help="ECR repositories <prefix>-<stage>.")]
-             = "dilforge") -> None:
+def push_cmd(
+    stage: StageOpt = None,
+    tag: TagOpt = None,
+    gpu: GpuOpt = False,
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config", "-c", help="Pipeline YAML whose sagemaker section names region and repository prefix."
+        ),
+    ] = None,
+    region: Annotated[str | None, typer.Option("--region", help="AWS region (overrides the config).")] = None,
+    prefix: Annotated[str, typer.Option("--repository-prefix", help="ECR repositories <prefix>-<stage>.")] = "dilforge",
+) -> None:
     """Push images to ECR (creating repositories) and record their digests for --backend sagemaker."""
     import boto3
+
     if config is not None:
         from dilforge_shared.configs import load_yaml
+
         section = load_yaml(config).get("sagemaker") or {}
         region = region or section.get("region")
         prefix = section.get("repository_prefix", prefix)

@@ -17,19 +17,30 @@ from dilforge_shared.store import read_manifest
 from . import pipeline as pl
 from .common import USER_ERRORS, _prepared_backend, _setup_logging, fail
 
-models_app = typer.Typer(help="Base models as artifacts: import a recipe, a GGUF, an HF folder or an s3:// prefix.",
-                         no_args_is_help=True)
+models_app = typer.Typer(
+    help="Base models as artifacts: import a recipe, a GGUF, an HF folder or an s3:// prefix.", no_args_is_help=True
+)
 
 
 @models_app.command("import")
 def import_cmd(
-    source: Annotated[str, typer.Argument(help=f"Recipe ({', '.join(sorted(RECIPES))}), a local .gguf file, a local "
-                                              "HF folder, or an s3:// prefix of one.")],
+    source: Annotated[
+        str,
+        typer.Argument(
+            help=f"Recipe ({', '.join(sorted(RECIPES))}), a local .gguf file, a local "
+            "HF folder, or an s3:// prefix of one."
+        ),
+    ],
     store: Annotated[str, typer.Option("--store", help="Artifact store root URI.")] = ".dilforge/store",
-    endpoint: Annotated[str | None, typer.Option("--s3-endpoint-url", envvar="DILFORGE_S3_ENDPOINT_URL",
-                                                    help="S3-compatible endpoint (SeaweedFS, MinIO).")] = None,
-    backend: Annotated[str, typer.Option("--backend", "-b", help="Where the importer runs: local, compose, sagemaker.")
-                       ] = "local",
+    endpoint: Annotated[
+        str | None,
+        typer.Option(
+            "--s3-endpoint-url", envvar="DILFORGE_S3_ENDPOINT_URL", help="S3-compatible endpoint (SeaweedFS, MinIO)."
+        ),
+    ] = None,
+    backend: Annotated[
+        str, typer.Option("--backend", "-b", help="Where the importer runs: local, compose, sagemaker.")
+    ] = "local",
     run_id: Annotated[str, typer.Option("--run-id", help="Run record the import is written to.")] = "models",
     verbose: bool = False,
 ) -> None:
@@ -38,13 +49,18 @@ def import_cmd(
     if source_kind(source) in ("folder", "gguf") and not source.startswith("file://"):
         source = str(Path(source).expanduser().resolve())
     try:
-        cfg = validate_model(PipelineConfig, {"run_id": run_id, "store": {"uri": store, "s3_endpoint_url": endpoint},
-                                              "model": {"source": source}}, "coordinator models import")
+        cfg = validate_model(
+            PipelineConfig,
+            {"run_id": run_id, "store": {"uri": store, "s3_endpoint_url": endpoint}, "model": {"source": source}},
+            "coordinator models import",
+        )
         runner, cfg = _prepared_backend(backend, cfg)
         uri = pl.run_one(cfg, "model", runner, {})  # the record ends succeeded, failed or cancelled
         metrics = read_manifest(uri, endpoint)[0].metrics
     except USER_ERRORS as exc:
         fail(str(exc))
-    typer.echo(f"[model] {metrics.get('architecture')}, {metrics.get('num_parameters', 0):,} parameters, "
-               f"{metrics.get('dtype')}, licence {metrics.get('license') or 'not stated'}, from {metrics.get('source')}")
+    typer.echo(
+        f"[model] {metrics.get('architecture')}, {metrics.get('num_parameters', 0):,} parameters, "
+        f"{metrics.get('dtype')}, licence {metrics.get('license') or 'not stated'}, from {metrics.get('source')}"
+    )
     typer.echo(f"[model] artifact: {uri}")

@@ -43,6 +43,7 @@ class StageCancelled(StageFailed):
 @dataclass
 class StageJob:
     """One stage, fully resolved: what a backend needs to run it anywhere."""
+
     stage: str
     config: StageConfig
     run_id: str
@@ -70,8 +71,7 @@ class Backend(Protocol):
 def track_run(store: ArtifactStore, record: RunRecord, body):
     """Run `body()` with the record saying `running`, then `succeeded`, `failed` or `cancelled` whatever happens."""
     record.status, record.error = "running", None
-    record.owner = {"pid": os.getpid(), "host": socket.gethostname(),
-                    "started_at": datetime.now(UTC).isoformat()}
+    record.owner = {"pid": os.getpid(), "host": socket.gethostname(), "started_at": datetime.now(UTC).isoformat()}
     store.write_run_record(record.run_id, record.to_json())
     try:
         result = body()
@@ -111,8 +111,10 @@ def reusable(job: StageJob, stage: str) -> bool:
         return True
     aside = move_aside(job.artifact_uri, job.s3_endpoint_url)
     log.warning("stage %s: damaged artifact %s: %s; moved to %s", stage, job.artifact_uri, problem, aside)
-    print(f"[{stage}] damaged artifact: {problem}\n[{stage}] moved it to {aside}; rebuilding under the same id",
-          flush=True)
+    print(
+        f"[{stage}] damaged artifact: {problem}\n[{stage}] moved it to {aside}; rebuilding under the same id",
+        flush=True,
+    )
     return False
 
 
@@ -121,20 +123,24 @@ def check_input_names(stage: str, config: StageConfig, names: list[str]) -> None
     unknown = [n for n in names if n not in config.consumes]
     if unknown:
         accepted = ", ".join(config.consumes) if config.consumes else "none (it reads no upstream artifact)"
-        raise DilforgeError(f"--input {unknown[0]}: stage {stage} has no input named {unknown[0]!r}; its inputs: "
-                            f"{accepted}")
+        raise DilforgeError(
+            f"--input {unknown[0]}: stage {stage} has no input named {unknown[0]!r}; its inputs: {accepted}"
+        )
 
 
 def check_input_kinds(stage: str, inputs: dict[str, str], endpoint_url: str | None) -> None:
     """Each upstream artifact is of the kind its input needs: an SFT adapter is not a tokenizer."""
     from dilforge_shared.configs import STAGE_CONFIGS
     from dilforge_shared.store import read_manifest
+
     for name, uri in sorted(inputs.items()):
         expected = STAGE_CONFIGS[name].artifact_kind
         manifest = read_manifest(uri, endpoint_url)[0]
         if manifest.kind != expected:
-            raise DilforgeError(f"stage {stage}: input {name}={uri} is a {manifest.kind!r} artifact (made by stage "
-                                f"{manifest.stage}); input {name!r} needs a {expected!r} artifact")
+            raise DilforgeError(
+                f"stage {stage}: input {name}={uri} is a {manifest.kind!r} artifact (made by stage "
+                f"{manifest.stage}); input {name!r} needs a {expected!r} artifact"
+            )
 
 
 def plan_stage(pipeline: PipelineConfig, stage: str, upstream: dict[str, str]) -> StageJob:
@@ -143,18 +149,28 @@ def plan_stage(pipeline: PipelineConfig, stage: str, upstream: dict[str, str]) -
     inputs = {name: upstream[name] for name in config.consumes if name in upstream}
     missing = [name for name in config.needed_inputs() if name not in inputs]
     if missing:
-        raise DilforgeError(f"stage {stage} needs upstream artifacts {missing}: add those stages to the pipeline, "
-                            f"run them first, or pass --input NAME=URI")
+        raise DilforgeError(
+            f"stage {stage} needs upstream artifacts {missing}: add those stages to the pipeline, "
+            f"run them first, or pass --input NAME=URI"
+        )
     endpoint = pipeline.store.s3_endpoint_url
     check_input_kinds(stage, inputs, endpoint)
     planned_id = artifact_id(config, stage_refs(config, inputs, endpoint))
     store = ArtifactStore(pipeline.store.uri, endpoint)
-    return StageJob(stage=stage, config=config, run_id=pipeline.run_id, artifact_uri=store.artifact_uri(stage, planned_id),
-                    inputs=inputs, store_uri=store.backend.uri, s3_endpoint_url=endpoint)
+    return StageJob(
+        stage=stage,
+        config=config,
+        run_id=pipeline.run_id,
+        artifact_uri=store.artifact_uri(stage, planned_id),
+        inputs=inputs,
+        store_uri=store.backend.uri,
+        s3_endpoint_url=endpoint,
+    )
 
 
-def run_stage(pipeline: PipelineConfig, stage: str, backend: Backend, upstream: dict[str, str],
-              record: RunRecord | None = None) -> str:
+def run_stage(
+    pipeline: PipelineConfig, stage: str, backend: Backend, upstream: dict[str, str], record: RunRecord | None = None
+) -> str:
     """Run (or reuse) one stage; returns its artifact URI.
 
     Holds the artifact's lock throughout: a second run of the same artifact waits, then reuses the result.
@@ -163,9 +179,12 @@ def run_stage(pipeline: PipelineConfig, stage: str, backend: Backend, upstream: 
     record = record or RunRecord.load(store, pipeline.run_id)
     job = plan_stage(pipeline, stage, upstream)
     lock = artifact_lock(store, stage, job.artifact_id)
-    lock.acquire(on_wait=lambda holder: print(
-        f"[{stage}] waiting: process {holder.get('pid')} on {holder.get('host')} is producing {job.artifact_uri}",
-        flush=True))
+    lock.acquire(
+        on_wait=lambda holder: print(
+            f"[{stage}] waiting: process {holder.get('pid')} on {holder.get('host')} is producing {job.artifact_uri}",
+            flush=True,
+        )
+    )
     try:
         status = _reuse_or_run(job, stage, backend, store, record)
     finally:
@@ -177,8 +196,9 @@ def run_stage(pipeline: PipelineConfig, stage: str, backend: Backend, upstream: 
 
 def _reuse_or_run(job: StageJob, stage: str, backend: Backend, store: ArtifactStore, record: RunRecord) -> str:
     if reusable(job, stage):
-        log.info("stage %s: reusing existing artifact %s (same config and inputs, files verified)", stage,
-                 job.artifact_uri)
+        log.info(
+            "stage %s: reusing existing artifact %s (same config and inputs, files verified)", stage, job.artifact_uri
+        )
         print(f"[{stage}] reusing {job.artifact_uri} (same config and inputs)", flush=True)
         return "reused"
     print(f"[{stage}] running on {backend.name} → {job.artifact_uri}", flush=True)
@@ -189,8 +209,14 @@ def _reuse_or_run(job: StageJob, stage: str, backend: Backend, store: ArtifactSt
     except BaseException as exc:
         cancelled = isinstance(exc, (StageCancelled, KeyboardInterrupt))
         reason = exc.reason if isinstance(exc, StageFailed) else (str(exc) or type(exc).__name__)
-        record.set_stage(store, stage, job.artifact_uri, "cancelled" if cancelled else "failed",
-                         error=reason[:2000], backend=backend.name)
+        record.set_stage(
+            store,
+            stage,
+            job.artifact_uri,
+            "cancelled" if cancelled else "failed",
+            error=reason[:2000],
+            backend=backend.name,
+        )
         store.write_run_record(job.run_id, record.to_json())
         raise
     if not artifact_exists(job.artifact_uri, job.s3_endpoint_url):
@@ -216,6 +242,7 @@ def run_all(pipeline: PipelineConfig, backend: Backend) -> dict[str, str]:
         for stage, _ in pipeline.stages():
             produced[stage] = run_stage(pipeline, stage, backend, produced, record)
         return produced
+
     return track_run(store, record, body)
 
 

@@ -32,6 +32,7 @@ class DamagedRecord(DilforgeError):
 
 class StageEntry(BaseModel):
     """One stage in a record; unknown keys are kept (a newer coordinator may add some)."""
+
     model_config = ConfigDict(extra="allow")
     artifact: str = Field(description="The stage's artifact, relative to the store: artifacts/<stage>/<id>.")
     status: str = Field(description="running, produced, reused, failed or cancelled.")
@@ -89,6 +90,7 @@ def parse_record(data: bytes, source: str) -> RecordDoc:
 class RunRecord:
     """The run's status is `running` while a coordinator works on it (with its pid and host, so `status` can tell
     when that process is gone) and always ends `succeeded`, `failed` or `cancelled`."""
+
     run_id: str
     stages: dict[str, dict] = field(default_factory=dict)
     status: str = "new"
@@ -96,9 +98,17 @@ class RunRecord:
     error: str | None = None
 
     def to_json(self) -> bytes:
-        return json.dumps({"run_id": self.run_id, "updated_at": datetime.now(UTC).isoformat(),
-                           "status": self.status, "owner": self.owner, "error": self.error,
-                           "stages": self.stages}, indent=2).encode()
+        return json.dumps(
+            {
+                "run_id": self.run_id,
+                "updated_at": datetime.now(UTC).isoformat(),
+                "status": self.status,
+                "owner": self.owner,
+                "error": self.error,
+                "stages": self.stages,
+            },
+            indent=2,
+        ).encode()
 
     def set_stage(self, store: ArtifactStore, stage: str, artifact_uri: str, status: str, **extra) -> None:
         address = store.relative(artifact_uri) or relative_address(artifact_uri)
@@ -106,8 +116,13 @@ class RunRecord:
 
     @classmethod
     def from_doc(cls, doc: RecordDoc) -> RunRecord:
-        return cls(run_id=doc.run_id, stages={k: v.model_dump(exclude_none=True) for k, v in doc.stages.items()},
-                   status=doc.status, owner=doc.owner, error=doc.error)
+        return cls(
+            run_id=doc.run_id,
+            stages={k: v.model_dump(exclude_none=True) for k, v in doc.stages.items()},
+            status=doc.status,
+            owner=doc.owner,
+            error=doc.error,
+        )
 
     @classmethod
     def load(cls, store: ArtifactStore, run_id: str) -> RunRecord:
@@ -138,5 +153,8 @@ def set_aside(store: ArtifactStore, key: str, data: bytes) -> str:
 
 def record_artifacts(store: ArtifactStore, record: RunRecord, statuses: tuple[str, ...] | None = None) -> dict:
     """stage → artifact URI in this store (wherever it now is), optionally only stages with one of `statuses`."""
-    return {name: store.resolve(s["artifact"]) for name, s in record.stages.items()
-            if statuses is None or s.get("status") in statuses}
+    return {
+        name: store.resolve(s["artifact"])
+        for name, s in record.stages.items()
+        if statuses is None or s.get("status") in statuses
+    }

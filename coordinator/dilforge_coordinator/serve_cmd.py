@@ -22,60 +22,101 @@ def run_artifact(run_id: str, store: str, stage: str, endpoint: str | None = Non
     from dilforge_shared.store import ArtifactStore
 
     from .records import RunRecord, record_artifacts
+
     artifacts = ArtifactStore(store, endpoint)
     found = record_artifacts(artifacts, RunRecord.load(artifacts, run_id), ("produced", "reused"))
     if stage not in found:
-        raise ConfigError(f"run {run_id!r} in store {store} has no {stage} artifact (run the pipeline first, or pass "
-                          "the artifact URI)")
+        raise ConfigError(
+            f"run {run_id!r} in store {store} has no {stage} artifact (run the pipeline first, or pass "
+            "the artifact URI)"
+        )
     return found[stage]  # store-relative in the record: wherever the store now is
 
 
 def serve_cmd(
-    artifact: Annotated[str | None, typer.Argument(
-        help="SFT/CPT/model artifact URI (store folder or s3://), or an HF folder; or use --run.")] = None,
+    artifact: Annotated[
+        str | None,
+        typer.Argument(help="SFT/CPT/model artifact URI (store folder or s3://), or an HF folder; or use --run."),
+    ] = None,
     run: Annotated[str | None, typer.Option("--run", help="Serve this run's artifact (its run record).")] = None,
     stage: Annotated[str, typer.Option("--stage", help="With --run: which stage's artifact.")] = "sft",
-    store: Annotated[str, typer.Option("--store", envvar="DILFORGE_STORE", help="With --run: the store root URI.")]
-    = ".dilforge/store",
-    host: Annotated[str, typer.Option("--host", help="Listen address (0.0.0.0 to accept other machines).")]
-    = "127.0.0.1",
+    store: Annotated[
+        str, typer.Option("--store", envvar="DILFORGE_STORE", help="With --run: the store root URI.")
+    ] = ".dilforge/store",
+    host: Annotated[
+        str, typer.Option("--host", help="Listen address (0.0.0.0 to accept other machines).")
+    ] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=1, max=65535)] = 8000,
-    model_id: Annotated[str | None, typer.Option(
-        "--model-id", help="The OpenAI `model` clients send; default <run_id>-<stage>, e.g. az-small-sft.")] = None,
-    system_prompt: Annotated[str | None, typer.Option(
-        "--system-prompt", help="Default system message; default the SFT config's system_prompt, '' for none.")]
-    = None,
+    model_id: Annotated[
+        str | None,
+        typer.Option(
+            "--model-id", help="The OpenAI `model` clients send; default <run_id>-<stage>, e.g. az-small-sft."
+        ),
+    ] = None,
+    system_prompt: Annotated[
+        str | None,
+        typer.Option(
+            "--system-prompt", help="Default system message; default the SFT config's system_prompt, '' for none."
+        ),
+    ] = None,
     base: Annotated[str | None, typer.Option("--base", help="Base model of an adapter (default: its lineage).")] = None,
-    adapter: Annotated[bool, typer.Option(
-        "--adapter", help="Merge base + adapter at start-up even when the artifact has merged/.")] = False,
+    adapter: Annotated[
+        bool, typer.Option("--adapter", help="Merge base + adapter at start-up even when the artifact has merged/.")
+    ] = False,
     device: Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:N.")] = "auto",
-    continuous_batching: Annotated[bool, typer.Option(
-        "--continuous-batching", help="transformers' continuous batching (paged attention).")] = False,
-    workdir: Annotated[str | None, typer.Option(
-        "--workdir", help="Where the served folder is built (links to the weights); default a temporary folder.")]
-    = None,
-    endpoint: Annotated[str | None, typer.Option(
-        "--s3-endpoint-url", envvar="DILFORGE_S3_ENDPOINT_URL", help="S3-compatible endpoint.")] = None,
+    continuous_batching: Annotated[
+        bool, typer.Option("--continuous-batching", help="transformers' continuous batching (paged attention).")
+    ] = False,
+    workdir: Annotated[
+        str | None,
+        typer.Option(
+            "--workdir", help="Where the served folder is built (links to the weights); default a temporary folder."
+        ),
+    ] = None,
+    endpoint: Annotated[
+        str | None, typer.Option("--s3-endpoint-url", envvar="DILFORGE_S3_ENDPOINT_URL", help="S3-compatible endpoint.")
+    ] = None,
 ) -> None:
     """Serve an artifact with an OpenAI-compatible API (chat/completions, streaming) and SageMaker's /ping + /invocations."""
     from dilforge_shared.serving import manifest_or_none, served_model_id
+
     if (artifact is None) == (run is None):
         raise typer.BadParameter("give an artifact URI or --run RUN_ID (not both)")
     if artifact is None:
         artifact = run_artifact(run, store, stage, endpoint)
     if importlib.util.find_spec("dilforge_serve") is None:
-        typer.echo("error: serving needs the serve service: pip install -e services/serve "
-                   "(scripts/setup.sh installs it)", err=True)
+        typer.echo(
+            "error: serving needs the serve service: pip install -e services/serve (scripts/setup.sh installs it)",
+            err=True,
+        )
         raise typer.Exit(1)
     model = served_model_id(artifact, manifest_or_none(artifact, endpoint), model_id)
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
-    typer.echo(f"serving {artifact}\n  OpenAI base URL: http://{shown}:{port}/v1\n  model id: {model}\n"
-               f"  try: curl http://{shown}:{port}/v1/chat/completions -H 'Content-Type: application/json' "
-               f"-d '{{\"model\": \"{model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Salam!\"}}]}}'")
-    cmd = [sys.executable, "-m", "dilforge_serve", artifact, "--host", host, "--port", str(port), "--model-id", model,
-           "--device", device]
-    for flag, value in (("--system-prompt", system_prompt), ("--base", base), ("--workdir", workdir),
-                        ("--s3-endpoint-url", endpoint)):
+    typer.echo(
+        f"serving {artifact}\n  OpenAI base URL: http://{shown}:{port}/v1\n  model id: {model}\n"
+        f"  try: curl http://{shown}:{port}/v1/chat/completions -H 'Content-Type: application/json' "
+        f'-d \'{{"model": "{model}", "messages": [{{"role": "user", "content": "Salam!"}}]}}\''
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "dilforge_serve",
+        artifact,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--model-id",
+        model,
+        "--device",
+        device,
+    ]
+    for flag, value in (
+        ("--system-prompt", system_prompt),
+        ("--base", base),
+        ("--workdir", workdir),
+        ("--s3-endpoint-url", endpoint),
+    ):
         if value is not None:
             cmd += [flag, value]
     cmd += ["--adapter"] if adapter else []

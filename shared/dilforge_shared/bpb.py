@@ -35,6 +35,7 @@ from torch.nn import functional
 @dataclass(frozen=True)
 class TokenStream:
     """A text set as one stream: token ids, which of them are text (scored), and the text's bytes."""
+
     ids: list[int]
     scored: list[bool]
     num_bytes: int
@@ -87,11 +88,17 @@ def _decoder_and_head(model):
     """(decoder, lm_head) when logits are a plain linear map of the decoder's output and the model's
     forward can skip computing them (`logits_to_keep`), else (None, None)."""
     import inspect
+
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     cfg = getattr(model, "config", None)
-    if decoder is None or head is None or getattr(cfg, "final_logit_softcapping", None) \
-            or getattr(cfg, "logit_scale", None) or "logits_to_keep" not in inspect.signature(model.forward).parameters:
+    if (
+        decoder is None
+        or head is None
+        or getattr(cfg, "final_logit_softcapping", None)
+        or getattr(cfg, "logit_scale", None)
+        or "logits_to_keep" not in inspect.signature(model.forward).parameters
+    ):
         return None, None
     return decoder, head
 
@@ -106,8 +113,15 @@ def _chunk_nll(logits: torch.Tensor, targets: torch.Tensor, kept: torch.Tensor |
     return torch.stack([full, restricted])
 
 
-def _batch_nll(model, batch: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, targets: torch.Tensor,
-               chunk_positions: int, kept: torch.Tensor | None = None) -> torch.Tensor:
+def _batch_nll(
+    model,
+    batch: torch.Tensor,
+    rows: torch.Tensor,
+    cols: torch.Tensor,
+    targets: torch.Tensor,
+    chunk_positions: int,
+    kept: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Summed NLL (float64) of `targets` at hidden positions (rows, cols) of one forward pass
     (with `kept`: [full softmax, kept rows only], see `_chunk_nll`).
 
@@ -120,7 +134,7 @@ def _batch_nll(model, batch: torch.Tensor, rows: torch.Tensor, cols: torch.Tenso
     if decoder is None:  # logits are not a plain linear map of the hidden states: the model computes them
         logits = model(input_ids=batch).logits[rows, cols]
         for j in range(0, len(targets), chunk_positions):
-            total += _chunk_nll(logits[j:j + chunk_positions].float(), targets[j:j + chunk_positions], kept)
+            total += _chunk_nll(logits[j : j + chunk_positions].float(), targets[j : j + chunk_positions], kept)
         return total
 
     def score(module, args, output):
@@ -128,8 +142,8 @@ def _batch_nll(model, batch: torch.Tensor, rows: torch.Tensor, cols: torch.Tenso
         hidden = output[0] if isinstance(output, tuple) else output.last_hidden_state
         picked = hidden[rows, cols]
         for j in range(0, len(targets), chunk_positions):
-            logits = head(picked[j:j + chunk_positions]).float()
-            total = total + _chunk_nll(logits, targets[j:j + chunk_positions], kept)
+            logits = head(picked[j : j + chunk_positions]).float()
+            total = total + _chunk_nll(logits, targets[j : j + chunk_positions], kept)
 
     handle = decoder.register_forward_hook(score)
     try:
@@ -143,16 +157,25 @@ def _reshard(model) -> None:
     """After a no_grad forward FSDP2 leaves the root's parameters gathered; a later training forward
     would then use those stale copies after the optimizer updated the shards. Free them explicitly."""
     from torch.distributed.fsdp import FSDPModule
+
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.reshard()
 
 
 @torch.no_grad()
-def stream_nll(model, stream: TokenStream, window: int, stride: int, batch_size: int = 8,
-               chunk_positions: int = 1024, rank: int = 0, world: int = 1,
-               on_batch: Callable[[int, int], None] | None = None,
-               kept: torch.Tensor | None = None) -> tuple:
+def stream_nll(
+    model,
+    stream: TokenStream,
+    window: int,
+    stride: int,
+    batch_size: int = 8,
+    chunk_positions: int = 1024,
+    rank: int = 0,
+    world: int = 1,
+    on_batch: Callable[[int, int], None] | None = None,
+    kept: torch.Tensor | None = None,
+) -> tuple:
     """(NLL in nats, text tokens scored, windows) of this rank's share of the stream's windows.
 
     Windows are dealt to ranks round-robin; every rank runs the same number of forward passes (a
@@ -175,7 +198,7 @@ def stream_nll(model, stream: TokenStream, window: int, stride: int, batch_size:
     kept = kept.to(device) if kept is not None else None
     count = 0
     for k in range(num_batches):
-        group = mine[k * batch_size:(k + 1) * batch_size]
+        group = mine[k * batch_size : (k + 1) * batch_size]
         if not group:
             b, e, _ = plans[0]
             group = [(b, e, e)]  # scores nothing
@@ -204,7 +227,7 @@ def stream_nll(model, stream: TokenStream, window: int, stride: int, batch_size:
 class BpbResult:
     nll_nats: float
     num_bytes: int
-    num_tokens: int          # text tokens scored (separators excluded)
+    num_tokens: int  # text tokens scored (separators excluded)
     num_windows: int
     seconds: float
 
@@ -222,20 +245,30 @@ class BpbResult:
 
 
 @torch.no_grad()
-def sliding_window_bpb(model, stream: TokenStream, window: int, stride: int, batch_size: int = 8,
-                       chunk_positions: int = 1024,
-                       on_batch: Callable[[int, int], None] | None = None) -> BpbResult:
+def sliding_window_bpb(
+    model,
+    stream: TokenStream,
+    window: int,
+    stride: int,
+    batch_size: int = 8,
+    chunk_positions: int = 1024,
+    on_batch: Callable[[int, int], None] | None = None,
+) -> BpbResult:
     """BPB of one stream in one process (see the module docstring for the definition)."""
     start = time.perf_counter()
     was_training = model.training
     model.eval()
     try:
-        nll, scored, windows = stream_nll(model, stream, window, stride, batch_size, chunk_positions,
-                                          on_batch=on_batch)
+        nll, scored, windows = stream_nll(model, stream, window, stride, batch_size, chunk_positions, on_batch=on_batch)
     finally:
         if was_training:
             model.train()
     if torch.cuda.is_available():
         torch.cuda.synchronize()
-    return BpbResult(nll_nats=nll, num_bytes=stream.num_bytes, num_tokens=scored, num_windows=windows,
-                     seconds=time.perf_counter() - start)
+    return BpbResult(
+        nll_nats=nll,
+        num_bytes=stream.num_bytes,
+        num_tokens=scored,
+        num_windows=windows,
+        seconds=time.perf_counter() - start,
+    )

@@ -54,6 +54,7 @@ FAILURE_LIMIT = 1024 * 1024 - 1  # SageMaker reads at most 1 MiB of the failure 
 @dataclass(frozen=True)
 class OptMl:
     """The /opt/ml layout, rooted anywhere."""
+
     root: Path
 
     @classmethod
@@ -61,19 +62,32 @@ class OptMl:
         return cls(Path(os.environ.get(OPT_ML_ENV, "/opt/ml")))
 
     @property
-    def config_dir(self) -> Path: return self.root / "input" / "config"
+    def config_dir(self) -> Path:
+        return self.root / "input" / "config"
+
     @property
-    def data_dir(self) -> Path: return self.root / "input" / "data"
+    def data_dir(self) -> Path:
+        return self.root / "input" / "data"
+
     @property
-    def model_dir(self) -> Path: return self.root / "model"
+    def model_dir(self) -> Path:
+        return self.root / "model"
+
     @property
-    def output_dir(self) -> Path: return self.root / "output"
+    def output_dir(self) -> Path:
+        return self.root / "output"
+
     @property
-    def checkpoint_dir(self) -> Path: return self.root / "checkpoints"
+    def checkpoint_dir(self) -> Path:
+        return self.root / "checkpoints"
+
     @property
-    def tensorboard_dir(self) -> Path: return self.output_dir / "tensorboard"
+    def tensorboard_dir(self) -> Path:
+        return self.output_dir / "tensorboard"
+
     @property
-    def failure_file(self) -> Path: return self.output_dir / "failure"
+    def failure_file(self) -> Path:
+        return self.output_dir / "failure"
 
     def read_json(self, name: str, default: Any) -> Any:
         path = self.config_dir / name
@@ -84,8 +98,9 @@ class OptMl:
         except json.JSONDecodeError as exc:
             raise ConfigError(f"{path}: not valid JSON: {exc}") from None
 
-    def write_inputs(self, hyperparameters: dict[str, str], resource: dict | None = None,
-                     input_data: dict | None = None) -> None:
+    def write_inputs(
+        self, hyperparameters: dict[str, str], resource: dict | None = None, input_data: dict | None = None
+    ) -> None:
         """What SageMaker (or the local/compose backends) lays down before the container starts."""
         self.config_dir.mkdir(parents=True, exist_ok=True)
         (self.config_dir / "hyperparameters.json").write_text(json.dumps(hyperparameters))
@@ -105,9 +120,12 @@ class ResourceConfig:
     def load(cls, opt: OptMl) -> ResourceConfig:
         raw = opt.read_json("resourceconfig.json", {"current_host": "algo-1", "hosts": ["algo-1"]})
         try:
-            return cls(current_host=raw["current_host"], hosts=sorted(raw["hosts"]),
-                       network_interface_name=raw.get("network_interface_name"),
-                       instance_type=raw.get("current_instance_type"))
+            return cls(
+                current_host=raw["current_host"],
+                hosts=sorted(raw["hosts"]),
+                network_interface_name=raw.get("network_interface_name"),
+                instance_type=raw.get("current_instance_type"),
+            )
         except (KeyError, TypeError) as exc:
             raise ConfigError(f"{opt.config_dir / 'resourceconfig.json'}: missing field {exc}") from None
 
@@ -123,6 +141,7 @@ class ResourceConfig:
 @dataclass
 class StageRequest:
     """A validated request to run one stage: what the hyperparameters said, parsed once."""
+
     config: StageConfig
     artifact_uri: str
     run_id: str
@@ -170,12 +189,23 @@ def parse_hyperparameters(hp: dict[str, Any], config_cls: type[StageConfig], sou
     missing = [name for name in config.needed_inputs() if name not in inputs]
     if missing:
         raise ConfigError(f"{source}: {config.missing_inputs_message(missing)}")
-    return StageRequest(config=config, artifact_uri=hp["artifact_uri"].rstrip("/"), run_id=hp["run_id"],
-                        inputs=inputs, s3_endpoint_url=endpoint)
+    return StageRequest(
+        config=config,
+        artifact_uri=hp["artifact_uri"].rstrip("/"),
+        run_id=hp["run_id"],
+        inputs=inputs,
+        s3_endpoint_url=endpoint,
+    )
 
 
-def build_hyperparameters(config: StageConfig, artifact_uri: str, run_id: str, inputs: dict[str, str],
-                          s3_endpoint_url: str | None = None, config_uri: str | None = None) -> dict[str, str]:
+def build_hyperparameters(
+    config: StageConfig,
+    artifact_uri: str,
+    run_id: str,
+    inputs: dict[str, str],
+    s3_endpoint_url: str | None = None,
+    config_uri: str | None = None,
+) -> dict[str, str]:
     """The inverse of parse_hyperparameters, for backends."""
     hp = {"artifact_uri": artifact_uri, "run_id": run_id, "inputs": json.dumps(inputs, sort_keys=True)}
     if config_uri:
@@ -190,34 +220,45 @@ def build_hyperparameters(config: StageConfig, artifact_uri: str, run_id: str, i
 @dataclass
 class StageContext:
     """What a stage's run function gets besides its config: where to write, and its inputs."""
+
     request: StageRequest
     opt: OptMl
     resources: ResourceConfig
     _artifacts: dict[str, Artifact] = field(default_factory=dict)
 
     @property
-    def model_dir(self) -> Path: return self.opt.model_dir
+    def model_dir(self) -> Path:
+        return self.opt.model_dir
+
     @property
-    def checkpoint_dir(self) -> Path: return self.opt.checkpoint_dir
+    def checkpoint_dir(self) -> Path:
+        return self.opt.checkpoint_dir
+
     @property
-    def tensorboard_dir(self) -> Path: return self.opt.tensorboard_dir
+    def tensorboard_dir(self) -> Path:
+        return self.opt.tensorboard_dir
+
     @property
-    def endpoint_url(self) -> str | None: return self.request.s3_endpoint_url
+    def endpoint_url(self) -> str | None:
+        return self.request.s3_endpoint_url
 
     def input(self, name: str) -> Artifact:
         """An upstream artifact, verified: from its SageMaker channel when mounted, else from the store."""
         if name not in self._artifacts:
             if name not in self.request.inputs:
-                raise ConfigError(f"stage {self.request.config.stage} has no input {name!r} "
-                                  f"(inputs given: {sorted(self.request.inputs)})")
+                raise ConfigError(
+                    f"stage {self.request.config.stage} has no input {name!r} "
+                    f"(inputs given: {sorted(self.request.inputs)})"
+                )
             uri = self.request.inputs[name]
             channel = self.opt.data_dir / name
             if (channel / MANIFEST_NAME).is_file():
                 data = (channel / MANIFEST_NAME).read_bytes()
                 manifest = parse_manifest(data, str(channel / MANIFEST_NAME))
                 verify_files(manifest, channel / manifest.data_dir, str(channel))
-                self._artifacts[name] = Artifact(uri=uri, manifest=manifest, manifest_sha256=sha256_bytes(data),
-                                                 path=channel / manifest.data_dir)
+                self._artifacts[name] = Artifact(
+                    uri=uri, manifest=manifest, manifest_sha256=sha256_bytes(data), path=channel / manifest.data_dir
+                )
             else:
                 cache = settings().cache or self.opt.root / "cache"
                 self._artifacts[name] = fetch(uri, cache_dir=cache, endpoint_url=self.endpoint_url)
@@ -231,6 +272,7 @@ class StageContext:
 class StageResult:
     """What a run function returns: the metrics for the manifest. Files are whatever it left in model_dir.
     Lineage is not returned: it is exactly what the coordinator fingerprinted (`lineage`)."""
+
     metrics: dict[str, Any]
 
 
@@ -268,22 +310,30 @@ def check_identity(ctx: StageContext, refs: list[InputRef], since: list[InputRef
     if expected is None:
         return
     stage = ctx.request.config.stage
-    changed = [f"{ref.name} ({ref.uri}): sha256 {old.sha256[:12]}… at start, {ref.sha256[:12]}… now"
-               for ref in refs for old in (since or []) if old.name == ref.name and old.sha256 != ref.sha256]
+    changed = [
+        f"{ref.name} ({ref.uri}): sha256 {old.sha256[:12]}… at start, {ref.sha256[:12]}… now"
+        for ref in refs
+        for old in (since or [])
+        if old.name == ref.name and old.sha256 != ref.sha256
+    ]
     if changed:
-        raise IdentityMismatch(f"stage {stage}: inputs changed while the stage ran: {'; '.join(changed)}; nothing "
-                               "published; rerun once the data is stable")
+        raise IdentityMismatch(
+            f"stage {stage}: inputs changed while the stage ran: {'; '.join(changed)}; nothing "
+            "published; rerun once the data is stable"
+        )
     got = artifact_id(ctx.request.config, refs)
     if got != expected:
         names = ", ".join(ref.name for ref in refs if ref.kind == "data") or "none"
         raise IdentityMismatch(
             f"stage {stage}: the inputs as read now give artifact id {got}, not the planned {expected}: data or an "
             f"upstream artifact changed after the run was planned (data inputs: {names}); nothing published; "
-            "rerun to plan again")
+            "rerun to plan again"
+        )
 
 
-def publish_result(ctx: StageContext, result: StageResult, package: str,
-                   start_refs: list[InputRef] | None = None) -> Manifest:
+def publish_result(
+    ctx: StageContext, result: StageResult, package: str, start_refs: list[InputRef] | None = None
+) -> Manifest:
     """Validate the metrics against the stage's model (`dilforge_shared.metrics`) and the inputs against the
     planned id, then publish files + manifest."""
     config = ctx.request.config
@@ -291,10 +341,17 @@ def publish_result(ctx: StageContext, result: StageResult, package: str,
     inputs = lineage(ctx)
     check_identity(ctx, inputs, start_refs)
     manifest = Manifest(
-        kind=config.artifact_kind, artifact_id=ctx.request.artifact_uri.rsplit("/", 1)[-1],
-        run_id=ctx.request.run_id, stage=config.stage, code_version=STAGE_VERSIONS[config.stage],
-        producer=current_producer(package), config=config.model_dump(mode="json"), inputs=inputs,
-        data_dir="pending", files=[], metrics=result.metrics,
+        kind=config.artifact_kind,
+        artifact_id=ctx.request.artifact_uri.rsplit("/", 1)[-1],
+        run_id=ctx.request.run_id,
+        stage=config.stage,
+        code_version=STAGE_VERSIONS[config.stage],
+        producer=current_producer(package),
+        config=config.model_dump(mode="json"),
+        inputs=inputs,
+        data_dir="pending",
+        files=[],
+        metrics=result.metrics,
     )
     return publish(ctx.request.artifact_uri, ctx.model_dir, manifest, ctx.endpoint_url, progress=sys.stderr.isatty())
 
@@ -309,8 +366,12 @@ def write_failure(opt: OptMl, message: str) -> None:
 
 def setup_logging() -> None:
     """Stage logging to stdout, credentials masked on every line (botocore logs keys at DEBUG)."""
-    logging.basicConfig(level=settings().log_level,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stdout, force=True)
+    logging.basicConfig(
+        level=settings().log_level,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stdout,
+        force=True,
+    )
     install_log_masking()
 
 
@@ -321,8 +382,13 @@ def log_config(config: BaseModel, derived: dict[str, Any] | None = None) -> None
         log.info("derived: %s", json.dumps(derived, sort_keys=True, default=str))
 
 
-def wait_for_artifact(uri: str, endpoint_url: str | None, timeout_s: float = 3600.0, interval_s: float = 2.0,
-                      sleep: Callable[[float], None] | None = None) -> None:
+def wait_for_artifact(
+    uri: str,
+    endpoint_url: str | None,
+    timeout_s: float = 3600.0,
+    interval_s: float = 2.0,
+    sleep: Callable[[float], None] | None = None,
+) -> None:
     """Block until the artifact's manifest is published (by the first host of a multi-host job).
 
     The other hosts of a multi-host job stay up until then: SageMaker ends a job when every host has exited,
@@ -332,6 +398,7 @@ def wait_for_artifact(uri: str, endpoint_url: str | None, timeout_s: float = 360
     import time
 
     from .store import artifact_exists
+
     sleep = sleep or time.sleep
     deadline = time.monotonic() + timeout_s
     while not artifact_exists(uri, endpoint_url):
@@ -351,12 +418,18 @@ def install_sigterm_handler(flag: dict[str, bool] | None = None) -> dict[str, bo
     def handler(signum, frame):
         flag["stop"] = True
         log.warning("SIGTERM received: will checkpoint and stop at the next step")
+
     signal.signal(signal.SIGTERM, handler)
     return flag
 
 
-def stage_main(config_cls: type[StageConfig], run_fn: RunFn, package: str, argv: list[str] | None = None,
-               publish_from_this_process: bool = True) -> int:
+def stage_main(
+    config_cls: type[StageConfig],
+    run_fn: RunFn,
+    package: str,
+    argv: list[str] | None = None,
+    publish_from_this_process: bool = True,
+) -> int:
     """Entrypoint body shared by every stage image: `IMAGE train`.
 
     Any exception becomes a failure file + non-zero exit. Nothing is published unless run_fn returns.
@@ -393,8 +466,9 @@ def stage_main(config_cls: type[StageConfig], run_fn: RunFn, package: str, argv:
         return 1
     except OSError as exc:  # a full disk, a file-size limit, a read-only mount: the operator's to fix, one line
         where = f"{exc.filename}: " if exc.filename else ""
-        message = f"{where}{exc.strerror or exc}" + (" (disk full or a file-size limit)" if exc.errno in
-                                                     (errno.ENOSPC, errno.EFBIG, errno.EDQUOT) else "")
+        message = f"{where}{exc.strerror or exc}" + (
+            " (disk full or a file-size limit)" if exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT) else ""
+        )
         log.error("%s", message)
         log.debug("%s", traceback.format_exc())
         write_failure(opt, message)

@@ -51,6 +51,7 @@ def expand(uri: str, endpoint_url: str | None = None) -> list[str]:
     parsed = urlparse(uri)
     if parsed.scheme == "s3":
         from .store import S3Storage
+
         backend = S3Storage(parsed.netloc, "", endpoint_url)
         key = parsed.path.lstrip("/")
         if backend.exists(key):
@@ -59,7 +60,7 @@ def expand(uri: str, endpoint_url: str | None = None) -> list[str]:
         if not keys:
             raise InputError("no such S3 object, and no corpus files under that prefix", path=uri)
         return [f"s3://{parsed.netloc}/{k}" for k in keys]
-    path = uri[len("file://"):] if parsed.scheme == "file" else uri
+    path = uri[len("file://") :] if parsed.scheme == "file" else uri
     if any(ch in path for ch in "*?["):
         matches = sorted(glob.glob(path))
         if not matches:
@@ -83,16 +84,32 @@ def _regular(path: str, uri: str) -> str:
     except OSError as exc:
         raise InputError(f"cannot open: {exc.strerror}", path=uri) from None
     if not stat.S_ISREG(mode):
-        kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
-                else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
-        raise InputError(f"is {kind}, not a regular file; corpora must be regular files (hashing and reading "
-                         "a stream would never end)", path=uri)
+        kind = (
+            "a FIFO"
+            if stat.S_ISFIFO(mode)
+            else "a device"
+            if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+            else "a socket"
+            if stat.S_ISSOCK(mode)
+            else "not a regular file"
+        )
+        raise InputError(
+            f"is {kind}, not a regular file; corpora must be regular files (hashing and reading "
+            "a stream would never end)",
+            path=uri,
+        )
     return path
 
 
 # Compressed files a user may name as a corpus; only gzip (.gz) is read.
-_MAGIC = ((b"\x1f\x8b", "gzip-compressed"), (b"BZh", "bzip2-compressed"), (b"\xfd7zXZ\x00", "xz-compressed"),
-          (b"\x28\xb5\x2f\xfd", "zstd-compressed"), (b"PK\x03\x04", "a zip archive"), (b"PAR1", "a parquet file"))
+_MAGIC = (
+    (b"\x1f\x8b", "gzip-compressed"),
+    (b"BZh", "bzip2-compressed"),
+    (b"\xfd7zXZ\x00", "xz-compressed"),
+    (b"\x28\xb5\x2f\xfd", "zstd-compressed"),
+    (b"PK\x03\x04", "a zip archive"),
+    (b"PAR1", "a parquet file"),
+)
 
 
 def _check_not_compressed(stream: IO[bytes], uri: str, fmt_hint: str) -> None:
@@ -102,9 +119,13 @@ def _check_not_compressed(stream: IO[bytes], uri: str, fmt_hint: str) -> None:
         if magic == b"BZh" and head[3:4] not in b"123456789":  # bzip2: "BZh" then the block size digit
             continue
         if head.startswith(magic) and not (what == "a parquet file" and fmt_hint == "parquet"):
-            fix = ("name it .gz (gzip is read as it streams)" if what == "gzip-compressed" else
-                   "set format: parquet" if what == "a parquet file" else
-                   "decompress it, or recompress it with gzip and name it .gz")
+            fix = (
+                "name it .gz (gzip is read as it streams)"
+                if what == "gzip-compressed"
+                else "set format: parquet"
+                if what == "a parquet file"
+                else "decompress it, or recompress it with gzip and name it .gz"
+            )
             raise InputError(f"is {what}, not text: {fix}", path=uri)
 
 
@@ -133,6 +154,7 @@ def _open_binary(uri: str, endpoint_url: str | None) -> IO[bytes]:
         from botocore.exceptions import ClientError
 
         from .store import S3Storage
+
         backend = S3Storage(parsed.netloc, "", endpoint_url)
         try:
             body = backend.client.get_object(Bucket=parsed.netloc, Key=parsed.path.lstrip("/"))["Body"]
@@ -159,8 +181,9 @@ def _decode(data: bytes, uri: str, lineno: int, decoder=None, final: bool = True
     try:
         return decoder.decode(data, final) if decoder is not None else data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise InputError(f"not valid UTF-8 (byte {exc.start}: {data[exc.start:exc.start + 4]!r})",
-                         path=uri, line=lineno) from None
+        raise InputError(
+            f"not valid UTF-8 (byte {exc.start}: {data[exc.start : exc.start + 4]!r})", path=uri, line=lineno
+        ) from None
 
 
 def _split_piece(text: str, max_bytes: int) -> tuple[str, str]:
@@ -168,17 +191,23 @@ def _split_piece(text: str, max_bytes: int) -> tuple[str, str]:
     prefix = text.encode("utf-8")[:max_bytes].decode("utf-8", errors="ignore")
     at = max(prefix.rfind(" ", len(prefix) // 2), prefix.rfind("\t", len(prefix) // 2))
     if at > 0:
-        return prefix[:at], text[at + 1:]
-    return prefix, text[len(prefix):]
+        return prefix[:at], text[at + 1 :]
+    return prefix, text[len(prefix) :]
 
 
 def _oversize_message(limit: int) -> str:
-    return (f"line longer than {limit} bytes (max_document_bytes); raise it, or set on_oversize to split, "
-            "truncate or skip")
+    return (
+        f"line longer than {limit} bytes (max_document_bytes); raise it, or set on_oversize to split, truncate or skip"
+    )
 
 
-def _lines(uri: str, endpoint_url: str | None, max_bytes: int = MAX_DOCUMENT_BYTES,
-           oversize: Oversize = "error", splittable: bool = True) -> Iterator[tuple[int, str]]:
+def _lines(
+    uri: str,
+    endpoint_url: str | None,
+    max_bytes: int = MAX_DOCUMENT_BYTES,
+    oversize: Oversize = "error",
+    splittable: bool = True,
+) -> Iterator[tuple[int, str]]:
     """(line number, text) with every yielded text at most `max_bytes` of UTF-8; see the module doc."""
     policy = oversize if splittable or oversize == "skip" else "error"
     with _open_binary(uri, endpoint_url) as stream:
@@ -198,13 +227,15 @@ def _lines(uri: str, endpoint_url: str | None, max_bytes: int = MAX_DOCUMENT_BYT
             raise InputError(f"read failed: {exc}", path=uri, line=lineno + 1) from None
 
 
-def _oversized(stream, first: bytes, uri: str, lineno: int, max_bytes: int,
-               policy: Oversize) -> Iterator[tuple[int, str]]:
+def _oversized(
+    stream, first: bytes, uri: str, lineno: int, max_bytes: int, policy: Oversize
+) -> Iterator[tuple[int, str]]:
     """The rest of an over-long line, read `max_bytes` at a time: split into pieces, truncated or skipped."""
     decoder = codecs.getincrementaldecoder("utf-8")()
     if policy != "split":
-        log.warning("%s:%d: %s; %s", uri, lineno, _oversize_message(max_bytes),
-                    "skipped" if policy == "skip" else "truncated")
+        log.warning(
+            "%s:%d: %s; %s", uri, lineno, _oversize_message(max_bytes), "skipped" if policy == "skip" else "truncated"
+        )
     if policy == "truncate":  # a character cut in half at the end is dropped, not decoded
         yield lineno, _decode(first[:max_bytes], uri, lineno, decoder, final=False)
     chunk, buffer = first, ""
@@ -224,8 +255,12 @@ def _oversized(stream, first: bytes, uri: str, lineno: int, max_bytes: int,
         chunk = stream.readline(max_bytes + 1)
 
 
-def iter_records(uri: str, endpoint_url: str | None = None, max_document_bytes: int = MAX_DOCUMENT_BYTES,
-                 on_oversize: Oversize = "error") -> Iterator[tuple[int, dict]]:
+def iter_records(
+    uri: str,
+    endpoint_url: str | None = None,
+    max_document_bytes: int = MAX_DOCUMENT_BYTES,
+    on_oversize: Oversize = "error",
+) -> Iterator[tuple[int, dict]]:
     """JSON objects of a JSONL file with their line numbers; blank lines skipped; lines bounded (error or skip)."""
     for lineno, line in _lines(uri, endpoint_url, max_document_bytes, on_oversize, splittable=False):
         if not line.strip():
@@ -239,15 +274,23 @@ def iter_records(uri: str, endpoint_url: str | None = None, max_document_bytes: 
         yield lineno, record
 
 
-def _iter_file(uri: str, fmt: str, text_field: str, endpoint_url: str | None, max_bytes: int = MAX_DOCUMENT_BYTES,
-               oversize: Oversize = "error") -> Iterator[tuple[int, str]]:
+def _iter_file(
+    uri: str,
+    fmt: str,
+    text_field: str,
+    endpoint_url: str | None,
+    max_bytes: int = MAX_DOCUMENT_BYTES,
+    oversize: Oversize = "error",
+) -> Iterator[tuple[int, str]]:
     if fmt == "txt":
         yield from _lines(uri, endpoint_url, max_bytes, oversize)
     elif fmt == "jsonl":
         for lineno, record in iter_records(uri, endpoint_url, max_bytes, oversize):
             value = record.get(text_field)
             if not isinstance(value, str):
-                raise InputError(f"field {text_field!r} missing or not a string (set text_field)", path=uri, line=lineno)
+                raise InputError(
+                    f"field {text_field!r} missing or not a string (set text_field)", path=uri, line=lineno
+                )
             yield lineno, value
     elif fmt == "tsv":
         column = None
@@ -255,8 +298,9 @@ def _iter_file(uri: str, fmt: str, text_field: str, endpoint_url: str | None, ma
             cells = line.split("\t")
             if column is None:
                 if text_field not in cells:
-                    raise InputError(f"header has no column {text_field!r} (columns: {cells}); set text_field",
-                                     path=uri, line=lineno)
+                    raise InputError(
+                        f"header has no column {text_field!r} (columns: {cells}); set text_field", path=uri, line=lineno
+                    )
                 column = cells.index(text_field)
                 continue
             if not line.strip():
@@ -285,8 +329,9 @@ def _iter_file(uri: str, fmt: str, text_field: str, endpoint_url: str | None, ma
             except StopIteration:
                 break
             except (OSError, ValueError) as exc:  # a damaged row group or page
-                raise InputError(f"damaged parquet data after row {row}: {str(exc).splitlines()[0][:200]}",
-                                 path=uri) from None
+                raise InputError(
+                    f"damaged parquet data after row {row}: {str(exc).splitlines()[0][:200]}", path=uri
+                ) from None
             for value in batch.column(0).to_pylist():
                 row += 1
                 if isinstance(value, str):
@@ -320,8 +365,9 @@ def iter_texts(
     on_oversize: Oversize = "error",
 ) -> Iterator[str]:
     """Documents of every file behind `uri`, NFC-normalised, streamed, each bounded (see the module doc)."""
-    for located in iter_located_texts(uri, fmt, text_field, endpoint_url, normalization, skip_empty,
-                                      max_document_bytes, on_oversize):
+    for located in iter_located_texts(
+        uri, fmt, text_field, endpoint_url, normalization, skip_empty, max_document_bytes, on_oversize
+    ):
         yield located[2]
 
 
@@ -369,8 +415,11 @@ def iter_word_counts(
                 continue
             count = parts[-1]
             if len(parts) != 2 or not (count.isascii() and count.isdigit()) or int(count) == 0:
-                raise InputError(f"expected 'WORD COUNT' (two fields: a word, then a positive integer), got "
-                                 f"{line.strip()[:60]!r}", path=file_uri, line=lineno)
+                raise InputError(
+                    f"expected 'WORD COUNT' (two fields: a word, then a positive integer), got {line.strip()[:60]!r}",
+                    path=file_uri,
+                    line=lineno,
+                )
             word = parts[0]
             if normalization == "NFC":
                 word = unicodedata.normalize("NFC", word)
@@ -382,11 +431,13 @@ def data_digest(uri: str, endpoint_url: str | None = None) -> str:
     import hashlib
 
     from .manifest import sha256_file
+
     h = hashlib.sha256()
     for file_uri in expand(uri, endpoint_url):
         parsed = urlparse(file_uri)
         if parsed.scheme == "s3":
             from .store import S3Storage
+
             backend = S3Storage(parsed.netloc, "", endpoint_url)
             head = backend.client.head_object(Bucket=parsed.netloc, Key=parsed.path.lstrip("/"))
             h.update(f"{file_uri}:{head['ETag']}\n".encode())

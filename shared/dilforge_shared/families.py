@@ -58,6 +58,7 @@ class Family:
     extra_stops: other tokens the family's own instruct models stop on (Llama 3: `<|eom_id|>`, the end of a
     tool-call message), listed in generation_config.json between eot and doc_end when the vocabulary has them.
     """
+
     name: str
     bos: str | None
     doc_end: str
@@ -89,16 +90,32 @@ class Family:
         eos = [token_ids[t] for t in self.stop_tokens if t in token_ids]
         if self.eot not in token_ids or self.doc_end not in token_ids:
             raise InputError(f"tokenizer lacks the {self.name} family's {self.eot} or {self.doc_end}")
-        return {"bos_token_id": token_ids.get(self.bos) if self.bos is not None else None,
-                "eos_token_id": eos if len(eos) > 1 else eos[0], "pad_token_id": token_ids.get(self.pad)}
+        return {
+            "bos_token_id": token_ids.get(self.bos) if self.bos is not None else None,
+            "eos_token_id": eos if len(eos) > 1 else eos[0],
+            "pad_token_id": token_ids.get(self.pad),
+        }
 
 
-LLAMA3 = Family(name="llama3", bos="<|begin_of_text|>", doc_end="<|end_of_text|>", eot="<|eot_id|>",
-                pad="<|finetune_right_pad_id|>", chat_template=LLAMA3_CHAT_TEMPLATE,
-                markers=("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"),
-                extra_stops=("<|eom_id|>",))
-CHATML = Family(name="chatml", bos=None, doc_end="<|endoftext|>", eot="<|im_end|>", pad="<|endoftext|>",
-                chat_template=CHATML_CHAT_TEMPLATE, markers=("<|im_start|>", "<|im_end|>", "<|endoftext|>"))
+LLAMA3 = Family(
+    name="llama3",
+    bos="<|begin_of_text|>",
+    doc_end="<|end_of_text|>",
+    eot="<|eot_id|>",
+    pad="<|finetune_right_pad_id|>",
+    chat_template=LLAMA3_CHAT_TEMPLATE,
+    markers=("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"),
+    extra_stops=("<|eom_id|>",),
+)
+CHATML = Family(
+    name="chatml",
+    bos=None,
+    doc_end="<|endoftext|>",
+    eot="<|im_end|>",
+    pad="<|endoftext|>",
+    chat_template=CHATML_CHAT_TEMPLATE,
+    markers=("<|im_start|>", "<|im_end|>", "<|endoftext|>"),
+)
 FAMILIES: dict[str, Family] = {f.name: f for f in (LLAMA3, CHATML)}
 
 
@@ -112,8 +129,11 @@ def detect_family(tokens: Iterable[str], source: str) -> Family:
     for family in FAMILIES.values():
         if all(m in vocab for m in family.markers):
             return family
-    raise InputError("tokenizer follows no known family (Llama 3: <|begin_of_text|>/<|eot_id|>; ChatML: "
-                     "<|im_start|>/<|im_end|>/<|endoftext|>); its special tokens cannot be mapped", path=source)
+    raise InputError(
+        "tokenizer follows no known family (Llama 3: <|begin_of_text|>/<|eot_id|>; ChatML: "
+        "<|im_start|>/<|im_end|>/<|endoftext|>); its special tokens cannot be mapped",
+        path=source,
+    )
 
 
 # ---- self-describing model folders --------------------------------------------------------------------

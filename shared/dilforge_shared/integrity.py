@@ -39,6 +39,7 @@ def identity_problem(manifest: Manifest, folder_id: str, source: str) -> str | N
     recomputed from its recorded config, code version, inputs and data digests is that id too. Otherwise why not
     (a valid artifact copied into another's folder; a stage that recorded other data than it was planned from)."""
     from .models import recompute_artifact_id
+
     if manifest.artifact_id != folder_id:
         return f"{source}: manifest says artifact {manifest.artifact_id!r} but it sits in folder {folder_id!r}"
     try:
@@ -46,13 +47,20 @@ def identity_problem(manifest: Manifest, folder_id: str, source: str) -> str | N
     except DilforgeError as exc:
         return f"{source}: its recorded config no longer validates ({exc})"
     if recomputed != folder_id:
-        return (f"{source}: its recorded config, code version {manifest.code_version} and input digests give id "
-                f"{recomputed}, not {folder_id}")
+        return (
+            f"{source}: its recorded config, code version {manifest.code_version} and input digests give id "
+            f"{recomputed}, not {folder_id}"
+        )
     return None
 
 
-def check_artifact(artifact_uri: str, endpoint_url: str | None = None, full: bool = True,
-                   mode: str | None = None, identity: bool = False) -> str | None:
+def check_artifact(
+    artifact_uri: str,
+    endpoint_url: str | None = None,
+    full: bool = True,
+    mode: str | None = None,
+    identity: bool = False,
+) -> str | None:
     """None if the artifact is whole, else what is wrong with it; ManifestNotFound if there is none.
 
     With `identity` (every reuse), the artifact must also prove it is the one its folder names (identity_problem).
@@ -111,7 +119,7 @@ def move_aside(artifact_uri: str, endpoint_url: str | None = None) -> str:
         keys = list(parent.list(name))
         manifest_key = f"{name}/{MANIFEST_NAME}"
         for key in keys:
-            parent.copy(key, target + key[len(name):])
+            parent.copy(key, target + key[len(name) :])
         if manifest_key in keys:
             parent.delete(manifest_key)
         parent.delete_prefix(name)

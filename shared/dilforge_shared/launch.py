@@ -31,6 +31,7 @@ EFA_ENV = {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1"}
 @dataclass
 class LaunchPlan:
     """Everything needed to start torchrun on this host."""
+
     command: list[str]
     env: dict[str, str] = field(default_factory=dict)
     nnodes: int = 1
@@ -95,8 +96,16 @@ def build_launch(
     if nnodes == 1:
         cmd += ["--standalone", "--nnodes", "1"]
     else:
-        cmd += ["--nnodes", str(nnodes), "--node_rank", str(node_rank),
-                "--master_addr", master_addr, "--master_port", str(master_port)]
+        cmd += [
+            "--nnodes",
+            str(nnodes),
+            "--node_rank",
+            str(node_rank),
+            "--master_addr",
+            master_addr,
+            "--master_port",
+            str(master_port),
+        ]
     cmd += ["--nproc_per_node", str(nproc_per_node), *module_args]
     env = dict(base_env if base_env is not None else os.environ)
     if resources.network_interface_name and nnodes > 1 and interface_exists(resources.network_interface_name):
@@ -105,12 +114,24 @@ def build_launch(
     if is_efa_instance(resources.instance_type):
         for key, value in EFA_ENV.items():
             env.setdefault(key, value)
-    return LaunchPlan(command=cmd, env=env, nnodes=nnodes, node_rank=node_rank, nproc_per_node=nproc_per_node,
-                      master_addr=master_addr, master_port=master_port)
+    return LaunchPlan(
+        command=cmd,
+        env=env,
+        nnodes=nnodes,
+        node_rank=node_rank,
+        nproc_per_node=nproc_per_node,
+        master_addr=master_addr,
+        master_port=master_port,
+    )
 
 
-def wait_for_hosts(hosts: Sequence[str], timeout_s: float = 300.0, interval_s: float = 2.0,
-                   resolve: Callable[[str], object] | None = None, sleep: Callable[[float], None] = time.sleep) -> None:
+def wait_for_hosts(
+    hosts: Sequence[str],
+    timeout_s: float = 300.0,
+    interval_s: float = 2.0,
+    resolve: Callable[[str], object] | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> None:
     """Block until every host name resolves (SageMaker's DNS for algo-N appears a little after start)."""
     resolve = resolve or (lambda h: socket.getaddrinfo(h, None))
     deadline = time.monotonic() + timeout_s

@@ -102,6 +102,7 @@ class S3Lease:
 
     def _current(self) -> dict | None:
         from .store import NotFound
+
         try:
             return json.loads(self.backend.read_bytes(self.key))
         except NotFound:

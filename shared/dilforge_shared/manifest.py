@@ -36,8 +36,17 @@ MANIFEST_NAME = "manifest.json"
 ArtifactKind = Literal["tokenizer", "model", "adapter", "eval_report"]
 
 KEY_LIBRARIES = (
-    "torch", "transformers", "tokenizers", "trl", "peft", "accelerate", "datasets",
-    "liger-kernel", "safetensors", "pydantic", "boto3",
+    "torch",
+    "transformers",
+    "tokenizers",
+    "trl",
+    "peft",
+    "accelerate",
+    "datasets",
+    "liger-kernel",
+    "safetensors",
+    "pydantic",
+    "boto3",
 )
 
 
@@ -76,9 +85,11 @@ class Manifest(BaseModel):
     run_id: str = Field(description="Pipeline run that produced the artifact.")
     stage: StageName = Field(description="Stage that produced the artifact.")
     code_version: int | None = Field(
-        default=None, ge=1,
+        default=None,
+        ge=1,
         description="The stage's code version (dilforge_shared.stages.STAGE_VERSIONS), part of the artifact id; "
-        "None in manifests older than schema 1.2, whose ids hashed the whole config.")
+        "None in manifests older than schema 1.2, whose ids hashed the whole config.",
+    )
     created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
     producer: Producer
     config: dict[str, Any] = Field(description="The full resolved stage config.")
@@ -162,7 +173,10 @@ def _git_sha() -> str | None:
         return sha
     try:
         out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+            ["git", "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
             cwd=Path(__file__).resolve().parent,
         )
         return out.stdout.strip() or None if out.returncode == 0 else None
@@ -180,8 +194,11 @@ def current_producer(package: str) -> Producer:
     except metadata.PackageNotFoundError:
         version = "unknown"
     return Producer(
-        package=package, version=version, git_sha=_git_sha(),
-        image=settings().image, libraries=libs,
+        package=package,
+        version=version,
+        git_sha=_git_sha(),
+        image=settings().image,
+        libraries=libs,
     )
 
 

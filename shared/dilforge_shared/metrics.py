@@ -20,13 +20,16 @@ from .errors import DilforgeError, InputError
 
 class Metrics(BaseModel):
     """Base: unknown keys are an error, so a renamed metric cannot slip through."""
+
     model_config = ConfigDict(extra="forbid")
 
 
 # ---- model --------------------------------------------------------------------------------------------
 
+
 class ModelMetrics(Metrics):
     """The model stage's provenance (architecture.md "Base models are artifacts")."""
+
     source: str
     source_kind: str
     sha256: str
@@ -52,8 +55,10 @@ class ModelMetrics(Metrics):
 
 # ---- tokenizer ----------------------------------------------------------------------------------------
 
+
 class SetFigures(Metrics):
     """A tokenizer measured on one text set (tokenizer report.measure_sets)."""
+
     tokens_per_word: float
     bytes_per_token: float
     share_words_3plus: float
@@ -66,6 +71,7 @@ class SetFigures(Metrics):
 
 class LanguageFigures(Metrics):
     """The headline figures of one validation set (tokenizer report.language_figures)."""
+
     tokens_per_word: float
     bytes_per_token: float
     frac_words_3plus: float
@@ -73,6 +79,7 @@ class LanguageFigures(Metrics):
 
 class StrategyRow(Metrics):
     """One strategy's candidate in the side-by-side comparison (`languages`: per validation set)."""
+
     strategy: str
     vocab_size: int
     num_new_tokens: int
@@ -84,6 +91,7 @@ class StrategyRow(Metrics):
 class SweepRow(Metrics):
     """One candidate size of the configured strategy: replace records its regular vocabulary, extend the
     number of tokens it added."""
+
     vocab_size: int
     vocab_size_total: int | None = None
     vocab_size_regular: int | None = None
@@ -115,8 +123,10 @@ class TokenizerMetrics(Metrics):
 
 # ---- cpt ----------------------------------------------------------------------------------------------
 
+
 class TrainRow(Metrics):
     """One logged optimizer step."""
+
     step: int
     phase: int
     loss: float
@@ -133,6 +143,7 @@ SET_PREFIX = "val_bpb/"  # a validation row holds one `val_bpb/<set name>` per v
 
 class ValidationRow(BaseModel):
     """One validation pass: loss and BPB over all sets, and `val_bpb/<set>` per set (read as `by_set`)."""
+
     model_config = ConfigDict(extra="allow")
     step: int
     val_loss: float
@@ -154,6 +165,7 @@ class ValidationRow(BaseModel):
 class Transplant(Metrics):
     """How the base model's vocabulary became the stage's: kept/new rows and the step-0 BPB of each
     initialisation compared (`step0_val_bpb[method]`, per validation set in `step0_val_bpb_by_set`)."""
+
     method: str
     reason: str | None = None
     num_kept: int | None = None
@@ -166,14 +178,15 @@ class Transplant(Metrics):
     # extended_vs_base, bpb_base_tokenization, base_tokenization_vs_base}}} (only bpb_extended where not measurable)
     step0_leakage: dict[str, dict[str, dict[str, float]]] = Field(default_factory=dict)
     calibration: dict[str, float | int | None] | None = None  # the offset/calibrated fit (alpha, beta, gamma, ...)
-    tied: bool | None = None          # the trained model ties embedding and LM head
-    untied_here: bool | None = None   # untie_embeddings gave a tied base its own LM head
+    tied: bool | None = None  # the trained model ties embedding and LM head
+    untied_here: bool | None = None  # untie_embeddings gave a tied base its own LM head
     leakage_not_measured: str | None = None  # why there is no leakage table (base tokens missing from the vocab)
 
 
 class LeakageEntry(Metrics):
     """One leakage measurement (step 0 or a validation): per set {bpb_base_tokenization, bpb_kept_rows,
     leakage}; with the loop's counter-measure also what it fitted and the sets measured after it."""
+
     step: int
     sets: dict[str, dict[str, float]]
     recalibrated: dict[str, Any] | None = None
@@ -209,19 +222,27 @@ class CptMetrics(Metrics):
 
     def cost(self) -> dict[str, float]:
         """Time, token and memory figures the eval report lists."""
-        figures = {"tokens_seen": self.tokens_seen, "total_tokens": self.total_tokens,
-                   "tokens_per_s": self.tokens_per_s, "mfu": self.mfu, "peak_memory_gb": self.peak_memory_gb,
-                   "eval_peak_memory_gb": self.eval_peak_memory_gb}
+        figures = {
+            "tokens_seen": self.tokens_seen,
+            "total_tokens": self.total_tokens,
+            "tokens_per_s": self.tokens_per_s,
+            "mfu": self.mfu,
+            "peak_memory_gb": self.peak_memory_gb,
+            "eval_peak_memory_gb": self.eval_peak_memory_gb,
+        }
         return {k: v for k, v in figures.items() if v is not None}
 
     def curves(self) -> dict[str, list[tuple[float, float]]]:
         """Loss per step (train) and validation loss per step."""
-        out = {"loss": [(float(r.step), r.loss) for r in self.history],
-               "validation/val_loss": [(float(r.step), r.val_loss) for r in self.validation]}
+        out = {
+            "loss": [(float(r.step), r.loss) for r in self.history],
+            "validation/val_loss": [(float(r.step), r.val_loss) for r in self.validation],
+        }
         return {k: v for k, v in out.items() if v}
 
 
 # ---- sft ----------------------------------------------------------------------------------------------
+
 
 class LossPoint(Metrics):
     step: int
@@ -252,8 +273,11 @@ class SftMetrics(Metrics):
     num_label_preview_examples: int
 
     def cost(self) -> dict[str, float]:
-        figures = {"train_runtime_s": self.train_runtime_s, "train_steps_per_second": self.train_steps_per_second,
-                   "optimizer_steps": self.optimizer_steps}
+        figures = {
+            "train_runtime_s": self.train_runtime_s,
+            "train_steps_per_second": self.train_steps_per_second,
+            "optimizer_steps": self.optimizer_steps,
+        }
         return {k: v for k, v in figures.items() if v is not None}
 
     def curves(self) -> dict[str, list[tuple[float, float]]]:
@@ -262,21 +286,25 @@ class SftMetrics(Metrics):
 
 # ---- eval ---------------------------------------------------------------------------------------------
 
+
 class Downstream(Metrics):
     """eval's downstream tasks (lm-eval): what each task is, how to rerun it, each model's scores and the change
     against the reference model (services/eval downstream.py)."""
+
     harness: dict[str, Any]
     task_dir: str
     commands: list[str]
     tasks: dict[str, dict[str, Any]]
     results: dict[str, dict[str, dict[str, dict[str, Any]]]] = Field(
-        description="model -> task -> metric -> {value, stderr, ...}.")
+        description="model -> task -> metric -> {value, stderr, ...}."
+    )
     seconds: dict[str, float]
     changes: dict[str, dict[str, dict[str, float]]] = Field(default_factory=dict)
 
 
 class EvalMetrics(Metrics):
     """The eval summary in the manifest (metrics.json beside the report has the full curves)."""
+
     models: dict[str, dict[str, Any]]
     tokenizers: dict[str, dict[str, Any]]
     text_sets: dict[str, dict[str, Any]]
@@ -298,8 +326,13 @@ class EvalMetrics(Metrics):
     report: dict[str, str]
 
 
-STAGE_METRICS: dict[str, type[BaseModel]] = {"model": ModelMetrics, "tokenizer": TokenizerMetrics,
-                                             "cpt": CptMetrics, "sft": SftMetrics, "eval": EvalMetrics}
+STAGE_METRICS: dict[str, type[BaseModel]] = {
+    "model": ModelMetrics,
+    "tokenizer": TokenizerMetrics,
+    "cpt": CptMetrics,
+    "sft": SftMetrics,
+    "eval": EvalMetrics,
+}
 
 
 def _first_error(exc: ValidationError) -> str:
@@ -315,8 +348,10 @@ def validate_metrics(stage: str, metrics: dict[str, Any]) -> BaseModel:
     try:
         return STAGE_METRICS[stage].model_validate(metrics)
     except ValidationError as exc:
-        raise DilforgeError(f"stage {stage} publishes metrics that do not match "
-                         f"dilforge_shared.metrics.{STAGE_METRICS[stage].__name__}: {_first_error(exc)}") from None
+        raise DilforgeError(
+            f"stage {stage} publishes metrics that do not match "
+            f"dilforge_shared.metrics.{STAGE_METRICS[stage].__name__}: {_first_error(exc)}"
+        ) from None
 
 
 def read_metrics(stage: str, metrics: dict[str, Any], uri: str) -> Any:
@@ -324,5 +359,8 @@ def read_metrics(stage: str, metrics: dict[str, Any], uri: str) -> Any:
     try:
         return STAGE_METRICS[stage].model_validate(metrics)
     except ValidationError as exc:
-        raise InputError(f"{stage} metrics do not match {STAGE_METRICS[stage].__name__} (an artifact of another "
-                         f"dilforge version?): {_first_error(exc)}", path=uri) from None
+        raise InputError(
+            f"{stage} metrics do not match {STAGE_METRICS[stage].__name__} (an artifact of another "
+            f"dilforge version?): {_first_error(exc)}",
+            path=uri,
+        ) from None

@@ -37,11 +37,18 @@ ADAPTER_DIR, MERGED_DIR = "adapter", "merged"
 Kind = Literal["model", "tokenizer", "adapter"]
 MARKERS: dict[str, str] = {"model": "config.json", "tokenizer": "tokenizer.json", "adapter": "adapter_config.json"}
 # subfolders tried before any other (in this order) when an artifact holds several folders of a kind
-PREFERRED: dict[str, tuple[str, ...]] = {"model": (MERGED_DIR, "model", "final", "hf"),
-                                         "tokenizer": ("tokenizer", MERGED_DIR, "model", "final", "hf"),
-                                         "adapter": (ADAPTER_DIR,)}
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
-                   "chat_template.json")
+PREFERRED: dict[str, tuple[str, ...]] = {
+    "model": (MERGED_DIR, "model", "final", "hf"),
+    "tokenizer": ("tokenizer", MERGED_DIR, "model", "final", "hf"),
+    "adapter": (ADAPTER_DIR,),
+}
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "chat_template.json",
+)
 WEIGHT_SUFFIXES = (".safetensors", ".bin")
 SEARCH_DEPTH = 3
 BASE_INPUTS = ("cpt", "model")  # upstream artifacts that carry a base model, nearest stage first
@@ -80,8 +87,10 @@ def model_stage_ref(config: ModelConfig, endpoint_url: str | None = None) -> Inp
 
 def config_refs(config: StageConfig, endpoint_url: str | None = None) -> list[InputRef]:
     """Everything a stage reads besides upstream artifacts: data sources, models/tokenizers by URI, a model source."""
-    refs = [InputRef(name=f"data:{s.label}", kind="data", uri=s.uri, sha256=data_digest(s.uri, endpoint_url))
-            for s in config.data_sources()]
+    refs = [
+        InputRef(name=f"data:{s.label}", kind="data", uri=s.uri, sha256=data_digest(s.uri, endpoint_url))
+        for s in config.data_sources()
+    ]
     refs += [source_ref(uri, model_ref_name(uri), endpoint_url) for uri in config.model_uris()]
     if isinstance(config, ModelConfig):
         refs.append(model_stage_ref(config, endpoint_url))
@@ -90,8 +99,10 @@ def config_refs(config: StageConfig, endpoint_url: str | None = None) -> list[In
 
 def upstream_refs(inputs: dict[str, str], endpoint_url: str | None = None) -> list[InputRef]:
     """Upstream artifacts by the sha256 of their manifest bytes."""
-    return [InputRef(name=name, kind="manifest", uri=uri, sha256=read_manifest(uri, endpoint_url)[1])
-            for name, uri in sorted(inputs.items())]
+    return [
+        InputRef(name=name, kind="manifest", uri=uri, sha256=read_manifest(uri, endpoint_url)[1])
+        for name, uri in sorted(inputs.items())
+    ]
 
 
 def stage_refs(config: StageConfig, inputs: dict[str, str], endpoint_url: str | None = None) -> list[InputRef]:
@@ -113,7 +124,10 @@ def recompute_artifact_id(manifest: Manifest) -> str:
     if manifest.code_version is None:
         return legacy_fingerprint(manifest.stage, manifest.config, manifest.inputs)
     from .configs.pipeline import STAGE_CONFIGS, validate_model
-    config = validate_model(STAGE_CONFIGS[manifest.stage], manifest.config, f"manifest config of stage {manifest.stage}")
+
+    config = validate_model(
+        STAGE_CONFIGS[manifest.stage], manifest.config, f"manifest config of stage {manifest.stage}"
+    )
     return artifact_id(config, manifest.inputs, manifest.code_version)
 
 
@@ -146,16 +160,19 @@ def model_digest(uri: str, endpoint_url: str | None = None) -> str:
 
 # ---- the one precedence rule ------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Choice:
     """Where a stage's base model/tokenizer comes from: a config field's URI, or an upstream input by name."""
+
     uri: str
     input: str | None  # the upstream input's name, or None when the config field gave the URI
-    field: str          # the config field, for messages
+    field: str  # the config field, for messages
 
 
-def choose(field: str, value: str | None, inputs: Mapping[str, str],
-           order: Iterable[str] = BASE_INPUTS) -> Choice | None:
+def choose(
+    field: str, value: str | None, inputs: Mapping[str, str], order: Iterable[str] = BASE_INPUTS
+) -> Choice | None:
     """THE precedence rule for every stage, `coordinator chat` and serve: the stage's explicit config field
     (`base_model`, `base_tokenizer`) when set; else the nearest upstream artifact that carries a base model
     (`cpt` before `model`); else None. A pipeline never gives both for cpt, tokenizer (base/extend) or sft
@@ -163,8 +180,7 @@ def choose(field: str, value: str | None, inputs: Mapping[str, str],
     present = [name for name in order if name in inputs]
     if value:
         if present:
-            log.warning("%s=%s wins over the upstream %r artifact (config field first)",
-                                                  field, value, present[0])
+            log.warning("%s=%s wins over the upstream %r artifact (config field first)", field, value, present[0])
         return Choice(uri=value, input=None, field=field)
     if present:
         return Choice(uri=inputs[present[0]], input=present[0], field=field)
@@ -172,6 +188,7 @@ def choose(field: str, value: str | None, inputs: Mapping[str, str],
 
 
 # ---- finding a folder of a kind inside an artifact or folder -----------------------------------------
+
 
 def _has_weights(folder: Path) -> bool:
     return any(f.name.endswith(WEIGHT_SUFFIXES) and "adapter" not in f.name for f in folder.iterdir())
@@ -194,14 +211,18 @@ def find_dir(root: Path, kind: Kind, source: str, required: bool = True) -> Path
     if not hits:
         if not required:
             return None
-        what = {"model": "HF model folder (config.json + safetensors)", "tokenizer": "tokenizer.json",
-                "adapter": "PEFT adapter (adapter_config.json)"}[kind]
+        what = {
+            "model": "HF model folder (config.json + safetensors)",
+            "tokenizer": "tokenizer.json",
+            "adapter": "PEFT adapter (adapter_config.json)",
+        }[kind]
         raise ConfigError(f"{source}: no {what} in it")
 
     def rank(d: Path) -> tuple[int, int, int]:
         rel = d.relative_to(root).parts
         pref = min((PREFERRED[kind].index(p) for p in rel if p in PREFERRED[kind]), default=len(PREFERRED[kind]))
         return (len(rel) > 0, pref, len(rel))
+
     best = min(rank(d) for d in hits)
     tied = [d for d in hits if rank(d) == best]
     if len(tied) > 1:
@@ -211,9 +232,11 @@ def find_dir(root: Path, kind: Kind, source: str, required: bool = True) -> Path
 
 # ---- the one resolver --------------------------------------------------------------------------------
 
+
 @dataclass
 class ModelSource:
     """A local folder holding an artifact's or model's files, and how lineage names it."""
+
     path: Path
     uri: str
     name: str
@@ -232,6 +255,7 @@ class ModelSource:
 @dataclass
 class Resolved:
     """What `resolve` found: the folder of the kind asked for (`path`), inside `source.path`, plus lineage."""
+
     kind: str
     path: Path
     source: ModelSource
@@ -254,19 +278,28 @@ class Resolved:
         return self.path if self.path.is_file() else self.path / "tokenizer.json"
 
 
-def _download_prefix(uri: str, endpoint_url: str | None, cache_dir: Path | None = None,
-                     only: Iterable[str] | None = None) -> Path:
+def _download_prefix(
+    uri: str, endpoint_url: str | None, cache_dir: Path | None = None, only: Iterable[str] | None = None
+) -> Path:
     cache = cache_dir or cache_root() / "models"
-    key = hashlib.sha256(f"{uri}|{sorted(only) if only else ''}".encode()).hexdigest()[:16] if only else \
-        hashlib.sha256(uri.encode()).hexdigest()[:16]
+    key = (
+        hashlib.sha256(f"{uri}|{sorted(only) if only else ''}".encode()).hexdigest()[:16]
+        if only
+        else hashlib.sha256(uri.encode()).hexdigest()[:16]
+    )
     try:
         return mirror_prefix(uri, cache / key, endpoint_url, only=tuple(only) if only else None)
     except NotFound:
         raise ConfigError(f"{uri}: no objects under this prefix" + (f" named {sorted(only)}" if only else "")) from None
 
 
-def open_model(uri: str | Artifact, name: str | None = None, endpoint_url: str | None = None,
-               cache_dir: Path | None = None, only: Iterable[str] | None = None) -> ModelSource:
+def open_model(
+    uri: str | Artifact,
+    name: str | None = None,
+    endpoint_url: str | None = None,
+    cache_dir: Path | None = None,
+    only: Iterable[str] | None = None,
+) -> ModelSource:
     """A dilforge artifact (verified; or an already fetched `Artifact`) or a plain HF folder / s3:// prefix,
     as a local folder plus its lineage. `only`: of a plain s3:// prefix, download just these top-level files.
 
@@ -274,13 +307,25 @@ def open_model(uri: str | Artifact, name: str | None = None, endpoint_url: str |
     `.ref` records what the coordinator fingerprinted.
     """
     if isinstance(uri, Artifact):
-        return ModelSource(path=uri.path, uri=uri.uri, name=name or model_ref_name(uri.uri), manifest=uri.manifest,
-                           manifest_sha256=uri.manifest_sha256, endpoint_url=endpoint_url)
+        return ModelSource(
+            path=uri.path,
+            uri=uri.uri,
+            name=name or model_ref_name(uri.uri),
+            manifest=uri.manifest,
+            manifest_sha256=uri.manifest_sha256,
+            endpoint_url=endpoint_url,
+        )
     name = name or model_ref_name(uri)
     try:
         art = fetch(uri, cache_dir=cache_dir, endpoint_url=endpoint_url)
-        return ModelSource(path=art.path, uri=art.uri, name=name, manifest=art.manifest,
-                           manifest_sha256=art.manifest_sha256, endpoint_url=endpoint_url)
+        return ModelSource(
+            path=art.path,
+            uri=art.uri,
+            name=name,
+            manifest=art.manifest,
+            manifest_sha256=art.manifest_sha256,
+            endpoint_url=endpoint_url,
+        )
     except (ManifestNotFound, NotFound):
         pass
     if urlparse(uri).scheme == "s3":
@@ -292,8 +337,13 @@ def open_model(uri: str | Artifact, name: str | None = None, endpoint_url: str |
     return ModelSource(path=path, uri=uri, name=name, endpoint_url=endpoint_url)
 
 
-def resolve(source: str | Artifact, kind: Kind, name: str | None = None, endpoint_url: str | None = None,
-            cache_dir: Path | None = None) -> Resolved:
+def resolve(
+    source: str | Artifact,
+    kind: Kind,
+    name: str | None = None,
+    endpoint_url: str | None = None,
+    cache_dir: Path | None = None,
+) -> Resolved:
     """The one resolver of a model, tokenizer or adapter folder, for every stage, `coordinator chat` and serve.
 
     `source`: a URI (a dilforge artifact, verified; an HF folder; an s3:// prefix: for a tokenizer only its
@@ -302,11 +352,19 @@ def resolve(source: str | Artifact, kind: Kind, name: str | None = None, endpoin
     stage uses is `choose` (one precedence rule); an adapter's base is `adapter_base` (one way).
     Errors are ConfigError naming the URI.
     """
-    if kind == "tokenizer" and isinstance(source, str) and urlparse(source).scheme != "s3" \
-            and _local(source).is_file() and _local(source).suffix == ".json":
+    if (
+        kind == "tokenizer"
+        and isinstance(source, str)
+        and urlparse(source).scheme != "s3"
+        and _local(source).is_file()
+        and _local(source).suffix == ".json"
+    ):
         path = _local(source)
-        return Resolved(kind, path, ModelSource(path=path, uri=source, name=name or model_ref_name(source),
-                                                endpoint_url=endpoint_url))
+        return Resolved(
+            kind,
+            path,
+            ModelSource(path=path, uri=source, name=name or model_ref_name(source), endpoint_url=endpoint_url),
+        )
     src = open_model(source, name, endpoint_url, cache_dir, only=TOKENIZER_FILES if kind == "tokenizer" else None)
     return Resolved(kind, find_dir(src.path, kind, src.uri), src)
 
@@ -331,14 +389,16 @@ def adapter_base(adapter: Resolved) -> str | None:
 @dataclass
 class ChatModel:
     """What to load for inference: base weights, an optional adapter on top, and the tokenizer to use."""
+
     base_dir: Path
     adapter_dir: Path | None
     tokenizer_dir: Path
     description: str
 
 
-def resolve_chat_model(uri: str, base: str | None = None, endpoint_url: str | None = None,
-                       prefer_merged: bool = False) -> ChatModel:
+def resolve_chat_model(
+    uri: str, base: str | None = None, endpoint_url: str | None = None, prefer_merged: bool = False
+) -> ChatModel:
     """Any model or adapter artifact (or HF folder) → base + adapter folders, through `resolve`.
 
     An adapter's base is `adapter_base` (its SFT lineage), unless `base` overrides it.
@@ -357,5 +417,9 @@ def resolve_chat_model(uri: str, base: str | None = None, endpoint_url: str | No
     if base is None:
         raise ConfigError(f"{uri}: an adapter without a recorded base model; pass --base")
     base_res = resolve(base, "model", "base_model", endpoint_url)
-    return ChatModel(base_dir=base_res.path, adapter_dir=adapter_dir, tokenizer_dir=adapter_dir,
-                     description=f"adapter {uri} on base {base}")
+    return ChatModel(
+        base_dir=base_res.path,
+        adapter_dir=adapter_dir,
+        tokenizer_dir=adapter_dir,
+        description=f"adapter {uri} on base {base}",
+    )

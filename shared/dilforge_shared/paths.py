@@ -23,7 +23,7 @@ _NAME = re.compile(NAME_PATTERN)
 def check_relative_path(path: str) -> str:
     """Reject absolute paths, `..`, backslashes and empty parts: a file name may not escape its artifact."""
     p = PurePosixPath(path)
-    if (not path or "\\" in path or p.is_absolute() or any(part in ("..", "", ".") for part in path.split("/"))):
+    if not path or "\\" in path or p.is_absolute() or any(part in ("..", "", ".") for part in path.split("/")):
         raise UnsafePathError(f"unsafe file path {path!r}: must be relative, without '..' or empty parts")
     return path
 
@@ -31,8 +31,10 @@ def check_relative_path(path: str) -> str:
 def check_name(value: str, what: str) -> str:
     """`value` as one safe path component (an id or a name), else UnsafePathError naming `what`."""
     if not isinstance(value, str) or not _NAME.match(value) or ".." in value:
-        raise UnsafePathError(f"{what} {value!r} is not a valid name: use letters, digits, '.', '_' and '-' "
-                              "(at most 128, starting with a letter or digit, no '..')")
+        raise UnsafePathError(
+            f"{what} {value!r} is not a valid name: use letters, digits, '.', '_' and '-' "
+            "(at most 128, starting with a letter or digit, no '..')"
+        )
     return value
 
 
@@ -59,5 +61,7 @@ def check_links(folder: Path, source: str) -> None:
             if path.is_symlink():
                 target = path.resolve()
                 if not target.is_relative_to(real):
-                    raise UnsafePathError(f"{source}: {path.relative_to(folder)} is a link to {target}, outside the "
-                                          "folder; copy the file in instead of linking it")
+                    raise UnsafePathError(
+                        f"{source}: {path.relative_to(folder)} is a link to {target}, outside the "
+                        "folder; copy the file in instead of linking it"
+                    )

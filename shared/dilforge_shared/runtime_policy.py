@@ -43,27 +43,33 @@ LIGER_MODEL_TYPES = frozenset({"llama"})
 @dataclass(frozen=True)
 class DeviceFacts:
     """What the machine offers; passed in by tests, probed by `probe_device` in a real run."""
+
     cuda: bool
     bf16_supported: bool = False  # the CUDA device computes in bf16 natively (Ampere or newer)
-    flash_attn: bool = False      # the flash-attn package is importable
+    flash_attn: bool = False  # the flash-attn package is importable
 
 
 def probe_device() -> DeviceFacts:
     """The facts of this machine (imports torch here, never at module import)."""
     import torch
+
     cuda = torch.cuda.is_available()
-    return DeviceFacts(cuda=cuda, bf16_supported=bool(cuda and torch.cuda.is_bf16_supported()),
-                       flash_attn=importlib.util.find_spec("flash_attn") is not None)
+    return DeviceFacts(
+        cuda=cuda,
+        bf16_supported=bool(cuda and torch.cuda.is_bf16_supported()),
+        flash_attn=importlib.util.find_spec("flash_attn") is not None,
+    )
 
 
 @dataclass(frozen=True)
 class RuntimePolicy:
     """The decision for one process: logged at start and recorded in the manifest's metrics."""
+
     device: Device
     precision: Precision
     liger: bool
-    attention: str          # transformers' attn_implementation
-    attention_reason: str   # why this kernel
+    attention: str  # transformers' attn_implementation
+    attention_reason: str  # why this kernel
 
     @property
     def bf16(self) -> bool:
@@ -71,11 +77,17 @@ class RuntimePolicy:
 
     def torch_dtype(self):
         import torch
+
         return torch.bfloat16 if self.bf16 else torch.float32
 
     def as_dict(self) -> dict:
-        return {"device": self.device, "precision": self.precision, "liger": self.liger,
-                "attention": self.attention, "attention_reason": self.attention_reason}
+        return {
+            "device": self.device,
+            "precision": self.precision,
+            "liger": self.liger,
+            "attention": self.attention,
+            "attention_reason": self.attention_reason,
+        }
 
 
 def choose_device(requested: str, facts: DeviceFacts, field: str = "device") -> Device:
@@ -86,8 +98,9 @@ def choose_device(requested: str, facts: DeviceFacts, field: str = "device") -> 
     return "cuda" if requested in ("auto", "cuda") and facts.cuda else "cpu"
 
 
-def choose_precision(requested: str, device: Device, facts: DeviceFacts, field: str = "precision",
-                     cpu_bf16: bool = True) -> Precision:
+def choose_precision(
+    requested: str, device: Device, facts: DeviceFacts, field: str = "precision", cpu_bf16: bool = True
+) -> Precision:
     if requested == "fp32":
         return "fp32"
     if requested == "bf16":
@@ -101,8 +114,7 @@ def choose_precision(requested: str, device: Device, facts: DeviceFacts, field: 
     return "bf16" if device == "cuda" and facts.bf16_supported else "fp32"
 
 
-def choose_liger(requested: LigerSetting, device: Device, model_type: str | None = None,
-                 field: str = "liger") -> bool:
+def choose_liger(requested: LigerSetting, device: Device, model_type: str | None = None, field: str = "liger") -> bool:
     """Whether the Liger layer kernels apply; model_type None = not known yet (checked again later)."""
     setting = {True: "auto", False: "off"}.get(requested, requested) if isinstance(requested, bool) else requested
     if setting == "off":
@@ -113,14 +125,17 @@ def choose_liger(requested: LigerSetting, device: Device, model_type: str | None
         return False
     if model_type is not None and model_type not in LIGER_MODEL_TYPES:
         if setting == "on":
-            raise ConfigError(f"{field}: no Liger kernels for model_type {model_type!r} "
-                              f"(only {', '.join(sorted(LIGER_MODEL_TYPES))}); use auto or off")
+            raise ConfigError(
+                f"{field}: no Liger kernels for model_type {model_type!r} "
+                f"(only {', '.join(sorted(LIGER_MODEL_TYPES))}); use auto or off"
+            )
         return False
     return True
 
 
-def choose_attention(requested: str, device: Device, facts: DeviceFacts, packing: bool = False,
-                     field: str = "attention") -> tuple[str, str]:
+def choose_attention(
+    requested: str, device: Device, facts: DeviceFacts, packing: bool = False, field: str = "attention"
+) -> tuple[str, str]:
     """(attn_implementation, reason).
 
     Packing is padding-free (TRL's BFD): one row holds several documents told apart only by
@@ -137,17 +152,30 @@ def choose_attention(requested: str, device: Device, facts: DeviceFacts, packing
     if not packing:
         return "sdpa", "no packing: padded rows, sdpa's own causal kernels"
     if device != "cuda":
-        return "sdpa", ("packing on CPU: no varlen/flex kernel worth compiling here; sdpa gets a "
-                        "block-diagonal mask from the position ids (dense, N^2 per packed row)")
+        return "sdpa", (
+            "packing on CPU: no varlen/flex kernel worth compiling here; sdpa gets a "
+            "block-diagonal mask from the position ids (dense, N^2 per packed row)"
+        )
     if facts.flash_attn:
         return "flash_attention_2", "packing on CUDA: flash-attn varlen kernel on the collator's cu_seq_lens, no mask"
-    return "flex_attention", ("packing on CUDA without flash-attn: flex attention with a block-sparse "
-                              "mask of document boundaries (no N^2 mask)")
+    return "flex_attention", (
+        "packing on CUDA without flash-attn: flex attention with a block-sparse "
+        "mask of document boundaries (no N^2 mask)"
+    )
 
 
-def decide(stage: str, *, device: str = "auto", precision: str = "auto", liger: LigerSetting = "off",
-           attention: str = "auto", packing: bool = False, model_type: str | None = None,
-           cpu_bf16: bool = True, facts: DeviceFacts | None = None) -> RuntimePolicy:
+def decide(
+    stage: str,
+    *,
+    device: str = "auto",
+    precision: str = "auto",
+    liger: LigerSetting = "off",
+    attention: str = "auto",
+    packing: bool = False,
+    model_type: str | None = None,
+    cpu_bf16: bool = True,
+    facts: DeviceFacts | None = None,
+) -> RuntimePolicy:
     """The whole policy for one stage's process; config errors name `<stage>.<field>`."""
     facts = probe_device() if facts is None else facts
     chosen_device = choose_device(device, facts, f"{stage}.device")
@@ -156,7 +184,9 @@ def decide(stage: str, *, device: str = "auto", precision: str = "auto", liger: 
         device=chosen_device,
         precision=choose_precision(precision, chosen_device, facts, f"{stage}.precision", cpu_bf16=cpu_bf16),
         liger=choose_liger(liger, chosen_device, model_type, f"{stage}.liger"),
-        attention=implementation, attention_reason=reason)
+        attention=implementation,
+        attention_reason=reason,
+    )
 
 
 # ---- SDPA backend by measurement ---------------------------------------------------------------
@@ -183,8 +213,13 @@ def load_attention_table(path: str | Path | None = None) -> tuple[dict, str]:
     return measurements, str(path)
 
 
-def choose_sdpa_backends(device: Device, device_name: str | None, available: Sequence[str],
-                         measurements: Mapping[str, Mapping], source: str = "table") -> tuple[tuple[str, ...], str]:
+def choose_sdpa_backends(
+    device: Device,
+    device_name: str | None,
+    available: Sequence[str],
+    measurements: Mapping[str, Mapping],
+    source: str = "table",
+) -> tuple[tuple[str, ...], str]:
     """(SDPA backends in priority order, reason). () = leave torch's own choice.
 
     On CUDA the fastest backend MEASURED on this device (forward+backward on the model's attention
@@ -196,28 +231,35 @@ def choose_sdpa_backends(device: Device, device_name: str | None, available: Seq
         return (), "cpu: torch's own SDPA choice (flash-cpu or math)"
     entry = next((m for key, m in measurements.items() if device_name and key in device_name), None)
     if entry is None:
-        return (), (f"no attention measurement for {device_name!r} in {source}: torch's default order "
-                    f"({', '.join(SDPA_BACKENDS[:3])}); run bench/gpu_ceilings.py on this GPU to measure")
+        return (), (
+            f"no attention measurement for {device_name!r} in {source}: torch's default order "
+            f"({', '.join(SDPA_BACKENDS[:3])}); run bench/gpu_ceilings.py on this GPU to measure"
+        )
     speeds = {b: float(t) for b, t in entry.get("tflops", {}).items() if b in available and t}
     if not speeds:
         return (), f"{source}: none of the measured backends is available here; torch's default order"
     best = max(speeds, key=speeds.get)
     order = (best, *[b for b in SDPA_BACKENDS if b != best and b in available])
     ranked = ", ".join(f"{b} {t:.0f}" for b, t in sorted(speeds.items(), key=lambda kv: -kv[1]))
-    return order, (f"measured on {device_name} ({entry.get('shape', 'model shape')}, {entry.get('date', 'undated')}; "
-                   f"{source}): {ranked} TFLOP/s fwd+bwd -> {best} first")
+    return order, (
+        f"measured on {device_name} ({entry.get('shape', 'model shape')}, {entry.get('date', 'undated')}; "
+        f"{source}): {ranked} TFLOP/s fwd+bwd -> {best} first"
+    )
 
 
 def available_sdpa_backends() -> list[str]:
     """The SDPA backends this torch build and device can run (imports torch)."""
     import torch
+
     if not torch.cuda.is_available():
         return ["MATH"]
     out = []
-    checks = {"FLASH_ATTENTION": torch.backends.cuda.flash_sdp_enabled,
-              "CUDNN_ATTENTION": getattr(torch.backends.cuda, "cudnn_sdp_enabled", lambda: False),
-              "EFFICIENT_ATTENTION": torch.backends.cuda.mem_efficient_sdp_enabled,
-              "MATH": torch.backends.cuda.math_sdp_enabled}
+    checks = {
+        "FLASH_ATTENTION": torch.backends.cuda.flash_sdp_enabled,
+        "CUDNN_ATTENTION": getattr(torch.backends.cuda, "cudnn_sdp_enabled", lambda: False),
+        "EFFICIENT_ATTENTION": torch.backends.cuda.mem_efficient_sdp_enabled,
+        "MATH": torch.backends.cuda.math_sdp_enabled,
+    }
     for name in SDPA_BACKENDS:
         if checks[name]():
             out.append(name)

@@ -29,6 +29,7 @@ _GENERATION_TAGS = re.compile(r"\{%-?\s*(end)?generation\s*-?%\}")
 @dataclass(frozen=True)
 class ServedModel:
     """An artifact resolved for serving: local folders, the OpenAI `model` id, the default system message."""
+
     base_dir: Path
     adapter_dir: Path | None
     tokenizer_dir: Path
@@ -47,23 +48,34 @@ def default_model_id(run_id: str | None, stage: str | None, fallback: str) -> st
 
 def check_model_id(model_id: str) -> str:
     if not MODEL_ID.match(model_id):
-        raise ConfigError(f"--model-id {model_id!r}: use 1-64 letters, digits, '.', '_' or '-', starting with a "
-                          "letter or digit")
+        raise ConfigError(
+            f"--model-id {model_id!r}: use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit"
+        )
     return model_id
 
 
-def resolve_served_model(uri: str, endpoint_url: str | None = None, base: str | None = None,
-                         model_id: str | None = None, system_prompt: str | None = None,
-                         prefer_merged: bool = True) -> ServedModel:
+def resolve_served_model(
+    uri: str,
+    endpoint_url: str | None = None,
+    base: str | None = None,
+    model_id: str | None = None,
+    system_prompt: str | None = None,
+    prefer_merged: bool = True,
+) -> ServedModel:
     """Any model/adapter artifact (local or s3://) or HF folder → what to serve. `system_prompt` overrides the
     SFT config's (an empty string serves without a default system message)."""
     manifest = manifest_or_none(uri, endpoint_url)
     spec = resolve_chat_model(uri, base=base, endpoint_url=endpoint_url, prefer_merged=prefer_merged)
     if system_prompt is None and manifest is not None and manifest.stage == "sft":
         system_prompt = manifest.config.get("system_prompt") or None
-    return ServedModel(base_dir=spec.base_dir, adapter_dir=spec.adapter_dir, tokenizer_dir=spec.tokenizer_dir,
-                       model_id=served_model_id(uri, manifest, model_id), system_prompt=system_prompt or None,
-                       description=spec.description)
+    return ServedModel(
+        base_dir=spec.base_dir,
+        adapter_dir=spec.adapter_dir,
+        tokenizer_dir=spec.tokenizer_dir,
+        model_id=served_model_id(uri, manifest, model_id),
+        system_prompt=system_prompt or None,
+        description=spec.description,
+    )
 
 
 def manifest_or_none(uri: str, endpoint_url: str | None = None) -> Manifest | None:
@@ -76,8 +88,9 @@ def manifest_or_none(uri: str, endpoint_url: str | None = None) -> Manifest | No
 
 def served_model_id(uri: str, manifest: Manifest | None, model_id: str | None = None) -> str:
     """The OpenAI `model` id a server of `uri` answers to: `model_id`, else `<run_id>-<stage>`, else the folder name."""
-    name = model_id or default_model_id(manifest.run_id if manifest else None, manifest.stage if manifest else None,
-                                        Path(uri.rstrip("/")).name)
+    name = model_id or default_model_id(
+        manifest.run_id if manifest else None, manifest.stage if manifest else None, Path(uri.rstrip("/")).name
+    )
     return check_model_id(name)
 
 
@@ -101,8 +114,9 @@ def serving_template(template: str, system_prompt: str | None) -> str:
     if not system_prompt:
         return template
     literal = json.dumps(system_prompt)  # a valid Jinja string literal (\\uXXXX escapes are decoded by Jinja)
-    prefix = ("{%- if not messages or messages[0]['role'] != 'system' %}"
-              f"{{%- set messages = [{{'role': 'system', 'content': {literal}}}] + messages %}}"
-              "{%- endif %}")
+    prefix = (
+        "{%- if not messages or messages[0]['role'] != 'system' %}"
+        f"{{%- set messages = [{{'role': 'system', 'content': {literal}}}] + messages %}}"
+        "{%- endif %}"
+    )
     return prefix + template
-

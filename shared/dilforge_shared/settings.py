@@ -35,8 +35,15 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 USER_VAR_PREFIX = "DILFORGE_VAR_"
 # The only variables `${...}` in a config may name, besides DILFORGE_VAR_*. Secrets are never on this list.
-INTERPOLATION_ALLOWED = ("DILFORGE_DATA", "DILFORGE_STORE", "DILFORGE_CACHE", "DILFORGE_WORKDIR",
-                         "DILFORGE_S3_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION")
+INTERPOLATION_ALLOWED = (
+    "DILFORGE_DATA",
+    "DILFORGE_STORE",
+    "DILFORGE_CACHE",
+    "DILFORGE_WORKDIR",
+    "DILFORGE_S3_ENDPOINT_URL",
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+)
 SECRET_MARKERS = ("SECRET", "PASSWORD", "TOKEN", "ACCESS_KEY", "SESSION", "CREDENTIAL", "PRIVATE")
 
 
@@ -46,8 +53,10 @@ class Settings(BaseSettings):
     data: Path | None = Field(default=None, description="Root of the data configs name as ${DILFORGE_DATA}.")
     store: str | None = Field(default=None, description="Default artifact store root.")
     cache: Path | None = Field(
-        default=None, description="Download cache root; unset = each use's own default: <opt_ml>/cache for a stage's "
-        "inputs, ~/.cache/dilforge for recipe wheels, <tmp>/dilforge-cache for store downloads and gc.")
+        default=None,
+        description="Download cache root; unset = each use's own default: <opt_ml>/cache for a stage's "
+        "inputs, ~/.cache/dilforge for recipe wheels, <tmp>/dilforge-cache for store downloads and gc.",
+    )
     workdir: Path = Field(default=Path(".dilforge/work"), description="Local backend work folders and locks.")
     s3_endpoint_url: str | None = Field(default=None, description="S3-compatible endpoint URL.")
     s3_access_key_id: SecretStr | None = Field(default=None, description="Access key for that endpoint only.")
@@ -56,19 +65,25 @@ class Settings(BaseSettings):
     s3_read_timeout: float = Field(default=15.0, gt=0, description="Seconds to wait for an answer, per attempt.")
     s3_max_attempts: int = Field(default=3, ge=1, le=10, description="Attempts per S3 call, the first included.")
     verify_on_reuse: Literal["sha256", "stamp"] = Field(
-        default="sha256", description="Reuse check of local artifacts: sha256 of every file, or skip the hashing "
-        "while size, mtime and inode match the last full check.")
+        default="sha256",
+        description="Reuse check of local artifacts: sha256 of every file, or skip the hashing "
+        "while size, mtime and inode match the last full check.",
+    )
     lock_lease_seconds: float = Field(default=120.0, gt=0, description="Lease of an S3 run lock.")
     log_level: str = Field(default="INFO", description="Stage log level.")
-    git_sha: str | None = Field(default=None, description="Source commit recorded in manifests and image labels "
-                                "(set in images at build time); unset = `git rev-parse` where a checkout exists.")
+    git_sha: str | None = Field(
+        default=None,
+        description="Source commit recorded in manifests and image labels "
+        "(set in images at build time); unset = `git rev-parse` where a checkout exists.",
+    )
     image: str | None = Field(default=None, description="Image reference a stage runs in, recorded in its manifest.")
     docker: str | None = Field(default=None, description="docker client binary; unset = /usr/bin/docker or docker.")
     compose_dir: Path | None = Field(default=None, description="Folder with compose.yaml; unset = the repository.")
     image_tag: str = Field(default="dev", description="Tag of the stage images the compose backend runs.")
     s3_port: int = Field(default=8333, ge=1, le=65535, description="Host port of the compose S3.")
-    images_record: Path = Field(default=Path(".dilforge/images.json"),
-                                description="Where `coordinator images push` records image digests.")
+    images_record: Path = Field(
+        default=Path(".dilforge/images.json"), description="Where `coordinator images push` records image digests."
+    )
 
 
 def default_download_cache() -> Path:
@@ -135,6 +150,7 @@ def mask(text: str, values: list[str] | None = None) -> str:
 def install_log_masking() -> None:
     """Mask credentials on every handler of the root logger (call after logging is configured)."""
     import logging
+
     masker = MaskSecrets()
     for handler in logging.getLogger().handlers:
         if not any(isinstance(f, MaskSecrets) for f in handler.filters):

@@ -16,10 +16,20 @@ STAGES: tuple[StageName, ...] = get_args(StageName)  # pipeline order
 ImageName = Literal["tokenizer", "cpt", "sft", "eval"]
 IMAGES: tuple[ImageName, ...] = get_args(ImageName)  # one container image each
 
-STAGE_IMAGES: dict[StageName, ImageName] = {"model": "cpt", "tokenizer": "tokenizer", "cpt": "cpt", "sft": "sft",
-                                            "eval": "eval"}
-STAGE_MODULES: dict[StageName, str] = {"model": "dilforge_cpt.import_model", "tokenizer": "dilforge_tokenizer",
-                                       "cpt": "dilforge_cpt", "sft": "dilforge_sft", "eval": "dilforge_eval"}
+STAGE_IMAGES: dict[StageName, ImageName] = {
+    "model": "cpt",
+    "tokenizer": "tokenizer",
+    "cpt": "cpt",
+    "sft": "sft",
+    "eval": "eval",
+}
+STAGE_MODULES: dict[StageName, str] = {
+    "model": "dilforge_cpt.import_model",
+    "tokenizer": "dilforge_tokenizer",
+    "cpt": "dilforge_cpt",
+    "sft": "dilforge_sft",
+    "eval": "dilforge_eval",
+}
 
 
 def image_of(stage: str) -> ImageName:

@@ -31,6 +31,7 @@ _WORD = re.compile(r"\S+")
 @dataclass
 class TokenStats:
     """Sums over a text set; the ratios are properties so stats of shards can be added."""
+
     num_texts: int = 0
     num_words: int = 0
     num_tokens: int = 0
@@ -54,10 +55,12 @@ class TokenStats:
 
     def summary(self, digits: int = 4) -> dict[str, float | int]:
         """Counts and ratios, for a manifest or a report table."""
-        return {"tokens_per_word": round(self.tokens_per_word, digits),
-                "bytes_per_token": round(self.bytes_per_token, digits),
-                "share_words_3plus": round(self.share_words_3plus, digits),
-                **asdict(self)}
+        return {
+            "tokens_per_word": round(self.tokens_per_word, digits),
+            "bytes_per_token": round(self.bytes_per_token, digits),
+            "share_words_3plus": round(self.share_words_3plus, digits),
+            **asdict(self),
+        }
 
 
 def word_spans(text: str) -> list[tuple[int, int]]:
@@ -102,6 +105,8 @@ def measure(texts: Iterable[str], encode: EncodeOffsets, batch_size: int = 256) 
 
 def tokenizers_encoder(tokenizer) -> EncodeOffsets:
     """EncodeOffsets for a `tokenizers.Tokenizer` (no special tokens added)."""
+
     def encode(texts: list[str]) -> list[Offsets]:
         return [enc.offsets for enc in tokenizer.encode_batch(texts, add_special_tokens=False)]
+
     return encode

@@ -21,8 +21,12 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
 STAGES = IMAGES
 DOCKER = "/usr/bin/docker" if Path("/usr/bin/docker").exists() else (shutil.which("docker") or "docker")
-S3 = {"endpoint_url": "http://127.0.0.1:8333", "aws_access_key_id": "dilforge",
-      "aws_secret_access_key": "dilforge-local-only", "region_name": "us-east-1"}
+S3 = {
+    "endpoint_url": "http://127.0.0.1:8333",
+    "aws_access_key_id": "dilforge",
+    "aws_secret_access_key": "dilforge-local-only",
+    "region_name": "us-east-1",
+}
 
 
 def _have_image(stage: str) -> bool:
@@ -52,16 +56,25 @@ def tiny_pipeline(tmp_path: Path, run_id: str) -> Path:
 
 def coordinator(*args: str, tmp_path: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "DILFORGE_WORKDIR": str(tmp_path / "work"), "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "dilforge_coordinator.cli", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=1800)
+    return subprocess.run(
+        [sys.executable, "-m", "dilforge_coordinator.cli", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
 
 
 def test_tiny_pipeline_runs_in_containers(docker_ready, data_root, tmp_path):
     import boto3
+
     run_id = f"compose-{uuid.uuid4().hex[:8]}"
     config = tiny_pipeline(tmp_path, run_id)
     stages = [s for s in STAGES if s in yaml.safe_load(config.read_text())]
-    proc = coordinator("run-all", "-c", str(config), "--data", str(data_root), "--backend", "compose", tmp_path=tmp_path)
+    proc = coordinator(
+        "run-all", "-c", str(config), "--data", str(data_root), "--backend", "compose", tmp_path=tmp_path
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     s3 = boto3.client("s3", **S3)
     record = json.loads(s3.get_object(Bucket="dilforge", Key=f"{run_id}/runs/{run_id}.json")["Body"].read())
@@ -78,18 +91,20 @@ def test_tiny_pipeline_runs_in_containers(docker_ready, data_root, tmp_path):
         key = uri.removeprefix("s3://dilforge/") + "/manifest.json"
         manifest = json.loads(s3.get_object(Bucket="dilforge", Key=key)["Body"].read())
         assert manifest["stage"] == stage and manifest["run_id"] == run_id
-        assert f"dilforge-{stage}:dev" in manifest["producer"]["image"]        # the manifest cites its image
+        assert f"dilforge-{stage}:dev" in manifest["producer"]["image"]  # the manifest cites its image
         assert manifest["producer"]["package"] == f"dilforge-{stage}"
         assert manifest["files"], f"{stage} published no files"
         for upstream in ("tokenizer", "cpt", "sft"):
             if upstream in artifacts and upstream != stage and upstream in _consumes(stage):
                 ref = next(r for r in manifest["inputs"] if r["name"] == upstream)
                 assert ref["uri"] == artifacts[upstream]
-    assert all(record["stages"][s]["backend"] == "compose" and record["stages"][s]["status"] == "produced"
-               for s in stages)
+    assert all(
+        record["stages"][s]["backend"] == "compose" and record["stages"][s]["status"] == "produced" for s in stages
+    )
 
-    again = coordinator("run-all", "-c", str(config), "--data", str(data_root), "--backend", "compose",
-                        tmp_path=tmp_path)
+    again = coordinator(
+        "run-all", "-c", str(config), "--data", str(data_root), "--backend", "compose", tmp_path=tmp_path
+    )
     assert again.returncode == 0, again.stderr[-2000:]
     assert again.stdout.count("reusing") == len(stages)
 
@@ -99,14 +114,17 @@ def test_stage_failure_reason_comes_back(docker_ready, data_root, tmp_path):
     # the file exists (the coordinator hashes it), but the column does not: only the stage finds out
     raw["validation"] = [{**raw["validation"][0], "text_field": "no_such_column"}]
     path = tmp_path / "bad.yaml"
-    path.write_text(yaml.safe_dump({"run_id": f"bad-{uuid.uuid4().hex[:8]}", "store": {"uri": "unused"},
-                                    "tokenizer": raw}))
-    proc = coordinator("run", "tokenizer", "-c", str(path), "--data", str(data_root), "--backend", "compose",
-                       tmp_path=tmp_path)
+    path.write_text(
+        yaml.safe_dump({"run_id": f"bad-{uuid.uuid4().hex[:8]}", "store": {"uri": "unused"}, "tokenizer": raw})
+    )
+    proc = coordinator(
+        "run", "tokenizer", "-c", str(path), "--data", str(data_root), "--backend", "compose", tmp_path=tmp_path
+    )
     assert proc.returncode == 1
     assert "stage tokenizer failed" in proc.stderr and "no_such_column" in proc.stderr
 
 
 def _consumes(stage: str) -> tuple[str, ...]:
     from dilforge_shared.configs import STAGE_CONFIGS
+
     return STAGE_CONFIGS[stage].consumes

@@ -30,8 +30,12 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCKER = "/usr/bin/docker" if Path("/usr/bin/docker").exists() else (shutil.which("docker") or "docker")
 STAGES = ("tokenizer", "cpt", "sft", "eval")
 TAG = os.environ.get("DILFORGE_IMAGE_TAG", "dev")
-S3 = {"endpoint_url": "http://127.0.0.1:8333", "aws_access_key_id": "dilforge",
-      "aws_secret_access_key": "dilforge-local-only", "region_name": "us-east-1"}
+S3 = {
+    "endpoint_url": "http://127.0.0.1:8333",
+    "aws_access_key_id": "dilforge",
+    "aws_secret_access_key": "dilforge-local-only",
+    "region_name": "us-east-1",
+}
 SIGTERM_BUDGET_S = 120  # SageMaker's time between SIGTERM and SIGKILL
 
 
@@ -41,9 +45,14 @@ def ready():
     pytest.importorskip("sagemaker.train.model_trainer", reason="SDK extra: bash scripts/setup.sh --sagemaker")
     if subprocess.run([DOCKER, "info"], capture_output=True).returncode != 0:
         missing("no Docker engine (run ../shared/tools/container-env.sh)")
-    absent = [s for s in ("s3", *STAGES)
-              if subprocess.run([DOCKER, "image", "inspect", f"dilforge-{s}:{TAG if s != 's3' else 'dev'}"],
-                                capture_output=True).returncode != 0]
+    absent = [
+        s
+        for s in ("s3", *STAGES)
+        if subprocess.run(
+            [DOCKER, "image", "inspect", f"dilforge-{s}:{TAG if s != 's3' else 'dev'}"], capture_output=True
+        ).returncode
+        != 0
+    ]
     if absent:
         missing(f"images not built: {absent} (coordinator images build)")
 
@@ -52,22 +61,40 @@ def config(tmp: Path, name: str, prefix: str, num_cpt_hosts: int, stages=STAGES)
     """configs/az-tiny.yaml, plus the `sagemaker:` section a SageMaker run would have, in a fresh store prefix."""
     raw = yaml.safe_load((ROOT / "configs" / "az-tiny.yaml").read_text())
     raw = {k: v for k, v in raw.items() if k not in STAGES or k in stages}
-    raw.update(run_id=prefix, store={"uri": f"s3://dilforge/{prefix}", "s3_endpoint_url": S3["endpoint_url"]},
-               sagemaker={"role_arn": "arn:aws:iam::123456789012:role/dilforge-sagemaker", "spot": False,
-                          "stages": {"cpt": {"instance_type": "ml.c5.xlarge", "num_instances": num_cpt_hosts}}})
+    raw.update(
+        run_id=prefix,
+        store={"uri": f"s3://dilforge/{prefix}", "s3_endpoint_url": S3["endpoint_url"]},
+        sagemaker={
+            "role_arn": "arn:aws:iam::123456789012:role/dilforge-sagemaker",
+            "spot": False,
+            "stages": {"cpt": {"instance_type": "ml.c5.xlarge", "num_instances": num_cpt_hosts}},
+        },
+    )
     path = tmp / f"{name}.yaml"
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     return path
 
 
 def env(tmp: Path) -> dict[str, str]:
-    return {**os.environ, "DILFORGE_WORKDIR": str(tmp / "work"), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-            "AWS_DEFAULT_REGION": "us-east-1", "DILFORGE_IMAGE_TAG": TAG}
+    return {
+        **os.environ,
+        "DILFORGE_WORKDIR": str(tmp / "work"),
+        "OMP_NUM_THREADS": "1",
+        "PYTHONUNBUFFERED": "1",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "DILFORGE_IMAGE_TAG": TAG,
+    }
 
 
 def coordinator(tmp: Path, *args: str, timeout: int = 1500) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "dilforge_coordinator.cli", *args, "--backend", "sagemaker-local"],
-                          cwd=ROOT, env=env(tmp), capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, "-m", "dilforge_coordinator.cli", *args, "--backend", "sagemaker-local"],
+        cwd=ROOT,
+        env=env(tmp),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     (tmp / f"log-{uuid.uuid4().hex[:6]}.txt").write_text(proc.stdout + proc.stderr)
     return proc
 
@@ -78,6 +105,7 @@ def artifacts(stdout: str) -> dict[str, str]:
 
 def s3():
     import boto3
+
     return boto3.client("s3", **S3)
 
 
@@ -92,6 +120,7 @@ def weights_sha(uri: str) -> str:
 
 def load_weights(uri: str, tmp: Path) -> dict:
     from safetensors.torch import load_file
+
     m = manifest(uri)
     path = tmp / f"{m['artifact_id']}-{uuid.uuid4().hex[:6]}.safetensors"
     s3().download_file("dilforge", f"{uri.removeprefix('s3://dilforge/')}/{m['data_dir']}/model.safetensors", str(path))
@@ -127,20 +156,26 @@ def test_every_stage_runs_as_a_local_sagemaker_job_and_publishes(pipeline):
     # upstream artifacts arrived as channels: the eval stage verified three mounted channel folders
     assert [i["name"] for i in manifest(arts["eval"])["inputs"]][:3] == ["cpt", "sft", "tokenizer"]
     # data the config names locally was uploaded to the store, content-addressed, and the config points there
-    assert re.search(r"\[sagemaker-local\] data \S*azwiki_sentences_cv_extractor.txt → s3://\S+/data/[0-9a-f]{16}/", out)
+    assert re.search(
+        r"\[sagemaker-local\] data \S*azwiki_sentences_cv_extractor.txt → s3://\S+/data/[0-9a-f]{16}/", out
+    )
 
 
 def assert_cpt_on_two_hosts(proc: subprocess.CompletedProcess) -> str:
     """The image contract for multi-host CPT, with a message that says which part broke."""
     if proc.returncode != 0:
         reason = [line for line in proc.stderr.splitlines() + proc.stdout.splitlines() if "failed" in line][-1:]
-        raise AssertionError(f"CPT on 2 hosts failed ({reason}): every host must start torchrun from "
-                             "/opt/ml/input/config/resourceconfig.json (master = the first host)")
+        raise AssertionError(
+            f"CPT on 2 hosts failed ({reason}): every host must start torchrun from "
+            "/opt/ml/input/config/resourceconfig.json (master = the first host)"
+        )
     uri = artifacts(proc.stdout)["cpt"]
     size = manifest(uri)["metrics"]["world_size"]
     if size != 2:
-        raise AssertionError(f"CPT trained with world size {size} on a 2-host job: the image did not start torchrun "
-                             "across the hosts of /opt/ml/input/config/resourceconfig.json")
+        raise AssertionError(
+            f"CPT trained with world size {size} on a 2-host job: the image did not start torchrun "
+            "across the hosts of /opt/ml/input/config/resourceconfig.json"
+        )
     return uri
 
 
@@ -163,14 +198,24 @@ def one_host(pipeline, data_root):
     tmp = pipeline["tmp"]
     prefix = f"smlocal-1host-{uuid.uuid4().hex[:8]}"
     cfg = config(tmp, "one-host", prefix, num_cpt_hosts=1, stages=("tokenizer", "cpt"))
-    proc = coordinator(tmp, "run", "cpt", "-c", str(cfg), "--data", str(data_root),
-                       "--input", f"tokenizer={pipeline['artifacts']['tokenizer']}")
+    proc = coordinator(
+        tmp,
+        "run",
+        "cpt",
+        "-c",
+        str(cfg),
+        "--data",
+        str(data_root),
+        "--input",
+        f"tokenizer={pipeline['artifacts']['tokenizer']}",
+    )
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
     return artifacts(proc.stdout)["cpt"]
 
 
 def test_two_hosts_equal_one_host_within_the_world_size_tolerance(pipeline, one_host):
     import torch
+
     two, one = manifest(pipeline["artifacts"]["cpt"])["metrics"], manifest(one_host)["metrics"]
     assert one["world_size"] == 1
     # the tolerance of tests/integration/test_cpt_multinode.py (1 vs 2 processes): losses to 1e-4 relative
@@ -183,8 +228,19 @@ def test_two_hosts_equal_one_host_within_the_world_size_tolerance(pipeline, one_
 
 
 def _container(project: str) -> str | None:
-    out = subprocess.run([DOCKER, "ps", "-q", "--filter", f"label=com.docker.compose.project={project}",
-                          "--filter", "label=com.docker.compose.service=algo-1"], capture_output=True, text=True)
+    out = subprocess.run(
+        [
+            DOCKER,
+            "ps",
+            "-q",
+            "--filter",
+            f"label=com.docker.compose.project={project}",
+            "--filter",
+            "label=com.docker.compose.service=algo-1",
+        ],
+        capture_output=True,
+        text=True,
+    )
     return out.stdout.strip() or None
 
 
@@ -192,8 +248,21 @@ def test_spot_interruption_checkpoints_and_the_rerun_resumes_to_the_same_weights
     tmp = pipeline["tmp"]
     prefix = f"smlocal-spot-{uuid.uuid4().hex[:8]}"
     cfg = config(tmp, "spot", prefix, num_cpt_hosts=1, stages=("tokenizer", "cpt"))
-    args = [sys.executable, "-m", "dilforge_coordinator.cli", "run", "cpt", "-c", str(cfg), "--data", str(data_root),
-            "--input", f"tokenizer={pipeline['artifacts']['tokenizer']}", "--backend", "sagemaker-local"]
+    args = [
+        sys.executable,
+        "-m",
+        "dilforge_coordinator.cli",
+        "run",
+        "cpt",
+        "-c",
+        str(cfg),
+        "--data",
+        str(data_root),
+        "--input",
+        f"tokenizer={pipeline['artifacts']['tokenizer']}",
+        "--backend",
+        "sagemaker-local",
+    ]
     proc = subprocess.Popen(args, cwd=ROOT, env=env(tmp), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []
     killed_at: list[float] = []
@@ -219,7 +288,9 @@ def test_spot_interruption_checkpoints_and_the_rerun_resumes_to_the_same_weights
     (tmp / "spot-first.txt").write_text(out)
     assert killed_at, "training never reached phase 2:\n" + out[-4000:]
     assert proc.returncode != 0 and "stopped by SIGTERM" in out, out[-4000:]
-    assert saved_s is not None and saved_s < SIGTERM_BUDGET_S, f"checkpoint reached the store {saved_s:.0f} s after SIGTERM"
+    assert saved_s is not None and saved_s < SIGTERM_BUDGET_S, (
+        f"checkpoint reached the store {saved_s:.0f} s after SIGTERM"
+    )
     ckpt_prefix = f"{prefix}/sagemaker/checkpoints/cpt/"
     keys = [o["Key"] for o in s3().list_objects_v2(Bucket="dilforge", Prefix=ckpt_prefix).get("Contents", [])]
     assert any("/train/step-" in k and "COMPLETE.node" in k for k in keys), keys
@@ -248,15 +319,37 @@ def test_an_image_that_ignores_resourceconfig_fails_the_two_host_check_clearly(p
     (build / "Dockerfile").write_text(BROKEN.format(tag=TAG))
     subprocess.run([DOCKER, "build", "-q", "-t", f"dilforge-cpt:{tag}", str(build)], check=True, capture_output=True)
     try:
-        cfg = config(tmp, "broken", f"smlocal-broken-{uuid.uuid4().hex[:8]}", num_cpt_hosts=2, stages=("tokenizer", "cpt"))
+        cfg = config(
+            tmp, "broken", f"smlocal-broken-{uuid.uuid4().hex[:8]}", num_cpt_hosts=2, stages=("tokenizer", "cpt")
+        )
         raw = yaml.safe_load(cfg.read_text())
-        raw["cpt"].update(phase1={"num_steps": 2, "learning_rate": 0.01}, phase2={"num_steps": 2, "learning_rate": 0.003,
-                                                                               "num_warmup_steps": 1})
+        raw["cpt"].update(
+            phase1={"num_steps": 2, "learning_rate": 0.01},
+            phase2={"num_steps": 2, "learning_rate": 0.003, "num_warmup_steps": 1},
+        )
         cfg.write_text(yaml.safe_dump(raw, sort_keys=False))
-        proc = subprocess.run([sys.executable, "-m", "dilforge_coordinator.cli", "run", "cpt", "-c", str(cfg), "--data",
-                               str(data_root), "--input", f"tokenizer={pipeline['artifacts']['tokenizer']}",
-                               "--backend", "sagemaker-local"], cwd=ROOT, env={**env(tmp), "DILFORGE_IMAGE_TAG": tag},
-                              capture_output=True, text=True, timeout=1500)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "dilforge_coordinator.cli",
+                "run",
+                "cpt",
+                "-c",
+                str(cfg),
+                "--data",
+                str(data_root),
+                "--input",
+                f"tokenizer={pipeline['artifacts']['tokenizer']}",
+                "--backend",
+                "sagemaker-local",
+            ],
+            cwd=ROOT,
+            env={**env(tmp), "DILFORGE_IMAGE_TAG": tag},
+            capture_output=True,
+            text=True,
+            timeout=1500,
+        )
         (tmp / "broken.txt").write_text(proc.stdout + proc.stderr)
         with pytest.raises(AssertionError, match=r"resourceconfig\.json"):
             assert_cpt_on_two_hosts(proc)

@@ -43,17 +43,48 @@ def container(tmp_path_factory, tiny_llama_dir):
     # the tiny Llama published as a model artifact (no training: the CPU budget of the docker step is small;
     # SFT artifacts are served in tests/integration/test_serve.py)
     artifact_dir = tmp_path_factory.mktemp("serve-image") / "store/artifacts/cpt/tiny0000"
-    publish(str(artifact_dir), tiny_llama_dir, Manifest(
-        kind="model", artifact_id="tiny0000", run_id="az-tiny", stage="cpt", producer=current_producer("dilforge-test"),
-        config={}, data_dir="pending", files=[]))  # manifest.json + data-*/, as SageMaker copies it to /opt/ml/model
+    publish(
+        str(artifact_dir),
+        tiny_llama_dir,
+        Manifest(
+            kind="model",
+            artifact_id="tiny0000",
+            run_id="az-tiny",
+            stage="cpt",
+            producer=current_producer("dilforge-test"),
+            config={},
+            data_dir="pending",
+            files=[],
+        ),
+    )  # manifest.json + data-*/, as SageMaker copies it to /opt/ml/model
     name = f"dilforge-serve-test-{uuid.uuid4().hex[:8]}"
-    run = subprocess.run([DOCKER, "run", "-d", "--rm", "--name", name, "-p", "127.0.0.1::8080",
-                          "-v", f"{artifact_dir}:/opt/ml/model:ro", "-e", "OMP_NUM_THREADS=1", IMAGE, "serve"],
-                         capture_output=True, text=True)
+    run = subprocess.run(
+        [
+            DOCKER,
+            "run",
+            "-d",
+            "--rm",
+            "--name",
+            name,
+            "-p",
+            "127.0.0.1::8080",
+            "-v",
+            f"{artifact_dir}:/opt/ml/model:ro",
+            "-e",
+            "OMP_NUM_THREADS=1",
+            IMAGE,
+            "serve",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert run.returncode == 0, run.stderr
     try:
-        port = subprocess.run([DOCKER, "port", name, "8080/tcp"], capture_output=True, text=True,
-                              check=True).stdout.split(":")[-1].strip()
+        port = (
+            subprocess.run([DOCKER, "port", name, "8080/tcp"], capture_output=True, text=True, check=True)
+            .stdout.split(":")[-1]
+            .strip()
+        )
         base = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:

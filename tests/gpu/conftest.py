@@ -20,6 +20,7 @@ def pytest_collection_modifyitems(config, items):
     """Every test here needs CUDA, except the rehearsal checks (test_rehearsal.py), which run on CPU in the
     device's replica (scripts/gpu_rehearsal.sh) and on the GPU machine alike."""
     import torch
+
     here = Path(__file__).parent
     for item in items:
         path = Path(str(item.fspath))
@@ -39,14 +40,16 @@ def gpu_data(tmp_path_factory) -> dict[str, Path]:
     for _ in range(64):
         q, a = synthetic_lines(2, seed=rng.randint(0, 10**6))
         chats.append({"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]})
-    (root / "chat.jsonl").write_text("\n".join(json.dumps(c, ensure_ascii=False) for c in chats) + "\n",
-                                     encoding="utf-8")
+    (root / "chat.jsonl").write_text(
+        "\n".join(json.dumps(c, ensure_ascii=False) for c in chats) + "\n", encoding="utf-8"
+    )
     return {"root": root, "train": root / "train.txt", "valid": root / "valid.txt", "chat": root / "chat.jsonl"}
 
 
 @pytest.fixture(scope="session")
 def llama3_tokenizer_dir(tmp_path_factory) -> Path:
     from dilforge_tokenizer import llama3
+
     out = tmp_path_factory.mktemp("gputok") / "tokenizer"
     llama3.save(llama3.train_bpe(synthetic_lines(3000), 512), out)
     return out
@@ -56,6 +59,7 @@ def llama3_tokenizer_dir(tmp_path_factory) -> Path:
 def chatml_llama_dir(tmp_path_factory) -> Path:
     from factories import build_tiny_llama
     from sft_factories import build_chatml_tokenizer
+
     root = tmp_path_factory.mktemp("gpuchatml")
     return build_tiny_llama(root / "model", build_chatml_tokenizer(root / "tokenizer", lines=synthetic_lines(3000)))
 

@@ -12,17 +12,34 @@ from pathlib import Path
 import pytest
 from gpu_helpers import stage_env
 
-SCRATCH = {"hidden_size": 256, "intermediate_size": 704, "num_hidden_layers": 4, "num_attention_heads": 4,
-           "num_key_value_heads": 2}
+SCRATCH = {
+    "hidden_size": 256,
+    "intermediate_size": 704,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+}
 
 
 def cpt_config(data: dict, **overrides):
     from dilforge_shared.configs.cpt import CptConfig
-    section = {"scratch_model": SCRATCH, "corpora": [{"uri": str(data["train"])}],
-               "validation": [{"uri": str(data["valid"])}], "num_validation_docs": 50, "seq_len": 256,
-               "global_batch_size": 8, "micro_batch_size": 4, "precision": "bf16", "liger": "on",
-               "phase1": {"num_steps": 2, "learning_rate": 0.01}, "phase2": {"num_steps": 10, "learning_rate": 0.003, "num_warmup_steps": 2},
-               "log_every": 1, "eval_every": 6, "checkpoint_every": 4}
+
+    section = {
+        "scratch_model": SCRATCH,
+        "corpora": [{"uri": str(data["train"])}],
+        "validation": [{"uri": str(data["valid"])}],
+        "num_validation_docs": 50,
+        "seq_len": 256,
+        "global_batch_size": 8,
+        "micro_batch_size": 4,
+        "precision": "bf16",
+        "liger": "on",
+        "phase1": {"num_steps": 2, "learning_rate": 0.01},
+        "phase2": {"num_steps": 10, "learning_rate": 0.003, "num_warmup_steps": 2},
+        "log_every": 1,
+        "eval_every": 6,
+        "checkpoint_every": 4,
+    }
     section.update(overrides)
     return CptConfig.model_validate(section)
 
@@ -36,6 +53,7 @@ def full(param):
 def test_bf16_liger_step_never_materialises_logits(gpu_data):
     import torch
     from dilforge_cpt import runtime
+
     config = cpt_config(gpu_data)
     rt = runtime.init_runtime(config)
     assert rt.cuda and rt.dtype == torch.bfloat16 and rt.fsdp  # one GPU: one-rank FSDP2, bf16 mixed precision
@@ -52,6 +70,7 @@ def check_fused_step(rt, config) -> None:
     from dilforge_cpt import loop, sharding
     from factories import tiny_llama_config
     from transformers import LlamaForCausalLM
+
     # sized so that one fp32 logits tensor (2 GiB) dwarfs everything else the step holds (~0.6 GiB:
     # weights, bf16 copies, grads, AdamW state, activations): a peak below half of it proves FLCE
     vocab, batch, seq = 65536, 8, 1024
@@ -80,12 +99,12 @@ def check_fused_step(rt, config) -> None:
     logits_fp32 = batch * seq * vocab * 4
     # every kernel applied ran: 2 norms per layer + the final one, one SwiGLU and one RoPE per layer, one FLCE
     assert ran == {"rms_norm": 9, "swiglu": 4, "rope": 4, "fused_linear_cross_entropy": 1}, ran
-    assert head_calls == []                      # the LM head module never ran: FLCE used its weight directly
+    assert head_calls == []  # the LM head module never ran: FLCE used its weight directly
     assert peak_extra < logits_fp32 / 2, (peak_extra, logits_fp32)  # no full logits tensor was ever allocated
     x = torch.from_numpy(tokens[:1]).cuda()
     assert model(input_ids=x, labels=x).logits is None  # FLCE returns the loss only
     assert q_dtypes and set(q_dtypes) == {torch.bfloat16}  # compute in bf16
-    assert all(p.dtype == torch.float32 for p in params)   # fp32 master weights
+    assert all(p.dtype == torch.float32 for p in params)  # fp32 master weights
     assert torch.isfinite(torch.tensor([loss, norm])).all()
     changed = [n for n, p in model.named_parameters() if not torch.equal(before[n], full(p))]
     assert len(changed) == len(before)
@@ -98,26 +117,46 @@ def check_fused_step(rt, config) -> None:
 
 # ---- through the stage's entrypoint (the container contract), as SageMaker runs it -----------------------
 
+
 def publish_tokenizer(store: Path, tok_dir: Path) -> str:
     from dilforge_shared.manifest import Manifest, current_producer
     from dilforge_shared.store import publish
+
     uri = f"{store}/artifacts/tokenizer/gputok"
     if not (Path(uri) / "manifest.json").exists():
-        publish(uri, tok_dir, Manifest(kind="tokenizer", artifact_id="gputok", run_id="gpu", stage="tokenizer",
-                                       producer=current_producer("dilforge-tokenizer"), config={},
-                                       data_dir="pending", files=[]))
+        publish(
+            uri,
+            tok_dir,
+            Manifest(
+                kind="tokenizer",
+                artifact_id="gputok",
+                run_id="gpu",
+                stage="tokenizer",
+                producer=current_producer("dilforge-tokenizer"),
+                config={},
+                data_dir="pending",
+                files=[],
+            ),
+        )
     return uri
 
 
 def stage_process(opt_root: Path) -> subprocess.Popen:
     from dilforge_shared.contract import OPT_ML_ENV
+
     env = {**stage_env(), OPT_ML_ENV: str(opt_root), "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
-    return subprocess.Popen([sys.executable, "-m", "dilforge_cpt", "train"], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "dilforge_cpt", "train"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def start_stage(root: Path, name: str, config, tok_uri: str) -> tuple[subprocess.Popen, Path]:
     from dilforge_shared.contract import OptMl, build_hyperparameters
+
     opt = OptMl(root / f"optml-{name}")
     opt.write_inputs(build_hyperparameters(config, str(root / "out" / name), "gpu", {"tokenizer": tok_uri}))
     return stage_process(opt.root), opt.root
@@ -135,6 +174,7 @@ def finish(proc: subprocess.Popen, stop_after_step: int | None = None) -> tuple[
 
 def history(root: Path, name: str) -> list[dict]:
     from dilforge_shared.store import fetch
+
     return fetch(str(root / "out" / name)).manifest.metrics["history"]
 
 
@@ -159,5 +199,6 @@ def test_sigterm_then_rerun_resumes_to_the_uninterrupted_loss(gpu_data, llama3_t
     assert len(resumed) == len(refs[0]) == 12
     assert resumed == pytest.approx(refs[0], rel=tolerance)
     if results_dir:
-        (results_dir / "cpt_resume.json").write_text(json.dumps(
-            {"reference": refs, "resumed": resumed, "run_to_run_noise": noise, "tolerance": tolerance}))
+        (results_dir / "cpt_resume.json").write_text(
+            json.dumps({"reference": refs, "resumed": resumed, "run_to_run_noise": noise, "tolerance": tolerance})
+        )

@@ -11,6 +11,7 @@ from cpt_steps import check_skip_on_device, tiny
 
 def test_a_non_finite_step_is_skipped_by_fused_adamw_on_the_device():
     import torch
+
     check_skip_on_device(torch.device("cuda"))
 
 
@@ -18,6 +19,7 @@ def test_steps_between_log_steps_make_no_synchronizing_call_in_the_stage_code():
     import torch
     from dilforge_cpt import loop
     from dilforge_cpt.runtime import Runtime
+
     rt = Runtime(device=torch.device("cuda"), dtype=torch.bfloat16)
     model, optimizer, tokens = tiny(rt.device)
     loop.run_step(model, optimizer, [tokens], rt, 1.0)  # optimizer state and CUDA context exist

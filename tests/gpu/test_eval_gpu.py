@@ -11,9 +11,12 @@ def test_bpb_on_cuda_matches_cpu_and_generation_runs(chatml_llama_dir):
     from dilforge_eval.bpb import bits_per_byte
     from dilforge_eval.generate import Prompt, generate
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
     tok = AutoTokenizer.from_pretrained(str(chatml_llama_dir), trust_remote_code=False)
     docs = synthetic_lines(60, seed=7)
-    cpu = AutoModelForCausalLM.from_pretrained(str(chatml_llama_dir), dtype=torch.float32, trust_remote_code=False).eval()
+    cpu = AutoModelForCausalLM.from_pretrained(
+        str(chatml_llama_dir), dtype=torch.float32, trust_remote_code=False
+    ).eval()
     ref = bits_per_byte(cpu, tok, docs, window=256, stride=128).bpb
     fp32 = bits_per_byte(cpu.cuda(), tok, docs, window=256, stride=128).bpb
     assert fp32 == pytest.approx(ref, rel=1e-4)

@@ -20,16 +20,39 @@ needs_wheels = pytest.mark.skipif(not WHEELS, reason="outside the rehearsal: no 
 
 def install_carried(wheels: list[Path], site: Path) -> None:
     """Exactly as scripts/gpu_check.sh installs them on the device."""
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-                    "--no-cache-dir", "--upgrade", "--target", str(site), *map(str, wheels)], check=True, timeout=600)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-index",
+            "--no-deps",
+            "--no-compile",
+            "--no-cache-dir",
+            "--upgrade",
+            "--target",
+            str(site),
+            *map(str, wheels),
+        ],
+        check=True,
+        timeout=600,
+    )
 
 
 def imports_with(site: Path) -> subprocess.CompletedProcess:
     """scripts/gpu_imports.py with only `site` in front of the device's own packages."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["PYTHONPATH"] = str(site)
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_imports.py")], env=env, capture_output=True,
-                          text=True, timeout=600, check=False)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gpu_imports.py")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
 
 
 @needs_wheels

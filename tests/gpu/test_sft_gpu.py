@@ -9,10 +9,20 @@ import math
 
 def sft_config(data: dict, **overrides):
     from dilforge_shared.configs.sft import SftConfig
-    section = {"train": [{"uri": str(data["chat"])}], "validation": [{"uri": str(data["chat"]), "max_docs": 8}],
-               "max_length": 512, "lora": {"r": 8, "alpha": 16, "dropout": 0.0}, "packing": True,
-               "learning_rate": 3e-3, "num_steps": 3, "micro_batch_size": 2, "global_batch_size": 2,
-               "warmup_ratio": 0.0, "log_every": 1}
+
+    section = {
+        "train": [{"uri": str(data["chat"])}],
+        "validation": [{"uri": str(data["chat"]), "max_docs": 8}],
+        "max_length": 512,
+        "lora": {"r": 8, "alpha": 16, "dropout": 0.0},
+        "packing": True,
+        "learning_rate": 3e-3,
+        "num_steps": 3,
+        "micro_batch_size": 2,
+        "global_batch_size": 2,
+        "warmup_ratio": 0.0,
+        "log_every": 1,
+    }
     section.update(overrides)
     return SftConfig.model_validate(section)
 
@@ -22,19 +32,26 @@ def test_packed_flex_or_flash_attention_keeps_documents_apart_on_cuda(chatml_lla
     import torch
     from dilforge_sft import stage
     from transformers import AutoModelForCausalLM
+
     config = sft_config(gpu_data)
     attention = stage.attention_plan(config, "cuda")
     assert attention.implementation in ("flex_attention", "flash_attention_2")
     plan = stage.DevicePlan(device="cuda", bf16=False, liger=False)
     tok, _, _ = stage.load_tokenizer(chatml_llama_dir)
     train, val, _, _ = stage.prepare_data(config, tok, None)
-    trainer = stage.build_trainer(config, stage.load_model(chatml_llama_dir, plan, "sdpa"), tok, train, val,
-                                  tmp_path, plan)
+    trainer = stage.build_trainer(
+        config, stage.load_model(chatml_llama_dir, plan, "sdpa"), tok, train, val, tmp_path, plan
+    )
     batch = trainer.data_collator([trainer.train_dataset[0], trainer.train_dataset[1]])
     assert "attention_mask" not in batch and batch["input_ids"].shape[0] == 1
     dtype = torch.float32 if attention.implementation == "flex_attention" else torch.bfloat16
-    model = AutoModelForCausalLM.from_pretrained(str(chatml_llama_dir), attn_implementation=attention.implementation,
-                                                 dtype=dtype, trust_remote_code=False).cuda().eval()
+    model = (
+        AutoModelForCausalLM.from_pretrained(
+            str(chatml_llama_dir), attn_implementation=attention.implementation, dtype=dtype, trust_remote_code=False
+        )
+        .cuda()
+        .eval()
+    )
     ids, pos = batch["input_ids"].cuda(), batch["position_ids"].cuda()
     with torch.no_grad():
         packed = model(input_ids=ids, position_ids=pos, use_cache=False).logits[0].float()
@@ -49,6 +66,7 @@ def test_packed_flex_or_flash_attention_keeps_documents_apart_on_cuda(chatml_lla
 def test_sft_bf16_liger_packing_trains(chatml_llama_dir, gpu_data, tmp_path, results_dir):
     import torch
     from dilforge_sft import stage
+
     config = sft_config(gpu_data)
     plan = stage.device_plan(config)
     assert plan.device == "cuda" and plan.bf16 and plan.liger
@@ -67,6 +85,14 @@ def test_sft_bf16_liger_packing_trains(chatml_llama_dir, gpu_data, tmp_path, res
     assert all(not torch.equal(p, dict(trainer.model.named_parameters())[n].detach()) for n, p in lora_before.items())
     assert after < before
     if results_dir:
-        (results_dir / "sft_gpu.json").write_text(json.dumps({
-            "attention": attention.implementation, "reason": attention.reason, "eval_loss_before": before,
-            "eval_loss_after": after, "train_runtime_s": out.metrics.get("train_runtime")}))
+        (results_dir / "sft_gpu.json").write_text(
+            json.dumps(
+                {
+                    "attention": attention.implementation,
+                    "reason": attention.reason,
+                    "eval_loss_before": before,
+                    "eval_loss_after": after,
+                    "train_runtime_s": out.metrics.get("train_runtime"),
+                }
+            )
+        )

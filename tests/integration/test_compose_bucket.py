@@ -15,7 +15,7 @@ def test_ensure_bucket_creates_once_and_accepts_an_existing_bucket(s3_server):
     name = f"c-{uuid.uuid4().hex[:12]}"
     ensure_bucket(client, name, timeout_s=10)
     client.put_object(Bucket=name, Key="k", Body=b"v")
-    ensure_bucket(client, name, timeout_s=10)            # second start of the same compose project
+    ensure_bucket(client, name, timeout_s=10)  # second start of the same compose project
     assert client.get_object(Bucket=name, Key="k")["Body"].read() == b"v"
 
 

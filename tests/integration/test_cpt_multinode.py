@@ -25,8 +25,13 @@ import pytest
 pytestmark = pytest.mark.slow
 
 HOSTS = ["localhost", "127.0.0.1"]  # both this machine; sorted → node 0 = 127.0.0.1 (the master), node 1 = localhost
-SCRATCH = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-           "num_key_value_heads": 2}
+SCRATCH = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+}
 NUM_STEPS = 6
 
 
@@ -39,37 +44,61 @@ def free_port() -> int:
 def publish_tokenizer(store: Path, tok_dir: Path) -> str:
     from dilforge_shared.manifest import Manifest, current_producer
     from dilforge_shared.store import publish
+
     uri = f"{store}/artifacts/tokenizer/tok"
-    publish(uri, tok_dir, Manifest(kind="tokenizer", artifact_id="tok", run_id="test", stage="tokenizer",
-                                   producer=current_producer("dilforge-tokenizer"), config={},
-                                   data_dir="pending", files=[]))
+    publish(
+        uri,
+        tok_dir,
+        Manifest(
+            kind="tokenizer",
+            artifact_id="tok",
+            run_id="test",
+            stage="tokenizer",
+            producer=current_producer("dilforge-tokenizer"),
+            config={},
+            data_dir="pending",
+            files=[],
+        ),
+    )
     return uri
 
 
 def tiny_config(data_root: Path, master_port: int):
     from dilforge_shared.configs.cpt import CptConfig
-    return CptConfig.model_validate({
-        "scratch_model": SCRATCH,
-        "corpora": [{"uri": str(data_root / "az/train/azwiki_sentences_cv_extractor.txt"), "max_docs": 1000}],
-        "validation": [{"uri": str(data_root / "az/dev/flores200.dev.partial_from_sib200.tsv"),
-                        "text_field": "azj_Latn"}],
-        "num_validation_docs": 20, "seq_len": 64,
-        "global_batch_size": 4, "micro_batch_size": 2,
-        "phase1": {"num_steps": 2, "learning_rate": 0.01}, "phase2": {"num_steps": 4, "learning_rate": 0.003, "num_warmup_steps": 1},
-        "log_every": 1, "eval_every": 100, "checkpoint_every": 3,
-        "num_processes_per_node": 1, "master_port": master_port,
-    })
+
+    return CptConfig.model_validate(
+        {
+            "scratch_model": SCRATCH,
+            "corpora": [{"uri": str(data_root / "az/train/azwiki_sentences_cv_extractor.txt"), "max_docs": 1000}],
+            "validation": [
+                {"uri": str(data_root / "az/dev/flores200.dev.partial_from_sib200.tsv"), "text_field": "azj_Latn"}
+            ],
+            "num_validation_docs": 20,
+            "seq_len": 64,
+            "global_batch_size": 4,
+            "micro_batch_size": 2,
+            "phase1": {"num_steps": 2, "learning_rate": 0.01},
+            "phase2": {"num_steps": 4, "learning_rate": 0.003, "num_warmup_steps": 1},
+            "log_every": 1,
+            "eval_every": 100,
+            "checkpoint_every": 3,
+            "num_processes_per_node": 1,
+            "master_port": master_port,
+        }
+    )
 
 
 def start_host(opt: Path, hp: dict, resource: dict, log: Path) -> subprocess.Popen:
     """What SageMaker does for one host: lay down /opt/ml/input/config, then run `IMAGE train`."""
     from dilforge_shared.contract import OPT_ML_ENV, OptMl
+
     OptMl(opt).write_inputs(hp, resource)
     env = {k: v for k, v in os.environ.items() if k != "DILFORGE_CACHE"}
     env.update({OPT_ML_ENV: str(opt), "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"})
     with log.open("w") as out:
-        return subprocess.Popen([sys.executable, "-m", "dilforge_cpt", "train"], env=env, stdout=out,
-                                stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            [sys.executable, "-m", "dilforge_cpt", "train"], env=env, stdout=out, stderr=subprocess.STDOUT
+        )
 
 
 def wait_all(procs: dict[str, subprocess.Popen], timeout_s: float) -> None:
@@ -99,14 +128,18 @@ def test_two_hosts_train_as_one_job_and_only_node_zero_publishes(tmp_path, data_
     procs, logs = {}, {}
     for host in HOSTS:
         logs[host] = tmp_path / f"{host}.log"
-        procs[host] = start_host(tmp_path / host, hp, {"current_host": host, "hosts": HOSTS,
-                                                       "network_interface_name": "lo"}, logs[host])
+        procs[host] = start_host(
+            tmp_path / host, hp, {"current_host": host, "hosts": HOSTS, "network_interface_name": "lo"}, logs[host]
+        )
     # the reference: the same config on one host, one process (in-process training, no torchrun)
     ref_uri = f"{ref_store}/artifacts/cpt/one-process"
     logs["ref"] = tmp_path / "ref.log"
-    procs["ref"] = start_host(tmp_path / "ref", build_hyperparameters(config, ref_uri, "ref", {"tokenizer": tok_uri}),
-                              {"current_host": "algo-1", "hosts": ["algo-1"], "network_interface_name": "lo"},
-                              logs["ref"])
+    procs["ref"] = start_host(
+        tmp_path / "ref",
+        build_hyperparameters(config, ref_uri, "ref", {"tokenizer": tok_uri}),
+        {"current_host": "algo-1", "hosts": ["algo-1"], "network_interface_name": "lo"},
+        logs["ref"],
+    )
     wait_all(procs, timeout_s=180)
     text = {name: path.read_text() for name, path in logs.items()}
     for name, proc in procs.items():

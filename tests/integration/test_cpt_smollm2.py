@@ -24,6 +24,7 @@ UNCHANGED = "The capital of France is Paris. It is a large city."
 def extended_tokenizer_dir(tmp_path_factory, smollm2_dir) -> Path:
     """SmolLM2's tokenizer plus a few Azerbaijani tokens (appended ids; every base id unchanged)."""
     from tokenizers import Tokenizer
+
     out = tmp_path_factory.mktemp("smol-ext") / "tokenizer"
     out.mkdir()
     for name in ("tokenizer_config.json", "chat_template.jinja"):
@@ -41,12 +42,14 @@ def test_transplant_keeps_rows_and_logits_of_unchanged_text(smollm2_dir, extende
     from dilforge_cpt.runtime import Runtime
     from dilforge_shared.configs.cpt import CptConfig
     from transformers import AutoModelForCausalLM
+
     tok = load_tokenizer(extended_tokenizer_dir)
     base_tok = load_tokenizer(smollm2_dir)
     ids = special_ids(tok, "extended")
     assert (ids.family, ids.bos) == ("chatml", None)
-    config = CptConfig(base_model=str(smollm2_dir), corpora=[{"uri": "a"}], validation=[{"uri": "b"}],
-                       phase1={"num_steps": 1})
+    config = CptConfig(
+        base_model=str(smollm2_dir), corpora=[{"uri": "a"}], validation=[{"uri": "b"}], phase1={"num_steps": 1}
+    )
     model, pending, report = load_model(config, BaseModel(smollm2_dir, str(smollm2_dir)), tok, ids, Runtime())
     apply_transplant(model, pending, "mean_of_pieces", config.seed)
     assert report["num_new"] == len(NEW_TOKENS) and report["num_kept"] == base_tok.get_vocab_size(True)
@@ -61,7 +64,7 @@ def test_transplant_keeps_rows_and_logits_of_unchanged_text(smollm2_dir, extende
     assert sentence == base_tok.encode(UNCHANGED, add_special_tokens=False).ids
     with torch.no_grad():
         x = torch.tensor([sentence])
-        got = model(input_ids=x).logits[0, :, :base_emb.shape[0]]
+        got = model(input_ids=x).logits[0, :, : base_emb.shape[0]]
         want = base(input_ids=x).logits[0]
     torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
 
@@ -72,11 +75,14 @@ def initial_new_rows(smollm2_dir, tok_dir) -> torch.Tensor:
     from dilforge_cpt.model_init import BaseModel, apply_transplant, load_model
     from dilforge_cpt.runtime import Runtime
     from dilforge_shared.configs.cpt import CptConfig
+
     tok = load_tokenizer(tok_dir)
-    config = CptConfig(base_model=str(smollm2_dir), corpora=[{"uri": "a"}], validation=[{"uri": "b"}],
-                       phase1={"num_steps": 1})
-    model, pending, _ = load_model(config, BaseModel(smollm2_dir, str(smollm2_dir)), tok, special_ids(tok, "t"),
-                                   Runtime())
+    config = CptConfig(
+        base_model=str(smollm2_dir), corpora=[{"uri": "a"}], validation=[{"uri": "b"}], phase1={"num_steps": 1}
+    )
+    model, pending, _ = load_model(
+        config, BaseModel(smollm2_dir, str(smollm2_dir)), tok, special_ids(tok, "t"), Runtime()
+    )
     apply_transplant(model, pending, "mean_of_pieces", config.seed)
     new = torch.tensor([i for i, k in enumerate(pending.mapping.kept) if k < 0])
     return model.get_input_embeddings().weight[new].detach().clone()
@@ -85,11 +91,23 @@ def initial_new_rows(smollm2_dir, tok_dir) -> torch.Tensor:
 def test_stage_trains_new_rows_only_on_chatml(tmp_path, data_root, smollm2_dir, extended_tokenizer_dir):
     from safetensors.torch import load_file
     from test_cpt_stage import FLORES, WIKI, artifact, run_cpt
-    cpt = {"base_model": str(smollm2_dir), "transplant": "mean_of_pieces", "compare_transplant_inits": False,
-           "corpora": [{"uri": WIKI, "max_docs": 300}], "validation": [{"uri": FLORES, "text_field": "azj_Latn", "name": "az"}],
-           "num_validation_docs": 4, "seq_len": 32, "global_batch_size": 2,
-           "micro_batch_size": 2, "phase1": {"num_steps": 2, "learning_rate": 0.01, "trainable": "new_rows"},
-           "phase2": {"num_steps": 0}, "log_every": 1, "eval_every": 100, "checkpoint_every": 100}
+
+    cpt = {
+        "base_model": str(smollm2_dir),
+        "transplant": "mean_of_pieces",
+        "compare_transplant_inits": False,
+        "corpora": [{"uri": WIKI, "max_docs": 300}],
+        "validation": [{"uri": FLORES, "text_field": "azj_Latn", "name": "az"}],
+        "num_validation_docs": 4,
+        "seq_len": 32,
+        "global_batch_size": 2,
+        "micro_batch_size": 2,
+        "phase1": {"num_steps": 2, "learning_rate": 0.01, "trainable": "new_rows"},
+        "phase2": {"num_steps": 0},
+        "log_every": 1,
+        "eval_every": 100,
+        "checkpoint_every": 100,
+    }
     run_cpt(tmp_path, data_root, extended_tokenizer_dir, cpt)
     art = artifact(tmp_path / "store")
     before = load_file(str(smollm2_dir / "model.safetensors"))
@@ -110,6 +128,7 @@ def test_stage_trains_new_rows_only_on_chatml(tmp_path, data_root, smollm2_dir, 
     # the published folder describes the ChatML family: stock generate ends the answer at <|im_end|>
     from generation_checks import assert_stock_generate_stops_at_end_of_turn, expected_ids, published_ids
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
     tok = AutoTokenizer.from_pretrained(str(art.path), trust_remote_code=False)
     assert published_ids(art.path) == expected_ids(tok)
     assert expected_ids(tok)["eos_token_id"] == [2, 0]  # <|im_end|>, <|endoftext|>: SmolLM2's ids

@@ -28,8 +28,13 @@ pytestmark = pytest.mark.slow
 COORDINATOR = str(Path(sys.executable).parent / "coordinator")
 WIKI = "${DILFORGE_DATA}/az/train/azwiki_sentences_cv_extractor.txt"
 FLORES = "${DILFORGE_DATA}/az/dev/flores200.dev.partial_from_sib200.tsv"
-SCRATCH = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-           "num_key_value_heads": 2}
+SCRATCH = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+}
 
 
 def cpt_section(**overrides) -> dict:
@@ -37,10 +42,15 @@ def cpt_section(**overrides) -> dict:
         "scratch_model": SCRATCH,
         "corpora": [{"uri": WIKI, "max_docs": 2000}],
         "validation": [{"uri": FLORES, "text_field": "azj_Latn"}],
-        "num_validation_docs": 40, "seq_len": 64,
-        "global_batch_size": 4, "micro_batch_size": 2,
-        "phase1": {"num_steps": 3, "learning_rate": 0.01}, "phase2": {"num_steps": 17, "learning_rate": 0.003, "num_warmup_steps": 2},
-        "log_every": 1, "eval_every": 10, "checkpoint_every": 10,
+        "num_validation_docs": 40,
+        "seq_len": 64,
+        "global_batch_size": 4,
+        "micro_batch_size": 2,
+        "phase1": {"num_steps": 3, "learning_rate": 0.01},
+        "phase2": {"num_steps": 17, "learning_rate": 0.003, "num_warmup_steps": 2},
+        "log_every": 1,
+        "eval_every": 10,
+        "checkpoint_every": 10,
     }
     section.update(overrides)
     return section
@@ -49,9 +59,18 @@ def cpt_section(**overrides) -> dict:
 def publish_tokenizer(store: Path, tok_dir: Path, name: str = "tok") -> str:
     from dilforge_shared.manifest import Manifest, current_producer
     from dilforge_shared.store import publish
+
     uri = f"{store}/artifacts/tokenizer/{name}"
-    manifest = Manifest(kind="tokenizer", artifact_id=name, run_id="test", stage="tokenizer",
-                        producer=current_producer("dilforge-tokenizer"), config={}, data_dir="pending", files=[])
+    manifest = Manifest(
+        kind="tokenizer",
+        artifact_id=name,
+        run_id="test",
+        stage="tokenizer",
+        producer=current_producer("dilforge-tokenizer"),
+        config={},
+        data_dir="pending",
+        files=[],
+    )
     publish(uri, tok_dir, manifest)
     return uri
 
@@ -62,8 +81,17 @@ def write_pipeline(path: Path, store: Path, cpt: dict, run_id: str = "t") -> Pat
 
 
 def coordinator_cmd(config: Path, data_root: Path, tokenizer_uri: str) -> list[str]:
-    return [COORDINATOR, "run", "cpt", "--config", str(config), "--data", str(data_root),
-            "--input", f"tokenizer={tokenizer_uri}"]
+    return [
+        COORDINATOR,
+        "run",
+        "cpt",
+        "--config",
+        str(config),
+        "--data",
+        str(data_root),
+        "--input",
+        f"tokenizer={tokenizer_uri}",
+    ]
 
 
 def env_for(workdir: Path) -> dict:
@@ -74,19 +102,28 @@ def run_cpt(tmp: Path, data_root: Path, tok_dir: Path, cpt: dict, check: bool = 
     store = tmp / "store"
     tok_uri = publish_tokenizer(store, tok_dir)
     config = write_pipeline(tmp / "pipeline.yaml", store, cpt)
-    proc = subprocess.run(coordinator_cmd(config, data_root, tok_uri), env=env_for(tmp / "work"),
-                          capture_output=True, text=True, timeout=600, check=False)
+    proc = subprocess.run(
+        coordinator_cmd(config, data_root, tok_uri),
+        env=env_for(tmp / "work"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     if check:
         assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     return proc
 
 
 def published(store: Path) -> list[Path]:
-    return sorted((store / "artifacts" / "cpt").glob("*/manifest.json")) if (store / "artifacts" / "cpt").exists() else []
+    return (
+        sorted((store / "artifacts" / "cpt").glob("*/manifest.json")) if (store / "artifacts" / "cpt").exists() else []
+    )
 
 
 def artifact(store: Path):
     from dilforge_shared.store import fetch
+
     (manifest_path,) = published(store)
     return fetch(str(manifest_path.parent))
 
@@ -101,11 +138,16 @@ def single_run(tmp_path_factory, data_root, tiny_tokenizer_dir):
 def test_trains_publishes_loadable_model(single_run, tiny_tokenizer_dir):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
     art = single_run
     m = art.manifest
     assert m.kind == "model" and m.stage == "cpt"
     names = {ref.name for ref in m.inputs}
-    assert {"tokenizer", "data:azwiki_sentences_cv_extractor.txt", "data:flores200.dev.partial_from_sib200.tsv"} <= names
+    assert {
+        "tokenizer",
+        "data:azwiki_sentences_cv_extractor.txt",
+        "data:flores200.dev.partial_from_sib200.tsv",
+    } <= names
     history = m.metrics["history"]
     assert [h["step"] for h in history] == list(range(1, 21))
     first, last = history[0]["loss"], m.metrics["final_train_loss"]
@@ -121,6 +163,7 @@ def test_trains_publishes_loadable_model(single_run, tiny_tokenizer_dir):
     assert torch.isfinite(model(input_ids=ids).logits).all()
     # Llama 3 family described for stock consumers: eos = <|eot_id|>, <|eom_id|>, <|end_of_text|>
     from generation_checks import assert_stock_generate_stops_at_end_of_turn, expected_ids, published_ids
+
     assert published_ids(art.path) == expected_ids(tok) and len(expected_ids(tok)["eos_token_id"]) == 3
     assert model.config.eos_token_id == expected_ids(tok)["eos_token_id"]
     assert_stock_generate_stops_at_end_of_turn(model.eval(), tok)
@@ -143,8 +186,9 @@ def test_two_process_fsdp_matches_single_process(single_run, two_process_run):
     assert m2["final_val_bpb"] == pytest.approx(m1["final_val_bpb"], rel=1e-4)
 
 
-def sigterm_then_rerun(tmp_path: Path, data_root: Path, tok_dir: Path, cpt: dict,
-                       rerun_with: dict | None = None) -> tuple[str, int, dict]:
+def sigterm_then_rerun(
+    tmp_path: Path, data_root: Path, tok_dir: Path, cpt: dict, rerun_with: dict | None = None
+) -> tuple[str, int, dict]:
     """Start the stage, SIGTERM the `train` process after step 2, rerun (with the `rerun_with` config changes);
     (log, stopped at, metrics)."""
     store = tmp_path / "store"
@@ -186,20 +230,33 @@ def test_sigterm_then_rerun_resumes_to_the_same_loss(single_run, tmp_path, data_
     switch): the artifact id stays, so it resumes the interrupted run's checkpoint instead of starting over."""
     section = cpt_section()
     renamed = [{**section["corpora"][0], "name": "wiki"}]
-    _, _, m = sigterm_then_rerun(tmp_path, data_root, tiny_tokenizer_dir, section, rerun_with={
-        "checkpoint_every": 7, "master_port": 29777, "tokenize_batch_size": 64, "corpora": renamed,
-        "liger": "off", "num_checkpoints_kept": 3})
+    _, _, m = sigterm_then_rerun(
+        tmp_path,
+        data_root,
+        tiny_tokenizer_dir,
+        section,
+        rerun_with={
+            "checkpoint_every": 7,
+            "master_port": 29777,
+            "tokenize_batch_size": 64,
+            "corpora": renamed,
+            "liger": "off",
+            "num_checkpoints_kept": 3,
+        },
+    )
     ref = single_run.manifest.metrics
     assert m["final_train_loss"] == pytest.approx(ref["final_train_loss"], rel=1e-6)
     assert m["final_val_bpb"] == pytest.approx(ref["final_val_bpb"], rel=1e-6)
 
 
-def test_two_process_sigterm_checkpoints_through_the_stop_file_then_resumes(two_process_run, tmp_path, data_root,
-                                                                            tiny_tokenizer_dir):
+def test_two_process_sigterm_checkpoints_through_the_stop_file_then_resumes(
+    two_process_run, tmp_path, data_root, tiny_tokenizer_dir
+):
     """SIGTERM goes to the launcher only; workers see the stop file, checkpoint and exit (torchrun is not
     signalled, so its 30 s kill does not apply); the rerun matches the uninterrupted 2-process run."""
-    text, stopped_at, m = sigterm_then_rerun(tmp_path, data_root, tiny_tokenizer_dir,
-                                             cpt_section(num_processes_per_node=2))
+    text, stopped_at, m = sigterm_then_rerun(
+        tmp_path, data_root, tiny_tokenizer_dir, cpt_section(num_processes_per_node=2)
+    )
     assert "asked the workers to checkpoint and exit" in text
     assert f"stopped by SIGTERM at step {stopped_at}" in text
     assert "sending SIGTERM to torchrun" not in text
@@ -218,8 +275,14 @@ def other_tokenizer_dir(tmp_path_factory, data_root) -> Path:
 def test_phase1_with_transplant_keeps_backbone_bit_identical(tmp_path, data_root, tiny_llama_dir, other_tokenizer_dir):
     import torch
     from safetensors.torch import load_file
-    cpt = cpt_section(scratch_model=None, base_model=str(tiny_llama_dir), transplant="mean_of_pieces",
-                      phase1={"num_steps": 3, "learning_rate": 0.01}, phase2={"num_steps": 0})
+
+    cpt = cpt_section(
+        scratch_model=None,
+        base_model=str(tiny_llama_dir),
+        transplant="mean_of_pieces",
+        phase1={"num_steps": 3, "learning_rate": 0.01},
+        phase2={"num_steps": 0},
+    )
     run_cpt(tmp_path, data_root, other_tokenizer_dir, cpt)
     art = artifact(tmp_path / "store")
     before = load_file(str(tiny_llama_dir / "model.safetensors"))
@@ -235,13 +298,19 @@ def test_phase1_with_transplant_keeps_backbone_bit_identical(tmp_path, data_root
     assert recompute_artifact_id(art.manifest) == art.manifest.artifact_id
 
 
-def test_bad_inputs_fail_clearly_and_publish_nothing(tmp_path, data_root, tiny_llama_dir, other_tokenizer_dir,
-                                                     tiny_tokenizer_dir):
+def test_bad_inputs_fail_clearly_and_publish_nothing(
+    tmp_path, data_root, tiny_llama_dir, other_tokenizer_dir, tiny_tokenizer_dir
+):
     # tokenizer differs from the base model's and transplant is off
     a = tmp_path / "mismatch"
     a.mkdir()
-    proc = run_cpt(a, data_root, other_tokenizer_dir,
-                   cpt_section(scratch_model=None, base_model=str(tiny_llama_dir), transplant="none"), check=False)
+    proc = run_cpt(
+        a,
+        data_root,
+        other_tokenizer_dir,
+        cpt_section(scratch_model=None, base_model=str(tiny_llama_dir), transplant="none"),
+        check=False,
+    )
     assert proc.returncode != 0
     assert "differs from the base model's tokenizer" in proc.stderr + proc.stdout
     assert not published(a / "store")
@@ -270,18 +339,29 @@ def test_non_finite_loss_stops_with_checkpoint_and_clear_error(tmp_path, data_ro
     step's loss is still finite but its gradient norm is inf. The run must stop without stepping,
     keep a checkpoint of the last good state, name step/phase/lr, and publish nothing."""
     import re
-    section = cpt_section(phase1={"num_steps": 0}, phase2={"num_steps": 6, "learning_rate": 1e30}, max_grad_norm=None,
-                          eval_every=100, checkpoint_every=100)
+
+    section = cpt_section(
+        phase1={"num_steps": 0},
+        phase2={"num_steps": 6, "learning_rate": 1e30},
+        max_grad_norm=None,
+        eval_every=100,
+        checkpoint_every=100,
+    )
     proc = run_cpt(tmp_path, data_root, tiny_tokenizer_dir, section, check=False)
     output = proc.stdout + proc.stderr
     assert proc.returncode != 0
-    found = re.search(r"non-finite (training loss|gradient norm) \(.*?\) at step (\d+) \(phase 2, lr [0-9e.+]+\).*"
-                      r"checkpoint saved at step (\d+)", output)
+    found = re.search(
+        r"non-finite (training loss|gradient norm) \(.*?\) at step (\d+) \(phase 2, lr [0-9e.+]+\).*"
+        r"checkpoint saved at step (\d+)",
+        output,
+    )
     assert found, output[-3000:]
     assert (int(found[2]), int(found[3])) == (2, 1)  # stopped at the first bad step, before any bad update
     assert not published(tmp_path / "store")
     (opt_root,) = [p for p in (tmp_path / "work").glob("cpt-*") if p.is_dir()]  # kept after a failure: a rerun resumes
-    assert len(re.findall("non-finite (training loss|gradient norm)", (opt_root / "output" / "failure").read_text())) == 1
+    assert (
+        len(re.findall("non-finite (training loss|gradient norm)", (opt_root / "output" / "failure").read_text())) == 1
+    )
     # the last good state is a complete checkpoint (the token cache also lives under checkpoints/)
     marker = opt_root / "checkpoints" / "train" / f"step-{int(found[3]):08d}" / "COMPLETE.node00000-of-00001"
     assert marker.is_file(), output[-3000:]
@@ -290,12 +370,16 @@ def test_non_finite_loss_stops_with_checkpoint_and_clear_error(tmp_path, data_ro
 def test_output_is_golden_for_its_code_version(single_run):
     """The cpt stage's code version is bumped whenever what it publishes for this run changes (tests/golden.py)."""
     import golden
+
     m = single_run.manifest.metrics
-    golden.check("cpt", {
-        "files": sorted(f.path for f in single_run.manifest.files),
-        "losses": [h["loss"] for h in m["history"]],
-        **{k: m[k] for k in ("step0_val_bpb", "final_val_bpb", "final_val_loss", "num_params", "total_tokens")},
-    })
+    golden.check(
+        "cpt",
+        {
+            "files": sorted(f.path for f in single_run.manifest.files),
+            "losses": [h["loss"] for h in m["history"]],
+            **{k: m[k] for k in ("step0_val_bpb", "final_val_bpb", "final_val_loss", "num_params", "total_tokens")},
+        },
+    )
 
 
 @pytest.fixture(scope="module")
@@ -304,6 +388,7 @@ def extended_tokenizer_dir(tmp_path_factory, tiny_tokenizer_dir) -> Path:
     import shutil
 
     from tokenizers import Tokenizer
+
     out = tmp_path_factory.mktemp("tokext") / "tokenizer"
     shutil.copytree(tiny_tokenizer_dir, out)
     tok = Tokenizer.from_file(str(out / "tokenizer.json"))
@@ -317,15 +402,26 @@ def test_leakage_table_and_counter_measure(tmp_path, data_root, tiny_llama_dir, 
     base model's BPB (equal for all: it is the kept-rows softmax of the same text) and base tokenisation
     never better than it; the calibrated run records leakage at step 0 and at the final validation, where
     a tolerance below it triggers the re-calibration and a second validation row."""
-    cpt = cpt_section(scratch_model=None, base_model=str(tiny_llama_dir), transplant="calibrated",
-                      corpora=[{"uri": WIKI, "name": "az-wiki"},
-                               {"uri": "${DILFORGE_DATA}/az/train/tatoeba_aze-eng.tsv", "text_field": "eng",
-                                "name": "en-replay"}],
-                      validation=[{"uri": FLORES, "text_field": "azj_Latn", "name": "az"},
-                                  {"uri": FLORES, "text_field": "eng_Latn", "name": "en"}],
-                      num_validation_docs=12, retain_corpora=["en-replay"], calibration_num_windows=8,
-                      leakage_sets=["en"], leakage_tolerance=1e-9,
-                      phase1={"num_steps": 2, "learning_rate": 0.01, "trainable": "new_rows"}, phase2={"num_steps": 0})
+    cpt = cpt_section(
+        scratch_model=None,
+        base_model=str(tiny_llama_dir),
+        transplant="calibrated",
+        corpora=[
+            {"uri": WIKI, "name": "az-wiki"},
+            {"uri": "${DILFORGE_DATA}/az/train/tatoeba_aze-eng.tsv", "text_field": "eng", "name": "en-replay"},
+        ],
+        validation=[
+            {"uri": FLORES, "text_field": "azj_Latn", "name": "az"},
+            {"uri": FLORES, "text_field": "eng_Latn", "name": "en"},
+        ],
+        num_validation_docs=12,
+        retain_corpora=["en-replay"],
+        calibration_num_windows=8,
+        leakage_sets=["en"],
+        leakage_tolerance=1e-9,
+        phase1={"num_steps": 2, "learning_rate": 0.01, "trainable": "new_rows"},
+        phase2={"num_steps": 0},
+    )
     run_cpt(tmp_path, data_root, extended_tokenizer_dir, cpt)
     m = artifact(tmp_path / "store").manifest.metrics
     table = m["transplant"]["step0_leakage"]

@@ -18,8 +18,17 @@ from dilforge_shared.store import fetch, publish, read_manifest
 
 def _publish(store: Path, stage: str, kind: str, folder: Path, metrics: dict, manifest_stage: str | None = None) -> str:
     uri = f"{store.resolve().as_uri()}/artifacts/{stage}/fake-{stage}"
-    m = Manifest(kind=kind, artifact_id=f"fake-{stage}", run_id="fixture", stage=manifest_stage or stage,
-                 producer=current_producer("tests"), config={}, data_dir="pending", files=[], metrics=metrics)
+    m = Manifest(
+        kind=kind,
+        artifact_id=f"fake-{stage}",
+        run_id="fixture",
+        stage=manifest_stage or stage,
+        producer=current_producer("tests"),
+        config={},
+        data_dir="pending",
+        files=[],
+        metrics=metrics,
+    )
     publish(uri, folder, m)
     return uri
 
@@ -28,9 +37,14 @@ def _sft_adapter(cpt_dir: Path, out: Path, base_uri: str) -> Path:
     """A LoRA adapter with non-zero B, so applying it changes the model."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
     model = AutoModelForCausalLM.from_pretrained(str(cpt_dir))
-    torch.manual_seed(5)  # before get_peft_model: lora_A's init draws from the global RNG (else the golden depends on test order)
-    peft = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+    torch.manual_seed(
+        5
+    )  # before get_peft_model: lora_A's init draws from the global RNG (else the golden depends on test order)
+    peft = get_peft_model(
+        model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    )
     with torch.no_grad():
         for name, p in peft.named_parameters():
             if "lora_B" in name:
@@ -47,13 +61,23 @@ def _sft_adapter(cpt_dir: Path, out: Path, base_uri: str) -> Path:
 def _eval_section(data: Path, prompts: str) -> dict:
     flores = str(data / "az/dev/flores200.dev.partial_from_sib200.tsv")
     return {
-        "text_sets": [{"uri": flores, "text_field": "azj_Latn", "name": "flores"},
-                      {"uri": str(data / "az/train/udhr_azj_latn.txt"), "name": "udhr"},
-                      {"uri": flores, "text_field": "eng_Latn", "name": "flores-en"}],
-        "parallel_sets": [{"name": "flores", "az": {"uri": flores, "text_field": "azj_Latn"},
-                           "en": {"uri": flores, "text_field": "eng_Latn"}}],
-        "morph": {"segmented": [str(data / "az/morph/az-lang-nlp_golden_morph.tsv")],
-                  "conllu": [str(data / "az/morph/ud_az_tuecl-ud-test.conllu")], "num_words_per_source": 100},
+        "text_sets": [
+            {"uri": flores, "text_field": "azj_Latn", "name": "flores"},
+            {"uri": str(data / "az/train/udhr_azj_latn.txt"), "name": "udhr"},
+            {"uri": flores, "text_field": "eng_Latn", "name": "flores-en"},
+        ],
+        "parallel_sets": [
+            {
+                "name": "flores",
+                "az": {"uri": flores, "text_field": "azj_Latn"},
+                "en": {"uri": flores, "text_field": "eng_Latn"},
+            }
+        ],
+        "morph": {
+            "segmented": [str(data / "az/morph/az-lang-nlp_golden_morph.tsv")],
+            "conllu": [str(data / "az/morph/ud_az_tuecl-ud-test.conllu")],
+            "num_words_per_source": 100,
+        },
         "prompts": str(prompts),
         "generation": {"max_new_tokens": 6, "num_prompts": 2, "repetition_penalty": 1.2, "no_repeat_ngram_size": 3},
         "bpb": {"window": 64, "stride": 32},
@@ -62,9 +86,21 @@ def _eval_section(data: Path, prompts: str) -> dict:
 
 
 def _coordinator(args: list[str], tmp: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "DILFORGE_WORKDIR": str(tmp / "work"), "DILFORGE_CACHE": str(tmp / "cache")}
-    return subprocess.run([sys.executable, "-m", "dilforge_coordinator.cli", *args], capture_output=True, text=True,
-                          env=env, timeout=600, cwd=tmp, check=False)
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "DILFORGE_WORKDIR": str(tmp / "work"),
+        "DILFORGE_CACHE": str(tmp / "cache"),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "dilforge_coordinator.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        cwd=tmp,
+        check=False,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -76,14 +112,23 @@ def upstream(tmp_path_factory, tiny_tokenizer_dir, tiny_llama_dir):
     sft_dir = _sft_adapter(fetch(cpt_uri).path, tmp / "sft", cpt_uri)
     sft_uri = _publish(store, "sft", "adapter", sft_dir, metrics_samples.sample("sft", base_model=cpt_uri))
     import factories
+
     base_dir = factories.build_tiny_llama(tmp / "base", tiny_tokenizer_dir, seed=1)
     # the model stage's artifact: a plain HF folder inside (here in model/, found by models.resolve)
     factories.build_tiny_llama(tmp / "base-artifact" / "model", tiny_tokenizer_dir, seed=1)
     # (recorded as produced by "cpt" while the manifest schema predates the model stage; eval reads only the files)
-    model_uri = _publish(store, "model", "model", tmp / "base-artifact", metrics_samples.sample("model"),
-                         manifest_stage="cpt")
-    return {"tmp": tmp, "store": store, "tokenizer": tok_uri, "cpt": cpt_uri, "sft": sft_uri, "base": base_dir,
-            "model": model_uri}
+    model_uri = _publish(
+        store, "model", "model", tmp / "base-artifact", metrics_samples.sample("model"), manifest_stage="cpt"
+    )
+    return {
+        "tmp": tmp,
+        "store": store,
+        "tokenizer": tok_uri,
+        "cpt": cpt_uri,
+        "sft": sft_uri,
+        "base": base_dir,
+        "model": model_uri,
+    }
 
 
 def _keys(node) -> list[str]:
@@ -103,9 +148,23 @@ def test_eval_stage_reports_every_model_and_set(upstream, data_root):
     tmp = upstream["tmp"]
     prompts = "builtin:az-generation"
     cfg = _write_pipeline(tmp / "pipe.yaml", upstream["store"], "evalrun", _eval_section(data_root, prompts))
-    proc = _coordinator(["run", "eval", "--config", str(cfg), "--input", f"model={upstream['model']}",
-                         "--input", f"tokenizer={upstream['tokenizer']}",
-                         "--input", f"cpt={upstream['cpt']}", "--input", f"sft={upstream['sft']}"], tmp)
+    proc = _coordinator(
+        [
+            "run",
+            "eval",
+            "--config",
+            str(cfg),
+            "--input",
+            f"model={upstream['model']}",
+            "--input",
+            f"tokenizer={upstream['tokenizer']}",
+            "--input",
+            f"cpt={upstream['cpt']}",
+            "--input",
+            f"sft={upstream['sft']}",
+        ],
+        tmp,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     uri = proc.stdout.strip().splitlines()[-1].split("artifact: ")[1]
     manifest, _ = read_manifest(uri)
@@ -113,32 +172,47 @@ def test_eval_stage_reports_every_model_and_set(upstream, data_root):
     assert {r.name for r in manifest.inputs} >= {"model", "tokenizer", "cpt", "sft", "data:flores", "data:udhr"}
     assert recompute_artifact_id(manifest) == manifest.artifact_id
     files = {f.path for f in manifest.files}
-    assert {"report.html", "report.md", "metrics.json", "generations.jsonl", "plots/bpb_per_model.png",
-            "plots/training_curves.png", "plots/fertility_per_vocab_size.png"} <= files
+    assert {
+        "report.html",
+        "report.md",
+        "metrics.json",
+        "generations.jsonl",
+        "plots/bpb_per_model.png",
+        "plots/training_curves.png",
+        "plots/fertility_per_vocab_size.png",
+    } <= files
     m = manifest.metrics
     assert list(m["bpb"]) == ["base", "cpt", "sft"]
-    assert m["models"]["base"]["origin"] == "artifact fake-model"     # the pipeline's model artifact is the base
+    assert m["models"]["base"]["origin"] == "artifact fake-model"  # the pipeline's model artifact is the base
     for model in ("base", "cpt", "sft"):
         assert set(m["bpb"][model]) == {"flores", "udhr", "flores-en"}
         assert 0 < m["bpb"][model]["flores"]["bpb"] < 20
     assert {k: v["language"] for k, v in m["text_sets"].items()} == {"flores": "az", "udhr": "az", "flores-en": "en"}
-    for model in ("cpt", "sft"):                                         # change per set, against base, never averaged
+    for model in ("cpt", "sft"):  # change per set, against base, never averaged
         for s in ("flores", "udhr", "flores-en"):
             got = m["bpb_change"][model][s]
             assert got["change"] == pytest.approx(m["bpb"][model][s]["bpb"] / m["bpb"]["base"][s]["bpb"] - 1, abs=1e-4)
     h = m["headline"]
-    assert h["reference"] == "base" and h["gain"]["cpt"]["set"] == "flores" and h["gain"]["cpt"] == \
-        {"set": "flores", **m["bpb_change"]["cpt"]["flores"]}
+    assert (
+        h["reference"] == "base"
+        and h["gain"]["cpt"]["set"] == "flores"
+        and h["gain"]["cpt"] == {"set": "flores", **m["bpb_change"]["cpt"]["flores"]}
+    )
     assert set(h["retention"]["sft"]) == {"en"} and h["retention"]["sft"]["en"]["set"] == "flores-en"
-    assert not [k for k in _keys(m) if any(w in k.lower() for w in ("mean", "average", "avg"))
-                and k != "step0_val_bpb_mean_of_pieces" and k != "mean_of_pieces"]
+    assert not [
+        k
+        for k in _keys(m)
+        if any(w in k.lower() for w in ("mean", "average", "avg"))
+        and k != "step0_val_bpb_mean_of_pieces"
+        and k != "mean_of_pieces"
+    ]
     assert m["transplant"]["step0_bpb"] == {"random": {"val": 5.27}, "mean_of_pieces": {"val": 2.81}}
     assert m["tokenizer_comparison"]["languages"] == ["az", "en"]
-    assert m["bpb"]["sft"]["flores"]["bpb"] != m["bpb"]["cpt"]["flores"]["bpb"]   # the adapter was applied
+    assert m["bpb"]["sft"]["flores"]["bpb"] != m["bpb"]["cpt"]["flores"]["bpb"]  # the adapter was applied
     assert m["models"]["sft"]["adapter"] is True and m["models"]["cpt"]["adapter"] is False
-    assert m["tokenizers"]["tokenizer"]["aliases"] == ["base", "cpt", "sft"]      # one tokenizer, listed once
+    assert m["tokenizers"]["tokenizer"]["aliases"] == ["base", "cpt", "sft"]  # one tokenizer, listed once
     assert m["tokenizer_metrics"]["tokenizer"]["flores"]["tokens_per_word"] > 1
-    assert 0 < m["parity"]["tokenizer"]["flores"]["parity"] < 1   # a tokenizer trained on az: English costs more
+    assert 0 < m["parity"]["tokenizer"]["flores"]["parity"] < 1  # a tokenizer trained on az: English costs more
     assert set(m["morph"]["tokenizer"]) == {"az-lang-nlp_golden_morph.tsv", "ud_az_tuecl-ud-test.conllu", "all"}
     assert set(m["generation"]) == {"base", "cpt", "sft"} and set(m["generation"]["sft"]) == {"greedy", "sampled"}
     assert m["curves"]["cpt"] == {"loss": [4, 4.0], "validation/val_loss": [4, 4.1]}
@@ -156,20 +230,27 @@ def test_eval_stage_reports_every_model_and_set(upstream, data_root):
     full = json.loads((art.path / "metrics.json").read_text())
     assert len(full["curves"]["cpt"]["loss"]) == 4
     import golden  # the eval stage's code version is bumped whenever what it publishes here changes
-    golden.check("eval", {
-        "files": sorted(f.path for f in manifest.files),
-        "bpb": {model: {s: m["bpb"][model][s]["bpb"] for s in sorted(m["bpb"][model])} for model in m["bpb"]},
-        "tokens_per_word": m["tokenizer_metrics"]["tokenizer"]["flores"]["tokens_per_word"],
-        "parity": m["parity"]["tokenizer"]["flores"]["parity"],
-        "generations": len(gens),
-    })
+
+    golden.check(
+        "eval",
+        {
+            "files": sorted(f.path for f in manifest.files),
+            "bpb": {model: {s: m["bpb"][model][s]["bpb"] for s in sorted(m["bpb"][model])} for model in m["bpb"]},
+            "tokens_per_word": m["tokenizer_metrics"]["tokenizer"]["flores"]["tokens_per_word"],
+            "parity": m["parity"]["tokenizer"]["flores"]["parity"],
+            "generations": len(gens),
+        },
+    )
 
 
 def test_run_all_prints_report_path_and_bad_input_fails_cleanly(upstream, data_root, tmp_path):
     """Also: a base model given by artifact URI in `models:` (a model artifact with the HF folder inside)."""
-    section = {"models": [{"label": "base", "uri": upstream["model"]}],
-               "text_sets": [{"uri": str(data_root / "az/train/udhr_azj_latn.txt"), "name": "udhr"}],
-               "bpb": {"window": 32}, "max_bytes_per_set": 800}
+    section = {
+        "models": [{"label": "base", "uri": upstream["model"]}],
+        "text_sets": [{"uri": str(data_root / "az/train/udhr_azj_latn.txt"), "name": "udhr"}],
+        "bpb": {"window": 32},
+        "max_bytes_per_set": 800,
+    }
     cfg = _write_pipeline(tmp_path / "p.yaml", tmp_path / "store", "evalonly", section)
     proc = _coordinator(["run-all", "--config", str(cfg)], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -194,8 +275,11 @@ def test_unloadable_sft_model_fails_unless_skipping_is_asked_for(upstream, data_
     orphan = _sft_adapter(fetch(upstream["cpt"]).path, tmp_path / "orphan", str(tmp_path / "no-such-base"))
     store = tmp_path / "store"
     sft_uri = _publish(store, "sft", "adapter", orphan, metrics_samples.sample("sft"))
-    section = {"text_sets": [{"uri": str(data_root / "az/train/udhr_azj_latn.txt"), "name": "udhr"}],
-               "bpb": {"window": 32}, "max_bytes_per_set": 500}
+    section = {
+        "text_sets": [{"uri": str(data_root / "az/train/udhr_azj_latn.txt"), "name": "udhr"}],
+        "bpb": {"window": 32},
+        "max_bytes_per_set": 500,
+    }
     cfg = _write_pipeline(tmp_path / "p.yaml", store, "orphan", section)
     proc = _coordinator(["run", "eval", "--config", str(cfg), "--input", f"sft={sft_uri}"], tmp_path)
     assert proc.returncode != 0

@@ -20,16 +20,28 @@ pytestmark = pytest.mark.slow
 
 SIZE = 200 << 20
 RSS_LIMIT_KB = 2 << 20  # 2 GiB
-WRAPPER = ("import resource, subprocess, sys\n"
-           "rc = subprocess.call(sys.argv[1:])\n"
-           "print('PEAK_RSS_KB', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr)\n"
-           "sys.exit(rc)\n")
-TINY_CPT = {"scratch_model": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-                              "num_attention_heads": 4, "num_key_value_heads": 2},
-            "seq_len": 64, "global_batch_size": 4, "micro_batch_size": 2,
-            "phase1": {"num_steps": 1, "learning_rate": 0.01}, "phase2": {"num_steps": 1, "learning_rate": 0.003, "num_warmup_steps": 0},
-            "validation": [{"uri": "${DILFORGE_DATA}/az/dev/flores200.dev.partial_from_sib200.tsv",
-                            "text_field": "azj_Latn"}], "num_validation_docs": 8}
+WRAPPER = (
+    "import resource, subprocess, sys\n"
+    "rc = subprocess.call(sys.argv[1:])\n"
+    "print('PEAK_RSS_KB', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr)\n"
+    "sys.exit(rc)\n"
+)
+TINY_CPT = {
+    "scratch_model": {
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+    },
+    "seq_len": 64,
+    "global_batch_size": 4,
+    "micro_batch_size": 2,
+    "phase1": {"num_steps": 1, "learning_rate": 0.01},
+    "phase2": {"num_steps": 1, "learning_rate": 0.003, "num_warmup_steps": 0},
+    "validation": [{"uri": "${DILFORGE_DATA}/az/dev/flores200.dev.partial_from_sib200.tsv", "text_field": "azj_Latn"}],
+    "num_validation_docs": 8,
+}
 
 
 @pytest.fixture(scope="module")
@@ -50,10 +62,21 @@ def big(tmp_path_factory) -> dict[str, Path]:
 
 
 def run_cli(tmp: Path, args: list[str], stdin: bytes = b"") -> tuple[subprocess.CompletedProcess, int]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "DILFORGE_WORKDIR": str(tmp / "work"),
-           "DILFORGE_CACHE": str(tmp / "cache"), "PYTHONWARNINGS": "ignore"}
-    proc = subprocess.run([sys.executable, "-c", WRAPPER, sys.executable, "-m", "dilforge_coordinator.cli", *args],
-                          input=stdin, capture_output=True, env=env, timeout=600, check=False)
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "DILFORGE_WORKDIR": str(tmp / "work"),
+        "DILFORGE_CACHE": str(tmp / "cache"),
+        "PYTHONWARNINGS": "ignore",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", WRAPPER, sys.executable, "-m", "dilforge_coordinator.cli", *args],
+        input=stdin,
+        capture_output=True,
+        env=env,
+        timeout=600,
+        check=False,
+    )
     err = proc.stderr.decode(errors="replace")
     peak = int(err.rsplit("PEAK_RSS_KB", 1)[1].split()[0])
     return subprocess.CompletedProcess(proc.args, proc.returncode, proc.stdout.decode(errors="replace"), err), peak
@@ -62,9 +85,22 @@ def run_cli(tmp: Path, args: list[str], stdin: bytes = b"") -> tuple[subprocess.
 def publish_folder(store: Path, stage: str, kind: str, folder: Path) -> str:
     from dilforge_shared.manifest import Manifest, current_producer
     from dilforge_shared.store import publish
+
     uri = f"{store}/artifacts/{stage}/fixture"
-    publish(uri, folder, Manifest(kind=kind, artifact_id="fixture", run_id="fixture", stage=stage,
-                                  producer=current_producer("test"), config={}, data_dir="x", files=[]))
+    publish(
+        uri,
+        folder,
+        Manifest(
+            kind=kind,
+            artifact_id="fixture",
+            run_id="fixture",
+            stage=stage,
+            producer=current_producer("test"),
+            config={},
+            data_dir="x",
+            files=[],
+        ),
+    )
     return uri
 
 
@@ -83,12 +119,21 @@ def stage_case(stage: str, big: dict, tmp: Path, tiny_tokenizer_dir: Path, tiny_
         section = {**TINY_CPT, "corpora": [{"uri": str(big["txt"]), "max_docs": 100}]}
         extra = ["--input", f"tokenizer={tok}"]
     elif stage == "sft":
-        section = {"base_model": str(tiny_llama_dir), "train": [{"uri": str(big["jsonl"]), "layout": "messages"}],
-                   "num_steps": 1, "lora": {"r": 4, "alpha": 8, "dropout": 0.0}, "max_length": 64}
+        section = {
+            "base_model": str(tiny_llama_dir),
+            "train": [{"uri": str(big["jsonl"]), "layout": "messages"}],
+            "num_steps": 1,
+            "lora": {"r": 4, "alpha": 8, "dropout": 0.0},
+            "max_length": 64,
+        }
     else:
-        section = {"models": [{"label": "base", "uri": str(tiny_llama_dir)}],
-                   "text_sets": [{"uri": str(big["txt"]), "name": "big"}], "max_bytes_per_set": 20000,
-                   "generation": {"max_new_tokens": 2, "num_prompts": 1}, "bpb": {"window": 64, "stride": 32}}
+        section = {
+            "models": [{"label": "base", "uri": str(tiny_llama_dir)}],
+            "text_sets": [{"uri": str(big["txt"]), "name": "big"}],
+            "max_bytes_per_set": 20000,
+            "generation": {"max_new_tokens": 2, "num_prompts": 1},
+            "bpb": {"window": 64, "stride": 32},
+        }
     return ["run", stage, "-c", str(pipeline(tmp, stage, section)), *extra]
 
 
@@ -110,20 +155,25 @@ def test_a_200_mb_single_line_is_bounded_per_stage(stage, big, tmp_path, tiny_to
 def test_cpt_refuses_a_base_model_whose_code_would_run(tmp_path, tiny_tokenizer_dir, tiny_llama_dir):
     """auto_map → evil.py with an unknown model_type, and "y" answered on stdin: refused, nothing executed."""
     import shutil
+
     evil = tmp_path / "evil-model"
     shutil.copytree(tiny_llama_dir, evil)
     marker = tmp_path / "EXECUTED"
     (evil / "evil.py").write_text(f"open({str(marker)!r}, 'w').write('pwned')\n")
     cfg = json.loads((evil / "config.json").read_text())
-    cfg.update(model_type="evil_llama", auto_map={"AutoConfig": "evil.EvilConfig",
-                                                  "AutoModelForCausalLM": "evil.EvilModel"})
+    cfg.update(
+        model_type="evil_llama", auto_map={"AutoConfig": "evil.EvilConfig", "AutoModelForCausalLM": "evil.EvilModel"}
+    )
     (evil / "config.json").write_text(json.dumps(cfg))
     tok = publish_folder(tmp_path / "store", "tokenizer", "tokenizer", tiny_tokenizer_dir)
     data = Path(os.environ["DILFORGE_DATA"]) / "az/train/azwiki_sentences_cv_extractor.txt"
     section = {**TINY_CPT, "base_model": str(evil), "corpora": [{"uri": str(data), "max_docs": 100}]}
     section.pop("scratch_model")
-    proc, _ = run_cli(tmp_path, ["run", "cpt", "-c", str(pipeline(tmp_path, "cpt", section)),
-                                 "--input", f"tokenizer={tok}"], stdin=b"y\ny\ny\n")
+    proc, _ = run_cli(
+        tmp_path,
+        ["run", "cpt", "-c", str(pipeline(tmp_path, "cpt", section)), "--input", f"tokenizer={tok}"],
+        stdin=b"y\ny\ny\n",
+    )
     assert proc.returncode == 1
     assert "trust_remote_code" in proc.stderr, proc.stderr[-3000:]
     assert not marker.exists(), "code from the model folder ran"

@@ -20,7 +20,7 @@ import metrics_samples
 import psutil
 import pytest
 
-FAKE_STAGE = '''
+FAKE_STAGE = """
 import json, os, sys, time
 from pathlib import Path
 from dilforge_shared.configs import STAGE_CONFIGS
@@ -48,15 +48,15 @@ def body(config, ctx):
 
 if __name__ == "__main__":
     sys.exit(stage_main(STAGE_CONFIGS["tokenizer"], body, "fake", sys.argv[1:]))
-'''
+"""
 
-DRIVER = '''
+DRIVER = """
 import sys
 from dilforge_coordinator import pipeline
 pipeline.STAGE_MODULES["tokenizer"] = "fakestage"
 from dilforge_coordinator.cli import app
 app(args=sys.argv[1:])
-'''
+"""
 
 
 @pytest.fixture
@@ -65,22 +65,33 @@ def world(tmp_path):
     (tmp_path / "driver.py").write_text(DRIVER)
     (tmp_path / "corpus.txt").write_text("bir iki üç\n")
     for run_id in ("a", "b"):
-        (tmp_path / f"{run_id}.yaml").write_text(textwrap.dedent(f"""
+        (tmp_path / f"{run_id}.yaml").write_text(
+            textwrap.dedent(f"""
             run_id: {run_id}
-            store: {{uri: {tmp_path / 'store'}}}
-            tokenizer: {{strategy: replace, corpora: [{{uri: "{tmp_path / 'corpus.txt'}"}}], vocab_sizes: [1000]}}
-        """))
+            store: {{uri: {tmp_path / "store"}}}
+            tokenizer: {{strategy: replace, corpora: [{{uri: "{tmp_path / "corpus.txt"}"}}], vocab_sizes: [1000]}}
+        """)
+        )
     return tmp_path
 
 
 def start(world: Path, run_id: str = "a", seconds: float = 0, stdin: bytes | None = None) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": f"{world}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-           "FAKE_LOG": str(world / "stage.log"), "FAKE_SECONDS": str(seconds),
-           "FAKE_METRICS": json.dumps(metrics_samples.TOKENIZER),
-           "DILFORGE_WORKDIR": str(world / "work"), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, str(world / "driver.py"), "run-all", "-c", str(world / f"{run_id}.yaml")],
-                            env=env, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{world}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+        "FAKE_LOG": str(world / "stage.log"),
+        "FAKE_SECONDS": str(seconds),
+        "FAKE_METRICS": json.dumps(metrics_samples.TOKENIZER),
+        "DILFORGE_WORKDIR": str(world / "work"),
+        "OMP_NUM_THREADS": "1",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, str(world / "driver.py"), "run-all", "-c", str(world / f"{run_id}.yaml")],
+        env=env,
+        stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     if stdin is not None:
         proc.stdin.write(stdin)
         proc.stdin.flush()
@@ -130,7 +141,7 @@ def test_kill_9_of_the_coordinator_stops_the_stage_and_a_rerun_waits_then_resume
     stage_pid = int(wait_for(world, "start")[0].split()[1])
     proc.kill()
     proc.wait(10)
-    rerun = start(world, seconds=0)          # immediately: the orphan may still be checkpointing
+    rerun = start(world, seconds=0)  # immediately: the orphan may still be checkpointing
     _, err = rerun.communicate(timeout=120)
     assert rerun.returncode == 0, err.decode()
     log = wait_for(world, "published")
@@ -156,15 +167,34 @@ def test_two_runs_started_apart_share_one_stage_process_and_both_succeed(world):
 def test_chat_with_a_bad_endpoint_or_secret_is_one_line(case, tmp_path, s3_server, s3_bucket):
     """The installed `coordinator` script: an S3 error in any command (chat here) is one line, exit 1."""
     import socket
+
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         closed_port = probe.getsockname()[1]
     endpoint = f"http://127.0.0.1:{closed_port}" if case == "bad_endpoint" else s3_server.endpoint_url
-    env = {**os.environ, "DILFORGE_S3_MAX_ATTEMPTS": "1", "DILFORGE_S3_ACCESS_KEY_ID": "dilforge-test",
-           "DILFORGE_S3_SECRET_ACCESS_KEY": "wrong-secret-value", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([str(Path(sys.executable).parent / "coordinator"), "chat", f"{s3_bucket}/model", "-p", "hi",
-                           "--s3-endpoint-url", endpoint], env=env, capture_output=True, text=True, timeout=300,
-                          check=False)
+    env = {
+        **os.environ,
+        "DILFORGE_S3_MAX_ATTEMPTS": "1",
+        "DILFORGE_S3_ACCESS_KEY_ID": "dilforge-test",
+        "DILFORGE_S3_SECRET_ACCESS_KEY": "wrong-secret-value",
+        "OMP_NUM_THREADS": "1",
+    }
+    proc = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "coordinator"),
+            "chat",
+            f"{s3_bucket}/model",
+            "-p",
+            "hi",
+            "--s3-endpoint-url",
+            endpoint,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert "wrong-secret-value" not in proc.stderr

@@ -32,7 +32,7 @@ def test_s3_lease_excludes_a_second_owner_and_an_expired_one_is_taken_over(s3_bu
     assert not second.acquire(wait=False)
     first.release()
     assert second.acquire(wait=False), "a released lock is free at once"
-    second._stop.set()                                   # the owner dies: nobody renews the lease
+    second._stop.set()  # the owner dies: nobody renews the lease
     third = S3Lease(backend, "locks/cpt-1.lock", lease_s=1.5, poll_s=0.1)
     with pytest.raises(DilforgeError, match="still held"):
         third.acquire(timeout_s=0.3)
@@ -55,8 +55,10 @@ def test_changed_weights_under_the_same_s3_prefix_are_downloaded_again(s3_bucket
 def _config(tmp_path: Path, store: str) -> Path:
     (tmp_path / "corpus.txt").write_text("bir iki üç\n")
     path = tmp_path / "p.yaml"
-    path.write_text(f"run_id: s3run\nstore: {{uri: {store}}}\ntokenizer: {{strategy: replace, corpora: "
-                    f"[{{uri: '{tmp_path / 'corpus.txt'}'}}], vocab_sizes: [1000]}}\n")
+    path.write_text(
+        f"run_id: s3run\nstore: {{uri: {store}}}\ntokenizer: {{strategy: replace, corpora: "
+        f"[{{uri: '{tmp_path / 'corpus.txt'}'}}], vocab_sizes: [1000]}}\n"
+    )
     return path
 
 
@@ -84,7 +86,7 @@ def test_damaged_s3_artifact_is_moved_aside_and_rebuilt_and_gc_finds_orphans(s3_
     assert "missing" in check_artifact(uri)
     assert pl.run_all(cfg, backend)["tokenizer"] == uri and backend.runs == 2
     assert check_artifact(uri) is None
-    art.write_bytes("data-0badc0ffee00/partial.bin", b"x")         # a publish killed before its manifest
+    art.write_bytes("data-0badc0ffee00/partial.bin", b"x")  # a publish killed before its manifest
     store = ArtifactStore(f"{s3_bucket}/store")
     found = {(g.kind, g.uri.rsplit("/", 1)[-1]) for g in gc.find_store_garbage(store, 0, unreferenced=False)}
     assert ("orphan-data", "data-0badc0ffee00") in found

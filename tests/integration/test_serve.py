@@ -31,11 +31,13 @@ def sft_artifact(tmp_path_factory, tiny_llama_dir, data_root):
     return build_sft_artifact(tmp_path_factory.mktemp("serve"), tiny_llama_dir, data_root)
 
 
-def http(url: str, body: bytes | None = None, timeout: float = 60,
-         content_type: str = "application/json") -> tuple[int, dict]:
+def http(
+    url: str, body: bytes | None = None, timeout: float = 60, content_type: str = "application/json"
+) -> tuple[int, dict]:
     """(status, JSON body) of a GET, or a POST of raw bytes (stdlib: the bad requests must reach the wire as is)."""
     import urllib.error
     import urllib.request
+
     req = urllib.request.Request(url, data=body, headers={"content-type": content_type} if body else {})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as res:
@@ -58,10 +60,27 @@ def server(sft_artifact, tmp_path_factory):
     with open(log_path, "w") as log:
         # the README's form: the run's SFT artifact, found through its run record
         store = sft_artifact.uri.removeprefix("file://").split("/artifacts/")[0]
-        proc = subprocess.Popen([sys.executable, "-m", "dilforge_coordinator.cli", "serve", "--run", "az-tiny",
-                                 "--store", store, "--port", str(port), "--device", "cpu",
-                                 "--workdir", str(tmp_path_factory.mktemp("served"))],
-                                stdout=log, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "dilforge_coordinator.cli",
+                "serve",
+                "--run",
+                "az-tiny",
+                "--store",
+                store,
+                "--port",
+                str(port),
+                "--device",
+                "cpu",
+                "--workdir",
+                str(tmp_path_factory.mktemp("served")),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -92,8 +111,13 @@ MODEL = "az-tiny-sft"  # <run_id>-<stage>
 
 
 def ask(client, content: str = QUESTION, **kwargs):
-    return client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": content}],
-                                          max_tokens=kwargs.pop("max_tokens", 8), temperature=0, **kwargs)
+    return client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": content}],
+        max_tokens=kwargs.pop("max_tokens", 8),
+        temperature=0,
+        **kwargs,
+    )
 
 
 def test_prints_url_and_model_id_and_lists_the_model(server, client):
@@ -104,19 +128,31 @@ def test_prints_url_and_model_id_and_lists_the_model(server, client):
 
 def test_chat_uses_the_sft_system_prompt_by_default(client, sft_artifact):
     from transformers import AutoTokenizer
+
     answer = ask(client)
     assert answer.choices[0].message.role == "assistant" and isinstance(answer.choices[0].message.content, str)
     assert answer.model == MODEL and answer.usage.completion_tokens <= 8
     tok = AutoTokenizer.from_pretrained(str(sft_artifact.path / "merged"), trust_remote_code=False)
     system = az_tiny_sft("system_prompt")
-    with_system = tok.apply_chat_template([{"role": "system", "content": system}, {"role": "user", "content": QUESTION}],
-                                          add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+    with_system = tok.apply_chat_template(
+        [{"role": "system", "content": system}, {"role": "user", "content": QUESTION}],
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=True,
+    )["input_ids"]
     assert answer.usage.prompt_tokens == len(with_system)  # the default system message was inserted
-    own = client.chat.completions.create(model=MODEL, max_tokens=4, temperature=0, messages=[
-        {"role": "system", "content": "Qısa cavab ver."}, {"role": "user", "content": QUESTION}])
-    mine = tok.apply_chat_template([{"role": "system", "content": "Qısa cavab ver."},
-                                    {"role": "user", "content": QUESTION}], add_generation_prompt=True, tokenize=True,
-                                   return_dict=True)["input_ids"]
+    own = client.chat.completions.create(
+        model=MODEL,
+        max_tokens=4,
+        temperature=0,
+        messages=[{"role": "system", "content": "Qısa cavab ver."}, {"role": "user", "content": QUESTION}],
+    )
+    mine = tok.apply_chat_template(
+        [{"role": "system", "content": "Qısa cavab ver."}, {"role": "user", "content": QUESTION}],
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=True,
+    )["input_ids"]
     assert own.usage.prompt_tokens == len(mine)  # a request's own system message replaces the default
 
 
@@ -138,16 +174,30 @@ def test_eight_concurrent_requests_all_answer(client):
 BAD_REQUESTS = [
     ("invalid JSON", b'{"model": "az-tiny-sft", "messages": [', 400, "not valid JSON"),
     ("no messages", json.dumps({"model": MODEL}).encode(), 400, "messages is required"),
-    ("unknown model id", json.dumps({"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}]}).encode(),
-     404, "'gpt-4o' does not exist on this server; it serves 'az-tiny-sft'"),
-    ("prompt longer than the context",
-     json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "Bakı " * 2500}]}).encode(), 400,
-     "this model's context is 2048 tokens"),
-    ("max_tokens 10^9", json.dumps({"model": MODEL, "max_tokens": 10**9,
-                                    "messages": [{"role": "user", "content": "x"}]}).encode(), 400,
-     "max_tokens is 1000000000"),
-    ("non-UTF-8 bytes", b'{"model": "az-tiny-sft", "messages": [{"role": "user", "content": "\xff\xfe"}]}', 400,
-     "not UTF-8: byte 0xff"),
+    (
+        "unknown model id",
+        json.dumps({"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}]}).encode(),
+        404,
+        "'gpt-4o' does not exist on this server; it serves 'az-tiny-sft'",
+    ),
+    (
+        "prompt longer than the context",
+        json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "Bakı " * 2500}]}).encode(),
+        400,
+        "this model's context is 2048 tokens",
+    ),
+    (
+        "max_tokens 10^9",
+        json.dumps({"model": MODEL, "max_tokens": 10**9, "messages": [{"role": "user", "content": "x"}]}).encode(),
+        400,
+        "max_tokens is 1000000000",
+    ),
+    (
+        "non-UTF-8 bytes",
+        b'{"model": "az-tiny-sft", "messages": [{"role": "user", "content": "\xff\xfe"}]}',
+        400,
+        "not UTF-8: byte 0xff",
+    ),
 ]
 
 
@@ -168,9 +218,11 @@ def test_openai_client_raises_the_servers_message(client):
 
 def test_sagemaker_ping_and_invocations(server):
     assert http(f"{server[0]}/ping", timeout=10)[0] == 200
-    code, res = http(f"{server[0]}/invocations", json.dumps({"messages": [{"role": "user", "content": QUESTION}],
-                                                            "max_tokens": 4}).encode(),
-                     content_type="application/octet-stream")  # what some SageMaker clients send
+    code, res = http(
+        f"{server[0]}/invocations",
+        json.dumps({"messages": [{"role": "user", "content": QUESTION}], "max_tokens": 4}).encode(),
+        content_type="application/octet-stream",
+    )  # what some SageMaker clients send
     assert code == 200, res
     assert res["choices"][0]["message"]["role"] == "assistant" and res["model"] == MODEL
 
@@ -181,6 +233,7 @@ def test_an_s3_artifact_resolves_and_gets_a_served_folder(sft_artifact, s3_bucke
     import jinja2
     from dilforge_serve.prepare import prepare
     from dilforge_shared.serving import resolve_served_model
+
     uri = f"{s3_bucket}/store/artifacts/sft/{sft_artifact.manifest.artifact_id}"
     publish(uri, sft_artifact.path, sft_artifact.manifest, endpoint_url=s3_server.endpoint_url)
     spec = resolve_served_model(uri, endpoint_url=s3_server.endpoint_url)
@@ -205,11 +258,15 @@ def test_base_plus_adapter_is_merged_at_start_like_the_published_merge(sft_artif
     from dilforge_serve.prepare import prepare
     from dilforge_shared.serving import resolve_served_model
     from safetensors.torch import load_file
+
     spec = resolve_served_model(sft_artifact.uri, prefer_merged=False)
     assert spec.adapter_dir is not None and spec.adapter_dir.name == "adapter"
     folder = prepare(spec, tmp_path)
     assert not (folder / "model.safetensors").is_symlink()
-    ours, published = load_file(str(folder / "model.safetensors")), load_file(str(sft_artifact.path / "merged/model.safetensors"))
+    ours, published = (
+        load_file(str(folder / "model.safetensors")),
+        load_file(str(sft_artifact.path / "merged/model.safetensors")),
+    )
     assert ours.keys() == published.keys()
     for name, tensor in published.items():
         torch.testing.assert_close(ours[name], tensor)

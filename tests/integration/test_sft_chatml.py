@@ -26,14 +26,26 @@ def chatml_run(tmp_path_factory, data_root):
     model_dir = build_tiny_llama(root / "model", build_chatml_tokenizer(root / "tokenizer"))
     sft = {
         "base_model": str(model_dir),
-        "train": [{"uri": str(data_root / "az/sft/khazar08_native_train.jsonl"), "layout": "instruction",
-                   "max_docs": 32}],
-        "validation": [{"uri": str(data_root / "az/sft/khazar08_native_eval.jsonl"), "layout": "instruction",
-                        "max_docs": 8}],
-        "system_prompt": "Sən köməkçisən.", "lora": {"r": 8, "alpha": 16, "dropout": 0.0}, "max_length": 128,
-        "learning_rate": 3e-3, "num_steps": 4, "micro_batch_size": 4, "global_batch_size": 4,
-        "eval_micro_batch_size": 8, "log_every": 1, "checkpoint_every": 4, "warmup_ratio": 0.0, "packing": True,
-        "save_merged": False, "num_label_preview_examples": 2,
+        "train": [
+            {"uri": str(data_root / "az/sft/khazar08_native_train.jsonl"), "layout": "instruction", "max_docs": 32}
+        ],
+        "validation": [
+            {"uri": str(data_root / "az/sft/khazar08_native_eval.jsonl"), "layout": "instruction", "max_docs": 8}
+        ],
+        "system_prompt": "Sən köməkçisən.",
+        "lora": {"r": 8, "alpha": 16, "dropout": 0.0},
+        "max_length": 128,
+        "learning_rate": 3e-3,
+        "num_steps": 4,
+        "micro_batch_size": 4,
+        "global_batch_size": 4,
+        "eval_micro_batch_size": 8,
+        "log_every": 1,
+        "checkpoint_every": 4,
+        "warmup_ratio": 0.0,
+        "packing": True,
+        "save_merged": False,
+        "num_label_preview_examples": 2,
     }
     cfg = {"run_id": "sft-chatml", "store": {"uri": str(root / "store")}, "sft": sft}
     (root / "p.yaml").write_text(yaml.safe_dump(cfg, allow_unicode=True))
@@ -68,6 +80,7 @@ def test_chatml_label_preview_trains_assistant_text_and_im_end_only(chatml_run):
 def test_chatml_adapter_weights_moved_and_tokenizer_keeps_the_training_template(chatml_run):
     from safetensors.torch import load_file
     from transformers import AutoTokenizer
+
     art, _ = chatml_run
     weights = load_file(str(art.path / "adapter/adapter_model.safetensors"))
     lora_b = [t for name, t in weights.items() if "lora_B" in name]
@@ -80,6 +93,7 @@ def test_chatml_adapter_describes_its_family_to_stock_generate(chatml_run):
     from generation_checks import assert_stock_generate_stops_at_end_of_turn, expected_ids, published_ids
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
     art, model_dir = chatml_run
     tok = AutoTokenizer.from_pretrained(str(art.path / "adapter"), trust_remote_code=False)
     assert published_ids(art.path / "adapter") == expected_ids(tok)

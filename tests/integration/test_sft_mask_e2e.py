@@ -26,9 +26,17 @@ EXTRA_TURNS = [
 ]
 EXTENDED_MASK = [
     *SFT_EXPECTED_MASK,
-    ("<|start_header_id|>", 0), ("user", 0), ("<|end_header_id|>", 0), ("\n\nGəncə haradadır?", 0), ("<|eot_id|>", 0),
-    ("<|start_header_id|>", 0), ("assistant", 0), ("<|end_header_id|>", 0), ("\n\n", 0),
-    ("Gəncə Azərbaycanın qərbində, Kür çayının yaxınlığındadır.", 1), ("<|eot_id|>", 1),
+    ("<|start_header_id|>", 0),
+    ("user", 0),
+    ("<|end_header_id|>", 0),
+    ("\n\nGəncə haradadır?", 0),
+    ("<|eot_id|>", 0),
+    ("<|start_header_id|>", 0),
+    ("assistant", 0),
+    ("<|end_header_id|>", 0),
+    ("\n\n", 0),
+    ("Gəncə Azərbaycanın qərbində, Kür çayının yaxınlığındadır.", 1),
+    ("<|eot_id|>", 1),
 ]
 
 
@@ -37,25 +45,42 @@ def preview_run(tmp_path_factory, tiny_llama_dir):
     """One coordinator run on [known conversation, extended one]; max_length cuts the extended one 3 tokens
     into its last assistant answer, so one artifact holds an untouched and a truncated example."""
     from transformers import AutoTokenizer
+
     tok = AutoTokenizer.from_pretrained(str(tiny_llama_dir), trust_remote_code=False)
     ids, labels = sft_expected_tokens(tok)
     ext_ids, ext_labels = sft_expected_tokens(tok, EXTENDED_MASK)
     last_answer = next(i for i in range(len(ids), len(ext_ids)) if ext_labels[i] != -100)
     cut = last_answer + 3
-    assert len(ids) < cut < len(ext_ids) - 2 and all(lab != -100 for lab in ext_labels[last_answer:cut + 1])
+    assert len(ids) < cut < len(ext_ids) - 2 and all(lab != -100 for lab in ext_labels[last_answer : cut + 1])
 
     root = tmp_path_factory.mktemp("sftmask")
     chat = root / "chat.jsonl"
-    chat.write_text("\n".join(json.dumps({"messages": m}, ensure_ascii=False)
-                              for m in (SFT_CONVERSATION, SFT_CONVERSATION + EXTRA_TURNS)) + "\n")
-    sft = {"base_model": str(tiny_llama_dir), "train": [{"uri": str(chat)}],
-           "validation": [{"uri": str(chat), "max_docs": 1}], "max_length": cut,
-           "lora": {"r": 2, "alpha": 4, "dropout": 0.0}, "num_steps": 1, "micro_batch_size": 2,
-           "global_batch_size": 2, "eval_micro_batch_size": 1, "activation_checkpointing": False,
-           "warmup_ratio": 0.0, "log_every": 1, "checkpoint_every": 100, "save_merged": False,
-           "num_label_preview_examples": 5}
-    (root / "p.yaml").write_text(yaml.safe_dump({"run_id": "sft-mask", "store": {"uri": str(root / "store")},
-                                                 "sft": sft}, allow_unicode=True))
+    chat.write_text(
+        "\n".join(
+            json.dumps({"messages": m}, ensure_ascii=False) for m in (SFT_CONVERSATION, SFT_CONVERSATION + EXTRA_TURNS)
+        )
+        + "\n"
+    )
+    sft = {
+        "base_model": str(tiny_llama_dir),
+        "train": [{"uri": str(chat)}],
+        "validation": [{"uri": str(chat), "max_docs": 1}],
+        "max_length": cut,
+        "lora": {"r": 2, "alpha": 4, "dropout": 0.0},
+        "num_steps": 1,
+        "micro_batch_size": 2,
+        "global_batch_size": 2,
+        "eval_micro_batch_size": 1,
+        "activation_checkpointing": False,
+        "warmup_ratio": 0.0,
+        "log_every": 1,
+        "checkpoint_every": 100,
+        "save_merged": False,
+        "num_label_preview_examples": 5,
+    }
+    (root / "p.yaml").write_text(
+        yaml.safe_dump({"run_id": "sft-mask", "store": {"uri": str(root / "store")}, "sft": sft}, allow_unicode=True)
+    )
     os.environ["DILFORGE_WORKDIR"] = str(root / "w")
     res = CliRunner().invoke(app, ["run", "sft", "--config", str(root / "p.yaml")])
     assert res.exit_code == 0, res.output

@@ -30,12 +30,21 @@ PROMPT = [{"role": "user", "content": "Azərbaycanın paytaxtı hansı şəhərd
 def sft_section(data_root: Path, **overrides) -> dict:
     section = {
         "train": [{"uri": str(data_root / "az/sft/khazar08_native_train.jsonl"), "layout": "instruction"}],
-        "validation": [{"uri": str(data_root / "az/sft/khazar08_native_eval.jsonl"), "layout": "instruction",
-                        "max_docs": 16}],
+        "validation": [
+            {"uri": str(data_root / "az/sft/khazar08_native_eval.jsonl"), "layout": "instruction", "max_docs": 16}
+        ],
         "system_prompt": "Sən Azərbaycan dilində cavab verən köməkçisən.",
-        "lora": {"r": 8, "alpha": 16, "dropout": 0.0}, "max_length": 128, "learning_rate": 3e-3,
-        "num_steps": 12, "micro_batch_size": 4, "global_batch_size": 4, "eval_micro_batch_size": 8,
-        "activation_checkpointing": False, "log_every": 2, "checkpoint_every": 6, "warmup_ratio": 0.0,
+        "lora": {"r": 8, "alpha": 16, "dropout": 0.0},
+        "max_length": 128,
+        "learning_rate": 3e-3,
+        "num_steps": 12,
+        "micro_batch_size": 4,
+        "global_batch_size": 4,
+        "eval_micro_batch_size": 8,
+        "activation_checkpointing": False,
+        "log_every": 2,
+        "checkpoint_every": 6,
+        "warmup_ratio": 0.0,
     }
     section.update(overrides)
     return section
@@ -46,8 +55,16 @@ def cpt_uri(tiny_llama_dir, tmp_path_factory) -> str:
     """The tiny Llama published as a CPT model artifact in a local store."""
     store = tmp_path_factory.mktemp("cptstore")
     uri = f"{store}/artifacts/cpt/tiny0000"
-    manifest = Manifest(kind="model", artifact_id="tiny0000", run_id="fixture", stage="cpt",
-                        producer=current_producer("dilforge-test"), config={}, data_dir="pending", files=[])
+    manifest = Manifest(
+        kind="model",
+        artifact_id="tiny0000",
+        run_id="fixture",
+        stage="cpt",
+        producer=current_producer("dilforge-test"),
+        config={},
+        data_dir="pending",
+        files=[],
+    )
     publish(uri, tiny_llama_dir, manifest)
     return uri
 
@@ -70,6 +87,7 @@ def sft_run(tmp_path_factory, data_root, cpt_uri):
 
 def logits(model, tok):
     import torch
+
     enc = tok.apply_chat_template(PROMPT, add_generation_prompt=True, return_dict=True, return_tensors="pt")
     with torch.no_grad():
         return model(**enc).logits
@@ -80,16 +98,29 @@ def test_publishes_adapter_and_merged_with_lineage(sft_run, cpt_uri):
     m = art.manifest
     assert (m.kind, m.stage) == ("adapter", "sft")
     files = {f.path for f in m.files}
-    assert {"adapter/adapter_model.safetensors", "adapter/adapter_config.json", "adapter/tokenizer.json",
-            "merged/model.safetensors", "merged/config.json", "merged/tokenizer.json"} <= files
+    assert {
+        "adapter/adapter_model.safetensors",
+        "adapter/adapter_config.json",
+        "adapter/tokenizer.json",
+        "merged/model.safetensors",
+        "merged/config.json",
+        "merged/tokenizer.json",
+    } <= files
     assert not any(f.endswith((".bin", ".pt")) for f in files)
     names = {r.name: r for r in m.inputs}
     assert names["cpt"].uri == cpt_uri and names["cpt"].kind == "manifest"
     assert {"data:khazar08_native_train.jsonl", "data:khazar08_native_eval.jsonl"} <= set(names)
     adapter_cfg = json.loads((art.path / "adapter/adapter_config.json").read_text())
     assert adapter_cfg["r"] == 8 and adapter_cfg["base_model_name_or_path"] == cpt_uri
-    assert set(adapter_cfg["target_modules"]) == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-                                                  "down_proj"}
+    assert set(adapter_cfg["target_modules"]) == {
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    }
 
 
 def test_training_lowers_validation_loss_and_counts_data(sft_run):
@@ -112,12 +143,14 @@ def test_adapter_changes_outputs_and_merged_equals_base_plus_adapter(sft_run, ti
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
     torch.set_num_threads(1)
     art, _ = sft_run
     tok = AutoTokenizer.from_pretrained(str(art.path / "adapter"))
     base = logits(AutoModelForCausalLM.from_pretrained(str(tiny_llama_dir), trust_remote_code=False), tok)
-    peft_model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(str(tiny_llama_dir), trust_remote_code=False),
-                                           str(art.path / "adapter")).eval()
+    peft_model = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(str(tiny_llama_dir), trust_remote_code=False), str(art.path / "adapter")
+    ).eval()
     with_adapter = logits(peft_model, tok)
     merged = logits(AutoModelForCausalLM.from_pretrained(str(art.path / "merged")), tok)
     assert (with_adapter - base).abs().max().item() > 1e-2
@@ -128,6 +161,7 @@ def test_stock_generate_stops_at_end_of_turn_on_adapter_and_merged(sft_run, tiny
     from generation_checks import assert_stock_generate_stops_at_end_of_turn, expected_ids, published_ids
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
     art, _ = sft_run
     tok = AutoTokenizer.from_pretrained(str(art.path / "merged"), trust_remote_code=False)
     want = expected_ids(tok)
@@ -151,11 +185,15 @@ def test_chat_command_answers_from_the_adapter_artifact(sft_run):
 def test_bad_record_fails_naming_file_and_line(tmp_path, data_root, cpt_uri):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"instruction": "Salam", "response": "Salam!"}\n{"instruction": "Necəsən?"}\n')
-    cfg = {"run_id": "sft-bad", "store": {"uri": str(tmp_path / "store")},
-           "sft": sft_section(data_root, train=[{"uri": str(bad), "layout": "instruction"}])}
+    cfg = {
+        "run_id": "sft-bad",
+        "store": {"uri": str(tmp_path / "store")},
+        "sft": sft_section(data_root, train=[{"uri": str(bad), "layout": "instruction"}]),
+    }
     (tmp_path / "p.yaml").write_text(yaml.safe_dump(cfg, allow_unicode=True))
-    res = coordinator("run", "sft", "--config", str(tmp_path / "p.yaml"), "--input", f"cpt={cpt_uri}",
-                      workdir=tmp_path / "w")
+    res = coordinator(
+        "run", "sft", "--config", str(tmp_path / "p.yaml"), "--input", f"cpt={cpt_uri}", workdir=tmp_path / "w"
+    )
     assert res.exit_code == 1
     assert f"{bad}:2: bad instruction record: field 'response' is missing" in res.output
     assert not list((tmp_path / "store").rglob("manifest.json"))
@@ -167,10 +205,20 @@ def test_resumes_from_the_latest_checkpoint_with_a_direct_base_model(tmp_path, d
     env = {**os.environ, OPT_ML_ENV: str(opt.root)}
 
     def run(max_steps: int, name: str) -> dict:
-        config = SftConfig.model_validate(sft_section(data_root, base_model=str(tiny_llama_dir), num_steps=max_steps,
-                                                      checkpoint_every=2, save_merged=False, log_every=1))
+        config = SftConfig.model_validate(
+            sft_section(
+                data_root,
+                base_model=str(tiny_llama_dir),
+                num_steps=max_steps,
+                checkpoint_every=2,
+                save_merged=False,
+                log_every=1,
+            )
+        )
         opt.write_inputs(build_hyperparameters(config, str(tmp_path / "store" / name), "resume", {}))
-        proc = subprocess.run([sys.executable, "-m", "dilforge_sft", "train"], env=env, capture_output=True, text=True, check=False)
+        proc = subprocess.run(
+            [sys.executable, "-m", "dilforge_sft", "train"], env=env, capture_output=True, text=True, check=False
+        )
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         return fetch(str(tmp_path / "store" / name)).manifest
 
@@ -190,16 +238,19 @@ def test_resumes_from_the_latest_checkpoint_with_a_direct_base_model(tmp_path, d
 @pytest.mark.gpu
 def test_cuda_plan_uses_bf16_and_liger_and_trains(tiny_llama_dir, tmp_path, data_root):
     import torch
+
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     from dilforge_sft import stage
+
     config = SftConfig.model_validate(sft_section(data_root, num_steps=2, activation_checkpointing=True))
     plan = stage.device_plan(config)
     assert plan.device == "cuda" and plan.bf16 and plan.liger
     tok, _, _ = stage.load_tokenizer(tiny_llama_dir)
     train, val, _, _ = stage.prepare_data(config, tok, None)
-    trainer = stage.build_trainer(config, stage.load_model(tiny_llama_dir, plan), tok, train, val, tmp_path, plan,
-                                  checkpointing=True)
+    trainer = stage.build_trainer(
+        config, stage.load_model(tiny_llama_dir, plan), tok, train, val, tmp_path, plan, checkpointing=True
+    )
     out = trainer.train()
     assert out.global_step == 2 and math.isfinite(out.training_loss)
 
@@ -207,10 +258,14 @@ def test_cuda_plan_uses_bf16_and_liger_and_trains(tiny_llama_dir, tmp_path, data
 def test_output_is_golden_for_its_code_version(sft_run):
     """The sft stage's code version is bumped whenever what it publishes for this run changes (tests/golden.py)."""
     import golden
+
     art, _ = sft_run
     m = art.manifest.metrics
-    golden.check("sft", {
-        "files": sorted(f.path for f in art.manifest.files),
-        "losses": [h["loss"] for h in m["train_loss_history"]],
-        **{k: m[k] for k in ("eval_loss_before", "eval_loss_after", "optimizer_steps")},
-    })
+    golden.check(
+        "sft",
+        {
+            "files": sorted(f.path for f in art.manifest.files),
+            "losses": [h["loss"] for h in m["train_loss_history"]],
+            **{k: m[k] for k in ("eval_loss_before", "eval_loss_after", "optimizer_steps")},
+        },
+    )

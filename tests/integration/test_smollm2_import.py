@@ -30,9 +30,14 @@ def smollm2(tmp_path_factory):
     """The imported artifact, from the store kept in the download cache (imported on the first run only)."""
     store = cache_root() / "test-store"
     env = {**os.environ, "DILFORGE_WORKDIR": str(tmp_path_factory.mktemp("work")), "DILFORGE_CACHE": str(cache_root())}
-    proc = subprocess.run([str(Path(sys.executable).parent / "coordinator"), "models", "import", RECIPE.name,
-                           "--store", str(store)], env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL,
-                          timeout=1800)
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "coordinator"), "models", "import", RECIPE.name, "--store", str(store)],
+        env=env,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=1800,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return fetch(proc.stdout.strip().splitlines()[-1].split("artifact: ")[1])
 
@@ -63,6 +68,7 @@ def test_manifest_records_provenance_and_its_id_is_recomputable(smollm2):
 def test_imported_folder_loads_with_stock_transformers_and_reproduces_the_gguf_logits(smollm2, gguf_dir):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
     folder = str(smollm2.path)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, trust_remote_code=False).eval()
     tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
@@ -70,17 +76,22 @@ def test_imported_folder_loads_with_stock_transformers_and_reproduces_the_gguf_l
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()  # tied again
     assert smollm2.manifest.metrics["num_parameters"] == sum(p.numel() for p in model.parameters())
     name = Path(RECIPE.member).name
-    reference = AutoModelForCausalLM.from_pretrained(str(gguf_dir), gguf_file=name, dtype=torch.float32,
-                                                     trust_remote_code=False).eval()
+    reference = AutoModelForCausalLM.from_pretrained(
+        str(gguf_dir), gguf_file=name, dtype=torch.float32, trust_remote_code=False
+    ).eval()
     reference_tok = AutoTokenizer.from_pretrained(str(gguf_dir), gguf_file=name, trust_remote_code=False)
     assert json.loads(tokenizer.backend_tokenizer.to_str()) == json.loads(reference_tok.backend_tokenizer.to_str())
-    assert (tokenizer.bos_token, tokenizer.eos_token, tokenizer.pad_token) == \
-        (reference_tok.bos_token, reference_tok.eos_token, reference_tok.pad_token)
+    assert (tokenizer.bos_token, tokenizer.eos_token, tokenizer.pad_token) == (
+        reference_tok.bos_token,
+        reference_tok.eos_token,
+        reference_tok.pad_token,
+    )
     ids = tokenizer(SENTENCE, return_tensors="pt").input_ids
     assert ids.tolist() == reference_tok(SENTENCE, return_tensors="pt").input_ids.tolist()
     with torch.no_grad():
         diff = (model(ids).logits - reference(ids).logits).abs().max().item()
     assert diff <= 1e-4, diff
-    chat = tokenizer.apply_chat_template([{"role": "user", "content": "Salam"}], tokenize=False,
-                                         add_generation_prompt=True)
+    chat = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Salam"}], tokenize=False, add_generation_prompt=True
+    )
     assert "<|im_start|>user\nSalam<|im_end|>" in chat and chat.endswith("<|im_start|>assistant\n")

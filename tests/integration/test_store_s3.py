@@ -84,25 +84,29 @@ CONCURRENT = textwrap.dedent("""
 
 def test_concurrent_publishers_exactly_one_wins(s3_bucket, tmp_path):
     import time
+
     uri = f"{s3_bucket}/race"
     script = tmp_path / "pub.py"
     script.write_text(CONCURRENT.format(tests=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), uri=uri))
     outs = [write_output(tmp_path, f"o{i}", f"version {i}".encode() * 1000) for i in range(3)]
     start = str(time.time() + 3)
-    procs = [subprocess.Popen([sys.executable, str(script), str(o), start], stdout=subprocess.PIPE, text=True)
-             for o in outs]
+    procs = [
+        subprocess.Popen([sys.executable, str(script), str(o), start], stdout=subprocess.PIPE, text=True) for o in outs
+    ]
     results = [p.communicate(timeout=120)[0].strip() for p in procs]
     assert sorted(results) == ["lost", "lost", "won"], results
     art = fetch(uri, cache_dir=tmp_path / "cache")  # the winner's files are intact and verified
     bucket = s3_bucket.removeprefix("s3://")
     data_dirs = {k.split("/")[0] for k in S3Storage(bucket, "race").list("")} - {"manifest.json"}
     from dilforge_shared.store.artifacts import manifest_digest_key
+
     winner = art.manifest.data_dir
     assert data_dirs == {winner, manifest_digest_key(winner)}, "losers must remove their files and digests"
 
 
 def test_missing_s3_corpus_object_is_named(s3_bucket):
     from dilforge_shared.corpus import iter_texts
+
     with pytest.raises(InputError, match=f"{s3_bucket}/corpus/nope.txt: no such S3 object"):
         list(iter_texts(f"{s3_bucket}/corpus/nope.txt"))
 
@@ -112,12 +116,18 @@ def test_s3_corpus_streams_gz_and_jsonl(s3_bucket):
     import json
 
     from dilforge_shared.corpus import iter_texts
+
     bucket = s3_bucket.removeprefix("s3://")
     client = S3Storage(bucket, "").client
     client.put_object(Bucket=bucket, Key="c/a.txt.gz", Body=gzip.compress("bir\nIki\u0307\n".encode()))
     client.put_object(Bucket=bucket, Key="c/b.jsonl", Body=(json.dumps({"t": "üç"}) + "\n").encode())
     import unicodedata
-    assert list(iter_texts(f"{s3_bucket}/c", text_field="t")) == ["bir", unicodedata.normalize("NFC", "Iki\u0307"), "üç"]
+
+    assert list(iter_texts(f"{s3_bucket}/c", text_field="t")) == [
+        "bir",
+        unicodedata.normalize("NFC", "Iki\u0307"),
+        "üç",
+    ]
 
 
 def test_damaged_download_cache_is_fetched_again(s3_bucket, tmp_path):

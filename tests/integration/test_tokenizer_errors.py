@@ -46,8 +46,14 @@ def entrypoint(root: Path, config: dict, artifact_uri: str, endpoint: str | None
     if endpoint:
         hp["s3_endpoint_url"] = endpoint
     opt.write_inputs(hp)
-    proc = subprocess.run([sys.executable, "-m", "dilforge_tokenizer", "train"], capture_output=True, text=True, check=False,
-                          env={**os.environ, OPT_ML_ENV: str(opt.root)}, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "dilforge_tokenizer", "train"],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, OPT_ML_ENV: str(opt.root)},
+        timeout=300,
+    )
     failure = opt.failure_file.read_text() if opt.failure_file.exists() else ""
     return proc.returncode, failure
 
@@ -65,8 +71,10 @@ def write_bad(tmp_path: Path, kind: str) -> tuple[dict, str]:
         return {"uri": str(tmp_path / "c.jsonl")}, r"c\.jsonl:2: not valid JSON"
     if kind == "bad_word_counts":
         (tmp_path / "freq.txt").write_text("kitab 12\n\nkitablar\nev 3\n")
-        return ({"uri": str(tmp_path / "freq.txt"), "format": "word_counts"},
-                r"freq\.txt:3: expected 'WORD COUNT' .*got 'kitablar'")
+        return (
+            {"uri": str(tmp_path / "freq.txt"), "format": "word_counts"},
+            r"freq\.txt:3: expected 'WORD COUNT' .*got 'kitablar'",
+        )
     raise ValueError(kind)
 
 
@@ -81,11 +89,20 @@ def test_bad_corpus_fails_the_stage_naming_file_and_line(tmp_path, data_root, ki
     assert published(tmp_path / "store") == []
 
 
-@pytest.mark.parametrize("field,value,message", [
-    ("vocab_size", 1000, r"tokenizer\.vocab_size: Extra inputs are not permitted"),
-    ("vocab_sizes", [300], (r"tokenizer\.vocab_sizes: Value error, 300 is not above the byte alphabet "
-                            r"\+ special tokens \(256 \+ 256 = 512\)")),
-])
+@pytest.mark.parametrize(
+    "field,value,message",
+    [
+        ("vocab_size", 1000, r"tokenizer\.vocab_size: Extra inputs are not permitted"),
+        (
+            "vocab_sizes",
+            [300],
+            (
+                r"tokenizer\.vocab_sizes: Value error, 300 is not above the byte alphabet "
+                r"\+ special tokens \(256 \+ 256 = 512\)"
+            ),
+        ),
+    ],
+)
 def test_bad_config_field_is_named(tmp_path, data_root, field, value, message):
     section = {"strategy": "replace", "corpora": [{"uri": str(data_root / "az/train/udhr_azj_latn.txt")}], field: value}
     result = run_all(tmp_path, section)
@@ -113,6 +130,7 @@ def test_missing_s3_object_is_named(tmp_path, s3_server, s3_bucket):
 def unextendable_base(root: Path, kind: str) -> tuple[Path, str]:
     """An HF tokenizer folder `extend` cannot continue, and the message (regex) that must say why."""
     from tokenizers import Tokenizer, models, pre_tokenizers
+
     folder = root / f"base-{kind}"
     folder.mkdir()
     if kind == "wordpiece":  # not BPE at all
@@ -139,8 +157,12 @@ def unextendable_base(root: Path, kind: str) -> tuple[Path, str]:
 @pytest.mark.parametrize("kind", ["wordpiece", "no_merges", "unknown_family"])
 def test_base_that_extend_cannot_continue_fails_in_one_line(tmp_path, data_root, kind):
     folder, message = unextendable_base(tmp_path, kind)
-    config = {"strategy": "extend", "base_tokenizer": str(folder), "num_new_tokens": [100],
-              "corpora": [{"uri": str(data_root / "az/train/udhr_azj_latn.txt")}]}
+    config = {
+        "strategy": "extend",
+        "base_tokenizer": str(folder),
+        "num_new_tokens": [100],
+        "corpora": [{"uri": str(data_root / "az/train/udhr_azj_latn.txt")}],
+    }
     store = tmp_path / "store"
     rc, failure = entrypoint(tmp_path, config, str(store / "artifacts/tokenizer/x"))
     assert rc == 1 and len(failure.strip().splitlines()) == 1, failure

@@ -51,29 +51,44 @@ def mixed_corpus(tmp_path_factory, data_root) -> dict[str, str]:
     tatoeba = list(iter_texts(str(data_root / "az/train/tatoeba_aze_sentences.txt")))[:1500]
     with gzip.open(root / "legal.txt.gz", "wt", encoding="utf-8") as f:
         f.write("\n".join(legal) + "\n")
-    (root / "tatoeba.jsonl").write_text("".join(json.dumps({"id": i, "content": t}, ensure_ascii=False) + "\n"
-                                                for i, t in enumerate(tatoeba)), encoding="utf-8")
-    return {"wiki": str(data_root / "az/train/azwiki_sentences_cv_extractor.txt"), "gz": str(root / "legal.txt.gz"),
-            "jsonl": str(root / "tatoeba.jsonl")}
+    (root / "tatoeba.jsonl").write_text(
+        "".join(json.dumps({"id": i, "content": t}, ensure_ascii=False) + "\n" for i, t in enumerate(tatoeba)),
+        encoding="utf-8",
+    )
+    return {
+        "wiki": str(data_root / "az/train/azwiki_sentences_cv_extractor.txt"),
+        "gz": str(root / "legal.txt.gz"),
+        "jsonl": str(root / "tatoeba.jsonl"),
+    }
 
 
 def corpora(mixed_corpus) -> list[dict]:
-    return [{"uri": mixed_corpus["wiki"], "name": "wiki", "weight": 2},
-            {"uri": mixed_corpus["gz"], "name": "legal"},
-            {"uri": mixed_corpus["jsonl"], "text_field": "content", "name": "tatoeba"}]
+    return [
+        {"uri": mixed_corpus["wiki"], "name": "wiki", "weight": 2},
+        {"uri": mixed_corpus["gz"], "name": "legal"},
+        {"uri": mixed_corpus["jsonl"], "text_field": "content", "name": "tatoeba"},
+    ]
 
 
 @pytest.fixture(scope="module")
 def replace_run(tmp_path_factory, data_root, mixed_corpus, tiny_tokenizer_dir):
     root = tmp_path_factory.mktemp("replace")
-    section = {"strategy": "replace", "corpora": corpora(mixed_corpus), "validation": [flores(data_root)],
-               "base_tokenizer": str(tiny_tokenizer_dir), "vocab_sizes": [600, 900], "max_lines": 4500,
-               "selection": "largest", "validation_fraction": 0.05}
+    section = {
+        "strategy": "replace",
+        "corpora": corpora(mixed_corpus),
+        "validation": [flores(data_root)],
+        "base_tokenizer": str(tiny_tokenizer_dir),
+        "vocab_sizes": [600, 900],
+        "max_lines": 4500,
+        "selection": "largest",
+        "validation_fraction": 0.05,
+    }
     return artifact_of(run_all(root, section))
 
 
 def test_replace_publishes_a_loadable_llama3_tokenizer(replace_run):
     from transformers import AutoTokenizer
+
     art = replace_run
     names = {f.path for f in art.manifest.files}
     assert {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "metrics.json", "sweep.md"} <= names
@@ -83,8 +98,12 @@ def test_replace_publishes_a_loadable_llama3_tokenizer(replace_run):
     assert hf(text)["input_ids"] == raw.encode(text).ids
     assert len(hf) == 900 + 256 and hf.bos_token_id == 900 and hf.eos_token == "<|eot_id|>"
     assert hf.convert_tokens_to_ids("<|eot_id|>") == 909 and hf.pad_token == "<|finetune_right_pad_id|>"
-    chat = hf.apply_chat_template([{"role": "user", "content": "Salam"}, {"role": "assistant", "content": "Salam!"}],
-                                  tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+    chat = hf.apply_chat_template(
+        [{"role": "user", "content": "Salam"}, {"role": "assistant", "content": "Salam!"}],
+        tokenize=True,
+        return_dict=True,
+        return_assistant_tokens_mask=True,
+    )
     assert chat["input_ids"][0] == 900 and sum(chat["assistant_masks"]) > 0
 
 
@@ -113,8 +132,15 @@ def test_replace_manifest_has_the_sweep_table_and_base_figures(replace_run, tiny
 
 def test_extend_keeps_every_base_id(tmp_path, data_root, mixed_corpus, tiny_tokenizer_dir):
     from transformers import AutoTokenizer
-    section = {"strategy": "extend", "base_tokenizer": str(tiny_tokenizer_dir), "corpora": corpora(mixed_corpus)[1:],
-               "validation": [flores(data_root)], "num_new_tokens": [150, 300], "selection": "largest"}
+
+    section = {
+        "strategy": "extend",
+        "base_tokenizer": str(tiny_tokenizer_dir),
+        "corpora": corpora(mixed_corpus)[1:],
+        "validation": [flores(data_root)],
+        "num_new_tokens": [150, 300],
+        "selection": "largest",
+    }
     art = artifact_of(run_all(tmp_path, section))
     base = AutoTokenizer.from_pretrained(str(tiny_tokenizer_dir))
     ext = AutoTokenizer.from_pretrained(str(art.path))
@@ -124,8 +150,11 @@ def test_extend_keeps_every_base_id(tmp_path, data_root, mixed_corpus, tiny_toke
     added = m["sweep"][-1]["num_added_tokens"]
     assert added == 300 and len(ext) == len(base) + added
     assert sorted(set(ext_vocab.values()) - set(base_vocab.values())) == list(range(len(base), len(base) + added))
-    assert (ext.bos_token_id, ext.eos_token_id, ext.pad_token_id) == (base.bos_token_id, base.eos_token_id,
-                                                                       base.pad_token_id)
+    assert (ext.bos_token_id, ext.eos_token_id, ext.pad_token_id) == (
+        base.bos_token_id,
+        base.eos_token_id,
+        base.pad_token_id,
+    )
     assert ext.chat_template == base.chat_template
     row = m["sweep"][-1]["sets"]["flores_dev"]
     assert row["tokens_per_word"] < m["base"]["sets"]["flores_dev"]["tokens_per_word"]
@@ -134,15 +163,23 @@ def test_extend_keeps_every_base_id(tmp_path, data_root, mixed_corpus, tiny_toke
 def test_extend_learns_from_a_word_frequency_list(tmp_path, data_root, tiny_tokenizer_dir):
     """A word only the frequency list holds, frequent there, ends up one token; the list is reported as a source."""
     (tmp_path / "freq.txt").write_text("qarabağlılarımızdan 400\nsalam 7\n", encoding="utf-8")
-    section = {"strategy": "extend", "base_tokenizer": str(tiny_tokenizer_dir), "num_new_tokens": [300],
-               "corpora": [{"uri": str(data_root / "az/train/udhr_azj_latn.txt"), "name": "udhr"},
-                           {"uri": str(tmp_path / "freq.txt"), "format": "word_counts", "name": "freq"}]}
+    section = {
+        "strategy": "extend",
+        "base_tokenizer": str(tiny_tokenizer_dir),
+        "num_new_tokens": [300],
+        "corpora": [
+            {"uri": str(data_root / "az/train/udhr_azj_latn.txt"), "name": "udhr"},
+            {"uri": str(tmp_path / "freq.txt"), "format": "word_counts", "name": "freq"},
+        ],
+    }
     art = artifact_of(run_all(tmp_path, section))
     word = "Bu qarabağlılarımızdan"
     base = Tokenizer.from_file(str(tiny_tokenizer_dir / "tokenizer.json"))
     ext = Tokenizer.from_file(str(art.path / "tokenizer.json"))
     assert len(base.encode(word, add_special_tokens=False).ids) > 5
-    assert len(ext.encode(word, add_special_tokens=False).ids) == len(ext.encode("Bu", add_special_tokens=False).ids) + 1
+    assert (
+        len(ext.encode(word, add_special_tokens=False).ids) == len(ext.encode("Bu", add_special_tokens=False).ids) + 1
+    )
     freq = art.manifest.metrics["corpus"]["sources"]["freq"]
     assert (freq["lines_read"], freq["lines_heldout"], freq["lines_fed"]) == (2, 0, 407)
     assert ext.decode(ext.encode(word, add_special_tokens=False).ids) == word
@@ -156,8 +193,13 @@ def test_extend_learns_from_a_word_frequency_list(tmp_path, data_root, tiny_toke
 
 
 def test_base_measures_and_republishes_the_base_unchanged(tmp_path, data_root, mixed_corpus, tiny_tokenizer_dir):
-    section = {"strategy": "base", "base_tokenizer": str(tiny_tokenizer_dir), "corpora": corpora(mixed_corpus)[:1],
-               "validation": [flores(data_root)], "num_validation_lines": 50}
+    section = {
+        "strategy": "base",
+        "base_tokenizer": str(tiny_tokenizer_dir),
+        "corpora": corpora(mixed_corpus)[:1],
+        "validation": [flores(data_root)],
+        "num_validation_lines": 50,
+    }
     art = artifact_of(run_all(tmp_path, section))
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         assert (art.path / name).read_bytes() == (tiny_tokenizer_dir / name).read_bytes()
@@ -175,14 +217,22 @@ def test_corpus_and_base_tokenizer_from_s3(tmp_path, s3_server, s3_bucket, data_
     client = s3_server.client()
     bucket = s3_bucket.removeprefix("s3://")
     lines = list(itertools.islice(iter_texts(str(data_root / "az/train/azwiki_sentences_cv_extractor.txt")), 2000))
-    client.put_object(Bucket=bucket, Key="corpus/wiki.jsonl",
-                      Body="".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in lines).encode())
+    client.put_object(
+        Bucket=bucket,
+        Key="corpus/wiki.jsonl",
+        Body="".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in lines).encode(),
+    )
     for f in tiny_tokenizer_dir.iterdir():
         client.upload_file(str(f), bucket, f"tok/{f.name}")
-    section = {"strategy": "extend", "base_tokenizer": f"{s3_bucket}/tok", "num_new_tokens": [200],
-               "corpora": [{"uri": f"{s3_bucket}/corpus/wiki.jsonl"}]}
-    art = artifact_of(run_all(tmp_path, section, {"uri": f"{s3_bucket}/store",
-                                                  "s3_endpoint_url": s3_server.endpoint_url}))
+    section = {
+        "strategy": "extend",
+        "base_tokenizer": f"{s3_bucket}/tok",
+        "num_new_tokens": [200],
+        "corpora": [{"uri": f"{s3_bucket}/corpus/wiki.jsonl"}],
+    }
+    art = artifact_of(
+        run_all(tmp_path, section, {"uri": f"{s3_bucket}/store", "s3_endpoint_url": s3_server.endpoint_url})
+    )
     assert art.uri.startswith(s3_bucket)
     m = art.manifest.metrics
     assert m["corpus"]["total"]["lines_read"] == 2000 and m["sweep"][0]["num_added_tokens"] > 0
@@ -192,11 +242,15 @@ def test_corpus_and_base_tokenizer_from_s3(tmp_path, s3_server, s3_bucket, data_
 def test_replace_output_is_golden_for_its_code_version(replace_run):
     """The tokenizer stage's code version is bumped whenever what it publishes for this run changes (tests/golden.py)."""
     import golden
+
     m = replace_run.manifest.metrics
-    golden.check("tokenizer", {
-        "files": sorted(f.path for f in replace_run.manifest.files),
-        "tokenizer.json": golden.file_digest(replace_run.path / "tokenizer.json"),
-        "selected_vocab_size": m["selected_vocab_size"],
-        "flores_tokens_per_word": [r["sets"]["flores_dev"]["tokens_per_word"] for r in m["sweep"]],
-        "heldout_tokens_per_word": [r["sets"]["heldout"]["tokens_per_word"] for r in m["sweep"]],
-    })
+    golden.check(
+        "tokenizer",
+        {
+            "files": sorted(f.path for f in replace_run.manifest.files),
+            "tokenizer.json": golden.file_digest(replace_run.path / "tokenizer.json"),
+            "selected_vocab_size": m["selected_vocab_size"],
+            "flores_tokens_per_word": [r["sets"]["flores_dev"]["tokens_per_word"] for r in m["sweep"]],
+            "heldout_tokens_per_word": [r["sets"]["heldout"]["tokens_per_word"] for r in m["sweep"]],
+        },
+    )

@@ -80,10 +80,10 @@ def test_every_probe_after_an_out_of_memory_runs_on_a_fresh_model(bench):
     probe = bench.FreshAfterOom(Trainer, lambda exc: isinstance(exc, Oom))
     best, probes = bench.bisect_max_batch(probe.fits, start=4, limit=64)
     assert best == 5 and probes == [4, 8, 6, 5]
-    assert probe.builds == [1, 1, 2, 3]        # a new build after each of the two OOMs
+    assert probe.builds == [1, 1, 2, 3]  # a new build after each of the two OOMs
     assert len(built) == 3 and closed == built[:2]
     assert probe.current() is built[2] and not built[2].poisoned
-    with pytest.raises(ValueError):            # anything but an OOM is not swallowed
+    with pytest.raises(ValueError):  # anything but an OOM is not swallowed
         bench.FreshAfterOom(lambda: (_ for _ in ()).throw(ValueError("x")), lambda e: False).fits(1)
 
 
@@ -91,6 +91,7 @@ def test_a_point_after_an_oom_probe_measures_a_fresh_stage_model(bench, monkeypa
     """run_point with the real tiny Trainer whose steps above batch 2 raise torch.OutOfMemoryError: the
     measured model is a build made after the last OOM, and the stage's own step ran on it."""
     import torch
+
     builds = []
 
     class OomAbove2(bench.Trainer):
@@ -116,6 +117,7 @@ def test_a_point_after_an_oom_probe_measures_a_fresh_stage_model(bench, monkeypa
 
 def test_counting_calls_counts_and_restores():
     from dilforge_cpt.sharding import counting_calls
+
     class Double(torch.autograd.Function):
         @staticmethod
         def forward(ctx, x):
@@ -134,8 +136,14 @@ def test_counting_calls_counts_and_restores():
 
 
 def test_time_shares_sorts_kernels_by_kind(bench):
-    shares = bench.time_shares([("sm90_xmma_gemm_bf16", 60.0), ("flash_fwd_kernel", 25.0),
-                                ("cudnn_generated_fort_native_sdpa", 5.0), ("vectorized_elementwise", 10.0)])
+    shares = bench.time_shares(
+        [
+            ("sm90_xmma_gemm_bf16", 60.0),
+            ("flash_fwd_kernel", 25.0),
+            ("cudnn_generated_fort_native_sdpa", 5.0),
+            ("vectorized_elementwise", 10.0),
+        ]
+    )
     assert shares["share"] == pytest.approx({"gemm": 0.6, "attention": 0.3, "other": 0.1})
 
 
@@ -164,12 +172,30 @@ def test_sweep_logic_with_a_simulated_gpu(bench):
         variant, start, limit = opts["--point"], int(opts["--start-batch"]), int(opts["--max-batch"])
         best, probes = bench.bisect_max_batch(lambda b: b <= capacity[variant], start=start, limit=limit)
         mem = 1.0 if variant == "plain" else 0.4
-        out = [{"ok": True, "max_batch": best, "batch": best, "probes": probes, "tok_s": 1000.0 * best,
-                "tflops": 1.0, "peak_allocated_gb": mem * best}]
+        out = [
+            {
+                "ok": True,
+                "max_batch": best,
+                "batch": best,
+                "probes": probes,
+                "tok_s": 1000.0 * best,
+                "tflops": 1.0,
+                "peak_allocated_gb": mem * best,
+            }
+        ]
         if "--equal-batch" in opts:
             b = int(opts["--equal-batch"])
-            out.append({"ok": True, "role": "equal", "batch": b, "max_batch": best, "tok_s": 1100.0 * b,
-                        "tflops": 1.0, "peak_allocated_gb": mem * b})
+            out.append(
+                {
+                    "ok": True,
+                    "role": "equal",
+                    "batch": b,
+                    "max_batch": best,
+                    "tok_s": 1100.0 * b,
+                    "tflops": 1.0,
+                    "peak_allocated_gb": mem * b,
+                }
+            )
         return out
 
     args = bench.parse_args(["--max-batch", "256"])

@@ -16,17 +16,23 @@ torch.set_num_threads(1)
 @pytest.fixture(scope="module")
 def model_and_tok(tiny_llama_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    model = AutoModelForCausalLM.from_pretrained(str(tiny_llama_dir), dtype=torch.float32,
-                                                 trust_remote_code=False).eval()
+
+    model = AutoModelForCausalLM.from_pretrained(
+        str(tiny_llama_dir), dtype=torch.float32, trust_remote_code=False
+    ).eval()
     return model, AutoTokenizer.from_pretrained(str(tiny_llama_dir), trust_remote_code=False)
 
 
-DOCS = ["Bakı Azərbaycanın paytaxtıdır və ən böyük şəhəridir.", "Salam!",
-        "Xəzər dənizi sahilində yerləşən şəhər qədim tarixə malikdir və çox gözəldir."]
+DOCS = [
+    "Bakı Azərbaycanın paytaxtıdır və ən böyük şəhəridir.",
+    "Salam!",
+    "Xəzər dənizi sahilində yerləşən şəhər qədim tarixə malikdir və çox gözəldir.",
+]
 
 
 def stream_for(tok, docs=DOCS):
     from dilforge_eval.bpb import encode_stream
+
     return encode_stream(tok, docs)
 
 
@@ -54,6 +60,7 @@ def test_streams_frame_documents_with_the_family_separators():
 
 def test_uniform_model_costs_log2_vocab_bits_per_text_token(model_and_tok):
     import copy
+
     model, tok = model_and_tok
     uniform = copy.deepcopy(model)
     with torch.no_grad():
@@ -80,6 +87,7 @@ def test_sliding_windows_score_each_text_token_once_separators_as_context(model_
 
 def test_chunked_log_probs_equal_unchunked_and_full_logits(model_and_tok, monkeypatch):
     from dilforge_shared import bpb
+
     model, tok = model_and_tok
     stream = stream_for(tok)
     one = stream_nll(model, stream, 16, 8, batch_size=4, chunk_positions=1)[0]
@@ -119,6 +127,7 @@ def test_fsdp2_one_process_gloo_gives_the_same_bpb_and_still_trains(model_and_to
 
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
+
     model, tok = model_and_tok
     stream = stream_for(tok)
     expected = stream_nll(model, stream, 16, 8, batch_size=2, chunk_positions=7)[0]
@@ -151,16 +160,29 @@ def test_cpt_validation_and_eval_report_the_same_bpb(model_and_tok, tmp_path, ti
     from dilforge_eval.bpb import bits_per_byte
     from dilforge_shared.configs import DataSource
     from dilforge_shared.configs.cpt import CptConfig
+
     model, tok = model_and_tok
     az, en = tmp_path / "az.txt", tmp_path / "en.txt"
     az.write_text("\n".join(DOCS) + "\n")
     en.write_text("The capital of France is Paris.\nIt rains.\n")
     fast = load_tokenizer(tiny_llama_dir)
     ids = special_ids(fast, "tok")
-    sets = build_validation([DataSource(uri=str(az), name="az"), DataSource(uri=str(en), name="en")], fast, ids,
-                            max_docs=10, endpoint_url=None)
-    config = CptConfig(scratch_model={}, corpora=[{"uri": "a"}], validation=[{"uri": "b"}], seq_len=16,
-                       validation_stride=5, eval_micro_batch_size=3, phase1={"num_steps": 1})
+    sets = build_validation(
+        [DataSource(uri=str(az), name="az"), DataSource(uri=str(en), name="en")],
+        fast,
+        ids,
+        max_docs=10,
+        endpoint_url=None,
+    )
+    config = CptConfig(
+        scratch_model={},
+        corpora=[{"uri": "a"}],
+        validation=[{"uri": "b"}],
+        seq_len=16,
+        validation_stride=5,
+        eval_micro_batch_size=3,
+        phase1={"num_steps": 1},
+    )
     cpt = evaluate(model, sets, config, Runtime())
     eval_az = bits_per_byte(model, tok, DOCS, window=16, stride=5, batch_size=2)
     eval_en = bits_per_byte(model, tok, ["The capital of France is Paris.", "It rains."], window=16, stride=5)
@@ -168,5 +190,6 @@ def test_cpt_validation_and_eval_report_the_same_bpb(model_and_tok, tmp_path, ti
     assert cpt["val_bpb/en"] == pytest.approx(eval_en.bpb, rel=1e-6)
     total_bits = eval_az.bits + eval_en.bits
     assert cpt["val_bpb"] == pytest.approx(total_bits / (eval_az.num_bytes + eval_en.num_bytes), rel=1e-6)
-    assert cpt["val_loss"] == pytest.approx((eval_az.nll_nats + eval_en.nll_nats)
-                                            / (eval_az.num_tokens + eval_en.num_tokens), rel=1e-6)
+    assert cpt["val_loss"] == pytest.approx(
+        (eval_az.nll_nats + eval_en.nll_nats) / (eval_az.num_tokens + eval_en.num_tokens), rel=1e-6
+    )

@@ -15,7 +15,8 @@ def test_prepare_leaves_os_environ_alone_and_scopes_the_keys_to_the_compose_endp
     monkeypatch.delenv("DILFORGE_S3_SECRET_ACCESS_KEY", raising=False)
     backend = ComposeBackend(workdir=tmp_path, s3_port=18333, docker="docker", up=False)
     pipeline = PipelineConfig.model_validate(
-        {"run_id": "r", "store": {"uri": "s3://elsewhere/store", "s3_endpoint_url": "http://other:9000"}})
+        {"run_id": "r", "store": {"uri": "s3://elsewhere/store", "s3_endpoint_url": "http://other:9000"}}
+    )
     before = dict(os.environ)
     assert backend.prepare(pipeline).store.uri == "s3://elsewhere/store"
     assert dict(os.environ) == before
@@ -29,5 +30,6 @@ def test_user_store_keys_win_over_the_compose_identity(monkeypatch, tmp_path):
     monkeypatch.setenv("DILFORGE_S3_ACCESS_KEY_ID", "user-key-id")
     monkeypatch.setenv("DILFORGE_S3_SECRET_ACCESS_KEY", "user-secret-key")
     ComposeBackend(workdir=tmp_path, s3_port=18334, docker="docker", up=False).prepare(
-        PipelineConfig.model_validate({"run_id": "r", "store": {"uri": "s3://b/s", "s3_endpoint_url": "http://o:1"}}))
+        PipelineConfig.model_validate({"run_id": "r", "store": {"uri": "s3://b/s", "s3_endpoint_url": "http://o:1"}})
+    )
     assert endpoint_keys("http://127.0.0.1:18334")["aws_access_key_id"] == "user-key-id"

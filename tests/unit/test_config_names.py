@@ -16,8 +16,12 @@ from dilforge_shared.configs.pipeline import CONFIG_SCHEMA_VERSION
 from dilforge_shared.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
-CPT = {"scratch_model": {}, "corpora": [{"uri": "a.txt"}, {"uri": "b.txt"}], "validation": [{"uri": "dev.txt"}],
-       "phase2": {"num_steps": 4}}
+CPT = {
+    "scratch_model": {},
+    "corpora": [{"uri": "a.txt"}, {"uri": "b.txt"}],
+    "validation": [{"uri": "dev.txt"}],
+    "phase2": {"num_steps": 4},
+}
 SFT = {"train": [{"uri": "chat.jsonl"}]}
 
 
@@ -31,26 +35,59 @@ def _load_old(model, raw: dict, *new_fields: str):
 
 
 def test_sft_batch_steps_and_checkpointing_names():
-    old = {**SFT, "per_device_batch_size": 4, "gradient_accumulation_steps": 3, "eval_batch_size": 2, "max_steps": 9,
-           "gradient_checkpointing": "on", "train": [{"uri": "chat.jsonl", "max_records": 5}]}
-    new = {**SFT, "micro_batch_size": 4, "global_batch_size": 12, "eval_micro_batch_size": 2, "num_steps": 9,
-           "activation_checkpointing": "on", "train": [{"uri": "chat.jsonl", "max_docs": 5}]}
-    loaded = _load_old(SftConfig, old, "sft.micro_batch_size", "sft.global_batch_size", "sft.eval_micro_batch_size",
-                       "sft.num_steps", "sft.activation_checkpointing", "max_docs")
+    old = {
+        **SFT,
+        "per_device_batch_size": 4,
+        "gradient_accumulation_steps": 3,
+        "eval_batch_size": 2,
+        "max_steps": 9,
+        "gradient_checkpointing": "on",
+        "train": [{"uri": "chat.jsonl", "max_records": 5}],
+    }
+    new = {
+        **SFT,
+        "micro_batch_size": 4,
+        "global_batch_size": 12,
+        "eval_micro_batch_size": 2,
+        "num_steps": 9,
+        "activation_checkpointing": "on",
+        "train": [{"uri": "chat.jsonl", "max_docs": 5}],
+    }
+    loaded = _load_old(
+        SftConfig,
+        old,
+        "sft.micro_batch_size",
+        "sft.global_batch_size",
+        "sft.eval_micro_batch_size",
+        "sft.num_steps",
+        "sft.activation_checkpointing",
+        "max_docs",
+    )
     assert loaded == validate_model(SftConfig, new, "new.yaml")
     assert loaded.grad_accum_steps(1, "sft.") == 3 and loaded.train[0].max_docs == 5
 
 
 def test_sft_accumulation_alone_uses_the_default_micro_batch():
     loaded = _load_old(SftConfig, {**SFT, "gradient_accumulation_steps": 2}, "sft.global_batch_size")
-    assert (loaded.micro_batch_size, loaded.global_batch_size) == (8, 16) == (SftConfig.model_validate(SFT).micro_batch_size,
-                                                                              SftConfig.model_validate(SFT).global_batch_size)
+    assert (
+        (loaded.micro_batch_size, loaded.global_batch_size)
+        == (8, 16)
+        == (SftConfig.model_validate(SFT).micro_batch_size, SftConfig.model_validate(SFT).global_batch_size)
+    )
 
 
 def test_cpt_eval_batch_and_per_corpus_cap_names():
-    old = {**CPT, "validation_micro_batch_size": 3, "max_docs_per_corpus": 50,
-           "corpora": [{"uri": "a.txt"}, {"uri": "b.txt", "max_docs": 7}]}
-    new = {**CPT, "eval_micro_batch_size": 3, "corpora": [{"uri": "a.txt", "max_docs": 50}, {"uri": "b.txt", "max_docs": 7}]}
+    old = {
+        **CPT,
+        "validation_micro_batch_size": 3,
+        "max_docs_per_corpus": 50,
+        "corpora": [{"uri": "a.txt"}, {"uri": "b.txt", "max_docs": 7}],
+    }
+    new = {
+        **CPT,
+        "eval_micro_batch_size": 3,
+        "corpora": [{"uri": "a.txt", "max_docs": 50}, {"uri": "b.txt", "max_docs": 7}],
+    }
     loaded = _load_old(CptConfig, old, "cpt.eval_micro_batch_size", "max_docs on each of cpt.corpora")
     assert loaded == validate_model(CptConfig, new, "new.yaml")
 
@@ -64,13 +101,16 @@ def test_old_and_new_name_together_is_an_error_naming_both():
         validate_model(CptConfig, {**CPT, "validation_micro_batch_size": 1, "eval_micro_batch_size": 2}, "both.yaml")
 
 
-@pytest.mark.parametrize("model, raw, field", [
-    (CptConfig, {**CPT, "phase1": {"num_steps": 2, "lr": 0.01}}, "lr"),
-    (CptConfig, {**CPT, "phase2": {"num_steps": 1, "embedding_lr": 0.01}}, "embedding_lr"),
-    (SftConfig, {**SFT, "logging_steps": 3}, "logging_steps"),
-    (SftConfig, {**SFT, "save_steps": 3}, "save_steps"),
-    (StageResources, {"instance_type": "ml.p4d.24xlarge", "nproc_per_node": 8}, "nproc_per_node"),
-])
+@pytest.mark.parametrize(
+    "model, raw, field",
+    [
+        (CptConfig, {**CPT, "phase1": {"num_steps": 2, "lr": 0.01}}, "lr"),
+        (CptConfig, {**CPT, "phase2": {"num_steps": 1, "embedding_lr": 0.01}}, "embedding_lr"),
+        (SftConfig, {**SFT, "logging_steps": 3}, "logging_steps"),
+        (SftConfig, {**SFT, "save_steps": 3}, "save_steps"),
+        (StageResources, {"instance_type": "ml.p4d.24xlarge", "nproc_per_node": 8}, "nproc_per_node"),
+    ],
+)
 def test_the_names_1_1_deprecated_are_gone_in_1_2(model, raw, field):
     with pytest.raises(ConfigError, match=f"{field}: Extra inputs are not permitted"):
         validate_model(model, raw, "old.yaml")
@@ -81,19 +121,23 @@ def test_the_names_1_1_deprecated_are_gone_in_1_2(model, raw, field):
 def test_both_stages_share_one_definition_of_each_knob():
     for group in (Batching, Warmup, Checkpointing):
         for name, info in group.model_fields.items():
-            cpt_field = CptConfig.model_fields.get(name) or CptConfig.model_fields["phase1"].annotation.model_fields[name]
+            cpt_field = (
+                CptConfig.model_fields.get(name) or CptConfig.model_fields["phase1"].annotation.model_fields[name]
+            )
             sft_field = SftConfig.model_fields[name]
             assert cpt_field.description == sft_field.description == info.description, name
             assert cpt_field.json_schema_extra == sft_field.json_schema_extra == info.json_schema_extra, name
     for source in (CptConfig.model_fields["corpora"], SftConfig.model_fields["train"]):
-        assert source.annotation.__args__[0].model_fields["max_docs"].description == \
-            SourceLimits.model_fields["max_docs"].description
+        assert (
+            source.annotation.__args__[0].model_fields["max_docs"].description
+            == SourceLimits.model_fields["max_docs"].description
+        )
 
 
 def test_warmup_as_a_count_or_a_share():
     assert Warmup().warmup_steps(100) == 0
     assert Warmup(warmup_ratio=0.03).warmup_steps(100) == 3
-    assert Warmup(num_warmup_steps=5, warmup_ratio=0.5).warmup_steps(100) == 5   # the count wins
+    assert Warmup(num_warmup_steps=5, warmup_ratio=0.5).warmup_steps(100) == 5  # the count wins
     cfg = validate_model(CptConfig, {**CPT, "phase2": {"num_steps": 10, "warmup_ratio": 0.25}}, "r.yaml")
     assert cfg.phase2.warmup_steps(cfg.phase2.num_steps) == 3
     with pytest.raises(ConfigError, match=r"phase2.num_warmup_steps \(11\) exceeds phase2.num_steps"):
@@ -117,7 +161,8 @@ def test_exported_schema_carries_the_config_version():
     assert schema["x-dilforge-config-version"] == CONFIG_SCHEMA_VERSION == "1.2.0"
     props = schema["$defs"]
     assert "learning_rate" in props["Phase1"]["properties"] and "lr" not in props["Phase1"]["properties"]
-    assert {"global_batch_size", "micro_batch_size", "eval_micro_batch_size", "activation_checkpointing"} <= \
-        set(props["SftConfig"]["properties"]) & set(props["CptConfig"]["properties"])
+    assert {"global_batch_size", "micro_batch_size", "eval_micro_batch_size", "activation_checkpointing"} <= set(
+        props["SftConfig"]["properties"]
+    ) & set(props["CptConfig"]["properties"])
     assert "per_device_batch_size" not in props["SftConfig"]["properties"]
     assert "nproc_per_node" not in props["StageResources"]["properties"]

@@ -18,8 +18,12 @@ CONFIG = {"strategy": "replace", "corpora": [{"uri": "/data/az.txt"}], "vocab_si
 
 
 def hp(**overrides):
-    base = {"stage_config": json.dumps(CONFIG), "artifact_uri": "s3://b/artifacts/tokenizer/x", "run_id": "r1",
-            "inputs": "{}"}
+    base = {
+        "stage_config": json.dumps(CONFIG),
+        "artifact_uri": "s3://b/artifacts/tokenizer/x",
+        "run_id": "r1",
+        "inputs": "{}",
+    }
     base.update(overrides)
     return {k: v for k, v in base.items() if v is not None}
 
@@ -64,8 +68,9 @@ def test_stage_config_uri_is_read(tmp_path):
 
 def test_resource_config_sorts_hosts_and_picks_master(tmp_path):
     opt = OptMl(tmp_path)
-    opt.write_inputs({}, resource={"current_host": "algo-1", "hosts": ["algo-2", "algo-1"],
-                                   "network_interface_name": "eth0"})
+    opt.write_inputs(
+        {}, resource={"current_host": "algo-1", "hosts": ["algo-2", "algo-1"], "network_interface_name": "eth0"}
+    )
     res = ResourceConfig.load(opt)
     assert res.hosts == ["algo-1", "algo-2"] and res.master_addr == "algo-1" and res.node_rank == 0
 
@@ -84,6 +89,7 @@ def test_stage_main_publishes_what_run_left_in_model_dir(tmp_path, monkeypatch):
     def run(config, ctx):
         (ctx.model_dir / "tokenizer.json").write_text("{}")
         return StageResult(metrics=metrics_samples.sample("tokenizer", peak_rss_mib=1.4))
+
     code, opt = run_main(tmp_path, monkeypatch, run)
     assert code == 0 and not opt.failure_file.exists()
     art = fetch(str(tmp_path / "store" / "a"))
@@ -97,6 +103,7 @@ def test_stage_main_failure_writes_reason_and_publishes_nothing(tmp_path, monkey
     def run(config, ctx):
         (ctx.model_dir / "half.bin").write_text("x")
         raise InputError("not valid UTF-8", path="/data/az.txt", line=7)
+
     code, opt = run_main(tmp_path, monkeypatch, run)
     assert code == 1
     assert opt.failure_file.read_text() == "/data/az.txt:7: not valid UTF-8"
@@ -105,7 +112,8 @@ def test_stage_main_failure_writes_reason_and_publishes_nothing(tmp_path, monkey
 
 def test_stage_main_bad_config_fails_before_running(tmp_path, monkeypatch):
     ran = []
-    code, opt = run_main(tmp_path, monkeypatch, lambda c, x: ran.append(1),
-                         stage_config=json.dumps(dict(CONFIG, vocab_sizes=[100])))
+    code, opt = run_main(
+        tmp_path, monkeypatch, lambda c, x: ran.append(1), stage_config=json.dumps(dict(CONFIG, vocab_sizes=[100]))
+    )
     assert code == 1 and not ran
     assert "vocab_sizes" in opt.failure_file.read_text()

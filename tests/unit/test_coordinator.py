@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 class InProcessBackend:
     """Runs the real contract in this process with a fake stage body; counts runs."""
+
     name = "inprocess"
 
     def __init__(self, tmp_path, monkeypatch, fail: bool = False):
@@ -29,6 +30,7 @@ class InProcessBackend:
                 raise DilforgeError("corpus.txt:3: not valid UTF-8")
             (ctx.model_dir / "out.txt").write_text(json.dumps(sorted(ctx.request.inputs)))
             return StageResult(metrics=metrics_samples.sample(job.stage))
+
         if stage_main(STAGE_CONFIGS[job.stage], body, "test", ["train"]) != 0:
             raise pl.StageFailed(job.stage, opt.failure_file.read_text())
 
@@ -37,14 +39,16 @@ def write_config(tmp_path, vocab=1000, corpus_text="bir iki üç\n"):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(corpus_text)
     path = tmp_path / "pipeline.yaml"
-    path.write_text(textwrap.dedent(f"""
+    path.write_text(
+        textwrap.dedent(f"""
         run_id: demo
-        store: {{uri: {tmp_path / 'store'}}}
+        store: {{uri: {tmp_path / "store"}}}
         tokenizer:
           strategy: replace
           corpora: [{{uri: "${{DILFORGE_VAR_CORPUS_DIR}}/corpus.txt"}}]
           vocab_sizes: [{vocab}]
-    """))
+    """)
+    )
     return path
 
 
@@ -86,7 +90,9 @@ def test_unset_variable_is_named(tmp_path, monkeypatch):
 
 def test_cli_validate_prints_every_bad_field_and_exits_1(tmp_path):
     path = tmp_path / "bad.yaml"
-    path.write_text("run_id: demo\nstore: {uri: /tmp/s}\ntokenizer: {strategy: extend, vocab_sizes: [1000], colour: red}\n")
+    path.write_text(
+        "run_id: demo\nstore: {uri: /tmp/s}\ntokenizer: {strategy: extend, vocab_sizes: [1000], colour: red}\n"
+    )
     result = CliRunner().invoke(app, ["validate", "--config", str(path)])
     assert result.exit_code == 1
     assert "tokenizer.colour: Extra inputs are not permitted" in result.output
@@ -108,8 +114,14 @@ def test_cli_manifest_show_and_validate(tmp_path, monkeypatch):
 
 def test_stage_without_required_upstream_fails_clearly(tmp_path):
     from dilforge_shared.configs import PipelineConfig
-    cfg = PipelineConfig.model_validate({"run_id": "x", "store": {"uri": str(tmp_path)}, "tokenizer": {
-        "strategy": "replace", "corpora": [{"uri": str(tmp_path)}], "vocab_sizes": [1000]}})
+
+    cfg = PipelineConfig.model_validate(
+        {
+            "run_id": "x",
+            "store": {"uri": str(tmp_path)},
+            "tokenizer": {"strategy": "replace", "corpora": [{"uri": str(tmp_path)}], "vocab_sizes": [1000]},
+        }
+    )
     cls = type(cfg.tokenizer)
     try:
         cls.required_inputs = ("cpt",)
@@ -122,11 +134,17 @@ def test_stage_without_required_upstream_fails_clearly(tmp_path):
 def test_base_model_content_is_part_of_the_fingerprint(tmp_path):
     """A base tokenizer/model rewritten in place at the same path must not reuse the old artifact."""
     from dilforge_shared.configs import PipelineConfig
+
     base = tmp_path / "base_tok"
     base.mkdir()
     (base / "tokenizer.json").write_text('{"v": 1}')
-    cfg = PipelineConfig.model_validate({"run_id": "x", "store": {"uri": str(tmp_path / "s")}, "tokenizer": {
-        "strategy": "base", "base_tokenizer": str(base), "vocab_sizes": [1000]}})
+    cfg = PipelineConfig.model_validate(
+        {
+            "run_id": "x",
+            "store": {"uri": str(tmp_path / "s")},
+            "tokenizer": {"strategy": "base", "base_tokenizer": str(base), "vocab_sizes": [1000]},
+        }
+    )
     before = pl.plan_stage(cfg, "tokenizer", {}).artifact_id
     assert pl.plan_stage(cfg, "tokenizer", {}).artifact_id == before
     (base / "tokenizer.json").write_text('{"v": 2}')

@@ -8,8 +8,13 @@ from dilforge_shared.contract import ResourceConfig
 from dilforge_shared.errors import ConfigError, DilforgeError
 from dilforge_shared.launch import build_launch, wait_for_hosts
 
-BASE = {"scratch_model": {}, "corpora": [{"uri": "a.txt", "weight": 3}, {"uri": "en.txt", "weight": 1}],
-        "validation": [{"uri": "dev.txt"}], "phase1": {"num_steps": 2}, "phase2": {"num_steps": 3}}
+BASE = {
+    "scratch_model": {},
+    "corpora": [{"uri": "a.txt", "weight": 3}, {"uri": "en.txt", "weight": 1}],
+    "validation": [{"uri": "dev.txt"}],
+    "phase1": {"num_steps": 2},
+    "phase2": {"num_steps": 3},
+}
 
 
 def cfg(**overrides) -> dict:
@@ -23,18 +28,21 @@ def test_config_wiring_and_data_sources():
     assert c.num_steps == 5
 
 
-@pytest.mark.parametrize("overrides, message", [
-    ({"lr": 1e-4}, "lr: Extra inputs are not permitted"),
-    ({"phase1": {"num_steps": 1, "peak_lr": 1}}, "phase1.peak_lr: Extra inputs"),
-    ({"base_model": "/m"}, "not both"),
-    ({"corpora": []}, "corpora: at least one"),
-    ({"validation": []}, "validation: at least one"),
-    ({"phase1": {"num_steps": 0}, "phase2": {"num_steps": 0}}, "nothing to train"),
-    ({"global_batch_size": 6, "micro_batch_size": 4}, "multiple of micro_batch_size"),
-    ({"phase2": {"num_steps": 2, "num_warmup_steps": 5}}, "phase2.num_warmup_steps"),
-    ({"transplant": "copy"}, "transplant"),
-    ({"scratch_model": {"hidden_size": 60, "num_attention_heads": 7}}, "multiple of num_attention_heads"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"lr": 1e-4}, "lr: Extra inputs are not permitted"),
+        ({"phase1": {"num_steps": 1, "peak_lr": 1}}, "phase1.peak_lr: Extra inputs"),
+        ({"base_model": "/m"}, "not both"),
+        ({"corpora": []}, "corpora: at least one"),
+        ({"validation": []}, "validation: at least one"),
+        ({"phase1": {"num_steps": 0}, "phase2": {"num_steps": 0}}, "nothing to train"),
+        ({"global_batch_size": 6, "micro_batch_size": 4}, "multiple of micro_batch_size"),
+        ({"phase2": {"num_steps": 2, "num_warmup_steps": 5}}, "phase2.num_warmup_steps"),
+        ({"transplant": "copy"}, "transplant"),
+        ({"scratch_model": {"hidden_size": 60, "num_attention_heads": 7}}, "multiple of num_attention_heads"),
+    ],
+)
 def test_config_errors_name_the_field(overrides, message):
     with pytest.raises(ConfigError, match=message):
         validate_model(CptConfig, cfg(**overrides), "cpt.yaml")
@@ -46,13 +54,38 @@ def test_without_base_model_or_scratch_model_the_model_input_is_needed():
 
 
 def test_launch_multi_host_uses_sorted_hosts_and_efa():
-    res = ResourceConfig(current_host="algo-2", hosts=["algo-3", "algo-1", "algo-2"], network_interface_name="eth0",
-                         instance_type="ml.p5.48xlarge")
+    res = ResourceConfig(
+        current_host="algo-2",
+        hosts=["algo-3", "algo-1", "algo-2"],
+        network_interface_name="eth0",
+        instance_type="ml.p5.48xlarge",
+    )
     plan = build_launch(res, ["-m", "dilforge_cpt", "worker"], num_gpus=8, master_port=29400, python="py", base_env={})
-    assert (plan.nnodes, plan.node_rank, plan.master_addr, plan.nproc_per_node, plan.world_size) == (3, 1, "algo-1", 8, 24)
-    assert plan.command == ["py", "-m", "torch.distributed.run", "--nnodes", "3", "--node_rank", "1",
-                            "--master_addr", "algo-1", "--master_port", "29400", "--nproc_per_node", "8",
-                            "-m", "dilforge_cpt", "worker"]
+    assert (plan.nnodes, plan.node_rank, plan.master_addr, plan.nproc_per_node, plan.world_size) == (
+        3,
+        1,
+        "algo-1",
+        8,
+        24,
+    )
+    assert plan.command == [
+        "py",
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "3",
+        "--node_rank",
+        "1",
+        "--master_addr",
+        "algo-1",
+        "--master_port",
+        "29400",
+        "--nproc_per_node",
+        "8",
+        "-m",
+        "dilforge_cpt",
+        "worker",
+    ]
     assert plan.env["NCCL_SOCKET_IFNAME"] == "eth0"
     assert plan.env["FI_PROVIDER"] == "efa" and plan.env["FI_EFA_USE_DEVICE_RDMA"] == "1"
 
@@ -79,16 +112,23 @@ def test_wait_for_hosts_retries_until_names_resolve():
             calls[host] += 1
             if calls[host] < 3:
                 raise OSError("not yet")
+
     wait_for_hosts(["algo-1", "algo-2"], timeout_s=60, interval_s=0, resolve=resolve, sleep=lambda s: None)
     assert calls["algo-2"] == 3
     with pytest.raises(DilforgeError, match=r"\['algo-9'\] did not resolve"):
-        wait_for_hosts(["algo-9"], timeout_s=0, interval_s=0, resolve=lambda h: (_ for _ in ()).throw(OSError()),
-                       sleep=lambda s: None)
+        wait_for_hosts(
+            ["algo-9"],
+            timeout_s=0,
+            interval_s=0,
+            resolve=lambda h: (_ for _ in ()).throw(OSError()),
+            sleep=lambda s: None,
+        )
 
 
 def test_liger_on_without_cuda_is_a_config_error_naming_the_field(monkeypatch):
     import torch
     from dilforge_cpt.runtime import init_runtime
+
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ConfigError, match="cpt.liger: the Liger kernels need CUDA"):
         init_runtime(validate_model(CptConfig, cfg(liger="on"), "t"))

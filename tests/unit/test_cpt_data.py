@@ -11,17 +11,20 @@ from dilforge_shared.errors import InputError
 @pytest.fixture(scope="module")
 def tok(tiny_tokenizer_dir):
     from dilforge_cpt.data import load_tokenizer
+
     return load_tokenizer(tiny_tokenizer_dir)
 
 
 @pytest.fixture(scope="module")
 def ids(tok):
     from dilforge_cpt.data import special_ids
+
     return special_ids(tok, "t")
 
 
 def test_pack_stream_wraps_each_document(tok, ids):
     from dilforge_cpt.data import pack_stream
+
     docs = ["Salam dünya", "Bakı", "Azərbaycan dili"]
     out = np.concatenate(list(pack_stream(docs, tok, ids, batch_size=2)))
     expected = []
@@ -36,6 +39,7 @@ def test_chatml_tokenizer_packs_without_bos_and_ends_documents_with_endoftext(tm
     """SmolLM2's family: no bos, documents end with <|endoftext|>; the stage accepts it."""
     from dilforge_cpt.data import pack_stream, special_ids
     from tokenizers import Tokenizer, models, pre_tokenizers
+
     vocab = {c: i for i, c in enumerate("abcdefghijklmnopqrstuvwxyz ")}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="a"))
     tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
@@ -49,6 +53,7 @@ def test_chatml_tokenizer_packs_without_bos_and_ends_documents_with_endoftext(tm
 def test_a_tokenizer_of_no_known_family_is_refused_naming_it(tmp_path):
     from dilforge_cpt.data import special_ids
     from tokenizers import Tokenizer, models
+
     with pytest.raises(InputError, match="no known family") as err:
         special_ids(Tokenizer(models.WordLevel({"a": 0}, unk_token="a")), "/tmp/tok")
     assert "/tmp/tok" in str(err.value)
@@ -56,6 +61,7 @@ def test_a_tokenizer_of_no_known_family_is_refused_naming_it(tmp_path):
 
 def test_token_cache_is_reused(tmp_path, tok, ids, tiny_tokenizer_dir, monkeypatch):
     from dilforge_cpt import data
+
     corpus = tmp_path / "c.txt"
     corpus.write_text("\n".join(f"cümlə nömrə {i} burada" for i in range(200)) + "\n")
     source = DataSource(uri=str(corpus))
@@ -73,6 +79,7 @@ def test_a_damaged_token_cache_is_tokenised_again_not_trained_on(tmp_path, tok, 
     """The cache sits under /opt/ml/checkpoints (restored from S3): same-size damage must not reach training."""
     import numpy as np
     from dilforge_cpt import data
+
     corpus = tmp_path / "c.txt"
     corpus.write_text("\n".join(f"cümlə nömrə {i} burada" for i in range(50)) + "\n")
     source = DataSource(uri=str(corpus))
@@ -89,12 +96,14 @@ def test_a_damaged_token_cache_is_tokenised_again_not_trained_on(tmp_path, tok, 
 
 def test_too_short_corpus_is_an_input_error(tmp_path):
     from dilforge_cpt.data import TokenFile, check_windows
+
     with pytest.raises(InputError, match="fewer than one training window of seq_len=64"):
         check_windows([TokenFile(tmp_path / "x", 40, 3, "tiny.txt")], 64)
 
 
 def test_sampler_is_deterministic_resumable_and_follows_weights():
     from dilforge_cpt.data import MixtureSampler
+
     a = MixtureSampler([50, 7], [0.8, 0.2], seed=3)
     first = a.take(5000)
     b = MixtureSampler([50, 7], [0.8, 0.2], seed=3)
@@ -112,6 +121,7 @@ def test_sampler_is_deterministic_resumable_and_follows_weights():
 
 def test_global_batch_does_not_depend_on_process_count(tmp_path):
     from dilforge_cpt.data import PackedData, TokenFile
+
     path = tmp_path / "t.u32"
     np.arange(64 * 20, dtype=np.uint32).tofile(path)
     tf = TokenFile(path, 64 * 20, 1, "t")
@@ -123,6 +133,7 @@ def test_global_batch_does_not_depend_on_process_count(tmp_path):
             for r in range(world):
                 rows += [tuple(x[:2]) for x in per_rank[r][m]]
         return rows
+
     one = step_rows(1, 2)
     assert len(one) == 8
     assert step_rows(2, 2) == one and step_rows(4, 1) == one
@@ -130,6 +141,7 @@ def test_global_batch_does_not_depend_on_process_count(tmp_path):
 
 def test_validation_sets_are_family_framed_streams_of_their_text(tok, ids, tmp_path):
     from dilforge_cpt.data import build_validation
+
     dev = tmp_path / "dev.txt"
     docs = ["Bakı Azərbaycanın paytaxtıdır və ən böyük şəhəridir.", "Salam!", "Kitab oxumaq faydalıdır. " * 8]
     dev.write_text("\n".join(docs) + "\n")
@@ -148,11 +160,14 @@ def test_english_replay_is_a_weighted_corpus_and_its_share_matches(tok, ids, tmp
     """cpt.corpora: Azerbaijani Wikipedia (weight 3) + the English side of Tatoeba (weight 1): a quarter of
     the sampled training windows come from the English file, across its epochs."""
     from dilforge_cpt.data import PackedData, tokenize_to_file
-    sources = [DataSource(uri=str(data_root / "az/train/azwiki_sentences_cv_extractor.txt"), weight=3),
-               DataSource(uri=str(data_root / "az/train/tatoeba_aze-eng.tsv"), text_field="eng", weight=1,
-                          name="english-replay")]
-    files = [tokenize_to_file(s, tok, ids, tmp_path, f"c{i}",
-                              400, 200, None) for i, s in enumerate(sources)]
+
+    sources = [
+        DataSource(uri=str(data_root / "az/train/azwiki_sentences_cv_extractor.txt"), weight=3),
+        DataSource(
+            uri=str(data_root / "az/train/tatoeba_aze-eng.tsv"), text_field="eng", weight=1, name="english-replay"
+        ),
+    ]
+    files = [tokenize_to_file(s, tok, ids, tmp_path, f"c{i}", 400, 200, None) for i, s in enumerate(sources)]
     data = PackedData(files, [s.weight for s in sources], seq_len=32, seed=0)
     assert files[1].windows(32) < 0.25 * 1600  # the English corpus wraps into a second epoch below
     picks = [data.sampler.next() for _ in range(1600)]

@@ -19,6 +19,7 @@ BASE_VOCAB, NUM_NEW = 300, 40
 def extended_mapping():
     """Every base token kept at its own id, then NUM_NEW new tokens of 1-4 pieces each."""
     from dilforge_cpt.transplant import VocabMapping
+
     gen = torch.Generator().manual_seed(1)
     pieces = [[] for _ in range(BASE_VOCAB)]
     for i in range(NUM_NEW):
@@ -30,6 +31,7 @@ def model_with_constant_direction(tied: bool, massive: float = 20.0):
     """A tiny Llama whose residual stream has one large coordinate in every embedding row (as real LLMs'
     "massive activations" do), so its final hidden states have a nearly constant direction."""
     from transformers import LlamaForCausalLM
+
     torch.manual_seed(0)
     model = LlamaForCausalLM(factories.tiny_llama_config(BASE_VOCAB, tie_word_embeddings=tied)).eval()
     with torch.no_grad():
@@ -63,6 +65,7 @@ def leakage_by_hand(model, stream, kept: torch.Tensor) -> tuple[float, float]:
 @pytest.mark.parametrize("tied", [True, False])
 def test_kept_rows_nll_is_the_base_models_and_the_gap_is_the_new_rows_mass(tied):
     from dilforge_cpt import transplant
+
     model = model_with_constant_direction(tied)
     docs = ["x" * 20, "y" * 15]
     enc = [random_ids(3, (20,), 200).tolist(), random_ids(4, (15,), 200).tolist()]
@@ -82,10 +85,11 @@ def test_kept_rows_nll_is_the_base_models_and_the_gap_is_the_new_rows_mass(tied)
 
 def test_fit_directions_finds_the_constant_and_the_language_direction():
     from dilforge_cpt import transplant
+
     gen = torch.Generator().manual_seed(0)
     n, d = 2000, 32
     hidden = torch.randn(n, d, generator=gen)
-    hidden[:, 0] = 8.0 + 0.01 * torch.randn(n, generator=gen)   # nearly constant coordinate
+    hidden[:, 0] = 8.0 + 0.01 * torch.randn(n, generator=gen)  # nearly constant coordinate
     is_retain = torch.arange(n) % 2 == 0
     hidden[:, 1] = 0.1 * torch.randn(n, generator=gen) + 3.0 * is_retain  # retain text apart along one axis
     const, retain = transplant.fit_directions(hidden, is_retain)
@@ -101,6 +105,7 @@ def test_offset_init_lowers_each_new_logit_by_ln_pieces(tied):
     logit minus ln(number of pieces), within 1 %; kept rows are untouched; untied: the input rows stay
     the mean of the pieces."""
     from dilforge_cpt import transplant
+
     model = model_with_constant_direction(tied)
     mapping = extended_mapping()
     rows = transplant.prepare(model, BASE_VOCAB + NUM_NEW)
@@ -110,7 +115,7 @@ def test_offset_init_lowers_each_new_logit_by_ln_pieces(tied):
     const, _ = transplant.fit_directions(hidden_of(model, random_ids(5)), None)
     transplant.transplant(model, rows, mapping, "offset", seed=0, calibration=transplant.Calibration(const))
     head = model.get_output_embeddings().weight.detach()
-    fresh = hidden_of(model, random_ids(6))   # kept tokens only: same hidden states as before
+    fresh = hidden_of(model, random_ids(6))  # kept tokens only: same hidden states as before
     new = torch.tensor([k < 0 for k in mapping.kept])
     lnk = torch.log(transplant.num_pieces(mapping)[new])
     shift = fresh @ head[new].T - fresh @ mean_rows[new].T
@@ -124,6 +129,7 @@ def test_large_negative_calibrated_offset_makes_base_tokenisation_equal_the_base
     """The leakage-free limit: new rows moved far down along the constant direction give base-tokenised
     text the base model's BPB (the measure is exact, not an estimate)."""
     from dilforge_cpt import transplant
+
     model = model_with_constant_direction(True)
     docs = ["a" * 30]
     stream = build_stream(docs, [random_ids(7, (30,), 200).tolist()], None, 0)
@@ -134,8 +140,9 @@ def test_large_negative_calibrated_offset_makes_base_tokenisation_equal_the_base
     const, _ = transplant.fit_directions(hidden_of(model, random_ids(8)), None)
     kept = torch.tensor([k >= 0 for k in mapping.kept])
     leaky = stream_nll(model, stream, 64, 32, kept=kept)[0][0]
-    transplant.transplant(model, rows, mapping, "calibrated", seed=0,
-                          calibration=transplant.Calibration(const, alpha=0.0, beta=-30.0))
+    transplant.transplant(
+        model, rows, mapping, "calibrated", seed=0, calibration=transplant.Calibration(const, alpha=0.0, beta=-30.0)
+    )
     full, restricted = stream_nll(model, stream, 64, 32, kept=kept)[0]
     assert leaky - base_nll > 1e-3
     assert full == pytest.approx(base_nll, rel=1e-6) and restricted == pytest.approx(base_nll, rel=1e-6)
@@ -145,6 +152,7 @@ def test_fit_offsets_recovers_the_offsets_that_generated_the_text():
     """Targets drawn from a softmax whose new rows carry known (alpha, beta, gamma): the fit (with the
     hidden states fixed) finds them back; mass on retain text is given back through gamma."""
     from dilforge_cpt import transplant
+
     gen = torch.Generator().manual_seed(0)
     n, d = 6000, 16
     mapping = extended_mapping()
@@ -167,14 +175,17 @@ def test_fit_offsets_recovers_the_offsets_that_generated_the_text():
 def test_base_to_new_ids_and_probe_refusal():
     from dilforge_cpt.leakage import base_to_new_ids
     from dilforge_cpt.transplant import VocabMapping
+
     assert base_to_new_ids(VocabMapping([2, 0, 1, -1], [[], [], [], [0, 1]]), 3) == [1, 2, 0]
     assert base_to_new_ids(VocabMapping([0, -1, 2], [[], [0], []]), 3) is None  # base token 1 was dropped
 
 
 def test_step0_row_and_table():
     from dilforge_cpt.leakage import format_table, step0_row
-    row = step0_row({"en": 1.1, "az": 2.0}, {"en": {"bpb_base_tokenization": 1.02, "bpb_kept_rows": 1.0,
-                                                    "leakage": 0.02}})
+
+    row = step0_row(
+        {"en": 1.1, "az": 2.0}, {"en": {"bpb_base_tokenization": 1.02, "bpb_kept_rows": 1.0, "leakage": 0.02}}
+    )
     assert row["en"]["extended_vs_base"] == pytest.approx(1.1)
     assert row["en"]["base_tokenization_vs_base"] == pytest.approx(1.02)
     assert row["az"] == {"bpb_extended": 2.0}
@@ -193,6 +204,7 @@ class FakeFile:
 
 class FakeData:
     """Two corpora of windows: 'az' uses the new tokens, 'en' (the retain corpus) only base tokens."""
+
     def __init__(self, seq_len: int):
         self.files = [FakeFile("az", 4), FakeFile("en", 4)]
         self.seq_len = seq_len
@@ -213,6 +225,7 @@ def test_loop_counter_measure_recalibrates_when_leakage_returns():
     from dilforge_cpt.leakage import LeakageProbe
     from dilforge_cpt.loop import TrainState, track_leakage
     from dilforge_cpt.runtime import Runtime
+
     model = model_with_constant_direction(False)
     mapping = extended_mapping()
     rows = transplant.prepare(model, BASE_VOCAB + NUM_NEW)
@@ -223,9 +236,16 @@ def test_loop_counter_measure_recalibrates_when_leakage_returns():
     kept = torch.tensor([k >= 0 for k in mapping.kept])
     en = build_stream(["e" * 40], [random_ids(9, (40,), BASE_VOCAB).tolist()], None, 0)
     probe = LeakageProbe([ValidationSet("en", en)], kept, mapping)
-    config = SimpleNamespace(seq_len=32, validation_stride=None, eval_micro_batch_size=None, micro_batch_size=4,
-                             retain_corpora=["en"], calibration_num_windows=8, leakage_sets=["en"],
-                             leakage_tolerance=0.01)
+    config = SimpleNamespace(
+        seq_len=32,
+        validation_stride=None,
+        eval_micro_batch_size=None,
+        micro_batch_size=4,
+        retain_corpora=["en"],
+        calibration_num_windows=8,
+        leakage_sets=["en"],
+        leakage_tolerance=0.01,
+    )
     setup = SimpleNamespace(config=config, rt=Runtime(), leakage_probe=probe)
     state = TrainState()
     assert track_leakage(model, FakeData(32), setup, state, step=5)

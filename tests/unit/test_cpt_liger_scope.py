@@ -14,6 +14,7 @@ from factories import tiny_llama_config
 
 def plain_llama():
     from transformers import LlamaForCausalLM
+
     torch.manual_seed(0)
     return LlamaForCausalLM(tiny_llama_config(128))
 
@@ -41,7 +42,9 @@ def fake_liger_apply(calls):
     """A stand-in for apply_liger_kernel_to_llama that rebinds what the real one rebinds (process-wide
     names AND the instance's module forwards), from a module named like Liger's."""
     from transformers.models.llama import modeling_llama
+
     fake = types.SimpleNamespace(rope=_fake_rope, forward=_fake_forward, LigerRMSNorm=_FakeLigerRMSNorm)
+
     def apply(rope, cross_entropy, fused_linear_cross_entropy, rms_norm, swiglu, model):
         calls.append(model)
         modeling_llama.apply_rotary_pos_emb = fake.rope
@@ -50,14 +53,20 @@ def fake_liger_apply(calls):
         modeling_llama.LlamaForCausalLM.forward = fake.forward
         for layer in model.model.layers:
             layer.mlp.forward = types.MethodType(fake.forward, layer.mlp)
+
     return apply
 
 
 def test_fake_patch_touches_one_instance_and_undo_restores_the_process():
     from dilforge_cpt import sharding
     from transformers.models.llama import modeling_llama
-    originals = (modeling_llama.apply_rotary_pos_emb, modeling_llama.LlamaRMSNorm, modeling_llama.LlamaMLP,
-                 modeling_llama.LlamaForCausalLM.__dict__["forward"])
+
+    originals = (
+        modeling_llama.apply_rotary_pos_emb,
+        modeling_llama.LlamaRMSNorm,
+        modeling_llama.LlamaMLP,
+        modeling_llama.LlamaForCausalLM.__dict__["forward"],
+    )
     calls = []
     liger_model = plain_llama()
     patch = sharding.patch_liger(liger_model, ALL, apply=fake_liger_apply(calls))
@@ -76,6 +85,7 @@ def test_real_liger_patch_then_a_plain_model_has_no_liger_modules():
     pytest.importorskip("liger_kernel.transformers")  # imports on CPU; its kernels need CUDA to RUN
     from dilforge_cpt import sharding
     from transformers.models.llama import modeling_llama
+
     originals = (modeling_llama.apply_rotary_pos_emb, modeling_llama.LlamaRMSNorm, modeling_llama.LlamaMLP)
     liger_model = plain_llama()
     patch = sharding.patch_liger(liger_model, ALL)
@@ -98,6 +108,7 @@ def test_apply_liger_off_the_policy_is_an_empty_patch():
     from dilforge_cpt import sharding
     from dilforge_cpt.runtime import Runtime
     from dilforge_shared.configs.cpt import CptConfig
+
     config = CptConfig(scratch_model={}, corpora=[{"uri": "a"}], validation=[{"uri": "v"}], phase2={"num_steps": 1})
     patch = sharding.apply_liger(plain_llama(), config, Runtime())  # CPU: the policy says no
     assert patch.kernels == []

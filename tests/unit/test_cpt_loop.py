@@ -17,14 +17,24 @@ VOCAB, SEQ = 64, 16
 
 
 def config() -> CptConfig:
-    return CptConfig(scratch_model={}, corpora=[{"uri": "a"}, {"uri": "b", "weight": 0.5}],
-                     validation=[{"uri": "v"}], seq_len=SEQ, global_batch_size=4, micro_batch_size=2,
-                     phase1={"num_steps": 3, "learning_rate": 0.01}, phase2={"num_steps": 4, "learning_rate": 0.003, "num_warmup_steps": 1},
-                     log_every=1, eval_every=3, checkpoint_every=100)
+    return CptConfig(
+        scratch_model={},
+        corpora=[{"uri": "a"}, {"uri": "b", "weight": 0.5}],
+        validation=[{"uri": "v"}],
+        seq_len=SEQ,
+        global_batch_size=4,
+        micro_batch_size=2,
+        phase1={"num_steps": 3, "learning_rate": 0.01},
+        phase2={"num_steps": 4, "learning_rate": 0.003, "num_warmup_steps": 1},
+        log_every=1,
+        eval_every=3,
+        checkpoint_every=100,
+    )
 
 
 def token_files(tmp_path):
     from dilforge_cpt.data import TokenFile
+
     files = []
     for i, n in enumerate((40 * SEQ, 25 * SEQ)):
         path = tmp_path / f"c{i}.u32"
@@ -37,6 +47,7 @@ def run(tmp_path, ckpt_root, stop_at: int | None):
     """Train from the newest checkpoint under ckpt_root (or from scratch); SIGTERM-like stop after stop_at."""
     from dilforge_cpt.data import PackedData, ValidationSet
     from dilforge_shared.bpb import build_stream
+
     cfg = config()
     torch.manual_seed(0)
     data = PackedData(token_files(tmp_path), [c.weight for c in cfg.corpora], SEQ, cfg.seed)
@@ -53,15 +64,21 @@ def train(cfg, ckpt_root, data, val, stop_at=None):
     from dilforge_cpt.resumable import TrainingModel, register_resumables
     from dilforge_cpt.runtime import Runtime
     from transformers import LlamaForCausalLM
+
     model = LlamaForCausalLM(factories.tiny_llama_config(VOCAB))
     rt, state = Runtime(), TrainState()
     checkpointer = Checkpointer(ckpt_root, rt, cfg.num_checkpoints_kept)
     training = TrainingModel(model, cfg, rt, state)
     register_resumables(checkpointer, training, data.sampler, state)
-    setup = LoopSetup(config=cfg, rt=rt, checkpointer=checkpointer,
-                      metrics=MetricsLog(None, cfg.num_steps, rt, checkpointer.resume_step),
-                      stop_requested=lambda: stop_at is not None and state.step >= stop_at,
-                      flops_per_token={1: 1.0, 2: 1.0}, peak_flops=None)
+    setup = LoopSetup(
+        config=cfg,
+        rt=rt,
+        checkpointer=checkpointer,
+        metrics=MetricsLog(None, cfg.num_steps, rt, checkpointer.resume_step),
+        stop_requested=lambda: stop_at is not None and state.step >= stop_at,
+        flops_per_token={1: 1.0, 2: 1.0},
+        peak_flops=None,
+    )
     try:
         return model, train_loop(training, data, val, state, setup)
     except BaseException as exc:
@@ -88,9 +105,17 @@ def test_stop_and_resume_equals_uninterrupted(tmp_path, stop_at):
 
 def test_train_state_reads_checkpoints_written_before_it_had_every_field():
     from dilforge_cpt.loop import TrainState
-    old = {"phase": 2, "step_in_phase": 1, "step": 4, "sampler": {"position": 16, "cursors": [10, 6]},
-           "transplant": {"method": "none"}, "history": [{"step": 4, "loss": 1.0}], "validation": [],
-           "last_loss": 1.0}
+
+    old = {
+        "phase": 2,
+        "step_in_phase": 1,
+        "step": 4,
+        "sampler": {"position": 16, "cursors": [10, 6]},
+        "transplant": {"method": "none"},
+        "history": [{"step": 4, "loss": 1.0}],
+        "validation": [],
+        "last_loss": 1.0,
+    }
     state = TrainState.from_json(old)
     assert (state.step, state.phase, state.step_in_phase, state.tokens_seen) == (4, 2, 1, 0)
     assert TrainState.from_json(json.loads(json.dumps(state.to_json()))) == state
@@ -101,6 +126,7 @@ def test_runtime_is_decided_once_and_frozen():
 
     import torch.distributed as dist
     from dilforge_cpt.runtime import init_runtime, shutdown
+
     rt = init_runtime(config())
     assert rt.fsdp is False and rt.world == 1 and not rt.distributed  # CPU, one process: plain
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -120,6 +146,7 @@ def test_one_process_fsdp2_trains_like_the_unsharded_model(tmp_path):
     from dilforge_cpt.runtime import Runtime, init_runtime, shutdown
     from dilforge_cpt.sharding import shard_model
     from transformers import LlamaForCausalLM
+
     cfg = config().model_copy(update={"fsdp": "on"})
     batch = [np.random.default_rng(0).integers(0, VOCAB, (2, SEQ))]
     results = []

@@ -19,13 +19,18 @@ NEW = torch.tensor([i % 3 == 0 for i in range(VOCAB)])  # every third token is "
 
 def tiny_model(tied: bool = True):
     from transformers import LlamaForCausalLM
+
     torch.manual_seed(0)
     return LlamaForCausalLM(factories.tiny_llama_config(VOCAB, tie_word_embeddings=tied))
 
 
 def config(**phase1) -> CptConfig:
-    return CptConfig(scratch_model={}, corpora=[{"uri": "a"}], validation=[{"uri": "b"}],
-                     phase1={"num_steps": 3, "learning_rate": 0.05, "trainable": "new_rows", **phase1})
+    return CptConfig(
+        scratch_model={},
+        corpora=[{"uri": "a"}],
+        validation=[{"uri": "b"}],
+        phase1={"num_steps": 3, "learning_rate": 0.05, "trainable": "new_rows", **phase1},
+    )
 
 
 def batches(seed: int):
@@ -48,6 +53,7 @@ def assert_only_new_rows_changed(before: dict, after: dict):
 def test_new_rows_phase_changes_only_new_rows(tied):
     from dilforge_cpt.loop import make_optimizer, set_trainable, train_step
     from dilforge_cpt.runtime import Runtime
+
     model = tiny_model(tied)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     cfg = config()
@@ -70,6 +76,7 @@ def _fsdp_worker(rank: int, world: int, port: int, out: str) -> None:
     from dilforge_cpt.runtime import Runtime
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     from torch.distributed.fsdp import fully_shard
+
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
@@ -93,6 +100,7 @@ def _fsdp_worker(rank: int, world: int, port: int, out: str) -> None:
 @pytest.mark.parametrize("world", [1, 2])
 def test_new_rows_under_fsdp2_gloo_with_tied_weights(tmp_path, world):
     import torch.multiprocessing as mp
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -106,6 +114,7 @@ def test_new_rows_under_fsdp2_gloo_with_tied_weights(tmp_path, world):
 def test_phase2_embedding_learning_rate_scales_the_vocabulary_matrices_step():
     """Adam's first step moves every element by about its group's lr: 0.1 for the embedding, 0.001 elsewhere."""
     from dilforge_cpt.loop import make_optimizer, set_lr, set_trainable
+
     model = tiny_model()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     phase = Phase2(num_steps=1, learning_rate=1e-3, embedding_learning_rate=1e-1)

@@ -22,15 +22,25 @@ VOCAB, SEQ = 64, 16
 
 
 def config(**update) -> CptConfig:
-    cfg = CptConfig(scratch_model={}, corpora=[{"uri": "a"}, {"uri": "b", "weight": 0.5}],
-                    validation=[{"uri": "v"}], seq_len=SEQ, global_batch_size=4, micro_batch_size=2,
-                    phase1={"num_steps": 3, "learning_rate": 0.01}, phase2={"num_steps": 4, "learning_rate": 0.003, "num_warmup_steps": 1},
-                    log_every=1, eval_every=100, checkpoint_every=100)
+    cfg = CptConfig(
+        scratch_model={},
+        corpora=[{"uri": "a"}, {"uri": "b", "weight": 0.5}],
+        validation=[{"uri": "v"}],
+        seq_len=SEQ,
+        global_batch_size=4,
+        micro_batch_size=2,
+        phase1={"num_steps": 3, "learning_rate": 0.01},
+        phase2={"num_steps": 4, "learning_rate": 0.003, "num_warmup_steps": 1},
+        log_every=1,
+        eval_every=100,
+        checkpoint_every=100,
+    )
     return cfg.model_copy(update=update)
 
 
 def packed(tmp_path):
     from dilforge_cpt.data import PackedData, TokenFile
+
     files = []
     for i, n in enumerate((40 * SEQ, 25 * SEQ)):
         path = tmp_path / f"c{i}.u32"
@@ -43,6 +53,7 @@ def packed(tmp_path):
 # ---- 1. prefetching ------------------------------------------------------------------------
 def test_prefetcher_yields_the_same_steps_and_rewinds_the_sampler_to_what_was_consumed(tmp_path):
     from dilforge_cpt.data import Prefetcher
+
     direct = packed(tmp_path)
     expected = [(direct.sampler.state_dict(), direct.next_step(8, 2, 1, 2)) for _ in range(5)]
     data = packed(tmp_path)
@@ -65,6 +76,7 @@ def test_prefetcher_yields_the_same_steps_and_rewinds_the_sampler_to_what_was_co
 
 def test_prefetcher_hands_a_worker_error_to_the_loop(tmp_path):
     from dilforge_cpt.data import Prefetcher
+
     data = packed(tmp_path)
     calls = []
 
@@ -87,6 +99,7 @@ def run(tmp_path, root, cfg: CptConfig, stop_at=None):
     from dilforge_cpt.data import ValidationSet
     from dilforge_shared.bpb import build_stream
     from test_cpt_loop import train
+
     torch.manual_seed(0)
     data = packed(tmp_path)
     val = [ValidationSet("v", build_stream(["abc"], [[1, 2, 3, 4, 5]], bos=0, doc_end=63))]
@@ -96,6 +109,7 @@ def run(tmp_path, root, cfg: CptConfig, stop_at=None):
 
 def test_reading_back_only_on_log_steps_trains_exactly_like_reading_every_step(tmp_path, monkeypatch):
     from dilforge_cpt import loop
+
     settled = []
     real = loop.settle
 
@@ -122,6 +136,7 @@ def test_a_non_finite_step_between_log_steps_stops_at_the_last_good_state(tmp_pa
     """Step 5 (phase 2) gets an inf gradient; log_every 3 reads it back at step 6. The fused optimizer
     skipped steps 5 and 6 on the device, so the checkpoint at step 4 equals a run stopped at step 4."""
     from dilforge_cpt import loop
+
     with pytest.raises(Terminated, match="stopped by SIGTERM at step 4") as stopped:
         run(tmp_path, tmp_path / "ref", config(log_every=3), stop_at=4)
     ref_model = stopped.value.model
@@ -139,8 +154,11 @@ def test_a_non_finite_step_between_log_steps_stops_at_the_last_good_state(tmp_pa
                 hook.remove()
 
     monkeypatch.setattr(loop, "run_step", poisoned)
-    with pytest.raises(DilforgeError, match=r"non-finite gradient norm \(inf; .*\) at step 5 \(phase 2, lr [0-9e.+-]+\)"
-                                           r".*checkpoint saved at step 4") as failed:
+    with pytest.raises(
+        DilforgeError,
+        match=r"non-finite gradient norm \(inf; .*\) at step 5 \(phase 2, lr [0-9e.+-]+\)"
+        r".*checkpoint saved at step 4",
+    ) as failed:
         run(tmp_path, tmp_path / "bad", config(log_every=3))
     assert len(calls) == 6  # step 6 ran (no host read in between) but did not step either
     saved = json.loads((tmp_path / "bad" / "step-00000004" / "state.json").read_text())
@@ -154,10 +172,19 @@ def test_a_non_finite_step_between_log_steps_stops_at_the_last_good_state(tmp_pa
 # ---- 3. compile with Liger -----------------------------------------------------------------
 def test_compile_selects_only_the_fused_linear_cross_entropy():
     from dilforge_cpt.sharding import liger_kernels
-    assert liger_kernels(config()) == {"rope": True, "rms_norm": True, "swiglu": True,
-                                       "fused_linear_cross_entropy": True}
-    assert liger_kernels(config(compile=True)) == {"rope": False, "rms_norm": False, "swiglu": False,
-                                                   "fused_linear_cross_entropy": True}
+
+    assert liger_kernels(config()) == {
+        "rope": True,
+        "rms_norm": True,
+        "swiglu": True,
+        "fused_linear_cross_entropy": True,
+    }
+    assert liger_kernels(config(compile=True)) == {
+        "rope": False,
+        "rms_norm": False,
+        "swiglu": False,
+        "fused_linear_cross_entropy": True,
+    }
 
 
 @pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "activation-checkpointing"])
@@ -168,6 +195,7 @@ def test_compiled_layers_capture_graphs_without_a_break(monkeypatch, checkpointi
     from dilforge_cpt.runtime import Runtime
     from torch._dynamo.utils import counters
     from transformers import LlamaForCausalLM
+
     monkeypatch.setattr(sharding, "COMPILE_BACKEND", "aot_eager")
     torch._dynamo.reset()
     counters.clear()
@@ -193,6 +221,7 @@ def test_the_graph_break_count_sees_a_compiler_disabled_rope(monkeypatch):
     from dilforge_cpt.runtime import Runtime
     from torch._dynamo.utils import counters
     from transformers import LlamaForCausalLM
+
     monkeypatch.setattr(sharding, "COMPILE_BACKEND", "aot_eager")
     monkeypatch.setattr(modeling, "apply_rotary_pos_emb", torch.compiler.disable(modeling.apply_rotary_pos_emb))
     torch._dynamo.reset()
@@ -210,4 +239,5 @@ def test_fused_adamw_skips_a_non_finite_step_on_the_device_leaving_weights_and_m
     """The CPU side of tests/gpu/test_cpt_pipeline_gpu.py: found_inf keeps parameters, moments and the
     step count as they were, for the bad step and for a good step while the loop's flag is latched."""
     from cpt_steps import check_skip_on_device
+
     check_skip_on_device(torch.device("cpu"))

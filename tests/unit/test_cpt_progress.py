@@ -8,6 +8,7 @@ import logging
 def test_progress_without_tty_logs_eta_lines_at_most_every_interval(caplog, monkeypatch):
     from dilforge_cpt import reporting
     from dilforge_cpt.runtime import Runtime
+
     clock = iter(float(t) for t in range(0, 1000, 10))  # each call 10 s later
     monkeypatch.setattr(reporting.time, "monotonic", lambda: next(clock))
     monkeypatch.setattr(reporting.sys.stderr, "isatty", lambda: False, raising=False)

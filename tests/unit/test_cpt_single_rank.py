@@ -17,6 +17,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 def test_single_rank_keeps_weights_gathered_and_many_ranks_reshard():
     from dilforge_cpt.runtime import Runtime
     from dilforge_cpt.sharding import fsdp_options
+
     assert fsdp_options(Runtime(world=1, fsdp=True)) == {"reshard_after_forward": False}
     assert fsdp_options(Runtime(world=8, fsdp=True)) == {"reshard_after_forward": True}
 
@@ -25,6 +26,7 @@ def build(config, rt, reshard: bool | None):
     """The stage's model; `reshard` set = the old FSDP options (fully_shard's default: reshard after forward)."""
     from dilforge_cpt import loop, sharding
     from transformers import LlamaForCausalLM
+
     torch.manual_seed(0)
     model = LlamaForCausalLM(tiny_llama_config(256))
     if reshard is not None:
@@ -48,9 +50,17 @@ def full(p):
 def test_one_rank_step_matches_the_old_fsdp_step(monkeypatch):
     from dilforge_cpt import loop, runtime
     from dilforge_shared.configs.cpt import CptConfig
-    config = CptConfig(scratch_model={}, corpora=[{"uri": "a"}], validation=[{"uri": "v"}], seq_len=32,
-                       phase2={"num_steps": 2, "learning_rate": 1e-3}, fsdp="on", global_batch_size=4,
-                       micro_batch_size=2)
+
+    config = CptConfig(
+        scratch_model={},
+        corpora=[{"uri": "a"}],
+        validation=[{"uri": "v"}],
+        seq_len=32,
+        phase2={"num_steps": 2, "learning_rate": 1e-3},
+        fsdp="on",
+        global_batch_size=4,
+        micro_batch_size=2,
+    )
     rt = runtime.init_runtime(config)
     try:
         assert rt.fsdp and rt.world == 1
@@ -62,10 +72,14 @@ def test_one_rank_step_matches_the_old_fsdp_step(monkeypatch):
         syncs, reshards = [], []
         cls = type(new)
         real_sync, real_reshard = cls.set_requires_gradient_sync, cls.set_reshard_after_backward
-        monkeypatch.setattr(cls, "set_requires_gradient_sync",
-                            lambda self, flag, **k: syncs.append(flag) or real_sync(self, flag, **k))
-        monkeypatch.setattr(cls, "set_reshard_after_backward",
-                            lambda self, flag, **k: reshards.append(flag) or real_reshard(self, flag, **k))
+        monkeypatch.setattr(
+            cls, "set_requires_gradient_sync", lambda self, flag, **k: syncs.append(flag) or real_sync(self, flag, **k)
+        )
+        monkeypatch.setattr(
+            cls,
+            "set_reshard_after_backward",
+            lambda self, flag, **k: reshards.append(flag) or real_reshard(self, flag, **k),
+        )
         new_losses = [loop.train_step(new, new_opt, b, rt, 1.0) for b in batches]
         assert syncs == [False, True, False, True]  # reduce once per step, after the last micro-batch
         assert reshards == [False, True, False, True]  # weights gathered once per step, freed after its last backward
@@ -92,12 +106,28 @@ def test_auto_micro_batch_from_the_memory_estimate():
     from dilforge_cpt.sharding import resolve_micro_batch
     from dilforge_shared.configs.cpt import CptConfig
     from transformers import LlamaConfig
-    shape = LlamaConfig(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-                        num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=True)
+
+    shape = LlamaConfig(
+        vocab_size=128256,
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        tie_word_embeddings=True,
+    )
 
     def cfg(**kw):
-        return CptConfig(scratch_model={}, corpora=[{"uri": "a"}], validation=[{"uri": "v"}], seq_len=2048,
-                         phase2={"num_steps": 1}, global_batch_size=256, **kw)
+        return CptConfig(
+            scratch_model={},
+            corpora=[{"uri": "a"}],
+            validation=[{"uri": "v"}],
+            seq_len=2048,
+            phase2={"num_steps": 1},
+            global_batch_size=256,
+            **kw,
+        )
+
     gpu = Runtime(device=torch.device("cuda", 0), world=1)
     plain, why = resolve_micro_batch(cfg(liger="off"), gpu, shape, 1_235_814_400, free_bytes=140e9)
     assert plain == 16 and "memory estimate" in why and "-> 19 fit" in why

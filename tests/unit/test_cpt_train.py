@@ -17,6 +17,7 @@ torch.set_num_threads(1)
 
 def test_lr_schedule_warmup_then_cosine_to_floor():
     from dilforge_cpt.loop import lr_at
+
     p = Phase(num_steps=10, learning_rate=1.0, num_warmup_steps=2, min_lr_ratio=0.1)
     lrs = [lr_at(p, s) for s in range(10)]
     assert lrs[:2] == [0.5, 1.0]
@@ -32,10 +33,18 @@ def test_flops_per_token_matches_torch_flop_counter(tied, phase):
     from dilforge_cpt.reporting import flops_per_token
     from torch.utils.flop_counter import FlopCounterMode
     from transformers import LlamaConfig, LlamaForCausalLM
+
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tied,
-                      attn_implementation="eager")
+    cfg = LlamaConfig(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=tied,
+        attn_implementation="eager",
+    )
     model = LlamaForCausalLM(cfg)
     num_params = sum(p.numel() for p in model.parameters())
     norm_params = sum(p.numel() for n, p in model.named_parameters() if "norm" in n)
@@ -50,8 +59,11 @@ def test_flops_per_token_matches_torch_flop_counter(tied, phase):
     assert flops_per_token(cfg, num_params, 64, phase=phase, causal=False) - passes * norm_params == measured
     # causal attention is charged half of the dense score matrix: 6·L·d·T instead of 12·L·d·T
     dense_minus_causal = 6 * cfg.num_hidden_layers * cfg.hidden_size * 64
-    assert flops_per_token(cfg, num_params, 64, phase=phase, causal=False) - \
-        flops_per_token(cfg, num_params, 64, phase=phase) == dense_minus_causal
+    assert (
+        flops_per_token(cfg, num_params, 64, phase=phase, causal=False)
+        - flops_per_token(cfg, num_params, 64, phase=phase)
+        == dense_minus_causal
+    )
 
 
 def test_flops_per_token_llama_3_2_1b_mfu_figures():
@@ -59,8 +71,16 @@ def test_flops_per_token_llama_3_2_1b_mfu_figures():
     80k tok/s on a 989 TFLOP/s H200 is ~63 % MFU, and charging 6·N in phase 1 would overstate MFU by ~33 %."""
     from dilforge_cpt.reporting import flops_per_token
     from transformers import LlamaConfig, LlamaForCausalLM
-    cfg = LlamaConfig(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-                      num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=True)
+
+    cfg = LlamaConfig(
+        vocab_size=128256,
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        tie_word_embeddings=True,
+    )
     with torch.device("meta"):
         params = sum(p.numel() for p in LlamaForCausalLM(cfg).parameters())
     assert params == 1_235_814_400
@@ -70,34 +90,57 @@ def test_flops_per_token_llama_3_2_1b_mfu_figures():
     assert 0.75 < flops_per_token(cfg, params, 2048, phase=1) / fpt < 0.78
 
 
-@pytest.mark.parametrize("name,tflops", [
-    ("NVIDIA H200", 989.0), ("NVIDIA H200 NVL", 835.0), ("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA H100 PCIe", 756.0),
-    ("NVIDIA H100 NVL", 835.0), ("NVIDIA A100-SXM4-80GB", 312.0), ("NVIDIA A100 80GB PCIe", 312.0),
-    ("NVIDIA L4", 121.0), ("NVIDIA L40S", 362.0), ("NVIDIA GH200 480GB", 989.0), ("NVIDIA A10G", None),
-    ("Tesla T4", None)])
+@pytest.mark.parametrize(
+    "name,tflops",
+    [
+        ("NVIDIA H200", 989.0),
+        ("NVIDIA H200 NVL", 835.0),
+        ("NVIDIA H100 80GB HBM3", 989.0),
+        ("NVIDIA H100 PCIe", 756.0),
+        ("NVIDIA H100 NVL", 835.0),
+        ("NVIDIA A100-SXM4-80GB", 312.0),
+        ("NVIDIA A100 80GB PCIe", 312.0),
+        ("NVIDIA L4", 121.0),
+        ("NVIDIA L40S", 362.0),
+        ("NVIDIA GH200 480GB", 989.0),
+        ("NVIDIA A10G", None),
+        ("Tesla T4", None),
+    ],
+)
 def test_device_peak_by_exact_name_and_override(name, tflops):
     from dilforge_cpt.reporting import device_peak_tflops, peak_flops
     from dilforge_cpt.runtime import Runtime
+
     assert device_peak_tflops(name) == tflops
-    cfg = CptConfig(scratch_model={}, corpora=[{"uri": "a"}], validation=[{"uri": "b"}], phase1={"num_steps": 1},
-                    peak_tflops_per_device=100.0)
+    cfg = CptConfig(
+        scratch_model={},
+        corpora=[{"uri": "a"}],
+        validation=[{"uri": "b"}],
+        phase1={"num_steps": 1},
+        peak_tflops_per_device=100.0,
+    )
     assert peak_flops(cfg, Runtime()) == 100e12
 
 
 def tiny_model():
     from transformers import LlamaForCausalLM
+
     torch.manual_seed(0)
     return LlamaForCausalLM(factories.tiny_llama_config(64))
 
 
 def test_phase1_trains_only_embeddings_and_head():
     from dilforge_cpt.loop import make_optimizer, set_trainable
+
     model = tiny_model()
     trainable = set_trainable(model, 1)
     assert [p.shape for p in trainable.params] == [model.model.embed_tokens.weight.shape]  # tied: one matrix
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    opt = make_optimizer(trainable, CptConfig(scratch_model={}, corpora=[{"uri": "a"}], validation=[{"uri": "b"}],
-                                           phase1={"num_steps": 1}), Phase(num_steps=1, learning_rate=0.1))
+    opt = make_optimizer(
+        trainable,
+        CptConfig(scratch_model={}, corpora=[{"uri": "a"}], validation=[{"uri": "b"}], phase1={"num_steps": 1}),
+        Phase(num_steps=1, learning_rate=0.1),
+    )
     x = torch.randint(0, 64, (2, 8))
     model(input_ids=x, labels=x).loss.backward()
     opt.step()
@@ -115,13 +158,19 @@ class Tensors:
 
     def state_dict(self):
         from dilforge_cpt.checkpoints import _tensor_state
+
         saved, self.osd = _tensor_state(self.model, self.opt)
         return saved
 
     def load_state_dict(self, saved):
         from torch.distributed.checkpoint.state_dict import set_state_dict
-        set_state_dict(self.model, self.opt, model_state_dict=saved["model"],
-                       optim_state_dict={"state": saved["optim"]["state"], "param_groups": self.osd["param_groups"]})
+
+        set_state_dict(
+            self.model,
+            self.opt,
+            model_state_dict=saved["model"],
+            optim_state_dict={"state": saved["optim"]["state"], "param_groups": self.osd["param_groups"]},
+        )
 
 
 class Json:
@@ -138,6 +187,7 @@ class Json:
 def checkpointer(root, model, opt, state: Json, rt=None, keep=2):
     from dilforge_cpt.checkpoints import Checkpointer, RngState
     from dilforge_cpt.runtime import Runtime
+
     ck = Checkpointer(root, rt or Runtime(), keep)
     ck.register("train_state", state)
     ck.register("model", Tensors(model, opt), kind="tensors")
@@ -174,8 +224,10 @@ def test_checkpointer_round_trip_picks_the_newest_complete_and_prunes(tmp_path):
     assert torch.equal(opt.state_dict()["state"][0]["exp_avg"], fresh_opt.state_dict()["state"][0]["exp_avg"])
     for step in (6, 9):
         checkpointer(tmp_path, model, opt, Json({"step": step})).save(step)
-    assert sorted(p.name for p in tmp_path.glob("step-*") if not p.name.endswith(".tmp")) == \
-        ["step-00000006", "step-00000009"]
+    assert sorted(p.name for p in tmp_path.glob("step-*") if not p.name.endswith(".tmp")) == [
+        "step-00000006",
+        "step-00000009",
+    ]
     assert not checkpointer(tmp_path / "none", fresh, fresh_opt, Json()).load()
 
 
@@ -232,6 +284,7 @@ def test_every_checkpoint_damaged_starts_fresh_and_a_checkpoint_without_digests_
 def _forge(path, name: str, data: bytes) -> None:
     """What an attacker with write access can do: change a file and its digest in the marker."""
     from dilforge_shared.manifest import sha256_bytes
+
     (path / name).write_bytes(data)
     marker = path / "COMPLETE.node00000-of-00001"
     info = json.loads(marker.read_text())
@@ -242,6 +295,7 @@ def _forge(path, name: str, data: bytes) -> None:
 def test_unreadable_shards_behind_forged_digests_fail_in_one_line_not_a_checkpoint_exception(tmp_path):
     """torch's CheckpointException is a BaseException: it would end the stage with no failure file."""
     from dilforge_shared.errors import InputError
+
     model, opt = trained()
     path = checkpointer(tmp_path, model, opt, Json({"step": 1})).save(1)
     shard = next(path.glob("__0_*.distcp"))
@@ -255,6 +309,7 @@ def test_rng_state_round_trips_through_json():
     import random
 
     from dilforge_cpt.checkpoints import rng_state, set_rng_state
+
     random.seed(1), np.random.seed(2), torch.manual_seed(3)
     np.random.normal()  # a cached gaussian is part of numpy's state
     saved = json.loads(json.dumps(rng_state()))
@@ -270,6 +325,7 @@ def test_checkpoint_holds_no_pickled_objects_and_refuses_a_malicious_metadata(tm
     import pickletools
 
     from dilforge_shared.errors import InputError
+
     model = tiny_model()
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)
     path = checkpointer(tmp_path / "ck", model, opt, Json({"step": 1})).save(1)
@@ -277,12 +333,15 @@ def test_checkpoint_holds_no_pickled_objects_and_refuses_a_malicious_metadata(tm
     assert not {n for n in names if n.endswith((".pt", ".pkl", ".pth"))}, names
     assert "rng-rank00000.json" in names and "state.json" in names
     # DCP's metadata only refers to DCP's own types (no byte blobs that DCP would torch.load unsafely)
-    refs = {arg for op, arg, _ in pickletools.genops((path / ".metadata").read_bytes()) if op.name == "SHORT_BINUNICODE"}
+    refs = {
+        arg for op, arg, _ in pickletools.genops((path / ".metadata").read_bytes()) if op.name == "SHORT_BINUNICODE"
+    }
     assert "BytesStorageMetadata" not in refs
 
     class Evil:
         def __reduce__(self):
             return (open, (str(tmp_path / "pwned"), "w"))
+
     _forge(path, ".metadata", pickle.dumps(Evil()))  # digests forged too: the unpickler is the last line
     with pytest.raises(InputError, match=r"refers to (io|builtins)\.open, which is not allowed"):
         checkpointer(tmp_path / "ck", model, opt, Json()).load()
@@ -292,6 +351,7 @@ def test_checkpoint_holds_no_pickled_objects_and_refuses_a_malicious_metadata(tm
 def test_train_step_skips_the_update_on_an_infinite_gradient():
     from dilforge_cpt.loop import train_step
     from dilforge_cpt.runtime import Runtime
+
     model = tiny_model()
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)
     before = {k: v.clone() for k, v in model.state_dict().items()}
@@ -304,8 +364,9 @@ def test_train_step_skips_the_update_on_an_infinite_gradient():
     assert all(p.grad is None for p in model.parameters()) and not opt.state
     hook.remove()
     loss, norm = train_step(model, opt, batch, Runtime(), max_grad_norm=1.0)
-    assert math.isfinite(norm) and not torch.equal(model.model.layers[0].mlp.down_proj.weight, before[
-        "model.layers.0.mlp.down_proj.weight"])
+    assert math.isfinite(norm) and not torch.equal(
+        model.model.layers[0].mlp.down_proj.weight, before["model.layers.0.mlp.down_proj.weight"]
+    )
 
 
 def _two_nodes(rank: int, port: int, base: str, shared: bool) -> None:
@@ -314,6 +375,7 @@ def _two_nodes(rank: int, port: int, base: str, shared: bool) -> None:
 
     import torch.distributed as dist
     from dilforge_cpt.runtime import Runtime
+
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:  # one process per "node": local rank 0 on both
@@ -339,6 +401,7 @@ def test_multi_node_checkpoint_finalisation(tmp_path, shared):
 
     import torch.multiprocessing as mp
     from dilforge_cpt.checkpoints import checkpoint_folders, complete
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -346,8 +409,10 @@ def test_multi_node_checkpoint_finalisation(tmp_path, shared):
     if shared:  # finalised once: one folder per kept step, both nodes' markers in it, no leftovers
         root = tmp_path / "shared"
         assert sorted(p.name for p in root.iterdir()) == ["step-00000002", "step-00000003"]
-        assert sorted(p.name for p in (root / "step-00000003").glob("COMPLETE*")) == \
-            ["COMPLETE.node00000-of-00002", "COMPLETE.node00001-of-00002"]
+        assert sorted(p.name for p in (root / "step-00000003").glob("COMPLETE*")) == [
+            "COMPLETE.node00000-of-00002",
+            "COMPLETE.node00001-of-00002",
+        ]
     else:  # each host finalised its own folder; neither alone is a complete checkpoint
         for host in ("host0", "host1"):
             assert sorted(p.name for p in (tmp_path / host).iterdir()) == ["step-00000002", "step-00000003"]

@@ -12,12 +12,14 @@ torch.set_num_threads(1)
 @pytest.fixture(scope="module")
 def toks(tmp_path_factory, tiny_tokenizer_dir):
     from dilforge_cpt.data import load_tokenizer
+
     new_dir = factories.build_tokenizer(tmp_path_factory.mktemp("t600") / "tok", vocab_size=600, num_lines=3000)
     return load_tokenizer(tiny_tokenizer_dir), load_tokenizer(new_dir)
 
 
 def model_for(vocab: int, tied: bool):
     from transformers import LlamaForCausalLM
+
     torch.manual_seed(0)
     return LlamaForCausalLM(factories.tiny_llama_config(vocab, tie_word_embeddings=tied))
 
@@ -25,6 +27,7 @@ def model_for(vocab: int, tied: bool):
 @pytest.mark.parametrize("tied", [True, False])
 def test_mean_of_pieces_rows(toks, tied):
     from dilforge_cpt import transplant
+
     base, new = toks
     model = model_for(base.get_vocab_size(True), tied)
     emb0 = model.get_input_embeddings().weight.detach().clone()
@@ -61,6 +64,7 @@ def test_mean_of_pieces_rows(toks, tied):
 
 def test_mean_of_all_and_random(toks):
     from dilforge_cpt import transplant
+
     base, new = toks
     mapping = transplant.build_mapping(base, new)
     model = model_for(base.get_vocab_size(True), True)
@@ -83,5 +87,6 @@ def test_mean_of_all_and_random(toks):
 
 def test_same_vocab_detection(toks):
     from dilforge_cpt.transplant import same_vocab
+
     base, new = toks
     assert same_vocab(base, base) and not same_vocab(base, new)

@@ -25,8 +25,16 @@ DIGEST = "123456789012.dkr.ecr.us-east-1.amazonaws.com/dilforge-serve@sha256:" +
 @pytest.fixture
 def no_aws(monkeypatch, tmp_path):
     """No credentials anywhere: a dry run must not need them."""
-    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "DILFORGE_STORE",
-                "DILFORGE_VAR_SAGEMAKER_ROLE", "AWS_REGION", "DILFORGE_S3_ENDPOINT_URL"):
+    for key in (
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "AWS_PROFILE",
+        "DILFORGE_STORE",
+        "DILFORGE_VAR_SAGEMAKER_ROLE",
+        "AWS_REGION",
+        "DILFORGE_S3_ENDPOINT_URL",
+    ):
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
@@ -88,6 +96,7 @@ def test_no_image_and_local_artifacts_are_clear_errors(no_aws):
 def test_create_then_update_then_nothing_then_delete_against_moto(no_aws, monkeypatch):
     import boto3
     from moto import mock_aws
+
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     # moto's own list of instance types stops before g5 (the real API takes it: botocore's model has no enum)
@@ -95,8 +104,10 @@ def test_create_then_update_then_nothing_then_delete_against_moto(no_aws, monkey
     first = deploy.plan(cfg, "s3://b/store/artifacts/sft/0123456789abcdef", DIGEST)
     second = deploy.plan(cfg, "s3://b/store/artifacts/sft/fedcba9876543210", DIGEST)
     lines: list[str] = []
+
     class MotoWithUpdate:
         """moto 5.2 has no UpdateEndpoint: emulate its effect (same name, new config) on moto's own state."""
+
         def __init__(self, client):
             self.client = client
 

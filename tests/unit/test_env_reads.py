@@ -8,8 +8,11 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = [ROOT / "shared" / "dilforge_shared", ROOT / "coordinator" / "dilforge_coordinator",
-            *sorted((ROOT / "services").glob("*/dilforge_*"))]
+PACKAGES = [
+    ROOT / "shared" / "dilforge_shared",
+    ROOT / "coordinator" / "dilforge_coordinator",
+    *sorted((ROOT / "services").glob("*/dilforge_*")),
+]
 WRITES = re.compile(r"os\.environ\s*\[[^\]]*\]\s*=|os\.environ\.(setdefault|update|pop)\(|os\.putenv\(|del os\.environ")
 DILFORGE_READ = re.compile(r"os\.(environ\.get|getenv)\(\s*[\"']DILFORGE_|os\.environ\[\s*[\"']DILFORGE_")
 # Process start-up: where the SageMaker contract root is (read once when the stage starts).

@@ -14,12 +14,14 @@ from dilforge_eval import bpb as eval_bpb  # noqa: E402 - after set_num_threads,
 @pytest.fixture(scope="module")
 def model_and_tok(tiny_llama_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
     model = AutoModelForCausalLM.from_pretrained(str(tiny_llama_dir), dtype=torch.float32).eval()
     return model, AutoTokenizer.from_pretrained(str(tiny_llama_dir), trust_remote_code=False)
 
 
-@pytest.mark.parametrize("n,window,stride", [(1, 8, 4), (2, 8, 4), (9, 8, 8), (40, 8, 3), (40, 8, 1), (17, 16, 16),
-                                             (100, 32, 16)])
+@pytest.mark.parametrize(
+    "n,window,stride", [(1, 8, 4), (2, 8, 4), (9, 8, 8), (40, 8, 3), (40, 8, 1), (17, 16, 16), (100, 32, 16)]
+)
 def test_window_plan_scores_every_token_once_with_enough_context(n, window, stride):
     plans = eval_bpb.window_plan(n, window, stride)
     scored = [t for b, e, s in plans for t in range(s, e)]
@@ -40,6 +42,7 @@ def test_window_plan_rejects_bad_stride():
 
 def test_eval_bpb_is_the_shared_sliding_window_bpb(model_and_tok):
     from dilforge_shared.bpb import sliding_window_bpb
+
     model, tok = model_and_tok
     docs = ["Qız yoldaşına namə yazdı.", "Sabah biz muzeyə gedəcəyik."]
     stream = eval_bpb.encode_stream(tok, docs)

@@ -9,16 +9,19 @@ from dilforge_shared.configs.base import DataSource
 from dilforge_shared.metrics import CptMetrics, TokenizerMetrics
 
 
-@pytest.mark.parametrize("source,expected", [
-    (DataSource(uri="/d/flores.tsv", text_field="eng_Latn", name="flores-dev"), "en"),
-    (DataSource(uri="/d/flores.tsv", text_field="azj_Latn", name="flores-dev-en"), "az"),   # the column decides
-    (DataSource(uri="/d/xwmt_test.az-en.en.txt"), "en"),
-    (DataSource(uri="/d/xwmt_test.az-en.az.txt"), "az"),
-    (DataSource(uri="/d/tatoeba.tsv", text_field="eng", name="tatoeba_en"), "en"),
-    (DataSource(uri="/d/flores.tsv", text_field="azj_Latn", name="flores-dev"), "az"),
-    (DataSource(uri="/d/khazar08_native_eval.jsonl", text_field="response", name="sft-eval"), "az"),  # default
-    (DataSource(uri="/d/legal.txt", name="legal-dev"), "az"),          # 'dev' is not a language
-])
+@pytest.mark.parametrize(
+    "source,expected",
+    [
+        (DataSource(uri="/d/flores.tsv", text_field="eng_Latn", name="flores-dev"), "en"),
+        (DataSource(uri="/d/flores.tsv", text_field="azj_Latn", name="flores-dev-en"), "az"),  # the column decides
+        (DataSource(uri="/d/xwmt_test.az-en.en.txt"), "en"),
+        (DataSource(uri="/d/xwmt_test.az-en.az.txt"), "az"),
+        (DataSource(uri="/d/tatoeba.tsv", text_field="eng", name="tatoeba_en"), "en"),
+        (DataSource(uri="/d/flores.tsv", text_field="azj_Latn", name="flores-dev"), "az"),
+        (DataSource(uri="/d/khazar08_native_eval.jsonl", text_field="response", name="sft-eval"), "az"),  # default
+        (DataSource(uri="/d/legal.txt", name="legal-dev"), "az"),  # 'dev' is not a language
+    ],
+)
 def test_language_of_a_text_set(source, expected):
     assert compare.infer_language(source, {}, "az") == expected
 
@@ -28,19 +31,21 @@ def test_explicit_language_wins():
     assert compare.infer_language(src, {"x": "ru"}, "az") == "ru"
 
 
-BPB = {"base": {"fl-az": {"bpb": 3.0}, "wiki": {"bpb": 2.0}, "fl-en": {"bpb": 1.0}},
-       "cpt": {"fl-az": {"bpb": 2.4}, "wiki": {"bpb": 1.5}, "fl-en": {"bpb": 1.5}},
-       "sft": {"fl-az": {"bpb": 2.25}, "fl-en": {"bpb": 0.9}}}
+BPB = {
+    "base": {"fl-az": {"bpb": 3.0}, "wiki": {"bpb": 2.0}, "fl-en": {"bpb": 1.0}},
+    "cpt": {"fl-az": {"bpb": 2.4}, "wiki": {"bpb": 1.5}, "fl-en": {"bpb": 1.5}},
+    "sft": {"fl-az": {"bpb": 2.25}, "fl-en": {"bpb": 0.9}},
+}
 LANGS = {"fl-az": "az", "wiki": "az", "fl-en": "en"}
 
 
 def test_change_is_per_set_against_the_base():
     ch = compare.bpb_changes(BPB, "base", LANGS)
-    assert set(ch) == {"cpt", "sft"}                     # the reference has no change against itself
+    assert set(ch) == {"cpt", "sft"}  # the reference has no change against itself
     assert ch["cpt"]["fl-az"] == {"language": "az", "bpb": 2.4, "reference_bpb": 3.0, "change": pytest.approx(-0.2)}
     assert ch["cpt"]["wiki"]["change"] == pytest.approx(-0.25)
     assert ch["cpt"]["fl-en"]["change"] == pytest.approx(0.5)
-    assert set(ch["sft"]) == {"fl-az", "fl-en"}          # a set the model was not scored on has no row
+    assert set(ch["sft"]) == {"fl-az", "fl-en"}  # a set the model was not scored on has no row
 
 
 def test_headline_gain_and_retention_sign():
@@ -50,9 +55,12 @@ def test_headline_gain_and_retention_sign():
     # English got worse after CPT (positive change) and better after SFT (negative change)
     assert h["retention"]["cpt"]["en"]["change"] == pytest.approx(0.5)
     assert h["retention"]["sft"]["en"]["change"] == pytest.approx(-0.1)
-    assert "az" not in h["retention"]["cpt"]             # the target language is the gain, not a retention row
+    assert "az" not in h["retention"]["cpt"]  # the target language is the gain, not a retention row
     lines = compare.headline_lines(h)
-    assert lines[0] == "cpt: Azerbaijani BPB 3.0 -> 2.4 (-20.0%) on fl-az; English BPB 1.0 -> 1.5 (+50.0%) on fl-en (vs base)"
+    assert (
+        lines[0]
+        == "cpt: Azerbaijani BPB 3.0 -> 2.4 (-20.0%) on fl-az; English BPB 1.0 -> 1.5 (+50.0%) on fl-en (vs base)"
+    )
 
 
 def test_reference_is_base_else_first_model():
@@ -62,13 +70,23 @@ def test_reference_is_base_else_first_model():
     assert compare.bpb_changes(BPB, None, LANGS) == {}
 
 
-@pytest.mark.parametrize("transplant,expected", [
-    ({"method": "mean_of_pieces", "step0_val_bpb": {"random": 5.27, "mean_of_pieces": 2.81}},
-     {"random": {"val": 5.27}, "mean_of_pieces": {"val": 2.81}}),                 # no per-set figures recorded
-    ({"method": "mean_of_all", "step0_val_bpb": {"mean_of_all": 2.0},
-      "step0_val_bpb_by_set": {"mean_of_all": {"flores-az": 3.3, "flores-en": 1.4}}},
-     {"mean_of_all": {"flores-az": 3.3, "flores-en": 1.4}}),
-])
+@pytest.mark.parametrize(
+    "transplant,expected",
+    [
+        (
+            {"method": "mean_of_pieces", "step0_val_bpb": {"random": 5.27, "mean_of_pieces": 2.81}},
+            {"random": {"val": 5.27}, "mean_of_pieces": {"val": 2.81}},
+        ),  # no per-set figures recorded
+        (
+            {
+                "method": "mean_of_all",
+                "step0_val_bpb": {"mean_of_all": 2.0},
+                "step0_val_bpb_by_set": {"mean_of_all": {"flores-az": 3.3, "flores-en": 1.4}},
+            },
+            {"mean_of_all": {"flores-az": 3.3, "flores-en": 1.4}},
+        ),
+    ],
+)
 def test_step0_bpb_per_initialisation_and_set(transplant, expected):
     got = compare.step0_bpb(CptMetrics.model_validate(metrics_samples.sample("cpt", transplant=transplant)))
     assert got["step0_bpb"] == expected and got["method"] == transplant["method"]

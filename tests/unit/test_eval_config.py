@@ -8,33 +8,54 @@ from dilforge_shared.errors import ConfigError
 
 
 def test_data_sources_list_every_file():
-    cfg = EvalConfig.model_validate({
-        "text_sets": [{"uri": "/d/a.txt", "name": "a"}],
-        "parallel_sets": [{"name": "fl", "az": {"uri": "/d/f.tsv", "text_field": "az"},
-                           "en": {"uri": "/d/f.tsv", "text_field": "en"}}],
-        "morph": {"segmented": ["/m/s.tsv"], "lemma_forms": ["/m/u.tsv", "/m/w.tsv"], "conllu": ["/m/x.conllu"]},
-        "prompts": "/p.jsonl",
-    })
+    cfg = EvalConfig.model_validate(
+        {
+            "text_sets": [{"uri": "/d/a.txt", "name": "a"}],
+            "parallel_sets": [
+                {
+                    "name": "fl",
+                    "az": {"uri": "/d/f.tsv", "text_field": "az"},
+                    "en": {"uri": "/d/f.tsv", "text_field": "en"},
+                }
+            ],
+            "morph": {"segmented": ["/m/s.tsv"], "lemma_forms": ["/m/u.tsv", "/m/w.tsv"], "conllu": ["/m/x.conllu"]},
+            "prompts": "/p.jsonl",
+        }
+    )
     labels = [s.label for s in cfg.data_sources()]
-    assert labels == ["a", "fl.az", "fl.en", "morph.segmented.0", "morph.lemma_forms.0", "morph.lemma_forms.1",
-                      "morph.conllu.0", "prompts"]
-    assert (EvalConfig.stage, EvalConfig.artifact_kind, EvalConfig.consumes) == ("eval", "eval_report",
-                                                                                 ("model", "tokenizer", "cpt", "sft"))
+    assert labels == [
+        "a",
+        "fl.az",
+        "fl.en",
+        "morph.segmented.0",
+        "morph.lemma_forms.0",
+        "morph.lemma_forms.1",
+        "morph.conllu.0",
+        "prompts",
+    ]
+    assert (EvalConfig.stage, EvalConfig.artifact_kind, EvalConfig.consumes) == (
+        "eval",
+        "eval_report",
+        ("model", "tokenizer", "cpt", "sft"),
+    )
 
 
-@pytest.mark.parametrize("raw,message", [
-    ({"models": [{"label": "cpt", "uri": "/x"}]}, "reserved"),
-    ({"models": [{"label": "b", "uri": "/x"}, {"label": "b", "uri": "/y"}]}, "duplicate labels"),
-    ({"text_sets": [{"uri": "/a/x.txt"}, {"uri": "/b/x.txt"}]}, "duplicate names"),
-    ({"bpb": {"window": 64, "stride": 128}}, "bpb.stride"),
-    ({"generation": {"modes": ["beam"]}}, "generation.modes"),
-    ({"max_bytes_per_set": 0}, "max_bytes_per_set"),
-    ({"modles": []}, "modles"),
-    ({"set_languages": {"nope": "en"}}, "set_languages: 'nope' is not a text set name"),
-    ({"text_sets": [{"uri": "/a.txt", "name": "a"}], "set_languages": {"a": "English"}}, r"set_languages\[a\]"),
-    ({"target_language": "Azerbaijani"}, "target_language"),
-    ({"generation": {"no_repeat_ngram_size": -1}}, "generation.no_repeat_ngram_size"),
-])
+@pytest.mark.parametrize(
+    "raw,message",
+    [
+        ({"models": [{"label": "cpt", "uri": "/x"}]}, "reserved"),
+        ({"models": [{"label": "b", "uri": "/x"}, {"label": "b", "uri": "/y"}]}, "duplicate labels"),
+        ({"text_sets": [{"uri": "/a/x.txt"}, {"uri": "/b/x.txt"}]}, "duplicate names"),
+        ({"bpb": {"window": 64, "stride": 128}}, "bpb.stride"),
+        ({"generation": {"modes": ["beam"]}}, "generation.modes"),
+        ({"max_bytes_per_set": 0}, "max_bytes_per_set"),
+        ({"modles": []}, "modles"),
+        ({"set_languages": {"nope": "en"}}, "set_languages: 'nope' is not a text set name"),
+        ({"text_sets": [{"uri": "/a.txt", "name": "a"}], "set_languages": {"a": "English"}}, r"set_languages\[a\]"),
+        ({"target_language": "Azerbaijani"}, "target_language"),
+        ({"generation": {"no_repeat_ngram_size": -1}}, "generation.no_repeat_ngram_size"),
+    ],
+)
 def test_bad_configs_name_the_field(raw, message):
     with pytest.raises(ConfigError, match=message):
         validate_model(EvalConfig, raw, "test")

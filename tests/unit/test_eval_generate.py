@@ -14,10 +14,14 @@ from dilforge_shared.errors import InputError
 def test_repetition_measures_hand_checked():
     r = eval_generate.repetition("a b a b a b")
     # 1-grams: 6, unique 2; 2-grams: 5, unique 2; 3-grams: aba bab aba bab → 2 of 4 repeat an earlier one
-    assert r == {"num_words": 6, "distinct_1": pytest.approx(2 / 6), "distinct_2": pytest.approx(2 / 5),
-                 "repeated_3gram_rate": pytest.approx(0.5)}
+    assert r == {
+        "num_words": 6,
+        "distinct_1": pytest.approx(2 / 6),
+        "distinct_2": pytest.approx(2 / 5),
+        "repeated_3gram_rate": pytest.approx(0.5),
+    }
     r = eval_generate.repetition("Bakı gözəl şəhərdir, BAKI isə paytaxtdır")
-    assert r["distinct_1"] == pytest.approx(5 / 6)       # "Bakı" and "BAKI" (az lower-casing) are one word
+    assert r["distinct_1"] == pytest.approx(5 / 6)  # "Bakı" and "BAKI" (az lower-casing) are one word
     assert r["repeated_3gram_rate"] == 0.0
     assert eval_generate.repetition("tək")["distinct_2"] is None
 
@@ -26,13 +30,14 @@ def test_mean_repetition_skips_missing_values():
     rows = [eval_generate.repetition("a a a a"), eval_generate.repetition("b")]
     m = eval_generate.mean_repetition(rows)
     assert m["num_generations"] == 2 and m["distinct_1"] == pytest.approx((0.25 + 1) / 2)
-    assert m["repeated_3gram_rate"] == pytest.approx(0.5)   # only the first has 3-grams: aaa aaa → 1 of 2
+    assert m["repeated_3gram_rate"] == pytest.approx(0.5)  # only the first has 3-grams: aaa aaa → 1 of 2
 
 
 def test_load_prompts_and_errors(tmp_path):
     p = tmp_path / "p.jsonl"
-    p.write_text(json.dumps({"id": "a", "kind": "chat", "prompt": "Salam"}) + "\n\n"
-                 + json.dumps({"prompt": "Bakı"}) + "\n")
+    p.write_text(
+        json.dumps({"id": "a", "kind": "chat", "prompt": "Salam"}) + "\n\n" + json.dumps({"prompt": "Bakı"}) + "\n"
+    )
     prompts = eval_generate.load_prompts(str(p))
     assert [(x.id, x.kind) for x in prompts] == [("a", "chat"), ("line3", "completion")]
     assert len(eval_generate.load_prompts(str(p), limit=1)) == 1
@@ -53,14 +58,23 @@ def test_builtin_prompts_are_valid():
 
 def test_generation_is_reproducible_and_uses_chat_template(tiny_llama_dir):
     import torch
+
     torch.set_num_threads(1)
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
     model = AutoModelForCausalLM.from_pretrained(str(tiny_llama_dir), trust_remote_code=False).eval()
     tok = AutoTokenizer.from_pretrained(str(tiny_llama_dir), trust_remote_code=False)
     prompts = [eval_generate.Prompt("c", "completion", "Bakı"), eval_generate.Prompt("q", "chat", "Salam")]
     text, templated = eval_generate.render_prompt(tok, prompts[1])
-    assert templated and "<|start_header_id|>assistant<|end_header_id|>" in text and text.startswith("<|begin_of_text|>")
-    runs = [eval_generate.generate(model, tok, prompts, mode, GenerationSettings(max_new_tokens=6, temperature=1.0, top_p=1.0), seed=3) for mode in ("greedy", "sampled", "sampled")]
+    assert (
+        templated and "<|start_header_id|>assistant<|end_header_id|>" in text and text.startswith("<|begin_of_text|>")
+    )
+    runs = [
+        eval_generate.generate(
+            model, tok, prompts, mode, GenerationSettings(max_new_tokens=6, temperature=1.0, top_p=1.0), seed=3
+        )
+        for mode in ("greedy", "sampled", "sampled")
+    ]
     assert all(r["num_new_tokens"] <= 6 for run in runs for r in run)
     assert [r["output"] for r in runs[1]] == [r["output"] for r in runs[2]]
     assert runs[0][1]["chat_template"] is True and runs[0][0]["chat_template"] is False
@@ -81,20 +95,37 @@ class _FakeTokenizer:
 
 def test_stop_tokens_come_from_the_family():
     chatml = _FakeTokenizer({"<|im_start|>": 1, "<|im_end|>": 2, "<|endoftext|>": 0, "a": 5}, eos=2)
-    chatml.unk_token_id = 0                     # as in SmolLM2: the unk token is the document end
+    chatml.unk_token_id = 0  # as in SmolLM2: the unk token is the document end
     family = eval_generate.model_family(chatml, "smol")
-    assert family.name == "chatml" and eval_generate.stop_token_ids(chatml, family) == [2, 0]   # end of turn, end of document
-    llama = _FakeTokenizer({"<|begin_of_text|>": 10, "<|start_header_id|>": 11, "<|end_header_id|>": 12,
-                            "<|eot_id|>": 13, "<|end_of_text|>": 14}, eos=14)
+    assert family.name == "chatml" and eval_generate.stop_token_ids(chatml, family) == [
+        2,
+        0,
+    ]  # end of turn, end of document
+    llama = _FakeTokenizer(
+        {
+            "<|begin_of_text|>": 10,
+            "<|start_header_id|>": 11,
+            "<|end_header_id|>": 12,
+            "<|eot_id|>": 13,
+            "<|end_of_text|>": 14,
+        },
+        eos=14,
+    )
     assert eval_generate.stop_token_ids(llama, eval_generate.model_family(llama, "l3")) == [13, 14]
-    chatml.bos_token, chatml.chat_template = "<|im_start|>", None     # SmolLM2 names a bos_token; ChatML has none
-    assert eval_generate.render_prompt(chatml, eval_generate.Prompt("c", "completion", "Bakı"), family) == ("Bakı", False)
+    chatml.bos_token, chatml.chat_template = "<|im_start|>", None  # SmolLM2 names a bos_token; ChatML has none
+    assert eval_generate.render_prompt(chatml, eval_generate.Prompt("c", "completion", "Bakı"), family) == (
+        "Bakı",
+        False,
+    )
     other = _FakeTokenizer({"</s>": 2, "a": 3}, eos=2)
-    assert eval_generate.model_family(other, "x") is None and eval_generate.stop_token_ids(other, None) == [2]   # unknown family: EOS only
+    assert eval_generate.model_family(other, "x") is None and eval_generate.stop_token_ids(other, None) == [
+        2
+    ]  # unknown family: EOS only
 
 
 def test_repetition_options_reach_generate(tiny_llama_dir, monkeypatch):
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
     model = AutoModelForCausalLM.from_pretrained(str(tiny_llama_dir), trust_remote_code=False).eval()
     tok = AutoTokenizer.from_pretrained(str(tiny_llama_dir), trust_remote_code=False)
     seen = []
@@ -103,6 +134,7 @@ def test_repetition_options_reach_generate(tiny_llama_dir, monkeypatch):
     def spy(**kwargs):
         seen.append(kwargs)
         return real(**kwargs)
+
     monkeypatch.setattr(model, "generate", spy)
     settings = GenerationSettings(max_new_tokens=4, repetition_penalty=1.3, no_repeat_ngram_size=3)
     eval_generate.generate(model, tok, [eval_generate.Prompt("c", "completion", "Bakı")], "greedy", settings, seed=0)
@@ -114,8 +146,10 @@ def test_repetition_options_reach_generate(tiny_llama_dir, monkeypatch):
 def test_no_repeat_ngram_size_removes_repeated_ngrams(tiny_llama_dir):
     """A random tiny model loops under greedy decoding; with no_repeat_ngram_size=2 no token bigram repeats."""
     import torch
+
     torch.set_num_threads(1)
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
     model = AutoModelForCausalLM.from_pretrained(str(tiny_llama_dir), trust_remote_code=False).eval()
     tok = AutoTokenizer.from_pretrained(str(tiny_llama_dir), trust_remote_code=False)
     prompt = [eval_generate.Prompt("c", "completion", "Bakı")]
@@ -123,19 +157,26 @@ def test_no_repeat_ngram_size_removes_repeated_ngrams(tiny_llama_dir):
     def bigram_repeats(settings) -> int:
         ids = tok(eval_generate.render_prompt(tok, prompt[0])[0], add_special_tokens=False)["input_ids"]
         with torch.inference_mode():
-            out = model.generate(input_ids=torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                                 **eval_generate.generate_kwargs(settings, "greedy", tok.pad_token_id, []))[0].tolist()
+            out = model.generate(
+                input_ids=torch.tensor([ids]),
+                attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                **eval_generate.generate_kwargs(settings, "greedy", tok.pad_token_id, []),
+            )[0].tolist()
         grams = list(itertools.pairwise(out))
         return len(grams) - len(set(grams))
-    assert bigram_repeats(GenerationSettings(max_new_tokens=40)) > 0          # the failure mode is there
+
+    assert bigram_repeats(GenerationSettings(max_new_tokens=40)) > 0  # the failure mode is there
     assert bigram_repeats(GenerationSettings(max_new_tokens=40, no_repeat_ngram_size=2)) == 0
 
 
 def test_chat_prompt_falls_back_to_the_family_template(tiny_llama_dir):
     from transformers import AutoTokenizer
+
     tok = AutoTokenizer.from_pretrained(str(tiny_llama_dir), trust_remote_code=False)
     tok.chat_template = None
     family = eval_generate.model_family(tok, "tiny")
     text, templated = eval_generate.render_prompt(tok, eval_generate.Prompt("q", "chat", "Salam"), family)
-    assert templated and text == ("<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nSalam<|eot_id|>"
-                                  "<|start_header_id|>assistant<|end_header_id|>\n\n")
+    assert templated and text == (
+        "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nSalam<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n"
+    )

@@ -12,23 +12,28 @@ def char_tokenizer(text: str) -> Tokenizer:
     """Every non-space character is one token (a vocabulary built from `text`)."""
     vocab = {"[UNK]": 0, **{c: i + 1 for i, c in enumerate(sorted(set(text) - {" "}))}}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(),
-                                                 pre_tokenizers.Split(Regex("."), behavior="isolated")])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Split(Regex("."), behavior="isolated")]
+    )
     return tok
 
 
 def suffix_tokenizer(words: list[str], suffix: str) -> Tokenizer:
     """Whole words, except that `suffix` is split off as its own token."""
     pieces = {p for w in words for p in w.split(suffix) if p} | {suffix}
-    tok = Tokenizer(models.WordLevel({"[UNK]": 0, **{p: i + 1 for i, p in enumerate(sorted(pieces))}}, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(),
-                                                 pre_tokenizers.Split(suffix, behavior="isolated")])
+    tok = Tokenizer(
+        models.WordLevel({"[UNK]": 0, **{p: i + 1 for i, p in enumerate(sorted(pieces))}}, unk_token="[UNK]")
+    )
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Split(suffix, behavior="isolated")]
+    )
     return tok
 
 
 def byte_tokenizer() -> Tokenizer:
     """Byte-level BPE without merges: every UTF-8 byte is a token (a two-byte letter is split)."""
     from dilforge_tokenizer import llama3
+
     return llama3.train_bpe(["x"], 256)
 
 
@@ -51,7 +56,10 @@ def test_parity_is_az_tokens_over_en_tokens():
 
 
 def test_alignment_perfect_when_tokens_follow_morphemes():
-    words = [eval_morph.from_segments("kitablar", ["kitab", "lar"], "hand"), eval_morph.from_segments("evlər", ["ev", "lər"], "hand")]
+    words = [
+        eval_morph.from_segments("kitablar", ["kitab", "lar"], "hand"),
+        eval_morph.from_segments("evlər", ["ev", "lər"], "hand"),
+    ]
     tok = suffix_tokenizer(["kitablar"], "lar")
     s = eval_morph.alignment(tok, words[:1]).summary()
     assert s["boundary_recall"] == 1.0 and s["inside_morpheme_rate"] == 0.0 and s["exact_segmentation_rate"] == 1.0
@@ -70,7 +78,7 @@ def test_alignment_character_tokens_hit_every_boundary_but_mostly_inside_morphem
 
 def test_alignment_counts_a_split_inside_a_two_byte_letter_as_inside_a_morpheme():
     tok = byte_tokenizer()
-    assert eval_morph.token_byte_boundaries(tok, "əl") == [1, 2]      # ə = C9 99: a boundary between its two bytes
+    assert eval_morph.token_byte_boundaries(tok, "əl") == [1, 2]  # ə = C9 99: a boundary between its two bytes
     s = eval_morph.alignment(tok, [eval_morph.from_segments("əl", ["əl"], "hand")]).summary()
     assert s["num_token_boundaries_inside"] == 2 and s["inside_morpheme_rate"] == 1.0
 
@@ -86,16 +94,27 @@ def test_alignment_ignores_token_boundaries_in_unknown_suffix_regions():
 
 
 def test_morph_metrics_has_per_source_and_overall_rows():
-    gold = {"a": [eval_morph.from_segments("evlər", ["ev", "lər"], "a")], "b": [eval_morph.from_segments("ev", ["ev"], "b")]}
+    gold = {
+        "a": [eval_morph.from_segments("evlər", ["ev", "lər"], "a")],
+        "b": [eval_morph.from_segments("ev", ["ev"], "b")],
+    }
     out = morph_metrics({"c": char_tokenizer("evlər")}, gold)["c"]
     assert set(out) == {"a", "b", "all"}
     assert out["all"]["num_words"] == 2 and out["all"]["num_gold_boundaries"] == 1
 
 
-@pytest.mark.parametrize("lemma,form,boundary", [
-    ("kitab", "kitablar", 5), ("çiçək", "çiçəyi", 5), ("ayaq", "ayağı", 4), ("kitab", "kitab", 5),
-    ("İş", "işlər", 2), ("ağız", "ağzı", None), ("ev", "at", None),
-])
+@pytest.mark.parametrize(
+    "lemma,form,boundary",
+    [
+        ("kitab", "kitablar", 5),
+        ("çiçək", "çiçəyi", 5),
+        ("ayaq", "ayağı", 4),
+        ("kitab", "kitab", 5),
+        ("İş", "işlər", 2),
+        ("ağız", "ağzı", None),
+        ("ev", "at", None),
+    ],
+)
 def test_stem_boundary_with_alternations(lemma, form, boundary):
     assert eval_morph.stem_boundary(lemma, form) == boundary
 
@@ -120,15 +139,18 @@ def test_loaders_read_hand_made_resources(tmp_path):
     um.write_text("açar\taçarlara\tN;DAT;PL\n")
     assert eval_morph.load_lemma_forms(str(um))[0].boundaries == (4,)
     conllu = tmp_path / "x.conllu"
-    conllu.write_text("# sent_id = 1\n# text = Qız yoldaşına yazdı.\n# glossing = girl friend-POSS.3SG-DAT write-PST\n"
-                      "1\tQız\tqız\tNOUN\t_\t_\t0\troot\t_\t_\n2\tyoldaşına\tyoldaş\tNOUN\t_\t_\t1\tobl\t_\t_\n"
-                      "3\tyazdı\tyaz\tVERB\t_\t_\t1\tx\t_\tSpaceAfter=No\n4\t.\t.\tPUNCT\t_\t_\t3\tpunct\t_\t_\n")
+    conllu.write_text(
+        "# sent_id = 1\n# text = Qız yoldaşına yazdı.\n# glossing = girl friend-POSS.3SG-DAT write-PST\n"
+        "1\tQız\tqız\tNOUN\t_\t_\t0\troot\t_\t_\n2\tyoldaşına\tyoldaş\tNOUN\t_\t_\t1\tobl\t_\t_\n"
+        "3\tyazdı\tyaz\tVERB\t_\t_\t1\tx\t_\tSpaceAfter=No\n4\t.\t.\tPUNCT\t_\t_\t3\tpunct\t_\t_\n"
+    )
     got = {w.word: (w.boundaries, w.known) for w in eval_morph.load_conllu(str(conllu))}
     assert got == {"Qız": ((), ((0, 3),)), "yoldaşına": ((6,), ((0, 6),)), "yazdı": ((3,), ((0, 3), (3, 5)))}
 
 
 def test_loader_errors_name_file_and_line(tmp_path):
     from dilforge_shared.errors import InputError
+
     bad = tmp_path / "bad.tsv"
     bad.write_text("word\tsegmentation\nkitab\n")
     with pytest.raises(InputError, match=r"bad.tsv:2: expected word<TAB>segmentation"):
@@ -146,9 +168,11 @@ def test_morphology_resources_read_from_s3_like_local_files(tmp_path, s3_server,
     """Morphology files go through the shared corpus readers, so s3:// URIs (SageMaker inputs) work."""
     client = s3_server.client()
     bucket = s3_bucket.removeprefix("s3://")
-    local = {"segmented": str(data_root / "az/morph/az-lang-nlp_golden_morph.tsv"),
-             "lemma_forms": str(data_root / "az/morph/unimorph_aze.tsv"),
-             "conllu": str(data_root / "az/morph/ud_az_tuecl-ud-test.conllu")}
+    local = {
+        "segmented": str(data_root / "az/morph/az-lang-nlp_golden_morph.tsv"),
+        "lemma_forms": str(data_root / "az/morph/unimorph_aze.tsv"),
+        "conllu": str(data_root / "az/morph/ud_az_tuecl-ud-test.conllu"),
+    }
     remote = {}
     for kind, path in local.items():
         key = f"morph/{path.rsplit('/', 1)[-1]}"
@@ -156,11 +180,16 @@ def test_morphology_resources_read_from_s3_like_local_files(tmp_path, s3_server,
         remote[kind] = f"{s3_bucket}/{key}"
     args = {"num_words_per_source": 200, "seed": 3}
     from_local = eval_morph.load_gold([local["segmented"]], [local["lemma_forms"]], [local["conllu"]], **args)
-    from_s3 = eval_morph.load_gold([remote["segmented"]], [remote["lemma_forms"]], [remote["conllu"]], **args,
-                          endpoint_url=s3_server.endpoint_url)
-    assert list(from_s3) == list(from_local) == ["az-lang-nlp_golden_morph.tsv", "unimorph_aze.tsv",
-                                                 "ud_az_tuecl-ud-test.conllu"]
+    from_s3 = eval_morph.load_gold(
+        [remote["segmented"]], [remote["lemma_forms"]], [remote["conllu"]], **args, endpoint_url=s3_server.endpoint_url
+    )
+    assert (
+        list(from_s3)
+        == list(from_local)
+        == ["az-lang-nlp_golden_morph.tsv", "unimorph_aze.tsv", "ud_az_tuecl-ud-test.conllu"]
+    )
     assert from_s3 == from_local and all(len(v) == 200 for v in from_s3.values())
     from dilforge_shared.errors import InputError
+
     with pytest.raises(InputError, match="morph/missing.tsv"):
         eval_morph.load_segmented(f"{s3_bucket}/morph/missing.tsv", s3_server.endpoint_url)

@@ -30,8 +30,8 @@ def damage(path: Path, seed: int) -> str:
     mode = rng.choice(["flip", "truncate", "zero"])
     if mode == "truncate":
         raw = raw[:offset]
-    elif mode == "zero" and any(raw[offset:offset + 16]):
-        raw[offset:offset + 16] = bytes(len(raw[offset:offset + 16]))
+    elif mode == "zero" and any(raw[offset : offset + 16]):
+        raw[offset : offset + 16] = bytes(len(raw[offset : offset + 16]))
     else:
         mode = "flip"
         raw[offset] ^= rng.randrange(1, 256)
@@ -93,6 +93,7 @@ def test_a_damaged_lock_file_is_taken_and_rewritten(tmp_path, seed):
 
 # ---- CPT checkpoints: the checkpointer with content digests (issue 23 item 1) ------------------------------------
 
+
 class _Json:
     def __init__(self, value=None):
         self.value = value or {}
@@ -110,19 +111,26 @@ class _Tensors:
 
     def state_dict(self):
         from dilforge_cpt.checkpoints import _tensor_state
+
         saved, self.osd = _tensor_state(self.model, self.opt)
         return saved
 
     def load_state_dict(self, saved):
         from torch.distributed.checkpoint.state_dict import set_state_dict
-        set_state_dict(self.model, self.opt, model_state_dict=saved["model"],
-                       optim_state_dict={"state": saved["optim"]["state"], "param_groups": self.osd["param_groups"]})
+
+        set_state_dict(
+            self.model,
+            self.opt,
+            model_state_dict=saved["model"],
+            optim_state_dict={"state": saved["optim"]["state"], "param_groups": self.osd["param_groups"]},
+        )
 
 
 def _tiny():
     import torch
     from factories import tiny_llama_config
     from transformers import LlamaForCausalLM
+
     torch.manual_seed(0)
     model = LlamaForCausalLM(tiny_llama_config(64))
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)
@@ -145,6 +153,7 @@ def test_a_damaged_checkpoint_is_never_resumed(tmp_path, kind, seed):
         ck.register("model", _Tensors(model, opt), kind="tensors")
         ck.register("rng", RngState(), kind="rank_json")
         return ck
+
     model, opt = _tiny()
     checkpointer(model, opt, _Json({"step": 2})).save(2)
     good = {k: v.clone() for k, v in model.state_dict().items()}

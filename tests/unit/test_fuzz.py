@@ -23,13 +23,22 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-json_leaf = st.one_of(st.none(), st.booleans(), st.integers(-10**12, 10**12),
-                      st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=20))
-json_value = st.recursive(json_leaf, lambda inner: st.one_of(
-    st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=10), inner, max_size=4)), max_leaves=20)
+json_leaf = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(10**12), 10**12),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=20),
+)
+json_value = st.recursive(
+    json_leaf,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=10), inner, max_size=4)),
+    max_leaves=20,
+)
 
 VALID_CONFIG = {
-    "run_id": "r", "store": {"uri": "/tmp/dilforge-fuzz-store"},
+    "run_id": "r",
+    "store": {"uri": "/tmp/dilforge-fuzz-store"},
     "tokenizer": {"strategy": "replace", "corpora": [{"uri": "/nonexistent/c.txt"}], "vocab_sizes": [1000]},
 }
 
@@ -61,6 +70,7 @@ def _has_non_finite(doc) -> bool:
 
 
 # ---- configs ----------------------------------------------------------------------------------------------
+
 
 @FUZZ
 @given(st.data())
@@ -98,11 +108,12 @@ def test_any_yaml_text_loads_or_is_one_config_error(text):
 @given(st.integers(1, 12), st.integers(2, 12))
 def test_nested_aliases_are_refused_exactly_when_they_expand_past_the_bound(depth, width):
     from dilforge_shared.configs.pipeline import MAX_YAML_NODES
+
     levels = ["l0: &l0 [x]"] + [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * width)}]" for i in range(1, depth)]
-    sizes = [2]                                     # a sequence node and its scalar
+    sizes = [2]  # a sequence node and its scalar
     for _ in range(1, depth):
         sizes.append(1 + width * sizes[-1])
-    expanded = 1 + sum(1 + n for n in sizes) + 2    # the mapping, each key + value, and `run_id: r`
+    expanded = 1 + sum(1 + n for n in sizes) + 2  # the mapping, each key + value, and `run_id: r`
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "c.yaml"
         path.write_text("\n".join(levels) + "\nrun_id: r\n")
@@ -115,10 +126,20 @@ def test_nested_aliases_are_refused_exactly_when_they_expand_past_the_bound(dept
 
 # ---- manifests ---------------------------------------------------------------------------------------------
 
+
 def _manifest_doc() -> dict:
-    return json.loads(Manifest(kind="tokenizer", artifact_id="abc0123456789def", run_id="r", stage="tokenizer",
-                               producer=current_producer("fuzz"), config={}, data_dir="data-0123456789ab",
-                               files=[{"path": "tokenizer.json", "size": 2, "sha256": "0" * 64}]).to_json())
+    return json.loads(
+        Manifest(
+            kind="tokenizer",
+            artifact_id="abc0123456789def",
+            run_id="r",
+            stage="tokenizer",
+            producer=current_producer("fuzz"),
+            config={},
+            data_dir="data-0123456789ab",
+            files=[{"path": "tokenizer.json", "size": 2, "sha256": "0" * 64}],
+        ).to_json()
+    )
 
 
 MANIFEST = _manifest_doc()
@@ -165,9 +186,14 @@ def test_an_artifact_id_is_accepted_only_as_one_safe_path_component(artifact_id)
 
 # ---- run records -----------------------------------------------------------------------------------------------
 
-RECORD = json.loads(RunRecord(run_id="r", status="succeeded", owner={"pid": 1, "host": "h"},
-                              stages={"tokenizer": {"artifact": "artifacts/tokenizer/abc", "status": "produced",
-                                                    "backend": "local"}}).to_json())
+RECORD = json.loads(
+    RunRecord(
+        run_id="r",
+        status="succeeded",
+        owner={"pid": 1, "host": "h"},
+        stages={"tokenizer": {"artifact": "artifacts/tokenizer/abc", "status": "produced", "backend": "local"}},
+    ).to_json()
+)
 
 
 @FUZZ
@@ -194,9 +220,10 @@ def test_status_of_any_record_bytes_is_an_answer_or_one_line_never_a_traceback(r
         (Path(tmp) / "runs").mkdir()
         (Path(tmp) / "runs" / "r.json").write_bytes(raw)
         result = CliRunner().invoke(app, ["status", "r", "--store", tmp])
-        assert result.exit_code in (0, 1) and (result.exception is None or isinstance(result.exception, SystemExit)), \
+        assert result.exit_code in (0, 1) and (result.exception is None or isinstance(result.exception, SystemExit)), (
             result.output
+        )
         if result.exit_code == 1:
             assert result.output.startswith("error: ") and result.output.count("\n") == 1, result.output
-        record = RunRecord.load(ArtifactStore(tmp), "r")           # the next run is never blocked
+        record = RunRecord.load(ArtifactStore(tmp), "r")  # the next run is never blocked
         assert record.run_id == "r"

@@ -17,8 +17,13 @@ from sft_factories import build_chatml_tokenizer
 
 
 def test_generation_ids_list_every_stop_the_vocabulary_has():
-    llama = {"<|begin_of_text|>": 0, "<|end_of_text|>": 1, "<|finetune_right_pad_id|>": 4, "<|eom_id|>": 8,
-             "<|eot_id|>": 9}
+    llama = {
+        "<|begin_of_text|>": 0,
+        "<|end_of_text|>": 1,
+        "<|finetune_right_pad_id|>": 4,
+        "<|eom_id|>": 8,
+        "<|eot_id|>": 9,
+    }
     assert LLAMA3.generation_ids(llama) == {"bos_token_id": 0, "eos_token_id": [9, 8, 1], "pad_token_id": 4}
     del llama["<|eom_id|>"]
     assert LLAMA3.generation_ids(llama)["eos_token_id"] == [9, 1]
@@ -45,6 +50,7 @@ def folder(request, tmp_path, tiny_tokenizer_dir):
 
 def test_stock_generate_runs_past_the_turn_before_and_stops_at_it_after(folder):
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
     tok = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
     before = AutoModelForCausalLM.from_pretrained(str(folder), trust_remote_code=False).eval()
     with pytest.raises(AssertionError):  # the check fails on the defective folder

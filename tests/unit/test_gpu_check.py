@@ -35,8 +35,8 @@ def test_phases_are_clipped_to_the_time_left(check):
     assert check.time_for(tests, 90) == 90
     assert check.time_for(tests, 59) is None  # cannot finish: skipped
     cpt = check.Phase("cpt", min_s=90, max_s=300, reserve_s=120)
-    assert check.time_for(cpt, 400) == 280    # leaves the tests their reserve
-    assert check.time_for(cpt, 150) == 150    # too little for the reserve: the later phase gets what is left
+    assert check.time_for(cpt, 400) == 280  # leaves the tests their reserve
+    assert check.time_for(cpt, 150) == 150  # too little for the reserve: the later phase gets what is left
     real = check.plan(dry_run=False)
     assert [p.name for p in real] == ["environment", "ceilings", "cpt", "tests"]
     assert sum(p.min_s for p in real) + check.MARGIN_S <= 480
@@ -46,8 +46,16 @@ def test_pack_keeps_at_most_8_files(check, tmp_path):
     logs = tmp_path / "logs"
     logs.mkdir()
     (logs / "cpt.log").write_text("x")
-    for name in ("env.json", "ceilings.json", "attention_table.json", "bench.json", "pytest.xml", "a.json",
-                 "b.json", "c.json"):
+    for name in (
+        "env.json",
+        "ceilings.json",
+        "attention_table.json",
+        "bench.json",
+        "pytest.xml",
+        "a.json",
+        "b.json",
+        "c.json",
+    ):
         (tmp_path / name).write_text("{}")
     files = check.pack(tmp_path, logs)
     assert len(files) <= check.MAX_FILES - 1 and "logs.tar.gz" in files and "extra.tar.gz" in files
@@ -55,8 +63,13 @@ def test_pack_keeps_at_most_8_files(check, tmp_path):
 
 
 def test_a_call_too_short_for_any_phase_skips_each_and_says_why(tmp_path):
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), str(tmp_path / "r"),
-                           "--total-s", "22", "--dry-run"], capture_output=True, text=True, timeout=120, check=False)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gpu_check.py"), str(tmp_path / "r"), "--total-s", "22", "--dry-run"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 1
     summary = (tmp_path / "r" / "summary.txt").read_text()
     assert proc.stdout.rstrip().endswith(summary.rstrip())  # the table is printed last
@@ -67,9 +80,20 @@ def test_a_call_too_short_for_any_phase_skips_each_and_says_why(tmp_path):
 
 
 def test_environment_phase_runs_and_reports(tmp_path):
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), str(tmp_path / "r"),
-                           "--dry-run", "--phases", "environment"], capture_output=True, text=True, timeout=300,
-                          check=False)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "gpu_check.py"),
+            str(tmp_path / "r"),
+            "--dry-run",
+            "--phases",
+            "environment",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:]
     env = json.loads((tmp_path / "r" / "env.json").read_text())
     assert env["device"] == "cpu" and env["torch"] and "sdpa_backends_available" in env
@@ -78,6 +102,7 @@ def test_environment_phase_runs_and_reports(tmp_path):
 
 
 # ---- the carried wheels ------------------------------------------------------------------------------
+
 
 def fake_wheel(folder: Path, name: str, version: str, requires: list[str]) -> None:
     dist = f"{name.replace('-', '_')}-{version}"
@@ -89,8 +114,18 @@ def fake_wheel(folder: Path, name: str, version: str, requires: list[str]) -> No
 
 def test_wheel_set_check_names_what_is_missing_conflicting_or_too_big(tmp_path):
     deps = load("gpu_wheel_deps")
-    fake_wheel(tmp_path, "dilforge-fake", "1.0", ["pydantic-settings>=2", "numpy>=2", "torch<2.5",
-                                                  "pytest; extra == 'test'", "colorama; sys_platform == 'win32'"])
+    fake_wheel(
+        tmp_path,
+        "dilforge-fake",
+        "1.0",
+        [
+            "pydantic-settings>=2",
+            "numpy>=2",
+            "torch<2.5",
+            "pytest; extra == 'test'",
+            "colorama; sys_platform == 'win32'",
+        ],
+    )
     problems = deps.check(tmp_path, "3.12", 64)
     assert any("pydantic-settings>=2 - neither carried nor on the device" in p for p in problems)
     assert any("torch<2.5, on the device is 2.11.0" in p for p in problems)

@@ -24,14 +24,48 @@ from test_coordinator import InProcessBackend, write_config
 RUN_ONLY = {
     "model": [],
     "tokenizer": ["corpora.name", "validation.name"],
-    "cpt": ["activation_checkpointing", "checkpoint_every", "compile", "corpora.name", "distributed_backend",
-            "eval_every", "eval_micro_batch_size", "fsdp", "liger", "log_every", "master_port", "micro_batch_size",
-            "num_checkpoints_kept", "num_processes_per_node", "peak_tflops_per_device", "tokenize_batch_size",
-            "validation.name"],
-    "sft": ["activation_checkpointing", "attention", "checkpoint_every", "eval_micro_batch_size", "liger", "log_every",
-            "memory_budget_fraction", "micro_batch_size", "num_checkpoints_kept", "train.name", "validation.name"],
-    "eval": ["bpb.batch_size", "device", "parallel_sets.az.name", "parallel_sets.en.name", "tasks.batch_size",
-             "tasks.translation.az.name", "tasks.translation.en.name", "text_sets.name"],
+    "cpt": [
+        "activation_checkpointing",
+        "checkpoint_every",
+        "compile",
+        "corpora.name",
+        "distributed_backend",
+        "eval_every",
+        "eval_micro_batch_size",
+        "fsdp",
+        "liger",
+        "log_every",
+        "master_port",
+        "micro_batch_size",
+        "num_checkpoints_kept",
+        "num_processes_per_node",
+        "peak_tflops_per_device",
+        "tokenize_batch_size",
+        "validation.name",
+    ],
+    "sft": [
+        "activation_checkpointing",
+        "attention",
+        "checkpoint_every",
+        "eval_micro_batch_size",
+        "liger",
+        "log_every",
+        "memory_budget_fraction",
+        "micro_batch_size",
+        "num_checkpoints_kept",
+        "train.name",
+        "validation.name",
+    ],
+    "eval": [
+        "bpb.batch_size",
+        "device",
+        "parallel_sets.az.name",
+        "parallel_sets.en.name",
+        "tasks.batch_size",
+        "tasks.translation.az.name",
+        "tasks.translation.en.name",
+        "text_sets.name",
+    ],
 }
 
 
@@ -48,8 +82,13 @@ def test_the_json_schema_shows_which_fields_are_run_only():
 
 def cpt_pipeline(tmp_path: Path, **cpt) -> dict:
     (tmp_path / "c.txt").write_text("bir iki üç\n")
-    section = {"scratch_model": {}, "corpora": [{"uri": str(tmp_path / "c.txt")}],
-               "validation": [{"uri": str(tmp_path / "c.txt")}], "phase2": {"num_steps": 2}, **cpt}
+    section = {
+        "scratch_model": {},
+        "corpora": [{"uri": str(tmp_path / "c.txt")}],
+        "validation": [{"uri": str(tmp_path / "c.txt")}],
+        "phase2": {"num_steps": 2},
+        **cpt,
+    }
     return {"run_id": "r", "store": {"uri": str(tmp_path / "store")}, "cpt": section}
 
 
@@ -57,17 +96,27 @@ def cpt_pipeline(tmp_path: Path, **cpt) -> dict:
 def planned(tmp_path, monkeypatch):
     """raw pipeline → the CPT job's planned id, fed a real (fake-trained) tokenizer artifact."""
     from dilforge_shared.configs import PipelineConfig
+
     monkeypatch.setenv("DILFORGE_VAR_CORPUS_DIR", str(tmp_path))
     tok = pl.run_all(load_pipeline(write_config(tmp_path)), InProcessBackend(tmp_path, monkeypatch))["tokenizer"]
     return lambda raw: pl.plan_stage(PipelineConfig.model_validate(raw), "cpt", {"tokenizer": tok}).artifact_id
 
 
-def test_run_only_changes_keep_the_id_identity_changes_and_a_code_version_bump_do_not(tmp_path, monkeypatch,
-                                                                                      planned):
+def test_run_only_changes_keep_the_id_identity_changes_and_a_code_version_bump_do_not(tmp_path, monkeypatch, planned):
     base = planned(cpt_pipeline(tmp_path))
-    run_only = {"log_every": 1, "eval_every": 3, "checkpoint_every": 7, "master_port": 29600, "compile": True,
-                "num_processes_per_node": 2, "tokenize_batch_size": 10, "micro_batch_size": 2, "fsdp": "on",
-                "liger": "off", "num_checkpoints_kept": 5}
+    run_only = {
+        "log_every": 1,
+        "eval_every": 3,
+        "checkpoint_every": 7,
+        "master_port": 29600,
+        "compile": True,
+        "num_processes_per_node": 2,
+        "tokenize_batch_size": 10,
+        "micro_batch_size": 2,
+        "fsdp": "on",
+        "liger": "off",
+        "num_checkpoints_kept": 5,
+    }
     assert planned(cpt_pipeline(tmp_path, **run_only)) == base
     renamed = cpt_pipeline(tmp_path)
     renamed["cpt"]["corpora"][0]["name"] = "wiki"
@@ -117,6 +166,7 @@ def test_an_artifact_whose_recorded_data_digests_give_another_id_is_not_reused(t
     path.write_text(json.dumps(raw))
     from dilforge_shared.manifest import sha256_bytes
     from dilforge_shared.store.artifacts import manifest_digest_key
+
     # a consistent manifest (its recorded digest rewritten too, so the damage check passes): only identity can tell
     (path.parent / manifest_digest_key(raw["data_dir"])).write_text(sha256_bytes(path.read_bytes()))
     assert "give id" in check_artifact(uri, identity=True)
@@ -141,6 +191,7 @@ def test_a_corpus_changed_between_planning_and_the_stage_fails_the_stage_and_pub
 
 def test_a_corpus_changed_while_the_stage_reads_it_fails_naming_it_and_publishes_nothing(tmp_path, monkeypatch):
     from dilforge_shared.contract import OptMl, StageResult, build_hyperparameters, stage_main
+
     monkeypatch.setenv("DILFORGE_VAR_CORPUS_DIR", str(tmp_path))
     cfg = load_pipeline(write_config(tmp_path))
     job = pl.plan_stage(cfg, "tokenizer", {})
@@ -152,6 +203,7 @@ def test_a_corpus_changed_while_the_stage_reads_it_fails_naming_it_and_publishes
         (ctx.model_dir / "out.txt").write_text("trained")
         (tmp_path / "corpus.txt").write_text("dəyişdi\n")  # after the stage read it
         return StageResult(metrics=metrics_samples.sample("tokenizer"))
+
     assert stage_main(STAGE_CONFIGS["tokenizer"], body, "test", ["train"]) == 1
     failure = opt.failure_file.read_text()
     assert "inputs changed while the stage ran: data:corpus.txt" in failure and "nothing published" in failure
@@ -161,13 +213,25 @@ def test_a_corpus_changed_while_the_stage_reads_it_fails_naming_it_and_publishes
 def test_old_manifests_still_read_and_their_ids_still_recompute():
     from dilforge_shared.manifest import InputRef, Manifest, current_producer, legacy_fingerprint, parse_manifest
     from dilforge_shared.models import recompute_artifact_id
-    config = CptConfig(scratch_model={}, corpora=[{"uri": "a"}], validation=[{"uri": "v"}],
-                       phase2={"num_steps": 1}).model_dump(mode="json")
+
+    config = CptConfig(
+        scratch_model={}, corpora=[{"uri": "a"}], validation=[{"uri": "v"}], phase2={"num_steps": 1}
+    ).model_dump(mode="json")
     refs = [InputRef(name="data:a", kind="data", uri="a", sha256="1" * 64)]
     old_id = legacy_fingerprint("cpt", config, refs)
-    raw = json.loads(Manifest(kind="model", artifact_id=old_id, run_id="r", stage="cpt",
-                              producer=current_producer("t"), config=config, inputs=refs, data_dir="d",
-                              files=[]).to_json())
+    raw = json.loads(
+        Manifest(
+            kind="model",
+            artifact_id=old_id,
+            run_id="r",
+            stage="cpt",
+            producer=current_producer("t"),
+            config=config,
+            inputs=refs,
+            data_dir="d",
+            files=[],
+        ).to_json()
+    )
     raw["schema_version"] = "1.1.0"
     del raw["code_version"]
     manifest = parse_manifest(json.dumps(raw), "old.json")

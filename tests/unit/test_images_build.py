@@ -24,7 +24,9 @@ def _dockerfile(stage: str) -> str:
 
 
 def test_dockerfiles_are_rendered_from_the_template():
-    proc = subprocess.run([sys.executable, str(ROOT / "docker" / "render.py"), "--check"], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "docker" / "render.py"), "--check"], capture_output=True, text=True
+    )
     assert proc.returncode == 0, proc.stdout
 
 
@@ -59,6 +61,7 @@ def test_locks_match_the_venv_and_agree_with_the_shared_layer():
 
     def pins(path: Path) -> dict[str, str]:
         return dict(line.split("==") for line in path.read_text().splitlines() if line and not line.startswith("#"))
+
     common = pins(ROOT / "docker" / "requirements-common.lock")
     assert common["torch"].endswith("+cpu")
     for stage in STAGES:
@@ -71,8 +74,9 @@ def test_locks_match_the_venv_and_agree_with_the_shared_layer():
 
 
 def test_build_command_cpu_and_gpu(tmp_path, monkeypatch):
-    cmd = images.build_command("cpt", ["dilforge-cpt:1-abc", "dilforge-cpt:dev"], "/usr/bin/docker",
-                               ca_bundle="/etc/ca.pem")
+    cmd = images.build_command(
+        "cpt", ["dilforge-cpt:1-abc", "dilforge-cpt:dev"], "/usr/bin/docker", ca_bundle="/etc/ca.pem"
+    )
     assert cmd[:3] == ["/usr/bin/docker", "build", "--pull=false"]
     assert cmd[cmd.index("-f") + 1].endswith("services/cpt/Dockerfile") and cmd[-1] == str(ROOT)
     assert "id=ca_bundle,src=/etc/ca.pem" in cmd and cmd.count("-t") == 2
@@ -88,7 +92,9 @@ def test_wheelhouse_links_wheels(tmp_path):
     (tmp_path / "docker").mkdir()
     assert images.prepare_wheelhouse(str(src), root=tmp_path) == ["torch-0-cp311-none-any.whl"]
     linked = tmp_path / "docker" / "wheelhouse" / "torch-0-cp311-none-any.whl"
-    assert linked.read_bytes() == b"wheel" and linked.stat().st_ino == (src / "torch-0-cp311-none-any.whl").stat().st_ino
+    assert (
+        linked.read_bytes() == b"wheel" and linked.stat().st_ino == (src / "torch-0-cp311-none-any.whl").stat().st_ino
+    )
 
 
 class FakeDocker:
@@ -106,10 +112,18 @@ class FakeDocker:
             out = json.dumps({"Id": "sha256:" + "1" * 64, "Size": 123, "RepoDigests": []})
         if cmd[1] == "push":
             repo_uri, tag = cmd[2].rsplit(":", 1)
-            manifest = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
-                                   "config": {"digest": "sha256:" + "2" * 64, "size": 1,
-                                              "mediaType": "application/vnd.docker.container.image.v1+json"},
-                                   "layers": []})
+            manifest = json.dumps(
+                {
+                    "schemaVersion": 2,
+                    "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+                    "config": {
+                        "digest": "sha256:" + "2" * 64,
+                        "size": 1,
+                        "mediaType": "application/vnd.docker.container.image.v1+json",
+                    },
+                    "layers": [],
+                }
+            )
             self.ecr.put_image(repositoryName=repo_uri.split("/", 1)[1], imageManifest=manifest, imageTag=tag)
         return subprocess.CompletedProcess(cmd, 0, stdout=out, stderr="")
 
@@ -117,8 +131,12 @@ class FakeDocker:
 @pytest.fixture
 def ecr(monkeypatch, tmp_path):
     import moto
-    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                       "AWS_DEFAULT_REGION": "us-east-1"}.items():
+
+    for key, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("DILFORGE_IMAGES_RECORD", str(tmp_path / "images.json"))
     with moto.mock_aws():

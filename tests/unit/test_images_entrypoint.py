@@ -21,7 +21,7 @@ spec = importlib.util.spec_from_file_location("dilforge_entrypoint", ENTRYPOINT)
 ep = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(ep)
 
-PROBE = '''
+PROBE = """
 import os, signal, sys, time, pathlib
 root = pathlib.Path(os.environ["DILFORGE_OPT_ML"])
 if os.environ.get("PROBE_HANDLE") == "1":
@@ -32,15 +32,21 @@ if os.environ.get("PROBE_HANDLE") == "1":
 (root / "argv").write_text(" ".join(sys.argv[1:]))
 (root / "ready").write_text("1")
 time.sleep(60)
-'''
+"""
 
 
 def _start(tmp_path: Path, **env) -> subprocess.Popen:
     (tmp_path / "sigprobe.py").write_text(PROBE)
     opt = tmp_path / "opt"
     opt.mkdir(exist_ok=True)
-    full = {**os.environ, "DILFORGE_STAGE": "sft", "DILFORGE_STAGE_MODULE": "sigprobe", "DILFORGE_OPT_ML": str(opt),
-            "PYTHONPATH": str(tmp_path), **env}
+    full = {
+        **os.environ,
+        "DILFORGE_STAGE": "sft",
+        "DILFORGE_STAGE_MODULE": "sigprobe",
+        "DILFORGE_OPT_ML": str(opt),
+        "PYTHONPATH": str(tmp_path),
+        **env,
+    }
     proc = subprocess.Popen([sys.executable, str(ENTRYPOINT), "train"], env=full)
     deadline = time.time() + 30
     while not (opt / "ready").exists():
@@ -64,8 +70,12 @@ def test_stage_killed_by_sigterm_exits_143(tmp_path):
 
 
 def test_other_commands_are_executed_as_given(tmp_path):
-    out = subprocess.run([sys.executable, str(ENTRYPOINT), "python3", "-c", "print('hello')"], capture_output=True,
-                         text=True, env={**os.environ, "DILFORGE_STAGE": "eval"})
+    out = subprocess.run(
+        [sys.executable, str(ENTRYPOINT), "python3", "-c", "print('hello')"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "DILFORGE_STAGE": "eval"},
+    )
     assert out.returncode == 0 and out.stdout.strip() == "hello"
 
 
@@ -93,8 +103,12 @@ def test_bad_resourceconfig_leaves_a_failure_file(tmp_path):
     opt = tmp_path / "opt"
     (opt / "input" / "config").mkdir(parents=True)
     (opt / "input" / "config" / "resourceconfig.json").write_text(json.dumps({"hosts": ["algo-1"]}))
-    out = subprocess.run([sys.executable, str(ENTRYPOINT), "train"], capture_output=True, text=True,
-                         env={**os.environ, "DILFORGE_STAGE": "sft", "DILFORGE_OPT_ML": str(opt)})
+    out = subprocess.run(
+        [sys.executable, str(ENTRYPOINT), "train"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "DILFORGE_STAGE": "sft", "DILFORGE_OPT_ML": str(opt)},
+    )
     assert out.returncode == 1
     failure = (opt / "output" / "failure").read_text()
     assert "resourceconfig.json" in failure and "current_host" in failure

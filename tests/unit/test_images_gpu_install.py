@@ -29,10 +29,18 @@ def run_install(tmp_path: Path, variant: str, upgrade: bool = False) -> subproce
     (bin_dir / "python3").chmod(0o755)
     (tmp_path / "state").write_text(DLC)
     lock = tmp_path / "req.lock"
-    lock.write_text("torch==2.13.0\nnumpy==2.4.6\npandas==3.0.1\ntransformers==5.24.0\nliger-kernel==0.7.0\n"
-                    "nvidia-cudnn-cu13==9.14.0\ntriton==3.7.0\n")
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "STATE": str(tmp_path / "state"),
-           "LOG": str(tmp_path / "log"), "VARIANT": variant, **({"UPGRADE": "1"} if upgrade else {})}
+    lock.write_text(
+        "torch==2.13.0\nnumpy==2.4.6\npandas==3.0.1\ntransformers==5.24.0\nliger-kernel==0.7.0\n"
+        "nvidia-cudnn-cu13==9.14.0\ntriton==3.7.0\n"
+    )
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "STATE": str(tmp_path / "state"),
+        "LOG": str(tmp_path / "log"),
+        "VARIANT": variant,
+        **({"UPGRADE": "1"} if upgrade else {}),
+    }
     return subprocess.run(["sh", str(SCRIPT), "-r", str(lock)], env=env, capture_output=True, text=True, check=False)
 
 
@@ -53,8 +61,12 @@ def test_gpu_variant_fails_when_the_install_changes_the_dlc_stack(tmp_path):
 def test_cpu_variant_keeps_torch_and_numpy_pins_and_drops_cuda_only(tmp_path):
     res = run_install(tmp_path, "cpu")
     assert res.returncode == 0, res.stderr
-    assert (tmp_path / "log.lock").read_text().split() == ["torch==2.13.0", "numpy==2.4.6", "pandas==3.0.1",
-                                                           "transformers==5.24.0"]
+    assert (tmp_path / "log.lock").read_text().split() == [
+        "torch==2.13.0",
+        "numpy==2.4.6",
+        "pandas==3.0.1",
+        "transformers==5.24.0",
+    ]
     assert not (tmp_path / "log.constraints").exists()
 
 

@@ -24,11 +24,11 @@ def folder(tmp_path, tiny_llama_dir) -> Path:
 def _rewrite_header(path: Path, edit) -> None:
     raw = path.read_bytes()
     (length,) = struct.unpack("<Q", raw[:8])
-    header = json.loads(raw[8:8 + length])
+    header = json.loads(raw[8 : 8 + length])
     edit(header)
     new = json.dumps(header).encode()
     new += b" " * ((8 - len(new) % 8) % 8)
-    path.write_bytes(struct.pack("<Q", len(new)) + new + raw[8 + length:])
+    path.write_bytes(struct.pack("<Q", len(new)) + new + raw[8 + length :])
 
 
 def test_the_tiny_llama_passes(folder):
@@ -39,26 +39,33 @@ def test_weights_of_another_shape_than_the_config_are_refused(folder):
     cfg = json.loads((folder / "config.json").read_text())
     cfg["intermediate_size"] = 96
     (folder / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(InputError, match=r"model.safetensors: tensor 'model.layers.0.mlp.down_proj.weight' has shape "
-                                         r"\[64, 128\], config.json gives \[64, 96\] \(and 5 more\)"):
+    with pytest.raises(
+        InputError,
+        match=r"model.safetensors: tensor 'model.layers.0.mlp.down_proj.weight' has shape "
+        r"\[64, 128\], config.json gives \[64, 96\] \(and 5 more\)",
+    ):
         verify_weights(folder)
 
 
 def test_a_header_declaring_a_huge_tensor_is_refused_without_allocating(folder):
     def huge(header):
-        header["model.embed_tokens.weight"]["shape"] = [10 ** 9, 10 ** 9]
+        header["model.embed_tokens.weight"]["shape"] = [10**9, 10**9]
+
     _rewrite_header(folder / "model.safetensors", huge)
     with pytest.raises(InputError, match=r"tensor 'model.embed_tokens.weight': F32\[1000000000, 1000000000\] needs"):
         verify_weights(folder)
 
 
-@pytest.mark.parametrize("damage, message", [
-    (lambda raw: raw[:-100], "truncated"),
-    (lambda raw: struct.pack("<Q", 1 << 40) + raw[8:], "header declares 1,099,511,627,776 bytes"),
-    (lambda raw: raw[:5], "shorter than its 8-byte header length"),
-    (lambda raw: raw[:8] + b"\xff" + raw[9:], "header is not valid JSON"),
-    (lambda raw: raw + b"\0" * 16, "tensors cover"),
-])
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda raw: raw[:-100], "truncated"),
+        (lambda raw: struct.pack("<Q", 1 << 40) + raw[8:], "header declares 1,099,511,627,776 bytes"),
+        (lambda raw: raw[:5], "shorter than its 8-byte header length"),
+        (lambda raw: raw[:8] + b"\xff" + raw[9:], "header is not valid JSON"),
+        (lambda raw: raw + b"\0" * 16, "tensors cover"),
+    ],
+)
 def test_a_damaged_safetensors_file_is_one_line_naming_it(folder, damage, message):
     path = folder / "model.safetensors"
     path.write_bytes(damage(path.read_bytes()))
@@ -82,6 +89,7 @@ def test_a_missing_tensor_is_named(folder):
 def _llama_gguf(path: Path) -> Path:
     import numpy as np
     from gguf import GGUFWriter
+
     writer = GGUFWriter(str(path), "llama")
     writer.add_block_count(1)
     writer.add_head_count(1)

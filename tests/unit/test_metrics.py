@@ -18,8 +18,9 @@ def test_every_stage_sample_validates_and_round_trips(stage):
     assert again == typed
 
 
-@pytest.mark.parametrize("stage,key", [(stage, key) for stage, sample in sorted(metrics_samples.SAMPLES.items())
-                                       for key in sample])
+@pytest.mark.parametrize(
+    "stage,key", [(stage, key) for stage, sample in sorted(metrics_samples.SAMPLES.items()) for key in sample]
+)
 def test_renaming_any_published_metric_fails_the_publish_naming_it(stage, key):
     metrics = metrics_samples.sample(stage)
     metrics[f"{key}_renamed"] = metrics.pop(key)
@@ -50,8 +51,10 @@ def test_an_upstream_manifest_that_does_not_parse_names_the_artifact_and_field()
 def test_eval_reads_curves_cost_and_step0_from_the_typed_models():
     cpt = CptMetrics.model_validate(metrics_samples.sample("cpt"))
     sft = SftMetrics.model_validate(metrics_samples.sample("sft"))
-    assert curves.training_curves(cpt) == {"loss": [(1.0, 5.5), (2.0, 5.0), (3.0, 4.5), (4.0, 4.0)],
-                                           "validation/val_loss": [(0.0, 6.5), (4.0, 4.1)]}
+    assert curves.training_curves(cpt) == {
+        "loss": [(1.0, 5.5), (2.0, 5.0), (3.0, 4.5), (4.0, 4.0)],
+        "validation/val_loss": [(0.0, 6.5), (4.0, 4.1)],
+    }
     assert curves.training_curves(sft) == {"loss": [(1.0, 3.0), (2.0, 2.5)]}
     assert cpt.cost() == {"tokens_seen": 4096, "total_tokens": 4096, "tokens_per_s": 100.0, "peak_memory_gb": 0.46}
     assert sft.cost() == {"train_runtime_s": 2.5, "train_steps_per_second": 0.8, "optimizer_steps": 2}

@@ -56,8 +56,9 @@ def test_model_stage_runs_first_and_feeds_model_to_tokenizer_cpt_and_eval(tmp_pa
 
 def test_every_stage_id_is_recomputable_from_its_manifest(tmp_path, monkeypatch):
     """Coordinator planning and the contract record the same refs: base models, extra eval models, data."""
-    produced = pl.run_all(full_pipeline(tmp_path, str(hf_folder(tmp_path / "base"))),
-                          InProcessBackend(tmp_path, monkeypatch))
+    produced = pl.run_all(
+        full_pipeline(tmp_path, str(hf_folder(tmp_path / "base"))), InProcessBackend(tmp_path, monkeypatch)
+    )
     for stage, uri in produced.items():
         manifest = fetch(uri).manifest
         assert recompute_artifact_id(manifest) == manifest.artifact_id == uri.rsplit("/", 1)[-1], stage
@@ -94,7 +95,9 @@ def test_source_ref_digests_artifacts_files_and_folders(tmp_path, monkeypatch):
     ref = source_ref(str(folder), "model:x")
     assert (ref.kind, ref.sha256) == ("data", dir_digest(folder))
     assert source_ref(str(folder / "tokenizer.json"), "t").sha256 == sha256_file(folder / "tokenizer.json")
-    uri = pl.run_all(pipeline(tmp_path, model={"source": str(folder)}), InProcessBackend(tmp_path, monkeypatch))["model"]
+    uri = pl.run_all(pipeline(tmp_path, model={"source": str(folder)}), InProcessBackend(tmp_path, monkeypatch))[
+        "model"
+    ]
     art = fetch(uri)
     ref = source_ref(uri, "model:y")
     assert (ref.kind, ref.sha256) == ("manifest", art.manifest_sha256)
@@ -108,21 +111,28 @@ def test_gguf_source_must_exist_to_be_planned(tmp_path):
         pl.plan_stage(cfg, "model", {})
 
 
-@pytest.mark.parametrize("stages, message", [
-    ({"model": {"source": "smollm2-135m"}}, "model.source.*not a built-in recipe"),
-    ({"model": {"source": "smollm2-135m-instruct"}, "cpt": {"base_model": "/m", **CORPUS_STAGES["cpt"]}},
-     "cpt.base_model and the pipeline's `model:` block both give the base model"),
-    ({"cpt": CORPUS_STAGES["cpt"]}, "cpt: no base model: set cpt.base_model or cpt.scratch_model"),
-    ({"tokenizer": CORPUS_STAGES["tokenizer"]}, "tokenizer: no base model: set tokenizer.base_tokenizer"),
-])
+@pytest.mark.parametrize(
+    "stages, message",
+    [
+        ({"model": {"source": "smollm2-135m"}}, "model.source.*not a built-in recipe"),
+        (
+            {"model": {"source": "smollm2-135m-instruct"}, "cpt": {"base_model": "/m", **CORPUS_STAGES["cpt"]}},
+            "cpt.base_model and the pipeline's `model:` block both give the base model",
+        ),
+        ({"cpt": CORPUS_STAGES["cpt"]}, "cpt: no base model: set cpt.base_model or cpt.scratch_model"),
+        ({"tokenizer": CORPUS_STAGES["tokenizer"]}, "tokenizer: no base model: set tokenizer.base_tokenizer"),
+    ],
+)
 def test_bad_model_wiring_names_the_field(tmp_path, stages, message):
     with pytest.raises(ConfigError, match=message):
         pipeline(tmp_path, **stages)
 
 
 def test_model_block_and_replace_with_a_comparison_tokenizer_are_fine(tmp_path):
-    stages = {"model": {"source": "./m"}, "tokenizer": {"strategy": "replace", "base_tokenizer": "/t",
-                                                          "vocab_sizes": [1000], "corpora": [{"uri": "/c"}]}}
+    stages = {
+        "model": {"source": "./m"},
+        "tokenizer": {"strategy": "replace", "base_tokenizer": "/t", "vocab_sizes": [1000], "corpora": [{"uri": "/c"}]},
+    }
     assert pipeline(tmp_path, **stages).tokenizer.needed_inputs() == ()
     assert ModelConfig(source="./m").stage == "model"
 
@@ -136,7 +146,9 @@ def test_eval_label_base_is_reserved_for_the_model_stage(tmp_path):
 
 def test_resolve_finds_a_tokenizer_in_an_artifact_or_folder_and_names_what_is_missing(tmp_path, monkeypatch):
     folder = hf_folder(tmp_path / "base")
-    uri = pl.run_all(pipeline(tmp_path, model={"source": str(folder)}), InProcessBackend(tmp_path, monkeypatch))["model"]
+    uri = pl.run_all(pipeline(tmp_path, model={"source": str(folder)}), InProcessBackend(tmp_path, monkeypatch))[
+        "model"
+    ]
     art = fetch(uri)
     assert sorted(p.name for p in art.path.iterdir()) == ["out.txt"]
     assert resolve(str(folder), "tokenizer").path == folder
@@ -151,10 +163,23 @@ def test_resolve_finds_a_tokenizer_in_an_artifact_or_folder_and_names_what_is_mi
 def test_tokenizer_stage_resolves_a_tokenizer_artifact_to_its_verified_files(tmp_path):
     from dilforge_shared.manifest import Manifest, current_producer
     from dilforge_shared.store import publish
+
     folder = hf_folder(tmp_path / "tok")
     uri = str(tmp_path / "store" / "artifacts" / "tokenizer" / "t1")
-    publish(uri, folder, Manifest(kind="tokenizer", artifact_id="t1", run_id="r", stage="tokenizer",
-                                  producer=current_producer("test"), config={}, data_dir="pending", files=[]))
+    publish(
+        uri,
+        folder,
+        Manifest(
+            kind="tokenizer",
+            artifact_id="t1",
+            run_id="r",
+            stage="tokenizer",
+            producer=current_producer("test"),
+            config={},
+            data_dir="pending",
+            files=[],
+        ),
+    )
     resolved = resolve(uri, "tokenizer")
     assert resolved.path != folder and (resolved.path / "tokenizer.json").read_text() == "{}"
     assert resolved.manifest.artifact_id == "t1" and resolved.ref.kind == "manifest"

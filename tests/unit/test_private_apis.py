@@ -21,6 +21,7 @@ from dilforge_cpt import dcp_reader, gguf_compat
 
 def test_dcp_reader_loads_a_real_checkpoint_and_refuses_a_hostile_pickle(tmp_path):
     import torch.distributed.checkpoint as dcp
+
     state = {"model": {"w": torch.arange(6, dtype=torch.float32).reshape(2, 3), "b": torch.ones(3)}}
     dcp.save(state, checkpoint_id=str(tmp_path / "ck"))
     target = {"model": {"w": torch.zeros(2, 3), "b": torch.zeros(3)}}
@@ -32,6 +33,7 @@ def test_dcp_reader_loads_a_real_checkpoint_and_refuses_a_hostile_pickle(tmp_pat
     class Evil:
         def __reduce__(self):
             return (print, ("pwned",))
+
     (tmp_path / "ck" / ".metadata").write_bytes(pickle.dumps(Evil()))
     with pytest.raises(pickle.UnpicklingError, match="builtins.print, which is not allowed"):
         dcp_reader.safe_reader(tmp_path / "ck").read_metadata()
@@ -41,6 +43,7 @@ def tiny_llama_gguf(path: Path) -> Path:
     """A one-layer llama GGUF with a byte-level BPE tokenizer (gpt2 model) in its metadata."""
     import numpy as np
     from gguf import GGUFWriter
+
     writer = GGUFWriter(str(path), "llama")
     writer.add_block_count(1)
     writer.add_head_count(1)
@@ -76,4 +79,5 @@ def test_gguf_compat_reads_metadata_tensors_and_the_tokenizer(tmp_path):
     doc = json.loads((tmp_path / "tok" / "tokenizer.json").read_text())
     assert doc["model"]["type"] == "BPE" and doc["model"]["vocab"]["ab"] == 4
     from tokenizers import Tokenizer
+
     assert Tokenizer.from_file(str(tmp_path / "tok" / "tokenizer.json")).encode("ab").ids[-1] == 4

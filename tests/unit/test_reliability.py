@@ -48,8 +48,12 @@ def _calls_missing_flag(path: Path) -> list[str]:
 
 
 def test_every_model_load_in_the_code_passes_trust_remote_code_false():
-    files = [p for top in ("services", "shared", "coordinator", "bench", "scripts") for p in (ROOT / top).rglob("*.py")
-             if ".egg-info" not in str(p)]
+    files = [
+        p
+        for top in ("services", "shared", "coordinator", "bench", "scripts")
+        for p in (ROOT / top).rglob("*.py")
+        if ".egg-info" not in str(p)
+    ]
     assert len(files) > 30
     bad = [line for path in files for line in _calls_missing_flag(path)]
     assert not bad, "loads without trust_remote_code=False:\n" + "\n".join(bad)
@@ -58,22 +62,28 @@ def test_every_model_load_in_the_code_passes_trust_remote_code_false():
 def test_the_scanner_catches_a_missing_or_true_flag(tmp_path, monkeypatch):
     monkeypatch.setattr(f"{__name__}.ROOT", tmp_path)
     code = tmp_path / "m.py"
-    code.write_text("AutoModel.from_pretrained(p)\nAutoTokenizer.from_pretrained(p, trust_remote_code=True)\n"
-                    "AutoConfig.from_pretrained(p, trust_remote_code=False)\nPeftModel.from_pretrained(m, p)\n")
+    code.write_text(
+        "AutoModel.from_pretrained(p)\nAutoTokenizer.from_pretrained(p, trust_remote_code=True)\n"
+        "AutoConfig.from_pretrained(p, trust_remote_code=False)\nPeftModel.from_pretrained(m, p)\n"
+    )
     assert [line.split(":")[1] for line in _calls_missing_flag(code)] == ["1", "2"]
 
 
 def _evil_folder(src: Path, dest: Path, model_type: str) -> Path:
     import shutil
+
     shutil.copytree(src, dest)
     marker = dest / "EXECUTED"
-    (dest / "evil.py").write_text(f"open({str(marker)!r}, 'w').write('pwned')\n"
-                                  "from transformers import LlamaConfig, LlamaForCausalLM\n"
-                                  "class EvilConfig(LlamaConfig):\n    model_type = 'evil_llama'\n"
-                                  "class EvilModel(LlamaForCausalLM):\n    config_class = EvilConfig\n")
+    (dest / "evil.py").write_text(
+        f"open({str(marker)!r}, 'w').write('pwned')\n"
+        "from transformers import LlamaConfig, LlamaForCausalLM\n"
+        "class EvilConfig(LlamaConfig):\n    model_type = 'evil_llama'\n"
+        "class EvilModel(LlamaForCausalLM):\n    config_class = EvilConfig\n"
+    )
     cfg = json.loads((dest / "config.json").read_text())
-    cfg.update(model_type=model_type, auto_map={"AutoConfig": "evil.EvilConfig",
-                                                 "AutoModelForCausalLM": "evil.EvilModel"})
+    cfg.update(
+        model_type=model_type, auto_map={"AutoConfig": "evil.EvilConfig", "AutoModelForCausalLM": "evil.EvilModel"}
+    )
     (dest / "config.json").write_text(json.dumps(cfg))
     return dest
 
@@ -82,6 +92,7 @@ def _evil_folder(src: Path, dest: Path, model_type: str) -> Path:
 def test_a_model_folder_with_auto_map_never_runs_its_code(tiny_llama_dir, tmp_path, model_type):
     """A known architecture loads natively, ignoring auto_map; an unknown one is refused; evil.py never runs."""
     from transformers import AutoModelForCausalLM
+
     folder = _evil_folder(tiny_llama_dir, tmp_path / "evil", model_type)
     if model_type == "llama":
         model = AutoModelForCausalLM.from_pretrained(str(folder), trust_remote_code=False)
@@ -94,8 +105,10 @@ def test_a_model_folder_with_auto_map_never_runs_its_code(tiny_llama_dir, tmp_pa
 
 # ---- reuse verifies, damaged artifacts are moved aside and rebuilt -------------------------------------------
 
+
 class PublishingBackend:
     """Publishes a small artifact for the job (what a stage does), counting runs; optional delay."""
+
     name = "fake"
 
     def __init__(self, delay_s: float = 0.0):
@@ -115,14 +128,16 @@ class PublishingBackend:
 def write_config(tmp_path: Path, run_id: str = "demo") -> Path:
     (tmp_path / "corpus.txt").write_text("bir iki üç\n")
     path = tmp_path / f"{run_id}.yaml"
-    path.write_text(textwrap.dedent(f"""
+    path.write_text(
+        textwrap.dedent(f"""
         run_id: {run_id}
-        store: {{uri: {tmp_path / 'store'}}}
+        store: {{uri: {tmp_path / "store"}}}
         tokenizer:
           strategy: replace
-          corpora: [{{uri: "{tmp_path / 'corpus.txt'}"}}]
+          corpora: [{{uri: "{tmp_path / "corpus.txt"}"}}]
           vocab_sizes: [1000]
-    """))
+    """)
+    )
     return path
 
 
@@ -168,8 +183,20 @@ def test_symlinked_file_is_refused_by_fetch(tmp_path):
     out.mkdir()
     (out / "w.bin").write_bytes(b"abc")
     uri = str(tmp_path / "store" / "a")
-    m = publish(uri, out, Manifest(kind="tokenizer", artifact_id="a", run_id="r", stage="tokenizer",
-                                   producer=current_producer("test"), config={}, data_dir="x", files=[]))
+    m = publish(
+        uri,
+        out,
+        Manifest(
+            kind="tokenizer",
+            artifact_id="a",
+            run_id="r",
+            stage="tokenizer",
+            producer=current_producer("test"),
+            config={},
+            data_dir="x",
+            files=[],
+        ),
+    )
     secret = tmp_path / "secret"
     secret.write_bytes(b"abc")
     victim = Path(uri) / m.data_dir / "w.bin"
@@ -181,6 +208,7 @@ def test_symlinked_file_is_refused_by_fetch(tmp_path):
 
 # ---- run records, status, gc --------------------------------------------------------------------------------
 
+
 class Exploding:
     name = "fake"
 
@@ -191,10 +219,15 @@ class Exploding:
         raise self.exc
 
 
-@pytest.mark.parametrize("exc, status", [(KeyboardInterrupt(), "cancelled"),
-                                         (pl.StageCancelled("tokenizer", "SIGTERM"), "cancelled"),
-                                         (pl.StageFailed("tokenizer", "bad corpus"), "failed"),
-                                         (RuntimeError("bug"), "failed")])
+@pytest.mark.parametrize(
+    "exc, status",
+    [
+        (KeyboardInterrupt(), "cancelled"),
+        (pl.StageCancelled("tokenizer", "SIGTERM"), "cancelled"),
+        (pl.StageFailed("tokenizer", "bad corpus"), "failed"),
+        (RuntimeError("bug"), "failed"),
+    ],
+)
 def test_record_always_ends_succeeded_failed_or_cancelled(tmp_path, exc, status):
     cfg = load_pipeline(write_config(tmp_path))
     with pytest.raises(type(exc)):
@@ -207,8 +240,12 @@ def test_record_always_ends_succeeded_failed_or_cancelled(tmp_path, exc, status)
 
 def test_status_flags_a_running_record_whose_process_is_gone(tmp_path):
     store = ArtifactStore(str(tmp_path / "store"))
-    record = pl.RunRecord(run_id="r", status="running", stages={"cpt": {"artifact_uri": "x", "status": "running"}},
-                          owner={"pid": 2 ** 22 + 12345, "host": socket.gethostname()})
+    record = pl.RunRecord(
+        run_id="r",
+        status="running",
+        stages={"cpt": {"artifact_uri": "x", "status": "running"}},
+        owner={"pid": 2**22 + 12345, "host": socket.gethostname()},
+    )
     store.write_run_record("r", record.to_json())
     result = CliRunner().invoke(app, ["status", "r", "--store", str(tmp_path / "store")])
     assert result.exit_code == 0 and "stale" in result.output and "is gone" in result.output, result.output
@@ -220,15 +257,15 @@ def test_status_flags_a_running_record_whose_process_is_gone(tmp_path):
 
 def test_gc_lists_by_default_and_removes_with_delete(tmp_path, monkeypatch):
     monkeypatch.setenv("DILFORGE_CACHE", str(tmp_path / "cache"))
-    partial = tmp_path / "cache" / "models" / ".abc.1234.partial"     # an interrupted model download
+    partial = tmp_path / "cache" / "models" / ".abc.1234.partial"  # an interrupted model download
     partial.mkdir(parents=True)
     cfg = load_pipeline(write_config(tmp_path))
     uri = pl.run_all(cfg, PublishingBackend())["tokenizer"]
     art = Path(uri.removeprefix("file://"))
-    orphan = art / "data-deadbeef0000"                           # a loser's or a killed publisher's files
+    orphan = art / "data-deadbeef0000"  # a loser's or a killed publisher's files
     orphan.mkdir()
     (orphan / "model.safetensors").write_bytes(b"partial")
-    half = art.parent / "0123456789abcdef" / "data-0000aaaa"     # publish killed before its manifest
+    half = art.parent / "0123456789abcdef" / "data-0000aaaa"  # publish killed before its manifest
     half.mkdir(parents=True)
     (half / "x").write_bytes(b"partial")
     tmp = art.parent / ".manifest.json.abc.tmp"
@@ -253,6 +290,7 @@ def test_gc_lists_by_default_and_removes_with_delete(tmp_path, monkeypatch):
 
 # ---- locks: a second run of the same artifact waits and reuses ---------------------------------------------
 
+
 def test_two_runs_of_the_same_artifact_one_produces_the_other_waits_and_reuses(tmp_path):
     backend = PublishingBackend(delay_s=1.0)
     cfgs = [load_pipeline(write_config(tmp_path, "run-a")), load_pipeline(write_config(tmp_path, "run-b"))]
@@ -263,6 +301,7 @@ def test_two_runs_of_the_same_artifact_one_produces_the_other_waits_and_reuses(t
             results[cfg.run_id] = pl.run_all(cfg, backend)
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
+
     threads = [threading.Thread(target=go, args=(c,)) for c in cfgs]
     for t in threads:
         t.start()
@@ -279,6 +318,7 @@ def test_two_runs_of_the_same_artifact_one_produces_the_other_waits_and_reuses(t
 def test_concurrent_publishers_really_race_and_the_loser_cleans_up(tmp_path, monkeypatch):
     """Both publishers pass the existence check and upload before either creates the manifest (a barrier)."""
     from dilforge_shared import store as store_mod
+
     barrier = threading.Barrier(2, timeout=20)
     original = store_mod.LocalStorage.create_bytes
 
@@ -286,6 +326,7 @@ def test_concurrent_publishers_really_race_and_the_loser_cleans_up(tmp_path, mon
         if key == MANIFEST_NAME:
             barrier.wait()
         return original(self, key, data)
+
     monkeypatch.setattr(store_mod.LocalStorage, "create_bytes", racing_create)
     uri = str(tmp_path / "store" / "artifacts" / "tokenizer" / "same")
     outcomes = []
@@ -295,11 +336,24 @@ def test_concurrent_publishers_really_race_and_the_loser_cleans_up(tmp_path, mon
         out.mkdir()
         (out / "w.bin").write_bytes(f"writer {i}".encode())
         try:
-            publish(uri, out, Manifest(kind="tokenizer", artifact_id="same", run_id="r", stage="tokenizer",
-                                       producer=current_producer("test"), config={}, data_dir="x", files=[]))
+            publish(
+                uri,
+                out,
+                Manifest(
+                    kind="tokenizer",
+                    artifact_id="same",
+                    run_id="r",
+                    stage="tokenizer",
+                    producer=current_producer("test"),
+                    config={},
+                    data_dir="x",
+                    files=[],
+                ),
+            )
             outcomes.append(("won", i))
         except store_mod.ArtifactExistsError:
             outcomes.append(("lost", i))
+
     threads = [threading.Thread(target=go, args=(i,)) for i in range(2)]
     for t in threads:
         t.start()
@@ -314,6 +368,7 @@ def test_concurrent_publishers_really_race_and_the_loser_cleans_up(tmp_path, mon
 
 # ---- caches keyed by content --------------------------------------------------------------------------------
 
+
 def test_mirror_prefix_refreshes_when_the_source_changes(tmp_path):
     src = tmp_path / "model"
     src.mkdir()
@@ -324,22 +379,26 @@ def test_mirror_prefix_refreshes_when_the_source_changes(tmp_path):
     (src / "model.safetensors").write_bytes(b"new weights!")
     mirror_prefix(str(src), dest)
     assert (dest / "model.safetensors").read_bytes() == b"new weights!"
-    (dest / "model.safetensors").write_bytes(b"x")          # a damaged copy is replaced too
+    (dest / "model.safetensors").write_bytes(b"x")  # a damaged copy is replaced too
     mirror_prefix(str(src), dest)
     assert (dest / "model.safetensors").read_bytes() == b"new weights!"
 
 
 # ---- interpolation allow-list, secrets, one-line errors ----------------------------------------------------
 
+
 def _yaml(tmp_path: Path, uri: str) -> Path:
     path = tmp_path / "p.yaml"
-    path.write_text(f"run_id: r\nstore: {{uri: {tmp_path / 'store'}}}\n"
-                    f"tokenizer: {{strategy: replace, corpora: [{{uri: '{uri}'}}], vocab_sizes: [1000]}}\n")
+    path.write_text(
+        f"run_id: r\nstore: {{uri: {tmp_path / 'store'}}}\n"
+        f"tokenizer: {{strategy: replace, corpora: [{{uri: '{uri}'}}], vocab_sizes: [1000]}}\n"
+    )
     return path
 
 
-@pytest.mark.parametrize("name", ["DILFORGE_S3_SECRET_ACCESS_KEY", "AWS_SECRET_ACCESS_KEY", "HOME",
-                                  "DILFORGE_VAR_API_TOKEN"])
+@pytest.mark.parametrize(
+    "name", ["DILFORGE_S3_SECRET_ACCESS_KEY", "AWS_SECRET_ACCESS_KEY", "HOME", "DILFORGE_VAR_API_TOKEN"]
+)
 def test_config_may_not_interpolate_secrets_or_unlisted_variables(tmp_path, monkeypatch, name):
     monkeypatch.setenv(name, "s3cr3t-value")
     with pytest.raises(ConfigError, match=rf"\${{{name}}} may not be interpolated"):
@@ -351,20 +410,29 @@ def test_config_interpolates_allowed_and_user_variables_and_data_option_leaves_e
     monkeypatch.delenv("DILFORGE_DATA", raising=False)
     cfg = load_pipeline(_yaml(tmp_path, "${DILFORGE_VAR_CORPUS}/${DILFORGE_DATA}"), variables={"DILFORGE_DATA": "d"})
     assert cfg.tokenizer.corpora[0].uri == "/corpora/d"
-    result = CliRunner().invoke(app, ["validate", "-c", str(_yaml(tmp_path, "${DILFORGE_DATA}/x.txt")),
-                                      "--data", str(tmp_path)])
+    result = CliRunner().invoke(
+        app, ["validate", "-c", str(_yaml(tmp_path, "${DILFORGE_DATA}/x.txt")), "--data", str(tmp_path)]
+    )
     assert result.exit_code == 0, result.output
     assert "DILFORGE_DATA" not in os.environ
 
 
 def test_credentials_are_masked_in_every_log_line(monkeypatch, caplog):
     from dilforge_shared.settings import MaskSecrets
+
     monkeypatch.setenv("DILFORGE_S3_ACCESS_KEY_ID", "AKIAEXAMPLEKEYID")
     monkeypatch.setenv("DILFORGE_S3_SECRET_ACCESS_KEY", "very-secret-value")
     handler = logging.StreamHandler()
     handler.addFilter(MaskSecrets())
-    record = logging.LogRecord("botocore", logging.DEBUG, __file__, 1, "Authorization: Credential=%s/%s sig=%s",
-                               ("AKIAEXAMPLEKEYID", "2026", "very-secret-value"), None)
+    record = logging.LogRecord(
+        "botocore",
+        logging.DEBUG,
+        __file__,
+        1,
+        "Authorization: Credential=%s/%s sig=%s",
+        ("AKIAEXAMPLEKEYID", "2026", "very-secret-value"),
+        None,
+    )
     handler.filter(record)
     assert record.getMessage() == "Authorization: Credential=***/2026 sig=***"
 
@@ -374,8 +442,12 @@ def test_operator_mistakes_are_one_line_errors(tmp_path, case):
     config = _yaml(tmp_path, str(tmp_path / "c.txt"))
     (tmp_path / "c.txt").write_text("bir\n")
     args = ["run-all", "-c", str(config)]
-    expected = {"not_utf8": "not UTF-8", "store_under_file": "Not a directory", "no_stages": "no stage section",
-                "missing_config": "cannot read config"}[case]
+    expected = {
+        "not_utf8": "not UTF-8",
+        "store_under_file": "Not a directory",
+        "no_stages": "no stage section",
+        "missing_config": "cannot read config",
+    }[case]
     if case == "not_utf8":
         config.write_bytes(config.read_bytes() + b"# \xff\xfe latin-1 \xe7\n")
     elif case == "store_under_file":
@@ -412,6 +484,7 @@ def test_frozen_s3_endpoint_fails_within_the_retry_budget(monkeypatch):
 
 def test_default_s3_budget_is_under_a_minute(monkeypatch):
     from dilforge_shared.settings import settings
+
     for name in ("DILFORGE_S3_READ_TIMEOUT", "DILFORGE_S3_CONNECT_TIMEOUT", "DILFORGE_S3_MAX_ATTEMPTS"):
         monkeypatch.delenv(name, raising=False)
     s = settings()
@@ -423,6 +496,7 @@ def test_a_full_disk_in_a_stage_is_a_one_line_failure_naming_the_file(tmp_path, 
 
     from dilforge_shared.configs import STAGE_CONFIGS
     from dilforge_shared.contract import OptMl, build_hyperparameters, stage_main
+
     cfg = load_pipeline(write_config(tmp_path))
     opt = OptMl(tmp_path / "opt")
     opt.write_inputs(build_hyperparameters(cfg.tokenizer, str(tmp_path / "store" / "a"), "r", {}))
@@ -430,6 +504,7 @@ def test_a_full_disk_in_a_stage_is_a_one_line_failure_naming_the_file(tmp_path, 
 
     def body(config, ctx):
         raise OSError(errno.EFBIG, "File too large", str(ctx.model_dir / "model.safetensors"))
+
     assert stage_main(STAGE_CONFIGS["tokenizer"], body, "test", ["train"]) == 1
     failure = opt.failure_file.read_text()
     assert failure == f"{opt.model_dir / 'model.safetensors'}: File too large (disk full or a file-size limit)"
@@ -437,11 +512,13 @@ def test_a_full_disk_in_a_stage_is_a_one_line_failure_naming_the_file(tmp_path, 
 
 # ---- bounded readers -----------------------------------------------------------------------------------------
 
+
 def test_oversize_policies(tmp_path, caplog):
     import gzip
 
     from dilforge_shared.corpus import iter_located_texts, iter_records
     from dilforge_shared.errors import InputError
+
     words = [f"söz{i}" for i in range(200)]
     long_line = " ".join(words)
     for name, opener in (("c.txt", open), ("c.txt.gz", gzip.open)):
@@ -450,8 +527,9 @@ def test_oversize_policies(tmp_path, caplog):
         uri = str(tmp_path / name)
         with pytest.raises(InputError, match=rf"{name}:2: line longer than 100 bytes"):
             list(iter_located_texts(uri, max_document_bytes=100))
-        pieces = [(line, text) for _, line, text in iter_located_texts(uri, max_document_bytes=100,
-                                                                         on_oversize="split")]
+        pieces = [
+            (line, text) for _, line, text in iter_located_texts(uri, max_document_bytes=100, on_oversize="split")
+        ]
         assert pieces[0] == (1, "short") and pieces[-1] == (3, "əşğ")
         middle = [text for line, text in pieces[1:-1]]
         assert all(line == 2 for line, _ in pieces[1:-1]) and len(middle) > 1
@@ -472,22 +550,24 @@ def test_oversize_policies(tmp_path, caplog):
 
 def test_a_multibyte_character_on_the_read_boundary_is_never_broken(tmp_path):
     from dilforge_shared.corpus import iter_texts
+
     path = tmp_path / "a.txt"
-    path.write_text("ə" * 1000 + "\n", encoding="utf-8")     # 2 bytes each; bound 101 is odd
+    path.write_text("ə" * 1000 + "\n", encoding="utf-8")  # 2 bytes each; bound 101 is odd
     pieces = list(iter_texts(str(path), max_document_bytes=101, on_oversize="split"))
     assert "".join(pieces) == "ə" * 1000 and all(len(p.encode()) <= 101 for p in pieces)
 
 
 def test_stamp_mode_skips_hashing_until_a_file_changes(tmp_path, monkeypatch):
     from dilforge_shared.store import artifacts as store_mod
+
     cfg = load_pipeline(write_config(tmp_path))
     uri = pl.run_all(cfg, PublishingBackend())["tokenizer"]
     hashed = []  # verify_files (in store.artifacts) does the hashing
     original = store_mod.sha256_file
     monkeypatch.setattr(store_mod, "sha256_file", lambda p: hashed.append(p.name) or original(p))
-    assert check_artifact(uri, mode="stamp") is None and len(hashed) == 2      # first time: full, then stamped
-    assert check_artifact(uri, mode="stamp") is None and len(hashed) == 2      # stamp matches: no hashing
+    assert check_artifact(uri, mode="stamp") is None and len(hashed) == 2  # first time: full, then stamped
+    assert check_artifact(uri, mode="stamp") is None and len(hashed) == 2  # stamp matches: no hashing
     target = _data_dir(uri) / "tokenizer.json"
-    target.write_text('{"model": "bpf"}')                                     # same size, new mtime
+    target.write_text('{"model": "bpf"}')  # same size, new mtime
     assert "sha256" in check_artifact(uri, mode="stamp")
     assert check_artifact(uri) is not None, "sha256 mode (default) catches it too"

@@ -30,8 +30,20 @@ def _artifact(store: Path, stage: str, kind: str, artifact_id: str) -> str:
     out.mkdir()
     (out / "tokenizer.json").write_text("{}")
     uri = ArtifactStore(str(store)).artifact_uri(stage, artifact_id)
-    publish(uri, out, Manifest(kind=kind, artifact_id=artifact_id, run_id="r", stage=stage,
-                               producer=current_producer("test"), config={}, data_dir="x", files=[]))
+    publish(
+        uri,
+        out,
+        Manifest(
+            kind=kind,
+            artifact_id=artifact_id,
+            run_id="r",
+            stage=stage,
+            producer=current_producer("test"),
+            config={},
+            data_dir="x",
+            files=[],
+        ),
+    )
     return uri
 
 
@@ -41,19 +53,22 @@ def _cpt_config(tmp_path: Path) -> Path:
     base.mkdir()
     (base / "config.json").write_text("{}")
     path = tmp_path / "cpt.yaml"
-    path.write_text(textwrap.dedent(f"""
+    path.write_text(
+        textwrap.dedent(f"""
         run_id: r
-        store: {{uri: {tmp_path / 'store'}}}
+        store: {{uri: {tmp_path / "store"}}}
         cpt:
           base_model: {base}
-          corpora: [{{uri: "{tmp_path / 'corpus.txt'}"}}]
-          validation: [{{uri: "{tmp_path / 'corpus.txt'}"}}]
+          corpora: [{{uri: "{tmp_path / "corpus.txt"}"}}]
+          validation: [{{uri: "{tmp_path / "corpus.txt"}"}}]
           phase1: {{num_steps: 1}}
-    """))
+    """)
+    )
     return path
 
 
 # ---- --input ----------------------------------------------------------------------------------------------
+
 
 def test_an_sft_adapter_given_as_the_tokenizer_is_refused_naming_both(tmp_path):
     config = _cpt_config(tmp_path)
@@ -73,9 +88,14 @@ def test_a_tokenizer_artifact_given_as_the_tokenizer_passes_the_kind_check(tmp_p
         pl.check_input_kinds("cpt", {"tokenizer": model}, None)
 
 
-@pytest.mark.parametrize("item, expected", [("tokenizr=/x", ("stage cpt has no input named 'tokenizr'; its inputs: "
-                                                            "model, tokenizer")),
-                                            ("tokenizer", "expected NAME=URI"), ("=/x", "expected NAME=URI")])
+@pytest.mark.parametrize(
+    "item, expected",
+    [
+        ("tokenizr=/x", ("stage cpt has no input named 'tokenizr'; its inputs: model, tokenizer")),
+        ("tokenizer", "expected NAME=URI"),
+        ("=/x", "expected NAME=URI"),
+    ],
+)
 def test_a_misspelled_or_malformed_input_is_refused(tmp_path, item, expected):
     result = CliRunner().invoke(app, ["run", "cpt", "-c", str(_cpt_config(tmp_path)), "--input", item])
     assert result.exit_code == 1 and expected in result.output and "Traceback" not in result.output, result.output
@@ -89,7 +109,8 @@ def test_run_of_something_that_is_not_a_stage_is_one_line(tmp_path):
 # ---- bounded YAML -------------------------------------------------------------------------------------------
 
 LAUGHS = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
-    f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join(['*' + chr(97 + i)] * 10)}]\n" for i in range(8))
+    f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join(['*' + chr(97 + i)] * 10)}]\n" for i in range(8)
+)
 
 
 def test_a_billion_laughs_config_is_refused_in_one_line_fast(tmp_path):
@@ -115,6 +136,7 @@ def test_a_recursive_alias_is_refused_and_ordinary_aliases_still_work(tmp_path):
 
 # ---- corpora that are not regular files ---------------------------------------------------------------------
 
+
 def test_a_fifo_or_a_device_as_corpus_is_refused_at_planning_without_hanging(tmp_path):
     fifo = tmp_path / "corpus.fifo"
     os.mkfifo(fifo)
@@ -130,13 +152,16 @@ def test_a_fifo_or_a_device_as_corpus_is_refused_at_planning_without_hanging(tmp
     assert json.loads((tmp_path / "store" / "runs" / "demo.json").read_text())["status"] == "failed"
 
 
-@pytest.mark.parametrize("name, data, what", [
-    ("c.txt", gzip.compress(b"bir iki\n"), "gzip-compressed, not text: name it .gz"),
-    ("c.txt", b"BZh91AY&SY" + bytes(20), "bzip2-compressed"),
-    ("c.txt.zst", b"\x28\xb5\x2f\xfd" + bytes(20), "zstd-compressed"),
-    ("c.xz", b"\xfd7zXZ\x00" + bytes(20), "xz-compressed"),
-    ("c.zip", b"PK\x03\x04" + bytes(20), "a zip archive"),
-])
+@pytest.mark.parametrize(
+    "name, data, what",
+    [
+        ("c.txt", gzip.compress(b"bir iki\n"), "gzip-compressed, not text: name it .gz"),
+        ("c.txt", b"BZh91AY&SY" + bytes(20), "bzip2-compressed"),
+        ("c.txt.zst", b"\x28\xb5\x2f\xfd" + bytes(20), "zstd-compressed"),
+        ("c.xz", b"\xfd7zXZ\x00" + bytes(20), "xz-compressed"),
+        ("c.zip", b"PK\x03\x04" + bytes(20), "a zip archive"),
+    ],
+)
 def test_a_compressed_corpus_is_named_as_such_not_as_invalid_utf8(tmp_path, name, data, what):
     path = tmp_path / name
     path.write_bytes(data)
@@ -157,10 +182,16 @@ def test_a_corrupt_parquet_file_is_named(tmp_path):
 
 # ---- interruptible planning ----------------------------------------------------------------------------------
 
+
 def _coordinator(args: list[str]) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, "-m", "dilforge_coordinator.cli", *args], env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [sys.executable, "-m", "dilforge_coordinator.cli", *args],
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
 
 
 def _wait_for(predicate, timeout: float = 30.0) -> None:
@@ -170,9 +201,14 @@ def _wait_for(predicate, timeout: float = 30.0) -> None:
         time.sleep(0.05)
 
 
-@pytest.mark.parametrize("where, sig", [("waiting_for_the_artifact_lock", signal.SIGTERM),
-                                        ("hashing_the_corpus", signal.SIGTERM),
-                                        ("hashing_the_corpus", signal.SIGINT)])
+@pytest.mark.parametrize(
+    "where, sig",
+    [
+        ("waiting_for_the_artifact_lock", signal.SIGTERM),
+        ("hashing_the_corpus", signal.SIGTERM),
+        ("hashing_the_corpus", signal.SIGINT),
+    ],
+)
 def test_a_stop_signal_while_planning_says_so_and_the_record_ends_cancelled(tmp_path, where, sig):
     config = write_config(tmp_path)
     record = tmp_path / "store" / "runs" / "demo.json"

@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 
 # ---- inf / nan --------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("value", [".inf", "-.inf", ".nan", "1e999"])
 def test_inf_and_nan_are_refused_at_validation_naming_the_field(tmp_path, value):
     config = write_config(tmp_path)
@@ -33,20 +34,23 @@ def test_inf_and_nan_are_refused_at_validation_naming_the_field(tmp_path, value)
 def test_inf_in_a_cpt_learning_rate_is_refused_too(tmp_path):
     (tmp_path / "c.txt").write_text("bir\n")
     path = tmp_path / "c.yaml"
-    path.write_text(textwrap.dedent(f"""
+    path.write_text(
+        textwrap.dedent(f"""
         run_id: r
-        store: {{uri: {tmp_path / 's'}}}
+        store: {{uri: {tmp_path / "s"}}}
         cpt:
           base_model: /m
-          corpora: [{{uri: {tmp_path / 'c.txt'}}}]
-          validation: [{{uri: {tmp_path / 'c.txt'}}}]
+          corpora: [{{uri: {tmp_path / "c.txt"}}}]
+          validation: [{{uri: {tmp_path / "c.txt"}}}]
           phase1: {{num_steps: 1, learning_rate: .inf}}
-    """))
+    """)
+    )
     with pytest.raises(ConfigError, match=r"cpt.phase1.learning_rate: Input should be a finite number"):
         load_pipeline(path)
 
 
 # ---- two sources with one name --------------------------------------------------------------------------------
+
 
 def test_two_corpora_with_the_same_name_are_refused_not_merged(tmp_path):
     for d in ("a", "b"):
@@ -56,7 +60,7 @@ def test_two_corpora_with_the_same_name_are_refused_not_merged(tmp_path):
     two = f'corpora: [{{uri: "{tmp_path / "a/train.txt"}"}}, {{uri: "{tmp_path / "b/train.txt"}"}}]'
     text = config.read_text()
     start = text.index("corpora:")
-    config.write_text(text[:start] + two + text[text.index("\n", start):])
+    config.write_text(text[:start] + two + text[text.index("\n", start) :])
     with pytest.raises(ConfigError, match=r"corpora: two sources are named 'train.txt' \(set a distinct `name`"):
         load_pipeline(config)
     config.write_text(config.read_text().replace('/b/train.txt"}', '/b/train.txt", name: other}'))
@@ -64,6 +68,7 @@ def test_two_corpora_with_the_same_name_are_refused_not_merged(tmp_path):
 
 
 # ---- a full store disk names the store, not the work folder ------------------------------------------------------
+
 
 def test_a_full_store_disk_names_the_store_file_and_leaves_nothing_half_written(tmp_path):
     work, store = tmp_path / "work", tmp_path / "store" / "artifacts" / "tokenizer" / "a1"
@@ -94,13 +99,17 @@ def test_a_full_store_disk_names_the_store_file_and_leaves_nothing_half_written(
 
 # ---- extend over a base that is not BPE ---------------------------------------------------------------------
 
+
 def _unigram_folder(root: Path) -> Path:
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
     root.mkdir()
     tok = Tokenizer(models.Unigram())
     tok.pre_tokenizer = pre_tokenizers.Metaspace()
-    tok.train_from_iterator(["bir iki üç dörd beş"] * 50,
-                            trainers.UnigramTrainer(vocab_size=30, special_tokens=["<unk>"], unk_token="<unk>"))
+    tok.train_from_iterator(
+        ["bir iki üç dörd beş"] * 50,
+        trainers.UnigramTrainer(vocab_size=30, special_tokens=["<unk>"], unk_token="<unk>"),
+    )
     tok.save(str(root / "tokenizer.json"))
     (root / "config.json").write_text(json.dumps({"model_type": "t5"}))
     return root
@@ -110,10 +119,14 @@ def test_extend_over_a_unigram_base_of_another_model_type_is_one_line(tmp_path, 
     from dilforge_shared.configs import STAGE_CONFIGS
     from dilforge_shared.contract import OptMl, build_hyperparameters, stage_main
     from dilforge_tokenizer.stage import run
+
     base = _unigram_folder(tmp_path / "t5")
     config = write_config(tmp_path)
-    config.write_text(config.read_text().replace("strategy: replace",
-                                                 f"strategy: extend\n  base_tokenizer: {base}\n  num_new_tokens: [10]"))
+    config.write_text(
+        config.read_text().replace(
+            "strategy: replace", f"strategy: extend\n  base_tokenizer: {base}\n  num_new_tokens: [10]"
+        )
+    )
     cfg = load_pipeline(config)
     opt = OptMl(tmp_path / "opt")
     opt.write_inputs(build_hyperparameters(cfg.tokenizer, str(tmp_path / "store" / "t"), "r", {}))
@@ -125,26 +138,36 @@ def test_extend_over_a_unigram_base_of_another_model_type_is_one_line(tmp_path, 
 
 # ---- eval: a `$` in a set name never breaks the plots -------------------------------------------------------
 
+
 def test_set_and_model_names_with_dollars_draw(tmp_path):
     pytest.importorskip("matplotlib")
     from dilforge_eval.plots import make_plots
-    metrics = {"bpb": {"m$x^{$": {"$\\frac{$": {"bpb": 1.0}, "a_$b$": {"bpb": 2.0}}},
-               "tokenizer_metrics": {"$_$": {"$\\undefined$": {"tokens_per_word": 1.5}}}}
+
+    metrics = {
+        "bpb": {"m$x^{$": {"$\\frac{$": {"bpb": 1.0}, "a_$b$": {"bpb": 2.0}}},
+        "tokenizer_metrics": {"$_$": {"$\\undefined$": {"tokens_per_word": 1.5}}},
+    }
     plots = make_plots(metrics, tmp_path)
     assert set(plots) == {"bpb", "fertility"} and all(p.stat().st_size > 1000 for p in plots.values())
 
 
 # ---- tokenizer: a size the corpus cannot give is never recorded as selected --------------------------------------
 
+
 def test_vocab_sizes_beyond_what_training_produced_are_recorded_as_produced(tmp_path):
     from dilforge_shared.configs import validate_model
     from dilforge_shared.configs.tokenizer import TokenizerConfig
     from dilforge_shared.families import LLAMA3
     from dilforge_tokenizer.stage import replace_candidates
+
     (tmp_path / "c.txt").write_text("x")
-    config = validate_model(TokenizerConfig, {"strategy": "replace", "corpora": [{"uri": str(tmp_path / "c.txt")}],
-                                              "vocab_sizes": [600, 5000, 6000]}, "test")
+    config = validate_model(
+        TokenizerConfig,
+        {"strategy": "replace", "corpora": [{"uri": str(tmp_path / "c.txt")}], "vocab_sizes": [600, 5000, 6000]},
+        "test",
+    )
     import random
+
     rng = random.Random(0)
     words = ["".join(rng.choice("abcçdeəfgğhxıijkqlmnoöprsştuüvyz") for _ in range(6)) for _ in range(400)]
     batches = iter([[" ".join(rng.choice(words) for _ in range(12)) for _ in range(500)]])
@@ -156,6 +179,7 @@ def test_vocab_sizes_beyond_what_training_produced_are_recorded_as_produced(tmp_
 
 
 # ---- chat --------------------------------------------------------------------------------------------------
+
 
 @pytest.fixture
 def chat_folder(tmp_path, tiny_llama_dir) -> Path:
@@ -184,13 +208,14 @@ def test_chat_on_weights_of_a_wrong_shape_is_one_line(chat_folder):
 
 def test_chat_on_a_header_declaring_a_huge_tensor_is_one_line(chat_folder):
     import struct
+
     path = chat_folder / "model.safetensors"
     raw = path.read_bytes()
     (length,) = struct.unpack("<Q", raw[:8])
-    header = json.loads(raw[8:8 + length])
-    header["model.embed_tokens.weight"]["shape"] = [10 ** 9, 10 ** 9]
+    header = json.loads(raw[8 : 8 + length])
+    header["model.embed_tokens.weight"]["shape"] = [10**9, 10**9]
     new = json.dumps(header).encode()
-    path.write_bytes(struct.pack("<Q", len(new)) + new + raw[8 + length:])
+    path.write_bytes(struct.pack("<Q", len(new)) + new + raw[8 + length :])
     out = _one_error_line(_chat([str(chat_folder), "-p", "salam"]))
     assert "cannot load the model" in out
 
@@ -199,6 +224,7 @@ def test_chat_with_an_adapter_trained_on_another_base_is_one_line(tmp_path, chat
     from factories import build_tiny_llama
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
     other = build_tiny_llama(tmp_path / "other", tiny_tokenizer_dir, hidden_size=32, intermediate_size=64)
     adapter = tmp_path / "adapter"
     lora = get_peft_model(AutoModelForCausalLM.from_pretrained(str(other)), LoraConfig(r=4, target_modules=["q_proj"]))

@@ -23,8 +23,20 @@ def _published(tmp_path: Path, artifact_id: str = "a1") -> str:
     out.mkdir()
     (out / "w.bin").write_bytes(b"weights")
     uri = str(tmp_path / "store" / "artifacts" / "tokenizer" / artifact_id)
-    publish(uri, out, Manifest(kind="tokenizer", artifact_id=artifact_id, run_id="r", stage="tokenizer",
-                               producer=current_producer("test"), config={}, data_dir="x", files=[]))
+    publish(
+        uri,
+        out,
+        Manifest(
+            kind="tokenizer",
+            artifact_id=artifact_id,
+            run_id="r",
+            stage="tokenizer",
+            producer=current_producer("test"),
+            config={},
+            data_dir="x",
+            files=[],
+        ),
+    )
     return uri
 
 
@@ -37,10 +49,13 @@ class RemoteLike(LocalStorage):
 
 # ---- untrusted data cannot steer paths -------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("bad_id", ["../../escape", "..", "a/../../b", "/abs", ".hidden", "a b"])
-def test_a_fetched_manifest_whose_artifact_id_climbs_out_is_refused_and_nothing_is_written(tmp_path, monkeypatch,
-                                                                                           bad_id):
+def test_a_fetched_manifest_whose_artifact_id_climbs_out_is_refused_and_nothing_is_written(
+    tmp_path, monkeypatch, bad_id
+):
     from dilforge_shared.store import artifacts
+
     uri = _published(tmp_path)
     mpath = Path(uri) / MANIFEST_NAME
     raw = json.loads(mpath.read_text())
@@ -56,6 +71,7 @@ def test_a_fetched_manifest_whose_artifact_id_climbs_out_is_refused_and_nothing_
 
 def test_a_valid_remote_fetch_still_lands_in_the_cache(tmp_path, monkeypatch):
     from dilforge_shared.store import artifacts
+
     uri = _published(tmp_path)
     monkeypatch.setattr(artifacts, "open_backend", lambda u, e=None: RemoteLike(Path(u.removeprefix("file://"))))
     art = fetch(uri, cache_dir=tmp_path / "cache")
@@ -113,6 +129,7 @@ def _hf_folder(root: Path) -> Path:
 def test_a_model_folder_with_a_link_out_of_it_is_refused_at_planning_and_import(tmp_path):
     from dilforge_cpt.import_model import copy_hf_folder
     from dilforge_shared.models import model_digest
+
     folder = _hf_folder(tmp_path / "model")
     (tmp_path / "secret.txt").write_text("do not publish")
     (folder / "notes.txt").symlink_to(tmp_path / "secret.txt")
@@ -122,15 +139,16 @@ def test_a_model_folder_with_a_link_out_of_it_is_refused_at_planning_and_import(
         copy_hf_folder(folder, str(folder), tmp_path / "out")
     assert not (tmp_path / "out").exists()
     (folder / "notes.txt").unlink()
-    (folder / "sub").symlink_to(tmp_path, target_is_directory=True)   # a folder link out is refused too
+    (folder / "sub").symlink_to(tmp_path, target_is_directory=True)  # a folder link out is refused too
     with pytest.raises(UnsafePathError, match="sub is a link"):
         model_digest(str(folder))
     (folder / "sub").unlink()
-    (folder / "alias.json").symlink_to(folder / "config.json")        # a link inside the folder is fine
+    (folder / "alias.json").symlink_to(folder / "config.json")  # a link inside the folder is fine
     assert len(model_digest(str(folder))) == 64
 
 
 # ---- run records: relative, robust -----------------------------------------------------------------------
+
 
 def test_run_records_hold_store_relative_addresses(tmp_path):
     cfg = load_pipeline(write_config(tmp_path))
@@ -153,7 +171,7 @@ def test_a_moved_store_works_gc_is_right_and_stages_take_upstream_from_the_new_p
         path.write_text(json.dumps(raw))
     new = tmp_path / "b" / "store"
     shutil.copytree(old / "store", new, symlinks=True)
-    shutil.rmtree(old / "store")                                     # moved, not copied
+    shutil.rmtree(old / "store")  # moved, not copied
     moved = load_pipeline(write_config(old), {"store.uri": str(new)})
     upstream = pl.upstream_from_record(moved)
     assert upstream["tokenizer"] == ArtifactStore(str(new)).artifact_uri("tokenizer", uri.rsplit("/", 1)[1])
@@ -175,7 +193,8 @@ DAMAGED = {
     "stages_a_list": lambda raw: json.dumps({**json.loads(raw), "stages": ["x"]}).encode(),
     "stage_without_status": lambda raw: json.dumps({**json.loads(raw), "stages": {"t": {"artifact": "a/b"}}}).encode(),
     "artifact_climbs_out": lambda raw: json.dumps(
-        {**json.loads(raw), "stages": {"t": {"artifact": "../../x", "status": "produced"}}}).encode(),
+        {**json.loads(raw), "stages": {"t": {"artifact": "../../x", "status": "produced"}}}
+    ).encode(),
     "owner_a_string": lambda raw: json.dumps({**json.loads(raw), "owner": "me"}).encode(),
 }
 
@@ -189,8 +208,9 @@ def test_a_damaged_run_record_is_one_line_for_status_and_gc_and_set_aside_by_the
     status = CliRunner().invoke(app, ["status", "demo", "--store", str(tmp_path / "store")])
     assert status.exit_code == 1 and "damaged run record" in status.output, status.output
     assert "Traceback" not in status.output and status.output.count("\n") == 1
-    gc = CliRunner().invoke(app, ["gc", "--store", str(tmp_path / "store"), "--workdir", str(tmp_path / "w"),
-                                  "--unreferenced", "--delete"])
+    gc = CliRunner().invoke(
+        app, ["gc", "--store", str(tmp_path / "store"), "--workdir", str(tmp_path / "w"), "--unreferenced", "--delete"]
+    )
     assert gc.exit_code == 1 and "damaged run record" in gc.output and gc.output.count("\n") == 1, gc.output
     capsys.readouterr()
     assert pl.run_all(cfg, PublishingBackend())["tokenizer"], "the run id is not blocked"
@@ -206,8 +226,13 @@ def test_an_input_name_that_would_climb_out_of_the_channel_folder_is_refused():
     from dilforge_shared.configs.tokenizer import TokenizerConfig
     from dilforge_shared.contract import parse_hyperparameters
     from dilforge_shared.errors import ConfigError
-    hp = {"stage_config": json.dumps({"strategy": "replace", "corpora": [{"uri": "/c.txt"}], "vocab_sizes": [1000]}),
-          "artifact_uri": "s3://b/artifacts/tokenizer/x", "run_id": "r", "inputs": json.dumps({"../../x": "s3://b/m"})}
+
+    hp = {
+        "stage_config": json.dumps({"strategy": "replace", "corpora": [{"uri": "/c.txt"}], "vocab_sizes": [1000]}),
+        "artifact_uri": "s3://b/artifacts/tokenizer/x",
+        "run_id": "r",
+        "inputs": json.dumps({"../../x": "s3://b/m"}),
+    }
     with pytest.raises(ConfigError, match=r"hp.json: hyperparameter 'inputs': input name '../../x' is not a valid"):
         parse_hyperparameters(hp, TokenizerConfig, "hp.json")
 
@@ -215,15 +240,17 @@ def test_an_input_name_that_would_climb_out_of_the_channel_folder_is_refused():
 def test_gc_removes_the_digest_of_a_killed_publish_and_keeps_the_live_one(tmp_path):
     import os
     import time
+
     uri = _published(tmp_path)
     root = Path(uri)
     live = next(root.glob(".data-*.manifest.sha256"))
-    dead = root / ".data-0000deadbeef.manifest.sha256"           # a publish killed after its digest
+    dead = root / ".data-0000deadbeef.manifest.sha256"  # a publish killed after its digest
     dead.write_text("0" * 64)
     old = time.time() - 7200
     os.utime(dead, (old, old))
-    result = CliRunner().invoke(app, ["gc", "--store", str(tmp_path / "store"), "--workdir", str(tmp_path / "w"),
-                                      "--delete"])
+    result = CliRunner().invoke(
+        app, ["gc", "--store", str(tmp_path / "store"), "--workdir", str(tmp_path / "w"), "--delete"]
+    )
     assert result.exit_code == 0 and "1 item(s) removed" in result.output, result.output
     assert not dead.exists() and live.exists()
     assert fetch(uri).manifest.artifact_id == "a1", "the artifact still verifies"
@@ -232,6 +259,7 @@ def test_gc_removes_the_digest_of_a_killed_publish_and_keeps_the_live_one(tmp_pa
 def test_serve_run_finds_the_runs_artifact_in_the_store_where_it_now_is(tmp_path):
     from dilforge_coordinator.serve_cmd import run_artifact
     from dilforge_shared.errors import ConfigError
+
     cfg = load_pipeline(write_config(tmp_path))
     uri = pl.run_all(cfg, PublishingBackend())["tokenizer"]
     assert run_artifact("demo", str(tmp_path / "store"), "tokenizer") == uri

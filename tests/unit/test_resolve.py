@@ -36,13 +36,26 @@ def adapter(root, base="/declared/base"):
 
 def published(tmp_path, name, folder, config=None, inputs=()):
     uri = str(tmp_path / "store" / "artifacts" / "sft" / name)
-    publish(uri, folder, Manifest(kind="adapter", artifact_id=name, run_id="r", stage="sft",
-                                  producer=current_producer("test"), config=config or {}, data_dir="pending",
-                                  files=[], inputs=list(inputs)))
+    publish(
+        uri,
+        folder,
+        Manifest(
+            kind="adapter",
+            artifact_id=name,
+            run_id="r",
+            stage="sft",
+            producer=current_producer("test"),
+            config=config or {},
+            data_dir="pending",
+            files=[],
+            inputs=list(inputs),
+        ),
+    )
     return uri
 
 
 # ---- the precedence rule ----------------------------------------------------------------------------
+
 
 def test_the_config_field_wins_then_the_nearest_upstream_input(caplog):
     inputs = {"model": "s3://b/model", "cpt": "s3://b/cpt"}
@@ -51,7 +64,7 @@ def test_the_config_field_wins_then_the_nearest_upstream_input(caplog):
     assert (picked.uri, picked.input) == ("/explicit", None)
     assert "base_model=/explicit wins over the upstream 'cpt' artifact" in caplog.text
     assert choose("base_model", None, inputs) == choose("base_model", "", inputs)
-    assert choose("base_model", None, inputs).input == "cpt"              # cpt is nearer than model
+    assert choose("base_model", None, inputs).input == "cpt"  # cpt is nearer than model
     assert choose("base_model", None, {"model": "m"}).input == "model"
     assert choose("base_model", None, inputs, order=("model",)).uri == "s3://b/model"
     assert choose("base_model", None, {"tokenizer": "t"}) is None
@@ -87,11 +100,13 @@ def test_every_stage_applies_the_same_rule(tmp_path, two_bases, monkeypatch):
     from dilforge_cpt.model_init import base_model_source
     from dilforge_sft.stage import resolve_base as sft_base
     from dilforge_tokenizer.stage import resolve_base as tok_base
+
     art, plain = two_bases
     corpus = [{"uri": str(tmp_path / "c.txt")}]
 
     def tok_cfg(**kw):
         return TokenizerConfig.model_validate({"strategy": "extend", "corpora": corpus, **kw})
+
     both, only_input = Ctx({"model": art}, tmp_path), Ctx({"model": art}, tmp_path)
 
     class Chosen(Exception):
@@ -99,13 +114,18 @@ def test_every_stage_applies_the_same_rule(tmp_path, two_bases, monkeypatch):
 
     def load(folder, uri, parse_json=True):
         raise Chosen(json.loads((folder / "tokenizer.json").read_text())["from"])
+
     monkeypatch.setattr("dilforge_tokenizer.stage.base_tok.load", load)
-    for cfg, ctx, expected in ((tok_cfg(base_tokenizer=str(plain)), both, "field"), (tok_cfg(), only_input, "artifact")):
+    for cfg, ctx, expected in (
+        (tok_cfg(base_tokenizer=str(plain)), both, "field"),
+        (tok_cfg(), only_input, "artifact"),
+    ):
         with pytest.raises(Chosen, match=expected):
             tok_base(cfg, ctx)
 
-    cpt = CptConfig.model_validate({"corpora": corpus, "validation": corpus, "base_model": str(plain),
-                                   "phase1": {"num_steps": 1}})
+    cpt = CptConfig.model_validate(
+        {"corpora": corpus, "validation": corpus, "base_model": str(plain), "phase1": {"num_steps": 1}}
+    )
     assert base_model_source(cpt, both).input is None
     assert base_model_source(cpt.model_copy(update={"base_model": None}), both).input == "model"
 
@@ -119,15 +139,23 @@ def test_a_pipeline_that_gives_a_base_twice_is_refused(tmp_path):
     base = {"run_id": "r", "store": {"uri": str(tmp_path / "s")}}
     corpus = [{"uri": str(tmp_path / "c.txt")}]
     with pytest.raises(ConfigError, match=r"sft.base_model and the pipeline's cpt stage both give the base model"):
-        validate_model(PipelineConfig, {**base, "cpt": {"corpora": corpus, "validation": corpus, "base_model": "/m",
-                                                        "phase1": {"num_steps": 1}},
-                                        "sft": {"train": corpus, "base_model": "/m"}}, "test")
+        validate_model(
+            PipelineConfig,
+            {
+                **base,
+                "cpt": {"corpora": corpus, "validation": corpus, "base_model": "/m", "phase1": {"num_steps": 1}},
+                "sft": {"train": corpus, "base_model": "/m"},
+            },
+            "test",
+        )
     with pytest.raises(ConfigError, match=r"sft.base_model and the pipeline's `model:` block"):
-        validate_model(PipelineConfig, {**base, "model": {"source": "./m"},
-                                        "sft": {"train": corpus, "base_model": "/m"}}, "test")
+        validate_model(
+            PipelineConfig, {**base, "model": {"source": "./m"}, "sft": {"train": corpus, "base_model": "/m"}}, "test"
+        )
 
 
 # ---- finding a folder of a kind ---------------------------------------------------------------------
+
 
 def test_find_dir_prefers_root_then_the_named_subfolders_and_refuses_a_tie(tmp_path):
     root = tmp_path / "a"
@@ -154,16 +182,18 @@ def test_find_dir_prefers_root_then_the_named_subfolders_and_refuses_a_tie(tmp_p
 
 # ---- an adapter's base, one way -----------------------------------------------------------------------
 
+
 def test_an_adapter_artifacts_base_is_its_sft_lineage_by_the_same_rule(tmp_path):
     folder = tmp_path / "sft-files"
     adapter(folder / "adapter")
     cpt = InputRef(name="cpt", kind="manifest", uri="s3://b/artifacts/cpt/c1", sha256="1" * 64)
     model = InputRef(name="model", kind="manifest", uri="s3://b/artifacts/model/m1", sha256="2" * 64)
     for name, config, inputs, expected in [
-            ("s1", {}, [model, cpt], cpt.uri),                       # cpt before model
-            ("s2", {}, [model], model.uri),
-            ("s3", {"base_model": "/direct"}, [], "/direct"),        # the field the SFT run used
-            ("s4", {}, [], "/declared/base")]:                       # nothing recorded: adapter_config.json
+        ("s1", {}, [model, cpt], cpt.uri),  # cpt before model
+        ("s2", {}, [model], model.uri),
+        ("s3", {"base_model": "/direct"}, [], "/direct"),  # the field the SFT run used
+        ("s4", {}, [], "/declared/base"),
+    ]:  # nothing recorded: adapter_config.json
         src = open_model(published(tmp_path, name, folder, config, inputs))
         assert adapter_base(Resolved("adapter", src.path / "adapter", src)) == expected, name
     plain = adapter(tmp_path / "plain-adapter", base="/from/config")

@@ -22,8 +22,10 @@ GPU_FLASH = DeviceFacts(cuda=True, bf16_supported=True, flash_attn=True)
 
 # ---- decisions ---------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("facts,expected", [(CPU, ("cpu", "fp32", False)), (OLD_GPU, ("cuda", "fp32", True)),
-                                            (GPU, ("cuda", "bf16", True))])
+
+@pytest.mark.parametrize(
+    "facts,expected", [(CPU, ("cpu", "fp32", False)), (OLD_GPU, ("cuda", "fp32", True)), (GPU, ("cuda", "bf16", True))]
+)
 def test_auto_is_bf16_and_liger_on_a_bf16_gpu_fp32_without_liger_on_cpu(facts, expected):
     policy = decide("cpt", liger=True, model_type="llama", facts=facts)
     assert (policy.device, policy.precision, policy.liger) == expected
@@ -38,14 +40,17 @@ def test_explicit_settings_win_where_the_machine_allows_them():
     assert decide("sft", liger="off", model_type="llama", facts=GPU).liger is False
 
 
-@pytest.mark.parametrize("kwargs,facts,field", [
-    ({"device": "cuda"}, CPU, "eval.device"),
-    ({"precision": "bf16"}, OLD_GPU, "eval.precision"),
-    ({"precision": "bf16", "cpu_bf16": False}, CPU, "eval.precision"),
-    ({"liger": "on"}, CPU, "eval.liger"),
-    ({"liger": "on", "model_type": "mistral"}, GPU, "eval.liger"),
-    ({"attention": "flash_attention_2"}, GPU, "eval.attention"),
-])
+@pytest.mark.parametrize(
+    "kwargs,facts,field",
+    [
+        ({"device": "cuda"}, CPU, "eval.device"),
+        ({"precision": "bf16"}, OLD_GPU, "eval.precision"),
+        ({"precision": "bf16", "cpu_bf16": False}, CPU, "eval.precision"),
+        ({"liger": "on"}, CPU, "eval.liger"),
+        ({"liger": "on", "model_type": "mistral"}, GPU, "eval.liger"),
+        ({"attention": "flash_attention_2"}, GPU, "eval.attention"),
+    ],
+)
 def test_impossible_requests_are_config_errors_naming_the_field(kwargs, facts, field):
     with pytest.raises(ConfigError, match=field):
         decide("eval", facts=facts, **kwargs)
@@ -59,9 +64,15 @@ def test_liger_only_for_llama_and_auto_stays_off_quietly():
     assert runtime_policy.choose_liger(False, "cuda", "llama") is False
 
 
-@pytest.mark.parametrize("packing,facts,expected", [
-    (False, GPU_FLASH, "sdpa"), (True, CPU, "sdpa"), (True, GPU, "flex_attention"),
-    (True, GPU_FLASH, "flash_attention_2")])
+@pytest.mark.parametrize(
+    "packing,facts,expected",
+    [
+        (False, GPU_FLASH, "sdpa"),
+        (True, CPU, "sdpa"),
+        (True, GPU, "flex_attention"),
+        (True, GPU_FLASH, "flash_attention_2"),
+    ],
+)
 def test_attention_follows_packing_and_the_installed_kernels(packing, facts, expected):
     assert decide("sft", packing=packing, facts=facts).attention == expected
     assert decide("sft", attention="eager", packing=packing, facts=facts).attention == "eager"
@@ -73,6 +84,7 @@ def test_the_policy_module_does_not_import_torch():
 
 
 # ---- every stage asks the policy ---------------------------------------------------------------------
+
 
 class Asked(Exception):
     pass
@@ -87,6 +99,7 @@ def spy(monkeypatch):
     def recording(stage, **kwargs):
         calls.append((stage, kwargs))
         return real(stage, **{**kwargs, "facts": kwargs.get("facts") or CPU})
+
     monkeypatch.setattr(runtime_policy, "decide", recording)
     return calls
 
@@ -94,6 +107,7 @@ def spy(monkeypatch):
 def test_sft_device_plan_is_the_policy():
     from dilforge_sft import stage
     from dilforge_shared.configs.sft import SftConfig
+
     config = SftConfig.model_validate({"train": [{"uri": "x.jsonl"}]})
     assert stage.device_plan(config, "llama", facts=GPU) == stage.DevicePlan(device="cuda", bf16=True, liger=True)
     assert stage.device_plan(config, "mistral", facts=GPU).liger is False
@@ -108,14 +122,15 @@ def test_cpt_runtime_and_liger_ask_the_policy(spy, monkeypatch):
     from dilforge_cpt import sharding
     from dilforge_cpt.runtime import Runtime, init_runtime, shutdown
     from dilforge_shared.configs.cpt import CptConfig
-    config = CptConfig(scratch_model={}, corpora=[{"uri": "a"}], validation=[{"uri": "v"}],
-                       phase2={"num_steps": 1}, precision="bf16")
+
+    config = CptConfig(
+        scratch_model={}, corpora=[{"uri": "a"}], validation=[{"uri": "v"}], phase2={"num_steps": 1}, precision="bf16"
+    )
     rt = init_runtime(config)
     shutdown(rt)
     assert spy == [("cpt", {"precision": "bf16", "liger": "auto"})] and rt.dtype == torch.bfloat16
     liger_calls = []
-    monkeypatch.setattr(runtime_policy, "choose_liger",
-                        lambda *args: liger_calls.append(args) or False)
+    monkeypatch.setattr(runtime_policy, "choose_liger", lambda *args: liger_calls.append(args) or False)
     model = SimpleNamespace(config=SimpleNamespace(model_type="llama"))
     assert sharding.apply_liger(model, config, Runtime(device=torch.device("cuda", 0))).kernels == []
     assert liger_calls == [("auto", "cuda", "llama", "cpt.liger")]
@@ -127,9 +142,9 @@ def test_eval_run_asks_the_policy_first(monkeypatch, tmp_path):
 
     def refuse(stage_name, **kwargs):
         raise Asked(stage_name, kwargs)
+
     monkeypatch.setattr(runtime_policy, "decide", refuse)
-    config = EvalConfig.model_validate({"models": [{"label": "m", "uri": "/x"}], "device": "cpu",
-                                        "precision": "fp32"})
+    config = EvalConfig.model_validate({"models": [{"label": "m", "uri": "/x"}], "device": "cpu", "precision": "fp32"})
     ctx = SimpleNamespace(endpoint_url=None, opt=SimpleNamespace(root=tmp_path))
     with pytest.raises(Asked) as asked:
         stage.run(config, ctx)
@@ -139,6 +154,7 @@ def test_eval_run_asks_the_policy_first(monkeypatch, tmp_path):
 def test_chat_asks_the_policy_and_reports_its_error(monkeypatch):
     from dilforge_coordinator.cli import app
     from typer.testing import CliRunner
+
     monkeypatch.setattr(runtime_policy, "probe_device", lambda: CPU)
     result = CliRunner().invoke(app, ["chat", "/nowhere", "--device", "cuda", "-p", "salam"])
     assert result.exit_code == 1
@@ -147,18 +163,22 @@ def test_chat_asks_the_policy_and_reports_its_error(monkeypatch):
 
 def test_chat_stops_at_the_tokenizer_familys_end_of_turn():
     from dilforge_coordinator.chat import stop_token_ids
+
     vocab = {"<|im_start|>": 1, "<|im_end|>": 2, "<|endoftext|>": 0, "salam": 3}
     chatml = SimpleNamespace(get_vocab=lambda: vocab, convert_tokens_to_ids=vocab.get, eos_token_id=2)
     assert stop_token_ids(chatml) == [2, 0]  # <|im_end|>, <|endoftext|>; never Llama 3's <|eot_id|>
-    plain = SimpleNamespace(get_vocab=lambda: {"a": 0, "</s>": 1}, convert_tokens_to_ids=lambda t: None,
-                            eos_token_id=1)
+    plain = SimpleNamespace(get_vocab=lambda: {"a": 0, "</s>": 1}, convert_tokens_to_ids=lambda t: None, eos_token_id=1)
     assert stop_token_ids(plain) == [1]
 
 
 # ---- SDPA backend by measurement -----------------------------------------------------------------------
-H200_TABLE = {"NVIDIA H200": {"shape": "B8 H32 S2048 D64 causal bf16", "date": "2026-12-01",
-                              "tflops": {"FLASH_ATTENTION": 250.0, "CUDNN_ATTENTION": 410.0,
-                                         "EFFICIENT_ATTENTION": 180.0}}}
+H200_TABLE = {
+    "NVIDIA H200": {
+        "shape": "B8 H32 S2048 D64 causal bf16",
+        "date": "2026-12-01",
+        "tflops": {"FLASH_ATTENTION": 250.0, "CUDNN_ATTENTION": 410.0, "EFFICIENT_ATTENTION": 180.0},
+    }
+}
 ALL_SDPA = ["FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION", "MATH"]
 
 
@@ -179,6 +199,7 @@ def test_sdpa_without_a_measurement_keeps_torch_order_and_says_so():
 
 def test_attention_table_shipped_claims_no_gpu_number_and_env_overrides(tmp_path, monkeypatch):
     import json
+
     shipped, source = runtime_policy.load_attention_table()
     assert shipped == {} and source.endswith("attention_table.json")  # no GPU has measured anything yet
     measured = tmp_path / "measured.json"
@@ -193,10 +214,15 @@ def test_attention_table_shipped_claims_no_gpu_number_and_env_overrides(tmp_path
 def test_runtime_enters_the_chosen_sdpa_priority(monkeypatch):
     from dilforge_cpt.runtime import Runtime
     from torch.nn.attention import SDPBackend
+
     entered = []
     from torch.nn import attention
-    monkeypatch.setattr(attention, "sdpa_kernel", lambda backends, set_priority=False: entered.append(
-        (backends, set_priority)) or contextlib.nullcontext())
+
+    monkeypatch.setattr(
+        attention,
+        "sdpa_kernel",
+        lambda backends, set_priority=False: entered.append((backends, set_priority)) or contextlib.nullcontext(),
+    )
     with Runtime(sdpa_backends=("CUDNN_ATTENTION", "FLASH_ATTENTION")).autocast():
         pass
     assert entered == [([SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION], True)]

@@ -35,11 +35,15 @@ def aws_env(monkeypatch, tmp_path):
 
 def _describe(status: str, secondary: str, transitions: list[tuple[str, str]], reason: str | None = None) -> dict:
     resp = {
-        "TrainingJobName": "job", "TrainingJobArn": "arn:aws:sagemaker:us-east-1:123456789012:training-job/job",
-        "ModelArtifacts": {"S3ModelArtifacts": "s3://b/out/model.tar.gz"}, "TrainingJobStatus": status,
-        "SecondaryStatus": secondary, "AlgorithmSpecification": {"TrainingInputMode": "File"},
+        "TrainingJobName": "job",
+        "TrainingJobArn": "arn:aws:sagemaker:us-east-1:123456789012:training-job/job",
+        "ModelArtifacts": {"S3ModelArtifacts": "s3://b/out/model.tar.gz"},
+        "TrainingJobStatus": status,
+        "SecondaryStatus": secondary,
+        "AlgorithmSpecification": {"TrainingInputMode": "File"},
         "ResourceConfig": {"InstanceType": "ml.g5.8xlarge", "InstanceCount": 1, "VolumeSizeInGB": 100},
-        "StoppingCondition": {"MaxRuntimeInSeconds": 3600}, "CreationTime": NOW,
+        "StoppingCondition": {"MaxRuntimeInSeconds": 3600},
+        "CreationTime": NOW,
         "SecondaryStatusTransitions": [{"Status": s, "StartTime": NOW, "StatusMessage": m} for s, m in transitions],
     }
     if reason:
@@ -49,9 +53,13 @@ def _describe(status: str, secondary: str, transitions: list[tuple[str, str]], r
 
 def _backend(sm, out: list[str], stream_logs: bool = False, logs=None) -> SageMakerBackend:
     sleeps: list[float] = []
-    backend = SageMakerBackend(config=SageMakerConfig(role_arn=ROLE, poll_interval_s=7),
-                               clients={"sagemaker": sm, **({"logs": logs} if logs else {})},
-                               stream_logs=stream_logs, out=out.append, sleep=sleeps.append)
+    backend = SageMakerBackend(
+        config=SageMakerConfig(role_arn=ROLE, poll_interval_s=7),
+        clients={"sagemaker": sm, **({"logs": logs} if logs else {})},
+        stream_logs=stream_logs,
+        out=out.append,
+        sleep=sleeps.append,
+    )
     backend.sleeps = sleeps
     return backend
 
@@ -60,12 +68,26 @@ def test_wait_follows_status_transitions_until_completed():
     sm = boto3.client("sagemaker", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
     steps = [
         _describe("InProgress", "Starting", [("Starting", "Preparing the instances for training")]),
-        _describe("InProgress", "Training", [("Starting", "Preparing the instances for training"),
-                                             ("Downloading", "Downloading input data"),
-                                             ("Training", "Training image download completed.")]),
-        _describe("Completed", "Completed", [("Starting", ""), ("Downloading", ""), ("Training", ""),
-                                             ("Uploading", "Uploading generated training model"),
-                                             ("Completed", "Training job completed")]),
+        _describe(
+            "InProgress",
+            "Training",
+            [
+                ("Starting", "Preparing the instances for training"),
+                ("Downloading", "Downloading input data"),
+                ("Training", "Training image download completed."),
+            ],
+        ),
+        _describe(
+            "Completed",
+            "Completed",
+            [
+                ("Starting", ""),
+                ("Downloading", ""),
+                ("Training", ""),
+                ("Uploading", "Uploading generated training model"),
+                ("Completed", "Training job completed"),
+            ],
+        ),
     ]
     out: list[str] = []
     with Stubber(sm) as stub:
@@ -86,10 +108,14 @@ def test_failed_job_raises_with_its_failure_reason():
     sm = boto3.client("sagemaker", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
     reason = "AlgorithmError: sft: train[0] /opt/ml/input/data/x.jsonl line 3: field 'messages' missing"
     with Stubber(sm) as stub:
-        stub.add_response("describe_training_job", _describe("InProgress", "Training", [("Training", "")]),
-                          {"TrainingJobName": "job"})
-        stub.add_response("describe_training_job", _describe("Failed", "Failed", [("Failed", reason)], reason),
-                          {"TrainingJobName": "job"})
+        stub.add_response(
+            "describe_training_job", _describe("InProgress", "Training", [("Training", "")]), {"TrainingJobName": "job"}
+        )
+        stub.add_response(
+            "describe_training_job",
+            _describe("Failed", "Failed", [("Failed", reason)], reason),
+            {"TrainingJobName": "job"},
+        )
         with pytest.raises(StageFailed) as err:
             _backend(sm, []).wait("sft", "job")
     assert err.value.stage == "sft" and "line 3: field 'messages' missing" in err.value.reason
@@ -108,14 +134,25 @@ def test_logs_are_streamed_once_per_event():
         ev = {"logGroupName": LOG_GROUP, "logStreamName": stream, "startFromHead": True}
         # poll 1 (in progress): two lines, then nothing new
         s2.add_response("describe_log_streams", streams, q)
-        s2.add_response("get_log_events", {"events": [{"timestamp": 1, "message": "step=1 phase=1 loss=3.0"},
-                                                      {"timestamp": 2, "message": "step=2 phase=1 loss=2.9"}],
-                                           "nextForwardToken": "f/1"}, ev)
+        s2.add_response(
+            "get_log_events",
+            {
+                "events": [
+                    {"timestamp": 1, "message": "step=1 phase=1 loss=3.0"},
+                    {"timestamp": 2, "message": "step=2 phase=1 loss=2.9"},
+                ],
+                "nextForwardToken": "f/1",
+            },
+            ev,
+        )
         s2.add_response("get_log_events", {"events": [], "nextForwardToken": "f/1"}, {**ev, "nextToken": "f/1"})
         # poll 2 (completed) and the final drain: one more line, then nothing
         s2.add_response("describe_log_streams", streams, q)
-        s2.add_response("get_log_events", {"events": [{"timestamp": 3, "message": "published"}],
-                                           "nextForwardToken": "f/2"}, {**ev, "nextToken": "f/1"})
+        s2.add_response(
+            "get_log_events",
+            {"events": [{"timestamp": 3, "message": "published"}], "nextForwardToken": "f/2"},
+            {**ev, "nextToken": "f/1"},
+        )
         s2.add_response("get_log_events", {"events": [], "nextForwardToken": "f/2"}, {**ev, "nextToken": "f/2"})
         s2.add_response("describe_log_streams", streams, q)
         s2.add_response("get_log_events", {"events": [], "nextForwardToken": "f/2"}, {**ev, "nextToken": "f/2"})
@@ -127,9 +164,11 @@ def test_logs_are_streamed_once_per_event():
 
 # ---- moto: submit for real (to moto), hand the published manifest to the next stage -------------------
 
+
 def _fake_job_publishes(backend: SageMakerBackend, s3, submitted: list[dict]):
     """Stand in for the container: when the SDK creates a job (through moto), publish the artifact its
     hyperparameters name. Hooked at botocore, under the SDK, on the session the backend submits with."""
+
     def create(params, model, **kwargs):
         request = params
         submitted.append(request)
@@ -142,13 +181,24 @@ def _fake_job_publishes(backend: SageMakerBackend, s3, submitted: list[dict]):
         from dilforge_shared.configs import STAGE_CONFIGS
         from dilforge_shared.models import stage_refs
         from dilforge_shared.stages import STAGE_VERSIONS
-        refs = stage_refs(STAGE_CONFIGS[stage].model_validate(config), json.loads(hp["inputs"]),
-                          hp.get("s3_endpoint_url"))
-        manifest = Manifest(kind={"tokenizer": "tokenizer", "cpt": "model"}[stage],
-                            artifact_id=hp["artifact_uri"].rsplit("/", 1)[1], run_id=hp["run_id"], stage=stage,
-                            code_version=STAGE_VERSIONS[stage], producer=current_producer("dilforge-coordinator"),
-                            config=config, inputs=refs, data_dir="pending", files=[])
+
+        refs = stage_refs(
+            STAGE_CONFIGS[stage].model_validate(config), json.loads(hp["inputs"]), hp.get("s3_endpoint_url")
+        )
+        manifest = Manifest(
+            kind={"tokenizer": "tokenizer", "cpt": "model"}[stage],
+            artifact_id=hp["artifact_uri"].rsplit("/", 1)[1],
+            run_id=hp["run_id"],
+            stage=stage,
+            code_version=STAGE_VERSIONS[stage],
+            producer=current_producer("dilforge-coordinator"),
+            config=config,
+            inputs=refs,
+            data_dir="pending",
+            files=[],
+        )
         publish(hp["artifact_uri"], out, manifest)
+
     backend.session().events.register("before-parameter-build.sagemaker.CreateTrainingJob", create)
 
 
@@ -159,6 +209,7 @@ def _split(uri: str) -> dict:
 
 def test_run_all_submits_jobs_and_chains_manifests(aws_env, tmp_path):
     import moto
+
     with moto.mock_aws():
         s3 = boto3.client("s3", region_name="us-east-1")
         s3.create_bucket(Bucket="store")
@@ -166,15 +217,25 @@ def test_run_all_submits_jobs_and_chains_manifests(aws_env, tmp_path):
         s3.put_object(Bucket="data", Key="az/train.txt", Body="Salam dünya.\nBakı gözəl şəhərdir.\n".encode())
         s3.put_object(Bucket="data", Key="az/dev.txt", Body="Azərbaycan dili.\n".encode())
         image = "123456789012.dkr.ecr.us-east-1.amazonaws.com/dilforge-{}@sha256:" + "0" * 64
-        pipeline = PipelineConfig.model_validate({
-            "run_id": "moto-run", "store": {"uri": "s3://store/dilforge"},
-            "sagemaker": {"role_arn": ROLE, "poll_interval_s": 0.01,
-                          "images": {s: image.format(s) for s in ("tokenizer", "cpt")},
-                          "stages": {"cpt": {"instance_type": "ml.p4d.24xlarge", "num_instances": 2}}},
-            "tokenizer": {"corpora": [{"uri": "s3://data/az/train.txt"}], "vocab_sizes": [1000]},
-            "cpt": {"scratch_model": {}, "phase1": {"num_steps": 1}, "corpora": [{"uri": "s3://data/az/train.txt"}],
-                    "validation": [{"uri": "s3://data/az/dev.txt"}]},
-        })
+        pipeline = PipelineConfig.model_validate(
+            {
+                "run_id": "moto-run",
+                "store": {"uri": "s3://store/dilforge"},
+                "sagemaker": {
+                    "role_arn": ROLE,
+                    "poll_interval_s": 0.01,
+                    "images": {s: image.format(s) for s in ("tokenizer", "cpt")},
+                    "stages": {"cpt": {"instance_type": "ml.p4d.24xlarge", "num_instances": 2}},
+                },
+                "tokenizer": {"corpora": [{"uri": "s3://data/az/train.txt"}], "vocab_sizes": [1000]},
+                "cpt": {
+                    "scratch_model": {},
+                    "phase1": {"num_steps": 1},
+                    "corpora": [{"uri": "s3://data/az/train.txt"}],
+                    "validation": [{"uri": "s3://data/az/dev.txt"}],
+                },
+            }
+        )
         out: list[str] = []
         backend = SageMakerBackend(stream_logs=False, out=out.append, sleep=lambda s: None)
         backend.tmp = tmp_path
@@ -213,4 +274,5 @@ def test_run_all_submits_jobs_and_chains_manifests(aws_env, tmp_path):
 
 def _job_of(pipeline, produced):
     from dilforge_coordinator.pipeline import plan_stage
+
     return plan_stage(pipeline, "cpt", produced)

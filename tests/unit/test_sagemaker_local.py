@@ -25,9 +25,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def fake_run(fail: set[str]):
     """subprocess.run stand-in: the commands whose second word is in `fail` exit 1."""
+
     def run(cmd, **kwargs):
         word = cmd[1] if len(cmd) > 1 else ""
         return subprocess.CompletedProcess(cmd, 1 if word in fail else 0, stdout="sha256:abc\n", stderr="boom")
+
     return run
 
 
@@ -66,8 +68,11 @@ def test_sdk_missing_is_one_line(region, monkeypatch):
 
 def test_image_not_built_names_the_build_command(tmp_path):
     backend = SageMakerLocalBackend(workdir=tmp_path, tag="sm", docker="docker", run=fake_run({"image"}))
-    with pytest.raises(StageFailed, match=r"image dilforge-cpt:sm is not built: coordinator images build "
-                                          r"--stage cpt --tag sm"):
+    with pytest.raises(
+        StageFailed,
+        match=r"image dilforge-cpt:sm is not built: coordinator images build "
+        r"--stage cpt --tag sm",
+    ):
         backend.image("cpt")
     ok = SageMakerLocalBackend(workdir=tmp_path, tag="dev", docker="docker", run=fake_run(set()))
     assert ok.image("cpt") == ("dilforge-cpt:dev", "dilforge-cpt:dev@sha256:abc")
@@ -77,8 +82,18 @@ def test_cli_reports_the_setup_error_in_one_line(monkeypatch, tmp_path):
     monkeypatch.delenv("AWS_DEFAULT_REGION", raising=False)
     monkeypatch.delenv("AWS_REGION", raising=False)
     monkeypatch.setenv("DILFORGE_WORKDIR", str(tmp_path))
-    result = CliRunner().invoke(app, ["run-all", "-c", str(ROOT / "configs" / "az-tiny.yaml"), "--data", str(tmp_path),
-                                      "--backend", "sagemaker-local"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "run-all",
+            "-c",
+            str(ROOT / "configs" / "az-tiny.yaml"),
+            "--data",
+            str(tmp_path),
+            "--backend",
+            "sagemaker-local",
+        ],
+    )
     assert result.exit_code != 0
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert len(lines) == 1 and "AWS region unset" in lines[0], result.output
@@ -97,6 +112,7 @@ def test_failure_reason_is_the_first_hosts_failure_file(tmp_path):
 def test_local_data_is_uploaded_content_addressed_and_the_config_points_there(monkeypatch, tmp_path):
     import boto3
     import moto
+
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
@@ -107,13 +123,17 @@ def test_local_data_is_uploaded_content_addressed_and_the_config_points_there(mo
     with moto.mock_aws():
         s3 = boto3.client("s3", region_name="us-east-1")
         s3.create_bucket(Bucket="bkt")
-        raw = {"tokenizer": {"corpora": [{"uri": str(corpus), "name": "wiki"}], "system_prompt": "Sən köməkçisən."},
-               "eval": {"prompts": "builtin:az-generation", "morph": {"segmented": [str(corpus)]}}}
+        raw = {
+            "tokenizer": {"corpora": [{"uri": str(corpus), "name": "wiki"}], "system_prompt": "Sən köməkçisən."},
+            "eval": {"prompts": "builtin:az-generation", "morph": {"segmented": [str(corpus)]}},
+        }
         out, moved = upload_local_data(raw, "s3://bkt/store", None)
         uri = out["tokenizer"]["corpora"][0]["uri"]
         assert uri.startswith("s3://bkt/data/") and uri.endswith("/train.txt") and moved == {str(corpus): uri}
         assert out["eval"]["morph"]["segmented"] == [uri]  # one upload per file
-        assert out["tokenizer"]["system_prompt"] == "Sən köməkçisən." and out["eval"]["prompts"] == raw["eval"]["prompts"]
+        assert (
+            out["tokenizer"]["system_prompt"] == "Sən köməkçisən." and out["eval"]["prompts"] == raw["eval"]["prompts"]
+        )
         key = uri.removeprefix("s3://bkt/")
         assert s3.get_object(Bucket="bkt", Key=key)["Body"].read() == corpus.read_bytes()
         assert upload_local_data(raw, "s3://bkt/store", None)[0] == out  # same content, same URI: same artifact ids
@@ -158,16 +178,34 @@ def test_local_job_is_the_cloud_job_with_local_compute(monkeypatch, tmp_path):
     """model_trainer builds the local ModelTrainer from the same JobSpec: image, hyperparameters, environment,
     host count are the cloud job's; compute is `local` and the channels are folders."""
     pytest.importorskip("sagemaker.train.model_trainer")
-    spec = sm.JobSpec(stage="cpt", base_job_name="dilforge-cpt-abc", image="dilforge-cpt:dev",
-                      role_arn="arn:aws:iam::123456789012:role/r", instance_type="ml.c5.xlarge", num_instances=2,
-                      volume_size_gb=30, spot=False, max_runtime_s=3600, max_wait_s=None, input_mode="File",
-                      channels={"tokenizer": "s3://b/artifacts/tokenizer/t/"}, output_path="s3://b/out/",
-                      checkpoint_uri="s3://b/ck/", tensorboard_uri="s3://b/tb/", environment={"A": "1"},
-                      hyperparameters={"run_id": "r"}, tags={"k": "v"}, metric_definitions=[])
+    spec = sm.JobSpec(
+        stage="cpt",
+        base_job_name="dilforge-cpt-abc",
+        image="dilforge-cpt:dev",
+        role_arn="arn:aws:iam::123456789012:role/r",
+        instance_type="ml.c5.xlarge",
+        num_instances=2,
+        volume_size_gb=30,
+        spot=False,
+        max_runtime_s=3600,
+        max_wait_s=None,
+        input_mode="File",
+        channels={"tokenizer": "s3://b/artifacts/tokenizer/t/"},
+        output_path="s3://b/out/",
+        checkpoint_uri="s3://b/ck/",
+        tensorboard_uri="s3://b/tb/",
+        environment={"A": "1"},
+        hyperparameters={"run_id": "r"},
+        tags={"k": "v"},
+        metric_definitions=[],
+    )
     (tmp_path / "tok").mkdir()
     local = sm.model_trainer(spec, None, local_root=str(tmp_path), local_channels={"tokenizer": str(tmp_path / "tok")})
-    assert (local.training_image, local.compute.instance_count, local.compute.instance_type) == ("dilforge-cpt:dev", 2,
-                                                                                                  "local")
+    assert (local.training_image, local.compute.instance_count, local.compute.instance_type) == (
+        "dilforge-cpt:dev",
+        2,
+        "local",
+    )
     assert local.hyperparameters == {"run_id": "r"} and local.environment == {"A": "1"}
     assert local.input_data_config[0].data_source == str(tmp_path / "tok")
     with pytest.raises(Exception, match="needs a folder for channels"):
@@ -194,6 +232,7 @@ def test_checkpoint_metadata_pickled_by_the_images_python_is_read_and_nothing_el
         class Pickler(pickle.Pickler):
             def reducer_override(self, o):
                 return reduce(o)
+
         buf = io.BytesIO()
         Pickler(buf, protocol=4).dump(obj)
         return buf.getvalue()
@@ -201,14 +240,22 @@ def test_checkpoint_metadata_pickled_by_the_images_python_is_read_and_nothing_el
     def as_3_11_2(obj):
         return (getattr, (type(obj), obj.name)) if isinstance(obj, _MEM_FORMAT_ENCODING) else NotImplemented
 
-    meta = Metadata(state_dict_metadata={"w": TensorStorageMetadata(
-        properties=TensorProperties(dtype=torch.float32), size=torch.Size([2]), chunks=[])})
+    meta = Metadata(
+        state_dict_metadata={
+            "w": TensorStorageMetadata(
+                properties=TensorProperties(dtype=torch.float32), size=torch.Size([2]), chunks=[]
+            )
+        }
+    )
     (tmp_path / ".metadata").write_bytes(dump(meta, as_3_11_2))
     read = _safe_reader(tmp_path).read_metadata()
-    assert read.state_dict_metadata["w"].properties.memory_format == meta.state_dict_metadata["w"].properties.memory_format
+    assert (
+        read.state_dict_metadata["w"].properties.memory_format == meta.state_dict_metadata["w"].properties.memory_format
+    )
 
     def escape(obj):  # getattr used to reach a method of an allowed class: refused
         return (getattr, (pathlib.PosixPath, "write_text")) if isinstance(obj, _MEM_FORMAT_ENCODING) else NotImplemented
+
     (tmp_path / ".metadata").write_bytes(dump(meta, escape))
     with pytest.raises(pickle.UnpicklingError, match="getattr"):
         _safe_reader(tmp_path).read_metadata()

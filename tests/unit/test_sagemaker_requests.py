@@ -22,8 +22,16 @@ PRESET = ROOT / "configs" / "sagemaker-published.yaml"
 
 
 def _no_aws(monkeypatch, tmp_path):
-    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
-                "DILFORGE_STORE", "DILFORGE_VAR_SAGEMAKER_ROLE", "AWS_REGION", "DILFORGE_S3_ENDPOINT_URL"):
+    for key in (
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "AWS_PROFILE",
+        "DILFORGE_STORE",
+        "DILFORGE_VAR_SAGEMAKER_ROLE",
+        "AWS_REGION",
+        "DILFORGE_S3_ENDPOINT_URL",
+    ):
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
@@ -69,8 +77,10 @@ def test_requests_are_valid_for_botocore(requests):
 
 def test_channels_are_the_upstream_artifacts(requests):
     art = {stage: json.loads(json.dumps(r["HyperParameters"]))["artifact_uri"] for stage, r in requests.items()}
-    channels = {stage: {c["ChannelName"]: c["DataSource"]["S3DataSource"] for c in r.get("InputDataConfig", [])}
-                for stage, r in requests.items()}
+    channels = {
+        stage: {c["ChannelName"]: c["DataSource"]["S3DataSource"] for c in r.get("InputDataConfig", [])}
+        for stage, r in requests.items()
+    }
     assert channels["tokenizer"] == {}
     assert channels["cpt"]["tokenizer"]["S3Uri"] == art["tokenizer"] + "/"
     assert channels["sft"]["cpt"]["S3Uri"] == art["cpt"] + "/"
@@ -104,7 +114,9 @@ def test_hyperparameters_are_short_strings_with_a_config_uri(requests):
     for stage, r in requests.items():
         hp = r["HyperParameters"]
         assert all(isinstance(v, str) and len(v) <= 2500 for v in hp.values())
-        assert "stage_config" not in hp and hp["stage_config_uri"].endswith(f"/configs/{stage}/{hp['artifact_uri'].rsplit('/', 1)[1]}.json")
+        assert "stage_config" not in hp and hp["stage_config_uri"].endswith(
+            f"/configs/{stage}/{hp['artifact_uri'].rsplit('/', 1)[1]}.json"
+        )
         assert r["Environment"]["DILFORGE_IMAGE"] == r["AlgorithmSpecification"]["TrainingImage"]
 
 
@@ -117,8 +129,9 @@ def test_image_by_recorded_digest(no_aws, tmp_path):
 
 
 def test_single_host_stages_refuse_several_instances(no_aws, tmp_path):
-    text = PRESET.read_text().replace("      instance_type: ml.g5.8xlarge\n",
-                                      "      instance_type: ml.g5.8xlarge\n      num_instances: 2\n")
+    text = PRESET.read_text().replace(
+        "      instance_type: ml.g5.8xlarge\n", "      instance_type: ml.g5.8xlarge\n      num_instances: 2\n"
+    )
     path = tmp_path / "p.yaml"
     path.write_text(text)
     with pytest.raises(ConfigError, match="sft runs on one host"):
@@ -126,8 +139,9 @@ def test_single_host_stages_refuse_several_instances(no_aws, tmp_path):
 
 
 def test_local_data_or_model_paths_are_refused_before_submitting(no_aws, tmp_path):
-    text = PRESET.read_text().replace("  base_model: s3://dilforge-data-123456789012/models/llama-3.2-1b/",
-                                      f"  base_model: {tmp_path}/llama")
+    text = PRESET.read_text().replace(
+        "  base_model: s3://dilforge-data-123456789012/models/llama-3.2-1b/", f"  base_model: {tmp_path}/llama"
+    )
     assert text != PRESET.read_text()
     path = tmp_path / "p.yaml"
     path.write_text(text)
@@ -154,17 +168,32 @@ def test_offline_ids_are_deterministic_and_chain(no_aws):
 # Lines as the stages print them (cpt: Metrics.record; sft: transformers' PrinterCallback + stage.py;
 # eval: stage.py's bpb line; tokenizer: the sweep line).
 LOG_LINES = {
-    "cpt": (("2026-01-01 10:00:00,000 INFO dilforge.cpt: step=20 phase=2 loss=2.31456 lr=0.0003 grad_norm=0.912 "
-            "tokens_per_s=10234.5 tokens_per_s_per_device=1279.3 mfu=0.412 peak_memory_gb=30.1"),
-            "2026-01-01 10:00:01,000 INFO dilforge.cpt: step=20 val_loss=2.4 val_bpb=1.125"),
-    "sft": ("{'loss': '1.873', 'grad_norm': '0.5312', 'learning_rate': '9.5e-05', 'epoch': '0.25'}",
-            "2026-01-01 10:00:00,000 INFO dilforge.sft: validation loss after: 1.2345 (before 1.5000)"),
-    "eval": ("2026-01-01 10:00:00,000 INFO dilforge.eval: bpb sft / flores-dev: 1.0432 (1000 tokens, 4000 bytes, 9 bytes/s)",),
+    "cpt": (
+        (
+            "2026-01-01 10:00:00,000 INFO dilforge.cpt: step=20 phase=2 loss=2.31456 lr=0.0003 grad_norm=0.912 "
+            "tokens_per_s=10234.5 tokens_per_s_per_device=1279.3 mfu=0.412 peak_memory_gb=30.1"
+        ),
+        "2026-01-01 10:00:01,000 INFO dilforge.cpt: step=20 val_loss=2.4 val_bpb=1.125",
+    ),
+    "sft": (
+        "{'loss': '1.873', 'grad_norm': '0.5312', 'learning_rate': '9.5e-05', 'epoch': '0.25'}",
+        "2026-01-01 10:00:00,000 INFO dilforge.sft: validation loss after: 1.2345 (before 1.5000)",
+    ),
+    "eval": (
+        "2026-01-01 10:00:00,000 INFO dilforge.eval: bpb sft / flores-dev: 1.0432 (1000 tokens, 4000 bytes, 9 bytes/s)",
+    ),
     "tokenizer": ("2026-01-01 10:00:00,000 INFO dilforge.tokenizer: sweep (selected 32000):",),
 }
 EXPECTED = {
-    "cpt": {"train:loss": "2.31456", "train:lr": "0.0003", "train:grad_norm": "0.912", "train:tokens_per_s": "10234.5",
-            "train:mfu": "0.412", "validation:loss": "2.4", "validation:bpb": "1.125"},
+    "cpt": {
+        "train:loss": "2.31456",
+        "train:lr": "0.0003",
+        "train:grad_norm": "0.912",
+        "train:tokens_per_s": "10234.5",
+        "train:mfu": "0.412",
+        "validation:loss": "2.4",
+        "validation:bpb": "1.125",
+    },
     "sft": {"train:loss": "1.873", "train:grad_norm": "0.5312", "train:lr": "9.5e-05", "validation:loss": "1.2345"},
     "eval": {"eval:bpb": "1.0432"},
     "tokenizer": {"tokenizer:selected_vocab_size": "32000"},
@@ -189,8 +218,9 @@ def test_model_stage_runs_the_importer_in_the_cpt_image(no_aws, tmp_path):
     digest = "sha256:" + "cd" * 32
     image = f"123456789012.dkr.ecr.us-east-1.amazonaws.com/dilforge-cpt@{digest}"
     (tmp_path / "images.json").write_text(json.dumps({"cpt-gpu": {"push": {"image": image}}}))
-    cfg = load_pipeline(PRESET, {"model": {"source": "smollm2-135m-instruct"}, "cpt.base_model": None,
-                                 "tokenizer.base_tokenizer": None})
+    cfg = load_pipeline(
+        PRESET, {"model": {"source": "smollm2-135m-instruct"}, "cpt.base_model": None, "tokenizer.base_tokenizer": None}
+    )
     reqs = {_stage(r): r for r in SageMakerBackend(dry_run=True).dry_run_requests(cfg)}
     model = reqs["model"]
     assert model["AlgorithmSpecification"]["TrainingImage"] == image
@@ -200,8 +230,9 @@ def test_model_stage_runs_the_importer_in_the_cpt_image(no_aws, tmp_path):
 
 
 def test_model_stage_with_a_local_folder_is_refused_before_submitting(no_aws, tmp_path):
-    cfg = load_pipeline(PRESET, {"model": {"source": "/home/me/llama"}, "cpt.base_model": None,
-                                 "tokenizer.base_tokenizer": None})
+    cfg = load_pipeline(
+        PRESET, {"model": {"source": "/home/me/llama"}, "cpt.base_model": None, "tokenizer.base_tokenizer": None}
+    )
     with pytest.raises(ConfigError, match=r"model: \['/home/me/llama'\] are local paths"):
         SageMakerBackend(dry_run=True).dry_run_requests(cfg)
 
@@ -219,6 +250,7 @@ def test_dry_run_sends_nothing_and_needs_no_credentials(no_aws):
     would have raised NoCredentialsError; and an unexpected operation is refused outright."""
     from dilforge_coordinator.backends.sagemaker import offline, offline_boto_session
     from dilforge_shared.errors import DilforgeError
+
     session = offline_boto_session("us-east-1")
     assert session.get_credentials() is None
     with offline(session) as requests, pytest.raises(DilforgeError, match="unexpected AWS call s3:ListBuckets"):

@@ -10,7 +10,8 @@ def test_exported_json_schemas_match_the_models():
         path = SCHEMA_DIR / name
         assert path.exists(), f"{path} missing: run python -m dilforge_shared.schemas schemas"
         assert path.read_text() == schemas.render(schema), (
-            f"{path} is stale: run python -m dilforge_shared.schemas schemas")
+            f"{path} is stale: run python -m dilforge_shared.schemas schemas"
+        )
 
 
 def test_manifest_schema_validates_a_real_manifest():
@@ -18,5 +19,6 @@ def test_manifest_schema_validates_a_real_manifest():
 
     import jsonschema
     from factories import make_manifest
+
     schema = json.loads((SCHEMA_DIR / "manifest.schema.json").read_text())
     jsonschema.validate(json.loads(make_manifest().to_json()), schema)

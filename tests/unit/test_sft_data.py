@@ -90,9 +90,12 @@ def test_drop_empty_turns_keeps_leading_system():
 
 
 def test_instruction_records_from_the_shared_sft_pairs(data_root):
-    config = SftConfig.model_validate({
-        "train": [{"uri": str(data_root / "az/sft/khazar08_native_train.jsonl"), "layout": "instruction"}],
-        "system_prompt": "Sən faydalı köməkçisən."})
+    config = SftConfig.model_validate(
+        {
+            "train": [{"uri": str(data_root / "az/sft/khazar08_native_train.jsonl"), "layout": "instruction"}],
+            "system_prompt": "Sən faydalı köməkçisən.",
+        }
+    )
     out, counts = convs(config)
     assert len(out) == counts.num_records == 75 and counts.num_system_prompts_added == 75
     assert [m["role"] for m in out[0]] == ["system", "user", "assistant"]
@@ -100,8 +103,9 @@ def test_instruction_records_from_the_shared_sft_pairs(data_root):
 
 
 def test_translation_pairs_from_tatoeba(data_root):
-    config = SftConfig.model_validate({"train": [{
-        "uri": str(data_root / "az/train/tatoeba_aze-eng.tsv"), "layout": "translation", "max_docs": 5}]})
+    config = SftConfig.model_validate(
+        {"train": [{"uri": str(data_root / "az/train/tatoeba_aze-eng.tsv"), "layout": "translation", "max_docs": 5}]}
+    )
     out, _ = convs(config)
     assert len(out) == 5
     assert out[0][0]["content"] == "Bu cümləni ingilis dilinə tərcümə et:\n105-ci otaq haradadır?"

@@ -33,22 +33,31 @@ def chat_file(tmp_path_factory):
 
 
 def sft_config(path: str, **overrides) -> SftConfig:
-    section = {"train": [{"uri": path}], "validation": [{"uri": path}], "max_length": 1024, "lora": {"r": 4},
-               "num_steps": 1, "micro_batch_size": 2, "activation_checkpointing": False}
+    section = {
+        "train": [{"uri": path}],
+        "validation": [{"uri": path}],
+        "max_length": 1024,
+        "lora": {"r": 4},
+        "num_steps": 1,
+        "micro_batch_size": 2,
+        "activation_checkpointing": False,
+    }
     section.update(overrides)
     return SftConfig.model_validate(section)
 
 
-
 def cpu_plan():
     from dilforge_sft import stage
+
     return stage.DevicePlan(device="cpu", bf16=False, liger=False)
 
 
 def trainer_for(model_dir, path, tmp_path, **overrides):
     import torch
+
     torch.set_num_threads(1)
     from dilforge_sft import stage
+
     config = sft_config(path, **overrides)
     tok, family, _ = stage.load_tokenizer(model_dir)
     train, val, _, _ = stage.prepare_data(config, tok, None)
@@ -59,8 +68,10 @@ def trainer_for(model_dir, path, tmp_path, **overrides):
 
 # ---- family ------------------------------------------------------------------------------------------
 
+
 def test_chatml_tokenizer_gets_family_template_and_pad(chatml_llama_dir):
     from dilforge_sft import stage
+
     tok, family, source = stage.load_tokenizer(chatml_llama_dir)
     assert family.name == "chatml" and source == "family:chatml"
     assert family.eot == "<|im_end|>"
@@ -78,7 +89,13 @@ def test_chatml_label_mask_equals_hand_written_mask(chatml_llama_dir, chat_file,
     assert row["labels"] == labels
     im_end = tok.convert_tokens_to_ids("<|im_end|>")
     # of the five turn ends, only the two closing assistant turns are in the loss
-    assert [lab == im_end for t, lab in zip(ids, labels, strict=False) if t == im_end] == [False, False, True, False, True]
+    assert [lab == im_end for t, lab in zip(ids, labels, strict=False) if t == im_end] == [
+        False,
+        False,
+        True,
+        False,
+        True,
+    ]
     trained = tok.decode([t for t, lab in zip(ids, labels, strict=False) if lab != -100])
     assert trained == "Salam, necə kömək edim?<|im_end|>Bakı Azərbaycanın paytaxtıdır.<|im_end|>"
 
@@ -87,6 +104,7 @@ def test_tokenizer_of_unknown_family_is_refused_naming_the_folder(tmp_path, chat
     from dilforge_sft import stage
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
+
     raw = Tokenizer(models.WordLevel({"<unk>": 0, "<s>": 1, "a": 2}, unk_token="<unk>"))
     raw.pre_tokenizer = pre_tokenizers.Whitespace()
     PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="<unk>", eos_token="<s>").save_pretrained(str(tmp_path))
@@ -97,15 +115,20 @@ def test_tokenizer_of_unknown_family_is_refused_naming_the_folder(tmp_path, chat
 
 # ---- attention kernel --------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("packing, device, flash, expected", [
-    (False, "cuda", True, "sdpa"),
-    (False, "cpu", False, "sdpa"),
-    (True, "cpu", False, "sdpa"),
-    (True, "cuda", False, "flex_attention"),
-    (True, "cuda", True, "flash_attention_2"),
-])
+
+@pytest.mark.parametrize(
+    "packing, device, flash, expected",
+    [
+        (False, "cuda", True, "sdpa"),
+        (False, "cpu", False, "sdpa"),
+        (True, "cpu", False, "sdpa"),
+        (True, "cuda", False, "flex_attention"),
+        (True, "cuda", True, "flash_attention_2"),
+    ],
+)
 def test_attention_plan_auto(packing, device, flash, expected):
     from dilforge_sft.stage import attention_plan
+
     plan = attention_plan(sft_config("x.jsonl", packing=packing), device, has_flash_attn=flash)
     assert plan.implementation == expected and plan.reason
     if packing and device == "cpu":
@@ -114,6 +137,7 @@ def test_attention_plan_auto(packing, device, flash, expected):
 
 def test_attention_plan_explicit_and_refused():
     from dilforge_sft.stage import attention_plan
+
     assert attention_plan(sft_config("x.jsonl", attention="eager"), "cuda", False).implementation == "eager"
     with pytest.raises(ConfigError, match="sft.attention"):
         attention_plan(sft_config("x.jsonl", attention="flash_attention_2", packing=True), "cpu", False)
@@ -126,12 +150,14 @@ def test_packed_rows_do_not_attend_across_conversations(chatml_llama_dir, chat_f
     """The trainer's own packed, padding-free batch gives each conversation the logits it gets alone."""
     import torch
     from transformers import AutoModelForCausalLM
+
     trainer, _tok, _ = trainer_for(chatml_llama_dir, chat_file, tmp_path, packing=True)
     assert len(trainer.train_dataset) == 1
     batch = trainer.data_collator([trainer.train_dataset[0]])
     assert "attention_mask" not in batch and batch["input_ids"].shape[0] == 1
-    model = AutoModelForCausalLM.from_pretrained(str(chatml_llama_dir), attn_implementation=implementation,
-                                                 trust_remote_code=False).eval()
+    model = AutoModelForCausalLM.from_pretrained(
+        str(chatml_llama_dir), attn_implementation=implementation, trust_remote_code=False
+    ).eval()
     with torch.no_grad():
         packed = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False).logits[0]
         starts = (batch["position_ids"][0] == 0).nonzero().flatten().tolist() + [batch["input_ids"].shape[1]]
@@ -142,20 +168,28 @@ def test_packed_rows_do_not_attend_across_conversations(chatml_llama_dir, chat_f
     # the same row read as one document differs: the boundary is what keeps them apart
     with torch.no_grad():
         joined = model(input_ids=batch["input_ids"], use_cache=False).logits[0]
-    assert (joined[starts[1]:] - packed[starts[1]:]).abs().max().item() > 1e-3
+    assert (joined[starts[1] :] - packed[starts[1] :]).abs().max().item() > 1e-3
 
 
 # ---- activation checkpointing ------------------------------------------------------------------------
 
+
 def test_activation_checkpointing_auto_follows_the_memory_estimate():
     from dilforge_sft.stage import checkpointing_decision, estimate_training_bytes
+
     config = sft_config("x.jsonl", activation_checkpointing="auto")
-    llama_1b = tiny_llama_config(128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-                                 num_attention_heads=32, num_key_value_heads=8)
+    llama_1b = tiny_llama_config(
+        128256,
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+    )
     small = estimate_training_bytes(llama_1b, 8 * 1024, bf16=True)
     large = estimate_training_bytes(llama_1b, 64 * 2048, bf16=True)
-    assert 2 * 2 ** 30 < small < large
-    gib = 2 ** 30
+    assert 2 * 2**30 < small < large
+    gib = 2**30
     on, why = checkpointing_decision(config, small, 141 * gib)
     assert on is False and "no recomputation" in why
     on, why = checkpointing_decision(config, large, 24 * gib)

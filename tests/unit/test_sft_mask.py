@@ -20,8 +20,10 @@ expected_tokens = sft_expected_tokens
 @pytest.fixture(scope="module")
 def stage_parts(tiny_llama_dir, tmp_path_factory):
     import torch
+
     torch.set_num_threads(1)
     from dilforge_sft import stage
+
     path = tmp_path_factory.mktemp("mask") / "chat.jsonl"
     # the second record's only assistant turn starts after 40 tokens of user text
     late = [{"role": "user", "content": " ".join(["Azərbaycan"] * 40)}, {"role": "assistant", "content": "Bəli."}]
@@ -33,8 +35,9 @@ def stage_parts(tiny_llama_dir, tmp_path_factory):
 
 def prepared_labels(stage_parts, tiny_llama_dir, tmp_path, max_length):
     stage, tok, _, plan, path = stage_parts
-    config = SftConfig.model_validate({"train": [{"uri": path}], "validation": [{"uri": path}],
-                                       "max_length": max_length, "lora": {"r": 4}})
+    config = SftConfig.model_validate(
+        {"train": [{"uri": path}], "validation": [{"uri": path}], "max_length": max_length, "lora": {"r": 4}}
+    )
     train, val, counts, _ = stage.prepare_data(config, tok, None)
     trainer = stage.build_trainer(config, stage.load_model(tiny_llama_dir, plan), tok, train, val, tmp_path, plan)
     rows = [trainer.train_dataset[i] for i in range(len(trainer.train_dataset))]
@@ -88,6 +91,7 @@ def test_label_preview_writes_ids_mask_and_decoded_text(stage_parts, tmp_path):
 def test_tokenizer_without_generation_markers_gets_the_family_template(tiny_llama_dir, tmp_path):
     from dilforge_sft import stage
     from transformers import AutoTokenizer
+
     tok = AutoTokenizer.from_pretrained(str(tiny_llama_dir), trust_remote_code=False)
     tok.chat_template = None
     tok.save_pretrained(str(tmp_path))
@@ -103,22 +107,32 @@ def test_tokenizer_without_generation_markers_gets_the_family_template(tiny_llam
 def test_packing_keeps_each_conversations_mask_and_trains(stage_parts, tiny_llama_dir, tmp_path):
     stage, tok, _, plan, path = stage_parts
     ids, labels = expected_tokens(tok)
-    config = SftConfig.model_validate({"train": [{"uri": path}], "validation": [{"uri": path}], "packing": True,
-                                       "max_length": 1024, "lora": {"r": 4}, "num_steps": 1,
-                                       "activation_checkpointing": False, "micro_batch_size": 1})
+    config = SftConfig.model_validate(
+        {
+            "train": [{"uri": path}],
+            "validation": [{"uri": path}],
+            "packing": True,
+            "max_length": 1024,
+            "lora": {"r": 4},
+            "num_steps": 1,
+            "activation_checkpointing": False,
+            "micro_batch_size": 1,
+        }
+    )
     train, val, _, _ = stage.prepare_data(config, tok, None)
     trainer = stage.build_trainer(config, stage.load_model(tiny_llama_dir, plan), tok, train, val, tmp_path, plan)
     assert len(trainer.train_dataset) == 1  # both conversations in one block
     row = trainer.train_dataset[0]
     seq = row["input_ids"]
-    starts = [i for i in range(len(seq) - len(ids) + 1) if seq[i:i + len(ids)] == ids]
+    starts = [i for i in range(len(seq) - len(ids) + 1) if seq[i : i + len(ids)] == ids]
     assert len(starts) == 1 and len(seq) > len(ids)
-    assert row["labels"][starts[0]:starts[0] + len(ids)] == labels
+    assert row["labels"][starts[0] : starts[0] + len(ids)] == labels
     assert trainer.train().global_step == 1
 
 
 def test_latest_checkpoint_skips_incomplete_ones(tmp_path):
     from dilforge_sft.stage import latest_checkpoint
+
     assert latest_checkpoint(tmp_path) is None
     for step, state in ((2, "{}"), (4, "{}"), (6, None), (8, '{"trunc')):
         (tmp_path / f"checkpoint-{step}").mkdir()
@@ -131,6 +145,7 @@ def test_latest_checkpoint_skips_incomplete_ones(tmp_path):
 def test_sigterm_flag_checkpoints_and_stops():
     from dilforge_sft.stage import stop_on_sigterm_callback
     from transformers import TrainerControl
+
     flag = {"stop": False}
     cb, control = stop_on_sigterm_callback(flag), TrainerControl()
     cb.on_step_end(None, None, control)

@@ -52,6 +52,7 @@ def test_no_manifest_is_a_clear_error(tmp_path):
 
 def test_failed_upload_leaves_no_manifest(tmp_path, monkeypatch):
     from dilforge_shared import store
+
     out = write_output(tmp_path)
     uri = tmp_path / "store" / "a"
     calls = []
@@ -61,6 +62,7 @@ def test_failed_upload_leaves_no_manifest(tmp_path, monkeypatch):
         if len(calls) == 2:
             raise OSError("disk full")
         return original(self, key, path)
+
     original = store.LocalStorage.upload_file
     monkeypatch.setattr(store.LocalStorage, "upload_file", flaky)
     with pytest.raises(OSError):
@@ -79,6 +81,7 @@ def test_concurrent_local_publishers_one_wins(tmp_path):
             results.append(publish(uri, out, make_manifest()))
         except ArtifactExistsError:
             results.append(None)
+
     threads = [threading.Thread(target=go, args=(o,)) for o in outs]
     [t.start() for t in threads]
     [t.join() for t in threads]

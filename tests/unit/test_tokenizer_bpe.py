@@ -23,6 +23,7 @@ def wiki(data_root) -> list[str]:
 @pytest.fixture(scope="module")
 def legal(data_root) -> list[str]:
     from dilforge_shared.corpus import iter_texts
+
     return list(itertools.islice(iter_texts(str(data_root / "az/train/az_legal_codes.part02.txt")), 3000))
 
 
@@ -59,7 +60,7 @@ def test_extend_keeps_every_base_id_and_appends_new_tokens(tiny_tokenizer_dir, l
     assert all(ext_vocab[t] == i for t, i in base_vocab.items())  # every existing id kept
     new_ids = sorted(i for t, i in ext_vocab.items() if t not in base_vocab)
     assert new_ids == list(range(len(base_vocab), len(base_vocab) + added))  # contiguous after the specials
-    assert base_doc["model"]["merges"] == doc["model"]["merges"][:len(base_doc["model"]["merges"])]
+    assert base_doc["model"]["merges"] == doc["model"]["merges"][: len(base_doc["model"]["merges"])]
     text = legal[0]
     assert len(ext.encode(text).ids) < len(base.encode(text).ids)  # new tokens are used
     assert ext.decode(ext.encode(text, add_special_tokens=False).ids) == text
@@ -69,18 +70,22 @@ def test_extend_keeps_every_base_id_and_appends_new_tokens(tiny_tokenizer_dir, l
 
 def test_extend_refuses_a_non_byte_level_base(tmp_path):
     from dilforge_shared.errors import InputError
+
     with pytest.raises(InputError, match="byte-level"):
         base_tok.check_extendable({"model": {"type": "BPE"}, "pre_tokenizer": {"type": "Metaspace"}}, "base/")
     with pytest.raises(InputError, match="model type 'Unigram'"):
         base_tok.check_extendable({"model": {"type": "Unigram"}}, "base/")
     with pytest.raises(InputError, match="has none"):
-        base_tok.check_extendable({"model": {"type": "BPE", "merges": []}, "pre_tokenizer": {"type": "ByteLevel"}},
-                                  "base/")
+        base_tok.check_extendable(
+            {"model": {"type": "BPE", "merges": []}, "pre_tokenizer": {"type": "ByteLevel"}}, "base/"
+        )
 
 
 def rows(*pairs):
-    return [{"vocab_size": v, "sets": {"heldout": {"tokens_per_word": f}, "en": {"tokens_per_word": e}}}
-            for v, f, e in pairs]
+    return [
+        {"vocab_size": v, "sets": {"heldout": {"tokens_per_word": f}, "en": {"tokens_per_word": e}}}
+        for v, f, e in pairs
+    ]
 
 
 def select_size(sweep, rule, tolerance, set_name):
@@ -114,8 +119,9 @@ def test_config_rejects_vocab_below_alphabet_plus_specials():
     with pytest.raises(ValidationError, match=r"vocab_sizes\n.*500 is not above the byte alphabet \+ special tokens"):
         TokenizerConfig(strategy="replace", corpora=CORPUS, vocab_sizes=[500])
     with pytest.raises(ValidationError, match="vocab_sizes\n.*500 is not above the byte alphabet"):
-        TokenizerConfig(strategy="extend", compare_with=["replace"], base_tokenizer="/b", corpora=CORPUS,
-                        vocab_sizes=[500])
+        TokenizerConfig(
+            strategy="extend", compare_with=["replace"], base_tokenizer="/b", corpora=CORPUS, vocab_sizes=[500]
+        )
     with pytest.raises(ValidationError, match="num_new_tokens\n.*0 must be positive"):
         TokenizerConfig(strategy="extend", base_tokenizer="/b", corpora=CORPUS, num_new_tokens=[0])
 
@@ -125,8 +131,11 @@ def test_config_rejects_unknown_field_and_bad_selection_set():
         TokenizerConfig(corpora=CORPUS, vocab_size=1000)
     with pytest.raises(ValidationError, match="selection_set\n.*'flores' is not one of"):
         TokenizerConfig(corpora=CORPUS, selection_set="flores")
-    ok = TokenizerConfig(corpora=CORPUS, selection_set="flores",
-                         validation=[{"uri": "/d.tsv", "text_field": "azj_Latn", "name": "flores"}])
+    ok = TokenizerConfig(
+        corpora=CORPUS,
+        selection_set="flores",
+        validation=[{"uri": "/d.tsv", "text_field": "azj_Latn", "name": "flores"}],
+    )
     assert ok.selection_set == "flores"
     # extend without base_tokenizer takes the pipeline's `model` artifact (PipelineConfig checks one exists)
     assert TokenizerConfig(strategy="extend", corpora=CORPUS).needed_inputs() == ("model",)
@@ -140,13 +149,18 @@ def test_config_rejects_unknown_field_and_bad_selection_set():
 def test_write_folder_loads_like_the_transformers_save(tmp_path, wiki):
     """The stage writes the HF folder without importing transformers; it must load the same."""
     from transformers import AutoTokenizer
+
     tok = replaced(wiki, 600, 600)
     llama3.save(tok, tmp_path / "hf")
     llama3.write_folder(tok, tmp_path / "plain")
     a, b = (AutoTokenizer.from_pretrained(str(tmp_path / d)) for d in ("hf", "plain"))
     text = "Bakı Azərbaycanın paytaxtıdır."
     assert a(text)["input_ids"] == b(text)["input_ids"]
-    assert (len(a), a.bos_token_id, a.eos_token_id, a.pad_token_id) == (len(b), b.bos_token_id, b.eos_token_id,
-                                                                         b.pad_token_id)
+    assert (len(a), a.bos_token_id, a.eos_token_id, a.pad_token_id) == (
+        len(b),
+        b.bos_token_id,
+        b.eos_token_id,
+        b.pad_token_id,
+    )
     assert a.chat_template == b.chat_template == llama3.CHAT_TEMPLATE
     assert a.model_max_length == b.model_max_length

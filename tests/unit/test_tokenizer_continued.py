@@ -56,8 +56,8 @@ def test_extend_keeps_base_ids_and_merges_in_place_and_smaller_sizes_are_prefixe
     assert n_small == 3 and n_big > 3
     for out in (small, big):
         assert all(out["model"]["vocab"][t] == i for t, i in doc["model"]["vocab"].items())
-        assert out["model"]["merges"][:len(doc["model"]["merges"])] == doc["model"]["merges"]
-    assert big["model"]["merges"][:len(small["model"]["merges"])] == small["model"]["merges"]
+        assert out["model"]["merges"][: len(doc["model"]["merges"])] == doc["model"]["merges"]
+    assert big["model"]["merges"][: len(small["model"]["merges"])] == small["model"]["merges"]
     tok = bpe.from_doc(big)
     for text in ("abc abd abe", "dbc xyzw", "Azərbaycan dili"):
         assert tok.decode(tok.encode(text).ids) == text
@@ -85,8 +85,9 @@ def test_audit_counts_tokens_not_produced_from_their_own_string():
     vocab = dict(doc["model"]["vocab"])
     vocab["bc"] = len(vocab)  # no merge makes it: "bc" encodes to [b, c]
     odd = {**doc, "model": {**doc["model"], "vocab": vocab, "ignore_merges": False}}
-    report, dead = audit.audit(odd, Tokenizer.from_str(json.dumps(odd)), ["abc", "bc"], {vocab["bc"]},
-                               {"az": ["abc bc"]})
+    report, dead = audit.audit(
+        odd, Tokenizer.from_str(json.dumps(odd)), ["abc", "bc"], {vocab["bc"]}, {"az": ["abc bc"]}
+    )
     assert report["num_new_not_from_own_string"] == 1 and dead == {vocab["bc"]}
     assert 0 < report["vocab_used_frac"]["az"] < 0.05
 
@@ -96,7 +97,12 @@ def with_tokens(doc: dict, tokens: list[str], merges: list[list[str]], ignore_me
     first = len(vocab)
     for k, token in enumerate(tokens):
         vocab[token] = first + k
-    model = {**doc["model"], "vocab": vocab, "merges": [*doc["model"]["merges"], *merges], "ignore_merges": ignore_merges}
+    model = {
+        **doc["model"],
+        "vocab": vocab,
+        "merges": [*doc["model"]["merges"], *merges],
+        "ignore_merges": ignore_merges,
+    }
     return {**doc, "model": model}, first
 
 
@@ -106,8 +112,9 @@ def test_prune_with_ignore_merges_drops_intermediates_of_whole_word_tokens_only(
     doc = base_doc()
     words = ["abcd", "xyzq"]
     for ignore in (True, False):
-        ext, first = with_tokens(doc, ["abc", "abcd", "xy", "xyz"],
-                                 [["ab", "c"], ["abc", "d"], ["x", "y"], ["xy", "z"]], ignore)
+        ext, first = with_tokens(
+            doc, ["abc", "abcd", "xy", "xyz"], [["ab", "c"], ["abc", "d"], ["x", "y"], ["xy", "z"]], ignore
+        )
         before = encode_words(ext, words)
         assert before == [["abcd"], ["xyz", "q"]]
         _, dead = audit.audit(ext, bpe.from_doc(ext), words, set(range(first, first + 4)), {})
@@ -121,7 +128,11 @@ def test_prune_with_ignore_merges_drops_intermediates_of_whole_word_tokens_only(
         assert encode_words(pruned, words) == before  # the corpus encodes exactly as before
         assert "xy" in vocab and ["x", "y"] in pruned["model"]["merges"]
         if ignore:
-            assert n == 1 and "abc" not in vocab and [vocab["abcd"], vocab["xy"], vocab["xyz"]] == [first, first + 1, first + 2]
+            assert (
+                n == 1
+                and "abc" not in vocab
+                and [vocab["abcd"], vocab["xy"], vocab["xyz"]] == [first, first + 1, first + 2]
+            )
             assert ["abc", "d"] not in pruned["model"]["merges"]  # "abcd" is reached by lookup, not by merges
             assert bpe.from_doc(pruned).encode("abcd", add_special_tokens=False).tokens == ["abcd"]
         else:  # without the lookup, "abcd" needs "abc": nothing can go
@@ -132,8 +143,9 @@ def test_costly_tokens_alone_hold_dead_rows_and_have_few_uses_per_row():
     # "abc" is dead and only "abcd" is built from it; "xy" is dead and only "xyz" is built from it. "abcd" is
     # used once (1 use over 2 rows), "xyz" ten times (5 uses per row): at a price of 3 only "abcd" is costly.
     doc = base_doc()
-    ext, first = with_tokens(doc, ["abc", "abcd", "xy", "xyz"],
-                             [["ab", "c"], ["abc", "d"], ["x", "y"], ["xy", "z"]], ignore_merges=False)
+    ext, first = with_tokens(
+        doc, ["abc", "abcd", "xy", "xyz"], [["ab", "c"], ["abc", "d"], ["x", "y"], ["xy", "z"]], ignore_merges=False
+    )
     words = Counter({"abcd": 1, "xyzq": 10})
     counts, parts_needed = audit.corpus_use(ext, words, first)
     assert (counts[first + 1], counts[first + 3]) == (1, 10) and first not in counts and first + 2 not in counts
@@ -153,8 +165,11 @@ def test_costly_tokens_alone_hold_dead_rows_and_have_few_uses_per_row():
 def test_extend_doc_skips_excluded_tokens_and_what_is_built_on_them():
     doc = base_doc()
     base_id = {t: i for t, i in doc["model"]["vocab"].items()}
-    learned = [([base_id["ab"]], [base_id["c"]]), ([base_id["ab"], base_id["c"]], [base_id["d"]]),
-               ([base_id["x"]], [base_id["y"]])]
+    learned = [
+        ([base_id["ab"]], [base_id["c"]]),
+        ([base_id["ab"], base_id["c"]], [base_id["d"]]),
+        ([base_id["x"]], [base_id["y"]]),
+    ]
     ext, added = continued.extend_doc(doc, learned, 3, exclude={"abc"})
     assert added == 1 and set(ext["model"]["vocab"]) - set(doc["model"]["vocab"]) == {"xy"}
     ext, added = continued.extend_doc(doc, learned, 3)

@@ -78,11 +78,14 @@ def test_word_counts_edge_cases(text, expected):
 
 def test_bisect_counts_match_a_naive_overlap_count():
     import random
+
     rng = random.Random(0)
     for _ in range(200):
         text = "".join(rng.choice("ab ə\n") for _ in range(rng.randint(0, 30)))
         cuts = sorted(set(rng.sample(range(len(text) + 1), min(len(text) + 1, rng.randint(1, 12)))))
         offsets = list(itertools.pairwise(cuts))
-        naive = [sum(1 for s, e in offsets if s < we and e > ws) for ws, we in
-                 [(m.start(), m.end()) for m in __import__("re").finditer(r"\S+", text)]]
+        naive = [
+            sum(1 for s, e in offsets if s < we and e > ws)
+            for ws, we in [(m.start(), m.end()) for m in __import__("re").finditer(r"\S+", text)]
+        ]
         assert tokens_per_word_span(text, offsets) == naive

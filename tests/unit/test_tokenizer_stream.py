@@ -23,8 +23,12 @@ def test_heldout_lines_are_never_trained_and_split_is_by_content(tmp_path):
     assert not set(trained) & set(s1.heldout)
     assert len(trained) + len(s1.heldout) == 2000
     # reversed order, same split: it depends on the text, not the position
-    s2 = CorpusStream([DataSource(uri=write(tmp_path / "b.txt", lines[::-1]))], validation_fraction=0.1,
-                      num_validation_lines=10_000, progress=False)
+    s2 = CorpusStream(
+        [DataSource(uri=write(tmp_path / "b.txt", lines[::-1]))],
+        validation_fraction=0.1,
+        num_validation_lines=10_000,
+        progress=False,
+    )
     list(s2.lines())
     assert set(s2.heldout) == set(s1.heldout)
     s3 = CorpusStream(src, seed=1, validation_fraction=0.1, num_validation_lines=10_000, progress=False)
@@ -35,8 +39,13 @@ def test_heldout_lines_are_never_trained_and_split_is_by_content(tmp_path):
 def test_heldout_cap_dedup_and_weights(tmp_path):
     a = write(tmp_path / "a.txt", ["x"] * 5 + [f"a{i}" for i in range(100)])
     b = write(tmp_path / "b.txt", [f"b{i}" for i in range(100)])
-    s = CorpusStream([DataSource(uri=a, name="a"), DataSource(uri=b, name="b", weight=2.5)], dedup=True,
-                     validation_fraction=0.05, num_validation_lines=3, progress=False)
+    s = CorpusStream(
+        [DataSource(uri=a, name="a"), DataSource(uri=b, name="b", weight=2.5)],
+        dedup=True,
+        validation_fraction=0.05,
+        num_validation_lines=3,
+        progress=False,
+    )
     trained = list(s.lines())
     assert len(s.heldout) <= 3
     assert s.stats["a"].lines_duplicate == 4 and trained.count("x") <= 1
@@ -61,8 +70,9 @@ def test_batches_and_drain_heldout(tmp_path):
     batches = list(s.batches(min_lines=1000))
     assert len(batches) == 3 and all(len(b) >= 1000 for b in batches[:-1]) and batches[-1]
     assert sum(map(len, batches)) + len(s.heldout) == 3000
-    assert [t for b in batches for t in b] == list(CorpusStream([DataSource(uri=a)], validation_fraction=0.02,
-                                                               progress=False).lines())  # same lines, same order
+    assert [t for b in batches for t in b] == list(
+        CorpusStream([DataSource(uri=a)], validation_fraction=0.02, progress=False).lines()
+    )  # same lines, same order
     d = CorpusStream([DataSource(uri=a)], validation_fraction=0.2, num_validation_lines=5, progress=False)
     assert len(d.drain_heldout()) == 5
     assert d.summary()["total"]["lines_read"] < 3000  # stopped early
@@ -88,12 +98,14 @@ def test_non_utf8_names_file_and_line(tmp_path):
 
 def test_read_ahead_stops_its_thread_when_abandoned():
     import threading
+
     produced = []
 
     def items():
         for i in range(1000):
             produced.append(i)
             yield i
+
     it = read_ahead(items(), depth=2)
     assert next(it) == 0
     it.close()
@@ -106,12 +118,17 @@ def test_parquet_and_gzip_sources(tmp_path):
 
     import pyarrow as pa
     import pyarrow.parquet as pq
-    pq.write_table(pa.table({"id": [1, 2, 3], "body": ["birinci cümlə", "ikinci cümlə", "üçüncü cümlə"]}),
-                   tmp_path / "c.parquet")
+
+    pq.write_table(
+        pa.table({"id": [1, 2, 3], "body": ["birinci cümlə", "ikinci cümlə", "üçüncü cümlə"]}), tmp_path / "c.parquet"
+    )
     with gzip.open(tmp_path / "d.txt.gz", "wt", encoding="utf-8") as f:
         f.write("dördüncü\nbeşinci\n")
-    s = CorpusStream([DataSource(uri=str(tmp_path / "c.parquet"), text_field="body"),
-                      DataSource(uri=str(tmp_path / "d.txt.gz"))], validation_fraction=0.001, progress=False)
+    s = CorpusStream(
+        [DataSource(uri=str(tmp_path / "c.parquet"), text_field="body"), DataSource(uri=str(tmp_path / "d.txt.gz"))],
+        validation_fraction=0.001,
+        progress=False,
+    )
     assert sorted(s.lines()) == sorted(["birinci cümlə", "ikinci cümlə", "üçüncü cümlə", "dördüncü", "beşinci"])
 
 
@@ -119,9 +136,16 @@ def test_word_counts_feed_each_word_after_a_space_count_times_weight_never_held_
     freq = tmp_path / "freq.txt"
     freq.write_text("\ufeffkitab 3\nkitablar\t10\n\n  Ev 1 \r\n", encoding="utf-8")  # BOM, tab, CRLF, spaces
     text = write(tmp_path / "a.txt", [f"cümlə {i}" for i in range(200)])
-    s = CorpusStream([CorpusSource(uri=str(freq), format="word_counts", name="freq", weight=2),  # read after the text
-                      CorpusSource(uri=text, name="text")],
-                     validation_fraction=0.4, num_validation_lines=10_000, dedup=True, progress=False)
+    s = CorpusStream(
+        [
+            CorpusSource(uri=str(freq), format="word_counts", name="freq", weight=2),  # read after the text
+            CorpusSource(uri=text, name="text"),
+        ],
+        validation_fraction=0.4,
+        num_validation_lines=10_000,
+        dedup=True,
+        progress=False,
+    )
     trained = list(s.lines())
     assert all(t.startswith("cümlə") for t in trained)  # the list's words are counted, not repeated in the stream
     assert s.fed_words == {" kitab": 6, " kitablar": 20, " Ev": 2}  # dedup leaves counts alone
@@ -138,6 +162,7 @@ def test_word_count_fractions_are_seeded_and_unbiased(tmp_path):
         s = CorpusStream([CorpusSource(uri=freq, format="word_counts", weight=0.5)], seed=seed, progress=False)
         list(s.lines())
         return s.fed_words
+
     once = fed(0)
     assert once == fed(0) and once != fed(1)
     assert set(once.values()) <= {1, 2}  # 3 x 0.5 = 1.5: one or two, never more
@@ -147,16 +172,22 @@ def test_word_count_fractions_are_seeded_and_unbiased(tmp_path):
 def test_max_lines_cuts_the_text_but_word_lists_are_read_whole(tmp_path):
     text = write(tmp_path / "a.txt", [f"cümlə {i}" for i in range(500)])
     freq = write(tmp_path / "freq.txt", [f"söz{i} 2" for i in range(300)])
-    s = CorpusStream([CorpusSource(uri=text), CorpusSource(uri=freq, format="word_counts", name="freq")],
-                     max_lines=50, validation_fraction=0.01, progress=False)
+    s = CorpusStream(
+        [CorpusSource(uri=text), CorpusSource(uri=freq, format="word_counts", name="freq")],
+        max_lines=50,
+        validation_fraction=0.01,
+        progress=False,
+    )
     counts = s.line_counts()  # text lines and the list's words, each with how often it was fed
     assert s.stats["a.txt"].lines_read == 50 and s.stats["freq"].lines_read == 300
     assert sum(n for t, n in counts.items() if t.startswith(" söz")) == 600 and counts[" söz7"] == 2
     assert sum(n for t, n in counts.items() if t.startswith("cümlə")) == 50 - len(s.heldout)
 
 
-@pytest.mark.parametrize("line", ["kitablar", "kitab 0", "kitab -2", "kitab 2.5", "12", "kitab ٣",
-                                  "1\tkitab\t12", "word count", "new york 3"])
+@pytest.mark.parametrize(
+    "line",
+    ["kitablar", "kitab 0", "kitab -2", "kitab 2.5", "12", "kitab ٣", "1\tkitab\t12", "word count", "new york 3"],
+)
 def test_bad_word_count_line_names_file_and_line(tmp_path, line):
     freq = write(tmp_path / "freq.txt", ["kitab 3", line])
     with pytest.raises(InputError, match=r"freq\.txt:2: expected 'WORD COUNT'"):
@@ -167,6 +198,7 @@ def test_word_counts_are_a_tokenizer_corpus_format_only():
     from dilforge_shared.configs.cpt import CptConfig
     from dilforge_shared.configs.tokenizer import TokenizerConfig
     from pydantic import ValidationError
+
     TokenizerConfig(corpora=[{"uri": "freq.txt", "format": "word_counts"}])
     with pytest.raises(ValidationError, match=r"corpora\.0\.format"):
         CptConfig(corpora=[{"uri": "freq.txt", "format": "word_counts"}], base_model="m")
@@ -176,6 +208,7 @@ def test_usual_casing_prefers_the_texts_form_lowercase_or_capitalised_turkic_awa
     from collections import Counter
 
     from dilforge_tokenizer.stream import usual_casing
+
     best = usual_casing(Counter({"Rusiya": 5, "rusiya": 1, "RUSİYA": 10, "İraq": 3, "bu": 50, "Bu": 5, "Iğdır": 2}))
     assert best["rusiya"] == "Rusiya"  # ALL-CAPS headings never win
     assert best["iraq"] == "İraq" and best["ığdır"] == "Iğdır"  # İ -> i and I -> ı
@@ -184,20 +217,30 @@ def test_usual_casing_prefers_the_texts_form_lowercase_or_capitalised_turkic_awa
 
 def test_recase_feeds_a_lowercased_lists_words_as_the_text_writes_them(tmp_path):
     # "Burada" only ever starts a sentence: capitalised by position, so it stays "burada"
-    text = write(tmp_path / "a.txt", ["Burada Rusiya böyük ölkədir.", "Burada, sabah İraq. Burada Rusiya!",
-                                      "«Burada» dedi: rusiya"])
+    text = write(
+        tmp_path / "a.txt",
+        ["Burada Rusiya böyük ölkədir.", "Burada, sabah İraq. Burada Rusiya!", "«Burada» dedi: rusiya"],
+    )
     freq = write(tmp_path / "freq.txt", ["rusiya 3", "iraq 1", "bakı 2", "burada 1"])
 
     def fed(recase):
-        s = CorpusStream([CorpusSource(uri=freq, format="word_counts", recase=recase, name="freq"),
-                          CorpusSource(uri=text, name="text")], validation_fraction=0.001, progress=False)
+        s = CorpusStream(
+            [
+                CorpusSource(uri=freq, format="word_counts", recase=recase, name="freq"),
+                CorpusSource(uri=text, name="text"),
+            ],
+            validation_fraction=0.001,
+            progress=False,
+        )
         list(s.lines())
         return s.fed_words, s.stats["freq"].words_recased
+
     assert fed(True) == ({" Rusiya": 3, " İraq": 1, " bakı": 2, " burada": 1}, 2)
     assert fed(False) == ({" rusiya": 3, " iraq": 1, " bakı": 2, " burada": 1}, 0)
 
 
 def test_recase_is_for_word_lists_only():
     from pydantic import ValidationError
+
     with pytest.raises(ValidationError, match="recase applies to word_counts lists only"):
         CorpusSource(uri="a.txt", recase=True)

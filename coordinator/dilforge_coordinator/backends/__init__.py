@@ -10,14 +10,18 @@ BACKENDS = ("local", "compose", "sagemaker", "sagemaker-local")
 def get_backend(name: str, **options) -> Backend:
     if name == "local":
         from .local import LocalBackend
+
         return LocalBackend(**options)
     if name == "compose":
         from .compose import ComposeBackend
+
         return ComposeBackend(**options)
     if name == "sagemaker":
         from .sagemaker import SageMakerBackend
+
         return SageMakerBackend(**options)
     if name == "sagemaker-local":
         from .sagemaker_local import SageMakerLocalBackend
+
         return SageMakerLocalBackend(**options)
     raise ValueError(f"unknown backend {name!r}; choose one of {BACKENDS}")

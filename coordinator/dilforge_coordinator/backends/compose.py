@@ -32,7 +32,7 @@ from .process import run_child
 log = logging.getLogger("dilforge.coordinator.compose")
 
 ROOT = Path(__file__).resolve().parents[3]
-S3_ACCESS_KEY = "dilforge"                       # docker/seaweedfs-identities.json: local-only identity
+S3_ACCESS_KEY = "dilforge"  # docker/seaweedfs-identities.json: local-only identity
 S3_SECRET_KEY = "dilforge-local-only"
 CONTAINER_ENDPOINT = "http://s3:8333"
 DEFAULT_BUCKET = "dilforge"
@@ -48,6 +48,7 @@ def docker_binary() -> str:
 def ensure_bucket(client, bucket: str, timeout_s: int = 60) -> None:
     """Create `bucket` unless it exists, then wait (botocore's `bucket_exists` waiter) until S3 serves it."""
     from botocore.exceptions import ClientError, WaiterError
+
     try:
         client.create_bucket(Bucket=bucket)
     except ClientError as exc:
@@ -62,9 +63,17 @@ def ensure_bucket(client, bucket: str, timeout_s: int = 60) -> None:
 class ComposeBackend:
     name = "compose"
 
-    def __init__(self, project_dir: Path | None = None, workdir: Path | None = None, tag: str | None = None,
-                 s3_port: int | None = None, keep: bool = False, docker: str | None = None, up: bool = True,
-                 data_root: Path | None = None):
+    def __init__(
+        self,
+        project_dir: Path | None = None,
+        workdir: Path | None = None,
+        tag: str | None = None,
+        s3_port: int | None = None,
+        keep: bool = False,
+        docker: str | None = None,
+        up: bool = True,
+        data_root: Path | None = None,
+    ):
         env = settings()
         self.project_dir = Path(project_dir or env.compose_dir or ROOT).resolve()
         self.workdir = Path(workdir or env.workdir).resolve() / "compose"
@@ -81,13 +90,25 @@ class ComposeBackend:
         return f"http://127.0.0.1:{self.s3_port}"
 
     def compose_cmd(self, *args: str) -> list[str]:
-        return [self.docker, "compose", "--project-directory", str(self.project_dir),
-                "-f", str(self.project_dir / "compose.yaml"), *args]
+        return [
+            self.docker,
+            "compose",
+            "--project-directory",
+            str(self.project_dir),
+            "-f",
+            str(self.project_dir / "compose.yaml"),
+            *args,
+        ]
 
     def compose_env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
-        env = {**os.environ, **({"DILFORGE_DATA": str(self.data_root)} if self.data_root else {}),
-               "DILFORGE_IMAGE_TAG": self.tag, "DILFORGE_S3_PORT": str(self.s3_port),
-               "DILFORGE_UID": str(os.getuid()), "DILFORGE_GID": str(os.getgid())}
+        env = {
+            **os.environ,
+            **({"DILFORGE_DATA": str(self.data_root)} if self.data_root else {}),
+            "DILFORGE_IMAGE_TAG": self.tag,
+            "DILFORGE_S3_PORT": str(self.s3_port),
+            "DILFORGE_UID": str(os.getuid()),
+            "DILFORGE_GID": str(os.getgid()),
+        }
         return {**env, **(extra or {})}
 
     def prepare(self, pipeline: PipelineConfig) -> PipelineConfig:
@@ -98,7 +119,9 @@ class ComposeBackend:
         use_endpoint_keys(self.host_endpoint, S3_ACCESS_KEY, S3_SECRET_KEY)
         store = pipeline.store
         if not (store.uri.startswith("s3://") and store.s3_endpoint_url):
-            store = store.model_copy(update={"uri": f"s3://{DEFAULT_BUCKET}/store", "s3_endpoint_url": self.host_endpoint})
+            store = store.model_copy(
+                update={"uri": f"s3://{DEFAULT_BUCKET}/store", "s3_endpoint_url": self.host_endpoint}
+            )
             print(f"[compose] artifact store: {store.uri} at {store.s3_endpoint_url} (the compose S3)")
             pipeline = pipeline.model_copy(update={"store": store})
         if store.s3_endpoint_url.rstrip("/") == self.host_endpoint:
@@ -111,26 +134,41 @@ class ComposeBackend:
         if self._s3_ready:
             return
         if self.up:
-            proc = subprocess.run(self.compose_cmd("up", "-d", "--wait", "s3"), env=self.compose_env(),
-                                  capture_output=True, text=True, check=False)
+            proc = subprocess.run(
+                self.compose_cmd("up", "-d", "--wait", "s3"),
+                env=self.compose_env(),
+                capture_output=True,
+                text=True,
+                check=False,
+            )
             if proc.returncode != 0:
                 raise DilforgeError(f"docker compose up s3 failed: {proc.stderr.strip()[-2000:]}")
         if bucket:
             import boto3
             from botocore.config import Config
+
             # botocore retries (standard mode: connection errors, 5xx, throttling, with backoff) cover an S3 that
             # is healthy but still warming up; ensure_bucket's waiter covers the bucket becoming visible.
-            client = boto3.client("s3", endpoint_url=self.host_endpoint, region_name="us-east-1",
-                                  aws_access_key_id=S3_ACCESS_KEY, aws_secret_access_key=S3_SECRET_KEY,
-                                  config=Config(retries={"mode": "standard", "max_attempts": 10}))
+            client = boto3.client(
+                "s3",
+                endpoint_url=self.host_endpoint,
+                region_name="us-east-1",
+                aws_access_key_id=S3_ACCESS_KEY,
+                aws_secret_access_key=S3_SECRET_KEY,
+                config=Config(retries={"mode": "standard", "max_attempts": 10}),
+            )
             ensure_bucket(client, bucket)
         self._s3_ready = True
 
     def image_ref(self, stage: str) -> str:
         """What the manifest cites: the image tag and its content id (a registry digest once pushed)."""
         ref = f"dilforge-{stage}:{self.tag}"
-        proc = subprocess.run([self.docker, "image", "inspect", ref, "--format", "{{json .}}"],
-                              capture_output=True, text=True, check=False)
+        proc = subprocess.run(
+            [self.docker, "image", "inspect", ref, "--format", "{{json .}}"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         if proc.returncode != 0:
             raise StageFailed(stage, f"image {ref} not found; build it: coordinator images build --stage {stage}")
         info = json.loads(proc.stdout)
@@ -153,8 +191,11 @@ class ComposeBackend:
 
     def run(self, job: StageJob) -> None:
         if not job.store_uri.startswith("s3://"):
-            raise StageFailed(job.stage, f"the compose backend needs an s3:// store (got {job.store_uri}); "
-                                         f"run through `coordinator ... --backend compose`, which uses the compose S3")
+            raise StageFailed(
+                job.stage,
+                f"the compose backend needs an s3:// store (got {job.store_uri}); "
+                f"run through `coordinator ... --backend compose`, which uses the compose S3",
+            )
         self.ensure_s3(job.store_uri.removeprefix("s3://").split("/", 1)[0])
         opt = OptMl(self.workdir / f"{job.stage}-{job.artifact_id}")
         if opt.failure_file.exists():

@@ -33,9 +33,12 @@ class LocalBackend:
     def run(self, job: StageJob) -> None:
         root = self.workdir / f"{job.stage}-{job.artifact_id}"
         lock = FileLock(self.workdir / f"{job.stage}-{job.artifact_id}.lock")
-        lock.acquire(on_wait=lambda holder: print(
-            f"[{job.stage}] waiting for process {holder.get('pid')} on {holder.get('host')}, which holds {root}",
-            flush=True))
+        lock.acquire(
+            on_wait=lambda holder: print(
+                f"[{job.stage}] waiting for process {holder.get('pid')} on {holder.get('host')}, which holds {root}",
+                flush=True,
+            )
+        )
         try:
             opt = OptMl(root)
             if opt.failure_file.exists():
@@ -44,13 +47,17 @@ class LocalBackend:
             hp = build_hyperparameters(job.config, job.artifact_uri, job.run_id, job.inputs, job.s3_endpoint_url)
             opt.write_inputs(hp)
             env = {**os.environ, OPT_ML_ENV: str(opt.root)}
-            returncode, stopped_by = run_child([self.python, "-m", STAGE_MODULES[job.stage], "train"], env,
-                                               pass_fds=(lock.fd,))
+            returncode, stopped_by = run_child(
+                [self.python, "-m", STAGE_MODULES[job.stage], "train"], env, pass_fds=(lock.fd,)
+            )
         finally:
             lock.release()
         if stopped_by is not None:
-            raise StageCancelled(job.stage, f"cancelled by {signal.Signals(stopped_by).name}; work folder {root} "
-                                            "kept, a rerun resumes from its checkpoints")
+            raise StageCancelled(
+                job.stage,
+                f"cancelled by {signal.Signals(stopped_by).name}; work folder {root} "
+                "kept, a rerun resumes from its checkpoints",
+            )
         if returncode != 0:
             reason = opt.failure_file.read_text() if opt.failure_file.exists() else _exit_reason(returncode)
             raise StageFailed(job.stage, reason)

@@ -27,8 +27,14 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
 
 def run_child(cmd: Sequence[str], env: dict[str, str], pass_fds: Sequence[int] = ()) -> tuple[int, int | None]:
     """Run to completion; returns (exit code, the first signal that asked us to stop, or None)."""
-    proc = subprocess.Popen(list(cmd), env=env, stdin=subprocess.DEVNULL, start_new_session=True,
-                            pass_fds=tuple(pass_fds), preexec_fn=_die_with_parent)  # noqa: PLW1509 - prctl only
+    proc = subprocess.Popen(
+        list(cmd),
+        env=env,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        pass_fds=tuple(pass_fds),
+        preexec_fn=_die_with_parent,
+    )  # noqa: PLW1509 - prctl only
     received: list[int] = []
 
     def forward(signum, frame) -> None:

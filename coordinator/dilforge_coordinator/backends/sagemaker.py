@@ -102,16 +102,27 @@ def offline_jobs(pipeline: PipelineConfig) -> list[StageJob]:
         if missing:
             raise DilforgeError(f"stage {stage} needs upstream artifacts {missing} in the same pipeline for a dry run")
         refs = [InputRef(name=n, kind="manifest", uri=u, sha256=f"offline:{u}") for n, u in sorted(inputs.items())]
-        refs += [InputRef(name=f"data:{s.label}", kind="data", uri=s.uri, sha256=f"offline:{s.uri}")
-                 for s in config.data_sources()]
+        refs += [
+            InputRef(name=f"data:{s.label}", kind="data", uri=s.uri, sha256=f"offline:{s.uri}")
+            for s in config.data_sources()
+        ]
         refs += [InputRef(name=f"model:{u}", kind="data", uri=u, sha256=f"offline:{u}") for u in config.model_uris()]
         if isinstance(config, ModelConfig):
             refs.append(InputRef(name="source", kind="data", uri=config.source, sha256=f"offline:{config.source}"))
         artifact_id = planned_artifact_id(config, refs)
         uri = f"{store}/artifacts/{stage}/{artifact_id}"
         planned[stage] = uri
-        jobs.append(StageJob(stage=stage, config=config, run_id=pipeline.run_id, artifact_uri=uri, inputs=inputs,
-                             store_uri=store, s3_endpoint_url=pipeline.store.s3_endpoint_url))
+        jobs.append(
+            StageJob(
+                stage=stage,
+                config=config,
+                run_id=pipeline.run_id,
+                artifact_uri=uri,
+                inputs=inputs,
+                store_uri=store,
+                s3_endpoint_url=pipeline.store.s3_endpoint_url,
+            )
+        )
     return jobs
 
 
@@ -130,6 +141,7 @@ TENSORBOARD_PATH = "/opt/ml/output/tensorboard"
 @dataclass(frozen=True)
 class JobSpec:
     """One stage's training job, SDK-free: everything `model_trainer` hands to ModelTrainer, cloud and local alike."""
+
     stage: str
     base_job_name: str
     image: str
@@ -166,34 +178,64 @@ def config_uri(cfg: SageMakerConfig, job: StageJob) -> str:
 def job_spec(job: StageJob, cfg: SageMakerConfig, image: str, endpoint_url: str | None = None) -> JobSpec:
     """The job definition of one stage; `endpoint_url` is the S3 endpoint as the job's containers reach it."""
     if bad := local_paths(job):
-        raise ConfigError(f"{job.stage}: {bad} are local paths; SageMaker jobs read data and models from S3: "
-                          "upload them and use s3:// URIs in the config")
+        raise ConfigError(
+            f"{job.stage}: {bad} are local paths; SageMaker jobs read data and models from S3: "
+            "upload them and use s3:// URIs in the config"
+        )
     res = cfg.resources(job.stage)
     if res.num_instances > 1 and job.stage not in MULTI_HOST_STAGES:
-        raise ConfigError(f"sagemaker.stages.{job.stage}.num_instances: {job.stage} runs on one host "
-                          f"(multi-host stages: {sorted(MULTI_HOST_STAGES)})")
-    hp = build_hyperparameters(job.config, job.artifact_uri, job.run_id, job.inputs, endpoint_url,
-                               config_uri=config_uri(cfg, job))
+        raise ConfigError(
+            f"sagemaker.stages.{job.stage}.num_instances: {job.stage} runs on one host "
+            f"(multi-host stages: {sorted(MULTI_HOST_STAGES)})"
+        )
+    hp = build_hyperparameters(
+        job.config, job.artifact_uri, job.run_id, job.inputs, endpoint_url, config_uri=config_uri(cfg, job)
+    )
     for key, value in hp.items():
         if len(value) > HYPERPARAMETER_LIMIT:
-            raise ConfigError(f"hyperparameter {key!r} of stage {job.stage} is {len(value)} characters; "
-                              f"SageMaker allows {HYPERPARAMETER_LIMIT}")
+            raise ConfigError(
+                f"hyperparameter {key!r} of stage {job.stage} is {len(value)} characters; "
+                f"SageMaker allows {HYPERPARAMETER_LIMIT}"
+            )
     spot = cfg.spot if res.spot is None else res.spot
     root = output_root(cfg, job)
-    env = {"DILFORGE_IMAGE": image, "DILFORGE_RUN_ID": job.run_id, "DILFORGE_LOG_LEVEL": "INFO",
-           **module_env(job.stage), **res.environment}
-    tags = {"dilforge:run-id": job.run_id, "dilforge:stage": job.stage, "dilforge:artifact-id": job.artifact_id,
-            **cfg.tags}
+    env = {
+        "DILFORGE_IMAGE": image,
+        "DILFORGE_RUN_ID": job.run_id,
+        "DILFORGE_LOG_LEVEL": "INFO",
+        **module_env(job.stage),
+        **res.environment,
+    }
+    tags = {
+        "dilforge:run-id": job.run_id,
+        "dilforge:stage": job.stage,
+        "dilforge:artifact-id": job.artifact_id,
+        **cfg.tags,
+    }
     return JobSpec(
-        stage=job.stage, base_job_name=job_base_name(cfg.job_name_prefix, job.stage, job.artifact_id), image=image,
-        role_arn=cfg.role_arn, instance_type=res.instance_type, num_instances=res.num_instances,
-        volume_size_gb=res.volume_size_gb, spot=spot, max_runtime_s=res.max_runtime_s,
+        stage=job.stage,
+        base_job_name=job_base_name(cfg.job_name_prefix, job.stage, job.artifact_id),
+        image=image,
+        role_arn=cfg.role_arn,
+        instance_type=res.instance_type,
+        num_instances=res.num_instances,
+        volume_size_gb=res.volume_size_gb,
+        spot=spot,
+        max_runtime_s=res.max_runtime_s,
         max_wait_s=(res.max_wait_s or min(2 * res.max_runtime_s, 28 * 24 * 3600)) if spot else None,
-        input_mode=res.input_mode, channels={n: u.rstrip("/") + "/" for n, u in sorted(job.inputs.items())},
-        output_path=f"{root}/output/", checkpoint_uri=f"{root}/checkpoints/{job.stage}/{job.artifact_id}/",
-        tensorboard_uri=f"{root}/tensorboard/{job.stage}/{job.artifact_id}/", environment=env, hyperparameters=hp,
-        tags=tags, metric_definitions=METRIC_DEFINITIONS.get(job.stage, []), subnets=list(cfg.subnets),
-        security_group_ids=list(cfg.security_group_ids), max_retry_attempts=cfg.max_retry_attempts)
+        input_mode=res.input_mode,
+        channels={n: u.rstrip("/") + "/" for n, u in sorted(job.inputs.items())},
+        output_path=f"{root}/output/",
+        checkpoint_uri=f"{root}/checkpoints/{job.stage}/{job.artifact_id}/",
+        tensorboard_uri=f"{root}/tensorboard/{job.stage}/{job.artifact_id}/",
+        environment=env,
+        hyperparameters=hp,
+        tags=tags,
+        metric_definitions=METRIC_DEFINITIONS.get(job.stage, []),
+        subnets=list(cfg.subnets),
+        security_group_ids=list(cfg.security_group_ids),
+        max_retry_attempts=cfg.max_retry_attempts,
+    )
 
 
 def require_sdk() -> None:
@@ -212,6 +254,7 @@ def sdk_session(boto_session, offline: bool = False):
     through its documented defaults config, so nothing at all leaves the machine."""
     require_sdk()
     from sagemaker.core.helper.session_helper import Session
+
     session = Session(boto_session=boto_session)
     if offline:
         _validate_offline_config()
@@ -222,6 +265,7 @@ def sdk_session(boto_session, offline: bool = False):
 @functools.cache
 def _validate_offline_config() -> None:
     from sagemaker.core.config.config_manager import SageMakerConfig as SdkConfig
+
     SdkConfig.validate_sagemaker_config(OFFLINE_SDK_CONFIG)
 
 
@@ -229,6 +273,7 @@ def _config_manager(session):
     """The SDK re-validates a session's defaults config against its whole JSON schema on every lookup (~0.3 s,
     dozens per job). Our offline config is a constant, validated here once; the manager then skips re-checks."""
     from sagemaker.core.config.config_manager import SageMakerConfig as SdkConfig
+
     if session is None or getattr(session, "sagemaker_config", None) is not OFFLINE_SDK_CONFIG:
         return {}
     _validate_offline_config()
@@ -237,11 +282,13 @@ def _config_manager(session):
         @staticmethod
         def validate_sagemaker_config(sagemaker_config=None):
             return None
+
     return {"config_mgr": Prevalidated()}
 
 
-def model_trainer(spec: JobSpec, session=None, local_root: str | None = None,
-                  local_channels: dict[str, str] | None = None):
+def model_trainer(
+    spec: JobSpec, session=None, local_root: str | None = None, local_channels: dict[str, str] | None = None
+):
     """The SDK's ModelTrainer for `spec`: a SageMaker training job, or (local_root given) SageMaker's local
     container mode with the upstream artifacts as local channel folders (`local_channels`: name -> folder)."""
     require_sdk()
@@ -269,9 +316,18 @@ def model_trainer(spec: JobSpec, session=None, local_root: str | None = None,
             raise DilforgeError(f"{spec.stage}: local mode needs a folder for channels {missing}")
         channels = [InputData(channel_name=n, data_source=str(local_channels[n])) for n in sorted(spec.channels)]
     else:
-        channels = [Channel(channel_name=n, input_mode=spec.input_mode, data_source=DataSource(s3_data_source=S3DataSource(
-            s3_data_type="S3Prefix", s3_uri=uri, s3_data_distribution_type="FullyReplicated")))
-            for n, uri in sorted(spec.channels.items())]
+        channels = [
+            Channel(
+                channel_name=n,
+                input_mode=spec.input_mode,
+                data_source=DataSource(
+                    s3_data_source=S3DataSource(
+                        s3_data_type="S3Prefix", s3_uri=uri, s3_data_distribution_type="FullyReplicated"
+                    )
+                ),
+            )
+            for n, uri in sorted(spec.channels.items())
+        ]
     stopping = {"max_runtime_in_seconds": spec.max_runtime_s}
     if spec.spot:
         stopping["max_wait_time_in_seconds"] = spec.max_wait_s
@@ -280,21 +336,34 @@ def model_trainer(spec: JobSpec, session=None, local_root: str | None = None,
         networking.update(subnets=spec.subnets, security_group_ids=spec.security_group_ids)
     trainer = ModelTrainer(
         training_mode=Mode.LOCAL_CONTAINER if local else Mode.SAGEMAKER_TRAINING_JOB,
-        sagemaker_session=session, role=spec.role_arn, base_job_name=spec.base_job_name,
-        training_image=spec.image, training_input_mode=spec.input_mode,
-        compute=Compute(instance_type="local" if local else spec.instance_type, instance_count=spec.num_instances,
-                        volume_size_in_gb=spec.volume_size_gb, enable_managed_spot_training=spec.spot),
-        networking=Networking(**networking), stopping_condition=StoppingCondition(**stopping),
+        sagemaker_session=session,
+        role=spec.role_arn,
+        base_job_name=spec.base_job_name,
+        training_image=spec.image,
+        training_input_mode=spec.input_mode,
+        compute=Compute(
+            instance_type="local" if local else spec.instance_type,
+            instance_count=spec.num_instances,
+            volume_size_in_gb=spec.volume_size_gb,
+            enable_managed_spot_training=spec.spot,
+        ),
+        networking=Networking(**networking),
+        stopping_condition=StoppingCondition(**stopping),
         output_data_config=OutputDataConfig(s3_output_path=spec.output_path),
         checkpoint_config=CheckpointConfig(s3_uri=spec.checkpoint_uri, local_path=CHECKPOINT_PATH),
-        environment=dict(spec.environment), hyperparameters=dict(spec.hyperparameters),
-        tags=[Tag(key=k, value=v) for k, v in sorted(spec.tags.items())], input_data_config=channels or None,
-        **({"local_container_root": str(local_root)} if local else {}), **_config_manager(session),
+        environment=dict(spec.environment),
+        hyperparameters=dict(spec.hyperparameters),
+        tags=[Tag(key=k, value=v) for k, v in sorted(spec.tags.items())],
+        input_data_config=channels or None,
+        **({"local_container_root": str(local_root)} if local else {}),
+        **_config_manager(session),
     )
-    trainer.with_metric_definitions([MetricDefinition(name=d["Name"], regex=d["Regex"])
-                                     for d in spec.metric_definitions])
-    trainer.with_tensorboard_output_config(TensorBoardOutputConfig(s3_output_path=spec.tensorboard_uri,
-                                                                   local_path=TENSORBOARD_PATH))
+    trainer.with_metric_definitions(
+        [MetricDefinition(name=d["Name"], regex=d["Regex"]) for d in spec.metric_definitions]
+    )
+    trainer.with_tensorboard_output_config(
+        TensorBoardOutputConfig(s3_output_path=spec.tensorboard_uri, local_path=TENSORBOARD_PATH)
+    )
     if spec.max_retry_attempts:
         trainer.with_retry_strategy(RetryStrategy(maximum_retry_attempts=spec.max_retry_attempts))
     return trainer
@@ -306,10 +375,17 @@ def _offline_response(operation: str, body: dict) -> dict:
     arn = f"arn:aws:sagemaker:us-east-1:000000000000:training-job/{name}"
     if operation == "CreateTrainingJob":
         return {"TrainingJobArn": arn}
-    return {"TrainingJobName": name, "TrainingJobArn": arn, "TrainingJobStatus": "InProgress",
-            "SecondaryStatus": "Starting", "CreationTime": now, "AlgorithmSpecification": {"TrainingInputMode": "File"},
-            "ResourceConfig": {"InstanceCount": 1, "VolumeSizeInGB": 1}, "StoppingCondition": {},
-            "ModelArtifacts": {"S3ModelArtifacts": "s3://dry-run/model.tar.gz"}}
+    return {
+        "TrainingJobName": name,
+        "TrainingJobArn": arn,
+        "TrainingJobStatus": "InProgress",
+        "SecondaryStatus": "Starting",
+        "CreationTime": now,
+        "AlgorithmSpecification": {"TrainingInputMode": "File"},
+        "ResourceConfig": {"InstanceCount": 1, "VolumeSizeInGB": 1},
+        "StoppingCondition": {},
+        "ModelArtifacts": {"S3ModelArtifacts": "s3://dry-run/model.tar.gz"},
+    }
 
 
 def record_requests(boto_session, requests: list[dict]) -> None:
@@ -318,6 +394,7 @@ def record_requests(boto_session, requests: list[dict]) -> None:
 
     def params(params, model, **kwargs):
         requests.append(copy.deepcopy(params))
+
     boto_session.events.register("before-parameter-build.sagemaker.CreateTrainingJob", params)
 
 
@@ -335,6 +412,7 @@ def offline(boto_session) -> Iterator[list[dict]]:
             raise DilforgeError(f"dry run: unexpected AWS call {model.service_model.service_name}:{model.name}")
         body = json.loads(params.get("body") or b"{}")
         return AWSResponse("https://dry-run.invalid", 200, {}, None), _offline_response(model.name, body)
+
     boto_session.events.register("before-call", answer)
     previous = os.environ.get("SAGEMAKER_VALIDATE_ROLE")
     os.environ["SAGEMAKER_VALIDATE_ROLE"] = "false"  # the SDK's IAM role check needs credentials; a dry run has none
@@ -351,6 +429,7 @@ def offline_boto_session(region: str):
     """A boto3 session that can never sign: no credential provider, so nothing can leave this process."""
     import boto3
     import botocore.session
+
     core = botocore.session.Session()
     core.get_component("credential_provider").providers = []
     return boto3.Session(botocore_session=core, region_name=region)
@@ -360,6 +439,7 @@ def offline_boto_session(region: str):
 class SageMakerBackend:
     """`--backend sagemaker`. clients: {'sagemaker', 'logs', 's3'} boto3 clients (default: from `boto_session`,
     made from the config's region); the SDK submits through `boto_session` too."""
+
     config: SageMakerConfig | None = None
     dry_run: bool = False
     images: dict[str, str] = field(default_factory=dict)
@@ -375,18 +455,23 @@ class SageMakerBackend:
     def prepare(self, pipeline: PipelineConfig) -> PipelineConfig:
         if self.config is None:
             if pipeline.sagemaker is None:
-                raise ConfigError("--backend sagemaker needs a `sagemaker:` section in the pipeline config "
-                                  "(role_arn, region, stages: instance types); see configs/sagemaker-published.yaml")
+                raise ConfigError(
+                    "--backend sagemaker needs a `sagemaker:` section in the pipeline config "
+                    "(role_arn, region, stages: instance types); see configs/sagemaker-published.yaml"
+                )
             self.config = pipeline.sagemaker
         if not pipeline.store.uri.startswith("s3://"):
-            raise ConfigError(f"store.uri: SageMaker jobs exchange artifacts through S3; got {pipeline.store.uri!r} "
-                              "(pass --store s3://bucket/prefix)")
+            raise ConfigError(
+                f"store.uri: SageMaker jobs exchange artifacts through S3; got {pipeline.store.uri!r} "
+                "(pass --store s3://bucket/prefix)"
+            )
         require_sdk()
         return pipeline
 
     def session(self):
         if self.boto_session is None:
             import boto3
+
             self.boto_session = boto3.Session(region_name=self.config.region)
             record_requests(self.boto_session, self.requests)
         return self.boto_session
@@ -401,6 +486,7 @@ class SageMakerBackend:
         if image := self.config.images.get(stage) or self.images.get(stage):
             return image
         from ..images import default_tag, pushed_image
+
         if image := pushed_image(stage):
             return image
         if self.dry_run:
@@ -430,7 +516,9 @@ class SageMakerBackend:
         for page in self.client("sagemaker").get_paginator("list_training_jobs").paginate(NameContains=base):
             for summary in page["TrainingJobSummaries"]:
                 if pattern.fullmatch(summary["TrainingJobName"]) and summary["TrainingJobStatus"] in (
-                        "InProgress", "Stopping"):
+                    "InProgress",
+                    "Stopping",
+                ):
                     return summary["TrainingJobName"]
         return None
 
@@ -450,8 +538,10 @@ class SageMakerBackend:
             model_trainer(spec, sdk_session(self.session())).train(wait=False, logs=False)
             request = self.requests[submitted]
             name = request["TrainingJobName"]
-            self.out(f"[{job.stage}] submitted training job {name} "
-                     f"({request['ResourceConfig']['InstanceCount']} x {request['ResourceConfig']['InstanceType']})")
+            self.out(
+                f"[{job.stage}] submitted training job {name} "
+                f"({request['ResourceConfig']['InstanceCount']} x {request['ResourceConfig']['InstanceType']})"
+            )
         self.wait(job.stage, name)
 
     def wait(self, stage: str, name: str) -> dict:
@@ -490,8 +580,9 @@ class LogTail:
 
     def poll(self) -> None:
         try:
-            streams = self.logs.describe_log_streams(logGroupName=LOG_GROUP, logStreamNamePrefix=self.job_name + "/",
-                                                     orderBy="LogStreamName")["logStreams"]
+            streams = self.logs.describe_log_streams(
+                logGroupName=LOG_GROUP, logStreamNamePrefix=self.job_name + "/", orderBy="LogStreamName"
+            )["logStreams"]
         except self.logs.exceptions.ResourceNotFoundException:
             return
         for stream in streams:

@@ -44,8 +44,8 @@ from .compose import S3_ACCESS_KEY, S3_SECRET_KEY, ComposeBackend
 
 log = logging.getLogger("dilforge.coordinator.sagemaker_local")
 
-NETWORK = "sagemaker-local"           # the network the SDK's local mode puts every host on
-S3_ALIAS = "dilforge-s3"              # the compose S3 as the job containers reach it on that network
+NETWORK = "sagemaker-local"  # the network the SDK's local mode puts every host on
+S3_ALIAS = "dilforge-s3"  # the compose S3 as the job containers reach it on that network
 CONTAINER_ENDPOINT = f"http://{S3_ALIAS}:8333"
 LOCAL_ROLE = "arn:aws:iam::000000000000:role/dilforge-local"  # local mode assumes no role
 CHECKPOINT_SYNC_ENV = "DILFORGE_CHECKPOINT_SYNC_URI"
@@ -56,19 +56,24 @@ def preflight(docker: str, run=subprocess.run) -> str:
     Returns the region."""
     region = os.environ.get("AWS_DEFAULT_REGION") or os.environ.get("AWS_REGION")
     if not region:
-        raise ConfigError("AWS region unset: the SageMaker SDK needs one even in local mode; "
-                          "export AWS_DEFAULT_REGION=us-east-1 (no AWS account or credentials are used)")
+        raise ConfigError(
+            "AWS region unset: the SageMaker SDK needs one even in local mode; "
+            "export AWS_DEFAULT_REGION=us-east-1 (no AWS account or credentials are used)"
+        )
     sm.require_sdk()
     if shutil.which(docker) is None:
         raise ConfigError(f"Docker is not installed ({docker} not found): bash ../shared/tools/container-env.sh")
     if run([docker, "info"], capture_output=True, text=True, check=False).returncode != 0:
-        raise ConfigError("Docker is not running (docker info failed): start the engine, e.g. "
-                          "bash ../shared/tools/container-env.sh")
+        raise ConfigError(
+            "Docker is not running (docker info failed): start the engine, e.g. bash ../shared/tools/container-env.sh"
+        )
     # The SDK runs `docker compose` from PATH (v2), else `docker-compose`
     compose = run(["docker", "compose", "version"], capture_output=True, text=True, check=False)
     if compose.returncode != 0 and shutil.which("docker-compose") is None:
-        raise ConfigError("Docker Compose v2 is missing (`docker compose version` failed): SageMaker local mode "
-                          "runs every job with it; install the plugin (bash ../shared/tools/container-env.sh)")
+        raise ConfigError(
+            "Docker Compose v2 is missing (`docker compose version` failed): SageMaker local mode "
+            "runs every job with it; install the plugin (bash ../shared/tools/container-env.sh)"
+        )
     return region
 
 
@@ -112,15 +117,25 @@ def upload_local_data(raw: Any, store: str, endpoint_url: str) -> tuple[Any, dic
         if isinstance(value, list):
             return [walk(v) for v in value]
         return upload(value) if isinstance(value, str) else value
+
     return walk(raw), moved
 
 
 class SageMakerLocalBackend:
     """`--backend sagemaker-local`: the SDK's local container mode, the compose S3 as the store."""
+
     name = "sagemaker-local"
 
-    def __init__(self, workdir: Path | None = None, tag: str | None = None, s3_port: int | None = None,
-                 docker: str | None = None, data_root: Path | None = None, keep: bool = False, run=subprocess.run):
+    def __init__(
+        self,
+        workdir: Path | None = None,
+        tag: str | None = None,
+        s3_port: int | None = None,
+        docker: str | None = None,
+        data_root: Path | None = None,
+        keep: bool = False,
+        run=subprocess.run,
+    ):
         self.compose = ComposeBackend(workdir=workdir, tag=tag, s3_port=s3_port, docker=docker, data_root=data_root)
         self.workdir = Path(workdir or settings().workdir).resolve() / "sagemaker-local"
         self.docker = self.compose.docker
@@ -148,17 +163,30 @@ class SageMakerLocalBackend:
         the compose label the SDK's generated compose file expects, so its `docker compose up` adopts it."""
         run = self.run_cmd
         if run([self.docker, "network", "inspect", NETWORK], capture_output=True, check=False).returncode != 0:
-            made = run([self.docker, "network", "create", "--label", f"com.docker.compose.network={NETWORK}",
-                        NETWORK], capture_output=True, text=True, check=False)
+            made = run(
+                [self.docker, "network", "create", "--label", f"com.docker.compose.network={NETWORK}", NETWORK],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
             if made.returncode != 0 and "already exists" not in made.stderr:
                 raise DilforgeError(f"docker network create {NETWORK}: {made.stderr.strip()}")
-        ps = run(self.compose.compose_cmd("ps", "-q", "s3"), env=self.compose.compose_env(), capture_output=True,
-                 text=True, check=False)
+        ps = run(
+            self.compose.compose_cmd("ps", "-q", "s3"),
+            env=self.compose.compose_env(),
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         container = ps.stdout.strip().splitlines()[0] if ps.stdout.strip() else ""
         if not container:
             raise DilforgeError("the compose S3 is not running (docker compose ps s3 shows no container)")
-        joined = run([self.docker, "network", "connect", "--alias", S3_ALIAS, NETWORK, container],
-                     capture_output=True, text=True, check=False)
+        joined = run(
+            [self.docker, "network", "connect", "--alias", S3_ALIAS, NETWORK, container],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         if joined.returncode != 0 and "already exists" not in joined.stderr:
             raise DilforgeError(f"docker network connect {NETWORK} (compose S3): {joined.stderr.strip()}")
 
@@ -166,11 +194,15 @@ class SageMakerLocalBackend:
     def image(self, stage: str) -> tuple[str, str]:
         """(the local image by tag, what the manifest cites: tag@image id); one line when it is not built."""
         ref = f"dilforge-{stage}:{self.compose.tag}"
-        proc = self.run_cmd([self.docker, "image", "inspect", ref, "--format", "{{.Id}}"], capture_output=True,
-                            text=True, check=False)
+        proc = self.run_cmd(
+            [self.docker, "image", "inspect", ref, "--format", "{{.Id}}"], capture_output=True, text=True, check=False
+        )
         if proc.returncode != 0:
-            raise StageFailed(stage, f"image {ref} is not built: coordinator images build --stage {stage}"
-                                     f"{' --tag ' + self.compose.tag if self.compose.tag != 'dev' else ''}")
+            raise StageFailed(
+                stage,
+                f"image {ref} is not built: coordinator images build --stage {stage}"
+                f"{' --tag ' + self.compose.tag if self.compose.tag != 'dev' else ''}",
+            )
         return ref, f"{ref}@{proc.stdout.strip()}"
 
     def channel(self, name: str, uri: str, endpoint_url: str) -> Path:
@@ -198,12 +230,19 @@ class SageMakerLocalBackend:
     def spec(self, job: StageJob) -> tuple[sm.JobSpec, dict[str, str]]:
         ref, cited = self.image(image_of(job.stage))
         spec = sm.job_spec(job, self.config, ref, CONTAINER_ENDPOINT)
-        env = {**spec.environment, "DILFORGE_IMAGE": cited, "AWS_DEFAULT_REGION": self.region,
-               "DILFORGE_S3_ACCESS_KEY_ID": S3_ACCESS_KEY, "DILFORGE_S3_SECRET_ACCESS_KEY": S3_SECRET_KEY,
-               "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "HOME": "/tmp",
-               CHECKPOINT_SYNC_ENV: spec.checkpoint_uri}
-        channels = {name: str(self.channel(name, uri.rstrip("/"), job.s3_endpoint_url))
-                    for name, uri in spec.channels.items()}
+        env = {
+            **spec.environment,
+            "DILFORGE_IMAGE": cited,
+            "AWS_DEFAULT_REGION": self.region,
+            "DILFORGE_S3_ACCESS_KEY_ID": S3_ACCESS_KEY,
+            "DILFORGE_S3_SECRET_ACCESS_KEY": S3_SECRET_KEY,
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+            "HOME": "/tmp",
+            CHECKPOINT_SYNC_ENV: spec.checkpoint_uri,
+        }
+        channels = {
+            name: str(self.channel(name, uri.rstrip("/"), job.s3_endpoint_url)) for name, uri in spec.channels.items()
+        }
         return sm.JobSpec(**{**spec.__dict__, "environment": env}), channels
 
     def run(self, job: StageJob) -> None:
@@ -212,7 +251,8 @@ class SageMakerLocalBackend:
         spec, channels = self.spec(job)
         where = sm.config_uri(self.config, job)
         open_backend(where.rsplit("/", 1)[0], job.s3_endpoint_url).write_bytes(
-            where.rsplit("/", 1)[1], job.config.model_dump_json(indent=2).encode())
+            where.rsplit("/", 1)[1], job.config.model_dump_json(indent=2).encode()
+        )
         root = self.workdir / f"{job.stage}-{job.artifact_id}"
         shutil.rmtree(root, ignore_errors=True)  # the SDK's leftovers of a failed attempt (checkpoints live in S3)
         root.mkdir(parents=True)
@@ -222,8 +262,9 @@ class SageMakerLocalBackend:
         try:
             trainer.train(wait=True, logs=True)
         except (RuntimeError, subprocess.CalledProcessError) as exc:
-            raise StageFailed(job.stage, self.failure_reason(root, spec.num_instances) or f"local job failed: {exc}") \
-                from None
+            raise StageFailed(
+                job.stage, self.failure_reason(root, spec.num_instances) or f"local job failed: {exc}"
+            ) from None
         if not self.keep:
             shutil.rmtree(root, ignore_errors=True)
 

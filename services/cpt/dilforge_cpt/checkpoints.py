@@ -195,8 +195,12 @@ class Checkpointer:
                 return path
             if rt.local_rank == 0:
                 aside = set_aside(path)
-                log.warning("checkpoint %s is damaged (%s); set aside as %s, trying the previous one", path,
-                            problems[0], aside.name if aside else "(already)")
+                log.warning(
+                    "checkpoint %s is damaged (%s); set aside as %s, trying the previous one",
+                    path,
+                    problems[0],
+                    aside.name if aside else "(already)",
+                )
             rt.barrier()
         return None
 
@@ -204,6 +208,7 @@ class Checkpointer:
         if not self.rt.distributed or self.rt.world == 1:
             return [value]
         import torch.distributed as dist
+
         out: list = [None] * self.rt.world
         dist.all_gather_object(out, value)
         return out
@@ -236,6 +241,7 @@ class Checkpointer:
         /opt/ml/checkpoints, synced to one S3 URI) each node finalises its own folder.
         """
         import torch.distributed.checkpoint as dcp
+
         rt = self.rt
         final = self.root / f"{CKPT_PREFIX}{step:08d}"
         tmp = self.root / f"{final.name}.tmp"
@@ -249,8 +255,9 @@ class Checkpointer:
         if tensors:
             for key, value in _leaves(tensors):
                 if not isinstance(value, torch.Tensor):
-                    raise TypeError(f"checkpoint entry {key} is a {type(value).__name__}, not a tensor; it would be "
-                                    "pickled")
+                    raise TypeError(
+                        f"checkpoint entry {key} is a {type(value).__name__}, not a tensor; it would be pickled"
+                    )
             dcp.save(tensors, checkpoint_id=str(tmp))
         for comp in self.components:
             if comp.kind == "rank_json" or (comp.kind == "json" and rt.is_main):
@@ -266,14 +273,14 @@ class Checkpointer:
         if rt.local_rank == 0:
             files = {name: entry for node, entries in by_rank if node == rt.node for name, entry in entries.items()}
             (tmp / marker_name(rt.node, rt.num_nodes)).write_text(
-                json.dumps({"step": step, "node": rt.node, "num_nodes": rt.num_nodes, "files": files}))
+                json.dumps({"step": step, "node": rt.node, "num_nodes": rt.num_nodes, "files": files})
+            )
         rt.barrier()
-        shared = rt.any(rt.is_main and all((tmp / marker_name(k, rt.num_nodes)).is_file()
-                                           for k in range(rt.num_nodes)))
-        if (rt.is_main if shared else rt.local_rank == 0):
+        shared = rt.any(rt.is_main and all((tmp / marker_name(k, rt.num_nodes)).is_file() for k in range(rt.num_nodes)))
+        if rt.is_main if shared else rt.local_rank == 0:
             shutil.rmtree(final, ignore_errors=True)
             os.replace(tmp, final)
-            for old in checkpoint_folders(self.root)[:-self.keep]:
+            for old in checkpoint_folders(self.root)[: -self.keep]:
                 shutil.rmtree(old, ignore_errors=True)
         rt.barrier()
         log.info("checkpoint saved: %s", final)
@@ -286,19 +293,22 @@ def _load_tensors(path: Path, comp: Component) -> None:
 
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
+
     template = {comp.name: comp.obj.state_dict()}
     reader = safe_reader(path)
     try:  # read once here so a rejected metadata file gives this error, not DCP's wrapped one
         reader.read_metadata()
     except (pickle.UnpicklingError, EOFError, AttributeError, TypeError) as exc:
-        raise InputError(f"checkpoint metadata rejected ({exc}); delete this checkpoint folder",
-                         path=str(path / ".metadata")) from None
+        raise InputError(
+            f"checkpoint metadata rejected ({exc}); delete this checkpoint folder", path=str(path / ".metadata")
+        ) from None
     try:
         dcp.load(template, storage_reader=reader)
     except CheckpointException as exc:  # a BaseException: would end the process without a failure file
         first = next(iter(getattr(exc, "failures", {}).values()), exc)
-        raise InputError(f"checkpoint shards unreadable ({str(first).strip().splitlines()[-1][:300]})",
-                         path=str(path)) from None
+        raise InputError(
+            f"checkpoint shards unreadable ({str(first).strip().splitlines()[-1][:300]})", path=str(path)
+        ) from None
     comp.obj.load_state_dict(template[comp.name])
 
 
@@ -317,9 +327,11 @@ def rng_state() -> dict:
     """Every generator's state as plain JSON types (ints, lists, strings)."""
     version, mt, gauss = random.getstate()
     kind, keys, pos, has_gauss, cached = np.random.get_state()
-    state = {"python": [version, list(mt), gauss],
-             "numpy": [kind, [int(k) for k in keys], int(pos), int(has_gauss), float(cached)],
-             "torch": torch.get_rng_state().tolist()}
+    state = {
+        "python": [version, list(mt), gauss],
+        "numpy": [kind, [int(k) for k in keys], int(pos), int(has_gauss), float(cached)],
+        "torch": torch.get_rng_state().tolist(),
+    }
     if torch.cuda.is_available():
         state["cuda"] = [s.tolist() for s in torch.cuda.get_rng_state_all()]
     return state
@@ -335,11 +347,11 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all([torch.tensor(s, dtype=torch.uint8) for s in state["cuda"]])
 
 
-
 def _tensor_state(model, optimizer) -> tuple[dict, dict]:
     """What DCP saves: model and optimizer *state* tensors only. param_groups (hyperparameters)
     come from the config on resume, so no non-tensor value has to be pickled into the checkpoint."""
     from torch.distributed.checkpoint.state_dict import get_state_dict
+
     msd, osd = get_state_dict(model, optimizer)
     saved = {"model": msd, "optim": {"state": osd["state"]}}
     for key, value in _leaves(saved):

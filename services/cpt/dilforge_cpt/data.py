@@ -44,10 +44,11 @@ SAMPLER_BLOCK = 4096
 @dataclass(frozen=True)
 class TokenIds:
     """The ids of the tokenizer family's special tokens this stage uses."""
+
     family: str
-    bos: int | None   # before every document (None: the family uses none, e.g. ChatML)
-    doc_end: int      # after every document: the packing separator
-    pad: int | None   # written into the model config for later stages
+    bos: int | None  # before every document (None: the family uses none, e.g. ChatML)
+    doc_end: int  # after every document: the packing separator
+    pad: int | None  # written into the model config for later stages
 
 
 def load_tokenizer(folder: Path) -> Tokenizer:
@@ -61,8 +62,9 @@ def special_ids(tok: Tokenizer, source: str) -> TokenIds:
     """The family's document separators (InputError naming `source` for an unknown family)."""
     family = detect_family(tok.get_vocab(with_added_tokens=True), source)
     bos = tok.token_to_id(family.bos) if family.bos is not None else None
-    return TokenIds(family=family.name, bos=bos, doc_end=tok.token_to_id(family.doc_end),
-                    pad=tok.token_to_id(family.pad))
+    return TokenIds(
+        family=family.name, bos=bos, doc_end=tok.token_to_id(family.doc_end), pad=tok.token_to_id(family.pad)
+    )
 
 
 def batched(items: Iterable[str], size: int) -> Iterator[list[str]]:
@@ -75,15 +77,18 @@ def pack_stream(docs: Iterable[str], tok: Tokenizer, ids: TokenIds, batch_size: 
     """`[bos] doc doc_end` token runs, one array per encode_batch call."""
     lead = 0 if ids.bos is None else 1
     for batch in batched(docs, batch_size):
-        encs = tok.encode_batch_fast(batch, add_special_tokens=False) if hasattr(tok, "encode_batch_fast") \
+        encs = (
+            tok.encode_batch_fast(batch, add_special_tokens=False)
+            if hasattr(tok, "encode_batch_fast")
             else tok.encode_batch(batch, add_special_tokens=False)
+        )
         lengths = [len(e.ids) + lead + 1 for e in encs]
         out = np.empty(sum(lengths), dtype=TOKEN_DTYPE)
         pos = 0
         for enc, n in zip(encs, lengths, strict=False):
             if lead:
                 out[pos] = ids.bos
-            out[pos + lead:pos + n - 1] = enc.ids
+            out[pos + lead : pos + n - 1] = enc.ids
             out[pos + n - 1] = ids.doc_end
             pos += n
         yield out
@@ -92,6 +97,7 @@ def pack_stream(docs: Iterable[str], tok: Tokenizer, ids: TokenIds, batch_size: 
 @dataclass
 class TokenFile:
     """A tokenised corpus on disk, cut into windows of seq_len tokens."""
+
     path: Path
     num_tokens: int
     num_docs: int
@@ -113,8 +119,16 @@ def cache_key(source: DataSource, tokenizer_json: Path, max_docs: int | None, en
     return h.hexdigest()[:24]
 
 
-def tokenize_to_file(source: DataSource, tok: Tokenizer, ids: TokenIds, cache_dir: Path, key: str,
-                     max_docs: int | None, batch_size: int, endpoint_url: str | None) -> TokenFile:
+def tokenize_to_file(
+    source: DataSource,
+    tok: Tokenizer,
+    ids: TokenIds,
+    cache_dir: Path,
+    key: str,
+    max_docs: int | None,
+    batch_size: int,
+    endpoint_url: str | None,
+) -> TokenFile:
     """Tokenise a corpus into `<cache_dir>/<key>.u32` unless a complete cache entry exists (atomic).
 
     The cache lives under /opt/ml/checkpoints (restored from S3 on SageMaker), so an entry is reused only when
@@ -124,15 +138,18 @@ def tokenize_to_file(source: DataSource, tok: Tokenizer, ids: TokenIds, cache_di
     if meta_path.is_file() and path.is_file():
         try:
             meta = json.loads(meta_path.read_text())
-            whole = (path.stat().st_size == meta["num_tokens"] * TOKEN_DTYPE().itemsize
-                     and sha256_file(path) == meta["sha256"])
+            whole = (
+                path.stat().st_size == meta["num_tokens"] * TOKEN_DTYPE().itemsize
+                and sha256_file(path) == meta["sha256"]
+            )
         except (ValueError, KeyError, TypeError):
             whole = False
         if whole:
             log.info("corpus %s: reusing token cache %s (%d tokens)", source.label, path.name, meta["num_tokens"])
             return TokenFile(path, meta["num_tokens"], meta["num_docs"], source.label)
-        log.warning("corpus %s: token cache %s is damaged or from an older dilforge; tokenising again",
-                    source.label, path.name)
+        log.warning(
+            "corpus %s: token cache %s is damaged or from an older dilforge; tokenising again", source.label, path.name
+        )
     docs = iter_texts(source.uri, source.format, source.text_field, endpoint_url, **source.bounds)
     if max_docs is not None:
         docs = islice(docs, max_docs)
@@ -169,8 +186,11 @@ class _Counter:
 def check_windows(files: list[TokenFile], seq_len: int) -> None:
     for tf in files:
         if tf.windows(seq_len) == 0:
-            raise InputError(f"corpus has {tf.num_tokens} tokens ({tf.num_docs} documents), fewer than one "
-                             f"training window of seq_len={seq_len}; add text or lower seq_len", path=tf.label)
+            raise InputError(
+                f"corpus has {tf.num_tokens} tokens ({tf.num_docs} documents), fewer than one "
+                f"training window of seq_len={seq_len}; add text or lower seq_len",
+                path=tf.label,
+            )
 
 
 class MixtureSampler:
@@ -238,7 +258,7 @@ class PackedData:
 
     def window(self, corpus: int, index: int) -> np.ndarray:
         start = index * self.seq_len
-        return np.asarray(self.arrays[corpus][start:start + self.seq_len], dtype=np.int64)
+        return np.asarray(self.arrays[corpus][start : start + self.seq_len], dtype=np.int64)
 
     def next_step(self, global_batch: int, micro_batch: int, rank: int, world: int) -> list[np.ndarray]:
         """This rank's micro-batches for one optimizer step: [accum] arrays of shape [micro, seq_len].
@@ -250,7 +270,7 @@ class PackedData:
         per_micro_step = micro_batch * world
         batches = []
         for start in range(0, global_batch, per_micro_step):
-            mine = picks[start + rank * micro_batch: start + (rank + 1) * micro_batch]
+            mine = picks[start + rank * micro_batch : start + (rank + 1) * micro_batch]
             batches.append(np.stack([self.window(c, w) for c, w in mine]))
         return batches
 
@@ -258,28 +278,40 @@ class PackedData:
 @dataclass(frozen=True)
 class ValidationSet:
     """One validation text set as a token stream (`dilforge_shared.bpb`), under its report name."""
+
     name: str
     stream: TokenStream
 
 
-def build_validation(sources: list[DataSource], tok: Tokenizer, ids: TokenIds, max_docs: int,
-                     endpoint_url: str | None, encode: Callable[[list[str]], list[list[int]]] | None = None
-                     ) -> list[ValidationSet]:
+def build_validation(
+    sources: list[DataSource],
+    tok: Tokenizer,
+    ids: TokenIds,
+    max_docs: int,
+    endpoint_url: str | None,
+    encode: Callable[[list[str]], list[list[int]]] | None = None,
+) -> list[ValidationSet]:
     """The first `max_docs` documents of each source, framed by the family's separators. `encode`
     replaces the tokenizer's encoding of the documents (the leakage measure encodes them with the base
     model's tokenizer, in the stage's ids)."""
     sets = []
     for source in sources:
-        docs = list(islice(iter_texts(source.uri, source.format, source.text_field, endpoint_url, **source.bounds), max_docs))
+        docs = list(
+            islice(iter_texts(source.uri, source.format, source.text_field, endpoint_url, **source.bounds), max_docs)
+        )
         if not docs:
             raise InputError("validation source holds no text", path=source.uri)
-        encoded = encode(docs) if encode is not None else \
-            [enc.ids for enc in tok.encode_batch(docs, add_special_tokens=False)]
+        encoded = (
+            encode(docs)
+            if encode is not None
+            else [enc.ids for enc in tok.encode_batch(docs, add_special_tokens=False)]
+        )
         sets.append(ValidationSet(source.label, build_stream(docs, encoded, ids.bos, ids.doc_end)))
     names = [vs.name for vs in sets]
     if len(set(names)) != len(names):
-        raise InputError(f"validation sets need distinct names (got {names}); set `name` on each",
-                         path="cpt.validation")
+        raise InputError(
+            f"validation sets need distinct names (got {names}); set `name` on each", path="cpt.validation"
+        )
     return sets
 
 
@@ -288,6 +320,7 @@ class StepBatch:
     """One optimizer step's micro-batches on the device, with the sampler state around them: the loop
     records `sampler_after` once it has consumed the step, so a checkpoint never counts a batch that
     is still waiting in the prefetch queue."""
+
     batches: list  # [accum] int64 tensors of shape [micro, seq_len] on the training device
     sampler_before: dict
     sampler_after: dict
@@ -303,10 +336,12 @@ class Prefetcher:
     last step the loop took, so whatever reads `data.sampler` afterwards sees exactly what was consumed.
     """
 
-    def __init__(self, data: PackedData, global_batch: int, micro_batch: int, rank: int, world: int,
-                 device, depth: int = 2):
+    def __init__(
+        self, data: PackedData, global_batch: int, micro_batch: int, rank: int, world: int, device, depth: int = 2
+    ):
         import queue
         import threading
+
         self.data, self.device, self.pin = data, device, device.type == "cuda"
         self.consumed = data.sampler.state_dict()
         self._queue: queue.Queue = queue.Queue(maxsize=max(1, depth))
@@ -319,6 +354,7 @@ class Prefetcher:
         import queue
 
         import torch
+
         while not self._stop.is_set():
             try:
                 before = self.data.sampler.state_dict()
@@ -350,6 +386,7 @@ class Prefetcher:
     def close(self) -> None:
         """Stop the worker and rewind the sampler to what the loop consumed (idempotent)."""
         import queue
+
         self._stop.set()
         while self._thread.is_alive():
             with contextlib.suppress(queue.Empty):

@@ -15,6 +15,7 @@ from typing import Any
 def read_metadata(path: Path) -> dict[str, Any]:
     """The GGUF key/value metadata (general.*, llama.*, tokenizer.ggml.*) without reading any tensor."""
     from transformers.integrations.gguf.reader import read_gguf_metadata
+
     metadata, _ = read_gguf_metadata(str(path))
     return metadata
 
@@ -23,6 +24,7 @@ def header(path: Path):
     """The file's tensor table as transformers' GGUF header reads it: `.tensors` (name, shape, ggml type, offset,
     nbytes) and `.data_start` (where the tensor data begins)."""
     from transformers.integrations.gguf.reader import GgufHeader
+
     return GgufHeader.from_file(str(path))
 
 
@@ -31,6 +33,7 @@ def save_tokenizer(path: Path, out: Path) -> None:
     tokenizer folder (what `AutoTokenizer.from_pretrained(gguf_file=...)` does, without its second parse)."""
     from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer, get_gguf_tokenizer
     from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
     architecture, tokenizer_dict, tokenizer_config = get_gguf_tokenizer(str(path))
     backend, extra = convert_gguf_tokenizer(architecture, tokenizer_dict)
     TokenizersBackend(tokenizer_object=backend, **tokenizer_config, **extra).save_pretrained(str(out))

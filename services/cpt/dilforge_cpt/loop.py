@@ -35,16 +35,17 @@ log = logging.getLogger("dilforge.cpt")
 @dataclass
 class TrainState:
     """The loop's position and results so far; saved as state.json in every checkpoint."""
-    step: int = 0                      # optimizer steps done, over both phases
-    phase: int = 1                     # the phase in progress (1 or 2)
-    step_in_phase: int = 0             # optimizer steps done in that phase
-    tokens_seen: int = 0               # training tokens consumed (global batch × seq_len per step)
+
+    step: int = 0  # optimizer steps done, over both phases
+    phase: int = 1  # the phase in progress (1 or 2)
+    step_in_phase: int = 0  # optimizer steps done in that phase
+    tokens_seen: int = 0  # training tokens consumed (global batch × seq_len per step)
     sampler: dict = field(default_factory=dict)  # MixtureSampler.state_dict() after the last step
-    last_loss: float | None = None     # training loss of the last step
+    last_loss: float | None = None  # training loss of the last step
     last_val: dict = field(default_factory=dict)  # the last validation row
     best_val_bpb: float | None = None  # the lowest validation BPB so far
     transplant: dict = field(default_factory=dict)  # the transplant report (step-0 BPB per initialisation)
-    history: list[dict] = field(default_factory=list)     # training rows (global rank 0)
+    history: list[dict] = field(default_factory=list)  # training rows (global rank 0)
     validation: list[dict] = field(default_factory=list)  # validation rows, step 0 first (global rank 0)
     leakage: list[dict] = field(default_factory=list)  # {step, sets: {set: leakage row}} at step 0 and each validation
 
@@ -86,8 +87,9 @@ class Trainable:
     """What one phase trains: the parameters, and row masks (1 = train) for vocabulary matrices of
     which only some rows train (phase 1 `new_rows`); masked rows get zero gradient, so AdamW (no
     weight decay there) leaves them bit-identical."""
+
     params: list[torch.nn.Parameter]
-    vocab_params: list[torch.nn.Parameter]   # embedding (and untied LM head): embedding_learning_rate applies
+    vocab_params: list[torch.nn.Parameter]  # embedding (and untied LM head): embedding_learning_rate applies
     row_masks: list[tuple[torch.nn.Parameter, torch.Tensor]] = field(default_factory=list)
 
 
@@ -118,6 +120,7 @@ def _row_mask(param: torch.nn.Parameter, new_rows: torch.Tensor) -> torch.Tensor
     mask = new_rows.to(device=param.device, dtype=param.dtype).reshape(-1, 1)
     if hasattr(param, "device_mesh"):  # FSDP2 DTensor: same mesh and placements as the parameter
         from torch.distributed.tensor import distribute_tensor
+
         full = mask.expand(-1, param.shape[1]).contiguous()
         return distribute_tensor(full, param.device_mesh, param.placements)
     return mask
@@ -131,14 +134,19 @@ def make_optimizer(trainable: Trainable, config: CptConfig, phase: Phase, fused:
     scale = (getattr(phase, "embedding_learning_rate", None) or phase.learning_rate) / phase.learning_rate
     groups = []
     for name, members, decay, lr_scale in (
-            ("matrices", [p for p in trainable.params if p.ndim >= 2 and id(p) not in vocab_ids],
-             phase.weight_decay, 1.0),
-            ("vocabulary", [p for p in trainable.params if id(p) in vocab_ids], phase.weight_decay, scale),
-            ("vectors", [p for p in trainable.params if p.ndim < 2], 0.0, 1.0)):
+        ("matrices", [p for p in trainable.params if p.ndim >= 2 and id(p) not in vocab_ids], phase.weight_decay, 1.0),
+        ("vocabulary", [p for p in trainable.params if id(p) in vocab_ids], phase.weight_decay, scale),
+        ("vectors", [p for p in trainable.params if p.ndim < 2], 0.0, 1.0),
+    ):
         if members:
             groups.append({"params": members, "weight_decay": decay, "lr_scale": lr_scale, "name": name})
-    return torch.optim.AdamW(groups, lr=phase.learning_rate, betas=(config.adam_beta1, config.adam_beta2), eps=config.adam_eps,
-                             fused=fused or None)
+    return torch.optim.AdamW(
+        groups,
+        lr=phase.learning_rate,
+        betas=(config.adam_beta1, config.adam_beta2),
+        eps=config.adam_eps,
+        fused=fused or None,
+    )
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
@@ -154,7 +162,9 @@ def lr_at(phase: Phase, step: int) -> float:
         return phase.learning_rate * (step + 1) / warmup
     span = max(1, phase.num_steps - warmup - 1)
     progress = min(1.0, (step - warmup) / span)
-    return phase.learning_rate * (phase.min_lr_ratio + (1 - phase.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+    return phase.learning_rate * (
+        phase.min_lr_ratio + (1 - phase.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+    )
 
 
 def grad_norm(model, max_norm: float | None) -> torch.Tensor:
@@ -179,14 +189,21 @@ def skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
 @dataclass(frozen=True)
 class StepResult:
     """One step's numbers, left on the device so the loop decides when to read them."""
-    loss: torch.Tensor   # mean loss over the global batch (fp32, 0-dim)
-    norm: torch.Tensor   # gradient norm before clipping (fp32, 0-dim)
-    ok: torch.Tensor     # bool: loss and norm finite (the same on every rank)
+
+    loss: torch.Tensor  # mean loss over the global batch (fp32, 0-dim)
+    norm: torch.Tensor  # gradient norm before clipping (fp32, 0-dim)
+    ok: torch.Tensor  # bool: loss and norm finite (the same on every rank)
 
 
-def run_step(model, optimizer, batches: list, rt: Runtime, max_grad_norm: float | None,
-             row_masks: list[tuple[torch.nn.Parameter, torch.Tensor]] = (),
-             skip: torch.Tensor | None = None) -> StepResult:
+def run_step(
+    model,
+    optimizer,
+    batches: list,
+    rt: Runtime,
+    max_grad_norm: float | None,
+    row_masks: list[tuple[torch.nn.Parameter, torch.Tensor]] = (),
+    skip: torch.Tensor | None = None,
+) -> StepResult:
     """Forward/backward over this rank's micro-batches, clip, and step unless the loss or gradient norm
     is non-finite (a finite bf16 loss can still come with inf/NaN gradients) or `skip` (a device bool)
     is set. Nothing here waits for the device when the optimizer skips on the device (fused AdamW,
@@ -212,6 +229,7 @@ def run_step(model, optimizer, batches: list, rt: Runtime, max_grad_norm: float 
         total += loss.detach().float()
     if rt.distributed and rt.world > 1:
         import torch.distributed as dist
+
         dist.all_reduce(total)
         total /= rt.world
     for param, mask in row_masks:
@@ -229,8 +247,14 @@ def run_step(model, optimizer, batches: list, rt: Runtime, max_grad_norm: float 
     return StepResult(total, norm, ok)
 
 
-def train_step(model, optimizer, batches: list, rt: Runtime, max_grad_norm: float | None,
-               row_masks: list[tuple[torch.nn.Parameter, torch.Tensor]] = ()) -> tuple[float, float]:
+def train_step(
+    model,
+    optimizer,
+    batches: list,
+    rt: Runtime,
+    max_grad_norm: float | None,
+    row_masks: list[tuple[torch.nn.Parameter, torch.Tensor]] = (),
+) -> tuple[float, float]:
     """`run_step` read back at once: (mean loss over the global batch, grad norm); for callers that
     want the numbers of every step (tests, the bench). A non-finite loss or norm leaves the model
     and optimizer as they were."""
@@ -246,17 +270,25 @@ def track_leakage(model, data: PackedData, setup: LoopSetup, state: TrainState, 
     (the caller then validates again, so the last validation row describes the model published)."""
     from .leakage import measure
     from .model_init import recalibrate
+
     config, rt, probe = setup.config, setup.rt, setup.leakage_probe
     rows = measure(model, probe, config, rt)
     entry: dict[str, Any] = {"step": step, "sets": rows}
-    over = {n: rows[n]["leakage"] for n in config.leakage_sets if rows[n]["leakage"] > (config.leakage_tolerance or math.inf)}
+    over = {
+        n: rows[n]["leakage"]
+        for n in config.leakage_sets
+        if rows[n]["leakage"] > (config.leakage_tolerance or math.inf)
+    }
     log.info("leakage at step %d: %s", step, ", ".join(f"{n}={r['leakage']:+.4f}" for n, r in rows.items()))
     if over:
         cal = recalibrate(model, probe.mapping, data, config, rt)
         entry["recalibrated"] = {"over": over, **cal.to_report()}
         entry["sets_after"] = measure(model, probe, config, rt)
-        log.info("leakage at step %d after re-calibration: %s", step,
-                 ", ".join(f"{n}={r['leakage']:+.4f}" for n, r in entry["sets_after"].items()))
+        log.info(
+            "leakage at step %d after re-calibration: %s",
+            step,
+            ", ".join(f"{n}={r['leakage']:+.4f}" for n, r in entry["sets_after"].items()),
+        )
     state.leakage.append(entry)
     return bool(over)
 
@@ -265,12 +297,13 @@ def track_leakage(model, data: PackedData, setup: LoopSetup, state: TrainState, 
 @dataclass(frozen=True)
 class LoopSetup:
     """What the loop needs besides the model, data and state; built once by the stage."""
+
     config: CptConfig
     rt: Runtime
-    checkpointer: Checkpointer           # everything resumable registered (resumable.register_resumables)
+    checkpointer: Checkpointer  # everything resumable registered (resumable.register_resumables)
     metrics: MetricsLog
-    stop_requested: Callable[[], bool]   # SIGTERM here or the launcher's stop file (checked on every rank)
-    flops_per_token: dict[int, float]   # per phase (phase 1 computes no weight gradients in the blocks)
+    stop_requested: Callable[[], bool]  # SIGTERM here or the launcher's stop file (checked on every rank)
+    flops_per_token: dict[int, float]  # per phase (phase 1 computes no weight gradients in the blocks)
     peak_flops: float | None
     leakage_probe: Any = None  # leakage.LeakageProbe: measured at every validation when set
 
@@ -284,22 +317,23 @@ def save(setup: LoopSetup, state: TrainState, model, optimizer) -> None:
 @dataclass(frozen=True)
 class Pending:
     """A step taken but not yet read back: what a rollback to just before it needs."""
+
     step: int
     lr: float
     sampler_before: dict
     result: StepResult
 
 
-def settle(pending: list[Pending], state: TrainState, setup: LoopSetup, model, optimizer,
-           index: int, tokens_per_step: int) -> list[tuple[float, float]]:
+def settle(
+    pending: list[Pending], state: TrainState, setup: LoopSetup, model, optimizer, index: int, tokens_per_step: int
+) -> list[tuple[float, float]]:
     """Read back the pending steps (one host sync) and return their (loss, norm).
 
     The first non-finite step latched the loop's device-side skip, so it and every step after it
     left the model and optimizer untouched: they hold the state after the step before it. The
     TrainState is rolled back to that step, checkpointed, and the run stops naming step/phase/lr.
     """
-    values = torch.stack([torch.stack([p.result.loss, p.result.norm, p.result.ok.float()])
-                          for p in pending]).tolist()
+    values = torch.stack([torch.stack([p.result.loss, p.result.norm, p.result.ok.float()]) for p in pending]).tolist()
     bad = next((i for i, (_, _, ok) in enumerate(values) if not ok), None)
     rows = [(loss, norm) for loss, norm, _ in values]
     if bad is None:
@@ -316,15 +350,19 @@ def settle(pending: list[Pending], state: TrainState, setup: LoopSetup, model, o
         setup.metrics.tick(loss)
     save(setup, state, model, optimizer)
     loss, norm = rows[bad]
-    what = (f"non-finite training loss ({loss})" if not math.isfinite(loss)
-            else f"non-finite gradient norm ({norm}; training loss {loss:.6g})")
-    raise DilforgeError(f"{what} at step {first.step} (phase {index}, lr {first.lr:g}); the optimizer "
-                        f"did not step; checkpoint saved at step {state.step}. Lower the phase's lr, "
-                        "raise num_warmup_steps, set max_grad_norm, or check the data")
+    what = (
+        f"non-finite training loss ({loss})"
+        if not math.isfinite(loss)
+        else f"non-finite gradient norm ({norm}; training loss {loss:.6g})"
+    )
+    raise DilforgeError(
+        f"{what} at step {first.step} (phase {index}, lr {first.lr:g}); the optimizer "
+        f"did not step; checkpoint saved at step {state.step}. Lower the phase's lr, "
+        "raise num_warmup_steps, set max_grad_norm, or check the data"
+    )
 
 
-def train_loop(training, data: PackedData, val: list[ValidationSet], state: TrainState,
-               setup: LoopSetup) -> TrainState:
+def train_loop(training, data: PackedData, val: list[ValidationSet], state: TrainState, setup: LoopSetup) -> TrainState:
     """Resume every registered component from the newest good checkpoint (`setup.checkpointer.load()`, a no-op
     on a fresh run), then phase 1 and phase 2 from `state`. `training` is the `resumable.TrainingModel`: the model
     and the optimizer of the phase in progress.
@@ -348,13 +386,24 @@ def train_loop(training, data: PackedData, val: list[ValidationSet], state: Trai
                 state.phase, state.step_in_phase = index, 0
             rows = training.rows(index)
             trainable, optimizer = training.start_phase(index)
-            what = "all parameters" if index == 2 else "embeddings + LM head" if rows is None else \
-                f"the {int(rows.sum())} new rows of the embeddings + LM head"
-            log.info("phase %d: %d steps at lr %g (%s); host syncs on log steps only: %s", index, phase.num_steps,
-                     phase.learning_rate, what, skips_on_device(optimizer))
+            what = (
+                "all parameters"
+                if index == 2
+                else "embeddings + LM head"
+                if rows is None
+                else f"the {int(rows.sum())} new rows of the embeddings + LM head"
+            )
+            log.info(
+                "phase %d: %d steps at lr %g (%s); host syncs on log steps only: %s",
+                index,
+                phase.num_steps,
+                phase.learning_rate,
+                what,
+                skips_on_device(optimizer),
+            )
             memory.start_phase()
             step_time, step_tokens = 0.0, 0
-            skip = torch.zeros((), dtype=torch.bool, device=rt.device)   # latched by the first bad step
+            skip = torch.zeros((), dtype=torch.bool, device=rt.device)  # latched by the first bad step
             pending: list[Pending] = []
             while state.step_in_phase < phase.num_steps:
                 lr = lr_at(phase, state.step_in_phase)
@@ -369,8 +418,9 @@ def train_loop(training, data: PackedData, val: list[ValidationSet], state: Trai
                 state.tokens_seen += tokens_per_step
                 state.sampler = item.sampler_after
                 step = state.step
-                log_now = step % config.log_every == 0 or step == config.num_steps or \
-                    state.step_in_phase == phase.num_steps
+                log_now = (
+                    step % config.log_every == 0 or step == config.num_steps or state.step_in_phase == phase.num_steps
+                )
                 eval_now = step % config.eval_every == 0 or step == config.num_steps
                 stopping = rt.any(setup.stop_requested())
                 checkpoint_now = step % config.checkpoint_every == 0 or stopping
@@ -390,20 +440,30 @@ def train_loop(training, data: PackedData, val: list[ValidationSet], state: Trai
                 if log_now:
                     tps = step_tokens / step_time if step_time else 0.0
                     fpt = setup.flops_per_token[index]
-                    row = metrics.record(step, {
-                        "phase": index, "loss": loss, "lr": lr, "grad_norm": norm, "tokens_per_s": tps,
-                        "tokens_per_s_per_device": tps / rt.world,
-                        "mfu": (tps / rt.world) * fpt / setup.peak_flops if setup.peak_flops else None,
-                        "peak_memory_gb": memory.training_gb(),
-                    })
+                    row = metrics.record(
+                        step,
+                        {
+                            "phase": index,
+                            "loss": loss,
+                            "lr": lr,
+                            "grad_norm": norm,
+                            "tokens_per_s": tps,
+                            "tokens_per_s_per_device": tps / rt.world,
+                            "mfu": (tps / rt.world) * fpt / setup.peak_flops if setup.peak_flops else None,
+                            "peak_memory_gb": memory.training_gb(),
+                        },
+                    )
                     if row is not None:
                         state.history.append(row)
                     step_time, step_tokens = 0.0, 0
                 if eval_now:
                     with memory.evaluating() as eval_memory:
                         result_row = evaluate(model, val, config, rt)
-                    state.add_validation(metrics.record(step, {**result_row, "eval_peak_memory_gb": eval_memory["gb"]},
-                                                        kind="validation"))
+                    state.add_validation(
+                        metrics.record(
+                            step, {**result_row, "eval_peak_memory_gb": eval_memory["gb"]}, kind="validation"
+                        )
+                    )
                     if setup.leakage_probe is not None and track_leakage(model, data, setup, state, step):
                         state.add_validation(metrics.record(step, evaluate(model, val, config, rt), kind="validation"))
                 if checkpoint_now:

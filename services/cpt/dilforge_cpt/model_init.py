@@ -37,8 +37,8 @@ def base_model_source(config: CptConfig, ctx: StageContext) -> Choice | None:
 
 @dataclass(frozen=True)
 class BaseModel:
-    path: Path    # the local HF folder
-    source: str   # what the user named, for error messages
+    path: Path  # the local HF folder
+    source: str  # what the user named, for error messages
 
 
 def locate_base_model(config: CptConfig, ctx: StageContext, rt: Runtime) -> BaseModel | None:
@@ -51,8 +51,10 @@ def locate_base_model(config: CptConfig, ctx: StageContext, rt: Runtime) -> Base
     cache = ctx.opt.root / "base_model"
 
     def find():
-        return resolve(ctx.input(choice.input) if choice.input else uri, "model", endpoint_url=ctx.endpoint_url,
-                       cache_dir=cache)
+        return resolve(
+            ctx.input(choice.input) if choice.input else uri, "model", endpoint_url=ctx.endpoint_url, cache_dir=cache
+        )
+
     try:
         found = find() if rt.local_rank == 0 else None
         rt.barrier()
@@ -65,6 +67,7 @@ def locate_base_model(config: CptConfig, ctx: StageContext, rt: Runtime) -> Base
 @dataclass
 class PendingTransplant:
     """A base model resized to the new vocabulary whose new rows are not written yet."""
+
     base_rows: dict[str, torch.Tensor]
     mapping: transplant.VocabMapping
     report: dict
@@ -75,13 +78,23 @@ class PendingTransplant:
 
 def scratch_model(config: CptConfig, vocab: int, ids: TokenIds):
     from transformers import LlamaConfig, LlamaForCausalLM
+
     s = config.scratch_model
     assert s is not None
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=s.hidden_size, intermediate_size=s.intermediate_size,
-                      num_hidden_layers=s.num_hidden_layers, num_attention_heads=s.num_attention_heads,
-                      num_key_value_heads=s.num_key_value_heads, max_position_embeddings=s.max_position_embeddings,
-                      rope_theta=s.rope_theta, tie_word_embeddings=s.tie_word_embeddings,
-                      bos_token_id=ids.bos, eos_token_id=ids.doc_end, pad_token_id=ids.pad)
+    cfg = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=s.hidden_size,
+        intermediate_size=s.intermediate_size,
+        num_hidden_layers=s.num_hidden_layers,
+        num_attention_heads=s.num_attention_heads,
+        num_key_value_heads=s.num_key_value_heads,
+        max_position_embeddings=s.max_position_embeddings,
+        rope_theta=s.rope_theta,
+        tie_word_embeddings=s.tie_word_embeddings,
+        bos_token_id=ids.bos,
+        eos_token_id=ids.doc_end,
+        pad_token_id=ids.pad,
+    )
     torch.manual_seed(config.seed)
     return LlamaForCausalLM(cfg)
 
@@ -93,21 +106,28 @@ def load_model(config: CptConfig, base: BaseModel | None, tok: Tokenizer, ids: T
         model = scratch_model(config, vocab, ids).to(rt.device)
         return model, None, {"method": "none", "reason": "scratch model on the stage's tokenizer"}
     if not (base.path / "tokenizer.json").is_file():
-        raise InputError("base_model: no tokenizer.json beside the weights (needed to compare vocabularies)",
-                         path=base.source)
+        raise InputError(
+            "base_model: no tokenizer.json beside the weights (needed to compare vocabularies)", path=base.source
+        )
     base_tok = load_tokenizer(base.path)
     same = transplant.same_vocab(base_tok, tok)
     if not same and config.transplant == "none":
         raise InputError(
             f"the tokenizer artifact ({vocab} tokens) differs from the base model's tokenizer "
             f"({base_tok.get_vocab_size(with_added_tokens=True)} tokens) and transplant is 'none'; set transplant "
-            "to mean_of_pieces (or mean_of_all / random) or use the base model's tokenizer", path=base.source)
+            "to mean_of_pieces (or mean_of_all / random) or use the base model's tokenizer",
+            path=base.source,
+        )
     from transformers import AutoModelForCausalLM
+
     model = AutoModelForCausalLM.from_pretrained(str(base.path), dtype=torch.float32, trust_remote_code=False)
     if same:
         if model.get_input_embeddings().weight.shape[0] < vocab:
-            raise InputError(f"base_model: embedding has {model.get_input_embeddings().weight.shape[0]} rows, "
-                             f"fewer than the tokenizer's {vocab} tokens", path=base.source)
+            raise InputError(
+                f"base_model: embedding has {model.get_input_embeddings().weight.shape[0]} rows, "
+                f"fewer than the tokenizer's {vocab} tokens",
+                path=base.source,
+            )
         return model.to(rt.device), None, {"method": "none", "reason": "same tokenizer as the base model"}
     mapping = transplant.build_mapping(base_tok, tok)
     rows = transplant.prepare(model, vocab)
@@ -118,14 +138,21 @@ def load_model(config: CptConfig, base: BaseModel | None, tok: Tokenizer, ids: T
     if getattr(model, "generation_config", None) is not None:
         model.generation_config.bos_token_id, model.generation_config.eos_token_id = ids.bos, ids.doc_end
         model.generation_config.pad_token_id = ids.pad
-    report = {"method": config.transplant, "num_kept": mapping.num_kept, "num_new": vocab - mapping.num_kept,
-              "base_vocab_size": base_tok.get_vocab_size(with_added_tokens=True), "new_vocab_size": vocab,
-              "tied": tied and not config.untie_embeddings, "untied_here": tied and config.untie_embeddings}
+    report = {
+        "method": config.transplant,
+        "num_kept": mapping.num_kept,
+        "num_new": vocab - mapping.num_kept,
+        "base_vocab_size": base_tok.get_vocab_size(with_added_tokens=True),
+        "new_vocab_size": vocab,
+        "tied": tied and not config.untie_embeddings,
+        "untied_here": tied and config.untie_embeddings,
+    }
     return model.to(rt.device), PendingTransplant(rows, mapping, report, base_tok), report
 
 
-def new_row_mask(config: CptConfig, pending: PendingTransplant | None, vocab: int, scratch: bool
-                 ) -> torch.Tensor | None:
+def new_row_mask(
+    config: CptConfig, pending: PendingTransplant | None, vocab: int, scratch: bool
+) -> torch.Tensor | None:
     """For phase 1 `new_rows`: True for rows of tokens the base model did not have (all rows of a
     scratch model); None when phase 1 trains whole matrices."""
     if config.phase1.trainable != "new_rows" or config.phase1.num_steps == 0:
@@ -133,8 +160,10 @@ def new_row_mask(config: CptConfig, pending: PendingTransplant | None, vocab: in
     if pending is None:
         if scratch:
             return torch.ones(vocab, dtype=torch.bool)
-        raise ConfigError("phase1.trainable: new_rows, but the tokenizer equals the base model's: there are no new "
-                          "rows to train (use trainable: embeddings or a new tokenizer)")
+        raise ConfigError(
+            "phase1.trainable: new_rows, but the tokenizer equals the base model's: there are no new "
+            "rows to train (use trainable: embeddings or a new tokenizer)"
+        )
     return torch.tensor([k < 0 for k in pending.mapping.kept], dtype=torch.bool)
 
 
@@ -158,8 +187,9 @@ def sample_hidden(model, data: PackedData, config: CptConfig, rt: Runtime) -> tr
     x = torch.from_numpy(np.stack(windows)).to(rt.device)
     hidden = final_hidden(model, x, config.micro_batch_size, rt)
     positions = x.shape[1] - 1
-    return transplant.Sample(hidden, x[:, 1:].reshape(-1).cpu(),
-                             torch.tensor(flags, dtype=torch.bool).repeat_interleave(positions))
+    return transplant.Sample(
+        hidden, x[:, 1:].reshape(-1).cpu(), torch.tensor(flags, dtype=torch.bool).repeat_interleave(positions)
+    )
 
 
 @torch.no_grad()
@@ -168,19 +198,21 @@ def final_hidden(model, x: torch.Tensor, batch_size: int, rt: Runtime) -> torch.
     The model's own forward runs (logits_to_keep=1) with a hook on its decoder, so FSDP2's root hooks
     gather the embedding and norm as in training."""
     from dilforge_shared.bpb import _reshard
+
     out: list[torch.Tensor] = []
     decoder = model.get_decoder()
 
     def grab(module, args, output):
         hidden = output[0] if isinstance(output, tuple) else output.last_hidden_state
         out.append(hidden[:, :-1].float().reshape(-1, hidden.shape[-1]).cpu())
+
     was_training = model.training
     model.eval()
     handle = decoder.register_forward_hook(grab)
     try:
         with rt.autocast():
             for k in range(0, len(x), batch_size):
-                model(input_ids=x[k:k + batch_size], logits_to_keep=1)
+                model(input_ids=x[k : k + batch_size], logits_to_keep=1)
     finally:
         handle.remove()
         if was_training:
@@ -190,26 +222,39 @@ def final_hidden(model, x: torch.Tensor, batch_size: int, rt: Runtime) -> torch.
     return torch.cat(out)
 
 
-def calibrate(model, pending: PendingTransplant, data: PackedData, config: CptConfig, rt: Runtime,
-              seed: int) -> transplant.Calibration:
+def calibrate(
+    model, pending: PendingTransplant, data: PackedData, config: CptConfig, rt: Runtime, seed: int
+) -> transplant.Calibration:
     """The directions and offsets of the calibrated methods, fitted once on hidden states of the
     mean-of-pieces model (which `model` holds afterwards)."""
     if pending.calibration is None:
         transplant.transplant(model, pending.base_rows, pending.mapping, "mean_of_pieces", seed)
         sample = sample_hidden(model, data, config, rt)
         const, retain = transplant.fit_directions(sample.hidden, sample.is_retain if config.retain_corpora else None)
-        cal = transplant.fit_offsets(sample, model.get_output_embeddings().weight.detach().cpu(), pending.mapping,
-                                     const, retain)
+        cal = transplant.fit_offsets(
+            sample, model.get_output_embeddings().weight.detach().cpu(), pending.mapping, const, retain
+        )
         pending.calibration = cal
-        pending.report["calibration"] = {**cal.to_report(), "num_positions": len(sample.targets),
-                                         "num_retain_positions": int(sample.is_retain.sum())}
-        log.info("calibration on %d sampled positions (%d retain): alpha=%.3f beta=%.3f gamma=%.3f |b|=%.3f",
-                 len(sample.targets), int(sample.is_retain.sum()), cal.alpha, cal.beta, cal.gamma, cal.const.norm())
+        pending.report["calibration"] = {
+            **cal.to_report(),
+            "num_positions": len(sample.targets),
+            "num_retain_positions": int(sample.is_retain.sum()),
+        }
+        log.info(
+            "calibration on %d sampled positions (%d retain): alpha=%.3f beta=%.3f gamma=%.3f |b|=%.3f",
+            len(sample.targets),
+            int(sample.is_retain.sum()),
+            cal.alpha,
+            cal.beta,
+            cal.gamma,
+            cal.const.norm(),
+        )
     return pending.calibration
 
 
-def recalibrate(model, mapping: transplant.VocabMapping, data: PackedData, config: CptConfig, rt: Runtime
-                ) -> transplant.Calibration:
+def recalibrate(
+    model, mapping: transplant.VocabMapping, data: PackedData, config: CptConfig, rt: Runtime
+) -> transplant.Calibration:
     """The loop's counter-measure against leakage that returns during training: the calibrated offsets
     fitted again, from zero, on the current model's hidden states and added to its trained new output
     rows (the LM head, or the tied matrix). Every rank computes the same (deterministic) fit."""
@@ -223,16 +268,28 @@ def recalibrate(model, mapping: transplant.VocabMapping, data: PackedData, confi
     with torch.no_grad():
         if hasattr(head, "device_mesh"):  # FSDP2: write each rank's shard of the new matrix
             from torch.distributed.tensor import distribute_tensor
+
             head.copy_(distribute_tensor(moved, head.device_mesh, head.placements))
         else:
             head.copy_(moved)
-    log.info("leakage counter-measure: new output rows re-calibrated (alpha=%.3f beta=%.3f gamma=%.3f)",
-             cal.alpha, cal.beta, cal.gamma)
+    log.info(
+        "leakage counter-measure: new output rows re-calibrated (alpha=%.3f beta=%.3f gamma=%.3f)",
+        cal.alpha,
+        cal.beta,
+        cal.gamma,
+    )
     return cal
 
 
-def apply_transplant(model, pending: PendingTransplant, method: str, seed: int, data: PackedData | None = None,
-                     config: CptConfig | None = None, rt: Runtime | None = None) -> None:
+def apply_transplant(
+    model,
+    pending: PendingTransplant,
+    method: str,
+    seed: int,
+    data: PackedData | None = None,
+    config: CptConfig | None = None,
+    rt: Runtime | None = None,
+) -> None:
     cal = None
     if method in transplant.CALIBRATED:
         if data is None or config is None or rt is None:
@@ -243,9 +300,16 @@ def apply_transplant(model, pending: PendingTransplant, method: str, seed: int, 
     transplant.transplant(model, pending.base_rows, pending.mapping, method, seed, calibration=cal)
 
 
-def compare_initialisations(model, pending: PendingTransplant, val, config: CptConfig, rt: Runtime,
-                            data: PackedData | None = None, probe: leakage.LeakageProbe | None = None,
-                            methods: list[str] | None = None) -> dict[str, float]:
+def compare_initialisations(
+    model,
+    pending: PendingTransplant,
+    val,
+    config: CptConfig,
+    rt: Runtime,
+    data: PackedData | None = None,
+    probe: leakage.LeakageProbe | None = None,
+    methods: list[str] | None = None,
+) -> dict[str, float]:
     """Step-0 validation of every initialisation (the trained one last, so the model ends with its
     rows); each measured once, with the leakage measure (`leakage.py`) when there is a probe. Returns
     the trained initialisation's result (the run's step 0)."""
@@ -262,9 +326,15 @@ def compare_initialisations(model, pending: PendingTransplant, val, config: CptC
         if probe is not None:
             pending.step0_leakage = leakage.measure(model, probe, config, rt)
             table[method] = leakage.step0_row(bpb_by_set(result), pending.step0_leakage)
-            log.info("transplant %s: step-0 leakage %s", method, ", ".join(
-                f"{name} base tokenisation ×{r['base_tokenization_vs_base']:.4f} extended ×{r['extended_vs_base']:.4f}"
-                for name, r in table[method].items() if "bpb_base_model" in r))
+            log.info(
+                "transplant %s: step-0 leakage %s",
+                method,
+                ", ".join(
+                    f"{name} base tokenisation ×{r['base_tokenization_vs_base']:.4f} extended ×{r['extended_vs_base']:.4f}"
+                    for name, r in table[method].items()
+                    if "bpb_base_model" in r
+                ),
+            )
     if table:
         pending.report["step0_leakage"] = table
         if rt.is_main:

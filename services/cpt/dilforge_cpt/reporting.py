@@ -23,9 +23,18 @@ log = logging.getLogger("dilforge.cpt")
 # reports it (NVIDIA datasheets), for MFU. The first entry whose key is in the name wins, so variants
 # come before their family; override with cpt.peak_tflops_per_device.
 PEAK_TFLOPS: tuple[tuple[str, float], ...] = (
-    ("GH200", 989.0), ("H200 NVL", 835.0), ("H200", 989.0),                       # H200 SXM
-    ("H100 NVL", 835.0), ("H100 PCIe", 756.0), ("H100", 989.0), ("H800", 989.0),  # H100 SXM (HBM3)
-    ("A100", 312.0), ("A800", 312.0), ("L40S", 362.0), ("L4", 121.0), ("B200", 2250.0),
+    ("GH200", 989.0),
+    ("H200 NVL", 835.0),
+    ("H200", 989.0),  # H200 SXM
+    ("H100 NVL", 835.0),
+    ("H100 PCIe", 756.0),
+    ("H100", 989.0),
+    ("H800", 989.0),  # H100 SXM (HBM3)
+    ("A100", 312.0),
+    ("A800", 312.0),
+    ("L40S", 362.0),
+    ("L4", 121.0),
+    ("B200", 2250.0),
 )
 
 
@@ -112,8 +121,9 @@ class Progress:
     """A pass over `total` units with an ETA, on global rank 0: a tqdm bar when stderr is a TTY, else a
     log line at most every `every_s` seconds (so short passes stay quiet and long ones show an ETA)."""
 
-    def __init__(self, desc: str, total: int, rt: Runtime, unit: str = "batches", initial: int = 0,
-                 every_s: float = 30.0):
+    def __init__(
+        self, desc: str, total: int, rt: Runtime, unit: str = "batches", initial: int = 0, every_s: float = 30.0
+    ):
         self.desc, self.total, self.unit, self.every_s = desc, total, unit, every_s
         self.done = self.start_done = initial
         self.active = rt.is_main
@@ -121,6 +131,7 @@ class Progress:
         self.t0 = self.last = time.monotonic()
         if self.active and sys.stderr.isatty():
             from tqdm import tqdm
+
             self.bar = tqdm(total=total, initial=initial, desc=desc, unit=unit, leave=False)
 
     def set_total(self, total: int) -> None:
@@ -145,8 +156,17 @@ class Progress:
             rate = (self.done - self.start_done) / max(now - self.t0, 1e-9)
             eta = (self.total - self.done) / rate if rate else float("inf")
             extra = "".join(f" {k}={_fmt(v)}" for k, v in postfix.items())
-            log.info("%s: %d/%d %s (%.0f%%), %.0f s elapsed, ETA %.0f s%s", self.desc, self.done, self.total,
-                     self.unit, 100 * self.done / max(self.total, 1), now - self.t0, eta, extra)
+            log.info(
+                "%s: %d/%d %s (%.0f%%), %.0f s elapsed, ETA %.0f s%s",
+                self.desc,
+                self.done,
+                self.total,
+                self.unit,
+                100 * self.done / max(self.total, 1),
+                now - self.t0,
+                eta,
+                extra,
+            )
 
     def write(self, text: str) -> None:
         if self.bar is not None:
@@ -170,6 +190,7 @@ class MetricsLog:
         if rt.is_main and tb_dir is not None:
             try:
                 from torch.utils.tensorboard import SummaryWriter
+
                 self.writer = SummaryWriter(str(tb_dir))
             except ImportError:
                 log.warning("tensorboard not installed: no TensorBoard logs")

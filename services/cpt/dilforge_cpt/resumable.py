@@ -34,11 +34,13 @@ class TrainingModel:
     def start_phase(self, index: int):
         """(Trainable, optimizer) of phase `index`, built once."""
         from .loop import make_optimizer, set_trainable
+
         if self.phase != index:
             phase = self.config.phase1 if index == 1 else self.config.phase2
             self.trainable = set_trainable(self.model, index, self.rows(index))
-            self.optimizer = make_optimizer(self.trainable, self.config, phase,
-                                            fused=self.rt.device.type in ("cuda", "cpu"))
+            self.optimizer = make_optimizer(
+                self.trainable, self.config, phase, fused=self.rt.device.type in ("cuda", "cpu")
+            )
             self.phase = index
         return self.trainable, self.optimizer
 
@@ -51,8 +53,13 @@ class TrainingModel:
 
     def load_state_dict(self, saved: dict) -> None:
         from torch.distributed.checkpoint.state_dict import set_state_dict
-        set_state_dict(self.model, self.optimizer, model_state_dict=saved["model"],
-                       optim_state_dict={"state": saved["optim"]["state"], "param_groups": self._param_groups})
+
+        set_state_dict(
+            self.model,
+            self.optimizer,
+            model_state_dict=saved["model"],
+            optim_state_dict={"state": saved["optim"]["state"], "param_groups": self._param_groups},
+        )
 
 
 class SamplerPosition:

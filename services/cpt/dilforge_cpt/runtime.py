@@ -26,6 +26,7 @@ warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavai
 @dataclass(frozen=True)
 class Runtime:
     """This process's place in the run. `fsdp` is decided here, before the model exists."""
+
     rank: int = 0
     world: int = 1
     local_rank: int = 0
@@ -75,6 +76,7 @@ class Runtime:
             stack.enter_context(torch.autocast(self.device.type, dtype=torch.bfloat16))
         if self.sdpa_backends:
             from torch.nn.attention import SDPBackend, sdpa_kernel
+
             stack.enter_context(sdpa_kernel([getattr(SDPBackend, b) for b in self.sdpa_backends], set_priority=True))
         return stack
 
@@ -105,34 +107,54 @@ def init_runtime(config: CptConfig) -> Runtime:
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world))) or 1
     node = int(os.environ.get("GROUP_RANK", str(rank // local_world)))
     if world > 1 and config.fsdp == "off":
-        raise ConfigError("fsdp: 'off' needs a single process; this run has "
-                          f"{world} (num_processes_per_node × hosts)")
+        raise ConfigError(f"fsdp: 'off' needs a single process; this run has {world} (num_processes_per_node × hosts)")
     fsdp = config.fsdp == "on" or (config.fsdp == "auto" and (world > 1 or cuda))
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
     backend = config.distributed_backend if config.distributed_backend != "auto" else ("nccl" if cuda else "gloo")
     if distributed:
-        dist.init_process_group(backend, timeout=timedelta(minutes=30),
-                                device_id=device if backend == "nccl" else None)
+        dist.init_process_group(backend, timeout=timedelta(minutes=30), device_id=device if backend == "nccl" else None)
     elif fsdp:
         # One process with FSDP2: a one-rank group, so a single GPU computes in bf16 with fp32 master
         # weights (MixedPrecisionPolicy) through the same code path as many GPUs.
         store = dist.FileStore(tempfile.mkstemp(prefix="dilforge-cpt-pg-")[1], 1)
-        dist.init_process_group(backend, store=store, rank=0, world_size=1, timeout=timedelta(minutes=30),
-                                device_id=device if backend == "nccl" else None)
+        dist.init_process_group(
+            backend,
+            store=store,
+            rank=0,
+            world_size=1,
+            timeout=timedelta(minutes=30),
+            device_id=device if backend == "nccl" else None,
+        )
         distributed = True
     dtype = policy.torch_dtype()
     torch.manual_seed(config.seed)
     measurements, source = runtime_policy.load_attention_table()
     backends, reason = runtime_policy.choose_sdpa_backends(
-        policy.device, torch.cuda.get_device_name(device) if cuda else None,
-        runtime_policy.available_sdpa_backends(), measurements, source)
+        policy.device,
+        torch.cuda.get_device_name(device) if cuda else None,
+        runtime_policy.available_sdpa_backends(),
+        measurements,
+        source,
+    )
     if rank == 0:
-        logging.getLogger("dilforge.cpt").info("attention: sdpa backends %s (%s)",
-                                               ", ".join(backends) or "torch default", reason)
-    return Runtime(rank, world, local_rank, device, dtype, distributed, fsdp=fsdp, node=node,
-                   num_nodes=max(1, world // local_world), sdpa_backends=backends, sdpa_reason=reason)
+        logging.getLogger("dilforge.cpt").info(
+            "attention: sdpa backends %s (%s)", ", ".join(backends) or "torch default", reason
+        )
+    return Runtime(
+        rank,
+        world,
+        local_rank,
+        device,
+        dtype,
+        distributed,
+        fsdp=fsdp,
+        node=node,
+        num_nodes=max(1, world // local_world),
+        sdpa_backends=backends,
+        sdpa_reason=reason,
+    )
 
 
 def shutdown(rt: Runtime) -> None:

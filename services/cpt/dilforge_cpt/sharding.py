@@ -67,9 +67,14 @@ def _process_wide_targets() -> list[tuple[object, str]]:
     """Every process-wide name apply_liger_kernel_to_llama may rebind."""
     from transformers.loss import loss_utils
     from transformers.models.llama import modeling_llama
-    return [(modeling_llama, "apply_rotary_pos_emb"), (modeling_llama, "LlamaRMSNorm"),
-            (modeling_llama, "LlamaMLP"), (modeling_llama.LlamaForCausalLM, "forward"),
-            (loss_utils.nn.functional, "cross_entropy")]
+
+    return [
+        (modeling_llama, "apply_rotary_pos_emb"),
+        (modeling_llama, "LlamaRMSNorm"),
+        (modeling_llama, "LlamaMLP"),
+        (modeling_llama.LlamaForCausalLM, "forward"),
+        (loss_utils.nn.functional, "cross_entropy"),
+    ]
 
 
 def patch_liger(model, kernels: dict[str, bool], apply=None) -> LigerPatch:
@@ -78,12 +83,15 @@ def patch_liger(model, kernels: dict[str, bool], apply=None) -> LigerPatch:
     if apply is None:
         from liger_kernel.transformers import apply_liger_kernel_to_llama as apply
     targets = _process_wide_targets()
-    saved = [(owner, name, vars(owner).get(name, _ABSENT) if isinstance(owner, type) else getattr(owner, name))
-             for owner, name in targets]
+    saved = [
+        (owner, name, vars(owner).get(name, _ABSENT) if isinstance(owner, type) else getattr(owner, name))
+        for owner, name in targets
+    ]
     apply(cross_entropy=False, model=model, **kernels)
     keep = {"apply_rotary_pos_emb"}  # read at call time by the instance's attention: undone by undo()
-    patch = LigerPatch(sorted(name for name, on in kernels.items() if on),
-                       [entry for entry in saved if entry[1] in keep])
+    patch = LigerPatch(
+        sorted(name for name, on in kernels.items() if on), [entry for entry in saved if entry[1] in keep]
+    )
     LigerPatch([], [entry for entry in saved if entry[1] not in keep]).undo()
     return patch
 
@@ -110,8 +118,10 @@ LIGER_FUNCTIONS = {  # kernel name -> (module, autograd Function) whose calls pr
     "rope": ("liger_kernel.ops.rope", "LigerRopeFunction"),
     "rms_norm": ("liger_kernel.ops.rms_norm", "LigerRMSNormFunction"),
     "swiglu": ("liger_kernel.ops.swiglu", "LigerSiLUMulFunction"),
-    "fused_linear_cross_entropy": ("liger_kernel.ops.fused_linear_cross_entropy",
-                                   "LigerFusedLinearCrossEntropyFunction"),
+    "fused_linear_cross_entropy": (
+        "liger_kernel.ops.fused_linear_cross_entropy",
+        "LigerFusedLinearCrossEntropyFunction",
+    ),
 }
 
 
@@ -128,6 +138,7 @@ def counting_calls(functions: dict[str, type]):
         def counted(*a, _name=name, _original=original, **k):
             counts[_name] += 1
             return _original(*a, **k)
+
         cls.apply = staticmethod(counted)
     try:
         yield counts
@@ -161,8 +172,9 @@ def apply_liger(model, config: CptConfig, rt: Runtime) -> LigerPatch:
 CPU_MAX_MICRO_BATCH = 8  # CPU memory is not the limit; past a few sequences a bigger batch buys no speed
 
 
-def training_bytes(model_config, num_params: int, seq_len: int, world: int, checkpointing: bool,
-                   fused_loss: bool) -> tuple[float, float]:
+def training_bytes(
+    model_config, num_params: int, seq_len: int, world: int, checkpointing: bool, fused_loss: bool
+) -> tuple[float, float]:
     """(bytes of model state per rank, activation bytes per sequence): an estimate, for picking a micro-batch.
 
     State: fp32 weights + fp32 gradients + AdamW's two fp32 moments (16 B/param, sharded over the ranks)
@@ -180,8 +192,9 @@ def training_bytes(model_config, num_params: int, seq_len: int, world: int, chec
     return state, activations + loss
 
 
-def resolve_micro_batch(config: CptConfig, rt: Runtime, model_config, num_params: int,
-                        free_bytes: float | None = None) -> tuple[int, str]:
+def resolve_micro_batch(
+    config: CptConfig, rt: Runtime, model_config, num_params: int, free_bytes: float | None = None
+) -> tuple[int, str]:
     """micro_batch_size: auto -> (the largest divisor of global_batch_size / processes that fits, why).
 
     CUDA: free device memory (less 15 % for the allocator's fragmentation and the step's transients)
@@ -189,8 +202,10 @@ def resolve_micro_batch(config: CptConfig, rt: Runtime, model_config, num_params
     if config.micro_batch_size != "auto":
         return config.micro_batch_size, "set by cpt.micro_batch_size"
     if config.global_batch_size % rt.world:
-        raise ConfigError(f"cpt.global_batch_size ({config.global_batch_size}) must be a multiple of the "
-                          f"number of processes ({rt.world})")
+        raise ConfigError(
+            f"cpt.global_batch_size ({config.global_batch_size}) must be a multiple of the "
+            f"number of processes ({rt.world})"
+        )
     per_rank = config.global_batch_size // rt.world
     divisors = [d for d in range(1, per_rank + 1) if per_rank % d == 0]
     if not rt.cuda:
@@ -198,15 +213,20 @@ def resolve_micro_batch(config: CptConfig, rt: Runtime, model_config, num_params
         return best, f"auto on CPU: the largest divisor of {per_rank} sequences per process up to {CPU_MAX_MICRO_BATCH}"
     if free_bytes is None:
         free_bytes = float(torch.cuda.mem_get_info(rt.device)[0])
-    fused = runtime_policy.choose_liger(config.liger, rt.device.type, model_config.model_type) and \
-        liger_kernels(config)["fused_linear_cross_entropy"]
-    state, per_seq = training_bytes(model_config, num_params, config.seq_len, rt.world,
-                                    config.activation_checkpointing == "on", fused)
+    fused = (
+        runtime_policy.choose_liger(config.liger, rt.device.type, model_config.model_type)
+        and liger_kernels(config)["fused_linear_cross_entropy"]
+    )
+    state, per_seq = training_bytes(
+        model_config, num_params, config.seq_len, rt.world, config.activation_checkpointing == "on", fused
+    )
     fits = int((0.85 * free_bytes - state) // per_seq)
     best = max([d for d in divisors if d <= fits], default=1)
-    return best, (f"auto from the memory estimate: {free_bytes / 2**30:.0f} GiB free, {state / 2**30:.1f} GiB model "
-                  f"state, {per_seq / 2**30:.2f} GiB per sequence -> {max(fits, 0)} fit; largest divisor of "
-                  f"{per_rank}: {best}")
+    return best, (
+        f"auto from the memory estimate: {free_bytes / 2**30:.0f} GiB free, {state / 2**30:.1f} GiB model "
+        f"state, {per_seq / 2**30:.2f} GiB per sequence -> {max(fits, 0)} fit; largest divisor of "
+        f"{per_rank}: {best}"
+    )
 
 
 def fsdp_options(rt: Runtime) -> dict:
@@ -229,8 +249,12 @@ def shard_model(model, config: CptConfig, rt: Runtime):
     model.to(rt.device)
     if rt.fsdp:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
-            if rt.dtype == torch.bfloat16 else MixedPrecisionPolicy()
+
+        mp = (
+            MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            if rt.dtype == torch.bfloat16
+            else MixedPrecisionPolicy()
+        )
         options = fsdp_options(rt)
         for layer in layers:
             fully_shard(layer, mp_policy=mp, **options)
@@ -243,6 +267,7 @@ def save_hf_model(model, out_dir: Path, save_dtype: torch.dtype, rt: Runtime) ->
     """Gather the full state dict (collective) and save a plain HF model from rank 0."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     from transformers import AutoModelForCausalLM
+
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if not rt.is_main:
         return

@@ -63,8 +63,13 @@ log = logging.getLogger("dilforge.cpt")
 RESULT_FILE = "cpt-result.json"
 STOP_FILE = "cpt-stop"  # in /opt/ml/output: the launcher's "checkpoint and exit" request to its workers
 STOP_GRACE_S = 110.0  # SageMaker SIGKILLs 120 s after SIGTERM; torchrun is signalled only after this
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
-                   "added_tokens.json")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "added_tokens.json",
+)
 
 
 # ---- entry points --------------------------------------------------------------------------
@@ -72,8 +77,9 @@ def run(config: CptConfig, ctx: StageContext) -> StageResult:
     """`train`: one process trains here; more go through torchrun and this process waits."""
     stop_file(ctx).unlink(missing_ok=True)
     nproc = config.num_processes_per_node or max(1, torch.cuda.device_count())
-    plan = build_launch(ctx.resources, ["-m", "dilforge_cpt", "worker"], nproc_per_node=nproc,
-                        master_port=config.master_port)
+    plan = build_launch(
+        ctx.resources, ["-m", "dilforge_cpt", "worker"], nproc_per_node=nproc, master_port=config.master_port
+    )
     if plan.world_size > 1:
         if plan.nnodes > 1:
             wait_for_hosts(ctx.resources.hosts)
@@ -112,8 +118,13 @@ def run_workers(plan, ctx: StageContext, grace_s: float | None = None) -> dict:
     ctx.opt.output_dir.mkdir(parents=True, exist_ok=True)
     for stale in (result, ctx.opt.failure_file, stop_file(ctx)):
         stale.unlink(missing_ok=True)
-    log.info("launching %d processes on this host (node %d of %d): %s", plan.nproc_per_node, plan.node_rank,
-             plan.nnodes, " ".join(plan.command))
+    log.info(
+        "launching %d processes on this host (node %d of %d): %s",
+        plan.nproc_per_node,
+        plan.node_rank,
+        plan.nnodes,
+        " ".join(plan.command),
+    )
     proc = subprocess.Popen(plan.command, env=plan.env)
     stopped_at: list[float] = []
 
@@ -122,6 +133,7 @@ def run_workers(plan, ctx: StageContext, grace_s: float | None = None) -> dict:
             stopped_at.append(time.monotonic())
             stop_file(ctx).write_text("SIGTERM")
             log.warning("SIGTERM received: asked the workers to checkpoint and exit (stop file %s)", stop_file(ctx))
+
     previous = signal.signal(signal.SIGTERM, request_stop)
     try:
         signalled = False
@@ -175,7 +187,9 @@ def train_in_process(config: CptConfig, ctx: StageContext, rt: Runtime) -> dict:
     # the model: base (or scratch) → transplant → step-0 comparison of the initialisations
     base = locate_base_model(config, ctx, rt)
     model, pending, transplant_report = load_model(config, base, tok, ids, rt)
-    micro_batch, micro_reason = resolve_micro_batch(config, rt, model.config, sum(p.numel() for p in model.parameters()))
+    micro_batch, micro_reason = resolve_micro_batch(
+        config, rt, model.config, sum(p.numel() for p in model.parameters())
+    )
     if rt.is_main:
         log.info("micro_batch_size %d (%s)", micro_batch, micro_reason)
     config = config.model_copy(update={"micro_batch_size": micro_batch})
@@ -190,8 +204,9 @@ def train_in_process(config: CptConfig, ctx: StageContext, rt: Runtime) -> dict:
     if pending is not None and resume is None:
         step0 = compare_initialisations(model, pending, val, config, rt, data, probe)
     elif pending is not None:
-        log.info("resuming from %s: transplant and step-0 comparison skipped (the checkpoint holds the model)",
-                 resume.name)
+        log.info(
+            "resuming from %s: transplant and step-0 comparison skipped (the checkpoint holds the model)", resume.name
+        )
     if resume is None:
         state.transplant = transplant_report
     new_rows = new_row_mask(config, pending, tok.get_vocab_size(with_added_tokens=True), scratch=base is None)
@@ -205,17 +220,33 @@ def train_in_process(config: CptConfig, ctx: StageContext, rt: Runtime) -> dict:
     fpt = {phase: flops_per_token(model.config, num_params, config.seq_len, phase) for phase in (1, 2)}
     tokens_per_step = config.global_batch_size * config.seq_len
     derived = {
-        "world_size": rt.world, "micro_batch_size": micro_batch, "grad_accum_steps": grad_accum, "global_batch_sequences": config.global_batch_size,
-        "global_batch_tokens": tokens_per_step, "total_tokens": tokens_per_step * config.num_steps,
-        "num_params": num_params, "vocab_size": model.config.vocab_size,
-        "flops_per_token": fpt[2], "flops_per_token_phase1": fpt[1],
-        "device": str(rt.device), "dtype": str(rt.dtype).removeprefix("torch."), "fsdp": rt.fsdp,
-        "liger_kernels": kernels, "train_windows": {tf.label: tf.windows(config.seq_len) for tf in files},
+        "world_size": rt.world,
+        "micro_batch_size": micro_batch,
+        "grad_accum_steps": grad_accum,
+        "global_batch_sequences": config.global_batch_size,
+        "global_batch_tokens": tokens_per_step,
+        "total_tokens": tokens_per_step * config.num_steps,
+        "num_params": num_params,
+        "vocab_size": model.config.vocab_size,
+        "flops_per_token": fpt[2],
+        "flops_per_token_phase1": fpt[1],
+        "device": str(rt.device),
+        "dtype": str(rt.dtype).removeprefix("torch."),
+        "fsdp": rt.fsdp,
+        "liger_kernels": kernels,
+        "train_windows": {tf.label: tf.windows(config.seq_len) for tf in files},
         "tokenizer_family": ids.family,
         "phase1_trainable_rows": int(new_rows.sum()) if new_rows is not None else None,
-        "validation_sets": {vs.name: {"docs": vs.stream.num_docs, "bytes": vs.stream.num_bytes,
-                                      "text_tokens": vs.stream.num_text_tokens} for vs in val},
-        "validation_window": window_and_stride(config)[0], "validation_stride": window_and_stride(config)[1],
+        "validation_sets": {
+            vs.name: {
+                "docs": vs.stream.num_docs,
+                "bytes": vs.stream.num_bytes,
+                "text_tokens": vs.stream.num_text_tokens,
+            }
+            for vs in val
+        },
+        "validation_window": window_and_stride(config)[0],
+        "validation_stride": window_and_stride(config)[1],
         "resume_from": resume.name if resume is not None else None,
     }
     if rt.is_main:
@@ -226,14 +257,25 @@ def train_in_process(config: CptConfig, ctx: StageContext, rt: Runtime) -> dict:
         step0 = step0 if step0 is not None else evaluate(model, val, config, rt)
         state.add_validation(metrics.record(0, step0, kind="validation"))
         if probe is not None:
-            state.add_leakage(0, pending.step0_leakage if pending.step0_leakage is not None
-                              else measure_leakage(model, probe, config, rt))
+            state.add_leakage(
+                0,
+                pending.step0_leakage
+                if pending.step0_leakage is not None
+                else measure_leakage(model, probe, config, rt),
+            )
 
     training = TrainingModel(model, config, rt, state, new_rows)
     register_resumables(checkpointer, training, data.sampler, state)
-    setup = LoopSetup(config=config, rt=rt, checkpointer=checkpointer, metrics=metrics,
-                      stop_requested=lambda: stop["stop"] or stop_path.exists(), flops_per_token=fpt,
-                      peak_flops=peak_flops(config, rt), leakage_probe=probe)
+    setup = LoopSetup(
+        config=config,
+        rt=rt,
+        checkpointer=checkpointer,
+        metrics=metrics,
+        stop_requested=lambda: stop["stop"] or stop_path.exists(),
+        flops_per_token=fpt,
+        peak_flops=peak_flops(config, rt),
+        leakage_probe=probe,
+    )
     try:
         state = train_loop(training, data, val, state, setup)
     finally:
@@ -256,9 +298,17 @@ def publish_files(config: CptConfig, ctx: StageContext, rt: Runtime, model, tok_
                 shutil.copy2(tok_dir / name, ctx.model_dir / name)
         family, ids = describe_model_folder(ctx.model_dir)
         log.info("model folder describes the %s family: %s", family.name, ids)
-        (ctx.model_dir / "cpt_metrics.json").write_text(json.dumps(
-            {"train": state.history, "validation": state.validation, "transplant": state.transplant,
-             "leakage": state.leakage}, indent=1))
+        (ctx.model_dir / "cpt_metrics.json").write_text(
+            json.dumps(
+                {
+                    "train": state.history,
+                    "validation": state.validation,
+                    "transplant": state.transplant,
+                    "leakage": state.leakage,
+                },
+                indent=1,
+            )
+        )
     rt.barrier()
 
 
@@ -267,21 +317,39 @@ def summarize(state: TrainState, derived: dict) -> dict:
     first_val = state.validation[0] if state.validation else {}
     timed = [h for h in state.history if h.get("tokens_per_s")]
     return {
-        "num_steps": state.step, "tokens_seen": state.tokens_seen, "final_train_loss": state.last_loss,
-        "final_val_loss": last_val.get("val_loss"), "final_val_bpb": last_val.get("val_bpb"),
-        "final_val_bpb_by_set": bpb_by_set(last_val), "best_val_bpb": state.best_val_bpb,
-        "step0_val_loss": first_val.get("val_loss"), "step0_val_bpb": first_val.get("val_bpb"),
+        "num_steps": state.step,
+        "tokens_seen": state.tokens_seen,
+        "final_train_loss": state.last_loss,
+        "final_val_loss": last_val.get("val_loss"),
+        "final_val_bpb": last_val.get("val_bpb"),
+        "final_val_bpb_by_set": bpb_by_set(last_val),
+        "best_val_bpb": state.best_val_bpb,
+        "step0_val_loss": first_val.get("val_loss"),
+        "step0_val_bpb": first_val.get("val_bpb"),
         "step0_val_bpb_by_set": bpb_by_set(first_val),
         "transplant": state.transplant,
         "leakage": state.leakage,
         "tokens_per_s": timed[-1]["tokens_per_s"] if timed else None,
         "mfu": timed[-1]["mfu"] if timed else None,
         "peak_memory_gb": max((h["peak_memory_gb"] for h in state.history), default=None),
-        "eval_peak_memory_gb": max((v["eval_peak_memory_gb"] for v in state.validation
-                                    if v.get("eval_peak_memory_gb") is not None), default=None),
-        **{k: derived[k] for k in ("world_size", "global_batch_sequences", "global_batch_tokens", "total_tokens",
-                                   "num_params", "liger_kernels", "dtype")},
-        "history": state.history, "validation": state.validation,
+        "eval_peak_memory_gb": max(
+            (v["eval_peak_memory_gb"] for v in state.validation if v.get("eval_peak_memory_gb") is not None),
+            default=None,
+        ),
+        **{
+            k: derived[k]
+            for k in (
+                "world_size",
+                "global_batch_sequences",
+                "global_batch_tokens",
+                "total_tokens",
+                "num_params",
+                "liger_kernels",
+                "dtype",
+            )
+        },
+        "history": state.history,
+        "validation": state.validation,
     }
 
 
@@ -301,9 +369,13 @@ def tokenize_corpora(config: CptConfig, ctx: StageContext, rt: Runtime, tok, ids
         out = []
         for source in config.corpora:
             key = cache_key(source, tok_dir / "tokenizer.json", source.max_docs, ctx.endpoint_url)
-            out.append(tokenize_to_file(source, tok, ids, cache, key, source.max_docs,
-                                        config.tokenize_batch_size, ctx.endpoint_url))
+            out.append(
+                tokenize_to_file(
+                    source, tok, ids, cache, key, source.max_docs, config.tokenize_batch_size, ctx.endpoint_url
+                )
+            )
         return out
+
     files = build() if rt.local_rank == 0 else None
     rt.barrier()
     return files if files is not None else build()

@@ -41,15 +41,21 @@ class Calibration:
     """Directions in the final-hidden-state space and the offsets the calibrated methods use.
     The new output row of token t gets (beta - alpha·ln k_t)·const + gamma·retain added (k_t = its
     number of pieces); `offset` uses alpha = 1, beta = gamma = 0."""
-    const: torch.Tensor                 # b with h·b ≈ 1
+
+    const: torch.Tensor  # b with h·b ≈ 1
     retain: torch.Tensor | None = None  # d with h·d ≈ 1 on retain text, ≈ 0 on the rest (None: no retain text)
     alpha: float = 1.0
     beta: float = 0.0
     gamma: float = 0.0
 
     def to_report(self) -> dict:
-        return {"alpha": self.alpha, "beta": self.beta, "gamma": self.gamma, "const_norm": float(self.const.norm()),
-                "retain_norm": float(self.retain.norm()) if self.retain is not None else None}
+        return {
+            "alpha": self.alpha,
+            "beta": self.beta,
+            "gamma": self.gamma,
+            "const_norm": float(self.const.norm()),
+            "retain_norm": float(self.retain.norm()) if self.retain is not None else None,
+        }
 
 
 def ridge(hidden: torch.Tensor, target: torch.Tensor, lam: float = 1.0, intercept: bool = False) -> torch.Tensor:
@@ -62,8 +68,9 @@ def ridge(hidden: torch.Tensor, target: torch.Tensor, lam: float = 1.0, intercep
     return (w[:-1] if intercept else w).float()
 
 
-def fit_directions(hidden: torch.Tensor, is_retain: torch.Tensor | None, lam: float = 1.0
-                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
+def fit_directions(
+    hidden: torch.Tensor, is_retain: torch.Tensor | None, lam: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(b, d): h·b ≈ 1 over all sampled hidden states; h·d + c ≈ 1 on retain positions and 0 elsewhere
     (None without both kinds of positions)."""
     const = ridge(hidden, torch.ones(len(hidden)), lam)
@@ -92,14 +99,21 @@ def offset_rows(rows: torch.Tensor, mapping: VocabMapping, cal: Calibration) -> 
 class Sample:
     """Final hidden states of the extended model at sampled positions, the next token at each, and
     whether the position is in retain text (English replay)."""
-    hidden: torch.Tensor     # [n, d]
-    targets: torch.Tensor    # [n] stage ids
+
+    hidden: torch.Tensor  # [n, d]
+    targets: torch.Tensor  # [n] stage ids
     is_retain: torch.Tensor  # [n] bool
 
 
-def fit_offsets(sample: Sample, head: torch.Tensor, mapping: VocabMapping, const: torch.Tensor,
-                retain: torch.Tensor | None, max_iter: int = 30, start: tuple[float, float, float] = (1.0, 0.0, 0.0)
-                ) -> Calibration:
+def fit_offsets(
+    sample: Sample,
+    head: torch.Tensor,
+    mapping: VocabMapping,
+    const: torch.Tensor,
+    retain: torch.Tensor | None,
+    max_iter: int = 30,
+    start: tuple[float, float, float] = (1.0, 0.0, 0.0),
+) -> Calibration:
     """(alpha, beta, gamma) minimising the mean next-token NLL of the sample, retain and other positions
     weighted equally, with the hidden states held fixed (a convex problem in three numbers; the
     kept rows' log-sum-exp and the new rows' base logits are computed once). `head` holds the rows
@@ -114,10 +128,17 @@ def fit_offsets(sample: Sample, head: torch.Tensor, mapping: VocabMapping, const
     with torch.no_grad():
         for m in groups:
             hg, tg = h[m], sample.targets[m]
-            lse_kept = torch.cat([torch.logsumexp(hg[j:j + 512] @ w[~new].T, 1) for j in range(0, len(hg), 512)])
-            cached.append({"lse_kept": lse_kept, "new": hg @ w[new].T,
-                           "target": (hg * w[tg]).sum(1), "pos": new_pos[tg], "sb": hg @ const,
-                           "sd": hg @ retain if retain is not None else torch.zeros(len(hg))})
+            lse_kept = torch.cat([torch.logsumexp(hg[j : j + 512] @ w[~new].T, 1) for j in range(0, len(hg), 512)])
+            cached.append(
+                {
+                    "lse_kept": lse_kept,
+                    "new": hg @ w[new].T,
+                    "target": (hg * w[tg]).sum(1),
+                    "pos": new_pos[tg],
+                    "sb": hg @ const,
+                    "sd": hg @ retain if retain is not None else torch.zeros(len(hg)),
+                }
+            )
     params = torch.tensor(list(start), requires_grad=True)
 
     def nll(c: dict, p: torch.Tensor) -> torch.Tensor:
@@ -135,6 +156,7 @@ def fit_offsets(sample: Sample, head: torch.Tensor, mapping: VocabMapping, const
         loss = sum(nll(c, p) for c in cached) / len(cached)
         loss.backward()
         return loss
+
     opt.step(closure)
     alpha, beta, gamma = params.detach().tolist()
     return Calibration(const, retain, alpha, beta, gamma if retain is not None else 0.0)
@@ -143,6 +165,7 @@ def fit_offsets(sample: Sample, head: torch.Tensor, mapping: VocabMapping, const
 @dataclass
 class VocabMapping:
     """For each new id: the base id it keeps (or -1) and the base piece ids of new tokens."""
+
     kept: list[int]
     pieces: list[list[int]]
 
@@ -200,8 +223,14 @@ def new_rows(base_rows: torch.Tensor, mapping: VocabMapping, method: str, std: f
     return out.to(base_rows.dtype)
 
 
-def transplant(model, base_rows: dict[str, torch.Tensor], mapping: VocabMapping, method: str, seed: int,
-               calibration: Calibration | None = None) -> None:
+def transplant(
+    model,
+    base_rows: dict[str, torch.Tensor],
+    mapping: VocabMapping,
+    method: str,
+    seed: int,
+    calibration: Calibration | None = None,
+) -> None:
     """Write new embedding (and untied LM-head) rows into `model`, whose vocab is already the new size.
     The calibrated methods (`CALIBRATED`) need `calibration` and move only the output rows (the tied
     matrix, or the LM head of an untied model)."""

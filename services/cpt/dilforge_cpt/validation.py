@@ -20,8 +20,9 @@ def window_and_stride(config: CptConfig) -> tuple[int, int]:
 
 
 @torch.no_grad()
-def evaluate(model, val: list[ValidationSet], config: CptConfig, rt: Runtime, desc: str = "validation"
-             ) -> dict[str, float]:
+def evaluate(
+    model, val: list[ValidationSet], config: CptConfig, rt: Runtime, desc: str = "validation"
+) -> dict[str, float]:
     """val_loss (nats per text token) and val_bpb over all sets, and `val_bpb/<set>` for each set.
 
     Each rank scores its share of every set's windows; the sums are all-reduced.
@@ -38,9 +39,11 @@ def evaluate(model, val: list[ValidationSet], config: CptConfig, rt: Runtime, de
             def on_batch(done: int, total: int, progress=progress) -> None:
                 progress.set_total(total)
                 progress.update(1)
+
             with rt.autocast():
-                nll, count, _ = stream_nll(model, vs.stream, window, stride, batch_size, rank=rt.rank, world=rt.world,
-                                           on_batch=on_batch)
+                nll, count, _ = stream_nll(
+                    model, vs.stream, window, stride, batch_size, rank=rt.rank, world=rt.world, on_batch=on_batch
+                )
             progress.close()
             sums += [nll, float(count)]
     finally:

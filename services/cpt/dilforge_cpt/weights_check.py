@@ -20,8 +20,23 @@ from pathlib import Path
 from dilforge_shared.errors import InputError
 
 MAX_HEADER_BYTES = 100 << 20  # safetensors' own limit for the JSON header
-DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
-               "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
+DTYPE_BYTES = {
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "I16": 2,
+    "U16": 2,
+    "F16": 2,
+    "BF16": 2,
+    "I32": 4,
+    "U32": 4,
+    "F32": 4,
+    "I64": 8,
+    "U64": 8,
+    "F64": 8,
+}
 
 
 def read_header(path: Path) -> dict:
@@ -30,12 +45,16 @@ def read_header(path: Path) -> dict:
     with path.open("rb") as fh:
         head = fh.read(8)
         if len(head) < 8:
-            raise InputError(f"not a safetensors file: {size} bytes, shorter than its 8-byte header length",
-                             path=str(path))
+            raise InputError(
+                f"not a safetensors file: {size} bytes, shorter than its 8-byte header length", path=str(path)
+            )
         (length,) = struct.unpack("<Q", head)
         if length > MAX_HEADER_BYTES or 8 + length > size:
-            raise InputError(f"safetensors header declares {length:,} bytes, the file has {size:,}: truncated or "
-                             "not a safetensors file", path=str(path))
+            raise InputError(
+                f"safetensors header declares {length:,} bytes, the file has {size:,}: truncated or "
+                "not a safetensors file",
+                path=str(path),
+            )
         try:
             header = json.loads(fh.read(length))
         except (ValueError, UnicodeDecodeError) as exc:
@@ -49,25 +68,35 @@ def read_header(path: Path) -> dict:
             continue
         try:
             dtype, shape, (start, end) = info["dtype"], info["shape"], info["data_offsets"]
-            ok = dtype in DTYPE_BYTES and all(isinstance(d, int) and d >= 0 for d in shape) and \
-                isinstance(start, int) and isinstance(end, int)
+            ok = (
+                dtype in DTYPE_BYTES
+                and all(isinstance(d, int) and d >= 0 for d in shape)
+                and isinstance(start, int)
+                and isinstance(end, int)
+            )
         except (TypeError, KeyError, ValueError):
             ok = False
         if not ok:
             raise InputError(f"tensor {name!r}: malformed header entry {str(info)[:120]}", path=str(path))
         need = math.prod(shape) * DTYPE_BYTES[dtype]
         if end - start != need or start < 0:
-            raise InputError(f"tensor {name!r}: {dtype}{shape} needs {need:,} bytes, its offsets give "
-                             f"{end - start:,}", path=str(path))
+            raise InputError(
+                f"tensor {name!r}: {dtype}{shape} needs {need:,} bytes, its offsets give {end - start:,}",
+                path=str(path),
+            )
         if end > data_bytes:
-            raise InputError(f"tensor {name!r} ends at byte {end:,} of the data, the file holds {data_bytes:,}: "
-                             "truncated", path=str(path))
+            raise InputError(
+                f"tensor {name!r} ends at byte {end:,} of the data, the file holds {data_bytes:,}: truncated",
+                path=str(path),
+            )
         spans.append((start, end, name))
     covered = 0
     for start, end, name in sorted(spans):
         if start != covered:
-            raise InputError(f"tensor {name!r} starts at {start:,}, expected {covered:,} (overlapping or gapped "
-                             "data)", path=str(path))
+            raise InputError(
+                f"tensor {name!r} starts at {start:,}, expected {covered:,} (overlapping or gapped data)",
+                path=str(path),
+            )
         covered = end
     if covered != data_bytes:
         raise InputError(f"tensors cover {covered:,} bytes of data, the file holds {data_bytes:,}", path=str(path))
@@ -82,13 +111,16 @@ def expected_shapes(folder: Path) -> tuple[dict[str, tuple[int, ...]], bool]:
     """Parameter names and shapes the folder's config builds (meta device), and whether embeddings are tied."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
+
     try:
         config = AutoConfig.from_pretrained(str(folder), trust_remote_code=False)
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
     except (ValueError, KeyError, TypeError, OSError) as exc:
-        raise InputError(f"config.json does not describe a causal LM transformers can build: "
-                         f"{str(exc).splitlines()[0][:200]}", path=str(folder / "config.json")) from None
+        raise InputError(
+            f"config.json does not describe a causal LM transformers can build: {str(exc).splitlines()[0][:200]}",
+            path=str(folder / "config.json"),
+        ) from None
     tied = bool(getattr(config, "tie_word_embeddings", False))
     return {k: tuple(v.shape) for k, v in model.state_dict().items()}, tied
 
@@ -108,17 +140,25 @@ def verify_weights(folder: Path) -> None:
     wrong = sorted(k for k in set(got) & set(expected) if got[k] != expected[k])
     if wrong:
         name = wrong[0]
-        raise InputError(f"tensor {name!r} has shape {list(got[name])}, config.json gives {list(expected[name])}"
-                         + (f" (and {len(wrong) - 1} more)" if len(wrong) > 1 else ""), path=str(where[name]))
+        raise InputError(
+            f"tensor {name!r} has shape {list(got[name])}, config.json gives {list(expected[name])}"
+            + (f" (and {len(wrong) - 1} more)" if len(wrong) > 1 else ""),
+            path=str(where[name]),
+        )
     missing = sorted(set(expected) - set(got))
     if missing:
-        raise InputError(f"the weights lack {len(missing)} tensor(s) config.json needs, e.g. {missing[:3]}",
-                         path=str(folder))
+        raise InputError(
+            f"the weights lack {len(missing)} tensor(s) config.json needs, e.g. {missing[:3]}", path=str(folder)
+        )
     unexpected = sorted(k for k in set(got) - set(expected) if not k.endswith("rotary_emb.inv_freq"))
     if unexpected:
-        raise InputError(f"the weights hold {len(unexpected)} tensor(s) the config's architecture does not have, "
-                         f"e.g. {unexpected[:3]}", path=str(folder))
+        raise InputError(
+            f"the weights hold {len(unexpected)} tensor(s) the config's architecture does not have, "
+            f"e.g. {unexpected[:3]}",
+            path=str(folder),
+        )
     from safetensors import SafetensorError, safe_open
+
     for path in headers:
         try:
             with safe_open(str(path), framework="pt") as fh:

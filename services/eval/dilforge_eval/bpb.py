@@ -12,17 +12,30 @@ from dilforge_shared.bpb import BpbResult as _SharedResult
 from dilforge_shared.bpb import TokenStream, build_stream, sliding_window_bpb, stream_nll, window_plan
 from dilforge_shared.families import detect_family
 
-__all__ = ["BpbResult", "TokenStream", "bits_per_byte", "default_window", "encode_stream", "pack", "score_ids",
-           "text_bytes", "window_plan"]
+__all__ = [
+    "BpbResult",
+    "TokenStream",
+    "bits_per_byte",
+    "default_window",
+    "encode_stream",
+    "pack",
+    "score_ids",
+    "text_bytes",
+    "window_plan",
+]
 
 
 class BpbResult(_SharedResult):
     """The shared result plus the summary row eval's report and manifest use."""
 
     def summary(self) -> dict:
-        return {"bpb": round(self.bpb, 5), "bits_per_token": round(self.bits_per_token, 5),
-                "bytes_per_second": round(self.num_bytes / self.seconds, 1) if self.seconds else None,
-                **{k: v for k, v in asdict(self).items() if k != "nll_nats"}, "bits": round(self.bits, 3)}
+        return {
+            "bpb": round(self.bpb, 5),
+            "bits_per_token": round(self.bits_per_token, 5),
+            "bytes_per_second": round(self.num_bytes / self.seconds, 1) if self.seconds else None,
+            **{k: v for k, v in asdict(self).items() if k != "nll_nats"},
+            "bits": round(self.bits, 3),
+        }
 
 
 def pack(docs: Sequence[str]) -> str:
@@ -44,8 +57,9 @@ def encode_stream(tokenizer, docs: Sequence[str], source: str = "tokenizer") -> 
     return build_stream(list(docs), encoded, bos, doc_end)
 
 
-def score_ids(model, stream: TokenStream, window: int, stride: int, batch_size: int = 8,
-              chunk_positions: int = 1024) -> tuple[float, int, int]:
+def score_ids(
+    model, stream: TokenStream, window: int, stride: int, batch_size: int = 8, chunk_positions: int = 1024
+) -> tuple[float, int, int]:
     """(NLL in nats, text tokens scored, windows) of a stream in one process."""
     return stream_nll(model, stream, window, stride, batch_size, chunk_positions)
 

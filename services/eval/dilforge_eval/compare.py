@@ -22,8 +22,14 @@ from dilforge_shared.metrics import CptMetrics, TokenizerMetrics
 
 # ISO 639-3 codes that FLORES-style column names use, mapped to the 2-letter codes the report uses.
 ISO3 = {"eng": "en", "azj": "az", "aze": "az", "azb": "az", "rus": "ru", "tur": "tr", "deu": "de", "fra": "fr"}
-LANGUAGE_NAMES = {"az": "Azerbaijani", "en": "English", "ru": "Russian", "tr": "Turkish", "de": "German",
-                  "fr": "French"}
+LANGUAGE_NAMES = {
+    "az": "Azerbaijani",
+    "en": "English",
+    "ru": "Russian",
+    "tr": "Turkish",
+    "de": "German",
+    "fr": "French",
+}
 _FLORES_FIELD = re.compile(r"^([a-z]{3})_[A-Z][a-z]{3}$")
 _SUFFIX = re.compile(r"[-_.]([a-z]{2,3})$")
 
@@ -61,8 +67,9 @@ def relative_change(value: float | None, ref: float | None) -> float | None:
     return round(value / ref - 1, 5)
 
 
-def bpb_changes(bpb: dict[str, dict[str, dict]], reference: str | None,
-                languages: dict[str, str]) -> dict[str, dict[str, dict]]:
+def bpb_changes(
+    bpb: dict[str, dict[str, dict]], reference: str | None, languages: dict[str, str]
+) -> dict[str, dict[str, dict]]:
     """model -> set -> {language, bpb, reference_bpb, change}; change = bpb / reference's bpb - 1, per set."""
     if reference is None or reference not in bpb:
         return {}
@@ -73,13 +80,18 @@ def bpb_changes(bpb: dict[str, dict[str, dict]], reference: str | None,
             continue
         for name, res in sets.items():
             base = ref.get(name, {}).get("bpb")
-            out.setdefault(model, {})[name] = {"language": languages.get(name), "bpb": res.get("bpb"),
-                                               "reference_bpb": base, "change": relative_change(res.get("bpb"), base)}
+            out.setdefault(model, {})[name] = {
+                "language": languages.get(name),
+                "bpb": res.get("bpb"),
+                "reference_bpb": base,
+                "change": relative_change(res.get("bpb"), base),
+            }
     return out
 
 
-def headline(changes: dict[str, dict[str, dict]], reference: str | None, languages: dict[str, str],
-             target: str) -> dict[str, Any]:
+def headline(
+    changes: dict[str, dict[str, dict]], reference: str | None, languages: dict[str, str], target: str
+) -> dict[str, Any]:
     """Per model: the gain on the first target-language set and the retention on the first set of every other
     language. Negative change = lower BPB = better; a retention change > 0 means that language got worse."""
     first: dict[str, str] = {}
@@ -97,9 +109,11 @@ def headline(changes: dict[str, dict[str, dict]], reference: str | None, languag
 
 def headline_lines(h: dict[str, Any]) -> list[str]:
     """The headline as sentences for the log: 'cpt: Azerbaijani BPB 3.250 -> 2.330 (-28.3%) on flores vs base'."""
+
     def one(lang: str, e: dict) -> str:
         change = "n/a" if e.get("change") is None else f"{100 * e['change']:+.1f}%"
         return f"{language_name(lang)} BPB {e.get('reference_bpb')} -> {e.get('bpb')} ({change}) on {e['set']}"
+
     lines = []
     for model in dict.fromkeys([*h.get("gain", {}), *h.get("retention", {})]):
         parts = [one(h["target_language"], h["gain"][model])] if model in h.get("gain", {}) else []
@@ -109,6 +123,7 @@ def headline_lines(h: dict[str, Any]) -> list[str]:
 
 
 # ----------------------------------------------------------------------------------------------- upstream manifests
+
 
 def step0_bpb(cpt: CptMetrics) -> dict[str, Any] | None:
     """Step-0 BPB per initialisation from the CPT metrics' typed `transplant` block, per validation set
@@ -128,8 +143,11 @@ def tokenizer_comparison(tok: TokenizerMetrics) -> dict[str, Any] | None:
     if not tok.comparison and not tok.dead_tokens:
         return None
     languages = sorted({lang for r in tok.comparison for lang in r.languages})
-    return {"rows": [r.model_dump() for r in tok.comparison], "languages": languages,
-            "dead_tokens": tok.dead_tokens or None}
+    return {
+        "rows": [r.model_dump() for r in tok.comparison],
+        "languages": languages,
+        "dead_tokens": tok.dead_tokens or None,
+    }
 
 
 def vocab_sweep(tok: TokenizerMetrics) -> dict[str, Any]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dilforge_shared.metrics import CptMetrics, SftMetrics
 
-Series = dict[str, list[tuple[float, float]]]   # name -> [(step, value)]
+Series = dict[str, list[tuple[float, float]]]  # name -> [(step, value)]
 
 
 def training_curves(metrics: CptMetrics | SftMetrics) -> Series:

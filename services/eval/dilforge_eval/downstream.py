@@ -44,22 +44,24 @@ SCALE_100 = ("chrf++", "chrf", "bleu")
 @dataclass
 class TaskSpec:
     """One lm-eval task the stage wrote: what it measures, in which language, and its chance level."""
-    key: str                      # report key, e.g. "sib200/az/5-shot"
-    task: str                     # lm-eval task name
-    kind: str                     # sib200 | translation | instruction | multiple_choice
-    language: str                 # language of what is scored (target language for translation)
-    row: str                      # headline row; the language is the column
+
+    key: str  # report key, e.g. "sib200/az/5-shot"
+    task: str  # lm-eval task name
+    kind: str  # sib200 | translation | instruction | multiple_choice
+    language: str  # language of what is scored (target language for translation)
+    row: str  # headline row; the language is the column
     metrics: list[str]
     headline_metrics: list[str]
     num_examples: int
     num_fewshot: int = 0
     chat: bool = False
-    chance: dict[str, float] = field(default_factory=dict)   # metric -> chance / trivial-baseline value
+    chance: dict[str, float] = field(default_factory=dict)  # metric -> chance / trivial-baseline value
     chance_note: str = ""
     source: str = ""
 
 
 # ------------------------------------------------------------------------------------------- reading rows
+
 
 def read_rows(uri: str, endpoint_url: str | None = None) -> list[tuple[int, dict]]:
     """(line, record) of a JSONL, TSV or CSV file (header row names the columns)."""
@@ -108,8 +110,11 @@ def sib_rows(cfg, endpoint: str | None) -> dict[str, dict[str, list[dict]]]:
         split = need(rec, cfg.split_field, cfg.uri, lineno)
         topic = need(rec, cfg.label_field, cfg.uri, lineno)
         if topic not in SIB_LABELS:
-            raise InputError(f"field {cfg.label_field!r}: unknown label {topic!r} (SIB-200 labels: "
-                             f"{', '.join(SIB_LABELS)})", path=cfg.uri, line=lineno)
+            raise InputError(
+                f"field {cfg.label_field!r}: unknown label {topic!r} (SIB-200 labels: {', '.join(SIB_LABELS)})",
+                path=cfg.uri,
+                line=lineno,
+            )
         for lang, column in cfg.languages.items():
             text = need(rec, column, cfg.uri, lineno)
             if split in ("train", "test"):
@@ -118,16 +123,24 @@ def sib_rows(cfg, endpoint: str | None) -> dict[str, dict[str, list[dict]]]:
         if not splits["test"]:
             raise InputError(f"field {cfg.split_field!r}: no row of split 'test' to score", path=cfg.uri)
         if max(cfg.num_fewshot) > len(splits["train"]):
-            raise InputError(f"field {cfg.split_field!r}: {len(splits['train'])} 'train' rows, fewer than "
-                             f"num_fewshot {max(cfg.num_fewshot)}", path=cfg.uri)
-        splits["test"] = splits["test"][:cfg.max_examples]
+            raise InputError(
+                f"field {cfg.split_field!r}: {len(splits['train'])} 'train' rows, fewer than "
+                f"num_fewshot {max(cfg.num_fewshot)}",
+                path=cfg.uri,
+            )
+        splits["test"] = splits["test"][: cfg.max_examples]
     return out
 
 
 def instruction_rows(cfg, endpoint: str | None) -> list[dict]:
-    rows = _nonempty(read_rows(cfg.uri, endpoint), cfg.uri, "rows")[:cfg.max_examples]
-    return [{"instruction": need(rec, cfg.instruction_field, cfg.uri, n),
-             "response": need(rec, cfg.response_field, cfg.uri, n)} for n, rec in rows]
+    rows = _nonempty(read_rows(cfg.uri, endpoint), cfg.uri, "rows")[: cfg.max_examples]
+    return [
+        {
+            "instruction": need(rec, cfg.instruction_field, cfg.uri, n),
+            "response": need(rec, cfg.response_field, cfg.uri, n),
+        }
+        for n, rec in rows
+    ]
 
 
 def mc_rows(uri: str, layout: str, endpoint: str | None) -> list[dict]:
@@ -135,8 +148,10 @@ def mc_rows(uri: str, layout: str, endpoint: str | None) -> list[dict]:
     out = []
     for n, rec in _nonempty(read_rows(uri, endpoint), uri, "rows"):
         if layout == "belebele":
-            row = {k: need(rec, k, uri, n) for k in ("flores_passage", "question", "mc_answer1", "mc_answer2",
-                                                      "mc_answer3", "mc_answer4")}
+            row = {
+                k: need(rec, k, uri, n)
+                for k in ("flores_passage", "question", "mc_answer1", "mc_answer2", "mc_answer3", "mc_answer4")
+            }
             answer = str(need(rec, "correct_answer_num", uri, n, (str, int))).strip()
             if answer not in ("1", "2", "3", "4"):
                 raise InputError(f"field 'correct_answer_num': unknown label {answer!r} (1-4)", path=uri, line=n)
@@ -148,14 +163,18 @@ def mc_rows(uri: str, layout: str, endpoint: str | None) -> list[dict]:
                     choices = json.loads(choices)
                 except ValueError:
                     raise InputError("field 'choices': not a JSON list", path=uri, line=n) from None
-            if not isinstance(choices, list) or not 2 <= len(choices) <= 5 or not all(
-                    isinstance(c, str) and c for c in choices):
+            if (
+                not isinstance(choices, list)
+                or not 2 <= len(choices) <= 5
+                or not all(isinstance(c, str) and c for c in choices)
+            ):
                 raise InputError("field 'choices' missing or not a list of 2-5 strings", path=uri, line=n)
             answer = need(rec, "answer", uri, n).strip()
-            letters = "ABCDE"[:len(choices)]
+            letters = "ABCDE"[: len(choices)]
             if answer not in letters:
-                raise InputError(f"field 'answer': unknown label {answer!r} (one of {', '.join(letters)})",
-                                 path=uri, line=n)
+                raise InputError(
+                    f"field 'answer': unknown label {answer!r} (one of {', '.join(letters)})", path=uri, line=n
+                )
             row = {"question": need(rec, "question", uri, n), "choices": choices, "answer": answer}
         out.append(row)
     return out
@@ -163,14 +182,20 @@ def mc_rows(uri: str, layout: str, endpoint: str | None) -> list[dict]:
 
 # ----------------------------------------------------------------------------------------- task folder
 
+
 class Fn(str):
     """A `!function utils.NAME` value: written as a YAML tag, not a string."""
 
 
 def _yaml(d: dict) -> str:
     """Task YAML with JSON values (a YAML subset lm-eval reads), keys in order; Fn values as tags."""
-    return "\n".join(f"{k}: !function {v}" if isinstance(v, Fn) else f"{k}: {json.dumps(v, ensure_ascii=False)}"
-                     for k, v in d.items()) + "\n"
+    return (
+        "\n".join(
+            f"{k}: !function {v}" if isinstance(v, Fn) else f"{k}: {json.dumps(v, ensure_ascii=False)}"
+            for k, v in d.items()
+        )
+        + "\n"
+    )
 
 
 def _write_jsonl(path: Path, rows: list[dict]) -> str:
@@ -180,13 +205,17 @@ def _write_jsonl(path: Path, rows: list[dict]) -> str:
     return str(path.relative_to(path.parent.parent))
 
 
-def write_commands(out: Path, specs: list[TaskSpec], tasks: DownstreamTasks, dtype: str = "float32",
-                   device: str = "cpu", seed: int = 0) -> list[str]:
+def write_commands(
+    out: Path, specs: list[TaskSpec], tasks: DownstreamTasks, dtype: str = "float32", device: str = "cpu", seed: int = 0
+) -> list[str]:
     """commands.txt in the task folder: the lm_eval lines that reproduce the stage's figures."""
     system = tasks.instructions.system_prompt if tasks.instructions else None
     commands = lm_eval_commands(specs, tasks, system, dtype, device, seed)
-    lines = ["# Run inside this folder; MODEL_DIR is an HF model folder (for an SFT adapter add peft=ADAPTER_DIR to",
-             "# --model_args). Same numbers as the eval stage's metrics.json `downstream` section.", *commands]
+    lines = [
+        "# Run inside this folder; MODEL_DIR is an HF model folder (for an SFT adapter add peft=ADAPTER_DIR to",
+        "# --model_args). Same numbers as the eval stage's metrics.json `downstream` section.",
+        *commands,
+    ]
     (out / "commands.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
     return commands
 
@@ -201,9 +230,13 @@ def _copy_templates(out: Path) -> None:
 def _copy_scores(pairs: list[tuple[str, str]]) -> dict[str, float]:
     """chrF++ / chrF / BLEU of answering with the source itself: the floor a model must beat."""
     import sacrebleu
+
     hyp, ref = [p[0] for p in pairs], [[p[1] for p in pairs]]
-    return {"chrf++": sacrebleu.corpus_chrf(hyp, ref, word_order=2).score,
-            "chrf": sacrebleu.corpus_chrf(hyp, ref).score, "bleu": sacrebleu.corpus_bleu(hyp, ref).score}
+    return {
+        "chrf++": sacrebleu.corpus_chrf(hyp, ref, word_order=2).score,
+        "chrf": sacrebleu.corpus_chrf(hyp, ref).score,
+        "bleu": sacrebleu.corpus_bleu(hyp, ref).score,
+    }
 
 
 def prepare(tasks: DownstreamTasks, out: Path, endpoint: str | None, read_parallel) -> list[TaskSpec]:
@@ -218,56 +251,103 @@ def prepare(tasks: DownstreamTasks, out: Path, endpoint: str | None, read_parall
     if tasks.sib200:
         cfg = tasks.sib200
         for lang, splits in sib_rows(cfg, endpoint).items():
-            files_ = {split: _write_jsonl(out / "data" / f"sib200_{lang}.{split}.jsonl", rows)
-                      for split, rows in splits.items()}
+            files_ = {
+                split: _write_jsonl(out / "data" / f"sib200_{lang}.{split}.jsonl", rows)
+                for split, rows in splits.items()
+            }
             counts = [sum(r["label"] == i for r in splits["test"]) for i in range(len(SIB_LABELS))]
             for k in cfg.num_fewshot:
-                spec = TaskSpec(key=f"sib200/{lang}/{k}-shot", task=f"{PREFIX}sib200_{lang}_{k}shot", kind="sib200",
-                                language=lang, row=f"SIB-200 topics, {k}-shot", metrics=["acc", "acc_norm"],
-                                headline_metrics=["acc"], num_examples=len(splits["test"]),
-                                num_fewshot=k, source=cfg.uri,
-                                chance={"acc": 1 / len(SIB_LABELS), "acc_norm": 1 / len(SIB_LABELS),
-                                        "majority": max(counts) / len(splits["test"])},
-                                chance_note=f"uniform 1/{len(SIB_LABELS)}; majority class share")
-                task_file(spec, {"include": "_sib200.yaml", "num_fewshot": k,
-                                 "dataset_kwargs": {"data_files": files_}})
+                spec = TaskSpec(
+                    key=f"sib200/{lang}/{k}-shot",
+                    task=f"{PREFIX}sib200_{lang}_{k}shot",
+                    kind="sib200",
+                    language=lang,
+                    row=f"SIB-200 topics, {k}-shot",
+                    metrics=["acc", "acc_norm"],
+                    headline_metrics=["acc"],
+                    num_examples=len(splits["test"]),
+                    num_fewshot=k,
+                    source=cfg.uri,
+                    chance={
+                        "acc": 1 / len(SIB_LABELS),
+                        "acc_norm": 1 / len(SIB_LABELS),
+                        "majority": max(counts) / len(splits["test"]),
+                    },
+                    chance_note=f"uniform 1/{len(SIB_LABELS)}; majority class share",
+                )
+                task_file(spec, {"include": "_sib200.yaml", "num_fewshot": k, "dataset_kwargs": {"data_files": files_}})
     for t in tasks.translation:
         pairs = read_parallel(t, t.max_examples, None, endpoint)
         for direction in t.directions:
             src, tgt = direction.split("-")
-            rows = [{"source": p[0], "target": p[1]} if src == "az" else {"source": p[1], "target": p[0]}
-                    for p in pairs]
+            rows = [
+                {"source": p[0], "target": p[1]} if src == "az" else {"source": p[1], "target": p[0]} for p in pairs
+            ]
             name = f"{PREFIX}translation_{t.name}_{src}_{tgt}".replace("-", "_").replace(".", "_")
             data = _write_jsonl(out / "data" / f"translation_{t.name}.{direction}.jsonl", rows)
-            spec = TaskSpec(key=f"translation/{t.name}/{direction}", task=name, kind="translation", language=tgt,
-                            row=f"{t.name} translation into", metrics=["chrf++", "chrf", "bleu"],
-                            headline_metrics=["chrf++", "bleu"], num_examples=len(rows), source=t.az.uri,
-                            chance=_copy_scores([(r["source"], r["target"]) for r in rows]),
-                            chance_note="copying the source sentence")
-            task_file(spec, {"include": "_translation.yaml",
-                             "doc_to_text": f"{LANGUAGE_NAMES[src]}: {{{{source}}}}\n{LANGUAGE_NAMES[tgt]}:",
-                             "generation_kwargs": {"until": ["\n"], "do_sample": False,
-                                                   "max_gen_toks": tasks.translation_max_new_tokens},
-                             "dataset_kwargs": {"data_files": {"test": data}}})
+            spec = TaskSpec(
+                key=f"translation/{t.name}/{direction}",
+                task=name,
+                kind="translation",
+                language=tgt,
+                row=f"{t.name} translation into",
+                metrics=["chrf++", "chrf", "bleu"],
+                headline_metrics=["chrf++", "bleu"],
+                num_examples=len(rows),
+                source=t.az.uri,
+                chance=_copy_scores([(r["source"], r["target"]) for r in rows]),
+                chance_note="copying the source sentence",
+            )
+            task_file(
+                spec,
+                {
+                    "include": "_translation.yaml",
+                    "doc_to_text": f"{LANGUAGE_NAMES[src]}: {{{{source}}}}\n{LANGUAGE_NAMES[tgt]}:",
+                    "generation_kwargs": {
+                        "until": ["\n"],
+                        "do_sample": False,
+                        "max_gen_toks": tasks.translation_max_new_tokens,
+                    },
+                    "dataset_kwargs": {"data_files": {"test": data}},
+                },
+            )
     if tasks.instructions:
         cfg = tasks.instructions
         rows = instruction_rows(cfg, endpoint)
         data = _write_jsonl(out / "data" / f"instruction_{cfg.name}.jsonl", rows)
         import sacrebleu
-        copy = sacrebleu.corpus_chrf([r["instruction"] for r in rows], [[r["response"] for r in rows]],
-                                     word_order=2).score
-        spec = TaskSpec(key=f"instruction/{cfg.name}", task=f"{PREFIX}instruction_{cfg.name}".replace("-", "_"),
-                        kind="instruction", language=cfg.language, chat=True, source=cfg.uri,
-                        row=f"{cfg.name} instructions (chat template)",
-                        metrics=["chrf++", "answer_in_language", "repetition_rate", "empty_answer"],
-                        headline_metrics=["chrf++", "answer_in_language", "repetition_rate", "ended_turn"],
-                        num_examples=len(rows), chance={"chrf++": copy},
-                        chance_note="chrF++: repeating the instruction")
-        gen = {"until": ["<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<|end_of_text|>"], "do_sample": False,
-               "max_gen_toks": tasks.instruction_max_new_tokens}
-        task_file(spec, {"include": "_instruction.yaml",
-                         "process_results": Fn(f"utils.process_instruction_{cfg.language}"),
-                         "generation_kwargs": gen, "dataset_kwargs": {"data_files": {"test": data}}})
+
+        copy = sacrebleu.corpus_chrf(
+            [r["instruction"] for r in rows], [[r["response"] for r in rows]], word_order=2
+        ).score
+        spec = TaskSpec(
+            key=f"instruction/{cfg.name}",
+            task=f"{PREFIX}instruction_{cfg.name}".replace("-", "_"),
+            kind="instruction",
+            language=cfg.language,
+            chat=True,
+            source=cfg.uri,
+            row=f"{cfg.name} instructions (chat template)",
+            metrics=["chrf++", "answer_in_language", "repetition_rate", "empty_answer"],
+            headline_metrics=["chrf++", "answer_in_language", "repetition_rate", "ended_turn"],
+            num_examples=len(rows),
+            chance={"chrf++": copy},
+            chance_note="chrF++: repeating the instruction",
+        )
+        gen = {
+            "until": ["<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<|end_of_text|>"],
+            "do_sample": False,
+            "max_gen_toks": tasks.instruction_max_new_tokens,
+        }
+        task_file(
+            spec,
+            {
+                "include": "_instruction.yaml",
+                "process_results": Fn(f"utils.process_instruction_{cfg.language}"),
+                "generation_kwargs": gen,
+                "dataset_kwargs": {"data_files": {"test": data}},
+            },
+        )
     for t in tasks.multiple_choice:
         specs.append(_mc_task(t, out, endpoint))
     write_commands(out, specs, tasks)
@@ -277,23 +357,35 @@ def prepare(tasks: DownstreamTasks, out: Path, endpoint: str | None, read_parall
 def _mc_task(t: MultipleChoiceTask, out: Path, endpoint: str | None) -> TaskSpec:
     rows = mc_rows(t.uri, t.layout, endpoint)
     shots = mc_rows(t.fewshot_uri, t.layout, endpoint) if t.fewshot_uri else []
-    test = rows[:t.max_examples]
-    if not shots:   # the rows after the scored ones, else the scored ones themselves (first_n skips the doc)
-        shots = rows[len(test):] or rows
+    test = rows[: t.max_examples]
+    if not shots:  # the rows after the scored ones, else the scored ones themselves (first_n skips the doc)
+        shots = rows[len(test) :] or rows
     if t.num_fewshot > len(shots):
-        raise InputError(f"num_fewshot {t.num_fewshot} but only {len(shots)} rows to take shots from",
-                         path=t.fewshot_uri or t.uri)
+        raise InputError(
+            f"num_fewshot {t.num_fewshot} but only {len(shots)} rows to take shots from", path=t.fewshot_uri or t.uri
+        )
     name = f"{PREFIX}mc_{t.name}".replace("-", "_").replace(".", "_")
-    data = {"test": _write_jsonl(out / "data" / f"mc_{t.name}.test.jsonl", test),
-            "fewshot": _write_jsonl(out / "data" / f"mc_{t.name}.fewshot.jsonl", shots)}
+    data = {
+        "test": _write_jsonl(out / "data" / f"mc_{t.name}.test.jsonl", test),
+        "fewshot": _write_jsonl(out / "data" / f"mc_{t.name}.fewshot.jsonl", shots),
+    }
     sizes = [4 if t.layout == "belebele" else len(r["choices"]) for r in test]
     chance = sum(1 / s for s in sizes) / len(sizes)
-    spec = TaskSpec(key=f"multiple_choice/{t.name}", task=name, kind="multiple_choice", language=t.language,
-                    row=f"{t.name} ({t.layout} layout, {t.num_fewshot}-shot)", metrics=["acc", "acc_norm"],
-                    headline_metrics=["acc"], num_examples=len(test), num_fewshot=t.num_fewshot, source=t.uri,
-                    chance={"acc": chance, "acc_norm": chance}, chance_note="uniform over the options")
-    body: dict = {"include": f"_{t.layout}.yaml", "num_fewshot": t.num_fewshot,
-                  "dataset_kwargs": {"data_files": data}}
+    spec = TaskSpec(
+        key=f"multiple_choice/{t.name}",
+        task=name,
+        kind="multiple_choice",
+        language=t.language,
+        row=f"{t.name} ({t.layout} layout, {t.num_fewshot}-shot)",
+        metrics=["acc", "acc_norm"],
+        headline_metrics=["acc"],
+        num_examples=len(test),
+        num_fewshot=t.num_fewshot,
+        source=t.uri,
+        chance={"acc": chance, "acc_norm": chance},
+        chance_note="uniform over the options",
+    )
+    body: dict = {"include": f"_{t.layout}.yaml", "num_fewshot": t.num_fewshot, "dataset_kwargs": {"data_files": data}}
     if t.layout == "tumlu":
         body["doc_to_text"] = Fn(f"utils.tumlu_text_{'az' if t.language == 'az' else 'en'}")
     (out / f"{name}.yaml").write_text(_yaml({"task": name, **body}), encoding="utf-8")
@@ -302,26 +394,39 @@ def _mc_task(t: MultipleChoiceTask, out: Path, endpoint: str | None) -> TaskSpec
 
 # -------------------------------------------------------------------------------------------- running
 
+
 def _offline_env(cache: Path) -> None:
     os.environ["HF_DATASETS_OFFLINE"] = "1"
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ.setdefault("HF_DATASETS_CACHE", str(cache / "hf-datasets"))
-    os.environ.setdefault("DISABLE_MULTIPROC", "1")   # lm-eval's bootstrap pool: one process per core otherwise
+    os.environ.setdefault("DISABLE_MULTIPROC", "1")  # lm-eval's bootstrap pool: one process per core otherwise
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 def seeds(seed: int) -> dict[str, int]:
     """simple_evaluate's seeds for the stage seed (lm-eval's defaults 0/1234/1234/1234 at seed 0)."""
-    return {"random_seed": seed, "numpy_random_seed": 1234 + seed, "torch_random_seed": 1234 + seed,
-            "fewshot_random_seed": 1234 + seed}
+    return {
+        "random_seed": seed,
+        "numpy_random_seed": 1234 + seed,
+        "torch_random_seed": 1234 + seed,
+        "fewshot_random_seed": 1234 + seed,
+    }
 
 
-def lm_eval_commands(specs: list[TaskSpec], tasks: DownstreamTasks, system_prompt: str | None,
-                     dtype: str = "float32", device: str = "cpu", seed: int = 0) -> list[str]:
+def lm_eval_commands(
+    specs: list[TaskSpec],
+    tasks: DownstreamTasks,
+    system_prompt: str | None,
+    dtype: str = "float32",
+    device: str = "cpu",
+    seed: int = 0,
+) -> list[str]:
     """The `lm_eval` command lines (run inside the task folder) that reproduce the stage's figures."""
-    base = (f"lm_eval run --model hf --model_args pretrained=MODEL_DIR,dtype={dtype},max_length={tasks.max_length} "
-            f"--include_path . --batch_size {tasks.batch_size} --device {device} "
-            f"--seed {','.join(str(v) for v in seeds(seed).values())}")
+    base = (
+        f"lm_eval run --model hf --model_args pretrained=MODEL_DIR,dtype={dtype},max_length={tasks.max_length} "
+        f"--include_path . --batch_size {tasks.batch_size} --device {device} "
+        f"--seed {','.join(str(v) for v in seeds(seed).values())}"
+    )
     plain = [s.task for s in specs if not s.chat]
     chat = [s.task for s in specs if s.chat]
     cmds = []
@@ -338,13 +443,23 @@ def _ensure_chat_template(tokenizer, source: str) -> None:
     if getattr(tokenizer, "chat_template", None):
         return
     from .generate import model_family
+
     family = model_family(tokenizer, source)
     if family is not None:
         tokenizer.chat_template = family.chat_template
 
 
-def run_model(model, tokenizer, specs: list[TaskSpec], task_dir: Path, tasks: DownstreamTasks, cache: Path,
-              seed: int, source: str, system_prompt: str | None = None) -> tuple[dict, list[dict]]:
+def run_model(
+    model,
+    tokenizer,
+    specs: list[TaskSpec],
+    task_dir: Path,
+    tasks: DownstreamTasks,
+    cache: Path,
+    seed: int,
+    source: str,
+    system_prompt: str | None = None,
+) -> tuple[dict, list[dict]]:
     """Every task on one loaded model: {task key: {metric: {value, stderr, ci95}, ...}} and the per-example
     records (prompt, answer, reference) of the generative tasks."""
     _offline_env(cache)
@@ -356,17 +471,23 @@ def run_model(model, tokenizer, specs: list[TaskSpec], task_dir: Path, tasks: Do
     manager = TaskManager(include_path=str(task_dir), include_defaults=False)
     results: dict = {}
     samples: list[dict] = []
-    with contextlib.chdir(task_dir):   # data_files are relative to the task folder, as in the lm_eval command
+    with contextlib.chdir(task_dir):  # data_files are relative to the task folder, as in the lm_eval command
         for chat in (False, True):
             group = [s for s in specs if s.chat == chat]
             if not group:
                 continue
             if chat:
                 _ensure_chat_template(tokenizer, source)
-            out = simple_evaluate(model=lm, tasks=[s.task for s in group], task_manager=manager,
-                                  bootstrap_iters=tasks.bootstrap_iters, apply_chat_template=chat,
-                                  system_instruction=system_prompt if chat else None, log_samples=True,
-                                  **seeds(seed))
+            out = simple_evaluate(
+                model=lm,
+                tasks=[s.task for s in group],
+                task_manager=manager,
+                bootstrap_iters=tasks.bootstrap_iters,
+                apply_chat_template=chat,
+                system_instruction=system_prompt if chat else None,
+                log_samples=True,
+                **seeds(seed),
+            )
             for s in group:
                 results[s.key] = summarize(out["results"][s.task], s)
                 if s.kind == "instruction":
@@ -374,19 +495,29 @@ def run_model(model, tokenizer, specs: list[TaskSpec], task_dir: Path, tasks: Do
                     results[s.key]["ended_turn"] = ended_turn(answers, tokenizer, tasks.instruction_max_new_tokens)
                 if s.kind in ("translation", "instruction"):
                     for row in out["samples"][s.task]:
-                        samples.append({"task": s.key, "doc_id": row["doc_id"], "target": row["target"],
-                                        "answer": row["filtered_resps"][0]})
+                        samples.append(
+                            {
+                                "task": s.key,
+                                "doc_id": row["doc_id"],
+                                "target": row["target"],
+                                "answer": row["filtered_resps"][0],
+                            }
+                        )
     return results, samples
 
 
 def share(flags: list[bool]) -> dict:
     """A share with lm-eval's binomial standard error (sample std / sqrt(n)) and its 95 % interval."""
     import math
+
     n = len(flags)
     p = sum(flags) / n if n else 0.0
     se = math.sqrt(p * (1 - p) / (n - 1)) if n > 1 else None
-    return {"value": round(p, 6), "stderr": None if se is None else round(se, 6),
-            "ci95": None if se is None else [round(max(0.0, p - Z95 * se), 6), round(min(1.0, p + Z95 * se), 6)]}
+    return {
+        "value": round(p, 6),
+        "stderr": None if se is None else round(se, 6),
+        "ci95": None if se is None else [round(max(0.0, p - Z95 * se), 6), round(min(1.0, p + Z95 * se), 6)],
+    }
 
 
 def ended_turn(answers: list[str], tokenizer, max_new_tokens: int) -> dict:
@@ -396,17 +527,27 @@ def ended_turn(answers: list[str], tokenizer, max_new_tokens: int) -> dict:
     return share([n < max_new_tokens for n in lengths])
 
 
-def metrics_header(specs: list[TaskSpec], tasks: DownstreamTasks, task_dir: Path, dtype: str, device: str,
-                   seed: int) -> dict:
+def metrics_header(
+    specs: list[TaskSpec], tasks: DownstreamTasks, task_dir: Path, dtype: str, device: str, seed: int
+) -> dict:
     """The manifest's `downstream` section before any model ran: what each task is, how to reproduce it
     (the commands are also written to the task folder's commands.txt)."""
     from importlib.metadata import version
+
     commands = write_commands(task_dir, specs, tasks, dtype, device, seed)
-    return {"harness": {"name": "lm-evaluation-harness", "version": version("lm-eval"),
-                        "bootstrap_iters": tasks.bootstrap_iters, "batch_size": tasks.batch_size},
-            "task_dir": task_dir.name, "commands": commands,
-            "tasks": {s.key: {k: v for k, v in asdict(s).items() if k != "key"} for s in specs},
-            "results": {}, "seconds": {}}
+    return {
+        "harness": {
+            "name": "lm-evaluation-harness",
+            "version": version("lm-eval"),
+            "bootstrap_iters": tasks.bootstrap_iters,
+            "batch_size": tasks.batch_size,
+        },
+        "task_dir": task_dir.name,
+        "commands": commands,
+        "tasks": {s.key: {k: v for k, v in asdict(s).items() if k != "key"} for s in specs},
+        "results": {},
+        "seconds": {},
+    }
 
 
 def changes(section: dict, reference: str | None) -> dict:
@@ -427,9 +568,18 @@ def changes(section: dict, reference: str | None) -> dict:
     return out
 
 
-HIGHER_IS_BETTER = {"acc": True, "acc_norm": True, "chrf++": True, "chrf": True, "bleu": True,
-                    "answer_in_language": True, "repetition_rate": False, "empty_answer": False, "ended_turn": True}
-STAGE_ONLY = ("ended_turn",)   # computed by the stage from lm-eval's answers; the lm_eval command omits it
+HIGHER_IS_BETTER = {
+    "acc": True,
+    "acc_norm": True,
+    "chrf++": True,
+    "chrf": True,
+    "bleu": True,
+    "answer_in_language": True,
+    "repetition_rate": False,
+    "empty_answer": False,
+    "ended_turn": True,
+}
+STAGE_ONLY = ("ended_turn",)  # computed by the stage from lm-eval's answers; the lm_eval command omits it
 
 
 def summarize(res: dict, spec: TaskSpec) -> dict:
@@ -443,9 +593,13 @@ def summarize(res: dict, spec: TaskSpec) -> dict:
         se = res.get(f"{m}_stderr,none")
         se = se if isinstance(se, int | float) else None
         top = 100.0 if m in SCALE_100 else 1.0
-        out[m] = {"value": round(float(value), 6), "stderr": None if se is None else round(float(se), 6),
-                  "ci95": None if se is None else [round(max(0.0, value - Z95 * se), 6),
-                                                   round(min(top, value + Z95 * se), 6)]}
+        out[m] = {
+            "value": round(float(value), 6),
+            "stderr": None if se is None else round(float(se), 6),
+            "ci95": None
+            if se is None
+            else [round(max(0.0, value - Z95 * se), 6), round(min(top, value + Z95 * se), 6)],
+        }
     return out
 
 

@@ -37,6 +37,7 @@ def resolve_prompts_uri(uri: str) -> str:
     if not uri.startswith(BUILTIN):
         return uri
     from importlib.resources import files
+
     name = uri.removeprefix(BUILTIN)
     path = files("dilforge_eval") / "prompts" / f"{name}.jsonl"
     if not path.is_file():
@@ -73,7 +74,7 @@ def words(text: str) -> list[str]:
 
 
 def ngrams(tokens: list[str], n: int) -> list[tuple[str, ...]]:
-    return [tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1)]
+    return [tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)]
 
 
 def distinct_n(tokens: list[str], n: int) -> float | None:
@@ -92,8 +93,12 @@ def repeated_ngram_rate(tokens: list[str], n: int = 3) -> float | None:
 
 def repetition(text: str) -> dict[str, float | None]:
     toks = words(text)
-    return {"num_words": len(toks), "distinct_1": distinct_n(toks, 1), "distinct_2": distinct_n(toks, 2),
-            "repeated_3gram_rate": repeated_ngram_rate(toks, 3)}
+    return {
+        "num_words": len(toks),
+        "distinct_1": distinct_n(toks, 1),
+        "distinct_2": distinct_n(toks, 2),
+        "repeated_3gram_rate": repeated_ngram_rate(toks, 3),
+    }
 
 
 def mean_repetition(rows: Iterable[dict]) -> dict[str, float | None]:
@@ -128,8 +133,12 @@ def render_prompt(tokenizer, prompt: Prompt, family: Family | None = None) -> tu
     (none for ChatML) + text."""
     template = getattr(tokenizer, "chat_template", None) or (family.chat_template if family else None)
     if prompt.kind == "chat" and template:
-        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt.prompt}], tokenize=False,
-                                             add_generation_prompt=True, chat_template=template)
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt.prompt}],
+            tokenize=False,
+            add_generation_prompt=True,
+            chat_template=template,
+        )
         return text, True
     # the family's BOS, not the tokenizer's: SmolLM2 names <|im_start|> as bos_token, but ChatML documents have none
     bos = (family.bos if family else tokenizer.bos_token) or ""
@@ -138,9 +147,14 @@ def render_prompt(tokenizer, prompt: Prompt, family: Family | None = None) -> tu
 
 def generate_kwargs(settings: GenerationSettings, mode: str, pad_id: int | None, stop: list[int]) -> dict:
     """The arguments of `model.generate` for one decoding mode (greedy ignores temperature/top_p)."""
-    kwargs = {"max_new_tokens": settings.max_new_tokens, "do_sample": mode == "sampled", "pad_token_id": pad_id,
-              "eos_token_id": stop or None, "repetition_penalty": settings.repetition_penalty,
-              "no_repeat_ngram_size": settings.no_repeat_ngram_size}
+    kwargs = {
+        "max_new_tokens": settings.max_new_tokens,
+        "do_sample": mode == "sampled",
+        "pad_token_id": pad_id,
+        "eos_token_id": stop or None,
+        "repetition_penalty": settings.repetition_penalty,
+        "no_repeat_ngram_size": settings.no_repeat_ngram_size,
+    }
     if mode == "sampled":
         kwargs.update(temperature=settings.temperature, top_p=settings.top_p, top_k=0)
     else:
@@ -149,8 +163,16 @@ def generate_kwargs(settings: GenerationSettings, mode: str, pad_id: int | None,
 
 
 @torch.inference_mode()
-def generate(model, tokenizer, prompts: list[Prompt], mode: str, settings: GenerationSettings, seed: int,
-             source: str = "model", progress=None) -> list[dict]:
+def generate(
+    model,
+    tokenizer,
+    prompts: list[Prompt],
+    mode: str,
+    settings: GenerationSettings,
+    seed: int,
+    source: str = "model",
+    progress=None,
+) -> list[dict]:
     """One answer per prompt; sampled answers are seeded per prompt so reruns match."""
     device = next(model.parameters()).device
     family = model_family(tokenizer, source)
@@ -162,10 +184,20 @@ def generate(model, tokenizer, prompts: list[Prompt], mode: str, settings: Gener
         if mode == "sampled":
             torch.manual_seed(seed + i)
         kwargs = generate_kwargs(settings, mode, tokenizer.pad_token_id, stop)
-        gen = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **kwargs)[0, ids.shape[1]:]
+        gen = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **kwargs)[0, ids.shape[1] :]
         answer = tokenizer.decode(gen, skip_special_tokens=True)
-        out.append({"prompt_id": p.id, "kind": p.kind, "mode": mode, "chat_template": templated,
-                    "prompt": p.prompt, "output": answer, "num_new_tokens": int(gen.shape[0]), **repetition(answer)})
+        out.append(
+            {
+                "prompt_id": p.id,
+                "kind": p.kind,
+                "mode": mode,
+                "chat_template": templated,
+                "prompt": p.prompt,
+                "output": answer,
+                "num_new_tokens": int(gen.shape[0]),
+                **repetition(answer),
+            }
+        )
         if progress is not None:
             progress.update(1)
     return out

@@ -40,8 +40,8 @@ def az_lower(s: str) -> str:
 @dataclass(frozen=True)
 class GoldWord:
     word: str
-    boundaries: tuple[int, ...]          # character offsets, 0 < b < len(word)
-    known: tuple[tuple[int, int], ...]   # character spans known to be one morpheme each
+    boundaries: tuple[int, ...]  # character offsets, 0 < b < len(word)
+    known: tuple[tuple[int, int], ...]  # character spans known to be one morpheme each
     source: str
 
 
@@ -62,8 +62,12 @@ def stem_boundary(lemma: str, form: str) -> int | None:
     if low.startswith(lemma):
         return len(lemma)
     last = lemma[-1]
-    if last in ALTERNATIONS and len(low) >= len(lemma) and low.startswith(lemma[:-1]) \
-            and low[len(lemma) - 1] in ALTERNATIONS[last]:
+    if (
+        last in ALTERNATIONS
+        and len(low) >= len(lemma)
+        and low.startswith(lemma[:-1])
+        and low[len(lemma) - 1] in ALTERNATIONS[last]
+    ):
         return len(lemma)
     return None
 
@@ -75,10 +79,10 @@ def from_lemma(form: str, lemma: str, source: str, num_morphemes: int | None = N
         return None
     if b == len(form):
         if num_morphemes not in (None, 1):
-            return None           # a fused or zero-marked form: nothing reliable to say
+            return None  # a fused or zero-marked form: nothing reliable to say
         return GoldWord(form, (), ((0, len(form)),), source)
     if num_morphemes == 1:
-        return None               # gloss says one morpheme but the form is longer than its lemma
+        return None  # gloss says one morpheme but the form is longer than its lemma
     known = ((0, b), (b, len(form))) if num_morphemes == 2 else ((0, b),)
     return GoldWord(form, (b,), known, source)
 
@@ -110,7 +114,7 @@ def load_segmented(path: str, endpoint_url: str | None = None) -> list[GoldWord]
         word, seg = cells[0].strip(), cells[1].strip() or cells[0].strip()
         parts = [p for p in re.split(r"[+]", seg) if p]
         if "".join(parts) != word or not word:
-            continue   # segmentation does not spell the word (an alternation written as the lemma's form)
+            continue  # segmentation does not spell the word (an alternation written as the lemma's form)
         words.append(from_segments(word, parts, _name(path)))
     return words
 
@@ -163,15 +167,21 @@ def load_conllu(path: str, endpoint_url: str | None = None) -> list[GoldWord]:
         if len(cells) < 4:
             raise InputError("expected a CoNLL-U token line (10 tab-separated columns)", path=path, line=lineno)
         if "-" in cells[0] or "." in cells[0]:
-            continue       # multiword range or empty node
+            continue  # multiword range or empty node
         tokens.append((cells[1], cells[2], cells[3]))
     if tokens:
         flush()
     return words
 
 
-def load_gold(segmented: list[str], lemma_forms: list[str], conllu: list[str], num_words_per_source: int,
-              seed: int, endpoint_url: str | None = None) -> dict[str, list[GoldWord]]:
+def load_gold(
+    segmented: list[str],
+    lemma_forms: list[str],
+    conllu: list[str],
+    num_words_per_source: int,
+    seed: int,
+    endpoint_url: str | None = None,
+) -> dict[str, list[GoldWord]]:
     """Gold words per source file, deduplicated and sampled with `seed`."""
     out: dict[str, list[GoldWord]] = {}
     for loader, paths in ((load_segmented, segmented), (load_lemma_forms, lemma_forms), (load_conllu, conllu)):
@@ -187,6 +197,7 @@ def load_gold(segmented: list[str], lemma_forms: list[str], conllu: list[str], n
 
 # --------------------------------------------------------------------------------------------------
 # token boundaries in bytes
+
 
 @lru_cache(maxsize=1)
 def _byte_decoder() -> dict[str, int]:
@@ -229,16 +240,19 @@ class AlignmentStats:
     num_gold_hit: int = 0
     num_token_boundaries_decidable: int = 0
     num_token_boundaries_inside: int = 0
-    num_words_exact: int = 0     # fully known words whose token boundaries equal the gold ones
+    num_words_exact: int = 0  # fully known words whose token boundaries equal the gold ones
     num_words_fully_known: int = 0
 
     def summary(self) -> dict:
         def ratio(a: int, b: int) -> float | None:
             return round(a / b, 4) if b else None
-        return {"boundary_recall": ratio(self.num_gold_hit, self.num_gold_boundaries),
-                "inside_morpheme_rate": ratio(self.num_token_boundaries_inside, self.num_token_boundaries_decidable),
-                "exact_segmentation_rate": ratio(self.num_words_exact, self.num_words_fully_known),
-                **self.__dict__}
+
+        return {
+            "boundary_recall": ratio(self.num_gold_hit, self.num_gold_boundaries),
+            "inside_morpheme_rate": ratio(self.num_token_boundaries_inside, self.num_token_boundaries_decidable),
+            "exact_segmentation_rate": ratio(self.num_words_exact, self.num_words_fully_known),
+            **self.__dict__,
+        }
 
 
 def word_alignment(tokenizer, gold: GoldWord, stats: AlignmentStats) -> None:
@@ -247,6 +261,7 @@ def word_alignment(tokenizer, gold: GoldWord, stats: AlignmentStats) -> None:
 
     def to_byte(i: int) -> int:
         return len(gold.word[:i].encode("utf-8"))
+
     gold_b = {to_byte(b) for b in gold.boundaries}
     known = [(to_byte(s), to_byte(e)) for s, e in gold.known]
     stats.num_words += 1

@@ -52,8 +52,13 @@ def sweep_plot(sweep: dict, path: Path) -> Path | None:
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=s)
         base = (sweep.get("base") or {}).get("sets", {}).get(s)
         if base:
-            ax.axhline(base["tokens_per_word"], linestyle="--", linewidth=1, color=ax.lines[-1].get_color(),
-                       label=f"{s} (base tokenizer)")
+            ax.axhline(
+                base["tokens_per_word"],
+                linestyle="--",
+                linewidth=1,
+                color=ax.lines[-1].get_color(),
+                label=f"{s} (base tokenizer)",
+            )
     if sweep.get("selected"):
         ax.axvline(sweep["selected"], color="grey", linestyle=":", label=f"selected {sweep['selected']}")
     sizes = sorted({r["vocab_size"] for r in rows})
@@ -85,18 +90,44 @@ def curves_plot(curves: dict[str, dict[str, list]], path: Path) -> Path | None:
 
 def make_plots(metrics: dict, plot_dir: Path) -> dict[str, Path]:
     plots: dict[str, Path] = {}
-    fert = {tok: {s: v["tokens_per_word"] for s, v in sets.items()} for tok, sets in metrics.get("tokenizer_metrics", {}).items()}
+    fert = {
+        tok: {s: v["tokens_per_word"] for s, v in sets.items()}
+        for tok, sets in metrics.get("tokenizer_metrics", {}).items()
+    }
     bpb = {m: {s: v["bpb"] for s, v in sets.items()} for m, sets in metrics.get("bpb", {}).items()}
-    morph = {tok: {src: v["boundary_recall"] for src, v in d.items() if v.get("boundary_recall") is not None}
-             for tok, d in metrics.get("morph", {}).items()}
+    morph = {
+        tok: {src: v["boundary_recall"] for src, v in d.items() if v.get("boundary_recall") is not None}
+        for tok, d in metrics.get("morph", {}).items()
+    }
     for key, p in (
-        ("fertility", grouped_bars(fert, "Fertility per tokenizer (lower is better)", "tokens per word",
-                                   plot_dir / "fertility_per_tokenizer.png")),
+        (
+            "fertility",
+            grouped_bars(
+                fert,
+                "Fertility per tokenizer (lower is better)",
+                "tokens per word",
+                plot_dir / "fertility_per_tokenizer.png",
+            ),
+        ),
         ("sweep", sweep_plot(metrics.get("vocab_sweep") or {}, plot_dir / "fertility_per_vocab_size.png")),
-        ("bpb", grouped_bars(bpb, "Bits per byte per model and domain (lower is better)", "bits per byte",
-                             plot_dir / "bpb_per_model.png")),
-        ("morph", grouped_bars(morph, "Morpheme boundary recall (higher is better)",
-                               "boundary recall", plot_dir / "morpheme_boundary_recall.png")),
+        (
+            "bpb",
+            grouped_bars(
+                bpb,
+                "Bits per byte per model and domain (lower is better)",
+                "bits per byte",
+                plot_dir / "bpb_per_model.png",
+            ),
+        ),
+        (
+            "morph",
+            grouped_bars(
+                morph,
+                "Morpheme boundary recall (higher is better)",
+                "boundary recall",
+                plot_dir / "morpheme_boundary_recall.png",
+            ),
+        ),
         ("curves", curves_plot(metrics.get("curves", {}), plot_dir / "training_curves.png")),
     ):
         if p is not None:

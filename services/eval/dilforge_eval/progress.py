@@ -42,8 +42,10 @@ class LogProgress:
         rate = self.n / elapsed if elapsed > 0 else 0.0
         if self.total and rate > 0:
             eta = max(0.0, (self.total - self.n) / rate)
-            return (f"{self.desc}: {self.n}/{self.total} {self.unit} ({100 * self.n / self.total:.0f}%), "
-                    f"{elapsed:.0f}s elapsed, ETA {eta:.0f}s")
+            return (
+                f"{self.desc}: {self.n}/{self.total} {self.unit} ({100 * self.n / self.total:.0f}%), "
+                f"{elapsed:.0f}s elapsed, ETA {eta:.0f}s"
+            )
         return f"{self.desc}: {self.n} {self.unit}, {elapsed:.0f}s elapsed"
 
     def close(self) -> None:

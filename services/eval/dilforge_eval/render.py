@@ -12,8 +12,16 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-         "--disable-sync", "--no-first-run", "--hide-scrollbars"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--hide-scrollbars",
+]
 
 
 def chromium() -> str | None:
@@ -25,8 +33,13 @@ def _run(args: list[str], timeout: int) -> subprocess.CompletedProcess:
     if exe is None:
         raise RuntimeError("chromium not found (Debian: apt-get install -y chromium)")
     with tempfile.TemporaryDirectory(prefix="dilforge-chromium-") as profile:
-        return subprocess.run([exe, *FLAGS, f"--user-data-dir={profile}", *args], capture_output=True, text=True,
-                              timeout=timeout, check=True)
+        return subprocess.run(
+            [exe, *FLAGS, f"--user-data-dir={profile}", *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=True,
+        )
 
 
 def screenshot(html: Path, png: Path, width: int = 1300, height: int = 4000, timeout: int = 120) -> Path:
@@ -42,8 +55,9 @@ def dump_dom(html: Path, timeout: int = 120) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m dilforge_eval.render", description="Screenshot an HTML report "
-                                     "in headless Chromium (full page).")
+    parser = argparse.ArgumentParser(
+        prog="python -m dilforge_eval.render", description="Screenshot an HTML report in headless Chromium (full page)."
+    )
     parser.add_argument("report", type=Path, help="report.html")
     parser.add_argument("screenshot", type=Path, help="PNG to write")
     args = parser.parse_args(argv)

@@ -22,6 +22,7 @@ from .plots import make_plots
 @dataclass(frozen=True)
 class Cell:
     """A table cell with a CSS class (better/worse colouring, numbers aligned right)."""
+
     text: str
     cls: str = ""
 
@@ -61,6 +62,7 @@ def transition(entry: dict | None) -> Cell:
 
 # ----------------------------------------------------------------------------------------------- tables
 
+
 def headline_table(metrics: dict) -> Table:
     """One row per model: the target-language gain and each other language's retention, each on one named set."""
     h = metrics.get("headline") or {}
@@ -87,10 +89,17 @@ def headline_table(metrics: dict) -> Table:
     return head, rows
 
 
-METRIC_NAMES = {"acc": "accuracy", "acc_norm": "accuracy (length-normalised)", "chrf++": "chrF++", "chrf": "chrF",
-                "bleu": "BLEU", "answer_in_language": "answers in the language", "repetition_rate":
-                "repeated 3-gram rate", "empty_answer": "empty answers", "ended_turn":
-                "answers ending at the end of the turn"}
+METRIC_NAMES = {
+    "acc": "accuracy",
+    "acc_norm": "accuracy (length-normalised)",
+    "chrf++": "chrF++",
+    "chrf": "chrF",
+    "bleu": "BLEU",
+    "answer_in_language": "answers in the language",
+    "repetition_rate": "repeated 3-gram rate",
+    "empty_answer": "empty answers",
+    "ended_turn": "answers ending at the end of the turn",
+}
 
 
 def _score(v: dict | None, metric: str) -> str:
@@ -105,6 +114,7 @@ def _score(v: dict | None, metric: str) -> str:
 def _delta_cell(v: dict | None, delta: float | None, metric: str) -> Cell:
     """A score with its change against the reference model, coloured by whether higher is better."""
     from .downstream import HIGHER_IS_BETTER
+
     text = _score(v, metric)
     if v is None or delta is None:
         return Cell(text, "num")
@@ -137,17 +147,25 @@ def downstream_table(metrics: dict) -> Table:
     head = ["task", "metric", "n", "chance"] + [f"{m} {lang}" for m in models for lang in languages]
     rows = []
     for row, metric, by_lang in rows_:
-        chance = [f"{lang} {_fmt(tasks[k]['chance'][metric], 3 if metric not in ('chrf++', 'bleu') else 1)}"
-                  for lang, k in by_lang.items() if metric in tasks[k]["chance"]]
+        chance = [
+            f"{lang} {_fmt(tasks[k]['chance'][metric], 3 if metric not in ('chrf++', 'bleu') else 1)}"
+            for lang, k in by_lang.items()
+            if metric in tasks[k]["chance"]
+        ]
         n = "/".join(str(tasks[k]["num_examples"]) for k in by_lang.values())
-        cells: list[str | Cell] = [row, METRIC_NAMES.get(metric, metric), Cell(n, "num"),
-                                   Cell(", ".join(chance) or "–", "num")]
+        cells: list[str | Cell] = [
+            row,
+            METRIC_NAMES.get(metric, metric),
+            Cell(n, "num"),
+            Cell(", ".join(chance) or "–", "num"),
+        ]
         for model in models:
             for lang in languages:
                 key = by_lang.get(lang)
                 v = results[model].get(key, {}).get(metric) if key else None
-                cells.append(_delta_cell(v, changes.get(model, {}).get(key, {}).get(metric), metric) if key
-                             else Cell("–"))
+                cells.append(
+                    _delta_cell(v, changes.get(model, {}).get(key, {}).get(metric), metric) if key else Cell("–")
+                )
         rows.append(cells)
     return head, rows
 
@@ -164,11 +182,20 @@ def tasks_detail_table(metrics: dict) -> Table:
                 if v is None:
                     continue
                 ci = v.get("ci95")
-                rows.append([key, t["language"], model, METRIC_NAMES.get(metric, metric),
-                             Cell(_fmt(v["value"], 4), "num"), Cell(_fmt(v.get("stderr"), 4), "num"),
-                             Cell(f"{_fmt(ci[0], 4)} – {_fmt(ci[1], 4)}" if ci else "–", "num"),
-                             Cell(_fmt(t["chance"].get(metric), 4), "num"), Cell(str(t["num_examples"]), "num"),
-                             Cell(str(t["num_fewshot"]), "num")])
+                rows.append(
+                    [
+                        key,
+                        t["language"],
+                        model,
+                        METRIC_NAMES.get(metric, metric),
+                        Cell(_fmt(v["value"], 4), "num"),
+                        Cell(_fmt(v.get("stderr"), 4), "num"),
+                        Cell(f"{_fmt(ci[0], 4)} – {_fmt(ci[1], 4)}" if ci else "–", "num"),
+                        Cell(_fmt(t["chance"].get(metric), 4), "num"),
+                        Cell(str(t["num_examples"]), "num"),
+                        Cell(str(t["num_fewshot"]), "num"),
+                    ]
+                )
     return head, rows
 
 
@@ -184,8 +211,10 @@ def bpb_table(metrics: dict) -> Table:
             row: list[str | Cell] = [m, s, langs.get(s) or "–", Cell(_fmt(res.get("bpb"), 4), "num")]
             if ref:
                 e = changes.get(m, {}).get(s)
-                row += [Cell(_fmt(e.get("reference_bpb") if e else None, 4), "num"),
-                        change_cell(e.get("change")) if e else Cell("–")]
+                row += [
+                    Cell(_fmt(e.get("reference_bpb") if e else None, 4), "num"),
+                    change_cell(e.get("change")) if e else Cell("–"),
+                ]
             rows.append(row)
     return head, rows
 
@@ -196,8 +225,13 @@ def step0_table(metrics: dict) -> Table:
         return [], []
     sets = t.get("sets") or []
     head = ["initialisation", *[f"step-0 BPB ({s})" for s in sets]]
-    rows = [[f"{method} (trained)" if method == t.get("method") else method,
-             *[Cell(_fmt(vals.get(s), 4), "num") for s in sets]] for method, vals in t["step0_bpb"].items()]
+    rows = [
+        [
+            f"{method} (trained)" if method == t.get("method") else method,
+            *[Cell(_fmt(vals.get(s), 4), "num") for s in sets],
+        ]
+        for method, vals in t["step0_bpb"].items()
+    ]
     return head, rows
 
 
@@ -206,16 +240,30 @@ def leakage_table(metrics: dict) -> Table:
     tokenisation's under the full softmax (what the new rows take from text the base model handled)."""
     t = metrics.get("transplant") or {}
     table = t.get("leakage") or {}
-    head = ["initialisation", "set", "base model BPB", "extended tokenizer BPB", "× base",
-            "base tokenisation BPB", "× base"]
+    head = [
+        "initialisation",
+        "set",
+        "base model BPB",
+        "extended tokenizer BPB",
+        "× base",
+        "base tokenisation BPB",
+        "× base",
+    ]
     rows = []
     for method, sets in table.items():
         name = f"{method} (trained)" if method == t.get("method") else method
         for s, r in sets.items():
-            rows.append([name, s, Cell(_fmt(r.get("bpb_base_model"), 4), "num"), Cell(_fmt(r.get("bpb_extended"), 4), "num"),
-                         Cell(_fmt(r.get("extended_vs_base"), 4), "num"),
-                         Cell(_fmt(r.get("bpb_base_tokenization"), 4), "num"),
-                         Cell(_fmt(r.get("base_tokenization_vs_base"), 4), "num")])
+            rows.append(
+                [
+                    name,
+                    s,
+                    Cell(_fmt(r.get("bpb_base_model"), 4), "num"),
+                    Cell(_fmt(r.get("bpb_extended"), 4), "num"),
+                    Cell(_fmt(r.get("extended_vs_base"), 4), "num"),
+                    Cell(_fmt(r.get("bpb_base_tokenization"), 4), "num"),
+                    Cell(_fmt(r.get("base_tokenization_vs_base"), 4), "num"),
+                ]
+            )
     return (head, rows) if rows else ([], [])
 
 
@@ -230,12 +278,19 @@ def strategy_table(metrics: dict) -> Table:
     rows = []
     for r in comp.get("rows") or []:
         per = r.get("languages") or {}
-        row: list[str | Cell] = [str(r.get("strategy")), Cell(_fmt(r.get("vocab_size")), "num"),
-                                 Cell(_fmt(r.get("num_new_tokens")), "num"), "yes" if r.get("selected") else ""]
+        row: list[str | Cell] = [
+            str(r.get("strategy")),
+            Cell(_fmt(r.get("vocab_size")), "num"),
+            Cell(_fmt(r.get("num_new_tokens")), "num"),
+            "yes" if r.get("selected") else "",
+        ]
         for lang in languages:
             v = per.get(lang) or {}
-            row += [Cell(_fmt(v.get("tokens_per_word")), "num"), Cell(_fmt(v.get("bytes_per_token")), "num"),
-                    Cell(_pct(v.get("frac_words_3plus")), "num")]
+            row += [
+                Cell(_fmt(v.get("tokens_per_word")), "num"),
+                Cell(_fmt(v.get("bytes_per_token")), "num"),
+                Cell(_pct(v.get("frac_words_3plus")), "num"),
+            ]
         row.append(Cell(_pct(r.get("dead_new_tokens_frac")), "num"))
         rows.append(row)
     return head, rows
@@ -251,45 +306,91 @@ def _flatten(d: dict, prefix: str = "") -> list[tuple[str, Any]]:
 
 def dead_tokens_table(metrics: dict) -> Table:
     dead = (metrics.get("tokenizer_comparison") or {}).get("dead_tokens") or {}
-    rows = [[k, Cell(_fmt(v, 4) if isinstance(v, float) else _fmt(v if not isinstance(v, list) else len(v)), "num")]
-            for k, v in _flatten(dead)]
+    rows = [
+        [k, Cell(_fmt(v, 4) if isinstance(v, float) else _fmt(v if not isinstance(v, list) else len(v)), "num")]
+        for k, v in _flatten(dead)
+    ]
     return ["figure", "value"], rows
 
 
 def tokenizer_table(metrics: dict) -> Table:
     head = ["tokenizer", "text set", "language", "tokens/word", "bytes/token", "words in 3+ tokens", "tokens", "words"]
     langs = {k: v.get("language") for k, v in metrics.get("text_sets", {}).items()}
-    rows = [[tok, s, langs.get(s) or "–", Cell(_fmt(v["tokens_per_word"]), "num"),
-             Cell(_fmt(v["bytes_per_token"]), "num"), Cell(_pct(v["share_words_3plus"]), "num"),
-             Cell(str(v["num_tokens"]), "num"), Cell(str(v["num_words"]), "num")]
-            for tok, sets in metrics.get("tokenizer_metrics", {}).items() for s, v in sets.items()]
+    rows = [
+        [
+            tok,
+            s,
+            langs.get(s) or "–",
+            Cell(_fmt(v["tokens_per_word"]), "num"),
+            Cell(_fmt(v["bytes_per_token"]), "num"),
+            Cell(_pct(v["share_words_3plus"]), "num"),
+            Cell(str(v["num_tokens"]), "num"),
+            Cell(str(v["num_words"]), "num"),
+        ]
+        for tok, sets in metrics.get("tokenizer_metrics", {}).items()
+        for s, v in sets.items()
+    ]
     return head, rows
 
 
 def parity_table(metrics: dict) -> Table:
     head = ["tokenizer", "aligned set", "tokens az", "tokens en", "parity (az/en)", "pairs"]
-    rows = [[tok, s, Cell(str(v["tokens_az"]), "num"), Cell(str(v["tokens_en"]), "num"),
-             Cell(_fmt(v["parity"]), "num"), Cell(str(v["num_pairs"]), "num")]
-            for tok, sets in metrics.get("parity", {}).items() for s, v in sets.items()]
+    rows = [
+        [
+            tok,
+            s,
+            Cell(str(v["tokens_az"]), "num"),
+            Cell(str(v["tokens_en"]), "num"),
+            Cell(_fmt(v["parity"]), "num"),
+            Cell(str(v["num_pairs"]), "num"),
+        ]
+        for tok, sets in metrics.get("parity", {}).items()
+        for s, v in sets.items()
+    ]
     return head, rows
 
 
 def morph_table(metrics: dict) -> Table:
-    head = ["tokenizer", "resource", "words", "gold boundaries", "boundary recall", "token boundaries inside a morpheme",
-            "exact segmentation"]
-    rows = [[tok, src, Cell(str(v["num_words"]), "num"), Cell(str(v["num_gold_boundaries"]), "num"),
-             Cell(_pct(v["boundary_recall"]), "num"), Cell(_pct(v["inside_morpheme_rate"]), "num"),
-             Cell(_pct(v["exact_segmentation_rate"]), "num")]
-            for tok, d in metrics.get("morph", {}).items() for src, v in d.items()]
+    head = [
+        "tokenizer",
+        "resource",
+        "words",
+        "gold boundaries",
+        "boundary recall",
+        "token boundaries inside a morpheme",
+        "exact segmentation",
+    ]
+    rows = [
+        [
+            tok,
+            src,
+            Cell(str(v["num_words"]), "num"),
+            Cell(str(v["num_gold_boundaries"]), "num"),
+            Cell(_pct(v["boundary_recall"]), "num"),
+            Cell(_pct(v["inside_morpheme_rate"]), "num"),
+            Cell(_pct(v["exact_segmentation_rate"]), "num"),
+        ]
+        for tok, d in metrics.get("morph", {}).items()
+        for src, v in d.items()
+    ]
     return head, rows
 
 
 def repetition_table(metrics: dict) -> Table:
     head = ["model", "mode", "answers", "words/answer", "distinct-1", "distinct-2", "repeated 3-gram rate"]
-    rows = [[m, mode, Cell(str(v["num_generations"]), "num"), Cell(_fmt(v["num_words"], 1), "num"),
-             Cell(_fmt(v["distinct_1"]), "num"), Cell(_fmt(v["distinct_2"]), "num"),
-             Cell(_fmt(v["repeated_3gram_rate"]), "num")]
-            for m, modes in metrics.get("generation", {}).items() for mode, v in modes.items()]
+    rows = [
+        [
+            m,
+            mode,
+            Cell(str(v["num_generations"]), "num"),
+            Cell(_fmt(v["num_words"], 1), "num"),
+            Cell(_fmt(v["distinct_1"]), "num"),
+            Cell(_fmt(v["distinct_2"]), "num"),
+            Cell(_fmt(v["repeated_3gram_rate"]), "num"),
+        ]
+        for m, modes in metrics.get("generation", {}).items()
+        for mode, v in modes.items()
+    ]
     return head, rows
 
 
@@ -306,10 +407,13 @@ def generations_tables(generations: list[dict], models: list[str]) -> dict[str, 
         by_prompt: dict[str, dict] = {}
         for g in generations:
             if g["mode"] == mode:
-                by_prompt.setdefault(g["prompt_id"], {"prompt": g["prompt"], "kind": g["kind"]})[g["model"]] = g["output"]
+                by_prompt.setdefault(g["prompt_id"], {"prompt": g["prompt"], "kind": g["kind"]})[g["model"]] = g[
+                    "output"
+                ]
         head = ["prompt", *models]
-        rows = [[f"[{d['kind']}] {d['prompt']}", *[Cell(d.get(m, ""), "gen") for m in models]]
-                for d in by_prompt.values()]
+        rows = [
+            [f"[{d['kind']}] {d['prompt']}", *[Cell(d.get(m, ""), "gen") for m in models]] for d in by_prompt.values()
+        ]
         out[mode] = (head, rows)
     return out
 
@@ -317,54 +421,122 @@ def generations_tables(generations: list[dict], models: list[str]) -> dict[str, 
 # ----------------------------------------------------------------------------------------------- render
 
 SECTIONS = [
-    ("Headline", None, headline_table, (
-        "BPB of each model against the reference model named in the header (the base model when the pipeline has "
-        "one) on the first text set of each language: the gain on the target language and what every other "
-        "language kept (negative = fewer bits per byte = better). Per set, never averaged across languages.")),
-    ("Headline: downstream tasks", None, downstream_table, (
-        "Tasks run by lm-evaluation-harness with the task configs in the artifact's lm_eval_tasks/ (commands.txt "
-        "reproduces them with `lm_eval`). Each figure with its 95 % interval (value ± 1.96 standard errors: "
-        "binomial for accuracies and shares, bootstrap for chrF++/BLEU), the change against the reference "
-        "model in brackets (green better, red worse, by the metric's direction) and the chance level: uniform "
-        "guessing for classification and multiple choice, copying the source (translation) or the instruction "
-        "(answers) for chrF++/BLEU. Translation columns are the target language. Small n means wide intervals: "
-        "read a change as real only when the intervals do not overlap.")),
-    ("Downstream tasks: all figures", None, tasks_detail_table, (
-        "Every metric lm-eval reported, per task and model; per-example answers are in task_answers.jsonl.")),
-    ("Bits per byte", "bpb", bpb_table, ("BPB of each model with its own tokenizer on each text set: NLL in bits over "
-                                         "the UTF-8 bytes, so different vocabularies compare fairly. Lower is better. "
-                                         "The change is against the reference model on the same set.")),
-    ("Step-0 BPB per initialisation", None, step0_table, (
-        "BPB on the CPT validation text right after the vocabulary transplant, before any training, for each way of "
-        "initialising the new embedding rows (from the CPT manifest).")),
-    ("Step-0 vocabulary leakage", None, leakage_table, (
-        "Per initialisation (CPT manifest `transplant.step0_leakage`): each validation set scored with the extended "
-        "tokenizer and in the base model's own tokenisation under the full softmax, next to the base model's BPB on "
-        "the same text. Base tokenisation above 1.0 × base is probability the new rows take from text the base "
-        "model already handled (docs/cpt.md, Vocabulary leakage).")),
-    ("Tokenizer strategies", None, strategy_table, (
-        "The tokenizer stage's strategies side by side on each language's validation text (from its manifest); "
-        "dead new tokens are never produced on the training corpus.")),
+    (
+        "Headline",
+        None,
+        headline_table,
+        (
+            "BPB of each model against the reference model named in the header (the base model when the pipeline has "
+            "one) on the first text set of each language: the gain on the target language and what every other "
+            "language kept (negative = fewer bits per byte = better). Per set, never averaged across languages."
+        ),
+    ),
+    (
+        "Headline: downstream tasks",
+        None,
+        downstream_table,
+        (
+            "Tasks run by lm-evaluation-harness with the task configs in the artifact's lm_eval_tasks/ (commands.txt "
+            "reproduces them with `lm_eval`). Each figure with its 95 % interval (value ± 1.96 standard errors: "
+            "binomial for accuracies and shares, bootstrap for chrF++/BLEU), the change against the reference "
+            "model in brackets (green better, red worse, by the metric's direction) and the chance level: uniform "
+            "guessing for classification and multiple choice, copying the source (translation) or the instruction "
+            "(answers) for chrF++/BLEU. Translation columns are the target language. Small n means wide intervals: "
+            "read a change as real only when the intervals do not overlap."
+        ),
+    ),
+    (
+        "Downstream tasks: all figures",
+        None,
+        tasks_detail_table,
+        ("Every metric lm-eval reported, per task and model; per-example answers are in task_answers.jsonl."),
+    ),
+    (
+        "Bits per byte",
+        "bpb",
+        bpb_table,
+        (
+            "BPB of each model with its own tokenizer on each text set: NLL in bits over "
+            "the UTF-8 bytes, so different vocabularies compare fairly. Lower is better. "
+            "The change is against the reference model on the same set."
+        ),
+    ),
+    (
+        "Step-0 BPB per initialisation",
+        None,
+        step0_table,
+        (
+            "BPB on the CPT validation text right after the vocabulary transplant, before any training, for each way of "
+            "initialising the new embedding rows (from the CPT manifest)."
+        ),
+    ),
+    (
+        "Step-0 vocabulary leakage",
+        None,
+        leakage_table,
+        (
+            "Per initialisation (CPT manifest `transplant.step0_leakage`): each validation set scored with the extended "
+            "tokenizer and in the base model's own tokenisation under the full softmax, next to the base model's BPB on "
+            "the same text. Base tokenisation above 1.0 × base is probability the new rows take from text the base "
+            "model already handled (docs/cpt.md, Vocabulary leakage)."
+        ),
+    ),
+    (
+        "Tokenizer strategies",
+        None,
+        strategy_table,
+        (
+            "The tokenizer stage's strategies side by side on each language's validation text (from its manifest); "
+            "dead new tokens are never produced on the training corpus."
+        ),
+    ),
     ("Dead-token audit", None, dead_tokens_table, "From the tokenizer stage's manifest (`dead_tokens`)."),
     ("Tokenizer efficiency", "fertility", tokenizer_table, "Words are whitespace-separated; tokens exclude BOS/EOS."),
-    ("Parity with English", None, parity_table, ("Tokens for the Azerbaijani side over tokens for the aligned English "
-                                                 "side; 1.0 means Azerbaijani costs as much as English.")),
-    ("Morpheme alignment", "morph", morph_table, ("Gold boundaries from segmented words, lemma/form pairs and glossed "
-                                                  "UD sentences; see docs/eval.md for the method.")),
+    (
+        "Parity with English",
+        None,
+        parity_table,
+        (
+            "Tokens for the Azerbaijani side over tokens for the aligned English "
+            "side; 1.0 means Azerbaijani costs as much as English."
+        ),
+    ),
+    (
+        "Morpheme alignment",
+        "morph",
+        morph_table,
+        (
+            "Gold boundaries from segmented words, lemma/form pairs and glossed "
+            "UD sentences; see docs/eval.md for the method."
+        ),
+    ),
     ("Vocab size sweep", "sweep", None, "Fertility per vocab size from the tokenizer stage's manifest."),
     ("Training curves", "curves", None, "Loss per step read from the CPT/SFT manifests (or their TensorBoard logs)."),
     ("Cost", None, cost_table, "Time and token counts the upstream stages recorded in their manifests."),
-    ("Generation repetition", None, repetition_table, (
-        "Means over answers: distinct-n = unique n-grams / n-grams of words in one answer; repeated 3-gram rate = "
-        "share of 3-grams that repeat an earlier one in the same answer.")),
+    (
+        "Generation repetition",
+        None,
+        repetition_table,
+        (
+            "Means over answers: distinct-n = unique n-grams / n-grams of words in one answer; repeated 3-gram rate = "
+            "share of 3-grams that repeat an earlier one in the same answer."
+        ),
+    ),
 ]
 
 
 @lru_cache(maxsize=2)
 def _environment(autoescape: bool):
     from jinja2 import Environment, PackageLoader, StrictUndefined
-    env = Environment(loader=PackageLoader("dilforge_eval", "templates"), autoescape=autoescape,
-                      undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+
+    env = Environment(
+        loader=PackageLoader("dilforge_eval", "templates"),
+        autoescape=autoescape,
+        undefined=StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
     env.filters["md_cell"] = lambda c: str(c).replace("|", "\\|").replace("\n", " ⏎ ")
     env.tests["cell"] = lambda c: isinstance(c, Cell)
     return env
@@ -373,10 +545,22 @@ def _environment(autoescape: bool):
 def _inventory(metrics: dict) -> list[tuple[str, str]]:
     return [
         ("models", ", ".join(f"{k} ({v.get('origin', '')})" for k, v in metrics.get("models", {}).items()) or "none"),
-        ("tokenizers", ", ".join(k + (f" (same as {', '.join(v['aliases'])})" if v.get("aliases") else "")
-                                 for k, v in metrics.get("tokenizers", {}).items()) or "none"),
-        ("text sets", ", ".join(f"{k} [{v.get('language', '?')}] ({v['num_docs']} docs, {v['num_bytes']} bytes)"
-                                for k, v in metrics.get("text_sets", {}).items()) or "none"),
+        (
+            "tokenizers",
+            ", ".join(
+                k + (f" (same as {', '.join(v['aliases'])})" if v.get("aliases") else "")
+                for k, v in metrics.get("tokenizers", {}).items()
+            )
+            or "none",
+        ),
+        (
+            "text sets",
+            ", ".join(
+                f"{k} [{v.get('language', '?')}] ({v['num_docs']} docs, {v['num_bytes']} bytes)"
+                for k, v in metrics.get("text_sets", {}).items()
+            )
+            or "none",
+        ),
     ]
 
 
@@ -389,14 +573,27 @@ def write_report(metrics: dict, generations: list[dict], out_dir: Path, title: s
         plot = plots.get(plot_key) if plot_key else None
         if (table is None or not table[1]) and plot is None:
             continue
-        sections.append({"heading": heading, "note": note, "table": table if table and table[1] else None,
-                         "plot_name": plot.name if plot else None,
-                         "plot_b64": base64.b64encode(plot.read_bytes()).decode() if plot else None})
+        sections.append(
+            {
+                "heading": heading,
+                "note": note,
+                "table": table if table and table[1] else None,
+                "plot_name": plot.name if plot else None,
+                "plot_b64": base64.b64encode(plot.read_bytes()).decode() if plot else None,
+            }
+        )
     models = list(metrics.get("models", {}))
-    context = {"title": title, "inventory": _inventory(metrics), "skipped": metrics.get("skipped", []),
-               "sections": sections, "generations": generations_tables(generations, models)}
-    (out_dir / "report.html").write_text(_environment(True).get_template("report.html.j2").render(context),
-                                         encoding="utf-8")
-    (out_dir / "report.md").write_text(_environment(False).get_template("report.md.j2").render(context),
-                                       encoding="utf-8")
+    context = {
+        "title": title,
+        "inventory": _inventory(metrics),
+        "skipped": metrics.get("skipped", []),
+        "sections": sections,
+        "generations": generations_tables(generations, models),
+    }
+    (out_dir / "report.html").write_text(
+        _environment(True).get_template("report.html.j2").render(context), encoding="utf-8"
+    )
+    (out_dir / "report.md").write_text(
+        _environment(False).get_template("report.md.j2").render(context), encoding="utf-8"
+    )
     return {"html": out_dir / "report.html", "md": out_dir / "report.md", **{f"plot_{k}": v for k, v in plots.items()}}

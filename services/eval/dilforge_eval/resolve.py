@@ -14,7 +14,6 @@ from dilforge_shared.settings import settings
 log = logging.getLogger("dilforge.eval")
 
 
-
 def locate(uri: str, kind: Kind, cache_dir: Path, endpoint_url: str | None = None) -> Resolved:
     """The shared resolver (`models.resolve`), its ConfigError as an InputError naming the URI."""
     try:
@@ -62,6 +61,7 @@ def tokenizer_json(path: Path) -> Path:
 class EvalModel:
     """One model the eval stage scores, under its report label: model, tokenizer and adapter folders and where
     they came from (not the shared `models.ModelSource`, which is a fetched folder and its lineage)."""
+
     label: str
     model_dir: Path
     tokenizer_dir: Path
@@ -71,38 +71,56 @@ class EvalModel:
     notes: list[str] = field(default_factory=list)
 
 
-def model_source(label: str, root: Path, origin: str, manifest: Manifest | None = None,
-                 tokenizer_dir: Path | None = None, adapter_dir: Path | None = None,
-                 base_model_dir: Path | None = None, base_tokenizer_dir: Path | None = None) -> EvalModel:
+def model_source(
+    label: str,
+    root: Path,
+    origin: str,
+    manifest: Manifest | None = None,
+    tokenizer_dir: Path | None = None,
+    adapter_dir: Path | None = None,
+    base_model_dir: Path | None = None,
+    base_tokenizer_dir: Path | None = None,
+) -> EvalModel:
     """Resolve a model folder; an adapter-only folder is applied on `base_model_dir` (the caller found it
     with `models.adapter_base`, the one way an adapter's base is found)."""
     model_dir = find_model_dir(root)
     if model_dir is None:
         adapter_dir = adapter_dir or find_adapter_dir(root)
         if adapter_dir is None:
-            raise InputError(f"model {label!r}: no HF model (config.json + weights) or PEFT adapter found", path=str(root))
+            raise InputError(
+                f"model {label!r}: no HF model (config.json + weights) or PEFT adapter found", path=str(root)
+            )
         if base_model_dir is None:
-            raise InputError(f"model {label!r}: adapter found but no base model to apply it on (run the cpt stage "
-                             "in the same pipeline, or publish merged/ weights)", path=str(adapter_dir))
+            raise InputError(
+                f"model {label!r}: adapter found but no base model to apply it on (run the cpt stage "
+                "in the same pipeline, or publish merged/ weights)",
+                path=str(adapter_dir),
+            )
         model_dir = base_model_dir
     tok = tokenizer_dir or find_tokenizer_dir(root) or find_tokenizer_dir(model_dir) or base_tokenizer_dir
     if tok is None:
         raise InputError(f"model {label!r}: no tokenizer.json next to the model; set tokenizer_uri", path=str(root))
-    return EvalModel(label=label, model_dir=model_dir, tokenizer_dir=tok, adapter_dir=adapter_dir, origin=origin,
-                     manifest=manifest)
+    return EvalModel(
+        label=label, model_dir=model_dir, tokenizer_dir=tok, adapter_dir=adapter_dir, origin=origin, manifest=manifest
+    )
 
 
 def load_model(src: EvalModel, device: str, dtype):
     """(model in eval mode on device, transformers tokenizer); a PEFT adapter is merged in."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
     tokenizer = AutoTokenizer.from_pretrained(str(src.tokenizer_dir), trust_remote_code=False)
     model = AutoModelForCausalLM.from_pretrained(str(src.model_dir), dtype=dtype, trust_remote_code=False)
     if src.adapter_dir is not None:
         from peft import PeftModel
+
         model = PeftModel.from_pretrained(model, str(src.adapter_dir)).merge_and_unload()
     if model.get_input_embeddings().weight.shape[0] < len(tokenizer):
-        raise InputError(f"model {src.label!r}: tokenizer has {len(tokenizer)} tokens but the model's embedding "
-                         f"only {model.get_input_embeddings().weight.shape[0]}", path=str(src.tokenizer_dir))
+        raise InputError(
+            f"model {src.label!r}: tokenizer has {len(tokenizer)} tokens but the model's embedding "
+            f"only {model.get_input_embeddings().weight.shape[0]}",
+            path=str(src.tokenizer_dir),
+        )
     model.to(device).eval()
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token

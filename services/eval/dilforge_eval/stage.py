@@ -53,7 +53,6 @@ from .resolve import (
 log = logging.getLogger("dilforge.eval")
 
 
-
 def _capped(source, max_bytes: int | None) -> dict:
     """Reader bounds: a document never larger than the set's byte cap (the first one is truncated to it)."""
     bounds = source.bounds
@@ -83,10 +82,12 @@ def read_parallel(pset, max_docs: int | None, max_bytes: int | None, endpoint: s
 
     Both sides are streamed together; past the cap the rest is only counted (to check alignment), not kept.
     """
-    az = iter_texts(pset.az.uri, pset.az.format, pset.az.text_field, endpoint, skip_empty=False,
-                    **_capped(pset.az, max_bytes))
-    en = iter_texts(pset.en.uri, pset.en.format, pset.en.text_field, endpoint, skip_empty=False,
-                    **_capped(pset.en, max_bytes))
+    az = iter_texts(
+        pset.az.uri, pset.az.format, pset.az.text_field, endpoint, skip_empty=False, **_capped(pset.az, max_bytes)
+    )
+    en = iter_texts(
+        pset.en.uri, pset.en.format, pset.en.text_field, endpoint, skip_empty=False, **_capped(pset.en, max_bytes)
+    )
     pairs: list[tuple[str, str]] = []
     size, full, num_az, num_en = 0, False, 0, 0
     for a, e in zip_longest(az, en):
@@ -102,8 +103,9 @@ def read_parallel(pset, max_docs: int | None, max_bytes: int | None, endpoint: s
         size += n
         full = max_docs is not None and len(pairs) >= max_docs
     if num_az != num_en:
-        raise InputError(f"parallel set {pset.name!r}: {num_az} az documents but {num_en} en documents",
-                         path=pset.en.uri)
+        raise InputError(
+            f"parallel set {pset.name!r}: {num_az} az documents but {num_en} en documents", path=pset.en.uri
+        )
     if not pairs:
         raise InputError(f"parallel set {pset.name!r} holds no aligned pair", path=pset.az.uri)
     return pairs
@@ -112,6 +114,7 @@ def read_parallel(pset, max_docs: int | None, max_bytes: int | None, endpoint: s
 def load_tokenizers(config: EvalConfig, ctx: StageContext, models: list[EvalModel], cache: Path):
     """label -> tokenizers.Tokenizer; tokenizers with identical tokenizer.json are listed once, with aliases."""
     from tokenizers import Tokenizer
+
     entries: list[tuple[str, Path, str]] = []
     if ctx.has_input("tokenizer"):
         art = ctx.input("tokenizer")
@@ -143,8 +146,10 @@ def base_model(config: EvalConfig, ctx: StageContext) -> EvalModel | None:
         return None
     for i, ref in enumerate(config.models):
         if ref.label == BASE_LABEL:
-            raise ConfigError(f"eval.models[{i}].label: {BASE_LABEL!r} is the pipeline's model artifact here; "
-                              "give this model another label")
+            raise ConfigError(
+                f"eval.models[{i}].label: {BASE_LABEL!r} is the pipeline's model artifact here; "
+                "give this model another label"
+            )
     art = ctx.input("model")
     try:
         hf_dir = resolve(art, "model").path
@@ -164,8 +169,14 @@ def sft_model(art, cpt: EvalModel | None, ctx: StageContext, cache: Path) -> Eva
             base_dir, base_tok = cpt.model_dir, cpt.tokenizer_dir
         else:
             base_dir = adapter_base_dir(src, cache, ctx.endpoint_url)
-    return model_source("sft", art.path, f"artifact {art.manifest.artifact_id}", art.manifest,
-                        base_model_dir=base_dir, base_tokenizer_dir=base_tok)
+    return model_source(
+        "sft",
+        art.path,
+        f"artifact {art.manifest.artifact_id}",
+        art.manifest,
+        base_model_dir=base_dir,
+        base_tokenizer_dir=base_tok,
+    )
 
 
 def resolve_models(config: EvalConfig, ctx: StageContext, cache: Path) -> tuple[list[EvalModel], list[str]]:
@@ -177,8 +188,17 @@ def resolve_models(config: EvalConfig, ctx: StageContext, cache: Path) -> tuple[
         src = open_root(ref.uri, cache, ctx.endpoint_url)
         tok = locate(ref.tokenizer_uri, "tokenizer", cache, ctx.endpoint_url).path if ref.tokenizer_uri else None
         adapter = locate(ref.adapter_uri, "adapter", cache, ctx.endpoint_url).path if ref.adapter_uri else None
-        models.append(model_source(ref.label, src.path, ref.uri, src.manifest, tokenizer_dir=tok, adapter_dir=adapter,
-                                   base_model_dir=adapter_base_dir(src, cache, ctx.endpoint_url)))
+        models.append(
+            model_source(
+                ref.label,
+                src.path,
+                ref.uri,
+                src.manifest,
+                tokenizer_dir=tok,
+                adapter_dir=adapter,
+                base_model_dir=adapter_base_dir(src, cache, ctx.endpoint_url),
+            )
+        )
     cpt = None
     if ctx.has_input("cpt"):
         art = ctx.input("cpt")
@@ -190,16 +210,19 @@ def resolve_models(config: EvalConfig, ctx: StageContext, cache: Path) -> tuple[
             models.append(sft_model(art, cpt, ctx, cache))
         except InputError as exc:
             if config.on_unloadable_model == "fail":
-                raise InputError(f"sft artifact {art.uri}: {exc} (set on_unloadable_model: skip to report without "
-                                 "it)") from None
+                raise InputError(
+                    f"sft artifact {art.uri}: {exc} (set on_unloadable_model: skip to report without it)"
+                ) from None
             log.warning("%s", exc)
             skipped.append(f"sft model: {exc}")
     return models, skipped
 
 
 def tokenizer_metrics(toks, sets: dict[str, list[str]]) -> dict:
-    return {label: {name: measure(docs, tokenizers_encoder(tok)).summary() for name, docs in sets.items()}
-            for label, tok in toks.items()}
+    return {
+        label: {name: measure(docs, tokenizers_encoder(tok)).summary() for name, docs in sets.items()}
+        for label, tok in toks.items()
+    }
 
 
 def parity_metrics(toks, parallel: dict[str, list[tuple[str, str]]]) -> dict:
@@ -208,8 +231,12 @@ def parity_metrics(toks, parallel: dict[str, list[tuple[str, str]]]) -> dict:
         for name, pairs in parallel.items():
             az = sum(len(e.ids) for e in tok.encode_batch([p[0] for p in pairs], add_special_tokens=False))
             en = sum(len(e.ids) for e in tok.encode_batch([p[1] for p in pairs], add_special_tokens=False))
-            out.setdefault(label, {})[name] = {"tokens_az": az, "tokens_en": en, "num_pairs": len(pairs),
-                                               "parity": round(az / en, 4) if en else None}
+            out.setdefault(label, {})[name] = {
+                "tokens_az": az,
+                "tokens_en": en,
+                "num_pairs": len(pairs),
+                "parity": round(az / en, 4) if en else None,
+            }
     return out
 
 
@@ -235,19 +262,33 @@ def upstream_metrics(ctx: StageContext, stage: str):
     return read_metrics(stage, art.manifest.metrics, art.uri)
 
 
-def evaluate_model(src: EvalModel, config: EvalConfig, sets: dict[str, list[str]], prompts, device: str, dtype,
-                   tasks: tuple[list[downstream.TaskSpec], Path, Path] | None = None):
+def evaluate_model(
+    src: EvalModel,
+    config: EvalConfig,
+    sets: dict[str, list[str]],
+    prompts,
+    device: str,
+    dtype,
+    tasks: tuple[list[downstream.TaskSpec], Path, Path] | None = None,
+):
     """BPB per set, generations and the downstream tasks (specs, task folder, cache) of one model; the model
     is freed afterwards."""
     import torch
+
     t0 = time.perf_counter()
     model, tokenizer = load_model(src, device, dtype)
     window = bpb_mod.default_window(model, config.bpb.window)
     stride = min(config.bpb.stride or max(1, window // 2), window)
-    info = {"origin": src.origin, "num_parameters": sum(p.numel() for p in model.parameters()),
-            "adapter": src.adapter_dir is not None, "bpb_window": window, "bpb_stride": stride,
-            "dtype": str(dtype).removeprefix("torch."), "device": device,
-            "load_seconds": round(time.perf_counter() - t0, 2)}
+    info = {
+        "origin": src.origin,
+        "num_parameters": sum(p.numel() for p in model.parameters()),
+        "adapter": src.adapter_dir is not None,
+        "bpb_window": window,
+        "bpb_stride": stride,
+        "dtype": str(dtype).removeprefix("torch."),
+        "device": device,
+        "load_seconds": round(time.perf_counter() - t0, 2),
+    }
     log.info("model %s: %s parameters, window %d stride %d", src.label, f"{info['num_parameters']:,}", window, stride)
     bpb = {}
     for name, docs in sets.items():
@@ -256,14 +297,29 @@ def evaluate_model(src: EvalModel, config: EvalConfig, sets: dict[str, list[str]
         with progress.forward_progress(model, total, f"bpb {src.label}/{name}"):
             res = bpb_mod.bits_per_byte(model, tokenizer, docs, window, stride, config.bpb.batch_size)
         bpb[name] = res.summary()
-        log.info("bpb %s / %s: %.4f (%d tokens, %d bytes, %.0f bytes/s)", src.label, name, res.bpb, res.num_tokens,
-                 res.num_bytes, res.num_bytes / max(res.seconds, 1e-9))
+        log.info(
+            "bpb %s / %s: %.4f (%d tokens, %d bytes, %.0f bytes/s)",
+            src.label,
+            name,
+            res.bpb,
+            res.num_tokens,
+            res.num_bytes,
+            res.num_bytes / max(res.seconds, 1e-9),
+        )
     generations = []
     if prompts:
         bar = progress.bar(len(prompts) * len(config.generation.modes), f"generate {src.label}", unit="answer")
         for mode in config.generation.modes:
-            for row in gen_mod.generate(model, tokenizer, prompts, mode, config.generation, config.seed,
-                                        source=str(src.tokenizer_dir), progress=bar):
+            for row in gen_mod.generate(
+                model,
+                tokenizer,
+                prompts,
+                mode,
+                config.generation,
+                config.seed,
+                source=str(src.tokenizer_dir),
+                progress=bar,
+            ):
                 generations.append({"model": src.label, **row})
         bar.close()
     scores: dict = {}
@@ -271,14 +327,28 @@ def evaluate_model(src: EvalModel, config: EvalConfig, sets: dict[str, list[str]
         specs, task_dir, cache = tasks
         t_tasks, c_tasks = time.perf_counter(), time.process_time()
         scores["results"], scores["samples"] = downstream.run_model(
-            model, tokenizer, specs, task_dir, config.tasks, cache, config.seed, str(src.tokenizer_dir),
-            config.tasks.instructions.system_prompt if config.tasks.instructions else None)
+            model,
+            tokenizer,
+            specs,
+            task_dir,
+            config.tasks,
+            cache,
+            config.seed,
+            str(src.tokenizer_dir),
+            config.tasks.instructions.system_prompt if config.tasks.instructions else None,
+        )
         info["tasks_seconds"] = round(time.perf_counter() - t_tasks, 2)
-        info["tasks_cpu_seconds"] = round(time.process_time() - c_tasks, 2)   # all threads; shared CPUs inflate wall
+        info["tasks_cpu_seconds"] = round(time.process_time() - c_tasks, 2)  # all threads; shared CPUs inflate wall
         for key, res in scores["results"].items():
-            log.info("task %s / %s: %s", src.label, key, ", ".join(
-                f"{m} {v['value']:.4g}" + (f" ± {v['stderr']:.2g}" if v["stderr"] is not None else "")
-                for m, v in res.items()))
+            log.info(
+                "task %s / %s: %s",
+                src.label,
+                key,
+                ", ".join(
+                    f"{m} {v['value']:.4g}" + (f" ± {v['stderr']:.2g}" if v["stderr"] is not None else "")
+                    for m, v in res.items()
+                ),
+            )
     del model
     gc.collect()
     if torch.cuda.is_available():
@@ -289,6 +359,7 @@ def evaluate_model(src: EvalModel, config: EvalConfig, sets: dict[str, list[str]
 def run(config: EvalConfig, ctx: StageContext) -> StageResult:
     t_start, c_start = time.perf_counter(), time.process_time()
     import torch
+
     torch.manual_seed(config.seed)
     endpoint = ctx.endpoint_url
     cache = cache_dir_for(ctx.opt.root)
@@ -296,36 +367,65 @@ def run(config: EvalConfig, ctx: StageContext) -> StageResult:
     device, dtype = policy.device, policy.torch_dtype()
 
     sets = {s.label: read_set(s, config.max_docs_per_set, config.max_bytes_per_set, endpoint) for s in config.text_sets}
-    languages = {s.label: compare.infer_language(s, config.set_languages, config.target_language)
-                 for s in config.text_sets}
-    parallel = {p.name: read_parallel(p, config.max_docs_per_set, config.max_bytes_per_set, endpoint)
-                for p in config.parallel_sets}
-    prompts = (gen_mod.load_prompts(config.prompts, config.generation.num_prompts, endpoint)
-               if config.prompts else [])
+    languages = {
+        s.label: compare.infer_language(s, config.set_languages, config.target_language) for s in config.text_sets
+    }
+    parallel = {
+        p.name: read_parallel(p, config.max_docs_per_set, config.max_bytes_per_set, endpoint)
+        for p in config.parallel_sets
+    }
+    prompts = gen_mod.load_prompts(config.prompts, config.generation.num_prompts, endpoint) if config.prompts else []
     task_dir = ctx.model_dir / downstream.TASK_DIR
     specs = downstream.prepare(config.tasks, task_dir, endpoint, read_parallel) if config.tasks else []
     models, skipped = resolve_models(config, ctx, cache)
     toks, tok_info = load_tokenizers(config, ctx, models, cache)
-    gold = (morph_mod.load_gold(config.morph.segmented, config.morph.lemma_forms, config.morph.conllu,
-                                config.morph.num_words_per_source, config.seed, endpoint) if config.morph else {})
-    log_config(config, {
-        "device": device, "dtype": str(dtype), "models": [m.label for m in models], "tokenizers": list(toks),
-        "set_languages": languages, "reference_model": compare.reference_label(m.label for m in models),
-        "text_set_bytes": {k: bpb_mod.text_bytes(v) for k, v in sets.items()},
-        "parallel_pairs": {k: len(v) for k, v in parallel.items()}, "num_prompts": len(prompts),
-        "morph_words": {k: len(v) for k, v in gold.items()},
-        "num_generations": len(prompts) * len(config.generation.modes) * len(models),
-        "tasks": {s.key: s.num_examples for s in specs},
-    })
+    gold = (
+        morph_mod.load_gold(
+            config.morph.segmented,
+            config.morph.lemma_forms,
+            config.morph.conllu,
+            config.morph.num_words_per_source,
+            config.seed,
+            endpoint,
+        )
+        if config.morph
+        else {}
+    )
+    log_config(
+        config,
+        {
+            "device": device,
+            "dtype": str(dtype),
+            "models": [m.label for m in models],
+            "tokenizers": list(toks),
+            "set_languages": languages,
+            "reference_model": compare.reference_label(m.label for m in models),
+            "text_set_bytes": {k: bpb_mod.text_bytes(v) for k, v in sets.items()},
+            "parallel_pairs": {k: len(v) for k, v in parallel.items()},
+            "num_prompts": len(prompts),
+            "morph_words": {k: len(v) for k, v in gold.items()},
+            "num_generations": len(prompts) * len(config.generation.modes) * len(models),
+            "tasks": {s.key: s.num_examples for s in specs},
+        },
+    )
     if not models and not toks:
-        raise InputError("nothing to evaluate: no upstream artifacts and no models/tokenizers in the config",
-                         path="eval.models")
+        raise InputError(
+            "nothing to evaluate: no upstream artifacts and no models/tokenizers in the config", path="eval.models"
+        )
 
     t_tok = time.perf_counter()
     metrics: dict = {
-        "models": {}, "tokenizers": tok_info,
-        "text_sets": {k: {"uri": s.uri, "language": languages[k], "num_docs": len(sets[k]),
-                          "num_bytes": bpb_mod.text_bytes(sets[k])} for k, s in zip(sets, config.text_sets, strict=False)},
+        "models": {},
+        "tokenizers": tok_info,
+        "text_sets": {
+            k: {
+                "uri": s.uri,
+                "language": languages[k],
+                "num_docs": len(sets[k]),
+                "num_bytes": bpb_mod.text_bytes(sets[k]),
+            }
+            for k, s in zip(sets, config.text_sets, strict=False)
+        },
         "tokenizer_metrics": tokenizer_metrics(toks, sets),
         "parity": parity_metrics(toks, parallel),
         "morph": morph_metrics(toks, gold),
@@ -334,8 +434,9 @@ def run(config: EvalConfig, ctx: StageContext) -> StageResult:
 
     metrics["bpb"], generations, task_samples = {}, [], []
     if specs:
-        metrics["downstream"] = downstream.metrics_header(specs, config.tasks, task_dir,
-                                                          str(dtype).removeprefix("torch."), device, config.seed)
+        metrics["downstream"] = downstream.metrics_header(
+            specs, config.tasks, task_dir, str(dtype).removeprefix("torch."), device, config.seed
+        )
     for src in models:
         t_model = time.perf_counter()
         info, bpb, gens, scores = evaluate_model(src, config, sets, prompts, device, dtype, (specs, task_dir, cache))
@@ -358,8 +459,9 @@ def run(config: EvalConfig, ctx: StageContext) -> StageResult:
     metrics["generation"] = {}
     for g in generations:
         metrics["generation"].setdefault(g["model"], {}).setdefault(g["mode"], []).append(g)
-    metrics["generation"] = {m: {mode: gen_mod.mean_repetition(rows) for mode, rows in d.items()}
-                             for m, d in metrics["generation"].items()}
+    metrics["generation"] = {
+        m: {mode: gen_mod.mean_repetition(rows) for mode, rows in d.items()} for m, d in metrics["generation"].items()
+    }
 
     metrics["curves"], metrics["cost"] = {}, {}
     for stage in ("cpt", "sft"):
@@ -381,7 +483,8 @@ def run(config: EvalConfig, ctx: StageContext) -> StageResult:
     if specs:
         metrics["cost"]["eval"]["seconds_tasks"] = round(sum(metrics["downstream"]["seconds"].values()), 2)
         metrics["cost"]["eval"]["cpu_seconds_tasks"] = round(
-            sum(m.get("tasks_cpu_seconds", 0) for m in metrics["models"].values()), 2)
+            sum(m.get("tasks_cpu_seconds", 0) for m in metrics["models"].values()), 2
+        )
     metrics["seconds"] = seconds
 
     out = ctx.model_dir
@@ -389,8 +492,9 @@ def run(config: EvalConfig, ctx: StageContext) -> StageResult:
         for g in generations:
             f.write(json.dumps(g, ensure_ascii=False) + "\n")
     if specs:
-        metrics["downstream"]["changes"] = downstream.changes(metrics["downstream"], compare.reference_label(
-            metrics["downstream"]["results"]))
+        metrics["downstream"]["changes"] = downstream.changes(
+            metrics["downstream"], compare.reference_label(metrics["downstream"]["results"])
+        )
         with open(out / "task_answers.jsonl", "w", encoding="utf-8") as f:
             f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in task_samples)
     paths = write_report(metrics, generations, out, f"dilforge eval report — run {ctx.request.run_id}")

@@ -48,12 +48,18 @@ def build_transformers_app(model_id: str, options: ServerOptions):
     from transformers.cli.serving.transcription import TranscriptionHandler
     from transformers.cli.serving.utils import GenerationState
 
-    manager = ModelManager(device=options.device, dtype=options.dtype, trust_remote_code=False,
-                           attn_implementation=options.attn_implementation,
-                           continuous_batching=options.continuous_batching, force_model=model_id)
+    manager = ModelManager(
+        device=options.device,
+        dtype=options.dtype,
+        trust_remote_code=False,
+        attn_implementation=options.attn_implementation,
+        continuous_batching=options.continuous_batching,
+        force_model=model_id,
+    )
     state = GenerationState(continuous_batching=options.continuous_batching)
     app = build_server(
-        manager, ChatCompletionHandler(model_manager=manager, generation_state=state),
+        manager,
+        ChatCompletionHandler(model_manager=manager, generation_state=state),
         completion_handler=CompletionHandler(model_manager=manager, generation_state=state),
         response_handler=ResponseHandler(model_manager=manager, generation_state=state),
         transcription_handler=TranscriptionHandler(manager, state),
@@ -76,8 +82,10 @@ class BadRequest(Exception):
 
     def body(self) -> bytes:
         err_type = "not_found_error" if self.status == 404 else "invalid_request_error"
-        return json.dumps({"error": {"message": self.message, "type": err_type, "param": self.param,
-                                     "code": self.code}}, ensure_ascii=False).encode()
+        return json.dumps(
+            {"error": {"message": self.message, "type": err_type, "param": self.param, "code": self.code}},
+            ensure_ascii=False,
+        ).encode()
 
 
 class RequestGuard:
@@ -120,20 +128,28 @@ class RequestGuard:
         try:
             body = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise BadRequest(f"request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") \
-                from None
+            raise BadRequest(
+                f"request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+            ) from None
         if not isinstance(body, dict):
             raise BadRequest("request body must be a JSON object")
         model = body.get("model")
         if model is not None and model != self.model_id:
-            raise BadRequest(f"model {model!r} does not exist on this server; it serves {self.model_id!r} "
-                             "(GET /v1/models)", param="model", status=404, code="model_not_found")
+            raise BadRequest(
+                f"model {model!r} does not exist on this server; it serves {self.model_id!r} (GET /v1/models)",
+                param="model",
+                status=404,
+                code="model_not_found",
+            )
         body["model"] = self.model_id
         prompt_tokens = self.chat_prompt_tokens(body) if path == CHAT else self.completion_prompt_tokens(body)
         if prompt_tokens >= self.context:
-            raise BadRequest(f"the prompt is {prompt_tokens} tokens; this model's context is {self.context} tokens "
-                             "(shorten the messages)", param="messages" if path == CHAT else "prompt",
-                             code="context_length_exceeded")
+            raise BadRequest(
+                f"the prompt is {prompt_tokens} tokens; this model's context is {self.context} tokens "
+                "(shorten the messages)",
+                param="messages" if path == CHAT else "prompt",
+                code="context_length_exceeded",
+            )
         room = self.context - prompt_tokens
         for key in ("max_completion_tokens", "max_tokens"):
             value = body.get(key)
@@ -142,9 +158,12 @@ class RequestGuard:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise BadRequest(f"{key} must be a positive integer, got {value!r}", param=key)
             if value > room:
-                raise BadRequest(f"{key} is {value}, but the prompt ({prompt_tokens} tokens) leaves room for at most "
-                                 f"{room} new tokens in this model's {self.context}-token context", param=key,
-                                 code="context_length_exceeded")
+                raise BadRequest(
+                    f"{key} is {value}, but the prompt ({prompt_tokens} tokens) leaves room for at most "
+                    f"{room} new tokens in this model's {self.context}-token context",
+                    param=key,
+                    code="context_length_exceeded",
+                )
         if body.get("max_completion_tokens") is None and body.get("max_tokens") is None:
             body["max_tokens"] = min(DEFAULT_MAX_TOKENS, room)
         return body
@@ -159,23 +178,29 @@ class RequestGuard:
                 raise BadRequest(f"messages[{i}] must be an object with role and content", param=f"messages[{i}]")
             role = message.get("role")
             if role not in ROLES:
-                raise BadRequest(f"messages[{i}].role must be one of {list(ROLES)}, got {role!r}",
-                                 param=f"messages[{i}].role")
+                raise BadRequest(
+                    f"messages[{i}].role must be one of {list(ROLES)}, got {role!r}", param=f"messages[{i}].role"
+                )
             content = message.get("content")
             if isinstance(content, list):
                 parts = [p.get("text") for p in content if isinstance(p, dict)]
                 if len(parts) != len(content) or not all(isinstance(t, str) for t in parts):
-                    raise BadRequest(f"messages[{i}].content: this text model takes strings or text parts "
-                                     "({type: text, text})", param=f"messages[{i}].content")
+                    raise BadRequest(
+                        f"messages[{i}].content: this text model takes strings or text parts ({{type: text, text}})",
+                        param=f"messages[{i}].content",
+                    )
                 content = " ".join(parts)
             if content is None and message.get("tool_calls"):
                 content = ""
             if not isinstance(content, str):
-                raise BadRequest(f"messages[{i}].content must be a string, got {type(content).__name__}",
-                                 param=f"messages[{i}].content")
+                raise BadRequest(
+                    f"messages[{i}].content must be a string, got {type(content).__name__}",
+                    param=f"messages[{i}].content",
+                )
             conversation.append({"role": role, "content": content})
-        ids = self.tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True,
-                                                 return_dict=False)
+        ids = self.tokenizer.apply_chat_template(
+            conversation, add_generation_prompt=True, tokenize=True, return_dict=False
+        )
         return len(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
     def completion_prompt_tokens(self, body: dict) -> int:
@@ -206,12 +231,18 @@ def replay(data: bytes, receive):
             sent = True
             return {"type": "http.request", "body": data, "more_body": False}
         return await receive()  # then the client's disconnect, for streaming responses
+
     return _receive
 
 
 async def respond(send, status: int, body: bytes) -> None:
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 

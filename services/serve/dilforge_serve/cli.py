@@ -27,24 +27,39 @@ SAGEMAKER_MODEL_DIR = "/opt/ml/model"
 
 def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="serve", description=__doc__.splitlines()[0])
-    p.add_argument("model", nargs="?", default=os.environ.get("DILFORGE_MODEL_URI", SAGEMAKER_MODEL_DIR),
-                   help="model or adapter artifact URI (local folder or s3://), or an HF folder "
-                        f"(default {SAGEMAKER_MODEL_DIR})")
+    p.add_argument(
+        "model",
+        nargs="?",
+        default=os.environ.get("DILFORGE_MODEL_URI", SAGEMAKER_MODEL_DIR),
+        help=f"model or adapter artifact URI (local folder or s3://), or an HF folder (default {SAGEMAKER_MODEL_DIR})",
+    )
     p.add_argument("--host", default="0.0.0.0")
     p.add_argument("--port", type=int, default=int(os.environ.get("SAGEMAKER_BIND_TO_PORT", "8080")))
-    p.add_argument("--model-id", default=os.environ.get(MODEL_ID_ENV) or None,
-                   help="the OpenAI `model` clients send (default <run_id>-<stage>, e.g. az-small-sft)")
-    p.add_argument("--system-prompt", default=os.environ.get(SYSTEM_PROMPT_ENV),
-                   help="default system message (default: the SFT config's system_prompt; '' for none)")
+    p.add_argument(
+        "--model-id",
+        default=os.environ.get(MODEL_ID_ENV) or None,
+        help="the OpenAI `model` clients send (default <run_id>-<stage>, e.g. az-small-sft)",
+    )
+    p.add_argument(
+        "--system-prompt",
+        default=os.environ.get(SYSTEM_PROMPT_ENV),
+        help="default system message (default: the SFT config's system_prompt; '' for none)",
+    )
     p.add_argument("--base", default=None, help="base model of an adapter (default: its lineage)")
     p.add_argument("--adapter", action="store_true", help="serve base + adapter even when merged/ exists")
     p.add_argument("--device", default=os.environ.get("DILFORGE_SERVE_DEVICE", "auto"))
     p.add_argument("--dtype", default=os.environ.get("DILFORGE_SERVE_DTYPE", "auto"))
-    p.add_argument("--continuous-batching", action="store_true",
-                   default=os.environ.get("DILFORGE_CONTINUOUS_BATCHING") == "1",
-                   help="transformers' continuous batching (paged attention) instead of one request at a time")
-    p.add_argument("--workdir", default=os.environ.get("DILFORGE_SERVE_WORKDIR"),
-                   help="where the served folder is built (default: a fresh temporary folder)")
+    p.add_argument(
+        "--continuous-batching",
+        action="store_true",
+        default=os.environ.get("DILFORGE_CONTINUOUS_BATCHING") == "1",
+        help="transformers' continuous batching (paged attention) instead of one request at a time",
+    )
+    p.add_argument(
+        "--workdir",
+        default=os.environ.get("DILFORGE_SERVE_WORKDIR"),
+        help="where the served folder is built (default: a fresh temporary folder)",
+    )
     p.add_argument("--s3-endpoint-url", default=os.environ.get("DILFORGE_S3_ENDPOINT_URL"))
     p.add_argument("--log-level", default="info")
     args = list(argv)
@@ -57,9 +72,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        spec = resolve_served_model(args.model, endpoint_url=args.s3_endpoint_url, base=args.base,
-                                    model_id=args.model_id, system_prompt=args.system_prompt,
-                                    prefer_merged=not args.adapter)
+        spec = resolve_served_model(
+            args.model,
+            endpoint_url=args.s3_endpoint_url,
+            base=args.base,
+            model_id=args.model_id,
+            system_prompt=args.system_prompt,
+            prefer_merged=not args.adapter,
+        )
         root = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="dilforge-serve-"))
         prepare(spec, root)
     except DilforgeError as exc:
@@ -67,10 +87,15 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     os.chdir(root)  # transformers serve is pinned to the folder named by the model id, relative to here
     import uvicorn
-    app = build_app(spec.model_id, ServerOptions(device=args.device, dtype=args.dtype,
-                                                 continuous_batching=args.continuous_batching))
+
+    app = build_app(
+        spec.model_id, ServerOptions(device=args.device, dtype=args.dtype, continuous_batching=args.continuous_batching)
+    )
     shown = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
-    print(f"serving {spec.description}\n  model id: {spec.model_id}\n  OpenAI base URL: http://{shown}:{args.port}/v1"
-          f"\n  SageMaker: GET /ping, POST /invocations", flush=True)
+    print(
+        f"serving {spec.description}\n  model id: {spec.model_id}\n  OpenAI base URL: http://{shown}:{args.port}/v1"
+        f"\n  SageMaker: GET /ping, POST /invocations",
+        flush=True,
+    )
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0

@@ -28,6 +28,7 @@ def merge_adapter(base_dir: Path, adapter_dir: Path, out: Path) -> None:
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
+
     base = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32, trust_remote_code=False)
     dtype = getattr(base.config, "dtype", None) or torch.float32
     dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
@@ -69,6 +70,13 @@ def prepare(spec: ServedModel, root: Path) -> Path:
     family, ids = describe_model_folder(out)  # also for models published before they carried their stops
     template = template or chat_template_of(out) or family.chat_template
     (out / CHAT_TEMPLATE_FILE).write_text(serving_template(template, spec.system_prompt), encoding="utf-8")
-    log.info("serving %s as %r from %s (%s family, stops %s, default system message: %s)", spec.description,
-             spec.model_id, out, family.name, ids["eos_token_id"], "yes" if spec.system_prompt else "none")
+    log.info(
+        "serving %s as %r from %s (%s family, stops %s, default system message: %s)",
+        spec.description,
+        spec.model_id,
+        out,
+        family.name,
+        ids["eos_token_id"],
+        "yes" if spec.system_prompt else "none",
+    )
     return out

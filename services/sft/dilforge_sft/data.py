@@ -30,6 +30,7 @@ MAX_EXAMPLES = 10
 @dataclass
 class DataCounts:
     """Counters of one split; every rule that touches the data has one."""
+
     num_records: int = 0
     num_conversations: int = 0
     num_bad_records: int = 0
@@ -122,8 +123,10 @@ def translation_from_row(cells: list[str], columns: dict[str, int], source: SftD
     text = _nfc(cells[columns["source"]]).strip()
     if not text:
         raise BadRecord(f"column {source.source_field!r} is empty")
-    return [{"role": "user", "content": source.translation_prompt.replace("{source}", text)},
-            {"role": "assistant", "content": _nfc(cells[columns["target"]])}]
+    return [
+        {"role": "user", "content": source.translation_prompt.replace("{source}", text)},
+        {"role": "assistant", "content": _nfc(cells[columns["target"]])},
+    ]
 
 
 def apply_turn_rules(conv: Conversation, config: SftConfig, counts: DataCounts) -> Conversation | None:
@@ -164,19 +167,22 @@ def drop_empty_turns(conv: Conversation) -> Conversation:
     return out + pending
 
 
-def iter_conversations(source: SftDataSource, config: SftConfig, counts: DataCounts,
-                       endpoint_url: str | None = None) -> Iterator[Conversation]:
+def iter_conversations(
+    source: SftDataSource, config: SftConfig, counts: DataCounts, endpoint_url: str | None = None
+) -> Iterator[Conversation]:
     """Stream one source's conversations; a bad record fails with file:line or is skipped and counted."""
     produced = 0
     current_file, columns = None, None
-    for file, line, raw in iter_located_texts(source.uri, "txt", endpoint_url=endpoint_url,
-                                                 **source.bounds):
+    for file, line, raw in iter_located_texts(source.uri, "txt", endpoint_url=endpoint_url, **source.bounds):
         if source.layout == "translation" and file != current_file:
             current_file, header = file, raw.split("\t")
             missing = [c for c in (source.source_field, source.target_field) if c not in header]
             if missing:
-                raise InputError(f"TSV header has no column(s) {missing} (columns: {header}); set source_field/"
-                                 "target_field", path=file, line=line)
+                raise InputError(
+                    f"TSV header has no column(s) {missing} (columns: {header}); set source_field/target_field",
+                    path=file,
+                    line=line,
+                )
             columns = {"source": header.index(source.source_field), "target": header.index(source.target_field)}
             continue
         counts.num_records += 1
@@ -197,8 +203,11 @@ def iter_conversations(source: SftDataSource, config: SftConfig, counts: DataCou
             conv = apply_turn_rules(conv, config, counts)
         except BadRecord as exc:
             if config.on_bad_record == "fail":
-                raise InputError(f"bad {source.layout} record: {exc} (set on_bad_record: skip to skip and count such "
-                                 "records)", path=file, line=line) from None
+                raise InputError(
+                    f"bad {source.layout} record: {exc} (set on_bad_record: skip to skip and count such records)",
+                    path=file,
+                    line=line,
+                ) from None
             counts.num_bad_records += 1
             if len(counts.bad_record_examples) < MAX_EXAMPLES:
                 counts.bad_record_examples.append(f"{file}:{line}: {exc}")
@@ -213,16 +222,18 @@ def iter_conversations(source: SftDataSource, config: SftConfig, counts: DataCou
             return
 
 
-def load_sources(sources: list[SftDataSource], config: SftConfig, counts: DataCounts,
-                 endpoint_url: str | None = None) -> list[Conversation]:
+def load_sources(
+    sources: list[SftDataSource], config: SftConfig, counts: DataCounts, endpoint_url: str | None = None
+) -> list[Conversation]:
     out: list[Conversation] = []
     for source in sources:
         out.extend(iter_conversations(source, config, counts, endpoint_url))
     return out
 
 
-def load_splits(config: SftConfig, endpoint_url: str | None = None
-                ) -> tuple[list[Conversation], list[Conversation], DataCounts, DataCounts]:
+def load_splits(
+    config: SftConfig, endpoint_url: str | None = None
+) -> tuple[list[Conversation], list[Conversation], DataCounts, DataCounts]:
     """Train and validation conversations; without validation sources, a seeded slice of train is held out."""
     train_counts, val_counts = DataCounts(), DataCounts()
     train = load_sources(config.train, config, train_counts, endpoint_url)
@@ -230,8 +241,11 @@ def load_splits(config: SftConfig, endpoint_url: str | None = None
         val = load_sources(config.validation, config, val_counts, endpoint_url)
     else:
         if len(train) < 2:
-            raise InputError(f"only {len(train)} usable training conversation(s): cannot hold out a validation split; "
-                             "add training data or give validation sets", path=config.train[0].uri)
+            raise InputError(
+                f"only {len(train)} usable training conversation(s): cannot hold out a validation split; "
+                "add training data or give validation sets",
+                path=config.train[0].uri,
+            )
         order = list(range(len(train)))
         random.Random(config.seed).shuffle(order)
         n_val = max(1, round(config.validation_fraction * len(train)))
@@ -241,14 +255,17 @@ def load_splits(config: SftConfig, endpoint_url: str | None = None
         val_counts.num_conversations = len(val)
         train_counts.num_conversations = len(train)
     if not train:
-        raise InputError("no usable training conversation (see the counted data rules in the log)", path=config.train[0].uri)
+        raise InputError(
+            "no usable training conversation (see the counted data rules in the log)", path=config.train[0].uri
+        )
     if not val:
         raise InputError("no usable validation conversation", path=config.validation[0].uri)
     return train, val, train_counts, val_counts
 
 
-def apply_length_rule(convs: list[Conversation], tokenizer, max_length: int, rule: str, counts: DataCounts
-                      ) -> list[Conversation]:
+def apply_length_rule(
+    convs: list[Conversation], tokenizer, max_length: int, rule: str, counts: DataCounts
+) -> list[Conversation]:
     """Count (and, with rule 'drop', remove) conversations over max_length tokens.
 
     Tokenised exactly as TRL does (apply_chat_template with the assistant mask). With 'truncate' TRL

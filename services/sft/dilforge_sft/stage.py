@@ -31,12 +31,13 @@ from .data import Conversation, DataCounts, apply_length_rule, load_splits
 
 log = logging.getLogger("dilforge.sft")
 
-TRAINER_DIR = "trainer"              # under ctx.checkpoint_dir: Trainer's checkpoint-<step>/ folders
+TRAINER_DIR = "trainer"  # under ctx.checkpoint_dir: Trainer's checkpoint-<step>/ folders
 EVAL_BEFORE_FILE = "eval_before.json"  # under ctx.checkpoint_dir: the base model's validation loss, kept across resumes
 LABEL_PREVIEW_FILE = "label_preview.jsonl"  # under ctx.model_dir: the first training examples with their loss mask
 
 
 # ---- where the base model comes from ---------------------------------------------------------------
+
 
 def resolve_base(config: SftConfig, ctx: StageContext) -> tuple[Path, str]:
     """(HF folder, URI for reports) by the shared precedence rule (`models.choose`): `base_model` when set,
@@ -44,8 +45,10 @@ def resolve_base(config: SftConfig, ctx: StageContext) -> tuple[Path, str]:
     as upstream, base_model by its `models.config_refs` ref."""
     choice = choose("base_model", config.base_model, ctx.request.inputs)
     if choice is None:
-        raise ConfigError("sft: no base model: run the cpt stage in the same pipeline, pass --input cpt=URI, "
-                          "or set sft.base_model to an HF folder, s3:// prefix or model artifact")
+        raise ConfigError(
+            "sft: no base model: run the cpt stage in the same pipeline, pass --input cpt=URI, "
+            "or set sft.base_model to an HF folder, s3:// prefix or model artifact"
+        )
     source = ctx.input(choice.input) if choice.input else choice.uri
     try:
         found = resolve(source, "model", endpoint_url=ctx.endpoint_url, cache_dir=ctx.opt.root / "cache")
@@ -55,6 +58,7 @@ def resolve_base(config: SftConfig, ctx: StageContext) -> tuple[Path, str]:
 
 
 # ---- device, tokenizer, model --------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class DevicePlan:
@@ -66,8 +70,9 @@ class DevicePlan:
 def device_plan(config: SftConfig, model_type: str | None = None, facts: DeviceFacts | None = None) -> DevicePlan:
     """bf16 + Liger on CUDA, fp32 without Liger on CPU, unless the config says otherwise: the shared
     policy (dilforge_shared.runtime_policy) decides; SFT does not train in bf16 on CPU."""
-    policy = runtime_policy.decide("sft", precision=config.precision, liger=config.liger, model_type=model_type,
-                                   cpu_bf16=False, facts=facts)
+    policy = runtime_policy.decide(
+        "sft", precision=config.precision, liger=config.liger, model_type=model_type, cpu_bf16=False, facts=facts
+    )
     return DevicePlan(device=policy.device, bf16=policy.bf16, liger=policy.liger)
 
 
@@ -81,6 +86,7 @@ def load_tokenizer(model_dir: Path) -> tuple[Any, Family, str]:
     """
     from transformers import AutoTokenizer
     from trl.chat_template_utils import has_generation_markers
+
     tok = AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=False)
     vocab = tok.get_vocab()
     family = detect_family(vocab, str(model_dir))
@@ -88,8 +94,10 @@ def load_tokenizer(model_dir: Path) -> tuple[Any, Family, str]:
     if not tok.chat_template or not has_generation_markers(tok.chat_template):
         tok.chat_template = family.chat_template
         template_source = f"family:{family.name}"
-        log.info("tokenizer has no chat template with {%% generation %%} markers: using the %s family's "
-                 "training template", family.name)
+        log.info(
+            "tokenizer has no chat template with {%% generation %%} markers: using the %s family's training template",
+            family.name,
+        )
     if tok.pad_token is None or tok.pad_token == family.eot:
         # SmolLM2 ships pad = <|im_end|>: padding with the token the loss must teach invites masking it
         tok.pad_token = family.pad if family.pad in vocab else tok.eos_token
@@ -98,19 +106,23 @@ def load_tokenizer(model_dir: Path) -> tuple[Any, Family, str]:
 
 # ---- attention kernel and activation checkpointing ---------------------------------------------------
 
+
 @dataclass(frozen=True)
 class AttentionPlan:
     implementation: str  # transformers' attn_implementation
-    reason: str          # logged and published: why this kernel
+    reason: str  # logged and published: why this kernel
 
 
 def attention_plan(config: SftConfig, device: str, has_flash_attn: bool | None = None) -> AttentionPlan:
     """Which attention kernel trains this config, and why: the shared policy's rule
     (runtime_policy.choose_attention; packing on CUDA wants a varlen or flex kernel)."""
-    facts = DeviceFacts(cuda=device == "cuda",
-                        flash_attn=runtime_policy.probe_device().flash_attn if has_flash_attn is None else has_flash_attn)
-    implementation, reason = runtime_policy.choose_attention(config.attention, device, facts, config.packing,
-                                                             "sft.attention")
+    facts = DeviceFacts(
+        cuda=device == "cuda",
+        flash_attn=runtime_policy.probe_device().flash_attn if has_flash_attn is None else has_flash_attn,
+    )
+    implementation, reason = runtime_policy.choose_attention(
+        config.attention, device, facts, config.packing, "sft.attention"
+    )
     return AttentionPlan(implementation, reason)
 
 
@@ -127,7 +139,8 @@ def estimate_training_bytes(model_config, tokens_per_micro_batch: int, bf16: boo
     hidden, layers = model_config.hidden_size, model_config.num_hidden_layers
     inter, vocab = model_config.intermediate_size, model_config.vocab_size
     params = vocab * hidden * (1 if getattr(model_config, "tie_word_embeddings", False) else 2) + layers * (
-        4 * hidden * hidden + 3 * hidden * inter)
+        4 * hidden * hidden + 3 * hidden * inter
+    )
     activations = tokens_per_micro_batch * layers * elem * (10 * hidden + 3 * inter)
     logits = tokens_per_micro_batch * vocab * (elem + 4 + 4)
     return params * elem + activations + logits
@@ -136,8 +149,10 @@ def estimate_training_bytes(model_config, tokens_per_micro_batch: int, bf16: boo
 def device_memory_bytes(device: str) -> int:
     """Total memory of the training device: the GPU's, or the host's RAM on CPU."""
     import os
+
     if device == "cuda":
         import torch
+
         return int(torch.cuda.get_device_properties(0).total_memory)
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
@@ -147,7 +162,7 @@ def checkpointing_decision(config: SftConfig, estimate: int, memory: int) -> tup
     if config.activation_checkpointing != "auto":
         return config.activation_checkpointing == "on", "set by sft.activation_checkpointing"
     budget = int(memory * config.memory_budget_fraction)
-    gib = 2 ** 30
+    gib = 2**30
     if estimate > budget:
         return True, f"estimated {estimate / gib:.1f} GiB > budget {budget / gib:.1f} GiB: recompute activations"
     return False, f"estimated {estimate / gib:.1f} GiB <= budget {budget / gib:.1f} GiB: no recomputation"
@@ -156,21 +171,34 @@ def checkpointing_decision(config: SftConfig, estimate: int, memory: int) -> tup
 def load_model(model_dir: Path, plan: DevicePlan, attn_implementation: str = "sdpa"):
     import torch
     from transformers import AutoModelForCausalLM
+
     model = AutoModelForCausalLM.from_pretrained(
-        str(model_dir), dtype=torch.bfloat16 if plan.bf16 else torch.float32, attn_implementation=attn_implementation,
-        trust_remote_code=False)
+        str(model_dir),
+        dtype=torch.bfloat16 if plan.bf16 else torch.float32,
+        attn_implementation=attn_implementation,
+        trust_remote_code=False,
+    )
     if plan.liger:
         from liger_kernel.transformers import apply_liger_kernel_to_llama
+
         # layer kernels only: TRL replaces the LM head/loss with its own fused one
-        apply_liger_kernel_to_llama(rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
-                                    fused_linear_cross_entropy=False, model=model)
+        apply_liger_kernel_to_llama(
+            rope=True, rms_norm=True, swiglu=True, cross_entropy=False, fused_linear_cross_entropy=False, model=model
+        )
     return model
 
 
 def lora_config(config: SftConfig):
     from peft import LoraConfig
-    return LoraConfig(r=config.lora.r, lora_alpha=config.lora.alpha, lora_dropout=config.lora.dropout,
-                      target_modules=list(config.lora.target_modules), bias="none", task_type="CAUSAL_LM")
+
+    return LoraConfig(
+        r=config.lora.r,
+        lora_alpha=config.lora.alpha,
+        lora_dropout=config.lora.dropout,
+        target_modules=list(config.lora.target_modules),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
 
 
 def warmup_arg(config: SftConfig) -> int | float:
@@ -181,45 +209,79 @@ def warmup_arg(config: SftConfig) -> int | float:
 def sft_arguments(config: SftConfig, output_dir: Path, plan: DevicePlan, checkpointing: bool = False):
     """The TRL SFTConfig of this stage: every knob comes from SftConfig, nothing from TRL's own defaults by accident."""
     from trl import SFTConfig
+
     return SFTConfig(
-        output_dir=str(output_dir), seed=config.seed, data_seed=config.seed,
-        assistant_only_loss=True, max_length=config.max_length, truncation_mode="keep_start",
-        packing=config.packing, packing_strategy="bfd", eval_packing=False,
-        learning_rate=config.learning_rate, lr_scheduler_type=config.lr_scheduler, warmup_steps=warmup_arg(config),
-        weight_decay=config.weight_decay, max_grad_norm=config.max_grad_norm,
-        num_train_epochs=config.num_epochs, max_steps=config.num_steps or -1,
+        output_dir=str(output_dir),
+        seed=config.seed,
+        data_seed=config.seed,
+        assistant_only_loss=True,
+        max_length=config.max_length,
+        truncation_mode="keep_start",
+        packing=config.packing,
+        packing_strategy="bfd",
+        eval_packing=False,
+        learning_rate=config.learning_rate,
+        lr_scheduler_type=config.lr_scheduler,
+        warmup_steps=warmup_arg(config),
+        weight_decay=config.weight_decay,
+        max_grad_norm=config.max_grad_norm,
+        num_train_epochs=config.num_epochs,
+        max_steps=config.num_steps or -1,
         per_device_train_batch_size=config.micro_batch_size,
         per_device_eval_batch_size=config.eval_micro_batch_size or config.micro_batch_size,
         gradient_accumulation_steps=config.grad_accum_steps(1, "sft."),
         activation_checkpointing=checkpointing,
         activation_checkpointing_kwargs={"use_reentrant": False} if checkpointing else None,
-        bf16=plan.bf16, fp16=False, use_cpu=plan.device == "cpu",
-        logging_steps=config.log_every, logging_first_step=True,
-        save_strategy="steps", save_steps=config.checkpoint_every, save_total_limit=config.num_checkpoints_kept,
-        eval_strategy="no", report_to="none", disable_tqdm=True, dataloader_pin_memory=plan.device == "cuda",
+        bf16=plan.bf16,
+        fp16=False,
+        use_cpu=plan.device == "cpu",
+        logging_steps=config.log_every,
+        logging_first_step=True,
+        save_strategy="steps",
+        save_steps=config.checkpoint_every,
+        save_total_limit=config.num_checkpoints_kept,
+        eval_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        dataloader_pin_memory=plan.device == "cuda",
     )
 
 
-def build_trainer(config: SftConfig, model, tokenizer, train: list[Conversation], val: list[Conversation],
-                  output_dir: Path, plan: DevicePlan, callbacks: list | None = None, checkpointing: bool = False):
+def build_trainer(
+    config: SftConfig,
+    model,
+    tokenizer,
+    train: list[Conversation],
+    val: list[Conversation],
+    output_dir: Path,
+    plan: DevicePlan,
+    callbacks: list | None = None,
+    checkpointing: bool = False,
+):
     """TRL's SFTTrainer with LoRA on the stage's conversations; datasets are tokenised and masked here."""
     from datasets import Dataset
     from trl import SFTTrainer
+
     return SFTTrainer(
-        model=model, args=sft_arguments(config, output_dir, plan, checkpointing), processing_class=tokenizer,
+        model=model,
+        args=sft_arguments(config, output_dir, plan, checkpointing),
+        processing_class=tokenizer,
         train_dataset=Dataset.from_list([{"messages": c} for c in train]),
         eval_dataset=Dataset.from_list([{"messages": c} for c in val]),
-        peft_config=lora_config(config), callbacks=callbacks or [],
+        peft_config=lora_config(config),
+        callbacks=callbacks or [],
     )
 
 
 # ---- checkpoints ------------------------------------------------------------------------------------
+
 
 def latest_checkpoint(folder: Path) -> Path | None:
     """Newest complete Trainer checkpoint, by transformers' own `get_last_checkpoint`, after removing the
     incomplete ones a crash left (trainer_state.json is written last, so a missing or unparsable one marks a
     checkpoint cut off mid-save; Trainer would otherwise resume from it and fail)."""
     from transformers.trainer_utils import get_last_checkpoint
+
     for path in folder.glob("checkpoint-*"):
         try:
             json.loads((path / "trainer_state.json").read_text())
@@ -240,6 +302,7 @@ def stop_on_sigterm_callback(flag: dict[str, bool]):
                 control.should_save = True
                 control.should_training_stop = True
             return control
+
     return StopOnSigterm()
 
 
@@ -249,11 +312,13 @@ def tensorboard_callback(log_dir: Path):
     TENSORBOARD_LOGGING_DIR set in os.environ while running)."""
     from torch.utils.tensorboard import SummaryWriter
     from transformers.integrations import TensorBoardCallback
+
     log_dir.mkdir(parents=True, exist_ok=True)
     return TensorBoardCallback(tb_writer=SummaryWriter(log_dir=str(log_dir)))
 
 
 # ---- outputs ------------------------------------------------------------------------------------------
+
 
 def save_adapter(trainer, tokenizer, out_dir: Path, base_uri: str) -> None:
     """PEFT adapter (safetensors) + tokenizer; adapter_config names the base by its URI, not a local path."""
@@ -271,6 +336,7 @@ def save_merged(base_dir: Path, adapter_dir: Path, out_dir: Path) -> None:
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
     base = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32, trust_remote_code=False)
     target_dtype = getattr(base.config, "dtype", None) or torch.float32
     merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
@@ -293,11 +359,21 @@ def write_label_preview(dataset, tokenizer, path: Path, num_examples: int) -> in
             row = dataset[i]
             ids = list(row["input_ids"])
             trained = [0 if label == -100 else 1 for label in row["labels"]]
-            f.write(json.dumps({
-                "index": i, "input_ids": ids, "trained": trained,
-                "text": tokenizer.decode(ids, skip_special_tokens=False),
-                "trained_text": tokenizer.decode([t for t, on in zip(ids, trained, strict=False) if on], skip_special_tokens=False),
-            }, ensure_ascii=False) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "index": i,
+                        "input_ids": ids,
+                        "trained": trained,
+                        "text": tokenizer.decode(ids, skip_special_tokens=False),
+                        "trained_text": tokenizer.decode(
+                            [t for t, on in zip(ids, trained, strict=False) if on], skip_special_tokens=False
+                        ),
+                    },
+                    ensure_ascii=False,
+                )
+                + "\n"
+            )
     return n
 
 
@@ -307,15 +383,20 @@ def loss_history(log_history: list[dict[str, Any]]) -> list[dict[str, float]]:
 
 # ---- the stage ---------------------------------------------------------------------------------------------
 
-def prepare_data(config: SftConfig, tokenizer, endpoint_url: str | None,
-                 splits: tuple | None = None) -> tuple[list[Conversation], list[Conversation], DataCounts, DataCounts]:
+
+def prepare_data(
+    config: SftConfig, tokenizer, endpoint_url: str | None, splits: tuple | None = None
+) -> tuple[list[Conversation], list[Conversation], DataCounts, DataCounts]:
     """Read both splits with the counted record rules, then apply the max-length rule with the real tokenizer."""
     train, val, train_counts, val_counts = splits or load_splits(config, endpoint_url)
     train = apply_length_rule(train, tokenizer, config.max_length, config.long_conversations, train_counts)
     val = apply_length_rule(val, tokenizer, config.max_length, config.long_conversations, val_counts)
     if not train or not val:
-        raise InputError(f"no conversation left after the long_conversations={config.long_conversations!r} rule "
-                         f"(max_length {config.max_length}); raise max_length", path=config.train[0].uri)
+        raise InputError(
+            f"no conversation left after the long_conversations={config.long_conversations!r} rule "
+            f"(max_length {config.max_length}); raise max_length",
+            path=config.train[0].uri,
+        )
     return train, val, train_counts, val_counts
 
 
@@ -327,6 +408,7 @@ def run(config: SftConfig, ctx: StageContext) -> StageResult:
     base_dir, base_uri = resolve_base(config, ctx)
     import torch
     from transformers import AutoConfig
+
     torch.manual_seed(config.seed)
     model_config = AutoConfig.from_pretrained(str(base_dir), trust_remote_code=False)
     plan = device_plan(config, model_config.model_type)
@@ -339,28 +421,50 @@ def run(config: SftConfig, ctx: StageContext) -> StageResult:
     global_batch = config.global_batch_size
     steps_per_epoch = math.ceil(len(train) / global_batch)
     total_steps = config.num_steps or math.ceil(steps_per_epoch * config.num_epochs)
-    log_config(config, {
-        "base_model": base_uri, "device": plan.device, "bf16": plan.bf16, "liger": plan.liger,
-        "chat_template": template_source, "family": family.name, "eot": family.eot,
-        "attention": attention.implementation, "attention_reason": attention.reason,
-        "activation_checkpointing": checkpointing, "activation_checkpointing_reason": checkpointing_reason,
-        "global_batch": global_batch,
-        "tokens_per_step_max": global_batch * config.max_length, "num_train_conversations": len(train),
-        "num_validation_conversations": len(val), "optimizer_steps": total_steps,
-        "train_tokens": train_counts.num_tokens, "train_assistant_tokens": train_counts.num_assistant_tokens,
-    })
+    log_config(
+        config,
+        {
+            "base_model": base_uri,
+            "device": plan.device,
+            "bf16": plan.bf16,
+            "liger": plan.liger,
+            "chat_template": template_source,
+            "family": family.name,
+            "eot": family.eot,
+            "attention": attention.implementation,
+            "attention_reason": attention.reason,
+            "activation_checkpointing": checkpointing,
+            "activation_checkpointing_reason": checkpointing_reason,
+            "global_batch": global_batch,
+            "tokens_per_step_max": global_batch * config.max_length,
+            "num_train_conversations": len(train),
+            "num_validation_conversations": len(val),
+            "optimizer_steps": total_steps,
+            "train_tokens": train_counts.num_tokens,
+            "train_assistant_tokens": train_counts.num_assistant_tokens,
+        },
+    )
 
     model = load_model(base_dir, plan, attention.implementation)
     trainer_dir = ctx.checkpoint_dir / TRAINER_DIR
     trainer_dir.mkdir(parents=True, exist_ok=True)
-    trainer = build_trainer(config, model, tokenizer, train, val, trainer_dir, plan,
-                            callbacks=[stop_on_sigterm_callback(stop_flag), tensorboard_callback(ctx.tensorboard_dir)],
-                            checkpointing=checkpointing)
+    trainer = build_trainer(
+        config,
+        model,
+        tokenizer,
+        train,
+        val,
+        trainer_dir,
+        plan,
+        callbacks=[stop_on_sigterm_callback(stop_flag), tensorboard_callback(ctx.tensorboard_dir)],
+        checkpointing=checkpointing,
+    )
     trainable, total = trainer.model.get_nb_trainable_parameters()
     num_previewed = 0
     if config.num_label_preview_examples:
-        num_previewed = write_label_preview(trainer.train_dataset, tokenizer, ctx.model_dir / LABEL_PREVIEW_FILE,
-                                            config.num_label_preview_examples)
+        num_previewed = write_label_preview(
+            trainer.train_dataset, tokenizer, ctx.model_dir / LABEL_PREVIEW_FILE, config.num_label_preview_examples
+        )
         log.info("wrote %s: %d training example(s) with their loss mask", LABEL_PREVIEW_FILE, num_previewed)
 
     resume = latest_checkpoint(trainer_dir)
@@ -370,15 +474,20 @@ def run(config: SftConfig, ctx: StageContext) -> StageResult:
     else:
         eval_before = trainer.evaluate()["eval_loss"]
         before_file.write_text(json.dumps({"eval_loss": eval_before}))
-    log.info("validation loss before: %.4f; %s", eval_before,
-             f"resuming from {resume.name}" if resume else "training from the start")
+    log.info(
+        "validation loss before: %.4f; %s",
+        eval_before,
+        f"resuming from {resume.name}" if resume else "training from the start",
+    )
 
     start = time.perf_counter()
     out = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     train_seconds = time.perf_counter() - start
     if stop_flag["stop"]:
-        raise Terminated(f"stopped by SIGTERM at step {trainer.state.global_step}; checkpoint saved in "
-                         f"{trainer_dir}; rerun the stage to resume")
+        raise Terminated(
+            f"stopped by SIGTERM at step {trainer.state.global_step}; checkpoint saved in "
+            f"{trainer_dir}; rerun the stage to resume"
+        )
     eval_after = trainer.evaluate()["eval_loss"]
     history = loss_history(trainer.state.log_history)  # includes steps logged before a resume
     log.info("validation loss after: %.4f (before %.4f)", eval_after, eval_before)
@@ -391,13 +500,22 @@ def run(config: SftConfig, ctx: StageContext) -> StageResult:
     shutil.rmtree(ctx.model_dir / "runs", ignore_errors=True)
 
     metrics = {
-        "base_model": base_uri, "chat_template": template_source, "family": family.name,
-        "attention": attention.implementation, "activation_checkpointing": checkpointing,
-        "device": plan.device, "bf16": plan.bf16,
-        "liger": plan.liger, "trainable_parameters": trainable, "total_parameters": total,
-        "eval_loss_before": eval_before, "eval_loss_after": eval_after,
-        "train_loss": out.training_loss, "train_loss_history": history,
-        "optimizer_steps": out.global_step, "resumed_from_step": int(resume.name.split("-")[1]) if resume else 0,
+        "base_model": base_uri,
+        "chat_template": template_source,
+        "family": family.name,
+        "attention": attention.implementation,
+        "activation_checkpointing": checkpointing,
+        "device": plan.device,
+        "bf16": plan.bf16,
+        "liger": plan.liger,
+        "trainable_parameters": trainable,
+        "total_parameters": total,
+        "eval_loss_before": eval_before,
+        "eval_loss_after": eval_after,
+        "train_loss": out.training_loss,
+        "train_loss_history": history,
+        "optimizer_steps": out.global_step,
+        "resumed_from_step": int(resume.name.split("-")[1]) if resume else 0,
         "train_runtime_s": round(train_seconds, 3),
         "train_steps_per_second": out.metrics.get("train_steps_per_second"),
         "data": {"train": train_counts.as_dict(), "validation": val_counts.as_dict()},
@@ -405,4 +523,3 @@ def run(config: SftConfig, ctx: StageContext) -> StageResult:
         "num_label_preview_examples": num_previewed,
     }
     return StageResult(metrics=metrics)
-

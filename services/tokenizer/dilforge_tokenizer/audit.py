@@ -26,8 +26,14 @@ def used_ids(encoder: Tokenizer, texts: list[str]) -> set[int]:
     return out
 
 
-def audit(doc: dict, tok: Tokenizer, words: Iterable[str] | None, new_ids: set[int],
-          sets: dict[str, list[str]], lines: list[str] | None = None) -> tuple[dict, set[int]]:
+def audit(
+    doc: dict,
+    tok: Tokenizer,
+    words: Iterable[str] | None,
+    new_ids: set[int],
+    sets: dict[str, list[str]],
+    lines: list[str] | None = None,
+) -> tuple[dict, set[int]]:
     """The audit dict and the set of dead new ids. `words`: the training corpus's unique pre-tokenized words
     (byte-level strings, under this tokenizer's pre-tokenizer), or else `lines`: its unique lines (encoded
     whole: when no word list under this pre-tokenizer exists, that is cheaper than making one);
@@ -39,8 +45,11 @@ def audit(doc: dict, tok: Tokenizer, words: Iterable[str] | None, new_ids: set[i
     train_used = used_ids(model, list(words)) if words is not None else used_ids(tok, lines or [])
     dead_new = {i for i in new_ids if i not in train_used}
     strings = list(regular)
-    not_own = [regular[t] for t, enc in zip(strings, model.encode_batch(strings, add_special_tokens=False), strict=False)
-               if enc.ids != [regular[t]]]
+    not_own = [
+        regular[t]
+        for t, enc in zip(strings, model.encode_batch(strings, add_special_tokens=False), strict=False)
+        if enc.ids != [regular[t]]
+    ]
     usage = {"train": round(len(train_used & set(regular.values())) / max(1, len(regular)), 4)}
     for name, texts in sets.items():
         ids = used_ids(tok, texts)
@@ -84,8 +93,14 @@ def corpus_use(doc: dict, words: Iterable[str], first_new_id: int) -> tuple[Coun
     return counts, (chained if lookup else None)
 
 
-def costly_tokens(doc: dict, first_new_id: int, counts: Counter, price: float, parts_needed: set[int] | None = None,
-                  num_fixed_merges: int = 0) -> set[int]:
+def costly_tokens(
+    doc: dict,
+    first_new_id: int,
+    counts: Counter,
+    price: float,
+    parts_needed: set[int] | None = None,
+    num_fixed_merges: int = 0,
+) -> set[int]:
     """Produced new tokens that hold dead rows: tokens the corpus never produces that only they are built from.
 
     Such a token costs 1 + k embedding rows (k of them never trained) for `counts[id]` uses. It is worth
@@ -101,8 +116,12 @@ def costly_tokens(doc: dict, first_new_id: int, counts: Counter, price: float, p
     dead = {i for i in vocab.values() if i >= first_new_id and not counts.get(i)}
     holders: dict[int, set[int]] = defaultdict(set)
     for token, i in vocab.items():
-        if i < first_new_id or i in dead or token not in producing or (parts_needed is not None
-                                                                      and i not in parts_needed):
+        if (
+            i < first_new_id
+            or i in dead
+            or token not in producing
+            or (parts_needed is not None and i not in parts_needed)
+        ):
             continue
         stack = list(producing[token])
         while stack:  # down the chain through dead parts only: a produced part is paid for by its own uses
@@ -115,8 +134,9 @@ def costly_tokens(doc: dict, first_new_id: int, counts: Counter, price: float, p
     return {i for i, k in exclusive.items() if counts[i] / (1 + k) < price}
 
 
-def prune(doc: dict, first_new_id: int, dead: set[int], parts_needed: set[int] | None = None,
-          num_fixed_merges: int = 0) -> tuple[dict, int]:
+def prune(
+    doc: dict, first_new_id: int, dead: set[int], parts_needed: set[int] | None = None, num_fixed_merges: int = 0
+) -> tuple[dict, int]:
     """`doc` without the dead tokens at or above `first_new_id` that no kept token is built from.
 
     Ids below `first_new_id` (the base, or the byte alphabet) never change; kept new tokens are
@@ -153,7 +173,13 @@ def prune(doc: dict, first_new_id: int, dead: set[int], parts_needed: set[int] |
     order = sorted((i, t) for t, i in vocab.items() if i >= first_new_id and t in kept)
     new_vocab = {t: i for t, i in vocab.items() if i < first_new_id}
     new_vocab.update({t: first_new_id + k for k, (_, t) in enumerate(order)})
-    new_merges = [*fixed, *((f"{a} {b}" if as_strings else [a, b]) for a, b in merges
-                            if a not in removed and b not in removed and (a + b) not in removed)]
+    new_merges = [
+        *fixed,
+        *(
+            (f"{a} {b}" if as_strings else [a, b])
+            for a, b in merges
+            if a not in removed and b not in removed and (a + b) not in removed
+        ),
+    ]
     out = {**doc, "model": {**doc["model"], "vocab": new_vocab, "merges": new_merges}}
     return out, len(removed)

@@ -27,8 +27,9 @@ def check_extendable(doc: dict, source: str) -> None:
     if model.get("type") != "BPE":
         raise InputError(f"extend needs a BPE base tokenizer, got model type {model.get('type')!r}", path=source)
     if "ByteLevel" not in json.dumps(doc.get("pre_tokenizer")):
-        raise InputError("extend needs a byte-level BPE base (a ByteLevel pre-tokenizer, as Llama 3 / GPT-2 / "
-                         "SmolLM2)", path=source)
+        raise InputError(
+            "extend needs a byte-level BPE base (a ByteLevel pre-tokenizer, as Llama 3 / GPT-2 / SmolLM2)", path=source
+        )
     if not model.get("merges"):
         raise InputError("extend needs a BPE base with merges; this tokenizer.json has none", path=source)
 

@@ -15,12 +15,22 @@ from . import llama3
 
 
 def trainer(vocab_size: int, min_frequency: int, show_progress: bool = False) -> trainers.BpeTrainer:
-    return trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=[],
-                               initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=show_progress)
+    return trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=[],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=show_progress,
+    )
 
 
-def train(batches: Iterable, vocab_size: int, min_frequency: int, template: Tokenizer | None = None,
-          show_progress: bool = False) -> Tokenizer:
+def train(
+    batches: Iterable,
+    vocab_size: int,
+    min_frequency: int,
+    template: Tokenizer | None = None,
+    show_progress: bool = False,
+) -> Tokenizer:
     """A byte-level BPE (no special tokens) with `template`'s normalizer/pre-tokenizer, or Llama 3's."""
     tok = llama3.empty_bpe()
     if template is not None:

@@ -43,9 +43,17 @@ def merge_pair(merge) -> tuple[str, str]:
 def model_only(doc: dict) -> Tokenizer:
     """The base's BPE model alone (no normalizer, pre-tokenizer, added or special tokens): encodes one
     already pre-tokenized, byte-level word per input string."""
-    bare = {"version": doc.get("version", "1.0"), "truncation": None, "padding": None, "added_tokens": [],
-            "normalizer": None, "pre_tokenizer": None, "post_processor": None, "decoder": None,
-            "model": doc["model"]}
+    bare = {
+        "version": doc.get("version", "1.0"),
+        "truncation": None,
+        "padding": None,
+        "added_tokens": [],
+        "normalizer": None,
+        "pre_tokenizer": None,
+        "post_processor": None,
+        "decoder": None,
+        "model": doc["model"],
+    }
     return Tokenizer.from_str(json.dumps(bare, ensure_ascii=False))
 
 
@@ -61,6 +69,7 @@ def word_counts(line_counts: Iterable[tuple[str, int]], base: Tokenizer, num_wor
     if workers <= 1:
         return _count_words(items, base)
     import multiprocessing
+
     chunks = [items[k::workers] for k in range(workers)]
     global _FORK_STATE  # noqa: PLW0603 - fork inheritance is the point: the chunks are never pickled
     _FORK_STATE = (chunks, base)  # inherited by the forked workers, never pickled
@@ -81,6 +90,7 @@ _FORK_STATE: tuple | None = None
 
 def available_cpus() -> int:
     import os
+
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
@@ -105,6 +115,7 @@ def _count_words(line_counts: Iterable[tuple[str, int]], base: Tokenizer) -> Cou
 @dataclass
 class Segmented:
     """Unique corpus words, their counts and the base model's segmentation of each (ids)."""
+
     words: list[str]
     counts: list[int]
     ids: list[list[int]]
@@ -133,22 +144,32 @@ def _training_text(seg: Segmented, batch_words: int = 50_000) -> Iterator[str]:
         yield "".join(out)
 
 
-def learn_merges(seg: Segmented, num_new: int, min_frequency: int, slack: float = 0.15,
-                 show_progress: bool = False) -> list[tuple[list[int], list[int]]]:
+def learn_merges(
+    seg: Segmented, num_new: int, min_frequency: int, slack: float = 0.15, show_progress: bool = False
+) -> list[tuple[list[int], list[int]]]:
     """The continued merges, in order, as pairs of base-id sequences (each side: the base tokens it spans)."""
     alphabet = {i for ids in seg.ids for i in ids}
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     target = len(alphabet) + int(num_new * (1 + slack)) + 100
-    trainer = trainers.BpeTrainer(vocab_size=target, min_frequency=min_frequency, special_tokens=[],
-                                  show_progress=show_progress, limit_alphabet=len(alphabet) + 1)
+    trainer = trainers.BpeTrainer(
+        vocab_size=target,
+        min_frequency=min_frequency,
+        special_tokens=[],
+        show_progress=show_progress,
+        limit_alphabet=len(alphabet) + 1,
+    )
     tok.train_from_iterator(_training_text(seg), trainer=trainer)
     merges = json.loads(tok.to_str())["model"]["merges"]
     return [tuple([ord(c) - CODE_OFFSET for c in part] for part in merge_pair(m)) for m in merges]
 
 
-def extend_doc(base: dict, learned: list[tuple[list[int], list[int]]], num_new: int,
-               exclude: frozenset[str] | set[str] = frozenset()) -> tuple[dict, int]:
+def extend_doc(
+    base: dict,
+    learned: list[tuple[list[int], list[int]]],
+    num_new: int,
+    exclude: frozenset[str] | set[str] = frozenset(),
+) -> tuple[dict, int]:
     """`base` with the learned merges appended until `num_new` new tokens exist; returns (doc, added).
 
     Every base id and merge keeps its place; new tokens take ids after the base's highest id (special

@@ -21,8 +21,9 @@ from . import llama3
 def base_specials(base_doc: dict | None, family: Family) -> list[str]:
     """The special tokens a replacement carries: the base's own (in id order) when it is ChatML, else the family's."""
     if base_doc is not None:
-        specials = [t["content"] for t in sorted(base_doc.get("added_tokens", []), key=lambda t: t["id"])
-                    if t.get("special")]
+        specials = [
+            t["content"] for t in sorted(base_doc.get("added_tokens", []), key=lambda t: t["id"]) if t.get("special")
+        ]
         if all(s in specials for s in family.specials):
             return specials
     return family.specials
@@ -37,19 +38,30 @@ def finish(tok: Tokenizer, family: Family, base_doc: dict | None = None) -> Toke
         tok.post_processor = processors.ByteLevel(trim_offsets=False)
     else:
         bos_id = tok.token_to_id(family.bos)
-        tok.post_processor = processors.Sequence([
-            processors.ByteLevel(trim_offsets=False),
-            processors.TemplateProcessing(single=f"{family.bos} $A", pair=f"{family.bos} $A {family.bos} $B",
-                                          special_tokens=[(family.bos, bos_id)]),
-        ])
+        tok.post_processor = processors.Sequence(
+            [
+                processors.ByteLevel(trim_offsets=False),
+                processors.TemplateProcessing(
+                    single=f"{family.bos} $A",
+                    pair=f"{family.bos} $A {family.bos} $B",
+                    special_tokens=[(family.bos, bos_id)],
+                ),
+            ]
+        )
     return tok
 
 
 def tokenizer_config(family: Family, model_max_length: int = 131072) -> dict:
     """Special-token roles for transformers (class name readable by transformers 4 and 5)."""
-    return {"backend": "tokenizers", "bos_token": family.bos, "clean_up_tokenization_spaces": False,
-            "eos_token": family.eot, "model_max_length": model_max_length, "pad_token": family.pad,
-            "tokenizer_class": "PreTrainedTokenizerFast"}
+    return {
+        "backend": "tokenizers",
+        "bos_token": family.bos,
+        "clean_up_tokenization_spaces": False,
+        "eos_token": family.eot,
+        "model_max_length": model_max_length,
+        "pad_token": family.pad,
+        "tokenizer_class": "PreTrainedTokenizerFast",
+    }
 
 
 def write_folder(tok: Tokenizer, out_dir: Path, family: Family, model_max_length: int = 131072) -> None:
@@ -58,5 +70,6 @@ def write_folder(tok: Tokenizer, out_dir: Path, family: Family, model_max_length
     out_dir.mkdir(parents=True, exist_ok=True)
     tok.save(str(out_dir / "tokenizer.json"))
     (out_dir / "tokenizer_config.json").write_text(
-        json.dumps(tokenizer_config(family, model_max_length), indent=2) + "\n")
+        json.dumps(tokenizer_config(family, model_max_length), indent=2) + "\n"
+    )
     (out_dir / "chat_template.jinja").write_text(family.chat_template)

@@ -20,8 +20,16 @@ PRETOKENIZE_REGEX = (
 )
 BOS, EOS, EOT = "<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"
 PAD = "<|finetune_right_pad_id|>"
-_NAMED = {0: BOS, 1: EOS, 4: PAD, 6: "<|start_header_id|>", 7: "<|end_header_id|>", 8: "<|eom_id|>",
-          9: EOT, 10: "<|python_tag|>"}
+_NAMED = {
+    0: BOS,
+    1: EOS,
+    4: PAD,
+    6: "<|start_header_id|>",
+    7: "<|end_header_id|>",
+    8: "<|eom_id|>",
+    9: EOT,
+    10: "<|python_tag|>",
+}
 
 
 def special_tokens() -> list[str]:
@@ -40,10 +48,12 @@ CHAT_TEMPLATE = LLAMA3_CHAT_TEMPLATE  # one definition, in the shared families
 
 
 def pre_tokenizer() -> pre_tokenizers.PreTokenizer:
-    return pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False),
-    ])
+    return pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False),
+        ]
+    )
 
 
 def empty_bpe() -> Tokenizer:
@@ -57,20 +67,32 @@ def finish(tok: Tokenizer) -> Tokenizer:
     """Append the 256 special tokens after the regular vocabulary and prepend BOS on encode."""
     tok.add_special_tokens(special_tokens())
     bos_id = tok.token_to_id(BOS)
-    tok.post_processor = processors.Sequence([
-        processors.ByteLevel(trim_offsets=False),
-        processors.TemplateProcessing(single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, bos_id)]),
-    ])
+    tok.post_processor = processors.Sequence(
+        [
+            processors.ByteLevel(trim_offsets=False),
+            processors.TemplateProcessing(
+                single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, bos_id)]
+            ),
+        ]
+    )
     return tok
 
 
-def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int = 2, length: int | None = None,
-              show_progress: bool = False) -> Tokenizer:
+def train_bpe(
+    texts: Iterable[str],
+    vocab_size: int,
+    min_frequency: int = 2,
+    length: int | None = None,
+    show_progress: bool = False,
+) -> Tokenizer:
     """A new byte-level BPE of `vocab_size` regular tokens (256 byte symbols included) + 256 specials."""
     tok = empty_bpe()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=[],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=show_progress,
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=[],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=show_progress,
     )
     tok.train_from_iterator(_iter(texts), trainer=trainer, length=length)
     return finish(tok)
@@ -83,9 +105,15 @@ def _iter(texts: Iterable[str]) -> Iterator[str]:
 def to_transformers(tok: Tokenizer, model_max_length: int = 131072):
     """Wrap as a transformers fast tokenizer with Llama 3's BOS/EOS/pad and chat template."""
     from transformers import PreTrainedTokenizerFast
+
     return PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token=BOS, eos_token=EOT, pad_token=PAD,
-        model_max_length=model_max_length, chat_template=CHAT_TEMPLATE, clean_up_tokenization_spaces=False,
+        tokenizer_object=tok,
+        bos_token=BOS,
+        eos_token=EOT,
+        pad_token=PAD,
+        model_max_length=model_max_length,
+        chat_template=CHAT_TEMPLATE,
+        clean_up_tokenization_spaces=False,
     )
 
 
@@ -97,13 +125,21 @@ def save(tok: Tokenizer, out_dir: Path) -> None:
 
 def tokenizer_config(model_max_length: int = 131072) -> dict:
     """The tokenizer_config.json `save` writes (class name readable by transformers 4 and 5)."""
-    return {"backend": "tokenizers", "bos_token": BOS, "clean_up_tokenization_spaces": False, "eos_token": EOT,
-            "model_max_length": model_max_length, "pad_token": PAD, "tokenizer_class": "PreTrainedTokenizerFast"}
+    return {
+        "backend": "tokenizers",
+        "bos_token": BOS,
+        "clean_up_tokenization_spaces": False,
+        "eos_token": EOT,
+        "model_max_length": model_max_length,
+        "pad_token": PAD,
+        "tokenizer_class": "PreTrainedTokenizerFast",
+    }
 
 
 def write_folder(tok: Tokenizer, out_dir: Path, model_max_length: int = 131072) -> None:
     """Same folder as `save`, written without importing transformers (seconds saved per stage run)."""
     import json
+
     out_dir.mkdir(parents=True, exist_ok=True)
     tok.save(str(out_dir / "tokenizer.json"))
     (out_dir / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(model_max_length), indent=2) + "\n")

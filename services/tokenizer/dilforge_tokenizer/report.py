@@ -10,18 +10,33 @@ def measure_sets(tok: Tokenizer, sets: dict[str, list[str]]) -> dict[str, dict]:
     """One encode_batch call per set (the sets are small and already in memory): fewer, larger
     batches keep the tokenizer's threads busier than the 256-text default."""
     encode = tokenizers_encoder(tok)
-    return {name: measure(texts, encode, batch_size=max(1, len(texts))).summary()
-            for name, texts in sets.items() if texts}
+    return {
+        name: measure(texts, encode, batch_size=max(1, len(texts))).summary() for name, texts in sets.items() if texts
+    }
 
 
 def language_figures(sets: dict[str, dict], names: list[str]) -> dict[str, dict]:
     """The eval report's per-language figures (exactly these three keys per set)."""
-    return {name: {"tokens_per_word": sets[name]["tokens_per_word"], "bytes_per_token": sets[name]["bytes_per_token"],
-                   "frac_words_3plus": sets[name]["share_words_3plus"]} for name in names if name in sets}
+    return {
+        name: {
+            "tokens_per_word": sets[name]["tokens_per_word"],
+            "bytes_per_token": sets[name]["bytes_per_token"],
+            "frac_words_3plus": sets[name]["share_words_3plus"],
+        }
+        for name in names
+        if name in sets
+    }
 
 
-def select(rows: list[dict], rule: str, tolerance: float, set_name: str, retain: str | None = None,
-           retain_tolerance: float = 0.0, base_sets: dict | None = None) -> tuple[dict, bool]:
+def select(
+    rows: list[dict],
+    rule: str,
+    tolerance: float,
+    set_name: str,
+    retain: str | None = None,
+    retain_tolerance: float = 0.0,
+    base_sets: dict | None = None,
+) -> tuple[dict, bool]:
     """The published row and whether the retain bound held.
 
     Eligible: rows whose tokens/word on `retain` is at most (1 + retain_tolerance) x the base's (all rows
@@ -71,15 +86,21 @@ def comparison_table(comparison: list[dict]) -> str:
     """Every strategy and size side by side, one column group per language set."""
     names = list(dict.fromkeys(n for row in comparison for n in row["languages"]))
     head = "| strategy | vocab size | new tokens | dead new |" + "".join(
-        f" {n} tokens/word | {n} bytes/token | {n} words 3+ |" for n in names)
+        f" {n} tokens/word | {n} bytes/token | {n} words 3+ |" for n in names
+    )
     lines = [head, "|---|---:|---:|---:|" + "---:|---:|---:|" * len(names)]
     for row in comparison:
         dead = "-" if row["dead_new_tokens_frac"] is None else f"{100 * row['dead_new_tokens_frac']:.1f}%"
-        line = (f"| {row['strategy']}{' (selected)' if row['selected'] else ''} | {row['vocab_size']} | "
-                f"{row['num_new_tokens']} | {dead} |")
+        line = (
+            f"| {row['strategy']}{' (selected)' if row['selected'] else ''} | {row['vocab_size']} | "
+            f"{row['num_new_tokens']} | {dead} |"
+        )
         for n in names:
             s = row["languages"].get(n)
-            line += (f" {s['tokens_per_word']:.3f} | {s['bytes_per_token']:.3f} | {100 * s['frac_words_3plus']:.1f}% |"
-                     if s else " - | - | - |")
+            line += (
+                f" {s['tokens_per_word']:.3f} | {s['bytes_per_token']:.3f} | {100 * s['frac_words_3plus']:.1f}% |"
+                if s
+                else " - | - | - |"
+            )
         lines.append(line)
     return "\n".join(lines) + "\n"

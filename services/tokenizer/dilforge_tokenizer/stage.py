@@ -44,6 +44,7 @@ HELDOUT = "heldout"
 @dataclass
 class Base:
     """The base tokenizer, wherever it came from, and its family (None when unknown)."""
+
     folder: Path
     uri: str
     tok: Tokenizer
@@ -55,6 +56,7 @@ class Base:
 @dataclass
 class Candidate:
     """One (strategy, size): its tokenizer, regular-vocab doc (for the audit), and which ids are new."""
+
     strategy: str
     size: int
     tok: Tokenizer
@@ -95,8 +97,10 @@ def check_base(config: TokenizerConfig, base: Base | None) -> None:
     """Refuse, before reading any corpus, a strategy that needs a base it cannot use."""
     for strategy in config.strategies:
         if strategy in ("base", "extend") and base is None:
-            raise ConfigError(f"tokenizer.base_tokenizer: strategy {strategy!r} needs a base tokenizer: set "
-                              "base_tokenizer or run a model stage upstream (input 'model')")
+            raise ConfigError(
+                f"tokenizer.base_tokenizer: strategy {strategy!r} needs a base tokenizer: set "
+                "base_tokenizer or run a model stage upstream (input 'model')"
+            )
     if "extend" in config.strategies:
         base_tok.check_extendable(base.doc, f"{base.uri.rstrip('/')}/tokenizer.json")
         if base.family is None:
@@ -107,8 +111,11 @@ def read_validation_sets(config: TokenizerConfig, endpoint_url: str | None) -> d
     """Validation sets are small (dev sets): read whole; an empty one is an error, not a NaN."""
     sets = {}
     for source in config.validation:
-        texts = list(iter_texts(source.uri, source.format, source.text_field, endpoint_url, config.normalization,
-                                    **source.bounds))
+        texts = list(
+            iter_texts(
+                source.uri, source.format, source.text_field, endpoint_url, config.normalization, **source.bounds
+            )
+        )
         if not texts:
             raise InputError("validation set is empty: no non-blank text in it", path=source.uri)
         sets[source.label] = texts
@@ -146,8 +153,11 @@ def verify_output(out: Path, tok: Tokenizer | None) -> dict:
         content = token.get("content") if isinstance(token, dict) else token
         if content is not None and raw.token_to_id(content) is None:
             raise DilforgeError(f"{config_file}: {role} {content!r} is not in the vocabulary")
-    return {"vocab_size_total": raw.get_vocab_size(with_added_tokens=True), **roles,
-            "has_chat_template": (out / "chat_template.jinja").exists() or "chat_template" in config}
+    return {
+        "vocab_size_total": raw.get_vocab_size(with_added_tokens=True),
+        **roles,
+        "has_chat_template": (out / "chat_template.jinja").exists() or "chat_template" in config,
+    }
 
 
 def base_candidate(base: Base) -> Candidate:
@@ -165,8 +175,9 @@ def counted(stream: CorpusStream, lines: Counter) -> Iterator[list[str]]:
     yield from expanded(stream.fed_words)
 
 
-def replace_candidates(config: TokenizerConfig, batches: Iterator[list[str]], family: Family, base: Base | None,
-                       tty: bool) -> tuple[list[Candidate], dict]:
+def replace_candidates(
+    config: TokenizerConfig, batches: Iterator[list[str]], family: Family, base: Base | None, tty: bool
+) -> tuple[list[Candidate], dict]:
     """One fresh BPE at the largest size; smaller sizes are its prefixes. Also returns its doc."""
     largest = max(config.vocab_sizes)
     log.info("replace: training one BPE at %d tokens (serves sizes %s)", largest, sorted(config.vocab_sizes))
@@ -178,11 +189,23 @@ def replace_candidates(config: TokenizerConfig, batches: Iterator[list[str]], fa
         produced = len(doc["model"]["vocab"])
         if produced < size:  # the corpus ran out of merges: never report (or select) a size that does not exist
             if any(c.size == produced for c in out):
-                log.warning("replace: vocab size %d asked, but the corpus gives only %d tokens at min_frequency %d; "
-                            "dropped (same tokenizer as size %d)", size, produced, config.min_frequency, produced)
+                log.warning(
+                    "replace: vocab size %d asked, but the corpus gives only %d tokens at min_frequency %d; "
+                    "dropped (same tokenizer as size %d)",
+                    size,
+                    produced,
+                    config.min_frequency,
+                    produced,
+                )
                 continue
-            log.warning("replace: vocab size %d asked, but the corpus gives only %d tokens at min_frequency %d; "
-                        "measured and recorded as %d", size, produced, config.min_frequency, produced)
+            log.warning(
+                "replace: vocab size %d asked, but the corpus gives only %d tokens at min_frequency %d; "
+                "measured and recorded as %d",
+                size,
+                produced,
+                config.min_frequency,
+                produced,
+            )
             size = produced
         new_ids = {i for t, i in doc["model"]["vocab"].items() if len(t) > 1}
         tok = family_out.finish(bpe.from_doc(doc), family, base.doc if base else None)
@@ -193,19 +216,34 @@ def replace_candidates(config: TokenizerConfig, batches: Iterator[list[str]], fa
 def extend_candidates(config: TokenizerConfig, seg: continued.Segmented, base: Base, tty: bool) -> list[Candidate]:
     """One continued training at the largest number of new tokens; smaller ones are prefixes."""
     largest = max(config.num_new_tokens)
-    log.info("extend: continuing the base's BPE by %d new tokens over %d unique words (serves %s)", largest,
-             len(seg.words), sorted(config.num_new_tokens))
+    log.info(
+        "extend: continuing the base's BPE by %d new tokens over %d unique words (serves %s)",
+        largest,
+        len(seg.words),
+        sorted(config.num_new_tokens),
+    )
     learned = continued.learn_merges(seg, largest, config.min_frequency, show_progress=tty)
     out = []
     for size in sorted(config.num_new_tokens):
         doc, added = continued.extend_doc(base.doc, learned, size)
         if added < size:  # recorded (and selectable) as what exists, never as the size asked for
             if any(c.size == added for c in out):
-                log.warning("extend: the corpus supports only %d new tokens at min_frequency %d (asked %d); dropped "
-                            "(same tokenizer as %d new tokens)", added, config.min_frequency, size, added)
+                log.warning(
+                    "extend: the corpus supports only %d new tokens at min_frequency %d (asked %d); dropped "
+                    "(same tokenizer as %d new tokens)",
+                    added,
+                    config.min_frequency,
+                    size,
+                    added,
+                )
                 continue
-            log.warning("extend: the corpus supports only %d new tokens at min_frequency %d (asked %d); recorded "
-                        "as %d", added, config.min_frequency, size, added)
+            log.warning(
+                "extend: the corpus supports only %d new tokens at min_frequency %d (asked %d); recorded as %d",
+                added,
+                config.min_frequency,
+                size,
+                added,
+            )
             size = added
         first = max(base.doc["model"]["vocab"].values()) + 1
         first = max([first, *(t["id"] + 1 for t in base.doc.get("added_tokens", []))])
@@ -243,16 +281,19 @@ def prune_and_refill(cand: Candidate, base: Base, words: Counter, rounds: int = 
 
     counts, parts_needed = audit.corpus_use(cand.doc, words, first)
     vocab = cand.doc["model"]["vocab"]
-    newest = sorted(i for i in vocab.values() if i >= first)[-max(1, size // 50):]
+    newest = sorted(i for i in vocab.values() if i >= first)[-max(1, size // 50) :]
     price = statistics.median(counts.get(i, 0) for i in newest)
     costly = audit.costly_tokens(cand.doc, first, counts, price, parts_needed, num_fixed)
     dead = {i for i in vocab.values() if i >= first and i not in counts}
     best = audit.prune(cand.doc, first, dead | costly, parts_needed, num_fixed)[0]
     num_pruned = num_live(cand.doc) - num_live(best)
     if costly:
-        log.info("prune_dead: %d produced tokens were the only ones built from dead intermediates and had fewer "
-                 "uses per row than %.1f (the newest tokens' median): dropped with those intermediates",
-                 len(costly), price)
+        log.info(
+            "prune_dead: %d produced tokens were the only ones built from dead intermediates and had fewer "
+            "uses per row than %.1f (the newest tokens' median): dropped with those intermediates",
+            len(costly),
+            price,
+        )
     exclude = {t for t, i in vocab.items() if i in costly}
     take = size
     for _ in range(rounds):
@@ -274,8 +315,14 @@ def prune_and_refill(cand: Candidate, base: Base, words: Counter, rounds: int = 
 def run(config: TokenizerConfig, ctx: StageContext) -> StageResult:
     t_start = time.perf_counter()
     tty = sys.stderr.isatty()
-    log_config(config, {"strategies": config.strategies, "replace_train_size": max(config.vocab_sizes),
-                        "extend_num_new_tokens": max(config.num_new_tokens)})
+    log_config(
+        config,
+        {
+            "strategies": config.strategies,
+            "replace_train_size": max(config.vocab_sizes),
+            "extend_num_new_tokens": max(config.num_new_tokens),
+        },
+    )
     base = resolve_base(config, ctx)
     check_base(config, base)
     family = base.family if base is not None and base.family is not None else LLAMA3
@@ -283,9 +330,16 @@ def run(config: TokenizerConfig, ctx: StageContext) -> StageResult:
     validation = read_validation_sets(config, ctx.endpoint_url)
 
     # one pass over the corpora: unique training lines with how often each was fed (weights), held-out slice
-    stream = CorpusStream(config.corpora, seed=config.seed, validation_fraction=config.validation_fraction,
-                          num_validation_lines=config.num_validation_lines, max_lines=config.max_lines,
-                          dedup=config.dedup, normalization=config.normalization, endpoint_url=ctx.endpoint_url)
+    stream = CorpusStream(
+        config.corpora,
+        seed=config.seed,
+        validation_fraction=config.validation_fraction,
+        num_validation_lines=config.num_validation_lines,
+        max_lines=config.max_lines,
+        dedup=config.dedup,
+        normalization=config.normalization,
+        endpoint_url=ctx.endpoint_url,
+    )
     lines: Counter = Counter()
     # replace alone streams the corpus straight into its trainer (reading overlaps training), counting
     # the lines on the way for the audit; extend needs every word count before it trains: read first
@@ -314,20 +368,26 @@ def run(config: TokenizerConfig, ctx: StageContext) -> StageResult:
         replaced, trained_doc = replace_candidates(config, batches, family, base, tty)
         candidates += replaced
         seconds["train_replace"] = round(time.perf_counter() - t0, 2)
-        same = base is not None and base.doc.get("pre_tokenizer") == trained_doc.get("pre_tokenizer") \
+        same = (
+            base is not None
+            and base.doc.get("pre_tokenizer") == trained_doc.get("pre_tokenizer")
             and base.doc.get("normalizer") is None
+        )
         if same and "base" in words:
             words["replace"] = words["base"]
     seconds["train"] = round(time.perf_counter() - t_train, 2)
     log.info("corpus: %s", json.dumps(stream.summary()["total"]))
     if config.strategy != "base" and not lines:
-        raise InputError("no training text left after holding out the validation slice"
-                         + (" and dropping duplicates" if config.dedup else ""),
-                         path=", ".join(s.uri for s in config.corpora))
+        raise InputError(
+            "no training text left after holding out the validation slice"
+            + (" and dropping duplicates" if config.dedup else ""),
+            path=", ".join(s.uri for s in config.corpora),
+        )
     sets = {HELDOUT: stream.heldout, **validation} if stream.heldout else dict(validation)
     if not sets:
-        raise InputError("nothing to measure: give corpora (for a held-out slice) or validation sets",
-                         path="validation")
+        raise InputError(
+            "nothing to measure: give corpora (for a held-out slice) or validation sets", path="validation"
+        )
 
     # measure and audit every (strategy, size)
     t_metrics = time.perf_counter()
@@ -336,55 +396,100 @@ def run(config: TokenizerConfig, ctx: StageContext) -> StageResult:
     for cand in tqdm(candidates, desc="measure", disable=not tty):
         cand.sets = base_metrics if cand.strategy == "base" else measure_sets(cand.tok, sets)
         corpus_words = words.get("replace" if cand.strategy == "replace" else "base")
-        cand.audit, cand.dead = audit.audit(cand.doc, cand.tok, corpus_words, cand.new_ids, validation,
-                                            lines=unique_lines if corpus_words is None else None)
-    rows = [{"vocab_size": c.size, "vocab_size_total": bpe.vocab_size_with_specials(c.tok),
-             **({"vocab_size_regular": c.tok.get_vocab_size(with_added_tokens=False)} if c.strategy == "replace"
-                else {"num_added_tokens": len(c.new_ids)}), "sets": c.sets}
-            for c in candidates if c.strategy == config.strategy and c.strategy != "base"]
+        cand.audit, cand.dead = audit.audit(
+            cand.doc,
+            cand.tok,
+            corpus_words,
+            cand.new_ids,
+            validation,
+            lines=unique_lines if corpus_words is None else None,
+        )
+    rows = [
+        {
+            "vocab_size": c.size,
+            "vocab_size_total": bpe.vocab_size_with_specials(c.tok),
+            **(
+                {"vocab_size_regular": c.tok.get_vocab_size(with_added_tokens=False)}
+                if c.strategy == "replace"
+                else {"num_added_tokens": len(c.new_ids)}
+            ),
+            "sets": c.sets,
+        }
+        for c in candidates
+        if c.strategy == config.strategy and c.strategy != "base"
+    ]
     if config.strategy == "base":
         chosen, retain_met = next(c for c in candidates if c.strategy == "base"), True
         selected = None
     else:
         if config.selection_set not in rows[0]["sets"]:
-            raise InputError(f"selection_set {config.selection_set!r} has no text to measure (empty held-out slice?)",
-                             path="selection_set")
-        row, retain_met = select(rows, config.selection, config.selection_tolerance, config.selection_set,
-                                 config.retain_set, config.retain_tolerance, base_metrics)
+            raise InputError(
+                f"selection_set {config.selection_set!r} has no text to measure (empty held-out slice?)",
+                path="selection_set",
+            )
+        row, retain_met = select(
+            rows,
+            config.selection,
+            config.selection_tolerance,
+            config.selection_set,
+            config.retain_set,
+            config.retain_tolerance,
+            base_metrics,
+        )
         selected = row["vocab_size"]
         chosen = next(c for c in candidates if c.strategy == config.strategy and c.size == selected)
         if not retain_met:
-            log.warning("no size keeps %s within %.1f %% of the base; publishing the closest (%d)",
-                        config.retain_set, 100 * config.retain_tolerance, selected)
+            log.warning(
+                "no size keeps %s within %.1f %% of the base; publishing the closest (%d)",
+                config.retain_set,
+                100 * config.retain_tolerance,
+                selected,
+            )
 
     # publish: prune (optional), write in the base's family, verify
     names = list(validation)
     published, pruned, published_audit = chosen.tok, 0, chosen.audit
     if config.prune_dead and chosen.dead and chosen.strategy != "base":  # extend: also intermediates (ignore_merges)
-        doc, pruned = (prune_and_refill(chosen, base, words["base"]) if chosen.strategy == "extend"
-                       else audit.prune(chosen.doc, chosen.first_new_id, chosen.dead))
+        doc, pruned = (
+            prune_and_refill(chosen, base, words["base"])
+            if chosen.strategy == "extend"
+            else audit.prune(chosen.doc, chosen.first_new_id, chosen.dead)
+        )
         published = bpe.from_doc(doc)
         if chosen.strategy == "replace":
             published = family_out.finish(published, family, base.doc if base else None)
         new_ids = {i for i in doc["model"]["vocab"].values() if i >= chosen.first_new_id}
         corpus_words = words.get("replace" if chosen.strategy == "replace" else "base")
-        published_audit, _ = audit.audit(doc, published, corpus_words, new_ids, validation,
-                                         lines=unique_lines if corpus_words is None else None)
-        log.info("pruned %d new tokens (%s); %d new tokens published", pruned,
-                 "dead, or rarely used holders of dead intermediates; refilled with further merges"
-                 if chosen.strategy == "extend" else "dead; kept ones are built from the rest",
-                 published.get_vocab_size(with_added_tokens=True) - chosen.first_new_id
-                 if chosen.strategy == "extend" else len(doc["model"]["vocab"]) - chosen.first_new_id)
+        published_audit, _ = audit.audit(
+            doc, published, corpus_words, new_ids, validation, lines=unique_lines if corpus_words is None else None
+        )
+        log.info(
+            "pruned %d new tokens (%s); %d new tokens published",
+            pruned,
+            "dead, or rarely used holders of dead intermediates; refilled with further merges"
+            if chosen.strategy == "extend"
+            else "dead; kept ones are built from the rest",
+            published.get_vocab_size(with_added_tokens=True) - chosen.first_new_id
+            if chosen.strategy == "extend"
+            else len(doc["model"]["vocab"]) - chosen.first_new_id,
+        )
     if chosen.strategy == "base":
         base_tok.copy_folder(base.folder, ctx.model_dir)
     else:
         family_out.write_folder(published, ctx.model_dir, chosen.family)
     output = verify_output(ctx.model_dir, published)
     published_sets = chosen.sets if published is chosen.tok else measure_sets(published, sets)
-    comparison = [{"strategy": c.strategy, "vocab_size": bpe.vocab_size_with_specials(c.tok),
-                   "num_new_tokens": len(c.new_ids), "selected": c is chosen,
-                   "languages": language_figures(c.sets, names),
-                   "dead_new_tokens_frac": c.audit["dead_new_tokens_frac"]} for c in candidates]
+    comparison = [
+        {
+            "strategy": c.strategy,
+            "vocab_size": bpe.vocab_size_with_specials(c.tok),
+            "num_new_tokens": len(c.new_ids),
+            "selected": c is chosen,
+            "languages": language_figures(c.sets, names),
+            "dead_new_tokens_frac": c.audit["dead_new_tokens_frac"],
+        }
+        for c in candidates
+    ]
     seconds["measure_and_save"] = round(time.perf_counter() - t_metrics, 2)
     seconds["total"] = round(time.perf_counter() - t_start, 2)
 
@@ -392,9 +497,14 @@ def run(config: TokenizerConfig, ctx: StageContext) -> StageResult:
         "strategy": config.strategy,
         "family": chosen.family.name,
         "selected_vocab_size": selected,
-        "selection": {"rule": config.selection, "tolerance": config.selection_tolerance, "set": config.selection_set,
-                      "retain_set": config.retain_set, "retain_tolerance": config.retain_tolerance,
-                      "retain_met": retain_met},
+        "selection": {
+            "rule": config.selection,
+            "tolerance": config.selection_tolerance,
+            "set": config.selection_set,
+            "retain_set": config.retain_set,
+            "retain_tolerance": config.retain_tolerance,
+            "retain_met": retain_met,
+        },
         "word_definition": "whitespace-separated (str.split); tokens without BOS/EOS; fertility = sum tokens / sum words",
         "comparison": comparison,
         "languages": language_figures(published_sets, names),

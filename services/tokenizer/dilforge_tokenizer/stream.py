@@ -50,6 +50,7 @@ class CorpusStream:
     A line is held out when a seeded hash (CRC-32) of its text falls below `validation_fraction`, so
     exact duplicates always land on the same side and the split does not depend on line order.
     """
+
     sources: Sequence[DataSource]
     seed: int = 0
     validation_fraction: float = 0.02
@@ -88,8 +89,10 @@ class CorpusStream:
     def _reader(self, s: DataSource) -> Iterator[tuple]:
         """(file, line, text) of a text source; (file, line, (word, count)) of a word_counts list."""
         if s.format == "word_counts":
-            return ((f, n, (word, count)) for f, n, word, count in
-                    iter_word_counts(s.uri, self.endpoint_url, self.normalization, **s.bounds))
+            return (
+                (f, n, (word, count))
+                for f, n, word, count in iter_word_counts(s.uri, self.endpoint_url, self.normalization, **s.bounds)
+            )
         return iter_located_texts(s.uri, s.format, s.text_field, self.endpoint_url, self.normalization, **s.bounds)
 
     def _scan(self, heldout_only: bool = False) -> Iterator[list[str]]:
@@ -100,6 +103,7 @@ class CorpusStream:
         collisions there are harmless) and, with dedup, an 8-byte BLAKE2b (no false duplicates).
         """
         from tqdm import tqdm
+
         for s in self.sources:
             self.stats.setdefault(s.label, SourceStats())
         threshold = int(self.validation_fraction * 2**32)
@@ -115,13 +119,18 @@ class CorpusStream:
         crc32, blake2b = zlib.crc32, hashlib.blake2b
         chunk = 256 if self.max_lines is None else max(1, min(256, self.max_lines // (10 * len(self.sources))))
         read = 0
-        bar = tqdm(desc="corpus", unit=" lines", disable=not self.progress, mininterval=1 if sys.stderr.isatty() else 30,
-                   file=sys.stderr)
+        bar = tqdm(
+            desc="corpus",
+            unit=" lines",
+            disable=not self.progress,
+            mininterval=1 if sys.stderr.isatty() else 30,
+            file=sys.stderr,
+        )
         try:
             for source, st, texts in self._interleaved(chunk):
                 is_list = source.format == "word_counts"
                 if self.max_lines is not None and not is_list:
-                    texts = texts[:max(0, self.max_lines - read)]
+                    texts = texts[: max(0, self.max_lines - read)]
                     self._text_done = read + len(texts) >= self.max_lines  # the text sources stop here
                     if not texts:
                         continue
@@ -203,12 +212,16 @@ class CorpusStream:
 
     def summary(self) -> dict:
         from dataclasses import asdict
+
         total = SourceStats()
         for st in self.stats.values():
             for k, v in asdict(st).items():
                 setattr(total, k, getattr(total, k) + v)
-        return {"total": asdict(total), "sources": {k: asdict(v) for k, v in self.stats.items()},
-                "heldout_lines_measured": len(self.heldout)}
+        return {
+            "total": asdict(total),
+            "sources": {k: asdict(v) for k, v in self.stats.items()},
+            "heldout_lines_measured": len(self.heldout),
+        }
 
 
 WORD = re.compile(r"\w+(?:[-'’]\w+)*")  # a word of running text, as a frequency list spells one
@@ -237,8 +250,14 @@ def _times(expected: float, rng: random.Random) -> int:
     return whole + (1 if rng.random() < expected - whole else 0)
 
 
-def _feed_words(entries: list[tuple[str, int]], weight: float, st: SourceStats, rng: random.Random,
-                fed: Counter, casing: dict[str, str] | None = None) -> None:
+def _feed_words(
+    entries: list[tuple[str, int]],
+    weight: float,
+    st: SourceStats,
+    rng: random.Random,
+    fed: Counter,
+    casing: dict[str, str] | None = None,
+) -> None:
     """Each (word, count) as " word" into `fed`, count x weight times (the fraction by seeded sampling);
     with `casing`, in the form the text corpora use most often for it."""
     for word, count in entries:

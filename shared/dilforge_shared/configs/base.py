@@ -41,8 +41,11 @@ def is_run_only(info: FieldInfo) -> bool:
 def identity_view(value):
     """`value` (a config model, or lists/dicts of them) as JSON types without its run-only fields, at any depth."""
     if isinstance(value, BaseModel):
-        return {name: identity_view(getattr(value, name)) for name, info in type(value).model_fields.items()
-                if not is_run_only(info)}
+        return {
+            name: identity_view(getattr(value, name))
+            for name, info in type(value).model_fields.items()
+            if not is_run_only(info)
+        }
     if isinstance(value, (list, tuple)):
         return [identity_view(v) for v in value]
     if isinstance(value, dict):
@@ -65,6 +68,7 @@ def run_only_paths(model: type[BaseModel], prefix: str = "") -> list[str]:
 
 def _model_types(annotation) -> list[type[BaseModel]]:
     from typing import get_args
+
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return [annotation]
     return [t for arg in get_args(annotation) for t in _model_types(arg)]
@@ -72,6 +76,7 @@ def _model_types(annotation) -> list[type[BaseModel]]:
 
 class StrictModel(BaseModel):
     """Unknown fields are errors, so a typo in a config never silently falls back to a default."""
+
     model_config = ConfigDict(extra="forbid", validate_default=True, allow_inf_nan=False)
 
 
@@ -90,8 +95,10 @@ def rename_fields(data, renamed: dict[str, str], where: str):
         if new in data:
             raise ValueError(f"{where}{old} and {where}{new} are the same setting; keep only {new}")
         data[new] = data.pop(old)
-        deprecated(f"config field {where}{old} is deprecated; use {where}{new} (the old name goes away in the next "
-                   f"minor version of the config schema)")
+        deprecated(
+            f"config field {where}{old} is deprecated; use {where}{new} (the old name goes away in the next "
+            f"minor version of the config schema)"
+        )
     return data
 
 
@@ -100,18 +107,25 @@ Switch = Literal["auto", "on", "off"]
 
 class DataSource(StrictModel):
     """A corpus or text set: a file, folder, glob, or S3 object/prefix."""
+
     uri: str = Field(description="Local path, file://, glob, or s3:// URI of the data.")
     format: TextFormat = Field(default="auto", description="File format; 'auto' decides by extension.")
     text_field: str = Field(default="text", description="JSONL field, TSV column or parquet column with the text.")
-    name: str | None = Field(default=None, json_schema_extra=RUN_ONLY,
-                             description="Short name for reports (defaults to the file name).")
+    name: str | None = Field(
+        default=None, json_schema_extra=RUN_ONLY, description="Short name for reports (defaults to the file name)."
+    )
     weight: float = Field(default=1.0, gt=0, description="Mixture weight where a stage mixes several sources.")
     max_document_bytes: int = Field(
-        default=MAX_DOCUMENT_BYTES, ge=64, le=1 << 30,
-        description="Largest line/document read at once, in UTF-8 bytes; memory stays bounded for any input.")
+        default=MAX_DOCUMENT_BYTES,
+        ge=64,
+        le=1 << 30,
+        description="Largest line/document read at once, in UTF-8 bytes; memory stays bounded for any input.",
+    )
     on_oversize: Oversize = Field(
-        default="error", description="A longer line: error (names file:line), split into documents of at most "
-        "max_document_bytes (txt, parquet), truncate, or skip with a warning. JSONL/TSV records: error or skip.")
+        default="error",
+        description="A longer line: error (names file:line), split into documents of at most "
+        "max_document_bytes (txt, parquet), truncate, or skip with a warning. JSONL/TSV records: error or skip.",
+    )
 
     @property
     def bounds(self) -> dict:
@@ -129,8 +143,10 @@ def check_unique_labels(sources: list[DataSource], field: str) -> None:
     labels = [s.label for s in sources]
     dupes = sorted({x for x in labels if labels.count(x) > 1})
     if dupes:
-        raise ValueError(f"{field}: two sources are named {dupes[0]!r} (set a distinct `name` on each; the name "
-                         "defaults to the file name)")
+        raise ValueError(
+            f"{field}: two sources are named {dupes[0]!r} (set a distinct `name` on each; the name "
+            "defaults to the file name)"
+        )
 
 
 class StageConfig(StrictModel):
@@ -140,6 +156,7 @@ class StageConfig(StrictModel):
     whose manifests the coordinator feeds it when they are in the same pipeline (as inputs named
     after those stages).
     """
+
     stage: ClassVar[str]
     artifact_kind: ClassVar[str]
     consumes: ClassVar[tuple[str, ...]] = ()

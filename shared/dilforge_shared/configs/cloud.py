@@ -16,17 +16,30 @@ from .base import StrictModel
 
 class StageResources(StrictModel):
     """The machines one stage's training job runs on."""
-    instance_type: str = Field(default="ml.m5.xlarge", pattern=r"^ml\.[a-z0-9]+\.[a-z0-9]+$",
-                               description="SageMaker instance type, e.g. ml.p4d.24xlarge.")
+
+    instance_type: str = Field(
+        default="ml.m5.xlarge",
+        pattern=r"^ml\.[a-z0-9]+\.[a-z0-9]+$",
+        description="SageMaker instance type, e.g. ml.p4d.24xlarge.",
+    )
     num_instances: int = Field(default=1, ge=1, le=64, description="Hosts; more than one starts torchrun across hosts.")
     volume_size_gb: int = Field(default=100, ge=1, le=16384, description="EBS volume per host (data channels, cache).")
-    max_runtime_s: int = Field(default=24 * 3600, ge=60, le=28 * 24 * 3600,
-                               description="Hard stop: the job is stopped (SIGTERM, then SIGKILL) after this long.")
+    max_runtime_s: int = Field(
+        default=24 * 3600,
+        ge=60,
+        le=28 * 24 * 3600,
+        description="Hard stop: the job is stopped (SIGTERM, then SIGKILL) after this long.",
+    )
     spot: bool | None = Field(default=None, description="Managed spot training; None = the section's `spot`.")
-    max_wait_s: int | None = Field(default=None, ge=60, le=28 * 24 * 3600,
-                                   description="Spot only: runtime + time waiting for capacity; None = 2 × max_runtime_s.")
+    max_wait_s: int | None = Field(
+        default=None,
+        ge=60,
+        le=28 * 24 * 3600,
+        description="Spot only: runtime + time waiting for capacity; None = 2 × max_runtime_s.",
+    )
     input_mode: Literal["File", "FastFile"] = Field(
-        default="File", description="How upstream artifacts reach /opt/ml/input/data: copied (File) or streamed.")
+        default="File", description="How upstream artifacts reach /opt/ml/input/data: copied (File) or streamed."
+    )
     environment: dict[str, str] = Field(default_factory=dict, description="Extra container environment variables.")
 
     @model_validator(mode="after")
@@ -38,46 +51,74 @@ class StageResources(StrictModel):
 
 class EndpointResources(StrictModel):
     """The SageMaker real-time endpoint `coordinator deploy` creates or updates (the serve image)."""
-    name: str | None = Field(default=None, pattern=r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$",
-                             description="Endpoint name; None = <job_name_prefix>-<run_id>.")
-    instance_type: str = Field(default="ml.g5.xlarge", pattern=r"^ml\.[a-z0-9]+\.[a-z0-9]+$",
-                               description="Hosting instance type, e.g. ml.g5.xlarge (1 A10G) or ml.c7i.2xlarge (CPU).")
+
+    name: str | None = Field(
+        default=None,
+        pattern=r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$",
+        description="Endpoint name; None = <job_name_prefix>-<run_id>.",
+    )
+    instance_type: str = Field(
+        default="ml.g5.xlarge",
+        pattern=r"^ml\.[a-z0-9]+\.[a-z0-9]+$",
+        description="Hosting instance type, e.g. ml.g5.xlarge (1 A10G) or ml.c7i.2xlarge (CPU).",
+    )
     num_instances: int = Field(default=1, ge=1, le=100, description="Instances behind the endpoint.")
-    image: str | None = Field(default=None, description="Serving image (repo@sha256:digest); None = the digest "
-                                                        "`coordinator images push --stage serve` recorded.")
-    container_startup_timeout_s: int = Field(default=900, ge=60, le=3600,
-                                             description="How long /ping may take to answer after start (merge, load).")
-    model_data_download_timeout_s: int = Field(default=1200, ge=60, le=3600,
-                                               description="How long copying the artifact into /opt/ml/model may take.")
+    image: str | None = Field(
+        default=None,
+        description="Serving image (repo@sha256:digest); None = the digest "
+        "`coordinator images push --stage serve` recorded.",
+    )
+    container_startup_timeout_s: int = Field(
+        default=900, ge=60, le=3600, description="How long /ping may take to answer after start (merge, load)."
+    )
+    model_data_download_timeout_s: int = Field(
+        default=1200, ge=60, le=3600, description="How long copying the artifact into /opt/ml/model may take."
+    )
     environment: dict[str, str] = Field(default_factory=dict, description="Extra container environment variables.")
 
 
 class SageMakerConfig(StrictModel):
     """Settings for `--backend sagemaker` (and `coordinator images push`)."""
-    region: str = Field(default="us-east-1", pattern=r"^[a-z]{2}(-[a-z]+)+-\d$", description="AWS region of jobs and ECR.")
-    role_arn: str = Field(pattern=r"^arn:aws[a-z-]*:iam::\d{12}:role/.+$",
-                          description="Execution role the jobs assume (S3 read/write, ECR pull, CloudWatch logs).")
-    account_id: str | None = Field(default=None, pattern=r"^\d{12}$",
-                                   description="ECR registry account; None = the role ARN's account.")
-    repository_prefix: str = Field(default="dilforge", pattern=r"^[a-z0-9][a-z0-9._/-]*$",
-                                   description="ECR repositories are <prefix>-<stage>.")
+
+    region: str = Field(
+        default="us-east-1", pattern=r"^[a-z]{2}(-[a-z]+)+-\d$", description="AWS region of jobs and ECR."
+    )
+    role_arn: str = Field(
+        pattern=r"^arn:aws[a-z-]*:iam::\d{12}:role/.+$",
+        description="Execution role the jobs assume (S3 read/write, ECR pull, CloudWatch logs).",
+    )
+    account_id: str | None = Field(
+        default=None, pattern=r"^\d{12}$", description="ECR registry account; None = the role ARN's account."
+    )
+    repository_prefix: str = Field(
+        default="dilforge", pattern=r"^[a-z0-9][a-z0-9._/-]*$", description="ECR repositories are <prefix>-<stage>."
+    )
     images: dict[ImageName, str] = Field(
         default_factory=dict,
-        description="Image per stage (repo@sha256:digest); None = the digest `coordinator images push` recorded.")
-    output_uri: str | None = Field(default=None, pattern=r"^s3://",
-                                   description="S3 prefix for job outputs, checkpoints, TensorBoard; None = <store>/sagemaker.")
+        description="Image per stage (repo@sha256:digest); None = the digest `coordinator images push` recorded.",
+    )
+    output_uri: str | None = Field(
+        default=None,
+        pattern=r"^s3://",
+        description="S3 prefix for job outputs, checkpoints, TensorBoard; None = <store>/sagemaker.",
+    )
     spot: bool = Field(default=True, description="Managed spot training for stages that don't say otherwise.")
     max_retry_attempts: int = Field(default=0, ge=0, le=30, description="SageMaker's own retries of a failed job.")
-    job_name_prefix: str = Field(default="dilforge", pattern=r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,19}$",
-                                 description="Training job names start with this.")
+    job_name_prefix: str = Field(
+        default="dilforge",
+        pattern=r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,19}$",
+        description="Training job names start with this.",
+    )
     subnets: list[str] = Field(default_factory=list, description="VPC subnets (EFA multi-node needs one placement).")
     security_group_ids: list[str] = Field(default_factory=list, description="VPC security groups (with subnets).")
     tags: dict[str, str] = Field(default_factory=dict, description="Tags on every job, besides dilforge's own.")
     poll_interval_s: float = Field(default=30.0, gt=0, description="How often a real run polls job status.")
     stages: dict[ImageName, StageResources] = Field(
-        default_factory=dict, description="Per-stage machines; a stage not listed runs on one ml.m5.xlarge.")
-    endpoint: EndpointResources = Field(default_factory=EndpointResources,
-                                        description="The real-time endpoint `coordinator deploy` manages.")
+        default_factory=dict, description="Per-stage machines; a stage not listed runs on one ml.m5.xlarge."
+    )
+    endpoint: EndpointResources = Field(
+        default_factory=EndpointResources, description="The real-time endpoint `coordinator deploy` manages."
+    )
 
     @model_validator(mode="after")
     def _vpc_pairs(self):

@@ -25,6 +25,7 @@ from .knobs import Batching, Checkpointing, SourceLimits, Warmup, on_off
 
 class ScratchModel(StrictModel):
     """Architecture of a randomly initialised Llama (tests, demos, benchmarks). Vocab = the tokenizer's."""
+
     hidden_size: int = Field(default=64, ge=8, description="Model width.")
     intermediate_size: int = Field(default=128, ge=8, description="MLP width.")
     num_hidden_layers: int = Field(default=2, ge=1, description="Decoder layers.")
@@ -46,6 +47,7 @@ class ScratchModel(StrictModel):
 class Phase(Warmup):
     """One training phase: its own steps, peak learning rate and warmup (`knobs.Warmup`: num_warmup_steps or
     warmup_ratio); cosine decay to min_lr_ratio × peak."""
+
     num_steps: int = Field(default=0, ge=0, description="Optimizer steps in this phase; 0 skips the phase.")
     learning_rate: float = Field(default=1e-3, gt=0, description="Peak learning rate (AdamW).")
     min_lr_ratio: float = Field(default=0.1, ge=0, le=1, description="Cosine decays to learning_rate × min_lr_ratio.")
@@ -55,6 +57,7 @@ class Phase(Warmup):
 
 class Phase1(Phase):
     """Phase 1 adapts the vocabulary: the backbone is frozen."""
+
     where: ClassVar[str] = "cpt.phase1."
     trainable: Literal["embeddings", "new_rows"] = Field(
         default="embeddings",
@@ -66,9 +69,11 @@ class Phase1(Phase):
 
 class Phase2(Phase):
     """Phase 2 trains every parameter."""
+
     where: ClassVar[str] = "cpt.phase2."
     embedding_learning_rate: float | None = Field(
-        default=None, gt=0,
+        default=None,
+        gt=0,
         description="Peak learning rate of the embedding and LM-head matrices in phase 2 (same warmup and "
         "cosine shape as learning_rate); None = learning_rate.",
     )
@@ -82,6 +87,7 @@ class CptConfig(StageConfig, Batching, Checkpointing):
     """CPT: the shared training knobs (`knobs.Batching`: global_batch_size, micro_batch_size,
     eval_micro_batch_size; `knobs.Checkpointing`: checkpoint_every, num_checkpoints_kept,
     activation_checkpointing) plus what only CPT has."""
+
     stage: ClassVar[str] = "cpt"
     artifact_kind: ClassVar[str] = "model"
     consumes: ClassVar[tuple[str, ...]] = ("model", "tokenizer")
@@ -126,7 +132,8 @@ class CptConfig(StageConfig, Batching, Checkpointing):
         "along it gives the new rows' probability back on that language.",
     )
     calibration_num_windows: int = Field(
-        default=16, ge=1,
+        default=16,
+        ge=1,
         description="Training windows (the first of each corpus; half from retain_corpora) whose final hidden "
         "states the offset/calibrated transplants are fitted on.",
     )
@@ -143,7 +150,8 @@ class CptConfig(StageConfig, Batching, Checkpointing):
         "holds the leakage down during training.",
     )
     leakage_tolerance: float | None = Field(
-        default=None, gt=0,
+        default=None,
+        gt=0,
         description="Counter-measure: when, at a validation, the leakage (base-tokenisation BPB / base-model BPB "
         "- 1) of a leakage_sets set exceeds this, the new output rows are re-calibrated on the current "
         "model's hidden states (the calibrated offsets fitted again, relative to the trained rows) and the "
@@ -162,11 +170,14 @@ class CptConfig(StageConfig, Batching, Checkpointing):
     seq_len: int = Field(default=2048, ge=8, description="Tokens per packed training window.")
     num_validation_docs: int = Field(default=500, ge=1, description="Validation documents read (first N) per source.")
     validation_stride: int | None = Field(
-        default=None, ge=1,
+        default=None,
+        ge=1,
         description="Validation BPB slides windows of seq_len tokens by this many (dilforge_shared.bpb); None = "
         "seq_len // 2, eval's default, so CPT and eval report the same number for the same window.",
     )
-    tokenize_batch_size: int = Field(json_schema_extra=RUN_ONLY, default=1000, ge=1, description="Documents per encode_batch call.")
+    tokenize_batch_size: int = Field(
+        json_schema_extra=RUN_ONLY, default=1000, ge=1, description="Documents per encode_batch call."
+    )
 
     # ---- optimisation ----------------------------------------------------------------------
     phase1: Phase1 = Field(
@@ -174,7 +185,9 @@ class CptConfig(StageConfig, Batching, Checkpointing):
         description="Embeddings + LM head only (all of them, or only the new rows: trainable); every other "
         "parameter frozen.",
     )
-    phase2: Phase2 = Field(default_factory=lambda: Phase2(num_steps=0, learning_rate=1e-4), description="All parameters.")
+    phase2: Phase2 = Field(
+        default_factory=lambda: Phase2(num_steps=0, learning_rate=1e-4), description="All parameters."
+    )
     max_grad_norm: float | None = Field(default=1.0, gt=0, description="Gradient clipping norm; None = off.")
     adam_beta1: float = Field(default=0.9, ge=0, lt=1, description="AdamW beta1.")
     adam_beta2: float = Field(default=0.95, ge=0, lt=1, description="AdamW beta2.")
@@ -182,34 +195,48 @@ class CptConfig(StageConfig, Batching, Checkpointing):
     precision: Precision = Field(default="auto", description="auto = bf16 on CUDA, fp32 on CPU.")
 
     # ---- distribution and kernels ----------------------------------------------------------
-    num_processes_per_node: int | None = Field(json_schema_extra=RUN_ONLY, 
-        default=None, ge=1,
+    num_processes_per_node: int | None = Field(
+        json_schema_extra=RUN_ONLY,
+        default=None,
+        ge=1,
         description="Training processes per host; None = one per GPU (1 on CPU). More than one process in "
         "total (here or several hosts in resourceconfig.json) runs under torchrun.",
     )
-    fsdp: Literal["auto", "on", "off"] = Field(json_schema_extra=RUN_ONLY, 
+    fsdp: Literal["auto", "on", "off"] = Field(
+        json_schema_extra=RUN_ONLY,
         default="auto",
         description="FSDP2 fully_shard per decoder layer + root; auto = on with >1 process or on CUDA (one GPU "
         "gets a one-rank group: bf16 compute, fp32 master weights, the multi-GPU code path); off = plain "
         "module with autocast (single process only).",
     )
-    distributed_backend: Literal["auto", "nccl", "gloo"] = Field(json_schema_extra=RUN_ONLY, 
-        default="auto", description="auto = nccl on CUDA, gloo on CPU."
+    distributed_backend: Literal["auto", "nccl", "gloo"] = Field(
+        json_schema_extra=RUN_ONLY, default="auto", description="auto = nccl on CUDA, gloo on CPU."
     )
-    master_port: int = Field(json_schema_extra=RUN_ONLY, default=29500, ge=1024, le=65535, description="Rendezvous port on multi-host runs.")
+    master_port: int = Field(
+        json_schema_extra=RUN_ONLY, default=29500, ge=1024, le=65535, description="Rendezvous port on multi-host runs."
+    )
     compile: bool = Field(json_schema_extra=RUN_ONLY, default=False, description="torch.compile every decoder layer.")
-    liger: Switch = Field(json_schema_extra=RUN_ONLY, 
-        default="auto", description="Liger layer kernels (RMSNorm, RoPE, SwiGLU): auto = on with CUDA, off on CPU; "
-        "on = required (an error without CUDA). The old bool (true = auto) is read with a deprecation warning.")
-    peak_tflops_per_device: float | None = Field(json_schema_extra=RUN_ONLY, 
-        default=None, gt=0,
+    liger: Switch = Field(
+        json_schema_extra=RUN_ONLY,
+        default="auto",
+        description="Liger layer kernels (RMSNorm, RoPE, SwiGLU): auto = on with CUDA, off on CPU; "
+        "on = required (an error without CUDA). The old bool (true = auto) is read with a deprecation warning.",
+    )
+    peak_tflops_per_device: float | None = Field(
+        json_schema_extra=RUN_ONLY,
+        default=None,
+        gt=0,
         description="Peak dense TFLOP/s of one device for MFU; None = known GPUs' bf16 peak (H100/H200 "
         "989, A100 312, ...), no MFU on CPU.",
     )
 
     # ---- logging, evaluation, checkpoints ------------------------------------------------
-    log_every: int = Field(json_schema_extra=RUN_ONLY, default=10, ge=1, description="Log training metrics every this many steps.")
-    eval_every: int = Field(json_schema_extra=RUN_ONLY, default=100, ge=1, description="Validation loss/BPB every N steps (and at the end).")
+    log_every: int = Field(
+        json_schema_extra=RUN_ONLY, default=10, ge=1, description="Log training metrics every this many steps."
+    )
+    eval_every: int = Field(
+        json_schema_extra=RUN_ONLY, default=100, ge=1, description="Validation loss/BPB every N steps (and at the end)."
+    )
     save_dtype: Literal["auto", "bf16", "fp32"] = Field(
         default="auto", description="dtype of the published weights; auto = the training precision."
     )
@@ -222,10 +249,14 @@ class CptConfig(StageConfig, Batching, Checkpointing):
         if isinstance(data, dict) and "max_docs_per_corpus" in data:
             data = dict(data)
             cap = data.pop("max_docs_per_corpus")
-            deprecated("config field cpt.max_docs_per_corpus is deprecated; set max_docs on each of cpt.corpora (the "
-                       "old name goes away in the next minor version of the config schema)")
+            deprecated(
+                "config field cpt.max_docs_per_corpus is deprecated; set max_docs on each of cpt.corpora (the "
+                "old name goes away in the next minor version of the config schema)"
+            )
             if cap is not None:
-                data["corpora"] = [{"max_docs": cap, **c} if isinstance(c, dict) else c for c in data.get("corpora", [])]
+                data["corpora"] = [
+                    {"max_docs": cap, **c} if isinstance(c, dict) else c for c in data.get("corpora", [])
+                ]
         return data
 
     @field_validator("activation_checkpointing", mode="before")
@@ -246,8 +277,9 @@ class CptConfig(StageConfig, Batching, Checkpointing):
         if self.phase1.num_steps + self.phase2.num_steps == 0:
             raise ValueError("phase1.num_steps + phase2.num_steps is 0: nothing to train")
         if self.phase1.trainable == "new_rows" and self.phase1.weight_decay:
-            raise ValueError("phase1.weight_decay must be 0 with phase1.trainable: new_rows (decay would change "
-                             "the kept rows)")
+            raise ValueError(
+                "phase1.weight_decay must be 0 with phase1.trainable: new_rows (decay would change the kept rows)"
+            )
         for name in ("phase1", "phase2"):
             phase = getattr(self, name)
             if phase.num_steps and phase.warmup_steps(phase.num_steps) > phase.num_steps:

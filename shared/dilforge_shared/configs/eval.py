@@ -11,27 +11,36 @@ from .base import RUN_ONLY, DataSource, Precision, StageConfig, StrictModel
 
 _LABEL = r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,39}$"
 UPSTREAM_LABELS = ("tokenizer", "cpt", "sft")
-BASE_LABEL = "base"   # the label of the upstream `model` input (the pipeline's base model)
+BASE_LABEL = "base"  # the label of the upstream `model` input (the pipeline's base model)
 _LANG = r"^[a-z]{2,3}$"
 
 
 class ModelRef(StrictModel):
     """A causal LM to evaluate besides the upstream CPT/SFT models (e.g. the stock base model)."""
+
     label: str = Field(pattern=_LABEL, description="Name shown in the report, e.g. 'base'.")
-    uri: str = Field(description="HF model folder (local path or s3:// prefix) or a dilforge artifact "
-                     "(folder or manifest.json URI) holding one.")
+    uri: str = Field(
+        description="HF model folder (local path or s3:// prefix) or a dilforge artifact "
+        "(folder or manifest.json URI) holding one."
+    )
     tokenizer_uri: str | None = Field(default=None, description="Tokenizer folder if it is not next to the model.")
-    adapter_uri: str | None = Field(default=None, description="Optional PEFT adapter folder applied on top of the model.")
+    adapter_uri: str | None = Field(
+        default=None, description="Optional PEFT adapter folder applied on top of the model."
+    )
 
 
 class TokenizerRef(StrictModel):
     """A tokenizer to compare (fertility, morpheme alignment) without a model."""
+
     label: str = Field(pattern=_LABEL, description="Name shown in the report, e.g. 'llama3'.")
-    uri: str = Field(description="HF tokenizer folder (local or s3:// prefix), a tokenizer.json file, or a dilforge artifact.")
+    uri: str = Field(
+        description="HF tokenizer folder (local or s3:// prefix), a tokenizer.json file, or a dilforge artifact."
+    )
 
 
 class ParallelSet(StrictModel):
     """Aligned Azerbaijani/English text for tokenizer parity (tokens az / tokens en)."""
+
     name: str = Field(pattern=_LABEL, description="Name shown in the report.")
     az: DataSource = Field(description="Azerbaijani side; document i aligns with document i of `en`.")
     en: DataSource = Field(description="English side.")
@@ -39,12 +48,20 @@ class ParallelSet(StrictModel):
 
 class MorphResources(StrictModel):
     """Gold morphology for the morpheme-alignment metric (see docs/eval.md for the method)."""
-    segmented: list[str] = Field(default_factory=list, description="TSV files word<TAB>segmentation ('kitab+lar'), "
-                                 "header row optional.")
-    lemma_forms: list[str] = Field(default_factory=list, description="TSV files of lemma/form pairs (UniMorph "
-                                   "lemma<TAB>form<TAB>feats, or a header naming 'lemma' and 'form' columns).")
-    conllu: list[str] = Field(default_factory=list, description="CoNLL-U files; lemmas give stem boundaries and a "
-                              "'# glossing =' comment (Leipzig hyphens) refines them.")
+
+    segmented: list[str] = Field(
+        default_factory=list, description="TSV files word<TAB>segmentation ('kitab+lar'), header row optional."
+    )
+    lemma_forms: list[str] = Field(
+        default_factory=list,
+        description="TSV files of lemma/form pairs (UniMorph "
+        "lemma<TAB>form<TAB>feats, or a header naming 'lemma' and 'form' columns).",
+    )
+    conllu: list[str] = Field(
+        default_factory=list,
+        description="CoNLL-U files; lemmas give stem boundaries and a "
+        "'# glossing =' comment (Leipzig hyphens) refines them.",
+    )
     num_words_per_source: int = Field(default=2000, ge=1, description="Words sampled (seeded) from each source.")
 
 
@@ -53,19 +70,31 @@ class GenerationSettings(StrictModel):
     max_new_tokens: int = Field(default=64, ge=1, description="New tokens per answer.")
     temperature: float = Field(default=0.7, gt=0, description="Sampling temperature (sampled mode).")
     top_p: float = Field(default=0.9, gt=0, le=1, description="Nucleus sampling mass (sampled mode).")
-    repetition_penalty: float = Field(default=1.0, gt=0, description="Divides the logits of tokens already in the "
-                                      "prompt or answer (transformers' CTRL penalty); 1.0 = none, so the report "
-                                      "shows raw behaviour; 1.1-1.3 keeps small models from looping.")
-    no_repeat_ngram_size: int = Field(default=0, ge=0, description="Never repeat an n-gram of this many tokens within "
-                                      "one prompt+answer; 0 = off.")
+    repetition_penalty: float = Field(
+        default=1.0,
+        gt=0,
+        description="Divides the logits of tokens already in the "
+        "prompt or answer (transformers' CTRL penalty); 1.0 = none, so the report "
+        "shows raw behaviour; 1.1-1.3 keeps small models from looping.",
+    )
+    no_repeat_ngram_size: int = Field(
+        default=0, ge=0, description="Never repeat an n-gram of this many tokens within one prompt+answer; 0 = off."
+    )
     num_prompts: int | None = Field(default=None, ge=1, description="Use at most this many prompts (demos).")
 
 
 class BpbSettings(StrictModel):
-    window: int | None = Field(default=None, ge=8, description="Tokens per forward window; None = the model's "
-                               "max_position_embeddings capped at 2048.")
-    stride: int | None = Field(default=None, ge=1, description="Window step in tokens; every token after the first "
-                               "window sees at least window-stride tokens of context. None = window/2.")
+    window: int | None = Field(
+        default=None,
+        ge=8,
+        description="Tokens per forward window; None = the model's max_position_embeddings capped at 2048.",
+    )
+    stride: int | None = Field(
+        default=None,
+        ge=1,
+        description="Window step in tokens; every token after the first "
+        "window sees at least window-stride tokens of context. None = window/2.",
+    )
     batch_size: int = Field(json_schema_extra=RUN_ONLY, default=8, ge=1, description="Windows per forward pass.")
 
     @model_validator(mode="after")
@@ -81,17 +110,28 @@ SIB_LABELS = ("science/technology", "travel", "politics", "sports", "health", "e
 class SibTask(StrictModel):
     """SIB-200 topic classification (docs/eval.md): log-likelihood of each topic label after the sentence,
     k-shot from the SIB train split, scored on the SIB test split."""
-    uri: str = Field(description="TSV/CSV/JSONL with a split column, a topic column and one text column per "
-                     "language (the FLORES-200 dev file with SIB-200 labels).")
-    languages: dict[str, str] = Field(default_factory=lambda: {"az": "azj_Latn", "en": "eng_Latn"},
-                                      description="Language code -> text column; one task per language.")
-    label_field: str = Field(default="sib_category", description="Column with the topic label (one of the 7 "
-                             "SIB-200 topics).")
-    split_field: str = Field(default="sib_split", description="Column with the SIB split (train/dev/test): "
-                             "examples come from `test`, shots from `train`.")
+
+    uri: str = Field(
+        description="TSV/CSV/JSONL with a split column, a topic column and one text column per "
+        "language (the FLORES-200 dev file with SIB-200 labels)."
+    )
+    languages: dict[str, str] = Field(
+        default_factory=lambda: {"az": "azj_Latn", "en": "eng_Latn"},
+        description="Language code -> text column; one task per language.",
+    )
+    label_field: str = Field(
+        default="sib_category", description="Column with the topic label (one of the 7 SIB-200 topics)."
+    )
+    split_field: str = Field(
+        default="sib_split",
+        description="Column with the SIB split (train/dev/test): examples come from `test`, shots from `train`.",
+    )
     num_fewshot: list[int] = Field(default=[0, 5], min_length=1, description="Shots per run; one figure each.")
-    max_examples: int | None = Field(default=None, ge=1, description="Score at most this many test sentences "
-                                     "(the first ones; the CPU demo's budget), None = all.")
+    max_examples: int | None = Field(
+        default=None,
+        ge=1,
+        description="Score at most this many test sentences (the first ones; the CPU demo's budget), None = all.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> SibTask:
@@ -105,17 +145,20 @@ class SibTask(StrictModel):
 
 class TranslationSet(StrictModel):
     """Aligned Azerbaijani/English sentences scored as translation (chrF++ and BLEU, sacrebleu)."""
+
     name: str = Field(pattern=_LABEL, description="Name shown in the report, e.g. 'flores-dev'.")
     az: DataSource = Field(description="Azerbaijani side; line i aligns with line i of `en`.")
     en: DataSource = Field(description="English side.")
-    directions: list[Literal["az-en", "en-az"]] = Field(default=["az-en", "en-az"], min_length=1,
-                                                      description="Directions scored, one task each.")
+    directions: list[Literal["az-en", "en-az"]] = Field(
+        default=["az-en", "en-az"], min_length=1, description="Directions scored, one task each."
+    )
     max_examples: int | None = Field(default=None, ge=1, description="Translate at most this many (first) pairs.")
 
 
 class InstructionTask(StrictModel):
     """Instruction answering with the model's chat template (chrF++ against the reference, share of answers in
     the task language, repetition)."""
+
     name: str = Field(default="khazar", pattern=_LABEL, description="Name shown in the report.")
     uri: str = Field(description="JSONL (or TSV/CSV) with an instruction and a reference response per row.")
     instruction_field: str = Field(default="instruction", description="Field with the user's turn.")
@@ -127,14 +170,19 @@ class InstructionTask(StrictModel):
 
 class MultipleChoiceTask(StrictModel):
     """A multiple-choice file in the Belebele or TUMLU layout (docs/eval.md), scored as lm-eval scores them."""
+
     name: str = Field(pattern=_LABEL, description="Name shown in the report, e.g. 'belebele-az'.")
     uri: str = Field(description="JSONL/TSV/CSV test file.")
-    layout: Literal["belebele", "tumlu"] = Field(description="belebele: flores_passage, question, mc_answer1-4, "
-                                                 "correct_answer_num (1-4); tumlu: question, choices (list of 2-5), "
-                                                 "answer (letter A-E).")
+    layout: Literal["belebele", "tumlu"] = Field(
+        description="belebele: flores_passage, question, mc_answer1-4, "
+        "correct_answer_num (1-4); tumlu: question, choices (list of 2-5), "
+        "answer (letter A-E)."
+    )
     language: str = Field(pattern=_LANG, description="Language of the questions (the report's column).")
-    fewshot_uri: str | None = Field(default=None, description="File (same layout) the shots come from; "
-                                    "None = the first rows of `uri` other than the one scored.")
+    fewshot_uri: str | None = Field(
+        default=None,
+        description="File (same layout) the shots come from; None = the first rows of `uri` other than the one scored.",
+    )
     num_fewshot: int = Field(default=0, ge=0, description="Shots (TUMLU-mini publishes 5-shot).")
     max_examples: int | None = Field(default=None, ge=1, description="Score at most this many (first) rows.")
 
@@ -142,20 +190,31 @@ class MultipleChoiceTask(StrictModel):
 class DownstreamTasks(StrictModel):
     """Downstream tasks run through lm-evaluation-harness with the task configs shipped in
     dilforge_eval/tasks (docs/eval.md has the `lm_eval` command that reproduces every figure)."""
+
     sib200: SibTask | None = Field(default=None, description="SIB-200 topic classification.")
     translation: list[TranslationSet] = Field(default_factory=list, description="Translation sets (FLORES, X-WMT).")
     instructions: InstructionTask | None = Field(default=None, description="Instruction answering (khazar).")
     multiple_choice: list[MultipleChoiceTask] = Field(default_factory=list, description="Belebele/TUMLU files.")
-    translation_max_new_tokens: int = Field(default=64, ge=1, description="Tokens per translation (stops at "
-                                            "the first newline).")
-    instruction_max_new_tokens: int = Field(default=128, ge=1, description="Tokens per answer (stops at the end "
-                                            "of the turn).")
-    batch_size: int = Field(json_schema_extra=RUN_ONLY, default=8, ge=1,
-                            description="Requests per forward pass (lm-eval batch_size).")
-    max_length: int = Field(default=2048, ge=64, description="Longest prompt+answer in tokens (lm-eval max_length; "
-                            "longer prompts are cut from the left).")
-    bootstrap_iters: int = Field(default=1000, ge=0, description="Bootstrap resamples for the standard error of "
-                                 "corpus metrics (chrF++, BLEU); 0 = no standard errors.")
+    translation_max_new_tokens: int = Field(
+        default=64, ge=1, description="Tokens per translation (stops at the first newline)."
+    )
+    instruction_max_new_tokens: int = Field(
+        default=128, ge=1, description="Tokens per answer (stops at the end of the turn)."
+    )
+    batch_size: int = Field(
+        json_schema_extra=RUN_ONLY, default=8, ge=1, description="Requests per forward pass (lm-eval batch_size)."
+    )
+    max_length: int = Field(
+        default=2048,
+        ge=64,
+        description="Longest prompt+answer in tokens (lm-eval max_length; longer prompts are cut from the left).",
+    )
+    bootstrap_iters: int = Field(
+        default=1000,
+        ge=0,
+        description="Bootstrap resamples for the standard error of "
+        "corpus metrics (chrF++, BLEU); 0 = no standard errors.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> DownstreamTasks:
@@ -172,8 +231,10 @@ class DownstreamTasks(StrictModel):
         if self.sib200:
             out.append(DataSource(uri=self.sib200.uri, name="tasks.sib200"))
         for t in self.translation:
-            out += [t.az.model_copy(update={"name": f"tasks.{t.name}.az"}),
-                    t.en.model_copy(update={"name": f"tasks.{t.name}.en"})]
+            out += [
+                t.az.model_copy(update={"name": f"tasks.{t.name}.az"}),
+                t.en.model_copy(update={"name": f"tasks.{t.name}.en"}),
+            ]
         if self.instructions:
             out.append(DataSource(uri=self.instructions.uri, name=f"tasks.{self.instructions.name}"))
         for t in self.multiple_choice:
@@ -189,34 +250,60 @@ class EvalConfig(StageConfig):
     consumes: ClassVar[tuple[str, ...]] = ("model", "tokenizer", "cpt", "sft")
 
     on_unloadable_model: Literal["fail", "skip"] = Field(
-        default="fail", description="An upstream model that cannot be loaded (e.g. an adapter without its base): "
-        "fail the stage, or skip it and say so in the report.")
-    models: list[ModelRef] = Field(default_factory=list, description="Models besides the upstream model/cpt/sft "
-                                   "ones, each with a label. Every BPB change is against the upstream `model` "
-                                   "artifact (labelled 'base'), else the model labelled 'base', else the first listed.")
-    tokenizers: list[TokenizerRef] = Field(default_factory=list, description="Tokenizers besides the upstream one "
-                                           "and the models' own.")
-    text_sets: list[DataSource] = Field(default_factory=list, description="Text sets (one per domain) for BPB and "
-                                        "tokenizer metrics; `name` is the domain label.")
+        default="fail",
+        description="An upstream model that cannot be loaded (e.g. an adapter without its base): "
+        "fail the stage, or skip it and say so in the report.",
+    )
+    models: list[ModelRef] = Field(
+        default_factory=list,
+        description="Models besides the upstream model/cpt/sft "
+        "ones, each with a label. Every BPB change is against the upstream `model` "
+        "artifact (labelled 'base'), else the model labelled 'base', else the first listed.",
+    )
+    tokenizers: list[TokenizerRef] = Field(
+        default_factory=list, description="Tokenizers besides the upstream one and the models' own."
+    )
+    text_sets: list[DataSource] = Field(
+        default_factory=list,
+        description="Text sets (one per domain) for BPB and tokenizer metrics; `name` is the domain label.",
+    )
     parallel_sets: list[ParallelSet] = Field(default_factory=list, description="Aligned az/en text for parity.")
     morph: MorphResources | None = Field(default=None, description="Gold morphology; None = no alignment metric.")
-    prompts: str | None = Field(default=None, description="JSONL prompts file: {id, kind: completion|chat, prompt}, or "
-                                "'builtin:az-generation' for the Azerbaijani prompts shipped with the eval service.")
+    prompts: str | None = Field(
+        default=None,
+        description="JSONL prompts file: {id, kind: completion|chat, prompt}, or "
+        "'builtin:az-generation' for the Azerbaijani prompts shipped with the eval service.",
+    )
     generation: GenerationSettings = Field(default_factory=GenerationSettings, description="Decoding settings.")
     bpb: BpbSettings = Field(default_factory=BpbSettings, description="Sliding-window settings for bits per byte.")
-    tasks: DownstreamTasks | None = Field(default=None, description="Downstream tasks through lm-evaluation-harness "
-                                          "(SIB-200, translation, instructions, multiple choice); None = none.")
-    target_language: str = Field(default="az", pattern=_LANG, description="Language the pipeline adapts to: its "
-                                 "text sets give the report's headline gain; every other language is a retention "
-                                 "row (BPB change against the base model, per set).")
-    set_languages: dict[str, str] = Field(default_factory=dict, description="Language code per text set name, e.g. "
-                                          "{flores-dev-en: en}; a set not listed takes it from a FLORES-style "
-                                          "text_field (eng_Latn -> en) or a trailing -en/_en/.en in its name or file "
-                                          "name, else target_language.")
+    tasks: DownstreamTasks | None = Field(
+        default=None,
+        description="Downstream tasks through lm-evaluation-harness "
+        "(SIB-200, translation, instructions, multiple choice); None = none.",
+    )
+    target_language: str = Field(
+        default="az",
+        pattern=_LANG,
+        description="Language the pipeline adapts to: its "
+        "text sets give the report's headline gain; every other language is a retention "
+        "row (BPB change against the base model, per set).",
+    )
+    set_languages: dict[str, str] = Field(
+        default_factory=dict,
+        description="Language code per text set name, e.g. "
+        "{flores-dev-en: en}; a set not listed takes it from a FLORES-style "
+        "text_field (eng_Latn -> en) or a trailing -en/_en/.en in its name or file "
+        "name, else target_language.",
+    )
     max_docs_per_set: int | None = Field(default=None, ge=1, description="Read at most this many documents per set.")
-    max_bytes_per_set: int | None = Field(default=200_000, ge=1, description="Stop reading a set after this many "
-                                          "UTF-8 bytes (keeps CPU demos fast); None = the whole set.")
-    device: Literal["auto", "cpu", "cuda"] = Field(json_schema_extra=RUN_ONLY, default="auto", description="auto = cuda when available.")
+    max_bytes_per_set: int | None = Field(
+        default=200_000,
+        ge=1,
+        description="Stop reading a set after this many UTF-8 bytes (keeps CPU demos fast); None = the whole set.",
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        json_schema_extra=RUN_ONLY, default="auto", description="auto = cuda when available."
+    )
     precision: Precision = Field(default="auto", description="auto = bf16 on CUDA with bf16 support, else fp32.")
 
     @model_validator(mode="after")
@@ -250,7 +337,10 @@ class EvalConfig(StageConfig):
     def data_sources(self) -> list[DataSource]:
         sources = list(self.text_sets)
         for p in self.parallel_sets:
-            sources += [p.az.model_copy(update={"name": f"{p.name}.az"}), p.en.model_copy(update={"name": f"{p.name}.en"})]
+            sources += [
+                p.az.model_copy(update={"name": f"{p.name}.az"}),
+                p.en.model_copy(update={"name": f"{p.name}.en"}),
+            ]
         if self.morph:
             for kind in ("segmented", "lemma_forms", "conllu"):
                 for i, uri in enumerate(getattr(self.morph, kind)):

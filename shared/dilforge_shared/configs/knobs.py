@@ -38,19 +38,27 @@ def knob(group: type[BaseModel], name: str, default: Any) -> Any:
 
 class Batching(StrictModel):
     """How many sequences make an optimizer step and a forward pass (gradient accumulation is derived)."""
+
     global_batch_size: int = Field(
-        default=8, ge=1,
+        default=8,
+        ge=1,
         description="Sequences per optimizer step across all processes (= micro_batch_size × processes × "
-        "gradient accumulation steps, which is derived; must divide evenly).")
+        "gradient accumulation steps, which is derived; must divide evenly).",
+    )
     micro_batch_size: PositiveInt | Literal["auto"] = Field(
-        json_schema_extra=RUN_ONLY, default="auto",
+        json_schema_extra=RUN_ONLY,
+        default="auto",
         description="Sequences per forward pass per process (memory, not results: the global batch is the same). "
         "auto (CPT only) = the largest divisor of global_batch_size / processes that the memory estimate says fits "
         "(CUDA: free memory after weights, gradients and AdamW state, over the activations of one sequence; CPU: at "
-        "most 8), logged at start; a number from bench/gpu_cpt.py (its bisected largest batch) overrides it.")
+        "most 8), logged at start; a number from bench/gpu_cpt.py (its bisected largest batch) overrides it.",
+    )
     eval_micro_batch_size: int | None = Field(
-        json_schema_extra=RUN_ONLY, default=None, ge=1,
-        description="Sequences per validation forward pass per process; None = micro_batch_size.")
+        json_schema_extra=RUN_ONLY,
+        default=None,
+        ge=1,
+        description="Sequences per validation forward pass per process; None = micro_batch_size.",
+    )
 
     def grad_accum_steps(self, num_processes: int, where: str) -> int:
         """Forward passes per optimizer step per process; ValueError naming the fields when it does not divide."""
@@ -58,18 +66,25 @@ class Batching(StrictModel):
             raise ValueError(f"{where}micro_batch_size is auto: resolve it before deriving gradient accumulation")
         per_step = self.micro_batch_size * num_processes
         if self.global_batch_size % per_step:
-            raise ValueError(f"{where}global_batch_size ({self.global_batch_size}) must be a multiple of "
-                             f"{where}micro_batch_size ({self.micro_batch_size}) × processes ({num_processes})")
+            raise ValueError(
+                f"{where}global_batch_size ({self.global_batch_size}) must be a multiple of "
+                f"{where}micro_batch_size ({self.micro_batch_size}) × processes ({num_processes})"
+            )
         return self.global_batch_size // per_step
 
 
 class Warmup(StrictModel):
     """Linear warmup from 0 to the peak learning rate: a count of steps, or a share of the steps."""
+
     num_warmup_steps: int | None = Field(
-        default=None, ge=0, description="Warmup optimizer steps; None = warmup_ratio (or no warmup).")
+        default=None, ge=0, description="Warmup optimizer steps; None = warmup_ratio (or no warmup)."
+    )
     warmup_ratio: float | None = Field(
-        default=None, ge=0, lt=1, description="Warmup as a share of the optimizer steps (rounded up); used only when "
-        "num_warmup_steps is None.")
+        default=None,
+        ge=0,
+        lt=1,
+        description="Warmup as a share of the optimizer steps (rounded up); used only when num_warmup_steps is None.",
+    )
 
     def warmup_steps(self, num_steps: int) -> int:
         """The warmup length in optimizer steps for a run of num_steps."""
@@ -80,22 +95,31 @@ class Warmup(StrictModel):
 
 class Checkpointing(StrictModel):
     """Resumable checkpoints (cadence, retention) and activation recomputation."""
+
     checkpoint_every: int = Field(
-        json_schema_extra=RUN_ONLY, default=200, ge=1, description="Write a resumable checkpoint every this many "
-        "optimizer steps (and on SIGTERM).")
+        json_schema_extra=RUN_ONLY,
+        default=200,
+        ge=1,
+        description="Write a resumable checkpoint every this many optimizer steps (and on SIGTERM).",
+    )
     num_checkpoints_kept: int = Field(
-        json_schema_extra=RUN_ONLY, default=2, ge=1, description="Newest complete checkpoints kept on disk.")
+        json_schema_extra=RUN_ONLY, default=2, ge=1, description="Newest complete checkpoints kept on disk."
+    )
     activation_checkpointing: Switch = Field(
-        json_schema_extra=RUN_ONLY, default="off",
+        json_schema_extra=RUN_ONLY,
+        default="off",
         description="Recompute layer activations in backward to save memory (~25-30 % slower). auto: SFT turns it on "
         "when its memory estimate exceeds memory_budget_fraction of the device's memory; CPT has no estimate and "
-        "treats auto as off. YAML true/false mean on/off.")
+        "treats auto as off. YAML true/false mean on/off.",
+    )
 
 
 class SourceLimits(StrictModel):
     """How much of one data source a stage reads (demos, smoke runs)."""
+
     max_docs: int | None = Field(
-        default=None, ge=1, description="Read at most this many documents (records) of this source; None = all.")
+        default=None, ge=1, description="Read at most this many documents (records) of this source; None = all."
+    )
 
 
 def on_off(value: Any) -> Any:

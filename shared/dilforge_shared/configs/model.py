@@ -16,6 +16,7 @@ from .base import StageConfig
 
 class ModelConfig(StageConfig):
     """Where the base model comes from. Downstream stages get the artifact as their input named `model`."""
+
     stage: ClassVar[str] = "model"
     artifact_kind: ClassVar[str] = "model"
 
@@ -37,6 +38,8 @@ class ModelConfig(StageConfig):
         if not source:
             raise ValueError("source is empty")
         if "/" not in source and not source.endswith(".gguf") and source not in RECIPES:
-            raise ValueError(f"{source!r} is not a built-in recipe ({', '.join(sorted(RECIPES))}); "
-                             "write a local folder with a slash (./my-model) or give an s3:// prefix")
+            raise ValueError(
+                f"{source!r} is not a built-in recipe ({', '.join(sorted(RECIPES))}); "
+                "write a local folder with a slash (./my-model) or give an s3:// prefix"
+            )
         return source

@@ -21,7 +21,8 @@ from .sft import SftConfig
 from .tokenizer import TokenizerConfig
 
 STAGE_CONFIGS: dict[StageName, type[StageConfig]] = {
-    config.stage: config for config in (ModelConfig, TokenizerConfig, CptConfig, SftConfig, EvalConfig)}
+    config.stage: config for config in (ModelConfig, TokenizerConfig, CptConfig, SftConfig, EvalConfig)
+}
 
 # Semver of the pipeline config schema (schemas/pipeline.schema.json, key "x-dilforge-config-version").
 # 1.1.0: one name per idea across the stage configs (cpt.phaseN.learning_rate, sft.log_every,
@@ -44,13 +45,17 @@ class StoreConfig(StrictModel):
 
 
 class PipelineConfig(StrictModel):
-    model_config = ConfigDict(extra="forbid", validate_default=True,
-                              json_schema_extra={"x-dilforge-config-version": CONFIG_SCHEMA_VERSION})
+    model_config = ConfigDict(
+        extra="forbid", validate_default=True, json_schema_extra={"x-dilforge-config-version": CONFIG_SCHEMA_VERSION}
+    )
 
     run_id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$", description="Name of this pipeline run.")
     store: StoreConfig = Field(description="Artifact store every stage publishes to and reads from.")
-    model: ModelConfig | None = Field(default=None, description="Base model import, run first; downstream stages "
-                                      "get it as their input named 'model'. Omitted = not run.")
+    model: ModelConfig | None = Field(
+        default=None,
+        description="Base model import, run first; downstream stages "
+        "get it as their input named 'model'. Omitted = not run.",
+    )
     tokenizer: TokenizerConfig | None = Field(default=None, description="Tokenizer stage; omitted = not run.")
     cpt: CptConfig | None = Field(default=None, description="CPT stage; omitted = not run.")
     sft: SftConfig | None = Field(default=None, description="SFT stage; omitted = not run.")
@@ -70,12 +75,18 @@ class PipelineConfig(StrictModel):
                 raise ValueError(f"{name}: no base model: set {fields}, or add a pipeline-level `model:` block")
             upstream = [u for u in ("cpt", "model") if u in cfg.consumes and getattr(self, u) is not None]
             if upstream and given and getattr(cfg, "strategy", None) != "replace":
-                block = "the pipeline's `model:` block" if upstream[0] == "model" else f"the pipeline's {upstream[0]} stage"
-                raise ValueError(f"{name}.{given[0]} and {block} both give the base model; "
-                                 f"keep one (remove {name}.{given[0]} to use the {upstream[0]} artifact)")
+                block = (
+                    "the pipeline's `model:` block" if upstream[0] == "model" else f"the pipeline's {upstream[0]} stage"
+                )
+                raise ValueError(
+                    f"{name}.{given[0]} and {block} both give the base model; "
+                    f"keep one (remove {name}.{given[0]} to use the {upstream[0]} artifact)"
+                )
         if self.model is not None and self.eval is not None and "base" in [m.label for m in self.eval.models]:
-            raise ValueError("eval.models: label 'base' is the pipeline's `model` stage (compared automatically); "
-                             "rename it or drop it")
+            raise ValueError(
+                "eval.models: label 'base' is the pipeline's `model` stage (compared automatically); "
+                "rename it or drop it"
+            )
         return self
 
     def stages(self) -> list[tuple[str, StageConfig]]:
@@ -97,6 +108,7 @@ def expand_env(value: Any, source: str, variables: dict[str, str] | None = None)
     if isinstance(value, list):
         return [expand_env(v, source, variables) for v in value]
     if isinstance(value, str):
+
         def sub(m: re.Match) -> str:
             name, default = m.group(1), m.group(2)
             allowed = name in INTERPOLATION_ALLOWED or name.startswith(USER_VAR_PREFIX)
@@ -104,12 +116,14 @@ def expand_env(value: Any, source: str, variables: dict[str, str] | None = None)
                 raise ConfigError(
                     f"{source}: ${{{name}}} may not be interpolated: a config may name only "
                     f"{', '.join(INTERPOLATION_ALLOWED)} and {USER_VAR_PREFIX}<NAME> variables, never a credential "
-                    "(see docs/reliability.md)")
+                    "(see docs/reliability.md)"
+                )
             if name in variables:
                 return variables[name]
             if default is not None:
                 return default
             raise ConfigError(f"{source}: ${{{name}}} is used but not set (export it, or pass the matching option)")
+
         return _ENV_REF.sub(sub, value)
     return value
 
@@ -125,11 +139,16 @@ def _expanded_nodes(node: yaml.Node, path: Path, memo: dict[int, int], active: s
     if key in memo:
         return memo[key]
     if key in active:
-        raise ConfigError(f"{path}: line {node.start_mark.line + 1}: a YAML alias refers to the node that contains it "
-                          "(a recursive structure); a config cannot be recursive")
+        raise ConfigError(
+            f"{path}: line {node.start_mark.line + 1}: a YAML alias refers to the node that contains it "
+            "(a recursive structure); a config cannot be recursive"
+        )
     active.add(key)
-    children = node.value if isinstance(node, yaml.SequenceNode) else (
-        [n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode) else [])
+    children = (
+        node.value
+        if isinstance(node, yaml.SequenceNode)
+        else ([n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode) else [])
+    )
     total = 1
     for child in children:
         total += _expanded_nodes(child, path, memo, active)
@@ -147,8 +166,10 @@ def safe_load_bounded(text: str, path: Path) -> Any:
         return None
     size = _expanded_nodes(node, path, {}, set())
     if size > MAX_YAML_NODES:
-        raise ConfigError(f"{path}: YAML aliases expand to more than {MAX_YAML_NODES:,} nodes (nested anchors "
-                          "repeating each other, a 'billion laughs' document); write the config out without them")
+        raise ConfigError(
+            f"{path}: YAML aliases expand to more than {MAX_YAML_NODES:,} nodes (nested anchors "
+            "repeating each other, a 'billion laughs' document); write the config out without them"
+        )
     return yaml.safe_load(text)
 
 
@@ -156,8 +177,10 @@ def load_yaml(path: Path, variables: dict[str, str] | None = None) -> dict[str, 
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.object[exc.start:exc.start + 4]!r}); "
-                          "save the config as UTF-8") from None
+        raise ConfigError(
+            f"{path}: not UTF-8 text (byte {exc.start}: {exc.object[exc.start : exc.start + 4]!r}); "
+            "save the config as UTF-8"
+        ) from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read config: {exc.strerror}") from None
     try:
@@ -171,8 +194,9 @@ def load_yaml(path: Path, variables: dict[str, str] | None = None) -> dict[str, 
     return expand_env(raw, str(path), interpolation_variables(variables))
 
 
-def load_pipeline(path: Path, overrides: dict[str, Any] | None = None,
-                  variables: dict[str, str] | None = None) -> PipelineConfig:
+def load_pipeline(
+    path: Path, overrides: dict[str, Any] | None = None, variables: dict[str, str] | None = None
+) -> PipelineConfig:
     """`variables` (e.g. DILFORGE_DATA from `--data`) take precedence over the environment's."""
     raw = load_yaml(path, variables)
     for key, value in (overrides or {}).items():

@@ -20,19 +20,23 @@ class SftDataSource(DataSource, SourceLimits):
       translation — TSV with a header: `source_field` column becomes the user turn inside
                     `translation_prompt`, `target_field` column the assistant turn
     """
+
     layout: Literal["messages", "instruction", "translation"] = Field(
-        default="messages", description="How a record maps to a conversation (see class doc).")
+        default="messages", description="How a record maps to a conversation (see class doc)."
+    )
     messages_field: str = Field(default="messages", description="messages: field with the list of turns.")
     instruction_field: str = Field(default="instruction", description="instruction: field with the user request.")
     input_field: str | None = Field(
-        default="input", description="instruction: optional field appended to the request after a blank line.")
+        default="input", description="instruction: optional field appended to the request after a blank line."
+    )
     response_field: str = Field(default="response", description="instruction: field with the assistant answer.")
     system_field: str | None = Field(default="system", description="instruction: optional field with a system prompt.")
     source_field: str = Field(default="aze", description="translation: TSV column of the text to translate.")
     target_field: str = Field(default="eng", description="translation: TSV column of the expected translation.")
     translation_prompt: str = Field(
         default="Bu cümləni ingilis dilinə tərcümə et:\n{source}",
-        description="translation: user turn; '{source}' is replaced by the source text.")
+        description="translation: user turn; '{source}' is replaced by the source text.",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -52,7 +56,8 @@ class LoraSettings(StrictModel):
     dropout: float = Field(default=0.05, ge=0, lt=1, description="Dropout on the LoRA input.")
     target_modules: list[str] = Field(
         default=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-        description="Module names that get a LoRA adapter (never lm_head).")
+        description="Module names that get a LoRA adapter (never lm_head).",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> LoraSettings:
@@ -66,6 +71,7 @@ class LoraSettings(StrictModel):
 class SftConfig(StageConfig, Batching, Warmup, Checkpointing):
     """SFT: the shared training knobs (`knobs.Batching`, `knobs.Warmup`, `knobs.Checkpointing`; other defaults
     where SFT needs them) plus what only SFT has."""
+
     stage: ClassVar[str] = "sft"
     artifact_kind: ClassVar[str] = "adapter"
     consumes: ClassVar[tuple[str, ...]] = ("cpt", "model")
@@ -74,30 +80,38 @@ class SftConfig(StageConfig, Batching, Warmup, Checkpointing):
         default=None,
         description="Model to fine-tune: an HF model folder, an s3:// prefix of one, or a dilforge model artifact URI. "
         "None = the upstream 'cpt' artifact, else 'model' (the shared precedence rule, models.choose); a pipeline "
-        "that also runs cpt or a model stage is refused.")
+        "that also runs cpt or a model stage is refused.",
+    )
 
     # ---- data -----------------------------------------------------------------------------
     train: list[SftDataSource] = Field(default_factory=list, description="Training sets (chat, instruction or TSV).")
     validation: list[SftDataSource] = Field(
         default_factory=list,
-        description="Validation sets. When empty, validation_fraction of the training conversations is held out.")
+        description="Validation sets. When empty, validation_fraction of the training conversations is held out.",
+    )
     validation_fraction: float = Field(
-        default=0.1, gt=0, lt=1, description="Share of training conversations held out when no validation set is given.")
+        default=0.1, gt=0, lt=1, description="Share of training conversations held out when no validation set is given."
+    )
     system_prompt: str | None = Field(
-        default=None, description="System turn prepended to every conversation that has none.")
+        default=None, description="System turn prepended to every conversation that has none."
+    )
     on_bad_record: Literal["fail", "skip"] = Field(
-        default="fail", description="A malformed record: stop with file:line (fail) or skip it and count it (skip).")
+        default="fail", description="A malformed record: stop with file:line (fail) or skip it and count it (skip)."
+    )
     unknown_roles: Literal["bad_record", "drop_message"] = Field(
         default="bad_record",
-        description="A role other than system/user/assistant: treat the record as bad, or drop that message (counted).")
+        description="A role other than system/user/assistant: treat the record as bad, or drop that message (counted).",
+    )
     empty_assistant_turns: Literal["drop_conversation", "drop_turn", "bad_record"] = Field(
         default="drop_conversation",
         description="An assistant turn with blank content: drop the conversation, drop that turn and the turns it "
-        "answers, or treat the record as bad. Every case is counted.")
+        "answers, or treat the record as bad. Every case is counted.",
+    )
     long_conversations: Literal["truncate", "drop"] = Field(
         default="truncate",
         description="A conversation longer than max_length tokens: keep its first max_length tokens (conversations "
-        "with no assistant token left are dropped), or drop it. Both counted.")
+        "with no assistant token left are dropped), or drop it. Both counted.",
+    )
 
     # ---- model and training -----------------------------------------------------------------
     lora: LoraSettings = Field(default_factory=LoraSettings, description="LoRA adapter settings.")
@@ -105,62 +119,90 @@ class SftConfig(StageConfig, Batching, Warmup, Checkpointing):
     packing: bool = Field(
         default=False,
         description="Pack several conversations per sequence (best-fit decreasing, padding-free: documents are "
-        "told apart by their position ids, never attend to each other).")
-    attention: Literal["auto", "sdpa", "flex_attention", "flash_attention_2", "eager"] = Field(json_schema_extra=RUN_ONLY, 
+        "told apart by their position ids, never attend to each other).",
+    )
+    attention: Literal["auto", "sdpa", "flex_attention", "flash_attention_2", "eager"] = Field(
+        json_schema_extra=RUN_ONLY,
         default="auto",
         description="Attention kernel. auto: with packing on CUDA, flash_attention_2 if the flash-attn package is "
         "installed, else flex_attention (a block-sparse mask of document boundaries, no N^2 mask); sdpa otherwise "
-        "(on CPU, packed rows get a dense block-diagonal mask; the reason is logged).")
+        "(on CPU, packed rows get a dense block-diagonal mask; the reason is logged).",
+    )
     learning_rate: float = Field(default=1e-4, gt=0, description="Peak learning rate.")
     lr_scheduler: Literal["cosine", "linear", "constant_with_warmup"] = Field(
-        default="cosine", description="Learning-rate schedule after warmup.")
+        default="cosine", description="Learning-rate schedule after warmup."
+    )
     weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay on the adapter.")
     max_grad_norm: float = Field(default=1.0, gt=0, description="Gradient clipping norm.")
     num_epochs: float = Field(default=2.0, gt=0, description="Passes over the training conversations.")
     num_steps: int | None = Field(
-        default=None, ge=1, description="Optimizer steps; None = num_epochs passes over the training conversations.")
+        default=None, ge=1, description="Optimizer steps; None = num_epochs passes over the training conversations."
+    )
     global_batch_size: int = knob(Batching, "global_batch_size", 16)
     micro_batch_size: PositiveInt | Literal["auto"] = knob(Batching, "micro_batch_size", 8)
     warmup_ratio: float | None = knob(Warmup, "warmup_ratio", 0.03)
     activation_checkpointing: Switch = knob(Checkpointing, "activation_checkpointing", "auto")
-    memory_budget_fraction: float = Field(json_schema_extra=RUN_ONLY, 
-        default=0.7, gt=0, le=1,
+    memory_budget_fraction: float = Field(
+        json_schema_extra=RUN_ONLY,
+        default=0.7,
+        gt=0,
+        le=1,
         description="activation_checkpointing auto: share of device memory the estimate may use before checkpointing "
-        "is turned on.")
+        "is turned on.",
+    )
     precision: Precision = Field(default="auto", description="auto: bf16 on CUDA, fp32 on CPU.")
-    liger: Switch = Field(json_schema_extra=RUN_ONLY, 
-        default="auto", description="Liger layer kernels (RMSNorm, RoPE, SwiGLU): auto = on with CUDA, off on CPU; "
-        "on = required (an error without CUDA).")
-    log_every: int = Field(json_schema_extra=RUN_ONLY, default=10, ge=1, description="Log the training loss every this many steps.")
+    liger: Switch = Field(
+        json_schema_extra=RUN_ONLY,
+        default="auto",
+        description="Liger layer kernels (RMSNorm, RoPE, SwiGLU): auto = on with CUDA, off on CPU; "
+        "on = required (an error without CUDA).",
+    )
+    log_every: int = Field(
+        json_schema_extra=RUN_ONLY, default=10, ge=1, description="Log the training loss every this many steps."
+    )
 
     # ---- outputs --------------------------------------------------------------------------------
     save_merged: bool = Field(
-        default=True, description="Also publish merged/: base + adapter merged into plain safetensors weights.")
+        default=True, description="Also publish merged/: base + adapter merged into plain safetensors weights."
+    )
     num_label_preview_examples: int = Field(
-        default=3, ge=0,
+        default=3,
+        ge=0,
         description="Publish label_preview.jsonl: the first this many training examples exactly as the trainer "
         "sees them (token ids, per-token 'trained' flag, decoded text and decoded trained tokens), to audit where "
-        "the loss falls. 0 disables.")
+        "the loss falls. 0 disables.",
+    )
 
     @model_validator(mode="before")
     @classmethod
     def _old_names(cls, data):
         """Config schema 1.2.0 names (knobs.py); the 1.1 names load with a DeprecationWarning until 1.3.0.
         gradient_accumulation_steps becomes global_batch_size = micro_batch_size × gradient_accumulation_steps."""
-        data = rename_fields(data, {"per_device_batch_size": "micro_batch_size", "eval_batch_size":
-                                    "eval_micro_batch_size", "max_steps": "num_steps",
-                                    "gradient_checkpointing": "activation_checkpointing"}, "sft.")
+        data = rename_fields(
+            data,
+            {
+                "per_device_batch_size": "micro_batch_size",
+                "eval_batch_size": "eval_micro_batch_size",
+                "max_steps": "num_steps",
+                "gradient_checkpointing": "activation_checkpointing",
+            },
+            "sft.",
+        )
         if isinstance(data, dict) and "gradient_accumulation_steps" in data:
             if "global_batch_size" in data:
-                raise ValueError("sft.gradient_accumulation_steps and sft.global_batch_size are the same setting; keep "
-                                 "only global_batch_size")
+                raise ValueError(
+                    "sft.gradient_accumulation_steps and sft.global_batch_size are the same setting; keep "
+                    "only global_batch_size"
+                )
             data = dict(data)
             accum = data.pop("gradient_accumulation_steps")
             micro = data.get("micro_batch_size", cls.model_fields["micro_batch_size"].default)
             data["global_batch_size"] = micro * accum if isinstance(micro, int) and isinstance(accum, int) else accum
-            deprecated(f"config field sft.gradient_accumulation_steps is deprecated; use sft.global_batch_size "
-                       f"(= micro_batch_size × accumulation = {data['global_batch_size']}; the old name goes away in "
-                       "the next minor version of the config schema)")
+            deprecated(
+                f"config field sft.gradient_accumulation_steps is deprecated; use sft.global_batch_size "
+                f"(= micro_batch_size × accumulation = {data['global_batch_size']}; the old name goes away in "
+                "the next minor version of the config schema)"
+            )
         return data
 
     @field_validator("activation_checkpointing", mode="before")

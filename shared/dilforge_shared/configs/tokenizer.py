@@ -15,6 +15,7 @@ NUM_LLAMA3_SPECIAL_TOKENS = 256
 
 class CorpusSource(DataSource):
     """A tokenizer training corpus: any text format, or a word-frequency list (`word_counts`)."""
+
     format: Literal["auto", "txt", "jsonl", "tsv", "parquet", "word_counts"] = Field(
         default="auto",
         description="File format; 'auto' decides by extension. word_counts: one `WORD COUNT` per line (two fields, "
@@ -23,7 +24,8 @@ class CorpusSource(DataSource):
         "never cut by max_lines.",
     )
     weight: float = Field(
-        default=1.0, gt=0,
+        default=1.0,
+        gt=0,
         description="Upsampling factor: each training line is fed weight times (fractions by seeded sampling); for a "
         "word_counts list, the factor on its counts (e.g. 0.04 feeds a 70 M-count list as 2.8 M words).",
     )
@@ -116,13 +118,16 @@ class TokenizerConfig(StageConfig):
     )
     min_frequency: int = Field(default=2, ge=1, description="BPE merges need at least this many occurrences.")
     validation_fraction: float = Field(
-        default=0.02, gt=0, lt=0.5,
+        default=0.02,
+        gt=0,
+        lt=0.5,
         description="Share of corpus lines held out (chosen by a seeded hash of the line, so duplicates land on "
         "the same side); held-out lines are never trained on.",
     )
     num_validation_lines: int = Field(default=2000, ge=1, description="At most this many held-out lines are measured.")
-    max_lines: int | None = Field(default=None, ge=1,
-                                  description="Read at most this many corpus text lines (demos); word lists are read whole.")
+    max_lines: int | None = Field(
+        default=None, ge=1, description="Read at most this many corpus text lines (demos); word lists are read whole."
+    )
     dedup: bool = Field(default=False, description="Drop exact duplicate lines (after normalisation).")
     normalization: Literal["NFC", "none"] = Field(default="NFC", description="Unicode normalisation of the corpus.")
 
@@ -137,8 +142,10 @@ class TokenizerConfig(StageConfig):
         floor = NUM_BYTE_SYMBOLS + NUM_LLAMA3_SPECIAL_TOKENS
         for size in sizes:
             if replace and size <= floor:
-                raise ValueError(f"{size} is not above the byte alphabet + special tokens ({NUM_BYTE_SYMBOLS} + "
-                                 f"{NUM_LLAMA3_SPECIAL_TOKENS} = {floor})")
+                raise ValueError(
+                    f"{size} is not above the byte alphabet + special tokens ({NUM_BYTE_SYMBOLS} + "
+                    f"{NUM_LLAMA3_SPECIAL_TOKENS} = {floor})"
+                )
             if size <= 0:
                 raise ValueError(f"{size} must be positive")
         return sizes
@@ -194,8 +201,10 @@ class TokenizerConfig(StageConfig):
     def missing_inputs_message(self, missing: list[str]) -> str:
         if "model" in missing:
             strategy = next(s for s in self.strategies if s in ("base", "extend"))
-            return (f"tokenizer.base_tokenizer: strategy {strategy!r} needs a base tokenizer: set base_tokenizer "
-                    "or run a model stage upstream (input 'model')")
+            return (
+                f"tokenizer.base_tokenizer: strategy {strategy!r} needs a base tokenizer: set base_tokenizer "
+                "or run a model stage upstream (input 'model')"
+            )
         return super().missing_inputs_message(missing)
 
     def data_sources(self) -> list[DataSource]:

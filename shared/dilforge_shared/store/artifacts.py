@@ -17,6 +17,7 @@ from .backends import NotFound, Storage, open_backend, read_uri_bytes
 
 log = logging.getLogger("dilforge_shared.store")
 
+
 def manifest_uri_of(uri: str) -> str:
     """Accept either an artifact folder or its manifest.json."""
     uri = uri.rstrip("/")
@@ -26,6 +27,7 @@ def manifest_uri_of(uri: str) -> str:
 @dataclass
 class Artifact:
     """A manifest read from a store, with the local folder holding its verified files."""
+
     uri: str
     manifest: Manifest
     manifest_sha256: str
@@ -50,7 +52,7 @@ class ArtifactStore:
         """`artifacts/<stage>/<id>` for a URI inside this store (what run records hold), else None."""
         root = self.backend.uri.rstrip("/") + "/"
         uri = uri.rstrip("/")
-        return uri[len(root):] if uri.startswith(root) else None
+        return uri[len(root) :] if uri.startswith(root) else None
 
     def resolve(self, address: str) -> str:
         """A run record's artifact address as a URI: relative ones are inside this store, wherever it now is."""
@@ -107,6 +109,7 @@ def publish(
     data_dir = f"data-{uuid.uuid4().hex[:12]}"
     manifest = manifest.model_copy(update={"files": files, "data_dir": data_dir})
     from tqdm import tqdm
+
     body = manifest.to_json()
     try:
         for entry in tqdm(files, desc=f"publish {artifact_uri}", unit="file", disable=not progress):
@@ -140,13 +143,18 @@ def read_manifest(uri: str, endpoint_url: str | None = None) -> tuple[Manifest, 
         raise ManifestNotFound(f"{muri}: no manifest there ({exc})") from None
     manifest, digest = parse_manifest(data, muri), sha256_bytes(data)
     try:
-        recorded = read_uri_bytes(f"{muri[: -len(MANIFEST_NAME)]}{manifest_digest_key(manifest.data_dir)}",
-                                  endpoint_url).decode("ascii", "replace").strip()
+        recorded = (
+            read_uri_bytes(f"{muri[: -len(MANIFEST_NAME)]}{manifest_digest_key(manifest.data_dir)}", endpoint_url)
+            .decode("ascii", "replace")
+            .strip()
+        )
     except NotFound:  # published before manifests had a recorded digest
         return manifest, digest
     if recorded != digest:
-        raise IntegrityError(f"{muri}: damaged manifest: its sha256 is not the one recorded when it was published "
-                             f"({manifest_digest_key(manifest.data_dir)})")
+        raise IntegrityError(
+            f"{muri}: damaged manifest: its sha256 is not the one recorded when it was published "
+            f"({manifest_digest_key(manifest.data_dir)})"
+        )
     return manifest, digest
 
 
@@ -156,8 +164,10 @@ def verify_files(manifest: Manifest, root: Path, source: str, full: bool = True)
     for entry in manifest.files:
         path = root / entry.path
         if path.is_symlink() or not path.resolve().is_relative_to(real_root):
-            raise IntegrityError(f"{source}: file {entry.path} is a symlink ({path} -> {path.resolve()}); "
-                                 "artifact files must be regular files inside the artifact")
+            raise IntegrityError(
+                f"{source}: file {entry.path} is a symlink ({path} -> {path.resolve()}); "
+                "artifact files must be regular files inside the artifact"
+            )
         if not path.is_file():
             raise IntegrityError(f"{source}: file {entry.path} listed in the manifest is missing")
         size = path.stat().st_size

@@ -31,6 +31,7 @@ class NotFound(DilforgeError):
 class Storage(Protocol):
     """Where artifact bytes live: a folder (LocalStorage) or an S3 bucket prefix (S3Storage). Named Storage, not
     Backend, because the coordinator's backends (local, compose, sagemaker) are where stages *run*."""
+
     uri: str
 
     def exists(self, key: str) -> bool: ...
@@ -170,13 +171,19 @@ class S3Storage:
         keys = endpoint_keys(endpoint_url)
         # Bounded: a frozen endpoint fails after max_attempts × (connect + read timeout), not 8 × 60 s.
         self.client = client or boto3.client(
-            "s3", endpoint_url=endpoint_url, **keys,
-            config=Config(retries={"total_max_attempts": cfg.s3_max_attempts, "mode": "standard"},
-                          connect_timeout=cfg.s3_connect_timeout, read_timeout=cfg.s3_read_timeout,
-                          s3={"addressing_style": "path"}),
+            "s3",
+            endpoint_url=endpoint_url,
+            **keys,
+            config=Config(
+                retries={"total_max_attempts": cfg.s3_max_attempts, "mode": "standard"},
+                connect_timeout=cfg.s3_connect_timeout,
+                read_timeout=cfg.s3_read_timeout,
+                s3={"addressing_style": "path"},
+            ),
         )
-        self.transfer = TransferConfig(multipart_threshold=MULTIPART_THRESHOLD, multipart_chunksize=MULTIPART_THRESHOLD,
-                                       max_concurrency=8)
+        self.transfer = TransferConfig(
+            multipart_threshold=MULTIPART_THRESHOLD, multipart_chunksize=MULTIPART_THRESHOLD, max_concurrency=8
+        )
 
     def _key(self, key: str) -> str:
         if key:
@@ -192,6 +199,7 @@ class S3Storage:
 
     def exists(self, key: str) -> bool:
         from botocore.exceptions import ClientError
+
         try:
             self.client.head_object(Bucket=self.bucket, Key=self._key(key))
             return True
@@ -202,6 +210,7 @@ class S3Storage:
 
     def size(self, key: str) -> int:
         from botocore.exceptions import ClientError
+
         try:
             return self.client.head_object(Bucket=self.bucket, Key=self._key(key))["ContentLength"]
         except ClientError as exc:
@@ -211,6 +220,7 @@ class S3Storage:
 
     def read_bytes(self, key: str) -> bytes:
         from botocore.exceptions import ClientError
+
         try:
             return self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read()
         except ClientError as exc:
@@ -224,6 +234,7 @@ class S3Storage:
     def create_bytes(self, key: str, data: bytes) -> bool:
         """PutObject with If-None-Match: * (S3 conditional write); False on 412 / conflict."""
         from botocore.exceptions import ClientError
+
         try:
             self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, IfNoneMatch="*")
             return True
@@ -239,6 +250,7 @@ class S3Storage:
 
     def download_file(self, key: str, path: Path) -> None:
         from botocore.exceptions import ClientError
+
         full = self._key(key)  # checked before anything is created locally
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -260,8 +272,9 @@ class S3Storage:
         self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
 
     def copy(self, key: str, dest: str) -> None:
-        self.client.copy({"Bucket": self.bucket, "Key": self._key(key)}, self.bucket, self._key(dest),
-                         Config=self.transfer)
+        self.client.copy(
+            {"Bucket": self.bucket, "Key": self._key(key)}, self.bucket, self._key(dest), Config=self.transfer
+        )
 
     def list_stats(self, prefix: str) -> Iterator[tuple[str, int, str]]:
         """(key, size, ETag) of every object under prefix, from the listing (no HEAD per object)."""
@@ -276,7 +289,7 @@ class S3Storage:
         keys = [self._key(k) for k in self.list(prefix)]
         for i in range(0, len(keys), 1000):
             self.client.delete_objects(
-                Bucket=self.bucket, Delete={"Objects": [{"Key": k} for k in keys[i:i + 1000]], "Quiet": True}
+                Bucket=self.bucket, Delete={"Objects": [{"Key": k} for k in keys[i : i + 1000]], "Quiet": True}
             )
 
 
@@ -289,7 +302,7 @@ def open_backend(uri: str, endpoint_url: str | None = None) -> Storage:
         return S3Storage(parsed.netloc, parsed.path, endpoint_url)
     if parsed.scheme == "file":
         return LocalStorage(Path(parsed.path))
-    if parsed.scheme in ("", ) or (len(parsed.scheme) == 1 and os.name == "nt"):
+    if parsed.scheme in ("",) or (len(parsed.scheme) == 1 and os.name == "nt"):
         return LocalStorage(Path(uri))
     raise DilforgeError(f"{uri}: unsupported URI scheme {parsed.scheme!r}; use a path, file:// or s3://")
 

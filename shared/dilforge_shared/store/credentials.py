@@ -15,8 +15,7 @@ S3_KEY_ENV, S3_SECRET_ENV = "DILFORGE_S3_ACCESS_KEY_ID", "DILFORGE_S3_SECRET_ACC
 _ENDPOINT_KEYS: dict[str, tuple[str, str, str]] = {}
 
 
-def use_endpoint_keys(endpoint_url: str, access_key_id: str, secret_access_key: str,
-                      region: str = "us-east-1") -> None:
+def use_endpoint_keys(endpoint_url: str, access_key_id: str, secret_access_key: str, region: str = "us-east-1") -> None:
     """Give this process's S3 clients of `endpoint_url` these keys (unless DILFORGE_S3_* keys are set)."""
     _ENDPOINT_KEYS[endpoint_url.rstrip("/")] = (access_key_id, secret_access_key, region)
 
@@ -25,8 +24,10 @@ def endpoint_keys(endpoint_url: str | None) -> dict[str, str]:
     """boto3 client keyword arguments for `endpoint_url`: the DILFORGE_S3_* keys, else registered ones."""
     cfg = settings()
     if cfg.s3_access_key_id and cfg.s3_secret_access_key:
-        return {"aws_access_key_id": cfg.s3_access_key_id.get_secret_value(),
-                "aws_secret_access_key": cfg.s3_secret_access_key.get_secret_value()}
+        return {
+            "aws_access_key_id": cfg.s3_access_key_id.get_secret_value(),
+            "aws_secret_access_key": cfg.s3_secret_access_key.get_secret_value(),
+        }
     if endpoint_url and (registered := _ENDPOINT_KEYS.get(endpoint_url.rstrip("/"))):
         key, secret, region = registered
         return {"aws_access_key_id": key, "aws_secret_access_key": secret, "region_name": region}

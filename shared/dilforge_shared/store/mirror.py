@@ -14,6 +14,7 @@ from .backends import NotFound, S3Storage, Storage, open_backend
 
 log = logging.getLogger("dilforge_shared.store")
 
+
 def _listing(backend: Storage, only: Collection[str] | None) -> dict[str, list]:
     """key → [size, version] for what a mirror copies: ETags on S3, size + mtime locally."""
     if isinstance(backend, S3Storage):
@@ -44,8 +45,12 @@ def mirror_prefix(uri: str, dest: Path, endpoint_url: str | None = None, only: C
         sizes_ok = all((dest / k).is_file() and (dest / k).stat().st_size == size for k, (size, _) in listing.items())
         if recorded == listing and sizes_ok:
             return dest
-        log.warning("%s: the copy at %s is %s; downloading again", uri, dest,
-                    "out of date (the source changed)" if recorded != listing else "damaged")
+        log.warning(
+            "%s: the copy at %s is %s; downloading again",
+            uri,
+            dest,
+            "out of date (the source changed)" if recorded != listing else "damaged",
+        )
     partial = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}.partial")
     try:
         for key in listing:

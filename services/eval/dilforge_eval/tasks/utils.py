@@ -15,8 +15,122 @@ from collections import Counter
 _WORD = re.compile(r"[^\W\d_]+")
 AZ_LETTERS = frozenset("əğışçöü")
 # the most frequent Azerbaijani and English function words (no overlap between the lists)
-AZ_WORDS = frozenset(["və", "bu", "bir", "ki", "ilə", "üçün", "də", "da", "olan", "olaraq", "isə", "ən", "daha", "çox", "kimi", "onun", "onlar", "o", "ya", "həm", "amma", "lakin", "belə", "sonra", "əvvəl", "görə", "qədər", "hər", "hansı", "nə", "niyə", "necə", "var", "yox", "deyil", "idi", "edir", "etdi", "olur", "oldu", "olub", "ola", "etmək", "bilər", "mən", "sən", "biz", "siz", "artıq", "yalnız", "bəzi", "bütün", "çünki", "əgər"])
-EN_WORDS = frozenset(["the", "of", "and", "to", "in", "is", "a", "that", "for", "it", "was", "on", "with", "as", "by", "are", "be", "this", "at", "from", "or", "an", "have", "has", "had", "which", "not", "but", "were", "they", "their", "its", "he", "she", "his", "her", "we", "you", "will", "would", "can", "been", "there", "who", "what", "when", "all", "more", "one", "about", "also", "into", "than", "some"])
+AZ_WORDS = frozenset(
+    [
+        "və",
+        "bu",
+        "bir",
+        "ki",
+        "ilə",
+        "üçün",
+        "də",
+        "da",
+        "olan",
+        "olaraq",
+        "isə",
+        "ən",
+        "daha",
+        "çox",
+        "kimi",
+        "onun",
+        "onlar",
+        "o",
+        "ya",
+        "həm",
+        "amma",
+        "lakin",
+        "belə",
+        "sonra",
+        "əvvəl",
+        "görə",
+        "qədər",
+        "hər",
+        "hansı",
+        "nə",
+        "niyə",
+        "necə",
+        "var",
+        "yox",
+        "deyil",
+        "idi",
+        "edir",
+        "etdi",
+        "olur",
+        "oldu",
+        "olub",
+        "ola",
+        "etmək",
+        "bilər",
+        "mən",
+        "sən",
+        "biz",
+        "siz",
+        "artıq",
+        "yalnız",
+        "bəzi",
+        "bütün",
+        "çünki",
+        "əgər",
+    ]
+)
+EN_WORDS = frozenset(
+    [
+        "the",
+        "of",
+        "and",
+        "to",
+        "in",
+        "is",
+        "a",
+        "that",
+        "for",
+        "it",
+        "was",
+        "on",
+        "with",
+        "as",
+        "by",
+        "are",
+        "be",
+        "this",
+        "at",
+        "from",
+        "or",
+        "an",
+        "have",
+        "has",
+        "had",
+        "which",
+        "not",
+        "but",
+        "were",
+        "they",
+        "their",
+        "its",
+        "he",
+        "she",
+        "his",
+        "her",
+        "we",
+        "you",
+        "will",
+        "would",
+        "can",
+        "been",
+        "there",
+        "who",
+        "what",
+        "when",
+        "all",
+        "more",
+        "one",
+        "about",
+        "also",
+        "into",
+        "than",
+        "some",
+    ]
+)
 
 
 def az_lower(text: str) -> str:
@@ -31,13 +145,16 @@ def language_scores(text: str) -> dict[str, float]:
     letters = [c for c in text.replace("İ", "i").lower() if c.isalpha()]
     words = _WORD.findall(low)
     latin = sum(1 for c in letters if c.isascii() or c in AZ_LETTERS)
-    return {"num_letters": len(letters), "num_words": len(words),
-            "latin": latin / len(letters) if letters else 0.0,
-            "ascii": sum(1 for c in letters if c.isascii()) / len(letters) if letters else 0.0,
-            "az_letters": sum(1 for c in letters if c in AZ_LETTERS) / len(letters) if letters else 0.0,
-            "w": low.count("w") / len(letters) if letters else 0.0,
-            "az_words": sum(1 for w in words if w in AZ_WORDS) / len(words) if words else 0.0,
-            "en_words": sum(1 for w in words if w in EN_WORDS) / len(words) if words else 0.0}
+    return {
+        "num_letters": len(letters),
+        "num_words": len(words),
+        "latin": latin / len(letters) if letters else 0.0,
+        "ascii": sum(1 for c in letters if c.isascii()) / len(letters) if letters else 0.0,
+        "az_letters": sum(1 for c in letters if c in AZ_LETTERS) / len(letters) if letters else 0.0,
+        "w": low.count("w") / len(letters) if letters else 0.0,
+        "az_words": sum(1 for w in words if w in AZ_WORDS) / len(words) if words else 0.0,
+        "en_words": sum(1 for w in words if w in EN_WORDS) / len(words) if words else 0.0,
+    }
 
 
 def detect_language(text: str) -> str:
@@ -60,7 +177,7 @@ def detect_language(text: str) -> str:
 def repeated_ngram_rate(text: str, n: int = 3) -> float:
     """Share of word n-gram occurrences repeating an n-gram seen earlier in the same text (0 = no loop)."""
     words = _WORD.findall(az_lower(text))
-    grams = [tuple(words[i:i + n]) for i in range(len(words) - n + 1)]
+    grams = [tuple(words[i : i + n]) for i in range(len(words) - n + 1)]
     if not grams:
         return 0.0
     return sum(c - 1 for c in Counter(grams).values()) / len(grams)
@@ -68,10 +185,12 @@ def repeated_ngram_rate(text: str, n: int = 3) -> float:
 
 def _instruction_results(doc: dict, results: list[str], language: str) -> dict:
     answer = results[0]
-    return {"chrf++": (doc["response"], answer),
-            "answer_in_language": float(detect_language(answer) == language),
-            "repetition_rate": repeated_ngram_rate(answer),
-            "empty_answer": float(not answer.strip())}
+    return {
+        "chrf++": (doc["response"], answer),
+        "answer_in_language": float(detect_language(answer) == language),
+        "repetition_rate": repeated_ngram_rate(answer),
+        "empty_answer": float(not answer.strip()),
+    }
 
 
 def process_instruction_az(doc: dict, results: list[str]) -> dict:
@@ -105,7 +224,7 @@ def tumlu_text_en(doc: dict) -> str:
 
 
 def tumlu_choices(doc: dict) -> list[str]:
-    return list(LETTERS[:len(doc["choices"])])
+    return list(LETTERS[: len(doc["choices"])])
 
 
 def tumlu_target(doc: dict) -> int:
