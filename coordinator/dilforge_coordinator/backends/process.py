@@ -33,8 +33,8 @@ def run_child(cmd: Sequence[str], env: dict[str, str], pass_fds: Sequence[int] =
         stdin=subprocess.DEVNULL,
         start_new_session=True,
         pass_fds=tuple(pass_fds),
-        preexec_fn=_die_with_parent,
-    )  # noqa: PLW1509 - prctl only
+        preexec_fn=_die_with_parent,  # noqa: PLW1509 - prctl only
+    )
     received: list[int] = []
 
     def forward(signum, frame) -> None:
