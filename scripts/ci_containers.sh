@@ -28,12 +28,12 @@ args=(); for s in "${stages[@]}"; do args+=(--stage "$s"); done
 
 step "compose pipeline end to end; the serve image's /ping + /invocations (tests/docker)"
 status=0
-"$PYTHON" -m pytest -q -m docker tests/docker --ignore=tests/docker/test_sagemaker_local.py -p no:cacheprovider \
+"$PYTHON" -m pytest -q -m docker tests/docker --ignore=tests/docker/test_sagemaker_local_mode.py -p no:cacheprovider \
   || status=$?
 
 step "SageMaker local mode: az-tiny (CPT on 2 hosts), rerun, 1-host reference, spot interruption"
 AWS_DEFAULT_REGION=${AWS_DEFAULT_REGION:-us-east-1} "$PYTHON" -m pytest -q -s -m docker \
-  tests/docker/test_sagemaker_local.py -p no:cacheprovider || status=$?
+  tests/docker/test_sagemaker_local_mode.py -p no:cacheprovider || status=$?
 
 step "image sizes and build times"
 "$PYTHON" - <<'PY'

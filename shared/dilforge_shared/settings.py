@@ -20,6 +20,8 @@ dilforge writes `os.environ` after process start-up: values travel as arguments 
 | DILFORGE_DOCKER / DILFORGE_COMPOSE_DIR / DILFORGE_IMAGE_TAG / DILFORGE_S3_PORT | compose backend: docker binary, compose.yaml folder, image tag, S3 host port |
 | DILFORGE_IMAGES_RECORD | where `coordinator images push` records digests |
 | DILFORGE_OPT_ML | root of the SageMaker contract folders for local runs (read once at process start) |
+| DILFORGE_MODEL_URI / DILFORGE_MODEL_ID / DILFORGE_SYSTEM_PROMPT | serving image: model to serve (default /opt/ml/model), the OpenAI model id, the default system message |
+| DILFORGE_SERVE_DEVICE / DILFORGE_SERVE_DTYPE / DILFORGE_SERVE_WORKDIR / DILFORGE_CONTINUOUS_BATCHING | serving image: device, dtype, served-folder location, transformers' continuous batching (1 = on) |
 | DILFORGE_VAR_<NAME> | user variables a config may interpolate as `${DILFORGE_VAR_<NAME>}` |
 """
 
@@ -84,6 +86,14 @@ class Settings(BaseSettings):
     images_record: Path = Field(
         default=Path(".dilforge/images.json"), description="Where `coordinator images push` records image digests."
     )
+    # The serving image (services/serve): container env, e.g. a SageMaker endpoint's model definition.
+    model_uri: str | None = Field(default=None, description="Model or artifact the serving image serves.")
+    model_id: str | None = Field(default=None, description="The OpenAI `model` id the server answers to.")
+    system_prompt: str | None = Field(default=None, description="Default system message of the server.")
+    serve_device: str = Field(default="auto", description="Device the server runs the model on.")
+    serve_dtype: str = Field(default="auto", description="dtype the server loads the model in.")
+    serve_workdir: str | None = Field(default=None, description="Where the served folder is built.")
+    continuous_batching: str = Field(default="0", description="1 = transformers' continuous batching in the server.")
 
 
 def default_download_cache() -> Path:

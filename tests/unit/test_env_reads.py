@@ -17,6 +17,15 @@ WRITES = re.compile(r"os\.environ\s*\[[^\]]*\]\s*=|os\.environ\.(setdefault|upda
 DILFORGE_READ = re.compile(r"os\.(environ\.get|getenv)\(\s*[\"']DILFORGE_|os\.environ\[\s*[\"']DILFORGE_")
 # Process start-up: where the SageMaker contract root is (read once when the stage starts).
 ALLOWED_READS = {"shared/dilforge_shared/contract.py"}
+# Libraries that take a switch from the environment only, and nothing else: each write is named with why.
+ALLOWED_WRITES = {
+    # the dry run: the SDK reads its IAM role check switch from SAGEMAKER_VALIDATE_ROLE only; set and restored
+    # around the offline train() (a dry run has no credentials to check a role with)
+    "coordinator/dilforge_coordinator/backends/sagemaker.py",
+    # the eval stage's own process, before lm-eval is imported: datasets/huggingface_hub take their offline
+    # switches (HF_DATASETS_OFFLINE, HF_HUB_OFFLINE) from the environment only; never a hub
+    "services/eval/dilforge_eval/downstream.py",
+}
 
 
 def sources():
@@ -26,7 +35,8 @@ def sources():
 
 
 def test_no_module_writes_os_environ():
-    assert [name for name, text in sources() if WRITES.search(text)] == []
+    writers = {name for name, text in sources() if WRITES.search(text)}
+    assert writers <= ALLOWED_WRITES, writers - ALLOWED_WRITES
 
 
 def test_dilforge_variables_are_read_through_settings():

@@ -16,7 +16,8 @@ import tempfile
 from pathlib import Path
 
 from dilforge_shared.errors import DilforgeError
-from dilforge_shared.serving import MODEL_ID_ENV, SYSTEM_PROMPT_ENV, resolve_served_model
+from dilforge_shared.serving import resolve_served_model
+from dilforge_shared.settings import settings
 
 from .app import ServerOptions, build_app
 from .prepare import prepare
@@ -26,41 +27,42 @@ SAGEMAKER_MODEL_DIR = "/opt/ml/model"
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
+    env = settings()
     p = argparse.ArgumentParser(prog="serve", description=__doc__.splitlines()[0])
     p.add_argument(
         "model",
         nargs="?",
-        default=os.environ.get("DILFORGE_MODEL_URI", SAGEMAKER_MODEL_DIR),
+        default=env.model_uri or SAGEMAKER_MODEL_DIR,
         help=f"model or adapter artifact URI (local folder or s3://), or an HF folder (default {SAGEMAKER_MODEL_DIR})",
     )
     p.add_argument("--host", default="0.0.0.0")
     p.add_argument("--port", type=int, default=int(os.environ.get("SAGEMAKER_BIND_TO_PORT", "8080")))
     p.add_argument(
         "--model-id",
-        default=os.environ.get(MODEL_ID_ENV) or None,
+        default=env.model_id or None,
         help="the OpenAI `model` clients send (default <run_id>-<stage>, e.g. az-small-sft)",
     )
     p.add_argument(
         "--system-prompt",
-        default=os.environ.get(SYSTEM_PROMPT_ENV),
+        default=env.system_prompt,
         help="default system message (default: the SFT config's system_prompt; '' for none)",
     )
     p.add_argument("--base", default=None, help="base model of an adapter (default: its lineage)")
     p.add_argument("--adapter", action="store_true", help="serve base + adapter even when merged/ exists")
-    p.add_argument("--device", default=os.environ.get("DILFORGE_SERVE_DEVICE", "auto"))
-    p.add_argument("--dtype", default=os.environ.get("DILFORGE_SERVE_DTYPE", "auto"))
+    p.add_argument("--device", default=env.serve_device)
+    p.add_argument("--dtype", default=env.serve_dtype)
     p.add_argument(
         "--continuous-batching",
         action="store_true",
-        default=os.environ.get("DILFORGE_CONTINUOUS_BATCHING") == "1",
+        default=env.continuous_batching == "1",
         help="transformers' continuous batching (paged attention) instead of one request at a time",
     )
     p.add_argument(
         "--workdir",
-        default=os.environ.get("DILFORGE_SERVE_WORKDIR"),
+        default=env.serve_workdir,
         help="where the served folder is built (default: a fresh temporary folder)",
     )
-    p.add_argument("--s3-endpoint-url", default=os.environ.get("DILFORGE_S3_ENDPOINT_URL"))
+    p.add_argument("--s3-endpoint-url", default=env.s3_endpoint_url)
     p.add_argument("--log-level", default="info")
     args = list(argv)
     if args[:1] == ["serve"]:  # `docker run IMAGE serve` (SageMaker) passes the command name
