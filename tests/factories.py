@@ -51,7 +51,7 @@ def build_tiny_llama(out_dir: Path, tokenizer_dir: Path, seed: int = 0, **overri
     import torch
     from transformers import AutoTokenizer, LlamaForCausalLM
 
-    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir), trust_remote_code=False)
     torch.manual_seed(seed)
     cfg = tiny_llama_config(
         len(tok),

@@ -155,8 +155,8 @@ def test_trains_publishes_loadable_model(single_run, tiny_tokenizer_dir):
     assert m.metrics["final_val_bpb"] < m.metrics["step0_val_bpb"]
     assert {"loss", "lr", "tokens_per_s", "mfu", "peak_memory_gb"} <= set(history[-1])
     assert m.metrics["global_batch_tokens"] == 4 * 64
-    model = AutoModelForCausalLM.from_pretrained(str(art.path))
-    tok = AutoTokenizer.from_pretrained(str(art.path))
+    model = AutoModelForCausalLM.from_pretrained(str(art.path), trust_remote_code=False)
+    tok = AutoTokenizer.from_pretrained(str(art.path), trust_remote_code=False)
     assert model.config.vocab_size == len(tok) == 768
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()  # still tied
     ids = tok("Bakı Azərbaycanın paytaxtıdır.", return_tensors="pt").input_ids

@@ -38,7 +38,7 @@ def _sft_adapter(cpt_dir: Path, out: Path, base_uri: str) -> Path:
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(str(cpt_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(cpt_dir), trust_remote_code=False)
     torch.manual_seed(
         5
     )  # before get_peft_model: lora_A's init draws from the global RNG (else the golden depends on test order)
@@ -51,7 +51,7 @@ def _sft_adapter(cpt_dir: Path, out: Path, base_uri: str) -> Path:
                 p.normal_(0, 0.5)
     adapter = out / "adapter"
     peft.save_pretrained(str(adapter), safe_serialization=True)
-    AutoTokenizer.from_pretrained(str(cpt_dir)).save_pretrained(str(adapter))
+    AutoTokenizer.from_pretrained(str(cpt_dir), trust_remote_code=False).save_pretrained(str(adapter))
     cfg = json.loads((adapter / "adapter_config.json").read_text())
     cfg["base_model_name_or_path"] = base_uri
     (adapter / "adapter_config.json").write_text(json.dumps(cfg))

@@ -146,13 +146,13 @@ def test_adapter_changes_outputs_and_merged_equals_base_plus_adapter(sft_run, ti
 
     torch.set_num_threads(1)
     art, _ = sft_run
-    tok = AutoTokenizer.from_pretrained(str(art.path / "adapter"))
+    tok = AutoTokenizer.from_pretrained(str(art.path / "adapter"), trust_remote_code=False)
     base = logits(AutoModelForCausalLM.from_pretrained(str(tiny_llama_dir), trust_remote_code=False), tok)
     peft_model = PeftModel.from_pretrained(
         AutoModelForCausalLM.from_pretrained(str(tiny_llama_dir), trust_remote_code=False), str(art.path / "adapter")
     ).eval()
     with_adapter = logits(peft_model, tok)
-    merged = logits(AutoModelForCausalLM.from_pretrained(str(art.path / "merged")), tok)
+    merged = logits(AutoModelForCausalLM.from_pretrained(str(art.path / "merged"), trust_remote_code=False), tok)
     assert (with_adapter - base).abs().max().item() > 1e-2
     torch.testing.assert_close(merged, with_adapter, atol=1e-4, rtol=1e-4)
 

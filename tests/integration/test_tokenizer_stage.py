@@ -93,7 +93,7 @@ def test_replace_publishes_a_loadable_llama3_tokenizer(replace_run):
     names = {f.path for f in art.manifest.files}
     assert {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "metrics.json", "sweep.md"} <= names
     raw = Tokenizer.from_file(str(art.path / "tokenizer.json"))
-    hf = AutoTokenizer.from_pretrained(str(art.path))
+    hf = AutoTokenizer.from_pretrained(str(art.path), trust_remote_code=False)
     text = "Azərbaycan Respublikasının paytaxtı Bakı şəhəridir."
     assert hf(text)["input_ids"] == raw.encode(text).ids
     assert len(hf) == 900 + 256 and hf.bos_token_id == 900 and hf.eos_token == "<|eot_id|>"
@@ -142,8 +142,8 @@ def test_extend_keeps_every_base_id(tmp_path, data_root, mixed_corpus, tiny_toke
         "selection": "largest",
     }
     art = artifact_of(run_all(tmp_path, section))
-    base = AutoTokenizer.from_pretrained(str(tiny_tokenizer_dir))
-    ext = AutoTokenizer.from_pretrained(str(art.path))
+    base = AutoTokenizer.from_pretrained(str(tiny_tokenizer_dir), trust_remote_code=False)
+    ext = AutoTokenizer.from_pretrained(str(art.path), trust_remote_code=False)
     base_vocab, ext_vocab = base.get_vocab(), ext.get_vocab()
     assert all(ext_vocab[t] == i for t, i in base_vocab.items())
     m = art.manifest.metrics

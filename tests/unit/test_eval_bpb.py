@@ -15,7 +15,9 @@ from dilforge_eval import bpb as eval_bpb  # noqa: E402 - after set_num_threads,
 def model_and_tok(tiny_llama_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(str(tiny_llama_dir), dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(
+        str(tiny_llama_dir), dtype=torch.float32, trust_remote_code=False
+    ).eval()
     return model, AutoTokenizer.from_pretrained(str(tiny_llama_dir), trust_remote_code=False)
 
 

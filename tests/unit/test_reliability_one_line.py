@@ -227,9 +227,12 @@ def test_chat_with_an_adapter_trained_on_another_base_is_one_line(tmp_path, chat
 
     other = build_tiny_llama(tmp_path / "other", tiny_tokenizer_dir, hidden_size=32, intermediate_size=64)
     adapter = tmp_path / "adapter"
-    lora = get_peft_model(AutoModelForCausalLM.from_pretrained(str(other)), LoraConfig(r=4, target_modules=["q_proj"]))
+    lora = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(str(other), trust_remote_code=False),
+        LoraConfig(r=4, target_modules=["q_proj"]),
+    )
     lora.save_pretrained(str(adapter))
-    AutoTokenizer.from_pretrained(str(other)).save_pretrained(str(adapter))
+    AutoTokenizer.from_pretrained(str(other), trust_remote_code=False).save_pretrained(str(adapter))
     out = _one_error_line(_chat([str(adapter), "--base", str(chat_folder), "-p", "salam"]))
     assert f"{adapter}: cannot load the adapter (on base {chat_folder})" in out and "--base it was trained on" in out
 

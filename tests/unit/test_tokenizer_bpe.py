@@ -153,7 +153,7 @@ def test_write_folder_loads_like_the_transformers_save(tmp_path, wiki):
     tok = replaced(wiki, 600, 600)
     llama3.save(tok, tmp_path / "hf")
     llama3.write_folder(tok, tmp_path / "plain")
-    a, b = (AutoTokenizer.from_pretrained(str(tmp_path / d)) for d in ("hf", "plain"))
+    a, b = (AutoTokenizer.from_pretrained(str(tmp_path / d), trust_remote_code=False) for d in ("hf", "plain"))
     text = "Bakı Azərbaycanın paytaxtıdır."
     assert a(text)["input_ids"] == b(text)["input_ids"]
     assert (len(a), a.bos_token_id, a.eos_token_id, a.pad_token_id) == (
