@@ -168,3 +168,23 @@ def job_manifest(job, kind: str, **fields):
         files=[],
         **fields,
     )
+
+
+def clear_aws(monkeypatch, tmp_path: Path) -> Path:
+    """No AWS credentials, profile, region or config file anywhere: a dry run must not need them."""
+    for key in (
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "AWS_PROFILE",
+        "DILFORGE_STORE",
+        "DILFORGE_VAR_SAGEMAKER_ROLE",
+        "AWS_REGION",
+        "DILFORGE_S3_ENDPOINT_URL",
+    ):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("DILFORGE_IMAGES_RECORD", str(tmp_path / "images.json"))
+    return tmp_path

@@ -14,6 +14,7 @@ from dilforge_coordinator import deploy
 from dilforge_coordinator.cli import app
 from dilforge_shared.configs import load_pipeline
 from dilforge_shared.errors import ConfigError
+from factories import clear_aws
 from typer.testing import CliRunner
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,23 +25,7 @@ DIGEST = "123456789012.dkr.ecr.us-east-1.amazonaws.com/dilforge-serve@sha256:" +
 
 @pytest.fixture
 def no_aws(monkeypatch, tmp_path):
-    """No credentials anywhere: a dry run must not need them."""
-    for key in (
-        "AWS_ACCESS_KEY_ID",
-        "AWS_SECRET_ACCESS_KEY",
-        "AWS_SESSION_TOKEN",
-        "AWS_PROFILE",
-        "DILFORGE_STORE",
-        "DILFORGE_VAR_SAGEMAKER_ROLE",
-        "AWS_REGION",
-        "DILFORGE_S3_ENDPOINT_URL",
-    ):
-        monkeypatch.delenv(key, raising=False)
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    monkeypatch.setenv("DILFORGE_IMAGES_RECORD", str(tmp_path / "images.json"))
-    return tmp_path
+    return clear_aws(monkeypatch, tmp_path)
 
 
 def operation(name: str):

@@ -15,41 +15,24 @@ from dilforge_coordinator.backends.sagemaker import METRIC_DEFINITIONS, SageMake
 from dilforge_coordinator.cli import app
 from dilforge_shared.configs import load_pipeline
 from dilforge_shared.errors import ConfigError
+from factories import clear_aws
 from typer.testing import CliRunner
 
 ROOT = Path(__file__).resolve().parents[2]
 PRESET = ROOT / "configs" / "sagemaker-published.yaml"
 
 
-def _no_aws(monkeypatch, tmp_path):
-    for key in (
-        "AWS_ACCESS_KEY_ID",
-        "AWS_SECRET_ACCESS_KEY",
-        "AWS_SESSION_TOKEN",
-        "AWS_PROFILE",
-        "DILFORGE_STORE",
-        "DILFORGE_VAR_SAGEMAKER_ROLE",
-        "AWS_REGION",
-        "DILFORGE_S3_ENDPOINT_URL",
-    ):
-        monkeypatch.delenv(key, raising=False)
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    monkeypatch.setenv("DILFORGE_IMAGES_RECORD", str(tmp_path / "images.json"))
-
-
 @pytest.fixture
 def no_aws(monkeypatch, tmp_path):
     """No credentials anywhere: a dry run must not need them."""
-    _no_aws(monkeypatch, tmp_path)
+    clear_aws(monkeypatch, tmp_path)
 
 
 @pytest.fixture(scope="module")
 def requests(tmp_path_factory) -> dict[str, dict]:
     """The preset's requests, built once (the SDK takes seconds per dry run)."""
     with pytest.MonkeyPatch.context() as mp:
-        _no_aws(mp, tmp_path_factory.mktemp("no-aws"))
+        clear_aws(mp, tmp_path_factory.mktemp("no-aws"))
         cfg = load_pipeline(PRESET)
         return {_stage(r): r for r in SageMakerBackend(dry_run=True).dry_run_requests(cfg)}
 
