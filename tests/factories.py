@@ -188,3 +188,26 @@ def clear_aws(monkeypatch, tmp_path: Path) -> Path:
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     monkeypatch.setenv("DILFORGE_IMAGES_RECORD", str(tmp_path / "images.json"))
     return tmp_path
+
+
+class CheckpointTensors:
+    """A checkpoint component for any module + optimizer (the stage registers resumable.TrainingModel)."""
+
+    def __init__(self, model, opt):
+        self.model, self.opt = model, opt
+
+    def state_dict(self):
+        from dilforge_cpt.checkpoints import _tensor_state
+
+        saved, self.osd = _tensor_state(self.model, self.opt)
+        return saved
+
+    def load_state_dict(self, saved):
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        set_state_dict(
+            self.model,
+            self.opt,
+            model_state_dict=saved["model"],
+            optim_state_dict={"state": saved["optim"]["state"], "param_groups": self.osd["param_groups"]},
+        )

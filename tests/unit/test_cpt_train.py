@@ -150,29 +150,6 @@ def test_phase1_trains_only_embeddings_and_head():
     assert len(set_trainable(model, 2).params) == len(list(model.parameters()))
 
 
-class Tensors:
-    """A checkpoint component for any module + optimizer (the stage registers resumable.TrainingModel)."""
-
-    def __init__(self, model, opt):
-        self.model, self.opt = model, opt
-
-    def state_dict(self):
-        from dilforge_cpt.checkpoints import _tensor_state
-
-        saved, self.osd = _tensor_state(self.model, self.opt)
-        return saved
-
-    def load_state_dict(self, saved):
-        from torch.distributed.checkpoint.state_dict import set_state_dict
-
-        set_state_dict(
-            self.model,
-            self.opt,
-            model_state_dict=saved["model"],
-            optim_state_dict={"state": saved["optim"]["state"], "param_groups": self.osd["param_groups"]},
-        )
-
-
 class Json:
     def __init__(self, value=None):
         self.value = value or {}
@@ -190,7 +167,7 @@ def checkpointer(root, model, opt, state: Json, rt=None, keep=2):
 
     ck = Checkpointer(root, rt or Runtime(), keep)
     ck.register("train_state", state)
-    ck.register("model", Tensors(model, opt), kind="tensors")
+    ck.register("model", factories.CheckpointTensors(model, opt), kind="tensors")
     ck.register("rng", RngState(), kind="rank_json")
     return ck
 

@@ -18,6 +18,7 @@ from dilforge_coordinator.records import parse_record
 from dilforge_shared.configs import load_pipeline
 from dilforge_shared.integrity import check_artifact
 from dilforge_shared.manifest import MANIFEST_NAME
+from factories import CheckpointTensors
 from fuzzing import fault_seeds
 from test_reliability import PublishingBackend, write_config
 
@@ -105,27 +106,6 @@ class _Json:
         self.value = value
 
 
-class _Tensors:
-    def __init__(self, model, opt):
-        self.model, self.opt = model, opt
-
-    def state_dict(self):
-        from dilforge_cpt.checkpoints import _tensor_state
-
-        saved, self.osd = _tensor_state(self.model, self.opt)
-        return saved
-
-    def load_state_dict(self, saved):
-        from torch.distributed.checkpoint.state_dict import set_state_dict
-
-        set_state_dict(
-            self.model,
-            self.opt,
-            model_state_dict=saved["model"],
-            optim_state_dict={"state": saved["optim"]["state"], "param_groups": self.osd["param_groups"]},
-        )
-
-
 def _tiny():
     import torch
     from factories import tiny_llama_config
@@ -150,7 +130,7 @@ def test_a_damaged_checkpoint_is_never_resumed(tmp_path, kind, seed):
     def checkpointer(model, opt, state):
         ck = Checkpointer(tmp_path, Runtime(), 2)
         ck.register("train_state", state)
-        ck.register("model", _Tensors(model, opt), kind="tensors")
+        ck.register("model", CheckpointTensors(model, opt), kind="tensors")
         ck.register("rng", RngState(), kind="rank_json")
         return ck
 
