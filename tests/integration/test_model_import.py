@@ -63,6 +63,10 @@ def test_hf_folder_import_publishes_a_loadable_model_with_provenance_and_is_reus
     model = AutoModelForCausalLM.from_pretrained(str(art.path), trust_remote_code=False)
     assert all(torch.equal(model.state_dict()[k], v) for k, v in weights.items())
     assert len(AutoTokenizer.from_pretrained(str(art.path), trust_remote_code=False)) == model.config.vocab_size
+    # the base describes its family's stops too, for stock consumers: Llama 3 [eot, eom, end_of_text]
+    tok = AutoTokenizer.from_pretrained(str(art.path), trust_remote_code=False)
+    stops = [tok.convert_tokens_to_ids(t) for t in ("<|eot_id|>", "<|eom_id|>", "<|end_of_text|>")]
+    assert model.generation_config.eos_token_id == stops and model.config.eos_token_id == stops
     again = import_model(tmp_path, str(tiny_llama_dir))
     assert again.returncode == 0 and "reusing" in again.stdout and uri in again.stdout
     import golden  # the model stage's code version is bumped whenever what it publishes here changes

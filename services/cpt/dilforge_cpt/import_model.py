@@ -26,7 +26,7 @@ from pathlib import Path
 from dilforge_shared.configs.model import ModelConfig
 from dilforge_shared.contract import StageContext, StageResult, log_config, stage_main
 from dilforge_shared.errors import InputError
-from dilforge_shared.families import detect_family
+from dilforge_shared.families import describe_model_folder, detect_family
 from dilforge_shared.manifest import sha256_file
 from dilforge_shared.models import model_stage_ref
 from dilforge_shared.paths import check_links
@@ -74,6 +74,9 @@ def run(config: ModelConfig, ctx: StageContext) -> StageResult:
         copy_hf_folder(folder, config.source, out)
         provenance.update(version=None, license=read_license(out), dequantized_from=None)
     verify_weights(out)  # shapes match the config, headers match the files, tensors load: before publishing
+    # a base model serves stock consumers too (generate, transformers serve): its stops are the family's
+    family, ids = describe_model_folder(out)
+    log.info("model folder describes the %s family: %s", family.name, ids)
     provenance.update(describe(out))
     log.info(
         "model %s: %s parameters, %s, architecture %s",
