@@ -11,6 +11,7 @@ COPY docker/seaweedfs-identities.json /etc/seaweedfs/identities.json
 EXPOSE 8333
 VOLUME /data
 # One process: master + volume + filer + S3 gateway. -ip is what the parts tell each other (all local);
-# -ip.bind 0.0.0.0 lets other containers and the host reach the S3 port.
+# -ip.bind 0.0.0.0 lets other containers and the host reach the S3 port. -volume.max: an explicit volume
+# budget (the default, free disk / volume size, is a handful on a full disk and each bucket takes its own).
 ENTRYPOINT ["weed", "mini", "-dir", "/data", "-ip", "127.0.0.1", "-ip.bind", "0.0.0.0", \
-            "-master.telemetry=false", "-s3", "-s3.port", "8333", "-s3.config", "/etc/seaweedfs/identities.json"]
+            "-master.telemetry=false", "-volume.max=2000", "-s3", "-s3.port", "8333", "-s3.config", "/etc/seaweedfs/identities.json"]

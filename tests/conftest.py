@@ -28,11 +28,17 @@ def s3_server(tmp_path_factory):
 
 
 @pytest.fixture
-def s3_bucket(s3_server) -> str:
+def s3_bucket(s3_server):
     """A fresh, empty bucket; returns its s3:// URI."""
     name = f"t-{uuid.uuid4().hex[:12]}"
-    s3_server.client().create_bucket(Bucket=name)
-    return f"s3://{name}"
+    client = s3_server.client()
+    client.create_bucket(Bucket=name)
+    yield f"s3://{name}"
+    # Emptied and dropped afterwards: each bucket is a SeaweedFS collection holding volumes of its own.
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=name):
+        for obj in page.get("Contents", []):
+            client.delete_object(Bucket=name, Key=obj["Key"])
+    client.delete_bucket(Bucket=name)
 
 
 @pytest.fixture(scope="session")

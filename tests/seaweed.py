@@ -86,6 +86,12 @@ def start(workdir: Path, timeout: float = 60.0) -> SeaweedS3:
         "-ip.bind",
         "127.0.0.1",
         "-master.telemetry=false",
+        # Explicit volume budget: by default `weed mini` allows free disk / volume size volumes (14 on a disk with
+        # 14 GiB free), and every bucket is a collection that takes volumes of its own, so a test session's
+        # buckets ran out of volumes on a fuller disk ("No writable volumes and no free volumes left"). Volumes
+        # are sparse files, not preallocated, so a large count of small volumes costs nothing until written.
+        "-master.volumeSizeLimitMB=64",
+        "-volume.max=2000",
         "-s3",
         "-s3.port",
         str(s3_port),

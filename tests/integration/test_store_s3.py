@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import uuid
 
 import pytest
 from dilforge_shared import store
@@ -138,3 +139,23 @@ def test_damaged_download_cache_is_fetched_again(s3_bucket, tmp_path):
     again = fetch(uri, cache_dir=tmp_path / "cache")
     assert again.path == first.path
     assert (again.path / "model.safetensors").read_bytes() == b"weights"
+
+
+def test_server_holds_more_buckets_than_a_full_disk_allows_by_default(s3_server):
+    """Each bucket is a SeaweedFS collection with volumes of its own; by default `weed mini` allows free disk /
+    volume size volumes (14 with 14 GiB free), and CI's test session ran out of them. tests/seaweed.py sets an
+    explicit budget, so 40 live buckets all take writes."""
+    client = s3_server.client()
+    names = [f"many-{i}-{uuid.uuid4().hex[:8]}" for i in range(40)]
+    created = []
+    try:
+        for name in names:
+            client.create_bucket(Bucket=name)
+            created.append(name)
+            client.put_object(Bucket=name, Key="k", Body=b"x" * 1000)
+        assert [client.get_object(Bucket=n, Key="k")["Body"].read() for n in names] == [b"x" * 1000] * 40
+    finally:
+        for name in created:
+            for obj in client.list_objects_v2(Bucket=name).get("Contents", []):
+                client.delete_object(Bucket=name, Key=obj["Key"])
+            client.delete_bucket(Bucket=name)
