@@ -4,11 +4,12 @@
 # before any device time is spent.
 #
 #   scripts/gpu_rehearsal.sh [RESULTS_DIR]      # default /tmp/dilforge-gpu-rehearsal
+#   scripts/gpu_rehearsal.sh --prepare          # only steps 1-2 (network-bound: CI overlaps them with the tests)
 #
 # 1. The replica: a venv with the device's own packages at the device's versions
 #    (scripts/gpu_device_env.txt: torch 2.11.0 - PyPI's CUDA build, which runs on CPU - triton 3.6.0,
 #    transformers 5.17.0, accelerate 1.15.0, ...), cached under $DILFORGE_CACHE (~/.cache/dilforge):
-#    ~2.7 GB of wheels downloaded once; the venv is rebuilt only when that file changes.
+#    ~2.7 GB of wheels downloaded once (not kept: the venv is the cache, ~5.3 GB); rebuilt only when that file changes.
 #    Python: the device has 3.12 (3.12.3). This machine's image has a CPython 3.12 that is not on PATH:
 #    pyenv's (~/.pyenv/versions/3.12.*, `pyenv versions` lists it); the rehearsal finds python3.12 on
 #    PATH or there. Without one (Debian bookworm ships 3.11 only, trixie/sid 3.13+; PyPI's
@@ -26,10 +27,12 @@
 #    from the carried set must make the imports fail).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+PREPARE_ONLY=0
+if [[ ${1:-} == --prepare ]]; then PREPARE_ONLY=1; shift; fi
 RESULTS=${1:-${TMPDIR:-/tmp}/dilforge-gpu-rehearsal}
 CACHE=${DILFORGE_CACHE:-$HOME/.cache/dilforge}/gpu-rehearsal
 t0=$SECONDS
-mkdir -p "$CACHE/wheels"
+mkdir -p "$CACHE"
 
 find_python312() {
   local p
@@ -52,12 +55,12 @@ fi
 key=$(sha256sum "$reqs" | cut -c1-12)
 venv="$CACHE/venv-py$ver-$key"
 if [ ! -f "$venv/.complete" ]; then
-  echo "gpu_rehearsal: building the device replica $venv (cold: ~2.7 GB of wheels, cached in $CACHE/wheels)"
+  echo "gpu_rehearsal: building the device replica $venv (cold: ~2.7 GB of wheels)"
   rm -rf "$venv"
   "$PY" -m venv "$venv"
   "$venv/bin/python" -m pip install -q --upgrade pip >/dev/null
-  "$venv/bin/python" -m pip download -q --only-binary=:all: -d "$CACHE/wheels" -r "$reqs"
-  "$venv/bin/python" -m pip install -q --no-index --find-links "$CACHE/wheels" -r "$reqs"
+  # straight from the index, no wheel folder kept: 2.7 GB less on disk (CI machines are tight); the venv is the cache
+  "$venv/bin/python" -m pip install -q --no-cache-dir --only-binary=:all: -r "$reqs"
   touch "$venv/.complete"
 fi
 echo "gpu_rehearsal: replica ready at $((SECONDS - t0)) s: $("$venv/bin/python" -c 'import sys, torch, transformers, accelerate; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda build", torch.version.cuda, "transformers", transformers.__version__, "accelerate", accelerate.__version__)')"
@@ -73,6 +76,7 @@ if [ "$ver" != "3.12" ]; then
   "$venv/bin/python" scripts/gpu_wheel_deps.py "$wheels" --python "$ver" --limit-mib 1e9 >/dev/null
 fi
 echo "gpu_rehearsal: carried wheels ready at $((SECONDS - t0)) s"
+if ((PREPARE_ONLY)); then echo "gpu_rehearsal: prepared (--prepare): replica and carried wheels only"; exit 0; fi
 
 rm -rf "$RESULTS"
 export DILFORGE_REHEARSAL_WHEELS="$PWD/$wheels" OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
