@@ -31,7 +31,7 @@ def main() -> None:
     args = ap.parse_args()
     import torch
     import yaml
-    from dilforge_eval import downstream
+    from dilforge_eval import downstream, harness
     from dilforge_eval.resolve import load_model, model_source
     from dilforge_eval.stage import read_parallel
     from dilforge_shared.configs.eval import DownstreamTasks
@@ -47,7 +47,7 @@ def main() -> None:
             label, folder = item.split("=", 1)
             model, tok = load_model(model_source(label, Path(folder), folder), "cpu", torch.float32)
             t0, c0 = time.perf_counter(), time.process_time()
-            downstream.run_model(
+            harness.run_model(
                 model,
                 tok,
                 specs,

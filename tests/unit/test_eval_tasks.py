@@ -8,7 +8,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from dilforge_eval import downstream
+from dilforge_eval import downstream, harness
 from dilforge_eval.stage import read_parallel
 from dilforge_eval.tasks import utils
 from dilforge_shared.configs.eval import SIB_LABELS, DownstreamTasks
@@ -54,7 +54,7 @@ class FakeLM:
 
 
 def _run(lm, specs, task_dir, chat=False):
-    downstream._offline_env(task_dir.parent / "cache")
+    harness._offline_env(task_dir.parent / "cache")
     import contextlib
 
     from lm_eval import simple_evaluate
@@ -69,7 +69,7 @@ def _run(lm, specs, task_dir, chat=False):
             apply_chat_template=chat,
             task_manager=TaskManager(include_path=str(task_dir), include_defaults=False),
         )
-    return {s.key: downstream.summarize(out["results"][s.task], s) for s in group}
+    return {s.key: harness.summarize(out["results"][s.task], s) for s in group}
 
 
 @pytest.fixture(scope="module")

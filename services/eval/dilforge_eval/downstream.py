@@ -1,11 +1,11 @@
 """Downstream tasks through lm-evaluation-harness: SIB-200 topics, translation az<->en, instruction answering
 with the chat template, and Belebele/TUMLU-layout multiple choice (docs/eval.md).
 
-Story: read each task's rows from the files (or S3 objects) the eval config names, check them (a missing
-column, an unknown label or an empty file is a one-line error naming the file and the field) → write a
-self-contained lm-eval task folder: the shipped templates (`tasks/_*.yaml`, `tasks/utils.py`), one small
+Story: read each task's rows from the files (or S3 objects) the eval config names, check them (`task_rows`: a
+missing column, an unknown label or an empty file is a one-line error naming the file and the field) → write a
+self-contained lm-eval task folder (this module): the shipped templates (`tasks/_*.yaml`, `tasks/utils.py`), one small
 YAML per task that includes a template and names its data, and the rows as JSONL under `data/` → per
-model, run the tasks with `lm_eval.simple_evaluate` on an `HFLM` wrapping the model already loaded (the
+model (`harness`), run the tasks with `lm_eval.simple_evaluate` on an `HFLM` wrapping the model already loaded (the
 chat tasks in a second call with the chat template) → value, standard error, 95 % interval and chance
 level per metric. The folder is published with the eval artifact, so
 `cd lm_eval_tasks && lm_eval run --include_path . --tasks ...` reproduces every figure (`commands.txt`).
@@ -16,29 +16,20 @@ HF_HUB_OFFLINE are set before it is imported.
 
 from __future__ import annotations
 
-import contextlib
-import csv
-import io
 import json
-import logging
-import os
 import shutil
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
-from typing import Any
 
 from dilforge_shared.configs.eval import SIB_LABELS, DownstreamTasks, MultipleChoiceTask
-from dilforge_shared.corpus import iter_located_texts, iter_records
 from dilforge_shared.errors import InputError
 
-log = logging.getLogger("dilforge.eval")
+from .task_rows import instruction_rows, mc_rows, sib_rows
 
 TASK_DIR = "lm_eval_tasks"
 PREFIX = "dilforge_"
 LANGUAGE_NAMES = {"az": "Azerbaijani", "en": "English"}
-Z95 = 1.959964
-SCALE_100 = ("chrf++", "chrf", "bleu")
 
 
 @dataclass
@@ -58,126 +49,6 @@ class TaskSpec:
     chance: dict[str, float] = field(default_factory=dict)  # metric -> chance / trivial-baseline value
     chance_note: str = ""
     source: str = ""
-
-
-# ------------------------------------------------------------------------------------------- reading rows
-
-
-def read_rows(uri: str, endpoint_url: str | None = None) -> list[tuple[int, dict]]:
-    """(line, record) of a JSONL, TSV or CSV file (header row names the columns)."""
-    name = uri.lower()
-    if name.endswith((".jsonl", ".json")):
-        return list(iter_records(uri, endpoint_url))
-    if not name.endswith((".tsv", ".csv")):
-        raise InputError("task file must be .jsonl, .tsv or .csv", path=uri)
-    delimiter = "\t" if name.endswith(".tsv") else ","
-    rows, header = [], None
-    for _, lineno, line in iter_located_texts(uri, "txt", endpoint_url=endpoint_url, skip_empty=False):
-        if not line.strip():
-            continue
-        quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
-        cells = next(csv.reader(io.StringIO(line), delimiter=delimiter, quoting=quoting))
-        if header is None:
-            header = cells
-            continue
-        if len(cells) != len(header):
-            raise InputError(f"{len(cells)} columns, the header has {len(header)}", path=uri, line=lineno)
-        rows.append((lineno, dict(zip(header, cells, strict=False))))
-    return rows
-
-
-def need(rec: dict, key: str, uri: str, lineno: int, kind: type = str) -> Any:
-    """A field of a row, of the right type and not empty; else a one-line error naming file, line and field."""
-    if key not in rec:
-        raise InputError(f"field {key!r} missing (fields: {sorted(rec)})", path=uri, line=lineno)
-    value = rec[key]
-    if not isinstance(value, kind) or (isinstance(value, str | list) and not value):
-        raise InputError(f"field {key!r} empty or not a {kind.__name__}", path=uri, line=lineno)
-    return value
-
-
-def _nonempty(rows: list, uri: str, what: str) -> list:
-    if not rows:
-        raise InputError(f"task file holds no {what}", path=uri)
-    return rows
-
-
-def sib_rows(cfg, endpoint: str | None) -> dict[str, dict[str, list[dict]]]:
-    """language -> split -> [{text, label, topic}] from the SIB-200 file."""
-    rows = _nonempty(read_rows(cfg.uri, endpoint), cfg.uri, "rows")
-    out: dict[str, dict[str, list[dict]]] = {lang: {"train": [], "test": []} for lang in cfg.languages}
-    for lineno, rec in rows:
-        split = need(rec, cfg.split_field, cfg.uri, lineno)
-        topic = need(rec, cfg.label_field, cfg.uri, lineno)
-        if topic not in SIB_LABELS:
-            raise InputError(
-                f"field {cfg.label_field!r}: unknown label {topic!r} (SIB-200 labels: {', '.join(SIB_LABELS)})",
-                path=cfg.uri,
-                line=lineno,
-            )
-        for lang, column in cfg.languages.items():
-            text = need(rec, column, cfg.uri, lineno)
-            if split in ("train", "test"):
-                out[lang][split].append({"text": text, "label": SIB_LABELS.index(topic), "topic": topic})
-    for splits in out.values():
-        if not splits["test"]:
-            raise InputError(f"field {cfg.split_field!r}: no row of split 'test' to score", path=cfg.uri)
-        if max(cfg.num_fewshot) > len(splits["train"]):
-            raise InputError(
-                f"field {cfg.split_field!r}: {len(splits['train'])} 'train' rows, fewer than "
-                f"num_fewshot {max(cfg.num_fewshot)}",
-                path=cfg.uri,
-            )
-        splits["test"] = splits["test"][: cfg.max_examples]
-    return out
-
-
-def instruction_rows(cfg, endpoint: str | None) -> list[dict]:
-    rows = _nonempty(read_rows(cfg.uri, endpoint), cfg.uri, "rows")[: cfg.max_examples]
-    return [
-        {
-            "instruction": need(rec, cfg.instruction_field, cfg.uri, n),
-            "response": need(rec, cfg.response_field, cfg.uri, n),
-        }
-        for n, rec in rows
-    ]
-
-
-def mc_rows(uri: str, layout: str, endpoint: str | None) -> list[dict]:
-    """Rows of a Belebele- or TUMLU-layout file, checked; TUMLU `choices` may be a JSON list in a TSV cell."""
-    out = []
-    for n, rec in _nonempty(read_rows(uri, endpoint), uri, "rows"):
-        if layout == "belebele":
-            row = {
-                k: need(rec, k, uri, n)
-                for k in ("flores_passage", "question", "mc_answer1", "mc_answer2", "mc_answer3", "mc_answer4")
-            }
-            answer = str(need(rec, "correct_answer_num", uri, n, (str, int))).strip()
-            if answer not in ("1", "2", "3", "4"):
-                raise InputError(f"field 'correct_answer_num': unknown label {answer!r} (1-4)", path=uri, line=n)
-            row["correct_answer_num"] = answer
-        else:
-            choices = rec.get("choices")
-            if isinstance(choices, str):
-                try:
-                    choices = json.loads(choices)
-                except ValueError:
-                    raise InputError("field 'choices': not a JSON list", path=uri, line=n) from None
-            if (
-                not isinstance(choices, list)
-                or not 2 <= len(choices) <= 5
-                or not all(isinstance(c, str) and c for c in choices)
-            ):
-                raise InputError("field 'choices' missing or not a list of 2-5 strings", path=uri, line=n)
-            answer = need(rec, "answer", uri, n).strip()
-            letters = "ABCDE"[: len(choices)]
-            if answer not in letters:
-                raise InputError(
-                    f"field 'answer': unknown label {answer!r} (one of {', '.join(letters)})", path=uri, line=n
-                )
-            row = {"question": need(rec, "question", uri, n), "choices": choices, "answer": answer}
-        out.append(row)
-    return out
 
 
 # ----------------------------------------------------------------------------------------- task folder
@@ -392,15 +263,7 @@ def _mc_task(t: MultipleChoiceTask, out: Path, endpoint: str | None) -> TaskSpec
     return spec
 
 
-# -------------------------------------------------------------------------------------------- running
-
-
-def _offline_env(cache: Path) -> None:
-    os.environ["HF_DATASETS_OFFLINE"] = "1"
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    os.environ.setdefault("HF_DATASETS_CACHE", str(cache / "hf-datasets"))
-    os.environ.setdefault("DISABLE_MULTIPROC", "1")  # lm-eval's bootstrap pool: one process per core otherwise
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# ------------------------------------------------------------------------------------ reproducing it
 
 
 def seeds(seed: int) -> dict[str, int]:
@@ -436,172 +299,3 @@ def lm_eval_commands(
         sys_arg = f" --system_instruction {json.dumps(system_prompt, ensure_ascii=False)}" if system_prompt else ""
         cmds.append(f"{base} --tasks {','.join(chat)} --apply_chat_template{sys_arg}")
     return cmds
-
-
-def _ensure_chat_template(tokenizer, source: str) -> None:
-    """A tokenizer without a chat template gets its family's (as the generations do)."""
-    if getattr(tokenizer, "chat_template", None):
-        return
-    from .generate import model_family
-
-    family = model_family(tokenizer, source)
-    if family is not None:
-        tokenizer.chat_template = family.chat_template
-
-
-def run_model(
-    model,
-    tokenizer,
-    specs: list[TaskSpec],
-    task_dir: Path,
-    tasks: DownstreamTasks,
-    cache: Path,
-    seed: int,
-    source: str,
-    system_prompt: str | None = None,
-) -> tuple[dict, list[dict]]:
-    """Every task on one loaded model: {task key: {metric: {value, stderr, ci95}, ...}} and the per-example
-    records (prompt, answer, reference) of the generative tasks."""
-    _offline_env(cache)
-    from lm_eval import simple_evaluate
-    from lm_eval.models.huggingface import HFLM
-    from lm_eval.tasks import TaskManager
-
-    lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=tasks.batch_size, max_length=tasks.max_length)
-    manager = TaskManager(include_path=str(task_dir), include_defaults=False)
-    results: dict = {}
-    samples: list[dict] = []
-    with contextlib.chdir(task_dir):  # data_files are relative to the task folder, as in the lm_eval command
-        for chat in (False, True):
-            group = [s for s in specs if s.chat == chat]
-            if not group:
-                continue
-            if chat:
-                _ensure_chat_template(tokenizer, source)
-            out = simple_evaluate(
-                model=lm,
-                tasks=[s.task for s in group],
-                task_manager=manager,
-                bootstrap_iters=tasks.bootstrap_iters,
-                apply_chat_template=chat,
-                system_instruction=system_prompt if chat else None,
-                log_samples=True,
-                **seeds(seed),
-            )
-            for s in group:
-                results[s.key] = summarize(out["results"][s.task], s)
-                if s.kind == "instruction":
-                    answers = [row["filtered_resps"][0] for row in out["samples"][s.task]]
-                    results[s.key]["ended_turn"] = ended_turn(answers, tokenizer, tasks.instruction_max_new_tokens)
-                if s.kind in ("translation", "instruction"):
-                    for row in out["samples"][s.task]:
-                        samples.append(
-                            {
-                                "task": s.key,
-                                "doc_id": row["doc_id"],
-                                "target": row["target"],
-                                "answer": row["filtered_resps"][0],
-                            }
-                        )
-    return results, samples
-
-
-def share(flags: list[bool]) -> dict:
-    """A share with lm-eval's binomial standard error (sample std / sqrt(n)) and its 95 % interval."""
-    import math
-
-    n = len(flags)
-    p = sum(flags) / n if n else 0.0
-    se = math.sqrt(p * (1 - p) / (n - 1)) if n > 1 else None
-    return {
-        "value": round(p, 6),
-        "stderr": None if se is None else round(se, 6),
-        "ci95": None if se is None else [round(max(0.0, p - Z95 * se), 6), round(min(1.0, p + Z95 * se), 6)],
-    }
-
-
-def ended_turn(answers: list[str], tokenizer, max_new_tokens: int) -> dict:
-    """Share of answers that stopped at the end of the turn, i.e. before the token limit (the stage counts the
-    answer's tokens; lm-eval strips the stop token, so this one figure is the stage's, not the harness's)."""
-    lengths = [len(tokenizer(a, add_special_tokens=False)["input_ids"]) for a in answers]
-    return share([n < max_new_tokens for n in lengths])
-
-
-def metrics_header(
-    specs: list[TaskSpec], tasks: DownstreamTasks, task_dir: Path, dtype: str, device: str, seed: int
-) -> dict:
-    """The manifest's `downstream` section before any model ran: what each task is, how to reproduce it
-    (the commands are also written to the task folder's commands.txt)."""
-    from importlib.metadata import version
-
-    commands = write_commands(task_dir, specs, tasks, dtype, device, seed)
-    return {
-        "harness": {
-            "name": "lm-evaluation-harness",
-            "version": version("lm-eval"),
-            "bootstrap_iters": tasks.bootstrap_iters,
-            "batch_size": tasks.batch_size,
-        },
-        "task_dir": task_dir.name,
-        "commands": commands,
-        "tasks": {s.key: {k: v for k, v in asdict(s).items() if k != "key"} for s in specs},
-        "results": {},
-        "seconds": {},
-    }
-
-
-def changes(section: dict, reference: str | None) -> dict:
-    """model -> task -> metric -> value minus the reference model's (positive = higher; whether that is
-    better is the metric's `higher_is_better`, see HIGHER_IS_BETTER)."""
-    results = section["results"]
-    if reference is None or reference not in results:
-        return {}
-    out: dict = {}
-    for model, tasks in results.items():
-        if model == reference:
-            continue
-        for key, res in tasks.items():
-            for m, v in res.items():
-                ref = results[reference].get(key, {}).get(m)
-                if ref is not None:
-                    out.setdefault(model, {}).setdefault(key, {})[m] = round(v["value"] - ref["value"], 6)
-    return out
-
-
-HIGHER_IS_BETTER = {
-    "acc": True,
-    "acc_norm": True,
-    "chrf++": True,
-    "chrf": True,
-    "bleu": True,
-    "answer_in_language": True,
-    "repetition_rate": False,
-    "empty_answer": False,
-    "ended_turn": True,
-}
-STAGE_ONLY = ("ended_turn",)  # computed by the stage from lm-eval's answers; the lm_eval command omits it
-
-
-def summarize(res: dict, spec: TaskSpec) -> dict:
-    """lm-eval's `metric,none` / `metric_stderr,none` into value, stderr and the normal 95 % interval
-    (value ± 1.96 stderr, clipped to the metric's range: 0-1 for shares, 0-100 for chrF/BLEU)."""
-    out: dict[str, Any] = {}
-    for m in spec.metrics:
-        value = res.get(f"{m},none")
-        if value is None:
-            continue
-        se = res.get(f"{m}_stderr,none")
-        se = se if isinstance(se, int | float) else None
-        top = 100.0 if m in SCALE_100 else 1.0
-        out[m] = {
-            "value": round(float(value), 6),
-            "stderr": None if se is None else round(float(se), 6),
-            "ci95": None
-            if se is None
-            else [round(max(0.0, value - Z95 * se), 6), round(min(top, value + Z95 * se), 6)],
-        }
-    return out
-
-
-def spec_table(specs: list[TaskSpec]) -> list[dict]:
-    return [asdict(s) for s in specs]

@@ -113,7 +113,7 @@ def _score(v: dict | None, metric: str) -> str:
 
 def _delta_cell(v: dict | None, delta: float | None, metric: str) -> Cell:
     """A score with its change against the reference model, coloured by whether higher is better."""
-    from .downstream import HIGHER_IS_BETTER
+    from .harness import HIGHER_IS_BETTER
 
     text = _score(v, metric)
     if v is None or delta is None:

@@ -31,7 +31,7 @@ from dilforge_shared.models import Resolved, adapter_base, open_model, resolve
 from dilforge_shared.textmetrics import measure, tokenizers_encoder
 
 from . import bpb as bpb_mod
-from . import compare, downstream, progress
+from . import compare, downstream, harness, progress
 from . import curves as curves_mod
 from . import generate as gen_mod
 from . import morph as morph_mod
@@ -326,7 +326,7 @@ def evaluate_model(
     if tasks and tasks[0]:
         specs, task_dir, cache = tasks
         t_tasks, c_tasks = time.perf_counter(), time.process_time()
-        scores["results"], scores["samples"] = downstream.run_model(
+        scores["results"], scores["samples"] = harness.run_model(
             model,
             tokenizer,
             specs,
@@ -434,7 +434,7 @@ def run(config: EvalConfig, ctx: StageContext) -> StageResult:
 
     metrics["bpb"], generations, task_samples = {}, [], []
     if specs:
-        metrics["downstream"] = downstream.metrics_header(
+        metrics["downstream"] = harness.metrics_header(
             specs, config.tasks, task_dir, str(dtype).removeprefix("torch."), device, config.seed
         )
     for src in models:
@@ -492,7 +492,7 @@ def run(config: EvalConfig, ctx: StageContext) -> StageResult:
         for g in generations:
             f.write(json.dumps(g, ensure_ascii=False) + "\n")
     if specs:
-        metrics["downstream"]["changes"] = downstream.changes(
+        metrics["downstream"]["changes"] = harness.changes(
             metrics["downstream"], compare.reference_label(metrics["downstream"]["results"])
         )
         with open(out / "task_answers.jsonl", "w", encoding="utf-8") as f:

@@ -1,0 +1,201 @@
+"""Running the downstream tasks (docs/eval.md): lm-eval's `simple_evaluate` on an `HFLM` wrapping the model the
+stage already loaded, the plain tasks in one call and the chat tasks in a second with the chat template, then
+lm-eval's `metric,none` / `metric_stderr,none` as value, standard error and 95 % interval per metric, and the
+changes against the reference model. The task folder it runs is `downstream.prepare`'s.
+
+The harness never touches a hub here: HF_DATASETS_OFFLINE / HF_HUB_OFFLINE are set before it is imported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from dilforge_shared.configs.eval import DownstreamTasks
+
+from .downstream import TaskSpec, seeds, write_commands
+
+Z95 = 1.959964
+SCALE_100 = ("chrf++", "chrf", "bleu")
+
+
+def _offline_env(cache: Path) -> None:
+    os.environ["HF_DATASETS_OFFLINE"] = "1"
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ.setdefault("HF_DATASETS_CACHE", str(cache / "hf-datasets"))
+    os.environ.setdefault("DISABLE_MULTIPROC", "1")  # lm-eval's bootstrap pool: one process per core otherwise
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def _ensure_chat_template(tokenizer, source: str) -> None:
+    """A tokenizer without a chat template gets its family's (as the generations do)."""
+    if getattr(tokenizer, "chat_template", None):
+        return
+    from .generate import model_family
+
+    family = model_family(tokenizer, source)
+    if family is not None:
+        tokenizer.chat_template = family.chat_template
+
+
+def run_model(
+    model,
+    tokenizer,
+    specs: list[TaskSpec],
+    task_dir: Path,
+    tasks: DownstreamTasks,
+    cache: Path,
+    seed: int,
+    source: str,
+    system_prompt: str | None = None,
+) -> tuple[dict, list[dict]]:
+    """Every task on one loaded model: {task key: {metric: {value, stderr, ci95}, ...}} and the per-example
+    records (prompt, answer, reference) of the generative tasks."""
+    _offline_env(cache)
+    from lm_eval import simple_evaluate
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+
+    lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=tasks.batch_size, max_length=tasks.max_length)
+    manager = TaskManager(include_path=str(task_dir), include_defaults=False)
+    results: dict = {}
+    samples: list[dict] = []
+    with contextlib.chdir(task_dir):  # data_files are relative to the task folder, as in the lm_eval command
+        for chat in (False, True):
+            group = [s for s in specs if s.chat == chat]
+            if not group:
+                continue
+            if chat:
+                _ensure_chat_template(tokenizer, source)
+            out = simple_evaluate(
+                model=lm,
+                tasks=[s.task for s in group],
+                task_manager=manager,
+                bootstrap_iters=tasks.bootstrap_iters,
+                apply_chat_template=chat,
+                system_instruction=system_prompt if chat else None,
+                log_samples=True,
+                **seeds(seed),
+            )
+            for s in group:
+                results[s.key] = summarize(out["results"][s.task], s)
+                if s.kind == "instruction":
+                    answers = [row["filtered_resps"][0] for row in out["samples"][s.task]]
+                    results[s.key]["ended_turn"] = ended_turn(answers, tokenizer, tasks.instruction_max_new_tokens)
+                if s.kind in ("translation", "instruction"):
+                    for row in out["samples"][s.task]:
+                        samples.append(
+                            {
+                                "task": s.key,
+                                "doc_id": row["doc_id"],
+                                "target": row["target"],
+                                "answer": row["filtered_resps"][0],
+                            }
+                        )
+    return results, samples
+
+
+def share(flags: list[bool]) -> dict:
+    """A share with lm-eval's binomial standard error (sample std / sqrt(n)) and its 95 % interval."""
+    import math
+
+    n = len(flags)
+    p = sum(flags) / n if n else 0.0
+    se = math.sqrt(p * (1 - p) / (n - 1)) if n > 1 else None
+    return {
+        "value": round(p, 6),
+        "stderr": None if se is None else round(se, 6),
+        "ci95": None if se is None else [round(max(0.0, p - Z95 * se), 6), round(min(1.0, p + Z95 * se), 6)],
+    }
+
+
+def ended_turn(answers: list[str], tokenizer, max_new_tokens: int) -> dict:
+    """Share of answers that stopped at the end of the turn, i.e. before the token limit (the stage counts the
+    answer's tokens; lm-eval strips the stop token, so this one figure is the stage's, not the harness's)."""
+    lengths = [len(tokenizer(a, add_special_tokens=False)["input_ids"]) for a in answers]
+    return share([n < max_new_tokens for n in lengths])
+
+
+def metrics_header(
+    specs: list[TaskSpec], tasks: DownstreamTasks, task_dir: Path, dtype: str, device: str, seed: int
+) -> dict:
+    """The manifest's `downstream` section before any model ran: what each task is, how to reproduce it
+    (the commands are also written to the task folder's commands.txt)."""
+    from importlib.metadata import version
+
+    commands = write_commands(task_dir, specs, tasks, dtype, device, seed)
+    return {
+        "harness": {
+            "name": "lm-evaluation-harness",
+            "version": version("lm-eval"),
+            "bootstrap_iters": tasks.bootstrap_iters,
+            "batch_size": tasks.batch_size,
+        },
+        "task_dir": task_dir.name,
+        "commands": commands,
+        "tasks": {s.key: {k: v for k, v in asdict(s).items() if k != "key"} for s in specs},
+        "results": {},
+        "seconds": {},
+    }
+
+
+def changes(section: dict, reference: str | None) -> dict:
+    """model -> task -> metric -> value minus the reference model's (positive = higher; whether that is
+    better is the metric's `higher_is_better`, see HIGHER_IS_BETTER)."""
+    results = section["results"]
+    if reference is None or reference not in results:
+        return {}
+    out: dict = {}
+    for model, tasks in results.items():
+        if model == reference:
+            continue
+        for key, res in tasks.items():
+            for m, v in res.items():
+                ref = results[reference].get(key, {}).get(m)
+                if ref is not None:
+                    out.setdefault(model, {}).setdefault(key, {})[m] = round(v["value"] - ref["value"], 6)
+    return out
+
+
+HIGHER_IS_BETTER = {
+    "acc": True,
+    "acc_norm": True,
+    "chrf++": True,
+    "chrf": True,
+    "bleu": True,
+    "answer_in_language": True,
+    "repetition_rate": False,
+    "empty_answer": False,
+    "ended_turn": True,
+}
+
+
+STAGE_ONLY = ("ended_turn",)  # computed by the stage from lm-eval's answers; the lm_eval command omits it
+
+
+def summarize(res: dict, spec: TaskSpec) -> dict:
+    """lm-eval's `metric,none` / `metric_stderr,none` into value, stderr and the normal 95 % interval
+    (value ± 1.96 stderr, clipped to the metric's range: 0-1 for shares, 0-100 for chrF/BLEU)."""
+    out: dict[str, Any] = {}
+    for m in spec.metrics:
+        value = res.get(f"{m},none")
+        if value is None:
+            continue
+        se = res.get(f"{m}_stderr,none")
+        se = se if isinstance(se, int | float) else None
+        top = 100.0 if m in SCALE_100 else 1.0
+        out[m] = {
+            "value": round(float(value), 6),
+            "stderr": None if se is None else round(float(se), 6),
+            "ci95": None
+            if se is None
+            else [round(max(0.0, value - Z95 * se), 6), round(min(top, value + Z95 * se), 6)],
+        }
+    return out
+
+
+def spec_table(specs: list[TaskSpec]) -> list[dict]:
+    return [asdict(s) for s in specs]
