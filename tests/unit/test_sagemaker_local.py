@@ -10,9 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from dilforge_coordinator.backends import sagemaker as sm
 from dilforge_coordinator.backends import sagemaker_local as sml
+from dilforge_coordinator.backends.sagemaker_jobs import JobSpec
 from dilforge_coordinator.backends.sagemaker_local import SageMakerLocalBackend, preflight, upload_local_data
+from dilforge_coordinator.backends.sagemaker_sdk import model_trainer
 from dilforge_coordinator.cli import app
 from dilforge_coordinator.pipeline import StageFailed
 from dilforge_shared.contract import ResourceConfig
@@ -178,7 +179,7 @@ def test_local_job_is_the_cloud_job_with_local_compute(monkeypatch, tmp_path):
     """model_trainer builds the local ModelTrainer from the same JobSpec: image, hyperparameters, environment,
     host count are the cloud job's; compute is `local` and the channels are folders."""
     pytest.importorskip("sagemaker.train.model_trainer")
-    spec = sm.JobSpec(
+    spec = JobSpec(
         stage="cpt",
         base_job_name="dilforge-cpt-abc",
         image="dilforge-cpt:dev",
@@ -200,7 +201,7 @@ def test_local_job_is_the_cloud_job_with_local_compute(monkeypatch, tmp_path):
         metric_definitions=[],
     )
     (tmp_path / "tok").mkdir()
-    local = sm.model_trainer(spec, None, local_root=str(tmp_path), local_channels={"tokenizer": str(tmp_path / "tok")})
+    local = model_trainer(spec, None, local_root=str(tmp_path), local_channels={"tokenizer": str(tmp_path / "tok")})
     assert (local.training_image, local.compute.instance_count, local.compute.instance_type) == (
         "dilforge-cpt:dev",
         2,
@@ -209,7 +210,7 @@ def test_local_job_is_the_cloud_job_with_local_compute(monkeypatch, tmp_path):
     assert local.hyperparameters == {"run_id": "r"} and local.environment == {"A": "1"}
     assert local.input_data_config[0].data_source == str(tmp_path / "tok")
     with pytest.raises(Exception, match="needs a folder for channels"):
-        sm.model_trainer(spec, None, local_root=str(tmp_path), local_channels={})
+        model_trainer(spec, None, local_root=str(tmp_path), local_channels={})
 
 
 def test_checkpoint_metadata_pickled_by_the_images_python_is_read_and_nothing_else(tmp_path):

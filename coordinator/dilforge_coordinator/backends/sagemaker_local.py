@@ -1,6 +1,6 @@
 """`--backend sagemaker-local`: every stage as a job of the SageMaker SDK's local container mode.
 
-The job is the one `--backend sagemaker` submits (`sagemaker.job_spec` → `sagemaker.model_trainer`), run by
+The job is the one `--backend sagemaker` submits (`sagemaker_jobs.job_spec` → `sagemaker_sdk.model_trainer`), run by
 `ModelTrainer(training_mode=Mode.LOCAL_CONTAINER)`: the SDK writes SageMaker's own
 /opt/ml/input/config/{hyperparameters,inputdataconfig,resourceconfig}.json for hosts algo-1..N, mounts the
 channels under /opt/ml/input/data/<name>, and runs the stage image (built by `coordinator images build`) once
@@ -39,8 +39,9 @@ from dilforge_shared.settings import settings
 from dilforge_shared.store import open_backend, read_manifest, verify_files
 
 from ..pipeline import StageFailed, StageJob, image_of
-from . import sagemaker as sm
 from .compose import S3_ACCESS_KEY, S3_SECRET_KEY, ComposeBackend
+from .sagemaker_jobs import JobSpec, config_uri, job_spec
+from .sagemaker_sdk import model_trainer, offline_boto_session, require_sdk, sdk_session
 
 log = logging.getLogger("dilforge.coordinator.sagemaker_local")
 
@@ -60,7 +61,7 @@ def preflight(docker: str, run=subprocess.run) -> str:
             "AWS region unset: the SageMaker SDK needs one even in local mode; "
             "export AWS_DEFAULT_REGION=us-east-1 (no AWS account or credentials are used)"
         )
-    sm.require_sdk()
+    require_sdk()
     if shutil.which(docker) is None:
         raise ConfigError(f"Docker is not installed ({docker} not found): bash ../shared/tools/container-env.sh")
     if run([docker, "info"], capture_output=True, text=True, check=False).returncode != 0:
@@ -227,9 +228,9 @@ class SageMakerLocalBackend:
         done.touch()
         return dest
 
-    def spec(self, job: StageJob) -> tuple[sm.JobSpec, dict[str, str]]:
+    def spec(self, job: StageJob) -> tuple[JobSpec, dict[str, str]]:
         ref, cited = self.image(image_of(job.stage))
-        spec = sm.job_spec(job, self.config, ref, CONTAINER_ENDPOINT)
+        spec = job_spec(job, self.config, ref, CONTAINER_ENDPOINT)
         env = {
             **spec.environment,
             "DILFORGE_IMAGE": cited,
@@ -243,21 +244,21 @@ class SageMakerLocalBackend:
         channels = {
             name: str(self.channel(name, uri.rstrip("/"), job.s3_endpoint_url)) for name, uri in spec.channels.items()
         }
-        return sm.JobSpec(**{**spec.__dict__, "environment": env}), channels
+        return JobSpec(**{**spec.__dict__, "environment": env}), channels
 
     def run(self, job: StageJob) -> None:
         if self.config is None:
             raise ConfigError("SageMakerLocalBackend.prepare(pipeline) must run first")
         spec, channels = self.spec(job)
-        where = sm.config_uri(self.config, job)
+        where = config_uri(self.config, job)
         open_backend(where.rsplit("/", 1)[0], job.s3_endpoint_url).write_bytes(
             where.rsplit("/", 1)[1], job.config.model_dump_json(indent=2).encode()
         )
         root = self.workdir / f"{job.stage}-{job.artifact_id}"
         shutil.rmtree(root, ignore_errors=True)  # the SDK's leftovers of a failed attempt (checkpoints live in S3)
         root.mkdir(parents=True)
-        session = sm.sdk_session(sm.offline_boto_session(self.region), offline=True)
-        trainer = sm.model_trainer(spec, session, local_root=str(root), local_channels=channels)
+        session = sdk_session(offline_boto_session(self.region), offline=True)
+        trainer = model_trainer(spec, session, local_root=str(root), local_channels=channels)
         print(f"[{job.stage}] SageMaker local mode: {spec.num_instances} x {spec.image} in {root}", flush=True)
         try:
             trainer.train(wait=True, logs=True)
