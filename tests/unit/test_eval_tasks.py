@@ -316,7 +316,7 @@ def test_task_files_read_from_s3_like_local_files(tmp_path, s3_server, s3_bucket
 
 
 def test_headline_task_table_puts_languages_side_by_side_and_shows_losses():
-    from dilforge_eval.report import downstream_table
+    from dilforge_eval.tables import downstream_table
 
     spec = {
         "row": "SIB-200 topics, 0-shot",
