@@ -74,26 +74,6 @@ def test_prefetcher_yields_the_same_steps_and_rewinds_the_sampler_to_what_was_co
     assert not any(t.name == "cpt-prefetch" and t.is_alive() for t in threading.enumerate())
 
 
-def test_prefetcher_hands_a_worker_error_to_the_loop(tmp_path):
-    from dilforge_cpt.data import Prefetcher
-
-    data = packed(tmp_path)
-    calls = []
-
-    def broken(*args):
-        calls.append(args)
-        raise OSError("disk gone")
-
-    data.next_step = broken
-    prefetch = Prefetcher(data, 4, 2, 0, 1, torch.device("cpu"))
-    try:
-        with pytest.raises(OSError, match="disk gone"):
-            prefetch.next()
-    finally:
-        prefetch.close()
-    assert len(calls) == 1
-
-
 # ---- 2. host reads on log steps only -------------------------------------------------------
 def run(tmp_path, root, cfg: CptConfig, stop_at=None):
     from dilforge_cpt.data import ValidationSet

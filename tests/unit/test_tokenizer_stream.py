@@ -6,7 +6,7 @@ import pytest
 from dilforge_shared.configs.base import DataSource
 from dilforge_shared.configs.tokenizer import CorpusSource
 from dilforge_shared.errors import InputError
-from dilforge_tokenizer.stream import CorpusStream, read_ahead
+from dilforge_tokenizer.stream import CorpusStream
 
 
 def write(path, lines):
@@ -94,23 +94,6 @@ def test_non_utf8_names_file_and_line(tmp_path):
     # the same error, raised in the read-ahead thread, reaches whoever iterates batches()
     with pytest.raises(InputError, match=r"bad\.txt:2: not valid UTF-8"):
         list(CorpusStream([DataSource(uri=str(path))], progress=False).batches())
-
-
-def test_read_ahead_stops_its_thread_when_abandoned():
-    import threading
-
-    produced = []
-
-    def items():
-        for i in range(1000):
-            produced.append(i)
-            yield i
-
-    it = read_ahead(items(), depth=2)
-    assert next(it) == 0
-    it.close()
-    assert not any(t.name == "corpus-read-ahead" for t in threading.enumerate())
-    assert len(produced) < 10  # stopped at most `depth` + a couple ahead, not run to the end
 
 
 def test_parquet_and_gzip_sources(tmp_path):

@@ -16,7 +16,6 @@ sampler's whole state is a few integers saved with each checkpoint.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
@@ -329,67 +328,39 @@ class StepBatch:
 class Prefetcher:
     """Assembles the next steps' batches on a background thread while the device trains.
 
-    The worker owns `data.sampler` while it runs (the main thread must not touch it) and stays at
-    most `depth` steps ahead through a bounded queue. On CUDA the host arrays go into pinned memory,
-    so the main thread's copies are `non_blocking` (the CPU enqueues them and moves on); on CPU they
-    stay plain tensors. `close()` joins the worker and puts the sampler back to the state after the
+    The thread (dilforge_shared.prefetch.ReadAhead: bounded, errors re-raised here) owns `data.sampler` while
+    it runs (the main thread must not touch it) and stays at most `depth` steps ahead. On CUDA the host arrays
+    go into pinned memory, so the main thread's copies are `non_blocking` (the CPU enqueues them and moves on);
+    on CPU they stay plain tensors. `close()` joins the thread and puts the sampler back to the state after the
     last step the loop took, so whatever reads `data.sampler` afterwards sees exactly what was consumed.
     """
 
     def __init__(
         self, data: PackedData, global_batch: int, micro_batch: int, rank: int, world: int, device, depth: int = 2
     ):
-        import queue
-        import threading
+        from dilforge_shared.prefetch import ReadAhead
 
         self.data, self.device, self.pin = data, device, device.type == "cuda"
         self.consumed = data.sampler.state_dict()
-        self._queue: queue.Queue = queue.Queue(maxsize=max(1, depth))
-        self._stop = threading.Event()
-        self._args = (global_batch, micro_batch, rank, world)
-        self._thread = threading.Thread(target=self._work, name="cpt-prefetch", daemon=True)
-        self._thread.start()
+        self._steps = ReadAhead(self._produce((global_batch, micro_batch, rank, world)), depth, name="cpt-prefetch")
 
-    def _work(self) -> None:
-        import queue
-
+    def _produce(self, args: tuple) -> Iterator[tuple]:
         import torch
 
-        while not self._stop.is_set():
-            try:
-                before = self.data.sampler.state_dict()
-                arrays = self.data.next_step(*self._args)
-                host = [torch.from_numpy(a) for a in arrays]
-                if self.pin:
-                    host = [t.pin_memory() for t in host]
-                item: object = (host, before, self.data.sampler.state_dict())
-            except BaseException as exc:  # noqa: BLE001 - handed to the main thread, which re-raises it
-                item = exc
-            while not self._stop.is_set():
-                try:
-                    self._queue.put(item, timeout=0.1)
-                    break
-                except queue.Full:
-                    continue
-            if isinstance(item, BaseException):
-                return
+        while True:
+            before = self.data.sampler.state_dict()
+            host = [torch.from_numpy(a) for a in self.data.next_step(*args)]
+            if self.pin:
+                host = [t.pin_memory() for t in host]
+            yield host, before, self.data.sampler.state_dict()
 
     def next(self) -> StepBatch:
-        item = self._queue.get()
-        if isinstance(item, BaseException):
-            raise item
-        host, before, after = item
+        host, before, after = next(self._steps)
         batches = [t.to(self.device, non_blocking=self.pin) for t in host]
         self.consumed = after
         return StepBatch(batches, before, after)
 
     def close(self) -> None:
         """Stop the worker and rewind the sampler to what the loop consumed (idempotent)."""
-        import queue
-
-        self._stop.set()
-        while self._thread.is_alive():
-            with contextlib.suppress(queue.Empty):
-                self._queue.get_nowait()
-            self._thread.join(timeout=0.05)
+        self._steps.close()
         self.data.sampler.load_state_dict(self.consumed)

@@ -7,13 +7,12 @@ import contextlib
 import logging
 import math
 import resource
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 from dilforge_shared.configs.cpt import CptConfig
+from dilforge_shared.progress import Progress
 
 from .runtime import Runtime
 
@@ -117,68 +116,6 @@ class PeakMemory:
             self._reset()
 
 
-class Progress:
-    """A pass over `total` units with an ETA, on global rank 0: a tqdm bar when stderr is a TTY, else a
-    log line at most every `every_s` seconds (so short passes stay quiet and long ones show an ETA)."""
-
-    def __init__(
-        self, desc: str, total: int, rt: Runtime, unit: str = "batches", initial: int = 0, every_s: float = 30.0
-    ):
-        self.desc, self.total, self.unit, self.every_s = desc, total, unit, every_s
-        self.done = self.start_done = initial
-        self.active = rt.is_main
-        self.bar = None
-        self.t0 = self.last = time.monotonic()
-        if self.active and sys.stderr.isatty():
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total, initial=initial, desc=desc, unit=unit, leave=False)
-
-    def set_total(self, total: int) -> None:
-        if self.total != total:
-            self.total = total
-            if self.bar is not None:
-                self.bar.total = total
-                self.bar.refresh()
-
-    def update(self, n: int = 1, **postfix: Any) -> None:
-        if not self.active:
-            return
-        self.done += n
-        if self.bar is not None:
-            self.bar.update(n)
-            if postfix:
-                self.bar.set_postfix({k: _fmt(v) for k, v in postfix.items()})
-            return
-        now = time.monotonic()
-        if now - self.last >= self.every_s and self.done < self.total:
-            self.last = now
-            rate = (self.done - self.start_done) / max(now - self.t0, 1e-9)
-            eta = (self.total - self.done) / rate if rate else float("inf")
-            extra = "".join(f" {k}={_fmt(v)}" for k, v in postfix.items())
-            log.info(
-                "%s: %d/%d %s (%.0f%%), %.0f s elapsed, ETA %.0f s%s",
-                self.desc,
-                self.done,
-                self.total,
-                self.unit,
-                100 * self.done / max(self.total, 1),
-                now - self.t0,
-                eta,
-                extra,
-            )
-
-    def write(self, text: str) -> None:
-        if self.bar is not None:
-            self.bar.write(text)
-        else:
-            log.info("%s", text)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-
-
 class MetricsLog:
     """Where metric rows go besides the TrainState: TensorBoard (rank 0), parseable `key=value` log
     lines, and a progress bar on a TTY."""
@@ -186,7 +123,7 @@ class MetricsLog:
     def __init__(self, tb_dir: Path | None, total_steps: int, rt: Runtime, start_step: int):
         self.rt = rt
         self.writer = None
-        self.progress = Progress("cpt", total_steps, rt, unit="steps", initial=start_step)
+        self.progress = Progress("cpt", total_steps, unit="steps", initial=start_step, log=log, enabled=rt.is_main)
         if rt.is_main and tb_dir is not None:
             try:
                 from torch.utils.tensorboard import SummaryWriter

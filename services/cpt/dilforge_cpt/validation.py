@@ -3,16 +3,19 @@ validation set, by the shared definition (`dilforge_shared.bpb`) that eval repor
 
 from __future__ import annotations
 
+import logging
 import math
 
 import torch
 from dilforge_shared.bpb import stream_nll
 from dilforge_shared.configs.cpt import CptConfig
 from dilforge_shared.metrics import SET_PREFIX  # a validation row's `val_bpb/<set>`, as CptMetrics reads it
+from dilforge_shared.progress import Progress
 
 from .data import ValidationSet
-from .reporting import Progress
 from .runtime import Runtime
+
+log = logging.getLogger("dilforge.cpt")
 
 
 def window_and_stride(config: CptConfig) -> tuple[int, int]:
@@ -34,7 +37,7 @@ def evaluate(
     sums: list[float] = []
     try:
         for vs in val:
-            progress = Progress(f"{desc} {vs.name}", 0, rt)
+            progress = Progress(f"{desc} {vs.name}", 0, unit="batches", log=log, enabled=rt.is_main)
 
             def on_batch(done: int, total: int, progress=progress) -> None:
                 progress.set_total(total)

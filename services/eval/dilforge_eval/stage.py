@@ -28,6 +28,7 @@ from dilforge_shared.corpus import iter_texts
 from dilforge_shared.errors import ConfigError, InputError
 from dilforge_shared.metrics import read_metrics
 from dilforge_shared.models import Resolved, adapter_base, open_model, resolve
+from dilforge_shared.progress import Progress
 from dilforge_shared.textmetrics import measure, tokenizers_encoder
 
 from . import bpb as bpb_mod
@@ -308,7 +309,7 @@ def evaluate_model(
         )
     generations = []
     if prompts:
-        bar = progress.bar(len(prompts) * len(config.generation.modes), f"generate {src.label}", unit="answer")
+        bar = Progress(f"generate {src.label}", len(prompts) * len(config.generation.modes), unit="answer", log=log)
         for mode in config.generation.modes:
             for row in gen_mod.generate(
                 model,

@@ -28,8 +28,8 @@ from dilforge_shared.corpus import iter_texts
 from dilforge_shared.errors import ConfigError, DilforgeError, InputError
 from dilforge_shared.families import LLAMA3, Family, detect_family
 from dilforge_shared.models import choose, resolve
+from dilforge_shared.progress import track
 from tokenizers import Tokenizer
-from tqdm import tqdm
 
 from . import audit, bpe, continued, family_out
 from . import base as base_tok
@@ -393,7 +393,7 @@ def run(config: TokenizerConfig, ctx: StageContext) -> StageResult:
     t_metrics = time.perf_counter()
     unique_lines = list(lines)
     base_metrics = measure_sets(base.tok, sets) if base is not None else None
-    for cand in tqdm(candidates, desc="measure", disable=not tty):
+    for cand in track(candidates, "measure", unit="candidates", log=log):
         cand.sets = base_metrics if cand.strategy == "base" else measure_sets(cand.tok, sets)
         corpus_words = words.get("replace" if cand.strategy == "replace" else "base")
         cand.audit, cand.dead = audit.audit(

@@ -15,11 +15,8 @@ from __future__ import annotations
 import hashlib
 import itertools
 import logging
-import queue
 import random
 import re
-import sys
-import threading
 import zlib
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -28,6 +25,8 @@ from dataclasses import dataclass, field
 from dilforge_shared.configs.base import DataSource
 from dilforge_shared.corpus import iter_located_texts, iter_word_counts
 from dilforge_shared.errors import InputError
+from dilforge_shared.prefetch import ReadAhead
+from dilforge_shared.progress import Progress
 
 log = logging.getLogger("dilforge.tokenizer")
 
@@ -102,8 +101,6 @@ class CorpusStream:
         Per line: one UTF-8 encode, a seeded CRC-32 for the held-out split (uniform enough, and
         collisions there are harmless) and, with dedup, an 8-byte BLAKE2b (no false duplicates).
         """
-        from tqdm import tqdm
-
         for s in self.sources:
             self.stats.setdefault(s.label, SourceStats())
         threshold = int(self.validation_fraction * 2**32)
@@ -119,13 +116,7 @@ class CorpusStream:
         crc32, blake2b = zlib.crc32, hashlib.blake2b
         chunk = 256 if self.max_lines is None else max(1, min(256, self.max_lines // (10 * len(self.sources))))
         read = 0
-        bar = tqdm(
-            desc="corpus",
-            unit=" lines",
-            disable=not self.progress,
-            mininterval=1 if sys.stderr.isatty() else 30,
-            file=sys.stderr,
-        )
+        bar = Progress("corpus", unit="lines", log=log, enabled=self.progress)
         try:
             for source, st, texts in self._interleaved(chunk):
                 is_list = source.format == "word_counts"
@@ -202,7 +193,7 @@ class CorpusStream:
         large lists keep the trainer's pulls (each a GIL hand-over) few. Stats and `heldout` are final
         once this iterator is exhausted or closed.
         """
-        return read_ahead(_regrouped(self._scan(), min_lines), depth)
+        return ReadAhead(_regrouped(self._scan(), min_lines), depth, name="corpus-read-ahead")
 
     def drain_heldout(self) -> list[str]:
         """Read just far enough to fill the held-out slice (strategy base: nothing is trained)."""
@@ -285,53 +276,3 @@ def _regrouped(batches: Iterator[list[str]], min_lines: int) -> Iterator[list[st
             out = []
     if out:
         yield out
-
-
-def read_ahead(items: Iterator, depth: int) -> Iterator:
-    """`items`, produced by a background thread up to `depth` ahead; its exceptions are re-raised here.
-
-    Closing (or abandoning) the returned generator stops and joins the thread, so nothing the
-    producer touches changes after that.
-    """
-    q: queue.Queue = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-
-    def put(entry: tuple) -> bool:
-        while not stop.is_set():
-            try:
-                q.put(entry, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def produce() -> None:
-        try:
-            for item in items:
-                if not put(("item", item)):
-                    return
-            put(("end", None))
-        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which re-raises it
-            put(("error", exc))
-        finally:
-            close = getattr(items, "close", None)
-            if close is not None:
-                close()
-
-    thread = threading.Thread(target=produce, name="corpus-read-ahead", daemon=True)
-
-    def consume() -> Iterator:
-        thread.start()
-        try:
-            while True:
-                kind, payload = q.get()
-                if kind == "end":
-                    return
-                if kind == "error":
-                    raise payload
-                yield payload
-        finally:
-            stop.set()
-            thread.join()
-
-    return consume()

@@ -1,0 +1,90 @@
+"""Read ahead of a consumer on a background thread: one implementation for every stage that overlaps producing
+data with using it (CPT's batches while the device trains, the tokenizer's corpus lines while the Rust trainer
+merges).
+
+`ReadAhead(items, depth)` starts a thread that pulls `items` and stays at most `depth` items ahead through a
+bounded queue (memory is bounded by `depth`). Iterating it yields the items in order; an exception the producer
+raises is re-raised in the consumer at the point it reached, and the producer stops there. `close()` (also on
+`with` exit, on exhaustion, and when the object is garbage-collected) stops the thread, joins it and closes
+`items`, so nothing the producer touches changes after it returns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+from collections.abc import Iterable, Iterator
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+_ITEM, _END, _ERROR = 0, 1, 2
+
+
+def _produce(items: Iterable, q: queue.Queue, stop: threading.Event) -> None:
+    """The thread's body; it holds no reference to the ReadAhead, so an abandoned one can be collected."""
+
+    def put(entry: tuple) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(entry, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    try:
+        for item in items:
+            if not put((_ITEM, item)):
+                return
+        put((_END, None))
+    except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which re-raises it
+        put((_ERROR, exc))
+    finally:
+        close = getattr(items, "close", None)
+        if close is not None:
+            close()
+
+
+class ReadAhead(Generic[T]):
+    """`items`, produced by a background thread up to `depth` ahead (see the module doc)."""
+
+    def __init__(self, items: Iterable[T], depth: int = 2, name: str = "read-ahead"):
+        self._queue: queue.Queue = queue.Queue(maxsize=max(1, depth))
+        self._stop = threading.Event()
+        self._done = False
+        self._thread = threading.Thread(target=_produce, args=(items, self._queue, self._stop), name=name, daemon=True)
+        self._thread.start()
+
+    def __iter__(self) -> Iterator[T]:
+        return self
+
+    def __next__(self) -> T:
+        if self._done:
+            raise StopIteration
+        kind, payload = self._queue.get()
+        if kind == _ITEM:
+            return payload
+        self.close()
+        if kind == _ERROR:
+            raise payload
+        raise StopIteration
+
+    def close(self) -> None:
+        """Stop the producer and join it (idempotent); queued items are dropped."""
+        self._done = True
+        self._stop.set()
+        while self._thread.is_alive():
+            with contextlib.suppress(queue.Empty):
+                self._queue.get_nowait()
+            self._thread.join(timeout=0.05)
+
+    def __enter__(self) -> ReadAhead[T]:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()

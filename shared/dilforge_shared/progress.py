@@ -1,0 +1,126 @@
+"""Progress of the passes that take minutes (CPT steps and validation, eval BPB and generation, the tokenizer's
+corpus read and measurements): one helper for every stage.
+
+On a terminal (stderr a TTY) it is a tqdm bar. Without one (SageMaker, compose, a CI log) a bar's carriage
+returns make an unreadable log, so it writes a log line at most every `every_s` seconds instead, with the count,
+the rate and an ETA when the total is known: short passes stay quiet, a long or stuck one is visible. A pass long
+enough to have logged ends with a `(done)` line. `enabled=False` (a rank other than 0) shows nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+_log = logging.getLogger("dilforge.progress")
+
+
+class Progress:
+    """A pass over `total` units (None: not known up front) with tqdm's update/set_postfix/write/close.
+
+    Log lines read `desc: 3/10 batches (30%), 30s elapsed, ETA 70s` (the rate and ETA count from `initial`, so a
+    resumed run's ETA is not flattered by the steps it skipped); keyword arguments of `update` are appended as
+    `key=value`.
+    """
+
+    def __init__(
+        self,
+        desc: str,
+        total: int | None = None,
+        *,
+        unit: str = "it",
+        initial: int = 0,
+        every_s: float = 30.0,
+        log: logging.Logger | None = None,
+        enabled: bool = True,
+        tty: bool | None = None,
+    ):
+        self.desc, self.total, self.unit, self.every_s = desc, total, unit, every_s
+        self.n = self.initial = initial
+        self.log = log or _log
+        self.enabled = enabled
+        self.logged = False
+        self.start = self.last = time.monotonic()
+        self.bar = None
+        if enabled and (sys.stderr.isatty() if tty is None else tty):
+            from tqdm import tqdm
+
+            self.bar = tqdm(
+                total=total, initial=initial, desc=desc, unit=unit, file=sys.stderr, dynamic_ncols=True, leave=False
+            )
+
+    def set_total(self, total: int | None) -> None:
+        if self.total != total:
+            self.total = total
+            if self.bar is not None:
+                self.bar.total = total
+                self.bar.refresh()
+
+    def update(self, n: int = 1, **postfix: Any) -> None:
+        self.n += n
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.update(n)
+            if postfix:
+                self.bar.set_postfix({k: _fmt(v) for k, v in postfix.items()}, refresh=False)
+            return
+        now = time.monotonic()
+        if now - self.last >= self.every_s and (self.total is None or self.n < self.total):
+            self.last = now
+            self.logged = True
+            self.log.info("%s", self.line(now, postfix))
+
+    def line(self, now: float, postfix: dict | None = None) -> str:
+        elapsed = now - self.start
+        rate = (self.n - self.initial) / elapsed if elapsed > 0 else 0.0
+        extra = "".join(f" {k}={_fmt(v)}" for k, v in (postfix or {}).items())
+        if self.total:
+            eta = f"ETA {max(0.0, (self.total - self.n) / rate):.0f}s" if rate > 0 else "ETA ?"
+            return (
+                f"{self.desc}: {self.n}/{self.total} {self.unit} ({100 * self.n / self.total:.0f}%), "
+                f"{elapsed:.0f}s elapsed, {eta}{extra}"
+            )
+        return f"{self.desc}: {self.n} {self.unit}, {elapsed:.0f}s elapsed, {rate:.3g} {self.unit}/s{extra}"
+
+    def write(self, text: str) -> None:
+        """A message that does not break the bar (tqdm.write on a TTY, a log line otherwise)."""
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.write(text, file=sys.stderr)
+        else:
+            self.log.info("%s", text)
+
+    def close(self) -> None:
+        """Closes the bar; without one, a final line only for passes long enough to have logged one."""
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+        elif self.enabled and self.logged:
+            self.logged = False
+            self.log.info("%s (done)", self.line(time.monotonic()))
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def track(items: Iterable[T], desc: str, total: int | None = None, **kwargs: Any) -> Iterator[T]:
+    """`items`, ticking a Progress once per item (total: len(items) when it has one)."""
+    if total is None and hasattr(items, "__len__"):
+        total = len(items)  # type: ignore[arg-type]
+    with Progress(desc, total, **kwargs) as progress:
+        for item in items:
+            yield item
+            progress.update(1)
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:.6g}" if isinstance(v, float) else str(v)
