@@ -313,10 +313,9 @@ def _iter_file(
             import pyarrow.parquet as pq
         except ImportError:
             raise InputError("reading parquet needs pyarrow installed", path=uri) from None
-        with _open_binary(uri, endpoint_url) as stream:
-            data = stream.read() if urlparse(uri).scheme == "s3" else None
+        path, filesystem = _parquet_location(uri, endpoint_url)  # S3: read by ranges, a row group at a time
         try:
-            pf = pq.ParquetFile(io.BytesIO(data) if data is not None else uri)
+            pf = pq.ParquetFile(path, filesystem=filesystem, pre_buffer=False)  # no read-ahead of all groups
         except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError, ArrowIOError an OSError
             raise InputError(f"not a readable parquet file: {str(exc).splitlines()[0][:200]}", path=uri) from None
         if text_field not in pf.schema_arrow.names:
@@ -338,6 +337,22 @@ def _iter_file(
                     yield from _bounded_value(value, uri, row, max_bytes, oversize)
     else:
         raise InputError(f"unknown format {fmt!r}", path=uri)
+
+
+def _parquet_location(uri: str, endpoint_url: str | None):
+    """(path, filesystem) for pyarrow: a checked local file, or an S3 object behind pyarrow.fs (seekable, never
+    read whole) with the store's endpoint and credentials."""
+    parsed = urlparse(uri)
+    if parsed.scheme != "s3":
+        with _open_binary(uri, endpoint_url):  # the same checks and errors as any local corpus file
+            return uri, None
+    from .store import S3Storage
+
+    try:
+        filesystem = S3Storage(parsed.netloc, "", endpoint_url).arrow_filesystem()
+    except OSError as exc:
+        raise InputError(f"cannot reach S3: {str(exc).splitlines()[0][:200]}", path=uri) from None
+    return f"{parsed.netloc}/{parsed.path.lstrip('/')}", filesystem
 
 
 def _bounded_value(text: str, uri: str, row: int, max_bytes: int, oversize: Oversize) -> Iterator[tuple[int, str]]:

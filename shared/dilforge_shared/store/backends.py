@@ -168,7 +168,7 @@ class S3Storage:
         self.uri = f"s3://{bucket}/{self.prefix}".rstrip("/")
         cfg = settings()
         endpoint_url = endpoint_url or cfg.s3_endpoint_url or None
-        keys = endpoint_keys(endpoint_url)
+        keys = self._keys = endpoint_keys(endpoint_url)
         # Bounded: a frozen endpoint fails after max_attempts × (connect + read timeout), not 8 × 60 s.
         self.client = client or boto3.client(
             "s3",
@@ -189,6 +189,29 @@ class S3Storage:
         if key:
             check_relative_path(key)
         return join(self.prefix, key)
+
+    def arrow_filesystem(self):
+        """The same endpoint, credentials (boto3's chain), region, timeouts and attempts as a
+        `pyarrow.fs.S3FileSystem`, for readers that seek (parquet reads its footer, then one row group at a time)."""
+        import boto3
+        from pyarrow import fs
+
+        cfg = settings()
+        creds = boto3.Session(**{k: v for k, v in self._keys.items() if k != "region_name"}).get_credentials()
+        frozen = creds.get_frozen_credentials() if creds is not None else None
+        endpoint = urlparse(self.client.meta.endpoint_url)
+        return fs.S3FileSystem(
+            access_key=frozen.access_key if frozen else None,
+            secret_key=frozen.secret_key if frozen else None,
+            session_token=frozen.token if frozen else None,
+            anonymous=frozen is None,
+            region=self.client.meta.region_name,
+            endpoint_override=endpoint.netloc,
+            scheme=endpoint.scheme,
+            connect_timeout=cfg.s3_connect_timeout,
+            request_timeout=cfg.s3_read_timeout,
+            retry_strategy=fs.AwsStandardS3RetryStrategy(max_attempts=cfg.s3_max_attempts),
+        )
 
     def local_path(self, key: str) -> Path | None:
         return None
