@@ -35,7 +35,7 @@ log = logging.getLogger("dilforge.entrypoint")
 
 def plan(stage: str, env: dict[str, str] | None = None) -> tuple[list[str] | None, dict[str, str], str]:
     """(command or None when this host has nothing to do, environment, description) for `train`."""
-    from dilforge_shared.contract import OptMl, ResourceConfig
+    from dilforge_shared.opt_ml import OptMl, ResourceConfig
 
     env = dict(os.environ if env is None else env)
     module = env.get("DILFORGE_STAGE_MODULE") or f"dilforge_{stage}"
@@ -93,7 +93,7 @@ def main(argv: list[str]) -> int:
     try:
         cmd, env, desc = plan(stage)
     except Exception as exc:  # the stage never started: leave SageMaker a reason
-        from dilforge_shared.contract import OptMl, write_failure
+        from dilforge_shared.opt_ml import OptMl, write_failure
 
         write_failure(OptMl.from_env(), f"entrypoint: {exc}")
         log.error("entrypoint: %s", exc)
@@ -115,7 +115,7 @@ def sync_checkpoints(uri: str, direction: str) -> None:
     DILFORGE_CHECKPOINT_SYNC_URI): `restore` copies the S3 prefix into /opt/ml/checkpoints before the stage starts,
     `save` uploads what is new or changed after it ended, also after a SIGTERM. As on SageMaker, every host uses
     the same prefix (checkpoint files are per rank, completion markers per node) and nothing is deleted."""
-    from dilforge_shared.contract import OptMl
+    from dilforge_shared.opt_ml import OptMl
     from dilforge_shared.store import open_backend
 
     opt = OptMl.from_env()

@@ -1,19 +1,10 @@
 """The container contract: every stage runs exactly as SageMaker runs a bring-your-own container.
 
-`IMAGE train` → the stage reads
-  /opt/ml/input/config/hyperparameters.json   every value a string (SageMaker's rule)
-  /opt/ml/input/config/inputdataconfig.json   channels
-  /opt/ml/input/config/resourceconfig.json    current_host, hosts, network_interface_name
-  /opt/ml/input/data/<channel>/               channel data (an upstream artifact folder)
-and writes /opt/ml/model (the artifact's files), /opt/ml/output (failure file, tensorboard),
-/opt/ml/checkpoints (resumable state). The root is `DILFORGE_OPT_ML` for local runs.
-
-Hyperparameters (all strings):
-  stage_config | stage_config_uri   the stage config as one JSON document, or a URI to one
-  artifact_uri                      where the artifact is published (its folder in the store)
-  run_id                            pipeline run id
-  inputs                            JSON object {name: manifest URI} of upstream artifacts
-  s3_endpoint_url                   optional, for S3-compatible stores
+`IMAGE train` → `stage_main`: the /opt/ml layout (`opt_ml`) → the string hyperparameters parsed once into a
+`StageRequest` (`hyperparameters`) → a `StageContext` (where to write, upstream artifacts fetched and verified)
+→ the stage's run function → its metrics validated, its inputs proved to give the planned artifact id
+(`check_identity`), files + manifest published (`publish_result`). Any error leaves SageMaker's failure file
+and a non-zero exit, and nothing published.
 """
 
 from __future__ import annotations
@@ -21,7 +12,6 @@ from __future__ import annotations
 import errno
 import json
 import logging
-import os
 import re
 import signal
 import sys
@@ -34,187 +24,17 @@ from typing import Any
 from pydantic import BaseModel
 
 from .configs.base import StageConfig
-from .configs.pipeline import validate_model
-from .errors import ConfigError, DilforgeError, UnsafePathError
+from .errors import ConfigError, DilforgeError
+from .hyperparameters import StageRequest, parse_hyperparameters
 from .manifest import MANIFEST_NAME, InputRef, Manifest, current_producer
 from .metrics import validate_metrics
 from .models import artifact_id, config_refs
-from .paths import check_name
+from .opt_ml import OPT_ML_ENV, OptMl, ResourceConfig, write_failure
 from .settings import install_log_masking, settings
 from .stages import STAGE_VERSIONS
-from .store import Artifact, fetch, parse_manifest, publish, read_uri_bytes, sha256_bytes, verify_files
+from .store import Artifact, fetch, parse_manifest, publish, sha256_bytes, verify_files
 
 log = logging.getLogger("dilforge")
-
-OPT_ML_ENV = "DILFORGE_OPT_ML"
-HYPERPARAMETER_KEYS = {"stage_config", "stage_config_uri", "artifact_uri", "run_id", "inputs", "s3_endpoint_url"}
-FAILURE_LIMIT = 1024 * 1024 - 1  # SageMaker reads at most 1 MiB of the failure file
-
-
-@dataclass(frozen=True)
-class OptMl:
-    """The /opt/ml layout, rooted anywhere."""
-
-    root: Path
-
-    @classmethod
-    def from_env(cls) -> OptMl:
-        return cls(Path(os.environ.get(OPT_ML_ENV, "/opt/ml")))
-
-    @property
-    def config_dir(self) -> Path:
-        return self.root / "input" / "config"
-
-    @property
-    def data_dir(self) -> Path:
-        return self.root / "input" / "data"
-
-    @property
-    def model_dir(self) -> Path:
-        return self.root / "model"
-
-    @property
-    def output_dir(self) -> Path:
-        return self.root / "output"
-
-    @property
-    def checkpoint_dir(self) -> Path:
-        return self.root / "checkpoints"
-
-    @property
-    def tensorboard_dir(self) -> Path:
-        return self.output_dir / "tensorboard"
-
-    @property
-    def failure_file(self) -> Path:
-        return self.output_dir / "failure"
-
-    def read_json(self, name: str, default: Any) -> Any:
-        path = self.config_dir / name
-        if not path.exists():
-            return default
-        try:
-            return json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{path}: not valid JSON: {exc}") from None
-
-    def write_inputs(
-        self, hyperparameters: dict[str, str], resource: dict | None = None, input_data: dict | None = None
-    ) -> None:
-        """What SageMaker (or the local/compose backends) lays down before the container starts."""
-        self.config_dir.mkdir(parents=True, exist_ok=True)
-        (self.config_dir / "hyperparameters.json").write_text(json.dumps(hyperparameters))
-        (self.config_dir / "inputdataconfig.json").write_text(json.dumps(input_data or {}))
-        resource = resource or {"current_host": "algo-1", "hosts": ["algo-1"], "network_interface_name": "lo"}
-        (self.config_dir / "resourceconfig.json").write_text(json.dumps(resource))
-
-
-@dataclass(frozen=True)
-class ResourceConfig:
-    current_host: str
-    hosts: list[str]
-    network_interface_name: str | None = None
-    instance_type: str | None = None
-
-    @classmethod
-    def load(cls, opt: OptMl) -> ResourceConfig:
-        raw = opt.read_json("resourceconfig.json", {"current_host": "algo-1", "hosts": ["algo-1"]})
-        try:
-            return cls(
-                current_host=raw["current_host"],
-                hosts=sorted(raw["hosts"]),
-                network_interface_name=raw.get("network_interface_name"),
-                instance_type=raw.get("current_instance_type"),
-            )
-        except (KeyError, TypeError) as exc:
-            raise ConfigError(f"{opt.config_dir / 'resourceconfig.json'}: missing field {exc}") from None
-
-    @property
-    def node_rank(self) -> int:
-        return self.hosts.index(self.current_host)
-
-    @property
-    def master_addr(self) -> str:
-        return self.hosts[0]
-
-
-@dataclass
-class StageRequest:
-    """A validated request to run one stage: what the hyperparameters said, parsed once."""
-
-    config: StageConfig
-    artifact_uri: str
-    run_id: str
-    inputs: dict[str, str]
-    s3_endpoint_url: str | None = None
-
-
-def parse_hyperparameters(hp: dict[str, Any], config_cls: type[StageConfig], source: str) -> StageRequest:
-    """Strictly parse SageMaker-style string hyperparameters into a StageRequest."""
-    bad = [k for k in hp if k not in HYPERPARAMETER_KEYS and not k.startswith("sagemaker_")]
-    if bad:
-        raise ConfigError(f"{source}: unknown hyperparameters {sorted(bad)}; expected {sorted(HYPERPARAMETER_KEYS)}")
-    for key, value in hp.items():
-        if not isinstance(value, str):
-            raise ConfigError(f"{source}: hyperparameter {key!r} must be a string (SageMaker passes strings)")
-    for key in ("artifact_uri", "run_id"):
-        if not hp.get(key):
-            raise ConfigError(f"{source}: hyperparameter {key!r} is required")
-    endpoint = hp.get("s3_endpoint_url") or None
-    if "stage_config" in hp and "stage_config_uri" in hp:
-        raise ConfigError(f"{source}: give stage_config or stage_config_uri, not both")
-    if "stage_config" in hp:
-        doc, doc_source = hp["stage_config"], f"{source}: stage_config"
-    elif "stage_config_uri" in hp:
-        doc_source = hp["stage_config_uri"]
-        doc = read_uri_bytes(doc_source, endpoint).decode()
-    else:
-        raise ConfigError(f"{source}: hyperparameter 'stage_config' or 'stage_config_uri' is required")
-    try:
-        raw = json.loads(doc)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{doc_source}: not valid JSON: {exc}") from None
-    config = validate_model(config_cls, raw, doc_source)
-    try:
-        inputs = json.loads(hp.get("inputs", "{}"))
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{source}: hyperparameter 'inputs' is not valid JSON: {exc}") from None
-    if not isinstance(inputs, dict) or not all(isinstance(v, str) for v in inputs.values()):
-        raise ConfigError(f"{source}: hyperparameter 'inputs' must be a JSON object of name -> manifest URI")
-    for name in inputs:  # input names become channel folders (/opt/ml/input/data/<name>)
-        try:
-            check_name(name, "input name")
-        except UnsafePathError as exc:
-            raise ConfigError(f"{source}: hyperparameter 'inputs': {exc}") from None
-    missing = [name for name in config.needed_inputs() if name not in inputs]
-    if missing:
-        raise ConfigError(f"{source}: {config.missing_inputs_message(missing)}")
-    return StageRequest(
-        config=config,
-        artifact_uri=hp["artifact_uri"].rstrip("/"),
-        run_id=hp["run_id"],
-        inputs=inputs,
-        s3_endpoint_url=endpoint,
-    )
-
-
-def build_hyperparameters(
-    config: StageConfig,
-    artifact_uri: str,
-    run_id: str,
-    inputs: dict[str, str],
-    s3_endpoint_url: str | None = None,
-    config_uri: str | None = None,
-) -> dict[str, str]:
-    """The inverse of parse_hyperparameters, for backends."""
-    hp = {"artifact_uri": artifact_uri, "run_id": run_id, "inputs": json.dumps(inputs, sort_keys=True)}
-    if config_uri:
-        hp["stage_config_uri"] = config_uri
-    else:
-        hp["stage_config"] = config.model_dump_json()
-    if s3_endpoint_url:
-        hp["s3_endpoint_url"] = s3_endpoint_url
-    return hp
 
 
 @dataclass
@@ -354,14 +174,6 @@ def publish_result(
         metrics=result.metrics,
     )
     return publish(ctx.request.artifact_uri, ctx.model_dir, manifest, ctx.endpoint_url, progress=sys.stderr.isatty())
-
-
-def write_failure(opt: OptMl, message: str) -> None:
-    try:
-        opt.output_dir.mkdir(parents=True, exist_ok=True)
-        opt.failure_file.write_text(message[:FAILURE_LIMIT])
-    except OSError:
-        pass
 
 
 def setup_logging() -> None:

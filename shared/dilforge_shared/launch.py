@@ -19,8 +19,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .contract import ResourceConfig
 from .errors import DilforgeError
+from .opt_ml import ResourceConfig
 
 log = logging.getLogger("dilforge.launch")
 

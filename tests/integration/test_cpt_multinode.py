@@ -90,7 +90,7 @@ def tiny_config(data_root: Path, master_port: int):
 
 def start_host(opt: Path, hp: dict, resource: dict, log: Path) -> subprocess.Popen:
     """What SageMaker does for one host: lay down /opt/ml/input/config, then run `IMAGE train`."""
-    from dilforge_shared.contract import OPT_ML_ENV, OptMl
+    from dilforge_shared.opt_ml import OPT_ML_ENV, OptMl
 
     OptMl(opt).write_inputs(hp, resource)
     env = {k: v for k, v in os.environ.items() if k != "DILFORGE_CACHE"}
@@ -117,7 +117,7 @@ def manifests(store: Path) -> list[Path]:
 
 
 def test_two_hosts_train_as_one_job_and_only_node_zero_publishes(tmp_path, data_root, tiny_tokenizer_dir):
-    from dilforge_shared.contract import build_hyperparameters
+    from dilforge_shared.hyperparameters import build_hyperparameters
     from dilforge_shared.store import fetch
 
     store, ref_store = tmp_path / "store", tmp_path / "ref-store"

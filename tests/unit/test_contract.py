@@ -3,15 +3,10 @@ import json
 import metrics_samples
 import pytest
 from dilforge_shared.configs import TokenizerConfig
-from dilforge_shared.contract import (
-    OptMl,
-    ResourceConfig,
-    StageResult,
-    build_hyperparameters,
-    parse_hyperparameters,
-    stage_main,
-)
+from dilforge_shared.contract import StageResult, stage_main
 from dilforge_shared.errors import ConfigError
+from dilforge_shared.hyperparameters import build_hyperparameters, parse_hyperparameters
+from dilforge_shared.opt_ml import OptMl, ResourceConfig
 from dilforge_shared.store import fetch
 
 CONFIG = {"strategy": "replace", "corpora": [{"uri": "/data/az.txt"}], "vocab_sizes": [1000]}

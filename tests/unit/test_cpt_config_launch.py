@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 from dilforge_shared.configs import CptConfig, validate_model
-from dilforge_shared.contract import ResourceConfig
 from dilforge_shared.errors import ConfigError, DilforgeError
 from dilforge_shared.launch import build_launch, wait_for_hosts
+from dilforge_shared.opt_ml import ResourceConfig
 
 BASE = {
     "scratch_model": {},

@@ -495,7 +495,9 @@ def test_a_full_disk_in_a_stage_is_a_one_line_failure_naming_the_file(tmp_path, 
     import errno
 
     from dilforge_shared.configs import STAGE_CONFIGS
-    from dilforge_shared.contract import OptMl, build_hyperparameters, stage_main
+    from dilforge_shared.contract import stage_main
+    from dilforge_shared.hyperparameters import build_hyperparameters
+    from dilforge_shared.opt_ml import OptMl
 
     cfg = load_pipeline(write_config(tmp_path))
     opt = OptMl(tmp_path / "opt")

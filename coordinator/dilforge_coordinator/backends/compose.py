@@ -21,8 +21,9 @@ import subprocess
 from pathlib import Path
 
 from dilforge_shared.configs import PipelineConfig
-from dilforge_shared.contract import OptMl, build_hyperparameters
 from dilforge_shared.errors import DilforgeError
+from dilforge_shared.hyperparameters import build_hyperparameters
+from dilforge_shared.opt_ml import OptMl
 from dilforge_shared.settings import settings
 from dilforge_shared.store import use_endpoint_keys
 

@@ -14,8 +14,9 @@ import signal
 import sys
 from pathlib import Path
 
-from dilforge_shared.contract import OPT_ML_ENV, OptMl, build_hyperparameters
+from dilforge_shared.hyperparameters import build_hyperparameters
 from dilforge_shared.locks import FileLock
+from dilforge_shared.opt_ml import OPT_ML_ENV, OptMl
 from dilforge_shared.settings import settings
 
 from ..pipeline import STAGE_MODULES, StageCancelled, StageFailed, StageJob

@@ -3,8 +3,9 @@
 import sys
 
 from dilforge_shared.configs.cpt import CptConfig
-from dilforge_shared.contract import OptMl, ResourceConfig, stage_main
+from dilforge_shared.contract import stage_main
 from dilforge_shared.errors import DilforgeError
+from dilforge_shared.opt_ml import OptMl, ResourceConfig
 
 from .stage import run, worker
 
