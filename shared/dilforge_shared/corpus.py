@@ -23,7 +23,7 @@ import logging
 import os
 import stat
 import unicodedata
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Literal
 from urllib.parse import urlparse
@@ -260,18 +260,41 @@ def iter_records(
     endpoint_url: str | None = None,
     max_document_bytes: int = MAX_DOCUMENT_BYTES,
     on_oversize: Oversize = "error",
+    on_bad: Callable[[str, int, str], None] | None = None,
 ) -> Iterator[tuple[int, dict]]:
-    """JSON objects of a JSONL file with their line numbers; blank lines skipped; lines bounded (error or skip)."""
+    """JSON objects of a JSONL file with their line numbers; blank lines skipped; lines bounded (error or skip).
+
+    A line that is not a JSON object is an InputError naming the file and line or, with `on_bad`, handed to
+    `on_bad(file, line, reason)` (which may raise, count or log) and skipped."""
     for lineno, line in _lines(uri, endpoint_url, max_document_bytes, on_oversize, splittable=False):
         if not line.strip():
             continue
         try:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise InputError(f"not valid JSON: {exc.msg} (column {exc.colno})", path=uri, line=lineno) from None
-        if not isinstance(record, dict):
-            raise InputError(f"expected a JSON object, got {type(record).__name__}", path=uri, line=lineno)
-        yield lineno, record
+            record, reason = None, f"not valid JSON: {exc.msg} (column {exc.colno})"
+        else:
+            reason = None if isinstance(record, dict) else f"expected a JSON object, got {type(record).__name__}"
+        if reason is None:
+            yield lineno, record
+        elif on_bad is None:
+            raise InputError(reason, path=uri, line=lineno)
+        else:
+            on_bad(uri, lineno, reason)
+
+
+def iter_located_records(
+    uri: str,
+    endpoint_url: str | None = None,
+    max_document_bytes: int = MAX_DOCUMENT_BYTES,
+    on_oversize: Oversize = "error",
+    on_bad: Callable[[str, int, str], None] | None = None,
+) -> Iterator[tuple[str, int, dict]]:
+    """(file, line, object) for every JSONL record behind `uri` (a file, folder, glob or S3 prefix): iter_records
+    over each file."""
+    for file_uri in expand(uri, endpoint_url):
+        for lineno, record in iter_records(file_uri, endpoint_url, max_document_bytes, on_oversize, on_bad):
+            yield file_uri, lineno, record
 
 
 def _iter_file(

@@ -573,3 +573,24 @@ def test_stamp_mode_skips_hashing_until_a_file_changes(tmp_path, monkeypatch):
     target.write_text('{"model": "bpf"}')  # same size, new mtime
     assert "sha256" in check_artifact(uri, mode="stamp")
     assert check_artifact(uri) is not None, "sha256 mode (default) catches it too"
+
+
+def test_located_records_span_a_folder_and_hand_bad_lines_to_on_bad(tmp_path):
+    """The shared JSONL reader SFT reads through: every file behind the URI in order, each record with its file
+    and line; a line that is not a JSON object raises naming both, or goes to on_bad and is skipped."""
+    from dilforge_shared.corpus import iter_located_records
+    from dilforge_shared.errors import InputError
+
+    (tmp_path / "d").mkdir()
+    a, b = tmp_path / "d" / "a.jsonl", tmp_path / "d" / "b.jsonl"
+    a.write_text('{"n": 1}\n\n[1, 2]\n{"n": 2}\n')
+    b.write_text('{"n": 3\n{"n": 4}\n')
+    with pytest.raises(InputError, match=r"a\.jsonl:3: expected a JSON object, got list"):
+        list(iter_located_records(str(tmp_path / "d")))
+    bad: list[tuple[str, int, str]] = []
+    got = list(iter_located_records(str(tmp_path / "d"), on_bad=lambda *where: bad.append(where)))
+    assert got == [(str(a), 1, {"n": 1}), (str(a), 4, {"n": 2}), (str(b), 2, {"n": 4})]
+    assert bad == [
+        (str(a), 3, "expected a JSON object, got list"),
+        (str(b), 1, "not valid JSON: Expecting ',' delimiter (column 8)"),
+    ]

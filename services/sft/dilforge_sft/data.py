@@ -8,7 +8,6 @@ up in the manifest, so "trained on 940 conversations" can be traced back to the 
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import unicodedata
@@ -17,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from dilforge_shared.configs.sft import SftConfig, SftDataSource
-from dilforge_shared.corpus import iter_located_texts
+from dilforge_shared.corpus import iter_located_records, iter_located_texts
 from dilforge_shared.errors import InputError
 
 log = logging.getLogger("dilforge.sft.data")
@@ -167,14 +166,11 @@ def drop_empty_turns(conv: Conversation) -> Conversation:
     return out + pending
 
 
-def iter_conversations(
-    source: SftDataSource, config: SftConfig, counts: DataCounts, endpoint_url: str | None = None
-) -> Iterator[Conversation]:
-    """Stream one source's conversations; a bad record fails with file:line or is skipped and counted."""
-    produced = 0
-    current_file, columns = None, None
+def _translation_rows(source: SftDataSource, endpoint_url: str | None) -> Iterator[tuple[str, int, list[str], dict]]:
+    """(file, line, cells, columns) of a TSV with a header naming the source and target columns."""
+    current_file, columns = None, {}
     for file, line, raw in iter_located_texts(source.uri, "txt", endpoint_url=endpoint_url, **source.bounds):
-        if source.layout == "translation" and file != current_file:
+        if file != current_file:
             current_file, header = file, raw.split("\t")
             missing = [c for c in (source.source_field, source.target_field) if c not in header]
             if missing:
@@ -185,33 +181,50 @@ def iter_conversations(
                 )
             columns = {"source": header.index(source.source_field), "target": header.index(source.target_field)}
             continue
+        yield file, line, raw.split("\t"), columns
+
+
+def iter_conversations(
+    source: SftDataSource, config: SftConfig, counts: DataCounts, endpoint_url: str | None = None
+) -> Iterator[Conversation]:
+    """Stream one source's conversations; a bad record fails with file:line or is skipped and counted.
+
+    JSONL comes from the shared record reader (dilforge_shared.corpus.iter_located_records), which hands a line
+    that is not a JSON object to `bad` under the same rule as a record that is not a conversation."""
+
+    def bad(file: str, line: int, reason: object) -> None:
+        if config.on_bad_record == "fail":
+            raise InputError(
+                f"bad {source.layout} record: {reason} (set on_bad_record: skip to skip and count such records)",
+                path=file,
+                line=line,
+            )
+        counts.num_bad_records += 1
+        if len(counts.bad_record_examples) < MAX_EXAMPLES:
+            counts.bad_record_examples.append(f"{file}:{line}: {reason}")
+        log.warning("skipping bad record %s:%d: %s", file, line, reason)
+
+    def bad_json(file: str, line: int, reason: str) -> None:
+        counts.num_records += 1
+        bad(file, line, reason)
+
+    if source.layout == "translation":
+        rows: Iterator[tuple] = _translation_rows(source, endpoint_url)
+    else:
+        rows = iter_located_records(source.uri, endpoint_url, on_bad=bad_json, **source.bounds)
+    produced = 0
+    for file, line, *item in rows:
         counts.num_records += 1
         try:
             if source.layout == "translation":
-                conv = translation_from_row(raw.split("\t"), columns, source)
+                conv = translation_from_row(*item, source)
+            elif source.layout == "messages":
+                conv = messages_from_record(item[0], source, config, counts)
             else:
-                try:
-                    record = json.loads(raw)
-                except json.JSONDecodeError as exc:
-                    raise BadRecord(f"not valid JSON: {exc.msg} (column {exc.colno})") from None
-                if not isinstance(record, dict):
-                    raise BadRecord(f"expected a JSON object, got {type(record).__name__}")
-                if source.layout == "messages":
-                    conv = messages_from_record(record, source, config, counts)
-                else:
-                    conv = instruction_from_record(record, source)
+                conv = instruction_from_record(item[0], source)
             conv = apply_turn_rules(conv, config, counts)
         except BadRecord as exc:
-            if config.on_bad_record == "fail":
-                raise InputError(
-                    f"bad {source.layout} record: {exc} (set on_bad_record: skip to skip and count such records)",
-                    path=file,
-                    line=line,
-                ) from None
-            counts.num_bad_records += 1
-            if len(counts.bad_record_examples) < MAX_EXAMPLES:
-                counts.bad_record_examples.append(f"{file}:{line}: {exc}")
-            log.warning("skipping bad record %s:%d: %s", file, line, exc)
+            bad(file, line, exc)
             continue
         if conv is None:
             continue
