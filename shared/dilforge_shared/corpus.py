@@ -283,17 +283,11 @@ def iter_records(
             on_bad(uri, lineno, reason)
 
 
-def iter_located_records(
-    uri: str,
-    endpoint_url: str | None = None,
-    max_document_bytes: int = MAX_DOCUMENT_BYTES,
-    on_oversize: Oversize = "error",
-    on_bad: Callable[[str, int, str], None] | None = None,
-) -> Iterator[tuple[str, int, dict]]:
+def iter_located_records(uri: str, endpoint_url: str | None = None, **kwargs) -> Iterator[tuple[str, int, dict]]:
     """(file, line, object) for every JSONL record behind `uri` (a file, folder, glob or S3 prefix): iter_records
-    over each file."""
+    over each file, with its keyword arguments (bounds, on_bad)."""
     for file_uri in expand(uri, endpoint_url):
-        for lineno, record in iter_records(file_uri, endpoint_url, max_document_bytes, on_oversize, on_bad):
+        for lineno, record in iter_records(file_uri, endpoint_url, **kwargs):
             yield file_uri, lineno, record
 
 
