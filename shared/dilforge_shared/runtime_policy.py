@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from .errors import ConfigError
+from .settings import settings
 
 Device = Literal["cuda", "cpu"]
 Precision = Literal["bf16", "fp32"]
@@ -193,14 +193,13 @@ def decide(
 # torch.nn.attention.SDPBackend names, in torch's own default priority on CUDA.
 SDPA_BACKENDS = ("FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
 ATTENTION_TABLE = Path(__file__).with_name("attention_table.json")
-ATTENTION_TABLE_ENV = "DILFORGE_ATTENTION_TABLE"
 
 
 def load_attention_table(path: str | Path | None = None) -> tuple[dict, str]:
     """(measurements, source): DILFORGE_ATTENTION_TABLE if set (bench/gpu_ceilings.py writes one on the
     machine), else the table shipped with the repo. Measurements: {device name: {"shape": ..., "tflops":
     {backend: forward+backward TFLOP/s}, "date": ...}}."""
-    path = Path(path or os.environ.get(ATTENTION_TABLE_ENV) or ATTENTION_TABLE)
+    path = Path(path or settings().attention_table or ATTENTION_TABLE)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:

@@ -22,6 +22,7 @@ dilforge writes `os.environ` after process start-up: values travel as arguments 
 | DILFORGE_OPT_ML | root of the SageMaker contract folders for local runs (read once at process start) |
 | DILFORGE_MODEL_URI / DILFORGE_MODEL_ID / DILFORGE_SYSTEM_PROMPT | serving image: model to serve (default /opt/ml/model), the OpenAI model id, the default system message |
 | DILFORGE_SERVE_DEVICE / DILFORGE_SERVE_DTYPE / DILFORGE_SERVE_WORKDIR / DILFORGE_CONTINUOUS_BATCHING | serving image: device, dtype, served-folder location, transformers' continuous batching (1 = on) |
+| DILFORGE_ATTENTION_TABLE | SDPA backend measurements (bench/gpu_ceilings.py) replacing the table shipped with the repo |
 | DILFORGE_VAR_<NAME> | user variables a config may interpolate as `${DILFORGE_VAR_<NAME>}` |
 """
 
@@ -94,6 +95,10 @@ class Settings(BaseSettings):
     serve_dtype: str = Field(default="auto", description="dtype the server loads the model in.")
     serve_workdir: str | None = Field(default=None, description="Where the served folder is built.")
     continuous_batching: str = Field(default="0", description="1 = transformers' continuous batching in the server.")
+    attention_table: Path | None = Field(
+        default=None,
+        description="SDPA backend measurements (bench/gpu_ceilings.py writes one) instead of the shipped table.",
+    )
 
 
 def default_download_cache() -> Path:

@@ -86,24 +86,6 @@ def test_the_policy_module_does_not_import_torch():
 # ---- every stage asks the policy ---------------------------------------------------------------------
 
 
-class Asked(Exception):
-    pass
-
-
-@pytest.fixture
-def spy(monkeypatch):
-    """Record every policy decision; the probe claims a bf16 GPU, which no stage's own torch check would."""
-    calls = []
-    real = runtime_policy.decide
-
-    def recording(stage, **kwargs):
-        calls.append((stage, kwargs))
-        return real(stage, **{**kwargs, "facts": kwargs.get("facts") or CPU})
-
-    monkeypatch.setattr(runtime_policy, "decide", recording)
-    return calls
-
-
 def test_sft_device_plan_is_the_policy():
     from dilforge_sft import stage
     from dilforge_shared.configs.sft import SftConfig
@@ -117,38 +99,42 @@ def test_sft_device_plan_is_the_policy():
     assert stage.attention_plan(packed, "cuda", has_flash_attn=False).implementation == "flex_attention"
 
 
-def test_cpt_runtime_and_liger_ask_the_policy(spy, monkeypatch):
+def test_cpt_runtime_and_liger_follow_the_policy(monkeypatch):
+    """The runtime's dtype and the Liger decision are the policy's for the facts it probes (an explicit bf16
+    request is honoured on CPU, auto is fp32 there, `on` where the kernels cannot apply is an error naming
+    cpt.liger), not a torch check of the stage's own."""
     import torch
     from dilforge_cpt import sharding
     from dilforge_cpt.runtime import Runtime, init_runtime, shutdown
     from dilforge_shared.configs.cpt import CptConfig
 
-    config = CptConfig(
-        scratch_model={}, corpora=[{"uri": "a"}], validation=[{"uri": "v"}], phase2={"num_steps": 1}, precision="bf16"
-    )
-    rt = init_runtime(config)
-    shutdown(rt)
-    assert spy == [("cpt", {"precision": "bf16", "liger": "auto"})] and rt.dtype == torch.bfloat16
-    liger_calls = []
-    monkeypatch.setattr(runtime_policy, "choose_liger", lambda *args: liger_calls.append(args) or False)
-    model = SimpleNamespace(config=SimpleNamespace(model_type="llama"))
-    assert sharding.apply_liger(model, config, Runtime(device=torch.device("cuda", 0))).kernels == []
-    assert liger_calls == [("auto", "cuda", "llama", "cpt.liger")]
+    monkeypatch.setattr(runtime_policy, "probe_device", lambda: CPU)
+    base = {"scratch_model": {}, "corpora": [{"uri": "a"}], "validation": [{"uri": "v"}], "phase2": {"num_steps": 1}}
+    for precision, dtype in (("bf16", torch.bfloat16), ("auto", torch.float32)):
+        rt = init_runtime(CptConfig(**base, precision=precision))
+        shutdown(rt)
+        assert rt.dtype == dtype and rt.device.type == "cpu"
+    with pytest.raises(ConfigError, match="cpt.liger: the Liger kernels need CUDA"):
+        init_runtime(CptConfig(**base, liger="on"))
+    llama = SimpleNamespace(config=SimpleNamespace(model_type="llama"))
+    mistral = SimpleNamespace(config=SimpleNamespace(model_type="mistral"))
+    cuda = Runtime(device=torch.device("cuda", 0))
+    assert sharding.apply_liger(llama, CptConfig(**base), Runtime()).kernels == []  # CPU: auto stays off
+    assert sharding.apply_liger(mistral, CptConfig(**base), cuda).kernels == []  # no kernels for mistral
+    with pytest.raises(ConfigError, match="cpt.liger: no Liger kernels for model_type 'mistral'"):
+        sharding.apply_liger(mistral, CptConfig(**base, liger="on"), cuda)
 
 
-def test_eval_run_asks_the_policy_first(monkeypatch, tmp_path):
+def test_eval_run_refuses_an_impossible_device_before_any_work(monkeypatch, tmp_path):
     from dilforge_eval import stage
     from dilforge_shared.configs import EvalConfig
 
-    def refuse(stage_name, **kwargs):
-        raise Asked(stage_name, kwargs)
-
-    monkeypatch.setattr(runtime_policy, "decide", refuse)
-    config = EvalConfig.model_validate({"models": [{"label": "m", "uri": "/x"}], "device": "cpu", "precision": "fp32"})
+    monkeypatch.setattr(runtime_policy, "probe_device", lambda: CPU)
+    config = EvalConfig.model_validate({"models": [{"label": "m", "uri": "/nowhere"}], "device": "cuda"})
     ctx = SimpleNamespace(endpoint_url=None, opt=SimpleNamespace(root=tmp_path))
-    with pytest.raises(Asked) as asked:
+    with pytest.raises(ConfigError, match="eval.device: 'cuda' requested but no CUDA device"):
         stage.run(config, ctx)
-    assert asked.value.args == ("eval", {"device": "cpu", "precision": "fp32"})
+    assert list(tmp_path.iterdir()) == []  # nothing read, downloaded or written first
 
 
 def test_chat_asks_the_policy_and_reports_its_error(monkeypatch):
@@ -204,7 +190,7 @@ def test_attention_table_shipped_claims_no_gpu_number_and_env_overrides(tmp_path
     assert shipped == {} and source.endswith("attention_table.json")  # no GPU has measured anything yet
     measured = tmp_path / "measured.json"
     measured.write_text(json.dumps({"measurements": H200_TABLE}))
-    monkeypatch.setenv(runtime_policy.ATTENTION_TABLE_ENV, str(measured))
+    monkeypatch.setenv("DILFORGE_ATTENTION_TABLE", str(measured))
     assert runtime_policy.load_attention_table() == (H200_TABLE, str(measured))
     measured.write_text("{not json")
     with pytest.raises(ConfigError, match="measured.json"):
