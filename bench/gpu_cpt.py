@@ -4,7 +4,7 @@
 Llama-3.2-1B architecture (random init), seq 2048, the stage's runtime (`dilforge_cpt.runtime`: device,
 bf16, one-rank FSDP2, the SDPA backend the policy picks), model preparation (`dilforge_cpt.sharding`:
 Liger, activation checkpointing, per-layer compile, FSDP2 with the single-rank options), trainable
-set, optimizer and `train_step` (`dilforge_cpt.loop`) and its FLOP accounting (`dilforge_cpt.reporting`,
+set, optimizer and `run_step` (`dilforge_cpt.loop`) and its FLOP accounting (`dilforge_cpt.reporting`,
 causal attention counted as causal). Variants, each the stage's own choice for its settings:
 
   plain         eager, no Liger
@@ -210,7 +210,7 @@ def stage_config(args, variant: str, checkpointing: bool, batch: int = 1):
 
 
 class Trainer:
-    """One variant's model + optimizer, stepped through dilforge_cpt.loop.train_step at any micro-batch."""
+    """One variant's model + optimizer, stepped through dilforge_cpt.loop.run_step at any micro-batch."""
 
     def __init__(self, args, shape, rt, variant: str, checkpointing: bool):
         import numpy as np
@@ -240,7 +240,7 @@ class Trainer:
     def step(self, batch: int) -> float:
         from dilforge_cpt import loop
 
-        loss, _ = loop.train_step(
+        result = loop.run_step(
             self.model,
             self.optimizer,
             [self.tokens(batch)],
@@ -248,7 +248,7 @@ class Trainer:
             self.config.max_grad_norm,
             self.trainable.row_masks,
         )
-        return loss
+        return float(result.loss)  # read back every step: a bench point is timed to the device's finish
 
     def check_kernels(self) -> tuple[dict[str, int], bool]:
         """One forward + backward at batch 1 counting the Liger Functions that ran; and whether the

@@ -1,7 +1,19 @@
 """One CPT step checked on any device (shared by tests/unit and tests/gpu): a tiny Llama with the
-stage's fused AdamW, and the device-side skip of a non-finite step."""
+stage's fused AdamW, the device-side skip of a non-finite step, and `train_step` (the stage's `run_step`
+read back at once, for tests that want every step's numbers)."""
 
 from __future__ import annotations
+
+
+def train_step(model, optimizer, batches, rt, max_grad_norm, row_masks=()) -> tuple[float, float]:
+    """`loop.run_step` read back at once: (mean loss over the global batch, grad norm). A non-finite loss or
+    norm leaves the model and optimizer as they were."""
+    import torch
+    from dilforge_cpt import loop
+
+    result = loop.run_step(model, optimizer, batches, rt, max_grad_norm, row_masks)
+    loss, norm = torch.stack([result.loss, result.norm]).tolist()
+    return loss, norm
 
 
 def tiny(device):

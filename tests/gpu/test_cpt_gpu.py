@@ -64,9 +64,10 @@ def test_bf16_liger_step_never_materialises_logits(gpu_data):
 
 
 def check_fused_step(rt, config) -> None:
-    """One stage train_step with Liger on a model whose logits would be the largest tensor by far; the
+    """One stage step (run_step, read back) with Liger on a model whose logits would be the largest tensor by far; the
     kernels that RAN are counted; a plain model built afterwards has no Liger code and runs on CPU."""
     import torch
+    from cpt_steps import train_step
     from dilforge_cpt import loop, sharding
     from factories import tiny_llama_config
     from transformers import LlamaForCausalLM
@@ -93,7 +94,7 @@ def check_fused_step(rt, config) -> None:
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
     with sharding.counting_calls(sharding.liger_functions()) as ran:
-        loss, norm = loop.train_step(model, optimizer, [tokens], rt, 1.0)
+        loss, norm = train_step(model, optimizer, [tokens], rt, 1.0)
     torch.cuda.synchronize()
     peak_extra = torch.cuda.max_memory_allocated() - base
     logits_fp32 = batch * seq * vocab * 4

@@ -51,7 +51,8 @@ def assert_only_new_rows_changed(before: dict, after: dict):
 
 @pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
 def test_new_rows_phase_changes_only_new_rows(tied):
-    from dilforge_cpt.loop import make_optimizer, set_trainable, train_step
+    from cpt_steps import train_step
+    from dilforge_cpt.loop import make_optimizer, set_trainable
     from dilforge_cpt.runtime import Runtime
 
     model = tiny_model(tied)
@@ -72,7 +73,8 @@ def test_new_rows_refuses_weight_decay():
 
 def _fsdp_worker(rank: int, world: int, port: int, out: str) -> None:
     import torch.distributed as dist
-    from dilforge_cpt.loop import make_optimizer, set_trainable, train_step
+    from cpt_steps import train_step
+    from dilforge_cpt.loop import make_optimizer, set_trainable
     from dilforge_cpt.runtime import Runtime
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     from torch.distributed.fsdp import fully_shard

@@ -9,6 +9,7 @@ import os
 
 import pytest
 import torch
+from cpt_steps import train_step
 from factories import tiny_llama_config
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -48,7 +49,7 @@ def full(p):
 
 
 def test_one_rank_step_matches_the_old_fsdp_step(monkeypatch):
-    from dilforge_cpt import loop, runtime
+    from dilforge_cpt import runtime
     from dilforge_shared.configs.cpt import CptConfig
 
     config = CptConfig(
@@ -80,7 +81,7 @@ def test_one_rank_step_matches_the_old_fsdp_step(monkeypatch):
             "set_reshard_after_backward",
             lambda self, flag, **k: reshards.append(flag) or real_reshard(self, flag, **k),
         )
-        new_losses = [loop.train_step(new, new_opt, b, rt, 1.0) for b in batches]
+        new_losses = [train_step(new, new_opt, b, rt, 1.0) for b in batches]
         assert syncs == [False, True, False, True]  # reduce once per step, after the last micro-batch
         assert reshards == [False, True, False, True]  # weights gathered once per step, freed after its last backward
         monkeypatch.undo()
@@ -88,7 +89,7 @@ def test_one_rank_step_matches_the_old_fsdp_step(monkeypatch):
         old, old_opt = build(config, rt, True)
         for name in ("set_requires_gradient_sync", "set_reshard_after_backward"):  # the old step: neither
             monkeypatch.setattr(type(old), name, lambda self, flag, **k: None)
-        old_losses = [loop.train_step(old, old_opt, b, rt, 1.0) for b in batches]
+        old_losses = [train_step(old, old_opt, b, rt, 1.0) for b in batches]
     finally:
         runtime.shutdown(rt)
     flat = [x for pair in new_losses for x in pair]  # (loss, grad norm) per step

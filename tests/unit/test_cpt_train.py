@@ -326,7 +326,7 @@ def test_checkpoint_holds_no_pickled_objects_and_refuses_a_malicious_metadata(tm
 
 
 def test_train_step_skips_the_update_on_an_infinite_gradient():
-    from dilforge_cpt.loop import train_step
+    from cpt_steps import train_step
     from dilforge_cpt.runtime import Runtime
 
     model = tiny_model()

@@ -247,22 +247,6 @@ def run_step(
     return StepResult(total, norm, ok)
 
 
-def train_step(
-    model,
-    optimizer,
-    batches: list,
-    rt: Runtime,
-    max_grad_norm: float | None,
-    row_masks: list[tuple[torch.nn.Parameter, torch.Tensor]] = (),
-) -> tuple[float, float]:
-    """`run_step` read back at once: (mean loss over the global batch, grad norm); for callers that
-    want the numbers of every step (tests, the bench). A non-finite loss or norm leaves the model
-    and optimizer as they were."""
-    result = run_step(model, optimizer, batches, rt, max_grad_norm, row_masks)
-    loss, norm = torch.stack([result.loss, result.norm]).tolist()
-    return loss, norm
-
-
 # ---- leakage -----------------------------------------------------------------------------
 def track_leakage(model, data: PackedData, setup: LoopSetup, state: TrainState, step: int) -> bool:
     """Measure the leakage (leakage.py) after a validation; when a `leakage_sets` set is above
