@@ -29,9 +29,10 @@ import torch
 
 def make_tokenizer(corpus: Path, out: Path, vocab: int) -> Path:
     from dilforge_shared.corpus import iter_texts
-    from dilforge_tokenizer import llama3
+    from dilforge_tokenizer import bpe, llama3
 
-    llama3.save(llama3.train_bpe(list(itertools.islice(iter_texts(str(corpus)), 5000)), vocab), out)
+    texts = list(itertools.islice(iter_texts(str(corpus)), 5000))
+    llama3.save(llama3.finish(bpe.train(texts, vocab, 2)), out)
     return out
 
 

@@ -51,6 +51,31 @@ def corpus_lines(data: Path, config: Path, list_weight: float | None = None, rec
     return stream.line_counts()
 
 
+def naive_extend(base: dict, corpus: dict) -> tuple[dict, int]:
+    """The baseline (the stage's `extend` before continued BPE): append a raw corpus BPE's tokens missing from
+    `base`; returns (doc, added). New tokens take ids after the base's highest id (special tokens included), in
+    the order the corpus BPE learned them; the merges that create them are appended after the base's merges, so
+    every base id keeps its meaning. Tokens whose merges the base's own merges pre-empt are never produced: the
+    dead tokens the bench measures and continued BPE avoids."""
+    from dilforge_tokenizer import bpe
+
+    doc, vocab, merges, as_strings = bpe.editable_copy(base)
+    next_id = max(vocab.values()) + 1
+    new_tokens = set()
+    for token, _ in sorted(corpus["model"]["vocab"].items(), key=lambda kv: kv[1]):
+        if token not in vocab:
+            vocab[token] = next_id
+            new_tokens.add(token)
+            next_id += 1
+    existing = {bpe.merge_pair(m) for m in merges}
+    for merge in corpus["model"]["merges"]:
+        a, b = bpe.merge_pair(merge)
+        if a + b in new_tokens and (a, b) not in existing:
+            merges.append(f"{a} {b}" if as_strings else [a, b])
+            existing.add((a, b))
+    return doc, len(new_tokens)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, default=Path(os.environ.get("DILFORGE_DATA", REPO.parent / "shared/data")))
@@ -115,7 +140,7 @@ def main() -> None:
     cont_s = time.perf_counter() - t0
 
     rows = [("base", tok, doc, set())]
-    naive_doc, added = bpe.extend(doc, bpe.truncate(bpe.model_of(raw), min(args.sizes) + 256))
+    naive_doc, added = naive_extend(doc, bpe.truncate(bpe.model_of(raw), min(args.sizes) + 256))
     rows.append(
         (
             f"extend, naive (raw BPE {min(args.sizes) + 256})",

@@ -20,12 +20,35 @@ def wiki_lines(n: int = 5000) -> list[str]:
     return list(itertools.islice(iter_texts(str(data_root() / "az/train/azwiki_sentences_cv_extractor.txt")), n))
 
 
+def llama3_bpe(texts: list[str], vocab_size: int, min_frequency: int = 2):
+    """A new byte-level BPE of `vocab_size` regular tokens + Llama 3's 256 specials, through the stage's own
+    building blocks (bpe.train, then llama3.finish)."""
+    from dilforge_tokenizer import bpe, llama3
+
+    return llama3.finish(bpe.train(texts, vocab_size, min_frequency))
+
+
 def build_tokenizer(out_dir: Path, vocab_size: int = 512, num_lines: int = 5000) -> Path:
     """A Llama-3-style BPE trained on Azerbaijani Wikipedia lines, saved as an HF folder."""
     from dilforge_tokenizer import llama3
 
-    llama3.save(llama3.train_bpe(wiki_lines(num_lines), vocab_size), out_dir)
+    llama3.save(llama3_bpe(wiki_lines(num_lines), vocab_size), out_dir)
     return out_dir
+
+
+def load_bench(name: str):
+    """bench/<name>.py as a module (bench/ holds scripts, not a package; their own `import hardware` resolves)."""
+    import importlib.util
+    import sys
+
+    bench_dir = Path(__file__).resolve().parents[1] / "bench"
+    if str(bench_dir) not in sys.path:
+        sys.path.insert(0, str(bench_dir))
+    spec = importlib.util.spec_from_file_location(f"{name}_bench", bench_dir / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def tiny_llama_config(vocab_size: int, **overrides):

@@ -49,9 +49,10 @@ def gpu_data(tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def llama3_tokenizer_dir(tmp_path_factory) -> Path:
     from dilforge_tokenizer import llama3
+    from factories import llama3_bpe
 
     out = tmp_path_factory.mktemp("gputok") / "tokenizer"
-    llama3.save(llama3.train_bpe(synthetic_lines(3000), 512), out)
+    llama3.save(llama3_bpe(synthetic_lines(3000), 512), out)
     return out
 
 

@@ -3,27 +3,19 @@ through the CPT stage's own training step."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import sys
-from pathlib import Path
 
+import factories
 import pytest
 import torch
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "gpu_cpt.py"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    sys.path.insert(0, str(BENCH.parent))
-    spec = importlib.util.spec_from_file_location("gpu_cpt_bench", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return factories.load_bench("gpu_cpt")
 
 
 @pytest.mark.parametrize("capacity", [1, 2, 3, 7, 8, 18, 45, 100, 255, 256])

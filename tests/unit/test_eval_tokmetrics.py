@@ -32,9 +32,9 @@ def suffix_tokenizer(words: list[str], suffix: str) -> Tokenizer:
 
 def byte_tokenizer() -> Tokenizer:
     """Byte-level BPE without merges: every UTF-8 byte is a token (a two-byte letter is split)."""
-    from dilforge_tokenizer import llama3
+    from factories import llama3_bpe
 
-    return llama3.train_bpe(["x"], 256)
+    return llama3_bpe(["x"], 256)
 
 
 def test_fertility_bytes_per_token_and_3plus_on_hand_checked_strings():

@@ -1,9 +1,6 @@
-"""BPE building blocks: exact truncation, extension keeping every base id, size selection, config rules."""
+"""BPE building blocks: exact truncation, size selection, config rules (extension: test_tokenizer_continued.py)."""
 
 from __future__ import annotations
-
-import itertools
-import json
 
 import factories
 import pytest
@@ -18,13 +15,6 @@ from pydantic import ValidationError
 @pytest.fixture(scope="module")
 def wiki(data_root) -> list[str]:
     return factories.wiki_lines(3000)
-
-
-@pytest.fixture(scope="module")
-def legal(data_root) -> list[str]:
-    from dilforge_shared.corpus import iter_texts
-
-    return list(itertools.islice(iter_texts(str(data_root / "az/train/az_legal_codes.part02.txt")), 3000))
 
 
 def test_truncating_a_larger_training_equals_training_at_that_size(wiki):
@@ -46,26 +36,6 @@ def test_replace_tokenizer_puts_llama3_specials_after_the_regular_vocab(wiki):
     assert tok.get_vocab_size(with_added_tokens=False) == 600
     assert tok.token_to_id(llama3.BOS) == 600 and tok.token_to_id(llama3.EOT) == 609
     assert tok.encode("Salam").ids[0] == 600  # BOS prepended
-
-
-def test_extend_keeps_every_base_id_and_appends_new_tokens(tiny_tokenizer_dir, legal):
-    base_doc = json.loads((tiny_tokenizer_dir / "tokenizer.json").read_text())
-    base = bpe.from_doc(base_doc)
-    corpus = bpe.model_of(bpe.train([legal], 900, 2, template=base))
-    doc, added = bpe.extend(base_doc, corpus)
-    ext = bpe.from_doc(doc)
-    base_vocab = base.get_vocab(with_added_tokens=True)
-    ext_vocab = ext.get_vocab(with_added_tokens=True)
-    assert added > 50
-    assert all(ext_vocab[t] == i for t, i in base_vocab.items())  # every existing id kept
-    new_ids = sorted(i for t, i in ext_vocab.items() if t not in base_vocab)
-    assert new_ids == list(range(len(base_vocab), len(base_vocab) + added))  # contiguous after the specials
-    assert base_doc["model"]["merges"] == doc["model"]["merges"][: len(base_doc["model"]["merges"])]
-    text = legal[0]
-    assert len(ext.encode(text).ids) < len(base.encode(text).ids)  # new tokens are used
-    assert ext.decode(ext.encode(text, add_special_tokens=False).ids) == text
-    # the input documents are left untouched (shallow copies)
-    assert len(base_doc["model"]["vocab"]) == base.get_vocab_size(with_added_tokens=False)
 
 
 def test_extend_refuses_a_non_byte_level_base(tmp_path):

@@ -6,6 +6,7 @@ import json
 from collections import Counter
 
 from dilforge_tokenizer import audit, bpe, continued, llama3
+from factories import load_bench
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 # "abc" 10x and "dbc" 5x: a raw BPE learns "bc" first (15) and then "abc" from (a, bc); but the base
@@ -34,7 +35,7 @@ def test_naive_appending_leaves_a_token_dead_and_continued_bpe_does_not():
     first_new = len(doc["model"]["vocab"])
 
     raw = bpe.train([[line] * n for line, n in LINES.items()], first_new + 3, 2, template=base)
-    naive, added = bpe.extend(doc, bpe.model_of(raw))
+    naive, added = load_bench("tokenizer_extend").naive_extend(doc, bpe.model_of(raw))  # the bench's baseline
     assert "abc" in naive["model"]["vocab"] and added >= 2
     report, dead = audit.audit(naive, bpe.from_doc(naive), words, set(range(first_new, first_new + added)), {})
     assert naive["model"]["vocab"]["abc"] in dead and report["num_dead_new_tokens"] >= 1

@@ -1,4 +1,4 @@
-"""BPE building blocks: one training at the largest size, exact truncation to smaller sizes, extension.
+"""BPE building blocks: one training at the largest size, exact truncation to smaller sizes, an editable copy.
 
 BPE training is greedy and deterministic, so the vocabulary trained at size N is exactly the first
 N tokens (and their merges) of the one trained at any size above N. A sweep therefore trains once.
@@ -45,7 +45,7 @@ def model_of(tok: Tokenizer) -> dict:
     return json.loads(tok.to_str())
 
 
-def _merge_pair(merge) -> tuple[str, str]:
+def merge_pair(merge) -> tuple[str, str]:
     if isinstance(merge, str):  # older tokenizer.json: "a b"
         a, b = merge.split(" ", 1)
         return a, b
@@ -65,7 +65,7 @@ def truncate(doc: dict, size: int) -> dict:
     model = doc["model"]
     merges = []
     for merge in model["merges"]:
-        a, b = _merge_pair(merge)
+        a, b = merge_pair(merge)
         rid = vocab[a + b]
         if rid >= size:
             break
@@ -95,31 +95,6 @@ def editable_copy(base: dict) -> tuple[dict, dict[str, int], list, bool]:
     for added_token in doc.get("added_tokens", []):
         vocab.setdefault(added_token["content"], added_token["id"])
     return doc, vocab, merges, bool(merges) and isinstance(merges[0], str)
-
-
-def extend(base: dict, corpus: dict) -> tuple[dict, int]:
-    """Naive extension (the stage's `extend` before continued BPE; kept as the baseline the tests and the
-    bench compare against): append a raw corpus BPE's tokens missing from `base`; returns (doc, added).
-
-    New tokens take ids after the base's highest id (special tokens included), in the order the corpus
-    BPE learned them; the merges that create them are appended after the base's merges, so the base's
-    own merges keep priority and every base id keeps its meaning.
-    """
-    doc, vocab, merges, as_strings = editable_copy(base)
-    next_id = max(vocab.values()) + 1
-    new_tokens = set()
-    for token, _ in sorted(corpus["model"]["vocab"].items(), key=lambda kv: kv[1]):
-        if token not in vocab:
-            vocab[token] = next_id
-            new_tokens.add(token)
-            next_id += 1
-    existing = {_merge_pair(m) for m in merges}
-    for merge in corpus["model"]["merges"]:
-        a, b = _merge_pair(merge)
-        if a + b in new_tokens and (a, b) not in existing:
-            merges.append(f"{a} {b}" if as_strings else [a, b])
-            existing.add((a, b))
-    return doc, len(new_tokens)
 
 
 def vocab_size_with_specials(tok: Tokenizer) -> int:

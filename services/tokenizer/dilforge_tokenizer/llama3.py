@@ -8,11 +8,10 @@ SFT can mask everything but assistant content and its <|eot_id|>).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from dilforge_shared.families import LLAMA3_CHAT_TEMPLATE
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
 PRETOKENIZE_REGEX = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
@@ -76,30 +75,6 @@ def finish(tok: Tokenizer) -> Tokenizer:
         ]
     )
     return tok
-
-
-def train_bpe(
-    texts: Iterable[str],
-    vocab_size: int,
-    min_frequency: int = 2,
-    length: int | None = None,
-    show_progress: bool = False,
-) -> Tokenizer:
-    """A new byte-level BPE of `vocab_size` regular tokens (256 byte symbols included) + 256 specials."""
-    tok = empty_bpe()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        min_frequency=min_frequency,
-        special_tokens=[],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=show_progress,
-    )
-    tok.train_from_iterator(_iter(texts), trainer=trainer, length=length)
-    return finish(tok)
-
-
-def _iter(texts: Iterable[str]) -> Iterator[str]:
-    yield from texts
 
 
 def to_transformers(tok: Tokenizer, model_max_length: int = 131072):
