@@ -25,6 +25,7 @@ from typing import Annotated
 
 import typer
 from dilforge_shared.errors import DilforgeError
+from dilforge_shared.manifest import git_sha
 from dilforge_shared.settings import settings
 from dilforge_shared.stages import IMAGES
 
@@ -51,21 +52,9 @@ def save_record(record: dict, path: Path | None = None) -> None:
     path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
 
 
-def git_sha(root: Path = ROOT) -> str:
-    if sha := settings().git_sha:
-        return sha[:12]
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short=12", "HEAD"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return "nogit"
-    return out.stdout.strip() or "nogit"
+def short_sha(root: Path = ROOT) -> str:
+    """12 characters of the source commit (dilforge_shared.manifest.git_sha), "nogit" outside a checkout."""
+    return (git_sha(root) or "nogit")[:12]
 
 
 def version() -> str:
@@ -76,7 +65,7 @@ def version() -> str:
 
 
 def default_tag(gpu: bool = False) -> str:
-    return f"{version()}-{git_sha()}" + ("-gpu" if gpu else "")
+    return f"{version()}-{short_sha()}" + ("-gpu" if gpu else "")
 
 
 def prepare_wheelhouse(source: str | None = None, root: Path = ROOT) -> list[str]:
@@ -143,7 +132,7 @@ def build_command(
         cmd += ["--no-cache"]
     cmd += [
         "--build-arg",
-        f"GIT_SHA={git_sha(root)}",
+        f"GIT_SHA={short_sha(root)}",
         "--build-arg",
         f"IMAGE_VERSION={tags[0].rsplit(':', 1)[-1]}",
         str(root),
@@ -195,7 +184,7 @@ def build(
         size_bytes=int(info.get("Size", 0)),
         build_s=round(seconds, 1),
         tag=tag,
-        git_sha=git_sha(),
+        git_sha=short_sha(),
         gpu=gpu,
     )
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from .errors import DilforgeError, IntegrityError, ManifestError, ManifestNotFound
 from .manifest import MANIFEST_NAME, Manifest
 from .settings import settings
-from .store import NotFound, Storage, _artifact_backend, manifest_uri_of, open_backend, read_manifest, verify_files
+from .store import NotFound, Storage, artifact_storage, manifest_uri_of, open_backend, read_manifest, verify_files
 
 STAMP_NAME = ".verified.json"  # local stores: (size, mtime_ns, inode) of each file when last fully verified
 
@@ -81,7 +81,7 @@ def check_artifact(
         return str(exc)
     if identity and (problem := identity_problem(manifest, artifact_uri.rstrip("/").rsplit("/", 1)[-1], muri)):
         return problem
-    backend = _artifact_backend(artifact_uri, endpoint_url)
+    backend = artifact_storage(artifact_uri, endpoint_url)
     local = backend.local_path(manifest.data_dir)
     try:
         if local is not None:

@@ -168,7 +168,9 @@ def scan_files(root: Path) -> list[FileEntry]:
     return entries
 
 
-def _git_sha() -> str | None:
+def git_sha(cwd: Path | None = None) -> str | None:
+    """The dilforge source commit: DILFORGE_GIT_SHA (set in images at build time), else `git rev-parse HEAD` in
+    the checkout holding `cwd` (default: this package's), else None. The one git-sha helper (manifests, image tags)."""
     if sha := settings().git_sha:
         return sha
     try:
@@ -176,8 +178,8 @@ def _git_sha() -> str | None:
             ["git", "rev-parse", "HEAD"],
             capture_output=True,
             text=True,
-            timeout=5,
-            cwd=Path(__file__).resolve().parent,
+            timeout=10,
+            cwd=cwd or Path(__file__).resolve().parent,
         )
         return out.stdout.strip() or None if out.returncode == 0 else None
     except (OSError, subprocess.SubprocessError):
@@ -196,7 +198,7 @@ def current_producer(package: str) -> Producer:
     return Producer(
         package=package,
         version=version,
-        git_sha=_git_sha(),
+        git_sha=git_sha(),
         image=settings().image,
         libraries=libs,
     )

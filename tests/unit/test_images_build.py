@@ -179,3 +179,16 @@ def test_serve_image_shares_the_stage_layers_and_runs_serve_on_8080():
     assert lines[-2:] == ["EXPOSE 8080", 'CMD ["serve"]'] and not any("/opt/ml" in line for line in lines)
     scripts = (ROOT / "services/serve/pyproject.toml").read_text()
     assert 'serve = "dilforge_serve.cli:main"' in scripts  # what the entrypoint execs for `serve`
+
+
+def test_one_git_sha_for_manifests_and_image_tags(monkeypatch, tmp_path):
+    from dilforge_shared.manifest import current_producer, git_sha
+
+    monkeypatch.delenv("DILFORGE_GIT_SHA", raising=False)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    assert git_sha() == current_producer("dilforge-test").git_sha == (head or None)
+    assert images.default_tag() == f"{images.version()}-{(head or 'nogit')[:12]}"
+    assert git_sha(tmp_path) is None and images.short_sha(tmp_path) == "nogit"  # outside a checkout
+    monkeypatch.setenv("DILFORGE_GIT_SHA", "0123456789abcdef0123")  # what an image sets at build time
+    assert current_producer("dilforge-test").git_sha == "0123456789abcdef0123"
+    assert images.default_tag(gpu=True) == f"{images.version()}-0123456789ab-gpu"

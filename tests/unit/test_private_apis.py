@@ -5,11 +5,13 @@ torch or transformers upgrade that changes one fails in this file, naming the ad
   `_get_metadata_path`, the metadata's `storage_meta.load_id`);
 - dilforge_cpt.gguf_compat: transformers.integrations.gguf (reader.read_gguf_metadata, reader.GgufHeader,
   gguf_tokenizer_mapping.get_gguf_tokenizer / convert_gguf_tokenizer).
-(The store's private parts are no longer used outside store.py: models.model_digest reads the public listing.)
+The store's private parts are not used outside dilforge_shared.store (integrity checks open an artifact's
+folder with the public `artifact_storage`; models.model_digest reads the public listing): a scan below.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import pickle
 from pathlib import Path
@@ -81,3 +83,45 @@ def test_gguf_compat_reads_metadata_tensors_and_the_tokenizer(tmp_path):
     from tokenizers import Tokenizer
 
     assert Tokenizer.from_file(str(tmp_path / "tok" / "tokenizer.json")).encode("ab").ids[-1] == 4
+
+
+def store_private_uses(name: str, source: str) -> list[str]:
+    """`from ...store import _x` or `store._x` in one module: what would break silently when the store changes."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[-1] in (
+            "store",
+            "artifacts",
+            "backends",
+        ):
+            found += [f"{name}: imports {a.name}" for a in node.names if a.name.startswith("_")]
+        elif (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "store"
+            and node.attr.startswith("_")
+            and not node.attr.startswith("__")
+        ):
+            found.append(f"{name}: uses store.{node.attr}")
+    return found
+
+
+def test_nothing_outside_the_store_uses_its_private_names():
+    root = Path(__file__).resolve().parents[2]
+    store = root / "shared" / "dilforge_shared" / "store"
+    packages = [root / "shared" / "dilforge_shared", root / "coordinator" / "dilforge_coordinator"]
+    packages += sorted((root / "services").glob("*/dilforge_*"))
+    found = [
+        use
+        for package in packages
+        for path in sorted(package.rglob("*.py"))
+        if store not in path.parents
+        for use in store_private_uses(path.relative_to(root).as_posix(), path.read_text())
+    ]
+    assert found == []
+    assert store_private_uses("m.py", "from .store import NotFound, _artifact_backend") == [
+        "m.py: imports _artifact_backend"
+    ]
+    assert store_private_uses("m.py", "from dilforge_shared import store\nstore._cache(1)") == [
+        "m.py: uses store._cache"
+    ]

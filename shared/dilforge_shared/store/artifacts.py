@@ -72,7 +72,9 @@ class ArtifactStore:
         return self.backend.read_bytes(self.run_record_key(run_id))
 
 
-def _artifact_backend(artifact_uri: str, endpoint_url: str | None) -> Storage:
+def artifact_storage(artifact_uri: str, endpoint_url: str | None = None) -> Storage:
+    """The storage rooted at one artifact's folder (manifest.json, its data folder, the reuse stamp): what
+    integrity checks read sizes and local paths from."""
     return open_backend(artifact_uri.rstrip("/"), endpoint_url)
 
 
@@ -85,7 +87,7 @@ def manifest_digest_key(data_dir: str) -> str:
 
 
 def artifact_exists(artifact_uri: str, endpoint_url: str | None = None) -> bool:
-    return _artifact_backend(artifact_uri, endpoint_url).exists(MANIFEST_NAME)
+    return artifact_storage(artifact_uri, endpoint_url).exists(MANIFEST_NAME)
 
 
 def publish(
@@ -99,7 +101,7 @@ def publish(
 
     `manifest.files` and `manifest.data_dir` are filled in here from what is actually uploaded.
     """
-    backend = _artifact_backend(artifact_uri, endpoint_url)
+    backend = artifact_storage(artifact_uri, endpoint_url)
     manifest_key = MANIFEST_NAME
     if backend.exists(manifest_key):
         raise ArtifactExistsError(f"{artifact_uri}/{MANIFEST_NAME}")
@@ -186,7 +188,7 @@ def fetch(uri: str, cache_dir: Path | None = None, endpoint_url: str | None = No
     muri = manifest_uri_of(uri)
     artifact_uri = muri[: -len(MANIFEST_NAME) - 1]
     manifest, digest = read_manifest(muri, endpoint_url)
-    backend = _artifact_backend(artifact_uri, endpoint_url)
+    backend = artifact_storage(artifact_uri, endpoint_url)
     local = backend.local_path(manifest.data_dir)
     if local is not None:
         verify_files(manifest, local, muri)
