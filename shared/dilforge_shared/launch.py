@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -45,20 +43,6 @@ class LaunchPlan:
         return self.nnodes * self.nproc_per_node
 
 
-def detect_gpus() -> int:
-    """GPUs visible on this host without importing torch: CUDA_VISIBLE_DEVICES, else `nvidia-smi -L`."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
-    if shutil.which("nvidia-smi") is None:
-        return 0
-    try:
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return 0
-    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
-
-
 def interface_exists(name: str) -> bool:
     """SageMaker names the host's interface (eth0); the SDK's local mode writes `ethwe`, which a Docker container
     lacks: pointing NCCL/gloo at a missing interface fails the rendezvous, so it is only set when present."""
@@ -72,23 +56,22 @@ def is_efa_instance(instance_type: str | None) -> bool:
 def build_launch(
     resources: ResourceConfig,
     module_args: Sequence[str],
-    nproc_per_node: int | None = None,
-    num_gpus: int | None = None,
+    nproc_per_node: int,
     master_port: int = 29500,
     python: str | None = None,
     base_env: dict[str, str] | None = None,
 ) -> LaunchPlan:
     """torchrun command + env for this host.
 
-    nproc_per_node: explicit processes per host; None = one per GPU (`num_gpus`, detected when None),
-    at least 1. A single host uses `--standalone` (a free port, no fixed master); several hosts use
+    nproc_per_node: processes per host (the stage decides: cpt.num_processes_per_node, else one per GPU,
+    at least 1). A single host uses `--standalone` (a free port, no fixed master); several hosts use
     static rendezvous on the first sorted host at `master_port`.
     """
     hosts = sorted(resources.hosts)
     if resources.current_host not in hosts:
         raise DilforgeError(f"resourceconfig.json: current_host {resources.current_host!r} is not in hosts {hosts}")
-    if nproc_per_node is None:
-        nproc_per_node = max(1, detect_gpus() if num_gpus is None else num_gpus)
+    if nproc_per_node < 1:
+        raise DilforgeError(f"torchrun needs at least one process per host, not {nproc_per_node}")
     nnodes = len(hosts)
     node_rank = hosts.index(resources.current_host)
     master_addr = hosts[0]

@@ -60,7 +60,9 @@ def test_launch_multi_host_uses_sorted_hosts_and_efa():
         network_interface_name="eth0",
         instance_type="ml.p5.48xlarge",
     )
-    plan = build_launch(res, ["-m", "dilforge_cpt", "worker"], num_gpus=8, master_port=29400, python="py", base_env={})
+    plan = build_launch(
+        res, ["-m", "dilforge_cpt", "worker"], nproc_per_node=8, master_port=29400, python="py", base_env={}
+    )
     assert (plan.nnodes, plan.node_rank, plan.master_addr, plan.nproc_per_node, plan.world_size) == (
         3,
         1,
@@ -95,13 +97,13 @@ def test_launch_single_host_is_standalone_without_efa():
     plan = build_launch(res, ["-m", "x"], nproc_per_node=2, python="py", base_env={})
     assert plan.command[:5] == ["py", "-m", "torch.distributed.run", "--standalone", "--nnodes"]
     assert plan.world_size == 2 and "FI_PROVIDER" not in plan.env
-    cpu = build_launch(res, ["-m", "x"], num_gpus=0, python="py", base_env={})
-    assert cpu.nproc_per_node == 1
+    with pytest.raises(DilforgeError, match="at least one process per host"):
+        build_launch(res, ["-m", "x"], nproc_per_node=0, python="py", base_env={})
 
 
 def test_launch_rejects_a_host_outside_the_cluster():
     with pytest.raises(DilforgeError, match="not in hosts"):
-        build_launch(ResourceConfig(current_host="algo-9", hosts=["algo-1"]), ["-m", "x"], num_gpus=1)
+        build_launch(ResourceConfig(current_host="algo-9", hosts=["algo-1"]), ["-m", "x"], nproc_per_node=1)
 
 
 def test_wait_for_hosts_retries_until_names_resolve():
