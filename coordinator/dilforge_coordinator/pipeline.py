@@ -11,10 +11,10 @@ from typing import Protocol
 
 from dilforge_shared.configs import PipelineConfig, StageConfig
 from dilforge_shared.errors import DilforgeError, ManifestNotFound
+from dilforge_shared.identity import artifact_id, stage_refs
 from dilforge_shared.integrity import check_artifact, move_aside
 from dilforge_shared.locks import FileLock, S3Lease
 from dilforge_shared.manifest import MANIFEST_NAME
-from dilforge_shared.models import artifact_id, stage_refs
 from dilforge_shared.settings import settings
 from dilforge_shared.stages import STAGE_MODULES, STAGES, image_of
 from dilforge_shared.store import ArtifactStore, artifact_exists

@@ -26,9 +26,9 @@ from pydantic import BaseModel
 from .configs.base import StageConfig
 from .errors import ConfigError, DilforgeError
 from .hyperparameters import StageRequest, parse_hyperparameters
+from .identity import artifact_id, config_refs
 from .manifest import MANIFEST_NAME, InputRef, Manifest, current_producer
 from .metrics import validate_metrics
-from .models import artifact_id, config_refs
 from .opt_ml import OPT_ML_ENV, OptMl, ResourceConfig, write_failure
 from .settings import install_log_masking, settings
 from .stages import STAGE_VERSIONS
@@ -100,7 +100,7 @@ RunFn = Callable[[StageConfig, StageContext], StageResult]
 
 
 def lineage(ctx: StageContext) -> list[InputRef]:
-    """Exactly the refs the coordinator fingerprinted (`models.stage_refs`), so the id can be recomputed."""
+    """Exactly the refs the coordinator fingerprinted (`identity.stage_refs`), so the id can be recomputed."""
     refs = [ctx.input(name).ref(name) for name in sorted(ctx.request.inputs)]
     return [*refs, *config_refs(ctx.request.config, ctx.endpoint_url)]
 

@@ -38,7 +38,7 @@ def identity_problem(manifest: Manifest, folder_id: str, source: str) -> str | N
     """None if the manifest is the artifact its folder names: its `artifact_id` is the folder's, and the id
     recomputed from its recorded config, code version, inputs and data digests is that id too. Otherwise why not
     (a valid artifact copied into another's folder; a stage that recorded other data than it was planned from)."""
-    from .models import recompute_artifact_id
+    from .identity import recompute_artifact_id
 
     if manifest.artifact_id != folder_id:
         return f"{source}: manifest says artifact {manifest.artifact_id!r} but it sits in folder {folder_id!r}"

@@ -17,8 +17,8 @@ os.environ["OMP_NUM_THREADS"] = "1"
 from dilforge_coordinator.cli import app
 from dilforge_shared.configs.sft import SftConfig
 from dilforge_shared.hyperparameters import build_hyperparameters
+from dilforge_shared.identity import stage_refs
 from dilforge_shared.manifest import Manifest, current_producer
-from dilforge_shared.models import stage_refs
 from dilforge_shared.opt_ml import OPT_ML_ENV, OptMl
 from dilforge_shared.store import fetch, publish
 from typer.testing import CliRunner

@@ -213,8 +213,8 @@ def test_a_corpus_changed_while_the_stage_reads_it_fails_naming_it_and_publishes
 
 
 def test_old_manifests_still_read_and_their_ids_still_recompute():
+    from dilforge_shared.identity import recompute_artifact_id
     from dilforge_shared.manifest import InputRef, Manifest, current_producer, legacy_fingerprint, parse_manifest
-    from dilforge_shared.models import recompute_artifact_id
 
     config = CptConfig(
         scratch_model={}, corpora=[{"uri": "a"}], validation=[{"uri": "v"}], phase2={"num_steps": 1}

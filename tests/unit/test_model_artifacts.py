@@ -8,8 +8,9 @@ import pytest
 from dilforge_coordinator import pipeline as pl
 from dilforge_shared.configs import ModelConfig, PipelineConfig, validate_model
 from dilforge_shared.errors import ConfigError, InputError
+from dilforge_shared.identity import config_refs, dir_digest, recompute_artifact_id, source_ref
 from dilforge_shared.manifest import sha256_file
-from dilforge_shared.models import config_refs, dir_digest, recompute_artifact_id, resolve, source_ref
+from dilforge_shared.models import resolve
 from dilforge_shared.recipes import RECIPES
 from dilforge_shared.store import fetch
 from test_coordinator import InProcessBackend

@@ -6,7 +6,7 @@ torch or transformers upgrade that changes one fails in this file, naming the ad
 - dilforge_cpt.gguf_compat: transformers.integrations.gguf (reader.read_gguf_metadata, reader.GgufHeader,
   gguf_tokenizer_mapping.get_gguf_tokenizer / convert_gguf_tokenizer).
 The store's private parts are not used outside dilforge_shared.store (integrity checks open an artifact's
-folder with the public `artifact_storage`; models.model_digest reads the public listing): a scan below.
+folder with the public `artifact_storage`; identity.model_digest reads the public listing): a scan below.
 """
 
 from __future__ import annotations

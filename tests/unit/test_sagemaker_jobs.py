@@ -179,7 +179,7 @@ def _fake_job_publishes(backend: SageMakerBackend, s3, submitted: list[dict]):
         out.mkdir(parents=True)
         (out / "weights.txt").write_text(f"{stage} trained with inputs {hp['inputs']}")
         from dilforge_shared.configs import STAGE_CONFIGS
-        from dilforge_shared.models import stage_refs
+        from dilforge_shared.identity import stage_refs
         from dilforge_shared.stages import STAGE_VERSIONS
 
         refs = stage_refs(

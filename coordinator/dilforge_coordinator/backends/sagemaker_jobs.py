@@ -17,8 +17,8 @@ from dilforge_shared.configs import ModelConfig, PipelineConfig
 from dilforge_shared.configs.cloud import SageMakerConfig
 from dilforge_shared.errors import ConfigError, DilforgeError
 from dilforge_shared.hyperparameters import build_hyperparameters
+from dilforge_shared.identity import artifact_id as planned_artifact_id
 from dilforge_shared.manifest import InputRef
-from dilforge_shared.models import artifact_id as planned_artifact_id
 from dilforge_shared.recipes import source_kind
 
 from ..pipeline import StageJob, module_env

@@ -27,8 +27,8 @@ from dilforge_shared.configs.model import ModelConfig
 from dilforge_shared.contract import StageContext, StageResult, log_config, stage_main
 from dilforge_shared.errors import InputError
 from dilforge_shared.families import describe_model_folder, detect_family
+from dilforge_shared.identity import model_stage_ref
 from dilforge_shared.manifest import sha256_file
-from dilforge_shared.models import model_stage_ref
 from dilforge_shared.paths import check_links
 from dilforge_shared.recipes import RECIPES, Recipe, source_kind
 from dilforge_shared.store import NotFound, mirror_prefix

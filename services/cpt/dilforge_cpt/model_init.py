@@ -30,7 +30,7 @@ log = logging.getLogger("dilforge.cpt")
 def base_model_source(config: CptConfig, ctx: StageContext) -> Choice | None:
     """Which base model a run uses, by the shared precedence rule (`models.choose`): `base_model` when
     set, else the upstream `model` artifact, else None (a scratch model). No extra lineage: the contract
-    records the base model (input `model`, or `models.config_refs` for base_model) by exactly the ref the
+    records the base model (input `model`, or `identity.config_refs` for base_model) by exactly the ref the
     coordinator fingerprinted."""
     return choose("base_model", config.base_model, ctx.request.inputs, order=("model",))
 

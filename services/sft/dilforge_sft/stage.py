@@ -42,7 +42,7 @@ LABEL_PREVIEW_FILE = "label_preview.jsonl"  # under ctx.model_dir: the first tra
 def resolve_base(config: SftConfig, ctx: StageContext) -> tuple[Path, str]:
     """(HF folder, URI for reports) by the shared precedence rule (`models.choose`): `base_model` when set,
     else the upstream `cpt` artifact, else `model`. Lineage is what the coordinator fingerprinted: the input
-    as upstream, base_model by its `models.config_refs` ref."""
+    as upstream, base_model by its `identity.config_refs` ref."""
     choice = choose("base_model", config.base_model, ctx.request.inputs)
     if choice is None:
         raise ConfigError(

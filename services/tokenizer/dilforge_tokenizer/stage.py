@@ -73,7 +73,7 @@ class Candidate:
 def resolve_base(config: TokenizerConfig, ctx: StageContext) -> Base | None:
     """The base by the shared precedence rule (`models.choose`): `base_tokenizer` when set, else the upstream
     `model` artifact's tokenizer, else None. Lineage: an input is recorded as upstream, base_tokenizer by the
-    ref the coordinator fingerprinted (shared models.config_refs), so no extra refs here."""
+    ref the coordinator fingerprinted (shared identity.config_refs), so no extra refs here."""
     choice = choose("base_tokenizer", config.base_tokenizer, ctx.request.inputs, order=("model",))
     if choice is None:
         return None

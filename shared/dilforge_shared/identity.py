@@ -1,0 +1,130 @@
+"""What identifies a stage's inputs, and so its artifact: lineage refs and artifact ids (docs/architecture.md,
+Artifact identity).
+
+Used by the coordinator's planning (`stage_refs`: the artifact id of a stage is the fingerprint of its config and
+these refs) and by the container contract, which records the very same refs in the manifest, so
+`recompute_artifact_id(manifest) == manifest.artifact_id`. A model/tokenizer URI is a dilforge artifact (lineage:
+its manifest's sha256), a local file (its sha256), a local folder (sha256 of every file) or an s3:// prefix (the
+ETags of its objects: no download needed to plan).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from urllib.parse import urlparse
+
+from .configs.base import StageConfig
+from .configs.model import ModelConfig
+from .corpus import data_digest
+from .errors import ConfigError, InputError, ManifestNotFound
+from .manifest import InputRef, Manifest, fingerprint, legacy_fingerprint, scan_files, sha256_file
+from .paths import check_links
+from .recipes import RECIPES, source_kind
+from .stages import STAGE_VERSIONS
+from .store import S3Storage, read_manifest
+
+
+def model_ref_name(uri: str) -> str:
+    """The lineage name of a model or tokenizer read from a URI in a stage's config."""
+    return f"model:{uri}"
+
+
+def local_path(uri: str) -> Path:
+    """A local URI (a path or file://) as a Path."""
+    return Path(uri.removeprefix("file://")).expanduser()
+
+
+def source_ref(uri: str, name: str, endpoint_url: str | None = None) -> InputRef:
+    """Lineage of whatever a model/tokenizer URI holds, computed without downloading any weights."""
+    if urlparse(uri).scheme != "s3" and local_path(uri).is_file():
+        return InputRef(name=name, kind="data", uri=uri, sha256=sha256_file(local_path(uri)))
+    try:
+        return InputRef(name=name, kind="manifest", uri=uri, sha256=read_manifest(uri, endpoint_url)[1])
+    except ManifestNotFound:
+        pass
+    return InputRef(name=name, kind="data", uri=uri, sha256=model_digest(uri, endpoint_url))
+
+
+def model_stage_ref(config: ModelConfig, endpoint_url: str | None = None) -> InputRef:
+    """Identity of a model stage's source: a recipe's pinned sha256 (nothing downloaded), else its content."""
+    kind = source_kind(config.source)
+    if kind == "recipe":
+        recipe = RECIPES[config.source]
+        return InputRef(name="source", kind="data", uri=recipe.uri, sha256=recipe.sha256)
+    if kind == "gguf" and not local_path(config.source).is_file():
+        raise InputError("model.source: no such GGUF file", path=config.source)
+    return source_ref(config.source, "source", endpoint_url)
+
+
+def config_refs(config: StageConfig, endpoint_url: str | None = None) -> list[InputRef]:
+    """Everything a stage reads besides upstream artifacts: data sources, models/tokenizers by URI, a model source."""
+    refs = [
+        InputRef(name=f"data:{s.label}", kind="data", uri=s.uri, sha256=data_digest(s.uri, endpoint_url))
+        for s in config.data_sources()
+    ]
+    refs += [source_ref(uri, model_ref_name(uri), endpoint_url) for uri in config.model_uris()]
+    if isinstance(config, ModelConfig):
+        refs.append(model_stage_ref(config, endpoint_url))
+    return refs
+
+
+def upstream_refs(inputs: dict[str, str], endpoint_url: str | None = None) -> list[InputRef]:
+    """Upstream artifacts by the sha256 of their manifest bytes."""
+    return [
+        InputRef(name=name, kind="manifest", uri=uri, sha256=read_manifest(uri, endpoint_url)[1])
+        for name, uri in sorted(inputs.items())
+    ]
+
+
+def stage_refs(config: StageConfig, inputs: dict[str, str], endpoint_url: str | None = None) -> list[InputRef]:
+    """What a stage's artifact id covers, in the form its manifest records them."""
+    return [*upstream_refs(inputs, endpoint_url), *config_refs(config, endpoint_url)]
+
+
+def artifact_id(config: StageConfig, refs: list[InputRef], code_version: int | None = None) -> str:
+    """The id of the artifact `config` produces from inputs `refs` with this (or the given) code version."""
+    version = STAGE_VERSIONS[config.stage] if code_version is None else code_version
+    return fingerprint(config.stage, config.identity(), refs, version)
+
+
+def recompute_artifact_id(manifest: Manifest) -> str:
+    """The artifact id from a published manifest alone: stage, code version, recorded config and inputs.
+
+    The recorded config is validated again by its stage's config class to drop its run-only fields; a config
+    the class refuses is a ConfigError naming the manifest's stage."""
+    if manifest.code_version is None:
+        return legacy_fingerprint(manifest.stage, manifest.config, manifest.inputs)
+    from .configs.pipeline import STAGE_CONFIGS, validate_model
+
+    config = validate_model(
+        STAGE_CONFIGS[manifest.stage], manifest.config, f"manifest config of stage {manifest.stage}"
+    )
+    return artifact_id(config, manifest.inputs, manifest.code_version)
+
+
+def dir_digest(root: Path) -> str:
+    """sha256 over every file's path and sha256: lineage for a model that is not an artifact."""
+    check_links(root, str(root))  # a link out of the folder would fingerprint (and publish) a file never pointed at
+    h = hashlib.sha256()
+    for entry in scan_files(root):
+        h.update(f"{entry.path}:{entry.sha256}\n".encode())
+    return h.hexdigest()
+
+
+def model_digest(uri: str, endpoint_url: str | None = None) -> str:
+    """Content digest of a model folder without downloading it: file sha256s locally, ETags on S3."""
+    parsed = urlparse(uri)
+    if parsed.scheme != "s3":
+        path = local_path(uri)
+        if not path.is_dir():
+            raise ConfigError(f"{uri}: no such model folder")
+        return dir_digest(path)
+    backend = S3Storage(parsed.netloc, parsed.path, endpoint_url)
+    h = hashlib.sha256()
+    stats = sorted(backend.list_stats(""))  # (key, size, ETag): one listing, no request per object
+    if not stats:
+        raise ConfigError(f"{uri}: no objects under this prefix")
+    for key, _, etag in stats:
+        h.update(f"{key}:{etag}\n".encode())
+    return h.hexdigest()
