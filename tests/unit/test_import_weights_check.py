@@ -12,7 +12,7 @@ import pytest
 from dilforge_shared.errors import InputError
 
 pytest.importorskip("dilforge_cpt")
-from dilforge_cpt.import_model import convert_gguf
+from dilforge_cpt.gguf_convert import convert_gguf
 from dilforge_cpt.weights_check import read_header, verify_weights
 
 
