@@ -36,6 +36,14 @@ def build_tokenizer(out_dir: Path, vocab_size: int = 512, num_lines: int = 5000)
     return out_dir
 
 
+def flip_byte(path: Path, offset: int) -> None:
+    """Invert one byte of a file (offset taken modulo its size; negative from the end): same size, so only a
+    content digest can tell."""
+    raw = bytearray(path.read_bytes())
+    raw[offset % len(raw)] ^= 0xFF
+    path.write_bytes(bytes(raw))
+
+
 def load_bench(name: str):
     """bench/<name>.py as a module (bench/ holds scripts, not a package; their own `import hardware` resolves)."""
     import importlib.util

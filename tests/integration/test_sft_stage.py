@@ -15,12 +15,14 @@ import yaml
 os.environ["OMP_NUM_THREADS"] = "1"
 
 from dilforge_coordinator.cli import app
+from dilforge_shared.checkpoint_digests import verify
 from dilforge_shared.configs.sft import SftConfig
 from dilforge_shared.hyperparameters import build_hyperparameters
 from dilforge_shared.identity import stage_refs
 from dilforge_shared.manifest import Manifest, current_producer
 from dilforge_shared.opt_ml import OPT_ML_ENV, OptMl
 from dilforge_shared.store import fetch, publish
+from factories import flip_byte
 from typer.testing import CliRunner
 
 pytestmark = pytest.mark.slow
@@ -200,8 +202,9 @@ def test_bad_record_fails_naming_file_and_line(tmp_path, data_root, cpt_uri):
     assert not list((tmp_path / "store").rglob("manifest.json"))
 
 
-def test_resumes_from_the_latest_checkpoint_with_a_direct_base_model(tmp_path, data_root, tiny_llama_dir):
-    """Run 1 stops after a checkpoint at step 2; run 2 (same /opt/ml) continues from it to step 4."""
+def test_resumes_from_the_latest_good_checkpoint_with_a_direct_base_model(tmp_path, data_root, tiny_llama_dir):
+    """Run 1 stops after checkpoints at steps 1 and 2, both sealed with digests; a byte of checkpoint-2's adapter
+    is flipped; run 2 (same /opt/ml) sets it aside with a warning and continues from step 1 to step 4."""
     opt = OptMl(tmp_path / "optml")
     env = {**os.environ, OPT_ML_ENV: str(opt.root)}
 
@@ -211,7 +214,7 @@ def test_resumes_from_the_latest_checkpoint_with_a_direct_base_model(tmp_path, d
                 data_root,
                 base_model=str(tiny_llama_dir),
                 num_steps=max_steps,
-                checkpoint_every=2,
+                checkpoint_every=1,
                 save_merged=False,
                 log_every=1,
             )
@@ -221,13 +224,19 @@ def test_resumes_from_the_latest_checkpoint_with_a_direct_base_model(tmp_path, d
             [sys.executable, "-m", "dilforge_sft", "train"], env=env, capture_output=True, text=True, check=False
         )
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        logs.append(proc.stdout + proc.stderr)
         return fetch(str(tmp_path / "store" / name)).manifest
 
+    logs: list[str] = []
     first = run(2, "a")
     assert first.metrics["resumed_from_step"] == 0
-    assert (opt.checkpoint_dir / "trainer" / "checkpoint-2" / "trainer_state.json").is_file()
+    checkpoints = opt.checkpoint_dir / "trainer"
+    assert [verify(checkpoints / f"checkpoint-{step}") for step in (1, 2)] == [None, None]  # sealed by the stage
+    adapter = checkpoints / "checkpoint-2" / "adapter_model.safetensors"
+    flip_byte(adapter, adapter.stat().st_size // 2)
     second = run(4, "b")
-    assert second.metrics["resumed_from_step"] == 2 and second.metrics["optimizer_steps"] == 4
+    assert "checkpoint-2 is damaged" in logs[1] and (checkpoints / "damaged-checkpoint-2").is_dir()
+    assert second.metrics["resumed_from_step"] == 1 and second.metrics["optimizer_steps"] == 4
     assert [h["step"] for h in second.metrics["train_loss_history"]] == [1, 2, 3, 4]
     assert second.metrics["eval_loss_before"] == first.metrics["eval_loss_before"]
     base_ref = second.input(f"model:{tiny_llama_dir}")

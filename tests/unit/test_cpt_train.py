@@ -208,10 +208,7 @@ def test_checkpointer_round_trip_picks_the_newest_complete_and_prunes(tmp_path):
     assert not checkpointer(tmp_path / "none", fresh, fresh_opt, Json()).load()
 
 
-def _flip(path, offset: int) -> None:
-    raw = bytearray(path.read_bytes())
-    raw[offset % len(raw)] ^= 0xFF
-    path.write_bytes(bytes(raw))  # same size: only a content digest can tell
+_flip = factories.flip_byte  # same size: only a content digest can tell
 
 
 DAMAGE = {

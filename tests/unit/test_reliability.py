@@ -154,9 +154,7 @@ def test_damaged_artifact_is_reported_moved_aside_and_rebuilt(tmp_path, damage, 
     data = _data_dir(uri)
     target = data / "tokenizer.json"
     if damage == "flip_byte":
-        raw = bytearray(target.read_bytes())
-        raw[3] ^= 1
-        target.write_bytes(bytes(raw))
+        factories.flip_byte(target, 3)
     elif damage == "delete_file":
         (data / "sub" / "extra.txt").unlink()
     elif damage == "truncate":

@@ -130,18 +130,6 @@ def test_packing_keeps_each_conversations_mask_and_trains(stage_parts, tiny_llam
     assert trainer.train().global_step == 1
 
 
-def test_latest_checkpoint_skips_incomplete_ones(tmp_path):
-    from dilforge_sft.stage import latest_checkpoint
-
-    assert latest_checkpoint(tmp_path) is None
-    for step, state in ((2, "{}"), (4, "{}"), (6, None), (8, '{"trunc')):
-        (tmp_path / f"checkpoint-{step}").mkdir()
-        if state is not None:
-            (tmp_path / f"checkpoint-{step}" / "trainer_state.json").write_text(state)
-    assert latest_checkpoint(tmp_path).name == "checkpoint-4"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-2", "checkpoint-4"]  # the cut-off ones removed
-
-
 def test_sigterm_flag_checkpoints_and_stops():
     from dilforge_sft.stage import stop_on_sigterm_callback
     from transformers import TrainerControl

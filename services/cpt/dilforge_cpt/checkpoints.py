@@ -7,7 +7,8 @@ schedule is a pure function of the TrainState's phase and step), the loop starts
 
 A checkpoint folder `step-N` holds JSON components (state.json, sampler.json: global rank 0), per-rank JSON
 components (rng-rankRRRRR.json), tensor components (DCP shards and `.metadata`) and one completion marker per
-node listing the size and sha256 of every file its ranks wrote. Written into `step-N.tmp` and renamed.
+node listing the size and sha256 of every file its ranks wrote (dilforge_shared.checkpoint_digests, shared with
+SFT's Trainer checkpoints). Written into `step-N.tmp` and renamed.
 
 Resuming picks the newest checkpoint complete on every host and verifies every file's sha256 (the files are
 split between the ranks of each host, so a host checks its own copy in parallel). A damaged one (a flipped byte
@@ -35,8 +36,16 @@ from typing import Literal, Protocol
 
 import numpy as np
 import torch
+from dilforge_shared.checkpoint_digests import (
+    MARKER_PREFIX,
+    complete,
+    digest,
+    marker_name,
+    set_aside,
+    verify,
+    write_marker,
+)
 from dilforge_shared.errors import InputError
-from dilforge_shared.manifest import sha256_file
 
 from .dcp_reader import safe_reader
 from .runtime import Runtime
@@ -44,8 +53,6 @@ from .runtime import Runtime
 log = logging.getLogger("dilforge.cpt")
 
 CKPT_PREFIX = "step-"
-MARKER_PREFIX = "COMPLETE.node"
-DAMAGED_SUFFIX = ".damaged"
 _RANK_FILE = re.compile(r"^(?:__(\d+)_\d+\.distcp|.+-rank(\d+)\.json)$")  # DCP's shard names; our per-rank JSON
 
 
@@ -69,83 +76,11 @@ class Component:
         return "state.json" if self.name == "train_state" else f"{self.name}.json"
 
 
-def marker_name(node: int, num_nodes: int) -> str:
-    return f"{MARKER_PREFIX}{node:05d}-of-{num_nodes:05d}"
-
-
-def read_markers(path: Path) -> list[dict] | None:
-    """Every node's marker, if there is one from each node of the same run; None otherwise (not complete yet:
-    e.g. a host's files have not reached this folder)."""
-    infos = []
-    for marker in sorted(path.glob(f"{MARKER_PREFIX}*")):
-        try:
-            infos.append(json.loads(marker.read_text()))
-        except (OSError, ValueError):
-            return None
-    try:
-        n = int(infos[0]["num_nodes"])
-        if sorted(int(i["node"]) for i in infos) != list(range(n)) or any(int(i["num_nodes"]) != n for i in infos):
-            return None
-        for info in infos:
-            if not isinstance(info["files"], dict):
-                return None
-    except (IndexError, KeyError, TypeError, ValueError, AttributeError):
-        return None
-    return infos
-
-
-def listed_files(infos: list[dict]) -> dict[str, dict | int]:
-    """name -> {size, sha256} over all markers (an int = a size only: a checkpoint from before digests)."""
-    return {name: entry for info in infos for name, entry in info["files"].items()}
-
-
-def complete(path: Path) -> bool:
-    """A marker from every node: every rank finished writing (a file missing or of another size after that is
-    damage, found by `verify`). Without all markers a folder is still arriving (a host's files not yet synced
-    here) and is left alone."""
-    return read_markers(path) is not None
-
-
 def checkpoint_folders(root: Path) -> list[Path]:
     """Finalised `step-N` folders, oldest first (half-written `.tmp` and set-aside ones excluded)."""
     if not root.is_dir():
         return []
     return sorted(p for p in root.glob(f"{CKPT_PREFIX}*") if p.is_dir() and re.fullmatch(r"step-\d+", p.name))
-
-
-def verify(path: Path, share: slice = slice(None)) -> str | None:
-    """None if the files in `share` of this checkpoint's sorted file list match their digests, else what is wrong.
-    Every file in the folder must be listed by a marker: an unlisted file is not verified, so it is refused."""
-    infos = read_markers(path)
-    if infos is None:
-        return f"{path.name}: markers missing or unreadable"
-    files = listed_files(infos)
-    present = {p.name for p in path.iterdir() if p.is_file() and not p.name.startswith(MARKER_PREFIX)}
-    if unlisted := sorted(present - set(files)):
-        return f"{path.name}: files {unlisted} are not listed by any marker"
-    for name in sorted(files)[share]:
-        entry = files[name]
-        if not isinstance(entry, dict) or "sha256" not in entry:
-            return f"{path.name}: {name} has no content digest (a checkpoint from before dilforge recorded them)"
-        f = path / name
-        if not f.is_file():
-            return f"{path.name}: {name} is missing"
-        if f.stat().st_size != int(entry["size"]) or sha256_file(f) != entry["sha256"]:
-            return f"{path.name}: {name} does not match its sha256 (damaged)"
-    return None
-
-
-def set_aside(path: Path) -> Path | None:
-    """Rename a damaged checkpoint to `step-N.damaged` (kept for inspection, never resumed again)."""
-    target, n = path.with_name(path.name + DAMAGED_SUFFIX), 1
-    while target.exists():
-        n += 1
-        target = path.with_name(f"{path.name}{DAMAGED_SUFFIX}-{n}")
-    try:
-        os.replace(path, target)
-    except FileNotFoundError:  # another host's rank set aside the same (shared) folder first
-        return None
-    return target
 
 
 class Checkpointer:
@@ -268,13 +203,11 @@ class Checkpointer:
             owner = _RANK_FILE.match(f.name)
             rank = int(next(g for g in owner.groups() if g is not None)) if owner else 0
             if rank == rt.rank:
-                mine[f.name] = {"size": f.stat().st_size, "sha256": sha256_file(f)}
+                mine[f.name] = digest(f)
         by_rank = self._gather((rt.node, mine))
         if rt.local_rank == 0:
             files = {name: entry for node, entries in by_rank if node == rt.node for name, entry in entries.items()}
-            (tmp / marker_name(rt.node, rt.num_nodes)).write_text(
-                json.dumps({"step": step, "node": rt.node, "num_nodes": rt.num_nodes, "files": files})
-            )
+            write_marker(tmp, files, step, rt.node, rt.num_nodes)
         rt.barrier()
         shared = rt.any(rt.is_main and all((tmp / marker_name(k, rt.num_nodes)).is_file() for k in range(rt.num_nodes)))
         if rt.is_main if shared else rt.local_rank == 0:

@@ -27,6 +27,7 @@ from dilforge_shared.families import Family, describe_model_folder, detect_famil
 from dilforge_shared.models import ADAPTER_DIR, MERGED_DIR, choose, resolve
 from dilforge_shared.runtime_policy import DeviceFacts
 
+from .checkpoints import latest_checkpoint, seal_checkpoints_callback
 from .data import Conversation, DataCounts, apply_length_rule, load_splits
 
 log = logging.getLogger("dilforge.sft")
@@ -276,22 +277,6 @@ def build_trainer(
 # ---- checkpoints ------------------------------------------------------------------------------------
 
 
-def latest_checkpoint(folder: Path) -> Path | None:
-    """Newest complete Trainer checkpoint, by transformers' own `get_last_checkpoint`, after removing the
-    incomplete ones a crash left (trainer_state.json is written last, so a missing or unparsable one marks a
-    checkpoint cut off mid-save; Trainer would otherwise resume from it and fail)."""
-    from transformers.trainer_utils import get_last_checkpoint
-
-    for path in folder.glob("checkpoint-*"):
-        try:
-            json.loads((path / "trainer_state.json").read_text())
-        except (ValueError, OSError):
-            log.warning("removing incomplete checkpoint %s (no complete trainer_state.json)", path)
-            shutil.rmtree(path, ignore_errors=True)
-    last = get_last_checkpoint(str(folder)) if folder.is_dir() else None
-    return Path(last) if last else None
-
-
 def stop_on_sigterm_callback(flag: dict[str, bool]):
     """Checkpoint at the end of the current step and stop, when SIGTERM arrives (spot interruption, stop job)."""
     from transformers import TrainerCallback
@@ -456,7 +441,11 @@ def run(config: SftConfig, ctx: StageContext) -> StageResult:
         val,
         trainer_dir,
         plan,
-        callbacks=[stop_on_sigterm_callback(stop_flag), tensorboard_callback(ctx.tensorboard_dir)],
+        callbacks=[
+            stop_on_sigterm_callback(stop_flag),
+            seal_checkpoints_callback(),
+            tensorboard_callback(ctx.tensorboard_dir),
+        ],
         checkpointing=checkpointing,
     )
     trainable, total = trainer.model.get_nb_trainable_parameters()

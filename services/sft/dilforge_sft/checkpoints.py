@@ -1,0 +1,69 @@
+"""SFT's Trainer checkpoints, protected like CPT's: content digests written once a checkpoint is complete,
+checked before a resume, and a damaged newest checkpoint set aside for the previous one.
+
+transformers' Trainer writes `checkpoint-<step>/` (adapter, optimizer, scheduler, RNG, trainer_state.json) and
+resumes from whatever `get_last_checkpoint` finds. A byte flipped in the adapter or optimizer state there (a bad
+disk, a half-synced /opt/ml/checkpoints restored from S3) would be loaded as is and trained on. So a
+TrainerCallback seals each checkpoint right after Trainer saved it (`on_save`: every file's size and sha256 in a
+completion marker, dilforge_shared.checkpoint_digests, the format CPT's checkpointer writes), and
+`latest_checkpoint` resumes only from a checkpoint whose files all match: a damaged or unsealed one is renamed
+`damaged-checkpoint-<step>` (outside Trainer's `checkpoint-*` rotation and lookup, kept for inspection) with a
+warning, and the previous one is tried. The SFT stage trains in one process, which writes the whole folder.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+from dilforge_shared.checkpoint_digests import seal, set_aside, verify
+
+log = logging.getLogger("dilforge.sft")
+
+DAMAGED_PREFIX = "damaged-"
+
+
+def latest_checkpoint(folder: Path) -> Path | None:
+    """Newest Trainer checkpoint whose files match their digests (transformers' own `get_last_checkpoint` picks
+    the newest). Cut-off ones (trainer_state.json, written last, missing or unparsable) are removed first; a
+    damaged or unsealed one is set aside with a warning and the previous one is tried."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    if not folder.is_dir():
+        return None
+    for path in folder.glob("checkpoint-*"):
+        try:
+            json.loads((path / "trainer_state.json").read_text())
+        except (ValueError, OSError):
+            log.warning("removing incomplete checkpoint %s (no complete trainer_state.json)", path)
+            shutil.rmtree(path, ignore_errors=True)
+    while last := get_last_checkpoint(str(folder)):
+        path = Path(last)
+        problem = verify(path)
+        if problem is None:
+            return path
+        aside = set_aside(path, DAMAGED_PREFIX + path.name)
+        log.warning(
+            "checkpoint %s is damaged (%s); set aside as %s, trying the previous one",
+            path,
+            problem,
+            aside.name if aside else "(already)",
+        )
+    return None
+
+
+def seal_checkpoints_callback():
+    """Digests of every file of a checkpoint, written right after Trainer saved it (rotation included)."""
+    from transformers import TrainerCallback
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+    class SealCheckpoints(TrainerCallback):
+        def on_save(self, args, state, control, **kwargs):
+            folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+            if args.should_save and folder.is_dir():
+                seal(folder, state.global_step)
+            return control
+
+    return SealCheckpoints()
