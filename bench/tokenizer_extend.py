@@ -104,8 +104,10 @@ def main() -> None:
 
     from dilforge_shared.corpus import iter_texts
     from dilforge_shared.families import LLAMA3, detect_family
-    from dilforge_tokenizer import audit, bpe, continued, family_out, stage
+    from dilforge_tokenizer import audit, bpe, continued, family_out
     from dilforge_tokenizer import base as base_tok
+    from dilforge_tokenizer import candidates as stage
+    from dilforge_tokenizer.base import Base
     from dilforge_tokenizer.report import measure_sets
 
     flores = str(args.data / "az/dev/flores200.dev.partial_from_sib200.tsv")
@@ -150,7 +152,7 @@ def main() -> None:
         )
     )
     refill_s: dict[int, float] = {}
-    base = stage.Base(folder=args.base, uri=str(args.base), tok=tok, doc=doc, family=family)
+    base = Base(folder=args.base, uri=str(args.base), tok=tok, doc=doc, family=family)
     for size in sorted(args.sizes):
         ext, added = continued.extend_doc(doc, learned, size)
         new_ids = set(range(first_new, first_new + added))

@@ -25,8 +25,8 @@ from dilforge_shared.families import CHATML_CHAT_TEMPLATE
 from dilforge_shared.manifest import Manifest, current_producer
 from dilforge_shared.opt_ml import OPT_ML_ENV, OptMl
 from dilforge_shared.store import fetch, publish
-from dilforge_tokenizer import stage
-from dilforge_tokenizer.base import load
+from dilforge_tokenizer import candidates as stage_candidates
+from dilforge_tokenizer.base import Base, load
 
 pytestmark = pytest.mark.slow
 
@@ -183,15 +183,15 @@ def test_every_strategy_round_trips_both_dev_sets(tmp_path, data_root, smollm2_d
         from dilforge_tokenizer import continued
 
         family = detect_family(base_tok.vocab_tokens(doc), str(folder))
-        base = stage.Base(folder=folder, uri=str(folder), tok=tok, doc=doc, family=family)
+        base = Base(folder=folder, uri=str(folder), tok=tok, doc=doc, family=family)
         config = TokenizerConfig(
             strategy="extend", compare_with=["replace"], corpora=[{"uri": "x"}], num_new_tokens=[200], vocab_sizes=[800]
         )
         seg = continued.segment(continued.word_counts(lines.items(), tok), doc)
         candidates = [
-            stage.base_candidate(base),
-            *stage.extend_candidates(config, seg, base, False),
-            *stage.replace_candidates(config, stage.expanded(lines), family, base, False)[0],
+            stage_candidates.base_candidate(base),
+            *stage_candidates.extend_candidates(config, seg, base, False),
+            *stage_candidates.replace_candidates(config, stage_candidates.expanded(lines), family, base, False)[0],
         ]
         assert [c.strategy for c in candidates] == ["base", "extend", "replace"]
         for cand in candidates:

@@ -160,7 +160,7 @@ def test_vocab_sizes_beyond_what_training_produced_are_recorded_as_produced(tmp_
     from dilforge_shared.configs import validate_model
     from dilforge_shared.configs.tokenizer import TokenizerConfig
     from dilforge_shared.families import LLAMA3
-    from dilforge_tokenizer.stage import replace_candidates
+    from dilforge_tokenizer.candidates import replace_candidates
 
     (tmp_path / "c.txt").write_text("x")
     config = validate_model(

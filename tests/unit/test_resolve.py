@@ -99,7 +99,7 @@ def test_every_stage_applies_the_same_rule(tmp_path, two_bases, monkeypatch):
     """tokenizer, cpt and sft pick the config field over an upstream input, and the input without the field."""
     from dilforge_cpt.model_init import base_model_source
     from dilforge_sft.stage import resolve_base as sft_base
-    from dilforge_tokenizer.stage import resolve_base as tok_base
+    from dilforge_tokenizer.base import resolve_base as tok_base
 
     art, plain = two_bases
     corpus = [{"uri": str(tmp_path / "c.txt")}]
@@ -115,7 +115,7 @@ def test_every_stage_applies_the_same_rule(tmp_path, two_bases, monkeypatch):
     def load(folder, uri, parse_json=True):
         raise Chosen(json.loads((folder / "tokenizer.json").read_text())["from"])
 
-    monkeypatch.setattr("dilforge_tokenizer.stage.base_tok.load", load)
+    monkeypatch.setattr("dilforge_tokenizer.base.load", load)
     for cfg, ctx, expected in (
         (tok_cfg(base_tokenizer=str(plain)), both, "field"),
         (tok_cfg(), only_input, "artifact"),

@@ -1,13 +1,18 @@
-"""The base tokenizer, once `dilforge_shared.models.resolve(..., "tokenizer")` found its folder: load, checks, copy."""
+"""The base tokenizer: found by the shared precedence rule and `dilforge_shared.models.resolve(..., "tokenizer")`
+(`resolve_base`), loaded, checked against the strategies before any corpus is read, copied for `base`."""
 
 from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
-from dilforge_shared.errors import InputError
-from dilforge_shared.models import TOKENIZER_FILES
+from dilforge_shared.configs.tokenizer import TokenizerConfig
+from dilforge_shared.contract import StageContext
+from dilforge_shared.errors import ConfigError, InputError
+from dilforge_shared.families import Family, detect_family
+from dilforge_shared.models import TOKENIZER_FILES, choose, resolve
 from tokenizers import Tokenizer
 
 
@@ -49,3 +54,52 @@ def copy_folder(folder: Path, out: Path) -> None:
     for name in TOKENIZER_FILES:
         if (folder / name).is_file():
             shutil.copyfile(folder / name, out / name)
+
+
+@dataclass
+class Base:
+    """The base tokenizer, wherever it came from, and its family (None when unknown)."""
+
+    folder: Path
+    uri: str
+    tok: Tokenizer
+    doc: dict
+    family: Family | None
+    family_error: InputError | None = None
+
+
+def resolve_base(config: TokenizerConfig, ctx: StageContext) -> Base | None:
+    """The base by the shared precedence rule (`models.choose`): `base_tokenizer` when set, else the upstream
+    `model` artifact's tokenizer, else None. Lineage: an input is recorded as upstream, base_tokenizer by the
+    ref the coordinator fingerprinted (shared identity.config_refs), so no extra refs here."""
+    choice = choose("base_tokenizer", config.base_tokenizer, ctx.request.inputs, order=("model",))
+    if choice is None:
+        return None
+    uri = choice.uri
+    source = ctx.input(choice.input) if choice.input else uri
+    try:
+        folder = resolve(source, "tokenizer", endpoint_url=ctx.endpoint_url, cache_dir=ctx.checkpoint_dir / "base").path
+    except ConfigError as exc:
+        raise InputError(f"{choice.field}: {str(exc).removeprefix(f'{uri}: ')}", path=uri) from None
+    if folder.is_file():
+        raise InputError(f"{choice.field}: a folder (or artifact) with tokenizer.json is needed, not a file", path=uri)
+    tok, doc = load(folder, uri)
+    try:
+        family, error = detect_family(vocab_tokens(doc), uri), None
+    except InputError as exc:
+        family, error = None, exc
+    return Base(folder=folder, uri=uri, tok=tok, doc=doc, family=family, family_error=error)
+
+
+def check_base(config: TokenizerConfig, base: Base | None) -> None:
+    """Refuse, before reading any corpus, a strategy that needs a base it cannot use."""
+    for strategy in config.strategies:
+        if strategy in ("base", "extend") and base is None:
+            raise ConfigError(
+                f"tokenizer.base_tokenizer: strategy {strategy!r} needs a base tokenizer: set "
+                "base_tokenizer or run a model stage upstream (input 'model')"
+            )
+    if "extend" in config.strategies:
+        check_extendable(base.doc, f"{base.uri.rstrip('/')}/tokenizer.json")
+        if base.family is None:
+            raise base.family_error

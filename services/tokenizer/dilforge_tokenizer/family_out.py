@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from dilforge_shared.errors import DilforgeError
 from dilforge_shared.families import LLAMA3, Family
 from tokenizers import Tokenizer, processors
 
@@ -73,3 +74,29 @@ def write_folder(tok: Tokenizer, out_dir: Path, family: Family, model_max_length
         json.dumps(tokenizer_config(family, model_max_length), indent=2) + "\n"
     )
     (out_dir / "chat_template.jinja").write_text(family.chat_template)
+
+
+def verify_output(out: Path, tok: Tokenizer | None) -> dict:
+    """Check what is about to be published: the tokenizer round-trips text and the special-token roles
+    named in tokenizer_config.json exist. `tok` is the tokenizer just saved (reloading a 50k-vocab
+    file costs ~0.2 s; the tests load every strategy's output with both libraries instead)."""
+    sample = "Azərbaycan dili türk dillərinin oğuz qrupuna daxildir. Hello world!"
+    config_file = out / "tokenizer_config.json"
+    try:
+        raw = tok or Tokenizer.from_file(str(out / "tokenizer.json"))
+        config = json.loads(config_file.read_text()) if config_file.exists() else {}
+    except Exception as exc:  # noqa: BLE001 - tokenizers raises a bare Exception on a bad file
+        raise DilforgeError(f"output tokenizer in {out} does not load: {exc}") from None
+    ids = raw.encode(sample, add_special_tokens=False).ids
+    if raw.decode(ids) != sample:
+        raise DilforgeError(f"output tokenizer in {out} does not round-trip text")
+    roles = {k: config.get(k) for k in ("bos_token", "eos_token", "pad_token")}
+    for role, token in roles.items():
+        content = token.get("content") if isinstance(token, dict) else token
+        if content is not None and raw.token_to_id(content) is None:
+            raise DilforgeError(f"{config_file}: {role} {content!r} is not in the vocabulary")
+    return {
+        "vocab_size_total": raw.get_vocab_size(with_added_tokens=True),
+        **roles,
+        "has_chat_template": (out / "chat_template.jinja").exists() or "chat_template" in config,
+    }

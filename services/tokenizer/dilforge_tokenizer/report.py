@@ -1,7 +1,11 @@
-"""Figures and tables of the tokenizer stage: per-set metrics, the size rule, sweep.md and comparison.md."""
+"""Figures and tables of the tokenizer stage: the validation sets, per-set metrics, the size rule, sweep.md and
+comparison.md."""
 
 from __future__ import annotations
 
+from dilforge_shared.configs.tokenizer import TokenizerConfig
+from dilforge_shared.corpus import iter_texts
+from dilforge_shared.errors import InputError
 from dilforge_shared.textmetrics import measure, tokenizers_encoder
 from tokenizers import Tokenizer
 
@@ -104,3 +108,18 @@ def comparison_table(comparison: list[dict]) -> str:
             )
         lines.append(line)
     return "\n".join(lines) + "\n"
+
+
+def read_validation_sets(config: TokenizerConfig, endpoint_url: str | None) -> dict[str, list[str]]:
+    """Validation sets are small (dev sets): read whole; an empty one is an error, not a NaN."""
+    sets = {}
+    for source in config.validation:
+        texts = list(
+            iter_texts(
+                source.uri, source.format, source.text_field, endpoint_url, config.normalization, **source.bounds
+            )
+        )
+        if not texts:
+            raise InputError("validation set is empty: no non-blank text in it", path=source.uri)
+        sets[source.label] = texts
+    return sets

@@ -1,0 +1,207 @@
+"""The tokenizer candidates: every (strategy, size) the stage measures, each strategy trained once.
+
+replace: one fresh byte-level BPE at the largest size, smaller sizes its prefixes; extend: one continued BPE over
+the base's own segmentation at the largest number of new tokens, smaller numbers its prefixes; base: the base
+itself. `prune_and_refill` drops an extend candidate's dead new tokens and refills their places with further
+merges (extend + prune_dead).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from dilforge_shared.configs.tokenizer import TokenizerConfig
+from dilforge_shared.families import LLAMA3, Family
+from tokenizers import Tokenizer
+
+from . import audit, bpe, continued, family_out
+from .base import Base
+from .stream import CorpusStream
+
+log = logging.getLogger("dilforge.tokenizer")
+
+
+@dataclass
+class Candidate:
+    """One (strategy, size): its tokenizer, regular-vocab doc (for the audit), and which ids are new."""
+
+    strategy: str
+    size: int
+    tok: Tokenizer
+    doc: dict
+    new_ids: set[int]
+    first_new_id: int
+    family: Family
+    sets: dict = field(default_factory=dict)
+    audit: dict = field(default_factory=dict)
+    dead: set[int] = field(default_factory=set)
+    learned: list | None = None  # extend: the whole continued merge list (for prune-and-refill)
+
+
+def expanded(lines: Counter, batch: int = 4096) -> Iterator[list[str]]:
+    """The training lines, each as often as it was fed (weights), in lists for the trainer."""
+    out: list[str] = []
+    for line, n in lines.items():
+        out.extend([line] * n)
+        if len(out) >= batch:
+            yield out
+            out = []
+    if out:
+        yield out
+
+
+def base_candidate(base: Base) -> Candidate:
+    size = base.tok.get_vocab_size(with_added_tokens=True)
+    return Candidate("base", size, base.tok, base.doc, set(), size, base.family or LLAMA3)
+
+
+def counted(stream: CorpusStream, lines: Counter) -> Iterator[list[str]]:
+    """The stream's batches, each also counted into `lines` (for the audit) as the trainer pulls it; then the
+    word lists' words (read last, kept as counts by the stream), each as often as it was fed."""
+    for batch in stream.batches():
+        lines.update(batch)
+        yield batch
+    lines.update(stream.fed_words)
+    yield from expanded(stream.fed_words)
+
+
+def replace_candidates(
+    config: TokenizerConfig, batches: Iterator[list[str]], family: Family, base: Base | None, tty: bool
+) -> tuple[list[Candidate], dict]:
+    """One fresh BPE at the largest size; smaller sizes are its prefixes. Also returns its doc."""
+    largest = max(config.vocab_sizes)
+    log.info("replace: training one BPE at %d tokens (serves sizes %s)", largest, sorted(config.vocab_sizes))
+    trained = bpe.train(batches, largest, config.min_frequency, show_progress=tty)
+    trained_doc = bpe.model_of(trained)
+    out = []
+    for size in sorted(config.vocab_sizes):
+        doc = bpe.truncate(trained_doc, size)
+        produced = len(doc["model"]["vocab"])
+        if produced < size:  # the corpus ran out of merges: never report (or select) a size that does not exist
+            if any(c.size == produced for c in out):
+                log.warning(
+                    "replace: vocab size %d asked, but the corpus gives only %d tokens at min_frequency %d; "
+                    "dropped (same tokenizer as size %d)",
+                    size,
+                    produced,
+                    config.min_frequency,
+                    produced,
+                )
+                continue
+            log.warning(
+                "replace: vocab size %d asked, but the corpus gives only %d tokens at min_frequency %d; "
+                "measured and recorded as %d",
+                size,
+                produced,
+                config.min_frequency,
+                produced,
+            )
+            size = produced
+        new_ids = {i for t, i in doc["model"]["vocab"].items() if len(t) > 1}
+        tok = family_out.finish(bpe.from_doc(doc), family, base.doc if base else None)
+        out.append(Candidate("replace", size, tok, doc, new_ids, min(new_ids, default=size), family))
+    return out, trained_doc
+
+
+def extend_candidates(config: TokenizerConfig, seg: continued.Segmented, base: Base, tty: bool) -> list[Candidate]:
+    """One continued training at the largest number of new tokens; smaller ones are prefixes."""
+    largest = max(config.num_new_tokens)
+    log.info(
+        "extend: continuing the base's BPE by %d new tokens over %d unique words (serves %s)",
+        largest,
+        len(seg.words),
+        sorted(config.num_new_tokens),
+    )
+    learned = continued.learn_merges(seg, largest, config.min_frequency, show_progress=tty)
+    out = []
+    for size in sorted(config.num_new_tokens):
+        doc, added = continued.extend_doc(base.doc, learned, size)
+        if added < size:  # recorded (and selectable) as what exists, never as the size asked for
+            if any(c.size == added for c in out):
+                log.warning(
+                    "extend: the corpus supports only %d new tokens at min_frequency %d (asked %d); dropped "
+                    "(same tokenizer as %d new tokens)",
+                    added,
+                    config.min_frequency,
+                    size,
+                    added,
+                )
+                continue
+            log.warning(
+                "extend: the corpus supports only %d new tokens at min_frequency %d (asked %d); recorded as %d",
+                added,
+                config.min_frequency,
+                size,
+                added,
+            )
+            size = added
+        first = max(base.doc["model"]["vocab"].values()) + 1
+        first = max([first, *(t["id"] + 1 for t in base.doc.get("added_tokens", []))])
+        new_ids = set(range(first, first + added))
+        out.append(Candidate("extend", size, bpe.from_doc(doc), doc, new_ids, first, base.family, learned=learned))
+    return out
+
+
+def prune_and_refill(cand: Candidate, base: Base, words: Counter, rounds: int = 6) -> tuple[dict, int]:
+    """extend + prune_dead: drop the dead new tokens and take further merges in their place, so the
+    published tokenizer has up to `size` new tokens that are all (or nearly all) produced on the corpus.
+
+    1. Dead new tokens go. With `ignore_merges` a token the corpus only produces as a whole word keeps no
+       chain of intermediate tokens (`audit.corpus_use`), so those intermediates go too. What stays dead
+       are intermediates that produced tokens are built from: a produced token that alone holds k of them
+       costs 1 + k rows, and when its uses per row fall below what a refill row buys (the median uses of
+       the newest `size / 50` tokens) it goes too, with its dead parts (`audit.costly_tokens`).
+    2. Refill: further learned merges (never the dropped tokens) take the free places, plus a margin of
+       the dead share seen so far (they die at about that rate too); on an overshoot the newest tokens
+       beyond `size` are dropped (a token's parts are always older than it, so nothing kept loses its
+       chain). Usually one round.
+    A round encodes the corpus words once (not the full audit: the published tokenizer is audited afterwards).
+    Returns (doc, number of new tokens dropped from the candidate before refilling)."""
+    first, size = cand.first_new_id, cand.size
+    num_fixed = len(base.doc["model"]["merges"])  # the base's merges: never touched by pruning
+
+    def pruned(doc: dict, drop: set[int] = frozenset()) -> dict:
+        """`doc` without its dead new tokens (and `drop`), after one encode of the corpus words."""
+        counts, parts_needed = audit.corpus_use(doc, words, first)
+        dead = {i for i in doc["model"]["vocab"].values() if i >= first and i not in counts}
+        return audit.prune(doc, first, dead | drop, parts_needed, num_fixed)[0]
+
+    def num_live(doc: dict) -> int:
+        return len(doc["model"]["vocab"]) - first
+
+    counts, parts_needed = audit.corpus_use(cand.doc, words, first)
+    vocab = cand.doc["model"]["vocab"]
+    newest = sorted(i for i in vocab.values() if i >= first)[-max(1, size // 50) :]
+    price = statistics.median(counts.get(i, 0) for i in newest)
+    costly = audit.costly_tokens(cand.doc, first, counts, price, parts_needed, num_fixed)
+    dead = {i for i in vocab.values() if i >= first and i not in counts}
+    best = audit.prune(cand.doc, first, dead | costly, parts_needed, num_fixed)[0]
+    num_pruned = num_live(cand.doc) - num_live(best)
+    if costly:
+        log.info(
+            "prune_dead: %d produced tokens were the only ones built from dead intermediates and had fewer "
+            "uses per row than %.1f (the newest tokens' median): dropped with those intermediates",
+            len(costly),
+            price,
+        )
+    exclude = {t for t, i in vocab.items() if i in costly}
+    take = size
+    for _ in range(rounds):
+        live = num_live(best)
+        if live >= size or cand.learned is None:
+            break
+        take += math.ceil((size - live) * take / max(1, live))
+        doc, added = continued.extend_doc(base.doc, cand.learned, take, exclude)
+        best = pruned(doc)
+        if num_live(best) > size:
+            newest_ids = {i for i in best["model"]["vocab"].values() if i >= first + size}
+            best = pruned(best, newest_ids)
+            break
+        if added < take:  # the learned merge list is exhausted
+            break
+    return best, num_pruned
