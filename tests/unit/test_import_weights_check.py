@@ -13,6 +13,7 @@ from dilforge_shared.errors import InputError
 
 pytest.importorskip("dilforge_cpt")
 from dilforge_cpt.gguf_convert import convert_gguf
+from dilforge_cpt.import_model import read_license
 from dilforge_cpt.weights_check import read_header, verify_weights
 
 
@@ -52,18 +53,20 @@ def test_a_header_declaring_a_huge_tensor_is_refused_without_allocating(folder):
         header["model.embed_tokens.weight"]["shape"] = [10**9, 10**9]
 
     _rewrite_header(folder / "model.safetensors", huge)
-    with pytest.raises(InputError, match=r"tensor 'model.embed_tokens.weight': F32\[1000000000, 1000000000\] needs"):
+    with pytest.raises(
+        InputError, match=r"model.safetensors: not a valid safetensors file: .*overflow computing buffer"
+    ):
         verify_weights(folder)
 
 
 @pytest.mark.parametrize(
     "damage, message",
     [
-        (lambda raw: raw[:-100], "truncated"),
-        (lambda raw: struct.pack("<Q", 1 << 40) + raw[8:], "header declares 1,099,511,627,776 bytes"),
-        (lambda raw: raw[:5], "shorter than its 8-byte header length"),
-        (lambda raw: raw[:8] + b"\xff" + raw[9:], "header is not valid JSON"),
-        (lambda raw: raw + b"\0" * 16, "tensors cover"),
+        (lambda raw: raw[:-100], "file not fully covered \\(truncated, or bytes after the last tensor\\)"),
+        (lambda raw: struct.pack("<Q", 1 << 40) + raw[8:], "header too large"),
+        (lambda raw: raw[:5], "header too small"),
+        (lambda raw: raw[:8] + b"\xff" + raw[9:], "invalid UTF-8 in header"),
+        (lambda raw: raw + b"\0" * 16, "file not fully covered"),
     ],
 )
 def test_a_damaged_safetensors_file_is_one_line_naming_it(folder, damage, message):
@@ -76,8 +79,28 @@ def test_a_damaged_safetensors_file_is_one_line_naming_it(folder, damage, messag
 
 def test_two_tensors_over_the_same_bytes_are_refused(folder):
     _rewrite_header(folder / "model.safetensors", lambda h: h.update({"extra.weight": {**h["model.norm.weight"]}}))
-    with pytest.raises(InputError, match="overlapping or gapped"):
+    with pytest.raises(InputError, match="invalid offset for tensor `extra.weight`"):
         verify_weights(folder)
+
+
+def test_the_header_gives_every_tensor_dtype_and_shape(folder):
+    from safetensors.torch import load_file
+
+    tensors = load_file(folder / "model.safetensors")
+    assert read_header(folder / "model.safetensors") == {
+        name: {"dtype": "F32", "shape": list(t.shape)} for name, t in tensors.items()
+    }
+
+
+def test_the_license_comes_from_the_model_card_front_matter(tmp_path, caplog):
+    card = tmp_path / "README.md"
+    assert read_license(tmp_path) is None  # no card
+    card.write_text("---\nlanguage: [az, en]\nlicense: apache-2.0\ntags: [llama]\n---\n# Model\nlicense: mit\n")
+    assert read_license(tmp_path) == "apache-2.0"
+    card.write_text("# Model\n\nlicense: mit (in the prose, not the front matter)\n")
+    assert read_license(tmp_path) is None
+    card.write_text("---\nlicense: [unclosed\n---\n")
+    assert read_license(tmp_path) is None and "front matter does not parse" in caplog.text
 
 
 def test_a_missing_tensor_is_named(folder):

@@ -187,14 +187,22 @@ def copy_hf_folder(folder: Path, source: str, out: Path) -> None:
 
 
 def read_license(folder: Path) -> str | None:
-    """The license named in a model card's front matter (`license: ...`), if any."""
+    """The license named in the model card's YAML front matter (`license: ...`), read by huggingface_hub's own
+    card parser (`metadata_load`); a card without one, or one whose front matter does not parse, gives None
+    (provenance only: the import goes on, with a warning for the broken card)."""
+    import yaml
+    from huggingface_hub import metadata_load
+
     card = folder / "README.md"
     if not card.is_file():
         return None
-    for line in card.read_text(encoding="utf-8", errors="replace").splitlines()[:40]:
-        if line.startswith("license:"):
-            return line.split(":", 1)[1].strip() or None
-    return None
+    try:
+        meta = metadata_load(card) or {}
+    except (ValueError, yaml.YAMLError) as exc:  # UnicodeDecodeError is a ValueError
+        log.warning("%s: model card front matter does not parse (%s): no license recorded", card, exc)
+        return None
+    license_id = meta.get("license")
+    return license_id if isinstance(license_id, str) and license_id.strip() else None
 
 
 # ---- describe ----------------------------------------------------------------------------------
@@ -204,9 +212,7 @@ def describe(folder: Path) -> dict:
     """Parameter count and dtype from the weight headers, architecture and chat family from config and tokenizer."""
     num_parameters, dtypes = 0, set()
     for path in sorted(folder.glob(f"*{WEIGHT_SUFFIX}")):
-        for name, info in read_header(path).items():
-            if name == "__metadata__":
-                continue
+        for info in read_header(path).values():
             count = 1
             for dim in info["shape"]:
                 count *= dim
