@@ -73,6 +73,19 @@ def test_label_mask_truncated_at_max_length(stage_parts, tiny_llama_dir, tmp_pat
     assert counts.num_long_dropped_no_assistant_left == 1
 
 
+def test_the_chat_template_is_applied_once_per_conversation(stage_parts, tiny_llama_dir, tmp_path, monkeypatch):
+    """The length rule's tokenisation is the only one: TRL takes the tokenised examples as they are."""
+    stage, tok, _, plan, path = stage_parts
+    calls = []
+    real = tok.apply_chat_template
+    monkeypatch.setattr(tok, "apply_chat_template", lambda *a, **k: calls.append(1) or real(*a, **k))
+    config = SftConfig.model_validate({"train": [{"uri": path}], "validation": [{"uri": path}], "lora": {"r": 4}})
+    train, val, _, _ = stage.prepare_data(config, tok, None)
+    trainer = stage.build_trainer(config, stage.load_model(tiny_llama_dir, plan), tok, train, val, tmp_path, plan)
+    assert len(trainer.train_dataset) == len(trainer.eval_dataset) == 2
+    assert len(calls) == 4  # two conversations in each split, one template application each
+
+
 def test_label_preview_writes_ids_mask_and_decoded_text(stage_parts, tmp_path):
     stage, tok = stage_parts[0], stage_parts[1]
     ids, labels = expected_tokens(tok)

@@ -1,7 +1,7 @@
 """Records → conversations, with explicit counted rules for everything that is not a clean chat.
 
-A conversation is a list of {"role": system|user|assistant, "content": str}: the shape TRL's
-SFTTrainer treats as conversational, so the chat template (with {% generation %} markers) decides
+A conversation is a list of {"role": system|user|assistant, "content": str}, rendered once by the
+tokenizer's chat template (with {% generation %} markers, `apply_length_rule`), whose assistant mask decides
 which tokens carry loss. Every rule that changes or drops data adds to a named counter that ends
 up in the manifest, so "trained on 940 conversations" can be traced back to the input files.
 """
@@ -23,6 +23,7 @@ log = logging.getLogger("dilforge.sft.data")
 
 ROLES = ("system", "user", "assistant")
 Conversation = list[dict[str, str]]
+Example = dict[str, list[int]]  # a tokenised conversation: input_ids and assistant_masks, as TRL's SFTTrainer takes
 MAX_EXAMPLES = 10
 
 
@@ -278,28 +279,31 @@ def load_splits(
 
 def apply_length_rule(
     convs: list[Conversation], tokenizer, max_length: int, rule: str, counts: DataCounts
-) -> list[Conversation]:
-    """Count (and, with rule 'drop', remove) conversations over max_length tokens.
+) -> list[Example]:
+    """Tokenise each conversation once and count (with rule 'drop': remove) those over max_length tokens.
 
-    Tokenised exactly as TRL does (apply_chat_template with the assistant mask). With 'truncate' TRL
-    keeps the first max_length tokens; a conversation whose kept window has no assistant token is
-    dropped here so that the count is ours, not a silent filter inside TRL.
+    The chat template is applied here, once, by the tokenizer's `apply_chat_template` with the assistant mask:
+    the call TRL's SFTTrainer would make itself. The examples ({"input_ids", "assistant_masks"}, untruncated)
+    go to TRL as a processed dataset, which it does not tokenise again: it builds the labels from the mask,
+    truncates to max_length (keeping the start) or packs. With 'truncate', a conversation whose kept window has
+    no assistant token is dropped here, so that the count is ours, not a silent filter inside TRL.
     """
-    kept = []
+    kept: list[Example] = []
     for conv in convs:
         enc = tokenizer.apply_chat_template(conv, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
         ids, mask = list(enc["input_ids"]), list(enc["assistant_masks"])
+        window = mask
         if len(ids) > max_length:
             if rule == "drop":
                 counts.num_long_dropped += 1
                 continue
-            if 1 not in mask[:max_length]:
+            window = mask[:max_length]
+            if 1 not in window:
                 counts.num_long_dropped_no_assistant_left += 1
                 continue
             counts.num_long_truncated += 1
-            ids, mask = ids[:max_length], mask[:max_length]
-        counts.num_tokens += len(ids)
-        counts.num_assistant_tokens += sum(mask)
-        kept.append(conv)
+        counts.num_tokens += len(window)
+        counts.num_assistant_tokens += sum(window)
+        kept.append({"input_ids": ids, "assistant_masks": mask})
     counts.num_conversations = len(kept)
     return kept

@@ -2,8 +2,8 @@
 
 The loss falls on assistant content and the end-of-turn token of the base model's family only
 (`<|eot_id|>` for Llama 3, `<|im_end|>` for ChatML): the family's chat template carries
-{% generation %} markers and TRL's `assistant_only_loss` turns everything outside them into label
--100. Packing is padding-free, with an attention kernel that keeps documents apart (see
+{% generation %} markers; the conversations are tokenised once with that template's assistant mask
+(`data.apply_length_rule`) and TRL's SFTTrainer turns everything outside the mask into label -100. Packing is padding-free, with an attention kernel that keeps documents apart (see
 `attention_plan`). TRL, PEFT and transformers are used as libraries; the only
 extension is a TrainerCallback that turns SIGTERM into "checkpoint and stop".
 """
@@ -28,7 +28,7 @@ from dilforge_shared.models import ADAPTER_DIR, MERGED_DIR, choose, resolve
 from dilforge_shared.runtime_policy import DeviceFacts
 
 from .checkpoints import latest_checkpoint, seal_checkpoints_callback
-from .data import Conversation, DataCounts, apply_length_rule, load_splits
+from .data import DataCounts, Example, apply_length_rule, load_splits
 
 log = logging.getLogger("dilforge.sft")
 
@@ -83,7 +83,7 @@ def load_tokenizer(model_dir: Path) -> tuple[Any, Family, str]:
     The family (Llama 3 or ChatML) decides the turn-end token the loss must cover and the pad token.
     A tokenizer whose own template already has {% generation %} markers keeps it; otherwise the
     family's training template replaces it (SmolLM2's shipped template, for one, has none and injects
-    a default system prompt), so `assistant_only_loss` masks exactly assistant content + the family's eot.
+    a default system prompt), so the assistant mask covers exactly assistant content + the family's eot.
     """
     from transformers import AutoTokenizer
     from trl.chat_template_utils import has_generation_markers
@@ -215,7 +215,9 @@ def sft_arguments(config: SftConfig, output_dir: Path, plan: DevicePlan, checkpo
         output_dir=str(output_dir),
         seed=config.seed,
         data_seed=config.seed,
-        assistant_only_loss=True,
+        # the datasets arrive tokenised with their `assistant_masks` (prepare_data), which TRL turns into the labels
+        # itself; assistant_only_loss only asks TRL to tokenise messages with that mask, and refuses tokenised data
+        assistant_only_loss=False,
         max_length=config.max_length,
         truncation_mode="keep_start",
         packing=config.packing,
@@ -252,14 +254,15 @@ def build_trainer(
     config: SftConfig,
     model,
     tokenizer,
-    train: list[Conversation],
-    val: list[Conversation],
+    train: list[Example],
+    val: list[Example],
     output_dir: Path,
     plan: DevicePlan,
     callbacks: list | None = None,
     checkpointing: bool = False,
 ):
-    """TRL's SFTTrainer with LoRA on the stage's conversations; datasets are tokenised and masked here."""
+    """TRL's SFTTrainer with LoRA on the stage's tokenised conversations (`prepare_data`): TRL builds the labels
+    from their assistant masks, truncates or packs them; it does not apply the chat template again."""
     from datasets import Dataset
     from trl import SFTTrainer
 
@@ -267,8 +270,8 @@ def build_trainer(
         model=model,
         args=sft_arguments(config, output_dir, plan, checkpointing),
         processing_class=tokenizer,
-        train_dataset=Dataset.from_list([{"messages": c} for c in train]),
-        eval_dataset=Dataset.from_list([{"messages": c} for c in val]),
+        train_dataset=Dataset.from_list(train),
+        eval_dataset=Dataset.from_list(val),
         peft_config=lora_config(config),
         callbacks=callbacks or [],
     )
@@ -371,8 +374,9 @@ def loss_history(log_history: list[dict[str, Any]]) -> list[dict[str, float]]:
 
 def prepare_data(
     config: SftConfig, tokenizer, endpoint_url: str | None, splits: tuple | None = None
-) -> tuple[list[Conversation], list[Conversation], DataCounts, DataCounts]:
-    """Read both splits with the counted record rules, then apply the max-length rule with the real tokenizer."""
+) -> tuple[list[Example], list[Example], DataCounts, DataCounts]:
+    """Read both splits with the counted record rules, then tokenise them once (the chat template) and apply the
+    max-length rule with the real tokenizer."""
     train, val, train_counts, val_counts = splits or load_splits(config, endpoint_url)
     train = apply_length_rule(train, tokenizer, config.max_length, config.long_conversations, train_counts)
     val = apply_length_rule(val, tokenizer, config.max_length, config.long_conversations, val_counts)
