@@ -44,6 +44,23 @@ def flip_byte(path: Path, offset: int) -> None:
     path.write_bytes(bytes(raw))
 
 
+def manual_nll(model, stream, window: int, stride: int) -> tuple[float, int]:
+    """(summed NLL in nats, tokens scored) of a BPB token stream by hand: each scored token's -log p from a plain
+    forward over exactly the window the plan gives it, in float64 (the reference the BPB tests compare with)."""
+    import torch
+    from dilforge_shared.bpb import window_plan
+
+    nll, n = 0.0, 0
+    with torch.no_grad():
+        for b, e, s in window_plan(len(stream.ids), window, stride):
+            logp = torch.log_softmax(model(torch.tensor([stream.ids[b:e]])).logits[0].double(), -1)
+            for t in range(s, e):
+                if stream.scored[t]:
+                    nll -= logp[t - 1 - b, stream.ids[t]].item()
+                    n += 1
+    return nll, n
+
+
 def load_bench(name: str):
     """bench/<name>.py as a module (bench/ holds scripts, not a package; their own `import hardware` resolves)."""
     import importlib.util

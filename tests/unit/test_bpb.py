@@ -8,7 +8,8 @@ import math
 
 import pytest
 import torch
-from dilforge_shared.bpb import build_stream, sliding_window_bpb, stream_nll, window_plan
+from dilforge_shared.bpb import build_stream, sliding_window_bpb, stream_nll
+from factories import manual_nll
 
 torch.set_num_threads(1)
 
@@ -34,19 +35,6 @@ def stream_for(tok, docs=DOCS):
     from dilforge_eval.bpb import encode_stream
 
     return encode_stream(tok, docs)
-
-
-def manual_nll(model, stream, window, stride) -> tuple[float, int]:
-    """Each scored token's -log p from exactly the window the plan gives it, in float64."""
-    nll, n = 0.0, 0
-    with torch.no_grad():
-        for b, e, s in window_plan(len(stream.ids), window, stride):
-            logp = torch.log_softmax(model(torch.tensor([stream.ids[b:e]])).logits[0].double(), -1)
-            for t in range(s, e):
-                if stream.scored[t]:
-                    nll -= logp[t - 1 - b, stream.ids[t]].item()
-                    n += 1
-    return nll, n
 
 
 def test_streams_frame_documents_with_the_family_separators():

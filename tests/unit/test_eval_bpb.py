@@ -42,17 +42,24 @@ def test_window_plan_rejects_bad_stride():
         eval_bpb.window_plan(10, 1, 1)
 
 
-def test_eval_bpb_is_the_shared_sliding_window_bpb(model_and_tok):
-    from dilforge_shared.bpb import sliding_window_bpb
+def test_eval_bpb_frames_documents_by_the_tokenizers_family_and_matches_a_hand_computation(model_and_tok):
+    import math
+
+    from factories import manual_nll
 
     model, tok = model_and_tok
     docs = ["Qız yoldaşına namə yazdı.", "Sabah biz muzeyə gedəcəyik."]
     stream = eval_bpb.encode_stream(tok, docs)
-    assert stream.ids[0] == tok.bos_token_id and stream.num_bytes == eval_bpb.text_bytes(docs)
+    bos, end = tok.convert_tokens_to_ids("<|begin_of_text|>"), tok.convert_tokens_to_ids("<|end_of_text|>")
+    first, second = (tok(d, add_special_tokens=False)["input_ids"] for d in docs)
+    assert stream.ids == [bos, *first, end, bos, *second]  # Llama 3's pre-training framing
+    assert stream.num_bytes == eval_bpb.text_bytes(docs) == len(docs[0].encode()) + len(docs[1].encode())
     res = eval_bpb.bits_per_byte(model, tok, docs, window=8, stride=3)
-    assert res.bpb == sliding_window_bpb(model, stream, 8, 3).bpb
+    nll, n = manual_nll(model, stream, 8, 3)
+    assert res.num_tokens == n == len(first) + len(second)  # separators are context, never scored
+    assert res.bpb == pytest.approx(nll / math.log(2) / stream.num_bytes, rel=1e-6)
     row = res.summary()
-    assert row["bpb"] == round(res.bpb, 5) and row["num_tokens"] == stream.num_text_tokens
+    assert row["bpb"] == round(res.bpb, 5) and row["num_tokens"] == n and row["num_bytes"] == stream.num_bytes
 
 
 def test_bpb_changes_with_the_text_not_with_how_it_is_batched(model_and_tok):
