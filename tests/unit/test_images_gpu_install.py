@@ -68,8 +68,3 @@ def test_cpu_variant_keeps_torch_and_numpy_pins_and_drops_cuda_only(tmp_path):
         "transformers==5.24.0",
     ]
     assert not (tmp_path / "log.constraints").exists()
-
-
-def test_images_set_expandable_segments():
-    text = (ROOT / "docker" / "stage.Dockerfile.in").read_text()
-    assert "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in text
