@@ -4,7 +4,6 @@ probing torch themselves."""
 
 from __future__ import annotations
 
-import contextlib
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -197,21 +196,21 @@ def test_attention_table_shipped_claims_no_gpu_number_and_env_overrides(tmp_path
         runtime_policy.load_attention_table()
 
 
-def test_runtime_enters_the_chosen_sdpa_priority(monkeypatch):
+def test_runtime_restricts_attention_to_the_chosen_sdpa_backends():
+    """Inside the runtime's autocast only the chosen backends may run: CUDNN alone leaves no backend for a CPU
+    SDPA call, CUDNN then MATH runs it (on MATH); without a choice torch keeps every backend."""
+    import torch
     from dilforge_cpt.runtime import Runtime
-    from torch.nn.attention import SDPBackend
+    from torch.nn import functional
 
-    entered = []
-    from torch.nn import attention
-
-    monkeypatch.setattr(
-        attention,
-        "sdpa_kernel",
-        lambda backends, set_priority=False: entered.append((backends, set_priority)) or contextlib.nullcontext(),
-    )
-    with Runtime(sdpa_backends=("CUDNN_ATTENTION", "FLASH_ATTENTION")).autocast():
-        pass
-    assert entered == [([SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION], True)]
+    flags = torch.backends.cuda
+    q = torch.randn(1, 2, 4, 8)
+    with Runtime(sdpa_backends=("CUDNN_ATTENTION",)).autocast(), pytest.raises(RuntimeError, match="No viable backend"):
+        functional.scaled_dot_product_attention(q, q, q)
+    with Runtime(sdpa_backends=("CUDNN_ATTENTION", "MATH")).autocast():
+        assert (flags.flash_sdp_enabled(), flags.mem_efficient_sdp_enabled()) == (False, False)
+        assert flags.cudnn_sdp_enabled() and flags.math_sdp_enabled()
+        out = functional.scaled_dot_product_attention(q, q, q)
+    assert out.shape == q.shape
     with Runtime().autocast():
-        pass
-    assert len(entered) == 1
+        assert flags.flash_sdp_enabled() and flags.mem_efficient_sdp_enabled() and flags.math_sdp_enabled()

@@ -21,4 +21,16 @@ def test_manifest_schema_validates_a_real_manifest():
     from factories import make_manifest
 
     schema = json.loads((SCHEMA_DIR / "manifest.schema.json").read_text())
-    jsonschema.validate(json.loads(make_manifest().to_json()), schema)
+    doc = json.loads(make_manifest().to_json())
+    jsonschema.validate(doc, schema)
+    # and the schema is not one that accepts anything: a manifest without its id, or with a stage's kind
+    # misspelt, is refused by the exported schema as by the model
+    valid = [
+        jsonschema.Draft202012Validator(schema).is_valid(bad)
+        for bad in (
+            {k: v for k, v in doc.items() if k != "artifact_id"},
+            {**doc, "kind": "weights"},
+            {**doc, "files": [{"path": "a"}]},
+        )
+    ]
+    assert valid == [False, False, False]
