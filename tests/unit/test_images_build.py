@@ -177,8 +177,13 @@ def test_serve_image_shares_the_stage_layers_and_runs_serve_on_8080():
     lines = tail.splitlines()
     assert "services/serve/requirements.lock" in tail and "import dilforge_serve" in tail
     assert lines[-2:] == ["EXPOSE 8080", 'CMD ["serve"]'] and not any("/opt/ml" in line for line in lines)
-    scripts = (ROOT / "services/serve/pyproject.toml").read_text()
-    assert 'serve = "dilforge_serve.cli:main"' in scripts  # what the entrypoint execs for `serve`
+    # what the entrypoint execs for `serve`: the package's console script, resolving to a callable
+    import importlib
+    import tomllib
+
+    target = tomllib.loads((ROOT / "services/serve/pyproject.toml").read_text())["project"]["scripts"]["serve"]
+    module, _, attr = target.partition(":")
+    assert target == "dilforge_serve.cli:main" and callable(getattr(importlib.import_module(module), attr))
 
 
 def test_one_git_sha_for_manifests_and_image_tags(monkeypatch, tmp_path):
