@@ -30,17 +30,17 @@ def sft_config(data: dict, **overrides):
 def test_packed_flex_or_flash_attention_keeps_documents_apart_on_cuda(chatml_llama_dir, gpu_data, tmp_path):
     """The kernel auto picks on CUDA gives each packed conversation the logits it gets alone."""
     import torch
-    from dilforge_sft import stage
+    from dilforge_sft import plans, stage, training
     from transformers import AutoModelForCausalLM
 
     config = sft_config(gpu_data)
-    attention = stage.attention_plan(config, "cuda")
+    attention = plans.attention_plan(config, "cuda")
     assert attention.implementation in ("flex_attention", "flash_attention_2")
-    plan = stage.DevicePlan(device="cuda", bf16=False, liger=False)
+    plan = plans.DevicePlan(device="cuda", bf16=False, liger=False)
     tok, _, _ = stage.load_tokenizer(chatml_llama_dir)
     train, val, _, _ = stage.prepare_data(config, tok, None)
-    trainer = stage.build_trainer(
-        config, stage.load_model(chatml_llama_dir, plan, "sdpa"), tok, train, val, tmp_path, plan
+    trainer = training.build_trainer(
+        config, training.load_model(chatml_llama_dir, plan, "sdpa"), tok, train, val, tmp_path, plan
     )
     batch = trainer.data_collator([trainer.train_dataset[0], trainer.train_dataset[1]])
     assert "attention_mask" not in batch and batch["input_ids"].shape[0] == 1
@@ -65,18 +65,18 @@ def test_packed_flex_or_flash_attention_keeps_documents_apart_on_cuda(chatml_lla
 
 def test_sft_bf16_liger_packing_trains(chatml_llama_dir, gpu_data, tmp_path, results_dir):
     import torch
-    from dilforge_sft import stage
+    from dilforge_sft import plans, stage, training
 
     config = sft_config(gpu_data)
-    plan = stage.device_plan(config)
+    plan = plans.device_plan(config)
     assert plan.device == "cuda" and plan.bf16 and plan.liger
-    attention = stage.attention_plan(config, plan.device)
+    attention = plans.attention_plan(config, plan.device)
     tok, family, _ = stage.load_tokenizer(chatml_llama_dir)
     assert family.name == "chatml"
     train, val, _, _ = stage.prepare_data(config, tok, None)
-    model = stage.load_model(chatml_llama_dir, plan, attention.implementation)
+    model = training.load_model(chatml_llama_dir, plan, attention.implementation)
     assert any(type(m).__name__.startswith("Liger") for m in model.modules())
-    trainer = stage.build_trainer(config, model, tok, train, val, tmp_path, plan)
+    trainer = training.build_trainer(config, model, tok, train, val, tmp_path, plan)
     lora_before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_B" in n}
     before = trainer.evaluate()["eval_loss"]
     out = trainer.train()

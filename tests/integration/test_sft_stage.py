@@ -251,15 +251,15 @@ def test_cuda_plan_uses_bf16_and_liger_and_trains(tiny_llama_dir, tmp_path, data
 
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    from dilforge_sft import stage
+    from dilforge_sft import plans, stage, training
 
     config = SftConfig.model_validate(sft_section(data_root, num_steps=2, activation_checkpointing=True))
-    plan = stage.device_plan(config)
+    plan = plans.device_plan(config)
     assert plan.device == "cuda" and plan.bf16 and plan.liger
     tok, _, _ = stage.load_tokenizer(tiny_llama_dir)
     train, val, _, _ = stage.prepare_data(config, tok, None)
-    trainer = stage.build_trainer(
-        config, stage.load_model(tiny_llama_dir, plan), tok, train, val, tmp_path, plan, checkpointing=True
+    trainer = training.build_trainer(
+        config, training.load_model(tiny_llama_dir, plan), tok, train, val, tmp_path, plan, checkpointing=True
     )
     out = trainer.train()
     assert out.global_step == 2 and math.isfinite(out.training_loss)

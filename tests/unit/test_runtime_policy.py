@@ -86,16 +86,16 @@ def test_the_policy_module_does_not_import_torch():
 
 
 def test_sft_device_plan_is_the_policy():
-    from dilforge_sft import stage
+    from dilforge_sft import plans
     from dilforge_shared.configs.sft import SftConfig
 
     config = SftConfig.model_validate({"train": [{"uri": "x.jsonl"}]})
-    assert stage.device_plan(config, "llama", facts=GPU) == stage.DevicePlan(device="cuda", bf16=True, liger=True)
-    assert stage.device_plan(config, "mistral", facts=GPU).liger is False
+    assert plans.device_plan(config, "llama", facts=GPU) == plans.DevicePlan(device="cuda", bf16=True, liger=True)
+    assert plans.device_plan(config, "mistral", facts=GPU).liger is False
     with pytest.raises(ConfigError, match="sft.precision"):  # SFT does not train in bf16 on CPU
-        stage.device_plan(config.model_copy(update={"precision": "bf16"}), facts=CPU)
+        plans.device_plan(config.model_copy(update={"precision": "bf16"}), facts=CPU)
     packed = config.model_copy(update={"packing": True})
-    assert stage.attention_plan(packed, "cuda", has_flash_attn=False).implementation == "flex_attention"
+    assert plans.attention_plan(packed, "cuda", has_flash_attn=False).implementation == "flex_attention"
 
 
 def test_cpt_runtime_and_liger_follow_the_policy(monkeypatch):

@@ -73,7 +73,7 @@ def test_a_damaged_newest_trainer_checkpoint_is_set_aside_and_training_resumes_f
     import torch
 
     torch.set_num_threads(1)
-    from dilforge_sft import stage
+    from dilforge_sft import plans, stage, training
     from dilforge_sft.checkpoints import latest_checkpoint, seal_checkpoints_callback
     from safetensors.torch import load_file
 
@@ -94,13 +94,15 @@ def test_a_damaged_newest_trainer_checkpoint_is_set_aside_and_training_resumes_f
         }
     )
     tok, _, _ = stage.load_tokenizer(tiny_llama_dir)
-    plan = stage.DevicePlan(device="cpu", bf16=False, liger=False)
+    plan = plans.DevicePlan(device="cpu", bf16=False, liger=False)
     train, val, _, _ = stage.prepare_data(config, tok, None)
     out = tmp_path / "trainer"
 
     def trainer():
-        model = stage.load_model(tiny_llama_dir, plan)
-        return stage.build_trainer(config, model, tok, train, val, out, plan, callbacks=[seal_checkpoints_callback()])
+        model = training.load_model(tiny_llama_dir, plan)
+        return training.build_trainer(
+            config, model, tok, train, val, out, plan, callbacks=[seal_checkpoints_callback()]
+        )
 
     trainer().train()
     first, second = out / "checkpoint-1", out / "checkpoint-2"

@@ -47,23 +47,23 @@ def sft_config(path: str, **overrides) -> SftConfig:
 
 
 def cpu_plan():
-    from dilforge_sft import stage
+    from dilforge_sft import plans
 
-    return stage.DevicePlan(device="cpu", bf16=False, liger=False)
+    return plans.DevicePlan(device="cpu", bf16=False, liger=False)
 
 
 def trainer_for(model_dir, path, tmp_path, **overrides):
     import torch
 
     torch.set_num_threads(1)
-    from dilforge_sft import stage
+    from dilforge_sft import plans, stage, training
 
     config = sft_config(path, **overrides)
     tok, family, _ = stage.load_tokenizer(model_dir)
     train, val, _, _ = stage.prepare_data(config, tok, None)
-    attention = stage.attention_plan(config, "cpu")
-    model = stage.load_model(model_dir, cpu_plan(), attention.implementation)
-    return stage.build_trainer(config, model, tok, train, val, tmp_path, cpu_plan()), tok, family
+    attention = plans.attention_plan(config, "cpu")
+    model = training.load_model(model_dir, cpu_plan(), attention.implementation)
+    return training.build_trainer(config, model, tok, train, val, tmp_path, cpu_plan()), tok, family
 
 
 # ---- family ------------------------------------------------------------------------------------------
@@ -127,7 +127,7 @@ def test_tokenizer_of_unknown_family_is_refused_naming_the_folder(tmp_path, chat
     ],
 )
 def test_attention_plan_auto(packing, device, flash, expected):
-    from dilforge_sft.stage import attention_plan
+    from dilforge_sft.plans import attention_plan
 
     plan = attention_plan(sft_config("x.jsonl", packing=packing), device, has_flash_attn=flash)
     assert plan.implementation == expected and plan.reason
@@ -136,7 +136,7 @@ def test_attention_plan_auto(packing, device, flash, expected):
 
 
 def test_attention_plan_explicit_and_refused():
-    from dilforge_sft.stage import attention_plan
+    from dilforge_sft.plans import attention_plan
 
     assert attention_plan(sft_config("x.jsonl", attention="eager"), "cuda", False).implementation == "eager"
     with pytest.raises(ConfigError, match="sft.attention"):
@@ -175,7 +175,7 @@ def test_packed_rows_do_not_attend_across_conversations(chatml_llama_dir, chat_f
 
 
 def test_activation_checkpointing_auto_follows_the_memory_estimate():
-    from dilforge_sft.stage import checkpointing_decision, estimate_training_bytes
+    from dilforge_sft.plans import checkpointing_decision, estimate_training_bytes
 
     config = sft_config("x.jsonl", activation_checkpointing="auto")
     llama_1b = tiny_llama_config(

@@ -22,24 +22,26 @@ def stage_parts(tiny_llama_dir, tmp_path_factory):
     import torch
 
     torch.set_num_threads(1)
-    from dilforge_sft import stage
+    from dilforge_sft import plans, stage
 
     path = tmp_path_factory.mktemp("mask") / "chat.jsonl"
     # the second record's only assistant turn starts after 40 tokens of user text
     late = [{"role": "user", "content": " ".join(["Azərbaycan"] * 40)}, {"role": "assistant", "content": "Bəli."}]
     path.write_text("\n".join(json.dumps({"messages": m}, ensure_ascii=False) for m in (CONV, late)) + "\n")
     tok, _, source = stage.load_tokenizer(tiny_llama_dir)
-    plan = stage.DevicePlan(device="cpu", bf16=False, liger=False)
+    plan = plans.DevicePlan(device="cpu", bf16=False, liger=False)
     return stage, tok, source, plan, str(path)
 
 
 def prepared_labels(stage_parts, tiny_llama_dir, tmp_path, max_length):
+    from dilforge_sft import training
+
     stage, tok, _, plan, path = stage_parts
     config = SftConfig.model_validate(
         {"train": [{"uri": path}], "validation": [{"uri": path}], "max_length": max_length, "lora": {"r": 4}}
     )
     train, val, counts, _ = stage.prepare_data(config, tok, None)
-    trainer = stage.build_trainer(config, stage.load_model(tiny_llama_dir, plan), tok, train, val, tmp_path, plan)
+    trainer = training.build_trainer(config, training.load_model(tiny_llama_dir, plan), tok, train, val, tmp_path, plan)
     rows = [trainer.train_dataset[i] for i in range(len(trainer.train_dataset))]
     return rows, counts
 
@@ -75,29 +77,33 @@ def test_label_mask_truncated_at_max_length(stage_parts, tiny_llama_dir, tmp_pat
 
 def test_the_chat_template_is_applied_once_per_conversation(stage_parts, tiny_llama_dir, tmp_path, monkeypatch):
     """The length rule's tokenisation is the only one: TRL takes the tokenised examples as they are."""
+    from dilforge_sft import training
+
     stage, tok, _, plan, path = stage_parts
     calls = []
     real = tok.apply_chat_template
     monkeypatch.setattr(tok, "apply_chat_template", lambda *a, **k: calls.append(1) or real(*a, **k))
     config = SftConfig.model_validate({"train": [{"uri": path}], "validation": [{"uri": path}], "lora": {"r": 4}})
     train, val, _, _ = stage.prepare_data(config, tok, None)
-    trainer = stage.build_trainer(config, stage.load_model(tiny_llama_dir, plan), tok, train, val, tmp_path, plan)
+    trainer = training.build_trainer(config, training.load_model(tiny_llama_dir, plan), tok, train, val, tmp_path, plan)
     assert len(trainer.train_dataset) == len(trainer.eval_dataset) == 2
     assert len(calls) == 4  # two conversations in each split, one template application each
 
 
 def test_label_preview_writes_ids_mask_and_decoded_text(stage_parts, tmp_path):
+    from dilforge_sft import outputs
+
     stage, tok = stage_parts[0], stage_parts[1]
     ids, labels = expected_tokens(tok)
     rows = [{"input_ids": ids, "labels": labels}, {"input_ids": ids[:5], "labels": [-100] * 5}]
     path = tmp_path / stage.LABEL_PREVIEW_FILE
-    assert stage.write_label_preview(rows, tok, path, 1) == 1
+    assert outputs.write_label_preview(rows, tok, path, 1) == 1
     (only,) = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
     assert only["index"] == 0 and only["input_ids"] == ids
     assert only["trained"] == [0 if lab == -100 else 1 for lab in labels]
     assert only["text"].startswith("<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nSən köməkçisən.")
     assert only["trained_text"] == "Salam, necə kömək edim?<|eot_id|>Bakı Azərbaycanın paytaxtıdır.<|eot_id|>"
-    assert stage.write_label_preview(rows, tok, path, 5) == 2
+    assert outputs.write_label_preview(rows, tok, path, 5) == 2
     assert [json.loads(line)["trained"] for line in path.read_text().splitlines()][1] == [0] * 5
 
 
@@ -118,6 +124,8 @@ def test_tokenizer_without_generation_markers_gets_the_family_template(tiny_llam
 
 
 def test_packing_keeps_each_conversations_mask_and_trains(stage_parts, tiny_llama_dir, tmp_path):
+    from dilforge_sft import training
+
     stage, tok, _, plan, path = stage_parts
     ids, labels = expected_tokens(tok)
     config = SftConfig.model_validate(
@@ -133,7 +141,7 @@ def test_packing_keeps_each_conversations_mask_and_trains(stage_parts, tiny_llam
         }
     )
     train, val, _, _ = stage.prepare_data(config, tok, None)
-    trainer = stage.build_trainer(config, stage.load_model(tiny_llama_dir, plan), tok, train, val, tmp_path, plan)
+    trainer = training.build_trainer(config, training.load_model(tiny_llama_dir, plan), tok, train, val, tmp_path, plan)
     assert len(trainer.train_dataset) == 1  # both conversations in one block
     row = trainer.train_dataset[0]
     seq = row["input_ids"]
@@ -144,7 +152,7 @@ def test_packing_keeps_each_conversations_mask_and_trains(stage_parts, tiny_llam
 
 
 def test_sigterm_flag_checkpoints_and_stops():
-    from dilforge_sft.stage import stop_on_sigterm_callback
+    from dilforge_sft.training import stop_on_sigterm_callback
     from transformers import TrainerControl
 
     flag = {"stop": False}

@@ -1,0 +1,71 @@
+"""What the SFT stage publishes besides its metrics: the PEFT adapter, the merged model, the label preview (which
+tokens the loss falls on) and the loss curve."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from dilforge_shared.families import describe_model_folder
+
+
+def save_adapter(trainer, tokenizer, out_dir: Path, base_uri: str) -> None:
+    """PEFT adapter (safetensors) + tokenizer; adapter_config names the base by its URI, not a local path."""
+    trainer.model.save_pretrained(str(out_dir), safe_serialization=True)
+    tokenizer.save_pretrained(str(out_dir))
+    cfg_path = out_dir / "adapter_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["base_model_name_or_path"] = base_uri
+    cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True))
+    describe_model_folder(out_dir)
+
+
+def save_merged(base_dir: Path, adapter_dir: Path, out_dir: Path) -> None:
+    """Merge in fp32 on CPU from the saved files (what a user would do), then store in the base's own dtype."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    base = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32, trust_remote_code=False)
+    target_dtype = getattr(base.config, "dtype", None) or torch.float32
+    merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
+    if isinstance(target_dtype, str):
+        target_dtype = getattr(torch, target_dtype)
+    merged.to(target_dtype).save_pretrained(str(out_dir), safe_serialization=True)
+    AutoTokenizer.from_pretrained(str(adapter_dir), trust_remote_code=False).save_pretrained(str(out_dir))
+    describe_model_folder(out_dir)
+
+
+def write_label_preview(dataset, tokenizer, path: Path, num_examples: int) -> int:
+    """The first training rows as the trainer sees them (template, TRL tokenisation, truncation, packing done):
+    one JSON line each with the ids, a 0/1 `trained` flag per token (label != -100), and both decoded.
+
+    So a user can read, in the artifact, exactly which tokens the loss falls on. Returns the rows written.
+    """
+    n = min(num_examples, len(dataset))
+    with path.open("w", encoding="utf-8") as f:
+        for i in range(n):
+            row = dataset[i]
+            ids = list(row["input_ids"])
+            trained = [0 if label == -100 else 1 for label in row["labels"]]
+            f.write(
+                json.dumps(
+                    {
+                        "index": i,
+                        "input_ids": ids,
+                        "trained": trained,
+                        "text": tokenizer.decode(ids, skip_special_tokens=False),
+                        "trained_text": tokenizer.decode(
+                            [t for t, on in zip(ids, trained, strict=False) if on], skip_special_tokens=False
+                        ),
+                    },
+                    ensure_ascii=False,
+                )
+                + "\n"
+            )
+    return n
+
+
+def loss_history(log_history: list[dict[str, Any]]) -> list[dict[str, float]]:
+    return [{"step": e["step"], "loss": round(float(e["loss"]), 6)} for e in log_history if "loss" in e]

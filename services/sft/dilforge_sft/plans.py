@@ -1,0 +1,87 @@
+"""What the SFT run uses, decided before the model loads: device and precision (the shared runtime policy),
+the attention kernel, and whether activation checkpointing is worth its 25-30 % (a memory estimate)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dilforge_shared import runtime_policy
+from dilforge_shared.configs.sft import SftConfig
+from dilforge_shared.runtime_policy import DeviceFacts
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    device: str
+    bf16: bool
+    liger: bool
+
+
+def device_plan(config: SftConfig, model_type: str | None = None, facts: DeviceFacts | None = None) -> DevicePlan:
+    """bf16 + Liger on CUDA, fp32 without Liger on CPU, unless the config says otherwise: the shared
+    policy (dilforge_shared.runtime_policy) decides; SFT does not train in bf16 on CPU."""
+    policy = runtime_policy.decide(
+        "sft", precision=config.precision, liger=config.liger, model_type=model_type, cpu_bf16=False, facts=facts
+    )
+    return DevicePlan(device=policy.device, bf16=policy.bf16, liger=policy.liger)
+
+
+@dataclass(frozen=True)
+class AttentionPlan:
+    implementation: str  # transformers' attn_implementation
+    reason: str  # logged and published: why this kernel
+
+
+def attention_plan(config: SftConfig, device: str, has_flash_attn: bool | None = None) -> AttentionPlan:
+    """Which attention kernel trains this config, and why: the shared policy's rule
+    (runtime_policy.choose_attention; packing on CUDA wants a varlen or flex kernel)."""
+    facts = DeviceFacts(
+        cuda=device == "cuda",
+        flash_attn=runtime_policy.probe_device().flash_attn if has_flash_attn is None else has_flash_attn,
+    )
+    implementation, reason = runtime_policy.choose_attention(
+        config.attention, device, facts, config.packing, "sft.attention"
+    )
+    return AttentionPlan(implementation, reason)
+
+
+def estimate_training_bytes(model_config, tokens_per_micro_batch: int, bf16: bool) -> int:
+    """Rough peak memory of LoRA training WITHOUT activation checkpointing, in bytes.
+
+    Frozen weights + saved activations + logits. Activations per token and layer follow Korthikanti
+    et al. (2022) for a flash-style attention kernel, with the MLP width taken from the config:
+    about 10 hidden-sized and 3 MLP-sized tensors. Logits are counted in the compute dtype, in fp32 for
+    the loss and once more for their gradient. Deliberately pessimistic: it only decides whether
+    recomputation (25-30 % slower) is worth turning on.
+    """
+    elem = 2 if bf16 else 4
+    hidden, layers = model_config.hidden_size, model_config.num_hidden_layers
+    inter, vocab = model_config.intermediate_size, model_config.vocab_size
+    params = vocab * hidden * (1 if getattr(model_config, "tie_word_embeddings", False) else 2) + layers * (
+        4 * hidden * hidden + 3 * hidden * inter
+    )
+    activations = tokens_per_micro_batch * layers * elem * (10 * hidden + 3 * inter)
+    logits = tokens_per_micro_batch * vocab * (elem + 4 + 4)
+    return params * elem + activations + logits
+
+
+def device_memory_bytes(device: str) -> int:
+    """Total memory of the training device: the GPU's, or the host's RAM on CPU."""
+    import os
+
+    if device == "cuda":
+        import torch
+
+        return int(torch.cuda.get_device_properties(0).total_memory)
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def checkpointing_decision(config: SftConfig, estimate: int, memory: int) -> tuple[bool, str]:
+    """(use activation checkpointing?, why): auto turns it on only when memory would not allow training without."""
+    if config.activation_checkpointing != "auto":
+        return config.activation_checkpointing == "on", "set by sft.activation_checkpointing"
+    budget = int(memory * config.memory_budget_fraction)
+    gib = 2**30
+    if estimate > budget:
+        return True, f"estimated {estimate / gib:.1f} GiB > budget {budget / gib:.1f} GiB: recompute activations"
+    return False, f"estimated {estimate / gib:.1f} GiB <= budget {budget / gib:.1f} GiB: no recomputation"

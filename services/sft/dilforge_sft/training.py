@@ -1,0 +1,149 @@
+"""TRL, PEFT and transformers as libraries: the base model (with Liger's layer kernels on CUDA), the LoRA config,
+TRL's SFTConfig from the stage config (every knob from SftConfig, nothing from TRL's defaults by accident), the
+SFTTrainer, and the two callbacks (SIGTERM → checkpoint and
+stop; TensorBoard where SageMaker uploads it)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from dilforge_shared.configs.sft import SftConfig
+
+from .data import Example
+from .plans import DevicePlan
+
+log = logging.getLogger("dilforge.sft")
+
+
+def load_model(model_dir: Path, plan: DevicePlan, attn_implementation: str = "sdpa"):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        str(model_dir),
+        dtype=torch.bfloat16 if plan.bf16 else torch.float32,
+        attn_implementation=attn_implementation,
+        trust_remote_code=False,
+    )
+    if plan.liger:
+        from liger_kernel.transformers import apply_liger_kernel_to_llama
+
+        # layer kernels only: TRL replaces the LM head/loss with its own fused one
+        apply_liger_kernel_to_llama(
+            rope=True, rms_norm=True, swiglu=True, cross_entropy=False, fused_linear_cross_entropy=False, model=model
+        )
+    return model
+
+
+def lora_config(config: SftConfig):
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=config.lora.r,
+        lora_alpha=config.lora.alpha,
+        lora_dropout=config.lora.dropout,
+        target_modules=list(config.lora.target_modules),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+
+
+def warmup_arg(config: SftConfig) -> int | float:
+    """TrainingArguments.warmup_steps: an int is a count of steps, a float below 1 a share of them."""
+    return config.num_warmup_steps if config.num_warmup_steps is not None else float(config.warmup_ratio or 0.0)
+
+
+def sft_arguments(config: SftConfig, output_dir: Path, plan: DevicePlan, checkpointing: bool = False):
+    """The TRL SFTConfig of this stage: every knob comes from SftConfig, nothing from TRL's own defaults by accident."""
+    from trl import SFTConfig
+
+    return SFTConfig(
+        output_dir=str(output_dir),
+        seed=config.seed,
+        data_seed=config.seed,
+        # the datasets arrive tokenised with their `assistant_masks` (prepare_data), which TRL turns into the labels
+        # itself; assistant_only_loss only asks TRL to tokenise messages with that mask, and refuses tokenised data
+        assistant_only_loss=False,
+        max_length=config.max_length,
+        truncation_mode="keep_start",
+        packing=config.packing,
+        packing_strategy="bfd",
+        eval_packing=False,
+        learning_rate=config.learning_rate,
+        lr_scheduler_type=config.lr_scheduler,
+        warmup_steps=warmup_arg(config),
+        weight_decay=config.weight_decay,
+        max_grad_norm=config.max_grad_norm,
+        num_train_epochs=config.num_epochs,
+        max_steps=config.num_steps or -1,
+        per_device_train_batch_size=config.micro_batch_size,
+        per_device_eval_batch_size=config.eval_micro_batch_size or config.micro_batch_size,
+        gradient_accumulation_steps=config.grad_accum_steps(1, "sft."),
+        activation_checkpointing=checkpointing,
+        activation_checkpointing_kwargs={"use_reentrant": False} if checkpointing else None,
+        bf16=plan.bf16,
+        fp16=False,
+        use_cpu=plan.device == "cpu",
+        logging_steps=config.log_every,
+        logging_first_step=True,
+        save_strategy="steps",
+        save_steps=config.checkpoint_every,
+        save_total_limit=config.num_checkpoints_kept,
+        eval_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        dataloader_pin_memory=plan.device == "cuda",
+    )
+
+
+def build_trainer(
+    config: SftConfig,
+    model,
+    tokenizer,
+    train: list[Example],
+    val: list[Example],
+    output_dir: Path,
+    plan: DevicePlan,
+    callbacks: list | None = None,
+    checkpointing: bool = False,
+):
+    """TRL's SFTTrainer with LoRA on the stage's tokenised conversations (`prepare_data`): TRL builds the labels
+    from their assistant masks, truncates or packs them; it does not apply the chat template again."""
+    from datasets import Dataset
+    from trl import SFTTrainer
+
+    return SFTTrainer(
+        model=model,
+        args=sft_arguments(config, output_dir, plan, checkpointing),
+        processing_class=tokenizer,
+        train_dataset=Dataset.from_list(train),
+        eval_dataset=Dataset.from_list(val),
+        peft_config=lora_config(config),
+        callbacks=callbacks or [],
+    )
+
+
+def stop_on_sigterm_callback(flag: dict[str, bool]):
+    """Checkpoint at the end of the current step and stop, when SIGTERM arrives (spot interruption, stop job)."""
+    from transformers import TrainerCallback
+
+    class StopOnSigterm(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if flag.get("stop"):
+                control.should_save = True
+                control.should_training_stop = True
+            return control
+
+    return StopOnSigterm()
+
+
+def tensorboard_callback(log_dir: Path):
+    """transformers' own TensorBoardCallback, writing where SageMaker uploads TensorBoard logs. Not `report_to=
+    "tensorboard"`: transformers 5 dropped `logging_dir`, so that would log under output_dir/runs/ (or need
+    TENSORBOARD_LOGGING_DIR set in os.environ while running)."""
+    from torch.utils.tensorboard import SummaryWriter
+    from transformers.integrations import TensorBoardCallback
+
+    log_dir.mkdir(parents=True, exist_ok=True)
+    return TensorBoardCallback(tb_writer=SummaryWriter(log_dir=str(log_dir)))
