@@ -173,7 +173,7 @@ def publish_result(
         files=[],
         metrics=result.metrics,
     )
-    return publish(ctx.request.artifact_uri, ctx.model_dir, manifest, ctx.endpoint_url, progress=sys.stderr.isatty())
+    return publish(ctx.request.artifact_uri, ctx.model_dir, manifest, ctx.endpoint_url, progress=True)
 
 
 def setup_logging() -> None:

@@ -110,11 +110,11 @@ def publish(
         raise DilforgeError(f"{local_dir}: nothing to publish (empty output folder)")
     data_dir = f"data-{uuid.uuid4().hex[:12]}"
     manifest = manifest.model_copy(update={"files": files, "data_dir": data_dir})
-    from tqdm import tqdm
+    from ..progress import track
 
     body = manifest.to_json()
     try:
-        for entry in tqdm(files, desc=f"publish {artifact_uri}", unit="file", disable=not progress):
+        for entry in track(files, f"publish {artifact_uri}", unit="files", log=log, enabled=progress):
             backend.upload_file(f"{data_dir}/{entry.path}", local_dir / entry.path)
         backend.write_bytes(manifest_digest_key(data_dir), sha256_bytes(body).encode())
         created = backend.create_bytes(manifest_key, body)
