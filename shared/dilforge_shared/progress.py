@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 _log = logging.getLogger("dilforge.progress")
+_clock = time.monotonic  # module-level so a test can drive it without patching time.monotonic for every thread
 
 
 class Progress:
@@ -44,7 +45,7 @@ class Progress:
         self.log = log or _log
         self.enabled = enabled
         self.logged = False
-        self.start = self.last = time.monotonic()
+        self.start = self.last = _clock()
         self.bar = None
         if enabled and (sys.stderr.isatty() if tty is None else tty):
             from tqdm import tqdm
@@ -69,7 +70,7 @@ class Progress:
             if postfix:
                 self.bar.set_postfix({k: _fmt(v) for k, v in postfix.items()}, refresh=False)
             return
-        now = time.monotonic()
+        now = _clock()
         if now - self.last >= self.every_s and (self.total is None or self.n < self.total):
             self.last = now
             self.logged = True
@@ -103,7 +104,7 @@ class Progress:
             self.bar = None
         elif self.enabled and self.logged:
             self.logged = False
-            self.log.info("%s (done)", self.line(time.monotonic()))
+            self.log.info("%s (done)", self.line(_clock()))
 
     def __enter__(self) -> Progress:
         return self

@@ -16,7 +16,7 @@ LOGGER = "test.progress"
 
 @pytest.fixture
 def clock(monkeypatch):
-    """monotonic() returns the next value of `clock.times` (seconds)."""
+    """The helper's clock returns the next value of `clock.times` (seconds)."""
 
     class Clock:
         times: list[float] = []
@@ -25,7 +25,7 @@ def clock(monkeypatch):
             return self.times.pop(0)
 
     c = Clock()
-    monkeypatch.setattr(progress_mod.time, "monotonic", c)
+    monkeypatch.setattr(progress_mod, "_clock", c)
     return c
 
 
