@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 
 from dilforge_shared.bpb import BpbResult as _SharedResult
-from dilforge_shared.bpb import TokenStream, build_stream, sliding_window_bpb, stream_nll, window_plan
+from dilforge_shared.bpb import TokenStream, build_stream, sliding_window_bpb, window_plan
 from dilforge_shared.families import detect_family
 
 __all__ = [
@@ -19,7 +19,6 @@ __all__ = [
     "default_window",
     "encode_stream",
     "pack",
-    "score_ids",
     "text_bytes",
     "window_plan",
 ]
@@ -55,13 +54,6 @@ def encode_stream(tokenizer, docs: Sequence[str], source: str = "tokenizer") -> 
     doc_end = tokenizer.convert_tokens_to_ids(family.doc_end)
     encoded = [tokenizer(doc, add_special_tokens=False)["input_ids"] for doc in docs]
     return build_stream(list(docs), encoded, bos, doc_end)
-
-
-def score_ids(
-    model, stream: TokenStream, window: int, stride: int, batch_size: int = 8, chunk_positions: int = 1024
-) -> tuple[float, int, int]:
-    """(NLL in nats, text tokens scored, windows) of a stream in one process."""
-    return stream_nll(model, stream, window, stride, batch_size, chunk_positions)
 
 
 def bits_per_byte(model, tokenizer, docs: Sequence[str], window: int, stride: int, batch_size: int = 8) -> BpbResult:
