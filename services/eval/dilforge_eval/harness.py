@@ -195,7 +195,3 @@ def summarize(res: dict, spec: TaskSpec) -> dict:
             else [round(max(0.0, value - Z95 * se), 6), round(min(top, value + Z95 * se), 6)],
         }
     return out
-
-
-def spec_table(specs: list[TaskSpec]) -> list[dict]:
-    return [asdict(s) for s in specs]
