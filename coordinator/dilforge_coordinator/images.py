@@ -33,7 +33,6 @@ from .backends.compose import ROOT, docker_binary
 
 STAGES = IMAGES  # one image per stage (the model stage runs in the cpt image)
 EXTRA_IMAGES = ("serve", "s3", "coordinator")  # the serving image (services/serve), SeaweedFS, the coordinator
-RECORD_ENV = "DILFORGE_IMAGES_RECORD"
 Runner = Callable[..., subprocess.CompletedProcess]
 
 

@@ -23,8 +23,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 log = logging.getLogger("dilforge.coordinator")
 
-FINAL_STATUSES = ("succeeded", "failed", "cancelled")
-
 
 class DamagedRecord(DilforgeError):
     """A run record that is not valid JSON of the record's shape."""

@@ -14,7 +14,6 @@ from pathlib import Path
 
 from .settings import settings
 
-CACHE_ENV = "DILFORGE_CACHE"
 # Bumped whenever the GGUF converter's output changes (2: numpy converter, no _model_name_or_path in
 # config.json); ModelConfig.gguf_converter carries it into every model artifact id.
 GGUF_CONVERTER_VERSION = 2

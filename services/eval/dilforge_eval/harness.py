@@ -173,9 +173,6 @@ HIGHER_IS_BETTER = {
 }
 
 
-STAGE_ONLY = ("ended_turn",)  # computed by the stage from lm-eval's answers; the lm_eval command omits it
-
-
 def summarize(res: dict, spec: TaskSpec) -> dict:
     """lm-eval's `metric,none` / `metric_stderr,none` into value, stderr and the normal 95 % interval
     (value ± 1.96 stderr, clipped to the metric's range: 0-1 for shares, 0-100 for chrF/BLEU)."""

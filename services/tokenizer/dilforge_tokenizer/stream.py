@@ -94,7 +94,7 @@ class CorpusStream:
             )
         return iter_located_texts(s.uri, s.format, s.text_field, self.endpoint_url, self.normalization, **s.bounds)
 
-    def _scan(self, heldout_only: bool = False) -> Iterator[list[str]]:
+    def _scan(self) -> Iterator[list[str]]:
         """Lists of training lines (each repeated by its source's weight), one per source chunk; word lists
         go to `fed_words` instead.
 
@@ -131,8 +131,6 @@ class CorpusStream:
                 weight = source.weight
                 out: list[str] = []
                 if is_list:
-                    if heldout_only:  # the lists come after all the text: nothing held out is left to read
-                        return
                     recase = getattr(source, "recase", False)  # a plain DataSource has no such field
                     if recase and casing is None:
                         casing = usual_casing(forms)
@@ -150,10 +148,6 @@ class CorpusStream:
                         st.lines_heldout += 1
                         if len(heldout) < self.num_validation_lines:
                             heldout.append(text)
-                        elif heldout_only:
-                            return
-                        continue
-                    if heldout_only:
                         continue
                     reps = 1 if weight == 1.0 else _times(weight, rng)
                     st.lines_trained += 1
@@ -194,12 +188,6 @@ class CorpusStream:
         once this iterator is exhausted or closed.
         """
         return ReadAhead(_regrouped(self._scan(), min_lines), depth, name="corpus-read-ahead")
-
-    def drain_heldout(self) -> list[str]:
-        """Read just far enough to fill the held-out slice (strategy base: nothing is trained)."""
-        for _ in self._scan(heldout_only=True):
-            pass
-        return self.heldout
 
     def summary(self) -> dict:
         from dataclasses import asdict
