@@ -33,7 +33,7 @@ def main() -> None:
     import yaml
     from dilforge_eval import downstream, harness
     from dilforge_eval.resolve import load_model, model_source
-    from dilforge_eval.stage import read_parallel
+    from dilforge_eval.texts import read_parallel
     from dilforge_shared.configs.eval import DownstreamTasks
 
     raw = args.config.read_text().replace("${DILFORGE_DATA}", args.data)

@@ -63,7 +63,7 @@ def test_bad_configs_name_the_field(raw, message):
 
 def test_base_label_is_taken_by_the_pipeline_model_artifact():
     """With a `model` input, "base" is that artifact; a config model of the same label is an error naming the field."""
-    from dilforge_eval.stage import base_model
+    from dilforge_eval.resolve import base_model
 
     class Ctx:
         def has_input(self, name):

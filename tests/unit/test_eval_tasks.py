@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 from dilforge_eval import downstream, harness
-from dilforge_eval.stage import read_parallel
 from dilforge_eval.tasks import utils
+from dilforge_eval.texts import read_parallel
 from dilforge_shared.configs.eval import SIB_LABELS, DownstreamTasks
 from dilforge_shared.errors import InputError
 from pydantic import ValidationError

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from dilforge_eval import morph as eval_morph
-from dilforge_eval.stage import morph_metrics, parity_metrics, tokenizer_metrics
+from dilforge_eval.measures import morph_metrics, parity_metrics, tokenizer_metrics
 from tokenizers import Regex, Tokenizer, models, pre_tokenizers
 
 

@@ -1,11 +1,16 @@
-"""Load what the report compares; finding the folders is the shared resolver's (`dilforge_shared.models`)."""
+"""What the report compares: the models (base, the config's, the upstream cpt/sft) and the tokenizers, found by
+the shared resolver (`dilforge_shared.models`) and loaded here."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dilforge_shared.configs import EvalConfig
+from dilforge_shared.configs.eval import BASE_LABEL
+from dilforge_shared.contract import StageContext
 from dilforge_shared.errors import ConfigError, InputError
 from dilforge_shared.manifest import Manifest
 from dilforge_shared.models import Kind, ModelSource, Resolved, adapter_base, find_dir, open_model, resolve
@@ -129,3 +134,110 @@ def load_model(src: EvalModel, device: str, dtype):
 
 def cache_dir_for(opt_root: Path) -> Path:
     return settings().cache or opt_root / "cache"
+
+
+def load_tokenizers(config: EvalConfig, ctx: StageContext, models: list[EvalModel], cache: Path):
+    """label -> tokenizers.Tokenizer; tokenizers with identical tokenizer.json are listed once, with aliases."""
+    from tokenizers import Tokenizer
+
+    entries: list[tuple[str, Path, str]] = []
+    if ctx.has_input("tokenizer"):
+        art = ctx.input("tokenizer")
+        tdir = find_tokenizer_dir(art.path)
+        if tdir is None:
+            raise InputError("tokenizer artifact holds no tokenizer.json", path=art.uri)
+        entries.append(("tokenizer", tdir, f"artifact {art.manifest.artifact_id}"))
+    for ref in config.tokenizers:
+        entries.append((ref.label, locate(ref.uri, "tokenizer", cache, ctx.endpoint_url).path, ref.uri))
+    for m in models:
+        entries.append((m.label, m.tokenizer_dir, f"tokenizer of model {m.label}"))
+    out, info, by_hash = {}, {}, {}
+    for label, tdir, origin in entries:
+        path = tokenizer_json(tdir)
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        if digest in by_hash:
+            info[by_hash[digest]]["aliases"].append(label)
+            continue
+        by_hash[digest] = label
+        tok = Tokenizer.from_file(str(path))
+        out[label] = tok
+        info[label] = {"origin": origin, "vocab_size": tok.get_vocab_size(with_added_tokens=True), "aliases": []}
+    return out, info
+
+
+def base_model(config: EvalConfig, ctx: StageContext) -> EvalModel | None:
+    """The pipeline's `model` artifact (the base model, with its own tokenizer) as "base", when there is one."""
+    if not ctx.has_input("model"):
+        return None
+    for i, ref in enumerate(config.models):
+        if ref.label == BASE_LABEL:
+            raise ConfigError(
+                f"eval.models[{i}].label: {BASE_LABEL!r} is the pipeline's model artifact here; "
+                "give this model another label"
+            )
+    art = ctx.input("model")
+    try:
+        hf_dir = resolve(art, "model").path
+    except ConfigError as exc:
+        raise InputError(str(exc).removeprefix(f"{art.uri}: "), path=art.uri) from None
+    return model_source(BASE_LABEL, hf_dir, f"artifact {art.manifest.artifact_id}", art.manifest, tokenizer_dir=hf_dir)
+
+
+def sft_model(art, cpt: EvalModel | None, ctx: StageContext, cache: Path) -> EvalModel:
+    """The SFT artifact: its merged/ weights, else its adapter on the base `models.adapter_base` names (the
+    pipeline's cpt artifact, already loaded, when that is the one)."""
+    base_dir = base_tok = None
+    src = open_model(art)
+    if find_model_dir(art.path) is None and (adapter := find_adapter_dir(art.path)) is not None:
+        declared = adapter_base(Resolved("adapter", adapter, src))
+        if cpt is not None and (declared is None or declared.rstrip("/") == ctx.input("cpt").uri.rstrip("/")):
+            base_dir, base_tok = cpt.model_dir, cpt.tokenizer_dir
+        else:
+            base_dir = adapter_base_dir(src, cache, ctx.endpoint_url)
+    return model_source(
+        "sft",
+        art.path,
+        f"artifact {art.manifest.artifact_id}",
+        art.manifest,
+        base_model_dir=base_dir,
+        base_tokenizer_dir=base_tok,
+    )
+
+
+def resolve_models(config: EvalConfig, ctx: StageContext, cache: Path) -> tuple[list[EvalModel], list[str]]:
+    """Base first (the reference of every change), then the config's models, then cpt and sft."""
+    models, skipped = [], []
+    if (base := base_model(config, ctx)) is not None:
+        models.append(base)
+    for ref in config.models:
+        src = open_root(ref.uri, cache, ctx.endpoint_url)
+        tok = locate(ref.tokenizer_uri, "tokenizer", cache, ctx.endpoint_url).path if ref.tokenizer_uri else None
+        adapter = locate(ref.adapter_uri, "adapter", cache, ctx.endpoint_url).path if ref.adapter_uri else None
+        models.append(
+            model_source(
+                ref.label,
+                src.path,
+                ref.uri,
+                src.manifest,
+                tokenizer_dir=tok,
+                adapter_dir=adapter,
+                base_model_dir=adapter_base_dir(src, cache, ctx.endpoint_url),
+            )
+        )
+    cpt = None
+    if ctx.has_input("cpt"):
+        art = ctx.input("cpt")
+        cpt = model_source("cpt", art.path, f"artifact {art.manifest.artifact_id}", art.manifest)
+        models.append(cpt)
+    if ctx.has_input("sft"):
+        art = ctx.input("sft")
+        try:
+            models.append(sft_model(art, cpt, ctx, cache))
+        except InputError as exc:
+            if config.on_unloadable_model == "fail":
+                raise InputError(
+                    f"sft artifact {art.uri}: {exc} (set on_unloadable_model: skip to report without it)"
+                ) from None
+            log.warning("%s", exc)
+            skipped.append(f"sft model: {exc}")
+    return models, skipped

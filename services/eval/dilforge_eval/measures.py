@@ -1,0 +1,151 @@
+"""What the eval stage measures: per tokenizer, fertility and bytes per token, parity with English and morpheme
+alignment; per model (`evaluate_model`), bits per byte on every set, the generations and the downstream tasks."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import time
+from pathlib import Path
+
+from dilforge_shared.configs import EvalConfig
+from dilforge_shared.progress import Progress
+from dilforge_shared.textmetrics import measure, tokenizers_encoder
+
+from . import bpb as bpb_mod
+from . import downstream, harness, progress
+from . import generate as gen_mod
+from . import morph as morph_mod
+from .resolve import EvalModel, load_model
+
+log = logging.getLogger("dilforge.eval")
+
+
+def tokenizer_metrics(toks, sets: dict[str, list[str]]) -> dict:
+    return {
+        label: {name: measure(docs, tokenizers_encoder(tok)).summary() for name, docs in sets.items()}
+        for label, tok in toks.items()
+    }
+
+
+def parity_metrics(toks, parallel: dict[str, list[tuple[str, str]]]) -> dict:
+    out: dict = {}
+    for label, tok in toks.items():
+        for name, pairs in parallel.items():
+            az = sum(len(e.ids) for e in tok.encode_batch([p[0] for p in pairs], add_special_tokens=False))
+            en = sum(len(e.ids) for e in tok.encode_batch([p[1] for p in pairs], add_special_tokens=False))
+            out.setdefault(label, {})[name] = {
+                "tokens_az": az,
+                "tokens_en": en,
+                "num_pairs": len(pairs),
+                "parity": round(az / en, 4) if en else None,
+            }
+    return out
+
+
+def morph_metrics(toks, gold: dict[str, list[morph_mod.GoldWord]]) -> dict:
+    out: dict = {}
+    for label, tok in toks.items():
+        total = morph_mod.AlignmentStats()
+        for source, words in gold.items():
+            stats = morph_mod.alignment(tok, words)
+            out.setdefault(label, {})[source] = stats.summary()
+            for k, v in stats.__dict__.items():
+                setattr(total, k, getattr(total, k) + v)
+        if len(gold) > 1:
+            out[label]["all"] = total.summary()
+    return out
+
+
+def evaluate_model(
+    src: EvalModel,
+    config: EvalConfig,
+    sets: dict[str, list[str]],
+    prompts,
+    device: str,
+    dtype,
+    tasks: tuple[list[downstream.TaskSpec], Path, Path] | None = None,
+):
+    """BPB per set, generations and the downstream tasks (specs, task folder, cache) of one model; the model
+    is freed afterwards."""
+    import torch
+
+    t0 = time.perf_counter()
+    model, tokenizer = load_model(src, device, dtype)
+    window = bpb_mod.default_window(model, config.bpb.window)
+    stride = min(config.bpb.stride or max(1, window // 2), window)
+    info = {
+        "origin": src.origin,
+        "num_parameters": sum(p.numel() for p in model.parameters()),
+        "adapter": src.adapter_dir is not None,
+        "bpb_window": window,
+        "bpb_stride": stride,
+        "dtype": str(dtype).removeprefix("torch."),
+        "device": device,
+        "load_seconds": round(time.perf_counter() - t0, 2),
+    }
+    log.info("model %s: %s parameters, window %d stride %d", src.label, f"{info['num_parameters']:,}", window, stride)
+    bpb = {}
+    for name, docs in sets.items():
+        num_tokens = len(tokenizer(bpb_mod.pack(docs), add_special_tokens=False)["input_ids"])
+        total = progress.num_bpb_batches(num_tokens, window, stride, config.bpb.batch_size)
+        with progress.forward_progress(model, total, f"bpb {src.label}/{name}"):
+            res = bpb_mod.bits_per_byte(model, tokenizer, docs, window, stride, config.bpb.batch_size)
+        bpb[name] = res.summary()
+        log.info(
+            "bpb %s / %s: %.4f (%d tokens, %d bytes, %.0f bytes/s)",
+            src.label,
+            name,
+            res.bpb,
+            res.num_tokens,
+            res.num_bytes,
+            res.num_bytes / max(res.seconds, 1e-9),
+        )
+    generations = []
+    if prompts:
+        bar = Progress(f"generate {src.label}", len(prompts) * len(config.generation.modes), unit="answer", log=log)
+        for mode in config.generation.modes:
+            for row in gen_mod.generate(
+                model,
+                tokenizer,
+                prompts,
+                mode,
+                config.generation,
+                config.seed,
+                source=str(src.tokenizer_dir),
+                progress=bar,
+            ):
+                generations.append({"model": src.label, **row})
+        bar.close()
+    scores: dict = {}
+    if tasks and tasks[0]:
+        specs, task_dir, cache = tasks
+        t_tasks, c_tasks = time.perf_counter(), time.process_time()
+        scores["results"], scores["samples"] = harness.run_model(
+            model,
+            tokenizer,
+            specs,
+            task_dir,
+            config.tasks,
+            cache,
+            config.seed,
+            str(src.tokenizer_dir),
+            config.tasks.instructions.system_prompt if config.tasks.instructions else None,
+        )
+        info["tasks_seconds"] = round(time.perf_counter() - t_tasks, 2)
+        info["tasks_cpu_seconds"] = round(time.process_time() - c_tasks, 2)  # all threads; shared CPUs inflate wall
+        for key, res in scores["results"].items():
+            log.info(
+                "task %s / %s: %s",
+                src.label,
+                key,
+                ", ".join(
+                    f"{m} {v['value']:.4g}" + (f" ± {v['stderr']:.2g}" if v["stderr"] is not None else "")
+                    for m, v in res.items()
+                ),
+            )
+    del model
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return info, bpb, generations, scores
