@@ -1,4 +1,4 @@
-"""Streaming text readers for corpora on local disk or S3.
+"""Streaming text readers for corpora on local disk or S3 (finding and opening the files: `corpus_files`).
 
 Formats: `.txt` (one document per line), `.txt.gz`, `.jsonl` (a configurable text field),
 `.tsv` (a header row; a configurable column) and `.parquet` (a configurable column, if pyarrow is
@@ -15,19 +15,16 @@ split without breaking it, so there only `error` and `skip` apply (`split`/`trun
 from __future__ import annotations
 
 import codecs
-import glob
-import gzip
-import io
 import json
 import logging
 import os
-import stat
 import unicodedata
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, Literal
+from typing import Literal
 from urllib.parse import urlparse
 
+from .corpus_files import detect_format, expand, open_binary, parquet_location
 from .errors import InputError
 
 log = logging.getLogger(__name__)
@@ -35,146 +32,6 @@ log = logging.getLogger(__name__)
 TextFormat = Literal["auto", "txt", "jsonl", "tsv", "parquet"]
 Oversize = Literal["error", "split", "truncate", "skip"]
 MAX_DOCUMENT_BYTES = 32 << 20  # default bound on one line/document; a 200 MB line never reaches memory whole
-SUFFIXES = (".txt", ".txt.gz", ".jsonl", ".jsonl.gz", ".tsv", ".tsv.gz", ".parquet")
-
-
-def detect_format(uri: str) -> str:
-    name = uri.lower().removesuffix(".gz")
-    for suffix, fmt in ((".jsonl", "jsonl"), (".json", "jsonl"), (".tsv", "tsv"), (".parquet", "parquet")):
-        if name.endswith(suffix):
-            return fmt
-    return "txt"
-
-
-def expand(uri: str, endpoint_url: str | None = None) -> list[str]:
-    """A file, a folder (every corpus file inside, sorted), a glob, or an S3 object or prefix."""
-    parsed = urlparse(uri)
-    if parsed.scheme == "s3":
-        from .store import S3Storage
-
-        backend = S3Storage(parsed.netloc, "", endpoint_url)
-        key = parsed.path.lstrip("/")
-        if backend.exists(key):
-            return [uri]
-        keys = [k for k in backend.list(key.rstrip("/")) if k.lower().endswith(SUFFIXES)]
-        if not keys:
-            raise InputError("no such S3 object, and no corpus files under that prefix", path=uri)
-        return [f"s3://{parsed.netloc}/{k}" for k in keys]
-    path = uri[len("file://") :] if parsed.scheme == "file" else uri
-    if any(ch in path for ch in "*?["):
-        matches = sorted(glob.glob(path))
-        if not matches:
-            raise InputError("glob matches no file", path=uri)
-        return [_regular(m, m) for m in matches]
-    p = Path(path)
-    if p.is_dir():
-        files = sorted(str(f) for f in p.rglob("*") if f.is_file() and f.name.lower().endswith(SUFFIXES))
-        if not files:
-            raise InputError("folder holds no corpus file (.txt, .txt.gz, .jsonl, .tsv, .parquet)", path=uri)
-        return files
-    if not p.exists():
-        raise InputError("no such file", path=uri)
-    return [_regular(str(p), uri)]
-
-
-def _regular(path: str, uri: str) -> str:
-    """Corpora are regular files: a FIFO, a device (/dev/zero) or a socket would hang hashing and reading."""
-    try:
-        mode = os.stat(path).st_mode
-    except OSError as exc:
-        raise InputError(f"cannot open: {exc.strerror}", path=uri) from None
-    if not stat.S_ISREG(mode):
-        kind = (
-            "a FIFO"
-            if stat.S_ISFIFO(mode)
-            else "a device"
-            if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
-            else "a socket"
-            if stat.S_ISSOCK(mode)
-            else "not a regular file"
-        )
-        raise InputError(
-            f"is {kind}, not a regular file; corpora must be regular files (hashing and reading "
-            "a stream would never end)",
-            path=uri,
-        )
-    return path
-
-
-# Compressed files a user may name as a corpus; only gzip (.gz) is read.
-_MAGIC = (
-    (b"\x1f\x8b", "gzip-compressed"),
-    (b"BZh", "bzip2-compressed"),
-    (b"\xfd7zXZ\x00", "xz-compressed"),
-    (b"\x28\xb5\x2f\xfd", "zstd-compressed"),
-    (b"PK\x03\x04", "a zip archive"),
-    (b"PAR1", "a parquet file"),
-)
-
-
-def _check_not_compressed(stream: IO[bytes], uri: str, fmt_hint: str) -> None:
-    """A compressed file read as text would be reported as invalid UTF-8; say what it is instead."""
-    head = stream.peek(8)[:8] if hasattr(stream, "peek") else b""
-    for magic, what in _MAGIC:
-        if magic == b"BZh" and head[3:4] not in b"123456789":  # bzip2: "BZh" then the block size digit
-            continue
-        if head.startswith(magic) and not (what == "a parquet file" and fmt_hint == "parquet"):
-            fix = (
-                "name it .gz (gzip is read as it streams)"
-                if what == "gzip-compressed"
-                else "set format: parquet"
-                if what == "a parquet file"
-                else "decompress it, or recompress it with gzip and name it .gz"
-            )
-            raise InputError(f"is {what}, not text: {fix}", path=uri)
-
-
-class _BodyReader(io.RawIOBase):
-    """A botocore StreamingBody as a raw stream, so buffering, gzip and line iteration work on it."""
-
-    def __init__(self, body):
-        self.body = body
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer) -> int:
-        data = self.body.read(len(buffer))
-        buffer[: len(data)] = data
-        return len(data)
-
-    def close(self) -> None:
-        self.body.close()
-        super().close()
-
-
-def _open_binary(uri: str, endpoint_url: str | None) -> IO[bytes]:
-    parsed = urlparse(uri)
-    if parsed.scheme == "s3":
-        from botocore.exceptions import ClientError
-
-        from .store import S3Storage
-
-        backend = S3Storage(parsed.netloc, "", endpoint_url)
-        try:
-            body = backend.client.get_object(Bucket=parsed.netloc, Key=parsed.path.lstrip("/"))["Body"]
-        except ClientError as exc:
-            raise InputError(f"cannot read S3 object: {exc.response.get('Error', {}).get('Code')}", path=uri) from None
-        stream: IO[bytes] = io.BufferedReader(_BodyReader(body), buffer_size=1 << 20)
-    else:
-        try:
-            stream = open(_regular(uri, uri), "rb")  # noqa: SIM115 - returned to the caller, who closes it
-        except OSError as exc:
-            raise InputError(f"cannot open: {exc.strerror}", path=uri) from None
-    if uri.lower().endswith(".gz"):
-        stream = gzip.GzipFile(fileobj=stream)  # type: ignore[assignment]
-    elif not uri.lower().endswith(".parquet"):
-        try:
-            _check_not_compressed(stream, uri, detect_format(uri))
-        except InputError:
-            stream.close()
-            raise
-    return stream
 
 
 def _decode(data: bytes, uri: str, lineno: int, decoder=None, final: bool = True) -> str:
@@ -210,7 +67,7 @@ def _lines(
 ) -> Iterator[tuple[int, str]]:
     """(line number, text) with every yielded text at most `max_bytes` of UTF-8; see the module doc."""
     policy = oversize if splittable or oversize == "skip" else "error"
-    with _open_binary(uri, endpoint_url) as stream:
+    with open_binary(uri, endpoint_url) as stream:
         lineno = 0
         try:
             while raw := stream.readline(max_bytes + 1):
@@ -330,7 +187,7 @@ def _iter_file(
             import pyarrow.parquet as pq
         except ImportError:
             raise InputError("reading parquet needs pyarrow installed", path=uri) from None
-        path, filesystem = _parquet_location(uri, endpoint_url)  # S3: read by ranges, a row group at a time
+        path, filesystem = parquet_location(uri, endpoint_url)  # S3: read by ranges, a row group at a time
         try:
             pf = pq.ParquetFile(path, filesystem=filesystem, pre_buffer=False)  # no read-ahead of all groups
         except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError, ArrowIOError an OSError
@@ -354,22 +211,6 @@ def _iter_file(
                     yield from _bounded_value(value, uri, row, max_bytes, oversize)
     else:
         raise InputError(f"unknown format {fmt!r}", path=uri)
-
-
-def _parquet_location(uri: str, endpoint_url: str | None):
-    """(path, filesystem) for pyarrow: a checked local file, or an S3 object behind pyarrow.fs (seekable, never
-    read whole) with the store's endpoint and credentials."""
-    parsed = urlparse(uri)
-    if parsed.scheme != "s3":
-        with _open_binary(uri, endpoint_url):  # the same checks and errors as any local corpus file
-            return uri, None
-    from .store import S3Storage
-
-    try:
-        filesystem = S3Storage(parsed.netloc, "", endpoint_url).arrow_filesystem()
-    except OSError as exc:
-        raise InputError(f"cannot reach S3: {str(exc).splitlines()[0][:200]}", path=uri) from None
-    return f"{parsed.netloc}/{parsed.path.lstrip('/')}", filesystem
 
 
 def _bounded_value(text: str, uri: str, row: int, max_bytes: int, oversize: Oversize) -> Iterator[tuple[int, str]]:
