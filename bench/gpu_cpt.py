@@ -4,7 +4,7 @@
 Llama-3.2-1B architecture (random init), seq 2048, the stage's runtime (`dilforge_cpt.runtime`: device,
 bf16, one-rank FSDP2, the SDPA backend the policy picks), model preparation (`dilforge_cpt.sharding`:
 Liger, activation checkpointing, per-layer compile, FSDP2 with the single-rank options), trainable
-set, optimizer and `run_step` (`dilforge_cpt.loop`) and its FLOP accounting (`dilforge_cpt.reporting`,
+set, optimizer and `run_step` (`dilforge_cpt.optim`) and its FLOP accounting (`dilforge_cpt.reporting`,
 causal attention counted as causal). Variants, each the stage's own choice for its settings:
 
   plain         eager, no Liger
@@ -210,12 +210,12 @@ def stage_config(args, variant: str, checkpointing: bool, batch: int = 1):
 
 
 class Trainer:
-    """One variant's model + optimizer, stepped through dilforge_cpt.loop.run_step at any micro-batch."""
+    """One variant's model + optimizer, stepped through dilforge_cpt.optim.run_step at any micro-batch."""
 
     def __init__(self, args, shape, rt, variant: str, checkpointing: bool):
         import numpy as np
         import torch
-        from dilforge_cpt import loop, reporting, sharding
+        from dilforge_cpt import optim, reporting, sharding
         from transformers import LlamaForCausalLM
 
         self.config = stage_config(args, variant, checkpointing)
@@ -227,8 +227,8 @@ class Trainer:
         self.kernels = self.liger.kernels
         self.num_params = sum(p.numel() for p in model.parameters())  # before sharding, as the stage counts
         self.model = sharding.shard_model(model, self.config, self.rt)
-        self.trainable = loop.set_trainable(self.model, 2)
-        self.optimizer = loop.make_optimizer(self.trainable, self.config, self.config.phase2, fused=self.rt.cuda)
+        self.trainable = optim.set_trainable(self.model, 2)
+        self.optimizer = optim.make_optimizer(self.trainable, self.config, self.config.phase2, fused=self.rt.cuda)
         self.fpt = reporting.flops_per_token(shape, self.num_params, args.seq, phase=2)
         self.peak = reporting.peak_flops(self.config, self.rt)
         self.shape, self.seq = shape, args.seq
@@ -238,9 +238,9 @@ class Trainer:
         return self.rng.integers(0, self.shape.vocab_size, size=(batch, self.seq), dtype="int64")
 
     def step(self, batch: int) -> float:
-        from dilforge_cpt import loop
+        from dilforge_cpt import optim
 
-        result = loop.run_step(
+        result = optim.run_step(
             self.model,
             self.optimizer,
             [self.tokens(batch)],

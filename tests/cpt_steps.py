@@ -6,19 +6,19 @@ from __future__ import annotations
 
 
 def train_step(model, optimizer, batches, rt, max_grad_norm, row_masks=()) -> tuple[float, float]:
-    """`loop.run_step` read back at once: (mean loss over the global batch, grad norm). A non-finite loss or
+    """`optim.run_step` read back at once: (mean loss over the global batch, grad norm). A non-finite loss or
     norm leaves the model and optimizer as they were."""
     import torch
-    from dilforge_cpt import loop
+    from dilforge_cpt import optim
 
-    result = loop.run_step(model, optimizer, batches, rt, max_grad_norm, row_masks)
+    result = optim.run_step(model, optimizer, batches, rt, max_grad_norm, row_masks)
     loss, norm = torch.stack([result.loss, result.norm]).tolist()
     return loss, norm
 
 
 def tiny(device):
     import torch
-    from dilforge_cpt import loop
+    from dilforge_cpt import optim
     from dilforge_shared.configs.cpt import CptConfig
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -44,29 +44,29 @@ def tiny(device):
         phase1={"num_steps": 0},
         phase2={"num_steps": 4, "learning_rate": 0.01},
     )
-    optimizer = loop.make_optimizer(loop.set_trainable(model, 2), config, config.phase2, fused=True)
+    optimizer = optim.make_optimizer(optim.set_trainable(model, 2), config, config.phase2, fused=True)
     tokens = torch.randint(0, 256, (2, 32))
     return model, optimizer, tokens.pin_memory() if device.type == "cuda" else tokens
 
 
 def check_skip_on_device(device):
     import torch
-    from dilforge_cpt import loop
+    from dilforge_cpt import optim
     from dilforge_cpt.runtime import Runtime
 
     rt = Runtime(device=device)
     model, optimizer, tokens = tiny(device)
-    assert loop.skips_on_device(optimizer)  # fused: no host read decides the skip
-    loop.run_step(model, optimizer, [tokens], rt, 1.0)
+    assert optim.skips_on_device(optimizer)  # fused: no host read decides the skip
+    optim.run_step(model, optimizer, [tokens], rt, 1.0)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     moments = {id(p): {k: v.clone() for k, v in s.items()} for p, s in optimizer.state.items()}
     weight = model.model.layers[0].mlp.down_proj.weight
     hook = weight.register_hook(lambda g: torch.full_like(g, float("nan")))
-    result = loop.run_step(model, optimizer, [tokens], rt, 1.0)
+    result = optim.run_step(model, optimizer, [tokens], rt, 1.0)
     hook.remove()
     assert not bool(result.ok)
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
     for p, s in optimizer.state.items():
         assert all(torch.equal(v, moments[id(p)][k]) for k, v in s.items())
-    latched = loop.run_step(model, optimizer, [tokens], rt, 1.0, skip=~result.ok)  # a good step after a bad one
+    latched = optim.run_step(model, optimizer, [tokens], rt, 1.0, skip=~result.ok)  # a good step after a bad one
     assert bool(latched.ok) and all(torch.equal(v, before[k]) for k, v in model.state_dict().items())

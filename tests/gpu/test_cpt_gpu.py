@@ -68,7 +68,7 @@ def check_fused_step(rt, config) -> None:
     kernels that RAN are counted; a plain model built afterwards has no Liger code and runs on CPU."""
     import torch
     from cpt_steps import train_step
-    from dilforge_cpt import loop, sharding
+    from dilforge_cpt import optim, sharding
     from factories import tiny_llama_config
     from transformers import LlamaForCausalLM
 
@@ -85,9 +85,9 @@ def check_fused_step(rt, config) -> None:
     head_calls, q_dtypes = [], []
     model.get_output_embeddings().register_forward_hook(lambda *a: head_calls.append(1))
     model.model.layers[0].self_attn.q_proj.register_forward_hook(lambda m, i, o: q_dtypes.append(o.dtype))
-    trainable = loop.set_trainable(model, 2)
+    trainable = optim.set_trainable(model, 2)
     params = trainable.params
-    optimizer = loop.make_optimizer(trainable, config, config.phase2, fused=True)
+    optimizer = optim.make_optimizer(trainable, config, config.phase2, fused=True)
     before = {n: full(p).clone() for n, p in model.named_parameters()}
     tokens = torch.randint(0, vocab, (batch, seq)).numpy()
     torch.cuda.synchronize()

@@ -17,12 +17,12 @@ def test_a_non_finite_step_is_skipped_by_fused_adamw_on_the_device():
 
 def test_steps_between_log_steps_make_no_synchronizing_call_in_the_stage_code():
     import torch
-    from dilforge_cpt import loop
+    from dilforge_cpt import optim
     from dilforge_cpt.runtime import Runtime
 
     rt = Runtime(device=torch.device("cuda"), dtype=torch.bfloat16)
     model, optimizer, tokens = tiny(rt.device)
-    loop.run_step(model, optimizer, [tokens], rt, 1.0)  # optimizer state and CUDA context exist
+    optim.run_step(model, optimizer, [tokens], rt, 1.0)  # optimizer state and CUDA context exist
     torch.cuda.synchronize()
     skip = torch.zeros((), dtype=torch.bool, device=rt.device)
     torch.cuda.set_sync_debug_mode("warn")
@@ -30,7 +30,7 @@ def test_steps_between_log_steps_make_no_synchronizing_call_in_the_stage_code():
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             for _ in range(3):
-                result = loop.run_step(model, optimizer, [tokens], rt, 1.0, skip=skip)
+                result = optim.run_step(model, optimizer, [tokens], rt, 1.0, skip=skip)
                 skip = skip | ~result.ok
     finally:
         torch.cuda.set_sync_debug_mode("default")

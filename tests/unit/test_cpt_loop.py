@@ -140,7 +140,7 @@ def test_one_process_fsdp2_trains_like_the_unsharded_model(tmp_path):
     """fsdp: on without torchrun (a one-rank gloo group, MixedPrecisionPolicy) takes the same steps as
     the plain model: FSDP2 is a layout, not a different optimisation."""
     from cpt_steps import train_step
-    from dilforge_cpt.loop import make_optimizer, set_trainable
+    from dilforge_cpt.optim import make_optimizer, set_trainable
     from dilforge_cpt.runtime import Runtime, init_runtime, shutdown
     from dilforge_cpt.sharding import shard_model
     from transformers import LlamaForCausalLM

@@ -52,7 +52,7 @@ def assert_only_new_rows_changed(before: dict, after: dict):
 @pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
 def test_new_rows_phase_changes_only_new_rows(tied):
     from cpt_steps import train_step
-    from dilforge_cpt.loop import make_optimizer, set_trainable
+    from dilforge_cpt.optim import make_optimizer, set_trainable
     from dilforge_cpt.runtime import Runtime
 
     model = tiny_model(tied)
@@ -74,7 +74,7 @@ def test_new_rows_refuses_weight_decay():
 def _fsdp_worker(rank: int, world: int, port: int, out: str) -> None:
     import torch.distributed as dist
     from cpt_steps import train_step
-    from dilforge_cpt.loop import make_optimizer, set_trainable
+    from dilforge_cpt.optim import make_optimizer, set_trainable
     from dilforge_cpt.runtime import Runtime
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     from torch.distributed.fsdp import fully_shard
@@ -115,7 +115,7 @@ def test_new_rows_under_fsdp2_gloo_with_tied_weights(tmp_path, world):
 
 def test_phase2_embedding_learning_rate_scales_the_vocabulary_matrices_step():
     """Adam's first step moves every element by about its group's lr: 0.1 for the embedding, 0.001 elsewhere."""
-    from dilforge_cpt.loop import make_optimizer, set_lr, set_trainable
+    from dilforge_cpt.optim import make_optimizer, set_lr, set_trainable
 
     model = tiny_model()
     before = {k: v.clone() for k, v in model.state_dict().items()}

@@ -25,7 +25,7 @@ def test_single_rank_keeps_weights_gathered_and_many_ranks_reshard():
 
 def build(config, rt, reshard: bool | None):
     """The stage's model; `reshard` set = the old FSDP options (fully_shard's default: reshard after forward)."""
-    from dilforge_cpt import loop, sharding
+    from dilforge_cpt import optim, sharding
     from transformers import LlamaForCausalLM
 
     torch.manual_seed(0)
@@ -39,8 +39,8 @@ def build(config, rt, reshard: bool | None):
             sharding.fsdp_options = original
     else:
         model = sharding.shard_model(model, config, rt)
-    trainable = loop.set_trainable(model, 2)
-    return model, loop.make_optimizer(trainable, config, config.phase2)
+    trainable = optim.set_trainable(model, 2)
+    return model, optim.make_optimizer(trainable, config, config.phase2)
 
 
 def full(p):

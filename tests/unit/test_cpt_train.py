@@ -16,7 +16,7 @@ torch.set_num_threads(1)
 
 
 def test_lr_schedule_warmup_then_cosine_to_floor():
-    from dilforge_cpt.loop import lr_at
+    from dilforge_cpt.optim import lr_at
 
     p = Phase(num_steps=10, learning_rate=1.0, num_warmup_steps=2, min_lr_ratio=0.1)
     lrs = [lr_at(p, s) for s in range(10)]
@@ -130,7 +130,7 @@ def tiny_model():
 
 
 def test_phase1_trains_only_embeddings_and_head():
-    from dilforge_cpt.loop import make_optimizer, set_trainable
+    from dilforge_cpt.optim import make_optimizer, set_trainable
 
     model = tiny_model()
     trainable = set_trainable(model, 1)

@@ -33,7 +33,7 @@ class TrainingModel:
 
     def start_phase(self, index: int):
         """(Trainable, optimizer) of phase `index`, built once."""
-        from .loop import make_optimizer, set_trainable
+        from .optim import make_optimizer, set_trainable
 
         if self.phase != index:
             phase = self.config.phase1 if index == 1 else self.config.phase2

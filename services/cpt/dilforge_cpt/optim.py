@@ -1,0 +1,178 @@
+"""Optimisation for the CPT loop: what each phase trains (phase 1 the vocabulary matrices, optionally only their
+new rows; phase 2 everything), AdamW with its parameter groups, the warmup + cosine schedule, gradient clipping,
+and one optimizer step over a rank's micro-batches that skips non-finite steps (on the device with fused AdamW)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from dilforge_shared.configs.cpt import CptConfig, Phase
+
+from .runtime import Runtime
+
+
+@dataclass(frozen=True)
+class Trainable:
+    """What one phase trains: the parameters, and row masks (1 = train) for vocabulary matrices of
+    which only some rows train (phase 1 `new_rows`); masked rows get zero gradient, so AdamW (no
+    weight decay there) leaves them bit-identical."""
+
+    params: list[torch.nn.Parameter]
+    vocab_params: list[torch.nn.Parameter]  # embedding (and untied LM head): embedding_learning_rate applies
+    row_masks: list[tuple[torch.nn.Parameter, torch.Tensor]] = field(default_factory=list)
+
+
+def vocab_matrices(model) -> list[torch.nn.Parameter]:
+    """The embedding and the LM head (once when tied)."""
+    emb, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+    return [emb] if head is emb else [emb, head]
+
+
+def set_trainable(model, phase: int, new_rows: torch.Tensor | None = None) -> Trainable:
+    """Phase 1: embeddings + LM head only (with `new_rows`, a bool per vocabulary row, only those
+    rows). Phase 2: everything."""
+    vocab = vocab_matrices(model)
+    keep = {id(p) for p in vocab}
+    params = []
+    for p in model.parameters():
+        p.requires_grad_(phase == 2 or id(p) in keep)
+        if p.requires_grad:
+            params.append(p)
+    masks = []
+    if phase == 1 and new_rows is not None:
+        masks = [(p, _row_mask(p, new_rows)) for p in vocab]
+    return Trainable(params, vocab, masks)
+
+
+def _row_mask(param: torch.nn.Parameter, new_rows: torch.Tensor) -> torch.Tensor:
+    """A [rows, 1] mask laid out like the parameter (a DTensor sharded the same way under FSDP2)."""
+    mask = new_rows.to(device=param.device, dtype=param.dtype).reshape(-1, 1)
+    if hasattr(param, "device_mesh"):  # FSDP2 DTensor: same mesh and placements as the parameter
+        from torch.distributed.tensor import distribute_tensor
+
+        full = mask.expand(-1, param.shape[1]).contiguous()
+        return distribute_tensor(full, param.device_mesh, param.placements)
+    return mask
+
+
+def make_optimizer(trainable: Trainable, config: CptConfig, phase: Phase, fused: bool = False) -> torch.optim.Optimizer:
+    """AdamW; matrices decay, vectors do not. `embedding_learning_rate` (phase 2) scales the vocabulary matrices'
+    learning rate by embedding_learning_rate / learning_rate, so they follow the phase's warmup and cosine at their own peak.
+    `fused` (on CUDA) runs one kernel for all parameters instead of a loop of small ones."""
+    vocab_ids = {id(p) for p in trainable.vocab_params}
+    scale = (getattr(phase, "embedding_learning_rate", None) or phase.learning_rate) / phase.learning_rate
+    groups = []
+    for name, members, decay, lr_scale in (
+        ("matrices", [p for p in trainable.params if p.ndim >= 2 and id(p) not in vocab_ids], phase.weight_decay, 1.0),
+        ("vocabulary", [p for p in trainable.params if id(p) in vocab_ids], phase.weight_decay, scale),
+        ("vectors", [p for p in trainable.params if p.ndim < 2], 0.0, 1.0),
+    ):
+        if members:
+            groups.append({"params": members, "weight_decay": decay, "lr_scale": lr_scale, "name": name})
+    return torch.optim.AdamW(
+        groups,
+        lr=phase.learning_rate,
+        betas=(config.adam_beta1, config.adam_beta2),
+        eps=config.adam_eps,
+        fused=fused or None,
+    )
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """The schedule's lr for this step, times each group's scale (embedding_learning_rate / learning_rate for the vocabulary)."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr * group["lr_scale"]
+
+
+def lr_at(phase: Phase, step: int) -> float:
+    """Linear warmup to phase.learning_rate, then cosine to phase.learning_rate × min_lr_ratio at the phase's last step."""
+    warmup = phase.warmup_steps(phase.num_steps)
+    if step < warmup:
+        return phase.learning_rate * (step + 1) / warmup
+    span = max(1, phase.num_steps - warmup - 1)
+    progress = min(1.0, (step - warmup) / span)
+    return phase.learning_rate * (
+        phase.min_lr_ratio + (1 - phase.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+    )
+
+
+def grad_norm(model, max_norm: float | None) -> torch.Tensor:
+    """Clip and return the global gradient norm as a device tensor (no host sync; under FSDP2 the
+    DTensor norm is all-reduced to the full norm, the same on every rank)."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    if not params:
+        return torch.zeros((), dtype=torch.float32)
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm is not None else float("inf"))
+    if hasattr(norm, "full_tensor"):
+        norm = norm.full_tensor()
+    return norm.float()
+
+
+def skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
+    """Fused AdamW honours `optimizer.found_inf` inside its kernel (the GradScaler protocol): with
+    found_inf = 1 neither parameters nor moments nor the step count change, decided on the device.
+    The foreach/for-loop AdamW cannot, so the step needs a host sync there."""
+    return all(group.get("fused") for group in optimizer.param_groups)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One step's numbers, left on the device so the loop decides when to read them."""
+
+    loss: torch.Tensor  # mean loss over the global batch (fp32, 0-dim)
+    norm: torch.Tensor  # gradient norm before clipping (fp32, 0-dim)
+    ok: torch.Tensor  # bool: loss and norm finite (the same on every rank)
+
+
+def run_step(
+    model,
+    optimizer,
+    batches: list,
+    rt: Runtime,
+    max_grad_norm: float | None,
+    row_masks: list[tuple[torch.nn.Parameter, torch.Tensor]] = (),
+    skip: torch.Tensor | None = None,
+) -> StepResult:
+    """Forward/backward over this rank's micro-batches, clip, and step unless the loss or gradient norm
+    is non-finite (a finite bf16 loss can still come with inf/NaN gradients) or `skip` (a device bool)
+    is set. Nothing here waits for the device when the optimizer skips on the device (fused AdamW,
+    see `skips_on_device`); the loss is all-reduced as a tensor, so every rank takes the same decision.
+    """
+    total = torch.zeros((), device=rt.device, dtype=torch.float32)
+    sync_control = hasattr(model, "set_requires_gradient_sync")  # an FSDP2 root module
+    for i, mb in enumerate(batches):
+        x = mb if isinstance(mb, torch.Tensor) else torch.from_numpy(mb)
+        x = x.to(rt.device, non_blocking=True)
+        if sync_control:
+            last = i == len(batches) - 1
+            # reduce-scatter the gradients once, after the last micro-batch: the earlier ones accumulate
+            # unsharded local gradients (FSDP2's no_sync); numerically the same sum
+            model.set_requires_gradient_sync(last)
+            if rt.world == 1:
+                # one rank: keep the gathered bf16 weights until the step's last backward (they cannot change
+                # within a step), so they are cast/copied once per step, not once per micro-batch
+                model.set_reshard_after_backward(last)
+        with rt.autocast():
+            loss = model(input_ids=x, labels=x).loss / len(batches)
+        loss.backward()
+        total += loss.detach().float()
+    if rt.distributed and rt.world > 1:
+        import torch.distributed as dist
+
+        dist.all_reduce(total)
+        total /= rt.world
+    for param, mask in row_masks:
+        if param.grad is not None:
+            param.grad.mul_(mask)
+    norm = grad_norm(model, max_grad_norm).to(total.device)
+    ok = torch.isfinite(total) & torch.isfinite(norm)
+    blocked = ~ok if skip is None else ~ok | skip
+    if skips_on_device(optimizer):
+        optimizer.found_inf = blocked.float()
+        optimizer.step()
+    elif not bool(blocked):  # host sync: only the non-fused optimizer needs it
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return StepResult(total, norm, ok)
