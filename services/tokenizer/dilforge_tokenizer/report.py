@@ -9,6 +9,9 @@ from dilforge_shared.errors import InputError
 from dilforge_shared.textmetrics import measure, tokenizers_encoder
 from tokenizers import Tokenizer
 
+from . import bpe
+from .candidates import Candidate
+
 
 def measure_sets(tok: Tokenizer, sets: dict[str, list[str]]) -> dict[str, dict]:
     """One encode_batch call per set (the sets are small and already in memory): fewer, larger
@@ -123,3 +126,18 @@ def read_validation_sets(config: TokenizerConfig, endpoint_url: str | None) -> d
             raise InputError("validation set is empty: no non-blank text in it", path=source.uri)
         sets[source.label] = texts
     return sets
+
+
+def comparison_rows(candidates: list[Candidate], chosen: Candidate, names: list[str]) -> list[dict]:
+    """Every candidate side by side on each language's validation text (the report's strategy table)."""
+    return [
+        {
+            "strategy": c.strategy,
+            "vocab_size": bpe.vocab_size_with_specials(c.tok),
+            "num_new_tokens": len(c.new_ids),
+            "selected": c is chosen,
+            "languages": language_figures(c.sets, names),
+            "dead_new_tokens_frac": c.audit["dead_new_tokens_frac"],
+        }
+        for c in candidates
+    ]

@@ -40,7 +40,15 @@ from .candidates import (
     replace_candidates,
 )
 from .family_out import verify_output
-from .report import comparison_table, language_figures, measure_sets, read_validation_sets, select, sweep_table
+from .report import (
+    comparison_rows,
+    comparison_table,
+    language_figures,
+    measure_sets,
+    read_validation_sets,
+    select,
+    sweep_table,
+)
 from .stream import CorpusStream
 
 log = logging.getLogger("dilforge.tokenizer")
@@ -336,21 +344,6 @@ def publish(
     output = verify_output(ctx.model_dir, published)
     published_sets = chosen.sets if published is chosen.tok else measure_sets(published, measured.sets)
     return Published(tok=published, num_pruned=pruned, audit=published_audit, sets=published_sets, output=output)
-
-
-def comparison_rows(candidates: list[Candidate], chosen: Candidate, names: list[str]) -> list[dict]:
-    """Every candidate side by side on each language's validation text (the report's strategy table)."""
-    return [
-        {
-            "strategy": c.strategy,
-            "vocab_size": bpe.vocab_size_with_specials(c.tok),
-            "num_new_tokens": len(c.new_ids),
-            "selected": c is chosen,
-            "languages": language_figures(c.sets, names),
-            "dead_new_tokens_frac": c.audit["dead_new_tokens_frac"],
-        }
-        for c in candidates
-    ]
 
 
 def tokenizer_metrics(
