@@ -66,6 +66,7 @@ def step0(args) -> dict:
             "untie_embeddings": args.untied,
             "compare_transplant_inits": True,
             "transplant": args.trained,
+            "fit_ridge": args.fit_ridge,
         }
     )
     tok = load_tokenizer(paths["tokenizer"])
@@ -125,6 +126,7 @@ def step0(args) -> dict:
         "table": table,
         "markdown": format_table(table),
         "calibration": pending.report.get("calibration"),
+        "fit": pending.report.get("fit"),
         "tied": report.get("tied"),
         "seconds": time.perf_counter() - t0,
     }
@@ -181,7 +183,8 @@ def main() -> None:
         default=0,
         help="also score the first N English sentences of the xwmt test set (news, never trained on)",
     )
-    ap.add_argument("--methods", default=None, help="comma-separated initialisations (default: all five)")
+    ap.add_argument("--methods", default=None, help="comma-separated initialisations (default: the stage's five)")
+    ap.add_argument("--fit-ridge", type=float, default=0.1, help="fit_ridge of the fitted initialisation")
     ap.add_argument("--max-docs", type=int, default=500, help="documents tokenised per corpus for the calibration")
     ap.add_argument("--main-job", default=None, help="also run two main jobs: the default and this initialisation")
     ap.add_argument("--json", default=None)
@@ -200,6 +203,7 @@ def main() -> None:
     )
     print(result["step0"]["markdown"])
     print("calibration:", result["step0"]["calibration"])
+    print("fit:", result["step0"]["fit"])
     if args.main_job:
         result["main_job"] = main_job(args)
         print("\nmain job, eval held-out BPB × base:")

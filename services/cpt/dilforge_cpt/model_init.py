@@ -19,7 +19,7 @@ from dilforge_shared.errors import ConfigError, InputError
 from dilforge_shared.models import Choice, choose, resolve
 from tokenizers import Tokenizer
 
-from . import leakage, transplant
+from . import fitted_init, leakage, transplant
 from .data import PackedData, TokenIds, load_tokenizer
 from .runtime import Runtime
 from .validation import bpb_by_set, evaluate
@@ -74,6 +74,7 @@ class PendingTransplant:
     base_tok: Tokenizer | None = None
     calibration: transplant.Calibration | None = None  # fitted once, for the calibrated methods
     step0_leakage: dict | None = None  # leakage.measure of the trained initialisation at step 0
+    fit: fitted_init.Fit | None = None  # the fitted method's output rows, fitted once
 
 
 def scratch_model(config: CptConfig, vocab: int, ids: TokenIds):
@@ -172,6 +173,16 @@ def sample_hidden(model, data: PackedData, config: CptConfig, rt: Runtime) -> tr
     `calibration_num_windows` from the retain corpora (`retain_corpora`), half from the others (all
     from every corpus when there are no retain corpora), spread evenly over the corpora of each kind.
     Deterministic: the same windows on every rank and every run."""
+    windows, flags = calibration_windows(data, config)
+    x = torch.from_numpy(np.stack(windows)).to(rt.device)
+    hidden = final_hidden(model, x, config.micro_batch_size, rt)
+    positions = x.shape[1] - 1
+    return transplant.Sample(
+        hidden, x[:, 1:].reshape(-1).cpu(), torch.tensor(flags, dtype=torch.bool).repeat_interleave(positions)
+    )
+
+
+def calibration_windows(data: PackedData, config: CptConfig) -> tuple[list[np.ndarray], list[bool]]:
     labels = [tf.label for tf in data.files]
     retain = [i for i, name in enumerate(labels) if name in config.retain_corpora]
     other = [i for i in range(len(labels)) if i not in retain]
@@ -184,12 +195,7 @@ def sample_hidden(model, data: PackedData, config: CptConfig, rt: Runtime) -> tr
             for i in range(min(n, data.files[c].windows(config.seq_len))):
                 windows.append(data.window(c, i))
                 flags.append(is_retain)
-    x = torch.from_numpy(np.stack(windows)).to(rt.device)
-    hidden = final_hidden(model, x, config.micro_batch_size, rt)
-    positions = x.shape[1] - 1
-    return transplant.Sample(
-        hidden, x[:, 1:].reshape(-1).cpu(), torch.tensor(flags, dtype=torch.bool).repeat_interleave(positions)
-    )
+    return windows, flags
 
 
 @torch.no_grad()
@@ -252,6 +258,24 @@ def calibrate(
     return pending.calibration
 
 
+def fit_output_rows(model, pending: PendingTransplant, data: PackedData, config: CptConfig, rt: Runtime, seed: int):
+    """The fitted method's new output rows (fitted_init.py), fitted once on the base model's hidden states
+    over the calibration windows in the base tokenisation (same windows as `sample_hidden`)."""
+    if pending.fit is None:
+        transplant.transplant(model, pending.base_rows, pending.mapping, "mean_of_pieces", seed)
+        windows, flags = calibration_windows(data, config)
+        stage = fitted_init.stage_ids_of_base(pending.mapping)
+        x = torch.tensor([fitted_init.base_tokenised(w, pending.mapping, stage, config.seq_len) for w in windows])
+        hidden = final_hidden(model, x.to(rt.device), config.micro_batch_size, rt)
+        sample = fitted_init.PieceSample(
+            hidden.reshape(len(x), x.shape[1] - 1, -1), x[:, 1:], torch.tensor(flags, dtype=torch.bool)
+        )
+        prior = model.get_output_embeddings().weight.detach().float().cpu()
+        pending.fit = fitted_init.fit_rows(sample, prior, prior, pending.mapping, ridge=config.fit_ridge)
+        pending.report["fit"] = pending.fit.to_report()
+    return pending.fit
+
+
 def recalibrate(
     model, mapping: transplant.VocabMapping, data: PackedData, config: CptConfig, rt: Runtime
 ) -> transplant.Calibration:
@@ -290,14 +314,17 @@ def apply_transplant(
     config: CptConfig | None = None,
     rt: Runtime | None = None,
 ) -> None:
-    cal = None
+    cal = fit = None
+    if method in transplant.CALIBRATED + transplant.FITTED and (data is None or config is None or rt is None):
+        raise ValueError(f"transplant {method!r} samples hidden states of the training corpora: pass data")
     if method in transplant.CALIBRATED:
-        if data is None or config is None or rt is None:
-            raise ValueError(f"transplant {method!r} samples hidden states of the training corpora: pass data")
         cal = calibrate(model, pending, data, config, rt, seed)
         if method == "offset":
             cal = transplant.Calibration(cal.const)
-    transplant.transplant(model, pending.base_rows, pending.mapping, method, seed, calibration=cal)
+    if method in transplant.FITTED:
+        fit = fit_output_rows(model, pending, data, config, rt, seed)
+        fit = (fit.new_ids, fit.rows)
+    transplant.transplant(model, pending.base_rows, pending.mapping, method, seed, calibration=cal, head_new_rows=fit)
 
 
 def compare_initialisations(
@@ -313,7 +340,7 @@ def compare_initialisations(
     """Step-0 validation of every initialisation (the trained one last, so the model ends with its
     rows); each measured once, with the leakage measure (`leakage.py`) when there is a probe. Returns
     the trained initialisation's result (the run's step 0)."""
-    compared = methods if methods is not None else transplant.METHODS if config.compare_transplant_inits else []
+    compared = methods if methods is not None else transplant.COMPARED if config.compare_transplant_inits else []
     methods = [m for m in compared if m != config.transplant] + [config.transplant]
     result: dict[str, float] = {}
     table = {}

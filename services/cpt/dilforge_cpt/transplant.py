@@ -12,6 +12,8 @@ token's row is, by method:
                   states sampled from the training corpora), so that its logit drops by ln(num pieces)
                   everywhere: a new token's logit is otherwise the mean of its pieces' logits, which
                   overstates the joint probability of the pieces (issue 24's measured one-line fix)
+  fitted          mean_of_pieces input rows; new output rows fitted by ridge least squares so that
+                  their logit is the base model's joint log-probability of their pieces (fitted_init.py)
   calibrated      mean_of_pieces + (beta - alpha·ln(num pieces))·b + gamma·d, d the direction that
                   tells retain text (English replay) from the rest (h·d ≈ 1 / 0), with (alpha, beta,
                   gamma) fitted on the sampled hidden states by the extended tokenisation's NLL of
@@ -32,8 +34,13 @@ from tokenizers import Tokenizer
 
 log = logging.getLogger("dilforge.cpt.transplant")
 
-METHODS = ("mean_of_pieces", "mean_of_all", "random", "offset", "calibrated")
+METHODS = ("mean_of_pieces", "mean_of_all", "random", "offset", "calibrated", "fitted")
 CALIBRATED = ("offset", "calibrated")  # need a Calibration (hidden states sampled from the training corpora)
+FITTED = ("fitted",)  # new output rows given (fitted_init.py: ridge toward the pieces' joint log-probability)
+# compare_transplant_inits scores these at step 0: `fitted` is left out (it gives base-tokenised English the
+# base model's BPB but costs Azerbaijani ×1.56 against mean-of-pieces, docs/benchmarks.md; bench/leakage.py
+# --methods fitted measures it)
+COMPARED = ("mean_of_pieces", "mean_of_all", "random", "offset", "calibrated")
 
 
 @dataclass(frozen=True)
@@ -230,27 +237,40 @@ def transplant(
     method: str,
     seed: int,
     calibration: Calibration | None = None,
+    head_new_rows: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
     """Write new embedding (and untied LM-head) rows into `model`, whose vocab is already the new size.
     The calibrated methods (`CALIBRATED`) need `calibration` and move only the output rows (the tied
-    matrix, or the LM head of an untied model)."""
+    matrix, or the LM head of an untied model); `fitted` needs `head_new_rows` = (new ids, their output
+    rows), written over the output matrix (tied: the one matrix, so the input rows move too)."""
     if method not in METHODS:
         raise ValueError(f"unknown transplant method {method!r}")
     if method in CALIBRATED and calibration is None:
         raise ValueError(f"transplant method {method!r} needs a calibration (sampled hidden states)")
+    if method in FITTED and head_new_rows is None:
+        raise ValueError(f"transplant method {method!r} needs its fitted output rows")
     std = float(getattr(model.config, "initializer_range", 0.02))
-    rows_method = "mean_of_pieces" if method in CALIBRATED else method
+    rows_method = "mean_of_pieces" if method in CALIBRATED + FITTED else method
+
+    def output(rows: torch.Tensor) -> torch.Tensor:
+        if method in CALIBRATED:
+            return offset_rows(rows, mapping, calibration)
+        if method in FITTED:
+            rows = rows.clone()
+            rows[head_new_rows[0]] = head_new_rows[1].to(rows.dtype)
+        return rows
+
     emb = model.get_input_embeddings().weight
     with torch.no_grad():
         head = model.get_output_embeddings().weight
         emb_rows = new_rows(base_rows["embed"], mapping, rows_method, std, seed)
         if head is emb:
-            emb.copy_(offset_rows(emb_rows, mapping, calibration) if method in CALIBRATED else emb_rows)
+            emb.copy_(output(emb_rows))
             return
         emb.copy_(emb_rows)
         head_base = base_rows.get("head", base_rows["embed"])
         head_rows = new_rows(head_base, mapping, rows_method, std, seed + 1)
-        head.copy_(offset_rows(head_rows, mapping, calibration) if method in CALIBRATED else head_rows)
+        head.copy_(output(head_rows))
 
 
 def untie(model) -> None:

@@ -103,7 +103,7 @@ class CptConfig(StageConfig, Batching, Checkpointing):
     scratch_model: ScratchModel | None = Field(
         default=None, description="Architecture of a random model; used only when base_model is None."
     )
-    transplant: Literal["none", "mean_of_pieces", "mean_of_all", "random", "offset", "calibrated"] = Field(
+    transplant: Literal["none", "mean_of_pieces", "mean_of_all", "random", "offset", "calibrated", "fitted"] = Field(
         default="mean_of_pieces",
         description="How embedding/LM-head rows are initialised when the stage's tokenizer differs from the "
         "base model's. Tokens in both keep their rows; new tokens get: mean_of_pieces = mean of the base "
@@ -111,8 +111,9 @@ class CptConfig(StageConfig, Batching, Checkpointing):
         "base rows; random = normal(0, initializer_range); offset = mean_of_pieces with each new output row's "
         "logit lowered by ln(number of pieces) along the constant direction of the final hidden states; "
         "calibrated = mean_of_pieces plus offsets along that direction and the direction that tells "
-        "retain_corpora text from the rest, fitted on sampled hidden states (docs/cpt.md, leakage). "
-        "none = the tokenizers must be identical.",
+        "retain_corpora text from the rest, fitted on sampled hidden states (docs/cpt.md, leakage); "
+        "fitted = mean_of_pieces input rows and new output rows fitted by ridge least squares toward the base "
+        "model's joint log-probability of their pieces. none = the tokenizers must be identical.",
     )
     compare_transplant_inits: bool = Field(
         default=True,
@@ -135,7 +136,13 @@ class CptConfig(StageConfig, Batching, Checkpointing):
         default=16,
         ge=1,
         description="Training windows (the first of each corpus; half from retain_corpora) whose final hidden "
-        "states the offset/calibrated transplants are fitted on.",
+        "states the offset/calibrated/fitted transplants are fitted on.",
+    )
+    fit_ridge: float = Field(
+        default=0.1,
+        gt=0,
+        description="The fitted transplant's ridge strength toward the mean-of-pieces rows, in units of the "
+        "mean eigenvalue of the sampled hidden states' Gram matrix.",
     )
     measure_leakage: bool = Field(
         default=True,
