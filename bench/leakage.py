@@ -51,7 +51,8 @@ def step0(args) -> dict:
     record = json.loads(ArtifactStore(args.store).read_run_record(pipe.run_id))
     paths = {}
     for stage in ("model", "tokenizer"):
-        uri = record["stages"][stage]["artifact_uri"]
+        entry = record["stages"][stage]
+        uri = ArtifactStore(args.store).resolve(entry.get("artifact") or entry["artifact_uri"])
         paths[stage] = (
             find_dir(Path(uri.removeprefix("file://")), "model", uri)
             if stage == "model"
@@ -157,7 +158,8 @@ def main_job(args) -> dict:
         if proc.returncode:
             sys.exit(f"run-all ({method}) failed: exit {proc.returncode}")
         record = json.loads(ArtifactStore(args.store).read_run_record(cfg["run_id"]))
-        ev, _ = read_manifest(record["stages"]["eval"]["artifact_uri"])
+        entry = record["stages"]["eval"]
+        ev, _ = read_manifest(ArtifactStore(args.store).resolve(entry.get("artifact") or entry["artifact_uri"]))
         bpb = ev.metrics["bpb"]
         row = {"seconds": time.perf_counter() - t0, "transplant": cfg["cpt"]["transplant"]}
         for name in bpb["base"]:

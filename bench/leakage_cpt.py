@@ -11,7 +11,10 @@ its own tokenizer in the same process, 256-token windows stepping 128 (as eval).
 leakage (flores-en, base tokenisation / base model − 1) is printed at step 0 and after training.
 
     python bench/leakage_cpt.py --data ../shared/data --store /tmp/leak-cpt/store \\
-        --arm default: --arm replay40:'corpora[3].weight=0.4'
+        --arm default: --arm replay40:'corpora[3].weight=0.4' [--recalibrate]
+
+--recalibrate also scores each trained model after the loop's counter-measure applied once at the end
+(`model_init.recalibrate`, what `leakage_tolerance` does at the final validation), without training again.
 """
 
 from __future__ import annotations
@@ -35,6 +38,12 @@ FLORES = "az/dev/flores200.dev.partial_from_sib200.tsv"
 XWMT = "az/dev/xwmt_test.az-en.{}.txt"
 
 
+def stage_uri(store, record: dict, stage: str) -> str:
+    """A run record's artifact of `stage` as a URI (relative addresses resolve inside the store)."""
+    entry = record["stages"][stage]
+    return store.resolve(entry.get("artifact") or entry["artifact_uri"])
+
+
 def held_out(data: Path, n: int) -> dict[str, list[str]]:
     from dilforge_shared.corpus import iter_texts
 
@@ -46,15 +55,19 @@ def held_out(data: Path, n: int) -> dict[str, list[str]]:
     }
 
 
-def bpb_of(model_dir: Path, sets: dict[str, list[str]]) -> dict[str, float]:
+def bpb_of(model_dir: Path, sets: dict[str, list[str]], loaded=None) -> dict[str, float]:
     import torch
     from dilforge_cpt.data import load_tokenizer, special_ids
     from dilforge_shared.bpb import build_stream, sliding_window_bpb
     from transformers import AutoModelForCausalLM
 
-    tok = load_tokenizer(model_dir)
-    ids = special_ids(tok, str(model_dir))
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32, trust_remote_code=False).eval()
+    if loaded is None:
+        tok = load_tokenizer(model_dir)
+        ids = special_ids(tok, str(model_dir))
+        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32, trust_remote_code=False)
+    else:
+        model, tok, ids = loaded
+    model.eval()
     out = {}
     for name, docs in sets.items():
         enc = [e.ids for e in tok.encode_batch(docs, add_special_tokens=False)]
@@ -95,14 +108,53 @@ def run_arm(name: str, edits: str, args) -> dict:
             sys.exit(f"arm {name}: coordinator run {stage} failed (exit {proc.returncode})")
     seconds = time.perf_counter() - t0
     record = json.loads(ArtifactStore(args.store).read_run_record(cfg["run_id"]))
-    uri = record["stages"]["cpt"]["artifact_uri"]
+    uri = stage_uri(ArtifactStore(args.store), record, "cpt")
     manifest, _ = read_manifest(uri)
     leak = [
         {"step": e["step"], **{s: round(r["leakage"], 4) for s, r in e["sets"].items()}}
         for e in manifest.metrics.get("leakage") or []
     ]
     model_dir = next(Path(uri.removeprefix("file://")).glob("data-*"))
-    return {"edits": edits, "seconds": seconds, "leakage": leak, "model": str(model_dir)}
+    return {"edits": edits, "seconds": seconds, "leakage": leak, "model": str(model_dir), "config": str(path)}
+
+
+def recalibrated(arm: dict, base_dir: Path, args):
+    """The trained CPT model with the loop's counter-measure applied once after training
+    (`model_init.recalibrate`: the calibrated offsets fitted again on its own hidden states and added to
+    its new output rows; what `leakage_tolerance` does at a validation above the tolerance), and its
+    flores-en leakage before and after."""
+    import torch
+    from dilforge_cpt import leakage, model_init, transplant
+    from dilforge_cpt.data import PackedData, cache_key, load_tokenizer, special_ids, tokenize_to_file
+    from dilforge_cpt.runtime import Runtime
+    from dilforge_shared.configs import load_pipeline
+    from transformers import AutoModelForCausalLM
+
+    model_dir = Path(arm["model"])
+    cfg = load_pipeline(Path(arm["config"]), {"store.uri": args.store}, {"DILFORGE_DATA": args.data}).cpt
+    tok, base_tok = load_tokenizer(model_dir), load_tokenizer(base_dir)
+    ids = special_ids(tok, str(model_dir))
+    cache = Path(tempfile.mkdtemp(prefix="leak-cpt-cache-"))
+    files = [
+        tokenize_to_file(src, tok, ids, cache, cache_key(src, model_dir / "tokenizer.json", 500, None), 500, 1000, None)
+        for src in cfg.corpora
+    ]
+    data = PackedData(files, [c.weight for c in cfg.corpora], cfg.seq_len, cfg.seed)
+    mapping = transplant.build_mapping(base_tok, tok)
+    rt = Runtime()
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32, trust_remote_code=False).eval()
+    probe, why = leakage.build_probe(cfg, base_tok, mapping, tok, ids, None)
+    if probe is None:
+        sys.exit(f"no leakage probe: {why}")
+    before = leakage.measure(model, probe, cfg, rt)
+    cal = model_init.recalibrate(model, mapping, data, cfg, rt)
+    after = leakage.measure(model, probe, cfg, rt)
+    row = {
+        "calibration": cal.to_report(),
+        "leakage_before": {k: v["leakage"] for k, v in before.items()},
+        "leakage_after": {k: v["leakage"] for k, v in after.items()},
+    }
+    return model, tok, ids, row
 
 
 def main() -> None:
@@ -112,6 +164,9 @@ def main() -> None:
     ap.add_argument("--config", default=str(ROOT / "configs/az-small.yaml"))
     ap.add_argument("--arm", action="append", required=True, help="NAME:FIELD=VALUE;FIELD=VALUE (cpt fields)")
     ap.add_argument("--num-sentences", type=int, default=100, help="held-out sentences per set")
+    ap.add_argument(
+        "--recalibrate", action="store_true", help="also score each arm after one post-training re-calibration"
+    )
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     import torch
@@ -129,8 +184,9 @@ def main() -> None:
 
     first = next(iter(arms))
     record = json.loads(ArtifactStore(args.store).read_run_record(f"leak-cpt-{first}"))
-    muri = record["stages"]["model"]["artifact_uri"]
-    base = bpb_of(find_dir(Path(muri.removeprefix("file://")), "model", muri), sets)
+    muri = stage_uri(ArtifactStore(args.store), record, "model")
+    base_dir = find_dir(Path(muri.removeprefix("file://")), "model", muri)
+    base = bpb_of(base_dir, sets)
     print("\nheld-out BPB × base (SmolLM2, own tokenizer: " + ", ".join(f"{k} {v:.4f}" for k, v in base.items()) + ")")
     print("| arm | cpt edits | " + " | ".join(sets) + " | leakage flores-en step 0 → end |")
     print("|---|---|" + "---:|" * len(sets) + "---|")
@@ -140,6 +196,17 @@ def main() -> None:
         leak = " → ".join(f"{e.get('flores-en', float('nan')):+.4f}" for e in arm["leakage"])
         cells = " | ".join(f"{arm['ratio'][k]:.4f}" for k in sets)
         print(f"| {name} | {arm['edits'] or '—'} | {cells} | {leak} |", flush=True)
+        if args.recalibrate:
+            model, tok, ids, arm["recalibrated"] = recalibrated(arm, base_dir, args)
+            rbpb = bpb_of(Path(arm["model"]), sets, (model, tok, ids))
+            arm["recalibrated"]["ratio"] = {k: rbpb[k] / base[k] for k in sets}
+            cells = " | ".join(f"{arm['recalibrated']['ratio'][k]:.4f}" for k in sets)
+            lb, la = arm["recalibrated"]["leakage_before"], arm["recalibrated"]["leakage_after"]
+            print(
+                f"| {name} + re-calibrated after training | {arm['edits'] or '—'} | {cells} | "
+                f"{lb.get('flores-en', float('nan')):+.4f} → {la.get('flores-en', float('nan')):+.4f} |",
+                flush=True,
+            )
     if args.json:
         Path(args.json).write_text(json.dumps({"base": base, "arms": arms}, indent=1))
 
