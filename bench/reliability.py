@@ -88,23 +88,7 @@ def oversized(tmp: Path, size_mb: int) -> list[str]:
             files=[],
         ),
     )
-    flores = "${DILFORGE_DATA}/az/dev/flores200.dev.partial_from_sib200.tsv"
-    tiny = {
-        "scratch_model": {
-            "hidden_size": 64,
-            "intermediate_size": 128,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-        },
-        "seq_len": 64,
-        "global_batch_size": 4,
-        "micro_batch_size": 2,
-        "phase1": {"num_steps": 1, "learning_rate": 0.01},
-        "phase2": {"num_steps": 1, "learning_rate": 0.003, "num_warmup_steps": 0},
-        "validation": [{"uri": flores, "text_field": "azj_Latn"}],
-        "num_validation_docs": 8,
-    }
+    tiny = factories.TINY_CPT_SECTION
     cases = {
         "tokenizer": ({"strategy": "replace", "corpora": [{"uri": str(txt)}], "vocab_sizes": [600]}, []),
         "cpt": ({**tiny, "corpora": [{"uri": str(txt)}]}, ["--input", f"tokenizer={tok_uri}"]),

@@ -259,3 +259,44 @@ class CheckpointTensors:
             model_state_dict=saved["model"],
             optim_state_dict={"state": saved["optim"]["state"], "param_groups": self.osd["param_groups"]},
         )
+
+
+def tiny_cpt_config(**update):
+    """The CPT config the loop and pipeline unit tests train with: two corpora (one at half weight), a
+    validation set, 3 + 4 steps at 16 tokens, global batch 4 in micro-batches of 2."""
+    from dilforge_shared.configs.cpt import CptConfig
+
+    cfg = CptConfig(
+        scratch_model={},
+        corpora=[{"uri": "a"}, {"uri": "b", "weight": 0.5}],
+        validation=[{"uri": "v"}],
+        seq_len=16,
+        global_batch_size=4,
+        micro_batch_size=2,
+        phase1={"num_steps": 3, "learning_rate": 0.01},
+        phase2={"num_steps": 4, "learning_rate": 0.003, "num_warmup_steps": 1},
+        log_every=1,
+        eval_every=100,
+        checkpoint_every=100,
+    )
+    return cfg.model_copy(update=update)
+
+
+# A CPT stage section for one step per phase on a 2-layer scratch model (the oversized-input test and its bench
+# add the corpora under test).
+TINY_CPT_SECTION = {
+    "scratch_model": {
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+    },
+    "seq_len": 64,
+    "global_batch_size": 4,
+    "micro_batch_size": 2,
+    "phase1": {"num_steps": 1, "learning_rate": 0.01},
+    "phase2": {"num_steps": 1, "learning_rate": 0.003, "num_warmup_steps": 0},
+    "validation": [{"uri": "${DILFORGE_DATA}/az/dev/flores200.dev.partial_from_sib200.tsv", "text_field": "azj_Latn"}],
+    "num_validation_docs": 8,
+}

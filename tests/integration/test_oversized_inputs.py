@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import factories
 import pytest
 import yaml
 
@@ -26,22 +27,7 @@ WRAPPER = (
     "print('PEAK_RSS_KB', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr)\n"
     "sys.exit(rc)\n"
 )
-TINY_CPT = {
-    "scratch_model": {
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-    },
-    "seq_len": 64,
-    "global_batch_size": 4,
-    "micro_batch_size": 2,
-    "phase1": {"num_steps": 1, "learning_rate": 0.01},
-    "phase2": {"num_steps": 1, "learning_rate": 0.003, "num_warmup_steps": 0},
-    "validation": [{"uri": "${DILFORGE_DATA}/az/dev/flores200.dev.partial_from_sib200.tsv", "text_field": "azj_Latn"}],
-    "num_validation_docs": 8,
-}
+TINY_CPT = factories.TINY_CPT_SECTION
 
 
 @pytest.fixture(scope="module")

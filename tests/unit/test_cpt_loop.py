@@ -17,19 +17,7 @@ VOCAB, SEQ = 64, 16
 
 
 def config() -> CptConfig:
-    return CptConfig(
-        scratch_model={},
-        corpora=[{"uri": "a"}, {"uri": "b", "weight": 0.5}],
-        validation=[{"uri": "v"}],
-        seq_len=SEQ,
-        global_batch_size=4,
-        micro_batch_size=2,
-        phase1={"num_steps": 3, "learning_rate": 0.01},
-        phase2={"num_steps": 4, "learning_rate": 0.003, "num_warmup_steps": 1},
-        log_every=1,
-        eval_every=3,
-        checkpoint_every=100,
-    )
+    return factories.tiny_cpt_config(eval_every=3)
 
 
 def token_files(tmp_path):
