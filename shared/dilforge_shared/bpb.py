@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -163,6 +164,18 @@ def _reshard(model) -> None:
             module.reshard()
 
 
+@contextmanager
+def eval_mode(model) -> Iterator[None]:
+    """`model.eval()` for the block, the model's own training mode back afterwards (scoring runs inside
+    training loops as well as on loaded models)."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
+
+
 @torch.no_grad()
 def stream_nll(
     model,
@@ -256,13 +269,8 @@ def sliding_window_bpb(
 ) -> BpbResult:
     """BPB of one stream in one process (see the module docstring for the definition)."""
     start = time.perf_counter()
-    was_training = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         nll, scored, windows = stream_nll(model, stream, window, stride, batch_size, chunk_positions, on_batch=on_batch)
-    finally:
-        if was_training:
-            model.train()
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     return BpbResult(

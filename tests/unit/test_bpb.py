@@ -181,3 +181,17 @@ def test_cpt_validation_and_eval_report_the_same_bpb(model_and_tok, tmp_path, ti
     assert cpt["val_loss"] == pytest.approx(
         (eval_az.nll_nats + eval_en.nll_nats) / (eval_az.num_tokens + eval_en.num_tokens), rel=1e-6
     )
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_eval_mode_scores_in_eval_and_gives_the_model_its_own_mode_back_even_on_error(training):
+    from dilforge_shared.bpb import eval_mode
+
+    model = torch.nn.Sequential(torch.nn.Dropout(0.5))
+    model.train(training)
+    with eval_mode(model):
+        assert not model.training and not model[0].training
+    assert model.training is training and model[0].training is training
+    with pytest.raises(RuntimeError, match="boom"), eval_mode(model):
+        raise RuntimeError("boom")
+    assert model.training is training

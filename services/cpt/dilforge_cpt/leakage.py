@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 
 import torch
-from dilforge_shared.bpb import stream_nll
+from dilforge_shared.bpb import eval_mode, stream_nll
 from dilforge_shared.configs.cpt import CptConfig
 from tokenizers import Tokenizer
 
@@ -77,19 +77,14 @@ def measure(model, probe: LeakageProbe, config: CptConfig, rt: Runtime) -> dict[
     """{set: {bpb_base_tokenization, bpb_kept_rows, leakage}} (summed over ranks)."""
     window, stride = window_and_stride(config)
     batch_size = config.eval_micro_batch_size or config.micro_batch_size
-    was_training = model.training
-    model.eval()
     sums: list[float] = []
-    try:
+    with eval_mode(model):
         for vs in probe.sets:
             with rt.autocast():
                 (full, kept), _, _ = stream_nll(
                     model, vs.stream, window, stride, batch_size, rank=rt.rank, world=rt.world, kept=probe.kept
                 )
             sums += [full, kept]
-    finally:
-        if was_training:
-            model.train()
     sums = rt.all_sum(sums)
     out = {}
     for i, vs in enumerate(probe.sets):

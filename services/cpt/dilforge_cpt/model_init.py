@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from dilforge_shared.bpb import eval_mode
 from dilforge_shared.configs.cpt import CptConfig
 from dilforge_shared.contract import StageContext
 from dilforge_shared.errors import ConfigError, InputError
@@ -212,17 +213,13 @@ def final_hidden(model, x: torch.Tensor, batch_size: int, rt: Runtime) -> torch.
         hidden = output[0] if isinstance(output, tuple) else output.last_hidden_state
         out.append(hidden[:, :-1].float().reshape(-1, hidden.shape[-1]).cpu())
 
-    was_training = model.training
-    model.eval()
     handle = decoder.register_forward_hook(grab)
     try:
-        with rt.autocast():
+        with eval_mode(model), rt.autocast():
             for k in range(0, len(x), batch_size):
                 model(input_ids=x[k : k + batch_size], logits_to_keep=1)
     finally:
         handle.remove()
-        if was_training:
-            model.train()
     if rt.fsdp:
         _reshard(model)
     return torch.cat(out)

@@ -7,7 +7,7 @@ import logging
 import math
 
 import torch
-from dilforge_shared.bpb import stream_nll
+from dilforge_shared.bpb import eval_mode, stream_nll
 from dilforge_shared.configs.cpt import CptConfig
 from dilforge_shared.metrics import SET_PREFIX  # a validation row's `val_bpb/<set>`, as CptMetrics reads it
 from dilforge_shared.progress import Progress
@@ -32,10 +32,8 @@ def evaluate(
     """
     window, stride = window_and_stride(config)
     batch_size = config.eval_micro_batch_size or config.micro_batch_size
-    was_training = model.training
-    model.eval()
     sums: list[float] = []
-    try:
+    with eval_mode(model):
         for vs in val:
             progress = Progress(f"{desc} {vs.name}", 0, unit="batches", log=log, enabled=rt.is_main)
 
@@ -49,9 +47,6 @@ def evaluate(
                 )
             progress.close()
             sums += [nll, float(count)]
-    finally:
-        if was_training:
-            model.train()
     sums = rt.all_sum(sums)
     nll_total, count_total = sum(sums[0::2]), sum(sums[1::2])
     bytes_total = sum(vs.stream.num_bytes for vs in val)
