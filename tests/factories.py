@@ -284,14 +284,16 @@ def tiny_cpt_config(**update):
 
 # A CPT stage section for one step per phase on a 2-layer scratch model (the oversized-input test and its bench
 # add the corpora under test).
+# The 2-layer scratch Llama the CPT stage tests train (`scratch_model` of a CPT section).
+TINY_SCRATCH = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+}
 TINY_CPT_SECTION = {
-    "scratch_model": {
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-    },
+    "scratch_model": TINY_SCRATCH,
     "seq_len": 64,
     "global_batch_size": 4,
     "micro_batch_size": 2,

@@ -20,18 +20,13 @@ import sys
 import time
 from pathlib import Path
 
+import factories
 import pytest
 
 pytestmark = pytest.mark.slow
 
 HOSTS = ["localhost", "127.0.0.1"]  # both this machine; sorted → node 0 = 127.0.0.1 (the master), node 1 = localhost
-SCRATCH = {
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-}
+SCRATCH = factories.TINY_SCRATCH
 NUM_STEPS = 6
 
 

@@ -28,13 +28,7 @@ pytestmark = pytest.mark.slow
 COORDINATOR = str(Path(sys.executable).parent / "coordinator")
 WIKI = "${DILFORGE_DATA}/az/train/azwiki_sentences_cv_extractor.txt"
 FLORES = "${DILFORGE_DATA}/az/dev/flores200.dev.partial_from_sib200.tsv"
-SCRATCH = {
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-}
+SCRATCH = factories.TINY_SCRATCH
 
 
 def cpt_section(**overrides) -> dict:
