@@ -84,8 +84,8 @@ def step0(args) -> dict:
             tok,
             ids,
             cache,
-            cache_key(src, paths["tokenizer"] / "tokenizer.json", args.max_docs, None),
-            args.max_docs,
+            cache_key(src, paths["tokenizer"] / "tokenizer.json", args.max_docs or src.max_docs, None),
+            args.max_docs or src.max_docs,
             1000,
             None,
         )
@@ -187,7 +187,12 @@ def main() -> None:
     )
     ap.add_argument("--methods", default=None, help="comma-separated initialisations (default: the stage's five)")
     ap.add_argument("--fit-ridge", type=float, default=0.1, help="fit_ridge of the fitted initialisation")
-    ap.add_argument("--max-docs", type=int, default=500, help="documents tokenised per corpus for the calibration")
+    ap.add_argument(
+        "--max-docs",
+        type=int,
+        default=None,
+        help="documents tokenised per corpus for the calibration (default: each corpus's max_docs, as the stage)",
+    )
     ap.add_argument("--main-job", default=None, help="also run two main jobs: the default and this initialisation")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()

@@ -6,6 +6,8 @@ reused, so a second call only reads them), then prints, from the published manif
   never trained on, with each model's ratio to the base per language (never averaged across languages);
 - the step-0 BPB of each transplant initialisation (mean_of_pieces, mean_of_all, random) per validation set;
 - the issue 9 bars (Azerbaijani ≤ 0.75 × base, English ≤ 1.10 × base) as pass/fail;
+- every text set's ratio to the base per model, and issue 24's bars on the held-out news sets (X-WMT, which CPT
+  neither trains nor validates on): Azerbaijani ≤ 0.69 × base, English ≤ 1.03 × base;
 - the downstream tasks run through lm-evaluation-harness (SIB-200, translation, khazar instructions): per task
   and metric, every model in Azerbaijani and English side by side with its 95 % interval, the chance level and
   the number of examples (the main job's CPU budget keeps these small: read the intervals);
@@ -31,6 +33,7 @@ from hardware import describe
 
 ROOT = Path(__file__).resolve().parents[1]
 AZ_BAR, EN_BAR = 0.75, 1.10
+HELDOUT_PREFIX, HELDOUT_AZ_BAR, HELDOUT_EN_BAR = "xwmt", 0.69, 1.03  # issue 24, on text CPT never saw
 
 
 def run_pipeline(config: Path, data: str, store: str) -> tuple[float, dict]:
@@ -83,6 +86,21 @@ def table(artifacts: dict[str, str]) -> dict:
             "en_ratio": row["en"]["ratio_to_base"],
             "en_ok": row["en"]["ratio_to_base"] <= EN_BAR,
         }
+    languages = {name: info["language"] for name, info in m["text_sets"].items()}
+    per_set = {
+        model: {name: m["bpb"][model][name]["bpb"] / m["bpb"]["base"][name]["bpb"] for name in languages}
+        for model in m["bpb"]
+    }
+    heldout_bars = {}
+    for model in ("cpt", "sft"):
+        ratios = {languages[n]: r for n, r in per_set[model].items() if n.startswith(HELDOUT_PREFIX)}
+        if {"az", "en"} <= set(ratios):
+            heldout_bars[model] = {
+                "az_ratio": ratios["az"],
+                "az_ok": ratios["az"] <= HELDOUT_AZ_BAR,
+                "en_ratio": ratios["en"],
+                "en_ok": ratios["en"] <= HELDOUT_EN_BAR,
+            }
     transplant = CptMetrics.model_validate(cpt.metrics).transplant
     # one row per initialisation: its BPB per validation set, and over both sets together ("all")
     step0 = (
@@ -93,6 +111,9 @@ def table(artifacts: dict[str, str]) -> dict:
     return {
         "rows": rows,
         "bars": bars,
+        "per_set": per_set,
+        "set_languages": languages,
+        "heldout_bars": heldout_bars,
         "step0": step0,
         "transplant_method": transplant.method if transplant else None,
         "tasks": task_rows(m.get("downstream") or {}),
@@ -156,6 +177,22 @@ def markdown(result: dict) -> str:
             f"- {model}: az {b['az_ratio']:.3f} ({'ok' if b['az_ok'] else 'MISSED'}), "
             f"en {b['en_ratio']:.3f} ({'ok' if b['en_ok'] else 'MISSED'})"
         )
+    names = list(result.get("set_languages") or {})
+    if names:
+        lines += ["", "| × base per text set | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
+        for model, ratios in result["per_set"].items():
+            lines.append(f"| {model} | " + " | ".join(f"{ratios[n]:.4f}" for n in names) + " |")
+    if result.get("heldout_bars"):
+        lines += [
+            "",
+            f"held-out bars (issue 24; {HELDOUT_PREFIX} sets: Azerbaijani ≤ {HELDOUT_AZ_BAR} × base, "
+            f"English ≤ {HELDOUT_EN_BAR} × base):",
+        ]
+        for model, b in result["heldout_bars"].items():
+            lines.append(
+                f"- {model}: az {b['az_ratio']:.4f} ({'ok' if b['az_ok'] else 'MISSED'}), "
+                f"en {b['en_ratio']:.4f} ({'ok' if b['en_ok'] else 'MISSED'})"
+            )
     if result["step0"]:
         names = sorted({s for v in result["step0"].values() for s in v} - {"all"}) + ["all"]
         lines += ["", "| step-0 BPB (CPT validation) | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]

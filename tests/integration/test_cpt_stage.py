@@ -292,6 +292,44 @@ def test_phase1_with_transplant_keeps_backbone_bit_identical(tmp_path, data_root
     assert recompute_artifact_id(art.manifest) == art.manifest.artifact_id
 
 
+def test_kept_rows_learning_rate_under_two_process_fsdp(tmp_path, data_root, tiny_llama_dir, other_tokenizer_dir):
+    """Phase 2 with kept_rows_learning_rate far below embedding_learning_rate, sharded over two processes
+    (FSDP2 DTensor rows): the base model's own rows hardly move, the new rows and the backbone do."""
+    import torch
+    from safetensors.torch import load_file
+
+    cpt = cpt_section(
+        scratch_model=None,
+        base_model=str(tiny_llama_dir),
+        transplant="mean_of_pieces",
+        num_processes_per_node=2,
+        phase1={"num_steps": 0},
+        phase2={
+            "num_steps": 2,
+            "learning_rate": 0.01,
+            "embedding_learning_rate": 0.01,
+            "kept_rows_learning_rate": 1e-9,
+            "num_warmup_steps": 0,
+        },
+    )
+    run_cpt(tmp_path, data_root, other_tokenizer_dir, cpt)
+    art = artifact(tmp_path / "store")
+    before = load_file(str(tiny_llama_dir / "model.safetensors"))
+    after = load_file(str(art.path / "model.safetensors"))
+    from tokenizers import Tokenizer
+
+    base_vocab = Tokenizer.from_file(str(tiny_llama_dir / "tokenizer.json")).get_vocab()
+    new_vocab = Tokenizer.from_file(str(art.path / "tokenizer.json")).get_vocab()
+    pairs = torch.tensor([(base_vocab[t], new_vocab[t]) for t in base_vocab if t in new_vocab])
+    assert len(pairs) > 256
+    emb_before, emb_after = before["model.embed_tokens.weight"], after["model.embed_tokens.weight"]
+    kept_change = (emb_after[pairs[:, 1]] - emb_before[pairs[:, 0]]).abs().max()
+    assert float(kept_change) < 1e-6, kept_change  # at embedding_learning_rate they would move like the backbone
+    backbone = [k for k in before if "embed_tokens" not in k and "lm_head" not in k]
+    moved = max(float((before[k] - after[k]).abs().max()) for k in backbone)
+    assert moved > 1e-3, moved
+
+
 def test_bad_inputs_fail_clearly_and_publish_nothing(
     tmp_path, data_root, tiny_llama_dir, other_tokenizer_dir, tiny_tokenizer_dir
 ):

@@ -158,6 +158,14 @@ def test_extend_keeps_every_base_id(tmp_path, data_root, mixed_corpus, tiny_toke
     assert ext.chat_template == base.chat_template
     row = m["sweep"][-1]["sets"]["flores_dev"]
     assert row["tokens_per_word"] < m["base"]["sets"]["flores_dev"]["tokens_per_word"]
+    # digit_tokens: as_base (default): the legal codes are full of article numbers, yet no new token holds a
+    # digit and numbers encode exactly as the base encodes them
+    assert not [t for t in set(ext_vocab) - set(base_vocab) if any(ch.isdigit() for ch in t)]
+    numbers = "Maddə 19.2-ci, 2015-ci il, 1905 manat"
+    assert ext.encode(numbers, add_special_tokens=False) != base.encode(numbers, add_special_tokens=False)
+    assert [t for t in ext.tokenize(numbers) if any(c.isdigit() for c in t)] == [
+        t for t in base.tokenize(numbers) if any(c.isdigit() for c in t)
+    ]
 
 
 def test_extend_learns_from_a_word_frequency_list(tmp_path, data_root, tiny_tokenizer_dir):

@@ -184,3 +184,26 @@ def test_word_counts_over_forked_workers_equal_one_process(monkeypatch):
     monkeypatch.setattr(continued, "MIN_LINES_PER_WORKER", 10)
     assert continued.word_counts(lines.items(), base, num_workers=3) == one
     assert one["Ġabc"] == sum(lines.values()) and sum(one.values()) > 3 * len(lines)
+
+
+def test_digit_barrier_learns_no_digit_token_and_numbers_encode_as_in_the_base():
+    """digit_tokens: as_base. Without the barrier the same corpus learns digit groups (the test can fail)."""
+    doc = base_doc()
+    lines = Counter({"abc 19 1919 2015 abd": 20, "19 20 2015 x19 dbc": 15})
+    words = continued.word_counts(lines.items(), bpe.from_doc(doc))
+    seg = continued.segment(words, doc)
+    barrier = continued.digit_ids(doc)
+    assert {doc["model"]["vocab"][d] for d in "0123456789"} <= barrier and doc["model"]["vocab"]["a"] not in barrier
+
+    learned_free = continued.learn_merges(seg, 30, 2)
+    free, _ = continued.extend_doc(doc, learned_free, 30)
+    assert any(any(ch.isdigit() for ch in t) for t in free["model"]["vocab"] if t not in doc["model"]["vocab"])
+
+    learned = continued.learn_merges(seg, 30, 2, barrier=barrier)
+    ext, added = continued.extend_doc(doc, learned, 30)
+    new = [t for t in ext["model"]["vocab"] if t not in doc["model"]["vocab"]]
+    assert added == len(new) > 0 and not any(ch.isdigit() for t in new for ch in t)
+    assert "abc" in new or "bc" in new  # letters still merge
+    numbers = ["19", "1919", "2015", "20"]
+    assert encode_words(ext, numbers) == encode_words(doc, numbers)
+    assert encode_words(free, numbers) != encode_words(doc, numbers)

@@ -229,7 +229,16 @@ def train_loop(training, data: PackedData, val: list[ValidationSet], state: Trai
                 set_lr(optimizer, lr)
                 t0 = time.perf_counter()
                 item = prefetch.next()
-                result = run_step(model, optimizer, item.batches, rt, config.max_grad_norm, trainable.row_masks, skip)
+                result = run_step(
+                    model,
+                    optimizer,
+                    item.batches,
+                    rt,
+                    config.max_grad_norm,
+                    trainable.row_masks,
+                    skip,
+                    trainable.row_scales,
+                )
                 skip = skip | ~result.ok
                 pending.append(Pending(state.step + 1, lr, item.sampler_before, result))
                 state.step_in_phase += 1

@@ -169,6 +169,18 @@ def new_row_mask(
     return torch.tensor([k < 0 for k in pending.mapping.kept], dtype=torch.bool)
 
 
+def kept_row_mask(
+    config: CptConfig, pending: PendingTransplant | None, vocab: int, scratch: bool
+) -> torch.Tensor | None:
+    """For phase 2 `kept_rows_learning_rate`: True for rows of tokens the base model had (none of a
+    scratch model, all when the tokenizer is the base model's); None when the field is unset."""
+    if config.phase2.kept_rows_learning_rate is None:
+        return None
+    if pending is None:
+        return torch.full((vocab,), not scratch, dtype=torch.bool)
+    return torch.tensor([k >= 0 for k in pending.mapping.kept], dtype=torch.bool)
+
+
 def sample_hidden(model, data: PackedData, config: CptConfig, rt: Runtime) -> transplant.Sample:
     """Final hidden states of `model` on the first windows of the training corpora: half of
     `calibration_num_windows` from the retain corpora (`retain_corpora`), half from the others (all

@@ -22,6 +22,9 @@ class Trainable:
     params: list[torch.nn.Parameter]
     vocab_params: list[torch.nn.Parameter]  # embedding (and untied LM head): embedding_learning_rate applies
     row_masks: list[tuple[torch.nn.Parameter, torch.Tensor]] = field(default_factory=list)
+    # phase 2 `kept_rows_learning_rate`: a [rows, 1] factor on each optimizer step's change of the vocabulary
+    # matrices (kept rows kept_rows_learning_rate / embedding_learning_rate, new rows 1)
+    row_scales: list[tuple[torch.nn.Parameter, torch.Tensor]] = field(default_factory=list)
 
 
 def vocab_matrices(model) -> list[torch.nn.Parameter]:
@@ -30,9 +33,16 @@ def vocab_matrices(model) -> list[torch.nn.Parameter]:
     return [emb] if head is emb else [emb, head]
 
 
-def set_trainable(model, phase: int, new_rows: torch.Tensor | None = None) -> Trainable:
+def set_trainable(
+    model,
+    phase: int,
+    new_rows: torch.Tensor | None = None,
+    kept_rows: torch.Tensor | None = None,
+    kept_scale: float = 1.0,
+) -> Trainable:
     """Phase 1: embeddings + LM head only (with `new_rows`, a bool per vocabulary row, only those
-    rows). Phase 2: everything."""
+    rows). Phase 2: everything; with `kept_rows` (a bool per vocabulary row) those rows' steps are scaled
+    by `kept_scale` (`run_step`)."""
     vocab = vocab_matrices(model)
     keep = {id(p) for p in vocab}
     params = []
@@ -43,12 +53,16 @@ def set_trainable(model, phase: int, new_rows: torch.Tensor | None = None) -> Tr
     masks = []
     if phase == 1 and new_rows is not None:
         masks = [(p, _row_mask(p, new_rows)) for p in vocab]
-    return Trainable(params, vocab, masks)
+    scales = []
+    if phase == 2 and kept_rows is not None and kept_scale != 1.0:
+        factor = torch.where(kept_rows, kept_scale, 1.0)
+        scales = [(p, _row_mask(p, factor)) for p in vocab]
+    return Trainable(params, vocab, masks, scales)
 
 
-def _row_mask(param: torch.nn.Parameter, new_rows: torch.Tensor) -> torch.Tensor:
-    """A [rows, 1] mask laid out like the parameter (a DTensor sharded the same way under FSDP2)."""
-    mask = new_rows.to(device=param.device, dtype=param.dtype).reshape(-1, 1)
+def _row_mask(param: torch.nn.Parameter, per_row: torch.Tensor) -> torch.Tensor:
+    """A [rows, 1] tensor of `per_row` laid out like the parameter (a DTensor sharded the same way under FSDP2)."""
+    mask = per_row.to(device=param.device, dtype=param.dtype).reshape(-1, 1)
     if hasattr(param, "device_mesh"):  # FSDP2 DTensor: same mesh and placements as the parameter
         from torch.distributed.tensor import distribute_tensor
 
@@ -134,11 +148,15 @@ def run_step(
     max_grad_norm: float | None,
     row_masks: list[tuple[torch.nn.Parameter, torch.Tensor]] = (),
     skip: torch.Tensor | None = None,
+    row_scales: list[tuple[torch.nn.Parameter, torch.Tensor]] = (),
 ) -> StepResult:
     """Forward/backward over this rank's micro-batches, clip, and step unless the loss or gradient norm
     is non-finite (a finite bf16 loss can still come with inf/NaN gradients) or `skip` (a device bool)
     is set. Nothing here waits for the device when the optimizer skips on the device (fused AdamW,
     see `skips_on_device`); the loss is all-reduced as a tensor, so every rank takes the same decision.
+    `row_scales`: the step's change of each listed matrix is multiplied row by row by its factor. AdamW's
+    change (decay and Adam step alike) is proportional to the learning rate and its moments do not depend on
+    it, so this is exactly a per-row learning rate (a skipped step changes nothing, scaled or not).
     """
     total = torch.zeros((), device=rt.device, dtype=torch.float32)
     sync_control = hasattr(model, "set_requires_gradient_sync")  # an FSDP2 root module
@@ -169,10 +187,14 @@ def run_step(
     norm = grad_norm(model, max_grad_norm).to(total.device)
     ok = torch.isfinite(total) & torch.isfinite(norm)
     blocked = ~ok if skip is None else ~ok | skip
+    before = [(p, factor, p.detach().clone()) for p, factor in row_scales]
     if skips_on_device(optimizer):
         optimizer.found_inf = blocked.float()
         optimizer.step()
     elif not bool(blocked):  # host sync: only the non-fused optimizer needs it
         optimizer.step()
+    with torch.no_grad():
+        for p, factor, old in before:  # old + factor · (stepped − old)
+            p.sub_(old).mul_(factor).add_(old)
     optimizer.zero_grad(set_to_none=True)
     return StepResult(total, norm, ok)

@@ -21,8 +21,17 @@ class TrainingModel:
     (its moments are restored into it); the loop then continues with that very optimizer.
     """
 
-    def __init__(self, model, config: CptConfig, rt: Runtime, state, new_rows: torch.Tensor | None = None):
+    def __init__(
+        self,
+        model,
+        config: CptConfig,
+        rt: Runtime,
+        state,
+        new_rows: torch.Tensor | None = None,
+        kept_rows: torch.Tensor | None = None,
+    ):
         self.model, self.config, self.rt, self.state, self.new_rows = model, config, rt, state, new_rows
+        self.kept_rows = kept_rows  # phase 2 kept_rows_learning_rate: the base model's own vocabulary rows
         self.phase: int | None = None
         self.trainable = self.optimizer = None
         self._param_groups: list = []
@@ -31,13 +40,20 @@ class TrainingModel:
         """Phase 1 `new_rows`: the vocabulary rows that train (None = whole matrices)."""
         return self.new_rows if index == 1 and self.config.phase1.trainable == "new_rows" else None
 
+    def kept_scale(self) -> float:
+        """Phase 2: kept_rows_learning_rate / the vocabulary matrices' rate (1 when unset)."""
+        p2 = self.config.phase2
+        if p2.kept_rows_learning_rate is None:
+            return 1.0
+        return p2.kept_rows_learning_rate / (p2.embedding_learning_rate or p2.learning_rate)
+
     def start_phase(self, index: int):
         """(Trainable, optimizer) of phase `index`, built once."""
         from .optim import make_optimizer, set_trainable
 
         if self.phase != index:
             phase = self.config.phase1 if index == 1 else self.config.phase2
-            self.trainable = set_trainable(self.model, index, self.rows(index))
+            self.trainable = set_trainable(self.model, index, self.rows(index), self.kept_rows, self.kept_scale())
             self.optimizer = make_optimizer(
                 self.trainable, self.config, phase, fused=self.rt.device.type in ("cuda", "cpu")
             )

@@ -51,7 +51,7 @@ from .data import (
 from .leakage import build_probe
 from .leakage import measure as measure_leakage
 from .loop import LoopSetup, TrainState, train_loop
-from .model_init import compare_initialisations, load_model, locate_base_model, new_row_mask
+from .model_init import compare_initialisations, kept_row_mask, load_model, locate_base_model, new_row_mask
 from .reporting import MetricsLog, flops_per_token, peak_flops
 from .resumable import TrainingModel, register_resumables
 from .runtime import Runtime, init_runtime, shutdown
@@ -209,7 +209,9 @@ def train_in_process(config: CptConfig, ctx: StageContext, rt: Runtime) -> dict:
         )
     if resume is None:
         state.transplant = transplant_report
-    new_rows = new_row_mask(config, pending, tok.get_vocab_size(with_added_tokens=True), scratch=base is None)
+    vocab = tok.get_vocab_size(with_added_tokens=True)
+    new_rows = new_row_mask(config, pending, vocab, scratch=base is None)
+    kept_rows = kept_row_mask(config, pending, vocab, scratch=base is None)
 
     liger = apply_liger(model, config, rt)  # on this model only; undone for the process when training ends
     kernels = liger.kernels
@@ -264,7 +266,7 @@ def train_in_process(config: CptConfig, ctx: StageContext, rt: Runtime) -> dict:
                 else measure_leakage(model, probe, config, rt),
             )
 
-    training = TrainingModel(model, config, rt, state, new_rows)
+    training = TrainingModel(model, config, rt, state, new_rows, kept_rows)
     register_resumables(checkpointer, training, data.sampler, state)
     setup = LoopSetup(
         config=config,

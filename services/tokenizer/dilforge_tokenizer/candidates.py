@@ -117,7 +117,8 @@ def extend_candidates(config: TokenizerConfig, seg: continued.Segmented, base: B
         len(seg.words),
         sorted(config.num_new_tokens),
     )
-    learned = continued.learn_merges(seg, largest, config.min_frequency, show_progress=tty)
+    barrier = continued.digit_ids(base.doc) if config.digit_tokens == "as_base" else frozenset()
+    learned = continued.learn_merges(seg, largest, config.min_frequency, show_progress=tty, barrier=barrier)
     out = []
     for size in sorted(config.num_new_tokens):
         doc, added = continued.extend_doc(base.doc, learned, size)

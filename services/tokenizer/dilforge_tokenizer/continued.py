@@ -128,14 +128,20 @@ def segment(words: Counter, doc: dict) -> Segmented:
     return Segmented(words=unique, counts=[words[w] for w in unique], ids=[e.ids for e in encodings])
 
 
-def _training_text(seg: Segmented, batch_words: int = 50_000) -> Iterator[str]:
-    """Each word as a string of one private character per base token, repeated by its count, spaces between."""
+def digit_ids(doc: dict) -> frozenset[int]:
+    """The base ids whose token contains a digit (byte-level strings keep ASCII digits as they are)."""
+    return frozenset(i for t, i in doc["model"]["vocab"].items() if any(ch.isdigit() for ch in t))
+
+
+def _training_text(seg: Segmented, batch_words: int = 50_000, barrier: frozenset[int] = frozenset()) -> Iterator[str]:
+    """Each word as a string of one private character per base token, repeated by its count, spaces between.
+    A `barrier` id becomes a space: no learned merge has it as a part, nor joins the tokens on its two sides."""
     out: list[str] = []
     n = 0
     for ids, count in zip(seg.ids, seg.counts, strict=False):
         if not ids:
             continue
-        out.append((("".join(chr(CODE_OFFSET + i) for i in ids)) + " ") * count)
+        out.append((("".join(" " if i in barrier else chr(CODE_OFFSET + i) for i in ids)) + " ") * count)
         n += 1
         if n >= batch_words:
             yield "".join(out)
@@ -145,10 +151,16 @@ def _training_text(seg: Segmented, batch_words: int = 50_000) -> Iterator[str]:
 
 
 def learn_merges(
-    seg: Segmented, num_new: int, min_frequency: int, slack: float = 0.15, show_progress: bool = False
+    seg: Segmented,
+    num_new: int,
+    min_frequency: int,
+    slack: float = 0.15,
+    show_progress: bool = False,
+    barrier: frozenset[int] = frozenset(),
 ) -> list[tuple[list[int], list[int]]]:
-    """The continued merges, in order, as pairs of base-id sequences (each side: the base tokens it spans)."""
-    alphabet = {i for ids in seg.ids for i in ids}
+    """The continued merges, in order, as pairs of base-id sequences (each side: the base tokens it spans).
+    No merge involves a `barrier` id (`digit_ids` for `digit_tokens: as_base`)."""
+    alphabet = {i for ids in seg.ids for i in ids if i not in barrier}
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     target = len(alphabet) + int(num_new * (1 + slack)) + 100
@@ -159,7 +171,7 @@ def learn_merges(
         show_progress=show_progress,
         limit_alphabet=len(alphabet) + 1,
     )
-    tok.train_from_iterator(_training_text(seg), trainer=trainer)
+    tok.train_from_iterator(_training_text(seg, barrier=barrier), trainer=trainer)
     merges = json.loads(tok.to_str())["model"]["merges"]
     return [tuple([ord(c) - CODE_OFFSET for c in part] for part in merge_pair(m)) for m in merges]
 

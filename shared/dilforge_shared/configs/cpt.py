@@ -77,6 +77,15 @@ class Phase2(Phase):
         description="Peak learning rate of the embedding and LM-head matrices in phase 2 (same warmup and "
         "cosine shape as learning_rate); None = learning_rate.",
     )
+    kept_rows_learning_rate: float | None = Field(
+        default=None,
+        gt=0,
+        description="Peak learning rate, in phase 2, of the embedding and LM-head rows of tokens the base model "
+        "already had (same warmup and cosine shape); the new rows keep embedding_learning_rate. Why: the new "
+        "rows start far from trained and need a high rate, while the kept rows (tied to the LM head) are the "
+        "base model's own and a high rate moves its other languages (docs/cpt.md, leakage). None = "
+        "embedding_learning_rate for every row.",
+    )
 
 
 class CptDataSource(DataSource, SourceLimits):

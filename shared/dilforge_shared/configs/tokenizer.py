@@ -116,6 +116,15 @@ class TokenizerConfig(StageConfig):
         "intermediates, then refill with further merges up to the size. Kept base ids never change, new ids "
         "stay in order.",
     )
+    digit_tokens: Literal["as_base", "learn"] = Field(
+        default="as_base",
+        description="extend: 'as_base' learns no merge that involves a base token containing a digit, so no new "
+        "token holds a digit and numbers encode exactly as the base tokenizer encodes them, in every language. "
+        "Why: numbers are not language-specific, and the base model has only ever seen them in its own "
+        "segmentation; on SmolLM2 (single digits) the az-small extension learned 575 digit-group tokens that "
+        "also re-encoded English numbers, and at step 0 they were most of the English loss (docs/cpt.md, "
+        "leakage). 'learn': digits merge like any other text. replace ignores it (a new vocabulary is relearned).",
+    )
     min_frequency: int = Field(default=2, ge=1, description="BPE merges need at least this many occurrences.")
     validation_fraction: float = Field(
         default=0.02,
