@@ -37,7 +37,8 @@ def image_of(stage: str) -> ImageName:
     return STAGE_IMAGES[stage]
 
 
-# (cpt 2: transplant step-0 BPB published as maps per method, typed by metrics.Transplant; sft 2: its metric
+# (cpt 2: transplant step-0 BPB published as maps per method, typed by metrics.Transplant; tokenizer 2: extend learns
+# no digit merges by default, digit_tokens: as_base; sft 2: its metric
 # gradient_checkpointing is activation_checkpointing, the shared knob's name.)
 # Code version of each stage: part of its artifact id and recorded in its manifest (`code_version`). Bump a stage's
 # number in the same commit as any change to its code that changes what it publishes for the same config and inputs
@@ -45,4 +46,4 @@ def image_of(stage: str) -> ImageName:
 # instead of reusing what the old code produced. tests/unit/test_stage_golden.py holds each stage's output on a tiny
 # pipeline and fails, naming the stage to bump, when the output changes under an unchanged version. Refactors that
 # publish the same bytes keep the number.
-STAGE_VERSIONS: dict[StageName, int] = {"model": 2, "tokenizer": 1, "cpt": 2, "sft": 2, "eval": 1}
+STAGE_VERSIONS: dict[StageName, int] = {"model": 2, "tokenizer": 2, "cpt": 2, "sft": 2, "eval": 1}

@@ -176,3 +176,21 @@ def test_english_replay_is_a_weighted_corpus_and_its_share_matches(tok, ids, tmp
     english = next(w for corpus, w in picks if corpus == 1)
     text = tok.decode(data.window(1, english).tolist())
     assert " the " in f" {text.lower()} " or " is " in f" {text.lower()} ", text
+
+
+def test_num_lines_per_document_joins_consecutive_lines_into_one_document(tmp_path, tok, ids, tiny_tokenizer_dir):
+    """Seven sentences, three per document after max_docs 7 of 9: documents "s0 s1 s2", "s3 s4 s5", "s6"."""
+    from dilforge_cpt import data
+    from dilforge_shared.configs.cpt import CptDataSource
+
+    lines = [f"cümlə {i}." for i in range(9)]
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n".join(lines) + "\n")
+    source = CptDataSource(uri=str(corpus), num_lines_per_document=3)
+    key = data.cache_key(source, tiny_tokenizer_dir / "tokenizer.json", 7, None)
+    assert key != data.cache_key(CptDataSource(uri=str(corpus)), tiny_tokenizer_dir / "tokenizer.json", 7, None)
+    tf = data.tokenize_to_file(source, tok, ids, tmp_path / "cache", key, 7, 64, None)
+    expected = []
+    for doc in (" ".join(lines[0:3]), " ".join(lines[3:6]), lines[6]):
+        expected += [ids.bos, *tok.encode(doc, add_special_tokens=False).ids, ids.doc_end]
+    assert tf.num_docs == 3 and tf.open().tolist() == expected

@@ -152,6 +152,9 @@ def tokenize_to_file(
     docs = iter_texts(source.uri, source.format, source.text_field, endpoint_url, **source.bounds)
     if max_docs is not None:
         docs = islice(docs, max_docs)
+    per_doc = getattr(source, "num_lines_per_document", 1)
+    if per_doc > 1:
+        docs = joined(docs, per_doc)
     counted = _Counter(docs)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     num_tokens, digest = 0, hashlib.sha256()
@@ -170,6 +173,13 @@ def tokenize_to_file(
     os.replace(meta_tmp, meta_path)
     log.info("corpus %s: tokenised %d documents into %d tokens", source.label, counted.n, num_tokens)
     return TokenFile(path, num_tokens, counted.n, source.label)
+
+
+def joined(texts: Iterable[str], n: int) -> Iterator[str]:
+    """Every `n` consecutive texts as one document (separated by a space); the last one may hold fewer."""
+    it = iter(texts)
+    while group := list(islice(it, n)):
+        yield " ".join(group)
 
 
 class _Counter:

@@ -91,6 +91,15 @@ class Phase2(Phase):
 class CptDataSource(DataSource, SourceLimits):
     """A training corpus: a data source, its mixture `weight`, and how many documents of it to read (`max_docs`)."""
 
+    num_lines_per_document: int = Field(
+        default=1,
+        ge=1,
+        description="Join this many consecutive records (after max_docs) into one training document, separated "
+        "by a space. Why: a sentence-per-line corpus (Wikipedia sentences, Tatoeba) otherwise ends a document "
+        "after every sentence, and a CPT of a few dozen steps learns to predict the end-of-text token after any "
+        "sentence, so a zero-shot prompt such as 'English:' gets an empty answer (docs/cpt.md, leakage).",
+    )
+
 
 class CptConfig(StageConfig, Batching, Checkpointing):
     """CPT: the shared training knobs (`knobs.Batching`: global_batch_size, micro_batch_size,
