@@ -172,6 +172,30 @@ def test_fit_offsets_recovers_the_offsets_that_generated_the_text():
     assert fit.gamma == pytest.approx(-2.0, abs=0.4)
 
 
+def test_calibration_retain_weight_moves_the_fit_toward_the_retain_text():
+    """Retain text drawn with the new rows far down (beta -3), the other text with them up (beta +1), and no
+    retain direction to tell them apart: the shared beta lands between, and toward -3 the more the retain
+    positions weigh (calibration_retain_weight)."""
+    from dilforge_cpt import transplant
+
+    gen = torch.Generator().manual_seed(1)
+    n, d = 6000, 16
+    mapping = extended_mapping()
+    head = torch.randn(BASE_VOCAB + NUM_NEW, d, generator=gen) * 0.3
+    hidden = torch.randn(n, d, generator=gen)
+    hidden[:, 0] = 5.0
+    is_retain = torch.arange(n) % 2 == 0
+    const, _ = transplant.fit_directions(hidden, None)
+    targets = torch.empty(n, dtype=torch.long)
+    for mask, beta in ((is_retain, -3.0), (~is_retain, 1.0)):
+        rows = transplant.offset_rows(head, mapping, transplant.Calibration(const, alpha=0.0, beta=beta))
+        targets[mask] = torch.multinomial((hidden[mask] @ rows.T).softmax(-1), 1, generator=gen).squeeze(1)
+    sample = transplant.Sample(hidden, targets, is_retain)
+    betas = [transplant.fit_offsets(sample, head, mapping, const, None, retain_weight=w).beta for w in (0.1, 1, 10)]
+    assert -3.0 < betas[2] < betas[1] < betas[0] < 1.0, betas
+    assert betas[2] < -1.5 and betas[0] > 0.5, betas
+
+
 def test_base_to_new_ids_and_probe_refusal():
     from dilforge_cpt.leakage import base_to_new_ids
     from dilforge_cpt.transplant import VocabMapping

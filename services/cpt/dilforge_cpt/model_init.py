@@ -247,7 +247,12 @@ def calibrate(
         sample = sample_hidden(model, data, config, rt)
         const, retain = transplant.fit_directions(sample.hidden, sample.is_retain if config.retain_corpora else None)
         cal = transplant.fit_offsets(
-            sample, model.get_output_embeddings().weight.detach().cpu(), pending.mapping, const, retain
+            sample,
+            model.get_output_embeddings().weight.detach().cpu(),
+            pending.mapping,
+            const,
+            retain,
+            retain_weight=config.calibration_retain_weight,
         )
         pending.calibration = cal
         pending.report["calibration"] = {

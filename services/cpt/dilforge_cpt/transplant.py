@@ -120,9 +120,10 @@ def fit_offsets(
     retain: torch.Tensor | None,
     max_iter: int = 30,
     start: tuple[float, float, float] = (1.0, 0.0, 0.0),
+    retain_weight: float = 1.0,
 ) -> Calibration:
-    """(alpha, beta, gamma) minimising the mean next-token NLL of the sample, retain and other positions
-    weighted equally, with the hidden states held fixed (a convex problem in three numbers; the
+    """(alpha, beta, gamma) minimising the mean next-token NLL of the sample, the retain positions' mean
+    weighted `retain_weight` against the other positions' 1, with the hidden states held fixed (a convex problem in three numbers; the
     kept rows' log-sum-exp and the new rows' base logits are computed once). `head` holds the rows
     the offsets are added to (mean of pieces at step 0, the trained rows when re-calibrating)."""
     new = torch.tensor([k < 0 for k in mapping.kept], dtype=torch.bool)
@@ -130,7 +131,11 @@ def fit_offsets(
     new_pos[new] = torch.arange(int(new.sum()))
     lnk = torch.log(num_pieces(mapping)[new])
     h, w = sample.hidden.float(), head.detach().float()
-    groups = [m for m in (sample.is_retain, ~sample.is_retain) if bool(m.any())]
+    groups, weights = [], []
+    for m, weight in ((sample.is_retain, retain_weight), (~sample.is_retain, 1.0)):
+        if bool(m.any()):
+            groups.append(m)
+            weights.append(weight)
     cached = []
     with torch.no_grad():
         for m in groups:
@@ -160,7 +165,7 @@ def fit_offsets(
     def closure():
         opt.zero_grad()
         p = params if retain is not None else params * torch.tensor([1.0, 1.0, 0.0])
-        loss = sum(nll(c, p) for c in cached) / len(cached)
+        loss = sum(weight * nll(c, p) for weight, c in zip(weights, cached, strict=True)) / sum(weights)
         loss.backward()
         return loss
 

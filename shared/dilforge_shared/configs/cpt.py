@@ -156,6 +156,13 @@ class CptConfig(StageConfig, Batching, Checkpointing):
         description="Training windows (the first of each corpus; half from retain_corpora) whose final hidden "
         "states the offset/calibrated/fitted transplants are fitted on.",
     )
+    calibration_retain_weight: float = Field(
+        default=1.0,
+        gt=0,
+        description="Weight of the retain_corpora positions' mean NLL against the other positions' in the "
+        "calibrated fit (1 = equal). Larger: the offsets favour the base model's language (less leakage) over "
+        "the new one.",
+    )
     fit_ridge: float = Field(
         default=0.1,
         gt=0,
