@@ -68,6 +68,8 @@ def step0(args) -> dict:
             "compare_transplant_inits": True,
             "transplant": args.trained,
             "fit_ridge": args.fit_ridge,
+            "calibration_num_windows": args.calibration_num_windows or pipe.cpt.calibration_num_windows,
+            "calibration_retain_weight": args.calibration_retain_weight or pipe.cpt.calibration_retain_weight,
         }
     )
     tok = load_tokenizer(paths["tokenizer"])
@@ -187,6 +189,8 @@ def main() -> None:
     )
     ap.add_argument("--methods", default=None, help="comma-separated initialisations (default: the stage's five)")
     ap.add_argument("--fit-ridge", type=float, default=0.1, help="fit_ridge of the fitted initialisation")
+    ap.add_argument("--calibration-num-windows", type=int, default=None, help="default: the config's")
+    ap.add_argument("--calibration-retain-weight", type=float, default=None, help="default: the config's")
     ap.add_argument(
         "--max-docs",
         type=int,
