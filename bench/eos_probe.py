@@ -39,7 +39,9 @@ def probe(path: Path, prompts: dict[str, list[str]], max_new_tokens: int) -> dic
 
     tok = AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, trust_remote_code=False).eval()
-    eos = tok.convert_tokens_to_ids("<|endoftext|>")
+    eos = tok.convert_tokens_to_ids("<|endoftext|>")  # the ChatML family's document end (SmolLM2)
+    if eos is None or eos == tok.unk_token_id:
+        sys.exit(f"{path}: no <|endoftext|> token (this probe is for ChatML-family models such as SmolLM2)")
     out = {}
     with torch.no_grad():
         for direction, texts in prompts.items():

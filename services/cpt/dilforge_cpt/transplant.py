@@ -123,8 +123,8 @@ def fit_offsets(
     retain_weight: float = 1.0,
 ) -> Calibration:
     """(alpha, beta, gamma) minimising the mean next-token NLL of the sample, the retain positions' mean
-    weighted `retain_weight` against the other positions' 1, with the hidden states held fixed (a convex problem in three numbers; the
-    kept rows' log-sum-exp and the new rows' base logits are computed once). `head` holds the rows
+    weighted `retain_weight` against the other positions' 1, with the hidden states held fixed (a convex
+    problem in three numbers; the kept rows' log-sum-exp and the new rows' base logits are computed once). `head` holds the rows
     the offsets are added to (mean of pieces at step 0, the trained rows when re-calibrating)."""
     new = torch.tensor([k < 0 for k in mapping.kept], dtype=torch.bool)
     new_pos = torch.full((len(new),), -1, dtype=torch.long)
