@@ -7,10 +7,13 @@
   gate/up, down, LM head; M = batch × seq tokens), on random data (zeros run faster and lie);
 - HBM copy GB/s (bytes read + written of a device-to-device copy);
 - attention forward + backward TFLOP/s per SDPA backend (FlashAttention-2 path, cuDNN, memory-
-  efficient) and flex attention, on the model's attention shape, causal, counted as causal model FLOPs
-  (forward 2·B·H·S²·D, backward 2× forward: no recomputation charged). Its `attention_table` is the
-  format of dilforge_shared/attention_table.json: DILFORGE_ATTENTION_TABLE=<file> makes the stage's
-  runtime policy pick the fastest backend measured here.
+  efficient) on the call the model makes: transformers' SDPA path passes 32 query and 8 key/value heads
+  with `enable_gqa=True` and `is_causal=True` (no mask tensor), so that is what is timed; the kernels that
+  actually ran are read from a profile of one call and recorded beside each number. Counted as causal
+  model FLOPs (forward 2·B·H·S²·D, backward 2× forward: no recomputation charged). Its
+  `attention_table` is the format of dilforge_shared/attention_table.json: DILFORGE_ATTENTION_TABLE=<file>
+  makes the stage's runtime policy pick the fastest backend measured here. Flex attention (compiled,
+  30-60 s, not what CPT runs) only with `--flex`.
 
 Each timing: CUDA events, warm-up first, the median of several repetitions. `--tiny` runs every code path
 on CPU with small sizes (the numbers are then meaningless: it checks the script).
@@ -105,37 +108,58 @@ def attention_flops(batch: int, heads: int, seq: int, head_dim: int) -> float:
     return 3.0 * 2.0 * batch * heads * seq * seq * head_dim
 
 
-def attention_tflops(backend: str, batch: int, seq: int, reps: int = 5) -> float | str:
-    """fwd+bwd TFLOP/s of one SDPA backend (or 'FLEX') on the model's shape; a string says why not."""
+ATTENTION_KERNEL_KEYS = ("flash", "fmha", "cudnn", "efficient", "attention", "sdpa", "softmax", "flex", "triton")
+
+
+def attention_tflops(backend: str, batch: int, seq: int, reps: int = 5) -> tuple[float | str, list[str]]:
+    """fwd+bwd TFLOP/s of one SDPA backend (or 'FLEX') on the model's GQA call, and the attention kernels
+    a profile of one call saw run; a string instead of the number says why not."""
     import torch
     import torch.nn.functional as F
 
     device, dtype = device_and_dtype()
-    shape = (batch, HEADS, seq, HEAD_DIM)
-    q, k, v = (torch.randn(shape, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
-    grad = torch.randn(shape, device=device, dtype=dtype)
+    q = torch.randn((batch, HEADS, seq, HEAD_DIM), device=device, dtype=dtype, requires_grad=True)
+    k, v = (torch.randn((batch, KV_HEADS, seq, HEAD_DIM), device=device, dtype=dtype, requires_grad=True) for _ in "kv")
+    grad = torch.randn(q.shape, device=device, dtype=dtype)
     if backend == "FLEX":
         try:
             from torch.nn.attention.flex_attention import create_block_mask, flex_attention
         except ImportError as exc:
-            return f"flex attention not importable: {exc}"
+            return f"flex attention not importable: {exc}", []
         mask = create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None, seq, seq, device=str(device))
         attend = torch.compile(flex_attention) if device.type == "cuda" else flex_attention
 
-        def step():
-            attend(q, k, v, block_mask=mask).backward(grad)
+        def step():  # gradients returned, not accumulated into .grad: every repetition does the same work
+            torch.autograd.grad(attend(q, k, v, block_mask=mask, enable_gqa=True), (q, k, v), grad)
     else:
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         def step():
             with sdpa_kernel([getattr(SDPBackend, backend)]):
-                F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(grad)
+                out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+                torch.autograd.grad(out, (q, k, v), grad)
 
     try:
         seconds = timed(step, reps, warmup=2)
+        ran = kernels_that_ran(step)
     except Exception as exc:  # noqa: BLE001 - a backend this build or shape cannot run says so
-        return f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
-    return attention_flops(batch, HEADS, seq, HEAD_DIM) / seconds / 1e12
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}", []
+    return attention_flops(batch, HEADS, seq, HEAD_DIM) / seconds / 1e12, ran
+
+
+def kernels_that_ran(step) -> list[str]:
+    """The attention kernels (device kernels on a GPU, aten ops on CPU) a profile of one step saw."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.cuda.is_available()
+    with profile(activities=[ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]) as prof:
+        step()
+        if cuda:
+            torch.cuda.synchronize()
+    attr = "device_time_total" if cuda else "self_cpu_time_total"
+    names = {e.key for e in prof.key_averages() if (getattr(e, attr, 0) or 0) > 0}
+    return sorted(n[:120] for n in names if any(key in n.lower() for key in ATTENTION_KERNEL_KEYS))
 
 
 def environment() -> dict:
@@ -211,7 +235,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seq", type=int, default=None, help="sequence length (2048; 128 tiny)")
     ap.add_argument("--json", default=None, help="write everything here")
     ap.add_argument("--attention-table", default=None, help="also write the runtime policy's table here")
-    ap.add_argument("--skip-flex", action="store_true", help="no flex attention (its compile takes ~30-60 s)")
+    ap.add_argument("--flex", action="store_true", help="also flex attention (compiled: ~30-60 s; CPT does not use it)")
+    ap.add_argument(
+        "--attention-only", action="store_true", help="only the attention table (with --flex: the second call)"
+    )
     ap.add_argument("--env-only", action="store_true", help="only the environment (the device script's first phase)")
     args = ap.parse_args(argv)
     if args.tiny:
@@ -237,28 +264,30 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{kind:<10} {name:<34} {shown}", flush=True)
         save()
 
-    square = 256 if args.tiny else 8192
-    out["matmul_tflops"] = {}
-    out["matmul_tflops"][f"{square}^3"] = matmul_tflops(square, square, square)
-    show("matmul", f"{square}^3", out["matmul_tflops"][f"{square}^3"])
-    tokens = batch * seq
-    for name, (m, n, k) in model_gemms(tokens if not args.tiny else 64).items():
-        if args.tiny:
-            n, k = min(n, 256), min(k, 256)
-        out["matmul_tflops"][f"{name} {m}x{n}x{k}"] = value = matmul_tflops(m, n, k)
-        show("matmul", f"{name} {m}x{n}x{k}", value)
-    out["hbm_copy_gbps"] = copy_gbps(2**24 if args.tiny else 2**32)
-    print(f"hbm copy   {out['hbm_copy_gbps']:,.0f} GB/s (read + write)", flush=True)
+    if not args.attention_only:
+        square = 256 if args.tiny else 8192
+        out["matmul_tflops"] = {}
+        out["matmul_tflops"][f"{square}^3"] = matmul_tflops(square, square, square)
+        show("matmul", f"{square}^3", out["matmul_tflops"][f"{square}^3"])
+        tokens = batch * seq
+        for name, (m, n, k) in model_gemms(tokens if not args.tiny else 64).items():
+            if args.tiny:
+                n, k = min(n, 256), min(k, 256)
+            out["matmul_tflops"][f"{name} {m}x{n}x{k}"] = value = matmul_tflops(m, n, k)
+            show("matmul", f"{name} {m}x{n}x{k}", value)
+        out["hbm_copy_gbps"] = copy_gbps(2**24 if args.tiny else 2**32)
+        print(f"hbm copy   {out['hbm_copy_gbps']:,.0f} GB/s (read + write)", flush=True)
     backends = ["FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION"] if torch.cuda.is_available() else ["MATH"]
-    if not args.skip_flex:
+    if args.flex:
         backends.append("FLEX")  # last: its compile is the slowest measurement here
     attn_batch = max(1, batch // 2)
     dtype = str(device_and_dtype()[1]).removeprefix("torch.")
-    out["attention_shape"] = f"B{attn_batch} H{HEADS} S{seq} D{HEAD_DIM} causal {dtype}"
-    out["attention_tflops"] = {}
+    out["attention_shape"] = f"B{attn_batch} Hq{HEADS} Hkv{KV_HEADS} S{seq} D{HEAD_DIM} causal enable_gqa {dtype}"
+    out["attention_tflops"], out["attention_kernels"] = {}, {}
     device = out["environment"]["device"]
     for backend in backends:
-        out["attention_tflops"][backend] = value = attention_tflops(backend, attn_batch, seq)
+        value, ran = attention_tflops(backend, attn_batch, seq)
+        out["attention_tflops"][backend], out["attention_kernels"][backend] = value, ran
         out["attention_table"] = {
             "comment": f"measured by bench/gpu_ceilings.py on {device}",
             "measurements": {
@@ -274,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.attention_table:
             Path(args.attention_table).write_text(json.dumps(out["attention_table"], indent=1))
         show("attention", backend, value)
+        print(f"{'':<10} {'kernels that ran':<34} {', '.join(ran) or 'none seen'}", flush=True)
     return 0
 
 

@@ -11,20 +11,27 @@ causal attention counted as causal). Variants, each the stage's own choice for i
   liger         eager, the stage's Liger set (RoPE, RMSNorm, SwiGLU, fused linear cross entropy)
   compile_flce  per-layer torch.compile + Liger fused linear cross entropy (the stage's set with compile)
 
-For each: the largest micro-batch that fits (bisection: doubling until the first out-of-memory, then
-halving the interval, any integer), and at that batch tok/s/GPU, MFU against the device's datasheet peak
-AND against the matmul ceiling measured in the same run (`--matmul-tflops`, from bench/gpu_ceilings.py,
-else measured here), peak allocated/reserved memory, and the allocator's retries (`num_alloc_retries`:
-non-zero = the batch only fits by flushing the cache, which costs time). Liger variants are measured
-at plain's largest batch too (memory cut and speed-up at equal batch).
+For each: the largest micro-batch that fits in steady state, and at that batch tok/s/GPU, MFU against
+the device's datasheet peak AND against the matmul ceiling measured in the same run (`--matmul-tflops`,
+from bench/gpu_ceilings.py, else measured here), peak allocated/reserved memory, and the allocator's
+retries (`num_alloc_retries`: non-zero = the batch only fits by flushing the cache, which costs time).
+Liger is measured at plain's largest batch too (memory cut and speed-up at equal batch).
+
+The batch comes from a memory fit, not from out-of-memory probing: the model is warmed first (one
+skipped optimizer step, so the fused AdamW's state exists, as in every later step), then two steady-state
+steps (`--fit-batches`, 2 and 4) give peak = fixed + per-sample x batch, and the largest batch within
+`--memory-headroom` of the device's memory is timed. If timing still runs out of memory, a new warm
+model is timed at the next smaller batch, and `oom_retries` records it.
 
 Honest labels, by construction:
 - every point runs in its OWN process (`--point`): Liger's process-wide patches, compiled graphs, the
   one-rank process group and the allocator state of one point cannot reach the next;
-- after an out-of-memory probe the model and optimizer are built again (FSDP2's state is not usable
-  after an OOM inside backward), so every measured step runs on a fresh model (`fresh_after_oom`);
+- each measurement empties the allocator's cache and resets its peak first;
 - the Liger kernels that actually RAN are counted (their autograd Functions' calls during one checked
   step) and fused linear cross entropy is proven by the forward returning no logits.
+
+compile_flce is not in the default set (its Inductor compiles do not fit the one-shot device call):
+`--variants compile_flce` runs it alone (scripts/gpu_check.sh --second).
 
   python bench/gpu_cpt.py --json out.json                 # one GPU, the table (about 4-6 minutes)
   python bench/gpu_cpt.py --budget-s 240 --json out.json  # start no point after 240 s
@@ -60,9 +67,10 @@ class Point:
     role: str = "max"  # "max": at this variant's largest batch; "equal": at plain's largest batch
     ok: bool = False
     skipped: str | None = None  # why the point did not run
-    max_batch: int | None = None
-    probes: list[int] = field(default_factory=list)
-    fresh_after_oom: list[int] = field(default_factory=list)  # model build number each probe ran on
+    max_batch: int | None = None  # the batch chosen for this variant (fitted, or stepped down from the fit)
+    fit: dict | None = None  # the memory fit that chose it (fixed and per-sample GiB, capacity, prediction)
+    oom_retries: list[int] = field(default_factory=list)  # batches that ran out of memory while timing
+    num_builds: int = 0  # models built (one, unless timing ran out of memory)
     kernels: list[str] = field(default_factory=list)  # Liger kernels the stage applied
     kernels_ran: dict[str, int] = field(default_factory=dict)  # Liger autograd Functions called in one step
     logits_materialised: bool | None = None
@@ -80,58 +88,45 @@ class Point:
     profile: dict | None = None
 
 
-# ---- bisection ---------------------------------------------------------------------------------------
+# ---- the largest micro-batch: fitted on a warm model, confirmed by the timed steady-state steps ------
 
 
-def bisect_max_batch(fits: Callable[[int], bool], start: int = 1, limit: int = 256) -> tuple[int, list[int]]:
-    """Largest batch b in [1, limit] with fits(b), assuming fits is monotone; and the batches probed.
-
-    Doubling from `start` until the first failure (or `limit`), then bisection of the interval
-    between the last batch that fit and the first that did not. If `start` itself fails the search
-    goes down. Returns 0 when not even batch 1 fits.
-    """
-    probes: list[int] = []
-
-    def probe(b: int) -> bool:
-        probes.append(b)
-        return fits(b)
-
-    start = max(1, min(start, limit))
-    if probe(start):
-        good, bad = start, None
-        while bad is None and good < limit:
-            nxt = min(2 * good, limit)
-            if probe(nxt):
-                good = nxt
-            else:
-                bad = nxt
-        if bad is None:
-            return good, probes
-    else:
-        good, bad = 0, start
-    while bad - good > 1:
-        mid = (good + bad) // 2
-        if probe(mid):
-            good = mid
-        else:
-            bad = mid
-    return good, probes
+def fit_max_batch(peaks: dict[int, float], capacity: float, headroom: float, limit: int) -> tuple[int, dict]:
+    """The largest batch whose steady-state peak, extrapolated linearly from two measured batches, stays
+    within `headroom` of `capacity` (bytes); clamped to [1, limit]. Peak memory of a training step is
+    fixed (weights, gradients, optimizer state) plus per-sample (activations, logits), so two points fit it."""
+    (b1, p1), (b2, p2) = sorted(peaks.items())[:2]
+    per_sample = (p2 - p1) / (b2 - b1)
+    fixed = p1 - per_sample * b1
+    usable = capacity * headroom - fixed
+    predicted = limit if per_sample <= 0 else int(usable // per_sample)
+    fit = {
+        "fixed_gb": fixed / 2**30,
+        "per_sample_gb": per_sample / 2**30,
+        "capacity_gb": capacity / 2**30,
+        "headroom": headroom,
+        "peaks_gb": {str(b): p / 2**30 for b, p in sorted(peaks.items())},
+        "predicted": predicted,
+    }
+    return max(1, min(limit, predicted)), fit
 
 
-class FreshAfterOom:
-    """`fits(batch)` for the bisection that never probes a model that went out of memory: after an OOM
-    the trainer is closed and a new one (fresh model + optimizer) is built for the next probe.
-    `builds[i]` is the build number probe i ran on."""
+class WarmBuilds:
+    """Trainers whose optimizer state exists before any measured step: a fused AdamW creates its state at
+    the first `step()`, so a fresh model's first step peaks ~8 bytes/parameter below every later one, and a
+    batch found on a fresh model runs out of memory once timing starts. Every build takes one skipped step
+    at batch 1 (`Trainer.warm`: the stage's own `run_step(skip=...)`), and after an out-of-memory error the
+    trainer is discarded (FSDP2's state is not usable after an OOM inside backward)."""
 
-    def __init__(self, make_trainer: Callable[[], object], is_oom: Callable[[BaseException], bool]):
-        self.make_trainer, self.is_oom = make_trainer, is_oom
+    def __init__(self, make_trainer: Callable[[], object]):
+        self.make_trainer = make_trainer
         self.trainer = None
         self.num_builds = 0
-        self.builds: list[int] = []
 
     def current(self):
         if self.trainer is None:
             self.trainer = self.make_trainer()
+            self.trainer.warm()
             self.num_builds += 1
         return self.trainer
 
@@ -141,17 +136,64 @@ class FreshAfterOom:
         self.trainer = None
         free_memory()
 
-    def fits(self, batch: int) -> bool:
-        trainer = self.current()
-        self.builds.append(self.num_builds)
+
+def choose_batch(builds: WarmBuilds, memory, args) -> tuple[int, dict | None]:
+    """The batch to time: `--batch` if given; else fitted from two steady-state steps on a warm model
+    (no out-of-memory probing); on a device without memory statistics (CPU) `--max-batch`."""
+    if args.batch:
+        return args.batch, None
+    if memory.capacity() is None:
+        return args.max_batch, None
+    trainer = builds.current()
+    peaks = {}
+    for b in args.fit_batches:
+        memory.reset()
+        trainer.step(b)
+        peaks[b] = memory.peak()
+    return fit_max_batch(peaks, memory.capacity(), args.memory_headroom, args.max_batch)
+
+
+def next_smaller(batch: int) -> int:
+    return batch - max(1, batch // 16)
+
+
+def measure_stepping_down(builds: WarmBuilds, batch: int, measure: Callable, is_oom) -> tuple[int, dict, list[int]]:
+    """measure(trainer, batch) at `batch`; if it runs out of memory, a new warm trainer at the next smaller
+    batch, and so on. Returns (batch measured, its numbers, the batches that ran out of memory)."""
+    failed: list[int] = []
+    while batch >= 1:
         try:
-            trainer.step(batch)
-            return True
+            return batch, measure(builds.current(), batch), failed
         except BaseException as exc:
-            if not self.is_oom(exc):
+            if not is_oom(exc):
                 raise
-            self.discard()
-            return False
+            failed.append(batch)
+            builds.discard()
+            batch = next_smaller(batch)
+    raise RuntimeError(f"batch 1 runs out of memory (tried {failed})")
+
+
+class DeviceMemory:
+    """Peak and capacity of the CUDA device's memory in bytes; None on a CPU (nothing to fit)."""
+
+    def __init__(self, rt):
+        self.rt = rt
+
+    def reset(self) -> None:
+        import torch
+
+        free_memory()
+        torch.cuda.reset_peak_memory_stats(self.rt.device)
+
+    def peak(self) -> float:
+        import torch
+
+        return float(torch.cuda.max_memory_reserved(self.rt.device))
+
+    def capacity(self) -> float | None:
+        import torch
+
+        return float(torch.cuda.mem_get_info(self.rt.device)[1]) if self.rt.cuda else None
 
 
 # ---- the stage's pieces ------------------------------------------------------------------------------
@@ -237,7 +279,8 @@ class Trainer:
     def tokens(self, batch: int):
         return self.rng.integers(0, self.shape.vocab_size, size=(batch, self.seq), dtype="int64")
 
-    def step(self, batch: int) -> float:
+    def step(self, batch: int, skip: bool = False) -> float:
+        import torch
         from dilforge_cpt import optim
 
         result = optim.run_step(
@@ -247,8 +290,13 @@ class Trainer:
             self.rt,
             self.config.max_grad_norm,
             self.trainable.row_masks,
+            skip=torch.tensor(skip, device=self.rt.device),
         )
         return float(result.loss)  # read back every step: a bench point is timed to the device's finish
+
+    def warm(self) -> None:
+        """One skipped step at batch 1: the fused optimizer creates its state, the weights do not change."""
+        self.step(1, skip=True)
 
     def check_kernels(self) -> tuple[dict[str, int], bool]:
         """One forward + backward at batch 1 counting the Liger Functions that ran; and whether the
@@ -273,7 +321,8 @@ class Trainer:
             self.step(batch)
         sync(self.rt)
         retries0 = 0
-        if self.rt.cuda:
+        if self.rt.cuda:  # this measurement's own peak: nothing cached from an earlier, larger batch
+            free_memory()
             torch.cuda.reset_peak_memory_stats(self.rt.device)
             retries0 = torch.cuda.memory_stats(self.rt.device).get("num_alloc_retries", 0)
         start = time.perf_counter()
@@ -345,50 +394,57 @@ def free_memory() -> None:
         torch.cuda.empty_cache()
 
 
+OOM_MESSAGES = ("out of memory", "cublas_status_alloc_failed", "cudnn_status_alloc_failed", "failed to allocate")
+
+
 def is_oom(exc: BaseException) -> bool:
+    """torch's OutOfMemoryError, and the allocation failures near the edge that libraries raise as plain
+    RuntimeErrors (cuBLAS workspace, cuDNN, NCCL buffers)."""
     import torch
 
-    return isinstance(exc, torch.OutOfMemoryError)
+    if isinstance(exc, torch.OutOfMemoryError):
+        return True
+    return isinstance(exc, RuntimeError) and any(m in str(exc).lower() for m in OOM_MESSAGES)
 
 
 # ---- one point, in its own process -------------------------------------------------------------------
 
 
-def run_point(args, point: Point, make_trainer: Callable[[], Trainer] | None = None) -> list[Point]:
-    """Bisect, check the kernels, measure at the largest batch (and at plain's, `--equal-batch`), all on
-    models that never saw an OOM. Returns the point and, if asked, its equal-batch twin."""
+def run_point(args, point: Point, make_trainer: Callable[[], Trainer] | None = None, memory=None) -> list[Point]:
+    """Choose the batch on a warm model (`choose_batch`), check the kernels, time it in steady state
+    (stepping down on out-of-memory), and, if asked, time plain's largest batch too (`--equal-batch`).
+    Returns the point and its equal-batch twin."""
     import torch
     from dilforge_cpt import runtime, sharding
 
     shape = model_shape(args.tiny)
     rt = runtime.init_runtime(stage_config(args, point.variant, point.checkpointing))
     point.attention = f"sdpa {','.join(rt.sdpa_backends) or 'torch default'} ({rt.sdpa_reason})"
-    make = make_trainer or (lambda: Trainer(args, shape, rt, point.variant, point.checkpointing))
-    probe = FreshAfterOom(make, is_oom)
+    builds = WarmBuilds(make_trainer or (lambda: Trainer(args, shape, rt, point.variant, point.checkpointing)))
+    memory = memory or DeviceMemory(rt)
     out = [point]
     matmul = args.matmul_tflops * 1e12 if args.matmul_tflops else None
     try:
         if point.variant == "compile_flce":
             torch._dynamo.reset()
-        best, probes = bisect_max_batch(probe.fits, start=args.start_batch, limit=args.max_batch)
-        point.max_batch, point.probes, point.fresh_after_oom = best, probes, list(probe.builds)
-        if best == 0:
-            point.skipped = f"batch {probes[-1]} does not fit"
-            return out
-        trainer = probe.current()  # a fresh model if the last probe went out of memory
-        point.kernels = list(trainer.kernels)
-        point.kernels_ran, point.logits_materialised = trainer.check_kernels()
-        point.batch = best
-        point.__dict__.update(trainer.measure(best, args.warmup, args.steps, matmul), ok=True)
+        batch, point.fit = choose_batch(builds, memory, args)
+        if point.variant != "compile_flce":  # a batch-1 check would cost the compiled variant one more compile
+            point.kernels_ran, point.logits_materialised = builds.current().check_kernels()
+        point.batch, numbers, point.oom_retries = measure_stepping_down(
+            builds, batch, lambda t, b: t.measure(b, args.warmup, args.steps, matmul), is_oom
+        )
+        trainer = builds.current()
+        point.kernels, point.max_batch = list(trainer.kernels), point.batch
+        point.__dict__.update(numbers, ok=True)
         if args.profile:
-            point.profile = trainer.profile(best)
-        if args.equal_batch and args.equal_batch < best:
+            point.profile = trainer.profile(point.batch)
+        if args.equal_batch and args.equal_batch < point.batch:
             twin = Point(
                 point.variant,
                 point.checkpointing,
                 batch=args.equal_batch,
                 role="equal",
-                max_batch=best,
+                max_batch=point.batch,
                 kernels=point.kernels,
                 kernels_ran=point.kernels_ran,
                 logits_materialised=point.logits_materialised,
@@ -397,7 +453,8 @@ def run_point(args, point: Point, make_trainer: Callable[[], Trainer] | None = N
             twin.__dict__.update(trainer.measure(args.equal_batch, args.warmup, args.steps, matmul), ok=True)
             out.append(twin)
     finally:
-        probe.discard()
+        point.num_builds = builds.num_builds
+        builds.discard()
         left = _liger_left(sharding)
         for p in out:
             p.liger_parts_after = left
@@ -449,7 +506,7 @@ def plan_points(cuda: bool, variants: list[str], checkpointing: tuple[bool, ...]
     return out
 
 
-def point_command(args, variant: str, ckpt: bool, start: int, limit: int, equal: int | None) -> list[str]:
+def point_command(args, variant: str, ckpt: bool, batch: int | None, equal: int | None) -> list[str]:
     cmd = [
         sys.executable,
         str(Path(__file__).resolve()),
@@ -463,11 +520,15 @@ def point_command(args, variant: str, ckpt: bool, start: int, limit: int, equal:
         str(args.steps),
         "--warmup",
         str(args.warmup),
-        "--start-batch",
-        str(start),
         "--max-batch",
-        str(limit),
+        str(args.max_batch),
+        "--fit-batches",
+        ",".join(map(str, args.fit_batches)),
+        "--memory-headroom",
+        str(args.memory_headroom),
     ]
+    if batch:
+        cmd += ["--batch", str(batch)]
     if equal:
         cmd += ["--equal-batch", str(equal)]
     for flag, value in (("--matmul-tflops", args.matmul_tflops), ("--peak-tflops", args.peak_tflops)):
@@ -498,26 +559,27 @@ def run_in_process(cmd: list[str], timeout: float, log) -> list[dict]:
 
 
 def run_sweep(args, cuda: bool, header: str = "", runner=run_in_process) -> list[Point]:
-    """plain first (its largest batch is the equal-batch reference), then liger, then compile_flce, whose
-    search starts at liger's largest batch and only goes down (each compiled probe shape recompiles)."""
+    """plain first (its largest batch is the equal-batch reference), then liger, then compile_flce, timed at
+    liger's batch when known (each compiled shape recompiles: no fit). A point is started only with at
+    least `--point-min-s` of the budget left, and stopped when the budget ends."""
     points: list[Point] = []
     began = time.perf_counter()
     log = open(args.log, "a") if args.log else open(os.devnull, "w")  # noqa: SIM115
     with log:
         for variant, ckpt, skip in plan_points(cuda, args.variants, args.checkpointing):
             done = {p.variant: p.max_batch for p in points if p.ok and p.role == "max" and p.checkpointing == ckpt}
-            start, limit = args.start_batch, args.max_batch
-            if variant == "compile_flce" and (done.get("liger") or done.get("plain")):
-                start = limit = done.get("liger") or done["plain"]
+            batch = args.batch
+            if variant == "compile_flce" and not batch:
+                batch = done.get("liger") or done.get("plain")
             left = args.budget_s - (time.perf_counter() - began)
-            if skip is None and left <= 0:
-                skip = f"time budget of {args.budget_s:.0f} s spent"
+            if skip is None and left < max(args.point_min_s, 1e-9):
+                skip = f"{max(0.0, left):.0f} s of the {args.budget_s:.0f} s budget left, a point needs {args.point_min_s:.0f}"
             if skip:
                 points.append(Point(variant, ckpt, skipped=skip))
                 print(row(points[-1]), flush=True)
                 continue
             equal = done.get("plain") if variant != "plain" else None
-            for result in runner(point_command(args, variant, ckpt, start, limit, equal), left, log):
+            for result in runner(point_command(args, variant, ckpt, batch, equal), left, log):
                 point = Point(variant, ckpt)
                 point.__dict__.update({k: v for k, v in result.items() if k in Point.__dataclass_fields__})
                 point.variant, point.checkpointing = variant, ckpt
@@ -582,7 +644,7 @@ def row(p: Point) -> str:
         return f"{head} {'':>5} {'':<6} {num(p.max_batch, 'd'):>4}  {p.skipped}"
     ran = ",".join(sorted(p.kernels_ran)) or "none"
     note = (
-        f"probes {p.probes}; liger ran: {ran}; logits {'yes' if p.logits_materialised else 'none'}"
+        f"{fit_note(p)}; liger ran: {ran}; logits {'yes' if p.logits_materialised else 'none'}"
         if p.role == "max"
         else "at plain's largest batch"
     )
@@ -593,15 +655,30 @@ def row(p: Point) -> str:
     )
 
 
+def fit_note(p: Point) -> str:
+    retried = f", out of memory at {p.oom_retries}" if p.oom_retries else ""
+    if not p.fit:
+        return f"batch given{retried}"
+    return (
+        f"fit {p.fit['fixed_gb']:.1f} GB + {p.fit['per_sample_gb']:.2f} GB/sample of {p.fit['capacity_gb']:.0f} GB "
+        f"-> {p.fit['predicted']}{retried}"
+    )
+
+
 def parse_args(argv: list[str] | None = None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tiny", action="store_true", help="tiny Llama on CPU (tests the script)")
     ap.add_argument("--seq", type=int, default=None, help="sequence length (2048; 64 with --tiny)")
     ap.add_argument("--steps", type=int, default=None, help="timed steps per point (5; 2 with --tiny)")
     ap.add_argument("--warmup", type=int, default=None, help="untimed steps per point (2; 1 with --tiny)")
-    ap.add_argument("--start-batch", type=int, default=None, help="first batch probed (16; 1 with --tiny)")
-    ap.add_argument("--max-batch", type=int, default=None, help="largest batch probed (128; 4 with --tiny)")
-    ap.add_argument("--variants", default=",".join(VARIANTS), help="comma list of plain,liger,compile_flce")
+    ap.add_argument("--batch", type=int, default=None, help="time this batch (no memory fit)")
+    ap.add_argument("--max-batch", type=int, default=None, help="largest batch chosen (128; 4 with --tiny)")
+    ap.add_argument("--fit-batches", default=None, help="two batches whose steady-state peaks fit memory (2,4)")
+    ap.add_argument("--memory-headroom", type=float, default=0.95, help="fraction of device memory the fit may fill")
+    ap.add_argument("--point-min-s", type=float, default=None, help="start no point with less budget left (60)")
+    ap.add_argument(
+        "--variants", default="plain,liger", help="comma list of plain,liger,compile_flce (compile: a call of its own)"
+    )
     ap.add_argument("--checkpointing", default="off", help="comma list of off,on (activation checkpointing)")
     ap.add_argument("--budget-s", type=float, default=float("inf"), help="start no new point after this many seconds")
     ap.add_argument("--peak-tflops", type=float, default=None, help="override the device's datasheet bf16 TFLOP/s")
@@ -621,7 +698,8 @@ def parse_args(argv: list[str] | None = None):
     args.seq = args.seq or (64 if args.tiny else 2048)
     args.steps = args.steps or (2 if args.tiny else 5)
     args.warmup = args.warmup if args.warmup is not None else (1 if args.tiny else 2)
-    args.start_batch = args.start_batch or (1 if args.tiny else 16)
+    args.fit_batches = tuple(int(b) for b in (args.fit_batches or ("1,2" if args.tiny else "2,4")).split(","))
+    args.point_min_s = args.point_min_s if args.point_min_s is not None else (0.0 if args.tiny else 60.0)
     args.max_batch = args.max_batch or (4 if args.tiny else 128)
     args.variants = args.variants.split(",")
     ckpt = args.checkpointing.split(",")
@@ -629,6 +707,8 @@ def parse_args(argv: list[str] | None = None):
     bad = [v for v in args.variants if v not in VARIANTS] + [c for c in ckpt if c not in ("off", "on")]
     if bad:
         ap.error(f"unknown variant or checkpointing setting {bad}")
+    if len(args.fit_batches) != 2 or len(set(args.fit_batches)) != 2 or min(args.fit_batches) < 1:
+        ap.error(f"--fit-batches takes two different positive batches, not {args.fit_batches}")
     return args
 
 

@@ -1,19 +1,17 @@
-"""Issue 24: the step-0 leakage table of every transplant initialisation, and (with --main-job) the main
-job's final Azerbaijani/English BPB for the default initialisation and an alternative.
+"""Issue 24: the step-0 leakage table of every transplant initialisation (bench/init_experiments.py; the
+CPT stage trains mean_of_pieces only and scores just that one at step 0).
 
 Step 0 (no training): the model and tokenizer artifacts of a pipeline run (`coordinator run model` and
 `run tokenizer` with the same config and store; nothing else is needed) are loaded exactly as the CPT
 stage loads them (`model_init.load_model`), the training corpora's first windows are tokenised for the
-calibrated initialisations, and `model_init.compare_initialisations` scores every initialisation on the
-config's CPT validation sets plus any --extra set: BPB with the extended tokenizer, BPB of the base
+calibrated initialisations, and `init_experiments.compare_initialisations` scores every initialisation on
+the config's CPT validation sets plus any --extra set: BPB with the extended tokenizer, BPB of the base
 tokenisation under the full softmax (the leakage term) and the base model's BPB on the same text.
 
     python bench/leakage.py --data ../shared/data --store /tmp/leak/store [--untied] [--extra-heldout 100]
-    python bench/leakage.py --data ../shared/data --store /tmp/leak/store --main-job offset   # + two main jobs
 
---main-job METHOD runs the README main job (run-all) twice in fresh run ids on the same store, once with the
-config's transplant and once with METHOD (a temporary copy of the config), and prints eval's held-out
-FLORES dev BPB per language against the base for both.
+The az-small settings of the published table: --calibration-num-windows 64 --calibration-retain-weight 2
+--retain-corpora en-replay.
 """
 
 from __future__ import annotations
@@ -21,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,6 +32,7 @@ XWMT = "az/dev/xwmt_test.az-en.{}.txt"
 
 
 def step0(args) -> dict:
+    import init_experiments
     import torch
     from dilforge_cpt import model_init
     from dilforge_cpt.data import PackedData, build_validation, cache_key, load_tokenizer, special_ids, tokenize_to_file
@@ -61,16 +59,13 @@ def step0(args) -> dict:
     validation = list(pipe.cpt.validation)
     if args.extra_heldout:
         validation.append(DataSource(uri=str(Path(args.data) / XWMT.format("en")), name="xwmt-en"))
-    cfg = pipe.cpt.model_copy(
-        update={
-            "validation": validation,
-            "untie_embeddings": args.untied,
-            "compare_transplant_inits": True,
-            "transplant": args.trained,
-            "fit_ridge": args.fit_ridge,
-            "calibration_num_windows": args.calibration_num_windows or pipe.cpt.calibration_num_windows,
-            "calibration_retain_weight": args.calibration_retain_weight or pipe.cpt.calibration_retain_weight,
-        }
+    cfg = pipe.cpt.model_copy(update={"validation": validation})
+    settings = init_experiments.Settings(
+        retain_corpora=args.retain_corpora.split(",") if args.retain_corpora else [],
+        calibration_num_windows=args.calibration_num_windows,
+        calibration_retain_weight=args.calibration_retain_weight,
+        fit_ridge=args.fit_ridge,
+        untie_embeddings=args.untied,
     )
     tok = load_tokenizer(paths["tokenizer"])
     ids = special_ids(tok, str(paths["tokenizer"]))
@@ -123,8 +118,9 @@ def step0(args) -> dict:
         )[0]
         probe = type(probe)(head.sets + extra.sets, probe.kept, probe.mapping)
     methods = args.methods.split(",") if args.methods else None
-    model_init.compare_initialisations(model, pending, val, cfg, rt, data, probe, methods)
-    table = pending.report["step0_leakage"]
+    table, _ = init_experiments.compare_initialisations(
+        model, pending, val, cfg, settings, rt, data, probe, methods, trained=args.trained
+    )
     return {
         "table": table,
         "markdown": format_table(table),
@@ -133,45 +129,6 @@ def step0(args) -> dict:
         "tied": report.get("tied"),
         "seconds": time.perf_counter() - t0,
     }
-
-
-def main_job(args) -> dict:
-    """Two README main jobs on one store (model and tokenizer artifacts reused): default and args.main_job."""
-    import yaml
-    from dilforge_shared.store import ArtifactStore, read_manifest
-
-    out = {}
-    text = Path(args.config).read_text()
-    for method in ("default", args.main_job):
-        cfg = yaml.safe_load(text)
-        cfg["run_id"] = f"leak-{method}"
-        if method != "default":
-            cfg["cpt"]["transplant"] = method
-        path = Path(tempfile.mkdtemp(prefix="leak-cfg-")) / "config.yaml"
-        path.write_text(yaml.safe_dump(cfg, sort_keys=False))
-        t0 = time.perf_counter()
-        env = {**os.environ, "DILFORGE_STORE": args.store}
-        proc = subprocess.run(
-            [sys.executable, "-m", "dilforge_coordinator.cli", "run-all", "-c", str(path), "--data", args.data],
-            env=env,
-            stdin=subprocess.DEVNULL,
-            check=False,
-        )
-        if proc.returncode:
-            sys.exit(f"run-all ({method}) failed: exit {proc.returncode}")
-        record = json.loads(ArtifactStore(args.store).read_run_record(cfg["run_id"]))
-        entry = record["stages"]["eval"]
-        ev, _ = read_manifest(ArtifactStore(args.store).resolve(entry.get("artifact") or entry["artifact_uri"]))
-        bpb = ev.metrics["bpb"]
-        row = {"seconds": time.perf_counter() - t0, "transplant": cfg["cpt"]["transplant"]}
-        for name in bpb["base"]:
-            row[name] = {
-                m: {"bpb": bpb[m][name]["bpb"], "ratio_to_base": bpb[m][name]["bpb"] / bpb["base"][name]["bpb"]}
-                for m in bpb
-                if m != "base"
-            }
-        out[method] = row
-    return out
 
 
 def main() -> None:
@@ -189,15 +146,15 @@ def main() -> None:
     )
     ap.add_argument("--methods", default=None, help="comma-separated initialisations (default: the stage's five)")
     ap.add_argument("--fit-ridge", type=float, default=0.1, help="fit_ridge of the fitted initialisation")
-    ap.add_argument("--calibration-num-windows", type=int, default=None, help="default: the config's")
-    ap.add_argument("--calibration-retain-weight", type=float, default=None, help="default: the config's")
+    ap.add_argument("--calibration-num-windows", type=int, default=64, help="windows sampled for the fits")
+    ap.add_argument("--calibration-retain-weight", type=float, default=2.0, help="retain positions' weight")
+    ap.add_argument("--retain-corpora", default="en-replay", help="comma list: corpora in the base model's language")
     ap.add_argument(
         "--max-docs",
         type=int,
         default=None,
         help="documents tokenised per corpus for the calibration (default: each corpus's max_docs, as the stage)",
     )
-    ap.add_argument("--main-job", default=None, help="also run two main jobs: the default and this initialisation")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     import logging
@@ -215,17 +172,6 @@ def main() -> None:
     print(result["step0"]["markdown"])
     print("calibration:", result["step0"]["calibration"])
     print("fit:", result["step0"]["fit"])
-    if args.main_job:
-        result["main_job"] = main_job(args)
-        print("\nmain job, eval held-out BPB × base:")
-        for row in result["main_job"].values():
-            cells = [
-                f"{name} {m} {v['bpb']:.4f} ({v['ratio_to_base']:.3f}×)"
-                for name, models in row.items()
-                if isinstance(models, dict) and name != "transplant"
-                for m, v in models.items()
-            ]
-            print(f"  {row['transplant']}: " + "; ".join(cells) + f"  [{row['seconds']:.0f} s]")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
 

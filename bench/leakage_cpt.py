@@ -2,8 +2,7 @@
 job's CPT stage compared on held-out text.
 
 Each arm is `configs/az-small.yaml` (same data, steps, batch, seed) with a few `cpt:` fields changed
-(`--arm NAME:FIELD=VALUE;FIELD=VALUE`, values as YAML), `compare_transplant_inits: false` in every arm
-(only the trained initialisation is scored at step 0), and its own run id on one store: `coordinator
+(`--arm NAME:FIELD=VALUE;FIELD=VALUE`, values as YAML) and its own run id on one store: `coordinator
 run model`, `run tokenizer` (reused after the first arm) and `run cpt`. Every CPT model is then scored on
 text neither CPT's training nor its validation saw — the first N sentences of the X-WMT test set per
 language and FLORES dev sentences 17..16+N (the CPT validation is sentences 1..16) — against SmolLM2 with
@@ -14,7 +13,8 @@ leakage (flores-en, base tokenisation / base model − 1) is printed at step 0 a
         --arm default: --arm replay40:'corpora[3].weight=0.4' [--recalibrate]
 
 --recalibrate also scores each trained model after the loop's counter-measure applied once at the end
-(`model_init.recalibrate`, what `leakage_tolerance` does at the final validation), without training again.
+(`init_experiments.recalibrate`, what the former `leakage_tolerance` did at the final validation), without
+training again.
 """
 
 from __future__ import annotations
@@ -93,7 +93,6 @@ def run_arm(name: str, edits: str, args) -> dict:
 
     cfg = yaml.safe_load(Path(args.config).read_text())
     cfg["run_id"] = f"leak-cpt-{name}"
-    cfg["cpt"]["compare_transplant_inits"] = False
     for edit in filter(None, edits.split(";")):
         key, value = edit.split("=", 1)
         set_field(cfg, key.strip(), yaml.safe_load(value))
@@ -120,11 +119,12 @@ def run_arm(name: str, edits: str, args) -> dict:
 
 def recalibrated(arm: dict, base_dir: Path, args):
     """The trained CPT model with the loop's counter-measure applied once after training
-    (`model_init.recalibrate`: the calibrated offsets fitted again on its own hidden states and added to
-    its new output rows; what `leakage_tolerance` does at a validation above the tolerance), and its
+    (`init_experiments.recalibrate`: the calibrated offsets fitted again on its own hidden states and added to
+    its new output rows; what the former `leakage_tolerance` did at a validation above it), and its
     flores-en leakage before and after."""
+    import init_experiments
     import torch
-    from dilforge_cpt import leakage, model_init, transplant
+    from dilforge_cpt import leakage, transplant
     from dilforge_cpt.data import PackedData, cache_key, load_tokenizer, special_ids, tokenize_to_file
     from dilforge_cpt.runtime import Runtime
     from dilforge_shared.configs import load_pipeline
@@ -147,7 +147,8 @@ def recalibrated(arm: dict, base_dir: Path, args):
     if probe is None:
         sys.exit(f"no leakage probe: {why}")
     before = leakage.measure(model, probe, cfg, rt)
-    cal = model_init.recalibrate(model, mapping, data, cfg, rt)
+    settings = init_experiments.Settings(retain_corpora=["en-replay"], calibration_num_windows=64)
+    cal = init_experiments.recalibrate(model, mapping, data, cfg, settings, rt)
     after = leakage.measure(model, probe, cfg, rt)
     row = {
         "calibration": cal.to_report(),

@@ -4,7 +4,7 @@ Runs the README's main job (`coordinator run-all -c configs/az-small.yaml`; arti
 reused, so a second call only reads them), then prints, from the published manifests:
 - bits per byte per model (base = SmolLM2 with its own tokenizer, cpt, sft) on FLORES dev Azerbaijani and English,
   never trained on, with each model's ratio to the base per language (never averaged across languages);
-- the step-0 BPB of each transplant initialisation (mean_of_pieces, mean_of_all, random) per validation set;
+- the step-0 BPB of the trained transplant initialisation per validation set (bench/leakage.py compares the others);
 - the issue 9 bars (Azerbaijani ≤ 0.75 × base, English ≤ 1.10 × base) as pass/fail;
 - every text set's ratio to the base per model, and issue 24's bars on the held-out news sets (X-WMT, which CPT
   neither trains nor validates on): Azerbaijani ≤ 0.69 × base, English ≤ 1.03 × base;

@@ -1,20 +1,27 @@
 #!/usr/bin/env python
 """Everything that needs a CUDA GPU in ONE call of at most 8 minutes (scripts/gpu_check.sh runs this
-after installing the carried wheels). Phases in order of information per second, each clipped to the
-time left; a phase that cannot finish in what is left is skipped and the summary says so:
+after installing the carried wheels). Phases in order of information per second; each has a budget
+checked before it starts (a phase that cannot finish in what is left is skipped, and the summary says
+so) and is stopped at its limit:
 
   1. environment  device, driver, torch/CUDA/cuDNN/NCCL, SDPA backends     -> env.json
   2. ceilings     bf16 matmul (8192³ + the model's GEMMs), HBM copy,       -> ceilings.json,
-                  attention fwd+bwd per SDPA backend and flex                 attention_table.json
-  3. cpt          the CPT stage's own step, bisected max micro-batch,      -> bench.json
-                  plain / liger / compile_flce, one process per point
-  4. tests        the GPU suite (pytest -m gpu tests/gpu)                   -> pytest.xml
+                  attention fwd+bwd per SDPA backend on the model's GQA call  attention_table.json
+  3. cpt          the CPT stage's own step at the batch fitted on a warm    -> bench.json
+                  model, plain and liger, one process per point
+  4. tests        the GPU suite (pytest tests/gpu)                          -> pytest.xml
 
-At most 8 files come back from the device machine, so the results folder holds at most 8: the five
-above, summary.txt, and logs.tar.gz with every log and every file the tests wrote. The summary table
-is printed last (the reply carries the end of the output).
+`--second`: what does not fit the first call, for a second, optional one: compile_flce (two Inductor
+compiles) and flex attention (one) -> bench_compile.json, flex_attention.json.
 
-  python scripts/gpu_check.py RESULTS_DIR [--total-s 480] [--dry-run]
+The deadline counts from the shell's start (DILFORGE_GPU_T0, set first thing by scripts/gpu_check.sh),
+so the wheel install and the import check are inside it. At most 8 files come back from the device
+machine: logs live outside the results folder (in $TMPDIR) and are tarred into it as logs.tar.gz at the
+end, on SIGTERM/SIGINT/SIGHUP too; summary.txt is rewritten after every phase, so even a SIGKILL leaves a
+summary of the phases that finished, and the results folder never holds more than 7 files. The summary
+table is printed last (the reply carries the end of the output).
+
+  python scripts/gpu_check.py RESULTS_DIR [--total-s 480] [--dry-run] [--second]
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import signal
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
@@ -35,6 +43,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 MAX_FILES = 8
 MARGIN_S = 20  # kept back at the end: tarring, the summary
+# First-principles tok/s/GPU for the Llama-3.2-1B shape at seq 2048, bf16, one H200 (docs/benchmarks.md:
+# 7.82 GFLOP/token at the MFU this stack reaches); printed beside the measured figure.
+EXPECTED_TOK_S = {"plain": (55_000, "50-60k"), "liger": (67_000, "60-74k"), "compile_flce": (67_000, "60-74k")}
+
+
+class Stopped(BaseException):
+    """A signal (SIGTERM from a wall-clock limit, SIGINT, SIGHUP) arrived: pack what exists and stop."""
 
 
 @dataclass
@@ -48,7 +63,11 @@ class Phase:
     notes: list[str] = field(default_factory=list)
 
 
-def plan(dry_run: bool) -> list[Phase]:
+def plan(dry_run: bool, second: bool = False) -> list[Phase]:
+    if second:  # the optional second call: the compiled points
+        if dry_run:
+            return [Phase("environment", 5, 120), Phase("flex", 10, 300), Phase("compile", 20, 600)]
+        return [Phase("environment", 5, 30), Phase("flex", 30, 120, reserve_s=240), Phase("compile", 120, 400)]
     if dry_run:  # CPU: the same phases on tiny shapes
         return [
             Phase("environment", 5, 120),
@@ -56,16 +75,41 @@ def plan(dry_run: bool) -> list[Phase]:
             Phase("cpt", 20, 600),
             Phase("tests", 20, 900),
         ]
+    # 480 s from the shell's start, ~60 s of it before the first phase (wheels, imports, CUDA probe)
     return [
-        Phase("environment", 5, 45),
-        Phase("ceilings", 30, 90, reserve_s=330),
-        Phase("cpt", 90, 300, reserve_s=120),
+        Phase("environment", 5, 30),
+        Phase("ceilings", 20, 75, reserve_s=260),
+        Phase("cpt", 130, 240, reserve_s=70),
         Phase("tests", 60, 300),
     ]
 
 
 def commands(phase: str, results: Path, logs: Path, dry_run: bool, py: str, budget: float) -> list[str]:
     tiny = ["--tiny"] if dry_run else []
+    if phase == "flex":
+        return [
+            py,
+            "bench/gpu_ceilings.py",
+            "--attention-only",
+            "--flex",
+            "--json",
+            str(results / "flex_attention.json"),
+            *tiny,
+        ]
+    if phase == "compile":
+        return [
+            py,
+            "bench/gpu_cpt.py",
+            "--variants",
+            "compile_flce",
+            "--json",
+            str(results / "bench_compile.json"),
+            "--log",
+            str(logs / "bench_points.log"),
+            "--budget-s",
+            str(max(10, budget - 30)),
+            *tiny,
+        ]
     if phase == "environment":
         return [py, "bench/gpu_ceilings.py", "--env-only", "--json", str(results / "env.json"), *tiny]
     if phase == "ceilings":
@@ -87,7 +131,7 @@ def commands(phase: str, results: Path, logs: Path, dry_run: bool, py: str, budg
             "--log",
             str(logs / "bench_points.log"),
             "--budget-s",
-            str(max(10, budget - 60)),
+            str(max(10, budget - 20)),
             "--profile",
             *tiny,
         ]
@@ -121,20 +165,29 @@ def read_json(path: Path) -> dict:
 
 
 def run(cmd: list[str], limit: float, log: Path, env: dict) -> tuple[int, bool]:
-    """Run with a wall-clock limit; at the limit SIGINT first (pytest then still writes its XML and the
-    bench its JSON), SIGKILL 15 s later. Returns (exit code, stopped at the limit)."""
+    """Run with a wall-clock limit; at the limit (or on a signal to this process) SIGINT first (pytest then
+    still writes its XML and the bench its JSON), SIGKILL 10 s later. Returns (exit code, stopped)."""
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         try:
             return proc.wait(timeout=limit), False
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGINT)
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            stop(proc)
             return proc.returncode, True
+        except Stopped:
+            stop(proc)
+            raise
+
+
+def stop(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    except ProcessLookupError:
+        proc.wait()
 
 
 def time_for(phase: Phase, left: float) -> float | None:
@@ -168,19 +221,22 @@ def phase_notes(name: str, results: Path) -> list[str]:
                 f"cudnn {env.get('cudnn')} nccl {env.get('nccl')}; sdpa {','.join(env.get('sdpa_backends_available', []))}"
             )
         ]
-    if name == "ceilings":
-        c = read_json(results / "ceilings.json")
+    if name in ("ceilings", "flex"):
+        c = read_json(results / ("ceilings.json" if name == "ceilings" else "flex_attention.json"))
         out = [f"matmul {k}: {v:,.0f} TFLOP/s" for k, v in c.get("matmul_tflops", {}).items()]
         if "hbm_copy_gbps" in c:
             out.append(f"HBM copy {c['hbm_copy_gbps']:,.0f} GB/s")
+        ran = c.get("attention_kernels", {})
         out += [
-            f"attention {k}: {v:,.0f} TFLOP/s" if isinstance(v, float) else f"attention {k}: {v}"
+            (f"attention {k}: {v:,.0f} TFLOP/s" if isinstance(v, float) else f"attention {k}: {v}")
+            + (f" (ran: {', '.join(ran[k][:3])})" if ran.get(k) else "")
             for k, v in c.get("attention_tflops", {}).items()
         ]
         return out
-    if name == "cpt":
+    if name in ("cpt", "compile"):
         out = []
-        for p in read_json(results / "bench.json").get("points", []):
+        bench = read_json(results / ("bench.json" if name == "cpt" else "bench_compile.json"))
+        for p in bench.get("points", []):
             if not p.get("ok"):
                 out.append(f"{p['variant']} ckpt={p['checkpointing']}: skipped ({p.get('skipped')})")
                 continue
@@ -189,18 +245,24 @@ def phase_notes(name: str, results: Path) -> list[str]:
                 return f"{100 * v:.1f}%" if v is not None else "n/a"
 
             mem = f"{p['peak_allocated_gb']:.1f} GB" if p.get("peak_allocated_gb") is not None else "n/a"
-            out.append(
-                f"{p['variant']} batch {p['batch']} ({p['role']}, max {p['max_batch']}): {p['tok_s']:,.0f} tok/s, "
-                f"MFU {pct(p.get('mfu_spec'))} spec / {pct(p.get('mfu_measured'))} measured, peak {mem}, "
-                f"alloc retries {p.get('num_alloc_retries')}, liger ran {sorted(p.get('kernels_ran', {}))}"
+            expected, band = EXPECTED_TOK_S.get(p["variant"], (None, ""))
+            beside = (
+                f" (first principles ~{band}: {p['tok_s'] / expected:.2f}x)" if expected and p["role"] == "max" else ""
             )
+            out.append(
+                f"{p['variant']} batch {p['batch']} ({p['role']}, max {p['max_batch']}): {p['tok_s']:,.0f} tok/s{beside}, "
+                f"MFU {pct(p.get('mfu_spec'))} of 989 TFLOP/s / {pct(p.get('mfu_measured'))} of measured matmul, "
+                f"peak {mem}, alloc retries {p.get('num_alloc_retries')}, liger ran {sorted(p.get('kernels_ran', {}))}"
+            )
+            if p.get("oom_retries"):
+                out.append(f"  timing ran out of memory at {p['oom_retries']}; measured at {p['batch']}")
             if p.get("profile"):
                 share = p["profile"]["share"]
                 out.append(
                     f"  time: gemm {100 * share['gemm']:.0f}%, attention {100 * share['attention']:.0f}%, "
                     f"other {100 * share['other']:.0f}%"
                 )
-        for c in read_json(results / "bench.json").get("equal_batch", []):
+        for c in bench.get("equal_batch", []):
             cut = f"{100 * c['memory_cut']:.0f}%" if c.get("memory_cut") is not None else "n/a"
             out.append(f"{c['variant']} vs plain at batch {c['batch']}: memory cut {cut}, speed-up {c['speedup']:.2f}x")
         return out
@@ -211,12 +273,14 @@ def phase_notes(name: str, results: Path) -> list[str]:
 
 
 def pack(results: Path, logs: Path) -> list[str]:
-    """Tar the logs folder, then anything beyond the 8-file limit; returns the files left."""
-    with tarfile.open(results / "logs.tar.gz", "w:gz") as tar:
+    """Tar the logs folder (outside `results`) into results/logs.tar.gz; anything beyond the 8-file limit
+    (nothing, by construction) goes into extra.tar.gz. Returns the files left."""
+    tmp = results / ".logs.tar.gz.part"
+    with tarfile.open(tmp, "w:gz") as tar:
         tar.add(logs, arcname="logs")
-    shutil.rmtree(logs)
+    tmp.replace(results / "logs.tar.gz")
     files = sorted(p for p in results.iterdir())
-    if len(files) > MAX_FILES:
+    if len(files) + 1 > MAX_FILES:  # + summary.txt, written after this
         keep = {"summary.txt", "logs.tar.gz", "bench.json", "ceilings.json", "pytest.xml", "env.json"}
         extra = [p for p in files if p.name not in keep]
         with tarfile.open(results / "extra.tar.gz", "w:gz") as tar:
@@ -227,58 +291,13 @@ def pack(results: Path, logs: Path) -> list[str]:
     return sorted(p.name for p in results.iterdir())
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("results", type=Path)
-    ap.add_argument("--total-s", type=float, default=480.0, help="the whole call's budget (8 minutes)")
-    ap.add_argument("--dry-run", action="store_true", help="CPU: the same phases on tiny shapes")
-    ap.add_argument("--phases", default=None, help="comma list: run only these phases")
-    args = ap.parse_args(argv)
-    began = time.monotonic()
-    deadline = began + args.total_s - MARGIN_S
-    results = args.results
-    results.mkdir(parents=True, exist_ok=True)
-    logs = results / "logs"
-    logs.mkdir(exist_ok=True)
-    env = {
-        **os.environ,
-        "PYTHONUNBUFFERED": "1",
-        "DILFORGE_GPU_RESULTS": str(logs),
-        "PYTORCH_CUDA_ALLOC_CONF": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"),
-        "TOKENIZERS_PARALLELISM": "false",
-    }
-    py = sys.executable
-    phases = plan(args.dry_run)
-    wanted = set(args.phases.split(",")) if args.phases else None
-    for phase in phases:
-        if wanted is not None and phase.name not in wanted:
-            phase.status = "not asked"
-            continue
-        left = deadline - time.monotonic()
-        limit = time_for(phase, left)
-        if limit is None:
-            phase.status = f"skipped: needs {phase.min_s:.0f} s, {max(0, left):.0f} s left"
-            print(f"== {phase.name}: {phase.status}", flush=True)
-            continue
-        if phase.name == "ceilings" and (results / "attention_table.json").exists():
-            (results / "attention_table.json").unlink()
-        cmd = commands(phase.name, results, logs, args.dry_run, py, limit)
-        if phase.name == "cpt" and (results / "attention_table.json").exists():
-            env["DILFORGE_ATTENTION_TABLE"] = str(results / "attention_table.json")  # the policy uses what was measured
-        print(f"== {phase.name} (at most {limit:.0f} s): {' '.join(cmd[1:])}", flush=True)
-        t0 = time.monotonic()
-        rc, stopped = run(cmd, limit, logs / f"{phase.name}.log", env)
-        phase.seconds = time.monotonic() - t0
-        phase.status = "stopped at its time limit" if stopped else ("ok" if rc == 0 else f"failed (exit {rc})")
-        phase.notes = phase_notes(phase.name, results)
-        tail = (logs / f"{phase.name}.log").read_text(errors="replace").splitlines()[-8:]
-        print("\n".join("   " + line for line in tail), flush=True)
-    files = pack(results, logs)
-    total = time.monotonic() - began
+def write_summary(results: Path, phases: list[Phase], began: float, total_s: float, dry_run: bool, state: str) -> str:
+    """summary.txt, rewritten after every phase (atomically): a run killed at any moment leaves one."""
+    files = sorted({p.name for p in results.iterdir() if not p.name.startswith(".")} | {"summary.txt"})
     lines = [
         (
-            f"gpu_check {'(dry run, CPU) ' if args.dry_run else ''}finished in {total:.0f} s of {args.total_s:.0f}; "
-            f"files: {', '.join(files + ['summary.txt'])}"
+            f"gpu_check {'(dry run, CPU) ' if dry_run else ''}{state} {time.time() - began:.0f} s after the shell "
+            f"started, budget {total_s:.0f} s; files: {', '.join(files)}"
         ),
         f"{'phase':<12} {'seconds':>7}  status",
         "-" * 78,
@@ -287,10 +306,87 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"{phase.name:<12} {phase.seconds:>7.0f}  {phase.status}")
         lines += [f"{'':<21}{note}" for note in phase.notes]
     summary = "\n".join(lines)
-    (results / "summary.txt").write_text(summary + "\n")
+    tmp = results / ".summary.txt.part"
+    tmp.write_text(summary + "\n")
+    tmp.replace(results / "summary.txt")
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("results", type=Path)
+    ap.add_argument("--total-s", type=float, default=480.0, help="the whole call's budget from the shell's start")
+    ap.add_argument("--dry-run", action="store_true", help="CPU: the same phases on tiny shapes")
+    ap.add_argument("--second", action="store_true", help="the optional second call: compile_flce and flex attention")
+    ap.add_argument("--phases", default=None, help="comma list: run only these phases")
+    args = ap.parse_args(argv)
+    began = float(os.environ.get("DILFORGE_GPU_T0") or time.time())  # the shell's start
+    deadline = began + args.total_s - MARGIN_S
+    results = args.results
+    results.mkdir(parents=True, exist_ok=True)
+    logs = Path(tempfile.mkdtemp(prefix="dilforge-gpu-logs-"))  # never in results: the 8-file limit
+    env = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "DILFORGE_GPU_RESULTS": str(logs),
+        "PYTORCH_CUDA_ALLOC_CONF": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"),
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+
+    def on_signal(signum, frame):
+        raise Stopped(signal.Signals(signum).name)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    py = sys.executable
+    phases = plan(args.dry_run, args.second)
+    wanted = set(args.phases.split(",")) if args.phases else None
+    state = "finished"
+    try:
+        for phase in phases:
+            if wanted is not None and phase.name not in wanted:
+                phase.status = "not asked"
+                continue
+            left = deadline - time.time()
+            limit = time_for(phase, left)
+            if limit is None:
+                phase.status = f"skipped: needs {phase.min_s:.0f} s, {max(0, left):.0f} s left"
+                print(f"== {phase.name}: {phase.status}", flush=True)
+                write_summary(results, phases, began, args.total_s, args.dry_run, "running")
+                continue
+            if phase.name == "ceilings" and (results / "attention_table.json").exists():
+                (results / "attention_table.json").unlink()
+            cmd = commands(phase.name, results, logs, args.dry_run, py, limit)
+            if phase.name == "cpt" and (results / "attention_table.json").exists():
+                env["DILFORGE_ATTENTION_TABLE"] = str(
+                    results / "attention_table.json"
+                )  # the policy uses what was measured
+            print(f"== {phase.name} (at most {limit:.0f} s): {' '.join(cmd[1:])}", flush=True)
+            t0 = time.time()
+            phase.status = "running (killed?)"  # what a SIGKILL leaves in the summary
+            try:
+                rc, stopped = run(cmd, limit, logs / f"{phase.name}.log", env)
+                phase.status = "stopped at its time limit" if stopped else ("ok" if rc == 0 else f"failed (exit {rc})")
+            except Stopped as sig:
+                phase.status = f"stopped by {sig}"
+                raise
+            finally:
+                phase.seconds = time.time() - t0
+                phase.notes = phase_notes(phase.name, results)
+            tail = (logs / f"{phase.name}.log").read_text(errors="replace").splitlines()[-8:]
+            print("\n".join("   " + line for line in tail), flush=True)
+            write_summary(results, phases, began, args.total_s, args.dry_run, "running")
+    except Stopped as sig:
+        state = f"stopped by {sig}"
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)  # packing is not interrupted
+        pack(results, logs)
+        shutil.rmtree(logs, ignore_errors=True)
+        summary = write_summary(results, phases, began, args.total_s, args.dry_run, state)
     assert len(list(results.iterdir())) <= MAX_FILES
     print("\n" + summary, flush=True)
-    ok = all(p.status in ("ok", "not asked") for p in phases)
+    ok = state == "finished" and all(p.status in ("ok", "not asked") for p in phases)
     return 0 if ok else 1
 
 

@@ -201,14 +201,14 @@ def job_manifest(job, kind: str, **fields):
     the very inputs the id was planned from, so reuse can prove the artifact is the job's."""
     from dilforge_shared.identity import stage_refs
     from dilforge_shared.manifest import Manifest, current_producer
-    from dilforge_shared.stages import STAGE_VERSIONS
+    from dilforge_shared.stages import code_version
 
     return Manifest(
         kind=kind,
         artifact_id=job.artifact_id,
         run_id=job.run_id,
         stage=job.stage,
-        code_version=STAGE_VERSIONS[job.stage],
+        code_version=code_version(job.stage),
         producer=current_producer("test"),
         config=job.config.model_dump(mode="json"),
         inputs=stage_refs(job.config, job.inputs, job.s3_endpoint_url),

@@ -23,6 +23,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from . import stages
 from .configs.base import StageConfig
 from .errors import ConfigError, DilforgeError
 from .hyperparameters import StageRequest, parse_hyperparameters
@@ -31,7 +32,6 @@ from .manifest import MANIFEST_NAME, InputRef, Manifest, current_producer
 from .metrics import validate_metrics
 from .opt_ml import OPT_ML_ENV, OptMl, ResourceConfig, write_failure
 from .settings import install_log_masking, settings
-from .stages import STAGE_VERSIONS
 from .store import Artifact, fetch, parse_manifest, publish, sha256_bytes, verify_files
 
 log = logging.getLogger("dilforge")
@@ -145,9 +145,9 @@ def check_identity(ctx: StageContext, refs: list[InputRef], since: list[InputRef
     if got != expected:
         names = ", ".join(ref.name for ref in refs if ref.kind == "data") or "none"
         raise IdentityMismatch(
-            f"stage {stage}: the inputs as read now give artifact id {got}, not the planned {expected}: data or an "
-            f"upstream artifact changed after the run was planned (data inputs: {names}); nothing published; "
-            "rerun to plan again"
+            f"stage {stage}: the inputs and code as read now give artifact id {got}, not the planned {expected}: data, "
+            f"an upstream artifact or the stage's code changed after the run was planned (data inputs: {names}); "
+            "nothing published; rerun to plan again"
         )
 
 
@@ -165,7 +165,7 @@ def publish_result(
         artifact_id=ctx.request.artifact_uri.rsplit("/", 1)[-1],
         run_id=ctx.request.run_id,
         stage=config.stage,
-        code_version=STAGE_VERSIONS[config.stage],
+        code_version=stages.code_version(config.stage),
         producer=current_producer(package),
         config=config.model_dump(mode="json"),
         inputs=inputs,

@@ -303,8 +303,6 @@ def data_digest(uri: str, endpoint_url: str | None = None) -> str:
     """A content digest for lineage and artifact reuse: sha256 of local files, ETags on S3."""
     import hashlib
 
-    from .manifest import sha256_file
-
     h = hashlib.sha256()
     for file_uri in expand(uri, endpoint_url):
         parsed = urlparse(file_uri)
@@ -315,5 +313,36 @@ def data_digest(uri: str, endpoint_url: str | None = None) -> str:
             head = backend.client.head_object(Bucket=parsed.netloc, Key=parsed.path.lstrip("/"))
             h.update(f"{file_uri}:{head['ETag']}\n".encode())
         else:
-            h.update(f"{os.path.basename(file_uri)}:{sha256_file(Path(file_uri))}\n".encode())
+            h.update(f"{os.path.basename(file_uri)}:{stamped_sha256(Path(file_uri))}\n".encode())
     return h.hexdigest()
+
+
+def stamped_sha256(path: Path) -> str:
+    """sha256 of a local file, read in full once per content: the digest is kept under the cache
+    (DILFORGE_CACHE, else ~/.cache/dilforge) keyed by the file's stat stamp (path, device, inode, size,
+    mtime and ctime in ns, as git's index does), so planning hashes a corpus and the stage's checks (at start,
+    before publishing, on every rank of every host sharing the cache) only stat it. Any write changes the stamp."""
+    import hashlib
+
+    from .manifest import sha256_file
+    from .settings import settings
+
+    st = path.stat()
+    stamp = f"{path.resolve()}|{st.st_dev}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}"
+    root = (settings().cache or Path.home() / ".cache" / "dilforge") / "digests"
+    entry = root / hashlib.sha256(stamp.encode()).hexdigest()
+    try:
+        cached = entry.read_text().strip()
+        if len(cached) == 64:
+            return cached
+    except OSError:
+        pass
+    digest = sha256_file(path)
+    try:  # best effort: an unwritable cache only costs the next read
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = entry.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(digest)
+        os.replace(tmp, entry)
+    except OSError:
+        pass
+    return digest

@@ -14,6 +14,7 @@ import hashlib
 from pathlib import Path
 from urllib.parse import urlparse
 
+from . import stages
 from .configs.base import StageConfig
 from .configs.model import ModelConfig
 from .corpus import data_digest
@@ -21,7 +22,6 @@ from .errors import ConfigError, InputError, ManifestNotFound
 from .manifest import InputRef, Manifest, fingerprint, legacy_fingerprint, scan_files, sha256_file
 from .paths import check_links
 from .recipes import RECIPES, source_kind
-from .stages import STAGE_VERSIONS
 from .store import S3Storage, read_manifest
 
 
@@ -82,9 +82,9 @@ def stage_refs(config: StageConfig, inputs: dict[str, str], endpoint_url: str | 
     return [*upstream_refs(inputs, endpoint_url), *config_refs(config, endpoint_url)]
 
 
-def artifact_id(config: StageConfig, refs: list[InputRef], code_version: int | None = None) -> str:
-    """The id of the artifact `config` produces from inputs `refs` with this (or the given) code version."""
-    version = STAGE_VERSIONS[config.stage] if code_version is None else code_version
+def artifact_id(config: StageConfig, refs: list[InputRef], code_version: str | int | None = None) -> str:
+    """The id of the artifact `config` produces from inputs `refs` with this code (or the given code version)."""
+    version = stages.code_version(config.stage) if code_version is None else code_version
     return fingerprint(config.stage, config.identity(), refs, version)
 
 

@@ -30,7 +30,8 @@ from .stages import StageName
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = "1.2.0"  # 1.1: stage "model" (base models as artifacts); 1.2: code_version, identity-only ids
+SCHEMA_VERSION = "1.3.0"  # 1.1: stage "model" (base models as artifacts); 1.2: code_version, identity-only ids;
+# 1.3: code_version derived from the code (a digest string)
 MANIFEST_NAME = "manifest.json"
 
 ArtifactKind = Literal["tokenizer", "model", "adapter", "eval_report"]
@@ -84,11 +85,11 @@ class Manifest(BaseModel):
     artifact_id: str = Field(description="Fingerprint of stage, config and inputs; the artifact's folder name.")
     run_id: str = Field(description="Pipeline run that produced the artifact.")
     stage: StageName = Field(description="Stage that produced the artifact.")
-    code_version: int | None = Field(
+    code_version: str | int | None = Field(
         default=None,
-        ge=1,
-        description="The stage's code version (dilforge_shared.stages.STAGE_VERSIONS), part of the artifact id; "
-        "None in manifests older than schema 1.2, whose ids hashed the whole config.",
+        description="The stage's code version, part of the artifact id: since schema 1.3 a digest of the code the "
+        "stage runs (dilforge_shared.stages.code_version); a hand-kept integer in 1.2; None in manifests older than "
+        "1.2, whose ids hashed the whole config.",
     )
     created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
     producer: Producer
@@ -216,7 +217,7 @@ def input_key(ref: InputRef) -> list[str]:
     return [ref.name, ref.sha256]
 
 
-def fingerprint(stage: str, identity: dict[str, Any], inputs: list[InputRef], code_version: int) -> str:
+def fingerprint(stage: str, identity: dict[str, Any], inputs: list[InputRef], code_version: str | int) -> str:
     """Artifact id: the stage, its code version, the identity fields of its config (`StageConfig.identity()`) and
     its inputs' digests. Same values, same id, so reruns reuse artifacts and resume checkpoints."""
     payload = {

@@ -177,20 +177,16 @@ class Transplant(Metrics):
     # issue 24 (services/cpt leakage.py): the step-0 leakage table {method: {set: {bpb_base_model, bpb_extended,
     # extended_vs_base, bpb_base_tokenization, base_tokenization_vs_base}}} (only bpb_extended where not measurable)
     step0_leakage: dict[str, dict[str, dict[str, float]]] = Field(default_factory=dict)
-    calibration: dict[str, float | int | None] | None = None  # the offset/calibrated fit (alpha, beta, gamma, ...)
     tied: bool | None = None  # the trained model ties embedding and LM head
-    untied_here: bool | None = None  # untie_embeddings gave a tied base its own LM head
     leakage_not_measured: str | None = None  # why there is no leakage table (base tokens missing from the vocab)
 
 
 class LeakageEntry(Metrics):
     """One leakage measurement (step 0 or a validation): per set {bpb_base_tokenization, bpb_kept_rows,
-    leakage}; with the loop's counter-measure also what it fitted and the sets measured after it."""
+    leakage}."""
 
     step: int
     sets: dict[str, dict[str, float]]
-    recalibrated: dict[str, Any] | None = None
-    sets_after: dict[str, dict[str, float]] | None = None
 
 
 class CptMetrics(Metrics):

@@ -8,6 +8,11 @@ needs torch, transformers and gguf, so it runs in the cpt image with its module 
 
 from __future__ import annotations
 
+import ast
+import functools
+import hashlib
+import importlib.util
+from pathlib import Path
 from typing import Literal, get_args
 
 StageName = Literal["model", "tokenizer", "cpt", "sft", "eval"]
@@ -37,13 +42,94 @@ def image_of(stage: str) -> ImageName:
     return STAGE_IMAGES[stage]
 
 
-# (cpt 2: transplant step-0 BPB published as maps per method, typed by metrics.Transplant; tokenizer 2: extend learns
-# no digit merges by default, digit_tokens: as_base; sft 2: its metric
-# gradient_checkpointing is activation_checkpointing, the shared knob's name.)
-# Code version of each stage: part of its artifact id and recorded in its manifest (`code_version`). Bump a stage's
-# number in the same commit as any change to its code that changes what it publishes for the same config and inputs
-# (a fixed transplant, another default inside the code, a new file in the artifact): reruns then build new artifacts
-# instead of reusing what the old code produced. tests/unit/test_stage_golden.py holds each stage's output on a tiny
-# pipeline and fails, naming the stage to bump, when the output changes under an unchanged version. Refactors that
-# publish the same bytes keep the number.
-STAGE_VERSIONS: dict[StageName, int] = {"model": 2, "tokenizer": 2, "cpt": 2, "sft": 2, "eval": 1}
+# the package data the images install (services/*/pyproject.toml package-data): prompts, templates, task yamls
+DATA_SUFFIXES = (".json", ".jsonl", ".yaml", ".yml", ".j2")
+
+
+def code_version(stage: str) -> str:
+    """The stage's code version, part of its artifact id and recorded in its manifest: sha256 (16 hex digits)
+    over the syntax trees of every dilforge module the stage runs (its entry module in STAGE_MODULES and the
+    dilforge modules it imports, transitively: its service package and dilforge_shared) and the data files
+    inside its own package (prompts, templates). Docstrings are dropped and comments are not in a syntax
+    tree, so editing only those keeps the id; any other change to code the stage runs gives new ids, with
+    no number to bump. The serialisation skips empty fields, so Python 3.10-3.13 (host, CPU and GPU images)
+    agree."""
+    return _code_version(STAGE_MODULES[stage])
+
+
+@functools.cache
+def _code_version(entry: str) -> str:
+    h = hashlib.sha256()
+    files = module_closure(entry)
+    for name, path in sorted(files.items()):
+        h.update(f"{name}\n{canonical_source(path.read_text(encoding='utf-8'))}\n".encode())
+    package = module_path(entry.split(".")[0])
+    if package is not None:
+        for path in sorted(p for p in package.parent.rglob("*") if p.is_file() and p.suffix in DATA_SUFFIXES):
+            h.update(f"{path.relative_to(package.parent).as_posix()}\n".encode())
+            h.update(hashlib.sha256(path.read_bytes()).digest())
+    return h.hexdigest()[:16]
+
+
+def canonical_source(text: str) -> str:
+    """A module's syntax tree without docstrings, serialised without line numbers or empty fields."""
+    tree = ast.parse(text)
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            first = node.body[0] if node.body else None
+            if (
+                isinstance(first, ast.Expr)
+                and isinstance(first.value, ast.Constant)
+                and isinstance(first.value.value, str)
+            ):
+                node.body = node.body[1:]
+    return _canon(tree)
+
+
+def _canon(node) -> str:
+    if isinstance(node, ast.AST):
+        fields = ((f, _canon(getattr(node, f, None))) for f in node._fields)
+        return f"{type(node).__name__}({','.join(f'{f}={v}' for f, v in fields if v not in ('[]', 'None'))})"
+    if isinstance(node, list):
+        return "[" + ",".join(_canon(x) for x in node) + "]"
+    return repr(node)
+
+
+def module_path(name: str) -> Path | None:
+    """The source file of a dilforge module, found without importing it (only the top-level package is
+    located by the import system)."""
+    top, *rest = name.split(".")
+    spec = importlib.util.find_spec(top)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    base = Path(next(iter(spec.submodule_search_locations))).joinpath(*rest)
+    for path in (base / "__init__.py", base.with_suffix(".py")):
+        if path.is_file():
+            return path
+    return None
+
+
+def module_closure(entry: str) -> dict[str, Path]:
+    """{module: file} of `entry` (and, for a package, its __main__) and every dilforge module it imports."""
+    todo, found = [entry, f"{entry}.__main__"], {}
+    while todo:
+        name = todo.pop()
+        if name in found or not name.startswith("dilforge_"):
+            continue
+        path = module_path(name)
+        if path is None:
+            continue
+        found[name] = path
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                todo += [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                    base = f"{parent}.{base}" if base else parent
+                todo.append(base)
+                todo += [f"{base}.{alias.name}" for alias in node.names]  # `from pkg import module`
+        todo += [name.rsplit(".", i)[0] for i in range(1, name.count(".") + 1)]  # parent packages run first
+    return found

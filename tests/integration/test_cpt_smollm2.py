@@ -38,8 +38,9 @@ def extended_tokenizer_dir(tmp_path_factory, smollm2_dir) -> Path:
 
 def test_transplant_keeps_rows_and_logits_of_unchanged_text(smollm2_dir, extended_tokenizer_dir):
     from dilforge_cpt.data import load_tokenizer, special_ids
-    from dilforge_cpt.model_init import BaseModel, apply_transplant, load_model
+    from dilforge_cpt.model_init import BaseModel, load_model
     from dilforge_cpt.runtime import Runtime
+    from dilforge_cpt.transplant import transplant
     from dilforge_shared.configs.cpt import CptConfig
     from transformers import AutoModelForCausalLM
 
@@ -51,7 +52,7 @@ def test_transplant_keeps_rows_and_logits_of_unchanged_text(smollm2_dir, extende
         base_model=str(smollm2_dir), corpora=[{"uri": "a"}], validation=[{"uri": "b"}], phase1={"num_steps": 1}
     )
     model, pending, report = load_model(config, BaseModel(smollm2_dir, str(smollm2_dir)), tok, ids, Runtime())
-    apply_transplant(model, pending, "mean_of_pieces", config.seed)
+    transplant(model, pending.base_rows, pending.mapping)
     assert report["num_new"] == len(NEW_TOKENS) and report["num_kept"] == base_tok.get_vocab_size(True)
     base = AutoModelForCausalLM.from_pretrained(str(smollm2_dir), dtype=torch.float32, trust_remote_code=False)
     kept = torch.tensor([k for k in pending.mapping.kept if k >= 0])
@@ -72,8 +73,9 @@ def test_transplant_keeps_rows_and_logits_of_unchanged_text(smollm2_dir, extende
 def initial_new_rows(smollm2_dir, tok_dir) -> torch.Tensor:
     """The new tokens' rows as the transplant initialises them (mean_of_pieces)."""
     from dilforge_cpt.data import load_tokenizer, special_ids
-    from dilforge_cpt.model_init import BaseModel, apply_transplant, load_model
+    from dilforge_cpt.model_init import BaseModel, load_model
     from dilforge_cpt.runtime import Runtime
+    from dilforge_cpt.transplant import transplant
     from dilforge_shared.configs.cpt import CptConfig
 
     tok = load_tokenizer(tok_dir)
@@ -83,7 +85,7 @@ def initial_new_rows(smollm2_dir, tok_dir) -> torch.Tensor:
     model, pending, _ = load_model(
         config, BaseModel(smollm2_dir, str(smollm2_dir)), tok, special_ids(tok, "t"), Runtime()
     )
-    apply_transplant(model, pending, "mean_of_pieces", config.seed)
+    transplant(model, pending.base_rows, pending.mapping)
     new = torch.tensor([i for i, k in enumerate(pending.mapping.kept) if k < 0])
     return model.get_input_embeddings().weight[new].detach().clone()
 
@@ -95,7 +97,6 @@ def test_stage_trains_new_rows_only_on_chatml(tmp_path, data_root, smollm2_dir, 
     cpt = {
         "base_model": str(smollm2_dir),
         "transplant": "mean_of_pieces",
-        "compare_transplant_inits": False,
         "corpora": [{"uri": WIKI, "max_docs": 300}],
         "validation": [{"uri": FLORES, "text_field": "azj_Latn", "name": "az"}],
         "num_validation_docs": 4,

@@ -286,8 +286,8 @@ def test_phase1_with_transplant_keeps_backbone_bit_identical(tmp_path, data_root
     assert after["model.embed_tokens.weight"].shape[0] == 600 + 256
     report = art.manifest.metrics["transplant"]
     assert report["method"] == "mean_of_pieces" and report["num_kept"] > 256
-    step0 = [report["step0_val_bpb"][method] for method in ("mean_of_pieces", "mean_of_all", "random")]
-    assert all(math.isfinite(v) for v in step0) and len(set(step0)) == 3, step0  # each init measured on its own
+    assert list(report["step0_val_bpb"]) == ["mean_of_pieces"]  # only the trained initialisation is scored
+    assert math.isfinite(report["step0_val_bpb"]["mean_of_pieces"])
     assert any(ref.name == f"model:{tiny_llama_dir}" for ref in art.manifest.inputs)
     assert recompute_artifact_id(art.manifest) == art.manifest.artifact_id
 
@@ -429,15 +429,13 @@ def extended_tokenizer_dir(tmp_path_factory, tiny_tokenizer_dir) -> Path:
     return out
 
 
-def test_leakage_table_and_counter_measure(tmp_path, data_root, tiny_llama_dir, extended_tokenizer_dir):
-    """An extension of the base tokenizer: the step-0 leakage table holds every initialisation with the
-    base model's BPB (equal for all: it is the kept-rows softmax of the same text) and base tokenisation
-    never better than it; the calibrated run records leakage at step 0 and at the final validation, where
-    a tolerance below it triggers the re-calibration and a second validation row."""
+def test_leakage_of_the_trained_initialisation(tmp_path, data_root, tiny_llama_dir, extended_tokenizer_dir):
+    """An extension of the base tokenizer: the step-0 leakage row of the trained initialisation (and only
+    that one: no comparison of initialisations in the stage) holds the base model's BPB and a base
+    tokenisation never better than it; leakage is recorded at step 0 and at every validation."""
     cpt = cpt_section(
         scratch_model=None,
         base_model=str(tiny_llama_dir),
-        transplant="calibrated",
         corpora=[
             {"uri": WIKI, "name": "az-wiki"},
             {"uri": "${DILFORGE_DATA}/az/train/tatoeba_aze-eng.tsv", "text_field": "eng", "name": "en-replay"},
@@ -447,24 +445,17 @@ def test_leakage_table_and_counter_measure(tmp_path, data_root, tiny_llama_dir, 
             {"uri": FLORES, "text_field": "eng_Latn", "name": "en"},
         ],
         num_validation_docs=12,
-        retain_corpora=["en-replay"],
-        calibration_num_windows=8,
-        leakage_sets=["en"],
-        leakage_tolerance=1e-9,
+        eval_every=1,
         phase1={"num_steps": 2, "learning_rate": 0.01, "trainable": "new_rows"},
         phase2={"num_steps": 0},
     )
     run_cpt(tmp_path, data_root, extended_tokenizer_dir, cpt)
     m = artifact(tmp_path / "store").manifest.metrics
     table = m["transplant"]["step0_leakage"]
-    assert set(table) == {"mean_of_pieces", "mean_of_all", "random", "offset", "calibrated"}
+    assert set(table) == {"mean_of_pieces"} and set(m["transplant"]["step0_val_bpb"]) == {"mean_of_pieces"}
     for name in ("az", "en"):
-        base = {method: rows[name]["bpb_base_model"] for method, rows in table.items()}
-        assert max(base.values()) == pytest.approx(min(base.values()), rel=1e-6), base
-        assert all(rows[name]["base_tokenization_vs_base"] >= 1 - 1e-9 for rows in table.values())
-    assert set(m["transplant"]["calibration"]) >= {"alpha", "beta", "gamma", "num_retain_positions"}
-    steps = [entry["step"] for entry in m["leakage"]]
-    assert steps == [0, 2]
-    last = m["leakage"][-1]
-    assert "recalibrated" in last and set(last["sets_after"]) == {"az", "en"}
-    assert [row["step"] for row in m["validation"]] == [0, 2, 2]  # validated again after the re-calibration
+        row = table["mean_of_pieces"][name]
+        assert row["base_tokenization_vs_base"] >= 1 - 1e-9 and row["bpb_base_model"] > 0
+    assert [entry["step"] for entry in m["leakage"]] == [0, 1, 2]
+    assert all(set(entry["sets"]) == {"az", "en"} for entry in m["leakage"])
+    assert [row["step"] for row in m["validation"]] == [0, 1, 2]

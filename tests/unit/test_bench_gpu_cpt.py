@@ -1,5 +1,6 @@
-"""bench/gpu_cpt.py: bisection of the largest micro-batch, and the whole sweep in --tiny mode on CPU
-through the CPT stage's own training step."""
+"""bench/gpu_cpt.py: the largest micro-batch chosen on a warm model against a simulated device memory,
+out-of-memory recognition and stepping down, and the whole sweep in --tiny mode on CPU through the CPT
+stage's own training step."""
 
 from __future__ import annotations
 
@@ -18,18 +19,140 @@ def bench():
     return factories.load_bench("gpu_cpt")
 
 
-@pytest.mark.parametrize("capacity", [1, 2, 3, 7, 8, 18, 45, 100, 255, 256])
-def test_bisection_finds_the_exact_largest_batch(bench, capacity):
-    best, probes = bench.bisect_max_batch(lambda b: b <= capacity, start=8, limit=256)
-    assert best == capacity
-    assert len(probes) <= 2 * 8 + 2 and len(set(probes)) == len(probes)  # log-many, never the same batch twice
+class Oom(Exception):
+    pass
 
 
-def test_bisection_edges(bench):
-    assert bench.bisect_max_batch(lambda b: False, start=8, limit=64) == (0, [8, 4, 2, 1])
-    assert bench.bisect_max_batch(lambda b: True, start=8, limit=20) == (20, [8, 16, 20])
-    best, probes = bench.bisect_max_batch(lambda b: b <= 18, start=1, limit=256)
-    assert best == 18 and probes == [1, 2, 4, 8, 16, 32, 24, 20, 18, 19]  # 18: not a power of two
+class FakeDevice:
+    """Device memory in GiB, as the H200 behaves for a fused AdamW: a model's first optimizer step creates
+    the optimizer state, so a fresh model's first step needs `state` GiB less than every later step."""
+
+    def __init__(self, capacity=100.0, weights=20.0, state=16.0, per_sample=4.0):
+        self.total, self.weights, self.state, self.per_sample = capacity, weights, state, per_sample
+        self.peak_now = 0.0
+
+    def reset(self):
+        self.peak_now = 0.0
+
+    def peak(self):
+        return self.peak_now * 2**30
+
+    def capacity(self):
+        return self.total * 2**30
+
+
+class FakeTrainer:
+    """Runs out of memory exactly when the FakeDevice would; poisoned after an OOM (as FSDP2 is)."""
+
+    def __init__(self, device: FakeDevice):
+        self.device, self.has_state, self.poisoned, self.steps = device, False, False, []
+        self.kernels = []
+
+    def step(self, batch, skip=False):
+        assert not self.poisoned, "stepped a model that went out of memory"
+        need = self.device.weights + self.device.per_sample * batch + (self.device.state if self.has_state else 0)
+        if need > self.device.total:
+            self.poisoned = True
+            raise Oom(f"simulated OOM at batch {batch}")
+        self.device.peak_now = max(self.device.peak_now, need)
+        self.has_state = True  # the first step (skipped or not) creates the optimizer state
+        self.steps.append(batch)
+
+    def warm(self):
+        self.step(1, skip=True)
+
+    def measure(self, batch, warmup=2, steps=5):
+        for _ in range(warmup + steps):
+            self.step(batch)
+        return {"tok_s": float(batch)}
+
+    def close(self):
+        pass
+
+
+def steady_capacity(device: FakeDevice) -> int:
+    return int((device.total - device.weights - device.state) // device.per_sample)
+
+
+def test_the_fake_device_reproduces_the_fresh_model_trap():
+    """Bisection over models rebuilt after each out-of-memory probe (the search this replaced) returns a
+    batch that fits only a fresh model's first step: its steady-state timing runs out of memory."""
+    device = FakeDevice()
+    trainer = [FakeTrainer(device)]
+
+    def fits(b):
+        try:
+            trainer[0].step(b)
+            return True
+        except Oom:
+            trainer[0] = FakeTrainer(device)
+            return False
+
+    good, bad = 0, None
+    b = 16
+    while bad is None:  # doubling, then halving the interval
+        good, bad, b = (b, None, 2 * b) if fits(b) else (good, b, b)
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        good, bad = (mid, bad) if fits(mid) else (good, mid)
+    assert good == 20 > steady_capacity(device) == 16
+    with pytest.raises(Oom):
+        FakeTrainer(device).measure(good)  # a warm model at that batch: the timed steps fail
+
+
+@pytest.mark.parametrize("per_sample", [1.0, 3.0, 4.0, 7.5])
+def test_the_chosen_batch_survives_timed_steady_state_steps(bench, per_sample):
+    device = FakeDevice(per_sample=per_sample)
+    builds = bench.WarmBuilds(lambda: FakeTrainer(device))
+    args = bench.parse_args(["--max-batch", "256"])
+    batch, fit = bench.choose_batch(builds, device, args)
+    assert builds.num_builds == 1 and builds.current().steps[:3] == [1, 2, 4]  # warmed, then the two fit steps
+    assert int(0.95 * steady_capacity(device)) - 1 <= batch <= steady_capacity(device)
+    assert fit["per_sample_gb"] == pytest.approx(per_sample) and fit["fixed_gb"] == pytest.approx(36.0)
+    measured, numbers, failed = bench.measure_stepping_down(
+        builds, batch, lambda t, b: t.measure(b), lambda e: isinstance(e, Oom)
+    )
+    assert (measured, failed, numbers["tok_s"]) == (batch, [], float(batch)) and builds.num_builds == 1
+
+
+def test_timing_that_runs_out_of_memory_steps_down_on_a_new_warm_model(bench):
+    """A fit can be wrong (fragmentation, a workspace that grows with the batch): the timed batch then
+    steps down, each try on a new warm model, and the point records the batches that failed."""
+    device = FakeDevice()
+    built = []
+
+    def make():
+        built.append(FakeTrainer(device))
+        return built[-1]
+
+    builds = bench.WarmBuilds(make)
+    batch, failed = 20, None
+    batch, numbers, failed = bench.measure_stepping_down(
+        builds, batch, lambda t, b: t.measure(b), lambda e: isinstance(e, Oom)
+    )
+    assert failed == [20, 19, 18, 17] and batch == 16 == steady_capacity(device)
+    assert len(built) == 5 and all(t.poisoned for t in built[:4]) and built[4].steps[0] == 1  # warmed first
+    with pytest.raises(ValueError):  # anything but an OOM is not swallowed
+        bench.measure_stepping_down(builds, 4, lambda t, b: (_ for _ in ()).throw(ValueError("x")), lambda e: False)
+
+
+def test_fit_max_batch_is_clamped(bench):
+    gib = 2**30
+    assert bench.fit_max_batch({2: 10 * gib, 4: 12 * gib}, 100 * gib, 1.0, 64)[0] == 64
+    assert bench.fit_max_batch({2: 10 * gib, 4: 10 * gib}, 100 * gib, 1.0, 64)[0] == 64  # no growth: the limit
+    batch, fit = bench.fit_max_batch({1: 90 * gib, 2: 99 * gib}, 100 * gib, 0.95, 64)  # 81 + 9/sample: 1.55
+    assert batch == 1 and fit["predicted"] == 1 and fit["peaks_gb"] == {"1": 90.0, "2": 99.0}
+    assert (fit["fixed_gb"], fit["per_sample_gb"], fit["capacity_gb"]) == pytest.approx((81.0, 9.0, 100.0))
+    assert (
+        bench.fit_max_batch({1: 99 * gib, 2: 120 * gib}, 100 * gib, 0.95, 64)[0] == 1
+    )  # nothing fits: 1, timing decides
+
+
+def test_out_of_memory_is_recognised_by_type_and_by_message(bench):
+    assert bench.is_oom(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert bench.is_oom(RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"))
+    assert bench.is_oom(RuntimeError("NCCL error: unhandled system error, NCCL version 2.27: Failed to allocate"))
+    assert not bench.is_oom(RuntimeError("shape mismatch")) and not bench.is_oom(ValueError("out of memory"))
 
 
 def test_plan_runs_plain_first_and_skips_liger_without_cuda(bench):
@@ -46,44 +169,9 @@ def test_equal_batch_comparison(bench):
     assert cmp["batch"] == 10 and cmp["memory_cut"] == pytest.approx(0.6) and cmp["speedup"] == pytest.approx(1.2)
 
 
-class Oom(Exception):
-    pass
-
-
-def test_every_probe_after_an_out_of_memory_runs_on_a_fresh_model(bench):
-    """A simulated OOM poisons the trainer (as FSDP2's state after an OOM in backward): probing it again
-    would fail; the bisection must build a new model + optimizer instead."""
-    built, closed = [], []
-
-    class Trainer:
-        def __init__(self):
-            self.poisoned = False
-            built.append(self)
-
-        def step(self, batch):
-            assert not self.poisoned, "probed a model that went out of memory"
-            if batch > 5:
-                self.poisoned = True
-                raise Oom(f"simulated OOM at batch {batch}")
-
-        def close(self):
-            closed.append(self)
-
-    probe = bench.FreshAfterOom(Trainer, lambda exc: isinstance(exc, Oom))
-    best, probes = bench.bisect_max_batch(probe.fits, start=4, limit=64)
-    assert best == 5 and probes == [4, 8, 6, 5]
-    assert probe.builds == [1, 1, 2, 3]  # a new build after each of the two OOMs
-    assert len(built) == 3 and closed == built[:2]
-    assert probe.current() is built[2] and not built[2].poisoned
-    with pytest.raises(ValueError):  # anything but an OOM is not swallowed
-        bench.FreshAfterOom(lambda: (_ for _ in ()).throw(ValueError("x")), lambda e: False).fits(1)
-
-
-def test_a_point_after_an_oom_probe_measures_a_fresh_stage_model(bench, monkeypatch):
-    """run_point with the real tiny Trainer whose steps above batch 2 raise torch.OutOfMemoryError: the
-    measured model is a build made after the last OOM, and the stage's own step ran on it."""
-    import torch
-
+def test_a_point_whose_timing_runs_out_of_memory_measures_a_new_warm_stage_model(bench, monkeypatch):
+    """run_point with the real tiny Trainer whose steps above batch 2 raise torch.OutOfMemoryError: on CPU
+    the batch is --max-batch (4); timing steps down to 2 on new warm builds, the stage's own step ran."""
     builds = []
 
     class OomAbove2(bench.Trainer):
@@ -91,18 +179,17 @@ def test_a_point_after_an_oom_probe_measures_a_fresh_stage_model(bench, monkeypa
             super().__init__(*a, **k)
             builds.append(self)
 
-        def step(self, batch):
+        def step(self, batch, skip=False):
             if batch > 2:
                 raise torch.OutOfMemoryError("simulated")
-            return super().step(batch)
+            return super().step(batch, skip)
 
     args = bench.parse_args(["--tiny", "--max-batch", "4", "--steps", "1", "--warmup", "0", "--equal-batch", "1"])
     monkeypatch.setattr(bench, "Trainer", OomAbove2)
     point = bench.Point("plain")
     points = bench.run_point(args, point)
-    assert point.ok and point.max_batch == 2 and point.probes == [1, 2, 4, 3]
-    # 4 went out of memory: 3 ran on build 2; 3 went out of memory: build 3 is the one measured
-    assert point.fresh_after_oom == [1, 1, 1, 2] and len(builds) == 3
+    assert point.ok and point.batch == point.max_batch == 2 and point.oom_retries == [4, 3]
+    assert point.num_builds == 3 and len(builds) == 3 and point.fit is None
     assert point.kernels_ran == {} and point.logits_materialised is True and point.liger_parts_after == []
     assert [p.role for p in points] == ["max", "equal"] and points[1].batch == 1 and points[1].tok_s > 0
 
@@ -145,31 +232,30 @@ def test_tiny_sweep_runs_each_point_in_its_own_process(bench, tmp_path):
     result = json.loads(out.read_text())
     (plain,) = [p for p in result["points"] if p["ok"]]
     assert plain["variant"] == "plain" and plain["max_batch"] == 3 and plain["batch"] == 3 and plain["tok_s"] > 0
-    assert plain["probes"] == [1, 2, 3] and plain["liger_parts_after"] == [] and plain["logits_materialised"]
+    assert plain["oom_retries"] == [] and plain["liger_parts_after"] == [] and plain["logits_materialised"]
     skipped = [p for p in result["points"] if not p["ok"]]
-    assert [p["variant"] for p in skipped] == ["liger", "compile_flce"] and all("CUDA" in p["skipped"] for p in skipped)
+    assert [p["variant"] for p in skipped] == ["liger"] and all("CUDA" in p["skipped"] for p in skipped)
     assert "POINT_RESULT" in (tmp_path / "log").read_text()  # the point ran in a child process
     assert "Llama" in result["header"] and "date" in result["header"]
 
 
 def test_sweep_logic_with_a_simulated_gpu(bench):
     """Capacities per variant stand in for GPU memory: plain first, Liger measured also at plain's largest
-    batch, compile_flce searched downwards from liger's largest batch, the budget stops new points."""
+    batch, compile_flce timed at liger's batch with no fit, the budget stops new points."""
     capacity = {"plain": 18, "liger": 45, "compile_flce": 40}
     commands = []
 
     def runner(cmd, left, log):
         commands.append(cmd)
         opts = dict(zip(cmd[2::2], cmd[3::2], strict=False))
-        variant, start, limit = opts["--point"], int(opts["--start-batch"]), int(opts["--max-batch"])
-        best, probes = bench.bisect_max_batch(lambda b: b <= capacity[variant], start=start, limit=limit)
+        variant = opts["--point"]
+        best = min(int(opts.get("--batch", 10**6)), capacity[variant])
         mem = 1.0 if variant == "plain" else 0.4
         out = [
             {
                 "ok": True,
                 "max_batch": best,
                 "batch": best,
-                "probes": probes,
                 "tok_s": 1000.0 * best,
                 "tflops": 1.0,
                 "peak_allocated_gb": mem * best,
@@ -190,14 +276,20 @@ def test_sweep_logic_with_a_simulated_gpu(bench):
             )
         return out
 
-    args = bench.parse_args(["--max-batch", "256"])
+    args = bench.parse_args(["--max-batch", "256", "--variants", "plain,liger,compile_flce"])
     points = bench.run_sweep(args, cuda=True, runner=runner)
     at_max = {p.variant: p for p in points if p.role == "max"}
     assert at_max["plain"].max_batch == 18 and at_max["liger"].max_batch == 45
-    assert at_max["compile_flce"].probes[0] == 45 and at_max["compile_flce"].max_batch == 40
+    assert commands[2][commands[2].index("--batch") + 1] == "45" and at_max["compile_flce"].max_batch == 40
+    assert "--batch" not in commands[0] + commands[1]  # plain and liger are fitted
     assert "--equal-batch" not in commands[0] and commands[1][commands[1].index("--equal-batch") + 1] == "18"
     cmp = {c["variant"]: c for c in bench.equal_batch_comparison(points)}
     assert cmp["liger"]["batch"] == 18 and cmp["liger"]["memory_cut"] == pytest.approx(0.6)
+    assert [p.variant for p in bench.run_sweep(bench.parse_args([]), cuda=True, runner=runner)] == [
+        "plain",
+        "liger",
+        "liger",
+    ]  # the one-shot default: no compile point
     commands.clear()
-    points = bench.run_sweep(bench.parse_args(["--budget-s", "0"]), cuda=True, runner=runner)
-    assert commands == [] and len(points) == 3 and all("budget" in p.skipped for p in points)
+    points = bench.run_sweep(bench.parse_args(["--budget-s", "59"]), cuda=True, runner=runner)
+    assert commands == [] and len(points) == 2 and all("a point needs 60" in p.skipped for p in points)

@@ -158,7 +158,7 @@ def test_new_names_load_without_warnings_in_every_preset(data_root):
 
 def test_exported_schema_carries_the_config_version():
     schema = json.loads((ROOT / "schemas" / "pipeline.schema.json").read_text())
-    assert schema["x-dilforge-config-version"] == CONFIG_SCHEMA_VERSION == "1.2.0"
+    assert schema["x-dilforge-config-version"] == CONFIG_SCHEMA_VERSION == "1.3.0"
     props = schema["$defs"]
     assert "learning_rate" in props["Phase1"]["properties"] and "lr" not in props["Phase1"]["properties"]
     assert {"global_batch_size", "micro_batch_size", "eval_micro_batch_size", "activation_checkpointing"} <= set(
@@ -166,3 +166,20 @@ def test_exported_schema_carries_the_config_version():
     ) & set(props["CptConfig"]["properties"])
     assert "per_device_batch_size" not in props["SftConfig"]["properties"]
     assert "nproc_per_node" not in props["StageResources"]["properties"]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("compare_transplant_inits", True),
+        ("calibration_num_windows", 64),
+        ("leakage_tolerance", 0.01),
+        ("transplant", "calibrated"),
+        ("transplant", "random"),
+    ],
+)
+def test_the_initialisation_research_left_the_stage_in_1_3(field, value):
+    """A 1.2 config that asks the CPT stage for the comparison of initialisations is refused with a message
+    naming the field and where the research went, not an unknown-field error."""
+    with pytest.raises(ValueError, match=rf"cpt\.{field}.*bench/init_experiments\.py"):
+        CptConfig.model_validate({"corpora": [{"uri": "a"}], "phase1": {"num_steps": 1}, field: value})

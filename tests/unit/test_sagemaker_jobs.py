@@ -180,7 +180,7 @@ def _fake_job_publishes(backend: SageMakerBackend, s3, submitted: list[dict]):
         (out / "weights.txt").write_text(f"{stage} trained with inputs {hp['inputs']}")
         from dilforge_shared.configs import STAGE_CONFIGS
         from dilforge_shared.identity import stage_refs
-        from dilforge_shared.stages import STAGE_VERSIONS
+        from dilforge_shared.stages import code_version
 
         refs = stage_refs(
             STAGE_CONFIGS[stage].model_validate(config), json.loads(hp["inputs"]), hp.get("s3_endpoint_url")
@@ -190,7 +190,7 @@ def _fake_job_publishes(backend: SageMakerBackend, s3, submitted: list[dict]):
             artifact_id=hp["artifact_uri"].rsplit("/", 1)[1],
             run_id=hp["run_id"],
             stage=stage,
-            code_version=STAGE_VERSIONS[stage],
+            code_version=code_version(stage),
             producer=current_producer("dilforge-coordinator"),
             config=config,
             inputs=refs,

@@ -36,6 +36,7 @@ from typing import Literal, Protocol
 
 import numpy as np
 import torch
+from dilforge_shared import compat
 from dilforge_shared.checkpoint_digests import (
     MARKER_PREFIX,
     complete,
@@ -47,7 +48,6 @@ from dilforge_shared.checkpoint_digests import (
 )
 from dilforge_shared.errors import InputError
 
-from .dcp_reader import safe_reader
 from .runtime import Runtime
 
 log = logging.getLogger("dilforge.cpt")
@@ -225,10 +225,10 @@ def _load_tensors(path: Path, comp: Component) -> None:
     import pickle
 
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.api import CheckpointException
+    from torch.distributed.checkpoint import CheckpointException
 
     template = {comp.name: comp.obj.state_dict()}
-    reader = safe_reader(path)
+    reader = compat.safe_dcp_reader(path)
     try:  # read once here so a rejected metadata file gives this error, not DCP's wrapped one
         reader.read_metadata()
     except (pickle.UnpicklingError, EOFError, AttributeError, TypeError) as exc:

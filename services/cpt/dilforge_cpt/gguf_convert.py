@@ -3,7 +3,7 @@ conversion of a recipe's or a local GGUF file).
 
 Done directly in numpy with the `gguf` package's kernels: llama.cpp tensor names mapped to transformers', the q/k
 rows llama.cpp permutes for its rope layout un-permuted, the config from the metadata, no `lm_head` when the file
-ties it; the tokenizer from transformers' GGUF mapping (through the `gguf_compat` adapter).
+ties it; the tokenizer from transformers' GGUF mapping (through dilforge_shared.compat).
 """
 
 from __future__ import annotations
@@ -11,10 +11,9 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
+from dilforge_shared import compat
 from dilforge_shared.errors import InputError
 from dilforge_shared.manifest import sha256_file
-
-from . import gguf_compat
 
 SUPPORTED_GGUF_ARCHITECTURES = ("llama",)
 
@@ -26,7 +25,7 @@ def gguf_metadata(path: Path) -> dict:
     every vocabulary string into Python objects and takes ~7 s on SmolLM2 for the same answer.
     """
     try:
-        metadata = gguf_compat.read_metadata(path)
+        metadata = compat.gguf_metadata(path)
     except Exception as exc:  # noqa: BLE001 - the reader raises ValueError/struct.error/IndexError on junk
         raise InputError(f"not a readable GGUF file: {exc}", path=str(path)) from None
     return metadata
@@ -114,7 +113,7 @@ def dequantized_tensors(path: Path):
     from gguf.quants import dequantize
 
     try:
-        header = gguf_compat.header(path)
+        header = compat.gguf_header(path)
     except ValueError as exc:  # e.g. a quantization type without a dequantization kernel (Q8_1, I8, ...)
         raise InputError(f"cannot read its tensors: {str(exc).removeprefix(f'{path} ')}", path=str(path)) from None
     except (struct.error, IndexError, OverflowError, EOFError) as exc:  # the tensor table itself is cut off
@@ -211,4 +210,4 @@ def convert_gguf(path: Path, out: Path) -> dict:
 def save_gguf_tokenizer(path: Path, out: Path) -> None:
     """The tokenizer the GGUF describes, built by transformers' GGUF tokenizer mapping (what
     `AutoTokenizer.from_pretrained(gguf_file=...)` does, without its second parse of the whole file)."""
-    gguf_compat.save_tokenizer(path, out)
+    compat.save_gguf_tokenizer(path, out)

@@ -1,5 +1,6 @@
 """Vocabulary leakage: how much probability a transplant's new rows take on text the base model
-already handled, measured at step 0 for every initialisation and at every validation.
+already handled, measured at step 0 and at every validation (bench/init_experiments.py compares the
+initialisations the stage does not train).
 
 A model moved onto an extended vocabulary is scored on each validation set twice: in the stage's
 tokenisation (the usual `val_bpb/<set>`) and in the *base* model's tokenisation, written in the stage's
@@ -39,7 +40,7 @@ class LeakageProbe:
 
     sets: list[ValidationSet]
     kept: torch.Tensor  # bool per vocabulary row of the stage's tokenizer
-    mapping: VocabMapping  # for re-calibration (number of pieces of each new token)
+    mapping: VocabMapping  # the stage id of each base token (bench/init_experiments.py re-calibrates with it)
 
 
 def base_to_new_ids(mapping: VocabMapping, base_vocab_size: int) -> list[int] | None:

@@ -25,6 +25,7 @@ from dilforge_shared.errors import DilforgeError
 
 from .checkpoints import Checkpointer
 from .data import PackedData, Prefetcher, ValidationSet
+from .leakage import measure as measure_leakage
 from .optim import StepResult, lr_at, run_step, set_lr, skips_on_device
 from .reporting import MetricsLog, PeakMemory
 from .runtime import Runtime
@@ -80,36 +81,6 @@ class TrainState:
         bpb = row.get("val_bpb")
         if bpb is not None and (self.best_val_bpb is None or bpb < self.best_val_bpb):
             self.best_val_bpb = bpb
-
-
-# ---- leakage -----------------------------------------------------------------------------
-def track_leakage(model, data: PackedData, setup: LoopSetup, state: TrainState, step: int) -> bool:
-    """Measure the leakage (leakage.py) after a validation; when a `leakage_sets` set is above
-    `leakage_tolerance`, re-calibrate the new output rows and measure again. True if the model changed
-    (the caller then validates again, so the last validation row describes the model published)."""
-    from .leakage import measure
-    from .model_init import recalibrate
-
-    config, rt, probe = setup.config, setup.rt, setup.leakage_probe
-    rows = measure(model, probe, config, rt)
-    entry: dict[str, Any] = {"step": step, "sets": rows}
-    over = {
-        n: rows[n]["leakage"]
-        for n in config.leakage_sets
-        if rows[n]["leakage"] > (config.leakage_tolerance or math.inf)
-    }
-    log.info("leakage at step %d: %s", step, ", ".join(f"{n}={r['leakage']:+.4f}" for n, r in rows.items()))
-    if over:
-        cal = recalibrate(model, probe.mapping, data, config, rt)
-        entry["recalibrated"] = {"over": over, **cal.to_report()}
-        entry["sets_after"] = measure(model, probe, config, rt)
-        log.info(
-            "leakage at step %d after re-calibration: %s",
-            step,
-            ", ".join(f"{n}={r['leakage']:+.4f}" for n, r in entry["sets_after"].items()),
-        )
-    state.leakage.append(entry)
-    return bool(over)
 
 
 # ---- the loop ------------------------------------------------------------------------------
@@ -292,8 +263,14 @@ def train_loop(training, data: PackedData, val: list[ValidationSet], state: Trai
                             step, {**result_row, "eval_peak_memory_gb": eval_memory["gb"]}, kind="validation"
                         )
                     )
-                    if setup.leakage_probe is not None and track_leakage(model, data, setup, state, step):
-                        state.add_validation(metrics.record(step, evaluate(model, val, config, rt), kind="validation"))
+                    if setup.leakage_probe is not None:
+                        rows = measure_leakage(model, setup.leakage_probe, config, rt)
+                        state.add_leakage(step, rows)
+                        log.info(
+                            "leakage at step %d: %s",
+                            step,
+                            ", ".join(f"{n}={r['leakage']:+.4f}" for n, r in rows.items()),
+                        )
                 if checkpoint_now:
                     save(setup, state, model, optimizer)
                 if stopping:

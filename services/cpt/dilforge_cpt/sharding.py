@@ -9,7 +9,7 @@ import logging
 from pathlib import Path
 
 import torch
-from dilforge_shared import runtime_policy
+from dilforge_shared import compat, runtime_policy
 from dilforge_shared.configs.cpt import CptConfig
 from dilforge_shared.errors import ConfigError
 
@@ -65,15 +65,13 @@ _ABSENT = object()
 
 def _process_wide_targets() -> list[tuple[object, str]]:
     """Every process-wide name apply_liger_kernel_to_llama may rebind."""
-    from transformers.loss import loss_utils
-    from transformers.models.llama import modeling_llama
-
+    modeling_llama = compat.llama_modeling()
     return [
         (modeling_llama, "apply_rotary_pos_emb"),
         (modeling_llama, "LlamaRMSNorm"),
         (modeling_llama, "LlamaMLP"),
         (modeling_llama.LlamaForCausalLM, "forward"),
-        (loss_utils.nn.functional, "cross_entropy"),
+        (compat.loss_functional(), "cross_entropy"),
     ]
 
 
@@ -99,7 +97,7 @@ def patch_liger(model, kernels: dict[str, bool], apply=None) -> LigerPatch:
 def liger_parts(model) -> list[str]:
     """What of `model` (and of the process) runs Liger code: module forwards bound by Liger, Liger module
     classes, a Liger model forward, and the process's RoPE function. Empty for a plain model."""
-    from transformers.models.llama import modeling_llama
+    modeling_llama = compat.llama_modeling()
 
     def liger(fn) -> bool:
         fn = getattr(fn, "__func__", fn)

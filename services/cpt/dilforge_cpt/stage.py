@@ -6,8 +6,9 @@ asked for (num_processes_per_node, or several hosts in resourceconfig.json), sta
 
   runtime (built once) → tokenizer artifact → token cache (streamed, once) → packed windows +
   mixture sampler → validation set → resume point (the checkpointer's newest verified checkpoint)
-  → base model (upstream `model` artifact / base_model / scratch) → vocabulary transplant →
-  step-0 BPB per initialisation (both skipped, with a log line, when resuming) → Liger (CUDA) →
+  → base model (upstream `model` artifact / base_model / scratch) → vocabulary transplant (new rows
+  the mean of their pieces) and its step-0 BPB and leakage (both skipped, with a log line, when
+  resuming) → Liger (CUDA) →
   activation checkpointing / compile / FSDP2 → everything resumable registered with the checkpointer
   → train_loop (load(), then phase 1: embeddings + LM head, phase 2: all) → HF folder in /opt/ml/model
 """
@@ -49,9 +50,8 @@ from .data import (
     tokenize_to_file,
 )
 from .leakage import build_probe
-from .leakage import measure as measure_leakage
 from .loop import LoopSetup, TrainState, train_loop
-from .model_init import compare_initialisations, kept_row_mask, load_model, locate_base_model, new_row_mask
+from .model_init import initialise, kept_row_mask, load_model, locate_base_model, new_row_mask
 from .reporting import MetricsLog, flops_per_token, peak_flops
 from .resumable import TrainingModel, register_resumables
 from .runtime import Runtime, init_runtime, shutdown
@@ -166,6 +166,8 @@ def train(config: CptConfig, ctx: StageContext) -> dict:
 
 
 def train_in_process(config: CptConfig, ctx: StageContext, rt: Runtime) -> dict:
+    if rt.is_main:
+        log_config(config)  # before any work: the derived numbers follow once the model is built
     stop = install_sigterm_handler()
     stop_path = stop_file(ctx)  # created by the launcher (multi-process runs) on SIGTERM
     if config.micro_batch_size != "auto":
@@ -184,7 +186,7 @@ def train_in_process(config: CptConfig, ctx: StageContext, rt: Runtime) -> dict:
     resume = checkpointer.resume_point()
     state = TrainState()
 
-    # the model: base (or scratch) → transplant → step-0 comparison of the initialisations
+    # the model: base (or scratch) → transplant → step-0 BPB and leakage
     base = locate_base_model(config, ctx, rt)
     model, pending, transplant_report = load_model(config, base, tok, ids, rt)
     micro_batch, micro_reason = resolve_micro_batch(
@@ -200,12 +202,12 @@ def train_in_process(config: CptConfig, ctx: StageContext, rt: Runtime) -> dict:
         if probe is None:
             transplant_report["leakage_not_measured"] = why
             log.info("leakage not measured: %s", why)
-    step0 = None
+    step0 = step0_leakage = None
     if pending is not None and resume is None:
-        step0 = compare_initialisations(model, pending, val, config, rt, data, probe)
+        step0, step0_leakage = initialise(model, pending, val, config, rt, probe)
     elif pending is not None:
         log.info(
-            "resuming from %s: transplant and step-0 comparison skipped (the checkpoint holds the model)", resume.name
+            "resuming from %s: transplant and step-0 scoring skipped (the checkpoint holds the model)", resume.name
         )
     if resume is None:
         state.transplant = transplant_report
@@ -252,19 +254,14 @@ def train_in_process(config: CptConfig, ctx: StageContext, rt: Runtime) -> dict:
         "resume_from": resume.name if resume is not None else None,
     }
     if rt.is_main:
-        log_config(config, derived)
+        log.info("derived: %s", json.dumps(derived, sort_keys=True, default=str))
 
     metrics = MetricsLog(ctx.tensorboard_dir, config.num_steps, rt, checkpointer.resume_step)
     if resume is None:
         step0 = step0 if step0 is not None else evaluate(model, val, config, rt)
         state.add_validation(metrics.record(0, step0, kind="validation"))
         if probe is not None:
-            state.add_leakage(
-                0,
-                pending.step0_leakage
-                if pending.step0_leakage is not None
-                else measure_leakage(model, probe, config, rt),
-            )
+            state.add_leakage(0, step0_leakage)
 
     training = TrainingModel(model, config, rt, state, new_rows, kept_rows)
     register_resumables(checkpointer, training, data.sampler, state)

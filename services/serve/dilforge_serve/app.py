@@ -39,15 +39,10 @@ class ServerOptions:
 def build_transformers_app(model_id: str, options: ServerOptions):
     """transformers serve's FastAPI app with `model_id` (a local folder name in the working directory)
     preloaded and pinned; returns (app, the loaded model, its tokenizer)."""
-    from transformers.cli.serving.chat_completion import ChatCompletionHandler
-    from transformers.cli.serving.completion import CompletionHandler
-    from transformers.cli.serving.model_manager import ModelManager
-    from transformers.cli.serving.response import ResponseHandler
-    from transformers.cli.serving.server import build_server
-    from transformers.cli.serving.systemone import SystemOneHandler
-    from transformers.cli.serving.transcription import TranscriptionHandler
-    from transformers.cli.serving.utils import GenerationState
+    from dilforge_shared import compat
 
+    parts = compat.serving_parts()
+    ModelManager, GenerationState = parts["ModelManager"], parts["GenerationState"]  # noqa: N806 - classes
     manager = ModelManager(
         device=options.device,
         dtype=options.dtype,
@@ -57,13 +52,13 @@ def build_transformers_app(model_id: str, options: ServerOptions):
         force_model=model_id,
     )
     state = GenerationState(continuous_batching=options.continuous_batching)
-    app = build_server(
+    app = parts["build_server"](
         manager,
-        ChatCompletionHandler(model_manager=manager, generation_state=state),
-        completion_handler=CompletionHandler(model_manager=manager, generation_state=state),
-        response_handler=ResponseHandler(model_manager=manager, generation_state=state),
-        transcription_handler=TranscriptionHandler(manager, state),
-        systemone_handler=SystemOneHandler(model_manager=manager, generation_state=state),
+        parts["ChatCompletionHandler"](model_manager=manager, generation_state=state),
+        completion_handler=parts["CompletionHandler"](model_manager=manager, generation_state=state),
+        response_handler=parts["ResponseHandler"](model_manager=manager, generation_state=state),
+        transcription_handler=parts["TranscriptionHandler"](manager, state),
+        systemone_handler=parts["SystemOneHandler"](model_manager=manager, generation_state=state),
         generation_state=state,
     )
     model, tokenizer = manager.load_model_and_processor(manager.process_model_name(model_id))

@@ -18,6 +18,7 @@ import logging
 import shutil
 from pathlib import Path
 
+from dilforge_shared import compat
 from dilforge_shared.checkpoint_digests import seal, set_aside, verify
 
 log = logging.getLogger("dilforge.sft")
@@ -29,8 +30,6 @@ def latest_checkpoint(folder: Path) -> Path | None:
     """Newest Trainer checkpoint whose files match their digests (transformers' own `get_last_checkpoint` picks
     the newest). Cut-off ones (trainer_state.json, written last, missing or unparsable) are removed first; a
     damaged or unsealed one is set aside with a warning and the previous one is tried."""
-    from transformers.trainer_utils import get_last_checkpoint
-
     if not folder.is_dir():
         return None
     for path in folder.glob("checkpoint-*"):
@@ -39,7 +38,7 @@ def latest_checkpoint(folder: Path) -> Path | None:
         except (ValueError, OSError):
             log.warning("removing incomplete checkpoint %s (no complete trainer_state.json)", path)
             shutil.rmtree(path, ignore_errors=True)
-    while last := get_last_checkpoint(str(folder)):
+    while last := compat.last_trainer_checkpoint(folder):
         path = Path(last)
         problem = verify(path)
         if problem is None:
@@ -57,11 +56,12 @@ def latest_checkpoint(folder: Path) -> Path | None:
 def seal_checkpoints_callback():
     """Digests of every file of a checkpoint, written right after Trainer saved it (rotation included)."""
     from transformers import TrainerCallback
-    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+    prefix = compat.trainer_checkpoint_prefix()
 
     class SealCheckpoints(TrainerCallback):
         def on_save(self, args, state, control, **kwargs):
-            folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+            folder = Path(args.output_dir) / f"{prefix}-{state.global_step}"
             if args.should_save and folder.is_dir():
                 seal(folder, state.global_step)
             return control

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import shutil
 import time
 from dataclasses import dataclass
@@ -43,6 +44,8 @@ from .plans import (
 from .training import build_trainer, load_model, stop_on_sigterm_callback, tensorboard_callback
 
 log = logging.getLogger("dilforge.sft")
+# a chat template that marks assistant turns for the assistant-only loss ({% generation %} ... {% endgeneration %})
+GENERATION_MARKER = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
 TRAINER_DIR = "trainer"  # under ctx.checkpoint_dir: Trainer's checkpoint-<step>/ folders
 EVAL_BEFORE_FILE = "eval_before.json"  # under ctx.checkpoint_dir: the base model's validation loss, kept across resumes
@@ -167,13 +170,12 @@ def load_tokenizer(model_dir: Path) -> tuple[Any, Family, str]:
     a default system prompt), so the assistant mask covers exactly assistant content + the family's eot.
     """
     from transformers import AutoTokenizer
-    from trl.chat_template_utils import has_generation_markers
 
     tok = AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=False)
     vocab = tok.get_vocab()
     family = detect_family(vocab, str(model_dir))
     template_source = "tokenizer"
-    if not tok.chat_template or not has_generation_markers(tok.chat_template):
+    if not tok.chat_template or not GENERATION_MARKER.search(tok.chat_template):
         tok.chat_template = family.chat_template
         template_source = f"family:{family.name}"
         log.info(

@@ -22,6 +22,19 @@ from .base import (
 )
 from .knobs import Batching, Checkpointing, SourceLimits, Warmup, on_off
 
+# Config schema 1.3.0 moved the initialisation research out of the stage (bench/init_experiments.py).
+RESEARCH_FIELDS = {
+    "compare_transplant_inits",
+    "untie_embeddings",
+    "retain_corpora",
+    "calibration_num_windows",
+    "calibration_retain_weight",
+    "fit_ridge",
+    "leakage_sets",
+    "leakage_tolerance",
+}
+RESEARCH_TRANSPLANTS = {"mean_of_all", "random", "offset", "calibrated", "fitted"}
+
 
 class ScratchModel(StrictModel):
     """Architecture of a randomly initialised Llama (tests, demos, benchmarks). Vocab = the tokenizer's."""
@@ -121,73 +134,18 @@ class CptConfig(StageConfig, Batching, Checkpointing):
     scratch_model: ScratchModel | None = Field(
         default=None, description="Architecture of a random model; used only when base_model is None."
     )
-    transplant: Literal["none", "mean_of_pieces", "mean_of_all", "random", "offset", "calibrated", "fitted"] = Field(
+    transplant: Literal["none", "mean_of_pieces"] = Field(
         default="mean_of_pieces",
         description="How embedding/LM-head rows are initialised when the stage's tokenizer differs from the "
-        "base model's. Tokens in both keep their rows; new tokens get: mean_of_pieces = mean of the base "
-        "rows of the pieces the base tokenizer splits the token's bytes into; mean_of_all = mean of all "
-        "base rows; random = normal(0, initializer_range); offset = mean_of_pieces with each new output row's "
-        "logit lowered by ln(number of pieces) along the constant direction of the final hidden states; "
-        "calibrated = mean_of_pieces plus offsets along that direction and the direction that tells "
-        "retain_corpora text from the rest, fitted on sampled hidden states (docs/cpt.md, leakage); "
-        "fitted = mean_of_pieces input rows and new output rows fitted by ridge least squares toward the base "
-        "model's joint log-probability of their pieces. none = the tokenizers must be identical.",
-    )
-    compare_transplant_inits: bool = Field(
-        default=True,
-        description="Measure step-0 validation BPB (and the leakage table) for every transplant initialisation "
-        "(mean_of_pieces, mean_of_all, random, offset, calibrated), not just the one trained.",
-    )
-    untie_embeddings: bool = Field(
-        default=False,
-        description="With a transplant on a tied model: give the LM head its own copy of the embedding "
-        "(config.tie_word_embeddings = false, +vocab × hidden parameters), so the output-side offsets of "
-        "offset/calibrated leave the input rows at the mean of their pieces.",
-    )
-    retain_corpora: list[str] = Field(
-        default_factory=list,
-        description="Names of corpora in the base model's own language (English replay): the calibrated "
-        "transplant fits the direction that tells their hidden states from the others', and its offset "
-        "along it gives the new rows' probability back on that language.",
-    )
-    calibration_num_windows: int = Field(
-        default=16,
-        ge=1,
-        description="Training windows (the first of each corpus; half from retain_corpora) whose final hidden "
-        "states the offset/calibrated/fitted transplants are fitted on.",
-    )
-    calibration_retain_weight: float = Field(
-        default=1.0,
-        gt=0,
-        description="Weight of the retain_corpora positions' mean NLL against the other positions' in the "
-        "calibrated fit (1 = equal). Larger: the offsets favour the base model's language (less leakage) over "
-        "the new one.",
-    )
-    fit_ridge: float = Field(
-        default=0.1,
-        gt=0,
-        description="The fitted transplant's ridge strength toward the mean-of-pieces rows, in units of the "
-        "mean eigenvalue of the sampled hidden states' Gram matrix.",
+        "base model's. Tokens in both keep their rows; new tokens get the mean of the base rows of the pieces "
+        "the base tokenizer splits the token's bytes into (mean_of_pieces). none = the tokenizers must be "
+        "identical. The other initialisations measured against it live in bench/init_experiments.py.",
     )
     measure_leakage: bool = Field(
         default=True,
         description="Score the validation sets also in the base model's tokenisation (full softmax), at step 0 "
-        "for each initialisation and at each validation: the BPB the new rows take from text the base "
-        "model already handled (needs every base token in the stage's vocabulary, i.e. extend).",
-    )
-
-    leakage_sets: list[str] = Field(
-        default_factory=list,
-        description="Validation sets in the base model's language (e.g. flores-en) on which leakage_tolerance "
-        "holds the leakage down during training.",
-    )
-    leakage_tolerance: float | None = Field(
-        default=None,
-        gt=0,
-        description="Counter-measure: when, at a validation, the leakage (base-tokenisation BPB / base-model BPB "
-        "- 1) of a leakage_sets set exceeds this, the new output rows are re-calibrated on the current "
-        "model's hidden states (the calibrated offsets fitted again, relative to the trained rows) and the "
-        "leakage measured again. None = measure only.",
+        "and at each validation: the BPB the new rows take from text the base model already handled (needs "
+        "every base token in the stage's vocabulary, i.e. extend).",
     )
 
     # ---- data ------------------------------------------------------------------------------
@@ -278,6 +236,15 @@ class CptConfig(StageConfig, Batching, Checkpointing):
     def _old_names(cls, data):
         """Config schema 1.2.0 names (knobs.py); the 1.1 names load with a DeprecationWarning until 1.3.0."""
         data = rename_fields(data, {"validation_micro_batch_size": "eval_micro_batch_size"}, "cpt.")
+        if isinstance(data, dict):
+            gone = sorted(set(data) & RESEARCH_FIELDS)
+            if data.get("transplant") in RESEARCH_TRANSPLANTS:
+                gone.append(f"transplant: {data['transplant']}")
+            if gone:
+                raise ValueError(
+                    f"cpt.{', cpt.'.join(gone)}: the comparison of initialisations left the stage in config schema "
+                    "1.3.0 (the stage trains mean_of_pieces); bench/leakage.py and bench/init_experiments.py run them"
+                )
         if isinstance(data, dict) and "max_docs_per_corpus" in data:
             data = dict(data)
             cap = data.pop("max_docs_per_corpus")
@@ -320,16 +287,6 @@ class CptConfig(StageConfig, Batching, Checkpointing):
             self.grad_accum_steps(1, "")
         if self.scratch_model is not None and self.seq_len > self.scratch_model.max_position_embeddings:
             raise ValueError("seq_len exceeds scratch_model.max_position_embeddings")
-        val_names = {v.label for v in self.validation}
-        unknown_sets = [n for n in self.leakage_sets if n not in val_names]
-        if unknown_sets:
-            raise ValueError(f"leakage_sets: {unknown_sets} name no validation set (validation: {sorted(val_names)})")
-        if self.leakage_tolerance is not None and not self.leakage_sets:
-            raise ValueError("leakage_tolerance needs leakage_sets (the validation sets it applies to)")
-        names = {c.label for c in self.corpora}
-        unknown = [n for n in self.retain_corpora if n not in names]
-        if unknown:
-            raise ValueError(f"retain_corpora: {unknown} name no corpus (corpora: {sorted(names)})")
         return self
 
     @property

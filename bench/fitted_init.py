@@ -32,8 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-
-from .transplant import VocabMapping
+from dilforge_cpt.transplant import VocabMapping
 
 log = logging.getLogger("dilforge.cpt.fitted")
 

@@ -1,0 +1,94 @@
+"""A stage's code version is derived from the code it runs (dilforge_shared.stages.code_version): a new
+function or a changed constant in any module the stage imports gives a new version (and so new artifact
+ids); a comment, a docstring or a module the stage never imports does not; the serialisation is the same
+on every Python the images run."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from dilforge_shared import stages
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def package(tmp_path, monkeypatch):
+    """dilforge_probe_stage (entry) importing dilforge_probe_lib.helpers, on sys.path; returns an editor."""
+    stage, lib = tmp_path / "dilforge_probe_stage", tmp_path / "dilforge_probe_lib"
+    for d in (stage, lib):
+        d.mkdir()
+        (d / "__init__.py").write_text("")
+    (stage / "__main__.py").write_text("from .train import run\n\nrun()\n")
+    (stage / "train.py").write_text(
+        '"""Training."""\n\nfrom dilforge_probe_lib import helpers\n\nRATE = 0.1  # why\n\n\n'
+        'def run():\n    """Run it."""\n    return helpers.scale(RATE)\n'
+    )
+    (stage / "unused.py").write_text("X = 1\n")
+    (stage / "prompts").mkdir()
+    (stage / "prompts" / "az.jsonl").write_text("Salam\n")
+    (lib / "helpers.py").write_text("def scale(x):\n    return 2 * x\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+
+    def version() -> str:
+        stages._code_version.cache_clear()
+        return stages._code_version("dilforge_probe_stage")
+
+    def edit(path: str, old: str, new: str) -> str:
+        p = tmp_path / path
+        p.write_text(p.read_text().replace(old, new))
+        return version()
+
+    yield version, edit
+    stages._code_version.cache_clear()
+
+
+def test_code_edits_change_the_version_comments_and_docstrings_do_not(package):
+    version, edit = package
+    base = version()
+    assert edit("dilforge_probe_stage/train.py", "# why", "# why: measured") == base
+    assert edit("dilforge_probe_stage/train.py", '"""Run it."""', '"""Run it, once."""') == base
+    assert edit("dilforge_probe_stage/train.py", '"""Training."""', '"""The training story."""') == base
+    assert edit("dilforge_probe_stage/unused.py", "X = 1", "X = 2") == base  # never imported by the stage
+    changed_constant = edit("dilforge_probe_stage/train.py", "RATE = 0.1", "RATE = 0.2")
+    assert changed_constant != base
+    new_function = edit("dilforge_probe_stage/train.py", "def run():", "def extra():\n    pass\n\n\ndef run():")
+    assert new_function not in (base, changed_constant)
+    imported = edit("dilforge_probe_lib/helpers.py", "2 * x", "3 * x")  # a module of another dilforge package
+    assert imported != new_function
+    assert edit("dilforge_probe_stage/prompts/az.jsonl", "Salam", "Salam!") != imported  # the stage's data files
+
+
+def test_every_stage_has_a_version_and_its_closure_holds_its_own_code():
+    for stage, entry in stages.STAGE_MODULES.items():
+        assert len(stages.code_version(stage)) == 16
+        modules = stages.module_closure(entry)
+        assert entry in modules and "dilforge_shared.contract" in modules
+    assert "dilforge_cpt.stage" in stages.module_closure("dilforge_cpt")
+    assert "dilforge_cpt.stage" not in stages.module_closure("dilforge_cpt.import_model")  # the model stage
+
+
+def test_the_serialisation_is_the_same_on_other_pythons():
+    """The GPU image runs Python 3.12, the CPU images and the host 3.11: one version for both."""
+    others = [p for p in Path.home().glob(".pyenv/versions/3.1[0-3]*/bin/python3") if p.exists()]
+    if not others:
+        pytest.skip("no other CPython installed here")
+    src = (ROOT / "services" / "cpt" / "dilforge_cpt" / "stage.py").read_text()
+    here = stages.canonical_source(src)
+    code = "import sys; sys.path.insert(0, sys.argv[1]); from dilforge_shared.stages import canonical_source; "
+    code += "print(canonical_source(open(sys.argv[2]).read()))"
+    for python in others:
+        out = subprocess.run(
+            [str(python), "-c", code, str(ROOT / "shared"), str(ROOT / "services/cpt/dilforge_cpt/stage.py")],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+        ).stdout.strip()
+        assert out == here, python
+    assert sys.version_info[:2] >= (3, 10)
