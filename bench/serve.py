@@ -254,9 +254,11 @@ def main(argv: list[str] | None = None) -> int:
         for c in args.concurrency:
             s, g = rounds[c], baseline[c]
             batched = f"{g['batched']['tokens'] / g['batched']['wall_s']:.1f}" if "batched" in g else "—"
+            # a model that answers nothing (az-tiny) generates zero tokens: no ratio, not a crash
+            ratio = f"{s['tokens_per_s'] / g['tokens_per_s']:.2f}x" if g["tokens_per_s"] else "n/a (0 tokens)"
             print(
                 f"| {label} | {c} | {s['ttft_s']:.3f} | {g['ttft_s']:.3f} | {s['tokens_per_s']:.1f} | "
-                f"{g['tokens_per_s']:.1f} | {s['tokens_per_s'] / g['tokens_per_s']:.2f}x | {batched} | "
+                f"{g['tokens_per_s']:.1f} | {ratio} | {batched} | "
                 f"{sum(a == b for a, b in zip(s['answers'], g['answers'], strict=False))}/{c} |"
             )
     print(f"\nanswer to {PROMPTS[0]!r}: {served['server'][1]['answers'][0]!r}")

@@ -8,8 +8,9 @@ import argparse
 import sys
 from pathlib import Path
 
+from dilforge_shared.stages import IMAGES
+
 ROOT = Path(__file__).resolve().parent.parent
-STAGES = ("tokenizer", "cpt", "sft", "eval")
 SERVE = "serve"  # the serving image: SageMaker runs `IMAGE serve` (port 8080), the entrypoint execs the `serve` script
 
 
@@ -32,7 +33,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--check", action="store_true", help="exit 1 when a Dockerfile is out of date, write nothing")
     check = parser.parse_args(argv).check
     stale = []
-    for stage in (*STAGES, SERVE):
+    for stage in (*IMAGES, SERVE):
         path = ROOT / "services" / stage / "Dockerfile"
         text = render(stage)
         if check:

@@ -362,16 +362,27 @@ def push_cmd(
     ] = None,
     region: Annotated[str | None, typer.Option("--region", help="AWS region (overrides the config).")] = None,
     prefix: Annotated[str, typer.Option("--repository-prefix", help="ECR repositories <prefix>-<stage>.")] = "dilforge",
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print each local image and its ECR target; contact nothing.")
+    ] = False,
 ) -> None:
     """Push images to ECR (creating repositories) and record their digests for --backend sagemaker."""
-    import boto3
-
     if config is not None:
         from dilforge_shared.configs import load_yaml
 
         section = load_yaml(config).get("sagemaker") or {}
         region = region or section.get("region")
         prefix = section.get("repository_prefix", prefix)
+    if dry_run:
+        chosen_tag = tag or default_tag(gpu)
+        for name in _stages(stage):
+            typer.echo(
+                f"dilforge-{name}:{chosen_tag} → <account>.dkr.ecr.{region or '<region>'}.amazonaws.com/"
+                f"{prefix}-{name}:{chosen_tag} (dry run: nothing pushed, no AWS call)"
+            )
+        return
+    import boto3
+
     ecr = boto3.client("ecr", region_name=region)
     logged_in: set[str] = set()
     for name in _stages(stage):

@@ -57,6 +57,8 @@ class Family:
     pad: padding for batches (never trained on).
     extra_stops: other tokens the family's own instruct models stop on (Llama 3: `<|eom_id|>`, the end of a
     tool-call message), listed in generation_config.json between eot and doc_end when the vocabulary has them.
+    turn_starts: tokens that begin a document or a turn; the server also stops on them (an answer is over when
+    the model starts another turn), not the published folders.
     """
 
     name: str
@@ -67,6 +69,7 @@ class Family:
     chat_template: str
     markers: tuple[str, ...]  # tokens whose presence identifies the family
     extra_stops: tuple[str, ...] = ()
+    turn_starts: tuple[str, ...] = ()
 
     @property
     def specials(self) -> list[str]:
@@ -106,6 +109,7 @@ LLAMA3 = Family(
     chat_template=LLAMA3_CHAT_TEMPLATE,
     markers=("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"),
     extra_stops=("<|eom_id|>",),
+    turn_starts=("<|begin_of_text|>", "<|start_header_id|>"),
 )
 CHATML = Family(
     name="chatml",
@@ -115,6 +119,7 @@ CHATML = Family(
     pad="<|endoftext|>",
     chat_template=CHATML_CHAT_TEMPLATE,
     markers=("<|im_start|>", "<|im_end|>", "<|endoftext|>"),
+    turn_starts=("<|im_start|>",),
 )
 FAMILIES: dict[str, Family] = {f.name: f for f in (LLAMA3, CHATML)}
 

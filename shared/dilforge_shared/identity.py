@@ -19,7 +19,7 @@ from .configs.base import StageConfig
 from .configs.model import ModelConfig
 from .corpus import data_digest
 from .errors import ConfigError, InputError, ManifestNotFound
-from .manifest import InputRef, Manifest, fingerprint, legacy_fingerprint, scan_files, sha256_file
+from .manifest import InputRef, Manifest, artifact_ref, fingerprint, legacy_fingerprint, scan_files, sha256_file
 from .paths import check_links
 from .recipes import RECIPES, source_kind
 from .store import S3Storage, read_manifest
@@ -40,7 +40,7 @@ def source_ref(uri: str, name: str, endpoint_url: str | None = None) -> InputRef
     if urlparse(uri).scheme != "s3" and local_path(uri).is_file():
         return InputRef(name=name, kind="data", uri=uri, sha256=sha256_file(local_path(uri)))
     try:
-        return InputRef(name=name, kind="manifest", uri=uri, sha256=read_manifest(uri, endpoint_url)[1])
+        return artifact_ref(name, uri, read_manifest(uri, endpoint_url)[0])
     except ManifestNotFound:
         pass
     return InputRef(name=name, kind="data", uri=uri, sha256=model_digest(uri, endpoint_url))
@@ -70,11 +70,8 @@ def config_refs(config: StageConfig, endpoint_url: str | None = None) -> list[In
 
 
 def upstream_refs(inputs: dict[str, str], endpoint_url: str | None = None) -> list[InputRef]:
-    """Upstream artifacts by the sha256 of their manifest bytes."""
-    return [
-        InputRef(name=name, kind="manifest", uri=uri, sha256=read_manifest(uri, endpoint_url)[1])
-        for name, uri in sorted(inputs.items())
-    ]
+    """Upstream artifacts by their artifact ids (`manifest.artifact_ref`)."""
+    return [artifact_ref(name, uri, read_manifest(uri, endpoint_url)[0]) for name, uri in sorted(inputs.items())]
 
 
 def stage_refs(config: StageConfig, inputs: dict[str, str], endpoint_url: str | None = None) -> list[InputRef]:

@@ -66,7 +66,10 @@ class InputRef(BaseModel):
     name: str = Field(description="Role of the input, e.g. 'tokenizer', 'model', or 'data:<uri>'.")
     kind: Literal["manifest", "data"] = Field(description="An upstream artifact manifest, or a raw data file.")
     uri: str = Field(description="Where the input was read from.")
-    sha256: str = Field(description="sha256 of the manifest bytes (or data file); S3 data may use 'etag:<etag>'.")
+    sha256: str = Field(
+        description="An upstream artifact: 'artifact:<artifact id>' (manifests before schema 1.3: sha256 of the "
+        "manifest bytes); data: sha256 of the content (S3 data may use 'etag:<etag>')."
+    )
 
 
 class FileEntry(BaseModel):
@@ -207,6 +210,15 @@ def current_producer(package: str) -> Producer:
 
 def canonical_json(obj: Any) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str).encode()
+
+
+def artifact_ref(name: str, uri: str, manifest: Manifest) -> InputRef:
+    """An upstream artifact as lineage and identity record it: by its artifact id, itself a digest of what made it
+    (stage, code version, identity config, inputs). Never by its manifest's bytes, which also record where it was
+    stored and when: those differ between a local, a compose and a SageMaker run (and after a resume in a fresh
+    store), and so would every downstream id. Nor by its files' digests: CPT's and SFT's files carry run metrics
+    (throughput, times) that differ on every run."""
+    return InputRef(name=name, kind="manifest", uri=uri, sha256=f"artifact:{manifest.artifact_id}")
 
 
 def input_key(ref: InputRef) -> list[str]:

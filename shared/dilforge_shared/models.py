@@ -20,7 +20,7 @@ from urllib.parse import urlparse
 
 from .errors import ConfigError, ManifestNotFound
 from .identity import local_path, model_ref_name, source_ref
-from .manifest import InputRef, Manifest
+from .manifest import InputRef, Manifest, artifact_ref
 from .recipes import cache_root
 from .store import Artifact, NotFound, fetch, mirror_prefix
 
@@ -137,8 +137,8 @@ class ModelSource:
     @cached_property
     def ref(self) -> InputRef:
         """The same ref the coordinator fingerprints (computed only when asked: a folder digest reads every file)."""
-        if self.manifest_sha256 is not None:
-            return InputRef(name=self.name, kind="manifest", uri=self.uri, sha256=self.manifest_sha256)
+        if self.manifest is not None:
+            return artifact_ref(self.name, self.uri, self.manifest)
         return source_ref(self.uri, self.name, self.endpoint_url)
 
 

@@ -126,17 +126,23 @@ def interpolation_variables(extra: dict[str, str] | None = None) -> dict[str, st
     return found
 
 
+def is_key_id_name(name: str) -> bool:
+    """An access key's public half (AWS_ACCESS_KEY_ID, DILFORGE_S3_ACCESS_KEY_ID): it names the key, it is no
+    secret (AWS prints it in CloudTrail and the console), so logs keep it; the secret access key is masked."""
+    return name.upper().endswith("KEY_ID")
+
+
 def secret_values() -> list[str]:
-    """Values of every credential-looking variable (ours and AWS's), to mask in logs and refuse in configs."""
+    """Values of every credential variable (ours and AWS's) but the key ids, to mask in logs. Masking a public
+    value would garble every line holding it: the compose stack's key id is `dilforge`, the project's name."""
     values = []
     for name, value in os.environ.items():
         # 8+ characters: a short value ("user", "tty") would garble every log line it appears in
-        if is_secret_name(name) and not name.startswith("XDG_") and len(value) >= 8:
+        if is_secret_name(name) and not is_key_id_name(name) and not name.startswith("XDG_") and len(value) >= 8:
             values.append(value)
-    s = settings()
-    for secret in (s.s3_access_key_id, s.s3_secret_access_key):
-        if secret is not None and len(secret.get_secret_value()) >= 8:
-            values.append(secret.get_secret_value())
+    secret = settings().s3_secret_access_key
+    if secret is not None and len(secret.get_secret_value()) >= 8:
+        values.append(secret.get_secret_value())
     return sorted(set(values), key=len, reverse=True)
 
 

@@ -249,7 +249,8 @@ def test_an_s3_artifact_resolves_and_gets_a_served_folder(sft_artifact, s3_bucke
     own = render(messages=[{"role": "system", "content": "Qısa."}, *user], bos_token="", add_generation_prompt=True)
     assert "Qısa." in own and az_tiny_sft("system_prompt") not in own
     gen = json.loads((folder / "generation_config.json").read_text())
-    assert len(gen["eos_token_id"]) == 3  # <|eot_id|>, <|eom_id|>, <|end_of_text|>
+    # the family's stops (<|eot_id|>, <|eom_id|>, <|end_of_text|>) and, served, its turn starts
+    assert len(gen["eos_token_id"]) == 5
 
 
 def test_base_plus_adapter_is_merged_at_start_like_the_published_merge(sft_artifact, tmp_path):

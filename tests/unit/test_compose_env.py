@@ -33,3 +33,17 @@ def test_user_store_keys_win_over_the_compose_identity(monkeypatch, tmp_path):
         PipelineConfig.model_validate({"run_id": "r", "store": {"uri": "s3://b/s", "s3_endpoint_url": "http://o:1"}})
     )
     assert endpoint_keys("http://127.0.0.1:18334")["aws_access_key_id"] == "user-key-id"
+
+
+def test_the_image_tag_of_a_run_never_moves_the_s3_server():
+    """DILFORGE_IMAGE_TAG (the compose backend sets it per run) names the stage images only: the S3 service's
+    image is tagged by its own variable, so an unknown tag cannot rebuild or recreate a running S3."""
+    from pathlib import Path
+
+    import yaml
+
+    compose = yaml.safe_load((Path(__file__).resolve().parents[2] / "compose.yaml").read_text())
+    assert "DILFORGE_IMAGE_TAG" not in compose["services"]["s3"]["image"]
+    assert compose["services"]["s3"]["image"] == "dilforge-s3:${DILFORGE_S3_IMAGE_TAG:-dev}"
+    stages = [name for name, svc in compose["services"].items() if "stages" in svc.get("profiles", [])]
+    assert stages and all("DILFORGE_IMAGE_TAG" in compose["services"][s]["image"] for s in stages)

@@ -197,3 +197,16 @@ def test_one_git_sha_for_manifests_and_image_tags(monkeypatch, tmp_path):
     monkeypatch.setenv("DILFORGE_GIT_SHA", "0123456789abcdef0123")  # what an image sets at build time
     assert current_producer("dilforge-test").git_sha == "0123456789abcdef0123"
     assert images.default_tag(gpu=True) == f"{images.version()}-0123456789ab-gpu"
+
+
+def test_push_dry_run_names_every_target_and_contacts_nothing(monkeypatch):
+    from dilforge_coordinator.cli import app
+    from typer.testing import CliRunner
+
+    monkeypatch.setattr(boto3, "client", lambda *a, **k: pytest.fail("the dry run called AWS"))
+    result = CliRunner().invoke(
+        app, ["images", "push", "--dry-run", "--tag", "t1", "--region", "eu-west-1", "-s", "cpt", "-s", "eval"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "dilforge-cpt:t1 → <account>.dkr.ecr.eu-west-1.amazonaws.com/dilforge-cpt:t1" in result.output
+    assert "dilforge-eval:t1" in result.output and "dilforge-sft" not in result.output

@@ -101,7 +101,7 @@ def test_source_ref_digests_artifacts_files_and_folders(tmp_path, monkeypatch):
     ]
     art = fetch(uri)
     ref = source_ref(uri, "model:y")
-    assert (ref.kind, ref.sha256) == ("manifest", art.manifest_sha256)
+    assert (ref.kind, ref.sha256) == ("manifest", f"artifact:{art.manifest.artifact_id}")
     with pytest.raises(ConfigError, match="no such model folder"):
         source_ref(str(tmp_path / "missing"), "m")
 

@@ -432,7 +432,21 @@ def test_credentials_are_masked_in_every_log_line(monkeypatch, caplog):
         None,
     )
     handler.filter(record)
-    assert record.getMessage() == "Authorization: Credential=***/2026 sig=***"
+    assert record.getMessage() == "Authorization: Credential=AKIAEXAMPLEKEYID/2026 sig=***"  # the key id is public
+
+
+def test_the_local_stacks_keys_mask_the_secret_and_never_the_projects_name(monkeypatch):
+    """compose.yaml's identity: key id `dilforge` (the project's name, public), secret `dilforge-local-only`.
+    Logs keep every s3://dilforge/... and dilforge_cpt, and still never show the secret."""
+    from dilforge_shared.settings import mask
+
+    for prefix in ("AWS", "DILFORGE_S3"):
+        monkeypatch.setenv(f"{prefix}_ACCESS_KEY_ID", "dilforge")
+        monkeypatch.setenv(f"{prefix}_SECRET_ACCESS_KEY", "dilforge-local-only")
+    line = "s3://dilforge/store/artifacts -m dilforge_cpt key dilforge secret dilforge-local-only"
+    assert mask(line) == "s3://dilforge/store/artifacts -m dilforge_cpt key dilforge secret ***"
+    monkeypatch.setenv("AWS_SESSION_TOKEN", "FwoGZXIvYXdzEXAMPLETOKEN")
+    assert mask("token FwoGZXIvYXdzEXAMPLETOKEN") == "token ***"
 
 
 @pytest.mark.parametrize("case", ["not_utf8", "store_under_file", "no_stages", "missing_config"])

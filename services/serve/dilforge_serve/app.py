@@ -25,7 +25,8 @@ log = logging.getLogger("dilforge.serve")
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 GUARDED = (CHAT, COMPLETIONS)
 ROLES = ("system", "user", "assistant", "tool", "developer")
-DEFAULT_MAX_TOKENS = 1024  # transformers serve's own default when a request names none
+TEST_SIZED_PARAMS = 10_000_000  # below this a served model is a test fixture, not an assistant
+DEFAULT_MAX_TOKENS = 256  # a request that names no max_tokens (transformers serve would take 1024)
 
 
 @dataclass
@@ -244,4 +245,12 @@ async def respond(send, status: int, body: bytes) -> None:
 def build_app(model_id: str, options: ServerOptions):
     """The guarded app for a served folder named `model_id` in the working directory."""
     app, model, tokenizer = build_transformers_app(model_id, options)
+    num_params = sum(p.numel() for p in model.parameters())
+    if num_params < TEST_SIZED_PARAMS:
+        log.warning(
+            "%s has %s parameters: a test-sized model (az-tiny); expect empty or meaningless answers "
+            "(configs/az-small.yaml serves real ones)",
+            model_id,
+            f"{num_params:,}",
+        )
     return RequestGuard(app, model_id, tokenizer, context_length(model))

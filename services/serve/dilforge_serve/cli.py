@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -60,7 +62,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--workdir",
         default=env.serve_workdir,
-        help="where the served folder is built (default: a fresh temporary folder)",
+        help="folder in which a private, fresh subfolder holds the served folder (default: the system temp folder); "
+        "nothing else in it is touched, and the subfolder is removed when the server stops",
     )
     p.add_argument("--s3-endpoint-url", default=env.s3_endpoint_url)
     p.add_argument("--log-level", default="info")
@@ -70,34 +73,51 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(args)
 
 
+def stop_on_sigterm(signum, frame):
+    raise SystemExit(128 + signum)  # unwinds through main's finally: the served folder is removed
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        spec = resolve_served_model(
-            args.model,
-            endpoint_url=args.s3_endpoint_url,
-            base=args.base,
-            model_id=args.model_id,
-            system_prompt=args.system_prompt,
-            prefer_merged=not args.adapter,
-        )
-        root = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="dilforge-serve-"))
-        prepare(spec, root)
-    except DilforgeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    # SIGTERM before uvicorn runs (while the model loads) ends like Ctrl-C; uvicorn installs its own while serving
+    signal.signal(signal.SIGTERM, stop_on_sigterm)
+    if args.workdir and not Path(args.workdir).is_dir():
+        print(f"error: --workdir {args.workdir}: no such folder", file=sys.stderr)
         return 1
-    os.chdir(root)  # transformers serve is pinned to the folder named by the model id, relative to here
-    import uvicorn
+    # a private folder of our own: never a path the user named (their model may live there), always removed
+    root = Path(tempfile.mkdtemp(prefix="dilforge-serve-", dir=args.workdir or None))
+    try:
+        try:
+            spec = resolve_served_model(
+                args.model,
+                endpoint_url=args.s3_endpoint_url,
+                base=args.base,
+                model_id=args.model_id,
+                system_prompt=args.system_prompt,
+                prefer_merged=not args.adapter,
+            )
+            prepare(spec, root)
+        except DilforgeError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        os.chdir(root)  # transformers serve is pinned to the folder named by the model id, relative to here
+        import uvicorn
 
-    app = build_app(
-        spec.model_id, ServerOptions(device=args.device, dtype=args.dtype, continuous_batching=args.continuous_batching)
-    )
-    shown = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
-    print(
-        f"serving {spec.description}\n  model id: {spec.model_id}\n  OpenAI base URL: http://{shown}:{args.port}/v1"
-        f"\n  SageMaker: GET /ping, POST /invocations",
-        flush=True,
-    )
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
-    return 0
+        app = build_app(
+            spec.model_id,
+            ServerOptions(device=args.device, dtype=args.dtype, continuous_batching=args.continuous_batching),
+        )
+        shown = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
+        print(
+            f"serving {spec.description}\n  model id: {spec.model_id}\n  OpenAI base URL: http://{shown}:{args.port}/v1"
+            f"\n  SageMaker: GET /ping, POST /invocations",
+            flush=True,
+        )
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+        return 0
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        os.chdir(tempfile.gettempdir())
+        shutil.rmtree(root, ignore_errors=True)

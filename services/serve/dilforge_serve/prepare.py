@@ -15,7 +15,13 @@ import os
 import shutil
 from pathlib import Path
 
-from dilforge_shared.families import CHAT_TEMPLATE_FILE, describe_model_folder
+from dilforge_shared.errors import DilforgeError
+from dilforge_shared.families import (
+    CHAT_TEMPLATE_FILE,
+    GENERATION_CONFIG_FILE,
+    describe_model_folder,
+    special_token_ids,
+)
 from dilforge_shared.serving import ServedModel, chat_template_of, serving_template
 
 log = logging.getLogger("dilforge.serve")
@@ -47,12 +53,30 @@ def link_model_files(src: Path, out: Path) -> None:
             shutil.copyfile(path, out / path.name)
 
 
+def stop_at_turn_starts(folder: Path, family) -> list[int]:
+    """Add the family's turn-start tokens (Llama 3 `<|begin_of_text|>`, `<|start_header_id|>`; ChatML
+    `<|im_start|>`) to the served folder's generation stops: a model that emits one mid-answer has ended its
+    answer, and without this a small model (az-tiny's) generates them, invisible, until max_tokens. Only the
+    served copy changes; the artifact keeps its family's stops. Returns the stop ids."""
+    tokens = special_token_ids(folder / "tokenizer.json")
+    path = folder / GENERATION_CONFIG_FILE
+    gen = json.loads(path.read_text(encoding="utf-8"))
+    eos = gen.get("eos_token_id")
+    stops = list(eos) if isinstance(eos, list) else [eos] if eos is not None else []
+    stops += [tokens[t] for t in family.turn_starts if t in tokens and tokens[t] not in stops]
+    gen["eos_token_id"] = stops
+    path.write_text(json.dumps(gen, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return stops
+
+
 def prepare(spec: ServedModel, root: Path) -> Path:
-    """Build `root/<model id>/` for `spec`; returns it. Rebuilt on every start (cheap: links and JSON)."""
+    """Build `root/<model id>/` for `spec` in the server's own fresh folder `root`; returns it. Built on every
+    start (cheap: links and JSON); an existing folder is never removed or written into (it is not ours)."""
     out = root / spec.model_id
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
+    try:
+        out.mkdir(parents=True)
+    except FileExistsError:
+        raise DilforgeError(f"{out} exists; the served folder is built only in a fresh folder") from None
     if spec.adapter_dir is not None:
         log.info("merging adapter %s into %s", spec.adapter_dir, spec.base_dir)
         merge_adapter(spec.base_dir, spec.adapter_dir, out)
@@ -68,6 +92,7 @@ def prepare(spec: ServedModel, root: Path) -> Path:
         if tok_config.pop("chat_template", None) is not None:
             tok_config_path.write_text(json.dumps(tok_config, indent=2), encoding="utf-8")
     family, ids = describe_model_folder(out)  # also for models published before they carried their stops
+    stops = stop_at_turn_starts(out, family)
     template = template or chat_template_of(out) or family.chat_template
     (out / CHAT_TEMPLATE_FILE).write_text(serving_template(template, spec.system_prompt), encoding="utf-8")
     log.info(
@@ -76,7 +101,7 @@ def prepare(spec: ServedModel, root: Path) -> Path:
         spec.model_id,
         out,
         family.name,
-        ids["eos_token_id"],
+        stops,
         "yes" if spec.system_prompt else "none",
     )
     return out

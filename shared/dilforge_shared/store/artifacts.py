@@ -10,7 +10,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ArtifactExistsError, DilforgeError, IntegrityError, ManifestNotFound
-from ..manifest import MANIFEST_NAME, InputRef, Manifest, parse_manifest, scan_files, sha256_bytes, sha256_file
+from ..manifest import (
+    MANIFEST_NAME,
+    InputRef,
+    Manifest,
+    artifact_ref,
+    parse_manifest,
+    scan_files,
+    sha256_bytes,
+    sha256_file,
+)
 from ..paths import check_name, check_relative_path, confined
 from ..settings import settings
 from .backends import NotFound, Storage, open_backend, read_uri_bytes
@@ -34,7 +43,7 @@ class Artifact:
     path: Path
 
     def ref(self, name: str) -> InputRef:
-        return InputRef(name=name, kind="manifest", uri=self.uri, sha256=self.manifest_sha256)
+        return artifact_ref(name, self.uri, self.manifest)
 
 
 class ArtifactStore:
