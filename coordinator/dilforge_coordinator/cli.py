@@ -24,7 +24,7 @@ from .common import USER_ERRORS, _prepared_backend, _setup_logging, fail, one_li
 from .deploy import deploy_cmd
 from .images import images_app
 from .models_cmd import models_app
-from .serve_cmd import serve_cmd
+from .serve_cmd import export_cmd, serve_cmd
 
 
 class StopRequested(KeyboardInterrupt):
@@ -70,6 +70,7 @@ app.add_typer(images_app, name="images")
 app.add_typer(models_app, name="models")
 app.command("chat")(chat_cmd)
 app.command("serve")(serve_cmd)
+app.command("export")(export_cmd)
 app.command("deploy")(deploy_cmd)
 
 ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="Pipeline YAML (see configs/).", exists=False)]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -39,20 +40,26 @@ def is_gpu_instance(instance_type: str) -> bool:
 
 
 def endpoint_name(pipeline: PipelineConfig) -> str:
+    """A valid SageMaker endpoint name (1-63 letters, digits and inner hyphens), unique per run by construction:
+    a name that had to change (other characters, over 63) carries 8 hex digits of the name it came from, so
+    `az.v1` and `az_v1` never share an endpoint (a deploy would update, and --delete remove, the other's)."""
     cfg = pipeline.sagemaker
-    name = cfg.endpoint.name or f"{cfg.job_name_prefix}-{pipeline.run_id}"
-    return "".join(c if c.isalnum() else "-" for c in name).strip("-")[:63]
+    raw = cfg.endpoint.name or f"{cfg.job_name_prefix}-{pipeline.run_id}"
+    clean = re.sub(r"[^A-Za-z0-9]+", "-", raw).strip("-")
+    if clean == raw and len(clean) <= 63:
+        return clean
+    return f"{clean[:54].rstrip('-')}-{hashlib.sha256(raw.encode()).hexdigest()[:8]}"
 
 
 def serve_image(cfg: SageMakerConfig, dry_run: bool) -> str:
     """The serve image by digest: the config's, else the one `coordinator images push --stage serve` recorded."""
-    from .images import default_tag, pushed_image
+    from .images import pushed_image
 
     gpu = is_gpu_instance(cfg.endpoint.instance_type)
     if image := cfg.endpoint.image or pushed_image("serve", gpu=gpu):
         return image
-    if dry_run:
-        return f"{cfg.registry}/{cfg.repository_prefix}-serve:{default_tag(gpu=gpu)}"
+    if dry_run:  # no push record yet: the digest the real deploy would cite comes from `images push`
+        return f"{cfg.registry}/{cfg.repository_prefix}-serve@sha256:<digest recorded by: coordinator images push --stage serve>"
     raise ConfigError(
         "no serve image: run `coordinator images build --stage serve` and `coordinator images push "
         "--stage serve`, or set sagemaker.endpoint.image (repo@sha256:digest)"

@@ -124,3 +124,50 @@ def serve_cmd(
     sys.stdout.flush()
     sys.stderr.flush()
     os.execv(sys.executable, cmd)
+
+
+def export_cmd(
+    artifact: Annotated[
+        str | None, typer.Argument(help="CPT or SFT artifact URI (store folder or s3://); or use --run.")
+    ] = None,
+    out: Annotated[str, typer.Option("--out", help="Folder for <model id>-<quant>.gguf and its Modelfile.")] = "",
+    fmt: Annotated[str, typer.Option("--format", help="gguf (llama.cpp, Ollama, LM Studio).")] = "gguf",
+    quant: Annotated[str, typer.Option("--quant", help="f16, q8_0 or q4_k_m.")] = "q8_0",
+    run: Annotated[str | None, typer.Option("--run", help="Export this run's artifact (its run record).")] = None,
+    stage: Annotated[str, typer.Option("--stage", help="With --run: which stage's artifact.")] = "sft",
+    store: Annotated[
+        str, typer.Option("--store", envvar="DILFORGE_STORE", help="With --run: the store root URI.")
+    ] = ".dilforge/store",
+    base_tokenizer: Annotated[
+        str | None, typer.Option("--base-tokenizer", help="The base model's tokenizer folder (default: lineage).")
+    ] = None,
+    system_prompt: Annotated[
+        str | None, typer.Option("--system-prompt", help="Default system message; default the SFT config's.")
+    ] = None,
+    endpoint: Annotated[
+        str | None, typer.Option("--s3-endpoint-url", envvar="DILFORGE_S3_ENDPOINT_URL", help="S3-compatible endpoint.")
+    ] = None,
+) -> None:
+    """Export a CPT or SFT artifact as a GGUF for llama.cpp / Ollama (services/serve: dilforge_serve.export)."""
+    if (artifact is None) == (run is None):
+        raise typer.BadParameter("give an artifact URI or --run RUN_ID (not both)")
+    if not out:
+        raise typer.BadParameter("--out DIR is required")
+    if fmt != "gguf":
+        raise typer.BadParameter(f"--format {fmt!r}: only gguf is supported")
+    if artifact is None:
+        artifact = run_artifact(run, store, stage, endpoint)
+    if importlib.util.find_spec("dilforge_serve") is None:
+        typer.echo("error: export needs the serve service: pip install -e services/serve", err=True)
+        raise typer.Exit(1)
+    cmd = [sys.executable, "-m", "dilforge_serve.export", artifact, "--out", out, "--quant", quant]
+    for flag, value in (
+        ("--base-tokenizer", base_tokenizer),
+        ("--system-prompt", system_prompt),
+        ("--s3-endpoint-url", endpoint),
+    ):
+        if value is not None:
+            cmd += [flag, value]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, cmd)

@@ -254,6 +254,7 @@ def test_two_process_sigterm_checkpoints_through_the_stop_file_then_resumes(
     assert "asked the workers to checkpoint and exit" in text
     assert f"stopped by SIGTERM at step {stopped_at}" in text
     assert "sending SIGTERM to torchrun" not in text
+    assert "ChildFailedError" not in text and "Traceback" not in text  # one clean line, no torchrun noise
     assert not list((tmp_path / "work").glob("cpt-*/output/cpt-stop"))
     ref = two_process_run.manifest.metrics
     assert m["world_size"] == 2

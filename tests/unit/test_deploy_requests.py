@@ -119,3 +119,22 @@ def test_create_then_update_then_nothing_then_delete_against_moto(no_aws, monkey
         assert [op for op, _ in deleted] == ["DeleteEndpoint", "DeleteEndpointConfig", "DeleteModel"]
         assert d.describe_endpoint(first.endpoint) is None
         assert d.delete(first.endpoint) == [] and "nothing to delete" in lines[-1]
+
+
+@pytest.mark.parametrize(
+    ("run_ids", "same"),
+    [(("az.v1", "az_v1"), False), (("az-v1", "az.v1"), False), (("x" * 56, "x" * 57), False), (("az-v1",) * 2, True)],
+)
+def test_endpoint_names_are_valid_and_unique_per_run(no_aws, run_ids, same):
+    names = [deploy.endpoint_name(load_pipeline(PRESET, overrides={"run_id": r})) for r in run_ids]
+    assert all(NAME.fullmatch(n) and len(n) <= 63 for n in names), names
+    assert (names[0] == names[1]) is same, names
+    assert deploy.endpoint_name(load_pipeline(PRESET, overrides={"run_id": "az-v1"})) == "dilforge-az-v1"
+
+
+def test_dry_run_without_a_push_record_cites_the_image_by_digest(no_aws):
+    cfg = load_pipeline(PRESET).sagemaker
+    image = deploy.serve_image(
+        cfg.model_copy(update={"endpoint": cfg.endpoint.model_copy(update={"image": None})}), True
+    )
+    assert "@sha256:" in image and "coordinator images push --stage serve" in image

@@ -186,7 +186,7 @@ class ChangingBackend(InProcessBackend):
 def test_a_corpus_changed_between_planning_and_the_stage_fails_the_stage_and_publishes_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("DILFORGE_VAR_CORPUS_DIR", str(tmp_path))
     cfg = load_pipeline(write_config(tmp_path))
-    with pytest.raises(pl.StageFailed, match=r"give artifact id \w+, not the planned \w+: data or an upstream"):
+    with pytest.raises(pl.StageFailed, match=r"give artifact id \w+, not the planned \w+: data, an upstream"):
         pl.run_all(cfg, ChangingBackend(tmp_path, monkeypatch))
     assert not list((tmp_path / "store").glob("artifacts/**/manifest.json"))
 

@@ -260,3 +260,20 @@ def test_checkpoint_metadata_pickled_by_the_images_python_is_read_and_nothing_el
     (tmp_path / ".metadata").write_bytes(dump(meta, escape))
     with pytest.raises(pickle.UnpicklingError, match="getattr"):
         _safe_reader(tmp_path).read_metadata()
+
+
+def test_only_the_containers_a_job_left_are_removed(tmp_path):
+    """The SDK's `docker compose up` leaves one exited container per host: after the job those that appeared
+    while it ran are removed, never an older one (another run's, kept for inspection)."""
+    calls, listings = [], [["old1", "old2"], ["old1", "old2", "algo1", "algo2"]]
+
+    def run(cmd, **kwargs):
+        calls.append(cmd)
+        out = " ".join(listings.pop(0)) if cmd[1] == "ps" else ""
+        return subprocess.CompletedProcess(cmd, 0, stdout=out, stderr="")
+
+    backend = SageMakerLocalBackend(workdir=tmp_path, tag="dev", docker="docker", run=run)
+    before = backend.job_containers("dilforge-cpt:dev")
+    backend.remove_containers(backend.job_containers("dilforge-cpt:dev") - before)
+    assert calls[-1] == ["docker", "rm", "algo1", "algo2"]
+    assert "ancestor=dilforge-cpt:dev" in calls[0] and "status=exited" in calls[0]

@@ -260,14 +260,42 @@ class SageMakerLocalBackend:
         session = sdk_session(offline_boto_session(self.region), offline=True)
         trainer = model_trainer(spec, session, local_root=str(root), local_channels=channels)
         print(f"[{job.stage}] SageMaker local mode: {spec.num_instances} x {spec.image} in {root}", flush=True)
+        before = self.job_containers(spec.image)
         try:
             trainer.train(wait=True, logs=True)
         except (RuntimeError, subprocess.CalledProcessError) as exc:
             raise StageFailed(
                 job.stage, self.failure_reason(root, spec.num_instances) or f"local job failed: {exc}"
             ) from None
+        finally:
+            self.remove_containers(self.job_containers(spec.image) - before)
         if not self.keep:
             shutil.rmtree(root, ignore_errors=True)
+
+    def job_containers(self, image: str) -> set[str]:
+        """Stopped containers of `image` (the SDK's `docker compose up` leaves one per host and job)."""
+        ps = self.run_cmd(
+            [
+                self.docker,
+                "ps",
+                "-a",
+                "--filter",
+                f"ancestor={image}",
+                "--filter",
+                "status=exited",
+                "--format",
+                "{{.ID}}",
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        return set(ps.stdout.split()) if ps.returncode == 0 else set()
+
+    def remove_containers(self, ids: set[str]) -> None:
+        """Remove the containers this job left (only those that appeared while it ran); logs are already shown."""
+        if ids and not self.keep:
+            self.run_cmd([self.docker, "rm", *sorted(ids)], capture_output=True, text=True, check=False)
 
     @staticmethod
     def failure_reason(root: Path, num_hosts: int) -> str | None:

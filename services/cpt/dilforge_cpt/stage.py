@@ -92,8 +92,18 @@ def run(config: CptConfig, ctx: StageContext) -> StageResult:
 
 
 def worker(config: CptConfig, ctx: StageContext) -> StageResult:
-    """`worker`: one torchrun process. Global rank 0 leaves the metrics for the launcher."""
-    metrics = train(config, ctx)
+    """`worker`: one torchrun process. Global rank 0 leaves the metrics for the launcher. Stopped through the
+    launcher's stop file, a worker checkpoints and exits 0 after rank 0 wrote the stop's one line where the
+    launcher reads it: torchrun sees no failed child (so prints no ChildFailedError traceback) and the launcher
+    reports the stop itself."""
+    try:
+        metrics = train(config, ctx)
+    except Terminated as exc:
+        if not stop_file(ctx).exists():
+            raise
+        if int(os.environ.get("RANK", "0")) == 0:
+            ctx.opt.failure_file.write_text(str(exc))
+        return StageResult(metrics={})
     if int(os.environ.get("RANK", "0")) == 0:
         tmp = ctx.opt.output_dir / f"{RESULT_FILE}.tmp"
         tmp.write_text(json.dumps(metrics))
@@ -146,6 +156,9 @@ def run_workers(plan, ctx: StageContext, grace_s: float | None = None) -> dict:
     finally:
         signal.signal(signal.SIGTERM, previous)
         stop_file(ctx).unlink(missing_ok=True)
+    if stopped_at and not result.exists():  # the workers checkpointed and exited (0) on the stop file
+        reason = ctx.opt.failure_file.read_text() if ctx.opt.failure_file.exists() else ""
+        raise Terminated(reason or "stopped by SIGTERM after checkpointing; rerun to resume")
     if rc != 0:
         reason = ctx.opt.failure_file.read_text() if ctx.opt.failure_file.exists() else ""
         if stopped_at:

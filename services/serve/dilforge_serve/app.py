@@ -15,8 +15,10 @@ chat completions route (an OpenAI chat request in, an OpenAI response or SSE str
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +26,18 @@ log = logging.getLogger("dilforge.serve")
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 GUARDED = (CHAT, COMPLETIONS)
+# every route a client may use; transformers serve's others (/load_model, /reset, /v1/responses, audio, ...) 404
+ROUTES = {("POST", CHAT), ("POST", COMPLETIONS), ("GET", "/v1/models"), ("GET", "/health"), ("GET", "/ping")}
+ROUTES |= {("POST", "/invocations")}
+MAX_BODY_BYTES = 1 << 20  # 1 MiB: far more text than any context here holds; read before anything is parsed
+MAX_STOP, MAX_STOP_CHARS = 4, 256  # OpenAI's own limit on `stop`
+SAMPLING_RANGES = {  # finite numbers in these closed ranges (OpenAI's)
+    "temperature": (0.0, 2.0),
+    "top_p": (0.0, 1.0),
+    "frequency_penalty": (-2.0, 2.0),
+    "presence_penalty": (-2.0, 2.0),
+    "repetition_penalty": (0.0, 10.0),
+}
 ROLES = ("system", "user", "assistant", "tool", "developer")
 TEST_SIZED_PARAMS = 10_000_000  # below this a served model is a test fixture, not an assistant
 DEFAULT_MAX_TOKENS = 256  # a request that names no max_tokens (transformers serve would take 1024)
@@ -77,7 +91,7 @@ class BadRequest(Exception):
         self.message, self.param, self.status, self.code = message, param, status, code
 
     def body(self) -> bytes:
-        err_type = "not_found_error" if self.status == 404 else "invalid_request_error"
+        err_type = {404: "not_found_error", 413: "request_too_large"}.get(self.status, "invalid_request_error")
         return json.dumps(
             {"error": {"message": self.message, "type": err_type, "param": self.param, "code": self.code}},
             ensure_ascii=False,
@@ -94,17 +108,21 @@ class RequestGuard:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         path, method = scope["path"], scope["method"]
-        if path == "/ping" and method == "GET":
+        if (method, path) not in ROUTES:
+            error = BadRequest(f"{method} {path} is not a route of this server", status=404, code="not_found")
+            return await respond(send, 404, error.body())
+        if path == "/ping":
             scope = {**scope, "path": "/health", "raw_path": b"/health"}
             return await self.app(scope, receive, send)
-        if path == "/invocations" and method == "POST":
+        if path == "/invocations":
             scope = {**scope, "path": CHAT, "raw_path": CHAT.encode()}
             path = CHAT
         if method != "POST" or path not in GUARDED:
             return await self.app(scope, receive, send)
-        raw = await read_body(receive)
         try:
-            body = self.check(path, raw)
+            raw = await read_body(receive, declared_length(scope), MAX_BODY_BYTES)
+            # parsing and tokenising take CPU time: off the event loop, so /ping and streams keep answering
+            body = await asyncio.to_thread(self.check, path, raw)
         except BadRequest as exc:
             log.info("rejected %s: %s %s", path, exc.status, exc.message)
             return await respond(send, exc.status, exc.body())
@@ -127,6 +145,10 @@ class RequestGuard:
             raise BadRequest(
                 f"request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
             ) from None
+        except RecursionError:
+            raise BadRequest("request body is nested too deeply") from None
+        except ValueError as exc:  # e.g. an integer of thousands of digits
+            raise BadRequest(f"request body is not valid JSON: {exc}") from None
         if not isinstance(body, dict):
             raise BadRequest("request body must be a JSON object")
         model = body.get("model")
@@ -138,6 +160,7 @@ class RequestGuard:
                 code="model_not_found",
             )
         body["model"] = self.model_id
+        self.check_parameters(body)
         prompt_tokens = self.chat_prompt_tokens(body) if path == CHAT else self.completion_prompt_tokens(body)
         if prompt_tokens >= self.context:
             raise BadRequest(
@@ -163,6 +186,63 @@ class RequestGuard:
         if body.get("max_completion_tokens") is None and body.get("max_tokens") is None:
             body["max_tokens"] = min(DEFAULT_MAX_TOKENS, room)
         return body
+
+    def check_parameters(self, body: dict) -> None:
+        """Types and ranges of the generation parameters the stock server would pass on unchecked."""
+        for key, (low, high) in SAMPLING_RANGES.items():
+            value = body.get(key)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise BadRequest(f"{key} must be a finite number, got {value!r}", param=key)
+            if not low <= value <= high:
+                raise BadRequest(f"{key} must be between {low} and {high}, got {value!r}", param=key)
+        n = body.get("n")
+        if n is not None and (isinstance(n, bool) or n != 1):
+            raise BadRequest(f"n must be 1 (this server returns one choice per request), got {n!r}", param="n")
+        stop = body.get("stop")
+        if stop is not None:
+            stops = [stop] if isinstance(stop, str) else stop
+            if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+                raise BadRequest("stop must be a string or a list of non-empty strings", param="stop")
+            if len(stops) > MAX_STOP or any(len(s) > MAX_STOP_CHARS for s in stops):
+                raise BadRequest(
+                    f"stop takes at most {MAX_STOP} strings of at most {MAX_STOP_CHARS} characters", param="stop"
+                )
+        seed = body.get("seed")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63):
+            raise BadRequest(f"seed must be an integer in [0, 2^63), got {seed!r}", param="seed")
+        bias = body.get("logit_bias")
+        if bias is not None:
+            if not isinstance(bias, dict):
+                raise BadRequest("logit_bias must be an object of token id -> bias", param="logit_bias")
+            vocab = len(self.tokenizer)
+            for key, value in bias.items():
+                if not (isinstance(key, str) and key.isdigit() and int(key) < vocab):
+                    raise BadRequest(
+                        f"logit_bias: {key!r} is not a token id of this model (0..{vocab - 1})", param="logit_bias"
+                    )
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or not -100 <= value <= 100:
+                    raise BadRequest(f"logit_bias[{key}] must be a number in [-100, 100]", param="logit_bias")
+
+    def refuse_control_tokens(self, text: str, param: str) -> None:
+        """User text may not contain the chat template's control tokens: rendered, `<|eot_id|><|start_header_id|>
+        system...` would be a forged turn. Refused (400 naming the token), never silently rewritten. Text that is
+        not encodable (a lone surrogate from a `\\ud800` escape) is refused too."""
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise BadRequest(f"{param} holds a lone surrogate at character {exc.start}", param=param) from None
+        for token in self.control_tokens:
+            if token in text:
+                raise BadRequest(
+                    f"{param} contains the control token {token!r}, which would change the conversation's structure",
+                    param=param,
+                )
+
+    @property
+    def control_tokens(self) -> list[str]:
+        return [t for t in getattr(self.tokenizer, "all_special_tokens", []) if t.startswith("<|") and t.endswith("|>")]
 
     def chat_prompt_tokens(self, body: dict) -> int:
         messages = body.get("messages")
@@ -193,6 +273,7 @@ class RequestGuard:
                     f"messages[{i}].content must be a string, got {type(content).__name__}",
                     param=f"messages[{i}].content",
                 )
+            self.refuse_control_tokens(content, f"messages[{i}].content")
             conversation.append({"role": role, "content": content})
         ids = self.tokenizer.apply_chat_template(
             conversation, add_generation_prompt=True, tokenize=True, return_dict=False
@@ -203,16 +284,36 @@ class RequestGuard:
         prompt = body.get("prompt")
         if not isinstance(prompt, str) or not prompt:
             raise BadRequest("prompt is required: a non-empty string", param="prompt")
+        self.refuse_control_tokens(prompt, "prompt")
         return len(self.tokenizer(prompt)["input_ids"])
 
 
-async def read_body(receive) -> bytes:
-    chunks = []
+def declared_length(scope) -> int | None:
+    for key, value in scope["headers"]:
+        if key.lower() == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                raise BadRequest("Content-Length is not a number") from None
+    return None
+
+
+async def read_body(receive, declared: int | None, limit: int) -> bytes:
+    """The body, refused (413) as soon as it is known to exceed `limit`: by its Content-Length before any of it
+    is read, or, chunked, when the bytes received pass the limit."""
+    too_large = BadRequest(f"request body exceeds {limit} bytes", status=413, code="request_too_large")
+    if declared is not None and declared > limit:
+        raise too_large
+    chunks, size = [], 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
             break
-        chunks.append(message.get("body", b""))
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        chunks.append(chunk)
         if not message.get("more_body"):
             break
     return b"".join(chunks)

