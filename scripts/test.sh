@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # The test command (README and CI): every test that needs neither a GPU nor a Docker engine.
 #   scripts/test.sh           the full suite (CI)
-#   scripts/test.sh --fast    the fast tier: no test marked slow (stage runs, subprocess pipelines); every
-#                             production module is still imported and unit-tested (tests/unit/test_imports.py)
+#   scripts/test.sh --fast    the fast tier: tests/unit without the tests marked slow (no stage run end to end,
+#                             no subprocess pipeline); every production module is still imported
+#                             (tests/unit/test_imports.py) and unit-tested
 # Both times, measured, are in docs/architecture.md (Tests). Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export DILFORGE_DATA=${DILFORGE_DATA:-$(cd .. && pwd)/shared/data}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 marker="not gpu and not docker"
+paths=()
 if [[ ${1:-} == --fast ]]; then
   marker="$marker and not slow"
+  paths=(tests/unit)
   shift
 fi
-exec .venv/bin/python -m pytest -m "$marker" --durations=30 "$@"
+exec .venv/bin/python -m pytest -m "$marker" --durations=30 "${paths[@]}" "$@"

@@ -64,7 +64,7 @@ def _code_version(entry: str) -> str:
     for name, path in sorted(files.items()):
         h.update(f"{name}\n{canonical_source(path.read_text(encoding='utf-8'))}\n".encode())
     package = module_path(entry.split(".")[0])
-    if package is not None:
+    if package is not None and package.name == "__init__.py":  # a package's own data, never a folder around a module
         for path in sorted(p for p in package.parent.rglob("*") if p.is_file() and p.suffix in DATA_SUFFIXES):
             h.update(f"{path.relative_to(package.parent).as_posix()}\n".encode())
             h.update(hashlib.sha256(path.read_bytes()).digest())
@@ -100,8 +100,10 @@ def module_path(name: str) -> Path | None:
     located by the import system)."""
     top, *rest = name.split(".")
     spec = importlib.util.find_spec(top)
-    if spec is None or not spec.submodule_search_locations:
+    if spec is None:
         return None
+    if not spec.submodule_search_locations:  # a top-level module, not a package
+        return Path(spec.origin) if not rest and spec.origin and spec.origin.endswith(".py") else None
     base = Path(next(iter(spec.submodule_search_locations))).joinpath(*rest)
     for path in (base / "__init__.py", base.with_suffix(".py")):
         if path.is_file():

@@ -108,6 +108,17 @@ def test_tiny_pipeline_runs_in_containers(docker_ready, data_root, tmp_path):
     assert again.returncode == 0, again.stderr[-2000:]
     assert again.stdout.count("reusing") == len(stages)
 
+    # issue 32: the same config run by the local backend into a local folder publishes the same ids
+    raw = yaml.safe_load(config.read_text())
+    raw["store"] = {"uri": str(tmp_path / "local-store")}
+    (tmp_path / "local.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    local = coordinator(
+        "run-all", "-c", str(tmp_path / "local.yaml"), "--data", str(data_root), "--backend", "local", tmp_path=tmp_path
+    )
+    assert local.returncode == 0, local.stdout[-4000:] + local.stderr[-2000:]
+    local_ids = [line.rsplit("/", 1)[1] for line in local.stdout.splitlines() if "] artifact: " in line]
+    assert local_ids == [uri.rsplit("/", 1)[1] for uri in artifacts.values()]
+
 
 def test_stage_failure_reason_comes_back(docker_ready, data_root, tmp_path):
     raw = yaml.safe_load((ROOT / "configs" / "az-tiny.yaml").read_text())["tokenizer"]

@@ -213,6 +213,37 @@ def one_host(pipeline, data_root):
     return artifacts(proc.stdout)["cpt"]
 
 
+def test_the_same_config_and_data_give_the_same_ids_as_a_local_run(pipeline, data_root):
+    """Issue 32: the ids of az-tiny run in SageMaker local mode (CPT on 2 hosts, store in the compose S3) equal
+    those of the same config run by the local backend into a local folder."""
+    tmp = pipeline["tmp"]
+    raw = yaml.safe_load((tmp / "pipeline.yaml").read_text())
+    raw["store"] = {"uri": str(tmp / "local-store")}
+    (tmp / "local.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    local = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dilforge_coordinator.cli",
+            "run-all",
+            "-c",
+            str(tmp / "local.yaml"),
+            "--data",
+            str(data_root),
+            "--backend",
+            "local",
+        ],
+        cwd=ROOT,
+        env=env(tmp),
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
+    assert local.returncode == 0, local.stdout[-4000:] + local.stderr[-2000:]
+    ids = {stage: uri.rsplit("/", 1)[1] for stage, uri in artifacts(local.stdout).items()}
+    assert ids == {stage: uri.rsplit("/", 1)[1] for stage, uri in pipeline["artifacts"].items()}
+
+
 def test_two_hosts_equal_one_host_within_the_world_size_tolerance(pipeline, one_host):
     import torch
 
@@ -303,6 +334,8 @@ def test_spot_interruption_checkpoints_and_the_rerun_resumes_to_the_same_weights
     resumed = artifacts(again.stdout)["cpt"]
     # resume is exact on CPU: the weights are the uninterrupted one-host run's, byte for byte
     assert weights_sha(resumed) == weights_sha(one_host)
+    # and so is the id, in a fresh store: identity comes from what the inputs are, not where or when they were
+    assert resumed.rsplit("/", 1)[1] == one_host.rsplit("/", 1)[1] == pipeline["artifacts"]["cpt"].rsplit("/", 1)[1]
 
 
 BROKEN = """FROM dilforge-cpt:{tag}

@@ -117,10 +117,10 @@ def test_q4_k_m_and_the_modelfile(cpt_artifact, tmp_path):
     gguf = tmp_path / f"{cpt_artifact.manifest.run_id}-cpt-q4_k_m.gguf"
     llm = llama_cpp.Llama(model_path=str(gguf), n_ctx=64, verbose=False)
     assert llm.tokenize("Azərbaycan".encode(), add_bos=False, special=False) == [49152]
-    modelfile = (tmp_path / "Modelfile").read_text()
+    modelfile = (tmp_path / f"{cpt_artifact.manifest.run_id}-cpt-q4_k_m.Modelfile").read_text()
     assert modelfile.startswith(f"FROM ./{gguf.name}\n") and 'PARAMETER stop "<|im_end|>"' in modelfile
     assert "<|im_start|>assistant" in modelfile and "SYSTEM" not in modelfile  # a CPT artifact has no system prompt
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([gguf.name, "Modelfile"])  # nothing else left
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([gguf.name, gguf.stem + ".Modelfile"])  # no leftovers
 
 
 def test_bad_inputs_are_one_line_errors_and_leave_nothing(cpt_artifact, exported, tmp_path, tiny_tokenizer_dir):

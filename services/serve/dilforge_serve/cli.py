@@ -87,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     # a private folder of our own: never a path the user named (their model may live there), always removed
     root = Path(tempfile.mkdtemp(prefix="dilforge-serve-", dir=args.workdir or None))
+    cwd = os.getcwd()
     try:
         try:
             spec = resolve_served_model(
@@ -119,5 +120,5 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     finally:
-        os.chdir(tempfile.gettempdir())
+        os.chdir(cwd)
         shutil.rmtree(root, ignore_errors=True)

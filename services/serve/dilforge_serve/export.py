@@ -15,8 +15,8 @@ and an Ollama Modelfile beside it.
    PyPI, pinned by sha256 in LLAMA_CPP and cached like the base-model recipes): f16 or q8_0 directly;
    q4_k_m by llama.cpp's quantizer (`llama_cpp.llama_model_quantize`) from the f16 file. No GGUF writer of
    dilforge's own.
-4. Published atomically into DIR: `<model id>-<quant>.gguf` and `Modelfile` appear together or not at all,
-   and an existing file is never overwritten.
+4. Published atomically into DIR: `<model id>-<quant>.gguf` and `<model id>-<quant>.Modelfile` (Ollama:
+   `ollama create NAME -f` it) appear together or not at all, and an existing file is never overwritten.
 
 bench/export.py measures the result against transformers (tokenization, next-token agreement, speed).
 """
@@ -236,7 +236,8 @@ def export(
             f"{artifact}: no model to export ({exc}); give a CPT or SFT artifact (or a model artifact / HF folder)"
         ) from None
     gguf_name = f"{spec.model_id}-{quant}.gguf"
-    targets = [out_dir / gguf_name, out_dir / "Modelfile"]
+    modelfile_name = f"{spec.model_id}-{quant}.Modelfile"  # one per export: several quants share a folder
+    targets = [out_dir / gguf_name, out_dir / modelfile_name]
     if existing := [str(p) for p in targets if p.exists()]:
         raise ExportError(f"{', '.join(existing)} exists; exports are never overwritten: choose another --out")
     base_tok = base_tokenizer or base_tokenizer_dir(artifact, endpoint_url)
@@ -259,8 +260,8 @@ def export(
             quantize(work / "f16.gguf", staged, quant)
         else:
             convert(sources, folder, staged, quant, base_tok)
-        (work / "Modelfile").write_text(modelfile(gguf_name, family, spec.system_prompt), encoding="utf-8")
-        for name in (gguf_name, "Modelfile"):  # both appear, never over an existing file (checked above)
+        (work / modelfile_name).write_text(modelfile(gguf_name, family, spec.system_prompt), encoding="utf-8")
+        for name in (gguf_name, modelfile_name):  # both appear, never over an existing file (checked above)
             os.link(work / name, out_dir / name)
     except BaseException:
         for p in targets:
@@ -280,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("artifact", help="CPT or SFT artifact URI (store folder or s3://), a model artifact or HF folder")
     p.add_argument("--format", default="gguf", choices=["gguf"])
     p.add_argument("--quant", default="q8_0", help=f"one of {', '.join(QUANTS)}")
-    p.add_argument("--out", required=True, type=Path, help="folder for <model id>-<quant>.gguf and Modelfile")
+    p.add_argument("--out", required=True, type=Path, help="folder for <model id>-<quant>.gguf and .Modelfile")
     p.add_argument("--base-tokenizer", type=Path, default=None, help="the base model's tokenizer folder")
     p.add_argument("--system-prompt", default=None, help="default system message (default: the SFT config's)")
     p.add_argument("--s3-endpoint-url", default=None)

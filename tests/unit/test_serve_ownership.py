@@ -1,0 +1,40 @@
+"""`serve --workdir W` (issue 31): the server builds its folder in a fresh private subfolder of W and removes it
+on every exit path; nothing of W it did not create is ever removed or written, whatever the model id."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from dilforge_serve import cli
+from dilforge_serve.prepare import prepare
+from dilforge_shared.errors import DilforgeError
+from dilforge_shared.serving import ServedModel
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_a_failed_start_leaves_the_workdir_as_it_was(tmp_path, capsys):
+    work = tmp_path / "work"
+    (work / "mymodel").mkdir(parents=True)
+    (work / "mymodel" / "config.json").write_text("{}")  # the user's model, named like the model id
+    before = snapshot(work)
+    assert cli.main([str(tmp_path / "no-such-model"), "--workdir", str(work), "--model-id", "mymodel"]) == 1
+    assert "error:" in capsys.readouterr().err
+    assert snapshot(work) == before and sorted(p.name for p in work.iterdir()) == ["mymodel"]
+
+
+def test_a_workdir_that_does_not_exist_is_an_error_not_created(tmp_path, capsys):
+    assert cli.main([str(tmp_path), "--workdir", str(tmp_path / "missing")]) == 1
+    assert "no such folder" in capsys.readouterr().err and not (tmp_path / "missing").exists()
+
+
+def test_prepare_never_writes_into_an_existing_folder(tmp_path):
+    (tmp_path / "keep").mkdir()
+    (tmp_path / "keep" / "weights.bin").write_bytes(b"mine")
+    spec = ServedModel(tmp_path, None, tmp_path, "keep", None, "x")
+    with pytest.raises(DilforgeError, match="exists; the served folder is built only in a fresh folder"):
+        prepare(spec, tmp_path)
+    assert (tmp_path / "keep" / "weights.bin").read_bytes() == b"mine"
