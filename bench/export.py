@@ -7,7 +7,9 @@ artifact), on this machine's CPU, in one process:
 - tokenization: llama.cpp's ids of every line of the eval sets (FLORES dev Azerbaijani and English, X-WMT
   test Azerbaijani and English) against the HF tokenizer's (no special tokens added); mismatching lines;
 - next-token agreement: the top-1 next token of llama.cpp and of transformers at every position of held-out
-  text (X-WMT, never trained on; `--num-windows` windows of `--window` HF tokens per language);
+  text (X-WMT, never trained on; `--num-windows` windows of `--window` HF tokens per language), and at the
+  decisive positions only (transformers' first choice ahead of its second by >= 1 logit): where a quant flips a
+  near-tie, the second figure shows it;
 - file size, and generation tokens/s (greedy, `--new-tokens` tokens after one prompt) of llama.cpp and of
   transformers on the same threads;
 - with `--chat`: a chat completion through llama.cpp's OpenAI-compatible server (`python -m llama_cpp.server`)
@@ -98,25 +100,35 @@ def windows(tokenizer, data: Path, name: str, window: int, count: int) -> list[l
     return [ids[i * window : (i + 1) * window] for i in range(min(count, len(ids) // window))]
 
 
-def hf_top1(model, wins: list[list[int]]) -> list[list[int]]:
+DECISIVE_MARGIN = 1.0  # logit gap (nats) between transformers' first and second choice
+
+
+def hf_top1(model, wins: list[list[int]]) -> list[tuple[list[int], list[float]]]:
+    """transformers' top-1 next token at every position, and its logit margin over the second choice."""
     import torch
 
+    out = []
     with torch.no_grad():
-        return [model(input_ids=torch.tensor([w])).logits[0].argmax(-1).tolist() for w in wins]
+        for w in wins:
+            top2 = model(input_ids=torch.tensor([w])).logits[0].float().topk(2, dim=-1)
+            out.append((top2.indices[:, 0].tolist(), (top2.values[:, 0] - top2.values[:, 1]).tolist()))
+    return out
 
 
-def agreement(gguf: Path, wins: list[list[int]], reference: list[list[int]], window: int) -> float:
+def agreement(gguf: Path, wins: list[list[int]], reference, window: int) -> tuple[float, float]:
+    """(top-1 agreement at every position, at the decisive ones: transformers' margin >= DECISIVE_MARGIN)."""
     import numpy as np
 
     llm = load_llama(gguf, window + 8, logits_all=True)
-    same = total = 0
-    for w, ref in zip(wins, reference, strict=True):
+    same = total = same_decisive = decisive = 0
+    for w, (ref, margin) in zip(wins, reference, strict=True):
         llm.reset()
         llm.eval(w)
-        top = np.asarray(llm.scores[: len(w)]).argmax(-1)
-        same += int((top == np.asarray(ref)).sum())
-        total += len(w)
-    return same / total
+        hit = np.asarray(llm.scores[: len(w)]).argmax(-1) == np.asarray(ref)
+        sure = np.asarray(margin) >= DECISIVE_MARGIN
+        same, total = same + int(hit.sum()), total + len(w)
+        same_decisive, decisive = same_decisive + int(hit[sure].sum()), decisive + int(sure.sum())
+    return same / total, same_decisive / max(1, decisive)
 
 
 def generation_speed(gguf: Path, model, tokenizer, new_tokens: int) -> dict:
@@ -186,6 +198,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chat", action="store_true", help="also one chat completion through llama_cpp.server")
     ap.add_argument("--question", default="Azərbaycanın paytaxtı haradır?", help="the chat question (README's)")
     ap.add_argument("--check", default=None, help="quant=bar,...: fail below these top-1 agreements")
+    ap.add_argument(
+        "--decisive-bar", type=float, default=None, help="fail when any file's agreement at decisive positions is below"
+    )
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     import torch
@@ -200,7 +215,9 @@ def main(argv: list[str] | None = None) -> int:
     results = {}
     for gguf in args.gguf:
         row = {"size_mb": gguf.stat().st_size / 1e6, "tokenization": tokenization(gguf, tokenizer, args.data)}
-        row["top1_agreement"] = {n: agreement(gguf, wins[n], reference[n], args.window) for n in HELD_OUT}
+        both = {n: agreement(gguf, wins[n], reference[n], args.window) for n in HELD_OUT}
+        row["top1_agreement"] = {n: v[0] for n, v in both.items()}
+        row["top1_agreement_decisive"] = {n: v[1] for n, v in both.items()}
         row["speed"] = generation_speed(gguf, model, tokenizer, args.new_tokens)
         if args.chat:
             row["chat"] = chat_through_server(gguf, args.question)
@@ -209,7 +226,8 @@ def main(argv: list[str] | None = None) -> int:
         lines = sum(s["lines"] for s in row["tokenization"].values())
         print(
             f"{gguf.name}: {row['size_mb']:.1f} MB; tokenization {lines - mismatched}/{lines} lines identical; "
-            f"top-1 agreement {', '.join(f'{n} {v:.4f}' for n, v in row['top1_agreement'].items())}; "
+            f"top-1 agreement {', '.join(f'{n} {v:.4f}' for n, v in row['top1_agreement'].items())} "
+            f"(decisive positions {', '.join(f'{v:.4f}' for v in row['top1_agreement_decisive'].values())}); "
             f"generation {row['speed']['llama_cpp_tok_s']:.1f} tok/s llama.cpp vs "
             f"{row['speed']['transformers_tok_s']:.1f} transformers"
             + (
@@ -236,6 +254,13 @@ def main(argv: list[str] | None = None) -> int:
             worst = min(results[quant]["top1_agreement"].values())
             if worst < float(bar):
                 failures.append(f"{quant}: top-1 agreement {worst:.4f} < {bar}")
+    if args.decisive_bar is not None:
+        failures += [
+            f"{quant}: top-1 agreement at decisive positions {min(row['top1_agreement_decisive'].values()):.4f} "
+            f"< {args.decisive_bar}"
+            for quant, row in results.items()
+            if min(row["top1_agreement_decisive"].values()) < args.decisive_bar
+        ]
     for failure in failures:
         print("FAIL", failure, flush=True)
     return 1 if failures else 0
