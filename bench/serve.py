@@ -123,6 +123,7 @@ def generate_batch(model, tok, prompts: list[str], max_tokens: int) -> dict:
 def start_server(artifact: str, port: int, workdir: Path, threads: int, cb: bool) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
     log = open(workdir / "server.log", "w")  # noqa: SIM115 - lives as long as the server
+    (workdir / "served").mkdir(exist_ok=True)  # the server makes its own private folder inside
     proc = subprocess.Popen(
         [
             sys.executable,

@@ -211,7 +211,7 @@ def junit_counts(path: Path) -> dict[str, int]:
     return counts
 
 
-def phase_notes(name: str, results: Path) -> list[str]:
+def phase_notes(name: str, results: Path, dry_run: bool = False) -> list[str]:
     """The numbers each phase contributes to the summary."""
     if name == "environment":
         env = read_json(results / "env.json")
@@ -372,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise
             finally:
                 phase.seconds = time.time() - t0
-                phase.notes = phase_notes(phase.name, results)
+                phase.notes = phase_notes(phase.name, results, args.dry_run)
             tail = (logs / f"{phase.name}.log").read_text(errors="replace").splitlines()[-8:]
             print("\n".join("   " + line for line in tail), flush=True)
             write_summary(results, phases, began, args.total_s, args.dry_run, "running")

@@ -162,6 +162,17 @@ def run_cmd(
     typer.echo(f"[{stage}] artifact: {uri}")
 
 
+def report_location(uri: str, endpoint_url: str | None) -> str:
+    """Where the eval report is: a local path, or its S3 URI (read from the manifest; nothing is downloaded into
+    a cache just to print a path)."""
+    if uri.startswith("s3://"):
+        from dilforge_shared.store import read_manifest
+
+        manifest, _ = read_manifest(uri, endpoint_url)
+        return f"{uri}/{manifest.data_dir}/report.html"
+    return str(fetch(uri, endpoint_url=endpoint_url).path / "report.html")
+
+
 @app.command("run-all")
 def run_all_cmd(
     config: ConfigOpt,
@@ -183,8 +194,7 @@ def run_all_cmd(
         for stage, uri in produced.items():
             typer.echo(f"[{stage}] artifact: {uri}")
         if "eval" in produced:
-            art = fetch(produced["eval"], endpoint_url=cfg.store.s3_endpoint_url)
-            typer.echo(f"report: {art.path / 'report.html'}")
+            typer.echo(f"report: {report_location(produced['eval'], cfg.store.s3_endpoint_url)}")
     except pl.StageCancelled as exc:
         fail(str(exc), 130)
     except USER_ERRORS as exc:

@@ -151,3 +151,19 @@ def test_base_model_content_is_part_of_the_fingerprint(tmp_path):
     assert pl.plan_stage(cfg, "tokenizer", {}).artifact_id == before
     (base / "tokenizer.json").write_text('{"v": 2}')
     assert pl.plan_stage(cfg, "tokenizer", {}).artifact_id != before
+
+
+def test_the_report_of_an_s3_store_is_named_in_the_store_not_downloaded(monkeypatch):
+    """Issue 32: run-all on an S3 store printed the report's path in a download cache in the system temp folder,
+    after fetching the whole eval artifact there; it names the report in the store instead."""
+    from types import SimpleNamespace
+
+    from dilforge_coordinator import cli
+    from dilforge_shared import store
+
+    monkeypatch.setattr(cli, "fetch", lambda *a, **k: pytest.fail("downloaded the eval artifact"))
+    monkeypatch.setattr(store, "read_manifest", lambda uri, endpoint: (SimpleNamespace(data_dir="data-abc"), "sha"))
+    assert (
+        cli.report_location("s3://b/store/artifacts/eval/0123", None)
+        == "s3://b/store/artifacts/eval/0123/data-abc/report.html"
+    )

@@ -85,7 +85,11 @@ def run(config: CptConfig, ctx: StageContext) -> StageResult:
             wait_for_hosts(ctx.resources.hosts)
         metrics = run_workers(plan, ctx)
         if plan.node_rank > 0:  # stay up until the first host has published (see wait_for_artifact)
-            wait_for_artifact(ctx.request.artifact_uri, ctx.endpoint_url)
+            previous = signal.signal(signal.SIGTERM, end_once_published(ctx))
+            try:
+                wait_for_artifact(ctx.request.artifact_uri, ctx.endpoint_url)
+            finally:
+                signal.signal(signal.SIGTERM, previous)
     else:
         metrics = train(config, ctx)
     return StageResult(metrics=metrics)
@@ -109,6 +113,22 @@ def worker(config: CptConfig, ctx: StageContext) -> StageResult:
         tmp.write_text(json.dumps(metrics))
         os.replace(tmp, ctx.opt.output_dir / RESULT_FILE)
     return StageResult(metrics=metrics)
+
+
+def end_once_published(ctx: StageContext):
+    """SIGTERM handler of a later host waiting for the first host's publish. SageMaker's local mode stops every
+    other host as soon as the first exits, so a SIGTERM after the artifact is published is the job's normal
+    end: exit 0 (not 143, which read as a failure in every successful multi-host job's log)."""
+
+    def handler(signum, frame):
+        from dilforge_shared.store import artifact_exists
+
+        if artifact_exists(ctx.request.artifact_uri, ctx.endpoint_url):
+            log.info("the first host published %s; this host is done", ctx.request.artifact_uri)
+            raise SystemExit(0)
+        raise Terminated("stopped by SIGTERM while waiting for the first host to publish")
+
+    return handler
 
 
 def stop_file(ctx: StageContext) -> Path:
