@@ -183,3 +183,10 @@ def test_the_initialisation_research_left_the_stage_in_1_3(field, value):
     naming the field and where the research went, not an unknown-field error."""
     with pytest.raises(ValueError, match=rf"cpt\.{field}.*bench/init_experiments\.py"):
         CptConfig.model_validate({"corpora": [{"uri": "a"}], "phase1": {"num_steps": 1}, field: value})
+
+
+def test_lines_per_document_is_bounded_before_any_work():
+    """Issue 31: num_lines_per_document 1e9 built one document of a whole corpus in memory (12.7 GB RSS)."""
+    raw = {"corpora": [{"uri": "a", "num_lines_per_document": 10**9}], "phase1": {"num_steps": 1}}
+    with pytest.raises(ConfigError, match=r"corpora\.0\.num_lines_per_document.*less than or equal to 1024"):
+        validate_model(CptConfig, raw, "big.yaml")

@@ -54,6 +54,34 @@ def test_data_sources_list_every_file():
         ({"text_sets": [{"uri": "/a.txt", "name": "a"}], "set_languages": {"a": "English"}}, r"set_languages\[a\]"),
         ({"target_language": "Azerbaijani"}, "target_language"),
         ({"generation": {"no_repeat_ngram_size": -1}}, "generation.no_repeat_ngram_size"),
+        # issue 31: a built-in prompt set is a name, never a path; task names that lm-eval would merge
+        (
+            {"prompts": "builtin:../../../etc/passwd"},
+            r"prompts: .*'builtin:\.\./\.\./\.\./etc/passwd': a built-in prompt set",
+        ),
+        ({"prompts": "builtin:"}, "a built-in prompt set is `builtin:` and a name"),
+        (
+            {
+                "tasks": {
+                    "multiple_choice": [
+                        {"uri": "/b.tsv", "name": "bele-a", "layout": "belebele", "language": "az"},
+                        {"uri": "/c.tsv", "name": "bele_a", "layout": "belebele", "language": "az"},
+                    ]
+                }
+            },
+            r"tasks: names \['bele-a', 'bele_a'\] become the same lm-eval task",
+        ),
+        (
+            {
+                "tasks": {
+                    "translation": [
+                        {"name": "x-wmt", "az": {"uri": "/a"}, "en": {"uri": "/e"}},
+                        {"name": "x.wmt", "az": {"uri": "/a"}, "en": {"uri": "/e"}},
+                    ]
+                }
+            },
+            "become the same lm-eval task",
+        ),
     ],
 )
 def test_bad_configs_name_the_field(raw, message):
@@ -72,3 +100,7 @@ def test_base_label_is_taken_by_the_pipeline_model_artifact():
     cfg = EvalConfig.model_validate({"models": [{"label": "stock", "uri": "/x"}, {"label": "base", "uri": "/y"}]})
     with pytest.raises(ConfigError, match=r"eval.models\[1\].label: 'base' is the pipeline's model artifact"):
         base_model(cfg, Ctx())
+
+
+def test_builtin_prompt_names_still_load():
+    assert EvalConfig.model_validate({"prompts": "builtin:az-generation"}).prompts == "builtin:az-generation"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from .base import RUN_ONLY, DataSource, Precision, StageConfig, StrictModel
 
@@ -224,6 +224,13 @@ class DownstreamTasks(StrictModel):
         dupes = sorted({x for x in names if names.count(x) > 1})
         if dupes:
             raise ValueError(f"tasks: duplicate names {dupes}")
+        # lm-eval task names write '-' and '.' as '_': `bele-a` and `bele_a` would be one task, scored once
+        by_task: dict[str, list[str]] = {}
+        for name in names:
+            by_task.setdefault(name.replace("-", "_").replace(".", "_").lower(), []).append(name)
+        clashes = [sorted(group) for group in by_task.values() if len(group) > 1]
+        if clashes:
+            raise ValueError(f"tasks: names {clashes[0]} become the same lm-eval task; rename one")
         return self
 
     def data_sources(self) -> list[DataSource]:
@@ -275,6 +282,19 @@ class EvalConfig(StageConfig):
         "'builtin:az-generation' for the Azerbaijani prompts shipped with the eval service.",
     )
     generation: GenerationSettings = Field(default_factory=GenerationSettings, description="Decoding settings.")
+
+    @field_validator("prompts")
+    @classmethod
+    def _builtin_prompts_are_names(cls, value: str | None) -> str | None:
+        """`builtin:NAME` names a file shipped with the eval service, never a path (`builtin:../../x` read any file)."""
+        if (
+            value is not None
+            and value.startswith("builtin:")
+            and not re.fullmatch(r"builtin:[a-z0-9][a-z0-9_-]{0,63}", value)
+        ):
+            raise ValueError(f"{value!r}: a built-in prompt set is `builtin:` and a name (letters, digits, - and _)")
+        return value
+
     bpb: BpbSettings = Field(default_factory=BpbSettings, description="Sliding-window settings for bits per byte.")
     tasks: DownstreamTasks | None = Field(
         default=None,
@@ -345,7 +365,7 @@ class EvalConfig(StageConfig):
             for kind in ("segmented", "lemma_forms", "conllu"):
                 for i, uri in enumerate(getattr(self.morph, kind)):
                     sources.append(DataSource(uri=uri, name=f"morph.{kind}.{i}"))
-        if self.prompts and not self.prompts.startswith("builtin:"):  # built-ins are versioned with the code
+        if self.prompts and not self.prompts.startswith("builtin:"):  # built-ins: in the eval stage's code version
             sources.append(DataSource(uri=self.prompts, name="prompts"))
         if self.tasks:
             sources += self.tasks.data_sources()
