@@ -79,7 +79,8 @@ def test_a_damaged_safetensors_file_is_one_line_naming_it(folder, damage, messag
 
 def test_two_tensors_over_the_same_bytes_are_refused(folder):
     _rewrite_header(folder / "model.safetensors", lambda h: h.update({"extra.weight": {**h["model.norm.weight"]}}))
-    with pytest.raises(InputError, match="invalid offset for tensor `extra.weight`"):
+    # safetensors reports one of the two (its header is a hash map: which one is not fixed from run to run)
+    with pytest.raises(InputError, match="invalid offset for tensor `(extra|model.norm).weight`"):
         verify_weights(folder)
 
 
