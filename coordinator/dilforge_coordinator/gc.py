@@ -63,7 +63,8 @@ def _referenced(store: ArtifactStore) -> set[str]:
         except DamagedRecord as exc:
             damaged.append(str(exc))
             continue
-        refs.update(store.resolve(entry.artifact).rstrip("/") for entry in doc.stages.values())
+        for entry in doc.stages.values():  # every attempt's artifact, and the last good one behind a failed attempt
+            refs.update(store.resolve(a).rstrip("/") for a in (entry.artifact, entry.last_good) if a)
     if damaged:
         more = f" (and {len(damaged) - 1} more)" if len(damaged) > 1 else ""
         raise UnreadableRecords(

@@ -28,6 +28,9 @@ class DamagedRecord(DilforgeError):
     """A run record that is not valid JSON of the record's shape."""
 
 
+GOOD = ("produced", "reused")
+
+
 class StageEntry(BaseModel):
     """One stage in a record; unknown keys are kept (a newer coordinator may add some)."""
 
@@ -36,11 +39,16 @@ class StageEntry(BaseModel):
     status: str = Field(description="running, produced, reused, failed or cancelled.")
     backend: str | None = None
     error: str | None = None
+    last_good: str | None = Field(
+        default=None,
+        description="While the stage's latest attempt is running, failed or was cancelled: the artifact its last "
+        "good attempt produced or reused (store-relative), which downstream stages and gc keep using.",
+    )
 
-    @field_validator("artifact")
+    @field_validator("artifact", "last_good")
     @classmethod
-    def _relative(cls, value: str) -> str:
-        return check_relative_path(value)
+    def _relative(cls, value: str | None) -> str | None:
+        return check_relative_path(value) if value is not None else None
 
 
 class RecordDoc(BaseModel):
@@ -109,8 +117,15 @@ class RunRecord:
         ).encode()
 
     def set_stage(self, store: ArtifactStore, stage: str, artifact_uri: str, status: str, **extra) -> None:
+        """Record an attempt. An attempt that is not (yet) good never replaces the stage's last good artifact:
+        it is kept as `last_good`, so downstream stages still find it and gc never counts it unreferenced."""
         address = store.relative(artifact_uri) or relative_address(artifact_uri)
-        self.stages[stage] = {"artifact": address, "status": status, **extra}
+        previous = self.stages.get(stage) or {}
+        good = previous.get("artifact") if previous.get("status") in GOOD else previous.get("last_good")
+        entry = {"artifact": address, "status": status, **extra}
+        if status not in GOOD and good and good != address:
+            entry["last_good"] = good
+        self.stages[stage] = entry
 
     @classmethod
     def from_doc(cls, doc: RecordDoc) -> RunRecord:
@@ -150,9 +165,12 @@ def set_aside(store: ArtifactStore, key: str, data: bytes) -> str:
 
 
 def record_artifacts(store: ArtifactStore, record: RunRecord, statuses: tuple[str, ...] | None = None) -> dict:
-    """stage → artifact URI in this store (wherever it now is), optionally only stages with one of `statuses`."""
-    return {
-        name: store.resolve(s["artifact"])
-        for name, s in record.stages.items()
-        if statuses is None or s.get("status") in statuses
-    }
+    """stage → artifact URI in this store (wherever it now is), optionally only stages with one of `statuses`.
+    Asked for good statuses, a stage whose latest attempt failed gives its last good artifact."""
+    out = {}
+    for name, s in record.stages.items():
+        if statuses is None or s.get("status") in statuses:
+            out[name] = store.resolve(s["artifact"])
+        elif set(statuses) <= set(GOOD) and s.get("last_good"):
+            out[name] = store.resolve(s["last_good"])
+    return out

@@ -167,3 +167,27 @@ def test_the_report_of_an_s3_store_is_named_in_the_store_not_downloaded(monkeypa
         cli.report_location("s3://b/store/artifacts/eval/0123", None)
         == "s3://b/store/artifacts/eval/0123/data-abc/report.html"
     )
+
+
+def test_a_failed_attempt_never_replaces_the_last_good_artifact(tmp_path, monkeypatch):
+    """Issue 31: a failing `run tokenizer` recorded the failed id in place of the good tokenizer, so downstream
+    stages lost their input and `gc --unreferenced --delete` would have deleted the good artifact."""
+    from dilforge_coordinator.gc import find_store_garbage
+    from dilforge_coordinator.records import RunRecord, record_artifacts
+    from dilforge_shared.store import ArtifactStore
+
+    monkeypatch.setenv("DILFORGE_VAR_CORPUS_DIR", str(tmp_path))
+    good = pl.run_all(load_pipeline(write_config(tmp_path)), InProcessBackend(tmp_path, monkeypatch))["tokenizer"]
+    failing = InProcessBackend(tmp_path, monkeypatch, fail=True)
+    with pytest.raises(pl.StageFailed):
+        pl.run_all(load_pipeline(write_config(tmp_path, vocab=2000)), failing)
+    store = ArtifactStore(str(tmp_path / "store"))
+    record = RunRecord.load(store, "demo")
+    assert record.stages["tokenizer"]["status"] == "failed" and record.stages["tokenizer"]["artifact"] != good
+    assert record_artifacts(store, record, ("produced", "reused")) == {"tokenizer": good}
+    assert pl.upstream_from_record(load_pipeline(write_config(tmp_path)))["tokenizer"] == good
+    unreferenced = [g for g in find_store_garbage(store, 0, unreferenced=True) if g.kind == "unreferenced"]
+    assert good.rstrip("/") not in [g.uri.rstrip("/") for g in unreferenced]
+    with pytest.raises(pl.StageFailed):  # a second failure keeps the same last good artifact
+        pl.run_all(load_pipeline(write_config(tmp_path, vocab=2000)), failing)
+    assert RunRecord.load(store, "demo").stages["tokenizer"]["last_good"] == store.relative(good)
