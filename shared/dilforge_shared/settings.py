@@ -29,6 +29,7 @@ dilforge writes `os.environ` after process start-up: values travel as arguments 
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Literal
@@ -153,8 +154,6 @@ class MaskSecrets:
         self.values = values if values is not None else secret_values()
 
     def filter(self, record) -> bool:
-        if not self.values:
-            return True
         message = record.getMessage()
         masked = mask(message, self.values)
         if masked != message:
@@ -162,10 +161,14 @@ class MaskSecrets:
         return True
 
 
+_URL_CREDENTIALS = re.compile(r"(?<=://)[^/\s:@]+:[^/\s@]+@")
+
+
 def mask(text: str, values: list[str] | None = None) -> str:
+    """Credential values as `***`, and any `user:password@` of a URL (wherever such a URL came from)."""
     for value in values if values is not None else secret_values():
         text = text.replace(value, "***")
-    return text
+    return _URL_CREDENTIALS.sub("***@", text)
 
 
 def install_log_masking() -> None:

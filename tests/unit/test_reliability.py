@@ -606,3 +606,21 @@ def test_located_records_span_a_folder_and_hand_bad_lines_to_on_bad(tmp_path):
         (str(a), 3, "expected a JSON object, got list"),
         (str(b), 1, "not valid JSON: Expecting ',' delimiter (column 8)"),
     ]
+
+
+def test_credentials_in_a_store_url_are_refused_and_masked_in_any_log_line(tmp_path):
+    """Issue 31: an `s3_endpoint_url` with `user:password@` was printed by the dry run and sent in CreateModel's
+    environment. Configs refuse it (naming the field); any such URL in a log line is masked all the same."""
+    import logging
+
+    from dilforge_shared.configs import PipelineConfig
+    from dilforge_shared.settings import MaskSecrets, mask
+
+    raw = {"run_id": "r", "store": {"uri": "s3://b/s", "s3_endpoint_url": "http://admin:hunter2@127.0.0.1:8333"}}
+    with pytest.raises(ValueError, match=r"store\.s3_endpoint_url[\s\S]*holds credentials"):
+        PipelineConfig.model_validate(raw)
+    assert mask("GET http://admin:hunter2@host:9000/b/k") == "GET http://***@host:9000/b/k"
+    assert mask("s3://bucket/key@v2 and http://host/a@b") == "s3://bucket/key@v2 and http://host/a@b"
+    record = logging.LogRecord("x", logging.INFO, __file__, 1, "endpoint %s", ("https://u:p@e.example",), None)
+    MaskSecrets(values=[]).filter(record)
+    assert record.getMessage() == "endpoint https://***@e.example"

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ConfigDict, Field, ValidationError, model_validator
+from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..errors import ConfigError, format_validation_error
 from ..settings import INTERPOLATION_ALLOWED, USER_VAR_PREFIX, interpolation_variables, is_secret_name
@@ -46,6 +46,18 @@ class StoreConfig(StrictModel):
     s3_endpoint_url: str | None = Field(
         default=None, description="Endpoint of an S3-compatible server (SeaweedFS, MinIO); None for AWS."
     )
+
+    @field_validator("uri", "s3_endpoint_url")
+    @classmethod
+    def _no_credentials(cls, value: str | None) -> str | None:
+        """A URL with `user:password@` would travel into dry runs, manifests and job environments; keys belong in
+        DILFORGE_S3_ACCESS_KEY_ID / DILFORGE_S3_SECRET_ACCESS_KEY (or the AWS chain), which are never written."""
+        if value is not None and "://" in value and "@" in value.split("://", 1)[1].split("/", 1)[0]:
+            raise ValueError(
+                "holds credentials (user:password@); give the keys in DILFORGE_S3_ACCESS_KEY_ID / "
+                "DILFORGE_S3_SECRET_ACCESS_KEY instead"
+            )
+        return value
 
 
 class PipelineConfig(StrictModel):
