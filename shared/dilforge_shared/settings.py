@@ -154,7 +154,10 @@ class MaskSecrets:
         self.values = values if values is not None else secret_values()
 
     def filter(self, record) -> bool:
-        message = record.getMessage()
+        try:
+            message = record.getMessage()
+        except Exception:  # noqa: BLE001 - a malformed record is the handler's to report, not the filter's to raise
+            return True
         masked = mask(message, self.values)
         if masked != message:
             record.msg, record.args = masked, None
