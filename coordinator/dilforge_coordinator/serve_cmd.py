@@ -33,16 +33,34 @@ def run_artifact(run_id: str, store: str, stage: str, endpoint: str | None = Non
     return found[stage]  # store-relative in the record: wherever the store now is
 
 
+RunOpt = Annotated[str | None, typer.Option("--run", help="Use this run's artifact (its run record).")]
+StageOpt = Annotated[str, typer.Option("--stage", help="With --run: which stage's artifact.")]
+StoreOpt = Annotated[str, typer.Option("--store", envvar="DILFORGE_STORE", help="With --run: the store root URI.")]
+EndpointOpt = Annotated[
+    str | None, typer.Option("--s3-endpoint-url", envvar="DILFORGE_S3_ENDPOINT_URL", help="S3-compatible endpoint.")
+]
+
+
+def chosen_artifact(artifact: str | None, run: str | None, store: str, stage: str, endpoint: str | None) -> str:
+    """The artifact a serve/export command works on (a URI, or --run's), once the serve service is installed."""
+    if (artifact is None) == (run is None):
+        raise typer.BadParameter("give an artifact URI or --run RUN_ID (not both)")
+    if importlib.util.find_spec("dilforge_serve") is None:
+        typer.echo(
+            "error: this needs the serve service: pip install -e services/serve (scripts/setup.sh does)", err=True
+        )
+        raise typer.Exit(1)
+    return artifact if artifact is not None else run_artifact(run, store, stage, endpoint)
+
+
 def serve_cmd(
     artifact: Annotated[
         str | None,
         typer.Argument(help="SFT/CPT/model artifact URI (store folder or s3://), or an HF folder; or use --run."),
     ] = None,
-    run: Annotated[str | None, typer.Option("--run", help="Serve this run's artifact (its run record).")] = None,
-    stage: Annotated[str, typer.Option("--stage", help="With --run: which stage's artifact.")] = "sft",
-    store: Annotated[
-        str, typer.Option("--store", envvar="DILFORGE_STORE", help="With --run: the store root URI.")
-    ] = ".dilforge/store",
+    run: RunOpt = None,
+    stage: StageOpt = "sft",
+    store: StoreOpt = ".dilforge/store",
     host: Annotated[
         str, typer.Option("--host", help="Listen address (0.0.0.0 to accept other machines).")
     ] = "127.0.0.1",
@@ -70,26 +88,17 @@ def serve_cmd(
     workdir: Annotated[
         str | None,
         typer.Option(
-            "--workdir", help="Where the served folder is built (links to the weights); default a temporary folder."
+            "--workdir",
+            help="Folder in which the server makes a fresh private subfolder for the served folder (links to the "
+            "weights), removed when it stops; default the system temp folder.",
         ),
     ] = None,
-    endpoint: Annotated[
-        str | None, typer.Option("--s3-endpoint-url", envvar="DILFORGE_S3_ENDPOINT_URL", help="S3-compatible endpoint.")
-    ] = None,
+    endpoint: EndpointOpt = None,
 ) -> None:
     """Serve an artifact with an OpenAI-compatible API (chat/completions, streaming) and SageMaker's /ping + /invocations."""
     from dilforge_shared.serving import manifest_or_none, served_model_id
 
-    if (artifact is None) == (run is None):
-        raise typer.BadParameter("give an artifact URI or --run RUN_ID (not both)")
-    if artifact is None:
-        artifact = run_artifact(run, store, stage, endpoint)
-    if importlib.util.find_spec("dilforge_serve") is None:
-        typer.echo(
-            "error: serving needs the serve service: pip install -e services/serve (scripts/setup.sh installs it)",
-            err=True,
-        )
-        raise typer.Exit(1)
+    artifact = chosen_artifact(artifact, run, store, stage, endpoint)
     model = served_model_id(artifact, manifest_or_none(artifact, endpoint), model_id)
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     typer.echo(
@@ -130,36 +139,26 @@ def export_cmd(
     artifact: Annotated[
         str | None, typer.Argument(help="CPT or SFT artifact URI (store folder or s3://); or use --run.")
     ] = None,
-    out: Annotated[str, typer.Option("--out", help="Folder for <model id>-<quant>.gguf and its Modelfile.")] = "",
+    out: Annotated[str, typer.Option("--out", help="Folder for <model id>-<quant>.gguf and .Modelfile.")] = "",
     fmt: Annotated[str, typer.Option("--format", help="gguf (llama.cpp, Ollama, LM Studio).")] = "gguf",
     quant: Annotated[str, typer.Option("--quant", help="f16, q8_0 or q4_k_m.")] = "q8_0",
-    run: Annotated[str | None, typer.Option("--run", help="Export this run's artifact (its run record).")] = None,
-    stage: Annotated[str, typer.Option("--stage", help="With --run: which stage's artifact.")] = "sft",
-    store: Annotated[
-        str, typer.Option("--store", envvar="DILFORGE_STORE", help="With --run: the store root URI.")
-    ] = ".dilforge/store",
+    run: RunOpt = None,
+    stage: StageOpt = "sft",
+    store: StoreOpt = ".dilforge/store",
     base_tokenizer: Annotated[
         str | None, typer.Option("--base-tokenizer", help="The base model's tokenizer folder (default: lineage).")
     ] = None,
     system_prompt: Annotated[
         str | None, typer.Option("--system-prompt", help="Default system message; default the SFT config's.")
     ] = None,
-    endpoint: Annotated[
-        str | None, typer.Option("--s3-endpoint-url", envvar="DILFORGE_S3_ENDPOINT_URL", help="S3-compatible endpoint.")
-    ] = None,
+    endpoint: EndpointOpt = None,
 ) -> None:
     """Export a CPT or SFT artifact as a GGUF for llama.cpp / Ollama (services/serve: dilforge_serve.export)."""
-    if (artifact is None) == (run is None):
-        raise typer.BadParameter("give an artifact URI or --run RUN_ID (not both)")
     if not out:
         raise typer.BadParameter("--out DIR is required")
     if fmt != "gguf":
         raise typer.BadParameter(f"--format {fmt!r}: only gguf is supported")
-    if artifact is None:
-        artifact = run_artifact(run, store, stage, endpoint)
-    if importlib.util.find_spec("dilforge_serve") is None:
-        typer.echo("error: export needs the serve service: pip install -e services/serve", err=True)
-        raise typer.Exit(1)
+    artifact = chosen_artifact(artifact, run, store, stage, endpoint)
     cmd = [sys.executable, "-m", "dilforge_serve.export", artifact, "--out", out, "--quant", quant]
     for flag, value in (
         ("--base-tokenizer", base_tokenizer),
