@@ -120,9 +120,9 @@ def reusable(job: StageJob, stage: str) -> bool:
 
 def check_input_names(stage: str, config: StageConfig, names: list[str]) -> None:
     """`--input NAME=URI`: NAME must be one of the stage's inputs (a misspelled name is never silently ignored)."""
-    unknown = [n for n in names if n not in config.consumes]
+    unknown = [n for n in names if n not in config.input_names()]
     if unknown:
-        accepted = ", ".join(config.consumes) if config.consumes else "none (it reads no upstream artifact)"
+        accepted = ", ".join(config.input_names()) if config.input_names() else "none (it reads no upstream artifact)"
         raise DilforgeError(
             f"--input {unknown[0]}: stage {stage} has no input named {unknown[0]!r}; its inputs: {accepted}"
         )
@@ -146,7 +146,7 @@ def check_input_kinds(stage: str, inputs: dict[str, str], endpoint_url: str | No
 def plan_stage(pipeline: PipelineConfig, stage: str, upstream: dict[str, str]) -> StageJob:
     """Resolve inputs and fingerprint: same config + same upstream manifests + same data → same artifact."""
     config: StageConfig = getattr(pipeline, stage)
-    inputs = {name: upstream[name] for name in config.consumes if name in upstream}
+    inputs = {name: upstream[name] for name in config.input_names() if name in upstream}
     missing = [name for name in config.needed_inputs() if name not in inputs]
     if missing:
         raise DilforgeError(

@@ -24,7 +24,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from . import stages
-from .configs.base import StageConfig
+from .configs.base import ARTIFACT_PREFIX, StageConfig
 from .errors import ConfigError, DilforgeError
 from .hyperparameters import StageRequest, parse_hyperparameters
 from .identity import artifact_id, config_refs
@@ -103,6 +103,26 @@ def lineage(ctx: StageContext) -> list[InputRef]:
     """Exactly the refs the coordinator fingerprinted (`identity.stage_refs`), so the id can be recomputed."""
     refs = [ctx.input(name).ref(name) for name in sorted(ctx.request.inputs)]
     return [*refs, *config_refs(ctx.request.config, ctx.endpoint_url)]
+
+
+def resolve_sources(config: StageConfig, ctx: StageContext) -> StageConfig:
+    """The config the stage runs with: each source named `artifact:<stage>` points at the local folder of that
+    upstream corpus artifact (its shards). Identity is unaffected: those sources are hashed as the upstream
+    artifact's id, never by path."""
+    if not config.source_inputs():
+        return config
+
+    def walk(value):
+        if isinstance(value, dict):
+            uri = value.get("uri")
+            if isinstance(uri, str) and uri.startswith(ARTIFACT_PREFIX):
+                return {**value, "uri": str(ctx.input(uri[len(ARTIFACT_PREFIX) :]).path)}
+            return {k: walk(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [walk(v) for v in value]
+        return value
+
+    return type(config).model_validate(walk(config.model_dump(mode="json")))
 
 
 FINGERPRINT = re.compile(r"^[0-9a-f]{16}$")
@@ -266,7 +286,7 @@ def stage_main(
         if publish_from_this_process and planned_id(ctx) is not None:  # proved before the work and after it
             start_refs = lineage(ctx)
             check_identity(ctx, start_refs)
-        result = run_fn(request.config, ctx)
+        result = run_fn(resolve_sources(request.config, ctx), ctx)
         if publish_from_this_process:
             manifest = publish_result(ctx, result, package, start_refs)
             log.info("published %s/%s (%d files)", request.artifact_uri, MANIFEST_NAME, len(manifest.files))

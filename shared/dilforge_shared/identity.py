@@ -61,7 +61,7 @@ def config_refs(config: StageConfig, endpoint_url: str | None = None) -> list[In
     """Everything a stage reads besides upstream artifacts: data sources, models/tokenizers by URI, a model source."""
     refs = [
         InputRef(name=f"data:{s.label}", kind="data", uri=s.uri, sha256=data_digest(s.uri, endpoint_url))
-        for s in config.data_sources()
+        for s in config.file_sources()
     ]
     refs += [source_ref(uri, model_ref_name(uri), endpoint_url) for uri in config.model_uris()]
     if isinstance(config, ModelConfig):

@@ -34,7 +34,7 @@ SCHEMA_VERSION = "1.3.0"  # 1.1: stage "model" (base models as artifacts); 1.2: 
 # 1.3: code_version derived from the code (a digest string)
 MANIFEST_NAME = "manifest.json"
 
-ArtifactKind = Literal["tokenizer", "model", "adapter", "eval_report"]
+ArtifactKind = Literal["corpus", "tokenizer", "model", "adapter", "eval_report"]
 
 KEY_LIBRARIES = (
     "torch",

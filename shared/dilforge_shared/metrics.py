@@ -53,6 +53,45 @@ class ModelMetrics(Metrics):
     family: str | None = None
 
 
+# ---- curate -------------------------------------------------------------------------------------------
+
+
+class CurateStep(Metrics):
+    step: str
+    removed: int
+    reasons: dict[str, int] = Field(default_factory=dict)
+    examples: list[str] = Field(default_factory=list)
+
+
+class SourceCount(Metrics):
+    read: int
+    kept: int
+
+
+class Redacted(Metrics):
+    documents: int
+    replaced: int
+
+
+class CurateMetrics(Metrics):
+    """The curate stage's counts (services/curate report.py); report.md and README.md carry the same."""
+
+    language: str
+    documents_read: int
+    documents_kept: int
+    chars_read: int
+    chars_kept: int
+    words_kept: int
+    tokens_kept: int | None = None
+    per_source: dict[str, SourceCount]
+    empty_sources: list[str] = Field(default_factory=list)
+    steps: list[CurateStep]
+    repairs: dict[str, int]
+    redacted: dict[str, Redacted]
+    num_shards: int
+    seconds: dict[str, float]
+
+
 # ---- tokenizer ----------------------------------------------------------------------------------------
 
 
@@ -323,6 +362,7 @@ class EvalMetrics(Metrics):
 
 
 STAGE_METRICS: dict[str, type[BaseModel]] = {
+    "curate": CurateMetrics,
     "model": ModelMetrics,
     "tokenizer": TokenizerMetrics,
     "cpt": CptMetrics,

@@ -15,14 +15,15 @@ import importlib.util
 from pathlib import Path
 from typing import Literal, get_args
 
-StageName = Literal["model", "tokenizer", "cpt", "sft", "eval"]
+StageName = Literal["model", "curate", "tokenizer", "cpt", "sft", "eval"]
 STAGES: tuple[StageName, ...] = get_args(StageName)  # pipeline order
 
-ImageName = Literal["tokenizer", "cpt", "sft", "eval"]
+ImageName = Literal["curate", "tokenizer", "cpt", "sft", "eval"]
 IMAGES: tuple[ImageName, ...] = get_args(ImageName)  # one container image each
 
 STAGE_IMAGES: dict[StageName, ImageName] = {
     "model": "cpt",
+    "curate": "curate",
     "tokenizer": "tokenizer",
     "cpt": "cpt",
     "sft": "sft",
@@ -30,6 +31,7 @@ STAGE_IMAGES: dict[StageName, ImageName] = {
 }
 STAGE_MODULES: dict[StageName, str] = {
     "model": "dilforge_cpt.import_model",
+    "curate": "dilforge_curate",
     "tokenizer": "dilforge_tokenizer",
     "cpt": "dilforge_cpt",
     "sft": "dilforge_sft",

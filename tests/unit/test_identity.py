@@ -23,6 +23,7 @@ from test_coordinator import InProcessBackend, write_config
 # until it is marked RUN_ONLY and added here.
 RUN_ONLY = {
     "model": [],
+    "curate": ["num_workers"],
     "tokenizer": ["corpora.name", "validation.name"],
     "cpt": [
         "activation_checkpointing",

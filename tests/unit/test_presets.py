@@ -18,6 +18,6 @@ def test_preset_validates_and_its_local_data_exists(preset, data_root):
     config = load_pipeline(preset)
     assert config.stages(), f"{preset.name} configures no stage"
     for _, stage in config.stages():
-        for source in stage.data_sources():
+        for source in stage.file_sources():
             if "://" not in source.uri:
                 assert Path(source.uri).exists(), f"{preset.name}: {source.uri} does not exist"

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_every_stage_list_is_the_shared_one():
-    assert STAGES == ("model", "tokenizer", "cpt", "sft", "eval")
+    assert STAGES == ("model", "curate", "tokenizer", "cpt", "sft", "eval")
     assert tuple(STAGE_CONFIGS) == STAGES
     assert all(config.stage == name for name, config in STAGE_CONFIGS.items())
     assert [name for name in PipelineConfig.model_fields if name in STAGES] == list(STAGES)

@@ -180,7 +180,7 @@ class ComposeBackend:
         """Read-only mounts for local data outside ${DILFORGE_DATA} (same path inside as outside)."""
         data_root = self.data_root
         extra: set[str] = set()
-        for source in job.config.data_sources():
+        for source in job.config.file_sources():
             uri = source.uri.removeprefix("file://")
             if "://" in uri or not uri.startswith("/"):
                 continue

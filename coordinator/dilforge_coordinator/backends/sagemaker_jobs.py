@@ -77,14 +77,14 @@ def offline_jobs(pipeline: PipelineConfig) -> list[StageJob]:
     planned: dict[str, str] = {}
     jobs = []
     for stage, config in pipeline.stages():
-        inputs = {name: planned[name] for name in config.consumes if name in planned}
+        inputs = {name: planned[name] for name in config.input_names() if name in planned}
         missing = [n for n in config.needed_inputs() if n not in inputs]
         if missing:
             raise DilforgeError(f"stage {stage} needs upstream artifacts {missing} in the same pipeline for a dry run")
         refs = [InputRef(name=n, kind="manifest", uri=u, sha256=f"offline:{u}") for n, u in sorted(inputs.items())]
         refs += [
             InputRef(name=f"data:{s.label}", kind="data", uri=s.uri, sha256=f"offline:{s.uri}")
-            for s in config.data_sources()
+            for s in config.file_sources()
         ]
         refs += [InputRef(name=f"model:{u}", kind="data", uri=u, sha256=f"offline:{u}") for u in config.model_uris()]
         if isinstance(config, ModelConfig):
@@ -108,7 +108,7 @@ def offline_jobs(pipeline: PipelineConfig) -> list[StageJob]:
 
 def local_paths(job: StageJob) -> list[str]:
     """Data and model/tokenizer URIs a SageMaker job could not read: anything not on S3."""
-    uris = [s.uri for s in job.config.data_sources()] + job.config.model_uris()
+    uris = [s.uri for s in job.config.file_sources()] + job.config.model_uris()
     if isinstance(job.config, ModelConfig) and source_kind(job.config.source) in ("folder", "gguf"):
         uris.append(job.config.source)  # a recipe is fetched by the job itself; a local folder is not reachable
     return [u for u in uris if not u.startswith("s3://")]

@@ -6,7 +6,7 @@ import logging
 import warnings
 from typing import ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.fields import FieldInfo
 from pydantic_core import to_jsonable_python
 
@@ -105,6 +105,12 @@ def rename_fields(data, renamed: dict[str, str], where: str):
 Switch = Literal["auto", "on", "off"]
 
 
+# A source may name an upstream stage's corpus artifact instead of files: `uri: artifact:curate`. Its identity is
+# then that artifact's id (an upstream ref), and the stage reads the artifact's shards (contract.resolve_sources).
+ARTIFACT_PREFIX = "artifact:"
+CORPUS_STAGES = ("curate",)
+
+
 class DataSource(StrictModel):
     """A corpus or text set: a file, folder, glob, or S3 object/prefix."""
 
@@ -126,6 +132,20 @@ class DataSource(StrictModel):
         description="A longer line: error (names file:line), split into documents of at most "
         "max_document_bytes (txt, parquet), truncate, or skip with a warning. JSONL/TSV records: error or skip.",
     )
+
+    @field_validator("uri")
+    @classmethod
+    def _check_artifact(cls, uri: str) -> str:
+        if uri.startswith(ARTIFACT_PREFIX) and uri[len(ARTIFACT_PREFIX) :] not in CORPUS_STAGES:
+            raise ValueError(
+                f"{uri!r}: an upstream artifact is named {', '.join(ARTIFACT_PREFIX + s for s in CORPUS_STAGES)}"
+            )
+        return uri
+
+    @property
+    def artifact(self) -> str | None:
+        """The upstream stage whose corpus artifact this source is (`uri: artifact:curate`), else None."""
+        return self.uri[len(ARTIFACT_PREFIX) :] if self.uri.startswith(ARTIFACT_PREFIX) else None
 
     @property
     def bounds(self) -> dict:
@@ -169,8 +189,20 @@ class StageConfig(StrictModel):
         return identity_view(self)
 
     def data_sources(self) -> list[DataSource]:
-        """Raw data the stage reads; their digests are part of the artifact fingerprint."""
+        """Every data source the stage reads (files, and upstream corpora named `artifact:<stage>`)."""
         return []
+
+    def file_sources(self) -> list[DataSource]:
+        """The sources that are files: their digests are part of the artifact fingerprint."""
+        return [s for s in self.data_sources() if s.artifact is None]
+
+    def input_names(self) -> tuple[str, ...]:
+        """Every upstream input this config reads when present: `consumes`, and the corpora its sources name."""
+        return (*self.consumes, *self.source_inputs())
+
+    def source_inputs(self) -> tuple[str, ...]:
+        """Upstream stages whose corpus artifacts the sources name (`uri: artifact:curate`)."""
+        return tuple(sorted({s.artifact for s in self.data_sources() if s.artifact}))
 
     def model_uris(self) -> list[str]:
         """Model or tokenizer folders read besides upstream artifacts; their content is fingerprinted too."""
@@ -178,8 +210,9 @@ class StageConfig(StrictModel):
 
     def needed_inputs(self) -> tuple[str, ...]:
         """Upstream inputs this config cannot run without: `required_inputs`, plus those its fields leave open
-        (e.g. no `base_model` given → the base model must come from the pipeline's `model` stage)."""
-        return self.required_inputs
+        (e.g. no `base_model` given → the base model must come from the pipeline's `model` stage), plus the
+        corpora its sources name."""
+        return (*self.required_inputs, *self.source_inputs())
 
     def missing_inputs_message(self, missing: list[str]) -> str:
         """The one-line error when `missing` upstream inputs are absent; configs override it to name the field

@@ -300,8 +300,8 @@ class CptConfig(StageConfig, Batching, Checkpointing):
 
     def needed_inputs(self) -> tuple[str, ...]:
         if self.base_model is None and self.scratch_model is None:
-            return (*self.required_inputs, "model")
-        return self.required_inputs
+            return (*super().needed_inputs(), "model")
+        return super().needed_inputs()
 
     def data_sources(self) -> list[DataSource]:
         return [*self.corpora, *self.validation]

@@ -15,13 +15,14 @@ from ..stages import StageName
 from .base import StageConfig, StrictModel
 from .cloud import SageMakerConfig
 from .cpt import CptConfig
+from .curate import CurateConfig
 from .eval import EvalConfig
 from .model import ModelConfig
 from .sft import SftConfig
 from .tokenizer import TokenizerConfig
 
 STAGE_CONFIGS: dict[StageName, type[StageConfig]] = {
-    config.stage: config for config in (ModelConfig, TokenizerConfig, CptConfig, SftConfig, EvalConfig)
+    config.stage: config for config in (ModelConfig, CurateConfig, TokenizerConfig, CptConfig, SftConfig, EvalConfig)
 }
 
 # Semver of the pipeline config schema (schemas/pipeline.schema.json, key "x-dilforge-config-version").
@@ -71,6 +72,11 @@ class PipelineConfig(StrictModel):
         default=None,
         description="Base model import, run first; downstream stages "
         "get it as their input named 'model'. Omitted = not run.",
+    )
+    curate: CurateConfig | None = Field(
+        default=None,
+        description="Curate stage: raw text → a clean corpus artifact, named by later stages as `artifact:curate`; "
+        "omitted = not run.",
     )
     tokenizer: TokenizerConfig | None = Field(default=None, description="Tokenizer stage; omitted = not run.")
     cpt: CptConfig | None = Field(default=None, description="CPT stage; omitted = not run.")

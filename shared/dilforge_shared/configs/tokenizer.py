@@ -204,8 +204,8 @@ class TokenizerConfig(StageConfig):
     def needed_inputs(self) -> tuple[str, ...]:
         """base/extend without base_tokenizer read the tokenizer of the pipeline's `model` artifact."""
         if {"base", "extend"} & set(self.strategies) and not self.base_tokenizer:
-            return (*self.required_inputs, "model")
-        return self.required_inputs
+            return (*super().needed_inputs(), "model")
+        return super().needed_inputs()
 
     def missing_inputs_message(self, missing: list[str]) -> str:
         if "model" in missing:

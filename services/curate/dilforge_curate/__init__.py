@@ -1,0 +1,1 @@
+"""dilforge curate stage: raw web text → a clean, deduplicated, contact-free corpus, on datatrove."""

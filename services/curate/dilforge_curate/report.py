@@ -1,0 +1,205 @@
+"""What the curate stage tells its user: counts per step from datatrove's per-task stats, examples of what each
+step removed, the metrics for the manifest, report.md and the data card (README.md beside the shards)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+from datatrove.data import Document
+from dilforge_shared.configs.curate import CurateConfig
+from dilforge_shared.errors import InputError
+from dilforge_shared.metrics import CurateMetrics
+
+# (key, a unique part of the datatrove step's name, what it removes), in pipeline order
+STEPS = (
+    ("empty", "Empty", "documents with no text left after normalising"),
+    ("language", "Language ID", "documents not in the target language (or below the score)"),
+    ("repetition", "Gopher Repetition", "repeated lines, paragraphs and n-grams (word spam)"),
+    ("lines", "FineWeb Quality", "line-level boilerplate: menus, lists, lines without punctuation"),
+    ("quality", "Gopher Quality", "too short or long, symbol spam, few letters, no stop words"),
+    ("duplicates", "MinHash stage 4", "exact and near duplicates (all but one copy of each cluster)"),
+)
+EXAMPLE_CHARS = 240
+
+
+def record(self, doc: Document) -> dict:
+    """An output record: `text` first; provenance without local paths, so the output is the same wherever it ran."""
+    out = {"text": doc.text, "id": doc.id, "source": doc.metadata.get("source")}
+    for key in ("language_score", "token_count"):
+        if key in doc.metadata:
+            out[key] = doc.metadata[key]
+    return out
+
+
+def _merged(folder: Path) -> list[tuple[str, Counter]]:
+    """Per step (in order): every stat summed over the finished tasks (a resumed run included)."""
+    steps: list[tuple[str, Counter]] = []
+    for path in sorted((folder / "stats").glob("*.json")):
+        for i, step in enumerate(json.loads(path.read_text())):
+            if i == len(steps):
+                steps.append((step["name"], Counter()))
+            for key, value in step.get("stats", {}).items():
+                steps[i][1][key] += value["total"] if isinstance(value, dict) else value
+    return steps
+
+
+def _find(steps: list[tuple[str, Counter]], part: str) -> Counter:
+    return next((stats for name, stats in steps if part in name), Counter())
+
+
+def _examples(folder: Path, limit: int) -> list[str]:
+    out: list[str] = []
+    for path in sorted(folder.glob("*.jsonl")) if folder.is_dir() else []:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                if len(out) >= limit:
+                    return out
+                text = json.loads(line)["text"].replace("\n", " ⏎ ")
+                out.append(text[:EXAMPLE_CHARS] + ("…" if len(text) > EXAMPLE_CHARS else ""))
+    return out
+
+
+def collect(work: Path, config: CurateConfig) -> dict:
+    """Counts, removals and examples of a finished run, from the work folder."""
+    filtered = _merged(work / "logs" / "filter")
+    written = _merged(work / "logs" / "write")
+    reader, normalise, redact = (_find(filtered, p) for p in ("dilforge sources", "Normalise", "Redact contacts"))
+    steps = []
+    for key, part, what in STEPS:
+        stats = _find(written if key == "duplicates" else filtered, part)
+        reasons = {k.removeprefix("dropped_"): v for k, v in stats.items() if k.startswith("dropped_")}
+        steps.append(
+            {
+                "step": key,
+                "what": what,
+                "removed": stats.get("dropped", 0),
+                "reasons": dict(sorted(reasons.items(), key=lambda kv: -kv[1])),
+                "examples": _examples(work / "removed" / key, config.output.num_examples),
+            }
+        )
+    kept = _find(written, "Source counter")
+    return {
+        "read": reader.get("documents", 0),
+        "chars_read": reader.get("doc_len", 0),
+        "per_source": {s.label: reader.get(f"source:{s.label}", 0) for s in config.corpora},
+        "kept_per_source": {s.label: kept.get(f"kept:{s.label}", 0) for s in config.corpora},
+        "empty_sources": [s.label for s in config.corpora if reader.get(f"empty_source:{s.label}", 0)],
+        "kept": kept.get("kept", 0),
+        "chars_kept": kept.get("chars", 0),
+        "words_kept": kept.get("words", 0),
+        "tokens": _find(written, "Counter").get("tokens") if _find(written, "Counter") else None,
+        "repairs": {
+            k: normalise.get(k, 0) for k in ("encoding_repaired", "unicode_normalised", "whitespace_normalised")
+        },
+        "redacted": {
+            kind: {"documents": redact.get(f"documents_with_{kind}", 0), "replaced": redact.get(f"{kind}s_replaced", 0)}
+            for kind in ("email", "phone", "card")
+        },
+        "steps": steps,
+    }
+
+
+def check_not_empty(counts: dict, config: CurateConfig) -> None:
+    """Never a silent empty corpus: no document read, or none kept, is an error saying where they went."""
+    if counts["read"] == 0:
+        raise InputError(
+            "curate.corpora: no document in any source (every file empty or blank)",
+            path=", ".join(s.uri for s in config.corpora),
+        )
+    if counts["kept"] == 0:
+        removed = "; ".join(
+            f"{s['step']} {s['removed']}" + (f" ({_top(s['reasons'])})" if s["reasons"] else "")
+            for s in counts["steps"]
+            if s["removed"]
+        )
+        raise InputError(
+            f"curate: none of the {counts['read']} documents survived ({removed}); is curate.language "
+            f"({config.language!r}) the corpus's language, or are the quality bounds too strict for it?",
+            path=", ".join(s.uri for s in config.corpora),
+        )
+
+
+def _top(reasons: dict[str, int], n: int = 3) -> str:
+    return ", ".join(f"{k} {v}" for k, v in list(reasons.items())[:n])
+
+
+def metrics(config: CurateConfig, counts: dict, seconds: dict[str, float], total_s: float) -> dict:
+    out = {
+        "language": config.language,
+        "documents_read": counts["read"],
+        "documents_kept": counts["kept"],
+        "chars_read": counts["chars_read"],
+        "chars_kept": counts["chars_kept"],
+        "words_kept": counts["words_kept"],
+        "tokens_kept": counts["tokens"],
+        "per_source": {
+            label: {"read": counts["per_source"][label], "kept": counts["kept_per_source"][label]}
+            for label in counts["per_source"]
+        },
+        "empty_sources": counts["empty_sources"],
+        "steps": [{k: v for k, v in s.items() if k != "what"} for s in counts["steps"]],
+        "repairs": counts["repairs"],
+        "redacted": counts["redacted"],
+        "num_shards": config.output.num_shards,
+        "seconds": {**seconds, "total": round(total_s, 2)},
+    }
+    return CurateMetrics.model_validate(out).model_dump(mode="json")
+
+
+def write(out_dir: Path, config: CurateConfig, counts: dict) -> None:
+    """report.md (what each step removed, with examples) and README.md (the data card)."""
+    lines = [
+        f"# Curation report ({config.language})",
+        "",
+        f"Read {counts['read']:,} documents ({counts['chars_read']:,} characters); kept {counts['kept']:,} "
+        f"({counts['chars_kept']:,} characters, {counts['words_kept']:,} words"
+        + (f", {counts['tokens']:,} tokens" if counts["tokens"] is not None else "")
+        + ").",
+        "",
+        "| step | removed | why |",
+        "|---|---:|---|",
+    ]
+    lines += [f"| {s['step']} | {s['removed']:,} | {_top(s['reasons'], 6) or s['what']} |" for s in counts["steps"]]
+    r = counts["repairs"]
+    red = counts["redacted"]
+    lines += [
+        "",
+        f"Repaired: {r['encoding_repaired']:,} mis-decoded documents, {r['unicode_normalised']:,} Unicode "
+        f"normalised, {r['whitespace_normalised']:,} whitespace.",
+        "Redacted: "
+        + ", ".join(f"{v['replaced']:,} {k}s in {v['documents']:,} documents" for k, v in red.items())
+        + ".",
+    ]
+    if counts["empty_sources"]:
+        lines += ["", f"Empty sources (skipped): {', '.join(counts['empty_sources'])}."]
+    for s in counts["steps"]:
+        if s["examples"]:
+            lines += ["", f"## Removed by {s['step']}", ""] + [f"- {e}" for e in s["examples"]]
+    (out_dir / "report.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+    card = [
+        f"# Data card: curated {config.language} corpus",
+        "",
+        "Shards `shard-*."
+        + ("parquet" if config.output.format == "parquet" else "jsonl")
+        + "`, field `text` (also `id`, `source`, `language_score`, `token_count`). Made by dilforge's curate stage "
+        "on datatrove; steps and counts in report.md.",
+        "",
+        "| source | licence | documents read | kept |",
+        "|---|---|---:|---:|",
+    ]
+    card += [
+        f"| {s.label} | {s.licence or 'not given'} | {counts['per_source'][s.label]:,} | "
+        f"{counts['kept_per_source'][s.label]:,} |"
+        for s in config.corpora
+    ]
+    card += [
+        "",
+        f"Language: {config.language} (lingua, score ≥ {config.language_id.min_score}); contact details replaced by "
+        f"{config.redact.email_placeholder}, {config.redact.phone_placeholder}, {config.redact.card_placeholder}; "
+        f"near duplicates removed by MinHash ({config.dedup.num_buckets}×{config.dedup.hashes_per_bucket}, "
+        f"{config.dedup.n_grams}-grams).",
+    ]
+    (out_dir / "README.md").write_text("\n".join(card) + "\n", encoding="utf-8")

@@ -1,0 +1,247 @@
+"""The curate stage, top to bottom.
+
+parse (sources, the tokenizer that counts tokens, the work folder) → build four datatrove pipelines
+(1 filter: read → normalise → redact → language ID → quality → kept documents + MinHash signatures;
+2 buckets; 3 clusters; 4 write: drop duplicates → count tokens → shards) → run them with datatrove's local
+executor (tasks = `output.num_shards`, processes = `num_workers`; a rerun skips finished tasks) → publish the
+shards, report.md, the data card (README.md) and metrics.
+
+The work folder lives under /opt/ml/checkpoints, which the local backend keeps after a failure and SageMaker
+syncs: a rerun resumes from the tasks that finished.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from dilforge_shared.configs.curate import CurateConfig
+from dilforge_shared.contract import StageContext, StageResult, log_config
+from dilforge_shared.errors import DilforgeError, InputError
+
+from . import report
+from .steps import (
+    ContactRedactor,
+    EmptyFilter,
+    LinguaFilter,
+    Normaliser,
+    RankFileReader,
+    SourceCounter,
+    SourceReader,
+    SourceReadError,
+    WordSplitter,
+)
+
+log = logging.getLogger("dilforge.curate")
+
+PHASES = ("filter", "buckets", "cluster", "write")
+
+
+@dataclass
+class Inputs:
+    sources: list[dict]
+    tokenizer_file: str | None
+    work: Path
+
+
+class Stopped(DilforgeError):
+    """SIGTERM (SageMaker stop, spot interruption, Ctrl-C of the coordinator): datatrove's pool is terminated."""
+
+
+def _stop(signum, frame):
+    raise Stopped(
+        f"stopped by {signal.Signals(signum).name}; finished tasks are kept in the work folder, a rerun resumes"
+    )
+
+
+def run(config: CurateConfig, ctx: StageContext) -> StageResult:
+    t0 = time.perf_counter()
+    signal.signal(signal.SIGTERM, _stop)  # raised in the main thread: the pool's `with` terminates its workers
+    log_config(config, {"num_tasks": config.output.num_shards, "num_workers": config.num_workers})
+    inputs = parse(config, ctx)
+    executors = build(config, inputs, ctx.model_dir)
+    seconds = execute(executors, inputs)
+    counts = report.collect(inputs.work, config)
+    report.check_not_empty(counts, config)
+    report.write(ctx.model_dir, config, counts)
+    metrics = report.metrics(config, counts, seconds, time.perf_counter() - t0)
+    return StageResult(metrics=metrics)
+
+
+def parse(config: CurateConfig, ctx: StageContext) -> Inputs:
+    sources = [
+        {
+            "uri": s.uri,
+            "format": s.format,
+            "text_field": s.text_field,
+            "label": s.label,
+            "bounds": s.bounds,
+        }
+        for s in config.corpora
+    ]
+    tokenizer_file = None
+    if config.tokenizer:
+        tokenizer_file = str(Path(config.tokenizer.removeprefix("file://")) / "tokenizer.json")
+    elif ctx.has_input("model"):
+        tokenizer_file = str(ctx.input("model").path / "tokenizer.json")
+    if tokenizer_file and not Path(tokenizer_file).is_file():
+        raise InputError("no tokenizer.json to count tokens with", path=tokenizer_file)
+    work = ctx.checkpoint_dir / "curate"
+    work.mkdir(parents=True, exist_ok=True)
+    return Inputs(sources=sources, tokenizer_file=tokenizer_file, work=work)
+
+
+def build(config: CurateConfig, inputs: Inputs, out_dir: Path) -> dict:
+    """The four datatrove executors, each step built from its own config section."""
+    from datatrove.executor import LocalPipelineExecutor
+    from datatrove.pipeline.dedup import MinhashDedupBuckets, MinhashDedupCluster, MinhashDedupFilter
+    from datatrove.pipeline.dedup.minhash import MinhashConfig, MinhashDedupSignature
+    from datatrove.pipeline.filters import FineWebQualityFilter, GopherQualityFilter, GopherRepetitionFilter
+    from datatrove.pipeline.tokens import TokensCounter
+    from datatrove.pipeline.writers import JsonlWriter, ParquetWriter
+    from datatrove.utils.hashing import HashConfig
+
+    work, q, words = inputs.work, config.quality, WordSplitter()
+
+    def removed(step: str):  # what a step drops, kept for the report's examples and counts
+        return JsonlWriter(str(work / "removed" / step), output_filename="${rank}.jsonl", compression=None)
+
+    minhash = MinhashConfig(
+        n_grams=config.dedup.n_grams,
+        num_buckets=config.dedup.num_buckets,
+        hashes_per_bucket=config.dedup.hashes_per_bucket,
+        hash_config=HashConfig(precision=64, hash_fc="sha1"),  # xxhash 4 (pinned for datasets) takes bytes only
+    )
+    filtered = str(work / "filtered")
+    filter_steps = [
+        SourceReader(inputs.sources),
+        Normaliser(**config.normalise.model_dump()),
+        EmptyFilter(exclusion_writer=removed("empty")),
+        ContactRedactor(
+            emails=config.redact.emails,
+            phones=config.redact.phones,
+            cards=config.redact.cards,
+            placeholders={
+                "email": config.redact.email_placeholder,
+                "phone": config.redact.phone_placeholder,
+                "card": config.redact.card_placeholder,
+            },
+        ),
+        LinguaFilter(
+            config.language,
+            config.language_id.candidates,
+            config.language_id.min_score,
+            config.language_id.max_chars,
+            exclusion_writer=removed("language"),
+        ),
+        GopherRepetitionFilter(
+            dup_line_frac=q.dup_line_frac,
+            top_n_grams=tuple(q.top_n_grams),
+            dup_n_grams=tuple(q.dup_n_grams),
+            exclusion_writer=removed("repetition"),
+            language=words,
+        ),
+        FineWebQualityFilter(
+            line_punct_thr=q.line_punct_thr,
+            short_line_thr=q.short_line_thr,
+            char_duplicates_ratio=q.char_duplicates_ratio,
+            new_line_ratio=q.new_line_ratio,
+            exclusion_writer=removed("lines"),
+            language=words,
+        ),
+        GopherQualityFilter(
+            min_doc_words=q.min_words,
+            max_doc_words=q.max_words,
+            min_avg_word_length=q.min_avg_word_length,
+            max_avg_word_length=q.max_avg_word_length,
+            max_symbol_word_ratio=q.max_symbol_word_ratio,
+            max_non_alpha_words_ratio=q.max_non_alpha_words_ratio,
+            min_stop_words=q.min_stop_words,
+            stop_words=q.stop_words,
+            exclusion_writer=removed("quality"),
+            language=words,
+        ),
+        JsonlWriter(filtered, output_filename="${rank}.jsonl", compression=None),
+        MinhashDedupSignature(output_folder=str(work / "signatures"), config=minhash, language=words),
+    ]
+    writer = (
+        ParquetWriter(str(out_dir), output_filename="shard-${rank}.parquet", adapter=report.record, compression=None)
+        if config.output.format == "parquet"
+        else JsonlWriter(str(out_dir), output_filename="shard-${rank}.jsonl", adapter=report.record, compression=None)
+    )
+    write_steps = [
+        RankFileReader(filtered),
+        MinhashDedupFilter(input_folder=str(work / "remove_ids"), exclusion_writer=removed("duplicates")),
+        *([TokensCounter(inputs.tokenizer_file, batch_size=256)] if inputs.tokenizer_file else []),
+        SourceCounter(),
+        writer,
+    ]
+    tasks, workers = config.output.num_shards, config.num_workers
+
+    def executor(phase: str, steps: list, num_tasks: int) -> LocalPipelineExecutor:
+        return LocalPipelineExecutor(
+            steps, tasks=num_tasks, workers=min(workers, num_tasks), logging_dir=str(work / "logs" / phase)
+        )
+
+    return {
+        "filter": executor("filter", filter_steps, tasks),
+        "buckets": executor(
+            "buckets",
+            [MinhashDedupBuckets(str(work / "signatures"), str(work / "buckets"), config=minhash)],
+            minhash.num_buckets,
+        ),
+        "cluster": executor(
+            "cluster", [MinhashDedupCluster(str(work / "buckets"), str(work / "remove_ids"), config=minhash)], 1
+        ),
+        "write": executor("write", write_steps, tasks),
+    }
+
+
+@contextlib.contextmanager
+def datatrove_console(path: Path):
+    """Datatrove logs every task's pipeline and stats to stderr (fd 2, inherited by its worker processes); they go
+    to `path` instead, and the stage prints one line per phase. Per-task logs stay in logs/<phase>/logs/."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(path, "ab") as f:
+        os.dup2(f.fileno(), 2)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def execute(executors: dict, inputs: Inputs) -> dict[str, float]:
+    """Run the phases in order; a source that cannot be read fails the stage in one line naming file and line."""
+    seconds = {}
+    console = inputs.work / "logs" / "datatrove.log"
+    console.parent.mkdir(parents=True, exist_ok=True)
+    for phase in PHASES:
+        t = time.perf_counter()
+        executor = executors[phase]
+        todo = len(executor.get_incomplete_ranks())
+        resumed = f", {executor.world_size - todo} already done" if todo < executor.world_size else ""
+        print(f"[curate] {phase}: {todo} task(s) on {executor.workers} process(es){resumed}", flush=True)
+        try:
+            with datatrove_console(console):
+                executor.run()
+        except SourceReadError as exc:
+            raise InputError(str(exc)) from None
+        failed = executors[phase].get_incomplete_ranks()
+        if failed:
+            logs = inputs.work / "logs" / phase / "logs"
+            raise InputError(
+                f"curate {phase}: {len(failed)} task(s) did not finish (first: {failed[0]}); their logs are in "
+                f"{logs}; a rerun resumes the unfinished tasks"
+            )
+        seconds[phase] = round(time.perf_counter() - t, 2)
+        print(f"[curate] {phase}: done in {seconds[phase]:.1f} s", flush=True)
+    return seconds

@@ -1,0 +1,181 @@
+"""The curate stage through `coordinator run-all`, on a dirty corpus with known answers built from held-out dev
+text (bench/dirty_corpus.py): what it keeps, removes, repairs and redacts; the tokenizer reading its artifact;
+output independent of the number of workers; bad input; a SIGTERM and a resumed rerun."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from dirty_corpus import build, score  # noqa: E402
+
+COORDINATOR = str(Path(sys.executable).parent / "coordinator")
+FLORES = "az/dev/flores200.dev.partial_from_sib200.tsv"
+
+
+def run_all(root: Path, config: dict, name: str = "p.yaml", timeout: int = 600) -> subprocess.CompletedProcess:
+    (root / name).write_text(yaml.safe_dump(config, allow_unicode=True))
+    env = {**os.environ, "DILFORGE_WORKDIR": str(root / "work")}
+    return subprocess.run(
+        [COORDINATOR, "run-all", "--config", str(root / name)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def artifact_dir(store: Path, stage: str, output: str) -> Path:
+    line = next(x for x in output.splitlines() if x.startswith(f"[{stage}] ") and "artifact: " in x)
+    folder = Path(line.split("artifact: ")[1].removeprefix("file://"))
+    manifest = json.loads((folder / "manifest.json").read_text())
+    return folder / manifest["data_dir"]
+
+
+def records(data_dir: Path) -> list[dict]:
+    return [json.loads(line) for f in sorted(data_dir.glob("shard-*.jsonl")) for line in f.open(encoding="utf-8")]
+
+
+def curate(uri: str, **extra) -> dict:
+    return {"corpora": [{"uri": uri, "name": "web", "licence": "CC BY-SA 4.0"}], "output": {"num_shards": 4}, **extra}
+
+
+@pytest.fixture(scope="module")
+def curated(tmp_path_factory, data_root):
+    root = tmp_path_factory.mktemp("curate")
+    labels = build(data_root, root / "dirty")
+    config = {
+        "run_id": "web",
+        "store": {"uri": str(root / "store")},
+        "curate": curate(str(root / "dirty" / "web.jsonl")),
+        "tokenizer": {
+            "strategy": "replace",
+            "corpora": [{"uri": "artifact:curate"}],
+            "validation": [{"uri": str(data_root / FLORES), "text_field": "azj_Latn", "name": "flores_dev"}],
+            "vocab_sizes": [1024],
+            "num_validation_lines": 50,
+        },
+    }
+    proc = run_all(root, config)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return root, labels, config, proc.stdout
+
+
+def test_dirty_corpus_meets_the_bars(curated):
+    root, labels, _, out = curated
+    data = artifact_dir(root / "store", "curate", out)
+    got = score(records(data), labels)
+    assert got["clean_kept"] >= 0.95, got
+    assert got["exact_groups_single"] == 1.0, got
+    assert got["near_groups_single"] >= 0.85, got
+    assert got["english_removed"] >= 0.95, got
+    assert got["junk_removed"] >= 0.90, got
+    assert got["mis_decoded_left"] == 0 and got["mojibake_repaired"] >= 0.95, got
+    assert got["contact_leaks"] == [], got
+
+
+def test_report_card_and_metrics_say_what_was_removed(curated):
+    root, labels, _, out = curated
+    data = artifact_dir(root / "store", "curate", out)
+    metrics = json.loads((data.parent / "manifest.json").read_text())["metrics"]
+    assert metrics["documents_read"] == len(labels)
+    assert metrics["documents_kept"] == len(records(data))
+    steps = {s["step"]: s for s in metrics["steps"]}
+    assert steps["language"]["reasons"]["language_en"] >= 57 and steps["duplicates"]["removed"] >= 50
+    assert steps["quality"]["examples"] and all(len(e) <= 241 for e in steps["quality"]["examples"])
+    assert metrics["repairs"]["encoding_repaired"] >= 15
+    assert metrics["redacted"]["phone"]["replaced"] >= 20 and metrics["redacted"]["email"]["documents"] >= 10
+    report = (data / "report.md").read_text()
+    assert "| language |" in report and "## Removed by duplicates" in report
+    card = (data / "README.md").read_text()
+    assert "| web | CC BY-SA 4.0 |" in card
+    contacts = [c for lab in labels.values() for c in lab.get("contacts", [])]
+    assert not [c for s in metrics["steps"] for e in s["examples"] for c in contacts if c in e]  # redacted first
+
+
+def test_tokenizer_reads_the_curated_artifact_and_a_rerun_reuses_both(curated):
+    root, _, config, out = curated
+    tok = artifact_dir(root / "store", "tokenizer", out)
+    cur = artifact_dir(root / "store", "curate", out)
+    inputs = json.loads((tok.parent / "manifest.json").read_text())["inputs"]
+    ref = next(i for i in inputs if i["name"] == "curate")
+    assert ref["sha256"] == f"artifact:{cur.parent.name}"
+    assert not any(i["uri"] == "artifact:curate" for i in inputs)  # never hashed as a file path
+    again = run_all(root, config)
+    assert again.returncode == 0 and "running on" not in again.stdout, again.stdout[-2000:]
+
+
+def test_output_does_not_depend_on_the_number_of_workers(curated, tmp_path):
+    root, _, config, out = curated
+    one = {**config, "store": {"uri": str(tmp_path / "store")}, "curate": {**config["curate"], "num_workers": 1}}
+    one.pop("tokenizer")
+    proc = run_all(tmp_path, one)
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    a = json.loads((artifact_dir(root / "store", "curate", out).parent / "manifest.json").read_text())
+    b = json.loads((artifact_dir(tmp_path / "store", "curate", proc.stdout).parent / "manifest.json").read_text())
+    assert a["artifact_id"] == b["artifact_id"]
+    assert [(f["path"], f["sha256"]) for f in a["files"]] == [(f["path"], f["sha256"]) for f in b["files"]]
+
+
+def test_bad_input_is_one_line_and_publishes_nothing(tmp_path, data_root):
+    english = tmp_path / "en.jsonl"
+    english.write_text(
+        "".join(json.dumps({"text": line}) + "\n" for line in (data_root / "az/dev/xwmt_test.az-en.en.txt").open())
+    )
+    proc = run_all(tmp_path, {"run_id": "en", "store": {"uri": str(tmp_path / "s1")}, "curate": curate(str(english))})
+    assert proc.returncode != 0
+    assert "none of the 600 documents survived" in proc.stdout + proc.stderr and "language" in proc.stdout + proc.stderr
+    assert not list((tmp_path / "s1").glob("artifacts/curate/*/manifest.json"))
+
+    broken = tmp_path / "broken.txt"
+    broken.write_bytes("Bakı şəhəri\n".encode() * 3 + b"\xff\xfe bad\n")
+    proc = run_all(tmp_path, {"run_id": "b", "store": {"uri": str(tmp_path / "s2")}, "curate": curate(str(broken))})
+    assert proc.returncode != 0 and f"{broken}:4" in proc.stdout + proc.stderr and "UTF-8" in proc.stdout + proc.stderr
+
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    proc = run_all(tmp_path, {"run_id": "e", "store": {"uri": str(tmp_path / "s3")}, "curate": curate(str(empty))})
+    assert proc.returncode != 0 and "no document in any source" in proc.stdout + proc.stderr
+
+
+def test_sigterm_stops_the_workers_and_a_rerun_resumes(tmp_path, data_root):
+    build(data_root, tmp_path / "dirty")
+    big = tmp_path / "big.jsonl"
+    with open(big, "w", encoding="utf-8") as f:
+        for k in range(12):  # distinct copies, so the run takes long enough to be stopped mid-way
+            for line in (tmp_path / "dirty" / "web.jsonl").open(encoding="utf-8"):
+                f.write(json.dumps({"text": json.loads(line)["text"] + f"\nNömrə {k}."}, ensure_ascii=False) + "\n")
+    config = {"run_id": "big", "store": {"uri": str(tmp_path / "store")}, "curate": curate(str(big))}
+    config["curate"]["output"]["num_shards"] = 16
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(config, allow_unicode=True))
+    env = {**os.environ, "DILFORGE_WORKDIR": str(tmp_path / "work")}
+    proc = subprocess.Popen(
+        [COORDINATOR, "run-all", "--config", str(tmp_path / "p.yaml")],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    deadline = time.monotonic() + 300
+    while not list((tmp_path / "work").glob("curate-*/checkpoints/curate/logs/filter/completions/*")):
+        assert proc.poll() is None and time.monotonic() < deadline, "the filter phase never finished a task"
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    out = proc.communicate(timeout=120)[0]
+    assert proc.returncode != 0 and "cancelled" in out, out[-2000:]
+    time.sleep(1)
+    stray = subprocess.run(["pgrep", "-f", "dilforge_curate"], capture_output=True, text=True).stdout.split()
+    assert not stray, "datatrove workers outlived the stage"
+    again = run_all(tmp_path, config)
+    assert again.returncode == 0, again.stdout[-3000:]
+    assert "already done" in again.stdout

@@ -1,0 +1,128 @@
+"""The curate stage's own datatrove steps and its config (services/curate steps.py, configs/curate.py)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from datatrove.data import Document
+from dilforge_curate.steps import ContactRedactor, LinguaFilter, Normaliser, WordSplitter, luhn_ok
+from dilforge_shared.configs import PipelineConfig, validate_model
+from dilforge_shared.configs.curate import CurateConfig
+from dilforge_shared.errors import ConfigError
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from dirty_corpus import mis_decode  # noqa: E402
+
+AZ = (
+    "Azərbaycan Respublikasının paytaxtı Bakı şəhəridir. Şəhər Xəzər dənizinin sahilində yerləşir və ölkənin ən "
+    "böyük sənaye, elm və mədəniyyət mərkəzidir. Burada çoxlu muzey, teatr və park var."
+)
+# written for this test: two plain Turkish sentences
+TR = "Türkiye'nin başkenti Ankara'dır. Şehir, ülkenin ortasında yer alır ve büyük bir üniversite şehridir."
+EN = "The capital of Azerbaijan is Baku. The city lies on the coast of the Caspian Sea and is the largest centre."
+
+REDACT = ContactRedactor(True, True, True, {"email": "<EMAIL>", "phone": "<PHONE>", "card": "<CARD>"})
+
+
+@pytest.mark.parametrize(
+    "contact",
+    [
+        "+994 50 123 45 67",
+        "+994(55)2223344",
+        "(+994) 12 493 12 34",
+        "994 70 765 43 21",
+        "050-321-76-54",
+        "050 321 76 54",
+        "0551234567",
+        "(012) 493-12-34",
+        "012 598 41 00",
+        "+90 532 123 45 67",
+        "+7 495 123-45-67",
+        "+1 (555) 123-4567",
+        "0044 20 7946 0958",
+        "info@xeber.az",
+        "ad.soyad+test@mail.example.com",
+        "4169 7388 1234 5670",
+        "5522-0412-3456-7891",
+        "4169738812345670",
+    ],
+)
+def test_contact_details_are_replaced(contact):
+    out = REDACT.format(f"Əlaqə: {contact}, hər gün.")
+    assert contact not in out
+    assert any(p in out for p in ("<EMAIL>", "<PHONE>", "<CARD>")), out
+    assert out.startswith("Əlaqə: <") and out.endswith(">, hər gün.")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Büdcə 1 500 000 manat təşkil edir.",
+        "Qanun 12.05.2023 tarixində qəbul edilib, maddə 123.4.5 dəyişdirilib.",
+        "2019-2020-ci illərdə 35 000 nəfər.",
+        "Kodun 1234-cü maddəsi və 56789 saylı qərar.",
+        "Sifariş nömrəsi 4169 7388 1234 5671 (Luhn yoxlamasından keçmir).",
+        "ISBN 978-5-699-12014-7",
+    ],
+)
+def test_numbers_that_are_not_contacts_stay(text):
+    assert REDACT.format(text) == text
+
+
+def test_luhn():
+    assert luhn_ok("4169 7388 1234 5670") and not luhn_ok("4169 7388 1234 5671") and not luhn_ok("1234")
+
+
+def test_mis_decoded_text_is_repaired_and_normalised():
+    norm = Normaliser(fix_encoding=True, unicode_form="NFC", whitespace=True)
+    broken = mis_decode(AZ)
+    assert broken != AZ and "É™" in broken
+    assert norm.format(broken) == AZ
+    assert norm.format("  Bakı   şəhəri\u200b \n\n\n\nXəzər\t dənizi  ") == "Bakı şəhəri\n\nXəzər dənizi"
+    assert norm.format("s\u0327") == "ş"  # NFC
+
+
+def test_language_filter_keeps_azerbaijani_and_names_what_it_drops():
+    lid = LinguaFilter("az", ["tr", "en", "ru"], 0.5, 2000)
+    docs = {k: Document(text=t, id=k) for k, t in (("az", AZ), ("tr", TR), ("en", EN))}
+    assert lid.filter(docs["az"]) is True and docs["az"].metadata["language_score"] >= 0.5
+    assert lid.filter(docs["tr"]) == (False, "language_tr")
+    assert lid.filter(docs["en"]) == (False, "language_en")
+
+
+def test_word_splitter_separates_punctuation():
+    assert WordSplitter().word_tokenize("Bakı'da 2024-cü il, 5 dəqiqə...") == [
+        "Bakı'da", "2024-cü", "il", ",", "5", "dəqiqə", "...",
+    ]  # fmt: skip
+
+
+def test_config_errors_name_the_field():
+    with pytest.raises(ConfigError, match="curate.language"):
+        validate_model(PipelineConfig, {"run_id": "r", "store": {"uri": "/s"}, "curate": {"corpora": [{"uri": "a"}],
+                       "language": "xx"}}, "c.yaml")  # fmt: skip
+    with pytest.raises(ConfigError, match="curate.corpora"):
+        validate_model(PipelineConfig, {"run_id": "r", "store": {"uri": "/s"}, "curate": {"corpora": []}}, "c.yaml")
+    with pytest.raises(ConfigError, match="artifact:curate"):
+        validate_model(
+            PipelineConfig,
+            {"run_id": "r", "store": {"uri": "/s"}, "tokenizer": {"corpora": [{"uri": "artifact:tokenizer"}]}},
+            "c.yaml",
+        )
+
+
+def test_a_source_naming_the_curated_corpus_needs_that_input_and_is_not_hashed_as_a_file():
+    cfg = validate_model(
+        PipelineConfig,
+        {
+            "run_id": "r",
+            "store": {"uri": "/s"},
+            "tokenizer": {"corpora": [{"uri": "artifact:curate"}, {"uri": "x.txt"}]},
+        },
+        "c.yaml",
+    )
+    tok = cfg.tokenizer
+    assert tok.needed_inputs() == ("curate",) and "curate" in tok.input_names()
+    assert [s.uri for s in tok.file_sources()] == ["x.txt"]
+    assert CurateConfig(corpora=[{"uri": "a.jsonl"}]).num_workers == 2  # run-only
