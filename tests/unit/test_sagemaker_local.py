@@ -127,8 +127,11 @@ def test_local_data_is_uploaded_content_addressed_and_the_config_points_there(mo
         raw = {
             "tokenizer": {"corpora": [{"uri": str(corpus), "name": "wiki"}], "system_prompt": "Sən köməkçisən."},
             "eval": {"prompts": "builtin:az-generation", "morph": {"segmented": [str(corpus)]}},
+            "sft": {"environment": {"HF_HOME": str(tmp_path)}},  # a path, but not a declared input: never uploaded
         }
-        out, moved = upload_local_data(raw, "s3://bkt/store", None)
+        declared = {str(corpus)}
+        out, moved = upload_local_data(raw, "s3://bkt/store", None, declared)
+        assert out["sft"]["environment"]["HF_HOME"] == str(tmp_path)
         uri = out["tokenizer"]["corpora"][0]["uri"]
         assert uri.startswith("s3://bkt/data/") and uri.endswith("/train.txt") and moved == {str(corpus): uri}
         assert out["eval"]["morph"]["segmented"] == [uri]  # one upload per file
@@ -137,9 +140,9 @@ def test_local_data_is_uploaded_content_addressed_and_the_config_points_there(mo
         )
         key = uri.removeprefix("s3://bkt/")
         assert s3.get_object(Bucket="bkt", Key=key)["Body"].read() == corpus.read_bytes()
-        assert upload_local_data(raw, "s3://bkt/store", None)[0] == out  # same content, same URI: same artifact ids
+        assert upload_local_data(raw, "s3://bkt/store", None, declared)[0] == out  # same content, same URI: same ids
         corpus.write_text("Bakı.\n")
-        assert upload_local_data(raw, "s3://bkt/store", None)[0]["tokenizer"]["corpora"][0]["uri"] != uri
+        assert upload_local_data(raw, "s3://bkt/store", None, declared)[0]["tokenizer"]["corpora"][0]["uri"] != uri
 
 
 def _entrypoint():
@@ -277,3 +280,20 @@ def test_only_the_containers_a_job_left_are_removed(tmp_path):
     backend.remove_containers(backend.job_containers("dilforge-cpt:dev") - before)
     assert calls[-1] == ["docker", "rm", "algo1", "algo2"]
     assert "ancestor=dilforge-cpt:dev" in calls[0] and "status=exited" in calls[0]
+
+
+def test_only_declared_inputs_are_uploaded(tmp_path):
+    from dilforge_coordinator.backends.sagemaker_local import declared_inputs
+    from dilforge_shared.configs import PipelineConfig
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("Salam.\n")
+    pipeline = PipelineConfig.model_validate(
+        {
+            "run_id": "r",
+            "store": {"uri": "s3://b/s"},
+            "tokenizer": {"corpora": [{"uri": str(corpus)}, {"uri": "s3://b/x.txt"}], "base_tokenizer": "./tok"},
+            "sft": {"base_model": "./m", "train": [{"uri": str(corpus)}], "system_prompt": str(tmp_path)},
+        }
+    )
+    assert declared_inputs(pipeline) == {str(corpus), "./tok", "./m"}

@@ -34,6 +34,7 @@ from typing import Any
 
 from dilforge_shared.configs import PipelineConfig
 from dilforge_shared.configs.cloud import SageMakerConfig
+from dilforge_shared.configs.model import ModelConfig
 from dilforge_shared.errors import ConfigError, DilforgeError
 from dilforge_shared.settings import settings
 from dilforge_shared.store import open_backend, read_manifest, verify_files
@@ -86,15 +87,33 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def upload_local_data(raw: Any, store: str, endpoint_url: str) -> tuple[Any, dict[str, str]]:
-    """Every string in the config that names an existing local file or folder → its content-addressed copy
-    in the store's `data/` prefix (uploaded once). Returns the rewritten config and {local path: S3 URI}."""
+def declared_inputs(pipeline: PipelineConfig) -> set[str]:
+    """The local paths the stages declare as inputs: data sources, model/tokenizer folders, a model stage's source.
+    Nothing else in a config is ever uploaded (an `environment` entry or a prompt that happens to name a path)."""
+    declared: set[str] = set()
+    for _, config in pipeline.stages():
+        declared |= {s.uri for s in config.file_sources()} | set(config.model_uris())
+        if isinstance(config, ModelConfig):
+            declared.add(config.source)
+    return {uri for uri in declared if "://" not in uri.removeprefix("file://")}
+
+
+def upload_local_data(raw: Any, store: str, endpoint_url: str, declared: set[str]) -> tuple[Any, dict[str, str]]:
+    """Every string in the config that is a declared input (`declared_inputs`) naming an existing local file or
+    folder → its content-addressed copy in the store's `data/` prefix (uploaded once). Returns the rewritten config
+    and {local path: S3 URI}."""
     bucket_root = "s3://" + store.removeprefix("s3://").split("/", 1)[0]
     moved: dict[str, str] = {}
 
     def upload(text: str) -> str:
         path = Path(text.removeprefix("file://"))
-        if "://" in text.removeprefix("file://") or "\n" in text or len(text) > 4096 or not path.exists():
+        if (
+            text not in declared
+            or "://" in text.removeprefix("file://")
+            or "\n" in text
+            or len(text) > 4096
+            or not path.exists()
+        ):
             return text
         if "*" in text:
             raise ConfigError(f"{text}: local globs are not uploaded for sagemaker-local; name a folder instead")
@@ -152,7 +171,7 @@ class SageMakerLocalBackend:
         self.join_network()
         raw = pipeline.model_dump(mode="json", exclude_none=True)
         store = raw.pop("store")
-        raw, moved = upload_local_data(raw, store["uri"], store["s3_endpoint_url"])
+        raw, moved = upload_local_data(raw, store["uri"], store["s3_endpoint_url"], declared_inputs(pipeline))
         for local, uri in moved.items():
             print(f"[sagemaker-local] data {local} → {uri}")
         pipeline = PipelineConfig.model_validate({**raw, "store": store})

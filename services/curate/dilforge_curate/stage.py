@@ -29,6 +29,7 @@ from . import report
 from .steps import (
     ContactRedactor,
     EmptyFilter,
+    ExampleWriter,
     LinguaFilter,
     Normaliser,
     RankFileReader,
@@ -109,8 +110,8 @@ def build(config: CurateConfig, inputs: Inputs, out_dir: Path) -> dict:
 
     work, q, words = inputs.work, config.quality, WordSplitter()
 
-    def removed(step: str):  # what a step drops, kept for the report's examples and counts
-        return JsonlWriter(str(work / "removed" / step), output_filename="${rank}.jsonl", compression=None)
+    def removed(step: str):  # the first few documents a step drops, for the report's examples
+        return ExampleWriter(str(work / "removed" / step), config.output.num_examples)
 
     minhash = MinhashConfig(
         n_grams=config.dedup.n_grams,

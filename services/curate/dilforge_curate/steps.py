@@ -27,6 +27,7 @@ from datatrove.pipeline.formatters.base import BaseFormatter
 from datatrove.pipeline.formatters.pii import PIIReplacer
 from datatrove.pipeline.readers import JsonlReader
 from datatrove.pipeline.readers.base import BaseReader
+from datatrove.pipeline.writers import JsonlWriter
 from datatrove.utils.word_tokenizers import WhitespaceTokenizer
 
 # ---- reading ------------------------------------------------------------------------------------------
@@ -84,6 +85,22 @@ class RankFileReader(JsonlReader):
         name = f"{rank:05d}.jsonl"
         if self.data_folder.isfile(name):
             yield from self.read_file(name)
+
+
+class ExampleWriter(JsonlWriter):
+    """A filter's exclusion writer that keeps only its first `limit` documents per task: the report shows a few
+    examples of what each step removed (counted in full by datatrove's stats); writing every removed document
+    would cost as much I/O as the output."""
+
+    def __init__(self, output_folder: str, limit: int):
+        super().__init__(output_folder, output_filename="${rank}.jsonl", compression=None)
+        self.limit = limit
+        self._written = 0
+
+    def write(self, document: Document, rank: int = 0, **kwargs):
+        if self._written < self.limit:
+            self._written += 1
+            super().write(document, rank, **kwargs)
 
 
 # ---- normalising --------------------------------------------------------------------------------------
