@@ -110,13 +110,13 @@ def test_a_missing_tensor_is_named(folder):
         verify_weights(folder)
 
 
-def _llama_gguf(path: Path) -> Path:
+def _llama_gguf(path: Path, blocks: int = 1, heads: int = 1) -> Path:
     import numpy as np
     from gguf import GGUFWriter
 
     writer = GGUFWriter(str(path), "llama")
-    writer.add_block_count(1)
-    writer.add_head_count(1)
+    writer.add_block_count(blocks)
+    writer.add_head_count(heads)
     writer.add_embedding_length(32)
     writer.add_feed_forward_length(64)
     writer.add_context_length(128)
@@ -133,5 +133,49 @@ def test_a_truncated_gguf_is_one_line_naming_the_file_and_tensor(tmp_path):
     path = _llama_gguf(tmp_path / "tiny.gguf")
     path.write_bytes(path.read_bytes()[:-200])
     with pytest.raises(InputError, match=r"tiny.gguf: truncated GGUF: tensor token_embd.weight needs bytes up to"):
+        convert_gguf(path, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        ({"num_hidden_layers": 100_000}, r"imply at least [\d,]+ parameters; the weights hold [\d,]+"),
+        ({"hidden_size": -64}, r"hidden_size must be a positive integer \(got -64\)"),
+        ({"num_attention_heads": 0}, r"num_attention_heads must be a positive integer \(got 0\)"),
+        ({"num_attention_heads": "4"}, r"num_attention_heads must be a positive integer \(got '4'\)"),
+        ({"num_attention_heads": 4, "num_key_value_heads": 3}, r"not a multiple of num_key_value_heads \(3\)"),
+    ],
+)
+def test_absurd_or_inconsistent_sizes_are_refused_before_anything_is_built(folder, edit, message, monkeypatch):
+    import dilforge_cpt.weights_check as wc
+
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, **edit}))
+    # building the architecture (100,000 layers on the meta device took minutes and gigabytes) never starts
+    monkeypatch.setattr(wc, "expected_shapes", lambda folder: pytest.fail("a model was built"))
+    with pytest.raises(InputError, match=message):
+        verify_weights(folder)
+
+
+def test_a_tokenizer_with_more_ids_than_embedding_rows_is_refused(folder):
+    cfg = json.loads((folder / "config.json").read_text())
+    tok = json.loads((folder / "tokenizer.json").read_text())
+    tok["added_tokens"].append({**tok["added_tokens"][-1], "id": cfg["vocab_size"] + 5000, "content": "<|extra|>"})
+    (folder / "tokenizer.json").write_text(json.dumps(tok))
+    with pytest.raises(InputError, match=rf"ids up to {cfg['vocab_size'] + 5000}, the model's embedding"):
+        verify_weights(folder)
+
+
+@pytest.mark.parametrize(
+    ("blocks", "heads", "message"),
+    [
+        (1_000_000, 1, r"1000000 layers, hidden 32, .* imply at least [\d,]+ parameters; the weights hold 512"),
+        (1, 0, r"num_attention_heads must be a positive integer \(got 0\)"),
+    ],
+)
+def test_a_gguf_claiming_absurd_sizes_is_refused_before_a_model_is_built(tmp_path, blocks, heads, message):
+    path = _llama_gguf(tmp_path / "big.gguf", blocks=blocks, heads=heads)
+    with pytest.raises(InputError, match=message):
         convert_gguf(path, tmp_path / "out")
     assert not (tmp_path / "out").exists()

@@ -15,6 +15,8 @@ from dilforge_shared import compat
 from dilforge_shared.errors import InputError
 from dilforge_shared.manifest import sha256_file
 
+from .weights_check import check_dimensions
+
 SUPPORTED_GGUF_ARCHITECTURES = ("llama",)
 
 
@@ -166,6 +168,15 @@ def convert_gguf(path: Path, out: Path) -> dict:
 
     heads = meta[f"{arch}.attention.head_count"]
     kv_heads = meta.get(f"{arch}.attention.head_count_kv", heads)
+    dims = {
+        "vocab_size": meta.get(f"{arch}.vocab_size") or meta.get("tokenizer.ggml.tokens"),
+        "hidden_size": meta[f"{arch}.embedding_length"],
+        "intermediate_size": meta[f"{arch}.feed_forward_length"],
+        "num_hidden_layers": meta[f"{arch}.block_count"],
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+    }
+    check_dimensions(dims, None, str(path))  # types and heads, before any tensor is read
     state, skipped = {}, []
     for name, array in dequantized_tensors(path):
         target = hf_name(name)
@@ -178,6 +189,7 @@ def convert_gguf(path: Path, out: Path) -> dict:
             array = unpermute_rope(array, kv_heads)
         state[target] = torch.from_numpy(array.copy())
     tied = "lm_head.weight" not in state
+    check_dimensions(dims, sum(v.numel() for v in state.values()), str(path))  # before a model is built from them
     config = llama_config_from_gguf(meta, tied)
     with torch.device("meta"):
         expected = {

@@ -13,6 +13,7 @@ first; each failure is one InputError naming the file and the tensor:
 
 from __future__ import annotations
 
+import numbers
 from pathlib import Path
 
 from dilforge_shared.errors import InputError
@@ -32,6 +33,67 @@ def read_header(path: Path) -> dict[str, dict]:
         reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
         hint = " (truncated, or bytes after the last tensor)" if "not fully covered" in reason else ""
         raise InputError(f"not a valid safetensors file: {reason}{hint}", path=str(path)) from None
+
+
+SIZE_FIELDS = (
+    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "head_dim",
+)  # fmt: skip
+
+
+def check_dimensions(dims: dict, num_weights: int | None, path: str) -> None:
+    """Before anything is built (a 100,000-layer config on the meta device takes minutes and gigabytes): sizes are
+    positive integers, the heads divide, and the parameter count the sizes imply is not beyond what the weight
+    files hold. Embedding, attention and MLP matrices only: norms and an untied head only add to what the files
+    hold, so a consistent model always passes. `num_weights` None: the checks that need no weights."""
+    dims = dict(dims)
+    for name in SIZE_FIELDS:
+        value = dims.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value <= 0:
+            raise InputError(f"{name} must be a positive integer (got {value!r})", path=path)
+        dims[name] = int(value)  # GGUF metadata holds numpy integers
+    hidden, heads, layers = dims.get("hidden_size"), dims.get("num_attention_heads"), dims.get("num_hidden_layers")
+    if not (hidden and heads and layers):
+        return
+    kv = dims.get("num_key_value_heads") or heads
+    if heads % kv:
+        raise InputError(f"num_attention_heads ({heads}) is not a multiple of num_key_value_heads ({kv})", path=path)
+    head_dim = dims.get("head_dim") or hidden // heads
+    if not dims.get("head_dim") and hidden % heads:
+        raise InputError(f"hidden_size ({hidden}) is not a multiple of num_attention_heads ({heads})", path=path)
+    attention = hidden * head_dim * (2 * heads + 2 * kv)
+    implied = (dims.get("vocab_size") or 0) * hidden + layers * (
+        attention + 3 * hidden * (dims.get("intermediate_size") or 0)
+    )
+    if num_weights is not None and implied > num_weights:
+        raise InputError(
+            f"the sizes ({layers} layers, hidden {hidden}, vocabulary {dims.get('vocab_size')}) imply at least "
+            f"{implied:,} parameters; the weights hold {num_weights:,}",
+            path=path,
+        )
+
+
+def check_tokenizer_fits(folder: Path, vocab_size: int | None) -> None:
+    """Every id the tokenizer can produce has an embedding row (a 7,304-id tokenizer over 2,304 rows would make
+    `chat` fail with an IndexError)."""
+    import json
+
+    path = folder / "tokenizer.json"
+    if not vocab_size or not path.is_file():
+        return
+    data = json.loads(path.read_text(encoding="utf-8"))
+    vocab = (data.get("model") or {}).get("vocab") or {}
+    ids = list(vocab.values()) if isinstance(vocab, dict) else list(range(len(vocab)))
+    ids += [t.get("id", 0) for t in data.get("added_tokens", [])]
+    top = max((i for i in ids if isinstance(i, int)), default=-1)
+    if top >= vocab_size:
+        raise InputError(
+            f"the tokenizer has ids up to {top}, the model's embedding {vocab_size} rows (config.json vocab_size): "
+            "the tokenizer does not belong to these weights",
+            path=str(path),
+        )
 
 
 def weight_files(folder: Path) -> list[Path]:
@@ -56,6 +118,23 @@ def expected_shapes(folder: Path) -> tuple[dict[str, tuple[int, ...]], bool]:
     return {k: tuple(v.shape) for k, v in model.state_dict().items()}, tied
 
 
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _config_dict(folder: Path) -> dict:
+    import json
+
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise InputError(f"config.json does not read: {exc}", path=str(folder / "config.json")) from None
+    return config if isinstance(config, dict) else {}
+
+
 def verify_weights(folder: Path) -> None:
     """All three checks (module docstring); raises InputError naming the file and tensor that is wrong."""
     headers = {path: read_header(path) for path in weight_files(folder)}
@@ -64,6 +143,9 @@ def verify_weights(folder: Path) -> None:
     for path, header in headers.items():
         for name, info in header.items():
             got[name], where[name] = tuple(info["shape"]), path
+    config = _config_dict(folder)
+    check_dimensions(config, sum(_numel(s) for s in got.values()), str(folder / "config.json"))
+    check_tokenizer_fits(folder, config.get("vocab_size"))
     expected, tied = expected_shapes(folder)
     if tied and "lm_head.weight" not in got:
         expected.pop("lm_head.weight", None)
