@@ -108,7 +108,7 @@ def run_stage(inp: Path, work: Path, tasks: int, workers: int) -> dict:
         work=work / "work",
     )
     (work / "out").mkdir(parents=True)
-    stage.execute(stage.build(config, inputs, work / "out"), inputs)
+    stage.execute(stage.build(config, inputs, stage.Folders(inputs.work, inputs.work), work / "out"), inputs.work)
     counts = report.collect(inputs.work, config)
     report.write(work / "out", config, counts)
     return {"read": counts["read"], "kept": counts["kept"], "out": work / "out"}

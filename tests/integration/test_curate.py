@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -179,3 +180,40 @@ def test_sigterm_stops_the_workers_and_a_rerun_resumes(tmp_path, data_root):
     again = run_all(tmp_path, config)
     assert again.returncode == 0, again.stdout[-3000:]
     assert "already done" in again.stdout
+
+
+def test_two_hosts_running_the_phases_publish_the_local_output(curated, tmp_path):
+    """What a job of several hosts does (each host one slice of every phase's datatrove tasks, the next phase
+    reading the union of their outputs, one host publishing): the same artifact, byte for byte, as one machine."""
+    from dilforge_shared.configs import validate_model
+    from dilforge_shared.configs.curate import CurateConfig
+    from dilforge_shared.hyperparameters import build_hyperparameters
+    from dilforge_shared.opt_ml import OPT_ML_ENV, OptMl
+
+    root, _, config, out = curated
+    local = json.loads((artifact_dir(root / "store", "curate", out).parent / "manifest.json").read_text())
+    section = validate_model(CurateConfig, {**config["curate"], "num_workers": 1}, "curate")
+    artifact_uri = str(tmp_path / "store" / "artifacts" / "curate" / local["artifact_id"])
+    hp = build_hyperparameters(section, artifact_uri, "web", {})
+    hosts = ["algo-1", "algo-2"]
+    merged = tmp_path / "merged"
+    merged.mkdir()
+
+    def python(opt_root: Path, *args: str, host: str = "algo-1") -> None:
+        OptMl(opt_root).write_inputs(hp, {"current_host": host, "hosts": hosts})
+        env = {**os.environ, OPT_ML_ENV: str(opt_root)}
+        proc = subprocess.run(
+            [sys.executable, "-m", "dilforge_curate", "process", *args], env=env, capture_output=True, text=True
+        )
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+
+    for phase in ("filter", "buckets", "cluster", "write"):
+        for host in hosts:
+            write = tmp_path / f"{phase}-{host}"
+            python(tmp_path / f"opt-{host}", phase, "--read", str(merged), "--write", str(write), host=host)
+            if write.is_dir():  # what the next job's input holds: every host's outputs under one prefix
+                shutil.copytree(write, merged, dirs_exist_ok=True)
+    python(tmp_path / "opt-publish", "publish", "--read", str(merged))
+    published = json.loads((Path(artifact_uri) / "manifest.json").read_text())
+    assert published["artifact_id"] == local["artifact_id"]
+    assert [(f["path"], f["sha256"]) for f in published["files"]] == [(f["path"], f["sha256"]) for f in local["files"]]

@@ -1,11 +1,44 @@
-"""`python -m dilforge_curate train`: the container entrypoint (SageMaker BYOC contract)."""
+"""The container entrypoint (SageMaker BYOC contract).
 
+`python -m dilforge_curate train`: the whole stage on this machine (every datatrove task, N processes).
+`python -m dilforge_curate process PHASE --read DIR --write DIR`: one phase (filter, buckets, cluster, write) on
+this host's slice of the tasks, for a job of several hosts; `process publish --read DIR` publishes the artifact
+from the union of every host's outputs. The config comes from the /opt/ml hyperparameters as for `train`.
+"""
+
+import argparse
 import sys
+from pathlib import Path
 
 from dilforge_shared.configs.curate import CurateConfig
 from dilforge_shared.contract import stage_main
 
-from .stage import run
+from .stage import PHASES, Folders, publish_phases, run, run_phase
+
+
+def process(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="python -m dilforge_curate process")
+    ap.add_argument("phase", choices=[*PHASES, "publish"])
+    ap.add_argument("--read", type=Path, required=True, help="the union of every host's earlier outputs")
+    ap.add_argument("--write", type=Path, help="this host's outputs (phases only)")
+    args = ap.parse_args(argv)
+    if args.phase == "publish":
+        return stage_main(
+            CurateConfig, lambda config, ctx: publish_phases(config, ctx, args.read), "dilforge-curate", ["train"]
+        )
+    if args.write is None:
+        ap.error("--write is required for a phase")
+    folders = Folders(args.read, args.write)
+    return stage_main(
+        CurateConfig,
+        lambda config, ctx: run_phase(config, ctx, args.phase, folders),
+        "dilforge-curate",
+        ["train"],
+        publish_from_this_process=False,
+    )
+
 
 if __name__ == "__main__":  # datatrove's worker processes re-import this module: run only as the main program
+    if sys.argv[1:2] == ["process"]:
+        sys.exit(process(sys.argv[2:]))
     sys.exit(stage_main(CurateConfig, run, "dilforge-curate"))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import sys
 import time
@@ -66,13 +67,17 @@ def run(config: CurateConfig, ctx: StageContext) -> StageResult:
     signal.signal(signal.SIGTERM, _stop)  # raised in the main thread: the pool's `with` terminates its workers
     log_config(config, {"num_tasks": config.output.num_shards, "num_workers": config.num_workers})
     inputs = parse(config, ctx)
-    executors = build(config, inputs, ctx.model_dir)
-    seconds = execute(executors, inputs)
-    counts = report.collect(inputs.work, config)
+    executors = build(config, inputs, Folders(inputs.work, inputs.work), ctx.model_dir)
+    seconds = execute(executors, inputs.work)
+    return finish(config, ctx.model_dir, inputs.work, seconds, t0)
+
+
+def finish(config: CurateConfig, out_dir: Path, work: Path, seconds: dict[str, float], t0: float) -> StageResult:
+    """Counts from the finished work folder → never an empty corpus → report.md, README.md, metrics."""
+    counts = report.collect(work, config)
     report.check_not_empty(counts, config)
-    report.write(ctx.model_dir, config, counts)
-    metrics = report.metrics(config, counts, seconds, time.perf_counter() - t0)
-    return StageResult(metrics=metrics)
+    report.write(out_dir, config, counts)
+    return StageResult(metrics=report.metrics(config, counts, seconds, time.perf_counter() - t0))
 
 
 def parse(config: CurateConfig, ctx: StageContext) -> Inputs:
@@ -98,8 +103,26 @@ def parse(config: CurateConfig, ctx: StageContext) -> Inputs:
     return Inputs(sources=sources, tokenizer_file=tokenizer_file, work=work)
 
 
-def build(config: CurateConfig, inputs: Inputs, out_dir: Path) -> dict:
-    """The four datatrove executors, each step built from its own config section."""
+@dataclass
+class Folders:
+    """Where the phases read earlier phases' folders and write their own: one folder when every task runs here;
+    on several hosts, each host writes its own folder and the next phase reads their union."""
+
+    read: Path
+    write: Path
+
+
+def host_slice(num_tasks: int, host: int, num_hosts: int) -> range:
+    """The contiguous range of a phase's datatrove tasks that host `host` of `num_hosts` runs."""
+    return range(num_tasks * host // num_hosts, num_tasks * (host + 1) // num_hosts)
+
+
+def build(
+    config: CurateConfig, inputs: Inputs, folders: Folders, out_dir: Path, host: int = 0, num_hosts: int = 1
+) -> dict:
+    """The four datatrove executors, each step built from its own config section; with several hosts, each
+    phase's executor runs this host's slice of its tasks (datatrove's `local_rank_offset`/`local_tasks`): a
+    phase whose slice is empty here is None."""
     from datatrove.executor import LocalPipelineExecutor
     from datatrove.pipeline.dedup import MinhashDedupBuckets, MinhashDedupCluster, MinhashDedupFilter
     from datatrove.pipeline.dedup.minhash import MinhashConfig, MinhashDedupSignature
@@ -108,7 +131,7 @@ def build(config: CurateConfig, inputs: Inputs, out_dir: Path) -> dict:
     from datatrove.pipeline.writers import JsonlWriter, ParquetWriter
     from datatrove.utils.hashing import HashConfig
 
-    work, q, words = inputs.work, config.quality, WordSplitter()
+    read, work, q, words = folders.read, folders.write, config.quality, WordSplitter()
 
     def removed(step: str):  # the first few documents a step drops, for the report's examples
         return ExampleWriter(str(work / "removed" / step), config.output.num_examples)
@@ -177,28 +200,36 @@ def build(config: CurateConfig, inputs: Inputs, out_dir: Path) -> dict:
         else JsonlWriter(str(out_dir), output_filename="shard-${rank}.jsonl", adapter=report.record, compression=None)
     )
     write_steps = [
-        RankFileReader(filtered),
-        MinhashDedupFilter(input_folder=str(work / "remove_ids"), exclusion_writer=removed("duplicates")),
+        RankFileReader(str(read / "filtered")),
+        MinhashDedupFilter(input_folder=str(read / "remove_ids"), exclusion_writer=removed("duplicates")),
         *([TokensCounter(inputs.tokenizer_file, batch_size=256)] if inputs.tokenizer_file else []),
         SourceCounter(),
         writer,
     ]
     tasks, workers = config.output.num_shards, config.num_workers
 
-    def executor(phase: str, steps: list, num_tasks: int) -> LocalPipelineExecutor:
+    def executor(phase: str, steps: list, num_tasks: int) -> LocalPipelineExecutor | None:
+        mine = host_slice(num_tasks, host, num_hosts)
+        if not mine:
+            return None
         return LocalPipelineExecutor(
-            steps, tasks=num_tasks, workers=min(workers, num_tasks), logging_dir=str(work / "logs" / phase)
+            steps,
+            tasks=num_tasks,
+            workers=min(workers, len(mine)),
+            logging_dir=str(work / "logs" / phase),
+            local_tasks=len(mine),
+            local_rank_offset=mine.start,
         )
 
     return {
         "filter": executor("filter", filter_steps, tasks),
         "buckets": executor(
             "buckets",
-            [MinhashDedupBuckets(str(work / "signatures"), str(work / "buckets"), config=minhash)],
+            [MinhashDedupBuckets(str(read / "signatures"), str(work / "buckets"), config=minhash)],
             minhash.num_buckets,
         ),
         "cluster": executor(
-            "cluster", [MinhashDedupCluster(str(work / "buckets"), str(work / "remove_ids"), config=minhash)], 1
+            "cluster", [MinhashDedupCluster(str(read / "buckets"), str(work / "remove_ids"), config=minhash)], 1
         ),
         "write": executor("write", write_steps, tasks),
     }
@@ -220,25 +251,30 @@ def datatrove_console(path: Path):
         os.close(saved)
 
 
-def execute(executors: dict, inputs: Inputs) -> dict[str, float]:
-    """Run the phases in order; a source that cannot be read fails the stage in one line naming file and line."""
+def execute(executors: dict, work: Path, phases: tuple[str, ...] = PHASES) -> dict[str, float]:
+    """Run the phases in order (each this host's slice of tasks); a source that cannot be read fails the stage in
+    one line naming file and line."""
     seconds = {}
-    console = inputs.work / "logs" / "datatrove.log"
+    console = work / "logs" / "datatrove.log"
     console.parent.mkdir(parents=True, exist_ok=True)
-    for phase in PHASES:
+    for phase in phases:
         t = time.perf_counter()
         executor = executors[phase]
-        todo = len(executor.get_incomplete_ranks())
-        resumed = f", {executor.world_size - todo} already done" if todo < executor.world_size else ""
+        if executor is None:
+            print(f"[curate] {phase}: no task on this host", flush=True)
+            continue
+        mine = range(executor.local_rank_offset, executor.local_rank_offset + executor.local_tasks)
+        todo = len(executor.get_incomplete_ranks(mine))
+        resumed = f", {len(mine) - todo} already done" if todo < len(mine) else ""
         print(f"[curate] {phase}: {todo} task(s) on {executor.workers} process(es){resumed}", flush=True)
         try:
             with datatrove_console(console):
                 executor.run()
         except SourceReadError as exc:
             raise InputError(str(exc)) from None
-        failed = executors[phase].get_incomplete_ranks()
+        failed = executor.get_incomplete_ranks(mine)
         if failed:
-            logs = inputs.work / "logs" / phase / "logs"
+            logs = work / "logs" / phase / "logs"
             raise InputError(
                 f"curate {phase}: {len(failed)} task(s) did not finish (first: {failed[0]}); their logs are in "
                 f"{logs}; a rerun resumes the unfinished tasks"
@@ -246,3 +282,25 @@ def execute(executors: dict, inputs: Inputs) -> dict[str, float]:
         seconds[phase] = round(time.perf_counter() - t, 2)
         print(f"[curate] {phase}: done in {seconds[phase]:.1f} s", flush=True)
     return seconds
+
+
+# ---- one phase on one of several hosts ----------------------------------------------------------------
+
+
+def run_phase(config: CurateConfig, ctx: StageContext, phase: str, folders: Folders) -> None:
+    """One phase, this host's slice of its tasks (`ctx.resources`: SageMaker's resourceconfig.json), reading the
+    union of every host's earlier outputs from `folders.read`, writing to `folders.write` (shards to `out/`)."""
+    signal.signal(signal.SIGTERM, _stop)
+    inputs = parse(config, ctx)
+    host, num_hosts = ctx.resources.node_rank, len(ctx.resources.hosts)
+    print(f"[curate] {phase} on host {host + 1} of {num_hosts}", flush=True)
+    executors = build(config, inputs, folders, folders.write / "out", host, num_hosts)
+    execute(executors, folders.write, (phase,))
+
+
+def publish_phases(config: CurateConfig, ctx: StageContext, work: Path) -> StageResult:
+    """After every host ran every phase: the shards (`work/out`) into the artifact, with report, card, metrics."""
+    t0 = time.perf_counter()
+    for shard in sorted((work / "out").glob("shard-*")):
+        shutil.copyfile(shard, ctx.model_dir / shard.name)
+    return finish(config, ctx.model_dir, work, {}, t0)
