@@ -12,6 +12,7 @@ job published (the coordinator checks its manifest before going on). `--dry-run`
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import time
@@ -22,11 +23,30 @@ from typing import Any
 from dilforge_shared.configs import PipelineConfig
 from dilforge_shared.configs.cloud import SageMakerConfig
 from dilforge_shared.errors import ConfigError, DilforgeError
+from dilforge_shared.hyperparameters import build_hyperparameters
 from dilforge_shared.store import open_backend
 
 from ..pipeline import StageFailed, StageJob, image_of
-from .sagemaker_jobs import JobSpec, config_uri, job_base_name, job_spec, offline_jobs
-from .sagemaker_sdk import model_trainer, offline, offline_boto_session, record_requests, require_sdk, sdk_session
+from .sagemaker_jobs import (
+    PROCESSING_STAGES,
+    JobSpec,
+    ProcessingSpec,
+    config_uri,
+    hyperparameters_uri,
+    job_base_name,
+    job_spec,
+    offline_jobs,
+    processing_specs,
+)
+from .sagemaker_sdk import (
+    model_trainer,
+    offline,
+    offline_boto_session,
+    record_requests,
+    require_sdk,
+    run_processor,
+    sdk_session,
+)
 
 log = logging.getLogger("dilforge.coordinator.sagemaker")
 
@@ -99,13 +119,21 @@ class SageMakerBackend:
     def dry_run_requests(self, pipeline: PipelineConfig, stage: str | None = None) -> list[dict]:
         """Every stage's CreateTrainingJob request, built by the SDK's own train() and captured at botocore."""
         self.prepare(pipeline)
-        specs = [self.spec(job) for job in offline_jobs(pipeline) if stage is None or job.stage == stage]
+        jobs = [job for job in offline_jobs(pipeline) if stage is None or job.stage == stage]
+        specs = [self.processing(job) if job.stage in PROCESSING_STAGES else self.spec(job) for job in jobs]
         boto_session = offline_boto_session(self.config.region)
         with offline(boto_session) as requests:
             session = sdk_session(boto_session, offline=True)
             for spec in specs:
-                model_trainer(spec, session).train(wait=False, logs=False)
+                if isinstance(spec, list):
+                    for phase in spec:
+                        run_processor(phase, session)
+                else:
+                    model_trainer(spec, session).train(wait=False, logs=False)
         return requests
+
+    def processing(self, job: StageJob) -> list[ProcessingSpec]:
+        return processing_specs(job, self.config, self.image(image_of(job.stage)), job.s3_endpoint_url)
 
     # ---- a real run --------------------------------------------------------------------------
     def running_job(self, job: StageJob) -> str | None:
@@ -126,13 +154,14 @@ class SageMakerBackend:
             raise ConfigError("SageMakerBackend.prepare(pipeline) must run first (it reads the sagemaker section)")
         if self.dry_run:
             raise DilforgeError("a dry run builds requests offline: use dry_run_requests(pipeline)")
+        self.upload_config(job)
+        if job.stage in PROCESSING_STAGES:
+            self.run_processing(job)
+            return
         if name := self.running_job(job):
             self.out(f"[{job.stage}] attaching to running job {name}")
         else:
             spec = self.spec(job)
-            where = config_uri(self.config, job)
-            backend = open_backend(where.rsplit("/", 1)[0], job.s3_endpoint_url)
-            backend.write_bytes(where.rsplit("/", 1)[1], job.config.model_dump_json(indent=2).encode())
             submitted = len(self.requests)
             model_trainer(spec, sdk_session(self.session())).train(wait=False, logs=False)
             request = self.requests[submitted]
@@ -142,6 +171,46 @@ class SageMakerBackend:
                 f"({request['ResourceConfig']['InstanceCount']} x {request['ResourceConfig']['InstanceType']})"
             )
         self.wait(job.stage, name)
+
+    def upload_config(self, job: StageJob) -> None:
+        where = config_uri(self.config, job)
+        backend = open_backend(where.rsplit("/", 1)[0], job.s3_endpoint_url)
+        backend.write_bytes(where.rsplit("/", 1)[1], job.config.model_dump_json(indent=2).encode())
+
+    def run_processing(self, job: StageJob) -> None:
+        """The curate stage's Processing jobs in order (`sagemaker_jobs.processing_specs`), each waited for; a
+        failed one fails the stage, and a rerun's jobs skip the datatrove tasks the earlier attempt finished."""
+        hp = build_hyperparameters(
+            job.config,
+            job.artifact_uri,
+            job.run_id,
+            job.inputs,
+            job.s3_endpoint_url,
+            config_uri=config_uri(self.config, job),
+        )
+        where = hyperparameters_uri(self.config, job)
+        open_backend(where.rsplit("/", 1)[0], job.s3_endpoint_url).write_bytes(
+            "hyperparameters.json", json.dumps(hp).encode()
+        )
+        session = sdk_session(self.session())
+        for spec in self.processing(job):
+            submitted = len(self.requests)
+            run_processor(spec, session)
+            name = self.requests[submitted]["ProcessingJobName"]
+            self.out(f"[{job.stage}] {spec.phase}: submitted processing job {name} ({spec.num_instances} x "
+                     f"{spec.instance_type})")  # fmt: skip
+            self.wait_processing(job.stage, name)
+
+    def wait_processing(self, stage: str, name: str) -> dict:
+        sm = self.client("sagemaker")
+        while (desc := sm.describe_processing_job(ProcessingJobName=name))["ProcessingJobStatus"] not in TERMINAL:
+            self.sleep(self.config.poll_interval_s)
+        status = desc["ProcessingJobStatus"]
+        if status != "Completed":
+            reason = desc.get("FailureReason") or desc.get("ExitMessage") or f"job {name} ended {status}"
+            raise StageFailed(stage, f"SageMaker processing job {name} {status}: {reason}")
+        self.out(f"[{stage}] {name}: Completed")
+        return desc
 
     def wait(self, stage: str, name: str) -> dict:
         """Poll until the job ends; print status transitions and its log; raise StageFailed unless Completed."""

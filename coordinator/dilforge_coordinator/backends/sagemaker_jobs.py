@@ -218,3 +218,94 @@ def job_spec(job: StageJob, cfg: SageMakerConfig, image: str, endpoint_url: str 
         security_group_ids=list(cfg.security_group_ids),
         max_retry_attempts=cfg.max_retry_attempts,
     )
+
+
+# ---- curate: SageMaker Processing jobs across instances --------------------------------------------
+
+PROCESSING_ROOT = "/opt/ml/processing"
+PROCESSING_OPT_ML = f"{PROCESSING_ROOT}/dilforge"  # the stage's /opt/ml root inside a processing container
+CURATE_PHASES = ("filter", "buckets", "cluster", "write")
+PROCESSING_STAGES = {"curate"}  # stages that run as SageMaker Processing jobs, not training jobs
+
+
+@dataclass(frozen=True)
+class ProcessingSpec:
+    """One SageMaker Processing job of the curate stage, SDK-free (`sagemaker_sdk.processor` builds it)."""
+
+    stage: str
+    phase: str
+    base_job_name: str
+    image: str
+    role_arn: str
+    instance_type: str
+    num_instances: int
+    volume_size_gb: int
+    max_runtime_s: int
+    entrypoint: list[str]
+    inputs: dict[str, tuple[str, str]]  # input name -> (S3 prefix, container path)
+    outputs: dict[str, tuple[str, str]]  # output name -> (container path, S3 prefix)
+    environment: dict[str, str]
+    tags: dict[str, str]
+
+
+def hyperparameters_uri(cfg: SageMakerConfig, job: StageJob) -> str:
+    return f"{output_root(cfg, job)}/processing/{job.stage}/{job.artifact_id}/config/hyperparameters.json"
+
+
+def work_uri(cfg: SageMakerConfig, job: StageJob) -> str:
+    return f"{output_root(cfg, job)}/processing/{job.stage}/{job.artifact_id}/work/"
+
+
+def processing_specs(job: StageJob, cfg: SageMakerConfig, image: str, endpoint_url: str | None = None) -> list:
+    """The curate stage on `sagemaker.stages.curate.num_instances` instances: one Processing job per datatrove
+    phase (filter, buckets, write on every instance, each running its slice of the tasks; cluster on one), each
+    reading the union of the earlier phases' outputs from one S3 prefix, then a one-instance job that publishes
+    the artifact (`python -m dilforge_curate process ...`). The stage's hyperparameters are a file input; the
+    output equals a one-machine run's because the tasks, and the documents in each, do not depend on the
+    number of instances."""
+    if bad := local_paths(job):
+        raise ConfigError(
+            f"{job.stage}: {bad} are local paths; SageMaker jobs read data from S3: upload them and use s3:// URIs"
+        )
+    del endpoint_url  # the hyperparameters file carries it, as a training job's hyperparameters do
+    res = cfg.resources(job.stage)
+    work = work_uri(cfg, job)
+    hp_dir = hyperparameters_uri(cfg, job).rsplit("/", 1)[0] + "/"
+    config_input = {"hyperparameters": (hp_dir, f"{PROCESSING_OPT_ML}/input/config")}
+    env = {
+        "DILFORGE_OPT_ML": PROCESSING_OPT_ML,
+        "DILFORGE_IMAGE": image,
+        "DILFORGE_RUN_ID": job.run_id,
+        "DILFORGE_LOG_LEVEL": "INFO",
+        **res.environment,
+    }
+    tags = {"dilforge:run-id": job.run_id, "dilforge:stage": job.stage, "dilforge:artifact-id": job.artifact_id}
+    specs = []
+    for i, phase in enumerate((*CURATE_PHASES, "publish")):
+        entry = ["python3", "-m", "dilforge_curate", "process", phase, "--read", f"{PROCESSING_ROOT}/work"]
+        inputs = dict(config_input)
+        if i > 0:  # the union of every earlier phase's outputs, as one prefix
+            inputs["work"] = (work, f"{PROCESSING_ROOT}/work")
+        outputs = {}
+        if phase != "publish":
+            entry += ["--write", f"{PROCESSING_ROOT}/output"]
+            outputs["work"] = (f"{PROCESSING_ROOT}/output", work)
+        specs.append(
+            ProcessingSpec(
+                stage=job.stage,
+                phase=phase,
+                base_job_name=f"{job_base_name(cfg.job_name_prefix, job.stage, job.artifact_id)}-{phase}",
+                image=image,
+                role_arn=cfg.role_arn,
+                instance_type=res.instance_type,
+                num_instances=res.num_instances if phase in ("filter", "buckets", "write") else 1,
+                volume_size_gb=res.volume_size_gb,
+                max_runtime_s=res.max_runtime_s,
+                entrypoint=entry,
+                inputs=inputs,
+                outputs=outputs,
+                environment=env,
+                tags={**tags, "dilforge:phase": phase, **cfg.tags},
+            )
+        )
+    return specs

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 
 from dilforge_shared.errors import ConfigError, DilforgeError
 
-from .sagemaker_jobs import CHECKPOINT_PATH, TENSORBOARD_PATH, JobSpec
+from .sagemaker_jobs import CHECKPOINT_PATH, TENSORBOARD_PATH, JobSpec, ProcessingSpec
 
 SDK_HINT = "install the SageMaker SDK extra: bash scripts/setup.sh --sagemaker (requirements-sagemaker.txt)"
 
@@ -155,8 +155,54 @@ def model_trainer(
     return trainer
 
 
+def run_processor(spec: ProcessingSpec, session, wait: bool = False) -> None:
+    """Submit one curate Processing job through the SDK's `Processor.run` (the request is the SDK's own)."""
+    require_sdk()
+    from sagemaker.core.processing import Processor
+    from sagemaker.core.shapes import ProcessingInput, ProcessingOutput, ProcessingS3Input, ProcessingS3Output
+
+    processor = Processor(
+        role=spec.role_arn,
+        image_uri=spec.image,
+        instance_count=spec.num_instances,
+        instance_type=spec.instance_type,
+        entrypoint=spec.entrypoint,
+        volume_size_in_gb=spec.volume_size_gb,
+        max_runtime_in_seconds=spec.max_runtime_s,
+        base_job_name=spec.base_job_name,
+        sagemaker_session=session,
+        env=dict(spec.environment),
+        tags=[{"Key": k, "Value": v} for k, v in sorted(spec.tags.items())],
+    )
+    inputs = [
+        ProcessingInput(
+            input_name=name,
+            s3_input=ProcessingS3Input(
+                s3_uri=uri,
+                local_path=path,
+                s3_data_type="S3Prefix",
+                s3_input_mode="File",
+                s3_data_distribution_type="FullyReplicated",
+            ),
+        )
+        for name, (uri, path) in sorted(spec.inputs.items())
+    ]
+    outputs = [
+        ProcessingOutput(
+            output_name=name, s3_output=ProcessingS3Output(s3_uri=uri, local_path=path, s3_upload_mode="EndOfJob")
+        )
+        for name, (path, uri) in sorted(spec.outputs.items())
+    ]
+    name = f"{spec.base_job_name}-{dt.datetime.now(dt.UTC):%Y%m%d%H%M%S}"  # the phase kept whole (base names are cut)
+    processor.run(inputs=inputs, outputs=outputs, wait=wait, logs=False, job_name=name[-63:].lstrip("-"))
+
+
 def _offline_response(operation: str, body: dict) -> dict:
     now = dt.datetime.now(dt.UTC)
+    if operation == "CreateProcessingJob":
+        return {
+            "ProcessingJobArn": f"arn:aws:sagemaker:us-east-1:000000000000:processing-job/{body['ProcessingJobName']}"
+        }
     name = body.get("TrainingJobName", "dry-run")
     arn = f"arn:aws:sagemaker:us-east-1:000000000000:training-job/{name}"
     if operation == "CreateTrainingJob":
@@ -175,13 +221,15 @@ def _offline_response(operation: str, body: dict) -> dict:
 
 
 def record_requests(boto_session, requests: list[dict]) -> None:
-    """Append every CreateTrainingJob's parameters, as botocore is about to serialize them, to `requests`."""
+    """Append every CreateTrainingJob's and CreateProcessingJob's parameters, as botocore is about to serialize
+    them, to `requests`."""
     import copy
 
     def params(params, model, **kwargs):
         requests.append(copy.deepcopy(params))
 
     boto_session.events.register("before-parameter-build.sagemaker.CreateTrainingJob", params)
+    boto_session.events.register("before-parameter-build.sagemaker.CreateProcessingJob", params)
 
 
 @contextlib.contextmanager
@@ -194,7 +242,7 @@ def offline(boto_session) -> Iterator[list[dict]]:
     record_requests(boto_session, requests)
 
     def answer(model, params, **kwargs):
-        if model.name not in ("CreateTrainingJob", "DescribeTrainingJob"):
+        if model.name not in ("CreateTrainingJob", "DescribeTrainingJob", "CreateProcessingJob"):
             raise DilforgeError(f"dry run: unexpected AWS call {model.service_model.service_name}:{model.name}")
         body = json.loads(params.get("body") or b"{}")
         return AWSResponse("https://dry-run.invalid", 200, {}, None), _offline_response(model.name, body)

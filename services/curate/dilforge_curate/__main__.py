@@ -7,13 +7,17 @@ from the union of every host's outputs. The config comes from the /opt/ml hyperp
 """
 
 import argparse
+import shutil
 import sys
 from pathlib import Path
 
 from dilforge_shared.configs.curate import CurateConfig
 from dilforge_shared.contract import stage_main
+from dilforge_shared.opt_ml import OptMl
 
 from .stage import PHASES, Folders, publish_phases, run, run_phase
+
+PROCESSING_RESOURCES = "/opt/ml/config/resourceconfig.json"  # where SageMaker Processing lists the hosts
 
 
 def process(argv: list[str]) -> int:
@@ -22,6 +26,11 @@ def process(argv: list[str]) -> int:
     ap.add_argument("--read", type=Path, required=True, help="the union of every host's earlier outputs")
     ap.add_argument("--write", type=Path, help="this host's outputs (phases only)")
     args = ap.parse_args(argv)
+    hosts = Path(PROCESSING_RESOURCES)
+    if hosts.is_file():  # a SageMaker Processing container: its hosts, where the stage's /opt/ml root reads them
+        config_dir = OptMl.from_env().config_dir
+        config_dir.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(hosts, config_dir / "resourceconfig.json")
     if args.phase == "publish":
         return stage_main(
             CurateConfig, lambda config, ctx: publish_phases(config, ctx, args.read), "dilforge-curate", ["train"]

@@ -291,6 +291,9 @@ def run_phase(config: CurateConfig, ctx: StageContext, phase: str, folders: Fold
     """One phase, this host's slice of its tasks (`ctx.resources`: SageMaker's resourceconfig.json), reading the
     union of every host's earlier outputs from `folders.read`, writing to `folders.write` (shards to `out/`)."""
     signal.signal(signal.SIGTERM, _stop)
+    earlier = folders.read / "logs" / phase
+    if earlier.is_dir() and folders.read != folders.write:  # an earlier attempt's finished tasks are not redone
+        shutil.copytree(earlier, folders.write / "logs" / phase, dirs_exist_ok=True)
     inputs = parse(config, ctx)
     host, num_hosts = ctx.resources.node_rank, len(ctx.resources.hosts)
     print(f"[curate] {phase} on host {host + 1} of {num_hosts}", flush=True)

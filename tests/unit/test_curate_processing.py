@@ -1,0 +1,80 @@
+"""The curate stage on SageMaker: one Processing job per datatrove phase on several instances, then a publishing
+job; offline requests checked against botocore's model, and a run against moto's SageMaker and S3."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import botocore.session
+import pytest
+from botocore.validate import validate_parameters
+from dilforge_coordinator.backends.sagemaker import SageMakerBackend
+from dilforge_coordinator.backends.sagemaker_jobs import offline_jobs
+from dilforge_shared.configs import PipelineConfig
+from factories import clear_aws
+
+CONFIG = {
+    "run_id": "web",
+    "store": {"uri": "s3://bkt/dilforge"},
+    "curate": {"corpora": [{"uri": "s3://bkt/raw/web/", "format": "jsonl", "name": "web"}]},
+    "sagemaker": {
+        "region": "us-east-1",
+        "role_arn": "arn:aws:iam::123456789012:role/dilforge-sagemaker",
+        "images": {"curate": "123456789012.dkr.ecr.us-east-1.amazonaws.com/dilforge-curate@sha256:" + "a" * 64},
+        "stages": {"curate": {"instance_type": "ml.m5.4xlarge", "num_instances": 3}},
+    },
+}
+
+
+@pytest.fixture
+def requests(monkeypatch, tmp_path):
+    clear_aws(monkeypatch, tmp_path)
+    return SageMakerBackend(dry_run=True).dry_run_requests(PipelineConfig.model_validate(CONFIG))
+
+
+def test_one_processing_job_per_phase_on_every_instance_then_one_publishes(requests):
+    model = botocore.session.get_session().get_service_model("sagemaker").operation_model("CreateProcessingJob")
+    for request in requests:
+        validate_parameters(request, model.input_shape)
+        assert re.fullmatch(r"[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}", request["ProcessingJobName"])
+    phases = [r["AppSpecification"]["ContainerEntrypoint"][4] for r in requests]
+    assert phases == ["filter", "buckets", "cluster", "write", "publish"]
+    counts = [r["ProcessingResources"]["ClusterConfig"]["InstanceCount"] for r in requests]
+    assert counts == [3, 3, 1, 3, 1]
+    inputs = [{i["InputName"]: i["S3Input"] for i in r["ProcessingInputs"]} for r in requests]
+    work = inputs[1]["work"]["S3Uri"]
+    hp = inputs[0]["hyperparameters"]["S3Uri"]
+    assert not work.startswith(hp) and all(i["hyperparameters"]["S3Uri"] == hp for i in inputs)
+    assert "work" not in inputs[0] and all(i["work"]["S3Uri"] == work for i in inputs[1:])
+    assert all(i["work"]["S3DataDistributionType"] == "FullyReplicated" for i in inputs[1:])
+    outputs = [
+        [o["S3Output"]["S3Uri"] for o in r.get("ProcessingOutputConfig", {}).get("Outputs", [])] for r in requests
+    ]
+    assert outputs == [[work]] * 4 + [[]]  # every host's outputs under one prefix; the publisher writes the store
+    assert all(r["Environment"]["DILFORGE_OPT_ML"] == "/opt/ml/processing/dilforge" for r in requests)
+
+
+def test_a_run_uploads_the_hyperparameters_and_submits_the_phases_in_order(monkeypatch, tmp_path):
+    import boto3
+    import moto
+
+    clear_aws(monkeypatch, tmp_path)
+    for key, value in (("AWS_ACCESS_KEY_ID", "t"), ("AWS_SECRET_ACCESS_KEY", "t"), ("AWS_DEFAULT_REGION", "us-east-1")):
+        monkeypatch.setenv(key, value)
+    with moto.mock_aws():
+        boto3.client("s3").create_bucket(Bucket="bkt")
+        pipeline = PipelineConfig.model_validate(CONFIG)
+        backend = SageMakerBackend(sleep=lambda s: None, stream_logs=False, out=lambda line: None)
+        backend.prepare(pipeline)
+        job = offline_jobs(pipeline)[0]
+        backend.run(job)
+        names = [r["ProcessingJobName"] for r in backend.requests]
+        assert [n.rsplit("-", 1)[0].rsplit("-", 1)[1] for n in names] == [
+            "filter", "buckets", "cluster", "write", "publish",
+        ]  # fmt: skip
+        prefix = "dilforge/sagemaker/processing/curate/"
+        keys = [o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket="bkt", Prefix=prefix)["Contents"]]
+        hp_key = next(k for k in keys if k.endswith("config/hyperparameters.json"))
+        hp = json.loads(boto3.client("s3").get_object(Bucket="bkt", Key=hp_key)["Body"].read())
+        assert hp["artifact_uri"] == job.artifact_uri and hp["stage_config_uri"].startswith("s3://bkt/")
