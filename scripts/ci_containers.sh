@@ -22,18 +22,23 @@ export DILFORGE_REQUIRE_DOCKER=1 DOCKER_BUILDKIT=1 DILFORGE_IMAGES_RECORD=${DILF
 
 step "images"
 stages=(s3)
-for s in tokenizer cpt sft eval serve; do [[ -f services/$s/pyproject.toml ]] && stages+=("$s"); done
+for s in curate tokenizer cpt sft eval serve; do [[ -f services/$s/pyproject.toml ]] && stages+=("$s"); done
 args=(); for s in "${stages[@]}"; do args+=(--stage "$s"); done
 "$PYTHON" -m dilforge_coordinator.cli images build "${args[@]}"
 
 step "compose pipeline end to end; the serve image's /ping + /invocations (tests/docker)"
 status=0
-"$PYTHON" -m pytest -q -m docker tests/docker --ignore=tests/docker/test_sagemaker_local_mode.py -p no:cacheprovider \
+"$PYTHON" -m pytest -q -m docker tests/docker --ignore=tests/docker/test_sagemaker_local_mode.py \
+  --ignore=tests/docker/test_curate_sagemaker_local.py -p no:cacheprovider \
   || status=$?
 
 step "SageMaker local mode: az-tiny (CPT on 2 hosts), rerun, 1-host reference, spot interruption"
 AWS_DEFAULT_REGION=${AWS_DEFAULT_REGION:-us-east-1} "$PYTHON" -m pytest -q -s -m docker \
   tests/docker/test_sagemaker_local_mode.py -p no:cacheprovider || status=$?
+
+step "SageMaker local mode: the curate stage as Processing jobs on 2 instances, same output as the local run"
+AWS_DEFAULT_REGION=${AWS_DEFAULT_REGION:-us-east-1} "$PYTHON" -m pytest -q -m docker \
+  tests/docker/test_curate_sagemaker_local.py -p no:cacheprovider || status=$?
 
 step "image sizes and build times"
 "$PYTHON" - <<'PY'

@@ -25,10 +25,12 @@ missing, an image not built.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import shutil
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -36,13 +38,29 @@ from dilforge_shared.configs import PipelineConfig
 from dilforge_shared.configs.cloud import SageMakerConfig
 from dilforge_shared.configs.model import ModelConfig
 from dilforge_shared.errors import ConfigError, DilforgeError
+from dilforge_shared.hyperparameters import build_hyperparameters
 from dilforge_shared.settings import settings
 from dilforge_shared.store import open_backend, read_manifest, verify_files
 
 from ..pipeline import StageFailed, StageJob, image_of
 from .compose import S3_ACCESS_KEY, S3_SECRET_KEY, ComposeBackend
-from .sagemaker_jobs import JobSpec, config_uri, job_spec
-from .sagemaker_sdk import model_trainer, offline_boto_session, require_sdk, sdk_session
+from .sagemaker_jobs import (
+    PROCESSING_STAGES,
+    JobSpec,
+    config_uri,
+    hyperparameters_uri,
+    job_spec,
+    processing_specs,
+    work_uri,
+)
+from .sagemaker_sdk import (
+    local_processing_session,
+    model_trainer,
+    offline_boto_session,
+    require_sdk,
+    run_processor,
+    sdk_session,
+)
 
 log = logging.getLogger("dilforge.coordinator.sagemaker_local")
 
@@ -250,29 +268,33 @@ class SageMakerLocalBackend:
     def spec(self, job: StageJob) -> tuple[JobSpec, dict[str, str]]:
         ref, cited = self.image(image_of(job.stage))
         spec = job_spec(job, self.config, ref, CONTAINER_ENDPOINT)
-        env = {
-            **spec.environment,
+        env = {**spec.environment, **self.container_env(cited), CHECKPOINT_SYNC_ENV: spec.checkpoint_uri}
+        channels = {
+            name: str(self.channel(name, uri.rstrip("/"), job.s3_endpoint_url)) for name, uri in spec.channels.items()
+        }
+        return JobSpec(**{**spec.__dict__, "environment": env}), channels
+
+    def container_env(self, cited: str) -> dict[str, str]:
+        return {
             "DILFORGE_IMAGE": cited,
             "AWS_DEFAULT_REGION": self.region,
             "DILFORGE_S3_ACCESS_KEY_ID": S3_ACCESS_KEY,
             "DILFORGE_S3_SECRET_ACCESS_KEY": S3_SECRET_KEY,
             "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
             "HOME": "/tmp",
-            CHECKPOINT_SYNC_ENV: spec.checkpoint_uri,
         }
-        channels = {
-            name: str(self.channel(name, uri.rstrip("/"), job.s3_endpoint_url)) for name, uri in spec.channels.items()
-        }
-        return JobSpec(**{**spec.__dict__, "environment": env}), channels
 
     def run(self, job: StageJob) -> None:
         if self.config is None:
             raise ConfigError("SageMakerLocalBackend.prepare(pipeline) must run first")
-        spec, channels = self.spec(job)
         where = config_uri(self.config, job)
         open_backend(where.rsplit("/", 1)[0], job.s3_endpoint_url).write_bytes(
             where.rsplit("/", 1)[1], job.config.model_dump_json(indent=2).encode()
         )
+        if job.stage in PROCESSING_STAGES:
+            self.run_processing(job)
+            return
+        spec, channels = self.spec(job)
         root = self.workdir / f"{job.stage}-{job.artifact_id}"
         shutil.rmtree(root, ignore_errors=True)  # the SDK's leftovers of a failed attempt (checkpoints live in S3)
         root.mkdir(parents=True)
@@ -288,6 +310,48 @@ class SageMakerLocalBackend:
             ) from None
         finally:
             self.remove_containers(self.job_containers(spec.image) - before)
+        if not self.keep:
+            shutil.rmtree(root, ignore_errors=True)
+
+    def run_processing(self, job: StageJob) -> None:
+        """The curate stage's Processing jobs (`sagemaker_jobs.processing_specs`, as on SageMaker) in the SDK's local
+        mode, each on its instances. What differs: each job's outputs land in a local folder (local mode would put
+        them under a per-job S3 prefix), which is uploaded to the shared work prefix before the next job starts."""
+        ref, cited = self.image(image_of(job.stage))
+        specs = processing_specs(job, self.config, ref, CONTAINER_ENDPOINT)
+        hp = build_hyperparameters(
+            job.config,
+            job.artifact_uri,
+            job.run_id,
+            job.inputs,
+            CONTAINER_ENDPOINT,
+            config_uri=config_uri(self.config, job),
+        )
+        hp_uri = hyperparameters_uri(self.config, job)
+        open_backend(hp_uri.rsplit("/", 1)[0], job.s3_endpoint_url).write_bytes(
+            "hyperparameters.json", json.dumps(hp).encode()
+        )
+        root = self.workdir / f"{job.stage}-{job.artifact_id}"
+        work = root / "work"
+        work.mkdir(parents=True, exist_ok=True)
+        store = open_backend(work_uri(self.config, job).rstrip("/"), job.s3_endpoint_url)
+        session = local_processing_session(self.region, job.s3_endpoint_url, S3_ACCESS_KEY, S3_SECRET_KEY)
+        for spec in specs:
+            outputs = {name: (path, f"file://{work}") for name, (path, _) in spec.outputs.items()}
+            env = {**spec.environment, **self.container_env(cited)}
+            local = replace(spec, instance_type="local", environment=env, outputs=outputs)
+            print(f"[{job.stage}] {spec.phase}: SageMaker local mode, {spec.num_instances} x {ref}", flush=True)
+            before = self.job_containers(ref)
+            try:
+                run_processor(local, session, wait=True)
+            except (RuntimeError, subprocess.CalledProcessError) as exc:
+                raise StageFailed(job.stage, f"local processing job {spec.phase} failed: {exc}") from None
+            finally:
+                self.remove_containers(self.job_containers(ref) - before)
+            for path in sorted(p for p in work.rglob("*") if p.is_file()):  # every host's outputs, one prefix
+                key = path.relative_to(work).as_posix()
+                if not store.exists(key) or store.size(key) != path.stat().st_size:
+                    store.upload_file(key, path)
         if not self.keep:
             shutil.rmtree(root, ignore_errors=True)
 

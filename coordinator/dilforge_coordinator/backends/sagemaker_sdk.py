@@ -197,6 +197,19 @@ def run_processor(spec: ProcessingSpec, session, wait: bool = False) -> None:
     processor.run(inputs=inputs, outputs=outputs, wait=wait, logs=False, job_name=name[-63:].lstrip("-"))
 
 
+def local_processing_session(region: str, s3_endpoint_url: str, access_key: str, secret_key: str):
+    """The SDK's LocalSession for local-mode Processing jobs, its S3 the compose S3 (inputs are downloaded from it)."""
+    import boto3
+    from sagemaker.core.local.local_session import LocalSession
+
+    boto_session = boto3.Session(
+        aws_access_key_id=access_key, aws_secret_access_key=secret_key, region_name=region
+    )  # the local-only identity of compose.yaml, never a user's credentials
+    session = LocalSession(boto_session=boto_session, s3_endpoint_url=s3_endpoint_url, disable_local_code=True)
+    session.sagemaker_config = OFFLINE_SDK_CONFIG
+    return session
+
+
 def _offline_response(operation: str, body: dict) -> dict:
     now = dt.datetime.now(dt.UTC)
     if operation == "CreateProcessingJob":

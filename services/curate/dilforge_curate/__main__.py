@@ -7,13 +7,15 @@ from the union of every host's outputs. The config comes from the /opt/ml hyperp
 """
 
 import argparse
+import os
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 from dilforge_shared.configs.curate import CurateConfig
 from dilforge_shared.contract import stage_main
-from dilforge_shared.opt_ml import OptMl
+from dilforge_shared.opt_ml import OPT_ML_ENV, OptMl
 
 from .stage import PHASES, Folders, publish_phases, run, run_phase
 
@@ -27,10 +29,15 @@ def process(argv: list[str]) -> int:
     ap.add_argument("--write", type=Path, help="this host's outputs (phases only)")
     args = ap.parse_args(argv)
     hosts = Path(PROCESSING_RESOURCES)
-    if hosts.is_file():  # a SageMaker Processing container: its hosts, where the stage's /opt/ml root reads them
-        config_dir = OptMl.from_env().config_dir
-        config_dir.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(hosts, config_dir / "resourceconfig.json")
+    if hosts.is_file():
+        # A SageMaker Processing container: the stage's /opt/ml root is a private copy holding the hyperparameters
+        # (an input) and this host's resourceconfig.json (local mode mounts one input folder into every host).
+        given = OptMl.from_env()
+        private = OptMl(Path(tempfile.mkdtemp(prefix="dilforge-opt-ml-")))
+        private.config_dir.mkdir(parents=True)
+        shutil.copyfile(given.config_dir / "hyperparameters.json", private.config_dir / "hyperparameters.json")
+        shutil.copyfile(hosts, private.config_dir / "resourceconfig.json")
+        os.environ[OPT_ML_ENV] = str(private.root)
     if args.phase == "publish":
         return stage_main(
             CurateConfig, lambda config, ctx: publish_phases(config, ctx, args.read), "dilforge-curate", ["train"]

@@ -50,6 +50,7 @@ class Inputs:
     sources: list[dict]
     tokenizer_file: str | None
     work: Path
+    endpoint_url: str | None = None  # the S3 endpoint the sources are read from
 
 
 class Stopped(DilforgeError):
@@ -100,7 +101,7 @@ def parse(config: CurateConfig, ctx: StageContext) -> Inputs:
         raise InputError("no tokenizer.json to count tokens with", path=tokenizer_file)
     work = ctx.checkpoint_dir / "curate"
     work.mkdir(parents=True, exist_ok=True)
-    return Inputs(sources=sources, tokenizer_file=tokenizer_file, work=work)
+    return Inputs(sources=sources, tokenizer_file=tokenizer_file, work=work, endpoint_url=ctx.endpoint_url)
 
 
 @dataclass
@@ -144,7 +145,7 @@ def build(
     )
     filtered = str(work / "filtered")
     filter_steps = [
-        SourceReader(inputs.sources),
+        SourceReader(inputs.sources, inputs.endpoint_url),
         Normaliser(**config.normalise.model_dump()),
         EmptyFilter(exclusion_writer=removed("empty")),
         ContactRedactor(

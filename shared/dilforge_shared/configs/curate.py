@@ -130,7 +130,11 @@ class RedactConfig(StrictModel):
 
 
 class OutputConfig(StrictModel):
-    format: Literal["jsonl.gz", "parquet"] = Field(default="jsonl.gz", description="Shard format (field `text`).")
+    format: Literal["jsonl", "parquet"] = Field(
+        default="jsonl",
+        description="Shard format, field `text`; uncompressed (a gzip header carries a time, and shards are "
+        "byte-identical wherever they are made).",
+    )
     num_shards: int = Field(
         default=8,
         ge=1,
