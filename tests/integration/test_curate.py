@@ -217,3 +217,19 @@ def test_two_hosts_running_the_phases_publish_the_local_output(curated, tmp_path
     published = json.loads((Path(artifact_uri) / "manifest.json").read_text())
     assert published["artifact_id"] == local["artifact_id"]
     assert [(f["path"], f["sha256"]) for f in published["files"]] == [(f["path"], f["sha256"]) for f in local["files"]]
+
+
+def test_tokens_are_counted_under_the_given_tokenizer(tmp_path, data_root, tiny_tokenizer_dir):
+    from tokenizers import Tokenizer
+
+    build(data_root, tmp_path / "dirty")
+    section = {**curate(str(tmp_path / "dirty" / "web.jsonl")), "tokenizer": str(tiny_tokenizer_dir)}
+    proc = run_all(tmp_path, {"run_id": "tok", "store": {"uri": str(tmp_path / "store")}, "curate": section})
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    data = artifact_dir(tmp_path / "store", "curate", proc.stdout)
+    kept = records(data)
+    tok = Tokenizer.from_file(str(tiny_tokenizer_dir / "tokenizer.json"))
+    assert all(r["token_count"] == len(tok.encode(r["text"]).ids) for r in kept[:20])
+    metrics = json.loads((data.parent / "manifest.json").read_text())["metrics"]
+    assert metrics["tokens_kept"] == sum(r["token_count"] for r in kept) > 0
+    assert "tokens" in (data / "report.md").read_text()
