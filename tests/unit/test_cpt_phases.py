@@ -107,7 +107,9 @@ def test_new_rows_under_fsdp2_gloo_with_tied_weights(tmp_path, world):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     out = tmp_path / "after.pt"
-    mp.start_processes(_fsdp_worker, args=(world, port, str(out)), nprocs=world, start_method="fork")
+    # spawn, not fork: a fork of the test process copies whatever threads earlier tests left (tqdm's monitor,
+    # telemetry), and a child forked while one of them held a lock can hang
+    mp.start_processes(_fsdp_worker, args=(world, port, str(out)), nprocs=world, start_method="spawn")
     before = tiny_model(tied=True).state_dict()
     after = torch.load(out, weights_only=True)
     assert_only_new_rows_changed({k: v for k, v in before.items() if k in after}, after)
