@@ -230,7 +230,7 @@ PROCESSING_STAGES = {"curate"}  # stages that run as SageMaker Processing jobs, 
 
 @dataclass(frozen=True)
 class ProcessingSpec:
-    """One SageMaker Processing job of the curate stage, SDK-free (`sagemaker_sdk.processor` builds it)."""
+    """One SageMaker Processing job of the curate stage, SDK-free (`sagemaker_sdk.run_processor` submits it)."""
 
     stage: str
     phase: str
