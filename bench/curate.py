@@ -99,14 +99,7 @@ def run_stage(inp: Path, work: Path, tasks: int, workers: int) -> dict:
     from dilforge_shared.configs.curate import CurateConfig
 
     config = CurateConfig(corpora=[{"uri": str(inp), "name": "web"}], output={"num_shards": tasks}, num_workers=workers)
-    inputs = stage.Inputs(
-        sources=[
-            {"uri": s.uri, "format": s.format, "text_field": s.text_field, "label": s.label, "bounds": s.bounds}
-            for s in config.corpora
-        ],
-        tokenizer_file=None,
-        work=work / "work",
-    )
+    inputs = stage.Inputs(sources=stage.reader_sources(config), tokenizer_file=None, work=work / "work")
     (work / "out").mkdir(parents=True)
     stage.execute(stage.build(config, inputs, stage.Folders(inputs.work, inputs.work), work / "out"), inputs.work)
     counts = report.collect(inputs.work, config)

@@ -68,13 +68,26 @@ def test_a_run_uploads_the_hyperparameters_and_submits_the_phases_in_order(monke
         backend = SageMakerBackend(sleep=lambda s: None, stream_logs=False, out=lambda line: None)
         backend.prepare(pipeline)
         job = offline_jobs(pipeline)[0]
+        uploaded = []  # the hyperparameters file the jobs read, as uploaded
+        real = SageMakerBackend.wait_processing
+        monkeypatch.setattr(
+            SageMakerBackend,
+            "wait_processing",
+            lambda self, stage, name: uploaded.append(_hp(job)) or real(self, stage, name),
+        )
         backend.run(job)
         names = [r["ProcessingJobName"] for r in backend.requests]
         assert [n.rsplit("-", 1)[0].rsplit("-", 1)[1] for n in names] == [
             "filter", "buckets", "cluster", "write", "publish",
         ]  # fmt: skip
-        prefix = "dilforge/sagemaker/processing/curate/"
-        keys = [o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket="bkt", Prefix=prefix)["Contents"]]
-        hp_key = next(k for k in keys if k.endswith("config/hyperparameters.json"))
-        hp = json.loads(boto3.client("s3").get_object(Bucket="bkt", Key=hp_key)["Body"].read())
+        hp = json.loads(uploaded[0])
         assert hp["artifact_uri"] == job.artifact_uri and hp["stage_config_uri"].startswith("s3://bkt/")
+        prefix = "dilforge/sagemaker/processing/curate/"  # intermediates removed once the artifact is published
+        assert "Contents" not in boto3.client("s3").list_objects_v2(Bucket="bkt", Prefix=prefix)
+
+
+def _hp(job) -> bytes:
+    import boto3
+
+    key = f"dilforge/sagemaker/processing/curate/{job.artifact_id}/config/hyperparameters.json"
+    return boto3.client("s3").get_object(Bucket="bkt", Key=key)["Body"].read()

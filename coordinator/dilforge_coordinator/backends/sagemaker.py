@@ -36,6 +36,7 @@ from .sagemaker_jobs import (
     job_base_name,
     job_spec,
     offline_jobs,
+    processing_root,
     processing_specs,
 )
 from .sagemaker_sdk import (
@@ -200,6 +201,7 @@ class SageMakerBackend:
             self.out(f"[{job.stage}] {spec.phase}: submitted processing job {name} ({spec.num_instances} x "
                      f"{spec.instance_type})")  # fmt: skip
             self.wait_processing(job.stage, name)
+        open_backend(processing_root(self.config, job), job.s3_endpoint_url).delete_prefix("")  # intermediates
 
     def wait_processing(self, stage: str, name: str) -> dict:
         sm = self.client("sagemaker")

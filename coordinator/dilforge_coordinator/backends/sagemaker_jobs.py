@@ -248,12 +248,18 @@ class ProcessingSpec:
     tags: dict[str, str]
 
 
+def processing_root(cfg: SageMakerConfig, job: StageJob) -> str:
+    """The S3 prefix of one artifact's Processing jobs (`config/`, `work/`); removed once the artifact is published,
+    kept after a failure so that a rerun resumes."""
+    return f"{output_root(cfg, job)}/processing/{job.stage}/{job.artifact_id}"
+
+
 def hyperparameters_uri(cfg: SageMakerConfig, job: StageJob) -> str:
-    return f"{output_root(cfg, job)}/processing/{job.stage}/{job.artifact_id}/config/hyperparameters.json"
+    return f"{processing_root(cfg, job)}/config/hyperparameters.json"
 
 
 def work_uri(cfg: SageMakerConfig, job: StageJob) -> str:
-    return f"{output_root(cfg, job)}/processing/{job.stage}/{job.artifact_id}/work/"
+    return f"{processing_root(cfg, job)}/work/"
 
 
 def processing_specs(job: StageJob, cfg: SageMakerConfig, image: str, endpoint_url: str | None = None) -> list:

@@ -50,6 +50,7 @@ from .sagemaker_jobs import (
     config_uri,
     hyperparameters_uri,
     job_spec,
+    processing_root,
     processing_specs,
     work_uri,
 )
@@ -354,6 +355,7 @@ class SageMakerLocalBackend:
                     store.upload_file(key, path)
         if not self.keep:
             shutil.rmtree(root, ignore_errors=True)
+            open_backend(processing_root(self.config, job), job.s3_endpoint_url).delete_prefix("")
 
     def job_containers(self, image: str) -> set[str]:
         """Stopped containers of `image` (the SDK's `docker compose up` leaves one per host and job)."""

@@ -79,7 +79,7 @@ def collect(work: Path, config: CurateConfig) -> dict:
                 "examples": _examples(work / "removed" / key, config.output.num_examples),
             }
         )
-    kept = _find(written, "Source counter")
+    kept, tokens = _find(written, "Source counter"), _find(written, "📊 Counter")
     return {
         "read": reader.get("documents", 0),
         "chars_read": reader.get("doc_len", 0),
@@ -89,7 +89,7 @@ def collect(work: Path, config: CurateConfig) -> dict:
         "kept": kept.get("kept", 0),
         "chars_kept": kept.get("chars", 0),
         "words_kept": kept.get("words", 0),
-        "tokens": _find(written, "Counter").get("tokens") if _find(written, "Counter") else None,
+        "tokens": tokens.get("tokens") if tokens else None,
         "repairs": {
             k: normalise.get(k, 0) for k in ("encoding_repaired", "unicode_normalised", "whitespace_normalised")
         },

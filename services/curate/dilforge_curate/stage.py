@@ -81,17 +81,16 @@ def finish(config: CurateConfig, out_dir: Path, work: Path, seconds: dict[str, f
     return StageResult(metrics=report.metrics(config, counts, seconds, time.perf_counter() - t0))
 
 
-def parse(config: CurateConfig, ctx: StageContext) -> Inputs:
-    sources = [
-        {
-            "uri": s.uri,
-            "format": s.format,
-            "text_field": s.text_field,
-            "label": s.label,
-            "bounds": s.bounds,
-        }
+def reader_sources(config: CurateConfig) -> list[dict]:
+    """The corpora as SourceReader takes them (plain values: the reader is pickled into datatrove's workers)."""
+    return [
+        {"uri": s.uri, "format": s.format, "text_field": s.text_field, "label": s.label, "bounds": s.bounds}
         for s in config.corpora
     ]
+
+
+def parse(config: CurateConfig, ctx: StageContext) -> Inputs:
+    sources = reader_sources(config)
     tokenizer_file = None
     if config.tokenizer:
         tokenizer_file = str(Path(config.tokenizer.removeprefix("file://")) / "tokenizer.json")

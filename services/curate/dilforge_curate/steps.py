@@ -9,7 +9,7 @@
   the repairs counted.
 - `LinguaFilter`: datatrove's LanguageFilter downloads a fastText model at run time; lingua bundles its models.
 - `ContactRedactor`: datatrove's PIIFormatter covers e-mails and IPs; phones and card numbers are added here,
-  with datatrove's `PIIReplacer`.
+  in one regex pass per kind that also counts.
 - `WordSplitter`: datatrove assigns Azerbaijani a spaCy word tokenizer; a regex split is enough for the
   Latin-script heuristics and needs no model.
 """
@@ -24,7 +24,6 @@ from datatrove.data import Document, DocumentsPipeline
 from datatrove.pipeline.base import PipelineStep
 from datatrove.pipeline.filters.base_filter import BaseFilter
 from datatrove.pipeline.formatters.base import BaseFormatter
-from datatrove.pipeline.formatters.pii import PIIReplacer
 from datatrove.pipeline.readers import JsonlReader
 from datatrove.pipeline.readers.base import BaseReader
 from datatrove.pipeline.writers import JsonlWriter
@@ -258,30 +257,35 @@ def luhn_ok(match: str) -> bool:
 
 
 class ContactRedactor(BaseFormatter):
-    """E-mail addresses, phone numbers and card numbers → placeholders (counted per kind)."""
+    """E-mail addresses, phone numbers and card numbers → placeholders, replaced and counted in one pass per kind."""
 
     name = "📞 Redact contacts"
 
     def __init__(self, emails: bool, phones: bool, cards: bool, placeholders: dict[str, str]):
         super().__init__()
-        self.replacers: list[tuple[str, PIIReplacer]] = []
-        # cards first: a 16-digit card number would otherwise half-match a phone pattern
-        if cards:
-            self.replacers.append(("card", PIIReplacer(CARD, placeholders["card"], validator=luhn_ok)))
-        if emails:
-            self.replacers.append(("email", PIIReplacer(EMAIL, placeholders["email"])))
-        if phones:
-            self.replacers.append(("phone", PIIReplacer(PHONE, placeholders["phone"], validator=_phone_digits_ok)))
+        # (kind, pattern, validator, placeholder); cards first: a 16-digit card would half-match a phone pattern
+        kinds = (
+            ("card", cards, CARD, luhn_ok),
+            ("email", emails, EMAIL, None),
+            ("phone", phones, PHONE, _phone_digits_ok),
+        )
+        self.kinds = [
+            (kind, re.compile(pattern), check, placeholders[kind]) for kind, on, pattern, check in kinds if on
+        ]
 
     def format(self, text: str) -> str:
-        for kind, replacer in self.replacers:
-            replaced = replacer.replace(text)
-            if replaced != text:
+        for kind, pattern, check, placeholder in self.kinds:
+            count = 0
+
+            def replace(match: re.Match, check=check, placeholder=placeholder) -> str:
+                nonlocal count
+                if check is not None and not check(match.group(0)):
+                    return match.group(0)
+                count += 1
+                return placeholder
+
+            text = pattern.sub(replace, text)
+            if count:
                 self.stat_update(f"documents_with_{kind}")
-                self.stat_update(f"{kind}s_replaced", value=_count(replacer, text))
-            text = replaced
+                self.stat_update(f"{kind}s_replaced", value=count)
         return text
-
-
-def _count(replacer: PIIReplacer, text: str) -> int:
-    return sum(1 for m in replacer.regex.finditer(text) if not replacer.validator or replacer.validator(m.group(0)))
