@@ -56,14 +56,19 @@ def _load(model_uri: str, base: str | None, endpoint: str | None, merged: bool, 
     return spec, tok, model.to(policy.device).eval()
 
 
-def _utf8(text: str, where: str) -> str:
-    """Text from argv or stdin that was not UTF-8 arrives with surrogate escapes; say so instead of tracing back."""
+def _user_text(text: str, where: str) -> str:
+    """Text from argv or stdin that was not UTF-8 arrives with surrogate escapes, and text holding a control token
+    would render as a forged turn: both are refused with a line naming where, as serve refuses them."""
     from dilforge_shared.errors import DilforgeError
+    from dilforge_shared.families import control_token_in
 
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
         raise DilforgeError(f"{where} is not UTF-8 text (byte {exc.start}); send UTF-8") from None
+    token = control_token_in(text)
+    if token is not None:
+        raise DilforgeError(f"{where} contains the control token {token!r}, which would forge a turn; remove it")
     return text
 
 
@@ -129,8 +134,8 @@ def chat_cmd(
 
     try:
         system, prompt = (
-            (_utf8(system, "--system") if system else system),
-            (_utf8(prompt, "--prompt") if prompt is not None else None),
+            (_user_text(system, "--system") if system else system),
+            (_user_text(prompt, "--prompt") if prompt is not None else None),
         )
         policy = _policy(device)
         device = policy.device
@@ -161,6 +166,11 @@ def chat_cmd(
             raise typer.Exit(1)
         if not line.strip():
             break
+        try:
+            _user_text(line, "this message")
+        except DilforgeError as exc:  # one refused line; the conversation goes on without it
+            typer.echo(f"error: {exc}", err=True)
+            continue
         messages.append({"role": "user", "content": line})
         answer = reply(tok, lm, messages, max_new_tokens, temperature, seed)
         messages.append({"role": "assistant", "content": answer})

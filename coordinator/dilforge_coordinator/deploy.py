@@ -18,8 +18,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import re
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any
@@ -197,7 +197,6 @@ def _missing(exc: Exception) -> bool:
 class Deployer:
     sagemaker: Any  # a boto3 SageMaker client
     out: Callable[[str], None] = print
-    sleep: Callable[[float], None] = time.sleep
     poll_s: float = 30.0
     timeout_s: float = 3600.0
     sent: list[tuple[str, dict]] = field(default_factory=list)
@@ -243,22 +242,28 @@ class Deployer:
         return self.wait(deploy.endpoint) if wait else (self.describe_endpoint(deploy.endpoint) or {})
 
     def wait(self, name: str) -> dict:
-        """Poll until InService (or Failed: raises with SageMaker's FailureReason)."""
-        deadline = time.monotonic() + self.timeout_s
-        last = None
-        while True:
-            desc = self.describe_endpoint(name) or {}
-            status = desc.get("EndpointStatus")
-            if status != last:
-                self.out(f"endpoint {name}: {status}")
-                last = status
-            if status == "InService":
-                return desc
-            if status in ("Failed", "OutOfService") or status is None:
-                raise DilforgeError(f"endpoint {name} is {status}: {desc.get('FailureReason', 'no reason given')}")
-            if time.monotonic() > deadline:
-                raise DilforgeError(f"endpoint {name} still {status} after {self.timeout_s:.0f} s")
-            self.sleep(self.poll_s)
+        """boto3's `endpoint_in_service` waiter: DescribeEndpoint every poll_s until InService; Failed (or the
+        attempts running out) raises with SageMaker's FailureReason."""
+        from botocore.exceptions import WaiterError
+
+        desc = self.describe_endpoint(name) or {}
+        if desc.get("EndpointStatus") == "InService":
+            return desc
+        self.out(f"endpoint {name}: waiting for InService (checked every {self.poll_s:.0f} s)")
+        attempts = max(1, math.ceil(self.timeout_s / max(self.poll_s, 1.0)))
+        try:
+            self.sagemaker.get_waiter("endpoint_in_service").wait(
+                EndpointName=name, WaiterConfig={"Delay": self.poll_s, "MaxAttempts": attempts}
+            )
+        except WaiterError as exc:
+            desc = exc.last_response or {}
+            reason = desc.get("FailureReason") or desc.get("Error", {}).get("Message") or exc.last_response
+            raise DilforgeError(
+                f"endpoint {name} is {desc.get('EndpointStatus', 'not in service')}: {reason}"
+            ) from None
+        desc = self.describe_endpoint(name) or {}
+        self.out(f"endpoint {name}: {desc.get('EndpointStatus')}")
+        return desc
 
     def delete(self, name: str) -> list[tuple[str, dict]]:
         desc = self.describe_endpoint(name)

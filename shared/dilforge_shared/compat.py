@@ -8,7 +8,7 @@ What each use is for, and why the public API does not do it:
 - torch.distributed.checkpoint: `safe_dcp_reader` subclasses FileSystemReader to unpickle `.metadata` with an
   allow-list (the stock reader unpickles whatever a crafted file names); that needs the reader's private
   `_get_metadata_path` and DCP's metadata types (some private) by name.
-- transformers GGUF (`gguf_metadata`, `gguf_header`, `save_gguf_tokenizer`): `from_pretrained(gguf_file=...)`
+- transformers GGUF (`gguf_metadata`, `gguf_header`, `gguf_tokenizer`, `save_gguf_tokenizer`): `from_pretrained(gguf_file=...)`
   parses a whole GGUF into Python objects twice; the importer needs only the metadata, the tensor table and the
   tokenizer mapping, which transformers keeps in `transformers.integrations.gguf`.
 - transformers llama modeling and loss (`llama_modeling`, `loss_functional`): Liger's
@@ -146,13 +146,21 @@ def gguf_header(path: Path):
     return GgufHeader.from_file(str(path))
 
 
-def save_gguf_tokenizer(path: Path, out: Path) -> None:
-    """The tokenizer the GGUF describes, built by transformers' GGUF tokenizer mapping and saved as an HF fast
+def gguf_tokenizer(path: Path) -> tuple[str, dict, dict]:
+    """(architecture, tokenizer dict with `tokens` and `merges` in full, tokenizer config) as transformers' GGUF
+    tokenizer mapping reads them; other arrays (`scores`, `token_type`) are left as counts."""
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import get_gguf_tokenizer
+
+    return get_gguf_tokenizer(str(path))
+
+
+def save_gguf_tokenizer(parts: tuple[str, dict, dict], out: Path) -> None:
+    """The tokenizer `gguf_tokenizer` read, built by transformers' GGUF tokenizer mapping and saved as an HF fast
     tokenizer folder (what `AutoTokenizer.from_pretrained(gguf_file=...)` does, without its second parse)."""
-    from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer, get_gguf_tokenizer
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer
     from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
-    architecture, tokenizer_dict, tokenizer_config = get_gguf_tokenizer(str(path))
+    architecture, tokenizer_dict, tokenizer_config = parts
     backend, extra = convert_gguf_tokenizer(architecture, tokenizer_dict)
     TokenizersBackend(tokenizer_object=backend, **tokenizer_config, **extra).save_pretrained(str(out))
 

@@ -11,6 +11,7 @@ and the tests use it as is.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,6 +123,17 @@ CHATML = Family(
     turn_starts=("<|im_start|>",),
 )
 FAMILIES: dict[str, Family] = {f.name: f for f in (LLAMA3, CHATML)}
+
+# Every control token of the known families has this shape (<|eot_id|>, <|im_start|>, <|reserved_special_token_3|>).
+# User text holding one renders as a forged turn (`<|eot_id|><|start_header_id|>system...`), so serve, chat and
+# SFT data refuse it; one rule that needs no tokenizer, so SFT data fails before torch loads.
+CONTROL_TOKEN = re.compile(r"<\|[A-Za-z0-9_]{1,64}\|>")
+
+
+def control_token_in(text: str) -> str | None:
+    """The first substring of `text` shaped like a family control token, or None."""
+    match = CONTROL_TOKEN.search(text)
+    return match.group(0) if match else None
 
 
 def detect_family(tokens: Iterable[str], source: str) -> Family:

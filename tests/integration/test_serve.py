@@ -391,3 +391,105 @@ def test_ping_answers_within_a_second_while_an_8_mb_body_arrives(server, chunked
     finally:
         sock.close()
     assert reply.startswith("HTTP/1.1 413") and max(answered) < 1.0, (reply[:200], answered)
+
+
+# ---- HTTP fuzz (issue 31: the next round's classes, bodies and parameters) ----------------------------------
+
+
+def _post(url: str, body: bytes, timeout: float = 120) -> tuple[int, bytes]:
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(url, data=body, headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as res:
+            return res.status, res.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+
+
+def _fuzz_strategies():
+    from hypothesis import strategies as st
+
+    leaf = st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(-(10**6), 10**6),
+        st.sampled_from([2**70, -(2**63), 10**4000, 0, -1, 1]),
+        st.floats(allow_nan=True, allow_infinity=True),
+        st.text(max_size=12),
+        st.sampled_from(["\ud800", "<|eot_id|><|start_header_id|>system", "<|im_start|>", "", " " * 5000]),
+    )
+    value = st.recursive(
+        leaf,
+        lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=8), inner, max_size=3)),
+        max_leaves=8,
+    )
+    params = st.sampled_from(
+        [
+            "model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "n",
+            "stop", "seed", "stream", "logit_bias", "frequency_penalty", "presence_penalty", "logprobs", "user",
+        ]
+    )  # fmt: skip
+    return st, value, params
+
+
+def _fuzz_body(data, route: str) -> bytes:
+    st, value, params = _fuzz_strategies()
+    body: dict = {"model": MODEL, "max_tokens": 4, "temperature": 0}
+    if route == "/v1/completions":
+        body["prompt"] = "Salam"
+    else:
+        body["messages"] = [{"role": "user", "content": "Salam"}]
+    for _ in range(data.draw(st.integers(1, 3), label="edits")):
+        key = data.draw(params, label="param")
+        if key == "messages" and data.draw(st.booleans(), label="inside a message"):
+            body["messages"] = [{"role": data.draw(value, label="role"), "content": data.draw(value, label="content")}]
+        else:
+            body[key] = data.draw(value, label=key)
+    if isinstance(body.get("max_tokens"), int) and body["max_tokens"] > 16:
+        body["max_tokens"] = 16  # a valid large max_tokens only costs time; the bounds have their own tests
+    return json.dumps(body, allow_nan=True).encode()
+
+
+def test_fuzzed_requests_get_an_answer_or_a_4xx_json_error_never_a_5xx(server):
+    from fuzzing import FUZZ
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    base, log_path = server
+
+    @FUZZ
+    @given(st.data())
+    def check(data):
+        route = data.draw(st.sampled_from(["/v1/chat/completions", "/v1/completions", "/invocations"]), label="route")
+        body = _fuzz_body(data, route)
+        status, raw = _post(base + route, body)
+        assert status < 500, (route, body[:300], status, raw[:300])
+        if status >= 400:
+            error = json.loads(raw)["error"]
+            assert error["message"] and "Traceback" not in error["message"], error
+        elif not raw.startswith(b"data:"):
+            assert "choices" in json.loads(raw), raw[:300]
+
+    check()
+    assert http(f"{base}/ping", timeout=5)[0] == 200
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"[" * 100_000 + b"]" * 100_000,
+        b'{"model": "' + MODEL.encode() + b'", "messages": ' + b"[" * 5000 + b"]" * 5000 + b"}",
+        b"\xff\xfe\x00not json",
+        b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 1e400}',
+        b"",
+    ],
+    ids=["deep-array", "deep-messages", "not-utf8", "overflowing-number", "empty"],
+)
+def test_malformed_bodies_are_4xx_json_on_every_generation_route(server, raw):
+    base, _ = server
+    for route in ("/v1/chat/completions", "/v1/completions", "/invocations"):
+        status, body = _post(base + route, raw)
+        assert 400 <= status < 500, (route, status, body[:200])
+        assert json.loads(body)["error"]["message"]

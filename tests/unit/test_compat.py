@@ -73,7 +73,7 @@ def test_gguf_reads_metadata_tensors_and_the_tokenizer(tmp_path):
     (info,) = head.tensors
     assert info.name == "token_embd.weight" and sorted(int(d) for d in info.shape) == [4, 6]
     assert head.data_start + info.offset + info.nbytes <= path.stat().st_size
-    compat.save_gguf_tokenizer(path, tmp_path / "tok")
+    compat.save_gguf_tokenizer(compat.gguf_tokenizer(path), tmp_path / "tok")
     doc = json.loads((tmp_path / "tok" / "tokenizer.json").read_text())
     assert doc["model"]["type"] == "BPE" and doc["model"]["vocab"]["ab"] == 4
     from tokenizers import Tokenizer

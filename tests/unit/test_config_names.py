@@ -5,6 +5,7 @@ names give; the names 1.1 deprecated are gone; presets use only the new names.""
 from __future__ import annotations
 
 import json
+import re
 import warnings
 from pathlib import Path
 
@@ -190,3 +191,103 @@ def test_lines_per_document_is_bounded_before_any_work():
     raw = {"corpora": [{"uri": "a", "num_lines_per_document": 10**9}], "phase1": {"num_steps": 1}}
     with pytest.raises(ConfigError, match=r"corpora\.0\.num_lines_per_document.*less than or equal to 1024"):
         validate_model(CptConfig, raw, "big.yaml")
+
+
+# Integer fields without an upper bound, each with why none is needed: caps on data read (the data bounds them),
+# cadences (a larger value means less work) and document filters. Everything else that scales memory or time must
+# declare a maximum (issue 31: 1e9 in one field built a whole corpus in memory).
+UNBOUNDED_BY_DESIGN = {
+    "model.gguf_converter": "a fixed version literal, not a choice",
+    "curate.quality.min_words": "a filter threshold",
+    "curate.quality.max_words": "a filter threshold",
+    "curate.quality.min_stop_words": "a filter threshold",
+    "tokenizer.max_lines": "a cap on data read",
+    "cpt.corpora[].max_docs": "a cap on data read",
+    "sft.train[].max_docs": "a cap on data read",
+    "sft.validation[].max_docs": "a cap on data read",
+    "eval.generation.num_prompts": "a cap on data read",
+    "eval.tasks.sib200.max_examples": "a cap on data read",
+    "eval.tasks.translation[].max_examples": "a cap on data read",
+    "eval.tasks.instructions.max_examples": "a cap on data read",
+    "eval.tasks.multiple_choice[].max_examples": "a cap on data read",
+    "eval.max_docs_per_set": "a cap on data read",
+    "eval.max_bytes_per_set": "a cap on data read",
+    "cpt.checkpoint_every": "a cadence",
+    "sft.checkpoint_every": "a cadence",
+    "cpt.log_every": "a cadence",
+    "sft.log_every": "a cadence",
+    "cpt.eval_every": "a cadence",
+}
+
+
+def _unbounded_integers(schema: dict) -> set[str]:
+    defs, out, seen = schema.get("$defs", {}), set(), set()
+
+    def walk(node, path: str) -> None:
+        if not isinstance(node, dict):
+            return
+        if "$ref" in node:
+            name = node["$ref"].split("/")[-1]
+            if (name, path) not in seen:
+                seen.add((name, path))
+                walk(defs[name], path)
+            return
+        if node.get("type") == "integer" and "maximum" not in node and "exclusiveMaximum" not in node:
+            out.add(path)
+        for key in ("anyOf", "oneOf", "allOf"):
+            for sub in node.get(key, []):
+                walk(sub, path)
+        walk(node.get("items"), f"{path}[]")
+        for i, sub in enumerate(node.get("prefixItems") or []):
+            walk(sub, f"{path}[{i}]")
+        for key, sub in node.get("properties", {}).items():
+            walk(sub, f"{path}.{key}" if path else key)
+
+    walk(schema, "")
+    return out
+
+
+def test_every_integer_that_scales_memory_or_time_has_an_upper_bound():
+    from dilforge_shared.schemas import schemas
+
+    unbounded = _unbounded_integers(schemas()["pipeline.schema.json"])
+    assert unbounded == set(UNBOUNDED_BY_DESIGN), (
+        f"new unbounded: {sorted(unbounded - set(UNBOUNDED_BY_DESIGN))}; "
+        f"no longer unbounded: {sorted(set(UNBOUNDED_BY_DESIGN) - unbounded)}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("section", "raw", "field"),
+    [
+        ("cpt", {"seq_len": 10**9}, "cpt.seq_len"),
+        ("cpt", {"global_batch_size": 10**9}, "cpt.global_batch_size"),
+        ("cpt", {"micro_batch_size": 10**9}, "cpt.micro_batch_size"),
+        ("cpt", {"phase1": {"num_steps": 10**12}}, "cpt.phase1.num_steps"),
+        ("cpt", {"scratch_model": {"num_hidden_layers": 100_000}}, "cpt.scratch_model.num_hidden_layers"),
+        ("sft", {"max_length": 10**9}, "sft.max_length"),
+        ("sft", {"lora": {"r": 10**6}}, "sft.lora.r"),
+        ("sft", {"seed": 2**70}, "sft.seed"),
+        ("tokenizer", {"vocab_sizes": [10**9]}, "tokenizer.vocab_sizes.0"),
+        ("eval", {"generation": {"max_new_tokens": 10**9}}, "eval.generation.max_new_tokens"),
+        ("eval", {"tasks": {"bootstrap_iters": 10**9}}, "eval.tasks.bootstrap_iters"),
+    ],
+)
+def test_a_huge_value_is_refused_at_validation_naming_the_field(tmp_path, section, raw, field):
+    base = {
+        "cpt": {"corpora": [{"uri": "a"}], "phase1": {"num_steps": 1}},
+        "sft": {"train": [{"uri": "a.jsonl"}]},
+        "tokenizer": {"corpora": [{"uri": "a"}]},
+        "eval": {},
+    }[section]
+    merged = {
+        **base,
+        **{
+            k: ({**base[k], **v} if isinstance(v, dict) and isinstance(base.get(k), dict) else v)
+            for k, v in raw.items()
+        },
+    }
+    path = tmp_path / "p.yaml"
+    path.write_text(json.dumps({"run_id": "r", "store": {"uri": str(tmp_path / "s")}, section: merged}))
+    with pytest.raises(ConfigError, match=re.escape(field) + r"(\.[^:]+)?: .*less than or equal to"):
+        load_pipeline(path)

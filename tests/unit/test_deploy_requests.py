@@ -105,7 +105,7 @@ def test_create_then_update_then_nothing_then_delete_against_moto(no_aws, monkey
 
     with mock_aws():
         sm = MotoWithUpdate(boto3.client("sagemaker", region_name="us-east-1"))
-        d = deploy.Deployer(sm, out=lines.append, sleep=lambda s: None, poll_s=0)
+        d = deploy.Deployer(sm, out=lines.append, poll_s=0)
         assert d.deploy(first)["EndpointStatus"] == "InService"
         assert [op for op, _ in d.sent] == ["CreateModel", "CreateEndpointConfig", "CreateEndpoint"]
         d.sent.clear()
@@ -114,7 +114,7 @@ def test_create_then_update_then_nothing_then_delete_against_moto(no_aws, monkey
         assert sm.describe_endpoint(EndpointName=first.endpoint)["EndpointConfigName"] == second.model
         d.sent.clear()
         d.deploy(second)
-        assert d.sent == [] and "nothing to do" in lines[-2]
+        assert d.sent == [] and "nothing to do" in lines[-1]
         deleted = d.delete(first.endpoint)
         assert [op for op, _ in deleted] == ["DeleteEndpoint", "DeleteEndpointConfig", "DeleteModel"]
         assert d.describe_endpoint(first.endpoint) is None
@@ -138,3 +138,86 @@ def test_dry_run_without_a_push_record_cites_the_image_by_digest(no_aws):
         cfg.model_copy(update={"endpoint": cfg.endpoint.model_copy(update={"image": None})}), True
     )
     assert "@sha256:" in image and "coordinator images push --stage serve" in image
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ({"sagemaker.output_uri": "s3://"}, r"sagemaker\.output_uri: String should match pattern"),
+        (
+            {"sagemaker.tags": {"aws:team": "nlp"}},
+            r"sagemaker\.tags: .*'aws:team': keys starting with aws: are reserved",
+        ),
+        ({"sagemaker.tags": {"dilforge:run-id": "other"}}, r"sagemaker\.tags: .*dilforge: by dilforge"),
+        (
+            {"sagemaker.endpoint.environment": {"DILFORGE_MODEL_ID": "someone-else"}},
+            r"sagemaker\.endpoint\.environment: .*DILFORGE_MODEL_ID: names starting with DILFORGE_",
+        ),
+        (
+            {"sagemaker.stages": {"cpt": {"environment": {"AWS_SECRET_ACCESS_KEY": "x"}}}},
+            r"sagemaker\.stages\.cpt\.environment: .*credentials never go in an environment",
+        ),
+        ({"sagemaker.endpoint.environment": {"1BAD": "x"}}, r"'1BAD' is not an environment variable name"),
+    ],
+)
+def test_deploy_settings_that_would_clash_or_leak_are_refused_naming_the_field(no_aws, override, message):
+    """Issue 31: deploy accepted output_uri "s3://", an environment overriding the served model id, aws: tags."""
+    with pytest.raises(ConfigError, match=message):
+        load_pipeline(PRESET, overrides=override)
+    res = CliRunner().invoke(app, ["deploy", "-c", str(_with(no_aws, override)), "--dry-run"])
+    assert res.exit_code == 1 and "CreateModel" not in res.output, res.output
+    assert isinstance(res.exception, ConfigError) and re.search(message, str(res.exception))  # main() prints it
+
+
+def _with(tmp_path: Path, override: dict) -> Path:
+    """The preset with one dotted key replaced, as a user would edit it."""
+    import yaml
+
+    doc = yaml.safe_load(PRESET.read_text())
+    ((key, value),) = override.items()
+    *parents, leaf = key.split(".")
+    node = doc
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[leaf] = value
+    path = Path(tmp_path) / "edited.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def test_a_log_level_and_a_plain_variable_still_reach_the_endpoint(no_aws):
+    cfg = load_pipeline(
+        PRESET, overrides={"sagemaker.endpoint.environment": {"DILFORGE_LOG_LEVEL": "DEBUG", "OMP_NUM_THREADS": "4"}}
+    )
+    assert cfg.sagemaker.endpoint.environment == {"DILFORGE_LOG_LEVEL": "DEBUG", "OMP_NUM_THREADS": "4"}
+
+
+def test_a_failed_endpoint_ends_the_wait_with_sagemakers_reason(no_aws, monkeypatch):
+    """The wait is boto3's own `endpoint_in_service` waiter; its Failed state becomes one line with the reason."""
+    import boto3
+    from botocore.stub import Stubber
+    from dilforge_shared.errors import DilforgeError
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    client = boto3.client("sagemaker", region_name="us-east-1")
+    base = {
+        "EndpointName": "ep",
+        "EndpointArn": "arn:aws:sagemaker:us-east-1:123456789012:endpoint/ep",
+        "EndpointConfigName": "cfg",
+        "CreationTime": "2026-12-03T00:00:00Z",
+        "LastModifiedTime": "2026-12-03T00:00:00Z",
+    }
+    lines: list[str] = []
+    with Stubber(client) as stub:
+        for _ in range(2):  # the first look, then the waiter's first attempt
+            stub.add_response("describe_endpoint", {**base, "EndpointStatus": "Creating"}, {"EndpointName": "ep"})
+        stub.add_response(
+            "describe_endpoint",
+            {**base, "EndpointStatus": "Failed", "FailureReason": "ping health check failed"},
+            {"EndpointName": "ep"},
+        )
+        with pytest.raises(DilforgeError, match="endpoint ep is Failed: ping health check failed"):
+            deploy.Deployer(client, out=lines.append, poll_s=0).wait("ep")
+        stub.assert_no_pending_responses()
+    assert lines == ["endpoint ep: waiting for InService (checked every 0 s)"]

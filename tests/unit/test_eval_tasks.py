@@ -175,6 +175,14 @@ def downstream_pairs(flores: Path):
     )
 
 
+BELEBELE_ROW = {
+    "flores_passage": "p",
+    "question": "q",
+    **{f"mc_answer{i}": f"a{i}" for i in range(1, 5)},
+    "correct_answer_num": "2",
+}
+
+
 def _sib(tmp: Path, body: str, **kw) -> DownstreamTasks:
     path = tmp / "sib.tsv"
     path.write_text(body)
@@ -222,6 +230,14 @@ def test_bad_sib_files_fail_in_one_line_naming_file_and_field(tmp_path, body, me
             "mc.jsonl:1: field 'correct_answer_num': unknown label",
         ),
         ("belebele", {"flores_passage": "p", "question": "q"}, "mc.jsonl:1: field 'mc_answer1' missing"),
+        *[
+            (
+                "belebele",
+                {**BELEBELE_ROW, "correct_answer_num": bad},
+                f"mc.jsonl:1: field 'correct_answer_num' is {shown}",
+            )
+            for bad, shown in (("", "''"), (1.0, "1.0"), (None, "None"), (True, "True"))
+        ],
         (
             "tumlu",
             {"question": "q", "choices": ["a", "b"], "answer": "C"},
@@ -238,6 +254,36 @@ def test_bad_multiple_choice_files(tmp_path, layout, row, message):
     with pytest.raises(InputError) as exc:
         downstream.prepare(cfg, tmp_path / "out", None, read_parallel)
     assert message in str(exc.value)
+
+
+def test_bom_tsv_and_multi_line_csv_cells_are_read_as_their_writers_meant(tmp_path):
+    import csv
+
+    from dilforge_eval.task_rows import mc_rows
+
+    header = list(BELEBELE_ROW)
+    (tmp_path / "mc.tsv").write_bytes(
+        ("\ufeff" + "\t".join(header) + "\n" + "\t".join(str(v) for v in BELEBELE_ROW.values()) + "\n").encode()
+    )
+    assert mc_rows(str(tmp_path / "mc.tsv"), "belebele", None)[0]["flores_passage"] == "p"
+    with (tmp_path / "mc.csv").open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(header)
+        writer.writerow(
+            [{"flores_passage": "line one\nline two, with a comma"}.get(k, v) for k, v in BELEBELE_ROW.items()]
+        )
+        writer.writerow(BELEBELE_ROW.values())
+    rows = mc_rows(str(tmp_path / "mc.csv"), "belebele", None)
+    assert [r["flores_passage"] for r in rows] == ["line one\nline two, with a comma", "p"]
+    # the second record starts on line 4 (its first cell spans lines 2-3): errors name that line
+    text = (tmp_path / "mc.csv").read_text()
+    (tmp_path / "bad.csv").write_text(text[: text.rindex(",2\n")] + ",9\n")
+    with pytest.raises(InputError, match=r"bad\.csv:4: field 'correct_answer_num': unknown label '9'"):
+        mc_rows(str(tmp_path / "bad.csv"), "belebele", None)
+    lines = (tmp_path / "mc.csv").read_text().splitlines()
+    (tmp_path / "open.csv").write_text("\n".join([lines[0], lines[3], '"never closed,q,a,b,c,d,1']) + "\n")
+    with pytest.raises(InputError, match=r"open\.csv:3: not valid CSV: unexpected end of data"):
+        mc_rows(str(tmp_path / "open.csv"), "belebele", None)
 
 
 def test_instruction_file_missing_field_and_config_checks(tmp_path):

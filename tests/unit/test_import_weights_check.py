@@ -121,6 +121,8 @@ def _llama_gguf(path: Path, blocks: int = 1, heads: int = 1) -> Path:
     writer.add_feed_forward_length(64)
     writer.add_context_length(128)
     writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list([f"t{i}" for i in range(16)])
     writer.add_tensor("token_embd.weight", np.ones((16, 32), dtype=np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -179,3 +181,58 @@ def test_a_gguf_claiming_absurd_sizes_is_refused_before_a_model_is_built(tmp_pat
     with pytest.raises(InputError, match=message):
         convert_gguf(path, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def _gguf_with_tokenizer(path: Path, model: str | None, merges=None, scores: bool = True) -> Path:
+    import numpy as np
+    from gguf import GGUFWriter
+
+    writer = GGUFWriter(str(path), "llama")
+    for add, value in (("block_count", 1), ("head_count", 1), ("embedding_length", 32), ("feed_forward_length", 64)):
+        getattr(writer, f"add_{add}")(value)
+    writer.add_context_length(128)
+    writer.add_layer_norm_rms_eps(1e-5)
+    tokens = ["a", "b", "ab", "<|begin_of_text|>", "<|end_of_text|>"]
+    if model is not None:
+        writer.add_tokenizer_model(model)
+        writer.add_token_list(tokens)
+        writer.add_token_types([1] * len(tokens))
+    if merges is not None:
+        writer.add_token_merges(merges)
+    if model == "llama" and scores:
+        writer.add_token_scores([0.0] * len(tokens))
+    writer.add_tensor("token_embd.weight", np.ones((len(tokens), 32), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.mark.parametrize(
+    ("model", "merges", "scores", "message"),
+    [
+        ("gpt2", ["a zz"], True, r"tokenizer\.ggml\.merges\[0\] is 'a zz': not two tokens of tokenizer\.ggml\.tokens"),
+        ("gpt2", ["a b", "ab"], True, r"tokenizer\.ggml\.merges\[1\] is 'ab'"),
+        ("llama", None, False, r"tokenizer\.ggml\.scores has None entries for 5 tokens"),
+        (None, None, True, r"tokenizer\.ggml\.model is None; dilforge imports gpt2 \(byte-level BPE\)"),
+    ],
+)
+def test_a_gguf_tokenizer_that_cannot_be_built_is_one_line_before_tensors_are_read(
+    tmp_path, model, merges, scores, message, monkeypatch
+):
+    import dilforge_cpt.gguf_convert as gc
+
+    path = _gguf_with_tokenizer(tmp_path / "t.gguf", model, merges, scores)
+    monkeypatch.setattr(gc, "dequantized_tensors", lambda path: pytest.fail("tensors were read"))
+    with pytest.raises(InputError, match=message):
+        convert_gguf(path, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_well_formed_gguf_tokenizer_passes_the_check(tmp_path):
+    from dilforge_cpt.gguf_convert import gguf_metadata, read_gguf_tokenizer
+
+    path = _gguf_with_tokenizer(tmp_path / "t.gguf", "gpt2", ["a b"])
+    _, tokenizer, _ = read_gguf_tokenizer(path, gguf_metadata(path))
+    assert tokenizer["tokens"][:3] == ["a", "b", "ab"] and tokenizer["merges"] == ["a b"]

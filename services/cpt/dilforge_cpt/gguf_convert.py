@@ -177,6 +177,7 @@ def convert_gguf(path: Path, out: Path) -> dict:
         "num_key_value_heads": kv_heads,
     }
     check_dimensions(dims, None, str(path))  # types and heads, before any tensor is read
+    tokenizer = read_gguf_tokenizer(path, meta)
     state, skipped = {}, []
     for name, array in dequantized_tensors(path):
         target = hf_name(name)
@@ -210,7 +211,7 @@ def convert_gguf(path: Path, out: Path) -> dict:
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     config.save_pretrained(str(out))
     GenerationConfig.from_model_config(config).save_pretrained(str(out))
-    save_gguf_tokenizer(path, out)
+    compat.save_gguf_tokenizer(tokenizer, out)
     return {
         "gguf_file": path.name,
         "gguf_sha256": sha256_file(path),
@@ -219,7 +220,37 @@ def convert_gguf(path: Path, out: Path) -> dict:
     }
 
 
-def save_gguf_tokenizer(path: Path, out: Path) -> None:
-    """The tokenizer the GGUF describes, built by transformers' GGUF tokenizer mapping (what
-    `AutoTokenizer.from_pretrained(gguf_file=...)` does, without its second parse of the whole file)."""
-    compat.save_gguf_tokenizer(path, out)
+GGUF_TOKENIZER_MODELS = {"gpt2": "byte-level BPE", "llama": "SentencePiece"}
+
+
+def read_gguf_tokenizer(path: Path, meta: dict) -> tuple[str, dict, dict]:
+    """The tokenizer the GGUF describes, checked for what would otherwise fail deep inside the tokenizers library
+    (a merge naming a token the vocabulary lacks, a SentencePiece vocabulary without scores) or later at `chat`
+    (ids past the embedding rows): one error naming the metadata key, before any tensor is read."""
+    where = str(path)
+    model = meta.get("tokenizer.ggml.model")
+    if model not in GGUF_TOKENIZER_MODELS:
+        kinds = ", ".join(f"{k} ({v})" for k, v in GGUF_TOKENIZER_MODELS.items())
+        raise InputError(f"tokenizer.ggml.model is {model!r}; dilforge imports {kinds} tokenizers", path=where)
+    try:
+        parts = compat.gguf_tokenizer(path)
+    except Exception as exc:  # noqa: BLE001 - the reader raises KeyError/IndexError/ValueError on bad metadata
+        raise InputError(f"cannot read the GGUF tokenizer: {exc!r}", path=where) from None
+    tokens = parts[1].get("tokens")
+    if not isinstance(tokens, list) or not tokens or not all(isinstance(t, str) for t in tokens):
+        raise InputError("tokenizer.ggml.tokens is missing, empty or not a list of strings", path=where)
+    if model == "llama" and meta.get("tokenizer.ggml.scores") != len(tokens):
+        raise InputError(
+            f"tokenizer.ggml.scores has {meta.get('tokenizer.ggml.scores')} entries for {len(tokens)} tokens "
+            "(a SentencePiece vocabulary needs one score per token)",
+            path=where,
+        )
+    if model == "gpt2":
+        vocab = set(tokens)
+        for i, merge in enumerate(parts[1].get("merges") or []):
+            pair = merge.split(" ") if isinstance(merge, str) else []
+            if len(pair) != 2 or pair[0] not in vocab or pair[1] not in vocab:
+                raise InputError(
+                    f"tokenizer.ggml.merges[{i}] is {merge!r}: not two tokens of tokenizer.ggml.tokens", path=where
+                )
+    return parts

@@ -22,14 +22,24 @@ def read_rows(uri: str, endpoint_url: str | None = None) -> list[tuple[int, dict
     if not name.endswith((".tsv", ".csv")):
         raise InputError("task file must be .jsonl, .tsv or .csv", path=uri)
     delimiter = "\t" if name.endswith(".tsv") else ","
-    rows, header = [], None
-    for _, lineno, line in iter_located_texts(uri, "txt", endpoint_url=endpoint_url, skip_empty=False):
-        if not line.strip():
+    # TSV cells never quote (a `"` is text); CSV cells may, and a quoted cell may span lines, so the file is parsed
+    # as one stream and a record is named by the line it starts on.
+    quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
+    lines = (f"{line}\n" for _, _, line in iter_located_texts(uri, "txt", endpoint_url=endpoint_url, skip_empty=False))
+    reader = csv.reader(lines, delimiter=delimiter, quoting=quoting, strict=True)
+    rows, header, start = [], None, 1
+    while True:
+        try:
+            cells = next(reader)
+        except StopIteration:
+            break
+        except csv.Error as exc:
+            raise InputError(f"not valid {name.rsplit('.', 1)[-1].upper()}: {exc}", path=uri, line=start) from None
+        lineno, start = start, reader.line_num + 1
+        if not any(cell.strip() for cell in cells):
             continue
-        quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
-        cells = next(csv.reader(io.StringIO(line), delimiter=delimiter, quoting=quoting))
         if header is None:
-            header = cells
+            header = [cells[0].removeprefix("\ufeff"), *cells[1:]]  # a byte-order mark is not part of the name
             continue
         if len(cells) != len(header):
             raise InputError(f"{len(cells)} columns, the header has {len(header)}", path=uri, line=lineno)
@@ -37,13 +47,14 @@ def read_rows(uri: str, endpoint_url: str | None = None) -> list[tuple[int, dict
     return rows
 
 
-def need(rec: dict, key: str, uri: str, lineno: int, kind: type = str) -> Any:
+def need(rec: dict, key: str, uri: str, lineno: int, kind: type | tuple[type, ...] = str) -> Any:
     """A field of a row, of the right type and not empty; else a one-line error naming file, line and field."""
     if key not in rec:
         raise InputError(f"field {key!r} missing (fields: {sorted(rec)})", path=uri, line=lineno)
     value = rec[key]
-    if not isinstance(value, kind) or (isinstance(value, str | list) and not value):
-        raise InputError(f"field {key!r} empty or not a {kind.__name__}", path=uri, line=lineno)
+    if not isinstance(value, kind) or isinstance(value, bool) or (isinstance(value, str | list) and not value):
+        kinds = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+        raise InputError(f"field {key!r} is {value!r}: not a non-empty {kinds}", path=uri, line=lineno)
     return value
 
 

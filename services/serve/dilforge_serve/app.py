@@ -22,6 +22,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from dilforge_shared.families import control_token_in
+
 log = logging.getLogger("dilforge.serve")
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
@@ -130,7 +132,7 @@ class RequestGuard:
         # the body is JSON now, whatever the client called it (SageMaker clients may send another content type)
         headers = [(k, v) for k, v in scope["headers"] if k.lower() not in (b"content-length", b"content-type")]
         headers += [(b"content-length", str(len(data)).encode()), (b"content-type", b"application/json")]
-        return await self.app({**scope, "headers": headers}, replay(data, receive), send)
+        return await self.app({**scope, "headers": headers}, replay(data, receive), openai_errors(send))
 
     # ---- the checks ----------------------------------------------------------------------------
     def check(self, path: str, raw: bytes) -> dict[str, Any]:
@@ -213,7 +215,9 @@ class RequestGuard:
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63):
             raise BadRequest(f"seed must be an integer in [0, 2^63), got {seed!r}", param="seed")
         bias = body.get("logit_bias")
-        if bias is not None:
+        if bias == {}:
+            del body["logit_bias"]  # no bias, as OpenAI reads it (transformers serve fails on an empty one)
+        elif bias is not None:
             if not isinstance(bias, dict):
                 raise BadRequest("logit_bias must be an object of token id -> bias", param="logit_bias")
             vocab = len(self.tokenizer)
@@ -233,16 +237,12 @@ class RequestGuard:
             text.encode("utf-8")
         except UnicodeEncodeError as exc:
             raise BadRequest(f"{param} holds a lone surrogate at character {exc.start}", param=param) from None
-        for token in self.control_tokens:
-            if token in text:
-                raise BadRequest(
-                    f"{param} contains the control token {token!r}, which would change the conversation's structure",
-                    param=param,
-                )
-
-    @property
-    def control_tokens(self) -> list[str]:
-        return [t for t in getattr(self.tokenizer, "all_special_tokens", []) if t.startswith("<|") and t.endswith("|>")]
+        token = control_token_in(text)
+        if token is not None:
+            raise BadRequest(
+                f"{param} contains the control token {token!r}, which would change the conversation's structure",
+                param=param,
+            )
 
     def chat_prompt_tokens(self, body: dict) -> int:
         messages = body.get("messages")
@@ -330,6 +330,36 @@ def replay(data: bytes, receive):
         return await receive()  # then the client's disconnect, for streaming responses
 
     return _receive
+
+
+def openai_errors(send):
+    """`send`, with the inner app's error responses in OpenAI's shape: transformers serve answers some bad requests
+    the FastAPI way (422, `{"detail": "Unexpected fields in the request: {'foo'}"}`), which OpenAI clients do not
+    parse. Such a response becomes a 400 (a 422) or keeps its status, with the detail as the error's message."""
+    held: dict[str, Any] = {}
+
+    async def _send(message):
+        if message["type"] == "http.response.start" and message["status"] >= 400:
+            held.update(start=message, chunks=[])
+            return None
+        if "start" not in held or message["type"] != "http.response.body":
+            return await send(message)
+        held["chunks"].append(message.get("body", b""))
+        if message.get("more_body"):
+            return None
+        raw, status = b"".join(held.pop("chunks")), held.pop("start")["status"]
+        try:
+            doc = json.loads(raw)
+        except ValueError:
+            doc = None
+        if not (isinstance(doc, dict) and isinstance(doc.get("error"), dict)):
+            detail = doc.get("detail", doc) if isinstance(doc, dict) else raw.decode("utf-8", "replace")
+            text = detail if isinstance(detail, str) else json.dumps(detail, ensure_ascii=False)
+            status = 400 if status == 422 else status
+            raw = BadRequest(text[:1000] or f"request failed with status {status}", status=status).body()
+        return await respond(send, status, raw)
+
+    return _send
 
 
 async def respond(send, status: int, body: bytes) -> None:

@@ -29,6 +29,15 @@ def deprecated(message: str) -> None:
 # hashed until someone decides otherwise. The marker is this one place, and the exported JSON Schema shows it
 # on the field (`"x-dilforge-identity": "run-only"`). Changing a run-only field keeps the artifact id, so a CPT run
 # interrupted and rerun with, say, another checkpoint_every resumes its checkpoint instead of starting over.
+# Upper bounds of the fields that scale memory or time (reliability round 4: a typo such as 1e9 is refused at
+# validation, naming the field, instead of allocating or running for hours). Each is far above any real run.
+MAX_SEED = 2**32 - 1  # numpy's and the lm-eval seeds' range; torch takes up to 2**64
+MAX_STEPS = 100_000_000
+MAX_BATCH = 65_536  # sequences per step or per forward pass
+MAX_TOKENS = 1_048_576  # a sequence, window or context, in tokens
+MAX_NEW_TOKENS = 32_768
+MAX_VOCAB = 1_048_576
+
 IDENTITY_KEY = "x-dilforge-identity"
 RUN_ONLY = {IDENTITY_KEY: "run-only"}
 
@@ -182,7 +191,7 @@ class StageConfig(StrictModel):
     consumes: ClassVar[tuple[str, ...]] = ()
     required_inputs: ClassVar[tuple[str, ...]] = ()
 
-    seed: int = Field(default=0, description="Seed for every random choice the stage makes.")
+    seed: int = Field(le=MAX_SEED, default=0, description="Seed for every random choice the stage makes.")
 
     def identity(self) -> dict:
         """The config as the artifact id hashes it: every field but the run-only ones (see RUN_ONLY)."""

@@ -6,12 +6,61 @@ explicit max runtime; everything else (role, region, images, tags, network) is s
 
 from __future__ import annotations
 
-from typing import Literal
+import re
+from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
 from ..stages import ImageName
 from .base import StrictModel
+
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,511}")
+# dilforge sets these itself (model id, store, stage module, checkpoint sync, ...); one from a config would silently
+# point a job or endpoint elsewhere. Credentials never travel in an environment: jobs and endpoints use their role.
+RESERVED_ENV_PREFIXES = ("DILFORGE_", "SM_", "SAGEMAKER_")
+ALLOWED_DILFORGE_ENV = ("DILFORGE_LOG_LEVEL",)
+CREDENTIAL_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "HF_TOKEN")
+
+
+def check_environment(env: dict[str, str]) -> dict[str, str]:
+    """Container environment from a config: valid names within SageMaker's limits, none that dilforge or SageMaker
+    set, no credentials."""
+    if len(env) > 100:
+        raise ValueError(f"{len(env)} entries; SageMaker takes at most 100")
+    for name, value in env.items():
+        if not ENV_NAME.fullmatch(name):
+            raise ValueError(f"{name!r} is not an environment variable name ([A-Za-z_][A-Za-z0-9_]*, ≤ 512 chars)")
+        if name in CREDENTIAL_ENV:
+            raise ValueError(f"{name}: credentials never go in an environment; jobs and endpoints use role_arn")
+        if name.startswith(RESERVED_ENV_PREFIXES) and name not in ALLOWED_DILFORGE_ENV:
+            raise ValueError(
+                f"{name}: names starting with {', '.join(RESERVED_ENV_PREFIXES)} are set by dilforge or SageMaker"
+            )
+        if len(value) > 512:
+            raise ValueError(f"{name}: value of {len(value)} characters; SageMaker takes at most 512")
+    return env
+
+
+TAG_KEY = re.compile(r"[\w\s.:/=+\-@]{1,128}")
+
+
+def check_tags(tags: dict[str, str]) -> dict[str, str]:
+    """Tags from a config: SageMaker's key and value rules, and none of the reserved `aws:` or dilforge's own
+    `dilforge:` keys (those would be refused by AWS, or overwrite the run id and artifact dilforge tags)."""
+    if len(tags) > 40:
+        raise ValueError(f"{len(tags)} tags; SageMaker takes 50, and dilforge adds its own")
+    for key, value in tags.items():
+        if key.lower().startswith(("aws:", "dilforge:")):
+            raise ValueError(f"{key!r}: keys starting with aws: are reserved by AWS, dilforge: by dilforge")
+        if not TAG_KEY.fullmatch(key):
+            raise ValueError(f"{key!r} is not a tag key (1-128 letters, digits, spaces and _.:/=+-@)")
+        if len(value) > 256 or not re.fullmatch(r"[\w\s.:/=+\-@]*", value):
+            raise ValueError(f"tag {key!r}: value must be ≤ 256 letters, digits, spaces and _.:/=+-@")
+    return tags
+
+
+ContainerEnvironment = Annotated[dict[str, str], AfterValidator(check_environment)]
+Tags = Annotated[dict[str, str], AfterValidator(check_tags)]
 
 
 class StageResources(StrictModel):
@@ -40,7 +89,9 @@ class StageResources(StrictModel):
     input_mode: Literal["File", "FastFile"] = Field(
         default="File", description="How upstream artifacts reach /opt/ml/input/data: copied (File) or streamed."
     )
-    environment: dict[str, str] = Field(default_factory=dict, description="Extra container environment variables.")
+    environment: ContainerEnvironment = Field(
+        default_factory=dict, description="Extra container environment variables."
+    )
 
     @model_validator(mode="after")
     def _wait_covers_runtime(self):
@@ -74,7 +125,9 @@ class EndpointResources(StrictModel):
     model_data_download_timeout_s: int = Field(
         default=1200, ge=60, le=3600, description="How long copying the artifact into /opt/ml/model may take."
     )
-    environment: dict[str, str] = Field(default_factory=dict, description="Extra container environment variables.")
+    environment: ContainerEnvironment = Field(
+        default_factory=dict, description="Extra container environment variables."
+    )
 
 
 class SageMakerConfig(StrictModel):
@@ -99,8 +152,8 @@ class SageMakerConfig(StrictModel):
     )
     output_uri: str | None = Field(
         default=None,
-        pattern=r"^s3://",
-        description="S3 prefix for job outputs, checkpoints, TensorBoard; None = <store>/sagemaker.",
+        pattern=r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$",
+        description="S3 prefix (s3://bucket[/prefix]) for job outputs, checkpoints, TensorBoard; None = <store>/sagemaker.",
     )
     spot: bool = Field(default=True, description="Managed spot training for stages that don't say otherwise.")
     max_retry_attempts: int = Field(default=0, ge=0, le=30, description="SageMaker's own retries of a failed job.")
@@ -111,8 +164,9 @@ class SageMakerConfig(StrictModel):
     )
     subnets: list[str] = Field(default_factory=list, description="VPC subnets (EFA multi-node needs one placement).")
     security_group_ids: list[str] = Field(default_factory=list, description="VPC security groups (with subnets).")
-    tags: dict[str, str] = Field(default_factory=dict, description="Tags on every job, besides dilforge's own.")
-    poll_interval_s: float = Field(default=30.0, gt=0, description="How often a real run polls job status.")
+    tags: Tags = Field(default_factory=dict, description="Tags on every job, besides dilforge's own.")
+
+    poll_interval_s: float = Field(le=3600, default=30.0, gt=0, description="How often a real run polls job status.")
     stages: dict[ImageName, StageResources] = Field(
         default_factory=dict, description="Per-stage machines; a stage not listed runs on one ml.m5.xlarge."
     )

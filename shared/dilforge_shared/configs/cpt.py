@@ -10,6 +10,8 @@ from typing import ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from .base import (
+    MAX_STEPS,
+    MAX_TOKENS,
     RUN_ONLY,
     DataSource,
     Precision,
@@ -39,12 +41,14 @@ RESEARCH_TRANSPLANTS = {"mean_of_all", "random", "offset", "calibrated", "fitted
 class ScratchModel(StrictModel):
     """Architecture of a randomly initialised Llama (tests, demos, benchmarks). Vocab = the tokenizer's."""
 
-    hidden_size: int = Field(default=64, ge=8, description="Model width.")
-    intermediate_size: int = Field(default=128, ge=8, description="MLP width.")
-    num_hidden_layers: int = Field(default=2, ge=1, description="Decoder layers.")
-    num_attention_heads: int = Field(default=4, ge=1, description="Query heads.")
-    num_key_value_heads: int = Field(default=2, ge=1, description="Key/value heads (GQA).")
-    max_position_embeddings: int = Field(default=2048, ge=16, description="Longest sequence the model supports.")
+    hidden_size: int = Field(le=65_536, default=64, ge=8, description="Model width.")
+    intermediate_size: int = Field(le=262_144, default=128, ge=8, description="MLP width.")
+    num_hidden_layers: int = Field(le=1_024, default=2, ge=1, description="Decoder layers.")
+    num_attention_heads: int = Field(le=1_024, default=4, ge=1, description="Query heads.")
+    num_key_value_heads: int = Field(le=1_024, default=2, ge=1, description="Key/value heads (GQA).")
+    max_position_embeddings: int = Field(
+        le=MAX_TOKENS, default=2048, ge=16, description="Longest sequence the model supports."
+    )
     rope_theta: float = Field(default=500000.0, gt=0, description="RoPE base.")
     tie_word_embeddings: bool = Field(default=True, description="Share embedding and LM-head weights.")
 
@@ -61,7 +65,9 @@ class Phase(Warmup):
     """One training phase: its own steps, peak learning rate and warmup (`knobs.Warmup`: num_warmup_steps or
     warmup_ratio); cosine decay to min_lr_ratio × peak."""
 
-    num_steps: int = Field(default=0, ge=0, description="Optimizer steps in this phase; 0 skips the phase.")
+    num_steps: int = Field(
+        le=MAX_STEPS, default=0, ge=0, description="Optimizer steps in this phase; 0 skips the phase."
+    )
     learning_rate: float = Field(default=1e-3, gt=0, description="Peak learning rate (AdamW).")
     min_lr_ratio: float = Field(default=0.1, ge=0, le=1, description="Cosine decays to learning_rate × min_lr_ratio.")
     weight_decay: float = Field(default=0.0, ge=0, description="AdamW decoupled weight decay.")
@@ -159,16 +165,19 @@ class CptConfig(StageConfig, Batching, Checkpointing):
     validation: list[DataSource] = Field(
         default_factory=list, description="Held-out text for validation loss and bits per byte (BPB)."
     )
-    seq_len: int = Field(default=2048, ge=8, description="Tokens per packed training window.")
-    num_validation_docs: int = Field(default=500, ge=1, description="Validation documents read (first N) per source.")
+    seq_len: int = Field(le=MAX_TOKENS, default=2048, ge=8, description="Tokens per packed training window.")
+    num_validation_docs: int = Field(
+        le=1_000_000, default=500, ge=1, description="Validation documents read (first N) per source."
+    )
     validation_stride: int | None = Field(
+        le=MAX_TOKENS,
         default=None,
         ge=1,
         description="Validation BPB slides windows of seq_len tokens by this many (dilforge_shared.bpb); None = "
         "seq_len // 2, eval's default, so CPT and eval report the same number for the same window.",
     )
     tokenize_batch_size: int = Field(
-        json_schema_extra=RUN_ONLY, default=1000, ge=1, description="Documents per encode_batch call."
+        le=1_000_000, json_schema_extra=RUN_ONLY, default=1000, ge=1, description="Documents per encode_batch call."
     )
 
     # ---- optimisation ----------------------------------------------------------------------
@@ -188,6 +197,7 @@ class CptConfig(StageConfig, Batching, Checkpointing):
 
     # ---- distribution and kernels ----------------------------------------------------------
     num_processes_per_node: int | None = Field(
+        le=1_024,
         json_schema_extra=RUN_ONLY,
         default=None,
         ge=1,

@@ -7,7 +7,7 @@ docs/curate.md. Downstream, the tokenizer and CPT stages name the artifact as a 
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -24,6 +24,8 @@ AZ_STOPWORDS = (
     "görə", "da", "tərəfindən", "çox", "ki", "onun", "edir", "idi",
 )  # fmt: skip
 
+
+NGram = Annotated[int, Field(ge=1, le=32)]  # words per n-gram; Gopher uses 2..10
 
 class RawSource(DataSource):
     """A raw corpus to curate; its licence is carried into the artifact's data card."""
@@ -90,11 +92,11 @@ class QualityConfig(StrictModel):
     min_stop_words: int = Field(default=2, ge=0, description="Fewest stop words a document must contain.")
     stop_words: list[str] = Field(default_factory=lambda: list(AZ_STOPWORDS), description="The language's stop words.")
     dup_line_frac: float = Field(default=0.879, ge=0, le=1, description="Most share of duplicated lines.")
-    top_n_grams: list[tuple[int, float]] = Field(
+    top_n_grams: list[tuple[NGram, float]] = Field(
         default_factory=lambda: [(2, 0.514), (3, 0.475), (4, 0.405)],
         description="(n, most share of characters in the most frequent n-gram): word spam.",
     )
-    dup_n_grams: list[tuple[int, float]] = Field(
+    dup_n_grams: list[tuple[NGram, float]] = Field(
         default_factory=lambda: [(5, 0.3), (6, 0.271), (7, 0.252), (8, 0.227), (9, 0.202), (10, 0.179)],
         description="(n, most share of characters in duplicated n-grams).",
     )

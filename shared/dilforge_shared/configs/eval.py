@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import re
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from .base import RUN_ONLY, DataSource, Precision, StageConfig, StrictModel
+from .base import (
+    MAX_BATCH,
+    MAX_NEW_TOKENS,
+    MAX_TOKENS,
+    RUN_ONLY,
+    DataSource,
+    Precision,
+    StageConfig,
+    StrictModel,
+)
 
 _LABEL = r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,39}$"
 UPSTREAM_LABELS = ("tokenizer", "cpt", "sft")
@@ -62,12 +71,14 @@ class MorphResources(StrictModel):
         description="CoNLL-U files; lemmas give stem boundaries and a "
         "'# glossing =' comment (Leipzig hyphens) refines them.",
     )
-    num_words_per_source: int = Field(default=2000, ge=1, description="Words sampled (seeded) from each source.")
+    num_words_per_source: int = Field(
+        le=1_000_000, default=2000, ge=1, description="Words sampled (seeded) from each source."
+    )
 
 
 class GenerationSettings(StrictModel):
     modes: list[Literal["greedy", "sampled"]] = Field(default=["greedy", "sampled"], description="Decoding modes.")
-    max_new_tokens: int = Field(default=64, ge=1, description="New tokens per answer.")
+    max_new_tokens: int = Field(le=MAX_NEW_TOKENS, default=64, ge=1, description="New tokens per answer.")
     temperature: float = Field(default=0.7, gt=0, description="Sampling temperature (sampled mode).")
     top_p: float = Field(default=0.9, gt=0, le=1, description="Nucleus sampling mass (sampled mode).")
     repetition_penalty: float = Field(
@@ -78,24 +89,31 @@ class GenerationSettings(StrictModel):
         "shows raw behaviour; 1.1-1.3 keeps small models from looping.",
     )
     no_repeat_ngram_size: int = Field(
-        default=0, ge=0, description="Never repeat an n-gram of this many tokens within one prompt+answer; 0 = off."
+        le=64,
+        default=0,
+        ge=0,
+        description="Never repeat an n-gram of this many tokens within one prompt+answer; 0 = off.",
     )
     num_prompts: int | None = Field(default=None, ge=1, description="Use at most this many prompts (demos).")
 
 
 class BpbSettings(StrictModel):
     window: int | None = Field(
+        le=MAX_TOKENS,
         default=None,
         ge=8,
         description="Tokens per forward window; None = the model's max_position_embeddings capped at 2048.",
     )
     stride: int | None = Field(
+        le=MAX_TOKENS,
         default=None,
         ge=1,
         description="Window step in tokens; every token after the first "
         "window sees at least window-stride tokens of context. None = window/2.",
     )
-    batch_size: int = Field(json_schema_extra=RUN_ONLY, default=8, ge=1, description="Windows per forward pass.")
+    batch_size: int = Field(
+        le=MAX_BATCH, json_schema_extra=RUN_ONLY, default=8, ge=1, description="Windows per forward pass."
+    )
 
     @model_validator(mode="after")
     def _check(self) -> BpbSettings:
@@ -126,7 +144,9 @@ class SibTask(StrictModel):
         default="sib_split",
         description="Column with the SIB split (train/dev/test): examples come from `test`, shots from `train`.",
     )
-    num_fewshot: list[int] = Field(default=[0, 5], min_length=1, description="Shots per run; one figure each.")
+    num_fewshot: list[Annotated[int, Field(ge=0, le=64)]] = Field(
+        default=[0, 5], min_length=1, description="Shots per run; one figure each."
+    )
     max_examples: int | None = Field(
         default=None,
         ge=1,
@@ -183,7 +203,7 @@ class MultipleChoiceTask(StrictModel):
         default=None,
         description="File (same layout) the shots come from; None = the first rows of `uri` other than the one scored.",
     )
-    num_fewshot: int = Field(default=0, ge=0, description="Shots (TUMLU-mini publishes 5-shot).")
+    num_fewshot: int = Field(le=64, default=0, ge=0, description="Shots (TUMLU-mini publishes 5-shot).")
     max_examples: int | None = Field(default=None, ge=1, description="Score at most this many (first) rows.")
 
 
@@ -196,20 +216,26 @@ class DownstreamTasks(StrictModel):
     instructions: InstructionTask | None = Field(default=None, description="Instruction answering (khazar).")
     multiple_choice: list[MultipleChoiceTask] = Field(default_factory=list, description="Belebele/TUMLU files.")
     translation_max_new_tokens: int = Field(
-        default=64, ge=1, description="Tokens per translation (stops at the first newline)."
+        le=MAX_NEW_TOKENS, default=64, ge=1, description="Tokens per translation (stops at the first newline)."
     )
     instruction_max_new_tokens: int = Field(
-        default=128, ge=1, description="Tokens per answer (stops at the end of the turn)."
+        le=MAX_NEW_TOKENS, default=128, ge=1, description="Tokens per answer (stops at the end of the turn)."
     )
     batch_size: int = Field(
-        json_schema_extra=RUN_ONLY, default=8, ge=1, description="Requests per forward pass (lm-eval batch_size)."
+        le=MAX_BATCH,
+        json_schema_extra=RUN_ONLY,
+        default=8,
+        ge=1,
+        description="Requests per forward pass (lm-eval batch_size).",
     )
     max_length: int = Field(
+        le=MAX_TOKENS,
         default=2048,
         ge=64,
         description="Longest prompt+answer in tokens (lm-eval max_length; longer prompts are cut from the left).",
     )
     bootstrap_iters: int = Field(
+        le=100_000,
         default=1000,
         ge=0,
         description="Bootstrap resamples for the standard error of "

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, PositiveInt
+from pydantic import BaseModel, Field
 from pydantic.fields import FieldInfo
 
-from .base import RUN_ONLY, StrictModel, Switch
+from .base import MAX_BATCH, MAX_STEPS, RUN_ONLY, StrictModel, Switch
 
 
 def knob(group: type[BaseModel], name: str, default: Any) -> Any:
@@ -40,12 +40,13 @@ class Batching(StrictModel):
     """How many sequences make an optimizer step and a forward pass (gradient accumulation is derived)."""
 
     global_batch_size: int = Field(
+        le=MAX_BATCH,
         default=8,
         ge=1,
         description="Sequences per optimizer step across all processes (= micro_batch_size × processes × "
         "gradient accumulation steps, which is derived; must divide evenly).",
     )
-    micro_batch_size: PositiveInt | Literal["auto"] = Field(
+    micro_batch_size: Annotated[int, Field(ge=1, le=MAX_BATCH)] | Literal["auto"] = Field(
         json_schema_extra=RUN_ONLY,
         default="auto",
         description="Sequences per forward pass per process (memory, not results: the global batch is the same). "
@@ -54,6 +55,7 @@ class Batching(StrictModel):
         "most 8), logged at start; a number from bench/gpu_cpt.py (its bisected largest batch) overrides it.",
     )
     eval_micro_batch_size: int | None = Field(
+        le=MAX_BATCH,
         json_schema_extra=RUN_ONLY,
         default=None,
         ge=1,
@@ -77,7 +79,7 @@ class Warmup(StrictModel):
     """Linear warmup from 0 to the peak learning rate: a count of steps, or a share of the steps."""
 
     num_warmup_steps: int | None = Field(
-        default=None, ge=0, description="Warmup optimizer steps; None = warmup_ratio (or no warmup)."
+        le=MAX_STEPS, default=None, ge=0, description="Warmup optimizer steps; None = warmup_ratio (or no warmup)."
     )
     warmup_ratio: float | None = Field(
         default=None,
@@ -103,7 +105,7 @@ class Checkpointing(StrictModel):
         description="Write a resumable checkpoint every this many optimizer steps (and on SIGTERM).",
     )
     num_checkpoints_kept: int = Field(
-        json_schema_extra=RUN_ONLY, default=2, ge=1, description="Newest complete checkpoints kept on disk."
+        le=100, json_schema_extra=RUN_ONLY, default=2, ge=1, description="Newest complete checkpoints kept on disk."
     )
     activation_checkpointing: Switch = Field(
         json_schema_extra=RUN_ONLY,

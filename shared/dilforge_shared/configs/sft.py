@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
-from pydantic import Field, PositiveInt, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from .base import RUN_ONLY, DataSource, Precision, StageConfig, StrictModel, Switch, deprecated, rename_fields
+from ..families import control_token_in
+from .base import (
+    MAX_BATCH,
+    MAX_STEPS,
+    MAX_TOKENS,
+    RUN_ONLY,
+    DataSource,
+    Precision,
+    StageConfig,
+    StrictModel,
+    Switch,
+    deprecated,
+    rename_fields,
+)
 from .knobs import Batching, Checkpointing, SourceLimits, Warmup, knob, on_off
 
 
@@ -47,11 +60,18 @@ class SftDataSource(DataSource, SourceLimits):
     def _check(self) -> SftDataSource:
         if self.layout == "translation" and "{source}" not in self.translation_prompt:
             raise ValueError("translation_prompt must contain '{source}'")
+        _no_control_token(self.translation_prompt, "translation_prompt")
         return self
 
 
+def _no_control_token(text: str, name: str) -> None:
+    token = control_token_in(text)
+    if token is not None:
+        raise ValueError(f"{name} contains the control token {token!r}, which would forge a turn in every conversation")
+
+
 class LoraSettings(StrictModel):
-    r: int = Field(default=64, ge=1, description="LoRA rank.")
+    r: int = Field(le=4_096, default=64, ge=1, description="LoRA rank.")
     alpha: float = Field(default=28, gt=0, description="LoRA alpha (scale = alpha / r).")
     dropout: float = Field(default=0.05, ge=0, lt=1, description="Dropout on the LoRA input.")
     target_modules: list[str] = Field(
@@ -115,7 +135,9 @@ class SftConfig(StageConfig, Batching, Warmup, Checkpointing):
 
     # ---- model and training -----------------------------------------------------------------
     lora: LoraSettings = Field(default_factory=LoraSettings, description="LoRA adapter settings.")
-    max_length: int = Field(default=1024, ge=16, description="Tokens per sequence (and per packed block).")
+    max_length: int = Field(
+        le=MAX_TOKENS, default=1024, ge=16, description="Tokens per sequence (and per packed block)."
+    )
     packing: bool = Field(
         default=False,
         description="Pack several conversations per sequence (best-fit decreasing, padding-free: documents are "
@@ -134,12 +156,17 @@ class SftConfig(StageConfig, Batching, Warmup, Checkpointing):
     )
     weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay on the adapter.")
     max_grad_norm: float = Field(default=1.0, gt=0, description="Gradient clipping norm.")
-    num_epochs: float = Field(default=2.0, gt=0, description="Passes over the training conversations.")
+    num_epochs: float = Field(le=1_000, default=2.0, gt=0, description="Passes over the training conversations.")
     num_steps: int | None = Field(
-        default=None, ge=1, description="Optimizer steps; None = num_epochs passes over the training conversations."
+        le=MAX_STEPS,
+        default=None,
+        ge=1,
+        description="Optimizer steps; None = num_epochs passes over the training conversations.",
     )
     global_batch_size: int = knob(Batching, "global_batch_size", 16)
-    micro_batch_size: PositiveInt | Literal["auto"] = knob(Batching, "micro_batch_size", 8)
+    micro_batch_size: Annotated[int, Field(ge=1, le=MAX_BATCH)] | Literal["auto"] = knob(
+        Batching, "micro_batch_size", 8
+    )
     warmup_ratio: float | None = knob(Warmup, "warmup_ratio", 0.03)
     activation_checkpointing: Switch = knob(Checkpointing, "activation_checkpointing", "auto")
     memory_budget_fraction: float = Field(
@@ -166,6 +193,7 @@ class SftConfig(StageConfig, Batching, Warmup, Checkpointing):
         default=True, description="Also publish merged/: base + adapter merged into plain safetensors weights."
     )
     num_label_preview_examples: int = Field(
+        le=1_000,
         default=3,
         ge=0,
         description="Publish label_preview.jsonl: the first this many training examples exactly as the trainer "
@@ -209,6 +237,13 @@ class SftConfig(StageConfig, Batching, Warmup, Checkpointing):
     @classmethod
     def _bool_is_on_off(cls, value):
         return on_off(value)
+
+    @field_validator("system_prompt")
+    @classmethod
+    def _system_prompt(cls, value: str | None) -> str | None:
+        if value is not None:
+            _no_control_token(value, "system_prompt")
+        return value
 
     @model_validator(mode="after")
     def _check(self) -> SftConfig:

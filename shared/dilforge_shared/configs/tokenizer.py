@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from .base import DataSource, StageConfig, check_unique_labels
+from .base import MAX_VOCAB, DataSource, StageConfig, check_unique_labels
 
 # 256 byte symbols + Llama 3's 256 reserved/special tokens: the least a byte-level vocab can hold.
 NUM_BYTE_SYMBOLS = 256
@@ -81,12 +81,12 @@ class TokenizerConfig(StageConfig):
         "extend (else the upstream `model` artifact's tokenizer); with replace, its figures are reported beside "
         "the new tokenizer's and its family's special tokens and chat template are used.",
     )
-    vocab_sizes: list[int] = Field(
+    vocab_sizes: list[Annotated[int, Field(le=MAX_VOCAB)]] = Field(
         default=[50_000],
         description="replace: sweep of BPE vocab sizes (regular tokens incl. the 256 byte symbols; special "
         "tokens not counted). One training at the largest size serves every size (BPE merges are a prefix).",
     )
-    num_new_tokens: list[int] = Field(
+    num_new_tokens: list[Annotated[int, Field(le=MAX_VOCAB)]] = Field(
         default=[32_000],
         description="extend: sweep of the number of new tokens appended to the base. One continued training at "
         "the largest serves every size (each is a prefix of the same merge list).",
@@ -125,7 +125,9 @@ class TokenizerConfig(StageConfig):
         "also re-encoded English numbers, and at step 0 they were most of the English loss (docs/cpt.md, "
         "leakage). 'learn': digits merge like any other text. replace ignores it (a new vocabulary is relearned).",
     )
-    min_frequency: int = Field(default=2, ge=1, description="BPE merges need at least this many occurrences.")
+    min_frequency: int = Field(
+        le=1_000_000, default=2, ge=1, description="BPE merges need at least this many occurrences."
+    )
     validation_fraction: float = Field(
         default=0.02,
         gt=0,
@@ -133,7 +135,9 @@ class TokenizerConfig(StageConfig):
         description="Share of corpus lines held out (chosen by a seeded hash of the line, so duplicates land on "
         "the same side); held-out lines are never trained on.",
     )
-    num_validation_lines: int = Field(default=2000, ge=1, description="At most this many held-out lines are measured.")
+    num_validation_lines: int = Field(
+        le=10_000_000, default=2000, ge=1, description="At most this many held-out lines are measured."
+    )
     max_lines: int | None = Field(
         default=None, ge=1, description="Read at most this many corpus text lines (demos); word lists are read whole."
     )
