@@ -26,6 +26,7 @@ from urllib.parse import urlparse
 
 from .corpus_files import detect_format, expand, open_binary, parquet_location
 from .errors import InputError
+from .paths import declared_uri
 
 log = logging.getLogger(__name__)
 
@@ -311,7 +312,11 @@ def data_digest(uri: str, endpoint_url: str | None = None) -> str:
 
             backend = S3Storage(parsed.netloc, "", endpoint_url)
             head = backend.client.head_object(Bucket=parsed.netloc, Key=parsed.path.lstrip("/"))
-            h.update(f"{file_uri}:{head['ETag']}\n".encode())
+            sha256 = head.get("Metadata", {}).get("sha256")
+            if sha256 and declared_uri(file_uri) != file_uri:  # an uploaded copy: hashed as the local file
+                h.update(f"{os.path.basename(file_uri)}:{sha256}\n".encode())
+            else:
+                h.update(f"{file_uri}:{head['ETag']}\n".encode())
         else:
             h.update(f"{os.path.basename(file_uri)}:{stamped_sha256(Path(file_uri))}\n".encode())
     return h.hexdigest()

@@ -20,7 +20,7 @@ from .configs.model import ModelConfig
 from .corpus import data_digest
 from .errors import ConfigError, InputError, ManifestNotFound
 from .manifest import InputRef, Manifest, artifact_ref, fingerprint, legacy_fingerprint, scan_files, sha256_file
-from .paths import check_links
+from .paths import check_links, declared_uri
 from .recipes import RECIPES, source_kind
 from .store import S3Storage, read_manifest
 
@@ -122,6 +122,8 @@ def model_digest(uri: str, endpoint_url: str | None = None) -> str:
     stats = sorted(backend.list_stats(""))  # (key, size, ETag): one listing, no request per object
     if not stats:
         raise ConfigError(f"{uri}: no objects under this prefix")
+    copy = declared_uri(uri) != uri  # an uploaded copy: each object's sha256, as dir_digest hashes the folder
     for key, _, etag in stats:
-        h.update(f"{key}:{etag}\n".encode())
+        sha256 = backend.metadata(key).get("sha256") if copy else None
+        h.update(f"{key}:{sha256 or etag}\n".encode())
     return h.hexdigest()

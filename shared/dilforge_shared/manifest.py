@@ -24,7 +24,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .errors import ManifestError
-from .paths import check_name, check_relative_path
+from .paths import check_name, check_relative_path, declared_uri
 from .settings import settings
 from .stages import StageName
 
@@ -225,7 +225,9 @@ def input_key(ref: InputRef) -> list[str]:
     """What the id hashes of one input: a data source by its URI and content (its display name is run-only), any
     other input (an upstream artifact, a model folder) by its role and content; never where an artifact lives."""
     if ref.name.startswith("data:"):
-        return ["data", ref.uri, ref.sha256]
+        return ["data", declared_uri(ref.uri), ref.sha256]
+    if ref.name.startswith("model:"):
+        return [f"model:{declared_uri(ref.name.removeprefix('model:'))}", ref.sha256]
     return [ref.name, ref.sha256]
 
 

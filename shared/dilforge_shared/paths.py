@@ -20,6 +20,24 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 _NAME = re.compile(NAME_PATTERN)
 
 
+# Local inputs a backend uploads for its containers (`--backend sagemaker-local`) sit at
+# s3://<bucket>/data/<16 hex of their content>/<the absolute local path as written>, each object carrying its sha256 as
+# metadata. Identity reads such a URI as the local path it was uploaded from (`declared_uri`) and its content by
+# that sha256, so a stage fed the copy gets the id the local run gets (issue 32).
+UPLOADED_COPY = re.compile(r"^s3://[a-z0-9][a-z0-9.-]*/data/[0-9a-f]{16}(/.+)$")
+
+
+def uploaded_copy(bucket_root: str, content_digest: str, location: str) -> str:
+    """Where the uploaded copy of the local input at `location` (an absolute path, as the config wrote it) lives."""
+    return f"{bucket_root}/data/{content_digest[:16]}{location}"
+
+
+def declared_uri(uri: str) -> str:
+    """The URI a config declared: the local path for an uploaded copy (`uploaded_copy`), else `uri` itself."""
+    match = UPLOADED_COPY.match(uri)
+    return match.group(1) if match else uri
+
+
 def check_relative_path(path: str) -> str:
     """Reject absolute paths, `..`, backslashes and empty parts: a file name may not escape its artifact."""
     p = PurePosixPath(path)

@@ -193,6 +193,27 @@ def test_rerun_reuses_every_artifact(pipeline):
     assert artifacts(again) == pipeline["artifacts"]
 
 
+def test_the_ids_are_the_local_runs(pipeline, data_root):
+    """Issue 32: the same config and data run by `--backend local` into a local folder publish the same ids (the
+    local data sagemaker-local uploaded are identified as the local files: paths.declared_uri)."""
+    tmp = pipeline["tmp"]
+    raw = yaml.safe_load((tmp / "pipeline.yaml").read_text())
+    raw["store"] = {"uri": str(tmp / "local-store")}
+    (tmp / "local.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    local = subprocess.run(
+        [sys.executable, "-m", "dilforge_coordinator.cli", "run-all", "-c", str(tmp / "local.yaml")]
+        + ["--data", str(data_root), "--backend", "local"],
+        cwd=ROOT,
+        env=env(tmp),
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
+    assert local.returncode == 0, local.stdout[-4000:] + local.stderr[-2000:]
+    ids = {stage: uri.rsplit("/", 1)[1] for stage, uri in artifacts(local.stdout).items()}
+    assert ids == {stage: uri.rsplit("/", 1)[1] for stage, uri in pipeline["artifacts"].items()}
+
+
 @pytest.fixture(scope="module")
 def one_host(pipeline, data_root):
     """The same CPT on one host (its own store prefix), the reference for 2 hosts and for the spot run."""

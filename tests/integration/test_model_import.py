@@ -266,6 +266,8 @@ def q8_1_gguf(path: Path, metadata: bool) -> Path:
         writer.add_feed_forward_length(64)
         writer.add_context_length(128)
         writer.add_layer_norm_rms_eps(1e-5)
+        writer.add_tokenizer_model("gpt2")  # a readable tokenizer: the tensors are what fails
+        writer.add_token_list(["a", "b"])
     writer.add_tensor(
         "token_embd.weight",
         np.zeros((2, block_bytes), dtype=np.uint8),  # 2 rows of one block

@@ -297,3 +297,48 @@ def test_only_declared_inputs_are_uploaded(tmp_path):
         }
     )
     assert declared_inputs(pipeline) == {str(corpus), "./tok", "./m"}
+
+
+def test_an_uploaded_copy_gets_the_local_inputs_artifact_id(monkeypatch, tmp_path, tiny_tokenizer_dir):
+    """Issue 32: the same config and data give the same id whether a stage reads them locally or, under
+    --backend sagemaker-local, as the copies uploaded to the store (paths.declared_uri, sha256 metadata)."""
+    import boto3
+    import moto
+    from dilforge_shared.configs import validate_model
+    from dilforge_shared.configs.tokenizer import TokenizerConfig
+    from dilforge_shared.identity import artifact_id, config_refs
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("DILFORGE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("DILFORGE_S3_ENDPOINT_URL", raising=False)
+    (tmp_path / "az").mkdir()
+    (tmp_path / "az" / "wiki.txt").write_text("Salam dünya.\n" * 50)
+    (tmp_path / "az" / "legal.txt").write_text("Maddə 1.\n" * 50)
+    raw = {
+        "strategy": "extend",
+        "base_tokenizer": str(tiny_tokenizer_dir),
+        "corpora": [
+            {"uri": str(tmp_path / "az" / "wiki.txt"), "weight": 2},
+            {"uri": str(tmp_path / "az" / "legal.txt")},
+        ],
+        "num_new_tokens": [16],
+    }
+
+    def planned(doc):
+        config = validate_model(TokenizerConfig, doc, "test")
+        return artifact_id(config, config_refs(config), code_version="test")
+
+    local_id = planned(raw)
+    with moto.mock_aws():
+        boto3.client("s3", region_name="us-east-1").create_bucket(Bucket="bkt")
+        declared = {c["uri"] for c in raw["corpora"]} | {raw["base_tokenizer"]}
+        copied, moved = upload_local_data(raw, "s3://bkt/store", None, declared)
+        assert all(uri.startswith("s3://bkt/data/") for uri in moved.values()) and len(moved) == 3
+        assert planned(copied) == local_id
+        # the copy's content is what counts: an object replaced without its digest is another input
+        s3 = boto3.client("s3", region_name="us-east-1")
+        key = copied["corpora"][0]["uri"].removeprefix("s3://bkt/")
+        s3.put_object(Bucket="bkt", Key=key, Body="Bambaşqa.\n".encode())
+        assert planned(copied) != local_id

@@ -37,8 +37,10 @@ from typing import Any
 from dilforge_shared.configs import PipelineConfig
 from dilforge_shared.configs.cloud import SageMakerConfig
 from dilforge_shared.configs.model import ModelConfig
+from dilforge_shared.corpus import stamped_sha256
 from dilforge_shared.errors import ConfigError, DilforgeError
 from dilforge_shared.hyperparameters import build_hyperparameters
+from dilforge_shared.paths import uploaded_copy
 from dilforge_shared.settings import settings
 from dilforge_shared.store import open_backend, read_manifest, verify_files
 
@@ -136,19 +138,23 @@ def upload_local_data(raw: Any, store: str, endpoint_url: str, declared: set[str
             return text
         if "*" in text:
             raise ConfigError(f"{text}: local globs are not uploaded for sagemaker-local; name a folder instead")
+        if text in moved:
+            return moved[text]
         path = path.resolve()
-        if str(path) in moved:
-            return moved[str(path)]
         files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
-        digest = hashlib.sha256("".join(f"{p.relative_to(path.parent)}\0{_sha256(p)}\n" for p in files).encode())
-        prefix = f"{bucket_root}/data/{digest.hexdigest()[:16]}"
-        backend = open_backend(prefix, endpoint_url)
+        sums = {file: stamped_sha256(file) for file in files}
+        digest = hashlib.sha256("".join(f"{p.relative_to(path.parent)}\0{sums[p]}\n" for p in files).encode())
+        # the copy sits under the path as written (identity reads it back: paths.declared_uri), or, for a relative
+        # one, under the absolute path
+        location = text.removeprefix("file://") if text.removeprefix("file://").startswith("/") else str(path)
+        moved[text] = uploaded_copy(bucket_root, digest.hexdigest(), location)
+        backend = open_backend(f"{bucket_root}/data/{digest.hexdigest()[:16]}", endpoint_url)
+        base = location.strip("/")
         for file in files:
-            key = str(file.relative_to(path.parent))
+            key = base if file == path else f"{base}/{file.relative_to(path).as_posix()}"
             if not backend.exists(key) or backend.size(key) != file.stat().st_size:
-                backend.upload_file(key, file)
-        moved[str(path)] = f"{prefix}/{path.name}" + ("/" if path.is_dir() else "")
-        return moved[str(path)]
+                backend.upload_file(key, file, sha256=sums[file])
+        return moved[text]
 
     def walk(value):
         if isinstance(value, dict):

@@ -5,7 +5,6 @@ file, the line and the field before any model is loaded."""
 from __future__ import annotations
 
 import csv
-import io
 import json
 from typing import Any
 

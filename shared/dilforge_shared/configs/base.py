@@ -11,6 +11,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import to_jsonable_python
 
 from ..corpus import MAX_DOCUMENT_BYTES, Oversize, TextFormat
+from ..paths import declared_uri
 
 log = logging.getLogger("dilforge.config")
 
@@ -59,6 +60,8 @@ def identity_view(value):
         return [identity_view(v) for v in value]
     if isinstance(value, dict):
         return {str(k): identity_view(v) for k, v in value.items()}
+    if isinstance(value, str):
+        return declared_uri(value)  # an uploaded copy of a local input is identified as that input
     return to_jsonable_python(value)
 
 

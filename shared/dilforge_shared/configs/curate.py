@@ -27,6 +27,7 @@ AZ_STOPWORDS = (
 
 NGram = Annotated[int, Field(ge=1, le=32)]  # words per n-gram; Gopher uses 2..10
 
+
 class RawSource(DataSource):
     """A raw corpus to curate; its licence is carried into the artifact's data card."""
 

@@ -268,8 +268,14 @@ class S3Storage:
                 return False
             raise
 
-    def upload_file(self, key: str, path: Path) -> None:
-        self.client.upload_file(str(path), self.bucket, self._key(key), Config=self.transfer)
+    def metadata(self, key: str) -> dict[str, str]:
+        """The object's user metadata (`x-amz-meta-*`)."""
+        return self.client.head_object(Bucket=self.bucket, Key=self._key(key)).get("Metadata", {})
+
+    def upload_file(self, key: str, path: Path, sha256: str | None = None) -> None:
+        """`path` to `key`; `sha256`, when given, is stored as the object's metadata (an uploaded copy's digest)."""
+        extra = {"ExtraArgs": {"Metadata": {"sha256": sha256}}} if sha256 else {}
+        self.client.upload_file(str(path), self.bucket, self._key(key), Config=self.transfer, **extra)
 
     def download_file(self, key: str, path: Path) -> None:
         from botocore.exceptions import ClientError
