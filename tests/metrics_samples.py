@@ -174,15 +174,52 @@ SFT = {
 }
 
 EVAL = {
-    "models": {"base": {"origin": "artifact m1", "adapter": False}},
-    "tokenizers": {},
-    "text_sets": {},
-    "tokenizer_metrics": {},
+    "models": {
+        "base": {
+            "origin": "artifact m1",
+            "num_parameters": 1000,
+            "adapter": False,
+            "bpb_window": 128,
+            "bpb_stride": 64,
+            "dtype": "float32",
+            "device": "cpu",
+            "load_seconds": 0.5,
+        }
+    },
+    "tokenizers": {"base": {"origin": "artifact m1", "vocab_size": 2048}},
+    "text_sets": {"az": {"uri": "/data/az.txt", "language": "az", "num_docs": 2, "num_bytes": 40}},
+    "tokenizer_metrics": {
+        "base": {
+            "az": {
+                "tokens_per_word": 1.5,
+                "bytes_per_token": 3.0,
+                "share_words_3plus": 0.1,
+                "num_texts": 2,
+                "num_words": 8,
+                "num_tokens": 12,
+                "num_bytes": 40,
+                "num_words_3plus": 1,
+            }
+        }
+    },
     "parity": {},
     "morph": {},
-    "bpb": {"base": {"az": {"bpb": 1.2}}},
+    "bpb": {
+        "base": {
+            "az": {
+                "bpb": 1.2,
+                "bits_per_token": 4.0,
+                "bytes_per_second": 100.0,
+                "num_bytes": 40,
+                "num_tokens": 12,
+                "num_windows": 1,
+                "seconds": 0.4,
+                "bits": 48.0,
+            }
+        }
+    },
     "bpb_change": {},
-    "headline": {"reference": "base"},
+    "headline": {"reference": "base", "target_language": "az", "gain": {}, "retention": {}},
     "generation": {},
     "curves": {},
     "cost": {"eval": {"seconds_total": 1.0}},

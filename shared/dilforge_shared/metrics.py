@@ -337,19 +337,131 @@ class Downstream(Metrics):
     changes: dict[str, dict[str, dict[str, float]]] = Field(default_factory=dict)
 
 
+class EvalModel(Metrics):
+    """One evaluated model (`models[label]`)."""
+
+    origin: str
+    num_parameters: int
+    adapter: bool
+    bpb_window: int
+    bpb_stride: int
+    dtype: str
+    device: str
+    load_seconds: float
+    tasks_seconds: float | None = None
+    tasks_cpu_seconds: float | None = None
+
+
+class EvalTokenizer(Metrics):
+    """One measured tokenizer (`tokenizers[label]`); `aliases`: labels of the same tokenizer measured once."""
+
+    origin: str
+    vocab_size: int
+    aliases: list[str] = Field(default_factory=list)
+
+
+class TextSet(Metrics):
+    uri: str
+    language: str
+    num_docs: int
+    num_bytes: int
+
+
+class TokenFigures(Metrics):
+    """A tokenizer on one text set (`dilforge_shared.textmetrics.TokenStats.summary`); ratios NaN when empty."""
+
+    tokens_per_word: float
+    bytes_per_token: float
+    share_words_3plus: float
+    num_texts: int
+    num_words: int
+    num_tokens: int
+    num_bytes: int
+    num_words_3plus: int
+
+
+class ParityFigures(Metrics):
+    """Tokens of the Azerbaijani side over the English side of one parallel set."""
+
+    tokens_az: int
+    tokens_en: int
+    num_pairs: int
+    parity: float | None
+
+
+class MorphFigures(Metrics):
+    """Token boundaries against gold morpheme boundaries (services/eval morph.py); ratios None when undefined."""
+
+    boundary_recall: float | None
+    inside_morpheme_rate: float | None
+    exact_segmentation_rate: float | None
+    num_words: int
+    num_gold_boundaries: int
+    num_gold_hit: int
+    num_token_boundaries_decidable: int
+    num_token_boundaries_inside: int
+    num_words_exact: int
+    num_words_fully_known: int
+
+
+class BpbFigures(Metrics):
+    """A model on one text set (`dilforge_shared.bpb`)."""
+
+    bpb: float
+    bits_per_token: float
+    bytes_per_second: float | None
+    num_bytes: int
+    num_tokens: int
+    num_windows: int
+    seconds: float
+    bits: float
+
+
+class BpbChange(Metrics):
+    """A model's BPB on one set against the reference model's; change = bpb / reference_bpb - 1."""
+
+    language: str | None
+    bpb: float | None
+    reference_bpb: float | None
+    change: float | None
+
+
+class HeadlineEntry(BpbChange):
+    set: str
+
+
+class Headline(Metrics):
+    """Per model: the gain on the target language's first set, the retention on every other language's first set."""
+
+    reference: str | None
+    target_language: str
+    gain: dict[str, HeadlineEntry]
+    retention: dict[str, dict[str, HeadlineEntry]]
+
+
+class GenerationFigures(Metrics):
+    """Means over one model's generations in one decoding mode (services/eval generate.py)."""
+
+    num_generations: int
+    num_words: float | None
+    distinct_1: float | None
+    distinct_2: float | None
+    repeated_3gram_rate: float | None
+
+
 class EvalMetrics(Metrics):
     """The eval summary in the manifest (metrics.json beside the report has the full curves)."""
 
-    models: dict[str, dict[str, Any]]
-    tokenizers: dict[str, dict[str, Any]]
-    text_sets: dict[str, dict[str, Any]]
-    tokenizer_metrics: dict[str, dict[str, dict[str, Any]]]
-    parity: dict[str, dict[str, dict[str, Any]]]
-    morph: dict[str, dict[str, dict[str, Any]]]
-    bpb: dict[str, dict[str, dict[str, Any]]]
-    bpb_change: dict[str, dict[str, dict[str, Any]]]
-    headline: dict[str, Any]
-    generation: dict[str, dict[str, dict[str, Any]]]
+    models: dict[str, EvalModel]
+    tokenizers: dict[str, EvalTokenizer]
+    text_sets: dict[str, TextSet]
+    tokenizer_metrics: dict[str, dict[str, TokenFigures]]
+    parity: dict[str, dict[str, ParityFigures]]
+    morph: dict[str, dict[str, MorphFigures]]
+    bpb: dict[str, dict[str, BpbFigures]]
+    bpb_change: dict[str, dict[str, BpbChange]]
+    headline: Headline
+    generation: dict[str, dict[str, GenerationFigures]]
     curves: dict[str, dict[str, Any]]
     cost: dict[str, dict[str, float]]
     vocab_sweep: dict[str, Any] | None = None
