@@ -96,7 +96,8 @@ class CurateMetrics(Metrics):
 
 
 class SetFigures(Metrics):
-    """A tokenizer measured on one text set (tokenizer report.measure_sets)."""
+    """A tokenizer measured on one text set (`textmetrics.TokenStats.summary`: the tokenizer stage's report and
+    eval's `tokenizer_metrics`); ratios are NaN on an empty set."""
 
     tokens_per_word: float
     bytes_per_token: float
@@ -367,19 +368,6 @@ class TextSet(Metrics):
     num_bytes: int
 
 
-class TokenFigures(Metrics):
-    """A tokenizer on one text set (`dilforge_shared.textmetrics.TokenStats.summary`); ratios NaN when empty."""
-
-    tokens_per_word: float
-    bytes_per_token: float
-    share_words_3plus: float
-    num_texts: int
-    num_words: int
-    num_tokens: int
-    num_bytes: int
-    num_words_3plus: int
-
-
 class ParityFigures(Metrics):
     """Tokens of the Azerbaijani side over the English side of one parallel set."""
 
@@ -455,7 +443,7 @@ class EvalMetrics(Metrics):
     models: dict[str, EvalModel]
     tokenizers: dict[str, EvalTokenizer]
     text_sets: dict[str, TextSet]
-    tokenizer_metrics: dict[str, dict[str, TokenFigures]]
+    tokenizer_metrics: dict[str, dict[str, SetFigures]]
     parity: dict[str, dict[str, ParityFigures]]
     morph: dict[str, dict[str, MorphFigures]]
     bpb: dict[str, dict[str, BpbFigures]]
