@@ -134,3 +134,38 @@ def test_liger_on_without_cuda_is_a_config_error_naming_the_field(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ConfigError, match="cpt.liger: the Liger kernels need CUDA"):
         init_runtime(validate_model(CptConfig, cfg(liger="on"), "t"))
+
+
+@pytest.mark.parametrize(("published", "ends"), [(True, "exit 0"), (False, "Terminated")])
+def test_a_later_host_stopped_while_its_torchrun_ends_is_done_once_the_first_host_published(
+    tmp_path, monkeypatch, published, ends
+):
+    """Local mode stops the other hosts as soon as the first exits; a later host whose torchrun was still shutting
+    down then gets SIGTERM inside `run_workers`. Once the artifact is published that is the job's normal end (it
+    was a flaky `algo-2 exited with code 143`); before, it is a real stop."""
+    from types import SimpleNamespace
+
+    import dilforge_cpt.stage as stage
+    import dilforge_shared.store as store
+    from dilforge_shared.contract import Terminated
+
+    def interrupted(plan, ctx):
+        raise Terminated("stopped by SIGTERM after checkpointing; rerun to resume")
+
+    plan = SimpleNamespace(world_size=2, nnodes=2, node_rank=1)
+    monkeypatch.setattr(stage, "build_launch", lambda *a, **k: plan)
+    monkeypatch.setattr(stage, "wait_for_hosts", lambda hosts: None)
+    monkeypatch.setattr(stage, "run_workers", interrupted)
+    monkeypatch.setattr(store, "artifact_exists", lambda uri, endpoint: published)
+    ctx = SimpleNamespace(
+        resources=SimpleNamespace(hosts=["algo-1", "algo-2"]),
+        request=SimpleNamespace(artifact_uri="s3://b/store/artifacts/cpt/0123456789abcdef"),
+        endpoint_url=None,
+        opt=SimpleNamespace(output_dir=tmp_path),
+    )
+    config = CptConfig.model_validate({**BASE, "num_processes_per_node": 1})
+    if ends == "exit 0":
+        assert stage.run(config, ctx).metrics == {}
+    else:
+        with pytest.raises(Terminated):
+            stage.run(config, ctx)

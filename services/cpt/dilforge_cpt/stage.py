@@ -83,7 +83,14 @@ def run(config: CptConfig, ctx: StageContext) -> StageResult:
     if plan.world_size > 1:
         if plan.nnodes > 1:
             wait_for_hosts(ctx.resources.hosts)
-        metrics = run_workers(plan, ctx)
+        try:
+            metrics = run_workers(plan, ctx)
+        except Terminated:
+            # the first host may publish and exit (local mode then stops this one) while this host's torchrun
+            # is still shutting down: that SIGTERM is the job's normal end too
+            if plan.node_rank > 0 and published_by_first_host(ctx):
+                return StageResult(metrics={})
+            raise
         if plan.node_rank > 0:  # stay up until the first host has published (see wait_for_artifact)
             previous = signal.signal(signal.SIGTERM, end_once_published(ctx))
             try:
@@ -121,14 +128,21 @@ def end_once_published(ctx: StageContext):
     end: exit 0 (not 143, which read as a failure in every successful multi-host job's log)."""
 
     def handler(signum, frame):
-        from dilforge_shared.store import artifact_exists
-
-        if artifact_exists(ctx.request.artifact_uri, ctx.endpoint_url):
-            log.info("the first host published %s; this host is done", ctx.request.artifact_uri)
+        if published_by_first_host(ctx):
             raise SystemExit(0)
         raise Terminated("stopped by SIGTERM while waiting for the first host to publish")
 
     return handler
+
+
+def published_by_first_host(ctx: StageContext) -> bool:
+    """True (and says so) when the artifact this job makes is published: a later host's work is then done."""
+    from dilforge_shared.store import artifact_exists
+
+    if artifact_exists(ctx.request.artifact_uri, ctx.endpoint_url):
+        log.info("the first host published %s; this host is done", ctx.request.artifact_uri)
+        return True
+    return False
 
 
 def stop_file(ctx: StageContext) -> Path:
