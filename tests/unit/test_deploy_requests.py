@@ -192,15 +192,17 @@ def test_a_log_level_and_a_plain_variable_still_reach_the_endpoint(no_aws):
     assert cfg.sagemaker.endpoint.environment == {"DILFORGE_LOG_LEVEL": "DEBUG", "OMP_NUM_THREADS": "4"}
 
 
-def test_a_failed_endpoint_ends_the_wait_with_sagemakers_reason(no_aws, monkeypatch):
+def test_a_failed_endpoint_ends_the_wait_with_sagemakers_reason(no_aws):
     """The wait is boto3's own `endpoint_in_service` waiter; its Failed state becomes one line with the reason."""
     import boto3
     from botocore.stub import Stubber
     from dilforge_shared.errors import DilforgeError
 
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    client = boto3.client("sagemaker", region_name="us-east-1")
+    # a session of its own: boto3's default session would keep these keys for every later client in the process
+    session = boto3.session.Session(
+        aws_access_key_id="testing", aws_secret_access_key="testing", region_name="us-east-1"
+    )
+    client = session.client("sagemaker")
     base = {
         "EndpointName": "ep",
         "EndpointArn": "arn:aws:sagemaker:us-east-1:123456789012:endpoint/ep",
