@@ -23,13 +23,7 @@ def deprecated(message: str) -> None:
     log.warning(message)
 
 
-# ---- identity ------------------------------------------------------------------------------
-# Every stage config field either determines the stage's output (identity: part of the artifact id) or only how,
-# where or how fast it runs (run-only: logging cadence, checkpoint cadence, process layout, kernels, batch sizes
-# for the same global batch, display names). A field is identity unless it carries RUN_ONLY, so a new field is
-# hashed until someone decides otherwise. The marker is this one place, and the exported JSON Schema shows it
-# on the field (`"x-dilforge-identity": "run-only"`). Changing a run-only field keeps the artifact id, so a CPT run
-# interrupted and rerun with, say, another checkpoint_every resumes its checkpoint instead of starting over.
+# ---- bounds --------------------------------------------------------------------------------
 # Upper bounds of the fields that scale memory or time (reliability round 4: a typo such as 1e9 is refused at
 # validation, naming the field, instead of allocating or running for hours). Each is far above any real run.
 MAX_SEED = 2**32 - 1  # numpy's and the lm-eval seeds' range; torch takes up to 2**64
@@ -39,6 +33,14 @@ MAX_TOKENS = 1_048_576  # a sequence, window or context, in tokens
 MAX_NEW_TOKENS = 32_768
 MAX_VOCAB = 1_048_576
 
+
+# ---- identity ------------------------------------------------------------------------------
+# Every stage config field either determines the stage's output (identity: part of the artifact id) or only how,
+# where or how fast it runs (run-only: logging cadence, checkpoint cadence, process layout, kernels, batch sizes
+# for the same global batch, display names). A field is identity unless it carries RUN_ONLY, so a new field is
+# hashed until someone decides otherwise. The marker is this one place, and the exported JSON Schema shows it
+# on the field (`"x-dilforge-identity": "run-only"`). Changing a run-only field keeps the artifact id, so a CPT run
+# interrupted and rerun with, say, another checkpoint_every resumes its checkpoint instead of starting over.
 IDENTITY_KEY = "x-dilforge-identity"
 RUN_ONLY = {IDENTITY_KEY: "run-only"}
 
