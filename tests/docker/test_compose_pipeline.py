@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import uuid
@@ -15,18 +14,12 @@ from pathlib import Path
 import pytest
 import yaml
 from dilforge_shared.stages import IMAGES
+from docker_stack import DOCKER, S3
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 STAGES = IMAGES
-DOCKER = "/usr/bin/docker" if Path("/usr/bin/docker").exists() else (shutil.which("docker") or "docker")
-S3 = {
-    "endpoint_url": "http://127.0.0.1:8333",
-    "aws_access_key_id": "dilforge",
-    "aws_secret_access_key": "dilforge-local-only",
-    "region_name": "us-east-1",
-}
 
 
 def _have_image(stage: str) -> bool:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import uuid
@@ -16,6 +15,7 @@ from pathlib import Path
 import boto3
 import pytest
 import yaml
+from docker_stack import DOCKER, S3, TAG
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from dirty_corpus import build  # noqa: E402
@@ -23,14 +23,6 @@ from dirty_corpus import build  # noqa: E402
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 COORDINATOR = str(Path(sys.executable).parent / "coordinator")
-DOCKER = "/usr/bin/docker" if Path("/usr/bin/docker").exists() else (shutil.which("docker") or "docker")
-TAG = os.environ.get("DILFORGE_IMAGE_TAG", "dev")
-S3 = {
-    "endpoint_url": "http://127.0.0.1:8333",
-    "aws_access_key_id": "dilforge",
-    "aws_secret_access_key": "dilforge-local-only",
-    "region_name": "us-east-1",
-}
 
 
 def test_two_instances_in_local_mode_give_the_local_output(tmp_path, data_root):

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import threading
@@ -22,20 +21,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from docker_stack import DOCKER, S3, TAG
 
 # the module fixtures run whole local-mode jobs: several minutes each on 2 cores, more than the 900 s default
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(3600)]
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCKER = "/usr/bin/docker" if Path("/usr/bin/docker").exists() else (shutil.which("docker") or "docker")
 STAGES = ("tokenizer", "cpt", "sft", "eval")
-TAG = os.environ.get("DILFORGE_IMAGE_TAG", "dev")
-S3 = {
-    "endpoint_url": "http://127.0.0.1:8333",
-    "aws_access_key_id": "dilforge",
-    "aws_secret_access_key": "dilforge-local-only",
-    "region_name": "us-east-1",
-}
 SIGTERM_BUDGET_S = 120  # SageMaker's time between SIGTERM and SIGKILL
 
 

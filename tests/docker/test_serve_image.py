@@ -6,20 +6,18 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import time
 import urllib.error
 import urllib.request
 import uuid
-from pathlib import Path
 
 import pytest
 from dilforge_shared.manifest import Manifest, current_producer
 from dilforge_shared.store import publish
+from docker_stack import DOCKER
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
-DOCKER = "/usr/bin/docker" if Path("/usr/bin/docker").exists() else (shutil.which("docker") or "docker")
 IMAGE = "dilforge-serve:dev"
 
 

@@ -23,7 +23,6 @@ from typing import Any
 from dilforge_shared.configs import PipelineConfig
 from dilforge_shared.configs.cloud import SageMakerConfig
 from dilforge_shared.errors import ConfigError, DilforgeError
-from dilforge_shared.hyperparameters import build_hyperparameters
 from dilforge_shared.store import open_backend
 
 from ..pipeline import StageFailed, StageJob, image_of
@@ -38,6 +37,7 @@ from .sagemaker_jobs import (
     offline_jobs,
     processing_root,
     processing_specs,
+    stage_hyperparameters,
 )
 from .sagemaker_sdk import (
     model_trainer,
@@ -134,7 +134,7 @@ class SageMakerBackend:
         return requests
 
     def processing(self, job: StageJob) -> list[ProcessingSpec]:
-        return processing_specs(job, self.config, self.image(image_of(job.stage)), job.s3_endpoint_url)
+        return processing_specs(job, self.config, self.image(image_of(job.stage)))
 
     # ---- a real run --------------------------------------------------------------------------
     def running_job(self, job: StageJob) -> str | None:
@@ -181,14 +181,7 @@ class SageMakerBackend:
     def run_processing(self, job: StageJob) -> None:
         """The curate stage's Processing jobs in order (`sagemaker_jobs.processing_specs`), each waited for; a
         failed one fails the stage, and a rerun's jobs skip the datatrove tasks the earlier attempt finished."""
-        hp = build_hyperparameters(
-            job.config,
-            job.artifact_uri,
-            job.run_id,
-            job.inputs,
-            job.s3_endpoint_url,
-            config_uri=config_uri(self.config, job),
-        )
+        hp = stage_hyperparameters(job, self.config, job.s3_endpoint_url)
         where = hyperparameters_uri(self.config, job)
         open_backend(where.rsplit("/", 1)[0], job.s3_endpoint_url).write_bytes(
             "hyperparameters.json", json.dumps(hp).encode()

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from dilforge_shared.configs import ModelConfig, PipelineConfig
-from dilforge_shared.configs.cloud import SageMakerConfig
+from dilforge_shared.configs.cloud import SageMakerConfig, StageResources
 from dilforge_shared.errors import ConfigError, DilforgeError
 from dilforge_shared.hyperparameters import build_hyperparameters
 from dilforge_shared.identity import artifact_id as planned_artifact_id
@@ -157,22 +157,44 @@ def config_uri(cfg: SageMakerConfig, job: StageJob) -> str:
     return f"{output_root(cfg, job)}/configs/{job.stage}/{job.artifact_id}.json"
 
 
-def job_spec(job: StageJob, cfg: SageMakerConfig, image: str, endpoint_url: str | None = None) -> JobSpec:
-    """The job definition of one stage; `endpoint_url` is the S3 endpoint as the job's containers reach it."""
+def require_s3_inputs(job: StageJob) -> None:
+    """SageMaker jobs (training and processing) read their data and models from S3, never from this machine."""
     if bad := local_paths(job):
         raise ConfigError(
             f"{job.stage}: {bad} are local paths; SageMaker jobs read data and models from S3: "
             "upload them and use s3:// URIs in the config"
         )
+
+
+def stage_hyperparameters(job: StageJob, cfg: SageMakerConfig, endpoint_url: str | None) -> dict[str, str]:
+    """The stage's request as SageMaker passes it (a training job's hyperparameters, a processing job's
+    hyperparameters.json); `endpoint_url` is the S3 endpoint as the job's containers reach it."""
+    return build_hyperparameters(
+        job.config, job.artifact_uri, job.run_id, job.inputs, endpoint_url, config_uri=config_uri(cfg, job)
+    )
+
+
+def job_environment(job: StageJob, image: str, res: StageResources, extra: dict[str, str]) -> dict[str, str]:
+    """What every dilforge job's containers get, then `extra`, then the config's own (validated) entries."""
+    env = {"DILFORGE_IMAGE": image, "DILFORGE_RUN_ID": job.run_id, "DILFORGE_LOG_LEVEL": "INFO", **extra}
+    return {**env, **res.environment}
+
+
+def job_tags(job: StageJob, cfg: SageMakerConfig, extra: dict[str, str] | None = None) -> dict[str, str]:
+    tags = {"dilforge:run-id": job.run_id, "dilforge:stage": job.stage, "dilforge:artifact-id": job.artifact_id}
+    return {**tags, **(extra or {}), **cfg.tags}
+
+
+def job_spec(job: StageJob, cfg: SageMakerConfig, image: str, endpoint_url: str | None = None) -> JobSpec:
+    """The job definition of one stage; `endpoint_url` is the S3 endpoint as the job's containers reach it."""
+    require_s3_inputs(job)
     res = cfg.resources(job.stage)
     if res.num_instances > 1 and job.stage not in MULTI_HOST_STAGES:
         raise ConfigError(
             f"sagemaker.stages.{job.stage}.num_instances: {job.stage} runs on one host "
             f"(multi-host stages: {sorted(MULTI_HOST_STAGES)})"
         )
-    hp = build_hyperparameters(
-        job.config, job.artifact_uri, job.run_id, job.inputs, endpoint_url, config_uri=config_uri(cfg, job)
-    )
+    hp = stage_hyperparameters(job, cfg, endpoint_url)
     for key, value in hp.items():
         if len(value) > HYPERPARAMETER_LIMIT:
             raise ConfigError(
@@ -181,19 +203,6 @@ def job_spec(job: StageJob, cfg: SageMakerConfig, image: str, endpoint_url: str 
             )
     spot = cfg.spot if res.spot is None else res.spot
     root = output_root(cfg, job)
-    env = {
-        "DILFORGE_IMAGE": image,
-        "DILFORGE_RUN_ID": job.run_id,
-        "DILFORGE_LOG_LEVEL": "INFO",
-        **module_env(job.stage),
-        **res.environment,
-    }
-    tags = {
-        "dilforge:run-id": job.run_id,
-        "dilforge:stage": job.stage,
-        "dilforge:artifact-id": job.artifact_id,
-        **cfg.tags,
-    }
     return JobSpec(
         stage=job.stage,
         base_job_name=job_base_name(cfg.job_name_prefix, job.stage, job.artifact_id),
@@ -210,9 +219,9 @@ def job_spec(job: StageJob, cfg: SageMakerConfig, image: str, endpoint_url: str 
         output_path=f"{root}/output/",
         checkpoint_uri=f"{root}/checkpoints/{job.stage}/{job.artifact_id}/",
         tensorboard_uri=f"{root}/tensorboard/{job.stage}/{job.artifact_id}/",
-        environment=env,
+        environment=job_environment(job, image, res, module_env(job.stage)),
         hyperparameters=hp,
-        tags=tags,
+        tags=job_tags(job, cfg),
         metric_definitions=METRIC_DEFINITIONS.get(job.stage, []),
         subnets=list(cfg.subnets),
         security_group_ids=list(cfg.security_group_ids),
@@ -262,30 +271,20 @@ def work_uri(cfg: SageMakerConfig, job: StageJob) -> str:
     return f"{processing_root(cfg, job)}/work/"
 
 
-def processing_specs(job: StageJob, cfg: SageMakerConfig, image: str, endpoint_url: str | None = None) -> list:
+def processing_specs(job: StageJob, cfg: SageMakerConfig, image: str) -> list[ProcessingSpec]:
     """The curate stage on `sagemaker.stages.curate.num_instances` instances: one Processing job per datatrove
     phase (filter, buckets, write on every instance, each running its slice of the tasks; cluster on one), each
     reading the union of the earlier phases' outputs from one S3 prefix, then a one-instance job that publishes
     the artifact (`python -m dilforge_curate process ...`). The stage's hyperparameters are a file input; the
     output equals a one-machine run's because the tasks, and the documents in each, do not depend on the
-    number of instances."""
-    if bad := local_paths(job):
-        raise ConfigError(
-            f"{job.stage}: {bad} are local paths; SageMaker jobs read data from S3: upload them and use s3:// URIs"
-        )
-    del endpoint_url  # the hyperparameters file carries it, as a training job's hyperparameters do
+    number of instances. The S3 endpoint the containers use is in the hyperparameters file
+    (`stage_hyperparameters`), as a training job's is in its hyperparameters."""
+    require_s3_inputs(job)
     res = cfg.resources(job.stage)
     work = work_uri(cfg, job)
     hp_dir = hyperparameters_uri(cfg, job).rsplit("/", 1)[0] + "/"
     config_input = {"hyperparameters": (hp_dir, f"{PROCESSING_OPT_ML}/input/config")}
-    env = {
-        "DILFORGE_OPT_ML": PROCESSING_OPT_ML,
-        "DILFORGE_IMAGE": image,
-        "DILFORGE_RUN_ID": job.run_id,
-        "DILFORGE_LOG_LEVEL": "INFO",
-        **res.environment,
-    }
-    tags = {"dilforge:run-id": job.run_id, "dilforge:stage": job.stage, "dilforge:artifact-id": job.artifact_id}
+    env = job_environment(job, image, res, {"DILFORGE_OPT_ML": PROCESSING_OPT_ML})
     specs = []
     for i, phase in enumerate((*CURATE_PHASES, "publish")):
         entry = ["python3", "-m", "dilforge_curate", "process", phase, "--read", f"{PROCESSING_ROOT}/work"]
@@ -311,7 +310,7 @@ def processing_specs(job: StageJob, cfg: SageMakerConfig, image: str, endpoint_u
                 inputs=inputs,
                 outputs=outputs,
                 environment=env,
-                tags={**tags, "dilforge:phase": phase, **cfg.tags},
+                tags=job_tags(job, cfg, {"dilforge:phase": phase}),
             )
         )
     return specs

@@ -39,7 +39,6 @@ from dilforge_shared.configs.cloud import SageMakerConfig
 from dilforge_shared.configs.model import ModelConfig
 from dilforge_shared.corpus import stamped_sha256
 from dilforge_shared.errors import ConfigError, DilforgeError
-from dilforge_shared.hyperparameters import build_hyperparameters
 from dilforge_shared.paths import uploaded_copy
 from dilforge_shared.settings import settings
 from dilforge_shared.store import open_backend, read_manifest, verify_files
@@ -54,6 +53,7 @@ from .sagemaker_jobs import (
     job_spec,
     processing_root,
     processing_specs,
+    stage_hyperparameters,
     work_uri,
 )
 from .sagemaker_sdk import (
@@ -325,15 +325,8 @@ class SageMakerLocalBackend:
         mode, each on its instances. What differs: each job's outputs land in a local folder (local mode would put
         them under a per-job S3 prefix), which is uploaded to the shared work prefix before the next job starts."""
         ref, cited = self.image(image_of(job.stage))
-        specs = processing_specs(job, self.config, ref, CONTAINER_ENDPOINT)
-        hp = build_hyperparameters(
-            job.config,
-            job.artifact_uri,
-            job.run_id,
-            job.inputs,
-            CONTAINER_ENDPOINT,
-            config_uri=config_uri(self.config, job),
-        )
+        specs = processing_specs(job, self.config, ref)
+        hp = stage_hyperparameters(job, self.config, CONTAINER_ENDPOINT)
         hp_uri = hyperparameters_uri(self.config, job)
         open_backend(hp_uri.rsplit("/", 1)[0], job.s3_endpoint_url).write_bytes(
             "hyperparameters.json", json.dumps(hp).encode()
