@@ -54,7 +54,7 @@ class BadRecord(Exception):
     """A record that cannot become a conversation; the reader adds file and line."""
 
 
-def _nfc(text: str, where: str) -> str:
+def _checked_text(text: str, where: str) -> str:
     """NFC text, refused when it holds a control token: trained on, `<|im_end|>` inside a reply teaches the model
     to end turns (or forge them) where the data never meant to."""
     token = control_token_in(text)
@@ -69,7 +69,7 @@ def _optional_str(record: dict, name: str | None) -> str | None:
     value = record[name]
     if not isinstance(value, str):
         raise BadRecord(f"field {name!r} must be a string, got {type(value).__name__}")
-    return _nfc(value, f"field {name!r}")
+    return _checked_text(value, f"field {name!r}")
 
 
 def _required_str(record: dict, name: str) -> str:
@@ -101,7 +101,7 @@ def messages_from_record(record: dict, source: SftDataSource, config: SftConfig,
                 raise BadRecord(f"{where}.role {role!r} is not one of {', '.join(ROLES)}")
             counts.num_unknown_role_messages += 1
             continue
-        out.append({"role": role, "content": _nfc(content, f"{where}.content")})
+        out.append({"role": role, "content": _checked_text(content, f"{where}.content")})
     return out
 
 
@@ -126,12 +126,12 @@ def translation_from_row(cells: list[str], columns: dict[str, int], source: SftD
     need = max(columns.values()) + 1
     if len(cells) < need:
         raise BadRecord(f"row has {len(cells)} columns, expected at least {need}")
-    text = _nfc(cells[columns["source"]], f"column {source.source_field!r}").strip()
+    text = _checked_text(cells[columns["source"]], f"column {source.source_field!r}").strip()
     if not text:
         raise BadRecord(f"column {source.source_field!r} is empty")
     return [
         {"role": "user", "content": source.translation_prompt.replace("{source}", text)},
-        {"role": "assistant", "content": _nfc(cells[columns["target"]], f"column {source.target_field!r}")},
+        {"role": "assistant", "content": _checked_text(cells[columns["target"]], f"column {source.target_field!r}")},
     ]
 
 
