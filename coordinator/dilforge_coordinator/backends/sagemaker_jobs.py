@@ -121,8 +121,8 @@ TENSORBOARD_PATH = "/opt/ml/output/tensorboard"
 
 
 @dataclass(frozen=True)
-class JobSpec:
-    """One stage's training job, SDK-free: everything `model_trainer` hands to ModelTrainer, cloud and local alike."""
+class Machines:
+    """What every SageMaker job of a stage names: who runs it, on what, for how long (training and processing)."""
 
     stage: str
     base_job_name: str
@@ -131,8 +131,14 @@ class JobSpec:
     instance_type: str
     num_instances: int
     volume_size_gb: int
-    spot: bool
     max_runtime_s: int
+
+
+@dataclass(frozen=True)
+class JobSpec(Machines):
+    """One stage's training job, SDK-free: everything `model_trainer` hands to ModelTrainer, cloud and local alike."""
+
+    spot: bool
     max_wait_s: int | None
     input_mode: str
     channels: dict[str, str]  # channel name -> S3 prefix of the upstream artifact folder (with a trailing /)
@@ -238,18 +244,10 @@ PROCESSING_STAGES = {"curate"}  # stages that run as SageMaker Processing jobs, 
 
 
 @dataclass(frozen=True)
-class ProcessingSpec:
+class ProcessingSpec(Machines):
     """One SageMaker Processing job of the curate stage, SDK-free (`sagemaker_sdk.run_processor` submits it)."""
 
-    stage: str
     phase: str
-    base_job_name: str
-    image: str
-    role_arn: str
-    instance_type: str
-    num_instances: int
-    volume_size_gb: int
-    max_runtime_s: int
     entrypoint: list[str]
     inputs: dict[str, tuple[str, str]]  # input name -> (S3 prefix, container path)
     outputs: dict[str, tuple[str, str]]  # output name -> (container path, S3 prefix)
