@@ -278,6 +278,7 @@ def tiny_cpt_config(**update):
         log_every=1,
         eval_every=100,
         checkpoint_every=100,
+        precision="fp32",  # the same arithmetic on every CPU (auto is bf16 where the CPU has bf16 instructions)
     )
     return cfg.model_copy(update=update)
 

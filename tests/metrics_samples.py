@@ -234,3 +234,38 @@ SAMPLES = {"model": MODEL, "tokenizer": TOKENIZER, "cpt": CPT, "sft": SFT, "eval
 def sample(stage: str, **changes) -> dict:
     """A deep copy of a stage's sample with top-level keys replaced."""
     return {**copy.deepcopy(SAMPLES[stage]), **changes}
+
+
+# ---- eval sections, full: the report reads the validated `EvalMetrics` -----------------------------------------
+
+
+def set_figures(tokens_per_word: float = 2.1, **changes) -> dict:
+    """A full `SetFigures` (tokenizer figures on one set)."""
+    return {**_FIG, "tokens_per_word": tokens_per_word, **changes}
+
+
+def bpb_figures(bpb: float, **changes) -> dict:
+    """A full `BpbFigures` (one model on one set)."""
+    return {
+        "bpb": bpb,
+        "bits_per_token": 4 * bpb,
+        "bytes_per_second": 100.0,
+        "num_bytes": 300,
+        "num_tokens": 75,
+        "num_windows": 1,
+        "seconds": 3.0,
+        "bits": 300 * bpb,
+        **changes,
+    }
+
+
+def eval_model(origin: str) -> dict:
+    """A full `EvalModel`."""
+    return {**EVAL["models"]["base"], "origin": origin}
+
+
+def eval_metrics(**changes):
+    """The eval sample with top-level sections replaced, validated as the stage validates it (`EvalMetrics`)."""
+    from dilforge_shared.metrics import EvalMetrics
+
+    return EvalMetrics.model_validate(sample("eval", **changes))

@@ -14,8 +14,8 @@ What each use is for, and why the public API does not do it:
 - transformers llama modeling and loss (`llama_modeling`, `loss_functional`): Liger's
   `apply_liger_kernel_to_llama` rebinds names in these modules for the whole process; CPT saves and restores
   them so a later plain model in the same process is plain.
-- transformers serving (`serving_parts`): `transformers serve`'s public entry starts uvicorn itself and loads
-  models on request; dilforge serves its app behind its own guard, with one model preloaded and pinned.
+- transformers serve (`serve_command_app`): the `transformers serve` command's class (`transformers.cli.serve.Serve`)
+  is documented only as a CLI; dilforge builds its app without starting it, to run it behind its request guard.
 - transformers Trainer checkpoints (`last_trainer_checkpoint`, `TRAINER_CHECKPOINT_PREFIX`): where Trainer
   writes and finds `checkpoint-<step>/`, which SFT seals and verifies.
 """
@@ -180,28 +180,19 @@ def loss_functional():
     return loss_utils.nn.functional
 
 
-# ---- transformers: serving ---------------------------------------------------------------------------------
-def serving_parts() -> dict[str, Any]:
-    """The classes `transformers serve` assembles its FastAPI app from (transformers.cli.serving)."""
-    from transformers.cli.serving.chat_completion import ChatCompletionHandler
-    from transformers.cli.serving.completion import CompletionHandler
-    from transformers.cli.serving.model_manager import ModelManager
-    from transformers.cli.serving.response import ResponseHandler
-    from transformers.cli.serving.server import build_server
-    from transformers.cli.serving.systemone import SystemOneHandler
-    from transformers.cli.serving.transcription import TranscriptionHandler
-    from transformers.cli.serving.utils import GenerationState
+# ---- transformers: the `transformers serve` command -------------------------------------------------------------
+def serve_command_app(model_id: str, **options: Any):
+    """The FastAPI app `transformers serve <model_id>` runs, with the model preloaded and pinned (`force_model`),
+    built by the command's own class but not started: `Serve.__init__(non_blocking=True)` ends by calling
+    `start_server`, which this subclass leaves to the caller's uvicorn (so the app can run behind a guard)."""
+    from transformers.cli.serve import Serve
 
-    return {
-        "ChatCompletionHandler": ChatCompletionHandler,
-        "CompletionHandler": CompletionHandler,
-        "ModelManager": ModelManager,
-        "ResponseHandler": ResponseHandler,
-        "build_server": build_server,
-        "SystemOneHandler": SystemOneHandler,
-        "TranscriptionHandler": TranscriptionHandler,
-        "GenerationState": GenerationState,
-    }
+    class Unstarted(Serve):
+        def start_server(self):
+            pass
+
+    serve = Unstarted(force_model=model_id, trust_remote_code=False, log_level="warning", non_blocking=True, **options)
+    return serve.server.config.app
 
 
 # ---- transformers: Trainer checkpoints ------------------------------------------------------------------------

@@ -202,6 +202,17 @@ class ValidationRow(BaseModel):
         return {k.removeprefix(SET_PREFIX): float(v) for k, v in (self.model_extra or {}).items()}
 
 
+class LeakageRow(Metrics):
+    """One initialisation on one validation set at step 0 (services/cpt leakage.py, issue 24); only `bpb_extended`
+    where the base tokenisation cannot be scored."""
+
+    bpb_extended: float
+    bpb_base_model: float | None = None
+    extended_vs_base: float | None = None
+    bpb_base_tokenization: float | None = None
+    base_tokenization_vs_base: float | None = None
+
+
 class Transplant(Metrics):
     """How the base model's vocabulary became the stage's: kept/new rows and the step-0 BPB of each
     initialisation compared (`step0_val_bpb[method]`, per validation set in `step0_val_bpb_by_set`)."""
@@ -214,9 +225,9 @@ class Transplant(Metrics):
     new_vocab_size: int | None = None
     step0_val_bpb: dict[str, float] = Field(default_factory=dict)
     step0_val_bpb_by_set: dict[str, dict[str, float]] = Field(default_factory=dict)
-    # issue 24 (services/cpt leakage.py): the step-0 leakage table {method: {set: {bpb_base_model, bpb_extended,
-    # extended_vs_base, bpb_base_tokenization, base_tokenization_vs_base}}} (only bpb_extended where not measurable)
-    step0_leakage: dict[str, dict[str, dict[str, float]]] = Field(default_factory=dict)
+    step0_leakage: dict[str, dict[str, LeakageRow]] = Field(
+        default_factory=dict, description="The step-0 leakage table: method -> validation set -> row (issue 24)."
+    )
     tied: bool | None = None  # the trained model ties embedding and LM head
     leakage_not_measured: str | None = None  # why there is no leakage table (base tokens missing from the vocab)
 
@@ -323,19 +334,53 @@ class SftMetrics(Metrics):
 # ---- eval ---------------------------------------------------------------------------------------------
 
 
+class HarnessInfo(Metrics):
+    """The harness the downstream tasks ran in, and its settings."""
+
+    name: str
+    version: str
+    bootstrap_iters: int
+    batch_size: int
+
+
+class DownstreamTask(Metrics):
+    """One lm-eval task the stage wrote (services/eval downstream.TaskSpec, less its key)."""
+
+    task: str
+    kind: str
+    language: str
+    row: str
+    metrics: list[str]
+    headline_metrics: list[str]
+    num_examples: int
+    num_fewshot: int = 0
+    chat: bool = False
+    chance: dict[str, float] = Field(default_factory=dict, description="metric -> chance / trivial-baseline value.")
+    chance_note: str = ""
+    source: str = ""
+
+
+class TaskScore(Metrics):
+    """One metric of one model on one task: value, standard error and the normal 95 % interval."""
+
+    value: float
+    stderr: float | None = None
+    ci95: tuple[float, float] | None = None
+
+
 class Downstream(Metrics):
     """eval's downstream tasks (lm-eval): what each task is, how to rerun it, each model's scores and the change
     against the reference model (services/eval downstream.py)."""
 
-    harness: dict[str, Any]
+    harness: HarnessInfo
     task_dir: str
     commands: list[str]
-    tasks: dict[str, dict[str, Any]]
-    results: dict[str, dict[str, dict[str, dict[str, Any]]]] = Field(
-        description="model -> task -> metric -> {value, stderr, ...}."
-    )
+    tasks: dict[str, DownstreamTask]
+    results: dict[str, dict[str, dict[str, TaskScore]]] = Field(description="model -> task -> metric -> score.")
     seconds: dict[str, float]
-    changes: dict[str, dict[str, dict[str, float]]] = Field(default_factory=dict)
+    changes: dict[str, dict[str, dict[str, float]]] = Field(
+        default_factory=dict, description="model -> task -> metric -> value minus the reference model's."
+    )
 
 
 class EvalModel(Metrics):
@@ -437,8 +482,35 @@ class GenerationFigures(Metrics):
     repeated_3gram_rate: float | None
 
 
+class Step0Section(Metrics):
+    """eval's `transplant`: step-0 BPB per initialisation and validation set, and the leakage table, from the CPT
+    manifest (services/eval compare.step0_bpb)."""
+
+    method: str
+    sets: list[str]
+    step0_bpb: dict[str, dict[str, float]] = Field(description="method -> validation set -> step-0 BPB.")
+    leakage: dict[str, dict[str, LeakageRow]] | None = None
+
+
+class TokenizerComparison(Metrics):
+    """eval's `tokenizer_comparison`: the tokenizer stage's strategies side by side and its dead-token audit."""
+
+    rows: list[StrategyRow]
+    languages: list[str]
+    dead_tokens: dict[str, Any] | None = Field(description="The audit as the tokenizer stage published it.")
+
+
+class VocabSweep(Metrics):
+    """eval's `vocab_sweep`: the tokenizer stage's fertility per vocabulary size, the selected size, the base's."""
+
+    selected: int | None
+    rows: list[SweepRow]
+    base: TokenizerBase | None
+
+
 class EvalMetrics(Metrics):
-    """The eval summary in the manifest (metrics.json beside the report has the full curves)."""
+    """The eval summary in the manifest (metrics.json beside the report has the full curves). The stage
+    validates it once, before writing the report, and the report reads its attributes."""
 
     models: dict[str, EvalModel]
     tokenizers: dict[str, EvalTokenizer]
@@ -452,13 +524,13 @@ class EvalMetrics(Metrics):
     generation: dict[str, dict[str, GenerationFigures]]
     curves: dict[str, dict[str, Any]]
     cost: dict[str, dict[str, float]]
-    vocab_sweep: dict[str, Any] | None = None
-    tokenizer_comparison: dict[str, Any] | None = None
-    transplant: dict[str, Any] | None = None
+    vocab_sweep: VocabSweep | None = None
+    tokenizer_comparison: TokenizerComparison | None = None
+    transplant: Step0Section | None = None
     downstream: Downstream | None = None
     skipped: list[str]
     seconds: dict[str, float]
-    report: dict[str, str]
+    report: dict[str, str] = Field(default_factory=dict, description="The report's files, relative to the artifact.")
 
 
 STAGE_METRICS: dict[str, type[BaseModel]] = {

@@ -9,9 +9,12 @@ module stays importable by the torch-free coordinator and shared library.
 
 Rules:
 - device: `auto` = cuda when available; `cuda` without a CUDA device is a config error.
-- precision: `auto` = bf16 on a CUDA device with bf16 support, fp32 otherwise; `bf16` on a CUDA
-  device without bf16 support is a config error, and on CPU where the stage does not allow it
-  (`cpu_bf16=False`: SFT, whose trainer is only exercised in fp32 on CPU).
+- precision: `auto` = bf16 on a CUDA device with bf16 support; on a CPU that computes bf16 natively
+  (AVX512-BF16 or AMX) only where the stage asks for it (`auto_cpu_bf16=True`: CPT's training, autocast
+  over fp32 weights, about twice as fast there); fp32 otherwise. Measuring stages (eval, chat) keep
+  fp32 on CPU so their figures compare across machines. `bf16` on a CUDA device without bf16 support
+  is a config error, and on CPU where the stage does not allow it (`cpu_bf16=False`: SFT, whose
+  trainer is only exercised in fp32 on CPU).
 - liger: only on CUDA (Triton kernels) and only for `llama` models (the kernels patched are
   Llama's); `on` where it cannot apply is a config error, `auto` quietly stays off. A bool setting
   (CPT's `liger: true|false`) means auto|off.
@@ -46,6 +49,7 @@ class DeviceFacts:
 
     cuda: bool
     bf16_supported: bool = False  # the CUDA device computes in bf16 natively (Ampere or newer)
+    cpu_bf16: bool = False  # the CPU computes bf16 natively (AVX512-BF16 or AMX-BF16 instructions)
     flash_attn: bool = False  # the flash-attn package is importable
 
 
@@ -57,8 +61,20 @@ def probe_device() -> DeviceFacts:
     return DeviceFacts(
         cuda=cuda,
         bf16_supported=bool(cuda and torch.cuda.is_bf16_supported()),
+        cpu_bf16=cpu_computes_bf16(),
         flash_attn=importlib.util.find_spec("flash_attn") is not None,
     )
+
+
+def cpu_computes_bf16(cpuinfo: str | Path = "/proc/cpuinfo") -> bool:
+    """Whether the CPU has bf16 arithmetic instructions (Linux: the kernel's CPU flags). Without them torch
+    emulates bf16 on CPU, slower than fp32, so `auto` must not choose it."""
+    try:
+        text = Path(cpuinfo).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
+    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 @dataclass(frozen=True)
@@ -99,7 +115,12 @@ def choose_device(requested: str, facts: DeviceFacts, field: str = "device") -> 
 
 
 def choose_precision(
-    requested: str, device: Device, facts: DeviceFacts, field: str = "precision", cpu_bf16: bool = True
+    requested: str,
+    device: Device,
+    facts: DeviceFacts,
+    field: str = "precision",
+    cpu_bf16: bool = True,
+    auto_cpu_bf16: bool = False,
 ) -> Precision:
     if requested == "fp32":
         return "fp32"
@@ -111,7 +132,9 @@ def choose_precision(
         return "bf16"
     if requested != "auto":
         raise ConfigError(f"{field}: {requested!r} is not one of auto, bf16, fp32")
-    return "bf16" if device == "cuda" and facts.bf16_supported else "fp32"
+    if device == "cuda":
+        return "bf16" if facts.bf16_supported else "fp32"
+    return "bf16" if auto_cpu_bf16 and cpu_bf16 and facts.cpu_bf16 else "fp32"
 
 
 def choose_liger(requested: LigerSetting, device: Device, model_type: str | None = None, field: str = "liger") -> bool:
@@ -174,6 +197,7 @@ def decide(
     packing: bool = False,
     model_type: str | None = None,
     cpu_bf16: bool = True,
+    auto_cpu_bf16: bool = False,
     facts: DeviceFacts | None = None,
 ) -> RuntimePolicy:
     """The whole policy for one stage's process; config errors name `<stage>.<field>`."""
@@ -182,7 +206,9 @@ def decide(
     implementation, reason = choose_attention(attention, chosen_device, facts, packing, f"{stage}.attention")
     return RuntimePolicy(
         device=chosen_device,
-        precision=choose_precision(precision, chosen_device, facts, f"{stage}.precision", cpu_bf16=cpu_bf16),
+        precision=choose_precision(
+            precision, chosen_device, facts, f"{stage}.precision", cpu_bf16=cpu_bf16, auto_cpu_bf16=auto_cpu_bf16
+        ),
         liger=choose_liger(liger, chosen_device, model_type, f"{stage}.liger"),
         attention=implementation,
         attention_reason=reason,

@@ -79,6 +79,8 @@ def tiny_config(data_root: Path, master_port: int):
             "checkpoint_every": 3,
             "num_processes_per_node": 1,
             "master_port": master_port,
+            # the single-process reference in fp32 too (auto is bf16 autocast there on a CPU with bf16 instructions)
+            "precision": "fp32",
         }
     )
 

@@ -45,6 +45,9 @@ def cpt_section(**overrides) -> dict:
         "log_every": 1,
         "eval_every": 10,
         "checkpoint_every": 10,
+        # fp32 on every CPU: auto would autocast to bf16 where the CPU has bf16 instructions, and these runs are
+        # compared with goldens and with FSDP runs across machines
+        "precision": "fp32",
     }
     section.update(overrides)
     return section
@@ -161,6 +164,27 @@ def test_trains_publishes_loadable_model(single_run, tiny_tokenizer_dir):
     assert published_ids(art.path) == expected_ids(tok) and len(expected_ids(tok)["eos_token_id"]) == 3
     assert model.config.eos_token_id == expected_ids(tok)["eos_token_id"]
     assert_stock_generate_stops_at_end_of_turn(model.eval(), tok)
+
+
+def test_bf16_autocast_on_cpu_trains_and_publishes_fp32_weights(tmp_path, data_root, tiny_tokenizer_dir):
+    """bf16 on CPU (what auto chooses where the CPU has bf16 instructions) is autocast over fp32 weights: it trains,
+    the manifest says bfloat16, and the published weights stay fp32 (save_dtype auto on CPU)."""
+    from safetensors import safe_open
+
+    run_cpt(
+        tmp_path,
+        data_root,
+        tiny_tokenizer_dir,
+        cpt_section(precision="bf16", phase2={"num_steps": 5, "learning_rate": 0.003}),
+    )
+    art = artifact(tmp_path / "store")
+    m = art.manifest.metrics
+    assert m["dtype"] == "bfloat16"
+    losses = [h["loss"] for h in m["history"]]
+    assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0]
+    with safe_open(str(art.path / "model.safetensors"), "pt") as f:
+        names = f.keys()  # a safe_open handle is not iterable
+        assert {str(f.get_slice(k).get_dtype()) for k in names} == {"F32"}
 
 
 @pytest.fixture(scope="module")

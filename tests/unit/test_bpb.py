@@ -104,7 +104,8 @@ def test_rank_shares_sum_to_the_whole(model_and_tok):
     whole = stream_nll(model, stream, 8, 4, batch_size=2)
     parts = [stream_nll(model, stream, 8, 4, batch_size=2, rank=r, world=3) for r in range(3)]
     assert sum(p[1] for p in parts) == whole[1]
-    assert sum(p[0] for p in parts) == pytest.approx(whole[0], rel=1e-9)
+    # fp32 windows batched differently per rank: equal to fp32 rounding (a lost or doubled window is ~1/N off)
+    assert sum(p[0] for p in parts) == pytest.approx(whole[0], rel=1e-6)
 
 
 def test_fsdp2_one_process_gloo_gives_the_same_bpb_and_still_trains(model_and_tok):

@@ -211,11 +211,25 @@ def test_llama_modeling_and_loss_modules_are_the_ones_liger_patches():
     assert compat.loss_functional().cross_entropy is torch.nn.functional.cross_entropy
 
 
-def test_serving_parts_and_trainer_checkpoints(tmp_path):
-    parts = compat.serving_parts()
-    assert set(parts) >= {"ModelManager", "GenerationState", "build_server", "ChatCompletionHandler"}
+def test_trainer_checkpoints(tmp_path):
     prefix = compat.trainer_checkpoint_prefix()
     assert compat.last_trainer_checkpoint(tmp_path) is None
     for step in (3, 12):
         (tmp_path / f"{prefix}-{step}").mkdir()
     assert compat.last_trainer_checkpoint(tmp_path) == str(tmp_path / f"{prefix}-12")
+
+
+def test_serve_command_app_is_transformers_serve_built_but_not_started(monkeypatch):
+    """The app is the one the `transformers serve` command builds (its routes), with the model pinned, and no server
+    thread was started (the caller's uvicorn runs it)."""
+    import threading
+
+    from transformers.cli.serving import model_manager
+
+    loaded = []
+    monkeypatch.setattr(model_manager.ModelManager, "load_model_and_processor", lambda self, *a, **k: loaded.append(a))
+    before = threading.active_count()
+    app = compat.serve_command_app("some-folder", device="cpu", dtype="auto")
+    paths = {route.path for route in app.routes}
+    assert {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health"} <= paths
+    assert loaded and threading.active_count() == before

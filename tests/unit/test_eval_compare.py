@@ -89,8 +89,8 @@ def test_reference_is_base_else_first_model():
 )
 def test_step0_bpb_per_initialisation_and_set(transplant, expected):
     got = compare.step0_bpb(CptMetrics.model_validate(metrics_samples.sample("cpt", transplant=transplant)))
-    assert got["step0_bpb"] == expected and got["method"] == transplant["method"]
-    assert got["sets"] == sorted({s for v in expected.values() for s in v})
+    assert got.step0_bpb == expected and got.method == transplant["method"]
+    assert got.sets == sorted({s for v in expected.values() for s in v})
 
 
 @pytest.mark.parametrize("transplant", [None, {"method": "none", "reason": "same tokenizer as the base model"}])
@@ -101,10 +101,10 @@ def test_step0_bpb_absent_without_a_comparison(transplant):
 def test_tokenizer_comparison_and_sweep_read_the_typed_metrics():
     tok = TokenizerMetrics.model_validate(metrics_samples.sample("tokenizer"))
     got = compare.tokenizer_comparison(tok)
-    assert got["languages"] == ["az", "en"] and got["rows"][0]["strategy"] == "replace"
-    assert got["dead_tokens"]["num_dead_new_tokens"] == 5
+    assert got.languages == ["az", "en"] and got.rows[0].strategy == "replace"
+    assert got.dead_tokens["num_dead_new_tokens"] == 5  # the audit is free-form: published as the tokenizer wrote it
     sweep = compare.vocab_sweep(tok)
-    assert sweep["selected"] == 512 and [r["vocab_size"] for r in sweep["rows"]] == [300, 400, 512]
-    assert sweep["rows"][0]["sets"]["heldout"]["tokens_per_word"] == pytest.approx(4 - 300 / 512)
+    assert sweep.selected == 512 and [r.vocab_size for r in sweep.rows] == [300, 400, 512]
+    assert sweep.rows[0].sets["heldout"].tokens_per_word == pytest.approx(4 - 300 / 512)
     empty = TokenizerMetrics.model_validate(metrics_samples.sample("tokenizer", comparison=[], dead_tokens={}))
     assert compare.tokenizer_comparison(empty) is None

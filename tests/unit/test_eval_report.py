@@ -24,7 +24,8 @@ BPB = {
 }
 
 
-def fake_metrics() -> dict:
+def fake_metrics():
+    """Every section the report shows, validated as the stage validates it (EvalMetrics)."""
     tm = {
         "tokens_per_word": 2.1,
         "bytes_per_token": 3.2,
@@ -41,12 +42,20 @@ def fake_metrics() -> dict:
         "exact_segmentation_rate": 0.1,
         "num_words": 10,
         "num_gold_boundaries": 8,
+        "num_gold_hit": 4,
+        "num_token_boundaries_decidable": 10,
+        "num_token_boundaries_inside": 3,
+        "num_words_exact": 1,
+        "num_words_fully_known": 10,
     }
     m = {
-        "models": {m: {"origin": f"origin-{m}"} for m in MODELS},
-        "tokenizers": {"tokenizer": {"aliases": ["cpt", "sft"]}, "base": {"aliases": []}},
+        "models": {m: metrics_samples.eval_model(f"origin-{m}") for m in MODELS},
+        "tokenizers": {
+            "tokenizer": {"origin": "artifact t1", "vocab_size": 4000, "aliases": ["cpt", "sft"]},
+            "base": {"origin": "artifact m1", "vocab_size": 2048, "aliases": []},
+        },
         "text_sets": {s: {"uri": f"/d/{s}", "language": LANGS[s], "num_docs": 3, "num_bytes": 300} for s in SETS},
-        "bpb": {m: {s: {"bpb": v} for s, v in sets.items()} for m, sets in BPB.items()},
+        "bpb": {m: {s: metrics_samples.bpb_figures(v) for s, v in sets.items()} for m, sets in BPB.items()},
         "tokenizer_metrics": {t: {s: tm for s in SETS} for t in ("tokenizer", "base")},
         "parity": {"base": {"flores": {"tokens_az": 150, "tokens_en": 100, "parity": 1.5, "num_pairs": 3}}},
         "morph": {"base": {"seg.tsv": morph}},
@@ -65,13 +74,15 @@ def fake_metrics() -> dict:
         "vocab_sweep": {
             "selected": 2000,
             "rows": [
-                {"vocab_size": v, "sets": {"heldout": {"tokens_per_word": 3 - v / 2000}}} for v in (1000, 2000, 4000)
+                {"vocab_size": v, "sets": {"heldout": metrics_samples.set_figures(3 - v / 2000)}}
+                for v in (1000, 2000, 4000)
             ],
             "base": None,
         },
         "curves": {"cpt": {"loss": [[1, 5.0], [2, 4.0], [3, 3.5]]}, "sft": {"train_loss": [[1, 2.0], [2, 1.5]]}},
         "cost": {"cpt": {"seconds_train": 12.5}},
         "skipped": [],
+        "seconds": {"total": 1.0},
         "transplant": compare.step0_bpb(
             CptMetrics.model_validate(
                 metrics_samples.sample(
@@ -122,7 +133,7 @@ def fake_metrics() -> dict:
     }
     changes = compare.bpb_changes(m["bpb"], "base", LANGS)
     m.update(bpb_change=changes, headline=compare.headline(changes, "base", LANGS, "az"))
-    return m
+    return metrics_samples.eval_metrics(**m)
 
 
 def generations() -> list[dict]:
@@ -205,7 +216,14 @@ def test_report_is_self_contained_with_png_files(report):
 
 
 def test_report_without_models_still_renders(tmp_path):
-    m = {"tokenizer_metrics": fake_metrics()["tokenizer_metrics"], "text_sets": fake_metrics()["text_sets"]}
+    full = fake_metrics()
+    m = metrics_samples.eval_metrics(
+        models={},
+        bpb={},
+        generation={},
+        tokenizer_metrics=full.model_dump()["tokenizer_metrics"],
+        text_sets=full.model_dump()["text_sets"],
+    )
     paths = write_report(m, [], tmp_path, "tokenizers only")
     html = paths["html"].read_text()
     assert "Tokenizer efficiency" in html and "Bits per byte" not in html and "Headline" not in html

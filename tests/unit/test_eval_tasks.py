@@ -7,6 +7,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
+import metrics_samples
 import pytest
 from dilforge_eval import downstream, harness
 from dilforge_eval.tasks import utils
@@ -394,7 +395,16 @@ def test_headline_task_table_puts_languages_side_by_side_and_shows_losses():
         "cpt": {"sib/az": {"acc": v(0.5)}, "sib/en": {"acc": v(0.4)}, "tr/en-az": {"chrf++": v(35.5)}},
     }
     changes = {"cpt": {"sib/az": {"acc": 0.2}, "sib/en": {"acc": -0.2}, "tr/en-az": {"chrf++": 5.5}}}
-    head, rows = downstream_table({"downstream": {"tasks": tasks, "results": results, "changes": changes}})
+    section = {
+        "harness": {"name": "lm-evaluation-harness", "version": "0", "bootstrap_iters": 0, "batch_size": 1},
+        "task_dir": "lm_eval_tasks",
+        "commands": [],
+        "tasks": {k: {"task": k, "kind": "test", **t} for k, t in tasks.items()},
+        "results": results,
+        "seconds": {},
+        "changes": changes,
+    }
+    head, rows = downstream_table(metrics_samples.eval_metrics(downstream=section))
     assert head == ["task", "metric", "n", "chance", "base az", "base en", "cpt az", "cpt en"]
     sib, tr = rows
     assert [str(c) for c in sib[:4]] == ["SIB-200 topics, 0-shot", "accuracy", "10/10", "az 0.143, en 0.143"]

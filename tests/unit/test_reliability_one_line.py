@@ -11,6 +11,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import metrics_samples
 import pytest
 from dilforge_coordinator.cli import app
 from dilforge_shared.configs import load_pipeline
@@ -145,10 +146,10 @@ def test_set_and_model_names_with_dollars_draw(tmp_path):
     pytest.importorskip("matplotlib")
     from dilforge_eval.plots import make_plots
 
-    metrics = {
-        "bpb": {"m$x^{$": {"$\\frac{$": {"bpb": 1.0}, "a_$b$": {"bpb": 2.0}}},
-        "tokenizer_metrics": {"$_$": {"$\\undefined$": {"tokens_per_word": 1.5}}},
-    }
+    metrics = metrics_samples.eval_metrics(
+        bpb={"m$x^{$": {"$\\frac{$": metrics_samples.bpb_figures(1.0), "a_$b$": metrics_samples.bpb_figures(2.0)}},
+        tokenizer_metrics={"$_$": {"$\\undefined$": metrics_samples.set_figures(1.5)}},
+    )
     plots = make_plots(metrics, tmp_path)
     assert set(plots) == {"bpb", "fertility"} and all(p.stat().st_size > 1000 for p in plots.values())
 

@@ -17,6 +17,7 @@ CPU = DeviceFacts(cuda=False)
 OLD_GPU = DeviceFacts(cuda=True, bf16_supported=False)  # e.g. V100: CUDA, no native bf16
 GPU = DeviceFacts(cuda=True, bf16_supported=True)
 GPU_FLASH = DeviceFacts(cuda=True, bf16_supported=True, flash_attn=True)
+BF16_CPU = DeviceFacts(cuda=False, cpu_bf16=True)  # e.g. AMD EPYC (Zen 4) or Xeon with AMX
 
 
 # ---- decisions ---------------------------------------------------------------------------------------
@@ -29,6 +30,31 @@ def test_auto_is_bf16_and_liger_on_a_bf16_gpu_fp32_without_liger_on_cpu(facts, e
     policy = decide("cpt", liger=True, model_type="llama", facts=facts)
     assert (policy.device, policy.precision, policy.liger) == expected
     assert policy.attention == "sdpa"
+
+
+def test_auto_is_bf16_on_a_bf16_cpu_only_for_the_stage_that_asks_for_it():
+    """CPT's training asks (autocast, about twice as fast there); measuring stages keep fp32 on any CPU, and a
+    CPU without bf16 instructions (torch would emulate it, slower than fp32) stays fp32 for CPT too."""
+    assert decide("cpt", auto_cpu_bf16=True, facts=BF16_CPU).precision == "bf16"
+    assert decide("cpt", auto_cpu_bf16=True, facts=CPU).precision == "fp32"
+    assert decide("cpt", auto_cpu_bf16=True, cpu_bf16=False, facts=BF16_CPU).precision == "fp32"
+    assert decide("eval", facts=BF16_CPU).precision == "fp32"
+    assert decide("cpt", precision="fp32", auto_cpu_bf16=True, facts=BF16_CPU).precision == "fp32"
+
+
+@pytest.mark.parametrize(
+    "flags,expected",
+    [
+        ("fpu vme avx512f avx512_bf16 avx512_vnni", True),
+        ("fpu vme avx512f amx_bf16 amx_tile", True),
+        ("fpu vme avx2 avx512f avx512_vnni", False),
+    ],
+)
+def test_bf16_cpus_are_told_by_their_instruction_flags(tmp_path, flags, expected):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nmodel name\t: Some CPU\nflags\t\t: {flags}\n\nprocessor\t: 1\n")
+    assert runtime_policy.cpu_computes_bf16(cpuinfo) is expected
+    assert runtime_policy.cpu_computes_bf16(tmp_path / "missing") is False
 
 
 def test_explicit_settings_win_where_the_machine_allows_them():
@@ -113,6 +139,15 @@ def test_cpt_runtime_and_liger_follow_the_policy(monkeypatch):
         rt = init_runtime(CptConfig(**base, precision=precision))
         shutdown(rt)
         assert rt.dtype == dtype and rt.device.type == "cpu"
+    # a CPU with bf16 instructions: auto autocasts in one process; not under FSDP (several processes, or fsdp: on)
+    monkeypatch.setattr(runtime_policy, "probe_device", lambda: BF16_CPU)
+    rt = init_runtime(CptConfig(**base))
+    shutdown(rt)
+    assert rt.dtype == torch.bfloat16 and not rt.fsdp
+    rt = init_runtime(CptConfig(**base, fsdp="on"))
+    shutdown(rt)
+    assert rt.dtype == torch.float32 and rt.fsdp
+    monkeypatch.setattr(runtime_policy, "probe_device", lambda: CPU)
     with pytest.raises(ConfigError, match="cpt.liger: the Liger kernels need CUDA"):
         init_runtime(CptConfig(**base, liger="on"))
     llama = SimpleNamespace(config=SimpleNamespace(model_type="llama"))

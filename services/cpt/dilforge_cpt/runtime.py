@@ -98,11 +98,15 @@ def init_runtime(config: CptConfig) -> Runtime:
     Device and precision come from the shared policy (dilforge_shared.runtime_policy); Liger is
     decided there too, once the model type is known (sharding.apply_liger).
     """
-    policy = runtime_policy.decide("cpt", precision=config.precision, liger=config.liger)
-    cuda = policy.device == "cuda"
     distributed = "RANK" in os.environ and "WORLD_SIZE" in os.environ
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    # bf16 autocast on a CPU with bf16 instructions: the single-process path only (FSDP's mixed precision
+    # over gloo is not what CPU runs exercise)
+    policy = runtime_policy.decide(
+        "cpt", precision=config.precision, liger=config.liger, auto_cpu_bf16=world == 1 and config.fsdp != "on"
+    )
+    cuda = policy.device == "cuda"
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world))) or 1
     node = int(os.environ.get("GROUP_RANK", str(rank // local_world)))
@@ -139,9 +143,10 @@ def init_runtime(config: CptConfig) -> Runtime:
         source,
     )
     if rank == 0:
-        logging.getLogger("dilforge.cpt").info(
-            "attention: sdpa backends %s (%s)", ", ".join(backends) or "torch default", reason
-        )
+        log = logging.getLogger("dilforge.cpt")
+        log.info("attention: sdpa backends %s (%s)", ", ".join(backends) or "torch default", reason)
+        if policy.bf16 and not cuda:
+            log.info("precision: bf16 autocast over fp32 weights on CPU (cpt.precision %s)", config.precision)
     return Runtime(
         rank,
         world,

@@ -37,6 +37,7 @@ from dilforge_shared.contract import (
 from dilforge_shared.errors import ConfigError, DilforgeError
 from dilforge_shared.families import describe_model_folder
 from dilforge_shared.launch import build_launch, wait_for_hosts
+from dilforge_shared.metrics import CptMetrics
 from dilforge_shared.models import resolve
 
 from .checkpoints import Checkpointer
@@ -329,14 +330,16 @@ def train_in_process(config: CptConfig, ctx: StageContext, rt: Runtime) -> dict:
     metrics.close()
 
     publish_files(config, ctx, rt, model, tok_dir, state)
-    return summarize(state, derived)
+    return summarize(state, derived).model_dump()
 
 
 def publish_files(config: CptConfig, ctx: StageContext, rt: Runtime, model, tok_dir: Path, state: TrainState) -> None:
     """The HF folder: weights (gathered from every rank), the tokenizer files, cpt_metrics.json."""
     if rt.is_main:
         ctx.model_dir.mkdir(parents=True, exist_ok=True)
-    save_dtype = {"bf16": torch.bfloat16, "fp32": torch.float32, "auto": rt.dtype}[config.save_dtype]
+    # auto on CPU keeps fp32 weights: bf16 there is autocast arithmetic, and CPU consumers compute in fp32
+    auto = rt.dtype if rt.cuda else torch.float32
+    save_dtype = {"bf16": torch.bfloat16, "fp32": torch.float32, "auto": auto}[config.save_dtype]
     save_hf_model(model, ctx.model_dir, save_dtype, rt)
     if rt.is_main:
         for name in TOKENIZER_FILES:
@@ -358,45 +361,41 @@ def publish_files(config: CptConfig, ctx: StageContext, rt: Runtime, model, tok_
     rt.barrier()
 
 
-def summarize(state: TrainState, derived: dict) -> dict:
+def summarize(state: TrainState, derived: dict) -> CptMetrics:
+    """The manifest's metrics, built as the typed model (a misnamed or missing figure fails here, in the stage)."""
     last_val = state.last_val
     first_val = state.validation[0] if state.validation else {}
     timed = [h for h in state.history if h.get("tokens_per_s")]
-    return {
-        "num_steps": state.step,
-        "tokens_seen": state.tokens_seen,
-        "final_train_loss": state.last_loss,
-        "final_val_loss": last_val.get("val_loss"),
-        "final_val_bpb": last_val.get("val_bpb"),
-        "final_val_bpb_by_set": bpb_by_set(last_val),
-        "best_val_bpb": state.best_val_bpb,
-        "step0_val_loss": first_val.get("val_loss"),
-        "step0_val_bpb": first_val.get("val_bpb"),
-        "step0_val_bpb_by_set": bpb_by_set(first_val),
-        "transplant": state.transplant,
-        "leakage": state.leakage,
-        "tokens_per_s": timed[-1]["tokens_per_s"] if timed else None,
-        "mfu": timed[-1]["mfu"] if timed else None,
-        "peak_memory_gb": max((h["peak_memory_gb"] for h in state.history), default=None),
-        "eval_peak_memory_gb": max(
+    return CptMetrics(
+        num_steps=state.step,
+        tokens_seen=state.tokens_seen,
+        final_train_loss=state.last_loss,
+        final_val_loss=last_val.get("val_loss"),
+        final_val_bpb=last_val.get("val_bpb"),
+        final_val_bpb_by_set=bpb_by_set(last_val),
+        best_val_bpb=state.best_val_bpb,
+        step0_val_loss=first_val.get("val_loss"),
+        step0_val_bpb=first_val.get("val_bpb"),
+        step0_val_bpb_by_set=bpb_by_set(first_val),
+        transplant=state.transplant,
+        leakage=state.leakage,
+        tokens_per_s=timed[-1]["tokens_per_s"] if timed else None,
+        mfu=timed[-1]["mfu"] if timed else None,
+        peak_memory_gb=max((h["peak_memory_gb"] for h in state.history), default=None),
+        eval_peak_memory_gb=max(
             (v["eval_peak_memory_gb"] for v in state.validation if v.get("eval_peak_memory_gb") is not None),
             default=None,
         ),
-        **{
-            k: derived[k]
-            for k in (
-                "world_size",
-                "global_batch_sequences",
-                "global_batch_tokens",
-                "total_tokens",
-                "num_params",
-                "liger_kernels",
-                "dtype",
-            )
-        },
-        "history": state.history,
-        "validation": state.validation,
-    }
+        world_size=derived["world_size"],
+        global_batch_sequences=derived["global_batch_sequences"],
+        global_batch_tokens=derived["global_batch_tokens"],
+        total_tokens=derived["total_tokens"],
+        num_params=derived["num_params"],
+        liger_kernels=derived["liger_kernels"],
+        dtype=derived["dtype"],
+        history=state.history,
+        validation=state.validation,
+    )
 
 
 # ---- pieces ----------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from dilforge_shared.configs.base import DataSource
-from dilforge_shared.metrics import CptMetrics, TokenizerMetrics
+from dilforge_shared.metrics import CptMetrics, Step0Section, TokenizerComparison, TokenizerMetrics, VocabSweep
 
 # ISO 639-3 codes that FLORES-style column names use, mapped to the 2-letter codes the report uses.
 ISO3 = {"eng": "en", "azj": "az", "aze": "az", "azb": "az", "rus": "ru", "tur": "tr", "deu": "de", "fra": "fr"}
@@ -125,32 +125,29 @@ def headline_lines(h: dict[str, Any]) -> list[str]:
 # ----------------------------------------------------------------------------------------------- upstream manifests
 
 
-def step0_bpb(cpt: CptMetrics) -> dict[str, Any] | None:
+def step0_bpb(cpt: CptMetrics) -> Step0Section | None:
     """Step-0 BPB per initialisation from the CPT metrics' typed `transplant` block, per validation set
     (`{"val": x}` when the run recorded no per-set figures)."""
     t = cpt.transplant
     if t is None or not t.step0_val_bpb:
         return None
     methods = {m: dict(t.step0_val_bpb_by_set.get(m) or {"val": v}) for m, v in t.step0_val_bpb.items()}
-    out = {"method": t.method, "sets": sorted({s for v in methods.values() for s in v}), "step0_bpb": methods}
-    if t.step0_leakage:  # issue 24: {method: {set: row}} (cpt leakage.step0_row)
-        out["leakage"] = t.step0_leakage
-    return out
+    return Step0Section(
+        method=t.method,
+        sets=sorted({s for v in methods.values() for s in v}),
+        step0_bpb=methods,
+        leakage=t.step0_leakage or None,  # issue 24: {method: {set: row}} (cpt leakage.step0_row)
+    )
 
 
-def tokenizer_comparison(tok: TokenizerMetrics) -> dict[str, Any] | None:
+def tokenizer_comparison(tok: TokenizerMetrics) -> TokenizerComparison | None:
     """The tokenizer strategies side by side (`comparison` rows, `dead_tokens`), or None when it has neither."""
     if not tok.comparison and not tok.dead_tokens:
         return None
     languages = sorted({lang for r in tok.comparison for lang in r.languages})
-    return {
-        "rows": [r.model_dump() for r in tok.comparison],
-        "languages": languages,
-        "dead_tokens": tok.dead_tokens or None,
-    }
+    return TokenizerComparison(rows=tok.comparison, languages=languages, dead_tokens=tok.dead_tokens or None)
 
 
-def vocab_sweep(tok: TokenizerMetrics) -> dict[str, Any]:
+def vocab_sweep(tok: TokenizerMetrics) -> VocabSweep:
     """Fertility per vocabulary size (the sweep's rows), the selected size and the base's figures."""
-    rows = [{"vocab_size": r.vocab_size, "sets": {k: v.model_dump() for k, v in r.sets.items()}} for r in tok.sweep]
-    return {"selected": tok.selected_vocab_size, "rows": rows, "base": tok.base.model_dump() if tok.base else None}
+    return VocabSweep(selected=tok.selected_vocab_size, rows=tok.sweep, base=tok.base)

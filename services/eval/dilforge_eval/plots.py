@@ -11,6 +11,7 @@ matplotlib.use("Agg")
 # raised ValueError at savefig — after the whole evaluation had run.
 matplotlib.rcParams["text.parse_math"] = False
 import matplotlib.pyplot as plt  # noqa: E402 - after the rcParams change above
+from dilforge_shared.metrics import EvalMetrics, VocabSweep  # noqa: E402
 
 
 def _save(fig, path: Path) -> Path:
@@ -41,27 +42,27 @@ def grouped_bars(data: dict[str, dict[str, float]], title: str, ylabel: str, pat
     return _save(fig, path)
 
 
-def sweep_plot(sweep: dict, path: Path) -> Path | None:
-    rows = sweep.get("rows") or []
-    if not rows:
+def sweep_plot(sweep: VocabSweep | None, path: Path) -> Path | None:
+    if sweep is None or not sweep.rows:
         return None
+    rows = sweep.rows
     fig, ax = plt.subplots(figsize=(6.5, 4))
-    sets = sorted({s for r in rows for s in r.get("sets", {})})
+    sets = sorted({s for r in rows for s in r.sets})
     for s in sets:
-        pts = sorted((r["vocab_size"], r["sets"][s]["tokens_per_word"]) for r in rows if s in r.get("sets", {}))
+        pts = sorted((r.vocab_size, r.sets[s].tokens_per_word) for r in rows if s in r.sets)
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=s)
-        base = (sweep.get("base") or {}).get("sets", {}).get(s)
+        base = sweep.base.sets.get(s) if sweep.base else None
         if base:
             ax.axhline(
-                base["tokens_per_word"],
+                base.tokens_per_word,
                 linestyle="--",
                 linewidth=1,
                 color=ax.lines[-1].get_color(),
                 label=f"{s} (base tokenizer)",
             )
-    if sweep.get("selected"):
-        ax.axvline(sweep["selected"], color="grey", linestyle=":", label=f"selected {sweep['selected']}")
-    sizes = sorted({r["vocab_size"] for r in rows})
+    if sweep.selected:
+        ax.axvline(sweep.selected, color="grey", linestyle=":", label=f"selected {sweep.selected}")
+    sizes = sorted({r.vocab_size for r in rows})
     if len(sizes) > 1 and sizes[-1] / sizes[0] > 4:
         ax.set_xscale("log")
     ax.set_xticks(sizes, [f"{s:,}" for s in sizes], rotation=30)
@@ -88,16 +89,13 @@ def curves_plot(curves: dict[str, dict[str, list]], path: Path) -> Path | None:
     return _save(fig, path)
 
 
-def make_plots(metrics: dict, plot_dir: Path) -> dict[str, Path]:
+def make_plots(metrics: EvalMetrics, plot_dir: Path) -> dict[str, Path]:
     plots: dict[str, Path] = {}
-    fert = {
-        tok: {s: v["tokens_per_word"] for s, v in sets.items()}
-        for tok, sets in metrics.get("tokenizer_metrics", {}).items()
-    }
-    bpb = {m: {s: v["bpb"] for s, v in sets.items()} for m, sets in metrics.get("bpb", {}).items()}
+    fert = {tok: {s: v.tokens_per_word for s, v in sets.items()} for tok, sets in metrics.tokenizer_metrics.items()}
+    bpb = {m: {s: v.bpb for s, v in sets.items()} for m, sets in metrics.bpb.items()}
     morph = {
-        tok: {src: v["boundary_recall"] for src, v in d.items() if v.get("boundary_recall") is not None}
-        for tok, d in metrics.get("morph", {}).items()
+        tok: {src: v.boundary_recall for src, v in d.items() if v.boundary_recall is not None}
+        for tok, d in metrics.morph.items()
     }
     for key, p in (
         (
@@ -109,7 +107,7 @@ def make_plots(metrics: dict, plot_dir: Path) -> dict[str, Path]:
                 plot_dir / "fertility_per_tokenizer.png",
             ),
         ),
-        ("sweep", sweep_plot(metrics.get("vocab_sweep") or {}, plot_dir / "fertility_per_vocab_size.png")),
+        ("sweep", sweep_plot(metrics.vocab_sweep, plot_dir / "fertility_per_vocab_size.png")),
         (
             "bpb",
             grouped_bars(
@@ -128,7 +126,7 @@ def make_plots(metrics: dict, plot_dir: Path) -> dict[str, Path]:
                 plot_dir / "morpheme_boundary_recall.png",
             ),
         ),
-        ("curves", curves_plot(metrics.get("curves", {}), plot_dir / "training_curves.png")),
+        ("curves", curves_plot(metrics.curves, plot_dir / "training_curves.png")),
     ):
         if p is not None:
             plots[key] = p

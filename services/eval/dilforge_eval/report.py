@@ -1,7 +1,7 @@
 """The report: tables built from metrics.json, rendered by Jinja2 templates shipped with the package
 (`templates/report.html.j2`, self-contained with plots inlined as base64, and `templates/report.md.j2`).
 
-Tables are data (a header and rows of cells, built in `tables` for the model comparisons and `text_tables` for
+It reads the typed `EvalMetrics` the stage validated (attributes, never key names). Tables are data (a header and rows of cells, built in `tables` for the model comparisons and `text_tables` for
 tokenizers, morphology and generations); this module only orders them into sections and renders them. The
 templates own the markup and its escaping, so no HTML or Markdown is assembled by string concatenation here. Every BPB change is per text set against
 the reference (base) model: nothing averages across sets or languages.
@@ -12,6 +12,8 @@ from __future__ import annotations
 import base64
 from functools import lru_cache
 from pathlib import Path
+
+from dilforge_shared.metrics import EvalMetrics
 
 from .plots import make_plots
 from .tables import (
@@ -156,29 +158,27 @@ def _environment(autoescape: bool):
     return env
 
 
-def _inventory(metrics: dict) -> list[tuple[str, str]]:
+def _inventory(metrics: EvalMetrics) -> list[tuple[str, str]]:
     return [
-        ("models", ", ".join(f"{k} ({v.get('origin', '')})" for k, v in metrics.get("models", {}).items()) or "none"),
+        ("models", ", ".join(f"{k} ({v.origin})" for k, v in metrics.models.items()) or "none"),
         (
             "tokenizers",
             ", ".join(
-                k + (f" (same as {', '.join(v['aliases'])})" if v.get("aliases") else "")
-                for k, v in metrics.get("tokenizers", {}).items()
+                k + (f" (same as {', '.join(v.aliases)})" if v.aliases else "") for k, v in metrics.tokenizers.items()
             )
             or "none",
         ),
         (
             "text sets",
             ", ".join(
-                f"{k} [{v.get('language', '?')}] ({v['num_docs']} docs, {v['num_bytes']} bytes)"
-                for k, v in metrics.get("text_sets", {}).items()
+                f"{k} [{v.language}] ({v.num_docs} docs, {v.num_bytes} bytes)" for k, v in metrics.text_sets.items()
             )
             or "none",
         ),
     ]
 
 
-def write_report(metrics: dict, generations: list[dict], out_dir: Path, title: str) -> dict[str, Path]:
+def write_report(metrics: EvalMetrics, generations: list[dict], out_dir: Path, title: str) -> dict[str, Path]:
     """report.html (self-contained), report.md and plots/*.png in out_dir; returns the paths."""
     plots = make_plots(metrics, out_dir / "plots")
     sections = []
@@ -196,13 +196,12 @@ def write_report(metrics: dict, generations: list[dict], out_dir: Path, title: s
                 "plot_b64": base64.b64encode(plot.read_bytes()).decode() if plot else None,
             }
         )
-    models = list(metrics.get("models", {}))
     context = {
         "title": title,
         "inventory": _inventory(metrics),
-        "skipped": metrics.get("skipped", []),
+        "skipped": metrics.skipped,
         "sections": sections,
-        "generations": generations_tables(generations, models),
+        "generations": generations_tables(generations, list(metrics.models)),
     }
     (out_dir / "report.html").write_text(
         _environment(True).get_template("report.html.j2").render(context), encoding="utf-8"

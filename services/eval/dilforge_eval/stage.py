@@ -25,7 +25,7 @@ from dilforge_shared import runtime_policy
 from dilforge_shared.configs import EvalConfig
 from dilforge_shared.contract import StageContext, StageResult, log_config
 from dilforge_shared.errors import InputError
-from dilforge_shared.metrics import read_metrics
+from dilforge_shared.metrics import read_metrics, validate_metrics
 
 from . import bpb as bpb_mod
 from . import compare, downstream, harness
@@ -293,21 +293,25 @@ def eval_cost(seconds: dict[str, float], c_start: float, evaluated: Evaluated) -
 
 def publish(ctx: StageContext, metrics: dict, evaluated: Evaluated) -> dict:
     """generations.jsonl, task_answers.jsonl, the report and metrics.json into the artifact folder; returns the
-    manifest's metrics (curves as their last points: the whole curves are in metrics.json)."""
+    manifest's metrics (curves as their last points: the whole curves are in metrics.json). The metrics are
+    validated once here (`EvalMetrics`), before anything is written, and the report reads the typed model."""
     out = ctx.model_dir
-    with open(out / "generations.jsonl", "w", encoding="utf-8") as f:
-        for g in evaluated.generations:
-            f.write(json.dumps(g, ensure_ascii=False) + "\n")
     if evaluated.downstream is not None:
         metrics["downstream"]["changes"] = harness.changes(
             metrics["downstream"], compare.reference_label(metrics["downstream"]["results"])
         )
+    typed = validate_metrics("eval", metrics)
+    with open(out / "generations.jsonl", "w", encoding="utf-8") as f:
+        for g in evaluated.generations:
+            f.write(json.dumps(g, ensure_ascii=False) + "\n")
+    if evaluated.downstream is not None:
         with open(out / "task_answers.jsonl", "w", encoding="utf-8") as f:
             f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in evaluated.task_samples)
-    paths = write_report(metrics, evaluated.generations, out, f"dilforge eval report — run {ctx.request.run_id}")
-    metrics["report"] = {k: str(p.relative_to(out)) for k, p in paths.items()}
-    (out / "metrics.json").write_text(json.dumps(metrics, indent=2, ensure_ascii=False), encoding="utf-8")
-    log.info("wrote %s (published with the artifact)", ", ".join(sorted(metrics["report"].values())))
-    summary = {k: v for k, v in metrics.items() if k != "curves"}
-    summary["curves"] = {stage: {k: v[-1] for k, v in s.items()} for stage, s in metrics["curves"].items()}
+    paths = write_report(typed, evaluated.generations, out, f"dilforge eval report — run {ctx.request.run_id}")
+    typed.report = {k: str(p.relative_to(out)) for k, p in paths.items()}
+    dumped = typed.model_dump(mode="json")
+    (out / "metrics.json").write_text(json.dumps(dumped, indent=2, ensure_ascii=False), encoding="utf-8")
+    log.info("wrote %s (published with the artifact)", ", ".join(sorted(typed.report.values())))
+    summary = {k: v for k, v in dumped.items() if k != "curves"}
+    summary["curves"] = {stage: {k: v[-1] for k, v in s.items()} for stage, s in dumped["curves"].items()}
     return summary

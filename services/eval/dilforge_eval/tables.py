@@ -8,6 +8,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from dilforge_shared.metrics import BpbChange, EvalMetrics, TaskScore
+
 from .compare import language_name
 
 
@@ -44,36 +46,36 @@ def change_cell(change: float | None) -> Cell:
     return Cell(f"{100 * change:+.1f}%", "num better" if change < 0 else "num worse" if change > 0 else "num")
 
 
-def transition(entry: dict | None) -> Cell:
+def transition(entry: BpbChange | None) -> Cell:
     """'3.250 → 2.330 (−28.3%)' for one model on one set against the reference."""
-    if not entry:
+    if entry is None:
         return Cell("–")
-    ch = change_cell(entry.get("change"))
-    return Cell(f"{fmt(entry.get('reference_bpb'), 3)} → {fmt(entry.get('bpb'), 3)} ({ch.text})", ch.cls)
+    ch = change_cell(entry.change)
+    return Cell(f"{fmt(entry.reference_bpb, 3)} → {fmt(entry.bpb, 3)} ({ch.text})", ch.cls)
 
 
-def headline_table(metrics: dict) -> Table:
+def headline_table(metrics: EvalMetrics) -> Table:
     """One row per model: the target-language gain and each other language's retention, each on one named set."""
-    h = metrics.get("headline") or {}
-    if not h.get("gain") and not h.get("retention"):
+    h = metrics.headline
+    if not h.gain and not h.retention:
         return [], []
-    target, ref = h.get("target_language", "az"), h.get("reference")
-    gain_set = next((g["set"] for g in h.get("gain", {}).values()), None)
+    target, ref = h.target_language, h.reference
+    gain_set = next((g.set for g in h.gain.values()), None)
     others: dict[str, str] = {}
-    for langs in h.get("retention", {}).values():
+    for langs in h.retention.values():
         for lang, e in langs.items():
-            others.setdefault(lang, e["set"])
+            others.setdefault(lang, e.set)
     head = ["model"]
     if gain_set:
         head.append(f"{language_name(target)} gain: BPB vs {ref} on {gain_set}")
     head += [f"{language_name(lang)} retention: BPB vs {ref} on {name}" for lang, name in others.items()]
-    models = list(dict.fromkeys([*h.get("gain", {}), *h.get("retention", {})]))
+    models = list(dict.fromkeys([*h.gain, *h.retention]))
     rows = []
     for m in models:
         row: list[str | Cell] = [m]
         if gain_set:
-            row.append(transition(h["gain"].get(m)))
-        row += [transition(h.get("retention", {}).get(m, {}).get(lang)) for lang in others]
+            row.append(transition(h.gain.get(m)))
+        row += [transition(h.retention.get(m, {}).get(lang)) for lang in others]
         rows.append(row)
     return head, rows
 
@@ -91,16 +93,16 @@ METRIC_NAMES = {
 }
 
 
-def _score(v: dict | None, metric: str) -> str:
+def _score(v: TaskScore | None, metric: str) -> str:
     """'0.250 [0.10, 0.40]' (value and 95 % interval); chrF/BLEU with one decimal."""
-    if not v:
+    if v is None:
         return "–"
     digits = 1 if metric in ("chrf++", "chrf", "bleu") else 3
-    ci = v.get("ci95")
-    return fmt(v["value"], digits) + (f" [{fmt(ci[0], digits)}, {fmt(ci[1], digits)}]" if ci else "")
+    ci = v.ci95
+    return fmt(v.value, digits) + (f" [{fmt(ci[0], digits)}, {fmt(ci[1], digits)}]" if ci else "")
 
 
-def _delta_cell(v: dict | None, delta: float | None, metric: str) -> Cell:
+def _delta_cell(v: TaskScore | None, delta: float | None, metric: str) -> Cell:
     """A score with its change against the reference model, coloured by whether higher is better."""
     from .harness import HIGHER_IS_BETTER
 
@@ -113,35 +115,35 @@ def _delta_cell(v: dict | None, delta: float | None, metric: str) -> Cell:
     return Cell(f"{text} ({delta:+.{digits}f})", cls)
 
 
-def _task_rows(metrics: dict, metric_key: str) -> tuple[list[str], list[str], list[tuple[str, str, dict]]]:
-    """(models, languages, [(row label, metric, {language: task key})]) of the downstream section."""
-    d = metrics.get("downstream") or {}
-    tasks, models = d.get("tasks") or {}, list(d.get("results") or {})
-    languages = list(dict.fromkeys(t["language"] for t in tasks.values()))
+def _task_rows(metrics: EvalMetrics) -> tuple[list[str], list[str], list[tuple[str, str, dict]]]:
+    """(models, languages, [(row label, headline metric, {language: task key})]) of the downstream section."""
+    d = metrics.downstream
+    if d is None:
+        return [], [], []
+    languages = list(dict.fromkeys(t.language for t in d.tasks.values()))
     rows: dict[tuple[str, str], dict[str, str]] = {}
-    for key, t in tasks.items():
-        for m in t[metric_key]:
-            rows.setdefault((t["row"], m), {})[t["language"]] = key
-    return models, languages, [(row, m, by_lang) for (row, m), by_lang in rows.items()]
+    for key, t in d.tasks.items():
+        for m in t.headline_metrics:
+            rows.setdefault((t.row, m), {})[t.language] = key
+    return list(d.results), languages, [(row, m, by_lang) for (row, m), by_lang in rows.items()]
 
 
-def downstream_table(metrics: dict) -> Table:
+def downstream_table(metrics: EvalMetrics) -> Table:
     """Headline task rows: each model's figure per language side by side (95 % interval; change vs the
     reference model in brackets, coloured better/worse), with the task's chance level. Nothing averaged."""
-    d = metrics.get("downstream") or {}
-    models, languages, rows_ = _task_rows(metrics, "headline_metrics")
-    if not models:
+    models, languages, rows_ = _task_rows(metrics)
+    if not models or metrics.downstream is None:
         return [], []
-    results, changes, tasks = d["results"], d.get("changes") or {}, d["tasks"]
+    results, changes, tasks = metrics.downstream.results, metrics.downstream.changes, metrics.downstream.tasks
     head = ["task", "metric", "n", "chance"] + [f"{m} {lang}" for m in models for lang in languages]
     rows = []
     for row, metric, by_lang in rows_:
         chance = [
-            f"{lang} {fmt(tasks[k]['chance'][metric], 3 if metric not in ('chrf++', 'bleu') else 1)}"
+            f"{lang} {fmt(tasks[k].chance[metric], 3 if metric not in ('chrf++', 'bleu') else 1)}"
             for lang, k in by_lang.items()
-            if metric in tasks[k]["chance"]
+            if metric in tasks[k].chance
         ]
-        n = "/".join(str(tasks[k]["num_examples"]) for k in by_lang.values())
+        n = "/".join(str(tasks[k].num_examples) for k in by_lang.values())
         cells: list[str | Cell] = [
             row,
             METRIC_NAMES.get(metric, metric),
@@ -159,76 +161,77 @@ def downstream_table(metrics: dict) -> Table:
     return head, rows
 
 
-def tasks_detail_table(metrics: dict) -> Table:
+def tasks_detail_table(metrics: EvalMetrics) -> Table:
     """Every task, model and metric: value, standard error, 95 % interval, chance, examples, shots."""
-    d = metrics.get("downstream") or {}
+    d = metrics.downstream
     head = ["task", "language", "model", "metric", "value", "stderr", "95 % interval", "chance", "n", "shots"]
+    if d is None:
+        return head, []
     rows = []
-    for key, t in (d.get("tasks") or {}).items():
-        for model, res in (d.get("results") or {}).items():
-            for metric in dict.fromkeys([*t["metrics"], *t["headline_metrics"]]):
+    for key, t in d.tasks.items():
+        for model, res in d.results.items():
+            for metric in dict.fromkeys([*t.metrics, *t.headline_metrics]):
                 v = res.get(key, {}).get(metric)
                 if v is None:
                     continue
-                ci = v.get("ci95")
+                ci = v.ci95
                 rows.append(
                     [
                         key,
-                        t["language"],
+                        t.language,
                         model,
                         METRIC_NAMES.get(metric, metric),
-                        Cell(fmt(v["value"], 4), "num"),
-                        Cell(fmt(v.get("stderr"), 4), "num"),
+                        Cell(fmt(v.value, 4), "num"),
+                        Cell(fmt(v.stderr, 4), "num"),
                         Cell(f"{fmt(ci[0], 4)} – {fmt(ci[1], 4)}" if ci else "–", "num"),
-                        Cell(fmt(t["chance"].get(metric), 4), "num"),
-                        Cell(str(t["num_examples"]), "num"),
-                        Cell(str(t["num_fewshot"]), "num"),
+                        Cell(fmt(t.chance.get(metric), 4), "num"),
+                        Cell(str(t.num_examples), "num"),
+                        Cell(str(t.num_fewshot), "num"),
                     ]
                 )
     return head, rows
 
 
-def bpb_table(metrics: dict) -> Table:
+def bpb_table(metrics: EvalMetrics) -> Table:
     """Every model on every set, with the set's language and the change against the reference on that set."""
-    bpb, changes = metrics.get("bpb", {}), metrics.get("bpb_change", {})
-    ref = (metrics.get("headline") or {}).get("reference")
-    langs = {k: v.get("language") for k, v in metrics.get("text_sets", {}).items()}
+    ref = metrics.headline.reference
+    langs = {k: v.language for k, v in metrics.text_sets.items()}
     head = ["model", "text set", "language", "BPB", *([f"{ref} BPB", f"change vs {ref}"] if ref else [])]
     rows = []
-    for m, sets in bpb.items():
+    for m, sets in metrics.bpb.items():
         for s, res in sets.items():
-            row: list[str | Cell] = [m, s, langs.get(s) or "–", Cell(fmt(res.get("bpb"), 4), "num")]
+            row: list[str | Cell] = [m, s, langs.get(s) or "–", Cell(fmt(res.bpb, 4), "num")]
             if ref:
-                e = changes.get(m, {}).get(s)
+                e = metrics.bpb_change.get(m, {}).get(s)
                 row += [
-                    Cell(fmt(e.get("reference_bpb") if e else None, 4), "num"),
-                    change_cell(e.get("change")) if e else Cell("–"),
+                    Cell(fmt(e.reference_bpb if e else None, 4), "num"),
+                    change_cell(e.change) if e else Cell("–"),
                 ]
             rows.append(row)
     return head, rows
 
 
-def step0_table(metrics: dict) -> Table:
-    t = metrics.get("transplant") or {}
-    if not t.get("step0_bpb"):
+def step0_table(metrics: EvalMetrics) -> Table:
+    t = metrics.transplant
+    if t is None or not t.step0_bpb:
         return [], []
-    sets = t.get("sets") or []
-    head = ["initialisation", *[f"step-0 BPB ({s})" for s in sets]]
+    head = ["initialisation", *[f"step-0 BPB ({s})" for s in t.sets]]
     rows = [
         [
-            f"{method} (trained)" if method == t.get("method") else method,
-            *[Cell(fmt(vals.get(s), 4), "num") for s in sets],
+            f"{method} (trained)" if method == t.method else method,
+            *[Cell(fmt(vals.get(s), 4), "num") for s in t.sets],
         ]
-        for method, vals in t["step0_bpb"].items()
+        for method, vals in t.step0_bpb.items()
     ]
     return head, rows
 
 
-def leakage_table(metrics: dict) -> Table:
+def leakage_table(metrics: EvalMetrics) -> Table:
     """Step-0 leakage per initialisation and set: the base model's BPB, the extended tokenizer's and the base
     tokenisation's under the full softmax (what the new rows take from text the base model handled)."""
-    t = metrics.get("transplant") or {}
-    table = t.get("leakage") or {}
+    t = metrics.transplant
+    if t is None or not t.leakage:
+        return [], []
     head = [
         "initialisation",
         "set",
@@ -239,24 +242,24 @@ def leakage_table(metrics: dict) -> Table:
         "× base",
     ]
     rows = []
-    for method, sets in table.items():
-        name = f"{method} (trained)" if method == t.get("method") else method
+    for method, sets in t.leakage.items():
+        name = f"{method} (trained)" if method == t.method else method
         for s, r in sets.items():
             rows.append(
                 [
                     name,
                     s,
-                    Cell(fmt(r.get("bpb_base_model"), 4), "num"),
-                    Cell(fmt(r.get("bpb_extended"), 4), "num"),
-                    Cell(fmt(r.get("extended_vs_base"), 4), "num"),
-                    Cell(fmt(r.get("bpb_base_tokenization"), 4), "num"),
-                    Cell(fmt(r.get("base_tokenization_vs_base"), 4), "num"),
+                    Cell(fmt(r.bpb_base_model, 4), "num"),
+                    Cell(fmt(r.bpb_extended, 4), "num"),
+                    Cell(fmt(r.extended_vs_base, 4), "num"),
+                    Cell(fmt(r.bpb_base_tokenization, 4), "num"),
+                    Cell(fmt(r.base_tokenization_vs_base, 4), "num"),
                 ]
             )
-    return (head, rows) if rows else ([], [])
+    return head, rows
 
 
-def cost_table(metrics: dict) -> Table:
+def cost_table(metrics: EvalMetrics) -> Table:
     head = ["stage", "figure", "value"]
-    rows = [[stage, k, Cell(fmt(v), "num")] for stage, d in metrics.get("cost", {}).items() for k, v in d.items()]
+    rows = [[stage, k, Cell(fmt(v), "num")] for stage, d in metrics.cost.items() for k, v in d.items()]
     return head, rows

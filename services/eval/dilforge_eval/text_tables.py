@@ -5,34 +5,36 @@ from __future__ import annotations
 
 from typing import Any
 
+from dilforge_shared.metrics import EvalMetrics
+
 from .tables import Cell, Table, fmt, pct
 
 
-def strategy_table(metrics: dict) -> Table:
+def strategy_table(metrics: EvalMetrics) -> Table:
     """The tokenizer strategies side by side, every language's figures in the same row."""
-    comp = metrics.get("tokenizer_comparison") or {}
-    languages = comp.get("languages") or []
+    comp = metrics.tokenizer_comparison
+    if comp is None:
+        return [], []
     head = ["strategy", "vocab size", "new tokens", "selected"]
-    for lang in languages:
+    for lang in comp.languages:
         head += [f"{lang} tokens/word", f"{lang} bytes/token", f"{lang} words in 3+ tokens"]
     head.append("dead new tokens")
     rows = []
-    for r in comp.get("rows") or []:
-        per = r.get("languages") or {}
+    for r in comp.rows:
         row: list[str | Cell] = [
-            str(r.get("strategy")),
-            Cell(fmt(r.get("vocab_size")), "num"),
-            Cell(fmt(r.get("num_new_tokens")), "num"),
-            "yes" if r.get("selected") else "",
+            r.strategy,
+            Cell(fmt(r.vocab_size), "num"),
+            Cell(fmt(r.num_new_tokens), "num"),
+            "yes" if r.selected else "",
         ]
-        for lang in languages:
-            v = per.get(lang) or {}
+        for lang in comp.languages:
+            v = r.languages.get(lang)
             row += [
-                Cell(fmt(v.get("tokens_per_word")), "num"),
-                Cell(fmt(v.get("bytes_per_token")), "num"),
-                Cell(pct(v.get("frac_words_3plus")), "num"),
+                Cell(fmt(v.tokens_per_word if v else None), "num"),
+                Cell(fmt(v.bytes_per_token if v else None), "num"),
+                Cell(pct(v.frac_words_3plus if v else None), "num"),
             ]
-        row.append(Cell(pct(r.get("dead_new_tokens_frac")), "num"))
+        row.append(Cell(pct(r.dead_new_tokens_frac), "num"))
         rows.append(row)
     return head, rows
 
@@ -45,8 +47,9 @@ def _flatten(d: dict, prefix: str = "") -> list[tuple[str, Any]]:
     return out
 
 
-def dead_tokens_table(metrics: dict) -> Table:
-    dead = (metrics.get("tokenizer_comparison") or {}).get("dead_tokens") or {}
+def dead_tokens_table(metrics: EvalMetrics) -> Table:
+    """The tokenizer stage's dead-token audit, every figure it published (a free-form section: flattened)."""
+    dead = (metrics.tokenizer_comparison.dead_tokens if metrics.tokenizer_comparison else None) or {}
     rows = [
         [k, Cell(fmt(v, 4) if isinstance(v, float) else fmt(v if not isinstance(v, list) else len(v)), "num")]
         for k, v in _flatten(dead)
@@ -54,44 +57,44 @@ def dead_tokens_table(metrics: dict) -> Table:
     return ["figure", "value"], rows
 
 
-def tokenizer_table(metrics: dict) -> Table:
+def tokenizer_table(metrics: EvalMetrics) -> Table:
     head = ["tokenizer", "text set", "language", "tokens/word", "bytes/token", "words in 3+ tokens", "tokens", "words"]
-    langs = {k: v.get("language") for k, v in metrics.get("text_sets", {}).items()}
+    langs = {k: v.language for k, v in metrics.text_sets.items()}
     rows = [
         [
             tok,
             s,
             langs.get(s) or "–",
-            Cell(fmt(v["tokens_per_word"]), "num"),
-            Cell(fmt(v["bytes_per_token"]), "num"),
-            Cell(pct(v["share_words_3plus"]), "num"),
-            Cell(str(v["num_tokens"]), "num"),
-            Cell(str(v["num_words"]), "num"),
+            Cell(fmt(v.tokens_per_word), "num"),
+            Cell(fmt(v.bytes_per_token), "num"),
+            Cell(pct(v.share_words_3plus), "num"),
+            Cell(str(v.num_tokens), "num"),
+            Cell(str(v.num_words), "num"),
         ]
-        for tok, sets in metrics.get("tokenizer_metrics", {}).items()
+        for tok, sets in metrics.tokenizer_metrics.items()
         for s, v in sets.items()
     ]
     return head, rows
 
 
-def parity_table(metrics: dict) -> Table:
+def parity_table(metrics: EvalMetrics) -> Table:
     head = ["tokenizer", "aligned set", "tokens az", "tokens en", "parity (az/en)", "pairs"]
     rows = [
         [
             tok,
             s,
-            Cell(str(v["tokens_az"]), "num"),
-            Cell(str(v["tokens_en"]), "num"),
-            Cell(fmt(v["parity"]), "num"),
-            Cell(str(v["num_pairs"]), "num"),
+            Cell(str(v.tokens_az), "num"),
+            Cell(str(v.tokens_en), "num"),
+            Cell(fmt(v.parity), "num"),
+            Cell(str(v.num_pairs), "num"),
         ]
-        for tok, sets in metrics.get("parity", {}).items()
+        for tok, sets in metrics.parity.items()
         for s, v in sets.items()
     ]
     return head, rows
 
 
-def morph_table(metrics: dict) -> Table:
+def morph_table(metrics: EvalMetrics) -> Table:
     head = [
         "tokenizer",
         "resource",
@@ -105,31 +108,31 @@ def morph_table(metrics: dict) -> Table:
         [
             tok,
             src,
-            Cell(str(v["num_words"]), "num"),
-            Cell(str(v["num_gold_boundaries"]), "num"),
-            Cell(pct(v["boundary_recall"]), "num"),
-            Cell(pct(v["inside_morpheme_rate"]), "num"),
-            Cell(pct(v["exact_segmentation_rate"]), "num"),
+            Cell(str(v.num_words), "num"),
+            Cell(str(v.num_gold_boundaries), "num"),
+            Cell(pct(v.boundary_recall), "num"),
+            Cell(pct(v.inside_morpheme_rate), "num"),
+            Cell(pct(v.exact_segmentation_rate), "num"),
         ]
-        for tok, d in metrics.get("morph", {}).items()
+        for tok, d in metrics.morph.items()
         for src, v in d.items()
     ]
     return head, rows
 
 
-def repetition_table(metrics: dict) -> Table:
+def repetition_table(metrics: EvalMetrics) -> Table:
     head = ["model", "mode", "answers", "words/answer", "distinct-1", "distinct-2", "repeated 3-gram rate"]
     rows = [
         [
             m,
             mode,
-            Cell(str(v["num_generations"]), "num"),
-            Cell(fmt(v["num_words"], 1), "num"),
-            Cell(fmt(v["distinct_1"]), "num"),
-            Cell(fmt(v["distinct_2"]), "num"),
-            Cell(fmt(v["repeated_3gram_rate"]), "num"),
+            Cell(str(v.num_generations), "num"),
+            Cell(fmt(v.num_words, 1), "num"),
+            Cell(fmt(v.distinct_1), "num"),
+            Cell(fmt(v.distinct_2), "num"),
+            Cell(fmt(v.repeated_3gram_rate), "num"),
         ]
-        for m, modes in metrics.get("generation", {}).items()
+        for m, modes in metrics.generation.items()
         for mode, v in modes.items()
     ]
     return head, rows

@@ -1,9 +1,10 @@
 """The ASGI app: `transformers serve`'s own FastAPI server, pinned to one model, behind a request guard.
 
 transformers serve (the `serving` extra of the pinned transformers 5.24) does the OpenAI API: chat and text
-completions, streaming, /v1/models. `build_transformers_app` assembles it from transformers' serving
-modules exactly as `transformers.cli.serve.Serve.__init__` does (that constructor also starts uvicorn, so
-it cannot be wrapped); tests/integration/test_serve.py pins the routes it must have.
+completions, streaming, /v1/models. `compat.serve_command_app` builds it through the command itself, the CLI's
+`transformers.cli.serve.Serve` (which preloads and pins the model named by `force_model`), in a subclass whose
+`start_server` does nothing: the stock command would start uvicorn on the bare app, and dilforge runs it behind
+the guard instead. tests/integration/test_serve.py pins the routes it must have.
 
 `RequestGuard` is a pure ASGI middleware in front of it that adds what a customer-facing endpoint needs and
 the stock server leaves to a stack trace or an endless generation: a body that is not UTF-8 or not JSON,
@@ -20,8 +21,10 @@ import json
 import logging
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from dilforge_shared import compat
 from dilforge_shared.families import control_token_in
 
 log = logging.getLogger("dilforge.serve")
@@ -32,6 +35,7 @@ GUARDED = (CHAT, COMPLETIONS)
 ROUTES = {("POST", CHAT), ("POST", COMPLETIONS), ("GET", "/v1/models"), ("GET", "/health"), ("GET", "/ping")}
 ROUTES |= {("POST", "/invocations")}
 MAX_BODY_BYTES = 1 << 20  # 1 MiB: far more text than any context here holds; read before anything is parsed
+DRAIN_BYTES = 8 << 20  # a refused body up to this size is read to its end before the 413 (read_body)
 MAX_STOP, MAX_STOP_CHARS = 4, 256  # OpenAI's own limit on `stop`
 SAMPLING_RANGES = {  # finite numbers in these closed ranges (OpenAI's)
     "temperature": (0.0, 2.0),
@@ -53,38 +57,19 @@ class ServerOptions:
     attn_implementation: str | None = None
 
 
-def build_transformers_app(model_id: str, options: ServerOptions):
-    """transformers serve's FastAPI app with `model_id` (a local folder name in the working directory)
-    preloaded and pinned; returns (app, the loaded model, its tokenizer)."""
-    from dilforge_shared import compat
+def served_shape(model_id: str) -> tuple[int, int]:
+    """(parameters, context length) of the served folder, read from its config and safetensors headers."""
+    from safetensors import safe_open
+    from transformers import AutoConfig
 
-    parts = compat.serving_parts()
-    ModelManager, GenerationState = parts["ModelManager"], parts["GenerationState"]  # noqa: N806 - classes
-    manager = ModelManager(
-        device=options.device,
-        dtype=options.dtype,
-        trust_remote_code=False,
-        attn_implementation=options.attn_implementation,
-        continuous_batching=options.continuous_batching,
-        force_model=model_id,
-    )
-    state = GenerationState(continuous_batching=options.continuous_batching)
-    app = parts["build_server"](
-        manager,
-        parts["ChatCompletionHandler"](model_manager=manager, generation_state=state),
-        completion_handler=parts["CompletionHandler"](model_manager=manager, generation_state=state),
-        response_handler=parts["ResponseHandler"](model_manager=manager, generation_state=state),
-        transcription_handler=parts["TranscriptionHandler"](manager, state),
-        systemone_handler=parts["SystemOneHandler"](model_manager=manager, generation_state=state),
-        generation_state=state,
-    )
-    model, tokenizer = manager.load_model_and_processor(manager.process_model_name(model_id))
-    return app, model, tokenizer
-
-
-def context_length(model) -> int:
-    cfg = model.config
-    return int(getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None) or 2048)
+    cfg = AutoConfig.from_pretrained(model_id, trust_remote_code=False)
+    num_params = 0
+    for path in sorted(Path(model_id).glob("*.safetensors")):
+        with safe_open(str(path), "pt") as f:
+            names = f.keys()  # a safe_open handle is not iterable
+            num_params += sum(math.prod(f.get_slice(name).get_shape()) for name in names)
+    context = int(getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None) or 2048)
+    return num_params, context
 
 
 class BadRequest(Exception):
@@ -298,11 +283,14 @@ def declared_length(scope) -> int | None:
     return None
 
 
-async def read_body(receive, declared: int | None, limit: int) -> bytes:
-    """The body, refused (413) as soon as it is known to exceed `limit`: by its Content-Length before any of it
-    is read, or, chunked, when the bytes received pass the limit."""
+async def read_body(receive, declared: int | None, limit: int, drain: int = DRAIN_BYTES) -> bytes:
+    """The body, refused (413) as soon as it is known to exceed `limit`: by its Content-Length, or, chunked, when
+    the bytes received pass the limit. A refused body of at most `drain` bytes is read to its end (and dropped)
+    first: a client still sending it would otherwise get a broken pipe instead of the 413."""
     too_large = BadRequest(f"request body exceeds {limit} bytes", status=413, code="request_too_large")
     if declared is not None and declared > limit:
+        if declared <= drain:
+            await discard(receive, drain)
         raise too_large
     chunks, size = [], 0
     while True:
@@ -312,11 +300,24 @@ async def read_body(receive, declared: int | None, limit: int) -> bytes:
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
+            if message.get("more_body"):
+                await discard(receive, drain - size)
             raise too_large
         chunks.append(chunk)
         if not message.get("more_body"):
             break
     return b"".join(chunks)
+
+
+async def discard(receive, budget: int) -> None:
+    """Read and drop the rest of a request body, at most `budget` bytes more."""
+    while budget > 0:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+        budget -= len(message.get("body", b""))
+        if not message.get("more_body"):
+            return
 
 
 def replay(data: bytes, receive):
@@ -375,8 +376,17 @@ async def respond(send, status: int, body: bytes) -> None:
 
 def build_app(model_id: str, options: ServerOptions):
     """The guarded app for a served folder named `model_id` in the working directory."""
-    app, model, tokenizer = build_transformers_app(model_id, options)
-    num_params = sum(p.numel() for p in model.parameters())
+    from transformers import AutoTokenizer
+
+    app = compat.serve_command_app(
+        model_id,
+        device=options.device,
+        dtype=options.dtype,
+        attn_implementation=options.attn_implementation,
+        continuous_batching=options.continuous_batching,
+    )
+    tokenizer = AutoTokenizer.from_pretrained(model_id, trust_remote_code=False)
+    num_params, context = served_shape(model_id)
     if num_params < TEST_SIZED_PARAMS:
         log.warning(
             "%s has %s parameters: a test-sized model (az-tiny); expect empty or meaningless answers "
@@ -384,4 +394,4 @@ def build_app(model_id: str, options: ServerOptions):
             model_id,
             f"{num_params:,}",
         )
-    return RequestGuard(app, model_id, tokenizer, context_length(model))
+    return RequestGuard(app, model_id, tokenizer, context)

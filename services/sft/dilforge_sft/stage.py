@@ -27,6 +27,7 @@ from dilforge_shared.configs.sft import SftConfig
 from dilforge_shared.contract import StageContext, StageResult, Terminated, install_sigterm_handler, log_config
 from dilforge_shared.errors import ConfigError, InputError
 from dilforge_shared.families import Family, detect_family
+from dilforge_shared.metrics import SftMetrics
 from dilforge_shared.models import ADAPTER_DIR, MERGED_DIR, choose, resolve
 
 from .checkpoints import latest_checkpoint, seal_checkpoints_callback
@@ -62,7 +63,7 @@ def run(config: SftConfig, ctx: StageContext) -> StageResult:
     session = build(config, ctx, setup, stop_flag)
     trained = train(session, stop_flag)
     publish(config, ctx, setup, session)
-    return StageResult(metrics=sft_metrics(config, setup, session, trained))
+    return StageResult(metrics=sft_metrics(config, setup, session, trained).model_dump())
 
 
 # ---- the steps' results ---------------------------------------------------------------------------------
@@ -321,29 +322,29 @@ def publish(config: SftConfig, ctx: StageContext, setup: Setup, session: Session
     shutil.rmtree(ctx.model_dir / "runs", ignore_errors=True)
 
 
-def sft_metrics(config: SftConfig, setup: Setup, session: Session, trained: Trained) -> dict:
-    """The manifest's metrics (`dilforge_shared.metrics.SftMetrics`, validated when published)."""
+def sft_metrics(config: SftConfig, setup: Setup, session: Session, trained: Trained) -> SftMetrics:
+    """The manifest's metrics, built as the typed model (`dilforge_shared.metrics.SftMetrics`)."""
     out, resume = trained.output, session.resume
-    return {
-        "base_model": setup.base_uri,
-        "chat_template": setup.template_source,
-        "family": setup.family.name,
-        "attention": setup.attention.implementation,
-        "activation_checkpointing": setup.checkpointing,
-        "device": setup.plan.device,
-        "bf16": setup.plan.bf16,
-        "liger": setup.plan.liger,
-        "trainable_parameters": session.trainable_parameters,
-        "total_parameters": session.total_parameters,
-        "eval_loss_before": session.eval_loss_before,
-        "eval_loss_after": trained.eval_loss_after,
-        "train_loss": out.training_loss,
-        "train_loss_history": trained.history,
-        "optimizer_steps": out.global_step,
-        "resumed_from_step": int(resume.name.split("-")[1]) if resume else 0,
-        "train_runtime_s": round(trained.seconds, 3),
-        "train_steps_per_second": out.metrics.get("train_steps_per_second"),
-        "data": {"train": setup.train_counts.as_dict(), "validation": setup.val_counts.as_dict()},
-        "outputs": [ADAPTER_DIR, *([MERGED_DIR] if config.save_merged else [])],
-        "num_label_preview_examples": session.num_previewed,
-    }
+    return SftMetrics(
+        base_model=setup.base_uri,
+        chat_template=setup.template_source,
+        family=setup.family.name,
+        attention=setup.attention.implementation,
+        activation_checkpointing=setup.checkpointing,
+        device=setup.plan.device,
+        bf16=setup.plan.bf16,
+        liger=setup.plan.liger,
+        trainable_parameters=session.trainable_parameters,
+        total_parameters=session.total_parameters,
+        eval_loss_before=session.eval_loss_before,
+        eval_loss_after=trained.eval_loss_after,
+        train_loss=out.training_loss,
+        train_loss_history=trained.history,
+        optimizer_steps=out.global_step,
+        resumed_from_step=int(resume.name.split("-")[1]) if resume else 0,
+        train_runtime_s=round(trained.seconds, 3),
+        train_steps_per_second=out.metrics.get("train_steps_per_second"),
+        data={"train": setup.train_counts.as_dict(), "validation": setup.val_counts.as_dict()},
+        outputs=[ADAPTER_DIR, *([MERGED_DIR] if config.save_merged else [])],
+        num_label_preview_examples=session.num_previewed,
+    )

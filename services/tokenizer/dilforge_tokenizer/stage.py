@@ -24,6 +24,7 @@ from dilforge_shared.configs.tokenizer import TokenizerConfig
 from dilforge_shared.contract import StageContext, StageResult, log_config
 from dilforge_shared.errors import InputError
 from dilforge_shared.families import LLAMA3, Family
+from dilforge_shared.metrics import TokenizerMetrics
 from dilforge_shared.progress import track
 from tokenizers import Tokenizer
 
@@ -76,7 +77,7 @@ def run(config: TokenizerConfig, ctx: StageContext) -> StageResult:
     comparison = comparison_rows(trained.candidates, selection.chosen, list(inputs.validation))
     trained.seconds["measure_and_save"] = round(time.perf_counter() - t_metrics, 2)
     trained.seconds["total"] = round(time.perf_counter() - t_start, 2)
-    metrics = tokenizer_metrics(config, inputs, trained, measured, selection, published, comparison)
+    metrics = tokenizer_metrics(config, inputs, trained, measured, selection, published, comparison).model_dump()
     write_tables(ctx.model_dir, metrics, measured, selection)
     return StageResult(metrics=metrics)
 
@@ -354,14 +355,14 @@ def tokenizer_metrics(
     selection: Selection,
     published: Published,
     comparison: list[dict],
-) -> dict:
-    """The manifest's metrics (`dilforge_shared.metrics.TokenizerMetrics`, validated when published)."""
+) -> TokenizerMetrics:
+    """The manifest's metrics, built as the typed model (a misnamed or missing figure fails here, in the stage)."""
     base_metrics = measured.base_metrics
-    return {
-        "strategy": config.strategy,
-        "family": selection.chosen.family.name,
-        "selected_vocab_size": selection.selected,
-        "selection": {
+    return TokenizerMetrics(
+        strategy=config.strategy,
+        family=selection.chosen.family.name,
+        selected_vocab_size=selection.selected,
+        selection={
             "rule": config.selection,
             "tolerance": config.selection_tolerance,
             "set": config.selection_set,
@@ -369,17 +370,17 @@ def tokenizer_metrics(
             "retain_tolerance": config.retain_tolerance,
             "retain_met": selection.retain_met,
         },
-        "word_definition": "whitespace-separated (str.split); tokens without BOS/EOS; fertility = sum tokens / sum words",
-        "comparison": comparison,
-        "languages": language_figures(published.sets, list(inputs.validation)),
-        "dead_tokens": {**published.audit, "num_pruned": published.num_pruned},
-        "sweep": measured.rows,
-        "base": {"uri": inputs.base.uri, "sets": base_metrics} if base_metrics is not None else None,
-        "output": published.output,
-        "corpus": inputs.stream.summary(),
-        "seconds": trained.seconds,
-        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-    }
+        word_definition="whitespace-separated (str.split); tokens without BOS/EOS; fertility = sum tokens / sum words",
+        comparison=comparison,
+        languages=language_figures(published.sets, list(inputs.validation)),
+        dead_tokens={**published.audit, "num_pruned": published.num_pruned},
+        sweep=measured.rows,
+        base={"uri": inputs.base.uri, "sets": base_metrics} if base_metrics is not None else None,
+        output=published.output,
+        corpus=inputs.stream.summary(),
+        seconds=trained.seconds,
+        peak_rss_mib=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+    )
 
 
 def write_tables(out: Path, metrics: dict, measured: Measured, selection: Selection) -> None:

@@ -193,7 +193,11 @@ class CptConfig(StageConfig, Batching, Checkpointing):
     adam_beta1: float = Field(default=0.9, ge=0, lt=1, description="AdamW beta1.")
     adam_beta2: float = Field(default=0.95, ge=0, lt=1, description="AdamW beta2.")
     adam_eps: float = Field(default=1e-8, gt=0, description="AdamW epsilon.")
-    precision: Precision = Field(default="auto", description="auto = bf16 on CUDA, fp32 on CPU.")
+    precision: Precision = Field(
+        default="auto",
+        description="auto = bf16 on a CUDA GPU with bf16; in a single process on a CPU with bf16 instructions "
+        "(AVX512-BF16/AMX), bf16 autocast over fp32 weights; fp32 otherwise.",
+    )
 
     # ---- distribution and kernels ----------------------------------------------------------
     num_processes_per_node: int | None = Field(
@@ -240,7 +244,8 @@ class CptConfig(StageConfig, Batching, Checkpointing):
         json_schema_extra=RUN_ONLY, default=100, ge=1, description="Validation loss/BPB every N steps (and at the end)."
     )
     save_dtype: Literal["auto", "bf16", "fp32"] = Field(
-        default="auto", description="dtype of the published weights; auto = the training precision."
+        default="auto",
+        description="dtype of the published weights; auto = the training precision on CUDA, fp32 on CPU.",
     )
 
     @model_validator(mode="before")
