@@ -74,7 +74,6 @@ class Point:
     kernels: list[str] = field(default_factory=list)  # Liger kernels the stage applied
     kernels_ran: dict[str, int] = field(default_factory=dict)  # Liger autograd Functions called in one step
     logits_materialised: bool | None = None
-    liger_parts_after: list[str] = field(default_factory=list)  # Liger code left in the process at the end
     tok_s: float | None = None
     mfu_spec: float | None = None  # against the datasheet peak
     mfu_measured: float | None = None  # against the measured bf16 matmul ceiling
@@ -265,8 +264,7 @@ class Trainer:
         torch.manual_seed(0)
         with self.rt.device:  # initialise on the GPU: a 1.2B-parameter init on CPU takes longer than the measurement
             model = LlamaForCausalLM(shape)
-        self.liger = sharding.apply_liger(model, self.config, self.rt)
-        self.kernels = self.liger.kernels
+        self.kernels = sharding.apply_liger(model, self.config, self.rt)  # for this process: one per point
         self.num_params = sum(p.numel() for p in model.parameters())  # before sharding, as the stage counts
         self.model = sharding.shard_model(model, self.config, self.rt)
         self.trainable = optim.set_trainable(self.model, 2)
@@ -358,7 +356,6 @@ class Trainer:
         return time_shares([(e.key, getattr(e, attr, 0) or 0) for e in prof.key_averages()])
 
     def close(self) -> None:
-        self.liger.undo()
         self.model = self.optimizer = None
         free_memory()
 
@@ -415,7 +412,7 @@ def run_point(args, point: Point, make_trainer: Callable[[], Trainer] | None = N
     (stepping down on out-of-memory), and, if asked, time plain's largest batch too (`--equal-batch`).
     Returns the point and its equal-batch twin."""
     import torch
-    from dilforge_cpt import runtime, sharding
+    from dilforge_cpt import runtime
 
     shape = model_shape(args.tiny)
     rt = runtime.init_runtime(stage_config(args, point.variant, point.checkpointing))
@@ -455,26 +452,8 @@ def run_point(args, point: Point, make_trainer: Callable[[], Trainer] | None = N
     finally:
         point.num_builds = builds.num_builds
         builds.discard()
-        left = _liger_left(sharding)
-        for p in out:
-            p.liger_parts_after = left
         runtime.shutdown(rt)
     return out
-
-
-def _liger_left(sharding) -> list[str]:
-    """Liger code still in the process after the point closed its model (must be none)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    cfg = LlamaConfig(
-        vocab_size=64,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-    )
-    return sharding.liger_parts(LlamaForCausalLM(cfg))
 
 
 def point_main(args) -> int:

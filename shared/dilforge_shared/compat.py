@@ -11,9 +11,6 @@ What each use is for, and why the public API does not do it:
 - transformers GGUF (`gguf_metadata`, `gguf_header`, `gguf_tokenizer`, `save_gguf_tokenizer`): `from_pretrained(gguf_file=...)`
   parses a whole GGUF into Python objects twice; the importer needs only the metadata, the tensor table and the
   tokenizer mapping, which transformers keeps in `transformers.integrations.gguf`.
-- transformers llama modeling and loss (`llama_modeling`, `loss_functional`): Liger's
-  `apply_liger_kernel_to_llama` rebinds names in these modules for the whole process; CPT saves and restores
-  them so a later plain model in the same process is plain.
 - transformers serve (`serve_command_app`): the `transformers serve` command's class (`transformers.cli.serve.Serve`)
   is documented only as a CLI; dilforge builds its app without starting it, to run it behind its request guard.
 - transformers Trainer checkpoints (`last_trainer_checkpoint`, `TRAINER_CHECKPOINT_PREFIX`): where Trainer
@@ -163,21 +160,6 @@ def save_gguf_tokenizer(parts: tuple[str, dict, dict], out: Path) -> None:
     architecture, tokenizer_dict, tokenizer_config = parts
     backend, extra = convert_gguf_tokenizer(architecture, tokenizer_dict)
     TokenizersBackend(tokenizer_object=backend, **tokenizer_config, **extra).save_pretrained(str(out))
-
-
-# ---- transformers: the modules Liger patches -----------------------------------------------------------------
-def llama_modeling():
-    """transformers' llama modeling module (Liger rebinds its RoPE, RMSNorm, MLP and the model's forward)."""
-    from transformers.models.llama import modeling_llama
-
-    return modeling_llama
-
-
-def loss_functional():
-    """The `torch.nn.functional` the transformers loss module calls (Liger may rebind its cross_entropy)."""
-    from transformers.loss import loss_utils
-
-    return loss_utils.nn.functional
 
 
 # ---- transformers: the `transformers serve` command -------------------------------------------------------------

@@ -203,14 +203,6 @@ def test_installed_libraries_are_within_the_checked_ranges():
     assert compat._release("2.13.0+cpu") == (2, 13, 0) and compat._release("5.17.0.dev0") == (5, 17, 0)
 
 
-def test_llama_modeling_and_loss_modules_are_the_ones_liger_patches():
-    import inspect
-
-    modeling = compat.llama_modeling()
-    assert callable(modeling.apply_rotary_pos_emb) and inspect.isclass(modeling.LlamaRMSNorm)
-    assert compat.loss_functional().cross_entropy is torch.nn.functional.cross_entropy
-
-
 def test_trainer_checkpoints(tmp_path):
     prefix = compat.trainer_checkpoint_prefix()
     assert compat.last_trainer_checkpoint(tmp_path) is None

@@ -1,15 +1,18 @@
-"""Liger kernels apply to one model instance: what `apply_liger_kernel_to_llama` rebinds for the whole
-process (LlamaRMSNorm, LlamaMLP, apply_rotary_pos_emb, LlamaForCausalLM.forward) is undone, so a plain
-model built after a Liger one runs no Liger code (Triton kernels refuse CPU tensors: the eval GPU test's
-CPU reference and every bench point after a Liger one used to be Liger models)."""
+"""Liger runs where nothing has to be undone: `apply_liger_kernel_to_llama` rebinds names for the whole process,
+so the stage applies it in its own process (every backend runs the stage as one) and never in a process that
+builds a plain model afterwards. The real patch is checked in a child process, so this test process stays plain."""
 
 from __future__ import annotations
 
-import types
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 from factories import tiny_llama_config
+
+TESTS = Path(__file__).resolve().parents[1]
 
 
 def plain_llama():
@@ -19,97 +22,70 @@ def plain_llama():
     return LlamaForCausalLM(tiny_llama_config(128))
 
 
-ALL = {"rope": True, "rms_norm": True, "swiglu": True, "fused_linear_cross_entropy": True}
+CHILD = """
+import sys
+from factories import tiny_llama_config
+from transformers import LlamaForCausalLM
+from transformers.models.llama import modeling_llama
+from dilforge_cpt import sharding
+
+model = LlamaForCausalLM(tiny_llama_config(128))
+assert sharding.liger_parts(model) == [], sharding.liger_parts(model)
+kernels = sharding.patch_liger(model, dict.fromkeys(sharding.LIGER_KERNELS, True))
+assert kernels == sorted(sharding.LIGER_KERNELS), kernels
+parts = set(sharding.liger_parts(model))
+# Liger binds forwards on the instance (class names stay LlamaRMSNorm/LlamaMLP) and the model's own forward
+assert type(model.model.norm).__name__ == "LlamaRMSNorm"
+assert {"<model>", "model.norm", "model.layers.0.mlp", "model.layers.1.input_layernorm"} <= parts, parts
+assert modeling_llama.apply_rotary_pos_emb.__module__.startswith("liger_kernel")  # the process's, kept
+print("ok")
+"""
 
 
-def _fake_rope(q, k, cos, sin, unsqueeze_dim=1):
-    return q, k
-
-
-def _fake_forward(self, *args, **kwargs):
-    return type(self).forward(self, *args, **kwargs)
-
-
-class _FakeLigerRMSNorm:
-    pass
-
-
-for _fake in (_fake_rope, _fake_forward, _FakeLigerRMSNorm):
-    _fake.__module__ = "liger_kernel.fake"  # what liger_parts recognises Liger code by
-
-
-def fake_liger_apply(calls):
-    """A stand-in for apply_liger_kernel_to_llama that rebinds what the real one rebinds (process-wide
-    names AND the instance's module forwards), from a module named like Liger's."""
-    from transformers.models.llama import modeling_llama
-
-    fake = types.SimpleNamespace(rope=_fake_rope, forward=_fake_forward, LigerRMSNorm=_FakeLigerRMSNorm)
-
-    def apply(rope, cross_entropy, fused_linear_cross_entropy, rms_norm, swiglu, model):
-        calls.append(model)
-        modeling_llama.apply_rotary_pos_emb = fake.rope
-        modeling_llama.LlamaRMSNorm = fake.LigerRMSNorm
-        modeling_llama.LlamaMLP = fake.LigerRMSNorm
-        modeling_llama.LlamaForCausalLM.forward = fake.forward
-        for layer in model.model.layers:
-            layer.mlp.forward = types.MethodType(fake.forward, layer.mlp)
-
-    return apply
-
-
-def test_fake_patch_touches_one_instance_and_undo_restores_the_process():
-    from dilforge_cpt import sharding
-    from transformers.models.llama import modeling_llama
-
-    originals = (
-        modeling_llama.apply_rotary_pos_emb,
-        modeling_llama.LlamaRMSNorm,
-        modeling_llama.LlamaMLP,
-        modeling_llama.LlamaForCausalLM.__dict__["forward"],
-    )
-    calls = []
-    liger_model = plain_llama()
-    patch = sharding.patch_liger(liger_model, ALL, apply=fake_liger_apply(calls))
-    assert calls == [liger_model] and patch.kernels == sorted(ALL)
-    # class rebinds undone at once; the instance keeps its Liger forwards; RoPE stays until undo()
-    assert (modeling_llama.LlamaRMSNorm, modeling_llama.LlamaMLP) == originals[1:3]
-    assert modeling_llama.LlamaForCausalLM.__dict__["forward"] is originals[3]
-    assert "model.layers.0.mlp" in sharding.liger_parts(liger_model)
-    assert "modeling_llama.apply_rotary_pos_emb" in sharding.liger_parts(plain_llama())
-    patch.undo()
-    assert modeling_llama.apply_rotary_pos_emb is originals[0]
-    assert sharding.liger_parts(plain_llama()) == []
-
-
-def test_real_liger_patch_then_a_plain_model_has_no_liger_modules():
+def test_real_liger_patch_binds_liger_code_to_the_model_in_its_own_process():
     pytest.importorskip("liger_kernel.transformers")  # imports on CPU; its kernels need CUDA to RUN
+    import dilforge_cpt
+    import dilforge_shared
+
+    paths = [str(TESTS), *(str(Path(m.__file__).resolve().parents[1]) for m in (dilforge_cpt, dilforge_shared))]
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD],
+        env={"PYTHONPATH": ":".join(paths), "PATH": "/usr/bin:/bin", "PYTHONWARNINGS": "ignore"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
+    assert sharding_parts_of_a_plain_model() == []  # this process was never patched
+
+
+def sharding_parts_of_a_plain_model() -> list[str]:
     from dilforge_cpt import sharding
-    from transformers.models.llama import modeling_llama
 
-    originals = (modeling_llama.apply_rotary_pos_emb, modeling_llama.LlamaRMSNorm, modeling_llama.LlamaMLP)
-    liger_model = plain_llama()
-    patch = sharding.patch_liger(liger_model, ALL)
-    try:
-        parts = sharding.liger_parts(liger_model)
-        # Liger binds forwards on the instance: class names stay LlamaRMSNorm/LlamaMLP, the forwards are Liger's
-        assert type(liger_model.model.norm).__name__ == "LlamaRMSNorm"
-        assert {"<model>", "model.norm", "model.layers.0.mlp", "model.layers.1.input_layernorm"} <= set(parts)
-        assert (modeling_llama.LlamaRMSNorm, modeling_llama.LlamaMLP) == originals[1:]
-    finally:
-        patch.undo()
-    after = plain_llama()
-    assert sharding.liger_parts(after) == []
-    assert modeling_llama.apply_rotary_pos_emb is originals[0]
-    ids = torch.randint(0, 128, (1, 8))
-    assert after(input_ids=ids, labels=ids).logits.shape == (1, 8, 128)  # runs on CPU: no Triton kernel left
+    return sharding.liger_parts(plain_llama())
 
 
-def test_apply_liger_off_the_policy_is_an_empty_patch():
+def test_patch_liger_passes_the_chosen_kernels_and_the_model():
+    from dilforge_cpt import sharding
+
+    calls = []
+    model = plain_llama()
+    kernels = {"rope": False, "rms_norm": True, "swiglu": True, "fused_linear_cross_entropy": True}
+    applied = sharding.patch_liger(model, kernels, apply=lambda **kw: calls.append(kw))
+    assert applied == ["fused_linear_cross_entropy", "rms_norm", "swiglu"]
+    assert calls == [{"cross_entropy": False, "model": model, **kernels}]
+
+
+def test_apply_liger_follows_the_policy(monkeypatch):
     from dilforge_cpt import sharding
     from dilforge_cpt.runtime import Runtime
     from dilforge_shared.configs.cpt import CptConfig
 
     config = CptConfig(scratch_model={}, corpora=[{"uri": "a"}], validation=[{"uri": "v"}], phase2={"num_steps": 1})
-    patch = sharding.apply_liger(plain_llama(), config, Runtime())  # CPU: the policy says no
-    assert patch.kernels == []
-    patch.undo()
+    calls = []
+    monkeypatch.setattr(sharding, "patch_liger", lambda model, kernels: calls.append(kernels) or ["k"])
+    model = plain_llama()
+    assert sharding.apply_liger(model, config, Runtime()) == [] and calls == []  # CPU: the policy says no
+    assert sharding.apply_liger(model, config, Runtime(device=torch.device("cuda", 0))) == ["k"]
+    assert calls == [sharding.liger_kernels(config)]

@@ -9,7 +9,7 @@ import logging
 from pathlib import Path
 
 import torch
-from dilforge_shared import compat, runtime_policy
+from dilforge_shared import runtime_policy
 from dilforge_shared.configs.cpt import CptConfig
 from dilforge_shared.errors import ConfigError
 
@@ -35,81 +35,33 @@ def liger_kernels(config: CptConfig) -> dict[str, bool]:
     return {name: name in keep for name in LIGER_KERNELS}
 
 
-class LigerPatch:
-    """The Liger kernels applied to ONE model instance, and how to undo what that did to the process.
+def patch_liger(model, kernels: dict[str, bool], apply=None) -> list[str]:
+    """Apply the chosen Liger kernels to `model`; returns their names. `apply` defaults to Liger's
+    `apply_liger_kernel_to_llama`; tests pass a stand-in.
 
-    `apply_liger_kernel_to_llama(model=...)` binds Liger forwards on the instance's modules (that part
-    is per instance), but it also rebinds, for the whole process, `modeling_llama.LlamaRMSNorm`,
-    `LlamaMLP` (every model built later would be made of Liger modules, whose Triton kernels refuse CPU
-    tensors) and `apply_rotary_pos_emb` (a module global every LlamaAttention calls at run time). The
-    class rebinds are undone at once (the instance is already built); RoPE must stay while the Liger
-    model runs, so `undo()` (the stage calls it when training ends) restores it and anything else saved.
-    """
-
-    def __init__(self, kernels: list[str], saved: list[tuple[object, str, object]]):
-        self.kernels = kernels
-        self._saved = saved
-
-    def undo(self) -> None:
-        for owner, name, value in reversed(self._saved):
-            if value is _ABSENT:
-                if name in vars(owner):
-                    delattr(owner, name)
-            else:
-                setattr(owner, name, value)
-        self._saved = []
-
-
-_ABSENT = object()
-
-
-def _process_wide_targets() -> list[tuple[object, str]]:
-    """Every process-wide name apply_liger_kernel_to_llama may rebind."""
-    modeling_llama = compat.llama_modeling()
-    return [
-        (modeling_llama, "apply_rotary_pos_emb"),
-        (modeling_llama, "LlamaRMSNorm"),
-        (modeling_llama, "LlamaMLP"),
-        (modeling_llama.LlamaForCausalLM, "forward"),
-        (compat.loss_functional(), "cross_entropy"),
-    ]
-
-
-def patch_liger(model, kernels: dict[str, bool], apply=None) -> LigerPatch:
-    """Apply the chosen Liger kernels to `model` only (see LigerPatch). `apply` defaults to Liger's
-    apply_liger_kernel_to_llama; tests pass a stand-in that patches the same names."""
+    Liger binds its forwards on the instance's modules, and also rebinds, for the whole process,
+    `modeling_llama.LlamaRMSNorm`, `LlamaMLP` and `apply_rotary_pos_emb`. Nothing is undone: the stage runs
+    as its own process on every backend (local, compose, SageMaker), and the GPU bench runs one process per
+    point, so no plain model is ever built after a Liger one in the same process."""
     if apply is None:
         from liger_kernel.transformers import apply_liger_kernel_to_llama as apply
-    targets = _process_wide_targets()
-    saved = [
-        (owner, name, vars(owner).get(name, _ABSENT) if isinstance(owner, type) else getattr(owner, name))
-        for owner, name in targets
-    ]
     apply(cross_entropy=False, model=model, **kernels)
-    keep = {"apply_rotary_pos_emb"}  # read at call time by the instance's attention: undone by undo()
-    patch = LigerPatch(
-        sorted(name for name, on in kernels.items() if on), [entry for entry in saved if entry[1] in keep]
-    )
-    LigerPatch([], [entry for entry in saved if entry[1] not in keep]).undo()
-    return patch
+    return sorted(name for name, on in kernels.items() if on)
 
 
 def liger_parts(model) -> list[str]:
-    """What of `model` (and of the process) runs Liger code: module forwards bound by Liger, Liger module
-    classes, a Liger model forward, and the process's RoPE function. Empty for a plain model."""
-    modeling_llama = compat.llama_modeling()
+    """The modules of `model` that run Liger code (Liger module classes or forwards bound by Liger, the model's
+    own forward included). Empty for a plain model."""
 
     def liger(fn) -> bool:
         fn = getattr(fn, "__func__", fn)
         return (getattr(fn, "__module__", "") or "").startswith("liger_kernel")
 
-    found = []
-    for name, module in model.named_modules():
-        if type(module).__module__.startswith("liger_kernel") or liger(vars(module).get("forward")):
-            found.append(name or "<model>")
-    if liger(modeling_llama.apply_rotary_pos_emb):
-        found.append("modeling_llama.apply_rotary_pos_emb")
-    return found
+    return [
+        name or "<model>"
+        for name, module in model.named_modules()
+        if type(module).__module__.startswith("liger_kernel") or liger(vars(module).get("forward"))
+    ]
 
 
 LIGER_FUNCTIONS = {  # kernel name -> (module, autograd Function) whose calls prove the kernel ran
@@ -156,14 +108,14 @@ def liger_functions() -> dict[str, type]:
     return out
 
 
-def apply_liger(model, config: CptConfig, rt: Runtime) -> LigerPatch:
-    """Liger kernels where the shared policy says they apply (CUDA + llama + cpt.liger), on this model
-    instance only; returns the patch (its `kernels` go to the log and manifest; `undo()` when done)."""
+def apply_liger(model, config: CptConfig, rt: Runtime) -> list[str]:
+    """Liger kernels where the shared policy says they apply (CUDA + llama + cpt.liger), on this model (and
+    this process, see `patch_liger`); returns the kernels applied, for the log and the manifest."""
     model_type = model.config.model_type
     if not runtime_policy.choose_liger(config.liger, rt.device.type, model_type, "cpt.liger"):
         if config.liger != "off" and rt.cuda:
             log.warning("liger: no kernels for model_type %s", model_type)
-        return LigerPatch([], [])
+        return []
     return patch_liger(model, liger_kernels(config))
 
 

@@ -263,8 +263,7 @@ def train_in_process(config: CptConfig, ctx: StageContext, rt: Runtime) -> dict:
     new_rows = new_row_mask(config, pending, vocab, scratch=base is None)
     kept_rows = kept_row_mask(config, pending, vocab, scratch=base is None)
 
-    liger = apply_liger(model, config, rt)  # on this model only; undone for the process when training ends
-    kernels = liger.kernels
+    kernels = apply_liger(model, config, rt)
     log.info("liger kernels applied: %s", ", ".join(kernels) if kernels else "none (CPU or liger: off)")
     num_params = sum(p.numel() for p in model.parameters())
     model = shard_model(model, config, rt)
@@ -323,10 +322,7 @@ def train_in_process(config: CptConfig, ctx: StageContext, rt: Runtime) -> dict:
         peak_flops=peak_flops(config, rt),
         leakage_probe=probe,
     )
-    try:
-        state = train_loop(training, data, val, state, setup)
-    finally:
-        liger.undo()
+    state = train_loop(training, data, val, state, setup)
     metrics.close()
 
     publish_files(config, ctx, rt, model, tok_dir, state)
