@@ -11,6 +11,7 @@ from typing import Annotated
 
 import typer
 from dilforge_shared.configs import PipelineConfig, validate_model
+from dilforge_shared.metrics import read_metrics
 from dilforge_shared.recipes import RECIPES, source_kind
 from dilforge_shared.store import read_manifest
 
@@ -56,11 +57,11 @@ def import_cmd(
         )
         runner, cfg = _prepared_backend(backend, cfg)
         uri = pl.run_one(cfg, "model", runner, {})  # the record ends succeeded, failed or cancelled
-        metrics = read_manifest(uri, endpoint)[0].metrics
+        model = read_metrics("model", read_manifest(uri, endpoint)[0].metrics, uri)
     except USER_ERRORS as exc:
         fail(str(exc))
     typer.echo(
-        f"[model] {metrics.get('architecture')}, {metrics.get('num_parameters', 0):,} parameters, "
-        f"{metrics.get('dtype')}, licence {metrics.get('license') or 'not stated'}, from {metrics.get('source')}"
+        f"[model] {model.architecture}, {model.num_parameters:,} parameters, {model.dtype}, "
+        f"licence {model.license or 'not stated'}, from {model.source}"
     )
     typer.echo(f"[model] artifact: {uri}")

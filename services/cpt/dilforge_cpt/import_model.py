@@ -29,6 +29,7 @@ from dilforge_shared.errors import InputError
 from dilforge_shared.families import describe_model_folder, detect_family
 from dilforge_shared.identity import model_stage_ref
 from dilforge_shared.manifest import sha256_file
+from dilforge_shared.metrics import ModelMetrics
 from dilforge_shared.paths import check_links
 from dilforge_shared.recipes import RECIPES, Recipe, source_kind
 from dilforge_shared.store import NotFound, mirror_prefix
@@ -76,15 +77,15 @@ def run(config: ModelConfig, ctx: StageContext) -> StageResult:
     # a base model serves stock consumers too (generate, transformers serve): its stops are the family's
     family, ids = describe_model_folder(out)
     log.info("model folder describes the %s family: %s", family.name, ids)
-    provenance.update(describe(out))
+    metrics = ModelMetrics(**provenance, **describe(out))
     log.info(
         "model %s: %s parameters, %s, architecture %s",
         config.source,
-        f"{provenance['num_parameters']:,}",
-        provenance["dtype"],
-        provenance["architecture"],
+        f"{metrics.num_parameters:,}",
+        metrics.dtype,
+        metrics.architecture,
     )
-    return StageResult(metrics=provenance)
+    return StageResult(metrics=metrics.model_dump())
 
 
 # ---- fetch -----------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from pathlib import Path
 from datatrove.data import Document
 from dilforge_shared.configs.curate import CurateConfig
 from dilforge_shared.errors import InputError
-from dilforge_shared.metrics import CurateMetrics
+from dilforge_shared.metrics import CurateMetrics, CurateStep, Redacted, SourceCount
 
 # (key, a unique part of the datatrove step's name, what it removes), in pipeline order
 STEPS = (
@@ -125,27 +125,26 @@ def _top(reasons: dict[str, int], n: int = 3) -> str:
     return ", ".join(f"{k} {v}" for k, v in list(reasons.items())[:n])
 
 
-def metrics(config: CurateConfig, counts: dict, seconds: dict[str, float], total_s: float) -> dict:
-    out = {
-        "language": config.language,
-        "documents_read": counts["read"],
-        "documents_kept": counts["kept"],
-        "chars_read": counts["chars_read"],
-        "chars_kept": counts["chars_kept"],
-        "words_kept": counts["words_kept"],
-        "tokens_kept": counts["tokens"],
-        "per_source": {
-            label: {"read": counts["per_source"][label], "kept": counts["kept_per_source"][label]}
+def metrics(config: CurateConfig, counts: dict, seconds: dict[str, float], total_s: float) -> CurateMetrics:
+    return CurateMetrics(
+        language=config.language,
+        documents_read=counts["read"],
+        documents_kept=counts["kept"],
+        chars_read=counts["chars_read"],
+        chars_kept=counts["chars_kept"],
+        words_kept=counts["words_kept"],
+        tokens_kept=counts["tokens"],
+        per_source={
+            label: SourceCount(read=counts["per_source"][label], kept=counts["kept_per_source"][label])
             for label in counts["per_source"]
         },
-        "empty_sources": counts["empty_sources"],
-        "steps": [{k: v for k, v in s.items() if k != "what"} for s in counts["steps"]],
-        "repairs": counts["repairs"],
-        "redacted": counts["redacted"],
-        "num_shards": config.output.num_shards,
-        "seconds": {**seconds, "total": round(total_s, 2)},
-    }
-    return CurateMetrics.model_validate(out).model_dump(mode="json")
+        empty_sources=counts["empty_sources"],
+        steps=[CurateStep(**{k: v for k, v in s.items() if k != "what"}) for s in counts["steps"]],
+        repairs=counts["repairs"],
+        redacted={kind: Redacted(**n) for kind, n in counts["redacted"].items()},
+        num_shards=config.output.num_shards,
+        seconds={**seconds, "total": round(total_s, 2)},
+    )
 
 
 def write(out_dir: Path, config: CurateConfig, counts: dict) -> None:

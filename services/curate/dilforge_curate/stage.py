@@ -78,7 +78,9 @@ def finish(config: CurateConfig, out_dir: Path, work: Path, seconds: dict[str, f
     counts = report.collect(work, config)
     report.check_not_empty(counts, config)
     report.write(out_dir, config, counts)
-    return StageResult(metrics=report.metrics(config, counts, seconds, time.perf_counter() - t0))
+    return StageResult(
+        metrics=report.metrics(config, counts, seconds, time.perf_counter() - t0).model_dump(mode="json")
+    )
 
 
 def reader_sources(config: CurateConfig) -> list[dict]:

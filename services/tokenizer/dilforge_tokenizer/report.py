@@ -6,6 +6,7 @@ from __future__ import annotations
 from dilforge_shared.configs.tokenizer import TokenizerConfig
 from dilforge_shared.corpus import iter_texts
 from dilforge_shared.errors import InputError
+from dilforge_shared.metrics import StrategyRow
 from dilforge_shared.textmetrics import measure, tokenizers_encoder
 from tokenizers import Tokenizer
 
@@ -89,23 +90,20 @@ def sweep_table(rows: list[dict], base: dict[str, dict] | None, selected: int | 
     return "\n".join(lines) + "\n"
 
 
-def comparison_table(comparison: list[dict]) -> str:
+def comparison_table(comparison: list[StrategyRow]) -> str:
     """Every strategy and size side by side, one column group per language set."""
-    names = list(dict.fromkeys(n for row in comparison for n in row["languages"]))
+    names = list(dict.fromkeys(n for row in comparison for n in row.languages))
     head = "| strategy | vocab size | new tokens | dead new |" + "".join(
         f" {n} tokens/word | {n} bytes/token | {n} words 3+ |" for n in names
     )
     lines = [head, "|---|---:|---:|---:|" + "---:|---:|---:|" * len(names)]
     for row in comparison:
-        dead = "-" if row["dead_new_tokens_frac"] is None else f"{100 * row['dead_new_tokens_frac']:.1f}%"
-        line = (
-            f"| {row['strategy']}{' (selected)' if row['selected'] else ''} | {row['vocab_size']} | "
-            f"{row['num_new_tokens']} | {dead} |"
-        )
+        dead = "-" if row.dead_new_tokens_frac is None else f"{100 * row.dead_new_tokens_frac:.1f}%"
+        line = f"| {row.strategy}{' (selected)' if row.selected else ''} | {row.vocab_size} | {row.num_new_tokens} | {dead} |"
         for n in names:
-            s = row["languages"].get(n)
+            s = row.languages.get(n)
             line += (
-                f" {s['tokens_per_word']:.3f} | {s['bytes_per_token']:.3f} | {100 * s['frac_words_3plus']:.1f}% |"
+                f" {s.tokens_per_word:.3f} | {s.bytes_per_token:.3f} | {100 * s.frac_words_3plus:.1f}% |"
                 if s
                 else " - | - | - |"
             )

@@ -77,9 +77,9 @@ def run(config: TokenizerConfig, ctx: StageContext) -> StageResult:
     comparison = comparison_rows(trained.candidates, selection.chosen, list(inputs.validation))
     trained.seconds["measure_and_save"] = round(time.perf_counter() - t_metrics, 2)
     trained.seconds["total"] = round(time.perf_counter() - t_start, 2)
-    metrics = tokenizer_metrics(config, inputs, trained, measured, selection, published, comparison).model_dump()
+    metrics = tokenizer_metrics(config, inputs, trained, measured, selection, published, comparison)
     write_tables(ctx.model_dir, metrics, measured, selection)
-    return StageResult(metrics=metrics)
+    return StageResult(metrics=metrics.model_dump())
 
 
 # ---- the steps' results ---------------------------------------------------------------------------------
@@ -383,11 +383,11 @@ def tokenizer_metrics(
     )
 
 
-def write_tables(out: Path, metrics: dict, measured: Measured, selection: Selection) -> None:
+def write_tables(out: Path, metrics: TokenizerMetrics, measured: Measured, selection: Selection) -> None:
     """metrics.json, sweep.md and comparison.md next to the tokenizer (the sweep line is also logged)."""
     table = sweep_table(measured.rows, measured.base_metrics, selection.selected)
-    compared = comparison_table(metrics["comparison"])
+    compared = comparison_table(metrics.comparison)
     log.info("sweep (selected %s):\n%s\ncomparison:\n%s", selection.selected, table, compared)
-    (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    (out / "metrics.json").write_text(json.dumps(metrics.model_dump(), indent=2))
     (out / "sweep.md").write_text(table)
     (out / "comparison.md").write_text(compared)
