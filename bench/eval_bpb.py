@@ -70,7 +70,7 @@ def main() -> None:
     args = ap.parse_args()
 
     import torch
-    from dilforge_eval import bpb as eval_bpb
+    from dilforge_eval import measures as eval_bpb
     from dilforge_shared.corpus import iter_texts
     from dilforge_tokenizer import bpe, llama3
     from transformers import LlamaConfig, LlamaForCausalLM

@@ -8,8 +8,8 @@ from gpu_helpers import synthetic_lines
 
 def test_bpb_on_cuda_matches_cpu_and_generation_runs(chatml_llama_dir):
     import torch
-    from dilforge_eval.bpb import bits_per_byte
     from dilforge_eval.generate import Prompt, generate
+    from dilforge_eval.measures import bits_per_byte
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(chatml_llama_dir), trust_remote_code=False)

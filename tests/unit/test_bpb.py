@@ -32,7 +32,7 @@ DOCS = [
 
 
 def stream_for(tok, docs=DOCS):
-    from dilforge_eval.bpb import encode_stream
+    from dilforge_eval.measures import encode_stream
 
     return encode_stream(tok, docs)
 
@@ -146,7 +146,7 @@ def test_cpt_validation_and_eval_report_the_same_bpb(model_and_tok, tmp_path, ti
     from dilforge_cpt.data import build_validation, load_tokenizer, special_ids
     from dilforge_cpt.runtime import Runtime
     from dilforge_cpt.validation import evaluate
-    from dilforge_eval.bpb import bits_per_byte
+    from dilforge_eval.measures import bits_per_byte
     from dilforge_shared.configs import DataSource
     from dilforge_shared.configs.cpt import CptConfig
 

@@ -8,7 +8,8 @@ import torch
 
 torch.set_num_threads(1)
 
-from dilforge_eval import bpb as eval_bpb  # noqa: E402 - after set_num_threads, before any torch work
+from dilforge_eval import measures as eval_bpb  # noqa: E402 - after set_num_threads, before any torch work
+from dilforge_shared.bpb import window_plan  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +26,7 @@ def model_and_tok(tiny_llama_dir):
     "n,window,stride", [(1, 8, 4), (2, 8, 4), (9, 8, 8), (40, 8, 3), (40, 8, 1), (17, 16, 16), (100, 32, 16)]
 )
 def test_window_plan_scores_every_token_once_with_enough_context(n, window, stride):
-    plans = eval_bpb.window_plan(n, window, stride)
+    plans = window_plan(n, window, stride)
     scored = [t for b, e, s in plans for t in range(s, e)]
     assert scored == list(range(1, n))
     for i, (b, e, s) in enumerate(plans):
@@ -37,9 +38,9 @@ def test_window_plan_scores_every_token_once_with_enough_context(n, window, stri
 
 def test_window_plan_rejects_bad_stride():
     with pytest.raises(ValueError):
-        eval_bpb.window_plan(10, 4, 5)
+        window_plan(10, 4, 5)
     with pytest.raises(ValueError):
-        eval_bpb.window_plan(10, 1, 1)
+        window_plan(10, 1, 1)
 
 
 def test_eval_bpb_frames_documents_by_the_tokenizers_family_and_matches_a_hand_computation(model_and_tok):
@@ -58,7 +59,7 @@ def test_eval_bpb_frames_documents_by_the_tokenizers_family_and_matches_a_hand_c
     nll, n = manual_nll(model, stream, 8, 3)
     assert res.num_tokens == n == len(first) + len(second)  # separators are context, never scored
     assert res.bpb == pytest.approx(nll / math.log(2) / stream.num_bytes, rel=1e-6)
-    row = res.summary()
+    row = eval_bpb.bpb_summary(res)
     assert row["bpb"] == round(res.bpb, 5) and row["num_tokens"] == n and row["num_bytes"] == stream.num_bytes
 
 

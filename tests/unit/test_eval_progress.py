@@ -4,7 +4,7 @@ of the shared helper are tested in test_shared_progress.py)."""
 from __future__ import annotations
 
 import pytest
-from dilforge_eval import bpb, progress
+from dilforge_eval import measures, progress
 
 
 @pytest.mark.parametrize("window,stride,batch_size", [(16, 8, 2), (32, 31, 1), (64, 32, 8), (16, 16, 3)])
@@ -17,10 +17,10 @@ def test_bpb_bar_total_equals_forward_passes(tiny_llama_dir, window, stride, bat
     model = AutoModelForCausalLM.from_pretrained(str(tiny_llama_dir), trust_remote_code=False).eval()
     tok = AutoTokenizer.from_pretrained(str(tiny_llama_dir), trust_remote_code=False)
     docs = ["Bakı Azərbaycanın paytaxtıdır.", "Xəzər dənizinin sahilində yerləşir və böyük şəhərdir."] * 3
-    num_tokens = len(tok(bpb.pack(docs), add_special_tokens=False)["input_ids"])
+    num_tokens = len(tok("\n".join(docs), add_special_tokens=False)["input_ids"])
     total = progress.num_bpb_batches(num_tokens, window, stride, batch_size)
     with progress.forward_progress(model, total, "bpb", tty=False) as bar:
-        bpb.bits_per_byte(model, tok, docs, window, stride, batch_size)
+        measures.bits_per_byte(model, tok, docs, window, stride, batch_size)
     assert bar.n == total
     model(input_ids=torch.tensor([[1, 2, 3]]))  # the hook is gone after the pass
     assert bar.n == total

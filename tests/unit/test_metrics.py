@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import metrics_samples
 import pytest
-from dilforge_eval import compare, curves
+from dilforge_eval import compare
 from dilforge_shared.errors import DilforgeError, InputError
 from dilforge_shared.metrics import STAGE_METRICS, CptMetrics, SftMetrics, read_metrics, validate_metrics
 
@@ -51,11 +51,11 @@ def test_an_upstream_manifest_that_does_not_parse_names_the_artifact_and_field()
 def test_eval_reads_curves_cost_and_step0_from_the_typed_models():
     cpt = CptMetrics.model_validate(metrics_samples.sample("cpt"))
     sft = SftMetrics.model_validate(metrics_samples.sample("sft"))
-    assert curves.training_curves(cpt) == {
+    assert cpt.curves() == {
         "loss": [(1.0, 5.5), (2.0, 5.0), (3.0, 4.5), (4.0, 4.0)],
         "validation/val_loss": [(0.0, 6.5), (4.0, 4.1)],
     }
-    assert curves.training_curves(sft) == {"loss": [(1.0, 3.0), (2.0, 2.5)]}
+    assert sft.curves() == {"loss": [(1.0, 3.0), (2.0, 2.5)]}
     assert cpt.cost() == {"tokens_seen": 4096, "total_tokens": 4096, "tokens_per_s": 100.0, "peak_memory_gb": 0.46}
     assert sft.cost() == {"train_runtime_s": 2.5, "train_steps_per_second": 0.8, "optimizer_steps": 2}
     assert compare.step0_bpb(cpt).step0_bpb == {"random": {"val": 5.27}, "mean_of_pieces": {"val": 2.81}}

@@ -1,18 +1,25 @@
 """What the eval stage measures: per tokenizer, fertility and bytes per token, parity with English and morpheme
-alignment; per model (`evaluate_model`), bits per byte on every set, the generations and the downstream tasks."""
+alignment; per model (`evaluate_model`), bits per byte on every set, the generations and the downstream tasks.
+
+Bits per byte is the shared definition (`dilforge_shared.bpb.sliding_window_bpb`) applied with a transformers
+tokenizer, whose family (`dilforge_shared.families`) gives the document separators: CPT validation computes the
+same number for the same model, text and window."""
 
 from __future__ import annotations
 
 import gc
 import logging
 import time
+from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 
+from dilforge_shared.bpb import BpbResult, TokenStream, build_stream, sliding_window_bpb
 from dilforge_shared.configs import EvalConfig
+from dilforge_shared.families import detect_family
 from dilforge_shared.progress import Progress
 from dilforge_shared.textmetrics import measure, tokenizers_encoder
 
-from . import bpb as bpb_mod
 from . import downstream, harness, progress
 from . import generate as gen_mod
 from . import morph as morph_mod
@@ -21,6 +28,42 @@ from .resolve import EvalModel, load_model
 log = logging.getLogger("dilforge.eval")
 
 
+# ---- bits per byte ------------------------------------------------------------------------------------------
+def text_bytes(docs: Sequence[str]) -> int:
+    """The BPB denominator: UTF-8 bytes of the documents' text (separators are not text)."""
+    return sum(len(d.encode("utf-8")) for d in docs)
+
+
+def encode_stream(tokenizer, docs: Sequence[str], source: str = "tokenizer") -> TokenStream:
+    """The documents as one stream framed by the tokenizer family's separators (see dilforge_shared.bpb)."""
+    family = detect_family(tokenizer.get_vocab(), source)
+    bos = tokenizer.convert_tokens_to_ids(family.bos) if family.bos is not None else None
+    doc_end = tokenizer.convert_tokens_to_ids(family.doc_end)
+    encoded = [tokenizer(doc, add_special_tokens=False)["input_ids"] for doc in docs]
+    return build_stream(list(docs), encoded, bos, doc_end)
+
+
+def bits_per_byte(model, tokenizer, docs: Sequence[str], window: int, stride: int, batch_size: int = 8) -> BpbResult:
+    return sliding_window_bpb(model, encode_stream(tokenizer, docs), window, stride, batch_size)
+
+
+def bpb_summary(res: BpbResult) -> dict:
+    """The row eval's report and manifest keep for one model and set."""
+    return {
+        "bpb": round(res.bpb, 5),
+        "bits_per_token": round(res.bits_per_token, 5),
+        "bytes_per_second": round(res.num_bytes / res.seconds, 1) if res.seconds else None,
+        **{k: v for k, v in asdict(res).items() if k != "nll_nats"},
+        "bits": round(res.bits, 3),
+    }
+
+
+def default_window(model, requested: int | None, cap: int = 2048) -> int:
+    limit = getattr(model.config, "max_position_embeddings", None) or cap
+    return min(requested or cap, limit) if requested else min(limit, cap)
+
+
+# ---- tokenizers -------------------------------------------------------------------------------------------------
 def tokenizer_metrics(toks, sets: dict[str, list[str]]) -> dict:
     return {
         label: {name: measure(docs, tokenizers_encoder(tok)).summary() for name, docs in sets.items()}
@@ -72,7 +115,7 @@ def evaluate_model(
 
     t0 = time.perf_counter()
     model, tokenizer = load_model(src, device, dtype)
-    window = bpb_mod.default_window(model, config.bpb.window)
+    window = default_window(model, config.bpb.window)
     stride = min(config.bpb.stride or max(1, window // 2), window)
     info = {
         "origin": src.origin,
@@ -87,11 +130,11 @@ def evaluate_model(
     log.info("model %s: %s parameters, window %d stride %d", src.label, f"{info['num_parameters']:,}", window, stride)
     bpb = {}
     for name, docs in sets.items():
-        num_tokens = len(tokenizer(bpb_mod.pack(docs), add_special_tokens=False)["input_ids"])
+        num_tokens = len(tokenizer("\n".join(docs), add_special_tokens=False)["input_ids"])
         total = progress.num_bpb_batches(num_tokens, window, stride, config.bpb.batch_size)
         with progress.forward_progress(model, total, f"bpb {src.label}/{name}"):
-            res = bpb_mod.bits_per_byte(model, tokenizer, docs, window, stride, config.bpb.batch_size)
-        bpb[name] = res.summary()
+            res = bits_per_byte(model, tokenizer, docs, window, stride, config.bpb.batch_size)
+        bpb[name] = bpb_summary(res)
         log.info(
             "bpb %s / %s: %.4f (%d tokens, %d bytes, %.0f bytes/s)",
             src.label,

@@ -27,12 +27,10 @@ from dilforge_shared.contract import StageContext, StageResult, log_config
 from dilforge_shared.errors import InputError
 from dilforge_shared.metrics import read_metrics, validate_metrics
 
-from . import bpb as bpb_mod
 from . import compare, downstream, harness
-from . import curves as curves_mod
 from . import generate as gen_mod
 from . import morph as morph_mod
-from .measures import evaluate_model, morph_metrics, parity_metrics, tokenizer_metrics
+from .measures import evaluate_model, morph_metrics, parity_metrics, text_bytes, tokenizer_metrics
 from .report import write_report
 from .resolve import EvalModel, cache_dir_for, load_tokenizers, resolve_models
 from .texts import read_parallel, read_set
@@ -91,7 +89,7 @@ class Inputs:
             "tokenizers": list(self.toks),
             "set_languages": self.languages,
             "reference_model": compare.reference_label(m.label for m in self.models),
-            "text_set_bytes": {k: bpb_mod.text_bytes(v) for k, v in self.sets.items()},
+            "text_set_bytes": {k: text_bytes(v) for k, v in self.sets.items()},
             "parallel_pairs": {k: len(v) for k, v in self.parallel.items()},
             "num_prompts": len(self.prompts),
             "morph_words": {k: len(v) for k, v in self.gold.items()},
@@ -192,7 +190,7 @@ def measure_tokenizers(config: EvalConfig, inputs: Inputs) -> TokenizerFigures:
                 "uri": s.uri,
                 "language": inputs.languages[k],
                 "num_docs": len(sets[k]),
-                "num_bytes": bpb_mod.text_bytes(sets[k]),
+                "num_bytes": text_bytes(sets[k]),
             }
             for k, s in zip(sets, config.text_sets, strict=False)
         },
@@ -266,8 +264,8 @@ def upstream_sections(ctx: StageContext) -> dict:
     sections: dict = {"curves": {}, "cost": {}}
     for stage in ("cpt", "sft"):
         if (typed := upstream_metrics(ctx, stage)) is not None:
-            if series := curves_mod.training_curves(typed):
-                sections["curves"][stage] = {k: [list(p) for p in v] for k, v in series.items()}
+            if series := typed.curves():  # name -> [(step, value)]
+                sections["curves"][stage] = {k: [list(p) for p in sorted(v)] for k, v in series.items()}
             if c := typed.cost():
                 sections["cost"][stage] = c
     if (tok := upstream_metrics(ctx, "tokenizer")) is not None:
