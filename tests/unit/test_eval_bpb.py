@@ -60,7 +60,7 @@ def test_eval_bpb_frames_documents_by_the_tokenizers_family_and_matches_a_hand_c
     assert res.num_tokens == n == len(first) + len(second)  # separators are context, never scored
     assert res.bpb == pytest.approx(nll / math.log(2) / stream.num_bytes, rel=1e-6)
     row = eval_bpb.bpb_summary(res)
-    assert row["bpb"] == round(res.bpb, 5) and row["num_tokens"] == n and row["num_bytes"] == stream.num_bytes
+    assert row.bpb == round(res.bpb, 5) and row.num_tokens == n and row.num_bytes == stream.num_bytes
 
 
 def test_bpb_changes_with_the_text_not_with_how_it_is_batched(model_and_tok):

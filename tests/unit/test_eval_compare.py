@@ -6,7 +6,7 @@ import metrics_samples
 import pytest
 from dilforge_eval import compare
 from dilforge_shared.configs.base import DataSource
-from dilforge_shared.metrics import CptMetrics, TokenizerMetrics
+from dilforge_shared.metrics import BpbFigures, CptMetrics, TokenizerMetrics
 
 
 @pytest.mark.parametrize(
@@ -32,9 +32,12 @@ def test_explicit_language_wins():
 
 
 BPB = {
-    "base": {"fl-az": {"bpb": 3.0}, "wiki": {"bpb": 2.0}, "fl-en": {"bpb": 1.0}},
-    "cpt": {"fl-az": {"bpb": 2.4}, "wiki": {"bpb": 1.5}, "fl-en": {"bpb": 1.5}},
-    "sft": {"fl-az": {"bpb": 2.25}, "fl-en": {"bpb": 0.9}},
+    model: {name: BpbFigures(**metrics_samples.bpb_figures(v)) for name, v in sets.items()}
+    for model, sets in {
+        "base": {"fl-az": 3.0, "wiki": 2.0, "fl-en": 1.0},
+        "cpt": {"fl-az": 2.4, "wiki": 1.5, "fl-en": 1.5},
+        "sft": {"fl-az": 2.25, "fl-en": 0.9},
+    }.items()
 }
 LANGS = {"fl-az": "az", "wiki": "az", "fl-en": "en"}
 
@@ -42,20 +45,21 @@ LANGS = {"fl-az": "az", "wiki": "az", "fl-en": "en"}
 def test_change_is_per_set_against_the_base():
     ch = compare.bpb_changes(BPB, "base", LANGS)
     assert set(ch) == {"cpt", "sft"}  # the reference has no change against itself
-    assert ch["cpt"]["fl-az"] == {"language": "az", "bpb": 2.4, "reference_bpb": 3.0, "change": pytest.approx(-0.2)}
-    assert ch["cpt"]["wiki"]["change"] == pytest.approx(-0.25)
-    assert ch["cpt"]["fl-en"]["change"] == pytest.approx(0.5)
+    row = ch["cpt"]["fl-az"].model_dump()
+    assert row == {"language": "az", "bpb": 2.4, "reference_bpb": 3.0, "change": pytest.approx(-0.2)}
+    assert ch["cpt"]["wiki"].change == pytest.approx(-0.25)
+    assert ch["cpt"]["fl-en"].change == pytest.approx(0.5)
     assert set(ch["sft"]) == {"fl-az", "fl-en"}  # a set the model was not scored on has no row
 
 
 def test_headline_gain_and_retention_sign():
     h = compare.headline(compare.bpb_changes(BPB, "base", LANGS), "base", LANGS, "az")
-    assert h["reference"] == "base" and h["target_language"] == "az"
-    assert h["gain"]["cpt"]["set"] == "fl-az" and h["gain"]["cpt"]["change"] == pytest.approx(-0.2)
+    assert h.reference == "base" and h.target_language == "az"
+    assert h.gain["cpt"].set == "fl-az" and h.gain["cpt"].change == pytest.approx(-0.2)
     # English got worse after CPT (positive change) and better after SFT (negative change)
-    assert h["retention"]["cpt"]["en"]["change"] == pytest.approx(0.5)
-    assert h["retention"]["sft"]["en"]["change"] == pytest.approx(-0.1)
-    assert "az" not in h["retention"]["cpt"]  # the target language is the gain, not a retention row
+    assert h.retention["cpt"]["en"].change == pytest.approx(0.5)
+    assert h.retention["sft"]["en"].change == pytest.approx(-0.1)
+    assert "az" not in h.retention["cpt"]  # the target language is the gain, not a retention row
     lines = compare.headline_lines(h)
     assert (
         lines[0]

@@ -11,7 +11,7 @@ import pytest
 from dilforge_eval import compare
 from dilforge_eval.render import chromium, dump_dom, screenshot
 from dilforge_eval.report import write_report
-from dilforge_shared.metrics import CptMetrics, TokenizerMetrics
+from dilforge_shared.metrics import BpbFigures, CptMetrics, TokenizerMetrics
 
 MODELS = ["base", "cpt", "sft"]
 SETS = ["flores", "legal", "wiki", "flores-en"]
@@ -131,7 +131,8 @@ def fake_metrics():
             )
         ),
     }
-    changes = compare.bpb_changes(m["bpb"], "base", LANGS)
+    bpb = {model: {s: BpbFigures(**f) for s, f in sets.items()} for model, sets in m["bpb"].items()}
+    changes = compare.bpb_changes(bpb, "base", LANGS)
     m.update(bpb_change=changes, headline=compare.headline(changes, "base", LANGS, "az"))
     return metrics_samples.eval_metrics(**m)
 

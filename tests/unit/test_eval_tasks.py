@@ -113,16 +113,14 @@ def test_a_model_preferring_one_label_scores_that_labels_share(prepared):
     assert len(test_rows) == 30 and 0 < share < 1
     sib = [s for s in specs if s.kind == "sib200"]
     got = _run(FakeLM(topic, {}), sib, task_dir)
-    assert got["sib200/az/0-shot"]["acc"]["value"] == pytest.approx(share, abs=1e-6)
-    assert got["sib200/en/0-shot"]["acc"]["value"] == pytest.approx(share, abs=1e-6)
-    assert got["sib200/az/0-shot"]["acc"]["stderr"] is None  # bootstrap_iters=0: none asked for
+    assert got["sib200/az/0-shot"]["acc"].value == pytest.approx(share, abs=1e-6)
+    assert got["sib200/en/0-shot"]["acc"].value == pytest.approx(share, abs=1e-6)
+    assert got["sib200/az/0-shot"]["acc"].stderr is None  # bootstrap_iters=0: none asked for
     spec = next(s for s in sib if s.key == "sib200/az/0-shot")
     assert spec.chance["acc"] == pytest.approx(1 / 7)
     assert spec.chance["majority"] == pytest.approx(max(Counter(r["topic"] for r in test_rows).values()) / 30)
     tumlu = _run(FakeLM("A", {}), [s for s in specs if s.kind == "multiple_choice"], task_dir)
-    assert tumlu["multiple_choice/tumlu-az"]["acc"]["value"] == pytest.approx(
-        3 / 7, abs=1e-6
-    )  # answers A at i = 0, 3, 6
+    assert tumlu["multiple_choice/tumlu-az"]["acc"].value == pytest.approx(3 / 7, abs=1e-6)  # answers A at i = 0, 3, 6
 
 
 def test_translating_into_the_reference_scores_100_and_instruction_metrics(prepared):
@@ -130,8 +128,8 @@ def test_translating_into_the_reference_scores_100_and_instruction_metrics(prepa
     rows = [json.loads(x) for x in (task_dir / "data/translation_flores.az-en.jsonl").read_text().splitlines()]
     perfect = FakeLM("", {r["source"]: r["target"] for r in rows})
     got = _run(perfect, [s for s in specs if s.kind == "translation"], task_dir)["translation/flores/az-en"]
-    assert got["chrf++"]["value"] == pytest.approx(100.0) and got["bleu"]["value"] == pytest.approx(100.0)
-    assert got["chrf"]["value"] == pytest.approx(100.0)
+    assert got["chrf++"].value == pytest.approx(100.0) and got["bleu"].value == pytest.approx(100.0)
+    assert got["chrf"].value == pytest.approx(100.0)
     spec = next(s for s in specs if s.kind == "translation")
     assert 0 < spec.chance["chrf++"] < 40  # copying the Azerbaijani source into English scores low
 
@@ -140,12 +138,12 @@ def test_translating_into_the_reference_scores_100_and_instruction_metrics(prepa
     answers = {r["instruction"]: r["response"] for r in inst[:2]}
     lm = FakeLM("", answers, default="the cat the cat the cat")
     got = _run(lm, [s for s in specs if s.chat], task_dir, chat=True)["instruction/khazar"]
-    assert got["answer_in_language"]["value"] == pytest.approx(0.5)
+    assert got["answer_in_language"].value == pytest.approx(0.5)
     # "the cat the cat the cat": 3-grams (the cat the) x2, (cat the cat) x2 -> 2 repeats of 4; references: 0
     ref_rates = [utils.repeated_ngram_rate(r["response"]) for r in inst[:2]]
-    assert got["repetition_rate"]["value"] == pytest.approx((sum(ref_rates) + 0.5 + 0.5) / 4)
+    assert got["repetition_rate"].value == pytest.approx((sum(ref_rates) + 0.5 + 0.5) / 4)
     assert utils.repeated_ngram_rate("bir iki üç bir iki üç") == pytest.approx(0.25)
-    assert got["empty_answer"]["value"] == 0.0
+    assert got["empty_answer"].value == 0.0
 
 
 def test_language_id_on_flores_and_xwmt(data_root):

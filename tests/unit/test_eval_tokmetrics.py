@@ -40,7 +40,7 @@ def byte_tokenizer() -> Tokenizer:
 def test_fertility_bytes_per_token_and_3plus_on_hand_checked_strings():
     text_a, text_b = "kitab ev", "əl su"
     tok = char_tokenizer(text_a + text_b)
-    m = tokenizer_metrics({"chars": tok}, {"s": [text_a, text_b]})["chars"]["s"]
+    m = tokenizer_metrics({"chars": tok}, {"s": [text_a, text_b]})["chars"]["s"].model_dump()
     # tokens: 5 + 2 + 2 + 2 = 11; words: 4; bytes: 8 + 6 (ə is two bytes); only "kitab" has 3+ tokens
     assert (m["num_tokens"], m["num_words"], m["num_bytes"], m["num_words_3plus"]) == (11, 4, 14, 1)
     assert m["tokens_per_word"] == pytest.approx(11 / 4, abs=1e-4)
@@ -50,7 +50,7 @@ def test_fertility_bytes_per_token_and_3plus_on_hand_checked_strings():
 
 def test_parity_is_az_tokens_over_en_tokens():
     tok = char_tokenizer("ev house kitab book")
-    p = parity_metrics({"c": tok}, {"pairs": [("ev", "house"), ("kitab", "book")]})["c"]["pairs"]
+    p = parity_metrics({"c": tok}, {"pairs": [("ev", "house"), ("kitab", "book")]})["c"]["pairs"].model_dump()
     assert (p["tokens_az"], p["tokens_en"], p["num_pairs"]) == (7, 9, 2)
     assert p["parity"] == pytest.approx(7 / 9, abs=1e-4)
 
@@ -100,7 +100,7 @@ def test_morph_metrics_has_per_source_and_overall_rows():
     }
     out = morph_metrics({"c": char_tokenizer("evlər")}, gold)["c"]
     assert set(out) == {"a", "b", "all"}
-    assert out["all"]["num_words"] == 2 and out["all"]["num_gold_boundaries"] == 1
+    assert out["all"].num_words == 2 and out["all"].num_gold_boundaries == 1
 
 
 @pytest.mark.parametrize(

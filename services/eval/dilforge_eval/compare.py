@@ -15,10 +15,19 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from typing import Any
 
 from dilforge_shared.configs.base import DataSource
-from dilforge_shared.metrics import CptMetrics, Step0Section, TokenizerComparison, TokenizerMetrics, VocabSweep
+from dilforge_shared.metrics import (
+    BpbChange,
+    BpbFigures,
+    CptMetrics,
+    Headline,
+    HeadlineEntry,
+    Step0Section,
+    TokenizerComparison,
+    TokenizerMetrics,
+    VocabSweep,
+)
 
 # ISO 639-3 codes that FLORES-style column names use, mapped to the 2-letter codes the report uses.
 ISO3 = {"eng": "en", "azj": "az", "aze": "az", "azb": "az", "rus": "ru", "tur": "tr", "deu": "de", "fra": "fr"}
@@ -68,57 +77,54 @@ def relative_change(value: float | None, ref: float | None) -> float | None:
 
 
 def bpb_changes(
-    bpb: dict[str, dict[str, dict]], reference: str | None, languages: dict[str, str]
-) -> dict[str, dict[str, dict]]:
-    """model -> set -> {language, bpb, reference_bpb, change}; change = bpb / reference's bpb - 1, per set."""
+    bpb: dict[str, dict[str, BpbFigures]], reference: str | None, languages: dict[str, str]
+) -> dict[str, dict[str, BpbChange]]:
+    """model -> set -> its BPB against the reference model's; change = bpb / reference's bpb - 1, per set."""
     if reference is None or reference not in bpb:
         return {}
     ref = bpb[reference]
-    out: dict[str, dict[str, dict]] = {}
+    out: dict[str, dict[str, BpbChange]] = {}
     for model, sets in bpb.items():
         if model == reference:
             continue
         for name, res in sets.items():
-            base = ref.get(name, {}).get("bpb")
-            out.setdefault(model, {})[name] = {
-                "language": languages.get(name),
-                "bpb": res.get("bpb"),
-                "reference_bpb": base,
-                "change": relative_change(res.get("bpb"), base),
-            }
+            base = ref[name].bpb if name in ref else None
+            out.setdefault(model, {})[name] = BpbChange(
+                language=languages.get(name), bpb=res.bpb, reference_bpb=base, change=relative_change(res.bpb, base)
+            )
     return out
 
 
 def headline(
-    changes: dict[str, dict[str, dict]], reference: str | None, languages: dict[str, str], target: str
-) -> dict[str, Any]:
+    changes: dict[str, dict[str, BpbChange]], reference: str | None, languages: dict[str, str], target: str
+) -> Headline:
     """Per model: the gain on the first target-language set and the retention on the first set of every other
     language. Negative change = lower BPB = better; a retention change > 0 means that language got worse."""
     first: dict[str, str] = {}
     for name, lang in languages.items():
         first.setdefault(lang, name)
-    out: dict[str, Any] = {"reference": reference, "target_language": target, "gain": {}, "retention": {}}
+    out = Headline(reference=reference, target_language=target, gain={}, retention={})
     for model, sets in changes.items():
         if target in first and first[target] in sets:
-            out["gain"][model] = {"set": first[target], **sets[first[target]]}
+            out.gain[model] = HeadlineEntry(set=first[target], **sets[first[target]].model_dump())
         for lang, name in first.items():
             if lang != target and name in sets:
-                out["retention"].setdefault(model, {})[lang] = {"set": name, **sets[name]}
+                out.retention.setdefault(model, {})[lang] = HeadlineEntry(set=name, **sets[name].model_dump())
     return out
 
 
-def headline_lines(h: dict[str, Any]) -> list[str]:
+def headline_lines(h: Headline) -> list[str]:
     """The headline as sentences for the log: 'cpt: Azerbaijani BPB 3.250 -> 2.330 (-28.3%) on flores vs base'."""
 
-    def one(lang: str, e: dict) -> str:
-        change = "n/a" if e.get("change") is None else f"{100 * e['change']:+.1f}%"
-        return f"{language_name(lang)} BPB {e.get('reference_bpb')} -> {e.get('bpb')} ({change}) on {e['set']}"
+    def one(lang: str, e: HeadlineEntry) -> str:
+        change = "n/a" if e.change is None else f"{100 * e.change:+.1f}%"
+        return f"{language_name(lang)} BPB {e.reference_bpb} -> {e.bpb} ({change}) on {e.set}"
 
     lines = []
-    for model in dict.fromkeys([*h.get("gain", {}), *h.get("retention", {})]):
-        parts = [one(h["target_language"], h["gain"][model])] if model in h.get("gain", {}) else []
-        parts += [one(lang, e) for lang, e in h.get("retention", {}).get(model, {}).items()]
-        lines.append(f"{model}: " + "; ".join(parts) + f" (vs {h.get('reference')})")
+    for model in dict.fromkeys([*h.gain, *h.retention]):
+        parts = [one(h.target_language, h.gain[model])] if model in h.gain else []
+        parts += [one(lang, e) for lang, e in h.retention.get(model, {}).items()]
+        lines.append(f"{model}: " + "; ".join(parts) + f" (vs {h.reference})")
     return lines
 
 

@@ -12,9 +12,9 @@ import contextlib
 import os
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
 from dilforge_shared.configs.eval import DownstreamTasks
+from dilforge_shared.metrics import Downstream, DownstreamTask, HarnessInfo, TaskScore
 
 from .downstream import TaskSpec, seeds, write_commands
 
@@ -98,21 +98,21 @@ def run_model(
     return results, samples
 
 
-def share(flags: list[bool]) -> dict:
+def share(flags: list[bool]) -> TaskScore:
     """A share with lm-eval's binomial standard error (sample std / sqrt(n)) and its 95 % interval."""
     import math
 
     n = len(flags)
     p = sum(flags) / n if n else 0.0
     se = math.sqrt(p * (1 - p) / (n - 1)) if n > 1 else None
-    return {
-        "value": round(p, 6),
-        "stderr": None if se is None else round(se, 6),
-        "ci95": None if se is None else [round(max(0.0, p - Z95 * se), 6), round(min(1.0, p + Z95 * se), 6)],
-    }
+    return TaskScore(
+        value=round(p, 6),
+        stderr=None if se is None else round(se, 6),
+        ci95=None if se is None else (round(max(0.0, p - Z95 * se), 6), round(min(1.0, p + Z95 * se), 6)),
+    )
 
 
-def ended_turn(answers: list[str], tokenizer, max_new_tokens: int) -> dict:
+def ended_turn(answers: list[str], tokenizer, max_new_tokens: int) -> TaskScore:
     """Share of answers that stopped at the end of the turn, i.e. before the token limit (the stage counts the
     answer's tokens; lm-eval strips the stop token, so this one figure is the stage's, not the harness's)."""
     lengths = [len(tokenizer(a, add_special_tokens=False)["input_ids"]) for a in answers]
@@ -121,31 +121,31 @@ def ended_turn(answers: list[str], tokenizer, max_new_tokens: int) -> dict:
 
 def metrics_header(
     specs: list[TaskSpec], tasks: DownstreamTasks, task_dir: Path, dtype: str, device: str, seed: int
-) -> dict:
+) -> Downstream:
     """The manifest's `downstream` section before any model ran: what each task is, how to reproduce it
     (the commands are also written to the task folder's commands.txt)."""
     from importlib.metadata import version
 
     commands = write_commands(task_dir, specs, tasks, dtype, device, seed)
-    return {
-        "harness": {
-            "name": "lm-evaluation-harness",
-            "version": version("lm-eval"),
-            "bootstrap_iters": tasks.bootstrap_iters,
-            "batch_size": tasks.batch_size,
-        },
-        "task_dir": task_dir.name,
-        "commands": commands,
-        "tasks": {s.key: {k: v for k, v in asdict(s).items() if k != "key"} for s in specs},
-        "results": {},
-        "seconds": {},
-    }
+    return Downstream(
+        harness=HarnessInfo(
+            name="lm-evaluation-harness",
+            version=version("lm-eval"),
+            bootstrap_iters=tasks.bootstrap_iters,
+            batch_size=tasks.batch_size,
+        ),
+        task_dir=task_dir.name,
+        commands=commands,
+        tasks={s.key: DownstreamTask(**{k: v for k, v in asdict(s).items() if k != "key"}) for s in specs},
+        results={},
+        seconds={},
+    )
 
 
-def changes(section: dict, reference: str | None) -> dict:
+def changes(section: Downstream, reference: str | None) -> dict[str, dict[str, dict[str, float]]]:
     """model -> task -> metric -> value minus the reference model's (positive = higher; whether that is
     better is the metric's `higher_is_better`, see HIGHER_IS_BETTER)."""
-    results = section["results"]
+    results = section.results
     if reference is None or reference not in results:
         return {}
     out: dict = {}
@@ -156,7 +156,7 @@ def changes(section: dict, reference: str | None) -> dict:
             for m, v in res.items():
                 ref = results[reference].get(key, {}).get(m)
                 if ref is not None:
-                    out.setdefault(model, {}).setdefault(key, {})[m] = round(v["value"] - ref["value"], 6)
+                    out.setdefault(model, {}).setdefault(key, {})[m] = round(v.value - ref.value, 6)
     return out
 
 
@@ -173,10 +173,10 @@ HIGHER_IS_BETTER = {
 }
 
 
-def summarize(res: dict, spec: TaskSpec) -> dict:
+def summarize(res: dict, spec: TaskSpec) -> dict[str, TaskScore]:
     """lm-eval's `metric,none` / `metric_stderr,none` into value, stderr and the normal 95 % interval
     (value ± 1.96 stderr, clipped to the metric's range: 0-1 for shares, 0-100 for chrF/BLEU)."""
-    out: dict[str, Any] = {}
+    out: dict[str, TaskScore] = {}
     for m in spec.metrics:
         value = res.get(f"{m},none")
         if value is None:
@@ -184,11 +184,9 @@ def summarize(res: dict, spec: TaskSpec) -> dict:
         se = res.get(f"{m}_stderr,none")
         se = se if isinstance(se, int | float) else None
         top = 100.0 if m in SCALE_100 else 1.0
-        out[m] = {
-            "value": round(float(value), 6),
-            "stderr": None if se is None else round(float(se), 6),
-            "ci95": None
-            if se is None
-            else [round(max(0.0, value - Z95 * se), 6), round(min(top, value + Z95 * se), 6)],
-        }
+        out[m] = TaskScore(
+            value=round(float(value), 6),
+            stderr=None if se is None else round(float(se), 6),
+            ci95=None if se is None else (round(max(0.0, value - Z95 * se), 6), round(min(top, value + Z95 * se), 6)),
+        )
     return out

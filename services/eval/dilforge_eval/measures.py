@@ -17,6 +17,8 @@ from pathlib import Path
 from dilforge_shared.bpb import BpbResult, TokenStream, build_stream, sliding_window_bpb
 from dilforge_shared.configs import EvalConfig
 from dilforge_shared.families import detect_family
+from dilforge_shared.metrics import BpbFigures, MorphFigures, ParityFigures, SetFigures
+from dilforge_shared.metrics import EvalModel as ModelFigures
 from dilforge_shared.progress import Progress
 from dilforge_shared.textmetrics import measure, tokenizers_encoder
 
@@ -47,15 +49,15 @@ def bits_per_byte(model, tokenizer, docs: Sequence[str], window: int, stride: in
     return sliding_window_bpb(model, encode_stream(tokenizer, docs), window, stride, batch_size)
 
 
-def bpb_summary(res: BpbResult) -> dict:
+def bpb_summary(res: BpbResult) -> BpbFigures:
     """The row eval's report and manifest keep for one model and set."""
-    return {
-        "bpb": round(res.bpb, 5),
-        "bits_per_token": round(res.bits_per_token, 5),
-        "bytes_per_second": round(res.num_bytes / res.seconds, 1) if res.seconds else None,
+    return BpbFigures(
+        bpb=round(res.bpb, 5),
+        bits_per_token=round(res.bits_per_token, 5),
+        bytes_per_second=round(res.num_bytes / res.seconds, 1) if res.seconds else None,
         **{k: v for k, v in asdict(res).items() if k != "nll_nats"},
-        "bits": round(res.bits, 3),
-    }
+        bits=round(res.bits, 3),
+    )
 
 
 def default_window(model, requested: int | None, cap: int = 2048) -> int:
@@ -64,39 +66,36 @@ def default_window(model, requested: int | None, cap: int = 2048) -> int:
 
 
 # ---- tokenizers -------------------------------------------------------------------------------------------------
-def tokenizer_metrics(toks, sets: dict[str, list[str]]) -> dict:
+def tokenizer_metrics(toks, sets: dict[str, list[str]]) -> dict[str, dict[str, SetFigures]]:
     return {
-        label: {name: measure(docs, tokenizers_encoder(tok)).summary() for name, docs in sets.items()}
+        label: {name: SetFigures(**measure(docs, tokenizers_encoder(tok)).summary()) for name, docs in sets.items()}
         for label, tok in toks.items()
     }
 
 
-def parity_metrics(toks, parallel: dict[str, list[tuple[str, str]]]) -> dict:
+def parity_metrics(toks, parallel: dict[str, list[tuple[str, str]]]) -> dict[str, dict[str, ParityFigures]]:
     out: dict = {}
     for label, tok in toks.items():
         for name, pairs in parallel.items():
             az = sum(len(e.ids) for e in tok.encode_batch([p[0] for p in pairs], add_special_tokens=False))
             en = sum(len(e.ids) for e in tok.encode_batch([p[1] for p in pairs], add_special_tokens=False))
-            out.setdefault(label, {})[name] = {
-                "tokens_az": az,
-                "tokens_en": en,
-                "num_pairs": len(pairs),
-                "parity": round(az / en, 4) if en else None,
-            }
+            out.setdefault(label, {})[name] = ParityFigures(
+                tokens_az=az, tokens_en=en, num_pairs=len(pairs), parity=round(az / en, 4) if en else None
+            )
     return out
 
 
-def morph_metrics(toks, gold: dict[str, list[morph_mod.GoldWord]]) -> dict:
+def morph_metrics(toks, gold: dict[str, list[morph_mod.GoldWord]]) -> dict[str, dict[str, MorphFigures]]:
     out: dict = {}
     for label, tok in toks.items():
         total = morph_mod.AlignmentStats()
         for source, words in gold.items():
             stats = morph_mod.alignment(tok, words)
-            out.setdefault(label, {})[source] = stats.summary()
+            out.setdefault(label, {})[source] = MorphFigures(**stats.summary())
             for k, v in stats.__dict__.items():
                 setattr(total, k, getattr(total, k) + v)
         if len(gold) > 1:
-            out[label]["all"] = total.summary()
+            out[label]["all"] = MorphFigures(**total.summary())
     return out
 
 
@@ -108,7 +107,7 @@ def evaluate_model(
     device: str,
     dtype,
     tasks: tuple[list[downstream.TaskSpec], Path, Path] | None = None,
-):
+) -> tuple[ModelFigures, dict[str, BpbFigures], list[dict], dict]:
     """BPB per set, generations and the downstream tasks (specs, task folder, cache) of one model; the model
     is freed afterwards."""
     import torch
@@ -117,17 +116,17 @@ def evaluate_model(
     model, tokenizer = load_model(src, device, dtype)
     window = default_window(model, config.bpb.window)
     stride = min(config.bpb.stride or max(1, window // 2), window)
-    info = {
-        "origin": src.origin,
-        "num_parameters": sum(p.numel() for p in model.parameters()),
-        "adapter": src.adapter_dir is not None,
-        "bpb_window": window,
-        "bpb_stride": stride,
-        "dtype": str(dtype).removeprefix("torch."),
-        "device": device,
-        "load_seconds": round(time.perf_counter() - t0, 2),
-    }
-    log.info("model %s: %s parameters, window %d stride %d", src.label, f"{info['num_parameters']:,}", window, stride)
+    info = ModelFigures(
+        origin=src.origin,
+        num_parameters=sum(p.numel() for p in model.parameters()),
+        adapter=src.adapter_dir is not None,
+        bpb_window=window,
+        bpb_stride=stride,
+        dtype=str(dtype).removeprefix("torch."),
+        device=device,
+        load_seconds=round(time.perf_counter() - t0, 2),
+    )
+    log.info("model %s: %s parameters, window %d stride %d", src.label, f"{info.num_parameters:,}", window, stride)
     bpb = {}
     for name, docs in sets.items():
         num_tokens = len(tokenizer("\n".join(docs), add_special_tokens=False)["input_ids"])
@@ -175,15 +174,15 @@ def evaluate_model(
             str(src.tokenizer_dir),
             config.tasks.instructions.system_prompt if config.tasks.instructions else None,
         )
-        info["tasks_seconds"] = round(time.perf_counter() - t_tasks, 2)
-        info["tasks_cpu_seconds"] = round(time.process_time() - c_tasks, 2)  # all threads; shared CPUs inflate wall
+        info.tasks_seconds = round(time.perf_counter() - t_tasks, 2)
+        info.tasks_cpu_seconds = round(time.process_time() - c_tasks, 2)  # all threads; shared CPUs inflate wall
         for key, res in scores["results"].items():
             log.info(
                 "task %s / %s: %s",
                 src.label,
                 key,
                 ", ".join(
-                    f"{m} {v['value']:.4g}" + (f" ± {v['stderr']:.2g}" if v["stderr"] is not None else "")
+                    f"{m} {v.value:.4g}" + (f" ± {v.stderr:.2g}" if v.stderr is not None else "")
                     for m, v in res.items()
                 ),
             )

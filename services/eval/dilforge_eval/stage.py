@@ -25,7 +25,24 @@ from dilforge_shared import runtime_policy
 from dilforge_shared.configs import EvalConfig
 from dilforge_shared.contract import StageContext, StageResult, log_config
 from dilforge_shared.errors import InputError
-from dilforge_shared.metrics import read_metrics, validate_metrics
+from dilforge_shared.metrics import (
+    BpbChange,
+    BpbFigures,
+    Downstream,
+    EvalMetrics,
+    EvalTokenizer,
+    GenerationFigures,
+    Headline,
+    MorphFigures,
+    ParityFigures,
+    SetFigures,
+    Step0Section,
+    TextSet,
+    TokenizerComparison,
+    VocabSweep,
+    read_metrics,
+)
+from dilforge_shared.metrics import EvalModel as ModelFigures
 
 from . import compare, downstream, harness
 from . import generate as gen_mod
@@ -48,13 +65,29 @@ def run(config: EvalConfig, ctx: StageContext) -> StageResult:
         )
     tokenizers = measure_tokenizers(config, inputs)
     evaluated = evaluate_models(config, inputs)
-    metrics = {"models": evaluated.models, **tokenizers.metrics, **evaluated.sections()}
-    metrics.update(comparisons(config, inputs, evaluated))
-    metrics.update(upstream_sections(ctx))
-    metrics["skipped"] = inputs.skipped
+    compared = comparisons(config, inputs, evaluated)
+    upstream = upstream_sections(ctx)
     seconds = {**tokenizers.seconds, **evaluated.seconds, "total": round(time.perf_counter() - t_start, 2)}
-    metrics["cost"]["eval"] = eval_cost(seconds, c_start, evaluated)
-    metrics["seconds"] = seconds
+    metrics = EvalMetrics(
+        models=evaluated.models,
+        tokenizers=tokenizers.tokenizers,
+        text_sets=tokenizers.text_sets,
+        tokenizer_metrics=tokenizers.figures,
+        parity=tokenizers.parity,
+        morph=tokenizers.morph,
+        bpb=evaluated.bpb,
+        bpb_change=compared.bpb_change,
+        headline=compared.headline,
+        generation=compared.generation,
+        curves=upstream.curves,
+        cost={**upstream.cost, "eval": eval_cost(seconds, c_start, evaluated)},
+        vocab_sweep=upstream.vocab_sweep,
+        tokenizer_comparison=upstream.tokenizer_comparison,
+        transplant=upstream.transplant,
+        downstream=evaluated.downstream,
+        skipped=inputs.skipped,
+        seconds=seconds,
+    )
     return StageResult(metrics=publish(ctx, metrics, evaluated))
 
 
@@ -102,7 +135,11 @@ class Inputs:
 class TokenizerFigures:
     """The metrics sections that need no model (inventory, text sets, tokenizer figures) and their time."""
 
-    metrics: dict
+    tokenizers: dict[str, EvalTokenizer]
+    text_sets: dict[str, TextSet]
+    figures: dict[str, dict[str, SetFigures]]  # tokenizer -> set
+    parity: dict[str, dict[str, ParityFigures]]
+    morph: dict[str, dict[str, MorphFigures]]
     seconds: dict[str, float]
 
 
@@ -110,15 +147,32 @@ class TokenizerFigures:
 class Evaluated:
     """Per model: its description, BPB per set, generations, downstream results and the time each took."""
 
-    models: dict[str, dict] = field(default_factory=dict)
-    bpb: dict[str, dict] = field(default_factory=dict)
+    models: dict[str, ModelFigures] = field(default_factory=dict)
+    bpb: dict[str, dict[str, BpbFigures]] = field(default_factory=dict)
     generations: list[dict] = field(default_factory=list)
-    downstream: dict | None = None  # harness.metrics_header + results and seconds per model
+    downstream: Downstream | None = None  # harness.metrics_header + results and seconds per model
     task_samples: list[dict] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
 
-    def sections(self) -> dict:
-        return {"bpb": self.bpb, **({"downstream": self.downstream} if self.downstream is not None else {})}
+
+@dataclass
+class Compared:
+    """Each model against the reference: BPB change per set, the headline, generation repetition per mode."""
+
+    bpb_change: dict[str, dict[str, BpbChange]]
+    headline: Headline
+    generation: dict[str, dict[str, GenerationFigures]]
+
+
+@dataclass
+class Upstream:
+    """What the upstream manifests say: training curves and costs, the tokenizer's sweep and strategies, step 0."""
+
+    curves: dict[str, dict[str, Any]] = field(default_factory=dict)
+    cost: dict[str, dict[str, float]] = field(default_factory=dict)
+    vocab_sweep: VocabSweep | None = None
+    tokenizer_comparison: TokenizerComparison | None = None
+    transplant: Step0Section | None = None
 
 
 # ---- parse ------------------------------------------------------------------------------------------------
@@ -183,22 +237,17 @@ def measure_tokenizers(config: EvalConfig, inputs: Inputs) -> TokenizerFigures:
     """The tokenizer and text-set inventory and every tokenizer's fertility, parity and morpheme alignment."""
     t_tok = time.perf_counter()
     sets, toks = inputs.sets, inputs.toks
-    metrics = {
-        "tokenizers": inputs.tok_info,
-        "text_sets": {
-            k: {
-                "uri": s.uri,
-                "language": inputs.languages[k],
-                "num_docs": len(sets[k]),
-                "num_bytes": text_bytes(sets[k]),
-            }
+    return TokenizerFigures(
+        tokenizers={label: EvalTokenizer(**info) for label, info in inputs.tok_info.items()},
+        text_sets={
+            k: TextSet(uri=s.uri, language=inputs.languages[k], num_docs=len(sets[k]), num_bytes=text_bytes(sets[k]))
             for k, s in zip(sets, config.text_sets, strict=False)
         },
-        "tokenizer_metrics": tokenizer_metrics(toks, sets),
-        "parity": parity_metrics(toks, inputs.parallel),
-        "morph": morph_metrics(toks, inputs.gold),
-    }
-    return TokenizerFigures(metrics=metrics, seconds={"tokenizer_metrics": round(time.perf_counter() - t_tok, 2)})
+        figures=tokenizer_metrics(toks, sets),
+        parity=parity_metrics(toks, inputs.parallel),
+        morph=morph_metrics(toks, inputs.gold),
+        seconds={"tokenizer_metrics": round(time.perf_counter() - t_tok, 2)},
+    )
 
 
 def evaluate_models(config: EvalConfig, inputs: Inputs) -> Evaluated:
@@ -225,19 +274,21 @@ def evaluate_models(config: EvalConfig, inputs: Inputs) -> Evaluated:
             out.bpb[src.label] = bpb
         out.generations += gens
         if scores:
-            out.downstream["results"][src.label] = scores["results"]
-            out.downstream["seconds"][src.label] = info["tasks_seconds"]
+            out.downstream.results[src.label] = scores["results"]
+            out.downstream.seconds[src.label] = info.tasks_seconds
             out.task_samples += [{"model": src.label, **row} for row in scores["samples"]]
         out.seconds[f"model.{src.label}"] = round(time.perf_counter() - t_model, 2)
-        if "tasks_seconds" in info:
-            out.seconds[f"tasks.{src.label}"] = info["tasks_seconds"]
+        if info.tasks_seconds is not None:
+            out.seconds[f"tasks.{src.label}"] = info.tasks_seconds
+    if out.downstream is not None:
+        out.downstream.changes = harness.changes(out.downstream, compare.reference_label(out.downstream.results))
     return out
 
 
 # ---- compare ----------------------------------------------------------------------------------------------
 
 
-def comparisons(config: EvalConfig, inputs: Inputs, evaluated: Evaluated) -> dict:
+def comparisons(config: EvalConfig, inputs: Inputs, evaluated: Evaluated) -> Compared:
     """Per-set BPB change against the reference model, the headline and each model's generation repetition."""
     reference = compare.reference_label(evaluated.bpb)
     bpb_change = compare.bpb_changes(evaluated.bpb, reference, inputs.languages)
@@ -247,8 +298,11 @@ def comparisons(config: EvalConfig, inputs: Inputs, evaluated: Evaluated) -> dic
     by_mode: dict = {}
     for g in evaluated.generations:
         by_mode.setdefault(g["model"], {}).setdefault(g["mode"], []).append(g)
-    generation = {m: {mode: gen_mod.mean_repetition(rows) for mode, rows in d.items()} for m, d in by_mode.items()}
-    return {"bpb_change": bpb_change, "headline": headline, "generation": generation}
+    generation = {
+        m: {mode: GenerationFigures(**gen_mod.mean_repetition(rows)) for mode, rows in d.items()}
+        for m, d in by_mode.items()
+    }
+    return Compared(bpb_change=bpb_change, headline=headline, generation=generation)
 
 
 def upstream_metrics(ctx: StageContext, stage: str):
@@ -259,46 +313,40 @@ def upstream_metrics(ctx: StageContext, stage: str):
     return read_metrics(stage, art.manifest.metrics, art.uri)
 
 
-def upstream_sections(ctx: StageContext) -> dict:
+def upstream_sections(ctx: StageContext) -> Upstream:
     """Training curves and costs (cpt, sft), the vocab sweep and strategies (tokenizer), step-0 BPB (cpt)."""
-    sections: dict = {"curves": {}, "cost": {}}
+    out = Upstream()
     for stage in ("cpt", "sft"):
         if (typed := upstream_metrics(ctx, stage)) is not None:
             if series := typed.curves():  # name -> [(step, value)]
-                sections["curves"][stage] = {k: [list(p) for p in sorted(v)] for k, v in series.items()}
+                out.curves[stage] = {k: [list(p) for p in sorted(v)] for k, v in series.items()}
             if c := typed.cost():
-                sections["cost"][stage] = c
+                out.cost[stage] = c
     if (tok := upstream_metrics(ctx, "tokenizer")) is not None:
-        sections["vocab_sweep"] = compare.vocab_sweep(tok)
-        if comp := compare.tokenizer_comparison(tok):
-            sections["tokenizer_comparison"] = comp
-    if (cpt := upstream_metrics(ctx, "cpt")) is not None and (step0 := compare.step0_bpb(cpt)):
-        sections["transplant"] = step0
-    return sections
+        out.vocab_sweep = compare.vocab_sweep(tok)
+        out.tokenizer_comparison = compare.tokenizer_comparison(tok)
+    if (cpt := upstream_metrics(ctx, "cpt")) is not None:
+        out.transplant = compare.step0_bpb(cpt)
+    return out
 
 
 def eval_cost(seconds: dict[str, float], c_start: float, evaluated: Evaluated) -> dict:
     """The eval stage's own cost: wall and CPU seconds, and those of the downstream tasks."""
     cost = {"seconds_total": seconds["total"], "cpu_seconds_total": round(time.process_time() - c_start, 2)}
     if evaluated.downstream is not None:
-        cost["seconds_tasks"] = round(sum(evaluated.downstream["seconds"].values()), 2)
-        cost["cpu_seconds_tasks"] = round(sum(m.get("tasks_cpu_seconds", 0) for m in evaluated.models.values()), 2)
+        cost["seconds_tasks"] = round(sum(evaluated.downstream.seconds.values()), 2)
+        cost["cpu_seconds_tasks"] = round(sum(m.tasks_cpu_seconds or 0 for m in evaluated.models.values()), 2)
     return cost
 
 
 # ---- publish ----------------------------------------------------------------------------------------------
 
 
-def publish(ctx: StageContext, metrics: dict, evaluated: Evaluated) -> dict:
+def publish(ctx: StageContext, typed: EvalMetrics, evaluated: Evaluated) -> dict:
     """generations.jsonl, task_answers.jsonl, the report and metrics.json into the artifact folder; returns the
-    manifest's metrics (curves as their last points: the whole curves are in metrics.json). The metrics are
-    validated once here (`EvalMetrics`), before anything is written, and the report reads the typed model."""
+    manifest's metrics (curves as their last points: the whole curves are in metrics.json). The report reads
+    the typed model."""
     out = ctx.model_dir
-    if evaluated.downstream is not None:
-        metrics["downstream"]["changes"] = harness.changes(
-            metrics["downstream"], compare.reference_label(metrics["downstream"]["results"])
-        )
-    typed = validate_metrics("eval", metrics)
     with open(out / "generations.jsonl", "w", encoding="utf-8") as f:
         for g in evaluated.generations:
             f.write(json.dumps(g, ensure_ascii=False) + "\n")
