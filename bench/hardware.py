@@ -17,10 +17,15 @@ def cpu_model() -> str:
 
 
 def describe(*libraries: str) -> str:
-    """UTC date, CPU, cores (and affinity), GPU, torch threads, python and library versions."""
+    """UTC date, CPU (and whether it computes bf16), cores (and affinity), GPU, torch threads, python and library
+    versions."""
+    from dilforge_shared.runtime_policy import cpu_computes_bf16  # CPT's precision auto trains in bf16 with them
+
+    bf16 = "with" if cpu_computes_bf16() else "without"
     parts = [
         f"date {datetime.now(UTC).isoformat(timespec='seconds')}",
-        f"CPU {cpu_model()}, {os.cpu_count()} cores (affinity {len(os.sched_getaffinity(0))})",
+        f"CPU {cpu_model()} ({bf16} bf16 instructions), {os.cpu_count()} cores "
+        f"(affinity {len(os.sched_getaffinity(0))})",
     ]
     try:
         import torch
