@@ -509,8 +509,8 @@ class VocabSweep(Metrics):
 
 
 class EvalMetrics(Metrics):
-    """The eval summary in the manifest (metrics.json beside the report has the full curves). The stage
-    validates it once, before writing the report, and the report reads its attributes."""
+    """The eval summary in the manifest (metrics.json beside the report has the full curves). The stage builds
+    it, section by section, before writing the report, and the report reads its attributes."""
 
     models: dict[str, EvalModel]
     tokenizers: dict[str, EvalTokenizer]
