@@ -182,9 +182,11 @@ def test_sigterm_stops_the_workers_and_a_rerun_resumes(tmp_path, data_root):
     assert "already done" in again.stdout
 
 
-def test_two_hosts_running_the_phases_publish_the_local_output(curated, tmp_path):
-    """What a job of several hosts does (each host one slice of every phase's datatrove tasks, the next phase
-    reading the union of their outputs, one host publishing): the same artifact, byte for byte, as one machine."""
+@pytest.fixture
+def two_hosts(curated, tmp_path):
+    """`process(host, *args)`: start `python -m dilforge_curate process ARGS` as host algo-1 or algo-2 of a job of
+    two, as a SageMaker Processing container would (the run's config as hyperparameters, resourceconfig.json);
+    also the local run's manifest and the artifact folder the hosts publish to."""
     from dilforge_shared.configs import validate_model
     from dilforge_shared.configs.curate import CurateConfig
     from dilforge_shared.hyperparameters import build_hyperparameters
@@ -193,30 +195,85 @@ def test_two_hosts_running_the_phases_publish_the_local_output(curated, tmp_path
     root, _, config, out = curated
     local = json.loads((artifact_dir(root / "store", "curate", out).parent / "manifest.json").read_text())
     section = validate_model(CurateConfig, {**config["curate"], "num_workers": 1}, "curate")
-    artifact_uri = str(tmp_path / "store" / "artifacts" / "curate" / local["artifact_id"])
-    hp = build_hyperparameters(section, artifact_uri, "web", {})
-    hosts = ["algo-1", "algo-2"]
+    artifact_uri = tmp_path / "store" / "artifacts" / "curate" / local["artifact_id"]
+    hp = build_hyperparameters(section, str(artifact_uri), "web", {})
+
+    def process(host: str, *args: str) -> subprocess.Popen:
+        opt_root = tmp_path / f"opt-{host}-{args[0]}"
+        OptMl(opt_root).write_inputs(hp, {"current_host": host, "hosts": ["algo-1", "algo-2"]})
+        cmd = [sys.executable, "-m", "dilforge_curate", "process", *args]
+        env = {**os.environ, OPT_ML_ENV: str(opt_root)}
+        return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    return process, local, artifact_uri
+
+
+def finished(proc: subprocess.Popen) -> str:
+    out = proc.communicate(timeout=300)[0]
+    assert proc.returncode == 0, out[-3000:]
+    return out
+
+
+def test_two_hosts_running_the_phases_publish_the_local_output(two_hosts, tmp_path):
+    """What a job of several hosts does (each host one slice of every phase's datatrove tasks, the next phase
+    reading the union of their outputs, one host publishing): the same artifact, byte for byte, as one machine."""
+    process, local, artifact_uri = two_hosts
     merged = tmp_path / "merged"
     merged.mkdir()
-
-    def python(opt_root: Path, *args: str, host: str = "algo-1") -> None:
-        OptMl(opt_root).write_inputs(hp, {"current_host": host, "hosts": hosts})
-        env = {**os.environ, OPT_ML_ENV: str(opt_root)}
-        proc = subprocess.run(
-            [sys.executable, "-m", "dilforge_curate", "process", *args], env=env, capture_output=True, text=True
-        )
-        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-
     for phase in ("filter", "buckets", "cluster", "write"):
-        for host in hosts:
+        for host in ("algo-1", "algo-2"):
             write = tmp_path / f"{phase}-{host}"
-            python(tmp_path / f"opt-{host}", phase, "--read", str(merged), "--write", str(write), host=host)
+            finished(process(host, phase, "--read", str(merged), "--write", str(write)))
             if write.is_dir():  # what the next job's input holds: every host's outputs under one prefix
                 shutil.copytree(write, merged, dirs_exist_ok=True)
-    python(tmp_path / "opt-publish", "publish", "--read", str(merged))
-    published = json.loads((Path(artifact_uri) / "manifest.json").read_text())
+    finished(process("algo-1", "publish", "--read", str(merged)))
+    published = json.loads((artifact_uri / "manifest.json").read_text())
     assert published["artifact_id"] == local["artifact_id"]
     assert [(f["path"], f["sha256"]) for f in published["files"]] == [(f["path"], f["sha256"]) for f in local["files"]]
+
+
+def test_a_host_that_stopped_early_fails_the_next_phase_in_one_line(two_hosts, tmp_path):
+    """One host's buckets tasks missing from the union (an instance lost, a container killed): the cluster phase
+    fails naming the phase, and nothing is published from part of the data."""
+    process, _, artifact_uri = two_hosts
+    merged = tmp_path / "merged"
+    for phase in ("filter", "buckets"):
+        for host in ("algo-1", "algo-2"):
+            write = tmp_path / f"{phase}-{host}"
+            finished(process(host, phase, "--read", str(merged), "--write", str(write)))
+            if phase == "filter" or host == "algo-1":
+                shutil.copytree(write, merged, dirs_exist_ok=True)
+    for args in (
+        ("cluster", "--read", str(merged), "--write", str(tmp_path / "cluster")),
+        ("publish", "--read", str(merged)),
+    ):
+        proc = process("algo-1", *args)
+        out = proc.communicate(timeout=300)[0]
+        assert proc.returncode != 0
+        assert "task(s) of phase buckets did not finish (first: " in out and "Traceback" not in out, out[-3000:]
+    assert not artifact_uri.exists()
+
+
+def test_hosts_sharing_one_output_folder_wait_for_each_other(two_hosts, tmp_path):
+    """SageMaker local mode mounts one output folder into every host and stops all of them when the first
+    exits: with --shared-write, a host that finished its slice waits until the other host's tasks are done."""
+    process, _, _ = two_hosts
+    shared = tmp_path / "shared"
+    args = ("filter", "--read", str(tmp_path / "nothing"), "--write", str(shared), "--shared-write")
+    first = process("algo-1", *args)
+    waited = []
+    for line in first.stdout:
+        waited.append(line)
+        if "waiting for 2 task(s) of the other hosts" in line:  # 4 shards: algo-2 has tasks 2 and 3
+            break
+    assert first.poll() is None, "".join(waited)[-3000:]
+    time.sleep(2)
+    assert first.poll() is None  # still waiting: the other host has not run
+    finished(process("algo-2", *args))
+    finished(first)
+    assert sorted(p.name for p in (shared / "logs" / "filter" / "completions").iterdir()) == [
+        "00000", "00001", "00002", "00003",
+    ]  # fmt: skip
 
 
 def test_tokens_are_counted_under_the_given_tokenizer(tmp_path, data_root, tiny_tokenizer_dir):

@@ -53,6 +53,23 @@ def test_one_processing_job_per_phase_on_every_instance_then_one_publishes(reque
     ]
     assert outputs == [[work]] * 4 + [[]]  # every host's outputs under one prefix; the publisher writes the store
     assert all(r["Environment"]["DILFORGE_OPT_ML"] == "/opt/ml/processing/dilforge" for r in requests)
+    assert not any("--shared-write" in r["AppSpecification"]["ContainerEntrypoint"] for r in requests)
+
+
+def test_local_mode_hosts_of_a_phase_wait_for_each_other(tmp_path):
+    """Local mode mounts one output folder into every host and stops them all when the first exits: a phase on
+    several hosts gets --shared-write (each host waits for the others' tasks); SageMaker itself waits, so its
+    requests above never carry it."""
+    from dilforge_coordinator.backends.sagemaker_jobs import processing_specs
+    from dilforge_coordinator.backends.sagemaker_local import local_processing_spec
+
+    pipeline = PipelineConfig.model_validate(CONFIG)
+    specs = processing_specs(offline_jobs(pipeline)[0], pipeline.sagemaker, "dilforge-curate:dev")
+    local = [local_processing_spec(spec, tmp_path, {"DILFORGE_S3_ENDPOINT_URL": "http://s3:8333"}) for spec in specs]
+    waits = {spec.phase: "--shared-write" in spec.entrypoint for spec in local}
+    assert waits == {"filter": True, "buckets": True, "cluster": False, "write": True, "publish": False}
+    assert all(spec.outputs["work"][1] == f"file://{tmp_path}" for spec in local if spec.outputs)
+    assert all(spec.environment["DILFORGE_S3_ENDPOINT_URL"] == "http://s3:8333" for spec in local)
 
 
 def test_a_run_uploads_the_hyperparameters_and_submits_the_phases_in_order(monkeypatch, tmp_path):

@@ -48,6 +48,7 @@ from .compose import S3_ACCESS_KEY, S3_SECRET_KEY, ComposeBackend
 from .sagemaker_jobs import (
     PROCESSING_STAGES,
     JobSpec,
+    ProcessingSpec,
     config_uri,
     hyperparameters_uri,
     job_spec,
@@ -164,6 +165,17 @@ def upload_local_data(raw: Any, store: str, endpoint_url: str, declared: set[str
         return upload(value) if isinstance(value, str) else value
 
     return walk(raw), moved
+
+
+def local_processing_spec(spec: ProcessingSpec, work: Path, env: dict[str, str]) -> ProcessingSpec:
+    """A curate Processing job as local mode runs it: outputs to the local `work` folder, the local S3's
+    environment, and, on several hosts, `--shared-write`: local mode mounts one output folder into every host and
+    stops them all when the first exits, so each host waits for the others' tasks."""
+    outputs = {name: (path, f"file://{work}") for name, (path, _) in spec.outputs.items()}
+    entry = [*spec.entrypoint, "--shared-write"] if spec.outputs and spec.num_instances > 1 else spec.entrypoint
+    return replace(
+        spec, instance_type="local", environment={**spec.environment, **env}, outputs=outputs, entrypoint=entry
+    )
 
 
 class SageMakerLocalBackend:
@@ -323,7 +335,8 @@ class SageMakerLocalBackend:
     def run_processing(self, job: StageJob) -> None:
         """The curate stage's Processing jobs (`sagemaker_jobs.processing_specs`, as on SageMaker) in the SDK's local
         mode, each on its instances. What differs: each job's outputs land in a local folder (local mode would put
-        them under a per-job S3 prefix), which is uploaded to the shared work prefix before the next job starts."""
+        them under a per-job S3 prefix), which is uploaded to the shared work prefix before the next job starts
+        (`local_processing_spec`)."""
         ref, cited = self.image(image_of(job.stage))
         specs = processing_specs(job, self.config, ref)
         hp = stage_hyperparameters(job, self.config, CONTAINER_ENDPOINT)
@@ -337,9 +350,7 @@ class SageMakerLocalBackend:
         store = open_backend(work_uri(self.config, job).rstrip("/"), job.s3_endpoint_url)
         session = local_processing_session(self.region, job.s3_endpoint_url, S3_ACCESS_KEY, S3_SECRET_KEY)
         for spec in specs:
-            outputs = {name: (path, f"file://{work}") for name, (path, _) in spec.outputs.items()}
-            env = {**spec.environment, **self.container_env(cited)}
-            local = replace(spec, instance_type="local", environment=env, outputs=outputs)
+            local = local_processing_spec(spec, work, self.container_env(cited))
             print(f"[{job.stage}] {spec.phase}: SageMaker local mode, {spec.num_instances} x {ref}", flush=True)
             before = self.job_containers(ref)
             try:

@@ -27,6 +27,11 @@ def process(argv: list[str]) -> int:
     ap.add_argument("phase", choices=[*PHASES, "publish"])
     ap.add_argument("--read", type=Path, required=True, help="the union of every host's earlier outputs")
     ap.add_argument("--write", type=Path, help="this host's outputs (phases only)")
+    ap.add_argument(
+        "--shared-write",
+        action="store_true",
+        help="every host writes to the same --write folder (SageMaker local mode): wait for the others' tasks",
+    )
     args = ap.parse_args(argv)
     hosts = Path(PROCESSING_RESOURCES)
     if hosts.is_file():
@@ -44,7 +49,7 @@ def process(argv: list[str]) -> int:
         )
     if args.write is None:
         ap.error("--write is required for a phase")
-    folders = Folders(args.read, args.write)
+    folders = Folders(args.read, args.write, args.shared_write)
     return stage_main(
         CurateConfig,
         lambda config, ctx: run_phase(config, ctx, args.phase, folders),

@@ -112,11 +112,35 @@ class Folders:
 
     read: Path
     write: Path
+    shared: bool = False  # every host writes to the same folder (SageMaker local mode mounts one for all hosts)
 
 
 def host_slice(num_tasks: int, host: int, num_hosts: int) -> range:
     """The contiguous range of a phase's datatrove tasks that host `host` of `num_hosts` runs."""
     return range(num_tasks * host // num_hosts, num_tasks * (host + 1) // num_hosts)
+
+
+def num_tasks(config: CurateConfig, phase: str) -> int:
+    """How many datatrove tasks a phase has, whatever the number of hosts (so the output does not depend on it)."""
+    return {"buckets": config.dedup.num_buckets, "cluster": 1}.get(phase, config.output.num_shards)
+
+
+def unfinished(folder: Path, config: CurateConfig, phase: str) -> list[int]:
+    """The tasks of `phase` with no datatrove completion mark under `folder` (which holds every host's marks)."""
+    done = folder / "logs" / phase / "completions"
+    return [rank for rank in range(num_tasks(config, phase)) if not (done / f"{rank:05d}").is_file()]
+
+
+def require_finished(folder: Path, config: CurateConfig, phases: tuple[str, ...]) -> None:
+    """A host that stopped early (a lost instance, a killed container) must fail the next job in one line, not
+    leave it to run on part of the data."""
+    for phase in phases:
+        if missing := unfinished(folder, config, phase):
+            raise InputError(
+                f"curate: {len(missing)} task(s) of phase {phase} did not finish (first: {missing[0]}); rerun the "
+                "stage to resume them",
+                path=str(folder),
+            )
 
 
 def build(
@@ -208,32 +232,30 @@ def build(
         SourceCounter(),
         writer,
     ]
-    tasks, workers = config.output.num_shards, config.num_workers
 
-    def executor(phase: str, steps: list, num_tasks: int) -> LocalPipelineExecutor | None:
-        mine = host_slice(num_tasks, host, num_hosts)
+    def executor(phase: str, steps: list) -> LocalPipelineExecutor | None:
+        tasks = num_tasks(config, phase)
+        mine = host_slice(tasks, host, num_hosts)
         if not mine:
             return None
         return LocalPipelineExecutor(
             steps,
-            tasks=num_tasks,
-            workers=min(workers, len(mine)),
+            tasks=tasks,
+            workers=min(config.num_workers, len(mine)),
             logging_dir=str(work / "logs" / phase),
             local_tasks=len(mine),
             local_rank_offset=mine.start,
         )
 
     return {
-        "filter": executor("filter", filter_steps, tasks),
+        "filter": executor("filter", filter_steps),
         "buckets": executor(
-            "buckets",
-            [MinhashDedupBuckets(str(read / "signatures"), str(work / "buckets"), config=minhash)],
-            minhash.num_buckets,
+            "buckets", [MinhashDedupBuckets(str(read / "signatures"), str(work / "buckets"), config=minhash)]
         ),
         "cluster": executor(
-            "cluster", [MinhashDedupCluster(str(read / "buckets"), str(work / "remove_ids"), config=minhash)], 1
+            "cluster", [MinhashDedupCluster(str(read / "buckets"), str(work / "remove_ids"), config=minhash)]
         ),
-        "write": executor("write", write_steps, tasks),
+        "write": executor("write", write_steps),
     }
 
 
@@ -299,13 +321,23 @@ def run_phase(config: CurateConfig, ctx: StageContext, phase: str, folders: Fold
     inputs = parse(config, ctx)
     host, num_hosts = ctx.resources.node_rank, len(ctx.resources.hosts)
     print(f"[curate] {phase} on host {host + 1} of {num_hosts}", flush=True)
+    require_finished(folders.read, config, PHASES[: PHASES.index(phase)])
     executors = build(config, inputs, folders, folders.write / "out", host, num_hosts)
     execute(executors, folders.write, (phase,))
+    if folders.shared and num_hosts > 1:
+        # Local mode stops every host's container when the first one exits: wait for the others' tasks.
+        last = 0.0
+        while missing := unfinished(folders.write, config, phase):
+            if time.monotonic() - last >= 30:
+                print(f"[curate] {phase}: waiting for {len(missing)} task(s) of the other hosts", flush=True)
+                last = time.monotonic()
+            time.sleep(1)
 
 
 def publish_phases(config: CurateConfig, ctx: StageContext, work: Path) -> StageResult:
     """After every host ran every phase: the shards (`work/out`) into the artifact, with report, card, metrics."""
     t0 = time.perf_counter()
+    require_finished(work, config, PHASES)
     for shard in sorted((work / "out").glob("shard-*")):
         shutil.copyfile(shard, ctx.model_dir / shard.name)
     return finish(config, ctx.model_dir, work, {}, t0)
