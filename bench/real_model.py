@@ -12,7 +12,8 @@ reused, so a second call only reads them), then prints, from the published manif
   and metric, every model in Azerbaijani and English side by side with its 95 % interval, the chance level and
   the number of examples (the main job's CPU budget keeps these small: read the intervals);
 - the eval stage's time, and its time spent in the tasks;
-- the wall time of the run (meaningful only when nothing was reused: pass a fresh --store).
+- the wall time of the run (meaningful only when nothing was reused: pass a fresh --store), and the longest time
+  it printed nothing, with the line after which that began.
 
     python bench/real_model.py --data ../shared/data [--store /tmp/fresh-store] [--json out.json]
 """
@@ -36,22 +37,37 @@ AZ_BAR, EN_BAR = 0.75, 1.10
 HELDOUT_PREFIX, HELDOUT_AZ_BAR, HELDOUT_EN_BAR = "xwmt", 0.69, 1.03  # issue 24, on text CPT never saw
 
 
-def run_pipeline(config: Path, data: str, store: str) -> tuple[float, dict]:
-    env = {**os.environ, "DILFORGE_STORE": store}
+def run_pipeline(config: Path, data: str, store: str) -> tuple[float, dict, dict]:
+    """Run the main job, echoing its output as it comes; also the longest time it printed nothing (issue 29:
+    never silent for more than 30 s) and the line after which that silence began. Output is unbuffered, as on
+    a terminal."""
+    env = {**os.environ, "DILFORGE_STORE": store, "PYTHONUNBUFFERED": "1"}
     t0 = time.perf_counter()
-    proc = subprocess.run(
+    proc = subprocess.Popen(
         [sys.executable, "-m", "dilforge_coordinator.cli", "run-all", "-c", str(config), "--data", data],
         env=env,
         stdin=subprocess.DEVNULL,
-        check=False,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        bufsize=1,
     )
+    last, previous, silence = t0, "(start)", {"longest_silence_s": 0.0, "after_line": ""}
+    for line in proc.stdout:
+        now = time.perf_counter()
+        if now - last > silence["longest_silence_s"]:
+            silence = {"longest_silence_s": round(now - last, 1), "after_line": previous[:200]}
+        last, previous = now, line.rstrip("\n")
+        sys.stdout.write(line)
+    proc.wait()
     seconds = time.perf_counter() - t0
     if proc.returncode != 0:
         sys.exit(f"run-all failed (exit {proc.returncode})")
     from dilforge_shared.store import ArtifactStore
 
     record = json.loads(ArtifactStore(store).read_run_record("az-small"))
-    return seconds, {stage: ArtifactStore(store).resolve(info["artifact"]) for stage, info in record["stages"].items()}
+    artifacts = {stage: ArtifactStore(store).resolve(info["artifact"]) for stage, info in record["stages"].items()}
+    return seconds, artifacts, silence
 
 
 def language_sets(eval_metrics: dict) -> dict[str, str]:
@@ -219,9 +235,10 @@ def main() -> None:
     ap.add_argument("--json", type=Path, help="also write the numbers here")
     args = ap.parse_args()
     print(describe("transformers", "tokenizers"), flush=True)
-    seconds, artifacts = run_pipeline(args.config, args.data, args.store)
-    result = {"wall_seconds": round(seconds, 1), "hardware": describe("transformers"), **table(artifacts)}
-    print(f"\nrun-all wall time: {seconds:.0f} s (artifacts reused where they existed)\n")
+    seconds, artifacts, silence = run_pipeline(args.config, args.data, args.store)
+    result = {"wall_seconds": round(seconds, 1), **silence, "hardware": describe("transformers"), **table(artifacts)}
+    print(f"\nrun-all wall time: {seconds:.0f} s (artifacts reused where they existed)")
+    print(f"longest silence: {silence['longest_silence_s']:.1f} s, after: {silence['after_line']}\n")
     print(markdown(result))
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))

@@ -3,15 +3,19 @@ corpus read and measurements): one helper for every stage.
 
 On a terminal (stderr a TTY) it is a tqdm bar. Without one (SageMaker, compose, a CI log) a bar's carriage
 returns make an unreadable log, so it writes a log line at most every `every_s` seconds instead, with the count,
-the rate and an ETA when the total is known: short passes stay quiet, a long or stuck one is visible. A pass long
-enough to have logged ends with a `(done)` line. `enabled=False` (a rank other than 0) shows nothing.
+the rate and an ETA when the total is known: short passes stay quiet, a long or stuck one is visible. When no
+update comes for `every_s` (a CPT step that takes longer than that on a slow CPU), a heartbeat thread logs the
+same line marked `(in progress)`, so the log is never silent for longer than `every_s` while a pass runs. A pass
+long enough to have logged ends with a `(done)` line. `enabled=False` (a rank other than 0) shows nothing.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+import threading
 import time
+import weakref
 from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar
 
@@ -35,7 +39,7 @@ class Progress:
         *,
         unit: str = "it",
         initial: int = 0,
-        every_s: float = 30.0,
+        every_s: float = 25.0,  # with the heartbeat's polling, a job log is never silent for 30 s
         log: logging.Logger | None = None,
         enabled: bool = True,
         tty: bool | None = None,
@@ -47,12 +51,22 @@ class Progress:
         self.logged = False
         self.start = self.last = _clock()
         self.bar = None
+        self.postfix: dict[str, Any] = {}
+        self._lock = threading.Lock()
+        self._logged_at = time.monotonic()  # real time of the last line, for the heartbeat
+        self._stop = threading.Event()
         if enabled and (sys.stderr.isatty() if tty is None else tty):
             from tqdm import tqdm
 
             self.bar = tqdm(
                 total=total, initial=initial, desc=desc, unit=unit, file=sys.stderr, dynamic_ncols=True, leave=False
             )
+        elif enabled and every_s > 0:
+            # The thread holds only a weak reference: a pass that is never closed stops beating once collected.
+            threading.Thread(
+                target=_heartbeat, args=(weakref.ref(self), self._stop, every_s), name=f"progress {desc}", daemon=True
+            ).start()
+            weakref.finalize(self, self._stop.set)
 
     def set_total(self, total: int | None) -> None:
         if self.total != total:
@@ -70,11 +84,21 @@ class Progress:
             if postfix:
                 self.bar.set_postfix({k: _fmt(v) for k, v in postfix.items()}, refresh=False)
             return
+        self.postfix = postfix
         now = _clock()
         if now - self.last >= self.every_s and (self.total is None or self.n < self.total):
-            self.last = now
-            self.logged = True
-            self.log.info("%s", self.line(now, postfix))
+            self._emit(now, self.line(now, postfix))
+
+    def _emit(self, now: float, text: str) -> None:
+        with self._lock:
+            self.last, self._logged_at, self.logged = now, time.monotonic(), True
+            self.log.info("%s", text)
+
+    def beat(self) -> None:
+        """The heartbeat's line, when no line came for `every_s` of real time and the pass is not finished."""
+        if time.monotonic() - self._logged_at >= self.every_s and (self.total is None or self.n < self.total):
+            now = _clock()
+            self._emit(now, f"{self.line(now, self.postfix)} (in progress)")
 
     def line(self, now: float, postfix: dict | None = None) -> str:
         elapsed = now - self.start
@@ -95,10 +119,13 @@ class Progress:
         if self.bar is not None:
             self.bar.write(text, file=sys.stderr)
         else:
-            self.log.info("%s", text)
+            with self._lock:
+                self._logged_at = time.monotonic()
+                self.log.info("%s", text)
 
     def close(self) -> None:
         """Closes the bar; without one, a final line only for passes long enough to have logged one."""
+        self._stop.set()
         if self.bar is not None:
             self.bar.close()
             self.bar = None
@@ -121,6 +148,15 @@ def track(items: Iterable[T], desc: str, total: int | None = None, **kwargs: Any
         for item in items:
             yield item
             progress.update(1)
+
+
+def _heartbeat(ref: weakref.ref, stop: threading.Event, every_s: float) -> None:
+    while not stop.wait(min(every_s / 5, 1.0)):
+        progress = ref()
+        if progress is None:
+            return
+        progress.beat()
+        del progress
 
 
 def _fmt(v: Any) -> str:

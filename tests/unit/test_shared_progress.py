@@ -107,3 +107,24 @@ def test_track_yields_every_item_and_counts_it(caplog, clock):
         "measure: 2/3 it (67%), 20s elapsed, ETA 10s",
         "measure: 3/3 it (100%), 30s elapsed, ETA 0s (done)",
     ]
+
+
+def test_a_pass_with_no_update_for_the_interval_logs_a_heartbeat_until_closed(caplog):
+    """A CPT step longer than the interval (fp32 on a slow CPU) must not leave the log silent: the heartbeat logs
+    the current line marked `(in progress)` once per interval; a closed or finished pass says nothing more."""
+    import time
+
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        p = Progress("cpt", 10, unit="steps", every_s=0.3, log=logging.getLogger(LOGGER), tty=False)
+        p.update(1, loss=2.5)
+        time.sleep(1.1)
+        beats = messages(caplog)
+        p.close()
+        closed = len(messages(caplog))
+        done = Progress("bpb", 2, every_s=0.3, log=logging.getLogger(LOGGER), tty=False)
+        done.update(2)
+        time.sleep(0.8)
+    assert 2 <= len(beats) <= 4, beats
+    assert all(b.startswith("cpt: 1/10 steps (10%)") and b.endswith("loss=2.5 (in progress)") for b in beats), beats
+    assert len(messages(caplog)) == closed  # nothing after the close, nothing for a finished pass
+    assert messages(caplog)[-1].endswith("(done)")
