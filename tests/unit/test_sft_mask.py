@@ -162,3 +162,39 @@ def test_sigterm_flag_checkpoints_and_stops():
     flag["stop"] = True
     cb.on_step_end(None, None, control)
     assert control.should_save and control.should_training_stop
+
+
+def test_progress_callback_counts_the_trainer_steps_from_a_resumed_step(caplog, monkeypatch):
+    """SFT's steps go through the shared progress helper (the Trainer's tqdm is off): the count starts at the
+    resumed step, follows `global_step` (an optimizer step, whatever the accumulation), and ends with a
+    `(done)` line once a line was logged; ranks other than 0 show nothing."""
+    import io
+    import logging
+
+    from dilforge_sft.training import progress_callback
+    from dilforge_shared import progress as progress_mod
+    from transformers import TrainerControl, TrainerState
+
+    monkeypatch.setattr(progress_mod.sys, "stderr", io.StringIO())  # a job log, not a terminal
+    times = iter([0.0, 40.0, 80.0, 120.0, 160.0, 0.0])
+    monkeypatch.setattr(progress_mod, "_clock", lambda: next(times))
+    state, control = TrainerState(max_steps=4, global_step=1, is_world_process_zero=True), TrainerControl()
+    cb = progress_callback()
+    with caplog.at_level(logging.INFO, logger="dilforge.sft"):
+        cb.on_train_begin(None, state, control)
+        for step in (2, 3):
+            state.global_step = step
+            cb.on_step_end(None, state, control)
+        assert cb.progress.n == 3
+        state.global_step = 4
+        cb.on_step_end(None, state, control)
+        cb.on_train_end(None, state, control)
+    lines = [r.getMessage() for r in caplog.records if r.name == "dilforge.sft"]
+    assert lines == [
+        "sft: 2/4 steps (50%), 40s elapsed, ETA 80s",  # rate counted from the resumed step
+        "sft: 3/4 steps (75%), 80s elapsed, ETA 40s",
+        "sft: 4/4 steps (100%), 160s elapsed, ETA 0s (done)",
+    ]
+    other = progress_callback()
+    other.on_train_begin(None, TrainerState(max_steps=4, is_world_process_zero=False), control)
+    assert not other.progress.enabled

@@ -42,7 +42,7 @@ from .plans import (
     device_plan,
     estimate_training_bytes,
 )
-from .training import build_trainer, load_model, stop_on_sigterm_callback, tensorboard_callback
+from .training import build_trainer, load_model, progress_callback, stop_on_sigterm_callback, tensorboard_callback
 
 log = logging.getLogger("dilforge.sft")
 # a chat template that marks assistant turns for the assistant-only loss ({% generation %} ... {% endgeneration %})
@@ -256,6 +256,7 @@ def build(config: SftConfig, ctx: StageContext, setup: Setup, stop_flag: dict[st
         callbacks=[
             stop_on_sigterm_callback(stop_flag),
             seal_checkpoints_callback(),
+            progress_callback(),
             tensorboard_callback(ctx.tensorboard_dir),
         ],
         checkpointing=setup.checkpointing,

@@ -1,7 +1,6 @@
 """TRL, PEFT and transformers as libraries: the base model (with Liger's layer kernels on CUDA), the LoRA config,
 TRL's SFTConfig from the stage config (every knob from SftConfig, nothing from TRL's defaults by accident), the
-SFTTrainer, and the two callbacks (SIGTERM → checkpoint and
-stop; TensorBoard where SageMaker uploads it)."""
+SFTTrainer, and the callbacks (SIGTERM → checkpoint and stop; progress; TensorBoard where SageMaker uploads it)."""
 
 from __future__ import annotations
 
@@ -9,6 +8,7 @@ import logging
 from pathlib import Path
 
 from dilforge_shared.configs.sft import SftConfig
+from dilforge_shared.progress import Progress
 
 from .data import Example
 from .plans import DevicePlan
@@ -136,6 +136,33 @@ def stop_on_sigterm_callback(flag: dict[str, bool]):
             return control
 
     return StopOnSigterm()
+
+
+def progress_callback():
+    """The steps through the shared progress helper, as every stage shows them: a bar on a terminal, else a log
+    line with an ETA every 25 s and a heartbeat when a step takes longer (the Trainer's own tqdm is off: its
+    carriage returns make an unreadable job log)."""
+    from transformers import TrainerCallback
+
+    class StepProgress(TrainerCallback):
+        progress: Progress | None = None
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            enabled = state.is_world_process_zero
+            self.progress = Progress(
+                "sft", state.max_steps, unit="steps", initial=state.global_step, log=log, enabled=enabled
+            )
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if self.progress is not None:
+                self.progress.update(state.global_step - self.progress.n)
+
+        def on_train_end(self, args, state, control, **kwargs):
+            if self.progress is not None:
+                self.progress.close()
+                self.progress = None
+
+    return StepProgress()
 
 
 def tensorboard_callback(log_dir: Path):
