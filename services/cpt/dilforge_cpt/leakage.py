@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 from dilforge_shared.bpb import eval_mode, stream_nll
 from dilforge_shared.configs.cpt import CptConfig
+from dilforge_shared.progress import Progress
 from tokenizers import Tokenizer
 
 from .data import TokenIds, ValidationSet, build_validation
@@ -81,10 +82,24 @@ def measure(model, probe: LeakageProbe, config: CptConfig, rt: Runtime) -> dict[
     sums: list[float] = []
     with eval_mode(model):
         for vs in probe.sets:
-            with rt.autocast():
-                (full, kept), _, _ = stream_nll(
-                    model, vs.stream, window, stride, batch_size, rank=rt.rank, world=rt.world, kept=probe.kept
-                )
+            with Progress(f"leakage {vs.name}", 0, unit="batches", log=log, enabled=rt.is_main) as progress:
+
+                def on_batch(done: int, total: int, progress=progress) -> None:
+                    progress.set_total(total)
+                    progress.update(1)
+
+                with rt.autocast():
+                    (full, kept), _, _ = stream_nll(
+                        model,
+                        vs.stream,
+                        window,
+                        stride,
+                        batch_size,
+                        rank=rt.rank,
+                        world=rt.world,
+                        kept=probe.kept,
+                        on_batch=on_batch,
+                    )
             sums += [full, kept]
     sums = rt.all_sum(sums)
     out = {}
