@@ -89,6 +89,11 @@ class Progress:
         if now - self.last >= self.every_s and (self.total is None or self.n < self.total):
             self._emit(now, self.line(now, postfix))
 
+    def batches(self, done: int, total: int) -> None:
+        """`done` of `total` batches: the `on_batch` callback of `dilforge_shared.bpb`'s passes."""
+        self.set_total(total)
+        self.update(done - self.n)
+
     def _emit(self, now: float, text: str) -> None:
         with self._lock:
             self.last, self._logged_at, self.logged = now, time.monotonic(), True

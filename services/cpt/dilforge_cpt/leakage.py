@@ -82,24 +82,19 @@ def measure(model, probe: LeakageProbe, config: CptConfig, rt: Runtime) -> dict[
     sums: list[float] = []
     with eval_mode(model):
         for vs in probe.sets:
-            with Progress(f"leakage {vs.name}", 0, unit="batches", log=log, enabled=rt.is_main) as progress:
-
-                def on_batch(done: int, total: int, progress=progress) -> None:
-                    progress.set_total(total)
-                    progress.update(1)
-
-                with rt.autocast():
-                    (full, kept), _, _ = stream_nll(
-                        model,
-                        vs.stream,
-                        window,
-                        stride,
-                        batch_size,
-                        rank=rt.rank,
-                        world=rt.world,
-                        kept=probe.kept,
-                        on_batch=on_batch,
-                    )
+            progress = Progress(f"leakage {vs.name}", 0, unit="batches", log=log, enabled=rt.is_main)
+            with progress, rt.autocast():
+                (full, kept), _, _ = stream_nll(
+                    model,
+                    vs.stream,
+                    window,
+                    stride,
+                    batch_size,
+                    rank=rt.rank,
+                    world=rt.world,
+                    kept=probe.kept,
+                    on_batch=progress.batches,
+                )
             sums += [full, kept]
     sums = rt.all_sum(sums)
     out = {}

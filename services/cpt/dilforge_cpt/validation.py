@@ -36,16 +36,17 @@ def evaluate(
     with eval_mode(model):
         for vs in val:
             progress = Progress(f"{desc} {vs.name}", 0, unit="batches", log=log, enabled=rt.is_main)
-
-            def on_batch(done: int, total: int, progress=progress) -> None:
-                progress.set_total(total)
-                progress.update(1)
-
-            with rt.autocast():
+            with progress, rt.autocast():
                 nll, count, _ = stream_nll(
-                    model, vs.stream, window, stride, batch_size, rank=rt.rank, world=rt.world, on_batch=on_batch
+                    model,
+                    vs.stream,
+                    window,
+                    stride,
+                    batch_size,
+                    rank=rt.rank,
+                    world=rt.world,
+                    on_batch=progress.batches,
                 )
-            progress.close()
             sums += [nll, float(count)]
     sums = rt.all_sum(sums)
     nll_total, count_total = sum(sums[0::2]), sum(sums[1::2])

@@ -22,7 +22,7 @@ from dilforge_shared.metrics import EvalModel as ModelFigures
 from dilforge_shared.progress import Progress
 from dilforge_shared.textmetrics import measure, tokenizers_encoder
 
-from . import downstream, harness, progress
+from . import downstream, harness
 from . import generate as gen_mod
 from . import morph as morph_mod
 from .resolve import EvalModel, load_model
@@ -45,8 +45,10 @@ def encode_stream(tokenizer, docs: Sequence[str], source: str = "tokenizer") -> 
     return build_stream(list(docs), encoded, bos, doc_end)
 
 
-def bits_per_byte(model, tokenizer, docs: Sequence[str], window: int, stride: int, batch_size: int = 8) -> BpbResult:
-    return sliding_window_bpb(model, encode_stream(tokenizer, docs), window, stride, batch_size)
+def bits_per_byte(
+    model, tokenizer, docs: Sequence[str], window: int, stride: int, batch_size: int = 8, on_batch=None
+) -> BpbResult:
+    return sliding_window_bpb(model, encode_stream(tokenizer, docs), window, stride, batch_size, on_batch=on_batch)
 
 
 def bpb_summary(res: BpbResult) -> BpbFigures:
@@ -129,10 +131,8 @@ def evaluate_model(
     log.info("model %s: %s parameters, window %d stride %d", src.label, f"{info.num_parameters:,}", window, stride)
     bpb = {}
     for name, docs in sets.items():
-        num_tokens = len(tokenizer("\n".join(docs), add_special_tokens=False)["input_ids"])
-        total = progress.num_bpb_batches(num_tokens, window, stride, config.bpb.batch_size)
-        with progress.forward_progress(model, total, f"bpb {src.label}/{name}"):
-            res = bits_per_byte(model, tokenizer, docs, window, stride, config.bpb.batch_size)
+        with Progress(f"bpb {src.label}/{name}", unit="batch", log=log) as bar:
+            res = bits_per_byte(model, tokenizer, docs, window, stride, config.bpb.batch_size, on_batch=bar.batches)
         bpb[name] = bpb_summary(res)
         log.info(
             "bpb %s / %s: %.4f (%d tokens, %d bytes, %.0f bytes/s)",
