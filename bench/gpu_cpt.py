@@ -300,11 +300,10 @@ class Trainer:
         """One forward + backward at batch 1 counting the Liger Functions that ran; and whether the
         forward returned logits (fused linear cross entropy returns none)."""
         import torch
+        from liger_probe import counting_calls, liger_functions
 
         x = torch.from_numpy(self.tokens(1)).to(self.rt.device)
-        from dilforge_cpt import sharding
-
-        with sharding.counting_calls(sharding.liger_functions()) as counts:
+        with counting_calls(liger_functions()) as counts:
             with self.rt.autocast():
                 out = self.model(input_ids=x, labels=x)
             out.loss.backward()

@@ -55,7 +55,8 @@ def test_bf16_liger_step_never_materialises_logits(gpu_data):
     """In a child process, as the stage runs: Liger patches the whole process it is applied in."""
     here = Path(__file__).resolve().parent
     env = stage_env()
-    env["PYTHONPATH"] = os.pathsep.join([str(here), str(here.parent), env["PYTHONPATH"]])
+    bench = here.parents[1] / "bench"
+    env["PYTHONPATH"] = os.pathsep.join([str(here), str(here.parent), str(bench), env["PYTHONPATH"]])
     code = "import sys, test_cpt_gpu as t; t.fused_step_main(sys.argv[1], sys.argv[2])"
     argv = [sys.executable, "-c", code, str(gpu_data["train"]), str(gpu_data["valid"])]
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600, check=False)
@@ -83,6 +84,7 @@ def check_fused_step(rt, config) -> None:
     from cpt_steps import train_step
     from dilforge_cpt import optim, sharding
     from factories import tiny_llama_config
+    from liger_probe import counting_calls, liger_functions, liger_parts
     from transformers import LlamaForCausalLM
 
     # sized so that one fp32 logits tensor (2 GiB) dwarfs everything else the step holds (~0.6 GiB:
@@ -93,7 +95,7 @@ def check_fused_step(rt, config) -> None:
     kernels = sharding.apply_liger(model, config, rt)
     assert {"fused_linear_cross_entropy", "rms_norm", "rope", "swiglu"} <= set(kernels)
     # Liger binds forwards on the instance (class names stay LlamaRMSNorm/LlamaMLP)
-    assert {"<model>", "model.norm", "model.layers.0.mlp"} <= set(sharding.liger_parts(model))
+    assert {"<model>", "model.norm", "model.layers.0.mlp"} <= set(liger_parts(model))
     model = sharding.shard_model(model, config, rt)
     head_calls, q_dtypes = [], []
     model.get_output_embeddings().register_forward_hook(lambda *a: head_calls.append(1))
@@ -106,7 +108,7 @@ def check_fused_step(rt, config) -> None:
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
-    with sharding.counting_calls(sharding.liger_functions()) as ran:
+    with counting_calls(liger_functions()) as ran:
         loss, norm = train_step(model, optimizer, [tokens], rt, 1.0)
     torch.cuda.synchronize()
     peak_extra = torch.cuda.max_memory_allocated() - base

@@ -195,7 +195,7 @@ def test_a_point_whose_timing_runs_out_of_memory_measures_a_new_warm_stage_model
 
 
 def test_counting_calls_counts_and_restores():
-    from dilforge_cpt.sharding import counting_calls
+    counting_calls = factories.load_bench("liger_probe").counting_calls
 
     class Double(torch.autograd.Function):
         @staticmethod

@@ -1,6 +1,6 @@
 """One name per idea across the stage configs (config schema 1.2: the shared training knobs of configs/knobs.py):
-the 1.1 names still load for one minor version, warn naming the new field, and give exactly the config the new
-names give; the names 1.1 deprecated are gone; presets use only the new names."""
+the names 1.1 and 1.2 deprecated are gone (each deprecation lasted one minor version); presets use only the new
+names."""
 
 from __future__ import annotations
 
@@ -26,82 +26,6 @@ CPT = {
 SFT = {"train": [{"uri": "chat.jsonl"}]}
 
 
-def _load_old(model, raw: dict, *new_fields: str):
-    with pytest.warns(DeprecationWarning) as caught:
-        config = validate_model(model, raw, "old.yaml")
-    messages = " | ".join(str(w.message) for w in caught)
-    for field in new_fields:
-        assert field in messages, f"the warning does not name {field}: {messages}"
-    return config
-
-
-def test_sft_batch_steps_and_checkpointing_names():
-    old = {
-        **SFT,
-        "per_device_batch_size": 4,
-        "gradient_accumulation_steps": 3,
-        "eval_batch_size": 2,
-        "max_steps": 9,
-        "gradient_checkpointing": "on",
-        "train": [{"uri": "chat.jsonl", "max_records": 5}],
-    }
-    new = {
-        **SFT,
-        "micro_batch_size": 4,
-        "global_batch_size": 12,
-        "eval_micro_batch_size": 2,
-        "num_steps": 9,
-        "activation_checkpointing": "on",
-        "train": [{"uri": "chat.jsonl", "max_docs": 5}],
-    }
-    loaded = _load_old(
-        SftConfig,
-        old,
-        "sft.micro_batch_size",
-        "sft.global_batch_size",
-        "sft.eval_micro_batch_size",
-        "sft.num_steps",
-        "sft.activation_checkpointing",
-        "max_docs",
-    )
-    assert loaded == validate_model(SftConfig, new, "new.yaml")
-    assert loaded.grad_accum_steps(1, "sft.") == 3 and loaded.train[0].max_docs == 5
-
-
-def test_sft_accumulation_alone_uses_the_default_micro_batch():
-    loaded = _load_old(SftConfig, {**SFT, "gradient_accumulation_steps": 2}, "sft.global_batch_size")
-    assert (
-        (loaded.micro_batch_size, loaded.global_batch_size)
-        == (8, 16)
-        == (SftConfig.model_validate(SFT).micro_batch_size, SftConfig.model_validate(SFT).global_batch_size)
-    )
-
-
-def test_cpt_eval_batch_and_per_corpus_cap_names():
-    old = {
-        **CPT,
-        "validation_micro_batch_size": 3,
-        "max_docs_per_corpus": 50,
-        "corpora": [{"uri": "a.txt"}, {"uri": "b.txt", "max_docs": 7}],
-    }
-    new = {
-        **CPT,
-        "eval_micro_batch_size": 3,
-        "corpora": [{"uri": "a.txt", "max_docs": 50}, {"uri": "b.txt", "max_docs": 7}],
-    }
-    loaded = _load_old(CptConfig, old, "cpt.eval_micro_batch_size", "max_docs on each of cpt.corpora")
-    assert loaded == validate_model(CptConfig, new, "new.yaml")
-
-
-def test_old_and_new_name_together_is_an_error_naming_both():
-    with pytest.raises(ConfigError, match="sft.max_steps and sft.num_steps"):
-        validate_model(SftConfig, {**SFT, "max_steps": 7, "num_steps": 8}, "both.yaml")
-    with pytest.raises(ConfigError, match="sft.gradient_accumulation_steps and sft.global_batch_size"):
-        validate_model(SftConfig, {**SFT, "gradient_accumulation_steps": 2, "global_batch_size": 8}, "both.yaml")
-    with pytest.raises(ConfigError, match="cpt.validation_micro_batch_size and cpt.eval_micro_batch_size"):
-        validate_model(CptConfig, {**CPT, "validation_micro_batch_size": 1, "eval_micro_batch_size": 2}, "both.yaml")
-
-
 @pytest.mark.parametrize(
     "model, raw, field",
     [
@@ -117,6 +41,24 @@ def test_the_names_1_1_deprecated_are_gone_in_1_2(model, raw, field):
         validate_model(model, raw, "old.yaml")
     with pytest.raises(ConfigError, match="liger"):
         validate_model(CptConfig, {**CPT, "liger": True}, "old.yaml")
+
+
+@pytest.mark.parametrize(
+    "model, raw, field",
+    [
+        (SftConfig, {**SFT, "per_device_batch_size": 4}, "per_device_batch_size"),
+        (SftConfig, {**SFT, "gradient_accumulation_steps": 3}, "gradient_accumulation_steps"),
+        (SftConfig, {**SFT, "eval_batch_size": 2}, "eval_batch_size"),
+        (SftConfig, {**SFT, "max_steps": 9}, "max_steps"),
+        (SftConfig, {**SFT, "gradient_checkpointing": "on"}, "gradient_checkpointing"),
+        (SftConfig, {"train": [{"uri": "chat.jsonl", "max_records": 5}]}, "train.0.max_records"),
+        (CptConfig, {**CPT, "validation_micro_batch_size": 3}, "validation_micro_batch_size"),
+        (CptConfig, {**CPT, "max_docs_per_corpus": 50}, "max_docs_per_corpus"),
+    ],
+)
+def test_the_names_1_2_deprecated_are_gone_in_1_3(model, raw, field):
+    with pytest.raises(ConfigError, match=rf"old\.yaml:\n  {re.escape(field)}: Extra inputs are not permitted"):
+        validate_model(model, raw, "old.yaml")
 
 
 def test_both_stages_share_one_definition_of_each_knob():

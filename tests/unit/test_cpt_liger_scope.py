@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import factories
 import pytest
 import torch
 from factories import tiny_llama_config
@@ -24,16 +25,18 @@ def plain_llama():
 
 CHILD = """
 import sys
+import factories
 from factories import tiny_llama_config
 from transformers import LlamaForCausalLM
 from transformers.models.llama import modeling_llama
 from dilforge_cpt import sharding
+from liger_probe import liger_parts
 
 model = LlamaForCausalLM(tiny_llama_config(128))
-assert sharding.liger_parts(model) == [], sharding.liger_parts(model)
+assert liger_parts(model) == [], liger_parts(model)
 kernels = sharding.patch_liger(model, dict.fromkeys(sharding.LIGER_KERNELS, True))
 assert kernels == sorted(sharding.LIGER_KERNELS), kernels
-parts = set(sharding.liger_parts(model))
+parts = set(liger_parts(model))
 # Liger binds forwards on the instance (class names stay LlamaRMSNorm/LlamaMLP) and the model's own forward
 assert type(model.model.norm).__name__ == "LlamaRMSNorm"
 assert {"<model>", "model.norm", "model.layers.0.mlp", "model.layers.1.input_layernorm"} <= parts, parts
@@ -47,7 +50,11 @@ def test_real_liger_patch_binds_liger_code_to_the_model_in_its_own_process():
     import dilforge_cpt
     import dilforge_shared
 
-    paths = [str(TESTS), *(str(Path(m.__file__).resolve().parents[1]) for m in (dilforge_cpt, dilforge_shared))]
+    paths = [
+        str(TESTS),
+        str(TESTS.parent / "bench"),
+        *(str(Path(m.__file__).resolve().parents[1]) for m in (dilforge_cpt, dilforge_shared)),
+    ]
     proc = subprocess.run(
         [sys.executable, "-c", CHILD],
         env={"PYTHONPATH": ":".join(paths), "PATH": "/usr/bin:/bin", "PYTHONWARNINGS": "ignore"},
@@ -61,9 +68,7 @@ def test_real_liger_patch_binds_liger_code_to_the_model_in_its_own_process():
 
 
 def sharding_parts_of_a_plain_model() -> list[str]:
-    from dilforge_cpt import sharding
-
-    return sharding.liger_parts(plain_llama())
+    return factories.load_bench("liger_probe").liger_parts(plain_llama())
 
 
 def test_patch_liger_passes_the_chosen_kernels_and_the_model():

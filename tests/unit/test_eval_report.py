@@ -3,15 +3,22 @@ step-0 and tokenizer-strategy figures, embeds its plots, and renders in Chromium
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
+from pathlib import Path
 
 import metrics_samples
 import pytest
 from dilforge_eval import compare
-from dilforge_eval.render import chromium, dump_dom, screenshot
 from dilforge_eval.report import write_report
 from dilforge_shared.metrics import BpbFigures, CptMetrics, TokenizerMetrics
+
+_spec = importlib.util.spec_from_file_location(
+    "render_report", Path(__file__).resolve().parents[2] / "scripts" / "render_report.py"
+)
+render = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(render)
 
 MODELS = ["base", "cpt", "sft"]
 SETS = ["flores", "legal", "wiki", "flores-en"]
@@ -231,14 +238,14 @@ def test_report_without_models_still_renders(tmp_path):
 
 
 @pytest.mark.skipif(
-    chromium() is None and not os.environ.get("CI"),  # CI installs it: there, a missing one fails
+    render.chromium() is None and not os.environ.get("CI"),  # CI installs it: there, a missing one fails
     reason="needs Debian package chromium (apt-get install -y chromium)",
 )
 def test_report_renders_in_headless_chromium(report, tmp_path):
     _, paths = report
-    dom = dump_dom(paths["html"])
+    dom = render.dump_dom(paths["html"])
     assert "Bits per byte" in dom and all(m in dom for m in MODELS)
-    png = screenshot(paths["html"], tmp_path / "shot.png", height=2500)
+    png = render.screenshot(paths["html"], tmp_path / "shot.png", height=2500)
     from matplotlib.image import imread
 
     img = imread(str(png))

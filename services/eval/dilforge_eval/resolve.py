@@ -19,47 +19,28 @@ from dilforge_shared.settings import settings
 log = logging.getLogger("dilforge.eval")
 
 
-def locate(uri: str, kind: Kind, cache_dir: Path, endpoint_url: str | None = None) -> Resolved:
-    """The shared resolver (`models.resolve`), its ConfigError as an InputError naming the URI."""
+def locate(uri: str, kind: Kind, cache_dir: Path, endpoint_url: str | None = None) -> Path:
+    """The folder the shared resolver (`models.resolve`) finds, its ConfigError as an InputError naming the URI."""
     try:
-        return resolve(uri, kind, "model", endpoint_url, cache_dir)
+        return resolve(uri, kind, "model", endpoint_url, cache_dir).path
     except ConfigError as exc:
         raise InputError(str(exc).removeprefix(f"{uri}: "), path=uri) from None
 
 
-def open_root(uri: str, cache_dir: Path, endpoint_url: str | None = None) -> ModelSource:
-    """The whole artifact or folder a model URI names (model, adapter and tokenizer are found inside)."""
-    try:
-        return open_model(uri, "model", endpoint_url, cache_dir)
-    except ConfigError as exc:
-        raise InputError(str(exc).removeprefix(f"{uri}: "), path=uri) from None
+def inside(root: Path, kind: Kind) -> Path | None:
+    """The model, adapter or tokenizer folder inside an artifact or folder (a tokenizer may be a bare file)."""
+    if kind == "tokenizer" and root.is_file():
+        return root
+    return find_dir(root, kind, str(root), required=False)
 
 
 def adapter_base_dir(src: ModelSource, cache_dir: Path, endpoint_url: str | None = None) -> Path | None:
     """For an adapter-only artifact/folder: its base's model folder, found the one way (`models.adapter_base`)."""
-    adapter = find_adapter_dir(src.path)
-    if find_model_dir(src.path) is not None or adapter is None:
+    adapter = inside(src.path, "adapter")
+    if inside(src.path, "model") is not None or adapter is None:
         return None
     declared = adapter_base(Resolved("adapter", adapter, src))
-    return locate(declared, "model", cache_dir, endpoint_url).path if declared else None
-
-
-def find_model_dir(root: Path) -> Path | None:
-    return find_dir(root, "model", str(root), required=False)
-
-
-def find_adapter_dir(root: Path) -> Path | None:
-    return find_dir(root, "adapter", str(root), required=False)
-
-
-def find_tokenizer_dir(root: Path) -> Path | None:
-    if root.is_file():
-        return root
-    return find_dir(root, "tokenizer", str(root), required=False)
-
-
-def tokenizer_json(path: Path) -> Path:
-    return path if path.is_file() else path / "tokenizer.json"
+    return locate(declared, "model", cache_dir, endpoint_url) if declared else None
 
 
 @dataclass
@@ -88,9 +69,9 @@ def model_source(
 ) -> EvalModel:
     """Resolve a model folder; an adapter-only folder is applied on `base_model_dir` (the caller found it
     with `models.adapter_base`, the one way an adapter's base is found)."""
-    model_dir = find_model_dir(root)
+    model_dir = inside(root, "model")
     if model_dir is None:
-        adapter_dir = adapter_dir or find_adapter_dir(root)
+        adapter_dir = adapter_dir or inside(root, "adapter")
         if adapter_dir is None:
             raise InputError(
                 f"model {label!r}: no HF model (config.json + weights) or PEFT adapter found", path=str(root)
@@ -102,7 +83,7 @@ def model_source(
                 path=str(adapter_dir),
             )
         model_dir = base_model_dir
-    tok = tokenizer_dir or find_tokenizer_dir(root) or find_tokenizer_dir(model_dir) or base_tokenizer_dir
+    tok = tokenizer_dir or inside(root, "tokenizer") or inside(model_dir, "tokenizer") or base_tokenizer_dir
     if tok is None:
         raise InputError(f"model {label!r}: no tokenizer.json next to the model; set tokenizer_uri", path=str(root))
     return EvalModel(
@@ -143,17 +124,17 @@ def load_tokenizers(config: EvalConfig, ctx: StageContext, models: list[EvalMode
     entries: list[tuple[str, Path, str]] = []
     if ctx.has_input("tokenizer"):
         art = ctx.input("tokenizer")
-        tdir = find_tokenizer_dir(art.path)
+        tdir = inside(art.path, "tokenizer")
         if tdir is None:
             raise InputError("tokenizer artifact holds no tokenizer.json", path=art.uri)
         entries.append(("tokenizer", tdir, f"artifact {art.manifest.artifact_id}"))
     for ref in config.tokenizers:
-        entries.append((ref.label, locate(ref.uri, "tokenizer", cache, ctx.endpoint_url).path, ref.uri))
+        entries.append((ref.label, locate(ref.uri, "tokenizer", cache, ctx.endpoint_url), ref.uri))
     for m in models:
         entries.append((m.label, m.tokenizer_dir, f"tokenizer of model {m.label}"))
     out, info, by_hash = {}, {}, {}
     for label, tdir, origin in entries:
-        path = tokenizer_json(tdir)
+        path = tdir if tdir.is_file() else tdir / "tokenizer.json"
         digest = hashlib.sha256(path.read_bytes()).hexdigest()
         if digest in by_hash:
             info[by_hash[digest]]["aliases"].append(label)
@@ -188,7 +169,7 @@ def sft_model(art, cpt: EvalModel | None, ctx: StageContext, cache: Path) -> Eva
     pipeline's cpt artifact, already loaded, when that is the one)."""
     base_dir = base_tok = None
     src = open_model(art)
-    if find_model_dir(art.path) is None and (adapter := find_adapter_dir(art.path)) is not None:
+    if inside(art.path, "model") is None and (adapter := inside(art.path, "adapter")) is not None:
         declared = adapter_base(Resolved("adapter", adapter, src))
         if cpt is not None and (declared is None or declared.rstrip("/") == ctx.input("cpt").uri.rstrip("/")):
             base_dir, base_tok = cpt.model_dir, cpt.tokenizer_dir
@@ -210,9 +191,12 @@ def resolve_models(config: EvalConfig, ctx: StageContext, cache: Path) -> tuple[
     if (base := base_model(config, ctx)) is not None:
         models.append(base)
     for ref in config.models:
-        src = open_root(ref.uri, cache, ctx.endpoint_url)
-        tok = locate(ref.tokenizer_uri, "tokenizer", cache, ctx.endpoint_url).path if ref.tokenizer_uri else None
-        adapter = locate(ref.adapter_uri, "adapter", cache, ctx.endpoint_url).path if ref.adapter_uri else None
+        try:
+            src = open_model(ref.uri, "model", ctx.endpoint_url, cache)
+        except ConfigError as exc:
+            raise InputError(str(exc).removeprefix(f"{ref.uri}: "), path=ref.uri) from None
+        tok = locate(ref.tokenizer_uri, "tokenizer", cache, ctx.endpoint_url) if ref.tokenizer_uri else None
+        adapter = locate(ref.adapter_uri, "adapter", cache, ctx.endpoint_url) if ref.adapter_uri else None
         models.append(
             model_source(
                 ref.label,

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import logging
-import warnings
 from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -12,16 +10,6 @@ from pydantic_core import to_jsonable_python
 
 from ..corpus import MAX_DOCUMENT_BYTES, Oversize, TextFormat
 from ..paths import declared_uri
-
-log = logging.getLogger("dilforge.config")
-
-
-def deprecated(message: str) -> None:
-    """A DeprecationWarning for code that loads configs, and a log line for people running the CLI (Python hides
-    DeprecationWarnings raised outside __main__ by default)."""
-    warnings.warn(message, DeprecationWarning, stacklevel=3)
-    log.warning(message)
-
 
 # ---- bounds --------------------------------------------------------------------------------
 # Upper bounds of the fields that scale memory or time (reliability round 4: a typo such as 1e9 is refused at
@@ -92,28 +80,6 @@ class StrictModel(BaseModel):
     """Unknown fields are errors, so a typo in a config never silently falls back to a default."""
 
     model_config = ConfigDict(extra="forbid", validate_default=True, allow_inf_nan=False)
-
-
-def rename_fields(data, renamed: dict[str, str], where: str):
-    """Map deprecated field names to their new ones (a `model_validator(mode="before")` helper).
-
-    Old names keep working for one minor version of the config schema, with a DeprecationWarning that names the
-    new field; giving both the old and the new name is an error, so a config never means two things.
-    """
-    if not isinstance(data, dict):
-        return data
-    data = dict(data)
-    for old, new in renamed.items():
-        if old not in data:
-            continue
-        if new in data:
-            raise ValueError(f"{where}{old} and {where}{new} are the same setting; keep only {new}")
-        data[new] = data.pop(old)
-        deprecated(
-            f"config field {where}{old} is deprecated; use {where}{new} (the old name goes away in the next "
-            f"minor version of the config schema)"
-        )
-    return data
 
 
 Switch = Literal["auto", "on", "off"]

@@ -19,8 +19,6 @@ from .base import (
     StrictModel,
     Switch,
     check_unique_labels,
-    deprecated,
-    rename_fields,
 )
 from .knobs import Batching, Checkpointing, SourceLimits, Warmup, on_off
 
@@ -250,9 +248,8 @@ class CptConfig(StageConfig, Batching, Checkpointing):
 
     @model_validator(mode="before")
     @classmethod
-    def _old_names(cls, data):
-        """Config schema 1.2.0 names (knobs.py); the 1.1 names load with a DeprecationWarning until 1.3.0."""
-        data = rename_fields(data, {"validation_micro_batch_size": "eval_micro_batch_size"}, "cpt.")
+    def _research_fields(cls, data):
+        """A 1.2 config asking for the comparison of initialisations gets where it went, not an unknown field."""
         if isinstance(data, dict):
             gone = sorted(set(data) & RESEARCH_FIELDS)
             if data.get("transplant") in RESEARCH_TRANSPLANTS:
@@ -262,17 +259,6 @@ class CptConfig(StageConfig, Batching, Checkpointing):
                     f"cpt.{', cpt.'.join(gone)}: the comparison of initialisations left the stage in config schema "
                     "1.3.0 (the stage trains mean_of_pieces); bench/leakage.py and bench/init_experiments.py run them"
                 )
-        if isinstance(data, dict) and "max_docs_per_corpus" in data:
-            data = dict(data)
-            cap = data.pop("max_docs_per_corpus")
-            deprecated(
-                "config field cpt.max_docs_per_corpus is deprecated; set max_docs on each of cpt.corpora (the "
-                "old name goes away in the next minor version of the config schema)"
-            )
-            if cap is not None:
-                data["corpora"] = [
-                    {"max_docs": cap, **c} if isinstance(c, dict) else c for c in data.get("corpora", [])
-                ]
         return data
 
     @field_validator("activation_checkpointing", mode="before")

@@ -5,7 +5,7 @@ Each group is a pydantic model the stage configs inherit their fields from (the 
 words in both stages. A stage that needs another default re-declares the field with `knob(Group, name, default)`,
 which copies the one definition (description, bounds, identity marker) and changes only the default.
 
-| idea | name | was |
+| idea | name | was (before config schema 1.2; gone in 1.3) |
 |---|---|---|
 | sequences per optimizer step, all processes | `global_batch_size` | sft: per_device × gradient_accumulation_steps |
 | sequences per forward pass, per process | `micro_batch_size` | sft: per_device_batch_size |

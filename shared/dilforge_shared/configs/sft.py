@@ -17,8 +17,6 @@ from .base import (
     StageConfig,
     StrictModel,
     Switch,
-    deprecated,
-    rename_fields,
 )
 from .knobs import Batching, Checkpointing, SourceLimits, Warmup, knob, on_off
 
@@ -50,11 +48,6 @@ class SftDataSource(DataSource, SourceLimits):
         default="Bu cümləni ingilis dilinə tərcümə et:\n{source}",
         description="translation: user turn; '{source}' is replaced by the source text.",
     )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _old_names(cls, data):
-        return rename_fields(data, {"max_records": "max_docs"}, "sft.<source>.")
 
     @model_validator(mode="after")
     def _check(self) -> SftDataSource:
@@ -200,38 +193,6 @@ class SftConfig(StageConfig, Batching, Warmup, Checkpointing):
         "sees them (token ids, per-token 'trained' flag, decoded text and decoded trained tokens), to audit where "
         "the loss falls. 0 disables.",
     )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _old_names(cls, data):
-        """Config schema 1.2.0 names (knobs.py); the 1.1 names load with a DeprecationWarning until 1.3.0.
-        gradient_accumulation_steps becomes global_batch_size = micro_batch_size × gradient_accumulation_steps."""
-        data = rename_fields(
-            data,
-            {
-                "per_device_batch_size": "micro_batch_size",
-                "eval_batch_size": "eval_micro_batch_size",
-                "max_steps": "num_steps",
-                "gradient_checkpointing": "activation_checkpointing",
-            },
-            "sft.",
-        )
-        if isinstance(data, dict) and "gradient_accumulation_steps" in data:
-            if "global_batch_size" in data:
-                raise ValueError(
-                    "sft.gradient_accumulation_steps and sft.global_batch_size are the same setting; keep "
-                    "only global_batch_size"
-                )
-            data = dict(data)
-            accum = data.pop("gradient_accumulation_steps")
-            micro = data.get("micro_batch_size", cls.model_fields["micro_batch_size"].default)
-            data["global_batch_size"] = micro * accum if isinstance(micro, int) and isinstance(accum, int) else accum
-            deprecated(
-                f"config field sft.gradient_accumulation_steps is deprecated; use sft.global_batch_size "
-                f"(= micro_batch_size × accumulation = {data['global_batch_size']}; the old name goes away in "
-                "the next minor version of the config schema)"
-            )
-        return data
 
     @field_validator("activation_checkpointing", mode="before")
     @classmethod

@@ -1,7 +1,8 @@
-"""Render the HTML report in a real headless browser (Debian `chromium`) to check it displays.
+"""Render an eval report in a real headless browser (Debian `chromium`: apt-get install -y chromium) to check it
+displays.
 
-`python -m dilforge_eval.render report.html shot.png` writes a full-page screenshot; used by
-scripts/render_report.sh and the report test.
+`python scripts/render_report.py report.html [shot.png]` writes a full-page screenshot (default: beside the
+report); the report test uses the same functions.
 """
 
 from __future__ import annotations
@@ -56,12 +57,12 @@ def dump_dom(html: Path, timeout: int = 120) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m dilforge_eval.render", description="Screenshot an HTML report in headless Chromium (full page)."
+        prog="scripts/render_report.py", description="Screenshot an HTML report in headless Chromium (full page)."
     )
     parser.add_argument("report", type=Path, help="report.html")
-    parser.add_argument("screenshot", type=Path, help="PNG to write")
+    parser.add_argument("screenshot", type=Path, nargs="?", help="PNG to write (default: the report's name, .png)")
     args = parser.parse_args(argv)
-    print(screenshot(args.report, args.screenshot))
+    print(screenshot(args.report, args.screenshot or args.report.with_suffix(".png")))
 
 
 if __name__ == "__main__":
