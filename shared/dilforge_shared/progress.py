@@ -6,7 +6,8 @@ returns make an unreadable log, so it writes a log line at most every `every_s` 
 the rate and an ETA when the total is known: short passes stay quiet, a long or stuck one is visible. When no
 update comes for `every_s` (a CPT step that takes longer than that on a slow CPU), a heartbeat thread logs the
 same line marked `(in progress)`, so the log is never silent for longer than `every_s` while a pass runs. A pass
-long enough to have logged ends with a `(done)` line. `enabled=False` (a rank other than 0) shows nothing.
+long enough to have logged ends with a `(done)` line, or `(stopped)` when it ends short of its total.
+`enabled=False` (a rank other than 0) shows nothing.
 """
 
 from __future__ import annotations
@@ -129,14 +130,16 @@ class Progress:
                 self.log.info("%s", text)
 
     def close(self) -> None:
-        """Closes the bar; without one, a final line only for passes long enough to have logged one."""
+        """Closes the bar; without one, a final line only for passes long enough to have logged one: `(done)`, or
+        `(stopped)` when it ends short of its total (a SIGTERM stop, an error)."""
         self._stop.set()
         if self.bar is not None:
             self.bar.close()
             self.bar = None
         elif self.enabled and self.logged:
             self.logged = False
-            self.log.info("%s (done)", self.line(_clock()))
+            end = "done" if self.total is None or self.n >= self.total else "stopped"
+            self.log.info("%s (%s)", self.line(_clock()), end)
 
     def __enter__(self) -> Progress:
         return self

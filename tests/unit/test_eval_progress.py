@@ -21,7 +21,7 @@ def test_bpb_bar_total_equals_forward_passes(tiny_llama_dir, window, stride, bat
     docs = ["Bakı Azərbaycanın paytaxtıdır.", "Xəzər dənizinin sahilində yerləşir və böyük şəhərdir."] * 3
     forwards = []
     handle = model.get_decoder().register_forward_hook(lambda *_: forwards.append(1))
-    with Progress("bpb", unit="batch", tty=False) as bar:
+    with Progress("bpb", unit="batches", tty=False) as bar:
         measures.bits_per_byte(model, tok, docs, window, stride, batch_size, on_batch=bar.batches)
     handle.remove()
     assert bar.total == bar.n == len(forwards) > 0

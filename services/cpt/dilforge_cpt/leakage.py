@@ -22,15 +22,14 @@ import math
 from dataclasses import dataclass
 
 import torch
-from dilforge_shared.bpb import eval_mode, stream_nll
+from dilforge_shared.bpb import eval_mode
 from dilforge_shared.configs.cpt import CptConfig
-from dilforge_shared.progress import Progress
 from tokenizers import Tokenizer
 
 from .data import TokenIds, ValidationSet, build_validation
 from .runtime import Runtime
 from .transplant import VocabMapping
-from .validation import window_and_stride
+from .validation import score_set
 
 log = logging.getLogger("dilforge.cpt")
 
@@ -77,24 +76,10 @@ def build_probe(
 @torch.no_grad()
 def measure(model, probe: LeakageProbe, config: CptConfig, rt: Runtime) -> dict[str, dict[str, float]]:
     """{set: {bpb_base_tokenization, bpb_kept_rows, leakage}} (summed over ranks)."""
-    window, stride = window_and_stride(config)
-    batch_size = config.eval_micro_batch_size or config.micro_batch_size
     sums: list[float] = []
     with eval_mode(model):
         for vs in probe.sets:
-            progress = Progress(f"leakage {vs.name}", 0, unit="batches", log=log, enabled=rt.is_main)
-            with progress, rt.autocast():
-                (full, kept), _, _ = stream_nll(
-                    model,
-                    vs.stream,
-                    window,
-                    stride,
-                    batch_size,
-                    rank=rt.rank,
-                    world=rt.world,
-                    kept=probe.kept,
-                    on_batch=progress.batches,
-                )
+            (full, kept), _, _ = score_set(model, vs, config, rt, "leakage", kept=probe.kept)
             sums += [full, kept]
     sums = rt.all_sum(sums)
     out = {}

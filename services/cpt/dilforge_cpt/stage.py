@@ -322,8 +322,10 @@ def train_in_process(config: CptConfig, ctx: StageContext, rt: Runtime) -> dict:
         peak_flops=peak_flops(config, rt),
         leakage_probe=probe,
     )
-    state = train_loop(training, data, val, state, setup)
-    metrics.close()
+    try:
+        state = train_loop(training, data, val, state, setup)
+    finally:
+        metrics.close()  # also on a stop or an error: the progress heartbeat ends with the loop
 
     publish_files(config, ctx, rt, model, tok_dir, state)
     return summarize(state, derived).model_dump()

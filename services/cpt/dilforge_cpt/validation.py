@@ -22,6 +22,26 @@ def window_and_stride(config: CptConfig) -> tuple[int, int]:
     return config.seq_len, config.validation_stride or max(1, config.seq_len // 2)
 
 
+def score_set(model, vs: ValidationSet, config: CptConfig, rt: Runtime, desc: str, kept: torch.Tensor | None = None):
+    """`bpb.stream_nll` of one set over this rank's share of its windows, under the run's autocast, with its
+    progress logged; the caller holds `eval_mode` and all-reduces. Validation and the leakage pass both score
+    through here."""
+    window, stride = window_and_stride(config)
+    batch_size = config.eval_micro_batch_size or config.micro_batch_size
+    with Progress(f"{desc} {vs.name}", 0, unit="batches", log=log, enabled=rt.is_main) as progress, rt.autocast():
+        return stream_nll(
+            model,
+            vs.stream,
+            window,
+            stride,
+            batch_size,
+            rank=rt.rank,
+            world=rt.world,
+            on_batch=progress.batches,
+            kept=kept,
+        )
+
+
 @torch.no_grad()
 def evaluate(
     model, val: list[ValidationSet], config: CptConfig, rt: Runtime, desc: str = "validation"
@@ -30,23 +50,10 @@ def evaluate(
 
     Each rank scores its share of every set's windows; the sums are all-reduced.
     """
-    window, stride = window_and_stride(config)
-    batch_size = config.eval_micro_batch_size or config.micro_batch_size
     sums: list[float] = []
     with eval_mode(model):
         for vs in val:
-            progress = Progress(f"{desc} {vs.name}", 0, unit="batches", log=log, enabled=rt.is_main)
-            with progress, rt.autocast():
-                nll, count, _ = stream_nll(
-                    model,
-                    vs.stream,
-                    window,
-                    stride,
-                    batch_size,
-                    rank=rt.rank,
-                    world=rt.world,
-                    on_batch=progress.batches,
-                )
+            nll, count, _ = score_set(model, vs, config, rt, desc)
             sums += [nll, float(count)]
     sums = rt.all_sum(sums)
     nll_total, count_total = sum(sums[0::2]), sum(sums[1::2])

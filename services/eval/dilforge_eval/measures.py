@@ -131,7 +131,7 @@ def evaluate_model(
     log.info("model %s: %s parameters, window %d stride %d", src.label, f"{info.num_parameters:,}", window, stride)
     bpb = {}
     for name, docs in sets.items():
-        with Progress(f"bpb {src.label}/{name}", unit="batch", log=log) as bar:
+        with Progress(f"bpb {src.label}/{name}", unit="batches", log=log) as bar:
             res = bits_per_byte(model, tokenizer, docs, window, stride, config.bpb.batch_size, on_batch=bar.batches)
         bpb[name] = bpb_summary(res)
         log.info(
@@ -145,20 +145,21 @@ def evaluate_model(
         )
     generations = []
     if prompts:
-        bar = Progress(f"generate {src.label}", len(prompts) * len(config.generation.modes), unit="answer", log=log)
-        for mode in config.generation.modes:
-            for row in gen_mod.generate(
-                model,
-                tokenizer,
-                prompts,
-                mode,
-                config.generation,
-                config.seed,
-                source=str(src.tokenizer_dir),
-                progress=bar,
-            ):
-                generations.append({"model": src.label, **row})
-        bar.close()
+        total = len(prompts) * len(config.generation.modes)
+        # closed on an error too: its heartbeat thread must not outlive the pass
+        with Progress(f"generate {src.label}", total, unit="answers", log=log) as bar:
+            for mode in config.generation.modes:
+                for row in gen_mod.generate(
+                    model,
+                    tokenizer,
+                    prompts,
+                    mode,
+                    config.generation,
+                    config.seed,
+                    source=str(src.tokenizer_dir),
+                    progress=bar,
+                ):
+                    generations.append({"model": src.label, **row})
     scores: dict = {}
     if tasks and tasks[0]:
         specs, task_dir, cache = tasks
