@@ -16,8 +16,7 @@ Rules:
   is a config error, and on CPU where the stage does not allow it (`cpu_bf16=False`: SFT, whose
   trainer is only exercised in fp32 on CPU).
 - liger: only on CUDA (Triton kernels) and only for `llama` models (the kernels patched are
-  Llama's); `on` where it cannot apply is a config error, `auto` quietly stays off. A bool setting
-  (CPT's `liger: true|false`) means auto|off.
+  Llama's); `on` where it cannot apply is a config error, `auto` quietly stays off.
 - attention: see `choose_attention` (packing decides whether a varlen/flex kernel is worth it).
 - SDPA backend on CUDA: see `choose_sdpa_backends`: by measurement (a table shipped with the repo,
   `attention_table.json`, or one measured on the machine and named by DILFORGE_ATTENTION_TABLE).
@@ -37,7 +36,7 @@ from .settings import settings
 
 Device = Literal["cuda", "cpu"]
 Precision = Literal["bf16", "fp32"]
-LigerSetting = Literal["auto", "on", "off"] | bool
+LigerSetting = Literal["auto", "on", "off"]
 
 # The model types whose layers the Liger kernels we apply (apply_liger_kernel_to_llama) patch.
 LIGER_MODEL_TYPES = frozenset({"llama"})
@@ -139,15 +138,14 @@ def choose_precision(
 
 def choose_liger(requested: LigerSetting, device: Device, model_type: str | None = None, field: str = "liger") -> bool:
     """Whether the Liger layer kernels apply; model_type None = not known yet (checked again later)."""
-    setting = {True: "auto", False: "off"}.get(requested, requested) if isinstance(requested, bool) else requested
-    if setting == "off":
+    if requested == "off":
         return False
     if device != "cuda":
-        if setting == "on":
+        if requested == "on":
             raise ConfigError(f"{field}: the Liger kernels need CUDA; use auto or off")
         return False
     if model_type is not None and model_type not in LIGER_MODEL_TYPES:
-        if setting == "on":
+        if requested == "on":
             raise ConfigError(
                 f"{field}: no Liger kernels for model_type {model_type!r} "
                 f"(only {', '.join(sorted(LIGER_MODEL_TYPES))}); use auto or off"

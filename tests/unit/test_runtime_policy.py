@@ -27,7 +27,7 @@ BF16_CPU = DeviceFacts(cuda=False, cpu_bf16=True)  # e.g. AMD EPYC (Zen 4) or Xe
     "facts,expected", [(CPU, ("cpu", "fp32", False)), (OLD_GPU, ("cuda", "fp32", True)), (GPU, ("cuda", "bf16", True))]
 )
 def test_auto_is_bf16_and_liger_on_a_bf16_gpu_fp32_without_liger_on_cpu(facts, expected):
-    policy = decide("cpt", liger=True, model_type="llama", facts=facts)
+    policy = decide("cpt", liger="auto", model_type="llama", facts=facts)
     assert (policy.device, policy.precision, policy.liger) == expected
     assert policy.attention == "sdpa"
 
@@ -84,9 +84,9 @@ def test_impossible_requests_are_config_errors_naming_the_field(kwargs, facts, f
 def test_liger_only_for_llama_and_auto_stays_off_quietly():
     assert runtime_policy.choose_liger("auto", "cuda", "llama") is True
     assert runtime_policy.choose_liger("auto", "cuda", "mistral") is False
-    assert runtime_policy.choose_liger(True, "cuda", None) is True  # model type not known yet
-    assert runtime_policy.choose_liger(True, "cpu", "llama") is False
-    assert runtime_policy.choose_liger(False, "cuda", "llama") is False
+    assert runtime_policy.choose_liger("auto", "cuda", None) is True  # model type not known yet
+    assert runtime_policy.choose_liger("auto", "cpu", "llama") is False
+    assert runtime_policy.choose_liger("off", "cuda", "llama") is False
 
 
 @pytest.mark.parametrize(

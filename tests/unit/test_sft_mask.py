@@ -198,3 +198,25 @@ def test_progress_callback_counts_the_trainer_steps_from_a_resumed_step(caplog, 
     other = progress_callback()
     other.on_train_begin(None, TrainerState(max_steps=4, is_world_process_zero=False), control)
     assert not other.progress.enabled
+
+
+def test_sft_closes_its_step_progress_when_training_raises(monkeypatch):
+    """The Trainer calls no callback when training raises; the stage closes the progress itself, so its
+    heartbeat thread stops with the pass instead of logging `(in progress)` until the process exits."""
+    from types import SimpleNamespace
+
+    from dilforge_sft import stage
+    from dilforge_sft.training import progress_callback
+    from transformers import TrainerControl, TrainerState
+
+    cb = progress_callback()
+    cb.on_train_begin(None, TrainerState(max_steps=4, is_world_process_zero=True), TrainerControl())
+    heartbeat = cb.progress
+
+    def train(resume_from_checkpoint=None):
+        raise RuntimeError("out of memory")
+
+    session = SimpleNamespace(trainer=SimpleNamespace(train=train), resume=None, progress=cb)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        stage.train(session, {"stop": False})
+    assert cb.progress is None and heartbeat._stop.is_set()

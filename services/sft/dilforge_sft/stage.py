@@ -129,6 +129,7 @@ class Session:
     num_previewed: int
     resume: Path | None
     eval_loss_before: float
+    progress: Any  # the step progress callback, closed by `train` however training ends
 
 
 @dataclass
@@ -245,6 +246,7 @@ def build(config: SftConfig, ctx: StageContext, setup: Setup, stop_flag: dict[st
     model = load_model(setup.base_dir, setup.plan, setup.attention.implementation)
     trainer_dir = ctx.checkpoint_dir / TRAINER_DIR
     trainer_dir.mkdir(parents=True, exist_ok=True)
+    progress = progress_callback()
     trainer = build_trainer(
         config,
         model,
@@ -256,7 +258,7 @@ def build(config: SftConfig, ctx: StageContext, setup: Setup, stop_flag: dict[st
         callbacks=[
             stop_on_sigterm_callback(stop_flag),
             seal_checkpoints_callback(),
-            progress_callback(),
+            progress,
             tensorboard_callback(ctx.tensorboard_dir),
         ],
         checkpointing=setup.checkpointing,
@@ -293,6 +295,7 @@ def build(config: SftConfig, ctx: StageContext, setup: Setup, stop_flag: dict[st
         num_previewed=num_previewed,
         resume=resume,
         eval_loss_before=eval_before,
+        progress=progress,
     )
 
 
@@ -300,7 +303,10 @@ def train(session: Session, stop_flag: dict[str, bool]) -> Trained:
     """TRL's training loop (resumed when a checkpoint exists); a SIGTERM stop ends the stage unpublished."""
     trainer, resume = session.trainer, session.resume
     start = time.perf_counter()
-    out = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    try:
+        out = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    finally:
+        session.progress.close()
     seconds = time.perf_counter() - start
     if stop_flag["stop"]:
         raise Terminated(

@@ -158,6 +158,11 @@ def progress_callback():
                 self.progress.update(state.global_step - self.progress.n)
 
         def on_train_end(self, args, state, control, **kwargs):
+            self.close()
+
+        def close(self) -> None:
+            """Also called by the stage when training raises: the Trainer then calls no callback, and the
+            heartbeat would go on logging a pass that has ended."""
             if self.progress is not None:
                 self.progress.close()
                 self.progress = None

@@ -224,7 +224,7 @@ class CptConfig(StageConfig, Batching, Checkpointing):
         json_schema_extra=RUN_ONLY,
         default="auto",
         description="Liger layer kernels (RMSNorm, RoPE, SwiGLU): auto = on with CUDA, off on CPU; "
-        "on = required (an error without CUDA). The old bool (true = auto) is read with a deprecation warning.",
+        "on = required (an error without CUDA).",
     )
     peak_tflops_per_device: float | None = Field(
         json_schema_extra=RUN_ONLY,
