@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
 
+import pytest
 from dilforge_tokenizer import audit, bpe, continued, llama3
 from factories import load_bench
 from tokenizers import Tokenizer, models, pre_tokenizers
@@ -184,6 +186,20 @@ def test_word_counts_over_forked_workers_equal_one_process(monkeypatch):
     monkeypatch.setattr(continued, "MIN_LINES_PER_WORKER", 10)
     assert continued.word_counts(lines.items(), base, num_workers=3) == one
     assert one["Ġabc"] == sum(lines.values()) and sum(one.values()) > 3 * len(lines)
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_that_dies_raises_instead_of_leaving_the_count_waiting(monkeypatch):
+    """multiprocessing.Pool's map waits forever for a task whose worker died; the count must fail."""
+    from concurrent.futures.process import BrokenProcessPool
+
+    base = bpe.from_doc(base_doc())
+    lines = Counter({f"söz{i} abc": 1 for i in range(40)})
+    monkeypatch.setattr(continued, "MIN_LINES_PER_WORKER", 10)
+    monkeypatch.setattr(continued, "_count_words", lambda *_: os._exit(3))  # inherited by the forked workers
+    with pytest.raises(BrokenProcessPool):
+        continued.word_counts(lines.items(), base, num_workers=2)
+    assert continued._FORK_STATE is None
 
 
 def test_digit_barrier_learns_no_digit_token_and_numbers_encode_as_in_the_base():

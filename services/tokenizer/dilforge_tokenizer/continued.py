@@ -69,13 +69,17 @@ def word_counts(line_counts: Iterable[tuple[str, int]], base: Tokenizer, num_wor
     if workers <= 1:
         return _count_words(items, base)
     import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
 
     chunks = [items[k::workers] for k in range(workers)]
     global _FORK_STATE  # noqa: PLW0603 - fork inheritance is the point: the chunks are never pickled
     _FORK_STATE = (chunks, base)  # inherited by the forked workers, never pickled
+    # the executor, not multiprocessing.Pool: a worker that dies raises BrokenProcessPool instead of
+    # leaving map waiting forever, and leaving the block shuts the workers down rather than terminating
+    # them (Pool.terminate, which its `with` calls, can hang on its queue lock: CPython issues 73945, 78178)
     try:
-        with multiprocessing.get_context("fork").Pool(workers) as pool:
-            parts = pool.map(_count_chunk, range(workers))
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+            parts = list(pool.map(_count_chunk, range(workers)))
     finally:
         _FORK_STATE = None
     counts = parts[0]
