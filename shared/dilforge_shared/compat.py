@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import enum
 import io
+import logging
 import pathlib
 import pickle
 from importlib.metadata import PackageNotFoundError, version
@@ -36,6 +37,7 @@ CHECKED = {
     "liger-kernel": ("0.8.5", "0.8.5"),
     "datasets": ("5.2.0", "5.2.0"),
 }
+log = logging.getLogger("dilforge")
 
 
 def _release(text: str) -> tuple[int, ...]:
@@ -51,8 +53,9 @@ def _release(text: str) -> tuple[int, ...]:
     return tuple(out)
 
 
-def unchecked_versions() -> dict[str, str]:
-    """{distribution: installed version} for each installed library outside its CHECKED range."""
+def warn_unchecked_versions() -> dict[str, str]:
+    """Warn of (and return, {distribution: installed version}) each installed library outside its CHECKED
+    range: an internal used here may have moved. Every stage and the server call it at start."""
     out = {}
     for name, (low, high) in CHECKED.items():
         try:
@@ -61,6 +64,9 @@ def unchecked_versions() -> dict[str, str]:
             continue
         if not _release(low) <= _release(installed) <= _release(high):
             out[name] = installed
+            log.warning(
+                "%s %s is outside the versions dilforge was checked against (%s to %s)", name, installed, low, high
+            )
     return out
 
 

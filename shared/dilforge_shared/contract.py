@@ -282,11 +282,7 @@ def stage_main(
         for d in (opt.model_dir, opt.output_dir):
             d.mkdir(parents=True, exist_ok=True)
         log.info("stage %s run %s → %s", config_cls.stage, request.run_id, request.artifact_uri)
-        for name, installed in compat.unchecked_versions().items():  # a library internal may have moved
-            low, high = compat.CHECKED[name]
-            log.warning(
-                "%s %s is outside the versions dilforge was checked against (%s to %s)", name, installed, low, high
-            )
+        compat.warn_unchecked_versions()
         start_refs = None
         if publish_from_this_process and planned_id(ctx) is not None:  # proved before the work and after it
             start_refs = lineage(ctx)

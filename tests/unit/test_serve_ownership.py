@@ -31,6 +31,16 @@ def test_a_workdir_that_does_not_exist_is_an_error_not_created(tmp_path, capsys)
     assert "no such folder" in capsys.readouterr().err and not (tmp_path / "missing").exists()
 
 
+def test_the_server_warns_of_a_library_outside_the_checked_versions(tmp_path, monkeypatch, caplog):
+    """It runs on `transformers serve` internals (compat.serve_command_app), and does not start through a stage."""
+    from dilforge_shared import compat
+
+    monkeypatch.setitem(compat.CHECKED, "pydantic", ("1.0.0", "1.10.0"))  # installed: 2.x
+    assert cli.main([str(tmp_path), "--workdir", str(tmp_path / "missing")]) == 1
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 1 and warned[0].startswith("pydantic 2.") and warned[0].endswith("(1.0.0 to 1.10.0)")
+
+
 def test_prepare_never_writes_into_an_existing_folder(tmp_path):
     (tmp_path / "keep").mkdir()
     (tmp_path / "keep" / "weights.bin").write_bytes(b"mine")

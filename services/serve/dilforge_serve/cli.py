@@ -17,6 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from dilforge_shared import compat
 from dilforge_shared.errors import DilforgeError
 from dilforge_shared.serving import resolve_served_model
 from dilforge_shared.settings import settings
@@ -80,6 +81,7 @@ def stop_on_sigterm(signum, frame):
 def main(argv: list[str] | None = None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    compat.warn_unchecked_versions()  # the server runs on `transformers serve` internals
     # SIGTERM before uvicorn runs (while the model loads) ends like Ctrl-C; uvicorn installs its own while serving
     signal.signal(signal.SIGTERM, stop_on_sigterm)
     if args.workdir and not Path(args.workdir).is_dir():
