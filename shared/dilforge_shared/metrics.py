@@ -482,6 +482,59 @@ class GenerationFigures(Metrics):
     repeated_3gram_rate: float | None
 
 
+class Share(Metrics):
+    """A share of answers (`count` of `n`) with its 95 % Wilson score interval; None when n is 0."""
+
+    count: int
+    n: int
+    value: float | None
+    low: float | None
+    high: float | None
+
+
+class ChrfFigures(Metrics):
+    """Corpus chrF++ (sacrebleu) of the answers that have a reference, with sacrebleu's bootstrap 95 % interval."""
+
+    score: float
+    low: float | None
+    high: float | None
+    n: int
+
+
+class AssistantFigures(Metrics):
+    """One model's answers to one prompt group (services/eval assistant.py defines each measure)."""
+
+    language: str = Field(description="The language the answers should be in (the prompts').")
+    n: int
+    in_language: Share
+    ended_turn: Share
+    looping: Share
+    parroting: Share
+    chrf: ChrfFigures | None = None
+
+
+class AssistantThresholds(Metrics):
+    """The shares below which `serve`, `deploy` and `export` refuse a model unless forced."""
+
+    language: str
+    min_in_language: float
+    min_ended_turn: float
+
+
+class AssistantSection(Metrics):
+    """eval's `assistant`: held-out prompts answered through each model's published generation defaults."""
+
+    prompts: str
+    max_new_tokens: int
+    batch_size: int
+    thresholds: AssistantThresholds
+    figures: dict[str, dict[str, AssistantFigures]] = Field(description="model -> prompt group -> figures.")
+    generation_config: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="model -> the generation defaults its answers were decoded with."
+    )
+    seconds: dict[str, float] = Field(default_factory=dict, description="model -> seconds generating.")
+
+
 class Step0Section(Metrics):
     """eval's `transplant`: step-0 BPB per initialisation and validation set, and the leakage table, from the CPT
     manifest (services/eval compare.step0_bpb)."""
@@ -528,6 +581,7 @@ class EvalMetrics(Metrics):
     tokenizer_comparison: TokenizerComparison | None = None
     transplant: Step0Section | None = None
     downstream: Downstream | None = None
+    assistant: AssistantSection | None = None
     skipped: list[str]
     seconds: dict[str, float]
     report: dict[str, str] = Field(default_factory=dict, description="The report's files, relative to the artifact.")

@@ -4,8 +4,6 @@ is repetitive, incoherent text, so the report measures repetition, not only show
 from __future__ import annotations
 
 import logging
-import re
-from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
@@ -16,10 +14,9 @@ from dilforge_shared.corpus import iter_records
 from dilforge_shared.errors import InputError
 from dilforge_shared.families import Family, detect_family
 
-from .morph import az_lower
+from .assistant import ngrams, repeated_ngram_rate, words
 
 log = logging.getLogger("dilforge.eval")
-_WORDS = re.compile(r"\w+")
 
 
 @dataclass(frozen=True)
@@ -69,26 +66,10 @@ def load_prompts(uri: str, limit: int | None = None, endpoint_url: str | None = 
     return prompts
 
 
-def words(text: str) -> list[str]:
-    return _WORDS.findall(az_lower(text))
-
-
-def ngrams(tokens: list[str], n: int) -> list[tuple[str, ...]]:
-    return [tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)]
-
-
 def distinct_n(tokens: list[str], n: int) -> float | None:
     """Unique n-grams / all n-grams of one text (None if it has no n-gram)."""
     grams = ngrams(tokens, n)
     return len(set(grams)) / len(grams) if grams else None
-
-
-def repeated_ngram_rate(tokens: list[str], n: int = 3) -> float | None:
-    """Share of n-gram occurrences that repeat an n-gram seen earlier in the same text."""
-    grams = ngrams(tokens, n)
-    if not grams:
-        return None
-    return sum(c - 1 for c in Counter(grams).values()) / len(grams)
 
 
 def repetition(text: str) -> dict[str, float | None]:
