@@ -54,7 +54,9 @@ def load_tokenizer(folder: Path) -> Tokenizer:
     path = folder / "tokenizer.json"
     if not path.is_file():
         raise InputError("no tokenizer.json (a fast HF tokenizer is required)", path=str(folder))
-    return Tokenizer.from_file(str(path))
+    tok = Tokenizer.from_file(str(path))
+    tok.encode_special_tokens = True  # see pack_stream
+    return tok
 
 
 def special_ids(tok: Tokenizer, source: str) -> TokenIds:
@@ -75,6 +77,9 @@ def batched(items: Iterable[str], size: int) -> Iterator[list[str]]:
 def pack_stream(docs: Iterable[str], tok: Tokenizer, ids: TokenIds, batch_size: int) -> Iterator[np.ndarray]:
     """`[bos] doc doc_end` token runs, one array per encode_batch call."""
     lead = 0 if ids.bos is None else 1
+    # Text is encoded as text: `<|eot_id|>` in a document becomes the ids of its characters, never the control
+    # token (a forged turn or document end). The flag is not serialised, so it is set here, in every process.
+    tok.encode_special_tokens = True
     for batch in batched(docs, batch_size):
         encs = (
             tok.encode_batch_fast(batch, add_special_tokens=False)
@@ -115,6 +120,7 @@ def cache_key(source: DataSource, tokenizer_json: Path, max_docs: int | None, en
     h.update(data_digest(source.uri, endpoint_url).encode())
     h.update(hashlib.sha256(tokenizer_json.read_bytes()).hexdigest().encode())
     h.update(str(max_docs).encode())
+    h.update(b"special tokens encoded as text")  # entries of the encoding that parsed them are not reused
     return h.hexdigest()[:24]
 
 

@@ -6,7 +6,8 @@
   position, so one large file still spreads over every task and the output does not depend on how many
   workers run them.
 - `Normaliser`: ftfy's encoding repair (as datatrove's FTFYFormatter), Unicode normal form and whitespace, with
-  the repairs counted.
+  the repairs counted; control-token strings (`<|eot_id|>`) removed, always: web text must not carry a turn or
+  document boundary into the corpus.
 - `LinguaFilter`: datatrove's LanguageFilter downloads a fastText model at run time; lingua bundles its models.
 - `ContactRedactor`: datatrove's PIIFormatter covers e-mails and IPs; phones and card numbers are added here,
   in one regex pass per kind that also counts.
@@ -138,7 +139,23 @@ class Normaliser(BaseFormatter):
             if spaced != text:
                 self.stat_update("whitespace_normalised")
             text = spaced
-        return text
+        return strip_control_tokens(text, self.stat_update)
+
+
+def strip_control_tokens(text: str, count=None) -> str:
+    """`text` without any string shaped like a family control token (`families.CONTROL_TOKEN`), removed until none
+    is left (removing one may join the halves of another: `<|eot<|x|>_id|>`)."""
+    from dilforge_shared.families import CONTROL_TOKEN
+
+    removed = 0
+    while True:
+        text, n = CONTROL_TOKEN.subn("", text)
+        if not n:
+            break
+        removed += n
+    if removed and count is not None:
+        count("control_tokens_removed", value=removed)
+    return text
 
 
 def _ftfy_config():
@@ -221,27 +238,79 @@ class SourceCounter(PipelineStep):
 
 
 # ---- contact details ----------------------------------------------------------------------------------
+# Patterns run on a shadow of the text with one character per character: every Unicode decimal digit (Arabic-Indic,
+# full-width, ...) as its ASCII digit, full-width '+', '@', '.', '(', ')' and Unicode dashes as ASCII, and every
+# space (NBSP included) or zero-width mark as a separator; so `٠٥٠ ١٢٣ ٤٥ ٦٧`, `050\u200d123\u200d45\u200d67` or
+# `＋９９４…` are found whether or not `normalise.whitespace` ran, and the original characters are replaced.
+_ZW = "\x01"  # a zero-width mark in the shadow: joins digit groups, never separates them
+_SHADOW = {ord(c): "@" for c in "\uff20\ufe6b"}
+_SHADOW.update({ord(c): "+" for c in "\uff0b\ufe62"})
+_SHADOW.update({ord(c): "." for c in "\uff0e\u2024\ufe52"})
+_SHADOW.update({ord("\uff08"): "(", ord("\uff09"): ")"})
+_SHADOW.update({ord(c): "-" for c in "\u2010\u2011\u2012\u2013\u2014\u2212\ufe63\uff0d"})
+_SHADOW.update({ord(c): " " for c in "\t\u00a0\u1680\u202f\u205f\u3000" + "".join(map(chr, range(0x2000, 0x200B)))})
+_SHADOW.update({ord(c): _ZW for c in "\u00ad\u180e\u200b\u200c\u200d\u2060\ufeff"})
+_SHADOW.update(
+    {cp: str(unicodedata.decimal(chr(cp))) for cp in range(0x80, 0x110000) if unicodedata.category(chr(cp)) == "Nd"}
+)
 
+
+def shadow(text: str) -> str:
+    """`text` with the same length, in the characters the contact patterns match (see above)."""
+    return text.translate(_SHADOW)
+
+
+# An e-mail address: a dot-atom local part of Unicode letters (`əli`) or a quoted one (`"ali veli"`), '@', then
+# domain labels of Unicode letters and digits and a top-level domain of letters (IDN: `poçt.az`) or punycode.
+_ATOM = r"[\w!#$%&'*+/=?^`{|}~\x01-]+"
 EMAIL = (
-    r"\b[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(?:\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*@"
-    r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?\.)+[A-Za-z]{2,}\b"
+    rf"(?<![\w.!#$%&'*+/=?^`{{|}}~\x01\\-])(?:{_ATOM}(?:\.{_ATOM})*|\"(?:[^\"\\\r\n]|\\.){{1,64}}\")"
+    r"\x01*@\x01*(?:[^\W_](?:[\w\x01-]{0,62}[^\W_])?\.)+(?:[^\W\d_]{2,63}|xn--[a-z0-9-]{1,59})(?![\w-])"
 )
-# A phone number: '+' or '00' and a country code, or Azerbaijan's trunk '0' and an area or mobile code
-# (12 Baku, 10/50/51/55/60/70/77/99 mobile, 2x regional), then digit groups joined by spaces, dots, dashes or
-# parentheses. Plain digit runs without such a start (sums, years, '1 500 000 manat') are never touched.
-_SEP = r"[ .\-\u00a0]?"
-PHONE = (
-    r"(?<![\w+])(?:"
-    rf"\(?(?:\+|\b00)[1-9]\d{{0,2}}\)?{_SEP}\(?\d{{1,4}}\)?(?:{_SEP}\d{{2,4}}){{2,4}}"
-    rf"|\(?\b0(?:1[02]|2\d|40|50|51|55|60|70|77|99)\)?{_SEP}\d{{3}}(?:{_SEP}\d{{2}}){{2}}"
-    rf"|\b994{_SEP}\(?\d{{2}}\)?{_SEP}\d{{3}}(?:{_SEP}\d{{2}}){{2}}"
-    r")(?!\w)"
-)
-CARD = r"(?<!\d)(?:\d[ \-]?){12,18}\d(?!\d)"
+# A phone number is a run of digit groups joined by up to three separators (space, dot, dash, parentheses), maybe
+# after '+'. Which runs are phones is decided on their digits (`phone_length`), so the same rules hold for any
+# spacing: '+' or '00' and a country code (9-15 digits; Azerbaijan's +994 exactly 12), Azerbaijan's trunk '0' with
+# an area or mobile code (10 digits: `0 50 123 45 67`, `(012) 493-12-34`), `994` and 9 digits, or a mobile or
+# Baku code written as its own group before 7 digits (`50 123 45 67`). Plain numbers (sums, years, dates, article
+# numbers) match none of these and are never touched.
+PHONE_RUN = r"(?<![\w+\x01])(?:\(?\+[ .\-()\x01]{0,3})?\(?\d(?:[ .\-()\x01]{0,3}\d)*\)?(?![\w@])"
+_AZ_CODES = {"10", "12", "18", "36", "40", "50", "51", "55", "60", "70", "77", "99", *(f"2{d}" for d in range(10))}
+_AZ_BARE = {"10", "12", "50", "51", "55", "60", "70", "77", "99"}  # codes written without the trunk 0
+_GROUP = re.compile(r"[\d\x01]+")
+CARD = r"(?<!\d)(?:\d[ \-\x01]?){12,18}\d(?!\d)"
 
 
-def _phone_digits_ok(match: str) -> bool:
-    return 9 <= sum(c.isdigit() for c in match) <= 15
+def _phone_ok(digits: str, plus: bool, groups: list[str]) -> bool:
+    if plus or digits.startswith("00"):
+        rest = digits if plus else digits[2:]
+        if rest.startswith("994"):
+            return len(rest) == 12 and rest[3:5] in _AZ_CODES
+        return rest[:1] != "0" and 9 <= len(rest) <= 15
+    sizes = tuple(len(g) for g in groups)
+    if digits.startswith("0"):  # the trunk and code in one group, or `0 50 …` (a date `05.10.2023 14` is neither)
+        return len(digits) == 10 and digits[1:3] in _AZ_CODES and (sizes[0] >= 3 or sizes[:2] == (1, 2))
+    if digits.startswith("994"):
+        return len(digits) == 12 and digits[3:5] in _AZ_CODES and sizes[0] in (3, 12)
+    return len(digits) == 9 and groups[0] in _AZ_BARE and sizes in ((2, 3, 2, 2), (2, 3, 4), (2, 7))
+
+
+def phone_length(match: str) -> int:
+    """How many characters of a digit run (in shadow form) are a phone number: the longest prefix that ends with a
+    digit group and passes the rules above, or 0."""
+    plus = "+" in match[: match.find(next(c for c in match if c.isdigit()))]
+    groups = [(m.end(), m.group(0).replace(_ZW, "")) for m in _GROUP.finditer(match)]
+    for n in range(len(groups), 0, -1):
+        digits = "".join(g for _, g in groups[:n])
+        if len(digits) < 9:
+            break
+        if _phone_ok(digits, plus, [g for _, g in groups[:n]]):
+            end = groups[n - 1][0]
+            return end + (1 if match[end : end + 1] == ")" and "(" in match[:end] else 0)
+    return 0
+
+
+def _card_length(match: str) -> int:
+    return len(match) if luhn_ok(match) else 0
 
 
 def luhn_ok(match: str) -> bool:
@@ -263,29 +332,28 @@ class ContactRedactor(BaseFormatter):
 
     def __init__(self, emails: bool, phones: bool, cards: bool, placeholders: dict[str, str]):
         super().__init__()
-        # (kind, pattern, validator, placeholder); cards first: a 16-digit card would half-match a phone pattern
+        # (kind, pattern, how much of a match to replace); cards first: a 16-digit card would half-match a phone,
+        # e-mails before phones: digits in an address are not a phone number
         kinds = (
-            ("card", cards, CARD, luhn_ok),
-            ("email", emails, EMAIL, None),
-            ("phone", phones, PHONE, _phone_digits_ok),
+            ("card", cards, CARD, _card_length),
+            ("email", emails, EMAIL, len),
+            ("phone", phones, PHONE_RUN, phone_length),
         )
         self.kinds = [
-            (kind, re.compile(pattern), check, placeholders[kind]) for kind, on, pattern, check in kinds if on
+            (kind, re.compile(pattern), length, placeholders[kind]) for kind, on, pattern, length in kinds if on
         ]
 
     def format(self, text: str) -> str:
-        for kind, pattern, check, placeholder in self.kinds:
-            count = 0
-
-            def replace(match: re.Match, check=check, placeholder=placeholder) -> str:
-                nonlocal count
-                if check is not None and not check(match.group(0)):
-                    return match.group(0)
-                count += 1
-                return placeholder
-
-            text = pattern.sub(replace, text)
+        for kind, pattern, length, placeholder in self.kinds:
+            out, pos, count = [], 0, 0
+            for match in pattern.finditer(shadow(text)):
+                n = length(match.group(0))
+                if n:
+                    out += [text[pos : match.start()], placeholder]
+                    pos = match.start() + n
+                    count += 1
             if count:
+                text = "".join(out) + text[pos:]
                 self.stat_update(f"documents_with_{kind}")
                 self.stat_update(f"{kind}s_replaced", value=count)
         return text

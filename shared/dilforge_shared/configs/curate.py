@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from ..families import control_token_in
 from .base import RUN_ONLY, DataSource, StageConfig, StrictModel, check_unique_labels
 
 # the ISO 639-1 codes lingua-language-detector 2.1 detects
@@ -130,6 +131,20 @@ class RedactConfig(StrictModel):
     email_placeholder: str = Field(default="<EMAIL>", min_length=1, max_length=32, description="E-mail replacement.")
     phone_placeholder: str = Field(default="<PHONE>", min_length=1, max_length=32, description="Phone replacement.")
     card_placeholder: str = Field(default="<CARD>", min_length=1, max_length=32, description="Card replacement.")
+
+    @field_validator("email_placeholder", "phone_placeholder", "card_placeholder")
+    @classmethod
+    def _check_placeholder(cls, value: str) -> str:
+        """A placeholder is written into every redacted document: it must not be a control token (`<|eot_id|>`
+        would become a turn boundary in training), nor contact-like text (`x@evil.com`) or digits, which would
+        reinsert what redaction removes."""
+        if "<|" in value or "|>" in value or control_token_in(value):
+            raise ValueError(f"{value!r} is shaped like a control token; use plain text such as <EMAIL>")
+        if "@" in value or "\uff20" in value or any(c.isdigit() for c in value):
+            raise ValueError(f"{value!r} holds '@' or digits, as contact details do; use plain text such as <EMAIL>")
+        if not value.isprintable() or value != value.strip():
+            raise ValueError(f"{value!r} holds control characters or surrounding spaces")
+        return value
 
 
 class OutputConfig(StrictModel):
