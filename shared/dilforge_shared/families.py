@@ -136,6 +136,19 @@ def control_token_in(text: str) -> str | None:
     return match.group(0) if match else None
 
 
+def system_prompt_problem(text: str, specials: Iterable[str] = ()) -> str | None:
+    """Why `text` cannot be a default system message, or None. A control token (of the known families, or one of
+    `specials`, a tokenizer's own) would forge turns in every chat template; a triple quote, or a quote just before
+    the closing one, would end the Ollama Modelfile's triple-quoted SYSTEM block early and let the rest be read
+    as directives (ADAPTER, PARAMETER, ...). Refused, not quoted: a Modelfile string has no escape for it."""
+    token = control_token_in(text) or next((t for t in specials if t and t in text), None)
+    if token is not None:
+        return f"contains the control token {token!r}, which would forge a turn in every conversation"
+    if '"""' in text or text.endswith('"'):
+        return "contains a triple quote (or ends with a quote), which would end the Modelfile's SYSTEM block"
+    return None
+
+
 def detect_family(tokens: Iterable[str], source: str) -> Family:
     """The family whose marker tokens are all in `tokens` (a vocabulary or its added tokens).
 

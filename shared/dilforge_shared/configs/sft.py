@@ -6,7 +6,7 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from ..families import control_token_in
+from ..families import control_token_in, system_prompt_problem
 from .base import (
     MAX_BATCH,
     MAX_STEPS,
@@ -202,8 +202,9 @@ class SftConfig(StageConfig, Batching, Warmup, Checkpointing):
     @field_validator("system_prompt")
     @classmethod
     def _system_prompt(cls, value: str | None) -> str | None:
-        if value is not None:
-            _no_control_token(value, "system_prompt")
+        problem = system_prompt_problem(value) if value is not None else None
+        if problem is not None:
+            raise ValueError(f"system_prompt {problem}")
         return value
 
     @model_validator(mode="after")
