@@ -308,9 +308,16 @@ def gc_cmd(
     min_age_minutes: Annotated[
         float, typer.Option("--min-age-minutes", min=0, help="Leave orphans and temp files younger than this alone.")
     ] = 60,
+    export_dir: Annotated[
+        list[Path] | None,
+        typer.Option("--export-dir", help="An export --out folder: also list staging folders a killed export left."),
+    ] = None,
     endpoint: EndpointOpt = None,
 ) -> None:
-    """List (dry run) or --delete orphan data-* folders, damaged copies, temp files, stale work folders."""
+    """List (dry run) or --delete orphan data-* folders, damaged copies, temp files, stale work folders: only what
+    dilforge provably made (a marked store, marked work folders, its writers' exact temp names)."""
+    from dilforge_shared.recipes import cache_root
+
     from . import gc
 
     try:
@@ -318,8 +325,10 @@ def gc_cmd(
         found += gc.find_work_garbage(
             Path(workdir or settings().workdir).resolve(),
             min_age_minutes * 60,
-            settings().cache or default_download_cache(),
+            [settings().cache or default_download_cache(), cache_root()],
         )
+        for folder in export_dir or []:
+            found += gc.find_staging_garbage(folder)
     except USER_ERRORS as exc:
         fail(one_line(exc))
     for item in found:

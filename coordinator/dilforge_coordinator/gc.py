@@ -1,33 +1,51 @@
 """`coordinator gc`: find (and with --delete remove) what crashes, cancels and damaged artifacts leave behind.
 
+Only what dilforge provably created: the store must carry the marker every publish and run record writes
+(`.dilforge-store`), a work folder the marker the local backend writes when it creates one, and a leftover file
+must have the exact name its writer gives it; nothing inside a published artifact's data folder is touched.
 What counts as garbage, and why it is safe to remove:
-- `orphan-data`: a `data-*/` folder that no manifest points at (a publish killed before its manifest, or the
-  loser of a race). Skipped while the artifact's lock is held or younger than --min-age (a publish in flight).
-- `damaged`: an artifact a rerun moved aside (`<id>.damaged-<time>`) before rebuilding it.
+- `orphan-data`: a `data-<12 hex>/` folder (or its `.data-*.manifest.sha256`) that no manifest points at (a
+  publish killed before its manifest, or the loser of a race). Skipped while the artifact's lock is held or
+  younger than --min-age (a publish in flight).
+- `damaged`: an artifact a rerun moved aside (`<id>.damaged-<utc>`) before rebuilding it.
 - `unreferenced`: a published artifact no run record names (only with --unreferenced: other stores or people
   may still use it by URI).
-- `temp`: `*.tmp` / `.partial` / `.old` leftovers of interrupted writes, older than --min-age.
+- `temp`: the store's `.<name>.<uuid>.tmp` beside a manifest, record or lock; in the download cache a model
+  download's `.<name>.<8 hex>.partial|old` and a digest's `<sha256>.<pid>.tmp`; all older than --min-age.
+- `staging`: a `.dilforge-<kind>-<pid>-<uuid>` folder (export, converter download) whose process is gone.
 - `work`: a local work folder (`/opt/ml` root) no live process holds; it only serves to resume a failed run.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from dilforge_shared import staging
 from dilforge_shared.errors import DilforgeError, ManifestError
 from dilforge_shared.locks import is_locked
 from dilforge_shared.manifest import MANIFEST_NAME
 from dilforge_shared.store import ArtifactStore, NotFound, parse_manifest
-from dilforge_shared.store.artifacts import manifest_digest_key
+from dilforge_shared.store.artifacts import STORE_MARKER, manifest_digest_key
 
+from .backends.local import WORK_MARKER
 from .records import DamagedRecord, parse_record
 
-TEMP_NAME = re.compile(r"\.tmp\d*$")  # store writes (`.x.<uuid>.tmp`), CPT token cache (`.tmp<pid>`)
+# The exact names dilforge's writers give what they leave on a crash; anything else is the user's.
+STORE_TEMP = re.compile(r"^\..+\.[0-9a-f]{32}\.tmp$")  # LocalStorage write_bytes/create_bytes/upload_file
+DOWNLOAD_TEMP = re.compile(r"^\..+\.[0-9a-f]{8}\.(partial|old)$")  # store.mirror_prefix, beside its copy
+DIGEST_TEMP = re.compile(r"^[0-9a-f]{64}\.\d+\.tmp$")  # corpus.stamped_sha256: the digest cache
+DATA_DIR = re.compile(r"^data-[0-9a-f]{12}$")  # store.publish
+DIGEST_FILE = re.compile(r"^\.data-[0-9a-f]{12}\.manifest\.sha256$")  # store.manifest_digest_key
+DAMAGED = re.compile(r"\.damaged-\d{8}T\d{6}Z(-\d+)?$")  # integrity.move_aside
+FETCHED = re.compile(r"^[0-9a-f]{16}-[0-9a-f]{12}$")  # store.fetch: a copy of an artifact
+WORK_NAME = re.compile(r"^[a-z]+-[0-9a-f]{8,64}$")  # LocalBackend: <stage>-<artifact id>
 
 
 @dataclass
@@ -43,6 +61,25 @@ def _age_s(path: Path) -> float:
         return time.time() - path.stat().st_mtime
     except OSError:
         return 0.0
+
+
+class NotAStore(DilforgeError):
+    """--store names something gc cannot prove is a dilforge store: it removes nothing there."""
+
+
+def check_store(store: ArtifactStore) -> None:
+    """The store exists as a folder (or prefix) and carries the marker its writers leave; else NotAStore."""
+    where = store.backend.uri
+    root = store.backend.local_path("")
+    if root is not None and not root.is_dir():
+        what = "is a file, not a store folder" if root.exists() else "does not exist"
+        raise NotAStore(f"--store {root} {what}: nothing to collect")
+    if not store.backend.exists(STORE_MARKER):
+        raise NotAStore(
+            f"--store {where} is not a dilforge artifact store (no {STORE_MARKER}, which every publish and run record "
+            "writes): gc removes nothing where it cannot prove the files are dilforge's; a store made by an older "
+            f"dilforge gets the marker on its next run (or create {STORE_MARKER} in it yourself)"
+        )
 
 
 class UnreadableRecords(DilforgeError):
@@ -63,8 +100,8 @@ def _referenced(store: ArtifactStore) -> set[str]:
         except DamagedRecord as exc:
             damaged.append(str(exc))
             continue
-        for entry in doc.stages.values():  # every attempt's artifact, and the last good one behind a failed attempt
-            refs.update(store.resolve(a).rstrip("/") for a in (entry.artifact, entry.last_good) if a)
+        for entry in doc.stages.values():  # every attempt's artifact, the last good one, a concurrent run's (also)
+            refs.update(store.resolve(a).rstrip("/") for a in entry.addresses())
     if damaged:
         more = f" (and {len(damaged) - 1} more)" if len(damaged) > 1 else ""
         raise UnreadableRecords(
@@ -87,6 +124,7 @@ def _lock_held(store: ArtifactStore, stage: str, artifact_id: str) -> bool:
 
 
 def find_store_garbage(store: ArtifactStore, min_age_s: float, unreferenced: bool) -> list[Garbage]:
+    check_store(store)
     backend = store.backend
     folders: dict[tuple[str, str], set[str]] = {}
     for key in backend.list("artifacts"):
@@ -98,7 +136,7 @@ def find_store_garbage(store: ArtifactStore, min_age_s: float, unreferenced: boo
     for (stage, name), entries in sorted(folders.items()):
         prefix = f"artifacts/{stage}/{name}"
         uri = f"{backend.uri}/{prefix}"
-        if ".damaged-" in name:
+        if DAMAGED.search(name):
             found.append(
                 Garbage(
                     "damaged", uri, "moved aside by a rerun that rebuilt it", lambda p=prefix: backend.delete_prefix(p)
@@ -117,34 +155,80 @@ def find_store_garbage(store: ArtifactStore, min_age_s: float, unreferenced: boo
                 )
                 continue
         keep = {data_dir, manifest_digest_key(data_dir)} if data_dir else set()
-        orphans = sorted(
-            e
-            for e in entries
-            if e not in keep and (e.startswith("data-") or (e.startswith(".data-") and e.endswith(".manifest.sha256")))
-        )
+        orphans = sorted(e for e in entries if e not in keep and (DATA_DIR.match(e) or DIGEST_FILE.match(e)))
         if not orphans or _lock_held(store, stage, name):
             continue
         for entry in orphans:
             local = backend.local_path(f"{prefix}/{entry}")
-            if local is not None and _age_s(local) < min_age_s:
-                continue
+            if local is not None and (local.is_symlink() or _age_s(local) < min_age_s):
+                continue  # a link is not what publish writes; a young one may be a publish in flight
             why = "no manifest points at it (publish interrupted)" if data_dir is None else "not the manifest's data"
             remove = backend.delete if entry.startswith(".") else backend.delete_prefix  # a digest file, a folder
             found.append(Garbage("orphan-data", f"{uri}/{entry}", why, lambda p=f"{prefix}/{entry}", r=remove: r(p)))
     root = backend.local_path("")
-    if root is not None:
-        found += _temp_files(root, min_age_s)
+    if root is not None:  # where the store writes through a temp file: beside manifests, records, locks
+        folders = [root, root / "runs", root / "locks"]
+        folders += [a for s in _subfolders(root / "artifacts") for a in _subfolders(s)]
+        found += [g for folder in folders for g in _leftovers(folder, (STORE_TEMP,), min_age_s)]
     return found
 
 
-def _temp_files(root: Path, min_age_s: float) -> list[Garbage]:
-    found = []
-    for path in sorted(root.rglob("*")):
-        name = path.name
-        leftover = TEMP_NAME.search(name) or (name.startswith(".") and name.endswith((".partial", ".old")))
-        if leftover and _age_s(path) >= min_age_s:
-            found.append(Garbage("temp", str(path), "left by an interrupted write", lambda p=path: _rm(p)))
+def _subfolders(folder: Path) -> list[Path]:
+    try:
+        return sorted(p for p in folder.iterdir() if p.is_dir() and not p.is_symlink())
+    except OSError:
+        return []
+
+
+def _leftovers(folder: Path, patterns: tuple[re.Pattern, ...], min_age_s: float) -> list[Garbage]:
+    """Entries directly in `folder` named exactly as a dilforge writer names its temp files, older than min_age_s."""
+    try:
+        entries = sorted(folder.iterdir())
+    except OSError:
+        return []
+    return [
+        Garbage("temp", str(path), "left by an interrupted write", lambda p=path: _rm(p))
+        for path in entries
+        if any(pat.match(path.name) for pat in patterns) and _age_s(path) >= min_age_s
+    ]
+
+
+def _cache_leftovers(cache: Path, min_age_s: float) -> list[Garbage]:
+    """Interrupted downloads (beside their copy, at any depth), digest temp files, abandoned staging folders.
+    A walk that never follows symlinks nor enters a download being swapped in or a staging folder."""
+    found: list[Garbage] = []
+    for top, dirs, _ in os.walk(cache):
+        here = Path(top)
+        found += _leftovers(here, (DOWNLOAD_TEMP, DIGEST_TEMP), min_age_s)
+        found += [
+            Garbage("staging", str(p), "staging folder of a process that is gone", lambda p=p: staging.remove(p))
+            for p in staging.abandoned(here)
+        ]
+        dirs[:] = [d for d in dirs if not _copy_or_staging(here / d)]
     return found
+
+
+def _copy_or_staging(folder: Path) -> bool:
+    """A folder the cache walk leaves alone: a finished copy of an artifact or model (`.complete`), an artifact
+    copy being fetched (`<id>-<sha>`), a download in progress or being swapped, a staging folder."""
+    name = folder.name
+    return (
+        (folder / ".complete").exists()
+        or FETCHED.match(name) is not None
+        or DOWNLOAD_TEMP.match(name) is not None
+        or staging.NAME.match(name) is not None
+        or name.endswith(".new")
+    )
+
+
+def find_staging_garbage(folder: Path) -> list[Garbage]:
+    """Staging folders a killed export left in its --out folder."""
+    if not folder.is_dir():
+        raise NotAStore(f"--export-dir {folder} is not a folder")
+    return [
+        Garbage("staging", str(p), "staging folder of an export that was killed", lambda p=p: staging.remove(p))
+        for p in staging.abandoned(folder)
+    ]
 
 
 def _rm(path: Path) -> None:
@@ -154,13 +238,17 @@ def _rm(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
-def find_work_garbage(workdir: Path, min_age_s: float, cache: Path | None = None) -> list[Garbage]:
-    """Work folders no live process holds, and temp files of interrupted downloads in the cache."""
-    found = _temp_files(cache, min_age_s) if cache is not None and cache.is_dir() else []
-    if not workdir.is_dir():
-        return found
-    for path in sorted(workdir.iterdir()):
-        if path.is_dir() and not path.name.startswith("."):
+def find_work_garbage(workdir: Path, min_age_s: float, caches: Iterable[Path] = ()) -> list[Garbage]:
+    """Work folders the local backend made that no live process holds, and what interrupted downloads left in
+    the caches."""
+    found: list[Garbage] = []
+    for cache in dict.fromkeys(c.resolve() for c in caches):
+        if cache.is_dir():
+            found += _cache_leftovers(cache, min_age_s)
+    if workdir.exists() and not workdir.is_dir():
+        raise NotAStore(f"--workdir {workdir} is a file, not a folder")
+    for path in _subfolders(workdir):
+        if WORK_NAME.match(path.name) and (path / WORK_MARKER).is_file():
             if is_locked(workdir / f"{path.name}.lock"):
                 continue
             found.append(

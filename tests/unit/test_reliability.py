@@ -15,6 +15,7 @@ from pathlib import Path
 import factories
 import pytest
 from dilforge_coordinator import pipeline as pl
+from dilforge_coordinator.backends.local import WORK_MARKER
 from dilforge_coordinator.cli import app
 from dilforge_shared.configs import load_pipeline
 from dilforge_shared.errors import ConfigError, IntegrityError
@@ -255,7 +256,7 @@ def test_status_flags_a_running_record_whose_process_is_gone(tmp_path):
 
 def test_gc_lists_by_default_and_removes_with_delete(tmp_path, monkeypatch):
     monkeypatch.setenv("DILFORGE_CACHE", str(tmp_path / "cache"))
-    partial = tmp_path / "cache" / "models" / ".abc.1234.partial"  # an interrupted model download
+    partial = tmp_path / "cache" / "models" / ".abc.1234abcd.partial"  # an interrupted model download
     partial.mkdir(parents=True)
     cfg = load_pipeline(write_config(tmp_path))
     uri = pl.run_all(cfg, PublishingBackend())["tokenizer"]
@@ -263,13 +264,14 @@ def test_gc_lists_by_default_and_removes_with_delete(tmp_path, monkeypatch):
     orphan = art / "data-deadbeef0000"  # a loser's or a killed publisher's files
     orphan.mkdir()
     (orphan / "model.safetensors").write_bytes(b"partial")
-    half = art.parent / "0123456789abcdef" / "data-0000aaaa"  # publish killed before its manifest
+    half = art.parent / "0123456789abcdef" / "data-0000aaaa0000"  # publish killed before its manifest
     half.mkdir(parents=True)
     (half / "x").write_bytes(b"partial")
-    tmp = art.parent / ".manifest.json.abc.tmp"
+    tmp = art / f".manifest.json.{'ab' * 16}.tmp"  # the store's temp name, beside the manifest
     tmp.write_bytes(b"")
     work = tmp_path / "work" / "cpt-0011223344556677"
     (work / "checkpoints").mkdir(parents=True)
+    (work / WORK_MARKER).write_text("cpt 0011223344556677\n")  # as the local backend makes one
     old = time.time() - 7200
     for p in (orphan, half, tmp, partial):
         os.utime(p, (old, old))
@@ -438,7 +440,7 @@ def test_credentials_are_masked_in_every_log_line(monkeypatch, caplog):
 def test_the_local_stacks_keys_mask_the_secret_and_never_the_projects_name(monkeypatch):
     """compose.yaml's identity: key id `dilforge` (the project's name, public), secret `dilforge-local-only`.
     Logs keep every s3://dilforge/... and dilforge_cpt, and still never show the secret."""
-    from dilforge_shared.settings import mask
+    from dilforge_shared.settings import redact as mask
 
     for prefix in ("AWS", "DILFORGE_S3"):
         monkeypatch.setenv(f"{prefix}_ACCESS_KEY_ID", "dilforge")
@@ -614,7 +616,7 @@ def test_credentials_in_a_store_url_are_refused_and_masked_in_any_log_line(tmp_p
     import logging
 
     from dilforge_shared.configs import PipelineConfig
-    from dilforge_shared.settings import MaskSecrets, mask
+    from dilforge_shared.settings import MaskSecrets, redact as mask
 
     raw = {"run_id": "r", "store": {"uri": "s3://b/s", "s3_endpoint_url": "http://admin:hunter2@127.0.0.1:8333"}}
     with pytest.raises(ValueError, match=r"store\.s3_endpoint_url[\s\S]*holds credentials"):

@@ -3,7 +3,8 @@
 The /opt/ml root lives at `<workdir>/<stage>-<artifact_id>/` and is kept after a failure or a cancel, so
 rerunning the same stage resumes from its checkpoints; it is removed after success. `<stage>-<artifact_id>.lock`
 beside it is flocked by the coordinator and inherited by the stage process, so two runs never share a work
-folder, not even when a killed coordinator left its stage running: a rerun waits for it.
+folder, not even when a killed coordinator left its stage running: a rerun waits for it. `WORK_MARKER` inside
+it says this backend made it: `coordinator gc` removes no other folder from the work folder.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from dilforge_shared.settings import settings
 
 from ..pipeline import STAGE_MODULES, StageCancelled, StageFailed, StageJob
 from .process import run_child
+
+WORK_MARKER = ".dilforge-work"
 
 
 class LocalBackend:
@@ -42,6 +45,8 @@ class LocalBackend:
         )
         try:
             opt = OptMl(root)
+            root.mkdir(parents=True, exist_ok=True)
+            (root / WORK_MARKER).write_text(f"{job.stage} {job.artifact_id}\n")
             if opt.failure_file.exists():
                 opt.failure_file.unlink()
             shutil.rmtree(opt.model_dir, ignore_errors=True)

@@ -16,7 +16,12 @@ and an Ollama Modelfile beside it.
    q4_k_m by llama.cpp's quantizer (`llama_cpp.llama_model_quantize`) from the f16 file. No GGUF writer of
    dilforge's own.
 4. Published atomically into DIR: `<model id>-<quant>.gguf` and `<model id>-<quant>.Modelfile` (Ollama:
-   `ollama create NAME -f` it) appear together or not at all, and an existing file is never overwritten.
+   `ollama create NAME -f` it) appear together or not at all, and an existing file is never overwritten. The
+   work happens in a staging folder in DIR (`dilforge_shared.staging`: locked while this process lives, so the
+   next export or `coordinator gc --export-dir DIR` removes one a `kill -9` left); the converter dies with this
+   process (PR_SET_PDEATHSIG); a failed export removes only the links it made, checked by inode.
+5. The system prompt (`--system-prompt` or the SFT config's) is refused when it holds a control token or a
+   triple quote: in a Modelfile it would end the SYSTEM block and inject directives.
 
 bench/export.py measures the result against transformers (tokenization, next-token agreement, speed).
 """
@@ -24,21 +29,23 @@ bench/export.py measures the result against transformers (tokenization, next-tok
 from __future__ import annotations
 
 import argparse
+import ctypes
 import hashlib
 import json
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
-import tempfile
-import uuid
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
+from dilforge_shared import staging
 from dilforge_shared.errors import DilforgeError, ManifestNotFound
-from dilforge_shared.families import Family, detect_family, special_token_ids
+from dilforge_shared.families import Family, detect_family, special_token_ids, system_prompt_problem
 from dilforge_shared.models import resolve
 from dilforge_shared.recipes import cache_root
 from dilforge_shared.serving import resolve_served_model
@@ -55,6 +62,34 @@ SOURCE_MEMBERS = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/")
 
 class ExportError(DilforgeError):
     """A one-line reason the artifact cannot be exported, saying what to do."""
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent: int):
+    """A preexec_fn: the kernel sends the child SIGKILL when this process dies (even by `kill -9`), so no
+    converter outlives its export; a parent already gone before the call is caught by the ppid check."""
+
+    def set_pdeathsig() -> None:
+        if sys.platform.startswith("linux"):
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return set_pdeathsig
+
+
+def run_child(cmd: list[str]) -> subprocess.CompletedProcess:
+    """A child that dies with this process; output captured."""
+    return subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        check=False,
+        preexec_fn=_die_with_parent(os.getpid()),
+    )
 
 
 @dataclass(frozen=True)
@@ -83,12 +118,13 @@ def converter_sources(sources: Sources = LLAMA_CPP) -> Path:
     if done.is_file():
         return sources.folder
     sources.folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".download-", dir=sources.folder.parent))
-    try:
+    for stale in staging.abandoned(sources.folder.parent, "download"):
+        staging.remove(stale)
+    with staging.staging_dir(sources.folder.parent, "download") as tmp:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary=:all:", "--quiet"]
         cmd += ["--disable-pip-version-check", "-d", str(tmp), sources.requirement]
         log.info("llama.cpp converter: %s", " ".join(cmd))
-        proc = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False)
+        proc = run_child(cmd)
         archives = sorted(tmp.glob("*.tar.gz"))
         if proc.returncode != 0 or len(archives) != 1:
             last = (proc.stderr.strip().splitlines() or ["no archive"])[-1]
@@ -110,8 +146,6 @@ def converter_sources(sources: Sources = LLAMA_CPP) -> Path:
         (out / ".complete").write_text(sources.requirement + "\n")
         shutil.rmtree(sources.folder, ignore_errors=True)
         out.replace(sources.folder)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return sources.folder
 
 
@@ -142,9 +176,22 @@ def base_tokenizer_dir(uri: str, endpoint_url: str | None = None, depth: int = 4
     return None
 
 
+def _tokenizer_json(folder: Path) -> dict:
+    path = folder / "tokenizer.json"
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ExportError(f"{folder}: no tokenizer.json (give the tokenizer folder of the base model)") from None
+    except (OSError, ValueError) as exc:
+        raise ExportError(f"{path}: cannot read it as a tokenizer ({exc})") from None
+    if not isinstance(doc, dict):
+        raise ExportError(f"{path}: not a tokenizer (a JSON object expected)")
+    return doc
+
+
 def check_pre_tokenizer(tokenizer_dir: Path, base_dir: Path) -> None:
     """The tokenizer's pre-tokenizer and normalizer must be the base's, byte for byte as JSON."""
-    ours, base = (json.loads((d / "tokenizer.json").read_text(encoding="utf-8")) for d in (tokenizer_dir, base_dir))
+    ours, base = (_tokenizer_json(d) for d in (tokenizer_dir, base_dir))
     for part in ("pre_tokenizer", "normalizer"):
         if ours.get(part) != base.get(part):
             raise ExportError(
@@ -159,7 +206,7 @@ def convert(sources: Path, folder: Path, outfile: Path, outtype: str, base_tok: 
     cmd = [sys.executable, "-m", "dilforge_serve.gguf_convert", str(sources), str(folder), str(outfile), outtype]
     cmd.append(str(base_tok))
     log.info("converting %s to %s (%s)", folder, outfile.name, outtype)
-    proc = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False)
+    proc = run_child(cmd)
     if proc.returncode != 0 or not outfile.is_file():
         tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
         raise ExportError(f"llama.cpp's converter failed (exit {proc.returncode}):\n{tail}")
@@ -218,6 +265,65 @@ def modelfile(gguf_name: str, family: Family, system_prompt: str | None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def check_system_prompt(text: str | None, field: str, tokenizer_dir: Path) -> None:
+    """Refuse a system prompt holding a control token (the known families' or this tokenizer's specials) or a
+    triple quote, naming where it came from."""
+    if not text:
+        return
+    specials = [t["content"] for t in _tokenizer_json(tokenizer_dir).get("added_tokens", []) if t.get("special")]
+    if problem := system_prompt_problem(text, specials):
+        raise ExportError(f"{field} {problem}; give another --system-prompt")
+
+
+# ---- where the files go ---------------------------------------------------------------------------------------
+def check_out_dir(out_dir: Path) -> None:
+    """--out must be a folder or creatable as one: checked before any work, so a typo costs nothing."""
+    if out_dir.is_symlink() and not out_dir.exists():
+        raise ExportError(f"--out {out_dir} is a symlink to nothing; give a folder")
+    if out_dir.exists():
+        if not out_dir.is_dir():
+            raise ExportError(f"--out {out_dir} is a file, not a folder; give a folder")
+        return
+    for parent in out_dir.absolute().parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ExportError(f"--out {out_dir}: {parent} is a file, not a folder")
+            return
+
+
+def make_out_dir(out_dir: Path) -> None:
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ExportError(f"--out {out_dir}: cannot create the folder ({exc.strerror or exc})") from None
+
+
+def link_into(work: Path, out_dir: Path, names: list[str]) -> None:
+    """Hard-link each staged file into `out_dir`, never over anything (a file, a symlink, a link that appeared
+    meanwhile). On failure remove only the links this call made: the same inode as the staged file."""
+    made: list[tuple[Path, tuple[int, int]]] = []
+    try:
+        for name in names:
+            st = (work / name).stat()
+            try:
+                os.link(work / name, out_dir / name)
+            except FileExistsError:
+                raise ExportError(
+                    f"{out_dir / name} appeared during the export (another export into this --out?); "
+                    "exports are never overwritten: nothing of this one was kept"
+                ) from None
+            made.append((out_dir / name, (st.st_dev, st.st_ino)))
+    except BaseException:
+        for path, ident in made:
+            try:
+                st = path.lstat()
+            except FileNotFoundError:
+                continue
+            if (st.st_dev, st.st_ino) == ident:
+                path.unlink()
+        raise
+
+
 # ---- the command ----------------------------------------------------------------------------------------------
 def export(
     artifact: str,
@@ -229,6 +335,9 @@ def export(
 ) -> list[Path]:
     if quant not in QUANTS:
         raise ExportError(f"--quant {quant!r}: choose one of {', '.join(QUANTS)}")
+    check_out_dir(out_dir)
+    if base_tokenizer is not None and not base_tokenizer.is_dir():
+        raise ExportError(f"--base-tokenizer {base_tokenizer}: no such folder (give the base model's tokenizer folder)")
     try:
         spec = resolve_served_model(artifact, endpoint_url=endpoint_url, system_prompt=system_prompt)
     except DilforgeError as exc:
@@ -238,8 +347,10 @@ def export(
     gguf_name = f"{spec.model_id}-{quant}.gguf"
     modelfile_name = f"{spec.model_id}-{quant}.Modelfile"  # one per export: several quants share a folder
     targets = [out_dir / gguf_name, out_dir / modelfile_name]
-    if existing := [str(p) for p in targets if p.exists()]:
+    if existing := [str(p) for p in targets if os.path.lexists(p)]:
         raise ExportError(f"{', '.join(existing)} exists; exports are never overwritten: choose another --out")
+    field = "--system-prompt" if system_prompt else f"{artifact}: its SFT config's system_prompt"
+    check_system_prompt(spec.system_prompt, field, spec.tokenizer_dir)
     base_tok = base_tokenizer or base_tokenizer_dir(artifact, endpoint_url)
     if base_tok is None:
         raise ExportError(
@@ -249,31 +360,35 @@ def export(
     check_pre_tokenizer(spec.tokenizer_dir, base_tok)
     family = detect_family(special_token_ids(spec.tokenizer_dir / "tokenizer.json"), str(spec.tokenizer_dir))
     sources = converter_sources()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".export-{uuid.uuid4().hex[:8]}-", dir=out_dir))
-    try:
-        folder = prepare(spec, work / "model")
-        set_eos_to_end_of_turn(folder, family)
-        staged = work / gguf_name
-        if quant == "q4_k_m":
-            convert(sources, folder, work / "f16.gguf", "f16", base_tok)
-            quantize(work / "f16.gguf", staged, quant)
-        else:
-            convert(sources, folder, staged, quant, base_tok)
-        (work / modelfile_name).write_text(modelfile(gguf_name, family, spec.system_prompt), encoding="utf-8")
-        for name in (gguf_name, modelfile_name):  # both appear, never over an existing file (checked above)
-            os.link(work / name, out_dir / name)
-    except BaseException:
-        for p in targets:
-            if p.exists() and p.stat().st_nlink > 1:  # only what this call linked in
-                p.unlink()
-        raise
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    make_out_dir(out_dir)
+    for stale in staging.abandoned(out_dir, "export"):
+        log.info("removing %s, left by an export that was killed", stale)
+        staging.remove(stale)
+    with ExitStack() as stack:
+        try:
+            work = stack.enter_context(staging.staging_dir(out_dir, "export"))
+        except OSError as exc:
+            raise ExportError(f"--out {out_dir}: cannot write there ({exc.strerror or exc})") from None
+        _build(spec, work, sources, (gguf_name, modelfile_name), quant, base_tok, family)
+        link_into(work, out_dir, [gguf_name, modelfile_name])
     log.info(
         "exported %s → %s (%.1f MB) and its Modelfile", spec.description, targets[0], targets[0].stat().st_size / 1e6
     )
     return targets
+
+
+def _build(spec, work: Path, sources: Path, names: tuple[str, str], quant: str, base_tok: Path, family: Family) -> None:
+    """The GGUF and its Modelfile, written into the staging folder `work`."""
+    gguf_name, modelfile_name = names
+    folder = prepare(spec, work / "model")
+    set_eos_to_end_of_turn(folder, family)
+    staged = work / gguf_name
+    if quant == "q4_k_m":
+        convert(sources, folder, work / "f16.gguf", "f16", base_tok)
+        quantize(work / "f16.gguf", staged, quant)
+    else:
+        convert(sources, folder, staged, quant, base_tok)
+    (work / modelfile_name).write_text(modelfile(gguf_name, family, spec.system_prompt), encoding="utf-8")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -293,6 +408,10 @@ def main(argv: list[str] | None = None) -> int:
         )
     except DilforgeError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # a folder that vanished or turned unwritable mid-way: one line, not a traceback
+        where = f": {exc.filename}" if exc.filename else ""
+        print(f"error: {exc.strerror or exc}{where}", file=sys.stderr)
         return 1
     for path in files:
         print(path)

@@ -27,6 +27,15 @@ from .backends import NotFound, Storage, open_backend, read_uri_bytes
 log = logging.getLogger("dilforge_shared.store")
 
 
+STORE_MARKER = ".dilforge-store"  # at a store's root, written by every publish and run record
+
+
+def mark_store(backend: Storage) -> None:
+    """Leave the marker that says this root is a dilforge store (`coordinator gc` works nowhere else)."""
+    if not backend.exists(STORE_MARKER):
+        backend.create_bytes(STORE_MARKER, b"dilforge artifact store\n")
+
+
 def manifest_uri_of(uri: str) -> str:
     """Accept either an artifact folder or its manifest.json."""
     uri = uri.rstrip("/")
@@ -75,6 +84,7 @@ class ArtifactStore:
         return f"runs/{check_name(run_id, 'run id')}.json"
 
     def write_run_record(self, run_id: str, data: bytes) -> None:
+        mark_store(self.backend)
         self.backend.write_bytes(self.run_record_key(run_id), data)
 
     def read_run_record(self, run_id: str) -> bytes:
@@ -117,6 +127,9 @@ def publish(
     files = scan_files(local_dir)
     if not files:
         raise DilforgeError(f"{local_dir}: nothing to publish (empty output folder)")
+    root, artifacts, _stage, _id = (artifact_uri.rstrip("/").rsplit("/", 3) + ["", "", ""])[:4]
+    if artifacts == "artifacts" and root:  # `<store>/artifacts/<stage>/<id>`, as ArtifactStore names it
+        mark_store(open_backend(root, endpoint_url))
     data_dir = f"data-{uuid.uuid4().hex[:12]}"
     manifest = manifest.model_copy(update={"files": files, "data_dir": data_dir})
     from ..progress import track
