@@ -180,18 +180,21 @@ def test_every_strategy_round_trips_both_dev_sets(tmp_path, data_root, smollm2_d
         tok, doc = load(folder, str(folder))
         from dilforge_shared.families import detect_family
         from dilforge_tokenizer import base as base_tok
-        from dilforge_tokenizer import continued
+        from dilforge_tokenizer import continued, llama3, pretokens
 
         family = detect_family(base_tok.vocab_tokens(doc), str(folder))
         base = Base(folder=folder, uri=str(folder), tok=tok, doc=doc, family=family)
         config = TokenizerConfig(
             strategy="extend", compare_with=["replace"], corpora=[{"uri": "x"}], num_new_tokens=[200], vocab_sizes=[800]
         )
-        seg = continued.segment(continued.word_counts(lines.items(), tok), doc)
+        words = pretokens.of_lines(lines, tok)
+        seg = continued.segment(words, doc)
         candidates = [
             stage_candidates.base_candidate(base),
             *stage_candidates.extend_candidates(config, seg, base, False),
-            *stage_candidates.replace_candidates(config, stage_candidates.expanded(lines), family, base, False)[0],
+            *stage_candidates.replace_candidates(
+                config, pretokens.of_lines(lines, llama3.empty_bpe()), family, base, False
+            ),
         ]
         assert [c.strategy for c in candidates] == ["base", "extend", "replace"]
         for cand in candidates:

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
 from collections import Counter
 
-import pytest
-from dilforge_tokenizer import audit, bpe, continued, llama3
+from dilforge_tokenizer import audit, bpe, continued, llama3, pretokens
 from factories import load_bench
 from tokenizers import Tokenizer, models, pre_tokenizers
 
@@ -33,7 +31,7 @@ def encode_words(doc: dict, words) -> list[list[str]]:
 def test_naive_appending_leaves_a_token_dead_and_continued_bpe_does_not():
     doc = base_doc()
     base = bpe.from_doc(doc)
-    words = continued.word_counts(LINES.items(), base)
+    words = pretokens.of_lines(LINES, base)
     first_new = len(doc["model"]["vocab"])
 
     raw = bpe.train([[line] * n for line, n in LINES.items()], first_new + 3, 2, template=base)
@@ -52,7 +50,7 @@ def test_naive_appending_leaves_a_token_dead_and_continued_bpe_does_not():
 
 def test_extend_keeps_base_ids_and_merges_in_place_and_smaller_sizes_are_prefixes():
     doc = base_doc()
-    words = continued.word_counts(Counter({"abc abd abe": 3, "dbc dbd xyzw xyzw": 4}).items(), bpe.from_doc(doc))
+    words = pretokens.of_lines(Counter({"abc abd abe": 3, "dbc dbd xyzw xyzw": 4}), bpe.from_doc(doc))
     learned = continued.learn_merges(continued.segment(words, doc), 50, 1)
     big, n_big = continued.extend_doc(doc, learned, 50)
     small, n_small = continued.extend_doc(doc, learned, 3)
@@ -179,34 +177,11 @@ def test_extend_doc_skips_excluded_tokens_and_what_is_built_on_them():
     assert added == 3 and {"abc", "abcd", "xy"} <= set(ext["model"]["vocab"])
 
 
-def test_word_counts_over_forked_workers_equal_one_process(monkeypatch):
-    base = bpe.from_doc(base_doc())
-    lines = Counter({f"söz{i} abc  dbc, {i % 7}x": 1 + i % 3 for i in range(300)})
-    one = continued.word_counts(lines.items(), base, num_workers=1)
-    monkeypatch.setattr(continued, "MIN_LINES_PER_WORKER", 10)
-    assert continued.word_counts(lines.items(), base, num_workers=3) == one
-    assert one["Ġabc"] == sum(lines.values()) and sum(one.values()) > 3 * len(lines)
-
-
-@pytest.mark.timeout(60)
-def test_a_worker_that_dies_raises_instead_of_leaving_the_count_waiting(monkeypatch):
-    """multiprocessing.Pool's map waits forever for a task whose worker died; the count must fail."""
-    from concurrent.futures.process import BrokenProcessPool
-
-    base = bpe.from_doc(base_doc())
-    lines = Counter({f"söz{i} abc": 1 for i in range(40)})
-    monkeypatch.setattr(continued, "MIN_LINES_PER_WORKER", 10)
-    monkeypatch.setattr(continued, "_count_words", lambda *_: os._exit(3))  # inherited by the forked workers
-    with pytest.raises(BrokenProcessPool):
-        continued.word_counts(lines.items(), base, num_workers=2)
-    assert continued._FORK_STATE is None
-
-
 def test_digit_barrier_learns_no_digit_token_and_numbers_encode_as_in_the_base():
     """digit_tokens: as_base. Without the barrier the same corpus learns digit groups (the test can fail)."""
     doc = base_doc()
     lines = Counter({"abc 19 1919 2015 abd": 20, "19 20 2015 x19 dbc": 15})
-    words = continued.word_counts(lines.items(), bpe.from_doc(doc))
+    words = pretokens.of_lines(lines, bpe.from_doc(doc))
     seg = continued.segment(words, doc)
     barrier = continued.digit_ids(doc)
     assert {doc["model"]["vocab"][d] for d in "0123456789"} <= barrier and doc["model"]["vocab"]["a"] not in barrier

@@ -32,17 +32,15 @@ def audit(
     words: Iterable[str] | None,
     new_ids: set[int],
     sets: dict[str, list[str]],
-    lines: list[str] | None = None,
 ) -> tuple[dict, set[int]]:
     """The audit dict and the set of dead new ids. `words`: the training corpus's unique pre-tokenized words
-    (byte-level strings, under this tokenizer's pre-tokenizer), or else `lines`: its unique lines (encoded
-    whole: when no word list under this pre-tokenizer exists, that is cheaper than making one);
-    `new_ids`: the tokens this strategy added."""
+    (byte-level strings, under this tokenizer's pre-tokenizer; None without a corpus); `new_ids`: the tokens
+    this strategy added."""
     model = model_only(doc)
     vocab = doc["model"]["vocab"]
     specials = {t["content"] for t in doc.get("added_tokens", [])}
     regular = {t: i for t, i in vocab.items() if t not in specials}
-    train_used = used_ids(model, list(words)) if words is not None else used_ids(tok, lines or [])
+    train_used = used_ids(model, list(words)) if words is not None else set()
     dead_new = {i for i in new_ids if i not in train_used}
     strings = list(regular)
     not_own = [

@@ -7,9 +7,10 @@ N tokens (and their merges) of the one trained at any size above N. A sweep ther
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Iterable, Iterator
 
-from tokenizers import Tokenizer, pre_tokenizers, trainers
+from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from . import llama3
 
@@ -39,6 +40,47 @@ def train(
         tok.decoder = template.decoder
     tok.train_from_iterator(batches, trainer=trainer(vocab_size, min_frequency, show_progress))
     return tok
+
+
+def train_from_counts(
+    words: Counter,
+    vocab_size: int,
+    min_frequency: int,
+    template: Tokenizer | None = None,
+    show_progress: bool = False,
+) -> Tokenizer:
+    """What `train` learns from a corpus whose pre-tokens (under `template`'s normalizer and pre-tokenizer, or
+    Llama 3's) are `words`: the BpeTrainer counts exactly these pre-tokens (a byte-level pre-token holds no
+    whitespace, so a whitespace split of their repetition gives them back), and its merges are deterministic."""
+    counter = Tokenizer(models.BPE())
+    counter.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    counter.train_from_iterator(repeated(words.items()), trainer=trainer(vocab_size, min_frequency, show_progress))
+    learned = model_of(counter)["model"]
+    tok = llama3.empty_bpe()
+    if template is not None:
+        tok.normalizer = template.normalizer
+        tok.pre_tokenizer = template.pre_tokenizer
+        tok.decoder = template.decoder
+    doc = model_of(tok)
+    doc["model"]["vocab"], doc["model"]["merges"] = learned["vocab"], learned["merges"]
+    return from_doc(doc)
+
+
+def repeated(items: Iterable[tuple[str, int]], batch_chars: int = 1 << 22) -> Iterator[str]:
+    """Each (pre-token, count) as the pre-token `count` times with spaces between, in strings of about
+    `batch_chars` characters, for a trainer whose pre-tokenizer splits on whitespace."""
+    out: list[str] = []
+    size = 0
+    for word, count in items:
+        if count <= 0 or not word:
+            continue
+        out.append((word + " ") * count)
+        size += (len(word) + 1) * count
+        if size >= batch_chars:
+            yield "".join(out)
+            out, size = [], 0
+    if out:
+        yield "".join(out)
 
 
 def model_of(tok: Tokenizer) -> dict:

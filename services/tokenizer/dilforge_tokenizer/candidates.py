@@ -12,7 +12,6 @@ import logging
 import math
 import statistics
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from dilforge_shared.configs.tokenizer import TokenizerConfig
@@ -21,7 +20,6 @@ from tokenizers import Tokenizer
 
 from . import audit, bpe, continued, family_out
 from .base import Base
-from .stream import CorpusStream
 
 log = logging.getLogger("dilforge.tokenizer")
 
@@ -43,40 +41,18 @@ class Candidate:
     learned: list | None = None  # extend: the whole continued merge list (for prune-and-refill)
 
 
-def expanded(lines: Counter, batch: int = 4096) -> Iterator[list[str]]:
-    """The training lines, each as often as it was fed (weights), in lists for the trainer."""
-    out: list[str] = []
-    for line, n in lines.items():
-        out.extend([line] * n)
-        if len(out) >= batch:
-            yield out
-            out = []
-    if out:
-        yield out
-
-
 def base_candidate(base: Base) -> Candidate:
     size = base.tok.get_vocab_size(with_added_tokens=True)
     return Candidate("base", size, base.tok, base.doc, set(), size, base.family or LLAMA3)
 
 
-def counted(stream: CorpusStream, lines: Counter) -> Iterator[list[str]]:
-    """The stream's batches, each also counted into `lines` (for the audit) as the trainer pulls it; then the
-    word lists' words (read last, kept as counts by the stream), each as often as it was fed."""
-    for batch in stream.batches():
-        lines.update(batch)
-        yield batch
-    lines.update(stream.fed_words)
-    yield from expanded(stream.fed_words)
-
-
 def replace_candidates(
-    config: TokenizerConfig, batches: Iterator[list[str]], family: Family, base: Base | None, tty: bool
-) -> tuple[list[Candidate], dict]:
-    """One fresh BPE at the largest size; smaller sizes are its prefixes. Also returns its doc."""
+    config: TokenizerConfig, words: Counter, family: Family, base: Base | None, tty: bool
+) -> list[Candidate]:
+    """One fresh BPE at the largest size, from the corpus's pre-token counts; smaller sizes are its prefixes."""
     largest = max(config.vocab_sizes)
     log.info("replace: training one BPE at %d tokens (serves sizes %s)", largest, sorted(config.vocab_sizes))
-    trained = bpe.train(batches, largest, config.min_frequency, show_progress=tty)
+    trained = bpe.train_from_counts(words, largest, config.min_frequency, show_progress=tty)
     trained_doc = bpe.model_of(trained)
     out = []
     for size in sorted(config.vocab_sizes):
@@ -105,7 +81,7 @@ def replace_candidates(
         new_ids = {i for t, i in doc["model"]["vocab"].items() if len(t) > 1}
         tok = family_out.finish(bpe.from_doc(doc), family, base.doc if base else None)
         out.append(Candidate("replace", size, tok, doc, new_ids, min(new_ids, default=size), family))
-    return out, trained_doc
+    return out
 
 
 def extend_candidates(config: TokenizerConfig, seg: continued.Segmented, base: Base, tty: bool) -> list[Candidate]:

@@ -21,12 +21,12 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-from .bpe import editable_copy
+from .bpe import editable_copy, repeated
 
 log = logging.getLogger("dilforge.tokenizer")
 
@@ -57,65 +57,6 @@ def model_only(doc: dict) -> Tokenizer:
     return Tokenizer.from_str(json.dumps(bare, ensure_ascii=False))
 
 
-def word_counts(line_counts: Iterable[tuple[str, int]], base: Tokenizer, num_workers: int | None = None) -> Counter:
-    """Pre-tokenized words (byte-level strings, as the base's model sees them) with their counts.
-
-    The base's own normalizer and pre-tokenizer, one line at a time (`pre_tokenize_str` is Rust, but the
-    call and its tuples are Python: ~20 s for the shared corpus on one core). With more than one CPU and
-    a large corpus the lines are split over forked workers, each counting its share; the counts add up
-    to exactly the single-process result. `num_workers`: None = the CPUs this process may use."""
-    items = line_counts if isinstance(line_counts, list) else list(line_counts)
-    workers = min(num_workers or available_cpus(), max(1, len(items) // MIN_LINES_PER_WORKER))
-    if workers <= 1:
-        return _count_words(items, base)
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    chunks = [items[k::workers] for k in range(workers)]
-    global _FORK_STATE  # noqa: PLW0603 - fork inheritance is the point: the chunks are never pickled
-    _FORK_STATE = (chunks, base)  # inherited by the forked workers, never pickled
-    # the executor, not multiprocessing.Pool: a worker that dies raises BrokenProcessPool instead of
-    # leaving map waiting forever, and leaving the block shuts the workers down rather than terminating
-    # them (Pool.terminate, which its `with` calls, can hang on its queue lock: CPython issues 73945, 78178)
-    try:
-        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
-            parts = list(pool.map(_count_chunk, range(workers)))
-    finally:
-        _FORK_STATE = None
-    counts = parts[0]
-    for part in parts[1:]:
-        counts.update(part)
-    return counts
-
-
-MIN_LINES_PER_WORKER = 20_000
-_FORK_STATE: tuple | None = None
-
-
-def available_cpus() -> int:
-    import os
-
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
-def _count_chunk(k: int) -> Counter:
-    chunks, base = _FORK_STATE
-    return _count_words(chunks[k], base)
-
-
-def _count_words(line_counts: Iterable[tuple[str, int]], base: Tokenizer) -> Counter:
-    normalizer, pre = base.normalizer, base.pre_tokenizer
-    counts: Counter = Counter()
-    for line, n in line_counts:
-        text = normalizer.normalize_str(line) if normalizer is not None else line
-        for word, _ in pre.pre_tokenize_str(text):
-            counts[word] += n
-    return counts
-
-
 @dataclass
 class Segmented:
     """Unique corpus words, their counts and the base model's segmentation of each (ids)."""
@@ -137,21 +78,14 @@ def digit_ids(doc: dict) -> frozenset[int]:
     return frozenset(i for t, i in doc["model"]["vocab"].items() if any(ch.isdigit() for ch in t))
 
 
-def _training_text(seg: Segmented, batch_words: int = 50_000, barrier: frozenset[int] = frozenset()) -> Iterator[str]:
+def _training_text(seg: Segmented, barrier: frozenset[int] = frozenset()) -> Iterator[str]:
     """Each word as a string of one private character per base token, repeated by its count, spaces between.
     A `barrier` id becomes a space: no learned merge has it as a part, nor joins the tokens on its two sides."""
-    out: list[str] = []
-    n = 0
-    for ids, count in zip(seg.ids, seg.counts, strict=False):
-        if not ids:
-            continue
-        out.append((("".join(" " if i in barrier else chr(CODE_OFFSET + i) for i in ids)) + " ") * count)
-        n += 1
-        if n >= batch_words:
-            yield "".join(out)
-            out, n = [], 0
-    if out:
-        yield "".join(out)
+    return repeated(
+        ("".join(" " if i in barrier else chr(CODE_OFFSET + i) for i in ids), count)
+        for ids, count in zip(seg.ids, seg.counts, strict=True)
+        if ids
+    )
 
 
 def learn_merges(

@@ -28,14 +28,12 @@ from dilforge_shared.metrics import TokenizerMetrics
 from dilforge_shared.progress import track
 from tokenizers import Tokenizer
 
-from . import audit, bpe, continued, family_out
+from . import audit, bpe, continued, family_out, llama3, pretokens
 from . import base as base_tok
 from .base import Base, check_base, resolve_base
 from .candidates import (
     Candidate,
     base_candidate,
-    counted,
-    expanded,
     extend_candidates,
     prune_and_refill,
     replace_candidates,
@@ -98,16 +96,16 @@ class Inputs:
 
 @dataclass
 class Trained:
-    """Every candidate, the unique training lines with how often each was fed, the unique words per
-    pre-tokenizer (for extend and the audit) and the seconds each part took."""
+    """Every candidate, the corpus's pre-token counts per pre-tokenizer ("base", "replace"; what every strategy
+    trains from and the audit encodes), their summary and the seconds each part took."""
 
     candidates: list[Candidate]
-    lines: Counter
     words: dict[str, Counter]
+    pretokens: dict
     seconds: dict[str, float]
 
     def corpus_words(self, strategy: str) -> Counter | None:
-        """The words a candidate's audit encodes (None: it encodes the whole lines instead)."""
+        """The pre-token counts a candidate's audit encodes (None: no corpus)."""
         return self.words.get("replace" if strategy == "replace" else "base")
 
 
@@ -116,7 +114,6 @@ class Measured:
     """Every candidate measured and audited; the sweep rows of the configured strategy."""
 
     sets: dict[str, list[str]]
-    unique_lines: list[str]
     base_metrics: dict | None
     rows: list[dict]
 
@@ -170,20 +167,27 @@ def parse(config: TokenizerConfig, ctx: StageContext) -> Inputs:
 
 
 def train(config: TokenizerConfig, inputs: Inputs, tty: bool) -> Trained:
-    """Each strategy once, at its largest size; smaller sizes are cut from it."""
+    """Count the corpus's pre-tokens once (under every pre-tokenizer a strategy needs), then train each strategy
+    once, at its largest size, from those counts; smaller sizes are cut from it."""
     base, stream = inputs.base, inputs.stream
-    lines: Counter = Counter()
-    # replace alone streams the corpus straight into its trainer (reading overlaps training), counting
-    # the lines on the way for the audit; extend needs every word count before it trains: read first
-    stream_into_replace = config.strategies == ["replace"] or set(config.strategies) == {"replace", "base"}
-    if config.corpora and not stream_into_replace:
-        lines = stream.line_counts()
+    replace_tok = llama3.empty_bpe()  # replace's normalizer and pre-tokenizer
+    tokenizers: dict[str, Tokenizer] = {}
+    if base is not None and {"base", "extend"} & set(config.strategies):
+        tokenizers["base"] = base.tok
+    shares_base = (
+        "base" in tokenizers
+        and base.doc.get("pre_tokenizer") == bpe.model_of(replace_tok).get("pre_tokenizer")
+        and base.doc.get("normalizer") is None
+    )
+    if "replace" in config.strategies and not shares_base:
+        tokenizers["replace"] = replace_tok
+    t0 = time.perf_counter()
+    counts = pretokens.count(stream, tokenizers, config.max_pretokens) if config.corpora else None
+    words = counts.words if counts is not None else {}
+    if "replace" in config.strategies and "replace" not in words and "base" in words:
+        words["replace"] = words["base"]
+    seconds = {"count_pretokens": round(time.perf_counter() - t0, 2)}
     t_train = time.perf_counter()
-    seconds: dict[str, float] = {}
-    words: dict[str, Counter] = {}  # unique training words per pre-tokenizer, for extend and the audit
-    if "extend" in config.strategies:  # the other strategies' audits encode whole lines instead
-        words["base"] = continued.word_counts(lines.items(), base.tok)
-        seconds["pre_tokenize"] = round(time.perf_counter() - t_train, 2)
     candidates: list[Candidate] = []
     if base is not None and "base" in config.strategies:
         candidates.append(base_candidate(base))
@@ -191,29 +195,20 @@ def train(config: TokenizerConfig, inputs: Inputs, tty: bool) -> Trained:
         t0 = time.perf_counter()
         seg = continued.segment(words["base"], base.doc)
         candidates += extend_candidates(config, seg, base, tty)
-        seconds["train_extend"] = round(time.perf_counter() - t0, 2)  # + pre_tokenize
+        seconds["train_extend"] = round(time.perf_counter() - t0, 2)
     if "replace" in config.strategies:
         t0 = time.perf_counter()
-        batches = counted(stream, lines) if stream_into_replace else expanded(lines)
-        replaced, trained_doc = replace_candidates(config, batches, inputs.family, base, tty)
-        candidates += replaced
+        candidates += replace_candidates(config, words["replace"], inputs.family, base, tty)
         seconds["train_replace"] = round(time.perf_counter() - t0, 2)
-        same = (
-            base is not None
-            and base.doc.get("pre_tokenizer") == trained_doc.get("pre_tokenizer")
-            and base.doc.get("normalizer") is None
-        )
-        if same and "base" in words:
-            words["replace"] = words["base"]
     seconds["train"] = round(time.perf_counter() - t_train, 2)
-    return Trained(candidates=candidates, lines=lines, words=words, seconds=seconds)
+    return Trained(candidates=candidates, words=words, pretokens=counts.summary() if counts else {}, seconds=seconds)
 
 
 def measurement_sets(config: TokenizerConfig, inputs: Inputs, trained: Trained) -> dict[str, list[str]]:
     """The held-out slice and the validation sets; refused when there was nothing to train on or measure."""
     stream = inputs.stream
     log.info("corpus: %s", json.dumps(stream.summary()["total"]))
-    if config.strategy != "base" and not trained.lines:
+    if config.strategy != "base" and not any(trained.words.values()):
         raise InputError(
             "no training text left after holding out the validation slice"
             + (" and dropping duplicates" if config.dedup else ""),
@@ -233,18 +228,11 @@ def measurement_sets(config: TokenizerConfig, inputs: Inputs, trained: Trained) 
 def measure(config: TokenizerConfig, inputs: Inputs, trained: Trained, sets: dict[str, list[str]]) -> Measured:
     """Every (strategy, size) on every set, and its dead-token audit; the configured strategy's sweep rows."""
     base = inputs.base
-    unique_lines = list(trained.lines)
     base_metrics = measure_sets(base.tok, sets) if base is not None else None
     for cand in track(trained.candidates, "measure", unit="candidates", log=log):
         cand.sets = base_metrics if cand.strategy == "base" else measure_sets(cand.tok, sets)
-        corpus_words = trained.corpus_words(cand.strategy)
         cand.audit, cand.dead = audit.audit(
-            cand.doc,
-            cand.tok,
-            corpus_words,
-            cand.new_ids,
-            inputs.validation,
-            lines=unique_lines if corpus_words is None else None,
+            cand.doc, cand.tok, trained.corpus_words(cand.strategy), cand.new_ids, inputs.validation
         )
     rows = [
         {
@@ -260,7 +248,7 @@ def measure(config: TokenizerConfig, inputs: Inputs, trained: Trained, sets: dic
         for c in trained.candidates
         if c.strategy == config.strategy and c.strategy != "base"
     ]
-    return Measured(sets=sets, unique_lines=unique_lines, base_metrics=base_metrics, rows=rows)
+    return Measured(sets=sets, base_metrics=base_metrics, rows=rows)
 
 
 def select_size(config: TokenizerConfig, trained: Trained, measured: Measured) -> Selection:
@@ -319,14 +307,8 @@ def publish(
         if chosen.strategy == "replace":
             published = family_out.finish(published, inputs.family, base.doc if base else None)
         new_ids = {i for i in doc["model"]["vocab"].values() if i >= chosen.first_new_id}
-        corpus_words = trained.corpus_words(chosen.strategy)
         published_audit, _ = audit.audit(
-            doc,
-            published,
-            corpus_words,
-            new_ids,
-            inputs.validation,
-            lines=measured.unique_lines if corpus_words is None else None,
+            doc, published, trained.corpus_words(chosen.strategy), new_ids, inputs.validation
         )
         log.info(
             "pruned %d new tokens (%s); %d new tokens published",
@@ -377,9 +359,14 @@ def tokenizer_metrics(
         sweep=measured.rows,
         base={"uri": inputs.base.uri, "sets": base_metrics} if base_metrics is not None else None,
         output=published.output,
-        corpus=inputs.stream.summary(),
+        corpus={**inputs.stream.summary(), "pretokens": trained.pretokens},
         seconds=trained.seconds,
-        peak_rss_mib=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        # this process, or the largest of its pre-tokenizing workers if larger (ru_maxrss of the children is
+        # the peak of the largest one)
+        peak_rss_mib=round(
+            max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)) / 1024,
+            1,
+        ),
     )
 
 

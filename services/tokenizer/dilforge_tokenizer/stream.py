@@ -6,8 +6,9 @@ deduplicate, and `max_lines` does not cut it. Its words are not repeated in the 
 `fed_words` (word -> times fed), which the consumer adds to its line counts, so memory stays that of the
 list however large its counts.
 
-The trainer reads this stream once; the held-out slice is collected on the way, so metrics never
-need a second pass over the corpus.
+The stage reads this stream once, counting its pre-tokens (`pretokens`); the held-out slice is collected on the
+way, so metrics never need a second pass over the corpus. Memory: the held-out slice (capped), the word lists,
+and with `dedup` an 8-byte digest per distinct line.
 """
 
 from __future__ import annotations
@@ -162,15 +163,6 @@ class CorpusStream:
                     yield out
         finally:
             bar.close()
-
-    def line_counts(self) -> Counter:
-        """Every training line with how often it was fed (weights), word lists' words included: what a
-        strategy that needs the whole corpus before it trains (extend, a sweep beside replace) reads."""
-        counts: Counter = Counter()
-        for batch in self.batches():
-            counts.update(batch)
-        counts.update(self.fed_words)
-        return counts
 
     def lines(self) -> Iterator[str]:
         """Training lines, one by one."""

@@ -141,7 +141,21 @@ class TokenizerConfig(StageConfig):
     max_lines: int | None = Field(
         default=None, ge=1, description="Read at most this many corpus text lines (demos); word lists are read whole."
     )
-    dedup: bool = Field(default=False, description="Drop exact duplicate lines (after normalisation).")
+    dedup: bool = Field(
+        default=False,
+        description="Drop exact duplicate lines (after normalisation); holds an 8-byte digest per distinct line "
+        "(about 70 bytes each in memory), so on a corpus of many GB prefer the curate stage's deduplication.",
+    )
+    max_pretokens: int = Field(
+        default=10_000_000,
+        ge=1000,
+        le=2_000_000_000,
+        description="Memory budget of the corpus pass, in distinct pre-tokens per pre-tokenizer (about 160 bytes "
+        "each counted, twice that for extend's segmentation: the default is about 3-5 GB at most). Every strategy "
+        "trains from "
+        "the corpus's pre-token counts; past the budget the rarest are dropped (all seen at most t times, t = 1, "
+        "2, ... until half the budget remains), logged and recorded in metrics.corpus.pretokens.",
+    )
     normalization: Literal["NFC", "none"] = Field(default="NFC", description="Unicode normalisation of the corpus.")
 
     @field_validator("vocab_sizes")
