@@ -82,6 +82,7 @@ def _eval_section(data: Path, prompts: str) -> dict:
         "generation": {"max_new_tokens": 6, "num_prompts": 2, "repetition_penalty": 1.2, "no_repeat_ngram_size": 3},
         "bpb": {"window": 64, "stride": 32},
         "max_bytes_per_set": 3000,
+        "assistant": {"per_language": 2, "max_new_tokens": 5, "batch_size": 3},
     }
 
 
@@ -227,6 +228,19 @@ def test_eval_stage_reports_every_model_and_set(upstream, data_root):
     assert html.index("<h2>Headline</h2>") < html.index("<h2>Bits per byte</h2>")
     assert "English retention: BPB vs base on flores-en" in html and "Step-0 BPB per initialisation" in html
     assert "Tokenizer strategies" in html and "Dead-token audit" in html
+    a = m["assistant"]  # 2 prompts per language, and the Azerbaijani ones without diacritics, per model
+    assert set(a["figures"]) == {"base", "cpt", "sft"} and a["thresholds"]["min_in_language"] == 0.9
+    for groups in a["figures"].values():
+        assert list(groups) == ["az", "en", "az-no-diacritics"] and all(g["n"] == 2 for g in groups.values())
+        assert groups["az"]["ended_turn"]["n"] == 2 and 0 <= groups["az"]["in_language"]["low"] <= 1
+        assert groups["az"]["chrf"]["n"] == 1  # the first two az prompts: one has a reference
+    answers = [json.loads(x) for x in (art.path / "assistant_answers.jsonl").read_text().splitlines()]
+    assert len(answers) == 3 * 3 * 2 and {r["group"] for r in answers} == {"az", "en", "az-no-diacritics"}
+    assert all(r["num_new_tokens"] <= 5 and (r["num_new_tokens"] < 5 or not r["ended_turn"]) for r in answers)
+    plain = next(r for r in answers if r["group"] == "az-no-diacritics")
+    assert plain["prompt"] == "Azerbaycanin paytaxti haradir?" and plain["language"] == "az"
+    assert {"assistant.base", "assistant.cpt", "assistant.sft"} <= set(m["seconds"])
+    assert "<h2>Headline: the assistant</h2>" in html and "az-no-diacritics" in html
     full = json.loads((art.path / "metrics.json").read_text())
     assert len(full["curves"]["cpt"]["loss"]) == 4
     import golden  # the eval stage's code version is bumped whenever what it publishes here changes
@@ -239,6 +253,7 @@ def test_eval_stage_reports_every_model_and_set(upstream, data_root):
             "tokens_per_word": m["tokenizer_metrics"]["tokenizer"]["flores"]["tokens_per_word"],
             "parity": m["parity"]["tokenizer"]["flores"]["parity"],
             "generations": len(gens),
+            "assistant_answers": len(answers),
         },
     )
 

@@ -148,6 +148,7 @@ UNBOUNDED_BY_DESIGN = {
     "sft.train[].max_docs": "a cap on data read",
     "sft.validation[].max_docs": "a cap on data read",
     "eval.generation.num_prompts": "a cap on data read",
+    "eval.assistant.per_language": "a cap on data read",
     "eval.tasks.sib200.max_examples": "a cap on data read",
     "eval.tasks.translation[].max_examples": "a cap on data read",
     "eval.tasks.instructions.max_examples": "a cap on data read",

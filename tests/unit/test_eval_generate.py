@@ -180,3 +180,33 @@ def test_chat_prompt_falls_back_to_the_family_template(tiny_llama_dir):
         "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nSalam<|eot_id|>"
         "<|start_header_id|>assistant<|end_header_id|>\n\n"
     )
+
+
+def test_answer_batched_matches_one_by_one_and_reads_the_published_config(tiny_llama_dir, tmp_path):
+    """Left padding changes no greedy answer; the stop flag is a stop token, not the limit; the generation config
+    in the model folder (what serve and HF generate read) is the one used."""
+    import json as json_mod
+    import shutil
+
+    from dilforge_eval.resolve import EvalModel, load_model
+    from transformers import GenerationConfig
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_llama_dir, folder)
+    model, tok = load_model(EvalModel("m", folder, folder), "cpu", None)
+    prompts = ["Salam", "Azərbaycanın paytaxtı haradır? Bir cümlə ilə cavab ver.", "Bakı"]
+    # the random tiny model likes newlines and special tokens, which answers drop: suppressed, so answers have text
+    special = sorted(tok.added_tokens_decoder) + tok("\n\n\n", add_special_tokens=False)["input_ids"]
+    greedy = GenerationConfig(do_sample=False, eos_token_id=tok.eos_token_id, suppress_tokens=special)
+    tok.padding_side = "right"
+    batched = eval_generate.answer_batched(model, tok, prompts, greedy, 7, 3, seed=0)
+    single = [eval_generate.answer_batched(model, tok, [p], greedy, 7, 1, seed=0)[0] for p in prompts]
+    assert batched == single and len({a for a, _, _ in batched}) >= 2  # answers depend on the prompt
+    assert tok.padding_side == "right"  # restored for the tokenizer's other users
+    assert all(not ended and n == 7 for _, ended, n in batched)  # a random tiny model never stops in 7 tokens
+    # every token id is a stop: each answer ends at once, empty, having ended its turn
+    stop_all = GenerationConfig(do_sample=False, eos_token_id=list(range(len(tok))))
+    assert eval_generate.answer_batched(model, tok, prompts, stop_all, 7, 2, seed=0) == [("", True, 0)] * 3
+    (folder / "generation_config.json").write_text(json_mod.dumps({"eos_token_id": 5, "repetition_penalty": 1.3}))
+    published = eval_generate.published_generation_config(model, (None, folder))
+    assert published.repetition_penalty == 1.3 and published.eos_token_id == 5

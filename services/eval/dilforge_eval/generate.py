@@ -182,3 +182,77 @@ def generate(
         if progress is not None:
             progress.update(1)
     return out
+
+
+def published_generation_config(model, folders: Iterable):
+    """The generation defaults a consumer of the model gets: the first of `folders` (adapter, then weights) with
+    a generation_config.json, else the loaded model's."""
+    from dilforge_shared.families import GENERATION_CONFIG_FILE
+    from transformers import GenerationConfig
+
+    for folder in folders:
+        if folder is not None and (folder / GENERATION_CONFIG_FILE).is_file():
+            return GenerationConfig.from_pretrained(str(folder))
+    return model.generation_config
+
+
+def chat_text(tokenizer, prompt: str, family: Family | None, system_prompt: str | None) -> str:
+    """A user turn as a server renders it: the tokenizer's chat template (else the family's) with the default
+    system message a server inserts (`serving.serving_template`)."""
+    from dilforge_shared.serving import serving_template
+
+    template = getattr(tokenizer, "chat_template", None) or (family.chat_template if family else None)
+    if not template:
+        bos = (family.bos if family else tokenizer.bos_token) or ""
+        return bos + prompt
+    return tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompt}],
+        tokenize=False,
+        add_generation_prompt=True,
+        chat_template=serving_template(template, system_prompt),
+    )
+
+
+@torch.inference_mode()
+def answer_batched(
+    model,
+    tokenizer,
+    prompts: list[str],
+    gen_config,
+    max_new_tokens: int,
+    batch_size: int,
+    seed: int,
+    system_prompt: str | None = None,
+    source: str = "model",
+    progress=None,
+) -> list[tuple[str, bool, int]]:
+    """(answer, ended the turn, new tokens) per prompt: one left-padded `generate` call per batch with the
+    published generation config (only max_new_tokens set); ended = a stop token (the config's eos ids, else
+    the tokenizer's EOS) came before the limit. Sampled configs are seeded per batch, so reruns match."""
+    import copy
+
+    device = next(model.parameters()).device
+    family = model_family(tokenizer, source)
+    gen = copy.deepcopy(gen_config)
+    gen.max_new_tokens = max_new_tokens
+    eos = gen.eos_token_id if gen.eos_token_id is not None else tokenizer.eos_token_id
+    stops = {int(i) for i in (eos if isinstance(eos, list) else [eos]) if i is not None}
+    if gen.pad_token_id is None:
+        gen.pad_token_id = tokenizer.pad_token_id
+    side, tokenizer.padding_side = tokenizer.padding_side, "left"
+    out: list[tuple[str, bool, int]] = []
+    try:
+        for start in range(0, len(prompts), batch_size):
+            texts = [chat_text(tokenizer, p, family, system_prompt) for p in prompts[start : start + batch_size]]
+            enc = tokenizer(texts, add_special_tokens=False, padding=True, return_tensors="pt").to(device)
+            torch.manual_seed(seed + start)
+            ids = model.generate(**enc, generation_config=gen)[:, enc["input_ids"].shape[1] :].tolist()
+            for row in ids:
+                end = next((i for i, t in enumerate(row) if t in stops), None)
+                kept = row if end is None else row[:end]
+                out.append((tokenizer.decode(kept, skip_special_tokens=True).strip(), end is not None, len(kept)))
+            if progress is not None:
+                progress.update(len(texts))
+    finally:
+        tokenizer.padding_side = side
+    return out

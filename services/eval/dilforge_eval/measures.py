@@ -11,7 +11,7 @@ import gc
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from dilforge_shared.bpb import BpbResult, TokenStream, build_stream, sliding_window_bpb
@@ -25,6 +25,7 @@ from dilforge_shared.textmetrics import measure, tokenizers_encoder
 from . import downstream, harness
 from . import generate as gen_mod
 from . import morph as morph_mod
+from .assistant import AssistantPrompt
 from .resolve import EvalModel, load_model
 
 log = logging.getLogger("dilforge.eval")
@@ -109,9 +110,10 @@ def evaluate_model(
     device: str,
     dtype,
     tasks: tuple[list[downstream.TaskSpec], Path, Path] | None = None,
-) -> tuple[ModelFigures, dict[str, BpbFigures], list[dict], dict]:
-    """BPB per set, generations and the downstream tasks (specs, task folder, cache) of one model; the model
-    is freed afterwards."""
+    assistant_groups: dict[str, list[AssistantPrompt]] | None = None,
+) -> tuple[ModelFigures, dict[str, BpbFigures], list[dict], dict, AssistantRun | None]:
+    """BPB per set, generations, the downstream tasks (specs, task folder, cache) and the answers to the
+    assistant prompt groups of one model; the model is freed afterwards."""
     import torch
 
     t0 = time.perf_counter()
@@ -160,6 +162,7 @@ def evaluate_model(
                     progress=bar,
                 ):
                     generations.append({"model": src.label, **row})
+    answers = assistant_answers(model, tokenizer, src, config, assistant_groups) if assistant_groups else None
     scores: dict = {}
     if tasks and tasks[0]:
         specs, task_dir, cache = tasks
@@ -191,4 +194,55 @@ def evaluate_model(
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-    return info, bpb, generations, scores
+    return info, bpb, generations, scores, answers
+
+
+@dataclass
+class AssistantRun:
+    """One model's answers to the assistant prompts, the generation defaults they were decoded with, seconds."""
+
+    rows: list[dict]
+    generation_config: dict
+    seconds: float
+
+
+def assistant_answers(model, tokenizer, src: EvalModel, config: EvalConfig, groups: dict) -> AssistantRun:
+    """The model's answers to every assistant prompt group, as a server gives them: its published generation
+    config, its chat template with the SFT system prompt a server inserts by default, batched."""
+    settings = config.assistant
+    gen_config = gen_mod.published_generation_config(model, (src.adapter_dir, src.model_dir))
+    manifest = src.manifest
+    system_prompt = (manifest.config.get("system_prompt") or None) if manifest and manifest.stage == "sft" else None
+    rows: list[dict] = []
+    t0 = time.perf_counter()
+    total = sum(len(p) for p in groups.values())
+    with Progress(f"assistant {src.label}", total, unit="answers", log=log) as bar:
+        for group, prompts in groups.items():
+            answered = gen_mod.answer_batched(
+                model,
+                tokenizer,
+                [p.prompt for p in prompts],
+                gen_config,
+                settings.max_new_tokens,
+                settings.batch_size,
+                config.seed,
+                system_prompt,
+                source=str(src.tokenizer_dir),
+                progress=bar,
+            )
+            for p, (text, ended, num_new) in zip(prompts, answered, strict=True):
+                rows.append(
+                    {
+                        "model": src.label,
+                        "group": group,
+                        "prompt_id": p.id,
+                        "language": p.language,
+                        "prompt": p.prompt,
+                        "answer": text,
+                        "ended_turn": ended,
+                        "num_new_tokens": num_new,
+                        "reference": p.reference,
+                    }
+                )
+    log.info("assistant %s: %d answers in %.1f s", src.label, len(rows), time.perf_counter() - t0)
+    return AssistantRun(rows, gen_config.to_diff_dict(), round(time.perf_counter() - t0, 2))

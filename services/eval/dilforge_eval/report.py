@@ -18,6 +18,7 @@ from dilforge_shared.metrics import EvalMetrics
 from .plots import make_plots
 from .tables import (
     Cell,
+    assistant_table,
     bpb_table,
     cost_table,
     downstream_table,
@@ -59,6 +60,20 @@ SECTIONS = [
             "guessing for classification and multiple choice, copying the source (translation) or the instruction "
             "(answers) for chrF++/BLEU. Translation columns are the target language. Small n means wide intervals: "
             "read a change as real only when the intervals do not overlap."
+        ),
+    ),
+    (
+        "Headline: the assistant",
+        None,
+        assistant_table,
+        (
+            "Held-out user turns (never trained on) answered through each model's published generation defaults "
+            "and chat template, as `serve`, HF generate and the GGUF answer them; per language, and the target "
+            "language typed without its letters (ə→e, ı→i, ş→s, ç→c, ğ→g, ö→o, ü→u). Each share with its 95 % "
+            "Wilson interval: answers in the prompt's language (lingua), ending the turn (a stop token before the "
+            "length limit), looping (≥ 30 % repeated word 3-grams), parroting (≥ 80 % of the words copied from "
+            "the prompt); chrF++ against the references where the prompts have them. Red: under the gate's "
+            "thresholds (serve/deploy/export refuse such a model without --force). Answers: assistant_answers.jsonl."
         ),
     ),
     (

@@ -7,8 +7,9 @@ tokenizers and models (the pipeline's base `model` artifact as "base", models gi
 upstream cpt/sft) → measure the tokenizers: fertility, parity, morpheme alignment → evaluate each model:
 bits per byte on every set, generations for the prompts, downstream tasks (progress with ETA) → compare:
 per-set BPB change against the base, the headline (target-language gain, other languages' retention),
-generation repetition → what the upstream manifests say: step-0 BPB per initialisation, tokenizer strategies,
-training curves and costs → publish: metrics.json, generations.jsonl, task_answers.jsonl, report.html /
+generation repetition, the assistant measures per model and prompt group → what the upstream manifests say: step-0 BPB per initialisation, tokenizer strategies,
+training curves and costs → publish: metrics.json, generations.jsonl, task_answers.jsonl, assistant_answers.jsonl,
+report.html /
 report.md / plots/*.png in the artifact.
 """
 
@@ -26,6 +27,9 @@ from dilforge_shared.configs import EvalConfig
 from dilforge_shared.contract import StageContext, StageResult, log_config
 from dilforge_shared.errors import InputError
 from dilforge_shared.metrics import (
+    AssistantFigures,
+    AssistantSection,
+    AssistantThresholds,
     BpbChange,
     BpbFigures,
     Downstream,
@@ -44,10 +48,11 @@ from dilforge_shared.metrics import (
 )
 from dilforge_shared.metrics import EvalModel as ModelFigures
 
+from . import assistant as assistant_mod
 from . import compare, downstream, harness
 from . import generate as gen_mod
 from . import morph as morph_mod
-from .measures import evaluate_model, morph_metrics, parity_metrics, text_bytes, tokenizer_metrics
+from .measures import AssistantRun, evaluate_model, morph_metrics, parity_metrics, text_bytes, tokenizer_metrics
 from .report import write_report
 from .resolve import EvalModel, cache_dir_for, load_tokenizers, resolve_models
 from .texts import read_parallel, read_set
@@ -85,6 +90,7 @@ def run(config: EvalConfig, ctx: StageContext) -> StageResult:
         tokenizer_comparison=upstream.tokenizer_comparison,
         transplant=upstream.transplant,
         downstream=evaluated.downstream,
+        assistant=assistant_section(config, evaluated),
         skipped=inputs.skipped,
         seconds=seconds,
     )
@@ -107,6 +113,7 @@ class Inputs:
     prompts: list
     task_dir: Path
     specs: list[downstream.TaskSpec]
+    assistant: dict[str, list[assistant_mod.AssistantPrompt]]  # prompt group -> prompts
     models: list[EvalModel]
     skipped: list[str]
     toks: dict  # label -> tokenizers.Tokenizer (identical ones once)
@@ -127,6 +134,7 @@ class Inputs:
             "num_prompts": len(self.prompts),
             "morph_words": {k: len(v) for k, v in self.gold.items()},
             "num_generations": len(self.prompts) * len(config.generation.modes) * len(self.models),
+            "assistant_prompts": {group: len(p) for group, p in self.assistant.items()},
             "tasks": {s.key: s.num_examples for s in self.specs},
         }
 
@@ -152,6 +160,7 @@ class Evaluated:
     generations: list[dict] = field(default_factory=list)
     downstream: Downstream | None = None  # harness.metrics_header + results and seconds per model
     task_samples: list[dict] = field(default_factory=list)
+    assistant: dict[str, AssistantRun] = field(default_factory=dict)  # model -> its answers to the prompt groups
     seconds: dict[str, float] = field(default_factory=dict)
 
 
@@ -198,6 +207,7 @@ def parse(config: EvalConfig, ctx: StageContext) -> Inputs:
     prompts = gen_mod.load_prompts(config.prompts, config.generation.num_prompts, endpoint) if config.prompts else []
     task_dir = ctx.model_dir / downstream.TASK_DIR
     specs = downstream.prepare(config.tasks, task_dir, endpoint, read_parallel) if config.tasks else []
+    assistant = assistant_groups(config, endpoint)
     models, skipped = resolve_models(config, ctx, cache)
     toks, tok_info = load_tokenizers(config, ctx, models, cache)
     gold = (
@@ -222,12 +232,25 @@ def parse(config: EvalConfig, ctx: StageContext) -> Inputs:
         prompts=prompts,
         task_dir=task_dir,
         specs=specs,
+        assistant=assistant,
         models=models,
         skipped=skipped,
         toks=toks,
         tok_info=tok_info,
         gold=gold,
     )
+
+
+def assistant_groups(config: EvalConfig, endpoint: str | None) -> dict[str, list[assistant_mod.AssistantPrompt]]:
+    """The assistant prompt groups: one per language, and the target language without diacritics."""
+    if config.assistant is None:
+        return {}
+    settings = config.assistant
+    prompts = assistant_mod.load_prompts(settings.prompts, settings.per_language, endpoint)
+    groups = assistant_mod.groups(prompts, config.target_language)
+    if not settings.no_diacritics:
+        groups.pop(config.target_language + assistant_mod.PLAIN_SUFFIX, None)
+    return groups
 
 
 # ---- measure and evaluate -----------------------------------------------------------------------------------
@@ -260,7 +283,7 @@ def evaluate_models(config: EvalConfig, inputs: Inputs) -> Evaluated:
         )
     for src in inputs.models:
         t_model = time.perf_counter()
-        info, bpb, gens, scores = evaluate_model(
+        info, bpb, gens, scores, answers = evaluate_model(
             src,
             config,
             inputs.sets,
@@ -268,7 +291,11 @@ def evaluate_models(config: EvalConfig, inputs: Inputs) -> Evaluated:
             inputs.device,
             inputs.dtype,
             (specs, inputs.task_dir, inputs.cache),
+            inputs.assistant,
         )
+        if answers is not None:
+            out.assistant[src.label] = answers
+            out.seconds[f"assistant.{src.label}"] = answers.seconds
         out.models[src.label] = info
         if bpb:
             out.bpb[src.label] = bpb
@@ -303,6 +330,46 @@ def comparisons(config: EvalConfig, inputs: Inputs, evaluated: Evaluated) -> Com
         for m, d in by_mode.items()
     }
     return Compared(bpb_change=bpb_change, headline=headline, generation=generation)
+
+
+def assistant_section(config: EvalConfig, evaluated: Evaluated) -> AssistantSection | None:
+    """Every model's assistant figures per prompt group, and the gate's thresholds (docs/eval.md)."""
+    settings = config.assistant
+    if settings is None or not evaluated.assistant:
+        return None
+    figures: dict[str, dict[str, AssistantFigures]] = {}
+    for label, run_ in evaluated.assistant.items():
+        by_group: dict[str, list[assistant_mod.Answer]] = {}
+        for r in run_.rows:
+            by_group.setdefault(r["group"], []).append(
+                assistant_mod.Answer(r["prompt"], r["answer"], r["language"], r["ended_turn"], r["reference"])
+            )
+        figures[label] = {group: assistant_mod.score(answers) for group, answers in by_group.items()}
+        for group, f in figures[label].items():
+            log.info(
+                "assistant %s / %s (n %d): in language %.2f, ended the turn %.2f, looping %.2f, parroting %.2f%s",
+                label,
+                group,
+                f.n,
+                f.in_language.value,
+                f.ended_turn.value,
+                f.looping.value,
+                f.parroting.value,
+                f", chrF++ {f.chrf.score:.1f}" if f.chrf else "",
+            )
+    return AssistantSection(
+        prompts=settings.prompts,
+        max_new_tokens=settings.max_new_tokens,
+        batch_size=settings.batch_size,
+        thresholds=AssistantThresholds(
+            language=config.target_language,
+            min_in_language=settings.min_in_language,
+            min_ended_turn=settings.min_ended_turn,
+        ),
+        figures=figures,
+        generation_config={label: r.generation_config for label, r in evaluated.assistant.items()},
+        seconds={label: r.seconds for label, r in evaluated.assistant.items()},
+    )
 
 
 def upstream_metrics(ctx: StageContext, stage: str):
@@ -353,6 +420,10 @@ def publish(ctx: StageContext, typed: EvalMetrics, evaluated: Evaluated) -> dict
     if evaluated.downstream is not None:
         with open(out / "task_answers.jsonl", "w", encoding="utf-8") as f:
             f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in evaluated.task_samples)
+    if evaluated.assistant:
+        with open(out / "assistant_answers.jsonl", "w", encoding="utf-8") as f:
+            for run_ in evaluated.assistant.values():
+                f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in run_.rows)
     paths = write_report(typed, evaluated.generations, out, f"dilforge eval report — run {ctx.request.run_id}")
     typed.report = {k: str(p.relative_to(out)) for k, p in paths.items()}
     dumped = typed.model_dump(mode="json")

@@ -263,3 +263,40 @@ def cost_table(metrics: EvalMetrics) -> Table:
     head = ["stage", "figure", "value"]
     rows = [[stage, k, Cell(fmt(v), "num")] for stage, d in metrics.cost.items() for k, v in d.items()]
     return head, rows
+
+
+def _share_cell(s, floor: float | None = None) -> Cell:
+    """A share with its 95 % Wilson interval; red when under the gate's floor."""
+    if s.value is None:
+        return Cell("–", "num")
+    cls = "num worse" if floor is not None and s.value < floor else "num"
+    return Cell(f"{s.value:.2f} [{s.low:.2f}–{s.high:.2f}]", cls)
+
+
+def assistant_table(metrics: EvalMetrics) -> Table:
+    """Per model and prompt group: answers in the prompt's language, ending the turn, looping, parroting (each
+    share with its 95 % Wilson interval) and chrF++ against the references (bootstrap 95 % interval); the
+    target language's in-language and ending shares in red under the gate's thresholds."""
+    a = metrics.assistant
+    head = ["model", "prompts", "n", "in language", "ended the turn", "looping", "parroting", "chrF++ (n)"]
+    if a is None:
+        return head, []
+    gate = a.thresholds
+    rows = []
+    for model, groups in a.figures.items():
+        for group, f in groups.items():
+            gated = f.language == gate.language
+            chrf = f"{f.chrf.score:.1f} [{fmt(f.chrf.low, 1)}–{fmt(f.chrf.high, 1)}] ({f.chrf.n})" if f.chrf else "–"
+            rows.append(
+                [
+                    model,
+                    group,
+                    Cell(str(f.n), "num"),
+                    _share_cell(f.in_language, gate.min_in_language if gated else None),
+                    _share_cell(f.ended_turn, gate.min_ended_turn if gated else None),
+                    _share_cell(f.looping),
+                    _share_cell(f.parroting),
+                    Cell(chrf, "num"),
+                ]
+            )
+    return head, rows

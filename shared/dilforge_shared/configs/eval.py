@@ -24,6 +24,13 @@ BASE_LABEL = "base"  # the label of the upstream `model` input (the pipeline's b
 _LANG = r"^[a-z]{2,3}$"
 
 
+def _builtin_name(value: str) -> str:
+    """`builtin:NAME` names a file shipped with the eval service, never a path (`builtin:../../x` read any file)."""
+    if value.startswith("builtin:") and not re.fullmatch(r"builtin:[a-z0-9][a-z0-9_-]{0,63}", value):
+        raise ValueError(f"{value!r}: a built-in prompt set is `builtin:` and a name (letters, digits, - and _)")
+    return value
+
+
 class ModelRef(StrictModel):
     """A causal LM to evaluate besides the upstream CPT/SFT models (e.g. the stock base model)."""
 
@@ -95,6 +102,53 @@ class GenerationSettings(StrictModel):
         description="Never repeat an n-gram of this many tokens within one prompt+answer; 0 = off.",
     )
     num_prompts: int | None = Field(default=None, ge=1, description="Use at most this many prompts (demos).")
+
+
+class AssistantSettings(StrictModel):
+    """Held-out user turns answered through each model's published generation defaults and scored as an
+    assistant (docs/eval.md "Assistant measures"); the thresholds are the gate `serve`, `deploy` and `export`
+    apply to the SFT model's answers in the target language."""
+
+    prompts: str = Field(
+        default="builtin:assistant",
+        description="JSONL {id, language, prompt, reference?}, or 'builtin:assistant' for the held-out "
+        "Azerbaijani and English prompts shipped with the eval service.",
+    )
+    per_language: int | None = Field(
+        default=40, ge=1, description="Prompts per language (the first ones of each); None = all."
+    )
+    no_diacritics: bool = Field(
+        default=True,
+        description="Also score the target language's prompts typed without its letters (ə→e, ı→i, ş→s, ç→c, "
+        "ğ→g, ö→o, ü→u), as their own group.",
+    )
+    max_new_tokens: int = Field(
+        le=MAX_NEW_TOKENS,
+        default=96,
+        ge=1,
+        description="New tokens per answer: an answer that reaches it has not ended its turn.",
+    )
+    batch_size: int = Field(
+        le=MAX_BATCH, json_schema_extra=RUN_ONLY, default=16, ge=1, description="Prompts per generate call."
+    )
+    min_in_language: float = Field(
+        default=0.9,
+        ge=0,
+        le=1,
+        description="Gate: the least share of the SFT model's answers to target-language prompts that are in "
+        "that language; below it serve/deploy/export refuse the model unless --force.",
+    )
+    min_ended_turn: float = Field(
+        default=0.9,
+        ge=0,
+        le=1,
+        description="Gate: the least share of those answers that end the turn (stop token, not the length limit).",
+    )
+
+    @field_validator("prompts")
+    @classmethod
+    def _builtin_is_a_name(cls, value: str) -> str:
+        return _builtin_name(value)
 
 
 class BpbSettings(StrictModel):
@@ -312,14 +366,12 @@ class EvalConfig(StageConfig):
     @field_validator("prompts")
     @classmethod
     def _builtin_prompts_are_names(cls, value: str | None) -> str | None:
-        """`builtin:NAME` names a file shipped with the eval service, never a path (`builtin:../../x` read any file)."""
-        if (
-            value is not None
-            and value.startswith("builtin:")
-            and not re.fullmatch(r"builtin:[a-z0-9][a-z0-9_-]{0,63}", value)
-        ):
-            raise ValueError(f"{value!r}: a built-in prompt set is `builtin:` and a name (letters, digits, - and _)")
-        return value
+        return value if value is None else _builtin_name(value)
+
+    assistant: AssistantSettings | None = Field(
+        default=None,
+        description="Assistant measures on held-out prompts per language (and the gate's thresholds); None = none.",
+    )
 
     bpb: BpbSettings = Field(default_factory=BpbSettings, description="Sliding-window settings for bits per byte.")
     tasks: DownstreamTasks | None = Field(
@@ -393,6 +445,8 @@ class EvalConfig(StageConfig):
                     sources.append(DataSource(uri=uri, name=f"morph.{kind}.{i}"))
         if self.prompts and not self.prompts.startswith("builtin:"):  # built-ins: in the eval stage's code version
             sources.append(DataSource(uri=self.prompts, name="prompts"))
+        if self.assistant and not self.assistant.prompts.startswith("builtin:"):
+            sources.append(DataSource(uri=self.assistant.prompts, name="assistant.prompts"))
         if self.tasks:
             sources += self.tasks.data_sources()
         return sources
