@@ -10,8 +10,8 @@ What counts as garbage, and why it is safe to remove:
 - `damaged`: an artifact a rerun moved aside (`<id>.damaged-<utc>`) before rebuilding it.
 - `unreferenced`: a published artifact no run record names (only with --unreferenced: other stores or people
   may still use it by URI).
-- `temp`: the store's `.<name>.<uuid>.tmp` beside a manifest, record or lock; in the download cache a model
-  download's `.<name>.<8 hex>.partial|old` and a digest's `<sha256>.<pid>.tmp`; all older than --min-age.
+- `temp`: the store's `.<name>.<uuid>.tmp` beside a manifest, record or lock; in the download cache's `models/`,
+  `digests/` and `wheels/` what their writers leave (CACHE_LEFTOVERS); all older than --min-age.
 - `staging`: a `.dilforge-<kind>-<pid>-<uuid>` folder (export, converter download) whose process is gone.
 - `work`: a local work folder (`/opt/ml` root) no live process holds; it only serves to resume a failed run.
 """
@@ -19,7 +19,6 @@ What counts as garbage, and why it is safe to remove:
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import time
@@ -39,12 +38,17 @@ from .records import DamagedRecord, parse_record
 
 # The exact names dilforge's writers give what they leave on a crash; anything else is the user's.
 STORE_TEMP = re.compile(r"^\..+\.[0-9a-f]{32}\.tmp$")  # LocalStorage write_bytes/create_bytes/upload_file
-DOWNLOAD_TEMP = re.compile(r"^\..+\.[0-9a-f]{8}\.(partial|old)$")  # store.mirror_prefix, beside its copy
-DIGEST_TEMP = re.compile(r"^[0-9a-f]{64}\.\d+\.tmp$")  # corpus.stamped_sha256: the digest cache
 DATA_DIR = re.compile(r"^data-[0-9a-f]{12}$")  # store.publish
 DIGEST_FILE = re.compile(r"^\.data-[0-9a-f]{12}\.manifest\.sha256$")  # store.manifest_digest_key
 DAMAGED = re.compile(r"\.damaged-\d{8}T\d{6}Z(-\d+)?$")  # integrity.move_aside
-FETCHED = re.compile(r"^[0-9a-f]{16}-[0-9a-f]{12}$")  # store.fetch: a copy of an artifact
+# In the download cache, by subfolder: models._download_prefix → mirror_prefix (`.<key>.<8 hex>.partial|old` beside
+# the copy), corpus.stamped_sha256 (`<sha256>.<pid>.tmp`), the model stage's recipe wheels (`.download-<uuid>`).
+CACHE_LEFTOVERS = {
+    "models": re.compile(r"^\.[0-9a-f]{16}\.[0-9a-f]{8}\.(partial|old)$"),
+    "digests": re.compile(r"^[0-9a-f]{64}\.\d+\.tmp$"),
+    "wheels": re.compile(r"^\.download-[0-9a-f]{32}$"),
+}
+CACHE_STAGING = ("llama.cpp",)  # export's converter download (dilforge_shared.staging)
 WORK_NAME = re.compile(r"^[a-z]+-[0-9a-f]{8,64}$")  # LocalBackend: <stage>-<artifact id>
 
 
@@ -194,31 +198,17 @@ def _leftovers(folder: Path, patterns: tuple[re.Pattern, ...], min_age_s: float)
 
 
 def _cache_leftovers(cache: Path, min_age_s: float) -> list[Garbage]:
-    """Interrupted downloads (beside their copy, at any depth), digest temp files, abandoned staging folders.
-    A walk that never follows symlinks nor enters a download being swapped in or a staging folder."""
+    """Interrupted downloads and digests in the cache's own subfolders, and staging folders whose process is gone;
+    nothing else in the cache (which may be any folder DILFORGE_CACHE names) is looked at."""
     found: list[Garbage] = []
-    for top, dirs, _ in os.walk(cache):
-        here = Path(top)
-        found += _leftovers(here, (DOWNLOAD_TEMP, DIGEST_TEMP), min_age_s)
+    for sub, pattern in CACHE_LEFTOVERS.items():
+        found += _leftovers(cache / sub, (pattern,), min_age_s)
+    for sub in CACHE_STAGING:
         found += [
             Garbage("staging", str(p), "staging folder of a process that is gone", lambda p=p: staging.remove(p))
-            for p in staging.abandoned(here)
+            for p in staging.abandoned(cache / sub)
         ]
-        dirs[:] = [d for d in dirs if not _copy_or_staging(here / d)]
     return found
-
-
-def _copy_or_staging(folder: Path) -> bool:
-    """A folder the cache walk leaves alone: a finished copy of an artifact or model (`.complete`), an artifact
-    copy being fetched (`<id>-<sha>`), a download in progress or being swapped, a staging folder."""
-    name = folder.name
-    return (
-        (folder / ".complete").exists()
-        or FETCHED.match(name) is not None
-        or DOWNLOAD_TEMP.match(name) is not None
-        or staging.NAME.match(name) is not None
-        or name.endswith(".new")
-    )
 
 
 def find_staging_garbage(folder: Path) -> list[Garbage]:

@@ -187,16 +187,20 @@ def test_gc_in_the_cache_removes_interrupted_downloads_and_dead_staging_only(tmp
     store = tmp_path / "store"
     store.mkdir()
     (store / STORE_MARKER).write_text("")
-    download = cache / "models" / ".smollm2.0123abcd.partial"  # mirror_prefix killed mid-download
+    download = cache / "models" / f".{'5' * 16}.0123abcd.partial"  # mirror_prefix killed mid-download
     download.mkdir(parents=True)
     digest_tmp = cache / "digests" / f"{'a' * 64}.4242.tmp"
     digest_tmp.parent.mkdir()
     digest_tmp.write_text("x")
-    copy = cache / "models" / "smollm2"  # a finished copy: its files are the model's, whatever their names
+    wheel = cache / "wheels" / f".download-{'c' * 32}"  # the model stage's recipe wheel download
+    wheel.mkdir(parents=True)
+    copy = cache / "models" / ("5" * 16)  # a finished copy: its files are the model's, whatever their names
     copy.mkdir()
     (copy / ".complete").write_text("{}")
-    (copy / ".cache.0123abcd.old").write_text("a file of the model")
+    (copy / f".{'6' * 16}.0123abcd.old").write_text("a file of the model")
+    (cache / "elsewhere").mkdir()
     users = [cache / "notes.tmp", cache / ".draft.old", cache / "x.tmp3", cache / "models" / ".export-mine"]
+    users += [cache / "elsewhere" / f".{'7' * 16}.0123abcd.partial", cache / f"{'a' * 64}.1.tmp"]
     for u in users:
         u.write_text("mine")
     dead = cache / "llama.cpp" / f".dilforge-download-999999-{'b' * 12}"
@@ -204,13 +208,13 @@ def test_gc_in_the_cache_removes_interrupted_downloads_and_dead_staging_only(tmp
     (dead / staging.OWNER).write_text("")
     fake = cache / "llama.cpp" / f".dilforge-download-1-{'c' * 12}"  # the name, but no owner file: not ours
     fake.mkdir()
-    _old(download, digest_tmp, copy / ".cache.0123abcd.old", *users)
+    _old(download, digest_tmp, wheel, copy / f".{'6' * 16}.0123abcd.old", *users)
     with staging.staging_dir(cache / "llama.cpp", "download") as live:
         result = _gc("--store", str(store), "--workdir", str(tmp_path / "w"), "--delete")
         assert live.is_dir(), "a live process's staging folder is kept"
-    assert result.exit_code == 0 and "3 item(s) removed" in result.output, result.output
-    assert not download.exists() and not digest_tmp.exists() and not dead.exists()
-    assert fake.is_dir() and (copy / ".cache.0123abcd.old").is_file() and all(u.exists() for u in users)
+    assert result.exit_code == 0 and "4 item(s) removed" in result.output, result.output
+    assert not any(p.exists() for p in (download, digest_tmp, wheel, dead))
+    assert fake.is_dir() and (copy / f".{'6' * 16}.0123abcd.old").is_file() and all(u.exists() for u in users)
 
 
 # ---- export: a fake converter, the real plumbing around it -----------------------------------------------------

@@ -42,6 +42,7 @@ RUN_ONLY = {
         "num_processes_per_node",
         "peak_tflops_per_device",
         "tokenize_batch_size",
+        "tokenize_workers",
         "validation.name",
     ],
     "sft": [

@@ -256,7 +256,7 @@ def test_status_flags_a_running_record_whose_process_is_gone(tmp_path):
 
 def test_gc_lists_by_default_and_removes_with_delete(tmp_path, monkeypatch):
     monkeypatch.setenv("DILFORGE_CACHE", str(tmp_path / "cache"))
-    partial = tmp_path / "cache" / "models" / ".abc.1234abcd.partial"  # an interrupted model download
+    partial = tmp_path / "cache" / "models" / f".{'ab' * 8}.1234abcd.partial"  # an interrupted model download
     partial.mkdir(parents=True)
     cfg = load_pipeline(write_config(tmp_path))
     uri = pl.run_all(cfg, PublishingBackend())["tokenizer"]
@@ -616,7 +616,8 @@ def test_credentials_in_a_store_url_are_refused_and_masked_in_any_log_line(tmp_p
     import logging
 
     from dilforge_shared.configs import PipelineConfig
-    from dilforge_shared.settings import MaskSecrets, redact as mask
+    from dilforge_shared.settings import MaskSecrets
+    from dilforge_shared.settings import redact as mask
 
     raw = {"run_id": "r", "store": {"uri": "s3://b/s", "s3_endpoint_url": "http://admin:hunter2@127.0.0.1:8333"}}
     with pytest.raises(ValueError, match=r"store\.s3_endpoint_url[\s\S]*holds credentials"):

@@ -1,4 +1,5 @@
-"""`python -m dilforge_cpt train` (container entry) and `... worker` (one torchrun process)."""
+"""`python -m dilforge_cpt train` (container entry), `... worker` (one torchrun process) and `... build-cache`
+(only the token cache, e.g. in a SageMaker Processing job before the training job)."""
 
 import sys
 
@@ -7,7 +8,7 @@ from dilforge_shared.contract import stage_main
 from dilforge_shared.errors import DilforgeError
 from dilforge_shared.opt_ml import OptMl, ResourceConfig
 
-from .stage import run, worker
+from .stage import build_cache, run, worker
 
 
 def _node_zero() -> bool:
@@ -22,6 +23,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["worker"]:
         return stage_main(CptConfig, worker, "dilforge-cpt", ["train", *argv[1:]], publish_from_this_process=False)
+    if argv[:1] == ["build-cache"]:
+        return stage_main(CptConfig, build_cache, "dilforge-cpt", ["train", *argv[1:]], publish_from_this_process=False)
     return stage_main(CptConfig, run, "dilforge-cpt", argv, publish_from_this_process=_node_zero())
 
 

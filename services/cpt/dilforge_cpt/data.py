@@ -5,8 +5,11 @@ Special tokens follow the tokenizer's family (`dilforge_shared.families`): Llama
 `<|begin_of_text|> doc <|end_of_text|>`, ChatML (SmolLM2) `doc <|endoftext|>`.
 
 Training corpora are tokenised once, in batches (`encode_batch`), as `[bos] doc doc_end` runs appended
-to a uint32 file; nothing holds a whole corpus in memory. The file is memory-mapped and cut into
-fixed windows of `seq_len` tokens. The cache lives under the checkpoint folder, which SageMaker
+to a uint32 file; nothing holds a whole corpus in memory. The stream is cut into shards of about
+`SHARD_CHARS` characters that worker processes tokenise in parallel, each written atomically with a
+sidecar (documents, tokens, sha256), and concatenated in order: the file's bytes do not depend on the
+number of workers, and an interrupted build resumes from its finished shards. The file is memory-mapped
+and cut into fixed windows of `seq_len` tokens. The cache lives under the checkpoint folder, which SageMaker
 syncs to S3, so a restarted job does not tokenise again.
 
 The sampler picks a corpus per window by the mixture weights and walks a seeded permutation of that
@@ -20,8 +23,9 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from itertools import islice
 from pathlib import Path
 
@@ -29,7 +33,7 @@ import numpy as np
 from dilforge_shared.bpb import TokenStream, build_stream
 from dilforge_shared.configs import DataSource
 from dilforge_shared.corpus import data_digest, iter_texts
-from dilforge_shared.errors import InputError
+from dilforge_shared.errors import DilforgeError, InputError
 from dilforge_shared.families import detect_family
 from dilforge_shared.manifest import sha256_file
 from tokenizers import Tokenizer
@@ -38,6 +42,8 @@ log = logging.getLogger("dilforge.cpt.data")
 
 TOKEN_DTYPE = np.uint32
 SAMPLER_BLOCK = 4096
+SHARD_CHARS = 4_000_000  # characters of text per shard: the unit of parallel work and of resumption
+PLAN_FILE = "plan.json"
 
 
 @dataclass(frozen=True)
@@ -133,11 +139,15 @@ def tokenize_to_file(
     max_docs: int | None,
     batch_size: int,
     endpoint_url: str | None,
+    workers: int = 1,
+    shard_chars: int = SHARD_CHARS,
 ) -> TokenFile:
     """Tokenise a corpus into `<cache_dir>/<key>.u32` unless a complete cache entry exists (atomic).
 
     The cache lives under /opt/ml/checkpoints (restored from S3 on SageMaker), so an entry is reused only when
-    its tokens match the sha256 recorded while they were written; a damaged one is rebuilt with a warning."""
+    its tokens match the sha256 recorded while they were written; a damaged one is rebuilt with a warning.
+    The build is sharded (`build_shards`): `workers` processes tokenise it, and an interrupted build resumes
+    from its finished shards. The file's bytes do not depend on `workers`."""
     cache_dir.mkdir(parents=True, exist_ok=True)
     path, meta_path = cache_dir / f"{key}.u32", cache_dir / f"{key}.json"
     if meta_path.is_file() and path.is_file():
@@ -161,11 +171,129 @@ def tokenize_to_file(
     per_doc = getattr(source, "num_lines_per_document", 1)
     if per_doc > 1:
         docs = joined(docs, per_doc)
-    counted = _Counter(docs)
+    shard_dir = cache_dir / f"{key}.shards"
+    for stale in cache_dir.glob(f"{key}.tmp*"):  # a build killed while assembling (one builder per folder)
+        stale.unlink(missing_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    num_tokens, num_docs, digest = 0, 0, hashlib.sha256()
+    with open(tmp, "wb") as f:
+        for shard in build_shards(docs, tok, ids, shard_dir, batch_size, workers, shard_chars, source.label):
+            with open(shard_dir / shard.file, "rb") as part:
+                while raw := part.read(1 << 24):
+                    f.write(raw)
+                    digest.update(raw)
+            num_tokens += shard.num_tokens
+            num_docs += shard.num_docs
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    meta = {"num_tokens": num_tokens, "num_docs": num_docs, "source": source.uri, "sha256": digest.hexdigest()}
+    meta_tmp = meta_path.with_suffix(f".tmp{os.getpid()}")
+    meta_tmp.write_text(json.dumps(meta))
+    os.replace(meta_tmp, meta_path)
+    shutil.rmtree(shard_dir, ignore_errors=True)
+    log.info("corpus %s: tokenised %d documents into %d tokens", source.label, num_docs, num_tokens)
+    return TokenFile(path, num_tokens, num_docs, source.label)
+
+
+# ---- the sharded build ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One finished shard: `file` (in the shard folder) holds the packed tokens of documents
+    [first_doc, first_doc + num_docs) of the stream; its sidecar `<file>.json` records this."""
+
+    index: int
+    first_doc: int
+    num_docs: int
+    num_tokens: int
+    sha256: str
+
+    @property
+    def file(self) -> str:
+        return f"shard-{self.index:06d}.u32"
+
+
+def build_shards(
+    docs: Iterable[str],
+    tok: Tokenizer,
+    ids: TokenIds,
+    shard_dir: Path,
+    batch_size: int,
+    workers: int,
+    shard_chars: int,
+    label: str,
+) -> Iterator[Shard]:
+    """The stream's shards in order, each tokenised by one of `workers` processes (in this one when 1).
+
+    Shards are cut at the first document that brings them to `shard_chars` characters, so their contents
+    depend only on the stream. Each is written to a temporary name, renamed, then described by its sidecar;
+    a shard whose sidecar and bytes agree (size, sha256) is taken as done, so a build interrupted at any
+    point resumes from the shards it finished. At most `workers + 2` shards of text are held in memory."""
+    plan = {"shard_chars": shard_chars, "token_dtype": np.dtype(TOKEN_DTYPE).name}
+    plan_path = shard_dir / PLAN_FILE
+    if shard_dir.is_dir() and not _same_json(plan_path, plan):
+        shutil.rmtree(shard_dir)
+    shard_dir.mkdir(parents=True, exist_ok=True)
+    for stale in shard_dir.glob("*.tmp*"):  # written by a build that was killed
+        stale.unlink(missing_ok=True)
+    _write_json(plan_path, plan)
+    reused = 0
+    pool = _TokenizerPool(tok, ids, batch_size, workers) if workers > 1 else None
+    pending: dict[int, object] = {}
+    done: dict[int, Shard] = {}
+    ready = 0  # shards before this index have been yielded
+    try:
+        for index, first_doc, texts in _cut(docs, shard_chars):
+            shard = _finished(shard_dir, index, first_doc, len(texts))
+            if shard is not None:
+                done[index] = shard
+                reused += 1
+            elif pool is None:
+                done[index] = tokenize_shard(texts, tok, ids, batch_size, shard_dir, index, first_doc)
+            else:
+                pending[index] = pool.submit(texts, shard_dir, index, first_doc)
+                while len(pending) > workers + 1:
+                    done.update(pool.wait(pending))
+            while ready in done:
+                yield done.pop(ready)
+                ready += 1
+        while pending:
+            done.update(pool.wait(pending))
+            while ready in done:
+                yield done.pop(ready)
+                ready += 1
+    finally:
+        if pool is not None:
+            pool.close()
+    if reused:
+        log.info("corpus %s: %d of %d shards reused from an interrupted build", label, reused, ready)
+
+
+def _cut(docs: Iterable[str], shard_chars: int) -> Iterator[tuple[int, int, list[str]]]:
+    """(index, first document, documents) of consecutive shards of about `shard_chars` characters."""
+    index = first = size = 0
+    texts: list[str] = []
+    for doc in docs:
+        texts.append(doc)
+        size += len(doc)
+        if size >= shard_chars:
+            yield index, first, texts
+            index, first, size, texts = index + 1, first + len(texts), 0, []
+    if texts:
+        yield index, first, texts
+
+
+def tokenize_shard(
+    texts: list[str], tok: Tokenizer, ids: TokenIds, batch_size: int, shard_dir: Path, index: int, first_doc: int
+) -> Shard:
+    """Pack one shard's documents into its file (temporary name, fsync, rename), then its sidecar."""
+    path = shard_dir / Shard(index, 0, 0, 0, "").file
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     num_tokens, digest = 0, hashlib.sha256()
     with open(tmp, "wb") as f:
-        for chunk in pack_stream(counted, tok, ids, batch_size):
+        for chunk in pack_stream(texts, tok, ids, batch_size):
             raw = chunk.tobytes()
             f.write(raw)
             digest.update(raw)
@@ -173,12 +301,131 @@ def tokenize_to_file(
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    meta = {"num_tokens": num_tokens, "num_docs": counted.n, "source": source.uri, "sha256": digest.hexdigest()}
-    meta_tmp = meta_path.with_suffix(f".tmp{os.getpid()}")
-    meta_tmp.write_text(json.dumps(meta))
-    os.replace(meta_tmp, meta_path)
-    log.info("corpus %s: tokenised %d documents into %d tokens", source.label, counted.n, num_tokens)
-    return TokenFile(path, num_tokens, counted.n, source.label)
+    shard = Shard(index, first_doc, len(texts), num_tokens, digest.hexdigest())
+    _write_json(path.with_name(f"{path.name}.json"), asdict(shard))
+    return shard
+
+
+def _finished(shard_dir: Path, index: int, first_doc: int, num_docs: int) -> Shard | None:
+    """The shard at `index` if its sidecar describes these documents and its file matches it, else None."""
+    path = shard_dir / Shard(index, 0, 0, 0, "").file
+    try:
+        shard = Shard(**json.loads(path.with_name(f"{path.name}.json").read_text()))
+        whole = (
+            (shard.index, shard.first_doc, shard.num_docs) == (index, first_doc, num_docs)
+            and path.stat().st_size == shard.num_tokens * np.dtype(TOKEN_DTYPE).itemsize
+            and sha256_file(path) == shard.sha256
+        )
+    except (OSError, ValueError, TypeError):
+        return None
+    return shard if whole else None
+
+
+def _same_json(path: Path, value: dict) -> bool:
+    try:
+        return json.loads(path.read_text()) == value
+    except (OSError, ValueError):
+        return False
+
+
+def _write_json(path: Path, value: dict) -> None:
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(value))
+    os.replace(tmp, path)
+
+
+class _TokenizerPool:
+    """`workers` spawned processes, each holding the tokenizer, tokenising whole shards.
+
+    Spawned, not forked: the stage's process may already hold CUDA and the process group's threads. Each worker
+    runs the tokenizer's batch encoding on one thread (TOKENIZERS_PARALLELISM=false), so the workers are
+    the parallelism. The executor, not multiprocessing.Pool: a worker that dies raises BrokenProcessPool."""
+
+    def __init__(self, tok: Tokenizer, ids: TokenIds, batch_size: int, workers: int):
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        self.batch_size = batch_size
+        self.pool = ProcessPoolExecutor(
+            workers,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_init_worker,
+            initargs=(tok.to_str(), ids),
+        )
+
+    def submit(self, texts: list[str], shard_dir: Path, index: int, first_doc: int):
+        return self.pool.submit(_tokenize_in_worker, texts, self.batch_size, shard_dir, index, first_doc)
+
+    def wait(self, pending: dict) -> dict[int, Shard]:
+        """Block until at least one pending shard finished; those finished, removed from `pending`."""
+        from concurrent.futures import FIRST_COMPLETED, wait
+        from concurrent.futures.process import BrokenProcessPool
+
+        finished, _ = wait(pending.values(), return_when=FIRST_COMPLETED)
+        out = {}
+        for index, future in list(pending.items()):
+            if future in finished:
+                try:
+                    out[index] = future.result()
+                except BrokenProcessPool:
+                    raise DilforgeError(
+                        f"a tokenizer worker died while tokenising shard {index} (out of memory? lower "
+                        "cpt.tokenize_workers); a rerun resumes from the finished shards"
+                    ) from None
+                del pending[index]
+        return out
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+_WORKER: tuple | None = None
+
+
+def _init_worker(tok_json: str, ids: TokenIds) -> None:
+    global _WORKER  # noqa: PLW0603 - the worker process's tokenizer, built once
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    os.environ["RAYON_NUM_THREADS"] = "1"
+    _WORKER = (Tokenizer.from_str(tok_json), ids)
+
+
+def _tokenize_in_worker(texts: list[str], batch_size: int, shard_dir: Path, index: int, first_doc: int) -> Shard:
+    tok, ids = _WORKER
+    return tokenize_shard(texts, tok, ids, batch_size, shard_dir, index, first_doc)
+
+
+def write_ready(path: Path, files: list[TokenFile] | None, error: str | None = None) -> None:
+    """The builder's word to the processes waiting on its cache folder: the finished files, or its error."""
+    entries = [
+        {"path": str(tf.path), "num_tokens": tf.num_tokens, "num_docs": tf.num_docs, "label": tf.label}
+        for tf in files or []
+    ]
+    _write_json(path, {"files": entries, "error": error})
+
+
+def wait_ready(path: Path, poll_s: float = 1.0) -> list[TokenFile]:
+    """Block until the builder's ready marker appears; its files, or its error raised here. No collective is
+    held meanwhile, so a build longer than the process group's timeout does not fail the waiting ranks."""
+    import time
+
+    waited = 0.0
+    while not path.is_file():
+        time.sleep(poll_s)
+        waited += poll_s
+        if waited % 300 < poll_s:
+            log.info("waiting for the token cache (%s), %.0f s so far", path.parent, waited)
+    ready = json.loads(path.read_text())
+    if ready["error"] is not None:
+        raise DilforgeError(f"the token cache builder failed: {ready['error']}")
+    return [TokenFile(Path(e["path"]), e["num_tokens"], e["num_docs"], e["label"]) for e in ready["files"]]
+
+
+def available_cpus() -> int:
+    """CPUs this process may run on (its affinity mask, e.g. a container's cpuset)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
 
 
 def joined(texts: Iterable[str], n: int) -> Iterator[str]:
@@ -186,16 +433,6 @@ def joined(texts: Iterable[str], n: int) -> Iterator[str]:
     it = iter(texts)
     while group := list(islice(it, n)):
         yield " ".join(group)
-
-
-class _Counter:
-    def __init__(self, it: Iterable[str]):
-        self.it, self.n = it, 0
-
-    def __iter__(self):
-        for x in self.it:
-            self.n += 1
-            yield x
 
 
 def check_windows(files: list[TokenFile], seq_len: int) -> None:

@@ -68,6 +68,14 @@ class Runtime:
         dist.all_reduce(t, group=_control_group())
         return bool(t.item() > 0)
 
+    def broadcast(self, value):
+        """Global rank 0's `value` (a small picklable object) on every rank, over the host-side gloo group."""
+        if not self.distributed or self.world == 1:
+            return value
+        box = [value]
+        dist.broadcast_object_list(box, src=0, group=_control_group())
+        return box[0]
+
     def autocast(self):
         """The forward's context: bf16 autocast without FSDP (under FSDP2 its MixedPrecisionPolicy casts
         instead), and the SDPA backend priority the policy measured (backward reuses the forward's)."""

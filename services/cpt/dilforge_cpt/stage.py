@@ -22,6 +22,7 @@ import shutil
 import signal
 import subprocess
 import time
+import uuid
 from pathlib import Path
 
 import torch
@@ -44,11 +45,14 @@ from .checkpoints import Checkpointer
 from .data import (
     PackedData,
     TokenFile,
+    available_cpus,
     build_validation,
     cache_key,
     load_tokenizer,
     special_ids,
     tokenize_to_file,
+    wait_ready,
+    write_ready,
 )
 from .leakage import build_probe
 from .loop import LoopSetup, TrainState, train_loop
@@ -202,6 +206,18 @@ def run_workers(plan, ctx: StageContext, grace_s: float | None = None) -> dict:
     if plan.node_rank != 0:
         return {}
     return json.loads(result.read_text())
+
+
+def build_cache(config: CptConfig, ctx: StageContext) -> StageResult:
+    """`build-cache`: only the token cache, into the checkpoint folder, on every CPU of this machine. Run on a CPU
+    instance (a SageMaker Processing job writing to the training job's checkpoint location), it leaves GPU
+    instances a finished cache to reuse; nothing is published."""
+    tok_dir = resolve(ctx.input("tokenizer"), "tokenizer").path
+    tok = load_tokenizer(tok_dir)
+    files = tokenize_corpora(config, ctx, Runtime(), tok, special_ids(tok, str(tok_dir)), tok_dir)
+    return StageResult(
+        metrics={"token_cache": {tf.label: {"num_tokens": tf.num_tokens, "num_docs": tf.num_docs} for tf in files}}
+    )
 
 
 # ---- the training story ----------------------------------------------------------------------
@@ -405,20 +421,63 @@ def derive_grad_accum(config: CptConfig, world: int) -> int:
 
 
 def tokenize_corpora(config: CptConfig, ctx: StageContext, rt: Runtime, tok, ids, tok_dir: Path) -> list[TokenFile]:
-    """Local rank 0 of each host fills the token cache; the others then read it."""
+    """The token cache, built once per cache folder on every CPU of the host, reused when already complete.
+
+    One builder per folder: global rank 0 when every host sees the same folder (one host, or a shared filesystem
+    at the checkpoint path), else local rank 0 of each host (SageMaker gives each host its own
+    /opt/ml/checkpoints). Every other process waits for the builder's ready marker, not in a collective, so a
+    build longer than the process group's timeout is fine. A marker named by a fresh job id (broadcast from rank
+    0) keeps a marker left in the folder by an earlier job, or restored from S3, from being taken as this one's."""
     cache = ctx.checkpoint_dir / "tokens"
+    workers = config.tokenize_workers or available_cpus()
 
     def build() -> list[TokenFile]:
+        if rt.is_main:
+            log.info("token cache: %d tokenizer workers", workers)
         out = []
         for source in config.corpora:
             key = cache_key(source, tok_dir / "tokenizer.json", source.max_docs, ctx.endpoint_url)
             out.append(
                 tokenize_to_file(
-                    source, tok, ids, cache, key, source.max_docs, config.tokenize_batch_size, ctx.endpoint_url
+                    source,
+                    tok,
+                    ids,
+                    cache,
+                    key,
+                    source.max_docs,
+                    config.tokenize_batch_size,
+                    ctx.endpoint_url,
+                    workers=workers,
                 )
             )
         return out
 
-    files = build() if rt.local_rank == 0 else None
+    if not rt.distributed or rt.world == 1:
+        return build()
+    cache.mkdir(parents=True, exist_ok=True)
+    job = rt.broadcast(uuid.uuid4().hex if rt.is_main else None)
+    probe = cache / f".job-{job}"
+    if rt.is_main:
+        probe.touch()
     rt.barrier()
-    return files if files is not None else build()
+    shared = probe.exists()  # this host sees global rank 0's folder
+    builder = rt.is_main if shared else rt.local_rank == 0
+    ready = cache / f".job-{job}.ready-node{0 if shared else rt.node}"
+    if builder:
+        for stale in cache.glob(".job-*"):  # markers of earlier jobs (a crash, or restored from S3)
+            if not stale.name.startswith(f".job-{job}"):
+                stale.unlink(missing_ok=True)
+        try:
+            files = build()
+        except BaseException as exc:
+            write_ready(ready, None, str(exc) or type(exc).__name__)
+            raise
+        write_ready(ready, files)
+    else:
+        files = wait_ready(ready)
+    rt.barrier()
+    if builder:
+        ready.unlink(missing_ok=True)
+    if rt.is_main:
+        probe.unlink(missing_ok=True)
+    return files

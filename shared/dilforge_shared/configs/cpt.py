@@ -177,6 +177,14 @@ class CptConfig(StageConfig, Batching, Checkpointing):
     tokenize_batch_size: int = Field(
         le=1_000_000, json_schema_extra=RUN_ONLY, default=1000, ge=1, description="Documents per encode_batch call."
     )
+    tokenize_workers: int | None = Field(
+        le=1_024,
+        json_schema_extra=RUN_ONLY,
+        default=None,
+        ge=1,
+        description="Processes tokenising the training corpora into the token cache (once per job, by one "
+        "process per cache folder); None = every CPU this process may use. The cache's bytes do not depend on it.",
+    )
 
     # ---- optimisation ----------------------------------------------------------------------
     phase1: Phase1 = Field(
