@@ -171,7 +171,7 @@ def find_store_garbage(store: ArtifactStore, min_age_s: float, unreferenced: boo
             found.append(Garbage("orphan-data", f"{uri}/{entry}", why, lambda p=f"{prefix}/{entry}", r=remove: r(p)))
     root = backend.local_path("")
     if root is not None:  # where the store writes through a temp file: beside manifests, records, locks
-        folders = [root, root / "runs", root / "locks"]
+        folders = [f for f in (root, root / "runs", root / "locks") if not f.is_symlink()]
         folders += [a for s in _subfolders(root / "artifacts") for a in _subfolders(s)]
         found += [g for folder in folders for g in _leftovers(folder, (STORE_TEMP,), min_age_s)]
     return found

@@ -195,6 +195,12 @@ def _iter_file(
             raise InputError(f"not a readable parquet file: {str(exc).splitlines()[0][:200]}", path=uri) from None
         if text_field not in pf.schema_arrow.names:
             raise InputError(f"no column {text_field!r} (columns: {pf.schema_arrow.names}); set text_field", path=uri)
+        kind = pf.schema_arrow.field(text_field).type
+        if not _is_text(kind):
+            texts = [f.name for f in pf.schema_arrow if _is_text(f.type)]
+            raise InputError(
+                f"column {text_field!r} holds {kind}, not text (text columns: {texts}); set text_field", path=uri
+            )
         row = 0
         batches = pf.iter_batches(columns=[text_field], batch_size=4096)
         while True:
@@ -212,6 +218,15 @@ def _iter_file(
                     yield from _bounded_value(value, uri, row, max_bytes, oversize)
     else:
         raise InputError(f"unknown format {fmt!r}", path=uri)
+
+
+def _is_text(kind) -> bool:
+    """An arrow type whose values are strings (plain, large, view, or dictionary-encoded)."""
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(kind):
+        kind = kind.value_type
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind) or str(kind) == "string_view"
 
 
 def _bounded_value(text: str, uri: str, row: int, max_bytes: int, oversize: Oversize) -> Iterator[tuple[int, str]]:

@@ -28,35 +28,94 @@ def detect_format(uri: str) -> str:
     return "txt"
 
 
+# A folder below a corpus folder holding one of these is a dilforge store or artifact, never read as corpus text:
+# a store kept inside the corpus folder would otherwise feed each run its own earlier output.
+STORE_FILES = (".dilforge-store", "manifest.json")
+GLOB_CHARS = "*?["
+
+
 def expand(uri: str, endpoint_url: str | None = None) -> list[str]:
-    """A file, a folder (every corpus file inside, sorted), a glob, or an S3 object or prefix."""
+    """The corpus files behind `uri`: a file, a folder (every corpus file below it, sorted), a glob, or an S3 object
+    or prefix (`s3://bucket/prefix/` included). In a folder or prefix, hidden entries (`.git/`, `.cache`, a
+    `.dilforge/` store) and stores or artifacts (a folder holding `.dilforge-store` or `manifest.json`) are
+    skipped; a link to a folder is refused (it may loop or lead out of the folder). A name holding `*`, `?` or
+    `[` is a glob only when no such file exists (`data[1].txt` is a file)."""
     parsed = urlparse(uri)
     if parsed.scheme == "s3":
-        from .store import S3Storage
-
-        backend = S3Storage(parsed.netloc, "", endpoint_url)
-        key = parsed.path.lstrip("/")
-        if backend.exists(key):
-            return [uri]
-        keys = [k for k in backend.list(key.rstrip("/")) if k.lower().endswith(SUFFIXES)]
-        if not keys:
-            raise InputError("no such S3 object, and no corpus files under that prefix", path=uri)
-        return [f"s3://{parsed.netloc}/{k}" for k in keys]
+        return _expand_s3(uri, parsed.netloc, parsed.path.lstrip("/"), endpoint_url)
     path = uri[len("file://") :] if parsed.scheme == "file" else uri
-    if any(ch in path for ch in "*?["):
+    if any(ch in path for ch in GLOB_CHARS) and not os.path.lexists(path):
         matches = sorted(glob.glob(path))
         if not matches:
-            raise InputError("glob matches no file", path=uri)
+            raise InputError(
+                "glob matches no file (a file whose name holds *, ? or [ is read when it exists)", path=uri
+            )
         return [_regular(m, m) for m in matches]
     p = Path(path)
     if p.is_dir():
-        files = sorted(str(f) for f in p.rglob("*") if f.is_file() and f.name.lower().endswith(SUFFIXES))
+        files = _walk(p, uri)
         if not files:
             raise InputError("folder holds no corpus file (.txt, .txt.gz, .jsonl, .tsv, .parquet)", path=uri)
         return files
     if not p.exists():
         raise InputError("no such file", path=uri)
     return [_regular(str(p), uri)]
+
+
+def _walk(root: Path, uri: str) -> list[str]:
+    """Corpus files below `root`, sorted, skipping what `expand` says it skips."""
+    files = []
+    for dirpath, dirnames, filenames in os.walk(root, onerror=_walk_error(uri)):
+        here = Path(dirpath)
+        keep = []
+        for name in dirnames:
+            sub = here / name
+            if name.startswith("."):
+                continue
+            if sub.is_symlink():
+                raise InputError(
+                    f"{sub.relative_to(root)} is a link to a folder; links are not followed in a corpus folder "
+                    "(they may loop or lead out of it): name its target as a source of its own",
+                    path=uri,
+                )
+            if not any((sub / f).exists() for f in STORE_FILES):
+                keep.append(name)
+        dirnames[:] = keep
+        files += [
+            str(here / f)
+            for f in filenames
+            if not f.startswith(".") and f.lower().endswith(SUFFIXES) and (here / f).is_file()
+        ]
+    return sorted(files)
+
+
+def _walk_error(uri: str):
+    def fail(exc: OSError):
+        raise InputError(f"cannot list folder: {exc.strerror} ({exc.filename})", path=uri)
+
+    return fail
+
+
+def _expand_s3(uri: str, bucket: str, key: str, endpoint_url: str | None) -> list[str]:
+    from .store import S3Storage
+
+    backend = S3Storage(bucket, "", endpoint_url)
+    if key and not key.endswith("/") and backend.exists(key):
+        return [uri]
+    prefix = key.rstrip("/")
+    keys = list(backend.list(prefix))
+    start = len(prefix) + 1 if prefix else 0
+    stores = {k.rsplit("/", 1)[0] + "/" for k in keys if "/" in k[start:] and k.rsplit("/", 1)[-1] in STORE_FILES}
+    keys = [
+        k
+        for k in keys
+        if k.lower().endswith(SUFFIXES)
+        and not any(part.startswith(".") for part in k[start:].split("/"))
+        and not any(k.startswith(s) for s in stores)
+    ]
+    if not keys:
+        raise InputError("no such S3 object, and no corpus files under that prefix", path=uri)
+    return [f"s3://{bucket}/{k}" for k in sorted(keys)]
 
 
 def _regular(path: str, uri: str) -> str:

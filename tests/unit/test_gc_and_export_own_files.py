@@ -276,14 +276,20 @@ def test_export_writes_both_files_into_a_non_empty_folder_or_through_a_symlinked
     assert (real / "mine.txt").read_text() == "mine"
 
 
-@pytest.mark.parametrize("kind", ["file", "file/sub", "dangling", "proc"])
+@pytest.mark.parametrize("kind", ["file", "file/sub", "dangling", "proc", "in-store", "link-into-store"])
 def test_export_bad_out_is_one_line(fake, tmp_path, capsys, kind):
     (tmp_path / "file").write_text("mine")
     (tmp_path / "dangling").symlink_to(tmp_path / "nothing")
+    data = tmp_path / "store" / "artifacts" / "sft" / "0123456789abcdef" / "data-0123456789ab"
+    data.mkdir(parents=True)
+    (tmp_path / "store" / STORE_MARKER).write_text("")
+    (tmp_path / "to-store").symlink_to(data)
     out = {"file": tmp_path / "file", "file/sub": tmp_path / "file" / "sub", "dangling": tmp_path / "dangling"}
+    out |= {"in-store": data, "link-into-store": tmp_path / "to-store" / "gguf"}
     rc, err = _main(capsys, out.get(kind, Path("/proc/dilforge-export-test")))
     assert rc == 1 and err.count("\n") == 0 and err.startswith("error: --out") and "Traceback" not in err, err
     assert (tmp_path / "file").read_text() == "mine" and not Path("/proc/dilforge-export-test").exists()
+    assert list(data.iterdir()) == [], "nothing written into a published artifact"
 
 
 def test_export_bad_base_tokenizer_is_one_line(fake, tmp_path, capsys):

@@ -50,6 +50,7 @@ from dilforge_shared.models import resolve
 from dilforge_shared.recipes import cache_root
 from dilforge_shared.serving import resolve_served_model
 from dilforge_shared.store import read_manifest
+from dilforge_shared.store.artifacts import STORE_MARKER
 
 from .prepare import prepare
 
@@ -277,7 +278,11 @@ def check_system_prompt(text: str | None, field: str, tokenizer_dir: Path) -> No
 
 # ---- where the files go ---------------------------------------------------------------------------------------
 def check_out_dir(out_dir: Path) -> None:
-    """--out must be a folder or creatable as one: checked before any work, so a typo costs nothing."""
+    """--out must be a folder or creatable as one, outside any artifact store (a file added to an artifact makes
+    it fail validation): checked before any work, so a typo costs nothing."""
+    resolved = out_dir.resolve()
+    if store := next((d for d in (resolved, *resolved.parents) if (d / STORE_MARKER).exists()), None):
+        raise ExportError(f"--out {out_dir} is inside the artifact store {store}; export to a folder outside it")
     if out_dir.is_symlink() and not out_dir.exists():
         raise ExportError(f"--out {out_dir} is a symlink to nothing; give a folder")
     if out_dir.exists():

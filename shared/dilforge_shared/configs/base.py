@@ -76,10 +76,37 @@ def _model_types(annotation) -> list[type[BaseModel]]:
     return [t for arg in get_args(annotation) for t in _model_types(arg)]
 
 
+def _numbers_only(annotation) -> bool:
+    """Whether a field's type admits int or float and no boolean (through Annotated, Optional and unions)."""
+    from typing import Annotated, Any, Literal, Union, get_args, get_origin
+
+    def kinds(t) -> set:
+        origin = get_origin(t)
+        if origin is Annotated:
+            return kinds(get_args(t)[0])
+        if origin is Union or type(t).__name__ == "UnionType":
+            return set().union(*(kinds(a) for a in get_args(t)))
+        if origin is Literal:
+            return {type(v) for v in get_args(t)}
+        return {t if t in (int, float, bool, type(None)) else Any}
+
+    found = kinds(annotation)
+    return bool(found & {int, float}) and not found & {bool, Any}
+
+
 class StrictModel(BaseModel):
     """Unknown fields are errors, so a typo in a config never silently falls back to a default."""
 
     model_config = ConfigDict(extra="forbid", validate_default=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_boolean_for_a_number(cls, value, info):
+        """pydantic's lax mode reads `true` as 1 for a number (`num_shards: true` would run one shard): a field
+        that takes a number and not a boolean refuses one, naming the field."""
+        if isinstance(value, bool) and info.field_name and _numbers_only(cls.model_fields[info.field_name].annotation):
+            raise ValueError(f"{str(value).lower()} is a boolean; this field takes a number")
+        return value
 
 
 Switch = Literal["auto", "on", "off"]
@@ -89,6 +116,19 @@ Switch = Literal["auto", "on", "off"]
 # then that artifact's id (an upstream ref), and the stage reads the artifact's shards (contract.resolve_sources).
 ARTIFACT_PREFIX = "artifact:"
 CORPUS_STAGES = ("curate",)
+
+
+def normal_local_uri(uri: str) -> str:
+    """A local path in one spelling, so one file has one identity: `file://` dropped, `./`, `a/../`, doubled and
+    trailing slashes collapsed (`./x`, `x/`, `file://x` → `x`; `//data/x` → `/data/x`). Other URIs are kept."""
+    import posixpath
+
+    if uri.startswith("file://"):
+        uri = uri[len("file://") :]
+    elif "://" in uri or uri.startswith(ARTIFACT_PREFIX) or not uri:
+        return uri
+    path = posixpath.normpath(uri)
+    return "/" + path.lstrip("/") if path.startswith("//") else path
 
 
 class DataSource(StrictModel):
@@ -120,7 +160,7 @@ class DataSource(StrictModel):
             raise ValueError(
                 f"{uri!r}: an upstream artifact is named {', '.join(ARTIFACT_PREFIX + s for s in CORPUS_STAGES)}"
             )
-        return uri
+        return normal_local_uri(uri)
 
     @property
     def artifact(self) -> str | None:

@@ -26,6 +26,7 @@ AZ_STOPWORDS = (
 )  # fmt: skip
 
 
+MAX_CURATED_DOCUMENT_BYTES = 2 << 20
 NGram = Annotated[int, Field(ge=1, le=32)]  # words per n-gram; Gopher uses 2..10
 
 
@@ -35,15 +36,32 @@ class RawSource(DataSource):
     format: Literal["auto", "txt", "jsonl", "tsv", "parquet"] = Field(
         default="auto", description="File format; 'auto' decides by extension (txt: one document per line)."
     )
+    max_document_bytes: int = Field(
+        default=MAX_CURATED_DOCUMENT_BYTES,
+        ge=64,
+        le=1 << 30,
+        description="Longest document read, in UTF-8 bytes (default 2 MiB: above quality.max_words' 100,000 words "
+        "of Azerbaijani); a longer one is dropped by the reader, before any other step reads it (a 26 MB page "
+        "would otherwise cost minutes and gigabytes in encoding repair and language ID, only to be dropped).",
+    )
     on_oversize: Literal["error", "split", "truncate", "skip"] = Field(
         default="skip",
-        description="A document longer than max_document_bytes: skip it (counted), or error / split / truncate.",
+        description="A document longer than max_document_bytes: skip it (logged), or error / split / truncate.",
     )
     name: str | None = Field(
         default=None,
         description="Short name: each output document's `source` and id prefix (defaults to the file name).",
     )
     licence: str | None = Field(default=None, description="Licence of the source, copied into the data card.")
+
+    @field_validator("weight")
+    @classmethod
+    def _no_weight(cls, weight: float) -> float:
+        """Curate reads every corpus whole and mixes nothing: a weight would change the artifact id and nothing else."""
+        if weight != 1.0:
+            raise ValueError("curate reads every corpus whole (no mixture); remove `weight` (it is for the tokenizer "
+                             "and CPT corpora)")  # fmt: skip
+        return weight
 
 
 class NormaliseConfig(StrictModel):
@@ -88,8 +106,8 @@ class QualityConfig(StrictModel):
         default=0.725,
         ge=0,
         le=1,
-        description="Gopher's bound, inverted as FineWeb-2 writes it: at least 1 - this share of words must "
-        "contain a letter.",
+        description="Fewest share of words that contain a letter (datatrove's name, despite the 'max': a document "
+        "is dropped when less than this share of its words holds a letter; Gopher's 0.8, FineWeb-2 azj_Latn 0.725).",
     )
     min_stop_words: int = Field(default=2, ge=0, description="Fewest stop words a document must contain.")
     stop_words: list[str] = Field(default_factory=lambda: list(AZ_STOPWORDS), description="The language's stop words.")
@@ -185,6 +203,16 @@ class CurateConfig(StageConfig):
     num_workers: int = Field(
         default=2, ge=1, le=1024, json_schema_extra=RUN_ONLY, description="Local processes running the shards."
     )
+
+    @field_validator("seed")
+    @classmethod
+    def _no_seed(cls, seed: int) -> int:
+        """Curate makes no random choice (MinHash's hash functions are fixed, documents are striped by position): a
+        seed would change the artifact id and nothing else."""
+        if seed != 0:
+            raise ValueError("curate makes no random choice (fixed MinHash hashes, documents striped by position); "
+                             "remove `seed`")  # fmt: skip
+        return seed
 
     @model_validator(mode="after")
     def _check(self) -> CurateConfig:

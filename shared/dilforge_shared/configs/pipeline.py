@@ -181,8 +181,33 @@ def _expanded_nodes(node: yaml.Node, path: Path, memo: dict[int, int], active: s
     return total
 
 
+class DuplicateKey(yaml.YAMLError):
+    """A mapping repeats a key (the message names both lines)."""
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """yaml's SafeLoader, refusing a mapping that repeats a key: YAML requires unique keys and PyYAML would keep
+    the last silently (`num_shards: 8` then `num_shards: 1`). Keys merged in by `<<: *anchor` may be overridden."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[tuple[str, str], int] = {}
+            for key, _ in node.value:
+                if not isinstance(key, yaml.ScalarNode) or key.tag == "tag:yaml.org,2002:merge":
+                    continue
+                name = (key.tag, key.value)
+                if name in seen:
+                    raise DuplicateKey(
+                        f"line {key.start_mark.line + 1}: key {key.value!r} appears twice in one mapping (first on "
+                        f"line {seen[name]}); keep one"
+                    )
+                seen[name] = key.start_mark.line + 1
+        return super().construct_mapping(node, deep)
+
+
 def safe_load_bounded(text: str, path: Path) -> Any:
-    """yaml.safe_load, refusing documents whose aliases expand past MAX_YAML_NODES nodes or that recurse."""
+    """yaml.safe_load, refusing documents whose aliases expand past MAX_YAML_NODES nodes or that recurse, and
+    mappings that repeat a key (`UniqueKeyLoader`)."""
     node = yaml.compose(text, Loader=yaml.SafeLoader)
     if node is None:
         return None
@@ -192,7 +217,10 @@ def safe_load_bounded(text: str, path: Path) -> Any:
             f"{path}: YAML aliases expand to more than {MAX_YAML_NODES:,} nodes (nested anchors "
             "repeating each other, a 'billion laughs' document); write the config out without them"
         )
-    return yaml.safe_load(text)
+    try:
+        return yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except DuplicateKey as exc:
+        raise ConfigError(f"{path}: {exc}") from None
 
 
 def load_yaml(path: Path, variables: dict[str, str] | None = None) -> dict[str, Any]:
