@@ -10,7 +10,7 @@ import typer
 from botocore.exceptions import BotoCoreError, ClientError
 from dilforge_shared.configs import PipelineConfig
 from dilforge_shared.errors import DilforgeError
-from dilforge_shared.settings import install_log_masking, mask
+from dilforge_shared.settings import install_log_masking, redact
 
 from .backends import get_backend
 
@@ -27,11 +27,11 @@ def one_line(exc: BaseException) -> str:
             text += f" (→ {exc.filename2})"
     else:
         text = str(exc) or type(exc).__name__
-    return mask(text)
+    return redact(text)
 
 
 def fail(message: str, code: int = 1) -> None:
-    typer.echo(f"error: {mask(message)}", err=True)
+    typer.echo(f"error: {redact(message)}", err=True)
     raise typer.Exit(code)
 
 

@@ -72,7 +72,7 @@ def track_run(store: ArtifactStore, record: RunRecord, body):
     """Run `body()` with the record saying `running`, then `succeeded`, `failed` or `cancelled` whatever happens."""
     record.status, record.error = "running", None
     record.owner = {"pid": os.getpid(), "host": socket.gethostname(), "started_at": datetime.now(UTC).isoformat()}
-    store.write_run_record(record.run_id, record.to_json())
+    record.save(store)
     try:
         result = body()
         record.status = "succeeded"
@@ -84,10 +84,8 @@ def track_run(store: ArtifactStore, record: RunRecord, body):
         record.status, record.error = "failed", str(exc)[:2000] or type(exc).__name__
         raise
     finally:
-        for info in record.stages.values():
-            if info.get("status") == "running":
-                info["status"] = record.status if record.status != "succeeded" else "failed"
-        store.write_run_record(record.run_id, record.to_json())
+        record.close_running(record.status if record.status != "succeeded" else "failed")
+        record.save(store)
 
 
 def artifact_lock(store: ArtifactStore, stage: str, artifact_id: str) -> FileLock | S3Lease:
@@ -187,11 +185,21 @@ def run_stage(
     )
     try:
         status = _reuse_or_run(job, stage, backend, store, record)
+        witness = manifest_witness(job)
     finally:
         lock.release()
-    record.set_stage(store, stage, job.artifact_uri, status, backend=backend.name)
-    store.write_run_record(pipeline.run_id, record.to_json())
+    record.set_stage(store, stage, job.artifact_uri, status, backend=backend.name, **witness)
+    record.save(store)
     return job.artifact_uri
+
+
+def manifest_witness(job: StageJob) -> dict[str, str]:
+    """What the run record keeps of the artifact's manifest: its sha256 and data folder, against which every later
+    reuse and `manifest validate` check it (integrity.recorded_digest_problem)."""
+    from dilforge_shared.store import read_manifest
+
+    manifest, digest = read_manifest(job.artifact_uri, job.s3_endpoint_url)
+    return {"manifest_sha256": digest, "data_dir": manifest.data_dir}
 
 
 def _reuse_or_run(job: StageJob, stage: str, backend: Backend, store: ArtifactStore, record: RunRecord) -> str:
@@ -203,7 +211,7 @@ def _reuse_or_run(job: StageJob, stage: str, backend: Backend, store: ArtifactSt
         return "reused"
     print(f"[{stage}] running on {backend.name} → {job.artifact_uri}", flush=True)
     record.set_stage(store, stage, job.artifact_uri, "running", backend=backend.name)
-    store.write_run_record(job.run_id, record.to_json())
+    record.save(store)
     try:
         backend.run(job)
     except BaseException as exc:
@@ -217,7 +225,7 @@ def _reuse_or_run(job: StageJob, stage: str, backend: Backend, store: ArtifactSt
             error=reason[:2000],
             backend=backend.name,
         )
-        store.write_run_record(job.run_id, record.to_json())
+        record.save(store)
         raise
     if not artifact_exists(job.artifact_uri, job.s3_endpoint_url):
         raise StageFailed(stage, f"the stage exited cleanly but published no manifest at {job.manifest_uri}")

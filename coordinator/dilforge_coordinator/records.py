@@ -6,10 +6,18 @@ against wherever the store now is. Records written before this (absolute `artifa
 
 A record that cannot be read (truncated JSON, the wrong shape) never blocks its run id: `load` reports it in one
 line, moves it aside to `runs/<run_id>.json.damaged-<utc>` and starts a fresh record; `status` reports it.
+
+Several processes may run one run id at once (two `run-all`, two `models import` with the default id): `save`
+writes under the record's lock and merges, never overwrites. A stage only this process changed takes its entry; a
+stage only another changed keeps theirs; a stage both changed keeps this process's attempt and lists the other's
+good artifact in `also`, so nothing either produced is lost to `gc --unreferenced`. Every string written passes
+through `settings.redact`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import json
 import logging
 from dataclasses import dataclass, field
@@ -17,7 +25,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from dilforge_shared.errors import DilforgeError
+from dilforge_shared.locks import FileLock, S3Lease
 from dilforge_shared.paths import check_relative_path
+from dilforge_shared.settings import redact_values, settings
 from dilforge_shared.store import ArtifactStore, NotFound
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -45,10 +55,31 @@ class StageEntry(BaseModel):
         "good attempt produced or reused (store-relative), which downstream stages and gc keep using.",
     )
 
+    also: list[str] = Field(
+        default_factory=list,
+        description="Good artifacts of this stage that another process running the same run id produced or reused "
+        "at the same time (store-relative): kept referenced, so gc never counts them unreferenced.",
+    )
+    manifest_sha256: str | None = Field(
+        default=None, description="sha256 of the artifact's manifest.json when it was produced or reused."
+    )
+    data_dir: str | None = Field(
+        default=None, description="The manifest's data folder then: which publish of the artifact the digest is of."
+    )
+
     @field_validator("artifact", "last_good")
     @classmethod
     def _relative(cls, value: str | None) -> str | None:
         return check_relative_path(value) if value is not None else None
+
+    @field_validator("also")
+    @classmethod
+    def _all_relative(cls, value: list[str]) -> list[str]:
+        return [check_relative_path(v) for v in value]
+
+    def addresses(self) -> list[str]:
+        """Every artifact this entry keeps referenced: the latest attempt, the last good one, and `also`."""
+        return [a for a in (self.artifact, self.last_good, *self.also) if a]
 
 
 class RecordDoc(BaseModel):
@@ -92,6 +123,27 @@ def parse_record(data: bytes, source: str) -> RecordDoc:
         raise DamagedRecord(f"{source}: damaged run record: {where}: {first['msg']}") from None
 
 
+def record_lock(store: ArtifactStore, run_id: str) -> FileLock | S3Lease:
+    """The lock every write of one run record holds: flock in a local store, a create-only lease object in S3."""
+    key = f"locks/runs/{store.run_record_key(run_id).removeprefix('runs/')}.lock"
+    local = store.backend.local_path("")
+    if local is not None:
+        return FileLock(local / key)
+    return S3Lease(store.backend, key, settings().lock_lease_seconds, poll_s=0.2)
+
+
+def _entry(entry: StageEntry) -> dict:
+    data = entry.model_dump(exclude_none=True)
+    if not data.get("also"):
+        data.pop("also", None)
+    return data
+
+
+def _good_addresses(entry: dict) -> list[str]:
+    good = [entry["artifact"]] if entry.get("status") in GOOD and entry.get("artifact") else []
+    return [*good, *([entry["last_good"]] if entry.get("last_good") else []), *entry.get("also", [])]
+
+
 @dataclass
 class RunRecord:
     """The run's status is `running` while a coordinator works on it (with its pid and host, so `status` can tell
@@ -102,19 +154,23 @@ class RunRecord:
     status: str = "new"
     owner: dict = field(default_factory=dict)
     error: str | None = None
+    # the stages as last read or written by this process, and the stages it changed: what `save` merges against
+    base: dict[str, dict] = field(default_factory=dict, repr=False)
+    touched: set[str] = field(default_factory=set, repr=False)
+
+    def __post_init__(self) -> None:
+        self.base = copy.deepcopy(self.stages)
 
     def to_json(self) -> bytes:
-        return json.dumps(
-            {
-                "run_id": self.run_id,
-                "updated_at": datetime.now(UTC).isoformat(),
-                "status": self.status,
-                "owner": self.owner,
-                "error": self.error,
-                "stages": self.stages,
-            },
-            indent=2,
-        ).encode()
+        doc = {
+            "run_id": self.run_id,
+            "updated_at": datetime.now(UTC).isoformat(),
+            "status": self.status,
+            "owner": self.owner,
+            "error": self.error,
+            "stages": self.stages,
+        }
+        return json.dumps(redact_values(doc), indent=2, ensure_ascii=False).encode()
 
     def set_stage(self, store: ArtifactStore, stage: str, artifact_uri: str, status: str, **extra) -> None:
         """Record an attempt. An attempt that is not (yet) good never replaces the stage's last good artifact:
@@ -125,13 +181,55 @@ class RunRecord:
         entry = {"artifact": address, "status": status, **extra}
         if status not in GOOD and good and good != address:
             entry["last_good"] = good
+        if also := [a for a in previous.get("also", []) if a not in (address, entry.get("last_good"))]:
+            entry["also"] = also
         self.stages[stage] = entry
+        self.touched.add(stage)
+
+    def merge(self, disk: RunRecord) -> None:
+        """Fold in what other processes wrote since this one last read or wrote the record (see the module doc)."""
+        for stage, theirs in disk.stages.items():
+            mine, base = self.stages.get(stage), self.base.get(stage)
+            if theirs == base:
+                continue
+            if mine == base:
+                self.stages[stage] = theirs
+                continue
+            keep = {mine["artifact"], mine.get("last_good")}
+            also = [a for a in dict.fromkeys([*mine.get("also", []), *_good_addresses(theirs)]) if a not in keep]
+            if also:
+                mine["also"] = also
+
+    def save(self, store: ArtifactStore) -> None:
+        """Write the record under its lock, merged with what is there now (never a lost artifact)."""
+        lock = record_lock(store, self.run_id)
+        lock.acquire()
+        try:
+            try:
+                data = store.read_run_record(self.run_id)
+            except NotFound:
+                data = None
+            # a damaged record is what `load` sets aside; this write replaces it with a whole one
+            with contextlib.suppress(DamagedRecord):
+                if data is not None:
+                    self.merge(RunRecord.from_doc(parse_record(data, store.run_record_key(self.run_id))))
+            store.write_run_record(self.run_id, self.to_json())
+            self.base = copy.deepcopy(self.stages)
+        finally:
+            lock.release()
+
+    def close_running(self, status: str) -> None:
+        """Attempts this process left `running` end with `status` (another process's running stage is its own)."""
+        for name in self.touched:
+            info = self.stages.get(name) or {}
+            if info.get("status") == "running":
+                info["status"] = status
 
     @classmethod
     def from_doc(cls, doc: RecordDoc) -> RunRecord:
         return cls(
             run_id=doc.run_id,
-            stages={k: v.model_dump(exclude_none=True) for k, v in doc.stages.items()},
+            stages={k: _entry(v) for k, v in doc.stages.items()},
             status=doc.status,
             owner=doc.owner,
             error=doc.error,

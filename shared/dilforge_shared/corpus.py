@@ -35,6 +35,32 @@ Oversize = Literal["error", "split", "truncate", "skip"]
 MAX_DOCUMENT_BYTES = 32 << 20  # default bound on one line/document; a 200 MB line never reaches memory whole
 
 
+def source_files(uri: str, endpoint_url: str | None = None) -> list[str]:
+    """The files a source names: an artifact's data folder by its manifest's list (a file added to a published
+    artifact is never read), anything else by `corpus_files.expand`."""
+    listed = artifact_files(uri)
+    return listed if listed is not None else expand(uri, endpoint_url)
+
+
+def artifact_files(uri: str) -> list[str] | None:
+    """The corpus files an artifact's manifest lists, when `uri` is its data folder (the folder a `manifest.json`
+    beside it names as `data_dir`: in a local store, a fetched copy, a SageMaker channel); else None."""
+    from .corpus_files import SUFFIXES
+    from .manifest import MANIFEST_NAME, parse_manifest
+
+    folder = Path(uri)
+    beside = folder.parent / MANIFEST_NAME
+    if "://" in uri or not folder.is_dir() or not beside.is_file():
+        return None
+    manifest = parse_manifest(beside.read_bytes(), str(beside))
+    if manifest.data_dir != folder.name:
+        return None
+    files = sorted(str(folder / e.path) for e in manifest.files if e.path.lower().endswith(SUFFIXES))
+    if not files:
+        raise InputError("the artifact's manifest lists no corpus file (.txt, .jsonl, .tsv, .parquet)", path=uri)
+    return files
+
+
 def _decode(data: bytes, uri: str, lineno: int, decoder=None, final: bool = True) -> str:
     try:
         return decoder.decode(data, final) if decoder is not None else data.decode("utf-8")
@@ -144,7 +170,7 @@ def iter_records(
 def iter_located_records(uri: str, endpoint_url: str | None = None, **kwargs) -> Iterator[tuple[str, int, dict]]:
     """(file, line, object) for every JSONL record behind `uri` (a file, folder, glob or S3 prefix): iter_records
     over each file, with its keyword arguments (bounds, on_bad)."""
-    for file_uri in expand(uri, endpoint_url):
+    for file_uri in source_files(uri, endpoint_url):
         for lineno, record in iter_records(file_uri, endpoint_url, **kwargs):
             yield file_uri, lineno, record
 
@@ -271,7 +297,7 @@ def iter_located_texts(
     on_oversize: Oversize = "error",
 ) -> Iterator[tuple[str, int, str]]:
     """(file, line, text) for every document behind `uri`; the location serves error messages."""
-    for file_uri in expand(uri, endpoint_url):
+    for file_uri in source_files(uri, endpoint_url):
         file_fmt = detect_format(file_uri) if fmt == "auto" else fmt
         for lineno, text in _iter_file(file_uri, file_fmt, text_field, endpoint_url, max_document_bytes, on_oversize):
             if normalization == "NFC":
@@ -295,7 +321,7 @@ def iter_word_counts(
     counts of a crawl it cannot ship (or a published list, as SentencePiece's TSV input takes), and expanding
     70 M counts into text would be absurd. Anything else is an error naming the file and line, so a layout with
     more columns (Leipzig's `rank word count`) or a header fails instead of training on wrong words."""
-    for file_uri in expand(uri, endpoint_url):
+    for file_uri in source_files(uri, endpoint_url):
         for lineno, line in _lines(file_uri, endpoint_url, max_document_bytes, on_oversize, splittable=False):
             if lineno == 1:
                 line = line.removeprefix("\ufeff")
@@ -320,7 +346,7 @@ def data_digest(uri: str, endpoint_url: str | None = None) -> str:
     import hashlib
 
     h = hashlib.sha256()
-    for file_uri in expand(uri, endpoint_url):
+    for file_uri in source_files(uri, endpoint_url):
         parsed = urlparse(file_uri)
         if parsed.scheme == "s3":
             from .store import S3Storage

@@ -1,7 +1,9 @@
 """Is a published artifact still whole? Checked before every reuse; a damaged one is moved aside to be rebuilt.
 
 Local stores: every file's size and sha256 (or, with DILFORGE_VERIFY_ON_REUSE=stamp, size + mtime + inode
-against the last full check). S3: every object present with its size; `fetch` checks sha256 on download.
+against the last full check). S3: every object present with its size; `fetch` checks sha256 on download. Both:
+nothing in the data folder that the manifest does not list, a manifest digest recorded beside it, and the digest
+any run record kept of this publish (store.artifacts.recorded_digest_problem).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from .errors import DilforgeError, IntegrityError, ManifestError, ManifestNotFou
 from .manifest import MANIFEST_NAME, Manifest
 from .settings import settings
 from .store import NotFound, Storage, artifact_storage, manifest_uri_of, open_backend, read_manifest, verify_files
+from .store.artifacts import recorded_digest_problem
 
 STAMP_NAME = ".verified.json"  # local stores: (size, mtime_ns, inode) of each file when last fully verified
 
@@ -81,6 +84,8 @@ def check_artifact(
         return str(exc)
     if identity and (problem := identity_problem(manifest, artifact_uri.rstrip("/").rsplit("/", 1)[-1], muri)):
         return problem
+    if problem := recorded_digest_problem(artifact_uri, manifest, digest, endpoint_url):
+        return problem
     backend = artifact_storage(artifact_uri, endpoint_url)
     local = backend.local_path(manifest.data_dir)
     try:
@@ -90,6 +95,9 @@ def check_artifact(
             if full and mode == "stamp" and not fast:
                 backend.write_bytes(STAMP_NAME, json.dumps(_stamp(manifest, digest, local)).encode())
             return None
+        listed = {f"{manifest.data_dir}/{entry.path}" for entry in manifest.files}
+        if extra := sorted(k for k in backend.list(manifest.data_dir) if k not in listed):
+            return f"{muri}: {extra[0]} not listed in the manifest: an artifact holds exactly its manifest's files"
         for entry in manifest.files:
             try:
                 size = backend.size(f"{manifest.data_dir}/{entry.path}")

@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .errors import ManifestError
 from .paths import check_name, check_relative_path, declared_uri
-from .settings import settings
+from .settings import redact_values, settings
 from .stages import StageName
 
 log = logging.getLogger(__name__)
@@ -108,7 +108,11 @@ class Manifest(BaseModel):
     _check_ids = field_validator("artifact_id", "run_id")(lambda cls, v, info: check_name(v, info.field_name))
 
     def to_json(self) -> bytes:
-        return self.model_dump_json(indent=2).encode() + b"\n"
+        """The manifest as written: every string passed through `settings.redact`, so no secret reaches a store."""
+        data = self.model_dump(mode="json")
+        redacted = redact_values(data)
+        shown = self if redacted == data else Manifest.model_validate(redacted)
+        return shown.model_dump_json(indent=2).encode() + b"\n"
 
     def input(self, name: str) -> InputRef:
         for ref in self.inputs:

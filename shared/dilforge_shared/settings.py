@@ -48,7 +48,28 @@ INTERPOLATION_ALLOWED = (
     "AWS_REGION",
     "AWS_DEFAULT_REGION",
 )
-SECRET_MARKERS = ("SECRET", "PASSWORD", "TOKEN", "ACCESS_KEY", "SESSION", "CREDENTIAL", "PRIVATE")
+# A name is a secret's when one of its `_`-separated parts is one of these (plural too: API_KEYS, TOKENS), or it holds
+# one of SECRET_SUBSTRINGS anywhere (APIKEY, MYPASSWORD). `LLAMA32_TOKENIZER` is none: TOKENIZER is not TOKEN.
+SECRET_MARKERS = (
+    "SECRET",
+    "PASSWORD",
+    "PASSWD",
+    "PASS",
+    "PWD",
+    "TOKEN",
+    "KEY",
+    "APIKEY",
+    "AUTH",
+    "AUTHORIZATION",
+    "SESSION",
+    "CREDENTIAL",
+    "PRIVATE",
+    "COOKIE",
+    "SIGNATURE",
+)
+# Shell and desktop variables whose names hold a marker but whose values are paths, never credentials.
+NOT_SECRETS = ("PWD", "OLDPWD", "SSH_AUTH_SOCK", "DBUS_SESSION_BUS_ADDRESS", "SESSION_MANAGER")
+SECRET_SUBSTRINGS = ("SECRET", "PASSWORD", "PASSWD", "APIKEY", "ACCESS_KEY", "CREDENTIAL", "PRIVATE_KEY")
 
 
 class Settings(BaseSettings):
@@ -112,11 +133,11 @@ def settings() -> Settings:
 
 
 def is_secret_name(name: str) -> bool:
-    """A credential-looking name: a marker as a whole `_`-separated part (AWS_SESSION_TOKEN, MY_PASSWORD) or
-    ACCESS_KEY anywhere; `LLAMA32_TOKENIZER` is not one (TOKENIZER is not TOKEN)."""
+    """A credential-looking name: a marker as a whole `_`/`-`/`.`-separated part (AWS_SESSION_TOKEN, API_KEY,
+    DB_PWD, BASIC_AUTH) or a SECRET_SUBSTRINGS entry anywhere; `LLAMA32_TOKENIZER` is not one."""
     upper = name.upper()
-    parts = set(upper.split("_"))
-    return "ACCESS_KEY" in upper or any(m in parts or f"{m}S" in parts for m in SECRET_MARKERS)
+    parts = set(re.split(r"[_.\-]", upper))
+    return any(m in upper for m in SECRET_SUBSTRINGS) or any(m in parts or f"{m}S" in parts for m in SECRET_MARKERS)
 
 
 def interpolation_variables(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -139,7 +160,8 @@ def secret_values() -> list[str]:
     values = []
     for name, value in os.environ.items():
         # 8+ characters: a short value ("user", "tty") would garble every log line it appears in
-        if is_secret_name(name) and not is_key_id_name(name) and not name.startswith("XDG_") and len(value) >= 8:
+        public = is_key_id_name(name) or name.startswith("XDG_") or name in NOT_SECRETS
+        if is_secret_name(name) and not public and len(value) >= 8:
             values.append(value)
     secret = settings().s3_secret_access_key
     if secret is not None and len(secret.get_secret_value()) >= 8:
@@ -148,7 +170,7 @@ def secret_values() -> list[str]:
 
 
 class MaskSecrets:
-    """A logging filter that replaces every credential value in a record with `***` (installed on handlers)."""
+    """A logging filter that passes every record through `redact` (installed on handlers)."""
 
     def __init__(self, values: list[str] | None = None):
         self.values = values if values is not None else secret_values()
@@ -158,20 +180,56 @@ class MaskSecrets:
             message = record.getMessage()
         except Exception:  # noqa: BLE001 - a malformed record is the handler's to report, not the filter's to raise
             return True
-        masked = mask(message, self.values)
+        masked = redact(message, self.values)
         if masked != message:
             record.msg, record.args = masked, None
         return True
 
 
-_URL_CREDENTIALS = re.compile(r"(?<=://)[^/\s:@]+:[^/\s@]+@")
+REDACTED = "***"
+# Recognised by position: a URL's userinfo, `user:password@` or `token@` (a password may hold `/`, as AWS secret
+# keys do, so it runs to the last `@` before a blank or a quote).
+_URL_USERINFO = re.compile(r"(?<=://)(?:[^\s@/:\"'<>]+@|[^\s@/:\"'<>]*:[^\s@\"'<>]*@)")
+# Recognised by format: AWS access key ids, the 40-character secret beside one, bearer and basic tokens.
+_AWS_KEY_ID = re.compile(r"(?<![A-Z0-9])(?:AKIA|ASIA|AGPA|AIDA|AROA|AIPA|ANPA|ANVA|APKA)[A-Z0-9]{16}(?![A-Z0-9])")
+_AWS_SECRET = re.compile(r"(?<![A-Za-z0-9/+=])[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+=])")
+_BEARER = re.compile(r"(?i)(\bbearer\s+)[A-Za-z0-9\-._~+/]{12,}=*")
+_BASIC = re.compile(r"(\bBasic\s+)[A-Za-z0-9+/]{12,}={0,2}")
+# Recognised by name: `api_key=…`, `"password": "…"`, `X-Auth-Token: …`, `DB_PASS=…` (a value of 6+ characters, not
+# digits only: `max_tokens: 64` is no secret). Generic words (pass, auth, key, signature) count only as the last part of
+# a compound name: `second pass: embeddings` and an S3 `key=runs/x.json` are no secrets, `db_pass=…` is one.
+_NAMED = re.compile(
+    r"(?i)((?<![A-Za-z0-9])(?:[A-Za-z0-9]+[_.\-])*(?:api[_\-]?key|secret(?:[_\-]?access)?(?:[_\-]?key)?|"
+    r"access[_\-]?key|private[_\-]?key|token|password|passwd|pwd)s?"
+    r"|(?<![A-Za-z0-9])(?:[A-Za-z0-9]+[_.\-])+(?:keys?|pass|auth|credentials?|signature|cookie))"
+    r"([\"']?\s*[:=]\s*[\"']?)(?!\d+(?:[\s\"',;&]|$))([A-Za-z0-9/+_.~\-]{6,}=*)"
+)
 
 
-def mask(text: str, values: list[str] | None = None) -> str:
-    """Credential values as `***`, and any `user:password@` of a URL (wherever such a URL came from)."""
+def redact(text: str, values: list[str] | None = None) -> str:
+    """The one redaction of secrets, used by every writer (log lines, errors on screen, run records, manifests, data
+    cards): credential values from the environment (`secret_values`), URL userinfo, AWS key ids and the 40-character
+    secret beside one, bearer/basic tokens, and values of secret-named fields, each replaced by `***`."""
     for value in values if values is not None else secret_values():
-        text = text.replace(value, "***")
-    return _URL_CREDENTIALS.sub("***@", text)
+        text = text.replace(value, REDACTED)
+    text = _URL_USERINFO.sub(REDACTED + "@", text)
+    if _AWS_KEY_ID.search(text):
+        text = _AWS_SECRET.sub(REDACTED, _AWS_KEY_ID.sub(REDACTED, text))
+    text = _BEARER.sub(lambda m: m.group(1) + REDACTED, text)
+    text = _BASIC.sub(lambda m: m.group(1) + REDACTED, text)
+    return _NAMED.sub(lambda m: m.group(1) + m.group(2) + REDACTED, text)
+
+
+def redact_values(obj, values: list[str] | None = None):
+    """`redact` applied to every string in a JSON-like structure (keys kept): what records and manifests write."""
+    values = values if values is not None else secret_values()
+    if isinstance(obj, str):
+        return redact(obj, values)
+    if isinstance(obj, dict):
+        return {k: redact_values(v, values) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [redact_values(v, values) for v in obj]
+    return obj
 
 
 def install_log_masking() -> None:

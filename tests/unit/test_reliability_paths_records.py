@@ -75,7 +75,8 @@ def test_a_valid_remote_fetch_still_lands_in_the_cache(tmp_path, monkeypatch):
     uri = _published(tmp_path)
     monkeypatch.setattr(artifacts, "open_backend", lambda u, e=None: RemoteLike(Path(u.removeprefix("file://"))))
     art = fetch(uri, cache_dir=tmp_path / "cache")
-    assert art.path.parent == tmp_path / "cache" and (art.path / "w.bin").read_bytes() == b"weights"
+    assert art.path.parent.parent == tmp_path / "cache" and (art.path / "w.bin").read_bytes() == b"weights"
+    assert (art.path.parent / MANIFEST_NAME).is_file(), "the copy keeps the artifact's layout"
 
 
 @pytest.mark.parametrize("run_id", ["../../etc/passwd", "a/b", "..", ".x"])

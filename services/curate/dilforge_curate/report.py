@@ -11,6 +11,7 @@ from datatrove.data import Document
 from dilforge_shared.configs.curate import CurateConfig
 from dilforge_shared.errors import InputError
 from dilforge_shared.metrics import CurateMetrics, CurateStep, Redacted, SourceCount
+from dilforge_shared.settings import redact
 
 # (key, a unique part of the datatrove step's name, what it removes), in pipeline order
 STEPS = (
@@ -176,7 +177,7 @@ def write(out_dir: Path, config: CurateConfig, counts: dict) -> None:
     for s in counts["steps"]:
         if s["examples"]:
             lines += ["", f"## Removed by {s['step']}", ""] + [f"- {e}" for e in s["examples"]]
-    (out_dir / "report.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (out_dir / "report.md").write_text(redact("\n".join(lines)) + "\n", encoding="utf-8")
 
     card = [
         f"# Data card: curated {config.language} corpus",
@@ -201,4 +202,4 @@ def write(out_dir: Path, config: CurateConfig, counts: dict) -> None:
         f"near duplicates removed by MinHash ({config.dedup.num_buckets}×{config.dedup.hashes_per_bucket}, "
         f"{config.dedup.n_grams}-grams).",
     ]
-    (out_dir / "README.md").write_text("\n".join(card) + "\n", encoding="utf-8")
+    (out_dir / "README.md").write_text(redact("\n".join(card)) + "\n", encoding="utf-8")  # no secret in a card

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import shutil
 import tempfile
 import uuid
@@ -172,8 +174,11 @@ def read_manifest(uri: str, endpoint_url: str | None = None) -> tuple[Manifest, 
             .decode("ascii", "replace")
             .strip()
         )
-    except NotFound:  # published before manifests had a recorded digest
-        return manifest, digest
+    except NotFound:
+        raise IntegrityError(
+            f"{muri}: no recorded digest beside the manifest ({manifest_digest_key(manifest.data_dir)} is missing): "
+            "an edited manifest cannot be told from the published one; republish the artifact (rerun its stage)"
+        ) from None
     if recorded != digest:
         raise IntegrityError(
             f"{muri}: damaged manifest: its sha256 is not the one recorded when it was published "
@@ -182,8 +187,60 @@ def read_manifest(uri: str, endpoint_url: str | None = None) -> tuple[Manifest, 
     return manifest, digest
 
 
+def recorded_digest_problem(artifact_uri: str, manifest: Manifest, digest: str, endpoint_url: str | None) -> str | None:
+    """None unless a run record of the artifact's store recorded another sha256 for this very publish of its
+    manifest (same data folder): the manifest was edited after it was produced or reused, whatever its sidecar says.
+    Only artifacts at `<store>/artifacts/<stage>/<id>` have records to ask."""
+    root, sep, tail = artifact_uri.rstrip("/").rpartition("/artifacts/")
+    if not sep or tail.count("/") != 1:
+        return None
+    address = f"artifacts/{tail}"
+    try:
+        store = open_backend(root, endpoint_url)
+        keys = [k for k in store.list("runs") if k.endswith(".json")]
+    except (NotFound, OSError, DilforgeError):
+        return None
+    for key in keys:
+        try:
+            stages = json.loads(store.read_bytes(key)).get("stages") or {}
+        except (NotFound, OSError, ValueError, AttributeError):
+            continue  # a damaged record is the coordinator's to report
+        for entry in stages.values() if isinstance(stages, dict) else ():
+            if (
+                isinstance(entry, dict)
+                and entry.get("artifact") == address
+                and entry.get("data_dir") == manifest.data_dir
+                and entry.get("manifest_sha256") not in (None, digest)
+            ):
+                return (
+                    f"{artifact_uri}/{MANIFEST_NAME}: changed since run record {key} recorded it (sha256 "
+                    f"{entry['manifest_sha256'][:12]}…, now {digest[:12]}…); rerun its stage to rebuild it"
+                )
+    return None
+
+
+def extra_files(manifest: Manifest, root: Path) -> list[str]:
+    """What `root` holds besides the manifest's files (any file, link or special file, at any depth, hidden ones too)."""
+    listed = {entry.path for entry in manifest.files}
+    extra = []
+    for folder, dirs, files in os.walk(root):
+        rel = Path(folder).relative_to(root)
+        for name in files + [d for d in dirs if (Path(folder) / d).is_symlink()]:
+            path = (rel / name).as_posix()
+            if path not in listed:
+                extra.append(path)
+    return sorted(extra)
+
+
 def verify_files(manifest: Manifest, root: Path, source: str, full: bool = True) -> None:
-    """Every listed file present, inside `root` (no symlink leaving it), of its size, and (full) of its sha256."""
+    """Every listed file present, inside `root` (no symlink leaving it), of its size, and (full) of its sha256; and
+    nothing else there: readers read exactly the manifest's files, so a file added later is an error, not data."""
+    if extra := extra_files(manifest, root):
+        more = f" and {len(extra) - 1} more" if len(extra) > 1 else ""
+        raise IntegrityError(
+            f"{source}: {root.name}/{extra[0]}{more} not listed in the manifest: an artifact holds exactly its "
+            "manifest's files (remove what was added, or rerun its stage)"
+        )
     real_root = root.resolve()
     for entry in manifest.files:
         path = root / entry.path
@@ -210,26 +267,32 @@ def fetch(uri: str, cache_dir: Path | None = None, endpoint_url: str | None = No
     muri = manifest_uri_of(uri)
     artifact_uri = muri[: -len(MANIFEST_NAME) - 1]
     manifest, digest = read_manifest(muri, endpoint_url)
+    if problem := recorded_digest_problem(artifact_uri, manifest, digest, endpoint_url):
+        raise IntegrityError(problem)
     backend = artifact_storage(artifact_uri, endpoint_url)
     local = backend.local_path(manifest.data_dir)
     if local is not None:
         verify_files(manifest, local, muri)
     else:
+        # the cached copy has the artifact's layout (manifest.json beside its data folder), so a reader of the
+        # folder finds the manifest that lists its files (corpus.artifact_files)
         cache_dir = cache_dir or (settings().cache or Path(tempfile.gettempdir())) / "dilforge-cache"
-        local = confined(cache_dir, f"{manifest.artifact_id}-{digest[:12]}", f"{muri}: artifact_id")
-        marker = local / ".complete"
+        top = confined(cache_dir, f"{manifest.artifact_id}-{digest[:12]}", f"{muri}: artifact_id")
+        local = top / manifest.data_dir
+        marker = top / ".complete"
         if marker.exists():
             try:
                 verify_files(manifest, local, muri)
                 return Artifact(uri=artifact_uri, manifest=manifest, manifest_sha256=digest, path=local)
             except IntegrityError:
-                log.warning("%s: cached copy at %s is damaged; downloading again", muri, local)
-                shutil.rmtree(local)
+                log.warning("%s: cached copy at %s is damaged; downloading again", muri, top)
+                shutil.rmtree(top)
         for entry in manifest.files:
             try:
                 backend.download_file(f"{manifest.data_dir}/{entry.path}", local / entry.path)
             except NotFound:
                 raise IntegrityError(f"{muri}: file {entry.path} listed in the manifest is missing") from None
         verify_files(manifest, local, muri)
+        (top / MANIFEST_NAME).write_bytes(manifest.model_dump_json(indent=2).encode())
         marker.touch()
     return Artifact(uri=artifact_uri, manifest=manifest, manifest_sha256=digest, path=local)

@@ -1,0 +1,145 @@
+"""An artifact holds exactly its manifest's files, and its manifest is the one recorded when it was made: files added
+to a published artifact are never read and fail validation; an edited manifest fails, with or without its digest."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from dilforge_coordinator import pipeline as pl
+from dilforge_coordinator.cli import app
+from dilforge_shared.configs import load_pipeline
+from dilforge_shared.corpus import iter_texts, source_files
+from dilforge_shared.errors import IntegrityError
+from dilforge_shared.integrity import check_artifact
+from dilforge_shared.manifest import MANIFEST_NAME, Manifest, current_producer, sha256_bytes, sha256_file
+from dilforge_shared.store import fetch, publish
+from dilforge_shared.store.artifacts import manifest_digest_key
+from test_reliability import PublishingBackend, write_config
+from test_reliability_paths_records import RemoteLike
+from typer.testing import CliRunner
+
+
+def _corpus_artifact(tmp_path: Path) -> Path:
+    """A published curate-like artifact: two shards and a data card."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "shard-00000.jsonl").write_text('{"text": "bir"}\n{"text": "iki"}\n')
+    (out / "shard-00001.jsonl").write_text('{"text": "üç"}\n')
+    (out / "README.md").write_text("# card\n")
+    uri = tmp_path / "store" / "artifacts" / "curate" / "c1"
+    manifest = Manifest(
+        kind="corpus",
+        artifact_id="c1",
+        run_id="r",
+        stage="curate",
+        producer=current_producer("test"),
+        config={},
+        data_dir="x",
+        files=[],
+    )
+    publish(str(uri), out, manifest)
+    return uri
+
+
+def _data(uri: Path) -> Path:
+    return uri / json.loads((uri / MANIFEST_NAME).read_text())["data_dir"]
+
+
+def _validate(uri) -> tuple[int, str]:
+    result = CliRunner().invoke(app, ["manifest", "validate", str(uri)])
+    return result.exit_code, result.output
+
+
+INJECTED = ["zz-injected.jsonl", "sub/more.txt", ".hidden.jsonl", "shard-00000.jsonl.bak"]
+
+
+@pytest.mark.parametrize("name", INJECTED)
+def test_a_file_added_to_a_published_artifact_fails_validation_and_is_never_read(tmp_path, name):
+    uri = _corpus_artifact(tmp_path)
+    data = _data(uri)
+    assert _validate(uri)[0] == 0
+    (data / name).parent.mkdir(parents=True, exist_ok=True)
+    (data / name).write_text('{"text": "POISON"}\nPOISON\n')
+    code, out = _validate(uri)
+    assert code == 1 and name in out and "not listed in the manifest" in out and out.count("\n") == 1, out
+    assert "not listed in the manifest" in check_artifact(str(uri))
+    with pytest.raises(IntegrityError, match="not listed in the manifest"):
+        fetch(str(uri))
+    # a reader given the data folder lists the manifest's files, never the folder's
+    assert [Path(f).name for f in source_files(str(data))] == ["shard-00000.jsonl", "shard-00001.jsonl"]
+    assert "POISON" not in list(iter_texts(str(data)))
+
+
+def test_a_symlinked_subfolder_in_a_published_artifact_fails_validation(tmp_path):
+    uri = _corpus_artifact(tmp_path)
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "a.txt").write_text("POISON\n")
+    (_data(uri) / "linked").symlink_to(tmp_path / "elsewhere")
+    code, out = _validate(uri)
+    assert code == 1 and "linked" in out and "not listed in the manifest" in out, out
+
+
+def test_a_fetched_copy_is_listed_from_its_manifest_too(tmp_path, monkeypatch):
+    uri = _corpus_artifact(tmp_path)
+    monkeypatch.setattr("dilforge_shared.store.artifacts.open_backend", lambda u, e=None: RemoteLike(Path(u)))
+    art = fetch(str(uri), cache_dir=tmp_path / "cache")
+    assert art.path != _data(uri) and art.path.is_relative_to(tmp_path / "cache")
+    (art.path / "zz-injected.jsonl").write_text('{"text": "POISON"}\n')
+    assert [Path(f).name for f in source_files(str(art.path))] == ["shard-00000.jsonl", "shard-00001.jsonl"]
+    again = fetch(str(uri), cache_dir=tmp_path / "cache")  # the damaged copy is downloaded again
+    assert not (again.path / "zz-injected.jsonl").exists()
+
+
+def _edit_file_and_manifest(uri: Path) -> tuple[Path, dict]:
+    """Edit tokenizer.json, and put its new size and sha256 in manifest.json: a consistent forgery."""
+    data = _data(uri)
+    target = data / "tokenizer.json"
+    target.write_text('{"model": "POISON"}')
+    path = uri / MANIFEST_NAME
+    raw = json.loads(path.read_text())
+    for entry in raw["files"]:
+        if entry["path"] == "tokenizer.json":
+            entry["size"], entry["sha256"] = target.stat().st_size, sha256_file(target)
+    path.write_text(json.dumps(raw, indent=2))
+    return path, raw
+
+
+@pytest.mark.parametrize("sidecar", ["deleted", "rewritten"])
+def test_an_edited_artifact_with_a_matching_manifest_is_neither_valid_nor_reused(tmp_path, sidecar, capsys):
+    cfg = load_pipeline(write_config(tmp_path))
+    backend = PublishingBackend()
+    uri = Path(pl.run_all(cfg, backend)["tokenizer"].removeprefix("file://"))
+    record = json.loads((tmp_path / "store" / "runs" / "demo.json").read_text())["stages"]["tokenizer"]
+    assert record["manifest_sha256"] == sha256_file(uri / MANIFEST_NAME), "the run record witnesses the manifest"
+    path, raw = _edit_file_and_manifest(uri)
+    digest = uri / manifest_digest_key(raw["data_dir"])
+    if sidecar == "deleted":
+        digest.unlink()
+    else:
+        digest.write_text(sha256_bytes(path.read_bytes()))
+    code, out = _validate(uri)
+    assert code == 1 and out.count("\n") == 1, out
+    assert ("no recorded digest" if sidecar == "deleted" else "changed since run record") in out, out
+    capsys.readouterr()
+    assert pl.run_all(cfg, backend)["tokenizer"].removeprefix("file://") == str(uri)
+    assert len(backend.runs) == 2, "rebuilt, not reused"
+    assert "damaged artifact" in capsys.readouterr().out
+    assert json.loads((_data(uri) / "tokenizer.json").read_text()) == {"model": "bpe"}
+    assert _validate(uri)[0] == 0, "the rebuilt artifact validates against the record's new witness"
+
+
+def test_a_rebuilt_artifact_is_not_judged_by_an_older_publishs_witness(tmp_path):
+    """The witness is of one publish (its data folder): after a rebuild under the same id, a record of the old
+    publish says nothing about the new one."""
+    cfg = load_pipeline(write_config(tmp_path))
+    uri = pl.run_all(cfg, PublishingBackend())["tokenizer"]
+    other = tmp_path / "store" / "runs" / "older.json"
+    entry = {"artifact": "artifacts/tokenizer/" + uri.rsplit("/", 1)[1], "status": "produced"}
+    other.write_text(
+        json.dumps(
+            {"run_id": "older", "stages": {"tokenizer": {**entry, "data_dir": "data-0", "manifest_sha256": "0" * 64}}}
+        )
+    )
+    assert check_artifact(uri) is None

@@ -1,0 +1,98 @@
+"""Run records are written under a lock and merged: two processes on one run id (two `run-all`, two `models import`
+with the default id) both keep their artifacts, and gc never counts either unreferenced."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+from dilforge_coordinator import pipeline as pl
+from dilforge_coordinator.cli import app
+from dilforge_coordinator.records import RunRecord, record_lock
+from dilforge_shared.configs import load_pipeline
+from dilforge_shared.store import ArtifactStore
+from test_reliability import PublishingBackend, write_config
+from typer.testing import CliRunner
+
+
+def _config(tmp_path: Path, corpus: str):
+    """Run id `demo` in one store, on a corpus of its own (so a different tokenizer artifact)."""
+    folder = tmp_path / corpus
+    folder.mkdir()
+    path = write_config(folder)
+    (folder / "corpus.txt").write_text(f"{corpus} bir iki üç\n")
+    return load_pipeline(path, {"store.uri": str(tmp_path / "store")})
+
+
+def _unreferenced(tmp_path: Path) -> str:
+    args = ["gc", "--store", str(tmp_path / "store"), "--workdir", str(tmp_path / "w"), "--unreferenced"]
+    result = CliRunner().invoke(app, [*args, "--min-age-minutes", "0"])
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_two_concurrent_runs_of_one_run_id_both_keep_their_artifacts(tmp_path):
+    a, b = _config(tmp_path, "a"), _config(tmp_path, "b")
+    results, errors = {}, []
+
+    def run(name, cfg):
+        try:
+            results[name] = pl.run_all(cfg, PublishingBackend(delay_s=0.5))["tokenizer"]
+        except BaseException as exc:  # noqa: BLE001 - reported by the assert below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(n, c)) for n, c in (("a", a), ("b", b))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and results["a"] != results["b"]
+    entry = json.loads((tmp_path / "store" / "runs" / "demo.json").read_text())["stages"]["tokenizer"]
+    held = {entry["artifact"], *entry.get("also", [])}
+    assert held == {f"artifacts/tokenizer/{u.rsplit('/', 1)[1]}" for u in results.values()}, entry
+    out = _unreferenced(tmp_path)
+    assert not any(u.rsplit("/", 1)[1] in out for u in results.values()), out
+
+
+def test_interleaved_saves_merge_instead_of_overwriting(tmp_path):
+    """Each writer loaded the record before the other saved: the later save keeps the earlier's artifact."""
+    store = ArtifactStore(str(tmp_path / "store"))
+    first, second = RunRecord.load(store, "models"), RunRecord.load(store, "models")
+    first.set_stage(store, "model", store.artifact_uri("model", "m1"), "produced")
+    first.save(store)
+    second.set_stage(store, "model", store.artifact_uri("model", "m2"), "produced")
+    second.save(store)
+    entry = RunRecord.load(store, "models").stages["model"]
+    assert entry["artifact"] == "artifacts/model/m2" and entry["also"] == ["artifacts/model/m1"]
+    first.status = "succeeded"  # the first writer's last save must not drop the second's artifact either
+    first.save(store)
+    entry = RunRecord.load(store, "models").stages["model"]
+    assert {entry["artifact"], *entry.get("also", [])} == {"artifacts/model/m1", "artifacts/model/m2"}
+
+
+def test_a_stage_only_another_process_changed_keeps_its_entry_and_its_running_state(tmp_path):
+    store = ArtifactStore(str(tmp_path / "store"))
+    mine, theirs = RunRecord.load(store, "r"), RunRecord.load(store, "r")
+    theirs.set_stage(store, "cpt", store.artifact_uri("cpt", "c1"), "running")
+    theirs.save(store)
+    mine.set_stage(store, "tokenizer", store.artifact_uri("tokenizer", "t1"), "running")
+    mine.close_running("failed")  # this process stops: only its own attempt ends
+    mine.save(store)
+    stages = RunRecord.load(store, "r").stages
+    assert stages["tokenizer"]["status"] == "failed" and stages["cpt"]["status"] == "running"
+
+
+def test_a_record_write_waits_for_the_records_lock(tmp_path):
+    store = ArtifactStore(str(tmp_path / "store"))
+    record = RunRecord.load(store, "r")
+    record.set_stage(store, "tokenizer", store.artifact_uri("tokenizer", "t1"), "produced")
+    lock = record_lock(store, "r")
+    lock.acquire()
+    writer = threading.Thread(target=record.save, args=(store,))
+    writer.start()
+    writer.join(0.5)
+    assert writer.is_alive() and not (tmp_path / "store" / "runs" / "r.json").exists(), "no write without the lock"
+    lock.release()
+    writer.join(10)
+    assert not writer.is_alive() and (tmp_path / "store" / "runs" / "r.json").exists()

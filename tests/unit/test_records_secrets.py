@@ -1,0 +1,170 @@
+"""No secret in any file under the store: one redaction (`settings.redact`) for logs, errors, run records, manifests
+and data cards; secrets recognised by name, by position (URL userinfo) and by format; configs that hold one, or
+interpolate a secret-named variable, are refused."""
+
+from __future__ import annotations
+
+import json
+import logging
+import textwrap
+from pathlib import Path
+
+import pytest
+from dilforge_coordinator import pipeline as pl
+from dilforge_coordinator.cli import app
+from dilforge_shared.configs import load_pipeline
+from dilforge_shared.errors import ConfigError
+from dilforge_shared.manifest import MANIFEST_NAME, Manifest, current_producer
+from dilforge_shared.settings import MaskSecrets, is_secret_name, redact
+from dilforge_shared.store import fetch, publish
+from test_reliability import write_config
+from typer.testing import CliRunner
+
+KEY_ID, SECRET = "AKIAIOSFODNN7EXAMPLE", "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+
+
+def _no_secret_under(root: Path, *secrets: str) -> None:
+    for path in root.rglob("*"):
+        if path.is_file():
+            data = path.read_bytes()
+            for secret in secrets:
+                assert secret.encode() not in data, f"{path} holds {secret!r}"
+
+
+@pytest.mark.parametrize(
+    ("text", "secret"),
+    [
+        (f"s3://{KEY_ID}:{SECRET}@corp/web/a.jsonl", SECRET),
+        (f"s3://{KEY_ID}:{SECRET}@corp/web/a.jsonl", KEY_ID),
+        ("https://KEY:SECRETVALUE@host/x.jsonl", "SECRETVALUE"),
+        ("https://ghp_0123456789abcdef@github.com/x.git", "ghp_0123456789abcdef"),
+        (f"aws_access_key_id={KEY_ID}\naws_secret_access_key={SECRET}", SECRET),
+        (f"key {KEY_ID} secret {SECRET}", SECRET),
+        ("Authorization: Bearer eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.sig", "eyJhbGciOiJIUzI1NiJ9"),
+        ("Authorization: Basic dXNlcjpwYXNzd29yZA==", "dXNlcjpwYXNzd29yZA"),
+        ('{"api_key": "sk-live-0123456789"}', "sk-live-0123456789"),
+        ("DILFORGE_VAR_DB_PASS=correct-horse", "correct-horse"),
+        ("X-Auth-Token: 9f8e7d6c5b4a", "9f8e7d6c5b4a"),
+        ("password='hunter22'", "hunter22"),
+    ],
+)
+def test_redact_recognises_secrets_by_position_format_and_name(text, secret):
+    assert secret not in redact(text, []) and "***" in redact(text, [])
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "s3://bucket/key@v2 and http://host/a@b",
+        "max_tokens: 64, max_new_tokens=256",
+        "eos_token: <|eot_id|>",
+        "tokenizer: artifacts/tokenizer/0123456789abcdef",
+        "NoSuchKey: key=runs/demo.json",
+        "Basic knowledge of Azerbaijani",
+        "second pass: embeddings-only",
+        "new token embeddings initialised from sub-token means",
+        "sha256 " + "a" * 64,
+    ],
+)
+def test_redact_leaves_ordinary_text_alone(text):
+    assert redact(text, []) == text
+
+
+@pytest.mark.parametrize(
+    "name", ["API_KEY", "DB_PASS", "DB_PWD", "BASIC_AUTH", "X_AUTH_TOKEN", "MY_PASSWORD", "APIKEY", "CREDENTIALS"]
+)
+def test_secret_names_include_key_pass_pwd_and_auth(name):
+    assert is_secret_name(name)
+
+
+@pytest.mark.parametrize("name", ["LLAMA32_TOKENIZER", "AUTHOR", "MONKEY", "HOME", "DATA_ROOT"])
+def test_ordinary_names_are_not_secret(name):
+    assert not is_secret_name(name)
+
+
+def test_an_environment_secret_is_masked_in_a_log_line(monkeypatch):
+    monkeypatch.setenv("ACME_API_KEY", "k3y-value-0001")
+    record = logging.LogRecord("x", logging.INFO, __file__, 1, "calling with %s", ("k3y-value-0001",), None)
+    MaskSecrets().filter(record)
+    assert record.getMessage() == "calling with ***"
+
+
+def _curate_config(tmp_path: Path, uri: str, licence: str = "CC-BY-4.0") -> Path:
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        textwrap.dedent(f"""
+        run_id: leak
+        store: {{uri: {tmp_path / "store"}}}
+        curate:
+          corpora: [{{uri: "{uri}", licence: "{licence}"}}]
+    """)
+    )
+    return path
+
+
+@pytest.mark.parametrize(
+    ("uri", "secret"),
+    [(f"s3://{KEY_ID}:{SECRET}@corp/web/a.jsonl", SECRET), ("https://KEY:SECRETVALUE@host/x.jsonl", "SECRETVALUE")],
+)
+def test_a_source_uri_with_credentials_is_refused_in_one_line_and_written_nowhere(tmp_path, uri, secret):
+    path = _curate_config(tmp_path, uri)
+    with pytest.raises(ConfigError, match=r"curate\.corpora\[0\]\.uri: holds a credential") as err:
+        load_pipeline(path)
+    assert secret not in str(err.value)
+    result = CliRunner().invoke(app, ["run-all", "-c", str(path)])
+    assert result.exit_code == 1 and secret not in result.output and "Traceback" not in result.output
+    assert result.output.count("\n") == 1, result.output
+    if (tmp_path / "store").exists():
+        _no_secret_under(tmp_path / "store", secret)
+
+
+@pytest.mark.parametrize(
+    "name", ["DILFORGE_VAR_API_KEY", "DILFORGE_VAR_DB_PASS", "DILFORGE_VAR_DB_PWD", "DILFORGE_VAR_AUTH"]
+)
+def test_interpolating_a_secret_named_variable_is_refused(tmp_path, monkeypatch, name):
+    monkeypatch.setenv(name, "s3cr3t-licence-value")
+    (tmp_path / "a.txt").write_text("bir\n")
+    path = _curate_config(tmp_path, str(tmp_path / "a.txt"), licence=f"${{{name}}}")
+    with pytest.raises(ConfigError, match="may not be interpolated") as err:
+        load_pipeline(path)
+    assert "s3cr3t-licence-value" not in str(err.value)
+
+
+def test_an_environment_secret_in_a_stage_failure_never_reaches_the_run_record(tmp_path, monkeypatch):
+    monkeypatch.setenv("ACME_SERVICE_TOKEN", "tok-0123456789-secret")
+
+    class Leaky:
+        name = "fake"
+
+        def run(self, job):
+            raise pl.StageFailed(job.stage, "upload refused for tok-0123456789-secret and Bearer abcdefgh12345678")
+
+    cfg = load_pipeline(write_config(tmp_path))
+    with pytest.raises(pl.StageFailed):
+        pl.run_all(cfg, Leaky())
+    record = (tmp_path / "store" / "runs" / "demo.json").read_text()
+    assert "upload refused for ***" in record
+    _no_secret_under(tmp_path / "store", "tok-0123456789-secret", "abcdefgh12345678")
+
+
+def test_a_manifest_never_holds_a_secret_and_still_verifies(tmp_path, monkeypatch):
+    monkeypatch.setenv("ACME_PASSWORD", "pa55-w0rd-value")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "w.bin").write_bytes(b"weights")
+    uri = str(tmp_path / "store" / "artifacts" / "tokenizer" / "t1")
+    manifest = Manifest(
+        kind="tokenizer",
+        artifact_id="t1",
+        run_id="r",
+        stage="tokenizer",
+        producer=current_producer("test"),
+        config={},
+        data_dir="x",
+        files=[],
+        metrics={"note": f"pushed with pa55-w0rd-value via s3://{KEY_ID}:{SECRET}@b/k"},
+    )
+    publish(uri, out, manifest)
+    _no_secret_under(tmp_path / "store", "pa55-w0rd-value", SECRET, KEY_ID)
+    assert fetch(uri).manifest.metrics["note"] == "pushed with *** via s3://***@b/k"
+    assert json.loads((Path(uri) / MANIFEST_NAME).read_text())["artifact_id"] == "t1"
