@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,6 +75,15 @@ def cpu_computes_bf16(cpuinfo: str | Path = "/proc/cpuinfo") -> bool:
         return False
     flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
     return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def available_cpus() -> int:
+    """CPUs this process may run on: its affinity mask (a container's cpuset, taskset), not the machine's count.
+    CPU-bound stage work (tokenising, counting) sizes its worker processes by it."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
 
 
 @dataclass(frozen=True)

@@ -282,3 +282,16 @@ def test_build_cache_command_fills_the_cache_a_training_run_reuses(
     ctx = SimpleNamespace(checkpoint_dir=root / "checkpoints", endpoint_url=None)
     (tf,) = stage.tokenize_corpora(config, ctx, Runtime(), tok, ids, tiny_tokenizer_dir)
     assert tf.path == entry_file and tf.num_docs == 3000
+
+
+def test_workers_default_to_the_cpus_of_the_affinity_mask_not_the_machine():
+    """`tokenize_workers: None` = `available_cpus()`: a container limited to one CPU gets one worker."""
+    import shutil
+
+    if shutil.which("taskset") is None or len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs taskset and two CPUs")
+    code = "from dilforge_shared.runtime_policy import available_cpus; print(available_cpus())"
+    one = subprocess.run(["taskset", "-c", "0", sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert one.stdout.strip() == "1"
+    every = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert int(every.stdout) == len(os.sched_getaffinity(0)) >= 2

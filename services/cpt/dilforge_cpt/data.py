@@ -420,14 +420,6 @@ def wait_ready(path: Path, poll_s: float = 1.0) -> list[TokenFile]:
     return [TokenFile(Path(e["path"]), e["num_tokens"], e["num_docs"], e["label"]) for e in ready["files"]]
 
 
-def available_cpus() -> int:
-    """CPUs this process may run on (its affinity mask, e.g. a container's cpuset)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
 def joined(texts: Iterable[str], n: int) -> Iterator[str]:
     """Every `n` consecutive texts as one document (separated by a space); the last one may hold fewer."""
     it = iter(texts)

@@ -40,12 +40,12 @@ from dilforge_shared.families import describe_model_folder
 from dilforge_shared.launch import build_launch, wait_for_hosts
 from dilforge_shared.metrics import CptMetrics
 from dilforge_shared.models import resolve
+from dilforge_shared.runtime_policy import available_cpus
 
 from .checkpoints import Checkpointer
 from .data import (
     PackedData,
     TokenFile,
-    available_cpus,
     build_validation,
     cache_key,
     load_tokenizer,
