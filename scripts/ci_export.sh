@@ -11,7 +11,9 @@ DATA=${DILFORGE_DATA:-$(cd .. && pwd)/shared/data}
 out=$(mktemp -d /tmp/dilforge-export-XXXXXX)
 trap 'rm -rf "$out"' EXIT
 for quant in q8_0 f16; do
-  .venv/bin/coordinator export --run az-small --out "$out" --quant "$quant"
+  # --force: the main job's SFT model is still below the assistant gate's thresholds (docs/eval.md); this checks the
+  # GGUF against transformers, not the model. Remove it once the recipe passes the gate.
+  .venv/bin/coordinator export --run az-small --out "$out" --quant "$quant" --force
 done
 merged=$(.venv/bin/python - <<'PY'
 from dilforge_coordinator.serve_cmd import run_artifact

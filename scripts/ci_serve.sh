@@ -7,7 +7,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PORT=${PORT:-8000}
 log=$(mktemp)
-.venv/bin/coordinator serve --run az-small --port "$PORT" >"$log" 2>&1 &
+# --force: the main job's SFT model is still below the assistant gate's thresholds (answers in Azerbaijani, ending
+# the turn; docs/eval.md); this checks serving, not the model. Remove it once the SFT recipe passes the gate.
+.venv/bin/coordinator serve --run az-small --port "$PORT" --force >"$log" 2>&1 &
 server=$!
 trap 'kill "$server" 2>/dev/null || true; wait "$server" 2>/dev/null || true' EXIT
 for _ in $(seq 1 180); do

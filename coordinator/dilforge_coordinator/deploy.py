@@ -319,6 +319,12 @@ def deploy_cmd(
         str | None,
         typer.Option("--system-prompt", help="Default system message; default the config's sft.system_prompt."),
     ] = None,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force", help="Deploy a model below the assistant thresholds of its eval, or one without eval figures."
+        ),
+    ] = False,
 ) -> None:
     """Deploy the SFT artifact to a SageMaker real-time endpoint (create or update, wait), or --delete it."""
     from pathlib import Path
@@ -337,6 +343,10 @@ def deploy_cmd(
         Deployer(boto3.client("sagemaker", region_name=pipeline.sagemaker.region), out=typer.echo).delete(name)
         return
     uri = artifact or artifact_of(pipeline, dry_run)
+    if not dry_run:  # a dry run plans offline, before the artifact or its eval may exist
+        from . import gate
+
+        gate.check(uri, pipeline.store.uri, pipeline.run_id, pipeline.store.s3_endpoint_url, force, "deploy")
     deploy = plan(pipeline, uri, serve_image(pipeline.sagemaker, dry_run), system_prompt, model_id)
     if dry_run:
         for op, request in dry_run_requests(deploy):

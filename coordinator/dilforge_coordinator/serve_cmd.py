@@ -39,6 +39,12 @@ StoreOpt = Annotated[str, typer.Option("--store", envvar="DILFORGE_STORE", help=
 EndpointOpt = Annotated[
     str | None, typer.Option("--s3-endpoint-url", envvar="DILFORGE_S3_ENDPOINT_URL", help="S3-compatible endpoint.")
 ]
+ForceOpt = Annotated[
+    bool,
+    typer.Option(
+        "--force", help="Ship a model below the assistant thresholds of its eval, or one without eval figures."
+    ),
+]
 
 
 def chosen_artifact(artifact: str | None, run: str | None, store: str, stage: str, endpoint: str | None) -> str:
@@ -94,11 +100,15 @@ def serve_cmd(
         ),
     ] = None,
     endpoint: EndpointOpt = None,
+    force: ForceOpt = False,
 ) -> None:
     """Serve an artifact with an OpenAI-compatible API (chat/completions, streaming) and SageMaker's /ping + /invocations."""
     from dilforge_shared.serving import manifest_or_none, served_model_id
 
+    from . import gate
+
     artifact = chosen_artifact(artifact, run, store, stage, endpoint)
+    gate.check(artifact, store, run, endpoint, force, "serve")
     model = served_model_id(artifact, manifest_or_none(artifact, endpoint), model_id)
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     typer.echo(
@@ -152,13 +162,17 @@ def export_cmd(
         str | None, typer.Option("--system-prompt", help="Default system message; default the SFT config's.")
     ] = None,
     endpoint: EndpointOpt = None,
+    force: ForceOpt = False,
 ) -> None:
     """Export a CPT or SFT artifact as a GGUF for llama.cpp / Ollama (services/serve: dilforge_serve.export)."""
+    from . import gate
+
     if not out:
         raise typer.BadParameter("--out DIR is required")
     if fmt != "gguf":
         raise typer.BadParameter(f"--format {fmt!r}: only gguf is supported")
     artifact = chosen_artifact(artifact, run, store, stage, endpoint)
+    gate.check(artifact, store, run, endpoint, force, "export")
     cmd = [sys.executable, "-m", "dilforge_serve.export", artifact, "--out", out, "--quant", quant]
     for flag, value in (
         ("--base-tokenizer", base_tokenizer),
