@@ -256,13 +256,16 @@ OLLAMA_TEMPLATES = {
 }
 
 
-def modelfile(gguf_name: str, family: Family, system_prompt: str | None) -> str:
+def modelfile(gguf_name: str, family: Family, system_prompt: str | None, generation: dict | None = None) -> str:
     """Ollama's Modelfile: the file, the family's chat template in Ollama's Go template syntax, its stops,
-    and the SFT system prompt as the default system message."""
+    the SFT system prompt as the default system message, and the model's repetition penalty (its
+    generation_config.json `repetition_penalty`, Ollama's `repeat_penalty`; llama.cpp reads it from the GGUF)."""
     lines = [f"FROM ./{gguf_name}", f'TEMPLATE """{OLLAMA_TEMPLATES[family.name]}"""']
     if system_prompt:
         lines.append(f'SYSTEM """{system_prompt}"""')
     lines += [f'PARAMETER stop "{t}"' for t in family.stop_tokens]
+    if penalty := (generation or {}).get("repetition_penalty"):
+        lines.append(f"PARAMETER repeat_penalty {float(penalty)}")
     return "\n".join(lines) + "\n"
 
 
@@ -393,7 +396,8 @@ def _build(spec, work: Path, sources: Path, names: tuple[str, str], quant: str, 
         quantize(work / "f16.gguf", staged, quant)
     else:
         convert(sources, folder, staged, quant, base_tok)
-    (work / modelfile_name).write_text(modelfile(gguf_name, family, spec.system_prompt), encoding="utf-8")
+    generation = json.loads((folder / "generation_config.json").read_text(encoding="utf-8"))
+    (work / modelfile_name).write_text(modelfile(gguf_name, family, spec.system_prompt, generation), encoding="utf-8")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -45,6 +45,8 @@ class DataCounts:
     num_tokens: int = 0
     num_assistant_tokens: int = 0
     bad_record_examples: list[str] = field(default_factory=list)
+    num_user_turns_folded: int = 0
+    answer_languages: dict[str, int] = field(default_factory=dict)  # language of the last answer -> conversations
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -278,9 +280,28 @@ def load_splits(
         raise InputError(
             "no usable training conversation (see the counted data rules in the log)", path=config.train[0].uri
         )
+    if config.folded_user_share:
+        train = fold_user_turns(train, config.folded_user_share, config.seed, train_counts)
     if not val:
         raise InputError("no usable validation conversation", path=config.validation[0].uri)
     return train, val, train_counts, val_counts
+
+
+# Azerbaijani's own letters as typed on a keyboard without them
+AZ_FOLD = str.maketrans("əƏıİşŞçÇğĞöÖüÜ", "eEiIsScCgGoOuU")
+
+
+def fold_user_turns(convs: list[Conversation], share: float, seed: int, counts: DataCounts) -> list[Conversation]:
+    """A seeded `share` of the conversations with their user turns folded to ASCII letters (`AZ_FOLD`), answers
+    untouched: many customers type without the Azerbaijani letters and should get the same answer."""
+    chosen = set(random.Random(seed).sample(range(len(convs)), round(share * len(convs))))
+    out = []
+    for i, conv in enumerate(convs):
+        if i in chosen:
+            conv = [{**m, "content": m["content"].translate(AZ_FOLD)} if m["role"] == "user" else m for m in conv]
+            counts.num_user_turns_folded += sum(m["role"] == "user" for m in conv)
+        out.append(conv)
+    return out
 
 
 def apply_length_rule(
@@ -313,3 +334,28 @@ def apply_length_rule(
         kept.append({"input_ids": ids, "assistant_masks": mask})
     counts.num_conversations = len(kept)
     return kept
+
+
+# lingua chooses among the target language and these: the languages an Azerbaijani assistant's data is mixed with
+ANSWER_LANGUAGE_CANDIDATES = ("en", "tr", "ru")
+
+
+def count_answer_languages(convs: list[Conversation], target: str, counts: DataCounts) -> float:
+    """Count the language of each conversation's last answer (lingua, offline, as curate uses it) into
+    `counts.answer_languages`; return the share in `target`. An assistant trained mostly on answers in another
+    language answers in it, whatever the question's language: the stage warns when this share is below half."""
+    from lingua import IsoCode639_1, Language, LanguageDetectorBuilder
+
+    def language(code: str) -> Language:
+        return Language.from_iso_code_639_1(getattr(IsoCode639_1, code.upper()))
+
+    codes = sorted({target, *ANSWER_LANGUAGE_CANDIDATES})
+    detector = LanguageDetectorBuilder.from_languages(*(language(c) for c in codes)).build()
+    found: dict[str, int] = {}
+    for conv in convs:
+        answer = next(m["content"] for m in reversed(conv) if m["role"] == "assistant")
+        detected = detector.detect_language_of(answer)
+        code = detected.iso_code_639_1.name.lower() if detected is not None else "unknown"
+        found[code] = found.get(code, 0) + 1
+    counts.answer_languages = dict(sorted(found.items()))
+    return found.get(target, 0) / len(convs) if convs else 0.0

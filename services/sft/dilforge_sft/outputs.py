@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from dilforge_shared.families import describe_model_folder
+from dilforge_shared.families import GENERATION_CONFIG_FILE, describe_model_folder
 
 
 def save_adapter(trainer, tokenizer, out_dir: Path, base_uri: str) -> None:
@@ -35,6 +35,17 @@ def save_merged(base_dir: Path, adapter_dir: Path, out_dir: Path) -> None:
     merged.to(target_dtype).save_pretrained(str(out_dir), safe_serialization=True)
     AutoTokenizer.from_pretrained(str(adapter_dir), trust_remote_code=False).save_pretrained(str(out_dir))
     describe_model_folder(out_dir)
+
+
+def write_generation_defaults(folder: Path, defaults: dict[str, Any]) -> None:
+    """Add the decoding defaults (repetition control) to the folder's generation_config.json, other keys kept:
+    what every stock consumer (transformers generate and serve, the GGUF export) then applies by itself."""
+    if not defaults:
+        return
+    path = folder / GENERATION_CONFIG_FILE
+    gen = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    gen.update(defaults)
+    path.write_text(json.dumps(gen, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
 def write_label_preview(dataset, tokenizer, path: Path, num_examples: int) -> int:

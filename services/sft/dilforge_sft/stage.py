@@ -31,8 +31,8 @@ from dilforge_shared.metrics import SftMetrics
 from dilforge_shared.models import ADAPTER_DIR, MERGED_DIR, choose, resolve
 
 from .checkpoints import latest_checkpoint, seal_checkpoints_callback
-from .data import DataCounts, Example, apply_length_rule, load_splits
-from .outputs import loss_history, save_adapter, save_merged, write_label_preview
+from .data import Conversation, DataCounts, Example, apply_length_rule, count_answer_languages, load_splits
+from .outputs import loss_history, save_adapter, save_merged, write_generation_defaults, write_label_preview
 from .plans import (
     AttentionPlan,
     DevicePlan,
@@ -58,12 +58,31 @@ def run(config: SftConfig, ctx: StageContext) -> StageResult:
         raise ConfigError(f"sft runs on one host; resourceconfig lists {len(ctx.resources.hosts)}")
     stop_flag = install_sigterm_handler()
     splits = load_splits(config, ctx.endpoint_url)  # bad data fails here, before torch is even imported
+    if config.target_language:
+        check_answer_languages(splits[0], config.target_language, splits[2])
     setup = parse(config, ctx, splits)
     log_config(config, setup.derived(config))
     session = build(config, ctx, setup, stop_flag)
     trained = train(session, stop_flag)
     publish(config, ctx, setup, session)
     return StageResult(metrics=sft_metrics(config, setup, session, trained).model_dump())
+
+
+def check_answer_languages(train: list[Conversation], target: str, counts: DataCounts) -> None:
+    """Log the language mix of the training answers (kept in the metrics); warn when most are not in `target`."""
+    share = count_answer_languages(train, target, counts)
+    mix = ", ".join(f"{k} {v}" for k, v in counts.answer_languages.items())
+    if share < 0.5:
+        log.warning(
+            "only %.0f%% of the training answers are in %s (%s): the assistant learns to answer in the language of "
+            "its answers, not of the question; add answers in %s (e.g. translation into it)",
+            100 * share,
+            target,
+            mix,
+            target,
+        )
+    else:
+        log.info("training answers: %.0f%% in %s (%s)", 100 * share, target, mix)
 
 
 # ---- the steps' results ---------------------------------------------------------------------------------
@@ -324,8 +343,11 @@ def publish(config: SftConfig, ctx: StageContext, setup: Setup, session: Session
     adapter_dir = ctx.model_dir / ADAPTER_DIR
     save_adapter(session.trainer, setup.tokenizer, adapter_dir, setup.base_uri)
     session.trainer = None
+    defaults = config.generation.as_generation_config()
+    write_generation_defaults(adapter_dir, defaults)
     if config.save_merged:
         save_merged(setup.base_dir, adapter_dir, ctx.model_dir / MERGED_DIR)
+        write_generation_defaults(ctx.model_dir / MERGED_DIR, defaults)
     shutil.rmtree(ctx.model_dir / "runs", ignore_errors=True)
 
 

@@ -18,6 +18,7 @@ from .base import (
     StrictModel,
     Switch,
 )
+from .curate import LinguaCode
 from .knobs import Batching, Checkpointing, SourceLimits, Warmup, knob, on_off
 
 
@@ -81,6 +82,29 @@ class LoraSettings(StrictModel):
         return self
 
 
+class GenerationDefaults(StrictModel):
+    """Repetition control a stock consumer of the model applies without being told: transformers reads both keys
+    from generation_config.json; llama.cpp and Ollama honour only the penalty (`repeat_penalty`)."""
+
+    repetition_penalty: float | None = Field(
+        default=None,
+        ge=1.0,
+        le=2.0,
+        description="Divides the logit of every token already in the context (transformers, llama.cpp "
+        "repeat_penalty); None = not written (1.0, none).",
+    )
+    no_repeat_ngram_size: int | None = Field(
+        default=None,
+        ge=2,
+        le=32,
+        description="Never repeat a token n-gram of this size (transformers only); None = not written.",
+    )
+
+    def as_generation_config(self) -> dict[str, float | int]:
+        """The keys to write, the unset ones left out."""
+        return {k: v for k, v in self.model_dump().items() if v is not None}
+
+
 class SftConfig(StageConfig, Batching, Warmup, Checkpointing):
     """SFT: the shared training knobs (`knobs.Batching`, `knobs.Warmup`, `knobs.Checkpointing`; other defaults
     where SFT needs them) plus what only SFT has."""
@@ -107,6 +131,20 @@ class SftConfig(StageConfig, Batching, Warmup, Checkpointing):
     )
     system_prompt: str | None = Field(
         default=None, description="System turn prepended to every conversation that has none."
+    )
+    target_language: LinguaCode | None = Field(
+        default=None,
+        description="ISO 639-1 code of the language the assistant should answer in: SFT reports the language mix "
+        "of its training answers (lingua, among this language, en, tr and ru) in its metrics and warns when most "
+        "are not in it. None = not measured.",
+    )
+    folded_user_share: float = Field(
+        default=0.0,
+        ge=0,
+        le=1,
+        description="Share of the training conversations (seeded) whose user turns are typed without Azerbaijani's "
+        "own letters (ə→e, ı→i, ş→s, ç→c, ğ→g, ö→o, ü→u), as many customers type; the answers keep them. Needs "
+        "target_language az.",
     )
     on_bad_record: Literal["fail", "skip"] = Field(
         default="fail", description="A malformed record: stop with file:line (fail) or skip it and count it (skip)."
@@ -182,6 +220,11 @@ class SftConfig(StageConfig, Batching, Warmup, Checkpointing):
     )
 
     # ---- outputs --------------------------------------------------------------------------------
+    generation: GenerationDefaults = Field(
+        default_factory=GenerationDefaults,
+        description="Decoding defaults written into the published generation_config.json (and read by serve, HF "
+        "generate and the GGUF export's Modelfile).",
+    )
     save_merged: bool = Field(
         default=True, description="Also publish merged/: base + adapter merged into plain safetensors weights."
     )
@@ -211,6 +254,8 @@ class SftConfig(StageConfig, Batching, Warmup, Checkpointing):
     def _check(self) -> SftConfig:
         if not self.train:
             raise ValueError("train: give at least one training set")
+        if self.folded_user_share and self.target_language != "az":
+            raise ValueError("folded_user_share folds Azerbaijani letters: set target_language: az")
         if self.micro_batch_size == "auto":
             raise ValueError("micro_batch_size: auto is CPT's memory estimate; give sft.micro_batch_size a number")
         self.grad_accum_steps(1, "")
