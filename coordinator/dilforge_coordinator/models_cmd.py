@@ -56,7 +56,8 @@ def import_cmd(
             "coordinator models import",
         )
         runner, cfg = _prepared_backend(backend, cfg)
-        uri = pl.run_one(cfg, "model", runner, {})  # the record ends succeeded, failed or cancelled
+        # the record ends succeeded, failed or cancelled; every model imported under one run id stays referenced
+        uri = pl.run_one(cfg, "model", runner, {}, accumulate=True)
         model = read_metrics("model", read_manifest(uri, endpoint)[0].metrics, uri)
     except USER_ERRORS as exc:
         fail(str(exc))

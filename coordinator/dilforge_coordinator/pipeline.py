@@ -254,8 +254,12 @@ def run_all(pipeline: PipelineConfig, backend: Backend) -> dict[str, str]:
     return track_run(store, record, body)
 
 
-def run_one(pipeline: PipelineConfig, stage: str, backend: Backend, upstream: dict[str, str]) -> str:
-    """One stage, with the run record tracked like run_all's."""
+def run_one(
+    pipeline: PipelineConfig, stage: str, backend: Backend, upstream: dict[str, str], accumulate: bool = False
+) -> str:
+    """One stage, with the run record tracked like run_all's. `accumulate` (a record that is a registry, as
+    `models import`'s): the stage's earlier good artifacts stay referenced in `also` instead of being replaced."""
     store = ArtifactStore(pipeline.store.uri, pipeline.store.s3_endpoint_url)
     record = RunRecord.load(store, pipeline.run_id)
+    record.accumulate = accumulate
     return track_run(store, record, lambda: run_stage(pipeline, stage, backend, upstream, record))

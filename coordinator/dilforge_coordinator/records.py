@@ -157,6 +157,8 @@ class RunRecord:
     # the stages as last read or written by this process, and the stages it changed: what `save` merges against
     base: dict[str, dict] = field(default_factory=dict, repr=False)
     touched: set[str] = field(default_factory=set, repr=False)
+    # a registry of imports (`models import`): a new artifact for a stage keeps the earlier good ones in `also`
+    accumulate: bool = field(default=False, repr=False)
 
     def __post_init__(self) -> None:
         self.base = copy.deepcopy(self.stages)
@@ -181,7 +183,8 @@ class RunRecord:
         entry = {"artifact": address, "status": status, **extra}
         if status not in GOOD and good and good != address:
             entry["last_good"] = good
-        if also := [a for a in previous.get("also", []) if a not in (address, entry.get("last_good"))]:
+        earlier = [*previous.get("also", []), *([good] if self.accumulate and good else [])]
+        if also := [a for a in dict.fromkeys(earlier) if a not in (address, entry.get("last_good"))]:
             entry["also"] = also
         self.stages[stage] = entry
         self.touched.add(stage)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
+from .settings import redact
 
 OPT_ML_ENV = "DILFORGE_OPT_ML"
 
@@ -113,8 +114,9 @@ class ResourceConfig:
 
 
 def write_failure(opt: OptMl, message: str) -> None:
+    """SageMaker's failure file (its job status shows it; the coordinator records it), secrets redacted."""
     try:
         opt.output_dir.mkdir(parents=True, exist_ok=True)
-        opt.failure_file.write_text(message[:FAILURE_LIMIT])
+        opt.failure_file.write_text(redact(message)[:FAILURE_LIMIT])
     except OSError:
         pass

@@ -7,11 +7,12 @@ import json
 import threading
 from pathlib import Path
 
+import factories
 from dilforge_coordinator import pipeline as pl
 from dilforge_coordinator.cli import app
 from dilforge_coordinator.records import RunRecord, record_lock
-from dilforge_shared.configs import load_pipeline
-from dilforge_shared.store import ArtifactStore
+from dilforge_shared.configs import PipelineConfig, load_pipeline, validate_model
+from dilforge_shared.store import ArtifactStore, publish
 from test_reliability import PublishingBackend, write_config
 from typer.testing import CliRunner
 
@@ -96,3 +97,38 @@ def test_a_record_write_waits_for_the_records_lock(tmp_path):
     lock.release()
     writer.join(10)
     assert not writer.is_alive() and (tmp_path / "store" / "runs" / "r.json").exists()
+
+
+class ModelPublishing:
+    """Publishes a small `model` artifact for the job (what the import stage does)."""
+
+    name = "fake"
+
+    def run(self, job):
+        out = Path(job.artifact_uri.removeprefix("file://") + ".out")
+        out.mkdir(parents=True)
+        (out / "config.json").write_text('{"model_type": "llama"}')
+        publish(job.artifact_uri, out, factories.job_manifest(job, "model"))
+
+
+def _import_config(tmp_path: Path, name: str):
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama", "name": name}))
+    raw = {"run_id": "models", "store": {"uri": str(tmp_path / "store")}, "model": {"source": str(folder)}}
+    return validate_model(PipelineConfig, raw, "test")
+
+
+def test_models_imported_one_after_another_under_the_default_run_id_all_stay_referenced(tmp_path):
+    uris = [pl.run_one(_import_config(tmp_path, n), "model", ModelPublishing(), {}, accumulate=True) for n in "ab"]
+    entry = json.loads((tmp_path / "store" / "runs" / "models.json").read_text())["stages"]["model"]
+    assert {entry["artifact"], *entry.get("also", [])} == {f"artifacts/model/{u.rsplit('/', 1)[1]}" for u in uris}
+    out = _unreferenced(tmp_path)
+    assert not any(u.rsplit("/", 1)[1] in out for u in uris), out
+
+
+def test_a_pipeline_run_still_replaces_its_stages_artifact(tmp_path):
+    """Only a registry accumulates: a run whose config changed leaves its old artifact unreferenced, for gc."""
+    first = pl.run_one(_import_config(tmp_path, "a"), "model", ModelPublishing(), {})
+    pl.run_one(_import_config(tmp_path, "b"), "model", ModelPublishing(), {})
+    assert first.rsplit("/", 1)[1] in _unreferenced(tmp_path)

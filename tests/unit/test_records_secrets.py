@@ -168,3 +168,12 @@ def test_a_manifest_never_holds_a_secret_and_still_verifies(tmp_path, monkeypatc
     _no_secret_under(tmp_path / "store", "pa55-w0rd-value", SECRET, KEY_ID)
     assert fetch(uri).manifest.metrics["note"] == "pushed with *** via s3://***@b/k"
     assert json.loads((Path(uri) / MANIFEST_NAME).read_text())["artifact_id"] == "t1"
+
+
+def test_a_stage_failure_file_holds_no_secret(tmp_path, monkeypatch):
+    from dilforge_shared.opt_ml import OptMl, write_failure
+
+    monkeypatch.setenv("ACME_SERVICE_TOKEN", "tok-0123456789-secret")
+    opt = OptMl(root=tmp_path / "ml")
+    write_failure(opt, f"Traceback: upload to s3://{KEY_ID}:{SECRET}@b/k failed with tok-0123456789-secret")
+    assert opt.failure_file.read_text() == "Traceback: upload to s3://***@b/k failed with ***"
