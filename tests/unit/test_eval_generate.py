@@ -208,5 +208,9 @@ def test_answer_batched_matches_one_by_one_and_reads_the_published_config(tiny_l
     stop_all = GenerationConfig(do_sample=False, eos_token_id=list(range(len(tok))))
     assert eval_generate.answer_batched(model, tok, prompts, stop_all, 7, 2, seed=0) == [("", True, 0)] * 3
     (folder / "generation_config.json").write_text(json_mod.dumps({"eos_token_id": 5, "repetition_penalty": 1.3}))
-    published = eval_generate.published_generation_config(model, (None, folder))
-    assert published.repetition_penalty == 1.3 and published.eos_token_id == 5
+    adapter = tmp_path / "adapter"  # an SFT adapter's file holds only what SFT sets: the weights' config keeps the rest
+    adapter.mkdir()
+    (adapter / "generation_config.json").write_text(json_mod.dumps({"no_repeat_ngram_size": 4}))
+    published = eval_generate.published_generation_config(model, (folder, None, adapter))
+    assert published.repetition_penalty == 1.3 and published.eos_token_id == 5 and published.no_repeat_ngram_size == 4
+    assert model.generation_config.no_repeat_ngram_size != 4  # the model's own config is left as loaded

@@ -185,15 +185,18 @@ def generate(
 
 
 def published_generation_config(model, folders: Iterable):
-    """The generation defaults a consumer of the model gets: the first of `folders` (adapter, then weights) with
-    a generation_config.json, else the loaded model's."""
-    from dilforge_shared.families import GENERATION_CONFIG_FILE
-    from transformers import GenerationConfig
+    """The generation defaults a consumer of the model gets: the loaded model's (its weights folder's), updated by
+    the generation_config.json of each of `folders` that has one, in order (the weights', then an adapter's)."""
+    import copy
+    import json
 
+    from dilforge_shared.families import GENERATION_CONFIG_FILE
+
+    gen = copy.deepcopy(model.generation_config)
     for folder in folders:
         if folder is not None and (folder / GENERATION_CONFIG_FILE).is_file():
-            return GenerationConfig.from_pretrained(str(folder))
-    return model.generation_config
+            gen.update(**json.loads((folder / GENERATION_CONFIG_FILE).read_text(encoding="utf-8")))
+    return gen
 
 
 def chat_text(tokenizer, prompt: str, family: Family | None, system_prompt: str | None) -> str:
