@@ -179,6 +179,7 @@ def write(out_dir: Path, config: CurateConfig, counts: dict) -> None:
             lines += ["", f"## Removed by {s['step']}", ""] + [f"- {e}" for e in s["examples"]]
     (out_dir / "report.md").write_text(redact("\n".join(lines)) + "\n", encoding="utf-8")
 
+    q = config.quality
     card = [
         f"# Data card: curated {config.language} corpus",
         "",
@@ -197,9 +198,20 @@ def write(out_dir: Path, config: CurateConfig, counts: dict) -> None:
     ]
     card += [
         "",
-        f"Language: {config.language} (lingua, score ≥ {config.language_id.min_score}); contact details replaced by "
+        f"Language: {config.language} (lingua, score ≥ {config.language_id.min_score}"
+        + (
+            f", or within {lid.relative_margin} of {', '.join(lid.relatives)} or written in its own letters"
+            if (lid := config.language_id).relatives
+            else ""
+        )
+        + "); contact details replaced by "
         f"{config.redact.email_placeholder}, {config.redact.phone_placeholder}, {config.redact.card_placeholder}; "
         f"near duplicates removed by MinHash ({config.dedup.num_buckets}×{config.dedup.hashes_per_bucket}, "
         f"{config.dedup.n_grams}-grams).",
+        "",
+        f"Length and lines: documents of {q.min_words:,} to {q.max_words:,} words are kept (quality.min_words: "
+        f"Gopher's and FineWeb's minimum is 50, for web pages; shorter documents are dropped, counted in report.md); "
+        f"at least {q.line_punct_thr:.1%} of a document's lines must end a sentence (quality.line_punct_thr; "
+        f"a line ends one with .!? or {q.line_end_closers}), so a one-line document without that is dropped.",
     ]
     (out_dir / "README.md").write_text(redact("\n".join(card)) + "\n", encoding="utf-8")  # no secret in a card

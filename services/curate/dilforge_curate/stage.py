@@ -156,6 +156,7 @@ def build(
     from datatrove.pipeline.tokens import TokensCounter
     from datatrove.pipeline.writers import JsonlWriter, ParquetWriter
     from datatrove.utils.hashing import HashConfig
+    from datatrove.utils.text import TERMINAL_PUNCTUATION
 
     read, work, q, words = folders.read, folders.write, config.quality, WordSplitter()
 
@@ -189,6 +190,8 @@ def build(
             config.language_id.min_score,
             config.language_id.max_chars,
             exclusion_writer=removed("language"),
+            relatives=config.language_id.relatives,
+            margin=config.language_id.relative_margin,
         ),
         GopherRepetitionFilter(
             dup_line_frac=q.dup_line_frac,
@@ -199,6 +202,7 @@ def build(
         ),
         FineWebQualityFilter(
             line_punct_thr=q.line_punct_thr,
+            stop_chars=(*TERMINAL_PUNCTUATION, *q.line_end_closers),
             short_line_thr=q.short_line_thr,
             char_duplicates_ratio=q.char_duplicates_ratio,
             new_line_ratio=q.new_line_ratio,

@@ -27,6 +27,7 @@ AZ_STOPWORDS = (
 
 
 MAX_CURATED_DOCUMENT_BYTES = 2 << 20
+MIN_WORDS = 20  # Gopher's 50 is for English web pages: see QualityConfig.min_words
 NGram = Annotated[int, Field(ge=1, le=32)]  # words per n-gram; Gopher uses 2..10
 
 
@@ -90,12 +91,33 @@ class LanguageConfig(StrictModel):
     max_chars: int = Field(
         default=2000, ge=100, le=100_000, description="Characters of each document the detector reads."
     )
+    relatives: list[LinguaCode] = Field(
+        default_factory=lambda: ["tr"],
+        description="Close relatives lingua confuses the target with (Azerbaijani → Turkish on short texts, names "
+        "and quotes). A document whose most likely language is one of them is still kept when the target's "
+        "confidence is within relative_margin of it, or when at least 2 % of its letters are ones only the target "
+        "writes among the candidates (Azerbaijani's ə; Turkish has none).",
+    )
+    relative_margin: float = Field(
+        default=0.2,
+        ge=0,
+        le=1,
+        description="How far below a relative's confidence the target's may be and the document still be kept.",
+    )
 
 
 class QualityConfig(StrictModel):
     """Gopher repetition and quality, and FineWeb line-level filters (FineWeb-2 azj_Latn values)."""
 
-    min_words: int = Field(default=50, ge=0, description="Fewest words a document may have.")
+    min_words: int = Field(
+        default=MIN_WORDS,
+        ge=0,
+        description="Fewest words a document may have (shown in the data card). Gopher and FineWeb use 50, for "
+        "English web pages; 20 here, for a low-resource language: a 20-49 word document is an ordinary news "
+        "paragraph (a third of the clean paragraphs of bench/curate_paragraphs.py), too valuable to drop, while "
+        "below 20 words the other filters (stop words, n-gram repetition, language ID) can no longer judge a "
+        "text. Set 50 for web pages in a language with data to spare.",
+    )
     max_words: int = Field(default=100_000, ge=1, description="Most words a document may have.")
     min_avg_word_length: float = Field(default=3, ge=0, description="Shortest mean word length (characters).")
     max_avg_word_length: float = Field(default=13, ge=1, description="Longest mean word length (characters).")
@@ -121,7 +143,17 @@ class QualityConfig(StrictModel):
         description="(n, most share of characters in duplicated n-grams).",
     )
     line_punct_thr: float = Field(
-        default=0.188, ge=0, le=1, description="Fewest share of lines ending in punctuation (menus, boilerplate)."
+        default=0.188,
+        ge=0,
+        le=1,
+        description="Fewest share of a document's lines that end a sentence (menus and navigation end none; shown "
+        "in the data card). A one-line document must end one, so a lone headline is dropped here.",
+    )
+    line_end_closers: str = Field(
+        default='»”"’)…',
+        max_length=32,
+        description="Characters that end a sentence besides datatrove's terminal punctuation (.!? and other "
+        "scripts' marks): closing quotes and brackets after it (`… dedi: «Bu, yaxşıdır.»`) and the ellipsis.",
     )
     short_line_thr: float = Field(default=0.67, ge=0, le=1, description="Most share of lines shorter than 30 chars.")
     char_duplicates_ratio: float = Field(

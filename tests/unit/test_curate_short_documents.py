@@ -1,0 +1,107 @@
+"""Clean text kept: the minimum length and the line-ending rule are visible choices (config, data card), lines
+ending in a closing quote end a sentence, and language ID keeps Azerbaijani that lingua calls Turkish when the
+call is close or the text is written in Azerbaijani's own letters, while Turkish stays out."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from datatrove.data import Document
+from dilforge_curate import report
+from dilforge_curate.steps import LinguaFilter
+from dilforge_shared.configs.curate import CurateConfig
+
+# written for this test: Turkish news sentences, one naming an Azerbaijani (Əliyev)
+TURKISH = [
+    "Cumhurbaşkanı bugün yaptığı açıklamada ekonomik büyümenin devam edeceğini söyledi.",
+    "Milli takım dün akşam oynanan maçta rakibini iki golle mağlup etti.",
+    "Bakü'deki toplantıya Əliyev ve Erdoğan katıldı; iki lider ortak bir bildiri imzaladı.",
+]
+AZ_SCHWA = "Mərkəzi Bank dünən faiz dərəcəsini dəyişmədən saxladı."
+AZ_PLAIN = "Bu gün Bakıda yağış yağıb, hava soyuq olub"  # no ə: only the margin can keep it
+
+
+def _lid(**kw):
+    config = CurateConfig(corpora=[{"uri": "x"}]).language_id
+    kw = {"relatives": config.relatives, "margin": config.relative_margin, **kw}
+    return LinguaFilter("az", config.candidates, config.min_score, config.max_chars, **kw)
+
+
+def _fixed(lid: LinguaFilter, scores: dict[str, float]) -> LinguaFilter:
+    """lid answering `scores` (lingua's confidence values, most likely first) for any text."""
+    lid._build()
+    values = [
+        SimpleNamespace(language=lang, value=scores[code])
+        for code in sorted(scores, key=scores.get, reverse=True)
+        for lang in [next(v for v in _LANGS if v.iso_code_639_1.name.lower() == code)]
+    ]
+    lid._detector = SimpleNamespace(compute_language_confidence_values=lambda text: values)
+    return lid
+
+
+from lingua import Language  # noqa: E402
+
+_LANGS = list(Language.all())
+
+
+@pytest.mark.parametrize(
+    ("text", "scores", "kept"),
+    [
+        (AZ_PLAIN, {"tr": 0.55, "az": 0.45}, True),  # within the margin of its relative
+        (AZ_PLAIN, {"tr": 0.75, "az": 0.25}, False),
+        (AZ_SCHWA, {"tr": 1.0, "az": 0.0}, True),  # its own letters
+        (TURKISH[2], {"tr": 0.97, "az": 0.03}, False),  # one Azerbaijani name is not Azerbaijani text
+        (AZ_SCHWA, {"en": 0.55, "az": 0.45}, False),  # English is no relative
+    ],
+)
+def test_azerbaijani_that_lingua_calls_turkish_is_kept_when_close_or_in_its_own_letters(text, scores, kept):
+    doc = Document(text=text, id="d")
+    verdict = _fixed(_lid(), scores).filter(doc)
+    assert (verdict is True) is kept
+    assert doc.metadata["language"] == max(scores, key=scores.get)
+
+
+def test_without_relatives_the_rule_is_lingua_s_score_alone():
+    assert _fixed(_lid(relatives=[]), {"tr": 1.0, "az": 0.0}).filter(Document(text=AZ_SCHWA, id="d")) == (
+        False,
+        "language_tr",
+    )
+
+
+@pytest.mark.parametrize("text", TURKISH)
+def test_turkish_stays_out(text):
+    assert _lid().filter(Document(text=text, id="d")) == (False, "language_tr")
+
+
+def test_line_endings_and_minimum_length_are_config_choices_with_reasons():
+    from datatrove.pipeline.filters import FineWebQualityFilter
+    from datatrove.utils.text import TERMINAL_PUNCTUATION
+    from dilforge_curate.steps import WordSplitter
+
+    q = CurateConfig(corpora=[{"uri": "x"}]).quality
+    assert q.min_words == 20 and "Gopher and FineWeb use 50" in CurateConfig.model_fields["quality"].annotation.model_fields["min_words"].description  # fmt: skip
+    quoted = "Nazir jurnalistlərə dedi: «Bu il yeni məktəblər tikiləcək və müəllimlərin maaşı artırılacaq.»"
+
+    def lines(closers: str):
+        step = FineWebQualityFilter(
+            line_punct_thr=q.line_punct_thr, stop_chars=(*TERMINAL_PUNCTUATION, *closers), language=WordSplitter()
+        )
+        return step.filter(Document(text=quoted, id="d"))
+
+    assert lines(q.line_end_closers) is True and lines("") == (False, "line_punct_ratio")
+
+
+def test_the_data_card_shows_the_length_and_line_rules(tmp_path):
+    config = CurateConfig(corpora=[{"uri": "web.jsonl", "name": "web"}], quality={"min_words": 35})
+    counts = {
+        "read": 10, "chars_read": 100, "kept": 5, "chars_kept": 50, "words_kept": 9, "tokens": None, "steps": [],
+        "repairs": {"encoding_repaired": 0, "unicode_normalised": 0, "whitespace_normalised": 0}, "redacted": {},
+        "empty_sources": [], "per_source": {"web": 10}, "kept_per_source": {"web": 5},
+    }  # fmt: skip
+    report.write(tmp_path, config, counts)
+    card = (tmp_path / "README.md").read_text()
+    assert "documents of 35 to 100,000 words are kept (quality.min_words" in card
+    assert "Gopher's and FineWeb's minimum is 50" in card
+    assert "at least 18.8% of a document's lines must end a sentence (quality.line_punct_thr" in card
+    assert "or within 0.2 of tr" in card
