@@ -8,10 +8,12 @@ the guard instead. tests/integration/test_serve.py pins the routes it must have.
 
 `RequestGuard` is a pure ASGI middleware in front of it that adds what a customer-facing endpoint needs and
 the stock server leaves to a stack trace or an endless generation: a body that is not UTF-8 or not JSON,
-no messages, an unknown model id, a prompt longer than the context, `max_tokens` past it — each gets a 4xx
-with an OpenAI-style error (`{"error": {"message", "type", "param", "code"}}`) naming the field. It also
-maps SageMaker's inference contract onto the same server: GET /ping → /health, POST /invocations → the
-chat completions route (an OpenAI chat request in, an OpenAI response or SSE stream out).
+no messages, an unknown model id, any field or value the backend cannot run (fields.py), a prompt (rendered by
+the served template) longer than the context, `max_tokens` past it — each gets a 4xx with an OpenAI-style error
+(`{"error": {"message", "type", "param", "code"}}`) naming the field. An answer with no visible text gets a
+`warning` field saying why. It also maps SageMaker's inference contract onto the same server: GET /ping →
+/health, POST /invocations → the chat completions route (an OpenAI chat request in, an OpenAI response or SSE
+stream out).
 """
 
 from __future__ import annotations
@@ -25,26 +27,17 @@ from pathlib import Path
 from typing import Any
 
 from dilforge_shared import compat
-from dilforge_shared.families import control_token_in
+
+from .fields import CHAT, COMPLETIONS, BadRequest, ServedTemplate, normalise
 
 log = logging.getLogger("dilforge.serve")
 
-CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 GUARDED = (CHAT, COMPLETIONS)
 # every route a client may use; transformers serve's others (/load_model, /reset, /v1/responses, audio, ...) 404
 ROUTES = {("POST", CHAT), ("POST", COMPLETIONS), ("GET", "/v1/models"), ("GET", "/health"), ("GET", "/ping")}
 ROUTES |= {("POST", "/invocations")}
 MAX_BODY_BYTES = 1 << 20  # 1 MiB: far more text than any context here holds; read before anything is parsed
 DRAIN_BYTES = 8 << 20  # a refused body up to this size is read to its end before the 413 (read_body)
-MAX_STOP, MAX_STOP_CHARS = 4, 256  # OpenAI's own limit on `stop`
-SAMPLING_RANGES = {  # finite numbers in these closed ranges (OpenAI's)
-    "temperature": (0.0, 2.0),
-    "top_p": (0.0, 1.0),
-    "frequency_penalty": (-2.0, 2.0),
-    "presence_penalty": (-2.0, 2.0),
-    "repetition_penalty": (0.0, 10.0),
-}
-ROLES = ("system", "user", "assistant", "tool", "developer")
 TEST_SIZED_PARAMS = 10_000_000  # below this a served model is a test fixture, not an assistant
 DEFAULT_MAX_TOKENS = 256  # a request that names no max_tokens (transformers serve would take 1024)
 
@@ -72,24 +65,22 @@ def served_shape(model_id: str) -> tuple[int, int]:
     return num_params, context
 
 
-class BadRequest(Exception):
-    def __init__(self, message: str, param: str | None = None, status: int = 400, code: str = "invalid_request"):
-        super().__init__(message)
-        self.message, self.param, self.status, self.code = message, param, status, code
-
-    def body(self) -> bytes:
-        err_type = {404: "not_found_error", 413: "request_too_large"}.get(self.status, "invalid_request_error")
-        return json.dumps(
-            {"error": {"message": self.message, "type": err_type, "param": self.param, "code": self.code}},
-            ensure_ascii=False,
-        ).encode()
-
-
 class RequestGuard:
     """ASGI middleware: validate OpenAI requests before transformers serve sees them; SageMaker routes."""
 
-    def __init__(self, app, model_id: str, tokenizer, context: int):
+    def __init__(
+        self,
+        app,
+        model_id: str,
+        tokenizer,
+        context: int,
+        template: ServedTemplate | None = None,
+        model_sampling: bool = False,
+        test_sized: bool = False,
+    ):
         self.app, self.model_id, self.tokenizer, self.context = app, model_id, tokenizer, context
+        self.template = template if template is not None else ServedTemplate.of(tokenizer.chat_template)
+        self.model_sampling, self.test_sized = model_sampling, test_sized
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -117,11 +108,13 @@ class RequestGuard:
         # the body is JSON now, whatever the client called it (SageMaker clients may send another content type)
         headers = [(k, v) for k, v in scope["headers"] if k.lower() not in (b"content-length", b"content-type")]
         headers += [(b"content-length", str(len(data)).encode()), (b"content-type", b"application/json")]
-        return await self.app({**scope, "headers": headers}, replay(data, receive), openai_errors(send))
+        outgoing = openai_errors(explain_empty_answers(send, self.test_sized))
+        return await self.app({**scope, "headers": headers}, replay(data, receive), outgoing)
 
     # ---- the checks ----------------------------------------------------------------------------
     def check(self, path: str, raw: bytes) -> dict[str, Any]:
-        """The request as transformers serve should get it (model id and max_tokens filled in), or BadRequest."""
+        """The request as transformers serve should get it (every field checked, the model id and max_tokens
+        filled in), or BadRequest."""
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
@@ -147,8 +140,9 @@ class RequestGuard:
                 code="model_not_found",
             )
         body["model"] = self.model_id
-        self.check_parameters(body)
-        prompt_tokens = self.chat_prompt_tokens(body) if path == CHAT else self.completion_prompt_tokens(body)
+        request = normalise(path, body, len(self.tokenizer), self.template, self.model_sampling)
+        body = request.body
+        prompt_tokens = self.prompt_tokens(path, request)
         if prompt_tokens >= self.context:
             raise BadRequest(
                 f"the prompt is {prompt_tokens} tokens; this model's context is {self.context} tokens "
@@ -157,120 +151,47 @@ class RequestGuard:
                 code="context_length_exceeded",
             )
         room = self.context - prompt_tokens
-        for key in ("max_completion_tokens", "max_tokens"):
-            value = body.get(key)
-            if value is None:
-                continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise BadRequest(f"{key} must be a positive integer, got {value!r}", param=key)
+        for key, value in request.token_limits.items():
             if value > room:
                 raise BadRequest(
                     f"{key} is {value}, but the prompt ({prompt_tokens} tokens) leaves room for at most "
                     f"{room} new tokens in this model's {self.context}-token context",
-                    param=key,
+                    param=key.split(".")[0],
                     code="context_length_exceeded",
                 )
-        if body.get("max_completion_tokens") is None and body.get("max_tokens") is None:
-            body["max_tokens"] = min(DEFAULT_MAX_TOKENS, room)
+        asked = request.max_new_tokens
+        if asked is None:
+            asked = body["max_tokens"] = min(DEFAULT_MAX_TOKENS, room)
+        elif "max_completion_tokens" not in body:
+            body["max_tokens"] = asked  # one place says it, whichever the request used
+        if request.min_new_tokens > asked:
+            raise BadRequest(
+                f"generation_config.min_new_tokens is {request.min_new_tokens}, more than the {asked} new tokens "
+                "this request may generate",
+                param="generation_config",
+            )
         return body
 
-    def check_parameters(self, body: dict) -> None:
-        """Types and ranges of the generation parameters the stock server would pass on unchecked."""
-        for key, (low, high) in SAMPLING_RANGES.items():
-            value = body.get(key)
-            if value is None:
-                continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise BadRequest(f"{key} must be a finite number, got {value!r}", param=key)
-            if not low <= value <= high:
-                raise BadRequest(f"{key} must be between {low} and {high}, got {value!r}", param=key)
-        n = body.get("n")
-        if n is not None and (isinstance(n, bool) or n != 1):
-            raise BadRequest(f"n must be 1 (this server returns one choice per request), got {n!r}", param="n")
-        stop = body.get("stop")
-        if stop is not None:
-            stops = [stop] if isinstance(stop, str) else stop
-            if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
-                raise BadRequest("stop must be a string or a list of non-empty strings", param="stop")
-            if len(stops) > MAX_STOP or any(len(s) > MAX_STOP_CHARS for s in stops):
-                raise BadRequest(
-                    f"stop takes at most {MAX_STOP} strings of at most {MAX_STOP_CHARS} characters", param="stop"
-                )
-        seed = body.get("seed")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63):
-            raise BadRequest(f"seed must be an integer in [0, 2^63), got {seed!r}", param="seed")
-        bias = body.get("logit_bias")
-        if bias == {}:
-            del body["logit_bias"]  # no bias, as OpenAI reads it (transformers serve fails on an empty one)
-        elif bias is not None:
-            if not isinstance(bias, dict):
-                raise BadRequest("logit_bias must be an object of token id -> bias", param="logit_bias")
-            vocab = len(self.tokenizer)
-            for key, value in bias.items():
-                if not (isinstance(key, str) and key.isdigit() and int(key) < vocab):
-                    raise BadRequest(
-                        f"logit_bias: {key!r} is not a token id of this model (0..{vocab - 1})", param="logit_bias"
-                    )
-                if isinstance(value, bool) or not isinstance(value, (int, float)) or not -100 <= value <= 100:
-                    raise BadRequest(f"logit_bias[{key}] must be a number in [-100, 100]", param="logit_bias")
+    def prompt_tokens(self, path: str, request) -> int:
+        """Tokens of the prompt as transformers serve builds it: for chat, the conversation rendered by the
+        served template with the same tools and template variables (the default system message included)."""
+        if path != CHAT:
+            return len(self.tokenizer(request.body["prompt"])["input_ids"])
+        from jinja2 import TemplateError
 
-    def refuse_control_tokens(self, text: str, param: str) -> None:
-        """User text may not contain the chat template's control tokens: rendered, `<|eot_id|><|start_header_id|>
-        system...` would be a forged turn. Refused (400 naming the token), never silently rewritten. Text that is
-        not encodable (a lone surrogate from a `\\ud800` escape) is refused too."""
         try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise BadRequest(f"{param} holds a lone surrogate at character {exc.start}", param=param) from None
-        token = control_token_in(text)
-        if token is not None:
-            raise BadRequest(
-                f"{param} contains the control token {token!r}, which would change the conversation's structure",
-                param=param,
+            ids = self.tokenizer.apply_chat_template(
+                request.conversation,
+                add_generation_prompt=True,
+                tokenize=True,
+                return_dict=True,
+                **request.render_kwargs,
             )
-
-    def chat_prompt_tokens(self, body: dict) -> int:
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise BadRequest("messages is required: a non-empty list of {role, content} objects", param="messages")
-        conversation = []
-        for i, message in enumerate(messages):
-            if not isinstance(message, dict):
-                raise BadRequest(f"messages[{i}] must be an object with role and content", param=f"messages[{i}]")
-            role = message.get("role")
-            if role not in ROLES:
-                raise BadRequest(
-                    f"messages[{i}].role must be one of {list(ROLES)}, got {role!r}", param=f"messages[{i}].role"
-                )
-            content = message.get("content")
-            if isinstance(content, list):
-                parts = [p.get("text") for p in content if isinstance(p, dict)]
-                if len(parts) != len(content) or not all(isinstance(t, str) for t in parts):
-                    raise BadRequest(
-                        f"messages[{i}].content: this text model takes strings or text parts ({{type: text, text}})",
-                        param=f"messages[{i}].content",
-                    )
-                content = " ".join(parts)
-            if content is None and message.get("tool_calls"):
-                content = ""
-            if not isinstance(content, str):
-                raise BadRequest(
-                    f"messages[{i}].content must be a string, got {type(content).__name__}",
-                    param=f"messages[{i}].content",
-                )
-            self.refuse_control_tokens(content, f"messages[{i}].content")
-            conversation.append({"role": role, "content": content})
-        ids = self.tokenizer.apply_chat_template(
-            conversation, add_generation_prompt=True, tokenize=True, return_dict=False
-        )
-        return len(ids["input_ids"] if hasattr(ids, "keys") else ids)
-
-    def completion_prompt_tokens(self, body: dict) -> int:
-        prompt = body.get("prompt")
-        if not isinstance(prompt, str) or not prompt:
-            raise BadRequest("prompt is required: a non-empty string", param="prompt")
-        self.refuse_control_tokens(prompt, "prompt")
-        return len(self.tokenizer(prompt)["input_ids"])
+        except (TemplateError, TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:
+            # the template's own refusal (raise_exception), or a value it cannot render
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise BadRequest(f"messages: this model's chat template cannot render them: {reason}", "messages") from None
+        return len(ids["input_ids"])
 
 
 def declared_length(scope) -> int | None:
@@ -363,6 +284,101 @@ def openai_errors(send):
     return _send
 
 
+def empty_answer_note(tokens: Any, test_sized: bool) -> str:
+    """Why an answer holds no visible text, for the response's `warning` field."""
+    note = (
+        f"the answer has no visible text: the model's {tokens} generated token(s) decode to nothing but special "
+        "tokens or whitespace"
+    )
+    if test_sized:
+        note += (
+            "; this is a test-sized model (like the az-tiny preset's random 2-layer one), which answers so: serve a "
+            "trained model (configs/az-small.yaml) for real answers"
+        )
+    return note
+
+
+def answer_text(choice: Any) -> str | None:
+    """The text of a response's (or stream chunk's) choice, or None when it has none or calls tools."""
+    if not isinstance(choice, dict):
+        return None
+    part = choice.get("message") or choice.get("delta")
+    if isinstance(part, dict):
+        return None if part.get("tool_calls") else part.get("content") or ""
+    return choice.get("text") if isinstance(choice.get("text"), str) else None
+
+
+def explain_empty_answers(send, test_sized: bool):
+    """`send`, with a `warning` field added to a 200 answer whose text is empty or blank (in a stream: to the
+    chunk that carries the finish reason). OpenAI's finish reasons stay as they are (`stop`): a client that reads
+    only the content gets the same answer, one that reads the warning learns why it is empty. Logged too."""
+    state: dict[str, Any] = {"mode": None, "text": "", "tools": False}
+
+    def noted(doc: dict, tokens: Any) -> None:
+        doc["warning"] = empty_answer_note(tokens, test_sized)
+        log.warning("empty answer: %s", doc["warning"])
+
+    def json_answer(raw: bytes) -> bytes:
+        try:
+            doc = json.loads(raw)
+        except ValueError:
+            return raw
+        choices = doc.get("choices") if isinstance(doc, dict) else None
+        if not (isinstance(choices, list) and len(choices) == 1):
+            return raw
+        text = answer_text(choices[0])
+        if text is None or text.strip():
+            return raw
+        noted(doc, (doc.get("usage") or {}).get("completion_tokens", "?"))
+        return json.dumps(doc, ensure_ascii=False).encode()
+
+    def sse_events(raw: bytes) -> bytes:
+        events = raw.split(b"\n\n")
+        for i, event in enumerate(events):
+            if not event.startswith(b"data: "):
+                continue
+            try:
+                doc = json.loads(event[len(b"data: ") :])
+            except ValueError:
+                continue
+            choices = doc.get("choices") if isinstance(doc, dict) else None
+            if not (isinstance(choices, list) and len(choices) == 1 and isinstance(choices[0], dict)):
+                continue
+            text = answer_text(choices[0])
+            state["tools"] |= text is None
+            state["text"] += text or ""
+            if choices[0].get("finish_reason") and not state["tools"] and not state["text"].strip():
+                noted(doc, (doc.get("usage") or {}).get("completion_tokens", "?"))
+                events[i] = b"data: " + json.dumps(doc, ensure_ascii=False).encode()
+        return b"\n\n".join(events)
+
+    async def _send(message):
+        if message["type"] == "http.response.start":
+            content_type = dict(message.get("headers", [])).get(b"content-type", b"")
+            if message["status"] != 200:
+                state["mode"] = None
+            elif content_type.startswith(b"text/event-stream"):
+                state["mode"] = "sse"
+            elif content_type.startswith(b"application/json"):
+                state.update(mode="json", start=message, chunks=[])
+                return None
+            return await send(message)
+        if message["type"] != "http.response.body" or state["mode"] is None:
+            return await send(message)
+        if state["mode"] == "sse":
+            return await send({**message, "body": sse_events(message.get("body", b""))})
+        state["chunks"].append(message.get("body", b""))
+        if message.get("more_body"):
+            return None
+        raw = json_answer(b"".join(state.pop("chunks")))
+        start = state.pop("start")
+        headers = [(k, v) for k, v in start.get("headers", []) if k.lower() != b"content-length"]
+        await send({**start, "headers": headers + [(b"content-length", str(len(raw)).encode())]})
+        return await send({"type": "http.response.body", "body": raw})
+
+    return _send
+
+
 async def respond(send, status: int, body: bytes) -> None:
     await send(
         {
@@ -387,11 +403,16 @@ def build_app(model_id: str, options: ServerOptions):
     )
     tokenizer = AutoTokenizer.from_pretrained(model_id, trust_remote_code=False)
     num_params, context = served_shape(model_id)
-    if num_params < TEST_SIZED_PARAMS:
+    test_sized = num_params < TEST_SIZED_PARAMS
+    if test_sized:
         log.warning(
-            "%s has %s parameters: a test-sized model (az-tiny); expect empty or meaningless answers "
-            "(configs/az-small.yaml serves real ones)",
+            "%s has %s parameters: a test-sized model (az-tiny); expect empty or meaningless answers, each empty "
+            "one with a `warning` field saying why (configs/az-small.yaml serves real ones)",
             model_id,
             f"{num_params:,}",
         )
-    return RequestGuard(app, model_id, tokenizer, context)
+    gen_path = Path(model_id) / "generation_config.json"
+    gen = json.loads(gen_path.read_text(encoding="utf-8")) if gen_path.is_file() else {}
+    template = ServedTemplate.of(tokenizer.chat_template)
+    sampling = bool(gen.get("do_sample")) if isinstance(gen, dict) else False
+    return RequestGuard(app, model_id, tokenizer, context, template, sampling, test_sized)
