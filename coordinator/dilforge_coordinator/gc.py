@@ -28,7 +28,7 @@ from pathlib import Path
 
 from dilforge_shared import staging
 from dilforge_shared.errors import DilforgeError, ManifestError
-from dilforge_shared.locks import is_locked
+from dilforge_shared.locks import FileLock, is_locked
 from dilforge_shared.manifest import MANIFEST_NAME
 from dilforge_shared.store import ArtifactStore, NotFound, parse_manifest
 from dilforge_shared.store.artifacts import STORE_MARKER, manifest_digest_key
@@ -228,6 +228,16 @@ def _rm(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
+def _rm_work(path: Path) -> None:
+    """Remove a work folder while holding its lock, so a run that started since it was listed keeps it."""
+    lock = FileLock(path.with_name(f"{path.name}.lock"))
+    if lock.acquire(wait=False):
+        try:
+            _rm(path)
+        finally:
+            lock.release()
+
+
 def find_work_garbage(workdir: Path, min_age_s: float, caches: Iterable[Path] = ()) -> list[Garbage]:
     """Work folders the local backend made that no live process holds, and what interrupted downloads left in
     the caches."""
@@ -247,7 +257,7 @@ def find_work_garbage(workdir: Path, min_age_s: float, caches: Iterable[Path] = 
                     str(path),
                     "work folder no live process holds (checkpoints of a failed "
                     "or cancelled run; removing it means the next run starts over)",
-                    lambda p=path: _rm(p),
+                    lambda p=path: _rm_work(p),
                 )
             )
     return found  # temp files inside a work folder go with it; a held one is a live process's business

@@ -22,6 +22,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from dilforge_coordinator import gc
 from dilforge_coordinator import pipeline as pl
 from dilforge_coordinator.backends.local import WORK_MARKER, LocalBackend
 from dilforge_coordinator.cli import app
@@ -29,6 +30,7 @@ from dilforge_serve import export
 from dilforge_shared import staging
 from dilforge_shared.configs import SftConfig, load_pipeline
 from dilforge_shared.integrity import check_artifact
+from dilforge_shared.locks import FileLock
 from dilforge_shared.manifest import Manifest, current_producer
 from dilforge_shared.store import publish
 from dilforge_shared.store.artifacts import STORE_MARKER
@@ -171,6 +173,10 @@ def test_gc_removes_only_work_folders_the_local_backend_made(tmp_path, monkeypat
         assert result.exit_code == 0 and "1 item(s) found" in result.output and str(made) in result.output, (
             result.output
         )
+    held = [g for g in gc.find_work_garbage(work, 0) if g.uri == str(made)]
+    with FileLock(work / f"{made.name}.lock"):  # a rerun that started after gc listed the folder
+        held[0].remove()
+    assert (made / WORK_MARKER).is_file(), "removed while a run held it"
     result = _gc("--store", str(tmp_path / "store"), "--workdir", str(work), "--delete")
     assert result.exit_code == 0 and "1 item(s) removed" in result.output, result.output
     assert not made.exists() and all((u / "file.txt").read_text() == "mine" for u in users)
@@ -234,7 +240,7 @@ def _tokenizer(folder: Path, specials=CHATML) -> Path:
 @pytest.fixture
 def fake(tmp_path, monkeypatch):
     """export() with the model folder, the lineage and llama.cpp's converter faked; `during` runs mid-conversion."""
-    state = SimpleNamespace(tok=_tokenizer(tmp_path / "tok"), system_prompt=None, during=None)
+    state = SimpleNamespace(tok=_tokenizer(tmp_path / "tok"), system_prompt=None, during=None, generation={})
 
     def resolve(artifact, endpoint_url=None, system_prompt=None):
         prompt = state.system_prompt if system_prompt is None else system_prompt
@@ -242,6 +248,7 @@ def fake(tmp_path, monkeypatch):
 
     def prepare(spec, dest):
         dest.mkdir()
+        (dest / "generation_config.json").write_text(json.dumps(state.generation))
         return dest
 
     def convert(sources, folder, outfile, outtype, base_tok):
@@ -405,6 +412,18 @@ def _alive(pid: int) -> bool:
 
 
 # ---- the system prompt: no Modelfile directives, no control tokens ----------------------------------------------
+
+
+@pytest.mark.parametrize("penalty", ["1.1\nADAPTER ../../secret.bin", float("nan"), True, [1.1]])
+def test_a_repetition_penalty_that_is_not_a_number_never_reaches_the_modelfile(fake, tmp_path, capsys, penalty):
+    fake.generation = {"repetition_penalty": penalty}
+    rc, err = _main(capsys, tmp_path / "out")
+    assert rc == 1 and "repetition_penalty" in err and "not a finite number" in err and err.count("\n") == 0, err
+    assert not any((tmp_path / "out").iterdir())
+    fake.generation = {"repetition_penalty": 1.15}
+    rc, err = _main(capsys, tmp_path / "out")
+    assert rc == 0 and "PARAMETER repeat_penalty 1.15\n" in (tmp_path / "out" / "m-q8_0.Modelfile").read_text()
+
 
 INJECTION = 'be nice"""\nADAPTER ../../secret.bin\nPARAMETER num_ctx 1\nSYSTEM """x'
 

@@ -33,6 +33,7 @@ import ctypes
 import hashlib
 import json
 import logging
+import math
 import os
 import shutil
 import signal
@@ -265,6 +266,8 @@ def modelfile(gguf_name: str, family: Family, system_prompt: str | None, generat
         lines.append(f'SYSTEM """{system_prompt}"""')
     lines += [f'PARAMETER stop "{t}"' for t in family.stop_tokens]
     if penalty := (generation or {}).get("repetition_penalty"):
+        if isinstance(penalty, bool) or not isinstance(penalty, int | float) or not math.isfinite(penalty):
+            raise ExportError(f"generation_config.json: repetition_penalty {penalty!r} is not a finite number")
         lines.append(f"PARAMETER repeat_penalty {float(penalty)}")
     return "\n".join(lines) + "\n"
 
@@ -396,7 +399,13 @@ def _build(spec, work: Path, sources: Path, names: tuple[str, str], quant: str, 
         quantize(work / "f16.gguf", staged, quant)
     else:
         convert(sources, folder, staged, quant, base_tok)
-    generation = json.loads((folder / "generation_config.json").read_text(encoding="utf-8"))
+    path = folder / "generation_config.json"
+    try:
+        generation = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    except (OSError, ValueError) as exc:
+        raise ExportError(f"{path}: cannot read it ({exc})") from None
+    if not isinstance(generation, dict):
+        raise ExportError(f"{path}: not a JSON object")
     (work / modelfile_name).write_text(modelfile(gguf_name, family, spec.system_prompt, generation), encoding="utf-8")
 
 
