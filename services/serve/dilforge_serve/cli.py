@@ -74,6 +74,29 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(args)
 
 
+def device_error(device: str) -> str | None:
+    """Why `--device` cannot serve on this machine (one line), or None: checked before anything is loaded, so a
+    `cuda:7` on a CPU-only machine is an error naming the flag, not a stack trace from inside model loading."""
+    if device in ("auto", "cpu"):
+        return None
+    import torch
+
+    try:
+        chosen = torch.device(device)
+    except (RuntimeError, ValueError):
+        return f"--device {device!r} is not a device: use auto, cpu, cuda or cuda:N"
+    if chosen.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            return f"--device {device}: this machine has no CUDA GPU that torch can use; use --device cpu or auto"
+        if chosen.index is not None and chosen.index >= count:
+            return f"--device {device}: this machine has {count} CUDA GPU(s), cuda:0 to cuda:{count - 1}"
+        return None
+    if chosen.type == "mps" and torch.backends.mps.is_available():
+        return None
+    return f"--device {device}: not available here; use auto, cpu, cuda or cuda:N"
+
+
 def stop_on_sigterm(signum, frame):
     raise SystemExit(128 + signum)  # unwinds through main's finally: the served folder is removed
 
@@ -86,6 +109,10 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, stop_on_sigterm)
     if args.workdir and not Path(args.workdir).is_dir():
         print(f"error: --workdir {args.workdir}: no such folder", file=sys.stderr)
+        return 1
+    problem = device_error(args.device)
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
         return 1
     # a private folder of our own: never a path the user named (their model may live there), always removed
     root = Path(tempfile.mkdtemp(prefix="dilforge-serve-", dir=args.workdir or None))
