@@ -291,6 +291,8 @@ def status_cmd(
         line = f"  {stage:<10} {info.status:<9} {st.resolve(info.artifact)}"
         if info.error:
             line += f"\n             {info.error.splitlines()[0][:200] if info.error.strip() else ''}"
+        for other in info.also:  # a concurrent run's (or an earlier import's) artifact, kept referenced
+            line += f"\n             also {st.resolve(other)}"
         typer.echo(line)
 
 

@@ -125,6 +125,8 @@ def test_models_imported_one_after_another_under_the_default_run_id_all_stay_ref
     assert {entry["artifact"], *entry.get("also", [])} == {f"artifacts/model/{u.rsplit('/', 1)[1]}" for u in uris}
     out = _unreferenced(tmp_path)
     assert not any(u.rsplit("/", 1)[1] in out for u in uris), out
+    status = CliRunner().invoke(app, ["status", "models", "--store", str(tmp_path / "store")])
+    assert status.exit_code == 0 and all(u.rsplit("/", 1)[1] in status.output for u in uris), status.output
 
 
 def test_a_pipeline_run_still_replaces_its_stages_artifact(tmp_path):
