@@ -141,6 +141,12 @@ def system_prompt_problem(text: str, specials: Iterable[str] = ()) -> str | None
     `specials`, a tokenizer's own) would forge turns in every chat template; a triple quote, or a quote just before
     the closing one, would end the Ollama Modelfile's triple-quoted SYSTEM block early and let the rest be read
     as directives (ADAPTER, PARAMETER, ...). Refused, not quoted: a Modelfile string has no escape for it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return f"is not valid text (character {exc.start} is a lone surrogate: bytes that were not UTF-8)"
+    if "\x00" in text:
+        return "contains a NUL character"
     token = control_token_in(text) or next((t for t in specials if t and t in text), None)
     if token is not None:
         return f"contains the control token {token!r}, which would forge a turn in every conversation"

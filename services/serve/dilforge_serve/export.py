@@ -66,7 +66,7 @@ class ExportError(DilforgeError):
     """A one-line reason the artifact cannot be exported, saying what to do."""
 
 
-PR_SET_PDEATHSIG = 1
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def _die_with_parent(parent: int):
