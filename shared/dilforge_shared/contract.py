@@ -30,7 +30,7 @@ from .hyperparameters import StageRequest, parse_hyperparameters
 from .identity import artifact_id, config_refs
 from .manifest import MANIFEST_NAME, InputRef, Manifest, current_producer
 from .metrics import validate_metrics
-from .opt_ml import OPT_ML_ENV, OptMl, ResourceConfig, write_failure
+from .opt_ml import OPT_ML_ENV, OptMl, ResourceConfig, release_failure_space, reserve_failure_space, write_failure
 from .settings import install_log_masking, settings
 from .store import Artifact, fetch, parse_manifest, publish, sha256_bytes, verify_files
 
@@ -273,6 +273,7 @@ def stage_main(
         print(f"usage: {package} train   (SageMaker contract; /opt/ml root from ${OPT_ML_ENV})", file=sys.stderr)
         return 2
     try:
+        reserve_failure_space(opt)  # a full disk still ends with its reason
         hp_path = opt.config_dir / "hyperparameters.json"
         hp = opt.read_json("hyperparameters.json", None)
         if hp is None:
@@ -291,6 +292,7 @@ def stage_main(
         if publish_from_this_process:
             manifest = publish_result(ctx, result, package, start_refs)
             log.info("published %s/%s (%d files)", request.artifact_uri, MANIFEST_NAME, len(manifest.files))
+        release_failure_space(opt)
         return 0
     except DilforgeError as exc:
         message = str(exc)

@@ -11,6 +11,7 @@ and writes /opt/ml/model (the artifact's files), /opt/ml/output (failure file, t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from dataclasses import dataclass
@@ -113,10 +114,38 @@ class ResourceConfig:
         return self.hosts[0]
 
 
+FAILURE_RESERVE = 64 * 1024  # bytes held on the /opt/ml disk for the failure reason (reserve_failure_space)
+
+
+def _reserve_file(opt: OptMl) -> Path:
+    return opt.output_dir / ".failure-reserve"
+
+
+def reserve_failure_space(opt: OptMl) -> None:
+    """Hold FAILURE_RESERVE bytes on the /opt/ml disk from the start of a stage: when that disk fills (the work
+    folder's checkpoints, datatrove's files), write_failure frees them first, so the failure still says why."""
+    try:
+        opt.output_dir.mkdir(parents=True, exist_ok=True)
+        with open(_reserve_file(opt), "wb") as f:
+            f.write(b"\0" * FAILURE_RESERVE)  # written, not sparse: the blocks are really taken
+    except OSError:
+        pass
+
+
+def release_failure_space(opt: OptMl) -> None:
+    with contextlib.suppress(OSError):
+        _reserve_file(opt).unlink(missing_ok=True)
+
+
 def write_failure(opt: OptMl, message: str) -> None:
-    """SageMaker's failure file (its job status shows it; the coordinator records it), secrets redacted."""
+    """SageMaker's failure file (its job status shows it; the coordinator records it), secrets redacted. The space
+    reserved at the start is freed first; if the file still cannot be written, an empty one is not left behind
+    (it would read as a failure without a reason)."""
+    release_failure_space(opt)
     try:
         opt.output_dir.mkdir(parents=True, exist_ok=True)
         opt.failure_file.write_text(redact(message)[:FAILURE_LIMIT])
     except OSError:
-        pass
+        with contextlib.suppress(OSError):
+            if opt.failure_file.stat().st_size == 0:
+                opt.failure_file.unlink()

@@ -184,3 +184,70 @@ def test_the_alpha_words_bound_means_what_datatrove_does_with_it():
         return gopher.filter(Document(text, "d"))
 
     assert kept(0.8) is True and kept(0.9) == (False, "gopher_below_alpha_threshold")
+
+
+def _stage(tmp_path, monkeypatch, body, publish=True):
+    from dilforge_shared.configs import STAGE_CONFIGS
+    from dilforge_shared.contract import stage_main
+    from dilforge_shared.hyperparameters import build_hyperparameters
+    from dilforge_shared.opt_ml import OptMl
+
+    config = CurateConfig(corpora=[{"uri": str(tmp_path / "web.jsonl")}])
+    opt = OptMl(tmp_path / "opt")
+    opt.write_inputs(build_hyperparameters(config, str(tmp_path / "store" / "a"), "r", {}))
+    monkeypatch.setenv("DILFORGE_OPT_ML", str(opt.root))
+    return stage_main(STAGE_CONFIGS["curate"], body, "test", ["train"], publish_from_this_process=publish), opt
+
+
+def _full_disk(monkeypatch, free_when_reserve_gone: bool):
+    """Every write fails with ENOSPC, except (with `free_when_reserve_gone`) once the stage's reserve is deleted."""
+    import errno
+
+    real = Path.write_text
+    state = {"freed": False}
+    real_unlink = Path.unlink
+
+    def unlink(self, missing_ok=False):
+        state["freed"] |= self.name == ".failure-reserve" and self.exists()
+        return real_unlink(self, missing_ok=missing_ok)
+
+    def write_text(self, data, *args, **kwargs):
+        if not (free_when_reserve_gone and state["freed"]):
+            self.touch()  # as a real full disk: the file is created, its data cannot be written
+            raise OSError(errno.ENOSPC, "No space left on device", str(self))
+        return real(self, data, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "unlink", unlink)
+    monkeypatch.setattr(Path, "write_text", write_text)
+
+
+def test_a_full_work_disk_ends_with_the_oserror_s_reason(tmp_path, monkeypatch):
+    import errno
+
+    def body(config, ctx):
+        _full_disk(monkeypatch, free_when_reserve_gone=True)
+        raise OSError(errno.ENOSPC, "No space left on device", str(ctx.checkpoint_dir / "curate" / "x.jsonl"))
+
+    code, opt = _stage(tmp_path, monkeypatch, body)
+    monkeypatch.undo()
+    assert code == 1
+    assert opt.failure_file.read_text().endswith("x.jsonl: No space left on device (disk full or a file-size limit)")
+    assert not (opt.output_dir / ".failure-reserve").exists()
+
+
+def test_a_failure_that_cannot_be_written_leaves_no_empty_reason(tmp_path, monkeypatch):
+    import errno
+
+    def body(config, ctx):
+        _full_disk(monkeypatch, free_when_reserve_gone=False)
+        raise OSError(errno.ENOSPC, "No space left on device", "x")
+
+    code, opt = _stage(tmp_path, monkeypatch, body)
+    assert code == 1 and not opt.failure_file.exists()  # the coordinator then reports the exit code, not ""
+
+
+def test_a_stage_that_succeeds_leaves_no_reserve(tmp_path, monkeypatch):
+    from dilforge_shared.contract import StageResult
+
+    code, opt = _stage(tmp_path, monkeypatch, lambda config, ctx: StageResult(metrics={}), publish=False)
+    assert code == 0 and not (opt.output_dir / ".failure-reserve").exists() and not opt.failure_file.exists()
