@@ -62,3 +62,36 @@ def test_the_budget_drops_the_rarest_pre_tokens_and_says_so(tmp_path):
     assert result.summary()["x"]["distinct"] == len(words)
     unbounded = pretokens.count(corpus(tmp_path, lines), {"x": llama3.empty_bpe()}, max_words=10**6, num_workers=1)
     assert "x" not in unbounded.pruned and len(unbounded.words["x"]) > 3000
+
+
+@pytest.mark.timeout(60)
+def test_a_counting_process_killed_by_sigkill_leaves_no_worker_behind(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    path = tmp_path / "a.txt"
+    path.write_text("\n".join(LINES) + "\n", encoding="utf-8")
+    script = f"""
+import time
+from dilforge_shared.configs.tokenizer import CorpusSource
+from dilforge_tokenizer import llama3, pretokens
+from dilforge_tokenizer.stream import CorpusStream
+pretokens._count_batch = lambda *_: time.sleep(600)  # workers busy when the counting process is killed
+stream = CorpusStream([CorpusSource(uri={str(path)!r})], progress=False)
+pretokens.count(stream, {{"x": llama3.empty_bpe()}}, max_words=10**6, num_workers=2)
+"""
+    proc = subprocess.Popen([sys.executable, "-c", script])
+    parent = psutil.Process(proc.pid)
+    deadline = time.monotonic() + 30
+    while len(parent.children()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    workers = parent.children()
+    assert len(workers) >= 2
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    gone, alive = psutil.wait_procs(workers, timeout=10)
+    assert not alive, [p.pid for p in alive]

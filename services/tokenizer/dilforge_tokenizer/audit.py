@@ -6,7 +6,7 @@ corpus (`dead_new_tokens_frac`; for `replace` every learned, non-byte token is n
 string does not encode to themselves, and how much of the vocabulary each corpus uses.
 
 Encoding the corpus is done per unique pre-tokenized word with the BPE model alone (the pre-tokenizer
-never lets a token cross a word), so the audit costs one `encode_batch` over the distinct words.
+never lets a token cross a word), so the audit costs one encode of the distinct words.
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ from collections.abc import Iterable
 
 from tokenizers import Tokenizer
 
-from .continued import merge_pair, model_only
+from .continued import encoded_ids, merge_pair, model_only
 
 
 def used_ids(encoder: Tokenizer, texts: list[str]) -> set[int]:
     out: set[int] = set()
-    for enc in encoder.encode_batch(texts, add_special_tokens=False):
-        out.update(enc.ids)
+    for ids in encoded_ids(encoder, texts):
+        out.update(ids)
     return out
 
 
@@ -43,11 +43,7 @@ def audit(
     train_used = used_ids(model, list(words)) if words is not None else set()
     dead_new = {i for i in new_ids if i not in train_used}
     strings = list(regular)
-    not_own = [
-        regular[t]
-        for t, enc in zip(strings, model.encode_batch(strings, add_special_tokens=False), strict=False)
-        if enc.ids != [regular[t]]
-    ]
+    not_own = [regular[t] for t, ids in zip(strings, encoded_ids(model, strings), strict=True) if ids != [regular[t]]]
     usage = {"train": round(len(train_used & set(regular.values())) / max(1, len(regular)), 4)}
     for name, texts in sets.items():
         ids = used_ids(tok, texts)
@@ -81,8 +77,7 @@ def corpus_use(doc: dict, words: Iterable[str], first_new_id: int) -> tuple[Coun
     words = list(words)
     counts: Counter = Counter()
     chained: set[int] = set()
-    for word, enc in zip(words, model_only(doc).encode_batch(words, add_special_tokens=False), strict=False):
-        ids = enc.ids
+    for word, ids in zip(words, encoded_ids(model_only(doc), words), strict=True):
         n = weights[word] if weights is not None else 1
         for i in ids:
             counts[i] += n

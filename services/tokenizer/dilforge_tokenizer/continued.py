@@ -8,7 +8,7 @@ segmentation* of every corpus word, so a merge appended after the base's applies
 exactly as it did in training.
 
 How, fast: the corpus is pre-tokenized by the base's own normalizer/pre-tokenizer, each unique word
-is segmented by the base's BPE model (one Rust `encode_batch`), every base token id becomes one
+is segmented by the base's BPE model (Rust `encode_batch`, in chunks), every base token id becomes one
 private character (chr(0x10000 + id), never whitespace), and the `tokenizers` BPE trainer — Rust,
 multi-threaded — learns merges over those character strings with the word counts. Its merges map
 back to pairs of base-vocabulary strings. A merge whose result already is a vocabulary string maps to
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+from array import array
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -63,14 +64,22 @@ class Segmented:
 
     words: list[str]
     counts: list[int]
-    ids: list[list[int]]
+    ids: list[array]  # of unsigned ints
+
+
+def encoded_ids(encoder: Tokenizer, texts: list[str], chunk: int = 16_384) -> Iterator[list[int]]:
+    """The ids of each text, encoded `chunk` texts at a time: one `encode_batch` of millions of words would hold
+    an Encoding object (tokens, offsets, masks: about 1 KB) for every one of them at once."""
+    for start in range(0, len(texts), chunk):
+        for enc in encoder.encode_batch(texts[start : start + chunk], add_special_tokens=False):
+            yield enc.ids
 
 
 def segment(words: Counter, doc: dict) -> Segmented:
-    encoder = model_only(doc)
+    """Each unique word's segmentation by the base's BPE model, as compact arrays of ids."""
     unique = list(words)
-    encodings = encoder.encode_batch(unique, add_special_tokens=False)
-    return Segmented(words=unique, counts=[words[w] for w in unique], ids=[e.ids for e in encodings])
+    ids = [array("I", i) for i in encoded_ids(model_only(doc), unique)]
+    return Segmented(words=unique, counts=[words[w] for w in unique], ids=ids)
 
 
 def digit_ids(doc: dict) -> frozenset[int]:

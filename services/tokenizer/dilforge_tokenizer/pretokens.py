@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
+from dilforge_shared.processes import die_with_parent
 from tokenizers import Tokenizer
 
 from .stream import CorpusStream
@@ -73,7 +74,12 @@ def count(
         try:
             # the executor, not multiprocessing.Pool: a dead worker raises BrokenProcessPool instead of a map
             # that waits forever; at most 2 batches a worker in flight, so memory stays bounded
-            with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+            with ProcessPoolExecutor(
+                workers,
+                mp_context=multiprocessing.get_context("fork"),
+                initializer=die_with_parent,  # a stage killed even by -9 leaves no worker behind
+                initargs=(os.getpid(),),
+            ) as pool:
                 pool.submit(int).result()  # forks every worker now, before the stream's read-ahead thread starts
                 batches = stream.batches()
                 pending: deque = deque()
