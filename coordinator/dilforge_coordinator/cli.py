@@ -228,7 +228,8 @@ def manifest_show(
 def manifest_validate(
     uri: Annotated[str, typer.Argument(help="Artifact folder or manifest.json URI")], endpoint: EndpointOpt = None
 ) -> None:
-    """Check the manifest's schema and every file's size and sha256."""
+    """Check the manifest's schema and recorded digest, every file's size and sha256, and that the artifact holds
+    nothing its manifest does not list."""
     try:
         art = fetch(uri, endpoint_url=endpoint)
     except USER_ERRORS as exc:

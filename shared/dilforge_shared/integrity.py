@@ -17,7 +17,7 @@ from .errors import DilforgeError, IntegrityError, ManifestError, ManifestNotFou
 from .manifest import MANIFEST_NAME, Manifest
 from .settings import settings
 from .store import NotFound, Storage, artifact_storage, manifest_uri_of, open_backend, read_manifest, verify_files
-from .store.artifacts import recorded_digest_problem
+from .store.artifacts import extra_keys, recorded_digest_problem
 
 STAMP_NAME = ".verified.json"  # local stores: (size, mtime_ns, inode) of each file when last fully verified
 
@@ -95,8 +95,7 @@ def check_artifact(
             if full and mode == "stamp" and not fast:
                 backend.write_bytes(STAMP_NAME, json.dumps(_stamp(manifest, digest, local)).encode())
             return None
-        listed = {f"{manifest.data_dir}/{entry.path}" for entry in manifest.files}
-        if extra := sorted(k for k in backend.list(manifest.data_dir) if k not in listed):
+        if extra := extra_keys(manifest, backend):
             return f"{muri}: {extra[0]} not listed in the manifest: an artifact holds exactly its manifest's files"
         for entry in manifest.files:
             try:

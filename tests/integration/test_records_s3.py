@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 import threading
 
+import pytest
 from dilforge_coordinator import pipeline as pl
 from dilforge_coordinator.records import RunRecord, record_lock
 from dilforge_shared.configs import load_pipeline
+from dilforge_shared.errors import IntegrityError
 from dilforge_shared.integrity import check_artifact
 from dilforge_shared.manifest import MANIFEST_NAME, sha256_bytes
-from dilforge_shared.store import ArtifactStore, open_backend
+from dilforge_shared.store import ArtifactStore, fetch, open_backend
 from dilforge_shared.store.artifacts import manifest_digest_key
 from test_reliability_s3 import S3Publishing, _config
 
@@ -42,6 +44,8 @@ def test_an_object_added_to_an_s3_artifact_or_an_edited_manifest_is_caught(s3_bu
     raw = json.loads(art.read_bytes(MANIFEST_NAME))
     art.write_bytes(f"{raw['data_dir']}/sub/zz-injected.jsonl", b'{"text": "POISON"}\n')
     assert "zz-injected.jsonl not listed in the manifest" in check_artifact(uri)
+    with pytest.raises(IntegrityError, match="zz-injected.jsonl not listed in the manifest"):
+        fetch(uri, cache_dir=tmp_path / "cache")  # what `manifest validate` runs
     art.delete(f"{raw['data_dir']}/sub/zz-injected.jsonl")
     assert check_artifact(uri) is None
     raw["metrics"] = {"edited": True}

@@ -219,6 +219,12 @@ def recorded_digest_problem(artifact_uri: str, manifest: Manifest, digest: str, 
     return None
 
 
+def extra_keys(manifest: Manifest, backend: Storage) -> list[str]:
+    """Objects under a remote artifact's data prefix that its manifest does not list."""
+    listed = {f"{manifest.data_dir}/{entry.path}" for entry in manifest.files}
+    return sorted(k for k in backend.list(manifest.data_dir) if k not in listed)
+
+
 def extra_files(manifest: Manifest, root: Path) -> list[str]:
     """What `root` holds besides the manifest's files (any file, link or special file, at any depth, hidden ones too)."""
     listed = {entry.path for entry in manifest.files}
@@ -274,6 +280,10 @@ def fetch(uri: str, cache_dir: Path | None = None, endpoint_url: str | None = No
     if local is not None:
         verify_files(manifest, local, muri)
     else:
+        if extra := extra_keys(manifest, backend):
+            raise IntegrityError(
+                f"{muri}: {extra[0]} not listed in the manifest: an artifact holds exactly its manifest's files"
+            )
         # the cached copy has the artifact's layout (manifest.json beside its data folder), so a reader of the
         # folder finds the manifest that lists its files (corpus.artifact_files)
         cache_dir = cache_dir or (settings().cache or Path(tempfile.gettempdir())) / "dilforge-cache"
