@@ -13,7 +13,8 @@ What counts as garbage, and why it is safe to remove:
 - `temp`: the store's `.<name>.<uuid>.tmp` beside a manifest, record or lock; in the download cache's `models/`,
   `digests/` and `wheels/` what their writers leave (CACHE_LEFTOVERS); all older than --min-age.
 - `staging`: a `.dilforge-<kind>-<pid>-<uuid>` folder (export, converter download) whose process is gone.
-- `work`: a local work folder (`/opt/ml` root) no live process holds; it only serves to resume a failed run.
+- `work`: a work folder (`/opt/ml` root) the local backend made (its marker) that no live process holds; it only
+  serves to resume a failed run, and is removed under its lock.
 """
 
 from __future__ import annotations
@@ -67,19 +68,20 @@ def _age_s(path: Path) -> float:
         return 0.0
 
 
-class NotAStore(DilforgeError):
-    """--store names something gc cannot prove is a dilforge store: it removes nothing there."""
+class NotOurs(DilforgeError):
+    """A --store, --workdir or --export-dir that is no folder, or a store gc cannot prove is dilforge's: nothing
+    is removed."""
 
 
 def check_store(store: ArtifactStore) -> None:
-    """The store exists as a folder (or prefix) and carries the marker its writers leave; else NotAStore."""
+    """The store exists as a folder (or prefix) and carries the marker its writers leave; else NotOurs."""
     where = store.backend.uri
     root = store.backend.local_path("")
     if root is not None and not root.is_dir():
         what = "is a file, not a store folder" if root.exists() else "does not exist"
-        raise NotAStore(f"--store {root} {what}: nothing to collect")
+        raise NotOurs(f"--store {root} {what}: nothing to collect")
     if not store.backend.exists(STORE_MARKER):
-        raise NotAStore(
+        raise NotOurs(
             f"--store {where} is not a dilforge artifact store (no {STORE_MARKER}, which every publish and run record "
             "writes): gc removes nothing where it cannot prove the files are dilforge's; a store made by an older "
             f"dilforge gets the marker on its next run (or create {STORE_MARKER} in it yourself)"
@@ -214,7 +216,7 @@ def _cache_leftovers(cache: Path, min_age_s: float) -> list[Garbage]:
 def find_staging_garbage(folder: Path) -> list[Garbage]:
     """Staging folders a killed export left in its --out folder."""
     if not folder.is_dir():
-        raise NotAStore(f"--export-dir {folder} is not a folder")
+        raise NotOurs(f"--export-dir {folder} is not a folder")
     return [
         Garbage("staging", str(p), "staging folder of an export that was killed", lambda p=p: staging.remove(p))
         for p in staging.abandoned(folder)
@@ -246,7 +248,7 @@ def find_work_garbage(workdir: Path, min_age_s: float, caches: Iterable[Path] = 
         if cache.is_dir():
             found += _cache_leftovers(cache, min_age_s)
     if workdir.exists() and not workdir.is_dir():
-        raise NotAStore(f"--workdir {workdir} is a file, not a folder")
+        raise NotOurs(f"--workdir {workdir} is a file, not a folder")
     for path in _subfolders(workdir):
         if WORK_NAME.match(path.name) and (path / WORK_MARKER).is_file():
             if is_locked(workdir / f"{path.name}.lock"):
