@@ -285,9 +285,25 @@ _SHADOW.update(
 )
 
 
+def _char_class(codepoints: list[int]) -> re.Pattern:
+    """A regex class of these code points as ranges (a class of hundreds of single characters is 6x slower)."""
+    ranges: list[list[int]] = []
+    for c in sorted(codepoints):
+        if ranges and c == ranges[-1][1] + 1:
+            ranges[-1][1] = c
+        else:
+            ranges.append([c, c])
+    return re.compile(
+        "[" + "".join(re.escape(chr(a)) + (f"-{re.escape(chr(b))}" if b > a else "") for a, b in ranges) + "]"
+    )
+
+
+_SHADOWED = _char_class(list(_SHADOW))
+
+
 def shadow(text: str) -> str:
     """`text` with the same length, in the characters the contact patterns match (see above)."""
-    return text.translate(_SHADOW)
+    return text.translate(_SHADOW) if _SHADOWED.search(text) else text
 
 
 # An e-mail address: a dot-atom local part of Unicode letters (`əli`) or a quoted one (`"ali veli"`), '@', then
@@ -374,9 +390,12 @@ class ContactRedactor(BaseFormatter):
         ]
 
     def format(self, text: str) -> str:
+        view = shadow(text)
         for kind, pattern, length, placeholder in self.kinds:
+            if kind == "email" and "@" not in view:
+                continue
             out, pos, count = [], 0, 0
-            for match in pattern.finditer(shadow(text)):
+            for match in pattern.finditer(view):
                 n = length(match.group(0))
                 if n:
                     out += [text[pos : match.start()], placeholder]
@@ -384,6 +403,7 @@ class ContactRedactor(BaseFormatter):
                     count += 1
             if count:
                 text = "".join(out) + text[pos:]
+                view = shadow(text)
                 self.stat_update(f"documents_with_{kind}")
                 self.stat_update(f"{kind}s_replaced", value=count)
         return text
