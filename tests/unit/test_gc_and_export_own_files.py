@@ -9,6 +9,7 @@ later run recognises, cleanup that removes only its own links (by inode), the sy
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -322,6 +323,30 @@ def test_a_hard_link_appearing_at_the_target_is_kept_and_only_our_links_go(fake,
     assert rc == 1 and "appeared during the export" in err and err.count("\n") == 0, err
     assert sorted(p.name for p in out.iterdir()) == [f"m-q8_0.{target}"], "no staging folder, no half export"
     assert (out / f"m-q8_0.{target}").read_text() == "mine" and user.stat().st_nlink == 2
+
+
+def test_a_folder_without_hard_links_gets_copies_and_a_failed_copy_leaves_nothing(fake, tmp_path, capsys, monkeypatch):
+    def no_links(src, dst):  # a FAT/exFAT stick
+        raise PermissionError(errno.EPERM, "Operation not permitted", str(src))
+
+    monkeypatch.setattr(export.os, "link", no_links)
+    rc, err = _main(capsys, tmp_path / "stick")
+    assert rc == 0, err
+    assert (tmp_path / "stick" / "m-q8_0.gguf").read_bytes() == b"GGUF"
+    assert sorted(p.name for p in (tmp_path / "stick").iterdir()) == ["m-q8_0.Modelfile", "m-q8_0.gguf"]
+    real_copy = export.shutil.copyfileobj
+    calls = []
+
+    def copy_then_fail(fin, fout, *args):
+        calls.append(fout.name)
+        if len(calls) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device", fout.name)
+        real_copy(fin, fout, *args)
+
+    monkeypatch.setattr(export.shutil, "copyfileobj", copy_then_fail)
+    rc, err = _main(capsys, tmp_path / "full", "--quant", "f16")
+    assert rc == 1 and "No space left on device" in err and err.count("\n") == 0, err
+    assert list((tmp_path / "full").iterdir()) == [], "the first copy is removed, no staging left"
 
 
 @pytest.mark.parametrize("kind", ["symlink", "dangling"])

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import errno
 import hashlib
 import json
 import logging
@@ -309,29 +310,54 @@ def make_out_dir(out_dir: Path) -> None:
         raise ExportError(f"--out {out_dir}: cannot create the folder ({exc.strerror or exc})") from None
 
 
+NO_HARD_LINKS = (errno.EPERM, errno.EXDEV, errno.EOPNOTSUPP, errno.EMLINK)  # FAT/exFAT sticks, some mounts
+
+
+def _place(src: Path, dest: Path) -> tuple[int, int]:
+    """`src` at `dest`, created exclusively: a hard link, or a copy where the filesystem has none. Returns the
+    (device, inode) of what was created there."""
+    try:
+        os.link(src, dest)
+        st = src.stat()
+    except OSError as exc:
+        if exc.errno not in NO_HARD_LINKS:
+            raise
+        with open(src, "rb") as fin, open(dest, "xb") as fout:
+            st = os.fstat(fout.fileno())
+            try:
+                shutil.copyfileobj(fin, fout, 16 << 20)
+            except BaseException:
+                _remove_own(dest, (st.st_dev, st.st_ino))
+                raise
+    return st.st_dev, st.st_ino
+
+
+def _remove_own(path: Path, ident: tuple[int, int]) -> None:
+    """Unlink `path` only if it is still the file this export created there (same device and inode)."""
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        return
+    if (st.st_dev, st.st_ino) == ident:
+        path.unlink()
+
+
 def link_into(work: Path, out_dir: Path, names: list[str]) -> None:
-    """Hard-link each staged file into `out_dir`, never over anything (a file, a symlink, a link that appeared
-    meanwhile). On failure remove only the links this call made: the same inode as the staged file."""
+    """Place each staged file in `out_dir`, never over anything (a file, a symlink, a link that appeared
+    meanwhile). On failure remove only what this call created there: checked by device and inode."""
     made: list[tuple[Path, tuple[int, int]]] = []
     try:
         for name in names:
-            st = (work / name).stat()
             try:
-                os.link(work / name, out_dir / name)
+                made.append((out_dir / name, _place(work / name, out_dir / name)))
             except FileExistsError:
                 raise ExportError(
                     f"{out_dir / name} appeared during the export (another export into this --out?); "
                     "exports are never overwritten: nothing of this one was kept"
                 ) from None
-            made.append((out_dir / name, (st.st_dev, st.st_ino)))
     except BaseException:
         for path, ident in made:
-            try:
-                st = path.lstat()
-            except FileNotFoundError:
-                continue
-            if (st.st_dev, st.st_ino) == ident:
-                path.unlink()
+            _remove_own(path, ident)
         raise
 
 
