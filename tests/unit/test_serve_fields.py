@@ -231,6 +231,31 @@ def test_a_template_option_is_taken_only_as_a_short_scalar_and_its_tokens_count(
         check(guard, chat(chat_template_kwargs={"bos_token": "x"}))
 
 
+def test_templates_offer_only_their_own_variables():
+    tools = "{% for t in tools or [] %}{{ t['function']['name'] }}{% endfor %}{{ date_string }}{{ eos_token }}"
+    assert ServedTemplate.of(tools) == ServedTemplate(frozenset({"date_string"}), renders_tools=True)
+    assert ServedTemplate.of({"default": tools, "rag": "{{ documents }}"}).options == {"date_string"}
+    assert ServedTemplate.of("{% generation %}x{% endgeneration %}") == ServedTemplate()  # unparsable: none
+    assert ServedTemplate.of(None) == ServedTemplate() == ServedTemplate.of({"tool_use": tools})
+
+
+def test_tools_are_taken_only_by_a_template_that_renders_them_and_count_as_prompt(tokenizer):
+    template = (
+        "{% for t in tools or [] %}{{ t | tojson }}{% endfor %}{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    )
+    tok = tokenizer.__class__.from_pretrained(tokenizer.name_or_path)
+    tok.chat_template = template
+    guard = RequestGuard(None, "m", tok, context=128)
+    tool = {"type": "function", "function": {"name": "weather", "description": "Hava", "parameters": {}}}
+    assert check(guard, chat(tools=[tool]))["tools"] == [tool]
+    with pytest.raises(BadRequest, match="the prompt is .* tokens; this model's context is 128"):
+        check(guard, chat(tools=[{**tool, "function": {**tool["function"], "description": "uzun " * 200}}]))
+    with pytest.raises(BadRequest, match="contains the control token"):
+        check(guard, chat(tools=[{**tool, "function": {**tool["function"], "description": FORGED}}]))
+    with pytest.raises(BadRequest, match="tools\\[0\\] must be"):
+        check(guard, chat(tools=[{"type": "function"}]))
+
+
 def test_fuzzed_bodies_are_taken_or_refused_with_one_4xx_line(guard):
     from fuzzing import FUZZ
     from hypothesis import given

@@ -94,9 +94,12 @@ class ServedTemplate:
     renders_tools: bool = False
 
     @classmethod
-    def of(cls, template: str | None) -> ServedTemplate:
-        """The template's own variables (other than the reserved ones and special tokens) become its options."""
-        if not template:
+    def of(cls, template: str | dict | None) -> ServedTemplate:
+        """The template's own variables (other than the reserved ones and special tokens) become its options. A
+        tokenizer with named templates renders its `default` one; one that does not parse offers none."""
+        if isinstance(template, dict):
+            template = template.get("default")
+        if not isinstance(template, str) or not template:
             return cls()
         import jinja2
         from jinja2 import meta
