@@ -22,6 +22,7 @@ import uuid
 from pathlib import Path
 from types import SimpleNamespace
 
+import fuzzing
 import pytest
 from dilforge_coordinator import gc
 from dilforge_coordinator import pipeline as pl
@@ -35,6 +36,8 @@ from dilforge_shared.locks import FileLock
 from dilforge_shared.manifest import Manifest, current_producer
 from dilforge_shared.store import publish
 from dilforge_shared.store.artifacts import STORE_MARKER
+from hypothesis import given
+from hypothesis import strategies as st
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
@@ -491,3 +494,45 @@ def test_sft_system_prompt_refuses_what_export_refuses(prompt):
         SftConfig.model_validate({"train": [{"uri": "x.jsonl"}], "system_prompt": prompt})
     ok = SftConfig.model_validate({"train": [{"uri": "x.jsonl"}], "system_prompt": 'Sən "köməkçi"sən.'})
     assert ok.system_prompt == 'Sən "köməkçi"sən.'
+
+
+# ---- fuzz: any accepted system prompt is exactly one SYSTEM value of the Modelfile ------------------------------
+
+PIECES = ['"', '"""', "\n", "\r", " ", "\\", "ADAPTER ../x", "PARAMETER num_ctx 1", "SYSTEM ", "FROM ./x", "Salam"]
+PIECES += ["<|eot_id|>", "<|im_end|>", "<|", "|>", "\x00", "\udcff", "ə", "{{ .System }}"]
+
+
+def _parse_modelfile(text: str) -> list[tuple[str, str]]:
+    """(command, value) pairs as Ollama reads a Modelfile: a triple-quoted value runs to the first closing triple
+    quote, anything else to the end of its line; text after a closing quote on its line is an error."""
+    out, i = [], 0
+    while i < len(text):
+        if text[i] in " \t\r\n":
+            i += 1
+            continue
+        j = text.index(" ", i)
+        command = text[i:j]
+        if text.startswith('"""', j + 1):
+            end = text.index('"""', j + 4)
+            value, i = text[j + 4 : end], end + 3
+            rest = text[i : text.find("\n", i) if "\n" in text[i:] else len(text)]
+            assert rest.strip() == "", f"text after the closing quotes of {command}: {rest!r}"
+        else:
+            end = text.find("\n", j)
+            end = len(text) if end < 0 else end
+            value, i = text[j + 1 : end], end
+        out.append((command, value))
+    return out
+
+
+@fuzzing.FUZZ
+@given(st.lists(st.sampled_from(PIECES), max_size=12).map("".join) | st.text(max_size=80))
+def test_any_system_prompt_is_refused_or_is_exactly_one_system_value(prompt):
+    from dilforge_shared.families import FAMILIES, system_prompt_problem
+
+    if system_prompt_problem(prompt) is not None or not prompt:
+        return
+    text = export.modelfile("m.gguf", FAMILIES["chatml"], prompt)
+    commands = _parse_modelfile(text)
+    assert [c for c, _ in commands] == ["FROM", "TEMPLATE", "SYSTEM", "PARAMETER", "PARAMETER"], commands
+    assert commands[2][1] == prompt
