@@ -36,7 +36,7 @@ from dilforge_shared.locks import FileLock
 from dilforge_shared.manifest import Manifest, current_producer
 from dilforge_shared.store import publish
 from dilforge_shared.store.artifacts import STORE_MARKER
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 from typer.testing import CliRunner
@@ -536,3 +536,23 @@ def test_any_system_prompt_is_refused_or_is_exactly_one_system_value(prompt):
     commands = _parse_modelfile(text)
     assert [c for c, _ in commands] == ["FROM", "TEMPLATE", "SYSTEM", "PARAMETER", "PARAMETER"], commands
     assert commands[2][1] == prompt
+
+
+NAME_PIECES = [".", "tmp", ".tmp", ".old", ".partial", "data-", "0123456789ab", "a" * 32, "12345678", "-", "x", "3"]
+
+
+@settings(fuzzing.FUZZ, max_examples=max(fuzzing.FUZZ_EXAMPLES // 4, 10))  # a publish and a gc per example
+@given(st.lists(st.lists(st.sampled_from(NAME_PIECES), min_size=1, max_size=5).map("".join), min_size=1, max_size=6))
+def test_gc_never_removes_a_file_of_a_published_artifact_whatever_its_name(tmp_path_factory, names):
+    tmp = tmp_path_factory.mktemp("fuzz-gc")
+    src = tmp / "model"
+    src.mkdir()
+    names = sorted({n for n in names if n not in (".", "..")}) or ["x"]
+    for n in names:
+        (src / n).write_text(n)
+    uri = _publish(tmp / "store", src)
+    data = next(Path(uri).glob("data-*"))
+    _old(*data.iterdir(), data)
+    result = _gc("--store", str(tmp / "store"), "--workdir", str(tmp / "w"), "--delete")
+    assert result.exit_code == 0 and "0 item(s) removed" in result.output, result.output
+    assert sorted(p.name for p in data.iterdir()) == names and check_artifact(uri) is None
