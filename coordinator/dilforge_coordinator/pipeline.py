@@ -19,7 +19,7 @@ from dilforge_shared.settings import settings
 from dilforge_shared.stages import STAGE_MODULES, STAGES, image_of
 from dilforge_shared.store import ArtifactStore, artifact_exists
 
-from .records import RunRecord, record_artifacts
+from .records import RunRecord, record_artifacts, running_owner
 
 log = logging.getLogger("dilforge.coordinator")
 
@@ -84,8 +84,7 @@ def track_run(store: ArtifactStore, record: RunRecord, body):
         record.status, record.error = "failed", str(exc)[:2000] or type(exc).__name__
         raise
     finally:
-        record.close_running(record.status if record.status != "succeeded" else "failed")
-        record.save(store)
+        record.save(store, close=record.status if record.status != "succeeded" else "failed")
 
 
 def artifact_lock(store: ArtifactStore, stage: str, artifact_id: str) -> FileLock | S3Lease:
@@ -210,7 +209,7 @@ def _reuse_or_run(job: StageJob, stage: str, backend: Backend, store: ArtifactSt
         print(f"[{stage}] reusing {job.artifact_uri} (same config and inputs)", flush=True)
         return "reused"
     print(f"[{stage}] running on {backend.name} → {job.artifact_uri}", flush=True)
-    record.set_stage(store, stage, job.artifact_uri, "running", backend=backend.name)
+    record.set_stage(store, stage, job.artifact_uri, "running", backend=backend.name, owner=running_owner())
     record.save(store)
     try:
         backend.run(job)

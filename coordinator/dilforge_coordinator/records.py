@@ -20,6 +20,8 @@ import contextlib
 import copy
 import json
 import logging
+import os
+import socket
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -132,6 +134,26 @@ def record_lock(store: ArtifactStore, run_id: str) -> FileLock | S3Lease:
     return S3Lease(store.backend, key, settings().lock_lease_seconds, poll_s=0.2)
 
 
+def running_owner() -> dict:
+    """Who runs a stage, kept in its `running` entry: what tells a live concurrent attempt from a dead one."""
+    return {"pid": os.getpid(), "host": socket.gethostname()}
+
+
+def _alive(owner: dict | None) -> bool:
+    """False for a process on this host that is gone, or no owner (an entry of an older coordinator)."""
+    if not isinstance(owner, dict) or not isinstance(owner.get("pid"), int):
+        return False
+    if owner.get("host") != socket.gethostname():
+        return True  # cannot tell from here
+    try:
+        os.kill(owner["pid"], 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
+
+
 def _entry(entry: StageEntry) -> dict:
     data = entry.model_dump(exclude_none=True)
     if not data.get("also"):
@@ -203,8 +225,9 @@ class RunRecord:
             if also:
                 mine["also"] = also
 
-    def save(self, store: ArtifactStore) -> None:
-        """Write the record under its lock, merged with what is there now (never a lost artifact)."""
+    def save(self, store: ArtifactStore, close: str | None = None) -> None:
+        """Write the record under its lock, merged with what is there now (never a lost artifact); `close`: end
+        the attempts left running with that status (`close_running`), after the merge."""
         lock = record_lock(store, self.run_id)
         lock.acquire()
         try:
@@ -216,17 +239,20 @@ class RunRecord:
             with contextlib.suppress(DamagedRecord):
                 if data is not None:
                     self.merge(RunRecord.from_doc(parse_record(data, store.run_record_key(self.run_id))))
+            if close is not None:
+                self.close_running(close)
             store.write_run_record(self.run_id, self.to_json())
             self.base = copy.deepcopy(self.stages)
         finally:
             lock.release()
 
     def close_running(self, status: str) -> None:
-        """Attempts this process left `running` end with `status` (another process's running stage is its own)."""
-        for name in self.touched:
-            info = self.stages.get(name) or {}
-            if info.get("status") == "running":
+        """Attempts left `running` end with `status`: this process's, and those of a process that is gone (killed
+        or crashed); a live process's running stage, here or on another host, is its own to end."""
+        for name, info in self.stages.items():
+            if info.get("status") == "running" and (name in self.touched or not _alive(info.get("owner"))):
                 info["status"] = status
+                info.pop("owner", None)
 
     @classmethod
     def from_doc(cls, doc: RecordDoc) -> RunRecord:

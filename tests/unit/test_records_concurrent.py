@@ -4,13 +4,14 @@ with the default id) both keep their artifacts, and gc never counts either unref
 from __future__ import annotations
 
 import json
+import socket
 import threading
 from pathlib import Path
 
 import factories
 from dilforge_coordinator import pipeline as pl
 from dilforge_coordinator.cli import app
-from dilforge_coordinator.records import RunRecord, record_lock
+from dilforge_coordinator.records import RunRecord, record_lock, running_owner
 from dilforge_shared.configs import PipelineConfig, load_pipeline, validate_model
 from dilforge_shared.store import ArtifactStore, publish
 from test_reliability import PublishingBackend, write_config
@@ -72,16 +73,19 @@ def test_interleaved_saves_merge_instead_of_overwriting(tmp_path):
     assert {entry["artifact"], *entry.get("also", [])} == {"artifacts/model/m1", "artifacts/model/m2"}
 
 
-def test_a_stage_only_another_process_changed_keeps_its_entry_and_its_running_state(tmp_path):
+def test_a_stage_only_a_live_process_changed_keeps_its_entry_and_its_running_state(tmp_path):
     store = ArtifactStore(str(tmp_path / "store"))
     mine, theirs = RunRecord.load(store, "r"), RunRecord.load(store, "r")
-    theirs.set_stage(store, "cpt", store.artifact_uri("cpt", "c1"), "running")
+    theirs.set_stage(store, "cpt", store.artifact_uri("cpt", "c1"), "running", owner=running_owner())
+    theirs.set_stage(
+        store, "sft", store.artifact_uri("sft", "s1"), "running", owner={"pid": 2**22 + 7, "host": socket.gethostname()}
+    )
     theirs.save(store)
     mine.set_stage(store, "tokenizer", store.artifact_uri("tokenizer", "t1"), "running")
-    mine.close_running("failed")  # this process stops: only its own attempt ends
-    mine.save(store)
+    mine.save(store, close="failed")  # this process stops: its attempt ends, and a dead process's
     stages = RunRecord.load(store, "r").stages
     assert stages["tokenizer"]["status"] == "failed" and stages["cpt"]["status"] == "running"
+    assert stages["sft"]["status"] == "failed", "the attempt of a process that is gone ends too"
 
 
 def test_a_record_write_waits_for_the_records_lock(tmp_path):
