@@ -128,6 +128,9 @@ def test_interpolating_a_secret_named_variable_is_refused(tmp_path, monkeypatch,
     with pytest.raises(ConfigError, match="may not be interpolated") as err:
         load_pipeline(path)
     assert "s3cr3t-licence-value" not in str(err.value)
+    result = CliRunner().invoke(app, ["run-all", "-c", str(path)])
+    assert result.exit_code == 1 and "may not be interpolated" in result.output, result.output
+    assert "s3cr3t-licence-value" not in result.output and not (tmp_path / "store").exists()
 
 
 def test_an_environment_secret_in_a_stage_failure_never_reaches_the_run_record(tmp_path, monkeypatch):
