@@ -241,6 +241,7 @@ class RunRecord:
                     self.merge(RunRecord.from_doc(parse_record(data, store.run_record_key(self.run_id))))
             if close is not None:
                 self.close_running(close)
+            self.stages = redact_values(self.stages)  # as written, so the next merge compares like with like
             store.write_run_record(self.run_id, self.to_json())
             self.base = copy.deepcopy(self.stages)
         finally:

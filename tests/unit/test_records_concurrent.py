@@ -138,3 +138,19 @@ def test_a_pipeline_run_still_replaces_its_stages_artifact(tmp_path):
     first = pl.run_one(_import_config(tmp_path, "a"), "model", ModelPublishing(), {})
     pl.run_one(_import_config(tmp_path, "b"), "model", ModelPublishing(), {})
     assert first.rsplit("/", 1)[1] in _unreferenced(tmp_path)
+
+
+def test_a_redacted_error_is_not_taken_for_another_writers_change(tmp_path, monkeypatch):
+    """The record is written redacted; the next save compares against what was written, so an attempt whose
+    error held a secret does not leave its last good artifact behind as another writer's."""
+    monkeypatch.setenv("ACME_TOKEN", "tok-0123456789-secret")
+    store = ArtifactStore(str(tmp_path / "store"))
+    record = RunRecord.load(store, "r")
+    record.set_stage(store, "tokenizer", store.artifact_uri("tokenizer", "t1"), "produced")
+    record.save(store)
+    record.set_stage(store, "tokenizer", store.artifact_uri("tokenizer", "t2"), "failed", error="tok-0123456789-secret")
+    record.save(store)
+    record.set_stage(store, "tokenizer", store.artifact_uri("tokenizer", "t2"), "produced")
+    record.save(store)
+    entry = RunRecord.load(store, "r").stages["tokenizer"]
+    assert entry == {"artifact": "artifacts/tokenizer/t2", "status": "produced"}
