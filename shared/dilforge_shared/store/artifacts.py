@@ -192,7 +192,7 @@ def recorded_digest_problem(artifact_uri: str, manifest: Manifest, digest: str, 
     manifest (same data folder): the manifest was edited after it was produced or reused, whatever its sidecar says.
     Only artifacts at `<store>/artifacts/<stage>/<id>` have records to ask."""
     root, sep, tail = artifact_uri.rstrip("/").rpartition("/artifacts/")
-    if not sep or tail.count("/") != 1:
+    if not sep or not root or tail.count("/") != 1:
         return None
     address = f"artifacts/{tail}"
     try:
