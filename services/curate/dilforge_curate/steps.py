@@ -313,31 +313,36 @@ EMAIL = (
     rf"(?<![\w.!#$%&'*+/=?^`{{|}}~\x01\\-])(?:{_ATOM}(?:\.{_ATOM})*|\"(?:[^\"\\\r\n]|\\.){{1,64}}\")"
     r"\x01*@\x01*(?:[^\W_](?:[\w\x01-]{0,62}[^\W_])?\.)+(?:[^\W\d_]{2,63}|xn--[a-z0-9-]{1,59})(?![\w-])"
 )
-# A phone number is a run of digit groups joined by up to three separators (space, dot, dash, parentheses), maybe
-# after '+'. Which runs are phones is decided on their digits (`phone_length`), so the same rules hold for any
-# spacing: '+' or '00' and a country code (9-15 digits; Azerbaijan's +994 exactly 12), Azerbaijan's trunk '0' with
-# an area or mobile code (10 digits: `0 50 123 45 67`, `(012) 493-12-34`), `994` and 9 digits, or a mobile or
-# Baku code written as its own group before 7 digits (`50 123 45 67`). Plain numbers (sums, years, dates, article
-# numbers) match none of these and are never touched.
-PHONE_RUN = r"(?<![\w+\x01])(?:\(?\+[ .\-()\x01]{0,3})?\(?\d(?:[ .\-()\x01]{0,3}\d)*\)?(?![\w@])"
+# A phone number is a run of digit groups joined by up to four separator characters (space, dot, dash,
+# parentheses), maybe after '+'. Which runs are phones is decided on their digits (`phone_length`), so the same
+# rules hold for any spacing: '+' or '00' and a country code (9-15 digits; Azerbaijan's +994 exactly 12),
+# Azerbaijan's trunk '0' with an area or mobile code (10 digits: `0 50 123 45 67`, `(012) 493-12-34`), `994` and 9
+# digits, or a mobile or Baku code written as its own group before 7 digits (`50 123 45 67`). Plain numbers (sums,
+# years, dates, article numbers) match none of these and are never touched.
+PHONE_RUN = r"(?<![\w+\x01])(?:\(?\+[ .\-()\x01]{0,4})?\(?\d(?:[ .\-()\x01]{0,4}\d)*\)?(?![\w@])"
 _AZ_CODES = {"10", "12", "18", "36", "40", "50", "51", "55", "60", "70", "77", "99", *(f"2{d}" for d in range(10))}
 _AZ_BARE = {"10", "12", "50", "51", "55", "60", "70", "77", "99"}  # codes written without the trunk 0
 _GROUP = re.compile(r"[\d\x01]+")
 CARD = r"(?<!\d)(?:\d[ \-\x01]?){12,18}\d(?!\d)"
 
 
-def _phone_ok(digits: str, plus: bool, groups: list[str]) -> bool:
+def _phone_ok(digits: str, plus: bool, groups: list[str], hidden: bool = False) -> bool:
+    """`hidden`: zero-width marks inside the digits, which nobody types in a sum: a bare code and 7 digits then
+    need no visible grouping."""
     if plus or digits.startswith("00"):
         rest = digits if plus else digits[2:]
         if rest.startswith("994"):
             return len(rest) == 12 and rest[3:5] in _AZ_CODES
         return rest[:1] != "0" and 9 <= len(rest) <= 15
     sizes = tuple(len(g) for g in groups)
-    if digits.startswith("0"):  # the trunk and code in one group, or `0 50 …` (a date `05.10.2023 14` is neither)
-        return len(digits) == 10 and digits[1:3] in _AZ_CODES and (sizes[0] >= 3 or sizes[:2] == (1, 2))
-    if digits.startswith("994"):
-        return len(digits) == 12 and digits[3:5] in _AZ_CODES and sizes[0] in (3, 12)
-    return len(digits) == 9 and groups[0] in _AZ_BARE and sizes in ((2, 3, 2, 2), (2, 3, 4), (2, 7))
+    # the trunk and code in one group, or `0 50 …` (a date `05.10.2023 14` is neither)
+    trunk = (
+        len(digits) == 10 and digits[0] == "0" and digits[1:3] in _AZ_CODES and (sizes[0] >= 3 or sizes[:2] == (1, 2))
+    )
+    country = len(digits) == 12 and digits[:3] == "994" and digits[3:5] in _AZ_CODES and sizes[0] in (3, 12)
+    shaped = groups[0] in _AZ_BARE and sizes in ((2, 3, 2, 2), (2, 3, 4), (2, 7))
+    bare = len(digits) == 9 and (shaped or (hidden and digits[:2] in _AZ_BARE))
+    return trunk or country or bare
 
 
 def phone_length(match: str) -> int:
@@ -349,8 +354,8 @@ def phone_length(match: str) -> int:
         digits = "".join(g for _, g in groups[:n])
         if len(digits) < 9:
             break
-        if _phone_ok(digits, plus, [g for _, g in groups[:n]]):
-            end = groups[n - 1][0]
+        end = groups[n - 1][0]
+        if _phone_ok(digits, plus, [g for _, g in groups[:n]], _ZW in match[:end]):
             return end + (1 if match[end : end + 1] == ")" and "(" in match[:end] else 0)
     return 0
 
