@@ -206,12 +206,18 @@ _NAMED = re.compile(
 )
 
 
+# What every pattern below needs somewhere in the text: `@`, `:` or `=`, a key id's prefix, or `bearer`/`basic`.
+_MAYBE_SECRET = re.compile(r"[@:=]|A(?:KI|SI|GP|ID|RO|IP|NP|NV|PK)A|(?i:bearer|basic)")
+
+
 def redact(text: str, values: list[str] | None = None) -> str:
     """The one redaction of secrets, used by every writer (log lines, errors on screen, run records, manifests, data
     cards): credential values from the environment (`secret_values`), URL userinfo, AWS key ids and the 40-character
     secret beside one, bearer/basic tokens, and values of secret-named fields, each replaced by `***`."""
     for value in values if values is not None else secret_values():
         text = text.replace(value, REDACTED)
+    if not _MAYBE_SECRET.search(text):  # most strings (paths, digests, numbers): none of the patterns can match
+        return text
     text = _URL_USERINFO.sub(REDACTED + "@", text)
     if _AWS_KEY_ID.search(text):
         text = _AWS_SECRET.sub(REDACTED, _AWS_KEY_ID.sub(REDACTED, text))
