@@ -231,6 +231,19 @@ def test_a_template_option_is_taken_only_as_a_short_scalar_and_its_tokens_count(
         check(guard, chat(chat_template_kwargs={"bos_token": "x"}))
 
 
+def test_the_served_tokenizers_own_special_tokens_are_refused_anywhere(tokenizer):
+    tok = tokenizer.__class__.from_pretrained(tokenizer.name_or_path)
+    tok.add_special_tokens({"additional_special_tokens": ["<repo_name>", "<file_sep>"]})
+    guard = RequestGuard(None, "m", tok, context=2048)
+    assert check(guard, chat())["messages"] == USER
+    with pytest.raises(BadRequest, match="messages\\[0\\].content contains the special token '<repo_name>'"):
+        check(guard, {"messages": [{"role": "user", "content": "bax <repo_name>x"}]})
+    with pytest.raises(BadRequest, match="prompt contains the special token '<file_sep>'"):
+        check(guard, {"prompt": "a<file_sep>b"}, COMPLETIONS)
+    with pytest.raises(BadRequest, match="stop\\[0\\] contains the special token"):
+        check(guard, chat(stop="<file_sep>"))
+
+
 def test_templates_offer_only_their_own_variables():
     tools = "{% for t in tools or [] %}{{ t['function']['name'] }}{% endfor %}{{ date_string }}{{ eos_token }}"
     assert ServedTemplate.of(tools) == ServedTemplate(frozenset({"date_string"}), renders_tools=True)

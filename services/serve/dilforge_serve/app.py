@@ -28,7 +28,15 @@ from typing import Any
 
 from dilforge_shared import compat
 
-from .fields import CHAT, COMPLETIONS, BadRequest, ServedTemplate, normalise
+from .fields import (
+    CHAT,
+    COMPLETIONS,
+    BadRequest,
+    ServedTemplate,
+    normalise,
+    refuse_special_tokens,
+    special_tokens_pattern,
+)
 
 log = logging.getLogger("dilforge.serve")
 
@@ -81,6 +89,7 @@ class RequestGuard:
         self.app, self.model_id, self.tokenizer, self.context = app, model_id, tokenizer, context
         self.template = template if template is not None else ServedTemplate.of(tokenizer.chat_template)
         self.model_sampling, self.test_sized = model_sampling, test_sized
+        self.specials = special_tokens_pattern(tokenizer)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -142,6 +151,7 @@ class RequestGuard:
         body["model"] = self.model_id
         request = normalise(path, body, len(self.tokenizer), self.template, self.model_sampling)
         body = request.body
+        refuse_special_tokens({k: v for k, v in body.items() if k != "model"}, self.specials, "")
         prompt_tokens = self.prompt_tokens(path, request)
         if prompt_tokens >= self.context:
             raise BadRequest(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -195,6 +196,38 @@ def all_strings(value: Any, param: str, depth: int = 0) -> None:
 def no_constant(name: str):
     """json.loads' hook for NaN and Infinity, which are not JSON."""
     raise ValueError(f"{name} is not a number")
+
+
+def special_tokens_pattern(tokenizer) -> re.Pattern[str] | None:
+    """A pattern matching any special token of the served tokenizer (its own, beyond the families' `<|...|>`
+    shapes: SmolLM2's `<repo_name>`, `<file_sep>`, ...), or None when it has none."""
+    tokens = {str(t) for t in getattr(tokenizer, "all_special_tokens", [])}
+    tokens |= {t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values() if t.special}
+    tokens.discard("")
+    if not tokens:
+        return None
+    return re.compile("|".join(re.escape(t) for t in sorted(tokens, key=len, reverse=True)))
+
+
+def refuse_special_tokens(value: Any, pattern: re.Pattern[str] | None, param: str) -> None:
+    """No string anywhere in a checked body holds one of the served tokenizer's special tokens: encoded, it would
+    be that control id, not the text the user typed."""
+    if pattern is None:
+        return
+    if isinstance(value, str):
+        match = pattern.search(value)
+        if match:
+            raise BadRequest(
+                f"{param} contains the special token {match.group(0)!r} of this model's tokenizer, which would be "
+                "read as a control token, not as text",
+                param=param,
+            )
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            refuse_special_tokens(item, pattern, f"{param}.{key}" if param else str(key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            refuse_special_tokens(item, pattern, f"{param}[{i}]")
 
 
 def stop_list(value: Any, param: str) -> list[str]:
