@@ -28,15 +28,18 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from itertools import islice
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-from dilforge_shared.bpb import TokenStream, build_stream
 from dilforge_shared.configs import DataSource
 from dilforge_shared.corpus import data_digest, iter_texts
 from dilforge_shared.errors import DilforgeError, InputError
 from dilforge_shared.families import detect_family
 from dilforge_shared.manifest import sha256_file
 from tokenizers import Tokenizer
+
+if TYPE_CHECKING:  # bpb imports torch: the token cache's worker processes import this module without it
+    from dilforge_shared.bpb import TokenStream
 
 log = logging.getLogger("dilforge.cpt.data")
 
@@ -337,9 +340,11 @@ def _write_json(path: Path, value: dict) -> None:
 class _TokenizerPool:
     """`workers` spawned processes, each holding the tokenizer, tokenising whole shards.
 
-    Spawned, not forked: the stage's process may already hold CUDA and the process group's threads. Each worker
-    runs the tokenizer's batch encoding on one thread (TOKENIZERS_PARALLELISM=false), so the workers are
-    the parallelism. The executor, not multiprocessing.Pool: a worker that dies raises BrokenProcessPool."""
+    Spawned, not forked: the stage's process may already hold CUDA and the process group's threads. A spawned
+    worker imports only this module (numpy, tokenizers; not torch: ~60 MB) and not the stage, whose main module
+    `dilforge_cpt.__main__` multiprocessing does not re-run. Each worker runs the tokenizer's batch encoding on one
+    thread (TOKENIZERS_PARALLELISM=false), so the workers are the parallelism. The executor, not
+    multiprocessing.Pool: a worker that dies raises BrokenProcessPool."""
 
     def __init__(self, tok: Tokenizer, ids: TokenIds, batch_size: int, workers: int):
         import multiprocessing
@@ -538,6 +543,8 @@ def build_validation(
     """The first `max_docs` documents of each source, framed by the family's separators. `encode`
     replaces the tokenizer's encoding of the documents (the leakage measure encodes them with the base
     model's tokenizer, in the stage's ids)."""
+    from dilforge_shared.bpb import build_stream
+
     sets = []
     for source in sources:
         docs = list(
