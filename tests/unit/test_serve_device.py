@@ -1,5 +1,5 @@
-"""`serve --device`: a device this machine does not have is one error line naming the flag, before anything is
-resolved or loaded (it was a stack trace from inside model loading)."""
+"""`serve --device` and `--dtype`: a device this machine does not have, or a dtype the server cannot load, is one
+error line naming the flag, before anything is resolved or loaded (it was a stack trace from inside model loading)."""
 
 from __future__ import annotations
 
@@ -57,3 +57,9 @@ def test_coordinator_serve_on_a_cpu_machine_is_one_line(tmp_path):
         "error: --device cuda:7: this machine has no CUDA GPU that torch can use; use --device cpu or auto"
     )
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("dtype", ["float7", "int8", ""])
+def test_a_dtype_the_server_cannot_load_is_one_line(tmp_path, capsys, dtype):
+    assert main([str(tmp_path / "no-such-model"), "--device", "cpu", "--dtype", dtype, "--workdir", str(tmp_path)]) == 1
+    assert capsys.readouterr().err == f"error: --dtype {dtype!r} is not one of auto, bfloat16, float16, float32\n"

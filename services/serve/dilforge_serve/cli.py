@@ -27,6 +27,7 @@ from .prepare import prepare
 
 log = logging.getLogger("dilforge.serve")
 SAGEMAKER_MODEL_DIR = "/opt/ml/model"
+DTYPES = ("auto", "bfloat16", "float16", "float32")  # what the server loads weights as ("auto": as stored)
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -111,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --workdir {args.workdir}: no such folder", file=sys.stderr)
         return 1
     problem = device_error(args.device)
+    if args.dtype not in DTYPES:
+        problem = f"--dtype {args.dtype!r} is not one of {', '.join(DTYPES)}"
     if problem is not None:
         print(f"error: {problem}", file=sys.stderr)
         return 1
