@@ -63,3 +63,11 @@ def test_coordinator_serve_on_a_cpu_machine_is_one_line(tmp_path):
 def test_a_dtype_the_server_cannot_load_is_one_line(tmp_path, capsys, dtype):
     assert main([str(tmp_path / "no-such-model"), "--device", "cpu", "--dtype", dtype, "--workdir", str(tmp_path)]) == 1
     assert capsys.readouterr().err == f"error: --dtype {dtype!r} is not one of auto, bfloat16, float16, float32\n"
+
+
+@pytest.mark.parametrize(("flag", "env"), [(["--port", "70000"], {}), ([], {"SAGEMAKER_BIND_TO_PORT": "abc"})])
+def test_a_port_that_is_no_port_is_one_line(tmp_path, capsys, monkeypatch, flag, env):
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert main([str(tmp_path / "m"), "--device", "cpu", "--workdir", str(tmp_path), *flag]) == 1
+    assert capsys.readouterr().err.endswith("is not a port number (1 to 65535)\n")

@@ -40,7 +40,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
         help=f"model or adapter artifact URI (local folder or s3://), or an HF folder (default {SAGEMAKER_MODEL_DIR})",
     )
     p.add_argument("--host", default="0.0.0.0")
-    p.add_argument("--port", type=int, default=int(os.environ.get("SAGEMAKER_BIND_TO_PORT", "8080")))
+    p.add_argument("--port", default=os.environ.get("SAGEMAKER_BIND_TO_PORT", "8080"))
     p.add_argument(
         "--model-id",
         default=env.model_id or None,
@@ -112,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --workdir {args.workdir}: no such folder", file=sys.stderr)
         return 1
     problem = device_error(args.device)
+    if not (args.port.isascii() and args.port.isdigit() and 1 <= int(args.port) <= 65535):
+        problem = f"--port (or SAGEMAKER_BIND_TO_PORT) {args.port!r} is not a port number (1 to 65535)"
     if args.dtype not in DTYPES:
         problem = f"--dtype {args.dtype!r} is not one of {', '.join(DTYPES)}"
     if problem is not None:
@@ -147,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
             f"\n  SageMaker: GET /ping, POST /invocations",
             flush=True,
         )
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+        uvicorn.run(app, host=args.host, port=int(args.port), log_level=args.log_level)
         return 0
     except KeyboardInterrupt:
         return 130
