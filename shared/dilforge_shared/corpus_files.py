@@ -28,16 +28,17 @@ def detect_format(uri: str) -> str:
     return "txt"
 
 
-# A folder below a corpus folder holding one of these is a dilforge store or artifact, never read as corpus text:
-# a store kept inside the corpus folder would otherwise feed each run its own earlier output.
-STORE_FILES = (".dilforge-store", "manifest.json")
+# A folder below a corpus folder holding one of these is a dilforge store, artifact or stage work folder, never
+# read as corpus text: a store or work folder kept inside the corpus folder would otherwise feed each run its own
+# earlier output.
+STORE_FILES = (".dilforge-store", ".dilforge-work", "manifest.json")
 GLOB_CHARS = "*?["
 
 
 def expand(uri: str, endpoint_url: str | None = None) -> list[str]:
     """The corpus files behind `uri`: a file, a folder (every corpus file below it, sorted), a glob, or an S3 object
     or prefix (`s3://bucket/prefix/` included). In a folder or prefix, hidden entries (`.git/`, `.cache`, a
-    `.dilforge/` store) and stores or artifacts (a folder holding `.dilforge-store` or `manifest.json`) are
+    `.dilforge/` store), stores, artifacts and stage work folders (a folder holding one of STORE_FILES) are
     skipped; a link to a folder is refused (it may loop or lead out of the folder). A name holding `*`, `?` or
     `[` is a glob only when no such file exists (`data[1].txt` is a file)."""
     parsed = urlparse(uri)

@@ -30,6 +30,8 @@ def _corpus(root: Path) -> Path:
         "store/curate/abc/data-1/shard-00000.jsonl": json.dumps({"text": "OWN OUTPUT"}) + "\n",
         "copies/art/manifest.json": "{}",
         "copies/art/data-1/shard-00000.jsonl": json.dumps({"text": "ARTIFACT"}) + "\n",
+        "work/curate-abc/.dilforge-work": "curate abc\n",
+        "work/curate-abc/checkpoints/curate/filtered/00000.jsonl": json.dumps({"text": "WORK"}) + "\n",
     }.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text(text)
