@@ -180,3 +180,34 @@ def test_a_stage_failure_file_holds_no_secret(tmp_path, monkeypatch):
     opt = OptMl(root=tmp_path / "ml")
     write_failure(opt, f"Traceback: upload to s3://{KEY_ID}:{SECRET}@b/k failed with tok-0123456789-secret")
     assert opt.failure_file.read_text() == "Traceback: upload to s3://***@b/k failed with ***"
+
+
+def test_the_curate_report_and_data_card_are_written_through_redact(tmp_path, monkeypatch):
+    """A config that bypassed loading (built in code) and an example of removed text holding secrets: neither the
+    card nor the report writes them."""
+    from dilforge_curate import report
+    from dilforge_shared.configs.curate import CurateConfig
+
+    monkeypatch.setenv("ACME_PASSWORD", "pa55-w0rd-value")
+    config = CurateConfig.model_validate(
+        {"corpora": [{"uri": str(tmp_path / "a.jsonl"), "name": "web", "licence": "CC-BY; api_key=sk-live-0123456789"}]}
+    )
+    counts = {
+        "read": 2,
+        "chars_read": 20,
+        "kept": 1,
+        "chars_kept": 10,
+        "words_kept": 2,
+        "tokens": None,
+        "steps": [
+            {"step": "quality", "removed": 1, "reasons": {"short": 1}, "what": "", "examples": ["pw pa55-w0rd-value"]}
+        ],
+        "repairs": {"encoding_repaired": 0, "unicode_normalised": 0, "whitespace_normalised": 0},
+        "redacted": {"email": {"replaced": 0, "documents": 0}},
+        "empty_sources": [],
+        "per_source": {"web": 2},
+        "kept_per_source": {"web": 1},
+    }
+    report.write(tmp_path, config, counts)
+    _no_secret_under(tmp_path, "sk-live-0123456789", "pa55-w0rd-value")
+    assert "| web | CC-BY; api_key=*** |" in (tmp_path / "README.md").read_text()
