@@ -10,8 +10,10 @@ worker processes, one after the other, on the same input:
   filter, Gopher repetition, FineWeb quality, Gopher quality, JsonlWriter, the four MinHash steps). It has no
   phone or card redaction (datatrove has none) and no report.
 
-Prints MB/s and documents/s per core, peak memory of the whole process tree (sampled), the ratio stage/plain, and
-the cost of 10 GB on N instances extrapolated from MB/s per core.
+Prints MB/s and documents/s per core, MB and documents per CPU-second (user + system time of the whole process
+tree, sampled: on a loaded machine the number to compare), peak memory of the process tree (PSS, sampled), the
+ratio stage/plain, and the cost of 10 GB on N instances extrapolated from MB/s per core.
+`--max-chars` sets `language_id.max_chars` (the stage's default otherwise).
 
     python bench/curate.py --data ../shared/data --size-mb 50
     python bench/curate.py --data ../shared/data --size-mb 1024 --skip-plain     # memory on a 1 GB input
@@ -66,12 +68,17 @@ def make_input(data: Path, out: Path, size_mb: float, num_files: int, seed: int 
 
 
 class PeakMemory:
-    """Peak summed RSS of this process and all its descendants, sampled every 0.2 s."""
+    """Peak summed PSS (proportional set size: a page the stage shares with the workers it forked counts once) of
+    this process and all its descendants, and the CPU seconds they used (each process's last sample, less this
+    sampler's own), sampled every 0.2 s: forked or forkserver workers alike."""
 
     def __init__(self):
         import psutil
 
         self.proc, self.peak, self._stop = psutil.Process(), 0, threading.Event()
+        self.cpu: dict[int, float] = {}
+        times = self.proc.cpu_times()
+        self._start, self._sampler = times.user + times.system, 0.0
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self):
@@ -81,9 +88,16 @@ class PeakMemory:
             total = 0
             for p in [self.proc, *self.proc.children(recursive=True)]:
                 with contextlib.suppress(psutil.Error):
-                    total += p.memory_info().rss
+                    total += p.memory_full_info().pss
+                    times = p.cpu_times()
+                    self.cpu[p.pid] = times.user + times.system
             self.peak = max(self.peak, total)
+            self._sampler = time.thread_time()
             time.sleep(0.2)
+
+    @property
+    def cpu_seconds(self) -> float:
+        return sum(self.cpu.values()) - self._start - self._sampler
 
     def __enter__(self):
         self.thread.start()
@@ -94,11 +108,19 @@ class PeakMemory:
         self.thread.join()
 
 
+MAX_CHARS: dict = {}  # language_id.max_chars when --max-chars is given
+
+
 def run_stage(inp: Path, work: Path, tasks: int, workers: int) -> dict:
     from dilforge_curate import report, stage
     from dilforge_shared.configs.curate import CurateConfig
 
-    config = CurateConfig(corpora=[{"uri": str(inp), "name": "web"}], output={"num_shards": tasks}, num_workers=workers)
+    config = CurateConfig(
+        corpora=[{"uri": str(inp), "name": "web"}],
+        output={"num_shards": tasks},
+        num_workers=workers,
+        language_id=MAX_CHARS,
+    )
     inputs = stage.Inputs(sources=stage.reader_sources(config), tokenizer_file=None, work=work / "work")
     (work / "out").mkdir(parents=True)
     stage.execute(stage.build(config, inputs, stage.Folders(inputs.work, inputs.work), work / "out"), inputs.work)
@@ -173,8 +195,11 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=8)
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--skip-plain", action="store_true")
+    ap.add_argument("--max-chars", type=int, help="language_id.max_chars of the stage (default: the config's)")
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/dilforge-bench-curate"))
     args = ap.parse_args()
+    if args.max_chars:
+        MAX_CHARS["max_chars"] = args.max_chars
     print(describe("datatrove", "lingua-language-detector", "ftfy"), flush=True)
     shutil.rmtree(args.workdir, ignore_errors=True)
     docs, size = make_input(args.data, args.workdir / "input", args.size_mb, args.num_files)
@@ -194,11 +219,16 @@ def main() -> None:
         with PeakMemory() as mem:
             out = fn(Path(source) if name == "stage" else args.workdir / "input", args.workdir / name, args.tasks,
                      args.workers)  # fmt: skip
-        s = time.perf_counter() - t
+        s, cpu = time.perf_counter() - t, mem.cpu_seconds
         results[name] = s
         print(
+            f"{name}: {cpu:,.1f} CPU-s (process tree), {size / 1e6 / cpu:.3f} MB per CPU-second, "
+            f"{docs / cpu:,.0f} documents per CPU-second",
+            flush=True,
+        )
+        print(
             f"{name}: {s:,.1f} s, {size / 1e6 / s / cores:.2f} MB/s per core, {docs / s / cores:,.0f} docs/s per "
-            f"core, peak memory {mem.peak / 2**30:.2f} GiB (process tree), kept {out['kept']:,}",
+            f"core, peak memory {mem.peak / 2**30:.2f} GiB (PSS, process tree), kept {out['kept']:,}",
             flush=True,
         )
         shutil.rmtree(args.workdir / name, ignore_errors=True)

@@ -90,6 +90,10 @@ class CurateMetrics(Metrics):
     redacted: dict[str, Redacted]
     num_shards: int
     seconds: dict[str, float]
+    bytes_read: int | None = None  # UTF-8 bytes of the documents read
+    cpu_seconds: dict[str, float] = Field(default_factory=dict)  # per phase, summed over its tasks, and total
+    mb_per_cpu_second: float | None = None  # throughput per core: MB read per CPU-second of every task
+    documents_per_cpu_second: float | None = None
 
 
 # ---- tokenizer ----------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ output independent of the number of workers; bad input; a SIGTERM and a resumed 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -290,3 +291,130 @@ def test_tokens_are_counted_under_the_given_tokenizer(tmp_path, data_root, tiny_
     metrics = json.loads((data.parent / "manifest.json").read_text())["metrics"]
     assert metrics["tokens_kept"] == sum(r["token_count"] for r in kept) > 0
     assert "tokens" in (data / "report.md").read_text()
+
+
+def _copies(tmp_path: Path, data_root: Path, n: int) -> Path:
+    """The dirty corpus `n` times, each copy's documents made distinct (a run long enough to be stopped)."""
+    build(data_root, tmp_path / "dirty")
+    big = tmp_path / "big.jsonl"
+    with open(big, "w", encoding="utf-8") as f:
+        for k in range(n):
+            for line in (tmp_path / "dirty" / "web.jsonl").open(encoding="utf-8"):
+                f.write(json.dumps({"text": json.loads(line)["text"] + f"\nNömrə {k}."}, ensure_ascii=False) + "\n")
+    return big
+
+
+def _start(tmp_path: Path, config: dict) -> subprocess.Popen:
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(config, allow_unicode=True))
+    env = {**os.environ, "DILFORGE_WORKDIR": str(tmp_path / "work")}
+    cmd = [COORDINATOR, "run-all", "--config", str(tmp_path / "p.yaml")]
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _wait_for(tmp_path: Path, proc: subprocess.Popen, phase: str) -> None:
+    deadline = time.monotonic() + 300
+    while not list((tmp_path / "work").glob(f"curate-*/checkpoints/curate/logs/{phase}/completions/*")):
+        assert proc.poll() is None and time.monotonic() < deadline, f"the {phase} phase never finished a task"
+        time.sleep(0.05)
+
+
+def test_kill_9_of_the_stage_or_the_coordinator_then_reruns_publish_the_whole_corpus(tmp_path, data_root):
+    """`kill -9` of the stage process leaves no child holding the work-folder lock (the rerun would wait forever
+    on a dead process); `kill -9` of the coordinator once a write task finished, then a rerun, publishes every
+    shard (the kept documents the metrics count, no shard missing), never a partial corpus."""
+    import psutil
+
+    config = {
+        "run_id": "k",
+        "store": {"uri": str(tmp_path / "store")},
+        "curate": curate(str(_copies(tmp_path, data_root, 3))),
+    }
+    config["curate"].update(num_workers=2, output={"num_shards": 8})
+    proc = _start(tmp_path, config)
+    _wait_for(tmp_path, proc, "filter")
+    stage = next(p for p in psutil.Process(proc.pid).children() if "dilforge_curate" in " ".join(p.cmdline()))
+    family = [stage, *stage.children(recursive=True)]
+    assert len(family) >= 3  # the stage, datatrove's manager and pool workers
+    stage.kill()
+    out = proc.communicate(timeout=120)[0]
+    assert proc.returncode != 0, out[-2000:]
+    gone, alive = psutil.wait_procs(family, timeout=10)
+    assert not alive, f"orphans of the killed stage: {[p.cmdline() for p in alive]}"
+
+    config["curate"]["num_workers"] = 1  # write tasks one at a time: the kill lands between two of them
+    proc = _start(tmp_path, config)
+    _wait_for(tmp_path, proc, "write")
+    proc.kill()
+    proc.communicate(timeout=60)
+    for child in psutil.Process().children(recursive=True):  # the stage, stopped by its parent-death signal
+        with contextlib.suppress(psutil.Error):
+            child.wait(60)
+
+    again = run_all(tmp_path, config, timeout=300)
+    assert again.returncode == 0, again.stdout[-3000:]
+    assert "waiting for process" not in again.stdout
+    data = artifact_dir(tmp_path / "store", "curate", again.stdout)
+    metrics = json.loads((data.parent / "manifest.json").read_text())["metrics"]
+    assert metrics["documents_kept"] == len(records(data)) > 0
+    assert (data / "shard-00000.jsonl").is_file()  # the first write task's shard, finished before the kill
+
+
+def _stage_run(tmp_path: Path, source: Path, num_shards: int = 4):
+    """The stage's phases in this process, as `stage.run` does, into `tmp_path/work` (no coordinator)."""
+    from dilforge_curate import stage
+    from dilforge_shared.configs.curate import CurateConfig
+
+    config = CurateConfig(
+        corpora=[{"uri": str(source), "name": "web"}], output={"num_shards": num_shards}, num_workers=1
+    )
+    inputs = stage.Inputs(sources=stage.reader_sources(config), tokenizer_file=None, work=tmp_path / "work")
+
+    def run(model: Path) -> dict:
+        model.mkdir(parents=True, exist_ok=True)
+        stage.resume(inputs.work, config)
+        stage.execute(
+            stage.build(config, inputs, stage.Folders(inputs.work, inputs.work), inputs.work / "out"), inputs.work
+        )
+        stage.move_shards(inputs.work / "out", model)
+        return stage.finish(config, model, inputs.work, {}, time.perf_counter()).metrics
+
+    return stage, config, inputs.work, run
+
+
+def test_a_rerun_after_the_shards_left_the_work_folder_rewrites_them(tmp_path, data_root, capsys):
+    """Every write task finished and its shards moved into the artifact folder, then the publish failed and the
+    folder was wiped (a full store disk, Ctrl-C at publish): the rerun verifies the completion marks against
+    their outputs, rewrites the shards, and publishes them all (was: zero shards, exit 0)."""
+    build(data_root, tmp_path / "dirty")
+    stage, config, work, run = _stage_run(tmp_path, tmp_path / "dirty" / "web.jsonl")
+    first = run(tmp_path / "model")
+    shutil.rmtree(tmp_path / "model")  # what the local backend does before a rerun
+    capsys.readouterr()
+    again = run(tmp_path / "model")
+    out = capsys.readouterr().out
+    assert "write: 4 finished task(s) cannot be verified" in out and "filter: 0 task(s)" in out, out
+    assert again["documents_kept"] == first["documents_kept"] > 0
+    assert sum(stage.documents_in(p) for p in (tmp_path / "model").glob("shard-*")) == again["documents_kept"]
+
+
+def test_unverifiable_tasks_rerun_with_every_later_phase_and_a_short_corpus_is_never_published(tmp_path, data_root):
+    """A filter task whose kept-documents file was cut short reruns, and buckets, cluster and write rerun after it;
+    shards that do not hold the documents the write phase counted are refused at publish in one line."""
+    from dilforge_shared.errors import DilforgeError
+
+    build(data_root, tmp_path / "dirty")
+    stage, config, work, run = _stage_run(tmp_path, tmp_path / "dirty" / "web.jsonl")
+    kept = run(tmp_path / "model")["documents_kept"]
+    filtered = work / "filtered" / "00001.jsonl"
+    filtered.write_bytes(filtered.read_bytes()[:100])
+    stage.resume(work, config)
+    assert not (work / "logs" / "filter" / "completions" / "00001").exists()
+    assert (work / "logs" / "filter" / "completions" / "00000").exists()
+    for phase in ("buckets", "cluster", "write"):
+        assert not list((work / "logs" / phase / "completions").iterdir()), phase
+    assert stage.task_problem(work, config, "filter", 0) is None
+
+    shard = next((tmp_path / "model").glob("shard-*"))
+    shard.write_text("".join(shard.read_text().splitlines(keepends=True)[1:]))
+    with pytest.raises(DilforgeError, match=rf"hold {kept - 1:,} documents but the write phase kept {kept:,}"):
+        stage.check_shards(tmp_path / "model", config, kept)

@@ -125,4 +125,4 @@ def test_a_source_naming_the_curated_corpus_needs_that_input_and_is_not_hashed_a
     tok = cfg.tokenizer
     assert tok.needed_inputs() == ("curate",) and "curate" in tok.input_names()
     assert [s.uri for s in tok.file_sources()] == ["x.txt"]
-    assert CurateConfig(corpora=[{"uri": "a.jsonl"}]).num_workers == 2  # run-only
+    assert CurateConfig(corpora=[{"uri": "a.jsonl"}]).num_workers is None  # run-only: the cores available

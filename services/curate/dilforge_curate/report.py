@@ -83,6 +83,8 @@ def collect(work: Path, config: CurateConfig) -> dict:
     kept, tokens = _find(written, "Source counter"), _find(written, "📊 Counter")
     return {
         "read": reader.get("documents", 0),
+        "bytes_read": reader.get("bytes", 0),
+        "cpu_seconds": cpu_seconds(work),
         "chars_read": reader.get("doc_len", 0),
         "per_source": {s.label: reader.get(f"source:{s.label}", 0) for s in config.corpora},
         "kept_per_source": {s.label: kept.get(f"kept:{s.label}", 0) for s in config.corpora},
@@ -100,6 +102,15 @@ def collect(work: Path, config: CurateConfig) -> dict:
         },
         "steps": steps,
     }
+
+
+def cpu_seconds(work: Path) -> dict[str, float]:
+    """CPU seconds per phase, summed over its tasks (each task's own, recorded beside its completion mark, on
+    whichever host ran it), and their total."""
+    phases = {}
+    for folder in sorted((work / "logs").glob("*/cpu")):
+        phases[folder.parent.name] = round(sum(float(f.read_text() or 0) for f in folder.iterdir()), 2)
+    return {**phases, "total": round(sum(phases.values()), 2)} if phases else {}
 
 
 def check_not_empty(counts: dict, config: CurateConfig) -> None:
@@ -145,6 +156,12 @@ def metrics(config: CurateConfig, counts: dict, seconds: dict[str, float], total
         redacted={kind: Redacted(**n) for kind, n in counts["redacted"].items()},
         num_shards=config.output.num_shards,
         seconds={**seconds, "total": round(total_s, 2)},
+        bytes_read=counts["bytes_read"],
+        cpu_seconds=counts["cpu_seconds"],
+        mb_per_cpu_second=round(counts["bytes_read"] / 1e6 / cpu, 3)
+        if (cpu := counts["cpu_seconds"].get("total"))
+        else None,
+        documents_per_cpu_second=round(counts["read"] / cpu, 1) if cpu else None,
     )
 
 

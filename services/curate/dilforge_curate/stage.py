@@ -3,25 +3,29 @@
 parse (sources, the tokenizer that counts tokens, the work folder) → build four datatrove pipelines
 (1 filter: read → normalise → redact → language ID → quality → kept documents + MinHash signatures;
 2 buckets; 3 clusters; 4 write: drop duplicates → count tokens → shards) → run them with datatrove's local
-executor (tasks = `output.num_shards`, processes = `num_workers`; a rerun skips finished tasks) → publish the
-shards, report.md, the data card (README.md) and metrics.
+executor (tasks = `output.num_shards`, processes = `num_workers`, default one per core this process may use) →
+publish the shards, report.md, the data card (README.md) and metrics.
 
-The work folder lives under /opt/ml/checkpoints, which the local backend keeps after a failure and SageMaker
-syncs: a rerun resumes from the tasks that finished.
+The work folder (shards included, until they are published) lives under /opt/ml/checkpoints, which the local
+backend keeps after a failure and SageMaker syncs: a rerun resumes from the tasks whose outputs it can verify, and
+publishes only when the shards hold exactly the documents the metrics count.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import shutil
 import signal
+import struct
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from datatrove.executor import LocalPipelineExecutor
 from dilforge_shared.configs.curate import CurateConfig
 from dilforge_shared.contract import StageContext, StageResult, log_config
 from dilforge_shared.errors import DilforgeError, InputError
@@ -38,6 +42,7 @@ from .steps import (
     SourceReader,
     SourceReadError,
     WordSplitter,
+    lingua_detector,
 )
 
 log = logging.getLogger("dilforge.curate")
@@ -63,24 +68,198 @@ def _stop(signum, frame):
     )
 
 
+PR_SET_PDEATHSIG = 1
+
+
+class StageExecutor(LocalPipelineExecutor):
+    """Datatrove's local executor, its workers forked from the stage process (so they die with it: see
+    `children_die_with_the_stage`), recording each task's CPU seconds beside its completion mark
+    (`logs/<phase>/cpu/NNNNN`: the throughput per core in the metrics)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, start_method="fork", **kwargs)
+
+    def _run_for_rank(self, rank: int, local_rank: int = 0, node_rank: int = -1):
+        self._cpu_start = time.process_time()
+        return super()._run_for_rank(rank, local_rank, node_rank)
+
+    def mark_rank_as_completed(self, rank: int) -> None:
+        with self.logging_dir.open(f"cpu/{rank:05d}", "w") as f:
+            f.write(f"{time.process_time() - self._cpu_start:.3f}\n")
+        super().mark_rank_as_completed(rank)
+
+
+def die_with_parent(stage_pid: int) -> None:
+    """In a process the stage forked: the kernel sends it SIGKILL when the stage dies (even by `kill -9`), a stage
+    already gone ends it at once, and SIGTERM (the pool's terminate) kills it as usual instead of raising the
+    stage's `Stopped`."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != stage_pid:
+        os._exit(1)
+
+
+_FORK_HOOK: list[int] = []
+
+
+def children_die_with_the_stage() -> None:
+    """Every process this one forks (datatrove's pool workers and its multiprocess Manager, which inherit the
+    work-folder lock the coordinator passed down) dies with it: a `kill -9` of the stage leaves no orphan writing
+    to the work folder or holding its lock, on which a rerun would wait forever."""
+    if not _FORK_HOOK:
+        _FORK_HOOK.append(os.getpid())
+        os.register_at_fork(after_in_child=lambda: die_with_parent(_FORK_HOOK[0]))
+
+
 def run(config: CurateConfig, ctx: StageContext) -> StageResult:
     t0 = time.perf_counter()
     signal.signal(signal.SIGTERM, _stop)  # raised in the main thread: the pool's `with` terminates its workers
-    log_config(config, {"num_tasks": config.output.num_shards, "num_workers": config.num_workers})
+    children_die_with_the_stage()
+    log_config(config, {"num_tasks": config.output.num_shards, "num_workers": workers(config)})
     inputs = parse(config, ctx)
-    executors = build(config, inputs, Folders(inputs.work, inputs.work), ctx.model_dir)
+    resume(inputs.work, config)
+    executors = build(config, inputs, Folders(inputs.work, inputs.work), inputs.work / "out")
     seconds = execute(executors, inputs.work)
+    move_shards(inputs.work / "out", ctx.model_dir)
     return finish(config, ctx.model_dir, inputs.work, seconds, t0)
 
 
+def workers(config: CurateConfig) -> int:
+    """`num_workers`, or one process per core this process may run on (its CPU affinity, which a container's
+    cpuset limits), never more than the tasks of the widest phase."""
+    cores = config.num_workers or len(os.sched_getaffinity(0))
+    return max(1, min(cores, max(config.output.num_shards, config.dedup.num_buckets)))
+
+
 def finish(config: CurateConfig, out_dir: Path, work: Path, seconds: dict[str, float], t0: float) -> StageResult:
-    """Counts from the finished work folder → never an empty corpus → report.md, README.md, metrics."""
+    """Counts from the finished work folder → never an empty corpus → the shards in `out_dir` must hold exactly
+    the documents counted → report.md, README.md, metrics."""
     counts = report.collect(work, config)
     report.check_not_empty(counts, config)
+    check_shards(out_dir, config, counts["kept"])
     report.write(out_dir, config, counts)
-    return StageResult(
-        metrics=report.metrics(config, counts, seconds, time.perf_counter() - t0).model_dump(mode="json")
-    )
+    metrics = report.metrics(config, counts, seconds, time.perf_counter() - t0)
+    if metrics.mb_per_cpu_second:
+        print(
+            f"[curate] {metrics.mb_per_cpu_second:.2f} MB and {metrics.documents_per_cpu_second:,.0f} documents per "
+            f"CPU-second ({metrics.cpu_seconds['total']:,.1f} CPU-s over every task)",
+            flush=True,
+        )
+    return StageResult(metrics=metrics.model_dump(mode="json"))
+
+
+# ---- resume: what a rerun can verify ------------------------------------------------------------------
+
+
+def shard_name(config: CurateConfig, rank: int) -> str:
+    return f"shard-{rank:05d}.{config.output.format}"
+
+
+def documents_in(path: Path) -> int:
+    """Documents in a shard (JSONL lines, or Parquet rows from the file's footer)."""
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return pq.ParquetFile(path).metadata.num_rows
+    with open(path, "rb") as f:
+        return sum(1 for _ in f)
+
+
+def _written(work: Path, phase: str, rank: int, step: int) -> int | None:
+    """Documents the `step`-th pipeline step of task `rank` counted (datatrove's per-task stats), None without
+    stats."""
+    try:
+        steps = json.loads((work / "logs" / phase / "stats" / f"{rank:05d}.json").read_text())
+        total = steps[step].get("stats", {}).get("total", 0)
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+    return total["total"] if isinstance(total, dict) else total
+
+
+def _lines(path: Path) -> int:
+    return documents_in(path) if path.is_file() else 0
+
+
+def task_problem(work: Path, config: CurateConfig, phase: str, rank: int) -> str | None:
+    """Why a task datatrove marked complete cannot be trusted (its outputs missing, cut short or not matching its
+    stats); None when they are whole."""
+    if phase == "filter":
+        kept = _written(work, phase, rank, -2)
+        if kept is None:
+            return "no stats"
+        filtered = work / "filtered" / f"{rank:05d}.jsonl"
+        if _lines(filtered) != kept:
+            return f"{filtered.name} holds {_lines(filtered)} of {kept} documents"
+        record = struct.calcsize(f"<{config.dedup.hashes_per_bucket}QI")
+        sizes = set()
+        for bucket in range(config.dedup.num_buckets):
+            sig = work / "signatures" / f"bucket_{bucket:03d}" / f"{rank:05d}.minhash.sig"
+            if not sig.is_file():
+                return f"{sig.parent.name}/{sig.name} missing"
+            sizes.add(sig.stat().st_size)
+        if len(sizes) != 1 or (size := sizes.pop()) % record or size // record > kept:
+            return "MinHash signatures cut short"
+    elif phase == "buckets":
+        dups = work / "buckets" / f"{rank:05d}_00.dups"
+        if not dups.is_file() or dups.stat().st_size % 16:
+            return f"{dups.name} missing or cut short"
+    elif phase == "cluster":
+        if any(f.stat().st_size % 4 for f in (work / "remove_ids").glob("*.remove")):
+            return "a .remove file cut short"
+    elif phase == "write":
+        kept = _written(work, phase, rank, -1)
+        if kept is None:
+            return "no stats"
+        shard = work / "out" / shard_name(config, rank)
+        if _lines(shard) != kept:
+            return f"{shard.name} holds {_lines(shard)} of {kept} documents"
+    return None
+
+
+def resume(work: Path, config: CurateConfig, phases: tuple[str, ...] = PHASES) -> None:
+    """Datatrove's completion marks count only where the task's outputs are whole: the marks of tasks that are not
+    (a shard published or wiped, a file cut short) are removed so those tasks rerun, and every later phase, built
+    on them, reruns in full."""
+    later = False
+    for phase in phases:
+        marks = work / "logs" / phase / "completions"
+        if not marks.is_dir():
+            continue
+        dropped: list[str] = []
+        for mark in sorted(marks.iterdir()):
+            problem = "an earlier phase reruns" if later else task_problem(work, config, phase, int(mark.name))
+            if problem:
+                mark.unlink()
+                dropped.append(f"{int(mark.name)}: {problem}")
+        if dropped:
+            later = True
+            print(
+                f"[curate] {phase}: {len(dropped)} finished task(s) cannot be verified and rerun ({dropped[0]}"
+                + (", …" if len(dropped) > 1 else "")
+                + ")",
+                flush=True,
+            )
+
+
+def move_shards(src: Path, out_dir: Path) -> None:
+    """The finished shards into the artifact folder (a rename on one file system); a rerun after a failed publish
+    finds them gone from the work folder and rewrites them."""
+    for shard in sorted(src.glob("shard-*")):
+        shutil.move(shard, out_dir / shard.name)
+
+
+def check_shards(out_dir: Path, config: CurateConfig, kept: int) -> None:
+    """Publish only a whole corpus: the shards must hold exactly the documents the write phase counted."""
+    shards = sorted(out_dir.glob("shard-*"))
+    held = sum(documents_in(s) for s in shards)
+    if held != kept:
+        raise DilforgeError(
+            f"curate: the {len(shards)} shard(s) hold {held:,} documents but the write phase kept {kept:,} "
+            f"(documents_kept); nothing published, a rerun rewrites the shards it cannot verify"
+        )
 
 
 def reader_sources(config: CurateConfig) -> list[dict]:
@@ -132,10 +311,14 @@ def unfinished(folder: Path, config: CurateConfig, phase: str) -> list[int]:
 
 
 def require_finished(folder: Path, config: CurateConfig, phases: tuple[str, ...]) -> None:
-    """A host that stopped early (a lost instance, a killed container) must fail the next job in one line, not
-    leave it to run on part of the data."""
+    """A host that stopped early (a lost instance, a killed container), or a task whose outputs are not whole,
+    must fail the next job in one line, not leave it to run on part of the data."""
     for phase in phases:
-        if missing := unfinished(folder, config, phase):
+        missing = unfinished(folder, config, phase)
+        missing += [
+            r for r in range(num_tasks(config, phase)) if r not in missing and task_problem(folder, config, phase, r)
+        ]
+        if missing:
             raise InputError(
                 f"curate: {len(missing)} task(s) of phase {phase} did not finish (first: {missing[0]}); rerun the "
                 "stage to resume them",
@@ -149,7 +332,6 @@ def build(
     """The four datatrove executors, each step built from its own config section; with several hosts, each
     phase's executor runs this host's slice of its tasks (datatrove's `local_rank_offset`/`local_tasks`): a
     phase whose slice is empty here is None."""
-    from datatrove.executor import LocalPipelineExecutor
     from datatrove.pipeline.dedup import MinhashDedupBuckets, MinhashDedupCluster, MinhashDedupFilter
     from datatrove.pipeline.dedup.minhash import MinhashConfig, MinhashDedupSignature
     from datatrove.pipeline.filters import FineWebQualityFilter, GopherQualityFilter, GopherRepetitionFilter
@@ -242,10 +424,10 @@ def build(
         mine = host_slice(tasks, host, num_hosts)
         if not mine:
             return None
-        return LocalPipelineExecutor(
+        return StageExecutor(
             steps,
             tasks=tasks,
-            workers=min(config.num_workers, len(mine)),
+            workers=min(workers(config), len(mine)),
             logging_dir=str(work / "logs" / phase),
             local_tasks=len(mine),
             local_rank_offset=mine.start,
@@ -293,6 +475,9 @@ def execute(executors: dict, work: Path, phases: tuple[str, ...] = PHASES) -> di
             continue
         mine = range(executor.local_rank_offset, executor.local_rank_offset + executor.local_tasks)
         todo = len(executor.get_incomplete_ranks(mine))
+        for step in executor.pipeline if todo else ():
+            if isinstance(step, LinguaFilter):  # loaded here once, shared by the forked workers
+                lingua_detector(tuple(step.candidates))
         resumed = f", {len(mine) - todo} already done" if todo < len(mine) else ""
         print(f"[curate] {phase}: {todo} task(s) on {executor.workers} process(es){resumed}", flush=True)
         try:
@@ -319,6 +504,7 @@ def run_phase(config: CurateConfig, ctx: StageContext, phase: str, folders: Fold
     """One phase, this host's slice of its tasks (`ctx.resources`: SageMaker's resourceconfig.json), reading the
     union of every host's earlier outputs from `folders.read`, writing to `folders.write` (shards to `out/`)."""
     signal.signal(signal.SIGTERM, _stop)
+    children_die_with_the_stage()
     earlier = folders.read / "logs" / phase
     if earlier.is_dir() and folders.read != folders.write:  # an earlier attempt's finished tasks are not redone
         shutil.copytree(earlier, folders.write / "logs" / phase, dirs_exist_ok=True)
