@@ -154,20 +154,37 @@ def measure(corpus: Path, tokenizer_dir: Path, workers: int, work: Path) -> dict
     }
 
 
+def reader_rate(corpus: Path) -> float:
+    """MB per CPU-second of the build's reading process alone (read, NFC, cut into shards, pickle them for the
+    workers): the rate past which more workers stop helping."""
+    import pickle
+
+    from dilforge_cpt.data import SHARD_CHARS, _cut
+    from dilforge_shared.corpus import iter_texts
+
+    start = time.process_time()
+    for _, _, texts in _cut(iter_texts(str(corpus)), SHARD_CHARS):
+        pickle.dumps(texts)
+    return corpus.stat().st_size / 1e6 / (time.process_time() - start)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "data")
     ap.add_argument("--size-mb", type=float, default=200)
     ap.add_argument("--corpus", type=Path, help="a text file instead of the generated corpus")
     ap.add_argument("--tokenizer", type=Path, help="folder with tokenizer.json (default: trained here)")
-    ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--workers", type=int, nargs="*", default=[1, 2], help="none: only the reading process's rate")
     ap.add_argument("--work", type=Path, default=Path("/tmp/dilforge-bench-cpt-cache"))
     args = ap.parse_args()
     print(describe("tokenizers"))
     corpus = args.corpus or generate(args.data, args.work / f"corpus-{args.size_mb:g}mb.txt", args.size_mb)
     tok_dir = args.tokenizer or make_tokenizer(corpus, args.work / "tokenizer")
     print(f"corpus {corpus} ({corpus.stat().st_size / 1e6:.1f} MB), tokenizer {tok_dir}")
+    print(f"reading process alone (read, NFC, cut, pickle): {reader_rate(corpus):.1f} MB per CPU-second")
     rows = [measure(corpus, tok_dir, w, args.work) for w in args.workers]
+    if not rows:
+        return
     print("| workers | corpus MB | wall s | CPU s | MB / CPU-s | MB / wall-s | peak RSS (tree) GiB | tokens |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
