@@ -95,3 +95,11 @@ pretokens.count(stream, {{"x": llama3.empty_bpe()}}, max_words=10**6, num_worker
     proc.wait()
     gone, alive = psutil.wait_procs(workers, timeout=10)
     assert not alive, [p.pid for p in alive]
+
+
+def test_repetitions_are_fed_in_small_strings_holding_every_occurrence():
+    """A frequent pre-token is split over many strings (the trainer holds 16 bytes per byte of each string)."""
+    items = [("Ġvə", 100_000), ("Ġkitab", 3), ("x", 0)]
+    pieces = list(bpe.repeated(items, batch_chars=1000))
+    assert max(len(p) for p in pieces) <= 1000 and len(pieces) > 300
+    assert Counter(" ".join(pieces).split()) == Counter({"Ġvə": 100_000, "Ġkitab": 3})

@@ -66,19 +66,24 @@ def train_from_counts(
     return from_doc(doc)
 
 
-def repeated(items: Iterable[tuple[str, int]], batch_chars: int = 1 << 22) -> Iterator[str]:
-    """Each (pre-token, count) as the pre-token `count` times with spaces between, in strings of about
-    `batch_chars` characters, for a trainer whose pre-tokenizer splits on whitespace."""
+def repeated(items: Iterable[tuple[str, int]], batch_chars: int = 1 << 16) -> Iterator[str]:
+    """Each (pre-token, count) as the pre-token `count` times with spaces between, in strings of at most about
+    `batch_chars` characters, for a trainer whose pre-tokenizer splits on whitespace. Small strings on purpose:
+    the trainer holds every string's normalisation alignments (16 bytes per byte) while it splits it."""
     out: list[str] = []
     size = 0
     for word, count in items:
         if count <= 0 or not word:
             continue
-        out.append((word + " ") * count)
-        size += (len(word) + 1) * count
-        if size >= batch_chars:
-            yield "".join(out)
-            out, size = [], 0
+        unit = word + " "
+        while count > 0:
+            n = min(count, max(1, (batch_chars - size) // len(unit)))
+            out.append(unit * n)
+            size += n * len(unit)
+            count -= n
+            if size + len(unit) > batch_chars:
+                yield "".join(out)
+                out, size = [], 0
     if out:
         yield "".join(out)
 

@@ -24,6 +24,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 from dilforge_shared.processes import die_with_parent
+from dilforge_shared.runtime_policy import available_cpus
 from tokenizers import Tokenizer
 
 from .stream import CorpusStream
@@ -43,13 +44,6 @@ class PretokenCounts:
             name: {"distinct": len(c), "total": sum(c.values()), **self.pruned.get(name, {})}
             for name, c in self.words.items()
         }
-
-
-def available_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def count(

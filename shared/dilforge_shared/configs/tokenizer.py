@@ -147,14 +147,14 @@ class TokenizerConfig(StageConfig):
         "(about 70 bytes each in memory), so on a corpus of many GB prefer the curate stage's deduplication.",
     )
     max_pretokens: int = Field(
-        default=10_000_000,
+        default=1_000_000,
         ge=1000,
-        le=2_000_000_000,
-        description="Memory budget of the corpus pass, in distinct pre-tokens per pre-tokenizer (about 160 bytes "
-        "each counted, twice that for extend's segmentation: the default is about 3-5 GB at most). Every strategy "
-        "trains from "
-        "the corpus's pre-token counts; past the budget the rarest are dropped (all seen at most t times, t = 1, "
-        "2, ... until half the budget remains), logged and recorded in metrics.corpus.pretokens.",
+        le=1_000_000_000,
+        description="Memory budget of the corpus pass and of training, in distinct pre-tokens per pre-tokenizer "
+        "(about 1 KB each through counting, segmentation and the BPE trainer: about 1 GB at the default, whatever "
+        "the corpus size). Every strategy trains from the corpus's pre-token counts; past the budget the rarest are "
+        "dropped (every pre-token counted at most t times so far, t = 1, 2, ... until half the budget remains), "
+        "logged and recorded in metrics.corpus.pretokens. Raise it where memory allows.",
     )
     normalization: Literal["NFC", "none"] = Field(default="NFC", description="Unicode normalisation of the corpus.")
 
