@@ -308,3 +308,24 @@ def test_unloadable_sft_model_fails_unless_skipping_is_asked_for(upstream, data_
     (manifest,) = (store / "artifacts" / "eval").glob("*/manifest.json")
     skipped = json.loads(manifest.read_text())["metrics"]["skipped"]
     assert len(skipped) == 1 and skipped[0].startswith("sft model:")
+
+
+def test_az_tiny_eval_section_measures_the_assistant(upstream, data_root, tmp_path):
+    """The seconds-scale preset's own eval section: every model answers 3 prompts per group, scored."""
+    import yaml
+
+    root = Path(__file__).resolve().parents[2]
+    section = yaml.safe_load((root / "configs/az-tiny.yaml").read_text())["eval"]
+    section = json.loads(json.dumps(section).replace("${DILFORGE_DATA}", str(data_root)))
+    cfg = _write_pipeline(tmp_path / "tiny.yaml", upstream["store"], "tinyeval", section)
+    inputs = [f"{k}={upstream[k]}" for k in ("model", "tokenizer", "cpt", "sft")]
+    proc = _coordinator(["run", "eval", "--config", str(cfg), *[a for i in inputs for a in ("--input", i)]], tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    manifest, _ = read_manifest(proc.stdout.strip().splitlines()[-1].split("artifact: ")[1])
+    a = manifest.metrics["assistant"]
+    assert a["max_new_tokens"] == section["assistant"]["max_new_tokens"] and a["thresholds"]["language"] == "az"
+    assert {m: {g: f["n"] for g, f in groups.items()} for m, groups in a["figures"].items()} == {
+        m: {"az": 3, "en": 3, "az-no-diacritics": 3} for m in ("base", "cpt", "sft")
+    }
+    assert "assistant_answers.jsonl" in {f.path for f in manifest.files}
+    assert "assistant sft / az-no-diacritics (n 3): in language" in proc.stdout + proc.stderr  # logged as well
