@@ -329,3 +329,11 @@ def test_az_tiny_eval_section_measures_the_assistant(upstream, data_root, tmp_pa
     }
     assert "assistant_answers.jsonl" in {f.path for f in manifest.files}
     assert "assistant sft / az-no-diacritics (n 3): in language" in proc.stdout + proc.stderr  # logged as well
+    # the gate before serve/deploy/export finds this eval through the run record and judges the SFT model by it
+    from dilforge_coordinator import gate
+
+    found, label, source = gate.eval_section(upstream["sft"], str(upstream["store"]), "tinyeval", None)
+    verdict = gate.judge(found, label, source)
+    assert label == "sft" and source == f"eval artifact {manifest.artifact_id}"
+    assert verdict.lines[0].startswith("assistant figures of the sft model") and len(verdict.lines) == 4
+    assert verdict.refusal.startswith("sft model below the thresholds")  # a random 2-layer model
