@@ -137,3 +137,32 @@ def test_parroting_a_quoted_text_is_not_a_summary():
     summary = "Şəhərdə uşaq meydançası, velosiped yolu və kiçik gölü olan yeni park açıldı və sakinlər ondan razıdır."
     copy = "Şəhərdə yeni park açıldı. Parkda uşaq meydançası, velosiped yolu və kiçik göl var."
     assert not A.parrots(prompt, summary) and A.parrots(prompt, copy)
+
+
+def test_report_table_marks_what_the_gate_refuses():
+    import metrics_samples
+    from dilforge_eval.tables import assistant_table
+    from dilforge_shared.metrics import AssistantSection, AssistantThresholds
+
+    def figs(language: str, in_language: int, ended: int) -> dict:
+        answers = [
+            ans("Bakı.", language=language, ended=i < ended)
+            if i < in_language
+            else ans("", language=language, ended=i < ended)
+            for i in range(10)
+        ]
+        return A.score(answers)
+
+    section = AssistantSection(
+        prompts="builtin:assistant",
+        max_new_tokens=64,
+        batch_size=40,
+        thresholds=AssistantThresholds(language="az", min_in_language=0.9, min_ended_turn=0.9),
+        figures={"sft": {"az": figs("az", 5, 10), "en": figs("en", 0, 2)}},
+    )
+    head, rows = assistant_table(metrics_samples.eval_metrics(assistant=section))
+    cells = {(r[0], r[1]): r for r in rows}
+    assert head[3] == "in language" and list(cells) == [("sft", "az"), ("sft", "en")]
+    in_az, ended_az = cells["sft", "az"][3], cells["sft", "az"][4]
+    assert in_az.text == "0.50 [0.24–0.76]" and "worse" in in_az.cls and "worse" not in ended_az.cls
+    assert "worse" not in cells["sft", "en"][4].cls  # English answers are shown, the gate reads the target language
