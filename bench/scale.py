@@ -204,7 +204,7 @@ def smollm2_tokenizer(cache: Path) -> str:
     return str(resolve(fetch(proc.stdout.strip().splitlines()[-1].split("artifact: ")[1]), "tokenizer").path)
 
 
-def stage_config(stage: str, corpus: Path, data: Path, cache: Path) -> dict:
+def stage_config(stage: str, corpus: Path, data: Path, cache: Path, base_tokenizer: str | None = None) -> dict:
     flores = str(data / "az/dev/flores200.dev.partial_from_sib200.tsv")
     validation = [
         {"uri": flores, "text_field": "azj_Latn", "name": "az"},
@@ -213,7 +213,7 @@ def stage_config(stage: str, corpus: Path, data: Path, cache: Path) -> dict:
     if stage == "tokenizer-extend":
         section = {
             "strategy": "extend",
-            "base_tokenizer": smollm2_tokenizer(cache),
+            "base_tokenizer": base_tokenizer or smollm2_tokenizer(cache),
             "num_new_tokens": [16000],
             "corpora": [{"uri": str(corpus), "name": "corpus"}],
             "validation": validation,
@@ -229,7 +229,9 @@ def stage_config(stage: str, corpus: Path, data: Path, cache: Path) -> dict:
     raise SystemExit(f"unknown stage {stage!r}")
 
 
-def run_stage(stage: str, corpus: Path, data: Path, cache: Path, work: Path) -> dict:
+def run_stage(stage: str, corpus: Path, data: Path, cache: Path, work: Path, **overrides) -> dict:
+    """One stage on `corpus` through the coordinator (fresh store under `work`); `overrides` go into its section
+    (`base_tokenizer` is a tokenizer-extend argument)."""
     import yaml
 
     work.mkdir(parents=True, exist_ok=True)
@@ -245,7 +247,12 @@ def run_stage(stage: str, corpus: Path, data: Path, cache: Path, work: Path) -> 
     path = work / "config.yaml"
     path.write_text(yaml.safe_dump(cfg, allow_unicode=True))
     cmd = [sys.executable, "-m", "dilforge_coordinator.cli", "run-all", "-c", str(path)]
-    return measured(cmd, env, work / "log.txt")
+    row = measured(cmd, env, work / "log.txt")
+    for metrics in (work / "store" / "artifacts").glob("tokenizer/*/data-*/metrics.json"):  # fertility, budget
+        m = json.loads(metrics.read_text())
+        row |= {f"tokens_per_word_{k}": v["tokens_per_word"] for k, v in m["languages"].items()}
+        row["pretokens"] = m["corpus"].get("pretokens")
+    return row
 
 
 def exponent(rows: list[dict], key: str) -> list[float]:
@@ -266,6 +273,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--corpus-dir", type=Path, default=Path(tempfile.gettempdir()) / "dilforge-scale")
     p.add_argument("--generate-only", action="store_true")
+    p.add_argument("--max-pretokens", type=int, default=None, help="tokenizer stages: override max_pretokens")
     args = p.parse_args()
     from dilforge_shared.recipes import cache_root
 
@@ -283,7 +291,8 @@ def main() -> None:
         rows = []
         for size in args.sizes:
             with tempfile.TemporaryDirectory(prefix=f"scale-{stage}-") as work:
-                row = run_stage(stage, corpora[size], args.data, cache_root(), Path(work))
+                overrides = {"max_pretokens": args.max_pretokens} if args.max_pretokens and "tokenizer" in stage else {}
+                row = run_stage(stage, corpora[size], args.data, cache_root(), Path(work), **overrides)
                 if row["rc"] != 0:
                     print((Path(work) / "log.txt").read_text()[-3000:])
             mb = corpora[size].stat().st_size / 1e6
