@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -295,3 +296,56 @@ def test_workers_default_to_the_cpus_of_the_affinity_mask_not_the_machine():
     assert one.stdout.strip() == "1"
     every = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert int(every.stdout) == len(os.sched_getaffinity(0)) >= 2
+
+
+KILLED_BUILD = """
+import sys
+from pathlib import Path
+from dilforge_cpt import data
+from dilforge_shared.configs import DataSource
+
+if __name__ == "__main__":  # the workers are spawned: they import this script
+    corpus, tok_dir, cache = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+    tok = data.load_tokenizer(tok_dir)
+    ids = data.special_ids(tok, "t")
+    data.tokenize_to_file(DataSource(uri=corpus), tok, ids, cache, "k", None, 64, None, workers=2, shard_chars=4_000)
+"""
+
+
+@pytest.mark.slow
+def test_a_build_killed_with_sigkill_resumes_to_the_same_bytes(
+    tmp_path, data_root, tiny_tokenizer_dir, tok, ids, caplog
+):
+    """The whole process group (the build and its two workers) SIGKILLed once a few shards are finished, as a
+    reclaimed spot instance: the rerun reuses those shards and its file equals a clean build's."""
+    import signal
+    import time
+
+    from dilforge_cpt import data
+
+    corpus = data_root / "az/train/azwiki_sentences_cv_extractor.txt"
+    script = tmp_path / "build.py"
+    script.write_text(KILLED_BUILD)
+    cache = tmp_path / "cache"
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(corpus), str(tiny_tokenizer_dir), str(cache)],
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 240
+    while len(list((cache / "k.shards").glob("*.u32.json"))) < 3 and proc.poll() is None:
+        assert time.monotonic() < deadline, "no shard finished in time"
+        time.sleep(0.05)
+    assert proc.poll() is None, f"the build ended on its own (exit {proc.returncode})"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (cache / "k.json").exists(), "the build finished before it was killed"
+    finished = len(list((cache / "k.shards").glob("*.u32.json")))
+
+    source = DataSource(uri=str(corpus))
+    with caplog.at_level("INFO", logger="dilforge.cpt"):
+        resumed = data.tokenize_to_file(source, tok, ids, cache, "k", None, 64, None, workers=1, shard_chars=4_000)
+    assert re.search(rf": {finished} of \d+ shards reused", caplog.text)  # every shard with a sidecar reused
+    clean = data.tokenize_to_file(source, tok, ids, tmp_path / "clean", "k", None, 64, None, shard_chars=4_000)
+    assert resumed.path.read_bytes() == clean.path.read_bytes()
+    assert finished >= 3 and not (cache / "k.shards").exists()

@@ -374,8 +374,9 @@ class _TokenizerPool:
                     out[index] = future.result()
                 except BrokenProcessPool:
                     raise DilforgeError(
-                        f"a tokenizer worker died while tokenising shard {index} (out of memory? lower "
-                        "cpt.tokenize_workers); a rerun resumes from the finished shards"
+                        f"a tokenizer worker died while tokenising shard {index} (killed, e.g. out of memory: "
+                        "lower cpt.tokenize_workers; or it failed to start: see the error above); a rerun "
+                        "resumes from the finished shards"
                     ) from None
                 del pending[index]
         return out
