@@ -29,15 +29,14 @@ bench/export.py measures the result against transformers (tokenization, next-tok
 from __future__ import annotations
 
 import argparse
-import ctypes
 import errno
+import functools
 import hashlib
 import json
 import logging
 import math
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tarfile
@@ -49,6 +48,7 @@ from dilforge_shared import staging
 from dilforge_shared.errors import DilforgeError, ManifestNotFound
 from dilforge_shared.families import Family, detect_family, special_token_ids, system_prompt_problem
 from dilforge_shared.models import resolve
+from dilforge_shared.processes import die_with_parent
 from dilforge_shared.recipes import cache_root
 from dilforge_shared.serving import resolve_served_model
 from dilforge_shared.store import read_manifest
@@ -67,22 +67,6 @@ class ExportError(DilforgeError):
     """A one-line reason the artifact cannot be exported, saying what to do."""
 
 
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
-
-
-def _die_with_parent(parent: int):
-    """A preexec_fn: the kernel sends the child SIGKILL when this process dies (even by `kill -9`), so no
-    converter outlives its export; a parent already gone before the call is caught by the ppid check."""
-
-    def set_pdeathsig() -> None:
-        if sys.platform.startswith("linux"):
-            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != parent:
-            os._exit(1)
-
-    return set_pdeathsig
-
-
 def run_child(cmd: list[str]) -> subprocess.CompletedProcess:
     """A child that dies with this process; output captured."""
     return subprocess.run(
@@ -91,7 +75,7 @@ def run_child(cmd: list[str]) -> subprocess.CompletedProcess:
         text=True,
         stdin=subprocess.DEVNULL,
         check=False,
-        preexec_fn=_die_with_parent(os.getpid()),
+        preexec_fn=functools.partial(die_with_parent, os.getpid()),  # no converter outlives its export
     )
 
 
