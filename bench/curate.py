@@ -13,7 +13,9 @@ worker processes, one after the other, on the same input:
 Prints MB/s and documents/s per core, MB and documents per CPU-second (user + system time of the whole process
 tree, sampled: on a loaded machine the number to compare), peak memory of the process tree (PSS, sampled), the
 ratio stage/plain, and the cost of 10 GB on N instances extrapolated from MB/s per core.
-`--max-chars` sets `language_id.max_chars` (the stage's default otherwise).
+`--max-chars` sets `language_id.max_chars` (the stage's default otherwise). `--steps` prints instead the CPU
+seconds per MB of each step of the filter phase and of the MinHash signatures, run one after the other over the
+input in this process (where the stage's time goes).
 
     python bench/curate.py --data ../shared/data --size-mb 50
     python bench/curate.py --data ../shared/data --size-mb 1024 --skip-plain     # memory on a 1 GB input
@@ -187,6 +189,33 @@ def run_plain(inp: Path, work: Path, tasks: int, workers: int) -> dict:
     return {"kept": kept}
 
 
+def step_costs(source: str, size: int) -> None:
+    """CPU seconds per MB of each filter-phase step, each run over the documents the step before it kept."""
+    from dilforge_curate import stage
+    from dilforge_shared.configs.curate import CurateConfig
+
+    config = CurateConfig(corpora=[{"uri": source, "name": "web"}], output={"num_shards": 1}, language_id=MAX_CHARS)
+    work = Path("/tmp/dilforge-bench-curate-steps")
+    inputs = stage.Inputs(sources=stage.reader_sources(config), tokenizer_file=None, work=work)
+    steps = stage.build(config, inputs, stage.Folders(work, work), work / "out")["filter"].pipeline
+    mb = size / 1e6
+    t = time.process_time()
+    docs = list(steps[0].run(None, 0, 1))
+    print(f"| read | {len(docs):,} | {(time.process_time() - t) / mb:.3f} |")
+    for step in steps[1:-2]:  # the writer and the signatures last
+        if hasattr(step, "_build"):
+            step._build()  # models loaded before timing, as the stage does before forking
+        t = time.process_time()
+        kept = list(step.run(iter(docs), 0, 1))
+        print(f"| {step.name} | {len(docs):,} | {(time.process_time() - t) / mb:.3f} |", flush=True)
+        docs = kept
+    t = time.process_time()
+    for doc in docs:
+        steps[-1].get_signature(steps[-1].get_shingles(doc.text))
+    print(f"| MinHash signatures | {len(docs):,} | {(time.process_time() - t) / mb:.3f} |")
+    shutil.rmtree(work, ignore_errors=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, default=Path(os.environ.get("DILFORGE_DATA", ROOT.parent / "shared/data")))
@@ -196,6 +225,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--skip-plain", action="store_true")
     ap.add_argument("--max-chars", type=int, help="language_id.max_chars of the stage (default: the config's)")
+    ap.add_argument("--steps", action="store_true", help="CPU seconds per MB of each filter-phase step, then stop")
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/dilforge-bench-curate"))
     args = ap.parse_args()
     if args.max_chars:
@@ -207,6 +237,10 @@ def main() -> None:
     cores = len(os.sched_getaffinity(0))
     print(f"input: {docs:,} documents, {size / 1e6:,.1f} MB in {args.num_files} files; {args.tasks} tasks, "
           f"{args.workers} workers, {cores} cores", flush=True)  # fmt: skip
+    if args.steps:
+        print("| step | documents in | CPU s per MB |\n|---|---:|---:|")
+        step_costs(source, size)
+        return
     dirty = run_stage(args.workdir / "input" / "dirty" / "web.jsonl", args.workdir / "dirty", args.tasks, args.workers)
     labels = json.loads((args.workdir / "input" / "dirty" / "labels.json").read_text())
     kept = [json.loads(x) for f in sorted(dirty["out"].glob("shard-*.jsonl")) for x in f.open(encoding="utf-8")]
