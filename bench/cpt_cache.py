@@ -20,49 +20,17 @@ a 16k byte-level BPE with ChatML specials (SmolLM2's family, as the main job) tr
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import random
 import resource
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hardware import describe  # noqa: E402
-
-SUFFIXES = ["lar", "lər", "ın", "in", "un", "ün", "da", "də", "dan", "dən", "ı", "i", "ya", "yə", "dır", "dir",
-            "ları", "ləri", "ında", "ində", "mış", "miş", "acaq", "əcək", "lıq", "lik", "çı", "çi"]  # fmt: skip
-
-
-def generate(data: Path, out: Path, size_mb: float, seed: int = 0) -> Path:
-    """A corpus of about `size_mb` MB, the same bytes for the same (data, size, seed); kept for reruns."""
-    if out.is_file() and out.stat().st_size >= size_mb * 1e6:
-        return out
-    rng = random.Random(seed)
-    lines = []
-    for f in sorted((data / "az/train").glob("*.txt")):
-        lines += [x.strip() for x in f.open(encoding="utf-8") if len(x.strip()) > 20]
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp")
-    written = 0
-    with open(tmp, "w", encoding="utf-8") as f:
-        while written < size_mb * 1e6:
-            words = rng.choice(lines).split()
-            for i in range(len(words)):
-                r = rng.random()
-                if r < 0.25:
-                    words[i] += rng.choice(SUFFIXES) + (rng.choice(SUFFIXES) if r < 0.05 else "")
-                elif r < 0.27:
-                    words[i] = str(rng.randrange(10 ** rng.randrange(1, 7)))
-            line = " ".join(words) + "\n"
-            f.write(line)
-            written += len(line.encode())
-    os.replace(tmp, out)
-    return out
+from scale import TreeSampler, generate  # noqa: E402  the corpus and the process-tree sampler of bench/scale.py
 
 
 def make_tokenizer(corpus: Path, out: Path, vocab: int = 16_000) -> Path:
@@ -100,22 +68,6 @@ print(json.dumps({"wall_s": time.perf_counter() - start, "num_tokens": tf.num_to
 """
 
 
-def peak_tree_rss(proc: subprocess.Popen, stop: threading.Event, out: list[int]) -> None:
-    import psutil
-
-    root = psutil.Process(proc.pid)
-    peak = 0
-    while not stop.is_set():
-        total = 0
-        with contextlib.suppress(psutil.Error):
-            for p in [root, *root.children(recursive=True)]:
-                with contextlib.suppress(psutil.Error):
-                    total += p.memory_info().rss
-        peak = max(peak, total)
-        time.sleep(0.2)
-    out.append(peak)
-
-
 def measure(corpus: Path, tokenizer_dir: Path, workers: int, work: Path) -> dict:
     """Build the cache of `corpus` from scratch with `workers` workers in a child process; its numbers."""
     cache = work / f"cache-w{workers}"
@@ -127,12 +79,8 @@ def measure(corpus: Path, tokenizer_dir: Path, workers: int, work: Path) -> dict
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     args = [sys.executable, "-c", CHILD, str(corpus), str(tokenizer_dir), str(cache), str(workers)]
     proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, text=True)
-    stop, peak = threading.Event(), []
-    sampler = threading.Thread(target=peak_tree_rss, args=(proc, stop, peak), daemon=True)
-    sampler.start()
-    stdout, _ = proc.communicate()
-    stop.set()
-    sampler.join()
+    with TreeSampler(proc.pid) as sampler:
+        stdout, _ = proc.communicate()
     wall = time.perf_counter() - start
     if proc.returncode:
         raise SystemExit(f"cache build with {workers} workers failed (exit {proc.returncode})")
@@ -147,7 +95,8 @@ def measure(corpus: Path, tokenizer_dir: Path, workers: int, work: Path) -> dict
         "cpu_s": round(cpu, 1),
         "mb_per_cpu_s": round(mb / cpu, 3),
         "mb_per_wall_s": round(mb / wall, 3),
-        "peak_rss_gib": round(peak[0] / 2**30, 3),
+        "peak_gib": round(sampler.peak / 2**30, 3),  # PSS of the tree (forked/spawned workers' shared pages once)
+        "peak_rss_sum_gib": round(sampler.peak_rss / 2**30, 3),
         "num_tokens": result["num_tokens"],
         "num_docs": result["num_docs"],
         "sha256": result["sha256"],
@@ -185,12 +134,12 @@ def main() -> None:
     rows = [measure(corpus, tok_dir, w, args.work) for w in args.workers]
     if not rows:
         return
-    print("| workers | corpus MB | wall s | CPU s | MB / CPU-s | MB / wall-s | peak RSS (tree) GiB | tokens |")
+    print("| workers | corpus MB | wall s | CPU s | MB / CPU-s | MB / wall-s | peak PSS (tree) GiB | tokens |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(
             f"| {r['workers']} | {r['corpus_mb']} | {r['wall_s']} | {r['cpu_s']} | {r['mb_per_cpu_s']} | "
-            f"{r['mb_per_wall_s']} | {r['peak_rss_gib']} | {r['num_tokens']:,} |"
+            f"{r['mb_per_wall_s']} | {r['peak_gib']} | {r['num_tokens']:,} |"
         )
     same = len({r["sha256"] for r in rows}) == 1
     print(f"cache bytes identical across worker counts: {same} (sha256 {rows[0]['sha256'][:16]}…)")

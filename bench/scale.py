@@ -14,7 +14,7 @@ log(y2 / y1) / log(size2 / size1) (1.0 = linear; 0 = flat).
     python bench/scale.py --data ../shared/data --generate-only --sizes 1600     # the corpus alone (cached)
 
 Stages: tokenizer-extend (16k new tokens over SmolLM2, as the main job), tokenizer-replace (50k), cpt-cache (the CPT
-stage's token cache alone: `python -m dilforge_cpt build-cache`), curate (datatrove, default tasks and workers).
+stage's token cache build alone, through bench/cpt_cache.py, on every core), curate (datatrove, default tasks and workers).
 """
 
 from __future__ import annotations
@@ -236,9 +236,13 @@ def run_stage(stage: str, corpus: Path, data: Path, cache: Path, work: Path, **o
 
     work.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "DILFORGE_WORKDIR": str(work / "work"), "DILFORGE_CACHE": str(cache)}
-    if stage == "cpt-cache":
-        cmd = [sys.executable, str(ROOT / "bench" / "cpt_cache.py"), "--corpus", str(corpus), "--out", str(work / "c")]
-        return measured(cmd, env, work / "log.txt")
+    if stage == "cpt-cache":  # the stage's own build (bench/cpt_cache.py), SmolLM2's tokenizer, every core
+        from cpt_cache import measure
+        from dilforge_shared.runtime_policy import available_cpus
+
+        tok = overrides.pop("base_tokenizer", None) or smollm2_tokenizer(cache)
+        row = measure(corpus, Path(tok), available_cpus(), work)
+        return {"rc": 0, **{k: row[k] for k in ("wall_s", "cpu_s", "peak_gib", "peak_rss_sum_gib", "num_tokens")}}
     cfg = {
         "run_id": f"scale-{stage}",
         "store": {"uri": str(work / "store")},
