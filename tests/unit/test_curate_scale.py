@@ -90,3 +90,40 @@ def test_throughput_per_core_comes_from_every_tasks_cpu_seconds(tmp_path):
     }  # fmt: skip
     m = report.metrics(config(), counts, {}, 1.0)
     assert (m.mb_per_cpu_second, m.documents_per_cpu_second, m.cpu_seconds["total"]) == (0.4, 200.0, 5.0)
+
+
+STAGE = """
+import os, sys, time
+from dilforge_curate import stage
+stage.children_die_with_the_stage()
+if os.fork() == 0:  # a worker, which forks one of its own
+    if os.fork() == 0:
+        time.sleep(60)
+        os._exit(0)
+    time.sleep(60)
+    os._exit(0)
+time.sleep(60)
+"""
+
+
+def test_processes_the_stage_forks_die_with_it_even_on_kill_9(tmp_path):
+    """The at-fork hook: a `kill -9` of the stage takes its forked children (datatrove's workers and Manager,
+    which hold the work-folder lock) with it; a child's own fork lives while that child does."""
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    proc = subprocess.Popen([sys.executable, "-c", STAGE])
+    deadline = time.monotonic() + 60
+    while len(psutil.Process(proc.pid).children(recursive=True)) < 2:
+        assert time.monotonic() < deadline, "the stage never forked"
+        time.sleep(0.05)
+    family = psutil.Process(proc.pid).children(recursive=True)
+    time.sleep(0.5)
+    assert all(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in family)  # the grandchild too
+    proc.kill()
+    proc.wait()
+    gone, alive = psutil.wait_procs(family, timeout=10)
+    assert not alive, [p.pid for p in alive]

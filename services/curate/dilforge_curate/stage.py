@@ -89,29 +89,32 @@ class StageExecutor(LocalPipelineExecutor):
         super().mark_rank_as_completed(rank)
 
 
-def die_with_parent(stage_pid: int) -> None:
-    """In a process the stage forked: the kernel sends it SIGKILL when the stage dies (even by `kill -9`), a stage
-    already gone ends it at once, and SIGTERM (the pool's terminate) kills it as usual instead of raising the
-    stage's `Stopped`."""
+def die_with_parent(parent_pid: int) -> None:
+    """In a process the stage forked: the kernel sends it SIGKILL when its parent dies (even by `kill -9`), a
+    parent already gone ends it at once, and SIGTERM (the pool's terminate) kills it as usual instead of raising
+    the stage's `Stopped`."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if sys.platform.startswith("linux"):
         import ctypes
 
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != stage_pid:
+    if os.getppid() != parent_pid:
         os._exit(1)
 
 
-_FORK_HOOK: list[int] = []
+_FORKING: dict[str, int] = {}  # the pid of the process about to fork, seen by its child
 
 
 def children_die_with_the_stage() -> None:
     """Every process this one forks (datatrove's pool workers and its multiprocess Manager, which inherit the
-    work-folder lock the coordinator passed down) dies with it: a `kill -9` of the stage leaves no orphan writing
-    to the work folder or holding its lock, on which a rerun would wait forever."""
-    if not _FORK_HOOK:
-        _FORK_HOOK.append(os.getpid())
-        os.register_at_fork(after_in_child=lambda: die_with_parent(_FORK_HOOK[0]))
+    work-folder lock the coordinator passed down) dies with its parent: a `kill -9` of the stage leaves no orphan
+    writing to the work folder or holding its lock, on which a rerun would wait forever."""
+    if not _FORKING:
+        _FORKING["parent"] = os.getpid()
+        os.register_at_fork(
+            before=lambda: _FORKING.update(parent=os.getpid()),
+            after_in_child=lambda: die_with_parent(_FORKING["parent"]),
+        )
 
 
 def run(config: CurateConfig, ctx: StageContext) -> StageResult:
