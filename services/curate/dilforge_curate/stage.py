@@ -29,6 +29,7 @@ from datatrove.executor import LocalPipelineExecutor
 from dilforge_shared.configs.curate import CurateConfig
 from dilforge_shared.contract import StageContext, StageResult, log_config
 from dilforge_shared.errors import DilforgeError, InputError
+from dilforge_shared.processes import die_with_parent
 
 from . import report
 from .steps import (
@@ -68,9 +69,6 @@ def _stop(signum, frame):
     )
 
 
-PR_SET_PDEATHSIG = 1
-
-
 class StageExecutor(LocalPipelineExecutor):
     """Datatrove's local executor, its workers forked from the stage process (so they die with it: see
     `children_die_with_the_stage`), recording each task's CPU seconds beside its completion mark
@@ -89,17 +87,11 @@ class StageExecutor(LocalPipelineExecutor):
         super().mark_rank_as_completed(rank)
 
 
-def die_with_parent(parent_pid: int) -> None:
-    """In a process the stage forked: the kernel sends it SIGKILL when its parent dies (even by `kill -9`), a
-    parent already gone ends it at once, and SIGTERM (the pool's terminate) kills it as usual instead of raising
-    the stage's `Stopped`."""
+def forked_child(parent_pid: int) -> None:
+    """In a process the stage forked: it dies with its parent (`processes.die_with_parent`, even on `kill -9`), and
+    SIGTERM (the pool's terminate) kills it as usual instead of raising the stage's `Stopped`."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent_pid:
-        os._exit(1)
+    die_with_parent(parent_pid)
 
 
 _FORKING: dict[str, int] = {}  # the pid of the process about to fork, seen by its child
@@ -113,7 +105,7 @@ def children_die_with_the_stage() -> None:
         _FORKING["parent"] = os.getpid()
         os.register_at_fork(
             before=lambda: _FORKING.update(parent=os.getpid()),
-            after_in_child=lambda: die_with_parent(_FORKING["parent"]),
+            after_in_child=lambda: forked_child(_FORKING["parent"]),
         )
 
 
