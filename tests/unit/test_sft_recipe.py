@@ -4,14 +4,17 @@ and the repetition control written into the published generation_config.json."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
-from dilforge_sft.data import DataCounts, count_answer_languages, fold_user_turns
+from dilforge_sft.data import DataCounts, count_answer_languages, fold_user_turns, load_splits
 from dilforge_sft.outputs import write_generation_defaults
 from dilforge_sft.stage import check_answer_languages
+from dilforge_shared.configs import load_pipeline
 from dilforge_shared.configs.sft import GenerationDefaults, SftConfig
 from pydantic import ValidationError
 
+ROOT = Path(__file__).resolve().parents[2]
 AZ = "Bakı Azərbaycanın paytaxtı və ən böyük şəhəridir, Xəzər dənizinin sahilində yerləşir."
 EN = "Baku is the capital and the largest city of Azerbaijan, on the shore of the Caspian Sea."
 
@@ -84,3 +87,14 @@ def test_the_modelfile_carries_the_published_repetition_penalty():
     assert text.splitlines()[-1] == "PARAMETER repeat_penalty 1.2"
     assert "no_repeat" not in text  # Ollama has no such parameter
     assert "repeat_penalty" not in modelfile("m.gguf", chatml, None, {"eos_token_id": [2, 0]})
+
+
+@pytest.mark.parametrize("preset", ["az-small.yaml", "az-full.yaml"])
+def test_the_presets_train_an_assistant_that_answers_in_azerbaijani(preset, data_root, monkeypatch):
+    """Most training answers of the shipped presets are Azerbaijani, and they publish repetition control."""
+    monkeypatch.setenv("DILFORGE_VAR_BASE_MODEL", "unused")
+    sft = load_pipeline(ROOT / "configs" / preset).sft
+    assert sft.target_language == "az"
+    assert sft.generation.repetition_penalty and sft.generation.repetition_penalty > 1
+    train, _, counts, _ = load_splits(sft)
+    assert count_answer_languages(train, "az", counts) >= 0.6
