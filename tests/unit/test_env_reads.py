@@ -27,6 +27,10 @@ ALLOWED_WRITES = {
     # the eval stage's own process, before lm-eval is imported: datasets/huggingface_hub take their offline
     # switches (HF_DATASETS_OFFLINE, HF_HUB_OFFLINE) from the environment only; never a hub
     "services/eval/dilforge_eval/harness.py",
+    # a CPT token-cache worker process (spawned, its own environment): tokenizers takes its thread switches
+    # (TOKENIZERS_PARALLELISM, RAYON_NUM_THREADS) from the environment only; one thread a worker, the workers are
+    # the parallelism
+    "services/cpt/dilforge_cpt/data.py",
     # a SageMaker Processing container of the curate stage: the stage's /opt/ml root is a private copy (inputs are
     # shared by every host in local mode), and the contract finds the root through DILFORGE_OPT_ML only
     "services/curate/dilforge_curate/__main__.py",
