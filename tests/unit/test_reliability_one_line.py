@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from collections import Counter
 from pathlib import Path
 
 import metrics_samples
@@ -161,6 +162,7 @@ def test_vocab_sizes_beyond_what_training_produced_are_recorded_as_produced(tmp_
     from dilforge_shared.configs import validate_model
     from dilforge_shared.configs.tokenizer import TokenizerConfig
     from dilforge_shared.families import LLAMA3
+    from dilforge_tokenizer import llama3, pretokens
     from dilforge_tokenizer.candidates import replace_candidates
 
     (tmp_path / "c.txt").write_text("x")
@@ -173,8 +175,8 @@ def test_vocab_sizes_beyond_what_training_produced_are_recorded_as_produced(tmp_
 
     rng = random.Random(0)
     words = ["".join(rng.choice("abcçdeəfgğhxıijkqlmnoöprsştuüvyz") for _ in range(6)) for _ in range(400)]
-    batches = iter([[" ".join(rng.choice(words) for _ in range(12)) for _ in range(500)]])
-    candidates, _ = replace_candidates(config, batches, LLAMA3, None, False)
+    lines = Counter(" ".join(rng.choice(words) for _ in range(12)) for _ in range(500))
+    candidates = replace_candidates(config, pretokens.of_lines(lines, llama3.empty_bpe()), LLAMA3, None, False)
     sizes = [c.size for c in candidates]
     produced = len(candidates[-1].doc["model"]["vocab"])
     assert produced < 5000 and sizes == [600, produced], sizes
