@@ -59,6 +59,7 @@ RUN_ONLY = {
         "validation.name",
     ],
     "eval": [
+        "assistant.batch_size",
         "bpb.batch_size",
         "device",
         "parallel_sets.az.name",
