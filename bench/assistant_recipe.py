@@ -154,15 +154,15 @@ def main() -> None:
     }
     base_bpb = {}
     if args.bpb_base:
-        tok = AutoTokenizer.from_pretrained(args.bpb_base)
-        model = AutoModelForCausalLM.from_pretrained(args.bpb_base, dtype=torch.float32).eval()
+        tok = AutoTokenizer.from_pretrained(args.bpb_base, trust_remote_code=False)
+        model = AutoModelForCausalLM.from_pretrained(args.bpb_base, dtype=torch.float32, trust_remote_code=False).eval()
         base_bpb = {k: bpb(model, tok, d) for k, d in sets.items()}
         print(f"base BPB X-WMT az {base_bpb['az']:.4f} en {base_bpb['en']:.4f}")
     measures = ("in_language", "ended_turn", "looping", "parroting")
     rows = []
     for path in models:
-        tok = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, trust_remote_code=False).eval()
         gen_config = {
             k: getattr(model.generation_config, k, None) for k in ("repetition_penalty", "no_repeat_ngram_size")
         }
