@@ -243,11 +243,10 @@ def run_stage(stage: str, corpus: Path, data: Path, cache: Path, work: Path, **o
         tok = overrides.pop("base_tokenizer", None) or smollm2_tokenizer(cache)
         row = measure(corpus, Path(tok), available_cpus(), work)
         return {"rc": 0, **{k: row[k] for k in ("wall_s", "cpu_s", "peak_gib", "peak_rss_sum_gib", "num_tokens")}}
-    cfg = {
-        "run_id": f"scale-{stage}",
-        "store": {"uri": str(work / "store")},
-        **stage_config(stage, corpus, data, cache),
-    }
+    sections = stage_config(stage, corpus, data, cache, overrides.pop("base_tokenizer", None))
+    for section in sections.values():
+        section.update(overrides)
+    cfg = {"run_id": f"scale-{stage}", "store": {"uri": str(work / "store")}, **sections}
     path = work / "config.yaml"
     path.write_text(yaml.safe_dump(cfg, allow_unicode=True))
     cmd = [sys.executable, "-m", "dilforge_coordinator.cli", "run-all", "-c", str(path)]
