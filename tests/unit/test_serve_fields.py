@@ -213,7 +213,7 @@ def test_text_parts_are_joined_as_transformers_serve_joins_them(guard):
 
 def test_a_template_option_is_taken_only_as_a_short_scalar_and_its_tokens_count(tokenizer):
     template = "{{ bos_token }}{% if note %}{{ note }}{% endif %}{% for m in messages %}{{ m['content'] }}{% endfor %}"
-    tok = tokenizer.__class__.from_pretrained(tokenizer.name_or_path)
+    tok = tokenizer.__class__.from_pretrained(tokenizer.name_or_path, trust_remote_code=False)
     tok.chat_template = template
     served = ServedTemplate.of(template)
     assert served.options == {"note"} and not served.renders_tools  # bos_token is the tokenizer's, never a request's
@@ -232,7 +232,7 @@ def test_a_template_option_is_taken_only_as_a_short_scalar_and_its_tokens_count(
 
 
 def test_the_served_tokenizers_own_special_tokens_are_refused_anywhere(tokenizer):
-    tok = tokenizer.__class__.from_pretrained(tokenizer.name_or_path)
+    tok = tokenizer.__class__.from_pretrained(tokenizer.name_or_path, trust_remote_code=False)
     tok.add_special_tokens({"additional_special_tokens": ["<repo_name>", "<file_sep>"]})
     guard = RequestGuard(None, "m", tok, context=2048)
     assert check(guard, chat())["messages"] == USER
@@ -256,7 +256,7 @@ def test_tools_are_taken_only_by_a_template_that_renders_them_and_count_as_promp
     template = (
         "{% for t in tools or [] %}{{ t | tojson }}{% endfor %}{% for m in messages %}{{ m['content'] }}{% endfor %}"
     )
-    tok = tokenizer.__class__.from_pretrained(tokenizer.name_or_path)
+    tok = tokenizer.__class__.from_pretrained(tokenizer.name_or_path, trust_remote_code=False)
     tok.chat_template = template
     guard = RequestGuard(None, "m", tok, context=128)
     tool = {"type": "function", "function": {"name": "weather", "description": "Hava", "parameters": {}}}

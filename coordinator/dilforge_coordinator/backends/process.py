@@ -11,18 +11,14 @@
 from __future__ import annotations
 
 import contextlib
-import ctypes
+import functools
+import os
 import signal
 import subprocess
 import threading
 from collections.abc import Sequence
 
-PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    with contextlib.suppress(OSError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+from dilforge_shared.processes import die_with_parent
 
 
 def run_child(cmd: Sequence[str], env: dict[str, str], pass_fds: Sequence[int] = ()) -> tuple[int, int | None]:
@@ -33,7 +29,7 @@ def run_child(cmd: Sequence[str], env: dict[str, str], pass_fds: Sequence[int] =
         stdin=subprocess.DEVNULL,
         start_new_session=True,
         pass_fds=tuple(pass_fds),
-        preexec_fn=_die_with_parent,  # noqa: PLW1509 - prctl only
+        preexec_fn=functools.partial(die_with_parent, os.getpid(), signal.SIGTERM),  # noqa: PLW1509 - prctl only
     )
     received: list[int] = []
 
