@@ -30,11 +30,11 @@ def test_two_instances_in_local_mode_give_the_local_output(tmp_path, data_root):
     pytest.importorskip("sagemaker.core.processing", reason="SDK extra: bash scripts/setup.sh --sagemaker")
     if subprocess.run([DOCKER, "image", "inspect", f"dilforge-curate:{TAG}"], capture_output=True).returncode:
         missing(f"dilforge-curate:{TAG} is not built (coordinator images build --stage curate)")
-    build(data_root, tmp_path / "dirty")
+    # a fresh corpus (its shuffle), so a fresh artifact id: the compose S3 outlives test runs
+    build(data_root, tmp_path / "dirty", seed=uuid.uuid4().int % 2**31)
     section = {
         "corpora": [{"uri": str(tmp_path / "dirty" / "web.jsonl"), "name": "web"}],
         "output": {"num_shards": 4},
-        "seed": uuid.uuid4().int % 2**31,  # a fresh artifact id: the compose S3 outlives test runs
     }
     sagemaker = {
         "role_arn": "arn:aws:iam::000000000000:role/dilforge-local",
