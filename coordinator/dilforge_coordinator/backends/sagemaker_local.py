@@ -39,6 +39,7 @@ from dilforge_shared.configs.cloud import SageMakerConfig
 from dilforge_shared.configs.model import ModelConfig
 from dilforge_shared.corpus import stamped_sha256
 from dilforge_shared.errors import ConfigError, DilforgeError
+from dilforge_shared.manifest import sha256_file
 from dilforge_shared.paths import uploaded_copy
 from dilforge_shared.settings import settings
 from dilforge_shared.store import open_backend, read_manifest, verify_files
@@ -99,14 +100,6 @@ def preflight(docker: str, run=subprocess.run) -> str:
             "runs every job with it; install the plugin (bash ../shared/tools/container-env.sh)"
         )
     return region
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def declared_inputs(pipeline: PipelineConfig) -> set[str]:
@@ -274,7 +267,7 @@ class SageMakerLocalBackend:
         shutil.rmtree(partial, ignore_errors=True)
         backend = open_backend(uri, endpoint_url)
         backend.download_file("manifest.json", partial / "manifest.json")
-        if _sha256(partial / "manifest.json") != digest:
+        if sha256_file(partial / "manifest.json") != digest:
             raise DilforgeError(f"{uri}/manifest.json changed while it was being copied")
         for entry in manifest.files:
             backend.download_file(f"{manifest.data_dir}/{entry.path}", partial / manifest.data_dir / entry.path)
