@@ -72,23 +72,10 @@ def _user_text(text: str, where: str) -> str:
     return text
 
 
-def stop_token_ids(tok) -> list[int]:
-    """The tokenizer family's end-of-turn and end-of-document ids (<|eot_id|> for Llama 3, <|im_end|> for
-    ChatML), plus its eos; a tokenizer of no known family stops at its eos only."""
-    from dilforge_shared.errors import InputError
-    from dilforge_shared.families import detect_family
-
-    try:
-        names = detect_family(tok.get_vocab(), "chat tokenizer").stop_tokens
-    except InputError:
-        names = []
-    ids = [tok.convert_tokens_to_ids(name) for name in names] + [tok.eos_token_id]
-    return list(dict.fromkeys(i for i in ids if isinstance(i, int) and i >= 0))
-
-
 def reply(tok, model, messages: list[dict[str, str]], max_new_tokens: int, temperature: float, seed: int) -> str:
     """One assistant turn for the conversation so far, stopping at the family's end of turn."""
     import torch
+    from dilforge_shared.families import stop_token_ids
 
     if not tok.chat_template:
         raise typer.BadParameter("the tokenizer has no chat template; this model cannot hold a dialogue")

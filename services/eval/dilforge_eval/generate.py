@@ -12,7 +12,7 @@ import torch
 from dilforge_shared.configs.eval import GenerationSettings
 from dilforge_shared.corpus import iter_records
 from dilforge_shared.errors import InputError
-from dilforge_shared.families import Family, detect_family
+from dilforge_shared.families import Family, detect_family, stop_token_ids
 
 from .assistant import ngrams, repeated_ngram_rate, words
 
@@ -98,14 +98,6 @@ def model_family(tokenizer, source: str) -> Family | None:
     except InputError as exc:
         log.warning("%s: generation stops on the EOS token only", exc)
         return None
-
-
-def stop_token_ids(tokenizer, family: Family | None) -> list[int]:
-    """Ids generation stops on: the family's end of turn and end of document, and the tokenizer's EOS."""
-    vocab = tokenizer.get_vocab()
-    ids = [vocab[t] for t in (family.stop_tokens if family else []) if t in vocab] + [tokenizer.eos_token_id]
-    # by vocabulary, not by "is not the unk id": SmolLM2's unk token is its document end, <|endoftext|>
-    return list(dict.fromkeys(i for i in ids if isinstance(i, int) and i >= 0))
 
 
 def render_prompt(tokenizer, prompt: Prompt, family: Family | None = None) -> tuple[str, bool]:
