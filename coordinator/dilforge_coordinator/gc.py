@@ -13,8 +13,8 @@ What counts as garbage, and why it is safe to remove:
 - `temp`: the store's `.<name>.<uuid>.tmp` beside a manifest, record or lock; in the download cache's `models/`,
   `digests/` and `wheels/` what their writers leave (CACHE_LEFTOVERS); all older than --min-age.
 - `staging`: a `.dilforge-<kind>-<pid>-<uuid>` folder (export, converter download) whose process is gone.
-- `work`: a work folder (`/opt/ml` root) the local backend made (its marker) that no live process holds; it only
-  serves to resume a failed run, and is removed under its lock.
+- `work`: a work folder (`/opt/ml` root) a backend made (its marker; local, compose and SageMaker local mode) that
+  no live process holds; it only serves to resume a failed run, and is removed under its lock.
 """
 
 from __future__ import annotations
@@ -50,7 +50,8 @@ CACHE_LEFTOVERS = {
     "wheels": re.compile(r"^\.download-[0-9a-f]{32}$"),
 }
 CACHE_STAGING = ("llama.cpp",)  # export's converter download (dilforge_shared.staging)
-WORK_NAME = re.compile(r"^[a-z]+-[0-9a-f]{8,64}$")  # LocalBackend: <stage>-<artifact id>
+WORK_NAME = re.compile(r"^[a-z]+-[0-9a-f]{8,64}$")  # backends.local.work_folder: <stage>-<artifact id>
+BACKEND_WORKDIRS = ("compose", "sagemaker-local")  # where the container backends keep theirs, under the work folder
 
 
 @dataclass
@@ -249,9 +250,10 @@ def find_work_garbage(workdir: Path, min_age_s: float, caches: Iterable[Path] = 
             found += _cache_leftovers(cache, min_age_s)
     if workdir.exists() and not workdir.is_dir():
         raise NotOurs(f"--workdir {workdir} is a file, not a folder")
-    for path in _subfolders(workdir):
+    folders = [workdir, *(workdir / b for b in BACKEND_WORKDIRS if not (workdir / b).is_symlink())]
+    for path in (p for folder in folders for p in _subfolders(folder)):
         if WORK_NAME.match(path.name) and (path / WORK_MARKER).is_file():
-            if is_locked(workdir / f"{path.name}.lock"):
+            if is_locked(path.with_name(f"{path.name}.lock")):
                 continue
             found.append(
                 Garbage(

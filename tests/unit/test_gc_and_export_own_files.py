@@ -26,7 +26,7 @@ import fuzzing
 import pytest
 from dilforge_coordinator import gc
 from dilforge_coordinator import pipeline as pl
-from dilforge_coordinator.backends.local import WORK_MARKER, LocalBackend
+from dilforge_coordinator.backends.local import WORK_MARKER, LocalBackend, work_folder
 from dilforge_coordinator.cli import app
 from dilforge_serve import export
 from dilforge_shared import staging
@@ -189,6 +189,31 @@ def test_gc_removes_only_work_folders_the_local_backend_made(tmp_path, monkeypat
     file_as_workdir.write_text("x")
     result = _gc("--store", str(tmp_path / "store"), "--workdir", str(file_as_workdir))
     assert result.exit_code == 1 and "is a file, not a folder" in result.output, result.output
+
+
+def test_gc_collects_the_container_backends_work_folders_only_when_marked_and_not_held(tmp_path, monkeypatch):
+    """compose and SageMaker local mode keep their /opt/ml roots under `compose/` and `sagemaker-local/` of the work
+    folder, made and held by the same `work_folder` as the local backend: gc finds the left ones, never a held
+    one, a user's folder there or their `channels/` copies."""
+    work = tmp_path / "work"
+    left = []
+    for backend in ("compose", "sagemaker-local"):
+        with work_folder(work / backend, "cpt", "0123456789abcdef") as (root, _):
+            (root / "checkpoints").mkdir()
+        left.append(root)
+    (work / "sagemaker-local" / "channels" / "0123456789abcdef-aaaaaaaaaaaa").mkdir(parents=True)
+    mine = work / "compose" / "sft-00112233aabbccdd"  # named like a work folder, but no marker: the user's
+    mine.mkdir()
+    (tmp_path / "store").mkdir()
+    (tmp_path / "store" / STORE_MARKER).write_text("")
+    monkeypatch.setenv("DILFORGE_CACHE", str(tmp_path / "cache"))
+    with work_folder(work / "compose", "eval", "aabbccddeeff0011") as (held, _):
+        found = {g.uri for g in gc.find_work_garbage(work, 0)}
+        assert found == {str(r) for r in left}, found
+    result = _gc("--store", str(tmp_path / "store"), "--workdir", str(work), "--delete")
+    assert result.exit_code == 0 and "3 item(s) removed" in result.output, result.output
+    assert not any(r.exists() for r in left) and not held.exists()  # released: the eval folder went too
+    assert mine.is_dir() and (work / "sagemaker-local" / "channels").is_dir()
 
 
 def test_gc_in_the_cache_removes_interrupted_downloads_and_dead_staging_only(tmp_path, monkeypatch):

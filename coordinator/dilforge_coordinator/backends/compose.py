@@ -28,6 +28,7 @@ from dilforge_shared.settings import settings
 from dilforge_shared.store import use_endpoint_keys
 
 from ..pipeline import StageCancelled, StageFailed, StageJob, image_of, module_env
+from .local import work_folder
 from .process import run_child
 
 log = logging.getLogger("dilforge.coordinator.compose")
@@ -198,21 +199,22 @@ class ComposeBackend:
                 f"run through `coordinator ... --backend compose`, which uses the compose S3",
             )
         self.ensure_s3(job.store_uri.removeprefix("s3://").split("/", 1)[0])
-        opt = OptMl(self.workdir / f"{job.stage}-{job.artifact_id}")
-        if opt.failure_file.exists():
-            opt.failure_file.unlink()
-        shutil.rmtree(opt.model_dir, ignore_errors=True)
-        endpoint = CONTAINER_ENDPOINT if job.s3_endpoint_url == self.host_endpoint else job.s3_endpoint_url
-        hp = build_hyperparameters(job.config, job.artifact_uri, job.run_id, job.inputs, endpoint)
-        opt.write_inputs(hp)
-        for d in (opt.model_dir, opt.output_dir, opt.checkpoint_dir):
-            d.mkdir(parents=True, exist_ok=True)
-        service = image_of(job.stage)
-        env = self.compose_env({"DILFORGE_JOB_DIR": str(opt.root), "DILFORGE_IMAGE": self.image_ref(service)})
-        module = [arg for k, v in module_env(job.stage).items() for arg in ("-e", f"{k}={v}")]
-        cmd = self.compose_cmd("run", "--rm", "--no-deps", *module, *self.mounts(job), service, "train")
-        log.info("compose: %s", " ".join(cmd))
-        returncode, stopped_by = run_child(cmd, env)
+        with work_folder(self.workdir, job.stage, job.artifact_id) as (root, lock):
+            opt = OptMl(root)
+            if opt.failure_file.exists():
+                opt.failure_file.unlink()
+            shutil.rmtree(opt.model_dir, ignore_errors=True)
+            endpoint = CONTAINER_ENDPOINT if job.s3_endpoint_url == self.host_endpoint else job.s3_endpoint_url
+            hp = build_hyperparameters(job.config, job.artifact_uri, job.run_id, job.inputs, endpoint)
+            opt.write_inputs(hp)
+            for d in (opt.model_dir, opt.output_dir, opt.checkpoint_dir):
+                d.mkdir(parents=True, exist_ok=True)
+            service = image_of(job.stage)
+            env = self.compose_env({"DILFORGE_JOB_DIR": str(opt.root), "DILFORGE_IMAGE": self.image_ref(service)})
+            module = [arg for k, v in module_env(job.stage).items() for arg in ("-e", f"{k}={v}")]
+            cmd = self.compose_cmd("run", "--rm", "--no-deps", *module, *self.mounts(job), service, "train")
+            log.info("compose: %s", " ".join(cmd))
+            returncode, stopped_by = run_child(cmd, env, pass_fds=(lock.fd,))
         if stopped_by is not None:
             raise StageCancelled(job.stage, f"cancelled by {signal.Signals(stopped_by).name}; {opt.root} kept")
         if returncode != 0:

@@ -4,7 +4,8 @@ The /opt/ml root lives at `<workdir>/<stage>-<artifact_id>/` and is kept after a
 rerunning the same stage resumes from its checkpoints; it is removed after success. `<stage>-<artifact_id>.lock`
 beside it is flocked by the coordinator and inherited by the stage process, so two runs never share a work
 folder, not even when a killed coordinator left its stage running: a rerun waits for it. `WORK_MARKER` inside
-it says this backend made it: `coordinator gc` removes no other folder from the work folder.
+it says a backend made it: `coordinator gc` removes no other folder from the work folder. The compose and
+SageMaker local-mode backends hold their folders (under `compose/` and `sagemaker-local/`) the same way.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import os
 import shutil
 import signal
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from dilforge_shared.hyperparameters import build_hyperparameters
@@ -26,6 +29,25 @@ from .process import run_child
 WORK_MARKER = ".dilforge-work"
 
 
+@contextmanager
+def work_folder(workdir: Path, stage: str, artifact_id: str) -> Iterator[tuple[Path, FileLock]]:
+    """`<workdir>/<stage>-<artifact_id>/`, created with its marker and held (flocked) while the stage runs."""
+    root = workdir / f"{stage}-{artifact_id}"
+    lock = FileLock(workdir / f"{stage}-{artifact_id}.lock")
+    lock.acquire(
+        on_wait=lambda holder: print(
+            f"[{stage}] waiting for process {holder.get('pid')} on {holder.get('host')}, which holds {root}",
+            flush=True,
+        )
+    )
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        (root / WORK_MARKER).write_text(f"{stage} {artifact_id}\n")
+        yield root, lock
+    finally:
+        lock.release()
+
+
 class LocalBackend:
     name = "local"
 
@@ -35,18 +57,8 @@ class LocalBackend:
         self.keep = keep
 
     def run(self, job: StageJob) -> None:
-        root = self.workdir / f"{job.stage}-{job.artifact_id}"
-        lock = FileLock(self.workdir / f"{job.stage}-{job.artifact_id}.lock")
-        lock.acquire(
-            on_wait=lambda holder: print(
-                f"[{job.stage}] waiting for process {holder.get('pid')} on {holder.get('host')}, which holds {root}",
-                flush=True,
-            )
-        )
-        try:
+        with work_folder(self.workdir, job.stage, job.artifact_id) as (root, lock):
             opt = OptMl(root)
-            root.mkdir(parents=True, exist_ok=True)
-            (root / WORK_MARKER).write_text(f"{job.stage} {job.artifact_id}\n")
             if opt.failure_file.exists():
                 opt.failure_file.unlink()
             shutil.rmtree(opt.model_dir, ignore_errors=True)
@@ -56,8 +68,6 @@ class LocalBackend:
             returncode, stopped_by = run_child(
                 [self.python, "-m", STAGE_MODULES[job.stage], "train"], env, pass_fds=(lock.fd,)
             )
-        finally:
-            lock.release()
         if stopped_by is not None:
             raise StageCancelled(
                 job.stage,

@@ -46,6 +46,7 @@ from dilforge_shared.store import open_backend, read_manifest, verify_files
 
 from ..pipeline import StageFailed, StageJob, image_of
 from .compose import S3_ACCESS_KEY, S3_SECRET_KEY, ComposeBackend
+from .local import WORK_MARKER, work_folder
 from .sagemaker_jobs import (
     PROCESSING_STAGES,
     JobSpec,
@@ -307,23 +308,24 @@ class SageMakerLocalBackend:
             self.run_processing(job)
             return
         spec, channels = self.spec(job)
-        root = self.workdir / f"{job.stage}-{job.artifact_id}"
-        shutil.rmtree(root, ignore_errors=True)  # the SDK's leftovers of a failed attempt (checkpoints live in S3)
-        root.mkdir(parents=True)
-        session = sdk_session(offline_boto_session(self.region), offline=True)
-        trainer = model_trainer(spec, session, local_root=str(root), local_channels=channels)
-        print(f"[{job.stage}] SageMaker local mode: {spec.num_instances} x {spec.image} in {root}", flush=True)
-        before = self.job_containers(spec.image)
-        try:
-            trainer.train(wait=True, logs=True)
-        except (RuntimeError, subprocess.CalledProcessError) as exc:
-            raise StageFailed(
-                job.stage, self.failure_reason(root, spec.num_instances) or f"local job failed: {exc}"
-            ) from None
-        finally:
-            self.remove_containers(self.job_containers(spec.image) - before)
-        if not self.keep:
-            shutil.rmtree(root, ignore_errors=True)
+        with work_folder(self.workdir, job.stage, job.artifact_id) as (root, _):
+            for leftover in root.iterdir():  # the SDK's leftovers of a failed attempt (checkpoints live in S3)
+                if leftover.name != WORK_MARKER:
+                    shutil.rmtree(leftover) if leftover.is_dir() and not leftover.is_symlink() else leftover.unlink()
+            session = sdk_session(offline_boto_session(self.region), offline=True)
+            trainer = model_trainer(spec, session, local_root=str(root), local_channels=channels)
+            print(f"[{job.stage}] SageMaker local mode: {spec.num_instances} x {spec.image} in {root}", flush=True)
+            before = self.job_containers(spec.image)
+            try:
+                trainer.train(wait=True, logs=True)
+            except (RuntimeError, subprocess.CalledProcessError) as exc:
+                raise StageFailed(
+                    job.stage, self.failure_reason(root, spec.num_instances) or f"local job failed: {exc}"
+                ) from None
+            finally:
+                self.remove_containers(self.job_containers(spec.image) - before)
+            if not self.keep:
+                shutil.rmtree(root, ignore_errors=True)
 
     def run_processing(self, job: StageJob) -> None:
         """The curate stage's Processing jobs (`sagemaker_jobs.processing_specs`, as on SageMaker) in the SDK's local
@@ -337,28 +339,28 @@ class SageMakerLocalBackend:
         open_backend(hp_uri.rsplit("/", 1)[0], job.s3_endpoint_url).write_bytes(
             "hyperparameters.json", json.dumps(hp).encode()
         )
-        root = self.workdir / f"{job.stage}-{job.artifact_id}"
-        work = root / "work"
-        work.mkdir(parents=True, exist_ok=True)
-        store = open_backend(work_uri(self.config, job).rstrip("/"), job.s3_endpoint_url)
-        session = local_processing_session(self.region, job.s3_endpoint_url, S3_ACCESS_KEY, S3_SECRET_KEY)
-        for spec in specs:
-            local = local_processing_spec(spec, work, self.container_env(cited))
-            print(f"[{job.stage}] {spec.phase}: SageMaker local mode, {spec.num_instances} x {ref}", flush=True)
-            before = self.job_containers(ref)
-            try:
-                run_processor(local, session, wait=True)
-            except (RuntimeError, subprocess.CalledProcessError) as exc:
-                raise StageFailed(job.stage, f"local processing job {spec.phase} failed: {exc}") from None
-            finally:
-                self.remove_containers(self.job_containers(ref) - before)
-            for path in sorted(p for p in work.rglob("*") if p.is_file()):  # every host's outputs, one prefix
-                key = path.relative_to(work).as_posix()
-                if not store.exists(key) or store.size(key) != path.stat().st_size:
-                    store.upload_file(key, path)
-        if not self.keep:
-            shutil.rmtree(root, ignore_errors=True)
-            open_backend(processing_root(self.config, job), job.s3_endpoint_url).delete_prefix("")
+        with work_folder(self.workdir, job.stage, job.artifact_id) as (root, _):
+            work = root / "work"
+            work.mkdir(parents=True, exist_ok=True)
+            store = open_backend(work_uri(self.config, job).rstrip("/"), job.s3_endpoint_url)
+            session = local_processing_session(self.region, job.s3_endpoint_url, S3_ACCESS_KEY, S3_SECRET_KEY)
+            for spec in specs:
+                local = local_processing_spec(spec, work, self.container_env(cited))
+                print(f"[{job.stage}] {spec.phase}: SageMaker local mode, {spec.num_instances} x {ref}", flush=True)
+                before = self.job_containers(ref)
+                try:
+                    run_processor(local, session, wait=True)
+                except (RuntimeError, subprocess.CalledProcessError) as exc:
+                    raise StageFailed(job.stage, f"local processing job {spec.phase} failed: {exc}") from None
+                finally:
+                    self.remove_containers(self.job_containers(ref) - before)
+                for path in sorted(p for p in work.rglob("*") if p.is_file()):  # every host's outputs, one prefix
+                    key = path.relative_to(work).as_posix()
+                    if not store.exists(key) or store.size(key) != path.stat().st_size:
+                        store.upload_file(key, path)
+            if not self.keep:
+                shutil.rmtree(root, ignore_errors=True)
+                open_backend(processing_root(self.config, job), job.s3_endpoint_url).delete_prefix("")
 
     def job_containers(self, image: str) -> set[str]:
         """Stopped containers of `image` (the SDK's `docker compose up` leaves one per host and job)."""
