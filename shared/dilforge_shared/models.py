@@ -2,8 +2,8 @@
 
 Used by every stage that opens a base model or tokenizer (`open_model`, `resolve`), by the one precedence rule
 for a stage's base model (`choose`), and by `coordinator chat` and serve (`resolve_chat_model`). The ref it
-returns is `identity.source_ref`'s, the same the coordinator fingerprinted when it planned the artifact id. No
-torch import here: resolving is file work.
+returns is `identity.source_ref`'s, the same the coordinator fingerprinted when it planned the artifact id.
+Resolving is file work: torch is imported only inside `merge_adapter`.
 """
 
 from __future__ import annotations
@@ -36,10 +36,11 @@ PREFERRED: dict[str, tuple[str, ...]] = {
     "tokenizer": ("tokenizer", MERGED_DIR, "model", "final", "hf"),
     "adapter": (ADAPTER_DIR,),
 }
-TOKENIZER_FILES = (
+TOKENIZER_FILES = (  # a tokenizer's files in an HF folder: what is downloaded, copied or published as a tokenizer
     "tokenizer.json",
     "tokenizer_config.json",
     "special_tokens_map.json",
+    "added_tokens.json",
     "chat_template.jinja",
     "chat_template.json",
 )
@@ -313,3 +314,17 @@ def resolve_chat_model(
         tokenizer_dir=adapter_dir,
         description=f"adapter {uri} on base {base}",
     )
+
+
+def merge_adapter(base_dir: Path, adapter_dir: Path, out: Path) -> None:
+    """The adapter merged into its base (PEFT `merge_and_unload`, fp32 on CPU, from the saved files as a user
+    would), saved to `out` in the base's own dtype. torch and peft are imported here, for the callers that merge."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32, trust_remote_code=False)
+    dtype = getattr(base.config, "dtype", None) or torch.float32
+    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
+    merged.to(dtype).save_pretrained(str(out), safe_serialization=True)

@@ -39,7 +39,7 @@ from dilforge_shared.errors import ConfigError, DilforgeError
 from dilforge_shared.families import describe_model_folder
 from dilforge_shared.launch import build_launch, wait_for_hosts
 from dilforge_shared.metrics import CptMetrics
-from dilforge_shared.models import resolve
+from dilforge_shared.models import TOKENIZER_FILES, resolve
 from dilforge_shared.runtime_policy import available_cpus
 
 from .checkpoints import Checkpointer
@@ -68,13 +68,6 @@ log = logging.getLogger("dilforge.cpt")
 RESULT_FILE = "cpt-result.json"
 STOP_FILE = "cpt-stop"  # in /opt/ml/output: the launcher's "checkpoint and exit" request to its workers
 STOP_GRACE_S = 110.0  # SageMaker SIGKILLs 120 s after SIGTERM; torchrun is signalled only after this
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "chat_template.jinja",
-    "added_tokens.json",
-)
 
 
 # ---- entry points --------------------------------------------------------------------------

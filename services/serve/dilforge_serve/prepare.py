@@ -22,24 +22,12 @@ from dilforge_shared.families import (
     describe_model_folder,
     special_token_ids,
 )
+from dilforge_shared.models import TOKENIZER_FILES, merge_adapter
 from dilforge_shared.serving import ServedModel, chat_template_of, serving_template
 
 log = logging.getLogger("dilforge.serve")
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", CHAT_TEMPLATE_FILE)
 WEIGHT_SUFFIXES = (".safetensors",)
-
-
-def merge_adapter(base_dir: Path, adapter_dir: Path, out: Path) -> None:
-    import torch
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
-
-    base = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32, trust_remote_code=False)
-    dtype = getattr(base.config, "dtype", None) or torch.float32
-    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
-    merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
-    merged.to(dtype).save_pretrained(str(out), safe_serialization=True)
 
 
 def link_model_files(src: Path, out: Path) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from dilforge_shared.families import GENERATION_CONFIG_FILE, describe_model_folder
+from dilforge_shared.models import merge_adapter
 
 
 def save_adapter(trainer, tokenizer, out_dir: Path, base_uri: str) -> None:
@@ -22,17 +23,10 @@ def save_adapter(trainer, tokenizer, out_dir: Path, base_uri: str) -> None:
 
 
 def save_merged(base_dir: Path, adapter_dir: Path, out_dir: Path) -> None:
-    """Merge in fp32 on CPU from the saved files (what a user would do), then store in the base's own dtype."""
-    import torch
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """The merged model (`models.merge_adapter`) with the adapter's tokenizer, describing its family."""
+    from transformers import AutoTokenizer
 
-    base = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32, trust_remote_code=False)
-    target_dtype = getattr(base.config, "dtype", None) or torch.float32
-    merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
-    if isinstance(target_dtype, str):
-        target_dtype = getattr(torch, target_dtype)
-    merged.to(target_dtype).save_pretrained(str(out_dir), safe_serialization=True)
+    merge_adapter(base_dir, adapter_dir, out_dir)
     AutoTokenizer.from_pretrained(str(adapter_dir), trust_remote_code=False).save_pretrained(str(out_dir))
     describe_model_folder(out_dir)
 
