@@ -48,6 +48,7 @@ def stage_ctx(root: Path, tok_dir: Path, config):
         uri,
         tok_dir,
         Manifest(
+            code_version="test",
             kind="tokenizer",
             artifact_id="bench",
             run_id="bench",

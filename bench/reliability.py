@@ -78,6 +78,7 @@ def oversized(tmp: Path, size_mb: int) -> list[str]:
         tok_uri,
         tok_dir,
         Manifest(
+            code_version="test",
             kind="tokenizer",
             artifact_id="fixture",
             run_id="f",
@@ -172,6 +173,7 @@ def verification(tmp: Path) -> list[str]:
         uri,
         out,
         Manifest(
+            code_version="test",
             kind="model",
             artifact_id="big",
             run_id="b",

@@ -176,6 +176,7 @@ def make_manifest(**overrides):
         "artifact_id": "abc123",
         "run_id": "r1",
         "stage": "tokenizer",
+        "code_version": "test",
         "producer": Producer(package="dilforge-tokenizer", version="0.1.0", libraries={"tokenizers": "0.23.3"}),
         "config": {"strategy": "replace", "vocab_sizes": [1000]},
         "inputs": [InputRef(name="data:corpus", kind="data", uri="/data/a.txt", sha256="0" * 64)],

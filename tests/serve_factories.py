@@ -26,6 +26,7 @@ def build_sft_artifact(root: Path, tiny_llama_dir: Path, data_root: Path):
         cpt_uri,
         tiny_llama_dir,
         Manifest(
+            code_version="test",
             kind="model",
             artifact_id="tiny0000",
             run_id="fixture",

@@ -19,7 +19,7 @@ from .configs.base import StageConfig
 from .configs.model import ModelConfig
 from .corpus import data_digest
 from .errors import ConfigError, InputError, ManifestNotFound
-from .manifest import InputRef, Manifest, artifact_ref, fingerprint, legacy_fingerprint, scan_files, sha256_file
+from .manifest import InputRef, Manifest, artifact_ref, fingerprint, scan_files, sha256_file
 from .paths import check_links, declared_uri
 from .recipes import RECIPES, source_kind
 from .store import S3Storage, read_manifest
@@ -79,7 +79,7 @@ def stage_refs(config: StageConfig, inputs: dict[str, str], endpoint_url: str | 
     return [*upstream_refs(inputs, endpoint_url), *config_refs(config, endpoint_url)]
 
 
-def artifact_id(config: StageConfig, refs: list[InputRef], code_version: str | int | None = None) -> str:
+def artifact_id(config: StageConfig, refs: list[InputRef], code_version: str | None = None) -> str:
     """The id of the artifact `config` produces from inputs `refs` with this code (or the given code version)."""
     version = stages.code_version(config.stage) if code_version is None else code_version
     return fingerprint(config.stage, config.identity(), refs, version)
@@ -90,8 +90,6 @@ def recompute_artifact_id(manifest: Manifest) -> str:
 
     The recorded config is validated again by its stage's config class to drop its run-only fields; a config
     the class refuses is a ConfigError naming the manifest's stage."""
-    if manifest.code_version is None:
-        return legacy_fingerprint(manifest.stage, manifest.config, manifest.inputs)
     from .configs.pipeline import STAGE_CONFIGS, validate_model
 
     config = validate_model(

@@ -30,8 +30,7 @@ from .stages import StageName
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = "1.3.0"  # 1.1: stage "model" (base models as artifacts); 1.2: code_version, identity-only ids;
-# 1.3: code_version derived from the code (a digest string)
+SCHEMA_VERSION = "1.3.0"
 MANIFEST_NAME = "manifest.json"
 
 ArtifactKind = Literal["corpus", "tokenizer", "model", "adapter", "eval_report"]
@@ -67,8 +66,8 @@ class InputRef(BaseModel):
     kind: Literal["manifest", "data"] = Field(description="An upstream artifact manifest, or a raw data file.")
     uri: str = Field(description="Where the input was read from.")
     sha256: str = Field(
-        description="An upstream artifact: 'artifact:<artifact id>' (manifests before schema 1.3: sha256 of the "
-        "manifest bytes); data: sha256 of the content (S3 data may use 'etag:<etag>')."
+        description="An upstream artifact: 'artifact:<artifact id>'; data: sha256 of the content (S3 data may use "
+        "'etag:<etag>')."
     )
 
 
@@ -88,11 +87,9 @@ class Manifest(BaseModel):
     artifact_id: str = Field(description="Fingerprint of stage, config and inputs; the artifact's folder name.")
     run_id: str = Field(description="Pipeline run that produced the artifact.")
     stage: StageName = Field(description="Stage that produced the artifact.")
-    code_version: str | int | None = Field(
-        default=None,
-        description="The stage's code version, part of the artifact id: since schema 1.3 a digest of the code the "
-        "stage runs (dilforge_shared.stages.code_version); a hand-kept integer in 1.2; None in manifests older than "
-        "1.2, whose ids hashed the whole config.",
+    code_version: str = Field(
+        description="The stage's code version, part of the artifact id: a digest of the code the stage runs "
+        "(dilforge_shared.stages.code_version)."
     )
     created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
     producer: Producer
@@ -235,7 +232,7 @@ def input_key(ref: InputRef) -> list[str]:
     return [ref.name, ref.sha256]
 
 
-def fingerprint(stage: str, identity: dict[str, Any], inputs: list[InputRef], code_version: str | int) -> str:
+def fingerprint(stage: str, identity: dict[str, Any], inputs: list[InputRef], code_version: str) -> str:
     """Artifact id: the stage, its code version, the identity fields of its config (`StageConfig.identity()`) and
     its inputs' digests. Same values, same id, so reruns reuse artifacts and resume checkpoints."""
     payload = {
@@ -243,18 +240,6 @@ def fingerprint(stage: str, identity: dict[str, Any], inputs: list[InputRef], co
         "code_version": code_version,
         "config": identity,
         "inputs": sorted(input_key(ref) for ref in inputs),
-        "schema_major": SCHEMA_VERSION.split(".")[0],
-    }
-    return sha256_bytes(canonical_json(payload))[:16]
-
-
-def legacy_fingerprint(stage: str, config: dict[str, Any], inputs: list[InputRef]) -> str:
-    """The id of manifests before schema 1.2 (whole config, inputs by name, no code version): old manifests'
-    ids still recompute, though planning never produces such ids any more."""
-    payload = {
-        "stage": stage,
-        "config": config,
-        "inputs": sorted((ref.name, ref.sha256) for ref in inputs),
         "schema_major": SCHEMA_VERSION.split(".")[0],
     }
     return sha256_bytes(canonical_json(payload))[:16]

@@ -45,6 +45,7 @@ def container(tmp_path_factory, tiny_llama_dir):
         str(artifact_dir),
         tiny_llama_dir,
         Manifest(
+            code_version="test",
             kind="model",
             artifact_id="tiny0000",
             run_id="az-tiny",

@@ -139,6 +139,7 @@ def publish_tokenizer(store: Path, tok_dir: Path) -> str:
             uri,
             tok_dir,
             Manifest(
+                code_version="test",
                 kind="tokenizer",
                 artifact_id="gputok",
                 run_id="gpu",

@@ -45,6 +45,7 @@ def publish_tokenizer(store: Path, tok_dir: Path) -> str:
         uri,
         tok_dir,
         Manifest(
+            code_version="test",
             kind="tokenizer",
             artifact_id="tok",
             run_id="test",

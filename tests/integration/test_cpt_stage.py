@@ -59,6 +59,7 @@ def publish_tokenizer(store: Path, tok_dir: Path, name: str = "tok") -> str:
 
     uri = f"{store}/artifacts/tokenizer/{name}"
     manifest = Manifest(
+        code_version="test",
         kind="tokenizer",
         artifact_id=name,
         run_id="test",

@@ -19,6 +19,7 @@ from dilforge_shared.store import fetch, publish, read_manifest
 def _publish(store: Path, stage: str, kind: str, folder: Path, metrics: dict, manifest_stage: str | None = None) -> str:
     uri = f"{store.resolve().as_uri()}/artifacts/{stage}/fake-{stage}"
     m = Manifest(
+        code_version="test",
         kind=kind,
         artifact_id=f"fake-{stage}",
         run_id="fixture",

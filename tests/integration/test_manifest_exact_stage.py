@@ -22,6 +22,7 @@ def test_the_tokenizer_never_reads_a_file_injected_into_its_curate_input(tmp_pat
     (out / "shard-00000.jsonl").write_text("".join(json.dumps({"text": f"bir iki üç {i}"}) + "\n" for i in range(64)))
     curate = tmp_path / "store" / "artifacts" / "curate" / "0123456789abcdef"
     manifest = Manifest(
+        code_version="test",
         kind="corpus",
         artifact_id=curate.name,
         run_id="web",

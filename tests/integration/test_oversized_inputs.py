@@ -77,6 +77,7 @@ def publish_folder(store: Path, stage: str, kind: str, folder: Path) -> str:
         uri,
         folder,
         Manifest(
+            code_version="test",
             kind=kind,
             artifact_id="fixture",
             run_id="fixture",

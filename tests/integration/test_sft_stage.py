@@ -59,6 +59,7 @@ def cpt_uri(tiny_llama_dir, tmp_path_factory) -> str:
     store = tmp_path_factory.mktemp("cptstore")
     uri = f"{store}/artifacts/cpt/tiny0000"
     manifest = Manifest(
+        code_version="test",
         kind="model",
         artifact_id="tiny0000",
         run_id="fixture",

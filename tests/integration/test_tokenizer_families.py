@@ -53,6 +53,7 @@ def model_artifact(tmp_path_factory, smollm2_dir) -> str:
             shutil.copyfile(smollm2_dir / name, hf / name)
     uri = str(root / "store/artifacts/model/smollm2")
     manifest = Manifest(
+        code_version="test",
         kind="model",
         artifact_id="smollm2",
         run_id="t",

@@ -258,6 +258,7 @@ def test_build_cache_command_fills_the_cache_a_training_run_reuses(
 
     tok_uri = str(tmp_path / "store" / "tokenizer")
     manifest = Manifest(
+        code_version="test",
         kind="tokenizer",
         artifact_id="tok",
         run_id="test",

@@ -130,6 +130,7 @@ def test_nested_aliases_are_refused_exactly_when_they_expand_past_the_bound(dept
 def _manifest_doc() -> dict:
     return json.loads(
         Manifest(
+            code_version="test",
             kind="tokenizer",
             artifact_id="abc0123456789def",
             run_id="r",

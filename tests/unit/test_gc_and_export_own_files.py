@@ -56,6 +56,7 @@ def _gc(*args: str, env: dict | None = None):
 def _publish(store: Path, folder: Path, artifact_id: str = "0123456789abcdef") -> str:
     uri = str(store / "artifacts" / "model" / artifact_id)
     manifest = Manifest(
+        code_version="test",
         kind="model",
         artifact_id=artifact_id,
         run_id="r",

@@ -11,7 +11,7 @@ import metrics_samples
 import pytest
 from dilforge_coordinator import pipeline as pl
 from dilforge_shared import stages
-from dilforge_shared.configs import STAGE_CONFIGS, CptConfig, load_pipeline
+from dilforge_shared.configs import STAGE_CONFIGS, load_pipeline
 from dilforge_shared.configs.base import IDENTITY_KEY, run_only_paths
 from dilforge_shared.integrity import check_artifact
 from dilforge_shared.schemas import schemas
@@ -215,31 +215,3 @@ def test_a_corpus_changed_while_the_stage_reads_it_fails_naming_it_and_publishes
     failure = opt.failure_file.read_text()
     assert "inputs changed while the stage ran: data:corpus.txt" in failure and "nothing published" in failure
     assert not list((tmp_path / "store").glob("artifacts/**/manifest.json"))
-
-
-def test_old_manifests_still_read_and_their_ids_still_recompute():
-    from dilforge_shared.identity import recompute_artifact_id
-    from dilforge_shared.manifest import InputRef, Manifest, current_producer, legacy_fingerprint, parse_manifest
-
-    config = CptConfig(
-        scratch_model={}, corpora=[{"uri": "a"}], validation=[{"uri": "v"}], phase2={"num_steps": 1}
-    ).model_dump(mode="json")
-    refs = [InputRef(name="data:a", kind="data", uri="a", sha256="1" * 64)]
-    old_id = legacy_fingerprint("cpt", config, refs)
-    raw = json.loads(
-        Manifest(
-            kind="model",
-            artifact_id=old_id,
-            run_id="r",
-            stage="cpt",
-            producer=current_producer("t"),
-            config=config,
-            inputs=refs,
-            data_dir="d",
-            files=[],
-        ).to_json()
-    )
-    raw["schema_version"] = "1.1.0"
-    del raw["code_version"]
-    manifest = parse_manifest(json.dumps(raw), "old.json")
-    assert manifest.code_version is None and recompute_artifact_id(manifest) == old_id

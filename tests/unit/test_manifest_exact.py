@@ -30,6 +30,7 @@ def _corpus_artifact(tmp_path: Path) -> Path:
     (out / "README.md").write_text("# card\n")
     uri = tmp_path / "store" / "artifacts" / "curate" / "c1"
     manifest = Manifest(
+        code_version="test",
         kind="corpus",
         artifact_id="c1",
         run_id="r",

@@ -171,6 +171,7 @@ def test_tokenizer_stage_resolves_a_tokenizer_artifact_to_its_verified_files(tmp
         uri,
         folder,
         Manifest(
+            code_version="test",
             kind="tokenizer",
             artifact_id="t1",
             run_id="r",

@@ -157,6 +157,7 @@ def test_a_manifest_never_holds_a_secret_and_still_verifies(tmp_path, monkeypatc
     (out / "w.bin").write_bytes(b"weights")
     uri = str(tmp_path / "store" / "artifacts" / "tokenizer" / "t1")
     manifest = Manifest(
+        code_version="test",
         kind="tokenizer",
         artifact_id="t1",
         run_id="r",

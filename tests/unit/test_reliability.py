@@ -186,6 +186,7 @@ def test_symlinked_file_is_refused_by_fetch(tmp_path):
         uri,
         out,
         Manifest(
+            code_version="test",
             kind="tokenizer",
             artifact_id="a",
             run_id="r",
@@ -340,6 +341,7 @@ def test_concurrent_publishers_really_race_and_the_loser_cleans_up(tmp_path, mon
                 uri,
                 out,
                 Manifest(
+                    code_version="test",
                     kind="tokenizer",
                     artifact_id="same",
                     run_id="r",

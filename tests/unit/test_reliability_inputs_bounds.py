@@ -34,6 +34,7 @@ def _artifact(store: Path, stage: str, kind: str, artifact_id: str) -> str:
         uri,
         out,
         Manifest(
+            code_version="test",
             kind=kind,
             artifact_id=artifact_id,
             run_id="r",

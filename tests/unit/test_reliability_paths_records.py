@@ -27,6 +27,7 @@ def _published(tmp_path: Path, artifact_id: str = "a1") -> str:
         uri,
         out,
         Manifest(
+            code_version="test",
             kind="tokenizer",
             artifact_id=artifact_id,
             run_id="r",

@@ -40,6 +40,7 @@ def published(tmp_path, name, folder, config=None, inputs=()):
         uri,
         folder,
         Manifest(
+            code_version="test",
             kind="adapter",
             artifact_id=name,
             run_id="r",

@@ -117,6 +117,7 @@ def _publish(store, stage: str, kind: str, artifact_id: str, metrics: dict, inpu
     folder.mkdir()
     (folder / "x.txt").write_text(artifact_id)
     m = Manifest(
+        code_version="test",
         kind=kind,
         artifact_id=artifact_id,
         run_id="r1",
