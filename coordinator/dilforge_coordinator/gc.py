@@ -1,21 +1,9 @@
 """`coordinator gc`: find (and with --delete remove) what crashes, cancels and damaged artifacts leave behind.
 
-Only what dilforge provably created: the store must carry the marker every publish and run record writes
-(`.dilforge-store`), a work folder the marker the local backend writes when it creates one, and a leftover file
-must have the exact name its writer gives it; nothing inside a published artifact's data folder is touched.
-What counts as garbage, and why it is safe to remove:
-- `orphan-data`: a `data-<12 hex>/` folder (or its `.data-*.manifest.sha256`) that no manifest points at (a
-  publish killed before its manifest, or the loser of a race). Skipped while the artifact's lock is held or
-  younger than --min-age (a publish in flight).
-- `damaged`: an artifact a rerun moved aside (`<id>.damaged-<utc>`) before rebuilding it.
-- `unreferenced`: a published artifact no run record names (only with --unreferenced: other stores or people
-  may still use it by URI).
-- `temp`: the store's `.<name>.<uuid>.tmp` beside a manifest, record or lock; in the download cache's `models/`,
-  `digests/` and `wheels/` what their writers leave (CACHE_LEFTOVERS); all older than --min-age.
-- `staging`: a `.dilforge-<kind>-<pid>-<uuid>` folder (export, converter download) whose process is gone.
-- `work`: a work folder (`/opt/ml` root) a backend made (its marker; local, compose and SageMaker local mode) that
-  no live process holds; it only serves to resume a failed run, and is removed under its lock.
-"""
+Only what dilforge provably made: a marked store or work folder, a leftover with its writer's exact name, never
+inside a published data folder. Kinds: orphan-data (no manifest points at it), damaged (set aside by a rerun),
+unreferenced (no run record names it; only with --unreferenced), temp, staging (its process is gone) and
+work (a backend's /opt/ml root no live process holds). In-flight work is skipped by its lock or --min-age."""
 
 from __future__ import annotations
 
@@ -84,8 +72,7 @@ def check_store(store: ArtifactStore) -> None:
     if not store.backend.exists(STORE_MARKER):
         raise NotOurs(
             f"--store {where} is not a dilforge artifact store (no {STORE_MARKER}, which every publish and run record "
-            "writes): gc removes nothing where it cannot prove the files are dilforge's; a store made by an older "
-            f"dilforge gets the marker on its next run (or create {STORE_MARKER} in it yourself)"
+            "writes): gc removes nothing where it cannot prove the files are dilforge's"
         )
 
 

@@ -1,18 +1,9 @@
 """Run records, `<store>/runs/<run_id>.json`: each stage's artifact and status, the run's status and owner.
 
-Artifacts are addressed relative to the store (`artifacts/<stage>/<id>`), so a store that is copied or moved
-(another disk, `aws s3 sync` to another bucket) keeps working: `upstream_from_record` and `gc` resolve the address
-against wherever the store now is. Records written before this (absolute `artifact_uri`) are read the same way.
-
-A record that cannot be read (truncated JSON, the wrong shape) never blocks its run id: `load` reports it in one
-line, moves it aside to `runs/<run_id>.json.damaged-<utc>` and starts a fresh record; `status` reports it.
-
-Several processes may run one run id at once (two `run-all`, two `models import` with the default id): `save`
-writes under the record's lock and merges, never overwrites. A stage only this process changed takes its entry; a
-stage only another changed keeps theirs; a stage both changed keeps this process's attempt and lists the other's
-good artifact in `also`, so nothing either produced is lost to `gc --unreferenced`. Every string written passes
-through `settings.redact`.
-"""
+Artifacts are addressed relative to the store, so a copied or moved store keeps working. An unreadable record
+is moved aside (`.damaged-<utc>`) and a fresh one started, never blocking its run id. Concurrent runs of one id
+merge under the record's lock instead of overwriting, so `gc --unreferenced` loses nothing either produced.
+Every string written passes through `settings.redact`."""
 
 from __future__ import annotations
 
@@ -110,13 +101,6 @@ def parse_record(data: bytes, source: str) -> RecordDoc:
         raw = json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:
         raise DamagedRecord(f"{source}: damaged run record: not valid JSON ({exc})") from None
-    if isinstance(raw, dict) and isinstance(raw.get("stages"), dict):  # records before relative addresses
-        for entry in raw["stages"].values():
-            if isinstance(entry, dict) and "artifact" not in entry and isinstance(entry.get("artifact_uri"), str):
-                try:
-                    entry["artifact"] = relative_address(entry.pop("artifact_uri"))
-                except ValueError as exc:
-                    raise DamagedRecord(f"{source}: damaged run record: {exc}") from None
     try:
         return RecordDoc.model_validate(raw)
     except ValidationError as exc:
@@ -140,7 +124,7 @@ def running_owner() -> dict:
 
 
 def _alive(owner: dict | None) -> bool:
-    """False for a process on this host that is gone, or no owner (an entry of an older coordinator)."""
+    """False for a process on this host that is gone, or no owner."""
     if not isinstance(owner, dict) or not isinstance(owner.get("pid"), int):
         return False
     if owner.get("host") != socket.gethostname():

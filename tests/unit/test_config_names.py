@@ -1,6 +1,4 @@
-"""One name per idea across the stage configs (config schema 1.2: the shared training knobs of configs/knobs.py):
-the names 1.1 and 1.2 deprecated are gone (each deprecation lasted one minor version); presets use only the new
-names."""
+"""One name per idea across the stage configs (the shared training knobs of configs/knobs.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +9,6 @@ from pathlib import Path
 
 import pytest
 from dilforge_shared.configs import CptConfig, SftConfig, load_pipeline, validate_model
-from dilforge_shared.configs.cloud import StageResources
 from dilforge_shared.configs.knobs import Batching, Checkpointing, SourceLimits, Warmup
 from dilforge_shared.configs.pipeline import CONFIG_SCHEMA_VERSION
 from dilforge_shared.errors import ConfigError
@@ -24,41 +21,6 @@ CPT = {
     "phase2": {"num_steps": 4},
 }
 SFT = {"train": [{"uri": "chat.jsonl"}]}
-
-
-@pytest.mark.parametrize(
-    "model, raw, field",
-    [
-        (CptConfig, {**CPT, "phase1": {"num_steps": 2, "lr": 0.01}}, "lr"),
-        (CptConfig, {**CPT, "phase2": {"num_steps": 1, "embedding_lr": 0.01}}, "embedding_lr"),
-        (SftConfig, {**SFT, "logging_steps": 3}, "logging_steps"),
-        (SftConfig, {**SFT, "save_steps": 3}, "save_steps"),
-        (StageResources, {"instance_type": "ml.p4d.24xlarge", "nproc_per_node": 8}, "nproc_per_node"),
-    ],
-)
-def test_the_names_1_1_deprecated_are_gone_in_1_2(model, raw, field):
-    with pytest.raises(ConfigError, match=f"{field}: Extra inputs are not permitted"):
-        validate_model(model, raw, "old.yaml")
-    with pytest.raises(ConfigError, match="liger"):
-        validate_model(CptConfig, {**CPT, "liger": True}, "old.yaml")
-
-
-@pytest.mark.parametrize(
-    "model, raw, field",
-    [
-        (SftConfig, {**SFT, "per_device_batch_size": 4}, "per_device_batch_size"),
-        (SftConfig, {**SFT, "gradient_accumulation_steps": 3}, "gradient_accumulation_steps"),
-        (SftConfig, {**SFT, "eval_batch_size": 2}, "eval_batch_size"),
-        (SftConfig, {**SFT, "max_steps": 9}, "max_steps"),
-        (SftConfig, {**SFT, "gradient_checkpointing": "on"}, "gradient_checkpointing"),
-        (SftConfig, {"train": [{"uri": "chat.jsonl", "max_records": 5}]}, "train.0.max_records"),
-        (CptConfig, {**CPT, "validation_micro_batch_size": 3}, "validation_micro_batch_size"),
-        (CptConfig, {**CPT, "max_docs_per_corpus": 50}, "max_docs_per_corpus"),
-    ],
-)
-def test_the_names_1_2_deprecated_are_gone_in_1_3(model, raw, field):
-    with pytest.raises(ConfigError, match=rf"old\.yaml:\n  {re.escape(field)}: Extra inputs are not permitted"):
-        validate_model(model, raw, "old.yaml")
 
 
 def test_both_stages_share_one_definition_of_each_knob():
@@ -109,23 +71,6 @@ def test_exported_schema_carries_the_config_version():
     ) & set(props["CptConfig"]["properties"])
     assert "per_device_batch_size" not in props["SftConfig"]["properties"]
     assert "nproc_per_node" not in props["StageResources"]["properties"]
-
-
-@pytest.mark.parametrize(
-    ("field", "value"),
-    [
-        ("compare_transplant_inits", True),
-        ("calibration_num_windows", 64),
-        ("leakage_tolerance", 0.01),
-        ("transplant", "calibrated"),
-        ("transplant", "random"),
-    ],
-)
-def test_the_initialisation_research_left_the_stage_in_1_3(field, value):
-    """A 1.2 config that asks the CPT stage for the comparison of initialisations is refused with a message
-    naming the field and where the research went, not an unknown-field error."""
-    with pytest.raises(ValueError, match=rf"cpt\.{field}.*bench/init_experiments\.py"):
-        CptConfig.model_validate({"corpora": [{"uri": "a"}], "phase1": {"num_steps": 1}, field: value})
 
 
 def test_lines_per_document_is_bounded_before_any_work():

@@ -91,24 +91,6 @@ def test_stop_and_resume_equals_uninterrupted(tmp_path, stop_at):
         assert torch.equal(a, b), name
 
 
-def test_train_state_reads_checkpoints_written_before_it_had_every_field():
-    from dilforge_cpt.loop import TrainState
-
-    old = {
-        "phase": 2,
-        "step_in_phase": 1,
-        "step": 4,
-        "sampler": {"position": 16, "cursors": [10, 6]},
-        "transplant": {"method": "none"},
-        "history": [{"step": 4, "loss": 1.0}],
-        "validation": [],
-        "last_loss": 1.0,
-    }
-    state = TrainState.from_json(old)
-    assert (state.step, state.phase, state.step_in_phase, state.tokens_seen) == (4, 2, 1, 0)
-    assert TrainState.from_json(json.loads(json.dumps(state.to_json()))) == state
-
-
 def test_runtime_is_plain_on_one_cpu_process_and_fsdp_on_makes_a_one_rank_group():
     import torch.distributed as dist
     from dilforge_cpt.runtime import init_runtime, shutdown

@@ -1,21 +1,9 @@
-"""Training and validation data: streamed tokenisation into an on-disk token cache, packed windows,
-deterministic mixture sampling, and validation text sets as token streams for BPB.
+"""Training and validation data: a streamed on-disk token cache, packed windows, a deterministic mixture
+sampler, and validation sets as token streams for BPB.
 
-Special tokens follow the tokenizer's family (`dilforge_shared.families`): Llama 3 packs
-`<|begin_of_text|> doc <|end_of_text|>`, ChatML (SmolLM2) `doc <|endoftext|>`.
-
-Training corpora are tokenised once, in batches (`encode_batch`), as `[bos] doc doc_end` runs appended
-to a uint32 file; nothing holds a whole corpus in memory. The stream is cut into shards of about
-`SHARD_CHARS` characters that worker processes tokenise in parallel, each written atomically with a
-sidecar (documents, tokens, sha256), and concatenated in order: the file's bytes do not depend on the
-number of workers, and an interrupted build resumes from its finished shards. The file is memory-mapped
-and cut into fixed windows of `seq_len` tokens. The cache lives under the checkpoint folder, which SageMaker
-syncs to S3, so a restarted job does not tokenise again.
-
-The sampler picks a corpus per window by the mixture weights and walks a seeded permutation of that
-corpus's windows (a new permutation each epoch). Both are functions of (seed, position), so the
-sampler's whole state is a few integers saved with each checkpoint.
-"""
+Corpora are tokenised once, in parallel shards concatenated in order (the bytes do not depend on the worker
+count; an interrupted build resumes), into a memory-mapped uint32 file under the checkpoint folder, framed by
+the tokenizer family's separators. The sampler is a function of (seed, position), so its state is a few integers."""
 
 from __future__ import annotations
 
@@ -165,9 +153,7 @@ def tokenize_to_file(
         if whole:
             log.info("corpus %s: reusing token cache %s (%d tokens)", source.label, path.name, meta["num_tokens"])
             return TokenFile(path, meta["num_tokens"], meta["num_docs"], source.label)
-        log.warning(
-            "corpus %s: token cache %s is damaged or from an older dilforge; tokenising again", source.label, path.name
-        )
+        log.warning("corpus %s: token cache %s is damaged; tokenising again", source.label, path.name)
     docs = iter_texts(source.uri, source.format, source.text_field, endpoint_url, **source.bounds)
     if max_docs is not None:
         docs = islice(docs, max_docs)
@@ -340,11 +326,9 @@ def _write_json(path: Path, value: dict) -> None:
 class _TokenizerPool:
     """`workers` spawned processes, each holding the tokenizer, tokenising whole shards.
 
-    Spawned, not forked: the stage's process may already hold CUDA and the process group's threads. A spawned
-    worker imports only this module (numpy, tokenizers; not torch: ~60 MB) and not the stage, whose main module
-    `dilforge_cpt.__main__` multiprocessing does not re-run. Each worker runs the tokenizer's batch encoding on one
-    thread (TOKENIZERS_PARALLELISM=false), so the workers are the parallelism. The executor, not
-    multiprocessing.Pool: a worker that dies raises BrokenProcessPool."""
+    Spawned, not forked: the stage may already hold CUDA and process-group threads; a worker imports only this
+    module, not torch. Each encodes on one thread, so the workers are the parallelism. An executor, so a dead
+    worker raises BrokenProcessPool."""
 
     def __init__(self, tok: Tokenizer, ids: TokenIds, batch_size: int, workers: int):
         import multiprocessing
@@ -581,12 +565,9 @@ class StepBatch:
 class Prefetcher:
     """Assembles the next steps' batches on a background thread while the device trains.
 
-    The thread (dilforge_shared.prefetch.ReadAhead: bounded, errors re-raised here) owns `data.sampler` while
-    it runs (the main thread must not touch it) and stays at most `depth` steps ahead. On CUDA the host arrays
-    go into pinned memory, so the main thread's copies are `non_blocking` (the CPU enqueues them and moves on);
-    on CPU they stay plain tensors. `close()` joins the thread and puts the sampler back to the state after the
-    last step the loop took, so whatever reads `data.sampler` afterwards sees exactly what was consumed.
-    """
+    The thread (`ReadAhead`) owns `data.sampler` while it runs and stays at most `depth` steps ahead; on CUDA
+    batches are pinned so copies are non-blocking. `close()` joins it and rewinds the sampler to the last step
+    the loop took."""
 
     def __init__(
         self, data: PackedData, global_batch: int, micro_batch: int, rank: int, world: int, device, depth: int = 2

@@ -1,12 +1,8 @@
 """The training loop and its state.
 
-`TrainState` is everything the loop carries from step to step that is not a tensor: it is what a
-checkpoint's state.json holds (the stage registers it, the sampler position, the model with its
-phase's optimizer and the RNG with one `Checkpointer`: `checkpoints.py`, `resumable.py`).
-`train_loop` starts with the checkpointer's `load()`, then runs phase 1 (embeddings + LM head) and
-phase 2 (all parameters) from wherever the state says, validating, logging and checkpointing on the
-configured steps. What each phase trains, the optimizer, the schedule and one step are `optim.py`'s.
-"""
+`TrainState` is what the loop carries between steps that is not a tensor (a checkpoint's state.json).
+`train_loop` resumes through the checkpointer, then runs phase 1 (embeddings + LM head) and phase 2 (all
+parameters), validating, logging and checkpointing on the configured steps; one step is `optim.py`'s."""
 
 from __future__ import annotations
 
@@ -56,9 +52,7 @@ class TrainState:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TrainState:
-        """Fields missing from older checkpoints keep their defaults; unknown keys are ignored."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+        return cls(**data)
 
     def state_dict(self) -> dict[str, Any]:
         return self.to_json()
@@ -153,14 +147,11 @@ def settle(
 
 
 def train_loop(training, data: PackedData, val: list[ValidationSet], state: TrainState, setup: LoopSetup) -> TrainState:
-    """Resume every registered component from the newest good checkpoint (`setup.checkpointer.load()`, a no-op
-    on a fresh run), then phase 1 and phase 2 from `state`. `training` is the `resumable.TrainingModel`: the model
-    and the optimizer of the phase in progress.
+    """Resume every registered component from the newest good checkpoint, then run phase 1 and phase 2.
 
-    Batches come from a background `Prefetcher`. Steps are read back (a host sync) only on log
-    steps, the last step of a phase, before validation and before a checkpoint; in between, a
-    non-finite step sets a device-side flag that keeps the fused optimizer from stepping until the
-    read-back, which rolls back to the last good step and stops (`settle`)."""
+    Batches come from a `Prefetcher`. The host syncs with the device only on log, phase-end, validation and
+    checkpoint steps; in between a non-finite step sets a device flag that stops the optimizer until the read-back,
+    which rolls back to the last good step and stops (`settle`)."""
     config, rt, metrics = setup.config, setup.rt, setup.metrics
     if not setup.checkpointer.load():
         state.sampler = data.sampler.state_dict()  # a fresh run starts where the sampler stands

@@ -22,19 +22,6 @@ from .base import (
 )
 from .knobs import Batching, Checkpointing, SourceLimits, Warmup, on_off
 
-# Config schema 1.3.0 moved the initialisation research out of the stage (bench/init_experiments.py).
-RESEARCH_FIELDS = {
-    "compare_transplant_inits",
-    "untie_embeddings",
-    "retain_corpora",
-    "calibration_num_windows",
-    "calibration_retain_weight",
-    "fit_ridge",
-    "leakage_sets",
-    "leakage_tolerance",
-}
-RESEARCH_TRANSPLANTS = {"mean_of_all", "random", "offset", "calibrated", "fitted"}
-
 
 class ScratchModel(StrictModel):
     """Architecture of a randomly initialised Llama (tests, demos, benchmarks). Vocab = the tokenizer's."""
@@ -253,21 +240,6 @@ class CptConfig(StageConfig, Batching, Checkpointing):
         default="auto",
         description="dtype of the published weights; auto = the training precision on CUDA, fp32 on CPU.",
     )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _research_fields(cls, data):
-        """A 1.2 config asking for the comparison of initialisations gets where it went, not an unknown field."""
-        if isinstance(data, dict):
-            gone = sorted(set(data) & RESEARCH_FIELDS)
-            if data.get("transplant") in RESEARCH_TRANSPLANTS:
-                gone.append(f"transplant: {data['transplant']}")
-            if gone:
-                raise ValueError(
-                    f"cpt.{', cpt.'.join(gone)}: the comparison of initialisations left the stage in config schema "
-                    "1.3.0 (the stage trains mean_of_pieces); bench/leakage.py and bench/init_experiments.py run them"
-                )
-        return data
 
     @field_validator("activation_checkpointing", mode="before")
     @classmethod

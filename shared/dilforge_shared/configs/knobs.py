@@ -1,21 +1,8 @@
 """Training knobs CPT and SFT share: one name, one meaning, one description per idea.
 
-Each group is a pydantic model the stage configs inherit their fields from (the YAML stays flat:
-`cpt.global_batch_size`, `sft.global_batch_size`), so the JSON Schema, the docs and the errors use the same
-words in both stages. A stage that needs another default re-declares the field with `knob(Group, name, default)`,
-which copies the one definition (description, bounds, identity marker) and changes only the default.
-
-| idea | name | was (before config schema 1.2; gone in 1.3) |
-|---|---|---|
-| sequences per optimizer step, all processes | `global_batch_size` | sft: per_device × gradient_accumulation_steps |
-| sequences per forward pass, per process | `micro_batch_size` | sft: per_device_batch_size |
-| sequences per validation forward pass, per process | `eval_micro_batch_size` | cpt: validation_micro_batch_size, sft: eval_batch_size |
-| optimizer steps | `num_steps` | sft: max_steps |
-| warmup as a count / as a share of the steps | `num_warmup_steps` / `warmup_ratio` | cpt had only the count, sft only the share |
-| recompute activations in backward | `activation_checkpointing: auto/on/off` | cpt: a bool, sft: gradient_checkpointing |
-| checkpoint cadence and retention | `checkpoint_every`, `num_checkpoints_kept` | (already shared) |
-| documents read from one source | `max_docs` (on each source) | cpt: max_docs_per_corpus, sft: max_records |
-"""
+Each group is a pydantic model the stage configs inherit their fields from (the YAML stays flat), so the
+schema, docs and errors use the same words in both stages. `knob(Group, name, default)` re-declares a field
+with another default, copying everything else."""
 
 from __future__ import annotations
 

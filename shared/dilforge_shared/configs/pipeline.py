@@ -33,17 +33,6 @@ STAGE_CONFIGS: dict[StageName, type[StageConfig]] = {
 }
 
 # Semver of the pipeline config schema (schemas/pipeline.schema.json, key "x-dilforge-config-version").
-# 1.1.0: one name per idea across the stage configs (cpt.phaseN.learning_rate, sft.log_every,
-#        sft.checkpoint_every, cpt.liger auto|on|off) and sagemaker.stages.*.nproc_per_node removed; the old names
-#        still load with a DeprecationWarning until 1.2.0.
-# 1.2.0: the 1.1 deprecated names are gone; CPT and SFT share one vocabulary of training knobs (configs/knobs.py:
-#        global_batch_size / micro_batch_size / eval_micro_batch_size, num_steps, num_warmup_steps / warmup_ratio,
-#        activation_checkpointing auto|on|off, a source's max_docs); the older names loaded with a
-#        DeprecationWarning until 1.3.0.
-# 1.3.0: the CPT stage trains mean_of_pieces only; the comparison of initialisations and its knobs
-#        (compare_transplant_inits, calibration_*, retain_corpora, fit_ridge, untie_embeddings, leakage_sets,
-#        leakage_tolerance; transplant mean_of_all/random/offset/calibrated/fitted) moved to bench/ and are
-#        refused with a message saying so; the names 1.2.0 deprecated are gone.
 CONFIG_SCHEMA_VERSION = "1.3.0"
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
