@@ -10,15 +10,13 @@
   efficient) on the call the model makes: transformers' SDPA path passes 32 query and 8 key/value heads
   with `enable_gqa=True` and `is_causal=True` (no mask tensor), so that is what is timed; the kernels that
   actually ran are read from a profile of one call and recorded beside each number. Counted as causal
-  model FLOPs (forward 2·B·H·S²·D, backward 2× forward: no recomputation charged). Its
-  `attention_table` is the format of dilforge_shared/attention_table.json: DILFORGE_ATTENTION_TABLE=<file>
-  makes the stage's runtime policy pick the fastest backend measured here. Flex attention (compiled,
-  30-60 s, not what CPT runs) only with `--flex`.
+  model FLOPs (forward 2·B·H·S²·D, backward 2× forward: no recomputation charged). Flex attention
+  (compiled, 30-60 s, not what CPT runs) only with `--flex`.
 
 Each timing: CUDA events, warm-up first, the median of several repetitions. `--tiny` runs every code path
 on CPU with small sizes (the numbers are then meaningless: it checks the script).
 
-  python bench/gpu_ceilings.py --json ceilings.json [--attention-table attention_table.json]
+  python bench/gpu_ceilings.py --json ceilings.json
 """
 
 from __future__ import annotations
@@ -164,7 +162,6 @@ def kernels_that_ran(step) -> list[str]:
 
 def environment() -> dict:
     import torch
-    from dilforge_shared import runtime_policy
 
     env = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -199,7 +196,14 @@ def environment() -> dict:
             env["nvidia_smi"] = f"unavailable: {exc}"
     else:
         env["device"] = "cpu"
-    env["sdpa_backends_available"] = runtime_policy.available_sdpa_backends()
+    flags = torch.backends.cuda
+    sdpa = {
+        "FLASH_ATTENTION": flags.flash_sdp_enabled,
+        "CUDNN_ATTENTION": getattr(flags, "cudnn_sdp_enabled", lambda: False),
+        "EFFICIENT_ATTENTION": flags.mem_efficient_sdp_enabled,
+        "MATH": flags.math_sdp_enabled,
+    }
+    env["sdpa_backends_available"] = [n for n, on in sdpa.items() if on()] if torch.cuda.is_available() else ["MATH"]
     try:
         import torch.nn.attention.flex_attention
 
@@ -234,10 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=None, help="micro-batch for the model's shapes (16; 1 tiny)")
     ap.add_argument("--seq", type=int, default=None, help="sequence length (2048; 128 tiny)")
     ap.add_argument("--json", default=None, help="write everything here")
-    ap.add_argument("--attention-table", default=None, help="also write the runtime policy's table here")
     ap.add_argument("--flex", action="store_true", help="also flex attention (compiled: ~30-60 s; CPT does not use it)")
     ap.add_argument(
-        "--attention-only", action="store_true", help="only the attention table (with --flex: the second call)"
+        "--attention-only", action="store_true", help="only the attention timings (with --flex: the second call)"
     )
     ap.add_argument("--env-only", action="store_true", help="only the environment (the device script's first phase)")
     args = ap.parse_args(argv)
@@ -284,24 +287,9 @@ def main(argv: list[str] | None = None) -> int:
     dtype = str(device_and_dtype()[1]).removeprefix("torch.")
     out["attention_shape"] = f"B{attn_batch} Hq{HEADS} Hkv{KV_HEADS} S{seq} D{HEAD_DIM} causal enable_gqa {dtype}"
     out["attention_tflops"], out["attention_kernels"] = {}, {}
-    device = out["environment"]["device"]
     for backend in backends:
         value, ran = attention_tflops(backend, attn_batch, seq)
         out["attention_tflops"][backend], out["attention_kernels"][backend] = value, ran
-        out["attention_table"] = {
-            "comment": f"measured by bench/gpu_ceilings.py on {device}",
-            "measurements": {
-                device: {
-                    "shape": out["attention_shape"],
-                    "date": out["environment"]["date"],
-                    "tflops": {
-                        b: t for b, t in out["attention_tflops"].items() if isinstance(t, float) and b != "FLEX"
-                    },
-                }
-            },
-        }
-        if args.attention_table:
-            Path(args.attention_table).write_text(json.dumps(out["attention_table"], indent=1))
         show("attention", backend, value)
         print(f"{'':<10} {'kernels that ran':<34} {', '.join(ran) or 'none seen'}", flush=True)
     return 0

@@ -415,7 +415,7 @@ def run_point(args, point: Point, make_trainer: Callable[[], Trainer] | None = N
 
     shape = model_shape(args.tiny)
     rt = runtime.init_runtime(stage_config(args, point.variant, point.checkpointing))
-    point.attention = f"sdpa {','.join(rt.sdpa_backends) or 'torch default'} ({rt.sdpa_reason})"
+    point.attention = "sdpa (torch's default backend order)"
     builds = WarmBuilds(make_trainer or (lambda: Trainer(args, shape, rt, point.variant, point.checkpointing)))
     memory = memory or DeviceMemory(rt)
     out = [point]

@@ -5,8 +5,8 @@ checked before it starts (a phase that cannot finish in what is left is skipped,
 so) and is stopped at its limit:
 
   1. environment  device, driver, torch/CUDA/cuDNN/NCCL, SDPA backends     -> env.json
-  2. ceilings     bf16 matmul (8192³ + the model's GEMMs), HBM copy,       -> ceilings.json,
-                  attention fwd+bwd per SDPA backend on the model's GQA call  attention_table.json
+  2. ceilings     bf16 matmul (8192³ + the model's GEMMs), HBM copy,       -> ceilings.json
+                  attention fwd+bwd per SDPA backend on the model's GQA call
   3. cpt          the CPT stage's own step at the batch fitted on a warm    -> bench.json
                   model, plain and liger, one process per point
   4. tests        the GPU suite (pytest tests/gpu)                          -> pytest.xml
@@ -118,8 +118,6 @@ def commands(phase: str, results: Path, logs: Path, dry_run: bool, py: str, budg
             "bench/gpu_ceilings.py",
             "--json",
             str(results / "ceilings.json"),
-            "--attention-table",
-            str(results / "attention_table.json"),
             *tiny,
         ]
     if phase == "cpt":
@@ -354,13 +352,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"== {phase.name}: {phase.status}", flush=True)
                 write_summary(results, phases, began, args.total_s, args.dry_run, "running")
                 continue
-            if phase.name == "ceilings" and (results / "attention_table.json").exists():
-                (results / "attention_table.json").unlink()
             cmd = commands(phase.name, results, logs, args.dry_run, py, limit)
-            if phase.name == "cpt" and (results / "attention_table.json").exists():
-                env["DILFORGE_ATTENTION_TABLE"] = str(
-                    results / "attention_table.json"
-                )  # the policy uses what was measured
             print(f"== {phase.name} (at most {limit:.0f} s): {' '.join(cmd[1:])}", flush=True)
             t0 = time.time()
             phase.status = "running (killed?)"  # what a SIGKILL leaves in the summary

@@ -1,39 +1,19 @@
 """The one device / precision / kernels policy every stage and `coordinator chat` asks.
 
-Each stage used to answer "cuda or cpu? bf16 or fp32? Liger? which attention kernel?" on its own,
-and the answers disagreed (CPT chose bf16 on any CUDA GPU, eval only on one with bf16 support; SFT
-applied the Llama Liger kernels to any architecture). Here the rules are written once, as pure
-functions of the facts about the machine (`DeviceFacts`), so they are tested without a GPU by
-passing the facts in. Only `probe_device` looks at the machine, and it imports torch lazily: this
-module stays importable by the torch-free coordinator and shared library.
-
-Rules:
-- device: `auto` = cuda when available; `cuda` without a CUDA device is a config error.
-- precision: `auto` = bf16 on a CUDA device with bf16 support; on a CPU that computes bf16 natively
-  (AVX512-BF16 or AMX) only where the stage asks for it (`auto_cpu_bf16=True`: CPT's training, autocast
-  over fp32 weights, about twice as fast there); fp32 otherwise. Measuring stages (eval, chat) keep
-  fp32 on CPU so their figures compare across machines. `bf16` on a CUDA device without bf16 support
-  is a config error, and on CPU where the stage does not allow it (`cpu_bf16=False`: SFT, whose
-  trainer is only exercised in fp32 on CPU).
-- liger: only on CUDA (Triton kernels) and only for `llama` models (the kernels patched are
-  Llama's); `on` where it cannot apply is a config error, `auto` quietly stays off.
-- attention: see `choose_attention` (packing decides whether a varlen/flex kernel is worth it).
-- SDPA backend on CUDA: see `choose_sdpa_backends`: by measurement (a table shipped with the repo,
-  `attention_table.json`, or one measured on the machine and named by DILFORGE_ATTENTION_TABLE).
-"""
+Pure functions of the machine's facts (`DeviceFacts`), so they are tested without a GPU; only `probe_device`
+imports torch. device `auto` = cuda when available; precision `auto` = bf16 on a CUDA device with bf16, on a
+bf16-native CPU only where the stage allows it (CPT training), fp32 elsewhere so measurements compare;
+Liger only on CUDA for `llama`; attention: `choose_attention`. An impossible request is a ConfigError."""
 
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from .errors import ConfigError
-from .settings import settings
 
 Device = Literal["cuda", "cpu"]
 Precision = Literal["bf16", "fp32"]
@@ -169,13 +149,9 @@ def choose_attention(
 ) -> tuple[str, str]:
     """(attn_implementation, reason).
 
-    Packing is padding-free (TRL's BFD): one row holds several documents told apart only by
-    position ids that restart at 0. Kernels that take those boundaries natively are flash-attention's
-    varlen path (cu_seq_lens from the collator) and flex attention (a block-sparse BlockMask built from
-    the position ids). SDPA and eager get the same boundaries from transformers as a dense
-    block-diagonal N x N mask (N = batch x max_length), which on CUDA disables SDPA's flash kernel and
-    costs about batch-size times the attention work: fine on CPU, avoided on GPU.
-    """
+    Packed rows hold several documents told apart by position ids. flash-attention's varlen path and flex
+    attention take those boundaries natively; SDPA gets a dense block-diagonal mask instead, which disables
+    its flash kernel on CUDA: fine on CPU, avoided on GPU."""
     if requested == "flash_attention_2" and not (device == "cuda" and facts.flash_attn):
         raise ConfigError(f"{field}: flash_attention_2 needs CUDA and the flash-attn package; use auto")
     if requested != "auto":
@@ -221,79 +197,3 @@ def decide(
         attention=implementation,
         attention_reason=reason,
     )
-
-
-# ---- SDPA backend by measurement ---------------------------------------------------------------
-# torch.nn.attention.SDPBackend names, in torch's own default priority on CUDA.
-SDPA_BACKENDS = ("FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
-ATTENTION_TABLE = Path(__file__).with_name("attention_table.json")
-
-
-def load_attention_table(path: str | Path | None = None) -> tuple[dict, str]:
-    """(measurements, source): DILFORGE_ATTENTION_TABLE if set (bench/gpu_ceilings.py writes one on the
-    machine), else the table shipped with the repo. Measurements: {device name: {"shape": ..., "tflops":
-    {backend: forward+backward TFLOP/s}, "date": ...}}."""
-    path = Path(path or settings().attention_table or ATTENTION_TABLE)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return {}, f"{path} (missing)"
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path}: not JSON ({exc.msg} at line {exc.lineno})") from None
-    measurements = data.get("measurements", {})
-    if not isinstance(measurements, dict):
-        raise ConfigError(f"{path}: measurements must be an object keyed by device name")
-    return measurements, str(path)
-
-
-def choose_sdpa_backends(
-    device: Device,
-    device_name: str | None,
-    available: Sequence[str],
-    measurements: Mapping[str, Mapping],
-    source: str = "table",
-) -> tuple[tuple[str, ...], str]:
-    """(SDPA backends in priority order, reason). () = leave torch's own choice.
-
-    On CUDA the fastest backend MEASURED on this device (forward+backward on the model's attention
-    shape) that is also available here goes first; the others follow in torch's order, so a shape the
-    first cannot take (a mask, a head dim) still runs. A device with no measurement keeps torch's order,
-    and the reason says so: the rule never guesses a speed.
-    """
-    if device != "cuda":
-        return (), "cpu: torch's own SDPA choice (flash-cpu or math)"
-    entry = next((m for key, m in measurements.items() if device_name and key in device_name), None)
-    if entry is None:
-        return (), (
-            f"no attention measurement for {device_name!r} in {source}: torch's default order "
-            f"({', '.join(SDPA_BACKENDS[:3])}); run bench/gpu_ceilings.py on this GPU to measure"
-        )
-    speeds = {b: float(t) for b, t in entry.get("tflops", {}).items() if b in available and t}
-    if not speeds:
-        return (), f"{source}: none of the measured backends is available here; torch's default order"
-    best = max(speeds, key=speeds.get)
-    order = (best, *[b for b in SDPA_BACKENDS if b != best and b in available])
-    ranked = ", ".join(f"{b} {t:.0f}" for b, t in sorted(speeds.items(), key=lambda kv: -kv[1]))
-    return order, (
-        f"measured on {device_name} ({entry.get('shape', 'model shape')}, {entry.get('date', 'undated')}; "
-        f"{source}): {ranked} TFLOP/s fwd+bwd -> {best} first"
-    )
-
-
-def available_sdpa_backends() -> list[str]:
-    """The SDPA backends this torch build and device can run (imports torch)."""
-    import torch
-
-    if not torch.cuda.is_available():
-        return ["MATH"]
-    out = []
-    checks = {
-        "FLASH_ATTENTION": torch.backends.cuda.flash_sdp_enabled,
-        "CUDNN_ATTENTION": getattr(torch.backends.cuda, "cudnn_sdp_enabled", lambda: False),
-        "EFFICIENT_ATTENTION": torch.backends.cuda.mem_efficient_sdp_enabled,
-        "MATH": torch.backends.cuda.math_sdp_enabled,
-    }
-    for name in SDPA_BACKENDS:
-        if checks[name]():
-            out.append(name)
-    return out

@@ -1,30 +1,8 @@
 """Every setting dilforge reads from the environment, in one place (pydantic-settings, prefix `DILFORGE_`).
 
-Read once per use with `settings()` (cheap; not cached, so tests can `monkeypatch.setenv`). Nothing in
-dilforge writes `os.environ` after process start-up: values travel as arguments instead.
-
-| variable | meaning |
-|---|---|
-| DILFORGE_DATA | root of the data a config names as `${DILFORGE_DATA}` |
-| DILFORGE_STORE | default artifact store root (`${DILFORGE_STORE}` in configs) |
-| DILFORGE_CACHE | where remote artifacts and model prefixes are downloaded |
-| DILFORGE_WORKDIR | local backend's work folders (`/opt/ml` roots) and locks |
-| DILFORGE_S3_ENDPOINT_URL | S3-compatible endpoint (SeaweedFS, MinIO) |
-| DILFORGE_S3_ACCESS_KEY_ID / DILFORGE_S3_SECRET_ACCESS_KEY | keys for that endpoint only (never logged) |
-| DILFORGE_S3_CONNECT_TIMEOUT / DILFORGE_S3_READ_TIMEOUT | seconds per attempt (default 5 / 15) |
-| DILFORGE_S3_MAX_ATTEMPTS | attempts per S3 call, first included (default 3: a frozen endpoint fails in < 60 s) |
-| DILFORGE_VERIFY_ON_REUSE | sha256 (default) or stamp: how a local artifact is checked before reuse |
-| DILFORGE_LOCK_LEASE_SECONDS | lease of an S3 run lock; renewed while the owner lives (default 120) |
-| DILFORGE_LOG_LEVEL | stage log level (default INFO) |
-| DILFORGE_GIT_SHA / DILFORGE_IMAGE | provenance recorded in manifests (set in images at build/run time) |
-| DILFORGE_DOCKER / DILFORGE_COMPOSE_DIR / DILFORGE_IMAGE_TAG / DILFORGE_S3_PORT | compose backend: docker binary, compose.yaml folder, image tag, S3 host port |
-| DILFORGE_IMAGES_RECORD | where `coordinator images push` records digests |
-| DILFORGE_OPT_ML | root of the SageMaker contract folders for local runs (read once at process start) |
-| DILFORGE_MODEL_URI / DILFORGE_MODEL_ID / DILFORGE_SYSTEM_PROMPT | serving image: model to serve (default /opt/ml/model), the OpenAI model id, the default system message |
-| DILFORGE_SERVE_DEVICE / DILFORGE_SERVE_DTYPE / DILFORGE_SERVE_WORKDIR / DILFORGE_CONTINUOUS_BATCHING | serving image: device, dtype, served-folder location, transformers' continuous batching (1 = on) |
-| DILFORGE_ATTENTION_TABLE | SDPA backend measurements (bench/gpu_ceilings.py) replacing the table shipped with the repo |
-| DILFORGE_VAR_<NAME> | user variables a config may interpolate as `${DILFORGE_VAR_<NAME>}` |
-"""
+Read with `settings()` on each use (not cached, so tests can `monkeypatch.setenv`); each field's description
+says what it sets. Nothing writes `os.environ` after start-up: values travel as arguments. `DILFORGE_VAR_<NAME>`
+are user variables a config may interpolate."""
 
 from __future__ import annotations
 
@@ -117,10 +95,6 @@ class Settings(BaseSettings):
     serve_dtype: str = Field(default="auto", description="dtype the server loads the model in.")
     serve_workdir: str | None = Field(default=None, description="Where the served folder is built.")
     continuous_batching: str = Field(default="0", description="1 = transformers' continuous batching in the server.")
-    attention_table: Path | None = Field(
-        default=None,
-        description="SDPA backend measurements (bench/gpu_ceilings.py writes one) instead of the shipped table.",
-    )
 
 
 def default_download_cache() -> Path:

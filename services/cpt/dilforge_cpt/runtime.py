@@ -10,7 +10,7 @@ import logging
 import os
 import tempfile
 import warnings
-from contextlib import ExitStack
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -36,8 +36,6 @@ class Runtime:
     fsdp: bool = False
     node: int = 0
     num_nodes: int = 1
-    sdpa_backends: tuple[str, ...] = ()  # SDPA priority order by measurement (runtime_policy); () = torch's
-    sdpa_reason: str = ""
 
     @property
     def cuda(self) -> bool:
@@ -78,15 +76,10 @@ class Runtime:
 
     def autocast(self):
         """The forward's context: bf16 autocast without FSDP (under FSDP2 its MixedPrecisionPolicy casts
-        instead), and the SDPA backend priority the policy measured (backward reuses the forward's)."""
-        stack = ExitStack()
+        instead)."""
         if self.dtype == torch.bfloat16 and not self.fsdp:
-            stack.enter_context(torch.autocast(self.device.type, dtype=torch.bfloat16))
-        if self.sdpa_backends:
-            from torch.nn.attention import SDPBackend, sdpa_kernel
-
-            stack.enter_context(sdpa_kernel([getattr(SDPBackend, b) for b in self.sdpa_backends], set_priority=True))
-        return stack
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return nullcontext()
 
 
 _CONTROL: list = []
@@ -142,19 +135,10 @@ def init_runtime(config: CptConfig) -> Runtime:
         distributed = True
     dtype = policy.torch_dtype()
     torch.manual_seed(config.seed)
-    measurements, source = runtime_policy.load_attention_table()
-    backends, reason = runtime_policy.choose_sdpa_backends(
-        policy.device,
-        torch.cuda.get_device_name(device) if cuda else None,
-        runtime_policy.available_sdpa_backends(),
-        measurements,
-        source,
-    )
-    if rank == 0:
-        log = logging.getLogger("dilforge.cpt")
-        log.info("attention: sdpa backends %s (%s)", ", ".join(backends) or "torch default", reason)
-        if policy.bf16 and not cuda:
-            log.info("precision: bf16 autocast over fp32 weights on CPU (cpt.precision %s)", config.precision)
+    if rank == 0 and policy.bf16 and not cuda:
+        logging.getLogger("dilforge.cpt").info(
+            "precision: bf16 autocast over fp32 weights on CPU (cpt.precision %s)", config.precision
+        )
     return Runtime(
         rank,
         world,
@@ -165,8 +149,6 @@ def init_runtime(config: CptConfig) -> Runtime:
         fsdp=fsdp,
         node=node,
         num_nodes=max(1, world // local_world),
-        sdpa_backends=backends,
-        sdpa_reason=reason,
     )
 
 
