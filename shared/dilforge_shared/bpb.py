@@ -1,25 +1,9 @@
-"""Sliding-window bits per byte of a text set: the one BPB that CPT validation and eval report.
+"""Sliding-window bits per byte of a text set: the one BPB that CPT validation and eval report (imports torch).
 
-Imports torch: only services (cpt, eval) import this module, never the coordinator or the rest of
-`dilforge_shared` (which stay torch-free).
-
-Definition (`sliding_window_bpb`):
-  * the documents of a set become one token stream, each document framed by its tokenizer family's
-    separators exactly as CPT packs training text: `[bos] doc [doc_end]` (`dilforge_shared.families`;
-    ChatML has no bos, so its stream starts with `doc_end` to give the first token a context);
-  * windows of `window` tokens end every `stride` tokens; a window scores only the targets the
-    previous one did not, so every text token is scored exactly once, after the first window with
-    at least `window - stride` tokens of context (stride is capped at window - 1);
-  * separators are context only: they are never scored and their bytes are not counted;
-  * BPB = sum of the text tokens' NLL in nats / ln 2 / UTF-8 bytes of the documents' text.
-Dividing by bytes rather than tokens makes models with different tokenizers comparable.
-
-Log-probabilities are computed from the final hidden states in chunks of `chunk_positions` scored
-positions, so no full-vocabulary fp32 logits exist for a whole batch (Llama 3's 128k vocabulary at
-2048 positions would be 1 GB per sequence). The model's own forward runs with `logits_to_keep=1`
-and a hook on its decoder scores the hidden states, so FSDP2's root hooks (which gather the
-embedding, final norm and LM head) apply exactly as in training.
-"""
+Documents form one stream framed as CPT packs them (`[bos] doc [doc_end]`); windows of `window` tokens end every
+`stride`, each text token is scored once, separators are context only; BPB = NLL in nats / ln 2 / UTF-8 bytes,
+so models with different tokenizers compare. Log-probs come from the final hidden states in chunks (no
+full-vocabulary logits per batch), via a decoder hook, so FSDP2 gathers the head exactly as in training."""
 
 from __future__ import annotations
 
@@ -189,18 +173,11 @@ def stream_nll(
     on_batch: Callable[[int, int], None] | None = None,
     kept: torch.Tensor | None = None,
 ) -> tuple:
-    """(NLL in nats, text tokens scored, windows) of this rank's share of the stream's windows.
+    """(NLL in nats, text tokens scored, windows) of this rank's round-robin share of the stream's windows.
 
-    Windows are dealt to ranks round-robin; every rank runs the same number of forward passes (a
-    rank out of windows runs one that scores nothing), as FSDP's collectives require. Sum the
-    results over ranks. `on_batch(done, total)` reports progress.
-
-    With `kept` (a bool per vocabulary row) the NLL is a pair in the same pass: under the full
-    softmax and under the softmax over the kept rows only. For a stream in the base model's
-    tokenisation of a model whose kept rows are the base model's, the second is the base model's own
-    NLL (same inputs, same hidden states, same rows) and the difference is what the new rows take:
-    the vocabulary leakage (services/cpt leakage.py).
-    """
+    Every rank runs the same number of forwards (FSDP's collectives need it); sum the results over ranks. With
+    `kept` (a bool per vocabulary row) it also returns the NLL under the softmax over the kept rows only: for a
+    model whose kept rows are its base's, the difference is the vocabulary leakage (services/cpt leakage.py)."""
     device = next(model.parameters()).device
     ids_t = torch.tensor(stream.ids, dtype=torch.long)
     scored_t = torch.tensor(stream.scored, dtype=torch.bool)

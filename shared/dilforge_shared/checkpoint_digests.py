@@ -1,13 +1,8 @@
-"""Content digests of training checkpoints, shared by CPT's checkpointer and SFT's Trainer checkpoints.
+"""Content digests of training checkpoints (CPT's and SFT's), torch-free.
 
-A checkpoint folder is complete when it holds one completion marker per node (`COMPLETE.nodeNNNNN-of-MMMMM`,
-JSON: step, node, num_nodes and `files`: the size and sha256 of every file that node's ranks wrote, by path
-relative to the folder). A marker is written only after its files are: a folder without every marker is still
-being written (or was cut off). Before a resume `verify` recomputes the digests; a damaged folder (a flipped
-byte, a truncated or missing file, an unlisted file, a marker without digests) is `set_aside` under another
-name with a warning by the caller, and the previous checkpoint is tried. So damage never reaches the weights
-a run publishes. Torch-free.
-"""
+A checkpoint folder is complete with one marker per node (`COMPLETE.nodeNNNNN-of-MMMMM`: the size and sha256
+of every file that node wrote), written after its files. Before a resume `verify` recomputes them; a damaged
+folder is set aside and the previous checkpoint tried, so damage never reaches published weights."""
 
 from __future__ import annotations
 

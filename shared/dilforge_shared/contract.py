@@ -1,11 +1,8 @@
-"""The container contract: every stage runs exactly as SageMaker runs a bring-your-own container.
+"""The container contract: every stage runs as SageMaker runs a bring-your-own container.
 
-`IMAGE train` → `stage_main`: the /opt/ml layout (`opt_ml`) → the string hyperparameters parsed once into a
-`StageRequest` (`hyperparameters`) → a `StageContext` (where to write, upstream artifacts fetched and verified)
-→ the stage's run function → its metrics validated, its inputs proved to give the planned artifact id
-(`check_identity`), files + manifest published (`publish_result`). Any error leaves SageMaker's failure file
-and a non-zero exit, and nothing published.
-"""
+`stage_main`: /opt/ml layout → hyperparameters → `StageContext` (upstream fetched and verified) → the stage
+→ metrics validated, inputs proved to give the planned id, files and manifest published. Any error leaves
+the failure file, a non-zero exit and nothing published."""
 
 from __future__ import annotations
 

@@ -1,16 +1,8 @@
-"""Streaming text readers for corpora on local disk or S3 (finding and opening the files: `corpus_files`).
+"""Streaming text readers for corpora on local disk or S3 (finding the files: `corpus_files`).
 
-Formats: `.txt` (one document per line), `.txt.gz`, `.jsonl` (a configurable text field),
-`.tsv` (a header row; a configurable column) and `.parquet` (a configurable column, if pyarrow is
-installed); for tokenizer training also word-frequency lists (`iter_word_counts`). Nothing is loaded
-whole. Every error names the file and, where there is one, the line.
-
-Memory is bounded for any input: a line (a document of .txt, a record of .jsonl/.tsv) is read at most
-`max_document_bytes` at a time, never whole. Past that, `on_oversize` decides: `error` (the default: name the
-file and line), `split` (.txt and parquet: consecutive documents of at most that size, cut at whitespace when
-there is some), `truncate` (keep the first part) or `skip` (with a warning). A .jsonl or .tsv record cannot be
-split without breaking it, so there only `error` and `skip` apply (`split`/`truncate` act as `error`).
-"""
+Formats: .txt (a line per document), .txt.gz, .jsonl, .tsv, .parquet, and word-frequency lists for tokenizer
+training. Nothing is loaded whole: a line is read at most `max_document_bytes` at a time, and `on_oversize`
+says what happens past that (error, split, truncate, skip). Errors name the file and line."""
 
 from __future__ import annotations
 
@@ -316,11 +308,9 @@ def iter_word_counts(
 ) -> Iterator[tuple[str, int, str, int]]:
     """(file, line, word, count) of every entry of a word-frequency list behind `uri`.
 
-    One `WORD COUNT` per line: two fields, whitespace between (a space or a tab), the count a positive integer;
-    blank lines are skipped and a UTF-8 byte-order mark is dropped. Why a format of its own: a team often holds
-    counts of a crawl it cannot ship (or a published list, as SentencePiece's TSV input takes), and expanding
-    70 M counts into text would be absurd. Anything else is an error naming the file and line, so a layout with
-    more columns (Leipzig's `rank word count`) or a header fails instead of training on wrong words."""
+    One `WORD COUNT` per line (whitespace between, a positive count); blank lines and a BOM are skipped. Counts
+    stand for a crawl that cannot be shipped as text. Any other layout (extra columns, a header) is an error
+    naming the file and line, never words trained on wrongly."""
     for file_uri in source_files(uri, endpoint_url):
         for lineno, line in _lines(file_uri, endpoint_url, max_document_bytes, on_oversize, splittable=False):
             if lineno == 1:

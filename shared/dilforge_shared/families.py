@@ -1,12 +1,8 @@
-"""Tokenizer families: which special tokens and chat template a base model's family uses.
+"""Tokenizer families: the special tokens and chat template a base model's family uses.
 
-A new tokenizer must follow its base model's conventions, or the base model's knowledge of its own
-special tokens (document ends, turn ends) is lost: Llama 3.x uses `<|begin_of_text|>` /
-`<|end_of_text|>` / `<|eot_id|>` and header tokens; SmolLM2, Qwen and many others use ChatML
-(`<|im_start|>` / `<|im_end|>`, documents separated by `<|endoftext|>`). Every stage asks this
-module, never a hard-coded token name. Pure Python (no tokenizers/torch import): the coordinator
-and the tests use it as is.
-"""
+A new tokenizer must keep its base model's conventions (Llama 3's `<|end_of_text|>` / `<|eot_id|>`, ChatML's
+`<|im_start|>` / `<|im_end|>`) or the base model's knowledge of them is lost. Every stage asks this module,
+never a hard-coded token. Pure Python."""
 
 from __future__ import annotations
 
@@ -53,15 +49,9 @@ CHATML_CHAT_TEMPLATE = (
 class Family:
     """Special tokens of one tokenizer family, by string (ids differ between tokenizers).
 
-    bos: prepended to every document in pre-training (None: the family uses none).
-    doc_end: appended to every document in pre-training (packing separator).
-    eot: ends an assistant turn (SFT loss covers it; generation stops on it).
-    pad: padding for batches (never trained on).
-    extra_stops: other tokens the family's own instruct models stop on (Llama 3: `<|eom_id|>`, the end of a
-    tool-call message), listed in generation_config.json between eot and doc_end when the vocabulary has them.
-    turn_starts: tokens that begin a document or a turn; the server also stops on them (an answer is over when
-    the model starts another turn), not the published folders.
-    """
+    bos / doc_end frame each pre-training document (bos None: the family uses none); eot ends an assistant turn;
+    pad is never trained on; extra_stops are other tokens its instruct models stop on; turn_starts begin a
+    document or turn, and the server stops on them too."""
 
     name: str
     bos: str | None
@@ -201,15 +191,11 @@ def special_token_ids(tokenizer_json: Path) -> dict[str, int]:
 
 
 def describe_model_folder(folder: Path, tokenizer_dir: Path | None = None) -> tuple[Family, dict]:
-    """Make a published model folder (full model or PEFT adapter) describe itself to stock consumers.
+    """Make a published model folder (full model or adapter) describe itself to stock consumers.
 
-    Writes the family's bos/eos/pad ids (`Family.generation_ids`) into config.json (when there is one) and
-    generation_config.json (created when missing; other keys kept), and the family's chat template when the
-    tokenizer carries none. Without this a ChatML model would say eos `<|endoftext|>` while its turns end with
-    `<|im_end|>`, and every server that is not `coordinator chat` would answer past the end of the turn.
-    `tokenizer_dir` is where tokenizer.json is (default: `folder`). JSON only: no transformers import.
-    Returns (family, the ids written).
-    """
+    Writes the family's bos/eos/pad ids into config.json and generation_config.json, and its chat template when
+    the tokenizer has none, so servers other than `coordinator chat` stop at the end of a turn. JSON only.
+    Returns (family, the ids written)."""
     tokenizer_dir = tokenizer_dir or folder
     tokens = special_token_ids(tokenizer_dir / "tokenizer.json")
     family = detect_family(tokens, str(tokenizer_dir))

@@ -1,14 +1,6 @@
-"""A stage's hyperparameters (all strings, SageMaker's rule), parsed strictly into a `StageRequest` and built
-back by the backends (`build_hyperparameters`):
-
-  stage_config | stage_config_uri   the stage config as one JSON document, or a URI to one
-  artifact_uri                      where the artifact is published (its folder in the store)
-  run_id                            pipeline run id
-  inputs                            JSON object {name: manifest URI} of upstream artifacts
-  s3_endpoint_url                   optional, for S3-compatible stores
-
-Unknown keys are errors (keys starting `sagemaker_` are tolerated).
-"""
+"""A stage's hyperparameters (all strings, SageMaker's rule): parsed strictly into a `StageRequest`, built by
+the backends with `build_hyperparameters`. Keys: stage_config or stage_config_uri, artifact_uri, run_id,
+inputs (JSON {name: manifest URI}), optional s3_endpoint_url; any other key is an error (`sagemaker_*` aside)."""
 
 from __future__ import annotations
 

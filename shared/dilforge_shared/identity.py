@@ -1,12 +1,8 @@
-"""What identifies a stage's inputs, and so its artifact: lineage refs and artifact ids (docs/architecture.md,
-Artifact identity).
+"""What identifies a stage's inputs, and so its artifact: lineage refs and artifact ids.
 
-Used by the coordinator's planning (`stage_refs`: the artifact id of a stage is the fingerprint of its config and
-these refs) and by the container contract, which records the very same refs in the manifest, so
-`recompute_artifact_id(manifest) == manifest.artifact_id`. A model/tokenizer URI is a dilforge artifact (lineage:
-its manifest's sha256), a local file (its sha256), a local folder (sha256 of every file) or an s3:// prefix (the
-ETags of its objects: no download needed to plan).
-"""
+Planning and the container contract compute the same refs, so `recompute_artifact_id(manifest) ==
+manifest.artifact_id`. A model URI is identified by its manifest (an artifact), its sha256 (a file), every
+file's sha256 (a folder) or its objects' ETags (an s3:// prefix, nothing downloaded)."""
 
 from __future__ import annotations
 

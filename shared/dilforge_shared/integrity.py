@@ -64,16 +64,11 @@ def check_artifact(
     mode: str | None = None,
     identity: bool = False,
 ) -> str | None:
-    """None if the artifact is whole, else what is wrong with it; ManifestNotFound if there is none.
+    """None if the artifact is whole, else what is wrong; ManifestNotFound if there is none.
 
-    With `identity` (every reuse), the artifact must also prove it is the one its folder names (identity_problem).
-
-    Local stores: sizes always, sha256 of every file when `full`; with `mode="stamp"` (DILFORGE_VERIFY_ON_REUSE)
-    the hashing is skipped while every file still has the size, mtime and inode recorded at the last full check
-    (any ordinary write changes them; a deliberate mtime reset does not — hence sha256 is the default).
-    S3: every object present with its size (a sha256 check would mean downloading the weights; `fetch`
-    verifies them on every download anyway).
-    """
+    With `identity`, it must also prove it is the artifact its folder names. Local: sizes, and every sha256 when
+    `full` (`stamp` mode skips hashing while size, mtime and inode match the last full check). S3: every object
+    present with its size; `fetch` verifies digests on download."""
     muri = manifest_uri_of(artifact_uri)
     mode = mode or settings().verify_on_reuse
     try:

@@ -1,12 +1,7 @@
 """Run locks: one producer per artifact, one process per work folder.
 
-Local (a path or file:// store, and every work folder): an `fcntl.flock` on a lock file. The kernel drops it
-when the last process holding the file closes it, so a crash never leaves a stale lock; a child that inherits
-the descriptor keeps it held while it lives, so an orphaned stage still excludes a rerun.
-
-S3: a create-only lock object (`If-None-Match: *`) holding the owner and an expiry. The owner renews it from a
-thread while it lives; a lock whose lease has expired belongs to a dead owner and is taken over.
-"""
+Local: an `fcntl.flock`, dropped by the kernel when its last holder exits, so a crash never leaves a stale
+lock. S3: a create-only lock object with an owner and a lease the owner renews; an expired lease is taken over."""
 
 from __future__ import annotations
 

@@ -1,12 +1,7 @@
 """The versioned artifact manifest: the only thing stages say to each other.
 
-A manifest names the artifact's kind, lineage (upstream manifests and data, by sha256), the full
-resolved config that produced it, every file with its size and sha256, and the metrics.
-
-Version rule: a reader accepts manifests of its own major version (any minor; fields added by a
-newer minor are ignored with a warning) and rejects any other major with an error that says which
-dilforge to use.
-"""
+It names the artifact's kind, lineage, resolved config, every file with size and sha256, and metrics. A
+reader accepts its own major version (fields of a newer minor are ignored with a warning) and rejects others."""
 
 from __future__ import annotations
 

@@ -1,13 +1,7 @@
-"""One pydantic metrics model per stage: what each stage publishes in its manifest's `metrics`, and what a
-downstream stage (eval) reads.
+"""One pydantic metrics model per stage: what it publishes in its manifest's `metrics` and what eval reads.
 
-Validated when published (`contract.publish_result` → `validate_metrics`) and parsed again when read
-(`read_metrics`), so a metric renamed in a producer fails that stage's publish (unknown keys are refused,
-`extra="forbid"`) and a field renamed here without its consumer fails the consumer's tests (it reads
-attributes, not key names). To add a metric: add a typed field here (optional, with a default, so older
-manifests still read), then write it in the stage. Sections other helpers own are separate sub-models
-(e.g. a CPT step-0 leakage table, eval's downstream task results): add them as `Optional[...] = None`.
-"""
+Validated on publish and parsed again on read with `extra="forbid"`, so a metric renamed on one side fails
+the producer's publish or the consumer's tests. To add a metric: a typed field here, then write it in the stage."""
 
 from __future__ import annotations
 
@@ -207,7 +201,7 @@ class ValidationRow(BaseModel):
 
 
 class LeakageRow(Metrics):
-    """One initialisation on one validation set at step 0 (services/cpt leakage.py, issue 24); only `bpb_extended`
+    """One initialisation on one validation set at step 0 (services/cpt leakage.py); only `bpb_extended`
     where the base tokenisation cannot be scored."""
 
     bpb_extended: float
@@ -230,7 +224,7 @@ class Transplant(Metrics):
     step0_val_bpb: dict[str, float] = Field(default_factory=dict)
     step0_val_bpb_by_set: dict[str, dict[str, float]] = Field(default_factory=dict)
     step0_leakage: dict[str, dict[str, LeakageRow]] = Field(
-        default_factory=dict, description="The step-0 leakage table: method -> validation set -> row (issue 24)."
+        default_factory=dict, description="The step-0 leakage table: method -> validation set -> row."
     )
     tied: bool | None = None  # the trained model ties embedding and LM head
     leakage_not_measured: str | None = None  # why there is no leakage table (base tokens missing from the vocab)
@@ -269,7 +263,7 @@ class CptMetrics(Metrics):
     dtype: str
     history: list[TrainRow]
     validation: list[ValidationRow]
-    leakage: list[LeakageEntry] = Field(default_factory=list)  # issue 24: step 0 and every validation
+    leakage: list[LeakageEntry] = Field(default_factory=list)  # step 0 and every validation
 
     def cost(self) -> dict[str, float]:
         """Time, token and memory figures the eval report lists."""

@@ -237,12 +237,9 @@ def resolve(
 ) -> Resolved:
     """The one resolver of a model, tokenizer or adapter folder, for every stage, `coordinator chat` and serve.
 
-    `source`: a URI (a dilforge artifact, verified; an HF folder; an s3:// prefix: for a tokenizer only its
-    files are downloaded, never the weights beside them; for a tokenizer also a bare tokenizer .json file) or
-    an already fetched upstream `Artifact`. Inside, `find_dir` picks the folder of `kind`. Which source a
-    stage uses is `choose` (one precedence rule); an adapter's base is `adapter_base` (one way).
-    Errors are ConfigError naming the URI.
-    """
+    `source`: a URI (a verified artifact, an HF folder, an s3:// prefix, a tokenizer .json file) or a fetched
+    `Artifact`; `find_dir` picks the folder of `kind` (a tokenizer never downloads the weights beside it). Errors
+    are ConfigError naming the URI."""
     if (
         kind == "tokenizer"
         and isinstance(source, str)

@@ -1,13 +1,7 @@
 """SageMaker's /opt/ml layout, rooted anywhere (`DILFORGE_OPT_ML` for local runs).
 
-The stage reads
-  /opt/ml/input/config/hyperparameters.json   every value a string (SageMaker's rule)
-  /opt/ml/input/config/inputdataconfig.json   channels
-  /opt/ml/input/config/resourceconfig.json    current_host, hosts, network_interface_name
-  /opt/ml/input/data/<channel>/               channel data (an upstream artifact folder)
-and writes /opt/ml/model (the artifact's files), /opt/ml/output (failure file, tensorboard),
-/opt/ml/checkpoints (resumable state).
-"""
+The stage reads input/config/{hyperparameters,inputdataconfig,resourceconfig}.json and input/data/<channel>/
+(upstream artifacts); it writes model/ (the artifact), output/ (failure file) and checkpoints/."""
 
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ _NAME = re.compile(NAME_PATTERN)
 # Local inputs a backend uploads for its containers (`--backend sagemaker-local`) sit at
 # s3://<bucket>/data/<16 hex of their content>/<the absolute local path as written>, each object carrying its sha256 as
 # metadata. Identity reads such a URI as the local path it was uploaded from (`declared_uri`) and its content by
-# that sha256, so a stage fed the copy gets the id the local run gets (issue 32).
+# that sha256, so a stage fed the copy gets the id the local run gets.
 UPLOADED_COPY = re.compile(r"^s3://[a-z0-9][a-z0-9.-]*/data/[0-9a-f]{16}(/.+)$")
 
 

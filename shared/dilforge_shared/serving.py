@@ -1,12 +1,8 @@
-"""What a server needs to know about an artifact: which weights, which tokenizer, the model id, the default
-system message. Shared by `coordinator serve` / `coordinator deploy` and the serve image (dilforge_serve),
-so both name a model the same way. File work only (no torch import).
+"""What a server needs to know about an artifact: weights, tokenizer, model id, default system message.
 
-An SFT artifact is served from its `merged/` folder when it has one, else as base + adapter (the base from
-its lineage, resolved like `coordinator chat` does); a CPT or model artifact, or a plain HF folder, as is.
-The SFT config's `system_prompt` becomes the default system message: the served copy's chat template
-inserts it when a request brings no system message of its own (`serving_template`).
-"""
+Shared by `coordinator serve` / `deploy` and the serve image, so both name a model the same way (no torch).
+An SFT artifact is served from `merged/` if present, else as base + adapter; anything else as is. The SFT
+config's `system_prompt` becomes the default system message through the served chat template."""
 
 from __future__ import annotations
 

@@ -49,13 +49,9 @@ DATA_SUFFIXES = (".json", ".jsonl", ".yaml", ".yml", ".j2")
 
 
 def code_version(stage: str) -> str:
-    """The stage's code version, part of its artifact id and recorded in its manifest: sha256 (16 hex digits)
-    over the syntax trees of every dilforge module the stage runs (its entry module in STAGE_MODULES and the
-    dilforge modules it imports, transitively: its service package and dilforge_shared) and the data files
-    inside its own package (prompts, templates). Docstrings are dropped and comments are not in a syntax
-    tree, so editing only those keeps the id; any other change to code the stage runs gives new ids, with
-    no number to bump. The serialisation skips empty fields, so Python 3.10-3.13 (host, CPU and GPU images)
-    agree."""
+    """The stage's code version (part of its artifact id): 16 hex of sha256 over the syntax trees of every
+    dilforge module the stage imports, transitively, and its package's data files. Docstrings and comments are not
+    hashed, so editing them keeps the id; any other change gives new ids, with nothing to bump."""
     return _code_version(STAGE_MODULES[stage])
 
 

@@ -1,11 +1,8 @@
 """Staging folders that a later run or `coordinator gc` can prove are dilforge's and abandoned.
 
-A staging folder is named `.dilforge-<kind>-<pid>-<uuid>` and its creator holds an flock on the `.owner` file
-inside it while it lives (the kernel drops the lock when the process dies, even by `kill -9`). A cleanup removes
-only folders with exactly that name whose owner file exists and is not locked; a user's `.export-notes/`,
-`x.tmp` or a folder named like one without the owner file is never touched. The folder is created under
-another name and renamed once locked, so no cleanup ever sees it unlocked while its creator lives.
-"""
+`.dilforge-<kind>-<pid>-<uuid>`, whose creator holds an flock on its `.owner` file while it lives; it is made
+under another name and renamed once locked. Cleanup removes only folders of that name whose owner file is
+unlocked, never a user's folder."""
 
 from __future__ import annotations
 

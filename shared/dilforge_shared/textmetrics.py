@@ -1,18 +1,8 @@
-"""Tokenizer efficiency metrics on raw text: fertility, bytes per token, share of words split 3+ ways.
+"""Tokenizer efficiency on raw text: fertility, bytes per token, share of words split 3+ ways.
 
-Pure Python (no torch, no tokenizers): a tokenizer is given as a function from a batch of texts to
-each text's token character offsets, so the tokenizer and eval stages compute the same numbers.
-
-Definitions (the ones the docs publish, and what published Llama 3 / Azerbaijani figures measure):
-  word        a maximal run of non-whitespace characters (`str.split()`), punctuation included,
-              so "Bakı," is one word.
-  tokens      the tokens of the text itself: no BOS/EOS or other special tokens added.
-  fertility   total tokens / total words over the whole set (a ratio of sums, not a mean of
-              per-sentence ratios).
-  bytes/token total UTF-8 bytes of the texts / total tokens.
-  3+ split    share of words whose characters are covered by 3 or more tokens (a token counts
-              for every word its character span overlaps; whitespace-only tokens count for none).
-"""
+Pure Python: a tokenizer is a function from texts to token character offsets, so the tokenizer and eval
+stages compute the same numbers. A word is a `str.split()` run; tokens exclude added specials; fertility and
+bytes/token are ratios of sums over the set; a token counts for every word its span overlaps."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from ..corpus import MAX_DOCUMENT_BYTES, Oversize, TextFormat
 from ..paths import declared_uri
 
 # ---- bounds --------------------------------------------------------------------------------
-# Upper bounds of the fields that scale memory or time (reliability round 4: a typo such as 1e9 is refused at
+# Upper bounds of the fields that scale memory or time (a typo such as 1e9 is refused at
 # validation, naming the field, instead of allocating or running for hours). Each is far above any real run.
 MAX_SEED = 2**32 - 1  # numpy's and the lm-eval seeds' range; torch takes up to 2**64
 MAX_STEPS = 100_000_000

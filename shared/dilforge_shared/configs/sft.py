@@ -25,13 +25,9 @@ from .knobs import Batching, Checkpointing, SourceLimits, Warmup, knob, on_off
 class SftDataSource(DataSource, SourceLimits):
     """A chat or instruction data set and how its records map to a conversation.
 
-    `layout`:
-      messages    — JSONL, each record has a list of {role, content} under `messages_field`
-      instruction — JSONL, `instruction_field` (+ optional `input_field`) is the user turn,
-                    `response_field` the assistant turn, optional `system_field`
-      translation — TSV with a header: `source_field` column becomes the user turn inside
-                    `translation_prompt`, `target_field` column the assistant turn
-    """
+    `layout`: messages (JSONL, {role, content} list under `messages_field`), instruction (JSONL instruction / input
+    / response / system fields) or translation (TSV; the source column inside `translation_prompt` is the user
+    turn, the target column the assistant turn)."""
 
     layout: Literal["messages", "instruction", "translation"] = Field(
         default="messages", description="How a record maps to a conversation (see class doc)."

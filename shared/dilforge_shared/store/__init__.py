@@ -1,14 +1,8 @@
-"""Artifact store over a local directory (plain path or file://) and S3 (s3://, via boto3).
+"""Artifact store over a local directory (path or file://) and S3 (s3://, via boto3).
 
-Publishing is atomic for readers: files go to a fresh `data-<uuid>/` folder, then the manifest is
-written last with a create-only conditional write. So a crash leaves no manifest, an existing
-manifest is never overwritten, and of two concurrent publishers of the same artifact exactly one
-wins while the other's files are removed. Reading verifies the size and sha256 of every file.
-
-Split by concern: `credentials` (S3 keys registry), `backends` (local folder and S3 bucket), `artifacts`
-(publish / read / verify / fetch), `mirror` (cached copies of model prefixes); this module re-exports their
-public API and holds the CLI's listing format.
-"""
+Publishing is atomic for readers: files go to a fresh `data-<uuid>/`, then the manifest is written last,
+create-only, so a crash leaves no manifest and of two concurrent publishers exactly one wins. Reading verifies
+every file's size and sha256. Submodules: credentials, backends, artifacts, mirror; this one re-exports them."""
 
 from __future__ import annotations
 
