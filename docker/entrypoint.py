@@ -1,20 +1,10 @@
 #!/usr/bin/env python3
 """Container entrypoint of every dilforge stage image: `IMAGE train`, as SageMaker runs it.
 
-`train` runs this image's stage (`DILFORGE_STAGE`; module `DILFORGE_STAGE_MODULE`, default
-dilforge_<stage>) as a child process and stays PID 1 to forward signals: SIGTERM from SageMaker (stop,
-spot interruption) reaches the stage, which checkpoints within its 120 s grace; the exit code is the
-stage's (128+N when a signal killed it). Any other command is exec'd unchanged (`docker run IMAGE bash`).
-
-Processes and hosts: a stage that runs several processes starts torchrun itself (cpt does, from
-`cpt.num_processes_per_node` and resourceconfig.json through dilforge_shared.launch), so this entrypoint only
-supervises `python -m <module> train` on every host. Stages that run on one host only (all but
-MULTI_HOST_STAGES) exit 0 on other hosts.
-
-Environment: DILFORGE_OPT_ML (the /opt/ml root, for local runs), DILFORGE_MULTI_HOST=1 (run a single-host
-stage on every host anyway), DILFORGE_CHECKPOINT_SYNC_URI (SageMaker's checkpoint sync where the platform
-does not do it: the SDK's local container mode; see sync_checkpoints).
-"""
+`train` runs the image's stage (`DILFORGE_STAGE`) as a child and stays PID 1 to forward SIGTERM (stop, spot
+interruption), exiting with the stage's code; other commands are exec'd unchanged. Multi-process stages start
+torchrun themselves; single-host stages exit 0 on other hosts unless DILFORGE_MULTI_HOST=1.
+DILFORGE_CHECKPOINT_SYNC_URI syncs checkpoints where the platform does not (the SDK's local mode)."""
 
 from __future__ import annotations
 

@@ -1,17 +1,8 @@
 """`coordinator deploy`: the pipeline's SFT artifact as a SageMaker real-time endpoint, on the serve image.
 
-Three control-plane requests make an endpoint: CreateModel (the serve image by digest, the artifact's S3
-folder as uncompressed model data — SageMaker copies manifest.json + data-*/ into /opt/ml/model, where the
-image resolves and verifies it like any artifact — and the model id and default system message in its
-environment), CreateEndpointConfig (instance type and count from the config's `sagemaker.endpoint`) and
-CreateEndpoint, or UpdateEndpoint when the endpoint exists (a new artifact or image is a new model +
-config, named by their digest, so a redeploy of the same thing changes nothing). Then it waits for
-InService. `--delete` removes the endpoint, its config and its model.
-
-These are boto3 calls on purpose: the SageMaker SDK's ModelBuilder/`Model.deploy` packages its own
-inference server and hides the requests, while here the image is ours and `--dry-run` must print exactly
-what would be sent (offline, no credentials), which tests check against botocore's service model.
-"""
+CreateModel (image by digest, the artifact's S3 folder as model data), CreateEndpointConfig and CreateEndpoint
+(or UpdateEndpoint), named by digest so a redeploy of the same thing changes nothing; then wait for InService.
+`--delete` removes all three. Plain boto3 calls, so `--dry-run` prints exactly what would be sent, offline."""
 
 from __future__ import annotations
 

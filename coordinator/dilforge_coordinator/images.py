@@ -1,13 +1,8 @@
 """Build the stage images and push them to ECR; record each image's digest for the SageMaker backend.
 
-`coordinator images build` builds services/<stage>/Dockerfile from the repository root with BuildKit:
-the CA bundle as a secret (restricted networks), local wheels (torch's CPU wheel) hard-linked into
-docker/wheelhouse/, tags `dilforge-<stage>:<version>-<gitsha>` and `dilforge-<stage>:dev` (what
-compose.yaml runs). `coordinator images push` creates the ECR repository when missing, logs docker in
-with ecr:GetAuthorizationToken, pushes, and records `<repo>@sha256:<digest>` in the images record
-(.dilforge/images.json), which `--backend sagemaker` uses, so every job names its image by digest and
-the manifests it publishes cite that digest (DILFORGE_IMAGE).
-"""
+`images build`: services/<stage>/Dockerfile with BuildKit (CA bundle as a secret, local wheels linked in),
+tagged `dilforge-<stage>:<version>-<gitsha>` and `:dev` (compose). `images push`: creates the ECR repository,
+logs in, pushes and records `<repo>@sha256:<digest>` in .dilforge/images.json, so jobs name images by digest."""
 
 from __future__ import annotations
 

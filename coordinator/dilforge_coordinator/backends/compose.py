@@ -1,14 +1,8 @@
 """Run each stage as a one-off `docker compose run` of its image, against the compose S3 (SeaweedFS).
 
-Exactly the SageMaker contract, on this machine: the backend lays down a private /opt/ml root per job
-(`<workdir>/<stage>-<artifact_id>/`, hyperparameters + resourceconfig), compose bind-mounts it as /opt/ml
-(DILFORGE_JOB_DIR), the container runs `IMAGE train`, publishes its artifact to the compose S3 and
-leaves /opt/ml/output/failure when it fails. The data the config names under ${DILFORGE_DATA} is mounted
-read-only at the same path, so data digests (and so artifact ids) match a local run's.
-
-The coordinator reaches the S3 on the host port (http://127.0.0.1:8333); containers reach it as
-http://s3:8333, which is what the stage's hyperparameters say.
-"""
+The SageMaker contract on this machine: a private /opt/ml root per job bind-mounted into the container, which
+runs `IMAGE train` and publishes to the compose S3. Data under ${DILFORGE_DATA} is mounted read-only at the
+same path, so artifact ids match a local run's. The coordinator reaches S3 on the host port, containers as s3."""
 
 from __future__ import annotations
 

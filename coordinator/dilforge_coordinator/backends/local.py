@@ -1,12 +1,8 @@
 """Run a stage's container entrypoint in a subprocess, with a private /opt/ml root.
 
-The /opt/ml root lives at `<workdir>/<stage>-<artifact_id>/` and is kept after a failure or a cancel, so
-rerunning the same stage resumes from its checkpoints; it is removed after success. `<stage>-<artifact_id>.lock`
-beside it is flocked by the coordinator and inherited by the stage process, so two runs never share a work
-folder, not even when a killed coordinator left its stage running: a rerun waits for it. `WORK_MARKER` inside
-it says a backend made it: `coordinator gc` removes no other folder from the work folder. The compose and
-SageMaker local-mode backends hold their folders (under `compose/` and `sagemaker-local/`) the same way.
-"""
+The root, `<workdir>/<stage>-<artifact_id>/`, is kept after a failure so a rerun resumes from its checkpoints,
+and removed after success. Its flocked `.lock`, inherited by the stage, keeps two runs out of one folder; its
+`WORK_MARKER` lets `coordinator gc` prove a backend made it (compose and SageMaker local mode do the same)."""
 
 from __future__ import annotations
 

@@ -1,12 +1,8 @@
 """Run a stage process the coordinator owns: no stdin, its own session, signals forwarded, dies with us.
 
-- stdin is /dev/null, so nothing in a stage (e.g. a library asking "trust this code? [y/N]") can read an answer
-  from the user's terminal or a pipe.
-- The child gets its own session: a Ctrl-C in the terminal reaches only the coordinator, which forwards SIGTERM
-  once (the stage checkpoints and exits) and SIGKILL on a second signal.
-- PR_SET_PDEATHSIG: if the coordinator is killed (even with -9) the stage gets SIGTERM instead of living on as an
-  orphan that publishes behind a run record nobody updates.
-"""
+stdin is /dev/null (no library prompt can block on the terminal); its own session, so Ctrl-C reaches only the
+coordinator, which forwards SIGTERM once and SIGKILL on a second signal; PR_SET_PDEATHSIG, so a killed
+coordinator never leaves an orphan stage publishing behind a stale run record."""
 
 from __future__ import annotations
 

@@ -1,13 +1,9 @@
 """One SageMaker training job per stage, as an SDK-free definition (`JobSpec`).
 
-`job_spec` gives the stage image by digest, the execution role, instance type and count, one S3Prefix channel
-per upstream artifact (the artifact folder: manifest.json + data-*/, mounted at /opt/ml/input/data/<name>/
-where the contract's ctx.input() finds it), output, checkpoint and TensorBoard S3 URIs, metric definitions
-that match the stages' log lines, managed spot with a max wait, an explicit max runtime, VPC, retries,
-environment and tags. `sagemaker_sdk.model_trainer` turns it into a `sagemaker.train.ModelTrainer`; the same
-spec makes the local-container job of `--backend sagemaker-local` (backends/sagemaker_local.py), so what runs
-locally is what is submitted. `offline_jobs` plans a pipeline without reading S3 (the dry run's jobs).
-"""
+`job_spec`: the image by digest, role, instances, one S3Prefix channel per upstream artifact, output,
+checkpoint and TensorBoard URIs, metric definitions, spot, limits, VPC, environment and tags. The SDK backend
+and `--backend sagemaker-local` both run it, so what runs locally is what is submitted. `offline_jobs` plans
+without reading S3 (the dry run)."""
 
 from __future__ import annotations
 
@@ -270,13 +266,11 @@ def work_uri(cfg: SageMakerConfig, job: StageJob) -> str:
 
 
 def processing_specs(job: StageJob, cfg: SageMakerConfig, image: str) -> list[ProcessingSpec]:
-    """The curate stage on `sagemaker.stages.curate.num_instances` instances: one Processing job per datatrove
-    phase (filter, buckets, write on every instance, each running its slice of the tasks; cluster on one), each
-    reading the union of the earlier phases' outputs from one S3 prefix, then a one-instance job that publishes
-    the artifact (`python -m dilforge_curate process ...`). The stage's hyperparameters are a file input; the
-    output equals a one-machine run's because the tasks, and the documents in each, do not depend on the
-    number of instances. The S3 endpoint the containers use is in the hyperparameters file
-    (`stage_hyperparameters`), as a training job's is in its hyperparameters."""
+    """The curate stage on several instances: one Processing job per datatrove phase, then one that publishes.
+
+    Each phase reads the earlier phases' outputs from one S3 prefix; the tasks and their documents do not depend on
+    the instance count, so the output equals a one-machine run's. Hyperparameters, S3 endpoint included, are a
+    file input."""
     require_s3_inputs(job)
     res = cfg.resources(job.stage)
     work = work_uri(cfg, job)
