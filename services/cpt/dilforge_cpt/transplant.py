@@ -1,13 +1,8 @@
 """Vocabulary transplant: move a base model onto a new tokenizer.
 
-Tokens whose string is in both vocabularies keep their base embedding and LM-head rows. A new token's
-row is the mean of the base rows of the pieces the base tokenizer splits its bytes into (byte-level BPE
-tokens are re-tokenised by the base BPE model directly, so partial UTF-8 sequences work; added/special
-tokens are encoded from their content); a token with no piece the base has gets the mean of all rows.
-Tied embeddings (Llama 3.2 1B) stay tied. The other initialisations measured against this one (mean of
-all rows, random, logit offsets, calibrated and fitted output rows) live in bench/init_experiments.py:
-none of them beat mean-of-pieces after training (docs/benchmarks.md).
-"""
+Shared tokens keep their base embedding and LM-head rows; a new token's row is the mean of the base rows of the
+pieces the base tokenizer splits it into (the mean of all rows if none). Tied embeddings stay tied. Other
+initialisations are compared in bench/init_experiments.py (docs/benchmarks.md)."""
 
 from __future__ import annotations
 

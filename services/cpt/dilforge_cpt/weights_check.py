@@ -1,15 +1,8 @@
-"""Check an HF model folder's weights before it is published as a `model` artifact.
+"""Check an HF model folder's weights before it is published as a `model` artifact, cheapest check first.
 
-A folder that only *looks* right (config.json, *.safetensors, tokenizer.json) used to be published, and failed
-later with a raw traceback in CPT or `coordinator chat`: tensors of another shape than the config, a header that
-declares more bytes than the file holds (or a huge header), a truncated file. Checked here, in order, cheapest
-first; each failure is one InputError naming the file and the tensor:
-
-1. every safetensors header is bounded, parses, and its data offsets tile the file exactly (safetensors' own
-   `safe_open` checks, surfaced as one line naming the file);
-2. the tensors' names and shapes are the ones the config's architecture builds (on the meta device: no memory);
-3. every tensor loads (safetensors reads it back).
-"""
+1. every safetensors header is bounded, parses and its offsets tile the file; 2. the tensors' names and shapes
+are what the config's architecture builds (on the meta device); 3. every tensor loads. Each failure is one
+InputError naming the file and tensor, instead of a traceback later in CPT or chat."""
 
 from __future__ import annotations
 

@@ -1,15 +1,8 @@
-"""SFT's Trainer checkpoints, protected like CPT's: content digests written once a checkpoint is complete,
-checked before a resume, and a damaged newest checkpoint set aside for the previous one.
+"""SFT's Trainer checkpoints, protected like CPT's.
 
-transformers' Trainer writes `checkpoint-<step>/` (adapter, optimizer, scheduler, RNG, trainer_state.json) and
-resumes from whatever `get_last_checkpoint` finds. A byte flipped in the adapter or optimizer state there (a bad
-disk, a half-synced /opt/ml/checkpoints restored from S3) would be loaded as is and trained on. So a
-TrainerCallback seals each checkpoint right after Trainer saved it (`on_save`: every file's size and sha256 in a
-completion marker, dilforge_shared.checkpoint_digests, the format CPT's checkpointer writes), and
-`latest_checkpoint` resumes only from a checkpoint whose files all match: a damaged or unsealed one is renamed
-`damaged-checkpoint-<step>` (outside Trainer's `checkpoint-*` rotation and lookup, kept for inspection) with a
-warning, and the previous one is tried. The SFT stage trains in one process, which writes the whole folder.
-"""
+A TrainerCallback seals each `checkpoint-<step>/` right after Trainer saves it (digest marker,
+dilforge_shared.checkpoint_digests); `latest_checkpoint` resumes only from one whose files all match and renames
+a damaged or unsealed one `damaged-checkpoint-<step>` (outside Trainer's rotation), trying the previous one."""
 
 from __future__ import annotations
 

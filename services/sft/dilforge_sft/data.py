@@ -307,14 +307,11 @@ def fold_user_turns(convs: list[Conversation], share: float, seed: int, counts: 
 def apply_length_rule(
     convs: list[Conversation], tokenizer, max_length: int, rule: str, counts: DataCounts
 ) -> list[Example]:
-    """Tokenise each conversation once and count (with rule 'drop': remove) those over max_length tokens.
+    """Tokenise each conversation once and count (with 'drop': remove) those over max_length tokens.
 
-    The chat template is applied here, once, by the tokenizer's `apply_chat_template` with the assistant mask:
-    the call TRL's SFTTrainer would make itself. The examples ({"input_ids", "assistant_masks"}, untruncated)
-    go to TRL as a processed dataset, which it does not tokenise again: it builds the labels from the mask,
-    truncates to max_length (keeping the start) or packs. With 'truncate', a conversation whose kept window has
-    no assistant token is dropped here, so that the count is ours, not a silent filter inside TRL.
-    """
+    The chat template is applied here with the assistant mask, as SFTTrainer would; TRL takes the processed
+    examples and builds labels, truncates or packs. With 'truncate' a conversation whose kept window has no
+    assistant token is dropped here, so the count is ours, not a silent filter inside TRL."""
     kept: list[Example] = []
     for conv in convs:
         enc = tokenizer.apply_chat_template(conv, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)

@@ -46,14 +46,9 @@ def attention_plan(config: SftConfig, device: str, has_flash_attn: bool | None =
 
 
 def estimate_training_bytes(model_config, tokens_per_micro_batch: int, bf16: bool) -> int:
-    """Rough peak memory of LoRA training WITHOUT activation checkpointing, in bytes.
-
-    Frozen weights + saved activations + logits. Activations per token and layer follow Korthikanti
-    et al. (2022) for a flash-style attention kernel, with the MLP width taken from the config:
-    about 10 hidden-sized and 3 MLP-sized tensors. Logits are counted in the compute dtype, in fp32 for
-    the loss and once more for their gradient. Deliberately pessimistic: it only decides whether
-    recomputation (25-30 % slower) is worth turning on.
-    """
+    """Rough peak memory of LoRA training without activation checkpointing, in bytes: frozen weights, saved
+    activations (Korthikanti et al. 2022, flash-style kernel) and logits (compute dtype, fp32 loss, gradient).
+    Deliberately pessimistic: it only decides whether to turn recomputation on."""
     elem = 2 if bf16 else 4
     hidden, layers = model_config.hidden_size, model_config.num_hidden_layers
     inter, vocab = model_config.intermediate_size, model_config.vocab_size

@@ -1,15 +1,9 @@
 """The SFT stage, top to bottom: data → base model → LoRA via TRL's SFTTrainer → adapter (+ merged) → metrics.
 
-The loss falls on assistant content and the end-of-turn token of the base model's family only
-(`<|eot_id|>` for Llama 3, `<|im_end|>` for ChatML): the family's chat template carries
-{% generation %} markers; the conversations are tokenised once with that template's assistant mask
-(`data.apply_length_rule`) and TRL's SFTTrainer turns everything outside the mask into label -100. Packing is
-padding-free, with an attention kernel that keeps documents apart (see
-`plans.attention_plan`). TRL, PEFT and transformers are used as libraries (`training`); the only
-extension is a TrainerCallback that turns SIGTERM into "checkpoint and stop". `run` reads as the story:
-parse (data, base model, tokenizer, plans) → build (model, trainer, label preview, loss before) → train →
-publish (adapter, merged model, metrics); each step returns a small typed result.
-"""
+The loss covers assistant content and the family's end-of-turn token only: the conversations are tokenised once
+with the family template's assistant mask, and packing is padding-free with a kernel that keeps documents
+apart (`plans.attention_plan`). TRL, PEFT and transformers are used as libraries; the one extension is a
+callback that turns SIGTERM into checkpoint-and-stop."""
 
 from __future__ import annotations
 
