@@ -1,15 +1,9 @@
 """The curate stage, top to bottom.
 
-parse (sources, the tokenizer that counts tokens, the work folder) → build four datatrove pipelines
-(1 filter: read → normalise → redact → language ID → quality → kept documents + MinHash signatures;
-2 buckets; 3 clusters; 4 write: drop duplicates → count tokens → shards) → run them with datatrove's local
-executor (tasks = `output.num_shards`, processes = `num_workers`, default one per core this process may use) →
-publish the shards, report.md, the data card (README.md) and metrics.
-
-The work folder (shards included, until they are published) lives under /opt/ml/checkpoints, which the local
-backend keeps after a failure and SageMaker syncs: a rerun resumes from the tasks whose outputs it can verify, and
-publishes only when the shards hold exactly the documents the metrics count.
-"""
+parse → four datatrove pipelines (filter: read, normalise, redact, language ID, quality, MinHash signatures;
+buckets; clusters; write: drop duplicates, count tokens, shards) → datatrove's local executor → publish shards,
+report.md, the data card and metrics. The work folder lives under /opt/ml/checkpoints, so a rerun resumes from
+the tasks it can verify."""
 
 from __future__ import annotations
 

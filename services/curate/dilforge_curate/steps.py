@@ -1,19 +1,9 @@
-"""The datatrove pipeline steps datatrove lacks for this stage (docs/architecture.md, "Curate on datatrove").
+"""The datatrove pipeline steps datatrove lacks for this stage.
 
-- `SourceReader`: datatrove's readers open files through fsspec, whose S3 filesystem (s3fs) cannot be installed
-  beside the pinned boto3; this reader streams through dilforge's own corpus readers (local, S3 via boto3, gzip,
-  parquet, bounded line length, errors naming file and line) and stripes documents over the tasks by their
-  position, so one large file still spreads over every task and the output does not depend on how many
-  workers run them.
-- `Normaliser`: ftfy's encoding repair (as datatrove's FTFYFormatter), Unicode normal form and whitespace, with
-  the repairs counted; control-token strings (`<|eot_id|>`) removed, always: web text must not carry a turn or
-  document boundary into the corpus.
-- `LinguaFilter`: datatrove's LanguageFilter downloads a fastText model at run time; lingua bundles its models.
-- `ContactRedactor`: datatrove's PIIFormatter covers e-mails and IPs; phones and card numbers are added here,
-  in one regex pass per kind that also counts.
-- `WordSplitter`: datatrove assigns Azerbaijani a spaCy word tokenizer; a regex split is enough for the
-  Latin-script heuristics and needs no model.
-"""
+`SourceReader`: dilforge's corpus readers (s3fs cannot sit beside the pinned boto3), documents striped over the
+tasks so output does not depend on the worker count; `Normaliser`: ftfy repair, Unicode form, whitespace and
+control tokens removed; `LinguaFilter`: bundled models, no run-time download; `ContactRedactor`: phones and
+cards beside datatrove's PII; `WordSplitter`: a regex split, no spaCy model."""
 
 from __future__ import annotations
 

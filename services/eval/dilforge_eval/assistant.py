@@ -1,31 +1,9 @@
 """Assistant measures: does a model answer a held-out question the way a user meets it, in the user's language?
 
-Pure functions, no model: the eval stage generates the answers (batched, through each model's published
-`generation_config.json`) and calls `score`; anyone with (prompt, answer) pairs can call it too.
-
-Input: `Answer(prompt, answer, language, ended_turn, reference=None)` per prompt, where `language` is the
-prompt's language (ISO 639-1, from the prompts file) and `ended_turn` says generation stopped on a stop token
-(end of turn / EOS), not on the `max_new_tokens` limit. `score(answers)` returns `AssistantFigures`: each
-measure a share of the n answers with its 95 % Wilson score interval (`wilson`), and chrF++ where references
-exist. Call it once per prompt group: the prompt sets (`load_prompts`) hold `az` and `en` prompts, and
-`plain_variant` gives the `az` prompts typed without Azerbaijani letters (ə→e, ı→i, ş→s, ç→c, ğ→g, ö→o,
-ü→u; `without_diacritics`), scored as their own group (`groups`), since many customers type that way.
-
-Measures (answers are split into lower-cased words, `\\w+`, Azerbaijani I/İ lower-cased correctly):
-- in_language: lingua, the offline detector curate uses, choosing among curate's candidate languages
-  (`dilforge_shared.configs.curate.LanguageConfig`), names the prompt's language as the answer's most likely
-  one. An empty answer is not in the language.
-- ended_turn: the generation stopped on a stop token, not on the length limit.
-- looping: at least `LOOP_RATE` (0.3) of the answer's word 3-gram occurrences repeat a 3-gram seen earlier in
-  the same answer ("bir bir bir bir" and "No. No. No. No." loop; a fluent answer of 60 words has ~0).
-  Answers under 3 words never loop.
-- parroting: at least `PARROT_SHARE` (0.8) of the answer's words lie inside a word 3-gram that also occurs
-  in the prompt (an answer under 3 words: the whole answer occurs in it): the answer is mostly a copy of the
-  prompt, once or repeated. Restating the question before answering ("Azərbaycanın paytaxtı Bakıdır." to
-  "Azərbaycanın paytaxtı haradır?") or correcting one word of a quoted sentence does not count.
-- chrf: corpus chrF++ (sacrebleu, character 6-grams and word 2-grams) of the answers that have a reference,
-  with sacrebleu's seeded bootstrap 95 % interval (1,000 resamples); None when no answer has one.
-"""
+Pure functions, no model: `score(answers)` takes `Answer(prompt, answer, language, ended_turn, reference)` per
+prompt and returns each measure (in_language by lingua, ended_turn, looping, parroting) as a share with its 95 %
+Wilson interval, plus corpus chrF++ where references exist; definitions in docs/eval.md. Call it once per prompt
+group: `az`, `en`, and `az` typed without Azerbaijani letters (`plain_variant`), as many users type."""
 
 from __future__ import annotations
 

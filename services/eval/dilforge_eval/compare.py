@@ -1,15 +1,8 @@
 """What the report compares: each model's BPB against the base model's, per text set and per language.
 
-A pipeline that adapts a model to one language is judged on two things that move in opposite
-directions: the gain on the target language and what is lost on the others (English, for an assistant
-that still has English-speaking users). Averaging the two hides both (+155 % for "-28 % Azerbaijani,
-+336 % English"), so nothing here averages across text sets: every change is per set, the headline
-takes the first set of each language, and each set carries its language.
-
-Also read from upstream manifests, typed (`dilforge_shared.metrics`): the step-0 BPB of each
-initialisation (`CptMetrics.transplant`), the tokenizer strategies side by side and the vocabulary sweep
-(`TokenizerMetrics.comparison` / `.dead_tokens` / `.sweep`).
-"""
+Adapting a model to one language gains there and loses elsewhere; an average hides both, so nothing here
+averages across sets: every change is per set, the headline takes each language's first set. Also read, typed,
+from upstream manifests: step-0 BPB of the transplant and the tokenizer strategies and sweep."""
 
 from __future__ import annotations
 
@@ -142,7 +135,7 @@ def step0_bpb(cpt: CptMetrics) -> Step0Section | None:
         method=t.method,
         sets=sorted({s for v in methods.values() for s in v}),
         step0_bpb=methods,
-        leakage=t.step0_leakage or None,  # issue 24: {method: {set: row}} (cpt leakage.step0_row)
+        leakage=t.step0_leakage or None,  # {method: {set: row}} (cpt leakage.step0_row)
     )
 
 

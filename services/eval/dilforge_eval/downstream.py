@@ -1,18 +1,10 @@
 """Downstream tasks through lm-evaluation-harness: SIB-200 topics, translation az<->en, instruction answering
-with the chat template, and Belebele/TUMLU-layout multiple choice (docs/eval.md).
+and Belebele/TUMLU-layout multiple choice (docs/eval.md).
 
-Story: read each task's rows from the files (or S3 objects) the eval config names, check them (`task_rows`: a
-missing column, an unknown label or an empty file is a one-line error naming the file and the field) → write a
-self-contained lm-eval task folder (this module): the shipped templates (`tasks/_*.yaml`, `tasks/utils.py`), one small
-YAML per task that includes a template and names its data, and the rows as JSONL under `data/` → per
-model (`harness`), run the tasks with `lm_eval.simple_evaluate` on an `HFLM` wrapping the model already loaded (the
-chat tasks in a second call with the chat template) → value, standard error, 95 % interval and chance
-level per metric. The folder is published with the eval artifact, so
-`cd lm_eval_tasks && lm_eval run --include_path . --tasks ...` reproduces every figure (`commands.txt`).
-
-The harness never touches a hub here: `dataset_path: json` reads the local JSONL, and HF_DATASETS_OFFLINE /
-HF_HUB_OFFLINE are set before it is imported.
-"""
+Rows are read from the files the config names and checked (`task_rows`, one-line errors); a self-contained
+lm-eval task folder is written (templates, a YAML per task, JSONL rows) and run per model with
+`lm_eval.simple_evaluate` on the loaded model. The folder is published, so `commands.txt` reproduces every figure
+offline (no hub)."""
 
 from __future__ import annotations
 

@@ -1,21 +1,9 @@
 """Morpheme alignment: do token boundaries fall on morpheme boundaries?
 
-Gold words come from three kinds of resources (docs/eval.md, "Morpheme alignment"):
-  segmented    'kitab+lar': every morpheme known;
-  lemma/form   (kitab, kitablar): one boundary after the stem (lemma as prefix of the form, with
-               Azerbaijani final-consonant alternations k→y/ğ, q→ğ, p→b, ç→c, t→d); the stem is a
-               known morpheme, the suffix part a region of unknown inner structure;
-  CoNLL-U      lemma/form as above, in running text; the Leipzig gloss ('friend-POSS.3SG-DAT')
-               says how many morphemes the word has, so a one-suffix word is fully known.
-A word equal to its lemma (or unsegmented) is one known morpheme.
-
-Per tokenizer, each word is tokenized as it appears mid-sentence (" " + word) and its internal token
-boundaries are taken in bytes (a boundary inside a multi-byte letter is inside a morpheme):
-  boundary_recall        share of gold boundaries that are token boundaries;
-  inside_morpheme_rate   share of decidable token boundaries (at a gold boundary or inside a known
-                         morpheme) that fall inside a morpheme; boundaries in unknown regions are
-                         not counted.
-"""
+Gold words come from segmentations ('kitab+lar'), lemma/form pairs (one boundary after the stem, with
+Azerbaijani consonant alternations) or CoNLL-U with glosses (docs/eval.md). Each word is tokenized mid-sentence
+and its boundaries taken in bytes: boundary_recall (gold boundaries that are token boundaries) and
+inside_morpheme_rate (decidable token boundaries inside a known morpheme)."""
 
 from __future__ import annotations
 

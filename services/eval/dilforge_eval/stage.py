@@ -1,17 +1,9 @@
-"""Eval stage: did the new tokenizer, the CPT and the SFT make the model better at Azerbaijani, by how
-much, and what did it cost?
+"""Eval stage: did the new tokenizer, the CPT and the SFT make the model better at Azerbaijani, and at what cost?
 
-Story (`run`, each step a function returning a small typed result): parse — read the text sets (capped) and
-give each its language, the parallel sets, prompts, downstream task folder, morphology gold; resolve
-tokenizers and models (the pipeline's base `model` artifact as "base", models given in the config, the
-upstream cpt/sft) → measure the tokenizers: fertility, parity, morpheme alignment → evaluate each model:
-bits per byte on every set, generations for the prompts, downstream tasks (progress with ETA) → compare:
-per-set BPB change against the base, the headline (target-language gain, other languages' retention),
-generation repetition, the assistant measures per model and prompt group → what the upstream manifests say: step-0 BPB per initialisation, tokenizer strategies,
-training curves and costs → publish: metrics.json, generations.jsonl, task_answers.jsonl, assistant_answers.jsonl,
-report.html /
-report.md / plots/*.png in the artifact.
-"""
+parse (text sets with languages, prompts, tasks, morphology gold; tokenizers and models: base, configured,
+upstream cpt/sft) → tokenizer measures → per model: BPB on every set, generations, downstream tasks → compare
+per set against the base, assistant measures per prompt group, upstream training figures → publish
+metrics.json, answers, report.html / report.md and plots."""
 
 from __future__ import annotations
 

@@ -1,13 +1,9 @@
 """Dead-token audit and pruning.
 
-A token the tokenizer never produces on its own training corpus is an embedding row the model pays for
-and never trains. Three figures per tokenizer: new tokens never produced when encoding the training
-corpus (`dead_new_tokens_frac`; for `replace` every learned, non-byte token is new), tokens whose own
-string does not encode to themselves, and how much of the vocabulary each corpus uses.
-
-Encoding the corpus is done per unique pre-tokenized word with the BPE model alone (the pre-tokenizer
-never lets a token cross a word), so the audit costs one encode of the distinct words.
-"""
+A token the tokenizer never produces on its own training corpus is an embedding row the model pays for and
+never trains. Per tokenizer: the share of new tokens never produced, tokens whose string does not encode to
+themselves, and each corpus's vocabulary use. Words are encoded once each with the BPE model alone (no token
+crosses a pre-token)."""
 
 from __future__ import annotations
 
@@ -64,13 +60,9 @@ def audit(
 def corpus_use(doc: dict, words: Iterable[str], first_new_id: int) -> tuple[Counter, set[int] | None]:
     """One encode of the corpus words: (how often each id is produced, the new ids whose merge chain must stay).
 
-    Counts are weighted by the word counts when `words` is a Counter, else one per word. The second is None
-    when every kept token needs its chain. Why it can be smaller: with `ignore_merges`
-    (Llama 3; tiktoken does the same) a pre-tokenized word that is itself in the vocabulary is emitted
-    whole, before any merge runs. A new token the corpus produces only that way needs no chain of
-    intermediate tokens, so the intermediates that only served to build it are dead rows `prune` can drop.
-    A token produced inside a longer segmentation is reached by merges and keeps its whole chain.
-    """
+    Counts are weighted by word counts when `words` is a Counter. With `ignore_merges` (Llama 3) a word that is
+    itself a token is emitted whole, so its intermediate tokens are dead rows `prune` can drop; a token produced
+    inside a longer segmentation keeps its chain. None: every kept token needs its chain."""
     lookup = bool(doc["model"].get("ignore_merges"))
     vocab = doc["model"]["vocab"]
     weights = words if isinstance(words, Counter) else None
@@ -132,13 +124,9 @@ def prune(
 ) -> tuple[dict, int]:
     """`doc` without the dead tokens at or above `first_new_id` that no kept token is built from.
 
-    Ids below `first_new_id` (the base, or the byte alphabet) never change; kept new tokens are
-    renumbered densely in their old order. A merge is kept when its result and both its parts are kept.
-    `parts_needed` (from `corpus_use`): the kept new tokens whose merge chain must stay; None: all of
-    them. Every word of the corpus `parts_needed` was computed on encodes exactly as before.
-    `num_fixed_merges`: how many leading merges only involve ids below `first_new_id` (the base's own, for
-    extend); they are kept as they are without being read, which is most of the work on a 128k base.
-    """
+    Ids below `first_new_id` never change; kept new tokens are renumbered densely in order; a merge stays when its
+    result and parts do. Every word of the corpus `parts_needed` came from encodes as before. The first
+    `num_fixed_merges` (the base's own) are kept without being read."""
     vocab: dict[str, int] = doc["model"]["vocab"]
     fixed, tail = doc["model"]["merges"][:num_fixed_merges], doc["model"]["merges"][num_fixed_merges:]
     merges = [merge_pair(m) for m in tail]

@@ -125,20 +125,12 @@ def extend_candidates(config: TokenizerConfig, seg: continued.Segmented, base: B
 
 
 def prune_and_refill(cand: Candidate, base: Base, words: Counter, rounds: int = 6) -> tuple[dict, int]:
-    """extend + prune_dead: drop the dead new tokens and take further merges in their place, so the
-    published tokenizer has up to `size` new tokens that are all (or nearly all) produced on the corpus.
+    """extend + prune_dead: drop the dead new tokens and take further merges in their place, so the published
+    tokenizer has up to `size` new tokens that are (nearly) all produced on the corpus.
 
-    1. Dead new tokens go. With `ignore_merges` a token the corpus only produces as a whole word keeps no
-       chain of intermediate tokens (`audit.corpus_use`), so those intermediates go too. What stays dead
-       are intermediates that produced tokens are built from: a produced token that alone holds k of them
-       costs 1 + k rows, and when its uses per row fall below what a refill row buys (the median uses of
-       the newest `size / 50` tokens) it goes too, with its dead parts (`audit.costly_tokens`).
-    2. Refill: further learned merges (never the dropped tokens) take the free places, plus a margin of
-       the dead share seen so far (they die at about that rate too); on an overshoot the newest tokens
-       beyond `size` are dropped (a token's parts are always older than it, so nothing kept loses its
-       chain). Usually one round.
-    A round encodes the corpus words once (not the full audit: the published tokenizer is audited afterwards).
-    Returns (doc, number of new tokens dropped from the candidate before refilling)."""
+    Dead tokens go, with intermediates only they need and produced tokens whose uses per row fall below a refill
+    row's (`audit.costly_tokens`); further merges fill the places plus a margin, and an overshoot drops the newest.
+    Returns (doc, number of new tokens dropped before refilling)."""
     first, size = cand.first_new_id, cand.size
     num_fixed = len(base.doc["model"]["merges"])  # the base's merges: never touched by pruning
 

@@ -1,20 +1,9 @@
 """Merge-compatible extension: continue the base tokenizer's BPE training on the new corpus.
 
-Why not train a fresh BPE and append its merges (the old `extend`)? Its merges were learned from
-raw bytes, but at encode time the base's merges all fire first (they rank lower), so a new merge
-whose parts the base segmentation never leaves side by side is never applied: on the shared corpus
-17 % of such tokens were dead. Continued training learns each new merge over the *base's own
-segmentation* of every corpus word, so a merge appended after the base's applies on real text
-exactly as it did in training.
-
-How, fast: the corpus is pre-tokenized by the base's own normalizer/pre-tokenizer, each unique word
-is segmented by the base's BPE model (Rust `encode_batch`, in chunks), every base token id becomes one
-private character (chr(0x10000 + id), never whitespace), and the `tokenizers` BPE trainer — Rust,
-multi-threaded — learns merges over those character strings with the word counts. Its merges map
-back to pairs of base-vocabulary strings. A merge whose result already is a vocabulary string maps to
-that id (no new token); training runs with slack so the largest size still gets its full count of
-new tokens, and every smaller size is a prefix of the same merge list.
-"""
+At encode time the base's merges fire first, so a new merge is only ever applied if its parts sit side by side
+in the base's segmentation; learning new merges over that segmentation makes them apply as trained. Each unique
+corpus word is segmented by the base BPE, each base id becomes one private character, and the Rust BPE trainer
+learns merges over those strings; smaller sizes are prefixes of the same merge list."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
 """Finish and write a tokenizer in its base model's family: special tokens, BOS rule, chat template.
 
-A new or extended tokenizer must keep the conventions its model was trained with (see
-`dilforge_shared.families`): Llama 3 prepends `<|begin_of_text|>` and ends turns with `<|eot_id|>`;
-ChatML (SmolLM2, Qwen) has no BOS, ends turns with `<|im_end|>` and documents with `<|endoftext|>`.
-The chat template written is the family's *training* template (TRL `{% generation %}` markers), so SFT
-can mask everything but the assistant's turns.
-"""
+The conventions come from `dilforge_shared.families`; the chat template written is the family's training
+template (TRL `{% generation %}` markers), so SFT can mask everything but the assistant's turns."""
 
 from __future__ import annotations
 

@@ -1,17 +1,9 @@
-"""Pre-token counts: the corpus as BPE sees it, in memory bounded by its distinct pre-tokens, not its lines.
+"""Pre-token counts: the corpus as BPE sees it, in memory bounded by its distinct pre-tokens.
 
-A byte-level BPE learns from (pre-token, count) pairs only: the pre-tokenizer never lets a token cross a
-pre-token, so every strategy (replace, extend's continued BPE, the sweep, the dead-token audit, prune-and-refill)
-trains and audits from these counts. They grow with the vocabulary of the corpus (Heaps' law), not with its size.
-
-One pass: the stream's line batches (read, held out and weighted by `CorpusStream`) go to forked workers, each
-normalising and pre-tokenising a batch under every pre-tokenizer a strategy needs; the main process adds each
-batch's counts in batch order, so the result does not depend on the number of workers. Memory budget: when one
-pre-tokenizer's distinct pre-tokens exceed `max_words`, the rarest are dropped — every pre-token counted at most
-t times so far, t = 1, 2, ... until at most half the budget remains (fastText's dictionary rule). A pre-token
-seen once or twice in a corpus that large seldom carries a merge; the drops are logged and recorded in the
-stage's metrics (`corpus.pretokens`).
-"""
+Every strategy trains and audits from (pre-token, count) pairs. One pass: forked workers pre-tokenise line
+batches under each needed pre-tokenizer; counts are added in batch order, so the result does not depend on the
+worker count. Over `max_words` the rarest pre-tokens are dropped (fastText's dictionary rule), logged and
+recorded in `corpus.pretokens`."""
 
 from __future__ import annotations
 

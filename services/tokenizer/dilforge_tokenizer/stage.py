@@ -1,13 +1,8 @@
 """The tokenizer stage, top to bottom.
 
-parse (config, base tokenizer from `base_tokenizer` or the upstream `model` artifact, its family,
-validation sets) → read the corpora once (held-out slice on the way) and train each strategy once at its
-largest size (replace: a fresh byte-level BPE; extend: continued BPE over the base's own segmentation;
-`candidates`) → cut every smaller size from it → measure every (strategy, size) on every set and audit its
-dead tokens → pick the published size by the config's rule (with the retain bound) → publish: optionally
-prune dead tokens, write the tokenizer folder (in the base's family), metrics.json, sweep.md and comparison.md.
-Each step is a function returning a small typed result; `run` reads as the story.
-"""
+parse (config, base tokenizer and family, validation sets) → read the corpora once, holding out a slice, and
+train each strategy once at its largest size → cut the smaller sizes → measure and audit every (strategy, size)
+→ pick the published size → publish (optionally pruned) in the base's family with metrics and reports."""
 
 from __future__ import annotations
 

@@ -1,15 +1,8 @@
 """One pass over the corpora: interleave sources, hold out a hashed slice, dedup, upsample by weight.
 
-A word-frequency source (format word_counts) feeds each word as it stands inside running text (" word":
-after a space, one pre-token for a byte-level BPE) count x weight times; it has no lines to hold out or
-deduplicate, and `max_lines` does not cut it. Its words are not repeated in the line stream: they add up in
-`fed_words` (word -> times fed), which the consumer adds to its line counts, so memory stays that of the
-list however large its counts.
-
-The stage reads this stream once, counting its pre-tokens (`pretokens`); the held-out slice is collected on the
-way, so metrics never need a second pass over the corpus. Memory: the held-out slice (capped), the word lists,
-and with `dedup` an 8-byte digest per distinct line.
-"""
+A word-frequency source feeds each word as inside running text, count × weight times, through `fed_words`
+rather than repeated lines, so memory stays that of the list. The held-out slice is collected on the way: no
+second pass. Memory: the capped held-out slice, the word lists, and with `dedup` 8 bytes per distinct line."""
 
 from __future__ import annotations
 
@@ -170,15 +163,11 @@ class CorpusStream:
             yield from batch
 
     def batches(self, min_lines: int = 4096, depth: int = 4) -> Iterator[list[str]]:
-        """Training lines in lists of at least `min_lines` (the last may be shorter), read ahead by a
-        background thread.
+        """Training lines in lists of at least `min_lines`, read ahead by a background thread.
 
-        Why: the tokenizers trainer pulls this iterator while holding the GIL and the lock its Rust
-        workers take for their next line, so Python work done inside `next()` (decode, NFC, hashing)
-        leaves every worker idle. Read ahead in a thread, that work overlaps the workers' instead, and
-        large lists keep the trainer's pulls (each a GIL hand-over) few. Stats and `heldout` are final
-        once this iterator is exhausted or closed.
-        """
+        The tokenizers trainer pulls this iterator holding the GIL and its workers' lock, so Python work inside
+        `next()` idles every worker; reading ahead overlaps it, and large lists keep the pulls few. Stats and
+        `heldout` are final once the iterator is exhausted or closed."""
         return ReadAhead(_regrouped(self._scan(), min_lines), depth, name="corpus-read-ahead")
 
     def summary(self) -> dict:

@@ -1,11 +1,7 @@
-"""Functions the dilforge task configs name with `!function utils.NAME` (lm-eval loads this file from the
-folder of the YAML that names it). Standard library only, so the shipped configs run under a stock
-`lm_eval` without dilforge installed.
+"""Functions the dilforge task configs name with `!function utils.NAME` (lm-eval loads this file beside the YAML).
 
-Language ID without a model: Azerbaijani Latin letters (ə ğ ı ş ç ö ü, x and q used as consonants) and the
-most frequent function words of each language. Validated on the aligned FLORES dev and X-WMT sentences
-(bench/langid_check.py; docs/eval.md gives the accuracy).
-"""
+Standard library only, so the shipped configs run under a stock `lm_eval`. Language ID without a model:
+Azerbaijani letters and each language's frequent function words (checked by bench/langid_check.py)."""
 
 from __future__ import annotations
 
