@@ -1,20 +1,9 @@
 """The ASGI app: `transformers serve`'s own FastAPI server, pinned to one model, behind a request guard.
 
-transformers serve (the `serving` extra of the pinned transformers 5.24) does the OpenAI API: chat and text
-completions, streaming, /v1/models. `compat.serve_command_app` builds it through the command itself, the CLI's
-`transformers.cli.serve.Serve` (which preloads and pins the model named by `force_model`), in a subclass whose
-`start_server` does nothing: the stock command would start uvicorn on the bare app, and dilforge runs it behind
-the guard instead. tests/integration/test_serve.py pins the routes it must have.
-
-`RequestGuard` is a pure ASGI middleware in front of it that adds what a customer-facing endpoint needs and
-the stock server leaves to a stack trace or an endless generation: a body that is not UTF-8 or not JSON,
-no messages, an unknown model id, any field or value the backend cannot run (fields.py), a prompt (rendered by
-the served template) longer than the context, `max_tokens` past it — each gets a 4xx with an OpenAI-style error
-(`{"error": {"message", "type", "param", "code"}}`) naming the field. An answer with no visible text gets a
-`warning` field saying why. It also maps SageMaker's inference contract onto the same server: GET /ping →
-/health, POST /invocations → the chat completions route (an OpenAI chat request in, an OpenAI response or SSE
-stream out).
-"""
+transformers serve does the OpenAI API (`compat.serve_command_app` builds it without starting uvicorn).
+`RequestGuard`, a pure ASGI middleware, turns what the stock server leaves to a stack trace or an endless
+generation (bad body, unknown model or field, a prompt or `max_tokens` past the context) into a 4xx
+OpenAI-style error naming the field, and maps SageMaker's /ping and /invocations onto the same server."""
 
 from __future__ import annotations
 

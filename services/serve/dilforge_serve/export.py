@@ -1,30 +1,10 @@
-"""`export ARTIFACT --format gguf --quant f16|q8_0|q4_k_m --out DIR`: a GGUF for llama.cpp, Ollama and LM Studio,
-and an Ollama Modelfile beside it.
+"""`export ARTIFACT --format gguf --quant f16|q8_0|q4_k_m --out DIR`: a GGUF for llama.cpp, Ollama and LM
+Studio, with an Ollama Modelfile beside it.
 
-1. The folder (`dilforge_serve.prepare`, as the server builds it): an SFT artifact's merged model (or base +
-   adapter merged here), a CPT or model artifact as is; the tokenizer with every extended token and merge; the
-   serving chat template (the SFT system prompt as the default system message); generation stops of the
-   family's end tokens. `tokenizer_config.json`'s eos is set to the family's end of turn, so the GGUF's eos
-   is what ends an assistant turn.
-2. The pre-tokenizer: llama.cpp names it by hashing how the tokenizer encodes a test string, which an
-   extended vocabulary changes. `extend` keeps the base tokenizer's pre-tokenizer and normalizer, so this
-   checks that they are identical (JSON) to the base model's (found in the artifact's lineage, or
-   `--base-tokenizer`), and the converter uses the name it gives the base tokenizer (`gguf_convert.py`). A
-   tokenizer with its own pre-tokenizer (`replace`) is refused: llama.cpp would read text with other ids.
-3. llama.cpp's own converter (`convert_hf_to_gguf.py` and its gguf-py, from the llama-cpp-python sdist on
-   PyPI, pinned by sha256 in LLAMA_CPP and cached like the base-model recipes): f16 or q8_0 directly;
-   q4_k_m by llama.cpp's quantizer (`llama_cpp.llama_model_quantize`) from the f16 file. No GGUF writer of
-   dilforge's own.
-4. Published atomically into DIR: `<model id>-<quant>.gguf` and `<model id>-<quant>.Modelfile` (Ollama:
-   `ollama create NAME -f` it) appear together or not at all, and an existing file is never overwritten. The
-   work happens in a staging folder in DIR (`dilforge_shared.staging`: locked while this process lives, so the
-   next export or `coordinator gc --export-dir DIR` removes one a `kill -9` left); the converter dies with this
-   process (PR_SET_PDEATHSIG); a failed export removes only the links it made, checked by inode.
-5. The system prompt (`--system-prompt` or the SFT config's) is refused when it holds a control token or a
-   triple quote: in a Modelfile it would end the SYSTEM block and inject directives.
-
-bench/export.py measures the result against transformers (tokenization, next-token agreement, speed).
-"""
+The folder is prepared as the server's (`prepare`, eos = the family's end of turn); the pre-tokenizer must be
+the base tokenizer's (`extend`), since llama.cpp names it by hash (`replace` is refused); llama.cpp's own
+converter and quantizer write the file. Both files are published atomically from a staging folder and never
+overwrite. A system prompt with a control token or triple quote is refused (it would inject directives)."""
 
 from __future__ import annotations
 

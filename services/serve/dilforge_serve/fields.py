@@ -1,12 +1,8 @@
 """Every field a generation request may carry, checked and normalised before transformers serve reads it.
 
-transformers serve reads request fields with `float(...)`, `json.loads(...)` and `**kwargs`: a value it cannot
-use ends in a stack trace (HTTP 500), and some values run that should not (a template variable that rewrites the
-prompt, a `generation_config` asking for several sequences or thousands of stop strings). `normalise` is the one
-place a field is read: a field this server does not take, or a value outside what the backend can run, is a
-`BadRequest` (a 4xx naming the field); what it returns is a new body holding only checked fields, in the form
-transformers serve reads them, and the rendered conversation the guard counts the prompt's tokens on.
-"""
+`normalise` is the one place a field is read: a field this server does not take, or a value the backend
+cannot run, is a `BadRequest` naming it; it returns a body of checked fields only, and the rendered
+conversation the guard counts prompt tokens on."""
 
 from __future__ import annotations
 

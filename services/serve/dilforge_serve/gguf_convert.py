@@ -1,16 +1,10 @@
 """llama.cpp's own converter (`convert_hf_to_gguf.py`), run on a prepared HF folder with the pre-tokenizer named.
 
-The converter names a BPE pre-tokenizer by hashing how the tokenizer encodes a fixed test string
-(`TextModel.get_vocab_base_pre`). An extended vocabulary encodes that string differently, so the hash is
-unknown and conversion stops ("BPE pre-tokenizer was not recognized"). `extend` keeps the base tokenizer's
-pre-tokenizer and normalizer unchanged (dilforge_serve.export checks that first), so the name is the one
-the converter gives the *base* tokenizer: this module computes it there and makes the converter use it for
-the extended one. It is the only code touching the converter's internals (checked against the llama.cpp
-sources in llama-cpp-python 0.3.36, `LLAMA_CPP` in export.py); it runs in its own process so nothing of the
-converter (its sys.path entries, its vendored gguf-py, the patch) reaches the caller.
+The converter names a BPE pre-tokenizer by hashing how the tokenizer encodes a test string, which an extended
+vocabulary changes; `extend` keeps the base's pre-tokenizer, so this computes the base tokenizer's name and
+makes the converter use it. The only code touching the converter's internals; it runs in its own process.
 
-  python -m dilforge_serve.gguf_convert SOURCES MODEL_DIR OUTFILE OUTTYPE BASE_TOKENIZER_DIR
-"""
+  python -m dilforge_serve.gguf_convert SOURCES MODEL_DIR OUTFILE OUTTYPE BASE_TOKENIZER_DIR"""
 
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
-"""The folder the server is pinned to: the artifact's weights (linked, never copied or modified), its tokenizer,
-and a serving chat template that makes the SFT system prompt the default system message.
+"""The folder the server is pinned to: the artifact's weights (linked, never copied), its tokenizer, and a
+serving chat template that makes the SFT system prompt the default system message.
 
-transformers serve loads a model by name from the hub or a local path; dilforge pins it to this folder,
-named by the model id (`az-small-sft`), with the server's working directory its parent, so the OpenAI
-`model` field a client sends is that id and nothing else. An adapter is merged into its base here (PEFT
-`merge_and_unload`, fp32 on CPU, saved in the base's dtype): every server then runs one plain model.
-"""
+Named by the model id, so the OpenAI `model` a client sends is that id; an adapter is merged into its base
+here, so every server runs one plain model."""
 
 from __future__ import annotations
 
