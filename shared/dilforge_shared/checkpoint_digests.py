@@ -68,8 +68,8 @@ def read_markers(path: Path) -> list[dict] | None:
     return infos
 
 
-def listed_files(infos: list[dict]) -> dict[str, dict | int]:
-    """name -> {size, sha256} over all markers (an int = a size only: a checkpoint from before digests)."""
+def listed_files(infos: list[dict]) -> dict[str, dict]:
+    """name -> {size, sha256} over all markers."""
     return {name: entry for info in infos for name, entry in info["files"].items()}
 
 
@@ -91,7 +91,7 @@ def verify(path: Path, share: slice = slice(None)) -> str | None:
     for name in sorted(files)[share]:
         entry = files[name]
         if not isinstance(entry, dict) or "sha256" not in entry:
-            return f"{path.name}: {name} has no content digest (a checkpoint from before dilforge recorded them)"
+            return f"{path.name}: {name} has no content digest in its marker"
         f = path / name
         if not f.is_file():
             return f"{path.name}: {name} is missing"

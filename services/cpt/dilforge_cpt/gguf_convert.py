@@ -23,8 +23,8 @@ SUPPORTED_GGUF_ARCHITECTURES = ("llama",)
 def gguf_metadata(path: Path) -> dict:
     """A GGUF file's metadata (string arrays left as counts), read from its header without touching tensors.
 
-    transformers' own numpy reader (a memory map and `struct`): the `gguf` package's GGUFReader walks
-    every vocabulary string into Python objects and takes ~7 s on SmolLM2 for the same answer.
+    transformers' own numpy reader (a memory map and `struct`): the `gguf` package's GGUFReader turns every
+    vocabulary string into a Python object for the same answer.
     """
     try:
         metadata = compat.gguf_metadata(path)
@@ -146,8 +146,8 @@ def convert_gguf(path: Path, out: Path) -> dict:
 
     Done directly in numpy (names mapped, q/k rows un-permuted, config from the metadata) rather than
     with `from_pretrained(gguf_file=...)`: that path dequantizes into a model marked quantized, which
-    `save_pretrained` refuses, and re-parses the file for the tokenizer; ~80 s on SmolLM2 against ~10 s
-    here. The integration test checks this folder's logits against transformers' own GGUF loading.
+    `save_pretrained` refuses, and re-parses the file for the tokenizer (slower). The integration test checks
+    this folder's logits against transformers' own GGUF loading.
     """
     if not path.is_file():
         raise InputError("no such GGUF file", path=str(path))

@@ -74,8 +74,8 @@ def write_folder(tok: Tokenizer, out_dir: Path, family: Family, model_max_length
 
 def verify_output(out: Path, tok: Tokenizer | None) -> dict:
     """Check what is about to be published: the tokenizer round-trips text and the special-token roles
-    named in tokenizer_config.json exist. `tok` is the tokenizer just saved (reloading a 50k-vocab
-    file costs ~0.2 s; the tests load every strategy's output with both libraries instead)."""
+    named in tokenizer_config.json exist. `tok` is the tokenizer just saved (not reloaded here; the tests load
+    every strategy's output with both libraries)."""
     sample = "Azərbaycan dili türk dillərinin oğuz qrupuna daxildir. Hello world!"
     config_file = out / "tokenizer_config.json"
     try:
