@@ -196,8 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     import openai
     import torch
-    from dilforge_serve.prepare import prepare
-    from dilforge_shared.serving import resolve_served_model
+    from dilforge_serve.prepare import prepare, resolve_served_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.set_num_threads(args.threads)

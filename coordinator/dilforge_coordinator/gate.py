@@ -57,12 +57,21 @@ def judge(section: AssistantSection | None, label: str, source: str) -> Verdict:
     return Verdict(lines, f"{label} model below the thresholds: {', '.join(short)}" if short else None)
 
 
+def manifest_or_none(uri: str, endpoint_url: str | None = None):
+    """The artifact's manifest (read, not downloaded with its files), or None for a plain HF folder/prefix."""
+    from dilforge_shared.store import read_manifest
+
+    try:
+        return read_manifest(uri, endpoint_url)[0]
+    except ManifestNotFound:
+        return None
+
+
 def eval_section(
     artifact: str, store: str, run: str | None, endpoint: str | None
 ) -> tuple[AssistantSection | None, str, str]:
     """(assistant section, label of the artifact's model, where it came from) from the eval artifact of the
     artifact's run (`run`, else the run id in the artifact's manifest) in `store`. DilforgeError when there is none."""
-    from dilforge_shared.serving import manifest_or_none
     from dilforge_shared.store import read_manifest
 
     from .serve_cmd import run_artifact

@@ -103,13 +103,13 @@ def serve_cmd(
     force: ForceOpt = False,
 ) -> None:
     """Serve an artifact with an OpenAI-compatible API (chat/completions, streaming) and SageMaker's /ping + /invocations."""
-    from dilforge_shared.serving import manifest_or_none, served_model_id
+    from dilforge_shared.serving import served_model_id
 
     from . import gate
 
     artifact = chosen_artifact(artifact, run, store, stage, endpoint)
     gate.check(artifact, store, run, endpoint, force, "serve")
-    model = served_model_id(artifact, manifest_or_none(artifact, endpoint), model_id)
+    model = served_model_id(artifact, gate.manifest_or_none(artifact, endpoint), model_id)
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     typer.echo(
         f"serving {artifact}\n  OpenAI base URL: http://{shown}:{port}/v1\n  model id: {model}\n"

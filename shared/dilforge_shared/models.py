@@ -276,12 +276,14 @@ def adapter_base(adapter: Resolved) -> str | None:
 
 @dataclass
 class ChatModel:
-    """What to load for inference: base weights, an optional adapter on top, and the tokenizer to use."""
+    """What to load for inference: base weights, an optional adapter on top, the tokenizer to use, and the
+    artifact's manifest (None for a plain HF folder)."""
 
     base_dir: Path
     adapter_dir: Path | None
     tokenizer_dir: Path
     description: str
+    manifest: Manifest | None = None
 
 
 def resolve_chat_model(
@@ -299,18 +301,13 @@ def resolve_chat_model(
             raise ConfigError(f"{uri}: no HF model folder (config.json + safetensors) or PEFT adapter in it")
         tok = find_dir(src.path, "tokenizer", uri, required=False) or model_dir
         what = "merged model of" if adapter_dir is not None else "model"
-        return ChatModel(base_dir=model_dir, adapter_dir=None, tokenizer_dir=tok, description=f"{what} {uri}")
+        return ChatModel(model_dir, None, tok, f"{what} {uri}", src.manifest)
     adapter = Resolved("adapter", adapter_dir, src)
     base = base or adapter_base(adapter)
     if base is None:
         raise ConfigError(f"{uri}: an adapter without a recorded base model; pass --base")
     base_res = resolve(base, "model", "base_model", endpoint_url)
-    return ChatModel(
-        base_dir=base_res.path,
-        adapter_dir=adapter_dir,
-        tokenizer_dir=adapter_dir,
-        description=f"adapter {uri} on base {base}",
-    )
+    return ChatModel(base_res.path, adapter_dir, adapter_dir, f"adapter {uri} on base {base}", src.manifest)
 
 
 def merge_adapter(base_dir: Path, adapter_dir: Path, out: Path) -> None:

@@ -1,37 +1,20 @@
-"""What a server needs to know about an artifact: weights, tokenizer, model id, default system message.
-
-Shared by `coordinator serve` / `deploy` and the serve image, so both name a model the same way (no torch).
-An SFT artifact is served from `merged/` if present, else as base + adapter; anything else as is. The SFT
-config's `system_prompt` becomes the default system message through the served chat template."""
+"""How a server presents an artifact, the same for `coordinator serve` / `deploy` and the serve image: the OpenAI
+model id, and the served chat template that makes the SFT config's `system_prompt` the default system message
+(no torch)."""
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import ConfigError, ManifestNotFound
+from .errors import ConfigError
 from .manifest import Manifest
-from .models import resolve_chat_model
-from .store import read_manifest
 
 MODEL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 SYSTEM_PROMPT_ENV = "DILFORGE_SYSTEM_PROMPT"
 MODEL_ID_ENV = "DILFORGE_MODEL_ID"
 _GENERATION_TAGS = re.compile(r"\{%-?\s*(end)?generation\s*-?%\}")
-
-
-@dataclass(frozen=True)
-class ServedModel:
-    """An artifact resolved for serving: local folders, the OpenAI `model` id, the default system message."""
-
-    base_dir: Path
-    adapter_dir: Path | None
-    tokenizer_dir: Path
-    model_id: str
-    system_prompt: str | None
-    description: str
 
 
 def default_model_id(run_id: str | None, stage: str | None, fallback: str) -> str:
@@ -48,38 +31,6 @@ def check_model_id(model_id: str) -> str:
             f"--model-id {model_id!r}: use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit"
         )
     return model_id
-
-
-def resolve_served_model(
-    uri: str,
-    endpoint_url: str | None = None,
-    base: str | None = None,
-    model_id: str | None = None,
-    system_prompt: str | None = None,
-    prefer_merged: bool = True,
-) -> ServedModel:
-    """Any model/adapter artifact (local or s3://) or HF folder → what to serve. `system_prompt` overrides the
-    SFT config's (an empty string serves without a default system message)."""
-    manifest = manifest_or_none(uri, endpoint_url)
-    spec = resolve_chat_model(uri, base=base, endpoint_url=endpoint_url, prefer_merged=prefer_merged)
-    if system_prompt is None and manifest is not None and manifest.stage == "sft":
-        system_prompt = manifest.config.get("system_prompt") or None
-    return ServedModel(
-        base_dir=spec.base_dir,
-        adapter_dir=spec.adapter_dir,
-        tokenizer_dir=spec.tokenizer_dir,
-        model_id=served_model_id(uri, manifest, model_id),
-        system_prompt=system_prompt or None,
-        description=spec.description,
-    )
-
-
-def manifest_or_none(uri: str, endpoint_url: str | None = None) -> Manifest | None:
-    """The artifact's manifest (read, not downloaded with its files), or None for a plain HF folder/prefix."""
-    try:
-        return read_manifest(uri, endpoint_url)[0]
-    except ManifestNotFound:
-        return None
 
 
 def served_model_id(uri: str, manifest: Manifest | None, model_id: str | None = None) -> str:

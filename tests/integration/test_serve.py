@@ -443,8 +443,7 @@ def test_an_s3_artifact_resolves_and_gets_a_served_folder(sft_artifact, s3_bucke
     """From an S3 store (SeaweedFS): merged/ chosen, the SFT system prompt read from the manifest, and a served
     folder whose template inserts it, whose weights are links and whose stops are the family's."""
     import jinja2
-    from dilforge_serve.prepare import prepare
-    from dilforge_shared.serving import resolve_served_model
+    from dilforge_serve.prepare import prepare, resolve_served_model
 
     uri = f"{s3_bucket}/store/artifacts/sft/{sft_artifact.manifest.artifact_id}"
     publish(uri, sft_artifact.path, sft_artifact.manifest, endpoint_url=s3_server.endpoint_url)
@@ -468,8 +467,7 @@ def test_an_s3_artifact_resolves_and_gets_a_served_folder(sft_artifact, s3_bucke
 def test_base_plus_adapter_is_merged_at_start_like_the_published_merge(sft_artifact, tmp_path):
     """--adapter (or an artifact without merged/): the base from the adapter's lineage, merged by PEFT at start."""
     import torch
-    from dilforge_serve.prepare import prepare
-    from dilforge_shared.serving import resolve_served_model
+    from dilforge_serve.prepare import prepare, resolve_served_model
     from safetensors.torch import load_file
 
     spec = resolve_served_model(sft_artifact.uri, prefer_merged=False)

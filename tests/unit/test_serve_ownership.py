@@ -7,9 +7,8 @@ from pathlib import Path
 
 import pytest
 from dilforge_serve import cli
-from dilforge_serve.prepare import prepare
+from dilforge_serve.prepare import ServedModel, prepare
 from dilforge_shared.errors import DilforgeError
-from dilforge_shared.serving import ServedModel
 
 
 def snapshot(root: Path) -> dict[str, bytes]:

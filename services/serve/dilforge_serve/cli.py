@@ -19,11 +19,10 @@ from pathlib import Path
 
 from dilforge_shared import compat
 from dilforge_shared.errors import DilforgeError
-from dilforge_shared.serving import resolve_served_model
 from dilforge_shared.settings import settings
 
 from .app import ServerOptions, build_app
-from .prepare import prepare
+from .prepare import prepare, resolve_served_model
 
 log = logging.getLogger("dilforge.serve")
 SAGEMAKER_MODEL_DIR = "/opt/ml/model"

@@ -30,11 +30,10 @@ from dilforge_shared.families import Family, detect_family, special_token_ids, s
 from dilforge_shared.models import resolve
 from dilforge_shared.processes import die_with_parent
 from dilforge_shared.recipes import cache_root
-from dilforge_shared.serving import resolve_served_model
 from dilforge_shared.store import read_manifest
 from dilforge_shared.store.artifacts import STORE_MARKER
 
-from .prepare import prepare
+from .prepare import prepare, resolve_served_model
 
 log = logging.getLogger("dilforge.export")
 

@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 from dilforge_shared.errors import DilforgeError
@@ -19,12 +20,50 @@ from dilforge_shared.families import (
     describe_model_folder,
     special_token_ids,
 )
-from dilforge_shared.models import TOKENIZER_FILES, merge_adapter
-from dilforge_shared.serving import ServedModel, chat_template_of, serving_template
+from dilforge_shared.models import TOKENIZER_FILES, merge_adapter, resolve_chat_model
+from dilforge_shared.serving import chat_template_of, served_model_id, serving_template
 
 log = logging.getLogger("dilforge.serve")
 
 WEIGHT_SUFFIXES = (".safetensors",)
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """An artifact resolved for serving: local folders, the OpenAI `model` id, the default system message."""
+
+    base_dir: Path
+    adapter_dir: Path | None
+    tokenizer_dir: Path
+    model_id: str
+    system_prompt: str | None
+    description: str
+
+
+def resolve_served_model(
+    uri: str,
+    endpoint_url: str | None = None,
+    base: str | None = None,
+    model_id: str | None = None,
+    system_prompt: str | None = None,
+    prefer_merged: bool = True,
+) -> ServedModel:
+    """Any model/adapter artifact (local or s3://) or HF folder → what to serve, through the one resolver
+    (`models.resolve_chat_model`): an SFT artifact from its `merged/` folder when it has one (unless not
+    `prefer_merged`), else base + adapter. `system_prompt` overrides the SFT config's (an empty string serves
+    without a default system message)."""
+    spec = resolve_chat_model(uri, base=base, endpoint_url=endpoint_url, prefer_merged=prefer_merged)
+    manifest = spec.manifest
+    if system_prompt is None and manifest is not None and manifest.stage == "sft":
+        system_prompt = manifest.config.get("system_prompt") or None
+    return ServedModel(
+        base_dir=spec.base_dir,
+        adapter_dir=spec.adapter_dir,
+        tokenizer_dir=spec.tokenizer_dir,
+        model_id=served_model_id(uri, manifest, model_id),
+        system_prompt=system_prompt or None,
+        description=spec.description,
+    )
 
 
 def link_model_files(src: Path, out: Path) -> None:
