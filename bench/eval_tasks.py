@@ -32,7 +32,7 @@ def main() -> None:
     import torch
     import yaml
     from dilforge_eval import downstream, harness
-    from dilforge_eval.resolve import load_model, model_source
+    from dilforge_eval.resolve import eval_model, load_model
     from dilforge_eval.texts import read_parallel
     from dilforge_shared.configs.eval import DownstreamTasks
 
@@ -45,7 +45,7 @@ def main() -> None:
         print(f"{len(specs)} tasks: " + ", ".join(f"{s.key} (n={s.num_examples})" for s in specs))
         for item in args.model:
             label, folder = item.split("=", 1)
-            model, tok = load_model(model_source(label, Path(folder), folder), "cpu", torch.float32)
+            model, tok = load_model(eval_model(label, folder, folder, None), "cpu", torch.float32)
             t0, c0 = time.perf_counter(), time.process_time()
             harness.run_model(
                 model,

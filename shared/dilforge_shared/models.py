@@ -1,7 +1,7 @@
 """The one resolver: a model/tokenizer/adapter URI → a local folder of that kind, with its lineage ref.
 
 Used by every stage that opens a base model or tokenizer (`open_model`, `resolve`), by the one precedence rule
-for a stage's base model (`choose`), and by `coordinator chat` and serve (`resolve_chat_model`). The ref it
+for a stage's base model (`choose`), and by `coordinator chat`, serve and eval (`resolve_chat_model`). The ref it
 returns is `identity.source_ref`'s, the same the coordinator fingerprinted when it planned the artifact id.
 Resolving is file work: torch is imported only inside `merge_adapter`.
 """
@@ -287,13 +287,21 @@ class ChatModel:
 
 
 def resolve_chat_model(
-    uri: str, base: str | None = None, endpoint_url: str | None = None, prefer_merged: bool = False
+    source: str | Artifact,
+    base: str | None = None,
+    endpoint_url: str | None = None,
+    prefer_merged: bool = False,
+    cache_dir: Path | None = None,
+    fetched: Iterable[Artifact] = (),
 ) -> ChatModel:
-    """Any model or adapter artifact (or HF folder) → base + adapter folders, through `resolve`.
+    """Any model or adapter artifact (or HF folder) → base + adapter folders, through `resolve`: for chat, serve
+    and eval. `prefer_merged`: a model folder (an SFT artifact's merged/) wins over an adapter beside it.
 
-    An adapter's base is `adapter_base` (its SFT lineage), unless `base` overrides it.
+    An adapter's base is `adapter_base` (its SFT lineage), unless `base` overrides it; a base that is one of
+    `fetched` (upstream artifacts already local) is used as it is.
     """
-    src = open_model(uri, "model", endpoint_url)
+    uri = source.uri if isinstance(source, Artifact) else source
+    src = open_model(source, "model", endpoint_url, cache_dir)
     adapter_dir = find_dir(src.path, "adapter", uri, required=False)
     model_dir = find_dir(src.path, "model", uri, required=False)
     if adapter_dir is None or (prefer_merged and model_dir is not None):
@@ -306,7 +314,8 @@ def resolve_chat_model(
     base = base or adapter_base(adapter)
     if base is None:
         raise ConfigError(f"{uri}: an adapter without a recorded base model; pass --base")
-    base_res = resolve(base, "model", "base_model", endpoint_url)
+    local = {art.uri.rstrip("/"): art for art in fetched}
+    base_res = resolve(local.get(base.rstrip("/"), base), "model", "base_model", endpoint_url, cache_dir)
     return ChatModel(base_res.path, adapter_dir, adapter_dir, f"adapter {uri} on base {base}", src.manifest)
 
 

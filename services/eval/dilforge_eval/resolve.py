@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,34 +14,20 @@ from dilforge_shared.configs.eval import BASE_LABEL
 from dilforge_shared.contract import StageContext
 from dilforge_shared.errors import ConfigError, InputError
 from dilforge_shared.manifest import Manifest
-from dilforge_shared.models import Kind, ModelSource, Resolved, adapter_base, find_dir, open_model, resolve
+from dilforge_shared.models import Kind, resolve, resolve_chat_model
 from dilforge_shared.settings import settings
+from dilforge_shared.store import Artifact
 
 log = logging.getLogger("dilforge.eval")
 
 
-def locate(uri: str, kind: Kind, cache_dir: Path, endpoint_url: str | None = None) -> Path:
+def locate(source: str | Artifact, kind: Kind, cache_dir: Path | None, endpoint_url: str | None = None) -> Path:
     """The folder the shared resolver (`models.resolve`) finds, its ConfigError as an InputError naming the URI."""
+    uri = source.uri if isinstance(source, Artifact) else source
     try:
-        return resolve(uri, kind, "model", endpoint_url, cache_dir).path
+        return resolve(source, kind, "model", endpoint_url, cache_dir).path
     except ConfigError as exc:
         raise InputError(str(exc).removeprefix(f"{uri}: "), path=uri) from None
-
-
-def inside(root: Path, kind: Kind) -> Path | None:
-    """The model, adapter or tokenizer folder inside an artifact or folder (a tokenizer may be a bare file)."""
-    if kind == "tokenizer" and root.is_file():
-        return root
-    return find_dir(root, kind, str(root), required=False)
-
-
-def adapter_base_dir(src: ModelSource, cache_dir: Path, endpoint_url: str | None = None) -> Path | None:
-    """For an adapter-only artifact/folder: its base's model folder, found the one way (`models.adapter_base`)."""
-    adapter = inside(src.path, "adapter")
-    if inside(src.path, "model") is not None or adapter is None:
-        return None
-    declared = adapter_base(Resolved("adapter", adapter, src))
-    return locate(declared, "model", cache_dir, endpoint_url) if declared else None
 
 
 @dataclass
@@ -57,38 +44,32 @@ class EvalModel:
     notes: list[str] = field(default_factory=list)
 
 
-def model_source(
+def eval_model(
     label: str,
-    root: Path,
+    source: str | Artifact,
     origin: str,
-    manifest: Manifest | None = None,
-    tokenizer_dir: Path | None = None,
-    adapter_dir: Path | None = None,
-    base_model_dir: Path | None = None,
-    base_tokenizer_dir: Path | None = None,
+    cache_dir: Path | None,
+    endpoint_url: str | None = None,
+    tokenizer_uri: str | None = None,
+    adapter_uri: str | None = None,
+    fetched: Iterable[Artifact] = (),
 ) -> EvalModel:
-    """Resolve a model folder; an adapter-only folder is applied on `base_model_dir` (the caller found it
-    with `models.adapter_base`, the one way an adapter's base is found)."""
-    model_dir = inside(root, "model")
-    if model_dir is None:
-        adapter_dir = adapter_dir or inside(root, "adapter")
-        if adapter_dir is None:
-            raise InputError(
-                f"model {label!r}: no HF model (config.json + weights) or PEFT adapter found", path=str(root)
-            )
-        if base_model_dir is None:
-            raise InputError(
-                f"model {label!r}: adapter found but no base model to apply it on (run the cpt stage "
-                "in the same pipeline, or publish merged/ weights)",
-                path=str(adapter_dir),
-            )
-        model_dir = base_model_dir
-    tok = tokenizer_dir or inside(root, "tokenizer") or inside(model_dir, "tokenizer") or base_tokenizer_dir
-    if tok is None:
-        raise InputError(f"model {label!r}: no tokenizer.json next to the model; set tokenizer_uri", path=str(root))
-    return EvalModel(
-        label=label, model_dir=model_dir, tokenizer_dir=tok, adapter_dir=adapter_dir, origin=origin, manifest=manifest
-    )
+    """One model under its report label, through the one resolver (`models.resolve_chat_model`): its model folder
+    (an SFT artifact's merged/ first), else its adapter on the base its lineage names (one of `fetched`, the
+    upstream artifacts already here, when it is one). A config model's `tokenizer_uri` and `adapter_uri` replace
+    what its folder holds."""
+    uri = source.uri if isinstance(source, Artifact) else source
+    try:
+        spec = resolve_chat_model(
+            source, endpoint_url=endpoint_url, prefer_merged=True, cache_dir=cache_dir, fetched=fetched
+        )
+    except ConfigError as exc:
+        raise InputError(f"model {label!r}: {str(exc).removeprefix(f'{uri}: ')}", path=uri) from None
+    tok = locate(tokenizer_uri, "tokenizer", cache_dir, endpoint_url) if tokenizer_uri else spec.tokenizer_dir
+    if not (tok.is_file() or (tok / "tokenizer.json").is_file()):
+        raise InputError(f"model {label!r}: no tokenizer.json next to the model; set tokenizer_uri", path=uri)
+    adapter = locate(adapter_uri, "adapter", cache_dir, endpoint_url) if adapter_uri else spec.adapter_dir
+    return EvalModel(label, spec.base_dir, tok, adapter, origin, spec.manifest)
 
 
 def load_model(src: EvalModel, device: str, dtype):
@@ -124,10 +105,7 @@ def load_tokenizers(config: EvalConfig, ctx: StageContext, models: list[EvalMode
     entries: list[tuple[str, Path, str]] = []
     if ctx.has_input("tokenizer"):
         art = ctx.input("tokenizer")
-        tdir = inside(art.path, "tokenizer")
-        if tdir is None:
-            raise InputError("tokenizer artifact holds no tokenizer.json", path=art.uri)
-        entries.append(("tokenizer", tdir, f"artifact {art.manifest.artifact_id}"))
+        entries.append(("tokenizer", locate(art, "tokenizer", cache), f"artifact {art.manifest.artifact_id}"))
     for ref in config.tokenizers:
         entries.append((ref.label, locate(ref.uri, "tokenizer", cache, ctx.endpoint_url), ref.uri))
     for m in models:
@@ -157,66 +135,27 @@ def base_model(config: EvalConfig, ctx: StageContext) -> EvalModel | None:
                 "give this model another label"
             )
     art = ctx.input("model")
-    try:
-        hf_dir = resolve(art, "model").path
-    except ConfigError as exc:
-        raise InputError(str(exc).removeprefix(f"{art.uri}: "), path=art.uri) from None
-    return model_source(BASE_LABEL, hf_dir, f"artifact {art.manifest.artifact_id}", art.manifest, tokenizer_dir=hf_dir)
-
-
-def sft_model(art, cpt: EvalModel | None, ctx: StageContext, cache: Path) -> EvalModel:
-    """The SFT artifact: its merged/ weights, else its adapter on the base `models.adapter_base` names (the
-    pipeline's cpt artifact, already loaded, when that is the one)."""
-    base_dir = base_tok = None
-    src = open_model(art)
-    if inside(art.path, "model") is None and (adapter := inside(art.path, "adapter")) is not None:
-        declared = adapter_base(Resolved("adapter", adapter, src))
-        if cpt is not None and (declared is None or declared.rstrip("/") == ctx.input("cpt").uri.rstrip("/")):
-            base_dir, base_tok = cpt.model_dir, cpt.tokenizer_dir
-        else:
-            base_dir = adapter_base_dir(src, cache, ctx.endpoint_url)
-    return model_source(
-        "sft",
-        art.path,
-        f"artifact {art.manifest.artifact_id}",
-        art.manifest,
-        base_model_dir=base_dir,
-        base_tokenizer_dir=base_tok,
-    )
+    return eval_model(BASE_LABEL, art, f"artifact {art.manifest.artifact_id}", None, ctx.endpoint_url)
 
 
 def resolve_models(config: EvalConfig, ctx: StageContext, cache: Path) -> tuple[list[EvalModel], list[str]]:
-    """Base first (the reference of every change), then the config's models, then cpt and sft."""
+    """Base first (the reference of every change), then the config's models, then cpt and sft (an SFT adapter on
+    the upstream artifact already here, cpt or model, when its lineage names that one)."""
     models, skipped = [], []
     if (base := base_model(config, ctx)) is not None:
         models.append(base)
     for ref in config.models:
-        try:
-            src = open_model(ref.uri, "model", ctx.endpoint_url, cache)
-        except ConfigError as exc:
-            raise InputError(str(exc).removeprefix(f"{ref.uri}: "), path=ref.uri) from None
-        tok = locate(ref.tokenizer_uri, "tokenizer", cache, ctx.endpoint_url) if ref.tokenizer_uri else None
-        adapter = locate(ref.adapter_uri, "adapter", cache, ctx.endpoint_url) if ref.adapter_uri else None
         models.append(
-            model_source(
-                ref.label,
-                src.path,
-                ref.uri,
-                src.manifest,
-                tokenizer_dir=tok,
-                adapter_dir=adapter,
-                base_model_dir=adapter_base_dir(src, cache, ctx.endpoint_url),
-            )
+            eval_model(ref.label, ref.uri, ref.uri, cache, ctx.endpoint_url, ref.tokenizer_uri, ref.adapter_uri)
         )
-    cpt = None
-    if ctx.has_input("cpt"):
-        art = ctx.input("cpt")
-        cpt = model_source("cpt", art.path, f"artifact {art.manifest.artifact_id}", art.manifest)
-        models.append(cpt)
+    upstream = {name: ctx.input(name) for name in ("model", "cpt") if ctx.has_input(name)}
+    if (art := upstream.get("cpt")) is not None:
+        models.append(eval_model("cpt", art, f"artifact {art.manifest.artifact_id}", cache, ctx.endpoint_url))
     if ctx.has_input("sft"):
         art = ctx.input("sft")
         try:
-            models.append(sft_model(art, cpt, ctx, cache))
+            origin = f"artifact {art.manifest.artifact_id}"
+            models.append(eval_model("sft", art, origin, cache, ctx.endpoint_url, fetched=upstream.values()))
         except InputError as exc:
             if config.on_unloadable_model == "fail":
                 raise InputError(

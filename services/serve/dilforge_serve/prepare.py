@@ -1,5 +1,6 @@
-"""The folder the server is pinned to: the artifact's weights (linked, never copied), its tokenizer, and a
-serving chat template that makes the SFT system prompt the default system message.
+"""What to serve (`resolve_served_model`, on the one resolver) and the folder the server is pinned to: the
+artifact's weights (linked, never copied), its tokenizer, and a serving chat template that makes the SFT system
+prompt the default system message.
 
 Named by the model id, so the OpenAI `model` a client sends is that id; an adapter is merged into its base
 here, so every server runs one plain model."""
