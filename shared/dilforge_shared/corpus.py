@@ -332,11 +332,15 @@ def iter_word_counts(
 
 
 def data_digest(uri: str, endpoint_url: str | None = None) -> str:
-    """A content digest for lineage and artifact reuse: sha256 of local files, ETags on S3."""
+    """A content digest for lineage and artifact reuse: sha256 of local files, ETags on S3. A source naming one
+    local file (or an uploaded copy of one) is that file's sha256, whatever its name or path: a copy or a link
+    is the same input; a folder or glob also hashes its files' names."""
     import hashlib
 
+    files = source_files(uri, endpoint_url)
+    named = files == [uri.removeprefix("file://")]
     h = hashlib.sha256()
-    for file_uri in source_files(uri, endpoint_url):
+    for file_uri in files:
         parsed = urlparse(file_uri)
         if parsed.scheme == "s3":
             from .store import S3Storage
@@ -345,9 +349,13 @@ def data_digest(uri: str, endpoint_url: str | None = None) -> str:
             head = backend.client.head_object(Bucket=parsed.netloc, Key=parsed.path.lstrip("/"))
             sha256 = head.get("Metadata", {}).get("sha256")
             if sha256 and declared_uri(file_uri) != file_uri:  # an uploaded copy: hashed as the local file
+                if named:
+                    return sha256
                 h.update(f"{os.path.basename(file_uri)}:{sha256}\n".encode())
             else:
                 h.update(f"{file_uri}:{head['ETag']}\n".encode())
+        elif named:
+            return stamped_sha256(Path(file_uri))
         else:
             h.update(f"{os.path.basename(file_uri)}:{stamped_sha256(Path(file_uri))}\n".encode())
     return h.hexdigest()

@@ -218,22 +218,32 @@ def artifact_ref(name: str, uri: str, manifest: Manifest) -> InputRef:
 
 
 def input_key(ref: InputRef) -> list[str]:
-    """What the id hashes of one input: a data source by its URI and content (its display name is run-only), any
-    other input (an upstream artifact, a model folder) by its role and content; never where an artifact lives."""
-    if ref.name.startswith("data:"):
-        return ["data", declared_uri(ref.uri), ref.sha256]
-    if ref.name.startswith("model:"):
-        return [f"model:{declared_uri(ref.name.removeprefix('model:'))}", ref.sha256]
+    """What the id hashes of one input: its role and content, never where it lives nor its display name (a data
+    source's or model folder's place in the config is bound by `fingerprint`)."""
+    if ref.name.startswith(("data:", "model:")):
+        return [ref.name.split(":", 1)[0], ref.sha256]
     return [ref.name, ref.sha256]
+
+
+def by_content(value: Any, content: dict[str, str]) -> Any:
+    """`value` (a config's identity) with every string that is an input's URI replaced by that input's digest."""
+    if isinstance(value, dict):
+        return {k: by_content(v, content) for k, v in value.items()}
+    if isinstance(value, list):
+        return [by_content(v, content) for v in value]
+    return f"sha256:{content[value]}" if isinstance(value, str) and value in content else value
 
 
 def fingerprint(stage: str, identity: dict[str, Any], inputs: list[InputRef], code_version: str) -> str:
     """Artifact id: the stage, its code version, the identity fields of its config (`StageConfig.identity()`) and
-    its inputs' digests. Same values, same id, so reruns reuse artifacts and resume checkpoints."""
+    its inputs' digests. Same values, same id, so reruns reuse artifacts and resume checkpoints. A file, folder or
+    model the config names by URI counts by its content, in the config where it is named: a copy, a link or another
+    path to the same bytes is the same input."""
+    content = {declared_uri(ref.uri): ref.sha256 for ref in inputs if ref.name.startswith(("data:", "model:"))}
     payload = {
         "stage": stage,
         "code_version": code_version,
-        "config": identity,
+        "config": by_content(identity, content),
         "inputs": sorted(input_key(ref) for ref in inputs),
         "schema_major": SCHEMA_VERSION.split(".")[0],
     }

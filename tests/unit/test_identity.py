@@ -131,6 +131,30 @@ def test_run_only_changes_keep_the_id_identity_changes_and_a_code_version_bump_d
     assert planned(cpt_pipeline(tmp_path)) != base
 
 
+def test_a_corpus_is_identified_by_its_content_where_the_config_names_it(tmp_path, monkeypatch, planned):
+    """A copy under another name or path, or a link, of the corpus is the same input (same id); the same two
+    files in swapped roles (training vs validation, or swapped weights) are not."""
+    base = planned(cpt_pipeline(tmp_path))
+    (tmp_path / "copies").mkdir()
+    (tmp_path / "copies" / "corpus-copy.txt").write_bytes((tmp_path / "c.txt").read_bytes())
+    (tmp_path / "link.txt").symlink_to(tmp_path / "c.txt")
+    for other in (tmp_path / "copies" / "corpus-copy.txt", tmp_path / "link.txt"):
+        moved = cpt_pipeline(tmp_path)
+        moved["cpt"]["corpora"][0]["uri"] = str(other)
+        assert planned(moved) == base, other
+    (tmp_path / "d.txt").write_text("dörd beş altı\n")
+    two = cpt_pipeline(tmp_path)
+    two["cpt"]["corpora"] = [{"uri": str(tmp_path / "c.txt"), "weight": 2.0}, {"uri": str(tmp_path / "d.txt")}]
+    swapped = cpt_pipeline(tmp_path)
+    swapped["cpt"]["corpora"] = [{"uri": str(tmp_path / "c.txt")}, {"uri": str(tmp_path / "d.txt"), "weight": 2.0}]
+    assert planned(two) != planned(swapped) != base
+    roles = cpt_pipeline(tmp_path)
+    roles["cpt"]["validation"] = [{"uri": str(tmp_path / "d.txt")}]
+    flipped = cpt_pipeline(tmp_path)
+    flipped["cpt"]["corpora"] = [{"uri": str(tmp_path / "d.txt")}]
+    assert planned(roles) != planned(flipped)
+
+
 def test_a_code_version_bump_makes_a_new_artifact_and_the_manifest_records_it(tmp_path, monkeypatch):
     monkeypatch.setenv("DILFORGE_VAR_CORPUS_DIR", str(tmp_path))
     backend = InProcessBackend(tmp_path, monkeypatch)
