@@ -16,6 +16,7 @@ from dilforge_shared.configs import PipelineConfig, load_pipeline
 from dilforge_shared.settings import default_download_cache, settings
 from dilforge_shared.stages import STAGES
 from dilforge_shared.store import ArtifactStore, NotFound, fetch, ls_files, read_manifest
+from typer.core import TyperGroup
 
 from . import pipeline as pl
 from .backends import BACKENDS
@@ -38,28 +39,34 @@ def _stop(signum, frame) -> None:
     raise StopRequested(f"cancelled by {name}")
 
 
-class OneLineErrors(typer.Typer):
+class OneLineErrors(TyperGroup):
     """Whatever command runs (chat included): a user error, an OS error (full disk, a store path under a file) or
-    an S3 answer is one line on stderr and exit 1; Ctrl-C or SIGTERM is `cancelled` and exit 130, wherever it
+    an S3 answer is one line on stderr and exit 1; a cancelled stage, Ctrl-C or SIGTERM is exit 130, wherever it
     lands (planning, hashing, waiting for a lock; a running stage gets it forwarded); never a traceback."""
 
-    def __call__(self, *args, **kwargs):
+    def main(self, *args, **kwargs):
         main = threading.current_thread() is threading.main_thread()
         previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGINT)} if main else {}
         try:
-            return super().__call__(*args, **kwargs)
+            return super().main(*args, **kwargs)
         except KeyboardInterrupt as exc:
             typer.echo(f"{exc or 'cancelled (interrupted)'}", err=True)
             sys.exit(130)
-        except USER_ERRORS as exc:
-            typer.echo(f"error: {one_line(exc)}", err=True)
-            sys.exit(1)
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except pl.StageCancelled as exc:
+            fail(str(exc), 130)
+        except USER_ERRORS as exc:
+            fail(one_line(exc))
 
-app = OneLineErrors(
+
+app = typer.Typer(
+    cls=OneLineErrors,
     help="dilforge coordinator: run the model → tokenizer → cpt → sft → eval pipeline.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -115,10 +122,7 @@ def _print_dry_run(backend, cfg: PipelineConfig, stage: str | None = None) -> No
 @app.command("validate")
 def validate_cmd(config: ConfigOpt, data: DataOpt = None) -> None:
     """Validate a pipeline config (every stage) without running anything."""
-    try:
-        cfg = _load(config, data, None, None)
-    except USER_ERRORS as exc:
-        fail(one_line(exc))
+    cfg = _load(config, data, None, None)
     typer.echo(f"{config}: valid; stages: {', '.join(name for name, _ in cfg.stages()) or 'none'}")
 
 
@@ -138,27 +142,22 @@ def run_cmd(
 ) -> None:
     """Run one stage of the pipeline config."""
     _setup_logging(verbose)
-    try:
-        if stage not in STAGES:
-            fail(f"{stage!r} is not a stage; stages: {', '.join(STAGES)}")
-        cfg = _load(config, data, store, run_id)
-        if getattr(cfg, stage, None) is None:
-            fail(f"{config}: no '{stage}' section; stages configured: {[n for n, _ in cfg.stages()]}")
-        runner, cfg = _prepared_backend(backend, cfg, dry_run, data)
-        if dry_run:
-            return _print_dry_run(runner, cfg, stage)
-        upstream = pl.upstream_from_record(cfg)
-        for item in inputs or []:
-            name, sep, uri = item.partition("=")
-            if not sep or not name or not uri:
-                fail(f"--input {item!r}: expected NAME=URI")
-            pl.check_input_names(stage, getattr(cfg, stage), [name])
-            upstream[name] = uri
-        uri = pl.run_one(cfg, stage, runner, upstream)
-    except pl.StageCancelled as exc:
-        fail(str(exc), 130)
-    except USER_ERRORS as exc:
-        fail(one_line(exc))
+    if stage not in STAGES:
+        fail(f"{stage!r} is not a stage; stages: {', '.join(STAGES)}")
+    cfg = _load(config, data, store, run_id)
+    if getattr(cfg, stage, None) is None:
+        fail(f"{config}: no '{stage}' section; stages configured: {[n for n, _ in cfg.stages()]}")
+    runner, cfg = _prepared_backend(backend, cfg, dry_run, data)
+    if dry_run:
+        return _print_dry_run(runner, cfg, stage)
+    upstream = pl.upstream_from_record(cfg)
+    for item in inputs or []:
+        name, sep, uri = item.partition("=")
+        if not sep or not name or not uri:
+            fail(f"--input {item!r}: expected NAME=URI")
+        pl.check_input_names(stage, getattr(cfg, stage), [name])
+        upstream[name] = uri
+    uri = pl.run_one(cfg, stage, runner, upstream)
     typer.echo(f"[{stage}] artifact: {uri}")
 
 
@@ -185,20 +184,15 @@ def run_all_cmd(
 ) -> None:
     """Run every configured stage in order, each fed the manifests of the ones before."""
     _setup_logging(verbose)
-    try:
-        cfg = _load(config, data, store, run_id)
-        runner, cfg = _prepared_backend(backend, cfg, dry_run, data)
-        if dry_run:
-            return _print_dry_run(runner, cfg)
-        produced = pl.run_all(cfg, runner)
-        for stage, uri in produced.items():
-            typer.echo(f"[{stage}] artifact: {uri}")
-        if "eval" in produced:
-            typer.echo(f"report: {report_location(produced['eval'], cfg.store.s3_endpoint_url)}")
-    except pl.StageCancelled as exc:
-        fail(str(exc), 130)
-    except USER_ERRORS as exc:
-        fail(one_line(exc))
+    cfg = _load(config, data, store, run_id)
+    runner, cfg = _prepared_backend(backend, cfg, dry_run, data)
+    if dry_run:
+        return _print_dry_run(runner, cfg)
+    produced = pl.run_all(cfg, runner)
+    for stage, uri in produced.items():
+        typer.echo(f"[{stage}] artifact: {uri}")
+    if "eval" in produced:
+        typer.echo(f"report: {report_location(produced['eval'], cfg.store.s3_endpoint_url)}")
 
 
 @manifest_app.command("show")
@@ -208,10 +202,7 @@ def manifest_show(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Print a manifest: kind, lineage, files and metrics."""
-    try:
-        manifest, digest = read_manifest(uri, endpoint)
-    except USER_ERRORS as exc:
-        fail(one_line(exc))
+    manifest, digest = read_manifest(uri, endpoint)
     if as_json:
         typer.echo(manifest.model_dump_json(indent=2))
         return
@@ -230,10 +221,7 @@ def manifest_validate(
 ) -> None:
     """Check the manifest's schema and recorded digest, every file's size and sha256, and that the artifact holds
     nothing its manifest does not list."""
-    try:
-        art = fetch(uri, endpoint_url=endpoint)
-    except USER_ERRORS as exc:
-        fail(one_line(exc))
+    art = fetch(uri, endpoint_url=endpoint)
     typer.echo(f"{art.uri}: valid ({len(art.manifest.files)} files verified)")
 
 
@@ -260,20 +248,16 @@ def status_cmd(
     endpoint: EndpointOpt = None,
 ) -> None:
     """Show each stage of a run: artifact, produced or reused, failure reason; flags a run whose process is gone."""
-    from .records import parse_record
+    from .records import DamagedRecord, parse_record
 
+    st = ArtifactStore(store, endpoint)
+    source = f"{st.backend.uri}/{st.run_record_key(run_id)}"
     try:
-        st = ArtifactStore(store, endpoint)
-        source = f"{st.backend.uri}/{st.run_record_key(run_id)}"
         doc = parse_record(st.read_run_record(run_id), source)
     except NotFound:
         fail(f"no run {run_id!r} in store {store}")
-    except USER_ERRORS as exc:
-        fail(
-            f"{one_line(exc)} (the next run of this id sets it aside and starts a fresh record)"
-            if "damaged run record" in str(exc)
-            else one_line(exc)
-        )
+    except DamagedRecord as exc:
+        fail(f"{one_line(exc)} (the next run of this id sets it aside and starts a fresh record)")
     status, owner = doc.status, doc.owner
     running = status == "running" or any(i.status == "running" for i in doc.stages.values())
     note = ""
@@ -323,17 +307,14 @@ def gc_cmd(
 
     from . import gc
 
-    try:
-        found = gc.find_store_garbage(ArtifactStore(store, endpoint), min_age_minutes * 60, unreferenced)
-        found += gc.find_work_garbage(
-            Path(workdir or settings().workdir).resolve(),
-            min_age_minutes * 60,
-            [settings().cache or default_download_cache(), cache_root()],
-        )
-        for folder in export_dir or []:
-            found += gc.find_staging_garbage(folder)
-    except USER_ERRORS as exc:
-        fail(one_line(exc))
+    found = gc.find_store_garbage(ArtifactStore(store, endpoint), min_age_minutes * 60, unreferenced)
+    found += gc.find_work_garbage(
+        Path(workdir or settings().workdir).resolve(),
+        min_age_minutes * 60,
+        [settings().cache or default_download_cache(), cache_root()],
+    )
+    for folder in export_dir or []:
+        found += gc.find_staging_garbage(folder)
     for item in found:
         typer.echo(f"{'removing' if delete else 'would remove'} {item.kind:<12} {item.uri}  ({item.why})")
         if delete:

@@ -16,7 +16,7 @@ from dilforge_shared.recipes import RECIPES, source_kind
 from dilforge_shared.store import read_manifest
 
 from . import pipeline as pl
-from .common import USER_ERRORS, _prepared_backend, _setup_logging, fail
+from .common import _prepared_backend, _setup_logging
 
 models_app = typer.Typer(
     help="Base models as artifacts: import a recipe, a GGUF, an HF folder or an s3:// prefix.", no_args_is_help=True
@@ -49,18 +49,15 @@ def import_cmd(
     _setup_logging(verbose)
     if source_kind(source) in ("folder", "gguf") and not source.startswith("file://"):
         source = str(Path(source).expanduser().resolve())
-    try:
-        cfg = validate_model(
-            PipelineConfig,
-            {"run_id": run_id, "store": {"uri": store, "s3_endpoint_url": endpoint}, "model": {"source": source}},
-            "coordinator models import",
-        )
-        runner, cfg = _prepared_backend(backend, cfg)
-        # the record ends succeeded, failed or cancelled; every model imported under one run id stays referenced
-        uri = pl.run_one(cfg, "model", runner, {}, accumulate=True)
-        model = read_metrics("model", read_manifest(uri, endpoint)[0].metrics, uri)
-    except USER_ERRORS as exc:
-        fail(str(exc))
+    cfg = validate_model(
+        PipelineConfig,
+        {"run_id": run_id, "store": {"uri": store, "s3_endpoint_url": endpoint}, "model": {"source": source}},
+        "coordinator models import",
+    )
+    runner, cfg = _prepared_backend(backend, cfg)
+    # the record ends succeeded, failed or cancelled; every model imported under one run id stays referenced
+    uri = pl.run_one(cfg, "model", runner, {}, accumulate=True)
+    model = read_metrics("model", read_manifest(uri, endpoint)[0].metrics, uri)
     typer.echo(
         f"[model] {model.architecture}, {model.num_parameters:,} parameters, {model.dtype}, "
         f"licence {model.license or 'not stated'}, from {model.source}"
