@@ -78,10 +78,6 @@ def test_reference_is_base_else_first_model():
     "transplant,expected",
     [
         (
-            {"method": "mean_of_pieces", "step0_val_bpb": {"random": 5.27, "mean_of_pieces": 2.81}},
-            {"random": {"val": 5.27}, "mean_of_pieces": {"val": 2.81}},
-        ),  # no per-set figures recorded
-        (
             {
                 "method": "mean_of_all",
                 "step0_val_bpb": {"mean_of_all": 2.0},

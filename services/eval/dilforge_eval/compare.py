@@ -125,12 +125,11 @@ def headline_lines(h: Headline) -> list[str]:
 
 
 def step0_bpb(cpt: CptMetrics) -> Step0Section | None:
-    """Step-0 BPB per initialisation from the CPT metrics' typed `transplant` block, per validation set
-    (`{"val": x}` when the run recorded no per-set figures)."""
+    """Step-0 BPB per initialisation and validation set, from the CPT metrics' typed `transplant` block."""
     t = cpt.transplant
-    if t is None or not t.step0_val_bpb:
+    if t is None or not t.step0_val_bpb_by_set:
         return None
-    methods = {m: dict(t.step0_val_bpb_by_set.get(m) or {"val": v}) for m, v in t.step0_val_bpb.items()}
+    methods = {m: dict(sets) for m, sets in t.step0_val_bpb_by_set.items()}
     return Step0Section(
         method=t.method,
         sets=sorted({s for v in methods.values() for s in v}),
