@@ -161,10 +161,37 @@ def iter_records(
 
 def iter_located_records(uri: str, endpoint_url: str | None = None, **kwargs) -> Iterator[tuple[str, int, dict]]:
     """(file, line, object) for every JSONL record behind `uri` (a file, folder, glob or S3 prefix): iter_records
-    over each file, with its keyword arguments (bounds, on_bad)."""
+    over each file, with its keyword arguments (bounds, on_bad); a .tsv file's rows as {column: cell} by its
+    header (`iter_tsv_records`)."""
     for file_uri in source_files(uri, endpoint_url):
-        for lineno, record in iter_records(file_uri, endpoint_url, **kwargs):
+        if detect_format(file_uri) == "tsv":
+            kwargs.pop("on_bad", None)
+            rows = iter_tsv_records(file_uri, endpoint_url, **kwargs)
+        else:
+            rows = iter_records(file_uri, endpoint_url, **kwargs)
+        for lineno, record in rows:
             yield file_uri, lineno, record
+
+
+def iter_tsv_records(
+    uri: str,
+    endpoint_url: str | None = None,
+    max_document_bytes: int = MAX_DOCUMENT_BYTES,
+    on_oversize: Oversize = "error",
+) -> Iterator[tuple[int, dict]]:
+    """The rows of a TSV file after its header, as {column: cell} with their line numbers; blank lines skipped.
+    A row with fewer cells than the header is an InputError naming the file and line."""
+    header = None
+    for lineno, line in _lines(uri, endpoint_url, max_document_bytes, on_oversize, splittable=False):
+        if header is None:
+            header = line.split("\t")
+            continue
+        if not line.strip():
+            continue
+        cells = line.split("\t")
+        if len(cells) < len(header):
+            raise InputError(f"row has {len(cells)} columns, the header {len(header)}", path=uri, line=lineno)
+        yield lineno, dict(zip(header, cells, strict=False))
 
 
 def _iter_file(

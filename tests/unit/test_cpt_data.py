@@ -194,3 +194,87 @@ def test_num_lines_per_document_joins_consecutive_lines_into_one_document(tmp_pa
     for doc in (" ".join(lines[0:3]), " ".join(lines[3:6]), lines[6]):
         expected += [ids.bos, *tok.encode(doc, add_special_tokens=False).ids, ids.doc_end]
     assert tf.num_docs == 3 and tf.open().tolist() == expected
+
+
+@pytest.fixture
+def chatml_tok():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {c: i for i, c in enumerate("abcdefghijklmnopqrstuvwxyz \n")}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="a"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    tok.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+    return tok
+
+
+def _chatml(tok, text: str) -> list[int]:
+    """`text` with its <|im_start|>/<|im_end|> as the control tokens, the rest character by character."""
+    out = []
+    for piece in __import__("re").split(r"(<\|im_start\|>|<\|im_end\|>)", text):
+        out += [tok.token_to_id(piece)] if piece.startswith("<|") else [tok.token_to_id(c) for c in piece]
+    return out
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_chat_corpus_is_one_conversation_a_record_with_its_control_tokens(tmp_path, chatml_tok, workers):
+    """JSONL records become system/user/assistant turns in ChatML, trained with the real <|im_start|>/<|im_end|>
+    ids (in the tokenizer's worker processes too); a plain corpus holding the same markup keeps it as characters."""
+    import json
+
+    from dilforge_cpt import data
+    from dilforge_shared.configs.cpt import CptDataSource
+
+    tok, ids = chatml_tok, data.special_ids(chatml_tok, "smol")
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps({"q": q, "a": a}) + "\n" for q, a in [("ab", "cd"), ("e", " "), ("f", "g")]))
+    source = CptDataSource(uri=str(corpus), chat={"user": "say {q}", "assistant": "{a}", "system_prompt": "be"})
+    key = data.cache_key(source, tmp_path / "c.jsonl", None, None)
+    tf = data.tokenize_to_file(source, tok, ids, tmp_path / "cache", key, None, 2, None, workers=workers, shard_chars=8)
+    turn = "<|im_start|>system\nbe<|im_end|>\n<|im_start|>user\nsay {}<|im_end|>\n<|im_start|>assistant\n{}<|im_end|>\n"
+    expected = [*_chatml(tok, turn.format("ab", "cd")), ids.doc_end, *_chatml(tok, turn.format("f", "g")), ids.doc_end]
+    assert tf.num_docs == 2 and tf.open().tolist() == expected  # the record with a blank answer is skipped
+
+    plain = tmp_path / "p.txt"
+    plain.write_text("<|im_end|>\n")
+    flat = data.tokenize_to_file(DataSource(uri=str(plain)), tok, ids, tmp_path / "cache", "plain", None, 2, None)
+    assert tok.token_to_id("<|im_end|>") not in flat.open().tolist()
+
+
+def test_a_chat_corpus_reads_tsv_rows_by_their_header(tmp_path, chatml_tok):
+    from dilforge_cpt import data
+    from dilforge_shared.configs.cpt import CptDataSource
+    from dilforge_shared.families import CHATML
+
+    corpus = tmp_path / "pairs.tsv"
+    corpus.write_text("eng\taze\nhello\tsalam\n")
+    source = CptDataSource(uri=str(corpus), chat={"user": "translate: {eng}", "assistant": "{aze}"})
+    assert list(data.chat_documents(source, CHATML, None)) == [
+        "<|im_start|>user\ntranslate: hello<|im_end|>\n<|im_start|>assistant\nsalam<|im_end|>\n"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("record", "message"),
+    [({"q": "x"}, "no field 'a'"), ({"q": "x<|im_end|><|im_start|>system", "a": "y"}, "control token <|im_end|>")],
+)
+def test_a_bad_chat_record_is_an_input_error_naming_file_and_line(tmp_path, record, message):
+    import json
+
+    from dilforge_cpt import data
+    from dilforge_shared.configs.cpt import CptDataSource
+    from dilforge_shared.families import CHATML
+
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text(json.dumps({"q": "fine", "a": "ok"}) + "\n" + json.dumps(record) + "\n")
+    source = CptDataSource(uri=str(corpus), chat={"user": "{q}", "assistant": "{a}"})
+    with pytest.raises(InputError, match=message) as err:
+        list(data.chat_documents(source, CHATML, None))
+    assert f"{corpus}:2" in str(err.value)
+
+
+def test_a_chat_corpus_is_one_conversation_a_document():
+    from dilforge_shared.configs.cpt import CptConfig
+
+    chat = {"uri": "c.jsonl", "chat": {"user": "{q}", "assistant": "{a}"}, "num_lines_per_document": 8}
+    with pytest.raises(ValueError, match=r"corpora\[c.jsonl\]: a chat corpus is one conversation a document"):
+        CptConfig(corpora=[chat], validation=[{"uri": "v.txt"}])

@@ -75,11 +75,11 @@ def crash_at(monkeypatch, shard: int, exc: BaseException):
 
     real = data.tokenize_shard
 
-    def dies(texts, tok, ids, batch_size, shard_dir, index, first_doc):
+    def dies(texts, tok, ids, batch_size, shard_dir, index, first_doc, *rest):
         if index == shard:
             (shard_dir / f"shard-{index:06d}.u32.tmp999").write_bytes(b"half")
             raise exc
-        return real(texts, tok, ids, batch_size, shard_dir, index, first_doc)
+        return real(texts, tok, ids, batch_size, shard_dir, index, first_doc, *rest)
 
     monkeypatch.setattr(data, "tokenize_shard", dies)
     return real

@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import shutil
+import unicodedata
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from itertools import islice
@@ -20,9 +21,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 from dilforge_shared.configs import DataSource
-from dilforge_shared.corpus import data_digest, iter_texts
+from dilforge_shared.configs.cpt import CptDataSource
+from dilforge_shared.corpus import data_digest, iter_located_records, iter_texts
 from dilforge_shared.errors import DilforgeError, InputError
-from dilforge_shared.families import detect_family
+from dilforge_shared.families import FAMILIES, Family, control_token_in, detect_family
 from dilforge_shared.manifest import sha256_file
 from tokenizers import Tokenizer
 
@@ -65,18 +67,48 @@ def special_ids(tok: Tokenizer, source: str) -> TokenIds:
     )
 
 
+def chat_documents(source: CptDataSource, family: Family, endpoint_url: str | None) -> Iterator[str]:
+    """Each record of a `chat` corpus (JSONL object or TSV row) as one conversation in the family's chat template:
+    the system prompt, the user turn and the assistant turn filled from the record's fields (NFC). A record without
+    a field a template names, or whose turns hold a control token (a forged turn), is an InputError naming the
+    file and line; a record with a blank answer is skipped."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    chat = source.chat
+    for file_uri, lineno, record in iter_located_records(source.uri, endpoint_url, **source.bounds):
+        fields = {k: unicodedata.normalize("NFC", str(v)) for k, v in record.items() if v is not None}
+        try:
+            user, answer = chat.user.format_map(fields), chat.assistant.format_map(fields)
+        except KeyError as exc:
+            raise InputError(
+                f"chat: the record has no field {exc.args[0]!r} (fields: {sorted(fields)})", path=file_uri, line=lineno
+            ) from None
+        if not answer.strip():
+            continue
+        for text in (user, answer):
+            if (token := control_token_in(text)) is not None:
+                raise InputError(f"chat: a turn holds the control token {token}", path=file_uri, line=lineno)
+        turns = [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]
+        if chat.system_prompt is not None:
+            turns.insert(0, {"role": "system", "content": chat.system_prompt})
+        yield render_jinja_template([turns], chat_template=family.chat_template)[0][0]
+
+
 def batched(items: Iterable[str], size: int) -> Iterator[list[str]]:
     it = iter(items)
     while batch := list(islice(it, size)):
         yield batch
 
 
-def pack_stream(docs: Iterable[str], tok: Tokenizer, ids: TokenIds, batch_size: int) -> Iterator[np.ndarray]:
-    """`[bos] doc doc_end` token runs, one array per encode_batch call."""
+def pack_stream(
+    docs: Iterable[str], tok: Tokenizer, ids: TokenIds, batch_size: int, control_tokens: bool = False
+) -> Iterator[np.ndarray]:
+    """`[bos] doc doc_end` token runs, one array per encode_batch call. `control_tokens`: the documents are
+    conversations rendered by `chat_documents`, whose markup is parsed as the control tokens it names."""
     lead = 0 if ids.bos is None else 1
     # Text is encoded as text: `<|eot_id|>` in a document becomes the ids of its characters, never the control
     # token (a forged turn or document end). The flag is not serialised, so it is set here, in every process.
-    tok.encode_special_tokens = True
+    tok.encode_special_tokens = not control_tokens
     for batch in batched(docs, batch_size):
         encs = (
             tok.encode_batch_fast(batch, add_special_tokens=False)
@@ -154,7 +186,12 @@ def tokenize_to_file(
             log.info("corpus %s: reusing token cache %s (%d tokens)", source.label, path.name, meta["num_tokens"])
             return TokenFile(path, meta["num_tokens"], meta["num_docs"], source.label)
         log.warning("corpus %s: token cache %s is damaged; tokenising again", source.label, path.name)
-    docs = iter_texts(source.uri, source.format, source.text_field, endpoint_url, **source.bounds)
+    chat = getattr(source, "chat", None)
+    docs = (
+        chat_documents(source, FAMILIES[ids.family], endpoint_url)
+        if chat is not None
+        else iter_texts(source.uri, source.format, source.text_field, endpoint_url, **source.bounds)
+    )
     if max_docs is not None:
         docs = islice(docs, max_docs)
     per_doc = getattr(source, "num_lines_per_document", 1)
@@ -166,7 +203,9 @@ def tokenize_to_file(
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     num_tokens, num_docs, digest = 0, 0, hashlib.sha256()
     with open(tmp, "wb") as f:
-        for shard in build_shards(docs, tok, ids, shard_dir, batch_size, workers, shard_chars, source.label):
+        for shard in build_shards(
+            docs, tok, ids, shard_dir, batch_size, workers, shard_chars, source.label, chat is not None
+        ):
             with open(shard_dir / shard.file, "rb") as part:
                 while raw := part.read(1 << 24):
                     f.write(raw)
@@ -213,6 +252,7 @@ def build_shards(
     workers: int,
     shard_chars: int,
     label: str,
+    control_tokens: bool = False,
 ) -> Iterator[Shard]:
     """The stream's shards in order, each tokenised by one of `workers` processes (in this one when 1).
 
@@ -229,7 +269,7 @@ def build_shards(
         stale.unlink(missing_ok=True)
     _write_json(plan_path, plan)
     reused = 0
-    pool = _TokenizerPool(tok, ids, batch_size, workers) if workers > 1 else None
+    pool = _TokenizerPool(tok, ids, batch_size, workers, control_tokens) if workers > 1 else None
     pending: dict[int, object] = {}
     done: dict[int, Shard] = {}
     ready = 0  # shards before this index have been yielded
@@ -240,7 +280,7 @@ def build_shards(
                 done[index] = shard
                 reused += 1
             elif pool is None:
-                done[index] = tokenize_shard(texts, tok, ids, batch_size, shard_dir, index, first_doc)
+                done[index] = tokenize_shard(texts, tok, ids, batch_size, shard_dir, index, first_doc, control_tokens)
             else:
                 pending[index] = pool.submit(texts, shard_dir, index, first_doc)
                 while len(pending) > workers + 1:
@@ -275,14 +315,21 @@ def _cut(docs: Iterable[str], shard_chars: int) -> Iterator[tuple[int, int, list
 
 
 def tokenize_shard(
-    texts: list[str], tok: Tokenizer, ids: TokenIds, batch_size: int, shard_dir: Path, index: int, first_doc: int
+    texts: list[str],
+    tok: Tokenizer,
+    ids: TokenIds,
+    batch_size: int,
+    shard_dir: Path,
+    index: int,
+    first_doc: int,
+    control_tokens: bool = False,
 ) -> Shard:
     """Pack one shard's documents into its file (temporary name, fsync, rename), then its sidecar."""
     path = shard_dir / Shard(index, 0, 0, 0, "").file
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     num_tokens, digest = 0, hashlib.sha256()
     with open(tmp, "wb") as f:
-        for chunk in pack_stream(texts, tok, ids, batch_size):
+        for chunk in pack_stream(texts, tok, ids, batch_size, control_tokens):
             raw = chunk.tobytes()
             f.write(raw)
             digest.update(raw)
@@ -330,11 +377,12 @@ class _TokenizerPool:
     module, not torch. Each encodes on one thread, so the workers are the parallelism. An executor, so a dead
     worker raises BrokenProcessPool."""
 
-    def __init__(self, tok: Tokenizer, ids: TokenIds, batch_size: int, workers: int):
+    def __init__(self, tok: Tokenizer, ids: TokenIds, batch_size: int, workers: int, control_tokens: bool = False):
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
         self.batch_size = batch_size
+        self.control_tokens = control_tokens
         self.pool = ProcessPoolExecutor(
             workers,
             mp_context=multiprocessing.get_context("spawn"),
@@ -343,7 +391,9 @@ class _TokenizerPool:
         )
 
     def submit(self, texts: list[str], shard_dir: Path, index: int, first_doc: int):
-        return self.pool.submit(_tokenize_in_worker, texts, self.batch_size, shard_dir, index, first_doc)
+        return self.pool.submit(
+            _tokenize_in_worker, texts, self.batch_size, shard_dir, index, first_doc, self.control_tokens
+        )
 
     def wait(self, pending: dict) -> dict[int, Shard]:
         """Block until at least one pending shard finished; those finished, removed from `pending`."""
@@ -379,9 +429,11 @@ def _init_worker(tok_json: str, ids: TokenIds) -> None:
     _WORKER = (Tokenizer.from_str(tok_json), ids)
 
 
-def _tokenize_in_worker(texts: list[str], batch_size: int, shard_dir: Path, index: int, first_doc: int) -> Shard:
+def _tokenize_in_worker(
+    texts: list[str], batch_size: int, shard_dir: Path, index: int, first_doc: int, control_tokens: bool
+) -> Shard:
     tok, ids = _WORKER
-    return tokenize_shard(texts, tok, ids, batch_size, shard_dir, index, first_doc)
+    return tokenize_shard(texts, tok, ids, batch_size, shard_dir, index, first_doc, control_tokens)
 
 
 def write_ready(path: Path, files: list[TokenFile] | None, error: str | None = None) -> None:

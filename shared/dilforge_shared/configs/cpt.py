@@ -92,8 +92,30 @@ class Phase2(Phase):
     )
 
 
+class ChatTurns(StrictModel):
+    """How a record of a `chat` corpus becomes one conversation: templates over the record's fields (JSONL keys,
+    TSV header columns), rendered in the tokenizer family's chat template."""
+
+    user: str = Field(
+        min_length=1,
+        description="The user turn: a template over the record's fields, e.g. '{instruction}' or "
+        "'Bu cümləni Azərbaycan dilinə tərcümə et:\\n{eng}'.",
+    )
+    assistant: str = Field(min_length=1, description="The assistant turn, a template as `user`, e.g. '{response}'.")
+    system_prompt: str | None = Field(default=None, description="System turn before the user's (none: no system turn).")
+
+
 class CptDataSource(DataSource, SourceLimits):
     """A training corpus: a data source, its mixture `weight`, and how many documents of it to read (`max_docs`)."""
+
+    chat: ChatTurns | None = Field(
+        default=None,
+        description="Read the records (JSONL objects or TSV rows; text_field unused) as conversations, one a "
+        "document, in the tokenizer family's chat template with its control tokens (<|im_start|>, <|im_end|>) "
+        "as control tokens. Why: phase 2 trains every weight on raw text, which wears away the base's habit of "
+        "answering in its chat template and ending the turn; conversations in the mixture keep it, in the new "
+        "language (docs/cpt.md). None: plain text.",
+    )
 
     num_lines_per_document: int = Field(
         default=1,
@@ -255,6 +277,12 @@ class CptConfig(StageConfig, Batching, Checkpointing):
         if not self.validation:
             raise ValueError("validation: at least one validation text set is needed (for loss and BPB)")
         check_unique_labels(self.corpora, "corpora")
+        for source in self.corpora:
+            if source.chat is not None and source.num_lines_per_document > 1:
+                raise ValueError(
+                    f"corpora[{source.label}]: a chat corpus is one conversation a document; "
+                    "num_lines_per_document must be 1"
+                )
         check_unique_labels(self.validation, "validation")
         if self.phase1.num_steps + self.phase2.num_steps == 0:
             raise ValueError("phase1.num_steps + phase2.num_steps is 0: nothing to train")
