@@ -243,7 +243,7 @@ def test_status_flags_a_running_record_whose_process_is_gone(tmp_path):
     record = pl.RunRecord(
         run_id="r",
         status="running",
-        stages={"cpt": {"artifact_uri": "x", "status": "running"}},
+        stages={"cpt": {"artifact": "artifacts/cpt/x", "status": "running"}},
         owner={"pid": 2**22 + 12345, "host": socket.gethostname()},
     )
     store.write_run_record("r", record.to_json())

@@ -84,7 +84,7 @@ def test_a_full_store_disk_names_the_store_file_and_leaves_nothing_half_written(
         from dilforge_shared.store import publish
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (10_000, 10_000))   # what a full disk looks like to a writer
-        m = Manifest(kind="tokenizer", artifact_id="a1", run_id="r", stage="tokenizer",
+        m = Manifest(kind="tokenizer", artifact_id="a1", run_id="r", stage="tokenizer", code_version="test",
                      producer=current_producer("t"), config={{}}, data_dir="x", files=[])
         try:
             publish({str(store)!r}, Path({str(work)!r}), m)
