@@ -1,4 +1,5 @@
-"""`--backend sagemaker`: run each stage as a SageMaker training job.
+"""`--backend sagemaker`: run each stage as a SageMaker training job (curate as Processing jobs; CPT's token cache,
+when `token_cache_instance_type` is set, as a Processing job before its training job).
 
 The job definition is `sagemaker_jobs.job_spec` (SDK-free) and the SDK's `ModelTrainer` is built from it by
 `sagemaker_sdk.model_trainer`; this module submits and follows it. A real run writes the stage config to S3
@@ -38,6 +39,7 @@ from .sagemaker_jobs import (
     processing_root,
     processing_specs,
     stage_hyperparameters,
+    token_cache_spec,
 )
 from .sagemaker_sdk import (
     model_trainer,
@@ -121,7 +123,14 @@ class SageMakerBackend:
         """Every stage's CreateTrainingJob request, built by the SDK's own train() and captured at botocore."""
         self.prepare(pipeline)
         jobs = [job for job in offline_jobs(pipeline) if stage is None or job.stage == stage]
-        specs = [self.processing(job) if job.stage in PROCESSING_STAGES else self.spec(job) for job in jobs]
+        specs = []
+        for job in jobs:
+            if job.stage in PROCESSING_STAGES:
+                specs.append(self.processing(job))
+                continue
+            if cache := self.token_cache(job):
+                specs.append([cache])
+            specs.append(self.spec(job))
         boto_session = offline_boto_session(self.config.region)
         with offline(boto_session) as requests:
             session = sdk_session(boto_session, offline=True)
@@ -135,6 +144,9 @@ class SageMakerBackend:
 
     def processing(self, job: StageJob) -> list[ProcessingSpec]:
         return processing_specs(job, self.config, self.image(image_of(job.stage)))
+
+    def token_cache(self, job: StageJob) -> ProcessingSpec | None:
+        return token_cache_spec(job, self.config, self.image(image_of(job.stage)))
 
     # ---- a real run --------------------------------------------------------------------------
     def running_job(self, job: StageJob) -> str | None:
@@ -157,12 +169,14 @@ class SageMakerBackend:
             raise DilforgeError("a dry run builds requests offline: use dry_run_requests(pipeline)")
         self.upload_config(job)
         if job.stage in PROCESSING_STAGES:
-            self.run_processing(job)
+            self.run_processing(job, self.processing(job))
             return
         if name := self.running_job(job):
             self.out(f"[{job.stage}] attaching to running job {name}")
         else:
-            spec = self.spec(job)
+            spec = self.spec(job)  # a bad request fails before the token cache is built
+            if cache := self.token_cache(job):
+                self.run_processing(job, [cache])
             submitted = len(self.requests)
             model_trainer(spec, sdk_session(self.session())).train(wait=False, logs=False)
             request = self.requests[submitted]
@@ -178,16 +192,17 @@ class SageMakerBackend:
         backend = open_backend(where.rsplit("/", 1)[0], job.s3_endpoint_url)
         backend.write_bytes(where.rsplit("/", 1)[1], job.config.model_dump_json(indent=2).encode())
 
-    def run_processing(self, job: StageJob) -> None:
-        """The curate stage's Processing jobs in order (`sagemaker_jobs.processing_specs`), each waited for; a
-        failed one fails the stage, and a rerun's jobs skip the datatrove tasks the earlier attempt finished."""
+    def run_processing(self, job: StageJob, specs: list[ProcessingSpec]) -> None:
+        """Processing jobs in order (curate's phases, `sagemaker_jobs.processing_specs`, or CPT's token cache),
+        each waited for; a failed one fails the stage, and a rerun's curate jobs skip the datatrove tasks the
+        earlier attempt finished."""
         hp = stage_hyperparameters(job, self.config, job.s3_endpoint_url)
         where = hyperparameters_uri(self.config, job)
         open_backend(where.rsplit("/", 1)[0], job.s3_endpoint_url).write_bytes(
             "hyperparameters.json", json.dumps(hp).encode()
         )
         session = sdk_session(self.session())
-        for spec in self.processing(job):
+        for spec in specs:
             submitted = len(self.requests)
             run_processor(spec, session)
             name = self.requests[submitted]["ProcessingJobName"]

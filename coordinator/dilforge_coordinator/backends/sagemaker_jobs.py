@@ -154,6 +154,11 @@ def output_root(cfg: SageMakerConfig, job: StageJob) -> str:
     return (cfg.output_uri or f"{job.store_uri}/sagemaker").rstrip("/")
 
 
+def checkpoint_uri(cfg: SageMakerConfig, job: StageJob) -> str:
+    """The training job's checkpoint prefix, restored into /opt/ml/checkpoints of every host (with a trailing /)."""
+    return f"{output_root(cfg, job)}/checkpoints/{job.stage}/{job.artifact_id}/"
+
+
 def config_uri(cfg: SageMakerConfig, job: StageJob) -> str:
     """Where the stage config goes (hyperparameter values are limited to 2500 characters)."""
     return f"{output_root(cfg, job)}/configs/{job.stage}/{job.artifact_id}.json"
@@ -219,7 +224,7 @@ def job_spec(job: StageJob, cfg: SageMakerConfig, image: str, endpoint_url: str 
         input_mode=res.input_mode,
         channels={n: u.rstrip("/") + "/" for n, u in sorted(job.inputs.items())},
         output_path=f"{root}/output/",
-        checkpoint_uri=f"{root}/checkpoints/{job.stage}/{job.artifact_id}/",
+        checkpoint_uri=checkpoint_uri(cfg, job),
         tensorboard_uri=f"{root}/tensorboard/{job.stage}/{job.artifact_id}/",
         environment=job_environment(job, image, res, module_env(job.stage)),
         hyperparameters=hp,
@@ -241,7 +246,8 @@ PROCESSING_STAGES = {"curate"}  # stages that run as SageMaker Processing jobs, 
 
 @dataclass(frozen=True)
 class ProcessingSpec(Machines):
-    """One SageMaker Processing job of the curate stage, SDK-free (`sagemaker_sdk.run_processor` submits it)."""
+    """One SageMaker Processing job (a curate phase, or CPT's token cache), SDK-free (`sagemaker_sdk.run_processor`
+    submits it)."""
 
     phase: str
     entrypoint: list[str]
@@ -306,3 +312,35 @@ def processing_specs(job: StageJob, cfg: SageMakerConfig, image: str) -> list[Pr
             )
         )
     return specs
+
+
+# ---- cpt: the token cache as a Processing job before the training job ----------------------------
+
+
+def token_cache_spec(job: StageJob, cfg: SageMakerConfig, image: str) -> ProcessingSpec | None:
+    """CPT's token cache on one CPU instance (`sagemaker.stages.cpt.token_cache_instance_type`), or None when the
+    training job tokenises: `python -m dilforge_cpt build-cache` in the stage's image, with the stage's
+    hyperparameters file, on every core; its `checkpoints/tokens` goes to the training job's checkpoint prefix,
+    which SageMaker restores into each training host's /opt/ml/checkpoints, where the stage reuses a finished
+    cache (same key: corpus, tokenizer and endpoint) instead of tokenising."""
+    res = cfg.resources(job.stage)
+    if job.stage != "cpt" or res.token_cache_instance_type is None:
+        return None
+    require_s3_inputs(job)
+    hp_dir = hyperparameters_uri(cfg, job).rsplit("/", 1)[0] + "/"
+    return ProcessingSpec(
+        stage=job.stage,
+        phase="token-cache",
+        base_job_name=f"{job_base_name(cfg.job_name_prefix, job.stage, job.artifact_id)}-token-cache",
+        image=image,
+        role_arn=cfg.role_arn,
+        instance_type=res.token_cache_instance_type,
+        num_instances=1,
+        volume_size_gb=res.volume_size_gb,
+        max_runtime_s=res.max_runtime_s,
+        entrypoint=["python3", "-m", "dilforge_cpt", "build-cache"],
+        inputs={"hyperparameters": (hp_dir, f"{PROCESSING_OPT_ML}/input/config")},
+        outputs={"tokens": (f"{PROCESSING_OPT_ML}/checkpoints/tokens", f"{checkpoint_uri(cfg, job)}tokens/")},
+        environment=job_environment(job, image, res, {"DILFORGE_OPT_ML": PROCESSING_OPT_ML}),
+        tags=job_tags(job, cfg, {"dilforge:phase": "token-cache"}),
+    )

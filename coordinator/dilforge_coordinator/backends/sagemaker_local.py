@@ -57,7 +57,7 @@ from .sagemaker_jobs import (
     processing_root,
     processing_specs,
     stage_hyperparameters,
-    work_uri,
+    token_cache_spec,
 )
 from .sagemaker_sdk import (
     local_processing_session,
@@ -162,7 +162,7 @@ def upload_local_data(raw: Any, store: str, endpoint_url: str, declared: set[str
 
 
 def local_processing_spec(spec: ProcessingSpec, work: Path, env: dict[str, str]) -> ProcessingSpec:
-    """A curate Processing job as local mode runs it: outputs to the local `work` folder, the local S3's
+    """A Processing job as local mode runs it: outputs to the local `work` folder, the local S3's
     environment, and, on several hosts, `--shared-write`: local mode mounts one output folder into every host and
     stops them all when the first exits, so each host waits for the others' tasks."""
     outputs = {name: (path, f"file://{work}") for name, (path, _) in spec.outputs.items()}
@@ -305,9 +305,11 @@ class SageMakerLocalBackend:
             where.rsplit("/", 1)[1], job.config.model_dump_json(indent=2).encode()
         )
         if job.stage in PROCESSING_STAGES:
-            self.run_processing(job)
+            self.run_processing(job, processing_specs(job, self.config, self.image(image_of(job.stage))[0]))
             return
         spec, channels = self.spec(job)
+        if cache := token_cache_spec(job, self.config, spec.image):
+            self.run_processing(job, [cache])
         with work_folder(self.workdir, job.stage, job.artifact_id) as (root, _):
             for leftover in root.iterdir():  # the SDK's leftovers of a failed attempt (checkpoints live in S3)
                 if leftover.name != WORK_MARKER:
@@ -327,13 +329,12 @@ class SageMakerLocalBackend:
             if not self.keep:
                 shutil.rmtree(root, ignore_errors=True)
 
-    def run_processing(self, job: StageJob) -> None:
-        """The curate stage's Processing jobs (`sagemaker_jobs.processing_specs`, as on SageMaker) in the SDK's local
-        mode, each on its instances. What differs: each job's outputs land in a local folder (local mode would put
-        them under a per-job S3 prefix), which is uploaded to the shared work prefix before the next job starts
-        (`local_processing_spec`)."""
+    def run_processing(self, job: StageJob, specs: list[ProcessingSpec]) -> None:
+        """Processing jobs (curate's phases, `sagemaker_jobs.processing_specs`, or CPT's token cache, as on
+        SageMaker) in the SDK's local mode, each on its instances. What differs: each job's outputs land in a local
+        folder (local mode would put them under a per-job S3 prefix), which is uploaded to the job's output prefix
+        before the next job starts (`local_processing_spec`)."""
         ref, cited = self.image(image_of(job.stage))
-        specs = processing_specs(job, self.config, ref)
         hp = stage_hyperparameters(job, self.config, CONTAINER_ENDPOINT)
         hp_uri = hyperparameters_uri(self.config, job)
         open_backend(hp_uri.rsplit("/", 1)[0], job.s3_endpoint_url).write_bytes(
@@ -342,7 +343,6 @@ class SageMakerLocalBackend:
         with work_folder(self.workdir, job.stage, job.artifact_id) as (root, _):
             work = root / "work"
             work.mkdir(parents=True, exist_ok=True)
-            store = open_backend(work_uri(self.config, job).rstrip("/"), job.s3_endpoint_url)
             session = local_processing_session(self.region, job.s3_endpoint_url, S3_ACCESS_KEY, S3_SECRET_KEY)
             for spec in specs:
                 local = local_processing_spec(spec, work, self.container_env(cited))
@@ -354,10 +354,12 @@ class SageMakerLocalBackend:
                     raise StageFailed(job.stage, f"local processing job {spec.phase} failed: {exc}") from None
                 finally:
                     self.remove_containers(self.job_containers(ref) - before)
-                for path in sorted(p for p in work.rglob("*") if p.is_file()):  # every host's outputs, one prefix
-                    key = path.relative_to(work).as_posix()
-                    if not store.exists(key) or store.size(key) != path.stat().st_size:
-                        store.upload_file(key, path)
+                for _, prefix in spec.outputs.values():  # every host's outputs, one prefix
+                    store = open_backend(prefix.rstrip("/"), job.s3_endpoint_url)
+                    for path in sorted(p for p in work.rglob("*") if p.is_file()):
+                        key = path.relative_to(work).as_posix()
+                        if not store.exists(key) or store.size(key) != path.stat().st_size:
+                            store.upload_file(key, path)
             if not self.keep:
                 shutil.rmtree(root, ignore_errors=True)
                 open_backend(processing_root(self.config, job), job.s3_endpoint_url).delete_prefix("")

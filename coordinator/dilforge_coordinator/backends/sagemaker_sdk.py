@@ -156,7 +156,7 @@ def model_trainer(
 
 
 def run_processor(spec: ProcessingSpec, session, wait: bool = False) -> None:
-    """Submit one curate Processing job through the SDK's `Processor.run` (the request is the SDK's own)."""
+    """Submit one Processing job through the SDK's `Processor.run` (the request is the SDK's own)."""
     require_sdk()
     from sagemaker.core.processing import Processor
     from sagemaker.core.shapes import ProcessingInput, ProcessingOutput, ProcessingS3Input, ProcessingS3Output

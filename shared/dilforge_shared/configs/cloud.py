@@ -92,6 +92,13 @@ class StageResources(StrictModel):
     environment: ContainerEnvironment = Field(
         default_factory=dict, description="Extra container environment variables."
     )
+    token_cache_instance_type: str | None = Field(
+        default=None,
+        pattern=r"^ml\.[a-z0-9]+\.[a-z0-9]+$",
+        description="cpt only: build the token cache first, in a SageMaker Processing job on one instance of this "
+        "(CPU) type (`python -m dilforge_cpt build-cache` on all its cores), into the training job's checkpoint "
+        "prefix, so the GPU hosts find it finished; None = the training job tokenises.",
+    )
 
     @model_validator(mode="after")
     def _wait_covers_runtime(self):
@@ -178,6 +185,12 @@ class SageMakerConfig(StrictModel):
     def _vpc_pairs(self):
         if bool(self.subnets) != bool(self.security_group_ids):
             raise ValueError("subnets and security_group_ids go together (give both or neither)")
+        return self
+
+    @model_validator(mode="after")
+    def _token_cache_is_cpts(self):
+        if bad := sorted(s for s, r in self.stages.items() if s != "cpt" and r.token_cache_instance_type):
+            raise ValueError(f"stages.{bad[0]}.token_cache_instance_type: only the cpt stage has a token cache")
         return self
 
     def resources(self, stage: str) -> StageResources:
