@@ -239,6 +239,18 @@ def clear_aws(monkeypatch, tmp_path: Path) -> Path:
     return tmp_path
 
 
+def fill_what_moto_omits(backend) -> None:
+    """moto's DescribeProcessingJob leaves out ProcessingResources, which SageMaker always returns (the SDK's
+    waiter reads the instance count from it): filled in at botocore, from the job's request, on the session the
+    backend waits through."""
+
+    def fill(parsed, model, **kwargs):
+        request = next(r for r in backend.requests if r["ProcessingJobName"] == parsed["ProcessingJobName"])
+        parsed.setdefault("ProcessingResources", request["ProcessingResources"])
+
+    backend.session().events.register("after-call.sagemaker.DescribeProcessingJob", fill)
+
+
 class CheckpointTensors:
     """A checkpoint component for any module + optimizer (the stage registers resumable.TrainingModel)."""
 

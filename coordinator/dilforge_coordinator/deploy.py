@@ -283,7 +283,7 @@ class Deployer:
 def artifact_of(pipeline: PipelineConfig, dry_run: bool) -> str:
     """The pipeline's SFT artifact: from its run record, or (dry run, offline) the URI the plan gives it."""
     if dry_run:
-        from .backends.sagemaker_jobs import offline_jobs
+        from .backends.sagemaker import offline_jobs
 
         planned = {job.stage: job.artifact_uri for job in offline_jobs(pipeline)}
         if "sft" in planned:

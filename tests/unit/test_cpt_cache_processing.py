@@ -8,10 +8,9 @@ import copy
 import botocore.session
 import pytest
 from botocore.validate import validate_parameters
-from dilforge_coordinator.backends.sagemaker import SageMakerBackend
-from dilforge_coordinator.backends.sagemaker_jobs import offline_jobs
+from dilforge_coordinator.backends.sagemaker import SageMakerBackend, offline_jobs
 from dilforge_shared.configs import PipelineConfig
-from factories import clear_aws
+from factories import clear_aws, fill_what_moto_omits
 from pydantic import ValidationError
 
 IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/dilforge-{}@sha256:" + "a" * 64
@@ -93,18 +92,20 @@ def test_a_run_builds_the_cache_then_submits_the_training_job(monkeypatch, tmp_p
     with moto.mock_aws():
         boto3.client("s3").create_bucket(Bucket="bkt")
         pipeline = PipelineConfig.model_validate(_config())
-        backend = SageMakerBackend(sleep=lambda s: None, stream_logs=False, out=lambda line: None)
+        backend = SageMakerBackend(stream_logs=False, out=lambda line: None)
         backend.prepare(pipeline)
         job = offline_jobs(pipeline)[1]
         hyperparameters = []  # the file the cache job reads, while it runs
-        real = SageMakerBackend.wait_processing
+        real = SageMakerBackend.wait
 
-        def wait_processing(self, stage, name):
-            key = f"dilforge/sagemaker/processing/cpt/{job.artifact_id}/config/hyperparameters.json"
-            hyperparameters.append(boto3.client("s3").get_object(Bucket="bkt", Key=key)["Body"].read())
-            return real(self, stage, name)
+        def wait(self, stage, name, processing=False):
+            if processing:
+                key = f"dilforge/sagemaker/processing/cpt/{job.artifact_id}/config/hyperparameters.json"
+                hyperparameters.append(boto3.client("s3").get_object(Bucket="bkt", Key=key)["Body"].read())
+            return real(self, stage, name, processing)
 
-        monkeypatch.setattr(SageMakerBackend, "wait_processing", wait_processing)
+        monkeypatch.setattr(SageMakerBackend, "wait", wait)
+        fill_what_moto_omits(backend)
         backend.run(job)
         cache, train = backend.requests  # in this order: the cache job was waited for before training began
         assert "-token-cache-" in cache["ProcessingJobName"] and "TrainingJobName" in train

@@ -9,10 +9,9 @@ import re
 import botocore.session
 import pytest
 from botocore.validate import validate_parameters
-from dilforge_coordinator.backends.sagemaker import SageMakerBackend
-from dilforge_coordinator.backends.sagemaker_jobs import offline_jobs
+from dilforge_coordinator.backends.sagemaker import SageMakerBackend, offline_jobs
 from dilforge_shared.configs import PipelineConfig
-from factories import clear_aws
+from factories import clear_aws, fill_what_moto_omits
 
 CONFIG = {
     "run_id": "web",
@@ -60,7 +59,7 @@ def test_local_mode_hosts_of_a_phase_wait_for_each_other(tmp_path):
     """Local mode mounts one output folder into every host and stops them all when the first exits: a phase on
     several hosts gets --shared-write (each host waits for the others' tasks); SageMaker itself waits, so its
     requests above never carry it."""
-    from dilforge_coordinator.backends.sagemaker_jobs import processing_specs
+    from dilforge_coordinator.backends.sagemaker import processing_specs
     from dilforge_coordinator.backends.sagemaker_local import local_processing_spec
 
     pipeline = PipelineConfig.model_validate(CONFIG)
@@ -82,16 +81,17 @@ def test_a_run_uploads_the_hyperparameters_and_submits_the_phases_in_order(monke
     with moto.mock_aws():
         boto3.client("s3").create_bucket(Bucket="bkt")
         pipeline = PipelineConfig.model_validate(CONFIG)
-        backend = SageMakerBackend(sleep=lambda s: None, stream_logs=False, out=lambda line: None)
+        backend = SageMakerBackend(stream_logs=False, out=lambda line: None)
         backend.prepare(pipeline)
         job = offline_jobs(pipeline)[0]
         uploaded = []  # the hyperparameters file the jobs read, as uploaded
-        real = SageMakerBackend.wait_processing
+        real = SageMakerBackend.wait
         monkeypatch.setattr(
             SageMakerBackend,
-            "wait_processing",
-            lambda self, stage, name: uploaded.append(_hp(job)) or real(self, stage, name),
+            "wait",
+            lambda self, stage, name, processing: uploaded.append(_hp(job)) or real(self, stage, name, processing),
         )
+        fill_what_moto_omits(backend)
         backend.run(job)
         names = [r["ProcessingJobName"] for r in backend.requests]
         assert [n.rsplit("-", 1)[0].rsplit("-", 1)[1] for n in names] == [

@@ -23,7 +23,7 @@ ALLOWED_READS = {"shared/dilforge_shared/opt_ml.py"}
 ALLOWED_WRITES = {
     # the dry run: the SDK reads its IAM role check switch from SAGEMAKER_VALIDATE_ROLE only; set and restored
     # around the offline train() (a dry run has no credentials to check a role with)
-    "coordinator/dilforge_coordinator/backends/sagemaker_sdk.py",
+    "coordinator/dilforge_coordinator/backends/sagemaker.py",
     # the eval stage's own process, before lm-eval is imported: datasets/huggingface_hub take their offline
     # switches (HF_DATASETS_OFFLINE, HF_HUB_OFFLINE) from the environment only; never a hub
     "services/eval/dilforge_eval/harness.py",

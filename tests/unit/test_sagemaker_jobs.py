@@ -1,5 +1,5 @@
-"""Real-run behaviour of the SageMaker backend: status transitions and failure reasons (botocore Stubber),
-job submission and manifest hand-off between stages (moto's SageMaker and S3)."""
+"""Real-run behaviour of the SageMaker backend: the SDK's waiter, failure reasons and log streaming (answered at
+botocore), job submission and manifest hand-off between stages (moto's SageMaker and S3)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ from pathlib import Path
 
 import boto3
 import pytest
-from botocore.stub import Stubber
-from dilforge_coordinator.backends.sagemaker import LOG_GROUP, SageMakerBackend
+from dilforge_coordinator.backends.sagemaker import SageMakerBackend
 from dilforge_coordinator.pipeline import StageFailed, run_all
 from dilforge_shared.configs import PipelineConfig
 from dilforge_shared.configs.cloud import SageMakerConfig
@@ -20,6 +19,7 @@ from dilforge_shared.store import publish, read_manifest
 
 ROLE = "arn:aws:iam::123456789012:role/dilforge-sagemaker"
 NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 
 
 @pytest.fixture
@@ -51,115 +51,94 @@ def _describe(status: str, secondary: str, transitions: list[tuple[str, str]], r
     return resp
 
 
-def _backend(sm, out: list[str], stream_logs: bool = False, logs=None) -> SageMakerBackend:
-    sleeps: list[float] = []
-    backend = SageMakerBackend(
+def _answered(replies: dict[str, list[dict]]):
+    """A boto3 session whose SageMaker and CloudWatch Logs calls are answered in order from `replies`
+    (operation -> responses), at botocore, under the SDK; nothing is sent. Also returns the calls it saw."""
+    from botocore.awsrequest import AWSResponse
+
+    session = boto3.Session(aws_access_key_id="x", aws_secret_access_key="x", region_name="us-east-1")
+    calls: list[tuple[str, dict]] = []
+
+    def answer(model, params, **kwargs):
+        calls.append((model.name, json.loads(params.get("body") or b"{}")))
+        return AWSResponse("https://stub.invalid", 200, {}, None), replies[model.name].pop(0)
+
+    session.events.register("before-call.sagemaker", answer)
+    session.events.register("before-call.cloudwatch-logs", answer)
+    return session, calls
+
+
+def _backend(session, out: list[str], stream_logs: bool = False) -> SageMakerBackend:
+    return SageMakerBackend(
         config=SageMakerConfig(role_arn=ROLE, poll_interval_s=7),
-        clients={"sagemaker": sm, **({"logs": logs} if logs else {})},
+        boto_session=session,
         stream_logs=stream_logs,
         out=out.append,
-        sleep=sleeps.append,
     )
-    backend.sleeps = sleeps
-    return backend
 
 
-def test_wait_follows_status_transitions_until_completed():
-    sm = boto3.client("sagemaker", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
-    steps = [
-        _describe("InProgress", "Starting", [("Starting", "Preparing the instances for training")]),
-        _describe(
-            "InProgress",
-            "Training",
-            [
-                ("Starting", "Preparing the instances for training"),
-                ("Downloading", "Downloading input data"),
-                ("Training", "Training image download completed."),
-            ],
-        ),
-        _describe(
-            "Completed",
-            "Completed",
-            [
-                ("Starting", ""),
-                ("Downloading", ""),
-                ("Training", ""),
-                ("Uploading", "Uploading generated training model"),
-                ("Completed", "Training job completed"),
-            ],
-        ),
-    ]
+@pytest.fixture
+def sleeps(monkeypatch) -> list[float]:
+    """The SDK waiter's pauses, recorded instead of slept."""
+    import sagemaker.core.resources
+
+    slept: list[float] = []
+    monkeypatch.setattr(sagemaker.core.resources.time, "sleep", slept.append)
+    return slept
+
+
+def test_wait_polls_the_job_until_completed(sleeps):
+    statuses = ["InProgress", "InProgress", "InProgress", "Completed"]  # get, then one describe per poll
+    replies = [_describe(s, s, []) for s in statuses]
+    replies[-1]["BillableTimeInSeconds"] = 1234
+    session, calls = _answered({"DescribeTrainingJob": replies})
     out: list[str] = []
-    with Stubber(sm) as stub:
-        for resp in steps:
-            stub.add_response("describe_training_job", resp, {"TrainingJobName": "job"})
-        backend = _backend(sm, out)
-        desc = backend.wait("sft", "job")
-        stub.assert_no_pending_responses()
-    assert desc["TrainingJobStatus"] == "Completed"
-    assert backend.sleeps == [7, 7]
-    printed = "\n".join(out)
-    for status in ("Starting", "Downloading", "Training", "Uploading", "Completed"):
-        assert f"job: {status}" in printed
-    assert printed.count("job: Starting") == 1  # each transition printed once
+    _backend(session, out).wait("sft", "job")
+    assert replies == [] and [c[1] for c in calls] == [{"TrainingJobName": "job"}] * 4
+    assert sleeps == [7, 7]  # the config's poll interval, between polls
+    assert out == ["[sft] job: Completed (1234 billable seconds)"]
 
 
-def test_failed_job_raises_with_its_failure_reason():
-    sm = boto3.client("sagemaker", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
-    reason = "AlgorithmError: sft: train[0] /opt/ml/input/data/x.jsonl line 3: field 'messages' missing"
-    with Stubber(sm) as stub:
-        stub.add_response(
-            "describe_training_job", _describe("InProgress", "Training", [("Training", "")]), {"TrainingJobName": "job"}
-        )
-        stub.add_response(
-            "describe_training_job",
-            _describe("Failed", "Failed", [("Failed", reason)], reason),
-            {"TrainingJobName": "job"},
-        )
-        with pytest.raises(StageFailed) as err:
-            _backend(sm, []).wait("sft", "job")
-    assert err.value.stage == "sft" and "line 3: field 'messages' missing" in err.value.reason
+@pytest.mark.parametrize("status", ["Failed", "Stopped"])
+def test_a_job_that_does_not_complete_raises_with_its_failure_reason(sleeps, status):
+    reason = "AlgorithmError: sft: train[0] /opt/ml/input/data/x.jsonl line 3:\nfield 'messages' missing"
+    ended = _describe(status, status, [], reason)
+    session, _ = _answered({"DescribeTrainingJob": [_describe("InProgress", "Training", []), ended]})
+    with pytest.raises(StageFailed) as err:
+        _backend(session, []).wait("sft", "job")
+    assert err.value.stage == "sft"
+    assert err.value.reason == f"SageMaker job job {status}: " + " ".join(reason.split())  # one line
 
 
-def test_logs_are_streamed_once_per_event():
-    sm = boto3.client("sagemaker", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
-    logs = boto3.client("logs", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
+def test_the_sdk_streams_each_log_event_once(sleeps, caplog):
     stream = "job/algo-1-1700000000"
-    out: list[str] = []
-    with Stubber(sm) as s1, Stubber(logs) as s2:
-        s1.add_response("describe_training_job", _describe("InProgress", "Training", []), {"TrainingJobName": "job"})
-        s1.add_response("describe_training_job", _describe("Completed", "Completed", []), {"TrainingJobName": "job"})
-        streams = {"logStreams": [{"logStreamName": stream}]}
-        q = {"logGroupName": LOG_GROUP, "logStreamNamePrefix": "job/", "orderBy": "LogStreamName"}
-        ev = {"logGroupName": LOG_GROUP, "logStreamName": stream, "startFromHead": True}
-        # poll 1 (in progress): two lines, then nothing new
-        s2.add_response("describe_log_streams", streams, q)
-        s2.add_response(
-            "get_log_events",
-            {
-                "events": [
-                    {"timestamp": 1, "message": "step=1 phase=1 loss=3.0"},
-                    {"timestamp": 2, "message": "step=2 phase=1 loss=2.9"},
-                ],
-                "nextForwardToken": "f/1",
-            },
-            ev,
-        )
-        s2.add_response("get_log_events", {"events": [], "nextForwardToken": "f/1"}, {**ev, "nextToken": "f/1"})
-        # poll 2 (completed) and the final drain: one more line, then nothing
-        s2.add_response("describe_log_streams", streams, q)
-        s2.add_response(
-            "get_log_events",
-            {"events": [{"timestamp": 3, "message": "published"}], "nextForwardToken": "f/2"},
-            {**ev, "nextToken": "f/1"},
-        )
-        s2.add_response("get_log_events", {"events": [], "nextForwardToken": "f/2"}, {**ev, "nextToken": "f/2"})
-        s2.add_response("describe_log_streams", streams, q)
-        s2.add_response("get_log_events", {"events": [], "nextForwardToken": "f/2"}, {**ev, "nextToken": "f/2"})
-        _backend(sm, out, stream_logs=True, logs=logs).wait("cpt", "job")
-        s2.assert_no_pending_responses()
-    lines = [line for line in out if "|" in line]
-    assert lines == ["  algo-1| step=1 phase=1 loss=3.0", "  algo-1| step=2 phase=1 loss=2.9", "  algo-1| published"]
+    streams = {"logStreams": [{"logStreamName": stream}]}
+    session, calls = _answered(
+        {
+            "DescribeTrainingJob": [_describe(s, s, []) for s in ("InProgress", "InProgress", "Completed")],
+            "DescribeLogStreams": [streams],
+            "GetLogEvents": [
+                {
+                    "events": [
+                        {"timestamp": 1, "message": "step=1 phase=1 loss=3.0"},
+                        {"timestamp": 2, "message": "step=2 phase=1 loss=2.9"},
+                    ],
+                    "nextForwardToken": "f/1",
+                },
+                {"events": [], "nextForwardToken": "f/1"},
+                {"events": [{"timestamp": 3, "message": "published"}], "nextForwardToken": "f/2"},
+                {"events": [], "nextForwardToken": "f/2"},
+            ],
+        }
+    )
+    with caplog.at_level("INFO", logger="sagemaker.core.resources"):
+        _backend(session, [], stream_logs=True).wait("cpt", "job")
+    printed = [r.getMessage() for r in caplog.records if r.getMessage().startswith(stream)]
+    assert printed == [f"{stream}:\n{m}" for m in ("step=1 phase=1 loss=3.0", "step=2 phase=1 loss=2.9", "published")]
+    assert (
+        "DescribeLogStreams",
+        {"logGroupName": LOG_GROUP, "logStreamNamePrefix": "job/", "orderBy": "LogStreamName"},
+    ) in calls
 
 
 # ---- moto: submit for real (to moto), hand the published manifest to the next stage -------------------
@@ -237,7 +216,7 @@ def test_run_all_submits_jobs_and_chains_manifests(aws_env, tmp_path):
             }
         )
         out: list[str] = []
-        backend = SageMakerBackend(stream_logs=False, out=out.append, sleep=lambda s: None)
+        backend = SageMakerBackend(stream_logs=False, out=out.append)
         backend.tmp = tmp_path
         pipeline = backend.prepare(pipeline)
         submitted: list[dict] = []

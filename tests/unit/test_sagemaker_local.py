@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 from dilforge_coordinator.backends import sagemaker_local as sml
-from dilforge_coordinator.backends.sagemaker_jobs import JobSpec
+from dilforge_coordinator.backends.sagemaker import JobSpec, model_trainer
 from dilforge_coordinator.backends.sagemaker_local import SageMakerLocalBackend, preflight, upload_local_data
-from dilforge_coordinator.backends.sagemaker_sdk import model_trainer
 from dilforge_coordinator.cli import app
 from dilforge_coordinator.pipeline import StageFailed
 from dilforge_shared.errors import ConfigError

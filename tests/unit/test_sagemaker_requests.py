@@ -11,8 +11,7 @@ from pathlib import Path
 import botocore.session
 import pytest
 from botocore.validate import validate_parameters
-from dilforge_coordinator.backends.sagemaker import SageMakerBackend
-from dilforge_coordinator.backends.sagemaker_jobs import METRIC_DEFINITIONS, offline_jobs
+from dilforge_coordinator.backends.sagemaker import METRIC_DEFINITIONS, SageMakerBackend, offline_jobs
 from dilforge_coordinator.cli import app
 from dilforge_shared.configs import load_pipeline
 from dilforge_shared.errors import ConfigError
@@ -232,7 +231,7 @@ def test_without_the_sdk_extra_the_backend_fails_in_one_line(no_aws, monkeypatch
 def test_dry_run_sends_nothing_and_needs_no_credentials(no_aws):
     """The offline session has no credential provider: had any call escaped the in-process answers, signing it
     would have raised NoCredentialsError; and an unexpected operation is refused outright."""
-    from dilforge_coordinator.backends.sagemaker_sdk import offline, offline_boto_session
+    from dilforge_coordinator.backends.sagemaker import offline, offline_boto_session
     from dilforge_shared.errors import DilforgeError
 
     session = offline_boto_session("us-east-1")

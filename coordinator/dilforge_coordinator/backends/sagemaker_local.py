@@ -1,6 +1,6 @@
 """`--backend sagemaker-local`: every stage as a job of the SageMaker SDK's local container mode.
 
-The job is the one `--backend sagemaker` submits (`sagemaker_jobs.job_spec` → `sagemaker_sdk.model_trainer`), run by
+The job is the one `--backend sagemaker` submits (`sagemaker.job_spec` → `sagemaker.model_trainer`), run by
 `ModelTrainer(training_mode=Mode.LOCAL_CONTAINER)`: the SDK writes SageMaker's own
 /opt/ml/input/config/{hyperparameters,inputdataconfig,resourceconfig}.json for hosts algo-1..N, mounts the
 channels under /opt/ml/input/data/<name>, and runs the stage image (built by `coordinator images build`) once
@@ -47,25 +47,23 @@ from dilforge_shared.store import open_backend, read_manifest, verify_files
 from ..pipeline import StageFailed, StageJob, image_of
 from .compose import S3_ACCESS_KEY, S3_SECRET_KEY, ComposeBackend
 from .local import WORK_MARKER, work_folder
-from .sagemaker_jobs import (
+from .sagemaker import (
+    OFFLINE_SDK_CONFIG,
     PROCESSING_STAGES,
     JobSpec,
     ProcessingSpec,
     config_uri,
     hyperparameters_uri,
     job_spec,
-    processing_root,
-    processing_specs,
-    stage_hyperparameters,
-    token_cache_spec,
-)
-from .sagemaker_sdk import (
-    local_processing_session,
     model_trainer,
     offline_boto_session,
+    processing_root,
+    processing_specs,
     require_sdk,
     run_processor,
     sdk_session,
+    stage_hyperparameters,
+    token_cache_spec,
 )
 
 log = logging.getLogger("dilforge.coordinator.sagemaker_local")
@@ -159,6 +157,19 @@ def upload_local_data(raw: Any, store: str, endpoint_url: str, declared: set[str
         return upload(value) if isinstance(value, str) else value
 
     return walk(raw), moved
+
+
+def local_processing_session(region: str, s3_endpoint_url: str, access_key: str, secret_key: str):
+    """The SDK's LocalSession for local-mode Processing jobs, its S3 the compose S3 (inputs are downloaded from it)."""
+    import boto3
+    from sagemaker.core.local.local_session import LocalSession
+
+    boto_session = boto3.Session(
+        aws_access_key_id=access_key, aws_secret_access_key=secret_key, region_name=region
+    )  # the local-only identity of compose.yaml, never a user's credentials
+    session = LocalSession(boto_session=boto_session, s3_endpoint_url=s3_endpoint_url, disable_local_code=True)
+    session.sagemaker_config = OFFLINE_SDK_CONFIG
+    return session
 
 
 def local_processing_spec(spec: ProcessingSpec, work: Path, env: dict[str, str]) -> ProcessingSpec:
@@ -330,7 +341,7 @@ class SageMakerLocalBackend:
                 shutil.rmtree(root, ignore_errors=True)
 
     def run_processing(self, job: StageJob, specs: list[ProcessingSpec]) -> None:
-        """Processing jobs (curate's phases, `sagemaker_jobs.processing_specs`, or CPT's token cache, as on
+        """Processing jobs (curate's phases, `sagemaker.processing_specs`, or CPT's token cache, as on
         SageMaker) in the SDK's local mode, each on its instances. What differs: each job's outputs land in a local
         folder (local mode would put them under a per-job S3 prefix), which is uploaded to the job's output prefix
         before the next job starts (`local_processing_spec`)."""
