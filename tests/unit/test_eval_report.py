@@ -152,7 +152,7 @@ def generations() -> list[dict]:
             "prompt_id": "p1",
             "kind": "chat",
             "prompt": "Salam <b>",
-            "output": f"cavab {m} & <script>",
+            "output": f"cavab {m} & <script>\nA | B",
         }
         for m in MODELS
     ]
@@ -165,36 +165,43 @@ def report(tmp_path_factory):
     return out, paths
 
 
+def markdown(path: Path) -> str:
+    """The Markdown with one space either side of each cell (tabulate pads columns to their width)."""
+    return re.sub(r" *\| *", " | ", path.read_text())
+
+
 def test_report_lists_every_model_and_text_set(report):
     _, paths = report
     html = paths["html"].read_text()
-    md = paths["md"].read_text()
+    md = markdown(paths["md"])
     for doc in (html, md):
         for name in MODELS + SETS:
             assert name in doc
-    bpb_rows = re.findall(r"<tr><td>(base|cpt|sft)</td><td>(flores|legal|wiki|flores-en)</td>", html)
+    bpb_rows = re.findall(r"<tr><td>(base|cpt|sft) *</td><td>(flores|legal|wiki|flores-en) *</td>", html)
     assert set(bpb_rows) == {(m, s) for m in MODELS for s in SETS}  # one row per model and set
     assert "change vs base" in html and "(mean)" not in html and "(mean)" not in md
-    assert '<td class="num better">-20.0%</td>' in html and '<td class="num worse">+50.0%</td>' in html
+    assert '<span class="better">-20.0%</span>' in html and '<span class="worse">+50.0%</span>' in html
     assert "&lt;script&gt;" in html and "<script>" not in html  # generations are escaped
+    assert "| cavab base & <script> ⏎ A \\| B" in paths["md"].read_text()  # one Markdown row, one cell
 
 
 def test_headline_comes_first_with_gain_and_retention_per_set(report):
     _, paths = report
     html = paths["html"].read_text()
-    md = paths["md"].read_text()
+    md = markdown(paths["md"])
     assert html.index("<h2>Headline</h2>") < html.index("<h2>Bits per byte</h2>")
     assert "Azerbaijani gain: BPB vs base on flores" in html and "English retention: BPB vs base on flores-en" in html
-    row = re.search(r"<tr><td>cpt</td>(.*?)</tr>", html).group(1)
-    assert row == (
-        '<td class="num better">3.000 → 2.400 (-20.0%)</td><td class="num worse">1.000 → 1.500 (+50.0%)</td>'
-    )
+    row = re.search(r"<tr><td>cpt *</td>(.*?)</tr>", html).group(1)
+    assert re.findall(r'<td style="text-align: right;"><span class="(\w+)">(.*?)</span>', row) == [
+        ("better", "3.000 → 2.400 (-20.0%)"),
+        ("worse", "1.000 → 1.500 (+50.0%)"),
+    ]
     assert "| sft | 3.000 → 2.250 (-25.0%) | 1.000 → 1.400 (+40.0%) |" in md
 
 
 def test_step0_and_tokenizer_strategies_are_shown(report):
     _, paths = report
-    md = paths["md"].read_text()
+    md = markdown(paths["md"])
     assert "| mean_of_pieces (trained) | 2.8100 |" in md and "| random | 5.2700 |" in md
     assert (
         "| strategy | vocab size | new tokens | selected | az tokens/word | az bytes/token | az words in 3+ tokens "

@@ -1,10 +1,7 @@
-"""The report: tables built from metrics.json, rendered by Jinja2 templates shipped with the package
-(`templates/report.html.j2`, self-contained with plots inlined as base64, and `templates/report.md.j2`).
-
-It reads the typed `EvalMetrics` the stage validated (attributes, never key names). Tables are data (a header and rows of cells, built in `tables` for the model comparisons and `text_tables` for
-tokenizers, morphology and generations); this module only orders them into sections and renders them. The
-templates own the markup and its escaping, so no HTML or Markdown is assembled by string concatenation here. Every BPB change is per text set against
-the reference (base) model: nothing averages across sets or languages.
+"""The report: report.html (self-contained, plots inlined as base64) and report.md from the typed `EvalMetrics`
+the stage validated. Tables are data (built in `tables` and `text_tables`), rendered by tabulate; the Jinja2
+templates shipped with the package lay out the page. Every BPB change is per text set against the reference
+(base) model: nothing averages across sets or languages.
 """
 
 from __future__ import annotations
@@ -14,10 +11,13 @@ from functools import lru_cache
 from pathlib import Path
 
 from dilforge_shared.metrics import EvalMetrics
+from markupsafe import Markup, escape
+from tabulate import tabulate
 
 from .plots import make_plots
 from .tables import (
     Cell,
+    Table,
     assistant_table,
     bpb_table,
     cost_table,
@@ -160,7 +160,7 @@ SECTIONS = [
 def _environment(autoescape: bool):
     from jinja2 import Environment, PackageLoader, StrictUndefined
 
-    env = Environment(
+    return Environment(
         loader=PackageLoader("dilforge_eval", "templates"),
         autoescape=autoescape,
         undefined=StrictUndefined,
@@ -168,9 +168,25 @@ def _environment(autoescape: bool):
         lstrip_blocks=True,
         keep_trailing_newline=True,
     )
-    env.filters["md_cell"] = lambda c: str(c).replace("|", "\\|").replace("\n", " ⏎ ")
-    env.tests["cell"] = lambda c: isinstance(c, Cell)
-    return env
+
+
+def _render(table: Table) -> dict[str, str]:
+    """The table as HTML (every text escaped, a better/worse/gen cell in a span of that class) and as Markdown,
+    both by tabulate; a column of numbers is right-aligned."""
+    head, rows = table
+    align = ["right" if any("num" in getattr(r[i], "cls", "") for r in rows) else "left" for i in range(len(head))]
+    kw = {"colalign": align, "disable_numparse": True}
+    html = [[_html_cell(c) for c in row] for row in [head, *rows]]
+    md = [[str(c).replace("|", "\\|").replace("\n", " ⏎ ") for c in row] for row in [head, *rows]]
+    return {
+        "html": Markup(tabulate(html[1:], html[0], "unsafehtml", **kw)),
+        "md": tabulate(md[1:], md[0], "pipe", **kw),
+    }
+
+
+def _html_cell(c: str | Cell) -> str:
+    cls = getattr(c, "cls", "").replace("num", "").strip()
+    return str(Markup('<span class="{}">{}</span>').format(cls, c) if cls else escape(c))
 
 
 def _inventory(metrics: EvalMetrics) -> list[tuple[str, str]]:
@@ -206,7 +222,7 @@ def write_report(metrics: EvalMetrics, generations: list[dict], out_dir: Path, t
             {
                 "heading": heading,
                 "note": note,
-                "table": table if table and table[1] else None,
+                "table": _render(table) if table and table[1] else None,
                 "plot_name": plot.name if plot else None,
                 "plot_b64": base64.b64encode(plot.read_bytes()).decode() if plot else None,
             }
@@ -216,7 +232,7 @@ def write_report(metrics: EvalMetrics, generations: list[dict], out_dir: Path, t
         "inventory": _inventory(metrics),
         "skipped": metrics.skipped,
         "sections": sections,
-        "generations": generations_tables(generations, list(metrics.models)),
+        "generations": {mode: _render(t) for mode, t in generations_tables(generations, list(metrics.models)).items()},
     }
     (out_dir / "report.html").write_text(
         _environment(True).get_template("report.html.j2").render(context), encoding="utf-8"
