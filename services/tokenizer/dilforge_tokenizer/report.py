@@ -8,6 +8,7 @@ from dilforge_shared.corpus import iter_texts
 from dilforge_shared.errors import InputError
 from dilforge_shared.metrics import StrategyRow
 from dilforge_shared.textmetrics import measure, tokenizers_encoder
+from tabulate import tabulate
 from tokenizers import Tokenizer
 
 from . import bpe
@@ -65,50 +66,47 @@ def select(
     return next(r for r in eligible if r["sets"][set_name]["tokens_per_word"] <= best * (1 + tolerance)), True
 
 
-def _cells(s: dict) -> str:
-    return f" {s['tokens_per_word']:.3f} | {s['bytes_per_token']:.3f} | {100 * s['share_words_3plus']:.1f}% |"
+def _figures(tokens_per_word: float, bytes_per_token: float, share_3plus: float) -> list[str]:
+    return [f"{tokens_per_word:.3f}", f"{bytes_per_token:.3f}", f"{100 * share_3plus:.1f}%"]
+
+
+def _set_figures(s: dict) -> list[str]:
+    return _figures(s["tokens_per_word"], s["bytes_per_token"], s["share_words_3plus"])
+
+
+def _markdown(head: list[str], rows: list[list], left: int) -> str:
+    """A Markdown table (tabulate): the first `left` columns, the labels, left-aligned; the figures right."""
+    return tabulate(rows, head, "pipe", stralign="right", colalign=["left"] * left, disable_numparse=True) + "\n"
 
 
 def sweep_table(rows: list[dict], base: dict[str, dict] | None, selected: int | None) -> str:
     """The published strategy's sizes on every set, with the base tokenizer's figures beside them."""
-    head = "| vocab size | set | tokens/word | bytes/token | words 3+ tokens |"
-    sep = "|---:|---|---:|---:|---:|"
-    if base:
-        head += " base tokens/word | base bytes/token | base words 3+ |"
-        sep += "---:|---:|---:|"
-    lines = [head, sep]
-    for row in sorted(rows, key=lambda r: r["vocab_size"]):
-        mark = " (selected)" if row["vocab_size"] == selected else ""
-        for name, s in row["sets"].items():
-            line = f"| {row['vocab_size']}{mark} | {name} |" + _cells(s)
-            if base and name in base:
-                line += _cells(base[name])
-            lines.append(line)
+    names = ["tokens/word", "bytes/token", "words 3+ tokens"]
+    based = [f"base {n}" for n in names] if base else []
     if not rows and base:
-        lines = ["| set | base tokens/word | base bytes/token | base words 3+ tokens |", "|---|---:|---:|---:|"]
-        lines += [f"| {name} |" + _cells(s) for name, s in base.items()]
-    return "\n".join(lines) + "\n"
+        return _markdown(["set", *based], [[name, *_set_figures(s)] for name, s in base.items()], 1)
+    body = []
+    for row in sorted(rows, key=lambda r: r["vocab_size"]):
+        size = f"{row['vocab_size']}{' (selected)' if row['vocab_size'] == selected else ''}"
+        for name, s in row["sets"].items():
+            body.append([size, name, *_set_figures(s), *(_set_figures(base[name]) if base and name in base else [])])
+    return _markdown(["vocab size", "set", *names, *based], body, 2)
 
 
 def comparison_table(comparison: list[StrategyRow]) -> str:
     """Every strategy and size side by side, one column group per language set."""
     names = list(dict.fromkeys(n for row in comparison for n in row.languages))
-    head = "| strategy | vocab size | new tokens | dead new |" + "".join(
-        f" {n} tokens/word | {n} bytes/token | {n} words 3+ |" for n in names
-    )
-    lines = [head, "|---|---:|---:|---:|" + "---:|---:|---:|" * len(names)]
+    head = ["strategy", "vocab size", "new tokens", "dead new"]
+    head += [f"{n} {f}" for n in names for f in ("tokens/word", "bytes/token", "words 3+")]
+    body = []
     for row in comparison:
         dead = "-" if row.dead_new_tokens_frac is None else f"{100 * row.dead_new_tokens_frac:.1f}%"
-        line = f"| {row.strategy}{' (selected)' if row.selected else ''} | {row.vocab_size} | {row.num_new_tokens} | {dead} |"
+        cells = [f"{row.strategy}{' (selected)' if row.selected else ''}", row.vocab_size, row.num_new_tokens, dead]
         for n in names:
             s = row.languages.get(n)
-            line += (
-                f" {s.tokens_per_word:.3f} | {s.bytes_per_token:.3f} | {100 * s.frac_words_3plus:.1f}% |"
-                if s
-                else " - | - | - |"
-            )
-        lines.append(line)
-    return "\n".join(lines) + "\n"
+            cells += _figures(s.tokens_per_word, s.bytes_per_token, s.frac_words_3plus) if s else ["-"] * 3
+        body.append(cells)
+    return _markdown(head, body, 1)
 
 
 def read_validation_sets(config: TokenizerConfig, endpoint_url: str | None) -> dict[str, list[str]]:
