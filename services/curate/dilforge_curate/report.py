@@ -12,6 +12,7 @@ from dilforge_shared.configs.curate import CurateConfig
 from dilforge_shared.errors import InputError
 from dilforge_shared.metrics import CurateMetrics, CurateStep, Redacted, SourceCount
 from dilforge_shared.settings import redact
+from tabulate import tabulate
 
 # (key, a unique part of the datatrove step's name, what it removes), in pipeline order
 STEPS = (
@@ -166,7 +167,8 @@ def metrics(config: CurateConfig, counts: dict, seconds: dict[str, float], total
 
 
 def write(out_dir: Path, config: CurateConfig, counts: dict) -> None:
-    """report.md (what each step removed, with examples) and README.md (the data card)."""
+    """report.md (what each step removed, with examples) and README.md (the data card); tables by tabulate."""
+    steps = [[s["step"], s["removed"], _top(s["reasons"], 6) or s["what"]] for s in counts["steps"]]
     lines = [
         f"# Curation report ({config.language})",
         "",
@@ -175,10 +177,8 @@ def write(out_dir: Path, config: CurateConfig, counts: dict) -> None:
         + (f", {counts['tokens']:,} tokens" if counts["tokens"] is not None else "")
         + ").",
         "",
-        "| step | removed | why |",
-        "|---|---:|---|",
+        tabulate(steps, ["step", "removed", "why"], "pipe", intfmt=","),
     ]
-    lines += [f"| {s['step']} | {s['removed']:,} | {_top(s['reasons'], 6) or s['what']} |" for s in counts["steps"]]
     r = counts["repairs"]
     red = counts["redacted"]
     lines += [
@@ -197,6 +197,10 @@ def write(out_dir: Path, config: CurateConfig, counts: dict) -> None:
     (out_dir / "report.md").write_text(redact("\n".join(lines)) + "\n", encoding="utf-8")
 
     q = config.quality
+    sources = [
+        [s.label, s.licence or "not given", counts["per_source"][s.label], counts["kept_per_source"][s.label]]
+        for s in config.corpora
+    ]
     card = [
         f"# Data card: curated {config.language} corpus",
         "",
@@ -205,15 +209,7 @@ def write(out_dir: Path, config: CurateConfig, counts: dict) -> None:
         + "`, field `text` (also `id`, `source`, `language_score`, `token_count`). Made by dilforge's curate stage "
         "on datatrove; steps and counts in report.md.",
         "",
-        "| source | licence | documents read | kept |",
-        "|---|---|---:|---:|",
-    ]
-    card += [
-        f"| {s.label} | {s.licence or 'not given'} | {counts['per_source'][s.label]:,} | "
-        f"{counts['kept_per_source'][s.label]:,} |"
-        for s in config.corpora
-    ]
-    card += [
+        tabulate(sources, ["source", "licence", "documents read", "kept"], "pipe", intfmt=",", disable_numparse=[0, 1]),
         "",
         f"Language: {config.language} (lingua, score ≥ {config.language_id.min_score}"
         + (
