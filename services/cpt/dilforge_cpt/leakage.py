@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 from dilforge_shared.bpb import eval_mode
 from dilforge_shared.configs.cpt import CptConfig
+from tabulate import tabulate
 from tokenizers import Tokenizer
 
 from .data import TokenIds, ValidationSet, build_validation
@@ -101,19 +102,14 @@ def step0_row(ext_by_set: dict[str, float], leak: dict[str, dict[str, float]]) -
 
 
 def format_table(table: dict[str, dict[str, dict[str, float]]]) -> str:
-    """The step-0 leakage table as Markdown: one row per (initialisation, set)."""
-    lines = [
-        "| initialisation | set | base model BPB | extended tokenizer BPB | × base | base tokenisation BPB | × base |",
-        "|---|---|---:|---:|---:|---:|---:|",
-    ]
-    for method, sets in table.items():
-        for name, r in sets.items():
-            if "bpb_base_model" not in r:
-                lines.append(f"| {method} | {name} | — | {r['bpb_extended']:.4f} | — | — | — |")
-                continue
-            lines.append(
-                f"| {method} | {name} | {r['bpb_base_model']:.4f} | {r['bpb_extended']:.4f} | "
-                f"{r['extended_vs_base']:.4f} | {r['bpb_base_tokenization']:.4f} | "
-                f"{r['base_tokenization_vs_base']:.4f} |"
-            )
-    return "\n".join(lines)
+    """The step-0 leakage table as Markdown (tabulate): one row per (initialisation, set), — where a set has no
+    base-model figure."""
+    columns = {
+        "bpb_base_model": "base model BPB",
+        "bpb_extended": "extended tokenizer BPB",
+        "extended_vs_base": "× base",
+    }
+    columns |= {"bpb_base_tokenization": "base tokenisation BPB", "base_tokenization_vs_base": "× base"}
+    rows = [[method, name, *map(r.get, columns)] for method, sets in table.items() for name, r in sets.items()]
+    head = ["initialisation", "set", *columns.values()]
+    return tabulate(rows, head, "pipe", floatfmt=".4f", missingval="—")
