@@ -45,7 +45,7 @@ PROMPTS = [
 
 
 def default_artifact() -> str:
-    from dilforge_coordinator.serve_cmd import run_artifact
+    from dilforge_coordinator.records import run_artifact
 
     return run_artifact("az-small", str(ROOT / ".dilforge/store"), "sft")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -25,7 +26,6 @@ from .common import USER_ERRORS, _prepared_backend, _setup_logging, fail, one_li
 from .deploy import deploy_cmd
 from .images import images_app
 from .models_cmd import models_app
-from .serve_cmd import export_cmd, serve_cmd
 
 
 class StopRequested(KeyboardInterrupt):
@@ -76,8 +76,20 @@ app.add_typer(manifest_app, name="manifest")
 app.add_typer(images_app, name="images")
 app.add_typer(models_app, name="models")
 app.command("chat")(chat_cmd)
-app.command("serve")(serve_cmd)
-app.command("export")(export_cmd)
+if importlib.util.find_spec("dilforge_serve") is not None:  # the serve service; scripts/setup.sh installs it
+    from .serve_cmd import export_cmd, serve_cmd
+
+    app.command("serve")(serve_cmd)
+    app.command("export")(export_cmd)
+else:  # the coordinator image
+
+    @app.command("serve", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+    @app.command("export", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+    def needs_the_serve_service() -> None:
+        """Needs the serve service (services/serve)."""
+        fail("this needs the serve service: pip install -e services/serve (scripts/setup.sh does)")
+
+
 app.command("deploy")(deploy_cmd)
 
 ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="Pipeline YAML (see configs/).", exists=False)]

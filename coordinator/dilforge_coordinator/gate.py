@@ -74,7 +74,7 @@ def eval_section(
     artifact's run (`run`, else the run id in the artifact's manifest) in `store`. DilforgeError when there is none."""
     from dilforge_shared.store import read_manifest
 
-    from .serve_cmd import run_artifact
+    from . import records
 
     manifest = manifest_or_none(artifact, endpoint)
     if manifest is None:
@@ -84,7 +84,7 @@ def eval_section(
         raise DilforgeError(f"{artifact} is a {manifest.stage} artifact, not a model")
     run_id = run or manifest.run_id
     try:
-        eval_uri = run_artifact(run_id, store, "eval", endpoint)
+        eval_uri = records.run_artifact(run_id, store, "eval", endpoint)
         eval_manifest, _ = read_manifest(eval_uri, endpoint)
     except (ConfigError, ManifestNotFound) as exc:
         raise DilforgeError(f"no eval artifact for run {run_id!r} in {store} ({exc})") from None

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from dilforge_shared.errors import DilforgeError
+from dilforge_shared.errors import ConfigError, DilforgeError
 from dilforge_shared.locks import FileLock, S3Lease
 from dilforge_shared.paths import check_relative_path
 from dilforge_shared.settings import redact_values, settings
@@ -286,3 +286,15 @@ def record_artifacts(store: ArtifactStore, record: RunRecord, statuses: tuple[st
         elif set(statuses) <= set(GOOD) and s.get("last_good"):
             out[name] = store.resolve(s["last_good"])
     return out
+
+
+def run_artifact(run_id: str, store: str, stage: str, endpoint: str | None = None) -> str:
+    """The artifact a run produced (or reused) for `stage`, from its run record."""
+    artifacts = ArtifactStore(store, endpoint)
+    found = record_artifacts(artifacts, RunRecord.load(artifacts, run_id), ("produced", "reused"))
+    if stage not in found:
+        raise ConfigError(
+            f"run {run_id!r} in store {store} has no {stage} artifact (run the pipeline first, or pass "
+            "the artifact URI)"
+        )
+    return found[stage]  # store-relative in the record: wherever the store now is

@@ -2,7 +2,8 @@
 
 Read with `settings()` on each use (not cached, so tests can `monkeypatch.setenv`); each field's description
 says what it sets. Nothing writes `os.environ` after start-up: values travel as arguments. `DILFORGE_VAR_<NAME>`
-are user variables a config may interpolate."""
+are user variables a config may interpolate. The serving image's (DILFORGE_MODEL_URI, DILFORGE_SERVE_DEVICE, ...)
+are declared with the `serve` options that read them (dilforge_serve.cli)."""
 
 from __future__ import annotations
 
@@ -87,14 +88,6 @@ class Settings(BaseSettings):
     images_record: Path = Field(
         default=Path(".dilforge/images.json"), description="Where `coordinator images push` records image digests."
     )
-    # The serving image (services/serve): container env, e.g. a SageMaker endpoint's model definition.
-    model_uri: str | None = Field(default=None, description="Model or artifact the serving image serves.")
-    model_id: str | None = Field(default=None, description="The OpenAI `model` id the server answers to.")
-    system_prompt: str | None = Field(default=None, description="Default system message of the server.")
-    serve_device: str = Field(default="auto", description="Device the server runs the model on.")
-    serve_dtype: str = Field(default="auto", description="dtype the server loads the model in.")
-    serve_workdir: str | None = Field(default=None, description="Where the served folder is built.")
-    continuous_batching: str = Field(default="0", description="1 = transformers' continuous batching in the server.")
 
 
 def default_download_cache() -> Path:

@@ -253,7 +253,7 @@ def test_gc_removes_the_digest_of_a_killed_publish_and_keeps_the_live_one(tmp_pa
 
 
 def test_serve_run_finds_the_runs_artifact_in_the_store_where_it_now_is(tmp_path):
-    from dilforge_coordinator.serve_cmd import run_artifact
+    from dilforge_coordinator.records import run_artifact
     from dilforge_shared.errors import ConfigError
 
     cfg = load_pipeline(write_config(tmp_path))

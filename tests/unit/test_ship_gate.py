@@ -4,12 +4,14 @@ refuse a model below the thresholds, or one without figures, unless --force."""
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
+import typer
 from dilforge_coordinator import gate
 from dilforge_coordinator.cli import app
 from dilforge_eval.assistant import share
+from dilforge_serve import cli as serve_cli
+from dilforge_serve import export as export_cli
 from dilforge_shared.manifest import Manifest, artifact_ref, current_producer
 from dilforge_shared.metrics import AssistantFigures, AssistantSection, AssistantThresholds
 from dilforge_shared.store import publish
@@ -57,9 +59,15 @@ def test_judge_refuses_without_figures():
 
 @pytest.fixture
 def no_exec(monkeypatch):
-    """os.execv recorded instead of replacing the test process (serve and export hand over to the server)."""
-    calls: list[list[str]] = []
-    monkeypatch.setattr(os, "execv", lambda exe, cmd: calls.append(cmd))
+    """The model serve or export goes on to load, recorded instead of loading it (both run in this process)."""
+    calls: list[str] = []
+
+    def record(model, **kwargs):
+        calls.append(model)
+        raise typer.Exit(0)
+
+    monkeypatch.setattr(serve_cli, "resolve_served_model", record)
+    monkeypatch.setattr(export_cli, "resolve_served_model", record)
     return calls
 
 
@@ -76,8 +84,17 @@ def test_serve_and_export_refuse_a_model_without_figures_unless_forced(command, 
     assert len(error) == 1 and f"refusing to {command}" in error[0] and "no eval measured it" in error[0]
     assert "--force" in error[0]
     forced = CliRunner().invoke(app, [*args, "--force"])
-    assert forced.exit_code == 0 and len(no_exec) == 1, forced.output
+    assert forced.exit_code == 0 and no_exec == [str(folder)], forced.output
     assert f"warning: {command} anyway (--force)" in forced.output
+
+
+def test_coordinator_serve_is_the_servers_own_command_with_local_defaults(tmp_path, no_exec):
+    folder = tmp_path / "m"
+    folder.mkdir()
+    res = CliRunner().invoke(app, ["serve", str(folder), "--force"])
+    assert res.exit_code == 0 and "http://127.0.0.1:8000/v1" in res.output and no_exec == [str(folder)], res.output
+    bad = CliRunner().invoke(app, ["serve", str(folder), "--force", "--dtype", "float7"])  # the server's own check
+    assert bad.exit_code == 1 and "error: --dtype 'float7' is not one of" in bad.output and len(no_exec) == 1
 
 
 @pytest.mark.parametrize(("sft", "code"), [(figures(38, 39), 0), (figures(5, 39), 1)])
@@ -135,7 +152,7 @@ def _publish(store, stage: str, kind: str, artifact_id: str, metrics: dict, inpu
 
 def test_eval_section_reads_the_eval_that_measured_this_artifact(tmp_path, monkeypatch):
     import metrics_samples
-    from dilforge_coordinator import serve_cmd
+    from dilforge_coordinator import records
     from dilforge_shared.store import read_manifest
 
     store = tmp_path / "store"
@@ -143,7 +160,7 @@ def test_eval_section_reads_the_eval_that_measured_this_artifact(tmp_path, monke
     other = _publish(store, "sft", "adapter", "sft2", metrics_samples.sample("sft", base_model="x"))
     metrics = {**metrics_samples.sample("eval"), "assistant": section(figures(38, 39)).model_dump(mode="json")}
     ev = _publish(store, "eval", "eval_report", "ev1", metrics, [artifact_ref("sft", sft, read_manifest(sft)[0])])
-    monkeypatch.setattr(serve_cmd, "run_artifact", lambda run, st, stage, ep=None: ev)
+    monkeypatch.setattr(records, "run_artifact", lambda run, st, stage, ep=None: ev)
     got, label, source = gate.eval_section(sft, str(store), None, None)
     assert label == "sft" and source == "eval artifact ev1" and got.figures["sft"]["az"].in_language.count == 38
     with pytest.raises(gate.DilforgeError, match="did not measure"):

@@ -2,13 +2,12 @@
 
 Defaults follow SageMaker's inference contract, so `docker run IMAGE serve` is a SageMaker real-time
 endpoint: the model in /opt/ml/model (an artifact folder: manifest.json + data-*/, or a plain HF folder),
-0.0.0.0 on port 8080 (SAGEMAKER_BIND_TO_PORT when set). `coordinator serve` runs the same command with a
-store URI, 127.0.0.1 and port 8000.
+0.0.0.0 on port 8080 (SAGEMAKER_BIND_TO_PORT when set). `coordinator serve` is this command, mounted with
+a store URI or --run, 127.0.0.1 and port 8000.
 """
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import shutil
@@ -16,62 +15,19 @@ import signal
 import sys
 import tempfile
 from pathlib import Path
+from typing import Annotated
 
+import typer
 from dilforge_shared import compat
-from dilforge_shared.errors import DilforgeError
-from dilforge_shared.settings import settings
 
+from . import run
 from .app import ServerOptions, build_app
 from .prepare import prepare, resolve_served_model
 
-log = logging.getLogger("dilforge.serve")
 SAGEMAKER_MODEL_DIR = "/opt/ml/model"
 DTYPES = ("auto", "bfloat16", "float16", "float32")  # what the server loads weights as ("auto": as stored)
 
-
-def parse(argv: list[str]) -> argparse.Namespace:
-    env = settings()
-    p = argparse.ArgumentParser(prog="serve", description=__doc__.splitlines()[0])
-    p.add_argument(
-        "model",
-        nargs="?",
-        default=env.model_uri or SAGEMAKER_MODEL_DIR,
-        help=f"model or adapter artifact URI (local folder or s3://), or an HF folder (default {SAGEMAKER_MODEL_DIR})",
-    )
-    p.add_argument("--host", default="0.0.0.0")
-    p.add_argument("--port", default=os.environ.get("SAGEMAKER_BIND_TO_PORT", "8080"))
-    p.add_argument(
-        "--model-id",
-        default=env.model_id or None,
-        help="the OpenAI `model` clients send (default <run_id>-<stage>, e.g. az-small-sft)",
-    )
-    p.add_argument(
-        "--system-prompt",
-        default=env.system_prompt,
-        help="default system message (default: the SFT config's system_prompt; '' for none)",
-    )
-    p.add_argument("--base", default=None, help="base model of an adapter (default: its lineage)")
-    p.add_argument("--adapter", action="store_true", help="serve base + adapter even when merged/ exists")
-    p.add_argument("--device", default=env.serve_device)
-    p.add_argument("--dtype", default=env.serve_dtype)
-    p.add_argument(
-        "--continuous-batching",
-        action="store_true",
-        default=env.continuous_batching == "1",
-        help="transformers' continuous batching (paged attention) instead of one request at a time",
-    )
-    p.add_argument(
-        "--workdir",
-        default=env.serve_workdir,
-        help="folder in which a private, fresh subfolder holds the served folder (default: the system temp folder); "
-        "nothing else in it is touched, and the subfolder is removed when the server stops",
-    )
-    p.add_argument("--s3-endpoint-url", default=env.s3_endpoint_url)
-    p.add_argument("--log-level", default="info")
-    args = list(argv)
-    if args[:1] == ["serve"]:  # `docker run IMAGE serve` (SageMaker) passes the command name
-        args = args[1:]
-    return p.parse_args(args)
+app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
 
 
 def device_error(device: str) -> str | None:
@@ -98,60 +54,89 @@ def device_error(device: str) -> str | None:
 
 
 def stop_on_sigterm(signum, frame):
-    raise SystemExit(128 + signum)  # unwinds through main's finally: the served folder is removed
+    raise SystemExit(128 + signum)  # unwinds through serve's finally: the served folder is removed
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse(sys.argv[1:] if argv is None else argv)
+@app.command()
+def serve(
+    model: Annotated[
+        str, typer.Argument(envvar="DILFORGE_MODEL_URI", help="Model or adapter artifact URI, or an HF folder.")
+    ] = SAGEMAKER_MODEL_DIR,
+    host: Annotated[str, typer.Option("--host", help="Listen address (0.0.0.0 accepts other machines).")] = "0.0.0.0",
+    port: Annotated[str, typer.Option("--port", envvar="SAGEMAKER_BIND_TO_PORT", help="1 to 65535.")] = "8080",
+    model_id: Annotated[
+        str | None, typer.Option("--model-id", envvar="DILFORGE_MODEL_ID", help="Default <run_id>-<stage>.")
+    ] = None,
+    system_prompt: Annotated[
+        str | None, typer.Option("--system-prompt", envvar="DILFORGE_SYSTEM_PROMPT", help="Default the SFT config's.")
+    ] = None,
+    base: Annotated[str | None, typer.Option("--base", help="Base model of an adapter (default: its lineage).")] = None,
+    adapter: Annotated[bool, typer.Option("--adapter", help="Merge base + adapter even when merged/ exists.")] = False,
+    device: Annotated[
+        str, typer.Option("--device", envvar="DILFORGE_SERVE_DEVICE", help="auto, cpu, cuda:N.")
+    ] = "auto",
+    dtype: Annotated[str, typer.Option("--dtype", envvar="DILFORGE_SERVE_DTYPE", help=", ".join(DTYPES))] = "auto",
+    continuous_batching: Annotated[
+        bool, typer.Option("--continuous-batching", envvar="DILFORGE_CONTINUOUS_BATCHING", help="Paged attention.")
+    ] = False,
+    workdir: Annotated[
+        str | None,
+        typer.Option(
+            "--workdir", envvar="DILFORGE_SERVE_WORKDIR", help="Where a fresh subfolder holds the served one."
+        ),
+    ] = None,
+    s3_endpoint_url: Annotated[str | None, typer.Option("--s3-endpoint-url", envvar="DILFORGE_S3_ENDPOINT_URL")] = None,
+    log_level: Annotated[str, typer.Option("--log-level", help="uvicorn's log level.")] = "info",
+) -> None:
+    """Serve an artifact with an OpenAI-compatible API and SageMaker's /ping + /invocations."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     compat.warn_unchecked_versions()  # the server runs on `transformers serve` internals
     # SIGTERM before uvicorn runs (while the model loads) ends like Ctrl-C; uvicorn installs its own while serving
     signal.signal(signal.SIGTERM, stop_on_sigterm)
-    if args.workdir and not Path(args.workdir).is_dir():
-        print(f"error: --workdir {args.workdir}: no such folder", file=sys.stderr)
-        return 1
-    problem = device_error(args.device)
-    if not (args.port.isascii() and args.port.isdigit() and 1 <= int(args.port) <= 65535):
-        problem = f"--port (or SAGEMAKER_BIND_TO_PORT) {args.port!r} is not a port number (1 to 65535)"
-    if args.dtype not in DTYPES:
-        problem = f"--dtype {args.dtype!r} is not one of {', '.join(DTYPES)}"
+    problem = device_error(device)
+    if not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
+        problem = f"--port (or SAGEMAKER_BIND_TO_PORT) {port!r} is not a port number (1 to 65535)"
+    if dtype not in DTYPES:
+        problem = f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}"
+    if workdir and not Path(workdir).is_dir():
+        problem = f"--workdir {workdir}: no such folder"
     if problem is not None:
         print(f"error: {problem}", file=sys.stderr)
-        return 1
+        raise typer.Exit(1)
     # a private folder of our own: never a path the user named (their model may live there), always removed
-    root = Path(tempfile.mkdtemp(prefix="dilforge-serve-", dir=args.workdir or None))
+    root = Path(tempfile.mkdtemp(prefix="dilforge-serve-", dir=workdir or None))
     cwd = os.getcwd()
     try:
-        try:
-            spec = resolve_served_model(
-                args.model,
-                endpoint_url=args.s3_endpoint_url,
-                base=args.base,
-                model_id=args.model_id,
-                system_prompt=args.system_prompt,
-                prefer_merged=not args.adapter,
-            )
-            prepare(spec, root)
-        except DilforgeError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 1
+        spec = resolve_served_model(
+            model,
+            endpoint_url=s3_endpoint_url,
+            base=base,
+            model_id=model_id,
+            system_prompt=system_prompt,
+            prefer_merged=not adapter,
+        )
+        prepare(spec, root)
         os.chdir(root)  # transformers serve is pinned to the folder named by the model id, relative to here
         import uvicorn
 
-        app = build_app(
-            spec.model_id,
-            ServerOptions(device=args.device, dtype=args.dtype, continuous_batching=args.continuous_batching),
-        )
-        shown = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
+        server = build_app(spec.model_id, ServerOptions(device, dtype, continuous_batching))
+        shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
         print(
-            f"serving {spec.description}\n  model id: {spec.model_id}\n  OpenAI base URL: http://{shown}:{args.port}/v1"
+            f"serving {spec.description}\n  model id: {spec.model_id}\n  OpenAI base URL: http://{shown}:{port}/v1"
             f"\n  SageMaker: GET /ping, POST /invocations",
             flush=True,
         )
-        uvicorn.run(app, host=args.host, port=int(args.port), log_level=args.log_level)
-        return 0
+        uvicorn.run(server, host=host, port=int(port), log_level=log_level)
     except KeyboardInterrupt:
-        return 130
+        raise typer.Exit(130) from None
     finally:
         os.chdir(cwd)
         shutil.rmtree(root, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The image's `serve` command (SageMaker runs `IMAGE serve`, so a leading `serve` is the command's name)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["serve"]:
+        args = args[1:]
+    return run(app, args, "serve")

@@ -8,7 +8,6 @@ overwrite. A system prompt with a control token or triple quote is refused (it w
 
 from __future__ import annotations
 
-import argparse
 import errno
 import functools
 import hashlib
@@ -23,7 +22,9 @@ import tarfile
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated, Literal
 
+import typer
 from dilforge_shared import staging
 from dilforge_shared.errors import DilforgeError, ManifestNotFound
 from dilforge_shared.families import Family, detect_family, special_token_ids, system_prompt_problem
@@ -33,6 +34,7 @@ from dilforge_shared.recipes import cache_root
 from dilforge_shared.store import read_manifest
 from dilforge_shared.store.artifacts import STORE_MARKER
 
+from . import run
 from .prepare import prepare, resolve_served_model
 
 log = logging.getLogger("dilforge.export")
@@ -398,31 +400,36 @@ def _build(spec, work: Path, sources: Path, names: tuple[str, str], quant: str, 
     (work / modelfile_name).write_text(modelfile(gguf_name, family, spec.system_prompt, generation), encoding="utf-8")
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dilforge_serve.export", description=__doc__.splitlines()[0])
-    p.add_argument("artifact", help="CPT or SFT artifact URI (store folder or s3://), a model artifact or HF folder")
-    p.add_argument("--format", default="gguf", choices=["gguf"])
-    p.add_argument("--quant", default="q8_0", help=f"one of {', '.join(QUANTS)}")
-    p.add_argument("--out", required=True, type=Path, help="folder for <model id>-<quant>.gguf and .Modelfile")
-    p.add_argument("--base-tokenizer", type=Path, default=None, help="the base model's tokenizer folder")
-    p.add_argument("--system-prompt", default=None, help="default system message (default: the SFT config's)")
-    p.add_argument("--s3-endpoint-url", default=None)
-    args = p.parse_args(argv)
+app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+
+
+@app.command("export")
+def export_cmd(
+    artifact: Annotated[
+        str, typer.Argument(help="CPT or SFT artifact URI (store folder or s3://), a model artifact or HF folder.")
+    ],
+    out: Annotated[Path, typer.Option("--out", help="Folder for <model id>-<quant>.gguf and .Modelfile.")],
+    fmt: Annotated[Literal["gguf"], typer.Option("--format", help="gguf (llama.cpp, Ollama, LM Studio).")] = "gguf",
+    quant: Annotated[str, typer.Option("--quant", help=f"One of {', '.join(QUANTS)}.")] = "q8_0",
+    base_tokenizer: Annotated[
+        Path | None, typer.Option("--base-tokenizer", help="The base model's tokenizer folder (default: lineage).")
+    ] = None,
+    system_prompt: Annotated[
+        str | None, typer.Option("--system-prompt", help="Default system message; default the SFT config's.")
+    ] = None,
+    s3_endpoint_url: Annotated[
+        str | None,
+        typer.Option("--s3-endpoint-url", envvar="DILFORGE_S3_ENDPOINT_URL", help="S3-compatible endpoint."),
+    ] = None,
+) -> None:
+    """Export a CPT or SFT artifact as a GGUF for llama.cpp / Ollama, and an Ollama Modelfile beside it."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        files = export(
-            args.artifact, args.out, args.quant, args.s3_endpoint_url, args.base_tokenizer, args.system_prompt
-        )
-    except DilforgeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    except OSError as exc:  # a folder that vanished or turned unwritable mid-way: one line, not a traceback
-        where = f": {exc.filename}" if exc.filename else ""
-        print(f"error: {exc.strerror or exc}{where}", file=sys.stderr)
-        return 1
-    for path in files:
-        print(path)
-    return 0
+    for path in export(artifact, out, quant, s3_endpoint_url, base_tokenizer, system_prompt):
+        typer.echo(path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(app, sys.argv[1:] if argv is None else list(argv), "python -m dilforge_serve.export")
 
 
 if __name__ == "__main__":
