@@ -115,7 +115,7 @@ def main() -> int:
     os.environ.setdefault("DILFORGE_LOG_LEVEL", "WARNING")
 
     from dilforge_cpt import data, stage
-    from dilforge_shared.configs import DataSource
+    from dilforge_shared.configs.base import DataSource
     from dilforge_shared.configs.cpt import CptConfig
     from dilforge_shared.corpus import iter_texts
 

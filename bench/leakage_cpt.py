@@ -124,10 +124,10 @@ def recalibrated(arm: dict, base_dir: Path, args):
     flores-en leakage before and after."""
     import init_experiments
     import torch
+    from dilforge_coordinator.config import load_pipeline
     from dilforge_cpt import leakage, transplant
     from dilforge_cpt.data import PackedData, cache_key, load_tokenizer, special_ids, tokenize_to_file
     from dilforge_cpt.runtime import Runtime
-    from dilforge_shared.configs import load_pipeline
     from transformers import AutoModelForCausalLM
 
     model_dir = Path(arm["model"])

@@ -160,7 +160,7 @@ def frozen_endpoint(tmp: Path) -> str:
 
 def verification(tmp: Path) -> list[str]:
     """check_artifact on a published 512 MiB artifact: sha256 mode against stamp mode, same process."""
-    from dilforge_shared.integrity import check_artifact
+    from dilforge_coordinator.integrity import check_artifact
     from dilforge_shared.manifest import Manifest, current_producer
     from dilforge_shared.store import publish
 

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from dilforge_shared.configs import PipelineConfig, load_pipeline
 from dilforge_shared.settings import default_download_cache, settings
 from dilforge_shared.stages import STAGES
 from dilforge_shared.store import ArtifactStore, NotFound, fetch, ls_files, read_manifest
@@ -23,6 +22,7 @@ from . import pipeline as pl
 from .backends import BACKENDS
 from .chat import chat_cmd
 from .common import USER_ERRORS, _prepared_backend, _setup_logging, fail, one_line
+from .config import PipelineConfig, load_pipeline
 from .deploy import deploy_cmd
 from .images import images_app
 from .models_cmd import models_app

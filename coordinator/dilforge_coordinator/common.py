@@ -8,11 +8,11 @@ from pathlib import Path
 
 import typer
 from botocore.exceptions import BotoCoreError, ClientError
-from dilforge_shared.configs import PipelineConfig
 from dilforge_shared.errors import DilforgeError
 from dilforge_shared.settings import install_log_masking, redact
 
 from .backends import get_backend
+from .config import PipelineConfig
 
 # What a user can act on: our own errors, OS errors (a full disk, a path under a file), and S3 answers such as an
 # unreachable endpoint or missing credentials; shown as one line and exit 1, never as a traceback.

@@ -16,10 +16,11 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 import typer
-from dilforge_shared.configs import PipelineConfig, load_pipeline
-from dilforge_shared.configs.cloud import SageMakerConfig
 from dilforge_shared.errors import ConfigError, DilforgeError
 from dilforge_shared.serving import MODEL_ID_ENV, SYSTEM_PROMPT_ENV, default_model_id
+
+from .cloud import SageMakerConfig
+from .config import PipelineConfig, load_pipeline
 
 log = logging.getLogger("dilforge.coordinator.deploy")
 GPU_FAMILIES = ("g", "p")  # ml.g5/g6/p4d/p5...: the serve image's GPU variant

@@ -363,7 +363,7 @@ def push_cmd(
 ) -> None:
     """Push images to ECR (creating repositories) and record their digests for --backend sagemaker."""
     if config is not None:
-        from dilforge_shared.configs import load_yaml
+        from .config import load_yaml
 
         section = load_yaml(config).get("sagemaker") or {}
         region = region or section.get("region")

@@ -10,13 +10,14 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from dilforge_shared.configs import PipelineConfig, validate_model
+from dilforge_shared.configs.base import validate_model
 from dilforge_shared.metrics import read_metrics
 from dilforge_shared.recipes import RECIPES, source_kind
 from dilforge_shared.store import read_manifest
 
 from . import pipeline as pl
 from .common import _prepared_backend, _setup_logging
+from .config import PipelineConfig
 
 models_app = typer.Typer(
     help="Base models as artifacts: import a recipe, a GGUF, an HF folder or an s3:// prefix.", no_args_is_help=True

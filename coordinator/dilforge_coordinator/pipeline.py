@@ -9,16 +9,17 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Protocol
 
-from dilforge_shared.configs import PipelineConfig, StageConfig
+from dilforge_shared.configs.base import StageConfig
 from dilforge_shared.errors import DilforgeError, ManifestNotFound
 from dilforge_shared.identity import artifact_id, stage_refs
-from dilforge_shared.integrity import check_artifact, move_aside
 from dilforge_shared.locks import FileLock, S3Lease
 from dilforge_shared.manifest import MANIFEST_NAME
 from dilforge_shared.settings import settings
 from dilforge_shared.stages import STAGE_MODULES, STAGES, image_of
 from dilforge_shared.store import ArtifactStore, artifact_exists
 
+from .config import PipelineConfig
+from .integrity import check_artifact, move_aside
 from .records import RunRecord, record_artifacts, running_owner
 
 log = logging.getLogger("dilforge.coordinator")
@@ -127,8 +128,9 @@ def check_input_names(stage: str, config: StageConfig, names: list[str]) -> None
 
 def check_input_kinds(stage: str, inputs: dict[str, str], endpoint_url: str | None) -> None:
     """Each upstream artifact is of the kind its input needs: an SFT adapter is not a tokenizer."""
-    from dilforge_shared.configs import STAGE_CONFIGS
     from dilforge_shared.store import read_manifest
+
+    from .config import STAGE_CONFIGS
 
     for name, uri in sorted(inputs.items()):
         expected = STAGE_CONFIGS[name].artifact_kind

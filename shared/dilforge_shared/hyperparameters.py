@@ -8,8 +8,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from .configs.base import StageConfig
-from .configs.pipeline import validate_model
+from .configs.base import StageConfig, validate_model
 from .errors import ConfigError, UnsafePathError
 from .paths import check_name
 from .store import read_uri_bytes

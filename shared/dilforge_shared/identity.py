@@ -15,7 +15,7 @@ from .configs.base import StageConfig
 from .configs.model import ModelConfig
 from .corpus import data_digest
 from .errors import ConfigError, InputError, ManifestNotFound
-from .manifest import InputRef, Manifest, artifact_ref, fingerprint, scan_files, sha256_file
+from .manifest import InputRef, artifact_ref, fingerprint, scan_files, sha256_file
 from .paths import check_links, declared_uri
 from .recipes import RECIPES, source_kind
 from .store import S3Storage, read_manifest
@@ -79,19 +79,6 @@ def artifact_id(config: StageConfig, refs: list[InputRef], code_version: str | N
     """The id of the artifact `config` produces from inputs `refs` with this code (or the given code version)."""
     version = stages.code_version(config.stage) if code_version is None else code_version
     return fingerprint(config.stage, config.identity(), refs, version)
-
-
-def recompute_artifact_id(manifest: Manifest) -> str:
-    """The artifact id from a published manifest alone: stage, code version, recorded config and inputs.
-
-    The recorded config is validated again by its stage's config class to drop its run-only fields; a config
-    the class refuses is a ConfigError naming the manifest's stage."""
-    from .configs.pipeline import STAGE_CONFIGS, validate_model
-
-    config = validate_model(
-        STAGE_CONFIGS[manifest.stage], manifest.config, f"manifest config of stage {manifest.stage}"
-    )
-    return artifact_id(config, manifest.inputs, manifest.code_version)
 
 
 def dir_digest(root: Path) -> str:

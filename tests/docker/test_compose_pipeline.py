@@ -129,6 +129,6 @@ def test_stage_failure_reason_comes_back(docker_ready, data_root, tmp_path):
 
 
 def _consumes(stage: str) -> tuple[str, ...]:
-    from dilforge_shared.configs import STAGE_CONFIGS
+    from dilforge_coordinator.config import STAGE_CONFIGS
 
     return STAGE_CONFIGS[stage].consumes

@@ -21,7 +21,7 @@ import factories
 import psutil
 import pytest
 import yaml
-from dilforge_shared.identity import recompute_artifact_id
+from dilforge_coordinator.integrity import recompute_artifact_id
 
 pytestmark = pytest.mark.slow
 

@@ -188,7 +188,7 @@ def two_hosts(curated, tmp_path):
     """`process(host, *args)`: start `python -m dilforge_curate process ARGS` as host algo-1 or algo-2 of a job of
     two, as a SageMaker Processing container would (the run's config as hyperparameters, resourceconfig.json);
     also the local run's manifest and the artifact folder the hosts publish to."""
-    from dilforge_shared.configs import validate_model
+    from dilforge_shared.configs.base import validate_model
     from dilforge_shared.configs.curate import CurateConfig
     from dilforge_shared.hyperparameters import build_hyperparameters
     from dilforge_shared.opt_ml import OPT_ML_ENV, OptMl

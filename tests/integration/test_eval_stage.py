@@ -12,7 +12,7 @@ from pathlib import Path
 import metrics_samples
 import pytest
 import torch
-from dilforge_shared.identity import recompute_artifact_id
+from dilforge_coordinator.integrity import recompute_artifact_id
 from dilforge_shared.manifest import Manifest, current_producer
 from dilforge_shared.store import fetch, publish, read_manifest
 

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from dilforge_shared.identity import recompute_artifact_id
+from dilforge_coordinator.integrity import recompute_artifact_id
 from dilforge_shared.recipes import RECIPES
 from dilforge_shared.store import fetch
 

@@ -8,10 +8,10 @@ import threading
 
 import pytest
 from dilforge_coordinator import pipeline as pl
+from dilforge_coordinator.config import load_pipeline
+from dilforge_coordinator.integrity import check_artifact
 from dilforge_coordinator.records import RunRecord, record_lock
-from dilforge_shared.configs import load_pipeline
 from dilforge_shared.errors import IntegrityError
-from dilforge_shared.integrity import check_artifact
 from dilforge_shared.manifest import MANIFEST_NAME, sha256_bytes
 from dilforge_shared.store import ArtifactStore, fetch, open_backend
 from dilforge_shared.store.artifacts import manifest_digest_key

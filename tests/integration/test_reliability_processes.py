@@ -23,7 +23,7 @@ import pytest
 FAKE_STAGE = """
 import json, os, sys, time
 from pathlib import Path
-from dilforge_shared.configs import STAGE_CONFIGS
+from dilforge_coordinator.config import STAGE_CONFIGS
 from dilforge_shared.contract import StageResult, Terminated, install_sigterm_handler, stage_main
 
 def body(config, ctx):

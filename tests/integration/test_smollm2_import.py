@@ -15,7 +15,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from dilforge_shared.identity import recompute_artifact_id
+from dilforge_coordinator.integrity import recompute_artifact_id
 from dilforge_shared.recipes import RECIPES, cache_root
 from dilforge_shared.store import fetch
 

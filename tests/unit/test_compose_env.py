@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 from dilforge_coordinator.backends.compose import S3_ACCESS_KEY, ComposeBackend
-from dilforge_shared.configs import PipelineConfig
+from dilforge_coordinator.config import PipelineConfig
 from dilforge_shared.store import S3Storage, endpoint_keys
 
 

@@ -8,9 +8,11 @@ import warnings
 from pathlib import Path
 
 import pytest
-from dilforge_shared.configs import CptConfig, SftConfig, load_pipeline, validate_model
+from dilforge_coordinator.config import CONFIG_SCHEMA_VERSION, load_pipeline
+from dilforge_shared.configs.base import validate_model
+from dilforge_shared.configs.cpt import CptConfig
 from dilforge_shared.configs.knobs import Batching, Checkpointing, SourceLimits, Warmup
-from dilforge_shared.configs.pipeline import CONFIG_SCHEMA_VERSION
+from dilforge_shared.configs.sft import SftConfig
 from dilforge_shared.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -136,7 +138,7 @@ def _unbounded_integers(schema: dict) -> set[str]:
 
 
 def test_every_integer_that_scales_memory_or_time_has_an_upper_bound():
-    from dilforge_shared.schemas import schemas
+    from dilforge_coordinator.schemas import schemas
 
     unbounded = _unbounded_integers(schemas()["pipeline.schema.json"])
     assert unbounded == set(UNBOUNDED_BY_DESIGN), (

@@ -2,7 +2,7 @@ import json
 
 import metrics_samples
 import pytest
-from dilforge_shared.configs import TokenizerConfig
+from dilforge_shared.configs.tokenizer import TokenizerConfig
 from dilforge_shared.contract import StageResult, stage_main
 from dilforge_shared.errors import ConfigError
 from dilforge_shared.hyperparameters import build_hyperparameters, parse_hyperparameters

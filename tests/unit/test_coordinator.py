@@ -5,7 +5,7 @@ import metrics_samples
 import pytest
 from dilforge_coordinator import pipeline as pl
 from dilforge_coordinator.cli import app
-from dilforge_shared.configs import STAGE_CONFIGS, load_pipeline
+from dilforge_coordinator.config import STAGE_CONFIGS, load_pipeline
 from dilforge_shared.contract import StageResult, stage_main
 from dilforge_shared.errors import ConfigError, DilforgeError
 from dilforge_shared.hyperparameters import build_hyperparameters
@@ -115,7 +115,7 @@ def test_cli_manifest_show_and_validate(tmp_path, monkeypatch):
 
 
 def test_stage_without_required_upstream_fails_clearly(tmp_path):
-    from dilforge_shared.configs import PipelineConfig
+    from dilforge_coordinator.config import PipelineConfig
 
     cfg = PipelineConfig.model_validate(
         {
@@ -135,7 +135,7 @@ def test_stage_without_required_upstream_fails_clearly(tmp_path):
 
 def test_base_model_content_is_part_of_the_fingerprint(tmp_path):
     """A base tokenizer/model rewritten in place at the same path must not reuse the old artifact."""
-    from dilforge_shared.configs import PipelineConfig
+    from dilforge_coordinator.config import PipelineConfig
 
     base = tmp_path / "base_tok"
     base.mkdir()

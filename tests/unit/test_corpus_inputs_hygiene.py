@@ -11,7 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
-from dilforge_shared.configs import PipelineConfig, load_yaml, validate_model
+from dilforge_coordinator.config import PipelineConfig, load_yaml
+from dilforge_shared.configs.base import validate_model
 from dilforge_shared.configs.curate import CurateConfig, RawSource
 from dilforge_shared.corpus import data_digest, iter_located_texts, iter_texts
 from dilforge_shared.corpus_files import expand
@@ -189,7 +190,7 @@ def test_the_alpha_words_bound_means_what_datatrove_does_with_it():
 
 
 def _stage(tmp_path, monkeypatch, body, publish=True):
-    from dilforge_shared.configs import STAGE_CONFIGS
+    from dilforge_coordinator.config import STAGE_CONFIGS
     from dilforge_shared.contract import stage_main
     from dilforge_shared.hyperparameters import build_hyperparameters
     from dilforge_shared.opt_ml import OptMl

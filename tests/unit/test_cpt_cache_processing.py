@@ -9,7 +9,7 @@ import botocore.session
 import pytest
 from botocore.validate import validate_parameters
 from dilforge_coordinator.backends.sagemaker import SageMakerBackend, offline_jobs
-from dilforge_shared.configs import PipelineConfig
+from dilforge_coordinator.config import PipelineConfig
 from factories import clear_aws, fill_what_moto_omits
 from pydantic import ValidationError
 

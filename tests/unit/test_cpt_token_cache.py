@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from dilforge_shared.configs import DataSource
+from dilforge_shared.configs.base import DataSource
 from dilforge_shared.corpus import iter_texts
 
 
@@ -303,7 +303,7 @@ KILLED_BUILD = """
 import sys
 from pathlib import Path
 from dilforge_cpt import data
-from dilforge_shared.configs import DataSource
+from dilforge_shared.configs.base import DataSource
 
 if __name__ == "__main__":  # the workers are spawned: they import this script
     corpus, tok_dir, cache = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])

@@ -6,8 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from datatrove.data import Document
+from dilforge_coordinator.config import PipelineConfig
 from dilforge_curate.steps import ContactRedactor, Normaliser, strip_control_tokens
-from dilforge_shared.configs import PipelineConfig, validate_model
+from dilforge_shared.configs.base import validate_model
 from dilforge_shared.errors import ConfigError
 
 REDACT = ContactRedactor(True, True, True, {"email": "<EMAIL>", "phone": "<PHONE>", "card": "<CARD>"})
@@ -144,7 +145,7 @@ def test_cpt_cache_entries_of_the_special_parsing_encoding_are_not_reused(tiny_t
     import hashlib
 
     from dilforge_cpt import data
-    from dilforge_shared.configs import DataSource
+    from dilforge_shared.configs.base import DataSource
 
     monkeypatch.setattr(data, "data_digest", lambda uri, endpoint_url: "d")
     source = DataSource(uri="x.txt")

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 from datatrove.data import Document
+from dilforge_coordinator.config import PipelineConfig
 from dilforge_curate.steps import ContactRedactor, LinguaFilter, Normaliser, WordSplitter, luhn_ok
-from dilforge_shared.configs import PipelineConfig, validate_model
+from dilforge_shared.configs.base import validate_model
 from dilforge_shared.configs.curate import CurateConfig
 from dilforge_shared.errors import ConfigError
 

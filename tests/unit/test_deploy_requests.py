@@ -12,7 +12,7 @@ import pytest
 from botocore.validate import validate_parameters
 from dilforge_coordinator import deploy
 from dilforge_coordinator.cli import app
-from dilforge_shared.configs import load_pipeline
+from dilforge_coordinator.config import load_pipeline
 from dilforge_shared.errors import ConfigError
 from factories import clear_aws
 from typer.testing import CliRunner

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 from dilforge_coordinator import pipeline as pl
+from dilforge_coordinator.config import load_pipeline
+from dilforge_coordinator.integrity import check_artifact
 from dilforge_coordinator.records import parse_record
-from dilforge_shared.configs import load_pipeline
-from dilforge_shared.integrity import check_artifact
 from dilforge_shared.manifest import MANIFEST_NAME
 from factories import CheckpointTensors
 from fuzzing import fault_seeds

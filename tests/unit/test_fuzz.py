@@ -12,8 +12,9 @@ import tempfile
 from pathlib import Path
 
 from dilforge_coordinator.cli import app
+from dilforge_coordinator.config import PipelineConfig, load_pipeline
 from dilforge_coordinator.records import DamagedRecord, RecordDoc, RunRecord, parse_record
-from dilforge_shared.configs import PipelineConfig, load_pipeline, validate_model
+from dilforge_shared.configs.base import validate_model
 from dilforge_shared.errors import ConfigError, ManifestError
 from dilforge_shared.manifest import Manifest, current_producer, parse_manifest
 from dilforge_shared.paths import check_name, check_relative_path
@@ -107,7 +108,7 @@ def test_any_yaml_text_loads_or_is_one_config_error(text):
 @FUZZ
 @given(st.integers(1, 12), st.integers(2, 12))
 def test_nested_aliases_are_refused_exactly_when_they_expand_past_the_bound(depth, width):
-    from dilforge_shared.configs.pipeline import MAX_YAML_NODES
+    from dilforge_coordinator.config import MAX_YAML_NODES
 
     levels = ["l0: &l0 [x]"] + [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * width)}]" for i in range(1, depth)]
     sizes = [2]  # a sequence node and its scalar

@@ -28,10 +28,11 @@ from dilforge_coordinator import gc
 from dilforge_coordinator import pipeline as pl
 from dilforge_coordinator.backends.local import WORK_MARKER, LocalBackend, work_folder
 from dilforge_coordinator.cli import app
+from dilforge_coordinator.config import load_pipeline
+from dilforge_coordinator.integrity import check_artifact
 from dilforge_serve import export
 from dilforge_shared import staging
-from dilforge_shared.configs import SftConfig, load_pipeline
-from dilforge_shared.integrity import check_artifact
+from dilforge_shared.configs.sft import SftConfig
 from dilforge_shared.locks import FileLock
 from dilforge_shared.manifest import Manifest, current_producer
 from dilforge_shared.store import publish

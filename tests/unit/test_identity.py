@@ -10,11 +10,11 @@ from pathlib import Path
 import metrics_samples
 import pytest
 from dilforge_coordinator import pipeline as pl
+from dilforge_coordinator.config import STAGE_CONFIGS, load_pipeline
+from dilforge_coordinator.integrity import check_artifact
+from dilforge_coordinator.schemas import schemas
 from dilforge_shared import stages
-from dilforge_shared.configs import STAGE_CONFIGS, load_pipeline
 from dilforge_shared.configs.base import IDENTITY_KEY, run_only_paths
-from dilforge_shared.integrity import check_artifact
-from dilforge_shared.schemas import schemas
 from dilforge_shared.store import fetch
 from test_coordinator import InProcessBackend, write_config
 
@@ -98,7 +98,7 @@ def cpt_pipeline(tmp_path: Path, **cpt) -> dict:
 @pytest.fixture
 def planned(tmp_path, monkeypatch):
     """raw pipeline → the CPT job's planned id, fed a real (fake-trained) tokenizer artifact."""
-    from dilforge_shared.configs import PipelineConfig
+    from dilforge_coordinator.config import PipelineConfig
 
     monkeypatch.setenv("DILFORGE_VAR_CORPUS_DIR", str(tmp_path))
     tok = pl.run_all(load_pipeline(write_config(tmp_path)), InProcessBackend(tmp_path, monkeypatch))["tokenizer"]

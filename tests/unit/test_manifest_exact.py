@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from dilforge_coordinator import pipeline as pl
 from dilforge_coordinator.cli import app
-from dilforge_shared.configs import load_pipeline
+from dilforge_coordinator.config import load_pipeline
+from dilforge_coordinator.integrity import check_artifact
 from dilforge_shared.corpus import iter_texts, source_files
 from dilforge_shared.errors import IntegrityError
-from dilforge_shared.integrity import check_artifact
 from dilforge_shared.manifest import MANIFEST_NAME, Manifest, current_producer, sha256_bytes, sha256_file
 from dilforge_shared.store import fetch, publish
 from dilforge_shared.store.artifacts import manifest_digest_key

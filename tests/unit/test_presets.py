@@ -3,7 +3,7 @@
 from pathlib import Path
 
 import pytest
-from dilforge_shared.configs import load_pipeline
+from dilforge_coordinator.config import load_pipeline
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 PRESETS = sorted(p for p in CONFIGS.glob("*.yaml"))

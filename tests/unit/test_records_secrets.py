@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from dilforge_coordinator import pipeline as pl
 from dilforge_coordinator.cli import app
-from dilforge_shared.configs import load_pipeline
+from dilforge_coordinator.config import load_pipeline
 from dilforge_shared.errors import ConfigError
 from dilforge_shared.manifest import MANIFEST_NAME, Manifest, current_producer
 from dilforge_shared.settings import MaskSecrets, is_secret_name, redact

@@ -17,9 +17,9 @@ import pytest
 from dilforge_coordinator import pipeline as pl
 from dilforge_coordinator.backends.local import WORK_MARKER
 from dilforge_coordinator.cli import app
-from dilforge_shared.configs import load_pipeline
+from dilforge_coordinator.config import load_pipeline
+from dilforge_coordinator.integrity import check_artifact
 from dilforge_shared.errors import ConfigError, IntegrityError
-from dilforge_shared.integrity import check_artifact
 from dilforge_shared.manifest import MANIFEST_NAME, Manifest, current_producer
 from dilforge_shared.store import ArtifactStore, fetch, mirror_prefix, publish
 from typer.testing import CliRunner
@@ -510,7 +510,7 @@ def test_default_s3_budget_is_under_a_minute(monkeypatch):
 def test_a_full_disk_in_a_stage_is_a_one_line_failure_naming_the_file(tmp_path, monkeypatch):
     import errno
 
-    from dilforge_shared.configs import STAGE_CONFIGS
+    from dilforge_coordinator.config import STAGE_CONFIGS
     from dilforge_shared.contract import stage_main
     from dilforge_shared.hyperparameters import build_hyperparameters
     from dilforge_shared.opt_ml import OptMl
@@ -617,7 +617,7 @@ def test_credentials_in_a_store_url_are_refused_and_masked_in_any_log_line(tmp_p
     environment. Configs refuse it (naming the field); any such URL in a log line is masked all the same."""
     import logging
 
-    from dilforge_shared.configs import PipelineConfig
+    from dilforge_coordinator.config import PipelineConfig
     from dilforge_shared.settings import MaskSecrets
     from dilforge_shared.settings import redact as mask
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from dilforge_coordinator import pipeline as pl
 from dilforge_coordinator.cli import app
-from dilforge_shared.configs import load_pipeline
+from dilforge_coordinator.config import load_pipeline
 from dilforge_shared.corpus import data_digest, iter_texts
 from dilforge_shared.errors import ConfigError, InputError
 from dilforge_shared.manifest import Manifest, current_producer

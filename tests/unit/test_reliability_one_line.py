@@ -15,7 +15,7 @@ from pathlib import Path
 import metrics_samples
 import pytest
 from dilforge_coordinator.cli import app
-from dilforge_shared.configs import load_pipeline
+from dilforge_coordinator.config import load_pipeline
 from dilforge_shared.errors import ConfigError
 from test_reliability import write_config
 from typer.testing import CliRunner
@@ -118,7 +118,7 @@ def _unigram_folder(root: Path) -> Path:
 
 
 def test_extend_over_a_unigram_base_of_another_model_type_is_one_line(tmp_path, monkeypatch):
-    from dilforge_shared.configs import STAGE_CONFIGS
+    from dilforge_coordinator.config import STAGE_CONFIGS
     from dilforge_shared.contract import stage_main
     from dilforge_shared.hyperparameters import build_hyperparameters
     from dilforge_shared.opt_ml import OptMl
@@ -159,7 +159,7 @@ def test_set_and_model_names_with_dollars_draw(tmp_path):
 
 
 def test_vocab_sizes_beyond_what_training_produced_are_recorded_as_produced(tmp_path):
-    from dilforge_shared.configs import validate_model
+    from dilforge_shared.configs.base import validate_model
     from dilforge_shared.configs.tokenizer import TokenizerConfig
     from dilforge_shared.families import LLAMA3
     from dilforge_tokenizer import llama3, pretokens

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from dilforge_coordinator import pipeline as pl
 from dilforge_coordinator.cli import app
-from dilforge_shared.configs import load_pipeline
+from dilforge_coordinator.config import load_pipeline
 from dilforge_shared.errors import ManifestError, UnsafePathError
 from dilforge_shared.manifest import MANIFEST_NAME, Manifest, current_producer
 from dilforge_shared.store import ArtifactStore, LocalStorage, S3Storage, fetch, publish

@@ -8,7 +8,8 @@ import logging
 from types import SimpleNamespace
 
 import pytest
-from dilforge_shared.configs import PipelineConfig, validate_model
+from dilforge_coordinator.config import PipelineConfig
+from dilforge_shared.configs.base import validate_model
 from dilforge_shared.configs.cpt import CptConfig
 from dilforge_shared.configs.sft import SftConfig
 from dilforge_shared.configs.tokenizer import TokenizerConfig

@@ -161,7 +161,7 @@ def test_cpt_runtime_and_liger_follow_the_policy(monkeypatch):
 
 def test_eval_run_refuses_an_impossible_device_before_any_work(monkeypatch, tmp_path):
     from dilforge_eval import stage
-    from dilforge_shared.configs import EvalConfig
+    from dilforge_shared.configs.eval import EvalConfig
 
     monkeypatch.setattr(runtime_policy, "probe_device", lambda: CPU)
     config = EvalConfig.model_validate({"models": [{"label": "m", "uri": "/nowhere"}], "device": "cuda"})

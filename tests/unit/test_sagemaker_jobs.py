@@ -11,9 +11,9 @@ from pathlib import Path
 import boto3
 import pytest
 from dilforge_coordinator.backends.sagemaker import SageMakerBackend
+from dilforge_coordinator.cloud import SageMakerConfig
+from dilforge_coordinator.config import PipelineConfig
 from dilforge_coordinator.pipeline import StageFailed, run_all
-from dilforge_shared.configs import PipelineConfig
-from dilforge_shared.configs.cloud import SageMakerConfig
 from dilforge_shared.manifest import Manifest, current_producer
 from dilforge_shared.store import publish, read_manifest
 
@@ -157,7 +157,7 @@ def _fake_job_publishes(backend: SageMakerBackend, s3, submitted: list[dict]):
         out = Path(backend.tmp) / f"{stage}-{len(submitted)}"
         out.mkdir(parents=True)
         (out / "weights.txt").write_text(f"{stage} trained with inputs {hp['inputs']}")
-        from dilforge_shared.configs import STAGE_CONFIGS
+        from dilforge_coordinator.config import STAGE_CONFIGS
         from dilforge_shared.identity import stage_refs
         from dilforge_shared.stages import code_version
 

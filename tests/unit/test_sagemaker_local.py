@@ -283,7 +283,7 @@ def test_only_the_containers_a_job_left_are_removed(tmp_path):
 
 def test_only_declared_inputs_are_uploaded(tmp_path):
     from dilforge_coordinator.backends.sagemaker_local import declared_inputs
-    from dilforge_shared.configs import PipelineConfig
+    from dilforge_coordinator.config import PipelineConfig
 
     corpus = tmp_path / "c.txt"
     corpus.write_text("Salam.\n")
@@ -303,7 +303,7 @@ def test_an_uploaded_copy_gets_the_local_inputs_artifact_id(monkeypatch, tmp_pat
     --backend sagemaker-local, as the copies uploaded to the store (paths.declared_uri, sha256 metadata)."""
     import boto3
     import moto
-    from dilforge_shared.configs import validate_model
+    from dilforge_shared.configs.base import validate_model
     from dilforge_shared.configs.tokenizer import TokenizerConfig
     from dilforge_shared.identity import artifact_id, config_refs
 

@@ -13,7 +13,7 @@ import pytest
 from botocore.validate import validate_parameters
 from dilforge_coordinator.backends.sagemaker import METRIC_DEFINITIONS, SageMakerBackend, offline_jobs
 from dilforge_coordinator.cli import app
-from dilforge_shared.configs import load_pipeline
+from dilforge_coordinator.config import load_pipeline
 from dilforge_shared.errors import ConfigError
 from factories import clear_aws
 from typer.testing import CliRunner

@@ -1,6 +1,6 @@
 from pathlib import Path
 
-from dilforge_shared import schemas
+from dilforge_coordinator import schemas
 
 SCHEMA_DIR = Path(__file__).resolve().parents[2] / "schemas"
 
@@ -8,9 +8,9 @@ SCHEMA_DIR = Path(__file__).resolve().parents[2] / "schemas"
 def test_exported_json_schemas_match_the_models():
     for name, schema in schemas.schemas().items():
         path = SCHEMA_DIR / name
-        assert path.exists(), f"{path} missing: run python -m dilforge_shared.schemas schemas"
+        assert path.exists(), f"{path} missing: run python -m dilforge_coordinator.schemas schemas"
         assert path.read_text() == schemas.render(schema), (
-            f"{path} is stale: run python -m dilforge_shared.schemas schemas"
+            f"{path} is stale: run python -m dilforge_coordinator.schemas schemas"
         )
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import typing
 from pathlib import Path
 
-from dilforge_shared.configs import STAGE_CONFIGS, PipelineConfig
-from dilforge_shared.configs.cloud import SageMakerConfig
+from dilforge_coordinator.cloud import SageMakerConfig
+from dilforge_coordinator.config import STAGE_CONFIGS, PipelineConfig
 from dilforge_shared.manifest import Manifest
 from dilforge_shared.stages import IMAGES, STAGE_IMAGES, STAGE_MODULES, STAGES, image_of
 

@@ -25,8 +25,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from dilforge_shared.configs import ModelConfig, PipelineConfig
-from dilforge_shared.configs.cloud import SageMakerConfig, StageResources
+from dilforge_shared.configs.model import ModelConfig
 from dilforge_shared.errors import ConfigError, DilforgeError
 from dilforge_shared.hyperparameters import build_hyperparameters
 from dilforge_shared.identity import artifact_id as planned_artifact_id
@@ -34,6 +33,8 @@ from dilforge_shared.manifest import InputRef
 from dilforge_shared.recipes import source_kind
 from dilforge_shared.store import open_backend
 
+from ..cloud import SageMakerConfig, StageResources
+from ..config import PipelineConfig
 from ..pipeline import StageFailed, StageJob, image_of, module_env
 
 HYPERPARAMETER_LIMIT = 2500

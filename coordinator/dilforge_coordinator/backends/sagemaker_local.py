@@ -34,8 +34,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from dilforge_shared.configs import PipelineConfig
-from dilforge_shared.configs.cloud import SageMakerConfig
 from dilforge_shared.configs.model import ModelConfig
 from dilforge_shared.corpus import stamped_sha256
 from dilforge_shared.errors import ConfigError, DilforgeError
@@ -44,6 +42,8 @@ from dilforge_shared.paths import uploaded_copy
 from dilforge_shared.settings import settings
 from dilforge_shared.store import open_backend, read_manifest, verify_files
 
+from ..cloud import SageMakerConfig
+from ..config import PipelineConfig
 from ..pipeline import StageFailed, StageJob, image_of
 from .compose import S3_ACCESS_KEY, S3_SECRET_KEY, ComposeBackend
 from .local import WORK_MARKER, work_folder

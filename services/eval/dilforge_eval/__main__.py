@@ -1,6 +1,6 @@
 import sys
 
-from dilforge_shared.configs import EvalConfig
+from dilforge_shared.configs.eval import EvalConfig
 from dilforge_shared.contract import stage_main
 
 from .stage import run

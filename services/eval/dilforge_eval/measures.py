@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from dilforge_shared.bpb import BpbResult, TokenStream, build_stream, sliding_window_bpb
-from dilforge_shared.configs import EvalConfig
+from dilforge_shared.configs.eval import EvalConfig
 from dilforge_shared.families import detect_family
 from dilforge_shared.metrics import BpbFigures, MorphFigures, ParityFigures, SetFigures
 from dilforge_shared.metrics import EvalModel as ModelFigures

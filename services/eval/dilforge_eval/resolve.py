@@ -9,8 +9,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dilforge_shared.configs import EvalConfig
-from dilforge_shared.configs.eval import BASE_LABEL
+from dilforge_shared.configs.eval import BASE_LABEL, EvalConfig
 from dilforge_shared.contract import StageContext
 from dilforge_shared.errors import ConfigError, InputError
 from dilforge_shared.manifest import Manifest

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from dilforge_shared import runtime_policy
-from dilforge_shared.configs import EvalConfig
+from dilforge_shared.configs.eval import EvalConfig
 from dilforge_shared.contract import StageContext, StageResult, log_config
 from dilforge_shared.errors import InputError
 from dilforge_shared.metrics import (

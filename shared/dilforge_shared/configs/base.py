@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.fields import FieldInfo
 from pydantic_core import to_jsonable_python
 
 from ..corpus import MAX_DOCUMENT_BYTES, Oversize, TextFormat
+from ..errors import ConfigError, format_validation_error
 from ..paths import declared_uri
+from ..settings import redact, secret_values
 
 # ---- bounds --------------------------------------------------------------------------------
 # Upper bounds of the fields that scale memory or time (a typo such as 1e9 is refused at
@@ -241,3 +243,28 @@ class StageConfig(StrictModel):
 
 
 Precision = Literal["auto", "bf16", "fp32"]
+
+
+def secret_fields(raw: Any, where: str = "", values: list[str] | None = None) -> list[str]:
+    """Dotted paths of the config strings that hold a secret as `settings.redact` recognises one (URL userinfo, an
+    access key, a token, a credential variable's value): a config is written into manifests, records and data cards,
+    so a credential in it is refused, never redacted there (a redacted config would no longer give its artifact id)."""
+    values = secret_values() if values is None else values
+    if isinstance(raw, dict):
+        return [p for k, v in raw.items() for p in secret_fields(v, f"{where}.{k}" if where else str(k), values)]
+    if isinstance(raw, list):
+        return [p for i, v in enumerate(raw) for p in secret_fields(v, f"{where}[{i}]", values)]
+    return [where or "<root>"] if isinstance(raw, str) and redact(raw, values) != raw else []
+
+
+def validate_model(model: type[StrictModel], raw: Any, source: str):
+    if found := secret_fields(raw):
+        raise ConfigError(
+            f"{source}: {found[0]}: holds a credential (a URL's user:password@, an access key, a token or a "
+            "secret's value); give credentials through the environment (DILFORGE_S3_ACCESS_KEY_ID / "
+            "DILFORGE_S3_SECRET_ACCESS_KEY or the AWS chain), never in a config"
+        )
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, source)) from None

@@ -1,6 +1,6 @@
 """Export the JSON Schemas of the manifest and the pipeline config into `schemas/`.
 
-`python -m dilforge_shared.schemas schemas/` rewrites them; `--check` exits 1 if they are stale.
+`python -m dilforge_coordinator.schemas schemas/` rewrites them; `--check` exits 1 if they are stale.
 """
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ import json
 import sys
 from pathlib import Path
 
-from .configs import PipelineConfig
-from .manifest import Manifest
+from dilforge_shared.manifest import Manifest
+
+from .config import PipelineConfig
 
 
 def schemas() -> dict[str, dict]:
@@ -26,7 +27,7 @@ def render(schema: dict) -> str:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dilforge_shared.schemas", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m dilforge_coordinator.schemas", description=__doc__.splitlines()[0])
     parser.add_argument("out", nargs="?", default="schemas", type=Path, help="folder of the JSON schemas")
     parser.add_argument("--check", action="store_true", help="exit 1 when a schema file is stale, write nothing")
     args = parser.parse_args(argv)
@@ -42,7 +43,7 @@ def main(argv: list[str]) -> int:
             out.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
     if stale:
-        print(f"stale JSON schemas: {stale}; run `python -m dilforge_shared.schemas {out}`", file=sys.stderr)
+        print(f"stale JSON schemas: {stale}; run `python -m dilforge_coordinator.schemas {out}`", file=sys.stderr)
         return 1
     return 0
 

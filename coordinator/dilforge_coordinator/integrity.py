@@ -13,11 +13,23 @@ import os
 from datetime import UTC, datetime
 from pathlib import Path
 
-from .errors import DilforgeError, IntegrityError, ManifestError, ManifestNotFound
-from .manifest import MANIFEST_NAME, Manifest
-from .settings import settings
-from .store import NotFound, Storage, artifact_storage, manifest_uri_of, open_backend, read_manifest, verify_files
-from .store.artifacts import extra_keys, recorded_digest_problem
+from dilforge_shared.configs.base import validate_model
+from dilforge_shared.errors import DilforgeError, IntegrityError, ManifestError, ManifestNotFound
+from dilforge_shared.identity import artifact_id
+from dilforge_shared.manifest import MANIFEST_NAME, Manifest
+from dilforge_shared.settings import settings
+from dilforge_shared.store import (
+    NotFound,
+    Storage,
+    artifact_storage,
+    manifest_uri_of,
+    open_backend,
+    read_manifest,
+    verify_files,
+)
+from dilforge_shared.store.artifacts import extra_keys, recorded_digest_problem
+
+from .config import STAGE_CONFIGS
 
 STAMP_NAME = ".verified.json"  # local stores: (size, mtime_ns, inode) of each file when last fully verified
 
@@ -37,12 +49,21 @@ def _stamp_matches(backend: Storage, manifest: Manifest, digest: str, root: Path
         return False
 
 
+def recompute_artifact_id(manifest: Manifest) -> str:
+    """The artifact id from a published manifest alone: stage, code version, recorded config and inputs.
+
+    The recorded config is validated again by its stage's config class to drop its run-only fields; a config
+    the class refuses is a ConfigError naming the manifest's stage."""
+    config = validate_model(
+        STAGE_CONFIGS[manifest.stage], manifest.config, f"manifest config of stage {manifest.stage}"
+    )
+    return artifact_id(config, manifest.inputs, manifest.code_version)
+
+
 def identity_problem(manifest: Manifest, folder_id: str, source: str) -> str | None:
     """None if the manifest is the artifact its folder names: its `artifact_id` is the folder's, and the id
     recomputed from its recorded config, code version, inputs and data digests is that id too. Otherwise why not
     (a valid artifact copied into another's folder; a stage that recorded other data than it was planned from)."""
-    from .identity import recompute_artifact_id
-
     if manifest.artifact_id != folder_id:
         return f"{source}: manifest says artifact {manifest.artifact_id!r} but it sits in folder {folder_id!r}"
     try:

@@ -7,26 +7,19 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
+from dilforge_shared.configs.base import StageConfig, StrictModel, validate_model
+from dilforge_shared.configs.cpt import CptConfig
+from dilforge_shared.configs.curate import CurateConfig
+from dilforge_shared.configs.eval import EvalConfig
+from dilforge_shared.configs.model import ModelConfig
+from dilforge_shared.configs.sft import SftConfig
+from dilforge_shared.configs.tokenizer import TokenizerConfig
+from dilforge_shared.errors import ConfigError
+from dilforge_shared.settings import INTERPOLATION_ALLOWED, USER_VAR_PREFIX, interpolation_variables, is_secret_name
+from dilforge_shared.stages import StageName
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from ..errors import ConfigError, format_validation_error
-from ..settings import (
-    INTERPOLATION_ALLOWED,
-    USER_VAR_PREFIX,
-    interpolation_variables,
-    is_secret_name,
-    redact,
-    secret_values,
-)
-from ..stages import StageName
-from .base import StageConfig, StrictModel
 from .cloud import SageMakerConfig
-from .cpt import CptConfig
-from .curate import CurateConfig
-from .eval import EvalConfig
-from .model import ModelConfig
-from .sft import SftConfig
-from .tokenizer import TokenizerConfig
 
 STAGE_CONFIGS: dict[StageName, type[StageConfig]] = {
     config.stage: config for config in (ModelConfig, CurateConfig, TokenizerConfig, CptConfig, SftConfig, EvalConfig)
@@ -252,28 +245,3 @@ def load_pipeline(
             node = node.setdefault(p, {})
         node[leaf] = value
     return validate_model(PipelineConfig, raw, str(path))
-
-
-def secret_fields(raw: Any, where: str = "", values: list[str] | None = None) -> list[str]:
-    """Dotted paths of the config strings that hold a secret as `settings.redact` recognises one (URL userinfo, an
-    access key, a token, a credential variable's value): a config is written into manifests, records and data cards,
-    so a credential in it is refused, never redacted there (a redacted config would no longer give its artifact id)."""
-    values = secret_values() if values is None else values
-    if isinstance(raw, dict):
-        return [p for k, v in raw.items() for p in secret_fields(v, f"{where}.{k}" if where else str(k), values)]
-    if isinstance(raw, list):
-        return [p for i, v in enumerate(raw) for p in secret_fields(v, f"{where}[{i}]", values)]
-    return [where or "<root>"] if isinstance(raw, str) and redact(raw, values) != raw else []
-
-
-def validate_model(model: type[StrictModel], raw: Any, source: str):
-    if found := secret_fields(raw):
-        raise ConfigError(
-            f"{source}: {found[0]}: holds a credential (a URL's user:password@, an access key, a token or a "
-            "secret's value); give credentials through the environment (DILFORGE_S3_ACCESS_KEY_ID / "
-            "DILFORGE_S3_SECRET_ACCESS_KEY or the AWS chain), never in a config"
-        )
-    try:
-        return model.model_validate(raw)
-    except ValidationError as exc:
-        raise ConfigError(format_validation_error(exc, source)) from None
