@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 import typer
 from dilforge_shared.errors import ConfigError, DilforgeError, ManifestNotFound
-from dilforge_shared.metrics import AssistantFigures, AssistantSection, read_metrics
+from dilforge_shared.metrics import read_metrics
+from dilforge_shared.metrics.eval import AssistantFigures, AssistantSection, EvalMetrics
 
 LABELS = {"sft": "sft", "cpt": "cpt", "model": "base"}  # the artifact's stage -> its label in the eval report
 
@@ -91,7 +92,7 @@ def eval_section(
     measured = {i.name: i.sha256 for i in eval_manifest.inputs}  # an upstream artifact as `artifact:<id>`
     if measured.get(manifest.stage) != f"artifact:{manifest.artifact_id}":
         raise DilforgeError(f"the eval artifact of run {run_id!r} did not measure {artifact} (rerun the eval stage)")
-    metrics = read_metrics("eval", eval_manifest.metrics, eval_uri)
+    metrics = read_metrics(EvalMetrics, eval_manifest.metrics, eval_uri)
     return metrics.assistant, label, f"eval artifact {eval_manifest.artifact_id}"
 
 

@@ -12,6 +12,7 @@ from typing import Annotated
 import typer
 from dilforge_shared.configs.base import validate_model
 from dilforge_shared.metrics import read_metrics
+from dilforge_shared.metrics.model import ModelMetrics
 from dilforge_shared.recipes import RECIPES, source_kind
 from dilforge_shared.store import read_manifest
 
@@ -58,7 +59,7 @@ def import_cmd(
     runner, cfg = _prepared_backend(backend, cfg)
     # the record ends succeeded, failed or cancelled; every model imported under one run id stays referenced
     uri = pl.run_one(cfg, "model", runner, {}, accumulate=True)
-    model = read_metrics("model", read_manifest(uri, endpoint)[0].metrics, uri)
+    model = read_metrics(ModelMetrics, read_manifest(uri, endpoint)[0].metrics, uri)
     typer.echo(
         f"[model] {model.architecture}, {model.num_parameters:,} parameters, {model.dtype}, "
         f"licence {model.license or 'not stated'}, from {model.source}"

@@ -174,7 +174,7 @@ def publish_result(
     """Validate the metrics against the stage's model (`dilforge_shared.metrics`) and the inputs against the
     planned id, then publish files + manifest."""
     config = ctx.request.config
-    validate_metrics(config.stage, result.metrics)
+    validate_metrics(config.stage, type(config).metrics_model, result.metrics)
     inputs = lineage(ctx)
     check_identity(ctx, inputs, start_refs)
     manifest = Manifest(

@@ -6,7 +6,9 @@ import metrics_samples
 import pytest
 from dilforge_eval import compare
 from dilforge_shared.configs.base import DataSource
-from dilforge_shared.metrics import BpbFigures, CptMetrics, TokenizerMetrics
+from dilforge_shared.metrics.cpt import CptMetrics
+from dilforge_shared.metrics.eval import BpbFigures
+from dilforge_shared.metrics.tokenizer import TokenizerMetrics
 
 
 @pytest.mark.parametrize(

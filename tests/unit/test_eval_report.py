@@ -12,7 +12,9 @@ import metrics_samples
 import pytest
 from dilforge_eval import compare
 from dilforge_eval.report import write_report
-from dilforge_shared.metrics import BpbFigures, CptMetrics, TokenizerMetrics
+from dilforge_shared.metrics.cpt import CptMetrics
+from dilforge_shared.metrics.eval import BpbFigures
+from dilforge_shared.metrics.tokenizer import TokenizerMetrics
 
 _spec = importlib.util.spec_from_file_location(
     "render_report", Path(__file__).resolve().parents[2] / "scripts" / "render_report.py"

@@ -5,14 +5,19 @@ from __future__ import annotations
 
 import metrics_samples
 import pytest
+from dilforge_coordinator.config import STAGE_CONFIGS
 from dilforge_eval import compare
 from dilforge_shared.errors import DilforgeError, InputError
-from dilforge_shared.metrics import STAGE_METRICS, CptMetrics, SftMetrics, read_metrics, validate_metrics
+from dilforge_shared.metrics import read_metrics, validate_metrics
+from dilforge_shared.metrics.cpt import CptMetrics
+from dilforge_shared.metrics.sft import SftMetrics
+
+STAGE_METRICS = {stage: config.metrics_model for stage, config in STAGE_CONFIGS.items()}
 
 
 @pytest.mark.parametrize("stage", sorted(metrics_samples.SAMPLES))
 def test_every_stage_sample_validates_and_round_trips(stage):
-    typed = validate_metrics(stage, metrics_samples.sample(stage))
+    typed = validate_metrics(stage, STAGE_METRICS[stage], metrics_samples.sample(stage))
     assert type(typed) is STAGE_METRICS[stage]
     again = STAGE_METRICS[stage].model_validate(typed.model_dump(mode="json"))
     assert again == typed
@@ -25,18 +30,18 @@ def test_renaming_any_published_metric_fails_the_publish_naming_it(stage, key):
     metrics = metrics_samples.sample(stage)
     metrics[f"{key}_renamed"] = metrics.pop(key)
     with pytest.raises(DilforgeError, match=rf"stage {stage} publishes metrics .*metrics\.{key}(_renamed)?:"):
-        validate_metrics(stage, metrics)
+        validate_metrics(stage, STAGE_METRICS[stage], metrics)
 
 
 def test_a_nested_rename_and_a_stray_validation_key_are_refused():
     bad = metrics_samples.sample("cpt")
     bad["history"][0]["train_loss"] = bad["history"][0].pop("loss")
     with pytest.raises(DilforgeError, match=r"metrics\.history\.0\."):
-        validate_metrics("cpt", bad)
+        validate_metrics("cpt", CptMetrics, bad)
     stray = metrics_samples.sample("cpt")
     stray["validation"][0]["val_ppl"] = 3.0
     with pytest.raises(DilforgeError, match="unknown validation metric 'val_ppl'"):
-        validate_metrics("cpt", stray)
+        validate_metrics("cpt", CptMetrics, stray)
     typed = CptMetrics.model_validate(metrics_samples.sample("cpt"))
     assert typed.validation[1].by_set == {"az": 3.9}
 
@@ -44,8 +49,8 @@ def test_a_nested_rename_and_a_stray_validation_key_are_refused():
 def test_an_upstream_manifest_that_does_not_parse_names_the_artifact_and_field():
     old = metrics_samples.sample("sft")
     del old["train_loss_history"]
-    with pytest.raises(InputError, match=r"s3://b/sft/1: sft metrics do not match SftMetrics .*train_loss_history"):
-        read_metrics("sft", old, "s3://b/sft/1")
+    with pytest.raises(InputError, match=r"s3://b/sft/1: metrics do not match SftMetrics .*train_loss_history"):
+        read_metrics(SftMetrics, old, "s3://b/sft/1")
 
 
 def test_eval_reads_curves_cost_and_step0_from_the_typed_models():

@@ -13,7 +13,7 @@ from dilforge_eval.assistant import share
 from dilforge_serve import cli as serve_cli
 from dilforge_serve import export as export_cli
 from dilforge_shared.manifest import Manifest, artifact_ref, current_producer
-from dilforge_shared.metrics import AssistantFigures, AssistantSection, AssistantThresholds
+from dilforge_shared.metrics.eval import AssistantFigures, AssistantSection, AssistantThresholds
 from dilforge_shared.store import publish
 from typer.testing import CliRunner
 

@@ -22,7 +22,7 @@ from dilforge_shared.errors import InputError
 from dilforge_shared.families import describe_model_folder, detect_family
 from dilforge_shared.identity import model_stage_ref
 from dilforge_shared.manifest import sha256_file
-from dilforge_shared.metrics import ModelMetrics
+from dilforge_shared.metrics.model import ModelMetrics
 from dilforge_shared.paths import check_links
 from dilforge_shared.recipes import RECIPES, Recipe, source_kind
 from dilforge_shared.store import NotFound, mirror_prefix

@@ -30,7 +30,7 @@ from dilforge_shared.contract import (
 from dilforge_shared.errors import ConfigError, DilforgeError
 from dilforge_shared.families import describe_model_folder
 from dilforge_shared.launch import build_launch, wait_for_hosts
-from dilforge_shared.metrics import CptMetrics
+from dilforge_shared.metrics.cpt import CptMetrics
 from dilforge_shared.models import TOKENIZER_FILES, resolve
 from dilforge_shared.runtime_policy import available_cpus
 

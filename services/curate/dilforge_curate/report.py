@@ -10,7 +10,7 @@ from pathlib import Path
 from datatrove.data import Document
 from dilforge_shared.configs.curate import CurateConfig
 from dilforge_shared.errors import InputError
-from dilforge_shared.metrics import CurateMetrics, CurateStep, Redacted, SourceCount
+from dilforge_shared.metrics.curate import CurateMetrics, CurateStep, Redacted, SourceCount
 from dilforge_shared.settings import redact
 from tabulate import tabulate
 

@@ -10,17 +10,17 @@ import re
 from collections.abc import Iterable
 
 from dilforge_shared.configs.base import DataSource
-from dilforge_shared.metrics import (
+from dilforge_shared.metrics.cpt import CptMetrics
+from dilforge_shared.metrics.eval import (
     BpbChange,
     BpbFigures,
-    CptMetrics,
     Headline,
     HeadlineEntry,
     Step0Section,
     TokenizerComparison,
-    TokenizerMetrics,
     VocabSweep,
 )
+from dilforge_shared.metrics.tokenizer import TokenizerMetrics
 
 # ISO 639-3 codes that FLORES-style column names use, mapped to the 2-letter codes the report uses.
 ISO3 = {"eng": "en", "azj": "az", "aze": "az", "azb": "az", "rus": "ru", "tur": "tr", "deu": "de", "fra": "fr"}

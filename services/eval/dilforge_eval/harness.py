@@ -14,7 +14,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from dilforge_shared.configs.eval import DownstreamTasks
-from dilforge_shared.metrics import Downstream, DownstreamTask, HarnessInfo, TaskScore
+from dilforge_shared.metrics.eval import Downstream, DownstreamTask, HarnessInfo, TaskScore
 
 from .downstream import TaskSpec, seeds, write_commands
 

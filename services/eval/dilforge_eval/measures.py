@@ -17,8 +17,9 @@ from pathlib import Path
 from dilforge_shared.bpb import BpbResult, TokenStream, build_stream, sliding_window_bpb
 from dilforge_shared.configs.eval import EvalConfig
 from dilforge_shared.families import detect_family
-from dilforge_shared.metrics import BpbFigures, MorphFigures, ParityFigures, SetFigures
-from dilforge_shared.metrics import EvalModel as ModelFigures
+from dilforge_shared.metrics.eval import BpbFigures, MorphFigures, ParityFigures
+from dilforge_shared.metrics.eval import EvalModel as ModelFigures
+from dilforge_shared.metrics.tokenizer import SetFigures
 from dilforge_shared.progress import Progress
 from dilforge_shared.textmetrics import measure, tokenizers_encoder
 

@@ -10,7 +10,7 @@ import base64
 from functools import lru_cache
 from pathlib import Path
 
-from dilforge_shared.metrics import EvalMetrics
+from dilforge_shared.metrics.eval import EvalMetrics
 from markupsafe import Markup, escape
 from tabulate import tabulate
 

@@ -18,7 +18,9 @@ from dilforge_shared import runtime_policy
 from dilforge_shared.configs.eval import EvalConfig
 from dilforge_shared.contract import StageContext, StageResult, log_config
 from dilforge_shared.errors import InputError
-from dilforge_shared.metrics import (
+from dilforge_shared.metrics import M, read_metrics
+from dilforge_shared.metrics.cpt import CptMetrics
+from dilforge_shared.metrics.eval import (
     AssistantFigures,
     AssistantSection,
     AssistantThresholds,
@@ -31,14 +33,14 @@ from dilforge_shared.metrics import (
     Headline,
     MorphFigures,
     ParityFigures,
-    SetFigures,
     Step0Section,
     TextSet,
     TokenizerComparison,
     VocabSweep,
-    read_metrics,
 )
-from dilforge_shared.metrics import EvalModel as ModelFigures
+from dilforge_shared.metrics.eval import EvalModel as ModelFigures
+from dilforge_shared.metrics.sft import SftMetrics
+from dilforge_shared.metrics.tokenizer import SetFigures, TokenizerMetrics
 
 from . import assistant as assistant_mod
 from . import compare, downstream, harness
@@ -364,27 +366,27 @@ def assistant_section(config: EvalConfig, evaluated: Evaluated) -> AssistantSect
     )
 
 
-def upstream_metrics(ctx: StageContext, stage: str):
+def upstream_metrics(ctx: StageContext, stage: str, model: type[M]) -> M | None:
     """An upstream stage's metrics, typed (`dilforge_shared.metrics`), or None without that input."""
     if not ctx.has_input(stage):
         return None
     art = ctx.input(stage)
-    return read_metrics(stage, art.manifest.metrics, art.uri)
+    return read_metrics(model, art.manifest.metrics, art.uri)
 
 
 def upstream_sections(ctx: StageContext) -> Upstream:
     """Training curves and costs (cpt, sft), the vocab sweep and strategies (tokenizer), step-0 BPB (cpt)."""
     out = Upstream()
-    for stage in ("cpt", "sft"):
-        if (typed := upstream_metrics(ctx, stage)) is not None:
+    for stage, model in (("cpt", CptMetrics), ("sft", SftMetrics)):
+        if (typed := upstream_metrics(ctx, stage, model)) is not None:
             if series := typed.curves():  # name -> [(step, value)]
                 out.curves[stage] = {k: [list(p) for p in sorted(v)] for k, v in series.items()}
             if c := typed.cost():
                 out.cost[stage] = c
-    if (tok := upstream_metrics(ctx, "tokenizer")) is not None:
+    if (tok := upstream_metrics(ctx, "tokenizer", TokenizerMetrics)) is not None:
         out.vocab_sweep = compare.vocab_sweep(tok)
         out.tokenizer_comparison = compare.tokenizer_comparison(tok)
-    if (cpt := upstream_metrics(ctx, "cpt")) is not None:
+    if (cpt := upstream_metrics(ctx, "cpt", CptMetrics)) is not None:
         out.transplant = compare.step0_bpb(cpt)
     return out
 

@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from dilforge_shared.metrics import BpbChange, EvalMetrics, TaskScore
+from dilforge_shared.metrics.eval import BpbChange, EvalMetrics, TaskScore
 
 from .compare import language_name
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dilforge_shared.metrics import EvalMetrics
+from dilforge_shared.metrics.eval import EvalMetrics
 
 from .tables import Cell, Table, fmt, pct
 

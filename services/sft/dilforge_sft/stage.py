@@ -21,7 +21,7 @@ from dilforge_shared.configs.sft import SftConfig
 from dilforge_shared.contract import StageContext, StageResult, Terminated, install_sigterm_handler, log_config
 from dilforge_shared.errors import ConfigError, InputError
 from dilforge_shared.families import Family, detect_family
-from dilforge_shared.metrics import SftMetrics
+from dilforge_shared.metrics.sft import SftMetrics
 from dilforge_shared.models import ADAPTER_DIR, MERGED_DIR, choose, resolve
 
 from .checkpoints import latest_checkpoint, seal_checkpoints_callback
@@ -346,7 +346,7 @@ def publish(config: SftConfig, ctx: StageContext, setup: Setup, session: Session
 
 
 def sft_metrics(config: SftConfig, setup: Setup, session: Session, trained: Trained) -> SftMetrics:
-    """The manifest's metrics, built as the typed model (`dilforge_shared.metrics.SftMetrics`)."""
+    """The manifest's metrics, built as the typed model (`dilforge_shared.metrics.sft.SftMetrics`)."""
     out, resume = trained.output, session.resume
     return SftMetrics(
         base_model=setup.base_uri,

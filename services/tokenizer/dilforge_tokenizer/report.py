@@ -6,7 +6,7 @@ from __future__ import annotations
 from dilforge_shared.configs.tokenizer import TokenizerConfig
 from dilforge_shared.corpus import iter_texts
 from dilforge_shared.errors import InputError
-from dilforge_shared.metrics import StrategyRow
+from dilforge_shared.metrics.tokenizer import StrategyRow
 from dilforge_shared.textmetrics import measure, tokenizers_encoder
 from tabulate import tabulate
 from tokenizers import Tokenizer

@@ -19,7 +19,7 @@ from dilforge_shared.configs.tokenizer import TokenizerConfig
 from dilforge_shared.contract import StageContext, StageResult, log_config
 from dilforge_shared.errors import InputError
 from dilforge_shared.families import LLAMA3, Family
-from dilforge_shared.metrics import TokenizerMetrics
+from dilforge_shared.metrics.tokenizer import TokenizerMetrics
 from dilforge_shared.progress import track
 from tokenizers import Tokenizer
 

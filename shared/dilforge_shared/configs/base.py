@@ -194,12 +194,14 @@ def check_unique_labels(sources: list[DataSource], field: str) -> None:
 class StageConfig(StrictModel):
     """Base of the four stage configs.
 
-    `stage`: the stage's name; `artifact_kind`: what it publishes; `consumes`: upstream stages
+    `stage`: the stage's name; `metrics_model`: the metrics it publishes; `artifact_kind`: what it publishes;
+    `consumes`: upstream stages
     whose manifests the coordinator feeds it when they are in the same pipeline (as inputs named
     after those stages).
     """
 
     stage: ClassVar[str]
+    metrics_model: ClassVar[type[BaseModel]]
     artifact_kind: ClassVar[str]
     consumes: ClassVar[tuple[str, ...]] = ()
     required_inputs: ClassVar[tuple[str, ...]] = ()

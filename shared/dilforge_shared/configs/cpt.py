@@ -9,6 +9,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from ..metrics.cpt import CptMetrics
 from .base import (
     MAX_STEPS,
     MAX_TOKENS,
@@ -135,6 +136,7 @@ class CptConfig(StageConfig, Batching, Checkpointing):
     activation_checkpointing) plus what only CPT has."""
 
     stage: ClassVar[str] = "cpt"
+    metrics_model: ClassVar[type[CptMetrics]] = CptMetrics
     artifact_kind: ClassVar[str] = "model"
     consumes: ClassVar[tuple[str, ...]] = ("model", "tokenizer")
     required_inputs: ClassVar[tuple[str, ...]] = ("tokenizer",)

@@ -12,6 +12,7 @@ from typing import Annotated, ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from ..families import control_token_in
+from ..metrics.curate import CurateMetrics
 from .base import RUN_ONLY, DataSource, StageConfig, StrictModel, check_unique_labels
 
 # the ISO 639-1 codes lingua-language-detector 2.1 detects
@@ -219,6 +220,7 @@ class OutputConfig(StrictModel):
 
 class CurateConfig(StageConfig):
     stage: ClassVar[str] = "curate"
+    metrics_model: ClassVar[type[CurateMetrics]] = CurateMetrics
     artifact_kind: ClassVar[str] = "corpus"
     # optional upstream: a `model` artifact whose tokenizer counts the output's tokens (else `tokenizer`)
     consumes: ClassVar[tuple[str, ...]] = ("model",)

@@ -7,6 +7,7 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from ..metrics.eval import EvalMetrics
 from .base import (
     MAX_BATCH,
     MAX_NEW_TOKENS,
@@ -337,6 +338,7 @@ class DownstreamTasks(StrictModel):
 
 class EvalConfig(StageConfig):
     stage: ClassVar[str] = "eval"
+    metrics_model: ClassVar[type[EvalMetrics]] = EvalMetrics
     artifact_kind: ClassVar[str] = "eval_report"
     consumes: ClassVar[tuple[str, ...]] = ("model", "tokenizer", "cpt", "sft")
 

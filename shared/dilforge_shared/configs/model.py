@@ -10,6 +10,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator
 
+from ..metrics.model import ModelMetrics
 from ..recipes import GGUF_CONVERTER_VERSION, RECIPES
 from .base import StageConfig
 
@@ -18,6 +19,7 @@ class ModelConfig(StageConfig):
     """Where the base model comes from. Downstream stages get the artifact as their input named `model`."""
 
     stage: ClassVar[str] = "model"
+    metrics_model: ClassVar[type[ModelMetrics]] = ModelMetrics
     artifact_kind: ClassVar[str] = "model"
 
     source: str = Field(

@@ -7,6 +7,7 @@ from typing import Annotated, ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from ..families import control_token_in, system_prompt_problem
+from ..metrics.sft import SftMetrics
 from .base import (
     MAX_BATCH,
     MAX_STEPS,
@@ -106,6 +107,7 @@ class SftConfig(StageConfig, Batching, Warmup, Checkpointing):
     where SFT needs them) plus what only SFT has."""
 
     stage: ClassVar[str] = "sft"
+    metrics_model: ClassVar[type[SftMetrics]] = SftMetrics
     artifact_kind: ClassVar[str] = "adapter"
     consumes: ClassVar[tuple[str, ...]] = ("cpt", "model")
 

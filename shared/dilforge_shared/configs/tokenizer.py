@@ -6,6 +6,7 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
+from ..metrics.tokenizer import TokenizerMetrics
 from .base import MAX_VOCAB, DataSource, StageConfig, check_unique_labels
 
 # 256 byte symbols + Llama 3's 256 reserved/special tokens: the least a byte-level vocab can hold.
@@ -46,6 +47,7 @@ class CorpusSource(DataSource):
 
 class TokenizerConfig(StageConfig):
     stage: ClassVar[str] = "tokenizer"
+    metrics_model: ClassVar[type[TokenizerMetrics]] = TokenizerMetrics
     artifact_kind: ClassVar[str] = "tokenizer"
     # optional upstream: a `model` artifact whose HF folder's tokenizer is the base (else base_tokenizer)
     consumes: ClassVar[tuple[str, ...]] = ("model",)

@@ -1,0 +1,49 @@
+"""The SFT stage's metrics: the run's settings, loss curve and cost."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+
+from . import Metrics
+
+
+class LossPoint(Metrics):
+    step: int
+    loss: float
+
+
+class SftMetrics(Metrics):
+    base_model: str
+    chat_template: str
+    family: str
+    attention: str
+    activation_checkpointing: bool
+    device: str
+    bf16: bool
+    liger: bool
+    trainable_parameters: int
+    total_parameters: int
+    eval_loss_before: float
+    eval_loss_after: float
+    train_loss: float
+    train_loss_history: list[LossPoint]
+    optimizer_steps: int
+    resumed_from_step: int
+    train_runtime_s: float
+    train_steps_per_second: float | None = None
+    data: dict[str, dict[str, Any]] = Field(description="Record counts per split (sft data.DataCounts).")
+    outputs: list[str]
+    num_label_preview_examples: int
+
+    def cost(self) -> dict[str, float]:
+        figures = {
+            "train_runtime_s": self.train_runtime_s,
+            "train_steps_per_second": self.train_steps_per_second,
+            "optimizer_steps": self.optimizer_steps,
+        }
+        return {k: v for k, v in figures.items() if v is not None}
+
+    def curves(self) -> dict[str, list[tuple[float, float]]]:
+        return {"loss": [(float(p.step), p.loss) for p in self.train_loss_history]} if self.train_loss_history else {}
