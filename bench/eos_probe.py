@@ -66,7 +66,7 @@ def main() -> None:
     args = ap.parse_args()
     import torch
     from dilforge_shared.corpus import iter_texts
-    from dilforge_shared.store import ArtifactStore
+    from dilforge_shared.store.artifacts import ArtifactStore
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
     print(describe("transformers"), flush=True)

@@ -41,7 +41,7 @@ def step0(args) -> dict:
     from dilforge_cpt.runtime import Runtime
     from dilforge_shared.configs.base import DataSource
     from dilforge_shared.models import find_dir
-    from dilforge_shared.store import ArtifactStore
+    from dilforge_shared.store.artifacts import ArtifactStore
 
     torch.manual_seed(0)
     pipe = load_pipeline(

@@ -106,7 +106,7 @@ def sync_checkpoints(uri: str, direction: str) -> None:
     `save` uploads what is new or changed after it ended, also after a SIGTERM. As on SageMaker, every host uses
     the same prefix (checkpoint files are per rank, completion markers per node) and nothing is deleted."""
     from dilforge_shared.opt_ml import OptMl
-    from dilforge_shared.store import open_backend
+    from dilforge_shared.store.backends import open_backend
 
     opt = OptMl.from_env()
     endpoint = (opt.read_json("hyperparameters.json", {}) or {}).get("s3_endpoint_url") or None

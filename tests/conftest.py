@@ -63,7 +63,7 @@ def smollm2_artifact(tmp_path_factory):
     import sys
 
     from dilforge_shared.recipes import cache_root
-    from dilforge_shared.store import fetch
+    from dilforge_shared.store.artifacts import fetch
 
     store = cache_root() / "test-store"
     env = {

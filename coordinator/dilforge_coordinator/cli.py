@@ -15,7 +15,8 @@ from typing import Annotated
 import typer
 from dilforge_shared.settings import default_download_cache, settings
 from dilforge_shared.stages import STAGES
-from dilforge_shared.store import ArtifactStore, NotFound, fetch, ls_files, read_manifest
+from dilforge_shared.store.artifacts import ArtifactStore, fetch, read_manifest
+from dilforge_shared.store.backends import NotFound
 from typer.core import TyperGroup
 
 from . import pipeline as pl
@@ -177,7 +178,7 @@ def report_location(uri: str, endpoint_url: str | None) -> str:
     """Where the eval report is: a local path, or its S3 URI (read from the manifest; nothing is downloaded into
     a cache just to print a path)."""
     if uri.startswith("s3://"):
-        from dilforge_shared.store import read_manifest
+        from dilforge_shared.store.artifacts import read_manifest
 
         manifest, _ = read_manifest(uri, endpoint_url)
         return f"{uri}/{manifest.data_dir}/report.html"
@@ -223,7 +224,7 @@ def manifest_show(
     typer.echo(f"producer: {manifest.producer.package} {manifest.producer.version} git {manifest.producer.git_sha}")
     for ref in manifest.inputs:
         typer.echo(f"input {ref.name}: {ref.uri} ({ref.sha256[:16]})")
-    typer.echo(ls_files(manifest.files))
+    typer.echo("\n".join(f"{f.size:>12}  {f.sha256[:12]}  {f.path}" for f in manifest.files))
     typer.echo(json.dumps(manifest.metrics, indent=2, default=str)[:4000])
 
 

@@ -18,9 +18,9 @@ from pathlib import Path
 from dilforge_shared import staging
 from dilforge_shared.errors import DilforgeError, ManifestError
 from dilforge_shared.locks import FileLock, is_locked
-from dilforge_shared.manifest import MANIFEST_NAME
-from dilforge_shared.store import ArtifactStore, NotFound, parse_manifest
-from dilforge_shared.store.artifacts import STORE_MARKER, manifest_digest_key
+from dilforge_shared.manifest import MANIFEST_NAME, parse_manifest
+from dilforge_shared.store.artifacts import STORE_MARKER, ArtifactStore, manifest_digest_key
+from dilforge_shared.store.backends import NotFound
 
 from .backends.local import WORK_MARKER
 from .records import DamagedRecord, parse_record

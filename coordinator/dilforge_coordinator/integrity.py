@@ -18,16 +18,15 @@ from dilforge_shared.errors import DilforgeError, IntegrityError, ManifestError,
 from dilforge_shared.identity import artifact_id
 from dilforge_shared.manifest import MANIFEST_NAME, Manifest
 from dilforge_shared.settings import settings
-from dilforge_shared.store import (
-    NotFound,
-    Storage,
+from dilforge_shared.store.artifacts import (
     artifact_storage,
+    extra_keys,
     manifest_uri_of,
-    open_backend,
     read_manifest,
+    recorded_digest_problem,
     verify_files,
 )
-from dilforge_shared.store.artifacts import extra_keys, recorded_digest_problem
+from dilforge_shared.store.backends import NotFound, Storage, open_backend
 
 from .config import STAGE_CONFIGS
 

@@ -14,7 +14,7 @@ from dilforge_shared.configs.base import validate_model
 from dilforge_shared.metrics import read_metrics
 from dilforge_shared.metrics.model import ModelMetrics
 from dilforge_shared.recipes import RECIPES, source_kind
-from dilforge_shared.store import read_manifest
+from dilforge_shared.store.artifacts import read_manifest
 
 from . import pipeline as pl
 from .common import _prepared_backend, _setup_logging

@@ -16,7 +16,7 @@ from dilforge_shared.locks import FileLock, S3Lease
 from dilforge_shared.manifest import MANIFEST_NAME
 from dilforge_shared.settings import settings
 from dilforge_shared.stages import STAGE_MODULES, STAGES, image_of
-from dilforge_shared.store import ArtifactStore, artifact_exists
+from dilforge_shared.store.artifacts import ArtifactStore, artifact_exists
 
 from .config import PipelineConfig
 from .integrity import check_artifact, move_aside
@@ -128,7 +128,7 @@ def check_input_names(stage: str, config: StageConfig, names: list[str]) -> None
 
 def check_input_kinds(stage: str, inputs: dict[str, str], endpoint_url: str | None) -> None:
     """Each upstream artifact is of the kind its input needs: an SFT adapter is not a tokenizer."""
-    from dilforge_shared.store import read_manifest
+    from dilforge_shared.store.artifacts import read_manifest
 
     from .config import STAGE_CONFIGS
 
@@ -197,7 +197,7 @@ def run_stage(
 def manifest_witness(job: StageJob) -> dict[str, str]:
     """What the run record keeps of the artifact's manifest: its sha256 and data folder, against which every later
     reuse and `manifest validate` check it (integrity.recorded_digest_problem)."""
-    from dilforge_shared.store import read_manifest
+    from dilforge_shared.store.artifacts import read_manifest
 
     manifest, digest = read_manifest(job.artifact_uri, job.s3_endpoint_url)
     return {"manifest_sha256": digest, "data_dir": manifest.data_dir}

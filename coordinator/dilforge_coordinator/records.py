@@ -21,7 +21,8 @@ from dilforge_shared.errors import ConfigError, DilforgeError
 from dilforge_shared.locks import FileLock, S3Lease
 from dilforge_shared.paths import check_relative_path
 from dilforge_shared.settings import redact_values, settings
-from dilforge_shared.store import ArtifactStore, NotFound
+from dilforge_shared.store.artifacts import ArtifactStore
+from dilforge_shared.store.backends import NotFound
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 log = logging.getLogger("dilforge.coordinator")

@@ -25,11 +25,11 @@ from .configs.base import ARTIFACT_PREFIX, StageConfig
 from .errors import ConfigError, DilforgeError
 from .hyperparameters import StageRequest, parse_hyperparameters
 from .identity import artifact_id, config_refs
-from .manifest import MANIFEST_NAME, InputRef, Manifest, current_producer
+from .manifest import MANIFEST_NAME, InputRef, Manifest, current_producer, parse_manifest, sha256_bytes
 from .metrics import validate_metrics
 from .opt_ml import OPT_ML_ENV, OptMl, ResourceConfig, release_failure_space, reserve_failure_space, write_failure
 from .settings import install_log_masking, settings
-from .store import Artifact, fetch, parse_manifest, publish, sha256_bytes, verify_files
+from .store.artifacts import Artifact, fetch, publish, verify_files
 
 log = logging.getLogger("dilforge")
 
@@ -226,7 +226,7 @@ def wait_for_artifact(
     """
     import time
 
-    from .store import artifact_exists
+    from .store.artifacts import artifact_exists
 
     sleep = sleep or time.sleep
     deadline = time.monotonic() + timeout_s

@@ -370,7 +370,7 @@ def data_digest(uri: str, endpoint_url: str | None = None) -> str:
     for file_uri in files:
         parsed = urlparse(file_uri)
         if parsed.scheme == "s3":
-            from .store import S3Storage
+            from .store.backends import S3Storage
 
             backend = S3Storage(parsed.netloc, "", endpoint_url)
             head = backend.client.head_object(Bucket=parsed.netloc, Key=parsed.path.lstrip("/"))

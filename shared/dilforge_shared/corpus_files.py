@@ -98,7 +98,7 @@ def _walk_error(uri: str):
 
 
 def _expand_s3(uri: str, bucket: str, key: str, endpoint_url: str | None) -> list[str]:
-    from .store import S3Storage
+    from .store.backends import S3Storage
 
     backend = S3Storage(bucket, "", endpoint_url)
     if key and not key.endswith("/") and backend.exists(key):
@@ -195,7 +195,7 @@ def open_binary(uri: str, endpoint_url: str | None) -> IO[bytes]:
     if parsed.scheme == "s3":
         from botocore.exceptions import ClientError
 
-        from .store import S3Storage
+        from .store.backends import S3Storage
 
         backend = S3Storage(parsed.netloc, "", endpoint_url)
         try:
@@ -226,7 +226,7 @@ def parquet_location(uri: str, endpoint_url: str | None):
     if parsed.scheme != "s3":
         with open_binary(uri, endpoint_url):  # the same checks and errors as any local corpus file
             return uri, None
-    from .store import S3Storage
+    from .store.backends import S3Storage
 
     try:
         filesystem = S3Storage(parsed.netloc, "", endpoint_url).arrow_filesystem()

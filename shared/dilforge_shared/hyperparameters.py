@@ -11,7 +11,7 @@ from typing import Any
 from .configs.base import StageConfig, validate_model
 from .errors import ConfigError, UnsafePathError
 from .paths import check_name
-from .store import read_uri_bytes
+from .store.backends import read_uri_bytes
 
 HYPERPARAMETER_KEYS = {"stage_config", "stage_config_uri", "artifact_uri", "run_id", "inputs", "s3_endpoint_url"}
 

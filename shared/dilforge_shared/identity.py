@@ -18,7 +18,8 @@ from .errors import ConfigError, InputError, ManifestNotFound
 from .manifest import InputRef, artifact_ref, fingerprint, scan_files, sha256_file
 from .paths import check_links, declared_uri
 from .recipes import RECIPES, source_kind
-from .store import S3Storage, read_manifest
+from .store.artifacts import read_manifest
+from .store.backends import S3Storage
 
 
 def model_ref_name(uri: str) -> str:

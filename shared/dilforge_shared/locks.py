@@ -96,7 +96,7 @@ class S3Lease:
         return json.dumps({**self.owner, "expires_at": time.time() + self.lease_s}).encode()
 
     def _current(self) -> dict | None:
-        from .store import NotFound
+        from .store.backends import NotFound
 
         try:
             return json.loads(self.backend.read_bytes(self.key))

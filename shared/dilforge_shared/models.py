@@ -22,7 +22,9 @@ from .errors import ConfigError, ManifestNotFound
 from .identity import local_path, model_ref_name, source_ref
 from .manifest import InputRef, Manifest, artifact_ref
 from .recipes import cache_root
-from .store import Artifact, NotFound, fetch, mirror_prefix
+from .store.artifacts import Artifact, fetch
+from .store.backends import NotFound
+from .store.mirror import mirror_prefix
 
 log = logging.getLogger("dilforge")
 

@@ -38,7 +38,7 @@ def free_port() -> int:
 
 def publish_tokenizer(store: Path, tok_dir: Path) -> str:
     from dilforge_shared.manifest import Manifest, current_producer
-    from dilforge_shared.store import publish
+    from dilforge_shared.store.artifacts import publish
 
     uri = f"{store}/artifacts/tokenizer/tok"
     publish(
@@ -116,7 +116,7 @@ def manifests(store: Path) -> list[Path]:
 
 def test_two_hosts_train_as_one_job_and_only_node_zero_publishes(tmp_path, data_root, tiny_tokenizer_dir):
     from dilforge_shared.hyperparameters import build_hyperparameters
-    from dilforge_shared.store import fetch
+    from dilforge_shared.store.artifacts import fetch
 
     store, ref_store = tmp_path / "store", tmp_path / "ref-store"
     tok_uri = publish_tokenizer(store, tiny_tokenizer_dir)

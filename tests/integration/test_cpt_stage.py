@@ -55,7 +55,7 @@ def cpt_section(**overrides) -> dict:
 
 def publish_tokenizer(store: Path, tok_dir: Path, name: str = "tok") -> str:
     from dilforge_shared.manifest import Manifest, current_producer
-    from dilforge_shared.store import publish
+    from dilforge_shared.store.artifacts import publish
 
     uri = f"{store}/artifacts/tokenizer/{name}"
     manifest = Manifest(
@@ -120,7 +120,7 @@ def published(store: Path) -> list[Path]:
 
 
 def artifact(store: Path):
-    from dilforge_shared.store import fetch
+    from dilforge_shared.store.artifacts import fetch
 
     (manifest_path,) = published(store)
     return fetch(str(manifest_path.parent))

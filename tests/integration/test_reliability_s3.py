@@ -16,7 +16,8 @@ from dilforge_shared.errors import DilforgeError
 from dilforge_shared.locks import S3Lease
 from dilforge_shared.manifest import MANIFEST_NAME
 from dilforge_shared.models import open_model
-from dilforge_shared.store import ArtifactStore, open_backend, publish
+from dilforge_shared.store.artifacts import ArtifactStore, publish
+from dilforge_shared.store.backends import open_backend
 
 
 def _put(s3_server, uri: str, key: str, body: bytes) -> None:

@@ -7,9 +7,10 @@ import textwrap
 import uuid
 
 import pytest
-from dilforge_shared import store
 from dilforge_shared.errors import ArtifactExistsError, InputError, IntegrityError
-from dilforge_shared.store import S3Storage, fetch, publish, read_manifest
+from dilforge_shared.store import backends
+from dilforge_shared.store.artifacts import fetch, publish, read_manifest
+from dilforge_shared.store.backends import S3Storage
 from factories import make_manifest, write_output
 
 
@@ -23,7 +24,7 @@ def test_publish_read_round_trip(s3_bucket, tmp_path):
 
 
 def test_multipart_upload_round_trips(s3_bucket, tmp_path, monkeypatch):
-    monkeypatch.setattr(store.backends, "MULTIPART_THRESHOLD", 5 << 20)
+    monkeypatch.setattr(backends, "MULTIPART_THRESHOLD", 5 << 20)
     out = tmp_path / "big"
     out.mkdir()
     payload = os.urandom(11 << 20)
@@ -71,7 +72,7 @@ CONCURRENT = textwrap.dedent("""
     from pathlib import Path
     sys.path.insert(0, {tests!r})
     from dilforge_shared.errors import ArtifactExistsError
-    from dilforge_shared.store import publish
+    from dilforge_shared.store.artifacts import publish
     from factories import make_manifest
     out = Path(sys.argv[1])
     time.sleep(max(0.0, float(sys.argv[2]) - time.time()))

@@ -7,7 +7,7 @@ from dilforge_shared.contract import StageResult, stage_main
 from dilforge_shared.errors import ConfigError
 from dilforge_shared.hyperparameters import build_hyperparameters, parse_hyperparameters
 from dilforge_shared.opt_ml import OptMl, ResourceConfig
-from dilforge_shared.store import fetch
+from dilforge_shared.store.artifacts import fetch
 
 CONFIG = {"strategy": "replace", "corpora": [{"uri": "/data/az.txt"}], "vocab_sizes": [1000]}
 

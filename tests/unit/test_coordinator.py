@@ -159,7 +159,7 @@ def test_the_report_of_an_s3_store_is_named_in_the_store_not_downloaded(monkeypa
     from types import SimpleNamespace
 
     from dilforge_coordinator import cli
-    from dilforge_shared import store
+    from dilforge_shared.store import artifacts as store
 
     monkeypatch.setattr(cli, "fetch", lambda *a, **k: pytest.fail("downloaded the eval artifact"))
     monkeypatch.setattr(store, "read_manifest", lambda uri, endpoint: (SimpleNamespace(data_dir="data-abc"), "sha"))
@@ -174,7 +174,7 @@ def test_a_failed_attempt_never_replaces_the_last_good_artifact(tmp_path, monkey
     stages lost their input and `gc --unreferenced --delete` would have deleted the good artifact."""
     from dilforge_coordinator.gc import find_store_garbage
     from dilforge_coordinator.records import RunRecord, record_artifacts
-    from dilforge_shared.store import ArtifactStore
+    from dilforge_shared.store.artifacts import ArtifactStore
 
     monkeypatch.setenv("DILFORGE_VAR_CORPUS_DIR", str(tmp_path))
     good = pl.run_all(load_pipeline(write_config(tmp_path)), InProcessBackend(tmp_path, monkeypatch))["tokenizer"]

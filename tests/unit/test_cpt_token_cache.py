@@ -254,7 +254,7 @@ def test_build_cache_command_fills_the_cache_a_training_run_reuses(
     from dilforge_shared.hyperparameters import build_hyperparameters
     from dilforge_shared.manifest import Manifest, current_producer
     from dilforge_shared.opt_ml import OptMl
-    from dilforge_shared.store import publish
+    from dilforge_shared.store.artifacts import publish
 
     tok_uri = str(tmp_path / "store" / "tokenizer")
     manifest = Manifest(

@@ -15,7 +15,7 @@ from dilforge_coordinator.integrity import check_artifact
 from dilforge_coordinator.schemas import schemas
 from dilforge_shared import stages
 from dilforge_shared.configs.base import IDENTITY_KEY, run_only_paths
-from dilforge_shared.store import fetch
+from dilforge_shared.store.artifacts import fetch
 from test_coordinator import InProcessBackend, write_config
 
 # The decision for every stage config field, in one list per stage: these are run-only (they change how, where

@@ -14,8 +14,7 @@ from dilforge_coordinator.integrity import check_artifact
 from dilforge_shared.corpus import iter_texts, source_files
 from dilforge_shared.errors import IntegrityError
 from dilforge_shared.manifest import MANIFEST_NAME, Manifest, current_producer, sha256_bytes, sha256_file
-from dilforge_shared.store import fetch, publish
-from dilforge_shared.store.artifacts import manifest_digest_key
+from dilforge_shared.store.artifacts import fetch, manifest_digest_key, publish
 from test_reliability import PublishingBackend, write_config
 from test_reliability_paths_records import RemoteLike
 from typer.testing import CliRunner

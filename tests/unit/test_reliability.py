@@ -21,7 +21,8 @@ from dilforge_coordinator.config import load_pipeline
 from dilforge_coordinator.integrity import check_artifact
 from dilforge_shared.errors import ConfigError, IntegrityError
 from dilforge_shared.manifest import MANIFEST_NAME, Manifest, current_producer
-from dilforge_shared.store import ArtifactStore, fetch, mirror_prefix, publish
+from dilforge_shared.store.artifacts import ArtifactStore, fetch, publish
+from dilforge_shared.store.mirror import mirror_prefix
 from typer.testing import CliRunner
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -318,7 +319,8 @@ def test_two_runs_of_the_same_artifact_one_produces_the_other_waits_and_reuses(t
 
 def test_concurrent_publishers_really_race_and_the_loser_cleans_up(tmp_path, monkeypatch):
     """Both publishers pass the existence check and upload before either creates the manifest (a barrier)."""
-    from dilforge_shared import store as store_mod
+    from dilforge_shared.errors import ArtifactExistsError
+    from dilforge_shared.store import backends as store_mod
 
     barrier = threading.Barrier(2, timeout=20)
     original = store_mod.LocalStorage.create_bytes
@@ -353,7 +355,7 @@ def test_concurrent_publishers_really_race_and_the_loser_cleans_up(tmp_path, mon
                 ),
             )
             outcomes.append(("won", i))
-        except store_mod.ArtifactExistsError:
+        except ArtifactExistsError:
             outcomes.append(("lost", i))
 
     threads = [threading.Thread(target=go, args=(i,)) for i in range(2)]

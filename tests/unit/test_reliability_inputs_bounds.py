@@ -20,7 +20,7 @@ from dilforge_coordinator.config import load_pipeline
 from dilforge_shared.corpus import data_digest, iter_texts
 from dilforge_shared.errors import ConfigError, InputError
 from dilforge_shared.manifest import Manifest, current_producer
-from dilforge_shared.store import ArtifactStore, publish
+from dilforge_shared.store.artifacts import ArtifactStore, publish
 from test_reliability import write_config
 from typer.testing import CliRunner
 

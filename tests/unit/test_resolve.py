@@ -16,7 +16,7 @@ from dilforge_shared.configs.tokenizer import TokenizerConfig
 from dilforge_shared.errors import ConfigError
 from dilforge_shared.manifest import InputRef, Manifest, current_producer
 from dilforge_shared.models import Resolved, adapter_base, choose, find_dir, open_model, resolve, resolve_chat_model
-from dilforge_shared.store import fetch, publish
+from dilforge_shared.store.artifacts import fetch, publish
 
 
 def hf(root, tokenizer=True):

@@ -31,7 +31,7 @@ from dilforge_shared.hyperparameters import build_hyperparameters
 from dilforge_shared.identity import artifact_id as planned_artifact_id
 from dilforge_shared.manifest import InputRef
 from dilforge_shared.recipes import source_kind
-from dilforge_shared.store import open_backend
+from dilforge_shared.store.backends import open_backend
 
 from ..cloud import SageMakerConfig, StageResources
 from ..config import PipelineConfig

@@ -40,7 +40,8 @@ from dilforge_shared.errors import ConfigError, DilforgeError
 from dilforge_shared.manifest import sha256_file
 from dilforge_shared.paths import uploaded_copy
 from dilforge_shared.settings import settings
-from dilforge_shared.store import open_backend, read_manifest, verify_files
+from dilforge_shared.store.artifacts import read_manifest, verify_files
+from dilforge_shared.store.backends import open_backend
 
 from ..cloud import SageMakerConfig
 from ..config import PipelineConfig

@@ -25,7 +25,8 @@ from dilforge_shared.manifest import sha256_file
 from dilforge_shared.metrics.model import ModelMetrics
 from dilforge_shared.paths import check_links
 from dilforge_shared.recipes import RECIPES, Recipe, source_kind
-from dilforge_shared.store import NotFound, mirror_prefix
+from dilforge_shared.store.backends import NotFound
+from dilforge_shared.store.mirror import mirror_prefix
 
 from .gguf_convert import convert_gguf
 from .weights_check import read_header, verify_weights

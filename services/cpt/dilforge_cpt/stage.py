@@ -127,7 +127,7 @@ def end_once_published(ctx: StageContext):
 
 def published_by_first_host(ctx: StageContext) -> bool:
     """True (and says so) when the artifact this job makes is published: a later host's work is then done."""
-    from dilforge_shared.store import artifact_exists
+    from dilforge_shared.store.artifacts import artifact_exists
 
     if artifact_exists(ctx.request.artifact_uri, ctx.endpoint_url):
         log.info("the first host published %s; this host is done", ctx.request.artifact_uri)

@@ -15,7 +15,7 @@ from dilforge_shared.errors import ConfigError, InputError
 from dilforge_shared.manifest import Manifest
 from dilforge_shared.models import Kind, resolve, resolve_chat_model
 from dilforge_shared.settings import settings
-from dilforge_shared.store import Artifact
+from dilforge_shared.store.artifacts import Artifact
 
 log = logging.getLogger("dilforge.eval")
 

@@ -31,8 +31,7 @@ from dilforge_shared.families import Family, detect_family, special_token_ids, s
 from dilforge_shared.models import resolve
 from dilforge_shared.processes import die_with_parent
 from dilforge_shared.recipes import cache_root
-from dilforge_shared.store import read_manifest
-from dilforge_shared.store.artifacts import STORE_MARKER
+from dilforge_shared.store.artifacts import STORE_MARKER, read_manifest
 
 from . import run
 from .prepare import prepare, resolve_served_model
