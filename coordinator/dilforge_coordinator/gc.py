@@ -31,7 +31,7 @@ DATA_DIR = re.compile(r"^data-[0-9a-f]{12}$")  # store.publish
 DIGEST_FILE = re.compile(r"^\.data-[0-9a-f]{12}\.manifest\.sha256$")  # store.manifest_digest_key
 DAMAGED = re.compile(r"\.damaged-\d{8}T\d{6}Z(-\d+)?$")  # integrity.move_aside
 # In the download cache, by subfolder: models._download_prefix → mirror_prefix (`.<key>.<8 hex>.partial|old` beside
-# the copy), corpus.stamped_sha256 (`<sha256>.<pid>.tmp`), the model stage's recipe wheels (`.download-<uuid>`).
+# the copy), corpus_files.stamped_sha256 (`<sha256>.<pid>.tmp`), the model stage's recipe wheels (`.download-<uuid>`).
 CACHE_LEFTOVERS = {
     "models": re.compile(r"^\.[0-9a-f]{16}\.[0-9a-f]{8}\.(partial|old)$"),
     "digests": re.compile(r"^[0-9a-f]{64}\.\d+\.tmp$"),

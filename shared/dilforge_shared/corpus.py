@@ -9,48 +9,23 @@ from __future__ import annotations
 import codecs
 import json
 import logging
-import os
 import unicodedata
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Literal
-from urllib.parse import urlparse
 
-from .corpus_files import detect_format, expand, open_binary, parquet_location
+from .corpus_files import (
+    MAX_DOCUMENT_BYTES,
+    Oversize,
+    TextFormat,
+    detect_format,
+    open_binary,
+    parquet_location,
+    source_files,
+)
 from .errors import InputError
-from .paths import declared_uri
 
 log = logging.getLogger(__name__)
 
-TextFormat = Literal["auto", "txt", "jsonl", "tsv", "parquet"]
-Oversize = Literal["error", "split", "truncate", "skip"]
-MAX_DOCUMENT_BYTES = 32 << 20  # default bound on one line/document; a 200 MB line never reaches memory whole
-
-
-def source_files(uri: str, endpoint_url: str | None = None) -> list[str]:
-    """The files a source names: an artifact's data folder by its manifest's list (a file added to a published
-    artifact is never read), anything else by `corpus_files.expand`."""
-    listed = artifact_files(uri)
-    return listed if listed is not None else expand(uri, endpoint_url)
-
-
-def artifact_files(uri: str) -> list[str] | None:
-    """The corpus files an artifact's manifest lists, when `uri` is its data folder (the folder a `manifest.json`
-    beside it names as `data_dir`: in a local store, a fetched copy, a SageMaker channel); else None."""
-    from .corpus_files import SUFFIXES
-    from .manifest import MANIFEST_NAME, parse_manifest
-
-    folder = Path(uri)
-    beside = folder.parent / MANIFEST_NAME
-    if "://" in uri or not folder.is_dir() or not beside.is_file():
-        return None
-    manifest = parse_manifest(beside.read_bytes(), str(beside))
-    if manifest.data_dir != folder.name:
-        return None
-    files = sorted(str(folder / e.path) for e in manifest.files if e.path.lower().endswith(SUFFIXES))
-    if not files:
-        raise InputError("the artifact's manifest lists no corpus file (.txt, .jsonl, .tsv, .parquet)", path=uri)
-    return files
 
 
 def _decode(data: bytes, uri: str, lineno: int, decoder=None, final: bool = True) -> str:
@@ -356,64 +331,3 @@ def iter_word_counts(
             if normalization == "NFC":
                 word = unicodedata.normalize("NFC", word)
             yield file_uri, lineno, word, int(count)
-
-
-def data_digest(uri: str, endpoint_url: str | None = None) -> str:
-    """A content digest for lineage and artifact reuse: sha256 of local files, ETags on S3. A source naming one
-    local file (or an uploaded copy of one) is that file's sha256, whatever its name or path: a copy or a link
-    is the same input; a folder or glob also hashes its files' names."""
-    import hashlib
-
-    files = source_files(uri, endpoint_url)
-    named = files == [uri.removeprefix("file://")]
-    h = hashlib.sha256()
-    for file_uri in files:
-        parsed = urlparse(file_uri)
-        if parsed.scheme == "s3":
-            from .store.backends import S3Storage
-
-            backend = S3Storage(parsed.netloc, "", endpoint_url)
-            head = backend.client.head_object(Bucket=parsed.netloc, Key=parsed.path.lstrip("/"))
-            sha256 = head.get("Metadata", {}).get("sha256")
-            if sha256 and declared_uri(file_uri) != file_uri:  # an uploaded copy: hashed as the local file
-                if named:
-                    return sha256
-                h.update(f"{os.path.basename(file_uri)}:{sha256}\n".encode())
-            else:
-                h.update(f"{file_uri}:{head['ETag']}\n".encode())
-        elif named:
-            return stamped_sha256(Path(file_uri))
-        else:
-            h.update(f"{os.path.basename(file_uri)}:{stamped_sha256(Path(file_uri))}\n".encode())
-    return h.hexdigest()
-
-
-def stamped_sha256(path: Path) -> str:
-    """sha256 of a local file, read in full once per content: the digest is kept under the cache
-    (DILFORGE_CACHE, else ~/.cache/dilforge) keyed by the file's stat stamp (path, device, inode, size,
-    mtime and ctime in ns, as git's index does), so planning hashes a corpus and the stage's checks (at start,
-    before publishing, on every rank of every host sharing the cache) only stat it. Any write changes the stamp."""
-    import hashlib
-
-    from .manifest import sha256_file
-    from .settings import settings
-
-    st = path.stat()
-    stamp = f"{path.resolve()}|{st.st_dev}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}"
-    root = (settings().cache or Path.home() / ".cache" / "dilforge") / "digests"
-    entry = root / hashlib.sha256(stamp.encode()).hexdigest()
-    try:
-        cached = entry.read_text().strip()
-        if len(cached) == 64:
-            return cached
-    except OSError:
-        pass
-    digest = sha256_file(path)
-    try:  # best effort: an unwritable cache only costs the next read
-        root.mkdir(parents=True, exist_ok=True)
-        tmp = entry.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(digest)
-        os.replace(tmp, entry)
-    except OSError:
-        pass
-    return digest

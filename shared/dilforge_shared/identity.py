@@ -13,7 +13,7 @@ from urllib.parse import urlparse
 from . import stages
 from .configs.base import StageConfig
 from .configs.model import ModelConfig
-from .corpus import data_digest
+from .corpus_files import data_digest
 from .errors import ConfigError, InputError, ManifestNotFound
 from .manifest import InputRef, artifact_ref, fingerprint, scan_files, sha256_file
 from .paths import check_links, declared_uri

@@ -14,8 +14,8 @@ import pytest
 from dilforge_coordinator.config import PipelineConfig, load_yaml
 from dilforge_shared.configs.base import validate_model
 from dilforge_shared.configs.curate import CurateConfig, RawSource
-from dilforge_shared.corpus import data_digest, iter_located_texts, iter_texts
-from dilforge_shared.corpus_files import expand
+from dilforge_shared.corpus import iter_located_texts, iter_texts
+from dilforge_shared.corpus_files import data_digest, expand
 from dilforge_shared.errors import ConfigError, InputError
 
 

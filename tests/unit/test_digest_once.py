@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from dilforge_shared import corpus, manifest
+from dilforge_shared import corpus_files, manifest
 
 
 def test_a_corpus_is_hashed_once_and_again_after_any_write(tmp_path, monkeypatch):
@@ -15,12 +15,12 @@ def test_a_corpus_is_hashed_once_and_again_after_any_write(tmp_path, monkeypatch
     monkeypatch.setattr(manifest, "sha256_file", lambda p: reads.append(p) or real(p))
     data = tmp_path / "az.txt"
     data.write_text("Bakı şəhəri\n")
-    first = corpus.data_digest(str(data))
-    assert corpus.data_digest(str(data)) == first and len(reads) == 1
+    first = corpus_files.data_digest(str(data))
+    assert corpus_files.data_digest(str(data)) == first and len(reads) == 1
     stat = data.stat()
     data.write_text("Gəncə şəhər\n")  # same size
     os.utime(data, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # even with the old mtime: the ctime moved
-    assert corpus.data_digest(str(data)) != first and len(reads) == 2
+    assert corpus_files.data_digest(str(data)) != first and len(reads) == 2
     monkeypatch.setenv("DILFORGE_CACHE", str(tmp_path / "readonly" / "x"))
     (tmp_path / "readonly").write_text("a file where the cache folder would be")  # unwritable cache: still right
-    assert corpus.stamped_sha256(data) == real(data)
+    assert corpus_files.stamped_sha256(data) == real(data)

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from dilforge_shared.configs.model import ModelConfig
-from dilforge_shared.corpus import stamped_sha256
+from dilforge_shared.corpus_files import stamped_sha256
 from dilforge_shared.errors import ConfigError, DilforgeError
 from dilforge_shared.manifest import sha256_file
 from dilforge_shared.paths import uploaded_copy

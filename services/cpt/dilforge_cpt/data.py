@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 from dilforge_shared.configs.base import DataSource
 from dilforge_shared.configs.cpt import CptDataSource
-from dilforge_shared.corpus import data_digest, iter_located_records, iter_texts
+from dilforge_shared.corpus import iter_located_records, iter_texts
+from dilforge_shared.corpus_files import data_digest
 from dilforge_shared.errors import DilforgeError, InputError
 from dilforge_shared.families import FAMILIES, Family, control_token_in, detect_family
 from dilforge_shared.manifest import sha256_file

@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic.fields import FieldInfo
 from pydantic_core import to_jsonable_python
 
-from ..corpus import MAX_DOCUMENT_BYTES, Oversize, TextFormat
+from ..corpus_files import MAX_DOCUMENT_BYTES, Oversize, TextFormat
 from ..errors import ConfigError, format_validation_error
 from ..paths import declared_uri
 from ..settings import redact, secret_values
