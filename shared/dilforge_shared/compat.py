@@ -20,6 +20,7 @@ What each use is for, and why the public API does not do it:
 from __future__ import annotations
 
 import enum
+import functools
 import io
 import logging
 import pathlib
@@ -55,7 +56,7 @@ def _release(text: str) -> tuple[int, ...]:
 
 def warn_unchecked_versions() -> dict[str, str]:
     """Warn of (and return, {distribution: installed version}) each installed library outside its CHECKED
-    range: an internal used here may have moved. Every stage and the server call it at start."""
+    range: an internal used here may have moved. The server calls it at start, every door below on first use."""
     out = {}
     for name, (low, high) in CHECKED.items():
         try:
@@ -68,6 +69,12 @@ def warn_unchecked_versions() -> dict[str, str]:
                 "%s %s is outside the versions dilforge was checked against (%s to %s)", name, installed, low, high
             )
     return out
+
+
+@functools.cache
+def _first_use() -> None:
+    """The version warning, once per process: only a process that uses an internal needs it."""
+    warn_unchecked_versions()
 
 
 # ---- torch.distributed.checkpoint ----------------------------------------------------------------------
@@ -117,6 +124,7 @@ class DcpMetadataUnpickler(pickle.Unpickler):
 
 def safe_dcp_reader(path: Path):
     """A DCP FileSystemReader whose `.metadata` unpickler only builds DCP's metadata types."""
+    _first_use()
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import StorageMeta
 
@@ -135,6 +143,7 @@ def safe_dcp_reader(path: Path):
 # ---- transformers: GGUF ----------------------------------------------------------------------------------
 def gguf_metadata(path: Path) -> dict[str, Any]:
     """The GGUF key/value metadata (general.*, llama.*, tokenizer.ggml.*) without reading any tensor."""
+    _first_use()
     from transformers.integrations.gguf.reader import read_gguf_metadata
 
     metadata, _ = read_gguf_metadata(str(path))
@@ -144,6 +153,7 @@ def gguf_metadata(path: Path) -> dict[str, Any]:
 def gguf_header(path: Path):
     """The file's tensor table as transformers' GGUF header reads it: `.tensors` (name, shape, ggml type, offset,
     nbytes) and `.data_start` (where the tensor data begins)."""
+    _first_use()
     from transformers.integrations.gguf.reader import GgufHeader
 
     return GgufHeader.from_file(str(path))
@@ -152,6 +162,7 @@ def gguf_header(path: Path):
 def gguf_tokenizer(path: Path) -> tuple[str, dict, dict]:
     """(architecture, tokenizer dict with `tokens` and `merges` in full, tokenizer config) as transformers' GGUF
     tokenizer mapping reads them; other arrays (`scores`, `token_type`) are left as counts."""
+    _first_use()
     from transformers.integrations.gguf.gguf_tokenizer_mapping import get_gguf_tokenizer
 
     return get_gguf_tokenizer(str(path))
@@ -160,6 +171,7 @@ def gguf_tokenizer(path: Path) -> tuple[str, dict, dict]:
 def save_gguf_tokenizer(parts: tuple[str, dict, dict], out: Path) -> None:
     """The tokenizer `gguf_tokenizer` read, built by transformers' GGUF tokenizer mapping and saved as an HF fast
     tokenizer folder (what `AutoTokenizer.from_pretrained(gguf_file=...)` does, without its second parse)."""
+    _first_use()
     from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer
     from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
@@ -173,6 +185,7 @@ def serve_command_app(model_id: str, **options: Any):
     """The FastAPI app `transformers serve <model_id>` runs, with the model preloaded and pinned (`force_model`),
     built by the command's own class but not started: `Serve.__init__(non_blocking=True)` ends by calling
     `start_server`, which this subclass leaves to the caller's uvicorn (so the app can run behind a guard)."""
+    _first_use()
     from transformers.cli.serve import Serve
 
     class Unstarted(Serve):
@@ -186,6 +199,7 @@ def serve_command_app(model_id: str, **options: Any):
 # ---- transformers: Trainer checkpoints ------------------------------------------------------------------------
 def trainer_checkpoint_prefix() -> str:
     """The name Trainer gives its checkpoint folders (`<prefix>-<step>`)."""
+    _first_use()
     from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
     return PREFIX_CHECKPOINT_DIR
@@ -193,6 +207,7 @@ def trainer_checkpoint_prefix() -> str:
 
 def last_trainer_checkpoint(folder: Path) -> str | None:
     """The newest `checkpoint-<step>` folder Trainer would resume from, or None."""
+    _first_use()
     from transformers.trainer_utils import get_last_checkpoint
 
     return get_last_checkpoint(str(folder))

@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from . import compat, stages
+from . import stages
 from .configs.base import ARTIFACT_PREFIX, StageConfig
 from .errors import ConfigError, DilforgeError
 from .hyperparameters import StageRequest, parse_hyperparameters
@@ -280,7 +280,6 @@ def stage_main(
         for d in (opt.model_dir, opt.output_dir):
             d.mkdir(parents=True, exist_ok=True)
         log.info("stage %s run %s → %s", config_cls.stage, request.run_id, request.artifact_uri)
-        compat.warn_unchecked_versions()
         start_refs = None
         if publish_from_this_process and planned_id(ctx) is not None:  # proved before the work and after it
             start_refs = lineage(ctx)

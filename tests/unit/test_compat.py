@@ -203,6 +203,18 @@ def test_installed_libraries_are_within_the_checked_ranges():
     assert compat._release("2.13.0+cpu") == (2, 13, 0) and compat._release("5.17.0.dev0") == (5, 17, 0)
 
 
+def test_the_first_use_of_an_internal_warns_once_of_a_library_outside_the_checked_versions(monkeypatch, caplog):
+    """A stage that uses no internal (curate, tokenizer, eval) neither loads this module nor warns."""
+    monkeypatch.setitem(compat.CHECKED, "pydantic", ("1.0.0", "1.10.0"))  # installed: 2.x
+    compat._first_use.cache_clear()
+    with caplog.at_level("WARNING", logger="dilforge"):
+        compat.trainer_checkpoint_prefix()
+        compat.trainer_checkpoint_prefix()
+    compat._first_use.cache_clear()
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 1 and warned[0].startswith("pydantic 2.") and warned[0].endswith("(1.0.0 to 1.10.0)")
+
+
 def test_trainer_checkpoints(tmp_path):
     prefix = compat.trainer_checkpoint_prefix()
     assert compat.last_trainer_checkpoint(tmp_path) is None

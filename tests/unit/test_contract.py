@@ -92,22 +92,6 @@ def test_stage_main_publishes_what_run_left_in_model_dir(tmp_path, monkeypatch):
     assert art.manifest.config["vocab_sizes"] == [1000] and art.manifest.run_id == "r1"
 
 
-def test_stage_main_warns_of_a_library_outside_the_checked_versions(tmp_path, monkeypatch, capsys):
-    from dilforge_shared import compat
-
-    monkeypatch.setattr("dilforge_shared.contract.lineage", lambda ctx: [])
-    monkeypatch.setitem(compat.CHECKED, "pydantic", ("1.0.0", "1.10.0"))  # installed: 2.x
-
-    def run(config, ctx):
-        (ctx.model_dir / "tokenizer.json").write_text("{}")
-        return StageResult(metrics=metrics_samples.sample("tokenizer", peak_rss_mib=1.4))
-
-    code, _ = run_main(tmp_path, monkeypatch, run)
-    warned = [line for line in capsys.readouterr().out.splitlines() if " WARNING " in line]
-    assert code == 0 and len(warned) == 1
-    assert "WARNING dilforge: pydantic 2." in warned[0] and warned[0].endswith("(1.0.0 to 1.10.0)")
-
-
 def test_stage_main_failure_writes_reason_and_publishes_nothing(tmp_path, monkeypatch):
     from dilforge_shared.errors import InputError
 
