@@ -2,7 +2,7 @@
 
 Used by every stage that opens a base model or tokenizer (`open_model`, `resolve`), by the one precedence rule
 for a stage's base model (`choose`), and by `coordinator chat`, serve and eval (`resolve_chat_model`). The ref it
-returns is `identity.source_ref`'s, the same the coordinator fingerprinted when it planned the artifact id.
+returns is `model_refs.source_ref`'s, the same the coordinator fingerprinted when it planned the artifact id.
 Resolving is file work: torch is imported only inside `merge_adapter`.
 """
 
@@ -19,8 +19,8 @@ from typing import Literal
 from urllib.parse import urlparse
 
 from .errors import ConfigError, ManifestNotFound
-from .identity import local_path, model_ref_name, source_ref
 from .manifest import InputRef, Manifest, artifact_ref
+from .model_refs import local_path, model_ref_name, source_ref
 from .recipes import cache_root
 from .store.artifacts import Artifact, fetch
 from .store.backends import NotFound

@@ -131,7 +131,7 @@ def _hf_folder(root: Path) -> Path:
 
 def test_a_model_folder_with_a_link_out_of_it_is_refused_at_planning_and_import(tmp_path):
     from dilforge_cpt.import_model import copy_hf_folder
-    from dilforge_shared.identity import model_digest
+    from dilforge_shared.model_refs import model_digest
 
     folder = _hf_folder(tmp_path / "model")
     (tmp_path / "secret.txt").write_text("do not publish")

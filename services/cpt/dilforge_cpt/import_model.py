@@ -20,7 +20,6 @@ from dilforge_shared.configs.model import ModelConfig
 from dilforge_shared.contract import StageContext, StageResult, log_config, stage_main
 from dilforge_shared.errors import InputError
 from dilforge_shared.families import describe_model_folder, detect_family
-from dilforge_shared.identity import model_stage_ref
 from dilforge_shared.manifest import sha256_file
 from dilforge_shared.metrics.model import ModelMetrics
 from dilforge_shared.paths import check_links
@@ -38,7 +37,7 @@ WEIGHT_SUFFIX = ".safetensors"
 
 def run(config: ModelConfig, ctx: StageContext) -> StageResult:
     kind = source_kind(config.source)
-    ref = model_stage_ref(config, ctx.endpoint_url)
+    ref = config.source_ref(ctx.endpoint_url)
     log_config(config, {"source_kind": kind, "source_identity": ref.uri, "source_sha256": ref.sha256})
     out = ctx.model_dir
     provenance: dict = {"source": config.source, "source_kind": kind, "sha256": ref.sha256}

@@ -10,6 +10,7 @@ from pydantic_core import to_jsonable_python
 
 from ..corpus_files import MAX_DOCUMENT_BYTES, Oversize, TextFormat
 from ..errors import ConfigError, format_validation_error
+from ..manifest import InputRef
 from ..paths import declared_uri
 from ..settings import redact, secret_values
 
@@ -230,6 +231,10 @@ class StageConfig(StrictModel):
 
     def model_uris(self) -> list[str]:
         """Model or tokenizer folders read besides upstream artifacts; their content is fingerprinted too."""
+        return []
+
+    def source_refs(self, endpoint_url: str | None = None) -> list[InputRef]:
+        """Lineage of what a field names besides data sources and model URIs (the model stage's `source`)."""
         return []
 
     def needed_inputs(self) -> tuple[str, ...]:

@@ -10,8 +10,11 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator
 
+from ..errors import InputError
+from ..manifest import InputRef
 from ..metrics.model import ModelMetrics
-from ..recipes import GGUF_CONVERTER_VERSION, RECIPES
+from ..model_refs import local_path, source_ref
+from ..recipes import GGUF_CONVERTER_VERSION, RECIPES, source_kind
 from .base import StageConfig
 
 
@@ -45,3 +48,16 @@ class ModelConfig(StageConfig):
                 "write a local folder with a slash (./my-model) or give an s3:// prefix"
             )
         return source
+
+    def source_ref(self, endpoint_url: str | None = None) -> InputRef:
+        """Identity of the source: a recipe's pinned sha256 (nothing downloaded), else its content."""
+        kind = source_kind(self.source)
+        if kind == "recipe":
+            recipe = RECIPES[self.source]
+            return InputRef(name="source", kind="data", uri=recipe.uri, sha256=recipe.sha256)
+        if kind == "gguf" and not local_path(self.source).is_file():
+            raise InputError("model.source: no such GGUF file", path=self.source)
+        return source_ref(self.source, "source", endpoint_url)
+
+    def source_refs(self, endpoint_url: str | None = None) -> list[InputRef]:
+        return [self.source_ref(endpoint_url)]

@@ -1,0 +1,65 @@
+"""The lineage of a model or tokenizer named by URI, computed without downloading any weights: a dilforge artifact
+(its artifact ref), a local file (its sha256), a local folder (sha256 of every file) or an s3:// prefix (the ETags
+of its objects)."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from urllib.parse import urlparse
+
+from .errors import ConfigError, ManifestNotFound
+from .manifest import InputRef, artifact_ref, scan_files, sha256_file
+from .paths import check_links, declared_uri
+from .store.artifacts import read_manifest
+from .store.backends import S3Storage
+
+
+def model_ref_name(uri: str) -> str:
+    """The lineage name of a model or tokenizer read from a URI in a stage's config."""
+    return f"model:{uri}"
+
+
+def local_path(uri: str) -> Path:
+    """A local URI (a path or file://) as a Path."""
+    return Path(uri.removeprefix("file://")).expanduser()
+
+
+def source_ref(uri: str, name: str, endpoint_url: str | None = None) -> InputRef:
+    """Lineage of whatever a model/tokenizer URI holds, computed without downloading any weights."""
+    if urlparse(uri).scheme != "s3" and local_path(uri).is_file():
+        return InputRef(name=name, kind="data", uri=uri, sha256=sha256_file(local_path(uri)))
+    try:
+        return artifact_ref(name, uri, read_manifest(uri, endpoint_url)[0])
+    except ManifestNotFound:
+        pass
+    return InputRef(name=name, kind="data", uri=uri, sha256=model_digest(uri, endpoint_url))
+
+
+def dir_digest(root: Path) -> str:
+    """sha256 over every file's path and sha256: lineage for a model that is not an artifact."""
+    check_links(root, str(root))  # a link out of the folder would fingerprint (and publish) a file never pointed at
+    h = hashlib.sha256()
+    for entry in scan_files(root):
+        h.update(f"{entry.path}:{entry.sha256}\n".encode())
+    return h.hexdigest()
+
+
+def model_digest(uri: str, endpoint_url: str | None = None) -> str:
+    """Content digest of a model folder without downloading it: file sha256s locally, ETags on S3."""
+    parsed = urlparse(uri)
+    if parsed.scheme != "s3":
+        path = local_path(uri)
+        if not path.is_dir():
+            raise ConfigError(f"{uri}: no such model folder")
+        return dir_digest(path)
+    backend = S3Storage(parsed.netloc, parsed.path, endpoint_url)
+    h = hashlib.sha256()
+    stats = sorted(backend.list_stats(""))  # (key, size, ETag): one listing, no request per object
+    if not stats:
+        raise ConfigError(f"{uri}: no objects under this prefix")
+    copy = declared_uri(uri) != uri  # an uploaded copy: each object's sha256, as dir_digest hashes the folder
+    for key, _, etag in stats:
+        sha256 = backend.metadata(key).get("sha256") if copy else None
+        h.update(f"{key}:{sha256 or etag}\n".encode())
+    return h.hexdigest()
