@@ -150,7 +150,7 @@ def parrots(prompt: str, answer: str) -> bool:
 @lru_cache(maxsize=1)
 def _detector():
     """lingua over curate's candidate languages (built once: loading its models takes seconds)."""
-    from dilforge_shared.configs.curate import LanguageConfig
+    from dilforge_shared.configs.language import LanguageConfig
     from lingua import IsoCode639_1, Language, LanguageDetectorBuilder
 
     codes = sorted(set(LanguageConfig().candidates) | {"az", "en"})

@@ -19,8 +19,8 @@ from .base import (
     StrictModel,
     Switch,
 )
-from .curate import LinguaCode
 from .knobs import Batching, Checkpointing, SourceLimits, Warmup, knob, on_off
+from .language import LinguaCode
 
 
 class SftDataSource(DataSource, SourceLimits):
