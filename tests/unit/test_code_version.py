@@ -6,6 +6,7 @@ on every Python the images run."""
 from __future__ import annotations
 
 import importlib
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -71,6 +72,58 @@ def test_every_stage_has_a_version_and_its_closure_holds_its_own_code():
         assert entry in modules and "dilforge_shared.contract" in modules
     assert "dilforge_cpt.stage" in stages.module_closure("dilforge_cpt")
     assert "dilforge_cpt.stage" not in stages.module_closure("dilforge_cpt.import_model")  # the model stage
+
+
+@pytest.fixture
+def tree(tmp_path, monkeypatch):
+    """A copy of the production packages that `stages.code_version` reads instead of the real files; returns an
+    editor that adds a function to one module of the copy."""
+    copy = tmp_path / "tree"
+    for top in ("shared", "coordinator", "services"):
+        shutil.copytree(ROOT / top, copy / top, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "build"))
+    real = stages.module_path
+    monkeypatch.setattr(stages, "module_path", lambda name: (p := real(name)) and copy / p.relative_to(ROOT))
+    stages._code_version.cache_clear()
+
+    def edit(module: str) -> dict[str, str]:
+        path = copy / real(module).relative_to(ROOT)
+        path.write_text(path.read_text() + "\n\ndef added_by_the_test():\n    return 1\n")
+        stages._code_version.cache_clear()
+        return {stage: stages.code_version(stage) for stage in stages.STAGES}
+
+    yield edit
+    stages._code_version.cache_clear()
+
+
+def test_an_edit_changes_exactly_the_versions_of_the_stages_that_import_it(tree):
+    """Eval's config section edited: only eval's version moves (every stage used to load every section). Then,
+    for modules on some stages' paths and not others', a stage's version moves iff the module is in its closure."""
+    before = {stage: stages.code_version(stage) for stage in stages.STAGES}
+    after = tree("dilforge_shared.configs.eval")
+    assert [s for s in stages.STAGES if after[s] != before[s]] == ["eval"]
+    closures = {stage: stages.module_closure(entry) for stage, entry in stages.STAGE_MODULES.items()}
+    for module in (
+        "dilforge_shared.configs.cpt",
+        "dilforge_shared.configs.language",
+        "dilforge_shared.metrics.tokenizer",
+        "dilforge_shared.compat",
+        "dilforge_shared.corpus",
+        "dilforge_shared.models",
+        "dilforge_coordinator.config",
+    ):
+        before, after = after, tree(module)
+        moved = [s for s in stages.STAGES if after[s] != before[s]]
+        assert moved == [s for s in stages.STAGES if module in closures[s]], module
+
+
+def test_a_stage_loads_its_own_config_section_and_no_coordinator_code():
+    sections = {f"dilforge_shared.configs.{stage}" for stage in stages.STAGES}
+    for stage, entry in stages.STAGE_MODULES.items():
+        modules = set(stages.module_closure(entry))
+        assert modules & sections == {f"dilforge_shared.configs.{stage}"}, stage
+        assert not [m for m in modules if m.startswith("dilforge_coordinator")], stage
+    for stage in ("curate", "tokenizer", "eval"):  # no library internals used: the door is not on the path
+        assert "dilforge_shared.compat" not in stages.module_closure(stages.STAGE_MODULES[stage])
 
 
 def test_the_serialisation_is_the_same_on_other_pythons():
