@@ -8,7 +8,6 @@ Liger only on CUDA for `llama`; attention: `choose_attention`. An impossible req
 from __future__ import annotations
 
 import importlib.util
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -55,15 +54,6 @@ def cpu_computes_bf16(cpuinfo: str | Path = "/proc/cpuinfo") -> bool:
         return False
     flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
     return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
-def available_cpus() -> int:
-    """CPUs this process may run on: its affinity mask (a container's cpuset, taskset), not the machine's count.
-    CPU-bound stage work (tokenising, counting) sizes its worker processes by it."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from dilforge_shared.families import describe_model_folder
 from dilforge_shared.launch import build_launch, wait_for_hosts
 from dilforge_shared.metrics.cpt import CptMetrics
 from dilforge_shared.models import TOKENIZER_FILES, resolve
-from dilforge_shared.runtime_policy import available_cpus
+from dilforge_shared.processes import available_cpus
 
 from .checkpoints import Checkpointer
 from .data import (
