@@ -5,6 +5,7 @@ on every Python the images run."""
 
 from __future__ import annotations
 
+import functools
 import importlib
 import shutil
 import subprocess
@@ -83,6 +84,7 @@ def tree(tmp_path, monkeypatch):
         shutil.copytree(ROOT / top, copy / top, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "build"))
     real = stages.module_path
     monkeypatch.setattr(stages, "module_path", lambda name: (p := real(name)) and copy / p.relative_to(ROOT))
+    monkeypatch.setattr(stages, "canonical_source", functools.cache(stages.canonical_source))  # pure: once a text
     stages._code_version.cache_clear()
 
     def edit(module: str) -> dict[str, str]:

@@ -10,6 +10,7 @@ from dilforge_shared.contract import StageResult, stage_main
 from dilforge_shared.errors import ConfigError, DilforgeError
 from dilforge_shared.hyperparameters import build_hyperparameters
 from dilforge_shared.opt_ml import OptMl
+from dilforge_shared.store.artifacts import ArtifactStore
 from typer.testing import CliRunner
 
 
@@ -79,7 +80,7 @@ def test_failed_stage_is_recorded_and_nothing_published(tmp_path, monkeypatch):
     cfg = load_pipeline(write_config(tmp_path))
     with pytest.raises(pl.StageFailed, match="corpus.txt:3: not valid UTF-8"):
         pl.run_all(cfg, InProcessBackend(tmp_path, monkeypatch, fail=True))
-    record = pl.RunRecord.load(__import__("dilforge_shared.store").store.ArtifactStore(cfg.store.uri), "demo")
+    record = pl.RunRecord.load(ArtifactStore(cfg.store.uri), "demo")
     assert record.stages["tokenizer"]["status"] == "failed"
     assert not list((tmp_path / "store").glob("artifacts/**/manifest.json"))
 
