@@ -27,7 +27,6 @@ from .errors import InputError
 log = logging.getLogger(__name__)
 
 
-
 def _decode(data: bytes, uri: str, lineno: int, decoder=None, final: bool = True) -> str:
     try:
         return decoder.decode(data, final) if decoder is not None else data.decode("utf-8")
