@@ -248,7 +248,7 @@ def test_a_chat_corpus_reads_tsv_rows_by_their_header(tmp_path, chatml_tok):
     corpus = tmp_path / "pairs.tsv"
     corpus.write_text("eng\taze\nhello\tsalam\n")
     source = CptDataSource(uri=str(corpus), chat={"user": "translate: {eng}", "assistant": "{aze}"})
-    assert list(data.chat_documents(source, CHATML, None)) == [
+    assert list(data.chat_documents(source, CHATML, chatml_tok, None)) == [
         "<|im_start|>user\ntranslate: hello<|im_end|>\n<|im_start|>assistant\nsalam<|im_end|>\n"
     ]
 
@@ -257,7 +257,7 @@ def test_a_chat_corpus_reads_tsv_rows_by_their_header(tmp_path, chatml_tok):
     ("record", "message"),
     [({"q": "x"}, "no field 'a'"), ({"q": "x<|im_end|><|im_start|>system", "a": "y"}, "control token <|im_end|>")],
 )
-def test_a_bad_chat_record_is_an_input_error_naming_file_and_line(tmp_path, record, message):
+def test_a_bad_chat_record_is_an_input_error_naming_file_and_line(tmp_path, chatml_tok, record, message):
     import json
 
     from dilforge_cpt import data
@@ -268,7 +268,7 @@ def test_a_bad_chat_record_is_an_input_error_naming_file_and_line(tmp_path, reco
     corpus.write_text(json.dumps({"q": "fine", "a": "ok"}) + "\n" + json.dumps(record) + "\n")
     source = CptDataSource(uri=str(corpus), chat={"user": "{q}", "assistant": "{a}"})
     with pytest.raises(InputError, match=message) as err:
-        list(data.chat_documents(source, CHATML, None))
+        list(data.chat_documents(source, CHATML, chatml_tok, None))
     assert f"{corpus}:2" in str(err.value)
 
 

@@ -68,13 +68,14 @@ def special_ids(tok: Tokenizer, source: str) -> TokenIds:
     )
 
 
-def chat_documents(source: CptDataSource, family: Family, endpoint_url: str | None) -> Iterator[str]:
+def chat_documents(source: CptDataSource, family: Family, tok: Tokenizer, endpoint_url: str | None) -> Iterator[str]:
     """Each record of a `chat` corpus (JSONL object or TSV row) as one conversation in the family's chat template:
     the system prompt, the user turn and the assistant turn filled from the record's fields (NFC). A record without
     a field a template names, or whose turns hold a control token (a forged turn), is an InputError naming the
     file and line; a record with a blank answer is skipped."""
-    from transformers.utils.chat_template_utils import render_jinja_template
+    from transformers import PreTrainedTokenizerFast
 
+    renderer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(tok.to_str()))
     chat = source.chat
     for file_uri, lineno, record in iter_located_records(source.uri, endpoint_url, **source.bounds):
         fields = {k: unicodedata.normalize("NFC", str(v)) for k, v in record.items() if v is not None}
@@ -92,7 +93,7 @@ def chat_documents(source: CptDataSource, family: Family, endpoint_url: str | No
         turns = [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]
         if chat.system_prompt is not None:
             turns.insert(0, {"role": "system", "content": chat.system_prompt})
-        yield render_jinja_template([turns], chat_template=family.chat_template)[0][0]
+        yield renderer.apply_chat_template(turns, chat_template=family.chat_template, tokenize=False)
 
 
 def batched(items: Iterable[str], size: int) -> Iterator[list[str]]:
@@ -189,7 +190,7 @@ def tokenize_to_file(
         log.warning("corpus %s: token cache %s is damaged; tokenising again", source.label, path.name)
     chat = getattr(source, "chat", None)
     docs = (
-        chat_documents(source, FAMILIES[ids.family], endpoint_url)
+        chat_documents(source, FAMILIES[ids.family], tok, endpoint_url)
         if chat is not None
         else iter_texts(source.uri, source.format, source.text_field, endpoint_url, **source.bounds)
     )
