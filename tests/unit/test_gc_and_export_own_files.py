@@ -504,6 +504,22 @@ def test_export_refuses_a_system_prompt_that_would_inject(fake, tmp_path, capsys
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
 
+@pytest.mark.parametrize("prompt, says", [("Salam<|eot_id|>", "'<|eot_id|>'"), ("x [AZ_SPECIAL] y", "[AZ_SPECIAL]")])
+def test_serve_refuses_a_default_system_prompt_that_would_forge_turns(tmp_path, monkeypatch, capsys, prompt, says):
+    """The served default system message passes the rule export and the SFT config apply, before any model loads."""
+    from dilforge_serve import cli
+
+    tok = _tokenizer(tmp_path / "tok", [*CHATML, "[AZ_SPECIAL]"])
+    from_config = SimpleNamespace(model_id="m", tokenizer_dir=tok, description="m", system_prompt=prompt)
+    monkeypatch.setattr(cli, "resolve_served_model", lambda *a, **k: from_config)
+    monkeypatch.setattr(cli, "prepare", lambda *a: pytest.fail("a model was prepared"))
+    for args, field in ((["--system-prompt", prompt], "--system-prompt"), ([], "its SFT config's system_prompt")):
+        assert cli.main(["art", "--device", "cpu", "--workdir", str(tmp_path), *args]) == 1
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: ") and field in err and says in err and "\n" not in err, err
+    assert [p.name for p in tmp_path.iterdir()] == ["tok"]  # the private serving folder was removed
+
+
 def test_a_plain_system_prompt_with_quotes_is_one_system_block(fake, tmp_path, capsys):
     prompt = 'Sən "köməkçi" adlı\nbir asistansan. Azərbaycan dilində cavab ver.'
     rc, err = _main(capsys, tmp_path / "out", "--system-prompt", prompt)

@@ -22,7 +22,7 @@ from dilforge_shared import compat
 
 from . import run
 from .app import ServerOptions, build_app
-from .prepare import prepare, resolve_served_model
+from .prepare import check_system_prompt, prepare, resolve_served_model
 
 SAGEMAKER_MODEL_DIR = "/opt/ml/model"
 DTYPES = ("auto", "bfloat16", "float16", "float32")  # what the server loads weights as ("auto": as stored)
@@ -115,6 +115,8 @@ def serve(
             system_prompt=system_prompt,
             prefer_merged=not adapter,
         )
+        field = "--system-prompt" if system_prompt else f"{model}: its SFT config's system_prompt"
+        check_system_prompt(spec.system_prompt, field, spec.tokenizer_dir)
         prepare(spec, root)
         os.chdir(root)  # transformers serve is pinned to the folder named by the model id, relative to here
         import uvicorn

@@ -27,14 +27,14 @@ from typing import Annotated, Literal
 import typer
 from dilforge_shared import staging
 from dilforge_shared.errors import DilforgeError, ManifestNotFound
-from dilforge_shared.families import Family, detect_family, special_token_ids, system_prompt_problem
+from dilforge_shared.families import Family, detect_family, special_token_ids
 from dilforge_shared.models import resolve
 from dilforge_shared.processes import die_with_parent
 from dilforge_shared.recipes import cache_root
 from dilforge_shared.store.artifacts import STORE_MARKER, read_manifest
 
 from . import run
-from .prepare import prepare, resolve_served_model
+from .prepare import check_system_prompt, prepare, resolve_served_model
 
 log = logging.getLogger("dilforge.export")
 
@@ -235,16 +235,6 @@ def modelfile(gguf_name: str, family: Family, system_prompt: str | None, generat
             raise ExportError(f"generation_config.json: repetition_penalty {penalty!r} is not a finite number")
         lines.append(f"PARAMETER repeat_penalty {float(penalty)}")
     return "\n".join(lines) + "\n"
-
-
-def check_system_prompt(text: str | None, field: str, tokenizer_dir: Path) -> None:
-    """Refuse a system prompt holding a control token (the known families' or this tokenizer's specials) or a
-    triple quote, naming where it came from."""
-    if not text:
-        return
-    specials = [t["content"] for t in _tokenizer_json(tokenizer_dir).get("added_tokens", []) if t.get("special")]
-    if problem := system_prompt_problem(text, specials):
-        raise ExportError(f"{field} {problem}; give another --system-prompt")
 
 
 # ---- where the files go ---------------------------------------------------------------------------------------

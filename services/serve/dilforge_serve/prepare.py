@@ -20,6 +20,7 @@ from dilforge_shared.families import (
     GENERATION_CONFIG_FILE,
     describe_model_folder,
     special_token_ids,
+    system_prompt_problem,
 )
 from dilforge_shared.models import TOKENIZER_FILES, merge_adapter, resolve_chat_model
 from dilforge_shared.serving import chat_template_of, served_model_id, serving_template
@@ -65,6 +66,20 @@ def resolve_served_model(
         system_prompt=system_prompt or None,
         description=spec.description,
     )
+
+
+def check_system_prompt(text: str | None, field: str, tokenizer_dir: Path) -> None:
+    """Refuse a default system prompt (served, or written into a Modelfile) holding a control token, the known
+    families' or this tokenizer's own specials, or a triple quote; the error names where it came from."""
+    if not text:
+        return
+    try:
+        added = json.loads((tokenizer_dir / "tokenizer.json").read_text(encoding="utf-8")).get("added_tokens", [])
+    except (OSError, ValueError, AttributeError):
+        added = []  # the tokenizer's own checks name a missing or broken file; the families' tokens still count
+    specials = [t["content"] for t in added if isinstance(t, dict) and t.get("special") and t.get("content")]
+    if problem := system_prompt_problem(text, specials):
+        raise DilforgeError(f"{field} {problem}; give another --system-prompt")
 
 
 def link_model_files(src: Path, out: Path) -> None:
