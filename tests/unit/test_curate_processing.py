@@ -3,7 +3,9 @@ job; offline requests checked against botocore's model, and a run against moto's
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 
 import botocore.session
@@ -69,6 +71,38 @@ def test_local_mode_hosts_of_a_phase_wait_for_each_other(tmp_path):
     assert waits == {"filter": True, "buckets": True, "cluster": False, "write": True, "publish": False}
     assert all(spec.outputs["work"][1] == f"file://{tmp_path}" for spec in local if spec.outputs)
     assert all(spec.environment["DILFORGE_S3_ENDPOINT_URL"] == "http://s3:8333" for spec in local)
+
+
+@pytest.mark.parametrize("others_done", [True, False])
+def test_local_mode_stop_of_a_waiting_host_is_a_failure_only_while_tasks_are_unfinished(tmp_path, others_done):
+    """The first host to exit makes local mode SIGTERM the others: a host waiting for the others' tasks exits 0 when
+    every task is marked, and stops (a failure) when one is not."""
+    import signal
+    import threading
+
+    from dilforge_curate.stage import Stopped, _stop, num_tasks, wait_for_other_hosts
+    from dilforge_shared.configs.curate import CurateConfig
+
+    config = CurateConfig.model_validate({"corpora": [{"uri": "s3://bkt/raw/web/", "name": "web"}]})
+    marks = tmp_path / "logs" / "write" / "completions"
+    marks.mkdir(parents=True)
+    for rank in range(num_tasks(config, "write") - 1):  # this host's tasks and all but one of the others'
+        (marks / f"{rank:05d}").touch()
+
+    def last_host_exits():
+        if others_done:
+            (marks / f"{num_tasks(config, 'write') - 1:05d}").touch()
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    previous = signal.signal(signal.SIGTERM, _stop)
+    timer = threading.Timer(0.2, last_host_exits)
+    try:
+        timer.start()
+        with contextlib.nullcontext() if others_done else pytest.raises(Stopped):
+            wait_for_other_hosts(tmp_path, config, "write")
+    finally:
+        timer.join()
+        signal.signal(signal.SIGTERM, previous)
 
 
 def test_a_run_uploads_the_hyperparameters_and_submits_the_phases_in_order(monkeypatch, tmp_path):

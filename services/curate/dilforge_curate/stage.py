@@ -504,13 +504,22 @@ def run_phase(config: CurateConfig, ctx: StageContext, phase: str, folders: Fold
     executors = build(config, inputs, folders, folders.write / "out", host, num_hosts)
     execute(executors, folders.write, (phase,))
     if folders.shared and num_hosts > 1:
-        # Local mode stops every host's container when the first one exits: wait for the others' tasks.
-        last = 0.0
-        while missing := unfinished(folders.write, config, phase):
+        wait_for_other_hosts(folders.write, config, phase)
+
+
+def wait_for_other_hosts(folder: Path, config: CurateConfig, phase: str) -> None:
+    """Local mode stops every host's container when the first one exits: wait until every host's tasks of `phase`
+    are marked in the shared `folder`. A SIGTERM once they all are is that stop, not a failure (the host exits 0)."""
+    last = 0.0
+    try:
+        while missing := unfinished(folder, config, phase):
             if time.monotonic() - last >= 30:
                 print(f"[curate] {phase}: waiting for {len(missing)} task(s) of the other hosts", flush=True)
                 last = time.monotonic()
             time.sleep(1)
+    except Stopped:
+        if unfinished(folder, config, phase):
+            raise
 
 
 def publish_phases(config: CurateConfig, ctx: StageContext, work: Path) -> StageResult:
