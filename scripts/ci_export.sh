@@ -17,7 +17,7 @@ for quant in q8_0 f16; do
 done
 merged=$(.venv/bin/python - <<'PY'
 from dilforge_coordinator.records import run_artifact
-from dilforge_shared.serving import resolve_served_model
+from dilforge_serve.prepare import resolve_served_model
 print(resolve_served_model(run_artifact("az-small", ".dilforge/store", "sft")).base_dir)
 PY
 )
