@@ -16,9 +16,10 @@ PY=${PYTHON:-.venv/bin/python}
 PY_VERSION=${PY_VERSION:-3.12}
 DEST=${1:-.whl}
 # pydantic-settings + python-dotenv: shared settings -> contract -> the CPT loop import them (without them
-# every GPU test and bench point died with ModuleNotFoundError: pydantic_settings)
+# every GPU test and bench point died with ModuleNotFoundError: pydantic_settings); tabulate: the reports'
+# tables (tokenizer, CPT and eval stages import it)
 PACKAGES="transformers trl datasets liger-kernel peft pydantic pydantic-core pydantic-settings python-dotenv
-annotated-types typing-inspection typing-extensions dill multiprocess"
+annotated-types typing-inspection typing-extensions dill multiprocess tabulate"
 pins=()
 for name in $PACKAGES; do
   # the lock spells names with - or _ and any case
