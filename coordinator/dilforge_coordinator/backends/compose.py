@@ -18,7 +18,7 @@ from dilforge_shared.errors import DilforgeError
 from dilforge_shared.hyperparameters import build_hyperparameters
 from dilforge_shared.opt_ml import OptMl
 from dilforge_shared.settings import settings
-from dilforge_shared.store.credentials import use_endpoint_keys
+from dilforge_shared.store.backends import use_endpoint_keys
 
 from ..config import PipelineConfig
 from ..pipeline import StageCancelled, StageFailed, StageJob, image_of, module_env

@@ -19,7 +19,6 @@ from urllib.parse import urlparse
 from ..errors import DilforgeError
 from ..paths import check_relative_path, confined
 from ..settings import settings
-from .credentials import endpoint_keys
 
 MULTIPART_THRESHOLD = 64 << 20  # bytes; larger files go up in parts of this size
 
@@ -153,6 +152,32 @@ class LocalStorage:
         """(size, a version tag): size and mtime in ns locally, the ETag on S3."""
         st = self._path(key).stat()
         return st.st_size, f"mtime:{st.st_mtime_ns}"
+
+
+# Keys for an S3-compatible endpoint this process itself provides (the compose backend's local-only SeaweedFS
+# identity), by endpoint URL: used only by clients of that endpoint, while the DILFORGE_S3_* keys are unset, and
+# never written into os.environ.
+_ENDPOINT_KEYS: dict[str, tuple[str, str, str]] = {}
+
+
+def use_endpoint_keys(endpoint_url: str, access_key_id: str, secret_access_key: str, region: str = "us-east-1") -> None:
+    """Give this process's S3 clients of `endpoint_url` these keys (unless DILFORGE_S3_* keys are set)."""
+    _ENDPOINT_KEYS[endpoint_url.rstrip("/")] = (access_key_id, secret_access_key, region)
+
+
+def endpoint_keys(endpoint_url: str | None) -> dict[str, str]:
+    """boto3 client keyword arguments for `endpoint_url`: the DILFORGE_S3_* keys, else registered ones, else none
+    (boto3's usual chain, as on AWS)."""
+    cfg = settings()
+    if cfg.s3_access_key_id and cfg.s3_secret_access_key:
+        return {
+            "aws_access_key_id": cfg.s3_access_key_id.get_secret_value(),
+            "aws_secret_access_key": cfg.s3_secret_access_key.get_secret_value(),
+        }
+    if endpoint_url and (registered := _ENDPOINT_KEYS.get(endpoint_url.rstrip("/"))):
+        key, secret, region = registered
+        return {"aws_access_key_id": key, "aws_secret_access_key": secret, "region_name": region}
+    return {}
 
 
 class S3Storage:
