@@ -129,11 +129,11 @@ def test_auto_micro_batch_from_the_memory_estimate():
             **kw,
         )
 
-    gpu = Runtime(device=torch.device("cuda", 0), world=1)
-    plain, why = resolve_micro_batch(cfg(liger="off"), gpu, shape, 1_235_814_400, free_bytes=140e9)
+    gpu = Runtime(device=torch.device("cuda", 0), world=1, dtype=torch.bfloat16)
+    plain, why = resolve_micro_batch(cfg(liger="off"), gpu, shape, free_bytes=140e9)
     assert plain == 16 and "memory estimate" in why and "-> 19 fit" in why
-    fused, _ = resolve_micro_batch(cfg(liger="auto"), gpu, shape, 1_235_814_400, free_bytes=140e9)
+    fused, _ = resolve_micro_batch(cfg(liger="auto"), gpu, shape, free_bytes=140e9)
     assert fused == 32
-    assert resolve_micro_batch(cfg(), Runtime(), shape, 1_235_814_400)[0] == 8
-    assert resolve_micro_batch(cfg(micro_batch_size=4), gpu, shape, 1)[0] == 4
+    assert resolve_micro_batch(cfg(), Runtime(), shape)[0] == 8
+    assert resolve_micro_batch(cfg(micro_batch_size=4), gpu, shape)[0] == 4
     assert cfg().micro_batch_size == "auto"

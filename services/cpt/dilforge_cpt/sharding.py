@@ -58,29 +58,13 @@ def apply_liger(model, config: CptConfig, rt: Runtime) -> list[str]:
 CPU_MAX_MICRO_BATCH = 8  # CPU memory is not the limit; past a few sequences a bigger batch buys no speed
 
 
-def training_bytes(
-    model_config, num_params: int, seq_len: int, world: int, checkpointing: bool, fused_loss: bool
-) -> tuple[float, float]:
-    """(model-state bytes per rank, activation bytes per sequence): an estimate for picking a micro-batch.
-
-    State: 16 B/param sharded (fp32 weights, gradients, AdamW moments) + a 2 B/param bf16 copy. Activations per
-    layer: 34·s·h bytes with a flash kernel (Korthikanti et al. 2022), 2·s·h with checkpointing; the loss 10·s·V
-    unless the fused linear cross entropy runs."""
-    h, layers, vocab = model_config.hidden_size, model_config.num_hidden_layers, model_config.vocab_size
-    state = 16.0 * num_params / world + 2.0 * num_params
-    per_layer = (2.0 if checkpointing else 34.0) * seq_len * h
-    activations = layers * per_layer + (34.0 * seq_len * h if checkpointing else 0.0)
-    loss = 0.0 if fused_loss else 10.0 * seq_len * vocab
-    return state, activations + loss
-
-
 def resolve_micro_batch(
-    config: CptConfig, rt: Runtime, model_config, num_params: int, free_bytes: float | None = None
+    config: CptConfig, rt: Runtime, model_config, free_bytes: float | None = None
 ) -> tuple[int, str]:
     """micro_batch_size: auto -> (the largest divisor of global_batch_size / processes that fits, why).
 
     CUDA: free device memory (less 15 % for the allocator's fragmentation and the step's transients)
-    after the model state, over one sequence's activations (`training_bytes`). CPU: at most 8."""
+    after the model state, over one sequence's activations (`runtime_policy.training_bytes`). CPU: at most 8."""
     if config.micro_batch_size != "auto":
         return config.micro_batch_size, "set by cpt.micro_batch_size"
     if config.global_batch_size % rt.world:
@@ -99,8 +83,14 @@ def resolve_micro_batch(
         runtime_policy.choose_liger(config.liger, rt.device.type, model_config.model_type)
         and liger_kernels(config)["fused_linear_cross_entropy"]
     )
-    state, per_seq = training_bytes(
-        model_config, num_params, config.seq_len, rt.world, config.activation_checkpointing == "on", fused
+    state, per_seq = runtime_policy.training_bytes(
+        model_config,
+        config.seq_len,
+        full=True,
+        bf16=rt.dtype == torch.bfloat16,
+        world=rt.world,
+        checkpointing=config.activation_checkpointing == "on",
+        fused_loss=fused,
     )
     fits = int((0.85 * free_bytes - state) // per_seq)
     best = max([d for d in divisors if d <= fits], default=1)

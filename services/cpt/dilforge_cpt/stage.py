@@ -238,9 +238,7 @@ def train_in_process(config: CptConfig, ctx: StageContext, rt: Runtime) -> dict:
     # the model: base (or scratch) → transplant → step-0 BPB and leakage
     base = locate_base_model(config, ctx, rt)
     model, pending, transplant_report = load_model(config, base, tok, ids, rt)
-    micro_batch, micro_reason = resolve_micro_batch(
-        config, rt, model.config, sum(p.numel() for p in model.parameters())
-    )
+    micro_batch, micro_reason = resolve_micro_batch(config, rt, model.config)
     if rt.is_main:
         log.info("micro_batch_size %d (%s)", micro_batch, micro_reason)
     config = config.model_copy(update={"micro_batch_size": micro_batch})

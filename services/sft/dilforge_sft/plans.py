@@ -45,21 +45,6 @@ def attention_plan(config: SftConfig, device: str, has_flash_attn: bool | None =
     return AttentionPlan(implementation, reason)
 
 
-def estimate_training_bytes(model_config, tokens_per_micro_batch: int, bf16: bool) -> int:
-    """Rough peak memory of LoRA training without activation checkpointing, in bytes: frozen weights, saved
-    activations (Korthikanti et al. 2022, flash-style kernel) and logits (compute dtype, fp32 loss, gradient).
-    Deliberately pessimistic: it only decides whether to turn recomputation on."""
-    elem = 2 if bf16 else 4
-    hidden, layers = model_config.hidden_size, model_config.num_hidden_layers
-    inter, vocab = model_config.intermediate_size, model_config.vocab_size
-    params = vocab * hidden * (1 if getattr(model_config, "tie_word_embeddings", False) else 2) + layers * (
-        4 * hidden * hidden + 3 * hidden * inter
-    )
-    activations = tokens_per_micro_batch * layers * elem * (10 * hidden + 3 * inter)
-    logits = tokens_per_micro_batch * vocab * (elem + 4 + 4)
-    return params * elem + activations + logits
-
-
 def device_memory_bytes(device: str) -> int:
     """Total memory of the training device: the GPU's, or the host's RAM on CPU."""
     import os
@@ -71,10 +56,15 @@ def device_memory_bytes(device: str) -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def checkpointing_decision(config: SftConfig, estimate: int, memory: int) -> tuple[bool, str]:
-    """(use activation checkpointing?, why): auto turns it on only when memory would not allow training without."""
+def checkpointing_decision(config: SftConfig, model_config, plan: DevicePlan, memory: int) -> tuple[bool, str]:
+    """(use activation checkpointing?, why): auto turns it on only when the memory estimate of LoRA training
+    without it (`runtime_policy.training_bytes`) exceeds the budget."""
     if config.activation_checkpointing != "auto":
         return config.activation_checkpointing == "on", "set by sft.activation_checkpointing"
+    tokens = config.micro_batch_size * config.max_length
+    estimate = sum(
+        runtime_policy.training_bytes(model_config, tokens, full=False, bf16=plan.bf16, fused_loss=plan.liger)
+    )
     budget = int(memory * config.memory_budget_fraction)
     gib = 2**30
     if estimate > budget:

@@ -34,7 +34,6 @@ from .plans import (
     checkpointing_decision,
     device_memory_bytes,
     device_plan,
-    estimate_training_bytes,
 )
 from .training import build_trainer, load_model, progress_callback, stop_on_sigterm_callback, tensorboard_callback
 
@@ -232,8 +231,9 @@ def parse(config: SftConfig, ctx: StageContext, splits: tuple) -> Setup:
     tokenizer, family, template_source = load_tokenizer(base_dir)
     train_, val, train_counts, val_counts = prepare_data(config, tokenizer, ctx.endpoint_url, splits)
     attention = attention_plan(config, plan.device)
-    estimate = estimate_training_bytes(model_config, config.micro_batch_size * config.max_length, plan.bf16)
-    checkpointing, checkpointing_reason = checkpointing_decision(config, estimate, device_memory_bytes(plan.device))
+    checkpointing, checkpointing_reason = checkpointing_decision(
+        config, model_config, plan, device_memory_bytes(plan.device)
+    )
     return Setup(
         base_dir=base_dir,
         base_uri=base_uri,
