@@ -278,7 +278,7 @@ def main() -> None:
     p.add_argument("--generate-only", action="store_true")
     p.add_argument("--max-pretokens", type=int, default=None, help="tokenizer stages: override max_pretokens")
     args = p.parse_args()
-    from dilforge_shared.recipes import cache_root
+    from dilforge_shared.settings import cache_root
 
     print(describe("tokenizers", "datatrove"))
     args.corpus_dir.mkdir(parents=True, exist_ok=True)

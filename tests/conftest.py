@@ -62,7 +62,7 @@ def smollm2_artifact(tmp_path_factory):
     import subprocess
     import sys
 
-    from dilforge_shared.recipes import cache_root
+    from dilforge_shared.settings import cache_root
     from dilforge_shared.store.artifacts import fetch
 
     store = cache_root() / "test-store"
@@ -113,7 +113,7 @@ def llama32_tokenizer() -> Path:
     import subprocess
     import sys
 
-    from dilforge_shared.recipes import cache_root
+    from dilforge_shared.settings import cache_root
 
     if os.environ.get("DILFORGE_LLAMA32_TOKENIZER"):
         return Path(os.environ["DILFORGE_LLAMA32_TOKENIZER"])

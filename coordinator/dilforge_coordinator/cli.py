@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from dilforge_shared.settings import default_download_cache, settings
+from dilforge_shared.settings import cache_root, default_download_cache, settings
 from dilforge_shared.stages import STAGES
 from dilforge_shared.store.artifacts import ArtifactStore, fetch, read_manifest
 from dilforge_shared.store.backends import NotFound
@@ -316,7 +316,6 @@ def gc_cmd(
 ) -> None:
     """List (dry run) or --delete orphan data-* folders, damaged copies, temp files, stale work folders: only what
     dilforge provably made (a marked store, marked work folders, its writers' exact temp names)."""
-    from dilforge_shared.recipes import cache_root
 
     from . import gc
 

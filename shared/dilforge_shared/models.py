@@ -21,7 +21,7 @@ from urllib.parse import urlparse
 from .errors import ConfigError, ManifestNotFound
 from .manifest import InputRef, Manifest, artifact_ref
 from .model_refs import local_path, model_ref_name, source_ref
-from .recipes import cache_root
+from .settings import cache_root
 from .store.artifacts import Artifact, fetch
 from .store.backends import NotFound
 from .store.mirror import mirror_prefix

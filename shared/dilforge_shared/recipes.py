@@ -9,19 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .settings import settings
+from .settings import cache_root
 
 # Bumped whenever the GGUF converter's output changes (2: numpy converter, no _model_name_or_path in
 # config.json); ModelConfig.gguf_converter carries it into every model artifact id.
 GGUF_CONVERTER_VERSION = 2
-
-
-def cache_root() -> Path:
-    """Where downloads are kept between runs (and between tests): $DILFORGE_CACHE, else ~/.cache/dilforge.
-
-    Outside the repository on purpose: CI and every test fetch a recipe's wheel once per machine.
-    """
-    return (settings().cache or Path.home() / ".cache" / "dilforge").expanduser()
 
 
 @dataclass(frozen=True)

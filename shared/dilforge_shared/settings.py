@@ -95,6 +95,14 @@ def default_download_cache() -> Path:
     return Path(tempfile.gettempdir()) / "dilforge-cache"
 
 
+def cache_root() -> Path:
+    """Where downloads are kept between runs (and between tests): $DILFORGE_CACHE, else ~/.cache/dilforge.
+
+    Outside the repository on purpose: CI and every test fetch a recipe's wheel once per machine.
+    """
+    return (settings().cache or Path.home() / ".cache" / "dilforge").expanduser()
+
+
 def settings() -> Settings:
     return Settings()
 

@@ -10,7 +10,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_extend_peak_memory_is_flat_from_4_to_16_mb(tmp_path, data_root, smollm2_dir):
-    from dilforge_shared.recipes import cache_root
+    from dilforge_shared.settings import cache_root
 
     scale = load_bench("scale")
     peaks = {}

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 from dilforge_coordinator.integrity import recompute_artifact_id
-from dilforge_shared.recipes import RECIPES, cache_root
+from dilforge_shared.recipes import RECIPES
+from dilforge_shared.settings import cache_root
 from dilforge_shared.store.artifacts import fetch
 
 pytestmark = pytest.mark.slow

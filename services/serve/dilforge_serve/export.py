@@ -30,7 +30,7 @@ from dilforge_shared.errors import DilforgeError, ManifestNotFound
 from dilforge_shared.families import Family, detect_family, special_token_ids
 from dilforge_shared.models import resolve
 from dilforge_shared.processes import die_with_parent
-from dilforge_shared.recipes import cache_root
+from dilforge_shared.settings import cache_root
 from dilforge_shared.store.artifacts import STORE_MARKER, read_manifest
 
 from . import run
