@@ -1,8 +1,8 @@
 """Build the stage images and push them to ECR; record each image's digest for the SageMaker backend.
 
-`images build`: services/<stage>/Dockerfile with BuildKit (CA bundle as a secret, local wheels linked in),
-tagged `dilforge-<stage>:<version>-<gitsha>` and `:dev` (compose). `images push`: creates the ECR repository,
-logs in, pushes and records `<repo>@sha256:<digest>` in .dilforge/images.json, so jobs name images by digest."""
+`images build`: docker/stage.Dockerfile with `--build-arg STAGE=<stage>` under BuildKit (CA bundle as a
+secret, local wheels linked in), tagged `dilforge-<stage>:<version>-<gitsha>` and `:dev` (compose).
+`images push`: creates the ECR repository, logs in, pushes and records `<repo>@sha256:<digest>` in .dilforge/images.json, so jobs name images by digest."""
 
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ from .backends.compose import ROOT, docker_binary
 
 STAGES = IMAGES  # one image per stage (the model stage runs in the cpt image)
 EXTRA_IMAGES = ("serve", "s3", "coordinator")  # the serving image (services/serve), SeaweedFS, the coordinator
+STAGE_DOCKERFILE = "docker/stage.Dockerfile"  # every stage image and serve: --build-arg STAGE, --target
 Runner = Callable[..., subprocess.CompletedProcess]
 
 
@@ -102,16 +103,12 @@ def build_command(
     root: Path = ROOT,
     no_cache: bool = False,
 ) -> list[str]:
-    dockerfile = root / (
-        "docker/seaweedfs.Dockerfile"
-        if stage == "s3"
-        else "docker/coordinator.Dockerfile"
-        if stage == "coordinator"
-        else f"services/{stage}/Dockerfile"
-    )
-    if not dockerfile.exists():
-        raise DilforgeError(f"{dockerfile} not found (is the {stage} service in this checkout?)")
-    cmd = [docker, "build", "--pull=false", "--progress=plain", "-f", str(dockerfile)]
+    own = {"s3": "docker/seaweedfs.Dockerfile", "coordinator": "docker/coordinator.Dockerfile"}
+    cmd = [docker, "build", "--pull=false", "--progress=plain", "-f", str(root / own.get(stage, STAGE_DOCKERFILE))]
+    if stage not in own:
+        if not (root / "services" / stage / "pyproject.toml").exists():
+            raise DilforgeError(f"services/{stage}/pyproject.toml not found (is the {stage} service in this checkout?)")
+        cmd += ["--build-arg", f"STAGE={stage}", "--target", "serve" if stage == "serve" else "train"]
     for tag in tags:
         cmd += ["-t", tag]
     if ca_bundle:

@@ -1,5 +1,5 @@
-"""Image build inputs: one template, identical shared layers, locks in step with the venv, exec-form
-entrypoint, nothing under /opt/ml; and the ECR push flow against moto."""
+"""Image build inputs: one Dockerfile with the stage as a build argument, shared layers that cannot see it,
+locks in step with the venv, exec-form entrypoint, nothing under /opt/ml; and the ECR push flow against moto."""
 
 from __future__ import annotations
 
@@ -12,47 +12,68 @@ from pathlib import Path
 import boto3
 import pytest
 from dilforge_coordinator import images
+from dilforge_shared.errors import DilforgeError
 from dilforge_shared.stages import IMAGES
 
 ROOT = Path(__file__).resolve().parents[2]
 STAGES = IMAGES
-MARK = "# ---- stage layer ----"
+DOCKERFILE = ROOT / images.STAGE_DOCKERFILE
 
 
-def _dockerfile(stage: str) -> str:
-    return (ROOT / "services" / stage / "Dockerfile").read_text()
+def _targets() -> dict[str, list[str]]:
+    """The stage Dockerfile's build targets: name → its instructions (comments and blank lines dropped, each
+    continued instruction on one line)."""
+    text = DOCKERFILE.read_text().replace("\\\n", " ")
+    targets: dict[str, list[str]] = {"global": []}
+    name = "global"
+    for line in text.splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        if line.startswith("FROM "):
+            name = line.split(" AS ")[1].strip()
+            targets[name] = []
+        targets[name].append(" ".join(line.split()))
+    return targets
 
 
-def test_dockerfiles_are_rendered_from_the_template():
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "docker" / "render.py"), "--check"], capture_output=True, text=True
-    )
-    assert proc.returncode == 0, proc.stdout
-
-
-def test_shared_layers_identical_and_stage_layer_on_top():
-    heads = {}
-    for stage in STAGES:
-        text = _dockerfile(stage)
-        head, tail = text.split(MARK)
-        # only the header comments name the stage; every instruction above the mark is the same
-        heads[stage] = [line for line in head.splitlines() if line and not line.startswith("#")]
-        assert f"services/{stage}/requirements.lock" in tail and "dilforge_" + stage in tail
-    assert len({json.dumps(h) for h in heads.values()}) == 1
-    instructions = heads["cpt"]
-    assert instructions[0] == "ARG BASE_IMAGE=python:3.11-slim" and instructions[1] == "FROM ${BASE_IMAGE}"
+def test_shared_layers_do_not_depend_on_the_stage():
+    """Every stage image is built from one file; what comes before the stage layer cannot see STAGE, so the
+    images share those layers."""
+    targets = _targets()
+    assert targets["global"] == ["ARG BASE_IMAGE=python:3.11-slim", "ARG STAGE=no-STAGE-build-arg"]
+    assert targets["shared"][0] == "FROM ${BASE_IMAGE} AS shared"
+    assert not any("STAGE" in line for line in targets["shared"])
+    assert any("requirements-common.lock" in line for line in targets["shared"])
+    stage = targets["stage"]
+    assert stage[:2] == ["FROM shared AS stage", "ARG STAGE"]
+    assert any(line.startswith("COPY services/${STAGE}/requirements.lock ") for line in stage)
+    assert any("from=stage-source" in line and "import dilforge_${STAGE}" in line for line in stage)
+    assert targets["stage-source"][1:] == ["ARG STAGE", "COPY services/${STAGE} /"]
 
 
 def test_entrypoint_exec_form_and_nothing_under_opt_ml():
+    targets = _targets()
+    lines = [line for instructions in targets.values() for line in instructions]
+    assert not any("/opt/ml" in line for line in lines), "SageMaker mounts over /opt/ml"
+    entry = next(line for line in targets["stage"] if line.startswith("ENTRYPOINT"))
+    assert json.loads(entry.removeprefix("ENTRYPOINT ")) == ["python3", "/usr/local/bin/dilforge-entrypoint"]
+    # the default target (the last) trains; serve is its own target
+    assert list(targets)[-1] == "train" and targets["train"] == ["FROM stage AS train", 'CMD ["train"]']
+    # CA bundle as a secret, wheels as a bind mount: neither lands in a layer
+    text = DOCKERFILE.read_text()
+    assert "--mount=type=secret,id=ca_bundle" in text and "COPY docker/wheelhouse" not in text
+
+
+def test_compose_builds_each_stage_as_images_build_does():
+    import yaml
+
+    services = yaml.safe_load((ROOT / "compose.yaml").read_text())["services"]
     for stage in STAGES:
-        text = _dockerfile(stage)
-        lines = [line for line in text.splitlines() if not line.lstrip().startswith("#")]
-        assert not any("/opt/ml" in line for line in lines), f"{stage}: SageMaker mounts over /opt/ml"
-        entry = next(line for line in lines if line.startswith("ENTRYPOINT"))
-        assert json.loads(entry.removeprefix("ENTRYPOINT ")) == ["python3", "/usr/local/bin/dilforge-entrypoint"]
-        assert 'CMD ["train"]' in lines
-        # CA bundle as a secret, wheels as a bind mount: neither lands in a layer
-        assert "--mount=type=secret,id=ca_bundle" in text and "COPY docker/wheelhouse" not in text
+        build = services[stage]["build"]
+        cmd = images.build_command(stage, [f"dilforge-{stage}:dev"], "docker")
+        assert build["dockerfile"] == images.STAGE_DOCKERFILE and cmd[cmd.index("-f") + 1] == str(DOCKERFILE)
+        assert build["args"]["STAGE"] == stage and f"STAGE={stage}" in cmd
+        assert build["target"] == cmd[cmd.index("--target") + 1] == "train"
 
 
 def test_locks_match_the_venv_and_agree_with_the_shared_layer():
@@ -78,11 +99,16 @@ def test_build_command_cpu_and_gpu(tmp_path, monkeypatch):
         "cpt", ["dilforge-cpt:1-abc", "dilforge-cpt:dev"], "/usr/bin/docker", ca_bundle="/etc/ca.pem"
     )
     assert cmd[:3] == ["/usr/bin/docker", "build", "--pull=false"]
-    assert cmd[cmd.index("-f") + 1].endswith("services/cpt/Dockerfile") and cmd[-1] == str(ROOT)
+    assert cmd[cmd.index("-f") + 1] == str(DOCKERFILE) and cmd[-1] == str(ROOT)
+    assert "STAGE=cpt" in cmd and cmd[cmd.index("--target") + 1] == "train"
     assert "id=ca_bundle,src=/etc/ca.pem" in cmd and cmd.count("-t") == 2
     gpu = images.build_command("cpt", ["dilforge-cpt:1-abc-gpu"], "docker", base_image="dlc:2.9", gpu=True)
     assert "BASE_IMAGE=dlc:2.9" in gpu and "VARIANT=gpu" in gpu
     assert not any(a.startswith("TORCH_INDEX_URL") for a in gpu)
+    s3 = images.build_command("s3", ["dilforge-s3:dev"], "docker")
+    assert s3[s3.index("-f") + 1].endswith("docker/seaweedfs.Dockerfile") and not any("STAGE" in a for a in s3)
+    with pytest.raises(DilforgeError, match="services/tokeniser/pyproject.toml not found"):
+        images.build_command("tokeniser", ["dilforge-tokeniser:dev"], "docker")
 
 
 def test_wheelhouse_links_wheels(tmp_path):
@@ -169,14 +195,11 @@ def test_push_creates_repository_logs_in_and_records_digest(ecr):
 
 
 def test_serve_image_shares_the_stage_layers_and_runs_serve_on_8080():
-    """SageMaker hosting runs `IMAGE serve` and talks to port 8080; the shared layers are the stage images'."""
-    head, tail = _dockerfile("serve").split(MARK)
-    stage_head = _dockerfile("sft").split(MARK)[0]
-    instructions = [line for line in head.splitlines() if line and not line.startswith("#")]
-    assert instructions == [line for line in stage_head.splitlines() if line and not line.startswith("#")]
-    lines = tail.splitlines()
-    assert "services/serve/requirements.lock" in tail and "import dilforge_serve" in tail
-    assert lines[-2:] == ["EXPOSE 8080", 'CMD ["serve"]'] and not any("/opt/ml" in line for line in lines)
+    """SageMaker hosting runs `IMAGE serve` and talks to port 8080; the layers below are the stage images'."""
+    assert _targets()["serve"] == ["FROM stage AS serve", "EXPOSE 8080", 'CMD ["serve"]']
+    cmd = images.build_command("serve", ["dilforge-serve:dev"], "docker")
+    assert cmd[cmd.index("--target") + 1] == "serve" and "STAGE=serve" in cmd
+    assert cmd[cmd.index("-f") + 1] == str(DOCKERFILE)
     # what the entrypoint execs for `serve`: the package's console script, resolving to a callable
     import importlib
     import tomllib
