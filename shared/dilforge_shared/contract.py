@@ -28,6 +28,7 @@ from .identity import artifact_id, config_refs
 from .manifest import MANIFEST_NAME, InputRef, Manifest, current_producer, parse_manifest, sha256_bytes
 from .metrics import validate_metrics
 from .opt_ml import OPT_ML_ENV, OptMl, ResourceConfig, release_failure_space, reserve_failure_space, write_failure
+from .progress import track
 from .settings import install_log_masking, settings
 from .store.artifacts import Artifact, fetch, publish, verify_files
 
@@ -190,7 +191,14 @@ def publish_result(
         files=[],
         metrics=result.metrics,
     )
-    return publish(ctx.request.artifact_uri, ctx.model_dir, manifest, ctx.endpoint_url, progress=True)
+    uri = ctx.request.artifact_uri
+    return publish(
+        uri,
+        ctx.model_dir,
+        manifest,
+        ctx.endpoint_url,
+        lambda files: track(files, f"publish {uri}", unit="files", log=log),
+    )
 
 
 def setup_logging() -> None:

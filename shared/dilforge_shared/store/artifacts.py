@@ -8,12 +8,14 @@ import os
 import shutil
 import tempfile
 import uuid
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ArtifactExistsError, DilforgeError, IntegrityError, ManifestNotFound
 from ..manifest import (
     MANIFEST_NAME,
+    FileEntry,
     InputRef,
     Manifest,
     artifact_ref,
@@ -116,11 +118,12 @@ def publish(
     local_dir: Path,
     manifest: Manifest,
     endpoint_url: str | None = None,
-    progress: bool = False,
+    each: Callable[[list[FileEntry]], Iterable[FileEntry]] = iter,
 ) -> Manifest:
     """Upload every file of `local_dir`, then create the manifest. Raises ArtifactExistsError if taken.
 
-    `manifest.files` and `manifest.data_dir` are filled in here from what is actually uploaded.
+    `manifest.files` and `manifest.data_dir` are filled in here from what is actually uploaded. The upload loop runs
+    over `each(files)`: a stage passes a progress tracker there.
     """
     backend = artifact_storage(artifact_uri, endpoint_url)
     manifest_key = MANIFEST_NAME
@@ -134,11 +137,9 @@ def publish(
         mark_store(open_backend(root, endpoint_url))
     data_dir = f"data-{uuid.uuid4().hex[:12]}"
     manifest = manifest.model_copy(update={"files": files, "data_dir": data_dir})
-    from ..progress import track
-
     body = manifest.to_json()
     try:
-        for entry in track(files, f"publish {artifact_uri}", unit="files", log=log, enabled=progress):
+        for entry in each(files):
             backend.upload_file(f"{data_dir}/{entry.path}", local_dir / entry.path)
         backend.write_bytes(manifest_digest_key(data_dir), sha256_bytes(body).encode())
         created = backend.create_bytes(manifest_key, body)
