@@ -141,6 +141,18 @@ def test_the_sdk_streams_each_log_event_once(sleeps, caplog):
     ) in calls
 
 
+def test_logs_are_read_with_the_run_session(monkeypatch):
+    """The SDK's log handlers share one process-wide client, made from the default session: the run's replaces it."""
+    from dilforge_coordinator.backends.sagemaker import read_logs_with
+    from sagemaker.core.utils.logs import CloudWatchLogsClient, LogStreamHandler
+
+    default = boto3.Session(aws_access_key_id="x", aws_secret_access_key="x", region_name="us-east-1").client("logs")
+    monkeypatch.setattr(CloudWatchLogsClient, "client", default)
+    monkeypatch.setattr(CloudWatchLogsClient(), "client", default)  # the singleton, made before with its own
+    read_logs_with(boto3.Session(aws_access_key_id="x", aws_secret_access_key="x", region_name="eu-west-1"))
+    assert LogStreamHandler(LOG_GROUP, "job/algo-1", 0).cw_client.meta.region_name == "eu-west-1"
+
+
 # ---- moto: submit for real (to moto), hand the published manifest to the next stage -------------------
 
 

@@ -793,5 +793,6 @@ def read_logs_with(boto_session) -> None:
     it one of `boto_session`, so logs are read in the job's region with the run's credentials."""
     from sagemaker.core.utils.logs import CloudWatchLogsClient
 
-    CloudWatchLogsClient._instances.pop(CloudWatchLogsClient, None)
-    CloudWatchLogsClient.client = boto_session.client("logs")
+    client = boto_session.client("logs")
+    CloudWatchLogsClient.client = client  # read by the singleton's constructor, if it has not run yet
+    CloudWatchLogsClient().client = client  # the singleton every log stream handler asks
