@@ -37,8 +37,7 @@ def make_tokenizer(corpus: Path, out: Path, vocab: int) -> Path:
 
 
 def stage_ctx(root: Path, tok_dir: Path, config):
-    from dilforge_shared.contract import StageContext
-    from dilforge_shared.hyperparameters import StageRequest
+    from dilforge_shared.contract import StageContext, StageRequest
     from dilforge_shared.manifest import Manifest, current_producer
     from dilforge_shared.opt_ml import OptMl, ResourceConfig
     from dilforge_shared.store.artifacts import publish

@@ -167,7 +167,7 @@ def stage_process(opt_root: Path) -> subprocess.Popen:
 
 
 def start_stage(root: Path, name: str, config, tok_uri: str) -> tuple[subprocess.Popen, Path]:
-    from dilforge_shared.hyperparameters import build_hyperparameters
+    from dilforge_shared.contract import build_hyperparameters
     from dilforge_shared.opt_ml import OptMl
 
     opt = OptMl(root / f"optml-{name}")

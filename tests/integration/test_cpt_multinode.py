@@ -115,7 +115,7 @@ def manifests(store: Path) -> list[Path]:
 
 
 def test_two_hosts_train_as_one_job_and_only_node_zero_publishes(tmp_path, data_root, tiny_tokenizer_dir):
-    from dilforge_shared.hyperparameters import build_hyperparameters
+    from dilforge_shared.contract import build_hyperparameters
     from dilforge_shared.store.artifacts import fetch
 
     store, ref_store = tmp_path / "store", tmp_path / "ref-store"

@@ -190,7 +190,7 @@ def two_hosts(curated, tmp_path):
     also the local run's manifest and the artifact folder the hosts publish to."""
     from dilforge_shared.configs.base import validate_model
     from dilforge_shared.configs.curate import CurateConfig
-    from dilforge_shared.hyperparameters import build_hyperparameters
+    from dilforge_shared.contract import build_hyperparameters
     from dilforge_shared.opt_ml import OPT_ML_ENV, OptMl
 
     root, _, config, out = curated

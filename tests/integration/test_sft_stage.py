@@ -17,7 +17,7 @@ os.environ["OMP_NUM_THREADS"] = "1"
 from dilforge_coordinator.cli import app
 from dilforge_shared.checkpoint_digests import verify
 from dilforge_shared.configs.sft import SftConfig
-from dilforge_shared.hyperparameters import build_hyperparameters
+from dilforge_shared.contract import build_hyperparameters
 from dilforge_shared.identity import stage_refs
 from dilforge_shared.manifest import Manifest, current_producer
 from dilforge_shared.opt_ml import OPT_ML_ENV, OptMl

@@ -3,9 +3,8 @@ import json
 import metrics_samples
 import pytest
 from dilforge_shared.configs.tokenizer import TokenizerConfig
-from dilforge_shared.contract import StageResult, stage_main
+from dilforge_shared.contract import StageResult, build_hyperparameters, parse_hyperparameters, stage_main
 from dilforge_shared.errors import ConfigError
-from dilforge_shared.hyperparameters import build_hyperparameters, parse_hyperparameters
 from dilforge_shared.opt_ml import OptMl, ResourceConfig
 from dilforge_shared.store.artifacts import fetch
 

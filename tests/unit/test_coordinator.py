@@ -6,9 +6,8 @@ import pytest
 from dilforge_coordinator import pipeline as pl
 from dilforge_coordinator.cli import app
 from dilforge_coordinator.config import STAGE_CONFIGS, load_pipeline
-from dilforge_shared.contract import StageResult, stage_main
+from dilforge_shared.contract import StageResult, build_hyperparameters, stage_main
 from dilforge_shared.errors import ConfigError, DilforgeError
-from dilforge_shared.hyperparameters import build_hyperparameters
 from dilforge_shared.opt_ml import OptMl
 from dilforge_shared.store.artifacts import ArtifactStore
 from typer.testing import CliRunner

@@ -251,7 +251,7 @@ def test_build_cache_command_fills_the_cache_a_training_run_reuses(
     from dilforge_cpt import __main__ as entry
     from dilforge_cpt import data, stage
     from dilforge_cpt.runtime import Runtime
-    from dilforge_shared.hyperparameters import build_hyperparameters
+    from dilforge_shared.contract import build_hyperparameters
     from dilforge_shared.manifest import Manifest, current_producer
     from dilforge_shared.opt_ml import OptMl
     from dilforge_shared.store.artifacts import publish

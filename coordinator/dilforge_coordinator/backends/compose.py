@@ -14,8 +14,8 @@ import signal
 import subprocess
 from pathlib import Path
 
+from dilforge_shared.contract import build_hyperparameters
 from dilforge_shared.errors import DilforgeError
-from dilforge_shared.hyperparameters import build_hyperparameters
 from dilforge_shared.opt_ml import OptMl
 from dilforge_shared.settings import settings
 from dilforge_shared.store.backends import use_endpoint_keys

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from dilforge_shared.hyperparameters import build_hyperparameters
+from dilforge_shared.contract import build_hyperparameters
 from dilforge_shared.locks import FileLock
 from dilforge_shared.opt_ml import OPT_ML_ENV, OptMl
 from dilforge_shared.settings import settings

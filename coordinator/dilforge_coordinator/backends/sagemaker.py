@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dilforge_shared.configs.model import ModelConfig
+from dilforge_shared.contract import build_hyperparameters
 from dilforge_shared.errors import ConfigError, DilforgeError
-from dilforge_shared.hyperparameters import build_hyperparameters
 from dilforge_shared.identity import artifact_id as planned_artifact_id
 from dilforge_shared.manifest import InputRef
 from dilforge_shared.recipes import source_kind
