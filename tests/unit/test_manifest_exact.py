@@ -87,6 +87,8 @@ def test_a_fetched_copy_is_listed_from_its_manifest_too(tmp_path, monkeypatch):
     monkeypatch.setattr("dilforge_shared.store.artifacts.open_backend", lambda u, e=None: RemoteLike(Path(u)))
     art = fetch(str(uri), cache_dir=tmp_path / "cache")
     assert art.path != _data(uri) and art.path.is_relative_to(tmp_path / "cache")
+    # the copy's manifest is the published bytes: a SageMaker channel made of the copy cites the same digest
+    assert sha256_file(art.path.parent / "manifest.json") == art.manifest_sha256
     (art.path / "zz-injected.jsonl").write_text('{"text": "POISON"}\n')
     assert [Path(f).name for f in source_files(str(art.path))] == ["shard-00000.jsonl", "shard-00001.jsonl"]
     again = fetch(str(uri), cache_dir=tmp_path / "cache")  # the damaged copy is downloaded again

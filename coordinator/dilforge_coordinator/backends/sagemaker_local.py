@@ -37,10 +37,9 @@ from typing import Any
 from dilforge_shared.configs.model import ModelConfig
 from dilforge_shared.corpus_files import stamped_sha256
 from dilforge_shared.errors import ConfigError, DilforgeError
-from dilforge_shared.manifest import sha256_file
 from dilforge_shared.paths import uploaded_copy
 from dilforge_shared.settings import settings
-from dilforge_shared.store.artifacts import read_manifest, verify_files
+from dilforge_shared.store.artifacts import fetch
 from dilforge_shared.store.backends import open_backend
 
 from ..cloud import SageMakerConfig
@@ -268,35 +267,15 @@ class SageMakerLocalBackend:
             )
         return ref, f"{ref}@{proc.stdout.strip()}"
 
-    def channel(self, name: str, uri: str, endpoint_url: str) -> Path:
-        """An upstream artifact folder copied from the store (manifest.json + data-*/), verified."""
-        manifest, digest = read_manifest(f"{uri}/manifest.json", endpoint_url)
-        dest = self.workdir / "channels" / f"{manifest.artifact_id}-{digest[:12]}"
-        done = dest.with_name(dest.name + ".complete")
-        if done.exists() and (dest / "manifest.json").is_file():
-            verify_files(manifest, dest / manifest.data_dir, uri)
-            return dest
-        partial = dest.with_name(dest.name + ".partial")
-        shutil.rmtree(partial, ignore_errors=True)
-        backend = open_backend(uri, endpoint_url)
-        backend.download_file("manifest.json", partial / "manifest.json")
-        if sha256_file(partial / "manifest.json") != digest:
-            raise DilforgeError(f"{uri}/manifest.json changed while it was being copied")
-        for entry in manifest.files:
-            backend.download_file(f"{manifest.data_dir}/{entry.path}", partial / manifest.data_dir / entry.path)
-        verify_files(manifest, partial / manifest.data_dir, uri)
-        shutil.rmtree(dest, ignore_errors=True)
-        os.rename(partial, dest)
-        done.touch()
-        return dest
+    def channel(self, uri: str, endpoint_url: str) -> Path:
+        """An upstream artifact folder (manifest.json + data-*/) copied from the store and verified (`fetch`)."""
+        return fetch(uri, self.workdir / "channels", endpoint_url).path.parent
 
     def spec(self, job: StageJob) -> tuple[JobSpec, dict[str, str]]:
         ref, cited = self.image(image_of(job.stage))
         spec = job_spec(job, self.config, ref, CONTAINER_ENDPOINT)
         env = {**spec.environment, **self.container_env(cited), CHECKPOINT_SYNC_ENV: spec.checkpoint_uri}
-        channels = {
-            name: str(self.channel(name, uri.rstrip("/"), job.s3_endpoint_url)) for name, uri in spec.channels.items()
-        }
+        channels = {name: str(self.channel(uri, job.s3_endpoint_url)) for name, uri in spec.channels.items()}
         return JobSpec(**{**spec.__dict__, "environment": env}), channels
 
     def container_env(self, cited: str) -> dict[str, str]:

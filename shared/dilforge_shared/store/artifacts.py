@@ -286,7 +286,7 @@ def fetch(uri: str, cache_dir: Path | None = None, endpoint_url: str | None = No
                 f"{muri}: {extra[0]} not listed in the manifest: an artifact holds exactly its manifest's files"
             )
         # the cached copy has the artifact's layout (manifest.json beside its data folder), so a reader of the
-        # folder finds the manifest that lists its files (corpus_files.artifact_files)
+        # folder finds the manifest that lists its files (corpus_files.artifact_files, a SageMaker channel)
         cache_dir = cache_dir or (settings().cache or Path(tempfile.gettempdir())) / "dilforge-cache"
         top = confined(cache_dir, f"{manifest.artifact_id}-{digest[:12]}", f"{muri}: artifact_id")
         local = top / manifest.data_dir
@@ -304,6 +304,8 @@ def fetch(uri: str, cache_dir: Path | None = None, endpoint_url: str | None = No
             except NotFound:
                 raise IntegrityError(f"{muri}: file {entry.path} listed in the manifest is missing") from None
         verify_files(manifest, local, muri)
-        (top / MANIFEST_NAME).write_bytes(manifest.model_dump_json(indent=2).encode())
+        backend.download_file(MANIFEST_NAME, top / MANIFEST_NAME)  # as published: a reader can check its digest
+        if sha256_file(top / MANIFEST_NAME) != digest:
+            raise IntegrityError(f"{muri}: the manifest changed while its artifact was being copied")
         marker.touch()
     return Artifact(uri=artifact_uri, manifest=manifest, manifest_sha256=digest, path=local)
