@@ -29,7 +29,6 @@ from dilforge_shared.contract import (
 )
 from dilforge_shared.errors import ConfigError, DilforgeError
 from dilforge_shared.families import describe_model_folder
-from dilforge_shared.launch import build_launch, wait_for_hosts
 from dilforge_shared.metrics.cpt import CptMetrics
 from dilforge_shared.models import TOKENIZER_FILES, resolve
 from dilforge_shared.processes import available_cpus
@@ -46,6 +45,7 @@ from .data import (
     wait_ready,
     write_ready,
 )
+from .launch import build_launch, wait_for_hosts
 from .leakage import build_probe
 from .loop import LoopSetup, TrainState, train_loop
 from .model_init import initialise, kept_row_mask, load_model, locate_base_model, new_row_mask

@@ -1,6 +1,6 @@
 """Build the `torchrun` command and environment for one host from SageMaker's resourceconfig.json.
 
-Torch-free, so the coordinator and container tooling can use it. Multi-host rules (SageMaker):
+Torch-free: the launcher runs it before any worker loads torch. Multi-host rules (SageMaker):
 hosts are sorted, the master is the first host, this host's node rank is its index among them.
 NCCL uses the interface SageMaker names; EFA instance types (ml.p4d, ml.p4de, ml.p5, ml.p5e,
 ml.p5en, ml.trn1, ...) get the libfabric EFA provider with GPUDirect RDMA.
@@ -17,8 +17,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import DilforgeError
-from .opt_ml import ResourceConfig
+from dilforge_shared.errors import DilforgeError
+from dilforge_shared.opt_ml import ResourceConfig
 
 log = logging.getLogger("dilforge.launch")
 
