@@ -68,7 +68,16 @@ def special_ids(tok: Tokenizer, source: str) -> TokenIds:
     )
 
 
-def chat_documents(source: CptDataSource, family: Family, tok: Tokenizer, endpoint_url: str | None) -> Iterator[str]:
+class Conversation(str):
+    """A document rendered in the chat template (`chat_documents`): its markup is parsed as the control tokens it
+    names, where in any other document a control token's text is encoded as text."""
+
+    __slots__ = ()
+
+
+def chat_documents(
+    source: CptDataSource, family: Family, tok: Tokenizer, endpoint_url: str | None
+) -> Iterator[Conversation]:
     """Each record of a `chat` corpus (JSONL object or TSV row) as one conversation in the family's chat template:
     the system prompt, the user turn and the assistant turn filled from the record's fields (NFC). A record without
     a field a template names, or whose turns hold a control token (a forged turn), is an InputError naming the
@@ -93,7 +102,7 @@ def chat_documents(source: CptDataSource, family: Family, tok: Tokenizer, endpoi
         turns = [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]
         if chat.system_prompt is not None:
             turns.insert(0, {"role": "system", "content": chat.system_prompt})
-        yield renderer.apply_chat_template(turns, chat_template=family.chat_template, tokenize=False)
+        yield Conversation(renderer.apply_chat_template(turns, chat_template=family.chat_template, tokenize=False))
 
 
 def batched(items: Iterable[str], size: int) -> Iterator[list[str]]:
@@ -102,16 +111,16 @@ def batched(items: Iterable[str], size: int) -> Iterator[list[str]]:
         yield batch
 
 
-def pack_stream(
-    docs: Iterable[str], tok: Tokenizer, ids: TokenIds, batch_size: int, control_tokens: bool = False
-) -> Iterator[np.ndarray]:
-    """`[bos] doc doc_end` token runs, one array per encode_batch call. `control_tokens`: the documents are
-    conversations rendered by `chat_documents`, whose markup is parsed as the control tokens it names."""
+def pack_stream(docs: Iterable[str], tok: Tokenizer, ids: TokenIds, batch_size: int) -> Iterator[np.ndarray]:
+    """`[bos] doc doc_end` token runs, one array per encode_batch call.
+
+    Text is encoded as text: `<|eot_id|>` in a document becomes the ids of its characters, never the control token
+    (a forged turn or document end); only a `Conversation`'s markup is parsed as control tokens."""
     lead = 0 if ids.bos is None else 1
-    # Text is encoded as text: `<|eot_id|>` in a document becomes the ids of its characters, never the control
-    # token (a forged turn or document end). The flag is not serialised, so it is set here, in every process.
-    tok.encode_special_tokens = not control_tokens
     for batch in batched(docs, batch_size):
+        # one stream is one source, all conversations or none; the flag is not serialised with the tokenizer,
+        # so it is set here, in every process
+        tok.encode_special_tokens = not isinstance(batch[0], Conversation)
         encs = (
             tok.encode_batch_fast(batch, add_special_tokens=False)
             if hasattr(tok, "encode_batch_fast")
@@ -188,10 +197,9 @@ def tokenize_to_file(
             log.info("corpus %s: reusing token cache %s (%d tokens)", source.label, path.name, meta["num_tokens"])
             return TokenFile(path, meta["num_tokens"], meta["num_docs"], source.label)
         log.warning("corpus %s: token cache %s is damaged; tokenising again", source.label, path.name)
-    chat = getattr(source, "chat", None)
     docs = (
         chat_documents(source, FAMILIES[ids.family], tok, endpoint_url)
-        if chat is not None
+        if getattr(source, "chat", None) is not None
         else iter_texts(source.uri, source.format, source.text_field, endpoint_url, **source.bounds)
     )
     if max_docs is not None:
@@ -205,9 +213,7 @@ def tokenize_to_file(
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     num_tokens, num_docs, digest = 0, 0, hashlib.sha256()
     with open(tmp, "wb") as f:
-        for shard in build_shards(
-            docs, tok, ids, shard_dir, batch_size, workers, shard_chars, source.label, chat is not None
-        ):
+        for shard in build_shards(docs, tok, ids, shard_dir, batch_size, workers, shard_chars, source.label):
             with open(shard_dir / shard.file, "rb") as part:
                 while raw := part.read(1 << 24):
                     f.write(raw)
@@ -254,7 +260,6 @@ def build_shards(
     workers: int,
     shard_chars: int,
     label: str,
-    control_tokens: bool = False,
 ) -> Iterator[Shard]:
     """The stream's shards in order, each tokenised by one of `workers` processes (in this one when 1).
 
@@ -271,7 +276,7 @@ def build_shards(
         stale.unlink(missing_ok=True)
     _write_json(plan_path, plan)
     reused = 0
-    pool = _TokenizerPool(tok, ids, batch_size, workers, control_tokens) if workers > 1 else None
+    pool = _TokenizerPool(tok, ids, batch_size, workers) if workers > 1 else None
     pending: dict[int, object] = {}
     done: dict[int, Shard] = {}
     ready = 0  # shards before this index have been yielded
@@ -282,7 +287,7 @@ def build_shards(
                 done[index] = shard
                 reused += 1
             elif pool is None:
-                done[index] = tokenize_shard(texts, tok, ids, batch_size, shard_dir, index, first_doc, control_tokens)
+                done[index] = tokenize_shard(texts, tok, ids, batch_size, shard_dir, index, first_doc)
             else:
                 pending[index] = pool.submit(texts, shard_dir, index, first_doc)
                 while len(pending) > workers + 1:
@@ -324,14 +329,13 @@ def tokenize_shard(
     shard_dir: Path,
     index: int,
     first_doc: int,
-    control_tokens: bool = False,
 ) -> Shard:
     """Pack one shard's documents into its file (temporary name, fsync, rename), then its sidecar."""
     path = shard_dir / Shard(index, 0, 0, 0, "").file
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     num_tokens, digest = 0, hashlib.sha256()
     with open(tmp, "wb") as f:
-        for chunk in pack_stream(texts, tok, ids, batch_size, control_tokens):
+        for chunk in pack_stream(texts, tok, ids, batch_size):
             raw = chunk.tobytes()
             f.write(raw)
             digest.update(raw)
@@ -379,12 +383,11 @@ class _TokenizerPool:
     module, not torch. Each encodes on one thread, so the workers are the parallelism. An executor, so a dead
     worker raises BrokenProcessPool."""
 
-    def __init__(self, tok: Tokenizer, ids: TokenIds, batch_size: int, workers: int, control_tokens: bool = False):
+    def __init__(self, tok: Tokenizer, ids: TokenIds, batch_size: int, workers: int):
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
         self.batch_size = batch_size
-        self.control_tokens = control_tokens
         self.pool = ProcessPoolExecutor(
             workers,
             mp_context=multiprocessing.get_context("spawn"),
@@ -393,9 +396,7 @@ class _TokenizerPool:
         )
 
     def submit(self, texts: list[str], shard_dir: Path, index: int, first_doc: int):
-        return self.pool.submit(
-            _tokenize_in_worker, texts, self.batch_size, shard_dir, index, first_doc, self.control_tokens
-        )
+        return self.pool.submit(_tokenize_in_worker, texts, self.batch_size, shard_dir, index, first_doc)
 
     def wait(self, pending: dict) -> dict[int, Shard]:
         """Block until at least one pending shard finished; those finished, removed from `pending`."""
@@ -431,11 +432,9 @@ def _init_worker(tok_json: str, ids: TokenIds) -> None:
     _WORKER = (Tokenizer.from_str(tok_json), ids)
 
 
-def _tokenize_in_worker(
-    texts: list[str], batch_size: int, shard_dir: Path, index: int, first_doc: int, control_tokens: bool
-) -> Shard:
+def _tokenize_in_worker(texts: list[str], batch_size: int, shard_dir: Path, index: int, first_doc: int) -> Shard:
     tok, ids = _WORKER
-    return tokenize_shard(texts, tok, ids, batch_size, shard_dir, index, first_doc, control_tokens)
+    return tokenize_shard(texts, tok, ids, batch_size, shard_dir, index, first_doc)
 
 
 def write_ready(path: Path, files: list[TokenFile] | None, error: str | None = None) -> None:
