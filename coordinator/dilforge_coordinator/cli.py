@@ -27,6 +27,7 @@ from .config import PipelineConfig, load_pipeline
 from .deploy import deploy_cmd
 from .images import images_app
 from .models_cmd import models_app
+from .settings import coordinator_settings
 
 
 class StopRequested(KeyboardInterrupt):
@@ -321,7 +322,7 @@ def gc_cmd(
 
     found = gc.find_store_garbage(ArtifactStore(store, endpoint), min_age_minutes * 60, unreferenced)
     found += gc.find_work_garbage(
-        Path(workdir or settings().workdir).resolve(),
+        Path(workdir or coordinator_settings().workdir).resolve(),
         min_age_minutes * 60,
         [settings().cache or default_download_cache(), cache_root()],
     )

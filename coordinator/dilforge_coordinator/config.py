@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from dilforge_shared.configs.model import ModelConfig
 from dilforge_shared.configs.sft import SftConfig
 from dilforge_shared.configs.tokenizer import TokenizerConfig
 from dilforge_shared.errors import ConfigError
-from dilforge_shared.settings import INTERPOLATION_ALLOWED, USER_VAR_PREFIX, interpolation_variables, is_secret_name
+from dilforge_shared.settings import is_secret_name
 from dilforge_shared.stages import StageName
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
@@ -103,6 +104,27 @@ class PipelineConfig(StrictModel):
     def stages(self) -> list[tuple[str, StageConfig]]:
         """The configured stages, in pipeline order."""
         return [(name, cfg) for name in STAGE_CONFIGS if (cfg := getattr(self, name)) is not None]
+
+
+USER_VAR_PREFIX = "DILFORGE_VAR_"
+# The only variables `${...}` in a config may name, besides DILFORGE_VAR_*. Secrets are never on this list.
+INTERPOLATION_ALLOWED = (
+    "DILFORGE_DATA",
+    "DILFORGE_STORE",
+    "DILFORGE_CACHE",
+    "DILFORGE_WORKDIR",
+    "DILFORGE_S3_ENDPOINT_URL",
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+)
+
+
+def interpolation_variables(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """What `${VAR}` in a config may see: the allow-list and DILFORGE_VAR_*, never a secret; `extra` wins."""
+    names = [n for n in os.environ if n in INTERPOLATION_ALLOWED or n.startswith(USER_VAR_PREFIX)]
+    found = {n: os.environ[n] for n in names if not is_secret_name(n.removeprefix(USER_VAR_PREFIX))}
+    found.update(extra or {})
+    return found
 
 
 def expand_env(value: Any, source: str, variables: dict[str, str] | None = None) -> Any:

@@ -21,10 +21,10 @@ from typing import Annotated
 import typer
 from dilforge_shared.errors import DilforgeError
 from dilforge_shared.manifest import git_sha
-from dilforge_shared.settings import settings
 from dilforge_shared.stages import IMAGES
 
 from .backends.compose import ROOT, docker_binary
+from .settings import coordinator_settings
 
 STAGES = IMAGES  # one image per stage (the model stage runs in the cpt image)
 EXTRA_IMAGES = ("serve", "s3", "coordinator")  # the serving image (services/serve), SeaweedFS, the coordinator
@@ -33,7 +33,7 @@ Runner = Callable[..., subprocess.CompletedProcess]
 
 
 def record_path() -> Path:
-    return settings().images_record
+    return coordinator_settings().images_record
 
 
 def load_record(path: Path | None = None) -> dict:

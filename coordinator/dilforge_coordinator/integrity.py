@@ -17,7 +17,6 @@ from dilforge_shared.configs.base import validate_model
 from dilforge_shared.errors import DilforgeError, IntegrityError, ManifestError, ManifestNotFound
 from dilforge_shared.identity import artifact_id
 from dilforge_shared.manifest import MANIFEST_NAME, Manifest
-from dilforge_shared.settings import settings
 from dilforge_shared.store.artifacts import (
     artifact_storage,
     extra_keys,
@@ -29,6 +28,7 @@ from dilforge_shared.store.artifacts import (
 from dilforge_shared.store.backends import NotFound, Storage, open_backend
 
 from .config import STAGE_CONFIGS
+from .settings import coordinator_settings
 
 STAMP_NAME = ".verified.json"  # local stores: (size, mtime_ns, inode) of each file when last fully verified
 
@@ -90,7 +90,7 @@ def check_artifact(
     `full` (`stamp` mode skips hashing while size, mtime and inode match the last full check). S3: every object
     present with its size; `fetch` verifies digests on download."""
     muri = manifest_uri_of(artifact_uri)
-    mode = mode or settings().verify_on_reuse
+    mode = mode or coordinator_settings().verify_on_reuse
     try:
         manifest, digest = read_manifest(muri, endpoint_url)
     except ManifestNotFound:

@@ -14,13 +14,13 @@ from dilforge_shared.errors import DilforgeError, ManifestNotFound
 from dilforge_shared.identity import artifact_id, stage_refs
 from dilforge_shared.locks import FileLock, S3Lease
 from dilforge_shared.manifest import MANIFEST_NAME
-from dilforge_shared.settings import settings
 from dilforge_shared.stages import STAGE_MODULES, STAGES, image_of
 from dilforge_shared.store.artifacts import ArtifactStore, artifact_exists
 
 from .config import PipelineConfig
 from .integrity import check_artifact, move_aside
 from .records import RunRecord, record_artifacts, running_owner
+from .settings import coordinator_settings
 
 log = logging.getLogger("dilforge.coordinator")
 
@@ -94,7 +94,7 @@ def artifact_lock(store: ArtifactStore, stage: str, artifact_id: str) -> FileLoc
     local = store.backend.local_path("")
     if local is not None:
         return FileLock(local / key)
-    return S3Lease(store.backend, key, settings().lock_lease_seconds)
+    return S3Lease(store.backend, key, coordinator_settings().lock_lease_seconds)
 
 
 def reusable(job: StageJob, stage: str) -> bool:

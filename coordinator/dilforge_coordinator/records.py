@@ -20,10 +20,12 @@ from typing import Any
 from dilforge_shared.errors import ConfigError, DilforgeError
 from dilforge_shared.locks import FileLock, S3Lease
 from dilforge_shared.paths import check_relative_path
-from dilforge_shared.settings import redact_values, settings
+from dilforge_shared.settings import redact_values
 from dilforge_shared.store.artifacts import ArtifactStore
 from dilforge_shared.store.backends import NotFound
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from .settings import coordinator_settings
 
 log = logging.getLogger("dilforge.coordinator")
 
@@ -116,7 +118,7 @@ def record_lock(store: ArtifactStore, run_id: str) -> FileLock | S3Lease:
     local = store.backend.local_path("")
     if local is not None:
         return FileLock(local / key)
-    return S3Lease(store.backend, key, settings().lock_lease_seconds, poll_s=0.2)
+    return S3Lease(store.backend, key, coordinator_settings().lock_lease_seconds, poll_s=0.2)
 
 
 def running_owner() -> dict:

@@ -1,9 +1,11 @@
-"""Every setting dilforge reads from the environment, in one place (pydantic-settings, prefix `DILFORGE_`).
+"""The DILFORGE_* settings stages and the store read (pydantic-settings, prefix `DILFORGE_`), and the redaction of
+secrets in everything dilforge writes.
 
 Read with `settings()` on each use (not cached, so tests can `monkeypatch.setenv`); each field's description
-says what it sets. Nothing writes `os.environ` after start-up: values travel as arguments. `DILFORGE_VAR_<NAME>`
-are user variables a config may interpolate. The serving image's (DILFORGE_MODEL_URI, DILFORGE_SERVE_DEVICE, ...)
-are declared with the `serve` options that read them (dilforge_serve.cli)."""
+says what it sets. Nothing writes `os.environ` after start-up: values travel as arguments. The coordinator's own
+settings (work folders, locks, the compose backend, `${...}` in configs) are `dilforge_coordinator.settings`; the
+serving image's (DILFORGE_MODEL_URI, DILFORGE_SERVE_DEVICE, ...) are declared with the `serve` options that read
+them (dilforge_serve.cli)."""
 
 from __future__ import annotations
 
@@ -11,22 +13,10 @@ import os
 import re
 import tempfile
 from pathlib import Path
-from typing import Literal
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-USER_VAR_PREFIX = "DILFORGE_VAR_"
-# The only variables `${...}` in a config may name, besides DILFORGE_VAR_*. Secrets are never on this list.
-INTERPOLATION_ALLOWED = (
-    "DILFORGE_DATA",
-    "DILFORGE_STORE",
-    "DILFORGE_CACHE",
-    "DILFORGE_WORKDIR",
-    "DILFORGE_S3_ENDPOINT_URL",
-    "AWS_REGION",
-    "AWS_DEFAULT_REGION",
-)
 # A name is a secret's when one of its `_`-separated parts is one of these (plural too: API_KEYS, TOKENS), or it holds
 # one of SECRET_SUBSTRINGS anywhere (APIKEY, MYPASSWORD). `LLAMA32_TOKENIZER` is none: TOKENIZER is not TOKEN.
 SECRET_MARKERS = (
@@ -54,26 +44,17 @@ SECRET_SUBSTRINGS = ("SECRET", "PASSWORD", "PASSWD", "APIKEY", "ACCESS_KEY", "CR
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="DILFORGE_", extra="ignore")
 
-    data: Path | None = Field(default=None, description="Root of the data configs name as ${DILFORGE_DATA}.")
-    store: str | None = Field(default=None, description="Default artifact store root.")
     cache: Path | None = Field(
         default=None,
         description="Download cache root; unset = each use's own default: <opt_ml>/cache for a stage's "
         "inputs, ~/.cache/dilforge for recipe wheels, <tmp>/dilforge-cache for store downloads and gc.",
     )
-    workdir: Path = Field(default=Path(".dilforge/work"), description="Local backend work folders and locks.")
     s3_endpoint_url: str | None = Field(default=None, description="S3-compatible endpoint URL.")
     s3_access_key_id: SecretStr | None = Field(default=None, description="Access key for that endpoint only.")
     s3_secret_access_key: SecretStr | None = Field(default=None, description="Secret key for that endpoint only.")
     s3_connect_timeout: float = Field(default=5.0, gt=0, description="Seconds to connect, per attempt.")
     s3_read_timeout: float = Field(default=15.0, gt=0, description="Seconds to wait for an answer, per attempt.")
     s3_max_attempts: int = Field(default=3, ge=1, le=10, description="Attempts per S3 call, the first included.")
-    verify_on_reuse: Literal["sha256", "stamp"] = Field(
-        default="sha256",
-        description="Reuse check of local artifacts: sha256 of every file, or skip the hashing "
-        "while size, mtime and inode match the last full check.",
-    )
-    lock_lease_seconds: float = Field(default=120.0, gt=0, description="Lease of an S3 run lock.")
     log_level: str = Field(default="INFO", description="Stage log level.")
     git_sha: str | None = Field(
         default=None,
@@ -81,13 +62,6 @@ class Settings(BaseSettings):
         "(set in images at build time); unset = `git rev-parse` where a checkout exists.",
     )
     image: str | None = Field(default=None, description="Image reference a stage runs in, recorded in its manifest.")
-    docker: str | None = Field(default=None, description="docker client binary; unset = /usr/bin/docker or docker.")
-    compose_dir: Path | None = Field(default=None, description="Folder with compose.yaml; unset = the repository.")
-    image_tag: str = Field(default="dev", description="Tag of the stage images the compose backend runs.")
-    s3_port: int = Field(default=8333, ge=1, le=65535, description="Host port of the compose S3.")
-    images_record: Path = Field(
-        default=Path(".dilforge/images.json"), description="Where `coordinator images push` records image digests."
-    )
 
 
 def default_download_cache() -> Path:
@@ -113,14 +87,6 @@ def is_secret_name(name: str) -> bool:
     upper = name.upper()
     parts = set(re.split(r"[_.\-]", upper))
     return any(m in upper for m in SECRET_SUBSTRINGS) or any(m in parts or f"{m}S" in parts for m in SECRET_MARKERS)
-
-
-def interpolation_variables(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """What `${VAR}` in a config may see: the allow-list and DILFORGE_VAR_*, never a secret; `extra` wins."""
-    names = [n for n in os.environ if n in INTERPOLATION_ALLOWED or n.startswith(USER_VAR_PREFIX)]
-    found = {n: os.environ[n] for n in names if not is_secret_name(n.removeprefix(USER_VAR_PREFIX))}
-    found.update(extra or {})
-    return found
 
 
 def is_key_id_name(name: str) -> bool:

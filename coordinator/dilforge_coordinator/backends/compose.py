@@ -17,11 +17,11 @@ from pathlib import Path
 from dilforge_shared.contract import build_hyperparameters
 from dilforge_shared.errors import DilforgeError
 from dilforge_shared.opt_ml import OptMl
-from dilforge_shared.settings import settings
 from dilforge_shared.store.backends import use_endpoint_keys
 
 from ..config import PipelineConfig
 from ..pipeline import StageCancelled, StageFailed, StageJob, image_of, module_env
+from ..settings import coordinator_settings
 from .local import work_folder
 from .process import run_child
 
@@ -36,7 +36,7 @@ DEFAULT_BUCKET = "dilforge"
 
 def docker_binary() -> str:
     """Debian's client matches the engine here; /usr/local/bin/docker may refuse BuildKit (see container-env.sh)."""
-    if configured := settings().docker:
+    if configured := coordinator_settings().docker:
         return configured
     return "/usr/bin/docker" if Path("/usr/bin/docker").exists() else "docker"
 
@@ -70,13 +70,13 @@ class ComposeBackend:
         up: bool = True,
         data_root: Path | None = None,
     ):
-        env = settings()
+        env = coordinator_settings()
         self.project_dir = Path(project_dir or env.compose_dir or ROOT).resolve()
         self.workdir = Path(workdir or env.workdir).resolve() / "compose"
         self.tag = tag or env.image_tag
         self.s3_port = int(s3_port or env.s3_port)
         self.keep = keep
-        self.data_root = data_root or settings().data
+        self.data_root = data_root or coordinator_settings().data
         self.docker = docker or docker_binary()
         self.up = up
         self._s3_ready = False

@@ -17,9 +17,9 @@ from pathlib import Path
 from dilforge_shared.contract import build_hyperparameters
 from dilforge_shared.locks import FileLock
 from dilforge_shared.opt_ml import OPT_ML_ENV, OptMl
-from dilforge_shared.settings import settings
 
 from ..pipeline import STAGE_MODULES, StageCancelled, StageFailed, StageJob
+from ..settings import coordinator_settings
 from .process import run_child
 
 WORK_MARKER = ".dilforge-work"
@@ -48,7 +48,7 @@ class LocalBackend:
     name = "local"
 
     def __init__(self, workdir: Path | None = None, python: str | None = None, keep: bool = False):
-        self.workdir = Path(workdir or settings().workdir).resolve()
+        self.workdir = Path(workdir or coordinator_settings().workdir).resolve()
         self.python = python or sys.executable
         self.keep = keep
 

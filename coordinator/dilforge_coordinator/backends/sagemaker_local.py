@@ -38,13 +38,13 @@ from dilforge_shared.configs.model import ModelConfig
 from dilforge_shared.corpus_files import stamped_sha256
 from dilforge_shared.errors import ConfigError, DilforgeError
 from dilforge_shared.paths import uploaded_copy
-from dilforge_shared.settings import settings
 from dilforge_shared.store.artifacts import fetch
 from dilforge_shared.store.backends import open_backend
 
 from ..cloud import SageMakerConfig
 from ..config import PipelineConfig
 from ..pipeline import StageFailed, StageJob, image_of
+from ..settings import coordinator_settings
 from .compose import S3_ACCESS_KEY, S3_SECRET_KEY, ComposeBackend
 from .local import WORK_MARKER, work_folder
 from .sagemaker import (
@@ -199,7 +199,7 @@ class SageMakerLocalBackend:
         run=subprocess.run,
     ):
         self.compose = ComposeBackend(workdir=workdir, tag=tag, s3_port=s3_port, docker=docker, data_root=data_root)
-        self.workdir = Path(workdir or settings().workdir).resolve() / "sagemaker-local"
+        self.workdir = Path(workdir or coordinator_settings().workdir).resolve() / "sagemaker-local"
         self.docker = self.compose.docker
         self.keep = keep
         self.run_cmd = run
