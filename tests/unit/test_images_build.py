@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
 
 import boto3
@@ -14,6 +16,8 @@ import pytest
 from dilforge_coordinator import images
 from dilforge_shared.errors import DilforgeError
 from dilforge_shared.stages import IMAGES
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[2]
 STAGES = IMAGES
@@ -76,22 +80,64 @@ def test_compose_builds_each_stage_as_images_build_does():
         assert build["target"] == cmd[cmd.index("--target") + 1] == "train"
 
 
-def test_locks_match_the_venv_and_agree_with_the_shared_layer():
-    proc = subprocess.run([sys.executable, str(ROOT / "docker" / "lock.py"), "--check"], capture_output=True, text=True)
+LOCKS = {  # lock file → its input (docker/lock.sh compiles each one with uv)
+    ROOT / "requirements-dev.lock": ROOT / "requirements-dev.txt",
+    ROOT / "requirements-sagemaker.lock": ROOT / "requirements-sagemaker.txt",
+    **{lock: lock.with_suffix(".in") for lock in sorted((ROOT / "docker").glob("requirements-*.lock"))},
+    **{lock: lock.with_suffix(".txt") for lock in sorted((ROOT / "services").glob("*/requirements.lock"))},
+}
+IMAGE_LOCKS = [lock for lock in LOCKS if lock.parent.name != ROOT.name]  # docker/ and services/*/
+
+
+def _pins(path: Path) -> dict[str, str]:
+    lines = [line for line in path.read_text().splitlines() if line and not line.startswith("#")]
+    return {canonicalize_name(name): version for name, version in (line.split("==") for line in lines)}
+
+
+def test_locks_pin_their_inputs_at_the_dev_locks_versions():
+    """Every lock satisfies its input, and pins each package at requirements-dev.lock's version: the images
+    and the SDK extra run what the tests run (the stage layers then reinstall nothing of the shared one)."""
+    dev = _pins(ROOT / "requirements-dev.lock")
+    assert dev["torch"].endswith("+cpu") and len(IMAGE_LOCKS) >= 8
+    for lock, source in LOCKS.items():
+        pins = _pins(lock)
+        for line in source.read_text().splitlines():
+            if line.split("#", 1)[0].strip():
+                req = Requirement(line.split("#", 1)[0])
+                name = canonicalize_name(req.name)
+                assert name in pins and req.specifier.contains(pins[name], prereleases=True), (
+                    f"{lock.relative_to(ROOT)} does not satisfy {source.relative_to(ROOT)}'s {req}: "
+                    "run bash docker/lock.sh"
+                )
+        clash = {name: (v, dev[name]) for name, v in pins.items() if name in dev and dev[name] != v}
+        assert not clash, f"{lock.relative_to(ROOT)} pins differ from requirements-dev.lock: {clash}"
+        if lock in IMAGE_LOCKS:
+            assert set(pins) <= set(dev), f"{lock.relative_to(ROOT)}: not in the dev venv: {set(pins) - set(dev)}"
+
+
+def test_the_venv_has_the_image_locks_versions():
+    """What the tests import is what the images install (scripts/setup.sh installs with requirements-dev.lock)."""
+    wrong = {}
+    for lock in IMAGE_LOCKS:
+        for name, version in _pins(lock).items():
+            try:
+                installed = metadata.version(name)
+            except metadata.PackageNotFoundError:
+                installed = None
+            if installed != version:
+                wrong[name] = (version, installed)
+    assert not wrong, f"lock version vs installed (bash scripts/setup.sh): {wrong}"
+
+
+@pytest.mark.slow
+def test_lock_sh_reproduces_every_lock():
+    """uv, from the inputs, writes exactly the committed locks (needs the package index)."""
+    uv = pytest.importorskip("uv", reason="uv (requirements-dev.txt) is not installed: bash scripts/setup.sh")
+    env = {**os.environ, "UV": uv.find_uv_bin(), "PYTHON": sys.executable}
+    proc = subprocess.run(
+        ["bash", str(ROOT / "docker" / "lock.sh"), "--check"], capture_output=True, text=True, env=env
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-
-    def pins(path: Path) -> dict[str, str]:
-        return dict(line.split("==") for line in path.read_text().splitlines() if line and not line.startswith("#"))
-
-    common = pins(ROOT / "docker" / "requirements-common.lock")
-    assert common["torch"].endswith("+cpu")
-    for stage in STAGES:
-        lock = ROOT / "services" / stage / "requirements.lock"
-        if not lock.exists():
-            continue
-        own = pins(lock)
-        clash = {k: (v, common[k]) for k, v in own.items() if k in common and common[k] != v}
-        assert not clash, f"{stage} pins differ from the shared layer (the stage layer would reinstall): {clash}"
 
 
 def test_build_command_cpu_and_gpu(tmp_path, monkeypatch):
