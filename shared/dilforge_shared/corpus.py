@@ -1,5 +1,9 @@
 """Streaming text readers for corpora on local disk or S3 (finding the files: `corpus_files`).
 
+Bytes: a binary stream that never holds the object whole (`open_binary`: local regular files only, S3 streamed,
+gzip decompressed, other compressions named in the error), parquet's seekable location (`parquet_location`:
+pyarrow.fs over S3), the format from the name (`detect_format`).
+
 Formats: .txt (a line per document), .txt.gz, .jsonl, .tsv, .parquet, and word-frequency lists for tokenizer
 training. Nothing is loaded whole: a line is read at most `max_document_bytes` at a time, and `on_oversize`
 says what happens past that (error, split, truncate, skip). Errors name the file and line."""
@@ -7,24 +11,119 @@ says what happens past that (error, split, truncate, skip). Errors name the file
 from __future__ import annotations
 
 import codecs
+import gzip
+import io
 import json
 import logging
 import unicodedata
 from collections.abc import Callable, Iterator
-from typing import Literal
+from typing import IO, Literal
+from urllib.parse import urlparse
 
-from .corpus_files import (
-    MAX_DOCUMENT_BYTES,
-    Oversize,
-    TextFormat,
-    detect_format,
-    open_binary,
-    parquet_location,
-    source_files,
-)
+from .corpus_files import MAX_DOCUMENT_BYTES, Oversize, TextFormat, regular_file, source_files
 from .errors import InputError
 
 log = logging.getLogger(__name__)
+
+
+def detect_format(uri: str) -> str:
+    name = uri.lower().removesuffix(".gz")
+    for suffix, fmt in ((".jsonl", "jsonl"), (".json", "jsonl"), (".tsv", "tsv"), (".parquet", "parquet")):
+        if name.endswith(suffix):
+            return fmt
+    return "txt"
+
+
+# Compressed files a user may name as a corpus; only gzip (.gz) is read.
+_MAGIC = (
+    (b"\x1f\x8b", "gzip-compressed"),
+    (b"BZh", "bzip2-compressed"),
+    (b"\xfd7zXZ\x00", "xz-compressed"),
+    (b"\x28\xb5\x2f\xfd", "zstd-compressed"),
+    (b"PK\x03\x04", "a zip archive"),
+    (b"PAR1", "a parquet file"),
+)
+
+
+def _check_not_compressed(stream: IO[bytes], uri: str, fmt_hint: str) -> None:
+    """A compressed file read as text would be reported as invalid UTF-8; say what it is instead."""
+    head = stream.peek(8)[:8] if hasattr(stream, "peek") else b""
+    for magic, what in _MAGIC:
+        if magic == b"BZh" and head[3:4] not in b"123456789":  # bzip2: "BZh" then the block size digit
+            continue
+        if head.startswith(magic) and not (what == "a parquet file" and fmt_hint == "parquet"):
+            fix = (
+                "name it .gz (gzip is read as it streams)"
+                if what == "gzip-compressed"
+                else "set format: parquet"
+                if what == "a parquet file"
+                else "decompress it, or recompress it with gzip and name it .gz"
+            )
+            raise InputError(f"is {what}, not text: {fix}", path=uri)
+
+
+class _BodyReader(io.RawIOBase):
+    """A botocore StreamingBody as a raw stream, so buffering, gzip and line iteration work on it."""
+
+    def __init__(self, body):
+        self.body = body
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        data = self.body.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        self.body.close()
+        super().close()
+
+
+def open_binary(uri: str, endpoint_url: str | None) -> IO[bytes]:
+    parsed = urlparse(uri)
+    if parsed.scheme == "s3":
+        from botocore.exceptions import ClientError
+
+        from .store.backends import S3Storage
+
+        backend = S3Storage(parsed.netloc, "", endpoint_url)
+        try:
+            body = backend.client.get_object(Bucket=parsed.netloc, Key=parsed.path.lstrip("/"))["Body"]
+        except ClientError as exc:
+            raise InputError(f"cannot read S3 object: {exc.response.get('Error', {}).get('Code')}", path=uri) from None
+        stream: IO[bytes] = io.BufferedReader(_BodyReader(body), buffer_size=1 << 20)
+    else:
+        try:
+            stream = open(regular_file(uri, uri), "rb")  # noqa: SIM115 - returned to the caller, who closes it
+        except OSError as exc:
+            raise InputError(f"cannot open: {exc.strerror}", path=uri) from None
+    if uri.lower().endswith(".gz"):
+        stream = gzip.GzipFile(fileobj=stream)  # type: ignore[assignment]
+    elif not uri.lower().endswith(".parquet"):
+        try:
+            _check_not_compressed(stream, uri, detect_format(uri))
+        except InputError:
+            stream.close()
+            raise
+    return stream
+
+
+def parquet_location(uri: str, endpoint_url: str | None):
+    """(path, filesystem) for pyarrow: a checked local file, or an S3 object behind pyarrow.fs (seekable, never
+    read whole) with the store's endpoint and credentials."""
+    parsed = urlparse(uri)
+    if parsed.scheme != "s3":
+        with open_binary(uri, endpoint_url):  # the same checks and errors as any local corpus file
+            return uri, None
+    from .store.backends import S3Storage
+
+    try:
+        filesystem = S3Storage(parsed.netloc, "", endpoint_url).arrow_filesystem()
+    except OSError as exc:
+        raise InputError(f"cannot reach S3: {str(exc).splitlines()[0][:200]}", path=uri) from None
+    return f"{parsed.netloc}/{parsed.path.lstrip('/')}", filesystem
 
 
 def _decode(data: bytes, uri: str, lineno: int, decoder=None, final: bool = True) -> str:

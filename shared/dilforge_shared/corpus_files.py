@@ -1,18 +1,14 @@
-"""Where a corpus is and how its bytes are opened: a file, a folder, a glob or an S3 object/prefix (`expand`),
-its format from the name (`detect_format`), a binary stream that never holds the object whole (`open_binary`:
-local regular files only, S3 streamed, gzip decompressed, other compressions named in the error) and parquet's
-seekable location (`parquet_location`: pyarrow.fs over S3), and its content digest for lineage (`data_digest`). The
-readers that turn those bytes into documents are `corpus`'s."""
+"""Where a corpus is: a file, a folder, a glob or an S3 object/prefix (`expand`), regular files only, and its
+content digest for lineage (`data_digest`), which every stage's identity check needs. Opening and reading those
+files is `corpus`'s."""
 
 from __future__ import annotations
 
 import glob
-import gzip
-import io
 import os
 import stat
 from pathlib import Path
-from typing import IO, Literal
+from typing import Literal
 from urllib.parse import urlparse
 
 from .errors import InputError
@@ -23,14 +19,6 @@ Oversize = Literal["error", "split", "truncate", "skip"]
 MAX_DOCUMENT_BYTES = 32 << 20  # default bound on one line/document; a 200 MB line never reaches memory whole
 
 SUFFIXES = (".txt", ".txt.gz", ".jsonl", ".jsonl.gz", ".tsv", ".tsv.gz", ".parquet")
-
-
-def detect_format(uri: str) -> str:
-    name = uri.lower().removesuffix(".gz")
-    for suffix, fmt in ((".jsonl", "jsonl"), (".json", "jsonl"), (".tsv", "tsv"), (".parquet", "parquet")):
-        if name.endswith(suffix):
-            return fmt
-    return "txt"
 
 
 # A folder below a corpus folder holding one of these is a dilforge store, artifact or stage work folder, never
@@ -56,7 +44,7 @@ def expand(uri: str, endpoint_url: str | None = None) -> list[str]:
             raise InputError(
                 "glob matches no file (a file whose name holds *, ? or [ is read when it exists)", path=uri
             )
-        return [_regular(m, m) for m in matches]
+        return [regular_file(m, m) for m in matches]
     p = Path(path)
     if p.is_dir():
         files = _walk(p, uri)
@@ -65,7 +53,7 @@ def expand(uri: str, endpoint_url: str | None = None) -> list[str]:
         return files
     if not p.exists():
         raise InputError("no such file", path=uri)
-    return [_regular(str(p), uri)]
+    return [regular_file(str(p), uri)]
 
 
 def _walk(root: Path, uri: str) -> list[str]:
@@ -124,7 +112,7 @@ def _expand_s3(uri: str, bucket: str, key: str, endpoint_url: str | None) -> lis
     return [f"s3://{bucket}/{k}" for k in sorted(keys)]
 
 
-def _regular(path: str, uri: str) -> str:
+def regular_file(path: str, uri: str) -> str:
     """Corpora are regular files: a FIFO, a device (/dev/zero) or a socket would hang hashing and reading."""
     try:
         mode = os.stat(path).st_mode
@@ -146,98 +134,6 @@ def _regular(path: str, uri: str) -> str:
             path=uri,
         )
     return path
-
-
-# Compressed files a user may name as a corpus; only gzip (.gz) is read.
-_MAGIC = (
-    (b"\x1f\x8b", "gzip-compressed"),
-    (b"BZh", "bzip2-compressed"),
-    (b"\xfd7zXZ\x00", "xz-compressed"),
-    (b"\x28\xb5\x2f\xfd", "zstd-compressed"),
-    (b"PK\x03\x04", "a zip archive"),
-    (b"PAR1", "a parquet file"),
-)
-
-
-def _check_not_compressed(stream: IO[bytes], uri: str, fmt_hint: str) -> None:
-    """A compressed file read as text would be reported as invalid UTF-8; say what it is instead."""
-    head = stream.peek(8)[:8] if hasattr(stream, "peek") else b""
-    for magic, what in _MAGIC:
-        if magic == b"BZh" and head[3:4] not in b"123456789":  # bzip2: "BZh" then the block size digit
-            continue
-        if head.startswith(magic) and not (what == "a parquet file" and fmt_hint == "parquet"):
-            fix = (
-                "name it .gz (gzip is read as it streams)"
-                if what == "gzip-compressed"
-                else "set format: parquet"
-                if what == "a parquet file"
-                else "decompress it, or recompress it with gzip and name it .gz"
-            )
-            raise InputError(f"is {what}, not text: {fix}", path=uri)
-
-
-class _BodyReader(io.RawIOBase):
-    """A botocore StreamingBody as a raw stream, so buffering, gzip and line iteration work on it."""
-
-    def __init__(self, body):
-        self.body = body
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer) -> int:
-        data = self.body.read(len(buffer))
-        buffer[: len(data)] = data
-        return len(data)
-
-    def close(self) -> None:
-        self.body.close()
-        super().close()
-
-
-def open_binary(uri: str, endpoint_url: str | None) -> IO[bytes]:
-    parsed = urlparse(uri)
-    if parsed.scheme == "s3":
-        from botocore.exceptions import ClientError
-
-        from .store.backends import S3Storage
-
-        backend = S3Storage(parsed.netloc, "", endpoint_url)
-        try:
-            body = backend.client.get_object(Bucket=parsed.netloc, Key=parsed.path.lstrip("/"))["Body"]
-        except ClientError as exc:
-            raise InputError(f"cannot read S3 object: {exc.response.get('Error', {}).get('Code')}", path=uri) from None
-        stream: IO[bytes] = io.BufferedReader(_BodyReader(body), buffer_size=1 << 20)
-    else:
-        try:
-            stream = open(_regular(uri, uri), "rb")  # noqa: SIM115 - returned to the caller, who closes it
-        except OSError as exc:
-            raise InputError(f"cannot open: {exc.strerror}", path=uri) from None
-    if uri.lower().endswith(".gz"):
-        stream = gzip.GzipFile(fileobj=stream)  # type: ignore[assignment]
-    elif not uri.lower().endswith(".parquet"):
-        try:
-            _check_not_compressed(stream, uri, detect_format(uri))
-        except InputError:
-            stream.close()
-            raise
-    return stream
-
-
-def parquet_location(uri: str, endpoint_url: str | None):
-    """(path, filesystem) for pyarrow: a checked local file, or an S3 object behind pyarrow.fs (seekable, never
-    read whole) with the store's endpoint and credentials."""
-    parsed = urlparse(uri)
-    if parsed.scheme != "s3":
-        with open_binary(uri, endpoint_url):  # the same checks and errors as any local corpus file
-            return uri, None
-    from .store.backends import S3Storage
-
-    try:
-        filesystem = S3Storage(parsed.netloc, "", endpoint_url).arrow_filesystem()
-    except OSError as exc:
-        raise InputError(f"cannot reach S3: {str(exc).splitlines()[0][:200]}", path=uri) from None
-    return f"{parsed.netloc}/{parsed.path.lstrip('/')}", filesystem
 
 
 def source_files(uri: str, endpoint_url: str | None = None) -> list[str]:
@@ -303,11 +199,11 @@ def stamped_sha256(path: Path) -> str:
     import hashlib
 
     from .manifest import sha256_file
-    from .settings import settings
+    from .settings import cache_root
 
     st = path.stat()
     stamp = f"{path.resolve()}|{st.st_dev}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}"
-    root = (settings().cache or Path.home() / ".cache" / "dilforge") / "digests"
+    root = cache_root() / "digests"
     entry = root / hashlib.sha256(stamp.encode()).hexdigest()
     try:
         cached = entry.read_text().strip()
