@@ -26,8 +26,8 @@ FLORES = "az/dev/flores200.dev.partial_from_sib200.tsv"
 
 
 def published(store: str, run: str, stage: str) -> Path:
+    from dilforge_coordinator.records import ArtifactStore
     from dilforge_shared.models import find_dir
-    from dilforge_shared.store.artifacts import ArtifactStore
 
     st = ArtifactStore(store)
     entry = json.loads(st.read_run_record(run))["stages"][stage]

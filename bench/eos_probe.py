@@ -65,8 +65,8 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     import torch
+    from dilforge_coordinator.records import ArtifactStore
     from dilforge_shared.corpus import iter_texts
-    from dilforge_shared.store.artifacts import ArtifactStore
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
     print(describe("transformers"), flush=True)

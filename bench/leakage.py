@@ -35,13 +35,13 @@ def step0(args) -> dict:
     import init_experiments
     import torch
     from dilforge_coordinator.config import load_pipeline
+    from dilforge_coordinator.records import ArtifactStore
     from dilforge_cpt import model_init
     from dilforge_cpt.data import PackedData, build_validation, cache_key, load_tokenizer, special_ids, tokenize_to_file
     from dilforge_cpt.leakage import build_probe, format_table
     from dilforge_cpt.runtime import Runtime
     from dilforge_shared.configs.base import DataSource
     from dilforge_shared.models import find_dir
-    from dilforge_shared.store.artifacts import ArtifactStore
 
     torch.manual_seed(0)
     pipe = load_pipeline(

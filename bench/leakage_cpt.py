@@ -89,7 +89,8 @@ def set_field(cfg: dict, path: str, value) -> None:
 
 def run_arm(name: str, edits: str, args) -> dict:
     import yaml
-    from dilforge_shared.store.artifacts import ArtifactStore, read_manifest
+    from dilforge_coordinator.records import ArtifactStore
+    from dilforge_shared.store.artifacts import read_manifest
 
     cfg = yaml.safe_load(Path(args.config).read_text())
     cfg["run_id"] = f"leak-cpt-{name}"
@@ -181,7 +182,7 @@ def main() -> None:
         arms[name] = run_arm(name, edits, args)
         print(f"arm {name}: CPT done in {arms[name]['seconds']:.0f} s, leakage {arms[name]['leakage']}", flush=True)
     sets = held_out(Path(args.data), args.num_sentences)
-    from dilforge_shared.store.artifacts import ArtifactStore
+    from dilforge_coordinator.records import ArtifactStore
 
     first = next(iter(arms))
     record = json.loads(ArtifactStore(args.store).read_run_record(f"leak-cpt-{first}"))

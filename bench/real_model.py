@@ -63,7 +63,7 @@ def run_pipeline(config: Path, data: str, store: str) -> tuple[float, dict, dict
     seconds = time.perf_counter() - t0
     if proc.returncode != 0:
         sys.exit(f"run-all failed (exit {proc.returncode})")
-    from dilforge_shared.store.artifacts import ArtifactStore
+    from dilforge_coordinator.records import ArtifactStore
 
     record = json.loads(ArtifactStore(store).read_run_record("az-small"))
     artifacts = {stage: ArtifactStore(store).resolve(info["artifact"]) for stage, info in record["stages"].items()}

@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 from dilforge_shared.settings import cache_root, default_download_cache, settings
 from dilforge_shared.stages import STAGES
-from dilforge_shared.store.artifacts import ArtifactStore, fetch, read_manifest
+from dilforge_shared.store.artifacts import fetch, read_manifest
 from dilforge_shared.store.backends import NotFound
 from typer.core import TyperGroup
 
@@ -27,6 +27,7 @@ from .config import PipelineConfig, load_pipeline
 from .deploy import deploy_cmd
 from .images import images_app
 from .models_cmd import models_app
+from .records import ArtifactStore
 from .settings import coordinator_settings
 
 

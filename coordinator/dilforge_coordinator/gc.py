@@ -19,11 +19,11 @@ from dilforge_shared import staging
 from dilforge_shared.errors import DilforgeError, ManifestError
 from dilforge_shared.locks import FileLock, is_locked
 from dilforge_shared.manifest import MANIFEST_NAME, parse_manifest
-from dilforge_shared.store.artifacts import STORE_MARKER, ArtifactStore, manifest_digest_key
+from dilforge_shared.store.artifacts import STORE_MARKER, manifest_digest_key
 from dilforge_shared.store.backends import NotFound
 
 from .backends.local import WORK_MARKER
-from .records import DamagedRecord, parse_record
+from .records import ArtifactStore, DamagedRecord, parse_record
 
 # The exact names dilforge's writers give what they leave on a crash; anything else is the user's.
 STORE_TEMP = re.compile(r"^\..+\.[0-9a-f]{32}\.tmp$")  # LocalStorage write_bytes/create_bytes/upload_file

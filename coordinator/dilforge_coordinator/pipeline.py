@@ -15,11 +15,11 @@ from dilforge_shared.identity import artifact_id, stage_refs
 from dilforge_shared.locks import FileLock, S3Lease
 from dilforge_shared.manifest import MANIFEST_NAME
 from dilforge_shared.stages import STAGE_MODULES, STAGES, image_of
-from dilforge_shared.store.artifacts import ArtifactStore, artifact_exists
+from dilforge_shared.store.artifacts import artifact_exists
 
 from .config import PipelineConfig
 from .integrity import check_artifact, move_aside
-from .records import RunRecord, record_artifacts, running_owner
+from .records import ArtifactStore, RunRecord, record_artifacts, running_owner
 from .settings import coordinator_settings
 
 log = logging.getLogger("dilforge.coordinator")

@@ -1,4 +1,5 @@
-"""Run records, `<store>/runs/<run_id>.json`: each stage's artifact and status, the run's status and owner.
+"""The store as the coordinator lays it out (`ArtifactStore`: `artifacts/<stage>/<artifact_id>/`, `runs/`) and its
+run records, `<store>/runs/<run_id>.json`: each stage's artifact and status, the run's status and owner.
 
 Artifacts are addressed relative to the store, so a copied or moved store keeps working. An unreadable record
 is moved aside (`.damaged-<utc>`) and a fresh one started, never blocking its run id. Concurrent runs of one id
@@ -19,15 +20,51 @@ from typing import Any
 
 from dilforge_shared.errors import ConfigError, DilforgeError
 from dilforge_shared.locks import FileLock, S3Lease
-from dilforge_shared.paths import check_relative_path
+from dilforge_shared.paths import check_name, check_relative_path
 from dilforge_shared.settings import redact_values
-from dilforge_shared.store.artifacts import ArtifactStore
-from dilforge_shared.store.backends import NotFound
+from dilforge_shared.store.artifacts import mark_store
+from dilforge_shared.store.backends import NotFound, open_backend
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .settings import coordinator_settings
 
 log = logging.getLogger("dilforge.coordinator")
+
+
+class ArtifactStore:
+    """Publish and fetch artifacts under a root URI: `<root>/artifacts/<stage>/<artifact_id>/`."""
+
+    def __init__(self, uri: str, endpoint_url: str | None = None):
+        self.uri = uri.rstrip("/")
+        self.endpoint_url = endpoint_url
+        self.backend = open_backend(self.uri, endpoint_url)
+
+    def artifact_uri(self, stage: str, artifact_id: str) -> str:
+        return f"{self.backend.uri}/artifacts/{check_name(stage, 'stage')}/{check_name(artifact_id, 'artifact id')}"
+
+    def relative(self, uri: str) -> str | None:
+        """`artifacts/<stage>/<id>` for a URI inside this store (what run records hold), else None."""
+        root = self.backend.uri.rstrip("/") + "/"
+        uri = uri.rstrip("/")
+        return uri[len(root) :] if uri.startswith(root) else None
+
+    def resolve(self, address: str) -> str:
+        """A run record's artifact address as a URI: relative ones are inside this store, wherever it now is."""
+        if "://" in address or address.startswith("/"):
+            return address
+        check_relative_path(address)
+        return f"{self.backend.uri}/{address}"
+
+    # ---- runs: small mutable records, unlike manifests -------------------------------------
+    def run_record_key(self, run_id: str) -> str:
+        return f"runs/{check_name(run_id, 'run id')}.json"
+
+    def write_run_record(self, run_id: str, data: bytes) -> None:
+        mark_store(self.backend)
+        self.backend.write_bytes(self.run_record_key(run_id), data)
+
+    def read_run_record(self, run_id: str) -> bytes:
+        return self.backend.read_bytes(self.run_record_key(run_id))
 
 
 class DamagedRecord(DilforgeError):

@@ -10,10 +10,10 @@ import pytest
 from dilforge_coordinator import pipeline as pl
 from dilforge_coordinator.config import load_pipeline
 from dilforge_coordinator.integrity import check_artifact
-from dilforge_coordinator.records import RunRecord, record_lock
+from dilforge_coordinator.records import ArtifactStore, RunRecord, record_lock
 from dilforge_shared.errors import IntegrityError
 from dilforge_shared.manifest import MANIFEST_NAME, sha256_bytes
-from dilforge_shared.store.artifacts import ArtifactStore, fetch, manifest_digest_key
+from dilforge_shared.store.artifacts import fetch, manifest_digest_key
 from dilforge_shared.store.backends import open_backend
 from test_reliability_s3 import S3Publishing, _config
 

@@ -6,10 +6,10 @@ import pytest
 from dilforge_coordinator import pipeline as pl
 from dilforge_coordinator.cli import app
 from dilforge_coordinator.config import STAGE_CONFIGS, load_pipeline
+from dilforge_coordinator.records import ArtifactStore
 from dilforge_shared.contract import StageResult, build_hyperparameters, stage_main
 from dilforge_shared.errors import ConfigError, DilforgeError
 from dilforge_shared.opt_ml import OptMl
-from dilforge_shared.store.artifacts import ArtifactStore
 from typer.testing import CliRunner
 
 
@@ -173,8 +173,7 @@ def test_a_failed_attempt_never_replaces_the_last_good_artifact(tmp_path, monkey
     """Issue 31: a failing `run tokenizer` recorded the failed id in place of the good tokenizer, so downstream
     stages lost their input and `gc --unreferenced --delete` would have deleted the good artifact."""
     from dilforge_coordinator.gc import find_store_garbage
-    from dilforge_coordinator.records import RunRecord, record_artifacts
-    from dilforge_shared.store.artifacts import ArtifactStore
+    from dilforge_coordinator.records import ArtifactStore, RunRecord, record_artifacts
 
     monkeypatch.setenv("DILFORGE_VAR_CORPUS_DIR", str(tmp_path))
     good = pl.run_all(load_pipeline(write_config(tmp_path)), InProcessBackend(tmp_path, monkeypatch))["tokenizer"]

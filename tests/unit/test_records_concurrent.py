@@ -12,9 +12,9 @@ import factories
 from dilforge_coordinator import pipeline as pl
 from dilforge_coordinator.cli import app
 from dilforge_coordinator.config import PipelineConfig, load_pipeline
-from dilforge_coordinator.records import RunRecord, record_lock, running_owner
+from dilforge_coordinator.records import ArtifactStore, RunRecord, record_lock, running_owner
 from dilforge_shared.configs.base import validate_model
-from dilforge_shared.store.artifacts import ArtifactStore, publish
+from dilforge_shared.store.artifacts import publish
 from test_reliability import PublishingBackend, write_config
 from typer.testing import CliRunner
 

@@ -19,9 +19,10 @@ from dilforge_coordinator.backends.local import WORK_MARKER
 from dilforge_coordinator.cli import app
 from dilforge_coordinator.config import load_pipeline
 from dilforge_coordinator.integrity import check_artifact
+from dilforge_coordinator.records import ArtifactStore
 from dilforge_shared.errors import ConfigError, IntegrityError
 from dilforge_shared.manifest import MANIFEST_NAME, Manifest, current_producer
-from dilforge_shared.store.artifacts import ArtifactStore, fetch, publish
+from dilforge_shared.store.artifacts import fetch, publish
 from dilforge_shared.store.mirror import mirror_prefix
 from typer.testing import CliRunner
 

@@ -11,9 +11,10 @@ import pytest
 from dilforge_coordinator import pipeline as pl
 from dilforge_coordinator.cli import app
 from dilforge_coordinator.config import load_pipeline
+from dilforge_coordinator.records import ArtifactStore
 from dilforge_shared.errors import ManifestError, UnsafePathError
 from dilforge_shared.manifest import MANIFEST_NAME, Manifest, current_producer
-from dilforge_shared.store.artifacts import ArtifactStore, fetch, publish
+from dilforge_shared.store.artifacts import fetch, publish
 from dilforge_shared.store.backends import LocalStorage, S3Storage
 from test_reliability import PublishingBackend, write_config
 from typer.testing import CliRunner

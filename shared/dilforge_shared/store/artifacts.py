@@ -24,7 +24,7 @@ from ..manifest import (
     sha256_bytes,
     sha256_file,
 )
-from ..paths import check_name, check_relative_path, confined
+from ..paths import confined
 from ..settings import settings
 from .backends import NotFound, Storage, open_backend, read_uri_bytes
 
@@ -57,42 +57,6 @@ class Artifact:
 
     def ref(self, name: str) -> InputRef:
         return artifact_ref(name, self.uri, self.manifest)
-
-
-class ArtifactStore:
-    """Publish and fetch artifacts under a root URI: `<root>/artifacts/<stage>/<artifact_id>/`."""
-
-    def __init__(self, uri: str, endpoint_url: str | None = None):
-        self.uri = uri.rstrip("/")
-        self.endpoint_url = endpoint_url
-        self.backend = open_backend(self.uri, endpoint_url)
-
-    def artifact_uri(self, stage: str, artifact_id: str) -> str:
-        return f"{self.backend.uri}/artifacts/{check_name(stage, 'stage')}/{check_name(artifact_id, 'artifact id')}"
-
-    def relative(self, uri: str) -> str | None:
-        """`artifacts/<stage>/<id>` for a URI inside this store (what run records hold), else None."""
-        root = self.backend.uri.rstrip("/") + "/"
-        uri = uri.rstrip("/")
-        return uri[len(root) :] if uri.startswith(root) else None
-
-    def resolve(self, address: str) -> str:
-        """A run record's artifact address as a URI: relative ones are inside this store, wherever it now is."""
-        if "://" in address or address.startswith("/"):
-            return address
-        check_relative_path(address)
-        return f"{self.backend.uri}/{address}"
-
-    # ---- runs: small mutable records, unlike manifests -------------------------------------
-    def run_record_key(self, run_id: str) -> str:
-        return f"runs/{check_name(run_id, 'run id')}.json"
-
-    def write_run_record(self, run_id: str, data: bytes) -> None:
-        mark_store(self.backend)
-        self.backend.write_bytes(self.run_record_key(run_id), data)
-
-    def read_run_record(self, run_id: str) -> bytes:
-        return self.backend.read_bytes(self.run_record_key(run_id))
 
 
 def artifact_storage(artifact_uri: str, endpoint_url: str | None = None) -> Storage:
@@ -133,7 +97,7 @@ def publish(
     if not files:
         raise DilforgeError(f"{local_dir}: nothing to publish (empty output folder)")
     root, artifacts, _stage, _id = (artifact_uri.rstrip("/").rsplit("/", 3) + ["", "", ""])[:4]
-    if artifacts == "artifacts" and root:  # `<store>/artifacts/<stage>/<id>`, as ArtifactStore names it
+    if artifacts == "artifacts" and root:  # `<store>/artifacts/<stage>/<id>`, as the coordinator's ArtifactStore names it
         mark_store(open_backend(root, endpoint_url))
     data_dir = f"data-{uuid.uuid4().hex[:12]}"
     manifest = manifest.model_copy(update={"files": files, "data_dir": data_dir})
