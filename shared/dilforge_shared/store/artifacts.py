@@ -97,7 +97,8 @@ def publish(
     if not files:
         raise DilforgeError(f"{local_dir}: nothing to publish (empty output folder)")
     root, artifacts, _stage, _id = (artifact_uri.rstrip("/").rsplit("/", 3) + ["", "", ""])[:4]
-    if artifacts == "artifacts" and root:  # `<store>/artifacts/<stage>/<id>`, as the coordinator's ArtifactStore names it
+    # `<store>/artifacts/<stage>/<id>`, as the coordinator's ArtifactStore names it
+    if artifacts == "artifacts" and root:
         mark_store(open_backend(root, endpoint_url))
     data_dir = f"data-{uuid.uuid4().hex[:12]}"
     manifest = manifest.model_copy(update={"files": files, "data_dir": data_dir})
