@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import get_args
 
 import metrics_samples
 import pytest
@@ -14,8 +15,9 @@ from dilforge_coordinator.config import STAGE_CONFIGS, load_pipeline
 from dilforge_coordinator.integrity import check_artifact
 from dilforge_coordinator.schemas import schemas
 from dilforge_shared import stages
-from dilforge_shared.configs.base import IDENTITY_KEY, run_only_paths
+from dilforge_shared.configs.base import IDENTITY_KEY, is_run_only
 from dilforge_shared.store.artifacts import fetch
+from pydantic import BaseModel
 from test_coordinator import InProcessBackend, write_config
 
 # The decision for every stage config field, in one list per stage: these are run-only (they change how, where
@@ -70,6 +72,25 @@ RUN_ONLY = {
         "text_sets.name",
     ],
 }
+
+
+def run_only_paths(model: type[BaseModel], prefix: str = "") -> list[str]:
+    """Dotted paths of every run-only field of a config class, nested models included."""
+    out = []
+    for name, info in model.model_fields.items():
+        path = f"{prefix}{name}"
+        if is_run_only(info):
+            out.append(path)
+            continue
+        for sub in _model_types(info.annotation):
+            out += run_only_paths(sub, f"{path}.")
+    return sorted(set(out))
+
+
+def _model_types(annotation) -> list[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [t for arg in get_args(annotation) for t in _model_types(arg)]
 
 
 @pytest.mark.parametrize("stage", list(STAGE_CONFIGS))

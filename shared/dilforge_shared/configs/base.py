@@ -58,27 +58,6 @@ def identity_view(value):
     return to_jsonable_python(value)
 
 
-def run_only_paths(model: type[BaseModel], prefix: str = "") -> list[str]:
-    """Dotted paths of every run-only field of a config class, nested models included (docs, tests)."""
-    out = []
-    for name, info in model.model_fields.items():
-        path = f"{prefix}{name}"
-        if is_run_only(info):
-            out.append(path)
-            continue
-        for sub in _model_types(info.annotation):
-            out += run_only_paths(sub, f"{path}.")
-    return sorted(set(out))
-
-
-def _model_types(annotation) -> list[type[BaseModel]]:
-    from typing import get_args
-
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return [annotation]
-    return [t for arg in get_args(annotation) for t in _model_types(arg)]
-
-
 def _numbers_only(annotation) -> bool:
     """Whether a field's type admits int or float and no boolean (through Annotated, Optional and unions)."""
     from typing import Annotated, Any, Literal, Union, get_args, get_origin
