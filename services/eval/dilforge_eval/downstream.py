@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
 
 from dilforge_shared.configs.eval import SIB_LABELS, DownstreamTasks, MultipleChoiceTask
 from dilforge_shared.errors import InputError
+from dilforge_shared.metrics.eval import DownstreamTask
+from pydantic import Field
 
 from .task_rows import instruction_rows, mc_rows, sib_rows
 
@@ -24,23 +25,10 @@ PREFIX = "dilforge_"
 LANGUAGE_NAMES = {"az": "Azerbaijani", "en": "English"}
 
 
-@dataclass
-class TaskSpec:
-    """One lm-eval task the stage wrote: what it measures, in which language, and its chance level."""
+class TaskSpec(DownstreamTask):
+    """One lm-eval task the stage wrote, under its report key (e.g. "sib200/az/5-shot"); published without it."""
 
-    key: str  # report key, e.g. "sib200/az/5-shot"
-    task: str  # lm-eval task name
-    kind: str  # sib200 | translation | instruction | multiple_choice
-    language: str  # language of what is scored (target language for translation)
-    row: str  # headline row; the language is the column
-    metrics: list[str]
-    headline_metrics: list[str]
-    num_examples: int
-    num_fewshot: int = 0
-    chat: bool = False
-    chance: dict[str, float] = field(default_factory=dict)  # metric -> chance / trivial-baseline value
-    chance_note: str = ""
-    source: str = ""
+    key: str = Field(exclude=True)
 
 
 # ----------------------------------------------------------------------------------------- task folder

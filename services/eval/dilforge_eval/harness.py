@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import asdict
 from pathlib import Path
 
 from dilforge_shared.configs.eval import DownstreamTasks
@@ -136,7 +135,7 @@ def metrics_header(
         ),
         task_dir=task_dir.name,
         commands=commands,
-        tasks={s.key: DownstreamTask(**{k: v for k, v in asdict(s).items() if k != "key"}) for s in specs},
+        tasks={s.key: DownstreamTask(**s.model_dump()) for s in specs},
         results={},
         seconds={},
     )

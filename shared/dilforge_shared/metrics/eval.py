@@ -21,12 +21,12 @@ class HarnessInfo(Metrics):
 
 
 class DownstreamTask(Metrics):
-    """One lm-eval task the stage wrote (services/eval downstream.TaskSpec, less its key)."""
+    """One lm-eval task the stage wrote: what it measures, in which language, and its chance level."""
 
-    task: str
-    kind: str
-    language: str
-    row: str
+    task: str  # lm-eval task name
+    kind: str  # sib200 | translation | instruction | multiple_choice
+    language: str  # language of what is scored (target language for translation)
+    row: str  # headline row; the language is the column
     metrics: list[str]
     headline_metrics: list[str]
     num_examples: int
