@@ -245,7 +245,9 @@ def test_run_all_submits_jobs_and_chains_manifests(aws_env, tmp_path):
         assert cpt_req["AlgorithmSpecification"]["TrainingImage"] == image.format("cpt")
         manifest, _ = read_manifest(produced["cpt"])
         assert manifest.stage == "cpt" and manifest.run_id == "moto-run"
-        described = backend.clients["sagemaker"].describe_training_job(TrainingJobName=cpt_req["TrainingJobName"])
+        described = (
+            backend.session().client("sagemaker").describe_training_job(TrainingJobName=cpt_req["TrainingJobName"])
+        )
         assert described["RoleArn"] == ROLE
         assert any("submitted training job" in line for line in out)
 

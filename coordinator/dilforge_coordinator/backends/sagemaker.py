@@ -621,13 +621,12 @@ def offline_boto_session(region: str):
 
 @dataclass
 class SageMakerBackend:
-    """`--backend sagemaker`. clients: boto3 clients by service name (default: from `boto_session`, made from the
-    config's region); the SDK submits and waits through `boto_session` too."""
+    """`--backend sagemaker`: the SDK submits and waits through `boto_session` (default: made from the config's
+    region)."""
 
     config: SageMakerConfig | None = None
     dry_run: bool = False
     images: dict[str, str] = field(default_factory=dict)
-    clients: dict[str, Any] = field(default_factory=dict)
     boto_session: Any = None
     stream_logs: bool = True
     out: Callable[[str], None] = print
@@ -658,11 +657,6 @@ class SageMakerBackend:
             self.boto_session = boto3.Session(region_name=self.config.region)
             record_requests(self.boto_session, self.requests)
         return self.boto_session
-
-    def client(self, name: str):
-        if name not in self.clients:
-            self.clients[name] = self.session().client(name)
-        return self.clients[name]
 
     def image(self, stage: str) -> str:
         """By digest: the config's `images`, else what `coordinator images push` recorded."""
@@ -714,7 +708,7 @@ class SageMakerBackend:
         """A job of this artifact still running (attach to it instead of submitting a second one), or None."""
         base = job_base_name(self.config.job_name_prefix, job.stage, job.artifact_id)
         pattern = re.compile(re.escape(base) + r"-[0-9]+")
-        for page in self.client("sagemaker").get_paginator("list_training_jobs").paginate(NameContains=base):
+        for page in self.session().client("sagemaker").get_paginator("list_training_jobs").paginate(NameContains=base):
             for summary in page["TrainingJobSummaries"]:
                 if pattern.fullmatch(summary["TrainingJobName"]) and summary["TrainingJobStatus"] in (
                     "InProgress",
