@@ -99,12 +99,13 @@ def test_one_rank_step_matches_the_old_fsdp_step(monkeypatch):
     assert all(not torch.equal(initial[n], full(p)) for n, p in new.named_parameters())  # both steps trained
 
 
-def test_auto_micro_batch_from_the_memory_estimate():
+def test_auto_micro_batch_and_checkpointing_from_the_memory_estimate():
     """Llama-3.2-1B at seq 2048 with 140 GB free: 20.7 GiB of model state, 2.1 GiB of activations per
     sequence plus 2.4 GiB of logits without the fused loss: 19 sequences fit -> 16 of a 256-sequence batch;
-    with FLCE (Liger on CUDA) 42 fit -> 32. CPU: at most 8. A set number is kept."""
+    with FLCE (Liger on CUDA) 42 fit -> 32. CPU: at most 8. A set number is kept. Checkpointing auto turns on
+    only where the micro-batch does not fit without it."""
     from dilforge_cpt.runtime import Runtime
-    from dilforge_cpt.sharding import resolve_micro_batch
+    from dilforge_cpt.sharding import resolve_memory
     from dilforge_shared.configs.cpt import CptConfig
     from transformers import LlamaConfig
 
@@ -130,10 +131,14 @@ def test_auto_micro_batch_from_the_memory_estimate():
         )
 
     gpu = Runtime(device=torch.device("cuda", 0), world=1, dtype=torch.bfloat16)
-    plain, why = resolve_micro_batch(cfg(liger="off"), gpu, shape, free_bytes=140e9)
-    assert plain == 16 and "memory estimate" in why and "-> 19 fit" in why
-    fused, _ = resolve_micro_batch(cfg(liger="auto"), gpu, shape, free_bytes=140e9)
-    assert fused == 32
-    assert resolve_micro_batch(cfg(), Runtime(), shape)[0] == 8
-    assert resolve_micro_batch(cfg(micro_batch_size=4), gpu, shape)[0] == 4
+    plain, recompute, why = resolve_memory(cfg(liger="off"), gpu, shape, free_bytes=140e9)
+    assert (plain, recompute) == (16, False) and "memory estimate" in why and "-> 19 fit" in why
+    assert resolve_memory(cfg(liger="auto"), gpu, shape, free_bytes=140e9)[:2] == (32, False)
+    assert resolve_memory(cfg(), Runtime(), shape)[:2] == (8, False)
+    assert resolve_memory(cfg(micro_batch_size=4), gpu, shape)[:2] == (4, False)
+    auto = {"liger": "off", "activation_checkpointing": "auto"}
+    assert resolve_memory(cfg(**auto), gpu, shape, free_bytes=140e9)[:2] == (16, False)  # 19 fit without
+    assert resolve_memory(cfg(**auto, micro_batch_size=32), gpu, shape, free_bytes=140e9)[:2] == (32, True)
+    assert resolve_memory(cfg(**auto), gpu, shape, free_bytes=28e9)[:2] == (1, True)  # not one sequence without
+    assert resolve_memory(cfg(**auto), Runtime(), shape)[:2] == (8, False)  # CPU: no estimate
     assert cfg().micro_batch_size == "auto"

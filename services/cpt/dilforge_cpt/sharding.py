@@ -58,46 +58,63 @@ def apply_liger(model, config: CptConfig, rt: Runtime) -> list[str]:
 CPU_MAX_MICRO_BATCH = 8  # CPU memory is not the limit; past a few sequences a bigger batch buys no speed
 
 
-def resolve_micro_batch(
+def resolve_memory(
     config: CptConfig, rt: Runtime, model_config, free_bytes: float | None = None
-) -> tuple[int, str]:
-    """micro_batch_size: auto -> (the largest divisor of global_batch_size / processes that fits, why).
+) -> tuple[int, bool, str]:
+    """(micro_batch_size, activation checkpointing, why) from the settings and, where one is `auto`, the memory
+    estimate (`runtime_policy.training_bytes`).
 
-    CUDA: free device memory (less 15 % for the allocator's fragmentation and the step's transients)
-    after the model state, over one sequence's activations (`runtime_policy.training_bytes`). CPU: at most 8."""
-    if config.micro_batch_size != "auto":
-        return config.micro_batch_size, "set by cpt.micro_batch_size"
-    if config.global_batch_size % rt.world:
+    CUDA: what fits is free device memory (less 15 % for the allocator's fragmentation and the step's transients)
+    after the model state, over one sequence's activations. Checkpointing `auto` is on only when the micro-batch
+    (at least one sequence) does not fit without it; micro_batch_size `auto` is the largest divisor of
+    global_batch_size / processes that fits. CPU: no estimate (memory is not the limit): auto is off, and at most
+    8 sequences."""
+    micro, checkpointing = config.micro_batch_size, config.activation_checkpointing
+    if micro == "auto" and config.global_batch_size % rt.world:
         raise ConfigError(
             f"cpt.global_batch_size ({config.global_batch_size}) must be a multiple of the "
             f"number of processes ({rt.world})"
         )
     per_rank = config.global_batch_size // rt.world
     divisors = [d for d in range(1, per_rank + 1) if per_rank % d == 0]
-    if not rt.cuda:
+    if "auto" not in (micro, checkpointing) or not rt.cuda:
+        if micro != "auto":
+            return micro, checkpointing == "on", "set by cpt.micro_batch_size"
         best = max(d for d in divisors if d <= CPU_MAX_MICRO_BATCH)
-        return best, f"auto on CPU: the largest divisor of {per_rank} sequences per process up to {CPU_MAX_MICRO_BATCH}"
+        why = f"auto on CPU: the largest divisor of {per_rank} sequences per process up to {CPU_MAX_MICRO_BATCH}"
+        return best, checkpointing == "on", why
     if free_bytes is None:
         free_bytes = float(torch.cuda.mem_get_info(rt.device)[0])
     fused = (
         runtime_policy.choose_liger(config.liger, rt.device.type, model_config.model_type)
         and liger_kernels(config)["fused_linear_cross_entropy"]
     )
-    state, per_seq = runtime_policy.training_bytes(
-        model_config,
-        config.seq_len,
-        full=True,
-        bf16=rt.dtype == torch.bfloat16,
-        world=rt.world,
-        checkpointing=config.activation_checkpointing == "on",
-        fused_loss=fused,
+
+    def fits(recompute: bool) -> tuple[int, float, float]:
+        state, per_seq = runtime_policy.training_bytes(
+            model_config,
+            config.seq_len,
+            full=True,
+            bf16=rt.dtype == torch.bfloat16,
+            world=rt.world,
+            checkpointing=recompute,
+            fused_loss=fused,
+        )
+        return max(int((0.85 * free_bytes - state) // per_seq), 0), state, per_seq
+
+    recompute = checkpointing == "on" or (
+        checkpointing == "auto" and fits(False)[0] < (1 if micro == "auto" else micro)
     )
-    fits = int((0.85 * free_bytes - state) // per_seq)
-    best = max([d for d in divisors if d <= fits], default=1)
-    return best, (
-        f"auto from the memory estimate: {free_bytes / 2**30:.0f} GiB free, {state / 2**30:.1f} GiB model "
-        f"state, {per_seq / 2**30:.2f} GiB per sequence -> {max(fits, 0)} fit; largest divisor of "
-        f"{per_rank}: {best}"
+    count, state, per_seq = fits(recompute)
+    best = micro if micro != "auto" else max([d for d in divisors if d <= count], default=1)
+    return (
+        best,
+        recompute,
+        (
+            f"from the memory estimate: {free_bytes / 2**30:.0f} GiB free, {state / 2**30:.1f} GiB model state, "
+            f"{per_seq / 2**30:.2f} GiB per sequence {'with' if recompute else 'without'} activation checkpointing "
+            f"-> {count} fit; micro-batch {best} of {per_rank} sequences per process"
+        ),
     )
 
 
@@ -112,7 +129,7 @@ def fsdp_options(rt: Runtime) -> dict:
 def shard_model(model, config: CptConfig, rt: Runtime):
     """Activation checkpointing → torch.compile per layer → FSDP2 (per layer, then root) when rt.fsdp."""
     model.config.use_cache = False
-    if config.activation_checkpointing == "on":  # auto = off: CPT has no memory estimate
+    if config.activation_checkpointing == "on":  # auto is resolved before (resolve_memory)
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     layers = model.model.layers
     if config.compile:

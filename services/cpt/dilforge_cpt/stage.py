@@ -52,7 +52,7 @@ from .model_init import initialise, kept_row_mask, load_model, locate_base_model
 from .reporting import MetricsLog, flops_per_token, peak_flops
 from .resumable import TrainingModel, register_resumables
 from .runtime import Runtime, init_runtime, shutdown
-from .sharding import apply_liger, resolve_micro_batch, save_hf_model, shard_model
+from .sharding import apply_liger, resolve_memory, save_hf_model, shard_model
 from .validation import bpb_by_set, evaluate, window_and_stride
 
 log = logging.getLogger("dilforge.cpt")
@@ -238,10 +238,12 @@ def train_in_process(config: CptConfig, ctx: StageContext, rt: Runtime) -> dict:
     # the model: base (or scratch) → transplant → step-0 BPB and leakage
     base = locate_base_model(config, ctx, rt)
     model, pending, transplant_report = load_model(config, base, tok, ids, rt)
-    micro_batch, micro_reason = resolve_micro_batch(config, rt, model.config)
+    micro_batch, checkpointing, memory_reason = resolve_memory(config, rt, model.config)
     if rt.is_main:
-        log.info("micro_batch_size %d (%s)", micro_batch, micro_reason)
-    config = config.model_copy(update={"micro_batch_size": micro_batch})
+        log.info("micro_batch_size %d, activation checkpointing %s (%s)", micro_batch, checkpointing, memory_reason)
+    config = config.model_copy(
+        update={"micro_batch_size": micro_batch, "activation_checkpointing": "on" if checkpointing else "off"}
+    )
     grad_accum = derive_grad_accum(config, rt.world)
     probe = None
     if pending is not None and config.measure_leakage:
@@ -272,6 +274,7 @@ def train_in_process(config: CptConfig, ctx: StageContext, rt: Runtime) -> dict:
     derived = {
         "world_size": rt.world,
         "micro_batch_size": micro_batch,
+        "activation_checkpointing": checkpointing,
         "grad_accum_steps": grad_accum,
         "global_batch_sequences": config.global_batch_size,
         "global_batch_tokens": tokens_per_step,

@@ -97,9 +97,9 @@ class Checkpointing(StrictModel):
     activation_checkpointing: Switch = Field(
         json_schema_extra=RUN_ONLY,
         default="off",
-        description="Recompute layer activations in backward to save memory (~25-30 % slower). auto: SFT turns it on "
-        "when its memory estimate exceeds memory_budget_fraction of the device's memory; CPT has no estimate and "
-        "treats auto as off. YAML true/false mean on/off.",
+        description="Recompute layer activations in backward to save memory (~25-30 % slower). auto: on where the "
+        "memory estimate says training does not fit without it (SFT: memory_budget_fraction of the device's memory; "
+        "CPT: the micro-batch in free GPU memory; off on CPU). YAML true/false mean on/off.",
     )
 
 
