@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 def corpus_lines(data: Path, config: Path, list_weight: float | None = None, recase: bool | None = None) -> Counter:
     """The preset's training lines with how often each is fed; `list_weight`/`recase` override those of its
     word_counts sources (for the sensitivity rows)."""
-    from dilforge_shared.configs.tokenizer import TokenizerConfig
+    from dilforge_tokenizer.config import TokenizerConfig
     from dilforge_tokenizer.stream import CorpusStream
 
     text = config.read_text().replace("${DILFORGE_DATA}", str(data))

@@ -7,8 +7,13 @@ WORKDIR /opt/dilforge
 COPY docker/requirements-coordinator.lock docker/pip-install.sh /opt/dilforge/
 RUN --mount=type=secret,id=ca_bundle --mount=type=cache,target=/root/.cache/pip \
     sh /opt/dilforge/pip-install.sh -r /opt/dilforge/requirements-coordinator.lock
+# The stage packages without their dependencies: the coordinator validates every stage's config section
+# (`dilforge_<stage>.config`, pydantic and dilforge_shared only) and never runs a stage here.
 RUN --mount=type=bind,source=shared,target=/src/shared,rw --mount=type=bind,source=coordinator,target=/src/coordinator,rw \
+    --mount=type=bind,source=services,target=/src/services,rw \
     python3 -m pip install --no-deps --no-build-isolation --no-cache-dir /src/shared /src/coordinator \
-    && coordinator --help >/dev/null
+        /src/services/curate /src/services/tokenizer /src/services/cpt /src/services/sft /src/services/eval \
+    && coordinator --help >/dev/null \
+    && python3 -c "import dilforge_coordinator.config, sys; assert 'torch' not in sys.modules"
 ENTRYPOINT ["coordinator"]
 CMD ["--help"]

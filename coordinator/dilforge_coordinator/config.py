@@ -14,10 +14,10 @@ from dilforge_shared.configs.curate import CurateConfig
 from dilforge_shared.configs.eval import EvalConfig
 from dilforge_shared.configs.model import ModelConfig
 from dilforge_shared.configs.sft import SftConfig
-from dilforge_shared.configs.tokenizer import TokenizerConfig
 from dilforge_shared.errors import ConfigError
 from dilforge_shared.settings import is_secret_name
 from dilforge_shared.stages import StageName
+from dilforge_tokenizer.config import TokenizerConfig
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from .cloud import SageMakerConfig

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from dilforge_coordinator.config import STAGE_CONFIGS
 from dilforge_shared import stages
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -119,10 +120,10 @@ def test_an_edit_changes_exactly_the_versions_of_the_stages_that_import_it(tree)
 
 
 def test_a_stage_loads_its_own_config_section_and_no_coordinator_code():
-    sections = {f"dilforge_shared.configs.{stage}" for stage in stages.STAGES}
+    sections = {config.__module__ for config in STAGE_CONFIGS.values()}
     for stage, entry in stages.STAGE_MODULES.items():
         modules = set(stages.module_closure(entry))
-        assert modules & sections == {f"dilforge_shared.configs.{stage}"}, stage
+        assert modules & sections == {STAGE_CONFIGS[stage].__module__}, stage
         assert not [m for m in modules if m.startswith("dilforge_coordinator")], stage
     for stage in ("curate", "tokenizer", "eval"):  # no library internals used: the door is not on the path
         assert "dilforge_shared.compat" not in stages.module_closure(stages.STAGE_MODULES[stage])

@@ -221,9 +221,9 @@ def test_a_damaged_run_record_is_one_line_for_status_and_gc_and_set_aside_by_the
 
 
 def test_an_input_name_that_would_climb_out_of_the_channel_folder_is_refused():
-    from dilforge_shared.configs.tokenizer import TokenizerConfig
     from dilforge_shared.contract import parse_hyperparameters
     from dilforge_shared.errors import ConfigError
+    from dilforge_tokenizer.config import TokenizerConfig
 
     hp = {
         "stage_config": json.dumps({"strategy": "replace", "corpora": [{"uri": "/c.txt"}], "vocab_sizes": [1000]}),

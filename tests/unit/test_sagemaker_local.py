@@ -304,8 +304,8 @@ def test_an_uploaded_copy_gets_the_local_inputs_artifact_id(monkeypatch, tmp_pat
     import boto3
     import moto
     from dilforge_shared.configs.base import validate_model
-    from dilforge_shared.configs.tokenizer import TokenizerConfig
     from dilforge_shared.identity import artifact_id, config_refs
+    from dilforge_tokenizer.config import TokenizerConfig
 
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")

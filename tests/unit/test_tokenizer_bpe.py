@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import factories
 import pytest
-from dilforge_shared.configs.tokenizer import TokenizerConfig
 from dilforge_shared.families import LLAMA3
 from dilforge_tokenizer import base as base_tok
 from dilforge_tokenizer import bpe, family_out, llama3
+from dilforge_tokenizer.config import TokenizerConfig
 from dilforge_tokenizer.report import select
 from pydantic import ValidationError
 

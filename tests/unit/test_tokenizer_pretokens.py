@@ -7,8 +7,8 @@ import os
 from collections import Counter
 
 import pytest
-from dilforge_shared.configs.tokenizer import CorpusSource
 from dilforge_tokenizer import bpe, llama3, pretokens
+from dilforge_tokenizer.config import CorpusSource
 from dilforge_tokenizer.stream import CorpusStream
 
 LINES = [f"söz{i % 97} kitab{i % 13}lar, {i % 7} Bakı şəhəri {'ə' * (i % 5)}x" for i in range(3000)]
@@ -77,7 +77,7 @@ def test_a_counting_process_killed_by_sigkill_leaves_no_worker_behind(tmp_path):
     path.write_text("\n".join(LINES) + "\n", encoding="utf-8")
     script = f"""
 import time
-from dilforge_shared.configs.tokenizer import CorpusSource
+from dilforge_tokenizer.config import CorpusSource
 from dilforge_tokenizer import llama3, pretokens
 from dilforge_tokenizer.stream import CorpusStream
 pretokens._count_batch = lambda *_: time.sleep(600)  # workers busy when the counting process is killed

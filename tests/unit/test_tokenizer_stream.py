@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 from dilforge_shared.configs.base import DataSource
-from dilforge_shared.configs.tokenizer import CorpusSource
 from dilforge_shared.errors import InputError
 from dilforge_tokenizer import pretokens
+from dilforge_tokenizer.config import CorpusSource
 from dilforge_tokenizer.stream import CorpusStream
 from tokenizers import Tokenizer, models, pre_tokenizers
 
@@ -181,7 +181,7 @@ def test_bad_word_count_line_names_file_and_line(tmp_path, line):
 
 def test_word_counts_are_a_tokenizer_corpus_format_only():
     from dilforge_shared.configs.cpt import CptConfig
-    from dilforge_shared.configs.tokenizer import TokenizerConfig
+    from dilforge_tokenizer.config import TokenizerConfig
     from pydantic import ValidationError
 
     TokenizerConfig(corpora=[{"uri": "freq.txt", "format": "word_counts"}])

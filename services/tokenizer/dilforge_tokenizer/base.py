@@ -8,12 +8,13 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from dilforge_shared.configs.tokenizer import TokenizerConfig
 from dilforge_shared.contract import StageContext
 from dilforge_shared.errors import ConfigError, InputError
 from dilforge_shared.families import Family, detect_family
 from dilforge_shared.models import TOKENIZER_FILES, choose, resolve
 from tokenizers import Tokenizer
+
+from .config import TokenizerConfig
 
 
 def load(folder: Path, uri: str, parse_json: bool = True) -> tuple[Tokenizer, dict | None]:

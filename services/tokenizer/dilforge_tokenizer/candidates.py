@@ -14,12 +14,12 @@ import statistics
 from collections import Counter
 from dataclasses import dataclass, field
 
-from dilforge_shared.configs.tokenizer import TokenizerConfig
 from dilforge_shared.families import LLAMA3, Family
 from tokenizers import Tokenizer
 
 from . import audit, bpe, continued, family_out
 from .base import Base
+from .config import TokenizerConfig
 
 log = logging.getLogger("dilforge.tokenizer")
 

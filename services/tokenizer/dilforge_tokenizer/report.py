@@ -3,7 +3,6 @@ comparison.md."""
 
 from __future__ import annotations
 
-from dilforge_shared.configs.tokenizer import TokenizerConfig
 from dilforge_shared.corpus import iter_texts
 from dilforge_shared.errors import InputError
 from dilforge_shared.metrics.tokenizer import StrategyRow
@@ -13,6 +12,7 @@ from tokenizers import Tokenizer
 
 from . import bpe
 from .candidates import Candidate
+from .config import TokenizerConfig
 
 
 def measure_sets(tok: Tokenizer, sets: dict[str, list[str]]) -> dict[str, dict]:

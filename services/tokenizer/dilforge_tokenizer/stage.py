@@ -15,7 +15,6 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from dilforge_shared.configs.tokenizer import TokenizerConfig
 from dilforge_shared.contract import StageContext, StageResult, log_config
 from dilforge_shared.errors import InputError
 from dilforge_shared.families import LLAMA3, Family
@@ -33,6 +32,7 @@ from .candidates import (
     prune_and_refill,
     replace_candidates,
 )
+from .config import TokenizerConfig
 from .family_out import verify_output
 from .report import (
     comparison_rows,
