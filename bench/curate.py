@@ -115,7 +115,7 @@ MAX_CHARS: dict = {}  # language_id.max_chars when --max-chars is given
 
 def run_stage(inp: Path, work: Path, tasks: int, workers: int) -> dict:
     from dilforge_curate import report, stage
-    from dilforge_shared.configs.curate import CurateConfig
+    from dilforge_curate.config import CurateConfig
 
     config = CurateConfig(
         corpora=[{"uri": str(inp), "name": "web"}],
@@ -141,9 +141,9 @@ def run_plain(inp: Path, work: Path, tasks: int, workers: int) -> dict:
     from datatrove.pipeline.readers import JsonlReader
     from datatrove.pipeline.writers import JsonlWriter
     from datatrove.utils.hashing import HashConfig
+    from dilforge_curate.config import CurateConfig
     from dilforge_curate.stage import datatrove_console
     from dilforge_curate.steps import LinguaFilter, WordSplitter
-    from dilforge_shared.configs.curate import CurateConfig
 
     q = CurateConfig(corpora=[{"uri": "x"}]).quality
     words = WordSplitter()
@@ -192,7 +192,7 @@ def run_plain(inp: Path, work: Path, tasks: int, workers: int) -> dict:
 def step_costs(source: str, size: int) -> None:
     """CPU seconds per MB of each filter-phase step, each run over the documents the step before it kept."""
     from dilforge_curate import stage
-    from dilforge_shared.configs.curate import CurateConfig
+    from dilforge_curate.config import CurateConfig
 
     config = CurateConfig(corpora=[{"uri": source, "name": "web"}], output={"num_shards": 1}, language_id=MAX_CHARS)
     work = Path("/tmp/dilforge-bench-curate-steps")

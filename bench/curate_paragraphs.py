@@ -107,7 +107,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, default=Path(os.environ.get("DILFORGE_DATA", ROOT.parent / "shared/data")))
     args = ap.parse_args()
-    from dilforge_shared.configs.curate import CurateConfig
+    from dilforge_curate.config import CurateConfig
 
     print(describe("datatrove", "lingua-language-detector"))
     sets = corpus(args.data)

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from dilforge_curate.config import CurateConfig
 from dilforge_shared.configs.base import StageConfig, StrictModel, validate_model
 from dilforge_shared.configs.cpt import CptConfig
-from dilforge_shared.configs.curate import CurateConfig
 from dilforge_shared.configs.eval import EvalConfig
 from dilforge_shared.configs.model import ModelConfig
 from dilforge_shared.configs.sft import SftConfig

@@ -188,8 +188,8 @@ def two_hosts(curated, tmp_path):
     """`process(host, *args)`: start `python -m dilforge_curate process ARGS` as host algo-1 or algo-2 of a job of
     two, as a SageMaker Processing container would (the run's config as hyperparameters, resourceconfig.json);
     also the local run's manifest and the artifact folder the hosts publish to."""
+    from dilforge_curate.config import CurateConfig
     from dilforge_shared.configs.base import validate_model
-    from dilforge_shared.configs.curate import CurateConfig
     from dilforge_shared.contract import build_hyperparameters
     from dilforge_shared.opt_ml import OPT_ML_ENV, OptMl
 
@@ -362,7 +362,7 @@ def test_kill_9_of_the_stage_or_the_coordinator_then_reruns_publish_the_whole_co
 def _stage_run(tmp_path: Path, source: Path, num_shards: int = 4):
     """The stage's phases in this process, as `stage.run` does, into `tmp_path/work` (no coordinator)."""
     from dilforge_curate import stage
-    from dilforge_shared.configs.curate import CurateConfig
+    from dilforge_curate.config import CurateConfig
 
     config = CurateConfig(
         corpora=[{"uri": str(source), "name": "web"}], output={"num_shards": num_shards}, num_workers=1

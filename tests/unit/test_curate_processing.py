@@ -80,8 +80,8 @@ def test_local_mode_stop_of_a_waiting_host_is_a_failure_only_while_tasks_are_unf
     import signal
     import threading
 
+    from dilforge_curate.config import CurateConfig
     from dilforge_curate.stage import Stopped, _stop, num_tasks, wait_for_other_hosts
-    from dilforge_shared.configs.curate import CurateConfig
 
     config = CurateConfig.model_validate({"corpora": [{"uri": "s3://bkt/raw/web/", "name": "web"}]})
     marks = tmp_path / "logs" / "write" / "completions"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from dilforge_curate import report, stage
-from dilforge_shared.configs.curate import CurateConfig
+from dilforge_curate.config import CurateConfig
 from dilforge_shared.errors import DilforgeError
 
 

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pytest
 from datatrove.data import Document
 from dilforge_curate import report
+from dilforge_curate.config import CurateConfig
 from dilforge_curate.steps import LinguaFilter
-from dilforge_shared.configs.curate import CurateConfig
 
 # written for this test: Turkish news sentences, one naming an Azerbaijani (Əliyev)
 TURKISH = [

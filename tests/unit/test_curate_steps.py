@@ -1,4 +1,4 @@
-"""The curate stage's own datatrove steps and its config (services/curate steps.py, configs/curate.py)."""
+"""The curate stage's own datatrove steps and its config (services/curate steps.py, config.py)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from datatrove.data import Document
 from dilforge_coordinator.config import PipelineConfig
+from dilforge_curate.config import CurateConfig
 from dilforge_curate.steps import ContactRedactor, LinguaFilter, Normaliser, WordSplitter, luhn_ok
 from dilforge_shared.configs.base import validate_model
-from dilforge_shared.configs.curate import CurateConfig
 from dilforge_shared.errors import ConfigError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))

@@ -188,7 +188,7 @@ def test_the_curate_report_and_data_card_are_written_through_redact(tmp_path, mo
     """A config that bypassed loading (built in code) and an example of removed text holding secrets: neither the
     card nor the report writes them."""
     from dilforge_curate import report
-    from dilforge_shared.configs.curate import CurateConfig
+    from dilforge_curate.config import CurateConfig
 
     monkeypatch.setenv("ACME_PASSWORD", "pa55-w0rd-value")
     config = CurateConfig.model_validate(

@@ -13,10 +13,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from dilforge_shared.configs.curate import CurateConfig
 from dilforge_shared.contract import stage_main
 from dilforge_shared.opt_ml import OPT_ML_ENV, OptMl
 
+from .config import CurateConfig
 from .stage import PHASES, Folders, publish_phases, run, run_phase
 
 PROCESSING_RESOURCES = "/opt/ml/config/resourceconfig.json"  # where SageMaker Processing lists the hosts

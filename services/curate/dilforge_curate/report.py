@@ -8,11 +8,12 @@ from collections import Counter
 from pathlib import Path
 
 from datatrove.data import Document
-from dilforge_shared.configs.curate import CurateConfig
 from dilforge_shared.errors import InputError
-from dilforge_shared.metrics.curate import CurateMetrics, CurateStep, Redacted, SourceCount
 from dilforge_shared.settings import redact
 from tabulate import tabulate
+
+from .config import CurateConfig
+from .metrics import CurateMetrics, CurateStep, Redacted, SourceCount
 
 # (key, a unique part of the datatrove step's name, what it removes), in pipeline order
 STEPS = (

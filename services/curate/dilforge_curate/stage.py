@@ -20,12 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from datatrove.executor import LocalPipelineExecutor
-from dilforge_shared.configs.curate import CurateConfig
 from dilforge_shared.contract import StageContext, StageResult, log_config
 from dilforge_shared.errors import DilforgeError, InputError
 from dilforge_shared.processes import die_with_parent
 
 from . import report
+from .config import CurateConfig
 from .steps import (
     ContactRedactor,
     EmptyFilter,

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from typing import Annotated, ClassVar, Literal
 
+from dilforge_shared.configs.base import RUN_ONLY, DataSource, StageConfig, StrictModel, check_unique_labels
+from dilforge_shared.configs.language import LanguageConfig, LinguaCode
+from dilforge_shared.families import control_token_in
 from pydantic import Field, field_validator, model_validator
 
-from ..families import control_token_in
-from ..metrics.curate import CurateMetrics
-from .base import RUN_ONLY, DataSource, StageConfig, StrictModel, check_unique_labels
-from .language import LanguageConfig, LinguaCode
+from .metrics import CurateMetrics
 
 # FineWeb-2's Azerbaijani stop words (configs/azj_Latn.yml)
 AZ_STOPWORDS = (
