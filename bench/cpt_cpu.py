@@ -114,8 +114,8 @@ def main() -> int:
     os.environ.setdefault("DILFORGE_LOG_LEVEL", "WARNING")
 
     from dilforge_cpt import data, stage
+    from dilforge_cpt.config import CptConfig
     from dilforge_shared.configs.base import DataSource
-    from dilforge_shared.configs.cpt import CptConfig
     from dilforge_shared.corpus import iter_texts
 
     print(f"# cpt_cpu  {hardware.describe('transformers')}")

@@ -32,9 +32,9 @@ def main() -> None:
     import torch
     import yaml
     from dilforge_eval import downstream, harness
+    from dilforge_eval.config import DownstreamTasks
     from dilforge_eval.resolve import eval_model, load_model
     from dilforge_eval.texts import read_parallel
-    from dilforge_shared.configs.eval import DownstreamTasks
 
     raw = args.config.read_text().replace("${DILFORGE_DATA}", args.data)
     tasks = DownstreamTasks.model_validate(yaml.safe_load(raw)["eval"]["tasks"])

@@ -230,7 +230,7 @@ def model_shape(tiny: bool):
 
 def stage_config(args, variant: str, checkpointing: bool, batch: int = 1):
     """The CPT stage config of one point: only what the training step reads is meaningful."""
-    from dilforge_shared.configs.cpt import CptConfig
+    from dilforge_cpt.config import CptConfig
 
     return CptConfig.model_validate(
         {

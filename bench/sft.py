@@ -49,8 +49,8 @@ def section(data: Path, model_dir: Path | None, steps: int) -> dict:
 
 
 def run_stage(data: Path, model_dir: Path, steps: int, work: Path) -> float:
+    from dilforge_sft.config import SftConfig
     from dilforge_sft.stage import run
-    from dilforge_shared.configs.sft import SftConfig
     from dilforge_shared.contract import build_hyperparameters, stage_main
     from dilforge_shared.opt_ml import OPT_ML_ENV, OptMl
     from dilforge_shared.store.artifacts import fetch

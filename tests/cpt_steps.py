@@ -19,7 +19,7 @@ def train_step(model, optimizer, batches, rt, max_grad_norm, row_masks=()) -> tu
 def tiny(device):
     import torch
     from dilforge_cpt import optim
-    from dilforge_shared.configs.cpt import CptConfig
+    from dilforge_cpt.config import CptConfig
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)

@@ -277,7 +277,7 @@ class CheckpointTensors:
 def tiny_cpt_config(**update):
     """The CPT config the loop and pipeline unit tests train with: two corpora (one at half weight), a
     validation set, 3 + 4 steps at 16 tokens, global batch 4 in micro-batches of 2."""
-    from dilforge_shared.configs.cpt import CptConfig
+    from dilforge_cpt.config import CptConfig
 
     cfg = CptConfig(
         scratch_model={},

@@ -266,6 +266,6 @@ def eval_model(origin: str) -> dict:
 
 def eval_metrics(**changes):
     """The eval sample with top-level sections replaced, validated as the stage validates it (`EvalMetrics`)."""
-    from dilforge_shared.metrics.eval import EvalMetrics
+    from dilforge_eval.metrics import EvalMetrics
 
     return EvalMetrics.model_validate(sample("eval", **changes))

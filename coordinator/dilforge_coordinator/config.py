@@ -8,12 +8,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from dilforge_cpt.config import CptConfig
+from dilforge_cpt.model_config import ModelConfig
 from dilforge_curate.config import CurateConfig
+from dilforge_eval.config import EvalConfig
+from dilforge_sft.config import SftConfig
 from dilforge_shared.configs.base import StageConfig, StrictModel, validate_model
-from dilforge_shared.configs.cpt import CptConfig
-from dilforge_shared.configs.eval import EvalConfig
-from dilforge_shared.configs.model import ModelConfig
-from dilforge_shared.configs.sft import SftConfig
 from dilforge_shared.errors import ConfigError
 from dilforge_shared.settings import is_secret_name
 from dilforge_shared.stages import StageName

@@ -23,7 +23,7 @@ SCRATCH = {
 
 
 def cpt_config(data: dict, **overrides):
-    from dilforge_shared.configs.cpt import CptConfig
+    from dilforge_cpt.config import CptConfig
 
     section = {
         "scratch_model": SCRATCH,

@@ -8,7 +8,7 @@ import math
 
 
 def sft_config(data: dict, **overrides):
-    from dilforge_shared.configs.sft import SftConfig
+    from dilforge_sft.config import SftConfig
 
     section = {
         "train": [{"uri": str(data["chat"])}],

@@ -60,7 +60,7 @@ def publish_tokenizer(store: Path, tok_dir: Path) -> str:
 
 
 def tiny_config(data_root: Path, master_port: int):
-    from dilforge_shared.configs.cpt import CptConfig
+    from dilforge_cpt.config import CptConfig
 
     return CptConfig.model_validate(
         {

@@ -37,11 +37,11 @@ def extended_tokenizer_dir(tmp_path_factory, smollm2_dir) -> Path:
 
 
 def test_transplant_keeps_rows_and_logits_of_unchanged_text(smollm2_dir, extended_tokenizer_dir):
+    from dilforge_cpt.config import CptConfig
     from dilforge_cpt.data import load_tokenizer, special_ids
     from dilforge_cpt.model_init import BaseModel, load_model
     from dilforge_cpt.runtime import Runtime
     from dilforge_cpt.transplant import transplant
-    from dilforge_shared.configs.cpt import CptConfig
     from transformers import AutoModelForCausalLM
 
     tok = load_tokenizer(extended_tokenizer_dir)
@@ -72,11 +72,11 @@ def test_transplant_keeps_rows_and_logits_of_unchanged_text(smollm2_dir, extende
 
 def initial_new_rows(smollm2_dir, tok_dir) -> torch.Tensor:
     """The new tokens' rows as the transplant initialises them (mean_of_pieces)."""
+    from dilforge_cpt.config import CptConfig
     from dilforge_cpt.data import load_tokenizer, special_ids
     from dilforge_cpt.model_init import BaseModel, load_model
     from dilforge_cpt.runtime import Runtime
     from dilforge_cpt.transplant import transplant
-    from dilforge_shared.configs.cpt import CptConfig
 
     tok = load_tokenizer(tok_dir)
     config = CptConfig(

@@ -15,8 +15,8 @@ import yaml
 os.environ["OMP_NUM_THREADS"] = "1"
 
 from dilforge_coordinator.cli import app
+from dilforge_sft.config import SftConfig
 from dilforge_shared.checkpoint_digests import verify
-from dilforge_shared.configs.sft import SftConfig
 from dilforge_shared.contract import build_hyperparameters
 from dilforge_shared.identity import stage_refs
 from dilforge_shared.manifest import Manifest, current_producer

@@ -143,12 +143,12 @@ def test_fsdp2_one_process_gloo_gives_the_same_bpb_and_still_trains(model_and_to
 
 
 def test_cpt_validation_and_eval_report_the_same_bpb(model_and_tok, tmp_path, tiny_llama_dir):
+    from dilforge_cpt.config import CptConfig
     from dilforge_cpt.data import build_validation, load_tokenizer, special_ids
     from dilforge_cpt.runtime import Runtime
     from dilforge_cpt.validation import evaluate
     from dilforge_eval.measures import bits_per_byte
     from dilforge_shared.configs.base import DataSource
-    from dilforge_shared.configs.cpt import CptConfig
 
     model, tok = model_and_tok
     az, en = tmp_path / "az.txt", tmp_path / "en.txt"

@@ -102,11 +102,11 @@ def test_an_edit_changes_exactly_the_versions_of_the_stages_that_import_it(tree)
     """Eval's config section edited: only eval's version moves (every stage used to load every section). Then,
     for modules on some stages' paths and not others', a stage's version moves iff the module is in its closure."""
     before = {stage: stages.code_version(stage) for stage in stages.STAGES}
-    after = tree("dilforge_shared.configs.eval")
+    after = tree("dilforge_eval.config")
     assert [s for s in stages.STAGES if after[s] != before[s]] == ["eval"]
     closures = {stage: stages.module_closure(entry) for stage, entry in stages.STAGE_MODULES.items()}
     for module in (
-        "dilforge_shared.configs.cpt",
+        "dilforge_cpt.config",
         "dilforge_shared.configs.language",
         "dilforge_shared.metrics.tokenizer",
         "dilforge_shared.compat",

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from dilforge_cpt.config import CptConfig
 from dilforge_cpt.launch import build_launch, wait_for_hosts
 from dilforge_shared.configs.base import validate_model
-from dilforge_shared.configs.cpt import CptConfig
 from dilforge_shared.errors import ConfigError, DilforgeError
 from dilforge_shared.opt_ml import ResourceConfig
 

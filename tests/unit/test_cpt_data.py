@@ -181,7 +181,7 @@ def test_english_replay_is_a_weighted_corpus_and_its_share_matches(tok, ids, tmp
 def test_num_lines_per_document_joins_consecutive_lines_into_one_document(tmp_path, tok, ids, tiny_tokenizer_dir):
     """Seven sentences, three per document after max_docs 7 of 9: documents "s0 s1 s2", "s3 s4 s5", "s6"."""
     from dilforge_cpt import data
-    from dilforge_shared.configs.cpt import CptDataSource
+    from dilforge_cpt.config import CptDataSource
 
     lines = [f"cümlə {i}." for i in range(9)]
     corpus = tmp_path / "c.txt"
@@ -222,7 +222,7 @@ def test_a_chat_corpus_is_one_conversation_a_record_with_its_control_tokens(tmp_
     import json
 
     from dilforge_cpt import data
-    from dilforge_shared.configs.cpt import CptDataSource
+    from dilforge_cpt.config import CptDataSource
 
     tok, ids = chatml_tok, data.special_ids(chatml_tok, "smol")
     corpus = tmp_path / "c.jsonl"
@@ -242,7 +242,7 @@ def test_a_chat_corpus_is_one_conversation_a_record_with_its_control_tokens(tmp_
 
 def test_a_chat_corpus_reads_tsv_rows_by_their_header(tmp_path, chatml_tok):
     from dilforge_cpt import data
-    from dilforge_shared.configs.cpt import CptDataSource
+    from dilforge_cpt.config import CptDataSource
     from dilforge_shared.families import CHATML
 
     corpus = tmp_path / "pairs.tsv"
@@ -261,7 +261,7 @@ def test_a_bad_chat_record_is_an_input_error_naming_file_and_line(tmp_path, chat
     import json
 
     from dilforge_cpt import data
-    from dilforge_shared.configs.cpt import CptDataSource
+    from dilforge_cpt.config import CptDataSource
     from dilforge_shared.families import CHATML
 
     corpus = tmp_path / "c.jsonl"
@@ -273,7 +273,7 @@ def test_a_bad_chat_record_is_an_input_error_naming_file_and_line(tmp_path, chat
 
 
 def test_a_chat_corpus_is_one_conversation_a_document():
-    from dilforge_shared.configs.cpt import CptConfig
+    from dilforge_cpt.config import CptConfig
 
     chat = {"uri": "c.jsonl", "chat": {"user": "{q}", "assistant": "{a}"}, "num_lines_per_document": 8}
     with pytest.raises(ValueError, match=r"corpora\[c.jsonl\]: a chat corpus is one conversation a document"):

@@ -10,11 +10,11 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from dilforge_cpt.config import CptConfig
 from dilforge_cpt.model_init import kept_row_mask
 from dilforge_cpt.optim import run_step, set_trainable
 from dilforge_cpt.resumable import TrainingModel
 from dilforge_cpt.runtime import Runtime
-from dilforge_shared.configs.cpt import CptConfig
 from factories import tiny_cpt_config
 
 ROWS, DIM, NUM_KEPT = 12, 6, 8

@@ -84,8 +84,8 @@ def test_patch_liger_passes_the_chosen_kernels_and_the_model():
 
 def test_apply_liger_follows_the_policy(monkeypatch):
     from dilforge_cpt import sharding
+    from dilforge_cpt.config import CptConfig
     from dilforge_cpt.runtime import Runtime
-    from dilforge_shared.configs.cpt import CptConfig
 
     config = CptConfig(scratch_model={}, corpora=[{"uri": "a"}], validation=[{"uri": "v"}], phase2={"num_steps": 1})
     calls = []

@@ -9,7 +9,7 @@ import factories
 import numpy as np
 import pytest
 import torch
-from dilforge_shared.configs.cpt import CptConfig
+from dilforge_cpt.config import CptConfig
 from dilforge_shared.contract import Terminated
 
 torch.set_num_threads(1)

@@ -10,7 +10,7 @@ import factories
 import numpy as np
 import pytest
 import torch
-from dilforge_shared.configs.cpt import CptConfig, Phase1, Phase2
+from dilforge_cpt.config import CptConfig, Phase1, Phase2
 
 torch.set_num_threads(1)
 VOCAB = 64

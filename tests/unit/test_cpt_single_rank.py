@@ -50,7 +50,7 @@ def full(p):
 
 def test_one_rank_step_matches_the_old_fsdp_step(monkeypatch):
     from dilforge_cpt import runtime
-    from dilforge_shared.configs.cpt import CptConfig
+    from dilforge_cpt.config import CptConfig
 
     config = CptConfig(
         scratch_model={},
@@ -104,9 +104,9 @@ def test_auto_micro_batch_and_checkpointing_from_the_memory_estimate():
     sequence plus 2.4 GiB of logits without the fused loss: 19 sequences fit -> 16 of a 256-sequence batch;
     with FLCE (Liger on CUDA) 42 fit -> 32. CPU: at most 8. A set number is kept. Checkpointing auto turns on
     only where the micro-batch does not fit without it."""
+    from dilforge_cpt.config import CptConfig
     from dilforge_cpt.runtime import Runtime
     from dilforge_cpt.sharding import resolve_memory
-    from dilforge_shared.configs.cpt import CptConfig
     from transformers import LlamaConfig
 
     shape = LlamaConfig(

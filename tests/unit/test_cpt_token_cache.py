@@ -142,7 +142,7 @@ def test_a_finished_cache_is_reused_by_a_rerun_whatever_its_workers(tmp_path, to
 
 
 def cpt_config(corpus: Path, **update):
-    from dilforge_shared.configs.cpt import CptConfig
+    from dilforge_cpt.config import CptConfig
 
     fields = {
         "scratch_model": {},
@@ -164,7 +164,7 @@ from types import SimpleNamespace
 from dilforge_cpt import stage
 from dilforge_cpt.data import load_tokenizer, special_ids
 from dilforge_cpt.runtime import init_runtime, shutdown
-from dilforge_shared.configs.cpt import CptConfig
+from dilforge_cpt.config import CptConfig
 
 config_path, out, tok_dir, checkpoints = map(Path, sys.argv[1:])
 config = CptConfig.model_validate_json(config_path.read_text())

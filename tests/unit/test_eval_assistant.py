@@ -141,8 +141,8 @@ def test_parroting_a_quoted_text_is_not_a_summary():
 
 def test_report_table_marks_what_the_gate_refuses():
     import metrics_samples
+    from dilforge_eval.metrics import AssistantSection, AssistantThresholds
     from dilforge_eval.tables import assistant_table
-    from dilforge_shared.metrics.eval import AssistantSection, AssistantThresholds
 
     def figs(language: str, in_language: int, ended: int) -> dict:
         answers = [

@@ -5,9 +5,9 @@ from __future__ import annotations
 import metrics_samples
 import pytest
 from dilforge_eval import compare
+from dilforge_eval.metrics import BpbFigures
 from dilforge_shared.configs.base import DataSource
 from dilforge_shared.metrics.cpt import CptMetrics
-from dilforge_shared.metrics.eval import BpbFigures
 from dilforge_shared.metrics.tokenizer import TokenizerMetrics
 
 

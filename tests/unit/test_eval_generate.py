@@ -7,7 +7,7 @@ import json
 
 import pytest
 from dilforge_eval import generate as eval_generate
-from dilforge_shared.configs.eval import GenerationSettings
+from dilforge_eval.config import GenerationSettings
 from dilforge_shared.errors import InputError
 
 

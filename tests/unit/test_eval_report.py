@@ -11,9 +11,9 @@ from pathlib import Path
 import metrics_samples
 import pytest
 from dilforge_eval import compare
+from dilforge_eval.metrics import BpbFigures
 from dilforge_eval.report import write_report
 from dilforge_shared.metrics.cpt import CptMetrics
-from dilforge_shared.metrics.eval import BpbFigures
 from dilforge_shared.metrics.tokenizer import TokenizerMetrics
 
 _spec = importlib.util.spec_from_file_location(

@@ -10,9 +10,9 @@ from pathlib import Path
 import metrics_samples
 import pytest
 from dilforge_eval import downstream, harness
+from dilforge_eval.config import SIB_LABELS, DownstreamTasks
 from dilforge_eval.tasks import utils
 from dilforge_eval.texts import read_parallel
-from dilforge_shared.configs.eval import SIB_LABELS, DownstreamTasks
 from dilforge_shared.errors import InputError
 from pydantic import ValidationError
 
@@ -167,7 +167,7 @@ def test_language_id_on_flores_and_xwmt(data_root):
 
 
 def downstream_pairs(flores: Path):
-    from dilforge_shared.configs.eval import TranslationSet
+    from dilforge_eval.config import TranslationSet
 
     return TranslationSet(
         name="f", az={"uri": str(flores), "text_field": "azj_Latn"}, en={"uri": str(flores), "text_field": "eng_Latn"}

@@ -31,8 +31,8 @@ from dilforge_coordinator.cli import app
 from dilforge_coordinator.config import load_pipeline
 from dilforge_coordinator.integrity import check_artifact
 from dilforge_serve import export
+from dilforge_sft.config import SftConfig
 from dilforge_shared import staging
-from dilforge_shared.configs.sft import SftConfig
 from dilforge_shared.locks import FileLock
 from dilforge_shared.manifest import Manifest, current_producer
 from dilforge_shared.store.artifacts import STORE_MARKER, publish

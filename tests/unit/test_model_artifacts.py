@@ -8,8 +8,8 @@ import pytest
 from dilforge_coordinator import pipeline as pl
 from dilforge_coordinator.config import PipelineConfig
 from dilforge_coordinator.integrity import recompute_artifact_id
+from dilforge_cpt.model_config import ModelConfig
 from dilforge_shared.configs.base import validate_model
-from dilforge_shared.configs.model import ModelConfig
 from dilforge_shared.errors import ConfigError, InputError
 from dilforge_shared.identity import config_refs
 from dilforge_shared.manifest import sha256_file

@@ -9,9 +9,9 @@ from types import SimpleNamespace
 
 import pytest
 from dilforge_coordinator.config import PipelineConfig
+from dilforge_cpt.config import CptConfig
+from dilforge_sft.config import SftConfig
 from dilforge_shared.configs.base import validate_model
-from dilforge_shared.configs.cpt import CptConfig
-from dilforge_shared.configs.sft import SftConfig
 from dilforge_shared.errors import ConfigError
 from dilforge_shared.manifest import InputRef, Manifest, current_producer
 from dilforge_shared.models import Resolved, adapter_base, choose, find_dir, open_model, resolve, resolve_chat_model

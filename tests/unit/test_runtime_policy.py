@@ -113,7 +113,7 @@ def test_the_policy_module_does_not_import_torch():
 
 def test_sft_device_plan_is_the_policy():
     from dilforge_sft import plans
-    from dilforge_shared.configs.sft import SftConfig
+    from dilforge_sft.config import SftConfig
 
     config = SftConfig.model_validate({"train": [{"uri": "x.jsonl"}]})
     assert plans.device_plan(config, "llama", facts=GPU) == plans.DevicePlan(device="cuda", bf16=True, liger=True)
@@ -130,8 +130,8 @@ def test_cpt_runtime_and_liger_follow_the_policy(monkeypatch):
     cpt.liger), not a torch check of the stage's own."""
     import torch
     from dilforge_cpt import sharding
+    from dilforge_cpt.config import CptConfig
     from dilforge_cpt.runtime import Runtime, init_runtime, shutdown
-    from dilforge_shared.configs.cpt import CptConfig
 
     monkeypatch.setattr(runtime_policy, "probe_device", lambda: CPU)
     base = {"scratch_model": {}, "corpora": [{"uri": "a"}], "validation": [{"uri": "v"}], "phase2": {"num_steps": 1}}
@@ -161,7 +161,7 @@ def test_cpt_runtime_and_liger_follow_the_policy(monkeypatch):
 
 def test_eval_run_refuses_an_impossible_device_before_any_work(monkeypatch, tmp_path):
     from dilforge_eval import stage
-    from dilforge_shared.configs.eval import EvalConfig
+    from dilforge_eval.config import EvalConfig
 
     monkeypatch.setattr(runtime_policy, "probe_device", lambda: CPU)
     config = EvalConfig.model_validate({"models": [{"label": "m", "uri": "/nowhere"}], "device": "cuda"})

@@ -12,8 +12,8 @@ import pytest
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+from dilforge_sft.config import SftConfig
 from dilforge_shared.checkpoint_digests import read_markers, seal, verify
-from dilforge_shared.configs.sft import SftConfig
 from factories import SFT_CONVERSATION, flip_byte
 
 

@@ -6,8 +6,8 @@ import json
 
 import pytest
 from dilforge_coordinator.config import load_pipeline
+from dilforge_sft.config import SftConfig
 from dilforge_sft.data import DataCounts, drop_empty_turns, iter_conversations, load_splits
-from dilforge_shared.configs.sft import SftConfig
 from dilforge_shared.errors import ConfigError, InputError
 
 

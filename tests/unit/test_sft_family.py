@@ -12,7 +12,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import itertools
 
-from dilforge_shared.configs.sft import SftConfig
+from dilforge_sft.config import SftConfig
 from dilforge_shared.errors import ConfigError, InputError
 from factories import SFT_CONVERSATION, build_tiny_llama, sft_expected_tokens, tiny_llama_config
 from sft_factories import CHATML_EXPECTED_MASK, build_chatml_tokenizer

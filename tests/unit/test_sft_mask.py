@@ -9,7 +9,7 @@ import pytest
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from dilforge_shared.configs.sft import SftConfig
+from dilforge_sft.config import SftConfig
 from factories import SFT_CONVERSATION, sft_expected_tokens
 
 # the known conversation and its hand-written mask live in factories (shared with the end-to-end test)

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 from dilforge_coordinator.config import load_pipeline
+from dilforge_sft.config import GenerationDefaults, SftConfig
 from dilforge_sft.data import DataCounts, count_answer_languages, fold_user_turns, load_splits
 from dilforge_sft.outputs import write_generation_defaults
 from dilforge_sft.stage import check_answer_languages
-from dilforge_shared.configs.sft import GenerationDefaults, SftConfig
 from pydantic import ValidationError
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,10 +10,10 @@ import typer
 from dilforge_coordinator import gate
 from dilforge_coordinator.cli import app
 from dilforge_eval.assistant import share
+from dilforge_eval.metrics import AssistantFigures, AssistantSection, AssistantThresholds
 from dilforge_serve import cli as serve_cli
 from dilforge_serve import export as export_cli
 from dilforge_shared.manifest import Manifest, artifact_ref, current_producer
-from dilforge_shared.metrics.eval import AssistantFigures, AssistantSection, AssistantThresholds
 from dilforge_shared.store.artifacts import publish
 from typer.testing import CliRunner
 

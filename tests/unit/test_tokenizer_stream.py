@@ -180,7 +180,7 @@ def test_bad_word_count_line_names_file_and_line(tmp_path, line):
 
 
 def test_word_counts_are_a_tokenizer_corpus_format_only():
-    from dilforge_shared.configs.cpt import CptConfig
+    from dilforge_cpt.config import CptConfig
     from dilforge_tokenizer.config import TokenizerConfig
     from pydantic import ValidationError
 

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from dilforge_shared.configs.model import ModelConfig
+from dilforge_cpt.model_config import ModelConfig
 from dilforge_shared.contract import build_hyperparameters
 from dilforge_shared.errors import ConfigError, DilforgeError
 from dilforge_shared.identity import artifact_id as planned_artifact_id

@@ -34,7 +34,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from dilforge_shared.configs.model import ModelConfig
+from dilforge_cpt.model_config import ModelConfig
 from dilforge_shared.corpus_files import stamped_sha256
 from dilforge_shared.errors import ConfigError, DilforgeError
 from dilforge_shared.paths import uploaded_copy

@@ -3,11 +3,11 @@
 
 import sys
 
-from dilforge_shared.configs.cpt import CptConfig
 from dilforge_shared.contract import stage_main
 from dilforge_shared.errors import DilforgeError
 from dilforge_shared.opt_ml import OptMl, ResourceConfig
 
+from .config import CptConfig
 from .stage import build_cache, run, worker
 
 

@@ -21,13 +21,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 from dilforge_shared.configs.base import DataSource
-from dilforge_shared.configs.cpt import CptDataSource
 from dilforge_shared.corpus import iter_located_records, iter_texts
 from dilforge_shared.corpus_files import data_digest
 from dilforge_shared.errors import DilforgeError, InputError
 from dilforge_shared.families import FAMILIES, Family, control_token_in, detect_family
 from dilforge_shared.manifest import sha256_file
 from tokenizers import Tokenizer
+
+from .config import CptDataSource
 
 if TYPE_CHECKING:  # bpb imports torch: the token cache's worker processes import this module without it
     from dilforge_shared.bpb import TokenStream

@@ -16,18 +16,18 @@ import uuid
 import zipfile
 from pathlib import Path
 
-from dilforge_shared.configs.model import ModelConfig
 from dilforge_shared.contract import StageContext, StageResult, log_config, stage_main
 from dilforge_shared.errors import InputError
 from dilforge_shared.families import describe_model_folder, detect_family
 from dilforge_shared.manifest import sha256_file
-from dilforge_shared.metrics.model import ModelMetrics
 from dilforge_shared.paths import check_links
 from dilforge_shared.recipes import RECIPES, Recipe, source_kind
 from dilforge_shared.store.backends import NotFound
 from dilforge_shared.store.mirror import mirror_prefix
 
 from .gguf_convert import convert_gguf
+from .model_config import ModelConfig
+from .model_metrics import ModelMetrics
 from .weights_check import read_header, verify_weights
 
 log = logging.getLogger("dilforge.model")

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 import torch
 from dilforge_shared.bpb import eval_mode
-from dilforge_shared.configs.cpt import CptConfig
 from tabulate import tabulate
 from tokenizers import Tokenizer
 
+from .config import CptConfig
 from .data import TokenIds, ValidationSet, build_validation
 from .runtime import Runtime
 from .transplant import VocabMapping

@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from dilforge_shared.configs.cpt import CptConfig
 from dilforge_shared.contract import Terminated
 from dilforge_shared.errors import DilforgeError
 
 from .checkpoints import Checkpointer
+from .config import CptConfig
 from .data import PackedData, Prefetcher, ValidationSet
 from .leakage import measure as measure_leakage
 from .optim import StepResult, lr_at, run_step, set_lr, skips_on_device

@@ -12,13 +12,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from dilforge_shared.configs.cpt import CptConfig
 from dilforge_shared.contract import StageContext
 from dilforge_shared.errors import ConfigError, InputError
 from dilforge_shared.models import Choice, choose, resolve
 from tokenizers import Tokenizer
 
 from . import leakage, transplant
+from .config import CptConfig
 from .data import TokenIds, load_tokenizer
 from .runtime import Runtime
 from .validation import bpb_by_set, evaluate

@@ -8,8 +8,8 @@ import math
 from dataclasses import dataclass, field
 
 import torch
-from dilforge_shared.configs.cpt import CptConfig, Phase
 
+from .config import CptConfig, Phase
 from .runtime import Runtime
 
 

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from dilforge_shared.configs.cpt import CptConfig
 from dilforge_shared.progress import Progress
 
+from .config import CptConfig
 from .runtime import Runtime
 
 log = logging.getLogger("dilforge.cpt")

@@ -8,9 +8,9 @@ step), the sampler position the loop consumed, the model with its phase's optimi
 from __future__ import annotations
 
 import torch
-from dilforge_shared.configs.cpt import CptConfig
 
 from .checkpoints import Checkpointer, RngState, _tensor_state
+from .config import CptConfig
 from .runtime import Runtime
 
 

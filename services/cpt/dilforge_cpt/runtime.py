@@ -17,8 +17,9 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 from dilforge_shared import runtime_policy
-from dilforge_shared.configs.cpt import CptConfig
 from dilforge_shared.errors import ConfigError
+
+from .config import CptConfig
 
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import torch
 from dilforge_shared import runtime_policy
-from dilforge_shared.configs.cpt import CptConfig
 from dilforge_shared.errors import ConfigError
 
+from .config import CptConfig
 from .runtime import Runtime
 
 log = logging.getLogger("dilforge.cpt")

@@ -18,7 +18,6 @@ import uuid
 from pathlib import Path
 
 import torch
-from dilforge_shared.configs.cpt import CptConfig
 from dilforge_shared.contract import (
     StageContext,
     StageResult,
@@ -34,6 +33,7 @@ from dilforge_shared.models import TOKENIZER_FILES, resolve
 from dilforge_shared.processes import available_cpus
 
 from .checkpoints import Checkpointer
+from .config import CptConfig
 from .data import (
     PackedData,
     TokenFile,

@@ -1,8 +1,8 @@
 import sys
 
-from dilforge_shared.configs.eval import EvalConfig
 from dilforge_shared.contract import stage_main
 
+from .config import EvalConfig
 from .stage import run
 
 if __name__ == "__main__":

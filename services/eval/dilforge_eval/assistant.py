@@ -16,8 +16,8 @@ from functools import lru_cache
 
 from dilforge_shared.corpus import iter_records
 from dilforge_shared.errors import InputError
-from dilforge_shared.metrics.eval import AssistantFigures, ChrfFigures, Share
 
+from .metrics import AssistantFigures, ChrfFigures, Share
 from .morph import az_lower
 
 LOOP_RATE = 0.3

@@ -11,7 +11,9 @@ from collections.abc import Iterable
 
 from dilforge_shared.configs.base import DataSource
 from dilforge_shared.metrics.cpt import CptMetrics
-from dilforge_shared.metrics.eval import (
+from dilforge_shared.metrics.tokenizer import TokenizerMetrics
+
+from .metrics import (
     BpbChange,
     BpbFigures,
     Headline,
@@ -20,7 +22,6 @@ from dilforge_shared.metrics.eval import (
     TokenizerComparison,
     VocabSweep,
 )
-from dilforge_shared.metrics.tokenizer import TokenizerMetrics
 
 # ISO 639-3 codes that FLORES-style column names use, mapped to the 2-letter codes the report uses.
 ISO3 = {"eng": "en", "azj": "az", "aze": "az", "azb": "az", "rus": "ru", "tur": "tr", "deu": "de", "fra": "fr"}

@@ -13,11 +13,11 @@ import shutil
 from importlib.resources import files
 from pathlib import Path
 
-from dilforge_shared.configs.eval import SIB_LABELS, DownstreamTasks, MultipleChoiceTask
 from dilforge_shared.errors import InputError
-from dilforge_shared.metrics.eval import DownstreamTask
 from pydantic import Field
 
+from .config import SIB_LABELS, DownstreamTasks, MultipleChoiceTask
+from .metrics import DownstreamTask
 from .task_rows import instruction_rows, mc_rows, sib_rows
 
 TASK_DIR = "lm_eval_tasks"

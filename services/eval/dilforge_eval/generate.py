@@ -9,12 +9,12 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
-from dilforge_shared.configs.eval import GenerationSettings
 from dilforge_shared.corpus import iter_records
 from dilforge_shared.errors import InputError
 from dilforge_shared.families import Family, detect_family, stop_token_ids
 
 from .assistant import ngrams, repeated_ngram_rate, words
+from .config import GenerationSettings
 
 log = logging.getLogger("dilforge.eval")
 

@@ -12,10 +12,9 @@ import contextlib
 import os
 from pathlib import Path
 
-from dilforge_shared.configs.eval import DownstreamTasks
-from dilforge_shared.metrics.eval import Downstream, DownstreamTask, HarnessInfo, TaskScore
-
+from .config import DownstreamTasks
 from .downstream import TaskSpec, seeds, write_commands
+from .metrics import Downstream, DownstreamTask, HarnessInfo, TaskScore
 
 Z95 = 1.959964
 SCALE_100 = ("chrf++", "chrf", "bleu")

@@ -15,10 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from dilforge_shared.bpb import BpbResult, TokenStream, build_stream, sliding_window_bpb
-from dilforge_shared.configs.eval import EvalConfig
 from dilforge_shared.families import detect_family
-from dilforge_shared.metrics.eval import BpbFigures, MorphFigures, ParityFigures
-from dilforge_shared.metrics.eval import EvalModel as ModelFigures
 from dilforge_shared.metrics.tokenizer import SetFigures
 from dilforge_shared.progress import Progress
 from dilforge_shared.textmetrics import measure, tokenizers_encoder
@@ -27,6 +24,9 @@ from . import downstream, harness
 from . import generate as gen_mod
 from . import morph as morph_mod
 from .assistant import AssistantPrompt
+from .config import EvalConfig
+from .metrics import BpbFigures, MorphFigures, ParityFigures
+from .metrics import EvalModel as ModelFigures
 from .resolve import EvalModel, load_model
 
 log = logging.getLogger("dilforge.eval")

@@ -11,7 +11,8 @@ matplotlib.use("Agg")
 # raised ValueError at savefig — after the whole evaluation had run.
 matplotlib.rcParams["text.parse_math"] = False
 import matplotlib.pyplot as plt  # noqa: E402 - after the rcParams change above
-from dilforge_shared.metrics.eval import EvalMetrics, VocabSweep  # noqa: E402
+
+from .metrics import EvalMetrics, VocabSweep  # noqa: E402
 
 
 def _save(fig, path: Path) -> Path:

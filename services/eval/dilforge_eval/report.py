@@ -10,10 +10,10 @@ import base64
 from functools import lru_cache
 from pathlib import Path
 
-from dilforge_shared.metrics.eval import EvalMetrics
 from markupsafe import Markup, escape
 from tabulate import tabulate
 
+from .metrics import EvalMetrics
 from .plots import make_plots
 from .tables import (
     Cell,

@@ -9,13 +9,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dilforge_shared.configs.eval import BASE_LABEL, EvalConfig
 from dilforge_shared.contract import StageContext
 from dilforge_shared.errors import ConfigError, InputError
 from dilforge_shared.manifest import Manifest
 from dilforge_shared.models import Kind, resolve, resolve_chat_model
 from dilforge_shared.settings import settings
 from dilforge_shared.store.artifacts import Artifact
+
+from .config import BASE_LABEL, EvalConfig
 
 log = logging.getLogger("dilforge.eval")
 

@@ -15,12 +15,20 @@ from pathlib import Path
 from typing import Any
 
 from dilforge_shared import runtime_policy
-from dilforge_shared.configs.eval import EvalConfig
 from dilforge_shared.contract import StageContext, StageResult, log_config
 from dilforge_shared.errors import InputError
 from dilforge_shared.metrics import M, read_metrics
 from dilforge_shared.metrics.cpt import CptMetrics
-from dilforge_shared.metrics.eval import (
+from dilforge_shared.metrics.sft import SftMetrics
+from dilforge_shared.metrics.tokenizer import SetFigures, TokenizerMetrics
+
+from . import assistant as assistant_mod
+from . import compare, downstream, harness
+from . import generate as gen_mod
+from . import morph as morph_mod
+from .config import EvalConfig
+from .measures import AssistantRun, evaluate_model, morph_metrics, parity_metrics, text_bytes, tokenizer_metrics
+from .metrics import (
     AssistantFigures,
     AssistantSection,
     AssistantThresholds,
@@ -38,15 +46,7 @@ from dilforge_shared.metrics.eval import (
     TokenizerComparison,
     VocabSweep,
 )
-from dilforge_shared.metrics.eval import EvalModel as ModelFigures
-from dilforge_shared.metrics.sft import SftMetrics
-from dilforge_shared.metrics.tokenizer import SetFigures, TokenizerMetrics
-
-from . import assistant as assistant_mod
-from . import compare, downstream, harness
-from . import generate as gen_mod
-from . import morph as morph_mod
-from .measures import AssistantRun, evaluate_model, morph_metrics, parity_metrics, text_bytes, tokenizer_metrics
+from .metrics import EvalModel as ModelFigures
 from .report import write_report
 from .resolve import EvalModel, cache_dir_for, load_tokenizers, resolve_models
 from .texts import read_parallel, read_set

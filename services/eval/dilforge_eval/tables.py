@@ -8,9 +8,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from dilforge_shared.metrics.eval import BpbChange, EvalMetrics, TaskScore
-
 from .compare import language_name
+from .metrics import BpbChange, EvalMetrics, TaskScore
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,10 @@ import csv
 import json
 from typing import Any
 
-from dilforge_shared.configs.eval import SIB_LABELS
 from dilforge_shared.corpus import iter_located_texts, iter_records
 from dilforge_shared.errors import InputError
+
+from .config import SIB_LABELS
 
 
 def read_rows(uri: str, endpoint_url: str | None = None) -> list[tuple[int, dict]]:

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dilforge_shared.metrics.eval import EvalMetrics
-
+from .metrics import EvalMetrics
 from .tables import Cell, Table, fmt, pct
 
 

@@ -2,9 +2,9 @@
 
 import sys
 
-from dilforge_shared.configs.sft import SftConfig
 from dilforge_shared.contract import stage_main
 
+from .config import SftConfig
 from .stage import run
 
 if __name__ == "__main__":

@@ -15,10 +15,11 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from dilforge_shared.configs.sft import SftConfig, SftDataSource
 from dilforge_shared.corpus import iter_located_records, iter_located_texts
 from dilforge_shared.errors import InputError
 from dilforge_shared.families import control_token_in
+
+from .config import SftConfig, SftDataSource
 
 log = logging.getLogger("dilforge.sft.data")
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dilforge_shared import runtime_policy
-from dilforge_shared.configs.sft import SftConfig
 from dilforge_shared.runtime_policy import DeviceFacts
+
+from .config import SftConfig
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dilforge_shared.configs.sft import SftConfig
 from dilforge_shared.contract import StageContext, StageResult, Terminated, install_sigterm_handler, log_config
 from dilforge_shared.errors import ConfigError, InputError
 from dilforge_shared.families import Family, detect_family
@@ -25,6 +24,7 @@ from dilforge_shared.metrics.sft import SftMetrics
 from dilforge_shared.models import ADAPTER_DIR, MERGED_DIR, choose, resolve
 
 from .checkpoints import latest_checkpoint, seal_checkpoints_callback
+from .config import SftConfig
 from .data import Conversation, DataCounts, Example, apply_length_rule, count_answer_languages, load_splits
 from .outputs import loss_history, save_adapter, save_merged, write_generation_defaults, write_label_preview
 from .plans import (

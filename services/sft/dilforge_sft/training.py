@@ -7,9 +7,9 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from dilforge_shared.configs.sft import SftConfig
 from dilforge_shared.progress import Progress
 
+from .config import SftConfig
 from .data import Example
 from .plans import DevicePlan
 

@@ -1,1 +1,2 @@
-"""One pydantic model per stage config (`<stage>.py`) and what they share (`base.py`); import the one you need."""
+"""What the stage config sections share: the base types (`base.py`), CPT and SFT's knobs, the language settings.
+Each section is its stage package's `config.py`."""

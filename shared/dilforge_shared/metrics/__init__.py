@@ -1,5 +1,6 @@
-"""Typed metrics: each stage publishes one pydantic model (`metrics/<stage>.py`, named by its config class's
-`metrics_model`) in its manifest's `metrics`, and a downstream stage (eval) reads it back typed.
+"""Typed metrics: each stage publishes one pydantic model (named by its config class's `metrics_model`) in its
+manifest's `metrics`, and a downstream stage (eval) reads it back typed. The models eval reads live here
+(`metrics/<stage>.py`); a model only its stage and the coordinator use lives in that stage's package.
 
 Validated when published (`contract.publish_result` → `validate_metrics`) and parsed again when read
 (`read_metrics`), so a metric renamed in a producer fails that stage's publish (unknown keys are refused,

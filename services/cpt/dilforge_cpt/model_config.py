@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
+from dilforge_shared.configs.base import StageConfig
+from dilforge_shared.errors import InputError
+from dilforge_shared.manifest import InputRef
+from dilforge_shared.model_refs import local_path, source_ref
+from dilforge_shared.recipes import GGUF_CONVERTER_VERSION, RECIPES, source_kind
 from pydantic import Field, field_validator
 
-from ..errors import InputError
-from ..manifest import InputRef
-from ..metrics.model import ModelMetrics
-from ..model_refs import local_path, source_ref
-from ..recipes import GGUF_CONVERTER_VERSION, RECIPES, source_kind
-from .base import StageConfig
+from .model_metrics import ModelMetrics
 
 
 class ModelConfig(StageConfig):

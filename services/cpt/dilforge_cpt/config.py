@@ -7,10 +7,7 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from pydantic import Field, field_validator, model_validator
-
-from ..metrics.cpt import CptMetrics
-from .base import (
+from dilforge_shared.configs.base import (
     MAX_STEPS,
     MAX_TOKENS,
     RUN_ONLY,
@@ -21,7 +18,9 @@ from .base import (
     Switch,
     check_unique_labels,
 )
-from .knobs import Batching, Checkpointing, SourceLimits, Warmup, on_off
+from dilforge_shared.configs.knobs import Batching, Checkpointing, SourceLimits, Warmup, on_off
+from dilforge_shared.metrics.cpt import CptMetrics
+from pydantic import Field, field_validator, model_validator
 
 
 class ScratchModel(StrictModel):

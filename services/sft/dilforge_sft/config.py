@@ -4,11 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import Field, field_validator, model_validator
-
-from ..families import control_token_in, system_prompt_problem
-from ..metrics.sft import SftMetrics
-from .base import (
+from dilforge_shared.configs.base import (
     MAX_BATCH,
     MAX_STEPS,
     MAX_TOKENS,
@@ -19,8 +15,11 @@ from .base import (
     StrictModel,
     Switch,
 )
-from .knobs import Batching, Checkpointing, SourceLimits, Warmup, knob, on_off
-from .language import LinguaCode
+from dilforge_shared.configs.knobs import Batching, Checkpointing, SourceLimits, Warmup, knob, on_off
+from dilforge_shared.configs.language import LinguaCode
+from dilforge_shared.families import control_token_in, system_prompt_problem
+from dilforge_shared.metrics.sft import SftMetrics
+from pydantic import Field, field_validator, model_validator
 
 
 class SftDataSource(DataSource, SourceLimits):

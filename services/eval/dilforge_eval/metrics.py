@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from dilforge_shared.metrics import Metrics
+from dilforge_shared.metrics.cpt import LeakageRow
+from dilforge_shared.metrics.tokenizer import SetFigures, StrategyRow, SweepRow, TokenizerBase
 from pydantic import Field
-
-from . import Metrics
-from .cpt import LeakageRow
-from .tokenizer import SetFigures, StrategyRow, SweepRow, TokenizerBase
 
 
 class HarnessInfo(Metrics):

@@ -5,10 +5,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import Field, field_validator, model_validator
-
-from ..metrics.eval import EvalMetrics
-from .base import (
+from dilforge_shared.configs.base import (
     MAX_BATCH,
     MAX_NEW_TOKENS,
     MAX_TOKENS,
@@ -18,6 +15,9 @@ from .base import (
     StageConfig,
     StrictModel,
 )
+from pydantic import Field, field_validator, model_validator
+
+from .metrics import EvalMetrics
 
 _LABEL = r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,39}$"
 UPSTREAM_LABELS = ("tokenizer", "cpt", "sft")

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
+from dilforge_shared.metrics import Metrics
 from pydantic import Field
-
-from . import Metrics
 
 
 class ModelMetrics(Metrics):
