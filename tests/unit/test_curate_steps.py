@@ -9,7 +9,16 @@ import pytest
 from datatrove.data import Document
 from dilforge_coordinator.config import PipelineConfig
 from dilforge_curate.config import CurateConfig
-from dilforge_curate.steps import ContactRedactor, LinguaFilter, Normaliser, WordSplitter, luhn_ok
+from dilforge_curate.steps import (
+    ContactRedactor,
+    LinguaFilter,
+    Normaliser,
+    RepetitionFilter,
+    WordSplitter,
+    _ftfy_config,
+    ftfy_may_change,
+    luhn_ok,
+)
 from dilforge_shared.configs.base import validate_model
 from dilforge_shared.errors import ConfigError
 
@@ -83,6 +92,78 @@ def test_mis_decoded_text_is_repaired_and_normalised():
     assert norm.format(broken) == AZ
     assert norm.format("  Bakı   şəhəri\u200b \n\n\n\nXəzər\t dənizi  ") == "Bakı şəhəri\n\nXəzər dənizi"
     assert norm.format("s\u0327") == "ş"  # NFC
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        AZ,
+        mis_decode(AZ),
+        "Bu gün.\nÃ sonra",  # ftfy's line-start pattern, on the second line
+        "Bakı\x85 şəhəri",  # a C1 control
+        "Bakı\x07 şəhəri\ufeff",  # control characters ftfy strips
+        "\x1b[31mBakı\x1b[0m",  # a terminal escape
+        "Bakı \ud800 şəhəri",  # a lone surrogate
+    ],
+)
+def test_ftfy_is_skipped_only_where_it_would_change_nothing(text):
+    import ftfy
+
+    fixed = ftfy.fix_text(text, config=_ftfy_config())
+    assert Normaliser(fix_encoding=True, unicode_form="none", whitespace=False).format(text) == fixed
+    assert ftfy_may_change(text) or fixed == text
+    assert ftfy_may_change(text) == (text not in (AZ,))
+
+
+def test_ftfy_leaves_every_character_the_shortcut_passes_unchanged():
+    import ftfy
+
+    config = _ftfy_config()
+    for cp in [*range(0x3000), *range(0xFE00, 0x10000)]:
+        if 0xD800 <= cp < 0xE000:
+            continue
+        text = f"ab{chr(cp)}d\n{chr(cp)} x{chr(cp)}"
+        assert ftfy_may_change(text) or ftfy.fix_text(text, config=config) == text, hex(cp)
+
+
+def _repetition_texts() -> list[str]:
+    import random
+
+    rng = random.Random(0)
+    vocab = ["a", "ab", "b", "bc", "c", "Bakı", "şəhər", ".", ",", "və"]  # joined n-grams that collide: a+bc, ab+c
+    texts = [AZ, TR, "\n".join([AZ] * 3), " ".join(["çox gözəl"] * 40), "a bc d e f g h x ab c d e f g h y"]
+    for _ in range(300):
+        words = [rng.choice(vocab) for _ in range(rng.randint(1, 120))]
+        texts.append("".join(w + rng.choice([" ", " ", " ", "\n", "\n\n"]) for w in words))
+    return texts
+
+
+def test_repetition_filter_decides_as_datatrove_does():
+    from datatrove.pipeline.filters import GopherRepetitionFilter
+
+    q = CurateConfig(corpora=[{"uri": "x"}]).quality
+    settings = [
+        {"dup_line_frac": q.dup_line_frac, "top_n_grams": tuple(q.top_n_grams), "dup_n_grams": tuple(q.dup_n_grams)},
+        {},  # datatrove's defaults: every check stricter
+        {
+            "dup_para_frac": None,
+            "dup_line_frac": None,
+            "dup_para_char_frac": None,
+            "dup_line_char_frac": None,
+            "top_n_grams": ((2, 0.9),),
+        },  # fmt: skip
+    ]
+    for kwargs in settings:
+        ours, theirs = (
+            RepetitionFilter(language=WordSplitter(), **kwargs),
+            GopherRepetitionFilter(language=WordSplitter(), **kwargs),
+        )
+        decisions = [
+            (ours.filter(Document(text=t, id="x")), theirs.filter(Document(text=t, id="x")))
+            for t in _repetition_texts()
+        ]
+        assert all(a == b for a, b in decisions)
+        assert len({str(b) for _, b in decisions}) >= 3  # the texts reach several of the checks
 
 
 def test_language_filter_keeps_azerbaijani_and_names_what_it_drops():

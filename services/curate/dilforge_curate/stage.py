@@ -33,6 +33,7 @@ from .steps import (
     LinguaFilter,
     Normaliser,
     RankFileReader,
+    RepetitionFilter,
     SourceCounter,
     SourceReader,
     SourceReadError,
@@ -323,7 +324,7 @@ def build(
     phase whose slice is empty here is None."""
     from datatrove.pipeline.dedup import MinhashDedupBuckets, MinhashDedupCluster, MinhashDedupFilter
     from datatrove.pipeline.dedup.minhash import MinhashConfig, MinhashDedupSignature
-    from datatrove.pipeline.filters import FineWebQualityFilter, GopherQualityFilter, GopherRepetitionFilter
+    from datatrove.pipeline.filters import FineWebQualityFilter, GopherQualityFilter
     from datatrove.pipeline.tokens import TokensCounter
     from datatrove.pipeline.writers import JsonlWriter, ParquetWriter
     from datatrove.utils.hashing import HashConfig
@@ -364,7 +365,7 @@ def build(
             relatives=config.language_id.relatives,
             margin=config.language_id.relative_margin,
         ),
-        GopherRepetitionFilter(
+        RepetitionFilter(
             dup_line_frac=q.dup_line_frac,
             top_n_grams=tuple(q.top_n_grams),
             dup_n_grams=tuple(q.dup_n_grams),

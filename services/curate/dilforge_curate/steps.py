@@ -3,21 +3,25 @@
 `SourceReader`: dilforge's corpus readers (s3fs cannot sit beside the pinned boto3), documents striped over the
 tasks so output does not depend on the worker count; `Normaliser`: ftfy repair, Unicode form, whitespace and
 control tokens removed; `LinguaFilter`: bundled models, no run-time download; `ContactRedactor`: phones and
-cards beside datatrove's PII; `WordSplitter`: a regex split, no spaCy model."""
+cards beside datatrove's PII; `WordSplitter`: a regex split, no spaCy model; `RepetitionFilter`: datatrove's Gopher
+repetition filter, the same decisions at less CPU."""
 
 from __future__ import annotations
 
 import re
 import unicodedata
+from collections import Counter
 
 import regex
 from datatrove.data import Document, DocumentsPipeline
 from datatrove.pipeline.base import PipelineStep
 from datatrove.pipeline.filters.base_filter import BaseFilter
+from datatrove.pipeline.filters.gopher_repetition_filter import GopherRepetitionFilter, find_duplicates
 from datatrove.pipeline.formatters.base import BaseFormatter
 from datatrove.pipeline.readers import JsonlReader
 from datatrove.pipeline.readers.base import BaseReader
 from datatrove.pipeline.writers import JsonlWriter
+from datatrove.utils.text import split_into_words
 from datatrove.utils.word_tokenizers import WhitespaceTokenizer
 
 # ---- reading ------------------------------------------------------------------------------------------
@@ -112,7 +116,7 @@ class Normaliser(BaseFormatter):
         self.ftfy_config = _ftfy_config() if fix_encoding else None
 
     def format(self, text: str) -> str:
-        if self.fix_encoding:
+        if self.fix_encoding and ftfy_may_change(text):
             import ftfy
 
             fixed = ftfy.fix_text(text, config=self.ftfy_config)
@@ -147,6 +151,22 @@ def strip_control_tokens(text: str, count=None) -> str:
     if removed and count is not None:
         count("control_tokens_removed", value=removed)
     return text
+
+
+# What ftfy (with `_ftfy_config`) changes without its mojibake heuristic firing: C1 controls, surrogates, terminal
+# escapes and the control characters it strips (`ftfy.chardata.CONTROL_CHARS`). It judges each line alone, and the
+# heuristic's one anchored pattern (`^[ÃÂ] `) matches a line's start: after a line break here.
+_FTFY_FIXES = re.compile("[\x00-\x08\x0b\x0e-\x1f\x7f-\x9f\u206a-\u206f\ufeff\ufff9-\ufffc\ud800-\udfff]|\n[ÃÂ] ")
+_FTFY_SEGMENT = 1_000_000  # TextFixerConfig.max_decode_length: a longer line is cut where the anchor can match
+
+
+def ftfy_may_change(text: str) -> bool:
+    """False when ftfy's `fix_text` would return `text` unchanged: none of its fixes applies and its mojibake
+    heuristic (`ftfy.badness.is_bad`) finds nothing in the whole text, hence in none of the lines it fixes one by
+    one. One regex pass over the document instead of ftfy's several per line."""
+    from ftfy.badness import is_bad
+
+    return len(text) > _FTFY_SEGMENT or bool(_FTFY_FIXES.search(text)) or is_bad(text)
 
 
 def _ftfy_config():
@@ -256,6 +276,62 @@ class WordSplitter(WhitespaceTokenizer):
 
     def word_tokenize(self, text) -> list[str]:
         return self._WORDS.findall(text)
+
+
+def _n_grams(words: list[str], n: int, separator: str) -> list[str]:
+    return list(map(separator.join, zip(*(words[i:] for i in range(n)), strict=False)))
+
+
+def repeated_n_gram_chars(words: list[str], n: int) -> int:
+    """datatrove's `find_all_duplicate`: characters of the n-grams (words joined without a separator) met again,
+    scanning left to right and skipping a repeated n-gram's words; a document with no repeated n-gram skips the
+    scan."""
+    grams = _n_grams(words, n, "")
+    if len(set(grams)) == len(grams):
+        return 0
+    seen: set[str] = set()
+    repeated = i = 0
+    while i < len(grams):
+        if grams[i] in seen:
+            repeated += len(grams[i])
+            i += n
+        else:
+            seen.add(grams[i])
+            i += 1
+    return repeated
+
+
+class RepetitionFilter(GopherRepetitionFilter):
+    """Datatrove's Gopher repetition filter, the same checks in the same order with the same results, its n-grams
+    built and counted by C loops (`map`, `zip`, `Counter`) instead of a Python loop per word: in datatrove's own it
+    is the filter phase's costliest step."""
+
+    def filter(self, doc: Document) -> bool | tuple[bool, str]:
+        text = doc.text
+        paragraphs = self.paragraph_exp.split(text.strip())
+        duplicates, chars = find_duplicates(paragraphs)
+        if self.dup_para_frac and duplicates / len(paragraphs) > self.dup_para_frac:
+            return False, "dup_para_frac"
+        if self.dup_para_char_frac and chars / len(text) > self.dup_para_char_frac:
+            return False, "dup_para_char_frac"
+        lines = self._line_splitter.split(text)
+        duplicates, chars = find_duplicates(lines)
+        if self.dup_line_frac and duplicates / len(lines) > self.dup_line_frac:
+            return False, "dup_line_frac"
+        if self.dup_line_char_frac and chars / len(text) > self.dup_line_char_frac:
+            return False, "dup_line_char_frac"
+        words = split_into_words(text, self.language)
+        for n, n_frac in self.top_n_grams:
+            grams = _n_grams(words, n, " ")
+            if not grams:
+                continue
+            top, count = Counter(grams).most_common(1)[0]
+            if len(top) * count / len(text) > n_frac:
+                return False, f"top_{n}_gram"
+        for n, n_frac in self.dup_n_grams:
+            if repeated_n_gram_chars(words, n) / len(text) > n_frac:
+                return False, f"duplicated_{n}_n_grams"
+        return True
 
 
 class SourceCounter(PipelineStep):
