@@ -31,6 +31,7 @@ from .steps import (
     EmptyFilter,
     ExampleWriter,
     LinguaFilter,
+    MinhashSignature,
     Normaliser,
     RankFileReader,
     RepetitionFilter,
@@ -323,7 +324,7 @@ def build(
     phase's executor runs this host's slice of its tasks (datatrove's `local_rank_offset`/`local_tasks`): a
     phase whose slice is empty here is None."""
     from datatrove.pipeline.dedup import MinhashDedupBuckets, MinhashDedupCluster, MinhashDedupFilter
-    from datatrove.pipeline.dedup.minhash import MinhashConfig, MinhashDedupSignature
+    from datatrove.pipeline.dedup.minhash import MinhashConfig
     from datatrove.pipeline.filters import FineWebQualityFilter, GopherQualityFilter
     from datatrove.pipeline.tokens import TokensCounter
     from datatrove.pipeline.writers import JsonlWriter, ParquetWriter
@@ -394,7 +395,7 @@ def build(
             language=words,
         ),
         JsonlWriter(filtered, output_filename="${rank}.jsonl", compression=None),
-        MinhashDedupSignature(output_folder=str(work / "signatures"), config=minhash, language=words),
+        MinhashSignature(output_folder=str(work / "signatures"), config=minhash, language=words),
     ]
     writer = (
         ParquetWriter(str(out_dir), output_filename="shard-${rank}.parquet", adapter=report.record, compression=None)
