@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def step_inputs(source: str, work: Path) -> dict[str, list[str]]:
     """The texts entering each filter-phase step, by step name (and `minhash`: those the signatures get)."""
     from dilforge_curate import stage
-    from dilforge_shared.configs.curate import CurateConfig
+    from dilforge_curate.config import CurateConfig
 
     config = CurateConfig(corpora=[{"uri": source, "name": "web"}], output={"num_shards": 1})
     inputs = stage.Inputs(sources=stage.reader_sources(config), tokenizer_file=None, work=work)
@@ -52,8 +52,8 @@ def main() -> None:
     from datatrove.pipeline.dedup.minhash import MinhashConfig, MinhashDedupSignature
     from datatrove.pipeline.filters import GopherRepetitionFilter
     from datatrove.utils.hashing import HashConfig
+    from dilforge_curate.config import CurateConfig
     from dilforge_curate.steps import MinhashSignature, Normaliser, RepetitionFilter, WordSplitter, _ftfy_config
-    from dilforge_shared.configs.curate import CurateConfig
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, default=Path(os.environ.get("DILFORGE_DATA", ROOT.parent / "shared/data")))
