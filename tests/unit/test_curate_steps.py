@@ -5,7 +5,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 from datatrove.data import Document
 from dilforge_coordinator.config import PipelineConfig
@@ -13,7 +12,6 @@ from dilforge_curate.config import CurateConfig
 from dilforge_curate.steps import (
     ContactRedactor,
     LinguaFilter,
-    MinhashSignature,
     Normaliser,
     RepetitionFilter,
     WordSplitter,
@@ -166,21 +164,6 @@ def test_repetition_filter_decides_as_datatrove_does():
         ]
         assert all(a == b for a, b in decisions)
         assert len({str(b) for _, b in decisions}) >= 3  # the texts reach several of the checks
-
-
-def test_minhash_shingles_are_datatrove_s(tmp_path):
-    from datatrove.pipeline.dedup.minhash import MinhashConfig, MinhashDedupSignature
-    from datatrove.utils.hashing import HashConfig
-
-    config = MinhashConfig(hash_config=HashConfig(precision=64, hash_fc="sha1"))
-    ours = MinhashSignature(str(tmp_path / "a"), config=config, language=WordSplitter())
-    theirs = MinhashDedupSignature(str(tmp_path / "b"), config=config, language=WordSplitter())
-    texts = [*_repetition_texts()[:60], mis_decode(AZ), "Ənənəvi \u0301Bakı 2024-cü il, 3,5 % \u2001 e\u0301 ", "", "a"]
-    for text in texts:
-        shingles = ours.get_shingles(text)
-        assert shingles.dtype == np.uint64 and np.array_equal(shingles, theirs.get_shingles(text)), text
-        if shingles.size:
-            assert ours.get_signature(shingles) == theirs.get_signature(shingles)
 
 
 def test_language_filter_keeps_azerbaijani_and_names_what_it_drops():

@@ -31,7 +31,6 @@ from .steps import (
     EmptyFilter,
     ExampleWriter,
     LinguaFilter,
-    MinhashSignature,
     Normaliser,
     RankFileReader,
     RepetitionFilter,
@@ -324,7 +323,7 @@ def build(
     phase's executor runs this host's slice of its tasks (datatrove's `local_rank_offset`/`local_tasks`): a
     phase whose slice is empty here is None."""
     from datatrove.pipeline.dedup import MinhashDedupBuckets, MinhashDedupCluster, MinhashDedupFilter
-    from datatrove.pipeline.dedup.minhash import MinhashConfig
+    from datatrove.pipeline.dedup.minhash import MinhashConfig, MinhashDedupSignature
     from datatrove.pipeline.filters import FineWebQualityFilter, GopherQualityFilter
     from datatrove.pipeline.tokens import TokensCounter
     from datatrove.pipeline.writers import JsonlWriter, ParquetWriter
@@ -395,7 +394,7 @@ def build(
             language=words,
         ),
         JsonlWriter(filtered, output_filename="${rank}.jsonl", compression=None),
-        MinhashSignature(output_folder=str(work / "signatures"), config=minhash, language=words),
+        MinhashDedupSignature(output_folder=str(work / "signatures"), config=minhash, language=words),
     ]
     writer = (
         ParquetWriter(str(out_dir), output_filename="shard-${rank}.parquet", adapter=report.record, compression=None)

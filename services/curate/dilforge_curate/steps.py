@@ -4,31 +4,24 @@
 tasks so output does not depend on the worker count; `Normaliser`: ftfy repair, Unicode form, whitespace and
 control tokens removed; `LinguaFilter`: bundled models, no run-time download; `ContactRedactor`: phones and
 cards beside datatrove's PII; `WordSplitter`: a regex split, no spaCy model; `RepetitionFilter`: datatrove's Gopher
-repetition filter, the same decisions at less CPU;
-`MinhashSignature`: datatrove's MinHash signatures, the same shingles at less CPU."""
+repetition filter, the same decisions at less CPU."""
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import hashlib
 import re
 import unicodedata
 from collections import Counter
 
-import numpy as np
 import regex
 from datatrove.data import Document, DocumentsPipeline
 from datatrove.pipeline.base import PipelineStep
-from datatrove.pipeline.dedup.minhash import MinhashDedupSignature
 from datatrove.pipeline.filters.base_filter import BaseFilter
 from datatrove.pipeline.filters.gopher_repetition_filter import GopherRepetitionFilter, find_duplicates
 from datatrove.pipeline.formatters.base import BaseFormatter
 from datatrove.pipeline.readers import JsonlReader
 from datatrove.pipeline.readers.base import BaseReader
 from datatrove.pipeline.writers import JsonlWriter
-from datatrove.utils.hashing import HashConfig
-from datatrove.utils.text import simplify_text, split_into_words
+from datatrove.utils.text import split_into_words
 from datatrove.utils.word_tokenizers import WhitespaceTokenizer
 
 # ---- reading ------------------------------------------------------------------------------------------
@@ -339,30 +332,6 @@ class RepetitionFilter(GopherRepetitionFilter):
             if repeated_n_gram_chars(words, n) / len(text) > n_frac:
                 return False, f"duplicated_{n}_n_grams"
         return True
-
-
-@functools.cache
-def _nonspacing_marks() -> dict[int, None]:
-    """A `str.translate` table deleting every nonspacing mark (Unicode category Mn)."""
-    return dict.fromkeys(cp for cp in range(0x110000) if unicodedata.category(chr(cp)) == "Mn")
-
-
-class MinhashSignature(MinhashDedupSignature):
-    """Datatrove's MinHash signature step, the same shingles and so the same signatures, with fewer Python calls
-    per character and per n-gram: marks dropped by one `str.translate` instead of a generator over every
-    character, and the n-grams' sha1 digests read as one numpy array (other hash configs: datatrove's own)."""
-
-    def get_shingles(self, text: str) -> np.ndarray:
-        if self.config.hash_config != HashConfig(precision=64, hash_fc="sha1"):
-            return super().get_shingles(text)
-        norm = self.config.norm_config
-        text = simplify_text(text, dataclasses.replace(norm, norm_unicode_diacritics=False))
-        if norm.norm_unicode_diacritics:
-            text = unicodedata.normalize("NFD", text).translate(_nonspacing_marks()).strip()
-        words = self.word_tokenizer.word_tokenize(text)
-        grams = map(" ".join, zip(*(words[i:] for i in range(self.config.n_grams)), strict=False))
-        digests = b"".join(hashlib.sha1(gram.encode("utf-8")).digest()[:8] for gram in grams)
-        return np.frombuffer(digests, dtype="<u8").astype(np.uint64).reshape((-1, 1))
 
 
 class SourceCounter(PipelineStep):
