@@ -4,8 +4,7 @@ Builds bench/curate.py's web-like input (`--size-mb`, one file), runs the stage'
 to collect the documents each step receives, then times, one after the other in this process (`--rounds`, best
 of), datatrove's or ftfy's own code and the stage's step on every `--every`-th of those documents, and checks the
 outputs are identical: ftfy's `fix_text` then the rest of the Normaliser vs the Normaliser; datatrove's
-`GopherRepetitionFilter` vs `RepetitionFilter`; datatrove's `MinhashDedupSignature` shingles and signatures vs
-`MinhashSignature`. Prints CPU seconds per MB of the input, as `bench/curate.py --steps`.
+`GopherRepetitionFilter` vs `RepetitionFilter`. Prints CPU seconds per MB of the input, as `bench/curate.py --steps`.
 
     python bench/curate_steps.py --data ../shared/data --size-mb 10 --every 4 --rounds 1
 """
@@ -49,11 +48,9 @@ def step_inputs(source: str, work: Path) -> dict[str, list[str]]:
 def main() -> None:
     import ftfy
     from datatrove.data import Document
-    from datatrove.pipeline.dedup.minhash import MinhashConfig, MinhashDedupSignature
     from datatrove.pipeline.filters import GopherRepetitionFilter
-    from datatrove.utils.hashing import HashConfig
     from dilforge_curate.config import CurateConfig
-    from dilforge_curate.steps import MinhashSignature, Normaliser, RepetitionFilter, WordSplitter, _ftfy_config
+    from dilforge_curate.steps import Normaliser, RepetitionFilter, WordSplitter, _ftfy_config
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, default=Path(os.environ.get("DILFORGE_DATA", ROOT.parent / "shared/data")))
@@ -75,17 +72,12 @@ def main() -> None:
     plain = Normaliser(fix_encoding=False, unicode_form="NFC", whitespace=True)
     q = CurateConfig(corpora=[{"uri": "x"}]).quality
     rep = {"dup_line_frac": q.dup_line_frac, "top_n_grams": tuple(q.top_n_grams), "dup_n_grams": tuple(q.dup_n_grams)}
-    mh = MinhashConfig(hash_config=HashConfig(precision=64, hash_fc="sha1"))
-    theirs = MinhashDedupSignature(str(args.workdir / "a"), config=mh, language=words)
-    ours = MinhashSignature(str(args.workdir / "b"), config=mh, language=words)
     rep_docs = [Document(text=t, id=str(i)) for i, t in enumerate(texts["RepetitionFilter"])]
     cases = [
         ("normalise (ftfy, NFC, whitespace)", texts["Normaliser"],
          lambda t: plain.format(ftfy.fix_text(t, config=config)), Normaliser(True, "NFC", True).format),
         ("Gopher repetition", rep_docs,
          GopherRepetitionFilter(language=words, **rep).filter, RepetitionFilter(language=words, **rep).filter),
-        ("MinHash shingles and signatures", [t for t in texts["minhash"] if t],
-         lambda t: theirs.get_signature(theirs.get_shingles(t)), lambda t: ours.get_signature(ours.get_shingles(t))),
     ]  # fmt: skip
     print("| step | documents | library, CPU s per MB | stage | outputs |\n|---|---:|---:|---:|---|")
     for name, items, library, stage_step in cases:
