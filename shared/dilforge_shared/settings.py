@@ -107,7 +107,28 @@ def secret_values() -> list[str]:
     secret = settings().s3_secret_access_key
     if secret is not None and len(secret.get_secret_value()) >= 8:
         values.append(secret.get_secret_value())
+    values += aws_file_secrets()
     return sorted(set(values), key=len, reverse=True)
+
+
+def aws_file_secrets() -> list[str]:
+    """Secret values in the AWS shared credentials and config files (boto3 reads keys from there as well as from
+    the environment), so a key that came from a file is masked wherever it appears, inside a path too."""
+    import configparser
+
+    values = []
+    for variable, default in (("AWS_SHARED_CREDENTIALS_FILE", "credentials"), ("AWS_CONFIG_FILE", "config")):
+        path = Path(os.environ.get(variable) or Path.home() / ".aws" / default).expanduser()
+        parser = configparser.RawConfigParser(strict=False)
+        try:
+            parser.read_string(path.read_text(encoding="utf-8", errors="replace"))
+        except (OSError, configparser.Error):
+            continue
+        for section in parser.sections():
+            for name, value in parser.items(section):
+                if is_secret_name(name) and not is_key_id_name(name) and len(value.strip()) >= 8:
+                    values.append(value.strip())
+    return values
 
 
 class MaskSecrets:
@@ -131,40 +152,79 @@ REDACTED = "***"
 # Recognised by position: a URL's userinfo, `user:password@` or `token@` (a password may hold `/`, as AWS secret
 # keys do, so it runs to the last `@` before a blank or a quote).
 _URL_USERINFO = re.compile(r"(?<=://)(?:[^\s@/:\"'<>]+@|[^\s@/:\"'<>]*:[^\s@\"'<>]*@)")
-# Recognised by format: AWS access key ids, the 40-character secret beside one, bearer and basic tokens.
+# Recognised by format: AWS access key ids and the 40-character secret beside one; a lone 40-character secret of
+# mixed case and digits (not a path: no leading `/`, no `//`); bearer and basic tokens; the issued-token formats of
+# GitHub, Hugging Face, GitLab, Slack, OpenAI/Anthropic, Stripe and Google; JWTs; PEM private key blocks (to their
+# END line, or to the end of a cut text).
 _AWS_KEY_ID = re.compile(r"(?<![A-Z0-9])(?:AKIA|ASIA|AGPA|AIDA|AROA|AIPA|ANPA|ANVA|APKA)[A-Z0-9]{16}(?![A-Z0-9])")
 _AWS_SECRET = re.compile(r"(?<![A-Za-z0-9/+=])[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+=])")
+_LONE_AWS_SECRET = re.compile(
+    r"(?<![A-Za-z0-9/+=])(?!/)(?![A-Za-z0-9+/]{0,38}//)"
+    r"(?=[A-Za-z0-9+/]{0,39}[A-Z])(?=[A-Za-z0-9+/]{0,39}[a-z])(?=[A-Za-z0-9+/]{0,39}[0-9])"
+    r"[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+=])"
+)
+_ISSUED_TOKEN = re.compile(
+    r"(?<![A-Za-z0-9])(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{22,}|hf_[A-Za-z0-9]{30,}"
+    r"|glpat-[A-Za-z0-9_\-]{20,}|xox[abposr]-[A-Za-z0-9\-]{10,}|(?:sk|rk)_(?:live|test)_[A-Za-z0-9]{16,}"
+    r"|sk-(?:proj-|ant-|live-|test-)?[A-Za-z0-9_\-]{20,}|AIza[A-Za-z0-9_\-]{35,})"
+    r"|eyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]*"
+    r"|-----BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----[\s\S]*?(?:-----END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----|$)"
+)
 _BEARER = re.compile(r"(?i)(\bbearer\s+)[A-Za-z0-9\-._~+/]{12,}=*")
 _BASIC = re.compile(r"(\bBasic\s+)[A-Za-z0-9+/]{12,}={0,2}")
-# Recognised by name: `api_key=…`, `"password": "…"`, `X-Auth-Token: …`, `DB_PASS=…` (a value of 6+ characters, not
-# digits only: `max_tokens: 64` is no secret). Generic words (pass, auth, key, signature) count only as the last part of
-# a compound name: `second pass: embeddings` and an S3 `key=runs/x.json` are no secrets, `db_pass=…` is one.
+# an Authorization header's value after its scheme; AWS's signed header names the public key id (`Credential=AKIA…`)
+# and leaves its `Signature=` to the names below
+_AUTHORIZATION = re.compile(
+    r"(?i)(\b(?:proxy-)?authorization[\"']?\s*[:=]\s*[\"']?(?:[A-Za-z]+\s+)?+)(?!AWS4-)(?![A-Za-z]+=)(?!\*\*\*)"
+    r"[^\s\"',;]+"
+)
+# Recognised by name: `api_key=…`, `"password": "…"`, `X-Auth-Token: …`, `DB_PASS=…`, and in a URL's query
+# `?sig=…`, `&Signature=…`, `&auth=…`, `&key=…`. A value runs to a blank, a quote or `&;,<>()[]{}` (a quoted one
+# to its quote, blanks included) and is 6+ characters, not a number: `max_tokens: 64` and `eos_token: <|eot_id|>`
+# are no secrets. Generic words (pass, auth, key, signature) count only as the last part of a compound name or as
+# a query parameter: `second pass: embeddings` and an S3 `key=runs/x.json` are no secrets, `db_pass=…` is one.
 _NAMED = re.compile(
     r"(?i)((?<![A-Za-z0-9])(?:[A-Za-z0-9]+[_.\-])*(?:api[_\-]?key|secret(?:[_\-]?access)?(?:[_\-]?key)?|"
-    r"access[_\-]?key|private[_\-]?key|token|password|passwd|pwd)s?"
-    r"|(?<![A-Za-z0-9])(?:[A-Za-z0-9]+[_.\-])+(?:keys?|pass|auth|credentials?|signature|cookie))"
-    r"([\"']?\s*[:=]\s*[\"']?)(?!\d+(?:[\s\"',;&]|$))([A-Za-z0-9/+_.~\-]{6,}=*)"
+    r"access[_\-]?key|private[_\-]?key|token|password|passwd|passphrase|pwd|cookie)s?"
+    r"|(?<![A-Za-z0-9])(?:[A-Za-z0-9]+[_.\-])+(?:keys?|pass|auth|credentials?|signature|cookie)"
+    r"|(?<![A-Za-z0-9])signature|(?<=[?&])(?:sig|auth|key|code))"
+    r"((?P<quote>[\"'])?\s*[:=]\s*)"
+    r"(?:(?P<q>[\"'])(?![\d.,_+\-eE]+(?P=q))(?![<\[])([^\"'\n]{6,}?)(?P=q)"
+    r"|(?![\d.,_+\-eE]+(?:[\s\"',;&)}\]]|$))(?![<\[])([^\s\"'&;,<>()\[\]{}`]{6,}))"
 )
 
 
-# What every pattern below needs somewhere in the text: `@`, `:` or `=`, a key id's prefix, or `bearer`/`basic`.
-_MAYBE_SECRET = re.compile(r"[@:=]|A(?:KI|SI|GP|ID|RO|IP|NP|NV|PK)A|(?i:bearer|basic)")
+# What every pattern below needs somewhere in the text: `@`, `:` or `=`, a key id's prefix, `bearer`/`basic`, an
+# issued token's prefix, or a run of 40 secret characters.
+_MAYBE_SECRET = re.compile(
+    r"[@:=]|A(?:KI|SI|GP|ID|RO|IP|NP|NV|PK)A|(?i:bearer|basic)|gh[pousr]_|github_pat_|hf_|glpat-|xox|sk[-_]|rk_"
+    r"|AIza|eyJ|PRIVATE KEY|[A-Za-z0-9/+]{40}"
+)
+
+
+def _named(match: re.Match) -> str:
+    quote = match.group("q") or ""
+    return match.group(1) + match.group(2) + quote + REDACTED + quote
 
 
 def redact(text: str, values: list[str] | None = None) -> str:
     """The one redaction of secrets, used by every writer (log lines, errors on screen, run records, manifests, data
-    cards): credential values from the environment (`secret_values`), URL userinfo, AWS key ids and the 40-character
-    secret beside one, bearer/basic tokens, and values of secret-named fields, each replaced by `***`."""
+    cards): credential values from the environment and the AWS credentials file (`secret_values`), URL userinfo, AWS
+    key ids and secrets, issued tokens, JWTs, private keys, bearer/basic/Authorization values, and values of
+    secret-named fields, each replaced by `***`."""
     for value in values if values is not None else secret_values():
         text = text.replace(value, REDACTED)
     if not _MAYBE_SECRET.search(text):  # most strings (paths, digests, numbers): none of the patterns can match
         return text
+    text = _ISSUED_TOKEN.sub(REDACTED, text)
     text = _URL_USERINFO.sub(REDACTED + "@", text)
     if _AWS_KEY_ID.search(text):
         text = _AWS_SECRET.sub(REDACTED, _AWS_KEY_ID.sub(REDACTED, text))
+    text = _LONE_AWS_SECRET.sub(REDACTED, text)
     text = _BEARER.sub(lambda m: m.group(1) + REDACTED, text)
     text = _BASIC.sub(lambda m: m.group(1) + REDACTED, text)
-    return _NAMED.sub(lambda m: m.group(1) + m.group(2) + REDACTED, text)
+    text = _AUTHORIZATION.sub(lambda m: m.group(1) + REDACTED, text)
+    return _NAMED.sub(_named, text)
 
 
 def redact_values(obj, values: list[str] | None = None):

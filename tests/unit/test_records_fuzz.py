@@ -56,12 +56,48 @@ def _secret_form(kind: str, secret: str, name: str) -> str:
         return f'"{name}": "{secret}"'
     if kind == "bearer":
         return f"Authorization: Bearer {secret}"
+    if kind == "query":  # a signed or keyed URL
+        return f"https://host/x.jsonl?{name.split('=')[0]}=1&{QUERY_NAMES[len(secret) % len(QUERY_NAMES)]}={secret}"
+    if kind == "punctuated":  # a password holding punctuation, bare or quoted
+        return f"{name}={secret}" if len(secret) % 2 else f'"{name}": "{secret}"'
+    if kind in ("issued", "jwt", "pem", "lone_aws"):
+        return _formatted(kind, secret)
     return f"AKIAIOSFODNN7EXAMPLE {secret[:40].ljust(40, 'Z')}"  # an AWS key pair
+
+
+QUERY_NAMES = ["sig", "Signature", "X-Amz-Signature", "X-Amz-Security-Token", "password", "access_token", "auth", "key"]
+ISSUED_PREFIXES = ["ghp_", "gho_", "ghs_", "github_pat_", "hf_", "glpat-", "xoxb-", "sk-proj-", "sk-ant-", "sk_live_"]
+
+
+def _formatted(kind: str, secret: str) -> str:
+    """A secret in a format recognised wherever it stands; `_hidden` gives the part that must not survive."""
+    body = "".join(c for c in secret if c.isalnum()).ljust(36, "Q")
+    if kind == "issued":
+        return ISSUED_PREFIXES[len(secret) % len(ISSUED_PREFIXES)] + body
+    if kind == "jwt":
+        return f"eyJhbGciOiJIUzI1NiJ9.eyJ{body}.{body[:10]}"
+    if kind == "pem":
+        return f"-----BEGIN PRIVATE KEY-----\n{body}\n{body[::-1]}\n-----END PRIVATE KEY-----"
+    return ("a1B" + secret)[:40].ljust(40, "Z").lstrip("/").rjust(40, "Q").replace("//", "/Q")  # a lone AWS secret
+
+
+def _hidden(kind: str, secret: str) -> str:
+    if kind == "aws_pair":
+        return secret[:40].ljust(40, "Z")
+    if kind in ("issued", "jwt", "pem", "lone_aws"):
+        form = _formatted(kind, secret)
+        return form.split("\n")[1] if kind == "pem" else form
+    return secret
+
+
+KINDS = ["userinfo", "token_userinfo", "named", "json", "bearer", "aws_pair", "query", "punctuated", "issued", "jwt"]
+KINDS += ["pem", "lone_aws"]
+PUNCTUATED = SECRET_CHARS + "!@#$%^*~-_.:=|"
 
 
 @FUZZ
 @given(
-    st.sampled_from(["userinfo", "token_userinfo", "named", "json", "bearer", "aws_pair"]),
+    st.sampled_from(KINDS),
     st.text(SECRET_CHARS, min_size=16, max_size=48).filter(lambda s: not s.isdigit()),
     st.sampled_from(NAMES),
     st.text(max_size=60),
@@ -72,8 +108,13 @@ def _secret_form(kind: str, secret: str, name: str) -> str:
 def test_a_secret_in_any_recognised_form_never_survives_redaction(kind, secret, name, before, after, sep1, sep2):
     if kind == "token_userinfo":  # a user name cannot hold `/` (it would end the host part)
         secret = secret.replace("/", "_")
+    if kind == "punctuated":  # any printable character but a blank, a quote or a separator (&;,<>()[]{})
+        secret = "".join(PUNCTUATED[ord(c) % len(PUNCTUATED)] for c in secret)
+        assume(secret[0] not in "<[" and not secret.replace(".", "").replace("-", "").replace("_", "").isdigit())
+    if kind == "lone_aws":  # random enough to hold upper and lower case and a digit, as every real one does
+        assume(any(c.isupper() for c in secret) and any(c.islower() for c in secret))
     form = _secret_form(kind, secret, name)
-    hidden = secret[:40].ljust(40, "Z") if kind == "aws_pair" else secret
+    hidden = _hidden(kind, secret)
     text = f"{before}{sep1}{form}{sep2}{after}"
     assume(text.count(hidden) == 1)  # the secret only where the form puts it
     assert hidden not in redact(text, [])

@@ -22,6 +22,9 @@ from test_reliability import write_config
 from typer.testing import CliRunner
 
 KEY_ID, SECRET = "AKIAIOSFODNN7EXAMPLE", "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+GHP, HF = "ghp_A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8", "hf_AbCdEfGhIjKlMnOpQrStUvWxYz01234567"
+JWT = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.abcDEF123_-x"
+PEM_BODY = "MIIEowIBAAKCAQEA1234567890abcdefghijklmnopqrstuvwxyz"
 
 
 def _no_secret_under(root: Path, *secrets: str) -> None:
@@ -47,6 +50,28 @@ def _no_secret_under(root: Path, *secrets: str) -> None:
         ("DILFORGE_VAR_DB_PASS=correct-horse", "correct-horse"),
         ("X-Auth-Token: 9f8e7d6c5b4a", "9f8e7d6c5b4a"),
         ("password='hunter22'", "hunter22"),
+        # issued-token formats, wherever they stand
+        (f"push with {GHP} failed", GHP),
+        ("github_pat_11ABCDEFG0123456789_abcdefghijklmnopqrstuvwxyz", "github_pat_11ABCDEFG0123456789_abcdefghij"),
+        (f"/data/{HF}/corpus.jsonl", HF),
+        ("Authorization: token glpat-abcdefghij0123456789", "glpat-abcdefghij0123456789"),
+        ("xoxb-123456789012-1234567890123-abcdefghijABCD", "xoxb-123456789012"),
+        ("sk-proj-abcdefghijklmnopqrstuvwxyz0123", "sk-proj-abcdefghijklmnopqrstuvwxyz0123"),
+        ("key AIzaSyD-abcdefghijklmnopqrstuvwxyz01234", "AIzaSyD-abcdefghijklmnopqrstuvwxyz01234"),
+        (f"session {JWT} expired", JWT.split(".")[1]),
+        (f"-----BEGIN RSA PRIVATE KEY-----\n{PEM_BODY}\n-----END RSA PRIVATE KEY-----", PEM_BODY),
+        (f"ValueError: bad key -----BEGIN OPENSSH PRIVATE KEY-----\n{PEM_BODY}", PEM_BODY),  # cut before its END
+        # an AWS secret with no key id beside it (a tag, a note)
+        (f"tags: {{team: ml, note: {SECRET}}}", SECRET),
+        # values that hold punctuation, quoted values with blanks, URL-encoded values, query parameters
+        ("password=p@ss!w0rd#2024", "ss!w0rd#2024"),
+        ('{"password": "hunter2!x"}', "hunter2!x"),
+        ('passphrase: "correct horse battery"', "horse battery"),
+        ("https://b/k?X-Amz-Security-Token=IQoJb3JpZ2luX2VjEJr%2F%2F%2FwEaCXVz", "wEaCXVz"),
+        ("https://acct.blob.core.windows.net/c/x.jsonl?sv=2020&sig=abcdEFGH1234%2Bxyz%3D", "abcdEFGH1234"),
+        ("https://h/x?Signature=abcdefghijkl123&Expires=1", "abcdefghijkl123"),
+        ("https://h/x?auth=abcdefghijkl123", "abcdefghijkl123"),
+        ("Authorization: abcdef123456", "abcdef123456"),
     ],
 )
 def test_redact_recognises_secrets_by_position_format_and_name(text, secret):
@@ -65,6 +90,13 @@ def test_redact_recognises_secrets_by_position_format_and_name(text, secret):
         "second pass: embeddings-only",
         "new token embeddings initialised from sub-token means",
         "sha256 " + "a" * 64,
+        "git " + "0123456789abcdef" * 2 + "01234567",  # a commit id: 40 hex characters
+        "/tmp/pytest/store/artifacts/tok/Run12345",  # a path of 40 characters
+        "eos_token: </s>, pad_token: [PAD], bos_token=<s>",
+        "flops_per_token=1.2e9, bits_per_token: 0.8125",
+        "SignatureDoesNotMatch: the request signature we calculated does not match",
+        "Authorization: AWS4-HMAC-SHA256 Credential=the-public-key-id/20260101/us-east-1/s3/aws4_request",
+        "hf_hub_download and sk-learn and task-specific",
     ],
 )
 def test_redact_leaves_ordinary_text_alone(text):
@@ -120,6 +152,35 @@ def test_a_source_uri_with_credentials_is_refused_in_one_line_and_written_nowher
 
 
 @pytest.mark.parametrize(
+    ("field", "value", "secret"),
+    [
+        ("name", GHP, GHP),
+        ("licence", SECRET, SECRET),
+        ("licence", JWT, JWT),
+        ("licence", f"-----BEGIN PRIVATE KEY-----\\n{PEM_BODY}\\n-----END PRIVATE KEY-----", PEM_BODY),
+        ("uri", f"/data/{HF}/a.txt", HF),
+        ("uri", "https://h/a.jsonl?sv=1&sig=AbCdEf123456", "AbCdEf123456"),
+        ("uri", "https://h/a.jsonl?password=p@ss!w0rd", "p@ss!w0rd"),
+    ],
+)
+def test_a_secret_in_any_config_field_is_refused_naming_the_field(tmp_path, field, value, secret):
+    (tmp_path / "a.txt").write_text("bir\n")
+    source = {"uri": str(tmp_path / "a.txt"), "licence": "CC-BY-4.0", field: value}
+    path = tmp_path / "c.yaml"
+    path.write_text(f"run_id: leak\nstore: {{uri: {tmp_path / 'store'}}}\ncurate:\n  corpora: [{json.dumps(source)}]\n")
+    with pytest.raises(ConfigError, match=rf"curate\.corpora\[0\]\.{field}: holds a credential") as err:
+        load_pipeline(path)
+    assert secret not in str(err.value)
+
+
+def test_a_key_from_the_aws_credentials_file_is_masked_even_inside_a_path(tmp_path, monkeypatch):
+    creds = tmp_path / "credentials"
+    creds.write_text(f"[default]\naws_access_key_id = {KEY_ID}\naws_secret_access_key = {SECRET}\n")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(creds))
+    assert redact(f"reading /data/{SECRET}/a.jsonl") == "reading /data/***/a.jsonl"
+
+
+@pytest.mark.parametrize(
     "name", ["DILFORGE_VAR_API_KEY", "DILFORGE_VAR_DB_PASS", "DILFORGE_VAR_DB_PWD", "DILFORGE_VAR_AUTH"]
 )
 def test_interpolating_a_secret_named_variable_is_refused(tmp_path, monkeypatch, name):
@@ -141,14 +202,29 @@ def test_an_environment_secret_in_a_stage_failure_never_reaches_the_run_record(t
         name = "fake"
 
         def run(self, job):
-            raise pl.StageFailed(job.stage, "upload refused for tok-0123456789-secret and Bearer abcdefgh12345678")
+            raise pl.StageFailed(
+                job.stage,
+                "upload refused for tok-0123456789-secret and Bearer abcdefgh12345678\nTraceback: "
+                f"token {GHP} rejected; {HF}; {JWT}; -----BEGIN EC PRIVATE KEY-----\n{PEM_BODY}\n"
+                f"-----END EC PRIVATE KEY-----; https://b/k?X-Amz-Signature=0123abcd4567ef&password=p@ss!w0rd",
+            )
 
     cfg = load_pipeline(write_config(tmp_path))
     with pytest.raises(pl.StageFailed):
         pl.run_all(cfg, Leaky())
     record = (tmp_path / "store" / "runs" / "demo.json").read_text()
     assert "upload refused for ***" in record
-    _no_secret_under(tmp_path / "store", "tok-0123456789-secret", "abcdefgh12345678")
+    _no_secret_under(
+        tmp_path / "store",
+        "tok-0123456789-secret",
+        "abcdefgh12345678",
+        GHP,
+        HF,
+        JWT.split(".")[1],
+        PEM_BODY,
+        "0123abcd4567ef",
+        "p@ss!w0rd",
+    )
 
 
 def test_a_manifest_never_holds_a_secret_and_still_verifies(tmp_path, monkeypatch):

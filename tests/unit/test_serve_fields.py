@@ -86,6 +86,7 @@ REFUSED = [
     ("user a dict", chat(user={"a": 1}), "user"),
     ("logit_bias a NaN", chat(logit_bias={"5": float("nan")}), "logit_bias[5] must be a number"),
     ("logit_bias id 1e9", chat(logit_bias={"1000000000": 1}), "not a token id of this model"),
+    ("logit_bias id of 5000 digits", chat(logit_bias={"9" * 5000: 1}), "not a token id of this model"),
     # messages: every key and shape
     ("message unknown key", {"messages": [{"role": "user", "content": "x", "foo": 1}]}, "messages[0].'foo' is not"),
     ("content null", {"messages": [{"role": "user", "content": None}]}, "messages[0].content must be a string"),
@@ -152,6 +153,25 @@ def test_a_bad_completion_field_is_a_4xx_naming_it(guard, case, body, message):
     with pytest.raises(BadRequest) as err:
         check(guard, body, COMPLETIONS)
     assert message in err.value.message, err.value.message
+
+
+@pytest.mark.parametrize("encoding", [b"gzip", b"br", b" GZIP"])
+def test_a_compressed_body_is_a_415_by_its_header_before_it_is_read(guard, encoding):
+    import asyncio
+
+    scope = {"type": "http", "method": "POST", "path": CHAT, "headers": [(b"content-encoding", encoding)]}
+    sent, read = [], []
+
+    async def receive():
+        read.append(1)
+        return {"type": "http.request", "body": b"\x1f\x8b", "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    asyncio.run(guard(scope, receive, send))
+    error = json.loads(sent[1]["body"])["error"]
+    assert sent[0]["status"] == 415 and "send the request body uncompressed" in error["message"] and read == []
 
 
 def test_what_is_sent_on_holds_only_checked_fields_in_the_form_the_backend_runs(guard):

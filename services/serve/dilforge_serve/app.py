@@ -96,6 +96,7 @@ class RequestGuard:
         if method != "POST" or path not in GUARDED:
             return await self.app(scope, receive, send)
         try:
+            refuse_encoded_body(scope)
             raw = await read_body(receive, declared_length(scope), MAX_BODY_BYTES)
             # parsing and tokenising take CPU time: off the event loop, so /ping and streams keep answering
             body = await asyncio.to_thread(self.check, path, raw)
@@ -201,6 +202,19 @@ def declared_length(scope) -> int | None:
             except ValueError:
                 raise BadRequest("Content-Length is not a number") from None
     return None
+
+
+def refuse_encoded_body(scope) -> None:
+    """A compressed body (Content-Encoding gzip, br, ...) is refused by its header: the server reads JSON as sent,
+    and would otherwise report compressed bytes as "not UTF-8" or, mislabelled, read them as they are."""
+    for key, value in scope["headers"]:
+        if key.lower() == b"content-encoding" and value.strip().lower() not in (b"", b"identity"):
+            encoding = value.decode("latin-1")[:40]
+            raise BadRequest(
+                f"Content-Encoding {encoding!r} is not supported: send the request body uncompressed",
+                status=415,
+                code="unsupported_media_type",
+            )
 
 
 async def read_body(receive, declared: int | None, limit: int, drain: int = DRAIN_BYTES) -> bytes:

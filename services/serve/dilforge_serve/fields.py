@@ -362,7 +362,9 @@ def check_logit_bias(out: dict[str, Any], vocab_size: int) -> None:
     if not isinstance(bias, dict) or len(bias) > 300:
         raise BadRequest("logit_bias must be an object of at most 300 token id -> bias", param="logit_bias")
     for key, value in bias.items():
-        if not (isinstance(key, str) and key.isascii() and key.isdigit() and int(key) < vocab_size):
+        # the length first: int() of a key of thousands of digits is a ValueError, not a number
+        id_digits = isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= len(str(vocab_size))
+        if not (id_digits and int(key) < vocab_size):
             raise BadRequest(
                 f"logit_bias: {short(key)} is not a token id of this model (0..{vocab_size - 1})", param="logit_bias"
             )
