@@ -186,17 +186,17 @@ def run_stage(
     )
     try:
         status = _reuse_or_run(job, stage, backend, store, record)
-        witness = manifest_witness(job)
+        record.set_stage(store, stage, job.artifact_uri, status, backend=backend.name)
+        record.witness(store, job.artifact_uri, **manifest_witness(job))
+        record.save(store)  # before the lock goes: a waiting run checks the artifact against this witness
     finally:
         lock.release()
-    record.set_stage(store, stage, job.artifact_uri, status, backend=backend.name, **witness)
-    record.save(store)
     return job.artifact_uri
 
 
 def manifest_witness(job: StageJob) -> dict[str, str]:
     """What the run record keeps of the artifact's manifest: its sha256 and data folder, against which every later
-    reuse and `manifest validate` check it (integrity.recorded_digest_problem)."""
+    reuse and `manifest validate` check it (store.artifacts.recorded_digest_problem)."""
     from dilforge_shared.store.artifacts import read_manifest
 
     manifest, digest = read_manifest(job.artifact_uri, job.s3_endpoint_url)

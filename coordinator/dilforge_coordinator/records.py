@@ -93,12 +93,6 @@ class StageEntry(BaseModel):
         description="Good artifacts of this stage that another process running the same run id produced or reused "
         "at the same time (store-relative): kept referenced, so gc never counts them unreferenced.",
     )
-    manifest_sha256: str | None = Field(
-        default=None, description="sha256 of the artifact's manifest.json when it was produced or reused."
-    )
-    data_dir: str | None = Field(
-        default=None, description="The manifest's data folder then: which publish of the artifact the digest is of."
-    )
 
     @field_validator("artifact", "last_good")
     @classmethod
@@ -115,6 +109,15 @@ class StageEntry(BaseModel):
         return [a for a in (self.artifact, self.last_good, *self.also) if a]
 
 
+class Witness(BaseModel):
+    """One publish of an artifact as a run produced or reused it: what `manifest validate` and every reuse compare
+    its manifest against (store.artifacts.recorded_digest_problem)."""
+
+    model_config = ConfigDict(extra="forbid")
+    data_dir: str = Field(description="The manifest's data folder: which publish of the artifact this is.")
+    manifest_sha256: str = Field(description="sha256 of that publish's manifest.json.")
+
+
 class RecordDoc(BaseModel):
     model_config = ConfigDict(extra="allow")
     run_id: str
@@ -123,6 +126,16 @@ class RecordDoc(BaseModel):
     error: str | None = None
     updated_at: str | None = None
     stages: dict[str, StageEntry] = Field(default_factory=dict)
+    witnesses: dict[str, Witness] = Field(
+        default_factory=dict,
+        description="Store-relative artifact address → the publish this run last produced or reused there; kept "
+        "when the stage's entry moves on, so an artifact the run no longer names is still checked against it.",
+    )
+
+    @field_validator("witnesses")
+    @classmethod
+    def _relative_keys(cls, value: dict[str, Witness]) -> dict[str, Witness]:
+        return {check_relative_path(k): v for k, v in value.items()}
 
 
 def relative_address(address: str) -> str:
@@ -205,6 +218,8 @@ class RunRecord:
     touched: set[str] = field(default_factory=set, repr=False)
     # a registry of imports (`models import`): a new artifact for a stage keeps the earlier good ones in `also`
     accumulate: bool = field(default=False, repr=False)
+    witnesses: dict[str, dict] = field(default_factory=dict)
+    witnessed: set[str] = field(default_factory=set, repr=False)  # addresses this process witnessed: ours win a merge
 
     def __post_init__(self) -> None:
         self.base = copy.deepcopy(self.stages)
@@ -217,6 +232,7 @@ class RunRecord:
             "owner": self.owner,
             "error": self.error,
             "stages": self.stages,
+            "witnesses": self.witnesses,
         }
         return json.dumps(redact_values(doc), indent=2, ensure_ascii=False).encode()
 
@@ -235,6 +251,12 @@ class RunRecord:
         self.stages[stage] = entry
         self.touched.add(stage)
 
+    def witness(self, store: ArtifactStore, artifact_uri: str, data_dir: str, manifest_sha256: str) -> None:
+        """Record which publish of the artifact this run produced or reused (its data folder and manifest digest)."""
+        address = store.relative(artifact_uri) or relative_address(artifact_uri)
+        self.witnesses[address] = {"data_dir": data_dir, "manifest_sha256": manifest_sha256}
+        self.witnessed.add(address)
+
     def merge(self, disk: RunRecord) -> None:
         """Fold in what other processes wrote since this one last read or wrote the record (see the module doc)."""
         for stage, theirs in disk.stages.items():
@@ -248,6 +270,7 @@ class RunRecord:
             also = [a for a in dict.fromkeys([*mine.get("also", []), *_good_addresses(theirs)]) if a not in keep]
             if also:
                 mine["also"] = also
+        self.witnesses = {**disk.witnesses, **{a: self.witnesses[a] for a in self.witnessed if a in self.witnesses}}
 
     def save(self, store: ArtifactStore, close: str | None = None) -> None:
         """Write the record under its lock, merged with what is there now (never a lost artifact); `close`: end
@@ -287,6 +310,7 @@ class RunRecord:
             status=doc.status,
             owner=doc.owner,
             error=doc.error,
+            witnesses={k: v.model_dump() for k, v in doc.witnesses.items()},
         )
 
     @classmethod

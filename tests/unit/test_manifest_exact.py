@@ -109,22 +109,40 @@ def _edit_file_and_manifest(uri: Path) -> tuple[Path, dict]:
     return path, raw
 
 
-@pytest.mark.parametrize("sidecar", ["deleted", "rewritten"])
+def _swap_data_folder(uri: Path, raw: dict) -> None:
+    """Move the edited files to a new data folder, name it in the manifest, and write that manifest's digest."""
+    new = "data-0123456789ab"
+    (uri / raw["data_dir"]).rename(uri / new)
+    (uri / manifest_digest_key(raw["data_dir"])).unlink()
+    raw["data_dir"] = new
+    body = json.dumps(raw, indent=2).encode()
+    (uri / MANIFEST_NAME).write_bytes(body)
+    (uri / manifest_digest_key(new)).write_text(sha256_bytes(body))
+
+
+@pytest.mark.parametrize("sidecar", ["deleted", "rewritten", "new data folder"])
 def test_an_edited_artifact_with_a_matching_manifest_is_neither_valid_nor_reused(tmp_path, sidecar, capsys):
     cfg = load_pipeline(write_config(tmp_path))
     backend = PublishingBackend()
     uri = Path(pl.run_all(cfg, backend)["tokenizer"].removeprefix("file://"))
-    record = json.loads((tmp_path / "store" / "runs" / "demo.json").read_text())["stages"]["tokenizer"]
-    assert record["manifest_sha256"] == sha256_file(uri / MANIFEST_NAME), "the run record witnesses the manifest"
+    witness = json.loads((tmp_path / "store" / "runs" / "demo.json").read_text())["witnesses"]
+    assert witness[f"artifacts/tokenizer/{uri.name}"]["manifest_sha256"] == sha256_file(uri / MANIFEST_NAME)
     path, raw = _edit_file_and_manifest(uri)
     digest = uri / manifest_digest_key(raw["data_dir"])
     if sidecar == "deleted":
         digest.unlink()
-    else:
+    elif sidecar == "rewritten":
         digest.write_text(sha256_bytes(path.read_bytes()))
+    else:
+        _swap_data_folder(uri, raw)
     code, out = _validate(uri)
     assert code == 1 and out.count("\n") == 1, out
-    assert ("no recorded digest" if sidecar == "deleted" else "changed since run record") in out, out
+    expected = {
+        "deleted": "no recorded digest",
+        "rewritten": "changed since run record",
+        "new data folder": "no publish a run record witnessed",
+    }[sidecar]
+    assert expected in out, out
     capsys.readouterr()
     assert pl.run_all(cfg, backend)["tokenizer"].removeprefix("file://") == str(uri)
     assert len(backend.runs) == 2, "rebuilt, not reused"
@@ -133,16 +151,36 @@ def test_an_edited_artifact_with_a_matching_manifest_is_neither_valid_nor_reused
     assert _validate(uri)[0] == 0, "the rebuilt artifact validates against the record's new witness"
 
 
+def test_an_artifact_its_run_no_longer_names_is_still_checked_against_its_witness(tmp_path):
+    """The stage's entry moves on to another artifact (another config under the same run id); the record still
+    witnesses the first one, so editing that one with a matching manifest and digest is caught."""
+    backend = PublishingBackend()
+    first = Path(pl.run_all(load_pipeline(write_config(tmp_path)), backend)["tokenizer"].removeprefix("file://"))
+    other = write_config(tmp_path).read_text().replace("vocab_sizes: [1000]", "vocab_sizes: [1200]")
+    assert other != write_config(tmp_path).read_text()
+    (tmp_path / "other.yaml").write_text(other)
+    second = pl.run_all(load_pipeline(tmp_path / "other.yaml"), backend)["tokenizer"]
+    assert second.removeprefix("file://") != str(first)
+    path, raw = _edit_file_and_manifest(first)
+    (first / manifest_digest_key(raw["data_dir"])).write_text(sha256_bytes(path.read_bytes()))
+    assert "changed since run record" in check_artifact(str(first))
+
+
 def test_a_rebuilt_artifact_is_not_judged_by_an_older_publishs_witness(tmp_path):
-    """The witness is of one publish (its data folder): after a rebuild under the same id, a record of the old
-    publish says nothing about the new one."""
+    """A witness is of one publish (its data folder): after a rebuild under the same id, a record of the old
+    publish does not condemn the new one, which the rebuilding run witnessed."""
     cfg = load_pipeline(write_config(tmp_path))
     uri = pl.run_all(cfg, PublishingBackend())["tokenizer"]
     other = tmp_path / "store" / "runs" / "older.json"
-    entry = {"artifact": "artifacts/tokenizer/" + uri.rsplit("/", 1)[1], "status": "produced"}
+    address = "artifacts/tokenizer/" + uri.rsplit("/", 1)[1]
+    entry = {"artifact": address, "status": "produced"}
     other.write_text(
         json.dumps(
-            {"run_id": "older", "stages": {"tokenizer": {**entry, "data_dir": "data-0", "manifest_sha256": "0" * 64}}}
+            {
+                "run_id": "older",
+                "stages": {"tokenizer": entry},
+                "witnesses": {address: {"data_dir": "data-0", "manifest_sha256": "0" * 64}},
+            }
         )
     )
     assert check_artifact(uri) is None

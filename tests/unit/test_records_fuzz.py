@@ -175,13 +175,18 @@ def test_a_manifest_edited_with_or_without_its_digest_never_validates(tmp_path, 
         raw["files"].append({"path": "zz.jsonl", "size": 1, "sha256": "0" * 64})
     else:
         raw["created_at"] = "2020-01-01T00:00:00Z"
+    sidecar = rng.choice(["kept", "deleted", "rewritten", "new data folder"])
+    if sidecar == "new data folder":  # the files moved under a new name, with that manifest's own digest
+        new = f"data-{rng.randbytes(6).hex()}"
+        (uri / raw["data_dir"]).rename(uri / new)
+        (uri / manifest_digest_key(raw["data_dir"])).unlink()
+        raw["data_dir"] = new
     body = json.dumps(raw, indent=rng.choice([None, 2])).encode()
     path.write_bytes(body)
     digest = uri / manifest_digest_key(raw["data_dir"])
-    sidecar = rng.choice(["kept", "deleted", "rewritten"])
     if sidecar == "deleted":
         digest.unlink()
-    elif sidecar == "rewritten":
+    elif sidecar in ("rewritten", "new data folder"):
         digest.write_text(sha256_bytes(body))
     assert check_artifact(str(uri)) is not None, f"{edit}, sidecar {sidecar} (seed {seed})"
     with pytest.raises(IntegrityError):

@@ -154,9 +154,11 @@ def read_manifest(uri: str, endpoint_url: str | None = None) -> tuple[Manifest, 
 
 
 def recorded_digest_problem(artifact_uri: str, manifest: Manifest, digest: str, endpoint_url: str | None) -> str | None:
-    """None unless a run record of the artifact's store recorded another sha256 for this very publish of its
-    manifest (same data folder): the manifest was edited after it was produced or reused, whatever its sidecar says.
-    Only artifacts at `<store>/artifacts/<stage>/<id>` have records to ask."""
+    """None unless the store's run records witnessed publishes of this artifact (each record keeps, per artifact it
+    produced or reused, the manifest's data folder and sha256) and none of them is this one: its manifest was
+    edited, or its files were swapped under a new data folder with a new digest beside it, whatever that digest
+    says. A rebuild after a damaged artifact is witnessed by the run that rebuilt it. Only artifacts at
+    `<store>/artifacts/<stage>/<id>` have records to ask."""
     root, sep, tail = artifact_uri.rstrip("/").rpartition("/artifacts/")
     if not sep or not root or tail.count("/") != 1:
         return None
@@ -166,23 +168,29 @@ def recorded_digest_problem(artifact_uri: str, manifest: Manifest, digest: str, 
         keys = [k for k in store.list("runs") if k.endswith(".json")]
     except (NotFound, OSError, DilforgeError):
         return None
-    for key in keys:
+    seen: list[tuple[str, dict]] = []
+    for key in sorted(keys):
         try:
-            stages = json.loads(store.read_bytes(key)).get("stages") or {}
+            witness = (json.loads(store.read_bytes(key)).get("witnesses") or {}).get(address)
         except (NotFound, OSError, ValueError, AttributeError):
             continue  # a damaged record is the coordinator's to report
-        for entry in stages.values() if isinstance(stages, dict) else ():
-            if (
-                isinstance(entry, dict)
-                and entry.get("artifact") == address
-                and entry.get("data_dir") == manifest.data_dir
-                and entry.get("manifest_sha256") not in (None, digest)
-            ):
-                return (
-                    f"{artifact_uri}/{MANIFEST_NAME}: changed since run record {key} recorded it (sha256 "
-                    f"{entry['manifest_sha256'][:12]}…, now {digest[:12]}…); rerun its stage to rebuild it"
-                )
-    return None
+        if isinstance(witness, dict):
+            if (witness.get("data_dir"), witness.get("manifest_sha256")) == (manifest.data_dir, digest):
+                return None
+            seen.append((key, witness))
+    if not seen:
+        return None
+    key, witness = next(((k, w) for k, w in seen if w.get("data_dir") == manifest.data_dir), seen[-1])
+    if witness.get("data_dir") == manifest.data_dir:
+        return (
+            f"{artifact_uri}/{MANIFEST_NAME}: changed since run record {key} recorded it (sha256 "
+            f"{str(witness.get('manifest_sha256'))[:12]}…, now {digest[:12]}…); rerun its stage to rebuild it"
+        )
+    return (
+        f"{artifact_uri}/{MANIFEST_NAME}: its data folder {manifest.data_dir} is no publish a run record witnessed "
+        f"({key} recorded {witness.get('data_dir')}): the artifact was replaced after it was made; rerun its stage "
+        "to rebuild it"
+    )
 
 
 def extra_keys(manifest: Manifest, backend: Storage) -> list[str]:
