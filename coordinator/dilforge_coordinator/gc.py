@@ -19,6 +19,7 @@ from dilforge_shared import staging
 from dilforge_shared.errors import DilforgeError, ManifestError
 from dilforge_shared.locks import FileLock, is_locked
 from dilforge_shared.manifest import MANIFEST_NAME, parse_manifest
+from dilforge_shared.stages import STAGES
 from dilforge_shared.store.artifacts import STORE_MARKER, manifest_digest_key
 from dilforge_shared.store.backends import NotFound
 
@@ -30,6 +31,7 @@ STORE_TEMP = re.compile(r"^\..+\.[0-9a-f]{32}\.tmp$")  # LocalStorage write_byte
 DATA_DIR = re.compile(r"^data-[0-9a-f]{12}$")  # store.publish
 DIGEST_FILE = re.compile(r"^\.data-[0-9a-f]{12}\.manifest\.sha256$")  # store.manifest_digest_key
 DAMAGED = re.compile(r"\.damaged-\d{8}T\d{6}Z(-\d+)?$")  # integrity.move_aside
+ARTIFACT_ID = re.compile(r"^[0-9a-f]{16}$")  # manifest.fingerprint: `artifacts/<stage>/<id>`
 # In the download cache, by subfolder: models._download_prefix → mirror_prefix (`.<key>.<8 hex>.partial|old` beside
 # the copy), corpus_files.stamped_sha256 (`<sha256>.<pid>.tmp`), the model stage's recipe wheels (`.download-<uuid>`).
 CACHE_LEFTOVERS = {
@@ -122,8 +124,8 @@ def find_store_garbage(store: ArtifactStore, min_age_s: float, unreferenced: boo
     backend = store.backend
     folders: dict[tuple[str, str], set[str]] = {}
     for key in backend.list("artifacts"):
-        parts = key.split("/")
-        if len(parts) >= 4:
+        parts = key.split("/")  # only `artifacts/<a stage>/<an artifact id>[.damaged-…]`: the rest is not ours
+        if len(parts) >= 4 and parts[1] in STAGES and ARTIFACT_ID.match(DAMAGED.sub("", parts[2])):
             folders.setdefault((parts[1], parts[2]), set()).add(parts[3])
     refs = _referenced(store) if unreferenced else set()
     found: list[Garbage] = []
@@ -140,9 +142,12 @@ def find_store_garbage(store: ArtifactStore, min_age_s: float, unreferenced: boo
         data_dir = None
         if MANIFEST_NAME in entries:
             try:
-                data_dir = parse_manifest(backend.read_bytes(f"{prefix}/{MANIFEST_NAME}"), uri).data_dir
+                manifest = parse_manifest(backend.read_bytes(f"{prefix}/{MANIFEST_NAME}"), uri)
             except ManifestError:
-                data_dir = None
+                continue  # not a manifest dilforge can read: `manifest validate` reports it, gc proves nothing
+            if (manifest.stage, manifest.artifact_id) != (stage, name):
+                continue  # a manifest of another place: not the artifact this folder's name says
+            data_dir = manifest.data_dir
             if unreferenced and uri not in refs:
                 found.append(
                     Garbage("unreferenced", uri, "no run record names it", lambda p=prefix: backend.delete_prefix(p))

@@ -119,6 +119,33 @@ def test_gc_never_touches_files_inside_a_published_artifact_and_removes_only_exa
     assert check_artifact(uri) is None, "the artifact still validates"
 
 
+def test_gc_looks_only_at_artifact_folders_whose_stage_id_and_manifest_are_dilforges(tmp_path):
+    """A store root may hold a project's own `artifacts/` folder: a folder is an artifact only under a stage's name,
+    with an artifact id's name, and (for --unreferenced) a dilforge manifest of that very stage and id."""
+    src = tmp_path / "model"
+    src.mkdir()
+    (src / "config.json").write_text("{}")
+    store = tmp_path / "store"
+    good = Path(_publish(store, src))
+    users = [
+        store / "artifacts" / "build" / "v1" / "manifest.json",  # a web app manifest
+        store / "artifacts" / "photos" / "2020" / "data-0123456789ab" / "a.jpg",  # a stage name that is no stage
+        store / "artifacts" / "model" / "my-model" / "data-0123456789ab" / "w.bin",  # a name that is no id
+        store / "artifacts" / "model" / "fedcba9876543210" / "manifest.json",  # not a dilforge manifest
+        store / "artifacts" / "model" / "fedcba9876543210" / "data-0123456789ab" / "w.bin",
+        store / "artifacts" / "model" / "0011223344556677" / "manifest.json",  # another artifact's manifest copied
+    ]
+    for path in users:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text('{"name": "web app", "icons": []}')
+    (users[-1]).write_bytes((good / "manifest.json").read_bytes())
+    _old(*(p for u in users for p in (u, u.parent)))
+    result = _gc("--store", str(store), "--workdir", str(tmp_path / "w"), "--unreferenced", "--delete")
+    assert result.exit_code == 0, result.output
+    assert all(p.exists() for p in users), result.output
+    assert "1 item(s) removed" in result.output and not good.exists(), "the unrecorded artifact itself is collected"
+
+
 def test_gc_leaves_a_symlinked_orphan_data_folder_target_alone(tmp_path):
     src = tmp_path / "model"
     src.mkdir()

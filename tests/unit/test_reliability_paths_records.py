@@ -239,7 +239,7 @@ def test_gc_removes_the_digest_of_a_killed_publish_and_keeps_the_live_one(tmp_pa
     import os
     import time
 
-    uri = _published(tmp_path)
+    uri = _published(tmp_path, "0123456789abcdef")  # an artifact id's shape: what gc looks at
     root = Path(uri)
     live = next(root.glob(".data-*.manifest.sha256"))
     dead = root / ".data-0000deadbeef.manifest.sha256"  # a publish killed after its digest
@@ -251,7 +251,7 @@ def test_gc_removes_the_digest_of_a_killed_publish_and_keeps_the_live_one(tmp_pa
     )
     assert result.exit_code == 0 and "1 item(s) removed" in result.output, result.output
     assert not dead.exists() and live.exists()
-    assert fetch(uri).manifest.artifact_id == "a1", "the artifact still verifies"
+    assert fetch(uri).manifest.artifact_id == "0123456789abcdef", "the artifact still verifies"
 
 
 def test_serve_run_finds_the_runs_artifact_in_the_store_where_it_now_is(tmp_path):
