@@ -112,5 +112,5 @@ def test_the_documented_commands_run_on_az_tiny(tmp_path, data_root):
         finally:
             server.terminate()
             server.wait(timeout=30)
-    leftovers = [p for p in Path("/tmp").glob("dilforge-serve-*") if p.stat().st_mtime > time.time() - 600]
+    leftovers = [p for p in Path("/tmp").glob(".dilforge-serve-*") if p.stat().st_mtime > time.time() - 600]
     assert leftovers == [], "the served folder was left behind"

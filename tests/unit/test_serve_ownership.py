@@ -47,3 +47,39 @@ def test_prepare_never_writes_into_an_existing_folder(tmp_path):
     with pytest.raises(DilforgeError, match="exists; the served folder is built only in a fresh folder"):
         prepare(spec, tmp_path)
     assert (tmp_path / "keep" / "weights.bin").read_bytes() == b"mine"
+
+
+def test_a_killed_servers_folder_goes_at_the_next_start_and_nothing_else(tmp_path, capsys):
+    """`kill -9` leaves the private folder (links, and for an adapter a merged copy of the model): the next start
+    in that workdir removes it, by its staging name and unlocked owner file; a live server's and the user's stay."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    work = tmp_path / "work"
+    work.mkdir()
+    holder = (
+        "import sys, time; from pathlib import Path; from dilforge_shared import staging\n"
+        "with staging.staging_dir(Path(sys.argv[1]), 'serve') as root:\n"
+        "    (root / 'merged.safetensors').write_bytes(b'w' * 100); print(root, flush=True); time.sleep(60)\n"
+    )
+    killed, live = (
+        subprocess.Popen([sys.executable, "-c", holder, str(work)], stdout=subprocess.PIPE, text=True) for _ in range(2)
+    )
+    try:
+        folders = [Path(p.stdout.readline().strip()) for p in (killed, live)]
+        os.kill(killed.pid, signal.SIGKILL)
+        killed.wait(10)
+        mine = work / ".dilforge-serve-notes"  # the user's, of a similar name
+        mine.mkdir()
+        (mine / ".owner").write_text("x")
+        assert folders[0].is_dir(), "kill -9 leaves it"
+        assert cli.main([str(tmp_path / "no-such-model"), "--workdir", str(work)]) == 1
+        assert not folders[0].exists() and folders[1].is_dir() and mine.is_dir()
+        assert sorted(p.name for p in work.iterdir()) == sorted([folders[1].name, mine.name]), (
+            "the failed start's own went"
+        )
+    finally:
+        live.kill()
+        live.wait(10)

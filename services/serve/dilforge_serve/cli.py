@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import signal
 import sys
 import tempfile
@@ -18,7 +17,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from dilforge_shared import compat
+from dilforge_shared import compat, staging
 
 from . import run
 from .app import ServerOptions, build_app
@@ -103,37 +102,43 @@ def serve(
     if problem is not None:
         print(f"error: {problem}", file=sys.stderr)
         raise typer.Exit(1)
-    # a private folder of our own: never a path the user named (their model may live there), always removed
-    root = Path(tempfile.mkdtemp(prefix="dilforge-serve-", dir=workdir or None))
+    # a private staging folder of our own (never a path the user named: their model may live there), removed on
+    # exit; one a killed server left (links, and for an adapter a merged copy of the model) goes at the next start
+    parent = Path(workdir or tempfile.gettempdir())
+    for stale in staging.abandoned(parent, "serve"):
+        logging.getLogger("dilforge.serve").info("removing %s, left by a server that was killed", stale)
+        staging.remove(stale)
     cwd = os.getcwd()
     try:
-        spec = resolve_served_model(
-            model,
-            endpoint_url=s3_endpoint_url,
-            base=base,
-            model_id=model_id,
-            system_prompt=system_prompt,
-            prefer_merged=not adapter,
-        )
-        field = "--system-prompt" if system_prompt else f"{model}: its SFT config's system_prompt"
-        check_system_prompt(spec.system_prompt, field, spec.tokenizer_dir)
-        prepare(spec, root)
-        os.chdir(root)  # transformers serve is pinned to the folder named by the model id, relative to here
-        import uvicorn
+        with staging.staging_dir(parent, "serve") as root:
+            os.chmod(root, 0o700)
+            try:
+                spec = resolve_served_model(
+                    model,
+                    endpoint_url=s3_endpoint_url,
+                    base=base,
+                    model_id=model_id,
+                    system_prompt=system_prompt,
+                    prefer_merged=not adapter,
+                )
+                field = "--system-prompt" if system_prompt else f"{model}: its SFT config's system_prompt"
+                check_system_prompt(spec.system_prompt, field, spec.tokenizer_dir)
+                prepare(spec, root)
+                os.chdir(root)  # transformers serve is pinned to the folder named by the model id, relative to here
+                import uvicorn
 
-        server = build_app(spec.model_id, ServerOptions(device, dtype, continuous_batching))
-        shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
-        print(
-            f"serving {spec.description}\n  model id: {spec.model_id}\n  OpenAI base URL: http://{shown}:{port}/v1"
-            f"\n  SageMaker: GET /ping, POST /invocations",
-            flush=True,
-        )
-        uvicorn.run(server, host=host, port=int(port), log_level=log_level)
+                server = build_app(spec.model_id, ServerOptions(device, dtype, continuous_batching))
+                shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+                print(
+                    f"serving {spec.description}\n  model id: {spec.model_id}\n  OpenAI base URL: "
+                    f"http://{shown}:{port}/v1\n  SageMaker: GET /ping, POST /invocations",
+                    flush=True,
+                )
+                uvicorn.run(server, host=host, port=int(port), log_level=log_level)
+            finally:
+                os.chdir(cwd)
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
-    finally:
-        os.chdir(cwd)
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:
