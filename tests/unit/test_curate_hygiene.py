@@ -50,6 +50,33 @@ def test_contacts_in_any_script_or_spacing_are_replaced(contact, kind):
     assert out == f"Əlaqə: <{kind}>, hər gün.", out
 
 
+@pytest.mark.parametrize(
+    ("text", "redacted"),
+    [
+        # a phone after another number in the same run of digit groups
+        ("Tarix 05.10.2023 050 123 45 67", "Tarix 05.10.2023 <PHONE>"),
+        ("Tel. 1) 050 123 45 67 2) 051 234 56 78", "Tel. 1) <PHONE> 2) <PHONE>"),
+        ("Otaq 12 050 123 45 67", "Otaq 12 <PHONE>"),
+        ("Qiymət 250 (050) 123-45-67", "Qiymət 250 <PHONE>"),
+        ("Elan 2023 +994 50 123 45 67", "Elan 2023 <PHONE>"),
+        ("saat 14:00 050 123 45 67", "saat 14:00 <PHONE>"),
+        # layouts: a slash, the trunk written after the country code
+        ("Tel: 050/123-45-67", "Tel: <PHONE>"),
+        ("Tel: 050 123 45 67 / 051 234 56 78", "Tel: <PHONE> / <PHONE>"),
+        ("Telefon: +994 (0) 50 123 45 67", "Telefon: <PHONE>"),
+        # an Azerbaijani case ending after an address
+        ("ali@mail.az-a yazın", "<EMAIL>-a yazın"),
+        ("Məktubu info@xeber.gov.az-dan aldıq", "Məktubu <EMAIL>-dan aldıq"),
+        # cards as they are printed, a phone after a time
+        ("Kart 4111 1111 1111 1111 2023-cü ildən", "Kart <CARD> 2023-cü ildən"),
+        ("Amex 3782 822463 10005", "Amex <CARD>"),
+        ("saat 14:00 994 51 114 16 77", "saat 14:<PHONE>"),  # `00 994 …`: no card of a time and a phone
+    ],
+)
+def test_a_contact_after_other_numbers_in_other_layouts_or_before_a_case_ending_is_replaced(text, redacted):
+    assert REDACT.format(text) == redacted
+
+
 def test_a_phone_followed_by_a_year_is_replaced_and_the_year_kept():
     assert REDACT.format("Zəng: +994 50 123 45 67 2024-cü ildən.") == "Zəng: <PHONE> 2024-cü ildən."
     assert REDACT.format("Zəng: 050 123 45 67 2024-cü ildən.") == "Zəng: <PHONE> 2024-cü ildən."
@@ -65,6 +92,10 @@ def test_a_phone_followed_by_a_year_is_replaced_and_the_year_kept():
         "Büdcə ١ ٥٠٠ ٠٠٠ manat.",
         "Cəmi 994 nəfər, 12 345 manat.",
         "Hesab 123456789 nömrəli.",
+        "Tarixlər 05/10/2023 və 12/03/2021, paylar 1/2 3/4 5/6.",
+        "Rəqəmlər: 0 1 2 3 4 5 6 7 8 9.",
+        "Büdcə 12 050 123 456 manat, 1 050 123 456 789 manat.",
+        "Sayı 1 234 567 890 128 və 9 876 543 210 987 5.",  # Luhn-valid digit runs that are not printed as cards
     ],
 )
 def test_numbers_that_are_not_contacts_stay_in_any_script(text):

@@ -143,7 +143,10 @@ class RedactConfig(StrictModel):
         description="Replace phone numbers: Azerbaijani (+994 50 123 45 67, 050-123-45-67, (012) 493-12-34) and "
         "international (+ or 00 and 9-15 digits).",
     )
-    cards: bool = Field(default=True, description="Replace payment card numbers (13-19 digits passing Luhn's check).")
+    cards: bool = Field(
+        default=True,
+        description="Replace payment card numbers (13-19 digits as cards print them, passing Luhn's check).",
+    )
     email_placeholder: str = Field(default="<EMAIL>", min_length=1, max_length=32, description="E-mail replacement.")
     phone_placeholder: str = Field(default="<PHONE>", min_length=1, max_length=32, description="Phone replacement.")
     card_placeholder: str = Field(default="<CARD>", min_length=1, max_length=32, description="Card replacement.")

@@ -387,23 +387,29 @@ def shadow(text: str) -> str:
 
 
 # An e-mail address: a dot-atom local part of Unicode letters (`əli`) or a quoted one (`"ali veli"`), '@', then
-# domain labels of Unicode letters and digits and a top-level domain of letters (IDN: `poçt.az`) or punycode.
+# domain labels of Unicode letters and digits and a top-level domain of letters (IDN: `poçt.az`) or punycode; a
+# hyphenated case ending after it (`ali@mail.az-a yazın`) is not part of the address.
 _ATOM = r"[\w!#$%&'*+/=?^`{|}~\x01-]+"
 EMAIL = (
     rf"(?<![\w.!#$%&'*+/=?^`{{|}}~\x01\\-])(?:{_ATOM}(?:\.{_ATOM})*|\"(?:[^\"\\\r\n]|\\.){{1,64}}\")"
-    r"\x01*@\x01*(?:[^\W_](?:[\w\x01-]{0,62}[^\W_])?\.)+(?:[^\W\d_]{2,63}|xn--[a-z0-9-]{1,59})(?![\w-])"
+    r"\x01*@\x01*(?:[^\W_](?:[\w\x01-]{0,62}[^\W_])?\.)+(?:xn--[a-z0-9-]{1,59}|[^\W\d_]{2,63})(?!\w)"
 )
-# A phone number is a run of digit groups joined by up to four separator characters (space, dot, dash,
-# parentheses), maybe after '+'. Which runs are phones is decided on their digits (`phone_length`), so the same
+# A phone number is a run of digit groups joined by up to four separator characters (space, dot, dash, slash,
+# parentheses), maybe after '+'. Which groups are phones is decided on their digits (`phone_spans`), so the same
 # rules hold for any spacing: '+' or '00' and a country code (9-15 digits; Azerbaijan's +994 exactly 12),
 # Azerbaijan's trunk '0' with an area or mobile code (10 digits: `0 50 123 45 67`, `(012) 493-12-34`), `994` and 9
 # digits, or a mobile or Baku code written as its own group before 7 digits (`50 123 45 67`). Plain numbers (sums,
 # years, dates, article numbers) match none of these and are never touched.
-PHONE_RUN = r"(?<![\w+\x01])(?:\(?\+[ .\-()\x01]{0,4})?\(?\d(?:[ .\-()\x01]{0,4}\d)*\)?(?![\w@])"
+PHONE_RUN = r"(?<![\w+\x01])(?:\(?\+[ .\-/()\x01]{0,4})?\(?\d(?:[ .\-/()\x01]{0,4}\d)*\)?(?![\w@])"
 _AZ_CODES = {"10", "12", "18", "36", "40", "50", "51", "55", "60", "70", "77", "99", *(f"2{d}" for d in range(10))}
 _AZ_BARE = {"10", "12", "50", "51", "55", "60", "70", "77", "99"}  # codes written without the trunk 0
 _GROUP = re.compile(r"[\d\x01]+")
-CARD = r"(?<!\d)(?:\d[ \-\x01]?){12,18}\d(?!\d)"
+# A card number as cards print it: 13-19 digits in one group, in groups of four (16-19 digits), or 4-6-4/5 (Diners,
+# Amex), never starting with 0; a run of sums or a phone after a time (`14:00 994 51 …`) is none of these.
+CARD = (
+    r"(?<![\d\x01])(?:[1-9]\d{12,18}|[1-9]\d{3}([ \-\x01])\d{4}\1\d{4}\1\d{4}(?:\1\d{3})?"
+    r"|[1-9]\d{3}([ \-\x01])\d{6}\2\d{4,5})(?![\d\x01])"
+)
 
 
 def _phone_ok(digits: str, plus: bool, groups: list[str], hidden: bool = False) -> bool:
@@ -411,6 +417,8 @@ def _phone_ok(digits: str, plus: bool, groups: list[str], hidden: bool = False) 
     need no visible grouping."""
     if plus or digits.startswith("00"):
         rest = digits if plus else digits[2:]
+        if rest.startswith("9940") and "0" in groups[1:3]:
+            rest = "994" + rest[4:]  # the trunk written after the country code: `+994 (0) 50 …`
         if rest.startswith("994"):
             return len(rest) == 12 and rest[3:5] in _AZ_CODES
         return rest[:1] != "0" and 9 <= len(rest) <= 15
@@ -425,23 +433,40 @@ def _phone_ok(digits: str, plus: bool, groups: list[str], hidden: bool = False) 
     return trunk or country or bare
 
 
-def phone_length(match: str) -> int:
-    """How many characters of a digit run (in shadow form) are a phone number: the longest prefix that ends with a
-    digit group and passes the rules above, or 0."""
-    plus = "+" in match[: match.find(next(c for c in match if c.isdigit()))]
-    groups = [(m.end(), m.group(0).replace(_ZW, "")) for m in _GROUP.finditer(match)]
-    for n in range(len(groups), 0, -1):
-        digits = "".join(g for _, g in groups[:n])
-        if len(digits) < 9:
-            break
-        end = groups[n - 1][0]
-        if _phone_ok(digits, plus, [g for _, g in groups[:n]], _ZW in match[:end]):
-            return end + (1 if match[end : end + 1] == ")" and "(" in match[:end] else 0)
-    return 0
+def phone_spans(match: str) -> list[tuple[int, int]]:
+    """The phone numbers in a digit run (in shadow form), as (start, end) offsets: from each digit group, the longest
+    run of groups that ends with a digit group and passes the rules above. A run may hold other numbers before a
+    phone (`05.10.2023 050 123 45 67`, `1) 050 …`) or several phones; each is found, the rest left alone."""
+    groups = [(m.start(), m.end(), m.group(0).replace(_ZW, "")) for m in _GROUP.finditer(match)]
+    spans: list[tuple[int, int]] = []
+    i = 0
+    while i < len(groups):
+        # a run starts with its '+' (and '('), if any; a phone later in the run with its own '('
+        plus = i == 0 and "+" in match[: groups[0][0]]
+        start = 0 if i == 0 else groups[i][0] - (match[groups[i][0] - 1] == "(")
+        found, digits = None, ""
+        for j in range(i, len(groups)):
+            digits += groups[j][2]
+            if len(digits) > 16:  # no phone is longer (15 digits and a written trunk `(0)`)
+                break
+            end = groups[j][1]
+            names = [g for _, _, g in groups[i : j + 1]]
+            if len(digits) >= 9 and _phone_ok(digits, plus, names, _ZW in match[groups[i][0] : end]):
+                found = (j, end + (1 if match[end : end + 1] == ")" and "(" in match[start:end] else 0))
+        if found is None:
+            i += 1
+            continue
+        spans.append((start, found[1]))
+        i = found[0] + 1
+    return spans
 
 
-def _card_length(match: str) -> int:
-    return len(match) if luhn_ok(match) else 0
+def _card_spans(match: str) -> list[tuple[int, int]]:
+    return [(0, len(match))] if luhn_ok(match) else []
+
+
+def _whole(match: str) -> list[tuple[int, int]]:
+    return [(0, len(match))]
 
 
 def luhn_ok(match: str) -> bool:
@@ -466,25 +491,24 @@ class ContactRedactor(BaseFormatter):
         # (kind, pattern, how much of a match to replace); cards first: a 16-digit card would half-match a phone,
         # e-mails before phones: digits in an address are not a phone number
         kinds = (
-            ("card", cards, CARD, _card_length),
-            ("email", emails, EMAIL, len),
-            ("phone", phones, PHONE_RUN, phone_length),
+            ("card", cards, CARD, _card_spans),
+            ("email", emails, EMAIL, _whole),
+            ("phone", phones, PHONE_RUN, phone_spans),
         )
         self.kinds = [
-            (kind, re.compile(pattern), length, placeholders[kind]) for kind, on, pattern, length in kinds if on
+            (kind, re.compile(pattern), spans, placeholders[kind]) for kind, on, pattern, spans in kinds if on
         ]
 
     def format(self, text: str) -> str:
         view = shadow(text)
-        for kind, pattern, length, placeholder in self.kinds:
+        for kind, pattern, spans, placeholder in self.kinds:
             if kind == "email" and "@" not in view:
                 continue
             out, pos, count = [], 0, 0
             for match in pattern.finditer(view):
-                n = length(match.group(0))
-                if n:
-                    out += [text[pos : match.start()], placeholder]
-                    pos = match.start() + n
+                for start, end in spans(match.group(0)):
+                    out += [text[pos : match.start() + start], placeholder]
+                    pos = match.start() + end
                     count += 1
             if count:
                 text = "".join(out) + text[pos:]
