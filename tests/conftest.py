@@ -7,6 +7,7 @@ from pathlib import Path
 import factories
 import pytest
 import seaweed
+from filelock import FileLock
 
 
 @pytest.fixture(scope="session")
@@ -25,6 +26,16 @@ def s3_server(tmp_path_factory):
             patch.setenv(key, value)
         yield server
     server.stop()
+
+
+@pytest.fixture(autouse=True)
+def fresh_boto3_credentials(request):
+    """A test of the S3 server gets its keys: boto3's default session keeps the credentials of its first client,
+    which in a pytest-xdist worker may have been made inside an earlier test's moto mock or cleared environment."""
+    if "s3_server" in request.fixturenames:
+        import boto3
+
+        boto3.DEFAULT_SESSION = None
 
 
 @pytest.fixture
@@ -66,29 +77,23 @@ def smollm2_artifact(tmp_path_factory):
     from dilforge_shared.store.artifacts import fetch
 
     store = cache_root() / "test-store"
+    cache_root().mkdir(parents=True, exist_ok=True)
     env = {
         **os.environ,
         "DILFORGE_WORKDIR": str(tmp_path_factory.mktemp("smollm2-work")),
         "DILFORGE_CACHE": str(cache_root()),
     }
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "dilforge_coordinator.cli",
-            "models",
-            "import",
-            "smollm2-135m-instruct",
-            "--store",
-            str(store),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-        timeout=1800,
-        check=False,
-    )
+    with FileLock(cache_root() / "test-fixtures.lock"):  # one import at a time across pytest-xdist workers
+        proc = subprocess.run(
+            [sys.executable, "-m", "dilforge_coordinator.cli", "models", "import", "smollm2-135m-instruct"]
+            + ["--store", str(store)],
+            env=env,
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            timeout=1800,
+            check=False,
+        )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return fetch(proc.stdout.strip().splitlines()[-1].split("artifact: ")[1])
 
@@ -118,15 +123,17 @@ def llama32_tokenizer() -> Path:
     if os.environ.get("DILFORGE_LLAMA32_TOKENIZER"):
         return Path(os.environ["DILFORGE_LLAMA32_TOKENIZER"])
     out = cache_root() / "llama32-tokenizer"
-    if not (out / "tokenizer.json").is_file():
-        script = Path(__file__).resolve().parents[1] / "scripts/build_llama32_tokenizer.py"
-        proc = subprocess.run(
-            [sys.executable, str(script), "--out", str(out)],
-            capture_output=True,
-            text=True,
-            stdin=subprocess.DEVNULL,
-            timeout=900,
-            check=False,
-        )
-        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    cache_root().mkdir(parents=True, exist_ok=True)
+    with FileLock(cache_root() / "test-fixtures.lock"):  # one build at a time across pytest-xdist workers
+        if not (out / "tokenizer.json").is_file():
+            script = Path(__file__).resolve().parents[1] / "scripts/build_llama32_tokenizer.py"
+            proc = subprocess.run(
+                [sys.executable, str(script), "--out", str(out)],
+                capture_output=True,
+                text=True,
+                stdin=subprocess.DEVNULL,
+                timeout=900,
+                check=False,
+            )
+            assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return out

