@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from dilforge_shared.settings import cache_root, default_download_cache, settings
+from dilforge_shared.settings import cache_root
 from dilforge_shared.stages import STAGES
 from dilforge_shared.store.artifacts import fetch, read_manifest
 from dilforge_shared.store.backends import NotFound
@@ -325,7 +325,7 @@ def gc_cmd(
     found += gc.find_work_garbage(
         Path(workdir or coordinator_settings().workdir).resolve(),
         min_age_minutes * 60,
-        [settings().cache or default_download_cache(), cache_root()],
+        [cache_root()],
     )
     for folder in export_dir or []:
         found += gc.find_staging_garbage(folder)

@@ -145,6 +145,12 @@ class StageContext:
     def endpoint_url(self) -> str | None:
         return self.request.s3_endpoint_url
 
+    @property
+    def cache_dir(self) -> Path:
+        """Where the stage keeps what it downloads from the store: $DILFORGE_CACHE, else <opt_ml>/cache (on
+        SageMaker the instance's ML volume, which holds the model sizes a root disk may not)."""
+        return settings().cache or self.opt.root / "cache"
+
     def input(self, name: str) -> Artifact:
         """An upstream artifact, verified: from its SageMaker channel when mounted, else from the store."""
         if name not in self._artifacts:
@@ -163,8 +169,7 @@ class StageContext:
                     uri=uri, manifest=manifest, manifest_sha256=sha256_bytes(data), path=channel / manifest.data_dir
                 )
             else:
-                cache = settings().cache or self.opt.root / "cache"
-                self._artifacts[name] = fetch(uri, cache_dir=cache, endpoint_url=self.endpoint_url)
+                self._artifacts[name] = fetch(uri, cache_dir=self.cache_dir, endpoint_url=self.endpoint_url)
         return self._artifacts[name]
 
     def has_input(self, name: str) -> bool:

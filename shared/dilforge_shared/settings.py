@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
 from pathlib import Path
 
 from pydantic import Field, SecretStr
@@ -46,8 +45,8 @@ class Settings(BaseSettings):
 
     cache: Path | None = Field(
         default=None,
-        description="Download cache root; unset = each use's own default: <opt_ml>/cache for a stage's "
-        "inputs, ~/.cache/dilforge for recipe wheels, <tmp>/dilforge-cache for store downloads and gc.",
+        description="Download cache root (store downloads, recipe wheels, digests, the export converter); unset = "
+        "~/.cache/dilforge on a host and <opt_ml>/cache inside a stage (on SageMaker the instance's ML volume).",
     )
     s3_endpoint_url: str | None = Field(default=None, description="S3-compatible endpoint URL.")
     s3_access_key_id: SecretStr | None = Field(default=None, description="Access key for that endpoint only.")
@@ -62,11 +61,6 @@ class Settings(BaseSettings):
         "(set in images at build time); unset = `git rev-parse` where a checkout exists.",
     )
     image: str | None = Field(default=None, description="Image reference a stage runs in, recorded in its manifest.")
-
-
-def default_download_cache() -> Path:
-    """The store's and gc's download cache when DILFORGE_CACHE is unset."""
-    return Path(tempfile.gettempdir()) / "dilforge-cache"
 
 
 def cache_root() -> Path:

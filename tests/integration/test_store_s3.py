@@ -23,6 +23,17 @@ def test_publish_read_round_trip(s3_bucket, tmp_path):
     assert read_manifest(uri)[1] == art.manifest_sha256
 
 
+def test_a_fetch_without_a_cache_folder_uses_the_one_download_cache(s3_bucket, tmp_path, monkeypatch):
+    """DILFORGE_CACHE, else ~/.cache/dilforge: the folder gc looks in, the same for every store download."""
+    uri = f"{s3_bucket}/one-cache"
+    publish(uri, write_output(tmp_path), make_manifest())
+    monkeypatch.setenv("DILFORGE_CACHE", str(tmp_path / "named"))
+    assert fetch(uri).path.is_relative_to(tmp_path / "named" / "artifacts")
+    monkeypatch.delenv("DILFORGE_CACHE")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert fetch(uri).path.is_relative_to(tmp_path / "home" / ".cache" / "dilforge" / "artifacts")
+
+
 def test_multipart_upload_round_trips(s3_bucket, tmp_path, monkeypatch):
     monkeypatch.setattr(backends, "MULTIPART_THRESHOLD", 5 << 20)
     out = tmp_path / "big"

@@ -111,3 +111,19 @@ def test_stage_main_bad_config_fails_before_running(tmp_path, monkeypatch):
     )
     assert code == 1 and not ran
     assert "vocab_sizes" in opt.failure_file.read_text()
+
+
+def test_a_stage_downloads_into_dilforge_cache_else_its_opt_ml_cache(tmp_path, monkeypatch):
+    seen = []
+
+    def run(config, ctx):
+        seen.append(ctx.cache_dir)
+        (ctx.model_dir / "tokenizer.json").write_text("{}")
+        return StageResult(metrics=metrics_samples.sample("tokenizer", peak_rss_mib=1.4))
+
+    monkeypatch.setattr("dilforge_shared.contract.lineage", lambda ctx: [])
+    monkeypatch.delenv("DILFORGE_CACHE", raising=False)
+    _, opt = run_main(tmp_path / "a", monkeypatch, run)
+    monkeypatch.setenv("DILFORGE_CACHE", str(tmp_path / "shared-cache"))
+    run_main(tmp_path / "b", monkeypatch, run)
+    assert seen == [opt.root / "cache", tmp_path / "shared-cache"]

@@ -47,11 +47,13 @@ def locate_base_model(config: CptConfig, ctx: StageContext, rt: Runtime) -> Base
     if choice is None:
         return None
     uri = choice.uri
-    cache = ctx.opt.root / "base_model"
 
     def find():
         return resolve(
-            ctx.input(choice.input) if choice.input else uri, "model", endpoint_url=ctx.endpoint_url, cache_dir=cache
+            ctx.input(choice.input) if choice.input else uri,
+            "model",
+            endpoint_url=ctx.endpoint_url,
+            cache_dir=ctx.cache_dir,
         )
 
     try:

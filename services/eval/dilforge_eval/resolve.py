@@ -13,7 +13,6 @@ from dilforge_shared.contract import StageContext
 from dilforge_shared.errors import ConfigError, InputError
 from dilforge_shared.manifest import Manifest
 from dilforge_shared.models import Kind, resolve, resolve_chat_model
-from dilforge_shared.settings import settings
 from dilforge_shared.store.artifacts import Artifact
 
 from .config import BASE_LABEL, EvalConfig
@@ -92,10 +91,6 @@ def load_model(src: EvalModel, device: str, dtype):
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer
-
-
-def cache_dir_for(opt_root: Path) -> Path:
-    return settings().cache or opt_root / "cache"
 
 
 def load_tokenizers(config: EvalConfig, ctx: StageContext, models: list[EvalModel], cache: Path):

@@ -48,7 +48,7 @@ from .metrics import (
 )
 from .metrics import EvalModel as ModelFigures
 from .report import write_report
-from .resolve import EvalModel, cache_dir_for, load_tokenizers, resolve_models
+from .resolve import EvalModel, load_tokenizers, resolve_models
 from .texts import read_parallel, read_set
 
 log = logging.getLogger("dilforge.eval")
@@ -188,7 +188,7 @@ def parse(config: EvalConfig, ctx: StageContext) -> Inputs:
 
     torch.manual_seed(config.seed)
     endpoint = ctx.endpoint_url
-    cache = cache_dir_for(ctx.opt.root)
+    cache = ctx.cache_dir
     policy = runtime_policy.decide("eval", device=config.device, precision=config.precision)
     sets = {s.label: read_set(s, config.max_docs_per_set, config.max_bytes_per_set, endpoint) for s in config.text_sets}
     languages = {

@@ -169,7 +169,7 @@ def resolve_base(config: SftConfig, ctx: StageContext) -> tuple[Path, str]:
         )
     source = ctx.input(choice.input) if choice.input else choice.uri
     try:
-        found = resolve(source, "model", endpoint_url=ctx.endpoint_url, cache_dir=ctx.opt.root / "cache")
+        found = resolve(source, "model", endpoint_url=ctx.endpoint_url, cache_dir=ctx.cache_dir)
     except ConfigError as exc:
         raise InputError(f"base_model: {str(exc).removeprefix(f'{choice.uri}: ')}", path=choice.uri) from None
     return found.path, found.uri

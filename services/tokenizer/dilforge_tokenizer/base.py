@@ -79,7 +79,7 @@ def resolve_base(config: TokenizerConfig, ctx: StageContext) -> Base | None:
     uri = choice.uri
     source = ctx.input(choice.input) if choice.input else uri
     try:
-        folder = resolve(source, "tokenizer", endpoint_url=ctx.endpoint_url, cache_dir=ctx.checkpoint_dir / "base").path
+        folder = resolve(source, "tokenizer", endpoint_url=ctx.endpoint_url, cache_dir=ctx.cache_dir).path
     except ConfigError as exc:
         raise InputError(f"{choice.field}: {str(exc).removeprefix(f'{uri}: ')}", path=uri) from None
     if folder.is_file():

@@ -6,7 +6,6 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ from ..manifest import (
     sha256_file,
 )
 from ..paths import confined
-from ..settings import settings
+from ..settings import cache_root
 from .backends import NotFound, Storage, open_backend, read_uri_bytes
 
 log = logging.getLogger("dilforge_shared.store")
@@ -260,7 +259,7 @@ def fetch(uri: str, cache_dir: Path | None = None, endpoint_url: str | None = No
             )
         # the cached copy has the artifact's layout (manifest.json beside its data folder), so a reader of the
         # folder finds the manifest that lists its files (corpus_files.artifact_files, a SageMaker channel)
-        cache_dir = cache_dir or (settings().cache or Path(tempfile.gettempdir())) / "dilforge-cache"
+        cache_dir = cache_dir or cache_root() / "artifacts"
         top = confined(cache_dir, f"{manifest.artifact_id}-{digest[:12]}", f"{muri}: artifact_id")
         local = top / manifest.data_dir
         marker = top / ".complete"
