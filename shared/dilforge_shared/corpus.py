@@ -286,21 +286,12 @@ def _iter_file(
                 )
             yield lineno, value
     elif fmt == "tsv":
-        column = None
-        for lineno, line in _lines(uri, endpoint_url, max_bytes, oversize, splittable=False):
-            cells = line.split("\t")
-            if column is None:
-                if text_field not in cells:
-                    raise InputError(
-                        f"header has no column {text_field!r} (columns: {cells}); set text_field", path=uri, line=lineno
-                    )
-                column = cells.index(text_field)
-                continue
-            if not line.strip():
-                continue
-            if column >= len(cells):
-                raise InputError(f"row has {len(cells)} columns, expected at least {column + 1}", path=uri, line=lineno)
-            yield lineno, cells[column]
+        for lineno, row in iter_tsv_records(uri, endpoint_url, max_bytes, oversize):
+            if text_field not in row:
+                raise InputError(
+                    f"header has no column {text_field!r} (columns: {list(row)}); set text_field", path=uri, line=1
+                )
+            yield lineno, row[text_field]
     elif fmt == "parquet":
         try:
             import pyarrow.parquet as pq

@@ -253,3 +253,19 @@ def test_a_stage_that_succeeds_leaves_no_reserve(tmp_path, monkeypatch):
 
     code, opt = _stage(tmp_path, monkeypatch, lambda config, ctx: StageResult(metrics={}), publish=False)
     assert code == 0 and not (opt.output_dir / ".failure-reserve").exists() and not opt.failure_file.exists()
+
+
+def test_a_tsv_corpus_is_read_by_its_header_through_the_one_tsv_reader(tmp_path):
+
+    good = tmp_path / "pairs.tsv"
+    good.write_text("eng\taze\nhello\tsalam\n\nbye\tsağ ol\n")
+    assert [(line, text) for _, line, text in iter_located_texts(str(good), text_field="aze")] == [
+        (2, "salam"),
+        (4, "sağ ol"),
+    ]
+    with pytest.raises(InputError, match=r"pairs\.tsv:1: header has no column 'az' \(columns: \['eng', 'aze'\]\)"):
+        list(iter_located_texts(str(good), text_field="az"))
+    short = tmp_path / "short.tsv"
+    short.write_text("eng\taze\nhello\tsalam\nonly-english\n")
+    with pytest.raises(InputError, match=r"short\.tsv:3: row has 1 columns, the header 2"):
+        list(iter_located_texts(str(short), text_field="aze"))
