@@ -165,7 +165,7 @@ def test_eval_run_refuses_an_impossible_device_before_any_work(monkeypatch, tmp_
 
     monkeypatch.setattr(runtime_policy, "probe_device", lambda: CPU)
     config = EvalConfig.model_validate({"models": [{"label": "m", "uri": "/nowhere"}], "device": "cuda"})
-    ctx = SimpleNamespace(endpoint_url=None, opt=SimpleNamespace(root=tmp_path))
+    ctx = SimpleNamespace(endpoint_url=None, opt=SimpleNamespace(root=tmp_path), cache_dir=tmp_path / "cache")
     with pytest.raises(ConfigError, match="eval.device: 'cuda' requested but no CUDA device"):
         stage.run(config, ctx)
     assert list(tmp_path.iterdir()) == []  # nothing read, downloaded or written first
