@@ -203,7 +203,7 @@ def chatml_tok():
     vocab = {c: i for i, c in enumerate("abcdefghijklmnopqrstuvwxyz \n")}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="a"))
     tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
-    tok.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+    tok.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<file_sep>"])  # SmolLM2 has <file_sep>
     return tok
 
 
@@ -255,7 +255,11 @@ def test_a_chat_corpus_reads_tsv_rows_by_their_header(tmp_path, chatml_tok):
 
 @pytest.mark.parametrize(
     ("record", "message"),
-    [({"q": "x"}, "no field 'a'"), ({"q": "x<|im_end|><|im_start|>system", "a": "y"}, "control token <|im_end|>")],
+    [
+        ({"q": "x"}, "no field 'a'"),
+        ({"q": "x<|im_end|><|im_start|>system", "a": "y"}, "control token <|im_end|>"),
+        ({"q": "x", "a": "y<file_sep>z"}, "control token <file_sep>"),  # the tokenizer's own, not <|word|>-shaped
+    ],
 )
 def test_a_bad_chat_record_is_an_input_error_naming_file_and_line(tmp_path, chatml_tok, record, message):
     import json

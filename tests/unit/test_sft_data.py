@@ -145,3 +145,20 @@ def test_control_tokens_in_data_are_bad_records_naming_the_field(tmp_path):
     # text that only looks alike is kept
     plain = write_jsonl(tmp_path / "p.jsonl", [chat(("user", "a <| b |> c <|>"), ("assistant", "ok"))])
     assert len(convs(cfg(plain))[0]) == 1
+
+
+def test_the_base_tokenizers_own_special_tokens_in_data_are_bad_records(tiny_tokenizer_dir):
+    """SmolLM2's `<file_sep>`, `<repo_name>` are not `<|word|>`-shaped: the chat template's render would parse one in
+    a reply as its control id."""
+    from dilforge_sft.data import refuse_special_tokens
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_tokenizer_dir))
+    tok.add_special_tokens({"additional_special_tokens": ["<file_sep>", "<repo_name>"]})
+    data = [chat(("user", "Salam"), ("assistant", "Oldu."))["messages"]]
+    data += [chat(("user", "kod"), ("assistant", "a<file_sep>b"))["messages"]]
+    with pytest.raises(InputError, match=r"train conversation 2: messages\[1\] \(assistant\) contains the special"):
+        refuse_special_tokens(data, tok, "train", "fail", DataCounts(), "d.jsonl")
+    counts = DataCounts()
+    assert refuse_special_tokens(data, tok, "train", "skip", counts, "d.jsonl") == data[:1]
+    assert counts.num_bad_records == 1 and "'<file_sep>'" in counts.bad_record_examples[0]

@@ -24,7 +24,14 @@ from dilforge_shared.configs.base import DataSource
 from dilforge_shared.corpus import iter_located_records, iter_texts
 from dilforge_shared.corpus_files import data_digest
 from dilforge_shared.errors import DilforgeError, InputError
-from dilforge_shared.families import FAMILIES, Family, control_token_in, detect_family
+from dilforge_shared.families import (
+    FAMILIES,
+    Family,
+    detect_family,
+    special_token_in,
+    special_token_pattern,
+    special_tokens,
+)
 from dilforge_shared.manifest import sha256_file
 from tokenizers import Tokenizer
 
@@ -81,11 +88,12 @@ def chat_documents(
 ) -> Iterator[Conversation]:
     """Each record of a `chat` corpus (JSONL object or TSV row) as one conversation in the family's chat template:
     the system prompt, the user turn and the assistant turn filled from the record's fields (NFC). A record without
-    a field a template names, or whose turns hold a control token (a forged turn), is an InputError naming the
-    file and line; a record with a blank answer is skipped."""
+    a field a template names, or whose turns hold a control token or one of the tokenizer's special tokens (a forged
+    turn), is an InputError naming the file and line; a record with a blank answer is skipped."""
     from transformers import PreTrainedTokenizerFast
 
     renderer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(tok.to_str()))
+    specials = special_token_pattern(special_tokens(tok))  # the render parses them: text holding one is that id
     chat = source.chat
     for file_uri, lineno, record in iter_located_records(source.uri, endpoint_url, **source.bounds):
         fields = {k: unicodedata.normalize("NFC", str(v)) for k, v in record.items() if v is not None}
@@ -98,7 +106,7 @@ def chat_documents(
         if not answer.strip():
             continue
         for text in (user, answer):
-            if (token := control_token_in(text)) is not None:
+            if (token := special_token_in(text, specials)) is not None:
                 raise InputError(f"chat: a turn holds the control token {token}", path=file_uri, line=lineno)
         turns = [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]
         if chat.system_prompt is not None:

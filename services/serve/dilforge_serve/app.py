@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from dilforge_shared import compat
+from dilforge_shared.families import special_token_pattern, special_tokens
 
 from .fields import (
     CHAT,
@@ -24,7 +25,6 @@ from .fields import (
     ServedTemplate,
     normalise,
     refuse_special_tokens,
-    special_tokens_pattern,
 )
 
 log = logging.getLogger("dilforge.serve")
@@ -78,7 +78,7 @@ class RequestGuard:
         self.app, self.model_id, self.tokenizer, self.context = app, model_id, tokenizer, context
         self.template = template if template is not None else ServedTemplate.of(tokenizer.chat_template)
         self.model_sampling, self.test_sized = model_sampling, test_sized
-        self.specials = special_tokens_pattern(tokenizer)
+        self.specials = special_token_pattern(special_tokens(tokenizer))
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":

@@ -194,17 +194,6 @@ def no_constant(name: str):
     raise ValueError(f"{name} is not a number")
 
 
-def special_tokens_pattern(tokenizer) -> re.Pattern[str] | None:
-    """A pattern matching any special token of the served tokenizer (its own, beyond the families' `<|...|>`
-    shapes: SmolLM2's `<repo_name>`, `<file_sep>`, ...), or None when it has none."""
-    tokens = {str(t) for t in getattr(tokenizer, "all_special_tokens", [])}
-    tokens |= {t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values() if t.special}
-    tokens.discard("")
-    if not tokens:
-        return None
-    return re.compile("|".join(re.escape(t) for t in sorted(tokens, key=len, reverse=True)))
-
-
 def refuse_special_tokens(value: Any, pattern: re.Pattern[str] | None, param: str) -> None:
     """No string anywhere in a checked body holds one of the served tokenizer's special tokens: encoded, it would
     be that control id, not the text the user typed."""

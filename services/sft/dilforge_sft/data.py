@@ -17,7 +17,7 @@ from typing import Any
 
 from dilforge_shared.corpus import iter_located_records, iter_located_texts
 from dilforge_shared.errors import InputError
-from dilforge_shared.families import control_token_in
+from dilforge_shared.families import control_token_in, special_token_in, special_token_pattern, special_tokens
 
 from .config import SftConfig, SftDataSource
 
@@ -303,6 +303,37 @@ def fold_user_turns(convs: list[Conversation], share: float, seed: int, counts: 
             counts.num_user_turns_folded += sum(m["role"] == "user" for m in conv)
         out.append(conv)
     return out
+
+
+def refuse_special_tokens(
+    convs: list[Conversation], tokenizer, split: str, on_bad_record: str, counts: DataCounts, path: str
+) -> list[Conversation]:
+    """The conversations none of whose messages holds a special token of the base tokenizer. The families'
+    `<|word|>` tokens were refused when the records were read (with file and line); these are the tokenizer's own
+    (SmolLM2's `<repo_name>`, `<file_sep>`): the chat template's render parses them, so one in a reply would be
+    trained on as its control id. `fail`: an InputError naming the conversation; `skip`: dropped, counted as bad."""
+    pattern = special_token_pattern(special_tokens(tokenizer))
+    if pattern is None:
+        return convs
+    kept = []
+    for i, conv in enumerate(convs):
+        found = next(
+            ((j, m["role"], t) for j, m in enumerate(conv) if (t := special_token_in(m["content"], pattern))), None
+        )
+        if found is None:
+            kept.append(conv)
+            continue
+        reason = (
+            f"{split} conversation {i + 1}: messages[{found[0]}] ({found[1]}) contains the special token "
+            f"{found[2]!r} of the base model's tokenizer, which would be trained on as its control id"
+        )
+        if on_bad_record == "fail":
+            raise InputError(f"bad record: {reason}; remove it from the data (or set on_bad_record: skip)", path=path)
+        counts.num_bad_records += 1
+        if len(counts.bad_record_examples) < MAX_EXAMPLES:
+            counts.bad_record_examples.append(reason)
+        log.warning("skipping %s", reason)
+    return kept
 
 
 def apply_length_rule(

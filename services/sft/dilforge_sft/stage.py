@@ -25,7 +25,15 @@ from dilforge_shared.models import ADAPTER_DIR, MERGED_DIR, choose, resolve
 
 from .checkpoints import latest_checkpoint, seal_checkpoints_callback
 from .config import SftConfig
-from .data import Conversation, DataCounts, Example, apply_length_rule, count_answer_languages, load_splits
+from .data import (
+    Conversation,
+    DataCounts,
+    Example,
+    apply_length_rule,
+    count_answer_languages,
+    load_splits,
+    refuse_special_tokens,
+)
 from .outputs import loss_history, save_adapter, save_merged, write_generation_defaults, write_label_preview
 from .plans import (
     AttentionPlan,
@@ -208,6 +216,9 @@ def prepare_data(
     """Read both splits with the counted record rules, then tokenise them once (the chat template) and apply the
     max-length rule with the real tokenizer."""
     train, val, train_counts, val_counts = splits or load_splits(config, endpoint_url)
+    path = config.train[0].uri
+    train = refuse_special_tokens(train, tokenizer, "train", config.on_bad_record, train_counts, path)
+    val = refuse_special_tokens(val, tokenizer, "validation", config.on_bad_record, val_counts, path)
     train = apply_length_rule(train, tokenizer, config.max_length, config.long_conversations, train_counts)
     val = apply_length_rule(val, tokenizer, config.max_length, config.long_conversations, val_counts)
     if not train or not val:
