@@ -4,7 +4,7 @@ Builds bench/curate.py's web-like input (`--size-mb`, one file), runs the stage'
 to collect the documents each step receives, then times, one after the other in this process (`--rounds`, best
 of), datatrove's or ftfy's own code and the stage's step on every `--every`-th of those documents, and checks the
 outputs are identical: ftfy's `fix_text` then the rest of the Normaliser vs the Normaliser; datatrove's
-`GopherRepetitionFilter` vs `RepetitionFilter`. Prints CPU seconds per MB of the input, as `bench/curate.py --steps`.
+`GopherRepetitionFilter` vs `RepetitionFilter`; `GopherQualityFilter` vs `QualityFilter`. Prints CPU seconds per MB of the input, as `bench/curate.py --steps`.
 
     python bench/curate_steps.py --data ../shared/data --size-mb 10 --every 4 --rounds 1
 """
@@ -48,9 +48,9 @@ def step_inputs(source: str, work: Path) -> dict[str, list[str]]:
 def main() -> None:
     import ftfy
     from datatrove.data import Document
-    from datatrove.pipeline.filters import GopherRepetitionFilter
+    from datatrove.pipeline.filters import GopherQualityFilter, GopherRepetitionFilter
     from dilforge_curate.config import CurateConfig
-    from dilforge_curate.steps import Normaliser, RepetitionFilter, WordSplitter, _ftfy_config
+    from dilforge_curate.steps import Normaliser, QualityFilter, RepetitionFilter, WordSplitter, _ftfy_config
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, default=Path(os.environ.get("DILFORGE_DATA", ROOT.parent / "shared/data")))
@@ -73,11 +73,20 @@ def main() -> None:
     q = CurateConfig(corpora=[{"uri": "x"}]).quality
     rep = {"dup_line_frac": q.dup_line_frac, "top_n_grams": tuple(q.top_n_grams), "dup_n_grams": tuple(q.dup_n_grams)}
     rep_docs = [Document(text=t, id=str(i)) for i, t in enumerate(texts["RepetitionFilter"])]
+    quality = {
+        "min_doc_words": q.min_words, "max_doc_words": q.max_words, "min_avg_word_length": q.min_avg_word_length,
+        "max_avg_word_length": q.max_avg_word_length, "max_symbol_word_ratio": q.max_symbol_word_ratio,
+        "max_non_alpha_words_ratio": q.max_non_alpha_words_ratio, "min_stop_words": q.min_stop_words,
+        "stop_words": q.stop_words,
+    }  # fmt: skip
+    quality_docs = [Document(text=t, id=str(i)) for i, t in enumerate(texts["QualityFilter"])]
     cases = [
         ("normalise (ftfy, NFC, whitespace)", texts["Normaliser"],
          lambda t: plain.format(ftfy.fix_text(t, config=config)), Normaliser(True, "NFC", True).format),
         ("Gopher repetition", rep_docs,
          GopherRepetitionFilter(language=words, **rep).filter, RepetitionFilter(language=words, **rep).filter),
+        ("Gopher quality", quality_docs,
+         GopherQualityFilter(language=words, **quality).filter, QualityFilter(language=words, **quality).filter),
     ]  # fmt: skip
     print("| step | documents | library, CPU s per MB | stage | outputs |\n|---|---:|---:|---:|---|")
     for name, items, library, stage_step in cases:

@@ -13,6 +13,7 @@ from dilforge_curate.steps import (
     ContactRedactor,
     LinguaFilter,
     Normaliser,
+    QualityFilter,
     RepetitionFilter,
     WordSplitter,
     _ftfy_config,
@@ -164,6 +165,45 @@ def test_repetition_filter_decides_as_datatrove_does():
         ]
         assert all(a == b for a, b in decisions)
         assert len({str(b) for _, b in decisions}) >= 3  # the texts reach several of the checks
+
+
+def test_quality_filter_decides_as_datatrove_does():
+    from datatrove.pipeline.filters import GopherQualityFilter
+
+    q = CurateConfig(corpora=[{"uri": "x"}]).quality
+    odd = ["#", "...", "…", "- ", "• ", "___", "12", "²", "Ⅻ", "é", "\u0301", "«»", "—", "😀", "\r", "\x1c"]
+    rng = __import__("random").Random(1)
+    texts = _repetition_texts() + [
+        "".join(rng.choice([*odd, "və ", "bu ", "söz ", "\n", " "]) for _ in range(rng.randint(1, 200)))
+        for _ in range(300)
+    ]
+    settings = [
+        {
+            "min_doc_words": q.min_words, "max_doc_words": q.max_words, "min_avg_word_length": q.min_avg_word_length,
+            "max_avg_word_length": q.max_avg_word_length, "max_symbol_word_ratio": q.max_symbol_word_ratio,
+            "max_non_alpha_words_ratio": q.max_non_alpha_words_ratio, "min_stop_words": q.min_stop_words,
+            "stop_words": q.stop_words,
+        },
+        {"min_doc_words": 3, "min_stop_words": 1, "stop_words": ["və", "bu"]},
+        {"min_doc_words": None, "min_stop_words": 0, "max_avg_word_length": 4},
+    ]  # fmt: skip
+    for kwargs in settings:
+        ours, theirs = (
+            QualityFilter(language=WordSplitter(), **kwargs),
+            GopherQualityFilter(language=WordSplitter(), **kwargs),
+        )
+        decisions = []
+        for t in texts:
+            try:
+                expected = theirs.filter(Document(text=t, id="x"))
+            except ZeroDivisionError:
+                expected = ZeroDivisionError
+                with pytest.raises(ZeroDivisionError):
+                    ours.filter(Document(text=t, id="x"))
+            else:
+                assert ours.filter(Document(text=t, id="x")) == expected, t
+            decisions.append(str(expected))
+        assert len(set(decisions)) >= 4  # the texts reach several of the checks
 
 
 def test_language_filter_keeps_azerbaijani_and_names_what_it_drops():

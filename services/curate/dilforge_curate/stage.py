@@ -32,6 +32,7 @@ from .steps import (
     ExampleWriter,
     LinguaFilter,
     Normaliser,
+    QualityFilter,
     RankFileReader,
     RepetitionFilter,
     SourceCounter,
@@ -324,7 +325,7 @@ def build(
     phase whose slice is empty here is None."""
     from datatrove.pipeline.dedup import MinhashDedupBuckets, MinhashDedupCluster, MinhashDedupFilter
     from datatrove.pipeline.dedup.minhash import MinhashConfig, MinhashDedupSignature
-    from datatrove.pipeline.filters import FineWebQualityFilter, GopherQualityFilter
+    from datatrove.pipeline.filters import FineWebQualityFilter
     from datatrove.pipeline.tokens import TokensCounter
     from datatrove.pipeline.writers import JsonlWriter, ParquetWriter
     from datatrove.utils.hashing import HashConfig
@@ -381,7 +382,7 @@ def build(
             exclusion_writer=removed("lines"),
             language=words,
         ),
-        GopherQualityFilter(
+        QualityFilter(
             min_doc_words=q.min_words,
             max_doc_words=q.max_words,
             min_avg_word_length=q.min_avg_word_length,
