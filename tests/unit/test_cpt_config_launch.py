@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from dilforge_cpt.config import CptConfig
 from dilforge_cpt.launch import build_launch, wait_for_hosts
@@ -170,3 +172,59 @@ def test_a_later_host_stopped_while_its_torchrun_ends_is_done_once_the_first_hos
     else:
         with pytest.raises(Terminated):
             stage.run(config, ctx)
+
+
+@pytest.mark.slow  # two processes import torch
+def test_kill_9_of_the_launcher_takes_torchrun_and_its_workers_with_it(tmp_path):
+    """`kill -9` of the CPT stage while torchrun runs: torchrun (here a stand-in) dies with it and the workers
+    (`python -m dilforge_cpt worker`) die with torchrun, so none keeps training into the work folder a rerun
+    resumes from."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+    import time
+
+    worker = textwrap.dedent("""
+        import sys, time
+        import dilforge_cpt.__main__ as entry
+        entry.stage_main = lambda *a, **k: (print("worker up", flush=True), time.sleep(120))
+        entry.main(["worker"])
+    """)
+    torchrun = textwrap.dedent(f"""
+        import subprocess, sys, time
+        w = subprocess.Popen([sys.executable, "-c", {worker!r}], stdout=subprocess.PIPE, text=True)
+        assert w.stdout.readline().strip() == "worker up"
+        print(w.pid, flush=True)
+        time.sleep(120)
+    """)
+    launcher = textwrap.dedent(f"""
+        import os, sys
+        from pathlib import Path
+        from types import SimpleNamespace
+        from dilforge_cpt import stage
+        out = Path(sys.argv[1])
+        plan = SimpleNamespace(command=[sys.executable, "-c", {torchrun!r}], env=dict(os.environ), nproc_per_node=2,
+                               node_rank=0, nnodes=1)
+        stage.run_workers(plan, SimpleNamespace(opt=SimpleNamespace(output_dir=out, failure_file=out / "failure")))
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", launcher, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        worker_pid = int(proc.stdout.readline())
+        (torchrun_pid,) = [int(p) for p in Path(f"/proc/{worker_pid}/stat").read_text().split()[3:4]]
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        deadline = time.monotonic() + 10
+        while any(Path(f"/proc/{p}").exists() and "Z" not in _state(p) for p in (torchrun_pid, worker_pid)):
+            assert time.monotonic() < deadline, "torchrun or its worker outlived the killed stage"
+            time.sleep(0.1)
+    finally:
+        proc.kill()
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "Z"

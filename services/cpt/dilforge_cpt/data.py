@@ -33,6 +33,7 @@ from dilforge_shared.families import (
     special_tokens,
 )
 from dilforge_shared.manifest import sha256_file
+from dilforge_shared.processes import die_with_parent
 from tokenizers import Tokenizer
 
 from .config import CptDataSource
@@ -401,7 +402,7 @@ class _TokenizerPool:
             workers,
             mp_context=multiprocessing.get_context("spawn"),
             initializer=_init_worker,
-            initargs=(tok.to_str(), ids),
+            initargs=(os.getpid(), tok.to_str(), ids),
         )
 
     def submit(self, texts: list[str], shard_dir: Path, index: int, first_doc: int):
@@ -434,8 +435,9 @@ class _TokenizerPool:
 _WORKER: tuple | None = None
 
 
-def _init_worker(tok_json: str, ids: TokenIds) -> None:
+def _init_worker(parent: int, tok_json: str, ids: TokenIds) -> None:
     global _WORKER  # noqa: PLW0603 - the worker process's tokenizer, built once
+    die_with_parent(parent)  # a stage killed even by `kill -9` leaves no tokenising worker behind
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     os.environ["RAYON_NUM_THREADS"] = "1"
     _WORKER = (Tokenizer.from_str(tok_json), ids)

@@ -7,6 +7,7 @@ FSDP2 → `train_loop` → HF folder in /opt/ml/model."""
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -30,7 +31,7 @@ from dilforge_shared.errors import ConfigError, DilforgeError
 from dilforge_shared.families import describe_model_folder
 from dilforge_shared.metrics.cpt import CptMetrics
 from dilforge_shared.models import TOKENIZER_FILES, resolve
-from dilforge_shared.processes import available_cpus
+from dilforge_shared.processes import available_cpus, die_with_parent
 
 from .checkpoints import Checkpointer
 from .config import CptConfig
@@ -159,7 +160,13 @@ def run_workers(plan, ctx: StageContext, grace_s: float | None = None) -> dict:
         plan.nnodes,
         " ".join(plan.command),
     )
-    proc = subprocess.Popen(plan.command, env=plan.env)
+    # torchrun dies with this process, even by `kill -9` (its workers die with torchrun: __main__), so no orphan
+    # keeps training into the work folder that a rerun resumes from
+    proc = subprocess.Popen(
+        plan.command,
+        env=plan.env,
+        preexec_fn=functools.partial(die_with_parent, os.getpid()),  # noqa: PLW1509 - prctl only
+    )
     stopped_at: list[float] = []
 
     def request_stop(signum, frame):
