@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from dilforge_shared.errors import ConfigError, DilforgeError
-from dilforge_shared.locks import FileLock, S3Lease
+from dilforge_shared.locks import FileLock, S3Lease, owner_alive
 from dilforge_shared.paths import check_name, check_relative_path
 from dilforge_shared.settings import redact_values
 from dilforge_shared.store.artifacts import mark_store
@@ -176,21 +176,6 @@ def running_owner() -> dict:
     return {"pid": os.getpid(), "host": socket.gethostname()}
 
 
-def _alive(owner: dict | None) -> bool:
-    """False for a process on this host that is gone, or no owner."""
-    if not isinstance(owner, dict) or not isinstance(owner.get("pid"), int):
-        return False
-    if owner.get("host") != socket.gethostname():
-        return True  # cannot tell from here
-    try:
-        os.kill(owner["pid"], 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError):
-        return True
-    return True
-
-
 def _entry(entry: StageEntry) -> dict:
     data = entry.model_dump(exclude_none=True)
     if not data.get("also"):
@@ -298,7 +283,7 @@ class RunRecord:
         """Attempts left `running` end with `status`: this process's, and those of a process that is gone (killed
         or crashed); a live process's running stage, here or on another host, is its own to end."""
         for name, info in self.stages.items():
-            if info.get("status") == "running" and (name in self.touched or not _alive(info.get("owner"))):
+            if info.get("status") == "running" and (name in self.touched or not owner_alive(info.get("owner"))):
                 info["status"] = status
                 info.pop("owner", None)
 

@@ -1,7 +1,8 @@
 """Run locks: one producer per artifact, one process per work folder.
 
 Local: an `fcntl.flock`, dropped by the kernel when its last holder exits, so a crash never leaves a stale
-lock. S3: a create-only lock object with an owner and a lease the owner renews; an expired lease is taken over."""
+lock. S3: a create-only lock object with an owner and a lease the owner renews; an expired lease, or one whose owner is a
+process on this host that is gone, is taken over."""
 
 from __future__ import annotations
 
@@ -23,6 +24,22 @@ log = logging.getLogger(__name__)
 
 def owner_info() -> dict:
     return {"pid": os.getpid(), "host": socket.gethostname(), "token": uuid.uuid4().hex}
+
+
+def owner_alive(owner: dict | None) -> bool:
+    """False for an owner that is a process on this host that is gone, or no owner; True otherwise (another
+    host's process cannot be told from here)."""
+    if not isinstance(owner, dict) or not isinstance(owner.get("pid"), int):
+        return False
+    if owner.get("host") != socket.gethostname():
+        return True
+    try:
+        os.kill(owner["pid"], 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
 
 
 class FileLock:
@@ -112,8 +129,10 @@ class S3Lease:
             if self.backend.create_bytes(self.key, self._body()):
                 break
             current = self._current()
-            if current is not None and current.get("expires_at", 0) < time.time():
-                log.warning("lock %s: lease of %s expired; taking it over", self.key, current)
+            if current is not None and (current.get("expires_at", 0) < time.time() or not owner_alive(current)):
+                # a holder killed on this host (`kill -9`) renews nothing: its lease is over now, not when it expires
+                why = "expired" if current.get("expires_at", 0) < time.time() else "held by a process that is gone"
+                log.warning("lock %s: lease of %s %s; taking it over", self.key, current, why)
                 self.backend.delete(self.key)
                 continue
             if not wait:

@@ -155,3 +155,33 @@ def test_a_redacted_error_is_not_taken_for_another_writers_change(tmp_path, monk
     record.save(store)
     entry = RunRecord.load(store, "r").stages["tokenizer"]
     assert entry == {"artifact": "artifacts/tokenizer/t2", "status": "produced"}
+
+
+def test_a_lease_of_a_killed_process_on_this_host_is_taken_over_at_once(tmp_path):
+    """An S3 store's locks are lease objects: a coordinator killed by `kill -9` renews nothing, and a rerun on the
+    same host takes its artifact and record leases at once instead of waiting out the lease; a live process's, or
+    another host's, it waits for."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from dilforge_shared.locks import S3Lease
+    from dilforge_shared.store.backends import open_backend
+
+    backend = open_backend(str(tmp_path))  # the lease logic on any storage; S3 gives it create-only objects
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    for owner, taken in [
+        ({"pid": dead.pid, "host": socket.gethostname()}, True),
+        ({"pid": dead.pid, "host": "another-host"}, False),
+        ({"pid": os.getppid(), "host": socket.gethostname()}, False),
+    ]:
+        backend.write_bytes(
+            "locks/a.lock", json.dumps({**owner, "token": "t", "expires_at": time.time() + 3600}).encode()
+        )
+        lease = S3Lease(backend, "locks/a.lock", 3600)
+        assert lease.acquire(wait=False) is taken, owner
+        if taken:
+            assert json.loads(backend.read_bytes("locks/a.lock"))["token"] == lease.owner["token"]
+            lease.release()
