@@ -207,6 +207,24 @@ def test_answer_batched_matches_one_by_one_and_reads_the_published_config(tiny_l
     # every token id is a stop: each answer ends at once, empty, having ended its turn
     stop_all = GenerationConfig(do_sample=False, eos_token_id=list(range(len(tok))))
     assert eval_generate.answer_batched(model, tok, prompts, stop_all, 7, 2, seed=0) == [("", True, 0)] * 3
+    assert eval_generate.answer_batched(model, tok, prompts, greedy, 7, 2, seed=0) == single  # back in order
+
+    # batches hold prompts of similar length: the two long prompts together, the two short ones together
+    mixed = ["Bakı", prompts[1], "Salam", prompts[1] + " Qısa yaz."]
+    widths = []
+    generate = model.generate
+
+    def recording(**kwargs):
+        widths.append(kwargs["input_ids"].shape)
+        return generate(**kwargs)
+
+    model.generate = recording
+    by_one = [eval_generate.answer_batched(model, tok, [p], greedy, 7, 1, seed=0)[0] for p in mixed]
+    lengths = [shape[1] for shape in widths]
+    widths.clear()
+    assert eval_generate.answer_batched(model, tok, mixed, greedy, 7, 2, seed=0) == by_one
+    assert [shape[1] for shape in widths] == [lengths[3], max(lengths[0], lengths[2])]
+    del model.generate
     (folder / "generation_config.json").write_text(json_mod.dumps({"eos_token_id": 5, "repetition_penalty": 1.3}))
     adapter = tmp_path / "adapter"  # an SFT adapter's file holds only what SFT sets: the weights' config keeps the rest
     adapter.mkdir()

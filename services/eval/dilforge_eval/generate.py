@@ -221,9 +221,10 @@ def answer_batched(
     source: str = "model",
     progress=None,
 ) -> list[tuple[str, bool, int]]:
-    """(answer, ended the turn, new tokens) per prompt: one left-padded `generate` call per batch with the
-    published generation config (only max_new_tokens set); ended = a stop token (the config's eos ids, else
-    the tokenizer's EOS) came before the limit. Sampled configs are seeded per batch, so reruns match."""
+    """(answer, ended the turn, new tokens) per prompt, in the prompts' order: one left-padded `generate` call per
+    batch with the published generation config (only max_new_tokens set); ended = a stop token (the config's eos
+    ids, else the tokenizer's EOS) came before the limit. Batches hold prompts of similar length (longest first), so
+    left padding adds few positions to compute. Sampled configs are seeded per batch, so reruns match."""
     import copy
 
     device = next(model.parameters()).device
@@ -234,20 +235,24 @@ def answer_batched(
     stops = {int(i) for i in (eos if isinstance(eos, list) else [eos]) if i is not None}
     if gen.pad_token_id is None:
         gen.pad_token_id = tokenizer.pad_token_id
+    texts = [chat_text(tokenizer, p, family, system_prompt) for p in prompts]
+    lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+    order = sorted(range(len(texts)), key=lambda i: -lengths[i])
     side, tokenizer.padding_side = tokenizer.padding_side, "left"
-    out: list[tuple[str, bool, int]] = []
+    out: list[tuple[str, bool, int]] = [("", False, 0)] * len(texts)
     try:
-        for start in range(0, len(prompts), batch_size):
-            texts = [chat_text(tokenizer, p, family, system_prompt) for p in prompts[start : start + batch_size]]
-            enc = tokenizer(texts, add_special_tokens=False, padding=True, return_tensors="pt").to(device)
+        for start in range(0, len(order), batch_size):
+            batch = order[start : start + batch_size]
+            batch_texts = [texts[i] for i in batch]
+            enc = tokenizer(batch_texts, add_special_tokens=False, padding=True, return_tensors="pt").to(device)
             torch.manual_seed(seed + start)
             ids = model.generate(**enc, generation_config=gen)[:, enc["input_ids"].shape[1] :].tolist()
-            for row in ids:
-                end = next((i for i, t in enumerate(row) if t in stops), None)
+            for i, row in zip(batch, ids, strict=True):
+                end = next((k for k, t in enumerate(row) if t in stops), None)
                 kept = row if end is None else row[:end]
-                out.append((tokenizer.decode(kept, skip_special_tokens=True).strip(), end is not None, len(kept)))
+                out[i] = (tokenizer.decode(kept, skip_special_tokens=True).strip(), end is not None, len(kept))
             if progress is not None:
-                progress.update(len(texts))
+                progress.update(len(batch))
     finally:
         tokenizer.padding_side = side
     return out

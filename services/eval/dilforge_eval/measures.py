@@ -214,36 +214,35 @@ def assistant_answers(model, tokenizer, src: EvalModel, config: EvalConfig, grou
     gen_config = gen_mod.published_generation_config(model, (src.model_dir, src.adapter_dir))
     manifest = src.manifest
     system_prompt = (manifest.config.get("system_prompt") or None) if manifest and manifest.stage == "sft" else None
-    rows: list[dict] = []
+    asked = [(group, p) for group, prompts in groups.items() for p in prompts]
     t0 = time.perf_counter()
-    total = sum(len(p) for p in groups.values())
-    with Progress(f"assistant {src.label}", total, unit="answers", log=log) as bar:
-        for group, prompts in groups.items():
-            answered = gen_mod.answer_batched(
-                model,
-                tokenizer,
-                [p.prompt for p in prompts],
-                gen_config,
-                settings.max_new_tokens,
-                settings.batch_size,
-                config.seed,
-                system_prompt,
-                source=str(src.tokenizer_dir),
-                progress=bar,
-            )
-            for p, (text, ended, num_new) in zip(prompts, answered, strict=True):
-                rows.append(
-                    {
-                        "model": src.label,
-                        "group": group,
-                        "prompt_id": p.id,
-                        "language": p.language,
-                        "prompt": p.prompt,
-                        "answer": text,
-                        "ended_turn": ended,
-                        "num_new_tokens": num_new,
-                        "reference": p.reference,
-                    }
-                )
+    # every group in one call: batches of similar length across the groups
+    with Progress(f"assistant {src.label}", len(asked), unit="answers", log=log) as bar:
+        answered = gen_mod.answer_batched(
+            model,
+            tokenizer,
+            [p.prompt for _, p in asked],
+            gen_config,
+            settings.max_new_tokens,
+            settings.batch_size,
+            config.seed,
+            system_prompt,
+            source=str(src.tokenizer_dir),
+            progress=bar,
+        )
+    rows = [
+        {
+            "model": src.label,
+            "group": group,
+            "prompt_id": p.id,
+            "language": p.language,
+            "prompt": p.prompt,
+            "answer": text,
+            "ended_turn": ended,
+            "num_new_tokens": num_new,
+            "reference": p.reference,
+        }
+        for (group, p), (text, ended, num_new) in zip(asked, answered, strict=True)
+    ]
     log.info("assistant %s: %d answers in %.1f s", src.label, len(rows), time.perf_counter() - t0)
     return AssistantRun(rows, gen_config.to_diff_dict(), round(time.perf_counter() - t0, 2))
