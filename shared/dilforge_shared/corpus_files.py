@@ -28,6 +28,12 @@ STORE_FILES = (".dilforge-store", ".dilforge-work", "manifest.json")
 GLOB_CHARS = "*?["
 
 
+def holds_dilforge_data(folder: Path) -> bool:
+    """A dilforge store, artifact or stage work folder (it holds one of STORE_FILES): never content of a corpus or
+    model folder it sits in."""
+    return any((folder / f).exists() for f in STORE_FILES)
+
+
 def expand(uri: str, endpoint_url: str | None = None) -> list[str]:
     """The corpus files behind `uri`: a file, a folder (every corpus file below it, sorted), a glob, or an S3 object
     or prefix (`s3://bucket/prefix/` included). In a folder or prefix, hidden entries (`.git/`, `.cache`, a
@@ -72,7 +78,7 @@ def _walk(root: Path, uri: str) -> list[str]:
                     "(they may loop or lead out of it): name its target as a source of its own",
                     path=uri,
                 )
-            if not any((sub / f).exists() for f in STORE_FILES):
+            if not holds_dilforge_data(sub):
                 keep.append(name)
         dirnames[:] = keep
         files += [

@@ -5,11 +5,13 @@ of its objects)."""
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 from urllib.parse import urlparse
 
+from .corpus_files import holds_dilforge_data
 from .errors import ConfigError, ManifestNotFound
-from .manifest import InputRef, artifact_ref, scan_files, sha256_file
+from .manifest import InputRef, artifact_ref, sha256_file
 from .paths import check_links, declared_uri
 from .store.artifacts import read_manifest
 from .store.backends import S3Storage
@@ -36,12 +38,24 @@ def source_ref(uri: str, name: str, endpoint_url: str | None = None) -> InputRef
     return InputRef(name=name, kind="data", uri=uri, sha256=model_digest(uri, endpoint_url))
 
 
+def folder_files(root: Path) -> list[Path]:
+    """The files a model folder is made of, sorted: every regular file below it, except inside a dilforge store,
+    artifact or stage work folder kept in it (`corpus_files.holds_dilforge_data`), which is not the model and
+    changes as runs write to it. What its digest hashes and `models import` copies."""
+    files = []
+    for folder, dirs, names in os.walk(root):
+        here = Path(folder)
+        dirs[:] = [d for d in dirs if not holds_dilforge_data(here / d)]
+        files += [here / n for n in names if (here / n).is_file()]
+    return sorted(files)
+
+
 def dir_digest(root: Path) -> str:
-    """sha256 over every file's path and sha256: lineage for a model that is not an artifact."""
+    """sha256 over every file's path and sha256 (`folder_files`): lineage for a model that is not an artifact."""
     check_links(root, str(root))  # a link out of the folder would fingerprint (and publish) a file never pointed at
     h = hashlib.sha256()
-    for entry in scan_files(root):
-        h.update(f"{entry.path}:{entry.sha256}\n".encode())
+    for path in folder_files(root):
+        h.update(f"{path.relative_to(root).as_posix()}:{sha256_file(path)}\n".encode())
     return h.hexdigest()
 
 

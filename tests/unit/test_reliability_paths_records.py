@@ -151,6 +151,35 @@ def test_a_model_folder_with_a_link_out_of_it_is_refused_at_planning_and_import(
     assert len(model_digest(str(folder))) == 64
 
 
+def test_a_store_or_work_folder_inside_a_model_folder_is_not_the_model(tmp_path):
+    """`models import DIR --store DIR/store`: the store is not part of the model. Its files changed between planning
+    and the run (locks, the record), so the import failed on every try ("rerun to plan again"); had it run, the
+    artifact would have held the store. A work folder (its marker) or a nested artifact is skipped the same way."""
+    from dilforge_cpt.import_model import copy_hf_folder
+    from dilforge_shared.model_refs import model_digest
+
+    folder = _hf_folder(tmp_path / "model")
+    (folder / "sub").mkdir()
+    (folder / "sub" / "vocab.txt").write_text("a b")  # a subfolder of the model still counts
+    before = model_digest(str(folder))
+    store, work = folder / "store", folder / "work" / "model-0123456789abcdef"
+    for marker, content in [
+        (store / ".dilforge-store", "x"),
+        (store / "runs" / "r.json", "{}"),
+        (work / ".dilforge-work", "x"),
+    ]:
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text(content)
+    (tmp_path / "elsewhere").mkdir()  # a published artifact (manifest.json beside its data) copied in, too
+    shutil.copytree(_published(tmp_path / "elsewhere"), folder / "an-artifact")
+    assert model_digest(str(folder)) == before
+    (store / "runs" / "r.json").write_text('{"changed": true}')
+    assert model_digest(str(folder)) == before, "a run writing to the store does not change the model"
+    copy_hf_folder(folder, str(folder), tmp_path / "out")
+    copied = sorted(p.relative_to(tmp_path / "out").as_posix() for p in (tmp_path / "out").rglob("*") if p.is_file())
+    assert copied == ["config.json", "model.safetensors", "sub/vocab.txt", "tokenizer.json"]
+
+
 # ---- run records: relative, robust -----------------------------------------------------------------------
 
 

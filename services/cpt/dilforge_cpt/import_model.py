@@ -20,6 +20,7 @@ from dilforge_shared.contract import StageContext, StageResult, log_config, stag
 from dilforge_shared.errors import InputError
 from dilforge_shared.families import describe_model_folder, detect_family
 from dilforge_shared.manifest import sha256_file
+from dilforge_shared.model_refs import folder_files
 from dilforge_shared.paths import check_links
 from dilforge_shared.recipes import RECIPES, Recipe, source_kind
 from dilforge_shared.store.backends import NotFound
@@ -173,8 +174,8 @@ def copy_hf_folder(folder: Path, source: str, out: Path) -> None:
             "model.source: no tokenizer.json (a fast HF tokenizer beside the weights is needed)", path=source
         )
     out.mkdir(parents=True, exist_ok=True)
-    for path in sorted(folder.rglob("*")):  # every file: the artifact holds exactly what was fingerprinted
-        if path.is_file() and path.name != ".complete":
+    for path in folder_files(folder):  # every file: the artifact holds exactly what was fingerprinted
+        if path.name != ".complete":
             dest = out / path.relative_to(folder)
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(path, dest)
