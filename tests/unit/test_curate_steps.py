@@ -12,6 +12,7 @@ from dilforge_curate.config import CurateConfig
 from dilforge_curate.steps import (
     ContactRedactor,
     LinguaFilter,
+    MinhashSignature,
     Normaliser,
     QualityFilter,
     RepetitionFilter,
@@ -168,11 +169,13 @@ def test_repetition_filter_decides_as_datatrove_does():
 
 
 def test_quality_filter_decides_as_datatrove_does():
+    import random
+
     from datatrove.pipeline.filters import GopherQualityFilter
 
     q = CurateConfig(corpora=[{"uri": "x"}]).quality
     odd = ["#", "...", "…", "- ", "• ", "___", "12", "²", "Ⅻ", "é", "\u0301", "«»", "—", "😀", "\r", "\x1c"]
-    rng = __import__("random").Random(1)
+    rng = random.Random(1)
     texts = _repetition_texts() + [
         "".join(rng.choice([*odd, "və ", "bu ", "söz ", "\n", " "]) for _ in range(rng.randint(1, 200)))
         for _ in range(300)
@@ -204,6 +207,28 @@ def test_quality_filter_decides_as_datatrove_does():
                 assert ours.filter(Document(text=t, id="x")) == expected, t
             decisions.append(str(expected))
         assert len(set(decisions)) >= 4  # the texts reach several of the checks
+
+
+def test_minhash_shingles_are_datatrove_s(tmp_path):
+    import random
+
+    import numpy as np
+    from datatrove.pipeline.dedup.minhash import MinhashConfig, MinhashDedupSignature
+    from datatrove.utils.hashing import HashConfig
+
+    config = MinhashConfig(hash_config=HashConfig(precision=64, hash_fc="sha1"))
+    ours = MinhashSignature(str(tmp_path / "a"), config=config, language=WordSplitter())
+    theirs = MinhashDedupSignature(str(tmp_path / "b"), config=config, language=WordSplitter())
+    # combining marks of several scripts, precomposed letters, a ligature, digits of other scripts
+    marks = [*"ñÅǅəİışﬁ٣\U0001d7d8\u0338\u05b0\u0e31\u20dd", "e\u0301"]
+    rng = random.Random(2)
+    texts = _repetition_texts() + [
+        " ".join("".join(rng.choice([*marks, "a", "b", "və", ",", " "]) for _ in range(5)) for _ in range(40))
+        for _ in range(100)
+    ]
+    shingles = [(ours.get_shingles(t), theirs.get_shingles(t)) for t in texts]
+    assert all(a.dtype == b.dtype and np.array_equal(a, b) for a, b in shingles)  # the signatures follow from them
+    assert sum(len(a) > 0 for a, _ in shingles) > 300
 
 
 def test_language_filter_keeps_azerbaijani_and_names_what_it_drops():

@@ -31,6 +31,7 @@ from .steps import (
     EmptyFilter,
     ExampleWriter,
     LinguaFilter,
+    MinhashSignature,
     Normaliser,
     QualityFilter,
     RankFileReader,
@@ -39,7 +40,7 @@ from .steps import (
     SourceReader,
     SourceReadError,
     WordSplitter,
-    lingua_detector,
+    preload,
 )
 
 log = logging.getLogger("dilforge.curate")
@@ -324,7 +325,7 @@ def build(
     phase's executor runs this host's slice of its tasks (datatrove's `local_rank_offset`/`local_tasks`): a
     phase whose slice is empty here is None."""
     from datatrove.pipeline.dedup import MinhashDedupBuckets, MinhashDedupCluster, MinhashDedupFilter
-    from datatrove.pipeline.dedup.minhash import MinhashConfig, MinhashDedupSignature
+    from datatrove.pipeline.dedup.minhash import MinhashConfig
     from datatrove.pipeline.filters import FineWebQualityFilter
     from datatrove.pipeline.tokens import TokensCounter
     from datatrove.pipeline.writers import JsonlWriter, ParquetWriter
@@ -395,7 +396,7 @@ def build(
             language=words,
         ),
         JsonlWriter(filtered, output_filename="${rank}.jsonl", compression=None),
-        MinhashDedupSignature(output_folder=str(work / "signatures"), config=minhash, language=words),
+        MinhashSignature(output_folder=str(work / "signatures"), config=minhash, language=words),
     ]
     writer = (
         ParquetWriter(str(out_dir), output_filename="shard-${rank}.parquet", adapter=report.record, compression=None)
@@ -467,8 +468,7 @@ def execute(executors: dict, work: Path, phases: tuple[str, ...] = PHASES) -> di
         mine = range(executor.local_rank_offset, executor.local_rank_offset + executor.local_tasks)
         todo = len(executor.get_incomplete_ranks(mine))
         for step in executor.pipeline if todo else ():
-            if isinstance(step, LinguaFilter):  # loaded here once, shared by the forked workers
-                lingua_detector(tuple(step.candidates))
+            preload(step)  # built here once, shared by the forked workers
         resumed = f", {len(mine) - todo} already done" if todo < len(mine) else ""
         print(f"[curate] {phase}: {todo} task(s) on {executor.workers} process(es){resumed}", flush=True)
         try:
