@@ -39,14 +39,15 @@ def source_ref(uri: str, name: str, endpoint_url: str | None = None) -> InputRef
 
 
 def folder_files(root: Path) -> list[Path]:
-    """The files a model folder is made of, sorted: every regular file below it, except inside a dilforge store,
-    artifact or stage work folder kept in it (`corpus_files.holds_dilforge_data`), which is not the model and
-    changes as runs write to it. What its digest hashes and `models import` copies."""
+    """The files a model folder is made of, sorted: every regular file below it but hidden entries (a clone's
+    `.git/` with its LFS copies of the weights, `hf download`'s `.cache/`, `.gitattributes`) and what is inside a
+    dilforge store, artifact or stage work folder kept in it (`corpus_files.holds_dilforge_data`), which changes
+    as runs write to it: the corpus folders' rule. What its digest hashes and `models import` copies."""
     files = []
     for folder, dirs, names in os.walk(root):
         here = Path(folder)
-        dirs[:] = [d for d in dirs if not holds_dilforge_data(here / d)]
-        files += [here / n for n in names if (here / n).is_file()]
+        dirs[:] = [d for d in dirs if not d.startswith(".") and not holds_dilforge_data(here / d)]
+        files += [here / n for n in names if not n.startswith(".") and (here / n).is_file()]
     return sorted(files)
 
 

@@ -152,7 +152,7 @@ def test_a_model_folder_with_a_link_out_of_it_is_refused_at_planning_and_import(
 
 
 def test_a_store_or_work_folder_inside_a_model_folder_is_not_the_model(tmp_path):
-    """`models import DIR --store DIR/store`: the store is not part of the model. Its files changed between planning
+    """`models import DIR --store DIR/store`: the store is not part of the model, nor are hidden entries. Its files changed between planning
     and the run (locks, the record), so the import failed on every try ("rerun to plan again"); had it run, the
     artifact would have held the store. A work folder (its marker) or a nested artifact is skipped the same way."""
     from dilforge_cpt.import_model import copy_hf_folder
@@ -162,6 +162,9 @@ def test_a_store_or_work_folder_inside_a_model_folder_is_not_the_model(tmp_path)
     (folder / "sub").mkdir()
     (folder / "sub" / "vocab.txt").write_text("a b")  # a subfolder of the model still counts
     before = model_digest(str(folder))
+    for hidden in [".git/lfs/objects/ab/model.safetensors", ".cache/huggingface/download/x.metadata", ".gitattributes"]:
+        (folder / hidden).parent.mkdir(parents=True, exist_ok=True)  # a clone's history, `hf download`'s cache
+        (folder / hidden).write_text(hidden)
     store, work = folder / "store", folder / "work" / "model-0123456789abcdef"
     for marker, content in [
         (store / ".dilforge-store", "x"),
