@@ -184,3 +184,24 @@ def test_a_rebuilt_artifact_is_not_judged_by_an_older_publishs_witness(tmp_path)
         )
     )
     assert check_artifact(uri) is None
+
+
+@pytest.mark.parametrize("spelling", ["relative", "doubled slashes", "link to its folder"])
+def test_the_witness_is_found_whatever_the_artifacts_path_spelling(tmp_path, monkeypatch, spelling):
+    """`manifest validate artifacts/tokenizer/<id>` from the store's root, `store//artifacts//…` or a link to the
+    artifact's folder: still the artifact in its store, still checked against the store's run records."""
+    uri = Path(
+        pl.run_all(load_pipeline(write_config(tmp_path)), PublishingBackend())["tokenizer"].removeprefix("file://")
+    )
+    path, raw = _edit_file_and_manifest(uri)
+    (uri / manifest_digest_key(raw["data_dir"])).write_text(sha256_bytes(path.read_bytes()))
+    if spelling == "relative":
+        monkeypatch.chdir(tmp_path / "store")
+        given = str(uri.relative_to(tmp_path / "store"))
+    elif spelling == "doubled slashes":
+        given = str(uri).replace("/artifacts/", "//artifacts//")
+    else:
+        (tmp_path / "link").symlink_to(uri)
+        given = str(tmp_path / "link")
+    code, out = _validate(given)
+    assert code == 1 and "changed since run record" in out, out

@@ -158,7 +158,10 @@ def recorded_digest_problem(artifact_uri: str, manifest: Manifest, digest: str, 
     edited, or its files were swapped under a new data folder with a new digest beside it, whatever that digest
     says. A rebuild after a damaged artifact is witnessed by the run that rebuilt it. Only artifacts at
     `<store>/artifacts/<stage>/<id>` have records to ask."""
-    root, sep, tail = artifact_uri.rstrip("/").rpartition("/artifacts/")
+    local = artifact_storage(artifact_uri, endpoint_url).local_path("")
+    # a local artifact by its real path: a relative one, `//`, `./` or a link to its folder is still in its store
+    where = local.as_posix() if local is not None else artifact_uri.rstrip("/")
+    root, sep, tail = where.rpartition("/artifacts/")
     if not sep or not root or tail.count("/") != 1:
         return None
     address = f"artifacts/{tail}"
