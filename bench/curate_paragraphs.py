@@ -56,9 +56,16 @@ def corpus(data: Path) -> dict[str, list[str]]:
 
 def steps(config):
     """The filter phase's steps as services/curate/dilforge_curate/stage.py builds them."""
-    from datatrove.pipeline.filters import FineWebQualityFilter, GopherQualityFilter, GopherRepetitionFilter
+    from datatrove.pipeline.filters import FineWebQualityFilter
     from datatrove.utils.text import TERMINAL_PUNCTUATION
-    from dilforge_curate.steps import ContactRedactor, LinguaFilter, Normaliser, WordSplitter
+    from dilforge_curate.steps import (
+        ContactRedactor,
+        LinguaFilter,
+        Normaliser,
+        QualityFilter,
+        RepetitionFilter,
+        WordSplitter,
+    )
 
     q, lid, words = config.quality, config.language_id, WordSplitter()
     redact = config.redact
@@ -69,13 +76,13 @@ def steps(config):
                                     "card": redact.card_placeholder})),
         ("language", LinguaFilter(config.language, lid.candidates, lid.min_score, lid.max_chars,
                                   relatives=lid.relatives, margin=lid.relative_margin)),
-        ("repetition", GopherRepetitionFilter(dup_line_frac=q.dup_line_frac, top_n_grams=tuple(q.top_n_grams),
+        ("repetition", RepetitionFilter(dup_line_frac=q.dup_line_frac, top_n_grams=tuple(q.top_n_grams),
                                               dup_n_grams=tuple(q.dup_n_grams), language=words)),
         ("lines", FineWebQualityFilter(line_punct_thr=q.line_punct_thr,
                                        stop_chars=(*TERMINAL_PUNCTUATION, *q.line_end_closers),
                                        short_line_thr=q.short_line_thr, char_duplicates_ratio=q.char_duplicates_ratio,
                                        new_line_ratio=q.new_line_ratio, language=words)),
-        ("quality", GopherQualityFilter(min_doc_words=q.min_words, max_doc_words=q.max_words,
+        ("quality", QualityFilter(min_doc_words=q.min_words, max_doc_words=q.max_words,
                                         min_avg_word_length=q.min_avg_word_length,
                                         max_avg_word_length=q.max_avg_word_length,
                                         max_symbol_word_ratio=q.max_symbol_word_ratio,

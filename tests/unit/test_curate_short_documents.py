@@ -105,3 +105,32 @@ def test_the_data_card_shows_the_length_and_line_rules(tmp_path):
     assert "Gopher's and FineWeb's minimum is 50" in card
     assert "at least 18.8% of a document's lines must end a sentence (quality.line_punct_thr" in card
     assert "or within 0.2 of tr" in card
+
+
+# a clean news paragraph with a date, a rate and a decimal, as news pages write them
+NUMBERS = (
+    "Bakı, 5 oktyabr 2023. Azərbaycan Respublikasının Mərkəzi Bankı uçot dərəcəsini 9 faizdən 8,75 faizə endirib. "
+    "Qərar bankın İdarə Heyətinin iclasında qəbul olunub və bu barədə rəsmi məlumat yayılıb."
+)
+
+
+def test_a_news_paragraph_with_dates_and_sums_has_enough_words_holding_a_letter():
+    """The word splitter makes each comma and full stop a word; the letter share is over words, not punctuation."""
+    from datatrove.pipeline.filters import GopherQualityFilter
+    from dilforge_curate.steps import QualityFilter, WordSplitter
+
+    q = CurateConfig(corpora=[{"uri": "x"}]).quality
+    quality = QualityFilter(
+        min_doc_words=q.min_words, max_doc_words=q.max_words, min_avg_word_length=q.min_avg_word_length,
+        max_avg_word_length=q.max_avg_word_length, max_symbol_word_ratio=q.max_symbol_word_ratio,
+        max_non_alpha_words_ratio=q.max_non_alpha_words_ratio, min_stop_words=q.min_stop_words,
+        stop_words=q.stop_words, language=WordSplitter(),
+    )  # fmt: skip
+    stock = GopherQualityFilter(
+        max_non_alpha_words_ratio=q.max_non_alpha_words_ratio, min_stop_words=0, min_doc_words=0,
+        language=WordSplitter(),
+    )  # fmt: skip
+    assert stock.filter(Document(NUMBERS, "d")) == (False, "gopher_below_alpha_threshold")  # what the stage did
+    assert quality.filter(Document(NUMBERS, "d")) is True
+    table = "Cədvəl və nəticələr bu il: " + " ".join(str(1000 + i * 37) for i in range(30))  # numbers, not prose
+    assert quality.filter(Document(table, "d")) == (False, "gopher_below_alpha_threshold")

@@ -168,7 +168,10 @@ def test_repetition_filter_decides_as_datatrove_does():
         assert len({str(b) for _, b in decisions}) >= 3  # the texts reach several of the checks
 
 
-def test_quality_filter_decides_as_datatrove_does():
+STOP_WORDS = "gopher_enough_stop_words"
+
+
+def test_quality_filter_decides_as_datatrove_does_but_over_words_for_the_letter_share():
     import random
 
     from datatrove.pipeline.filters import GopherQualityFilter
@@ -190,6 +193,7 @@ def test_quality_filter_decides_as_datatrove_does():
         {"min_doc_words": 3, "min_stop_words": 1, "stop_words": ["və", "bu"]},
         {"min_doc_words": None, "min_stop_words": 0, "max_avg_word_length": 4},
     ]  # fmt: skip
+    differed = 0
     for kwargs in settings:
         ours, theirs = (
             QualityFilter(language=WordSplitter(), **kwargs),
@@ -204,9 +208,16 @@ def test_quality_filter_decides_as_datatrove_does():
                 with pytest.raises(ZeroDivisionError):
                     ours.filter(Document(text=t, id="x"))
             else:
-                assert ours.filter(Document(text=t, id="x")) == expected, t
+                got = ours.filter(Document(text=t, id="x"))
+                # the one difference: the letter share is over words, not runs of punctuation, so ours may keep
+                # (or judge further) what datatrove drops for it, never the other way round
+                assert got == expected or (
+                    expected == (False, "gopher_below_alpha_threshold") and got in (True, (False, STOP_WORDS))
+                ), t
+                differed += got != expected
             decisions.append(str(expected))
         assert len(set(decisions)) >= 4  # the texts reach several of the checks
+    assert differed  # the texts reach the difference too
 
 
 def test_minhash_shingles_are_datatrove_s(tmp_path):
