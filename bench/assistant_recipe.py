@@ -4,9 +4,10 @@
 Each HF model folder (an SFT artifact's `merged/`, a CPT artifact, the imported base) answers eval's held-out
 assistant prompts (services/eval/dilforge_eval/prompts/assistant.jsonl: Azerbaijani, English, and the Azerbaijani
 ones typed without Azerbaijani letters) and the 40 of `bench/heldout_az_prompts.txt` (written for this bench, in
-none of the project's data; as typed and without the letters), in its chat template with the az-small system prompt,
-greedy and batched, through the folder's own generation_config.json (the published defaults `serve` and HF
-`generate` use; `--repetition-penalty`/`--no-repeat-ngram-size` override them). Scored by eval's assistant measures
+none of the project's data; as typed and without the letters), in its chat template with `--system-prompt` (default
+none, as az-small serves; docs/sft.md names the one each recipe run used), greedy and batched, through the folder's
+own generation_config.json (the published defaults `serve` and HF `generate` use; `--repetition-penalty` /
+`--no-repeat-ngram-size` override them). Scored by eval's assistant measures
 (`dilforge_eval.assistant.score`: in the prompt's language by lingua, ended the turn, looping, parroting).
 Optionally the held-out BPB (X-WMT, first 10 kB, window 256 stride 128 as eval) of each model against `--bpb-base`,
 and `--interpolate CPT BASE ALPHA OUT`: write alpha·CPT + (1-alpha)·base for every tensor the base has (new
@@ -25,7 +26,6 @@ from pathlib import Path
 import hardware  # bench/hardware.py
 
 HERE = Path(__file__).resolve().parent
-SYSTEM = "Sən Azərbaycan dilində cavab verən faydalı köməkçisən."  # configs/az-small.yaml sft.system_prompt
 
 
 def prompt_groups(bench_file: Path) -> dict[str, list]:
@@ -40,7 +40,9 @@ def prompt_groups(bench_file: Path) -> dict[str, list]:
     return out
 
 
-def generate(model, tok, prompts: list[str], max_new_tokens: int, batch_size: int, overrides: dict) -> list[tuple]:
+def generate(
+    model, tok, prompts: list[str], max_new_tokens: int, batch_size: int, overrides: dict, system: str | None
+) -> list[tuple]:
     """(answer text, ended its turn) per prompt: greedy, left-padded batches, the folder's generation config."""
     import torch
 
@@ -51,7 +53,7 @@ def generate(model, tok, prompts: list[str], max_new_tokens: int, batch_size: in
     for i in range(0, len(prompts), batch_size):
         texts = [
             tok.apply_chat_template(
-                [{"role": "system", "content": SYSTEM}, {"role": "user", "content": p}],
+                [{"role": "system", "content": system}] * bool(system) + [{"role": "user", "content": p}],
                 add_generation_prompt=True,
                 tokenize=False,
             )
@@ -130,6 +132,7 @@ def main() -> None:
         default="az,az-no-diacritics,bench-az",
         help="comma-separated prompt groups (az, en, az-no-diacritics, bench-az, bench-az-no-diacritics)",
     )
+    ap.add_argument("--system-prompt", default=None, help="system turn before each prompt (default: none)")
     ap.add_argument("--show", type=int, default=3, help="answers printed per model")
     args = ap.parse_args()
 
@@ -168,7 +171,15 @@ def main() -> None:
         }
         print(f"\n{path}  generation config {gen_config} overrides {overrides}")
         for group, prompts in prompt_sets.items():
-            answers = generate(model, tok, [p.prompt for p in prompts], args.max_new_tokens, args.batch_size, overrides)
+            answers = generate(
+                model,
+                tok,
+                [p.prompt for p in prompts],
+                args.max_new_tokens,
+                args.batch_size,
+                overrides,
+                args.system_prompt,
+            )
             figures = score(
                 [Answer(p.prompt, a, p.language, e, p.reference) for p, (a, e) in zip(prompts, answers, strict=True)]
             )
