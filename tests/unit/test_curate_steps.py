@@ -230,8 +230,8 @@ def test_minhash_shingles_are_datatrove_s(tmp_path):
     config = MinhashConfig(hash_config=HashConfig(precision=64, hash_fc="sha1"))
     ours = MinhashSignature(str(tmp_path / "a"), config=config, language=WordSplitter())
     theirs = MinhashDedupSignature(str(tmp_path / "b"), config=config, language=WordSplitter())
-    # combining marks of several scripts, precomposed letters, a ligature, digits of other scripts
-    marks = [*"ñÅǅəİışﬁ٣\U0001d7d8\u0338\u05b0\u0e31\u20dd", "e\u0301"]
+    # combining marks of several scripts (two past U+FFFF), precomposed letters, a ligature, other digits
+    marks = [*"ñÅǅəİışﬁ٣\U0001d7d8\U0001d167\U0001e8d0\u0338\u05b0\u0e31\u20dd", "e\u0301"]
     rng = random.Random(2)
     texts = _repetition_texts() + [
         " ".join("".join(rng.choice([*marks, "a", "b", "və", ",", " "]) for _ in range(5)) for _ in range(40))

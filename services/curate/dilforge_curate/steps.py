@@ -404,9 +404,21 @@ class QualityFilter(GopherQualityFilter):
 
 
 @functools.cache
-def drop_nonspacing_marks():
-    """`sub` for the characters `unicodedata` calls nonspacing marks (Mn: what `simplify_text` drops after NFD)."""
-    return _char_class([cp for cp in range(0x110000) if unicodedata.category(chr(cp)) == "Mn"]).sub
+def nonspacing_marks() -> re.Pattern:
+    """The characters below U+10000 that `unicodedata` calls nonspacing marks (Mn: what `simplify_text` drops after
+    NFD), as one regex class: `re` tests such a class with a bitmap, while one reaching past U+FFFF is a list of
+    ranges tried in turn, slower than datatrove's test per character."""
+    return _char_class([cp for cp in range(0x10000) if unicodedata.category(chr(cp)) == "Mn"])
+
+
+_ASTRAL = re.compile("[\U00010000-\U0010ffff]")
+
+
+def without_nonspacing_marks(text: str) -> str:
+    text = nonspacing_marks().sub("", text)
+    if _ASTRAL.search(text):  # an emoji or a rare script: datatrove's own test for the marks past U+FFFF
+        text = "".join(c for c in text if unicodedata.category(c) != "Mn")
+    return text
 
 
 class MinhashSignature(MinhashDedupSignature):
@@ -421,7 +433,7 @@ class MinhashSignature(MinhashDedupSignature):
         if not self.config.norm_config.norm_unicode_diacritics:
             return super().get_shingles(text)
         text = simplify_text(text, self._norm_but_diacritics)
-        text = drop_nonspacing_marks()("", unicodedata.normalize("NFD", text)).strip()
+        text = without_nonspacing_marks(unicodedata.normalize("NFD", text)).strip()
         words = self.word_tokenizer.word_tokenize(text)
         grams = [self._hash_func(" ".join(x)) for x in ngrams(words, self.config.n_grams)]
         return np.fromiter(grams, dtype=np.uint64).reshape((-1, 1))
@@ -435,7 +447,7 @@ def preload(step: PipelineStep) -> None:
     elif isinstance(step, QualityFilter):
         has_letter()
     elif isinstance(step, MinhashSignature):
-        drop_nonspacing_marks()
+        nonspacing_marks()
 
 
 class SourceCounter(PipelineStep):
