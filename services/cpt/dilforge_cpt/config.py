@@ -19,6 +19,7 @@ from dilforge_shared.configs.base import (
     check_unique_labels,
 )
 from dilforge_shared.configs.knobs import Batching, Checkpointing, SourceLimits, Warmup, on_off
+from dilforge_shared.families import control_token_in
 from dilforge_shared.metrics.cpt import CptMetrics
 from pydantic import Field, field_validator, model_validator
 
@@ -103,6 +104,14 @@ class ChatTurns(StrictModel):
     )
     assistant: str = Field(min_length=1, description="The assistant turn, a template as `user`, e.g. '{response}'.")
     system_prompt: str | None = Field(default=None, description="System turn before the user's (none: no system turn).")
+
+    @field_validator("user", "assistant", "system_prompt")
+    @classmethod
+    def _no_control_token(cls, value: str | None) -> str | None:
+        """Rendered with the special tokens parsed: a control token here would be one in every conversation."""
+        if value is not None and (token := control_token_in(value)) is not None:
+            raise ValueError(f"holds the control token {token!r}, which would forge a turn in every conversation")
+        return value
 
 
 class CptDataSource(DataSource, SourceLimits):

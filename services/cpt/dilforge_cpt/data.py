@@ -96,6 +96,8 @@ def chat_documents(
     renderer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(tok.to_str()))
     specials = special_token_pattern(special_tokens(tok))  # the render parses them: text holding one is that id
     chat = source.chat
+    if chat.system_prompt is not None and (token := special_token_in(chat.system_prompt, specials)) is not None:
+        raise InputError(f"chat.system_prompt holds the control token {token} of this tokenizer", path=source.uri)
     for file_uri, lineno, record in iter_located_records(source.uri, endpoint_url, **source.bounds):
         fields = {k: unicodedata.normalize("NFC", str(v)) for k, v in record.items() if v is not None}
         try:
