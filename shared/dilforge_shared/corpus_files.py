@@ -7,6 +7,7 @@ from __future__ import annotations
 import glob
 import os
 import stat
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Literal
 from urllib.parse import urlparse
@@ -32,6 +33,19 @@ def holds_dilforge_data(folder: Path) -> bool:
     """A dilforge store, artifact or stage work folder (it holds one of STORE_FILES): never content of a corpus or
     model folder it sits in."""
     return any((folder / f).exists() for f in STORE_FILES)
+
+
+def content_keys(keys: Iterable[str], prefix: str) -> list[str]:
+    """The keys under an S3 `prefix` that are its content, by the folders' rule: none hidden at any level below the
+    prefix, none under a sub-prefix holding one of STORE_FILES (a store, artifact or work folder kept there)."""
+    keys = list(keys)
+    start = len(prefix) + 1 if prefix else 0
+    stores = {k.rsplit("/", 1)[0] + "/" for k in keys if "/" in k[start:] and k.rsplit("/", 1)[-1] in STORE_FILES}
+    return [
+        k
+        for k in keys
+        if not any(part.startswith(".") for part in k[start:].split("/")) and not any(k.startswith(s) for s in stores)
+    ]
 
 
 def expand(uri: str, endpoint_url: str | None = None) -> list[str]:
@@ -103,16 +117,7 @@ def _expand_s3(uri: str, bucket: str, key: str, endpoint_url: str | None) -> lis
     if key and not key.endswith("/") and backend.exists(key):
         return [uri]
     prefix = key.rstrip("/")
-    keys = list(backend.list(prefix))
-    start = len(prefix) + 1 if prefix else 0
-    stores = {k.rsplit("/", 1)[0] + "/" for k in keys if "/" in k[start:] and k.rsplit("/", 1)[-1] in STORE_FILES}
-    keys = [
-        k
-        for k in keys
-        if k.lower().endswith(SUFFIXES)
-        and not any(part.startswith(".") for part in k[start:].split("/"))
-        and not any(k.startswith(s) for s in stores)
-    ]
+    keys = [k for k in content_keys(backend.list(prefix), prefix) if k.lower().endswith(SUFFIXES)]
     if not keys:
         raise InputError("no such S3 object, and no corpus files under that prefix", path=uri)
     return [f"s3://{bucket}/{k}" for k in sorted(keys)]

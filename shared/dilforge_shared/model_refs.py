@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from urllib.parse import urlparse
 
-from .corpus_files import holds_dilforge_data
+from .corpus_files import content_keys, holds_dilforge_data
 from .errors import ConfigError, ManifestNotFound
 from .manifest import InputRef, artifact_ref, sha256_file
 from .paths import check_links, declared_uri
@@ -71,6 +71,8 @@ def model_digest(uri: str, endpoint_url: str | None = None) -> str:
     backend = S3Storage(parsed.netloc, parsed.path, endpoint_url)
     h = hashlib.sha256()
     stats = sorted(backend.list_stats(""))  # (key, size, ETag): one listing, no request per object
+    content = set(content_keys((key for key, _, _ in stats), ""))  # what folder_files takes of a local folder
+    stats = [s for s in stats if s[0] in content]
     if not stats:
         raise ConfigError(f"{uri}: no objects under this prefix")
     copy = declared_uri(uri) != uri  # an uploaded copy: each object's sha256, as dir_digest hashes the folder

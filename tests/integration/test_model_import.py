@@ -228,7 +228,9 @@ def test_s3_prefix_import_is_fingerprinted_by_etags_and_lands_in_an_s3_store(
     bucket = s3_bucket.removeprefix("s3://")
     for f in tiny_llama_dir.iterdir():
         client.upload_file(str(f), bucket, f"models/tiny/{f.name}")
+    client.put_object(Bucket=bucket, Key="models/tiny/.cache/huggingface/x.metadata", Body=b"x")  # not the model
     source = f"{s3_bucket}/models/tiny/"
+    store = f"{source}store"  # a store under the model's own prefix is not the model either (its keys change)
     env = {
         **os.environ,
         "OMP_NUM_THREADS": "1",
@@ -236,7 +238,7 @@ def test_s3_prefix_import_is_fingerprinted_by_etags_and_lands_in_an_s3_store(
         "DILFORGE_CACHE": str(tmp_path / "cache"),
     }
     proc = subprocess.run(
-        [COORDINATOR, "models", "import", source, "--store", f"{s3_bucket}/store"],
+        [COORDINATOR, "models", "import", source, "--store", store],
         env=env,
         capture_output=True,
         text=True,
@@ -245,11 +247,12 @@ def test_s3_prefix_import_is_fingerprinted_by_etags_and_lands_in_an_s3_store(
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     uri = proc.stdout.strip().splitlines()[-1].split("artifact: ")[1]
-    assert uri.startswith(f"{s3_bucket}/store/artifacts/model/")
+    assert uri.startswith(f"{store}/artifacts/model/")
     art = fetch(uri, cache_dir=tmp_path / "fetched", endpoint_url=s3_server.endpoint_url)
     assert art.manifest.input("source").sha256 == model_digest(source, s3_server.endpoint_url)
     assert recompute_artifact_id(art.manifest) == art.manifest.artifact_id
     assert (art.path / "model.safetensors").read_bytes() == (tiny_llama_dir / "model.safetensors").read_bytes()
+    assert sorted(e.path for e in art.manifest.files) == sorted(f.name for f in tiny_llama_dir.iterdir())
 
 
 def q8_1_gguf(path: Path, metadata: bool) -> Path:
