@@ -72,8 +72,9 @@ def eval_section(
     artifact: str, store: str, run: str | None, endpoint: str | None
 ) -> tuple[AssistantSection | None, str, str]:
     """(assistant section, label of the artifact's model, where it came from) from the eval artifact of the
-    artifact's run (`run`, else the run id in the artifact's manifest) in `store`. DilforgeError when there is none."""
-    from dilforge_shared.store.artifacts import read_manifest
+    artifact's run (`run`, else the run id in the artifact's manifest) in the artifact's own store (`store` for an
+    artifact kept outside one). DilforgeError when there is none."""
+    from dilforge_shared.store.artifacts import read_manifest, store_of
 
     from . import records
 
@@ -84,6 +85,7 @@ def eval_section(
     if label is None:
         raise DilforgeError(f"{artifact} is a {manifest.stage} artifact, not a model")
     run_id = run or manifest.run_id
+    store = found[0] if (found := store_of(artifact, endpoint)) else store
     try:
         eval_uri = records.run_artifact(run_id, store, "eval", endpoint)
         eval_manifest, _ = read_manifest(eval_uri, endpoint)

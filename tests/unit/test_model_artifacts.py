@@ -116,6 +116,19 @@ def test_gguf_source_must_exist_to_be_planned(tmp_path):
         pl.plan_stage(cfg, "model", {})
 
 
+def test_a_folder_that_is_no_model_is_named_before_its_files_are_hashed(tmp_path, monkeypatch):
+    from dilforge_shared import model_refs
+
+    notes = tmp_path / "notes"
+    (notes / "sub").mkdir(parents=True)
+    (notes / "a.txt").write_text("not a model")
+    (notes / "sub" / "config.json").write_text("{}")  # a config without weights is no model either
+    monkeypatch.setattr(model_refs, "sha256_file", lambda p: pytest.fail(f"hashed {p}"))
+    cfg = pipeline(tmp_path, model={"source": str(notes)})
+    with pytest.raises(InputError, match=r"model.source: .*notes: no HF model folder \(config.json \+ safetensors\)"):
+        pl.plan_stage(cfg, "model", {})
+
+
 @pytest.mark.parametrize(
     "stages, message",
     [

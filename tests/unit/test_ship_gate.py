@@ -4,6 +4,7 @@ refuse a model below the thresholds, or one without figures, unless --force."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import typer
@@ -160,8 +161,12 @@ def test_eval_section_reads_the_eval_that_measured_this_artifact(tmp_path, monke
     other = _publish(store, "sft", "adapter", "sft2", metrics_samples.sample("sft", base_model="x"))
     metrics = {**metrics_samples.sample("eval"), "assistant": section(figures(38, 39)).model_dump(mode="json")}
     ev = _publish(store, "eval", "eval_report", "ev1", metrics, [artifact_ref("sft", sft, read_manifest(sft)[0])])
-    monkeypatch.setattr(records, "run_artifact", lambda run, st, stage, ep=None: ev)
+    asked = []
+    monkeypatch.setattr(records, "run_artifact", lambda run, st, stage, ep=None: asked.append(st) or ev)
     got, label, source = gate.eval_section(sft, str(store), None, None)
+    # an artifact of another store than --store's (default .dilforge/store): its run's eval is in its own store
+    assert gate.eval_section(sft, str(tmp_path / "elsewhere"), None, None)[1] == "sft"
+    assert [Path(a).resolve() for a in asked] == [store.resolve()] * 2
     assert label == "sft" and source == "eval artifact ev1" and got.figures["sft"]["az"].in_language.count == 38
     with pytest.raises(gate.DilforgeError, match="did not measure"):
         gate.eval_section(other, str(store), None, None)

@@ -9,9 +9,10 @@ from __future__ import annotations
 from typing import ClassVar, Literal
 
 from dilforge_shared.configs.base import StageConfig
-from dilforge_shared.errors import InputError
-from dilforge_shared.manifest import InputRef
+from dilforge_shared.errors import ConfigError, InputError
+from dilforge_shared.manifest import MANIFEST_NAME, InputRef
 from dilforge_shared.model_refs import local_path, source_ref
+from dilforge_shared.models import find_dir
 from dilforge_shared.recipes import GGUF_CONVERTER_VERSION, RECIPES, source_kind
 from pydantic import Field, field_validator
 
@@ -57,6 +58,12 @@ class ModelConfig(StageConfig):
             return InputRef(name="source", kind="data", uri=recipe.uri, sha256=recipe.sha256)
         if kind == "gguf" and not local_path(self.source).is_file():
             raise InputError("model.source: no such GGUF file", path=self.source)
+        folder = local_path(self.source) if kind == "folder" else None
+        if folder is not None and folder.is_dir() and not (folder / MANIFEST_NAME).is_file():
+            try:  # before its digest reads every file: a folder that is no model is named at once
+                find_dir(folder, "model", self.source)
+            except ConfigError as exc:
+                raise InputError(f"model.source: {exc}") from None
         return source_ref(self.source, "source", endpoint_url)
 
     def source_refs(self, endpoint_url: str | None = None) -> list[InputRef]:

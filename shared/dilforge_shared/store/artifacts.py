@@ -152,19 +152,26 @@ def read_manifest(uri: str, endpoint_url: str | None = None) -> tuple[Manifest, 
     return manifest, digest
 
 
+def store_of(artifact_uri: str, endpoint_url: str | None = None) -> tuple[str, str] | None:
+    """(store root, `artifacts/<stage>/<id>`) of an artifact kept in a store, else None; a local artifact by its
+    real path, so a relative one, `//`, `./` or a link to its folder is still in its store."""
+    local = artifact_storage(artifact_uri, endpoint_url).local_path("")
+    where = local.as_posix() if local is not None else artifact_uri.rstrip("/")
+    root, sep, tail = where.rpartition("/artifacts/")
+    if not sep or not root or tail.count("/") != 1:
+        return None
+    return root, f"artifacts/{tail}"
+
+
 def recorded_digest_problem(artifact_uri: str, manifest: Manifest, digest: str, endpoint_url: str | None) -> str | None:
     """None unless the store's run records witnessed publishes of this artifact (each record keeps, per artifact it
     produced or reused, the manifest's data folder and sha256) and none of them is this one: its manifest was
     edited, or its files were swapped under a new data folder with a new digest beside it, whatever that digest
     says. A rebuild after a damaged artifact is witnessed by the run that rebuilt it. Only artifacts at
     `<store>/artifacts/<stage>/<id>` have records to ask."""
-    local = artifact_storage(artifact_uri, endpoint_url).local_path("")
-    # a local artifact by its real path: a relative one, `//`, `./` or a link to its folder is still in its store
-    where = local.as_posix() if local is not None else artifact_uri.rstrip("/")
-    root, sep, tail = where.rpartition("/artifacts/")
-    if not sep or not root or tail.count("/") != 1:
+    if (found := store_of(artifact_uri, endpoint_url)) is None:
         return None
-    address = f"artifacts/{tail}"
+    root, address = found
     try:
         store = open_backend(root, endpoint_url)
         keys = [k for k in store.list("runs") if k.endswith(".json")]
