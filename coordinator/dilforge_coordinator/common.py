@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 from botocore.exceptions import BotoCoreError, ClientError
-from dilforge_shared.errors import DilforgeError
+from dilforge_shared.errors import DilforgeError, printable
 from dilforge_shared.settings import install_log_masking, redact
 
 from .backends import get_backend
@@ -22,9 +22,9 @@ USER_ERRORS = (DilforgeError, BotoCoreError, ClientError, OSError)
 def one_line(exc: BaseException) -> str:
     """An error as the user reads it: OS errors name the file and what failed; credentials are masked."""
     if isinstance(exc, OSError) and exc.strerror:
-        text = f"{exc.filename}: {exc.strerror}" if exc.filename else exc.strerror
+        text = f"{printable(exc.filename)}: {exc.strerror}" if exc.filename else exc.strerror
         if exc.filename2:
-            text += f" (→ {exc.filename2})"
+            text += f" (→ {printable(exc.filename2)})"
     else:
         text = str(exc) or type(exc).__name__
     return redact(text)

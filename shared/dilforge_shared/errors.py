@@ -5,13 +5,21 @@ class DilforgeError(Exception):
     """Base class: the message is shown to the user as is, and the process exits non-zero."""
 
 
+_CONTROL = {c: f"\\x{c:02x}" for c in (*range(32), 127)} | {9: "\\t", 10: "\\n", 13: "\\r"}
+
+
+def printable(path: object) -> str:
+    """A path as one line of an error: its control characters (a newline in a file name) escaped, `\\n`."""
+    return str(path).translate(_CONTROL)
+
+
 class InputError(DilforgeError):
     """Bad user input: a corpus, a data record, a config value."""
 
     def __init__(self, message: str, *, path: str | None = None, line: int | None = None):
         where = ""
         if path is not None:
-            where = f"{path}:{line}: " if line is not None else f"{path}: "
+            where = f"{printable(path)}:{line}: " if line is not None else f"{printable(path)}: "
         super().__init__(f"{where}{message}")
         self.path = path
         self.line = line

@@ -16,7 +16,7 @@ import metrics_samples
 import pytest
 from dilforge_coordinator.cli import app
 from dilforge_coordinator.config import load_pipeline
-from dilforge_shared.errors import ConfigError
+from dilforge_shared.errors import ConfigError, InputError
 from test_reliability import write_config
 from typer.testing import CliRunner
 
@@ -262,3 +262,16 @@ def test_chat_refuses_control_tokens_in_user_text(chat_folder):
     assert result.exit_code == 0, result.output
     assert result.output.count("error: this message contains the control token '<|eot_id|>'") == 1
     assert result.output.count("model> ") == 1
+
+
+def test_a_file_name_with_a_newline_stays_one_line_in_an_error(tmp_path):
+    from dilforge_coordinator.common import one_line
+    from dilforge_shared.corpus import iter_texts
+
+    bad = tmp_path / "web\nnotes.jsonl"
+    bad.write_text('{"text": "salam"}\nnot json\n')
+    with pytest.raises(InputError) as err:
+        list(iter_texts(str(bad)))
+    assert "\n" not in str(err.value) and "web\\nnotes.jsonl:2: not valid JSON" in str(err.value)
+    missing = one_line(FileNotFoundError(2, "No such file or directory", str(tmp_path / "a\rb"), None, "c\td"))
+    assert missing.endswith("a\\rb: No such file or directory (→ c\\td)") and "\r" not in missing
