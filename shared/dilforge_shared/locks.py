@@ -112,15 +112,18 @@ class S3Lease:
     def _body(self) -> bytes:
         return json.dumps({**self.owner, "expires_at": time.time() + self.lease_s}).encode()
 
-    def _current(self) -> dict | None:
+    def _current(self) -> tuple[dict | None, str | None]:
+        """The lease object and its version (the ETag on S3), or (None, None) when there is none."""
         from .store.backends import NotFound
 
         try:
-            return json.loads(self.backend.read_bytes(self.key))
+            data, version = self.backend.read_versioned(self.key)
         except NotFound:
-            return None
+            return None, None
+        try:
+            return json.loads(data), version
         except ValueError:
-            return {"expires_at": 0}
+            return {"expires_at": 0}, version
 
     def acquire(self, wait: bool = True, on_wait=None, timeout_s: float | None = None) -> bool:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -128,12 +131,14 @@ class S3Lease:
         while True:
             if self.backend.create_bytes(self.key, self._body()):
                 break
-            current = self._current()
+            current, version = self._current()
             if current is not None and (current.get("expires_at", 0) < time.time() or not owner_alive(current)):
                 # a holder killed on this host (`kill -9`) renews nothing: its lease is over now, not when it expires
                 why = "expired" if current.get("expires_at", 0) < time.time() else "held by a process that is gone"
                 log.warning("lock %s: lease of %s %s; taking it over", self.key, current, why)
-                self.backend.delete(self.key)
+                # one step: only the version judged over is replaced, so of two waiters taking it over one wins
+                if self.backend.replace_bytes(self.key, self._body(), version):
+                    break
                 continue
             if not wait:
                 return False
@@ -149,15 +154,18 @@ class S3Lease:
 
     def _renew(self) -> None:
         while not self._stop.wait(self.lease_s / 3):
-            current = self._current()
-            if current is None or current.get("token") != self.owner["token"]:
+            current, version = self._current()
+            if (
+                current is None
+                or current.get("token") != self.owner["token"]
+                or not self.backend.replace_bytes(self.key, self._body(), version)
+            ):
                 log.error("lock %s: lost (now %s)", self.key, current)
                 return
-            self.backend.write_bytes(self.key, self._body())
 
     def release(self) -> None:
         self._stop.set()
-        current = self._current()
+        current, _ = self._current()
         if current is not None and current.get("token") == self.owner["token"]:
             self.backend.delete(self.key)
 

@@ -120,6 +120,7 @@ def _import_config(tmp_path: Path, name: str):
     folder = tmp_path / name
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps({"model_type": "llama", "name": name}))
+    (folder / "model.safetensors").write_bytes(b"weights")  # what `models import` takes for a model folder
     raw = {"run_id": "models", "store": {"uri": str(tmp_path / "store")}, "model": {"source": str(folder)}}
     return validate_model(PipelineConfig, raw, "test")
 
@@ -185,3 +186,21 @@ def test_a_lease_of_a_killed_process_on_this_host_is_taken_over_at_once(tmp_path
         if taken:
             assert json.loads(backend.read_bytes("locks/a.lock"))["token"] == lease.owner["token"]
             lease.release()
+
+
+def test_of_two_waiters_taking_over_one_expired_lease_exactly_one_holds_it(tmp_path):
+    """Taking over is one compare-and-swap of the version judged over, not a delete then a create: a waiter that
+    read the expired lease before another took it over cannot delete the new holder's lease."""
+    from dilforge_shared.locks import S3Lease
+    from dilforge_shared.store.backends import open_backend
+
+    backend = open_backend(str(tmp_path))
+    backend.write_bytes("locks/a.lock", json.dumps({"token": "old", "host": "h", "expires_at": 0}).encode())
+    stale = backend.read_versioned("locks/a.lock")[1]
+    first, second = S3Lease(backend, "locks/a.lock", 3600), S3Lease(backend, "locks/a.lock", 3600)
+    assert first.acquire(wait=False)
+    # the second read the expired lease before the first replaced it: its takeover must fail, not win too
+    assert not backend.replace_bytes("locks/a.lock", second._body(), stale)
+    assert not second.acquire(wait=False)
+    assert json.loads(backend.read_bytes("locks/a.lock"))["token"] == first.owner["token"]
+    first.release()
