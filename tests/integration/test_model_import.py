@@ -84,9 +84,9 @@ def test_hf_folder_import_publishes_a_loadable_model_with_provenance_and_is_reus
 @pytest.mark.parametrize(
     "remove, message",
     [
-        ("model.safetensors", "no safetensors weights in the folder"),
+        ("model.safetensors", "no HF model folder (config.json + safetensors) in it"),  # named before hashing
         ("tokenizer.json", "no tokenizer.json"),
-        ("config.json", "no config.json"),
+        ("config.json", "no HF model folder (config.json + safetensors) in it"),
     ],
 )
 def test_hf_folder_without_weights_tokenizer_or_config_fails_in_one_line(tmp_path, tiny_llama_dir, remove, message):
