@@ -62,6 +62,24 @@ def tiny_llama_dir(tmp_path_factory, tiny_tokenizer_dir) -> Path:
     return factories.build_tiny_llama(tmp_path_factory.mktemp("llama") / "model", tiny_tokenizer_dir)
 
 
+def cached_build(cmd: list[str], env: dict | None, check=None) -> str:
+    """Run a command that fills the shared download cache, one at a time across pytest-xdist workers (a file lock
+    in the cache); `check` true means another worker already built it. Returns its stdout."""
+    import subprocess
+
+    from dilforge_shared.settings import cache_root
+
+    cache_root().mkdir(parents=True, exist_ok=True)
+    with FileLock(cache_root() / "test-fixtures.lock"):
+        if check is not None and check():
+            return ""
+        proc = subprocess.run(
+            cmd, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=1800, check=False
+        )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return proc.stdout
+
+
 @pytest.fixture(scope="session")
 def smollm2_artifact(tmp_path_factory):
     """SmolLM2-135M-Instruct imported through the project's own recipe (`coordinator models import`).
@@ -70,32 +88,23 @@ def smollm2_artifact(tmp_path_factory):
     download cache ($DILFORGE_CACHE, else ~/.cache/dilforge) and converts it (about a minute on 2 idle cores);
     the artifact is kept in a store inside that cache, so later runs reuse it in under a second.
     """
-    import subprocess
     import sys
 
     from dilforge_shared.settings import cache_root
     from dilforge_shared.store.artifacts import fetch
 
     store = cache_root() / "test-store"
-    cache_root().mkdir(parents=True, exist_ok=True)
     env = {
         **os.environ,
         "DILFORGE_WORKDIR": str(tmp_path_factory.mktemp("smollm2-work")),
         "DILFORGE_CACHE": str(cache_root()),
     }
-    with FileLock(cache_root() / "test-fixtures.lock"):  # one import at a time across pytest-xdist workers
-        proc = subprocess.run(
-            [sys.executable, "-m", "dilforge_coordinator.cli", "models", "import", "smollm2-135m-instruct"]
-            + ["--store", str(store)],
-            env=env,
-            capture_output=True,
-            text=True,
-            stdin=subprocess.DEVNULL,
-            timeout=1800,
-            check=False,
-        )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    return fetch(proc.stdout.strip().splitlines()[-1].split("artifact: ")[1])
+    out = cached_build(
+        [sys.executable, "-m", "dilforge_coordinator.cli", "models", "import", "smollm2-135m-instruct"]
+        + ["--store", str(store)],
+        env,
+    )
+    return fetch(out.strip().splitlines()[-1].split("artifact: ")[1])
 
 
 @pytest.fixture(scope="session")
@@ -115,7 +124,6 @@ def llama32_tokenizer() -> Path:
     pip-downloads the wheel and converts it (about 20 s) into the download cache ($DILFORGE_CACHE, else
     ~/.cache/dilforge; outside the repository: the licence forbids committing the converted file).
     """
-    import subprocess
     import sys
 
     from dilforge_shared.settings import cache_root
@@ -123,17 +131,6 @@ def llama32_tokenizer() -> Path:
     if os.environ.get("DILFORGE_LLAMA32_TOKENIZER"):
         return Path(os.environ["DILFORGE_LLAMA32_TOKENIZER"])
     out = cache_root() / "llama32-tokenizer"
-    cache_root().mkdir(parents=True, exist_ok=True)
-    with FileLock(cache_root() / "test-fixtures.lock"):  # one build at a time across pytest-xdist workers
-        if not (out / "tokenizer.json").is_file():
-            script = Path(__file__).resolve().parents[1] / "scripts/build_llama32_tokenizer.py"
-            proc = subprocess.run(
-                [sys.executable, str(script), "--out", str(out)],
-                capture_output=True,
-                text=True,
-                stdin=subprocess.DEVNULL,
-                timeout=900,
-                check=False,
-            )
-            assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    script = Path(__file__).resolve().parents[1] / "scripts/build_llama32_tokenizer.py"
+    cached_build([sys.executable, str(script), "--out", str(out)], None, check=(out / "tokenizer.json").is_file)
     return out

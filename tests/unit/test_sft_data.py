@@ -153,7 +153,7 @@ def test_the_base_tokenizers_own_special_tokens_in_data_are_bad_records(tiny_tok
     from dilforge_sft.data import refuse_special_tokens
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(str(tiny_tokenizer_dir))
+    tok = AutoTokenizer.from_pretrained(str(tiny_tokenizer_dir), trust_remote_code=False)
     tok.add_special_tokens({"additional_special_tokens": ["<file_sep>", "<repo_name>"]})
     data = [chat(("user", "Salam"), ("assistant", "Oldu."))["messages"]]
     data += [chat(("user", "kod"), ("assistant", "a<file_sep>b"))["messages"]]
