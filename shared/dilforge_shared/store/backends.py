@@ -314,14 +314,7 @@ class S3Storage:
             raise
 
     def read_bytes(self, key: str) -> bytes:
-        from botocore.exceptions import ClientError
-
-        try:
-            return self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read()
-        except ClientError as exc:
-            if self._missing(exc):
-                raise NotFound(f"s3://{self.bucket}/{self._key(key)}: no such object") from None
-            raise
+        return self.read_versioned(key)[0]
 
     def write_bytes(self, key: str, data: bytes) -> None:
         self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
@@ -334,11 +327,15 @@ class S3Storage:
             self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, IfNoneMatch="*")
             return True
         except ClientError as exc:
-            code = exc.response.get("Error", {}).get("Code", "")
-            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-            if code in ("PreconditionFailed", "ConditionalRequestConflict") or status in (409, 412):
+            if self._precondition_failed(exc):
                 return False
             raise
+
+    def _precondition_failed(self, exc) -> bool:
+        """A conditional write refused: the key exists (If-None-Match), or changed since it was read (If-Match)."""
+        code = exc.response.get("Error", {}).get("Code", "")
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        return code in ("PreconditionFailed", "ConditionalRequestConflict") or status in (409, 412)
 
     def read_versioned(self, key: str) -> tuple[bytes, str]:
         """The object's bytes and its ETag, from one GetObject."""
@@ -361,18 +358,7 @@ class S3Storage:
             self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, IfMatch=version)
             return True
         except ClientError as exc:
-            code = exc.response.get("Error", {}).get("Code", "")
-            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-            if (
-                self._missing(exc)
-                or code in ("PreconditionFailed", "ConditionalRequestConflict")
-                or status
-                in (
-                    404,
-                    409,
-                    412,
-                )
-            ):
+            if self._missing(exc) or self._precondition_failed(exc):
                 return False
             raise
 
