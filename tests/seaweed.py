@@ -74,7 +74,14 @@ def start(workdir: Path, timeout: float = 60.0) -> SeaweedS3:
             }
         )
     )
-    s3_port, *ports = (free_port() for _ in range(8))
+    # every listener on a port of its own: two sessions (pytest-xdist workers) each run a server, and weed mini's
+    # fixed defaults (Iceberg 8181, WebDAV 7333, admin 23646, debug 6060) would collide
+    s3_port, *ports = (free_port() for _ in range(15))
+    extra = {
+        name: str(ports.pop())
+        for name in ("s3.port.iceberg", "s3.port.lance", "webdav.port", "admin.port", "admin.port.grpc")
+        + ("debug.port", "s3.debug.port")
+    }
     grpc = {name: str(ports.pop()) for name in ("master", "volume", "filer", "s3")}
     cmd = [
         weed,
@@ -104,6 +111,7 @@ def start(workdir: Path, timeout: float = 60.0) -> SeaweedS3:
         "-filer.port",
         str(ports[2]),
         *(arg for name, port in grpc.items() for arg in (f"-{name}.port.grpc", port)),
+        *(arg for name, port in extra.items() for arg in (f"-{name}", port)),
     ]
     log = open(workdir / "weed.log", "wb")  # noqa: SIM115 - the server process writes it for its lifetime
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
