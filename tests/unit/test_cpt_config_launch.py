@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -228,3 +229,50 @@ def _state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:
         return "Z"
+
+
+LATER_HOST = """
+import os, signal, sys, time, types
+import dilforge_cpt.stage as stage
+
+published = sys.argv[1] == "published"
+stage.published_by_first_host = lambda ctx: published
+ctx = types.SimpleNamespace(request=types.SimpleNamespace(artifact_uri="file:///x"), endpoint_url=None)
+if sys.argv[2] == "during-wait":  # local mode's stop arrives while the host waits for the publish
+    stage.wait_for_artifact = lambda uri, endpoint_url: (os.kill(os.getpid(), signal.SIGTERM), time.sleep(5))
+else:  # the publish was seen; the stop arrives while this process exits
+    stage.wait_for_artifact = lambda uri, endpoint_url: None
+try:
+    stage.stay_until_published(ctx)
+except stage.Terminated as exc:
+    print(exc)
+    sys.exit(3)
+os.kill(os.getpid(), signal.SIGTERM)
+time.sleep(0.2)
+print("exited normally")
+"""
+
+
+@pytest.mark.parametrize(
+    "published, when, code, said",
+    [
+        ("published", "after-wait", 0, "exited normally"),
+        ("published", "during-wait", 0, ""),
+        ("unpublished", "during-wait", 3, "stopped by SIGTERM while waiting for the first host to publish"),
+    ],
+)
+def test_a_later_host_stopped_after_the_publish_exits_0(tmp_path, published, when, code, said):
+    """SageMaker's local mode SIGTERMs the other hosts as soon as the first exits; once the artifact is published
+    that stop, wherever it falls in a later host's exit, is the job's normal end (0, not 143); before, a failure."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-c", LATER_HOST, published, when],
+        env={"PYTHONPATH": os.pathsep.join(sys.path), "PATH": os.environ["PATH"], "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == code, proc.stderr[-2000:]
+    assert said in proc.stdout

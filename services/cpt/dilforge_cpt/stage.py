@@ -80,14 +80,11 @@ def run(config: CptConfig, ctx: StageContext) -> StageResult:
             # the first host may publish and exit (local mode then stops this one) while this host's torchrun
             # is still shutting down: that SIGTERM is the job's normal end too
             if plan.node_rank > 0 and published_by_first_host(ctx):
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
                 return StageResult(metrics={})
             raise
-        if plan.node_rank > 0:  # stay up until the first host has published (see wait_for_artifact)
-            previous = signal.signal(signal.SIGTERM, end_once_published(ctx))
-            try:
-                wait_for_artifact(ctx.request.artifact_uri, ctx.endpoint_url)
-            finally:
-                signal.signal(signal.SIGTERM, previous)
+        if plan.node_rank > 0:
+            stay_until_published(ctx)
     else:
         metrics = train(config, ctx)
     return StageResult(metrics=metrics)
@@ -113,6 +110,19 @@ def worker(config: CptConfig, ctx: StageContext) -> StageResult:
     return StageResult(metrics=metrics)
 
 
+def stay_until_published(ctx: StageContext) -> None:
+    """A later host stays up until the first host has published (see wait_for_artifact), then ignores SIGTERM:
+    local mode stops it as soon as the first host exits, which may fall anywhere in this process's own exit
+    (interpreter and torch teardown), and that stop is the job's normal end, not a failure (exit 143)."""
+    previous = signal.signal(signal.SIGTERM, end_once_published(ctx))
+    try:
+        wait_for_artifact(ctx.request.artifact_uri, ctx.endpoint_url)
+    except Exception:
+        signal.signal(signal.SIGTERM, previous)
+        raise
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # kept through interpreter exit (CPython restores only handlers)
+
+
 def end_once_published(ctx: StageContext):
     """SIGTERM handler of a later host waiting for the first host's publish. SageMaker's local mode stops every
     other host as soon as the first exits, so a SIGTERM after the artifact is published is the job's normal
@@ -120,6 +130,7 @@ def end_once_published(ctx: StageContext):
 
     def handler(signum, frame):
         if published_by_first_host(ctx):
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
             raise SystemExit(0)
         raise Terminated("stopped by SIGTERM while waiting for the first host to publish")
 
