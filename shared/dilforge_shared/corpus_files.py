@@ -7,51 +7,25 @@ from __future__ import annotations
 import glob
 import os
 import stat
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Literal
 from urllib.parse import urlparse
 
 from .errors import InputError
-from .paths import declared_uri
+from .paths import content_keys, declared_uri, holds_dilforge_data
 
 TextFormat = Literal["auto", "txt", "jsonl", "tsv", "parquet"]
 Oversize = Literal["error", "split", "truncate", "skip"]
 MAX_DOCUMENT_BYTES = 32 << 20  # default bound on one line/document; a 200 MB line never reaches memory whole
 
 SUFFIXES = (".txt", ".txt.gz", ".jsonl", ".jsonl.gz", ".tsv", ".tsv.gz", ".parquet")
-
-
-# A folder below a corpus folder holding one of these is a dilforge store, artifact or stage work folder, never
-# read as corpus text: a store or work folder kept inside the corpus folder would otherwise feed each run its own
-# earlier output.
-STORE_FILES = (".dilforge-store", ".dilforge-work", "manifest.json")
 GLOB_CHARS = "*?["
-
-
-def holds_dilforge_data(folder: Path) -> bool:
-    """A dilforge store, artifact or stage work folder (it holds one of STORE_FILES): never content of a corpus or
-    model folder it sits in."""
-    return any((folder / f).exists() for f in STORE_FILES)
-
-
-def content_keys(keys: Iterable[str], prefix: str) -> list[str]:
-    """The keys under an S3 `prefix` that are its content, by the folders' rule: none hidden at any level below the
-    prefix, none under a sub-prefix holding one of STORE_FILES (a store, artifact or work folder kept there)."""
-    keys = list(keys)
-    start = len(prefix) + 1 if prefix else 0
-    stores = {k.rsplit("/", 1)[0] + "/" for k in keys if "/" in k[start:] and k.rsplit("/", 1)[-1] in STORE_FILES}
-    return [
-        k
-        for k in keys
-        if not any(part.startswith(".") for part in k[start:].split("/")) and not any(k.startswith(s) for s in stores)
-    ]
 
 
 def expand(uri: str, endpoint_url: str | None = None) -> list[str]:
     """The corpus files behind `uri`: a file, a folder (every corpus file below it, sorted), a glob, or an S3 object
     or prefix (`s3://bucket/prefix/` included). In a folder or prefix, hidden entries (`.git/`, `.cache`, a
-    `.dilforge/` store), stores, artifacts and stage work folders (a folder holding one of STORE_FILES) are
+    `.dilforge/` store), stores, artifacts and stage work folders (`paths.holds_dilforge_data`) are
     skipped; a link to a folder is refused (it may loop or lead out of the folder). A name holding `*`, `?` or
     `[` is a glob only when no such file exists (`data[1].txt` is a file)."""
     parsed = urlparse(uri)

@@ -9,10 +9,9 @@ import os
 from pathlib import Path
 from urllib.parse import urlparse
 
-from .corpus_files import content_keys, holds_dilforge_data
 from .errors import ConfigError, ManifestNotFound
 from .manifest import InputRef, artifact_ref, sha256_file
-from .paths import check_links, declared_uri
+from .paths import check_links, content_keys, declared_uri, holds_dilforge_data, local_path
 from .store.artifacts import read_manifest
 from .store.backends import S3Storage
 
@@ -20,11 +19,6 @@ from .store.backends import S3Storage
 def model_ref_name(uri: str) -> str:
     """The lineage name of a model or tokenizer read from a URI in a stage's config."""
     return f"model:{uri}"
-
-
-def local_path(uri: str) -> Path:
-    """A local URI (a path or file://) as a Path."""
-    return Path(uri.removeprefix("file://")).expanduser()
 
 
 def source_ref(uri: str, name: str, endpoint_url: str | None = None) -> InputRef:
@@ -41,7 +35,7 @@ def source_ref(uri: str, name: str, endpoint_url: str | None = None) -> InputRef
 def folder_files(root: Path) -> list[Path]:
     """The files a model folder is made of, sorted: every regular file below it but hidden entries (a clone's
     `.git/` with its LFS copies of the weights, `hf download`'s `.cache/`, `.gitattributes`) and what is inside a
-    dilforge store, artifact or stage work folder kept in it (`corpus_files.holds_dilforge_data`), which changes
+    dilforge store, artifact or stage work folder kept in it (`paths.holds_dilforge_data`), which changes
     as runs write to it: the corpus folders' rule. What its digest hashes and `models import` copies."""
     files = []
     for folder, dirs, names in os.walk(root):

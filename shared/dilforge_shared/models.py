@@ -1,8 +1,8 @@
-"""The one resolver: a model/tokenizer/adapter URI → a local folder of that kind, with its lineage ref.
+"""The one resolver: a model/tokenizer/adapter URI → a local folder of that kind.
 
 Used by every stage that opens a base model or tokenizer (`open_model`, `resolve`), by the one precedence rule
-for a stage's base model (`choose`), and by `coordinator chat`, serve and eval (`resolve_chat_model`). The ref it
-returns is `model_refs.source_ref`'s, the same the coordinator fingerprinted when it planned the artifact id.
+for a stage's base model (`choose`), and by `coordinator chat`, serve and eval (`resolve_chat_model`). Lineage is
+not its concern: the stage's identity check reads a URI's ref (`model_refs.source_ref`) as the coordinator did.
 Resolving is file work: torch is imported only inside `merge_adapter`.
 """
 
@@ -13,14 +13,13 @@ import json
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
 from typing import Literal
 from urllib.parse import urlparse
 
 from .errors import ConfigError, ManifestNotFound
-from .manifest import InputRef, Manifest, artifact_ref
-from .model_refs import local_path, model_ref_name, source_ref
+from .manifest import Manifest
+from .paths import local_path
 from .settings import cache_root
 from .store.artifacts import Artifact, fetch
 from .store.backends import NotFound
@@ -128,26 +127,17 @@ def find_dir(root: Path, kind: Kind, source: str, required: bool = True) -> Path
 
 @dataclass
 class ModelSource:
-    """A local folder holding an artifact's or model's files, and how lineage names it."""
+    """A local folder holding an artifact's or model's files, the URI it came from and, for an artifact, its
+    manifest."""
 
     path: Path
     uri: str
-    name: str
     manifest: Manifest | None = None
-    manifest_sha256: str | None = None
-    endpoint_url: str | None = None
-
-    @cached_property
-    def ref(self) -> InputRef:
-        """The same ref the coordinator fingerprints (computed only when asked: a folder digest reads every file)."""
-        if self.manifest is not None:
-            return artifact_ref(self.name, self.uri, self.manifest)
-        return source_ref(self.uri, self.name, self.endpoint_url)
 
 
 @dataclass
 class Resolved:
-    """What `resolve` found: the folder of the kind asked for (`path`), inside `source.path`, plus lineage."""
+    """What `resolve` found: the folder of the kind asked for (`path`), inside `source.path`."""
 
     kind: str
     path: Path
@@ -160,10 +150,6 @@ class Resolved:
     @property
     def manifest(self) -> Manifest | None:
         return self.source.manifest
-
-    @property
-    def ref(self) -> InputRef:
-        return self.source.ref
 
     @property
     def tokenizer_json(self) -> Path:
@@ -188,37 +174,17 @@ def _download_prefix(
 
 def open_model(
     uri: str | Artifact,
-    name: str | None = None,
     endpoint_url: str | None = None,
     cache_dir: Path | None = None,
     only: Iterable[str] | None = None,
 ) -> ModelSource:
     """A dilforge artifact (verified; or an already fetched `Artifact`) or a plain HF folder / s3:// prefix,
-    as a local folder plus its lineage. `only`: of a plain s3:// prefix, download just these top-level files.
-
-    `name` defaults to the name `config_refs` gives a URI from a stage config, so a stage that records
-    `.ref` records what the coordinator fingerprinted.
-    """
+    as a local folder. `only`: of a plain s3:// prefix, download just these top-level files."""
     if isinstance(uri, Artifact):
-        return ModelSource(
-            path=uri.path,
-            uri=uri.uri,
-            name=name or model_ref_name(uri.uri),
-            manifest=uri.manifest,
-            manifest_sha256=uri.manifest_sha256,
-            endpoint_url=endpoint_url,
-        )
-    name = name or model_ref_name(uri)
+        return ModelSource(path=uri.path, uri=uri.uri, manifest=uri.manifest)
     try:
         art = fetch(uri, cache_dir=cache_dir, endpoint_url=endpoint_url)
-        return ModelSource(
-            path=art.path,
-            uri=art.uri,
-            name=name,
-            manifest=art.manifest,
-            manifest_sha256=art.manifest_sha256,
-            endpoint_url=endpoint_url,
-        )
+        return ModelSource(path=art.path, uri=art.uri, manifest=art.manifest)
     except (ManifestNotFound, NotFound):
         pass
     if urlparse(uri).scheme == "s3":
@@ -227,13 +193,12 @@ def open_model(
         path = local_path(uri)
         if not path.is_dir():
             raise ConfigError(f"{uri}: no such model folder or artifact")
-    return ModelSource(path=path, uri=uri, name=name, endpoint_url=endpoint_url)
+    return ModelSource(path=path, uri=uri)
 
 
 def resolve(
     source: str | Artifact,
     kind: Kind,
-    name: str | None = None,
     endpoint_url: str | None = None,
     cache_dir: Path | None = None,
 ) -> Resolved:
@@ -250,12 +215,8 @@ def resolve(
         and local_path(source).suffix == ".json"
     ):
         path = local_path(source)
-        return Resolved(
-            kind,
-            path,
-            ModelSource(path=path, uri=source, name=name or model_ref_name(source), endpoint_url=endpoint_url),
-        )
-    src = open_model(source, name, endpoint_url, cache_dir, only=TOKENIZER_FILES if kind == "tokenizer" else None)
+        return Resolved(kind, path, ModelSource(path=path, uri=source))
+    src = open_model(source, endpoint_url, cache_dir, only=TOKENIZER_FILES if kind == "tokenizer" else None)
     return Resolved(kind, find_dir(src.path, kind, src.uri), src)
 
 
@@ -303,7 +264,7 @@ def resolve_chat_model(
     `fetched` (upstream artifacts already local) is used as it is.
     """
     uri = source.uri if isinstance(source, Artifact) else source
-    src = open_model(source, "model", endpoint_url, cache_dir)
+    src = open_model(source, endpoint_url, cache_dir)
     adapter_dir = find_dir(src.path, "adapter", uri, required=False)
     model_dir = find_dir(src.path, "model", uri, required=False)
     if adapter_dir is None or (prefer_merged and model_dir is not None):
@@ -317,7 +278,7 @@ def resolve_chat_model(
     if base is None:
         raise ConfigError(f"{uri}: an adapter without a recorded base model; pass --base")
     local = {art.uri.rstrip("/"): art for art in fetched}
-    base_res = resolve(local.get(base.rstrip("/"), base), "model", "base_model", endpoint_url, cache_dir)
+    base_res = resolve(local.get(base.rstrip("/"), base), "model", endpoint_url, cache_dir)
     return ChatModel(base_res.path, adapter_dir, adapter_dir, f"adapter {uri} on base {base}", src.manifest)
 
 

@@ -3,13 +3,16 @@
 Manifests, run records, configs and archives come from places a user does not fully control (an S3 bucket, a
 copied store, a downloaded wheel). Every name in them that becomes part of a path is checked here: ids and
 names by pattern (`check_name`), relative paths by `confined`, and folders read as input by `check_links`
-(no symlink, file or folder, that resolves outside the folder).
+(no symlink, file or folder, that resolves outside the folder). What of such a folder or S3 prefix is its content,
+never a dilforge store or work folder kept in it, is `holds_dilforge_data` and `content_keys` (corpus and model
+folders alike).
 """
 
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
 
 from .errors import UnsafePathError
@@ -25,6 +28,36 @@ _NAME = re.compile(NAME_PATTERN)
 # metadata. Identity reads such a URI as the local path it was uploaded from (`declared_uri`) and its content by
 # that sha256, so a stage fed the copy gets the id the local run gets.
 UPLOADED_COPY = re.compile(r"^s3://[a-z0-9][a-z0-9.-]*/data/[0-9a-f]{16}(/.+)$")
+
+
+# A folder below a corpus folder holding one of these is a dilforge store, artifact or stage work folder, never
+# read as corpus text: a store or work folder kept inside the corpus folder would otherwise feed each run its own
+# earlier output.
+STORE_FILES = (".dilforge-store", ".dilforge-work", "manifest.json")
+
+
+def holds_dilforge_data(folder: Path) -> bool:
+    """A dilforge store, artifact or stage work folder (it holds one of STORE_FILES): never content of a corpus or
+    model folder it sits in."""
+    return any((folder / f).exists() for f in STORE_FILES)
+
+
+def content_keys(keys: Iterable[str], prefix: str) -> list[str]:
+    """The keys under an S3 `prefix` that are its content, by the folders' rule: none hidden at any level below the
+    prefix, none under a sub-prefix holding one of STORE_FILES (a store, artifact or work folder kept there)."""
+    keys = list(keys)
+    start = len(prefix) + 1 if prefix else 0
+    stores = {k.rsplit("/", 1)[0] + "/" for k in keys if "/" in k[start:] and k.rsplit("/", 1)[-1] in STORE_FILES}
+    return [
+        k
+        for k in keys
+        if not any(part.startswith(".") for part in k[start:].split("/")) and not any(k.startswith(s) for s in stores)
+    ]
+
+
+def local_path(uri: str) -> Path:
+    """A local URI (a path or file://) as a Path."""
+    return Path(uri.removeprefix("file://")).expanduser()
 
 
 def uploaded_copy(bucket_root: str, content_digest: str, location: str) -> str:

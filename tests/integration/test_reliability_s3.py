@@ -47,10 +47,10 @@ def test_changed_weights_under_the_same_s3_prefix_are_downloaded_again(s3_bucket
     uri = f"{s3_bucket}/models/tiny"
     _put(s3_server, uri, "config.json", b'{"model_type": "llama"}')
     _put(s3_server, uri, "model.safetensors", b"old weights")
-    first = open_model(uri, "base_model", cache_dir=tmp_path / "cache")
+    first = open_model(uri, cache_dir=tmp_path / "cache")
     assert (first.path / "model.safetensors").read_bytes() == b"old weights"
     _put(s3_server, uri, "model.safetensors", b"new weights, same size?")
-    second = open_model(uri, "base_model", cache_dir=tmp_path / "cache")
+    second = open_model(uri, cache_dir=tmp_path / "cache")
     assert (second.path / "model.safetensors").read_bytes() == b"new weights, same size?"
 
 

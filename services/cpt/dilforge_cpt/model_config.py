@@ -11,8 +11,9 @@ from typing import ClassVar, Literal
 from dilforge_shared.configs.base import StageConfig
 from dilforge_shared.errors import ConfigError, InputError
 from dilforge_shared.manifest import MANIFEST_NAME, InputRef
-from dilforge_shared.model_refs import local_path, source_ref
+from dilforge_shared.model_refs import source_ref
 from dilforge_shared.models import find_dir
+from dilforge_shared.paths import local_path
 from dilforge_shared.recipes import GGUF_CONVERTER_VERSION, RECIPES, source_kind
 from pydantic import Field, field_validator
 

@@ -24,7 +24,7 @@ def locate(source: str | Artifact, kind: Kind, cache_dir: Path | None, endpoint_
     """The folder the shared resolver (`models.resolve`) finds, its ConfigError as an InputError naming the URI."""
     uri = source.uri if isinstance(source, Artifact) else source
     try:
-        return resolve(source, kind, "model", endpoint_url, cache_dir).path
+        return resolve(source, kind, endpoint_url, cache_dir).path
     except ConfigError as exc:
         raise InputError(str(exc).removeprefix(f"{uri}: "), path=uri) from None
 
@@ -32,7 +32,7 @@ def locate(source: str | Artifact, kind: Kind, cache_dir: Path | None, endpoint_
 @dataclass
 class EvalModel:
     """One model the eval stage scores, under its report label: model, tokenizer and adapter folders and where
-    they came from (not the shared `models.ModelSource`, which is a fetched folder and its lineage)."""
+    they came from (not the shared `models.ModelSource`, which is one fetched folder)."""
 
     label: str
     model_dir: Path
