@@ -15,9 +15,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from dilforge_shared import staging
 from dilforge_shared.errors import DilforgeError, ManifestError
-from dilforge_shared.locks import FileLock, is_locked
+from dilforge_shared.locks import FileLock, abandoned, is_locked, remove_abandoned
 from dilforge_shared.manifest import MANIFEST_NAME, parse_manifest
 from dilforge_shared.stages import STAGES
 from dilforge_shared.store.artifacts import STORE_MARKER, manifest_digest_key
@@ -200,8 +199,8 @@ def _cache_leftovers(cache: Path, min_age_s: float) -> list[Garbage]:
         found += _leftovers(cache / sub, (pattern,), min_age_s)
     for sub in CACHE_STAGING:
         found += [
-            Garbage("staging", str(p), "staging folder of a process that is gone", lambda p=p: staging.remove(p))
-            for p in staging.abandoned(cache / sub)
+            Garbage("staging", str(p), "staging folder of a process that is gone", lambda p=p: remove_abandoned(p))
+            for p in abandoned(cache / sub)
         ]
     return found
 
@@ -211,8 +210,8 @@ def find_staging_garbage(folder: Path) -> list[Garbage]:
     if not folder.is_dir():
         raise NotOurs(f"--export-dir {folder} is not a folder")
     return [
-        Garbage("staging", str(p), "staging folder of an export that was killed", lambda p=p: staging.remove(p))
-        for p in staging.abandoned(folder)
+        Garbage("staging", str(p), "staging folder of an export that was killed", lambda p=p: remove_abandoned(p))
+        for p in abandoned(folder)
     ]
 
 

@@ -19,13 +19,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 from dilforge_shared.errors import ConfigError, DilforgeError
-from dilforge_shared.locks import FileLock, S3Lease, owner_alive
+from dilforge_shared.locks import FileLock
 from dilforge_shared.paths import check_name, check_relative_path
 from dilforge_shared.settings import redact_values
 from dilforge_shared.store.artifacts import mark_store
 from dilforge_shared.store.backends import NotFound, open_backend
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from .leases import S3Lease, owner_alive
 from .settings import coordinator_settings
 
 log = logging.getLogger("dilforge.coordinator")

@@ -1,45 +1,25 @@
-"""Run locks: one producer per artifact, one process per work folder.
-
-Local: an `fcntl.flock`, dropped by the kernel when its last holder exits, so a crash never leaves a stale
-lock. S3: a create-only lock object with an owner and a lease the owner renews; an expired lease, or one whose owner is a
-process on this host that is gone, is taken over."""
+"""Local locks: an `fcntl.flock`, dropped by the kernel when its last holder exits, so a crash never leaves a stale
+lock. It guards one producer per artifact and one process per work folder (`FileLock`), and marks staging folders
+as owned: `.dilforge-<kind>-<pid>-<uuid>`, whose creator holds the flock on its `.owner` file while it lives, so a
+later run or `coordinator gc` removes only such folders whose owner is gone, never a user's folder."""
 
 from __future__ import annotations
 
 import fcntl
 import json
-import logging
 import os
+import re
+import shutil
 import socket
-import threading
-import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Self
-
-from .errors import DilforgeError
-
-log = logging.getLogger(__name__)
 
 
 def owner_info() -> dict:
     return {"pid": os.getpid(), "host": socket.gethostname(), "token": uuid.uuid4().hex}
-
-
-def owner_alive(owner: dict | None) -> bool:
-    """False for an owner that is a process on this host that is gone, or no owner; True otherwise (another
-    host's process cannot be told from here)."""
-    if not isinstance(owner, dict) or not isinstance(owner.get("pid"), int):
-        return False
-    if owner.get("host") != socket.gethostname():
-        return True
-    try:
-        os.kill(owner["pid"], 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError):
-        return True
-    return True
 
 
 class FileLock:
@@ -100,78 +80,45 @@ def is_locked(path: Path) -> bool:
         os.close(fd)
 
 
-class S3Lease:
-    """A create-only lock object with a lease, renewed by a daemon thread while held."""
+STAGING_NAME = re.compile(r"^\.dilforge-(?P<kind>[a-z]+)-(?P<pid>\d+)-[0-9a-f]{12}$")
+OWNER = ".owner"
 
-    def __init__(self, backend, key: str, lease_s: float, poll_s: float = 2.0):
-        self.backend, self.key, self.lease_s, self.poll_s = backend, key, lease_s, poll_s
-        self.owner = owner_info()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
-    def _body(self) -> bytes:
-        return json.dumps({**self.owner, "expires_at": time.time() + self.lease_s}).encode()
+@contextmanager
+def staging_dir(parent: Path, kind: str) -> Iterator[Path]:
+    """A fresh staging folder in `parent`, locked by this process and removed on leaving the block."""
+    name = f".dilforge-{kind}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    making = parent / f"{name}.new"  # not NAME: invisible to cleanups until locked
+    making.mkdir()
+    lock = FileLock(making / OWNER)
+    lock.acquire(wait=False)
+    path = parent / name
+    try:
+        os.rename(making, path)
+        yield path
+    finally:
+        shutil.rmtree(path if path.exists() else making, ignore_errors=True)
+        lock.release()
 
-    def _current(self) -> tuple[dict | None, str | None]:
-        """The lease object and its version (the ETag on S3), or (None, None) when there is none."""
-        from .store.backends import NotFound
 
-        try:
-            data, version = self.backend.read_versioned(self.key)
-        except NotFound:
-            return None, None
-        try:
-            return json.loads(data), version
-        except ValueError:
-            return {"expires_at": 0}, version
+def abandoned(parent: Path, kind: str | None = None) -> list[Path]:
+    """Staging folders in `parent` (of `kind`, or any) whose creator is gone."""
+    try:
+        entries = sorted(parent.iterdir())
+    except OSError:
+        return []
+    found = []
+    for path in entries:
+        match = STAGING_NAME.match(path.name)
+        if not match or (kind is not None and match["kind"] != kind) or path.is_symlink() or not path.is_dir():
+            continue
+        owner = path / OWNER
+        if owner.is_file() and not owner.is_symlink() and not is_locked(owner):
+            found.append(path)
+    return found
 
-    def acquire(self, wait: bool = True, on_wait=None, timeout_s: float | None = None) -> bool:
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        told = False
-        while True:
-            if self.backend.create_bytes(self.key, self._body()):
-                break
-            current, version = self._current()
-            if current is not None and (current.get("expires_at", 0) < time.time() or not owner_alive(current)):
-                # a holder killed on this host (`kill -9`) renews nothing: its lease is over now, not when it expires
-                why = "expired" if current.get("expires_at", 0) < time.time() else "held by a process that is gone"
-                log.warning("lock %s: lease of %s %s; taking it over", self.key, current, why)
-                # one step: only the version judged over is replaced, so of two waiters taking it over one wins
-                if self.backend.replace_bytes(self.key, self._body(), version):
-                    break
-                continue
-            if not wait:
-                return False
-            if not told and on_wait:
-                on_wait(current or {})
-                told = True
-            if deadline is not None and time.monotonic() > deadline:
-                raise DilforgeError(f"lock {self.key}: still held by {current} after {timeout_s:.0f} s")
-            time.sleep(self.poll_s)
-        self._thread = threading.Thread(target=self._renew, daemon=True)
-        self._thread.start()
-        return True
 
-    def _renew(self) -> None:
-        while not self._stop.wait(self.lease_s / 3):
-            current, version = self._current()
-            if (
-                current is None
-                or current.get("token") != self.owner["token"]
-                or not self.backend.replace_bytes(self.key, self._body(), version)
-            ):
-                log.error("lock %s: lost (now %s)", self.key, current)
-                return
-
-    def release(self) -> None:
-        self._stop.set()
-        current, _ = self._current()
-        if current is not None and current.get("token") == self.owner["token"]:
-            self.backend.delete(self.key)
-
-    def __enter__(self) -> Self:
-        self.acquire()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.release()
+def remove_abandoned(path: Path) -> None:
+    """Remove an abandoned staging folder (a real folder, never what a symlink points to)."""
+    if STAGING_NAME.match(path.name) and path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)

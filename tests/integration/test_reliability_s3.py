@@ -12,9 +12,9 @@ from dilforge_coordinator import gc
 from dilforge_coordinator import pipeline as pl
 from dilforge_coordinator.config import load_pipeline
 from dilforge_coordinator.integrity import check_artifact
+from dilforge_coordinator.leases import S3Lease
 from dilforge_coordinator.records import ArtifactStore
 from dilforge_shared.errors import DilforgeError
-from dilforge_shared.locks import S3Lease
 from dilforge_shared.manifest import MANIFEST_NAME
 from dilforge_shared.models import open_model
 from dilforge_shared.store.artifacts import publish

@@ -32,7 +32,7 @@ from dilforge_coordinator.config import load_pipeline
 from dilforge_coordinator.integrity import check_artifact
 from dilforge_serve import export
 from dilforge_sft.config import SftConfig
-from dilforge_shared import staging
+from dilforge_shared import locks
 from dilforge_shared.locks import FileLock
 from dilforge_shared.manifest import Manifest, current_producer
 from dilforge_shared.store.artifacts import STORE_MARKER, publish
@@ -268,11 +268,11 @@ def test_gc_in_the_cache_removes_interrupted_downloads_and_dead_staging_only(tmp
         u.write_text("mine")
     dead = cache / "llama.cpp" / f".dilforge-download-999999-{'b' * 12}"
     (dead / "src").mkdir(parents=True)
-    (dead / staging.OWNER).write_text("")
+    (dead / locks.OWNER).write_text("")
     fake = cache / "llama.cpp" / f".dilforge-download-1-{'c' * 12}"  # the name, but no owner file: not ours
     fake.mkdir()
     _old(download, digest_tmp, wheel, copy / f".{'6' * 16}.0123abcd.old", *users)
-    with staging.staging_dir(cache / "llama.cpp", "download") as live:
+    with locks.staging_dir(cache / "llama.cpp", "download") as live:
         result = _gc("--store", str(store), "--workdir", str(tmp_path / "w"), "--delete")
         assert live.is_dir(), "a live process's staging folder is kept"
     assert result.exit_code == 0 and "4 item(s) removed" in result.output, result.output
@@ -445,18 +445,18 @@ def test_a_killed_exports_staging_is_recognised_and_cleaned_by_the_next_export_a
     script = f"""
 import sys
 from pathlib import Path
-from dilforge_shared import staging
-with staging.staging_dir(Path({str(out)!r}), "export") as work:
+from dilforge_shared import locks
+with locks.staging_dir(Path({str(out)!r}), "export") as work:
     (work / "big.gguf").write_bytes(b"x")
     print(work, flush=True)
     sys.stdin.read()
 """
     proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     left = Path(proc.stdout.readline().strip())
-    assert staging.abandoned(out) == [], "held while its process lives"
+    assert locks.abandoned(out) == [], "held while its process lives"
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(10)
-    assert staging.abandoned(out) == [left]
+    assert locks.abandoned(out) == [left]
     store = tmp_path / "store"
     store.mkdir()
     (store / STORE_MARKER).write_text("")

@@ -167,7 +167,7 @@ def test_a_lease_of_a_killed_process_on_this_host_is_taken_over_at_once(tmp_path
     import sys
     import time
 
-    from dilforge_shared.locks import S3Lease
+    from dilforge_coordinator.leases import S3Lease
     from dilforge_shared.store.backends import open_backend
 
     backend = open_backend(str(tmp_path))  # the lease logic on any storage; S3 gives it create-only objects
@@ -191,7 +191,7 @@ def test_a_lease_of_a_killed_process_on_this_host_is_taken_over_at_once(tmp_path
 def test_of_two_waiters_taking_over_one_expired_lease_exactly_one_holds_it(tmp_path):
     """Taking over is one compare-and-swap of the version judged over, not a delete then a create: a waiter that
     read the expired lease before another took it over cannot delete the new holder's lease."""
-    from dilforge_shared.locks import S3Lease
+    from dilforge_coordinator.leases import S3Lease
     from dilforge_shared.store.backends import open_backend
 
     backend = open_backend(str(tmp_path))

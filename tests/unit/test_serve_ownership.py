@@ -60,8 +60,8 @@ def test_a_killed_servers_folder_goes_at_the_next_start_and_nothing_else(tmp_pat
     work = tmp_path / "work"
     work.mkdir()
     holder = (
-        "import sys, time; from pathlib import Path; from dilforge_shared import staging\n"
-        "with staging.staging_dir(Path(sys.argv[1]), 'serve') as root:\n"
+        "import sys, time; from pathlib import Path; from dilforge_shared import locks\n"
+        "with locks.staging_dir(Path(sys.argv[1]), 'serve') as root:\n"
         "    (root / 'merged.safetensors').write_bytes(b'w' * 100); print(root, flush=True); time.sleep(60)\n"
     )
     killed, live = (

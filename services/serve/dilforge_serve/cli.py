@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from dilforge_shared import compat, staging
+from dilforge_shared import compat, locks
 
 from . import run
 from .app import ServerOptions, build_app
@@ -105,12 +105,12 @@ def serve(
     # a private staging folder of our own (never a path the user named: their model may live there), removed on
     # exit; one a killed server left (links, and for an adapter a merged copy of the model) goes at the next start
     parent = Path(workdir or tempfile.gettempdir())
-    for stale in staging.abandoned(parent, "serve"):
+    for stale in locks.abandoned(parent, "serve"):
         logging.getLogger("dilforge.serve").info("removing %s, left by a server that was killed", stale)
-        staging.remove(stale)
+        locks.remove_abandoned(stale)
     cwd = os.getcwd()
     try:
-        with staging.staging_dir(parent, "serve") as root:
+        with locks.staging_dir(parent, "serve") as root:
             os.chmod(root, 0o700)
             try:
                 spec = resolve_served_model(

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import typer
-from dilforge_shared import staging
+from dilforge_shared import locks
 from dilforge_shared.errors import DilforgeError, ManifestNotFound
 from dilforge_shared.families import Family, detect_family, special_token_ids
 from dilforge_shared.models import resolve
@@ -85,9 +85,9 @@ def converter_sources(sources: Sources = LLAMA_CPP) -> Path:
     if done.is_file():
         return sources.folder
     sources.folder.parent.mkdir(parents=True, exist_ok=True)
-    for stale in staging.abandoned(sources.folder.parent, "download"):
-        staging.remove(stale)
-    with staging.staging_dir(sources.folder.parent, "download") as tmp:
+    for stale in locks.abandoned(sources.folder.parent, "download"):
+        locks.remove_abandoned(stale)
+    with locks.staging_dir(sources.folder.parent, "download") as tmp:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary=:all:", "--quiet"]
         cmd += ["--disable-pip-version-check", "-d", str(tmp), sources.requirement]
         log.info("llama.cpp converter: %s", " ".join(cmd))
@@ -352,12 +352,12 @@ def export(
     family = detect_family(special_token_ids(spec.tokenizer_dir / "tokenizer.json"), str(spec.tokenizer_dir))
     sources = converter_sources()
     make_out_dir(out_dir)
-    for stale in staging.abandoned(out_dir, "export"):
+    for stale in locks.abandoned(out_dir, "export"):
         log.info("removing %s, left by an export that was killed", stale)
-        staging.remove(stale)
+        locks.remove_abandoned(stale)
     with ExitStack() as stack:
         try:
-            work = stack.enter_context(staging.staging_dir(out_dir, "export"))
+            work = stack.enter_context(locks.staging_dir(out_dir, "export"))
         except OSError as exc:
             raise ExportError(f"--out {out_dir}: cannot write there ({exc.strerror or exc})") from None
         _build(spec, work, sources, (gguf_name, modelfile_name), quant, base_tok, family)
