@@ -327,7 +327,7 @@ def test_kill_9_of_the_stage_or_the_coordinator_then_reruns_publish_the_whole_co
     config = {
         "run_id": "k",
         "store": {"uri": str(tmp_path / "store")},
-        "curate": curate(str(_copies(tmp_path, data_root, 3))),
+        "curate": curate(str(_copies(tmp_path, data_root, 1))),
     }
     config["curate"].update(num_workers=2, output={"num_shards": 8})
     proc = _start(tmp_path, config)
@@ -349,6 +349,8 @@ def test_kill_9_of_the_stage_or_the_coordinator_then_reruns_publish_the_whole_co
     for child in psutil.Process().children(recursive=True):  # the stage, stopped by its parent-death signal
         with contextlib.suppress(psutil.Error):
             child.wait(60)
+    written = list((tmp_path / "work").glob("curate-*/checkpoints/curate/logs/write/completions/*"))
+    assert len(written) < 8, "every write task finished before the kill: the corpus is too short to test a resume"
 
     again = run_all(tmp_path, config, timeout=300)
     assert again.returncode == 0, again.stdout[-3000:]
