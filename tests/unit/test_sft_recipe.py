@@ -91,10 +91,16 @@ def test_the_modelfile_carries_the_published_repetition_penalty():
 
 @pytest.mark.parametrize("preset", ["az-small.yaml", "az-full.yaml"])
 def test_the_presets_train_an_assistant_that_answers_in_azerbaijani(preset, data_root, monkeypatch):
-    """Most training answers of the shipped presets are Azerbaijani, and they publish repetition control."""
+    """Most training answers of the shipped presets are Azerbaijani, they publish repetition control, and no
+    system turn picks the answer's language for the user (docs/sft.md, "No system prompt")."""
     monkeypatch.setenv("DILFORGE_VAR_BASE_MODEL", "unused")
-    sft = load_pipeline(ROOT / "configs" / preset).sft
+    pipeline = load_pipeline(ROOT / "configs" / preset)
+    sft = pipeline.sft
     assert sft.target_language == "az"
+    assert sft.system_prompt is None
+    assert pipeline.eval.tasks is None or pipeline.eval.tasks.instructions is None or not (
+        pipeline.eval.tasks.instructions.system_prompt
+    )
     assert sft.generation.repetition_penalty and sft.generation.repetition_penalty > 1
     train, _, counts, _ = load_splits(sft)
     assert count_answer_languages(train, "az", counts) >= 0.6
