@@ -98,8 +98,10 @@ def test_the_presets_train_an_assistant_that_answers_in_azerbaijani(preset, data
     sft = pipeline.sft
     assert sft.target_language == "az"
     assert sft.system_prompt is None
-    assert pipeline.eval.tasks is None or pipeline.eval.tasks.instructions is None or not (
-        pipeline.eval.tasks.instructions.system_prompt
+    assert (
+        pipeline.eval.tasks is None
+        or pipeline.eval.tasks.instructions is None
+        or not (pipeline.eval.tasks.instructions.system_prompt)
     )
     assert sft.generation.repetition_penalty and sft.generation.repetition_penalty > 1
     train, _, counts, _ = load_splits(sft)
