@@ -22,8 +22,8 @@ from dilforge_coordinator.integrity import check_artifact
 from dilforge_coordinator.records import ArtifactStore
 from dilforge_shared.errors import ConfigError, IntegrityError
 from dilforge_shared.manifest import MANIFEST_NAME, Manifest, current_producer
+from dilforge_shared.models import mirror_prefix
 from dilforge_shared.store.artifacts import fetch, publish
-from dilforge_shared.store.mirror import mirror_prefix
 from typer.testing import CliRunner
 
 ROOT = Path(__file__).resolve().parents[2]

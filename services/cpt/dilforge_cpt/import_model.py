@@ -21,10 +21,10 @@ from dilforge_shared.errors import InputError
 from dilforge_shared.families import describe_model_folder, detect_family
 from dilforge_shared.manifest import sha256_file
 from dilforge_shared.model_refs import folder_files
+from dilforge_shared.models import mirror_prefix
 from dilforge_shared.paths import check_links
 from dilforge_shared.recipes import RECIPES, Recipe, source_kind
 from dilforge_shared.store.backends import NotFound
-from dilforge_shared.store.mirror import mirror_prefix
 
 from .gguf_convert import convert_gguf
 from .model_config import ModelConfig

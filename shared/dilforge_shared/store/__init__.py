@@ -2,4 +2,4 @@
 
 Publishing is atomic for readers: files go to a fresh `data-<uuid>/`, then the manifest is written last,
 create-only, so a crash leaves no manifest and of two concurrent publishers exactly one wins. Reading verifies
-every file's size and sha256. Submodules, each imported on its own: backends (with the S3 keys), artifacts, mirror."""
+every file's size and sha256. Submodules, each imported on its own: backends (with the S3 keys), artifacts."""
