@@ -63,6 +63,7 @@ def test_the_cache_job_runs_build_cache_into_the_training_jobs_checkpoint_prefix
     (output,) = cache["ProcessingOutputConfig"]["Outputs"]
     assert output["S3Output"]["LocalPath"] == f"{root}/checkpoints/tokens"  # the stage's ctx.checkpoint_dir / "tokens"
     assert output["S3Output"]["S3Uri"] == train["CheckpointConfig"]["S3Uri"].rstrip("/") + "/tokens/"
+    assert cache["Environment"]["DILFORGE_TOKEN_CACHE_URI"] == output["S3Output"]["S3Uri"]  # a rerun restores it
     assert train["CheckpointConfig"]["LocalPath"] == "/opt/ml/checkpoints"  # restored there: the cache is found
     (hp,) = cache["ProcessingInputs"]
     assert hp["S3Input"]["LocalPath"] == f"{root}/input/config" and hp["S3Input"]["S3Uri"].endswith("/config/")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -248,34 +249,11 @@ def test_build_cache_command_fills_the_cache_a_training_run_reuses(
     and leaves the cache entry the stage's tokenize_corpora then reuses without tokenising."""
     from types import SimpleNamespace
 
-    from dilforge_cpt import __main__ as entry
     from dilforge_cpt import data, stage
     from dilforge_cpt.runtime import Runtime
-    from dilforge_shared.contract import build_hyperparameters
-    from dilforge_shared.manifest import Manifest, current_producer
-    from dilforge_shared.opt_ml import OptMl
-    from dilforge_shared.store.artifacts import publish
 
-    tok_uri = str(tmp_path / "store" / "tokenizer")
-    manifest = Manifest(
-        code_version="test",
-        kind="tokenizer",
-        artifact_id="tok",
-        run_id="test",
-        stage="tokenizer",
-        producer=current_producer("dilforge-tokenizer"),
-        config={},
-        data_dir="pending",
-        files=[],
-    )
-    publish(tok_uri, tiny_tokenizer_dir, manifest)
-    config = cpt_config(corpus, tokenize_workers=2)
     root = tmp_path / "opt-ml"
-    OptMl(root).write_inputs(
-        build_hyperparameters(config, str(tmp_path / "store" / "cpt"), "t", {"tokenizer": tok_uri})
-    )
-    monkeypatch.setenv("DILFORGE_OPT_ML", str(root))
-    assert entry.main(["build-cache"]) == 0
+    config = _build_cache_job(tmp_path, root, corpus, tiny_tokenizer_dir, monkeypatch, workers=2)
     (entry_file,) = (root / "checkpoints" / "tokens").glob("*.u32")
     assert entry_file.read_bytes() == np.asarray(expected_tokens(corpus, tok, ids), dtype=np.uint32).tobytes()
     assert not (root / "model").exists() or not any((root / "model").iterdir())  # nothing published
@@ -284,6 +262,66 @@ def test_build_cache_command_fills_the_cache_a_training_run_reuses(
     ctx = SimpleNamespace(checkpoint_dir=root / "checkpoints", endpoint_url=None)
     (tf,) = stage.tokenize_corpora(config, ctx, Runtime(), tok, ids, tiny_tokenizer_dir)
     assert tf.path == entry_file and tf.num_docs == 3000
+
+
+def test_build_cache_restores_an_earlier_builds_output_and_tokenises_only_what_is_damaged(
+    tmp_path, corpus, tiny_tokenizer_dir, monkeypatch, capfd
+):
+    """A rerun's Processing job (DILFORGE_TOKEN_CACHE_URI: where the earlier job's output went) restores that
+    cache and reuses it without tokenising; a damaged copy there is built again, not trusted."""
+    first, uploaded = tmp_path / "first", tmp_path / "s3" / "tokens"
+    _build_cache_job(tmp_path, first, corpus, tiny_tokenizer_dir, monkeypatch)
+    shutil.copytree(first / "checkpoints" / "tokens", uploaded)  # the job's output, as SageMaker uploads it
+    (uploaded / ".job-x.ready-node0").write_text("{}")  # another job's marker: never restored
+    built = (first / "checkpoints" / "tokens").glob("*.u32").__next__().read_bytes()
+
+    capfd.readouterr()
+    monkeypatch.setenv("DILFORGE_TOKEN_CACHE_URI", f"file://{uploaded}/")
+    rerun = tmp_path / "rerun"
+    _build_cache_job(tmp_path, rerun, corpus, tiny_tokenizer_dir, monkeypatch)
+    log = "".join(capfd.readouterr())
+    assert "restored 2 token cache files" in log and "reusing token cache" in log and "tokenised" not in log
+    (entry_file,) = (rerun / "checkpoints" / "tokens").glob("*.u32")
+    assert entry_file.read_bytes() == built
+    assert not list((rerun / "checkpoints" / "tokens").glob(".job-*"))
+
+    (uploaded / entry_file.name).write_bytes(b"\0" * len(built))  # same size, other bytes
+    again = tmp_path / "again"
+    _build_cache_job(tmp_path, again, corpus, tiny_tokenizer_dir, monkeypatch)
+    log = "".join(capfd.readouterr())
+    assert "is damaged; tokenising again" in log
+    assert (again / "checkpoints" / "tokens" / entry_file.name).read_bytes() == built
+
+
+def _build_cache_job(tmp_path, root, corpus, tiny_tokenizer_dir, monkeypatch, workers: int = 1):
+    """`python -m dilforge_cpt build-cache` on a fresh /opt/ml root, with a published tokenizer."""
+    from dilforge_cpt import __main__ as entry
+    from dilforge_shared.contract import build_hyperparameters
+    from dilforge_shared.manifest import Manifest, current_producer
+    from dilforge_shared.opt_ml import OptMl
+    from dilforge_shared.store.artifacts import artifact_exists, publish
+
+    tok_uri = str(tmp_path / "store" / "tokenizer")
+    if not artifact_exists(tok_uri, None):
+        manifest = Manifest(
+            code_version="test",
+            kind="tokenizer",
+            artifact_id="tok",
+            run_id="test",
+            stage="tokenizer",
+            producer=current_producer("dilforge-tokenizer"),
+            config={},
+            data_dir="pending",
+            files=[],
+        )
+        publish(tok_uri, tiny_tokenizer_dir, manifest)
+    config = cpt_config(corpus, tokenize_workers=workers)
+    OptMl(root).write_inputs(
+        build_hyperparameters(config, str(tmp_path / "store" / "cpt"), "t", {"tokenizer": tok_uri})
+    )
+    monkeypatch.setenv("DILFORGE_OPT_ML", str(root))
+    assert entry.main(["build-cache"]) == 0
+    return config
 
 
 def test_workers_default_to_the_cpus_of_the_affinity_mask_not_the_machine():

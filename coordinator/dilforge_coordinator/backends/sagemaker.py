@@ -340,12 +340,14 @@ def token_cache_spec(job: StageJob, cfg: SageMakerConfig, image: str) -> Process
     training job tokenises: `python -m dilforge_cpt build-cache` in the stage's image, with the stage's
     hyperparameters file, on every core; its `checkpoints/tokens` goes to the training job's checkpoint prefix,
     which SageMaker restores into each training host's /opt/ml/checkpoints, where the stage reuses a finished
-    cache (same key: corpus, tokenizer and endpoint) instead of tokenising."""
+    cache (same key: corpus, tokenizer and endpoint) instead of tokenising. A rerun's job restores that output
+    first and tokenises only what is missing or damaged."""
     res = cfg.resources(job.stage)
     if job.stage != "cpt" or res.token_cache_instance_type is None:
         return None
     require_s3_inputs(job)
     hp_dir = hyperparameters_uri(cfg, job).rsplit("/", 1)[0] + "/"
+    tokens = f"{checkpoint_uri(cfg, job)}tokens/"
     return ProcessingSpec(
         stage=job.stage,
         phase="token-cache",
@@ -358,8 +360,11 @@ def token_cache_spec(job: StageJob, cfg: SageMakerConfig, image: str) -> Process
         max_runtime_s=res.max_runtime_s,
         entrypoint=["python3", "-m", "dilforge_cpt", "build-cache"],
         inputs={"hyperparameters": (hp_dir, f"{PROCESSING_OPT_ML}/input/config")},
-        outputs={"tokens": (f"{PROCESSING_OPT_ML}/checkpoints/tokens", f"{checkpoint_uri(cfg, job)}tokens/")},
-        environment=job_environment(job, image, res, {"DILFORGE_OPT_ML": PROCESSING_OPT_ML}),
+        outputs={"tokens": (f"{PROCESSING_OPT_ML}/checkpoints/tokens", tokens)},
+        # the stage restores an earlier build's output from there and reuses it (an input cannot share the path)
+        environment=job_environment(
+            job, image, res, {"DILFORGE_OPT_ML": PROCESSING_OPT_ML, "DILFORGE_TOKEN_CACHE_URI": tokens}
+        ),
         tags=job_tags(job, cfg, {"dilforge:phase": "token-cache"}),
     )
 

@@ -60,6 +60,7 @@ log = logging.getLogger("dilforge.cpt")
 
 RESULT_FILE = "cpt-result.json"
 STOP_FILE = "cpt-stop"  # in /opt/ml/output: the launcher's "checkpoint and exit" request to its workers
+TOKEN_CACHE_URI_ENV = "DILFORGE_TOKEN_CACHE_URI"  # build-cache: an earlier build's output to restore and reuse
 STOP_GRACE_S = 110.0  # SageMaker SIGKILLs 120 s after SIGTERM; torchrun is signalled only after this
 
 
@@ -214,13 +215,30 @@ def run_workers(plan, ctx: StageContext, grace_s: float | None = None) -> dict:
 def build_cache(config: CptConfig, ctx: StageContext) -> StageResult:
     """`build-cache`: only the token cache, into the checkpoint folder, on every CPU of this machine. Run on a CPU
     instance (a SageMaker Processing job writing to the training job's checkpoint location), it leaves GPU
-    instances a finished cache to reuse; nothing is published."""
+    instances a finished cache to reuse; nothing is published. What an earlier build left at
+    $DILFORGE_TOKEN_CACHE_URI (the backends set it to where this job's output goes) is restored first, so a rerun
+    verifies and reuses it instead of tokenising again."""
+    if uri := os.environ.get(TOKEN_CACHE_URI_ENV):
+        restore_token_cache(uri, ctx)
     tok_dir = resolve(ctx.input("tokenizer"), "tokenizer").path
     tok = load_tokenizer(tok_dir)
     files = tokenize_corpora(config, ctx, Runtime(), tok, special_ids(tok, str(tok_dir)), tok_dir)
     return StageResult(
         metrics={"token_cache": {tf.label: {"num_tokens": tf.num_tokens, "num_docs": tf.num_docs} for tf in files}}
     )
+
+
+def restore_token_cache(uri: str, ctx: StageContext) -> None:
+    """Copy an earlier build's cache files (finished entries, verified shards) into this job's cache folder;
+    `tokenize_corpora` checks each against its sha256 or sidecar, so a damaged one is built again."""
+    from dilforge_shared.store.backends import open_backend
+
+    backend = open_backend(uri.rstrip("/"), ctx.endpoint_url)
+    local = ctx.checkpoint_dir / "tokens"
+    keys = [k for k in backend.list("") if not k.rsplit("/", 1)[-1].startswith(".")]  # not another job's markers
+    for key in keys:
+        backend.download_file(key, local / key)
+    log.info("restored %d token cache files from %s", len(keys), uri)
 
 
 # ---- the training story ----------------------------------------------------------------------
