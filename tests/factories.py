@@ -167,6 +167,27 @@ def sft_expected_tokens(tok, segments=SFT_EXPECTED_MASK) -> tuple[list[int], lis
     return ids, labels
 
 
+def publish_tokenizer(store: Path, tok_dir: Path, name: str = "tok") -> str:
+    """A tokenizer folder published as `<store>/artifacts/tokenizer/<name>` (a stage's upstream artifact)."""
+    from dilforge_shared.manifest import Manifest, current_producer
+    from dilforge_shared.store.artifacts import publish
+
+    uri = f"{store}/artifacts/tokenizer/{name}"
+    manifest = Manifest(
+        code_version="test",
+        kind="tokenizer",
+        artifact_id=name,
+        run_id="test",
+        stage="tokenizer",
+        producer=current_producer("dilforge-tokenizer"),
+        config={},
+        data_dir="pending",
+        files=[],
+    )
+    publish(uri, tok_dir, manifest)
+    return uri
+
+
 def make_manifest(**overrides):
     """A valid manifest with made-up contents, for store and schema tests."""
     from dilforge_shared.manifest import FileEntry, InputRef, Manifest, Producer

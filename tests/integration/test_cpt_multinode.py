@@ -36,29 +36,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def publish_tokenizer(store: Path, tok_dir: Path) -> str:
-    from dilforge_shared.manifest import Manifest, current_producer
-    from dilforge_shared.store.artifacts import publish
-
-    uri = f"{store}/artifacts/tokenizer/tok"
-    publish(
-        uri,
-        tok_dir,
-        Manifest(
-            code_version="test",
-            kind="tokenizer",
-            artifact_id="tok",
-            run_id="test",
-            stage="tokenizer",
-            producer=current_producer("dilforge-tokenizer"),
-            config={},
-            data_dir="pending",
-            files=[],
-        ),
-    )
-    return uri
-
-
 def tiny_config(data_root: Path, master_port: int):
     from dilforge_cpt.config import CptConfig
 
@@ -119,7 +96,7 @@ def test_two_hosts_train_as_one_job_and_only_node_zero_publishes(tmp_path, data_
     from dilforge_shared.store.artifacts import fetch
 
     store, ref_store = tmp_path / "store", tmp_path / "ref-store"
-    tok_uri = publish_tokenizer(store, tiny_tokenizer_dir)
+    tok_uri = factories.publish_tokenizer(store, tiny_tokenizer_dir)
     config = tiny_config(data_root, free_port())
     artifact_uri = f"{store}/artifacts/cpt/two-hosts"
     hp = build_hyperparameters(config, artifact_uri, "mn", {"tokenizer": tok_uri})

@@ -53,26 +53,6 @@ def cpt_section(**overrides) -> dict:
     return section
 
 
-def publish_tokenizer(store: Path, tok_dir: Path, name: str = "tok") -> str:
-    from dilforge_shared.manifest import Manifest, current_producer
-    from dilforge_shared.store.artifacts import publish
-
-    uri = f"{store}/artifacts/tokenizer/{name}"
-    manifest = Manifest(
-        code_version="test",
-        kind="tokenizer",
-        artifact_id=name,
-        run_id="test",
-        stage="tokenizer",
-        producer=current_producer("dilforge-tokenizer"),
-        config={},
-        data_dir="pending",
-        files=[],
-    )
-    publish(uri, tok_dir, manifest)
-    return uri
-
-
 def write_pipeline(path: Path, store: Path, cpt: dict, run_id: str = "t") -> Path:
     path.write_text(yaml.safe_dump({"run_id": run_id, "store": {"uri": str(store)}, "cpt": cpt}))
     return path
@@ -98,7 +78,7 @@ def env_for(workdir: Path) -> dict:
 
 def run_cpt(tmp: Path, data_root: Path, tok_dir: Path, cpt: dict, check: bool = True) -> subprocess.CompletedProcess:
     store = tmp / "store"
-    tok_uri = publish_tokenizer(store, tok_dir)
+    tok_uri = factories.publish_tokenizer(store, tok_dir)
     config = write_pipeline(tmp / "pipeline.yaml", store, cpt)
     proc = subprocess.run(
         coordinator_cmd(config, data_root, tok_uri),
@@ -211,7 +191,7 @@ def sigterm_then_rerun(
     """Start the stage, SIGTERM the `train` process after step 2, rerun (with the `rerun_with` config changes);
     (log, stopped at, metrics)."""
     store = tmp_path / "store"
-    tok_uri = publish_tokenizer(store, tok_dir)
+    tok_uri = factories.publish_tokenizer(store, tok_dir)
     config = write_pipeline(tmp_path / "pipeline.yaml", store, cpt)
     cmd, env = coordinator_cmd(config, data_root, tok_uri), env_for(tmp_path / "work")
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

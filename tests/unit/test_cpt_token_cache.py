@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import factories
 import numpy as np
 import pytest
 from dilforge_shared.configs.base import DataSource
@@ -297,24 +298,11 @@ def _build_cache_job(tmp_path, root, corpus, tiny_tokenizer_dir, monkeypatch, wo
     """`python -m dilforge_cpt build-cache` on a fresh /opt/ml root, with a published tokenizer."""
     from dilforge_cpt import __main__ as entry
     from dilforge_shared.contract import build_hyperparameters
-    from dilforge_shared.manifest import Manifest, current_producer
     from dilforge_shared.opt_ml import OptMl
-    from dilforge_shared.store.artifacts import artifact_exists, publish
 
-    tok_uri = str(tmp_path / "store" / "tokenizer")
-    if not artifact_exists(tok_uri, None):
-        manifest = Manifest(
-            code_version="test",
-            kind="tokenizer",
-            artifact_id="tok",
-            run_id="test",
-            stage="tokenizer",
-            producer=current_producer("dilforge-tokenizer"),
-            config={},
-            data_dir="pending",
-            files=[],
-        )
-        publish(tok_uri, tiny_tokenizer_dir, manifest)
+    tok_uri = f"{tmp_path}/store/artifacts/tokenizer/tok"
+    if not (tmp_path / "store" / "artifacts" / "tokenizer" / "tok" / "manifest.json").exists():
+        factories.publish_tokenizer(tmp_path / "store", tiny_tokenizer_dir)
     config = cpt_config(corpus, tokenize_workers=workers)
     OptMl(root).write_inputs(
         build_hyperparameters(config, str(tmp_path / "store" / "cpt"), "t", {"tokenizer": tok_uri})
