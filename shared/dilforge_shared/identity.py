@@ -1,16 +1,25 @@
 """What identifies a stage's inputs, and so its artifact: lineage refs and artifact ids.
 
 Planning and the container contract compute the same refs, so `recompute_artifact_id(manifest) ==
-manifest.artifact_id`. A model or tokenizer URI's lineage is `model_refs`'."""
+manifest.artifact_id`. A model or tokenizer named by URI is identified without downloading any weights: a dilforge
+artifact by its artifact ref, a local file by its sha256, a local folder by every file's, an s3:// prefix by the
+ETags of its objects (`source_ref`)."""
 
 from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from urllib.parse import urlparse
 
 from . import stages
 from .configs.base import StageConfig
 from .corpus_files import data_digest
-from .manifest import InputRef, artifact_ref, fingerprint
-from .model_refs import model_ref_name, source_ref
+from .errors import ConfigError, ManifestNotFound
+from .manifest import InputRef, artifact_ref, fingerprint, sha256_file
+from .paths import check_links, content_keys, declared_uri, holds_dilforge_data, local_path
 from .store.artifacts import read_manifest
+from .store.backends import S3Storage
 
 
 def config_refs(config: StageConfig, endpoint_url: str | None = None) -> list[InputRef]:
@@ -37,3 +46,63 @@ def artifact_id(config: StageConfig, refs: list[InputRef], code_version: str | N
     """The id of the artifact `config` produces from inputs `refs` with this code (or the given code version)."""
     version = stages.code_version(config.stage) if code_version is None else code_version
     return fingerprint(config.stage, config.identity(), refs, version)
+
+
+def model_ref_name(uri: str) -> str:
+    """The lineage name of a model or tokenizer read from a URI in a stage's config."""
+    return f"model:{uri}"
+
+
+def source_ref(uri: str, name: str, endpoint_url: str | None = None) -> InputRef:
+    """Lineage of whatever a model/tokenizer URI holds, computed without downloading any weights."""
+    if urlparse(uri).scheme != "s3" and local_path(uri).is_file():
+        return InputRef(name=name, kind="data", uri=uri, sha256=sha256_file(local_path(uri)))
+    try:
+        return artifact_ref(name, uri, read_manifest(uri, endpoint_url)[0])
+    except ManifestNotFound:
+        pass
+    return InputRef(name=name, kind="data", uri=uri, sha256=model_digest(uri, endpoint_url))
+
+
+def folder_files(root: Path) -> list[Path]:
+    """The files a model folder is made of, sorted: every regular file below it but hidden entries (a clone's
+    `.git/` with its LFS copies of the weights, `hf download`'s `.cache/`, `.gitattributes`) and what is inside a
+    dilforge store, artifact or stage work folder kept in it (`paths.holds_dilforge_data`), which changes
+    as runs write to it: the corpus folders' rule. What its digest hashes and `models import` copies."""
+    files = []
+    for folder, dirs, names in os.walk(root):
+        here = Path(folder)
+        dirs[:] = [d for d in dirs if not d.startswith(".") and not holds_dilforge_data(here / d)]
+        files += [here / n for n in names if not n.startswith(".") and (here / n).is_file()]
+    return sorted(files)
+
+
+def dir_digest(root: Path) -> str:
+    """sha256 over every file's path and sha256 (`folder_files`): lineage for a model that is not an artifact."""
+    check_links(root, str(root))  # a link out of the folder would fingerprint (and publish) a file never pointed at
+    h = hashlib.sha256()
+    for path in folder_files(root):
+        h.update(f"{path.relative_to(root).as_posix()}:{sha256_file(path)}\n".encode())
+    return h.hexdigest()
+
+
+def model_digest(uri: str, endpoint_url: str | None = None) -> str:
+    """Content digest of a model folder without downloading it: file sha256s locally, ETags on S3."""
+    parsed = urlparse(uri)
+    if parsed.scheme != "s3":
+        path = local_path(uri)
+        if not path.is_dir():
+            raise ConfigError(f"{uri}: no such model folder")
+        return dir_digest(path)
+    backend = S3Storage(parsed.netloc, parsed.path, endpoint_url)
+    h = hashlib.sha256()
+    stats = sorted(backend.list_stats(""))  # (key, size, ETag): one listing, no request per object
+    content = set(content_keys((key for key, _, _ in stats), ""))  # what folder_files takes of a local folder
+    stats = [s for s in stats if s[0] in content]
+    if not stats:
+        raise ConfigError(f"{uri}: no objects under this prefix")
+    copy = declared_uri(uri) != uri  # an uploaded copy: each object's sha256, as dir_digest hashes the folder
+    for key, _, etag in stats:
+        sha256 = backend.metadata(key).get("sha256") if copy else None
+        h.update(f"{key}:{sha256 or etag}\n".encode())
+    return h.hexdigest()

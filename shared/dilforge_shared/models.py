@@ -3,7 +3,7 @@
 
 Used by every stage that opens a base model or tokenizer (`open_model`, `resolve`), by the one precedence rule
 for a stage's base model (`choose`), and by `coordinator chat`, serve and eval (`resolve_chat_model`). Lineage is
-not its concern: the stage's identity check reads a URI's ref (`model_refs.source_ref`) as the coordinator did.
+not its concern: the stage's identity check reads a URI's ref (`identity.source_ref`) as the coordinator did.
 Resolving is file work: torch is imported only inside `merge_adapter`.
 """
 

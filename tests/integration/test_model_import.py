@@ -222,7 +222,7 @@ def test_pipeline_model_block_feeds_the_real_tokenizer_and_cpt_stages(tmp_path, 
 def test_s3_prefix_import_is_fingerprinted_by_etags_and_lands_in_an_s3_store(
     tmp_path, s3_server, s3_bucket, tiny_llama_dir
 ):
-    from dilforge_shared.model_refs import model_digest
+    from dilforge_shared.identity import model_digest
 
     client = s3_server.client()
     bucket = s3_bucket.removeprefix("s3://")

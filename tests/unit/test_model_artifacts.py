@@ -11,9 +11,8 @@ from dilforge_coordinator.integrity import recompute_artifact_id
 from dilforge_cpt.model_config import ModelConfig
 from dilforge_shared.configs.base import validate_model
 from dilforge_shared.errors import ConfigError, InputError
-from dilforge_shared.identity import config_refs
+from dilforge_shared.identity import config_refs, dir_digest, source_ref
 from dilforge_shared.manifest import sha256_file
-from dilforge_shared.model_refs import dir_digest, source_ref
 from dilforge_shared.models import resolve
 from dilforge_shared.recipes import RECIPES
 from dilforge_shared.store.artifacts import fetch
@@ -117,13 +116,13 @@ def test_gguf_source_must_exist_to_be_planned(tmp_path):
 
 
 def test_a_folder_that_is_no_model_is_named_before_its_files_are_hashed(tmp_path, monkeypatch):
-    from dilforge_shared import model_refs
+    from dilforge_shared import identity
 
     notes = tmp_path / "notes"
     (notes / "sub").mkdir(parents=True)
     (notes / "a.txt").write_text("not a model")
     (notes / "sub" / "config.json").write_text("{}")  # a config without weights is no model either
-    monkeypatch.setattr(model_refs, "sha256_file", lambda p: pytest.fail(f"hashed {p}"))
+    monkeypatch.setattr(identity, "sha256_file", lambda p: pytest.fail(f"hashed {p}"))
     cfg = pipeline(tmp_path, model={"source": str(notes)})
     with pytest.raises(InputError, match=r"model.source: .*notes: no HF model folder \(config.json \+ safetensors\)"):
         pl.plan_stage(cfg, "model", {})

@@ -132,7 +132,7 @@ def _hf_folder(root: Path) -> Path:
 
 def test_a_model_folder_with_a_link_out_of_it_is_refused_at_planning_and_import(tmp_path):
     from dilforge_cpt.import_model import copy_hf_folder
-    from dilforge_shared.model_refs import model_digest
+    from dilforge_shared.identity import model_digest
 
     folder = _hf_folder(tmp_path / "model")
     (tmp_path / "secret.txt").write_text("do not publish")
@@ -156,7 +156,7 @@ def test_a_store_or_work_folder_inside_a_model_folder_is_not_the_model(tmp_path)
     and the run (locks, the record), so the import failed on every try ("rerun to plan again"); had it run, the
     artifact would have held the store. A work folder (its marker) or a nested artifact is skipped the same way."""
     from dilforge_cpt.import_model import copy_hf_folder
-    from dilforge_shared.model_refs import model_digest
+    from dilforge_shared.identity import model_digest
 
     folder = _hf_folder(tmp_path / "model")
     (folder / "sub").mkdir()

@@ -10,8 +10,8 @@ from typing import ClassVar, Literal
 
 from dilforge_shared.configs.base import StageConfig
 from dilforge_shared.errors import ConfigError, InputError
+from dilforge_shared.identity import source_ref
 from dilforge_shared.manifest import MANIFEST_NAME, InputRef
-from dilforge_shared.model_refs import source_ref
 from dilforge_shared.models import find_dir
 from dilforge_shared.paths import local_path
 from dilforge_shared.recipes import GGUF_CONVERTER_VERSION, RECIPES, source_kind
