@@ -168,6 +168,30 @@ def test_repetition_filter_decides_as_datatrove_does():
         assert len({str(b) for _, b in decisions}) >= 3  # the texts reach several of the checks
 
 
+@pytest.mark.parametrize("collide", [False, True])
+def test_n_gram_hashes_count_as_datatrove_s_loops(collide, monkeypatch):
+    import random
+    from collections import Counter
+
+    import numpy as np
+    from datatrove.pipeline.filters.gopher_repetition_filter import find_all_duplicate
+    from dilforge_curate import steps
+
+    if collide:  # every n-gram of a length under one hash: the text comparison must catch it
+        monkeypatch.setattr(steps, "_substring_hashes", lambda text: lambda a, b: (b - a).astype(np.uint64))
+    rng = random.Random(3)
+    vocab = ["a", "ab", "b", "bc", "c", "Bakı", "şəhər", ".", ",", "və", "😀"]
+    cases = [AZ.split(), ["çox", "gözəl"] * 40, list("abcdefgh") + ["ab", "c"]]
+    cases += [[rng.choice(vocab[: rng.randint(1, 11)]) for _ in range(rng.randint(0, 150))] for _ in range(400)]
+    for words in cases:
+        grams = steps.NGrams(words)
+        for n in range(1, 11):
+            assert grams.repeated_chars(n) == find_all_duplicate(words, n), (words, n)
+            if len(words) >= n:
+                top, count = Counter(zip(*(words[i:] for i in range(n)), strict=False)).most_common(1)[0]
+                assert grams.top_chars(n) == len(" ".join(top)) * count, (words, n)
+
+
 STOP_WORDS = "gopher_enough_stop_words"
 
 

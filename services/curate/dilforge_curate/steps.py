@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import math
 import re
 import unicodedata
@@ -23,7 +24,11 @@ from datatrove.pipeline.base import PipelineStep
 from datatrove.pipeline.dedup.minhash import MinhashDedupSignature
 from datatrove.pipeline.filters.base_filter import BaseFilter
 from datatrove.pipeline.filters.gopher_quality_filter import GopherQualityFilter
-from datatrove.pipeline.filters.gopher_repetition_filter import GopherRepetitionFilter, find_duplicates
+from datatrove.pipeline.filters.gopher_repetition_filter import (
+    GopherRepetitionFilter,
+    find_all_duplicate,
+    find_duplicates,
+)
 from datatrove.pipeline.formatters.base import BaseFormatter
 from datatrove.pipeline.readers import JsonlReader
 from datatrove.pipeline.readers.base import BaseReader
@@ -285,37 +290,110 @@ class WordSplitter(WhitespaceTokenizer):
         return self._WORDS.findall(text)
 
 
+_BASE = np.uint64(0x9E3779B97F4A7C15)  # odd, so invertible modulo 2**64
+_BASE_INVERSE = np.uint64(pow(int(_BASE), -1, 2**64))
+
+
+def _substring_hashes(text: str):
+    """`hash(a, b)`: a polynomial hash modulo 2**64 of `text[a:b]` for arrays of offsets, equal for equal
+    substrings wherever they stand (each position's power is divided out again by the inverse power). numpy's
+    arrays wrap around on overflow."""
+    chars = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), np.uint32).astype(np.uint64)
+    prefix = np.zeros(len(chars) + 1, np.uint64)
+    np.cumsum(chars * np.cumprod(np.full(len(chars), _BASE)), out=prefix[1:])
+    inverses = np.ones(len(chars) + 1, np.uint64)
+    np.cumprod(np.full(len(chars), _BASE_INVERSE), out=inverses[1:])
+
+    def hashes(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return (prefix[b] - prefix[a]) * inverses[a]
+
+    return hashes
+
+
+def _first_occurrences(values: np.ndarray) -> np.ndarray | None:
+    """For each position, the first position holding the same value; None when all values differ."""
+    order = np.argsort(values, kind="stable")
+    ordered = values[order]
+    new = np.empty(len(values), bool)
+    new[0] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=new[1:])
+    if new.all():
+        return None
+    firsts = np.empty(len(values), np.int64)
+    firsts[order] = order[new][np.cumsum(new) - 1]
+    return firsts
+
+
+class NGrams:
+    """The n-grams of a document's words for the Gopher repetition checks, each found by a hash of its characters
+    (numpy, for every position at once) instead of a Python string per n-gram; what the hashes group is compared
+    as text, and a hash collision falls back to datatrove's own loop. Joined without a separator (datatrove's
+    duplicate n-grams: `a`+`bc` is `ab`+`c`) or with one space (its top n-grams: word tuples, the words holding
+    no whitespace)."""
+
+    def __init__(self, words: list[str]):
+        self.words = words
+        ends = np.fromiter(itertools.accumulate(map(len, words), initial=0), np.int64, len(words) + 1)
+        self.joined, self.spaced = "".join(words), " ".join(words)
+        self.joined_offsets, self.spaced_offsets = ends, ends + np.arange(len(words) + 1)
+        self.joined_hash, self.spaced_hash = _substring_hashes(self.joined), _substring_hashes(self.spaced)
+
+    def repeated_chars(self, n: int) -> int:
+        """datatrove's `find_all_duplicate`: characters of the joined n-grams met again, scanning left to right and
+        skipping a repeated n-gram's words."""
+        count = len(self.words) - n + 1
+        if count <= 0:
+            return 0
+        a, b = self.joined_offsets[:count], self.joined_offsets[n:]
+        firsts = _first_occurrences(self.joined_hash(a, b))
+        if firsts is None:
+            return 0
+        again = np.flatnonzero(firsts != np.arange(count)).tolist()
+        text, a, b, firsts = self.joined, a.tolist(), b.tolist(), firsts.tolist()
+        repeated = end = 0
+        skipped: set[int] = set()
+        seen_again: set[int] = set()
+        # only a position whose n-gram occurred before can be a repeat: one seen earlier at a position the scan
+        # did not skip (its first occurrence, or a later one the scan met)
+        for p in again:
+            f = firsts[p]
+            if text[a[p] : b[p]] != text[a[f] : b[f]]:
+                return find_all_duplicate(self.words, n)
+            if p < end:
+                continue
+            if f in seen_again or f not in skipped:
+                repeated += b[p] - a[p]
+                skipped.update(range(p + 1, p + n))
+                end = p + n
+            seen_again.add(f)
+        return repeated
+
+    def top_chars(self, n: int) -> int:
+        """Characters of the most common n-gram (words joined by a space; the first among equals, as
+        `Counter.most_common`) times its count."""
+        count = len(self.words) - n + 1
+        a, b = self.spaced_offsets[:count], self.spaced_offsets[n:] - 1
+        firsts = _first_occurrences(self.spaced_hash(a, b))
+        if firsts is None:  # every n-gram once: the first
+            return int(b[0] - a[0])
+        times = np.bincount(firsts, minlength=count)
+        top = int(times.argmax())  # the first of the most common
+        text, start, stop = self.spaced, a.tolist(), b.tolist()
+        gram = text[start[top] : stop[top]]
+        if any(text[start[p] : stop[p]] != gram for p in np.flatnonzero(firsts == top).tolist()):
+            words, most = Counter(_n_gram_tuples(self.words, n)).most_common(1)[0]
+            return (sum(map(len, words)) + n - 1) * most
+        return len(gram) * int(times[top])
+
+
 def _n_gram_tuples(words: list[str], n: int):
     return zip(*(words[i:] for i in range(n)), strict=False)
 
 
-def _n_grams(words: list[str], n: int, separator: str) -> list[str]:
-    return list(map(separator.join, _n_gram_tuples(words, n)))
-
-
-def repeated_n_gram_chars(words: list[str], n: int) -> int:
-    """datatrove's `find_all_duplicate`: characters of the n-grams (words joined without a separator) met again,
-    scanning left to right and skipping a repeated n-gram's words; a document with no repeated n-gram skips the
-    scan."""
-    if len(set(map("".join, _n_gram_tuples(words, n)))) == max(0, len(words) - n + 1):
-        return 0
-    grams = _n_grams(words, n, "")
-    seen: set[str] = set()
-    repeated = i = 0
-    while i < len(grams):
-        if grams[i] in seen:
-            repeated += len(grams[i])
-            i += n
-        else:
-            seen.add(grams[i])
-            i += 1
-    return repeated
-
-
 class RepetitionFilter(GopherRepetitionFilter):
     """Datatrove's Gopher repetition filter, the same checks in the same order with the same results, its n-grams
-    built and counted by C loops (`map`, `zip`, `Counter`) instead of a Python loop per word: in datatrove's own it
-    is the filter phase's costliest step."""
+    found by hashes over the words' characters (`NGrams`) instead of a Python string per n-gram: in datatrove's own
+    it is the filter phase's costliest step."""
 
     def filter(self, doc: Document) -> bool | tuple[bool, str]:
         text = doc.text
@@ -332,16 +410,12 @@ class RepetitionFilter(GopherRepetitionFilter):
         if self.dup_line_char_frac and chars / len(text) > self.dup_line_char_frac:
             return False, "dup_line_char_frac"
         words = split_into_words(text, self.language)
+        grams = NGrams(words)
         for n, n_frac in self.top_n_grams:
-            if len(words) < n:
-                continue
-            # counted as word tuples (the words hold no space, so a tuple is one space-joined n-gram), in the
-            # same order, so the first of the most common is the same n-gram
-            top, count = Counter(_n_gram_tuples(words, n)).most_common(1)[0]
-            if (sum(map(len, top)) + n - 1) * count / len(text) > n_frac:
+            if len(words) >= n and grams.top_chars(n) / len(text) > n_frac:
                 return False, f"top_{n}_gram"
         for n, n_frac in self.dup_n_grams:
-            if repeated_n_gram_chars(words, n) / len(text) > n_frac:
+            if grams.repeated_chars(n) / len(text) > n_frac:
                 return False, f"duplicated_{n}_n_grams"
         return True
 
