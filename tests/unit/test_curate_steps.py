@@ -244,14 +244,22 @@ def test_quality_filter_decides_as_datatrove_does_but_over_words_for_the_letter_
     assert differed  # the texts reach the difference too
 
 
-def test_minhash_shingles_are_datatrove_s(tmp_path):
+@pytest.mark.parametrize(
+    ("precision", "hash_fc", "diacritics"),
+    [(64, "sha1", True), (32, "sha1", True), (64, "sha1", False)],
+)
+def test_minhash_shingles_are_datatrove_s(tmp_path, precision, hash_fc, diacritics):
     import random
 
     import numpy as np
     from datatrove.pipeline.dedup.minhash import MinhashConfig, MinhashDedupSignature
     from datatrove.utils.hashing import HashConfig
+    from datatrove.utils.text import TextNormConfig
 
-    config = MinhashConfig(hash_config=HashConfig(precision=64, hash_fc="sha1"))
+    config = MinhashConfig(
+        hash_config=HashConfig(precision=precision, hash_fc=hash_fc),
+        norm_config=TextNormConfig(norm_unicode_diacritics=diacritics),
+    )
     ours = MinhashSignature(str(tmp_path / "a"), config=config, language=WordSplitter())
     theirs = MinhashDedupSignature(str(tmp_path / "b"), config=config, language=WordSplitter())
     # combining marks of several scripts (two past U+FFFF), precomposed letters, a ligature, other digits
