@@ -59,6 +59,8 @@ REDACT = ContactRedactor(True, True, True, {"email": "<EMAIL>", "phone": "<PHONE
         "4169 7388 1234 5670",
         "5522-0412-3456-7891",
         "4169738812345670",
+        "+994 \U0001d7d3\U0001d7ce 123 45 67",  # mathematical bold digits, past U+FFFF
+        "\u0660\u0665\u0660 \u0661\u0662\u0663 \u0664\u0665 \u0666\u0667",  # Arabic-Indic digits
     ],
 )
 def test_contact_details_are_replaced(contact):
@@ -81,6 +83,16 @@ def test_contact_details_are_replaced(contact):
 )
 def test_numbers_that_are_not_contacts_stay(text):
     assert REDACT.format(text) == text
+
+
+def test_the_shadow_maps_every_character_it_covers_wherever_it_stands():
+    from dilforge_curate.steps import _SHADOW, shadow
+
+    assert any(cp >= 0x10000 for cp in _SHADOW) and any(cp < 0x10000 for cp in _SHADOW)
+    for cp in _SHADOW:
+        text = f"Bakı {chr(cp)} 😀"
+        assert shadow(text) == text.translate(_SHADOW) != text, hex(cp)
+    assert shadow("Bakı 😀 12") == "Bakı 😀 12"
 
 
 def test_luhn():

@@ -578,12 +578,16 @@ def _char_class(codepoints: list[int]) -> re.Pattern:
     )
 
 
-_SHADOWED = _char_class(list(_SHADOW))
+# those below U+10000 as one class, tested by bitmap; the class of all of them is a list of ranges tried in turn
+_SHADOWED_BELOW = _char_class([cp for cp in _SHADOW if cp < 0x10000])
+_SHADOWED_ASTRAL = _char_class([cp for cp in _SHADOW if cp >= 0x10000])
 
 
 def shadow(text: str) -> str:
     """`text` with the same length, in the characters the contact patterns match (see above)."""
-    return text.translate(_SHADOW) if _SHADOWED.search(text) else text
+    if _SHADOWED_BELOW.search(text) or (_ASTRAL.search(text) and _SHADOWED_ASTRAL.search(text)):
+        return text.translate(_SHADOW)
+    return text
 
 
 # An e-mail address: a dot-atom local part of Unicode letters (`əli`) or a quoted one (`"ali veli"`), '@', then
@@ -637,6 +641,8 @@ def phone_spans(match: str) -> list[tuple[int, int]]:
     """The phone numbers in a digit run (in shadow form), as (start, end) offsets: from each digit group, the longest
     run of groups that ends with a digit group and passes the rules above. A run may hold other numbers before a
     phone (`05.10.2023 050 123 45 67`, `1) 050 …`) or several phones; each is found, the rest left alone."""
+    if len(match) < 9:  # fewer than the 9 digits of the shortest phone: a year, a sum, a date
+        return []
     groups = [(m.start(), m.end(), m.group(0).replace(_ZW, "")) for m in _GROUP.finditer(match)]
     spans: list[tuple[int, int]] = []
     i = 0
