@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from dilforge_coordinator.integrity import recompute_artifact_id
-from dilforge_shared.recipes import RECIPES
+from dilforge_cpt.recipes import RECIPES
 
 pytestmark = pytest.mark.slow
 

@@ -112,6 +112,8 @@ def test_an_edit_changes_exactly_the_versions_of_the_stages_that_import_it(tree)
         "dilforge_shared.compat",
         "dilforge_shared.corpus",
         "dilforge_shared.models",
+        "dilforge_shared.runtime_policy",
+        "dilforge_shared.locks",
         "dilforge_coordinator.config",
     ):
         before, after = after, tree(module)

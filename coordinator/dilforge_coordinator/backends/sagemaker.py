@@ -26,11 +26,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dilforge_cpt.model_config import ModelConfig
+from dilforge_cpt.recipes import source_kind
 from dilforge_shared.contract import build_hyperparameters
 from dilforge_shared.errors import ConfigError, DilforgeError
 from dilforge_shared.identity import artifact_id as planned_artifact_id
 from dilforge_shared.manifest import InputRef
-from dilforge_shared.recipes import source_kind
 from dilforge_shared.store.backends import open_backend
 
 from ..cloud import SageMakerConfig, StageResources

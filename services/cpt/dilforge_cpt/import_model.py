@@ -23,12 +23,12 @@ from dilforge_shared.identity import folder_files
 from dilforge_shared.manifest import sha256_file
 from dilforge_shared.models import mirror_prefix
 from dilforge_shared.paths import check_links
-from dilforge_shared.recipes import RECIPES, Recipe, source_kind
 from dilforge_shared.store.backends import NotFound
 
 from .gguf_convert import convert_gguf
 from .model_config import ModelConfig
 from .model_metrics import ModelMetrics
+from .recipes import RECIPES, Recipe, source_kind
 from .weights_check import read_header, verify_weights
 
 log = logging.getLogger("dilforge.model")

@@ -14,10 +14,10 @@ from dilforge_shared.identity import source_ref
 from dilforge_shared.manifest import MANIFEST_NAME, InputRef
 from dilforge_shared.models import find_dir
 from dilforge_shared.paths import local_path
-from dilforge_shared.recipes import GGUF_CONVERTER_VERSION, RECIPES, source_kind
 from pydantic import Field, field_validator
 
 from .model_metrics import ModelMetrics
+from .recipes import GGUF_CONVERTER_VERSION, RECIPES, source_kind
 
 
 class ModelConfig(StageConfig):

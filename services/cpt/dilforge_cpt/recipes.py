@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .settings import cache_root
+from dilforge_shared.settings import cache_root
 
 # Bumped whenever the GGUF converter's output changes (2: numpy converter, no _model_name_or_path in
 # config.json); ModelConfig.gguf_converter carries it into every model artifact id.
