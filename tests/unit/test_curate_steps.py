@@ -140,6 +140,28 @@ def test_ftfy_leaves_every_character_the_shortcut_passes_unchanged():
         assert ftfy_may_change(text) or ftfy.fix_text(text, config=config) == text, hex(cp)
 
 
+def test_the_mojibake_search_finds_what_ftfys_finds():
+    import random
+
+    from dilforge_curate.steps import mojibake_in
+    from ftfy.badness import MOJIBAKE_CATEGORIES, is_bad
+
+    # each of ftfy's literal sequences, at the start, in the middle and at the end of a text
+    literal = ["ГўВЂВ.a", "вЂ", "β€™", "ā€", "‚Äì", "‚âà", "√±", "≈°", "à²", "Ø\xa0Ø\xa0", "×²", "Ã\xa0", "a Ã ", "Ã x",
+               "a.Â «", "ВµВ", "Β°Β", "œ1", "Ľ°", "şİ", "aÇ€", "ç€", "É™", "Ã¶", "â€œ"]  # fmt: skip
+    texts = [AZ, TR, EN, mis_decode(AZ), mis_decode(TR)]
+    texts += [t for x in literal for t in (x, f"Bakı {x} şəhəri", f"Bakı şəhəri {x}", f"Ş{x}")]
+    pool = sorted(
+        set("".join(MOJIBAKE_CATEGORIES.values()) + "abzABZ .,?!\n\t\xa0ВГРСΒΓΞΟвβāaəıÇŞİÜĞ°µ×²√≈‚ÄâóàäêŸŠ®©·»–—´¡ГўЂ")
+        | {chr(c) for r in ((0xA0, 0x250), (0x391, 0x3CF), (0x400, 0x460), (0x2500, 0x2593)) for c in range(*r)}
+    )
+    rng = random.Random(4)
+    texts += ["".join(rng.choice(pool) for _ in range(rng.randint(1, 25))) for _ in range(30_000)]
+    found = [is_bad(t) for t in texts]
+    assert [mojibake_in(t) for t in texts] == found
+    assert 1_000 < sum(found) < len(texts) - 1_000
+
+
 def _repetition_texts() -> list[str]:
     import random
 

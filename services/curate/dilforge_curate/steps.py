@@ -176,11 +176,36 @@ _FTFY_SEGMENT = 1_000_000  # TextFixerConfig.max_decode_length: a longer line is
 
 def ftfy_may_change(text: str) -> bool:
     """False when ftfy's `fix_text` would return `text` unchanged: none of its fixes applies and its mojibake
-    heuristic (`ftfy.badness.is_bad`) finds nothing in the whole text, hence in none of the lines it fixes one by
-    one. One regex pass over the document instead of ftfy's several per line."""
-    from ftfy.badness import is_bad
+    heuristic (`ftfy.badness.is_bad`, as `mojibake_in`) finds nothing in the whole text, hence in none of the lines
+    it fixes one by one. One regex pass over the document instead of ftfy's several per line."""
+    return len(text) > _FTFY_SEGMENT or bool(_FTFY_FIXES.search(text)) or mojibake_in(text)
 
-    return len(text) > _FTFY_SEGMENT or bool(_FTFY_FIXES.search(text)) or is_bad(text)
+
+@functools.cache
+def _mojibake_marks() -> re.Pattern:
+    """A character every match of ftfy's mojibake pattern (`ftfy.badness.BADNESS_RE`) holds: one of its rarer
+    categories (C1 controls, symbols, box drawing, punctuation, currency, numeric and legal signs), a letter its
+    literal sequences turn on (Œ œ Ø Ù Ђ Â Ã Î Ð °), or a lowercase accented, Greek or Cyrillic letter before an
+    uppercase accented one, its one alternative of common letters only (Azerbaijani's Ç Ş İ Ü Ğ are accented)."""
+    from ftfy.badness import MOJIBAKE_CATEGORIES as C
+
+    rare = "".join(C[k] for k in ("c1", "bad", "box", "end_punctuation", "currency", "numeric", "law"))
+    rare += C["start_punctuation"] + "\u0152\u0153\u00d8\u00d9\u0402\u00c2\u00c3\u00ce\u00d0\u00b0"
+    return re.compile(f"[{rare}]|[{C['lower_accented']}{C['lower_common']}](?=[{C['upper_accented']}])")
+
+
+_MOJIBAKE_REACH = 7  # the longest match of ftfy's pattern (`ГўВЂВ.x`) less one: how far a match reaches past a mark
+
+
+def mojibake_in(text: str) -> bool:
+    """ftfy's `is_bad(text)`: its pattern searched only in the few characters around each mark a match must hold
+    (`_mojibake_marks`), instead of tried at every position of the text."""
+    from ftfy.badness import BADNESS_RE
+
+    return any(
+        BADNESS_RE.search(text, max(0, m.start() - _MOJIBAKE_REACH), m.start() + _MOJIBAKE_REACH + 1)
+        for m in _mojibake_marks().finditer(text)
+    )
 
 
 def _ftfy_config():
@@ -528,6 +553,8 @@ def preload(step: PipelineStep) -> None:
     calls this before datatrove forks its workers, which then share it instead of each building it."""
     if isinstance(step, LinguaFilter):
         lingua_detector(tuple(step.candidates))
+    elif isinstance(step, Normaliser) and step.fix_encoding:
+        _mojibake_marks()
     elif isinstance(step, QualityFilter):
         has_letter()
     elif isinstance(step, MinhashSignature):
