@@ -3,7 +3,7 @@
     python bench/closure.py             # a Markdown table for docs/architecture.md (What each stage loads)
     python bench/closure.py --list cpt  # and the modules of one stage, with their lines
 
-The closure is `stages.module_closure`, the very set a stage's code version hashes (module-level and
+The closure is `identity.module_closure`, the very set a stage's code version hashes (module-level and
 function-level imports alike), so the table is also what each stage's artifact ids follow.
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "shared"), str(ROOT / "coordinator"), *map(str, sorted((ROOT / "services").glob("*")))]
 
-from dilforge_shared.stages import STAGE_MODULES, module_closure  # noqa: E402
+from dilforge_shared.identity import STAGE_MODULES, module_closure  # noqa: E402
 
 ENTRIES = {**STAGE_MODULES, "serve": "dilforge_serve"}  # the serving image's entry is no pipeline stage
 

@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT / "shared"))
 import hardware  # bench/hardware.py
 from dilforge_coordinator import images
 from dilforge_coordinator.backends.compose import docker_binary
-from dilforge_shared.stages import IMAGES
+from dilforge_coordinator.stage_images import IMAGES
 
 STAGES = IMAGES
 

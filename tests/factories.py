@@ -221,9 +221,8 @@ def write_output(tmp_path: Path, name: str = "out", content: bytes = b"weights")
 def job_manifest(job, kind: str, **fields):
     """The manifest a real stage publishes for a coordinator job (for fake backends): its config, code version and
     the very inputs the id was planned from, so reuse can prove the artifact is the job's."""
-    from dilforge_shared.identity import stage_refs
+    from dilforge_shared.identity import code_version, stage_refs
     from dilforge_shared.manifest import Manifest, current_producer
-    from dilforge_shared.stages import code_version
 
     return Manifest(
         kind=kind,

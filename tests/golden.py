@@ -4,7 +4,7 @@ Each stage's integration test summarises what its tiny run published (file names
 are byte-deterministic, headline numbers) and calls `check`, which compares it with
 `tests/golden/stage_outputs.json`. A change fails until the golden is regenerated (`DILFORGE_UPDATE_GOLDEN=1`, then
 review and commit the diff of the JSON). Reuse needs no such step: the code version in every artifact id is
-derived from the code (dilforge_shared.stages.code_version), so changed code never reuses old artifacts.
+derived from the code (dilforge_shared.identity.code_version), so changed code never reuses old artifacts.
 
 Floats are compared to a relative 1e-3: tight enough for any change of what a stage computes on these runs
 (a transplant, a schedule, a mask), loose enough for float summation order across CPUs.

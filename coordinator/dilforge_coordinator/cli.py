@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from dilforge_shared.manifest import STAGES
 from dilforge_shared.settings import cache_root
-from dilforge_shared.stages import STAGES
 from dilforge_shared.store.artifacts import fetch, read_manifest
 from dilforge_shared.store.backends import NotFound
 from typer.core import TyperGroup

@@ -10,8 +10,9 @@ import re
 from typing import Annotated, Literal
 
 from dilforge_shared.configs.base import StrictModel
-from dilforge_shared.stages import ImageName
 from pydantic import AfterValidator, Field, model_validator
+
+from .stage_images import ImageName
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,511}")
 # dilforge sets these itself (model id, store, stage module, checkpoint sync, ...); one from a config would silently

@@ -15,8 +15,8 @@ from dilforge_eval.config import EvalConfig
 from dilforge_sft.config import SftConfig
 from dilforge_shared.configs.base import StageConfig, StrictModel, validate_model
 from dilforge_shared.errors import ConfigError
+from dilforge_shared.manifest import StageName
 from dilforge_shared.settings import is_secret_name
-from dilforge_shared.stages import StageName
 from dilforge_tokenizer.config import TokenizerConfig
 from pydantic import ConfigDict, Field, field_validator, model_validator
 

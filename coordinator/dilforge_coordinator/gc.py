@@ -17,8 +17,7 @@ from pathlib import Path
 
 from dilforge_shared.errors import DilforgeError, ManifestError
 from dilforge_shared.locks import FileLock, abandoned, is_locked, remove_abandoned
-from dilforge_shared.manifest import MANIFEST_NAME, parse_manifest
-from dilforge_shared.stages import STAGES
+from dilforge_shared.manifest import MANIFEST_NAME, STAGES, parse_manifest
 from dilforge_shared.store.artifacts import STORE_MARKER, manifest_digest_key
 from dilforge_shared.store.backends import NotFound
 

@@ -21,10 +21,10 @@ from typing import Annotated
 import typer
 from dilforge_shared.errors import DilforgeError
 from dilforge_shared.manifest import git_sha
-from dilforge_shared.stages import IMAGES
 
 from .backends.compose import ROOT, docker_binary
 from .settings import coordinator_settings
+from .stage_images import IMAGES
 
 STAGES = IMAGES  # one image per stage (the model stage runs in the cpt image)
 EXTRA_IMAGES = ("serve", "s3", "coordinator")  # the serving image (services/serve), SeaweedFS, the coordinator

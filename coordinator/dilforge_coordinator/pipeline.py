@@ -11,10 +11,9 @@ from typing import Protocol
 
 from dilforge_shared.configs.base import StageConfig
 from dilforge_shared.errors import DilforgeError, ManifestNotFound
-from dilforge_shared.identity import artifact_id, stage_refs
+from dilforge_shared.identity import STAGE_MODULES, artifact_id, stage_refs
 from dilforge_shared.locks import FileLock
-from dilforge_shared.manifest import MANIFEST_NAME
-from dilforge_shared.stages import STAGE_MODULES, STAGES, image_of
+from dilforge_shared.manifest import MANIFEST_NAME, STAGES
 from dilforge_shared.store.artifacts import artifact_exists
 
 from .config import PipelineConfig
@@ -22,6 +21,7 @@ from .integrity import check_artifact, move_aside
 from .leases import S3Lease
 from .records import ArtifactStore, RunRecord, record_artifacts, running_owner
 from .settings import coordinator_settings
+from .stage_images import image_of
 
 log = logging.getLogger("dilforge.coordinator")
 

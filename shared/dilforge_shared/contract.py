@@ -21,7 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from . import stages
+from . import identity
 from .configs.base import ARTIFACT_PREFIX, StageConfig, validate_model
 from .errors import ConfigError, DilforgeError, UnsafePathError
 from .identity import artifact_id, config_refs
@@ -273,7 +273,7 @@ def publish_result(
         artifact_id=ctx.request.artifact_uri.rsplit("/", 1)[-1],
         run_id=ctx.request.run_id,
         stage=config.stage,
-        code_version=stages.code_version(config.stage),
+        code_version=identity.code_version(config.stage),
         producer=current_producer(package),
         config=config.model_dump(mode="json"),
         inputs=inputs,

@@ -14,19 +14,21 @@ import subprocess
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .errors import ManifestError
 from .paths import check_name, check_relative_path, declared_uri
 from .settings import redact_values, settings
-from .stages import StageName
 
 log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = "1.3.0"
 MANIFEST_NAME = "manifest.json"
+
+StageName = Literal["model", "curate", "tokenizer", "cpt", "sft", "eval"]
+STAGES: tuple[StageName, ...] = get_args(StageName)  # the pipeline's stages, in order
 
 ArtifactKind = Literal["corpus", "tokenizer", "model", "adapter", "eval_report"]
 
@@ -84,7 +86,7 @@ class Manifest(BaseModel):
     stage: StageName = Field(description="Stage that produced the artifact.")
     code_version: str = Field(
         description="The stage's code version, part of the artifact id: a digest of the code the stage runs "
-        "(dilforge_shared.stages.code_version)."
+        "(dilforge_shared.identity.code_version)."
     )
     created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
     producer: Producer

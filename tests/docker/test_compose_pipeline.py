@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from dilforge_shared.stages import IMAGES
+from dilforge_coordinator.stage_images import IMAGES
 from docker_stack import DOCKER, S3
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]

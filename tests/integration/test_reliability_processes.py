@@ -47,8 +47,8 @@ def body(config, ctx):
     return StageResult(metrics=json.loads(os.environ["FAKE_METRICS"]))
 
 if __name__ == "__main__":
-    from dilforge_shared import stages
-    stages.STAGE_MODULES["tokenizer"] = "fakestage"  # as the driver: the code version is this module's
+    from dilforge_shared import identity
+    identity.STAGE_MODULES["tokenizer"] = "fakestage"  # as the driver: the code version is this module's
     sys.exit(stage_main(STAGE_CONFIGS["tokenizer"], body, "fake", sys.argv[1:]))
 """
 

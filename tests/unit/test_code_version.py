@@ -1,4 +1,4 @@
-"""A stage's code version is derived from the code it runs (dilforge_shared.stages.code_version): a new
+"""A stage's code version is derived from the code it runs (dilforge_shared.identity.code_version): a new
 function or a changed constant in any module the stage imports gives a new version (and so new artifact
 ids); a comment, a docstring or a module the stage never imports does not; the serialisation is the same
 on every Python the images run."""
@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 from dilforge_coordinator.config import STAGE_CONFIGS
-from dilforge_shared import stages
+from dilforge_shared import identity
+from dilforge_shared.manifest import STAGES
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -39,8 +40,8 @@ def package(tmp_path, monkeypatch):
     importlib.invalidate_caches()
 
     def version() -> str:
-        stages._code_version.cache_clear()
-        return stages._code_version("dilforge_probe_stage")
+        identity._code_version.cache_clear()
+        return identity._code_version("dilforge_probe_stage")
 
     def edit(path: str, old: str, new: str) -> str:
         p = tmp_path / path
@@ -48,7 +49,7 @@ def package(tmp_path, monkeypatch):
         return version()
 
     yield version, edit
-    stages._code_version.cache_clear()
+    identity._code_version.cache_clear()
 
 
 def test_code_edits_change_the_version_comments_and_docstrings_do_not(package):
@@ -68,43 +69,43 @@ def test_code_edits_change_the_version_comments_and_docstrings_do_not(package):
 
 
 def test_every_stage_has_a_version_and_its_closure_holds_its_own_code():
-    for stage, entry in stages.STAGE_MODULES.items():
-        assert len(stages.code_version(stage)) == 16
-        modules = stages.module_closure(entry)
+    for stage, entry in identity.STAGE_MODULES.items():
+        assert len(identity.code_version(stage)) == 16
+        modules = identity.module_closure(entry)
         assert entry in modules and "dilforge_shared.contract" in modules
-    assert "dilforge_cpt.stage" in stages.module_closure("dilforge_cpt")
-    assert "dilforge_cpt.stage" not in stages.module_closure("dilforge_cpt.import_model")  # the model stage
+    assert "dilforge_cpt.stage" in identity.module_closure("dilforge_cpt")
+    assert "dilforge_cpt.stage" not in identity.module_closure("dilforge_cpt.import_model")  # the model stage
 
 
 @pytest.fixture
 def tree(tmp_path, monkeypatch):
-    """A copy of the production packages that `stages.code_version` reads instead of the real files; returns an
+    """A copy of the production packages that `identity.code_version` reads instead of the real files; returns an
     editor that adds a function to one module of the copy."""
     copy = tmp_path / "tree"
     for top in ("shared", "coordinator", "services"):
         shutil.copytree(ROOT / top, copy / top, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "build"))
-    real = stages.module_path
-    monkeypatch.setattr(stages, "module_path", lambda name: (p := real(name)) and copy / p.relative_to(ROOT))
-    monkeypatch.setattr(stages, "canonical_source", functools.cache(stages.canonical_source))  # pure: once a text
-    stages._code_version.cache_clear()
+    real = identity.module_path
+    monkeypatch.setattr(identity, "module_path", lambda name: (p := real(name)) and copy / p.relative_to(ROOT))
+    monkeypatch.setattr(identity, "canonical_source", functools.cache(identity.canonical_source))  # pure: once a text
+    identity._code_version.cache_clear()
 
     def edit(module: str) -> dict[str, str]:
         path = copy / real(module).relative_to(ROOT)
         path.write_text(path.read_text() + "\n\ndef added_by_the_test():\n    return 1\n")
-        stages._code_version.cache_clear()
-        return {stage: stages.code_version(stage) for stage in stages.STAGES}
+        identity._code_version.cache_clear()
+        return {stage: identity.code_version(stage) for stage in STAGES}
 
     yield edit
-    stages._code_version.cache_clear()
+    identity._code_version.cache_clear()
 
 
 def test_an_edit_changes_exactly_the_versions_of_the_stages_that_import_it(tree):
     """Eval's config section edited: only eval's version moves (every stage used to load every section). Then,
     for modules on some stages' paths and not others', a stage's version moves iff the module is in its closure."""
-    before = {stage: stages.code_version(stage) for stage in stages.STAGES}
+    before = {stage: identity.code_version(stage) for stage in STAGES}
     after = tree("dilforge_eval.config")
-    assert [s for s in stages.STAGES if after[s] != before[s]] == ["eval"]
-    closures = {stage: stages.module_closure(entry) for stage, entry in stages.STAGE_MODULES.items()}
+    assert [s for s in STAGES if after[s] != before[s]] == ["eval"]
+    closures = {stage: identity.module_closure(entry) for stage, entry in identity.STAGE_MODULES.items()}
     for module in (
         "dilforge_cpt.config",
         "dilforge_shared.configs.language",
@@ -117,18 +118,18 @@ def test_an_edit_changes_exactly_the_versions_of_the_stages_that_import_it(tree)
         "dilforge_coordinator.config",
     ):
         before, after = after, tree(module)
-        moved = [s for s in stages.STAGES if after[s] != before[s]]
-        assert moved == [s for s in stages.STAGES if module in closures[s]], module
+        moved = [s for s in STAGES if after[s] != before[s]]
+        assert moved == [s for s in STAGES if module in closures[s]], module
 
 
 def test_a_stage_loads_its_own_config_section_and_no_coordinator_code():
     sections = {config.__module__ for config in STAGE_CONFIGS.values()}
-    for stage, entry in stages.STAGE_MODULES.items():
-        modules = set(stages.module_closure(entry))
+    for stage, entry in identity.STAGE_MODULES.items():
+        modules = set(identity.module_closure(entry))
         assert modules & sections == {STAGE_CONFIGS[stage].__module__}, stage
         assert not [m for m in modules if m.startswith("dilforge_coordinator")], stage
     for stage in ("curate", "tokenizer", "eval"):  # no library internals used: the door is not on the path
-        assert "dilforge_shared.compat" not in stages.module_closure(stages.STAGE_MODULES[stage])
+        assert "dilforge_shared.compat" not in identity.module_closure(identity.STAGE_MODULES[stage])
 
 
 def test_the_serialisation_is_the_same_on_other_pythons():
@@ -137,12 +138,16 @@ def test_the_serialisation_is_the_same_on_other_pythons():
     if not others:
         pytest.skip("no other CPython installed here")
     src = (ROOT / "services" / "cpt" / "dilforge_cpt" / "stage.py").read_text()
-    here = stages.canonical_source(src)
-    code = "import sys; sys.path.insert(0, sys.argv[1]); from dilforge_shared.stages import canonical_source; "
-    code += "print(canonical_source(open(sys.argv[2]).read()))"
+    here = identity.canonical_source(src)
+    # the two serialising functions alone, out of identity.py: a bare interpreter has none of its other imports
+    code = "import ast, sys; tree = ast.parse(open(sys.argv[1]).read()); ns = {'ast': ast}; "
+    code += "keep = [n for n in tree.body if getattr(n, 'name', '') in ('canonical_source', '_canon')]; "
+    code += "exec(compile(ast.Module(keep, []), sys.argv[1], 'exec'), ns); "
+    code += "print(ns['canonical_source'](open(sys.argv[2]).read()))"
+    identity_py = ROOT / "shared" / "dilforge_shared" / "identity.py"
     for python in others:
         out = subprocess.run(
-            [str(python), "-c", code, str(ROOT / "shared"), str(ROOT / "services/cpt/dilforge_cpt/stage.py")],
+            [str(python), "-c", code, str(identity_py), str(ROOT / "services/cpt/dilforge_cpt/stage.py")],
             capture_output=True,
             text=True,
             check=True,

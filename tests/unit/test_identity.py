@@ -14,7 +14,7 @@ from dilforge_coordinator import pipeline as pl
 from dilforge_coordinator.config import STAGE_CONFIGS, load_pipeline
 from dilforge_coordinator.integrity import check_artifact
 from dilforge_coordinator.schemas import schemas
-from dilforge_shared import stages
+from dilforge_shared import identity
 from dilforge_shared.configs.base import IDENTITY_KEY, is_run_only
 from dilforge_shared.store.artifacts import fetch
 from pydantic import BaseModel
@@ -147,8 +147,8 @@ def test_run_only_changes_keep_the_id_identity_changes_and_a_code_version_bump_d
     assert planned(renamed) == base, "a data source's display name is run-only"
     assert planned(cpt_pipeline(tmp_path, seq_len=64)) != base
     assert planned(cpt_pipeline(tmp_path, phase2={"num_steps": 3})) != base
-    real = stages.code_version
-    monkeypatch.setattr(stages, "code_version", lambda stage: real(stage) + ("-edited" if stage == "cpt" else ""))
+    real = identity.code_version
+    monkeypatch.setattr(identity, "code_version", lambda stage: real(stage) + ("-edited" if stage == "cpt" else ""))
     assert planned(cpt_pipeline(tmp_path)) != base
 
 
@@ -180,10 +180,10 @@ def test_a_code_version_bump_makes_a_new_artifact_and_the_manifest_records_it(tm
     monkeypatch.setenv("DILFORGE_VAR_CORPUS_DIR", str(tmp_path))
     backend = InProcessBackend(tmp_path, monkeypatch)
     first = pl.run_all(load_pipeline(write_config(tmp_path)), backend)["tokenizer"]
-    assert fetch(first).manifest.code_version == stages.code_version("tokenizer")
+    assert fetch(first).manifest.code_version == identity.code_version("tokenizer")
     assert pl.run_all(load_pipeline(write_config(tmp_path)), backend)["tokenizer"] == first and len(backend.runs) == 1
-    real = stages.code_version
-    monkeypatch.setattr(stages, "code_version", lambda stage: real(stage) + "-edited")  # as after a code edit
+    real = identity.code_version
+    monkeypatch.setattr(identity, "code_version", lambda stage: real(stage) + "-edited")  # as after a code edit
     bumped = pl.run_all(load_pipeline(write_config(tmp_path)), backend)["tokenizer"]
     assert bumped != first and len(backend.runs) == 2
     assert fetch(bumped).manifest.code_version == real("tokenizer") + "-edited"

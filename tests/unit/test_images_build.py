@@ -14,8 +14,8 @@ from pathlib import Path
 import boto3
 import pytest
 from dilforge_coordinator import images
+from dilforge_coordinator.stage_images import IMAGES
 from dilforge_shared.errors import DilforgeError
-from dilforge_shared.stages import IMAGES
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 

@@ -170,8 +170,7 @@ def _fake_job_publishes(backend: SageMakerBackend, s3, submitted: list[dict]):
         out.mkdir(parents=True)
         (out / "weights.txt").write_text(f"{stage} trained with inputs {hp['inputs']}")
         from dilforge_coordinator.config import STAGE_CONFIGS
-        from dilforge_shared.identity import stage_refs
-        from dilforge_shared.stages import code_version
+        from dilforge_shared.identity import code_version, stage_refs
 
         refs = stage_refs(
             STAGE_CONFIGS[stage].model_validate(config), json.loads(hp["inputs"]), hp.get("s3_endpoint_url")

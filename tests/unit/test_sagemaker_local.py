@@ -327,7 +327,7 @@ def test_an_uploaded_copy_gets_the_local_inputs_artifact_id(monkeypatch, tmp_pat
 
     def planned(doc):
         config = validate_model(TokenizerConfig, doc, "test")
-        return artifact_id(config, config_refs(config), code_version="test")
+        return artifact_id(config, config_refs(config), version="test")
 
     local_id = planned(raw)
     with moto.mock_aws():

@@ -1,4 +1,4 @@
-"""Stage names are defined once (dilforge_shared.stages); every other list is derived from it."""
+"""Stage names are defined once (dilforge_shared.manifest.STAGES); every other list is derived from it."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ from pathlib import Path
 
 from dilforge_coordinator.cloud import SageMakerConfig
 from dilforge_coordinator.config import STAGE_CONFIGS, PipelineConfig
-from dilforge_shared.manifest import Manifest
-from dilforge_shared.stages import IMAGES, STAGE_IMAGES, STAGE_MODULES, STAGES, image_of
+from dilforge_coordinator.stage_images import IMAGES, STAGE_IMAGES, image_of
+from dilforge_shared.identity import STAGE_MODULES
+from dilforge_shared.manifest import STAGES, Manifest
 
 ROOT = Path(__file__).resolve().parents[2]
 
