@@ -122,6 +122,20 @@ def test_an_edit_changes_exactly_the_versions_of_the_stages_that_import_it(tree)
         assert moved == [s for s in STAGES if module in closures[s]], module
 
 
+def test_an_artifact_id_is_kept_by_an_edit_off_its_stages_path_and_changed_by_one_on_it(tree):
+    """The id a run plans, not only the code version: the same CPT config and inputs keep their id through edits to
+    eval's code, serve's and the coordinator's, and get a new one from an edit to a module CPT runs."""
+    from factories import tiny_cpt_config
+
+    config = tiny_cpt_config()
+    base = identity.artifact_id(config, [])
+    for module in ("dilforge_eval.config", "dilforge_serve.app", "dilforge_shared.locks", "dilforge_coordinator.gc"):
+        tree(module)
+        assert identity.artifact_id(config, []) == base, module
+    tree("dilforge_shared.bpb")
+    assert identity.artifact_id(config, []) != base
+
+
 def test_a_stage_loads_its_own_config_section_and_no_coordinator_code():
     sections = {config.__module__ for config in STAGE_CONFIGS.values()}
     for stage, entry in identity.STAGE_MODULES.items():
