@@ -15,6 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 from dilforge_shared import compat
+from dilforge_shared.compat import dcp as compat_dcp
+from dilforge_shared.compat import gguf as compat_gguf
+from dilforge_shared.compat import serve as compat_serve
+from dilforge_shared.compat import trainer as compat_trainer
 
 
 def test_dcp_reader_loads_a_real_checkpoint_and_refuses_a_hostile_pickle(tmp_path):
@@ -23,7 +27,7 @@ def test_dcp_reader_loads_a_real_checkpoint_and_refuses_a_hostile_pickle(tmp_pat
     state = {"model": {"w": torch.arange(6, dtype=torch.float32).reshape(2, 3), "b": torch.ones(3)}}
     dcp.save(state, checkpoint_id=str(tmp_path / "ck"))
     target = {"model": {"w": torch.zeros(2, 3), "b": torch.zeros(3)}}
-    reader = compat.safe_dcp_reader(tmp_path / "ck")
+    reader = compat_dcp.safe_dcp_reader(tmp_path / "ck")
     assert reader.read_metadata().storage_meta.load_id == reader.load_id
     dcp.load(target, storage_reader=reader)
     assert torch.equal(target["model"]["w"], state["model"]["w"]) and torch.equal(target["model"]["b"], torch.ones(3))
@@ -34,7 +38,7 @@ def test_dcp_reader_loads_a_real_checkpoint_and_refuses_a_hostile_pickle(tmp_pat
 
     (tmp_path / "ck" / ".metadata").write_bytes(pickle.dumps(Evil()))
     with pytest.raises(pickle.UnpicklingError, match="builtins.print, which is not allowed"):
-        compat.safe_dcp_reader(tmp_path / "ck").read_metadata()
+        compat_dcp.safe_dcp_reader(tmp_path / "ck").read_metadata()
 
 
 def tiny_llama_gguf(path: Path) -> Path:
@@ -67,13 +71,13 @@ def tiny_llama_gguf(path: Path) -> Path:
 
 def test_gguf_reads_metadata_tensors_and_the_tokenizer(tmp_path):
     path = tiny_llama_gguf(tmp_path / "tiny.gguf")
-    meta = compat.gguf_metadata(path)
+    meta = compat_gguf.gguf_metadata(path)
     assert meta["general.architecture"] == "llama" and meta["llama.embedding_length"] == 4
-    head = compat.gguf_header(path)
+    head = compat_gguf.gguf_header(path)
     (info,) = head.tensors
     assert info.name == "token_embd.weight" and sorted(int(d) for d in info.shape) == [4, 6]
     assert head.data_start + info.offset + info.nbytes <= path.stat().st_size
-    compat.save_gguf_tokenizer(compat.gguf_tokenizer(path), tmp_path / "tok")
+    compat_gguf.save_gguf_tokenizer(compat_gguf.gguf_tokenizer(path), tmp_path / "tok")
     doc = json.loads((tmp_path / "tok" / "tokenizer.json").read_text())
     assert doc["model"]["type"] == "BPE" and doc["model"]["vocab"]["ab"] == 4
     from tokenizers import Tokenizer
@@ -181,15 +185,16 @@ def production_files(root: Path) -> list[Path]:
 
 def test_no_library_internals_outside_compat():
     root = Path(__file__).resolve().parents[2]
-    door = root / "shared" / "dilforge_shared" / "compat.py"
+    door = root / "shared" / "dilforge_shared" / "compat"
     found = [
         use
         for path in production_files(root)
-        if path != door
+        if path.parent != door
         for use in internal_uses(path.relative_to(root).as_posix(), path.read_text())
     ]
     assert found == []
-    assert internal_uses(door.name, door.read_text())  # the scan does see them, in the door
+    for module in ("dcp", "gguf", "serve", "trainer"):  # the scan does see them, in each door
+        assert internal_uses(module, (door / f"{module}.py").read_text()), module
     assert internal_uses("m.py", "from transformers.models.llama import modeling_llama") == [
         "m.py:1: imports transformers.models.llama"
     ]
@@ -206,21 +211,21 @@ def test_installed_libraries_are_within_the_checked_ranges():
 def test_the_first_use_of_an_internal_warns_once_of_a_library_outside_the_checked_versions(monkeypatch, caplog):
     """A stage that uses no internal (curate, tokenizer, eval) neither loads this module nor warns."""
     monkeypatch.setitem(compat.CHECKED, "pydantic", ("1.0.0", "1.10.0"))  # installed: 2.x
-    compat._first_use.cache_clear()
+    compat.first_use.cache_clear()
     with caplog.at_level("WARNING", logger="dilforge"):
-        compat.trainer_checkpoint_prefix()
-        compat.trainer_checkpoint_prefix()
-    compat._first_use.cache_clear()
+        compat_trainer.trainer_checkpoint_prefix()
+        compat_trainer.trainer_checkpoint_prefix()
+    compat.first_use.cache_clear()
     warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(warned) == 1 and warned[0].startswith("pydantic 2.") and warned[0].endswith("(1.0.0 to 1.10.0)")
 
 
 def test_trainer_checkpoints(tmp_path):
-    prefix = compat.trainer_checkpoint_prefix()
-    assert compat.last_trainer_checkpoint(tmp_path) is None
+    prefix = compat_trainer.trainer_checkpoint_prefix()
+    assert compat_trainer.last_trainer_checkpoint(tmp_path) is None
     for step in (3, 12):
         (tmp_path / f"{prefix}-{step}").mkdir()
-    assert compat.last_trainer_checkpoint(tmp_path) == str(tmp_path / f"{prefix}-12")
+    assert compat_trainer.last_trainer_checkpoint(tmp_path) == str(tmp_path / f"{prefix}-12")
 
 
 def test_serve_command_app_is_transformers_serve_built_but_not_started(monkeypatch):
@@ -233,7 +238,7 @@ def test_serve_command_app_is_transformers_serve_built_but_not_started(monkeypat
     loaded = []
     monkeypatch.setattr(model_manager.ModelManager, "load_model_and_processor", lambda self, *a, **k: loaded.append(a))
     before = threading.active_count()
-    app = compat.serve_command_app("some-folder", device="cpu", dtype="auto")
+    app = compat_serve.serve_command_app("some-folder", device="cpu", dtype="auto")
     paths = {route.path for route in app.routes}
     assert {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health"} <= paths
     assert loaded and threading.active_count() == before

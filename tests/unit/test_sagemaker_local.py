@@ -223,7 +223,7 @@ def test_checkpoint_metadata_pickled_by_the_images_python_is_read_and_nothing_el
     import pickle
 
     import torch
-    from dilforge_shared.compat import safe_dcp_reader as _safe_reader
+    from dilforge_shared.compat.dcp import safe_dcp_reader as _safe_reader
     from torch.distributed.checkpoint.metadata import (
         _MEM_FORMAT_ENCODING,
         Metadata,

@@ -31,7 +31,7 @@ def test_a_workdir_that_does_not_exist_is_an_error_not_created(tmp_path, capsys)
 
 
 def test_the_server_warns_of_a_library_outside_the_checked_versions(tmp_path, monkeypatch, caplog):
-    """It runs on `transformers serve` internals (compat.serve_command_app), and does not start through a stage."""
+    """It runs on `transformers serve` internals (compat.serve.serve_command_app), and does not start through a stage."""
     from dilforge_shared import compat
 
     monkeypatch.setitem(compat.CHECKED, "pydantic", ("1.0.0", "1.10.0"))  # installed: 2.x

@@ -21,7 +21,6 @@ from typing import Literal, Protocol
 
 import numpy as np
 import torch
-from dilforge_shared import compat
 from dilforge_shared.checkpoint_digests import (
     MARKER_PREFIX,
     complete,
@@ -31,6 +30,7 @@ from dilforge_shared.checkpoint_digests import (
     verify,
     write_marker,
 )
+from dilforge_shared.compat.dcp import safe_dcp_reader
 from dilforge_shared.errors import InputError
 
 from .runtime import Runtime
@@ -213,7 +213,7 @@ def _load_tensors(path: Path, comp: Component) -> None:
     from torch.distributed.checkpoint import CheckpointException
 
     template = {comp.name: comp.obj.state_dict()}
-    reader = compat.safe_dcp_reader(path)
+    reader = safe_dcp_reader(path)
     try:  # read once here so a rejected metadata file gives this error, not DCP's wrapped one
         reader.read_metadata()
     except (pickle.UnpicklingError, EOFError, AttributeError, TypeError) as exc:

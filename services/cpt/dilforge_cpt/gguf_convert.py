@@ -3,7 +3,7 @@ conversion of a recipe's or a local GGUF file).
 
 Done directly in numpy with the `gguf` package's kernels: llama.cpp tensor names mapped to transformers', the q/k
 rows llama.cpp permutes for its rope layout un-permuted, the config from the metadata, no `lm_head` when the file
-ties it; the tokenizer from transformers' GGUF mapping (through dilforge_shared.compat).
+ties it; the tokenizer from transformers' GGUF mapping (through dilforge_shared.compat.gguf).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
-from dilforge_shared import compat
+from dilforge_shared.compat import gguf as compat_gguf
 from dilforge_shared.errors import InputError
 from dilforge_shared.manifest import sha256_file
 
@@ -27,7 +27,7 @@ def gguf_metadata(path: Path) -> dict:
     vocabulary string into a Python object for the same answer.
     """
     try:
-        metadata = compat.gguf_metadata(path)
+        metadata = compat_gguf.gguf_metadata(path)
     except Exception as exc:  # noqa: BLE001 - the reader raises ValueError/struct.error/IndexError on junk
         raise InputError(f"not a readable GGUF file: {exc}", path=str(path)) from None
     return metadata
@@ -115,7 +115,7 @@ def dequantized_tensors(path: Path):
     from gguf.quants import dequantize
 
     try:
-        header = compat.gguf_header(path)
+        header = compat_gguf.gguf_header(path)
     except ValueError as exc:  # e.g. a quantization type without a dequantization kernel (Q8_1, I8, ...)
         raise InputError(f"cannot read its tensors: {str(exc).removeprefix(f'{path} ')}", path=str(path)) from None
     except (struct.error, IndexError, OverflowError, EOFError) as exc:  # the tensor table itself is cut off
@@ -211,7 +211,7 @@ def convert_gguf(path: Path, out: Path) -> dict:
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     config.save_pretrained(str(out))
     GenerationConfig.from_model_config(config).save_pretrained(str(out))
-    compat.save_gguf_tokenizer(tokenizer, out)
+    compat_gguf.save_gguf_tokenizer(tokenizer, out)
     return {
         "gguf_file": path.name,
         "gguf_sha256": sha256_file(path),
@@ -233,7 +233,7 @@ def read_gguf_tokenizer(path: Path, meta: dict) -> tuple[str, dict, dict]:
         kinds = ", ".join(f"{k} ({v})" for k, v in GGUF_TOKENIZER_MODELS.items())
         raise InputError(f"tokenizer.ggml.model is {model!r}; dilforge imports {kinds} tokenizers", path=where)
     try:
-        parts = compat.gguf_tokenizer(path)
+        parts = compat_gguf.gguf_tokenizer(path)
     except Exception as exc:  # noqa: BLE001 - the reader raises KeyError/IndexError/ValueError on bad metadata
         raise InputError(f"cannot read the GGUF tokenizer: {exc!r}", path=where) from None
     tokens = parts[1].get("tokens")

@@ -1,6 +1,6 @@
 """The ASGI app: `transformers serve`'s own FastAPI server, pinned to one model, behind a request guard.
 
-transformers serve does the OpenAI API (`compat.serve_command_app` builds it without starting uvicorn).
+transformers serve does the OpenAI API (`compat.serve.serve_command_app` builds it without starting uvicorn).
 `RequestGuard`, a pure ASGI middleware, turns what the stock server leaves to a stack trace or an endless
 generation (bad body, unknown model or field, a prompt or `max_tokens` past the context) into a 4xx
 OpenAI-style error naming the field, and maps SageMaker's /ping and /invocations onto the same server."""
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dilforge_shared import compat
+from dilforge_shared.compat.serve import serve_command_app
 from dilforge_shared.families import special_token_pattern, special_tokens
 
 from .fields import (
@@ -407,7 +407,7 @@ def build_app(model_id: str, options: ServerOptions):
     """The guarded app for a served folder named `model_id` in the working directory."""
     from transformers import AutoTokenizer
 
-    app = compat.serve_command_app(
+    app = serve_command_app(
         model_id,
         device=options.device,
         dtype=options.dtype,

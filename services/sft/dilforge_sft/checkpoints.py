@@ -11,8 +11,8 @@ import logging
 import shutil
 from pathlib import Path
 
-from dilforge_shared import compat
 from dilforge_shared.checkpoint_digests import seal, set_aside, verify
+from dilforge_shared.compat.trainer import last_trainer_checkpoint, trainer_checkpoint_prefix
 
 log = logging.getLogger("dilforge.sft")
 
@@ -31,7 +31,7 @@ def latest_checkpoint(folder: Path) -> Path | None:
         except (ValueError, OSError):
             log.warning("removing incomplete checkpoint %s (no complete trainer_state.json)", path)
             shutil.rmtree(path, ignore_errors=True)
-    while last := compat.last_trainer_checkpoint(folder):
+    while last := last_trainer_checkpoint(folder):
         path = Path(last)
         problem = verify(path)
         if problem is None:
@@ -50,7 +50,7 @@ def seal_checkpoints_callback():
     """Digests of every file of a checkpoint, written right after Trainer saved it (rotation included)."""
     from transformers import TrainerCallback
 
-    prefix = compat.trainer_checkpoint_prefix()
+    prefix = trainer_checkpoint_prefix()
 
     class SealCheckpoints(TrainerCallback):
         def on_save(self, args, state, control, **kwargs):
