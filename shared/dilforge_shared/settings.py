@@ -61,6 +61,11 @@ class Settings(BaseSettings):
         "(set in images at build time); unset = `git rev-parse` where a checkout exists.",
     )
     image: str | None = Field(default=None, description="Image reference a stage runs in, recorded in its manifest.")
+    token_cache_uri: str | None = Field(
+        default=None,
+        description="CPT `build-cache`: where an earlier build of this job's token cache was uploaded (the SageMaker "
+        "backends set it to the job's own output prefix); restored and reused instead of tokenising again.",
+    )
 
 
 def cache_root() -> Path:

@@ -37,7 +37,9 @@ def run_all(root: Path, section: dict, store: dict | None = None):
 
 def artifact_of(result):
     assert result.exit_code == 0, result.output
-    return fetch(result.output.strip().splitlines()[-1].split("artifact: ")[1])
+    printed = [line for line in result.output.splitlines() if line.startswith("[tokenizer] artifact: ")]
+    assert printed, f"no artifact line in the command's output: {result.output[-3000:]!r}"
+    return fetch(printed[-1].split("artifact: ")[1])
 
 
 def flores(data_root: Path) -> dict:

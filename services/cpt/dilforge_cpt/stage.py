@@ -32,6 +32,7 @@ from dilforge_shared.families import describe_model_folder
 from dilforge_shared.metrics.cpt import CptMetrics
 from dilforge_shared.models import TOKENIZER_FILES, resolve
 from dilforge_shared.processes import available_cpus, die_with_parent
+from dilforge_shared.settings import settings
 
 from .checkpoints import Checkpointer
 from .config import CptConfig
@@ -60,7 +61,6 @@ log = logging.getLogger("dilforge.cpt")
 
 RESULT_FILE = "cpt-result.json"
 STOP_FILE = "cpt-stop"  # in /opt/ml/output: the launcher's "checkpoint and exit" request to its workers
-TOKEN_CACHE_URI_ENV = "DILFORGE_TOKEN_CACHE_URI"  # build-cache: an earlier build's output to restore and reuse
 STOP_GRACE_S = 110.0  # SageMaker SIGKILLs 120 s after SIGTERM; torchrun is signalled only after this
 
 
@@ -218,7 +218,7 @@ def build_cache(config: CptConfig, ctx: StageContext) -> StageResult:
     instances a finished cache to reuse; nothing is published. What an earlier build left at
     $DILFORGE_TOKEN_CACHE_URI (the backends set it to where this job's output goes) is restored first, so a rerun
     verifies and reuses it instead of tokenising again."""
-    if uri := os.environ.get(TOKEN_CACHE_URI_ENV):
+    if uri := settings().token_cache_uri:
         restore_token_cache(uri, ctx)
     tok_dir = resolve(ctx.input("tokenizer"), "tokenizer").path
     tok = load_tokenizer(tok_dir)
