@@ -4,7 +4,6 @@ output independent of the number of workers; bad input; a SIGTERM and a resumed 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -344,11 +343,11 @@ def test_kill_9_of_the_stage_or_the_coordinator_then_reruns_publish_the_whole_co
     config["curate"]["num_workers"] = 1  # write tasks one at a time: the kill lands between two of them
     proc = _start(tmp_path, config)
     _wait_for(tmp_path, proc, "write")
+    family = psutil.Process(proc.pid).children(recursive=True)
     proc.kill()
     proc.communicate(timeout=60)
-    for child in psutil.Process().children(recursive=True):  # the stage, stopped by its parent-death signal
-        with contextlib.suppress(psutil.Error):
-            child.wait(60)
+    gone, alive = psutil.wait_procs(family, timeout=60)  # the stage, stopped by its parent-death signal
+    assert not alive, f"orphans of the killed coordinator: {[p.cmdline() for p in alive]}"
     written = list((tmp_path / "work").glob("curate-*/checkpoints/curate/logs/write/completions/*"))
     assert len(written) < 8, "every write task finished before the kill: the corpus is too short to test a resume"
 
