@@ -277,6 +277,9 @@ def main() -> None:
     p.add_argument("--corpus-dir", type=Path, default=Path(tempfile.gettempdir()) / "dilforge-scale")
     p.add_argument("--generate-only", action="store_true")
     p.add_argument("--max-pretokens", type=int, default=None, help="tokenizer stages: override max_pretokens")
+    p.add_argument(
+        "--max-lines", type=int, default=None, help="tokenizer stages: train on the first N lines (the sampling choice)"
+    )
     args = p.parse_args()
     from dilforge_shared.settings import cache_root
 
@@ -294,7 +297,8 @@ def main() -> None:
         rows = []
         for size in args.sizes:
             with tempfile.TemporaryDirectory(prefix=f"scale-{stage}-") as work:
-                overrides = {"max_pretokens": args.max_pretokens} if args.max_pretokens and "tokenizer" in stage else {}
+                asked = {"max_pretokens": args.max_pretokens, "max_lines": args.max_lines}
+                overrides = {k: v for k, v in asked.items() if v is not None} if "tokenizer" in stage else {}
                 row = run_stage(stage, corpora[size], args.data, cache_root(), Path(work), **overrides)
                 if row["rc"] != 0:
                     print((Path(work) / "log.txt").read_text()[-3000:])
