@@ -34,7 +34,18 @@ def requests(tmp_path_factory) -> dict[str, dict]:
     with pytest.MonkeyPatch.context() as mp:
         clear_aws(mp, tmp_path_factory.mktemp("no-aws"))
         cfg = load_pipeline(PRESET)
-        return {_stage(r): r for r in SageMakerBackend(dry_run=True).dry_run_requests(cfg)}
+        return {_stage(r): r for r in SageMakerBackend(dry_run=True).dry_run_requests(cfg) if "TrainingJobName" in r}
+
+
+def test_the_preset_tokenises_once_per_job_before_its_gpu_hosts_start(no_aws):
+    """Two CPT hosts with their own checkpoint folders would each tokenise the whole corpus; the published preset
+    builds the token cache once, in a Processing job on a CPU instance, before the training job."""
+    requests = SageMakerBackend(dry_run=True).dry_run_requests(load_pipeline(PRESET), "cpt")
+    assert ["TrainingJobName" in r for r in requests] == [False, True]
+    cache, train = requests
+    assert cache["AppSpecification"]["ContainerEntrypoint"][-1] == "build-cache"
+    assert cache["ProcessingResources"]["ClusterConfig"]["InstanceType"].startswith("ml.c")
+    assert train["ResourceConfig"]["InstanceCount"] == 2
 
 
 def _stage(request: dict) -> str:
@@ -108,7 +119,8 @@ def test_image_by_recorded_digest(no_aws, tmp_path):
     image = f"123456789012.dkr.ecr.us-east-1.amazonaws.com/dilforge-cpt@{digest}"
     (tmp_path / "images.json").write_text(json.dumps({"cpt-gpu": {"push": {"image": image}}}))
     reqs = SageMakerBackend(dry_run=True).dry_run_requests(load_pipeline(PRESET))
-    assert {_stage(r): r["AlgorithmSpecification"]["TrainingImage"] for r in reqs}["cpt"] == image
+    images = [r.get("AlgorithmSpecification", r.get("AppSpecification", {})) for r in reqs if _stage(r) == "cpt"]
+    assert [i.get("TrainingImage") or i.get("ImageUri") for i in images] == [image, image]  # token cache, training
 
 
 def test_single_host_stages_refuse_several_instances(no_aws, tmp_path):
@@ -136,7 +148,7 @@ def test_dry_run_cli_prints_every_request_offline(no_aws):
     result = CliRunner().invoke(app, ["run-all", "-c", str(PRESET), "--backend", "sagemaker", "--dry-run"])
     assert result.exit_code == 0, result.output
     printed = json.loads(result.stdout)
-    assert [_stage(r) for r in printed] == ["tokenizer", "cpt", "sft", "eval"]
+    assert [_stage(r) for r in printed] == ["tokenizer", "cpt", "cpt", "sft", "eval"]  # cpt: token cache, training
     one = CliRunner().invoke(app, ["run", "sft", "-c", str(PRESET), "--backend", "sagemaker", "--dry-run"])
     assert one.exit_code == 0, one.output
     assert [_stage(r) for r in json.loads(one.stdout)] == ["sft"]
