@@ -309,31 +309,6 @@ def log_config(config: BaseModel, derived: dict[str, Any] | None = None) -> None
         log.info("derived: %s", json.dumps(derived, sort_keys=True, default=str))
 
 
-def wait_for_artifact(
-    uri: str,
-    endpoint_url: str | None,
-    timeout_s: float = 3600.0,
-    interval_s: float = 2.0,
-    sleep: Callable[[float], None] | None = None,
-) -> None:
-    """Block until the artifact's manifest is published (by the first host of a multi-host job).
-
-    The other hosts of a multi-host job stay up until then: SageMaker ends a job when every host has exited,
-    but the SDK's local container mode (docker compose --abort-on-container-exit) ends it when the first one
-    does, which would stop the first host in the middle of publishing.
-    """
-    import time
-
-    from .store.artifacts import artifact_exists
-
-    sleep = sleep or time.sleep
-    deadline = time.monotonic() + timeout_s
-    while not artifact_exists(uri, endpoint_url):
-        if time.monotonic() >= deadline:
-            raise DilforgeError(f"{uri}: not published by the first host within {timeout_s:.0f} s")
-        sleep(interval_s)
-
-
 class Terminated(DilforgeError):
     """SIGTERM arrived (SageMaker stop or spot interruption)."""
 

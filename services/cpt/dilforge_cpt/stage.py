@@ -25,7 +25,6 @@ from dilforge_shared.contract import (
     Terminated,
     install_sigterm_handler,
     log_config,
-    wait_for_artifact,
 )
 from dilforge_shared.errors import ConfigError, DilforgeError
 from dilforge_shared.families import describe_model_folder
@@ -47,7 +46,7 @@ from .data import (
     wait_ready,
     write_ready,
 )
-from .launch import build_launch, wait_for_hosts
+from .launch import build_launch, wait_for_artifact, wait_for_hosts
 from .leakage import build_probe
 from .loop import LoopSetup, TrainState, train_loop
 from .model_init import initialise, kept_row_mask, load_model, locate_base_model, new_row_mask
