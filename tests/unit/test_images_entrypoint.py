@@ -63,6 +63,40 @@ def test_sigterm_is_forwarded_and_the_stage_exit_code_returned(tmp_path):
     assert (tmp_path / "opt" / "argv").read_text() == "train"
 
 
+EARLY_SIGTERM = """
+import importlib.util, os, signal, subprocess, sys
+spec = importlib.util.spec_from_file_location("ep", sys.argv[1])
+ep = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(ep)
+real = subprocess.Popen
+
+def popen(*args, **kwargs):  # the stop arrives while the stage is being started
+    os.kill(os.getpid(), signal.SIGTERM)
+    return real(*args, **kwargs)
+
+ep.subprocess.Popen = popen
+sys.exit(ep.supervise([sys.executable, sys.argv[2]], dict(os.environ)))
+"""
+
+
+def test_a_sigterm_before_the_stage_started_is_held_and_forwarded(tmp_path):
+    """SIGTERM that reaches the entrypoint while it starts the stage is forwarded once the stage runs: the stage
+    stops and its status comes back (143), instead of the entrypoint dying of it with the stage left running."""
+    (tmp_path / "sigprobe.py").write_text(PROBE)
+    opt = tmp_path / "opt"
+    opt.mkdir()
+    env = {**os.environ, "DILFORGE_OPT_ML": str(opt)}
+    proc = subprocess.run(
+        [sys.executable, "-c", EARLY_SIGTERM, str(ENTRYPOINT), str(tmp_path / "sigprobe.py")],
+        env=env,
+        timeout=60,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr[-2000:]
+    assert "forwarding SIGTERM to the stage" in proc.stderr
+
+
 def test_stage_killed_by_sigterm_exits_143(tmp_path):
     proc = _start(tmp_path)
     proc.send_signal(signal.SIGTERM)
