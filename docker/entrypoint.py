@@ -46,21 +46,20 @@ def _opt_root(env: dict[str, str]) -> Path:
 def supervise(cmd: list[str], env: dict[str, str]) -> int:
     """Run cmd as our child, forward signals to it, reap every child (we may be PID 1), return its status.
     The handlers are in place before the child starts: a signal that arrives first is held and sent to it."""
-    started: list[subprocess.Popen] = []
+    child: subprocess.Popen | None = None
     held: list[int] = []
 
     def forward(signum, frame):
-        if not started:
+        if child is None:
             held.append(signum)
             return
-        log.warning("entrypoint: forwarding %s to the stage (pid %d)", signal.Signals(signum).name, started[0].pid)
+        log.warning("entrypoint: forwarding %s to the stage (pid %d)", signal.Signals(signum).name, child.pid)
         with contextlib.suppress(ProcessLookupError):
-            started[0].send_signal(signum)
+            child.send_signal(signum)
 
     for sig in FORWARDED:
         signal.signal(sig, forward)
     child = subprocess.Popen(cmd, env=env)
-    started.append(child)
     for signum in held:
         forward(signum, None)
     while True:

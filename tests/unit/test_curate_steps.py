@@ -305,7 +305,6 @@ def test_minhash_shingles_are_datatrove_s(tmp_path, precision, hash_fc, diacriti
     ]
     shingles = [(ours.get_shingles(t), theirs.get_shingles(t)) for t in texts]
     assert all(a.dtype == b.dtype and np.array_equal(a, b) for a, b in shingles)
-    assert all(ours.get_signature(a) == theirs.get_signature(a) for a, _ in shingles if len(a))
     assert sum(len(a) > 0 for a, _ in shingles) > 300
 
 

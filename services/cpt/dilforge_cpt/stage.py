@@ -229,7 +229,8 @@ def build_cache(config: CptConfig, ctx: StageContext) -> StageResult:
 
 def restore_token_cache(uri: str, ctx: StageContext) -> None:
     """Copy an earlier build's cache files (finished entries, verified shards) into this job's cache folder;
-    `tokenize_corpora` checks each against its sha256 or sidecar, so a damaged one is built again."""
+    `tokenize_corpora` checks each against its sha256 or sidecar, so a damaged one is built again. Files are only
+    added (not `models.mirror_prefix`, which replaces the whole folder with the prefix's copy)."""
     from dilforge_shared.store.backends import open_backend
 
     backend = open_backend(uri.rstrip("/"), ctx.endpoint_url)

@@ -23,7 +23,7 @@ import numpy as np
 import regex
 from datatrove.data import Document, DocumentsPipeline
 from datatrove.pipeline.base import PipelineStep
-from datatrove.pipeline.dedup.minhash import MinhashDedupSignature, _mersenne_prime
+from datatrove.pipeline.dedup.minhash import MinhashDedupSignature
 from datatrove.pipeline.filters.base_filter import BaseFilter
 from datatrove.pipeline.filters.gopher_quality_filter import GopherQualityFilter
 from datatrove.pipeline.filters.gopher_repetition_filter import (
@@ -546,15 +546,6 @@ class MinhashSignature(MinhashDedupSignature):
         width = self.config.hash_config.precision // 8
         head = np.frombuffer(digests, np.dtype([("head", f"<u{width}"), ("rest", f"V{20 - width}")]))["head"]
         return head.astype(np.uint64).reshape((-1, 1))
-
-    def get_signature(self, shingles: np.ndarray) -> list[list[int]]:
-        """datatrove's signature (the same arithmetic), its buckets the rows of one array instead of `np.split`."""
-        a, b = self.parameters
-        hashes = (shingles * a + b) % _mersenne_prime
-        if self.config.hash_config.precision == 32:
-            hashes = np.bitwise_and(hashes, self.config.hash_config.max)
-        signature = np.min(hashes, axis=0).astype(self.config.hash_config.np_dtype)
-        return signature.reshape(self.config.num_buckets, -1).tolist()
 
 
 def preload(step: PipelineStep) -> None:
