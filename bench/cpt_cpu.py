@@ -29,10 +29,11 @@ import torch
 
 def make_tokenizer(corpus: Path, out: Path, vocab: int) -> Path:
     from dilforge_shared.corpus import iter_texts
-    from dilforge_tokenizer import bpe, llama3
+    from dilforge_shared.families import LLAMA3
+    from dilforge_tokenizer import bpe, family_out
 
     texts = list(itertools.islice(iter_texts(str(corpus)), 5000))
-    llama3.save(llama3.finish(bpe.train(texts, vocab, 2)), out)
+    family_out.write_folder(family_out.finish(bpe.train(texts, vocab, 2), LLAMA3), out, LLAMA3)
     return out
 
 

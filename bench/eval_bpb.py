@@ -72,14 +72,18 @@ def main() -> None:
     import torch
     from dilforge_eval import measures as eval_bpb
     from dilforge_shared.corpus import iter_texts
-    from dilforge_tokenizer import bpe, llama3
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from dilforge_shared.families import LLAMA3
+    from dilforge_tokenizer import bpe, family_out
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
     torch.set_num_threads(args.threads)
     data = Path(os.environ.get("DILFORGE_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
     print(hardware.describe("transformers"))
     wiki = list(itertools.islice(iter_texts(str(data / "az/train/azwiki_sentences_cv_extractor.txt")), 20000))
-    tok = llama3.to_transformers(llama3.finish(bpe.train(wiki, args.vocab, 2)))
+    raw = family_out.finish(bpe.train(wiki, args.vocab, 2), LLAMA3)
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=raw, bos_token=LLAMA3.bos, eos_token=LLAMA3.eot, pad_token=LLAMA3.pad
+    )
     docs, size = [], 0
     for text in itertools.cycle(iter_texts(str(data / "az/train/az_legal_codes.part01.txt"))):
         if size >= args.bytes:

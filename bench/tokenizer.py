@@ -29,11 +29,12 @@ REPO = Path(__file__).resolve().parents[1]
 
 BASELINE = """
 import sys
-from dilforge_tokenizer import bpe, llama3
+from dilforge_shared.families import LLAMA3
+from dilforge_tokenizer import bpe, family_out, llama3
 files, size, out = sys.argv[1].split(","), int(sys.argv[2]), sys.argv[3]
 tok = llama3.empty_bpe()
 tok.train(files, bpe.trainer(size, 2))
-llama3.finish(tok).save(out)
+family_out.finish(tok, LLAMA3).save(out)
 """
 
 

@@ -12,7 +12,7 @@ and never commit it.
     python scripts/build_llama32_tokenizer.py --wheel /tmp/llama-models/llama_models-0.3.0-py3-none-any.whl \
         --out /tmp/llama32-tokenizer
 
-The folder's chat template and special-token roles follow dilforge's convention (llama3.py: bos
+The folder's chat template and special-token roles follow dilforge's convention (families.LLAMA3: bos
 <|begin_of_text|>, eos <|eot_id|>, pad <|finetune_right_pad_id|>, TRL's llama3 template with
 generation markers), so it serves as `base_tokenizer` for every strategy.
 """
@@ -56,8 +56,10 @@ def tokenizer_model(wheel: Path | None, workdir: Path) -> Path:
 def convert(model_file: Path, out: Path) -> None:
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "services" / "tokenizer"))
-    from dilforge_tokenizer import llama3
+    root = Path(__file__).resolve().parents[1]
+    sys.path[:0] = [str(root / "services" / "tokenizer"), str(root / "shared")]
+    from dilforge_shared.families import LLAMA3
+    from dilforge_tokenizer import family_out
 
     class Converter(TikTokenConverter):
         load_tiktoken_bpe = staticmethod(load_tiktoken_bpe)  # no tiktoken dependency
@@ -65,8 +67,8 @@ def convert(model_file: Path, out: Path) -> None:
     tok = Converter(vocab_file=str(model_file)).converted()
     if tok.get_vocab_size() != 128_000:
         raise SystemExit(f"expected 128000 BPE ranks, got {tok.get_vocab_size()}")
-    tok = llama3.finish(tok)  # 256 specials at 128000-128255, BOS prepended on encode
-    llama3.save(tok, out)
+    tok = family_out.finish(tok, LLAMA3)  # 256 specials at 128000-128255, BOS prepended on encode
+    family_out.write_folder(tok, out, LLAMA3)
 
 
 def check(out: Path) -> None:

@@ -22,17 +22,19 @@ def wiki_lines(n: int = 5000) -> list[str]:
 
 def llama3_bpe(texts: list[str], vocab_size: int, min_frequency: int = 2):
     """A new byte-level BPE of `vocab_size` regular tokens + Llama 3's 256 specials, through the stage's own
-    building blocks (bpe.train, then llama3.finish)."""
-    from dilforge_tokenizer import bpe, llama3
+    building blocks (bpe.train, then family_out.finish)."""
+    from dilforge_shared.families import LLAMA3
+    from dilforge_tokenizer import bpe, family_out
 
-    return llama3.finish(bpe.train(texts, vocab_size, min_frequency))
+    return family_out.finish(bpe.train(texts, vocab_size, min_frequency), LLAMA3)
 
 
 def build_tokenizer(out_dir: Path, vocab_size: int = 512, num_lines: int = 5000) -> Path:
     """A Llama-3-style BPE trained on Azerbaijani Wikipedia lines, saved as an HF folder."""
-    from dilforge_tokenizer import llama3
+    from dilforge_shared.families import LLAMA3
+    from dilforge_tokenizer import family_out
 
-    llama3.save(llama3_bpe(wiki_lines(num_lines), vocab_size), out_dir)
+    family_out.write_folder(llama3_bpe(wiki_lines(num_lines), vocab_size), out_dir, LLAMA3)
     return out_dir
 
 

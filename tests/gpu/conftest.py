@@ -48,11 +48,12 @@ def gpu_data(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture(scope="session")
 def llama3_tokenizer_dir(tmp_path_factory) -> Path:
-    from dilforge_tokenizer import llama3
+    from dilforge_shared.families import LLAMA3
+    from dilforge_tokenizer import family_out
     from factories import llama3_bpe
 
     out = tmp_path_factory.mktemp("gputok") / "tokenizer"
-    llama3.save(llama3_bpe(synthetic_lines(3000), 512), out)
+    family_out.write_folder(llama3_bpe(synthetic_lines(3000), 512), out, LLAMA3)
     return out
 
 

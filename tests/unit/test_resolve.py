@@ -114,7 +114,7 @@ def test_every_stage_applies_the_same_rule(tmp_path, two_bases, monkeypatch):
     class Chosen(Exception):
         pass
 
-    def load(folder, uri, parse_json=True):
+    def load(folder, uri):
         raise Chosen(json.loads((folder / "tokenizer.json").read_text())["from"])
 
     monkeypatch.setattr("dilforge_tokenizer.base.load", load)

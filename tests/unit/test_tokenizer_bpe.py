@@ -6,7 +6,7 @@ import factories
 import pytest
 from dilforge_shared.families import LLAMA3
 from dilforge_tokenizer import base as base_tok
-from dilforge_tokenizer import bpe, family_out, llama3
+from dilforge_tokenizer import bpe, family_out
 from dilforge_tokenizer.config import TokenizerConfig
 from dilforge_tokenizer.report import select
 from pydantic import ValidationError
@@ -34,7 +34,7 @@ def replaced(wiki, trained_size: int, size: int):
 def test_replace_tokenizer_puts_llama3_specials_after_the_regular_vocab(wiki):
     tok = replaced(wiki, 700, 600)
     assert tok.get_vocab_size(with_added_tokens=False) == 600
-    assert tok.token_to_id(llama3.BOS) == 600 and tok.token_to_id(llama3.EOT) == 609
+    assert tok.token_to_id(LLAMA3.bos) == 600 and tok.token_to_id(LLAMA3.eot) == 609
     assert tok.encode("Salam").ids[0] == 600  # BOS prepended
 
 
@@ -118,11 +118,19 @@ def test_config_rejects_unknown_field_and_bad_selection_set():
 
 def test_write_folder_loads_like_the_transformers_save(tmp_path, wiki):
     """The stage writes the HF folder without importing transformers; it must load the same."""
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     tok = replaced(wiki, 600, 600)
-    llama3.save(tok, tmp_path / "hf")
-    llama3.write_folder(tok, tmp_path / "plain")
+    PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=LLAMA3.bos,
+        eos_token=LLAMA3.eot,
+        pad_token=LLAMA3.pad,
+        model_max_length=131072,
+        chat_template=LLAMA3.chat_template,
+        clean_up_tokenization_spaces=False,
+    ).save_pretrained(str(tmp_path / "hf"))
+    family_out.write_folder(tok, tmp_path / "plain", LLAMA3)
     a, b = (AutoTokenizer.from_pretrained(str(tmp_path / d), trust_remote_code=False) for d in ("hf", "plain"))
     text = "Bakı Azərbaycanın paytaxtıdır."
     assert a(text)["input_ids"] == b(text)["input_ids"]
@@ -132,5 +140,5 @@ def test_write_folder_loads_like_the_transformers_save(tmp_path, wiki):
         b.eos_token_id,
         b.pad_token_id,
     )
-    assert a.chat_template == b.chat_template == llama3.CHAT_TEMPLATE
+    assert a.chat_template == b.chat_template == LLAMA3.chat_template
     assert a.model_max_length == b.model_max_length

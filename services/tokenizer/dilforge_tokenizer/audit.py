@@ -1,9 +1,5 @@
-"""Dead-token audit and pruning.
-
-A token the tokenizer never produces on its own training corpus is an embedding row the model pays for and
-never trains. Per tokenizer: the share of new tokens never produced, tokens whose string does not encode to
-themselves, and each corpus's vocabulary use. Words are encoded once each with the BPE model alone (no token
-crosses a pre-token)."""
+"""Dead-token audit and pruning: a token never produced on the training corpus is an embedding row the model pays
+for and never trains. Words are encoded once each with the BPE model alone (no token crosses a pre-token)."""
 
 from __future__ import annotations
 
@@ -12,7 +8,8 @@ from collections.abc import Iterable
 
 from tokenizers import Tokenizer
 
-from .continued import encoded_ids, merge_pair, model_only
+from .bpe import merge_pair
+from .continued import encoded_ids, model_only
 
 
 def used_ids(encoder: Tokenizer, texts: list[str]) -> set[int]:
@@ -58,11 +55,9 @@ def audit(
 
 
 def corpus_use(doc: dict, words: Iterable[str], first_new_id: int) -> tuple[Counter, set[int] | None]:
-    """One encode of the corpus words: (how often each id is produced, the new ids whose merge chain must stay).
-
-    Counts are weighted by word counts when `words` is a Counter. With `ignore_merges` (Llama 3) a word that is
-    itself a token is emitted whole, so its intermediate tokens are dead rows `prune` can drop; a token produced
-    inside a longer segmentation keeps its chain. None: every kept token needs its chain."""
+    """One encode of the corpus words (weighted when a Counter): (how often each id is produced, the new ids whose
+    merge chain must stay). With `ignore_merges` (Llama 3) a word that is itself a token is emitted whole, so only
+    tokens produced inside a longer segmentation keep their chain; None: every kept token needs its chain."""
     lookup = bool(doc["model"].get("ignore_merges"))
     vocab = doc["model"]["vocab"]
     weights = words if isinstance(words, Counter) else None
@@ -86,13 +81,8 @@ def costly_tokens(
     parts_needed: set[int] | None = None,
     num_fixed_merges: int = 0,
 ) -> set[int]:
-    """Produced new tokens that hold dead rows: tokens the corpus never produces that only they are built from.
-
-    Such a token costs 1 + k embedding rows (k of them never trained) for `counts[id]` uses. It is worth
-    keeping when its uses per row reach `price` (what a refill row buys: the uses of the newest tokens the
-    learner took); below that, dropping it with its k dead parts and refilling is the better use of rows.
-    `counts`, `parts_needed`: from `corpus_use` on `doc`; only tokens whose chain must stay hold parts.
-    """
+    """Produced new tokens whose uses per row fall below `price` (what a refill row buys), counting as theirs the
+    dead tokens only they are built from. `counts`, `parts_needed`: from `corpus_use` on `doc`."""
     vocab = doc["model"]["vocab"]
     producing: dict[str, tuple[str, str]] = {}
     for m in doc["model"]["merges"][num_fixed_merges:]:
@@ -122,11 +112,9 @@ def costly_tokens(
 def prune(
     doc: dict, first_new_id: int, dead: set[int], parts_needed: set[int] | None = None, num_fixed_merges: int = 0
 ) -> tuple[dict, int]:
-    """`doc` without the dead tokens at or above `first_new_id` that no kept token is built from.
-
-    Ids below `first_new_id` never change; kept new tokens are renumbered densely in order; a merge stays when its
-    result and parts do. Every word of the corpus `parts_needed` came from encodes as before. The first
-    `num_fixed_merges` (the base's own) are kept without being read."""
+    """`doc` without the dead tokens at or above `first_new_id` that no kept token is built from. Ids below it never
+    change, kept new tokens are renumbered densely in order, a merge stays when its result and parts do; the
+    first `num_fixed_merges` (the base's) are kept unread."""
     vocab: dict[str, int] = doc["model"]["vocab"]
     fixed, tail = doc["model"]["merges"][:num_fixed_merges], doc["model"]["merges"][num_fixed_merges:]
     merges = [merge_pair(m) for m in tail]

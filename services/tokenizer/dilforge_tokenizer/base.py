@@ -1,5 +1,5 @@
-"""The base tokenizer: found by the shared precedence rule and `dilforge_shared.models.resolve(..., "tokenizer")`
-(`resolve_base`), loaded, checked against the strategies before any corpus is read, copied for `base`."""
+"""The base tokenizer: resolved, loaded, checked against the strategies before any corpus is read, copied for
+`base`."""
 
 from __future__ import annotations
 
@@ -17,12 +17,12 @@ from tokenizers import Tokenizer
 from .config import TokenizerConfig
 
 
-def load(folder: Path, uri: str, parse_json: bool = True) -> tuple[Tokenizer, dict | None]:
-    """The base as a tokenizers.Tokenizer and (when asked, for extend) its parsed tokenizer.json."""
+def load(folder: Path, uri: str) -> tuple[Tokenizer, dict]:
+    """The base as a tokenizers.Tokenizer and its parsed tokenizer.json."""
     path = folder / "tokenizer.json"
     try:
         text = path.read_text(encoding="utf-8")
-        return Tokenizer.from_str(text), json.loads(text) if parse_json else None
+        return Tokenizer.from_str(text), json.loads(text)
     except Exception as exc:  # noqa: BLE001 - tokenizers raises a bare Exception on a bad file
         raise InputError(f"tokenizer.json does not load as a tokenizer: {exc}", path=f"{uri}/tokenizer.json") from None
 
@@ -41,9 +41,8 @@ def check_extendable(doc: dict, source: str) -> None:
 
 
 def vocab_tokens(doc: dict) -> list[str]:
-    """Every token string of a tokenizer.json: the model's vocabulary and the added tokens. A BPE/WordPiece vocab
-    is a {token: id} mapping, a Unigram one a list of [token, score] pairs (so a T5-style base is refused by
-    `check_extendable` in one line rather than failing here)."""
+    """Every token string of a tokenizer.json: the model's vocabulary (a BPE {token: id} or a Unigram list of
+    [token, score]) and the added tokens."""
     vocab = doc.get("model", {}).get("vocab") or {}
     tokens = [entry[0] if isinstance(entry, list | tuple) else entry for entry in vocab]
     return [*tokens, *(t["content"] for t in doc.get("added_tokens", []))]
@@ -70,9 +69,7 @@ class Base:
 
 
 def resolve_base(config: TokenizerConfig, ctx: StageContext) -> Base | None:
-    """The base by the shared precedence rule (`models.choose`): `base_tokenizer` when set, else the upstream
-    `model` artifact's tokenizer, else None. Lineage: an input is recorded as upstream, base_tokenizer by the
-    ref the coordinator fingerprinted (shared identity.config_refs), so no extra refs here."""
+    """`base_tokenizer` when set, else the upstream `model` artifact's tokenizer, else None (`models.choose`)."""
     choice = choose("base_tokenizer", config.base_tokenizer, ctx.request.inputs, order=("model",))
     if choice is None:
         return None

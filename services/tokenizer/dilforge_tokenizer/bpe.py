@@ -1,8 +1,7 @@
 """BPE building blocks: one training at the largest size, exact truncation to smaller sizes, an editable copy.
 
-BPE training is greedy and deterministic, so the vocabulary trained at size N is exactly the first
-N tokens (and their merges) of the one trained at any size above N. A sweep therefore trains once.
-"""
+BPE training is greedy and deterministic: the vocabulary trained at size N is the first N tokens (and their
+merges) of one trained at any larger size, so a sweep trains once."""
 
 from __future__ import annotations
 
@@ -42,34 +41,22 @@ def train(
     return tok
 
 
-def train_from_counts(
-    words: Counter,
-    vocab_size: int,
-    min_frequency: int,
-    template: Tokenizer | None = None,
-    show_progress: bool = False,
-) -> Tokenizer:
-    """What `train` learns from a corpus whose pre-tokens (under `template`'s normalizer and pre-tokenizer, or
-    Llama 3's) are `words`: the BpeTrainer counts exactly these pre-tokens (a byte-level pre-token holds no
-    whitespace, so a whitespace split of their repetition gives them back), and its merges are deterministic."""
+def train_from_counts(words: Counter, vocab_size: int, min_frequency: int, show_progress: bool = False) -> Tokenizer:
+    """What `train` learns from a corpus whose Llama 3 pre-tokens are `words`: a byte-level pre-token holds no
+    whitespace, so the trainer's whitespace split of their repetition counts exactly these pre-tokens."""
     counter = Tokenizer(models.BPE())
     counter.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     counter.train_from_iterator(repeated(words.items()), trainer=trainer(vocab_size, min_frequency, show_progress))
     learned = model_of(counter)["model"]
-    tok = llama3.empty_bpe()
-    if template is not None:
-        tok.normalizer = template.normalizer
-        tok.pre_tokenizer = template.pre_tokenizer
-        tok.decoder = template.decoder
-    doc = model_of(tok)
+    doc = model_of(llama3.empty_bpe())
     doc["model"]["vocab"], doc["model"]["merges"] = learned["vocab"], learned["merges"]
     return from_doc(doc)
 
 
 def repeated(items: Iterable[tuple[str, int]], batch_chars: int = 1 << 16) -> Iterator[str]:
-    """Each (pre-token, count) as the pre-token `count` times with spaces between, in strings of at most about
-    `batch_chars` characters, for a trainer whose pre-tokenizer splits on whitespace. Small strings on purpose:
-    the trainer holds every string's normalisation alignments (16 bytes per byte) while it splits it."""
+    """Each (pre-token, count) as the pre-token `count` times with spaces between, in strings of about
+    `batch_chars` characters at most: the trainer holds each string's alignments (16 bytes per byte) while it
+    splits it."""
     out: list[str] = []
     size = 0
     for word, count in items:
@@ -100,11 +87,8 @@ def merge_pair(merge) -> tuple[str, str]:
 
 
 def truncate(doc: dict, size: int) -> dict:
-    """The tokenizer.json that training at `size` would have produced, cut from a larger training.
-
-    The trainer stops once the vocab holds `size` tokens, i.e. right after the merge that creates
-    id size-1; every merge up to that one is kept, later ones dropped.
-    """
+    """The tokenizer.json that training at `size` would have produced, cut from a larger training: the merges
+    up to the one that creates id size-1."""
     vocab = doc["model"]["vocab"]
     if len(vocab) <= size:
         return doc
@@ -129,12 +113,8 @@ def from_doc(doc: dict) -> Tokenizer:
 
 
 def editable_copy(base: dict) -> tuple[dict, dict[str, int], list, bool]:
-    """A tokenizer.json doc whose model vocab and merges can be appended to without touching `base`.
-
-    Returns (doc, vocab, merges, merges_are_strings). tokenizers gives added (special) tokens the ids after
-    the model's vocab size on load, whatever tokenizer.json says, unless the model's vocab holds them: so
-    the model vocab takes them in.
-    """
+    """(doc, vocab, merges, merges_are_strings): a copy of `base` whose vocab and merges can be appended to. The
+    vocab takes in the added tokens: tokenizers would otherwise renumber them after the vocab on load."""
     doc = {**base, "model": dict(base["model"])}  # shallow copies: the base doc stays untouched
     vocab: dict[str, int] = dict(doc["model"]["vocab"])
     merges: list = list(doc["model"]["merges"])
@@ -142,7 +122,3 @@ def editable_copy(base: dict) -> tuple[dict, dict[str, int], list, bool]:
     for added_token in doc.get("added_tokens", []):
         vocab.setdefault(added_token["content"], added_token["id"])
     return doc, vocab, merges, bool(merges) and isinstance(merges[0], str)
-
-
-def vocab_size_with_specials(tok: Tokenizer) -> int:
-    return tok.get_vocab_size(with_added_tokens=True)

@@ -59,24 +59,16 @@ def replace_candidates(
         doc = bpe.truncate(trained_doc, size)
         produced = len(doc["model"]["vocab"])
         if produced < size:  # the corpus ran out of merges: never report (or select) a size that does not exist
-            if any(c.size == produced for c in out):
-                log.warning(
-                    "replace: vocab size %d asked, but the corpus gives only %d tokens at min_frequency %d; "
-                    "dropped (same tokenizer as size %d)",
-                    size,
-                    produced,
-                    config.min_frequency,
-                    produced,
-                )
-                continue
+            same = any(c.size == produced for c in out)
             log.warning(
-                "replace: vocab size %d asked, but the corpus gives only %d tokens at min_frequency %d; "
-                "measured and recorded as %d",
+                "replace: vocab size %d asked, but the corpus gives only %d tokens at min_frequency %d; %s",
                 size,
                 produced,
                 config.min_frequency,
-                produced,
+                f"dropped (same tokenizer as size {produced})" if same else f"measured and recorded as {produced}",
             )
+            if same:
+                continue
             size = produced
         new_ids = {i for t, i in doc["model"]["vocab"].items() if len(t) > 1}
         tok = family_out.finish(bpe.from_doc(doc), family, base.doc if base else None)
@@ -95,30 +87,22 @@ def extend_candidates(config: TokenizerConfig, seg: continued.Segmented, base: B
     )
     barrier = continued.digit_ids(base.doc) if config.digit_tokens == "as_base" else frozenset()
     learned = continued.learn_merges(seg, largest, config.min_frequency, show_progress=tty, barrier=barrier)
+    first = max([*base.doc["model"]["vocab"].values(), *(t["id"] for t in base.doc.get("added_tokens", []))]) + 1
     out = []
     for size in sorted(config.num_new_tokens):
         doc, added = continued.extend_doc(base.doc, learned, size)
         if added < size:  # recorded (and selectable) as what exists, never as the size asked for
-            if any(c.size == added for c in out):
-                log.warning(
-                    "extend: the corpus supports only %d new tokens at min_frequency %d (asked %d); dropped "
-                    "(same tokenizer as %d new tokens)",
-                    added,
-                    config.min_frequency,
-                    size,
-                    added,
-                )
-                continue
+            same = any(c.size == added for c in out)
             log.warning(
-                "extend: the corpus supports only %d new tokens at min_frequency %d (asked %d); recorded as %d",
+                "extend: the corpus supports only %d new tokens at min_frequency %d (asked %d); %s",
                 added,
                 config.min_frequency,
                 size,
-                added,
+                f"dropped (same tokenizer as {added} new tokens)" if same else f"recorded as {added}",
             )
+            if same:
+                continue
             size = added
-        first = max(base.doc["model"]["vocab"].values()) + 1
-        first = max([first, *(t["id"] + 1 for t in base.doc.get("added_tokens", []))])
         new_ids = set(range(first, first + added))
         out.append(Candidate("extend", size, bpe.from_doc(doc), doc, new_ids, first, base.family, learned=learned))
     return out

@@ -18,23 +18,19 @@ class CorpusSource(DataSource):
 
     format: Literal["auto", "txt", "jsonl", "tsv", "parquet", "word_counts"] = Field(
         default="auto",
-        description="File format; 'auto' decides by extension. word_counts: one `WORD COUNT` per line (two fields, "
-        "the count a positive integer), e.g. a frequency list of a crawl; each word is fed as it stands inside running "
-        "text (after a space), count x weight times (fractions by seeded sampling); never held out or deduplicated, "
-        "never cut by max_lines.",
+        description="File format; 'auto' decides by extension. word_counts: one `WORD COUNT` per line, each word "
+        "fed as inside running text, count x weight times; never held out, deduplicated or cut by max_lines.",
     )
     weight: float = Field(
         default=1.0,
         gt=0,
         description="Upsampling factor: each training line is fed weight times (fractions by seeded sampling); for a "
-        "word_counts list, the factor on its counts (e.g. 0.04 feeds a 70 M-count list as 2.8 M words).",
+        "word_counts list, the factor on its counts.",
     )
     recase: bool = Field(
         default=False,
         description="word_counts only, for a lowercased list: feed each word in the form the text corpora use most "
-        "often for it inside sentences (a sentence's first word does not count), lowercase or capitalised ('rusiya' "
-        "as 'Rusiya'; I/ı and İ/i matched as in Azerbaijani and Turkish). Words the text never shows stay as listed. "
-        "The word lists are read after the text for this.",
+        "often inside sentences ('rusiya' as 'Rusiya'; I/ı and İ/i matched as in Azerbaijani); other words as listed.",
     )
 
     @model_validator(mode="after")
@@ -65,10 +61,8 @@ class TokenizerConfig(StageConfig):
     )
     corpora: list[CorpusSource] = Field(
         default_factory=list,
-        description="Training corpora, streamed once and interleaved line by line. A source's `weight` is its "
-        "upsampling factor: each training line is fed weight times (fractions by seeded sampling), e.g. weight 3 on "
-        "general-domain files to offset a legal-heavy corpus; a word_counts list's counts are multiplied by it. "
-        "Held-out lines are never weighted.",
+        description="Training corpora, streamed once and interleaved line by line, each line fed `weight` times "
+        "(held-out lines are never weighted).",
     )
     validation: list[DataSource] = Field(
         default_factory=list,
@@ -119,12 +113,9 @@ class TokenizerConfig(StageConfig):
     )
     digit_tokens: Literal["as_base", "learn"] = Field(
         default="as_base",
-        description="extend: 'as_base' learns no merge that involves a base token containing a digit, so no new "
-        "token holds a digit and numbers encode exactly as the base tokenizer encodes them, in every language. "
-        "Why: numbers are not language-specific, and the base model has only ever seen them in its own "
-        "segmentation; on SmolLM2 (single digits) the az-small extension learned 575 digit-group tokens that "
-        "also re-encoded English numbers, and at step 0 they were most of the English loss (docs/cpt.md, "
-        "leakage). 'learn': digits merge like any other text. replace ignores it (a new vocabulary is relearned).",
+        description="extend: 'as_base' learns no merge involving a base token that holds a digit, so numbers encode "
+        "exactly as the base encodes them in every language (new digit tokens re-encode English numbers: "
+        "docs/cpt.md, leakage). 'learn': digits merge like any other text. replace ignores it.",
     )
     min_frequency: int = Field(
         le=1_000_000, default=2, ge=1, description="BPE merges need at least this many occurrences."
@@ -144,18 +135,17 @@ class TokenizerConfig(StageConfig):
     )
     dedup: bool = Field(
         default=False,
-        description="Drop exact duplicate lines (after normalisation); holds an 8-byte digest per distinct line "
-        "(about 70 bytes each in memory), so on a corpus of many GB prefer the curate stage's deduplication.",
+        description="Drop exact duplicate lines (after normalisation); holds a digest per distinct line in memory, "
+        "so on a corpus of many GB prefer the curate stage's deduplication.",
     )
     max_pretokens: int = Field(
         default=1_000_000,
         ge=1000,
         le=1_000_000_000,
-        description="Memory budget of the corpus pass and of training, in distinct pre-tokens per pre-tokenizer "
-        "(about 1 KB each through counting, segmentation and the BPE trainer: about 1 GB at the default, whatever "
-        "the corpus size). Every strategy trains from the corpus's pre-token counts; past the budget the rarest are "
-        "dropped (every pre-token counted at most t times so far, t = 1, 2, ... until half the budget remains), "
-        "logged and recorded in metrics.corpus.pretokens. Raise it where memory allows.",
+        description="Memory budget of the corpus pass and of training, in distinct pre-tokens per pre-tokenizer, "
+        "whatever the corpus size (docs/tokenizer.md: memory). Past it the rarest are dropped (those "
+        "counted at most t times, t = 1, 2, ... until half the budget remains), logged and recorded in "
+        "metrics.corpus.pretokens.",
     )
     normalization: Literal["NFC", "none"] = Field(default="NFC", description="Unicode normalisation of the corpus.")
 

@@ -1,9 +1,7 @@
 """Merge-compatible extension: continue the base tokenizer's BPE training on the new corpus.
 
-At encode time the base's merges fire first, so a new merge is only ever applied if its parts sit side by side
-in the base's segmentation; learning new merges over that segmentation makes them apply as trained. Each unique
-corpus word is segmented by the base BPE, each base id becomes one private character, and the Rust BPE trainer
-learns merges over those strings; smaller sizes are prefixes of the same merge list."""
+The base's merges fire first at encode time, so new merges are learned over the base's segmentation: each base id
+of each unique word becomes one private character, and the Rust BPE trainer learns merges over those strings."""
 
 from __future__ import annotations
 
@@ -16,23 +14,15 @@ from dataclasses import dataclass
 
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-from .bpe import editable_copy, repeated
+from .bpe import editable_copy, merge_pair, repeated
 
 log = logging.getLogger("dilforge.tokenizer")
 
 CODE_OFFSET = 0x10000  # above the BMP: no whitespace, no surrogates; 0x10000 + any vocab id < 0x110000
 
 
-def merge_pair(merge) -> tuple[str, str]:
-    if isinstance(merge, str):  # older tokenizer.json: "a b"
-        a, b = merge.split(" ", 1)
-        return a, b
-    return merge[0], merge[1]
-
-
 def model_only(doc: dict) -> Tokenizer:
-    """The base's BPE model alone (no normalizer, pre-tokenizer, added or special tokens): encodes one
-    already pre-tokenized, byte-level word per input string."""
+    """The base's BPE model alone: encodes one already pre-tokenized, byte-level word per input string."""
     bare = {
         "version": doc.get("version", "1.0"),
         "truncation": None,
@@ -57,8 +47,7 @@ class Segmented:
 
 
 def encoded_ids(encoder: Tokenizer, texts: list[str], chunk: int = 16_384) -> Iterator[list[int]]:
-    """The ids of each text, encoded `chunk` texts at a time: one `encode_batch` of millions of words would hold
-    an Encoding object (tokens, offsets, masks: about 1 KB) for every one of them at once."""
+    """The ids of each text, `chunk` texts at a time (an Encoding object per text is large)."""
     for start in range(0, len(texts), chunk):
         for enc in encoder.encode_batch(texts[start : start + chunk], add_special_tokens=False):
             yield enc.ids
@@ -118,13 +107,9 @@ def extend_doc(
     num_new: int,
     exclude: frozenset[str] | set[str] = frozenset(),
 ) -> tuple[dict, int]:
-    """`base` with the learned merges appended until `num_new` new tokens exist; returns (doc, added).
-
-    Every base id and merge keeps its place; new tokens take ids after the base's highest id (special
-    tokens included). A merge whose result is already in the vocabulary maps to that id; one whose pair
-    the base already merges is skipped (the base's rank wins); one whose result is in `exclude` (tokens
-    pruning dropped) is skipped, and so is every later merge built on it.
-    """
+    """(`base` with the learned merges appended until `num_new` new tokens exist, how many were added). Base ids
+    and merges keep their place, new ids follow the highest; a merge the base has is skipped, and so is one
+    whose result is in `exclude` (tokens pruning dropped)."""
     doc, vocab, merges, as_strings = editable_copy(base)
     id_to_token = {i: t for t, i in base["model"]["vocab"].items()}
     existing = {merge_pair(m) for m in merges}

@@ -1,7 +1,5 @@
-"""Finish and write a tokenizer in its base model's family: special tokens, BOS rule, chat template.
-
-The conventions come from `dilforge_shared.families`; the chat template written is the family's training
-template (TRL `{% generation %}` markers), so SFT can mask everything but the assistant's turns."""
+"""Finish and write a tokenizer in its base model's family (`dilforge_shared.families`): special tokens, BOS rule,
+and the family's training chat template (TRL `{% generation %}` markers, for SFT's masking)."""
 
 from __future__ import annotations
 
@@ -27,24 +25,19 @@ def base_specials(base_doc: dict | None, family: Family) -> list[str]:
 
 
 def finish(tok: Tokenizer, family: Family, base_doc: dict | None = None) -> Tokenizer:
-    """A trained regular vocabulary + the family's specials (after it) and its BOS rule."""
-    if family.name == LLAMA3.name:
-        return llama3.finish(tok)
-    tok.add_special_tokens(base_specials(base_doc, family))
+    """A trained regular vocabulary + the special tokens after it (Llama 3's 256, else `base_specials`) and the
+    family's BOS rule."""
+    tok.add_special_tokens(llama3.special_tokens() if family.name == LLAMA3.name else base_specials(base_doc, family))
+    byte_level = processors.ByteLevel(trim_offsets=False)
     if family.bos is None:
-        tok.post_processor = processors.ByteLevel(trim_offsets=False)
+        tok.post_processor = byte_level
     else:
-        bos_id = tok.token_to_id(family.bos)
-        tok.post_processor = processors.Sequence(
-            [
-                processors.ByteLevel(trim_offsets=False),
-                processors.TemplateProcessing(
-                    single=f"{family.bos} $A",
-                    pair=f"{family.bos} $A {family.bos} $B",
-                    special_tokens=[(family.bos, bos_id)],
-                ),
-            ]
+        bos = processors.TemplateProcessing(
+            single=f"{family.bos} $A",
+            pair=f"{family.bos} $A {family.bos} $B",
+            special_tokens=[(family.bos, tok.token_to_id(family.bos))],
         )
+        tok.post_processor = processors.Sequence([byte_level, bos])
     return tok
 
 
@@ -72,27 +65,25 @@ def write_folder(tok: Tokenizer, out_dir: Path, family: Family, model_max_length
     (out_dir / "chat_template.jinja").write_text(family.chat_template)
 
 
-def verify_output(out: Path, tok: Tokenizer | None) -> dict:
-    """Check what is about to be published: the tokenizer round-trips text and the special-token roles
-    named in tokenizer_config.json exist. `tok` is the tokenizer just saved (not reloaded here; the tests load
-    every strategy's output with both libraries)."""
+def verify_output(out: Path, tok: Tokenizer) -> dict:
+    """Check what is about to be published: `tok` (the tokenizer just saved) round-trips text and the roles
+    tokenizer_config.json names exist."""
     sample = "Azərbaycan dili türk dillərinin oğuz qrupuna daxildir. Hello world!"
     config_file = out / "tokenizer_config.json"
     try:
-        raw = tok or Tokenizer.from_file(str(out / "tokenizer.json"))
         config = json.loads(config_file.read_text()) if config_file.exists() else {}
-    except Exception as exc:  # noqa: BLE001 - tokenizers raises a bare Exception on a bad file
+    except ValueError as exc:
         raise DilforgeError(f"output tokenizer in {out} does not load: {exc}") from None
-    ids = raw.encode(sample, add_special_tokens=False).ids
-    if raw.decode(ids) != sample:
+    ids = tok.encode(sample, add_special_tokens=False).ids
+    if tok.decode(ids) != sample:
         raise DilforgeError(f"output tokenizer in {out} does not round-trip text")
     roles = {k: config.get(k) for k in ("bos_token", "eos_token", "pad_token")}
     for role, token in roles.items():
         content = token.get("content") if isinstance(token, dict) else token
-        if content is not None and raw.token_to_id(content) is None:
+        if content is not None and tok.token_to_id(content) is None:
             raise DilforgeError(f"{config_file}: {role} {content!r} is not in the vocabulary")
     return {
-        "vocab_size_total": raw.get_vocab_size(with_added_tokens=True),
+        "vocab_size_total": tok.get_vocab_size(with_added_tokens=True),
         **roles,
         "has_chat_template": (out / "chat_template.jinja").exists() or "chat_template" in config,
     }

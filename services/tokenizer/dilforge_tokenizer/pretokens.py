@@ -1,9 +1,7 @@
 """Pre-token counts: the corpus as BPE sees it, in memory bounded by its distinct pre-tokens.
 
-Every strategy trains and audits from (pre-token, count) pairs. One pass: forked workers pre-tokenise line
-batches under each needed pre-tokenizer; counts are added in batch order, so the result does not depend on the
-worker count. Over `max_words` the rarest pre-tokens are dropped (fastText's dictionary rule), logged and
-recorded in `corpus.pretokens`."""
+One pass: forked workers pre-tokenise line batches under each needed pre-tokenizer; counts are added in batch
+order, so they do not depend on the worker count. Over `max_words` the rarest are dropped (fastText's rule)."""
 
 from __future__ import annotations
 
@@ -57,8 +55,8 @@ def count(
         _PIPES = pipes
         batches = None
         try:
-            # the executor, not multiprocessing.Pool: a dead worker raises BrokenProcessPool instead of a map
-            # that waits forever; at most 2 batches a worker in flight, so memory stays bounded
+            # a dead worker raises BrokenProcessPool (a Pool's map would wait forever); at most 2 batches a worker
+            # in flight, so memory stays bounded
             with ProcessPoolExecutor(
                 workers,
                 mp_context=multiprocessing.get_context("fork"),

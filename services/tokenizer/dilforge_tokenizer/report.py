@@ -10,14 +10,12 @@ from dilforge_shared.textmetrics import measure, tokenizers_encoder
 from tabulate import tabulate
 from tokenizers import Tokenizer
 
-from . import bpe
 from .candidates import Candidate
 from .config import TokenizerConfig
 
 
 def measure_sets(tok: Tokenizer, sets: dict[str, list[str]]) -> dict[str, dict]:
-    """One encode_batch call per set (the sets are small and already in memory): fewer, larger
-    batches keep the tokenizer's threads busier than the 256-text default."""
+    """Each set measured in one encode_batch call (the sets are small and in memory)."""
     encode = tokenizers_encoder(tok)
     return {
         name: measure(texts, encode, batch_size=max(1, len(texts))).summary() for name, texts in sets.items() if texts
@@ -46,13 +44,8 @@ def select(
     retain_tolerance: float = 0.0,
     base_sets: dict | None = None,
 ) -> tuple[dict, bool]:
-    """The published row and whether the retain bound held.
-
-    Eligible: rows whose tokens/word on `retain` is at most (1 + retain_tolerance) x the base's (all rows
-    when no bound). Among them, smallest_within_tolerance picks the smallest size whose tokens/word on
-    `set_name` is at most (1 + tolerance) x the eligible best; largest picks the largest. When no row
-    passes the bound, the one closest to it is returned with False.
-    """
+    """The published row by `rule` among the rows keeping `retain` within its bound, and whether any did (if
+    none, the row closest to the bound)."""
     rows = sorted(rows, key=lambda r: r["vocab_size"])
     eligible = rows
     if retain is not None and base_sets and retain in base_sets:
@@ -129,7 +122,7 @@ def comparison_rows(candidates: list[Candidate], chosen: Candidate, names: list[
     return [
         {
             "strategy": c.strategy,
-            "vocab_size": bpe.vocab_size_with_specials(c.tok),
+            "vocab_size": c.tok.get_vocab_size(with_added_tokens=True),
             "num_new_tokens": len(c.new_ids),
             "selected": c is chosen,
             "languages": language_figures(c.sets, names),

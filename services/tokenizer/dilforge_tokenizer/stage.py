@@ -80,8 +80,7 @@ def run(config: TokenizerConfig, ctx: StageContext) -> StageResult:
 
 @dataclass
 class Inputs:
-    """What the stage reads before training: the base (None for replace alone), the family the output is
-    written in, the validation sets and the corpus stream (read once, by training)."""
+    """The base (None for replace alone), the output's family, the validation sets and the corpus stream."""
 
     base: Base | None
     family: Family
@@ -91,8 +90,8 @@ class Inputs:
 
 @dataclass
 class Trained:
-    """Every candidate, the corpus's pre-token counts per pre-tokenizer ("base", "replace"; what every strategy
-    trains from and the audit encodes), their summary and the seconds each part took."""
+    """Every candidate, the corpus's pre-token counts per pre-tokenizer ("base", "replace"), their summary and
+    the seconds each part took."""
 
     candidates: list[Candidate]
     words: dict[str, Counter]
@@ -124,8 +123,7 @@ class Selection:
 
 @dataclass
 class Published:
-    """What was written to the artifact folder: the tokenizer, how many dead tokens were pruned, its audit and
-    figures, and the checks of the written folder."""
+    """What was written: the tokenizer, the tokens pruned, its audit and figures, the checks of the folder."""
 
     tok: Tokenizer
     num_pruned: int
@@ -163,7 +161,7 @@ def parse(config: TokenizerConfig, ctx: StageContext) -> Inputs:
 
 def train(config: TokenizerConfig, inputs: Inputs, tty: bool) -> Trained:
     """Count the corpus's pre-tokens once (under every pre-tokenizer a strategy needs), then train each strategy
-    once, at its largest size, from those counts; smaller sizes are cut from it."""
+    once from them, at its largest size."""
     base, stream = inputs.base, inputs.stream
     replace_tok = llama3.empty_bpe()  # replace's normalizer and pre-tokenizer
     tokenizers: dict[str, Tokenizer] = {}
@@ -232,7 +230,7 @@ def measure(config: TokenizerConfig, inputs: Inputs, trained: Trained, sets: dic
     rows = [
         {
             "vocab_size": c.size,
-            "vocab_size_total": bpe.vocab_size_with_specials(c.tok),
+            "vocab_size_total": c.tok.get_vocab_size(with_added_tokens=True),
             **(
                 {"vocab_size_regular": c.tok.get_vocab_size(with_added_tokens=False)}
                 if c.strategy == "replace"
@@ -333,7 +331,7 @@ def tokenizer_metrics(
     published: Published,
     comparison: list[dict],
 ) -> TokenizerMetrics:
-    """The manifest's metrics, built as the typed model (a misnamed or missing figure fails here, in the stage)."""
+    """The manifest's metrics, as the typed model (a misnamed or missing figure fails here)."""
     base_metrics = measured.base_metrics
     return TokenizerMetrics(
         strategy=config.strategy,
@@ -356,8 +354,7 @@ def tokenizer_metrics(
         output=published.output,
         corpus={**inputs.stream.summary(), "pretokens": trained.pretokens},
         seconds=trained.seconds,
-        # this process, or the largest of its pre-tokenizing workers if larger (ru_maxrss of the children is
-        # the peak of the largest one)
+        # this process or its largest pre-tokenizing worker
         peak_rss_mib=round(
             max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)) / 1024,
             1,

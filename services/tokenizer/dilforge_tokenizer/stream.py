@@ -1,8 +1,7 @@
 """One pass over the corpora: interleave sources, hold out a hashed slice, dedup, upsample by weight.
 
-A word-frequency source feeds each word as inside running text, count × weight times, through `fed_words`
-rather than repeated lines, so memory stays that of the list. The held-out slice is collected on the way: no
-second pass. Memory: the capped held-out slice, the word lists, and with `dedup` 8 bytes per distinct line."""
+Word-frequency lists go to `fed_words` as counts, never as repeated lines. Memory: the capped held-out slice, the
+word lists, and with `dedup` a digest per distinct line."""
 
 from __future__ import annotations
 
@@ -38,11 +37,8 @@ class SourceStats:
 
 @dataclass
 class CorpusStream:
-    """Iterating yields batches of training lines; `heldout` fills up as a side effect.
-
-    A line is held out when a seeded hash (CRC-32) of its text falls below `validation_fraction`, so
-    exact duplicates always land on the same side and the split does not depend on line order.
-    """
+    """Batches of training lines (`batches`); `heldout` fills up on the way: a line is held out when a seeded
+    CRC-32 of its text falls below `validation_fraction`, so duplicates land on the same side whatever the order."""
 
     sources: Sequence[DataSource]
     seed: int = 0
@@ -60,8 +56,7 @@ class CorpusStream:
 
     def _interleaved(self, chunk: int) -> Iterator[tuple[DataSource, SourceStats, list]]:
         """Round-robin over the text sources, `chunk` lines at a time, so max_lines and the held-out cap see
-        every source (and per-line Python overhead stays small); then over the word lists (one that takes
-        its casing from the text, `recase`, needs all of the text read first)."""
+        every source; then over the word lists (`recase` needs the text read first)."""
         text = [s for s in self.sources if s.format != "word_counts"]
         for group in (text, [s for s in self.sources if s.format == "word_counts"]):
             iters = [(s, self.stats[s.label], self._reader(s)) for s in group]
@@ -90,11 +85,7 @@ class CorpusStream:
 
     def _scan(self) -> Iterator[list[str]]:
         """Lists of training lines (each repeated by its source's weight), one per source chunk; word lists
-        go to `fed_words` instead.
-
-        Per line: one UTF-8 encode, a seeded CRC-32 for the held-out split (uniform enough, and
-        collisions there are harmless) and, with dedup, an 8-byte BLAKE2b (no false duplicates).
-        """
+        go to `fed_words`. Dedup by an 8-byte keyed BLAKE2b (no false duplicates)."""
         for s in self.sources:
             self.stats.setdefault(s.label, SourceStats())
         threshold = int(self.validation_fraction * 2**32)
@@ -163,11 +154,8 @@ class CorpusStream:
             yield from batch
 
     def batches(self, min_lines: int = 4096, depth: int = 4) -> Iterator[list[str]]:
-        """Training lines in lists of at least `min_lines`, read ahead by a background thread.
-
-        The tokenizers trainer pulls this iterator holding the GIL and its workers' lock, so Python work inside
-        `next()` idles every worker; reading ahead overlaps it, and large lists keep the pulls few. Stats and
-        `heldout` are final once the iterator is exhausted or closed."""
+        """Training lines in lists of at least `min_lines`, read ahead by a background thread (overlapping the
+        reading with the counting workers). Stats and `heldout` are final once it is exhausted or closed."""
         return ReadAhead(_regrouped(self._scan(), min_lines), depth, name="corpus-read-ahead")
 
     def summary(self) -> dict:
@@ -190,10 +178,8 @@ SENTENCE_START = re.compile(r"(?:^|[.!?…])[\s\"'«“(\[-]*\w+(?:[-'’]\w+)*"
 
 
 def usual_casing(forms: Counter) -> dict[str, str]:
-    """Lowercased word -> the form the text uses most often inside sentences, lowercase or capitalised (ties:
-    the first seen), so a lowercased list's proper nouns are fed as the text writes them. Both plain and
-    Turkic lowercasing (I -> ı, İ -> i: Azerbaijani, Turkish) key a form, so 'rusiya' finds 'Rusiya' and
-    'iraq' finds 'İraq'."""
+    """Lowercased word -> the form the text uses most often inside sentences, lowercase or capitalised (ties: the
+    first seen). Plain and Turkic lowercasing (I -> ı, İ -> i) both key a form: 'iraq' finds 'İraq'."""
     best: dict[str, str] = {}
     for form, count in forms.items():
         if any(ch.isupper() for ch in form[1:]):  # ALL-CAPS headings, acronyms: not how a word is usually written
