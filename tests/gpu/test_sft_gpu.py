@@ -30,24 +30,24 @@ def sft_config(data: dict, **overrides):
 def test_packed_flex_or_flash_attention_keeps_documents_apart_on_cuda(chatml_llama_dir, gpu_data, tmp_path):
     """The kernel auto picks on CUDA gives each packed conversation the logits it gets alone."""
     import torch
-    from dilforge_sft import plans, stage, training
+    from dilforge_sft import stage, training
     from transformers import AutoModelForCausalLM
 
     config = sft_config(gpu_data)
-    attention = plans.attention_plan(config, "cuda")
-    assert attention.implementation in ("flex_attention", "flash_attention_2")
-    plan = plans.DevicePlan(device="cuda", bf16=False, liger=False)
+    auto = training.decide_runtime(config)
+    assert auto.attention in ("flex_attention", "flash_attention_2")
+    plan = training.decide_runtime(config.model_copy(update={"precision": "fp32", "liger": "off", "attention": "sdpa"}))
     tok, _, _ = stage.load_tokenizer(chatml_llama_dir)
     train, val, _, _ = stage.prepare_data(config, tok, None)
     trainer = training.build_trainer(
-        config, training.load_model(chatml_llama_dir, plan, "sdpa"), tok, train, val, tmp_path, plan
+        config, training.load_model(chatml_llama_dir, plan), tok, train, val, tmp_path, plan
     )
     batch = trainer.data_collator([trainer.train_dataset[0], trainer.train_dataset[1]])
     assert "attention_mask" not in batch and batch["input_ids"].shape[0] == 1
-    dtype = torch.float32 if attention.implementation == "flex_attention" else torch.bfloat16
+    dtype = torch.float32 if auto.attention == "flex_attention" else torch.bfloat16
     model = (
         AutoModelForCausalLM.from_pretrained(
-            str(chatml_llama_dir), attn_implementation=attention.implementation, dtype=dtype, trust_remote_code=False
+            str(chatml_llama_dir), attn_implementation=auto.attention, dtype=dtype, trust_remote_code=False
         )
         .cuda()
         .eval()
@@ -65,16 +65,15 @@ def test_packed_flex_or_flash_attention_keeps_documents_apart_on_cuda(chatml_lla
 
 def test_sft_bf16_liger_packing_trains(chatml_llama_dir, gpu_data, tmp_path, results_dir):
     import torch
-    from dilforge_sft import plans, stage, training
+    from dilforge_sft import stage, training
 
     config = sft_config(gpu_data)
-    plan = plans.device_plan(config)
+    plan = training.decide_runtime(config)
     assert plan.device == "cuda" and plan.bf16 and plan.liger
-    attention = plans.attention_plan(config, plan.device)
     tok, family, _ = stage.load_tokenizer(chatml_llama_dir)
     assert family.name == "chatml"
     train, val, _, _ = stage.prepare_data(config, tok, None)
-    model = training.load_model(chatml_llama_dir, plan, attention.implementation)
+    model = training.load_model(chatml_llama_dir, plan)
     assert any(type(m).__name__.startswith("Liger") for m in model.modules())
     trainer = training.build_trainer(config, model, tok, train, val, tmp_path, plan)
     lora_before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_B" in n}
@@ -88,8 +87,8 @@ def test_sft_bf16_liger_packing_trains(chatml_llama_dir, gpu_data, tmp_path, res
         (results_dir / "sft_gpu.json").write_text(
             json.dumps(
                 {
-                    "attention": attention.implementation,
-                    "reason": attention.reason,
+                    "attention": plan.attention,
+                    "reason": plan.attention_reason,
                     "eval_loss_before": before,
                     "eval_loss_after": after,
                     "train_runtime_s": out.metrics.get("train_runtime"),

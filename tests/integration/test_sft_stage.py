@@ -252,10 +252,10 @@ def test_cuda_plan_uses_bf16_and_liger_and_trains(tiny_llama_dir, tmp_path, data
 
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    from dilforge_sft import plans, stage, training
+    from dilforge_sft import stage, training
 
     config = SftConfig.model_validate(sft_section(data_root, num_steps=2, activation_checkpointing=True))
-    plan = plans.device_plan(config)
+    plan = training.decide_runtime(config)
     assert plan.device == "cuda" and plan.bf16 and plan.liger
     tok, _, _ = stage.load_tokenizer(tiny_llama_dir)
     train, val, _, _ = stage.prepare_data(config, tok, None)

@@ -112,16 +112,17 @@ def test_the_policy_module_does_not_import_torch():
 
 
 def test_sft_device_plan_is_the_policy():
-    from dilforge_sft import plans
     from dilforge_sft.config import SftConfig
+    from dilforge_sft.training import decide_runtime
 
     config = SftConfig.model_validate({"train": [{"uri": "x.jsonl"}]})
-    assert plans.device_plan(config, "llama", facts=GPU) == plans.DevicePlan(device="cuda", bf16=True, liger=True)
-    assert plans.device_plan(config, "mistral", facts=GPU).liger is False
+    plan = decide_runtime(config, "llama", facts=GPU)
+    assert (plan.device, plan.bf16, plan.liger) == ("cuda", True, True)
+    assert decide_runtime(config, "mistral", facts=GPU).liger is False
     with pytest.raises(ConfigError, match="sft.precision"):  # SFT does not train in bf16 on CPU
-        plans.device_plan(config.model_copy(update={"precision": "bf16"}), facts=CPU)
+        decide_runtime(config.model_copy(update={"precision": "bf16"}), facts=CPU)
     packed = config.model_copy(update={"packing": True})
-    assert plans.attention_plan(packed, "cuda", has_flash_attn=False).implementation == "flex_attention"
+    assert decide_runtime(packed, facts=GPU).attention == "flex_attention"
 
 
 def test_cpt_runtime_and_liger_follow_the_policy(monkeypatch):

@@ -73,8 +73,9 @@ def test_a_damaged_newest_trainer_checkpoint_is_set_aside_and_training_resumes_f
     import torch
 
     torch.set_num_threads(1)
-    from dilforge_sft import plans, stage, training
+    from dilforge_sft import stage, training
     from dilforge_sft.checkpoints import latest_checkpoint, seal_checkpoints_callback
+    from dilforge_shared.runtime_policy import DeviceFacts
     from safetensors.torch import load_file
 
     data = tmp_path / "chat.jsonl"
@@ -94,7 +95,7 @@ def test_a_damaged_newest_trainer_checkpoint_is_set_aside_and_training_resumes_f
         }
     )
     tok, _, _ = stage.load_tokenizer(tiny_llama_dir)
-    plan = plans.DevicePlan(device="cpu", bf16=False, liger=False)
+    plan = training.decide_runtime(config, facts=DeviceFacts(cuda=False))
     train, val, _, _ = stage.prepare_data(config, tok, None)
     out = tmp_path / "trainer"
 

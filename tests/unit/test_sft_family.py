@@ -46,24 +46,28 @@ def sft_config(path: str, **overrides) -> SftConfig:
     return SftConfig.model_validate(section)
 
 
-def cpu_plan():
-    from dilforge_sft import plans
+def cpu_plan(config: SftConfig):
+    from dilforge_sft import training
+    from dilforge_shared.runtime_policy import DeviceFacts
 
-    return plans.DevicePlan(device="cpu", bf16=False, liger=False)
+    return training.decide_runtime(config, facts=DeviceFacts(cuda=False))
 
 
 def trainer_for(model_dir, path, tmp_path, **overrides):
     import torch
 
     torch.set_num_threads(1)
-    from dilforge_sft import plans, stage, training
+    from dilforge_sft import stage, training
 
     config = sft_config(path, **overrides)
     tok, family, _ = stage.load_tokenizer(model_dir)
     train, val, _, _ = stage.prepare_data(config, tok, None)
-    attention = plans.attention_plan(config, "cpu")
-    model = training.load_model(model_dir, cpu_plan(), attention.implementation)
-    return training.build_trainer(config, model, tok, train, val, tmp_path, cpu_plan()), tok, family
+    plan = cpu_plan(config)
+    return (
+        training.build_trainer(config, training.load_model(model_dir, plan), tok, train, val, tmp_path, plan),
+        tok,
+        family,
+    )
 
 
 # ---- family ------------------------------------------------------------------------------------------
@@ -127,22 +131,26 @@ def test_tokenizer_of_unknown_family_is_refused_naming_the_folder(tmp_path, chat
     ],
 )
 def test_attention_plan_auto(packing, device, flash, expected):
-    from dilforge_sft.plans import attention_plan
+    from dilforge_sft.training import decide_runtime
+    from dilforge_shared.runtime_policy import DeviceFacts
 
-    plan = attention_plan(sft_config("x.jsonl", packing=packing), device, has_flash_attn=flash)
-    assert plan.implementation == expected and plan.reason
+    facts = DeviceFacts(cuda=device == "cuda", bf16_supported=True, flash_attn=flash)
+    plan = decide_runtime(sft_config("x.jsonl", packing=packing), facts=facts)
+    assert plan.attention == expected and plan.attention_reason
     if packing and device == "cpu":
-        assert "N^2" in plan.reason  # the fallback says what it costs
+        assert "N^2" in plan.attention_reason  # the fallback says what it costs
 
 
 def test_attention_plan_explicit_and_refused():
-    from dilforge_sft.plans import attention_plan
+    from dilforge_sft.training import decide_runtime
+    from dilforge_shared.runtime_policy import DeviceFacts
 
-    assert attention_plan(sft_config("x.jsonl", attention="eager"), "cuda", False).implementation == "eager"
+    gpu, cpu = DeviceFacts(cuda=True, bf16_supported=True), DeviceFacts(cuda=False)
+    assert decide_runtime(sft_config("x.jsonl", attention="eager"), facts=gpu).attention == "eager"
     with pytest.raises(ConfigError, match="sft.attention"):
-        attention_plan(sft_config("x.jsonl", attention="flash_attention_2", packing=True), "cpu", False)
+        decide_runtime(sft_config("x.jsonl", attention="flash_attention_2", packing=True), facts=cpu)
     with pytest.raises(ConfigError, match="flash-attn"):
-        attention_plan(sft_config("x.jsonl", attention="flash_attention_2"), "cuda", False)
+        decide_runtime(sft_config("x.jsonl", attention="flash_attention_2"), facts=gpu)
 
 
 @pytest.mark.parametrize("implementation", ["sdpa", "eager"])
@@ -175,7 +183,8 @@ def test_packed_rows_do_not_attend_across_conversations(chatml_llama_dir, chat_f
 
 
 def test_activation_checkpointing_auto_follows_the_memory_estimate():
-    from dilforge_sft.plans import DevicePlan, checkpointing_decision
+    from dilforge_sft.training import activation_checkpointing, decide_runtime
+    from dilforge_shared.runtime_policy import DeviceFacts
 
     llama_1b = tiny_llama_config(
         128256,
@@ -189,17 +198,20 @@ def test_activation_checkpointing_auto_follows_the_memory_estimate():
     large = sft_config(
         "x.jsonl", activation_checkpointing="auto", micro_batch_size=64, max_length=2048, global_batch_size=64
     )
-    plan = DevicePlan("cuda", bf16=True, liger=False)
+    gpu = DeviceFacts(cuda=True, bf16_supported=True)
+    plan = decide_runtime(small.model_copy(update={"liger": "off"}), "llama", facts=gpu)
+    fused = decide_runtime(small, "llama", facts=gpu)
+    assert plan.bf16 and not plan.liger and fused.liger
     gib = 2**30
-    on, why = checkpointing_decision(small, llama_1b, plan, 141 * gib)
+    on, why = activation_checkpointing(small, llama_1b, plan, 141 * gib)
     assert on is False and "no recomputation" in why
-    on, why = checkpointing_decision(large, llama_1b, plan, 24 * gib)
+    on, why = activation_checkpointing(large, llama_1b, plan, 24 * gib)
     assert on is True and "recompute" in why
     # the fused loss (Liger) never materialises the logits: the same run fits where the plain one does not
-    assert checkpointing_decision(small, llama_1b, plan, 24 * gib)[0] is True
-    assert checkpointing_decision(small, llama_1b, DevicePlan("cuda", bf16=True, liger=True), 24 * gib)[0] is False
+    assert activation_checkpointing(small, llama_1b, plan, 24 * gib)[0] is True
+    assert activation_checkpointing(small, llama_1b, fused, 24 * gib)[0] is False
     on_config = sft_config("x.jsonl", activation_checkpointing="on")
-    assert checkpointing_decision(on_config, llama_1b, plan, 141 * gib)[0] is True
+    assert activation_checkpointing(on_config, llama_1b, plan, 141 * gib)[0] is True
 
 
 @pytest.mark.parametrize("value, expected", [(True, "on"), (False, "off"), ("auto", "auto"), ("off", "off")])

@@ -22,14 +22,17 @@ def stage_parts(tiny_llama_dir, tmp_path_factory):
     import torch
 
     torch.set_num_threads(1)
-    from dilforge_sft import plans, stage
+    from dilforge_sft import stage, training
+    from dilforge_shared.runtime_policy import DeviceFacts
 
     path = tmp_path_factory.mktemp("mask") / "chat.jsonl"
     # the second record's only assistant turn starts after 40 tokens of user text
     late = [{"role": "user", "content": " ".join(["Azərbaycan"] * 40)}, {"role": "assistant", "content": "Bəli."}]
     path.write_text("\n".join(json.dumps({"messages": m}, ensure_ascii=False) for m in (CONV, late)) + "\n")
     tok, _, source = stage.load_tokenizer(tiny_llama_dir)
-    plan = plans.DevicePlan(device="cpu", bf16=False, liger=False)
+    plan = training.decide_runtime(
+        SftConfig.model_validate({"train": [{"uri": str(path)}]}), facts=DeviceFacts(cuda=False)
+    )
     return stage, tok, source, plan, str(path)
 
 

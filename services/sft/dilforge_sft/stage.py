@@ -2,7 +2,7 @@
 
 The loss covers assistant content and the family's end-of-turn token only: the conversations are tokenised once
 with the family template's assistant mask, and packing is padding-free with a kernel that keeps documents
-apart (`plans.attention_plan`). TRL, PEFT and transformers are used as libraries; the one extension is a
+apart (`runtime_policy.choose_attention`). TRL, PEFT and transformers are used as libraries; the one extension is a
 callback that turns SIGTERM into checkpoint-and-stop."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dilforge_shared import runtime_policy
 from dilforge_shared.contract import StageContext, StageResult, Terminated, install_sigterm_handler, log_config
 from dilforge_shared.errors import ConfigError, InputError
 from dilforge_shared.families import Family, detect_family
@@ -35,15 +36,15 @@ from .data import (
     refuse_special_tokens,
 )
 from .outputs import loss_history, save_adapter, save_merged, write_generation_defaults, write_label_preview
-from .plans import (
-    AttentionPlan,
-    DevicePlan,
-    attention_plan,
-    checkpointing_decision,
-    device_memory_bytes,
-    device_plan,
+from .training import (
+    activation_checkpointing,
+    build_trainer,
+    decide_runtime,
+    load_model,
+    progress_callback,
+    stop_on_sigterm_callback,
+    tensorboard_callback,
 )
-from .training import build_trainer, load_model, progress_callback, stop_on_sigterm_callback, tensorboard_callback
 
 log = logging.getLogger("dilforge.sft")
 # a chat template that marks assistant turns for the assistant-only loss ({% generation %} ... {% endgeneration %})
@@ -92,11 +93,11 @@ def check_answer_languages(train: list[Conversation], target: str, counts: DataC
 @dataclass
 class Setup:
     """Everything decided before the model loads: the base, its tokenizer and family, the conversations that
-    fit the length rule, and the device, attention and checkpointing plans."""
+    fit the length rule, the device/precision/attention policy and whether to checkpoint activations."""
 
     base_dir: Path
     base_uri: str
-    plan: DevicePlan
+    plan: runtime_policy.RuntimePolicy
     tokenizer: Any
     family: Family
     template_source: str
@@ -104,7 +105,6 @@ class Setup:
     val: list[Example]
     train_counts: DataCounts
     val_counts: DataCounts
-    attention: AttentionPlan
     checkpointing: bool
     checkpointing_reason: str
 
@@ -123,8 +123,8 @@ class Setup:
             "chat_template": self.template_source,
             "family": self.family.name,
             "eot": self.family.eot,
-            "attention": self.attention.implementation,
-            "attention_reason": self.attention.reason,
+            "attention": self.plan.attention,
+            "attention_reason": self.plan.attention_reason,
             "activation_checkpointing": self.checkpointing,
             "activation_checkpointing_reason": self.checkpointing_reason,
             "global_batch": global_batch,
@@ -231,20 +231,17 @@ def prepare_data(
 
 
 def parse(config: SftConfig, ctx: StageContext, splits: tuple) -> Setup:
-    """The base model, its tokenizer and family, the conversations within the length rule, and the plans."""
+    """The base model, its tokenizer and family, the conversations within the length rule, and the policy."""
     base_dir, base_uri = resolve_base(config, ctx)
     import torch
     from transformers import AutoConfig
 
     torch.manual_seed(config.seed)
     model_config = AutoConfig.from_pretrained(str(base_dir), trust_remote_code=False)
-    plan = device_plan(config, model_config.model_type)
+    plan = decide_runtime(config, model_config.model_type)
     tokenizer, family, template_source = load_tokenizer(base_dir)
     train_, val, train_counts, val_counts = prepare_data(config, tokenizer, ctx.endpoint_url, splits)
-    attention = attention_plan(config, plan.device)
-    checkpointing, checkpointing_reason = checkpointing_decision(
-        config, model_config, plan, device_memory_bytes(plan.device)
-    )
+    checkpointing, checkpointing_reason = activation_checkpointing(config, model_config, plan)
     return Setup(
         base_dir=base_dir,
         base_uri=base_uri,
@@ -256,7 +253,6 @@ def parse(config: SftConfig, ctx: StageContext, splits: tuple) -> Setup:
         val=val,
         train_counts=train_counts,
         val_counts=val_counts,
-        attention=attention,
         checkpointing=checkpointing,
         checkpointing_reason=checkpointing_reason,
     )
@@ -267,7 +263,7 @@ def parse(config: SftConfig, ctx: StageContext, splits: tuple) -> Setup:
 
 def build(config: SftConfig, ctx: StageContext, setup: Setup, stop_flag: dict[str, bool]) -> Session:
     """The model and TRL's trainer, the label preview, the checkpoint to resume from and the loss before."""
-    model = load_model(setup.base_dir, setup.plan, setup.attention.implementation)
+    model = load_model(setup.base_dir, setup.plan)
     trainer_dir = ctx.checkpoint_dir / TRAINER_DIR
     trainer_dir.mkdir(parents=True, exist_ok=True)
     progress = progress_callback()
@@ -363,7 +359,7 @@ def sft_metrics(config: SftConfig, setup: Setup, session: Session, trained: Trai
         base_model=setup.base_uri,
         chat_template=setup.template_source,
         family=setup.family.name,
-        attention=setup.attention.implementation,
+        attention=setup.plan.attention,
         activation_checkpointing=setup.checkpointing,
         device=setup.plan.device,
         bf16=setup.plan.bf16,

@@ -5,25 +5,65 @@ SFTTrainer, and the callbacks (SIGTERM → checkpoint and stop; progress; Tensor
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
+from dilforge_shared import runtime_policy
 from dilforge_shared.progress import Progress
+from dilforge_shared.runtime_policy import DeviceFacts, RuntimePolicy
 
 from .config import SftConfig
 from .data import Example
-from .plans import DevicePlan
 
 log = logging.getLogger("dilforge.sft")
 
 
-def load_model(model_dir: Path, plan: DevicePlan, attn_implementation: str = "sdpa"):
+def decide_runtime(config: SftConfig, model_type: str | None = None, facts: DeviceFacts | None = None) -> RuntimePolicy:
+    """Device, precision (never bf16 on CPU), Liger and attention kernel, by the shared policy."""
+    return runtime_policy.decide(
+        "sft",
+        precision=config.precision,
+        liger=config.liger,
+        attention=config.attention,
+        packing=config.packing,
+        model_type=model_type,
+        cpu_bf16=False,
+        facts=facts,
+    )
+
+
+def activation_checkpointing(
+    config: SftConfig, model_config, plan: RuntimePolicy, memory: int | None = None
+) -> tuple[bool, str]:
+    """(recompute activations?, why): `auto` turns it on only when the memory estimate of LoRA training without
+    it (`runtime_policy.training_bytes`) exceeds memory_budget_fraction of `memory` (default: the device's)."""
+    if config.activation_checkpointing != "auto":
+        return config.activation_checkpointing == "on", "set by sft.activation_checkpointing"
+    if memory is None and plan.device == "cuda":
+        import torch
+
+        memory = int(torch.cuda.get_device_properties(0).total_memory)
+    elif memory is None:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    tokens = config.micro_batch_size * config.max_length
+    estimate = sum(
+        runtime_policy.training_bytes(model_config, tokens, full=False, bf16=plan.bf16, fused_loss=plan.liger)
+    )
+    budget = int(memory * config.memory_budget_fraction)
+    gib = 2**30
+    if estimate > budget:
+        return True, f"estimated {estimate / gib:.1f} GiB > budget {budget / gib:.1f} GiB: recompute activations"
+    return False, f"estimated {estimate / gib:.1f} GiB <= budget {budget / gib:.1f} GiB: no recomputation"
+
+
+def load_model(model_dir: Path, plan: RuntimePolicy):
     import torch
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(
         str(model_dir),
         dtype=torch.bfloat16 if plan.bf16 else torch.float32,
-        attn_implementation=attn_implementation,
+        attn_implementation=plan.attention,
         trust_remote_code=False,
     )
     if plan.liger:
@@ -54,7 +94,7 @@ def warmup_arg(config: SftConfig) -> int | float:
     return config.num_warmup_steps if config.num_warmup_steps is not None else float(config.warmup_ratio or 0.0)
 
 
-def sft_arguments(config: SftConfig, output_dir: Path, plan: DevicePlan, checkpointing: bool = False):
+def sft_arguments(config: SftConfig, output_dir: Path, plan: RuntimePolicy, checkpointing: bool = False):
     """The TRL SFTConfig of this stage: every knob comes from SftConfig, nothing from TRL's own defaults by accident."""
     from trl import SFTConfig
 
@@ -104,7 +144,7 @@ def build_trainer(
     train: list[Example],
     val: list[Example],
     output_dir: Path,
-    plan: DevicePlan,
+    plan: RuntimePolicy,
     callbacks: list | None = None,
     checkpointing: bool = False,
 ):
