@@ -280,10 +280,10 @@ class CheckpointTensors:
         self.model, self.opt = model, opt
 
     def state_dict(self):
-        from dilforge_cpt.checkpoints import _tensor_state
+        from torch.distributed.checkpoint.state_dict import get_state_dict
 
-        saved, self.osd = _tensor_state(self.model, self.opt)
-        return saved
+        msd, self.osd = get_state_dict(self.model, self.opt)
+        return {"model": msd, "optim": {"state": self.osd["state"]}}
 
     def load_state_dict(self, saved):
         from torch.distributed.checkpoint.state_dict import set_state_dict

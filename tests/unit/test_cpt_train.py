@@ -282,14 +282,14 @@ def test_rng_state_round_trips_through_json():
     import json
     import random
 
-    from dilforge_cpt.checkpoints import rng_state, set_rng_state
+    from dilforge_cpt.checkpoints import RngState
 
     random.seed(1), np.random.seed(2), torch.manual_seed(3)
     np.random.normal()  # a cached gaussian is part of numpy's state
-    saved = json.loads(json.dumps(rng_state()))
+    saved = json.loads(json.dumps(RngState().state_dict()))
     expect = (random.random(), np.random.normal(), torch.rand(3))
     random.seed(9), np.random.seed(9), torch.manual_seed(9)
-    set_rng_state(saved)
+    RngState().load_state_dict(saved)
     got = (random.random(), np.random.normal(), torch.rand(3))
     assert got[:2] == expect[:2] and torch.equal(got[2], expect[2])
 

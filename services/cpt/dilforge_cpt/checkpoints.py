@@ -173,7 +173,7 @@ class Checkpointer:
         rt.barrier()
         tensors = {c.name: c.obj.state_dict() for c in self.components if c.kind == "tensors"}
         if tensors:
-            for key, value in _leaves(tensors):
+            for key, value in _leaves(tensors):  # nothing else may be pickled into the checkpoint
                 if not isinstance(value, torch.Tensor):
                     raise TypeError(
                         f"checkpoint entry {key} is a {type(value).__name__}, not a tensor; it would be pickled"
@@ -232,50 +232,28 @@ def _load_tensors(path: Path, comp: Component) -> None:
 
 # ---- the components the CPT stage registers -----------------------------------------------------
 class RngState:
-    """This rank's Python, NumPy, torch (and CUDA) generators, as JSON."""
+    """This rank's Python, NumPy, torch (and CUDA) generators, as plain JSON types."""
 
     def state_dict(self) -> dict:
-        return rng_state()
+        version, mt, gauss = random.getstate()
+        kind, keys, pos, has_gauss, cached = np.random.get_state()
+        state = {
+            "python": [version, list(mt), gauss],
+            "numpy": [kind, [int(k) for k in keys], int(pos), int(has_gauss), float(cached)],
+            "torch": torch.get_rng_state().tolist(),
+        }
+        if torch.cuda.is_available():
+            state["cuda"] = [s.tolist() for s in torch.cuda.get_rng_state_all()]
+        return state
 
     def load_state_dict(self, state: dict) -> None:
-        set_rng_state(state)
-
-
-def rng_state() -> dict:
-    """Every generator's state as plain JSON types (ints, lists, strings)."""
-    version, mt, gauss = random.getstate()
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
-    state = {
-        "python": [version, list(mt), gauss],
-        "numpy": [kind, [int(k) for k in keys], int(pos), int(has_gauss), float(cached)],
-        "torch": torch.get_rng_state().tolist(),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = [s.tolist() for s in torch.cuda.get_rng_state_all()]
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    version, mt, gauss = state["python"]
-    random.setstate((version, tuple(mt), gauss))
-    kind, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
-    torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([torch.tensor(s, dtype=torch.uint8) for s in state["cuda"]])
-
-
-def _tensor_state(model, optimizer) -> tuple[dict, dict]:
-    """What DCP saves: model and optimizer *state* tensors only. param_groups (hyperparameters)
-    come from the config on resume, so no non-tensor value has to be pickled into the checkpoint."""
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-
-    msd, osd = get_state_dict(model, optimizer)
-    saved = {"model": msd, "optim": {"state": osd["state"]}}
-    for key, value in _leaves(saved):
-        if not isinstance(value, torch.Tensor):
-            raise TypeError(f"checkpoint entry {key} is a {type(value).__name__}, not a tensor; it would be pickled")
-    return saved, osd
+        version, mt, gauss = state["python"]
+        random.setstate((version, tuple(mt), gauss))
+        kind, keys, pos, has_gauss, cached = state["numpy"]
+        np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+        torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
+        if "cuda" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all([torch.tensor(s, dtype=torch.uint8) for s in state["cuda"]])
 
 
 def _leaves(tree, prefix: str = ""):

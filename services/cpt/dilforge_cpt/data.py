@@ -133,11 +133,7 @@ def pack_stream(docs: Iterable[str], tok: Tokenizer, ids: TokenIds, batch_size: 
         # one stream is one source, all conversations or none; the flag is not serialised with the tokenizer,
         # so it is set here, in every process
         tok.encode_special_tokens = not isinstance(batch[0], Conversation)
-        encs = (
-            tok.encode_batch_fast(batch, add_special_tokens=False)
-            if hasattr(tok, "encode_batch_fast")
-            else tok.encode_batch(batch, add_special_tokens=False)
-        )
+        encs = tok.encode_batch_fast(batch, add_special_tokens=False)
         lengths = [len(e.ids) + lead + 1 for e in encs]
         out = np.empty(sum(lengths), dtype=TOKEN_DTYPE)
         pos = 0
@@ -172,7 +168,6 @@ def cache_key(source: DataSource, tokenizer_json: Path, max_docs: int | None, en
     h.update(data_digest(source.uri, endpoint_url).encode())
     h.update(hashlib.sha256(tokenizer_json.read_bytes()).hexdigest().encode())
     h.update(str(max_docs).encode())
-    h.update(b"special tokens encoded as text")  # entries of the encoding that parsed them are not reused
     return h.hexdigest()[:24]
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import shutil
 import subprocess
 import sys
@@ -208,10 +209,7 @@ def describe(folder: Path) -> dict:
     num_parameters, dtypes = 0, set()
     for path in sorted(folder.glob(f"*{WEIGHT_SUFFIX}")):
         for info in read_header(path).values():
-            count = 1
-            for dim in info["shape"]:
-                count *= dim
-            num_parameters += count
+            num_parameters += math.prod(info["shape"])
             dtypes.add(info["dtype"])
     config = json.loads((folder / "config.json").read_text())
     tokens = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))

@@ -47,19 +47,12 @@ class TrainState:
     validation: list[dict] = field(default_factory=list)  # validation rows, step 0 first (global rank 0)
     leakage: list[dict] = field(default_factory=list)  # {step, sets: {set: leakage row}} at step 0 and each validation
 
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> TrainState:
-        return cls(**data)
-
     def state_dict(self) -> dict[str, Any]:
-        return self.to_json()
+        return dataclasses.asdict(self)
 
     def load_state_dict(self, data: dict[str, Any]) -> None:
         """In place: the loop, the sampler position and the model component hold this very object."""
-        loaded = TrainState.from_json(data)
+        loaded = TrainState(**data)
         for f in dataclasses.fields(self):
             setattr(self, f.name, getattr(loaded, f.name))
 
@@ -92,12 +85,6 @@ class LoopSetup:
     leakage_probe: Any = None  # leakage.LeakageProbe: measured at every validation when set
 
 
-def save(setup: LoopSetup, state: TrainState, model, optimizer) -> None:
-    """A checkpoint of every registered component at `state.step` (the TrainState's `sampler` is what the loop
-    consumed, not what the prefetcher read)."""
-    setup.checkpointer.save(state.step)
-
-
 @dataclass(frozen=True)
 class Pending:
     """A step taken but not yet read back: what a rollback to just before it needs."""
@@ -109,7 +96,7 @@ class Pending:
 
 
 def settle(
-    pending: list[Pending], state: TrainState, setup: LoopSetup, model, optimizer, index: int, tokens_per_step: int
+    pending: list[Pending], state: TrainState, setup: LoopSetup, index: int, tokens_per_step: int
 ) -> list[tuple[float, float]]:
     """Read back the pending steps (one host sync) and return their (loss, norm).
 
@@ -132,7 +119,7 @@ def settle(
         state.last_loss = rows[bad - 1][0]
     for loss, _ in rows[:bad]:
         setup.metrics.tick(loss)
-    save(setup, state, model, optimizer)
+    setup.checkpointer.save(state.step)
     loss, norm = rows[bad]
     what = (
         f"non-finite training loss ({loss})"
@@ -216,7 +203,7 @@ def train_loop(training, data: PackedData, val: list[ValidationSet], state: Trai
                 checkpoint_now = step % config.checkpoint_every == 0 or stopping
                 if log_now or eval_now or checkpoint_now or not skips_on_device(optimizer):
                     try:
-                        values = settle(pending, state, setup, model, optimizer, index, tokens_per_step)
+                        values = settle(pending, state, setup, index, tokens_per_step)
                     except DilforgeError:
                         prefetch.consumed = state.sampler
                         raise
@@ -263,7 +250,7 @@ def train_loop(training, data: PackedData, val: list[ValidationSet], state: Trai
                             ", ".join(f"{n}={r['leakage']:+.4f}" for n, r in rows.items()),
                         )
                 if checkpoint_now:
-                    save(setup, state, model, optimizer)
+                    setup.checkpointer.save(state.step)
                 if stopping:
                     raise Terminated(f"stopped by SIGTERM at step {step}; checkpoint saved, rerun to resume")
     finally:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .checkpoints import Checkpointer, RngState, _tensor_state
+from .checkpoints import Checkpointer, RngState
 from .config import CptConfig
 from .runtime import Runtime
 
@@ -61,11 +61,14 @@ class TrainingModel:
         return self.trainable, self.optimizer
 
     def state_dict(self) -> dict:
-        """Model and optimizer *state* tensors (param_groups, i.e. hyperparameters, come from the config)."""
+        """Model and optimizer *state* tensors: param_groups (hyperparameters) come from the config on resume, so
+        nothing but tensors goes into the checkpoint."""
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
         self.start_phase(self.state.phase)
-        saved, osd = _tensor_state(self.model, self.optimizer)
+        msd, osd = get_state_dict(self.model, self.optimizer)
         self._param_groups = osd["param_groups"]
-        return saved
+        return {"model": msd, "optim": {"state": osd["state"]}}
 
     def load_state_dict(self, saved: dict) -> None:
         from torch.distributed.checkpoint.state_dict import set_state_dict

@@ -198,13 +198,10 @@ def run_workers(plan, ctx: StageContext, grace_s: float | None = None) -> dict:
     finally:
         signal.signal(signal.SIGTERM, previous)
         stop_file(ctx).unlink(missing_ok=True)
-    if stopped_at and not result.exists():  # the workers checkpointed and exited (0) on the stop file
-        reason = ctx.opt.failure_file.read_text() if ctx.opt.failure_file.exists() else ""
+    reason = ctx.opt.failure_file.read_text() if ctx.opt.failure_file.exists() else ""
+    if stopped_at and (rc != 0 or not result.exists()):  # the workers checkpointed and exited on the stop file
         raise Terminated(reason or "stopped by SIGTERM after checkpointing; rerun to resume")
     if rc != 0:
-        reason = ctx.opt.failure_file.read_text() if ctx.opt.failure_file.exists() else ""
-        if stopped_at:
-            raise Terminated(reason or "stopped by SIGTERM after checkpointing; rerun to resume")
         raise DilforgeError(reason or f"training workers failed (torchrun exit code {rc}); see the log above")
     if plan.node_rank != 0:
         return {}

@@ -6,6 +6,7 @@ InputError naming the file and tensor, instead of a traceback later in CPT or ch
 
 from __future__ import annotations
 
+import math
 import numbers
 from pathlib import Path
 
@@ -111,13 +112,6 @@ def expected_shapes(folder: Path) -> tuple[dict[str, tuple[int, ...]], bool]:
     return {k: tuple(v.shape) for k, v in model.state_dict().items()}, tied
 
 
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
-
-
 def _config_dict(folder: Path) -> dict:
     import json
 
@@ -137,7 +131,7 @@ def verify_weights(folder: Path) -> None:
         for name, info in header.items():
             got[name], where[name] = tuple(info["shape"]), path
     config = _config_dict(folder)
-    check_dimensions(config, sum(_numel(s) for s in got.values()), str(folder / "config.json"))
+    check_dimensions(config, sum(math.prod(s) for s in got.values()), str(folder / "config.json"))
     check_tokenizer_fits(folder, config.get("vocab_size"))
     expected, tied = expected_shapes(folder)
     if tied and "lm_head.weight" not in got:
