@@ -174,7 +174,7 @@ def test_eight_concurrent_requests_all_answer(client):
 
 BAD_REQUESTS = [
     ("invalid JSON", b'{"model": "az-tiny-sft", "messages": [', 400, "not valid JSON"),
-    ("no messages", json.dumps({"model": MODEL}).encode(), 400, "messages is required"),
+    ("no messages", json.dumps({"model": MODEL}).encode(), 400, "messages: Field required"),
     (
         "unknown model id",
         json.dumps({"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}]}).encode(),
@@ -209,13 +209,13 @@ BAD_REQUESTS = [
         "NaN temperature",
         b'{"messages": [{"role": "user", "content": "x"}], "temperature": NaN}',
         400,
-        "temperature must be a finite number",
+        "temperature should be a finite number",
     ),
     (
         "negative top_p",
         json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "top_p": -0.5}).encode(),
         400,
-        "top_p must be between 0.0 and 1.0",
+        "top_p should be greater than or equal to 0",
     ),
     (
         "penalty 1e9",
@@ -223,19 +223,19 @@ BAD_REQUESTS = [
             {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "presence_penalty": 1000000000.0}
         ).encode(),
         400,
-        "presence_penalty must be between",
+        "presence_penalty 1000000000.0 is not supported",
     ),
     (
         "n 50",
         json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 50}).encode(),
         400,
-        "n must be 1",
+        "n 50 is not supported",
     ),
     (
         "10,000 stop strings",
         json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "stop": ["x"] * 10000}).encode(),
         400,
-        "stop takes at most 4 strings",
+        "stop should have at most 4 items",
     ),
     (
         "seed 2**70",
@@ -243,7 +243,7 @@ BAD_REQUESTS = [
             {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "seed": 1180591620717411303424}
         ).encode(),
         400,
-        "seed must be an integer in [0, 2^63)",
+        "seed should be less than 9223372036854775808",
     ),
     (
         "logit_bias of an unknown id",
@@ -277,7 +277,7 @@ FIELD_REQUESTS = [
     ("template bos_token of 12,000 words", {"chat_template_kwargs": {"bos_token": "söz " * 12000}}, "bos_token"),
     ("template add_generation_prompt", {"chat_template_kwargs": {"add_generation_prompt": False}}, "not a variable"),
     ("template tokenize", {"chat_template_kwargs": {"tokenize": False}}, "'tokenize' is not a variable"),
-    ("template kwargs a string", {"chat_template_kwargs": "x"}, "chat_template_kwargs must be an object"),
+    ("template kwargs a string", {"chat_template_kwargs": "x"}, "chat_template_kwargs should be a valid dict"),
     ("generation_config not JSON", {"generation_config": "not json"}, "generation_config is not a JSON object"),
     ("generation_config a dict", {"generation_config": {"temperature": 0.5}}, "must be a string holding a JSON"),
     ("generation_config NaN", {"generation_config": '{"temperature": NaN, "do_sample": true}'}, "NaN is not"),
@@ -286,10 +286,10 @@ FIELD_REQUESTS = [
     (
         "generation_config 2,000 stop strings",
         {"generation_config": json.dumps({"stop_strings": ["x"] * 2000})},
-        "stop_strings takes at most 4",
+        "stop_strings should have at most 4 items",
     ),
     ("generation_config 10^6 tokens", {"generation_config": '{"max_new_tokens": 1000000}'}, "leaves room for at most"),
-    ("frequency_penalty -1", {"frequency_penalty": -1}, "frequency_penalty must be greater than -1.0"),
+    ("frequency_penalty -1", {"frequency_penalty": -1}, "frequency_penalty should be greater than -1"),
     ("presence_penalty 1", {"presence_penalty": 1}, "presence_penalty 1 is not supported"),
     ("an unknown field", {"foo": 1}, "'foo' is not a field this server takes"),
 ]

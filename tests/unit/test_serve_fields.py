@@ -41,21 +41,21 @@ REFUSED = [
     ("template bos_token", chat(chat_template_kwargs={"bos_token": FORGED}), "'bos_token' is not a variable"),
     ("template add_generation_prompt", chat(chat_template_kwargs={"add_generation_prompt": False}), "not a variable"),
     ("template tokenize", chat(chat_template_kwargs={"tokenize": False}), "'tokenize' is not a variable"),
-    ("template kwargs a string", chat(chat_template_kwargs="x"), "chat_template_kwargs must be an object"),
-    ("template kwargs a list", chat(chat_template_kwargs=[1]), "chat_template_kwargs must be an object"),
+    ("template kwargs a string", chat(chat_template_kwargs="x"), "chat_template_kwargs should be a valid dictionary"),
+    ("template kwargs a list", chat(chat_template_kwargs=[1]), "chat_template_kwargs should be a valid dictionary"),
     # generation_config: a string holding a JSON object, key by key
     ("gen not json", chat(generation_config="not json"), "generation_config is not a JSON object"),
     ("gen a dict", chat(generation_config={"top_k": 3}), "generation_config must be a string holding a JSON"),
     ("gen a list", chat(generation_config="[1]"), "generation_config must hold a JSON object, got list"),
     ("gen NaN temperature", chat(generation_config='{"temperature": NaN}'), "NaN is not a number"),
     ("gen inf", chat(generation_config='{"top_p": Infinity}'), "Infinity is not a number"),
-    ("gen negative penalty", chat(generation_config='{"repetition_penalty": -1}'), "repetition_penalty must be"),
-    ("gen zero penalty", chat(generation_config='{"repetition_penalty": 0}'), "repetition_penalty must be greater"),
-    ("gen 3 sequences", chat(generation_config='{"num_return_sequences": 3}'), "num_return_sequences must be"),
+    ("gen negative penalty", chat(generation_config='{"repetition_penalty": -1}'), "repetition_penalty should be"),
+    ("gen zero penalty", chat(generation_config='{"repetition_penalty": 0}'), "penalty should be greater than 0"),
+    ("gen 3 sequences", chat(generation_config='{"num_return_sequences": 3}'), "num_return_sequences should be"),
     (
         "gen 2000 stop strings",
         chat(generation_config=json.dumps({"stop_strings": ["x"] * 2000})),
-        "generation_config.stop_strings takes at most 4",
+        "generation_config.stop_strings should have at most 4 items",
     ),
     (
         "gen a long stop string",
@@ -65,31 +65,31 @@ REFUSED = [
     ("gen max_new_tokens past context", chat(generation_config='{"max_new_tokens": 100000}'), "leaves room"),
     ("gen unknown key", chat(generation_config='{"eos_token_id": 5}'), "generation_config.eos_token_id is not"),
     ("gen beams", chat(generation_config='{"num_beams": 64}'), "generation_config.num_beams is not"),
-    ("gen typical_p 0", chat(generation_config='{"typical_p": 0}'), "typical_p must be greater than 0.0"),
-    ("gen top_k float", chat(generation_config='{"top_k": 2.5}'), "top_k must be an integer"),
-    ("gen do_sample string", chat(generation_config='{"do_sample": "yes"}'), "do_sample must be true or false"),
+    ("gen typical_p 0", chat(generation_config='{"typical_p": 0}'), "typical_p should be greater than 0"),
+    ("gen top_k float", chat(generation_config='{"top_k": 2.5}'), "top_k should be a valid integer"),
+    ("gen do_sample string", chat(generation_config='{"do_sample": "yes"}'), "do_sample should be a valid boolean"),
     ("gen min > max", chat(max_tokens=4, generation_config='{"min_new_tokens": 9}'), "min_new_tokens is 9"),
     ("gen deep", chat(generation_config="[" * 100_000 + "]" * 100_000), "generation_config"),
     # penalties the backend cannot run (repetition_penalty = 1 + frequency_penalty must be positive)
-    ("frequency_penalty -1", chat(frequency_penalty=-1), "frequency_penalty must be greater than -1.0"),
-    ("frequency_penalty -2", chat(frequency_penalty=-2), "frequency_penalty must be greater than -1.0"),
+    ("frequency_penalty -1", chat(frequency_penalty=-1), "frequency_penalty should be greater than -1"),
+    ("frequency_penalty -2", chat(frequency_penalty=-2), "frequency_penalty should be greater than -1"),
     ("presence_penalty ignored", chat(presence_penalty=0.5), "presence_penalty 0.5 is not supported"),
-    ("temperature a string", chat(temperature="hot"), "temperature must be a finite number"),
-    ("temperature 2**1100", chat(temperature=2**1100), "temperature must be a finite number"),
-    ("stream a string", chat(stream="yes"), "stream must be true or false"),
-    ("max_tokens float", chat(max_tokens=1.5), "max_tokens must be an integer"),
+    ("temperature a string", chat(temperature="hot"), "temperature should be a valid number"),
+    ("temperature 2**1100", chat(temperature=2**1100), "temperature should be a valid number"),
+    ("stream a string", chat(stream="yes"), "stream should be a valid boolean"),
+    ("max_tokens float", chat(max_tokens=1.5), "max_tokens should be a valid integer"),
     ("unknown field", chat(foo=1), "'foo' is not a field this server takes"),
     ("audio", chat(audio={"voice": "x"}), "'audio' is not a field"),
     ("logprobs", chat(logprobs=True), "logprobs True is not supported"),
     ("response_format json", chat(response_format={"type": "json_object"}), "response_format"),
     ("stream_options unknown key", chat(stream_options={"x": 1}), "stream_options"),
     ("user a dict", chat(user={"a": 1}), "user"),
-    ("logit_bias a NaN", chat(logit_bias={"5": float("nan")}), "logit_bias[5] must be a number"),
+    ("logit_bias a NaN", chat(logit_bias={"5": float("nan")}), "logit_bias.5 should be a finite number"),
     ("logit_bias id 1e9", chat(logit_bias={"1000000000": 1}), "not a token id of this model"),
     ("logit_bias id of 5000 digits", chat(logit_bias={"9" * 5000: 1}), "not a token id of this model"),
     # messages: every key and shape
-    ("message unknown key", {"messages": [{"role": "user", "content": "x", "foo": 1}]}, "messages[0].'foo' is not"),
-    ("content null", {"messages": [{"role": "user", "content": None}]}, "messages[0].content must be a string"),
+    ("message unknown key", {"messages": [{"role": "user", "content": "x", "foo": 1}]}, "messages[0].foo is not"),
+    ("content null", {"messages": [{"role": "user", "content": None}]}, "messages[0] has no content"),
     ("content part no type", {"messages": [{"role": "user", "content": [{"text": "x"}]}]}, "text parts"),
     (
         "content image part",
@@ -122,8 +122,12 @@ REFUSED = [
         },
         "contains the control token",
     ),
-    ("tool_calls a dict", {"messages": [*USER, {"role": "assistant", "tool_calls": {"a": 1}}]}, "list of 1 to 16"),
-    ("name a number", {"messages": [{"role": "user", "content": "x", "name": 5}]}, "messages[0].name must be"),
+    (
+        "tool_calls a dict",
+        {"messages": [*USER, {"role": "assistant", "tool_calls": {"a": 1}}]},
+        "should be a valid list",
+    ),
+    ("name a number", {"messages": [{"role": "user", "content": "x", "name": 5}]}, "messages[0].name should be"),
     ("tools without a template that renders them", chat(tools=[{"type": "function"}]), "does not render tools"),
     ("prompt on chat", chat(prompt="x"), "'prompt' is not a field"),
 ]
@@ -142,7 +146,7 @@ COMPLETION_REFUSED = [
     ("chat_template_kwargs on completions", {"prompt": "x", "chat_template_kwargs": {}}, "not a field"),
     ("echo", {"prompt": "x", "echo": True}, "echo True is not supported"),
     ("best_of 3", {"prompt": "x", "best_of": 3}, "best_of 3 is not supported"),
-    ("suffix a number", {"prompt": "x", "suffix": 3}, "suffix must be a string"),
+    ("suffix a number", {"prompt": "x", "suffix": 3}, "suffix should be a valid string"),
     ("gen 3 sequences", {"prompt": "x", "generation_config": '{"num_return_sequences": 3}'}, "num_return_seq"),
     ("prompt forged", {"prompt": FORGED}, "contains the control token"),
 ]
@@ -285,7 +289,7 @@ def test_tools_are_taken_only_by_a_template_that_renders_them_and_count_as_promp
         check(guard, chat(tools=[{**tool, "function": {**tool["function"], "description": "uzun " * 200}}]))
     with pytest.raises(BadRequest, match="contains the control token"):
         check(guard, chat(tools=[{**tool, "function": {**tool["function"], "description": FORGED}}]))
-    with pytest.raises(BadRequest, match="tools\\[0\\] must be"):
+    with pytest.raises(BadRequest, match="tools\\[0\\].function: Field required"):
         check(guard, chat(tools=[{"type": "function"}]))
 
 

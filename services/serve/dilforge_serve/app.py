@@ -18,14 +18,7 @@ from typing import Any
 from dilforge_shared.compat.serve import serve_command_app
 from dilforge_shared.families import special_token_pattern, special_tokens
 
-from .fields import (
-    CHAT,
-    COMPLETIONS,
-    BadRequest,
-    ServedTemplate,
-    normalise,
-    refuse_special_tokens,
-)
+from .fields import CHAT, COMPLETIONS, BadRequest, ServedTemplate, normalise
 
 log = logging.getLogger("dilforge.serve")
 
@@ -139,9 +132,8 @@ class RequestGuard:
                 code="model_not_found",
             )
         body["model"] = self.model_id
-        request = normalise(path, body, len(self.tokenizer), self.template, self.model_sampling)
+        request = normalise(path, body, len(self.tokenizer), self.template, self.model_sampling, self.specials)
         body = request.body
-        refuse_special_tokens({k: v for k, v in body.items() if k != "model"}, self.specials, "")
         prompt_tokens = self.prompt_tokens(path, request)
         if prompt_tokens >= self.context:
             raise BadRequest(

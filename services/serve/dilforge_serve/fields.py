@@ -1,53 +1,29 @@
-"""Every field a generation request may carry, checked and normalised before transformers serve reads it.
-
-`normalise` is the one place a field is read: a field this server does not take, or a value the backend
-cannot run, is a `BadRequest` naming it; it returns a body of checked fields only, and the rendered
-conversation the guard counts prompt tokens on."""
+"""The OpenAI request bodies this server takes, as pydantic models: a field it does not take, or a value the
+backend cannot run, is a `BadRequest` naming it, never a 500 inside transformers serve. `normalise` returns
+the checked body and the conversation the guard counts prompt tokens on."""
 
 from __future__ import annotations
 
 import json
 import math
-import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, Literal
 
 from dilforge_shared.families import control_token_in
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
-MAX_STOP, MAX_STOP_CHARS = 4, 256  # OpenAI's own limit on `stop`
 MIN_TEMPERATURE = 1e-3  # below this a temperature is served as 0 (greedy): dividing logits by 1e-300 overflows
-MAX_TOOLS, MAX_TOOL_CALLS = 32, 16
-MAX_OPTION_CHARS = 256  # a chat-template option's string value
-MAX_NAME_CHARS = 256  # `user`, tool names, ids
-ROLES = ("system", "user", "assistant", "tool", "developer")
-# finite numbers in these ranges (OpenAI's, narrowed to what the backend runs: transformers applies
-# frequency_penalty as repetition_penalty = 1 + frequency_penalty, which must be positive)
-RANGES = {
-    "temperature": (0.0, 2.0, "between 0.0 and 2.0"),
-    "top_p": (0.0, 1.0, "between 0.0 and 1.0"),
-    "frequency_penalty": (-1.0, 2.0, "greater than -1.0 and at most 2.0 (it is applied as repetition_penalty ="
-                                     " 1 + frequency_penalty, which must be positive)"),
-    "presence_penalty": (-2.0, 2.0, "between -2.0 and 2.0"),
-}  # fmt: skip
-OPEN_BELOW = {"frequency_penalty"}  # the low end itself is refused
-
-# generation_config keys a request may set: {key: (type, low, high, low_open)}; anything else is refused
-GENERATION_KEYS: dict[str, tuple[type, float, float, bool]] = {
-    "do_sample": (bool, 0, 0, False),
-    "temperature": (float, 0.0, 2.0, False),
-    "top_k": (int, 0, 1_000_000, False),
-    "top_p": (float, 0.0, 1.0, False),
-    "min_p": (float, 0.0, 1.0, False),
-    "typical_p": (float, 0.0, 1.0, True),
-    "repetition_penalty": (float, 0.0, 10.0, True),
-    "no_repeat_ngram_size": (int, 0, 64, False),
-    "max_new_tokens": (int, 1, 1 << 40, False),
-    "min_new_tokens": (int, 0, 1 << 40, False),
-    "num_return_sequences": (int, 1, 1, False),
-    "stop_strings": (list, 0, 0, False),
-}
-
 # chat-template variables a request can never set: the conversation itself, the tokenizer's special tokens,
 # and apply_chat_template's own arguments (set twice, they are a TypeError in transformers serve)
 TEMPLATE_RESERVED = {
@@ -56,16 +32,9 @@ TEMPLATE_RESERVED = {
     "chat_template", "conversation", "raise_exception", "strftime_now", "range", "loop", "namespace", "dict",
     "cycler", "joiner", "lipsum", "load_audio_from_video", "num_frames",
 }  # fmt: skip
-
 # fields transformers serve accepts and ignores: taken only at OpenAI's default (or a harmless value), then dropped
-IGNORED_CHAT = {"n", "presence_penalty", "logprobs", "top_logprobs", "stream_options", "user", "tool_choice",
-                "parallel_tool_calls", "response_format", "metadata", "store", "service_tier"}  # fmt: skip
-IGNORED_COMPLETION = {"n", "presence_penalty", "logprobs", "stream_options", "user", "echo", "best_of"}
-PASSED_COMMON = {"model", "max_tokens", "temperature", "top_p", "frequency_penalty", "seed", "stop", "stream",
-                 "generation_config"}  # fmt: skip
-PASSED_CHAT = PASSED_COMMON | {"messages", "max_completion_tokens", "logit_bias", "chat_template_kwargs", "tools"}
-PASSED_COMPLETION = PASSED_COMMON | {"prompt", "suffix"}
-MESSAGE_KEYS = {"role", "content", "name", "tool_calls", "tool_call_id"}
+IGNORED = {"n", "presence_penalty", "logprobs", "top_logprobs", "stream_options", "user", "tool_choice",
+           "parallel_tool_calls", "response_format", "metadata", "store", "service_tier", "echo", "best_of"}  # fmt: skip
 
 
 class BadRequest(Exception):
@@ -122,47 +91,6 @@ class Normalised:
     token_limits: dict[str, int] = field(default_factory=dict)  # every field naming a number of new tokens
 
 
-def is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def finite(value: Any, param: str) -> float:
-    if not is_number(value):
-        raise BadRequest(f"{param} must be a finite number, got {short(value)}", param=param)
-    try:
-        number = float(value)
-    except OverflowError:
-        number = math.inf
-    if not math.isfinite(number):
-        raise BadRequest(f"{param} must be a finite number, got {short(value)}", param=param)
-    return number
-
-
-def integer(value: Any, param: str, low: int, high: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise BadRequest(f"{param} must be an integer in [{low}, {high}], got {short(value)}", param=param)
-    return value
-
-
-def text(value: Any, param: str, max_chars: int | None = None, allow_empty: bool = True) -> str:
-    """A string with no lone surrogate and no control token (user text must not forge a turn)."""
-    if not isinstance(value, str) or (not allow_empty and not value):
-        raise BadRequest(f"{param} must be a {'' if allow_empty else 'non-empty '}string, got {short(value)}", param)
-    if max_chars is not None and len(value) > max_chars:
-        raise BadRequest(f"{param} is {len(value)} characters; at most {max_chars} are allowed", param=param)
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise BadRequest(f"{param} holds a lone surrogate at character {exc.start}", param=param) from None
-    token = control_token_in(value)
-    if token is not None:
-        raise BadRequest(
-            f"{param} contains the control token {token!r}, which would change the conversation's structure",
-            param=param,
-        )
-    return value
-
-
 def short(value: Any) -> str:
     """`value` for an error message: its repr, cut to 60 characters (a request may hold megabytes)."""
     try:
@@ -172,21 +100,39 @@ def short(value: Any) -> str:
     return shown if len(shown) <= 60 else shown[:57] + "..."
 
 
-def all_strings(value: Any, param: str, depth: int = 0) -> None:
-    """Every string anywhere in a JSON value (keys too) is text (no control token, no lone surrogate)."""
+# ---- text: no lone surrogate, no control token, no special token of the served tokenizer ---------------------
+def plain(value: str, info: ValidationInfo) -> str:
+    """User text must not forge a turn: encoded, a special token would be that control id, not the text typed."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"holds a lone surrogate at character {exc.start}") from None
+    if token := control_token_in(value):
+        raise ValueError(f"contains the control token {token!r}, which would change the conversation's structure")
+    specials = (info.context or {}).get("specials")
+    if specials is not None and (match := specials.search(value)):
+        raise ValueError(
+            f"contains the special token {match.group(0)!r} of this model's tokenizer, which would be read as a "
+            "control token, not as text"
+        )
+    return value
+
+
+def all_strings(value: Any, info: ValidationInfo, depth: int = 0) -> None:
+    """Every string anywhere in a free-form JSON value (keys too) is plain text; every number is finite."""
     if depth > 32:
-        raise BadRequest(f"{param} is nested too deeply", param=param)
+        raise ValueError("is nested too deeply")
     if isinstance(value, str):
-        text(value, param)
+        plain(value, info)
     elif isinstance(value, dict):
         for key, item in value.items():
-            text(key, param)
-            all_strings(item, param, depth + 1)
+            plain(key, info)
+            all_strings(item, info, depth + 1)
     elif isinstance(value, list):
         for item in value:
-            all_strings(item, param, depth + 1)
-    elif is_number(value):
-        finite(value, param)
+            all_strings(item, info, depth + 1)
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"holds {value}, not a finite number")
 
 
 def no_constant(name: str):
@@ -194,340 +140,306 @@ def no_constant(name: str):
     raise ValueError(f"{name} is not a number")
 
 
-def refuse_special_tokens(value: Any, pattern: re.Pattern[str] | None, param: str) -> None:
-    """No string anywhere in a checked body holds one of the served tokenizer's special tokens: encoded, it would
-    be that control id, not the text the user typed."""
-    if pattern is None:
-        return
-    if isinstance(value, str):
-        match = pattern.search(value)
-        if match:
-            raise BadRequest(
-                f"{param} contains the special token {match.group(0)!r} of this model's tokenizer, which would be "
-                "read as a control token, not as text",
-                param=param,
-            )
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            refuse_special_tokens(item, pattern, f"{param}.{key}" if param else str(key))
-    elif isinstance(value, list):
-        for i, item in enumerate(value):
-            refuse_special_tokens(item, pattern, f"{param}[{i}]")
+def text(min_length: int = 0, max_length: int | None = None) -> Any:
+    """A string type: no lone surrogate, no control token, no special token of the served tokenizer."""
+    return Annotated[str, Field(min_length=min_length, max_length=max_length), AfterValidator(plain)]
 
 
-def stop_list(value: Any, param: str) -> list[str]:
-    stops = [value] if isinstance(value, str) else value
-    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
-        raise BadRequest(f"{param} must be a string or a list of non-empty strings", param=param)
-    if len(stops) > MAX_STOP or any(len(s) > MAX_STOP_CHARS for s in stops):
-        raise BadRequest(f"{param} takes at most {MAX_STOP} strings of at most {MAX_STOP_CHARS} characters", param)
-    for s in stops:
-        text(s, param)
-    return stops
+Name = text(max_length=256)  # `user`, tool names, ids
+# OpenAI's own limit on `stop`; a single string is a list of one
+Stops = Annotated[list[text(1, 256)], Field(max_length=4), BeforeValidator(lambda v: [v] if isinstance(v, str) else v)]
+Tokens = Annotated[int, Field(ge=1, le=1 << 40)]
 
 
-# ---- the request ------------------------------------------------------------------------------------------
+class Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
+
+
+class GenerationConfig(Strict):
+    """The generation_config keys a request may set (the top-level fields override them, as in transformers
+    serve). Floats stay floats: transformers' processors refuse an int temperature or penalty."""
+
+    do_sample: bool | None = None
+    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
+    top_k: Annotated[int, Field(ge=0, le=1_000_000)] | None = None
+    top_p: Annotated[float, Field(ge=0, le=1)] | None = None
+    min_p: Annotated[float, Field(ge=0, le=1)] | None = None
+    typical_p: Annotated[float, Field(gt=0, le=1)] | None = None
+    repetition_penalty: Annotated[float, Field(gt=0, le=10)] | None = None
+    no_repeat_ngram_size: Annotated[int, Field(ge=0, le=64)] | None = None
+    max_new_tokens: Tokens | None = None
+    min_new_tokens: Annotated[int, Field(ge=0, le=1 << 40)] | None = None
+    num_return_sequences: Annotated[int, Field(ge=1, le=1)] | None = None
+    stop_strings: Stops | None = None
+
+
+class StreamOptions(Strict):
+    include_usage: bool = False
+    include_obfuscation: bool = False
+
+
+class ResponseFormat(Strict):
+    type: Literal["text"]
+
+
+class Request(Strict):
+    """The fields both routes take; those in IGNORED only at their default."""
+
+    model: str | None = None
+    max_tokens: Tokens | None = None
+    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
+    top_p: Annotated[float, Field(ge=0, le=1)] | None = None
+    # transformers applies it as repetition_penalty = 1 + frequency_penalty, which must be positive
+    frequency_penalty: Annotated[float, Field(gt=-1, le=2)] | None = None
+    seed: Annotated[int, Field(ge=0, lt=1 << 63)] | None = None
+    stop: Stops | None = None
+    stream: bool | None = None
+    generation_config: GenerationConfig | None = None
+    n: Literal[1] | None = None
+    presence_penalty: Annotated[float, Field(ge=0, le=0)] | None = None
+    logprobs: Literal[False, 0] | None = None
+    stream_options: StreamOptions | None = None
+    user: Annotated[str, Field(max_length=256)] | None = None
+
+    @field_validator("generation_config", mode="before")
+    @classmethod
+    def json_object(cls, raw: Any) -> Any:
+        """transformers serve declares it a string holding a JSON object."""
+        if raw is None or isinstance(raw, GenerationConfig):
+            return raw
+        if not isinstance(raw, str):
+            raise ValueError(f"must be a string holding a JSON object (e.g. '{{\"top_k\": 20}}'), got {short(raw)}")
+        try:
+            gen = json.loads(raw, parse_constant=no_constant)
+        except RecursionError:
+            raise ValueError("is nested too deeply") from None
+        except ValueError as exc:
+            raise ValueError(f"is not a JSON object: {exc}") from None
+        if not isinstance(gen, dict):
+            raise ValueError(f"must hold a JSON object, got {type(gen).__name__}")
+        return gen
+
+
+class CompletionRequest(Request):
+    prompt: text(1)
+    suffix: text(max_length=4096) | None = None
+    echo: Literal[False] | None = None
+    best_of: Literal[1] | None = None
+
+
+class Function(BaseModel):
+    model_config = ConfigDict(strict=True)
+    name: text(1, 256)
+    arguments: str = "{}"
+
+    @field_validator("arguments")
+    @classmethod
+    def json_object(cls, value: str, info: ValidationInfo) -> str:
+        try:
+            parsed = json.loads(value, parse_constant=no_constant)
+        except (ValueError, RecursionError):
+            parsed = None
+        if not isinstance(parsed, dict):
+            raise ValueError("must be a string holding a JSON object")
+        all_strings(parsed, info)
+        return value
+
+
+class ToolCall(BaseModel):
+    model_config = ConfigDict(strict=True)
+    id: Name | None = None
+    type: Literal["function"] = "function"
+    function: Function
+
+
+def join_parts(value: Any) -> Any:
+    """Text parts ({type: text, text}) joined as transformers serve joins them; a text model takes no others."""
+    if not isinstance(value, list):
+        return value
+    if not all(isinstance(p, dict) and p.get("type") == "text" and set(p) <= {"type", "text"} for p in value):
+        raise ValueError("must be a string or text parts ({type: text, text}): this is a text model")
+    if not all(isinstance(p.get("text"), str) for p in value):
+        raise ValueError("must be a string or text parts whose text is a string")
+    return " ".join(p["text"] for p in value)
+
+
+class Message(Strict):
+    role: Literal["system", "user", "assistant", "tool", "developer"]
+    content: Annotated[text() | None, BeforeValidator(join_parts)] = None
+    name: Name | None = None  # checked; no template here renders it
+    tool_calls: Annotated[list[ToolCall], Field(min_length=1, max_length=16)] | None = None
+    tool_call_id: Name | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def roles(cls, message: Any) -> Any:
+        if not isinstance(message, dict):
+            return message
+        if message.get("tool_calls") is not None and message.get("role") != "assistant":
+            raise ValueError("has tool_calls: only an assistant message calls tools")
+        if message.get("tool_call_id") is not None and message.get("role") != "tool":
+            raise ValueError("has a tool_call_id: only a tool message answers a tool call")
+        if message.get("content") is None and message.get("tool_calls") is None:
+            raise ValueError("has no content: it must be a string (null only beside tool_calls)")
+        return message
+
+
+class ToolFunction(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow")
+    name: text(1, 256)
+
+
+class Tool(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow")
+    type: Literal["function"]
+    function: ToolFunction
+
+    @model_validator(mode="before")
+    @classmethod
+    def every_string(cls, value: Any, info: ValidationInfo) -> Any:
+        all_strings(value, info)
+        return value
+
+
+class ChatRequest(Request):
+    messages: Annotated[list[Message], Field(min_length=1)]
+    max_completion_tokens: Tokens | None = None
+    logit_bias: Annotated[dict[str, Annotated[float, Field(ge=-100, le=100)]], Field(max_length=300)] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    tools: Annotated[list[Tool], Field(max_length=32)] | None = None
+    top_logprobs: Literal[0] | None = None
+    tool_choice: Literal["none", "auto"] | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = None
+    metadata: Annotated[
+        dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]], Field(max_length=16)
+    ] | None = None  # fmt: skip
+    store: Literal[False] | None = None
+    service_tier: Literal["auto", "default"] | None = None
+
+    @field_validator("logit_bias")
+    @classmethod
+    def token_ids(cls, bias: dict[str, float] | None, info: ValidationInfo) -> dict[str, float] | None:
+        vocab_size = info.context["vocab_size"]
+        for key in bias or {}:
+            # the length first: int() of a key of thousands of digits is a ValueError, not a number
+            if not (key.isascii() and key.isdigit() and len(key) <= len(str(vocab_size)) and int(key) < vocab_size):
+                raise ValueError(f"{short(key)} is not a token id of this model (0..{vocab_size - 1})")
+        return bias or None  # {} is no bias, as OpenAI reads it (transformers serve fails on an empty one)
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def template_options(cls, kwargs: dict[str, Any] | None, info: ValidationInfo) -> dict[str, Any] | None:
+        """Only the served template's own options, each a short scalar without control tokens."""
+        options = info.context["template"].options
+        for key, value in (kwargs or {}).items():
+            if key not in options:
+                raise ValueError(
+                    f"{short(key)} is not a variable of this model's chat template that a request may set (it may "
+                    f"set: {', '.join(sorted(options)) or 'none'})"
+                )
+            if isinstance(value, str):
+                if len(value) > 256:
+                    raise ValueError(f"value of {key!r} is {len(value)} characters; at most 256 are allowed")
+                plain(value, info)
+            elif not (
+                value is None or isinstance(value, bool | int) or (isinstance(value, float) and math.isfinite(value))
+            ):
+                raise ValueError(f"value of {key!r} must be a string, number, true, false or null")
+        return kwargs
+
+    @field_validator("tools", mode="before")
+    @classmethod
+    def rendered(cls, tools: Any, info: ValidationInfo) -> Any:
+        if tools is not None and not info.context["template"].renders_tools:
+            raise ValueError("cannot be used: this model's chat template does not render tools")
+        return tools
+
+
+PASSED_CHAT = set(ChatRequest.model_fields) - IGNORED
+PASSED_COMPLETION = set(CompletionRequest.model_fields) - IGNORED
+
+
+def refusal(exc: ValidationError, body: dict[str, Any], path: str) -> BadRequest:
+    """The first validation error as one line naming the field (`messages[0].content`)."""
+    err = exc.errors(include_url=False)[0]
+    loc = err["loc"]
+    where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
+    if err["type"] == "extra_forbidden" and len(loc) == 1:
+        passed = PASSED_CHAT if path == CHAT else PASSED_COMPLETION
+        message = f"{short(loc[0])} is not a field this server takes on {path} (it takes: {', '.join(sorted(passed))})"
+    elif loc and loc[0] in IGNORED:
+        message = (
+            f"{loc[0]} {short(body.get(loc[0]))} is not supported by this server (transformers serve ignores "
+            f"{loc[0]}; send it at its default or leave it out)"
+        )
+    elif err["type"] == "extra_forbidden":
+        message = f"{where} is not a field this server takes here"
+    elif err["type"] == "string_unicode":
+        message = f"{where} holds a lone surrogate, which is not text"
+    elif err["type"] == "value_error":
+        message = f"{where} {err['ctx']['error']}"
+    else:  # pydantic's "Input should be ...", "List should have ..."
+        _, should, rest = err["msg"].partition(" should ")
+        message = f"{where}{should}{rest}" if should else f"{where}: {err['msg']}"
+        if not isinstance(err["input"], dict | list):
+            message += f", got {short(err['input'])}"
+    return BadRequest(message, param=where or None)
+
+
 def normalise(
-    path: str, body: dict[str, Any], vocab_size: int, template: ServedTemplate, model_sampling: bool
+    path: str, body: dict[str, Any], vocab_size: int, template: ServedTemplate, model_sampling: bool, specials=None
 ) -> Normalised:
     """The request as transformers serve should read it, or BadRequest naming the first bad field.
 
     `model_sampling`: whether the served model's own generation config samples (`do_sample`), which a request's
-    temperature applies to."""
+    temperature applies to; `specials`: a pattern of the served tokenizer's special tokens, refused in any text."""
     chat = path == CHAT
-    passed, ignored = (PASSED_CHAT, IGNORED_CHAT) if chat else (PASSED_COMPLETION, IGNORED_COMPLETION)
-    for key in body:
-        if key not in passed and key not in ignored:
-            raise BadRequest(
-                f"{short(key)} is not a field this server takes on {path} (it takes: {', '.join(sorted(passed))})",
-                param=str(key),
-            )
-    for key in ignored & body.keys():
-        check_ignored(key, body[key])
-    out: dict[str, Any] = {k: body[k] for k in passed & body.keys() if body[k] is not None}
-    check_sampling(out, model_sampling)
-    seed = out.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63):
-        raise BadRequest(f"seed must be an integer in [0, 2^63), got {short(seed)}", param="seed")
-    if "stream" in out and not isinstance(out["stream"], bool):
-        raise BadRequest(f"stream must be true or false, got {short(out['stream'])}", param="stream")
-    if "stop" in out:
-        out["stop"] = stop_list(out["stop"], "stop")
-        if not out["stop"]:
-            del out["stop"]  # no stop string, as OpenAI reads `[]` (transformers fails on an empty list)
-    for key in ("max_completion_tokens", "max_tokens"):
-        if key in out:
-            out[key] = integer(out[key], key, 1, 1 << 40)
+    context = {"vocab_size": vocab_size, "template": template, "specials": specials}
+    try:
+        request = (ChatRequest if chat else CompletionRequest).model_validate(body, context=context)
+    except ValidationError as exc:
+        raise refusal(exc, body, path) from None
+    dump = request.model_dump(exclude_unset=True, exclude=IGNORED | {"messages"})
+    out = {k: v for k, v in dump.items() if v is not None}
+    if out.get("temperature", 1.0) < MIN_TEMPERATURE:
+        out["temperature"] = 0.0  # greedy, what a temperature this small converges to
+    if not out.get("stop", True):
+        del out["stop"]  # no stop string, as OpenAI reads `[]` (transformers fails on an empty list)
     limits = {k: out[k] for k in ("max_completion_tokens", "max_tokens") if k in out}
     min_new_tokens = 0
     if "generation_config" in out:
-        gen = generation_config(out, model_sampling)
+        gen = {k: v for k, v in out["generation_config"].items() if v is not None}
+        if "stop" in out or not gen.get("stop_strings", True):
+            gen.pop("stop_strings", None)  # `stop` replaces it; an empty list is none
+        temperature = out.get("temperature", gen.get("temperature"))
+        if gen.get("do_sample", model_sampling) and temperature is not None and temperature < MIN_TEMPERATURE:
+            gen["do_sample"] = False  # greedy, what a temperature this small converges to
+            gen.pop("temperature", None)
         out["generation_config"] = json.dumps(gen)
         if "max_new_tokens" in gen:
             limits["generation_config.max_new_tokens"] = gen["max_new_tokens"]
         min_new_tokens = gen.get("min_new_tokens", 0)
     requested = next(iter(limits.values()), None)  # transformers serve's order: the first one set wins
-    if chat:
-        if "logit_bias" in out:
-            check_logit_bias(out, vocab_size)
-        conversation = messages(out.get("messages"))
-        out["messages"] = [{k: v for k, v in m.items() if k != "rendered_tool_calls"} for m in conversation]
-        kwargs = template_kwargs(out, template)
-        if "tools" in out:
-            kwargs["tools"] = tools(out["tools"], template)
-        rendered = [
-            {**{k: v for k, v in m.items() if k != "rendered_tool_calls"}, **m.get("rendered_tool_calls", {})}
-            for m in conversation
-        ]
-        return Normalised(out, rendered, kwargs, requested, min_new_tokens, limits)
-    out["prompt"] = text(out.get("prompt"), "prompt", allow_empty=False)
-    if "suffix" in out:
-        out["suffix"] = text(out["suffix"], "suffix", max_chars=4096)
-    return Normalised(out, max_new_tokens=requested, min_new_tokens=min_new_tokens, token_limits=limits)
-
-
-def check_ignored(key: str, value: Any) -> None:
-    """A field transformers serve ignores: taken at its default (so a client that sends the default works), else
-    refused (it would be silently ignored)."""
-    if value is None:
-        return
-    fine = {
-        "n": lambda v: v == 1 and not isinstance(v, bool),
-        "presence_penalty": lambda v: is_number(v) and v == 0,
-        "logprobs": lambda v: v is False or (v == 0 and not isinstance(v, bool)),
-        "top_logprobs": lambda v: v == 0 and not isinstance(v, bool),
-        "echo": lambda v: v is False,
-        "best_of": lambda v: v == 1 and not isinstance(v, bool),
-        "stream_options": lambda v: (
-            isinstance(v, dict)
-            and set(v) <= {"include_usage", "include_obfuscation"}
-            and all(isinstance(x, bool) for x in v.values())
-        ),
-        "user": lambda v: isinstance(v, str) and len(v) <= MAX_NAME_CHARS,
-        "tool_choice": lambda v: v in ("none", "auto"),
-        "parallel_tool_calls": lambda v: isinstance(v, bool),
-        "response_format": lambda v: v == {"type": "text"},
-        "metadata": lambda v: (
-            isinstance(v, dict)
-            and len(v) <= 16
-            and all(isinstance(k, str) and isinstance(x, str) and len(k) <= 64 and len(x) <= 512 for k, x in v.items())
-        ),
-        "store": lambda v: v is False,
-        "service_tier": lambda v: v in ("auto", "default"),
-    }[key]
-    if key == "presence_penalty":
-        low, high, words = RANGES[key]
-        number = finite(value, key)
-        if not low <= number <= high:
-            raise BadRequest(f"{key} must be {words}, got {short(value)}", param=key)
-    if key == "n" and is_number(value) and value != 1:
-        raise BadRequest(f"n must be 1 (this server returns one choice per request), got {short(value)}", param="n")
-    if not fine(value):
-        raise BadRequest(
-            f"{key} {short(value)} is not supported by this server (transformers serve ignores {key}; send it "
-            "at its default or leave it out)",
-            param=key,
-        )
-
-
-def check_sampling(out: dict[str, Any], model_sampling: bool) -> None:
-    for key in ("temperature", "top_p", "frequency_penalty"):
-        if key not in out:
-            continue
-        low, high, words = RANGES[key]
-        number = finite(out[key], key)
-        if not (low < number if key in OPEN_BELOW else low <= number) or number > high:
-            raise BadRequest(f"{key} must be {words}, got {short(out[key])}", param=key)
-        out[key] = number
-    if out.get("temperature", 1.0) < MIN_TEMPERATURE:
-        out["temperature"] = 0.0  # greedy, what a temperature this small converges to
-
-
-def check_logit_bias(out: dict[str, Any], vocab_size: int) -> None:
-    bias = out["logit_bias"]
-    if bias == {}:
-        del out["logit_bias"]  # no bias, as OpenAI reads it (transformers serve fails on an empty one)
-        return
-    if not isinstance(bias, dict) or len(bias) > 300:
-        raise BadRequest("logit_bias must be an object of at most 300 token id -> bias", param="logit_bias")
-    for key, value in bias.items():
-        # the length first: int() of a key of thousands of digits is a ValueError, not a number
-        id_digits = isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= len(str(vocab_size))
-        if not (id_digits and int(key) < vocab_size):
-            raise BadRequest(
-                f"logit_bias: {short(key)} is not a token id of this model (0..{vocab_size - 1})", param="logit_bias"
-            )
-        if not is_number(value) or not -100 <= value <= 100:
-            raise BadRequest(f"logit_bias[{key}] must be a number in [-100, 100]", param="logit_bias")
-    out["logit_bias"] = {key: float(value) for key, value in bias.items()}
-
-
-def generation_config(out: dict[str, Any], model_sampling: bool) -> dict[str, Any]:
-    """`generation_config`, as transformers serve declares it (a string holding a JSON object), checked key by key
-    and re-encoded. The top-level fields override it (transformers serve applies them after it), so each check is
-    on the value that generation will use: `stop` replaces `stop_strings`, and so on."""
-    raw, param = out["generation_config"], "generation_config"
-    if not isinstance(raw, str):
-        raise BadRequest(
-            f"generation_config must be a string holding a JSON object (e.g. '{{\"top_k\": 20}}'), got "
-            f"{type(raw).__name__}",
-            param=param,
-        )
-    try:
-        gen = json.loads(raw, parse_constant=no_constant)
-    except RecursionError:
-        raise BadRequest("generation_config is nested too deeply", param=param) from None
-    except ValueError as exc:
-        raise BadRequest(f"generation_config is not a JSON object: {exc}", param=param) from None
-    if not isinstance(gen, dict):
-        raise BadRequest(f"generation_config must hold a JSON object, got {type(gen).__name__}", param=param)
-    checked: dict[str, Any] = {}
-    for key, value in gen.items():
-        name = f"generation_config.{key}"
-        if key not in GENERATION_KEYS:
-            raise BadRequest(
-                f"{name} is not a generation setting a request may change (it may set: "
-                f"{', '.join(sorted(GENERATION_KEYS))})",
-                param=param,
-            )
-        if value is None:
-            continue
-        kind, low, high, low_open = GENERATION_KEYS[key]
-        if kind is bool:
-            if not isinstance(value, bool):
-                raise BadRequest(f"{name} must be true or false, got {short(value)}", param=param)
-            checked[key] = value
-        elif kind is list:
-            checked[key] = stop_list(value, name)
-        elif kind is int:
-            checked[key] = integer(value, name, int(low), int(high))
-        else:
-            number = finite(value, name)
-            if not (low < number if low_open else low <= number) or number > high:
-                raise BadRequest(
-                    f"{name} must be {'greater than' if low_open else 'at least'} {low} and at most {high}, got "
-                    f"{short(value)}",
-                    param=param,
-                )
-            checked[key] = number  # a float: transformers' processors refuse an int temperature or penalty
-    if "stop" in out or not checked.get("stop_strings", True):
-        checked.pop("stop_strings", None)  # `stop` replaces it; an empty list is none
-    sampling = checked.get("do_sample", model_sampling)
-    temperature = out.get("temperature", checked.get("temperature"))
-    if sampling and temperature is not None and temperature < MIN_TEMPERATURE:
-        checked["do_sample"] = False  # greedy, what a temperature this small converges to
-        checked.pop("temperature", None)
-    return checked
-
-
-def template_kwargs(out: dict[str, Any], template: ServedTemplate) -> dict[str, Any]:
-    """`chat_template_kwargs`: only the served template's own options, each a scalar without control tokens."""
-    kwargs = out.get("chat_template_kwargs", {})
-    param = "chat_template_kwargs"
-    if not isinstance(kwargs, dict):
-        raise BadRequest(f"{param} must be an object, got {type(kwargs).__name__}", param=param)
-    allowed = ", ".join(sorted(template.options)) or "none"
-    for key, value in kwargs.items():
-        if key not in template.options:
-            raise BadRequest(
-                f"{param}: {short(key)} is not a variable of this model's chat template that a request may set "
-                f"(it may set: {allowed})",
-                param=param,
-            )
-        if isinstance(value, str):
-            text(value, f"{param}.{key}", max_chars=MAX_OPTION_CHARS)
-        elif not (isinstance(value, bool) or value is None or (is_number(value) and math.isfinite(value))):
-            raise BadRequest(f"{param}.{key} must be a string, number, true, false or null", param=param)
-    return dict(kwargs)
-
-
-def tools(value: Any, template: ServedTemplate) -> list[dict[str, Any]]:
-    if not template.renders_tools:
-        raise BadRequest("tools: this model's chat template does not render tools", param="tools")
-    if not isinstance(value, list) or len(value) > MAX_TOOLS:
-        raise BadRequest(f"tools must be a list of at most {MAX_TOOLS} tool objects", param="tools")
-    for i, tool in enumerate(value):
-        fn = tool.get("function") if isinstance(tool, dict) else None
-        if not (isinstance(tool, dict) and tool.get("type") == "function" and isinstance(fn, dict)):
-            raise BadRequest(f"tools[{i}] must be {{type: function, function: {{name, ...}}}}", param=f"tools[{i}]")
-        text(fn.get("name"), f"tools[{i}].function.name", max_chars=MAX_NAME_CHARS, allow_empty=False)
-        all_strings(tool, f"tools[{i}]")
-    return value
-
-
-def messages(value: Any) -> list[dict[str, Any]]:
-    """Each message as {role, content: str} (text parts joined as transformers serve joins them), with its
-    checked tool calls; `rendered_tool_calls` holds them as the template sees them (arguments parsed)."""
-    if not isinstance(value, list) or not value:
-        raise BadRequest("messages is required: a non-empty list of {role, content} objects", param="messages")
-    out = []
-    for i, message in enumerate(value):
-        where = f"messages[{i}]"
-        if not isinstance(message, dict):
-            raise BadRequest(f"{where} must be an object with role and content", param=where)
-        for key in message:
-            if key not in MESSAGE_KEYS:
-                raise BadRequest(
-                    f"{where}.{short(key)} is not a message field ({', '.join(sorted(MESSAGE_KEYS))})", param=where
-                )
-        role = message.get("role")
-        if role not in ROLES:
-            raise BadRequest(f"{where}.role must be one of {list(ROLES)}, got {short(role)}", param=f"{where}.role")
-        item: dict[str, Any] = {"role": role}
-        calls = message.get("tool_calls")
-        if calls is not None:
-            if role != "assistant":
-                raise BadRequest(f"{where}.tool_calls: only an assistant message calls tools", param=where)
-            item["tool_calls"], parsed = tool_calls(calls, f"{where}.tool_calls")
-            item["rendered_tool_calls"] = {"tool_calls": parsed}
-        if "tool_call_id" in message:
-            if role != "tool":
-                raise BadRequest(f"{where}.tool_call_id: only a tool message answers a tool call", param=where)
-            item["tool_call_id"] = text(message["tool_call_id"], f"{where}.tool_call_id", MAX_NAME_CHARS)
-        if message.get("name") is not None:
-            text(message["name"], f"{where}.name", MAX_NAME_CHARS)  # checked; no template here renders it
-        item["content"] = content(message.get("content"), f"{where}.content", calls_tools=bool(calls))
-        if calls:
-            item["content"] = ""  # transformers serve renders no content beside tool calls
-        out.append(item)
-    return out
-
-
-def content(value: Any, param: str, calls_tools: bool) -> str:
-    if value is None and calls_tools:
-        return ""  # an assistant message that only calls tools (transformers serve renders no content for it)
-    if isinstance(value, list):
-        if not all(isinstance(p, dict) and p.get("type") == "text" and set(p) <= {"type", "text"} for p in value):
-            raise BadRequest(f"{param}: this text model takes a string or text parts ({{type: text, text}})", param)
-        parts = [text(p.get("text"), f"{param}[{j}].text") for j, p in enumerate(value)]
-        return " ".join(parts)
-    if not isinstance(value, str):
-        raise BadRequest(f"{param} must be a string, got {type(value).__name__}", param=param)
-    return text(value, param)
-
-
-def tool_calls(value: Any, param: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(the calls as sent on, the calls as the template renders them: arguments parsed to an object)."""
-    if not isinstance(value, list) or not value or len(value) > MAX_TOOL_CALLS:
-        raise BadRequest(f"{param} must be a list of 1 to {MAX_TOOL_CALLS} tool calls", param=param)
-    sent, rendered = [], []
-    for j, call in enumerate(value):
-        where = f"{param}[{j}]"
-        fn = call.get("function") if isinstance(call, dict) else None
-        if not (isinstance(call, dict) and call.get("type", "function") == "function" and isinstance(fn, dict)):
-            raise BadRequest(f"{where} must be {{id, type: function, function: {{name, arguments}}}}", param=param)
-        name = text(fn.get("name"), f"{where}.function.name", MAX_NAME_CHARS, allow_empty=False)
-        arguments = fn.get("arguments", "{}")
-        if not isinstance(arguments, str):
-            raise BadRequest(f"{where}.function.arguments must be a string holding a JSON object", param=param)
-        try:
-            parsed = json.loads(arguments, parse_constant=no_constant)
-        except (ValueError, RecursionError):
-            parsed = None
-        if not isinstance(parsed, dict):
-            raise BadRequest(f"{where}.function.arguments must be a string holding a JSON object", param=param)
-        all_strings(parsed, f"{where}.function.arguments")
-        call_id = text(call.get("id", f"call_{j}"), f"{where}.id", MAX_NAME_CHARS)
-        sent.append({"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}})
-        rendered.append({"id": call_id, "type": "function", "function": {"name": name, "arguments": parsed}})
-    return sent, rendered
+    if not chat:
+        return Normalised(out, max_new_tokens=requested, min_new_tokens=min_new_tokens, token_limits=limits)
+    out["messages"], conversation = [], []
+    for message in request.messages:
+        item: dict[str, Any] = {"role": message.role, "content": message.content or ""}
+        if message.tool_call_id is not None:
+            item["tool_call_id"] = message.tool_call_id
+        rendered = dict(item)
+        if message.tool_calls:
+            item["content"] = rendered["content"] = ""  # transformers serve renders no content beside tool calls
+            item["tool_calls"], rendered["tool_calls"] = [], []
+            for j, call in enumerate(message.tool_calls):
+                sent = {"id": call.id or f"call_{j}", "type": "function", "function": call.function.model_dump()}
+                item["tool_calls"].append(sent)
+                arguments = json.loads(call.function.arguments)
+                rendered["tool_calls"].append({**sent, "function": {**sent["function"], "arguments": arguments}})
+        out["messages"].append(item)
+        conversation.append(rendered)
+    kwargs = dict(out.get("chat_template_kwargs", {}))
+    if "tools" in out:
+        kwargs["tools"] = out["tools"]
+    return Normalised(out, conversation, kwargs, requested, min_new_tokens, limits)
