@@ -138,7 +138,7 @@ def test_a_finished_cache_is_reused_by_a_rerun_whatever_its_workers(tmp_path, to
     source = DataSource(uri=str(corpus))
     first = build(source, tok, ids, tmp_path, workers=2)
     monkeypatch.setattr(data, "tokenize_shard", lambda *a: pytest.fail("re-tokenised"))
-    monkeypatch.setattr(data, "_TokenizerPool", lambda *a: pytest.fail("workers started"))
+    monkeypatch.setattr(data, "_pool", lambda *a: pytest.fail("workers started"))
     again = build(source, tok, ids, tmp_path, workers=1)
     assert (again.path, again.num_tokens, again.num_docs) == (first.path, first.num_tokens, first.num_docs)
 

@@ -13,6 +13,7 @@ import logging
 import os
 import shutil
 import unicodedata
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from itertools import islice
@@ -283,35 +284,27 @@ def build_shards(
         stale.unlink(missing_ok=True)
     _write_json(plan_path, plan)
     reused = 0
-    pool = _TokenizerPool(tok, ids, batch_size, workers) if workers > 1 else None
-    pending: dict[int, object] = {}
-    done: dict[int, Shard] = {}
-    ready = 0  # shards before this index have been yielded
+    pool = _pool(tok, ids, workers) if workers > 1 else None
+    queue: deque = deque()  # (index, Shard or its future), in stream order
     try:
         for index, first_doc, texts in _cut(docs, shard_chars):
             shard = _finished(shard_dir, index, first_doc, len(texts))
             if shard is not None:
-                done[index] = shard
                 reused += 1
             elif pool is None:
-                done[index] = tokenize_shard(texts, tok, ids, batch_size, shard_dir, index, first_doc)
+                shard = tokenize_shard(texts, tok, ids, batch_size, shard_dir, index, first_doc)
             else:
-                pending[index] = pool.submit(texts, shard_dir, index, first_doc)
-                while len(pending) > workers + 1:
-                    done.update(pool.wait(pending))
-            while ready in done:
-                yield done.pop(ready)
-                ready += 1
-        while pending:
-            done.update(pool.wait(pending))
-            while ready in done:
-                yield done.pop(ready)
-                ready += 1
+                shard = pool.submit(_tokenize_in_worker, texts, batch_size, shard_dir, index, first_doc)
+            queue.append((index, shard))
+            while queue and (len(queue) > workers + 1 or isinstance(queue[0][1], Shard)):
+                yield _result(*queue.popleft())
+        while queue:
+            yield _result(*queue.popleft())
     finally:
         if pool is not None:
-            pool.close()
+            pool.shutdown(wait=True, cancel_futures=True)
     if reused:
-        log.info("corpus %s: %d of %d shards reused from an interrupted build", label, reused, ready)
+        log.info("corpus %s: %d of %d shards reused from an interrupted build", label, reused, index + 1)
 
 
 def _cut(docs: Iterable[str], shard_chars: int) -> Iterator[tuple[int, int, list[str]]]:
@@ -383,50 +376,36 @@ def _write_json(path: Path, value: dict) -> None:
     os.replace(tmp, path)
 
 
-class _TokenizerPool:
-    """`workers` spawned processes, each holding the tokenizer, tokenising whole shards.
+def _pool(tok: Tokenizer, ids: TokenIds, workers: int):
+    """`workers` spawned processes, each holding the tokenizer and encoding on one thread.
 
     Spawned, not forked: the stage may already hold CUDA and process-group threads; a worker imports only this
-    module, not torch. Each encodes on one thread, so the workers are the parallelism. An executor, so a dead
-    worker raises BrokenProcessPool."""
+    module, not torch. An executor, so a dead worker raises BrokenProcessPool instead of hanging."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
 
-    def __init__(self, tok: Tokenizer, ids: TokenIds, batch_size: int, workers: int):
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
+    return ProcessPoolExecutor(
+        workers,
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=_init_worker,
+        initargs=(os.getpid(), tok.to_str(), ids),
+    )
 
-        self.batch_size = batch_size
-        self.pool = ProcessPoolExecutor(
-            workers,
-            mp_context=multiprocessing.get_context("spawn"),
-            initializer=_init_worker,
-            initargs=(os.getpid(), tok.to_str(), ids),
-        )
 
-    def submit(self, texts: list[str], shard_dir: Path, index: int, first_doc: int):
-        return self.pool.submit(_tokenize_in_worker, texts, self.batch_size, shard_dir, index, first_doc)
+def _result(index: int, shard) -> Shard:
+    """The finished shard, waiting for its worker when it is still a future."""
+    from concurrent.futures.process import BrokenProcessPool
 
-    def wait(self, pending: dict) -> dict[int, Shard]:
-        """Block until at least one pending shard finished; those finished, removed from `pending`."""
-        from concurrent.futures import FIRST_COMPLETED, wait
-        from concurrent.futures.process import BrokenProcessPool
-
-        finished, _ = wait(pending.values(), return_when=FIRST_COMPLETED)
-        out = {}
-        for index, future in list(pending.items()):
-            if future in finished:
-                try:
-                    out[index] = future.result()
-                except BrokenProcessPool:
-                    raise DilforgeError(
-                        f"a tokenizer worker died while tokenising shard {index} (killed, e.g. out of memory: "
-                        "lower cpt.tokenize_workers; or it failed to start: see the error above); a rerun "
-                        "resumes from the finished shards"
-                    ) from None
-                del pending[index]
-        return out
-
-    def close(self) -> None:
-        self.pool.shutdown(wait=True, cancel_futures=True)
+    if isinstance(shard, Shard):
+        return shard
+    try:
+        return shard.result()
+    except BrokenProcessPool:
+        raise DilforgeError(
+            f"a tokenizer worker died while tokenising shard {index} (killed, e.g. out of memory: "
+            "lower cpt.tokenize_workers; or it failed to start: see the error above); a rerun "
+            "resumes from the finished shards"
+        ) from None
 
 
 _WORKER: tuple | None = None
