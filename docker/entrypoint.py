@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 MULTI_HOST_STAGES = {"cpt"}  # stages that use every host of a multi-host job themselves
@@ -23,27 +24,21 @@ FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signa
 log = logging.getLogger("dilforge.entrypoint")
 
 
-def plan(stage: str, env: dict[str, str] | None = None) -> tuple[list[str] | None, dict[str, str], str]:
-    """(command or None when this host has nothing to do, environment, description) for `train`."""
+def plan(stage: str, env: Mapping[str, str] = os.environ) -> tuple[list[str] | None, str]:
+    """(command, or None when this host has nothing to do; description) for `train`."""
     from dilforge_shared.opt_ml import OptMl, ResourceConfig
 
-    env = dict(os.environ if env is None else env)
     module = env.get("DILFORGE_STAGE_MODULE") or f"dilforge_{stage}"
-    resources = ResourceConfig.load(OptMl(_opt_root(env)))
+    resources = ResourceConfig.load(OptMl(Path(env.get("DILFORGE_OPT_ML", "/opt/ml"))))
     if resources.node_rank > 0 and stage not in MULTI_HOST_STAGES and env.get("DILFORGE_MULTI_HOST") != "1":
-        return None, env, f"{stage} runs on the first host only; {resources.current_host} has nothing to do"
+        return None, f"{stage} runs on the first host only; {resources.current_host} has nothing to do"
     return (
         [sys.executable, "-m", module, "train"],
-        env,
         f"python -m {module} train (host {resources.node_rank + 1} of {len(resources.hosts)})",
     )
 
 
-def _opt_root(env: dict[str, str]) -> Path:
-    return Path(env.get("DILFORGE_OPT_ML", "/opt/ml"))
-
-
-def supervise(cmd: list[str], env: dict[str, str]) -> int:
+def supervise(cmd: list[str], env: Mapping[str, str] | None = None) -> int:
     """Run cmd as our child, forward signals to it, reap every child (we may be PID 1), return its status.
     The handlers are in place before the child starts: a signal that arrives first is held and sent to it."""
     child: subprocess.Popen | None = None
@@ -89,7 +84,7 @@ def main(argv: list[str]) -> int:
         print("entrypoint: DILFORGE_STAGE is not set (the stage Dockerfile sets it)", file=sys.stderr)
         return 2
     try:
-        cmd, env, desc = plan(stage)
+        cmd, desc = plan(stage)
     except Exception as exc:  # the stage never started: leave SageMaker a reason
         from dilforge_shared.opt_ml import OptMl, write_failure
 
@@ -99,10 +94,10 @@ def main(argv: list[str]) -> int:
     log.info("entrypoint: %s", desc)
     if cmd is None:
         return 0
-    sync = env.get(CHECKPOINT_SYNC_ENV)
+    sync = os.environ.get(CHECKPOINT_SYNC_ENV)
     if sync:
         sync_checkpoints(sync, "restore")
-    code = supervise(cmd + argv[1:], env)
+    code = supervise(cmd + argv[1:])
     if sync:
         sync_checkpoints(sync, "save")
     return code

@@ -1,9 +1,5 @@
-"""`coordinator chat`: talk to any model or adapter artifact (or HF folder) from the terminal.
-
-torch, transformers and peft are imported inside the command, so the coordinator itself stays
-light (`pip install dilforge-coordinator[chat]` adds them); artifact → model resolution is in
-dilforge_shared.models.
-"""
+"""`coordinator chat`: talk to any model or adapter artifact (or HF folder) from the terminal. torch,
+transformers and peft are imported inside the command (the `chat` extra), so the coordinator stays light."""
 
 from __future__ import annotations
 
@@ -119,23 +115,16 @@ def chat_cmd(
     """Chat with a model or adapter artifact. Empty line or Ctrl-D ends an interactive session."""
     from dilforge_shared.errors import DilforgeError
 
-    try:
-        system, prompt = (
-            (_user_text(system, "--system") if system else system),
-            (_user_text(prompt, "--prompt") if prompt is not None else None),
-        )
-        policy = _policy(device)
-        device = policy.device
-        spec, tok, lm = _load(model, base, endpoint, merged, policy)
-    except DilforgeError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from None
+    system = _user_text(system, "--system") if system else system
+    prompt = _user_text(prompt, "--prompt") if prompt is not None else None
+    policy = _policy(device)
+    spec, tok, lm = _load(model, base, endpoint, merged, policy)
     messages = [{"role": "system", "content": system}] if system else []
     if prompt is not None:
         messages.append({"role": "user", "content": prompt})
         typer.echo(reply(tok, lm, messages, max_new_tokens, temperature, seed))
         return
-    typer.echo(f"{spec.description} on {device}. Empty line or Ctrl-D to quit.", err=True)
+    typer.echo(f"{spec.description} on {policy.device}. Empty line or Ctrl-D to quit.", err=True)
     while True:
         try:
             line = input("siz> ") if sys.stdin.isatty() else sys.stdin.readline().rstrip("\n")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import signal
 import socket
 import sys
@@ -26,6 +25,7 @@ from .common import USER_ERRORS, _prepared_backend, _setup_logging, fail, one_li
 from .config import PipelineConfig, load_pipeline
 from .deploy import deploy_cmd
 from .images import images_app
+from .leases import owner_alive
 from .models_cmd import models_app
 from .records import ArtifactStore
 from .settings import coordinator_settings
@@ -180,8 +180,6 @@ def report_location(uri: str, endpoint_url: str | None) -> str:
     """Where the eval report is: a local path, or its S3 URI (read from the manifest; nothing is downloaded into
     a cache just to print a path)."""
     if uri.startswith("s3://"):
-        from dilforge_shared.store.artifacts import read_manifest
-
         manifest, _ = read_manifest(uri, endpoint_url)
         return f"{uri}/{manifest.data_dir}/report.html"
     return str(fetch(uri, endpoint_url=endpoint_url).path / "report.html")
@@ -240,22 +238,6 @@ def manifest_validate(
     typer.echo(f"{art.uri}: valid ({len(art.manifest.files)} files verified)")
 
 
-def _process_state(owner: dict) -> str:
-    """'alive', 'gone' or 'unknown' (another host) for the process a running record names."""
-    pid, host = owner.get("pid"), owner.get("host")
-    if not pid or host != socket.gethostname():
-        return "unknown"
-    try:
-        os.kill(int(pid), 0)
-    except (TypeError, ValueError, OverflowError):
-        return "unknown"
-    except ProcessLookupError:
-        return "gone"
-    except PermissionError:
-        return "alive"
-    return "alive"
-
-
 @app.command("status")
 def status_cmd(
     run_id: Annotated[str, typer.Argument(help="Pipeline run id")],
@@ -276,16 +258,15 @@ def status_cmd(
     status, owner = doc.status, doc.owner
     running = status == "running" or any(i.status == "running" for i in doc.stages.values())
     note = ""
-    if running:
-        state = _process_state(owner)
-        if state == "gone":
-            status = "stale"
-            note = (
-                f" — process {owner.get('pid')} on {owner.get('host')} is gone (killed or crashed); "
-                "rerun the same command to resume"
-            )
-        elif state == "unknown":
-            note = f" — owned by process {owner.get('pid')} on {owner.get('host')}"
+    here = isinstance(owner.get("pid"), int) and owner.get("host") == socket.gethostname()
+    if running and here and not owner_alive(owner):
+        status = "stale"
+        note = (
+            f" — process {owner.get('pid')} on {owner.get('host')} is gone (killed or crashed); "
+            "rerun the same command to resume"
+        )
+    elif running and not here:
+        note = f" — owned by process {owner.get('pid')} on {owner.get('host')}"
     typer.echo(f"run {run_id}: {status}{note} (updated {doc.updated_at})")
     for stage, info in doc.stages.items():
         line = f"  {stage:<10} {info.status:<9} {st.resolve(info.artifact)}"

@@ -1,8 +1,5 @@
-"""Where stages run in the cloud: the optional `sagemaker` section of the pipeline config.
-
-One CreateTrainingJob per stage. Each stage gets its instance type and count, spot settings and an
-explicit max runtime; everything else (role, region, images, tags, network) is shared.
-"""
+"""The optional `sagemaker` section of the pipeline config: per stage its machines (instance type and count,
+spot, max runtime); shared by all jobs the role, region, images, tags and network; the endpoint `deploy` makes."""
 
 from __future__ import annotations
 

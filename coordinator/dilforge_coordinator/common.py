@@ -42,13 +42,6 @@ def _setup_logging(verbose: bool) -> None:
     install_log_masking()
 
 
-def _backend(name: str, **options):
-    try:
-        return get_backend(name, **options)
-    except ValueError as exc:
-        fail(one_line(exc))
-
-
 def _prepared_backend(name: str, cfg: PipelineConfig, dry_run: bool = False, data: Path | None = None):
     """The backend, and the config as it runs there (compose points the store at its S3)."""
     if dry_run and name != "sagemaker":
@@ -56,6 +49,6 @@ def _prepared_backend(name: str, cfg: PipelineConfig, dry_run: bool = False, dat
     options = {"dry_run": True} if dry_run else {}
     if name in ("compose", "sagemaker-local") and data is not None:
         options["data_root"] = data.resolve()
-    backend = _backend(name, **options)
+    backend = get_backend(name, **options)
     prepare = getattr(backend, "prepare", None)
     return backend, (prepare(cfg) if prepare else cfg)

@@ -128,12 +128,8 @@ def interpolation_variables(extra: dict[str, str] | None = None) -> dict[str, st
 
 
 def expand_env(value: Any, source: str, variables: dict[str, str] | None = None) -> Any:
-    """Replace ${VAR} / ${VAR:-default} in every string, from an allow-list only.
-
-    `variables` defaults to `interpolation_variables()`: DILFORGE_DATA, DILFORGE_STORE, DILFORGE_CACHE,
-    DILFORGE_WORKDIR, DILFORGE_S3_ENDPOINT_URL and user variables DILFORGE_VAR_*; never a credential (a secret
-    would end up in manifests, metrics and logs). Any other name, or an unset one without default, is an error.
-    """
+    """Replace ${VAR} / ${VAR:-default} in every string from `variables` (default `interpolation_variables()`);
+    a name off the allow-list, a credential (it would end up in manifests and logs) or an unset one is an error."""
     if variables is None:
         variables = interpolation_variables()
     if isinstance(value, dict):

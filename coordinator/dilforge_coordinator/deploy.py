@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 import typer
+from botocore import xform_name
+from botocore.exceptions import ClientError, WaiterError
 from dilforge_shared.errors import ConfigError, DilforgeError
 from dilforge_shared.serving import MODEL_ID_ENV, SYSTEM_PROMPT_ENV, default_model_id
 
@@ -83,13 +85,9 @@ def plan(
     system_prompt: str | None = None,
     model_id: str | None = None,
 ) -> DeployPlan:
-    """Every request of a deployment, built offline from the config, the artifact's URI and the image."""
+    """Every request of a deployment, built offline from the config (with its `sagemaker:` section), the artifact's
+    URI and the image."""
     cfg = pipeline.sagemaker
-    if cfg is None:
-        raise ConfigError(
-            "deploy needs a `sagemaker:` section (role_arn, region, endpoint) in the pipeline config; "
-            "see configs/sagemaker-published.yaml"
-        )
     if not artifact_uri.startswith("s3://"):
         raise ConfigError(
             f"{artifact_uri}: a SageMaker endpoint reads its model from S3; deploy an artifact of an s3:// store"
@@ -179,12 +177,6 @@ def delete_requests(name: str, config_name: str | None, models: list[str]) -> li
 # ---- against SageMaker ------------------------------------------------------------------------------
 
 
-def _missing(exc: Exception) -> bool:
-    from botocore.exceptions import ClientError
-
-    return isinstance(exc, ClientError) and exc.response["Error"]["Code"] in ("ValidationException", "ResourceNotFound")
-
-
 @dataclass
 class Deployer:
     sagemaker: Any  # a boto3 SageMaker client
@@ -195,34 +187,28 @@ class Deployer:
 
     def _call(self, op: str, request: dict) -> dict:
         self.sent.append((op, request))
-        method = "".join("_" + c.lower() if c.isupper() else c for c in op).lstrip("_")
-        return getattr(self.sagemaker, method)(**request)
+        return getattr(self.sagemaker, xform_name(op))(**request)
 
-    def describe_endpoint(self, name: str) -> dict | None:
+    def _describe(self, method: str, **name: str) -> dict | None:
+        """SageMaker's description of one resource, or None when there is none."""
         try:
-            return self.sagemaker.describe_endpoint(EndpointName=name)
-        except Exception as exc:
-            if _missing(exc):
+            return getattr(self.sagemaker, method)(**name)
+        except ClientError as exc:
+            if exc.response["Error"]["Code"] in ("ValidationException", "ResourceNotFound"):
                 return None
             raise
 
-    def _exists(self, describe: Callable[[], Any]) -> bool:
-        try:
-            describe()
-            return True
-        except Exception as exc:
-            if _missing(exc):
-                return False
-            raise
+    def describe_endpoint(self, name: str) -> dict | None:
+        return self._describe("describe_endpoint", EndpointName=name)
 
     def deploy(self, deploy: DeployPlan, wait: bool = True) -> dict:
         current = self.describe_endpoint(deploy.endpoint)
         if current is not None and current.get("EndpointConfigName") == deploy.model:
             self.out(f"endpoint {deploy.endpoint} already serves {deploy.artifact_uri} ({deploy.model}): nothing to do")
         else:
-            if not self._exists(lambda: self.sagemaker.describe_model(ModelName=deploy.model)):
+            if self._describe("describe_model", ModelName=deploy.model) is None:
                 self._call("CreateModel", deploy.create_model)
-            if not self._exists(lambda: self.sagemaker.describe_endpoint_config(EndpointConfigName=deploy.model)):
+            if self._describe("describe_endpoint_config", EndpointConfigName=deploy.model) is None:
                 self._call("CreateEndpointConfig", deploy.create_endpoint_config)
             op, request = deploy.endpoint_request(exists=current is not None)
             self._call(op, request)
@@ -236,8 +222,6 @@ class Deployer:
     def wait(self, name: str) -> dict:
         """boto3's `endpoint_in_service` waiter: DescribeEndpoint every poll_s until InService; Failed (or the
         attempts running out) raises with SageMaker's FailureReason."""
-        from botocore.exceptions import WaiterError
-
         desc = self.describe_endpoint(name) or {}
         if desc.get("EndpointStatus") == "InService":
             return desc
@@ -263,12 +247,8 @@ class Deployer:
             self.out(f"endpoint {name} does not exist: nothing to delete")
             return []
         config_name = desc["EndpointConfigName"]
-        try:
-            variants = self.sagemaker.describe_endpoint_config(EndpointConfigName=config_name)["ProductionVariants"]
-        except Exception as exc:
-            if not _missing(exc):
-                raise
-            variants = []
+        config = self._describe("describe_endpoint_config", EndpointConfigName=config_name)
+        variants = config["ProductionVariants"] if config else []
         requests = delete_requests(name, config_name, [v["ModelName"] for v in variants])
         for op, request in requests:
             self._call(op, request)

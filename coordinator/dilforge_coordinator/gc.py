@@ -1,9 +1,6 @@
-"""`coordinator gc`: find (and with --delete remove) what crashes, cancels and damaged artifacts leave behind.
-
-Only what dilforge provably made: a marked store or work folder, a leftover with its writer's exact name, never
-inside a published data folder. Kinds: orphan-data (no manifest points at it), damaged (set aside by a rerun),
-unreferenced (no run record names it; only with --unreferenced), temp, staging (its process is gone) and
-work (a backend's /opt/ml root no live process holds). In-flight work is skipped by its lock or --min-age."""
+"""`coordinator gc`: find (and with --delete remove) what crashes, cancels and damaged artifacts leave behind:
+only what dilforge provably made (a marked store or work folder, a leftover with its writer's exact name), never
+inside a published data folder; in-flight work is skipped by its lock or --min-age."""
 
 from __future__ import annotations
 

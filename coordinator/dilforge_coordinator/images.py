@@ -26,7 +26,6 @@ from .backends.compose import ROOT, docker_binary
 from .settings import coordinator_settings
 from .stage_images import IMAGES
 
-STAGES = IMAGES  # one image per stage (the model stage runs in the cpt image)
 EXTRA_IMAGES = ("serve", "s3", "coordinator")  # the serving image (services/serve), SeaweedFS, the coordinator
 STAGE_DOCKERFILE = "docker/stage.Dockerfile"  # every stage image and serve: --build-arg STAGE, --target
 Runner = Callable[..., subprocess.CompletedProcess]
@@ -299,10 +298,10 @@ GpuOpt = Annotated[bool, typer.Option("--gpu", help="GPU variant on the AWS PyTo
 
 
 def _stages(stages: list[str] | None) -> list[str]:
-    chosen = stages or list(STAGES)
-    bad = [s for s in chosen if s not in (*STAGES, *EXTRA_IMAGES)]
+    chosen = stages or list(IMAGES)
+    bad = [s for s in chosen if s not in (*IMAGES, *EXTRA_IMAGES)]
     if bad:
-        typer.echo(f"error: unknown --stage {bad}; choose from {[*STAGES, *EXTRA_IMAGES]}", err=True)
+        typer.echo(f"error: unknown --stage {bad}; choose from {[*IMAGES, *EXTRA_IMAGES]}", err=True)
         raise typer.Exit(2)
     return chosen
 
@@ -330,11 +329,7 @@ def build_cmd(
     if wheels:
         typer.echo(f"wheelhouse: {', '.join(wheels)}")
     for name in _stages(stage):
-        try:
-            result = build(name, tag, base_image, gpu, no_cache=no_cache)
-        except DilforgeError as exc:
-            typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(1) from None
+        result = build(name, tag, base_image, gpu, no_cache=no_cache)
         record_build(result)
         typer.echo(
             f"{result.ref}: {_human(result.size_bytes)}, built in {result.build_s:.0f} s ({result.image_id[:19]})"
@@ -378,11 +373,7 @@ def push_cmd(
     ecr = boto3.client("ecr", region_name=region)
     logged_in: set[str] = set()
     for name in _stages(stage):
-        try:
-            result = push(name, ecr, f"{prefix}-{name}", tag, logged_in=logged_in, gpu=gpu)
-        except DilforgeError as exc:
-            typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(1) from None
+        result = push(name, ecr, f"{prefix}-{name}", tag, logged_in=logged_in, gpu=gpu)
         record_push(result, gpu=gpu)
         typer.echo(f"{result.source} → {result.image}")
     typer.echo(f"recorded in {record_path()}")

@@ -1,10 +1,8 @@
 """Is a published artifact still whole? Checked before every reuse; a damaged one is moved aside to be rebuilt.
 
-Local stores: every file's size and sha256 (or, with DILFORGE_VERIFY_ON_REUSE=stamp, size + mtime + inode
-against the last full check). S3: every object present with its size; `fetch` checks sha256 on download. Both:
-nothing in the data folder that the manifest does not list, a manifest digest recorded beside it, and the digest
-any run record kept of this publish (store.artifacts.recorded_digest_problem).
-"""
+Local: every file's size and sha256 (DILFORGE_VERIFY_ON_REUSE=stamp: size, mtime and inode against the last full
+check). S3: every object with its size (`fetch` checks sha256). Both: nothing unlisted, and the manifest digest
+recorded beside it and by any run record."""
 
 from __future__ import annotations
 
@@ -49,10 +47,8 @@ def _stamp_matches(backend: Storage, manifest: Manifest, digest: str, root: Path
 
 
 def recompute_artifact_id(manifest: Manifest) -> str:
-    """The artifact id from a published manifest alone: stage, code version, recorded config and inputs.
-
-    The recorded config is validated again by its stage's config class to drop its run-only fields; a config
-    the class refuses is a ConfigError naming the manifest's stage."""
+    """The artifact id from a published manifest alone: stage, code version, recorded config (validated again, to
+    drop its run-only fields) and inputs."""
     config = validate_model(
         STAGE_CONFIGS[manifest.stage], manifest.config, f"manifest config of stage {manifest.stage}"
     )
@@ -78,17 +74,10 @@ def identity_problem(manifest: Manifest, folder_id: str, source: str) -> str | N
 
 
 def check_artifact(
-    artifact_uri: str,
-    endpoint_url: str | None = None,
-    full: bool = True,
-    mode: str | None = None,
-    identity: bool = False,
+    artifact_uri: str, endpoint_url: str | None = None, mode: str | None = None, identity: bool = False
 ) -> str | None:
-    """None if the artifact is whole, else what is wrong; ManifestNotFound if there is none.
-
-    With `identity`, it must also prove it is the artifact its folder names. Local: sizes, and every sha256 when
-    `full` (`stamp` mode skips hashing while size, mtime and inode match the last full check). S3: every object
-    present with its size; `fetch` verifies digests on download."""
+    """None if the artifact is whole (see the module doc), else what is wrong; ManifestNotFound if there is none.
+    With `identity`, it must also prove it is the artifact its folder names."""
     muri = manifest_uri_of(artifact_uri)
     mode = mode or coordinator_settings().verify_on_reuse
     try:
@@ -105,9 +94,9 @@ def check_artifact(
     local = backend.local_path(manifest.data_dir)
     try:
         if local is not None:
-            fast = full and mode == "stamp" and _stamp_matches(backend, manifest, digest, local)
-            verify_files(manifest, local, muri, full=full and not fast)
-            if full and mode == "stamp" and not fast:
+            fast = mode == "stamp" and _stamp_matches(backend, manifest, digest, local)
+            verify_files(manifest, local, muri, full=not fast)
+            if mode == "stamp" and not fast:
                 backend.write_bytes(STAMP_NAME, json.dumps(_stamp(manifest, digest, local)).encode())
             return None
         if extra := extra_keys(manifest, backend):

@@ -19,8 +19,7 @@ from dilforge_shared.store.artifacts import artifact_exists
 from .config import PipelineConfig
 from .integrity import check_artifact, move_aside
 from .leases import S3Lease
-from .records import ArtifactStore, RunRecord, record_artifacts, running_owner
-from .settings import coordinator_settings
+from .records import ArtifactStore, RunRecord, record_artifacts, running_owner, store_lock
 from .stage_images import image_of
 
 log = logging.getLogger("dilforge.coordinator")
@@ -90,12 +89,8 @@ def track_run(store: ArtifactStore, record: RunRecord, body):
 
 
 def artifact_lock(store: ArtifactStore, stage: str, artifact_id: str) -> FileLock | S3Lease:
-    """One producer per artifact: flock in a local store, a lease object in S3."""
-    key = f"locks/{stage}-{artifact_id}.lock"
-    local = store.backend.local_path("")
-    if local is not None:
-        return FileLock(local / key)
-    return S3Lease(store.backend, key, coordinator_settings().lock_lease_seconds)
+    """One producer per artifact."""
+    return store_lock(store, f"locks/{stage}-{artifact_id}.lock")
 
 
 def reusable(job: StageJob, stage: str) -> bool:

@@ -1,10 +1,7 @@
-"""The store as the coordinator lays it out (`ArtifactStore`: `artifacts/<stage>/<artifact_id>/`, `runs/`) and its
-run records, `<store>/runs/<run_id>.json`: each stage's artifact and status, the run's status and owner.
-
-Artifacts are addressed relative to the store, so a copied or moved store keeps working. An unreadable record
-is moved aside (`.damaged-<utc>`) and a fresh one started, never blocking its run id. Concurrent runs of one id
-merge under the record's lock instead of overwriting, so `gc --unreferenced` loses nothing either produced.
-Every string written passes through `settings.redact`."""
+"""The store as the coordinator lays it out (`artifacts/<stage>/<artifact_id>/`, `runs/`) and its run records,
+`runs/<run_id>.json`: each stage's artifact (store-relative, so a moved store keeps working) and status, the run's
+status and owner. An unreadable record is set aside and a fresh one started; concurrent runs of one id merge
+under the record's lock, so `gc --unreferenced` loses nothing either produced; every string written is redacted."""
 
 from __future__ import annotations
 
@@ -43,18 +40,16 @@ class ArtifactStore:
     def artifact_uri(self, stage: str, artifact_id: str) -> str:
         return f"{self.backend.uri}/artifacts/{check_name(stage, 'stage')}/{check_name(artifact_id, 'artifact id')}"
 
-    def relative(self, uri: str) -> str | None:
-        """`artifacts/<stage>/<id>` for a URI inside this store (what run records hold), else None."""
+    def relative(self, uri: str) -> str:
+        """`artifacts/<stage>/<id>` for a URI inside this store: what run records hold."""
         root = self.backend.uri.rstrip("/") + "/"
-        uri = uri.rstrip("/")
-        return uri[len(root) :] if uri.startswith(root) else None
+        if not uri.startswith(root):
+            raise DilforgeError(f"{uri} is not in the store {root}")
+        return uri.rstrip("/")[len(root) :]
 
     def resolve(self, address: str) -> str:
-        """A run record's artifact address as a URI: relative ones are inside this store, wherever it now is."""
-        if "://" in address or address.startswith("/"):
-            return address
-        check_relative_path(address)
-        return f"{self.backend.uri}/{address}"
+        """A run record's artifact address as a URI in this store, wherever it now is."""
+        return f"{self.backend.uri}/{check_relative_path(address)}"
 
     # ---- runs: small mutable records, unlike manifests -------------------------------------
     def run_record_key(self, run_id: str) -> str:
@@ -139,16 +134,6 @@ class RecordDoc(BaseModel):
         return {check_relative_path(k): v for k, v in value.items()}
 
 
-def relative_address(address: str) -> str:
-    """The store-relative address of an artifact: itself if relative, else the `artifacts/...` tail of a URI."""
-    if "://" not in address and not address.startswith("/"):
-        return address
-    _, sep, tail = address.rstrip("/").rpartition("/artifacts/")
-    if not sep:
-        raise ValueError(f"{address!r} is not an artifact address (no /artifacts/<stage>/<id>)")
-    return f"artifacts/{tail}"
-
-
 def parse_record(data: bytes, source: str) -> RecordDoc:
     """A record's bytes as a RecordDoc, or DamagedRecord naming `source` and what is wrong, in one line."""
     try:
@@ -163,13 +148,17 @@ def parse_record(data: bytes, source: str) -> RecordDoc:
         raise DamagedRecord(f"{source}: damaged run record: {where}: {first['msg']}") from None
 
 
-def record_lock(store: ArtifactStore, run_id: str) -> FileLock | S3Lease:
-    """The lock every write of one run record holds: flock in a local store, a create-only lease object in S3."""
-    key = f"locks/runs/{store.run_record_key(run_id).removeprefix('runs/')}.lock"
+def store_lock(store: ArtifactStore, key: str, poll_s: float = 2.0) -> FileLock | S3Lease:
+    """A lock in the store: flock in a local store, a create-only lease object in S3."""
     local = store.backend.local_path("")
     if local is not None:
         return FileLock(local / key)
-    return S3Lease(store.backend, key, coordinator_settings().lock_lease_seconds, poll_s=0.2)
+    return S3Lease(store.backend, key, coordinator_settings().lock_lease_seconds, poll_s)
+
+
+def record_lock(store: ArtifactStore, run_id: str) -> FileLock | S3Lease:
+    """The lock every write of one run record holds."""
+    return store_lock(store, f"locks/{store.run_record_key(run_id)}.lock", poll_s=0.2)
 
 
 def running_owner() -> dict:
@@ -225,7 +214,7 @@ class RunRecord:
     def set_stage(self, store: ArtifactStore, stage: str, artifact_uri: str, status: str, **extra) -> None:
         """Record an attempt. An attempt that is not (yet) good never replaces the stage's last good artifact:
         it is kept as `last_good`, so downstream stages still find it and gc never counts it unreferenced."""
-        address = store.relative(artifact_uri) or relative_address(artifact_uri)
+        address = store.relative(artifact_uri)
         previous = self.stages.get(stage) or {}
         good = previous.get("artifact") if previous.get("status") in GOOD else previous.get("last_good")
         entry = {"artifact": address, "status": status, **extra}
@@ -239,7 +228,7 @@ class RunRecord:
 
     def witness(self, store: ArtifactStore, artifact_uri: str, data_dir: str, manifest_sha256: str) -> None:
         """Record which publish of the artifact this run produced or reused (its data folder and manifest digest)."""
-        address = store.relative(artifact_uri) or relative_address(artifact_uri)
+        address = store.relative(artifact_uri)
         self.witnesses[address] = {"data_dir": data_dir, "manifest_sha256": manifest_sha256}
         self.witnessed.add(address)
 
@@ -320,9 +309,7 @@ def set_aside(store: ArtifactStore, key: str, data: bytes) -> str:
     """Keep a damaged record's bytes beside it (for a post-mortem) and free its key."""
     aside = f"{key}.damaged-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S%fZ')}"
     store.backend.write_bytes(aside, data)
-    delete = getattr(store.backend, "delete", None)
-    if delete is not None:
-        delete(key)
+    store.backend.delete(key)
     return f"{store.backend.uri}/{aside}"
 
 

@@ -1,11 +1,6 @@
-"""`coordinator serve` and `coordinator export`: the serve service's own commands (`dilforge_serve.cli.serve`,
-`dilforge_serve.export.export_cmd`; their options are declared there, once), run in this process with what the
-coordinator adds: the artifact from a run record (--run, --stage, --store) and the ship gate (--force).
-
-The server is transformers serve's own FastAPI app pinned to the artifact, behind a request guard: the same
-program the serving image runs as a SageMaker endpoint. Only the manifest is read before it starts (to print the
-URL and the model id).
-"""
+"""`coordinator serve` and `coordinator export`: the serve service's own Typer commands (their options declared
+there, once), run in this process with what the coordinator adds: the artifact from a run record (--run, --stage,
+--store) and the ship gate (--force)."""
 
 from __future__ import annotations
 

@@ -159,10 +159,9 @@ def test_the_report_of_an_s3_store_is_named_in_the_store_not_downloaded(monkeypa
     from types import SimpleNamespace
 
     from dilforge_coordinator import cli
-    from dilforge_shared.store import artifacts as store
 
     monkeypatch.setattr(cli, "fetch", lambda *a, **k: pytest.fail("downloaded the eval artifact"))
-    monkeypatch.setattr(store, "read_manifest", lambda uri, endpoint: (SimpleNamespace(data_dir="data-abc"), "sha"))
+    monkeypatch.setattr(cli, "read_manifest", lambda uri, endpoint: (SimpleNamespace(data_dir="data-abc"), "sha"))
     assert (
         cli.report_location("s3://b/store/artifacts/eval/0123", None)
         == "s3://b/store/artifacts/eval/0123/data-abc/report.html"

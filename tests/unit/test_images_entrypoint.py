@@ -125,11 +125,11 @@ def _opt(tmp_path: Path, current: str, hosts: list[str], instance_type: str | No
 
 def test_stage_launcher_by_default_and_single_host_stages(tmp_path):
     cpt_env = _opt(tmp_path / "a", "algo-2", ["algo-1", "algo-2"])
-    cmd, _, _ = ep.plan("cpt", cpt_env)  # cpt starts torchrun itself; every host runs its `train`
+    cmd, _ = ep.plan("cpt", cpt_env)  # cpt starts torchrun itself; every host runs its `train`
     assert cmd[1:] == ["-m", "dilforge_cpt", "train"]
-    cmd, _, desc = ep.plan("eval", _opt(tmp_path / "b", "algo-2", ["algo-1", "algo-2"]))
+    cmd, desc = ep.plan("eval", _opt(tmp_path / "b", "algo-2", ["algo-1", "algo-2"]))
     assert cmd is None and "first host only" in desc
-    cmd, _, _ = ep.plan("eval", _opt(tmp_path / "c", "algo-1", ["algo-1", "algo-2"]))
+    cmd, _ = ep.plan("eval", _opt(tmp_path / "c", "algo-1", ["algo-1", "algo-2"]))
     assert cmd[1:] == ["-m", "dilforge_eval", "train"]
 
 

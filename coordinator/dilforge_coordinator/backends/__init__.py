@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dilforge_shared.errors import ConfigError
+
 from ..pipeline import Backend
 
 BACKENDS = ("local", "compose", "sagemaker", "sagemaker-local")
@@ -24,4 +26,4 @@ def get_backend(name: str, **options) -> Backend:
         from .sagemaker_local import SageMakerLocalBackend
 
         return SageMakerLocalBackend(**options)
-    raise ValueError(f"unknown backend {name!r}; choose one of {BACKENDS}")
+    raise ConfigError(f"unknown backend {name!r}; choose one of {BACKENDS}")

@@ -1,16 +1,9 @@
-"""`--backend sagemaker`: each stage as a SageMaker training job (curate as Processing jobs; CPT's token cache,
-when `token_cache_instance_type` is set, as a Processing job before its training job), through the SDK.
+"""`--backend sagemaker`: each stage as a SageMaker training job (curate, and CPT's token cache, as Processing
+jobs), through the SDK's ModelTrainer / Processor, waited for and logged by the SDK.
 
-`job_spec` / `processing_specs` define the jobs SDK-free (`--backend sagemaker-local` runs the same ones);
-`model_trainer` / `run_processor` hand them to the SDK's ModelTrainer / Processor. A real run writes the stage
-config to S3 (hyperparameter values are limited to 2500 characters), attaches to a still-running job of the same
-artifact instead of submitting a second one, and follows the job with the SDK's own waiter and CloudWatch log
-reader; a job that does not complete raises StageFailed with its FailureReason. `--dry-run` runs the SDK's own
-train()/run() under `offline`: every request printed is exactly what botocore would send, with no credentials.
-
-The SDK is an optional extra (requirements-sagemaker.txt; `bash scripts/setup.sh --sagemaker`): it is imported
-only when a job is built, and its absence is a one-line error.
-"""
+`job_spec` / `processing_specs` define the jobs SDK-free, so `--backend sagemaker-local` runs the same ones.
+`--dry-run` runs the SDK's own train()/run() `offline`: the requests botocore would send, without credentials.
+The SDK is an optional extra, imported only when a job is built (its absence is a one-line error)."""
 
 from __future__ import annotations
 
@@ -31,7 +24,7 @@ from dilforge_shared.contract import build_hyperparameters
 from dilforge_shared.errors import ConfigError, DilforgeError
 from dilforge_shared.identity import artifact_id as planned_artifact_id
 from dilforge_shared.manifest import InputRef
-from dilforge_shared.store.backends import open_backend
+from dilforge_shared.store.backends import open_backend, split_uri
 
 from ..cloud import SageMakerConfig, StageResources
 from ..config import PipelineConfig
@@ -120,14 +113,6 @@ def offline_jobs(pipeline: PipelineConfig) -> list[StageJob]:
     return jobs
 
 
-def local_paths(job: StageJob) -> list[str]:
-    """Data and model/tokenizer URIs a SageMaker job could not read: anything not on S3."""
-    uris = [s.uri for s in job.config.file_sources()] + job.config.model_uris()
-    if isinstance(job.config, ModelConfig) and source_kind(job.config.source) in ("folder", "gguf"):
-        uris.append(job.config.source)  # a recipe is fetched by the job itself; a local folder is not reachable
-    return [u for u in uris if not u.startswith("s3://")]
-
-
 CHECKPOINT_PATH = "/opt/ml/checkpoints"
 
 
@@ -182,9 +167,17 @@ def config_uri(cfg: SageMakerConfig, job: StageJob) -> str:
     return f"{output_root(cfg, job)}/configs/{job.stage}/{job.artifact_id}.json"
 
 
+def write_uri(uri: str, text: str, endpoint_url: str | None) -> None:
+    backend, name = split_uri(uri, endpoint_url)
+    backend.write_bytes(name, text.encode())
+
+
 def require_s3_inputs(job: StageJob) -> None:
     """SageMaker jobs (training and processing) read their data and models from S3, never from this machine."""
-    if bad := local_paths(job):
+    uris = [s.uri for s in job.config.file_sources()] + job.config.model_uris()
+    if isinstance(job.config, ModelConfig) and source_kind(job.config.source) in ("folder", "gguf"):
+        uris.append(job.config.source)  # a recipe is fetched by the job itself; a local folder is not reachable
+    if bad := [u for u in uris if not u.startswith("s3://")]:
         raise ConfigError(
             f"{job.stage}: {bad} are local paths; SageMaker jobs read data and models from S3: "
             "upload them and use s3:// URIs in the config"
@@ -285,50 +278,54 @@ def hyperparameters_uri(cfg: SageMakerConfig, job: StageJob) -> str:
     return f"{processing_root(cfg, job)}/config/hyperparameters.json"
 
 
-def work_uri(cfg: SageMakerConfig, job: StageJob) -> str:
-    return f"{processing_root(cfg, job)}/work/"
+def processing_spec(
+    job: StageJob,
+    cfg: SageMakerConfig,
+    image: str,
+    phase: str,
+    entrypoint: list[str],
+    inputs: dict[str, tuple[str, str]],
+    outputs: dict[str, tuple[str, str]],
+    num_instances: int = 1,
+    instance_type: str | None = None,
+    env: dict[str, str] | None = None,
+) -> ProcessingSpec:
+    """One Processing job of the stage; every one reads the stage's hyperparameters file."""
+    require_s3_inputs(job)
+    res = cfg.resources(job.stage)
+    hp_dir = hyperparameters_uri(cfg, job).rsplit("/", 1)[0] + "/"
+    return ProcessingSpec(
+        stage=job.stage,
+        phase=phase,
+        base_job_name=f"{job_base_name(cfg.job_name_prefix, job.stage, job.artifact_id)}-{phase}",
+        image=image,
+        role_arn=cfg.role_arn,
+        instance_type=instance_type or res.instance_type,
+        num_instances=num_instances,
+        volume_size_gb=res.volume_size_gb,
+        max_runtime_s=res.max_runtime_s,
+        entrypoint=entrypoint,
+        inputs={"hyperparameters": (hp_dir, f"{PROCESSING_OPT_ML}/input/config"), **inputs},
+        outputs=outputs,
+        environment=job_environment(job, image, res, {"DILFORGE_OPT_ML": PROCESSING_OPT_ML, **(env or {})}),
+        tags=job_tags(job, cfg, {"dilforge:phase": phase}),
+    )
 
 
 def processing_specs(job: StageJob, cfg: SageMakerConfig, image: str) -> list[ProcessingSpec]:
-    """The curate stage on several instances: one Processing job per datatrove phase, then one that publishes.
-
-    Each phase reads the earlier phases' outputs from one S3 prefix; the tasks and their documents do not depend on
-    the instance count, so the output equals a one-machine run's. Hyperparameters, S3 endpoint included, are a
-    file input."""
-    require_s3_inputs(job)
-    res = cfg.resources(job.stage)
-    work = work_uri(cfg, job)
-    hp_dir = hyperparameters_uri(cfg, job).rsplit("/", 1)[0] + "/"
-    config_input = {"hyperparameters": (hp_dir, f"{PROCESSING_OPT_ML}/input/config")}
-    env = job_environment(job, image, res, {"DILFORGE_OPT_ML": PROCESSING_OPT_ML})
+    """The curate stage on several instances: one Processing job per datatrove phase, each reading the earlier
+    phases' outputs from one S3 prefix, then one that publishes (the output equals a one-machine run's)."""
+    work = f"{processing_root(cfg, job)}/work/"
     specs = []
     for i, phase in enumerate((*CURATE_PHASES, "publish")):
         entry = ["python3", "-m", "dilforge_curate", "process", phase, "--read", f"{PROCESSING_ROOT}/work"]
-        inputs = dict(config_input)
-        if i > 0:  # the union of every earlier phase's outputs, as one prefix
-            inputs["work"] = (work, f"{PROCESSING_ROOT}/work")
+        inputs = {"work": (work, f"{PROCESSING_ROOT}/work")} if i > 0 else {}  # every earlier phase's outputs
         outputs = {}
         if phase != "publish":
             entry += ["--write", f"{PROCESSING_ROOT}/output"]
             outputs["work"] = (f"{PROCESSING_ROOT}/output", work)
-        specs.append(
-            ProcessingSpec(
-                stage=job.stage,
-                phase=phase,
-                base_job_name=f"{job_base_name(cfg.job_name_prefix, job.stage, job.artifact_id)}-{phase}",
-                image=image,
-                role_arn=cfg.role_arn,
-                instance_type=res.instance_type,
-                num_instances=res.num_instances if phase in ("filter", "buckets", "write") else 1,
-                volume_size_gb=res.volume_size_gb,
-                max_runtime_s=res.max_runtime_s,
-                entrypoint=entry,
-                inputs=inputs,
-                outputs=outputs,
-                environment=env,
-                tags=job_tags(job, cfg, {"dilforge:phase": phase}),
-            )
-        )
+        hosts = cfg.resources(job.stage).num_instances if phase in ("filter", "buckets", "write") else 1
+        specs.append(processing_spec(job, cfg, image, phase, entry, inputs, outputs, num_instances=hosts))
     return specs
 
 
@@ -336,42 +333,28 @@ def processing_specs(job: StageJob, cfg: SageMakerConfig, image: str) -> list[Pr
 
 
 def token_cache_spec(job: StageJob, cfg: SageMakerConfig, image: str) -> ProcessingSpec | None:
-    """CPT's token cache on one CPU instance (`sagemaker.stages.cpt.token_cache_instance_type`), or None when the
-    training job tokenises: `python -m dilforge_cpt build-cache` in the stage's image, with the stage's
-    hyperparameters file, on every core; its `checkpoints/tokens` goes to the training job's checkpoint prefix,
-    which SageMaker restores into each training host's /opt/ml/checkpoints, where the stage reuses a finished
-    cache (same key: corpus, tokenizer and endpoint) instead of tokenising. A rerun's job restores that output
-    first and tokenises only what is missing or damaged."""
+    """CPT's token cache on one CPU instance (`token_cache_instance_type`), or None when the training job tokenises:
+    `python -m dilforge_cpt build-cache` writes into the training job's checkpoint prefix, which SageMaker restores
+    on every training host, where the stage finds the cache finished."""
     res = cfg.resources(job.stage)
     if job.stage != "cpt" or res.token_cache_instance_type is None:
         return None
-    require_s3_inputs(job)
-    hp_dir = hyperparameters_uri(cfg, job).rsplit("/", 1)[0] + "/"
     tokens = f"{checkpoint_uri(cfg, job)}tokens/"
-    return ProcessingSpec(
-        stage=job.stage,
-        phase="token-cache",
-        base_job_name=f"{job_base_name(cfg.job_name_prefix, job.stage, job.artifact_id)}-token-cache",
-        image=image,
-        role_arn=cfg.role_arn,
+    return processing_spec(
+        job,
+        cfg,
+        image,
+        "token-cache",
+        ["python3", "-m", "dilforge_cpt", "build-cache"],
+        {},
+        {"tokens": (f"{PROCESSING_OPT_ML}/checkpoints/tokens", tokens)},
         instance_type=res.token_cache_instance_type,
-        num_instances=1,
-        volume_size_gb=res.volume_size_gb,
-        max_runtime_s=res.max_runtime_s,
-        entrypoint=["python3", "-m", "dilforge_cpt", "build-cache"],
-        inputs={"hyperparameters": (hp_dir, f"{PROCESSING_OPT_ML}/input/config")},
-        outputs={"tokens": (f"{PROCESSING_OPT_ML}/checkpoints/tokens", tokens)},
         # the stage restores an earlier build's output from there and reuses it (an input cannot share the path)
-        environment=job_environment(
-            job, image, res, {"DILFORGE_OPT_ML": PROCESSING_OPT_ML, "DILFORGE_TOKEN_CACHE_URI": tokens}
-        ),
-        tags=job_tags(job, cfg, {"dilforge:phase": "token-cache"}),
+        env={"DILFORGE_TOKEN_CACHE_URI": tokens},
     )
 
 
 # ---- the SDK side: ModelTrainer / Processor from a spec, the offline dry run ------------------------
-
-SDK_HINT = "install the SageMaker SDK extra: bash scripts/setup.sh --sagemaker (requirements-sagemaker.txt)"
 
 
 def require_sdk() -> None:
@@ -379,7 +362,10 @@ def require_sdk() -> None:
     try:
         import sagemaker.train.model_trainer  # noqa: F401
     except ImportError as exc:
-        raise ConfigError(f"the SageMaker Python SDK is not installed ({exc.name}): {SDK_HINT}") from None
+        raise ConfigError(
+            f"the SageMaker Python SDK is not installed ({exc.name}): install the SageMaker SDK extra: "
+            "bash scripts/setup.sh --sagemaker (requirements-sagemaker.txt)"
+        ) from None
 
 
 OFFLINE_SDK_CONFIG = {"SchemaVersion": "1.0", "SageMaker": {"PythonSDK": {"Modules": {"TelemetryOptOut": True}}}}
@@ -727,7 +713,7 @@ class SageMakerBackend:
             raise ConfigError("SageMakerBackend.prepare(pipeline) must run first (it reads the sagemaker section)")
         if self.dry_run:
             raise DilforgeError("a dry run builds requests offline: use dry_run_requests(pipeline)")
-        self.upload_config(job)
+        write_uri(config_uri(self.config, job), job.config.model_dump_json(indent=2), job.s3_endpoint_url)
         if job.stage in PROCESSING_STAGES:
             self.run_processing(job, self.processing(job))
             return
@@ -743,19 +729,11 @@ class SageMakerBackend:
             self.out(f"[{job.stage}] submitted training job {name} ({spec.num_instances} x {spec.instance_type})")
         self.wait(job.stage, name)
 
-    def upload_config(self, job: StageJob) -> None:
-        where = config_uri(self.config, job)
-        backend = open_backend(where.rsplit("/", 1)[0], job.s3_endpoint_url)
-        backend.write_bytes(where.rsplit("/", 1)[1], job.config.model_dump_json(indent=2).encode())
-
     def run_processing(self, job: StageJob, specs: list[ProcessingSpec]) -> None:
         """Processing jobs in order (curate's phases, `processing_specs`, or CPT's token cache), each waited for; a
         failed one fails the stage, and a rerun's curate jobs skip the datatrove tasks the earlier attempt finished."""
         hp = stage_hyperparameters(job, self.config, job.s3_endpoint_url)
-        where = hyperparameters_uri(self.config, job)
-        open_backend(where.rsplit("/", 1)[0], job.s3_endpoint_url).write_bytes(
-            "hyperparameters.json", json.dumps(hp).encode()
-        )
+        write_uri(hyperparameters_uri(self.config, job), json.dumps(hp), job.s3_endpoint_url)
         session = sdk_session(self.session())
         for spec in specs:
             name = run_processor(spec, session)

@@ -1,26 +1,8 @@
-"""`--backend sagemaker-local`: every stage as a job of the SageMaker SDK's local container mode.
-
-The job is the one `--backend sagemaker` submits (`sagemaker.job_spec` → `sagemaker.model_trainer`), run by
-`ModelTrainer(training_mode=Mode.LOCAL_CONTAINER)`: the SDK writes SageMaker's own
-/opt/ml/input/config/{hyperparameters,inputdataconfig,resourceconfig}.json for hosts algo-1..N, mounts the
-channels under /opt/ml/input/data/<name>, and runs the stage image (built by `coordinator images build`) once
-per host with `docker compose` on the `sagemaker-local` network, where the hosts find each other by name.
-What differs from a cloud job, and only that:
-
-- instance type `local`, no IAM role check, no ECR (the local image by tag; manifests cite tag@image id);
-- the artifact store is the compose SeaweedFS S3 (compose.yaml), joined to `sagemaker-local` as
-  `dilforge-s3`; jobs publish their manifests to it exactly as cloud jobs publish to S3 (the stage config
-  goes there too, `stage_config_uri`); local data the config names is uploaded to it first,
-  content-addressed (`data/<sha256>/<name>`), and the config points at the upload, as you would for SageMaker;
-- channels: the coordinator copies each upstream artifact folder (manifest.json + data-*/) from the store
-  and the SDK mounts the copy, as SageMaker's File mode downloads an S3Prefix channel;
-- checkpoints: local mode has no CheckpointConfig sync, so the stage images' entrypoint does it when
-  DILFORGE_CHECKPOINT_SYNC_URI is set (only here): /opt/ml/checkpoints is filled from that S3 prefix before
-  the stage starts and uploaded after it ends, also after a SIGTERM, so a rerun resumes (a spot restart).
-
-Bad setup fails in one line before anything runs: region unset, SDK missing, Docker not running, Compose v2
-missing, an image not built.
-"""
+"""`--backend sagemaker-local`: the jobs `--backend sagemaker` submits, run by the SDK's local container mode
+(every host a container of the local stage image on the `sagemaker-local` network). What differs from the cloud:
+instance type `local`, no role or ECR; the store is the compose S3 (as `dilforge-s3`), local data the config
+names is uploaded to it content-addressed first; channels are the store's verified copies (`fetch`); the
+entrypoint syncs checkpoints (DILFORGE_CHECKPOINT_SYNC_URI), which local mode does not. Bad setup is one line."""
 
 from __future__ import annotations
 
@@ -64,6 +46,7 @@ from .sagemaker import (
     sdk_session,
     stage_hyperparameters,
     token_cache_spec,
+    write_uri,
 )
 
 log = logging.getLogger("dilforge.coordinator.sagemaker_local")
@@ -291,10 +274,7 @@ class SageMakerLocalBackend:
     def run(self, job: StageJob) -> None:
         if self.config is None:
             raise ConfigError("SageMakerLocalBackend.prepare(pipeline) must run first")
-        where = config_uri(self.config, job)
-        open_backend(where.rsplit("/", 1)[0], job.s3_endpoint_url).write_bytes(
-            where.rsplit("/", 1)[1], job.config.model_dump_json(indent=2).encode()
-        )
+        write_uri(config_uri(self.config, job), job.config.model_dump_json(indent=2), job.s3_endpoint_url)
         if job.stage in PROCESSING_STAGES:
             self.run_processing(job, processing_specs(job, self.config, self.image(image_of(job.stage))[0]))
             return
@@ -321,16 +301,11 @@ class SageMakerLocalBackend:
                 shutil.rmtree(root, ignore_errors=True)
 
     def run_processing(self, job: StageJob, specs: list[ProcessingSpec]) -> None:
-        """Processing jobs (curate's phases, `sagemaker.processing_specs`, or CPT's token cache, as on
-        SageMaker) in the SDK's local mode, each on its instances. What differs: each job's outputs land in a local
-        folder (local mode would put them under a per-job S3 prefix), which is uploaded to the job's output prefix
-        before the next job starts (`local_processing_spec`)."""
+        """Processing jobs as on SageMaker, in local mode; each job's outputs land in a local folder, uploaded to
+        the job's output prefix before the next job starts (`local_processing_spec`)."""
         ref, cited = self.image(image_of(job.stage))
         hp = stage_hyperparameters(job, self.config, CONTAINER_ENDPOINT)
-        hp_uri = hyperparameters_uri(self.config, job)
-        open_backend(hp_uri.rsplit("/", 1)[0], job.s3_endpoint_url).write_bytes(
-            "hyperparameters.json", json.dumps(hp).encode()
-        )
+        write_uri(hyperparameters_uri(self.config, job), json.dumps(hp), job.s3_endpoint_url)
         with work_folder(self.workdir, job.stage, job.artifact_id) as (root, _):
             work = root / "work"
             work.mkdir(parents=True, exist_ok=True)
