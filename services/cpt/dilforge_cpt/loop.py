@@ -1,8 +1,4 @@
-"""The training loop and its state.
-
-`TrainState` is what the loop carries between steps that is not a tensor (a checkpoint's state.json).
-`train_loop` resumes through the checkpointer, then runs phase 1 (embeddings + LM head) and phase 2 (all
-parameters), validating, logging and checkpointing on the configured steps; one step is `optim.py`'s."""
+"""The training loop (phase 1, embeddings + LM head; phase 2, all parameters) and its non-tensor state."""
 
 from __future__ import annotations
 
@@ -98,12 +94,9 @@ class Pending:
 def settle(
     pending: list[Pending], state: TrainState, setup: LoopSetup, index: int, tokens_per_step: int
 ) -> list[tuple[float, float]]:
-    """Read back the pending steps (one host sync) and return their (loss, norm).
-
-    The first non-finite step latched the loop's device-side skip, so it and every step after it
-    left the model and optimizer untouched: they hold the state after the step before it. The
-    TrainState is rolled back to that step, checkpointed, and the run stops naming step/phase/lr.
-    """
+    """Read back the pending steps (one host sync) and return their (loss, norm). A non-finite step latched the
+    device-side skip, so the model holds the step before it: the TrainState is rolled back to it, checkpointed,
+    and the run stops naming step, phase and lr."""
     values = torch.stack([torch.stack([p.result.loss, p.result.norm, p.result.ok.float()]) for p in pending]).tolist()
     bad = next((i for i, (_, _, ok) in enumerate(values) if not ok), None)
     rows = [(loss, norm) for loss, norm, _ in values]
@@ -134,11 +127,8 @@ def settle(
 
 
 def train_loop(training, data: PackedData, val: list[ValidationSet], state: TrainState, setup: LoopSetup) -> TrainState:
-    """Resume every registered component from the newest good checkpoint, then run phase 1 and phase 2.
-
-    Batches come from a `Prefetcher`. The host syncs with the device only on log, phase-end, validation and
-    checkpoint steps; in between a non-finite step sets a device flag that stops the optimizer until the read-back,
-    which rolls back to the last good step and stops (`settle`)."""
+    """Resume from the newest good checkpoint, then run both phases. The host syncs with the device only on log,
+    validation and checkpoint steps (`settle`)."""
     config, rt, metrics = setup.config, setup.rt, setup.metrics
     if not setup.checkpointer.load():
         state.sampler = data.sampler.state_dict()  # a fresh run starts where the sampler stands

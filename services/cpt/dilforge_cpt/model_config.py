@@ -1,8 +1,5 @@
-"""Model stage config: import a base model into the store as a `model` artifact.
-
-No torch import here: the coordinator fingerprints this stage from the source's identity alone
-(a recipe's pinned sha256, a folder's or prefix's content digest) without running the importer.
-"""
+"""Model stage config: import a base model as a `model` artifact. No torch: the coordinator fingerprints the
+stage from the source's identity alone."""
 
 from __future__ import annotations
 

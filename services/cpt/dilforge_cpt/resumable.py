@@ -1,9 +1,5 @@
-"""What a CPT run resumes, as checkpoint components, and the one registration the stage (and its tests) use.
-
-`register_resumables` hands the `Checkpointer` everything the loop carries between steps, in the order `load()`
-restores it: the TrainState (position, phase, results; the learning-rate schedule is a function of its phase and
-step), the sampler position the loop consumed, the model with its phase's optimizer (DCP tensors), each rank's RNG.
-"""
+"""What a CPT run resumes, registered in the order `load()` restores it: the TrainState (the learning-rate
+schedule is a function of its phase and step), the sampler position, the model with its phase's optimizer, the RNG."""
 
 from __future__ import annotations
 
@@ -15,11 +11,8 @@ from .runtime import Runtime
 
 
 class TrainingModel:
-    """The model and the optimizer of the phase in progress.
-
-    A phase's optimizer is built when the phase starts, or earlier when a checkpoint taken in that phase is loaded
-    (its moments are restored into it); the loop then continues with that very optimizer.
-    """
+    """The model and the optimizer of the phase in progress, built when the phase starts or when a checkpoint
+    taken in it is loaded (its moments restored into it)."""
 
     def __init__(
         self,

@@ -1,8 +1,5 @@
-"""Where training runs: process group, device, precision and whether FSDP2 shards the model.
-
-Built once per process by `init_runtime` and frozen: every rule that depends on it (autocast or
-FSDP's mixed precision, collectives, who writes files) reads the same answer for the whole run.
-"""
+"""Where training runs: process group, device, precision and whether FSDP2 shards the model; built once per
+process by `init_runtime` and frozen."""
 
 from __future__ import annotations
 
@@ -58,9 +55,8 @@ class Runtime:
         return t.tolist()
 
     def any(self, flag: bool) -> bool:
-        """True on every rank if `flag` is true on any. The loop asks this every step (stop requests), so
-        with several processes it all-reduces a CPU tensor over a gloo group: an NCCL all-reduce of a
-        host value would copy it to the GPU behind the step's kernels and wait for them, every step."""
+        """True on every rank if `flag` is true on any; over a gloo group, so the per-step stop check does not
+        wait behind the step's GPU kernels."""
         if not self.distributed or self.world == 1:
             return flag
         t = torch.tensor([1.0 if flag else 0.0], dtype=torch.float64)
@@ -95,11 +91,8 @@ def _control_group():
 
 
 def init_runtime(config: CptConfig) -> Runtime:
-    """One process per device; under torchrun (RANK/WORLD_SIZE set) join the process group.
-
-    Device and precision come from the shared policy (dilforge_shared.runtime_policy); Liger is
-    decided there too, once the model type is known (sharding.apply_liger).
-    """
+    """One process per device, joining the process group under torchrun; device and precision from the shared
+    policy (dilforge_shared.runtime_policy)."""
     distributed = "RANK" in os.environ and "WORLD_SIZE" in os.environ
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))

@@ -15,29 +15,22 @@ from .runtime import Runtime
 
 log = logging.getLogger("dilforge.cpt")
 
-# torch.compile backend for the decoder layers (the CPU test swaps in aot_eager: graph capture and graph
-# breaks do not depend on the backend, Inductor's C++ build on two cores does take minutes).
-COMPILE_BACKEND = "inductor"
+COMPILE_BACKEND = "inductor"  # for the decoder layers; the CPU test swaps in aot_eager
 
 
 LIGER_KERNELS = ("rope", "rms_norm", "swiglu", "fused_linear_cross_entropy")
 
 
 def liger_kernels(config: CptConfig) -> dict[str, bool]:
-    """Which Liger kernels to apply. Eager: all four. With `compile`: only the fused linear cross
-    entropy, which lives in the LM head's loss, outside the compiled decoder layers. Liger's RoPE
-    dispatch is `torch.compiler.disable`d (one graph break per layer; with activation checkpointing
-    no graph was captured at all), and its RMSNorm/SwiGLU Triton kernels are opaque to Inductor,
-    which fuses those element-wise ops itself."""
+    """Which Liger kernels to apply: all four eagerly; with `compile` only the fused linear cross entropy (outside
+    the compiled layers): Liger's RoPE breaks the graph and Inductor fuses RMSNorm/SwiGLU itself."""
     keep = ("fused_linear_cross_entropy",) if config.compile else LIGER_KERNELS
     return {name: name in keep for name in LIGER_KERNELS}
 
 
 def patch_liger(model, kernels: dict[str, bool], apply=None) -> list[str]:
     """Apply the chosen Liger kernels to `model` (default `apply_liger_kernel_to_llama`); returns their names.
-
-    Liger also rebinds Llama's modules for the whole process and nothing undoes it: every backend runs a stage, and
-    the GPU bench each point, in its own process."""
+    Liger rebinds Llama's modules for the whole process, so each run has its own process."""
     if apply is None:
         from liger_kernel.transformers import apply_liger_kernel_to_llama as apply
     apply(cross_entropy=False, model=model, **kernels)
@@ -45,8 +38,7 @@ def patch_liger(model, kernels: dict[str, bool], apply=None) -> list[str]:
 
 
 def apply_liger(model, config: CptConfig, rt: Runtime) -> list[str]:
-    """Liger kernels where the shared policy says they apply (CUDA + llama + cpt.liger), on this model (and
-    this process, see `patch_liger`); returns the kernels applied, for the log and the manifest."""
+    """Liger kernels where the shared policy says they apply (CUDA + llama + cpt.liger); the kernels applied."""
     model_type = model.config.model_type
     if not runtime_policy.choose_liger(config.liger, rt.device.type, model_type, "cpt.liger"):
         if config.liger != "off" and rt.cuda:
@@ -61,14 +53,9 @@ CPU_MAX_MICRO_BATCH = 8  # CPU memory is not the limit; past a few sequences a b
 def resolve_memory(
     config: CptConfig, rt: Runtime, model_config, free_bytes: float | None = None
 ) -> tuple[int, bool, str]:
-    """(micro_batch_size, activation checkpointing, why) from the settings and, where one is `auto`, the memory
-    estimate (`runtime_policy.training_bytes`).
-
-    CUDA: what fits is free device memory (less 15 % for the allocator's fragmentation and the step's transients)
-    after the model state, over one sequence's activations. Checkpointing `auto` is on only when the micro-batch
-    (at least one sequence) does not fit without it; micro_batch_size `auto` is the largest divisor of
-    global_batch_size / processes that fits. CPU: no estimate (memory is not the limit): auto is off, and at most
-    8 sequences."""
+    """(micro_batch_size, activation checkpointing, why) from the settings, `auto` from the memory estimate
+    (`runtime_policy.training_bytes`) on CUDA: checkpointing only when the micro-batch does not fit without it,
+    the micro-batch the largest divisor of the per-process batch that fits. CPU: no estimate, auto is off."""
     micro, checkpointing = config.micro_batch_size, config.activation_checkpointing
     if micro == "auto" and config.global_batch_size % rt.world:
         raise ConfigError(
@@ -119,10 +106,8 @@ def resolve_memory(
 
 
 def fsdp_options(rt: Runtime) -> dict:
-    """fully_shard options for this run. On one rank there is nothing to shard: keeping the unsharded
-    bf16 weights after forward (reshard_after_forward=False) saves a cast + copy of every weight per
-    micro-batch (gathered once per step instead of twice per micro-batch); with several ranks the
-    default frees them, which is where FSDP's memory saving comes from."""
+    """fully_shard options: one rank keeps the unsharded weights after forward (nothing to save by freeing them,
+    a cast + copy per micro-batch saved); several ranks free them (FSDP's memory saving)."""
     return {"reshard_after_forward": rt.world > 1}
 
 

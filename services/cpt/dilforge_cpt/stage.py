@@ -1,9 +1,7 @@
 """CPT stage: adapt a Llama-family model to a new language and its new tokenizer.
 
-`run` trains in this process or starts torchrun on `worker` when several processes are asked for; node 0
-publishes. Each process: runtime → tokenizer → token cache → packed windows and sampler → validation sets →
-resume point → base model → vocabulary transplant (step-0 BPB and leakage) → Liger, checkpointing, compile,
-FSDP2 → `train_loop` → HF folder in /opt/ml/model."""
+`run` trains here or starts torchrun on `worker`; node 0 publishes. Each process: runtime → token cache → packed
+data → validation → resume point → base model → transplant → Liger, compile, FSDP2 → `train_loop` → HF folder."""
 
 from __future__ import annotations
 
@@ -91,10 +89,9 @@ def run(config: CptConfig, ctx: StageContext) -> StageResult:
 
 
 def worker(config: CptConfig, ctx: StageContext) -> StageResult:
-    """`worker`: one torchrun process. Global rank 0 leaves the metrics for the launcher. Stopped through the
-    launcher's stop file, a worker checkpoints and exits 0 after rank 0 wrote the stop's one line where the
-    launcher reads it: torchrun sees no failed child (so prints no ChildFailedError traceback) and the launcher
-    reports the stop itself."""
+    """`worker`: one torchrun process; global rank 0 leaves the metrics for the launcher. Stopped by the stop
+    file, it checkpoints and exits 0 (rank 0 leaves the reason): the launcher reports the stop, torchrun no
+    ChildFailedError."""
     try:
         metrics = train(config, ctx)
     except Terminated as exc:
@@ -111,9 +108,8 @@ def worker(config: CptConfig, ctx: StageContext) -> StageResult:
 
 
 def stay_until_published(ctx: StageContext) -> None:
-    """A later host stays up until the first host has published (see wait_for_artifact), then ignores SIGTERM:
-    local mode stops it as soon as the first host exits, which may fall anywhere in this process's own exit
-    (interpreter and torch teardown), and that stop is the job's normal end, not a failure (exit 143)."""
+    """A later host stays up until the first host has published, then ignores SIGTERM: local mode stops it when
+    the first host exits, the job's normal end, not a failure (exit 143)."""
     previous = signal.signal(signal.SIGTERM, end_once_published(ctx))
     try:
         wait_for_artifact(ctx.request.artifact_uri, ctx.endpoint_url)
@@ -124,9 +120,8 @@ def stay_until_published(ctx: StageContext) -> None:
 
 
 def end_once_published(ctx: StageContext):
-    """SIGTERM handler of a later host waiting for the first host's publish. SageMaker's local mode stops every
-    other host as soon as the first exits, so a SIGTERM after the artifact is published is the job's normal
-    end: exit 0 (not 143, which read as a failure in every successful multi-host job's log)."""
+    """SIGTERM handler of a later host waiting for the first host's publish: once published, a SIGTERM is the
+    job's normal end (exit 0)."""
 
     def handler(signum, frame):
         if published_by_first_host(ctx):
@@ -154,11 +149,8 @@ def stop_file(ctx: StageContext) -> Path:
 def run_workers(plan, ctx: StageContext, grace_s: float | None = None) -> dict:
     """Run torchrun and surface a worker's failure message.
 
-    SIGTERM is not forwarded: torchrun's elastic agent would SIGTERM the workers and SIGKILL them
-    30 s later, too short to checkpoint a 1B FSDP model. Instead this process creates the stop
-    file, which every worker polls each step (all ranks agree through an all-reduce), checkpoints
-    and exits; torchrun is signalled only if workers are still running `grace_s` later.
-    """
+    SIGTERM is not forwarded (torchrun SIGKILLs its workers too soon to checkpoint): this process creates the stop
+    file, which the workers poll each step, checkpoint and exit; torchrun is signalled only `grace_s` later."""
     grace_s = STOP_GRACE_S if grace_s is None else grace_s
     result = ctx.opt.output_dir / RESULT_FILE
     ctx.opt.output_dir.mkdir(parents=True, exist_ok=True)
@@ -209,11 +201,9 @@ def run_workers(plan, ctx: StageContext, grace_s: float | None = None) -> dict:
 
 
 def build_cache(config: CptConfig, ctx: StageContext) -> StageResult:
-    """`build-cache`: only the token cache, into the checkpoint folder, on every CPU of this machine. Run on a CPU
-    instance (a SageMaker Processing job writing to the training job's checkpoint location), it leaves GPU
-    instances a finished cache to reuse; nothing is published. What an earlier build left at
-    $DILFORGE_TOKEN_CACHE_URI (the backends set it to where this job's output goes) is restored first, so a rerun
-    verifies and reuses it instead of tokenising again."""
+    """`build-cache`: only the token cache, into the checkpoint folder, on every CPU (e.g. a Processing job before
+    the GPU training job); nothing is published. An earlier build at $DILFORGE_TOKEN_CACHE_URI is restored first,
+    so a rerun verifies and reuses it."""
     if uri := settings().token_cache_uri:
         restore_token_cache(uri, ctx)
     tok_dir = resolve(ctx.input("tokenizer"), "tokenizer").path
@@ -225,9 +215,8 @@ def build_cache(config: CptConfig, ctx: StageContext) -> StageResult:
 
 
 def restore_token_cache(uri: str, ctx: StageContext) -> None:
-    """Copy an earlier build's cache files (finished entries, verified shards) into this job's cache folder;
-    `tokenize_corpora` checks each against its sha256 or sidecar, so a damaged one is built again. Files are only
-    added (not `models.mirror_prefix`, which replaces the whole folder with the prefix's copy)."""
+    """Add an earlier build's cache files to this job's cache folder (each is verified before use); not
+    `models.mirror_prefix`, which replaces the whole folder."""
     from dilforge_shared.store.backends import open_backend
 
     backend = open_backend(uri.rstrip("/"), ctx.endpoint_url)
@@ -440,11 +429,8 @@ def derive_grad_accum(config: CptConfig, world: int) -> int:
 
 
 def tokenize_corpora(config: CptConfig, ctx: StageContext, rt: Runtime, tok, ids, tok_dir: Path) -> list[TokenFile]:
-    """The token cache, built once per cache folder on every CPU of the host, reused when complete.
-
-    One builder per folder (global rank 0 on a shared folder, else local rank 0 per host); the others wait for its
-    ready marker outside any collective, so a long build cannot time out the process group. The marker carries this
-    job's id, so one left by an earlier job is never taken for this one's."""
+    """The token cache, built once per cache folder (global rank 0 on a shared folder, else local rank 0 per
+    host) while the others wait for its ready marker, which carries this job's id."""
     cache = ctx.checkpoint_dir / "tokens"
     workers = config.tokenize_workers or available_cpus()
 

@@ -1,8 +1,5 @@
-"""Check an HF model folder's weights before it is published as a `model` artifact, cheapest check first.
-
-1. every safetensors header is bounded, parses and its offsets tile the file; 2. the tensors' names and shapes
-are what the config's architecture builds (on the meta device); 3. every tensor loads. Each failure is one
-InputError naming the file and tensor, instead of a traceback later in CPT or chat."""
+"""Check an HF model folder's weights before publishing, cheapest first: safetensors headers, the names and shapes
+the config builds, every tensor loads. Each failure is one InputError naming the file and tensor."""
 
 from __future__ import annotations
 

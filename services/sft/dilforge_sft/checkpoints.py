@@ -1,8 +1,5 @@
-"""SFT's Trainer checkpoints, protected like CPT's.
-
-A TrainerCallback seals each `checkpoint-<step>/` right after Trainer saves it (digest marker,
-dilforge_shared.checkpoint_digests); `latest_checkpoint` resumes only from one whose files all match and renames
-a damaged or unsealed one `damaged-checkpoint-<step>` (outside Trainer's rotation), trying the previous one."""
+"""SFT's Trainer checkpoints, sealed with a digest marker after each save; resuming takes the newest that
+verifies and sets a damaged one aside (outside Trainer's rotation)."""
 
 from __future__ import annotations
 

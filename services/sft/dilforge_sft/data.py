@@ -1,10 +1,5 @@
-"""Records → conversations, with explicit counted rules for everything that is not a clean chat.
-
-A conversation is a list of {"role": system|user|assistant, "content": str}, rendered once by the
-tokenizer's chat template (with {% generation %} markers, `apply_length_rule`), whose assistant mask decides
-which tokens carry loss. Every rule that changes or drops data adds to a named counter that ends
-up in the manifest, so "trained on 940 conversations" can be traced back to the input files.
-"""
+"""Records → conversations ({"role", "content"} lists), with counted rules for everything that is not a clean
+chat: every rule that changes or drops data adds to a named counter in the manifest."""
 
 from __future__ import annotations
 
@@ -339,11 +334,9 @@ def refuse_special_tokens(
 def apply_length_rule(
     convs: list[Conversation], tokenizer, max_length: int, rule: str, counts: DataCounts
 ) -> list[Example]:
-    """Tokenise each conversation once and count (with 'drop': remove) those over max_length tokens.
-
-    The chat template is applied here with the assistant mask, as SFTTrainer would; TRL takes the processed
-    examples and builds labels, truncates or packs. With 'truncate' a conversation whose kept window has no
-    assistant token is dropped here, so the count is ours, not a silent filter inside TRL."""
+    """Tokenise each conversation once with the assistant mask (as SFTTrainer would) and count (with 'drop':
+    remove) those over max_length; with 'truncate' one whose kept window has no assistant token is dropped here,
+    counted, not silently inside TRL."""
     kept: list[Example] = []
     for conv in convs:
         enc = tokenizer.apply_chat_template(conv, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)

@@ -43,11 +43,8 @@ def write_generation_defaults(folder: Path, defaults: dict[str, Any]) -> None:
 
 
 def write_label_preview(dataset, tokenizer, path: Path, num_examples: int) -> int:
-    """The first training rows as the trainer sees them (template, TRL tokenisation, truncation, packing done):
-    one JSON line each with the ids, a 0/1 `trained` flag per token (label != -100), and both decoded.
-
-    So a user can read, in the artifact, exactly which tokens the loss falls on. Returns the rows written.
-    """
+    """The first training rows as the trainer sees them, one JSON line each with the ids, a 0/1 `trained` flag per
+    token and both decoded: which tokens the loss falls on. Returns the rows written."""
     n = min(num_examples, len(dataset))
     with path.open("w", encoding="utf-8") as f:
         for i in range(n):

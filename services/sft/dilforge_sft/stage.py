@@ -1,9 +1,5 @@
-"""The SFT stage, top to bottom: data → base model → LoRA via TRL's SFTTrainer → adapter (+ merged) → metrics.
-
-The loss covers assistant content and the family's end-of-turn token only: the conversations are tokenised once
-with the family template's assistant mask, and packing is padding-free with a kernel that keeps documents
-apart (`runtime_policy.choose_attention`). TRL, PEFT and transformers are used as libraries; the one extension is a
-callback that turns SIGTERM into checkpoint-and-stop."""
+"""The SFT stage: data → base model → LoRA via TRL's SFTTrainer → adapter (+ merged) → metrics. The loss covers
+assistant content and the family's end-of-turn token only (the template's assistant mask)."""
 
 from __future__ import annotations
 
@@ -184,13 +180,8 @@ def resolve_base(config: SftConfig, ctx: StageContext) -> tuple[Path, str]:
 
 
 def load_tokenizer(model_dir: Path) -> tuple[Any, Family, str]:
-    """(tokenizer, its family, where the chat template came from).
-
-    The family (Llama 3 or ChatML) decides the turn-end token the loss must cover and the pad token.
-    A tokenizer whose own template already has {% generation %} markers keeps it; otherwise the
-    family's training template replaces it (SmolLM2's shipped template, for one, has none and injects
-    a default system prompt), so the assistant mask covers exactly assistant content + the family's eot.
-    """
+    """(tokenizer, its family, where the chat template came from). A template without {% generation %} markers
+    is replaced by the family's training template, so the assistant mask covers exactly assistant content + eot."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=False)
