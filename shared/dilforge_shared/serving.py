@@ -21,16 +21,7 @@ def default_model_id(run_id: str | None, stage: str | None, fallback: str) -> st
     """`<run_id>-<stage>` for an artifact (e.g. az-small-sft), else the folder's name; safe as an OpenAI model id
     and as a folder name (the server is pinned to a local folder of that name)."""
     raw = f"{run_id}-{stage}" if run_id and stage else fallback
-    name = re.sub(r"[^A-Za-z0-9._-]+", "-", raw).strip("-._")[:64] or "model"
-    return name
-
-
-def check_model_id(model_id: str) -> str:
-    if not MODEL_ID.match(model_id):
-        raise ConfigError(
-            f"--model-id {model_id!r}: use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit"
-        )
-    return model_id
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", raw).strip("-._")[:64] or "model"
 
 
 def served_model_id(uri: str, manifest: Manifest | None, model_id: str | None = None) -> str:
@@ -38,7 +29,11 @@ def served_model_id(uri: str, manifest: Manifest | None, model_id: str | None = 
     name = model_id or default_model_id(
         manifest.run_id if manifest else None, manifest.stage if manifest else None, Path(uri.rstrip("/")).name
     )
-    return check_model_id(name)
+    if not MODEL_ID.match(name):
+        raise ConfigError(
+            f"--model-id {name!r}: use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit"
+        )
+    return name
 
 
 def chat_template_of(tokenizer_dir: Path) -> str | None:

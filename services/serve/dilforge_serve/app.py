@@ -11,7 +11,6 @@ import asyncio
 import json
 import logging
 import math
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,14 +29,6 @@ MAX_BODY_BYTES = 1 << 20  # 1 MiB: far more text than any context here holds; re
 DRAIN_BYTES = 8 << 20  # a refused body up to this size is read to its end before the 413 (read_body)
 TEST_SIZED_PARAMS = 10_000_000  # below this a served model is a test fixture, not an assistant
 DEFAULT_MAX_TOKENS = 256  # a request that names no max_tokens (transformers serve would take 1024)
-
-
-@dataclass
-class ServerOptions:
-    device: str = "auto"
-    dtype: str = "auto"
-    continuous_batching: bool = False
-    attn_implementation: str | None = None
 
 
 def served_shape(model_id: str) -> tuple[int, int]:
@@ -90,7 +81,9 @@ class RequestGuard:
             return await self.app(scope, receive, send)
         try:
             refuse_encoded_body(scope)
-            raw = await read_body(receive, declared_length(scope), MAX_BODY_BYTES)
+            # the HTTP server has checked that a Content-Length is a number
+            declared = next((int(v) for k, v in scope["headers"] if k.lower() == b"content-length"), None)
+            raw = await read_body(receive, declared, MAX_BODY_BYTES)
             # parsing and tokenising take CPU time: off the event loop, so /ping and streams keep answering
             body = await asyncio.to_thread(self.check, path, raw)
         except BadRequest as exc:
@@ -184,16 +177,6 @@ class RequestGuard:
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise BadRequest(f"messages: this model's chat template cannot render them: {reason}", "messages") from None
         return len(ids["input_ids"])
-
-
-def declared_length(scope) -> int | None:
-    for key, value in scope["headers"]:
-        if key.lower() == b"content-length":
-            try:
-                return int(value)
-            except ValueError:
-                raise BadRequest("Content-Length is not a number") from None
-    return None
 
 
 def refuse_encoded_body(scope) -> None:
@@ -395,17 +378,12 @@ async def respond(send, status: int, body: bytes) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-def build_app(model_id: str, options: ServerOptions):
-    """The guarded app for a served folder named `model_id` in the working directory."""
+def build_app(model_id: str, **options: Any):
+    """The guarded app for a served folder named `model_id` in the working directory; `options` go to
+    transformers serve (device, dtype, continuous_batching)."""
     from transformers import AutoTokenizer
 
-    app = serve_command_app(
-        model_id,
-        device=options.device,
-        dtype=options.dtype,
-        attn_implementation=options.attn_implementation,
-        continuous_batching=options.continuous_batching,
-    )
+    app = serve_command_app(model_id, **options)
     tokenizer = AutoTokenizer.from_pretrained(model_id, trust_remote_code=False)
     num_params, context = served_shape(model_id)
     test_sized = num_params < TEST_SIZED_PARAMS

@@ -20,7 +20,7 @@ import typer
 from dilforge_shared import compat, locks
 
 from . import run
-from .app import ServerOptions, build_app
+from .app import build_app
 from .prepare import check_system_prompt, prepare, resolve_served_model
 
 SAGEMAKER_MODEL_DIR = "/opt/ml/model"
@@ -127,7 +127,7 @@ def serve(
                 os.chdir(root)  # transformers serve is pinned to the folder named by the model id, relative to here
                 import uvicorn
 
-                server = build_app(spec.model_id, ServerOptions(device, dtype, continuous_batching))
+                server = build_app(spec.model_id, device=device, dtype=dtype, continuous_batching=continuous_batching)
                 shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
                 print(
                     f"serving {spec.description}\n  model id: {spec.model_id}\n  OpenAI base URL: "

@@ -1,10 +1,7 @@
 """`export ARTIFACT --format gguf --quant f16|q8_0|q4_k_m --out DIR`: a GGUF for llama.cpp, Ollama and LM
-Studio, with an Ollama Modelfile beside it.
-
-The folder is prepared as the server's (`prepare`, eos = the family's end of turn); the pre-tokenizer must be
-the base tokenizer's (`extend`), since llama.cpp names it by hash (`replace` is refused); llama.cpp's own
-converter and quantizer write the file. Both files are published atomically from a staging folder and never
-overwrite. A system prompt with a control token or triple quote is refused (it would inject directives)."""
+Studio, with an Ollama Modelfile beside it, written by llama.cpp's own converter and quantizer from the folder
+the server would serve. The pre-tokenizer must be the base tokenizer's (llama.cpp names it by hash); both files
+are published from a staging folder and never overwrite."""
 
 from __future__ import annotations
 
@@ -20,7 +17,6 @@ import subprocess
 import sys
 import tarfile
 from contextlib import ExitStack
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -59,49 +55,35 @@ def run_child(cmd: list[str]) -> subprocess.CompletedProcess:
     )
 
 
-@dataclass(frozen=True)
-class Sources:
-    """The llama.cpp converter sources inside a pinned sdist on PyPI."""
-
-    package: str
-    version: str
-    sha256: str
-
-    @property
-    def requirement(self) -> str:
-        return f"{self.package}=={self.version}"
-
-    @property
-    def folder(self) -> Path:
-        return cache_root() / "llama.cpp" / f"{self.package}-{self.version}"
+# the llama.cpp converter sources inside a pinned sdist on PyPI: (package, version, sha256)
+LLAMA_CPP = ("llama-cpp-python", "0.3.36", "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e")
 
 
-LLAMA_CPP = Sources("llama-cpp-python", "0.3.36", "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e")
-
-
-def converter_sources(sources: Sources = LLAMA_CPP) -> Path:
+def converter_sources() -> Path:
     """The converter and its gguf-py, extracted once into the cache from the pinned sdist (`pip download`)."""
-    done = sources.folder / ".complete"
+    package, version, sha256 = LLAMA_CPP
+    requirement, folder = f"{package}=={version}", cache_root() / "llama.cpp" / f"{package}-{version}"
+    done = folder / ".complete"
     if done.is_file():
-        return sources.folder
-    sources.folder.parent.mkdir(parents=True, exist_ok=True)
-    for stale in locks.abandoned(sources.folder.parent, "download"):
+        return folder
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    for stale in locks.abandoned(folder.parent, "download"):
         locks.remove_abandoned(stale)
-    with locks.staging_dir(sources.folder.parent, "download") as tmp:
+    with locks.staging_dir(folder.parent, "download") as tmp:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary=:all:", "--quiet"]
-        cmd += ["--disable-pip-version-check", "-d", str(tmp), sources.requirement]
+        cmd += ["--disable-pip-version-check", "-d", str(tmp), requirement]
         log.info("llama.cpp converter: %s", " ".join(cmd))
         proc = run_child(cmd)
         archives = sorted(tmp.glob("*.tar.gz"))
         if proc.returncode != 0 or len(archives) != 1:
             last = (proc.stderr.strip().splitlines() or ["no archive"])[-1]
-            raise ExportError(f"pip download {sources.requirement} failed: {last}")
+            raise ExportError(f"pip download {requirement} failed: {last}")
         digest = hashlib.sha256(archives[0].read_bytes()).hexdigest()
-        if digest != sources.sha256:
-            raise ExportError(f"{archives[0].name} has sha256 {digest}, not the pinned {sources.sha256}")
+        if digest != sha256:
+            raise ExportError(f"{archives[0].name} has sha256 {digest}, not the pinned {sha256}")
         out = tmp / "src"
         with tarfile.open(archives[0]) as tar:
-            root = f"{sources.package.replace('-', '_')}-{sources.version}/vendor/llama.cpp/"
+            root = f"{package.replace('-', '_')}-{version}/vendor/llama.cpp/"
             members = [
                 m
                 for m in tar.getmembers()
@@ -110,10 +92,10 @@ def converter_sources(sources: Sources = LLAMA_CPP) -> Path:
             for m in members:
                 m.name = m.name[len(root) :]
             tar.extractall(out, members=members, filter="data")
-        (out / ".complete").write_text(sources.requirement + "\n")
-        shutil.rmtree(sources.folder, ignore_errors=True)
-        out.replace(sources.folder)
-    return sources.folder
+        (out / ".complete").write_text(requirement + "\n")
+        shutil.rmtree(folder, ignore_errors=True)
+        out.replace(folder)
+    return folder
 
 
 # ---- the pre-tokenizer --------------------------------------------------------------------------------------

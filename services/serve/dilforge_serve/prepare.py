@@ -50,10 +50,9 @@ def resolve_served_model(
     system_prompt: str | None = None,
     prefer_merged: bool = True,
 ) -> ServedModel:
-    """Any model/adapter artifact (local or s3://) or HF folder → what to serve, through the one resolver
-    (`models.resolve_chat_model`): an SFT artifact from its `merged/` folder when it has one (unless not
-    `prefer_merged`), else base + adapter. `system_prompt` overrides the SFT config's (an empty string serves
-    without a default system message)."""
+    """Any model/adapter artifact (local or s3://) or HF folder → what to serve: an SFT artifact's `merged/`
+    folder when it has one (unless not `prefer_merged`), else base + adapter. `system_prompt` overrides the SFT
+    config's (an empty string serves without a default system message)."""
     spec = resolve_chat_model(uri, base=base, endpoint_url=endpoint_url, prefer_merged=prefer_merged)
     manifest = spec.manifest
     if system_prompt is None and manifest is not None and manifest.stage == "sft":
@@ -94,10 +93,8 @@ def link_model_files(src: Path, out: Path) -> None:
 
 
 def stop_at_turn_starts(folder: Path, family) -> list[int]:
-    """Add the family's turn-start tokens (Llama 3 `<|begin_of_text|>`, `<|start_header_id|>`; ChatML
-    `<|im_start|>`) to the served folder's generation stops: a model that emits one mid-answer has ended its
-    answer, and without this a small model (az-tiny's) generates them, invisible, until max_tokens. Only the
-    served copy changes; the artifact keeps its family's stops. Returns the stop ids."""
+    """Add the family's turn-start tokens to the served copy's generation stops (a model that emits one has
+    ended its answer; else it generates them, invisible, until max_tokens). Returns the stop ids."""
     tokens = special_token_ids(folder / "tokenizer.json")
     path = folder / GENERATION_CONFIG_FILE
     gen = json.loads(path.read_text(encoding="utf-8"))
@@ -131,9 +128,9 @@ def prepare(spec: ServedModel, root: Path) -> Path:
         tok_config = json.loads(tok_config_path.read_text(encoding="utf-8"))
         if tok_config.pop("chat_template", None) is not None:
             tok_config_path.write_text(json.dumps(tok_config, indent=2), encoding="utf-8")
-    family, ids = describe_model_folder(out)  # also for models published before they carried their stops
+    family, _ = describe_model_folder(out)
     stops = stop_at_turn_starts(out, family)
-    template = template or chat_template_of(out) or family.chat_template
+    template = template or family.chat_template
     (out / CHAT_TEMPLATE_FILE).write_text(serving_template(template, spec.system_prompt), encoding="utf-8")
     log.info(
         "serving %s as %r from %s (%s family, stops %s, default system message: %s)",
