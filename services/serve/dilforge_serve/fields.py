@@ -205,7 +205,7 @@ class Request(Strict):
     @classmethod
     def json_object(cls, raw: Any) -> Any:
         """transformers serve declares it a string holding a JSON object."""
-        if raw is None or isinstance(raw, GenerationConfig):
+        if raw is None:
             return raw
         if not isinstance(raw, str):
             raise ValueError(f"must be a string holding a JSON object (e.g. '{{\"top_k\": 20}}'), got {short(raw)}")
@@ -256,9 +256,9 @@ def join_parts(value: Any) -> Any:
     """Text parts ({type: text, text}) joined as transformers serve joins them; a text model takes no others."""
     if not isinstance(value, list):
         return value
-    if not all(isinstance(p, dict) and p.get("type") == "text" and set(p) <= {"type", "text"} for p in value):
+    if not all(isinstance(p, dict) and p.keys() == {"type", "text"} and p["type"] == "text" for p in value):
         raise ValueError("must be a string or text parts ({type: text, text}): this is a text model")
-    if not all(isinstance(p.get("text"), str) for p in value):
+    if not all(isinstance(p["text"], str) for p in value):
         raise ValueError("must be a string or text parts whose text is a string")
     return " ".join(p["text"] for p in value)
 
