@@ -8,6 +8,8 @@ from typing import Annotated
 
 import typer
 
+from .common import EndpointOpt
+
 
 def _policy(device: str):
     """Device and dtype from the shared policy (imported here: it probes torch, the CLI stays torch-free)."""
@@ -108,9 +110,7 @@ def chat_cmd(
     temperature: Annotated[float, typer.Option("--temperature", min=0.0, help="0 = greedy.")] = 0.0,
     seed: Annotated[int, typer.Option("--seed")] = 0,
     device: Annotated[str, typer.Option("--device", help="auto, cpu or cuda.")] = "auto",
-    endpoint: Annotated[
-        str | None, typer.Option("--s3-endpoint-url", envvar="DILFORGE_S3_ENDPOINT_URL", help="S3-compatible endpoint.")
-    ] = None,
+    endpoint: EndpointOpt = None,
 ) -> None:
     """Chat with a model or adapter artifact. Empty line or Ctrl-D ends an interactive session."""
     from dilforge_shared.errors import DilforgeError

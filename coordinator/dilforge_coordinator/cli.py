@@ -21,7 +21,7 @@ from typer.core import TyperGroup
 from . import pipeline as pl
 from .backends import BACKENDS
 from .chat import chat_cmd
-from .common import USER_ERRORS, _prepared_backend, _setup_logging, fail, one_line
+from .common import USER_ERRORS, EndpointOpt, StoreRootOpt, _prepared_backend, _setup_logging, fail, one_line
 from .config import PipelineConfig, load_pipeline
 from .deploy import deploy_cmd
 from .images import images_app
@@ -103,12 +103,6 @@ DataOpt = Annotated[
 BackendOpt = Annotated[str, typer.Option("--backend", "-b", help=f"Where stages run: {', '.join(BACKENDS)}.")]
 StoreOpt = Annotated[str | None, typer.Option("--store", help="Override store.uri of the config.")]
 RunIdOpt = Annotated[str | None, typer.Option("--run-id", help="Override run_id of the config.")]
-EndpointOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--s3-endpoint-url", envvar="DILFORGE_S3_ENDPOINT_URL", help="S3-compatible endpoint (SeaweedFS, MinIO)."
-    ),
-]
 
 
 DryRunOpt = Annotated[
@@ -241,7 +235,7 @@ def manifest_validate(
 @app.command("status")
 def status_cmd(
     run_id: Annotated[str, typer.Argument(help="Pipeline run id")],
-    store: Annotated[str, typer.Option("--store", help="Artifact store root URI")] = ".dilforge/store",
+    store: StoreRootOpt = ".dilforge/store",
     endpoint: EndpointOpt = None,
 ) -> None:
     """Show each stage of a run: artifact, produced or reused, failure reason; flags a run whose process is gone."""
@@ -279,7 +273,7 @@ def status_cmd(
 
 @app.command("gc")
 def gc_cmd(
-    store: Annotated[str, typer.Option("--store", help="Artifact store root URI")] = ".dilforge/store",
+    store: StoreRootOpt = ".dilforge/store",
     workdir: Annotated[
         Path | None,
         typer.Option("--workdir", help="Local backend work folders (default DILFORGE_WORKDIR or .dilforge/work)"),

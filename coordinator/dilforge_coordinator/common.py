@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Annotated
 
 import typer
 from botocore.exceptions import BotoCoreError, ClientError
@@ -17,6 +18,21 @@ from .config import PipelineConfig
 # What a user can act on: our own errors, OS errors (a full disk, a path under a file), and S3 answers such as an
 # unreachable endpoint or missing credentials; shown as one line and exit 1, never as a traceback.
 USER_ERRORS = (DilforgeError, BotoCoreError, ClientError, OSError)
+
+# options several commands take
+EndpointOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--s3-endpoint-url", envvar="DILFORGE_S3_ENDPOINT_URL", help="S3-compatible endpoint (SeaweedFS, MinIO)."
+    ),
+]
+StoreRootOpt = Annotated[str, typer.Option("--store", help="Artifact store root URI.")]
+ForceOpt = Annotated[
+    bool,
+    typer.Option(
+        "--force", help="Ship a model below the assistant thresholds of its eval, or one without eval figures."
+    ),
+]
 
 
 def one_line(exc: BaseException) -> str:

@@ -22,6 +22,7 @@ from dilforge_shared.errors import ConfigError, DilforgeError
 from dilforge_shared.serving import MODEL_ID_ENV, SYSTEM_PROMPT_ENV, default_model_id
 
 from .cloud import SageMakerConfig
+from .common import ForceOpt
 from .config import PipelineConfig, load_pipeline
 
 log = logging.getLogger("dilforge.coordinator.deploy")
@@ -291,12 +292,7 @@ def deploy_cmd(
         str | None,
         typer.Option("--system-prompt", help="Default system message; default the config's sft.system_prompt."),
     ] = None,
-    force: Annotated[
-        bool,
-        typer.Option(
-            "--force", help="Deploy a model below the assistant thresholds of its eval, or one without eval figures."
-        ),
-    ] = False,
+    force: ForceOpt = False,
 ) -> None:
     """Deploy the SFT artifact to a SageMaker real-time endpoint (create or update, wait), or --delete it."""
     from pathlib import Path

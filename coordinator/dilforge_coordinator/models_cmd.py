@@ -17,7 +17,7 @@ from dilforge_shared.metrics import read_metrics
 from dilforge_shared.store.artifacts import read_manifest
 
 from . import pipeline as pl
-from .common import _prepared_backend, _setup_logging
+from .common import EndpointOpt, StoreRootOpt, _prepared_backend, _setup_logging
 from .config import PipelineConfig
 
 models_app = typer.Typer(
@@ -34,13 +34,8 @@ def import_cmd(
             "HF folder, or an s3:// prefix of one."
         ),
     ],
-    store: Annotated[str, typer.Option("--store", help="Artifact store root URI.")] = ".dilforge/store",
-    endpoint: Annotated[
-        str | None,
-        typer.Option(
-            "--s3-endpoint-url", envvar="DILFORGE_S3_ENDPOINT_URL", help="S3-compatible endpoint (SeaweedFS, MinIO)."
-        ),
-    ] = None,
+    store: StoreRootOpt = ".dilforge/store",
+    endpoint: EndpointOpt = None,
     backend: Annotated[
         str, typer.Option("--backend", "-b", help="Where the importer runs: local, compose, sagemaker.")
     ] = "local",

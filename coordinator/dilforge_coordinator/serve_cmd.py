@@ -12,17 +12,12 @@ import typer
 from dilforge_serve import cli as serve_cli
 from dilforge_serve import export as export_cli
 
+from .common import ForceOpt
 from .records import run_artifact
 
 RunOpt = Annotated[str | None, typer.Option("--run", help="Use this run's artifact (its run record).")]
 StageOpt = Annotated[str, typer.Option("--stage", help="With --run: which stage's artifact.")]
 StoreOpt = Annotated[str, typer.Option("--store", envvar="DILFORGE_STORE", help="With --run: the store root URI.")]
-ForceOpt = Annotated[
-    bool,
-    typer.Option(
-        "--force", help="Ship a model below the assistant thresholds of its eval, or one without eval figures."
-    ),
-]
 
 
 def _coordinator_options(

@@ -6,7 +6,6 @@ same path, so artifact ids match a local run's. The coordinator reaches S3 on th
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -158,16 +157,15 @@ class ComposeBackend:
 
     def image_ref(self, stage: str) -> str:
         """What the manifest cites: the image tag and its content id (a registry digest once pushed)."""
+        from ..images import inspect
+
         ref = f"dilforge-{stage}:{self.tag}"
-        proc = subprocess.run(
-            [self.docker, "image", "inspect", ref, "--format", "{{json .}}"],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if proc.returncode != 0:
-            raise StageFailed(stage, f"image {ref} not found; build it: coordinator images build --stage {stage}")
-        info = json.loads(proc.stdout)
+        try:
+            info = inspect(ref, self.docker)
+        except DilforgeError:
+            raise StageFailed(
+                stage, f"image {ref} not found; build it: coordinator images build --stage {stage}"
+            ) from None
         digests = info.get("RepoDigests") or []
         return digests[0] if digests else f"{ref}@{info['Id']}"
 

@@ -259,7 +259,7 @@ class SageMakerLocalBackend:
         spec = job_spec(job, self.config, ref, CONTAINER_ENDPOINT)
         env = {**spec.environment, **self.container_env(cited), CHECKPOINT_SYNC_ENV: spec.checkpoint_uri}
         channels = {name: str(self.channel(uri, job.s3_endpoint_url)) for name, uri in spec.channels.items()}
-        return JobSpec(**{**spec.__dict__, "environment": env}), channels
+        return replace(spec, environment=env), channels
 
     def container_env(self, cited: str) -> dict[str, str]:
         return {
