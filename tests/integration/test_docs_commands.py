@@ -80,7 +80,7 @@ def free_port() -> int:
 def test_the_documented_commands_run_on_az_tiny(tmp_path, data_root):
     """The run-all of the README (on az-tiny), then each documented `serve` with each documented curl."""
     env = {**os.environ, "DILFORGE_STORE": str(tmp_path / "store"), "OMP_NUM_THREADS": "1"}
-    found = [c for _, c in commands() if skip_reason(c) is None]
+    found = list(dict.fromkeys(c for _, c in commands() if skip_reason(c) is None))  # README and docs repeat some
     for command in [c for c in found if "run-all" in c]:
         args = shlex.split(as_tiny(command).replace("../shared/data", str(data_root)))
         proc = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900, check=False)
