@@ -20,7 +20,6 @@ from .metrics import (
     HeadlineEntry,
     Step0Section,
     TokenizerComparison,
-    VocabSweep,
 )
 
 # ISO 639-3 codes that FLORES-style column names use, mapped to the 2-letter codes the report uses.
@@ -145,8 +144,3 @@ def tokenizer_comparison(tok: TokenizerMetrics) -> TokenizerComparison | None:
         return None
     languages = sorted({lang for r in tok.comparison for lang in r.languages})
     return TokenizerComparison(rows=tok.comparison, languages=languages, dead_tokens=tok.dead_tokens or None)
-
-
-def vocab_sweep(tok: TokenizerMetrics) -> VocabSweep:
-    """Fertility per vocabulary size (the sweep's rows), the selected size and the base's figures."""
-    return VocabSweep(selected=tok.selected_vocab_size, rows=tok.sweep, base=tok.base)

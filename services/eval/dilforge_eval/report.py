@@ -13,35 +13,15 @@ from pathlib import Path
 from markupsafe import Markup, escape
 from tabulate import tabulate
 
+from . import tables
 from .metrics import EvalMetrics
 from .plots import make_plots
-from .tables import (
-    Cell,
-    Table,
-    assistant_table,
-    bpb_table,
-    cost_table,
-    downstream_table,
-    headline_table,
-    leakage_table,
-    step0_table,
-    tasks_detail_table,
-)
-from .text_tables import (
-    dead_tokens_table,
-    generations_tables,
-    morph_table,
-    parity_table,
-    repetition_table,
-    strategy_table,
-    tokenizer_table,
-)
 
 SECTIONS = [
     (
         "Headline",
         None,
-        headline_table,
+        tables.headline_table,
         (
             "BPB of each model against the reference model named in the header (the base model when the pipeline has "
             "one) on the first text set of each language: the gain on the target language and what every other "
@@ -51,7 +31,7 @@ SECTIONS = [
     (
         "Headline: downstream tasks",
         None,
-        downstream_table,
+        tables.downstream_table,
         (
             "Tasks run by lm-evaluation-harness with the task configs in the artifact's lm_eval_tasks/ (commands.txt "
             "reproduces them with `lm_eval`). Each figure with its 95 % interval (value ± 1.96 standard errors: "
@@ -65,7 +45,7 @@ SECTIONS = [
     (
         "Headline: the assistant",
         None,
-        assistant_table,
+        tables.assistant_table,
         (
             "Held-out user turns (never trained on) answered through each model's published generation defaults "
             "and chat template, as `serve`, HF generate and the GGUF answer them; per language, and the target "
@@ -79,13 +59,13 @@ SECTIONS = [
     (
         "Downstream tasks: all figures",
         None,
-        tasks_detail_table,
+        tables.tasks_detail_table,
         ("Every metric lm-eval reported, per task and model; per-example answers are in task_answers.jsonl."),
     ),
     (
         "Bits per byte",
         "bpb",
-        bpb_table,
+        tables.bpb_table,
         (
             "BPB of each model with its own tokenizer on each text set: NLL in bits over "
             "the UTF-8 bytes, so different vocabularies compare fairly. Lower is better. "
@@ -95,7 +75,7 @@ SECTIONS = [
     (
         "Step-0 BPB per initialisation",
         None,
-        step0_table,
+        tables.step0_table,
         (
             "BPB on the CPT validation text right after the vocabulary transplant, before any training, for each way of "
             "initialising the new embedding rows (from the CPT manifest)."
@@ -104,7 +84,7 @@ SECTIONS = [
     (
         "Step-0 vocabulary leakage",
         None,
-        leakage_table,
+        tables.leakage_table,
         (
             "Per initialisation (CPT manifest `transplant.step0_leakage`): each validation set scored with the extended "
             "tokenizer and in the base model's own tokenisation under the full softmax, next to the base model's BPB on "
@@ -115,18 +95,23 @@ SECTIONS = [
     (
         "Tokenizer strategies",
         None,
-        strategy_table,
+        tables.strategy_table,
         (
             "The tokenizer stage's strategies side by side on each language's validation text (from its manifest); "
             "dead new tokens are never produced on the training corpus."
         ),
     ),
-    ("Dead-token audit", None, dead_tokens_table, "From the tokenizer stage's manifest (`dead_tokens`)."),
-    ("Tokenizer efficiency", "fertility", tokenizer_table, "Words are whitespace-separated; tokens exclude BOS/EOS."),
+    ("Dead-token audit", None, tables.dead_tokens_table, "From the tokenizer stage's manifest (`dead_tokens`)."),
+    (
+        "Tokenizer efficiency",
+        "fertility",
+        tables.tokenizer_table,
+        "Words are whitespace-separated; tokens exclude BOS/EOS.",
+    ),
     (
         "Parity with English",
         None,
-        parity_table,
+        tables.parity_table,
         (
             "Tokens for the Azerbaijani side over tokens for the aligned English "
             "side; 1.0 means Azerbaijani costs as much as English."
@@ -135,7 +120,7 @@ SECTIONS = [
     (
         "Morpheme alignment",
         "morph",
-        morph_table,
+        tables.morph_table,
         (
             "Gold boundaries from segmented words, lemma/form pairs and glossed "
             "UD sentences; see docs/eval.md for the method."
@@ -143,11 +128,11 @@ SECTIONS = [
     ),
     ("Vocab size sweep", "sweep", None, "Fertility per vocab size from the tokenizer stage's manifest."),
     ("Training curves", "curves", None, "Loss per step read from the CPT/SFT manifests (or their TensorBoard logs)."),
-    ("Cost", None, cost_table, "Time and token counts the upstream stages recorded in their manifests."),
+    ("Cost", None, tables.cost_table, "Time and token counts the upstream stages recorded in their manifests."),
     (
         "Generation repetition",
         None,
-        repetition_table,
+        tables.repetition_table,
         (
             "Means over answers: distinct-n = unique n-grams / n-grams of words in one answer; repeated 3-gram rate = "
             "share of 3-grams that repeat an earlier one in the same answer."
@@ -170,7 +155,7 @@ def _environment(autoescape: bool):
     )
 
 
-def _render(table: Table) -> dict[str, str]:
+def _render(table: tables.Table) -> dict[str, str]:
     """The table as HTML (every text escaped, a better/worse/gen cell in a span of that class) and as Markdown,
     both by tabulate; a column of numbers is right-aligned."""
     head, rows = table
@@ -184,7 +169,7 @@ def _render(table: Table) -> dict[str, str]:
     }
 
 
-def _html_cell(c: str | Cell) -> str:
+def _html_cell(c: str | tables.Cell) -> str:
     cls = getattr(c, "cls", "").replace("num", "").strip()
     return str(Markup('<span class="{}">{}</span>').format(cls, c) if cls else escape(c))
 
@@ -232,7 +217,9 @@ def write_report(metrics: EvalMetrics, generations: list[dict], out_dir: Path, t
         "inventory": _inventory(metrics),
         "skipped": metrics.skipped,
         "sections": sections,
-        "generations": {mode: _render(t) for mode, t in generations_tables(generations, list(metrics.models)).items()},
+        "generations": {
+            mode: _render(t) for mode, t in tables.generations_tables(generations, list(metrics.models)).items()
+        },
     }
     (out_dir / "report.html").write_text(
         _environment(True).get_template("report.html.j2").render(context), encoding="utf-8"

@@ -20,7 +20,7 @@ from dilforge_shared.errors import InputError
 from dilforge_shared.metrics import M, read_metrics
 from dilforge_shared.metrics.cpt import CptMetrics
 from dilforge_shared.metrics.sft import SftMetrics
-from dilforge_shared.metrics.tokenizer import SetFigures, TokenizerMetrics
+from dilforge_shared.metrics.tokenizer import TokenizerMetrics
 
 from . import assistant as assistant_mod
 from . import compare, downstream, harness
@@ -32,18 +32,12 @@ from .metrics import (
     AssistantFigures,
     AssistantSection,
     AssistantThresholds,
-    BpbChange,
     BpbFigures,
     Downstream,
     EvalMetrics,
     EvalTokenizer,
     GenerationFigures,
-    Headline,
-    MorphFigures,
-    ParityFigures,
-    Step0Section,
     TextSet,
-    TokenizerComparison,
     VocabSweep,
 )
 from .metrics import EvalModel as ModelFigures
@@ -62,27 +56,19 @@ def run(config: EvalConfig, ctx: StageContext) -> StageResult:
         raise InputError(
             "nothing to evaluate: no upstream artifacts and no models/tokenizers in the config", path="eval.models"
         )
+    t_tok = time.perf_counter()
     tokenizers = measure_tokenizers(config, inputs)
+    seconds = {"tokenizer_metrics": round(time.perf_counter() - t_tok, 2)}
     evaluated = evaluate_models(config, inputs)
-    compared = comparisons(config, inputs, evaluated)
+    seconds |= {**evaluated.seconds, "total": round(time.perf_counter() - t_start, 2)}
     upstream = upstream_sections(ctx)
-    seconds = {**tokenizers.seconds, **evaluated.seconds, "total": round(time.perf_counter() - t_start, 2)}
+    upstream["cost"]["eval"] = eval_cost(seconds, c_start, evaluated)
     metrics = EvalMetrics(
+        **tokenizers,
+        **comparisons(config, inputs, evaluated),
+        **upstream,
         models=evaluated.models,
-        tokenizers=tokenizers.tokenizers,
-        text_sets=tokenizers.text_sets,
-        tokenizer_metrics=tokenizers.figures,
-        parity=tokenizers.parity,
-        morph=tokenizers.morph,
         bpb=evaluated.bpb,
-        bpb_change=compared.bpb_change,
-        headline=compared.headline,
-        generation=compared.generation,
-        curves=upstream.curves,
-        cost={**upstream.cost, "eval": eval_cost(seconds, c_start, evaluated)},
-        vocab_sweep=upstream.vocab_sweep,
-        tokenizer_comparison=upstream.tokenizer_comparison,
-        transplant=upstream.transplant,
         downstream=evaluated.downstream,
         assistant=assistant_section(config, evaluated),
         skipped=inputs.skipped,
@@ -134,18 +120,6 @@ class Inputs:
 
 
 @dataclass
-class TokenizerFigures:
-    """The metrics sections that need no model (inventory, text sets, tokenizer figures) and their time."""
-
-    tokenizers: dict[str, EvalTokenizer]
-    text_sets: dict[str, TextSet]
-    figures: dict[str, dict[str, SetFigures]]  # tokenizer -> set
-    parity: dict[str, dict[str, ParityFigures]]
-    morph: dict[str, dict[str, MorphFigures]]
-    seconds: dict[str, float]
-
-
-@dataclass
 class Evaluated:
     """Per model: its description, BPB per set, generations, downstream results and the time each took."""
 
@@ -156,26 +130,6 @@ class Evaluated:
     task_samples: list[dict] = field(default_factory=list)
     assistant: dict[str, AssistantRun] = field(default_factory=dict)  # model -> its answers to the prompt groups
     seconds: dict[str, float] = field(default_factory=dict)
-
-
-@dataclass
-class Compared:
-    """Each model against the reference: BPB change per set, the headline, generation repetition per mode."""
-
-    bpb_change: dict[str, dict[str, BpbChange]]
-    headline: Headline
-    generation: dict[str, dict[str, GenerationFigures]]
-
-
-@dataclass
-class Upstream:
-    """What the upstream manifests say: training curves and costs, the tokenizer's sweep and strategies, step 0."""
-
-    curves: dict[str, dict[str, Any]] = field(default_factory=dict)
-    cost: dict[str, dict[str, float]] = field(default_factory=dict)
-    vocab_sweep: VocabSweep | None = None
-    tokenizer_comparison: TokenizerComparison | None = None
-    transplant: Step0Section | None = None
 
 
 # ---- parse ------------------------------------------------------------------------------------------------
@@ -250,21 +204,19 @@ def assistant_groups(config: EvalConfig, endpoint: str | None) -> dict[str, list
 # ---- measure and evaluate -----------------------------------------------------------------------------------
 
 
-def measure_tokenizers(config: EvalConfig, inputs: Inputs) -> TokenizerFigures:
+def measure_tokenizers(config: EvalConfig, inputs: Inputs) -> dict:
     """The tokenizer and text-set inventory and every tokenizer's fertility, parity and morpheme alignment."""
-    t_tok = time.perf_counter()
     sets, toks = inputs.sets, inputs.toks
-    return TokenizerFigures(
-        tokenizers={label: EvalTokenizer(**info) for label, info in inputs.tok_info.items()},
-        text_sets={
+    return {
+        "tokenizers": {label: EvalTokenizer(**info) for label, info in inputs.tok_info.items()},
+        "text_sets": {
             k: TextSet(uri=s.uri, language=inputs.languages[k], num_docs=len(sets[k]), num_bytes=text_bytes(sets[k]))
             for k, s in zip(sets, config.text_sets, strict=False)
         },
-        figures=tokenizer_metrics(toks, sets),
-        parity=parity_metrics(toks, inputs.parallel),
-        morph=morph_metrics(toks, inputs.gold),
-        seconds={"tokenizer_metrics": round(time.perf_counter() - t_tok, 2)},
-    )
+        "tokenizer_metrics": tokenizer_metrics(toks, sets),
+        "parity": parity_metrics(toks, inputs.parallel),
+        "morph": morph_metrics(toks, inputs.gold),
+    }
 
 
 def evaluate_models(config: EvalConfig, inputs: Inputs) -> Evaluated:
@@ -309,7 +261,7 @@ def evaluate_models(config: EvalConfig, inputs: Inputs) -> Evaluated:
 # ---- compare ----------------------------------------------------------------------------------------------
 
 
-def comparisons(config: EvalConfig, inputs: Inputs, evaluated: Evaluated) -> Compared:
+def comparisons(config: EvalConfig, inputs: Inputs, evaluated: Evaluated) -> dict:
     """Per-set BPB change against the reference model, the headline and each model's generation repetition."""
     reference = compare.reference_label(evaluated.bpb)
     bpb_change = compare.bpb_changes(evaluated.bpb, reference, inputs.languages)
@@ -323,7 +275,7 @@ def comparisons(config: EvalConfig, inputs: Inputs, evaluated: Evaluated) -> Com
         m: {mode: GenerationFigures(**gen_mod.mean_repetition(rows)) for mode, rows in d.items()}
         for m, d in by_mode.items()
     }
-    return Compared(bpb_change=bpb_change, headline=headline, generation=generation)
+    return {"bpb_change": bpb_change, "headline": headline, "generation": generation}
 
 
 def assistant_section(config: EvalConfig, evaluated: Evaluated) -> AssistantSection | None:
@@ -374,20 +326,20 @@ def upstream_metrics(ctx: StageContext, stage: str, model: type[M]) -> M | None:
     return read_metrics(model, art.manifest.metrics, art.uri)
 
 
-def upstream_sections(ctx: StageContext) -> Upstream:
+def upstream_sections(ctx: StageContext) -> dict:
     """Training curves and costs (cpt, sft), the vocab sweep and strategies (tokenizer), step-0 BPB (cpt)."""
-    out = Upstream()
+    out: dict[str, Any] = {"curves": {}, "cost": {}}
     for stage, model in (("cpt", CptMetrics), ("sft", SftMetrics)):
         if (typed := upstream_metrics(ctx, stage, model)) is not None:
             if series := typed.curves():  # name -> [(step, value)]
-                out.curves[stage] = {k: [list(p) for p in sorted(v)] for k, v in series.items()}
+                out["curves"][stage] = {k: [list(p) for p in sorted(v)] for k, v in series.items()}
             if c := typed.cost():
-                out.cost[stage] = c
+                out["cost"][stage] = c
+            if stage == "cpt":
+                out["transplant"] = compare.step0_bpb(typed)
     if (tok := upstream_metrics(ctx, "tokenizer", TokenizerMetrics)) is not None:
-        out.vocab_sweep = compare.vocab_sweep(tok)
-        out.tokenizer_comparison = compare.tokenizer_comparison(tok)
-    if (cpt := upstream_metrics(ctx, "cpt", CptMetrics)) is not None:
-        out.transplant = compare.step0_bpb(cpt)
+        out["vocab_sweep"] = VocabSweep(selected=tok.selected_vocab_size, rows=tok.sweep, base=tok.base)
+        out["tokenizer_comparison"] = compare.tokenizer_comparison(tok)
     return out
 
 

@@ -1,10 +1,10 @@
-"""The report's tables of model comparisons: headline BPB, downstream tasks, BPB per set, step-0 BPB and leakage
-per initialisation, cost. A table is data, a header and rows of `Cell`s (text + CSS class); every change is
-per text set or task against the reference (base) model, never averaged across languages."""
+"""The report's tables, as data: a header and rows of `Cell`s (text + CSS class), rendered by `report`. Every
+change is per text set or task against the reference (base) model, never averaged across languages."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +38,20 @@ def pct(v: float | None) -> str:
     return "–" if v is None else f"{100 * v:.1f}%"
 
 
+def num(v: Any, digits: int = 3) -> Cell:
+    """A number, right-aligned."""
+    return Cell(fmt(v, digits), "num")
+
+
+def pct_cell(v: float | None) -> Cell:
+    return Cell(pct(v), "num")
+
+
+def _pairs(data: dict[str, dict[str, Any]], cells: Callable[[str, Any], list]) -> list[list[str | Cell]]:
+    """One row per (outer, inner) key of a two-level dict: both keys, then `cells(inner key, value)`."""
+    return [[a, b, *cells(b, v)] for a, inner in data.items() for b, v in inner.items()]
+
+
 def change_cell(change: float | None) -> Cell:
     """A relative BPB change: negative is better (fewer bits per byte)."""
     if change is None:
@@ -68,14 +82,12 @@ def headline_table(metrics: EvalMetrics) -> Table:
     if gain_set:
         head.append(f"{language_name(target)} gain: BPB vs {ref} on {gain_set}")
     head += [f"{language_name(lang)} retention: BPB vs {ref} on {name}" for lang, name in others.items()]
-    models = list(dict.fromkeys([*h.gain, *h.retention]))
     rows = []
-    for m in models:
+    for m in dict.fromkeys([*h.gain, *h.retention]):
         row: list[str | Cell] = [m]
         if gain_set:
             row.append(transition(h.gain.get(m)))
-        row += [transition(h.retention.get(m, {}).get(lang)) for lang in others]
-        rows.append(row)
+        rows.append(row + [transition(h.retention.get(m, {}).get(lang)) for lang in others])
     return head, rows
 
 
@@ -92,70 +104,50 @@ METRIC_NAMES = {
 }
 
 
-def _score(v: TaskScore | None, metric: str) -> str:
-    """'0.250 [0.10, 0.40]' (value and 95 % interval); chrF/BLEU with one decimal."""
-    if v is None:
-        return "–"
-    digits = 1 if metric in ("chrf++", "chrf", "bleu") else 3
-    ci = v.ci95
-    return fmt(v.value, digits) + (f" [{fmt(ci[0], digits)}, {fmt(ci[1], digits)}]" if ci else "")
-
-
 def _delta_cell(v: TaskScore | None, delta: float | None, metric: str) -> Cell:
-    """A score with its change against the reference model, coloured by whether higher is better."""
+    """'0.250 [0.10, 0.40] (+0.050)': value, 95 % interval and the change against the reference model, coloured
+    by whether higher is better; chrF/BLEU with one decimal."""
     from .harness import HIGHER_IS_BETTER
 
-    text = _score(v, metric)
-    if v is None or delta is None:
-        return Cell(text, "num")
+    if v is None:
+        return Cell("–", "num")
     digits = 1 if metric in ("chrf++", "chrf", "bleu") else 3
+    text = fmt(v.value, digits) + (f" [{fmt(v.ci95[0], digits)}, {fmt(v.ci95[1], digits)}]" if v.ci95 else "")
+    if delta is None:
+        return Cell(text, "num")
     better = delta > 0 if HIGHER_IS_BETTER.get(metric, True) else delta < 0
     cls = "num" if delta == 0 else "num better" if better else "num worse"
     return Cell(f"{text} ({delta:+.{digits}f})", cls)
 
 
-def _task_rows(metrics: EvalMetrics) -> tuple[list[str], list[str], list[tuple[str, str, dict]]]:
-    """(models, languages, [(row label, headline metric, {language: task key})]) of the downstream section."""
-    d = metrics.downstream
-    if d is None:
-        return [], [], []
-    languages = list(dict.fromkeys(t.language for t in d.tasks.values()))
-    rows: dict[tuple[str, str], dict[str, str]] = {}
-    for key, t in d.tasks.items():
-        for m in t.headline_metrics:
-            rows.setdefault((t.row, m), {})[t.language] = key
-    return list(d.results), languages, [(row, m, by_lang) for (row, m), by_lang in rows.items()]
-
-
 def downstream_table(metrics: EvalMetrics) -> Table:
     """Headline task rows: each model's figure per language side by side (95 % interval; change vs the
     reference model in brackets, coloured better/worse), with the task's chance level. Nothing averaged."""
-    models, languages, rows_ = _task_rows(metrics)
-    if not models or metrics.downstream is None:
+    d = metrics.downstream
+    if d is None or not d.results:
         return [], []
-    results, changes, tasks = metrics.downstream.results, metrics.downstream.changes, metrics.downstream.tasks
+    models, languages = list(d.results), list(dict.fromkeys(t.language for t in d.tasks.values()))
+    by_row: dict[tuple[str, str], dict[str, str]] = {}  # (row label, headline metric) -> {language: task key}
+    for key, t in d.tasks.items():
+        for m in t.headline_metrics:
+            by_row.setdefault((t.row, m), {})[t.language] = key
     head = ["task", "metric", "n", "chance"] + [f"{m} {lang}" for m in models for lang in languages]
     rows = []
-    for row, metric, by_lang in rows_:
+    for (row, metric), by_lang in by_row.items():
         chance = [
-            f"{lang} {fmt(tasks[k].chance[metric], 3 if metric not in ('chrf++', 'bleu') else 1)}"
+            f"{lang} {fmt(d.tasks[k].chance[metric], 3 if metric not in ('chrf++', 'bleu') else 1)}"
             for lang, k in by_lang.items()
-            if metric in tasks[k].chance
+            if metric in d.tasks[k].chance
         ]
-        n = "/".join(str(tasks[k].num_examples) for k in by_lang.values())
-        cells: list[str | Cell] = [
-            row,
-            METRIC_NAMES.get(metric, metric),
-            Cell(n, "num"),
-            Cell(", ".join(chance) or "–", "num"),
-        ]
+        n = "/".join(str(d.tasks[k].num_examples) for k in by_lang.values())
+        cells: list[str | Cell] = [row, METRIC_NAMES.get(metric, metric), Cell(n, "num")]
+        cells.append(Cell(", ".join(chance) or "–", "num"))
         for model in models:
             for lang in languages:
                 key = by_lang.get(lang)
-                v = results[model].get(key, {}).get(metric) if key else None
-                cells.append(
-                    _delta_cell(v, changes.get(model, {}).get(key, {}).get(metric), metric) if key else Cell("–")
-                )
+                v = d.results[model].get(key, {}).get(metric)
+                delta = d.changes.get(model, {}).get(key, {}).get(metric)
+                cells.append(_delta_cell(v, delta, metric) if key else Cell("–"))
         rows.append(cells)
     return head, rows
 
@@ -164,28 +156,24 @@ def tasks_detail_table(metrics: EvalMetrics) -> Table:
     """Every task, model and metric: value, standard error, 95 % interval, chance, examples, shots."""
     d = metrics.downstream
     head = ["task", "language", "model", "metric", "value", "stderr", "95 % interval", "chance", "n", "shots"]
-    if d is None:
-        return head, []
     rows = []
-    for key, t in d.tasks.items():
+    for key, t in d.tasks.items() if d else ():
         for model, res in d.results.items():
             for metric in dict.fromkeys([*t.metrics, *t.headline_metrics]):
-                v = res.get(key, {}).get(metric)
-                if v is None:
+                if (v := res.get(key, {}).get(metric)) is None:
                     continue
-                ci = v.ci95
                 rows.append(
                     [
                         key,
                         t.language,
                         model,
                         METRIC_NAMES.get(metric, metric),
-                        Cell(fmt(v.value, 4), "num"),
-                        Cell(fmt(v.stderr, 4), "num"),
-                        Cell(f"{fmt(ci[0], 4)} – {fmt(ci[1], 4)}" if ci else "–", "num"),
-                        Cell(fmt(t.chance.get(metric), 4), "num"),
-                        Cell(str(t.num_examples), "num"),
-                        Cell(str(t.num_fewshot), "num"),
+                        num(v.value, 4),
+                        num(v.stderr, 4),
+                        Cell(f"{fmt(v.ci95[0], 4)} – {fmt(v.ci95[1], 4)}" if v.ci95 else "–", "num"),
+                        num(t.chance.get(metric), 4),
+                        num(t.num_examples),
+                        num(t.num_fewshot),
                     ]
                 )
     return head, rows
@@ -199,15 +187,16 @@ def bpb_table(metrics: EvalMetrics) -> Table:
     rows = []
     for m, sets in metrics.bpb.items():
         for s, res in sets.items():
-            row: list[str | Cell] = [m, s, langs.get(s) or "–", Cell(fmt(res.bpb, 4), "num")]
+            row: list[str | Cell] = [m, s, langs.get(s) or "–", num(res.bpb, 4)]
             if ref:
                 e = metrics.bpb_change.get(m, {}).get(s)
-                row += [
-                    Cell(fmt(e.reference_bpb if e else None, 4), "num"),
-                    change_cell(e.change) if e else Cell("–"),
-                ]
+                row += [num(e.reference_bpb, 4), change_cell(e.change)] if e else [num(None), Cell("–")]
             rows.append(row)
     return head, rows
+
+
+def _method(name: str, trained: str) -> str:
+    return f"{name} (trained)" if name == trained else name
 
 
 def step0_table(metrics: EvalMetrics) -> Table:
@@ -215,14 +204,7 @@ def step0_table(metrics: EvalMetrics) -> Table:
     if t is None or not t.step0_bpb:
         return [], []
     head = ["initialisation", *[f"step-0 BPB ({s})" for s in t.sets]]
-    rows = [
-        [
-            f"{method} (trained)" if method == t.method else method,
-            *[Cell(fmt(vals.get(s), 4), "num") for s in t.sets],
-        ]
-        for method, vals in t.step0_bpb.items()
-    ]
-    return head, rows
+    return head, [[_method(m, t.method), *[num(vals.get(s), 4) for s in t.sets]] for m, vals in t.step0_bpb.items()]
 
 
 def leakage_table(metrics: EvalMetrics) -> Table:
@@ -231,37 +213,21 @@ def leakage_table(metrics: EvalMetrics) -> Table:
     t = metrics.transplant
     if t is None or not t.leakage:
         return [], []
-    head = [
-        "initialisation",
-        "set",
-        "base model BPB",
-        "extended tokenizer BPB",
-        "× base",
-        "base tokenisation BPB",
-        "× base",
-    ]
-    rows = []
-    for method, sets in t.leakage.items():
-        name = f"{method} (trained)" if method == t.method else method
-        for s, r in sets.items():
-            rows.append(
-                [
-                    name,
-                    s,
-                    Cell(fmt(r.bpb_base_model, 4), "num"),
-                    Cell(fmt(r.bpb_extended, 4), "num"),
-                    Cell(fmt(r.extended_vs_base, 4), "num"),
-                    Cell(fmt(r.bpb_base_tokenization, 4), "num"),
-                    Cell(fmt(r.base_tokenization_vs_base, 4), "num"),
-                ]
-            )
-    return head, rows
+    head = ["initialisation", "set", "base model BPB", "extended tokenizer BPB", "× base"]
+    head += ["base tokenisation BPB", "× base"]
+    figures = (
+        "bpb_base_model",
+        "bpb_extended",
+        "extended_vs_base",
+        "bpb_base_tokenization",
+        "base_tokenization_vs_base",
+    )
+    leakage = {_method(m, t.method): sets for m, sets in t.leakage.items()}
+    return head, _pairs(leakage, lambda _, r: [num(getattr(r, f), 4) for f in figures])
 
 
 def cost_table(metrics: EvalMetrics) -> Table:
-    head = ["stage", "figure", "value"]
-    rows = [[stage, k, Cell(fmt(v), "num")] for stage, d in metrics.cost.items() for k, v in d.items()]
-    return head, rows
+    return ["stage", "figure", "value"], _pairs(metrics.cost, lambda _, v: [num(v)])
 
 
 def _share_cell(s, floor: float | None = None) -> Cell:
@@ -281,21 +247,103 @@ def assistant_table(metrics: EvalMetrics) -> Table:
     if a is None:
         return head, []
     gate = a.thresholds
+
+    def cells(_, f) -> list[Cell]:
+        gated = f.language == gate.language
+        chrf = f"{f.chrf.score:.1f} [{fmt(f.chrf.low, 1)}–{fmt(f.chrf.high, 1)}] ({f.chrf.n})" if f.chrf else "–"
+        return [
+            num(f.n),
+            _share_cell(f.in_language, gate.min_in_language if gated else None),
+            _share_cell(f.ended_turn, gate.min_ended_turn if gated else None),
+            _share_cell(f.looping),
+            _share_cell(f.parroting),
+            Cell(chrf, "num"),
+        ]
+
+    return head, _pairs(a.figures, cells)
+
+
+def strategy_table(metrics: EvalMetrics) -> Table:
+    """The tokenizer strategies side by side, every language's figures in the same row."""
+    comp = metrics.tokenizer_comparison
+    if comp is None:
+        return [], []
+    head = ["strategy", "vocab size", "new tokens", "selected"]
+    for lang in comp.languages:
+        head += [f"{lang} tokens/word", f"{lang} bytes/token", f"{lang} words in 3+ tokens"]
     rows = []
-    for model, groups in a.figures.items():
-        for group, f in groups.items():
-            gated = f.language == gate.language
-            chrf = f"{f.chrf.score:.1f} [{fmt(f.chrf.low, 1)}–{fmt(f.chrf.high, 1)}] ({f.chrf.n})" if f.chrf else "–"
-            rows.append(
-                [
-                    model,
-                    group,
-                    Cell(str(f.n), "num"),
-                    _share_cell(f.in_language, gate.min_in_language if gated else None),
-                    _share_cell(f.ended_turn, gate.min_ended_turn if gated else None),
-                    _share_cell(f.looping),
-                    _share_cell(f.parroting),
-                    Cell(chrf, "num"),
-                ]
+    for r in comp.rows:
+        row: list[str | Cell] = [r.strategy, num(r.vocab_size), num(r.num_new_tokens), "yes" if r.selected else ""]
+        for v in (r.languages.get(lang) for lang in comp.languages):
+            row += (
+                [num(v.tokens_per_word), num(v.bytes_per_token), pct_cell(v.frac_words_3plus)]
+                if v
+                else [num(None)] * 2 + [pct_cell(None)]
             )
-    return head, rows
+        rows.append([*row, pct_cell(r.dead_new_tokens_frac)])
+    return [*head, "dead new tokens"], rows
+
+
+def _flatten(d: dict, prefix: str = "") -> list[tuple[str, Any]]:
+    out: list[tuple[str, Any]] = []
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        out += _flatten(v, f"{key}.") if isinstance(v, dict) else [(key, v)]
+    return out
+
+
+def dead_tokens_table(metrics: EvalMetrics) -> Table:
+    """The tokenizer stage's dead-token audit, every figure it published (a free-form section: flattened)."""
+    dead = (metrics.tokenizer_comparison.dead_tokens if metrics.tokenizer_comparison else None) or {}
+    return ["figure", "value"], [[k, num(len(v) if isinstance(v, list) else v, 4)] for k, v in _flatten(dead)]
+
+
+def tokenizer_table(metrics: EvalMetrics) -> Table:
+    head = ["tokenizer", "text set", "language", "tokens/word", "bytes/token", "words in 3+ tokens", "tokens", "words"]
+    langs = {k: v.language for k, v in metrics.text_sets.items()}
+
+    def cells(s: str, v) -> list:
+        figures = [num(v.tokens_per_word), num(v.bytes_per_token), pct_cell(v.share_words_3plus)]
+        return [langs.get(s) or "–", *figures, num(v.num_tokens), num(v.num_words)]
+
+    return head, _pairs(metrics.tokenizer_metrics, cells)
+
+
+def parity_table(metrics: EvalMetrics) -> Table:
+    head = ["tokenizer", "aligned set", "tokens az", "tokens en", "parity (az/en)", "pairs"]
+    return head, _pairs(
+        metrics.parity, lambda _, v: [num(v.tokens_az), num(v.tokens_en), num(v.parity), num(v.num_pairs)]
+    )
+
+
+def morph_table(metrics: EvalMetrics) -> Table:
+    head = ["tokenizer", "resource", "words", "gold boundaries", "boundary recall"]
+    head += ["token boundaries inside a morpheme", "exact segmentation"]
+    shares = ("boundary_recall", "inside_morpheme_rate", "exact_segmentation_rate")
+    return head, _pairs(
+        metrics.morph,
+        lambda _, v: [num(v.num_words), num(v.num_gold_boundaries), *[pct_cell(getattr(v, k)) for k in shares]],
+    )
+
+
+def repetition_table(metrics: EvalMetrics) -> Table:
+    head = ["model", "mode", "answers", "words/answer", "distinct-1", "distinct-2", "repeated 3-gram rate"]
+    figures = ("distinct_1", "distinct_2", "repeated_3gram_rate")
+    return head, _pairs(
+        metrics.generation,
+        lambda _, v: [num(v.num_generations), num(v.num_words, 1), *[num(getattr(v, k)) for k in figures]],
+    )
+
+
+def generations_tables(generations: list[dict], models: list[str]) -> dict[str, Table]:
+    """Per mode: one row per prompt, one column per model (base, cpt, sft side by side)."""
+    out: dict[str, Table] = {}
+    for mode in dict.fromkeys(g["mode"] for g in generations):
+        by_prompt: dict[str, dict] = {}
+        for g in (g for g in generations if g["mode"] == mode):
+            by_prompt.setdefault(g["prompt_id"], {"prompt": g["prompt"], "kind": g["kind"]})[g["model"]] = g["output"]
+        rows = [
+            [f"[{d['kind']}] {d['prompt']}", *[Cell(d.get(m, ""), "gen") for m in models]] for d in by_prompt.values()
+        ]
+        out[mode] = (["prompt", *models], rows)
+    return out
