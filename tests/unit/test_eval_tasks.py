@@ -301,7 +301,8 @@ def test_instruction_file_missing_field_and_config_checks(tmp_path):
 
 
 def test_task_folder_is_self_contained_and_commands_name_every_task(prepared):
-    _, specs, task_dir = prepared
+    cfg, specs, task_dir = prepared
+    downstream.write_commands(task_dir, specs, cfg, "float32", "cpu", 0)
     names = {p.name for p in task_dir.iterdir()}
     assert {
         "_sib200.yaml",

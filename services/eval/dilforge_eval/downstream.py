@@ -16,13 +16,13 @@ from pathlib import Path
 from dilforge_shared.errors import InputError
 from pydantic import Field
 
+from .compare import language_name
 from .config import SIB_LABELS, DownstreamTasks, MultipleChoiceTask
 from .metrics import DownstreamTask
 from .task_rows import instruction_rows, mc_rows, sib_rows
 
 TASK_DIR = "lm_eval_tasks"
 PREFIX = "dilforge_"
-LANGUAGE_NAMES = {"az": "Azerbaijani", "en": "English"}
 
 
 class TaskSpec(DownstreamTask):
@@ -54,21 +54,6 @@ def _write_jsonl(path: Path, rows: list[dict]) -> str:
     with open(path, "w", encoding="utf-8") as f:
         f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
     return str(path.relative_to(path.parent.parent))
-
-
-def write_commands(
-    out: Path, specs: list[TaskSpec], tasks: DownstreamTasks, dtype: str = "float32", device: str = "cpu", seed: int = 0
-) -> list[str]:
-    """commands.txt in the task folder: the lm_eval lines that reproduce the stage's figures."""
-    system = tasks.instructions.system_prompt if tasks.instructions else None
-    commands = lm_eval_commands(specs, tasks, system, dtype, device, seed)
-    lines = [
-        "# Run inside this folder; MODEL_DIR is an HF model folder (for an SFT adapter add peft=ADAPTER_DIR to",
-        "# --model_args). Same numbers as the eval stage's metrics.json `downstream` section.",
-        *commands,
-    ]
-    (out / "commands.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return commands
 
 
 def _copy_templates(out: Path) -> None:
@@ -153,7 +138,7 @@ def prepare(tasks: DownstreamTasks, out: Path, endpoint: str | None, read_parall
                 spec,
                 {
                     "include": "_translation.yaml",
-                    "doc_to_text": f"{LANGUAGE_NAMES[src]}: {{{{source}}}}\n{LANGUAGE_NAMES[tgt]}:",
+                    "doc_to_text": f"{language_name(src)}: {{{{source}}}}\n{language_name(tgt)}:",
                     "generation_kwargs": {
                         "until": ["\n"],
                         "do_sample": False,
@@ -166,11 +151,6 @@ def prepare(tasks: DownstreamTasks, out: Path, endpoint: str | None, read_parall
         cfg = tasks.instructions
         rows = instruction_rows(cfg, endpoint)
         data = _write_jsonl(out / "data" / f"instruction_{cfg.name}.jsonl", rows)
-        import sacrebleu
-
-        copy = sacrebleu.corpus_chrf(
-            [r["instruction"] for r in rows], [[r["response"] for r in rows]], word_order=2
-        ).score
         spec = TaskSpec(
             key=f"instruction/{cfg.name}",
             task=f"{PREFIX}instruction_{cfg.name}".replace("-", "_"),
@@ -182,7 +162,7 @@ def prepare(tasks: DownstreamTasks, out: Path, endpoint: str | None, read_parall
             metrics=["chrf++", "answer_in_language", "repetition_rate", "empty_answer"],
             headline_metrics=["chrf++", "answer_in_language", "repetition_rate", "ended_turn"],
             num_examples=len(rows),
-            chance={"chrf++": copy},
+            chance={"chrf++": _copy_scores([(r["instruction"], r["response"]) for r in rows])["chrf++"]},
             chance_note="chrF++: repeating the instruction",
         )
         gen = {
@@ -201,7 +181,6 @@ def prepare(tasks: DownstreamTasks, out: Path, endpoint: str | None, read_parall
         )
     for t in tasks.multiple_choice:
         specs.append(_mc_task(t, out, endpoint))
-    write_commands(out, specs, tasks)
     return specs
 
 
@@ -256,15 +235,10 @@ def seeds(seed: int) -> dict[str, int]:
     }
 
 
-def lm_eval_commands(
-    specs: list[TaskSpec],
-    tasks: DownstreamTasks,
-    system_prompt: str | None,
-    dtype: str = "float32",
-    device: str = "cpu",
-    seed: int = 0,
+def write_commands(
+    out: Path, specs: list[TaskSpec], tasks: DownstreamTasks, dtype: str, device: str, seed: int
 ) -> list[str]:
-    """The `lm_eval` command lines (run inside the task folder) that reproduce the stage's figures."""
+    """commands.txt in the task folder: the `lm_eval` lines (run inside it) that reproduce the stage's figures."""
     base = (
         f"lm_eval run --model hf --model_args pretrained=MODEL_DIR,dtype={dtype},max_length={tasks.max_length} "
         f"--include_path . --batch_size {tasks.batch_size} --device {device} "
@@ -272,10 +246,15 @@ def lm_eval_commands(
     )
     plain = [s.task for s in specs if not s.chat]
     chat = [s.task for s in specs if s.chat]
-    cmds = []
-    if plain:
-        cmds.append(f"{base} --tasks {','.join(plain)}")
+    system = tasks.instructions.system_prompt if tasks.instructions else None
+    commands = [f"{base} --tasks {','.join(plain)}"] if plain else []
     if chat:
-        sys_arg = f" --system_instruction {json.dumps(system_prompt, ensure_ascii=False)}" if system_prompt else ""
-        cmds.append(f"{base} --tasks {','.join(chat)} --apply_chat_template{sys_arg}")
-    return cmds
+        sys_arg = f" --system_instruction {json.dumps(system, ensure_ascii=False)}" if system else ""
+        commands.append(f"{base} --tasks {','.join(chat)} --apply_chat_template{sys_arg}")
+    lines = [
+        "# Run inside this folder; MODEL_DIR is an HF model folder (for an SFT adapter add peft=ADAPTER_DIR to",
+        "# --model_args). Same numbers as the eval stage's metrics.json `downstream` section.",
+        *commands,
+    ]
+    (out / "commands.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return commands

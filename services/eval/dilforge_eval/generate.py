@@ -100,19 +100,21 @@ def model_family(tokenizer, source: str) -> Family | None:
         return None
 
 
-def render_prompt(tokenizer, prompt: Prompt, family: Family | None = None) -> tuple[str, bool]:
-    """The model input text: chat prompts through the tokenizer's chat template (an instruct or SFT model's own),
-    else the family's, so an assistant is asked the way it was trained; completion prompts as the family's BOS
-    (none for ChatML) + text."""
+def render_prompt(
+    tokenizer, prompt: Prompt, family: Family | None = None, system_prompt: str | None = None
+) -> tuple[str, bool]:
+    """The model input text, and whether a chat template made it. A chat prompt goes through the tokenizer's chat
+    template (an instruct or SFT model's own), else the family's, as a server renders it (`serving_template`,
+    with the system message a server inserts); a completion prompt is the family's BOS (none for ChatML) + text."""
+    from dilforge_shared.serving import serving_template
+
     template = getattr(tokenizer, "chat_template", None) or (family.chat_template if family else None)
     if prompt.kind == "chat" and template:
-        text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt.prompt}],
-            tokenize=False,
-            add_generation_prompt=True,
-            chat_template=template,
-        )
-        return text, True
+        messages = [{"role": "user", "content": prompt.prompt}]
+        template = serving_template(template, system_prompt)
+        return tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True, chat_template=template
+        ), True
     # the family's BOS, not the tokenizer's: SmolLM2 names <|im_start|> as bos_token, but ChatML documents have none
     bos = (family.bos if family else tokenizer.bos_token) or ""
     return bos + prompt.prompt, False
@@ -191,23 +193,6 @@ def published_generation_config(model, folders: Iterable):
     return gen
 
 
-def chat_text(tokenizer, prompt: str, family: Family | None, system_prompt: str | None) -> str:
-    """A user turn as a server renders it: the tokenizer's chat template (else the family's) with the default
-    system message a server inserts (`serving.serving_template`)."""
-    from dilforge_shared.serving import serving_template
-
-    template = getattr(tokenizer, "chat_template", None) or (family.chat_template if family else None)
-    if not template:
-        bos = (family.bos if family else tokenizer.bos_token) or ""
-        return bos + prompt
-    return tokenizer.apply_chat_template(
-        [{"role": "user", "content": prompt}],
-        tokenize=False,
-        add_generation_prompt=True,
-        chat_template=serving_template(template, system_prompt),
-    )
-
-
 @torch.inference_mode()
 def answer_batched(
     model,
@@ -235,7 +220,9 @@ def answer_batched(
     stops = {int(i) for i in (eos if isinstance(eos, list) else [eos]) if i is not None}
     if gen.pad_token_id is None:
         gen.pad_token_id = tokenizer.pad_token_id
-    texts = [chat_text(tokenizer, p, family, system_prompt) for p in prompts]
+    texts = [
+        render_prompt(tokenizer, Prompt(str(i), "chat", p), family, system_prompt)[0] for i, p in enumerate(prompts)
+    ]
     lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
     order = sorted(range(len(texts)), key=lambda i: -lengths[i])
     side, tokenizer.padding_side = tokenizer.padding_side, "left"

@@ -9,6 +9,7 @@ The harness never touches a hub here: HF_DATASETS_OFFLINE / HF_HUB_OFFLINE are s
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from pathlib import Path
 
@@ -96,18 +97,20 @@ def run_model(
     return results, samples
 
 
+def score(value: float, se: float | None, top: float = 1.0) -> TaskScore:
+    """A value with its standard error and the normal 95 % interval (value ± 1.96 se, clipped to [0, top])."""
+    return TaskScore(
+        value=round(float(value), 6),
+        stderr=None if se is None else round(float(se), 6),
+        ci95=None if se is None else (round(max(0.0, value - Z95 * se), 6), round(min(top, value + Z95 * se), 6)),
+    )
+
+
 def share(flags: list[bool]) -> TaskScore:
     """A share with lm-eval's binomial standard error (sample std / sqrt(n)) and its 95 % interval."""
-    import math
-
     n = len(flags)
     p = sum(flags) / n if n else 0.0
-    se = math.sqrt(p * (1 - p) / (n - 1)) if n > 1 else None
-    return TaskScore(
-        value=round(p, 6),
-        stderr=None if se is None else round(se, 6),
-        ci95=None if se is None else (round(max(0.0, p - Z95 * se), 6), round(min(1.0, p + Z95 * se), 6)),
-    )
+    return score(p, math.sqrt(p * (1 - p) / (n - 1)) if n > 1 else None)
 
 
 def ended_turn(answers: list[str], tokenizer, max_new_tokens: int) -> TaskScore:
@@ -180,11 +183,5 @@ def summarize(res: dict, spec: TaskSpec) -> dict[str, TaskScore]:
         if value is None:
             continue
         se = res.get(f"{m}_stderr,none")
-        se = se if isinstance(se, int | float) else None
-        top = 100.0 if m in SCALE_100 else 1.0
-        out[m] = TaskScore(
-            value=round(float(value), 6),
-            stderr=None if se is None else round(float(se), 6),
-            ci95=None if se is None else (round(max(0.0, value - Z95 * se), 6), round(min(top, value + Z95 * se), 6)),
-        )
+        out[m] = score(value, se if isinstance(se, int | float) else None, 100.0 if m in SCALE_100 else 1.0)
     return out
