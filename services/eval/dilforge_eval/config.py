@@ -15,7 +15,7 @@ from dilforge_shared.configs.base import (
     StageConfig,
     StrictModel,
 )
-from pydantic import Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
 from .metrics import EvalMetrics
 
@@ -30,6 +30,14 @@ def _builtin_name(value: str) -> str:
     if value.startswith("builtin:") and not re.fullmatch(r"builtin:[a-z0-9][a-z0-9_-]{0,63}", value):
         raise ValueError(f"{value!r}: a built-in prompt set is `builtin:` and a name (letters, digits, - and _)")
     return value
+
+
+PromptsUri = Annotated[str, AfterValidator(_builtin_name)]
+
+
+def _unique(values: list[str], what: str, hint: str = "") -> None:
+    if dupes := sorted({x for x in values if values.count(x) > 1}):
+        raise ValueError(f"{what} {dupes}{hint}")
 
 
 class ModelRef(StrictModel):
@@ -110,7 +118,7 @@ class AssistantSettings(StrictModel):
     assistant (docs/eval.md "Assistant measures"); the thresholds are the gate `serve`, `deploy` and `export`
     apply to the SFT model's answers in the target language."""
 
-    prompts: str = Field(
+    prompts: PromptsUri = Field(
         default="builtin:assistant",
         description="JSONL {id, language, prompt, reference?}, or 'builtin:assistant' for the held-out "
         "Azerbaijani and English prompts shipped with the eval service.",
@@ -149,11 +157,6 @@ class AssistantSettings(StrictModel):
         le=1,
         description="Gate: the least share of those answers that end the turn (stop token, not the length limit).",
     )
-
-    @field_validator("prompts")
-    @classmethod
-    def _builtin_is_a_name(cls, value: str) -> str:
-        return _builtin_name(value)
 
 
 class BpbSettings(StrictModel):
@@ -217,8 +220,6 @@ class SibTask(StrictModel):
         for lang in self.languages:
             if not re.fullmatch(_LANG, lang):
                 raise ValueError(f"languages: {lang!r} is not a 2-3 letter language code")
-        if any(k < 0 for k in self.num_fewshot):
-            raise ValueError("num_fewshot: shot counts must be >= 0")
         return self
 
 
@@ -306,9 +307,7 @@ class DownstreamTasks(StrictModel):
         names = [t.name for t in self.translation] + [t.name for t in self.multiple_choice]
         if self.instructions:
             names.append(self.instructions.name)
-        dupes = sorted({x for x in names if names.count(x) > 1})
-        if dupes:
-            raise ValueError(f"tasks: duplicate names {dupes}")
+        _unique(names, "tasks: duplicate names")
         # lm-eval task names write '-' and '.' as '_': `bele-a` and `bele_a` would be one task, scored once
         by_task: dict[str, list[str]] = {}
         for name in names:
@@ -362,17 +361,12 @@ class EvalConfig(StageConfig):
     )
     parallel_sets: list[ParallelSet] = Field(default_factory=list, description="Aligned az/en text for parity.")
     morph: MorphResources | None = Field(default=None, description="Gold morphology; None = no alignment metric.")
-    prompts: str | None = Field(
+    prompts: PromptsUri | None = Field(
         default=None,
         description="JSONL prompts file: {id, kind: completion|chat, prompt}, or "
         "'builtin:az-generation' for the Azerbaijani prompts shipped with the eval service.",
     )
     generation: GenerationSettings = Field(default_factory=GenerationSettings, description="Decoding settings.")
-
-    @field_validator("prompts")
-    @classmethod
-    def _builtin_prompts_are_names(cls, value: str | None) -> str | None:
-        return value if value is None else _builtin_name(value)
 
     assistant: AssistantSettings | None = Field(
         default=None,
@@ -416,17 +410,10 @@ class EvalConfig(StageConfig):
         for label in labels:
             if label in UPSTREAM_LABELS:
                 raise ValueError(f"models: label {label!r} is reserved for the upstream artifact")
-        dupes = sorted({x for x in labels if labels.count(x) > 1})
-        if dupes:
-            raise ValueError(f"models: duplicate labels {dupes}")
-        tlabels = [t.label for t in self.tokenizers]
-        dupes = sorted({x for x in tlabels if tlabels.count(x) > 1})
-        if dupes:
-            raise ValueError(f"tokenizers: duplicate labels {dupes}")
+        _unique(labels, "models: duplicate labels")
+        _unique([t.label for t in self.tokenizers], "tokenizers: duplicate labels")
         names = [s.label for s in self.text_sets]
-        dupes = sorted({x for x in names if names.count(x) > 1})
-        if dupes:
-            raise ValueError(f"text_sets: duplicate names {dupes}; set `name` on each")
+        _unique(names, "text_sets: duplicate names", "; set `name` on each")
         for name, lang in self.set_languages.items():
             if name not in names:
                 raise ValueError(f"set_languages: {name!r} is not a text set name (names: {names})")
