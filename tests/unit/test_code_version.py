@@ -111,7 +111,7 @@ def test_an_edit_changes_exactly_the_versions_of_the_stages_that_import_it(tree)
         "dilforge_shared.configs.language",
         "dilforge_shared.metrics.tokenizer",
         "dilforge_shared.compat",
-        "dilforge_shared.compat.trainer",
+        "dilforge_shared.compat.dcp",
         "dilforge_shared.corpus",
         "dilforge_shared.models",
         "dilforge_shared.runtime_policy",

@@ -18,7 +18,6 @@ from dilforge_shared import compat
 from dilforge_shared.compat import dcp as compat_dcp
 from dilforge_shared.compat import gguf as compat_gguf
 from dilforge_shared.compat import serve as compat_serve
-from dilforge_shared.compat import trainer as compat_trainer
 
 
 def test_dcp_reader_loads_a_real_checkpoint_and_refuses_a_hostile_pickle(tmp_path):
@@ -193,7 +192,7 @@ def test_no_library_internals_outside_compat():
         for use in internal_uses(path.relative_to(root).as_posix(), path.read_text())
     ]
     assert found == []
-    for module in ("dcp", "gguf", "serve", "trainer"):  # the scan does see them, in each door
+    for module in ("dcp", "gguf", "serve"):  # the scan does see them, in each door
         assert internal_uses(module, (door / f"{module}.py").read_text()), module
     assert internal_uses("m.py", "from transformers.models.llama import modeling_llama") == [
         "m.py:1: imports transformers.models.llama"
@@ -213,19 +212,11 @@ def test_the_first_use_of_an_internal_warns_once_of_a_library_outside_the_checke
     monkeypatch.setitem(compat.CHECKED, "pydantic", ("1.0.0", "1.10.0"))  # installed: 2.x
     compat.first_use.cache_clear()
     with caplog.at_level("WARNING", logger="dilforge"):
-        compat_trainer.trainer_checkpoint_prefix()
-        compat_trainer.trainer_checkpoint_prefix()
+        compat.first_use()
+        compat.first_use()
     compat.first_use.cache_clear()
     warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(warned) == 1 and warned[0].startswith("pydantic 2.") and warned[0].endswith("(1.0.0 to 1.10.0)")
-
-
-def test_trainer_checkpoints(tmp_path):
-    prefix = compat_trainer.trainer_checkpoint_prefix()
-    assert compat_trainer.last_trainer_checkpoint(tmp_path) is None
-    for step in (3, 12):
-        (tmp_path / f"{prefix}-{step}").mkdir()
-    assert compat_trainer.last_trainer_checkpoint(tmp_path) == str(tmp_path / f"{prefix}-12")
 
 
 def test_serve_command_app_is_transformers_serve_built_but_not_started(monkeypatch):

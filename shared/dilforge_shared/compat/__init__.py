@@ -1,6 +1,6 @@
 """The one door to library internals: every use of a non-public module or underscore name of torch,
 transformers, trl, peft, liger-kernel or datasets in production code is a function in this package, one module per
-internal (`dcp`, `gguf`, `serve`, `trainer`: each stage loads only the one it uses), checked against the version
+internal (`dcp`, `gguf`, `serve`: each stage loads only the one it uses), checked against the version
 ranges here (CHECKED). tests/unit/test_compat.py exercises each function on real inputs and scans the production
 tree: an import of such a name anywhere else fails there, so an upgrade that moves one breaks here, by name, first.
 Imports are lazy: each image installs only the libraries it needs.
@@ -14,8 +14,6 @@ What each use is for, and why the public API does not do it:
   tokenizer mapping, which transformers keeps in `transformers.integrations.gguf`.
 - `serve` (transformers serve, `serve_command_app`): the `transformers serve` command's class (`transformers.cli.serve.Serve`)
   is documented only as a CLI; dilforge builds its app without starting it, to run it behind its request guard.
-- `trainer` (transformers Trainer checkpoints, `last_trainer_checkpoint`, `trainer_checkpoint_prefix`): where Trainer
-  writes and finds `checkpoint-<step>/`, which SFT seals and verifies.
 """
 
 from __future__ import annotations
