@@ -1,9 +1,6 @@
 """Curate stage config: raw web text → a clean, deduplicated, contact-free corpus (a `corpus` artifact).
 
-Defaults for Azerbaijani (Latin script) start from FineWeb-2's published per-language settings
-(huggingface/fineweb-2 configs/azj_Latn.yml); the language-ID threshold is for lingua's confidence, measured in
-docs/curate.md. Downstream, the tokenizer and CPT stages name the artifact as a corpus: `uri: artifact:curate`.
-"""
+Defaults for Azerbaijani start from FineWeb-2's (configs/azj_Latn.yml); the language-ID threshold: docs/curate.md."""
 
 from __future__ import annotations
 
@@ -11,7 +8,6 @@ from typing import Annotated, ClassVar, Literal
 
 from dilforge_shared.configs.base import RUN_ONLY, DataSource, StageConfig, StrictModel, check_unique_labels
 from dilforge_shared.configs.language import LanguageConfig, LinguaCode
-from dilforge_shared.families import control_token_in
 from pydantic import Field, field_validator, model_validator
 
 from .metrics import CurateMetrics
@@ -38,9 +34,8 @@ class RawSource(DataSource):
         default=MAX_CURATED_DOCUMENT_BYTES,
         ge=64,
         le=1 << 30,
-        description="Longest document read, in UTF-8 bytes (default 2 MiB: above quality.max_words' 100,000 words "
-        "of Azerbaijani); a longer one is dropped by the reader, before any other step reads it (a 26 MB page "
-        "would otherwise cost minutes and gigabytes in encoding repair and language ID, only to be dropped).",
+        description="Longest document read, in UTF-8 bytes (default above quality.max_words); a longer one is "
+        "handled by on_oversize in the reader, before any costlier step reads it.",
     )
     on_oversize: Literal["error", "split", "truncate", "skip"] = Field(
         default="skip",
@@ -55,7 +50,7 @@ class RawSource(DataSource):
     @field_validator("weight")
     @classmethod
     def _no_weight(cls, weight: float) -> float:
-        """Curate reads every corpus whole and mixes nothing: a weight would change the artifact id and nothing else."""
+        """Curate mixes nothing: a weight would change the artifact id and nothing else."""
         if weight != 1.0:
             raise ValueError("curate reads every corpus whole (no mixture); remove `weight` (it is for the tokenizer "
                              "and CPT corpora)")  # fmt: skip
@@ -79,10 +74,8 @@ class QualityConfig(StrictModel):
         default=MIN_WORDS,
         ge=0,
         description="Fewest words a document may have (shown in the data card). Gopher and FineWeb use 50, for "
-        "English web pages; 20 here, for a low-resource language: a 20-49 word document is an ordinary news "
-        "paragraph (a third of the clean paragraphs of bench/curate_paragraphs.py), too valuable to drop, while "
-        "below 20 words the other filters (stop words, n-gram repetition, language ID) can no longer judge a "
-        "text. Set 50 for web pages in a language with data to spare.",
+        "English web pages; 20 keeps a low-resource language's short news paragraphs (docs/curate.md), the "
+        "fewest the other filters can judge.",
     )
     max_words: int = Field(default=100_000, ge=1, description="Most words a document may have.")
     min_avg_word_length: float = Field(default=3, ge=0, description="Shortest mean word length (characters).")
@@ -94,8 +87,7 @@ class QualityConfig(StrictModel):
         default=0.725,
         ge=0,
         le=1,
-        description="Fewest share of words that contain a letter (datatrove's name, despite the 'max': a document "
-        "is dropped when less than this share of its words holds a letter; Gopher's 0.8, FineWeb-2 azj_Latn 0.725).",
+        description="Fewest share of words that contain a letter (datatrove's name, despite the 'max').",
     )
     min_stop_words: int = Field(default=2, ge=0, description="Fewest stop words a document must contain.")
     stop_words: list[str] = Field(default_factory=lambda: list(AZ_STOPWORDS), description="The language's stop words.")
@@ -112,14 +104,14 @@ class QualityConfig(StrictModel):
         default=0.188,
         ge=0,
         le=1,
-        description="Fewest share of a document's lines that end a sentence (menus and navigation end none; shown "
-        "in the data card). A one-line document must end one, so a lone headline is dropped here.",
+        description="Fewest share of a document's lines that end a sentence (menus end none; shown in the data "
+        "card): a lone headline is dropped.",
     )
     line_end_closers: str = Field(
         default='»”"’)…',
         max_length=32,
-        description="Characters that end a sentence besides datatrove's terminal punctuation (.!? and other "
-        "scripts' marks): closing quotes and brackets after it (`… dedi: «Bu, yaxşıdır.»`) and the ellipsis.",
+        description="Characters that end a sentence besides datatrove's terminal punctuation: closing quotes and "
+        "brackets after it (`«Bu, yaxşıdır.»`) and the ellipsis.",
     )
     short_line_thr: float = Field(default=0.67, ge=0, le=1, description="Most share of lines shorter than 30 chars.")
     char_duplicates_ratio: float = Field(
@@ -154,10 +146,9 @@ class RedactConfig(StrictModel):
     @field_validator("email_placeholder", "phone_placeholder", "card_placeholder")
     @classmethod
     def _check_placeholder(cls, value: str) -> str:
-        """A placeholder is written into every redacted document: it must not be a control token (`<|eot_id|>`
-        would become a turn boundary in training), nor contact-like text (`x@evil.com`) or digits, which would
-        reinsert what redaction removes."""
-        if "<|" in value or "|>" in value or control_token_in(value):
+        """A placeholder is written into every redacted document: not a control token (a turn boundary in
+        training), nor '@' or digits (contact-like text)."""
+        if "<|" in value or "|>" in value:
             raise ValueError(f"{value!r} is shaped like a control token; use plain text such as <EMAIL>")
         if "@" in value or "\uff20" in value or any(c.isdigit() for c in value):
             raise ValueError(f"{value!r} holds '@' or digits, as contact details do; use plain text such as <EMAIL>")
@@ -169,15 +160,14 @@ class RedactConfig(StrictModel):
 class OutputConfig(StrictModel):
     format: Literal["jsonl", "parquet"] = Field(
         default="jsonl",
-        description="Shard format, field `text`; uncompressed (a gzip header carries a time, and shards are "
-        "byte-identical wherever they are made).",
+        description="Shard format, field `text`; uncompressed, so shards are byte-identical wherever they are made.",
     )
     num_shards: int = Field(
         default=8,
         ge=1,
         le=4096,
-        description="Datatrove tasks, and so output shards: documents are striped over them in input order. Part "
-        "of the output's identity (its digest does not depend on how many workers or instances run them).",
+        description="Datatrove tasks, and so output shards, documents striped over them in input order (the output "
+        "does not depend on how many workers or instances run them).",
     )
     num_examples: int = Field(default=3, ge=0, le=50, description="Removed documents the report shows per step.")
 
@@ -214,8 +204,7 @@ class CurateConfig(StageConfig):
     @field_validator("seed")
     @classmethod
     def _no_seed(cls, seed: int) -> int:
-        """Curate makes no random choice (MinHash's hash functions are fixed, documents are striped by position): a
-        seed would change the artifact id and nothing else."""
+        """Curate makes no random choice: a seed would change the artifact id and nothing else."""
         if seed != 0:
             raise ValueError("curate makes no random choice (fixed MinHash hashes, documents striped by position); "
                              "remove `seed`")  # fmt: skip

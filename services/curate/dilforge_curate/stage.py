@@ -67,9 +67,8 @@ def _stop(signum, frame):
 
 
 class StageExecutor(LocalPipelineExecutor):
-    """Datatrove's local executor, its workers forked from the stage process (so they die with it: see
-    `children_die_with_the_stage`), recording each task's CPU seconds beside its completion mark
-    (`logs/<phase>/cpu/NNNNN`: the throughput per core in the metrics)."""
+    """Datatrove's local executor, its workers forked (so they die with the stage), recording each task's CPU
+    seconds beside its completion mark (`logs/<phase>/cpu/NNNNN`, for the metrics)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, start_method="fork", **kwargs)
@@ -85,8 +84,8 @@ class StageExecutor(LocalPipelineExecutor):
 
 
 def forked_child(parent_pid: int) -> None:
-    """In a process the stage forked: it dies with its parent (`processes.die_with_parent`, even on `kill -9`), and
-    SIGTERM (the pool's terminate) kills it as usual instead of raising the stage's `Stopped`."""
+    """In a forked process: die with the parent (even on `kill -9`), and on SIGTERM (the pool's terminate) as
+    usual instead of raising `Stopped`."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     die_with_parent(parent_pid)
 
@@ -95,9 +94,8 @@ _FORKING: dict[str, int] = {}  # the pid of the process about to fork, seen by i
 
 
 def children_die_with_the_stage() -> None:
-    """Every process this one forks (datatrove's pool workers and its multiprocess Manager, which inherit the
-    work-folder lock the coordinator passed down) dies with its parent: a `kill -9` of the stage leaves no orphan
-    writing to the work folder or holding its lock, on which a rerun would wait forever."""
+    """Every process this one forks (datatrove's workers and Manager, which inherit the work-folder lock) dies
+    with its parent: a killed stage leaves no orphan writing to the work folder or holding its lock."""
     if not _FORKING:
         _FORKING["parent"] = os.getpid()
         os.register_at_fork(
@@ -120,15 +118,14 @@ def run(config: CurateConfig, ctx: StageContext) -> StageResult:
 
 
 def workers(config: CurateConfig) -> int:
-    """`num_workers`, or one process per core this process may run on (its CPU affinity, which a container's
-    cpuset limits), never more than the tasks of the widest phase."""
+    """`num_workers`, or one process per core this process may run on, at most the tasks of the widest phase."""
     cores = config.num_workers or len(os.sched_getaffinity(0))
     return max(1, min(cores, max(config.output.num_shards, config.dedup.num_buckets)))
 
 
 def finish(config: CurateConfig, out_dir: Path, work: Path, seconds: dict[str, float], t0: float) -> StageResult:
-    """Counts from the finished work folder → never an empty corpus → the shards in `out_dir` must hold exactly
-    the documents counted → report.md, README.md, metrics."""
+    """Counts from the finished work folder; refuse an empty corpus or shards not holding exactly the documents
+    counted; write report.md, README.md, metrics."""
     counts = report.collect(work, config)
     report.check_not_empty(counts, config)
     check_shards(out_dir, config, counts["kept"])
@@ -161,8 +158,7 @@ def documents_in(path: Path) -> int:
 
 
 def _written(work: Path, phase: str, rank: int, step: int) -> int | None:
-    """Documents the `step`-th pipeline step of task `rank` counted (datatrove's per-task stats), None without
-    stats."""
+    """Documents the `step`-th pipeline step of task `rank` counted (datatrove's stats), None without stats."""
     try:
         steps = json.loads((work / "logs" / phase / "stats" / f"{rank:05d}.json").read_text())
         total = steps[step].get("stats", {}).get("total", 0)
@@ -176,8 +172,8 @@ def _lines(path: Path) -> int:
 
 
 def task_problem(work: Path, config: CurateConfig, phase: str, rank: int) -> str | None:
-    """Why a task datatrove marked complete cannot be trusted (its outputs missing, cut short or not matching its
-    stats); None when they are whole."""
+    """Why a task datatrove marked complete cannot be trusted (outputs missing, cut short or not matching its
+    stats); None when whole."""
     if phase == "filter":
         kept = _written(work, phase, rank, -2)
         if kept is None:
@@ -212,9 +208,8 @@ def task_problem(work: Path, config: CurateConfig, phase: str, rank: int) -> str
 
 
 def resume(work: Path, config: CurateConfig, phases: tuple[str, ...] = PHASES) -> None:
-    """Datatrove's completion marks count only where the task's outputs are whole: the marks of tasks that are not
-    (a shard published or wiped, a file cut short) are removed so those tasks rerun, and every later phase, built
-    on them, reruns in full."""
+    """Remove the completion marks of tasks whose outputs are not whole, so they rerun, and every later phase
+    reruns in full."""
     later = False
     for phase in phases:
         marks = work / "logs" / phase / "completions"
@@ -237,8 +232,7 @@ def resume(work: Path, config: CurateConfig, phases: tuple[str, ...] = PHASES) -
 
 
 def move_shards(src: Path, out_dir: Path) -> None:
-    """The finished shards into the artifact folder (a rename on one file system); a rerun after a failed publish
-    finds them gone from the work folder and rewrites them."""
+    """The finished shards into the artifact folder (a rename); a rerun after a failed publish rewrites them."""
     for shard in sorted(src.glob("shard-*")):
         shutil.move(shard, out_dir / shard.name)
 
@@ -278,8 +272,8 @@ def parse(config: CurateConfig, ctx: StageContext) -> Inputs:
 
 @dataclass
 class Folders:
-    """Where the phases read earlier phases' folders and write their own: one folder when every task runs here;
-    on several hosts, each host writes its own folder and the next phase reads their union."""
+    """Where phases read earlier phases' outputs and write their own: one folder on one host; on several, each
+    host writes its own and the next phase reads their union."""
 
     read: Path
     write: Path
@@ -292,7 +286,7 @@ def host_slice(num_tasks: int, host: int, num_hosts: int) -> range:
 
 
 def num_tasks(config: CurateConfig, phase: str) -> int:
-    """How many datatrove tasks a phase has, whatever the number of hosts (so the output does not depend on it)."""
+    """A phase's datatrove tasks, whatever the number of hosts."""
     return {"buckets": config.dedup.num_buckets, "cluster": 1}.get(phase, config.output.num_shards)
 
 
@@ -303,8 +297,8 @@ def unfinished(folder: Path, config: CurateConfig, phase: str) -> list[int]:
 
 
 def require_finished(folder: Path, config: CurateConfig, phases: tuple[str, ...]) -> None:
-    """A host that stopped early (a lost instance, a killed container), or a task whose outputs are not whole,
-    must fail the next job in one line, not leave it to run on part of the data."""
+    """A host that stopped early, or a task whose outputs are not whole, fails the next phase in one line rather
+    than leave it to run on part of the data."""
     for phase in phases:
         missing = unfinished(folder, config, phase)
         missing += [
@@ -321,9 +315,8 @@ def require_finished(folder: Path, config: CurateConfig, phases: tuple[str, ...]
 def build(
     config: CurateConfig, inputs: Inputs, folders: Folders, out_dir: Path, host: int = 0, num_hosts: int = 1
 ) -> dict:
-    """The four datatrove executors, each step built from its own config section; with several hosts, each
-    phase's executor runs this host's slice of its tasks (datatrove's `local_rank_offset`/`local_tasks`): a
-    phase whose slice is empty here is None."""
+    """The four datatrove executors; with several hosts each runs this host's slice of its phase's tasks (None
+    where the slice is empty)."""
     from datatrove.pipeline.dedup import MinhashDedupBuckets, MinhashDedupCluster, MinhashDedupFilter
     from datatrove.pipeline.dedup.minhash import MinhashConfig
     from datatrove.pipeline.filters import FineWebQualityFilter
@@ -439,8 +432,7 @@ def build(
 
 @contextlib.contextmanager
 def datatrove_console(path: Path):
-    """Datatrove logs every task's pipeline and stats to stderr (fd 2, inherited by its worker processes); they go
-    to `path` instead, and the stage prints one line per phase. Per-task logs stay in logs/<phase>/logs/."""
+    """Datatrove's console output (fd 2, inherited by its workers) into `path`; the stage prints a line per phase."""
     sys.stderr.flush()
     saved = os.dup(2)
     with open(path, "ab") as f:
@@ -454,8 +446,7 @@ def datatrove_console(path: Path):
 
 
 def execute(executors: dict, work: Path, phases: tuple[str, ...] = PHASES) -> dict[str, float]:
-    """Run the phases in order (each this host's slice of tasks); a source that cannot be read fails the stage in
-    one line naming file and line."""
+    """Run the phases in order; a source that cannot be read fails the stage in one line naming file and line."""
     seconds = {}
     console = work / "logs" / "datatrove.log"
     console.parent.mkdir(parents=True, exist_ok=True)
@@ -492,8 +483,8 @@ def execute(executors: dict, work: Path, phases: tuple[str, ...] = PHASES) -> di
 
 
 def run_phase(config: CurateConfig, ctx: StageContext, phase: str, folders: Folders) -> None:
-    """One phase, this host's slice of its tasks (`ctx.resources`: SageMaker's resourceconfig.json), reading the
-    union of every host's earlier outputs from `folders.read`, writing to `folders.write` (shards to `out/`)."""
+    """One phase, this host's slice of its tasks (`ctx.resources`), reading every host's earlier outputs from
+    `folders.read`, writing to `folders.write`."""
     signal.signal(signal.SIGTERM, _stop)
     children_die_with_the_stage()
     earlier = folders.read / "logs" / phase
@@ -510,8 +501,8 @@ def run_phase(config: CurateConfig, ctx: StageContext, phase: str, folders: Fold
 
 
 def wait_for_other_hosts(folder: Path, config: CurateConfig, phase: str) -> None:
-    """Local mode stops every host's container when the first one exits: wait until every host's tasks of `phase`
-    are marked in the shared `folder`. A SIGTERM once they all are is that stop, not a failure (the host exits 0)."""
+    """Local mode stops every host when the first exits: wait for every host's tasks of `phase` in the shared
+    `folder`. A SIGTERM once they all are is that stop, not a failure."""
     last = 0.0
     try:
         while missing := unfinished(folder, config, phase):
@@ -525,7 +516,7 @@ def wait_for_other_hosts(folder: Path, config: CurateConfig, phase: str) -> None
 
 
 def publish_phases(config: CurateConfig, ctx: StageContext, work: Path) -> StageResult:
-    """After every host ran every phase: the shards (`work/out`) into the artifact, with report, card, metrics."""
+    """After every host ran every phase: the shards into the artifact, with report, card and metrics."""
     t0 = time.perf_counter()
     require_finished(work, config, PHASES)
     for shard in sorted((work / "out").glob("shard-*")):

@@ -1,11 +1,8 @@
-"""The datatrove pipeline steps datatrove lacks for this stage.
+"""The datatrove pipeline steps datatrove lacks for this stage, and faster equivalents of three of its own.
 
-`SourceReader`: dilforge's corpus readers (s3fs cannot sit beside the pinned boto3), documents striped over the
-tasks so output does not depend on the worker count; `Normaliser`: ftfy repair, Unicode form, whitespace and
-control tokens removed; `LinguaFilter`: bundled models, no run-time download; `ContactRedactor`: phones and
-cards beside datatrove's PII; `WordSplitter`: a regex split, no spaCy model; `RepetitionFilter`: datatrove's Gopher
-repetition filter, `QualityFilter`: datatrove's Gopher quality filter, `MinhashSignature`: datatrove's MinHash
-signatures, each the same results at less CPU."""
+Readers of dilforge's corpora (s3fs cannot sit beside the pinned boto3), encoding and whitespace repair, lingua
+with bundled models, contact redaction; `RepetitionFilter`, `QualityFilter` and `MinhashSignature` decide as
+datatrove's own at less CPU (tests/unit/test_curate_steps.py)."""
 
 from __future__ import annotations
 
@@ -42,11 +39,12 @@ from datatrove.utils.word_tokenizers import WhitespaceTokenizer
 
 
 class SourceReadError(Exception):
-    """A source that cannot be read (named file and line): one message, so it crosses process boundaries."""
+    """A source that cannot be read (file and line), as one message that crosses process boundaries."""
 
 
 class SourceReader(BaseReader):
-    """Documents of every source in order; task `rank` of `world_size` keeps those at positions ≡ rank."""
+    """Documents of every source in order; task `rank` of `world_size` keeps those at positions ≡ rank, so the
+    output does not depend on the worker count."""
 
     name = "📖 dilforge sources"
 
@@ -87,8 +85,8 @@ class SourceReader(BaseReader):
 
 
 class RankFileReader(JsonlReader):
-    """Task `rank` reads exactly the file task `rank` of the filter phase wrote (none if it kept nothing): the
-    MinHash filter matches documents to signatures by their position in that task's stream."""
+    """Task `rank` reads the file task `rank` of the filter phase wrote, if any: the MinHash filter matches
+    documents to signatures by their position in it."""
 
     def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         name = f"{rank:05d}.jsonl"
@@ -97,9 +95,8 @@ class RankFileReader(JsonlReader):
 
 
 class ExampleWriter(JsonlWriter):
-    """A filter's exclusion writer that keeps only its first `limit` documents per task: the report shows a few
-    examples of what each step removed (counted in full by datatrove's stats); writing every removed document
-    would cost as much I/O as the output."""
+    """An exclusion writer keeping only the first `limit` documents per task: the report's examples of what a
+    step removed (datatrove's stats count them all)."""
 
     def __init__(self, output_folder: str, limit: int):
         super().__init__(output_folder, output_filename="${rank}.jsonl", compression=None)
@@ -152,8 +149,8 @@ class Normaliser(BaseFormatter):
 
 
 def strip_control_tokens(text: str, count=None) -> str:
-    """`text` without any string shaped like a family control token (`families.CONTROL_TOKEN`), removed until none
-    is left (removing one may join the halves of another: `<|eot<|x|>_id|>`)."""
+    """`text` without strings shaped like a control token, removed until none is left (removing one may join the
+    halves of another: `<|eot<|x|>_id|>`)."""
     from dilforge_shared.families import CONTROL_TOKEN
 
     removed = 0
@@ -167,26 +164,23 @@ def strip_control_tokens(text: str, count=None) -> str:
     return text
 
 
-# What ftfy (with `_ftfy_config`) changes without its mojibake heuristic firing: C1 controls, surrogates, terminal
-# escapes and the control characters it strips (`ftfy.chardata.CONTROL_CHARS`). It judges each line alone, and the
-# heuristic's one anchored pattern (`^[ÃÂ] `) matches a line's start: after a line break here.
+# What ftfy (with `_ftfy_config`) changes without its mojibake heuristic: C1 controls, surrogates, terminal escapes,
+# `ftfy.chardata.CONTROL_CHARS`; and its one anchored pattern (`^[ÃÂ] `), which it matches per line.
 _FTFY_FIXES = re.compile("[\x00-\x08\x0b\x0e-\x1f\x7f-\x9f\u206a-\u206f\ufeff\ufff9-\ufffc\ud800-\udfff]|\n[ÃÂ] ")
 _FTFY_SEGMENT = 1_000_000  # TextFixerConfig.max_decode_length: a longer line is cut where the anchor can match
 
 
 def ftfy_may_change(text: str) -> bool:
-    """False when ftfy's `fix_text` would return `text` unchanged: none of its fixes applies and its mojibake
-    heuristic (`ftfy.badness.is_bad`, as `mojibake_in`) finds nothing in the whole text, hence in none of the lines
-    it fixes one by one. One regex pass over the document instead of ftfy's several per line."""
+    """False when ftfy's `fix_text` would return `text` unchanged (none of its fixes applies, `mojibake_in` finds
+    nothing): one regex pass over the document instead of ftfy's several per line."""
     return len(text) > _FTFY_SEGMENT or bool(_FTFY_FIXES.search(text)) or mojibake_in(text)
 
 
 @functools.cache
 def _mojibake_marks() -> re.Pattern:
-    """A character every match of ftfy's mojibake pattern (`ftfy.badness.BADNESS_RE`) holds: one of its rarer
-    categories (C1 controls, symbols, box drawing, punctuation, currency, numeric and legal signs), a letter its
-    literal sequences turn on (Œ œ Ø Ù Ђ Â Ã Î Ð °), or a lowercase accented, Greek or Cyrillic letter before an
-    uppercase accented one, its one alternative of common letters only (Azerbaijani's Ç Ş İ Ü Ğ are accented)."""
+    """A character every match of ftfy's `BADNESS_RE` holds: one of its rarer categories, a letter its literal
+    sequences turn on (Œ œ Ø Ù Ђ Â Ã Î Ð °), or a lowercase letter before an uppercase accented one (its one
+    alternative of common letters only)."""
     from ftfy.badness import MOJIBAKE_CATEGORIES as C
 
     rare = "".join(C[k] for k in ("c1", "bad", "box", "end_punctuation", "currency", "numeric", "law"))
@@ -198,8 +192,7 @@ _MOJIBAKE_REACH = 7  # the longest match of ftfy's pattern (`ГўВЂВ.x`) less
 
 
 def mojibake_in(text: str) -> bool:
-    """ftfy's `is_bad(text)`: its pattern searched only in the few characters around each mark a match must hold
-    (`_mojibake_marks`), instead of tried at every position of the text."""
+    """ftfy's `is_bad(text)`, its pattern searched only around the marks a match must hold (`_mojibake_marks`)."""
     from ftfy.badness import BADNESS_RE
 
     return any(
@@ -230,18 +223,18 @@ class EmptyFilter(BaseFilter):
 # ---- language -----------------------------------------------------------------------------------------
 
 
-# Letters only the target writes among lingua's languages that are close relatives of it: evidence lingua's
-# confidence can miss on a short text full of names (Azerbaijani's ə; Turkish, its nearest relative, has none).
+# Letters the target writes and its close relatives do not (Turkish has no ə): evidence lingua's confidence can miss
+# on a short text full of names.
 OWN_LETTERS = {"az": "əƏ"}
-OWN_LETTER_SHARE = 0.02  # ə is 7-9 % of the letters of Azerbaijani prose; a name or two in a Turkish text is far less
+OWN_LETTER_SHARE = 0.02  # far above a name or two in a Turkish text, far below Azerbaijani prose (docs/curate.md)
 
 
 _DETECTORS: dict[tuple[str, ...], object] = {}
 
 
 def lingua_detector(codes: tuple[str, ...]):
-    """One lingua detector per candidate set and process, its models loaded at once. The stage builds it before
-    datatrove forks its workers, which then share its models instead of each loading them (~1.7 CPU-s each)."""
+    """One lingua detector per candidate set and process, its models loaded at once: built before datatrove forks
+    its workers, which then share them."""
     if codes not in _DETECTORS:
         from lingua import IsoCode639_1, Language, LanguageDetectorBuilder
 
@@ -252,8 +245,8 @@ def lingua_detector(codes: tuple[str, ...]):
 
 class LinguaFilter(BaseFilter):
     """Keep documents whose lingua confidence in `language` is at least `min_score`, or whose most likely language
-    is one of `relatives` while the target is within `margin` of it or its own letters (OWN_LETTERS) make up
-    OWN_LETTER_SHARE of the letters; the score and the most likely language go into the document's metadata."""
+    is one of `relatives` while the target is within `margin` of it or written in its OWN_LETTERS; the score and
+    the most likely language go into the metadata."""
 
     name = "🌍 Language ID (lingua)"
 
@@ -322,9 +315,8 @@ _BASE_INVERSE = np.uint64(pow(int(_BASE), -1, 2**64))
 
 
 def _substring_hashes(text: str):
-    """`hash(a, b)`: a polynomial hash modulo 2**64 of `text[a:b]` for arrays of offsets, equal for equal
-    substrings wherever they stand (each position's power is divided out again by the inverse power). numpy's
-    arrays wrap around on overflow."""
+    """`hash(a, b)`: a polynomial hash modulo 2**64 (numpy wraps around) of `text[a:b]` for arrays of offsets,
+    equal for equal substrings wherever they stand."""
     chars = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), np.uint32).astype(np.uint64)
     prefix = np.zeros(len(chars) + 1, np.uint64)
     np.cumsum(chars * np.cumprod(np.full(len(chars), _BASE)), out=prefix[1:])
@@ -352,11 +344,10 @@ def _first_occurrences(values: np.ndarray) -> np.ndarray | None:
 
 
 class NGrams:
-    """The n-grams of a document's words for the Gopher repetition checks, each found by a hash of its characters
-    (numpy, for every position at once) instead of a Python string per n-gram; what the hashes group is compared
-    as text, and a hash collision falls back to datatrove's own loop. Joined without a separator (datatrove's
-    duplicate n-grams: `a`+`bc` is `ab`+`c`) or with one space (its top n-grams: word tuples, the words holding
-    no whitespace)."""
+    """A document's word n-grams for the Gopher repetition checks, found by hashes over their characters (numpy,
+    every position at once) instead of a string per n-gram; what the hashes group is compared as text, and a
+    collision falls back to datatrove's loop. Joined without a separator (datatrove's duplicate n-grams) or with
+    one space (its top n-grams)."""
 
     def __init__(self, words: list[str]):
         self.words = words
@@ -366,8 +357,8 @@ class NGrams:
         self.joined_hash, self.spaced_hash = _substring_hashes(self.joined), _substring_hashes(self.spaced)
 
     def repeated_chars(self, n: int) -> int:
-        """datatrove's `find_all_duplicate`: characters of the joined n-grams met again, scanning left to right and
-        skipping a repeated n-gram's words."""
+        """datatrove's `find_all_duplicate`: characters of the joined n-grams met again, left to right, skipping a
+        repeated n-gram's words."""
         count = len(self.words) - n + 1
         if count <= 0:
             return 0
@@ -380,8 +371,7 @@ class NGrams:
         repeated = end = 0
         skipped: set[int] = set()
         seen_again: set[int] = set()
-        # only a position whose n-gram occurred before can be a repeat: one seen earlier at a position the scan
-        # did not skip (its first occurrence, or a later one the scan met)
+        # a repeat: an n-gram seen earlier at a position the scan did not skip
         for p in again:
             f = firsts[p]
             if text[a[p] : b[p]] != text[a[f] : b[f]]:
@@ -396,8 +386,7 @@ class NGrams:
         return repeated
 
     def top_chars(self, n: int) -> int:
-        """Characters of the most common n-gram (words joined by a space; the first among equals, as
-        `Counter.most_common`) times its count."""
+        """Characters of the most common n-gram (the first among equals, as `Counter.most_common`) times its count."""
         count = len(self.words) - n + 1
         a, b = self.spaced_offsets[:count], self.spaced_offsets[n:] - 1
         firsts = _first_occurrences(self.spaced_hash(a, b))
@@ -418,9 +407,7 @@ def _n_gram_tuples(words: list[str], n: int):
 
 
 class RepetitionFilter(GopherRepetitionFilter):
-    """Datatrove's Gopher repetition filter, the same checks in the same order with the same results, its n-grams
-    found by hashes over the words' characters (`NGrams`) instead of a Python string per n-gram: in datatrove's own
-    it is the filter phase's costliest step."""
+    """Datatrove's Gopher repetition filter, the same checks and results, its n-grams found by `NGrams`."""
 
     def filter(self, doc: Document) -> bool | tuple[bool, str]:
         text = doc.text
@@ -457,11 +444,9 @@ _HAS_NON_PUNCTUATION = re.compile("[^" + "".join(map(re.escape, sorted(PUNCTUATI
 
 
 class QualityFilter(GopherQualityFilter):
-    """Datatrove's Gopher quality filter, the same checks in the same order, its per-word tests (a character
-    outside punctuation, a letter) made by one regex search per word in C (`filter`) instead of a Python loop per
-    character. One difference: the share of words holding a letter is taken over words, not runs of punctuation.
-    The word splitter makes each comma and full stop a word, so a clean news paragraph of dates, rates and sums
-    (`5 oktyabr 2023.`, `8,75 faizə`) fell under the bound its words meet."""
+    """Datatrove's Gopher quality filter, the same checks, its per-word tests by one regex search per word. One
+    difference: the share of words holding a letter is over words, not runs of punctuation (the splitter makes
+    each comma a word, so a news paragraph of dates and sums fell under the bound)."""
 
     def filter(self, doc: Document) -> bool | tuple[bool, str]:
         text = doc.text
@@ -506,9 +491,8 @@ class QualityFilter(GopherQualityFilter):
 
 @functools.cache
 def nonspacing_marks() -> re.Pattern:
-    """The characters below U+10000 that `unicodedata` calls nonspacing marks (Mn: what `simplify_text` drops after
-    NFD), as one regex class: `re` tests such a class with a bitmap, while one reaching past U+FFFF is a list of
-    ranges tried in turn, slower than datatrove's test per character."""
+    """The nonspacing marks (Mn, what `simplify_text` drops after NFD) below U+10000 as one regex class, which `re`
+    tests by bitmap (a class past U+FFFF is a list of ranges tried in turn)."""
     return _char_class([cp for cp in range(0x10000) if unicodedata.category(chr(cp)) == "Mn"])
 
 
@@ -523,9 +507,8 @@ def without_nonspacing_marks(text: str) -> str:
 
 
 class MinhashSignature(MinhashDedupSignature):
-    """Datatrove's MinHash signatures from the same shingles: the text simplified by datatrove's `simplify_text`,
-    its diacritics dropped by one regex pass over the decomposed text instead of a Python test per character, and
-    with sha1 the shingles' digests read by numpy from one buffer instead of unpacked one by one."""
+    """Datatrove's MinHash signatures from the same shingles: diacritics dropped by one regex pass, and sha1
+    digests read by numpy from one buffer instead of one by one."""
 
     @functools.cached_property
     def _norm_but_diacritics(self):
@@ -549,8 +532,7 @@ class MinhashSignature(MinhashDedupSignature):
 
 
 def preload(step: PipelineStep) -> None:
-    """What `step` would build on its first document (lingua's models, a character class), built now: the stage
-    calls this before datatrove forks its workers, which then share it instead of each building it."""
+    """What `step` would build on its first document, built now, before datatrove forks the workers that share it."""
     if isinstance(step, LinguaFilter):
         lingua_detector(tuple(step.candidates))
     elif isinstance(step, Normaliser) and step.fix_encoding:
@@ -575,10 +557,8 @@ class SourceCounter(PipelineStep):
 
 
 # ---- contact details ----------------------------------------------------------------------------------
-# Patterns run on a shadow of the text with one character per character: every Unicode decimal digit (Arabic-Indic,
-# full-width, ...) as its ASCII digit, full-width '+', '@', '.', '(', ')' and Unicode dashes as ASCII, and every
-# space (NBSP included) or zero-width mark as a separator; so `٠٥٠ ١٢٣ ٤٥ ٦٧`, `050\u200d123\u200d45\u200d67` or
-# `＋９９４…` are found whether or not `normalise.whitespace` ran, and the original characters are replaced.
+# Patterns run on a shadow of the text, one character per character: Unicode digits, full-width '+@.()' and dashes
+# as ASCII, spaces as a space and zero-width marks as _ZW; the original characters are replaced.
 _ZW = "\x01"  # a zero-width mark in the shadow: joins digit groups, never separates them
 _SHADOW = {ord(c): "@" for c in "\uff20\ufe6b"}
 _SHADOW.update({ord(c): "+" for c in "\uff0b\ufe62"})
@@ -593,7 +573,7 @@ _SHADOW.update(
 
 
 def _char_class(codepoints: list[int]) -> re.Pattern:
-    """A regex class of these code points as ranges (much faster than a class of hundreds of single characters)."""
+    """A regex class of these code points as ranges."""
     ranges: list[list[int]] = []
     for c in sorted(codepoints):
         if ranges and c == ranges[-1][1] + 1:
@@ -617,26 +597,21 @@ def shadow(text: str) -> str:
     return text
 
 
-# An e-mail address: a dot-atom local part of Unicode letters (`əli`) or a quoted one (`"ali veli"`), '@', then
-# domain labels of Unicode letters and digits and a top-level domain of letters (IDN: `poçt.az`) or punycode; a
-# hyphenated case ending after it (`ali@mail.az-a yazın`) is not part of the address.
+# An e-mail address: a dot-atom or quoted local part, '@', domain labels of Unicode letters and digits and a
+# top-level domain of letters or punycode (a case ending after it, `ali@mail.az-a`, is not part of it).
 _ATOM = r"[\w!#$%&'*+/=?^`{|}~\x01-]+"
 EMAIL = (
     rf"(?<![\w.!#$%&'*+/=?^`{{|}}~\x01\\-])(?:{_ATOM}(?:\.{_ATOM})*|\"(?:[^\"\\\r\n]|\\.){{1,64}}\")"
     r"\x01*@\x01*(?:[^\W_](?:[\w\x01-]{0,62}[^\W_])?\.)+(?:xn--[a-z0-9-]{1,59}|[^\W\d_]{2,63})(?!\w)"
 )
-# A phone number is a run of digit groups joined by up to four separator characters (space, dot, dash, slash,
-# parentheses), maybe after '+'. Which groups are phones is decided on their digits (`phone_spans`), so the same
-# rules hold for any spacing: '+' or '00' and a country code (9-15 digits; Azerbaijan's +994 exactly 12),
-# Azerbaijan's trunk '0' with an area or mobile code (10 digits: `0 50 123 45 67`, `(012) 493-12-34`), `994` and 9
-# digits, or a mobile or Baku code written as its own group before 7 digits (`50 123 45 67`). Plain numbers (sums,
-# years, dates, article numbers) match none of these and are never touched.
+# A run of digit groups joined by up to four separators, maybe after '+'; which groups are phones is decided on
+# their digits (`_phone_ok`): '+'/'00' and a country code (9-15 digits, +994 exactly 12), the trunk '0' and an
+# Azerbaijani code (10 digits), `994` and 9 digits, or a mobile or Baku code as its own group before 7 digits.
 PHONE_RUN = r"(?<![\w+\x01])(?:\(?\+[ .\-/()\x01]{0,4})?\(?\d(?:[ .\-/()\x01]{0,4}\d)*\)?(?![\w@])"
 _AZ_CODES = {"10", "12", "18", "36", "40", "50", "51", "55", "60", "70", "77", "99", *(f"2{d}" for d in range(10))}
 _AZ_BARE = {"10", "12", "50", "51", "55", "60", "70", "77", "99"}  # codes written without the trunk 0
 _GROUP = re.compile(r"[\d\x01]+")
-# A card number as cards print it: 13-19 digits in one group, in groups of four (16-19 digits), or 4-6-4/5 (Diners,
-# Amex), never starting with 0; a run of sums or a phone after a time (`14:00 994 51 …`) is none of these.
+# A card number as cards print it: 13-19 digits in one group, groups of four, or 4-6-4/5, never starting with 0.
 CARD = (
     r"(?<![\d\x01])(?:[1-9]\d{12,18}|[1-9]\d{3}([ \-\x01])\d{4}\1\d{4}\1\d{4}(?:\1\d{3})?"
     r"|[1-9]\d{3}([ \-\x01])\d{6}\2\d{4,5})(?![\d\x01])"
@@ -644,8 +619,8 @@ CARD = (
 
 
 def _phone_ok(digits: str, plus: bool, groups: list[str], hidden: bool = False) -> bool:
-    """`hidden`: zero-width marks inside the digits, which nobody types in a sum: a bare code and 7 digits then
-    need no visible grouping."""
+    """`hidden`: zero-width marks inside the digits (nobody types them in a sum): a bare code and 7 digits then need
+    no visible grouping."""
     if plus or digits.startswith("00"):
         rest = digits if plus else digits[2:]
         if rest.startswith("9940") and "0" in groups[1:3]:
@@ -665,9 +640,8 @@ def _phone_ok(digits: str, plus: bool, groups: list[str], hidden: bool = False) 
 
 
 def phone_spans(match: str) -> list[tuple[int, int]]:
-    """The phone numbers in a digit run (in shadow form), as (start, end) offsets: from each digit group, the longest
-    run of groups that ends with a digit group and passes the rules above. A run may hold other numbers before a
-    phone (`05.10.2023 050 123 45 67`, `1) 050 …`) or several phones; each is found, the rest left alone."""
+    """The phone numbers in a digit run (shadow form) as (start, end) offsets: from each group, the longest run of
+    groups that passes `_phone_ok`; other numbers in the run are left alone."""
     if len(match) < 9:  # fewer than the 9 digits of the shortest phone: a year, a sum, a date
         return []
     groups = [(m.start(), m.end(), m.group(0).replace(_ZW, "")) for m in _GROUP.finditer(match)]
