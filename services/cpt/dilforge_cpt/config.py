@@ -131,10 +131,9 @@ class CptDataSource(DataSource, SourceLimits):
         ge=1,
         le=1024,
         description="Join this many consecutive records (after max_docs) into one training document, separated "
-        "by a space; at most 1,024 (a joined document is built in memory: 1e9 made one document of a whole "
-        "120 MB corpus and 12.7 GB of RSS). Why join: a sentence-per-line corpus (Wikipedia sentences, Tatoeba) otherwise ends a document "
-        "after every sentence, and a CPT of a few dozen steps learns to predict the end-of-text token after any "
-        "sentence, so a zero-shot prompt such as 'English:' gets an empty answer (docs/cpt.md, leakage).",
+        "by a space; at most 1,024 (a joined document is built in memory). Why: a sentence-per-line corpus "
+        "otherwise ends a document after every sentence, and the model learns to end its answer after any "
+        "sentence (docs/cpt.md, leakage).",
     )
 
 

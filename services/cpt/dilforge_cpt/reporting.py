@@ -120,12 +120,9 @@ class MetricsLog:
         self.writer = None
         self.progress = Progress("cpt", total_steps, unit="steps", initial=start_step, log=log, enabled=rt.is_main)
         if rt.is_main and tb_dir is not None:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
+            from torch.utils.tensorboard import SummaryWriter
 
-                self.writer = SummaryWriter(str(tb_dir))
-            except ImportError:
-                log.warning("tensorboard not installed: no TensorBoard logs")
+            self.writer = SummaryWriter(str(tb_dir))
 
     def record(self, step: int, values: dict[str, Any], kind: str = "train") -> dict | None:
         """The row {"step": step, **values} on global rank 0 (written out), None elsewhere."""
@@ -134,7 +131,7 @@ class MetricsLog:
         row = {"step": step, **values}
         if self.writer is not None:
             for key, value in values.items():
-                if isinstance(value, (int, float)) and value is not None and math.isfinite(value):
+                if isinstance(value, (int, float)) and math.isfinite(value):
                     self.writer.add_scalar(f"{kind}/{key}", value, step)
         self.progress.write(" ".join(f"{k}={_fmt(v)}" for k, v in row.items()))
         return row
