@@ -194,10 +194,6 @@ class SageMakerConfig(StrictModel):
         return self.stages.get(stage) or StageResources()
 
     @property
-    def registry_account(self) -> str:
-        return self.account_id or self.role_arn.split(":")[4]
-
-    @property
     def registry(self) -> str:
         suffix = ".amazonaws.com.cn" if self.region.startswith("cn-") else ".amazonaws.com"
-        return f"{self.registry_account}.dkr.ecr.{self.region}{suffix}"
+        return f"{self.account_id or self.role_arn.split(':')[4]}.dkr.ecr.{self.region}{suffix}"

@@ -119,12 +119,15 @@ INTERPOLATION_ALLOWED = (
 )
 
 
+def may_interpolate(name: str) -> bool:
+    """The allow-list and DILFORGE_VAR_*, never a secret."""
+    allowed = name in INTERPOLATION_ALLOWED or name.startswith(USER_VAR_PREFIX)
+    return allowed and not is_secret_name(name.removeprefix(USER_VAR_PREFIX))
+
+
 def interpolation_variables(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """What `${VAR}` in a config may see: the allow-list and DILFORGE_VAR_*, never a secret; `extra` wins."""
-    names = [n for n in os.environ if n in INTERPOLATION_ALLOWED or n.startswith(USER_VAR_PREFIX)]
-    found = {n: os.environ[n] for n in names if not is_secret_name(n.removeprefix(USER_VAR_PREFIX))}
-    found.update(extra or {})
-    return found
+    """What `${VAR}` in a config may see; `extra` wins."""
+    return {**{n: v for n, v in os.environ.items() if may_interpolate(n)}, **(extra or {})}
 
 
 def expand_env(value: Any, source: str, variables: dict[str, str] | None = None) -> Any:
@@ -140,8 +143,7 @@ def expand_env(value: Any, source: str, variables: dict[str, str] | None = None)
 
         def sub(m: re.Match) -> str:
             name, default = m.group(1), m.group(2)
-            allowed = name in INTERPOLATION_ALLOWED or name.startswith(USER_VAR_PREFIX)
-            if not allowed or is_secret_name(name.removeprefix(USER_VAR_PREFIX)):
+            if not may_interpolate(name):
                 raise ConfigError(
                     f"{source}: ${{{name}}} may not be interpolated: a config may name only "
                     f"{', '.join(INTERPOLATION_ALLOWED)} and {USER_VAR_PREFIX}<NAME> variables, never a credential "

@@ -30,10 +30,6 @@ GPU_FAMILIES = ("g", "p")  # ml.g5/g6/p4d/p5...: the serve image's GPU variant
 VARIANT = "AllTraffic"
 
 
-def is_gpu_instance(instance_type: str) -> bool:
-    return instance_type.split(".")[1].startswith(GPU_FAMILIES)
-
-
 def endpoint_name(pipeline: PipelineConfig) -> str:
     """A valid SageMaker endpoint name (1-63 letters, digits and inner hyphens), unique per run by construction:
     a name that had to change (other characters, over 63) carries 8 hex digits of the name it came from, so
@@ -50,7 +46,7 @@ def serve_image(cfg: SageMakerConfig, dry_run: bool) -> str:
     """The serve image by digest: the config's, else the one `coordinator images push --stage serve` recorded."""
     from .images import pushed_image
 
-    gpu = is_gpu_instance(cfg.endpoint.instance_type)
+    gpu = cfg.endpoint.instance_type.split(".")[1].startswith(GPU_FAMILIES)
     if image := cfg.endpoint.image or pushed_image("serve", gpu=gpu):
         return image
     if dry_run:  # no push record yet: the digest the real deploy would cite comes from `images push`

@@ -57,10 +57,6 @@ class StageJob:
     def artifact_id(self) -> str:
         return self.artifact_uri.rsplit("/", 1)[-1]
 
-    @property
-    def manifest_uri(self) -> str:
-        return f"{self.artifact_uri}/{MANIFEST_NAME}"
-
 
 class Backend(Protocol):
     name: str
@@ -225,7 +221,9 @@ def _reuse_or_run(job: StageJob, stage: str, backend: Backend, store: ArtifactSt
         record.save(store)
         raise
     if not artifact_exists(job.artifact_uri, job.s3_endpoint_url):
-        raise StageFailed(stage, f"the stage exited cleanly but published no manifest at {job.manifest_uri}")
+        raise StageFailed(
+            stage, f"the stage exited cleanly but published no manifest at {job.artifact_uri}/{MANIFEST_NAME}"
+        )
     return "produced"
 
 

@@ -166,13 +166,6 @@ def running_owner() -> dict:
     return {"pid": os.getpid(), "host": socket.gethostname()}
 
 
-def _entry(entry: StageEntry) -> dict:
-    data = entry.model_dump(exclude_none=True)
-    if not data.get("also"):
-        data.pop("also", None)
-    return data
-
-
 def _good_addresses(entry: dict) -> list[str]:
     good = [entry["artifact"]] if entry.get("status") in GOOD and entry.get("artifact") else []
     return [*good, *([entry["last_good"]] if entry.get("last_good") else []), *entry.get("also", [])]
@@ -281,7 +274,7 @@ class RunRecord:
     def from_doc(cls, doc: RecordDoc) -> RunRecord:
         return cls(
             run_id=doc.run_id,
-            stages={k: _entry(v) for k, v in doc.stages.items()},
+            stages={k: v.model_dump(exclude_defaults=True) for k, v in doc.stages.items()},
             status=doc.status,
             owner=doc.owner,
             error=doc.error,
