@@ -104,10 +104,9 @@ def main(argv: list[str]) -> int:
 
 
 def sync_checkpoints(uri: str, direction: str) -> None:
-    """SageMaker's CheckpointConfig, emulated where nothing else does it (the SDK's local container mode sets
-    DILFORGE_CHECKPOINT_SYNC_URI): `restore` copies the S3 prefix into /opt/ml/checkpoints before the stage starts,
-    `save` uploads what is new or changed after it ended, also after a SIGTERM. As on SageMaker, every host uses
-    the same prefix (checkpoint files are per rank, completion markers per node) and nothing is deleted."""
+    """SageMaker's CheckpointConfig where nothing else does it (the SDK's local mode): `restore` fills
+    /opt/ml/checkpoints from the S3 prefix before the stage, `save` uploads what changed after it (also after a
+    SIGTERM); every host uses the same prefix and nothing is deleted, as on SageMaker."""
     from dilforge_shared.opt_ml import OptMl
     from dilforge_shared.store.backends import open_backend
 

@@ -1,8 +1,5 @@
-"""`coordinator models import SOURCE`: publish a base model as a `model` artifact, like a pipeline's `model:` block.
-
-The import is the pipeline's `model` stage run on its own (same fingerprint, same backends), so a later
-pipeline with `model: {source: SAME}` reuses the artifact, and a second import downloads nothing.
-"""
+"""`coordinator models import SOURCE`: the pipeline's `model` stage run on its own (same fingerprint, same
+backends), so a pipeline with `model: {source: SAME}` reuses the artifact and a second import downloads nothing."""
 
 from __future__ import annotations
 

@@ -162,10 +162,8 @@ def plan_stage(pipeline: PipelineConfig, stage: str, upstream: dict[str, str]) -
 def run_stage(
     pipeline: PipelineConfig, stage: str, backend: Backend, upstream: dict[str, str], record: RunRecord | None = None
 ) -> str:
-    """Run (or reuse) one stage; returns its artifact URI.
-
-    Holds the artifact's lock throughout: a second run of the same artifact waits, then reuses the result.
-    """
+    """Run (or reuse) one stage under the artifact's lock (a second run of it waits, then reuses it); returns its
+    artifact URI."""
     store = ArtifactStore(pipeline.store.uri, pipeline.store.s3_endpoint_url)
     record = record or RunRecord.load(store, pipeline.run_id)
     job = plan_stage(pipeline, stage, upstream)

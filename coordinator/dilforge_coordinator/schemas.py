@@ -1,7 +1,5 @@
-"""Export the JSON Schemas of the manifest and the pipeline config into `schemas/`.
-
-`python -m dilforge_coordinator.schemas schemas/` rewrites them; `--check` exits 1 if they are stale.
-"""
+"""`python -m dilforge_coordinator.schemas [schemas/]`: write the JSON Schemas of the manifest and the pipeline
+config; `--check` exits 1 if they are stale."""
 
 from __future__ import annotations
 
@@ -27,7 +25,10 @@ def render(schema: dict) -> str:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dilforge_coordinator.schemas", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m dilforge_coordinator.schemas",
+        description="Write the JSON Schemas of the manifest and the pipeline config.",
+    )
     parser.add_argument("out", nargs="?", default="schemas", type=Path, help="folder of the JSON schemas")
     parser.add_argument("--check", action="store_true", help="exit 1 when a schema file is stale, write nothing")
     args = parser.parse_args(argv)
