@@ -41,7 +41,7 @@ def stage_ctx(root: Path, tok_dir: Path, config):
     from dilforge_shared.contract import StageContext, StageRequest
     from dilforge_shared.manifest import Manifest, current_producer
     from dilforge_shared.opt_ml import OptMl, ResourceConfig
-    from dilforge_shared.store.artifacts import publish
+    from dilforge_shared.store import publish
 
     uri = f"{root}/store/artifacts/tokenizer/bench"
     publish(

@@ -90,7 +90,7 @@ def set_field(cfg: dict, path: str, value) -> None:
 def run_arm(name: str, edits: str, args) -> dict:
     import yaml
     from dilforge_coordinator.records import ArtifactStore
-    from dilforge_shared.store.artifacts import read_manifest
+    from dilforge_shared.store import read_manifest
 
     cfg = yaml.safe_load(Path(args.config).read_text())
     cfg["run_id"] = f"leak-cpt-{name}"

@@ -79,7 +79,7 @@ def language_sets(eval_metrics: dict) -> dict[str, str]:
 
 
 def table(artifacts: dict[str, str]) -> dict:
-    from dilforge_shared.store.artifacts import read_manifest
+    from dilforge_shared.store import read_manifest
 
     ev, _ = read_manifest(artifacts["eval"])
     cpt, _ = read_manifest(artifacts["cpt"])

@@ -63,7 +63,7 @@ def cli(tmp: Path, args: list[str], env_extra: dict | None = None) -> tuple[int,
 def oversized(tmp: Path, size_mb: int) -> list[str]:
     import factories
     from dilforge_shared.manifest import Manifest, current_producer
-    from dilforge_shared.store.artifacts import publish
+    from dilforge_shared.store import publish
 
     tok_dir = factories.build_tokenizer(tmp / "tok")
     llama = factories.build_tiny_llama(tmp / "llama", tok_dir)
@@ -162,7 +162,7 @@ def verification(tmp: Path) -> list[str]:
     """check_artifact on a published 512 MiB artifact: sha256 mode against stamp mode, same process."""
     from dilforge_coordinator.integrity import check_artifact
     from dilforge_shared.manifest import Manifest, current_producer
-    from dilforge_shared.store.artifacts import publish
+    from dilforge_shared.store import publish
 
     out = tmp / "weights"
     out.mkdir()

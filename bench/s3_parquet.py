@@ -36,7 +36,7 @@ def child(mode: str, key: str) -> None:
     """Read every text of s3://BUCKET/key; print {"rows", "peak_mib"} (RSS above the post-setup baseline)."""
     import pyarrow.parquet as pq
     from dilforge_shared.corpus import iter_texts
-    from dilforge_shared.store.backends import S3Storage
+    from dilforge_shared.store import S3Storage
 
     storage = S3Storage(BUCKET, "")
     storage.arrow_filesystem().get_file_info(f"{BUCKET}/{key}")  # the AWS SDK's start-up, outside the measure

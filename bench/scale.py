@@ -199,7 +199,7 @@ def smollm2_tokenizer(cache: Path) -> str:
         check=True,
     )
     from dilforge_shared.models import resolve
-    from dilforge_shared.store.artifacts import fetch
+    from dilforge_shared.store import fetch
 
     return str(resolve(fetch(proc.stdout.strip().splitlines()[-1].split("artifact: ")[1]), "tokenizer").path)
 

@@ -53,7 +53,7 @@ def run_stage(data: Path, model_dir: Path, steps: int, work: Path) -> float:
     from dilforge_sft.stage import run
     from dilforge_shared.contract import build_hyperparameters, stage_main
     from dilforge_shared.opt_ml import OPT_ML_ENV, OptMl
-    from dilforge_shared.store.artifacts import fetch
+    from dilforge_shared.store import fetch
 
     opt = OptMl(Path(tempfile.mkdtemp(dir=work)))
     config = SftConfig.model_validate(section(data, model_dir, steps))

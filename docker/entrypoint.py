@@ -108,7 +108,7 @@ def sync_checkpoints(uri: str, direction: str) -> None:
     /opt/ml/checkpoints from the S3 prefix before the stage, `save` uploads what changed after it (also after a
     SIGTERM); every host uses the same prefix and nothing is deleted, as on SageMaker."""
     from dilforge_shared.opt_ml import OptMl
-    from dilforge_shared.store.backends import open_backend
+    from dilforge_shared.store import open_backend
 
     opt = OptMl.from_env()
     endpoint = (opt.read_json("hyperparameters.json", {}) or {}).get("s3_endpoint_url") or None

@@ -91,7 +91,7 @@ def smollm2_artifact(tmp_path_factory):
     import sys
 
     from dilforge_shared.settings import cache_root
-    from dilforge_shared.store.artifacts import fetch
+    from dilforge_shared.store import fetch
 
     store = cache_root() / "test-store"
     env = {

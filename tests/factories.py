@@ -172,7 +172,7 @@ def sft_expected_tokens(tok, segments=SFT_EXPECTED_MASK) -> tuple[list[int], lis
 def publish_tokenizer(store: Path, tok_dir: Path, name: str = "tok") -> str:
     """A tokenizer folder published as `<store>/artifacts/tokenizer/<name>` (a stage's upstream artifact)."""
     from dilforge_shared.manifest import Manifest, current_producer
-    from dilforge_shared.store.artifacts import publish
+    from dilforge_shared.store import publish
 
     uri = f"{store}/artifacts/tokenizer/{name}"
     manifest = Manifest(

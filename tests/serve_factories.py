@@ -18,7 +18,7 @@ def az_tiny_sft(key: str):
 def build_sft_artifact(root: Path, tiny_llama_dir: Path, data_root: Path):
     from dilforge_coordinator.cli import app
     from dilforge_shared.manifest import Manifest, current_producer
-    from dilforge_shared.store.artifacts import fetch, publish
+    from dilforge_shared.store import fetch, publish
     from typer.testing import CliRunner
 
     cpt_uri = f"{root}/cptstore/artifacts/cpt/tiny0000"

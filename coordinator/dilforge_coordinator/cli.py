@@ -14,8 +14,7 @@ from typing import Annotated
 import typer
 from dilforge_shared.manifest import STAGES
 from dilforge_shared.settings import cache_root
-from dilforge_shared.store.artifacts import fetch, read_manifest
-from dilforge_shared.store.backends import NotFound
+from dilforge_shared.store import NotFound, fetch, read_manifest
 from typer.core import TyperGroup
 
 from . import pipeline as pl

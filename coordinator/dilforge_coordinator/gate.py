@@ -60,7 +60,7 @@ def judge(section: AssistantSection | None, label: str, source: str) -> Verdict:
 
 def manifest_or_none(uri: str, endpoint_url: str | None = None):
     """The artifact's manifest (read, not downloaded with its files), or None for a plain HF folder/prefix."""
-    from dilforge_shared.store.artifacts import read_manifest
+    from dilforge_shared.store import read_manifest
 
     try:
         return read_manifest(uri, endpoint_url)[0]
@@ -74,7 +74,7 @@ def eval_section(
     """(assistant section, label of the artifact's model, where it came from) from the eval artifact of the
     artifact's run (`run`, else the run id in the artifact's manifest) in the artifact's own store (`store` for an
     artifact kept outside one). DilforgeError when there is none."""
-    from dilforge_shared.store.artifacts import read_manifest, store_of
+    from dilforge_shared.store import read_manifest, store_of
 
     from . import records
 

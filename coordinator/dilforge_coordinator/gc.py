@@ -15,8 +15,7 @@ from pathlib import Path
 from dilforge_shared.errors import DilforgeError, ManifestError
 from dilforge_shared.locks import FileLock, abandoned, is_locked, remove_abandoned
 from dilforge_shared.manifest import MANIFEST_NAME, STAGES, parse_manifest
-from dilforge_shared.store.artifacts import STORE_MARKER, manifest_digest_key
-from dilforge_shared.store.backends import NotFound
+from dilforge_shared.store import STORE_MARKER, NotFound, manifest_digest_key
 
 from .backends.local import WORK_MARKER
 from .records import ArtifactStore, DamagedRecord, parse_record

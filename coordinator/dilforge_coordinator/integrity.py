@@ -15,15 +15,17 @@ from dilforge_shared.configs.base import validate_model
 from dilforge_shared.errors import DilforgeError, IntegrityError, ManifestError, ManifestNotFound
 from dilforge_shared.identity import artifact_id
 from dilforge_shared.manifest import MANIFEST_NAME, Manifest
-from dilforge_shared.store.artifacts import (
+from dilforge_shared.store import (
+    NotFound,
+    Storage,
     artifact_storage,
     extra_keys,
     manifest_uri_of,
+    open_backend,
     read_manifest,
     recorded_digest_problem,
     verify_files,
 )
-from dilforge_shared.store.backends import NotFound, Storage, open_backend
 
 from .config import STAGE_CONFIGS
 from .settings import coordinator_settings

@@ -14,7 +14,7 @@ from typing import Self
 
 from dilforge_shared.errors import DilforgeError
 from dilforge_shared.locks import owner_info
-from dilforge_shared.store.backends import NotFound
+from dilforge_shared.store import NotFound
 
 log = logging.getLogger(__name__)
 

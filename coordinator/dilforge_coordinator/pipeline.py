@@ -14,7 +14,7 @@ from dilforge_shared.errors import DilforgeError, ManifestNotFound
 from dilforge_shared.identity import STAGE_MODULES, artifact_id, stage_refs
 from dilforge_shared.locks import FileLock
 from dilforge_shared.manifest import MANIFEST_NAME, STAGES
-from dilforge_shared.store.artifacts import artifact_exists
+from dilforge_shared.store import artifact_exists
 
 from .config import PipelineConfig
 from .integrity import check_artifact, move_aside
@@ -120,7 +120,7 @@ def check_input_names(stage: str, config: StageConfig, names: list[str]) -> None
 
 def check_input_kinds(stage: str, inputs: dict[str, str], endpoint_url: str | None) -> None:
     """Each upstream artifact is of the kind its input needs: an SFT adapter is not a tokenizer."""
-    from dilforge_shared.store.artifacts import read_manifest
+    from dilforge_shared.store import read_manifest
 
     from .config import STAGE_CONFIGS
 
@@ -186,8 +186,8 @@ def run_stage(
 
 def manifest_witness(job: StageJob) -> dict[str, str]:
     """What the run record keeps of the artifact's manifest: its sha256 and data folder, against which every later
-    reuse and `manifest validate` check it (store.artifacts.recorded_digest_problem)."""
-    from dilforge_shared.store.artifacts import read_manifest
+    reuse and `manifest validate` check it (store.recorded_digest_problem)."""
+    from dilforge_shared.store import read_manifest
 
     manifest, digest = read_manifest(job.artifact_uri, job.s3_endpoint_url)
     return {"manifest_sha256": digest, "data_dir": manifest.data_dir}

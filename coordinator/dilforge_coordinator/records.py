@@ -19,8 +19,7 @@ from dilforge_shared.errors import ConfigError, DilforgeError
 from dilforge_shared.locks import FileLock
 from dilforge_shared.paths import check_name, check_relative_path
 from dilforge_shared.settings import redact_values
-from dilforge_shared.store.artifacts import mark_store
-from dilforge_shared.store.backends import NotFound, open_backend
+from dilforge_shared.store import NotFound, mark_store, open_backend
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .leases import S3Lease, owner_alive
@@ -107,7 +106,7 @@ class StageEntry(BaseModel):
 
 class Witness(BaseModel):
     """One publish of an artifact as a run produced or reused it: what `manifest validate` and every reuse compare
-    its manifest against (store.artifacts.recorded_digest_problem)."""
+    its manifest against (store.recorded_digest_problem)."""
 
     model_config = ConfigDict(extra="forbid")
     data_dir: str = Field(description="The manifest's data folder: which publish of the artifact this is.")

@@ -31,8 +31,7 @@ from .opt_ml import OPT_ML_ENV, OptMl, ResourceConfig, release_failure_space, re
 from .paths import check_name
 from .progress import track
 from .settings import install_log_masking, settings
-from .store.artifacts import Artifact, fetch, publish, verify_files
-from .store.backends import read_uri_bytes
+from .store import Artifact, fetch, publish, read_uri_bytes, verify_files
 
 log = logging.getLogger("dilforge")
 

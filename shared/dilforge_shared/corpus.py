@@ -86,7 +86,7 @@ def open_binary(uri: str, endpoint_url: str | None) -> IO[bytes]:
     if parsed.scheme == "s3":
         from botocore.exceptions import ClientError
 
-        from .store.backends import S3Storage
+        from .store import S3Storage
 
         backend = S3Storage(parsed.netloc, "", endpoint_url)
         try:
@@ -117,7 +117,7 @@ def parquet_location(uri: str, endpoint_url: str | None):
     if parsed.scheme != "s3":
         with open_binary(uri, endpoint_url):  # the same checks and errors as any local corpus file
             return uri, None
-    from .store.backends import S3Storage
+    from .store import S3Storage
 
     try:
         filesystem = S3Storage(parsed.netloc, "", endpoint_url).arrow_filesystem()

@@ -85,7 +85,7 @@ def _walk_error(uri: str):
 
 
 def _expand_s3(uri: str, bucket: str, key: str, endpoint_url: str | None) -> list[str]:
-    from .store.backends import S3Storage
+    from .store import S3Storage
 
     backend = S3Storage(bucket, "", endpoint_url)
     if key and not key.endswith("/") and backend.exists(key):
@@ -158,7 +158,7 @@ def data_digest(uri: str, endpoint_url: str | None = None) -> str:
     for file_uri in files:
         parsed = urlparse(file_uri)
         if parsed.scheme == "s3":
-            from .store.backends import S3Storage
+            from .store import S3Storage
 
             backend = S3Storage(parsed.netloc, "", endpoint_url)
             head = backend.client.head_object(Bucket=parsed.netloc, Key=parsed.path.lstrip("/"))

@@ -23,8 +23,7 @@ from .corpus_files import data_digest
 from .errors import ConfigError, ManifestNotFound
 from .manifest import InputRef, StageName, artifact_ref, fingerprint, sha256_file
 from .paths import check_links, content_keys, declared_uri, holds_dilforge_data, local_path
-from .store.artifacts import read_manifest
-from .store.backends import S3Storage
+from .store import S3Storage, read_manifest
 
 # the module each stage's container runs (`python -m <module> train`); the model stage runs in the cpt image
 STAGE_MODULES: dict[StageName, str] = {

@@ -25,8 +25,7 @@ from .errors import ConfigError, ManifestNotFound
 from .manifest import Manifest
 from .paths import local_path
 from .settings import cache_root
-from .store.artifacts import Artifact, fetch
-from .store.backends import NotFound, S3Storage, Storage, open_backend
+from .store import Artifact, NotFound, S3Storage, Storage, fetch, open_backend
 
 log = logging.getLogger("dilforge")
 

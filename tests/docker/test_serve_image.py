@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 from dilforge_shared.manifest import Manifest, current_producer
-from dilforge_shared.store.artifacts import publish
+from dilforge_shared.store import publish
 from docker_stack import DOCKER
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]

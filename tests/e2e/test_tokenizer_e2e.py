@@ -17,7 +17,7 @@ import yaml
 os.environ["OMP_NUM_THREADS"] = "1"
 
 from dilforge_coordinator.cli import app
-from dilforge_shared.store.artifacts import fetch
+from dilforge_shared.store import fetch
 from typer.testing import CliRunner
 
 pytestmark = pytest.mark.slow

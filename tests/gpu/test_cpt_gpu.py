@@ -131,7 +131,7 @@ def check_fused_step(rt, config) -> None:
 
 def publish_tokenizer(store: Path, tok_dir: Path) -> str:
     from dilforge_shared.manifest import Manifest, current_producer
-    from dilforge_shared.store.artifacts import publish
+    from dilforge_shared.store import publish
 
     uri = f"{store}/artifacts/tokenizer/gputok"
     if not (Path(uri) / "manifest.json").exists():
@@ -186,7 +186,7 @@ def finish(proc: subprocess.Popen, stop_after_step: int | None = None) -> tuple[
 
 
 def history(root: Path, name: str) -> list[dict]:
-    from dilforge_shared.store.artifacts import fetch
+    from dilforge_shared.store import fetch
 
     return fetch(str(root / "out" / name)).manifest.metrics["history"]
 

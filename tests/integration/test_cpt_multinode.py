@@ -93,7 +93,7 @@ def manifests(store: Path) -> list[Path]:
 
 def test_two_hosts_train_as_one_job_and_only_node_zero_publishes(tmp_path, data_root, tiny_tokenizer_dir):
     from dilforge_shared.contract import build_hyperparameters
-    from dilforge_shared.store.artifacts import fetch
+    from dilforge_shared.store import fetch
 
     store, ref_store = tmp_path / "store", tmp_path / "ref-store"
     tok_uri = factories.publish_tokenizer(store, tiny_tokenizer_dir)

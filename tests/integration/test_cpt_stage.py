@@ -100,7 +100,7 @@ def published(store: Path) -> list[Path]:
 
 
 def artifact(store: Path):
-    from dilforge_shared.store.artifacts import fetch
+    from dilforge_shared.store import fetch
 
     (manifest_path,) = published(store)
     return fetch(str(manifest_path.parent))

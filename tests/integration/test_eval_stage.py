@@ -14,7 +14,7 @@ import pytest
 import torch
 from dilforge_coordinator.integrity import recompute_artifact_id
 from dilforge_shared.manifest import Manifest, current_producer
-from dilforge_shared.store.artifacts import fetch, publish, read_manifest
+from dilforge_shared.store import fetch, publish, read_manifest
 
 
 def _publish(store: Path, stage: str, kind: str, folder: Path, metrics: dict, manifest_stage: str | None = None) -> str:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import factories
 import pytest
-from dilforge_shared.store.artifacts import fetch, read_manifest
+from dilforge_shared.store import fetch, read_manifest
 
 
 def _env(tmp: Path) -> dict:

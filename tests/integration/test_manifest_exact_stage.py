@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 from dilforge_shared.manifest import Manifest, current_producer
-from dilforge_shared.store.artifacts import publish
+from dilforge_shared.store import publish
 
 COORDINATOR = str(Path(sys.executable).parent / "coordinator")
 

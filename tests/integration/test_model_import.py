@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from dilforge_coordinator.integrity import recompute_artifact_id
 from dilforge_cpt.recipes import RECIPES
-from dilforge_shared.store.artifacts import fetch
+from dilforge_shared.store import fetch
 
 COORDINATOR = str(Path(sys.executable).parent / "coordinator")
 

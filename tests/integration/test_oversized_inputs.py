@@ -70,7 +70,7 @@ def run_cli(tmp: Path, args: list[str], stdin: bytes = b"") -> tuple[subprocess.
 
 def publish_folder(store: Path, stage: str, kind: str, folder: Path) -> str:
     from dilforge_shared.manifest import Manifest, current_producer
-    from dilforge_shared.store.artifacts import publish
+    from dilforge_shared.store import publish
 
     uri = f"{store}/artifacts/{stage}/fixture"
     publish(

@@ -13,8 +13,7 @@ from dilforge_coordinator.integrity import check_artifact
 from dilforge_coordinator.records import ArtifactStore, RunRecord, record_lock
 from dilforge_shared.errors import IntegrityError
 from dilforge_shared.manifest import MANIFEST_NAME, sha256_bytes
-from dilforge_shared.store.artifacts import fetch, manifest_digest_key
-from dilforge_shared.store.backends import open_backend
+from dilforge_shared.store import fetch, manifest_digest_key, open_backend
 from test_reliability_s3 import S3Publishing, _config
 
 

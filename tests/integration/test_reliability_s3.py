@@ -17,8 +17,7 @@ from dilforge_coordinator.records import ArtifactStore
 from dilforge_shared.errors import DilforgeError
 from dilforge_shared.manifest import MANIFEST_NAME
 from dilforge_shared.models import open_model
-from dilforge_shared.store.artifacts import publish
-from dilforge_shared.store.backends import open_backend
+from dilforge_shared.store import open_backend, publish
 
 
 def _put(s3_server, uri: str, key: str, body: bytes) -> None:

@@ -18,7 +18,7 @@ import pytest
 
 os.environ["OMP_NUM_THREADS"] = "1"
 
-from dilforge_shared.store.artifacts import publish
+from dilforge_shared.store import publish
 from serve_factories import az_tiny_sft, build_sft_artifact
 
 pytestmark = pytest.mark.slow

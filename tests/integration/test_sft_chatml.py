@@ -12,7 +12,7 @@ import yaml
 os.environ["OMP_NUM_THREADS"] = "1"
 
 from dilforge_coordinator.cli import app
-from dilforge_shared.store.artifacts import fetch
+from dilforge_shared.store import fetch
 from factories import build_tiny_llama
 from sft_factories import build_chatml_tokenizer
 from typer.testing import CliRunner

@@ -13,7 +13,7 @@ import yaml
 os.environ["OMP_NUM_THREADS"] = "1"
 
 from dilforge_coordinator.cli import app
-from dilforge_shared.store.artifacts import fetch
+from dilforge_shared.store import fetch
 from factories import SFT_CONVERSATION, SFT_EXPECTED_MASK, sft_expected_tokens
 from typer.testing import CliRunner
 

@@ -21,7 +21,7 @@ from dilforge_shared.contract import build_hyperparameters
 from dilforge_shared.identity import stage_refs
 from dilforge_shared.manifest import Manifest, current_producer
 from dilforge_shared.opt_ml import OPT_ML_ENV, OptMl
-from dilforge_shared.store.artifacts import fetch, publish
+from dilforge_shared.store import fetch, publish
 from factories import flip_byte
 from typer.testing import CliRunner
 

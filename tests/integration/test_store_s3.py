@@ -7,10 +7,9 @@ import textwrap
 import uuid
 
 import pytest
+from dilforge_shared import store as backends
 from dilforge_shared.errors import ArtifactExistsError, InputError, IntegrityError
-from dilforge_shared.store import backends
-from dilforge_shared.store.artifacts import fetch, publish, read_manifest
-from dilforge_shared.store.backends import S3Storage
+from dilforge_shared.store import S3Storage, fetch, publish, read_manifest
 from factories import make_manifest, write_output
 
 
@@ -83,7 +82,7 @@ CONCURRENT = textwrap.dedent("""
     from pathlib import Path
     sys.path.insert(0, {tests!r})
     from dilforge_shared.errors import ArtifactExistsError
-    from dilforge_shared.store.artifacts import publish
+    from dilforge_shared.store import publish
     from factories import make_manifest
     out = Path(sys.argv[1])
     time.sleep(max(0.0, float(sys.argv[2]) - time.time()))
@@ -111,7 +110,7 @@ def test_concurrent_publishers_exactly_one_wins(s3_bucket, tmp_path):
     art = fetch(uri, cache_dir=tmp_path / "cache")  # the winner's files are intact and verified
     bucket = s3_bucket.removeprefix("s3://")
     data_dirs = {k.split("/")[0] for k in S3Storage(bucket, "race").list("")} - {"manifest.json"}
-    from dilforge_shared.store.artifacts import manifest_digest_key
+    from dilforge_shared.store import manifest_digest_key
 
     winner = art.manifest.data_dir
     assert data_dirs == {winner, manifest_digest_key(winner)}, "losers must remove their files and digests"

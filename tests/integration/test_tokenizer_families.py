@@ -24,7 +24,7 @@ from dilforge_shared.corpus import iter_texts
 from dilforge_shared.families import CHATML_CHAT_TEMPLATE
 from dilforge_shared.manifest import Manifest, current_producer
 from dilforge_shared.opt_ml import OPT_ML_ENV, OptMl
-from dilforge_shared.store.artifacts import fetch, publish
+from dilforge_shared.store import fetch, publish
 from dilforge_tokenizer import candidates as stage_candidates
 from dilforge_tokenizer.base import Base, load
 from dilforge_tokenizer.config import TokenizerConfig

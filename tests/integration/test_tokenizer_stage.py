@@ -17,7 +17,7 @@ os.environ["OMP_NUM_THREADS"] = "1"
 from dilforge_coordinator.cli import app
 from dilforge_coordinator.integrity import recompute_artifact_id
 from dilforge_shared.corpus import iter_texts
-from dilforge_shared.store.artifacts import fetch
+from dilforge_shared.store import fetch
 from tokenizers import Tokenizer
 from typer.testing import CliRunner
 

@@ -7,7 +7,7 @@ import os
 
 from dilforge_coordinator.backends.compose import S3_ACCESS_KEY, ComposeBackend
 from dilforge_coordinator.config import PipelineConfig
-from dilforge_shared.store.backends import S3Storage, endpoint_keys
+from dilforge_shared.store import S3Storage, endpoint_keys
 
 
 def test_prepare_leaves_os_environ_alone_and_scopes_the_keys_to_the_compose_endpoint(monkeypatch, tmp_path):

@@ -5,7 +5,7 @@ import pytest
 from dilforge_shared.contract import StageResult, build_hyperparameters, parse_hyperparameters, stage_main
 from dilforge_shared.errors import ConfigError
 from dilforge_shared.opt_ml import OptMl, ResourceConfig
-from dilforge_shared.store.artifacts import fetch
+from dilforge_shared.store import fetch
 from dilforge_tokenizer.config import TokenizerConfig
 
 CONFIG = {"strategy": "replace", "corpora": [{"uri": "/data/az.txt"}], "vocab_sizes": [1000]}

@@ -150,7 +150,7 @@ def test_a_later_host_stopped_while_its_torchrun_ends_is_done_once_the_first_hos
     from types import SimpleNamespace
 
     import dilforge_cpt.stage as stage
-    import dilforge_shared.store.artifacts as store
+    import dilforge_shared.store as store
     from dilforge_shared.contract import Terminated
 
     def interrupted(plan, ctx):

@@ -35,7 +35,7 @@ from dilforge_sft.config import SftConfig
 from dilforge_shared import locks
 from dilforge_shared.locks import FileLock
 from dilforge_shared.manifest import Manifest, current_producer
-from dilforge_shared.store.artifacts import STORE_MARKER, publish
+from dilforge_shared.store import STORE_MARKER, publish
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError

@@ -16,7 +16,7 @@ from dilforge_coordinator.integrity import check_artifact
 from dilforge_coordinator.schemas import schemas
 from dilforge_shared import identity
 from dilforge_shared.configs.base import IDENTITY_KEY, is_run_only
-from dilforge_shared.store.artifacts import fetch
+from dilforge_shared.store import fetch
 from pydantic import BaseModel
 from test_coordinator import InProcessBackend, write_config
 
@@ -215,7 +215,7 @@ def test_an_artifact_whose_recorded_data_digests_give_another_id_is_not_reused(t
     raw["inputs"][0]["sha256"] = "0" * 64
     path.write_text(json.dumps(raw))
     from dilforge_shared.manifest import sha256_bytes
-    from dilforge_shared.store.artifacts import manifest_digest_key
+    from dilforge_shared.store import manifest_digest_key
 
     # a consistent manifest (its recorded digest rewritten too, so the damage check passes): only identity can tell
     (path.parent / manifest_digest_key(raw["data_dir"])).write_text(sha256_bytes(path.read_bytes()))

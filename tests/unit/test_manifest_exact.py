@@ -15,7 +15,7 @@ from dilforge_shared.corpus import iter_texts
 from dilforge_shared.corpus_files import source_files
 from dilforge_shared.errors import IntegrityError
 from dilforge_shared.manifest import MANIFEST_NAME, Manifest, current_producer, sha256_bytes, sha256_file
-from dilforge_shared.store.artifacts import fetch, manifest_digest_key, publish
+from dilforge_shared.store import fetch, manifest_digest_key, publish
 from test_reliability import PublishingBackend, write_config
 from test_reliability_paths_records import RemoteLike
 from typer.testing import CliRunner
@@ -84,7 +84,7 @@ def test_a_symlinked_subfolder_in_a_published_artifact_fails_validation(tmp_path
 
 def test_a_fetched_copy_is_listed_from_its_manifest_too(tmp_path, monkeypatch):
     uri = _corpus_artifact(tmp_path)
-    monkeypatch.setattr("dilforge_shared.store.artifacts.open_backend", lambda u, e=None: RemoteLike(Path(u)))
+    monkeypatch.setattr("dilforge_shared.store.open_backend", lambda u, e=None: RemoteLike(Path(u)))
     art = fetch(str(uri), cache_dir=tmp_path / "cache")
     assert art.path != _data(uri) and art.path.is_relative_to(tmp_path / "cache")
     # the copy's manifest is the published bytes: a SageMaker channel made of the copy cites the same digest

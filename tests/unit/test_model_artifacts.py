@@ -15,7 +15,7 @@ from dilforge_shared.errors import ConfigError, InputError
 from dilforge_shared.identity import config_refs, dir_digest, source_ref
 from dilforge_shared.manifest import sha256_file
 from dilforge_shared.models import resolve
-from dilforge_shared.store.artifacts import fetch
+from dilforge_shared.store import fetch
 from test_coordinator import InProcessBackend
 
 
@@ -179,7 +179,7 @@ def test_resolve_finds_a_tokenizer_in_an_artifact_or_folder_and_names_what_is_mi
 
 def test_tokenizer_stage_resolves_a_tokenizer_artifact_to_its_verified_files(tmp_path):
     from dilforge_shared.manifest import Manifest, current_producer
-    from dilforge_shared.store.artifacts import publish
+    from dilforge_shared.store import publish
 
     folder = hf_folder(tmp_path / "tok")
     uri = str(tmp_path / "store" / "artifacts" / "tokenizer" / "t1")

@@ -14,7 +14,7 @@ from dilforge_coordinator.cli import app
 from dilforge_coordinator.config import PipelineConfig, load_pipeline
 from dilforge_coordinator.records import ArtifactStore, RunRecord, record_lock, running_owner
 from dilforge_shared.configs.base import validate_model
-from dilforge_shared.store.artifacts import publish
+from dilforge_shared.store import publish
 from test_reliability import PublishingBackend, write_config
 from typer.testing import CliRunner
 
@@ -168,7 +168,7 @@ def test_a_lease_of_a_killed_process_on_this_host_is_taken_over_at_once(tmp_path
     import time
 
     from dilforge_coordinator.leases import S3Lease
-    from dilforge_shared.store.backends import open_backend
+    from dilforge_shared.store import open_backend
 
     backend = open_backend(str(tmp_path))  # the lease logic on any storage; S3 gives it create-only objects
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -192,7 +192,7 @@ def test_of_two_waiters_taking_over_one_expired_lease_exactly_one_holds_it(tmp_p
     """Taking over is one compare-and-swap of the version judged over, not a delete then a create: a waiter that
     read the expired lease before another took it over cannot delete the new holder's lease."""
     from dilforge_coordinator.leases import S3Lease
-    from dilforge_shared.store.backends import open_backend
+    from dilforge_shared.store import open_backend
 
     backend = open_backend(str(tmp_path))
     backend.write_bytes("locks/a.lock", json.dumps({"token": "old", "host": "h", "expires_at": 0}).encode())

@@ -17,7 +17,7 @@ from dilforge_shared.corpus_files import source_files
 from dilforge_shared.errors import IntegrityError
 from dilforge_shared.manifest import MANIFEST_NAME, sha256_bytes
 from dilforge_shared.settings import redact
-from dilforge_shared.store.artifacts import fetch, manifest_digest_key
+from dilforge_shared.store import fetch, manifest_digest_key
 from fuzzing import FUZZ, fault_seeds
 from hypothesis import assume, given
 from hypothesis import strategies as st

@@ -17,7 +17,7 @@ from dilforge_coordinator.config import load_pipeline
 from dilforge_shared.errors import ConfigError
 from dilforge_shared.manifest import MANIFEST_NAME, Manifest, current_producer
 from dilforge_shared.settings import MaskSecrets, is_secret_name, redact
-from dilforge_shared.store.artifacts import fetch, publish
+from dilforge_shared.store import fetch, publish
 from test_reliability import write_config
 from typer.testing import CliRunner
 

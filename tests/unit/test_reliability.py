@@ -23,7 +23,7 @@ from dilforge_coordinator.records import ArtifactStore
 from dilforge_shared.errors import ConfigError, IntegrityError
 from dilforge_shared.manifest import MANIFEST_NAME, Manifest, current_producer
 from dilforge_shared.models import mirror_prefix
-from dilforge_shared.store.artifacts import fetch, publish
+from dilforge_shared.store import fetch, publish
 from typer.testing import CliRunner
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -320,8 +320,8 @@ def test_two_runs_of_the_same_artifact_one_produces_the_other_waits_and_reuses(t
 
 def test_concurrent_publishers_really_race_and_the_loser_cleans_up(tmp_path, monkeypatch):
     """Both publishers pass the existence check and upload before either creates the manifest (a barrier)."""
+    from dilforge_shared import store as store_mod
     from dilforge_shared.errors import ArtifactExistsError
-    from dilforge_shared.store import backends as store_mod
 
     barrier = threading.Barrier(2, timeout=20)
     original = store_mod.LocalStorage.create_bytes
@@ -578,11 +578,11 @@ def test_a_multibyte_character_on_the_read_boundary_is_never_broken(tmp_path):
 
 
 def test_stamp_mode_skips_hashing_until_a_file_changes(tmp_path, monkeypatch):
-    from dilforge_shared.store import artifacts as store_mod
+    from dilforge_shared import store as store_mod
 
     cfg = load_pipeline(write_config(tmp_path))
     uri = pl.run_all(cfg, PublishingBackend())["tokenizer"]
-    hashed = []  # verify_files (in store.artifacts) does the hashing
+    hashed = []  # verify_files (in store) does the hashing
     original = store_mod.sha256_file
     monkeypatch.setattr(store_mod, "sha256_file", lambda p: hashed.append(p.name) or original(p))
     assert check_artifact(uri, mode="stamp") is None and len(hashed) == 2  # first time: full, then stamped

@@ -22,7 +22,7 @@ from dilforge_shared.corpus import iter_texts
 from dilforge_shared.corpus_files import data_digest
 from dilforge_shared.errors import ConfigError, InputError
 from dilforge_shared.manifest import Manifest, current_producer
-from dilforge_shared.store.artifacts import publish
+from dilforge_shared.store import publish
 from test_reliability import write_config
 from typer.testing import CliRunner
 

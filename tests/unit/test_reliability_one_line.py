@@ -81,7 +81,7 @@ def test_a_full_store_disk_names_the_store_file_and_leaves_nothing_half_written(
         from pathlib import Path
         from dilforge_coordinator.cli import one_line
         from dilforge_shared.manifest import Manifest, current_producer
-        from dilforge_shared.store.artifacts import publish
+        from dilforge_shared.store import publish
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (10_000, 10_000))   # what a full disk looks like to a writer
         m = Manifest(kind="tokenizer", artifact_id="a1", run_id="r", stage="tokenizer", code_version="test",

@@ -14,8 +14,7 @@ from dilforge_coordinator.config import load_pipeline
 from dilforge_coordinator.records import ArtifactStore
 from dilforge_shared.errors import ManifestError, UnsafePathError
 from dilforge_shared.manifest import MANIFEST_NAME, Manifest, current_producer
-from dilforge_shared.store.artifacts import fetch, publish
-from dilforge_shared.store.backends import LocalStorage, S3Storage
+from dilforge_shared.store import LocalStorage, S3Storage, fetch, publish
 from test_reliability import PublishingBackend, write_config
 from typer.testing import CliRunner
 
@@ -57,7 +56,7 @@ class RemoteLike(LocalStorage):
 def test_a_fetched_manifest_whose_artifact_id_climbs_out_is_refused_and_nothing_is_written(
     tmp_path, monkeypatch, bad_id
 ):
-    from dilforge_shared.store import artifacts
+    from dilforge_shared import store as artifacts
 
     uri = _published(tmp_path)
     mpath = Path(uri) / MANIFEST_NAME
@@ -73,7 +72,7 @@ def test_a_fetched_manifest_whose_artifact_id_climbs_out_is_refused_and_nothing_
 
 
 def test_a_valid_remote_fetch_still_lands_in_the_cache(tmp_path, monkeypatch):
-    from dilforge_shared.store import artifacts
+    from dilforge_shared import store as artifacts
 
     uri = _published(tmp_path)
     monkeypatch.setattr(artifacts, "open_backend", lambda u, e=None: RemoteLike(Path(u.removeprefix("file://"))))

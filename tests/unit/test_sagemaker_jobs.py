@@ -15,7 +15,7 @@ from dilforge_coordinator.cloud import SageMakerConfig
 from dilforge_coordinator.config import PipelineConfig
 from dilforge_coordinator.pipeline import StageFailed, run_all
 from dilforge_shared.manifest import Manifest, current_producer
-from dilforge_shared.store.artifacts import publish, read_manifest
+from dilforge_shared.store import publish, read_manifest
 
 ROLE = "arn:aws:iam::123456789012:role/dilforge-sagemaker"
 NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)

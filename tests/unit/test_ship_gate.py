@@ -15,7 +15,7 @@ from dilforge_eval.metrics import AssistantFigures, AssistantSection, AssistantT
 from dilforge_serve import cli as serve_cli
 from dilforge_serve import export as export_cli
 from dilforge_shared.manifest import Manifest, artifact_ref, current_producer
-from dilforge_shared.store.artifacts import publish
+from dilforge_shared.store import publish
 from typer.testing import CliRunner
 
 
@@ -154,7 +154,7 @@ def _publish(store, stage: str, kind: str, artifact_id: str, metrics: dict, inpu
 def test_eval_section_reads_the_eval_that_measured_this_artifact(tmp_path, monkeypatch):
     import metrics_samples
     from dilforge_coordinator import records
-    from dilforge_shared.store.artifacts import read_manifest
+    from dilforge_shared.store import read_manifest
 
     store = tmp_path / "store"
     sft = _publish(store, "sft", "adapter", "sft1", metrics_samples.sample("sft", base_model="x"))

@@ -2,7 +2,7 @@ import threading
 
 import pytest
 from dilforge_shared.errors import ArtifactExistsError, IntegrityError, ManifestError
-from dilforge_shared.store.artifacts import fetch, publish, read_manifest
+from dilforge_shared.store import fetch, publish, read_manifest
 from factories import make_manifest, write_output
 
 
@@ -51,7 +51,7 @@ def test_no_manifest_is_a_clear_error(tmp_path):
 
 
 def test_failed_upload_leaves_no_manifest(tmp_path, monkeypatch):
-    from dilforge_shared.store import backends as store
+    from dilforge_shared import store as store
 
     out = write_output(tmp_path)
     uri = tmp_path / "store" / "a"

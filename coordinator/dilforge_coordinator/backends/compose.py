@@ -16,7 +16,7 @@ from pathlib import Path
 from dilforge_shared.contract import build_hyperparameters
 from dilforge_shared.errors import DilforgeError
 from dilforge_shared.opt_ml import OptMl
-from dilforge_shared.store.backends import use_endpoint_keys
+from dilforge_shared.store import use_endpoint_keys
 
 from ..config import PipelineConfig
 from ..pipeline import StageCancelled, StageFailed, StageJob, image_of, module_env

@@ -24,7 +24,7 @@ from dilforge_shared.contract import build_hyperparameters
 from dilforge_shared.errors import ConfigError, DilforgeError
 from dilforge_shared.identity import artifact_id as planned_artifact_id
 from dilforge_shared.manifest import InputRef
-from dilforge_shared.store.backends import open_backend, split_uri
+from dilforge_shared.store import open_backend, split_uri
 
 from ..cloud import SageMakerConfig, StageResources
 from ..config import PipelineConfig

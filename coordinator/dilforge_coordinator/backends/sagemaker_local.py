@@ -20,8 +20,7 @@ from dilforge_cpt.model_config import ModelConfig
 from dilforge_shared.corpus_files import stamped_sha256
 from dilforge_shared.errors import ConfigError, DilforgeError
 from dilforge_shared.paths import uploaded_copy
-from dilforge_shared.store.artifacts import fetch
-from dilforge_shared.store.backends import open_backend
+from dilforge_shared.store import fetch, open_backend
 
 from ..cloud import SageMakerConfig
 from ..config import PipelineConfig

@@ -21,7 +21,7 @@ from dilforge_shared.identity import folder_files
 from dilforge_shared.manifest import sha256_file
 from dilforge_shared.models import mirror_prefix
 from dilforge_shared.paths import check_links
-from dilforge_shared.store.backends import NotFound
+from dilforge_shared.store import NotFound
 
 from .gguf_convert import convert_gguf
 from .model_config import ModelConfig

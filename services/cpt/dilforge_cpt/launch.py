@@ -135,7 +135,7 @@ def wait_for_artifact(
 ) -> None:
     """Block until the first host has published the artifact: the SDK's local mode ends a job when any host
     exits, which would stop the first host in the middle of publishing."""
-    from dilforge_shared.store.artifacts import artifact_exists
+    from dilforge_shared.store import artifact_exists
 
     sleep = sleep or time.sleep
     deadline = time.monotonic() + timeout_s

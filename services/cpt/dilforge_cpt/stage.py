@@ -134,7 +134,7 @@ def end_once_published(ctx: StageContext):
 
 def published_by_first_host(ctx: StageContext) -> bool:
     """True (and says so) when the artifact this job makes is published: a later host's work is then done."""
-    from dilforge_shared.store.artifacts import artifact_exists
+    from dilforge_shared.store import artifact_exists
 
     if artifact_exists(ctx.request.artifact_uri, ctx.endpoint_url):
         log.info("the first host published %s; this host is done", ctx.request.artifact_uri)
@@ -217,7 +217,7 @@ def build_cache(config: CptConfig, ctx: StageContext) -> StageResult:
 def restore_token_cache(uri: str, ctx: StageContext) -> None:
     """Add an earlier build's cache files to this job's cache folder (each is verified before use); not
     `models.mirror_prefix`, which replaces the whole folder."""
-    from dilforge_shared.store.backends import open_backend
+    from dilforge_shared.store import open_backend
 
     backend = open_backend(uri.rstrip("/"), ctx.endpoint_url)
     local = ctx.checkpoint_dir / "tokens"

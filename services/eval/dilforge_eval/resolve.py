@@ -13,7 +13,7 @@ from dilforge_shared.contract import StageContext
 from dilforge_shared.errors import ConfigError, InputError
 from dilforge_shared.manifest import Manifest
 from dilforge_shared.models import Kind, resolve, resolve_chat_model
-from dilforge_shared.store.artifacts import Artifact
+from dilforge_shared.store import Artifact
 
 from .config import BASE_LABEL, EvalConfig
 

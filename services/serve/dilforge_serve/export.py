@@ -27,7 +27,7 @@ from dilforge_shared.families import Family, detect_family, special_token_ids
 from dilforge_shared.models import resolve
 from dilforge_shared.processes import die_with_parent
 from dilforge_shared.settings import cache_root
-from dilforge_shared.store.artifacts import STORE_MARKER, read_manifest
+from dilforge_shared.store import STORE_MARKER, read_manifest
 
 from . import run
 from .prepare import check_system_prompt, prepare, resolve_served_model
