@@ -38,9 +38,8 @@ def make_tokenizer(corpus: Path, out: Path, vocab: int) -> Path:
 
 
 def stage_ctx(root: Path, tok_dir: Path, config):
-    from dilforge_shared.contract import StageContext, StageRequest
+    from dilforge_shared.contract import OptMl, ResourceConfig, StageContext, StageRequest
     from dilforge_shared.manifest import Manifest, current_producer
-    from dilforge_shared.opt_ml import OptMl, ResourceConfig
     from dilforge_shared.store import publish
 
     uri = f"{root}/store/artifacts/tokenizer/bench"

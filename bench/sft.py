@@ -51,8 +51,7 @@ def section(data: Path, model_dir: Path | None, steps: int) -> dict:
 def run_stage(data: Path, model_dir: Path, steps: int, work: Path) -> float:
     from dilforge_sft.config import SftConfig
     from dilforge_sft.stage import run
-    from dilforge_shared.contract import build_hyperparameters, stage_main
-    from dilforge_shared.opt_ml import OPT_ML_ENV, OptMl
+    from dilforge_shared.contract import OPT_ML_ENV, OptMl, build_hyperparameters, stage_main
     from dilforge_shared.store import fetch
 
     opt = OptMl(Path(tempfile.mkdtemp(dir=work)))

@@ -51,7 +51,7 @@ def timed(cmd: list[str], env: dict | None = None) -> tuple[float, float, float]
 
 
 def stage_cmd(files: list[str], size: int, validation: str, work: Path, i: int) -> tuple[list[str], dict]:
-    from dilforge_shared.opt_ml import OptMl
+    from dilforge_shared.contract import OptMl
 
     config = {
         "strategy": "replace",

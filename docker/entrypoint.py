@@ -26,7 +26,7 @@ log = logging.getLogger("dilforge.entrypoint")
 
 def plan(stage: str, env: Mapping[str, str] = os.environ) -> tuple[list[str] | None, str]:
     """(command, or None when this host has nothing to do; description) for `train`."""
-    from dilforge_shared.opt_ml import OptMl, ResourceConfig
+    from dilforge_shared.contract import OptMl, ResourceConfig
 
     module = env.get("DILFORGE_STAGE_MODULE") or f"dilforge_{stage}"
     resources = ResourceConfig.load(OptMl(Path(env.get("DILFORGE_OPT_ML", "/opt/ml"))))
@@ -86,7 +86,7 @@ def main(argv: list[str]) -> int:
     try:
         cmd, desc = plan(stage)
     except Exception as exc:  # the stage never started: leave SageMaker a reason
-        from dilforge_shared.opt_ml import OptMl, write_failure
+        from dilforge_shared.contract import OptMl, write_failure
 
         write_failure(OptMl.from_env(), f"entrypoint: {exc}")
         log.error("entrypoint: %s", exc)
@@ -107,7 +107,7 @@ def sync_checkpoints(uri: str, direction: str) -> None:
     """SageMaker's CheckpointConfig where nothing else does it (the SDK's local mode): `restore` fills
     /opt/ml/checkpoints from the S3 prefix before the stage, `save` uploads what changed after it (also after a
     SIGTERM); every host uses the same prefix and nothing is deleted, as on SageMaker."""
-    from dilforge_shared.opt_ml import OptMl
+    from dilforge_shared.contract import OptMl
     from dilforge_shared.store import open_backend
 
     opt = OptMl.from_env()

@@ -154,7 +154,7 @@ def publish_tokenizer(store: Path, tok_dir: Path) -> str:
 
 
 def stage_process(opt_root: Path) -> subprocess.Popen:
-    from dilforge_shared.opt_ml import OPT_ML_ENV
+    from dilforge_shared.contract import OPT_ML_ENV
 
     env = {**stage_env(), OPT_ML_ENV: str(opt_root), "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
     return subprocess.Popen(
@@ -167,8 +167,7 @@ def stage_process(opt_root: Path) -> subprocess.Popen:
 
 
 def start_stage(root: Path, name: str, config, tok_uri: str) -> tuple[subprocess.Popen, Path]:
-    from dilforge_shared.contract import build_hyperparameters
-    from dilforge_shared.opt_ml import OptMl
+    from dilforge_shared.contract import OptMl, build_hyperparameters
 
     opt = OptMl(root / f"optml-{name}")
     opt.write_inputs(build_hyperparameters(config, str(root / "out" / name), "gpu", {"tokenizer": tok_uri}))

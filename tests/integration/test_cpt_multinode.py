@@ -65,7 +65,7 @@ def tiny_config(data_root: Path, master_port: int):
 
 def start_host(opt: Path, hp: dict, resource: dict, log: Path) -> subprocess.Popen:
     """What SageMaker does for one host: lay down /opt/ml/input/config, then run `IMAGE train`."""
-    from dilforge_shared.opt_ml import OPT_ML_ENV, OptMl
+    from dilforge_shared.contract import OPT_ML_ENV, OptMl
 
     OptMl(opt).write_inputs(hp, resource)
     env = {k: v for k, v in os.environ.items() if k != "DILFORGE_CACHE"}

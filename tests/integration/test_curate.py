@@ -189,8 +189,7 @@ def two_hosts(curated, tmp_path):
     also the local run's manifest and the artifact folder the hosts publish to."""
     from dilforge_curate.config import CurateConfig
     from dilforge_shared.configs.base import validate_model
-    from dilforge_shared.contract import build_hyperparameters
-    from dilforge_shared.opt_ml import OPT_ML_ENV, OptMl
+    from dilforge_shared.contract import OPT_ML_ENV, OptMl, build_hyperparameters
 
     root, _, config, out = curated
     local = json.loads((artifact_dir(root / "store", "curate", out).parent / "manifest.json").read_text())

@@ -19,7 +19,7 @@ import yaml
 os.environ["OMP_NUM_THREADS"] = "1"
 
 from dilforge_coordinator.cli import app
-from dilforge_shared.opt_ml import OPT_ML_ENV, OptMl
+from dilforge_shared.contract import OPT_ML_ENV, OptMl
 from typer.testing import CliRunner
 
 

@@ -20,10 +20,10 @@ import pytest
 
 os.environ["OMP_NUM_THREADS"] = "1"
 
+from dilforge_shared.contract import OPT_ML_ENV, OptMl
 from dilforge_shared.corpus import iter_texts
 from dilforge_shared.families import CHATML_CHAT_TEMPLATE
 from dilforge_shared.manifest import Manifest, current_producer
-from dilforge_shared.opt_ml import OPT_ML_ENV, OptMl
 from dilforge_shared.store import fetch, publish
 from dilforge_tokenizer import candidates as stage_candidates
 from dilforge_tokenizer.base import Base, load

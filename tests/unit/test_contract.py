@@ -2,9 +2,15 @@ import json
 
 import metrics_samples
 import pytest
-from dilforge_shared.contract import StageResult, build_hyperparameters, parse_hyperparameters, stage_main
+from dilforge_shared.contract import (
+    OptMl,
+    ResourceConfig,
+    StageResult,
+    build_hyperparameters,
+    parse_hyperparameters,
+    stage_main,
+)
 from dilforge_shared.errors import ConfigError
-from dilforge_shared.opt_ml import OptMl, ResourceConfig
 from dilforge_shared.store import fetch
 from dilforge_tokenizer.config import TokenizerConfig
 

@@ -7,9 +7,8 @@ from dilforge_coordinator import pipeline as pl
 from dilforge_coordinator.cli import app
 from dilforge_coordinator.config import STAGE_CONFIGS, load_pipeline
 from dilforge_coordinator.records import ArtifactStore
-from dilforge_shared.contract import StageResult, build_hyperparameters, stage_main
+from dilforge_shared.contract import OptMl, StageResult, build_hyperparameters, stage_main
 from dilforge_shared.errors import ConfigError, DilforgeError
-from dilforge_shared.opt_ml import OptMl
 from typer.testing import CliRunner
 
 

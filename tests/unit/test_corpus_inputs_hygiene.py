@@ -191,8 +191,7 @@ def test_the_alpha_words_bound_means_what_datatrove_does_with_it():
 
 def _stage(tmp_path, monkeypatch, body, publish=True):
     from dilforge_coordinator.config import STAGE_CONFIGS
-    from dilforge_shared.contract import build_hyperparameters, stage_main
-    from dilforge_shared.opt_ml import OptMl
+    from dilforge_shared.contract import OptMl, build_hyperparameters, stage_main
 
     config = CurateConfig(corpora=[{"uri": str(tmp_path / "web.jsonl")}])
     opt = OptMl(tmp_path / "opt")

@@ -297,8 +297,7 @@ def test_build_cache_restores_an_earlier_builds_output_and_tokenises_only_what_i
 def _build_cache_job(tmp_path, root, corpus, tiny_tokenizer_dir, monkeypatch, workers: int = 1):
     """`python -m dilforge_cpt build-cache` on a fresh /opt/ml root, with a published tokenizer."""
     from dilforge_cpt import __main__ as entry
-    from dilforge_shared.contract import build_hyperparameters
-    from dilforge_shared.opt_ml import OptMl
+    from dilforge_shared.contract import OptMl, build_hyperparameters
 
     tok_uri = f"{tmp_path}/store/artifacts/tokenizer/tok"
     if not (tmp_path / "store" / "artifacts" / "tokenizer" / "tok" / "manifest.json").exists():

@@ -18,7 +18,7 @@ PACKAGES = [
 WRITES = re.compile(r"os\.environ\s*\[[^\]]*\]\s*=|os\.environ\.(setdefault|update|pop)\(|os\.putenv\(|del os\.environ")
 PREFIX = "DILFORGE_"
 # Process start-up: where the SageMaker contract root is (read once when the stage starts).
-ALLOWED_READS = {"shared/dilforge_shared/opt_ml.py"}
+ALLOWED_READS = {"shared/dilforge_shared/contract.py"}
 # Libraries that take a switch from the environment only, and nothing else: each write is named with why.
 ALLOWED_WRITES = {
     # the dry run: the SDK reads its IAM role check switch from SAGEMAKER_VALIDATE_ROLE only; set and restored

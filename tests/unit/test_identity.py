@@ -240,8 +240,7 @@ def test_a_corpus_changed_between_planning_and_the_stage_fails_the_stage_and_pub
 
 
 def test_a_corpus_changed_while_the_stage_reads_it_fails_naming_it_and_publishes_nothing(tmp_path, monkeypatch):
-    from dilforge_shared.contract import StageResult, build_hyperparameters, stage_main
-    from dilforge_shared.opt_ml import OptMl
+    from dilforge_shared.contract import OptMl, StageResult, build_hyperparameters, stage_main
 
     monkeypatch.setenv("DILFORGE_VAR_CORPUS_DIR", str(tmp_path))
     cfg = load_pipeline(write_config(tmp_path))

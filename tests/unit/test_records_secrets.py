@@ -252,7 +252,7 @@ def test_a_manifest_never_holds_a_secret_and_still_verifies(tmp_path, monkeypatc
 
 
 def test_a_stage_failure_file_holds_no_secret(tmp_path, monkeypatch):
-    from dilforge_shared.opt_ml import OptMl, write_failure
+    from dilforge_shared.contract import OptMl, write_failure
 
     monkeypatch.setenv("ACME_SERVICE_TOKEN", "tok-0123456789-secret")
     opt = OptMl(root=tmp_path / "ml")

@@ -514,8 +514,7 @@ def test_a_full_disk_in_a_stage_is_a_one_line_failure_naming_the_file(tmp_path, 
     import errno
 
     from dilforge_coordinator.config import STAGE_CONFIGS
-    from dilforge_shared.contract import build_hyperparameters, stage_main
-    from dilforge_shared.opt_ml import OptMl
+    from dilforge_shared.contract import OptMl, build_hyperparameters, stage_main
 
     cfg = load_pipeline(write_config(tmp_path))
     opt = OptMl(tmp_path / "opt")

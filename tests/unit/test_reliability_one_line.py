@@ -119,8 +119,7 @@ def _unigram_folder(root: Path) -> Path:
 
 def test_extend_over_a_unigram_base_of_another_model_type_is_one_line(tmp_path, monkeypatch):
     from dilforge_coordinator.config import STAGE_CONFIGS
-    from dilforge_shared.contract import build_hyperparameters, stage_main
-    from dilforge_shared.opt_ml import OptMl
+    from dilforge_shared.contract import OptMl, build_hyperparameters, stage_main
     from dilforge_tokenizer.stage import run
 
     base = _unigram_folder(tmp_path / "t5")

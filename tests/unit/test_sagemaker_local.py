@@ -16,8 +16,8 @@ from dilforge_coordinator.backends.sagemaker_local import SageMakerLocalBackend,
 from dilforge_coordinator.cli import app
 from dilforge_coordinator.pipeline import StageFailed
 from dilforge_cpt.launch import build_launch
+from dilforge_shared.contract import ResourceConfig
 from dilforge_shared.errors import ConfigError
-from dilforge_shared.opt_ml import ResourceConfig
 from typer.testing import CliRunner
 
 ROOT = Path(__file__).resolve().parents[2]

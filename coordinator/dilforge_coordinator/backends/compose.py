@@ -13,9 +13,8 @@ import signal
 import subprocess
 from pathlib import Path
 
-from dilforge_shared.contract import build_hyperparameters
+from dilforge_shared.contract import OptMl, build_hyperparameters
 from dilforge_shared.errors import DilforgeError
-from dilforge_shared.opt_ml import OptMl
 from dilforge_shared.store import use_endpoint_keys
 
 from ..config import PipelineConfig

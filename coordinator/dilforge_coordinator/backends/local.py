@@ -14,9 +14,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from dilforge_shared.contract import build_hyperparameters
+from dilforge_shared.contract import OPT_ML_ENV, OptMl, build_hyperparameters
 from dilforge_shared.locks import FileLock
-from dilforge_shared.opt_ml import OPT_ML_ENV, OptMl
 
 from ..pipeline import STAGE_MODULES, StageCancelled, StageFailed, StageJob
 from ..settings import coordinator_settings

@@ -4,9 +4,8 @@
 import os
 import sys
 
-from dilforge_shared.contract import stage_main
+from dilforge_shared.contract import OptMl, ResourceConfig, stage_main
 from dilforge_shared.errors import DilforgeError
-from dilforge_shared.opt_ml import OptMl, ResourceConfig
 from dilforge_shared.processes import die_with_parent
 
 from .config import CptConfig

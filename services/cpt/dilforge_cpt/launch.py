@@ -12,8 +12,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dilforge_shared.contract import ResourceConfig
 from dilforge_shared.errors import DilforgeError
-from dilforge_shared.opt_ml import ResourceConfig
 
 log = logging.getLogger("dilforge.launch")
 

@@ -13,8 +13,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from dilforge_shared.contract import stage_main
-from dilforge_shared.opt_ml import OPT_ML_ENV, OptMl
+from dilforge_shared.contract import OPT_ML_ENV, OptMl, stage_main
 
 from .config import CurateConfig
 from .stage import PHASES, Folders, publish_phases, run, run_phase
