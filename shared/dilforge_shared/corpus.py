@@ -1,4 +1,4 @@
-"""Streaming text readers for corpora on local disk or S3 (finding the files: `corpus_files`).
+"""Streaming text readers for corpora on local disk or S3 (finding the files: `identity.source_files`).
 
 Bytes: a binary stream that never holds the object whole (`open_binary`: local regular files only, S3 streamed,
 gzip decompressed, other compressions named in the error), parquet's seekable location (`parquet_location`:
@@ -20,8 +20,9 @@ from collections.abc import Callable, Iterator
 from typing import IO, Literal
 from urllib.parse import urlparse
 
-from .corpus_files import MAX_DOCUMENT_BYTES, Oversize, TextFormat, regular_file, source_files
+from .configs.base import MAX_DOCUMENT_BYTES, Oversize, TextFormat
 from .errors import InputError
+from .identity import regular_file, source_files
 
 log = logging.getLogger(__name__)
 

@@ -699,7 +699,7 @@ def fetch(uri: str, cache_dir: Path | None = None, endpoint_url: str | None = No
                 f"{muri}: {extra[0]} not listed in the manifest: an artifact holds exactly its manifest's files"
             )
         # the cached copy has the artifact's layout (manifest.json beside its data folder), so a reader of the
-        # folder finds the manifest that lists its files (corpus_files.artifact_files, a SageMaker channel)
+        # folder finds the manifest that lists its files (identity.artifact_files, a SageMaker channel)
         cache_dir = cache_dir or cache_root() / "artifacts"
         top = confined(cache_dir, f"{manifest.artifact_id}-{digest[:12]}", f"{muri}: artifact_id")
         local = top / manifest.data_dir

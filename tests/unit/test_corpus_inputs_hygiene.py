@@ -15,8 +15,8 @@ from dilforge_coordinator.config import PipelineConfig, load_yaml
 from dilforge_curate.config import CurateConfig, RawSource
 from dilforge_shared.configs.base import validate_model
 from dilforge_shared.corpus import iter_located_texts, iter_texts
-from dilforge_shared.corpus_files import data_digest, expand
 from dilforge_shared.errors import ConfigError, InputError
+from dilforge_shared.identity import data_digest, expand
 
 
 def _corpus(root: Path) -> Path:

@@ -5,22 +5,22 @@ from __future__ import annotations
 
 import os
 
-from dilforge_shared import corpus_files, manifest
+from dilforge_shared import identity
 
 
 def test_a_corpus_is_hashed_once_and_again_after_any_write(tmp_path, monkeypatch):
     monkeypatch.setenv("DILFORGE_CACHE", str(tmp_path / "cache"))
     reads = []
-    real = manifest.sha256_file
-    monkeypatch.setattr(manifest, "sha256_file", lambda p: reads.append(p) or real(p))
+    real = identity.sha256_file
+    monkeypatch.setattr(identity, "sha256_file", lambda p: reads.append(p) or real(p))
     data = tmp_path / "az.txt"
     data.write_text("Bakı şəhəri\n")
-    first = corpus_files.data_digest(str(data))
-    assert corpus_files.data_digest(str(data)) == first and len(reads) == 1
+    first = identity.data_digest(str(data))
+    assert identity.data_digest(str(data)) == first and len(reads) == 1
     stat = data.stat()
     data.write_text("Gəncə şəhər\n")  # same size
     os.utime(data, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # even with the old mtime: the ctime moved
-    assert corpus_files.data_digest(str(data)) != first and len(reads) == 2
+    assert identity.data_digest(str(data)) != first and len(reads) == 2
     monkeypatch.setenv("DILFORGE_CACHE", str(tmp_path / "readonly" / "x"))
     (tmp_path / "readonly").write_text("a file where the cache folder would be")  # unwritable cache: still right
-    assert corpus_files.stamped_sha256(data) == real(data)
+    assert identity.stamped_sha256(data) == real(data)

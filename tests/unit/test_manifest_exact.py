@@ -12,8 +12,8 @@ from dilforge_coordinator.cli import app
 from dilforge_coordinator.config import load_pipeline
 from dilforge_coordinator.integrity import check_artifact
 from dilforge_shared.corpus import iter_texts
-from dilforge_shared.corpus_files import source_files
 from dilforge_shared.errors import IntegrityError
+from dilforge_shared.identity import source_files
 from dilforge_shared.manifest import MANIFEST_NAME, Manifest, current_producer, sha256_bytes, sha256_file
 from dilforge_shared.store import fetch, manifest_digest_key, publish
 from test_reliability import PublishingBackend, write_config

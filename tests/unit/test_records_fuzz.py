@@ -13,8 +13,8 @@ import pytest
 from dilforge_coordinator import pipeline as pl
 from dilforge_coordinator.config import load_pipeline
 from dilforge_coordinator.integrity import check_artifact
-from dilforge_shared.corpus_files import source_files
 from dilforge_shared.errors import IntegrityError
+from dilforge_shared.identity import source_files
 from dilforge_shared.manifest import MANIFEST_NAME, sha256_bytes
 from dilforge_shared.settings import redact
 from dilforge_shared.store import fetch, manifest_digest_key

@@ -19,8 +19,8 @@ from dilforge_coordinator.cli import app
 from dilforge_coordinator.config import load_pipeline
 from dilforge_coordinator.records import ArtifactStore
 from dilforge_shared.corpus import iter_texts
-from dilforge_shared.corpus_files import data_digest
 from dilforge_shared.errors import ConfigError, InputError
+from dilforge_shared.identity import data_digest
 from dilforge_shared.manifest import Manifest, current_producer
 from dilforge_shared.store import publish
 from test_reliability import write_config

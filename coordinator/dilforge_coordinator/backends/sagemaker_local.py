@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from dilforge_cpt.model_config import ModelConfig
-from dilforge_shared.corpus_files import stamped_sha256
 from dilforge_shared.errors import ConfigError, DilforgeError
+from dilforge_shared.identity import stamped_sha256
 from dilforge_shared.paths import uploaded_copy
 from dilforge_shared.store import fetch, open_backend
 

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 from dilforge_shared.configs.base import DataSource
 from dilforge_shared.corpus import iter_located_records, iter_texts
-from dilforge_shared.corpus_files import data_digest
 from dilforge_shared.errors import DilforgeError, InputError
 from dilforge_shared.families import (
     FAMILIES,
@@ -29,6 +28,7 @@ from dilforge_shared.families import (
     special_token_pattern,
     special_tokens,
 )
+from dilforge_shared.identity import data_digest
 from dilforge_shared.manifest import sha256_file
 from dilforge_shared.processes import die_with_parent
 from tokenizers import Tokenizer

@@ -8,11 +8,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic.fields import FieldInfo
 from pydantic_core import to_jsonable_python
 
-from ..corpus_files import MAX_DOCUMENT_BYTES, Oversize, TextFormat
 from ..errors import ConfigError, format_validation_error
 from ..manifest import InputRef
 from ..paths import declared_uri
 from ..settings import redact, secret_values
+
+# the corpus readers' formats and their bound on one line/document (a 200 MB line never reaches memory whole)
+TextFormat = Literal["auto", "txt", "jsonl", "tsv", "parquet"]
+Oversize = Literal["error", "split", "truncate", "skip"]
+MAX_DOCUMENT_BYTES = 32 << 20
 
 # ---- bounds --------------------------------------------------------------------------------
 # Upper bounds of the fields that scale memory or time (a typo such as 1e9 is refused at
