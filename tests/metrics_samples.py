@@ -1,6 +1,6 @@
 """What each stage publishes as `metrics`, shrunk from real runs (tokenizer: replace on the shared corpus; cpt:
 20 steps of a tiny Llama; model: the SmolLM2 import). Tests that fake an upstream artifact publish these, so
-the fake is what a producer writes, and `dilforge_shared.metrics` must accept them."""
+the fake is what a producer writes, and `contract.validate_metrics` must accept them."""
 
 from __future__ import annotations
 

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import typer
 from dilforge_eval.metrics import AssistantFigures, AssistantSection, EvalMetrics
+from dilforge_shared.contract import read_metrics
 from dilforge_shared.errors import ConfigError, DilforgeError, ManifestNotFound
-from dilforge_shared.metrics import read_metrics
 
 LABELS = {"sft": "sft", "cpt": "cpt", "model": "base"}  # the artifact's stage -> its label in the eval report
 

@@ -10,7 +10,7 @@ import typer
 from dilforge_cpt.model_metrics import ModelMetrics
 from dilforge_cpt.recipes import RECIPES, source_kind
 from dilforge_shared.configs.base import validate_model
-from dilforge_shared.metrics import read_metrics
+from dilforge_shared.contract import read_metrics
 from dilforge_shared.store import read_manifest
 
 from . import pipeline as pl

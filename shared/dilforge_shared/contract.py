@@ -19,16 +19,15 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from . import identity
 from .configs.base import ARTIFACT_PREFIX, StageConfig, validate_model
-from .errors import ConfigError, DilforgeError, UnsafePathError
+from .errors import ConfigError, DilforgeError, InputError, UnsafePathError
 from .identity import artifact_id, config_refs
 from .manifest import MANIFEST_NAME, InputRef, Manifest, current_producer, parse_manifest, sha256_bytes
-from .metrics import validate_metrics
 from .paths import check_name
 from .progress import track
 from .settings import install_log_masking, redact, settings
@@ -395,7 +394,7 @@ def check_identity(ctx: StageContext, refs: list[InputRef], since: list[InputRef
 def publish_result(
     ctx: StageContext, result: StageResult, package: str, start_refs: list[InputRef] | None = None
 ) -> Manifest:
-    """Validate the metrics against the stage's model (`dilforge_shared.metrics`) and the inputs against the
+    """Validate the metrics against the stage's model (`validate_metrics`) and the inputs against the
     planned id, then publish files + manifest."""
     config = ctx.request.config
     validate_metrics(config.stage, type(config).metrics_model, result.metrics)
@@ -422,6 +421,48 @@ def publish_result(
         ctx.endpoint_url,
         lambda files: track(files, f"publish {uri}", unit="files", log=log),
     )
+
+
+# Typed metrics: each stage publishes one model (its config class's `metrics_model`) in its manifest's `metrics`,
+# validated before publishing (unknown keys refused: a renamed metric fails the producer) and parsed again where a
+# downstream stage or the coordinator reads it (`read_metrics`). The models eval reads are `metrics/<stage>.py`.
+class Metrics(BaseModel):
+    """Base: unknown keys are an error, so a renamed metric cannot slip through."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    return f"metrics.{where}: {err['msg']}{more}"
+
+
+def validate_metrics(stage: str, model: type[M], metrics: dict[str, Any]) -> M:
+    """What a run of `stage` is about to publish, as its metrics model (DilforgeError naming the field: a bug in
+    the stage, caught before anything is published)."""
+    try:
+        return model.model_validate(metrics)
+    except ValidationError as exc:
+        raise DilforgeError(
+            f"stage {stage} publishes metrics that do not match {model.__module__}.{model.__name__}: "
+            f"{_first_error(exc)}"
+        ) from None
+
+
+def read_metrics(model: type[M], metrics: dict[str, Any], uri: str) -> M:
+    """An upstream manifest's metrics, typed; InputError naming the artifact and field when they do not parse."""
+    try:
+        return model.model_validate(metrics)
+    except ValidationError as exc:
+        raise InputError(
+            f"metrics do not match {model.__name__} (an artifact of another dilforge version?): {_first_error(exc)}",
+            path=uri,
+        ) from None
 
 
 def setup_logging() -> None:

@@ -1,4 +1,4 @@
-"""Typed metrics between stages (dilforge_shared.metrics): a producer's renamed metric fails its publish, and
+"""Typed metrics between stages (contract.validate_metrics, read_metrics): a producer's renamed metric fails its publish, and
 eval reads the typed fields, so a field renamed in the model without its consumer fails here too."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import metrics_samples
 import pytest
 from dilforge_coordinator.config import STAGE_CONFIGS
 from dilforge_eval import compare
+from dilforge_shared.contract import read_metrics, validate_metrics
 from dilforge_shared.errors import DilforgeError, InputError
-from dilforge_shared.metrics import read_metrics, validate_metrics
 from dilforge_shared.metrics.cpt import CptMetrics
 from dilforge_shared.metrics.sft import SftMetrics
 

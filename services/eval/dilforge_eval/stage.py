@@ -15,9 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from dilforge_shared import runtime_policy
-from dilforge_shared.contract import StageContext, StageResult, log_config
+from dilforge_shared.contract import M, StageContext, StageResult, log_config, read_metrics
 from dilforge_shared.errors import InputError
-from dilforge_shared.metrics import M, read_metrics
 from dilforge_shared.metrics.cpt import CptMetrics
 from dilforge_shared.metrics.sft import SftMetrics
 from dilforge_shared.metrics.tokenizer import TokenizerMetrics
@@ -319,7 +318,7 @@ def assistant_section(config: EvalConfig, evaluated: Evaluated) -> AssistantSect
 
 
 def upstream_metrics(ctx: StageContext, stage: str, model: type[M]) -> M | None:
-    """An upstream stage's metrics, typed (`dilforge_shared.metrics`), or None without that input."""
+    """An upstream stage's metrics, typed (`contract.read_metrics`), or None without that input."""
     if not ctx.has_input(stage):
         return None
     art = ctx.input(stage)

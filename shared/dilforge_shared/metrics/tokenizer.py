@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import Field
 
-from . import Metrics
+from ..contract import Metrics
 
 
 class SetFigures(Metrics):
