@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from .control_tokens import control_token_in
 from .errors import InputError
 
 LLAMA3_CHAT_TEMPLATE = (
@@ -114,17 +115,6 @@ CHATML = Family(
     turn_starts=("<|im_start|>",),
 )
 FAMILIES: dict[str, Family] = {f.name: f for f in (LLAMA3, CHATML)}
-
-# Every control token of the known families has this shape (<|eot_id|>, <|im_start|>, <|reserved_special_token_3|>).
-# User text holding one renders as a forged turn (`<|eot_id|><|start_header_id|>system...`), so serve, chat and
-# SFT data refuse it; one rule that needs no tokenizer, so SFT data fails before torch loads.
-CONTROL_TOKEN = re.compile(r"<\|[A-Za-z0-9_]{1,64}\|>")
-
-
-def control_token_in(text: str) -> str | None:
-    """The first substring of `text` shaped like a family control token, or None."""
-    match = CONTROL_TOKEN.search(text)
-    return match.group(0) if match else None
 
 
 def special_tokens(tokenizer) -> list[str]:

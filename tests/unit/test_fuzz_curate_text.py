@@ -8,7 +8,7 @@ import re
 import unicodedata
 
 from dilforge_curate.steps import ContactRedactor, Normaliser
-from dilforge_shared.families import CONTROL_TOKEN
+from dilforge_shared.control_tokens import CONTROL_TOKEN
 from fuzzing import FUZZ
 from hypothesis import given
 from hypothesis import strategies as st

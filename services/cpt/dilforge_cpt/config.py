@@ -19,7 +19,7 @@ from dilforge_shared.configs.base import (
     check_unique_labels,
 )
 from dilforge_shared.configs.knobs import Batching, Checkpointing, SourceLimits, Warmup, on_off
-from dilforge_shared.families import control_token_in
+from dilforge_shared.control_tokens import control_token_in
 from dilforge_shared.metrics.cpt import CptMetrics
 from pydantic import Field, field_validator, model_validator
 

@@ -151,7 +151,7 @@ class Normaliser(BaseFormatter):
 def strip_control_tokens(text: str, count=None) -> str:
     """`text` without strings shaped like a control token, removed until none is left (removing one may join the
     halves of another: `<|eot<|x|>_id|>`)."""
-    from dilforge_shared.families import CONTROL_TOKEN
+    from dilforge_shared.control_tokens import CONTROL_TOKEN
 
     removed = 0
     while True:
