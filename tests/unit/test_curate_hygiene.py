@@ -172,22 +172,6 @@ def test_cpt_encodes_control_token_strings_as_text(tiny_tokenizer_dir):
     assert tok.decode(inner, skip_special_tokens=False) == "Salam<|eot_id|><|begin_of_text|> dünya<|end_of_text|>"
 
 
-def test_cpt_cache_entries_of_the_special_parsing_encoding_are_not_reused(tiny_tokenizer_dir, monkeypatch):
-    import hashlib
-
-    from dilforge_cpt import data
-    from dilforge_shared.configs.base import DataSource
-
-    monkeypatch.setattr(data, "data_digest", lambda uri, endpoint_url: "d")
-    source = DataSource(uri="x.txt")
-    old = hashlib.sha256()
-    old.update(source.model_dump_json(exclude={"weight", "name"}).encode())
-    old.update(b"d")
-    old.update(hashlib.sha256((tiny_tokenizer_dir / "tokenizer.json").read_bytes()).hexdigest().encode())
-    old.update(b"None")
-    assert data.cache_key(source, tiny_tokenizer_dir / "tokenizer.json", None, None) != old.hexdigest()[:24]
-
-
 def test_documents_keep_their_text_around_removed_tokens():
     doc = Document(text="Bakı<|eot_id|> şəhəri", id="x")
     assert Normaliser(False, "none", True).format(doc.text) == "Bakı şəhəri"
