@@ -29,7 +29,6 @@ from .errors import ConfigError, DilforgeError, InputError, UnsafePathError
 from .identity import artifact_id, config_refs
 from .manifest import MANIFEST_NAME, InputRef, Manifest, current_producer, parse_manifest, sha256_bytes
 from .paths import check_name
-from .progress import track
 from .settings import install_log_masking, redact, settings
 from .store import Artifact, fetch, publish, read_uri_bytes, verify_files
 
@@ -413,14 +412,7 @@ def publish_result(
         files=[],
         metrics=result.metrics,
     )
-    uri = ctx.request.artifact_uri
-    return publish(
-        uri,
-        ctx.model_dir,
-        manifest,
-        ctx.endpoint_url,
-        lambda files: track(files, f"publish {uri}", unit="files", log=log),
-    )
+    return publish(ctx.request.artifact_uri, ctx.model_dir, manifest, ctx.endpoint_url)
 
 
 # Typed metrics: each stage publishes one model (its config class's `metrics_model`) in its manifest's `metrics`,

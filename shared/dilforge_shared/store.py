@@ -13,7 +13,7 @@ import logging
 import os
 import shutil
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +23,6 @@ from urllib.parse import urlparse
 from .errors import ArtifactExistsError, DilforgeError, IntegrityError, ManifestNotFound
 from .manifest import (
     MANIFEST_NAME,
-    FileEntry,
     InputRef,
     Manifest,
     artifact_ref,
@@ -61,6 +60,7 @@ class Storage(Protocol):
     def size(self, key: str) -> int: ...
     def list(self, prefix: str) -> Iterator[str]: ...
     def delete_prefix(self, prefix: str) -> None: ...
+    def delete(self, key: str) -> None: ...
     def local_path(self, key: str) -> Path | None: ...
 
 
@@ -257,7 +257,7 @@ class S3Storage:
         self.uri = f"s3://{bucket}/{self.prefix}".rstrip("/")
         cfg = settings()
         endpoint_url = endpoint_url or cfg.s3_endpoint_url or None
-        keys = self._keys = endpoint_keys(endpoint_url)
+        keys = self.keys = endpoint_keys(endpoint_url)
         # Bounded: a frozen endpoint fails after max_attempts × (connect + read timeout), not 8 × 60 s.
         self.client = client or boto3.client(
             "s3",
@@ -278,29 +278,6 @@ class S3Storage:
         if key:
             check_relative_path(key)
         return join(self.prefix, key)
-
-    def arrow_filesystem(self):
-        """The same endpoint, credentials (boto3's chain), region, timeouts and attempts as a
-        `pyarrow.fs.S3FileSystem`, for readers that seek (parquet reads its footer, then one row group at a time)."""
-        import boto3
-        from pyarrow import fs
-
-        cfg = settings()
-        creds = boto3.Session(**{k: v for k, v in self._keys.items() if k != "region_name"}).get_credentials()
-        frozen = creds.get_frozen_credentials() if creds is not None else None
-        endpoint = urlparse(self.client.meta.endpoint_url)
-        return fs.S3FileSystem(
-            access_key=frozen.access_key if frozen else None,
-            secret_key=frozen.secret_key if frozen else None,
-            session_token=frozen.token if frozen else None,
-            anonymous=frozen is None,
-            region=self.client.meta.region_name,
-            endpoint_override=endpoint.netloc,
-            scheme=endpoint.scheme,
-            connect_timeout=cfg.s3_connect_timeout,
-            request_timeout=cfg.s3_read_timeout,
-            retry_strategy=fs.AwsStandardS3RetryStrategy(max_attempts=cfg.s3_max_attempts),
-        )
 
     def local_path(self, key: str) -> Path | None:
         return None
@@ -512,13 +489,11 @@ def publish(
     local_dir: Path,
     manifest: Manifest,
     endpoint_url: str | None = None,
-    each: Callable[[list[FileEntry]], Iterable[FileEntry]] = iter,
 ) -> Manifest:
     """Upload every file of `local_dir`, then create the manifest. Raises ArtifactExistsError if taken.
 
-    `manifest.files` and `manifest.data_dir` are filled in here from what is actually uploaded. The upload loop runs
-    over `each(files)`: a stage passes a progress tracker there.
-    """
+    `manifest.files` and `manifest.data_dir` are filled in here from what is actually uploaded. A file large enough
+    to go up in parts is logged as it starts, so a long upload is never a silent one."""
     backend = artifact_storage(artifact_uri, endpoint_url)
     manifest_key = MANIFEST_NAME
     if backend.exists(manifest_key):
@@ -534,7 +509,16 @@ def publish(
     manifest = manifest.model_copy(update={"files": files, "data_dir": data_dir})
     body = manifest.to_json()
     try:
-        for entry in each(files):
+        for n, entry in enumerate(files, 1):
+            if entry.size >= MULTIPART_THRESHOLD:
+                log.info(
+                    "publish %s: %d/%d files, uploading %s (%d MiB)",
+                    artifact_uri,
+                    n,
+                    len(files),
+                    entry.path,
+                    entry.size >> 20,
+                )
             backend.upload_file(f"{data_dir}/{entry.path}", local_dir / entry.path)
         backend.write_bytes(manifest_digest_key(data_dir), sha256_bytes(body).encode())
         created = backend.create_bytes(manifest_key, body)
@@ -551,9 +535,7 @@ def publish(
 def _remove_attempt(backend: Storage, data_dir: str) -> None:
     """What a failed or losing publish wrote: its data folder and its manifest digest."""
     backend.delete_prefix(data_dir)
-    delete = getattr(backend, "delete", None)
-    if delete is not None:
-        delete(manifest_digest_key(data_dir))
+    backend.delete(manifest_digest_key(data_dir))
 
 
 def read_manifest(uri: str, endpoint_url: str | None = None) -> tuple[Manifest, str]:
