@@ -53,8 +53,6 @@ class Storage(Protocol):
     def read_bytes(self, key: str) -> bytes: ...
     def write_bytes(self, key: str, data: bytes) -> None: ...
     def create_bytes(self, key: str, data: bytes) -> bool: ...
-    def read_versioned(self, key: str) -> tuple[bytes, str]: ...
-    def replace_bytes(self, key: str, data: bytes, version: str) -> bool: ...
     def upload_file(self, key: str, path: Path) -> None: ...
     def download_file(self, key: str, path: Path) -> None: ...
     def size(self, key: str) -> int: ...
@@ -132,51 +130,6 @@ class LocalStorage:
             return True
         except FileExistsError:
             return False
-        finally:
-            tmp.unlink(missing_ok=True)
-
-    @contextmanager
-    def _folder_lock(self, path: Path, kind: int):
-        """flock on the key's folder: what read_versioned and replace_bytes make one step of."""
-        import fcntl
-
-        fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            fcntl.flock(fd, kind)
-            yield
-        finally:
-            os.close(fd)
-
-    def read_versioned(self, key: str) -> tuple[bytes, str]:
-        """The file's bytes and its version (inode, size, mtime), read as one step against replace_bytes."""
-        import fcntl
-
-        path = self._path(key)
-        try:
-            with self._folder_lock(path, fcntl.LOCK_SH), path.open("rb") as f:
-                st = os.fstat(f.fileno())
-                return f.read(), f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
-        except FileNotFoundError:
-            raise NotFound(f"{self.uri}/{key}: no such file") from None
-
-    def replace_bytes(self, key: str, data: bytes, version: str) -> bool:
-        """Compare-and-swap: write only while the file is still `version` (read_versioned's); False otherwise."""
-        import fcntl
-
-        path = self._path(key)
-        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-        try:
-            with self._folder_lock(path, fcntl.LOCK_EX):
-                try:
-                    st = path.stat()
-                except FileNotFoundError:
-                    return False
-                if f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}" != version:
-                    return False
-                with _writing(path, tmp):
-                    tmp.write_bytes(data)
-                os.replace(tmp, path)
-                return True
         finally:
             tmp.unlink(missing_ok=True)
 

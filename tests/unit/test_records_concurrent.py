@@ -158,7 +158,7 @@ def test_a_redacted_error_is_not_taken_for_another_writers_change(tmp_path, monk
     assert entry == {"artifact": "artifacts/tokenizer/t2", "status": "produced"}
 
 
-def test_a_lease_of_a_killed_process_on_this_host_is_taken_over_at_once(tmp_path):
+def test_a_lease_of_a_killed_process_on_this_host_is_taken_over_at_once(s3_bucket):
     """An S3 store's locks are lease objects: a coordinator killed by `kill -9` renews nothing, and a rerun on the
     same host takes its artifact and record leases at once instead of waiting out the lease; a live process's, or
     another host's, it waits for."""
@@ -170,7 +170,7 @@ def test_a_lease_of_a_killed_process_on_this_host_is_taken_over_at_once(tmp_path
     from dilforge_coordinator.leases import S3Lease
     from dilforge_shared.store import open_backend
 
-    backend = open_backend(str(tmp_path))  # the lease logic on any storage; S3 gives it create-only objects
+    backend = open_backend(s3_bucket)
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     for owner, taken in [
@@ -188,13 +188,13 @@ def test_a_lease_of_a_killed_process_on_this_host_is_taken_over_at_once(tmp_path
             lease.release()
 
 
-def test_of_two_waiters_taking_over_one_expired_lease_exactly_one_holds_it(tmp_path):
+def test_of_two_waiters_taking_over_one_expired_lease_exactly_one_holds_it(s3_bucket):
     """Taking over is one compare-and-swap of the version judged over, not a delete then a create: a waiter that
     read the expired lease before another took it over cannot delete the new holder's lease."""
     from dilforge_coordinator.leases import S3Lease
     from dilforge_shared.store import open_backend
 
-    backend = open_backend(str(tmp_path))
+    backend = open_backend(s3_bucket)
     backend.write_bytes("locks/a.lock", json.dumps({"token": "old", "host": "h", "expires_at": 0}).encode())
     stale = backend.read_versioned("locks/a.lock")[1]
     first, second = S3Lease(backend, "locks/a.lock", 3600), S3Lease(backend, "locks/a.lock", 3600)
