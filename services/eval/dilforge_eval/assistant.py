@@ -1,9 +1,5 @@
-"""Assistant measures: does a model answer a held-out question the way a user meets it, in the user's language?
-
-Pure functions, no model: `score(answers)` takes `Answer(prompt, answer, language, ended_turn, reference)` per
-prompt and returns each measure (in_language by lingua, ended_turn, looping, parroting) as a share with its 95 %
-Wilson interval, plus corpus chrF++ where references exist; definitions in docs/eval.md. Call it once per prompt
-group: `az`, `en`, and `az` typed without Azerbaijani letters (`plain_variant`), as many users type."""
+"""Assistant measures on held-out user turns (docs/eval.md): answers in the prompt's language (lingua), ending
+the turn, looping, parroting, each a share with its 95 % Wilson interval, and chrF++ where references exist."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""What the report compares: each model's BPB against the base model's, per text set and per language.
-
-Adapting a model to one language gains there and loses elsewhere; an average hides both, so nothing here
-averages across sets: every change is per set, the headline takes each language's first set. Also read, typed,
-from upstream manifests: step-0 BPB of the transplant and the tokenizer strategies and sweep."""
+"""Each model's BPB against the base model's, per text set (an average across languages would hide the loss
+elsewhere), the headline per language, and the upstream manifests' step-0 BPB and tokenizer strategies."""
 
 from __future__ import annotations
 

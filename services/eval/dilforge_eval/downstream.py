@@ -1,10 +1,5 @@
-"""Downstream tasks through lm-evaluation-harness: SIB-200 topics, translation az<->en, instruction answering
-and Belebele/TUMLU-layout multiple choice (docs/eval.md).
-
-Rows are read from the files the config names and checked (`task_rows`, one-line errors); a self-contained
-lm-eval task folder is written (templates, a YAML per task, JSONL rows) and run per model with
-`lm_eval.simple_evaluate` on the loaded model. The folder is published, so `commands.txt` reproduces every figure
-offline (no hub)."""
+"""Downstream tasks (docs/eval.md): rows read and checked (`task_rows`), written as a self-contained lm-eval task
+folder (YAML per task, JSONL rows) that is published, so its `commands.txt` reproduces every figure offline."""
 
 from __future__ import annotations
 
@@ -49,7 +44,8 @@ def _yaml(d: dict) -> str:
     )
 
 
-def _write_jsonl(path: Path, rows: list[dict]) -> str:
+def write_jsonl(path: Path, rows: list[dict]) -> str:
+    """The rows as JSONL; the path relative to its grandparent (how a task YAML names its data file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
         f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
@@ -88,7 +84,7 @@ def prepare(tasks: DownstreamTasks, out: Path, endpoint: str | None, read_parall
         cfg = tasks.sib200
         for lang, splits in sib_rows(cfg, endpoint).items():
             files_ = {
-                split: _write_jsonl(out / "data" / f"sib200_{lang}.{split}.jsonl", rows)
+                split: write_jsonl(out / "data" / f"sib200_{lang}.{split}.jsonl", rows)
                 for split, rows in splits.items()
             }
             counts = [sum(r["label"] == i for r in splits["test"]) for i in range(len(SIB_LABELS))]
@@ -120,7 +116,7 @@ def prepare(tasks: DownstreamTasks, out: Path, endpoint: str | None, read_parall
                 {"source": p[0], "target": p[1]} if src == "az" else {"source": p[1], "target": p[0]} for p in pairs
             ]
             name = f"{PREFIX}translation_{t.name}_{src}_{tgt}".replace("-", "_").replace(".", "_")
-            data = _write_jsonl(out / "data" / f"translation_{t.name}.{direction}.jsonl", rows)
+            data = write_jsonl(out / "data" / f"translation_{t.name}.{direction}.jsonl", rows)
             spec = TaskSpec(
                 key=f"translation/{t.name}/{direction}",
                 task=name,
@@ -150,7 +146,7 @@ def prepare(tasks: DownstreamTasks, out: Path, endpoint: str | None, read_parall
     if tasks.instructions:
         cfg = tasks.instructions
         rows = instruction_rows(cfg, endpoint)
-        data = _write_jsonl(out / "data" / f"instruction_{cfg.name}.jsonl", rows)
+        data = write_jsonl(out / "data" / f"instruction_{cfg.name}.jsonl", rows)
         spec = TaskSpec(
             key=f"instruction/{cfg.name}",
             task=f"{PREFIX}instruction_{cfg.name}".replace("-", "_"),
@@ -196,8 +192,8 @@ def _mc_task(t: MultipleChoiceTask, out: Path, endpoint: str | None) -> TaskSpec
         )
     name = f"{PREFIX}mc_{t.name}".replace("-", "_").replace(".", "_")
     data = {
-        "test": _write_jsonl(out / "data" / f"mc_{t.name}.test.jsonl", test),
-        "fewshot": _write_jsonl(out / "data" / f"mc_{t.name}.fewshot.jsonl", shots),
+        "test": write_jsonl(out / "data" / f"mc_{t.name}.test.jsonl", test),
+        "fewshot": write_jsonl(out / "data" / f"mc_{t.name}.fewshot.jsonl", shots),
     }
     sizes = [4 if t.layout == "belebele" else len(r["choices"]) for r in test]
     chance = sum(1 / s for s in sizes) / len(sizes)

@@ -1,10 +1,5 @@
-"""Running the downstream tasks (docs/eval.md): lm-eval's `simple_evaluate` on an `HFLM` wrapping the model the
-stage already loaded, the plain tasks in one call and the chat tasks in a second with the chat template, then
-lm-eval's `metric,none` / `metric_stderr,none` as value, standard error and 95 % interval per metric, and the
-changes against the reference model. The task folder it runs is `downstream.prepare`'s.
-
-The harness never touches a hub here: HF_DATASETS_OFFLINE / HF_HUB_OFFLINE are set before it is imported.
-"""
+"""Runs the downstream tasks with lm-eval's `simple_evaluate` on the model the stage loaded (plain tasks, then chat
+tasks with the chat template), offline; each metric as value, standard error and 95 % interval."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""Morpheme alignment: do token boundaries fall on morpheme boundaries?
-
-Gold words come from segmentations ('kitab+lar'), lemma/form pairs (one boundary after the stem, with
-Azerbaijani consonant alternations) or CoNLL-U with glosses (docs/eval.md). Each word is tokenized mid-sentence
-and its boundaries taken in bytes: boundary_recall (gold boundaries that are token boundaries) and
-inside_morpheme_rate (decidable token boundaries inside a known morpheme)."""
+"""Morpheme alignment (docs/eval.md): do token boundaries, taken in bytes, fall on the gold morpheme boundaries of
+segmented words, lemma/form pairs or glossed CoNLL-U?"""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""The report: report.html (self-contained, plots inlined as base64) and report.md from the typed `EvalMetrics`
-the stage validated. Tables are data (built in `tables` and `text_tables`), rendered by tabulate; the Jinja2
-templates shipped with the package lay out the page. Every BPB change is per text set against the reference
-(base) model: nothing averages across sets or languages.
-"""
+"""report.html (self-contained, plots inlined) and report.md from the typed `EvalMetrics`: the tables of `tables`
+rendered by tabulate into the package's Jinja2 templates."""
 
 from __future__ import annotations
 

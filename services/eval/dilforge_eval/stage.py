@@ -1,12 +1,9 @@
 """Eval stage: did the new tokenizer, the CPT and the SFT make the model better at Azerbaijani, and at what cost?
-
-parse (text sets with languages, prompts, tasks, morphology gold; tokenizers and models: base, configured,
-upstream cpt/sft) → tokenizer measures → per model: BPB on every set, generations, downstream tasks → compare
-per set against the base, assistant measures per prompt group, upstream training figures → publish
-metrics.json, answers, report.html / report.md and plots."""
+parse → tokenizer measures → per model: BPB, generations, tasks, assistant answers → compare → publish."""
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import time
@@ -20,13 +17,13 @@ from dilforge_shared.errors import InputError
 from dilforge_shared.metrics.cpt import CptMetrics
 from dilforge_shared.metrics.sft import SftMetrics
 from dilforge_shared.metrics.tokenizer import TokenizerMetrics
+from dilforge_shared.progress import Progress
 
 from . import assistant as assistant_mod
-from . import compare, downstream, harness
+from . import compare, downstream, harness, measures
 from . import generate as gen_mod
 from . import morph as morph_mod
 from .config import EvalConfig
-from .measures import AssistantRun, evaluate_model, morph_metrics, parity_metrics, text_bytes, tokenizer_metrics
 from .metrics import (
     AssistantFigures,
     AssistantSection,
@@ -41,7 +38,7 @@ from .metrics import (
 )
 from .metrics import EvalModel as ModelFigures
 from .report import write_report
-from .resolve import EvalModel, load_tokenizers, resolve_models
+from .resolve import EvalModel, load_model, load_tokenizers, resolve_models
 from .texts import read_parallel, read_set
 
 log = logging.getLogger("dilforge.eval")
@@ -108,7 +105,7 @@ class Inputs:
             "tokenizers": list(self.toks),
             "set_languages": self.languages,
             "reference_model": compare.reference_label(m.label for m in self.models),
-            "text_set_bytes": {k: text_bytes(v) for k, v in self.sets.items()},
+            "text_set_bytes": {k: measures.text_bytes(v) for k, v in self.sets.items()},
             "parallel_pairs": {k: len(v) for k, v in self.parallel.items()},
             "num_prompts": len(self.prompts),
             "morph_words": {k: len(v) for k, v in self.gold.items()},
@@ -209,52 +206,177 @@ def measure_tokenizers(config: EvalConfig, inputs: Inputs) -> dict:
     return {
         "tokenizers": {label: EvalTokenizer(**info) for label, info in inputs.tok_info.items()},
         "text_sets": {
-            k: TextSet(uri=s.uri, language=inputs.languages[k], num_docs=len(sets[k]), num_bytes=text_bytes(sets[k]))
+            k: TextSet(
+                uri=s.uri, language=inputs.languages[k], num_docs=len(sets[k]), num_bytes=measures.text_bytes(sets[k])
+            )
             for k, s in zip(sets, config.text_sets, strict=False)
         },
-        "tokenizer_metrics": tokenizer_metrics(toks, sets),
-        "parity": parity_metrics(toks, inputs.parallel),
-        "morph": morph_metrics(toks, inputs.gold),
+        "tokenizer_metrics": measures.tokenizer_metrics(toks, sets),
+        "parity": measures.parity_metrics(toks, inputs.parallel),
+        "morph": measures.morph_metrics(toks, inputs.gold),
     }
 
 
 def evaluate_models(config: EvalConfig, inputs: Inputs) -> Evaluated:
-    """Each model in turn (loaded, scored, freed): BPB per set, generations and the downstream tasks."""
+    """Each model in turn (loaded, scored, freed): BPB per set, generations, downstream tasks, assistant answers."""
     out = Evaluated()
-    specs = inputs.specs
-    if specs:
+    if inputs.specs:
         out.downstream = harness.metrics_header(
-            specs, config.tasks, inputs.task_dir, str(inputs.dtype).removeprefix("torch."), inputs.device, config.seed
+            inputs.specs,
+            config.tasks,
+            inputs.task_dir,
+            str(inputs.dtype).removeprefix("torch."),
+            inputs.device,
+            config.seed,
         )
     for src in inputs.models:
         t_model = time.perf_counter()
-        info, bpb, gens, scores, answers = evaluate_model(
-            src,
-            config,
-            inputs.sets,
-            inputs.prompts,
-            inputs.device,
-            inputs.dtype,
-            (specs, inputs.task_dir, inputs.cache),
-            inputs.assistant,
-        )
-        if answers is not None:
-            out.assistant[src.label] = answers
-            out.seconds[f"assistant.{src.label}"] = answers.seconds
-        out.models[src.label] = info
-        if bpb:
-            out.bpb[src.label] = bpb
-        out.generations += gens
-        if scores:
-            out.downstream.results[src.label] = scores["results"]
-            out.downstream.seconds[src.label] = info.tasks_seconds
-            out.task_samples += [{"model": src.label, **row} for row in scores["samples"]]
+        evaluate_model(src, config, inputs, out)
         out.seconds[f"model.{src.label}"] = round(time.perf_counter() - t_model, 2)
-        if info.tasks_seconds is not None:
-            out.seconds[f"tasks.{src.label}"] = info.tasks_seconds
+        if (seconds := out.models[src.label].tasks_seconds) is not None:
+            out.seconds[f"tasks.{src.label}"] = seconds
     if out.downstream is not None:
         out.downstream.changes = harness.changes(out.downstream, compare.reference_label(out.downstream.results))
     return out
+
+
+def evaluate_model(src: EvalModel, config: EvalConfig, inputs: Inputs, out: Evaluated) -> None:
+    """One model into `out`: BPB per set, generations, the assistant answers and the downstream tasks; the model
+    is freed afterwards."""
+    import torch
+
+    t0 = time.perf_counter()
+    model, tokenizer = load_model(src, inputs.device, inputs.dtype)
+    window = measures.default_window(model, config.bpb.window)
+    stride = min(config.bpb.stride or max(1, window // 2), window)
+    info = out.models[src.label] = ModelFigures(
+        origin=src.origin,
+        num_parameters=sum(p.numel() for p in model.parameters()),
+        adapter=src.adapter_dir is not None,
+        bpb_window=window,
+        bpb_stride=stride,
+        dtype=str(inputs.dtype).removeprefix("torch."),
+        device=inputs.device,
+        load_seconds=round(time.perf_counter() - t0, 2),
+    )
+    log.info("model %s: %s parameters, window %d stride %d", src.label, f"{info.num_parameters:,}", window, stride)
+    for name, docs in inputs.sets.items():
+        with Progress(f"bpb {src.label}/{name}", unit="batches", log=log) as bar:
+            res = measures.bits_per_byte(
+                model, tokenizer, docs, window, stride, config.bpb.batch_size, on_batch=bar.batches
+            )
+        out.bpb.setdefault(src.label, {})[name] = measures.bpb_summary(res)
+        log.info(
+            "bpb %s / %s: %.4f (%d tokens, %d bytes, %.0f bytes/s)",
+            src.label,
+            name,
+            res.bpb,
+            res.num_tokens,
+            res.num_bytes,
+            res.num_bytes / max(res.seconds, 1e-9),
+        )
+    if inputs.prompts:
+        # closed on an error too: its heartbeat thread must not outlive the pass
+        with Progress(
+            f"generate {src.label}", len(inputs.prompts) * len(config.generation.modes), unit="answers", log=log
+        ) as bar:
+            for mode in config.generation.modes:
+                rows = gen_mod.generate(
+                    model,
+                    tokenizer,
+                    inputs.prompts,
+                    mode,
+                    config.generation,
+                    config.seed,
+                    source=str(src.tokenizer_dir),
+                    progress=bar,
+                )
+                out.generations += [{"model": src.label, **row} for row in rows]
+    if inputs.assistant:
+        answers = out.assistant[src.label] = assistant_answers(model, tokenizer, src, config, inputs.assistant)
+        out.seconds[f"assistant.{src.label}"] = answers.seconds
+    if inputs.specs:
+        t_tasks, c_tasks = time.perf_counter(), time.process_time()
+        results, samples = harness.run_model(
+            model,
+            tokenizer,
+            inputs.specs,
+            inputs.task_dir,
+            config.tasks,
+            inputs.cache,
+            config.seed,
+            str(src.tokenizer_dir),
+            config.tasks.instructions.system_prompt if config.tasks.instructions else None,
+        )
+        info.tasks_seconds = round(time.perf_counter() - t_tasks, 2)
+        info.tasks_cpu_seconds = round(time.process_time() - c_tasks, 2)  # all threads; shared CPUs inflate wall
+        out.downstream.results[src.label] = results
+        out.downstream.seconds[src.label] = info.tasks_seconds
+        out.task_samples += [{"model": src.label, **row} for row in samples]
+        for key, res in results.items():
+            log.info(
+                "task %s / %s: %s",
+                src.label,
+                key,
+                ", ".join(
+                    f"{m} {v.value:.4g}" + (f" ± {v.stderr:.2g}" if v.stderr is not None else "")
+                    for m, v in res.items()
+                ),
+            )
+    del model
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+@dataclass
+class AssistantRun:
+    """One model's answers to the assistant prompts, the generation defaults they were decoded with, seconds."""
+
+    rows: list[dict]
+    generation_config: dict
+    seconds: float
+
+
+def assistant_answers(model, tokenizer, src: EvalModel, config: EvalConfig, groups: dict) -> AssistantRun:
+    """The model's answers to every assistant prompt group, as a server gives them: its published generation
+    config, its chat template with the SFT system prompt a server inserts by default, batched."""
+    settings = config.assistant
+    gen_config = gen_mod.published_generation_config(model, (src.model_dir, src.adapter_dir))
+    manifest = src.manifest
+    system_prompt = (manifest.config.get("system_prompt") or None) if manifest and manifest.stage == "sft" else None
+    asked = [(group, p) for group, prompts in groups.items() for p in prompts]
+    t0 = time.perf_counter()
+    # every group in one call: batches of similar length across the groups
+    with Progress(f"assistant {src.label}", len(asked), unit="answers", log=log) as bar:
+        answered = gen_mod.answer_batched(
+            model,
+            tokenizer,
+            [p.prompt for _, p in asked],
+            gen_config,
+            settings.max_new_tokens,
+            settings.batch_size,
+            config.seed,
+            system_prompt,
+            source=str(src.tokenizer_dir),
+            progress=bar,
+        )
+    rows = [
+        {
+            "model": src.label,
+            "group": group,
+            "prompt_id": p.id,
+            "language": p.language,
+            "prompt": p.prompt,
+            "answer": text,
+            "ended_turn": ended,
+            "num_new_tokens": num_new,
+            "reference": p.reference,
+        }
+        for (group, p), (text, ended, num_new) in zip(asked, answered, strict=True)
+    ]
+    log.info("assistant %s: %d answers in %.1f s", src.label, len(rows), time.perf_counter() - t0)
+    return AssistantRun(rows, gen_config.to_diff_dict(), round(time.perf_counter() - t0, 2))
 
 
 # ---- compare ----------------------------------------------------------------------------------------------
@@ -359,16 +481,13 @@ def publish(ctx: StageContext, typed: EvalMetrics, evaluated: Evaluated) -> dict
     manifest's metrics (curves as their last points: the whole curves are in metrics.json). The report reads
     the typed model."""
     out = ctx.model_dir
-    with open(out / "generations.jsonl", "w", encoding="utf-8") as f:
-        for g in evaluated.generations:
-            f.write(json.dumps(g, ensure_ascii=False) + "\n")
+    downstream.write_jsonl(out / "generations.jsonl", evaluated.generations)
     if evaluated.downstream is not None:
-        with open(out / "task_answers.jsonl", "w", encoding="utf-8") as f:
-            f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in evaluated.task_samples)
+        downstream.write_jsonl(out / "task_answers.jsonl", evaluated.task_samples)
     if evaluated.assistant:
-        with open(out / "assistant_answers.jsonl", "w", encoding="utf-8") as f:
-            for run_ in evaluated.assistant.values():
-                f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in run_.rows)
+        downstream.write_jsonl(
+            out / "assistant_answers.jsonl", [r for a in evaluated.assistant.values() for r in a.rows]
+        )
     paths = write_report(typed, evaluated.generations, out, f"dilforge eval report — run {ctx.request.run_id}")
     typed.report = {k: str(p.relative_to(out)) for k, p in paths.items()}
     dumped = typed.model_dump(mode="json")
