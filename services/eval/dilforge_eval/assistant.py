@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
@@ -48,33 +48,55 @@ class Answer:
 # ---- prompts ----------------------------------------------------------------------------------------------
 
 
-def load_prompts(uri: str, per_language: int | None = None, endpoint_url: str | None = None) -> list[AssistantPrompt]:
-    """JSONL {id, language, prompt, reference?}; the first `per_language` of each language. Errors name the
-    file and line."""
-    from .generate import resolve_prompts_uri
+BUILTIN = "builtin:"
 
+
+def resolve_prompts_uri(uri: str) -> str:
+    """`builtin:NAME` is a prompts file shipped inside this package, so it exists in every image and job."""
+    if not uri.startswith(BUILTIN):
+        return uri
+    from importlib.resources import files
+
+    name = uri.removeprefix(BUILTIN)
+    path = files("dilforge_eval") / "prompts" / f"{name}.jsonl"
+    if not path.is_file():
+        shipped = sorted(p.name.removesuffix(".jsonl") for p in (files("dilforge_eval") / "prompts").iterdir())
+        raise InputError(f"no built-in prompts {name!r}; built-in: {shipped}", path=uri)
+    return str(path)
+
+
+def prompt_records(uri: str, endpoint_url: str | None) -> Iterator[tuple[str, int, dict, str, str]]:
+    """(file, line, record, id, prompt) of a JSONL prompts file (`builtin:NAME`: one shipped in this package), each
+    prompt non-empty and each id unique; a file without a prompt is an error."""
     uri = resolve_prompts_uri(uri)
-    out: list[AssistantPrompt] = []
     seen: set[str] = set()
-    counts: Counter[str] = Counter()
     for lineno, rec in iter_records(uri, endpoint_url):
-        text, lang, ref = rec.get("prompt"), rec.get("language"), rec.get("reference")
+        text = rec.get("prompt")
         if not isinstance(text, str) or not text.strip():
             raise InputError("field 'prompt' missing or empty", path=uri, line=lineno)
-        if not isinstance(lang, str) or not re.fullmatch(r"[a-z]{2}", lang):
-            raise InputError(f"field 'language' must be a 2-letter code, got {lang!r}", path=uri, line=lineno)
-        if ref is not None and (not isinstance(ref, str) or not ref.strip()):
-            raise InputError("field 'reference' must be a non-empty string when given", path=uri, line=lineno)
         pid = str(rec.get("id", f"line{lineno}"))
         if pid in seen:
             raise InputError(f"duplicate prompt id {pid!r}", path=uri, line=lineno)
         seen.add(pid)
-        if per_language is not None and counts[lang] >= per_language:
-            continue
-        counts[lang] += 1
-        out.append(AssistantPrompt(pid, lang, text, ref))
-    if not out:
+        yield uri, lineno, rec, pid, text
+    if not seen:
         raise InputError("prompts file holds no prompt", path=uri)
+
+
+def load_prompts(uri: str, per_language: int | None = None, endpoint_url: str | None = None) -> list[AssistantPrompt]:
+    """JSONL {id, language, prompt, reference?}, the first `per_language` of each language; errors name the file
+    and line."""
+    out: list[AssistantPrompt] = []
+    counts: Counter[str] = Counter()
+    for path, lineno, rec, pid, text in prompt_records(uri, endpoint_url):
+        lang, ref = rec.get("language"), rec.get("reference")
+        if not isinstance(lang, str) or not re.fullmatch(r"[a-z]{2}", lang):
+            raise InputError(f"field 'language' must be a 2-letter code, got {lang!r}", path=path, line=lineno)
+        if ref is not None and (not isinstance(ref, str) or not ref.strip()):
+            raise InputError("field 'reference' must be a non-empty string when given", path=path, line=lineno)
+        if per_language is None or counts[lang] < per_language:
+            counts[lang] += 1
+            out.append(AssistantPrompt(pid, lang, text, ref))
     return out
 
 

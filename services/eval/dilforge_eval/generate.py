@@ -9,11 +9,10 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
-from dilforge_shared.corpus import iter_records
 from dilforge_shared.errors import InputError
 from dilforge_shared.families import Family, detect_family, stop_token_ids
 
-from .assistant import ngrams, repeated_ngram_rate, words
+from .assistant import ngrams, prompt_records, repeated_ngram_rate, words
 from .config import GenerationSettings
 
 log = logging.getLogger("dilforge.eval")
@@ -26,43 +25,16 @@ class Prompt:
     prompt: str
 
 
-BUILTIN = "builtin:"
-
-
-def resolve_prompts_uri(uri: str) -> str:
-    """`builtin:NAME` is a prompts file shipped inside this package, so it exists in every image and job."""
-    if not uri.startswith(BUILTIN):
-        return uri
-    from importlib.resources import files
-
-    name = uri.removeprefix(BUILTIN)
-    path = files("dilforge_eval") / "prompts" / f"{name}.jsonl"
-    if not path.is_file():
-        shipped = sorted(p.name.removesuffix(".jsonl") for p in (files("dilforge_eval") / "prompts").iterdir())
-        raise InputError(f"no built-in prompts {name!r}; built-in: {shipped}", path=uri)
-    return str(path)
-
-
 def load_prompts(uri: str, limit: int | None = None, endpoint_url: str | None = None) -> list[Prompt]:
-    """JSONL {id, kind: completion|chat, prompt}; errors name the file and line."""
-    uri = resolve_prompts_uri(uri)
-    prompts, seen = [], set()
-    for lineno, rec in iter_records(uri, endpoint_url):
+    """JSONL {id, kind: completion|chat, prompt}, the first `limit` of them; errors name the file and line."""
+    prompts = []
+    for path, lineno, rec, pid, text in prompt_records(uri, endpoint_url):
         kind = rec.get("kind", "completion")
         if kind not in ("completion", "chat"):
-            raise InputError(f"field 'kind' must be 'completion' or 'chat', got {kind!r}", path=uri, line=lineno)
-        text = rec.get("prompt")
-        if not isinstance(text, str) or not text.strip():
-            raise InputError("field 'prompt' missing or empty", path=uri, line=lineno)
-        pid = str(rec.get("id", f"line{lineno}"))
-        if pid in seen:
-            raise InputError(f"duplicate prompt id {pid!r}", path=uri, line=lineno)
-        seen.add(pid)
+            raise InputError(f"field 'kind' must be 'completion' or 'chat', got {kind!r}", path=path, line=lineno)
         prompts.append(Prompt(pid, kind, text))
         if limit and len(prompts) >= limit:
             break
-    if not prompts:
-        raise InputError("prompts file holds no prompt", path=uri)
     return prompts
 
 

@@ -91,44 +91,30 @@ def curves_plot(curves: dict[str, dict[str, list]], path: Path) -> Path | None:
 
 
 def make_plots(metrics: EvalMetrics, plot_dir: Path) -> dict[str, Path]:
-    plots: dict[str, Path] = {}
+    """The report's plots by section key (a plot without data is left out)."""
     fert = {tok: {s: v.tokens_per_word for s, v in sets.items()} for tok, sets in metrics.tokenizer_metrics.items()}
     bpb = {m: {s: v.bpb for s, v in sets.items()} for m, sets in metrics.bpb.items()}
     morph = {
         tok: {src: v.boundary_recall for src, v in d.items() if v.boundary_recall is not None}
         for tok, d in metrics.morph.items()
     }
-    for key, p in (
-        (
-            "fertility",
-            grouped_bars(
-                fert,
-                "Fertility per tokenizer (lower is better)",
-                "tokens per word",
-                plot_dir / "fertility_per_tokenizer.png",
-            ),
+    plots = {
+        "fertility": grouped_bars(
+            fert,
+            "Fertility per tokenizer (lower is better)",
+            "tokens per word",
+            plot_dir / "fertility_per_tokenizer.png",
         ),
-        ("sweep", sweep_plot(metrics.vocab_sweep, plot_dir / "fertility_per_vocab_size.png")),
-        (
-            "bpb",
-            grouped_bars(
-                bpb,
-                "Bits per byte per model and domain (lower is better)",
-                "bits per byte",
-                plot_dir / "bpb_per_model.png",
-            ),
+        "sweep": sweep_plot(metrics.vocab_sweep, plot_dir / "fertility_per_vocab_size.png"),
+        "bpb": grouped_bars(
+            bpb, "Bits per byte per model and domain (lower is better)", "bits per byte", plot_dir / "bpb_per_model.png"
         ),
-        (
-            "morph",
-            grouped_bars(
-                morph,
-                "Morpheme boundary recall (higher is better)",
-                "boundary recall",
-                plot_dir / "morpheme_boundary_recall.png",
-            ),
+        "morph": grouped_bars(
+            morph,
+            "Morpheme boundary recall (higher is better)",
+            "boundary recall",
+            plot_dir / "morpheme_boundary_recall.png",
         ),
-        ("curves", curves_plot(metrics.curves, plot_dir / "training_curves.png")),
-    ):
-        if p is not None:
-            plots[key] = p
-    return plots
+        "curves": curves_plot(metrics.curves, plot_dir / "training_curves.png"),
+    }
+    return {key: p for key, p in plots.items() if p is not None}

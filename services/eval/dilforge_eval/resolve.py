@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from dilforge_shared.contract import StageContext
@@ -40,7 +40,6 @@ class EvalModel:
     adapter_dir: Path | None = None
     origin: str = ""
     manifest: Manifest | None = None
-    notes: list[str] = field(default_factory=list)
 
 
 def eval_model(
