@@ -8,13 +8,14 @@ import random
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from functools import lru_cache
-from itertools import pairwise
+from itertools import accumulate, pairwise
 
 from dilforge_shared.corpus import iter_located_texts
 from dilforge_shared.errors import InputError
+from tokenizers.pre_tokenizers import ByteLevel
 
 ALTERNATIONS = {"k": "yğ", "q": "ğ", "p": "b", "ç": "c", "t": "d"}
+BYTE_ALPHABET = frozenset(ByteLevel.alphabet())  # byte-level BPE (GPT-2, Llama 3): one character per byte
 
 
 def az_lower(s: str) -> str:
@@ -30,10 +31,7 @@ class GoldWord:
 
 
 def from_segments(word: str, parts: list[str], source: str) -> GoldWord:
-    offsets, pos = [], 0
-    for part in parts[:-1]:
-        pos += len(part)
-        offsets.append(pos)
+    offsets = list(accumulate(len(part) for part in parts[:-1]))
     edges = [0, *offsets, len(word)]
     return GoldWord(word, tuple(offsets), tuple(pairwise(edges)), source)
 
@@ -183,30 +181,14 @@ def load_gold(
 # token boundaries in bytes
 
 
-@lru_cache(maxsize=1)
-def _byte_decoder() -> dict[str, int]:
-    """GPT-2 / Llama 3 byte-level alphabet: printable unicode char → byte."""
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
-
-    return {c: b for b, c in bytes_to_unicode().items()}
-
-
 def token_byte_boundaries(tokenizer, text: str) -> list[int]:
-    """Internal token boundaries of `text` as byte offsets, for a `tokenizers.Tokenizer`.
-
-    Byte-level BPE tokens map to exact bytes; other tokenizers fall back to character offsets.
-    """
+    """Internal token boundaries of `text` as byte offsets, for a `tokenizers.Tokenizer`: exact for byte-level BPE
+    (one alphabet character per byte), else from the character offsets."""
     enc = tokenizer.encode(text, add_special_tokens=False)
-    dec = _byte_decoder()
-    data = text.encode("utf-8")
-    if all(ch in dec for tok in enc.tokens for ch in tok):
+    if all(ch in BYTE_ALPHABET for tok in enc.tokens for ch in tok):
         lengths = [len(tok) for tok in enc.tokens]
-        if sum(lengths) == len(data):
-            out, pos = [], 0
-            for n in lengths[:-1]:
-                pos += n
-                out.append(pos)
-            return out
+        if sum(lengths) == len(text.encode("utf-8")):
+            return list(accumulate(lengths[:-1]))
     ends = sorted({end for _, end in enc.offsets})
     return [len(text[:e].encode("utf-8")) for e in ends if 0 < e < len(text)]
 

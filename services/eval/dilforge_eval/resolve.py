@@ -3,7 +3,6 @@ the shared resolver (`dilforge_shared.models`) and loaded here."""
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -11,7 +10,7 @@ from pathlib import Path
 
 from dilforge_shared.contract import StageContext
 from dilforge_shared.errors import ConfigError, InputError
-from dilforge_shared.manifest import Manifest
+from dilforge_shared.manifest import Manifest, sha256_file
 from dilforge_shared.models import Kind, resolve, resolve_chat_model
 from dilforge_shared.store import Artifact
 
@@ -107,7 +106,7 @@ def load_tokenizers(config: EvalConfig, ctx: StageContext, models: list[EvalMode
     out, info, by_hash = {}, {}, {}
     for label, tdir, origin in entries:
         path = tdir if tdir.is_file() else tdir / "tokenizer.json"
-        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        digest = sha256_file(path)
         if digest in by_hash:
             info[by_hash[digest]]["aliases"].append(label)
             continue
