@@ -34,14 +34,13 @@ def main() -> None:
     from dilforge_eval import downstream, harness
     from dilforge_eval.config import DownstreamTasks
     from dilforge_eval.resolve import eval_model, load_model
-    from dilforge_eval.texts import read_parallel
 
     raw = args.config.read_text().replace("${DILFORGE_DATA}", args.data)
     tasks = DownstreamTasks.model_validate(yaml.safe_load(raw)["eval"]["tasks"])
     print(describe("transformers", "lm-eval"), flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / downstream.TASK_DIR
-        specs = downstream.prepare(tasks, out, None, read_parallel)
+        specs = downstream.prepare(tasks, out, None)
         print(f"{len(specs)} tasks: " + ", ".join(f"{s.key} (n={s.num_examples})" for s in specs))
         for item in args.model:
             label, folder = item.split("=", 1)

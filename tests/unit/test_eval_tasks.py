@@ -101,7 +101,7 @@ def prepared(tmp_path_factory, data_root):
             "multiple_choice": [{"name": "tumlu-az", "uri": str(mc), "layout": "tumlu", "language": "az"}],
         }
     )
-    specs = downstream.prepare(cfg, tmp / "lm_eval_tasks", None, read_parallel)
+    specs = downstream.prepare(cfg, tmp / "lm_eval_tasks", None)
     return cfg, specs, tmp / "lm_eval_tasks"
 
 
@@ -208,7 +208,7 @@ def _sib(tmp: Path, body: str, **kw) -> DownstreamTasks:
 )
 def test_bad_sib_files_fail_in_one_line_naming_file_and_field(tmp_path, body, message):
     with pytest.raises(InputError) as exc:
-        downstream.prepare(_sib(tmp_path, body), tmp_path / "out", None, read_parallel)
+        downstream.prepare(_sib(tmp_path, body), tmp_path / "out", None)
     assert message in str(exc.value) and "\n" not in str(exc.value)
 
 
@@ -251,7 +251,7 @@ def test_bad_multiple_choice_files(tmp_path, layout, row, message):
         {"multiple_choice": [{"name": "mc", "uri": str(tmp_path / "mc.jsonl"), "layout": layout, "language": "az"}]}
     )
     with pytest.raises(InputError) as exc:
-        downstream.prepare(cfg, tmp_path / "out", None, read_parallel)
+        downstream.prepare(cfg, tmp_path / "out", None)
     assert message in str(exc.value)
 
 
@@ -289,7 +289,7 @@ def test_instruction_file_missing_field_and_config_checks(tmp_path):
     (tmp_path / "inst.jsonl").write_text(json.dumps({"instruction": "Salam"}) + "\n")
     cfg = DownstreamTasks.model_validate({"instructions": {"uri": str(tmp_path / "inst.jsonl")}})
     with pytest.raises(InputError, match=r"inst.jsonl:1: field 'response' missing"):
-        downstream.prepare(cfg, tmp_path / "out", None, read_parallel)
+        downstream.prepare(cfg, tmp_path / "out", None)
     with pytest.raises(ValidationError, match="duplicate names"):
         DownstreamTasks.model_validate(
             {
@@ -348,12 +348,11 @@ def test_task_files_read_from_s3_like_local_files(tmp_path, s3_server, s3_bucket
             }
         )
 
-    downstream.prepare(section(str(flores), str(khazar)), tmp_path / "local", None, read_parallel)
+    downstream.prepare(section(str(flores), str(khazar)), tmp_path / "local", None)
     downstream.prepare(
         section(f"{s3_bucket}/tasks/{flores.name}", f"{s3_bucket}/tasks/{khazar.name}"),
         tmp_path / "s3",
         s3_server.endpoint_url,
-        read_parallel,
     )
     local = sorted(p.name for p in (tmp_path / "local/data").iterdir())
     assert local == sorted(p.name for p in (tmp_path / "s3/data").iterdir()) and len(local) == 7

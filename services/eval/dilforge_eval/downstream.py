@@ -15,6 +15,7 @@ from .compare import language_name
 from .config import SIB_LABELS, DownstreamTasks, MultipleChoiceTask
 from .metrics import DownstreamTask
 from .task_rows import instruction_rows, mc_rows, sib_rows
+from .texts import read_parallel
 
 TASK_DIR = "lm_eval_tasks"
 PREFIX = "dilforge_"
@@ -52,6 +53,12 @@ def write_jsonl(path: Path, rows: list[dict]) -> str:
     return str(path.relative_to(path.parent.parent))
 
 
+def _task_file(out: Path, spec: TaskSpec, body: dict) -> TaskSpec:
+    """The task's YAML in the task folder."""
+    (out / f"{spec.task}.yaml").write_text(_yaml({"task": spec.task, **body}), encoding="utf-8")
+    return spec
+
+
 def _copy_templates(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for entry in files("dilforge_eval.tasks").iterdir():
@@ -71,14 +78,10 @@ def _copy_scores(pairs: list[tuple[str, str]]) -> dict[str, float]:
     }
 
 
-def prepare(tasks: DownstreamTasks, out: Path, endpoint: str | None, read_parallel) -> list[TaskSpec]:
+def prepare(tasks: DownstreamTasks, out: Path, endpoint: str | None) -> list[TaskSpec]:
     """Read and check every task's rows, write the lm-eval task folder `out`; the specs of the tasks in it."""
     _copy_templates(out)
     specs: list[TaskSpec] = []
-
-    def task_file(spec: TaskSpec, body: dict) -> None:
-        (out / f"{spec.task}.yaml").write_text(_yaml({"task": spec.task, **body}), encoding="utf-8")
-        specs.append(spec)
 
     if tasks.sib200:
         cfg = tasks.sib200
@@ -107,7 +110,8 @@ def prepare(tasks: DownstreamTasks, out: Path, endpoint: str | None, read_parall
                     },
                     chance_note=f"uniform 1/{len(SIB_LABELS)}; majority class share",
                 )
-                task_file(spec, {"include": "_sib200.yaml", "num_fewshot": k, "dataset_kwargs": {"data_files": files_}})
+                body = {"include": "_sib200.yaml", "num_fewshot": k, "dataset_kwargs": {"data_files": files_}}
+                specs.append(_task_file(out, spec, body))
     for t in tasks.translation:
         pairs = read_parallel(t, t.max_examples, None, endpoint)
         for direction in t.directions:
@@ -130,19 +134,17 @@ def prepare(tasks: DownstreamTasks, out: Path, endpoint: str | None, read_parall
                 chance=_copy_scores([(r["source"], r["target"]) for r in rows]),
                 chance_note="copying the source sentence",
             )
-            task_file(
-                spec,
-                {
-                    "include": "_translation.yaml",
-                    "doc_to_text": f"{language_name(src)}: {{{{source}}}}\n{language_name(tgt)}:",
-                    "generation_kwargs": {
-                        "until": ["\n"],
-                        "do_sample": False,
-                        "max_gen_toks": tasks.translation_max_new_tokens,
-                    },
-                    "dataset_kwargs": {"data_files": {"test": data}},
+            body = {
+                "include": "_translation.yaml",
+                "doc_to_text": f"{language_name(src)}: {{{{source}}}}\n{language_name(tgt)}:",
+                "generation_kwargs": {
+                    "until": ["\n"],
+                    "do_sample": False,
+                    "max_gen_toks": tasks.translation_max_new_tokens,
                 },
-            )
+                "dataset_kwargs": {"data_files": {"test": data}},
+            }
+            specs.append(_task_file(out, spec, body))
     if tasks.instructions:
         cfg = tasks.instructions
         rows = instruction_rows(cfg, endpoint)
@@ -166,15 +168,13 @@ def prepare(tasks: DownstreamTasks, out: Path, endpoint: str | None, read_parall
             "do_sample": False,
             "max_gen_toks": tasks.instruction_max_new_tokens,
         }
-        task_file(
-            spec,
-            {
-                "include": "_instruction.yaml",
-                "process_results": Fn(f"utils.process_instruction_{cfg.language}"),
-                "generation_kwargs": gen,
-                "dataset_kwargs": {"data_files": {"test": data}},
-            },
-        )
+        body = {
+            "include": "_instruction.yaml",
+            "process_results": Fn(f"utils.process_instruction_{cfg.language}"),
+            "generation_kwargs": gen,
+            "dataset_kwargs": {"data_files": {"test": data}},
+        }
+        specs.append(_task_file(out, spec, body))
     for t in tasks.multiple_choice:
         specs.append(_mc_task(t, out, endpoint))
     return specs
@@ -214,8 +214,7 @@ def _mc_task(t: MultipleChoiceTask, out: Path, endpoint: str | None) -> TaskSpec
     body: dict = {"include": f"_{t.layout}.yaml", "num_fewshot": t.num_fewshot, "dataset_kwargs": {"data_files": data}}
     if t.layout == "tumlu":
         body["doc_to_text"] = Fn(f"utils.tumlu_text_{'az' if t.language == 'az' else 'en'}")
-    (out / f"{name}.yaml").write_text(_yaml({"task": name, **body}), encoding="utf-8")
-    return spec
+    return _task_file(out, spec, body)
 
 
 # ------------------------------------------------------------------------------------ reproducing it

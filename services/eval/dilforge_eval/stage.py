@@ -150,7 +150,7 @@ def parse(config: EvalConfig, ctx: StageContext) -> Inputs:
     }
     prompts = gen_mod.load_prompts(config.prompts, config.generation.num_prompts, endpoint) if config.prompts else []
     task_dir = ctx.model_dir / downstream.TASK_DIR
-    specs = downstream.prepare(config.tasks, task_dir, endpoint, read_parallel) if config.tasks else []
+    specs = downstream.prepare(config.tasks, task_dir, endpoint) if config.tasks else []
     assistant = assistant_groups(config, endpoint)
     models, skipped = resolve_models(config, ctx, cache)
     toks, tok_info = load_tokenizers(config, ctx, models, cache)
