@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from dilforge_eval import morph as eval_morph
+from dilforge_eval.config import MorphResources
 from dilforge_eval.measures import morph_metrics, parity_metrics, tokenizer_metrics
 from tokenizers import Regex, Tokenizer, models, pre_tokenizers
 
@@ -158,8 +159,8 @@ def test_loader_errors_name_file_and_line(tmp_path):
 
 
 def test_load_gold_samples_with_seed(data_root):
-    args = ([], [str(data_root / "az/morph/unimorph_aze.tsv")], [], 50)
-    a, b = eval_morph.load_gold(*args, seed=1), eval_morph.load_gold(*args, seed=1)
+    resources = MorphResources(lemma_forms=[str(data_root / "az/morph/unimorph_aze.tsv")], num_words_per_source=50)
+    a, b = eval_morph.load_gold(resources, seed=1), eval_morph.load_gold(resources, seed=1)
     assert [w.word for w in a["unimorph_aze.tsv"]] == [w.word for w in b["unimorph_aze.tsv"]]
     assert len(a["unimorph_aze.tsv"]) == 50
 
@@ -178,11 +179,12 @@ def test_morphology_resources_read_from_s3_like_local_files(tmp_path, s3_server,
         key = f"morph/{path.rsplit('/', 1)[-1]}"
         client.upload_file(path, bucket, key)
         remote[kind] = f"{s3_bucket}/{key}"
-    args = {"num_words_per_source": 200, "seed": 3}
-    from_local = eval_morph.load_gold([local["segmented"]], [local["lemma_forms"]], [local["conllu"]], **args)
-    from_s3 = eval_morph.load_gold(
-        [remote["segmented"]], [remote["lemma_forms"]], [remote["conllu"]], **args, endpoint_url=s3_server.endpoint_url
-    )
+
+    def resources(files: dict) -> MorphResources:
+        return MorphResources(**{k: [v] for k, v in files.items()}, num_words_per_source=200)
+
+    from_local = eval_morph.load_gold(resources(local), seed=3)
+    from_s3 = eval_morph.load_gold(resources(remote), seed=3, endpoint_url=s3_server.endpoint_url)
     assert (
         list(from_s3)
         == list(from_local)

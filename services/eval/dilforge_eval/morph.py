@@ -14,6 +14,8 @@ from dilforge_shared.corpus import iter_located_texts
 from dilforge_shared.errors import InputError
 from tokenizers.pre_tokenizers import ByteLevel
 
+from .config import MorphResources
+
 ALTERNATIONS = {"k": "yğ", "q": "ğ", "p": "b", "ç": "c", "t": "d"}
 BYTE_ALPHABET = frozenset(ByteLevel.alphabet())  # byte-level BPE (GPT-2, Llama 3): one character per byte
 
@@ -156,21 +158,15 @@ def load_conllu(path: str, endpoint_url: str | None = None) -> list[GoldWord]:
     return words
 
 
-def load_gold(
-    segmented: list[str],
-    lemma_forms: list[str],
-    conllu: list[str],
-    num_words_per_source: int,
-    seed: int,
-    endpoint_url: str | None = None,
-) -> dict[str, list[GoldWord]]:
+def load_gold(resources: MorphResources, seed: int, endpoint_url: str | None = None) -> dict[str, list[GoldWord]]:
     """Gold words per source file, deduplicated and sampled with `seed`."""
     out: dict[str, list[GoldWord]] = {}
-    for loader, paths in ((load_segmented, segmented), (load_lemma_forms, lemma_forms), (load_conllu, conllu)):
+    r, n = resources, resources.num_words_per_source
+    for loader, paths in ((load_segmented, r.segmented), (load_lemma_forms, r.lemma_forms), (load_conllu, r.conllu)):
         for path in paths:
             unique = list({w.word: w for w in loader(path, endpoint_url)}.values())
-            if len(unique) > num_words_per_source:
-                unique = random.Random(seed).sample(unique, num_words_per_source)
+            if len(unique) > n:
+                unique = random.Random(seed).sample(unique, n)
             if not unique:
                 raise InputError("no usable gold words in this morphology resource", path=path)
             out[_name(path)] = unique

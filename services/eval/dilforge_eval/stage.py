@@ -154,18 +154,7 @@ def parse(config: EvalConfig, ctx: StageContext) -> Inputs:
     assistant = assistant_groups(config, endpoint)
     models, skipped = resolve_models(config, ctx, cache)
     toks, tok_info = load_tokenizers(config, ctx, models, cache)
-    gold = (
-        morph_mod.load_gold(
-            config.morph.segmented,
-            config.morph.lemma_forms,
-            config.morph.conllu,
-            config.morph.num_words_per_source,
-            config.seed,
-            endpoint,
-        )
-        if config.morph
-        else {}
-    )
+    gold = morph_mod.load_gold(config.morph, config.seed, endpoint) if config.morph else {}
     return Inputs(
         device=policy.device,
         dtype=policy.torch_dtype(),
