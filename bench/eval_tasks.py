@@ -55,7 +55,6 @@ def main() -> None:
                 Path(tmp) / "cache",
                 0,
                 folder,
-                tasks.instructions.system_prompt if tasks.instructions else None,
             )
             print(
                 f"{label}: tasks {time.perf_counter() - t0:.0f} s wall, {time.process_time() - c0:.0f} s CPU "

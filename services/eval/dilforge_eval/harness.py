@@ -44,7 +44,6 @@ def run_model(
     cache: Path,
     seed: int,
     source: str,
-    system_prompt: str | None = None,
 ) -> tuple[dict, list[dict]]:
     """Every task on one loaded model: {task key: {metric: {value, stderr, ci95}, ...}} and the per-example
     records (prompt, answer, reference) of the generative tasks."""
@@ -70,7 +69,7 @@ def run_model(
                 task_manager=manager,
                 bootstrap_iters=tasks.bootstrap_iters,
                 apply_chat_template=chat,
-                system_instruction=system_prompt if chat else None,
+                system_instruction=tasks.instructions.system_prompt if chat and tasks.instructions else None,
                 log_samples=True,
                 **seeds(seed),
             )

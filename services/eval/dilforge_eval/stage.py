@@ -295,7 +295,6 @@ def evaluate_model(src: EvalModel, config: EvalConfig, inputs: Inputs, out: Eval
             inputs.cache,
             config.seed,
             str(src.tokenizer_dir),
-            config.tasks.instructions.system_prompt if config.tasks.instructions else None,
         )
         info.tasks_seconds = round(time.perf_counter() - t_tasks, 2)
         info.tasks_cpu_seconds = round(time.process_time() - c_tasks, 2)  # all threads; shared CPUs inflate wall
