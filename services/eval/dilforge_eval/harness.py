@@ -138,8 +138,7 @@ def metrics_header(
 
 
 def changes(section: Downstream, reference: str | None) -> dict[str, dict[str, dict[str, float]]]:
-    """model -> task -> metric -> value minus the reference model's (positive = higher; whether that is
-    better is the metric's `higher_is_better`, see HIGHER_IS_BETTER)."""
+    """model -> task -> metric -> value minus the reference model's (positive = higher)."""
     results = section.results
     if reference is None or reference not in results:
         return {}
@@ -153,19 +152,6 @@ def changes(section: Downstream, reference: str | None) -> dict[str, dict[str, d
                 if ref is not None:
                     out.setdefault(model, {}).setdefault(key, {})[m] = round(v.value - ref.value, 6)
     return out
-
-
-HIGHER_IS_BETTER = {
-    "acc": True,
-    "acc_norm": True,
-    "chrf++": True,
-    "chrf": True,
-    "bleu": True,
-    "answer_in_language": True,
-    "repetition_rate": False,
-    "empty_answer": False,
-    "ended_turn": True,
-}
 
 
 def summarize(res: dict, spec: TaskSpec) -> dict[str, TaskScore]:

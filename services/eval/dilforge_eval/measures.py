@@ -52,7 +52,7 @@ def bpb_summary(res: BpbResult) -> BpbFigures:
 
 def default_window(model, requested: int | None, cap: int = 2048) -> int:
     limit = getattr(model.config, "max_position_embeddings", None) or cap
-    return min(requested or cap, limit) if requested else min(limit, cap)
+    return min(requested or cap, limit)
 
 
 # ---- tokenizers -------------------------------------------------------------------------------------------------

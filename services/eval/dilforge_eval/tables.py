@@ -102,20 +102,19 @@ METRIC_NAMES = {
     "empty_answer": "empty answers",
     "ended_turn": "answers ending at the end of the turn",
 }
+LOWER_IS_BETTER = ("repetition_rate", "empty_answer")
 
 
 def _delta_cell(v: TaskScore | None, delta: float | None, metric: str) -> Cell:
     """'0.250 [0.10, 0.40] (+0.050)': value, 95 % interval and the change against the reference model, coloured
     by whether higher is better; chrF/BLEU with one decimal."""
-    from .harness import HIGHER_IS_BETTER
-
     if v is None:
         return Cell("–", "num")
     digits = 1 if metric in ("chrf++", "chrf", "bleu") else 3
     text = fmt(v.value, digits) + (f" [{fmt(v.ci95[0], digits)}, {fmt(v.ci95[1], digits)}]" if v.ci95 else "")
     if delta is None:
         return Cell(text, "num")
-    better = delta > 0 if HIGHER_IS_BETTER.get(metric, True) else delta < 0
+    better = delta < 0 if metric in LOWER_IS_BETTER else delta > 0
     cls = "num" if delta == 0 else "num better" if better else "num worse"
     return Cell(f"{text} ({delta:+.{digits}f})", cls)
 
