@@ -1,9 +1,7 @@
-"""The container contract: every stage runs as SageMaker runs a bring-your-own container.
-
-`stage_main`: /opt/ml layout → hyperparameters (all strings, SageMaker's rule: parsed strictly into a
-`StageRequest`; the backends build them with `build_hyperparameters`) → `StageContext` (upstream fetched and
-verified) → the stage → metrics validated, inputs proved to give the planned id, files and manifest published.
-Any error leaves the failure file, a non-zero exit and nothing published."""
+"""The container contract: every stage runs as SageMaker runs a bring-your-own container. `stage_main`: /opt/ml →
+hyperparameters (strings, parsed strictly into a `StageRequest`) → `StageContext` (upstream fetched, verified) →
+the stage → metrics validated, inputs proved to give the planned id, files and manifest published. Any error
+leaves the failure file, a non-zero exit and nothing published."""
 
 from __future__ import annotations
 
@@ -34,9 +32,8 @@ from .store import Artifact, fetch, publish, read_uri_bytes, verify_files
 
 log = logging.getLogger("dilforge")
 
-# SageMaker's /opt/ml layout, rooted anywhere (`DILFORGE_OPT_ML` for local runs): the stage reads
-# input/config/{hyperparameters,inputdataconfig,resourceconfig}.json and input/data/<channel>/ (upstream artifacts);
-# it writes model/ (the artifact), output/ (failure file) and checkpoints/.
+# SageMaker's /opt/ml layout, rooted anywhere (`DILFORGE_OPT_ML` for local runs): input/config/*.json and
+# input/data/<channel>/ in; model/ (the artifact), output/ (failure file) and checkpoints/ out.
 OPT_ML_ENV = "DILFORGE_OPT_ML"
 
 
@@ -359,12 +356,9 @@ def planned_id(ctx: StageContext) -> str | None:
 
 
 def check_identity(ctx: StageContext, refs: list[InputRef], since: list[InputRef] | None = None) -> None:
-    """The inputs as this stage read them (`refs`, data hashed now) must give the planned id.
-
-    Called before the stage runs (a corpus changed after planning fails at once, before any training) and again
-    before publishing with `since` = the refs seen at the start (a corpus changed while the stage read it fails,
-    naming it). The data the stage used therefore hashes, before and after it read it, to the planned digests.
-    """
+    """The inputs as this stage read them (`refs`, data hashed now) must give the planned id: checked before the
+    stage runs and again before publishing, with `since` = the refs seen at the start (data changed while the stage
+    read it fails, naming it)."""
     expected = planned_id(ctx)
     if expected is None:
         return
@@ -415,9 +409,8 @@ def publish_result(
     return publish(ctx.request.artifact_uri, ctx.model_dir, manifest, ctx.endpoint_url)
 
 
-# Typed metrics: each stage publishes one model (its config class's `metrics_model`) in its manifest's `metrics`,
-# validated before publishing (unknown keys refused: a renamed metric fails the producer) and parsed again where a
-# downstream stage or the coordinator reads it (`read_metrics`). The models eval reads are `metrics/<stage>.py`.
+# Typed metrics: a stage's config names its model (`metrics_model`), validated before publishing (unknown keys refused,
+# so a renamed metric fails the producer) and parsed again where it is read (`read_metrics`).
 class Metrics(BaseModel):
     """Base: unknown keys are an error, so a renamed metric cannot slip through."""
 
@@ -498,10 +491,8 @@ def stage_main(
     argv: list[str] | None = None,
     publish_from_this_process: bool = True,
 ) -> int:
-    """Entrypoint body shared by every stage image: `IMAGE train`.
-
-    Any exception becomes a failure file + non-zero exit. Nothing is published unless run_fn returns.
-    """
+    """Entrypoint body of every stage image (`IMAGE train`): any exception becomes a failure file and a non-zero
+    exit; nothing is published unless run_fn returns."""
     argv = sys.argv[1:] if argv is None else argv
     setup_logging()
     opt = OptMl.from_env()

@@ -1,12 +1,7 @@
-"""Streaming text readers for corpora on local disk or S3 (finding the files: `identity.source_files`).
-
-Bytes: a binary stream that never holds the object whole (`open_binary`: local regular files only, S3 streamed,
-gzip decompressed, other compressions named in the error), parquet's seekable location (`parquet_location`:
-pyarrow.fs over S3), the format from the name (`detect_format`).
-
-Formats: .txt (a line per document), .txt.gz, .jsonl, .tsv, .parquet, and word-frequency lists for tokenizer
-training. Nothing is loaded whole: a line is read at most `max_document_bytes` at a time, and `on_oversize`
-says what happens past that (error, split, truncate, skip). Errors name the file and line."""
+"""Streaming readers for corpora on local disk or S3 (the files a source names: `identity.source_files`): .txt
+(a line per document), .txt.gz, .jsonl, .tsv, .parquet (by ranges over pyarrow.fs), word-frequency lists. Nothing
+is loaded whole: a line is read at most `max_document_bytes` at a time, `on_oversize` says what happens past that;
+errors name the file and line."""
 
 from __future__ import annotations
 
@@ -238,10 +233,8 @@ def iter_records(
     on_oversize: Oversize = "error",
     on_bad: Callable[[str, int, str], None] | None = None,
 ) -> Iterator[tuple[int, dict]]:
-    """JSON objects of a JSONL file with their line numbers; blank lines skipped; lines bounded (error or skip).
-
-    A line that is not a JSON object is an InputError naming the file and line or, with `on_bad`, handed to
-    `on_bad(file, line, reason)` (which may raise, count or log) and skipped."""
+    """JSON objects of a JSONL file with their line numbers; blank lines skipped; lines bounded (error or skip). A
+    line that is not a JSON object is an InputError naming the file and line, or goes to `on_bad(file, line, reason)`."""
     for lineno, line in _lines(uri, endpoint_url, max_document_bytes, on_oversize, splittable=False):
         if not line.strip():
             continue
@@ -424,11 +417,8 @@ def iter_word_counts(
     max_document_bytes: int = MAX_DOCUMENT_BYTES,
     on_oversize: Oversize = "error",
 ) -> Iterator[tuple[str, int, str, int]]:
-    """(file, line, word, count) of every entry of a word-frequency list behind `uri`.
-
-    One `WORD COUNT` per line (whitespace between, a positive count); blank lines and a BOM are skipped. Counts
-    stand for a crawl that cannot be shipped as text. Any other layout (extra columns, a header) is an error
-    naming the file and line, never words trained on wrongly."""
+    """(file, line, word, count) of every entry of a word-frequency list behind `uri`: one `WORD COUNT` per line
+    (a positive count; blank lines and a BOM skipped); any other layout is an error naming the file and line."""
     for file_uri in source_files(uri, endpoint_url):
         for lineno, line in _lines(file_uri, endpoint_url, max_document_bytes, on_oversize, splittable=False):
             if lineno == 1:

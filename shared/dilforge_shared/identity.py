@@ -1,13 +1,7 @@
-"""What identifies a stage's artifact: its code version, lineage refs of its inputs, and artifact ids.
-
-A stage's code version hashes the code it runs: the module its container enters (STAGE_MODULES) and every dilforge
-module that imports, transitively (`module_closure`).
-
-Planning and the container contract compute the same refs, so `recompute_artifact_id(manifest) ==
-manifest.artifact_id`. A model or tokenizer named by URI is identified without downloading any weights: a dilforge
-artifact by its artifact ref, a local file by its sha256, a local folder by every file's, an s3:// prefix by the
-ETags of its objects (`source_ref`). A corpus source names files (`expand`, `source_files`: what its readers read
-too), and its digest hashes them (`data_digest`)."""
+"""What identifies a stage's artifact: its code version (the code its container entry imports, `module_closure`),
+its inputs' lineage refs, and the artifact id. Planning and the contract compute the same refs, so an id can be
+recomputed. Models are identified without downloading weights (`source_ref`); a corpus source by the files it names
+(`expand`, `source_files`, which its readers read too) and their digest (`data_digest`)."""
 
 from __future__ import annotations
 
@@ -82,10 +76,8 @@ def source_ref(uri: str, name: str, endpoint_url: str | None = None) -> InputRef
 
 
 def folder_files(root: Path) -> list[Path]:
-    """The files a model folder is made of, sorted: every regular file below it but hidden entries (a clone's
-    `.git/` with its LFS copies of the weights, `hf download`'s `.cache/`, `.gitattributes`) and what is inside a
-    dilforge store, artifact or stage work folder kept in it (`paths.holds_dilforge_data`), which changes
-    as runs write to it: the corpus folders' rule. What its digest hashes and `models import` copies."""
+    """The files a model folder is made of, sorted (what its digest hashes and `models import` copies): every
+    regular file but hidden entries (`.git/`, `.cache/`) and dilforge stores or work folders kept in it."""
     files = []
     for folder, dirs, names in os.walk(root):
         here = Path(folder)
@@ -130,11 +122,9 @@ GLOB_CHARS = "*?["
 
 
 def expand(uri: str, endpoint_url: str | None = None) -> list[str]:
-    """The corpus files behind `uri`: a file, a folder (every corpus file below it, sorted), a glob, or an S3 object
-    or prefix (`s3://bucket/prefix/` included). In a folder or prefix, hidden entries (`.git/`, `.cache`, a
-    `.dilforge/` store), stores, artifacts and stage work folders (`paths.holds_dilforge_data`) are
-    skipped; a link to a folder is refused (it may loop or lead out of the folder). A name holding `*`, `?` or
-    `[` is a glob only when no such file exists (`data[1].txt` is a file)."""
+    """The corpus files behind `uri`: a file, a folder (its corpus files, sorted, but hidden entries and dilforge
+    stores or work folders; a link to a folder is refused), a glob (only when no such file exists), an S3 object
+    or prefix."""
     parsed = urlparse(uri)
     if parsed.scheme == "s3":
         return _expand_s3(uri, parsed.netloc, parsed.path.lstrip("/"), endpoint_url)
@@ -279,11 +269,8 @@ def data_digest(uri: str, endpoint_url: str | None = None) -> str:
 
 
 def stamped_sha256(path: Path) -> str:
-    """sha256 of a local file, read in full once per content: the digest is kept under the cache
-    (DILFORGE_CACHE, else ~/.cache/dilforge) keyed by the file's stat stamp (path, device, inode, size,
-    mtime and ctime in ns, as git's index does), so planning hashes a corpus and the stage's checks (at start,
-    before publishing, on every rank of every host sharing the cache) only stat it. Any write changes the stamp."""
-
+    """sha256 of a local file, read once per content: kept under the cache by the file's stat stamp (path, device,
+    inode, size, mtime and ctime, as git's index does), so the checks after planning only stat it."""
     st = path.stat()
     stamp = f"{path.resolve()}|{st.st_dev}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}"
     root = cache_root() / "digests"

@@ -1,7 +1,5 @@
-"""The versioned artifact manifest: the only thing stages say to each other.
-
-It names the artifact's kind, lineage, resolved config, every file with size and sha256, and metrics. A
-reader accepts its own major version (fields of a newer minor are ignored with a warning) and rejects others."""
+"""The versioned artifact manifest, the only thing stages say to each other: kind, lineage, resolved config, every
+file with size and sha256, metrics. A reader accepts its own major version (a newer minor's fields ignored)."""
 
 from __future__ import annotations
 
@@ -211,11 +209,8 @@ def canonical_json(obj: Any) -> bytes:
 
 
 def artifact_ref(name: str, uri: str, manifest: Manifest) -> InputRef:
-    """An upstream artifact as lineage and identity record it: by its artifact id, itself a digest of what made it
-    (stage, code version, identity config, inputs). Never by its manifest's bytes, which also record where it was
-    stored and when: those differ between a local, a compose and a SageMaker run (and after a resume in a fresh
-    store), and so would every downstream id. Nor by its files' digests: CPT's and SFT's files carry run metrics
-    (throughput, times) that differ on every run."""
+    """An upstream artifact as lineage and identity record it: by its artifact id (a digest of what made it), never
+    by its manifest's bytes (where and when it was stored) nor its files' (CPT's and SFT's carry run timings)."""
     return InputRef(name=name, kind="manifest", uri=uri, sha256=f"artifact:{manifest.artifact_id}")
 
 
@@ -237,10 +232,8 @@ def by_content(value: Any, content: dict[str, str]) -> Any:
 
 
 def fingerprint(stage: str, identity: dict[str, Any], inputs: list[InputRef], code_version: str) -> str:
-    """Artifact id: the stage, its code version, the identity fields of its config (`StageConfig.identity()`) and
-    its inputs' digests. Same values, same id, so reruns reuse artifacts and resume checkpoints. A file, folder or
-    model the config names by URI counts by its content, in the config where it is named: a copy, a link or another
-    path to the same bytes is the same input."""
+    """Artifact id: the stage, its code version, its config's identity fields and its inputs' digests (same values,
+    same id: reruns reuse). A file, folder or model the config names counts by its content, wherever it lives."""
     content = {declared_uri(ref.uri): ref.sha256 for ref in inputs if ref.name.startswith(("data:", "model:"))}
     payload = {
         "stage": stage,

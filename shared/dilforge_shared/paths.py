@@ -1,12 +1,6 @@
-"""Paths built from untrusted text stay inside their root.
-
-Manifests, run records, configs and archives come from places a user does not fully control (an S3 bucket, a
-copied store, a downloaded wheel). Every name in them that becomes part of a path is checked here: ids and
-names by pattern (`check_name`), relative paths by `confined`, and folders read as input by `check_links`
-(no symlink, file or folder, that resolves outside the folder). What of such a folder or S3 prefix is its content,
-never a dilforge store or work folder kept in it, is `holds_dilforge_data` and `content_keys` (corpus and model
-folders alike).
-"""
+"""Paths built from untrusted text (manifests, records, configs, archives) stay inside their root: names by pattern
+(`check_name`), relative paths by `confined`, input folders by `check_links`. What of a folder or S3 prefix is its
+content, never a dilforge store or work folder kept in it: `holds_dilforge_data`, `content_keys`."""
 
 from __future__ import annotations
 
@@ -23,16 +17,13 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 _NAME = re.compile(NAME_PATTERN)
 
 
-# Local inputs a backend uploads for its containers (`--backend sagemaker-local`) sit at
-# s3://<bucket>/data/<16 hex of their content>/<the absolute local path as written>, each object carrying its sha256 as
-# metadata. Identity reads such a URI as the local path it was uploaded from (`declared_uri`) and its content by
-# that sha256, so a stage fed the copy gets the id the local run gets.
+# A local input uploaded for `--backend sagemaker-local`: s3://<bucket>/data/<16 hex of its content>/<its absolute
+# path>, its sha256 as metadata. Identity reads it as that local path (`declared_uri`), so the copy gets the local id.
 UPLOADED_COPY = re.compile(r"^s3://[a-z0-9][a-z0-9.-]*/data/[0-9a-f]{16}(/.+)$")
 
 
-# A folder below a corpus folder holding one of these is a dilforge store, artifact or stage work folder, never
-# read as corpus text: a store or work folder kept inside the corpus folder would otherwise feed each run its own
-# earlier output.
+# A folder holding one of these is a dilforge store, artifact or work folder, never corpus or model content (a store
+# kept inside a corpus folder would otherwise feed each run its own earlier output).
 STORE_FILES = (".dilforge-store", ".dilforge-work", "manifest.json")
 
 
@@ -100,11 +91,8 @@ def confined(root: Path, rel: str, what: str = "path") -> Path:
 
 
 def check_links(folder: Path, source: str) -> None:
-    """Refuse a folder read as input if any symlink in it (file or folder) points outside it.
-
-    Links inside the folder are fine (HF caches link snapshot files to blobs beside them only when the folder is
-    the cache root; a model folder that links out would publish, or fingerprint, files the user never pointed at).
-    """
+    """Refuse a folder read as input if any symlink in it points outside it (it would publish, or fingerprint,
+    files the user never pointed at); links inside it are fine."""
     real = folder.resolve()
     for dirpath, dirnames, filenames in os.walk(folder):
         for name in (*dirnames, *filenames):

@@ -1,11 +1,6 @@
-"""The DILFORGE_* settings stages and the store read (pydantic-settings, prefix `DILFORGE_`), and the redaction of
-secrets in everything dilforge writes.
-
-Read with `settings()` on each use (not cached, so tests can `monkeypatch.setenv`); each field's description
-says what it sets. Nothing writes `os.environ` after start-up: values travel as arguments. The coordinator's own
-settings (work folders, locks, the compose backend, `${...}` in configs) are `dilforge_coordinator.settings`; the
-serving image's (DILFORGE_MODEL_URI, DILFORGE_SERVE_DEVICE, ...) are declared with the `serve` options that read
-them (dilforge_serve.cli)."""
+"""The DILFORGE_* settings stages and the store read (pydantic-settings), read on each use (`settings()`), and the
+redaction of secrets in everything dilforge writes. The coordinator's own settings are
+`dilforge_coordinator.settings`; the serving image's are its CLI options (dilforge_serve.cli)."""
 
 from __future__ import annotations
 
@@ -69,10 +64,8 @@ class Settings(BaseSettings):
 
 
 def cache_root() -> Path:
-    """Where downloads are kept between runs (and between tests): $DILFORGE_CACHE, else ~/.cache/dilforge.
-
-    Outside the repository on purpose: CI and every test fetch a recipe's wheel once per machine.
-    """
+    """Where downloads are kept between runs and tests: $DILFORGE_CACHE, else ~/.cache/dilforge (outside the
+    repository: a recipe's wheel is fetched once per machine)."""
     return (settings().cache or Path.home() / ".cache" / "dilforge").expanduser()
 
 
@@ -151,10 +144,9 @@ REDACTED = "***"
 # Recognised by position: a URL's userinfo, `user:password@` or `token@` (a password may hold `/`, as AWS secret
 # keys do, so it runs to the last `@` before a blank or a quote).
 _URL_USERINFO = re.compile(r"(?<=://)(?:[^\s@/:\"'<>]+@|[^\s@/:\"'<>]*:[^\s@\"'<>]*@)")
-# Recognised by format: AWS access key ids and the 40-character secret beside one; a lone 40-character secret of
-# mixed case and digits (not a path: no leading `/`, no `//`); bearer and basic tokens; the issued-token formats of
-# GitHub, Hugging Face, GitLab, Slack, OpenAI/Anthropic, Stripe and Google; JWTs; PEM private key blocks (to their
-# END line, or to the end of a cut text).
+# Recognised by format: AWS key ids and the 40-character secret beside one or alone (mixed case and digits, not a
+# path); bearer and basic tokens; issued tokens (GitHub, Hugging Face, GitLab, Slack, OpenAI/Anthropic, Stripe,
+# Google); JWTs; PEM private key blocks.
 _AWS_KEY_ID = re.compile(r"(?<![A-Z0-9])(?:AKIA|ASIA|AGPA|AIDA|AROA|AIPA|ANPA|ANVA|APKA)[A-Z0-9]{16}(?![A-Z0-9])")
 _AWS_SECRET = re.compile(r"(?<![A-Za-z0-9/+=])[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+=])")
 _LONE_AWS_SECRET = re.compile(
@@ -207,10 +199,8 @@ def _named(match: re.Match) -> str:
 
 
 def redact(text: str, values: list[str] | None = None) -> str:
-    """The one redaction of secrets, used by every writer (log lines, errors on screen, run records, manifests, data
-    cards): credential values from the environment and the AWS credentials file (`secret_values`), URL userinfo, AWS
-    key ids and secrets, issued tokens, JWTs, private keys, bearer/basic/Authorization values, and values of
-    secret-named fields, each replaced by `***`."""
+    """The one redaction of secrets, used by every writer (logs, errors, records, manifests, data cards): credential
+    values (`secret_values`) and whatever the patterns above recognise, each replaced by `***`."""
     for value in values if values is not None else secret_values():
         text = text.replace(value, REDACTED)
     if not _MAYBE_SECRET.search(text):  # most strings (paths, digests, numbers): none of the patterns can match

@@ -1,9 +1,6 @@
-"""Artifact store over a local directory (path or file://) and S3 (s3://, via boto3).
-
-Publishing is atomic for readers: files go to a fresh `data-<uuid>/`, then the manifest is written last,
-create-only, so a crash leaves no manifest and of two concurrent publishers exactly one wins. Reading verifies
-every file's size and sha256. Every key is checked by `check_relative_path` before it becomes a path or an object
-key, so no name read from a manifest, record or config can address anything outside the backend's root."""
+"""Artifact store over a local directory (path or file://) and S3 (boto3). Publishing is atomic for readers: files
+go to a fresh `data-<uuid>/`, the manifest last and create-only (of two publishers exactly one wins). Reading
+verifies every file's size and sha256. Every key is checked (`check_relative_path`) before it becomes a path."""
 
 from __future__ import annotations
 
@@ -17,7 +14,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 from urllib.parse import urlparse
 
 from .errors import ArtifactExistsError, DilforgeError, IntegrityError, ManifestNotFound
@@ -41,25 +37,6 @@ MULTIPART_THRESHOLD = 64 << 20  # bytes; larger files go up in parts of this siz
 
 class NotFound(DilforgeError):
     """A key or object that does not exist."""
-
-
-class Storage(Protocol):
-    """Where artifact bytes live: a folder (LocalStorage) or an S3 bucket prefix (S3Storage). Named Storage, not
-    Backend, because the coordinator's backends (local, compose, sagemaker) are where stages *run*."""
-
-    uri: str
-
-    def exists(self, key: str) -> bool: ...
-    def read_bytes(self, key: str) -> bytes: ...
-    def write_bytes(self, key: str, data: bytes) -> None: ...
-    def create_bytes(self, key: str, data: bytes) -> bool: ...
-    def upload_file(self, key: str, path: Path) -> None: ...
-    def download_file(self, key: str, path: Path) -> None: ...
-    def size(self, key: str) -> int: ...
-    def list(self, prefix: str) -> Iterator[str]: ...
-    def delete_prefix(self, prefix: str) -> None: ...
-    def delete(self, key: str) -> None: ...
-    def local_path(self, key: str) -> Path | None: ...
 
 
 FULL_DISK = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
@@ -171,9 +148,8 @@ class LocalStorage:
         return st.st_size, f"mtime:{st.st_mtime_ns}"
 
 
-# Keys for an S3-compatible endpoint this process itself provides (the compose backend's local-only SeaweedFS
-# identity), by endpoint URL: used only by clients of that endpoint, while the DILFORGE_S3_* keys are unset, and
-# never written into os.environ.
+# Keys of an S3-compatible endpoint this process provides (the compose backend's SeaweedFS), by endpoint URL: used
+# by clients of that endpoint while the DILFORGE_S3_* keys are unset, never written into os.environ.
 _ENDPOINT_KEYS: dict[str, tuple[str, str, str]] = {}
 
 
@@ -363,6 +339,10 @@ class S3Storage:
             )
 
 
+# Where artifact bytes live (Storage, not Backend: the coordinator's backends are where stages run).
+Storage = LocalStorage | S3Storage
+
+
 def open_backend(uri: str, endpoint_url: str | None = None) -> Storage:
     """`s3://bucket/prefix`, `file:///path` or a plain path."""
     parsed = urlparse(uri)
@@ -425,10 +405,8 @@ def artifact_storage(artifact_uri: str, endpoint_url: str | None = None) -> Stor
     return open_backend(artifact_uri.rstrip("/"), endpoint_url)
 
 
-# sha256 of the manifest's bytes, written beside it just before the manifest: any later change to manifest.json
-# (a flipped byte in its metrics or dates too, which still parses) is caught by every reader. Named after the data
-# folder, so of two racing publishers each writes its own (the loser removes its own with its files), and outside
-# it, so an artifact's data folder holds exactly the files its manifest lists.
+# sha256 of the manifest's bytes, written beside it just before it: every reader catches a later change. Named after
+# the data folder (two racing publishers each write their own) and outside it (it holds exactly the listed files).
 def manifest_digest_key(data_dir: str) -> str:
     return f".{data_dir}.manifest.sha256"
 
@@ -443,10 +421,8 @@ def publish(
     manifest: Manifest,
     endpoint_url: str | None = None,
 ) -> Manifest:
-    """Upload every file of `local_dir`, then create the manifest. Raises ArtifactExistsError if taken.
-
-    `manifest.files` and `manifest.data_dir` are filled in here from what is actually uploaded. A file large enough
-    to go up in parts is logged as it starts, so a long upload is never a silent one."""
+    """Upload every file of `local_dir` (a file large enough to go up in parts is logged as it starts), then create
+    the manifest, its `files` and `data_dir` filled in here. ArtifactExistsError if taken."""
     backend = artifact_storage(artifact_uri, endpoint_url)
     manifest_key = MANIFEST_NAME
     if backend.exists(manifest_key):
@@ -530,11 +506,9 @@ def store_of(artifact_uri: str, endpoint_url: str | None = None) -> tuple[str, s
 
 
 def recorded_digest_problem(artifact_uri: str, manifest: Manifest, digest: str, endpoint_url: str | None) -> str | None:
-    """None unless the store's run records witnessed publishes of this artifact (each record keeps, per artifact it
-    produced or reused, the manifest's data folder and sha256) and none of them is this one: its manifest was
-    edited, or its files were swapped under a new data folder with a new digest beside it, whatever that digest
-    says. A rebuild after a damaged artifact is witnessed by the run that rebuilt it. Only artifacts at
-    `<store>/artifacts/<stage>/<id>` have records to ask."""
+    """None unless the store's run records (each keeps the data folder and manifest sha256 of what it produced or
+    reused) witnessed publishes of this artifact and none is this one: its manifest was edited or its files swapped
+    under a new data folder, whatever digest lies beside it."""
     if (found := store_of(artifact_uri, endpoint_url)) is None:
         return None
     root, address = found
@@ -614,11 +588,8 @@ def verify_files(manifest: Manifest, root: Path, source: str, full: bool = True)
 
 
 def fetch(uri: str, cache_dir: Path | None = None, endpoint_url: str | None = None) -> Artifact:
-    """Read a manifest and make its files available locally, verified.
-
-    Local stores are verified in place (no copy); remote ones are downloaded to
-    `cache_dir/<artifact_id>-<sha>/` (reused across calls when already complete and verified).
-    """
+    """Read a manifest and make its files available locally, verified: a local store's in place, a remote one's
+    downloaded to `cache_dir/<artifact_id>-<sha>/` (reused when complete and verified)."""
     muri = manifest_uri_of(uri)
     artifact_uri = muri[: -len(MANIFEST_NAME) - 1]
     manifest, digest = read_manifest(muri, endpoint_url)
@@ -633,8 +604,7 @@ def fetch(uri: str, cache_dir: Path | None = None, endpoint_url: str | None = No
             raise IntegrityError(
                 f"{muri}: {extra[0]} not listed in the manifest: an artifact holds exactly its manifest's files"
             )
-        # the cached copy has the artifact's layout (manifest.json beside its data folder), so a reader of the
-        # folder finds the manifest that lists its files (identity.artifact_files, a SageMaker channel)
+        # the artifact's layout (manifest.json beside its data folder): a reader finds the list of its files there
         cache_dir = cache_dir or cache_root() / "artifacts"
         top = confined(cache_dir, f"{manifest.artifact_id}-{digest[:12]}", f"{muri}: artifact_id")
         local = top / manifest.data_dir

@@ -19,8 +19,7 @@ Oversize = Literal["error", "split", "truncate", "skip"]
 MAX_DOCUMENT_BYTES = 32 << 20
 
 # ---- bounds --------------------------------------------------------------------------------
-# Upper bounds of the fields that scale memory or time (a typo such as 1e9 is refused at
-# validation, naming the field, instead of allocating or running for hours). Each is far above any real run.
+# Upper bounds of the fields that scale memory or time, far above any real run: a typo such as 1e9 is refused.
 MAX_SEED = 2**32 - 1  # numpy's and the lm-eval seeds' range; torch takes up to 2**64
 MAX_STEPS = 100_000_000
 MAX_BATCH = 65_536  # sequences per step or per forward pass
@@ -30,12 +29,9 @@ MAX_VOCAB = 1_048_576
 
 
 # ---- identity ------------------------------------------------------------------------------
-# Every stage config field either determines the stage's output (identity: part of the artifact id) or only how,
-# where or how fast it runs (run-only: logging cadence, checkpoint cadence, process layout, kernels, batch sizes
-# for the same global batch, display names). A field is identity unless it carries RUN_ONLY, so a new field is
-# hashed until someone decides otherwise. The marker is this one place, and the exported JSON Schema shows it
-# on the field (`"x-dilforge-identity": "run-only"`). Changing a run-only field keeps the artifact id, so a CPT run
-# interrupted and rerun with, say, another checkpoint_every resumes its checkpoint instead of starting over.
+# A config field is part of the artifact id unless it carries RUN_ONLY (how, where or how fast a stage runs, not what
+# it makes), so a new field is hashed until someone decides otherwise; the JSON Schema shows the marker. Changing a
+# run-only field keeps the id, so a rerun with another checkpoint cadence resumes its checkpoint.
 IDENTITY_KEY = "x-dilforge-identity"
 RUN_ONLY = {IDENTITY_KEY: "run-only"}
 
@@ -176,13 +172,8 @@ def check_unique_labels(sources: list[DataSource], field: str) -> None:
 
 
 class StageConfig(StrictModel):
-    """Base of the four stage configs.
-
-    `stage`: the stage's name; `metrics_model`: the metrics it publishes; `artifact_kind`: what it publishes;
-    `consumes`: upstream stages
-    whose manifests the coordinator feeds it when they are in the same pipeline (as inputs named
-    after those stages).
-    """
+    """Base of the stage configs: `stage`, the `metrics_model` and `artifact_kind` it publishes, and the upstream
+    stages it `consumes` (inputs named after them when they are in the same pipeline)."""
 
     stage: ClassVar[str]
     metrics_model: ClassVar[type[BaseModel]]
