@@ -142,9 +142,9 @@ def run_stage(inp: Path, work: Path, tasks: int, workers: int) -> dict:
     inputs = stage.Inputs(sources=stage.reader_sources(config), tokenizer_file=None, work=work / "work")
     (work / "out").mkdir(parents=True)
     stage.execute(stage.build(config, inputs, stage.Folders(inputs.work, inputs.work), work / "out"), inputs.work)
-    counts = report.collect(inputs.work, config)
-    report.write(work / "out", config, counts)
-    return {"read": counts["read"], "kept": counts["kept"], "out": work / "out"}
+    metrics = report.collect(inputs.work, config, {}, 0.0)
+    report.write(work / "out", config, metrics)
+    return {"read": metrics.documents_read, "kept": metrics.documents_kept, "out": work / "out"}
 
 
 def run_plain(inp: Path, work: Path, tasks: int, workers: int) -> dict:

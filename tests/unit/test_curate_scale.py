@@ -83,12 +83,11 @@ def test_throughput_per_core_comes_from_every_tasks_cpu_seconds(tmp_path):
         for i, v in enumerate(values):
             (folder / f"{i:05d}").write_text(v + "\n")
     assert report.cpu_seconds(tmp_path) == {"filter": 4.0, "write": 1.0, "total": 5.0}
-    counts = {
-        "read": 1000, "kept": 900, "bytes_read": 2_000_000, "chars_read": 1, "chars_kept": 1, "words_kept": 1,
-        "tokens": None, "per_source": {"web": 1000}, "kept_per_source": {"web": 900}, "empty_sources": [],
-        "steps": [], "repairs": {}, "redacted": {}, "cpu_seconds": report.cpu_seconds(tmp_path),
-    }  # fmt: skip
-    m = report.metrics(config(), counts, {}, 1.0)
+    stats = tmp_path / "logs" / "filter" / "stats"
+    stats.mkdir()
+    reader = {"name": "📖 dilforge sources", "stats": {"documents": {"total": 1000}, "bytes": {"total": 2_000_000}}}
+    (stats / "00000.json").write_text(json.dumps([reader]))
+    m = report.collect(tmp_path, config(), {}, 1.0)
     assert (m.mb_per_cpu_second, m.documents_per_cpu_second, m.cpu_seconds["total"]) == (0.4, 200.0, 5.0)
 
 

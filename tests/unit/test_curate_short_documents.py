@@ -10,6 +10,7 @@ import pytest
 from datatrove.data import Document
 from dilforge_curate import report
 from dilforge_curate.config import CurateConfig
+from dilforge_curate.metrics import CurateMetrics
 from dilforge_curate.steps import LinguaFilter
 
 # written for this test: Turkish news sentences, one naming an Azerbaijani (Əliyev)
@@ -94,12 +95,12 @@ def test_line_endings_and_minimum_length_are_config_choices_with_reasons():
 
 def test_the_data_card_shows_the_length_and_line_rules(tmp_path):
     config = CurateConfig(corpora=[{"uri": "web.jsonl", "name": "web"}], quality={"min_words": 35})
-    counts = {
-        "read": 10, "chars_read": 100, "kept": 5, "chars_kept": 50, "words_kept": 9, "tokens": None, "steps": [],
-        "repairs": {"encoding_repaired": 0, "unicode_normalised": 0, "whitespace_normalised": 0}, "redacted": {},
-        "empty_sources": [], "per_source": {"web": 10}, "kept_per_source": {"web": 5},
-    }  # fmt: skip
-    report.write(tmp_path, config, counts)
+    metrics = CurateMetrics(
+        language="az", documents_read=10, chars_read=100, documents_kept=5, chars_kept=50, words_kept=9, steps=[],
+        repairs={"encoding_repaired": 0, "unicode_normalised": 0, "whitespace_normalised": 0}, redacted={},
+        per_source={"web": {"read": 10, "kept": 5}}, num_shards=1, seconds={},
+    )  # fmt: skip
+    report.write(tmp_path, config, metrics)
     card = (tmp_path / "README.md").read_text()
     assert "documents of 35 to 100,000 words are kept (quality.min_words" in card
     assert "Gopher's and FineWeb's minimum is 50" in card

@@ -265,27 +265,26 @@ def test_the_curate_report_and_data_card_are_written_through_redact(tmp_path, mo
     card nor the report writes them."""
     from dilforge_curate import report
     from dilforge_curate.config import CurateConfig
+    from dilforge_curate.metrics import CurateMetrics
 
     monkeypatch.setenv("ACME_PASSWORD", "pa55-w0rd-value")
     config = CurateConfig.model_validate(
         {"corpora": [{"uri": str(tmp_path / "a.jsonl"), "name": "web", "licence": "CC-BY; api_key=sk-live-0123456789"}]}
     )
-    counts = {
-        "read": 2,
-        "chars_read": 20,
-        "kept": 1,
-        "chars_kept": 10,
-        "words_kept": 2,
-        "tokens": None,
-        "steps": [
-            {"step": "quality", "removed": 1, "reasons": {"short": 1}, "what": "", "examples": ["pw pa55-w0rd-value"]}
-        ],
-        "repairs": {"encoding_repaired": 0, "unicode_normalised": 0, "whitespace_normalised": 0},
-        "redacted": {"email": {"replaced": 0, "documents": 0}},
-        "empty_sources": [],
-        "per_source": {"web": 2},
-        "kept_per_source": {"web": 1},
-    }
-    report.write(tmp_path, config, counts)
+    metrics = CurateMetrics(
+        language="az",
+        documents_read=2,
+        chars_read=20,
+        documents_kept=1,
+        chars_kept=10,
+        words_kept=2,
+        steps=[{"step": "quality", "removed": 1, "reasons": {"short": 1}, "examples": ["pw pa55-w0rd-value"]}],
+        repairs={"encoding_repaired": 0, "unicode_normalised": 0, "whitespace_normalised": 0},
+        redacted={"email": {"replaced": 0, "documents": 0}},
+        per_source={"web": {"read": 2, "kept": 1}},
+        num_shards=1,
+        seconds={},
+    )
+    report.write(tmp_path, config, metrics)
     _no_secret_under(tmp_path, "sk-live-0123456789", "pa55-w0rd-value")
     assert "| web | CC-BY; api_key=*** |" in re.sub(r" *\| *", " | ", (tmp_path / "README.md").read_text())

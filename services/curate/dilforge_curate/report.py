@@ -64,46 +64,53 @@ def _examples(folder: Path, limit: int) -> list[str]:
     return out
 
 
-def collect(work: Path, config: CurateConfig) -> dict:
-    """Counts, removals and examples of a finished run, from the work folder."""
+def collect(work: Path, config: CurateConfig, seconds: dict[str, float], total_s: float) -> CurateMetrics:
+    """The metrics of a finished run, from the work folder: counts, removals with examples, throughput."""
     filtered = _merged(work / "logs" / "filter")
     written = _merged(work / "logs" / "write")
     reader, normalise, redact = (_find(filtered, p) for p in ("dilforge sources", "Normalise", "Redact contacts"))
     steps = []
-    for key, part, what in STEPS:
+    for key, part, _ in STEPS:
         stats = _find(written if key == "duplicates" else filtered, part)
         reasons = {k.removeprefix("dropped_"): v for k, v in stats.items() if k.startswith("dropped_")}
         steps.append(
-            {
-                "step": key,
-                "what": what,
-                "removed": stats.get("dropped", 0),
-                "reasons": dict(sorted(reasons.items(), key=lambda kv: -kv[1])),
-                "examples": _examples(work / "removed" / key, config.output.num_examples),
-            }
+            CurateStep(
+                step=key,
+                removed=stats.get("dropped", 0),
+                reasons=dict(sorted(reasons.items(), key=lambda kv: -kv[1])),
+                examples=_examples(work / "removed" / key, config.output.num_examples),
+            )
         )
     kept, tokens = _find(written, "Source counter"), _find(written, "📊 Counter")
-    return {
-        "read": reader.get("documents", 0),
-        "bytes_read": reader.get("bytes", 0),
-        "cpu_seconds": cpu_seconds(work),
-        "chars_read": reader.get("doc_len", 0),
-        "per_source": {s.label: reader.get(f"source:{s.label}", 0) for s in config.corpora},
-        "kept_per_source": {s.label: kept.get(f"kept:{s.label}", 0) for s in config.corpora},
-        "empty_sources": [s.label for s in config.corpora if reader.get(f"empty_source:{s.label}", 0)],
-        "kept": kept.get("kept", 0),
-        "chars_kept": kept.get("chars", 0),
-        "words_kept": kept.get("words", 0),
-        "tokens": tokens.get("tokens") if tokens else None,
-        "repairs": {
-            k: normalise.get(k, 0) for k in ("encoding_repaired", "unicode_normalised", "whitespace_normalised")
+    read, bytes_read, cpu = reader.get("documents", 0), reader.get("bytes", 0), cpu_seconds(work)
+    return CurateMetrics(
+        language=config.language,
+        documents_read=read,
+        documents_kept=kept.get("kept", 0),
+        chars_read=reader.get("doc_len", 0),
+        chars_kept=kept.get("chars", 0),
+        words_kept=kept.get("words", 0),
+        tokens_kept=tokens.get("tokens") if tokens else None,
+        per_source={
+            s.label: SourceCount(read=reader.get(f"source:{s.label}", 0), kept=kept.get(f"kept:{s.label}", 0))
+            for s in config.corpora
         },
-        "redacted": {
-            kind: {"documents": redact.get(f"documents_with_{kind}", 0), "replaced": redact.get(f"{kind}s_replaced", 0)}
+        empty_sources=[s.label for s in config.corpora if reader.get(f"empty_source:{s.label}", 0)],
+        steps=steps,
+        repairs={k: normalise.get(k, 0) for k in ("encoding_repaired", "unicode_normalised", "whitespace_normalised")},
+        redacted={
+            kind: Redacted(
+                documents=redact.get(f"documents_with_{kind}", 0), replaced=redact.get(f"{kind}s_replaced", 0)
+            )
             for kind in ("email", "phone", "card")
         },
-        "steps": steps,
-    }
+        num_shards=config.output.num_shards,
+        seconds={**seconds, "total": round(total_s, 2)},
+        bytes_read=bytes_read,
+        cpu_seconds=cpu,
+        mb_per_cpu_second=round(bytes_read / 1e6 / cpu["total"], 3) if cpu.get("total") else None,
+        documents_per_cpu_second=round(read / cpu["total"], 1) if cpu.get("total") else None,
+    )
 
 
 def cpu_seconds(work: Path) -> dict[str, float]:
@@ -115,21 +122,19 @@ def cpu_seconds(work: Path) -> dict[str, float]:
     return {**phases, "total": round(sum(phases.values()), 2)} if phases else {}
 
 
-def check_not_empty(counts: dict, config: CurateConfig) -> None:
+def check_not_empty(m: CurateMetrics, config: CurateConfig) -> None:
     """Never a silent empty corpus: no document read, or none kept, is an error saying where they went."""
-    if counts["read"] == 0:
+    if m.documents_read == 0:
         raise InputError(
             "curate.corpora: no document in any source (every file empty or blank)",
             path=", ".join(s.uri for s in config.corpora),
         )
-    if counts["kept"] == 0:
+    if m.documents_kept == 0:
         removed = "; ".join(
-            f"{s['step']} {s['removed']}" + (f" ({_top(s['reasons'])})" if s["reasons"] else "")
-            for s in counts["steps"]
-            if s["removed"]
+            f"{s.step} {s.removed}" + (f" ({_top(s.reasons)})" if s.reasons else "") for s in m.steps if s.removed
         )
         raise InputError(
-            f"curate: none of the {counts['read']} documents survived ({removed}); is curate.language "
+            f"curate: none of the {m.documents_read} documents survived ({removed}); is curate.language "
             f"({config.language!r}) the corpus's language, or are the quality bounds too strict for it?",
             path=", ".join(s.uri for s in config.corpora),
         )
@@ -139,67 +144,39 @@ def _top(reasons: dict[str, int], n: int = 3) -> str:
     return ", ".join(f"{k} {v}" for k, v in list(reasons.items())[:n])
 
 
-def metrics(config: CurateConfig, counts: dict, seconds: dict[str, float], total_s: float) -> CurateMetrics:
-    return CurateMetrics(
-        language=config.language,
-        documents_read=counts["read"],
-        documents_kept=counts["kept"],
-        chars_read=counts["chars_read"],
-        chars_kept=counts["chars_kept"],
-        words_kept=counts["words_kept"],
-        tokens_kept=counts["tokens"],
-        per_source={
-            label: SourceCount(read=counts["per_source"][label], kept=counts["kept_per_source"][label])
-            for label in counts["per_source"]
-        },
-        empty_sources=counts["empty_sources"],
-        steps=[CurateStep(**{k: v for k, v in s.items() if k != "what"}) for s in counts["steps"]],
-        repairs=counts["repairs"],
-        redacted={kind: Redacted(**n) for kind, n in counts["redacted"].items()},
-        num_shards=config.output.num_shards,
-        seconds={**seconds, "total": round(total_s, 2)},
-        bytes_read=counts["bytes_read"],
-        cpu_seconds=counts["cpu_seconds"],
-        mb_per_cpu_second=round(counts["bytes_read"] / 1e6 / cpu, 3)
-        if (cpu := counts["cpu_seconds"].get("total"))
-        else None,
-        documents_per_cpu_second=round(counts["read"] / cpu, 1) if cpu else None,
-    )
-
-
-def write(out_dir: Path, config: CurateConfig, counts: dict) -> None:
+def write(out_dir: Path, config: CurateConfig, m: CurateMetrics) -> None:
     """report.md (what each step removed, with examples) and README.md (the data card); tables by tabulate."""
-    steps = [[s["step"], s["removed"], _top(s["reasons"], 6) or s["what"]] for s in counts["steps"]]
+    what = {key: text for key, _, text in STEPS}
+    steps = [[s.step, s.removed, _top(s.reasons, 6) or what[s.step]] for s in m.steps]
     lines = [
         f"# Curation report ({config.language})",
         "",
-        f"Read {counts['read']:,} documents ({counts['chars_read']:,} characters); kept {counts['kept']:,} "
-        f"({counts['chars_kept']:,} characters, {counts['words_kept']:,} words"
-        + (f", {counts['tokens']:,} tokens" if counts["tokens"] is not None else "")
+        f"Read {m.documents_read:,} documents ({m.chars_read:,} characters); kept {m.documents_kept:,} "
+        f"({m.chars_kept:,} characters, {m.words_kept:,} words"
+        + (f", {m.tokens_kept:,} tokens" if m.tokens_kept is not None else "")
         + ").",
         "",
         tabulate(steps, ["step", "removed", "why"], "pipe", intfmt=","),
     ]
-    r = counts["repairs"]
-    red = counts["redacted"]
+    r = m.repairs
     lines += [
         "",
         f"Repaired: {r['encoding_repaired']:,} mis-decoded documents, {r['unicode_normalised']:,} Unicode "
         f"normalised, {r['whitespace_normalised']:,} whitespace.",
         "Redacted: "
-        + ", ".join(f"{v['replaced']:,} {k}s in {v['documents']:,} documents" for k, v in red.items())
+        + ", ".join(f"{v.replaced:,} {k}s in {v.documents:,} documents" for k, v in m.redacted.items())
         + ".",
     ]
-    if counts["empty_sources"]:
-        lines += ["", f"Empty sources (skipped): {', '.join(counts['empty_sources'])}."]
-    for s in counts["steps"]:
-        if s["examples"]:
-            lines += ["", f"## Removed by {s['step']}", ""] + [f"- {e}" for e in s["examples"]]
+    if m.empty_sources:
+        lines += ["", f"Empty sources (skipped): {', '.join(m.empty_sources)}."]
+    for s in m.steps:
+        if s.examples:
+            lines += ["", f"## Removed by {s.step}", ""] + [f"- {e}" for e in s.examples]
     (out_dir / "report.md").write_text(redact("\n".join(lines)) + "\n", encoding="utf-8")
 
     q = config.quality
     sources = [
-        [s.label, s.licence or "not given", counts["per_source"][s.label], counts["kept_per_source"][s.label]]
+        [s.label, s.licence or "not given", m.per_source[s.label].read, m.per_source[s.label].kept]
         for s in config.corpora
     ]
     card = [
