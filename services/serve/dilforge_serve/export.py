@@ -361,13 +361,7 @@ def _build(spec, work: Path, sources: Path, names: tuple[str, str], quant: str, 
         quantize(work / "f16.gguf", staged, quant)
     else:
         convert(sources, folder, staged, quant, base_tok)
-    path = folder / "generation_config.json"
-    try:
-        generation = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-    except (OSError, ValueError) as exc:
-        raise ExportError(f"{path}: cannot read it ({exc})") from None
-    if not isinstance(generation, dict):
-        raise ExportError(f"{path}: not a JSON object")
+    generation = json.loads((folder / "generation_config.json").read_text(encoding="utf-8"))  # prepare wrote it
     (work / modelfile_name).write_text(modelfile(gguf_name, family, spec.system_prompt, generation), encoding="utf-8")
 
 
