@@ -21,7 +21,6 @@ from .fields import CHAT, COMPLETIONS, BadRequest, ServedTemplate, normalise
 
 log = logging.getLogger("dilforge.serve")
 
-GUARDED = (CHAT, COMPLETIONS)
 # every route a client may use; transformers serve's others (/load_model, /reset, /v1/responses, audio, ...) 404
 ROUTES = {("POST", CHAT), ("POST", COMPLETIONS), ("GET", "/v1/models"), ("GET", "/health"), ("GET", "/ping")}
 ROUTES |= {("POST", "/invocations")}
@@ -77,7 +76,7 @@ class RequestGuard:
         if path == "/invocations":
             scope = {**scope, "path": CHAT, "raw_path": CHAT.encode()}
             path = CHAT
-        if method != "POST" or path not in GUARDED:
+        if method != "POST":
             return await self.app(scope, receive, send)
         try:
             refuse_encoded_body(scope)
@@ -390,8 +389,6 @@ def build_app(model_id: str, **options: Any):
             model_id,
             f"{num_params:,}",
         )
-    gen_path = Path(model_id) / "generation_config.json"
-    gen = json.loads(gen_path.read_text(encoding="utf-8")) if gen_path.is_file() else {}
-    template = ServedTemplate.of(tokenizer.chat_template)
-    sampling = bool(gen.get("do_sample")) if isinstance(gen, dict) else False
-    return RequestGuard(app, model_id, tokenizer, context, template, sampling, test_sized)
+    gen = json.loads((Path(model_id) / "generation_config.json").read_text(encoding="utf-8"))  # prepare wrote it
+    sampling = bool(gen.get("do_sample"))
+    return RequestGuard(app, model_id, tokenizer, context, model_sampling=sampling, test_sized=test_sized)

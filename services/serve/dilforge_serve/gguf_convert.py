@@ -1,8 +1,6 @@
-"""llama.cpp's own converter (`convert_hf_to_gguf.py`), run on a prepared HF folder with the pre-tokenizer named.
-
-The converter names a BPE pre-tokenizer by hashing how the tokenizer encodes a test string, which an extended
-vocabulary changes; `extend` keeps the base's pre-tokenizer, so this computes the base tokenizer's name and
-makes the converter use it. The only code touching the converter's internals; it runs in its own process.
+"""llama.cpp's own converter (`convert_hf_to_gguf.py`) on a prepared HF folder, told the base tokenizer's
+pre-tokenizer name (it names one by hashing how the tokenizer encodes a test string, which an extended vocabulary
+changes). The only code touching the converter's internals; it runs in its own process:
 
   python -m dilforge_serve.gguf_convert SOURCES MODEL_DIR OUTFILE OUTTYPE BASE_TOKENIZER_DIR"""
 
