@@ -87,6 +87,7 @@ REFUSED = [
     ("logit_bias a NaN", chat(logit_bias={"5": float("nan")}), "logit_bias.5 should be a finite number"),
     ("logit_bias id 1e9", chat(logit_bias={"1000000000": 1}), "not a token id of this model"),
     ("logit_bias id of 5000 digits", chat(logit_bias={"9" * 5000: 1}), "not a token id of this model"),
+    ("logit_bias key with a newline", chat(logit_bias={"a\nb": "x"}), "logit_bias['a\\nb'] should be"),
     # messages: every key and shape
     ("message unknown key", {"messages": [{"role": "user", "content": "x", "foo": 1}]}, "messages[0].foo is not"),
     ("content null", {"messages": [{"role": "user", "content": None}]}, "messages[0] has no content"),

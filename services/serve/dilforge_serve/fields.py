@@ -364,7 +364,14 @@ def refusal(exc: ValidationError, body: dict[str, Any], path: str) -> BadRequest
     """The first validation error as one line naming the field (`messages[0].content`)."""
     err = exc.errors(include_url=False)[0]
     loc = err["loc"]
-    where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
+    where = "".join(
+        f"[{p}]"
+        if isinstance(p, int)
+        else f".{p}"
+        if p.isidentifier() or p.isdigit() and len(p) < 20
+        else f"[{short(p)}]"
+        for p in loc
+    ).lstrip(".")  # a request's own keys (logit_bias, metadata) shown as reprs
     if err["type"] == "extra_forbidden" and len(loc) == 1:
         passed = PASSED_CHAT if path == CHAT else PASSED_COMPLETION
         message = f"{short(loc[0])} is not a field this server takes on {path} (it takes: {', '.join(sorted(passed))})"
