@@ -283,6 +283,13 @@ class Message(Strict):
             raise ValueError("has no content: it must be a string (null only beside tool_calls)")
         return message
 
+    @model_validator(mode="after")
+    def as_served(self) -> Message:
+        """transformers serve renders no content beside tool calls; a call without an id gets one."""
+        for j, call in enumerate(self.tool_calls or ()):
+            self.content, call.id = "", call.id or f"call_{j}"
+        return self
+
 
 class ToolFunction(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow")
@@ -430,22 +437,14 @@ def normalise(
     requested = next(iter(limits.values()), None)  # transformers serve's order: the first one set wins
     if not chat:
         return Normalised(out, max_new_tokens=requested, min_new_tokens=min_new_tokens, token_limits=limits)
-    out["messages"], conversation = [], []
-    for message in request.messages:
-        item: dict[str, Any] = {"role": message.role, "content": message.content or ""}
-        if message.tool_call_id is not None:
-            item["tool_call_id"] = message.tool_call_id
-        rendered = dict(item)
-        if message.tool_calls:
-            item["content"] = rendered["content"] = ""  # transformers serve renders no content beside tool calls
-            item["tool_calls"], rendered["tool_calls"] = [], []
-            for j, call in enumerate(message.tool_calls):
-                sent = {"id": call.id or f"call_{j}", "type": "function", "function": call.function.model_dump()}
-                item["tool_calls"].append(sent)
-                arguments = json.loads(call.function.arguments)
-                rendered["tool_calls"].append({**sent, "function": {**sent["function"], "arguments": arguments}})
-        out["messages"].append(item)
-        conversation.append(rendered)
+    out["messages"] = [m.model_dump(exclude_none=True, exclude={"name"}) for m in request.messages]
+    conversation = [dict(m) for m in out["messages"]]
+    for m in conversation:  # as the template renders them: tool call arguments parsed
+        if "tool_calls" in m:
+            m["tool_calls"] = [
+                {**c, "function": {**c["function"], "arguments": json.loads(c["function"]["arguments"])}}
+                for c in m["tool_calls"]
+            ]
     kwargs = dict(out.get("chat_template_kwargs", {}))
     if "tools" in out:
         kwargs["tools"] = out["tools"]
