@@ -32,7 +32,7 @@ def _load(model_uri: str, base: str | None, endpoint: str | None, merged: bool, 
     """Tokenizer, model and adapter; whatever the libraries raise on bad weights (a shape that is not the config's,
     a header declaring a huge tensor, an adapter trained on another base) is one DilforgeError naming the folder."""
     from dilforge_shared.errors import DilforgeError
-    from dilforge_shared.models import resolve_chat_model
+    from dilforge_shared.serving import resolve_chat_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     spec = resolve_chat_model(model_uri, base=base, endpoint_url=endpoint, prefer_merged=merged)

@@ -2,7 +2,7 @@
 `mirror_prefix`, a local copy re-validated against its listing on every use).
 
 Used by every stage that opens a base model or tokenizer (`open_model`, `resolve`), by the one precedence rule
-for a stage's base model (`choose`), and by `coordinator chat`, serve and eval (`resolve_chat_model`). Lineage is
+for a stage's base model (`choose`), and by `serving.resolve_chat_model` (chat, serve, eval). Lineage is
 not its concern: the stage's identity check reads a URI's ref (`identity.source_ref`) as the coordinator did.
 Resolving is file work: torch is imported only inside `merge_adapter`.
 """
@@ -274,68 +274,6 @@ def resolve(
         return Resolved(kind, path, ModelSource(path=path, uri=source))
     src = open_model(source, endpoint_url, cache_dir, only=TOKENIZER_FILES if kind == "tokenizer" else None)
     return Resolved(kind, find_dir(src.path, kind, src.uri), src)
-
-
-def adapter_base(adapter: Resolved) -> str | None:
-    """The one way an adapter's base model is found (eval, chat, serve): an adapter artifact's base is what
-    its SFT run used, read from its manifest by the same rule the SFT stage applied (`choose` over the
-    recorded config field `base_model` and the recorded inputs `cpt`, `model`); a plain adapter folder's is
-    adapter_config.json's `base_model_name_or_path` (dilforge's SFT writes the base's URI there too)."""
-    if adapter.manifest is not None:
-        inputs = {r.name: r.uri for r in adapter.manifest.inputs if r.kind == "manifest"}
-        picked = choose("base_model", adapter.manifest.config.get("base_model"), inputs)
-        if picked is not None:
-            return picked.uri
-    try:
-        cfg = json.loads((adapter.path / MARKERS["adapter"]).read_text())
-    except (OSError, ValueError):
-        return None
-    return cfg.get("base_model_name_or_path") or None
-
-
-@dataclass
-class ChatModel:
-    """What to load for inference: base weights, an optional adapter on top, the tokenizer to use, and the
-    artifact's manifest (None for a plain HF folder)."""
-
-    base_dir: Path
-    adapter_dir: Path | None
-    tokenizer_dir: Path
-    description: str
-    manifest: Manifest | None = None
-
-
-def resolve_chat_model(
-    source: str | Artifact,
-    base: str | None = None,
-    endpoint_url: str | None = None,
-    prefer_merged: bool = False,
-    cache_dir: Path | None = None,
-    fetched: Iterable[Artifact] = (),
-) -> ChatModel:
-    """Any model or adapter artifact (or HF folder) → base + adapter folders, through `resolve`: for chat, serve
-    and eval. `prefer_merged`: a model folder (an SFT artifact's merged/) wins over an adapter beside it.
-
-    An adapter's base is `adapter_base` (its SFT lineage), unless `base` overrides it; a base that is one of
-    `fetched` (upstream artifacts already local) is used as it is.
-    """
-    uri = source.uri if isinstance(source, Artifact) else source
-    src = open_model(source, endpoint_url, cache_dir)
-    adapter_dir = find_dir(src.path, "adapter", uri, required=False)
-    model_dir = find_dir(src.path, "model", uri, required=False)
-    if adapter_dir is None or (prefer_merged and model_dir is not None):
-        if model_dir is None:
-            raise ConfigError(f"{uri}: no HF model folder (config.json + safetensors) or PEFT adapter in it")
-        tok = find_dir(src.path, "tokenizer", uri, required=False) or model_dir
-        what = "merged model of" if adapter_dir is not None else "model"
-        return ChatModel(model_dir, None, tok, f"{what} {uri}", src.manifest)
-    adapter = Resolved("adapter", adapter_dir, src)
-    base = base or adapter_base(adapter)
-    if base is None:
-        raise ConfigError(f"{uri}: an adapter without a recorded base model; pass --base")
-    local = {art.uri.rstrip("/"): art for art in fetched}
-    base_res = resolve(local.get(base.rstrip("/"), base), "model", endpoint_url, cache_dir)
-    return ChatModel(base_res.path, adapter_dir, adapter_dir, f"adapter {uri} on base {base}", src.manifest)
 
 
 def merge_adapter(base_dir: Path, adapter_dir: Path, out: Path) -> None:

@@ -1,15 +1,19 @@
-"""How a server presents an artifact, the same for `coordinator serve` / `deploy` and the serve image: the OpenAI
-model id, and the served chat template that makes the SFT config's `system_prompt` the default system message
-(no torch)."""
+"""How a server presents an artifact, the same for `coordinator serve` / `deploy` and the serve image: what to load
+(`resolve_chat_model`, also for `coordinator chat` and eval), the OpenAI model id, and the served chat template
+that makes the SFT config's `system_prompt` the default system message (no torch)."""
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import ConfigError
 from .manifest import Manifest
+from .models import MARKERS, Resolved, choose, find_dir, open_model, resolve
+from .store import Artifact
 
 MODEL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 SYSTEM_PROMPT_ENV = "DILFORGE_SYSTEM_PROMPT"
@@ -62,3 +66,65 @@ def serving_template(template: str, system_prompt: str | None) -> str:
         "{%- endif %}"
     )
     return prefix + template
+
+
+def adapter_base(adapter: Resolved) -> str | None:
+    """The one way an adapter's base model is found (eval, chat, serve): an adapter artifact's base is what
+    its SFT run used, read from its manifest by the same rule the SFT stage applied (`choose` over the
+    recorded config field `base_model` and the recorded inputs `cpt`, `model`); a plain adapter folder's is
+    adapter_config.json's `base_model_name_or_path` (dilforge's SFT writes the base's URI there too)."""
+    if adapter.manifest is not None:
+        inputs = {r.name: r.uri for r in adapter.manifest.inputs if r.kind == "manifest"}
+        picked = choose("base_model", adapter.manifest.config.get("base_model"), inputs)
+        if picked is not None:
+            return picked.uri
+    try:
+        cfg = json.loads((adapter.path / MARKERS["adapter"]).read_text())
+    except (OSError, ValueError):
+        return None
+    return cfg.get("base_model_name_or_path") or None
+
+
+@dataclass
+class ChatModel:
+    """What to load for inference: base weights, an optional adapter on top, the tokenizer to use, and the
+    artifact's manifest (None for a plain HF folder)."""
+
+    base_dir: Path
+    adapter_dir: Path | None
+    tokenizer_dir: Path
+    description: str
+    manifest: Manifest | None = None
+
+
+def resolve_chat_model(
+    source: str | Artifact,
+    base: str | None = None,
+    endpoint_url: str | None = None,
+    prefer_merged: bool = False,
+    cache_dir: Path | None = None,
+    fetched: Iterable[Artifact] = (),
+) -> ChatModel:
+    """Any model or adapter artifact (or HF folder) → base + adapter folders, through `resolve`: for chat, serve
+    and eval. `prefer_merged`: a model folder (an SFT artifact's merged/) wins over an adapter beside it.
+
+    An adapter's base is `adapter_base` (its SFT lineage), unless `base` overrides it; a base that is one of
+    `fetched` (upstream artifacts already local) is used as it is.
+    """
+    uri = source.uri if isinstance(source, Artifact) else source
+    src = open_model(source, endpoint_url, cache_dir)
+    adapter_dir = find_dir(src.path, "adapter", uri, required=False)
+    model_dir = find_dir(src.path, "model", uri, required=False)
+    if adapter_dir is None or (prefer_merged and model_dir is not None):
+        if model_dir is None:
+            raise ConfigError(f"{uri}: no HF model folder (config.json + safetensors) or PEFT adapter in it")
+        tok = find_dir(src.path, "tokenizer", uri, required=False) or model_dir
+        what = "merged model of" if adapter_dir is not None else "model"
+        return ChatModel(model_dir, None, tok, f"{what} {uri}", src.manifest)
+    adapter = Resolved("adapter", adapter_dir, src)
+    base = base or adapter_base(adapter)
+    if base is None:
+        raise ConfigError(f"{uri}: an adapter without a recorded base model; pass --base")
+    local = {art.uri.rstrip("/"): art for art in fetched}
+    base_res = resolve(local.get(base.rstrip("/"), base), "model", endpoint_url, cache_dir)
+    return ChatModel(base_res.path, adapter_dir, adapter_dir, f"adapter {uri} on base {base}", src.manifest)

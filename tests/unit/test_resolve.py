@@ -14,7 +14,8 @@ from dilforge_sft.config import SftConfig
 from dilforge_shared.configs.base import validate_model
 from dilforge_shared.errors import ConfigError
 from dilforge_shared.manifest import InputRef, Manifest, current_producer
-from dilforge_shared.models import Resolved, adapter_base, choose, find_dir, open_model, resolve, resolve_chat_model
+from dilforge_shared.models import Resolved, choose, find_dir, open_model, resolve
+from dilforge_shared.serving import adapter_base, resolve_chat_model
 from dilforge_shared.store import fetch, publish
 from dilforge_tokenizer.config import TokenizerConfig
 

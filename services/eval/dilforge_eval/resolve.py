@@ -11,7 +11,8 @@ from pathlib import Path
 from dilforge_shared.contract import StageContext
 from dilforge_shared.errors import ConfigError, InputError
 from dilforge_shared.manifest import Manifest, sha256_file
-from dilforge_shared.models import Kind, resolve, resolve_chat_model
+from dilforge_shared.models import Kind, resolve
+from dilforge_shared.serving import resolve_chat_model
 from dilforge_shared.store import Artifact
 
 from .config import BASE_LABEL, EvalConfig
@@ -51,7 +52,7 @@ def eval_model(
     adapter_uri: str | None = None,
     fetched: Iterable[Artifact] = (),
 ) -> EvalModel:
-    """One model under its report label, through the one resolver (`models.resolve_chat_model`): its model folder
+    """One model under its report label, through the one resolver (`serving.resolve_chat_model`): its model folder
     (an SFT artifact's merged/ first), else its adapter on the base its lineage names (one of `fetched`, the
     upstream artifacts already here, when it is one). A config model's `tokenizer_uri` and `adapter_uri` replace
     what its folder holds."""

@@ -22,8 +22,8 @@ from dilforge_shared.families import (
     special_token_ids,
     system_prompt_problem,
 )
-from dilforge_shared.models import TOKENIZER_FILES, merge_adapter, resolve_chat_model
-from dilforge_shared.serving import chat_template_of, served_model_id, serving_template
+from dilforge_shared.models import TOKENIZER_FILES, merge_adapter
+from dilforge_shared.serving import chat_template_of, resolve_chat_model, served_model_id, serving_template
 
 log = logging.getLogger("dilforge.serve")
 
