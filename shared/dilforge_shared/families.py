@@ -1,8 +1,5 @@
-"""Tokenizer families: the special tokens and chat template a base model's family uses.
-
-A new tokenizer must keep its base model's conventions (Llama 3's `<|end_of_text|>` / `<|eot_id|>`, ChatML's
-`<|im_start|>` / `<|im_end|>`) or the base model's knowledge of them is lost. Every stage asks this module,
-never a hard-coded token. Pure Python."""
+"""Tokenizer families: the special tokens and chat template a base model's family uses (a new tokenizer keeps
+them, or the base model's knowledge of them is lost). Every stage asks this module, never a hard-coded token."""
 
 from __future__ import annotations
 
@@ -79,10 +76,8 @@ class Family:
         return list(dict.fromkeys([self.eot, *self.extra_stops, self.doc_end]))
 
     def generation_ids(self, token_ids: Mapping[str, int]) -> dict[str, int | list[int] | None]:
-        """bos/eos/pad ids for config.json and generation_config.json, as the family's instruct models write
-        them: eos is every stop token the vocabulary has (a list when several: Meta's Llama 3.x Instruct lists
-        `<|end_of_text|>`, `<|eom_id|>`, `<|eot_id|>`), so stock `generate`, `transformers serve`, vLLM and TGI
-        end an answer at the end of the turn without being told."""
+        """bos/eos/pad ids for config.json and generation_config.json as the family's instruct models write them:
+        eos lists every stop token the vocabulary has, so stock servers end an answer at the end of the turn."""
         eos = [token_ids[t] for t in self.stop_tokens if t in token_ids]
         if self.eot not in token_ids or self.doc_end not in token_ids:
             raise InputError(f"tokenizer lacks the {self.name} family's {self.eot} or {self.doc_end}")
@@ -149,10 +144,8 @@ def special_token_in(text: str, pattern: re.Pattern[str] | None) -> str | None:
 
 
 def system_prompt_problem(text: str, specials: Iterable[str] = ()) -> str | None:
-    """Why `text` cannot be a default system message, or None. A control token (of the known families, or one of
-    `specials`, a tokenizer's own) would forge turns in every chat template; a triple quote, or a quote just before
-    the closing one, would end the Ollama Modelfile's triple-quoted SYSTEM block early and let the rest be read
-    as directives (ADAPTER, PARAMETER, ...). Refused, not quoted: a Modelfile string has no escape for it."""
+    """Why `text` cannot be a default system message, or None: a control token (the families' or one of `specials`)
+    would forge turns; a triple quote, or a closing quote, would end the Modelfile's SYSTEM block (it has no escape)."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
@@ -168,11 +161,8 @@ def system_prompt_problem(text: str, specials: Iterable[str] = ()) -> str | None
 
 
 def detect_family(tokens: Iterable[str], source: str) -> Family:
-    """The family whose marker tokens are all in `tokens` (a vocabulary or its added tokens).
-
-    Raises InputError naming `source` when no known family matches, so a user learns at once that
-    the base model's conventions are unknown rather than training with the wrong separators.
-    """
+    """The family whose marker tokens are all in `tokens` (a vocabulary or its added tokens); InputError naming
+    `source` when none matches, rather than training with the wrong separators."""
     vocab = set(tokens)
     for family in FAMILIES.values():
         if all(m in vocab for m in family.markers):
@@ -212,11 +202,8 @@ def special_token_ids(tokenizer_json: Path) -> dict[str, int]:
 
 
 def describe_model_folder(folder: Path, tokenizer_dir: Path | None = None) -> tuple[Family, dict]:
-    """Make a published model folder (full model or adapter) describe itself to stock consumers.
-
-    Writes the family's bos/eos/pad ids into config.json and generation_config.json, and its chat template when
-    the tokenizer has none, so servers other than `coordinator chat` stop at the end of a turn. JSON only.
-    Returns (family, the ids written)."""
+    """Make a published model folder describe itself to stock servers: the family's bos/eos/pad ids into config.json
+    and generation_config.json, its chat template when the tokenizer has none. Returns (family, the ids written)."""
     tokenizer_dir = tokenizer_dir or folder
     tokens = special_token_ids(tokenizer_dir / "tokenizer.json")
     family = detect_family(tokens, str(tokenizer_dir))

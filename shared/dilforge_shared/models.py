@@ -1,11 +1,6 @@
 """The one resolver: a model/tokenizer/adapter URI → a local folder of that kind (an S3 prefix through
-`mirror_prefix`, a local copy re-validated against its listing on every use).
-
-Used by every stage that opens a base model or tokenizer (`open_model`, `resolve`), by the one precedence rule
-for a stage's base model (`choose`), and by `serving.resolve_chat_model` (chat, serve, eval). Lineage is
-not its concern: the stage's identity check reads a URI's ref (`identity.source_ref`) as the coordinator did.
-Resolving is file work: torch is imported only inside `merge_adapter`.
-"""
+`mirror_prefix`, a local copy re-validated against its listing on every use), and the one precedence rule for a
+stage's base model (`choose`). Lineage is `identity.source_ref`'s; torch is imported only inside `merge_adapter`."""
 
 from __future__ import annotations
 
@@ -67,10 +62,9 @@ class Choice:
 def choose(
     field: str, value: str | None, inputs: Mapping[str, str], order: Iterable[str] = BASE_INPUTS
 ) -> Choice | None:
-    """THE precedence rule for every stage, `coordinator chat` and serve: the stage's explicit config field
-    (`base_model`, `base_tokenizer`) when set; else the nearest upstream artifact that carries a base model
-    (`cpt` before `model`); else None. A pipeline never gives both for cpt, tokenizer (base/extend) or sft
-    (`PipelineConfig` refuses it); a stand-alone run with both uses the field and logs the input it ignores."""
+    """The precedence rule for every stage, chat and serve: the config field (`base_model`, `base_tokenizer`) when
+    set, else the nearest upstream artifact that carries a base model (`cpt` before `model`), else None (a run given
+    both uses the field and logs the input it ignores)."""
     present = [name for name in order if name in inputs]
     if value:
         if present:
@@ -172,13 +166,9 @@ def _listing(backend: Storage, only: Collection[str] | None) -> dict[str, list]:
 
 
 def mirror_prefix(uri: str, dest: Path, endpoint_url: str | None = None, only: Collection[str] | None = None) -> Path:
-    """Make `dest` a copy of the objects under an S3 (or local) prefix, re-validated against the source on every use.
-
-    The listing (keys, sizes, ETags on S3; sizes and mtimes locally) is read each time and compared with the one
-    `.complete` recorded when the copy was made: changed weights under the same URI get a fresh copy instead of
-    the stale one. A new copy is downloaded beside `dest` and swapped in, so a crash never leaves a half copy.
-    `only`: top-level names to copy (e.g. a tokenizer's files from a model prefix that also holds weights).
-    """
+    """Make `dest` a copy of the objects under an S3 (or local) prefix (`only`: just these top-level names),
+    re-validated on every use against the listing `.complete` recorded (sizes and ETags or mtimes): changed weights
+    under the same URI get a fresh copy, downloaded beside `dest` and swapped in (a crash leaves no half copy)."""
     backend = open_backend(uri, endpoint_url)
     listing = _listing(backend, only)
     if not listing:
@@ -258,11 +248,9 @@ def resolve(
     endpoint_url: str | None = None,
     cache_dir: Path | None = None,
 ) -> Resolved:
-    """The one resolver of a model, tokenizer or adapter folder, for every stage, `coordinator chat` and serve.
-
-    `source`: a URI (a verified artifact, an HF folder, an s3:// prefix, a tokenizer .json file) or a fetched
-    `Artifact`; `find_dir` picks the folder of `kind` (a tokenizer never downloads the weights beside it). Errors
-    are ConfigError naming the URI."""
+    """The folder of a model, tokenizer or adapter in `source` (a verified artifact, an HF folder, an s3:// prefix, a
+    tokenizer .json file, or a fetched `Artifact`), found by `find_dir` (a tokenizer never downloads the weights
+    beside it); ConfigError naming the URI."""
     if (
         kind == "tokenizer"
         and isinstance(source, str)
