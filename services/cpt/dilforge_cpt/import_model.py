@@ -16,7 +16,7 @@ from pathlib import Path
 
 from dilforge_shared.contract import StageContext, StageResult, log_config, stage_main
 from dilforge_shared.errors import InputError
-from dilforge_shared.families import describe_model_folder, detect_family
+from dilforge_shared.families import describe_model_folder
 from dilforge_shared.identity import folder_files
 from dilforge_shared.manifest import sha256_file
 from dilforge_shared.models import mirror_prefix
@@ -69,7 +69,7 @@ def run(config: ModelConfig, ctx: StageContext) -> StageResult:
     # a base model serves stock consumers too (generate, transformers serve): its stops are the family's
     family, ids = describe_model_folder(out)
     log.info("model folder describes the %s family: %s", family.name, ids)
-    metrics = ModelMetrics(**provenance, **describe(out))
+    metrics = ModelMetrics(**provenance, **describe(out), family=family.name)
     log.info(
         "model %s: %s parameters, %s, architecture %s",
         config.source,
@@ -199,20 +199,13 @@ def read_license(folder: Path) -> str | None:
 
 
 def describe(folder: Path) -> dict:
-    """Parameter count and dtype from the weight headers, architecture and chat family from config and tokenizer."""
+    """Parameter count and dtype from the weight headers, architecture from the config."""
     num_parameters, dtypes = 0, set()
     for path in sorted(folder.glob(f"*{WEIGHT_SUFFIX}")):
         for info in read_header(path).values():
             num_parameters += math.prod(info["shape"])
             dtypes.add(info["dtype"])
     config = json.loads((folder / "config.json").read_text())
-    tokens = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
-    vocab = [v[0] if isinstance(v, list) else v for v in tokens.get("model", {}).get("vocab") or {}]  # Unigram: pairs
-    vocab += [t["content"] for t in tokens.get("added_tokens", [])]
-    try:
-        family = detect_family(vocab, str(folder / "tokenizer.json")).name
-    except InputError:  # an unknown family is provenance here, not an import failure
-        family = None
     return {
         "num_parameters": num_parameters,
         "dtype": ",".join(sorted(dtypes)).lower(),
@@ -221,7 +214,6 @@ def describe(folder: Path) -> dict:
         "num_hidden_layers": config.get("num_hidden_layers"),
         "hidden_size": config.get("hidden_size"),
         "tie_word_embeddings": config.get("tie_word_embeddings"),
-        "family": family,
     }
 
 

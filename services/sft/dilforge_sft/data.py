@@ -48,6 +48,13 @@ class DataCounts:
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def skip_bad(self, reason: str) -> None:
+        """Count a skipped bad record, keep its first reasons as examples, and log it."""
+        self.num_bad_records += 1
+        if len(self.bad_record_examples) < MAX_EXAMPLES:
+            self.bad_record_examples.append(reason)
+        log.warning("skipping %s", reason)
+
 
 class BadRecord(Exception):
     """A record that cannot become a conversation; the reader adds file and line."""
@@ -205,10 +212,7 @@ def iter_conversations(
                 path=file,
                 line=line,
             )
-        counts.num_bad_records += 1
-        if len(counts.bad_record_examples) < MAX_EXAMPLES:
-            counts.bad_record_examples.append(f"{file}:{line}: {reason}")
-        log.warning("skipping bad record %s:%d: %s", file, line, reason)
+        counts.skip_bad(f"{file}:{line}: {reason}")
 
     def bad_json(file: str, line: int, reason: str) -> None:
         counts.num_records += 1
@@ -241,23 +245,14 @@ def iter_conversations(
             return
 
 
-def load_sources(
-    sources: list[SftDataSource], config: SftConfig, counts: DataCounts, endpoint_url: str | None = None
-) -> list[Conversation]:
-    out: list[Conversation] = []
-    for source in sources:
-        out.extend(iter_conversations(source, config, counts, endpoint_url))
-    return out
-
-
 def load_splits(
     config: SftConfig, endpoint_url: str | None = None
 ) -> tuple[list[Conversation], list[Conversation], DataCounts, DataCounts]:
     """Train and validation conversations; without validation sources, a seeded slice of train is held out."""
     train_counts, val_counts = DataCounts(), DataCounts()
-    train = load_sources(config.train, config, train_counts, endpoint_url)
+    train = [c for s in config.train for c in iter_conversations(s, config, train_counts, endpoint_url)]
     if config.validation:
-        val = load_sources(config.validation, config, val_counts, endpoint_url)
+        val = [c for s in config.validation for c in iter_conversations(s, config, val_counts, endpoint_url)]
     else:
         if len(train) < 2:
             raise InputError(
@@ -325,10 +320,7 @@ def refuse_special_tokens(
         )
         if on_bad_record == "fail":
             raise InputError(f"bad record: {reason}; remove it from the data (or set on_bad_record: skip)", path=path)
-        counts.num_bad_records += 1
-        if len(counts.bad_record_examples) < MAX_EXAMPLES:
-            counts.bad_record_examples.append(reason)
-        log.warning("skipping %s", reason)
+        counts.skip_bad(reason)
     return kept
 
 
