@@ -27,7 +27,7 @@ from .gguf_convert import convert_gguf
 from .model_config import ModelConfig
 from .model_metrics import ModelMetrics
 from .recipes import RECIPES, Recipe, source_kind
-from .weights_check import read_header, verify_weights
+from .weights_check import verify_weights
 
 log = logging.getLogger("dilforge.model")
 
@@ -65,11 +65,11 @@ def run(config: ModelConfig, ctx: StageContext) -> StageResult:
                 raise InputError("model.source: no objects under this S3 prefix", path=config.source) from None
         copy_hf_folder(folder, config.source, out)
         provenance.update(version=None, license=read_license(out), dequantized_from=None)
-    verify_weights(out)  # shapes match the config, headers match the files, tensors load: before publishing
+    headers = verify_weights(out)  # shapes match the config, headers match the files, tensors load
     # a base model serves stock consumers too (generate, transformers serve): its stops are the family's
     family, ids = describe_model_folder(out)
     log.info("model folder describes the %s family: %s", family.name, ids)
-    metrics = ModelMetrics(**provenance, **describe(out), family=family.name)
+    metrics = ModelMetrics(**provenance, **describe(out, headers), family=family.name)
     log.info(
         "model %s: %s parameters, %s, architecture %s",
         config.source,
@@ -198,17 +198,13 @@ def read_license(folder: Path) -> str | None:
 # ---- describe ----------------------------------------------------------------------------------
 
 
-def describe(folder: Path) -> dict:
+def describe(folder: Path, headers: dict[Path, dict[str, dict]]) -> dict:
     """Parameter count and dtype from the weight headers, architecture from the config."""
-    num_parameters, dtypes = 0, set()
-    for path in sorted(folder.glob(f"*{WEIGHT_SUFFIX}")):
-        for info in read_header(path).values():
-            num_parameters += math.prod(info["shape"])
-            dtypes.add(info["dtype"])
+    tensors = [info for header in headers.values() for info in header.values()]
     config = json.loads((folder / "config.json").read_text())
     return {
-        "num_parameters": num_parameters,
-        "dtype": ",".join(sorted(dtypes)).lower(),
+        "num_parameters": sum(math.prod(info["shape"]) for info in tensors),
+        "dtype": ",".join(sorted({info["dtype"] for info in tensors})).lower(),
         "architecture": (config.get("architectures") or [config.get("model_type")])[0],
         "vocab_size": config.get("vocab_size"),
         "num_hidden_layers": config.get("num_hidden_layers"),

@@ -87,10 +87,6 @@ def check_tokenizer_fits(folder: Path, vocab_size: int | None) -> None:
         )
 
 
-def weight_files(folder: Path) -> list[Path]:
-    return sorted(folder.glob("*.safetensors"))
-
-
 def expected_shapes(folder: Path) -> tuple[dict[str, tuple[int, ...]], bool]:
     """Parameter names and shapes the folder's config builds (meta device), and whether embeddings are tied."""
     import torch
@@ -119,9 +115,9 @@ def _config_dict(folder: Path) -> dict:
     return config if isinstance(config, dict) else {}
 
 
-def verify_weights(folder: Path) -> None:
-    """All three checks (module docstring); raises InputError naming the file and tensor that is wrong."""
-    headers = {path: read_header(path) for path in weight_files(folder)}
+def verify_weights(folder: Path) -> dict[Path, dict[str, dict]]:
+    """All three checks (module docstring), InputError naming the file and tensor that is wrong; the headers."""
+    headers = {path: read_header(path) for path in sorted(folder.glob("*.safetensors"))}
     got: dict[str, tuple[int, ...]] = {}
     where: dict[str, Path] = {}
     for path, header in headers.items():
@@ -162,3 +158,4 @@ def verify_weights(folder: Path) -> None:
                     fh.get_tensor(name)
         except (SafetensorError, OSError, RuntimeError, ValueError) as exc:
             raise InputError(f"tensors do not load: {str(exc).splitlines()[0][:200]}", path=str(path)) from None
+    return headers
