@@ -416,11 +416,7 @@ def _tokenize_in_worker(texts: list[str], batch_size: int, shard_dir: Path, inde
 
 def write_ready(path: Path, files: list[TokenFile] | None, error: str | None = None) -> None:
     """The builder's word to the processes waiting on its cache folder: the finished files, or its error."""
-    entries = [
-        {"path": str(tf.path), "num_tokens": tf.num_tokens, "num_docs": tf.num_docs, "label": tf.label}
-        for tf in files or []
-    ]
-    _write_json(path, {"files": entries, "error": error})
+    _write_json(path, {"files": [{**asdict(tf), "path": str(tf.path)} for tf in files or []], "error": error})
 
 
 def wait_ready(path: Path, poll_s: float = 1.0) -> list[TokenFile]:
@@ -437,7 +433,7 @@ def wait_ready(path: Path, poll_s: float = 1.0) -> list[TokenFile]:
     ready = json.loads(path.read_text())
     if ready["error"] is not None:
         raise DilforgeError(f"the token cache builder failed: {ready['error']}")
-    return [TokenFile(Path(e["path"]), e["num_tokens"], e["num_docs"], e["label"]) for e in ready["files"]]
+    return [TokenFile(**{**e, "path": Path(e["path"])}) for e in ready["files"]]
 
 
 def joined(texts: Iterable[str], n: int) -> Iterator[str]:

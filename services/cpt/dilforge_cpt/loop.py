@@ -19,7 +19,7 @@ from .config import CptConfig
 from .data import PackedData, Prefetcher, ValidationSet
 from .leakage import measure as measure_leakage
 from .optim import StepResult, lr_at, run_step, set_lr, skips_on_device
-from .reporting import MetricsLog, PeakMemory
+from .reporting import MetricsLog, PeakMemory, mfu
 from .runtime import Runtime
 from .validation import evaluate
 
@@ -48,9 +48,7 @@ class TrainState:
 
     def load_state_dict(self, data: dict[str, Any]) -> None:
         """In place: the loop, the sampler position and the model component hold this very object."""
-        loaded = TrainState(**data)
-        for f in dataclasses.fields(self):
-            setattr(self, f.name, getattr(loaded, f.name))
+        vars(self).update(vars(TrainState(**data)))
 
     def add_leakage(self, step: int, sets: dict[str, dict[str, float]]) -> None:
         """A leakage measurement (leakage.measure / step0_row) after `step` steps."""
@@ -216,7 +214,7 @@ def train_loop(training, data: PackedData, val: list[ValidationSet], state: Trai
                             "grad_norm": norm,
                             "tokens_per_s": tps,
                             "tokens_per_s_per_device": tps / rt.world,
-                            "mfu": (tps / rt.world) * fpt / setup.peak_flops if setup.peak_flops else None,
+                            "mfu": mfu(tps / rt.world, fpt, setup.peak_flops),
                             "peak_memory_gb": memory.training_gb(),
                         },
                     )
