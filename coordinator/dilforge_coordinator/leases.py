@@ -10,9 +10,7 @@ import os
 import socket
 import threading
 import time
-from typing import Self
 
-from dilforge_shared.errors import DilforgeError
 from dilforge_shared.locks import owner_info
 from dilforge_shared.store import NotFound
 
@@ -58,8 +56,7 @@ class S3Lease:
         except ValueError:
             return {"expires_at": 0}, version
 
-    def acquire(self, wait: bool = True, on_wait=None, timeout_s: float | None = None) -> bool:
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    def acquire(self, wait: bool = True, on_wait=None) -> bool:
         told = False
         while True:
             if self.backend.create_bytes(self.key, self._body()):
@@ -78,8 +75,6 @@ class S3Lease:
             if not told and on_wait:
                 on_wait(current or {})
                 told = True
-            if deadline is not None and time.monotonic() > deadline:
-                raise DilforgeError(f"lock {self.key}: still held by {current} after {timeout_s:.0f} s")
             time.sleep(self.poll_s)
         self._thread = threading.Thread(target=self._renew, daemon=True)
         self._thread.start()
@@ -101,10 +96,3 @@ class S3Lease:
         current, _ = self._current()
         if current is not None and current.get("token") == self.owner["token"]:
             self.backend.delete(self.key)
-
-    def __enter__(self) -> Self:
-        self.acquire()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.release()
