@@ -8,20 +8,17 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
-import signal
 import subprocess
 from pathlib import Path
 
-from dilforge_shared.contract import OptMl, build_hyperparameters
+from dilforge_shared.contract import OptMl
 from dilforge_shared.errors import DilforgeError
 from dilforge_shared.store import use_endpoint_keys
 
 from ..config import PipelineConfig
-from ..pipeline import StageCancelled, StageFailed, StageJob, image_of, module_env
+from ..pipeline import StageFailed, StageJob, image_of, module_env
 from ..settings import coordinator_settings
-from .local import work_folder
-from .process import run_child
+from .local import run_in_work_folder
 
 log = logging.getLogger("dilforge.coordinator.compose")
 
@@ -190,26 +187,16 @@ class ComposeBackend:
                 f"run through `coordinator ... --backend compose`, which uses the compose S3",
             )
         self.ensure_s3(job.store_uri.removeprefix("s3://").split("/", 1)[0])
-        with work_folder(self.workdir, job.stage, job.artifact_id) as (root, lock):
-            opt = OptMl(root)
-            if opt.failure_file.exists():
-                opt.failure_file.unlink()
-            shutil.rmtree(opt.model_dir, ignore_errors=True)
-            endpoint = CONTAINER_ENDPOINT if job.s3_endpoint_url == self.host_endpoint else job.s3_endpoint_url
-            hp = build_hyperparameters(job.config, job.artifact_uri, job.run_id, job.inputs, endpoint)
-            opt.write_inputs(hp)
-            for d in (opt.model_dir, opt.output_dir, opt.checkpoint_dir):
+
+        def command(opt: OptMl) -> tuple[list[str], dict[str, str]]:
+            for d in (opt.model_dir, opt.output_dir, opt.checkpoint_dir):  # mounted: made as this user
                 d.mkdir(parents=True, exist_ok=True)
             service = image_of(job.stage)
             env = self.compose_env({"DILFORGE_JOB_DIR": str(opt.root), "DILFORGE_IMAGE": self.image_ref(service)})
             module = [arg for k, v in module_env(job.stage).items() for arg in ("-e", f"{k}={v}")]
             cmd = self.compose_cmd("run", "--rm", "--no-deps", *module, *self.mounts(job), service, "train")
             log.info("compose: %s", " ".join(cmd))
-            returncode, stopped_by = run_child(cmd, env, pass_fds=(lock.fd,))
-        if stopped_by is not None:
-            raise StageCancelled(job.stage, f"cancelled by {signal.Signals(stopped_by).name}; {opt.root} kept")
-        if returncode != 0:
-            reason = opt.failure_file.read_text() if opt.failure_file.exists() else f"container exit code {returncode}"
-            raise StageFailed(job.stage, reason)
-        if not self.keep:
-            shutil.rmtree(opt.root, ignore_errors=True)
+            return cmd, env
+
+        endpoint = CONTAINER_ENDPOINT if job.s3_endpoint_url == self.host_endpoint else job.s3_endpoint_url
+        run_in_work_folder(job, self.workdir, endpoint, command, self.keep)

@@ -10,7 +10,7 @@ import os
 import shutil
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -52,28 +52,38 @@ class LocalBackend:
         self.keep = keep
 
     def run(self, job: StageJob) -> None:
-        with work_folder(self.workdir, job.stage, job.artifact_id) as (root, lock):
-            opt = OptMl(root)
-            if opt.failure_file.exists():
-                opt.failure_file.unlink()
-            shutil.rmtree(opt.model_dir, ignore_errors=True)
-            hp = build_hyperparameters(job.config, job.artifact_uri, job.run_id, job.inputs, job.s3_endpoint_url)
-            opt.write_inputs(hp)
-            env = {**os.environ, OPT_ML_ENV: str(opt.root)}
-            returncode, stopped_by = run_child(
-                [self.python, "-m", STAGE_MODULES[job.stage], "train"], env, pass_fds=(lock.fd,)
-            )
-        if stopped_by is not None:
-            raise StageCancelled(
-                job.stage,
-                f"cancelled by {signal.Signals(stopped_by).name}; work folder {root} "
-                "kept, a rerun resumes from its checkpoints",
-            )
-        if returncode != 0:
-            reason = opt.failure_file.read_text() if opt.failure_file.exists() else _exit_reason(returncode)
-            raise StageFailed(job.stage, reason)
-        if not self.keep:
-            shutil.rmtree(opt.root, ignore_errors=True)
+        def command(opt: OptMl) -> tuple[list[str], dict[str, str]]:
+            return [self.python, "-m", STAGE_MODULES[job.stage], "train"], {**os.environ, OPT_ML_ENV: str(opt.root)}
+
+        run_in_work_folder(job, self.workdir, job.s3_endpoint_url, command, self.keep)
+
+
+def run_in_work_folder(
+    job: StageJob,
+    workdir: Path,
+    endpoint_url: str | None,
+    command: Callable[[OptMl], tuple[list[str], dict[str, str]]],
+    keep: bool,
+) -> None:
+    """Write the stage's request into its work folder's /opt/ml and run `command(opt)` (argv, environment) there;
+    the stage's failure file, or how the process ended, is the reason when it fails."""
+    with work_folder(workdir, job.stage, job.artifact_id) as (root, lock):
+        opt = OptMl(root)
+        opt.failure_file.unlink(missing_ok=True)
+        shutil.rmtree(opt.model_dir, ignore_errors=True)
+        opt.write_inputs(build_hyperparameters(job.config, job.artifact_uri, job.run_id, job.inputs, endpoint_url))
+        returncode, stopped_by = run_child(*command(opt), pass_fds=(lock.fd,))
+    if stopped_by is not None:
+        raise StageCancelled(
+            job.stage,
+            f"cancelled by {signal.Signals(stopped_by).name}; work folder {root} "
+            "kept, a rerun resumes from its checkpoints",
+        )
+    if returncode != 0:
+        reason = opt.failure_file.read_text() if opt.failure_file.exists() else _exit_reason(returncode)
+        raise StageFailed(job.stage, reason)
+    if not keep:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def _exit_reason(returncode: int) -> str:
