@@ -10,8 +10,7 @@ import logging
 import os
 import shutil
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
@@ -42,17 +41,20 @@ class NotFound(DilforgeError):
 FULL_DISK = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
 
 
-@contextmanager
-def _writing(dest: Path, tmp: Path):
-    """A failed write into the store names the store path: shutil's sendfile copy blames its *source* (the work
-    folder) for a full store disk. The temp file is removed either way."""
+def _staged(dest: Path, fill: Callable[[Path], object]) -> Path:
+    """A complete temp file beside `dest`, filled by `fill`, for the caller to move or link into place. A failed
+    write names the store path (shutil's sendfile copy blames its *source*, the work folder, for a full store
+    disk) and removes the temp file."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex}.tmp")
     try:
-        yield
+        fill(tmp)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         if exc.errno in FULL_DISK or exc.filename in (None, str(tmp)):
             raise OSError(exc.errno, exc.strerror or str(exc), str(dest)) from None
         raise
+    return tmp
 
 
 def join(*parts: str) -> str:
@@ -89,19 +91,12 @@ class LocalStorage:
 
     def write_bytes(self, key: str, data: bytes) -> None:
         path = self._path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-        with _writing(path, tmp):
-            tmp.write_bytes(data)
-        os.replace(tmp, path)
+        os.replace(_staged(path, lambda tmp: tmp.write_bytes(data)), path)
 
     def create_bytes(self, key: str, data: bytes) -> bool:
         """Create-only write: link a complete temp file into place; False if the key exists."""
         path = self._path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-        with _writing(path, tmp):
-            tmp.write_bytes(data)
+        tmp = _staged(path, lambda tmp: tmp.write_bytes(data))
         try:
             os.link(tmp, path)
             return True
@@ -112,11 +107,7 @@ class LocalStorage:
 
     def upload_file(self, key: str, path: Path) -> None:
         dest = self._path(key)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex}.tmp")
-        with _writing(dest, tmp):
-            shutil.copyfile(path, tmp)
-        os.replace(tmp, dest)
+        os.replace(_staged(dest, lambda tmp: shutil.copyfile(path, tmp)), dest)
 
     def download_file(self, key: str, path: Path) -> None:
         src = self._path(key)
