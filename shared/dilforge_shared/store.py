@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import shutil
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from .settings import cache_root, settings
 log = logging.getLogger("dilforge_shared.store")
 
 MULTIPART_THRESHOLD = 64 << 20  # bytes; larger files go up in parts of this size
+PUBLISH_LOG_S = 25.0  # the longest a publish goes without a log line between files, as stages log progress
 
 
 class NotFound(DilforgeError):
@@ -412,7 +414,8 @@ def publish(
     manifest: Manifest,
     endpoint_url: str | None = None,
 ) -> Manifest:
-    """Upload every file of `local_dir` (a file large enough to go up in parts is logged as it starts), then create
+    """Upload every file of `local_dir` (a file large enough to go up in parts, and one at least every 25 s, is
+    logged as it starts: a long publish is never silent), then create
     the manifest, its `files` and `data_dir` filled in here. ArtifactExistsError if taken."""
     backend = artifact_storage(artifact_uri, endpoint_url)
     manifest_key = MANIFEST_NAME
@@ -428,9 +431,11 @@ def publish(
     data_dir = f"data-{uuid.uuid4().hex[:12]}"
     manifest = manifest.model_copy(update={"files": files, "data_dir": data_dir})
     body = manifest.to_json()
+    logged = time.monotonic()
     try:
         for n, entry in enumerate(files, 1):
-            if entry.size >= MULTIPART_THRESHOLD:
+            if entry.size >= MULTIPART_THRESHOLD or time.monotonic() - logged >= PUBLISH_LOG_S:
+                logged = time.monotonic()
                 log.info(
                     "publish %s: %d/%d files, uploading %s (%d MiB)",
                     artifact_uri,

@@ -202,6 +202,12 @@ def test_installed_libraries_are_within_the_checked_ranges():
     assert compat.warn_unchecked_versions() == {}
 
 
+def test_a_version_that_is_not_pep_440_is_warned_of_not_raised(monkeypatch):
+    monkeypatch.setattr(compat, "version", lambda name: "2.x-local" if name == "pydantic" else "0")
+    monkeypatch.setattr(compat, "CHECKED", {"pydantic": ("2.0.0", "2.99.0")})
+    assert compat.warn_unchecked_versions() == {"pydantic": "2.x-local"}
+
+
 def test_the_first_use_of_an_internal_warns_once_of_a_library_outside_the_checked_versions(monkeypatch, caplog):
     """A stage that uses no internal (curate, tokenizer, eval) neither loads this module nor warns."""
     monkeypatch.setitem(compat.CHECKED, "pydantic", ("1.0.0", "1.10.0"))  # installed: 2.x

@@ -375,3 +375,24 @@ def test_a_build_killed_with_sigkill_resumes_to_the_same_bytes(
     clean = data.tokenize_to_file(source, tok, ids, tmp_path / "clean", "k", None, 64, None, shard_chars=4_000)
     assert resumed.path.read_bytes() == clean.path.read_bytes()
     assert finished >= 3 and not (cache / "k.shards").exists()
+
+
+def test_an_entry_of_another_encoding_is_not_reused(tiny_tokenizer_dir, monkeypatch):
+    """The key hashes the cache format: an entry tokenised before special-token strings were encoded as text
+    (the same key without the format) is never picked up again, and a format change renames every entry."""
+    import hashlib
+
+    from dilforge_cpt import data
+    from dilforge_shared.configs.base import DataSource
+
+    monkeypatch.setattr(data, "data_digest", lambda uri, endpoint_url: "d")
+    source, tokenizer_json = DataSource(uri="x.txt"), tiny_tokenizer_dir / "tokenizer.json"
+    earlier = hashlib.sha256()
+    earlier.update(source.model_dump_json(exclude={"weight", "name"}).encode())
+    earlier.update(b"d")
+    earlier.update(hashlib.sha256(tokenizer_json.read_bytes()).hexdigest().encode())
+    earlier.update(b"None")
+    key = data.cache_key(source, tokenizer_json, None, None)
+    assert key != earlier.hexdigest()[:24]
+    monkeypatch.setattr(data, "CACHE_FORMAT", b"3")
+    assert data.cache_key(source, tokenizer_json, None, None) != key

@@ -131,6 +131,13 @@ REFUSED = [
     ("name a number", {"messages": [{"role": "user", "content": "x", "name": 5}]}, "messages[0].name should be"),
     ("tools without a template that renders them", chat(tools=[{"type": "function"}]), "does not render tools"),
     ("prompt on chat", chat(prompt="x"), "'prompt' is not a field"),
+    # a request's own keys come back cut, never at their full length
+    (
+        "a long key in a message",
+        {"messages": [{"role": "user", "content": "x", "b" * 5000: 1}]},
+        "bbb...] is not a field",
+    ),
+    ("a long metadata key", chat(metadata={"k" * 100: "v"}), "metadata {'kkk"),
 ]
 
 
@@ -140,6 +147,7 @@ def test_a_bad_field_is_a_4xx_naming_it(guard, case, body, message):
         check(guard, body)
     assert 400 <= err.value.status < 500 and message in err.value.message, err.value.message
     assert "\n" not in err.value.message and len(err.value.message) < 400
+    assert len(err.value.param or "") < 100 and "[key]" not in (err.value.param or ""), err.value.param
 
 
 COMPLETION_REFUSED = [

@@ -90,3 +90,18 @@ def test_concurrent_local_publishers_one_wins(tmp_path):
     art = fetch(uri)
     assert art.manifest == winners[0]
     assert len([p for p in (tmp_path / "store" / "a").iterdir() if p.name.startswith("data-")]) == 1
+
+
+def test_a_long_publish_of_small_files_logs_as_it_goes(tmp_path, monkeypatch, caplog):
+    """Files too small to go up in parts are logged once the publish has been quiet for PUBLISH_LOG_S."""
+    from dilforge_shared import store
+
+    uri = str(tmp_path / "store" / "artifacts" / "tokenizer" / "abc")
+    monkeypatch.setattr(store, "PUBLISH_LOG_S", 0.0)  # every file is "after a quiet spell"
+    with caplog.at_level("INFO", logger="dilforge_shared.store"):
+        publish(uri, write_output(tmp_path), make_manifest())
+    lines = [r.getMessage() for r in caplog.records if "files, uploading" in r.getMessage()]
+    assert [line.split(": ", 1)[1] for line in lines] == [
+        "1/2 files, uploading model.safetensors (0 MiB)",
+        "2/2 files, uploading sub/config.json (0 MiB)",
+    ]

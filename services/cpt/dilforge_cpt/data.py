@@ -158,8 +158,12 @@ class TokenFile:
         return np.memmap(self.path, dtype=TOKEN_DTYPE, mode="r", shape=(self.num_tokens,))
 
 
+CACHE_FORMAT = b"2: special tokens encoded as text"  # change it whenever the tokenisation of a cached entry changes
+
+
 def cache_key(source: DataSource, tokenizer_json: Path, max_docs: int | None, endpoint_url: str | None) -> str:
-    h = hashlib.sha256()
+    """The entry's name: its source, data, tokenizer and encoding, so an entry of another encoding is never reused."""
+    h = hashlib.sha256(CACHE_FORMAT)
     h.update(source.model_dump_json(exclude={"weight", "name"}).encode())
     h.update(data_digest(source.uri, endpoint_url).encode())
     h.update(hashlib.sha256(tokenizer_json.read_bytes()).hexdigest().encode())

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from dilforge_shared.compat.serve import serve_command_app
-from dilforge_shared.families import special_token_pattern, special_tokens
+from dilforge_shared.families import GENERATION_CONFIG_FILE, special_token_pattern, special_tokens
 
 from .fields import CHAT, COMPLETIONS, BadRequest, ServedTemplate, normalise
 
@@ -389,6 +389,6 @@ def build_app(model_id: str, **options: Any):
             model_id,
             f"{num_params:,}",
         )
-    gen = json.loads((Path(model_id) / "generation_config.json").read_text(encoding="utf-8"))  # prepare wrote it
+    gen = json.loads((Path(model_id) / GENERATION_CONFIG_FILE).read_text(encoding="utf-8"))  # prepare wrote it
     sampling = bool(gen.get("do_sample"))
     return RequestGuard(app, model_id, tokenizer, context, model_sampling=sampling, test_sized=test_sized)

@@ -23,7 +23,7 @@ from typing import Annotated, Literal
 import typer
 from dilforge_shared import locks
 from dilforge_shared.errors import DilforgeError, ManifestNotFound
-from dilforge_shared.families import Family, detect_family, special_token_ids
+from dilforge_shared.families import GENERATION_CONFIG_FILE, Family, detect_family, special_token_ids
 from dilforge_shared.models import resolve
 from dilforge_shared.processes import die_with_parent
 from dilforge_shared.settings import cache_root
@@ -361,7 +361,7 @@ def _build(spec, work: Path, sources: Path, names: tuple[str, str], quant: str, 
         quantize(work / "f16.gguf", staged, quant)
     else:
         convert(sources, folder, staged, quant, base_tok)
-    generation = json.loads((folder / "generation_config.json").read_text(encoding="utf-8"))  # prepare wrote it
+    generation = json.loads((folder / GENERATION_CONFIG_FILE).read_text(encoding="utf-8"))  # prepare wrote it
     (work / modelfile_name).write_text(modelfile(gguf_name, family, spec.system_prompt, generation), encoding="utf-8")
 
 

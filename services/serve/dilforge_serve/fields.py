@@ -375,10 +375,11 @@ def refusal(exc: ValidationError, body: dict[str, Any], path: str) -> BadRequest
         f"[{p}]"
         if isinstance(p, int)
         else f".{p}"
-        if p.isidentifier() or p.isdigit() and len(p) < 20
+        if len(p) <= 40 and (p.isidentifier() or p.isdigit())
         else f"[{short(p)}]"
         for p in loc
-    ).lstrip(".")  # a request's own keys (logit_bias, metadata) shown as reprs
+        if p != "[key]"  # pydantic's marker of an error in a dict's key, not a part of the path
+    ).lstrip(".")  # a request's own keys (logit_bias, metadata) shown as reprs, cut to 60 characters
     if err["type"] == "extra_forbidden" and len(loc) == 1:
         passed = PASSED_CHAT if path == CHAT else PASSED_COMPLETION
         message = f"{short(loc[0])} is not a field this server takes on {path} (it takes: {', '.join(sorted(passed))})"

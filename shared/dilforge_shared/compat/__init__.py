@@ -10,7 +10,7 @@ import functools
 import logging
 from importlib.metadata import PackageNotFoundError, version
 
-from packaging.version import Version
+from packaging.version import InvalidVersion, Version
 
 # distribution: (lowest, highest) version these functions were checked against (the device's and the locks')
 CHECKED = {
@@ -33,7 +33,11 @@ def warn_unchecked_versions() -> dict[str, str]:
             installed = version(name)
         except PackageNotFoundError:
             continue
-        if not Version(low).release <= Version(installed).release <= Version(high).release:
+        try:
+            inside = Version(low).release <= Version(installed).release <= Version(high).release
+        except InvalidVersion:  # a local build's version string: unknown, so unchecked
+            inside = False
+        if not inside:
             out[name] = installed
             log.warning(
                 "%s %s is outside the versions dilforge was checked against (%s to %s)", name, installed, low, high
