@@ -26,7 +26,7 @@ EndpointOpt = Annotated[
         "--s3-endpoint-url", envvar="DILFORGE_S3_ENDPOINT_URL", help="S3-compatible endpoint (SeaweedFS, MinIO)."
     ),
 ]
-StoreRootOpt = Annotated[str, typer.Option("--store", help="Artifact store root URI.")]
+StoreRootOpt = Annotated[str, typer.Option("--store", envvar="DILFORGE_STORE", help="Artifact store root URI.")]
 ForceOpt = Annotated[
     bool,
     typer.Option(

@@ -12,16 +12,15 @@ import typer
 from dilforge_serve import cli as serve_cli
 from dilforge_serve import export as export_cli
 
-from .common import ForceOpt
+from .common import ForceOpt, StoreRootOpt
 from .records import run_artifact
 
 RunOpt = Annotated[str | None, typer.Option("--run", help="Use this run's artifact (its run record).")]
 StageOpt = Annotated[str, typer.Option("--stage", help="With --run: which stage's artifact.")]
-StoreOpt = Annotated[str, typer.Option("--store", envvar="DILFORGE_STORE", help="With --run: the store root URI.")]
 
 
 def _coordinator_options(
-    run: RunOpt = None, stage: StageOpt = "sft", store: StoreOpt = ".dilforge/store", force: ForceOpt = False
+    run: RunOpt = None, stage: StageOpt = "sft", store: StoreRootOpt = ".dilforge/store", force: ForceOpt = False
 ) -> None:
     """What the coordinator adds to a serve service command (declared as a signature, read by `gated`)."""
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import typing
 from pathlib import Path
 
+import pytest
 from dilforge_coordinator.cloud import SageMakerConfig
 from dilforge_coordinator.config import STAGE_CONFIGS, PipelineConfig
 from dilforge_coordinator.stage_images import IMAGES, image_of
@@ -35,3 +36,9 @@ def test_sagemaker_sections_are_keyed_by_image():
     for field in ("images", "stages"):
         key_type = typing.get_args(SageMakerConfig.model_fields[field].annotation)[0]
         assert typing.get_args(key_type) == IMAGES
+
+
+def test_image_of_names_the_image_and_refuses_what_is_not_a_stage():
+    assert image_of("model") == "cpt" and image_of("eval") == "eval"
+    with pytest.raises(ValueError, match="'serve' is not a pipeline stage"):
+        image_of("serve")
