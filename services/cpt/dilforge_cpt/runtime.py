@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import os
-import tempfile
 import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -117,7 +116,7 @@ def init_runtime(config: CptConfig) -> Runtime:
     elif fsdp:
         # One process with FSDP2: a one-rank group, so a single GPU computes in bf16 with fp32 master
         # weights (MixedPrecisionPolicy) through the same code path as many GPUs.
-        store = dist.FileStore(tempfile.mkstemp(prefix="dilforge-cpt-pg-")[1], 1)
+        store = dist.HashStore()  # in memory: one process, nothing left in /tmp
         dist.init_process_group(
             backend,
             store=store,
