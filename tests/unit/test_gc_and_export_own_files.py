@@ -597,7 +597,8 @@ def _parse_modelfile(text: str) -> list[tuple[str, str]]:
 @fuzzing.FUZZ
 @given(st.lists(st.sampled_from(PIECES), max_size=12).map("".join) | st.text(max_size=80))
 def test_any_system_prompt_is_refused_or_is_exactly_one_system_value(prompt):
-    from dilforge_shared.families import FAMILIES, system_prompt_problem
+    from dilforge_shared.families import FAMILIES
+    from dilforge_shared.specials import system_prompt_problem
 
     if system_prompt_problem(prompt) is not None or not prompt:
         return

@@ -20,17 +20,11 @@ import numpy as np
 from dilforge_shared.configs.base import DataSource
 from dilforge_shared.corpus import iter_located_records, iter_texts
 from dilforge_shared.errors import DilforgeError, InputError
-from dilforge_shared.families import (
-    FAMILIES,
-    Family,
-    detect_family,
-    special_token_in,
-    special_token_pattern,
-    special_tokens,
-)
+from dilforge_shared.families import FAMILIES, Family, detect_family
 from dilforge_shared.identity import data_digest
 from dilforge_shared.manifest import sha256_file
 from dilforge_shared.processes import die_with_parent
+from dilforge_shared.specials import special_token_in, special_token_pattern, special_tokens
 from tokenizers import Tokenizer
 
 from .config import CptDataSource

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from dilforge_shared.compat.serve import serve_command_app
-from dilforge_shared.families import GENERATION_CONFIG_FILE, special_token_pattern, special_tokens
+from dilforge_shared.families import GENERATION_CONFIG_FILE
+from dilforge_shared.specials import special_token_pattern, special_tokens
 
 from .fields import CHAT, COMPLETIONS, BadRequest, ServedTemplate, normalise
 

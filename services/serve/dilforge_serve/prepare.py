@@ -20,10 +20,10 @@ from dilforge_shared.families import (
     GENERATION_CONFIG_FILE,
     describe_model_folder,
     special_token_ids,
-    system_prompt_problem,
 )
 from dilforge_shared.models import TOKENIZER_FILES, merge_adapter
 from dilforge_shared.serving import chat_template_of, resolve_chat_model, served_model_id, serving_template
+from dilforge_shared.specials import system_prompt_problem
 
 log = logging.getLogger("dilforge.serve")
 
