@@ -66,15 +66,24 @@ def test_sdk_missing_is_one_line(region, monkeypatch):
         preflight("docker", fake_run(set()))
 
 
-def test_image_not_built_names_the_build_command(tmp_path):
-    backend = SageMakerLocalBackend(workdir=tmp_path, tag="sm", docker="docker", run=fake_run({"image"}))
+def test_image_not_built_names_the_build_command(tmp_path, monkeypatch):
+    from dilforge_coordinator import images
+    from dilforge_shared.errors import DilforgeError
+
+    def inspect(ref, docker):
+        if ref.endswith(":sm"):
+            raise DilforgeError(f"docker image inspect {ref}: no such image")
+        return {"Id": "sha256:abc", "RepoDigests": []}
+
+    monkeypatch.setattr(images, "inspect", inspect)
+    backend = SageMakerLocalBackend(workdir=tmp_path, tag="sm", docker="docker")
     with pytest.raises(
         StageFailed,
         match=r"image dilforge-cpt:sm is not built: coordinator images build "
         r"--stage cpt --tag sm",
     ):
         backend.image("cpt")
-    ok = SageMakerLocalBackend(workdir=tmp_path, tag="dev", docker="docker", run=fake_run(set()))
+    ok = SageMakerLocalBackend(workdir=tmp_path, tag="dev", docker="docker")
     assert ok.image("cpt") == ("dilforge-cpt:dev", "dilforge-cpt:dev@sha256:abc")
 
 

@@ -159,8 +159,9 @@ class ComposeBackend:
         try:
             info = inspect(ref, self.docker)
         except DilforgeError:
+            tag = f" --tag {self.tag}" if self.tag != "dev" else ""
             raise StageFailed(
-                stage, f"image {ref} not found; build it: coordinator images build --stage {stage}"
+                stage, f"image {ref} is not built: coordinator images build --stage {stage}{tag}"
             ) from None
         digests = info.get("RepoDigests") or []
         return digests[0] if digests else f"{ref}@{info['Id']}"

@@ -709,10 +709,6 @@ class SageMakerBackend:
         return None
 
     def run(self, job: StageJob) -> None:
-        if self.config is None:
-            raise ConfigError("SageMakerBackend.prepare(pipeline) must run first (it reads the sagemaker section)")
-        if self.dry_run:
-            raise DilforgeError("a dry run builds requests offline: use dry_run_requests(pipeline)")
         write_uri(config_uri(self.config, job), job.config.model_dump_json(indent=2), job.s3_endpoint_url)
         if job.stage in PROCESSING_STAGES:
             self.run_processing(job, self.processing(job))

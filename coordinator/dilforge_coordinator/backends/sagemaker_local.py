@@ -236,18 +236,8 @@ class SageMakerLocalBackend:
 
     # ---- one stage -------------------------------------------------------------------------------
     def image(self, stage: str) -> tuple[str, str]:
-        """(the local image by tag, what the manifest cites: tag@image id); one line when it is not built."""
-        ref = f"dilforge-{stage}:{self.compose.tag}"
-        proc = self.run_cmd(
-            [self.docker, "image", "inspect", ref, "--format", "{{.Id}}"], capture_output=True, text=True, check=False
-        )
-        if proc.returncode != 0:
-            raise StageFailed(
-                stage,
-                f"image {ref} is not built: coordinator images build --stage {stage}"
-                f"{' --tag ' + self.compose.tag if self.compose.tag != 'dev' else ''}",
-            )
-        return ref, f"{ref}@{proc.stdout.strip()}"
+        """(the local image by tag, what the manifest cites); one line when it is not built."""
+        return f"dilforge-{stage}:{self.compose.tag}", self.compose.image_ref(stage)
 
     def channel(self, uri: str, endpoint_url: str) -> Path:
         """An upstream artifact folder (manifest.json + data-*/) copied from the store and verified (`fetch`)."""
@@ -271,8 +261,6 @@ class SageMakerLocalBackend:
         }
 
     def run(self, job: StageJob) -> None:
-        if self.config is None:
-            raise ConfigError("SageMakerLocalBackend.prepare(pipeline) must run first")
         write_uri(config_uri(self.config, job), job.config.model_dump_json(indent=2), job.s3_endpoint_url)
         if job.stage in PROCESSING_STAGES:
             self.run_processing(job, processing_specs(job, self.config, self.image(image_of(job.stage))[0]))
