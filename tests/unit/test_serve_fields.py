@@ -63,7 +63,11 @@ REFUSED = [
         "at most 256 characters",
     ),
     ("gen max_new_tokens past context", chat(generation_config='{"max_new_tokens": 100000}'), "leaves room"),
-    ("gen unknown key", chat(generation_config='{"eos_token_id": 5}'), "generation_config.eos_token_id is not"),
+    (
+        "gen unknown key",
+        chat(generation_config='{"eos_token_id": 5}'),
+        "generation_config.eos_token_id is not a generation setting a request may change (it may set: do_sample, ",
+    ),
     ("gen beams", chat(generation_config='{"num_beams": 64}'), "generation_config.num_beams is not"),
     ("gen typical_p 0", chat(generation_config='{"typical_p": 0}'), "typical_p should be greater than 0"),
     ("gen top_k float", chat(generation_config='{"top_k": 2.5}'), "top_k should be a valid integer"),
@@ -71,9 +75,11 @@ REFUSED = [
     ("gen min > max", chat(max_tokens=4, generation_config='{"min_new_tokens": 9}'), "min_new_tokens is 9"),
     ("gen deep", chat(generation_config="[" * 100_000 + "]" * 100_000), "generation_config"),
     # penalties the backend cannot run (repetition_penalty = 1 + frequency_penalty must be positive)
-    ("frequency_penalty -1", chat(frequency_penalty=-1), "frequency_penalty should be greater than -1"),
+    ("frequency_penalty -1", chat(frequency_penalty=-1), "greater than -1, got -1 (it is applied as repetition_pen"),
     ("frequency_penalty -2", chat(frequency_penalty=-2), "frequency_penalty should be greater than -1"),
     ("presence_penalty ignored", chat(presence_penalty=0.5), "presence_penalty 0.5 is not supported"),
+    ("n true", chat(n=True), "n True is not supported"),
+    ("top_logprobs false", chat(top_logprobs=False), "top_logprobs False is not supported"),
     ("temperature a string", chat(temperature="hot"), "temperature should be a valid number"),
     ("temperature 2**1100", chat(temperature=2**1100), "temperature should be a valid number"),
     ("stream a string", chat(stream="yes"), "stream should be a valid boolean"),
@@ -267,6 +273,7 @@ def test_a_template_option_is_taken_only_as_a_short_scalar_and_its_tokens_count(
 def test_the_served_tokenizers_own_special_tokens_are_refused_anywhere(tokenizer):
     tok = tokenizer.__class__.from_pretrained(tokenizer.name_or_path, trust_remote_code=False)
     tok.add_special_tokens({"additional_special_tokens": ["<repo_name>", "<file_sep>"]})
+    tok.chat_template = "{{ tools | tojson }}{{ note }}{% for m in messages %}{{ m['content'] }}{% endfor %}"
     guard = RequestGuard(None, "m", tok, context=2048)
     assert check(guard, chat())["messages"] == USER
     with pytest.raises(BadRequest, match="messages\\[0\\].content contains the special token '<repo_name>'"):
@@ -275,6 +282,15 @@ def test_the_served_tokenizers_own_special_tokens_are_refused_anywhere(tokenizer
         check(guard, {"prompt": "a<file_sep>b"}, COMPLETIONS)
     with pytest.raises(BadRequest, match="stop\\[0\\] contains the special token"):
         check(guard, chat(stop="<file_sep>"))
+    # inside a free-form value: named at its own key or index
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"enum": ["a", "<file_sep>"]}}}
+    with pytest.raises(BadRequest, match="tools\\[0\\].function.parameters.enum\\[1\\] contains the special token"):
+        check(guard, chat(tools=[tool]))
+    with pytest.raises(BadRequest, match="chat_template_kwargs.note contains the special token"):
+        check(guard, chat(chat_template_kwargs={"note": "<repo_name>"}))
+    call = {"function": {"name": "f", "arguments": '{"q": ["<file_sep>"]}'}}
+    with pytest.raises(BadRequest, match="tool_calls\\[0\\].function.arguments.q\\[0\\] contains the special"):
+        check(guard, {"messages": [*USER, {"role": "assistant", "tool_calls": [call]}]})
 
 
 def test_templates_offer_only_their_own_variables():

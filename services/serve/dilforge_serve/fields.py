@@ -18,9 +18,11 @@ from pydantic import (
     Field,
     ValidationError,
     ValidationInfo,
+    field_serializer,
     field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 MIN_TEMPERATURE = 1e-3  # below this a temperature is served as 0 (greedy): dividing logits by 1e-300 overflows
@@ -118,21 +120,30 @@ def plain(value: str, info: ValidationInfo) -> str:
     return value
 
 
-def all_strings(value: Any, info: ValidationInfo, depth: int = 0) -> None:
-    """Every string anywhere in a free-form JSON value (keys too) is plain text; every number is finite."""
+def refused_at(at: tuple, error: str) -> PydanticCustomError:
+    """A refusal of the value at key/index path `at` inside the field being validated (the refusal names both)."""
+    return PydanticCustomError("value_error", "{error}", {"error": error, "at": at})
+
+
+def all_strings(value: Any, info: ValidationInfo, at: tuple = (), depth: int = 0) -> None:
+    """Every string anywhere in a free-form JSON value (keys too) is plain text; every number is finite. A bad
+    one is refused at its own key or index (`at`, inside the field), which the refusal names."""
     if depth > 32:
         raise ValueError("is nested too deeply")
-    if isinstance(value, str):
-        plain(value, info)
-    elif isinstance(value, dict):
+    try:
+        if isinstance(value, str):
+            plain(value, info)
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"holds {value}, not a finite number")
+    except ValueError as exc:
+        raise refused_at(at, str(exc)) from None
+    if isinstance(value, dict):
         for key, item in value.items():
-            plain(key, info)
-            all_strings(item, info, depth + 1)
+            all_strings(key, info, at, depth + 1)
+            all_strings(item, info, (*at, key), depth + 1)
     elif isinstance(value, list):
-        for item in value:
-            all_strings(item, info, depth + 1)
-    elif isinstance(value, float) and not math.isfinite(value):
-        raise ValueError(f"holds {value}, not a finite number")
+        for i, item in enumerate(value):
+            all_strings(item, info, (*at, i), depth + 1)
 
 
 def no_constant(name: str):
@@ -189,13 +200,14 @@ class Request(Strict):
     max_tokens: Tokens | None = None
     temperature: Annotated[float, Field(ge=0, le=2)] | None = None
     top_p: Annotated[float, Field(ge=0, le=1)] | None = None
-    # transformers applies it as repetition_penalty = 1 + frequency_penalty, which must be positive
-    frequency_penalty: Annotated[float, Field(gt=-1, le=2)] | None = None
+    frequency_penalty: Annotated[float, Field(gt=-1, le=2)] | None = Field(
+        None, description="it is applied as repetition_penalty = 1 + frequency_penalty, which must be positive"
+    )
     seed: Annotated[int, Field(ge=0, lt=1 << 63)] | None = None
     stop: Stops | None = None
     stream: bool | None = None
     generation_config: GenerationConfig | None = None
-    n: Literal[1] | None = None
+    n: Annotated[float, Field(ge=1, le=1)] | None = None  # 1 or 1.0; a Literal[1] would take true
     presence_penalty: Annotated[float, Field(ge=0, le=0)] | None = None
     logprobs: Literal[False, 0] | None = None
     stream_options: StreamOptions | None = None
@@ -224,25 +236,29 @@ class CompletionRequest(Request):
     prompt: text(1)
     suffix: text(max_length=4096) | None = None
     echo: Literal[False] | None = None
-    best_of: Literal[1] | None = None
+    best_of: Annotated[float, Field(ge=1, le=1)] | None = None
 
 
 class Function(BaseModel):
     model_config = ConfigDict(strict=True)
     name: text(1, 256)
-    arguments: str = "{}"
+    arguments: dict[str, Any] = Field(default_factory=dict)  # parsed once; sent on as the JSON string OpenAI's is
 
-    @field_validator("arguments")
+    @field_validator("arguments", mode="before")
     @classmethod
-    def json_object(cls, value: str, info: ValidationInfo) -> str:
+    def json_object(cls, value: Any, info: ValidationInfo) -> Any:
         try:
-            parsed = json.loads(value, parse_constant=no_constant)
+            parsed = json.loads(value, parse_constant=no_constant) if isinstance(value, str) else None
         except (ValueError, RecursionError):
             parsed = None
         if not isinstance(parsed, dict):
             raise ValueError("must be a string holding a JSON object")
         all_strings(parsed, info)
-        return value
+        return parsed
+
+    @field_serializer("arguments", when_used="json")
+    def as_string(self, arguments: dict[str, Any]) -> str:
+        return json.dumps(arguments, ensure_ascii=False)
 
 
 class ToolCall(BaseModel):
@@ -314,7 +330,7 @@ class ChatRequest(Request):
     logit_bias: Annotated[dict[str, Annotated[float, Field(ge=-100, le=100)]], Field(max_length=300)] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     tools: Annotated[list[Tool], Field(max_length=32)] | None = None
-    top_logprobs: Literal[0] | None = None
+    top_logprobs: Annotated[float, Field(ge=0, le=0)] | None = None
     tool_choice: Literal["none", "auto"] | None = None
     parallel_tool_calls: bool | None = None
     response_format: ResponseFormat | None = None
@@ -345,14 +361,11 @@ class ChatRequest(Request):
                     f"{short(key)} is not a variable of this model's chat template that a request may set (it may "
                     f"set: {', '.join(sorted(options)) or 'none'})"
                 )
-            if isinstance(value, str):
-                if len(value) > 256:
-                    raise ValueError(f"value of {key!r} is {len(value)} characters; at most 256 are allowed")
-                plain(value, info)
-            elif not (
-                value is None or isinstance(value, bool | int) or (isinstance(value, float) and math.isfinite(value))
-            ):
-                raise ValueError(f"value of {key!r} must be a string, number, true, false or null")
+            if isinstance(value, str) and len(value) > 256:
+                raise refused_at((key,), f"is {len(value)} characters; at most 256 are allowed")
+            if not (value is None or isinstance(value, str | bool | int | float)):
+                raise refused_at((key,), "must be a string, number, true, false or null")
+            all_strings(value, info, (key,))
         return kwargs
 
     @field_validator("tools", mode="before")
@@ -368,9 +381,9 @@ PASSED_COMPLETION = set(CompletionRequest.model_fields) - IGNORED
 
 
 def refusal(exc: ValidationError, body: dict[str, Any], path: str) -> BadRequest:
-    """The first validation error as one line naming the field (`messages[0].content`)."""
+    """The first validation error as one line naming the field (`messages[0].content`), and what it may be."""
     err = exc.errors(include_url=False)[0]
-    loc = err["loc"]
+    loc = err["loc"] + err.get("ctx", {}).get("at", ())
     where = "".join(
         f"[{p}]"
         if isinstance(p, int)
@@ -380,6 +393,7 @@ def refusal(exc: ValidationError, body: dict[str, Any], path: str) -> BadRequest
         for p in loc
         if p != "[key]"  # pydantic's marker of an error in a dict's key, not a part of the path
     ).lstrip(".")  # a request's own keys (logit_bias, metadata) shown as reprs, cut to 60 characters
+    model = ChatRequest if path == CHAT else CompletionRequest
     if err["type"] == "extra_forbidden" and len(loc) == 1:
         passed = PASSED_CHAT if path == CHAT else PASSED_COMPLETION
         message = f"{short(loc[0])} is not a field this server takes on {path} (it takes: {', '.join(sorted(passed))})"
@@ -388,6 +402,9 @@ def refusal(exc: ValidationError, body: dict[str, Any], path: str) -> BadRequest
             f"{loc[0]} {short(body.get(loc[0]))} is not supported by this server (transformers serve ignores "
             f"{loc[0]}; send it at its default or leave it out)"
         )
+    elif err["type"] == "extra_forbidden" and loc[0] == "generation_config":
+        keys = ", ".join(sorted(GenerationConfig.model_fields))
+        message = f"{where} is not a generation setting a request may change (it may set: {keys})"
     elif err["type"] == "extra_forbidden":
         message = f"{where} is not a field this server takes here"
     elif err["type"] == "string_unicode":
@@ -399,6 +416,8 @@ def refusal(exc: ValidationError, body: dict[str, Any], path: str) -> BadRequest
         message = f"{where}{should}{rest}" if should else f"{where}: {err['msg']}"
         if not isinstance(err["input"], dict | list):
             message += f", got {short(err['input'])}"
+        if len(loc) == 1 and (why := model.model_fields[loc[0]].description):
+            message += f" ({why})"
     return BadRequest(message, param=where or None)
 
 
@@ -438,14 +457,9 @@ def normalise(
     requested = next(iter(limits.values()), None)  # transformers serve's order: the first one set wins
     if not chat:
         return Normalised(out, max_new_tokens=requested, min_new_tokens=min_new_tokens, token_limits=limits)
-    out["messages"] = [m.model_dump(exclude_none=True, exclude={"name"}) for m in request.messages]
-    conversation = [dict(m) for m in out["messages"]]
-    for m in conversation:  # as the template renders them: tool call arguments parsed
-        if "tool_calls" in m:
-            m["tool_calls"] = [
-                {**c, "function": {**c["function"], "arguments": json.loads(c["function"]["arguments"])}}
-                for c in m["tool_calls"]
-            ]
+    out["messages"] = [m.model_dump(mode="json", exclude_none=True, exclude={"name"}) for m in request.messages]
+    # as the template renders them: tool call arguments parsed
+    conversation = [m.model_dump(exclude_none=True, exclude={"name"}) for m in request.messages]
     kwargs = dict(out.get("chat_template_kwargs", {}))
     if "tools" in out:
         kwargs["tools"] = out["tools"]
