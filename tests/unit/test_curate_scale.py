@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -87,8 +88,17 @@ def test_throughput_per_core_comes_from_every_tasks_cpu_seconds(tmp_path):
     stats.mkdir()
     reader = {"name": "📖 dilforge sources", "stats": {"documents": {"total": 1000}, "bytes": {"total": 2_000_000}}}
     (stats / "00000.json").write_text(json.dumps([reader]))
-    m = report.collect(tmp_path, config(), {}, 1.0)
+    m = report.collect(tmp_path, config(), {})
     assert (m.mb_per_cpu_second, m.documents_per_cpu_second, m.cpu_seconds["total"]) == (0.4, 200.0, 5.0)
+
+
+
+def test_seconds_total_is_the_whole_stage_the_checks_and_report_included(tmp_path, monkeypatch):
+    monkeypatch.setattr(report, "check_not_empty", lambda metrics, config: None)  # an empty work folder here
+    monkeypatch.setattr(report, "write", lambda out_dir, config, metrics: time.sleep(0.05))
+    t0 = time.perf_counter()
+    seconds = stage.finish(config(), tmp_path, tmp_path, {"filter": 0.01}, t0).metrics["seconds"]
+    assert seconds["filter"] == 0.01 and seconds["total"] >= 0.05
 
 
 STAGE = """

@@ -64,7 +64,7 @@ def _examples(folder: Path, limit: int) -> list[str]:
     return out
 
 
-def collect(work: Path, config: CurateConfig, seconds: dict[str, float], total_s: float) -> CurateMetrics:
+def collect(work: Path, config: CurateConfig, seconds: dict[str, float]) -> CurateMetrics:
     """The metrics of a finished run, from the work folder: counts, removals with examples, throughput."""
     filtered = _merged(work / "logs" / "filter")
     written = _merged(work / "logs" / "write")
@@ -105,7 +105,7 @@ def collect(work: Path, config: CurateConfig, seconds: dict[str, float], total_s
             for kind in ("email", "phone", "card")
         },
         num_shards=config.output.num_shards,
-        seconds={**seconds, "total": round(total_s, 2)},
+        seconds=dict(seconds),
         bytes_read=bytes_read,
         cpu_seconds=cpu,
         mb_per_cpu_second=round(bytes_read / 1e6 / cpu["total"], 3) if cpu.get("total") else None,

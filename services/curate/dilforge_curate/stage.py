@@ -125,11 +125,12 @@ def workers(config: CurateConfig) -> int:
 
 def finish(config: CurateConfig, out_dir: Path, work: Path, seconds: dict[str, float], t0: float) -> StageResult:
     """Counts from the finished work folder; refuse an empty corpus or shards not holding exactly the documents
-    counted; write report.md, README.md, metrics."""
-    metrics = report.collect(work, config, seconds, time.perf_counter() - t0)
+    counted; write report.md, README.md, metrics (`seconds.total`: the whole stage, these checks included)."""
+    metrics = report.collect(work, config, seconds)
     report.check_not_empty(metrics, config)
     check_shards(out_dir, config, metrics.documents_kept)
     report.write(out_dir, config, metrics)
+    metrics.seconds["total"] = round(time.perf_counter() - t0, 2)
     if metrics.mb_per_cpu_second:
         print(
             f"[curate] {metrics.mb_per_cpu_second:.2f} MB and {metrics.documents_per_cpu_second:,.0f} documents per "
