@@ -92,7 +92,6 @@ def test_throughput_per_core_comes_from_every_tasks_cpu_seconds(tmp_path):
     assert (m.mb_per_cpu_second, m.documents_per_cpu_second, m.cpu_seconds["total"]) == (0.4, 200.0, 5.0)
 
 
-
 def test_seconds_total_is_the_whole_stage_the_checks_and_report_included(tmp_path, monkeypatch):
     monkeypatch.setattr(report, "check_not_empty", lambda metrics, config: None)  # an empty work folder here
     monkeypatch.setattr(report, "write", lambda out_dir, config, metrics: time.sleep(0.05))
