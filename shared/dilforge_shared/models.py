@@ -122,35 +122,13 @@ def find_dir(root: Path, kind: Kind, source: str, required: bool = True) -> Path
 
 
 @dataclass
-class ModelSource:
-    """A local folder holding an artifact's or model's files, the URI it came from and, for an artifact, its
+class Resolved:
+    """A local folder (or tokenizer file) of what was asked for, the URI it came from and, for an artifact, its
     manifest."""
 
     path: Path
     uri: str
     manifest: Manifest | None = None
-
-
-@dataclass
-class Resolved:
-    """What `resolve` found: the folder of the kind asked for (`path`), inside `source.path`."""
-
-    kind: str
-    path: Path
-    source: ModelSource
-
-    @property
-    def uri(self) -> str:
-        return self.source.uri
-
-    @property
-    def manifest(self) -> Manifest | None:
-        return self.source.manifest
-
-    @property
-    def tokenizer_json(self) -> Path:
-        """The tokenizer file (a `tokenizer` resolved from a bare .json file is that file)."""
-        return self.path if self.path.is_file() else self.path / "tokenizer.json"
 
 
 # ---- local copies of S3 (or local) prefixes ---------------------------------------------------------
@@ -159,7 +137,7 @@ class Resolved:
 def _listing(backend: Storage, only: Collection[str] | None) -> dict[str, list]:
     """key → [size, version] for what a mirror copies: ETags on S3, size + mtime locally."""
     if isinstance(backend, S3Storage):
-        items = ((k, size, etag) for k, size, etag in backend.list_stats(""))
+        items = backend.list_stats("")
     else:
         items = ((k, *backend.stat(k)) for k in backend.list(""))
     return {k: [size, tag] for k, size, tag in items if not k.endswith("/") and (only is None or k in only)}
@@ -206,16 +184,11 @@ def mirror_prefix(uri: str, dest: Path, endpoint_url: str | None = None, only: C
 def _download_prefix(
     uri: str, endpoint_url: str | None, cache_dir: Path | None = None, only: Iterable[str] | None = None
 ) -> Path:
-    cache = cache_dir or cache_root() / "models"
-    key = (
-        hashlib.sha256(f"{uri}|{sorted(only) if only else ''}".encode()).hexdigest()[:16]
-        if only
-        else hashlib.sha256(uri.encode()).hexdigest()[:16]
-    )
+    key = hashlib.sha256((f"{uri}|{sorted(only)}" if only else uri).encode()).hexdigest()[:16]
     try:
-        return mirror_prefix(uri, cache / key, endpoint_url, only=tuple(only) if only else None)
-    except NotFound:
-        raise ConfigError(f"{uri}: no objects under this prefix" + (f" named {sorted(only)}" if only else "")) from None
+        return mirror_prefix(uri, (cache_dir or cache_root() / "models") / key, endpoint_url, only)
+    except NotFound as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def open_model(
@@ -223,14 +196,14 @@ def open_model(
     endpoint_url: str | None = None,
     cache_dir: Path | None = None,
     only: Iterable[str] | None = None,
-) -> ModelSource:
+) -> Resolved:
     """A dilforge artifact (verified; or an already fetched `Artifact`) or a plain HF folder / s3:// prefix,
     as a local folder. `only`: of a plain s3:// prefix, download just these top-level files."""
     if isinstance(uri, Artifact):
-        return ModelSource(path=uri.path, uri=uri.uri, manifest=uri.manifest)
+        return Resolved(uri.path, uri.uri, uri.manifest)
     try:
         art = fetch(uri, cache_dir=cache_dir, endpoint_url=endpoint_url)
-        return ModelSource(path=art.path, uri=art.uri, manifest=art.manifest)
+        return Resolved(art.path, art.uri, art.manifest)
     except (ManifestNotFound, NotFound):
         pass
     if urlparse(uri).scheme == "s3":
@@ -239,7 +212,7 @@ def open_model(
         path = local_path(uri)
         if not path.is_dir():
             raise ConfigError(f"{uri}: no such model folder or artifact")
-    return ModelSource(path=path, uri=uri)
+    return Resolved(path, uri)
 
 
 def resolve(
@@ -258,10 +231,9 @@ def resolve(
         and local_path(source).is_file()
         and local_path(source).suffix == ".json"
     ):
-        path = local_path(source)
-        return Resolved(kind, path, ModelSource(path=path, uri=source))
+        return Resolved(local_path(source), source)
     src = open_model(source, endpoint_url, cache_dir, only=TOKENIZER_FILES if kind == "tokenizer" else None)
-    return Resolved(kind, find_dir(src.path, kind, src.uri), src)
+    return Resolved(find_dir(src.path, kind, src.uri), src.uri, src.manifest)
 
 
 def merge_adapter(base_dir: Path, adapter_dir: Path, out: Path) -> None:

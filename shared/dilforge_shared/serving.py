@@ -121,7 +121,7 @@ def resolve_chat_model(
         tok = find_dir(src.path, "tokenizer", uri, required=False) or model_dir
         what = "merged model of" if adapter_dir is not None else "model"
         return ChatModel(model_dir, None, tok, f"{what} {uri}", src.manifest)
-    adapter = Resolved("adapter", adapter_dir, src)
+    adapter = Resolved(adapter_dir, src.uri, src.manifest)
     base = base or adapter_base(adapter)
     if base is None:
         raise ConfigError(f"{uri}: an adapter without a recorded base model; pass --base")

@@ -198,7 +198,7 @@ def test_an_adapter_artifacts_base_is_its_sft_lineage_by_the_same_rule(tmp_path)
         ("s4", {}, [], "/declared/base"),
     ]:  # nothing recorded: adapter_config.json
         src = open_model(published(tmp_path, name, folder, config, inputs))
-        assert adapter_base(Resolved("adapter", src.path / "adapter", src)) == expected, name
+        assert adapter_base(Resolved(src.path / "adapter", src.uri, src.manifest)) == expected, name
     plain = adapter(tmp_path / "plain-adapter", base="/from/config")
     assert adapter_base(resolve(str(plain), "adapter")) == "/from/config"
 

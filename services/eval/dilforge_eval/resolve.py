@@ -32,7 +32,7 @@ def locate(source: str | Artifact, kind: Kind, cache_dir: Path | None, endpoint_
 @dataclass
 class EvalModel:
     """One model the eval stage scores, under its report label: model, tokenizer and adapter folders and where
-    they came from (not the shared `models.ModelSource`, which is one fetched folder)."""
+    they came from."""
 
     label: str
     model_dir: Path
