@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ValidationError
 
 from . import identity
 from .configs.base import ARTIFACT_PREFIX, StageConfig, validate_model
@@ -130,30 +130,22 @@ class ResourceConfig:
 FAILURE_RESERVE = 64 * 1024  # bytes held on the /opt/ml disk for the failure reason (reserve_failure_space)
 
 
-def _reserve_file(opt: OptMl) -> Path:
-    return opt.output_dir / ".failure-reserve"
-
-
 def reserve_failure_space(opt: OptMl) -> None:
-    """Hold FAILURE_RESERVE bytes on the /opt/ml disk from the start of a stage: when that disk fills (the work
-    folder's checkpoints, datatrove's files), write_failure frees them first, so the failure still says why."""
-    try:
+    """Hold FAILURE_RESERVE bytes on the /opt/ml disk from the start of a stage: when that disk fills,
+    write_failure frees them first, so the failure still says why."""
+    with contextlib.suppress(OSError):
         opt.output_dir.mkdir(parents=True, exist_ok=True)
-        with open(_reserve_file(opt), "wb") as f:
-            f.write(b"\0" * FAILURE_RESERVE)  # written, not sparse: the blocks are really taken
-    except OSError:
-        pass
+        (opt.output_dir / ".failure-reserve").write_bytes(b"\0" * FAILURE_RESERVE)  # written, not sparse
 
 
 def release_failure_space(opt: OptMl) -> None:
     with contextlib.suppress(OSError):
-        _reserve_file(opt).unlink(missing_ok=True)
+        (opt.output_dir / ".failure-reserve").unlink(missing_ok=True)
 
 
 def write_failure(opt: OptMl, message: str) -> None:
-    """SageMaker's failure file (its job status shows it; the coordinator records it), secrets redacted. The space
-    reserved at the start is freed first; if the file still cannot be written, an empty one is not left behind
-    (it would read as a failure without a reason)."""
+    """SageMaker's failure file (its job status shows it), secrets redacted; never left empty (a failure
+    without a reason)."""
     release_failure_space(opt)
     try:
         opt.output_dir.mkdir(parents=True, exist_ok=True)
@@ -312,9 +304,6 @@ class StageResult:
     metrics: dict[str, Any]
 
 
-RunFn = Callable[[StageConfig, StageContext], StageResult]
-
-
 def lineage(ctx: StageContext) -> list[InputRef]:
     """Exactly the refs the coordinator fingerprinted (`identity.stage_refs`), so the id can be recomputed."""
     refs = [ctx.input(name).ref(name) for name in sorted(ctx.request.inputs)]
@@ -341,9 +330,6 @@ def resolve_sources(config: StageConfig, ctx: StageContext) -> StageConfig:
     return type(config).model_validate(walk(config.model_dump(mode="json")))
 
 
-FINGERPRINT = re.compile(r"^[0-9a-f]{16}$")
-
-
 class IdentityMismatch(DilforgeError):
     """What the stage read is not what the artifact id was planned from: nothing is published."""
 
@@ -352,7 +338,7 @@ def planned_id(ctx: StageContext) -> str | None:
     """The artifact id the coordinator planned (the folder name), or None when the folder is not named by an id
     (a stage started by hand into a named folder: its artifact is never reused, so there is no id to keep)."""
     name = ctx.request.artifact_uri.rsplit("/", 1)[-1]
-    return name if FINGERPRINT.fullmatch(name) else None
+    return name if re.fullmatch(r"[0-9a-f]{16}", name) else None
 
 
 def check_identity(ctx: StageContext, refs: list[InputRef], since: list[InputRef] | None = None) -> None:
@@ -409,14 +395,6 @@ def publish_result(
     return publish(ctx.request.artifact_uri, ctx.model_dir, manifest, ctx.endpoint_url)
 
 
-# Typed metrics: a stage's config names its model (`metrics_model`), validated before publishing (unknown keys refused,
-# so a renamed metric fails the producer) and parsed again where it is read (`read_metrics`).
-class Metrics(BaseModel):
-    """Base: unknown keys are an error, so a renamed metric cannot slip through."""
-
-    model_config = ConfigDict(extra="forbid")
-
-
 M = TypeVar("M", bound=BaseModel)
 
 
@@ -450,17 +428,6 @@ def read_metrics(model: type[M], metrics: dict[str, Any], uri: str) -> M:
         ) from None
 
 
-def setup_logging() -> None:
-    """Stage logging to stdout, credentials masked on every line (botocore logs keys at DEBUG)."""
-    logging.basicConfig(
-        level=settings().log_level,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stdout,
-        force=True,
-    )
-    install_log_masking()
-
-
 def log_config(config: BaseModel, derived: dict[str, Any] | None = None) -> None:
     """Log the resolved config and derived numbers once, at start."""
     log.info("resolved config: %s", config.model_dump_json())
@@ -472,9 +439,9 @@ class Terminated(DilforgeError):
     """SIGTERM arrived (SageMaker stop or spot interruption)."""
 
 
-def install_sigterm_handler(flag: dict[str, bool] | None = None) -> dict[str, bool]:
-    """Turn SIGTERM into a flag the training loop polls, so it can checkpoint within the 120 s budget."""
-    flag = flag if flag is not None else {"stop": False}
+def install_sigterm_handler() -> dict[str, bool]:
+    """Turn SIGTERM into a flag the training loop polls, so it can checkpoint before SageMaker kills it."""
+    flag = {"stop": False}
 
     def handler(signum, frame):
         flag["stop"] = True
@@ -486,7 +453,7 @@ def install_sigterm_handler(flag: dict[str, bool] | None = None) -> dict[str, bo
 
 def stage_main(
     config_cls: type[StageConfig],
-    run_fn: RunFn,
+    run_fn: Callable[[StageConfig, StageContext], StageResult],
     package: str,
     argv: list[str] | None = None,
     publish_from_this_process: bool = True,
@@ -494,7 +461,14 @@ def stage_main(
     """Entrypoint body of every stage image (`IMAGE train`): any exception becomes a failure file and a non-zero
     exit; nothing is published unless run_fn returns."""
     argv = sys.argv[1:] if argv is None else argv
-    setup_logging()
+    # stdout, credentials masked on every line (botocore logs keys at DEBUG)
+    logging.basicConfig(
+        level=settings().log_level,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stdout,
+        force=True,
+    )
+    install_log_masking()
     opt = OptMl.from_env()
     if argv[:1] != ["train"]:
         print(f"usage: {package} train   (SageMaker contract; /opt/ml root from ${OPT_ML_ENV})", file=sys.stderr)
@@ -522,20 +496,14 @@ def stage_main(
         return 0
     except DilforgeError as exc:
         message = str(exc)
-        log.error("%s", message)
-        write_failure(opt, message)
-        return 1
     except OSError as exc:  # a full disk, a file-size limit, a read-only mount: the operator's to fix, one line
         where = f"{exc.filename}: " if exc.filename else ""
         message = f"{where}{exc.strerror or exc}" + (
             " (disk full or a file-size limit)" if exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT) else ""
         )
-        log.error("%s", message)
         log.debug("%s", traceback.format_exc())
-        write_failure(opt, message)
-        return 1
     except Exception as exc:  # noqa: BLE001 - an unexpected bug still leaves a reason for SageMaker to show
         message = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
-        log.error("%s", message)
-        write_failure(opt, message)
-        return 1
+    log.error("%s", message)
+    write_failure(opt, message)
+    return 1

@@ -51,12 +51,3 @@ class ArtifactExistsError(DilforgeError):
     def __init__(self, uri: str):
         super().__init__(f"artifact already published at {uri}; manifests are never overwritten")
         self.uri = uri
-
-
-def format_validation_error(exc, source: str) -> str:
-    """Render a pydantic ValidationError field by field, naming the document it came from."""
-    lines = [f"invalid config in {source}:"]
-    for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"]) or "<root>"
-        lines.append(f"  {loc}: {err['msg']}")
-    return "\n".join(lines)

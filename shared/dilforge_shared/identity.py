@@ -39,29 +39,21 @@ def config_refs(config: StageConfig, endpoint_url: str | None = None) -> list[In
         InputRef(name=f"data:{s.label}", kind="data", uri=s.uri, sha256=data_digest(s.uri, endpoint_url))
         for s in config.file_sources()
     ]
-    refs += [source_ref(uri, model_ref_name(uri), endpoint_url) for uri in config.model_uris()]
+    refs += [source_ref(uri, f"model:{uri}", endpoint_url) for uri in config.model_uris()]
     return refs + config.source_refs(endpoint_url)
 
 
-def upstream_refs(inputs: dict[str, str], endpoint_url: str | None = None) -> list[InputRef]:
-    """Upstream artifacts by their artifact ids (`manifest.artifact_ref`)."""
-    return [artifact_ref(name, uri, read_manifest(uri, endpoint_url)[0]) for name, uri in sorted(inputs.items())]
-
-
 def stage_refs(config: StageConfig, inputs: dict[str, str], endpoint_url: str | None = None) -> list[InputRef]:
-    """What a stage's artifact id covers, in the form its manifest records them."""
-    return [*upstream_refs(inputs, endpoint_url), *config_refs(config, endpoint_url)]
+    """What a stage's artifact id covers, as its manifest records them: upstream artifacts by their ids, then
+    `config_refs`."""
+    upstream = [artifact_ref(name, uri, read_manifest(uri, endpoint_url)[0]) for name, uri in sorted(inputs.items())]
+    return [*upstream, *config_refs(config, endpoint_url)]
 
 
 def artifact_id(config: StageConfig, refs: list[InputRef], version: str | None = None) -> str:
     """The id of the artifact `config` produces from inputs `refs` with this code (or the given code version)."""
     version = code_version(config.stage) if version is None else version
     return fingerprint(config.stage, config.identity(), refs, version)
-
-
-def model_ref_name(uri: str) -> str:
-    """The lineage name of a model or tokenizer read from a URI in a stage's config."""
-    return f"model:{uri}"
 
 
 def source_ref(uri: str, name: str, endpoint_url: str | None = None) -> InputRef:
@@ -149,8 +141,12 @@ def expand(uri: str, endpoint_url: str | None = None) -> list[str]:
 
 def _walk(root: Path, uri: str) -> list[str]:
     """Corpus files below `root`, sorted, skipping what `expand` says it skips."""
+
+    def fail(exc: OSError):
+        raise InputError(f"cannot list folder: {exc.strerror} ({exc.filename})", path=uri)
+
     files = []
-    for dirpath, dirnames, filenames in os.walk(root, onerror=_walk_error(uri)):
+    for dirpath, dirnames, filenames in os.walk(root, onerror=fail):
         here = Path(dirpath)
         keep = []
         for name in dirnames:
@@ -174,15 +170,7 @@ def _walk(root: Path, uri: str) -> list[str]:
     return sorted(files)
 
 
-def _walk_error(uri: str):
-    def fail(exc: OSError):
-        raise InputError(f"cannot list folder: {exc.strerror} ({exc.filename})", path=uri)
-
-    return fail
-
-
 def _expand_s3(uri: str, bucket: str, key: str, endpoint_url: str | None) -> list[str]:
-
     backend = S3Storage(bucket, "", endpoint_url)
     if key and not key.endswith("/") and backend.exists(key):
         return [uri]
@@ -200,15 +188,8 @@ def regular_file(path: str, uri: str) -> str:
     except OSError as exc:
         raise InputError(f"cannot open: {exc.strerror}", path=uri) from None
     if not stat.S_ISREG(mode):
-        kind = (
-            "a FIFO"
-            if stat.S_ISFIFO(mode)
-            else "a device"
-            if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
-            else "a socket"
-            if stat.S_ISSOCK(mode)
-            else "not a regular file"
-        )
+        kinds = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a device", stat.S_IFBLK: "a device", stat.S_IFSOCK: "a socket"}
+        kind = kinds.get(stat.S_IFMT(mode), "not a regular file")
         raise InputError(
             f"is {kind}, not a regular file; corpora must be regular files (hashing and reading "
             "a stream would never end)",
@@ -227,7 +208,6 @@ def source_files(uri: str, endpoint_url: str | None = None) -> list[str]:
 def artifact_files(uri: str) -> list[str] | None:
     """The corpus files an artifact's manifest lists, when `uri` is its data folder (the folder a `manifest.json`
     beside it names as `data_dir`: in a local store, a fetched copy, a SageMaker channel); else None."""
-
     folder = Path(uri)
     beside = folder.parent / MANIFEST_NAME
     if "://" in uri or not folder.is_dir() or not beside.is_file():
@@ -245,7 +225,6 @@ def data_digest(uri: str, endpoint_url: str | None = None) -> str:
     """A content digest for lineage and artifact reuse: sha256 of local files, ETags on S3. A source naming one
     local file (or an uploaded copy of one) is that file's sha256, whatever its name or path: a copy or a link
     is the same input; a folder or glob also hashes its files' names."""
-
     files = source_files(uri, endpoint_url)
     named = files == [uri.removeprefix("file://")]
     h = hashlib.sha256()
@@ -346,10 +325,8 @@ def module_path(name: str) -> Path | None:
     located by the import system)."""
     top, *rest = name.split(".")
     spec = importlib.util.find_spec(top)
-    if spec is None:
+    if spec is None or not spec.submodule_search_locations:  # every dilforge top-level module is a package
         return None
-    if not spec.submodule_search_locations:  # a top-level module, not a package
-        return Path(spec.origin) if not rest and spec.origin and spec.origin.endswith(".py") else None
     base = Path(next(iter(spec.submodule_search_locations))).joinpath(*rest)
     for path in (base / "__init__.py", base.with_suffix(".py")):
         if path.is_file():

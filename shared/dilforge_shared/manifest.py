@@ -45,6 +45,13 @@ KEY_LIBRARIES = (
 )
 
 
+class Metrics(BaseModel):
+    """Base of the typed metrics a manifest carries (a stage config's `metrics_model`): unknown keys are an error,
+    so a renamed metric fails its producer (`contract.validate_metrics`) and its readers (`read_metrics`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
 class Producer(BaseModel):
     model_config = ConfigDict(extra="forbid")
     package: str = Field(description="Python distribution that ran the stage, e.g. dilforge-cpt.")

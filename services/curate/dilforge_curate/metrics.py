@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dilforge_shared.contract import Metrics
+from dilforge_shared.manifest import Metrics
 from pydantic import Field
 
 

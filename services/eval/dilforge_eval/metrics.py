@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dilforge_shared.contract import Metrics
+from dilforge_shared.manifest import Metrics
 from dilforge_shared.metrics.cpt import LeakageRow
 from dilforge_shared.metrics.tokenizer import SetFigures, StrategyRow, SweepRow, TokenizerBase
 from pydantic import Field

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+import posixpath
+from typing import Annotated, Any, ClassVar, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.fields import FieldInfo
 from pydantic_core import to_jsonable_python
 
-from ..errors import ConfigError, format_validation_error
+from ..errors import ConfigError
 from ..manifest import InputRef
 from ..paths import declared_uri
 from ..settings import redact, secret_values
@@ -60,7 +61,6 @@ def identity_view(value):
 
 def _numbers_only(annotation) -> bool:
     """Whether a field's type admits int or float and no boolean (through Annotated, Optional and unions)."""
-    from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
     def kinds(t) -> set:
         origin = get_origin(t)
@@ -103,8 +103,6 @@ CORPUS_STAGES = ("curate",)
 def normal_local_uri(uri: str) -> str:
     """A local path in one spelling, so one file has one identity: `file://` dropped, `./`, `a/../`, doubled and
     trailing slashes collapsed (`./x`, `x/`, `file://x` → `x`; `//data/x` → `/data/x`). Other URIs are kept."""
-    import posixpath
-
     if uri.startswith("file://"):
         uri = uri[len("file://") :]
     elif "://" in uri or uri.startswith(ARTIFACT_PREFIX) or not uri:
@@ -160,8 +158,8 @@ class DataSource(StrictModel):
 
 
 def check_unique_labels(sources: list[DataSource], field: str) -> None:
-    """Per-source metrics, mixture weights and lineage are keyed by a source's label (its `name`, else its file
-    name): two sources with one label would be merged silently. Raise naming the field and the label."""
+    """Per-source metrics, weights and lineage are keyed by a source's label: two sources with one label would be
+    merged silently, so refuse them, naming the field and the label."""
     labels = [s.label for s in sources]
     dupes = sorted({x for x in labels if labels.count(x) > 1})
     if dupes:
@@ -227,9 +225,8 @@ Precision = Literal["auto", "bf16", "fp32"]
 
 
 def secret_fields(raw: Any, where: str = "", values: list[str] | None = None) -> list[str]:
-    """Dotted paths of the config strings that hold a secret as `settings.redact` recognises one (URL userinfo, an
-    access key, a token, a credential variable's value): a config is written into manifests, records and data cards,
-    so a credential in it is refused, never redacted there (a redacted config would no longer give its artifact id)."""
+    """Dotted paths of the config strings holding a secret `settings.redact` recognises: a config is written into
+    manifests and records, so a credential in it is refused (a redacted config would no longer give its id)."""
     values = secret_values() if values is None else values
     if isinstance(raw, dict):
         return [p for k, v in raw.items() for p in secret_fields(v, f"{where}.{k}" if where else str(k), values)]
@@ -247,5 +244,6 @@ def validate_model(model: type[StrictModel], raw: Any, source: str):
         )
     try:
         return model.model_validate(raw)
-    except ValidationError as exc:
-        raise ConfigError(format_validation_error(exc, source)) from None
+    except ValidationError as exc:  # every bad field, one a line, naming the document
+        fields = (f"  {'.'.join(map(str, e['loc'])) or '<root>'}: {e['msg']}" for e in exc.errors())
+        raise ConfigError("\n".join([f"invalid config in {source}:", *fields])) from None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ..contract import Metrics
+from ..manifest import Metrics
 
 
 class TrainRow(Metrics):

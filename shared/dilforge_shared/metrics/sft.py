@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import Field
 
-from ..contract import Metrics
+from ..manifest import Metrics
 
 
 class LossPoint(Metrics):
