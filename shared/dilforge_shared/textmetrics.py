@@ -1,8 +1,6 @@
-"""Tokenizer efficiency on raw text: fertility, bytes per token, share of words split 3+ ways.
-
-Pure Python: a tokenizer is a function from texts to token character offsets, so the tokenizer and eval
-stages compute the same numbers. A word is a `str.split()` run; tokens exclude added specials; fertility and
-bytes/token are ratios of sums over the set; a token counts for every word its span overlaps."""
+"""Tokenizer efficiency on raw text, the same for the tokenizer and eval stages: fertility, bytes per token, share
+of words split 3+ ways. A word is a `str.split()` run; tokens exclude added specials; fertility and bytes/token are
+ratios of sums over the set; a token counts for every word its span overlaps."""
 
 from __future__ import annotations
 
@@ -20,7 +18,7 @@ _WORD = re.compile(r"\S+")
 
 @dataclass
 class TokenStats:
-    """Sums over a text set; the ratios are properties so stats of shards can be added."""
+    """Sums over a text set, and their ratios."""
 
     num_texts: int = 0
     num_words: int = 0
@@ -40,9 +38,6 @@ class TokenStats:
     def share_words_3plus(self) -> float:
         return self.num_words_3plus / self.num_words if self.num_words else float("nan")
 
-    def __add__(self, other: TokenStats) -> TokenStats:
-        return TokenStats(*(a + b for a, b in zip(asdict(self).values(), asdict(other).values(), strict=False)))
-
     def summary(self, digits: int = 4) -> dict[str, float | int]:
         """Counts and ratios, for a manifest or a report table."""
         return {
@@ -51,10 +46,6 @@ class TokenStats:
             "share_words_3plus": round(self.share_words_3plus, digits),
             **asdict(self),
         }
-
-
-def word_spans(text: str) -> list[tuple[int, int]]:
-    return [m.span() for m in _WORD.finditer(text)]
 
 
 def tokens_per_word_span(text: str, offsets: Offsets) -> list[int]:
@@ -66,7 +57,7 @@ def tokens_per_word_span(text: str, offsets: Offsets) -> list[int]:
     offsets = [o for o in offsets if o[1] > o[0]]
     starts = [o[0] for o in offsets]
     ends = [o[1] for o in offsets]
-    return [bisect_left(starts, we) - bisect_right(ends, ws) for ws, we in word_spans(text)]
+    return [bisect_left(starts, we) - bisect_right(ends, ws) for ws, we in (m.span() for m in _WORD.finditer(text))]
 
 
 def measure(texts: Iterable[str], encode: EncodeOffsets, batch_size: int = 256) -> TokenStats:

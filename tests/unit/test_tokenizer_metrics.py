@@ -62,10 +62,8 @@ def test_byte_level_tokenizer_without_merges_gives_one_token_per_byte():
     assert stats.share_words_3plus == 1.0
 
 
-def test_stats_add_and_summary():
-    s = TokenStats(1, 2, 5, 12, 1) + TokenStats(1, 3, 3, 9, 0)
-    assert s == TokenStats(2, 5, 8, 21, 1)
-    summary = s.summary()
+def test_stats_summary():
+    summary = TokenStats(2, 5, 8, 21, 1).summary()
     assert summary["tokens_per_word"] == 1.6 and summary["num_words"] == 5
     assert math.isnan(TokenStats().tokens_per_word)
 
