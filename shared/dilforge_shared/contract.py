@@ -87,13 +87,10 @@ class OptMl:
         except json.JSONDecodeError as exc:
             raise ConfigError(f"{path}: not valid JSON: {exc}") from None
 
-    def write_inputs(
-        self, hyperparameters: dict[str, str], resource: dict | None = None, input_data: dict | None = None
-    ) -> None:
-        """What SageMaker (or the local/compose backends) lays down before the container starts."""
+    def write_inputs(self, hyperparameters: dict[str, str], resource: dict | None = None) -> None:
+        """What SageMaker (or the local backend) lays down before the container starts."""
         self.config_dir.mkdir(parents=True, exist_ok=True)
         (self.config_dir / "hyperparameters.json").write_text(json.dumps(hyperparameters))
-        (self.config_dir / "inputdataconfig.json").write_text(json.dumps(input_data or {}))
         resource = resource or {"current_host": "algo-1", "hosts": ["algo-1"], "network_interface_name": "lo"}
         (self.config_dir / "resourceconfig.json").write_text(json.dumps(resource))
 

@@ -154,12 +154,9 @@ def parse_manifest(data: bytes | str, source: str) -> Manifest:
         raise ManifestError(f"{source}: invalid manifest: {details}") from None
 
 
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
+def sha256_file(path: Path) -> str:
     with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -211,10 +208,6 @@ def current_producer(package: str) -> Producer:
     )
 
 
-def canonical_json(obj: Any) -> bytes:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str).encode()
-
-
 def artifact_ref(name: str, uri: str, manifest: Manifest) -> InputRef:
     """An upstream artifact as lineage and identity record it: by its artifact id (a digest of what made it), never
     by its manifest's bytes (where and when it was stored) nor its files' (CPT's and SFT's carry run timings)."""
@@ -249,4 +242,5 @@ def fingerprint(stage: str, identity: dict[str, Any], inputs: list[InputRef], co
         "inputs": sorted(input_key(ref) for ref in inputs),
         "schema_major": SCHEMA_VERSION.split(".")[0],
     }
-    return sha256_bytes(canonical_json(payload))[:16]
+    canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    return sha256_bytes(canonical.encode())[:16]

@@ -43,7 +43,7 @@ def test_a_nested_rename_and_a_stray_validation_key_are_refused():
     with pytest.raises(DilforgeError, match="unknown validation metric 'val_ppl'"):
         validate_metrics("cpt", CptMetrics, stray)
     typed = CptMetrics.model_validate(metrics_samples.sample("cpt"))
-    assert typed.validation[1].by_set == {"az": 3.9}
+    assert typed.validation[1].model_extra == {"val_bpb/az": 3.9}
 
 
 def test_an_upstream_manifest_that_does_not_parse_names_the_artifact_and_field():

@@ -1,8 +1,5 @@
-"""Training knobs CPT and SFT share: one name, one meaning, one description per idea.
-
-Each group is a pydantic model the stage configs inherit their fields from (the YAML stays flat), so the
-schema, docs and errors use the same words in both stages. `knob(Group, name, default)` re-declares a field
-with another default, copying everything else."""
+"""Training knobs CPT and SFT share, as groups their configs inherit fields from (the YAML stays flat): one name,
+one meaning, one description per idea. `knob(Group, name, default)` re-declares a field with another default."""
 
 from __future__ import annotations
 
@@ -97,7 +94,7 @@ class Checkpointing(StrictModel):
     activation_checkpointing: Switch = Field(
         json_schema_extra=RUN_ONLY,
         default="off",
-        description="Recompute layer activations in backward to save memory (~25-30 % slower). auto: on where the "
+        description="Recompute layer activations in backward to save memory at the cost of speed. auto: on where the "
         "memory estimate says training does not fit without it (SFT: memory_budget_fraction of the device's memory; "
         "CPT: the micro-batch in free GPU memory; off on CPU). YAML true/false mean on/off.",
     )

@@ -32,8 +32,7 @@ class LanguageConfig(StrictModel):
         default=250,
         ge=100,
         le=100_000,
-        description="Characters of each document the detector reads, from its start: 250 kept and removed the "
-        "same shares of the measured sets as 500 and 2,000, at about half the CPU of 500 (docs/curate.md).",
+        description="Characters of each document the detector reads, from its start (measured: docs/curate.md).",
     )
     relatives: list[LinguaCode] = Field(
         default_factory=lambda: ["tr"],

@@ -25,7 +25,7 @@ SET_PREFIX = "val_bpb/"  # a validation row holds one `val_bpb/<set name>` per v
 
 
 class ValidationRow(BaseModel):
-    """One validation pass: loss and BPB over all sets, and `val_bpb/<set>` per set (read as `by_set`)."""
+    """One validation pass: loss and BPB over all sets, and `val_bpb/<set>` per set."""
 
     model_config = ConfigDict(extra="allow")
     step: int
@@ -39,10 +39,6 @@ class ValidationRow(BaseModel):
             if not key.startswith(SET_PREFIX) or not isinstance(value, (int, float)):
                 raise ValueError(f"unknown validation metric {key!r} (only {SET_PREFIX}<set> may be added)")
         return self
-
-    @property
-    def by_set(self) -> dict[str, float]:
-        return {k.removeprefix(SET_PREFIX): float(v) for k, v in (self.model_extra or {}).items()}
 
 
 class LeakageRow(Metrics):
