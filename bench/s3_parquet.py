@@ -35,11 +35,11 @@ def peak_rss_kib() -> int:
 def child(mode: str, key: str) -> None:
     """Read every text of s3://BUCKET/key; print {"rows", "peak_mib"} (RSS above the post-setup baseline)."""
     import pyarrow.parquet as pq
-    from dilforge_shared.corpus import arrow_filesystem, iter_texts
+    from dilforge_shared.corpus import iter_texts
     from dilforge_shared.store import S3Storage
 
     storage = S3Storage(BUCKET, "")
-    arrow_filesystem(storage).get_file_info(f"{BUCKET}/{key}")  # the AWS SDK's start-up, outside the measure
+    storage.arrow_filesystem().get_file_info(f"{BUCKET}/{key}")  # the AWS SDK's start-up, outside the measure
     base = peak_rss_kib()
     if mode == "whole":
         import io

@@ -18,7 +18,6 @@ from dilforge_shared.manifest import MANIFEST_NAME, Manifest
 from dilforge_shared.store import (
     NotFound,
     Storage,
-    artifact_storage,
     extra_keys,
     manifest_uri_of,
     open_backend,
@@ -92,7 +91,7 @@ def check_artifact(
         return problem
     if problem := recorded_digest_problem(artifact_uri, manifest, digest, endpoint_url):
         return problem
-    backend = artifact_storage(artifact_uri, endpoint_url)
+    backend = open_backend(artifact_uri, endpoint_url)
     local = backend.local_path(manifest.data_dir)
     try:
         if local is not None:

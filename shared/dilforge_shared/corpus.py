@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import codecs
 import gzip
-import io
 import json
 import logging
 import unicodedata
@@ -58,25 +57,6 @@ def _check_not_compressed(stream: IO[bytes], uri: str, fmt_hint: str) -> None:
             raise InputError(f"is {what}, not text: {fix}", path=uri)
 
 
-class _BodyReader(io.RawIOBase):
-    """A botocore StreamingBody as a raw stream, so buffering, gzip and line iteration work on it."""
-
-    def __init__(self, body):
-        self.body = body
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer) -> int:
-        data = self.body.read(len(buffer))
-        buffer[: len(data)] = data
-        return len(data)
-
-    def close(self) -> None:
-        self.body.close()
-        super().close()
-
-
 def open_binary(uri: str, endpoint_url: str | None) -> IO[bytes]:
     parsed = urlparse(uri)
     if parsed.scheme == "s3":
@@ -84,12 +64,10 @@ def open_binary(uri: str, endpoint_url: str | None) -> IO[bytes]:
 
         from .store import S3Storage
 
-        backend = S3Storage(parsed.netloc, "", endpoint_url)
         try:
-            body = backend.client.get_object(Bucket=parsed.netloc, Key=parsed.path.lstrip("/"))["Body"]
+            stream = S3Storage(parsed.netloc, "", endpoint_url).open(parsed.path.lstrip("/"))
         except ClientError as exc:
             raise InputError(f"cannot read S3 object: {exc.response.get('Error', {}).get('Code')}", path=uri) from None
-        stream: IO[bytes] = io.BufferedReader(_BodyReader(body), buffer_size=1 << 20)
     else:
         try:
             stream = open(regular_file(uri, uri), "rb")  # noqa: SIM115 - returned to the caller, who closes it
@@ -106,32 +84,6 @@ def open_binary(uri: str, endpoint_url: str | None) -> IO[bytes]:
     return stream
 
 
-def arrow_filesystem(storage):
-    """`storage`'s endpoint, credentials (boto3's chain), region, timeouts and attempts as a
-    `pyarrow.fs.S3FileSystem`, for readers that seek (parquet reads its footer, then one row group at a time)."""
-    import boto3
-    from pyarrow import fs
-
-    from .settings import settings
-
-    cfg = settings()
-    creds = boto3.Session(**{k: v for k, v in storage.keys.items() if k != "region_name"}).get_credentials()
-    frozen = creds.get_frozen_credentials() if creds is not None else None
-    endpoint = urlparse(storage.client.meta.endpoint_url)
-    return fs.S3FileSystem(
-        access_key=frozen.access_key if frozen else None,
-        secret_key=frozen.secret_key if frozen else None,
-        session_token=frozen.token if frozen else None,
-        anonymous=frozen is None,
-        region=storage.client.meta.region_name,
-        endpoint_override=endpoint.netloc,
-        scheme=endpoint.scheme,
-        connect_timeout=cfg.s3_connect_timeout,
-        request_timeout=cfg.s3_read_timeout,
-        retry_strategy=fs.AwsStandardS3RetryStrategy(max_attempts=cfg.s3_max_attempts),
-    )
-
-
 def parquet_location(uri: str, endpoint_url: str | None):
     """(path, filesystem) for pyarrow: a checked local file, or an S3 object behind pyarrow.fs (seekable, never
     read whole) with the store's endpoint and credentials."""
@@ -142,7 +94,7 @@ def parquet_location(uri: str, endpoint_url: str | None):
     from .store import S3Storage
 
     try:
-        filesystem = arrow_filesystem(S3Storage(parsed.netloc, "", endpoint_url))
+        filesystem = S3Storage(parsed.netloc, "", endpoint_url).arrow_filesystem()
     except OSError as exc:
         raise InputError(f"cannot reach S3: {str(exc).splitlines()[0][:200]}", path=uri) from None
     return f"{parsed.netloc}/{parsed.path.lstrip('/')}", filesystem
@@ -313,10 +265,8 @@ def _iter_file(
                 )
             yield lineno, row[text_field]
     elif fmt == "parquet":
-        try:
-            import pyarrow.parquet as pq
-        except ImportError:
-            raise InputError("reading parquet needs pyarrow installed", path=uri) from None
+        import pyarrow.parquet as pq
+
         path, filesystem = parquet_location(uri, endpoint_url)  # S3: read by ranges, a row group at a time
         try:
             pf = pq.ParquetFile(path, filesystem=filesystem, pre_buffer=False)  # no read-ahead of all groups

@@ -104,7 +104,7 @@ def model_digest(uri: str, endpoint_url: str | None = None) -> str:
         raise ConfigError(f"{uri}: no objects under this prefix")
     copy = declared_uri(uri) != uri  # an uploaded copy: each object's sha256, as dir_digest hashes the folder
     for key, _, etag in stats:
-        sha256 = backend.metadata(key).get("sha256") if copy else None
+        sha256 = backend.head(key).get("Metadata", {}).get("sha256") if copy else None
         h.update(f"{key}:{sha256 or etag}\n".encode())
     return h.hexdigest()
 
@@ -231,8 +231,7 @@ def data_digest(uri: str, endpoint_url: str | None = None) -> str:
     for file_uri in files:
         parsed = urlparse(file_uri)
         if parsed.scheme == "s3":
-            backend = S3Storage(parsed.netloc, "", endpoint_url)
-            head = backend.client.head_object(Bucket=parsed.netloc, Key=parsed.path.lstrip("/"))
+            head = S3Storage(parsed.netloc, "", endpoint_url).head(parsed.path.lstrip("/"))
             sha256 = head.get("Metadata", {}).get("sha256")
             if sha256 and declared_uri(file_uri) != file_uri:  # an uploaded copy: hashed as the local file
                 if named:

@@ -20,7 +20,7 @@ from .errors import ConfigError, ManifestNotFound
 from .manifest import Manifest
 from .paths import local_path
 from .settings import cache_root
-from .store import Artifact, NotFound, S3Storage, Storage, fetch, open_backend
+from .store import Artifact, NotFound, Storage, fetch, open_backend
 
 log = logging.getLogger("dilforge")
 
@@ -136,11 +136,8 @@ class Resolved:
 
 def _listing(backend: Storage, only: Collection[str] | None) -> dict[str, list]:
     """key → [size, version] for what a mirror copies: ETags on S3, size + mtime locally."""
-    if isinstance(backend, S3Storage):
-        items = backend.list_stats("")
-    else:
-        items = ((k, *backend.stat(k)) for k in backend.list(""))
-    return {k: [size, tag] for k, size, tag in items if not k.endswith("/") and (only is None or k in only)}
+    listing = backend.list_stats("")
+    return {k: [size, tag] for k, size, tag in listing if not k.endswith("/") and (only is None or k in only)}
 
 
 def mirror_prefix(uri: str, dest: Path, endpoint_url: str | None = None, only: Collection[str] | None = None) -> Path:

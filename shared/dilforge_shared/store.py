@@ -5,6 +5,7 @@ verifies every file's size and sha256. Every key is checked (`check_relative_pat
 from __future__ import annotations
 
 import errno
+import io
 import json
 import logging
 import os
@@ -12,8 +13,10 @@ import shutil
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 from urllib.parse import urlparse
 
 from .errors import ArtifactExistsError, DilforgeError, IntegrityError, ManifestNotFound
@@ -135,10 +138,11 @@ class LocalStorage:
     def copy(self, key: str, dest: str) -> None:
         self.upload_file(dest, self._path(key))
 
-    def stat(self, key: str) -> tuple[int, str]:
-        """(size, a version tag): size and mtime in ns locally, the ETag on S3."""
-        st = self._path(key).stat()
-        return st.st_size, f"mtime:{st.st_mtime_ns}"
+    def list_stats(self, prefix: str) -> Iterator[tuple[str, int, str]]:
+        """(key, size, a version tag: the mtime in ns) of every file under prefix, as S3's listing gives them."""
+        for key in self.list(prefix):
+            st = self._path(key).stat()
+            yield key, st.st_size, f"mtime:{st.st_mtime_ns}"
 
 
 # Keys of an S3-compatible endpoint this process provides (the compose backend's SeaweedFS), by endpoint URL: used
@@ -204,83 +208,71 @@ class S3Storage:
     def local_path(self, key: str) -> Path | None:
         return None
 
-    def _missing(self, exc) -> bool:
-        code = exc.response.get("Error", {}).get("Code", "")
-        return code in ("404", "NoSuchKey", "NotFound")
+    @contextmanager
+    def _found(self, key: str) -> Iterator[None]:
+        """A ClientError for a missing object as NotFound."""
+        from botocore.exceptions import ClientError
+
+        try:
+            yield
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code", "") in ("404", "NoSuchKey", "NotFound"):
+                raise NotFound(f"{self.uri}/{key}: no such object") from None
+            raise
+
+    def head(self, key: str) -> dict:
+        """The object's HeadObject answer (ContentLength, ETag, user `Metadata`)."""
+        with self._found(key):
+            return self.client.head_object(Bucket=self.bucket, Key=self._key(key))
 
     def exists(self, key: str) -> bool:
-        from botocore.exceptions import ClientError
-
         try:
-            self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+            self.head(key)
             return True
-        except ClientError as exc:
-            if self._missing(exc):
-                return False
-            raise
+        except NotFound:
+            return False
 
     def size(self, key: str) -> int:
-        from botocore.exceptions import ClientError
-
-        try:
-            return self.client.head_object(Bucket=self.bucket, Key=self._key(key))["ContentLength"]
-        except ClientError as exc:
-            if self._missing(exc):
-                raise NotFound(f"s3://{self.bucket}/{self._key(key)}: no such object") from None
-            raise
+        return self.head(key)["ContentLength"]
 
     def read_bytes(self, key: str) -> bytes:
         return self.read_versioned(key)[0]
+
+    def read_versioned(self, key: str) -> tuple[bytes, str]:
+        """The object's bytes and its ETag, from one GetObject."""
+        with self._found(key):
+            got = self.client.get_object(Bucket=self.bucket, Key=self._key(key))
+            return got["Body"].read(), got["ETag"]
+
+    def open(self, key: str) -> IO[bytes]:
+        """The object as a buffered stream, read as it downloads (botocore's errors as they come)."""
+        body = self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"]
+        return io.BufferedReader(_BodyReader(body), buffer_size=1 << 20)
 
     def write_bytes(self, key: str, data: bytes) -> None:
         self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
 
     def create_bytes(self, key: str, data: bytes) -> bool:
-        """PutObject with If-None-Match: * (S3 conditional write); False on 412 / conflict."""
-        from botocore.exceptions import ClientError
-
-        try:
-            self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, IfNoneMatch="*")
-            return True
-        except ClientError as exc:
-            if self._precondition_failed(exc):
-                return False
-            raise
-
-    def _precondition_failed(self, exc) -> bool:
-        """A conditional write refused: the key exists (If-None-Match), or changed since it was read (If-Match)."""
-        code = exc.response.get("Error", {}).get("Code", "")
-        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        return code in ("PreconditionFailed", "ConditionalRequestConflict") or status in (409, 412)
-
-    def read_versioned(self, key: str) -> tuple[bytes, str]:
-        """The object's bytes and its ETag, from one GetObject."""
-        from botocore.exceptions import ClientError
-
-        try:
-            got = self.client.get_object(Bucket=self.bucket, Key=self._key(key))
-            return got["Body"].read(), got["ETag"]
-        except ClientError as exc:
-            if self._missing(exc):
-                raise NotFound(f"s3://{self.bucket}/{self._key(key)}: no such object") from None
-            raise
+        """PutObject with If-None-Match: * (S3 conditional write); False when the key exists."""
+        return self._put_if(key, data, IfNoneMatch="*")
 
     def replace_bytes(self, key: str, data: bytes, version: str) -> bool:
-        """PutObject with If-Match: the ETag read_versioned gave (S3 conditional write); False when the object
-        changed or is gone since."""
+        """PutObject with If-Match: the ETag read_versioned gave; False when the object changed or is gone since."""
+        return self._put_if(key, data, IfMatch=version)
+
+    def _put_if(self, key: str, data: bytes, **condition: str) -> bool:
         from botocore.exceptions import ClientError
 
         try:
-            self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, IfMatch=version)
+            self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, **condition)
             return True
         except ClientError as exc:
-            if self._missing(exc) or self._precondition_failed(exc):
+            code = exc.response.get("Error", {}).get("Code", "")
+            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            refused = ("NoSuchKey", "PreconditionFailed", "ConditionalRequestConflict")
+            if code in refused or status in (409, 412):
                 return False
             raise
-
-    def metadata(self, key: str) -> dict[str, str]:
-        """The object's user metadata (`x-amz-meta-*`)."""
-        return self.client.head_object(Bucket=self.bucket, Key=self._key(key)).get("Metadata", {})
 
     def upload_file(self, key: str, path: Path, sha256: str | None = None) -> None:
         """`path` to `key`; `sha256`, when given, is stored as the object's metadata (an uploaded copy's digest)."""
@@ -288,32 +280,10 @@ class S3Storage:
         self.client.upload_file(str(path), self.bucket, self._key(key), Config=self.transfer, **extra)
 
     def download_file(self, key: str, path: Path) -> None:
-        from botocore.exceptions import ClientError
-
         full = self._key(key)  # checked before anything is created locally
         path.parent.mkdir(parents=True, exist_ok=True)
-        try:
+        with self._found(key):
             self.client.download_file(self.bucket, full, str(path), Config=self.transfer)
-        except ClientError as exc:
-            if self._missing(exc):
-                raise NotFound(f"s3://{self.bucket}/{self._key(key)}: no such object") from None
-            raise
-
-    def list(self, prefix: str) -> Iterator[str]:
-        full = self._key(prefix)
-        full = full + "/" if full else ""
-        strip = len(self.prefix) + 1 if self.prefix else 0
-        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=full):
-            for obj in page.get("Contents", []):
-                yield obj["Key"][strip:]
-
-    def delete(self, key: str) -> None:
-        self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
-
-    def copy(self, key: str, dest: str) -> None:
-        self.client.copy(
-            {"Bucket": self.bucket, "Key": self._key(key)}, self.bucket, self._key(dest), Config=self.transfer
-        )
 
     def list_stats(self, prefix: str) -> Iterator[tuple[str, int, str]]:
         """(key, size, ETag) of every object under prefix, from the listing (no HEAD per object)."""
@@ -324,6 +294,17 @@ class S3Storage:
             for obj in page.get("Contents", []):
                 yield obj["Key"][strip:], obj["Size"], obj["ETag"]
 
+    def list(self, prefix: str) -> Iterator[str]:
+        return (key for key, _, _ in self.list_stats(prefix))
+
+    def delete(self, key: str) -> None:
+        self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
+
+    def copy(self, key: str, dest: str) -> None:
+        self.client.copy(
+            {"Bucket": self.bucket, "Key": self._key(key)}, self.bucket, self._key(dest), Config=self.transfer
+        )
+
     def delete_prefix(self, prefix: str) -> None:
         keys = [self._key(k) for k in self.list(prefix)]
         for i in range(0, len(keys), 1000):
@@ -331,13 +312,55 @@ class S3Storage:
                 Bucket=self.bucket, Delete={"Objects": [{"Key": k} for k in keys[i : i + 1000]], "Quiet": True}
             )
 
+    def arrow_filesystem(self):
+        """This store's endpoint, credentials (boto3's chain), region, timeouts and attempts as a
+        `pyarrow.fs.S3FileSystem`, for readers that seek (parquet reads its footer, then one row group at a time)."""
+        import boto3
+        from pyarrow import fs
+
+        cfg = settings()
+        creds = boto3.Session(**{k: v for k, v in self.keys.items() if k != "region_name"}).get_credentials()
+        frozen = creds.get_frozen_credentials() if creds is not None else None
+        endpoint = urlparse(self.client.meta.endpoint_url)
+        return fs.S3FileSystem(
+            access_key=frozen.access_key if frozen else None,
+            secret_key=frozen.secret_key if frozen else None,
+            session_token=frozen.token if frozen else None,
+            anonymous=frozen is None,
+            region=self.client.meta.region_name,
+            endpoint_override=endpoint.netloc,
+            scheme=endpoint.scheme,
+            connect_timeout=cfg.s3_connect_timeout,
+            request_timeout=cfg.s3_read_timeout,
+            retry_strategy=fs.AwsStandardS3RetryStrategy(max_attempts=cfg.s3_max_attempts),
+        )
+
+
+class _BodyReader(io.RawIOBase):
+    """A botocore StreamingBody as a raw stream, so buffering, gzip and line iteration work on it."""
+
+    def __init__(self, body):
+        self.body = body
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        data = self.body.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        self.body.close()
+        super().close()
+
 
 # Where artifact bytes live (Storage, not Backend: the coordinator's backends are where stages run).
 Storage = LocalStorage | S3Storage
 
 
 def open_backend(uri: str, endpoint_url: str | None = None) -> Storage:
-    """`s3://bucket/prefix`, `file:///path` or a plain path."""
+    """The storage rooted at `s3://bucket/prefix`, `file:///path` or a plain path (an artifact's folder too)."""
     parsed = urlparse(uri)
     if parsed.scheme == "s3":
         if not parsed.netloc:
@@ -345,7 +368,7 @@ def open_backend(uri: str, endpoint_url: str | None = None) -> Storage:
         return S3Storage(parsed.netloc, parsed.path, endpoint_url)
     if parsed.scheme == "file":
         return LocalStorage(Path(parsed.path))
-    if parsed.scheme in ("",) or (len(parsed.scheme) == 1 and os.name == "nt"):
+    if not parsed.scheme:
         return LocalStorage(Path(uri))
     raise DilforgeError(f"{uri}: unsupported URI scheme {parsed.scheme!r}; use a path, file:// or s3://")
 
@@ -362,6 +385,11 @@ def split_uri(uri: str, endpoint_url: str | None = None) -> tuple[Storage, str]:
 def read_uri_bytes(uri: str, endpoint_url: str | None = None) -> bytes:
     backend, name = split_uri(uri, endpoint_url)
     return backend.read_bytes(name)
+
+
+def write_uri(uri: str, text: str, endpoint_url: str | None = None) -> None:
+    backend, name = split_uri(uri, endpoint_url)
+    backend.write_bytes(name, text.encode())
 
 
 STORE_MARKER = ".dilforge-store"  # at a store's root, written by every publish and run record
@@ -392,12 +420,6 @@ class Artifact:
         return artifact_ref(name, self.uri, self.manifest)
 
 
-def artifact_storage(artifact_uri: str, endpoint_url: str | None = None) -> Storage:
-    """The storage rooted at one artifact's folder (manifest.json, its data folder, the reuse stamp): what
-    integrity checks read sizes and local paths from."""
-    return open_backend(artifact_uri.rstrip("/"), endpoint_url)
-
-
 # sha256 of the manifest's bytes, written beside it just before it: every reader catches a later change. Named after
 # the data folder (two racing publishers each write their own) and outside it (it holds exactly the listed files).
 def manifest_digest_key(data_dir: str) -> str:
@@ -405,7 +427,7 @@ def manifest_digest_key(data_dir: str) -> str:
 
 
 def artifact_exists(artifact_uri: str, endpoint_url: str | None = None) -> bool:
-    return artifact_storage(artifact_uri, endpoint_url).exists(MANIFEST_NAME)
+    return open_backend(artifact_uri, endpoint_url).exists(MANIFEST_NAME)
 
 
 def publish(
@@ -417,7 +439,7 @@ def publish(
     """Upload every file of `local_dir` (a file large enough to go up in parts, and one at least every 25 s, is
     logged as it starts: a long publish is never silent), then create
     the manifest, its `files` and `data_dir` filled in here. ArtifactExistsError if taken."""
-    backend = artifact_storage(artifact_uri, endpoint_url)
+    backend = open_backend(artifact_uri, endpoint_url)
     manifest_key = MANIFEST_NAME
     if backend.exists(manifest_key):
         raise ArtifactExistsError(f"{artifact_uri}/{MANIFEST_NAME}")
@@ -493,7 +515,7 @@ def read_manifest(uri: str, endpoint_url: str | None = None) -> tuple[Manifest, 
 def store_of(artifact_uri: str, endpoint_url: str | None = None) -> tuple[str, str] | None:
     """(store root, `artifacts/<stage>/<id>`) of an artifact kept in a store, else None; a local artifact by its
     real path, so a relative one, `//`, `./` or a link to its folder is still in its store."""
-    local = artifact_storage(artifact_uri, endpoint_url).local_path("")
+    local = open_backend(artifact_uri, endpoint_url).local_path("")
     where = local.as_posix() if local is not None else artifact_uri.rstrip("/")
     root, sep, tail = where.rpartition("/artifacts/")
     if not sep or not root or tail.count("/") != 1:
@@ -591,7 +613,7 @@ def fetch(uri: str, cache_dir: Path | None = None, endpoint_url: str | None = No
     manifest, digest = read_manifest(muri, endpoint_url)
     if problem := recorded_digest_problem(artifact_uri, manifest, digest, endpoint_url):
         raise IntegrityError(problem)
-    backend = artifact_storage(artifact_uri, endpoint_url)
+    backend = open_backend(artifact_uri, endpoint_url)
     local = backend.local_path(manifest.data_dir)
     if local is not None:
         verify_files(manifest, local, muri)

@@ -20,7 +20,7 @@ from dilforge_cpt.model_config import ModelConfig
 from dilforge_shared.errors import ConfigError, DilforgeError
 from dilforge_shared.identity import stamped_sha256
 from dilforge_shared.paths import uploaded_copy
-from dilforge_shared.store import fetch, open_backend
+from dilforge_shared.store import fetch, open_backend, write_uri
 
 from ..cloud import SageMakerConfig
 from ..config import PipelineConfig
@@ -45,7 +45,6 @@ from .sagemaker import (
     sdk_session,
     stage_hyperparameters,
     token_cache_spec,
-    write_uri,
 )
 
 log = logging.getLogger("dilforge.coordinator.sagemaker_local")
