@@ -139,10 +139,10 @@ def run_stage(inp: Path, work: Path, tasks: int, workers: int) -> dict:
         num_workers=workers,
         language_id=MAX_CHARS,
     )
-    inputs = stage.Inputs(sources=stage.reader_sources(config), tokenizer_file=None, work=work / "work")
+    inputs = stage.Inputs(tokenizer_file=None, work=work / "work")
     (work / "out").mkdir(parents=True)
     stage.execute(stage.build(config, inputs, stage.Folders(inputs.work, inputs.work), work / "out"), inputs.work)
-    metrics = report.collect(inputs.work, config, {}, 0.0)
+    metrics = report.collect(inputs.work, config, {})
     report.write(work / "out", config, metrics)
     return {"read": metrics.documents_read, "kept": metrics.documents_kept, "out": work / "out"}
 
@@ -160,6 +160,7 @@ def run_plain(inp: Path, work: Path, tasks: int, workers: int) -> dict:
     from dilforge_curate.config import CurateConfig
     from dilforge_curate.stage import datatrove_console
     from dilforge_curate.steps import LinguaFilter, WordSplitter
+    from dilforge_shared.configs.language import LanguageConfig
 
     q = CurateConfig(corpora=[{"uri": "x"}]).quality
     words = WordSplitter()
@@ -169,7 +170,7 @@ def run_plain(inp: Path, work: Path, tasks: int, workers: int) -> dict:
         JsonlReader(str(inp), glob_pattern="in-*.jsonl"),
         FTFYFormatter(),
         PIIFormatter(remove_ips=False),
-        LinguaFilter("az", ["tr", "en", "ru", "kk", "fa", "ar", "de", "fr", "es", "uk"], 0.5, 2000),
+        LinguaFilter("az", LanguageConfig(max_chars=2000)),
         GopherRepetitionFilter(
             dup_line_frac=q.dup_line_frac, top_n_grams=q.top_n_grams, dup_n_grams=q.dup_n_grams, language=words
         ),
@@ -212,7 +213,7 @@ def step_costs(source: str, size: int) -> None:
 
     config = CurateConfig(corpora=[{"uri": source, "name": "web"}], output={"num_shards": 1}, language_id=MAX_CHARS)
     work = Path("/tmp/dilforge-bench-curate-steps")
-    inputs = stage.Inputs(sources=stage.reader_sources(config), tokenizer_file=None, work=work)
+    inputs = stage.Inputs(tokenizer_file=None, work=work)
     steps = stage.build(config, inputs, stage.Folders(work, work), work / "out")["filter"].pipeline
     mb = size / 1e6
     t = time.process_time()

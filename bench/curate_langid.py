@@ -62,7 +62,7 @@ def main() -> None:
         speed(sets, args)
         return
     defaults = LanguageConfig()
-    lid = LinguaFilter("az", defaults.candidates, 0.0, defaults.max_chars)
+    lid = LinguaFilter("az", defaults.model_copy(update={"min_score": 0.0}))
     print(f"candidates: az + {defaults.candidates}; default min_score {defaults.min_score}")
     print("| set | texts | " + " | ".join(f"kept at {t}" for t in THRESHOLDS) + " | most often called |")
     print("|---|---:|" + "---:|" * len(THRESHOLDS) + "---|")

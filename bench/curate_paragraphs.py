@@ -67,15 +67,11 @@ def steps(config):
         WordSplitter,
     )
 
-    q, lid, words = config.quality, config.language_id, WordSplitter()
-    redact = config.redact
+    q, words = config.quality, WordSplitter()
     return [
         ("normalise", Normaliser(**config.normalise.model_dump())),
-        ("redact", ContactRedactor(redact.emails, redact.phones, redact.cards,
-                                   {"email": redact.email_placeholder, "phone": redact.phone_placeholder,
-                                    "card": redact.card_placeholder})),
-        ("language", LinguaFilter(config.language, lid.candidates, lid.min_score, lid.max_chars,
-                                  relatives=lid.relatives, margin=lid.relative_margin)),
+        ("redact", ContactRedactor(config.redact)),
+        ("language", LinguaFilter(config.language, config.language_id)),
         ("repetition", RepetitionFilter(dup_line_frac=q.dup_line_frac, top_n_grams=tuple(q.top_n_grams),
                                               dup_n_grams=tuple(q.dup_n_grams), language=words)),
         ("lines", FineWebQualityFilter(line_punct_thr=q.line_punct_thr,

@@ -34,7 +34,7 @@ def step_inputs(source: str, work: Path) -> dict[str, list[str]]:
     from dilforge_curate.config import CurateConfig
 
     config = CurateConfig(corpora=[{"uri": source, "name": "web"}], output={"num_shards": 1})
-    inputs = stage.Inputs(sources=stage.reader_sources(config), tokenizer_file=None, work=work)
+    inputs = stage.Inputs(tokenizer_file=None, work=work)
     steps = stage.build(config, inputs, stage.Folders(work, work), work / "out")["filter"].pipeline
     docs = list(steps[0].run(None, 0, 1))
     texts = {}

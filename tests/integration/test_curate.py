@@ -367,7 +367,7 @@ def _stage_run(tmp_path: Path, source: Path, num_shards: int = 4):
     config = CurateConfig(
         corpora=[{"uri": str(source), "name": "web"}], output={"num_shards": num_shards}, num_workers=1
     )
-    inputs = stage.Inputs(sources=stage.reader_sources(config), tokenizer_file=None, work=tmp_path / "work")
+    inputs = stage.Inputs(tokenizer_file=None, work=tmp_path / "work")
 
     def run(model: Path) -> dict:
         model.mkdir(parents=True, exist_ok=True)

@@ -7,11 +7,12 @@ import numpy as np
 import pytest
 from datatrove.data import Document
 from dilforge_coordinator.config import PipelineConfig
+from dilforge_curate.config import RedactConfig
 from dilforge_curate.steps import ContactRedactor, Normaliser, strip_control_tokens
 from dilforge_shared.configs.base import validate_model
 from dilforge_shared.errors import ConfigError
 
-REDACT = ContactRedactor(True, True, True, {"email": "<EMAIL>", "phone": "<PHONE>", "card": "<CARD>"})
+REDACT = ContactRedactor(RedactConfig())
 ZWJ, ZWSP, NBSP = "\u200d", "\u200b", "\u00a0"
 ARABIC = str.maketrans("0123456789", "٠١٢٣٤٥٦٧٨٩")
 PERSIAN = str.maketrans("0123456789", "۰۱۲۳۴۵۶۷۸۹")

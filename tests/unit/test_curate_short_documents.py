@@ -24,9 +24,7 @@ AZ_PLAIN = "Bu gün Bakıda yağış yağıb, hava soyuq olub"  # no ə: only th
 
 
 def _lid(**kw):
-    config = CurateConfig(corpora=[{"uri": "x"}]).language_id
-    kw = {"relatives": config.relatives, "margin": config.relative_margin, **kw}
-    return LinguaFilter("az", config.candidates, config.min_score, config.max_chars, **kw)
+    return LinguaFilter("az", CurateConfig(corpora=[{"uri": "x"}]).language_id.model_copy(update=kw))
 
 
 def _fixed(lid: LinguaFilter, scores: dict[str, float]) -> LinguaFilter:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from datatrove.data import Document
 from dilforge_coordinator.config import PipelineConfig
-from dilforge_curate.config import CurateConfig
+from dilforge_curate.config import CurateConfig, RedactConfig
 from dilforge_curate.steps import (
     ContactRedactor,
     LinguaFilter,
@@ -22,6 +22,7 @@ from dilforge_curate.steps import (
     luhn_ok,
 )
 from dilforge_shared.configs.base import validate_model
+from dilforge_shared.configs.language import LanguageConfig
 from dilforge_shared.errors import ConfigError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
@@ -35,7 +36,7 @@ AZ = (
 TR = "Türkiye'nin başkenti Ankara'dır. Şehir, ülkenin ortasında yer alır ve büyük bir üniversite şehridir."
 EN = "The capital of Azerbaijan is Baku. The city lies on the coast of the Caspian Sea and is the largest centre."
 
-REDACT = ContactRedactor(True, True, True, {"email": "<EMAIL>", "phone": "<PHONE>", "card": "<CARD>"})
+REDACT = ContactRedactor(RedactConfig())
 
 
 @pytest.mark.parametrize(
@@ -309,7 +310,7 @@ def test_minhash_shingles_are_datatrove_s(tmp_path, precision, hash_fc, diacriti
 
 
 def test_language_filter_keeps_azerbaijani_and_names_what_it_drops():
-    lid = LinguaFilter("az", ["tr", "en", "ru"], 0.5, 2000)
+    lid = LinguaFilter("az", LanguageConfig(candidates=["tr", "en", "ru"], max_chars=2000))
     docs = {k: Document(text=t, id=k) for k, t in (("az", AZ), ("tr", TR), ("en", EN))}
     assert lid.filter(docs["az"]) is True and docs["az"].metadata["language_score"] >= 0.5
     assert lid.filter(docs["tr"]) == (False, "language_tr")

@@ -7,13 +7,14 @@ from __future__ import annotations
 import re
 import unicodedata
 
+from dilforge_curate.config import RedactConfig
 from dilforge_curate.steps import ContactRedactor, Normaliser
 from dilforge_shared.control_tokens import CONTROL_TOKEN
 from fuzzing import FUZZ
 from hypothesis import given
 from hypothesis import strategies as st
 
-REDACT = ContactRedactor(True, True, True, {"email": "<EMAIL>", "phone": "<PHONE>", "card": "<CARD>"})
+REDACT = ContactRedactor(RedactConfig())
 SCRIPTS = ("0123456789", "٠١٢٣٤٥٦٧٨٩", "۰۱۲۳۴۵۶۷۸۹", "０１２３４５６７８９", "०१२३४५६७८९")
 SEPARATORS = (" ", "-", ".", "\u00a0", "\u202f", "\u200d", "\u200b", "", " - ", "–", "/")
 CODES = ("10", "12", "50", "51", "55", "60", "70", "77", "99")

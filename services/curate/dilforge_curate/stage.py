@@ -22,7 +22,7 @@ from pathlib import Path
 from datatrove.executor import LocalPipelineExecutor
 from dilforge_shared.contract import StageContext, StageResult, log_config
 from dilforge_shared.errors import DilforgeError, InputError
-from dilforge_shared.processes import die_with_parent
+from dilforge_shared.processes import available_cpus, die_with_parent
 
 from . import report
 from .config import CurateConfig
@@ -50,7 +50,6 @@ PHASES = ("filter", "buckets", "cluster", "write")
 
 @dataclass
 class Inputs:
-    sources: list[dict]
     tokenizer_file: str | None
     work: Path
     endpoint_url: str | None = None  # the S3 endpoint the sources are read from
@@ -67,11 +66,8 @@ def _stop(signum, frame):
 
 
 class StageExecutor(LocalPipelineExecutor):
-    """Datatrove's local executor, its workers forked (so they die with the stage), recording each task's CPU
-    seconds beside its completion mark (`logs/<phase>/cpu/NNNNN`, for the metrics)."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, start_method="fork", **kwargs)
+    """Datatrove's local executor recording each task's CPU seconds beside its completion mark
+    (`logs/<phase>/cpu/NNNNN`, for the metrics)."""
 
     def _run_for_rank(self, rank: int, local_rank: int = 0, node_rank: int = -1):
         self._cpu_start = time.process_time()
@@ -119,7 +115,7 @@ def run(config: CurateConfig, ctx: StageContext) -> StageResult:
 
 def workers(config: CurateConfig) -> int:
     """`num_workers`, or one process per core this process may run on, at most the tasks of the widest phase."""
-    cores = config.num_workers or len(os.sched_getaffinity(0))
+    cores = config.num_workers or available_cpus()
     return max(1, min(cores, max(config.output.num_shards, config.dedup.num_buckets)))
 
 
@@ -248,16 +244,7 @@ def check_shards(out_dir: Path, config: CurateConfig, kept: int) -> None:
         )
 
 
-def reader_sources(config: CurateConfig) -> list[dict]:
-    """The corpora as SourceReader takes them (plain values: the reader is pickled into datatrove's workers)."""
-    return [
-        {"uri": s.uri, "format": s.format, "text_field": s.text_field, "label": s.label, "bounds": s.bounds}
-        for s in config.corpora
-    ]
-
-
 def parse(config: CurateConfig, ctx: StageContext) -> Inputs:
-    sources = reader_sources(config)
     tokenizer_file = None
     if config.tokenizer:
         tokenizer_file = str(Path(config.tokenizer.removeprefix("file://")) / "tokenizer.json")
@@ -267,7 +254,7 @@ def parse(config: CurateConfig, ctx: StageContext) -> Inputs:
         raise InputError("no tokenizer.json to count tokens with", path=tokenizer_file)
     work = ctx.checkpoint_dir / "curate"
     work.mkdir(parents=True, exist_ok=True)
-    return Inputs(sources=sources, tokenizer_file=tokenizer_file, work=work, endpoint_url=ctx.endpoint_url)
+    return Inputs(tokenizer_file=tokenizer_file, work=work, endpoint_url=ctx.endpoint_url)
 
 
 @dataclass
@@ -338,28 +325,11 @@ def build(
     )
     filtered = str(work / "filtered")
     filter_steps = [
-        SourceReader(inputs.sources, inputs.endpoint_url),
+        SourceReader(config.corpora, inputs.endpoint_url),
         Normaliser(**config.normalise.model_dump()),
         EmptyFilter(exclusion_writer=removed("empty")),
-        ContactRedactor(
-            emails=config.redact.emails,
-            phones=config.redact.phones,
-            cards=config.redact.cards,
-            placeholders={
-                "email": config.redact.email_placeholder,
-                "phone": config.redact.phone_placeholder,
-                "card": config.redact.card_placeholder,
-            },
-        ),
-        LinguaFilter(
-            config.language,
-            config.language_id.candidates,
-            config.language_id.min_score,
-            config.language_id.max_chars,
-            exclusion_writer=removed("language"),
-            relatives=config.language_id.relatives,
-            margin=config.language_id.relative_margin,
-        ),
+        ContactRedactor(config.redact),
+        LinguaFilter(config.language, config.language_id, exclusion_writer=removed("language")),
         RepetitionFilter(
             dup_line_frac=q.dup_line_frac,
             top_n_grams=tuple(q.top_n_grams),
@@ -413,6 +383,7 @@ def build(
             steps,
             tasks=tasks,
             workers=min(workers(config), len(mine)),
+            start_method="fork",  # workers forked, so they die with the stage
             logging_dir=str(work / "logs" / phase),
             local_tasks=len(mine),
             local_rank_offset=mine.start,

@@ -34,6 +34,9 @@ from datatrove.pipeline.readers.base import BaseReader
 from datatrove.pipeline.writers import JsonlWriter
 from datatrove.utils.text import PUNCTUATION_SET, simplify_text, split_into_words
 from datatrove.utils.word_tokenizers import WhitespaceTokenizer
+from dilforge_shared.configs.language import LanguageConfig
+
+from .config import RawSource, RedactConfig
 
 # ---- reading ------------------------------------------------------------------------------------------
 
@@ -48,9 +51,9 @@ class SourceReader(BaseReader):
 
     name = "📖 dilforge sources"
 
-    def __init__(self, sources: list[dict], endpoint_url: str | None = None):
+    def __init__(self, sources: list[RawSource], endpoint_url: str | None = None):
         super().__init__()
-        self.sources = sources  # [{uri, format, text_field, label, bounds}]
+        self.sources = sources
         self.endpoint_url = endpoint_url
 
     def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
@@ -61,7 +64,7 @@ class SourceReader(BaseReader):
         for source in self.sources:
             read = 0
             texts = iter_located_texts(
-                source["uri"], source["format"], source["text_field"], self.endpoint_url, "none", **source["bounds"]
+                source.uri, source.format, source.text_field, self.endpoint_url, "none", **source.bounds
             )
             while True:
                 try:
@@ -69,19 +72,19 @@ class SourceReader(BaseReader):
                 except StopIteration:
                     break
                 except DilforgeError as exc:
-                    raise SourceReadError(f"corpora[{source['label']}]: {exc}") from None
+                    raise SourceReadError(f"corpora[{source.label}]: {exc}") from None
                 read += 1
                 position += 1
                 if (position - 1) % world_size != rank:
                     continue
-                self.stat_update("documents", f"source:{source['label']}")
+                self.stat_update("documents", f"source:{source.label}")
                 self.stat_update("bytes", value=len(text.encode("utf-8", "surrogatepass")))  # throughput per core
-                doc = Document(text=text, id=f"{source['label']}:{position - 1}", metadata={"source": source["label"]})
+                doc = Document(text=text, id=f"{source.label}:{position - 1}", metadata={"source": source.label})
                 doc.metadata["location"] = f"{uri}:{line}"
                 self.update_doc_stats(doc)
                 yield doc
             if read == 0 and rank == 0:
-                self.stat_update(f"empty_source:{source['label']}")
+                self.stat_update(f"empty_source:{source.label}")
 
 
 class RankFileReader(JsonlReader):
@@ -245,28 +248,19 @@ def lingua_detector(codes: tuple[str, ...]):
 
 class LinguaFilter(BaseFilter):
     """Keep documents whose lingua confidence in `language` is at least `min_score`, or whose most likely language
-    is one of `relatives` while the target is within `margin` of it or written in its OWN_LETTERS; the score and
-    the most likely language go into the metadata."""
+    is one of `relatives` while the target is within `relative_margin` of it or written in its OWN_LETTERS; the
+    score and the most likely language go into the metadata."""
 
     name = "🌍 Language ID (lingua)"
 
-    def __init__(
-        self,
-        language: str,
-        candidates: list[str],
-        min_score: float,
-        max_chars: int,
-        exclusion_writer=None,
-        relatives: list[str] = (),
-        margin: float = 0.0,
-    ):
+    def __init__(self, language: str, config: LanguageConfig, exclusion_writer=None):
         super().__init__(exclusion_writer)
         self.language = language
-        self.candidates = sorted({language, *candidates, *relatives})
-        self.min_score = min_score
-        self.max_chars = max_chars
-        self.relatives = set(relatives) - {language}
-        self.margin = margin
+        self.candidates = sorted({language, *config.candidates, *config.relatives})
+        self.min_score = config.min_score
+        self.max_chars = config.max_chars
+        self.relatives = set(config.relatives) - {language}
+        self.margin = config.relative_margin
         self.own_letters = OWN_LETTERS.get(language, "")
         self._detector = None
 
@@ -693,17 +687,15 @@ class ContactRedactor(BaseFormatter):
 
     name = "📞 Redact contacts"
 
-    def __init__(self, emails: bool, phones: bool, cards: bool, placeholders: dict[str, str]):
+    def __init__(self, config: RedactConfig):
         super().__init__()
         # (kind, pattern, how much of a match to replace); cards first: a 16-digit card would half-match a phone,
         # e-mails before phones: digits in an address are not a phone number
-        kinds = (
-            ("card", cards, CARD, _card_spans),
-            ("email", emails, EMAIL, _whole),
-            ("phone", phones, PHONE_RUN, phone_spans),
-        )
+        kinds = (("card", CARD, _card_spans), ("email", EMAIL, _whole), ("phone", PHONE_RUN, phone_spans))
         self.kinds = [
-            (kind, re.compile(pattern), spans, placeholders[kind]) for kind, on, pattern, spans in kinds if on
+            (kind, re.compile(pattern), spans, getattr(config, f"{kind}_placeholder"))
+            for kind, pattern, spans in kinds
+            if getattr(config, f"{kind}s")
         ]
 
     def format(self, text: str) -> str:
