@@ -40,43 +40,22 @@ OPT_ML_ENV = "DILFORGE_OPT_ML"
 FAILURE_LIMIT = 1024 * 1024 - 1  # SageMaker reads at most 1 MiB of the failure file
 
 
-@dataclass(frozen=True)
 class OptMl:
     """The /opt/ml layout, rooted anywhere."""
 
-    root: Path
+    def __init__(self, root: Path):
+        self.root = root
+        self.config_dir = root / "input" / "config"
+        self.data_dir = root / "input" / "data"
+        self.model_dir = root / "model"
+        self.output_dir = root / "output"
+        self.checkpoint_dir = root / "checkpoints"
+        self.tensorboard_dir = self.output_dir / "tensorboard"
+        self.failure_file = self.output_dir / "failure"
 
     @classmethod
     def from_env(cls) -> OptMl:
         return cls(Path(os.environ.get(OPT_ML_ENV, "/opt/ml")))
-
-    @property
-    def config_dir(self) -> Path:
-        return self.root / "input" / "config"
-
-    @property
-    def data_dir(self) -> Path:
-        return self.root / "input" / "data"
-
-    @property
-    def model_dir(self) -> Path:
-        return self.root / "model"
-
-    @property
-    def output_dir(self) -> Path:
-        return self.root / "output"
-
-    @property
-    def checkpoint_dir(self) -> Path:
-        return self.root / "checkpoints"
-
-    @property
-    def tensorboard_dir(self) -> Path:
-        return self.output_dir / "tensorboard"
-
-    @property
-    def failure_file(self) -> Path:
-        return self.output_dir / "failure"
 
     def read_json(self, name: str, default: Any) -> Any:
         path = self.config_dir / name
