@@ -219,7 +219,6 @@ def test_sft_closes_its_step_progress_when_training_raises(monkeypatch):
     def train(resume_from_checkpoint=None):
         raise RuntimeError("out of memory")
 
-    session = SimpleNamespace(trainer=SimpleNamespace(train=train), resume=None, progress=cb)
     with pytest.raises(RuntimeError, match="out of memory"):
-        stage.train(session, {"stop": False})
+        stage.train(SimpleNamespace(train=train), None, cb)
     assert cb.progress is None and heartbeat._stop.is_set()

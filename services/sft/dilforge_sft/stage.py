@@ -9,11 +9,9 @@ import math
 import re
 import shutil
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dilforge_shared import runtime_policy
 from dilforge_shared.contract import StageContext, StageResult, Terminated, install_sigterm_handler, log_config
 from dilforge_shared.errors import ConfigError, InputError
 from dilforge_shared.families import Family, detect_family
@@ -52,18 +50,143 @@ LABEL_PREVIEW_FILE = "label_preview.jsonl"  # under ctx.model_dir: the first tra
 
 
 def run(config: SftConfig, ctx: StageContext) -> StageResult:
+    """Data → base model, tokenizer and policy → TRL's trainer (resumed from the newest sound checkpoint) →
+    adapter (+ merged model) → metrics."""
     if len(ctx.resources.hosts) > 1:
         raise ConfigError(f"sft runs on one host; resourceconfig lists {len(ctx.resources.hosts)}")
     stop_flag = install_sigterm_handler()
     splits = load_splits(config, ctx.endpoint_url)  # bad data fails here, before torch is even imported
     if config.target_language:
         check_answer_languages(splits[0], config.target_language, splits[2])
-    setup = parse(config, ctx, splits)
-    log_config(config, setup.derived(config))
-    session = build(config, ctx, setup, stop_flag)
-    trained = train(session, stop_flag)
-    publish(config, ctx, setup, session)
-    return StageResult(metrics=sft_metrics(config, setup, session, trained).model_dump())
+    base_dir, base_uri = resolve_base(config, ctx)
+    import torch
+    from transformers import AutoConfig
+
+    torch.manual_seed(config.seed)
+    model_config = AutoConfig.from_pretrained(str(base_dir), trust_remote_code=False)
+    plan = decide_runtime(config, model_config.model_type)
+    tokenizer, family, template_source = load_tokenizer(base_dir)
+    train_set, val, train_counts, val_counts = prepare_data(config, tokenizer, ctx.endpoint_url, splits)
+    checkpointing, checkpointing_reason = activation_checkpointing(config, model_config, plan)
+    global_batch = config.global_batch_size
+    steps = config.num_steps or math.ceil(math.ceil(len(train_set) / global_batch) * config.num_epochs)
+    log_config(
+        config,
+        {
+            "base_model": base_uri,
+            "device": plan.device,
+            "bf16": plan.bf16,
+            "liger": plan.liger,
+            "chat_template": template_source,
+            "family": family.name,
+            "eot": family.eot,
+            "attention": plan.attention,
+            "attention_reason": plan.attention_reason,
+            "activation_checkpointing": checkpointing,
+            "activation_checkpointing_reason": checkpointing_reason,
+            "global_batch": global_batch,
+            "tokens_per_step_max": global_batch * config.max_length,
+            "num_train_conversations": len(train_set),
+            "num_validation_conversations": len(val),
+            "optimizer_steps": steps,
+            "train_tokens": train_counts.num_tokens,
+            "train_assistant_tokens": train_counts.num_assistant_tokens,
+        },
+    )
+
+    trainer_dir = ctx.checkpoint_dir / TRAINER_DIR
+    trainer_dir.mkdir(parents=True, exist_ok=True)
+    progress = progress_callback()
+    trainer = build_trainer(
+        config,
+        load_model(base_dir, plan),  # held by the trainer only: the merge after training needs the memory back
+        tokenizer,
+        train_set,
+        val,
+        trainer_dir,
+        plan,
+        callbacks=[
+            stop_on_sigterm_callback(stop_flag),
+            seal_checkpoints_callback(),
+            progress,
+            tensorboard_callback(ctx.tensorboard_dir),
+        ],
+        checkpointing=checkpointing,
+    )
+    trainable, total = trainer.model.get_nb_trainable_parameters()
+    num_previewed = 0
+    if config.num_label_preview_examples:
+        num_previewed = write_label_preview(
+            trainer.train_dataset, tokenizer, ctx.model_dir / LABEL_PREVIEW_FILE, config.num_label_preview_examples
+        )
+        log.info("wrote %s: %d training example(s) with their loss mask", LABEL_PREVIEW_FILE, num_previewed)
+
+    resume = latest_checkpoint(trainer_dir)
+    before_file = ctx.checkpoint_dir / EVAL_BEFORE_FILE
+    if before_file.exists() and resume is not None:
+        eval_before = json.loads(before_file.read_text())["eval_loss"]
+    else:
+        eval_before = trainer.evaluate()["eval_loss"]
+        before_file.write_text(json.dumps({"eval_loss": eval_before}))
+    log.info(
+        "validation loss before: %.4f; %s",
+        eval_before,
+        f"resuming from {resume.name}" if resume else "training from the start",
+    )
+    start = time.perf_counter()
+    out = train(trainer, resume, progress)
+    seconds = time.perf_counter() - start
+    if stop_flag["stop"]:
+        raise Terminated(
+            f"stopped by SIGTERM at step {trainer.state.global_step}; checkpoint saved in "
+            f"{trainer_dir}; rerun the stage to resume"
+        )
+    eval_after = trainer.evaluate()["eval_loss"]
+    history = loss_history(trainer.state.log_history)  # includes steps logged before a resume
+    log.info("validation loss after: %.4f (before %.4f)", eval_after, eval_before)
+
+    adapter_dir = ctx.model_dir / ADAPTER_DIR
+    save_adapter(trainer, tokenizer, adapter_dir, base_uri)
+    trainer = None  # released before merging
+    defaults = config.generation.as_generation_config()
+    write_generation_defaults(adapter_dir, defaults)
+    if config.save_merged:
+        save_merged(base_dir, adapter_dir, ctx.model_dir / MERGED_DIR)
+        write_generation_defaults(ctx.model_dir / MERGED_DIR, defaults)
+    shutil.rmtree(ctx.model_dir / "runs", ignore_errors=True)
+    metrics = SftMetrics(
+        base_model=base_uri,
+        chat_template=template_source,
+        family=family.name,
+        attention=plan.attention,
+        activation_checkpointing=checkpointing,
+        device=plan.device,
+        bf16=plan.bf16,
+        liger=plan.liger,
+        trainable_parameters=trainable,
+        total_parameters=total,
+        eval_loss_before=eval_before,
+        eval_loss_after=eval_after,
+        train_loss=out.training_loss,
+        train_loss_history=history,
+        optimizer_steps=out.global_step,
+        resumed_from_step=int(resume.name.split("-")[1]) if resume else 0,
+        train_runtime_s=round(seconds, 3),
+        train_steps_per_second=out.metrics.get("train_steps_per_second"),
+        data={"train": train_counts.as_dict(), "validation": val_counts.as_dict()},
+        outputs=[ADAPTER_DIR, *([MERGED_DIR] if config.save_merged else [])],
+        num_label_preview_examples=num_previewed,
+    )
+    return StageResult(metrics=metrics.model_dump())
+
+
+def train(trainer, resume: Path | None, progress):
+    """TRL's training loop, resumed from `resume`; the step progress closed however it ends (when training
+    raises, the Trainer calls no callback)."""
+    try:
+        return trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    finally:
+        progress.close()
 
 
 def check_answer_languages(train: list[Conversation], target: str, counts: DataCounts) -> None:
@@ -81,84 +204,6 @@ def check_answer_languages(train: list[Conversation], target: str, counts: DataC
         )
     else:
         log.info("training answers: %.0f%% in %s (%s)", 100 * share, target, mix)
-
-
-# ---- the steps' results ---------------------------------------------------------------------------------
-
-
-@dataclass
-class Setup:
-    """Everything decided before the model loads: the base, its tokenizer and family, the conversations that
-    fit the length rule, the device/precision/attention policy and whether to checkpoint activations."""
-
-    base_dir: Path
-    base_uri: str
-    plan: runtime_policy.RuntimePolicy
-    tokenizer: Any
-    family: Family
-    template_source: str
-    train: list[Example]
-    val: list[Example]
-    train_counts: DataCounts
-    val_counts: DataCounts
-    checkpointing: bool
-    checkpointing_reason: str
-
-    def total_steps(self, config: SftConfig) -> int:
-        steps_per_epoch = math.ceil(len(self.train) / config.global_batch_size)
-        return config.num_steps or math.ceil(steps_per_epoch * config.num_epochs)
-
-    def derived(self, config: SftConfig) -> dict:
-        """The derived numbers logged with the resolved config."""
-        global_batch = config.global_batch_size
-        return {
-            "base_model": self.base_uri,
-            "device": self.plan.device,
-            "bf16": self.plan.bf16,
-            "liger": self.plan.liger,
-            "chat_template": self.template_source,
-            "family": self.family.name,
-            "eot": self.family.eot,
-            "attention": self.plan.attention,
-            "attention_reason": self.plan.attention_reason,
-            "activation_checkpointing": self.checkpointing,
-            "activation_checkpointing_reason": self.checkpointing_reason,
-            "global_batch": global_batch,
-            "tokens_per_step_max": global_batch * config.max_length,
-            "num_train_conversations": len(self.train),
-            "num_validation_conversations": len(self.val),
-            "optimizer_steps": self.total_steps(config),
-            "train_tokens": self.train_counts.num_tokens,
-            "train_assistant_tokens": self.train_counts.num_assistant_tokens,
-        }
-
-
-@dataclass
-class Session:
-    """The trainer ready to train (None once the adapter is saved, so the merge has the memory), where it
-    checkpoints, the checkpoint it resumes from and the base model's validation loss."""
-
-    trainer: Any
-    trainer_dir: Path
-    trainable_parameters: int
-    total_parameters: int
-    num_previewed: int
-    resume: Path | None
-    eval_loss_before: float
-    progress: Any  # the step progress callback, closed by `train` however training ends
-
-
-@dataclass
-class Trained:
-    """transformers' TrainOutput, the wall time of `train()`, the validation loss after and the loss curve."""
-
-    output: Any
-    seconds: float
-    eval_loss_after: float
-    history: list[dict[str, float]]
-
-
-# ---- parse --------------------------------------------------------------------------------------------------
 
 
 def resolve_base(config: SftConfig, ctx: StageContext) -> tuple[Path, str]:
@@ -219,153 +264,3 @@ def prepare_data(
             path=config.train[0].uri,
         )
     return train, val, train_counts, val_counts
-
-
-def parse(config: SftConfig, ctx: StageContext, splits: tuple) -> Setup:
-    """The base model, its tokenizer and family, the conversations within the length rule, and the policy."""
-    base_dir, base_uri = resolve_base(config, ctx)
-    import torch
-    from transformers import AutoConfig
-
-    torch.manual_seed(config.seed)
-    model_config = AutoConfig.from_pretrained(str(base_dir), trust_remote_code=False)
-    plan = decide_runtime(config, model_config.model_type)
-    tokenizer, family, template_source = load_tokenizer(base_dir)
-    train_, val, train_counts, val_counts = prepare_data(config, tokenizer, ctx.endpoint_url, splits)
-    checkpointing, checkpointing_reason = activation_checkpointing(config, model_config, plan)
-    return Setup(
-        base_dir=base_dir,
-        base_uri=base_uri,
-        plan=plan,
-        tokenizer=tokenizer,
-        family=family,
-        template_source=template_source,
-        train=train_,
-        val=val,
-        train_counts=train_counts,
-        val_counts=val_counts,
-        checkpointing=checkpointing,
-        checkpointing_reason=checkpointing_reason,
-    )
-
-
-# ---- build, train, publish ----------------------------------------------------------------------------------
-
-
-def build(config: SftConfig, ctx: StageContext, setup: Setup, stop_flag: dict[str, bool]) -> Session:
-    """The model and TRL's trainer, the label preview, the checkpoint to resume from and the loss before."""
-    model = load_model(setup.base_dir, setup.plan)
-    trainer_dir = ctx.checkpoint_dir / TRAINER_DIR
-    trainer_dir.mkdir(parents=True, exist_ok=True)
-    progress = progress_callback()
-    trainer = build_trainer(
-        config,
-        model,
-        setup.tokenizer,
-        setup.train,
-        setup.val,
-        trainer_dir,
-        setup.plan,
-        callbacks=[
-            stop_on_sigterm_callback(stop_flag),
-            seal_checkpoints_callback(),
-            progress,
-            tensorboard_callback(ctx.tensorboard_dir),
-        ],
-        checkpointing=setup.checkpointing,
-    )
-    del model  # the trainer holds it: the merge after training needs the memory back
-    trainable, total = trainer.model.get_nb_trainable_parameters()
-    num_previewed = 0
-    if config.num_label_preview_examples:
-        num_previewed = write_label_preview(
-            trainer.train_dataset,
-            setup.tokenizer,
-            ctx.model_dir / LABEL_PREVIEW_FILE,
-            config.num_label_preview_examples,
-        )
-        log.info("wrote %s: %d training example(s) with their loss mask", LABEL_PREVIEW_FILE, num_previewed)
-
-    resume = latest_checkpoint(trainer_dir)
-    before_file = ctx.checkpoint_dir / EVAL_BEFORE_FILE
-    if before_file.exists() and resume is not None:
-        eval_before = json.loads(before_file.read_text())["eval_loss"]
-    else:
-        eval_before = trainer.evaluate()["eval_loss"]
-        before_file.write_text(json.dumps({"eval_loss": eval_before}))
-    log.info(
-        "validation loss before: %.4f; %s",
-        eval_before,
-        f"resuming from {resume.name}" if resume else "training from the start",
-    )
-    return Session(
-        trainer=trainer,
-        trainer_dir=trainer_dir,
-        trainable_parameters=trainable,
-        total_parameters=total,
-        num_previewed=num_previewed,
-        resume=resume,
-        eval_loss_before=eval_before,
-        progress=progress,
-    )
-
-
-def train(session: Session, stop_flag: dict[str, bool]) -> Trained:
-    """TRL's training loop (resumed when a checkpoint exists); a SIGTERM stop ends the stage unpublished."""
-    trainer, resume = session.trainer, session.resume
-    start = time.perf_counter()
-    try:
-        out = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
-    finally:
-        session.progress.close()
-    seconds = time.perf_counter() - start
-    if stop_flag["stop"]:
-        raise Terminated(
-            f"stopped by SIGTERM at step {trainer.state.global_step}; checkpoint saved in "
-            f"{session.trainer_dir}; rerun the stage to resume"
-        )
-    eval_after = trainer.evaluate()["eval_loss"]
-    history = loss_history(trainer.state.log_history)  # includes steps logged before a resume
-    log.info("validation loss after: %.4f (before %.4f)", eval_after, session.eval_loss_before)
-    return Trained(output=out, seconds=seconds, eval_loss_after=eval_after, history=history)
-
-
-def publish(config: SftConfig, ctx: StageContext, setup: Setup, session: Session) -> None:
-    """The adapter (and the merged model) into the artifact folder; the trainer is released before merging."""
-    adapter_dir = ctx.model_dir / ADAPTER_DIR
-    save_adapter(session.trainer, setup.tokenizer, adapter_dir, setup.base_uri)
-    session.trainer = None
-    defaults = config.generation.as_generation_config()
-    write_generation_defaults(adapter_dir, defaults)
-    if config.save_merged:
-        save_merged(setup.base_dir, adapter_dir, ctx.model_dir / MERGED_DIR)
-        write_generation_defaults(ctx.model_dir / MERGED_DIR, defaults)
-    shutil.rmtree(ctx.model_dir / "runs", ignore_errors=True)
-
-
-def sft_metrics(config: SftConfig, setup: Setup, session: Session, trained: Trained) -> SftMetrics:
-    """The manifest's metrics, built as the typed model (`dilforge_shared.metrics.sft.SftMetrics`)."""
-    out, resume = trained.output, session.resume
-    return SftMetrics(
-        base_model=setup.base_uri,
-        chat_template=setup.template_source,
-        family=setup.family.name,
-        attention=setup.plan.attention,
-        activation_checkpointing=setup.checkpointing,
-        device=setup.plan.device,
-        bf16=setup.plan.bf16,
-        liger=setup.plan.liger,
-        trainable_parameters=session.trainable_parameters,
-        total_parameters=session.total_parameters,
-        eval_loss_before=session.eval_loss_before,
-        eval_loss_after=trained.eval_loss_after,
-        train_loss=out.training_loss,
-        train_loss_history=trained.history,
-        optimizer_steps=out.global_step,
-        resumed_from_step=int(resume.name.split("-")[1]) if resume else 0,
-        train_runtime_s=round(trained.seconds, 3),
-        train_steps_per_second=out.metrics.get("train_steps_per_second"),
-        data={"train": setup.train_counts.as_dict(), "validation": setup.val_counts.as_dict()},
-        outputs=[ADAPTER_DIR, *([MERGED_DIR] if config.save_merged else [])],
-        num_label_preview_examples=session.num_previewed,
-    )
