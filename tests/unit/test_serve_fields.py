@@ -256,7 +256,7 @@ def test_a_template_option_is_taken_only_as_a_short_scalar_and_its_tokens_count(
     tok.chat_template = template
     served = ServedTemplate.of(template)
     assert served.options == {"note"} and not served.renders_tools  # bos_token is the tokenizer's, never a request's
-    guard = RequestGuard(None, "m", tok, context=64, template=served)
+    guard = RequestGuard(None, "m", tok, context=64)
     assert check(guard, chat(chat_template_kwargs={"note": "qısa"}))["chat_template_kwargs"] == {"note": "qısa"}
     with pytest.raises(BadRequest, match="the prompt is .* tokens; this model's context is 64"):
         check(guard, chat(chat_template_kwargs={"note": "uzun söz " * 25}))  # counted on the rendered prompt

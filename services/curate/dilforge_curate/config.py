@@ -19,8 +19,6 @@ AZ_STOPWORDS = (
 )  # fmt: skip
 
 
-MAX_CURATED_DOCUMENT_BYTES = 2 << 20
-MIN_WORDS = 20  # Gopher's 50 is for English web pages: see QualityConfig.min_words
 NGram = Annotated[int, Field(ge=1, le=32)]  # words per n-gram; Gopher uses 2..10
 
 
@@ -31,7 +29,7 @@ class RawSource(DataSource):
         default="auto", description="File format; 'auto' decides by extension (txt: one document per line)."
     )
     max_document_bytes: int = Field(
-        default=MAX_CURATED_DOCUMENT_BYTES,
+        default=2 << 20,
         ge=64,
         le=1 << 30,
         description="Longest document read, in UTF-8 bytes (default above quality.max_words); a longer one is "
@@ -71,7 +69,7 @@ class QualityConfig(StrictModel):
     """Gopher repetition and quality, and FineWeb line-level filters (FineWeb-2 azj_Latn values)."""
 
     min_words: int = Field(
-        default=MIN_WORDS,
+        default=20,
         ge=0,
         description="Fewest words a document may have (shown in the data card). Gopher and FineWeb use 50, for "
         "English web pages; 20 keeps a low-resource language's short news paragraphs (docs/curate.md), the "

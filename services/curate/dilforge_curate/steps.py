@@ -516,9 +516,7 @@ class MinhashSignature(MinhashDedupSignature):
             text = simplify_text(text, self.config.norm_config)
         words = self.word_tokenizer.word_tokenize(text)
         grams = map(" ".join, _n_gram_tuples(words, self.config.n_grams))
-        if self.config.hash_config.hash_fc != "sha1":
-            return np.fromiter(map(self._hash_func, grams), dtype=np.uint64).reshape((-1, 1))
-        # datatrove's sha1_hash64/32: the digest's first 8 or 4 bytes, little-endian
+        # datatrove's sha1_hash64/32 (the stage's hash): the digest's first 8 or 4 bytes, little-endian
         digests = b"".join(map(operator.methodcaller("digest"), map(hashlib.sha1, map(str.encode, grams))))
         width = self.config.hash_config.precision // 8
         head = np.frombuffer(digests, np.dtype([("head", f"<u{width}"), ("rest", f"V{20 - width}")]))["head"]

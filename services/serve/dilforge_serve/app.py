@@ -49,18 +49,9 @@ def served_shape(model_id: str) -> tuple[int, int]:
 class RequestGuard:
     """ASGI middleware: validate OpenAI requests before transformers serve sees them; SageMaker routes."""
 
-    def __init__(
-        self,
-        app,
-        model_id: str,
-        tokenizer,
-        context: int,
-        template: ServedTemplate | None = None,
-        model_sampling: bool = False,
-        test_sized: bool = False,
-    ):
+    def __init__(self, app, model_id: str, tokenizer, context: int, model_sampling=False, test_sized=False):
         self.app, self.model_id, self.tokenizer, self.context = app, model_id, tokenizer, context
-        self.template = template if template is not None else ServedTemplate.of(tokenizer.chat_template)
+        self.template = ServedTemplate.of(tokenizer.chat_template)
         self.model_sampling, self.test_sized = model_sampling, test_sized
         self.specials = special_token_pattern(special_tokens(tokenizer))
 
