@@ -142,31 +142,27 @@ def build(
     tag: str | None = None,
     base_image: str | None = None,
     gpu: bool = False,
-    ca_bundle: str | None = None,
-    docker: str | None = None,
-    runner: Runner = subprocess.run,
-    log_dir: Path | None = None,
     no_cache: bool = False,
 ) -> BuildResult:
     """Build one image (a stage, or 'serve' / 's3' / 'coordinator'); returns its id, size and build time."""
-    docker = docker or docker_binary()
+    docker = docker_binary()
     tag = tag or default_tag(gpu)
     name = f"dilforge-{stage}"
     tags = [f"{name}:{tag}"] + ([] if gpu or tag == "dev" else [f"{name}:dev"])
-    ca_bundle = ca_bundle if ca_bundle is not None else os.environ.get("BUILD_CA_BUNDLE") or None
+    ca_bundle = os.environ.get("BUILD_CA_BUNDLE") or None
     cmd = build_command(stage, tags, docker, base_image, gpu, ca_bundle, no_cache=no_cache)
     env = {**os.environ, "DOCKER_BUILDKIT": "1"}
     start = time.monotonic()
-    log_dir = log_dir or Path(".dilforge/build-logs")
+    log_dir = Path(".dilforge/build-logs")
     log_dir.mkdir(parents=True, exist_ok=True)
     log_file = log_dir / f"{name}.log"
     with open(log_file, "w") as log:
-        proc = runner(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
     seconds = time.monotonic() - start
     if proc.returncode != 0:
         tail = log_file.read_text()[-3000:] if log_file.exists() else ""
         raise DilforgeError(f"building {tags[0]} failed (exit {proc.returncode}); log {log_file}:\n{tail}")
-    info = inspect(tags[0], docker, runner)
+    info = inspect(tags[0], docker)
     return BuildResult(
         stage=stage,
         ref=tags[0],

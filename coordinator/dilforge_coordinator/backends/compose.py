@@ -56,21 +56,18 @@ class ComposeBackend:
 
     def __init__(
         self,
-        project_dir: Path | None = None,
         workdir: Path | None = None,
         tag: str | None = None,
         s3_port: int | None = None,
-        keep: bool = False,
         docker: str | None = None,
         up: bool = True,
         data_root: Path | None = None,
     ):
         env = coordinator_settings()
-        self.project_dir = Path(project_dir or env.compose_dir or ROOT).resolve()
+        self.project_dir = Path(env.compose_dir or ROOT).resolve()
         self.workdir = Path(workdir or env.workdir).resolve() / "compose"
         self.tag = tag or env.image_tag
         self.s3_port = int(s3_port or env.s3_port)
-        self.keep = keep
         self.data_root = data_root or coordinator_settings().data
         self.docker = docker or docker_binary()
         self.up = up
@@ -200,4 +197,4 @@ class ComposeBackend:
             return cmd, env
 
         endpoint = CONTAINER_ENDPOINT if job.s3_endpoint_url == self.host_endpoint else job.s3_endpoint_url
-        run_in_work_folder(job, self.workdir, endpoint, command, self.keep)
+        run_in_work_folder(job, self.workdir, endpoint, command)

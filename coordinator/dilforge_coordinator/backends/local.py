@@ -46,16 +46,15 @@ def work_folder(workdir: Path, stage: str, artifact_id: str) -> Iterator[tuple[P
 class LocalBackend:
     name = "local"
 
-    def __init__(self, workdir: Path | None = None, python: str | None = None, keep: bool = False):
+    def __init__(self, workdir: Path | None = None, python: str | None = None):
         self.workdir = Path(workdir or coordinator_settings().workdir).resolve()
         self.python = python or sys.executable
-        self.keep = keep
 
     def run(self, job: StageJob) -> None:
         def command(opt: OptMl) -> tuple[list[str], dict[str, str]]:
             return [self.python, "-m", STAGE_MODULES[job.stage], "train"], {**os.environ, OPT_ML_ENV: str(opt.root)}
 
-        run_in_work_folder(job, self.workdir, job.s3_endpoint_url, command, self.keep)
+        run_in_work_folder(job, self.workdir, job.s3_endpoint_url, command)
 
 
 def run_in_work_folder(
@@ -63,7 +62,6 @@ def run_in_work_folder(
     workdir: Path,
     endpoint_url: str | None,
     command: Callable[[OptMl], tuple[list[str], dict[str, str]]],
-    keep: bool,
 ) -> None:
     """Write the stage's request into its work folder's /opt/ml and run `command(opt)` (argv, environment) there;
     the stage's failure file, or how the process ended, is the reason when it fails."""
@@ -82,8 +80,7 @@ def run_in_work_folder(
     if returncode != 0:
         reason = opt.failure_file.read_text() if opt.failure_file.exists() else _exit_reason(returncode)
         raise StageFailed(job.stage, reason)
-    if not keep:
-        shutil.rmtree(root, ignore_errors=True)
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def _exit_reason(returncode: int) -> str:

@@ -612,7 +612,6 @@ class SageMakerBackend:
 
     config: SageMakerConfig | None = None
     dry_run: bool = False
-    images: dict[str, str] = field(default_factory=dict)
     boto_session: Any = None
     stream_logs: bool = True
     out: Callable[[str], None] = print
@@ -646,7 +645,7 @@ class SageMakerBackend:
 
     def image(self, stage: str) -> str:
         """By digest: the config's `images`, else what `coordinator images push` recorded."""
-        if image := self.config.images.get(stage) or self.images.get(stage):
+        if image := self.config.images.get(stage):
             return image
         from ..images import default_tag, pushed_image
 

@@ -173,16 +173,13 @@ class SageMakerLocalBackend:
         self,
         workdir: Path | None = None,
         tag: str | None = None,
-        s3_port: int | None = None,
         docker: str | None = None,
         data_root: Path | None = None,
-        keep: bool = False,
         run=subprocess.run,
     ):
-        self.compose = ComposeBackend(workdir=workdir, tag=tag, s3_port=s3_port, docker=docker, data_root=data_root)
+        self.compose = ComposeBackend(workdir=workdir, tag=tag, docker=docker, data_root=data_root)
         self.workdir = Path(workdir or coordinator_settings().workdir).resolve() / "sagemaker-local"
         self.docker = self.compose.docker
-        self.keep = keep
         self.run_cmd = run
         self.config: SageMakerConfig | None = None
         self.region: str | None = None
@@ -283,8 +280,7 @@ class SageMakerLocalBackend:
                 ) from None
             finally:
                 self.remove_containers(self.job_containers(spec.image) - before)
-            if not self.keep:
-                shutil.rmtree(root, ignore_errors=True)
+            shutil.rmtree(root, ignore_errors=True)
 
     def run_processing(self, job: StageJob, specs: list[ProcessingSpec]) -> None:
         """Processing jobs as on SageMaker, in local mode; each job's outputs land in a local folder, uploaded to
@@ -312,9 +308,8 @@ class SageMakerLocalBackend:
                         key = path.relative_to(work).as_posix()
                         if not store.exists(key) or store.size(key) != path.stat().st_size:
                             store.upload_file(key, path)
-            if not self.keep:
-                shutil.rmtree(root, ignore_errors=True)
-                open_backend(processing_root(self.config, job), job.s3_endpoint_url).delete_prefix("")
+            shutil.rmtree(root, ignore_errors=True)
+            open_backend(processing_root(self.config, job), job.s3_endpoint_url).delete_prefix("")
 
     def job_containers(self, image: str) -> set[str]:
         """Stopped containers of `image` (the SDK's `docker compose up` leaves one per host and job)."""
@@ -338,7 +333,7 @@ class SageMakerLocalBackend:
 
     def remove_containers(self, ids: set[str]) -> None:
         """Remove the containers this job left (only those that appeared while it ran); logs are already shown."""
-        if ids and not self.keep:
+        if ids:
             self.run_cmd([self.docker, "rm", *sorted(ids)], capture_output=True, text=True, check=False)
 
     @staticmethod
