@@ -21,8 +21,6 @@ class InputError(DilforgeError):
         if path is not None:
             where = f"{printable(path)}:{line}: " if line is not None else f"{printable(path)}: "
         super().__init__(f"{where}{message}")
-        self.path = path
-        self.line = line
 
 
 class ConfigError(DilforgeError):
@@ -50,4 +48,3 @@ class ArtifactExistsError(DilforgeError):
 
     def __init__(self, uri: str):
         super().__init__(f"artifact already published at {uri}; manifests are never overwritten")
-        self.uri = uri
