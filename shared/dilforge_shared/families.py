@@ -154,15 +154,10 @@ def describe_model_folder(folder: Path, tokenizer_dir: Path | None = None) -> tu
     tokens = special_token_ids(tokenizer_dir / "tokenizer.json")
     family = detect_family(tokens, str(tokenizer_dir))
     ids = family.generation_ids(tokens)
-    config_path = folder / "config.json"
-    if config_path.is_file():
-        config = json.loads(config_path.read_text(encoding="utf-8"))
-        config.update(ids)
-        config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    gen_path = folder / GENERATION_CONFIG_FILE
-    gen = json.loads(gen_path.read_text(encoding="utf-8")) if gen_path.is_file() else {}
-    gen.update(ids)
-    gen_path.write_text(json.dumps(gen, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    for path in (folder / "config.json", folder / GENERATION_CONFIG_FILE):  # config.json only when there is one
+        if path.is_file() or path.name == GENERATION_CONFIG_FILE:
+            doc = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+            path.write_text(json.dumps({**doc, **ids}, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     tok_config_path = folder / "tokenizer_config.json"
     tok_config = json.loads(tok_config_path.read_text(encoding="utf-8")) if tok_config_path.is_file() else {}
     if not (folder / CHAT_TEMPLATE_FILE).is_file() and not tok_config.get("chat_template"):
