@@ -6,7 +6,7 @@ import itertools
 import math
 
 import pytest
-from dilforge_shared.textmetrics import TokenStats, measure, tokenizers_encoder, tokens_per_word_span
+from dilforge_shared.metrics.tokenizer import measure, tokenizers_encoder, tokens_per_word_span
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 
@@ -62,10 +62,11 @@ def test_byte_level_tokenizer_without_merges_gives_one_token_per_byte():
     assert stats.share_words_3plus == 1.0
 
 
-def test_stats_summary():
-    summary = TokenStats(2, 5, 8, 21, 1).summary()
-    assert summary["tokens_per_word"] == 1.6 and summary["num_words"] == 5
-    assert math.isnan(TokenStats().tokens_per_word)
+def test_ratios_are_rounded_and_nan_on_an_empty_set():
+    text = "bir iki üç"
+    stats = measure([text], fixed({text: [(0, 1), (1, 3), (4, 7), (8, 10)]}))
+    assert stats.tokens_per_word == 1.3333 and stats.num_words == 3
+    assert math.isnan(measure([], fixed({})).tokens_per_word)
 
 
 @pytest.mark.parametrize("text,expected", [("  ", []), ("a", [1]), ("a b", [1, 1])])

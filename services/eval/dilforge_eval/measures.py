@@ -9,8 +9,7 @@ from dataclasses import asdict
 
 from dilforge_shared.bpb import BpbResult, TokenStream, build_stream, sliding_window_bpb
 from dilforge_shared.families import detect_family
-from dilforge_shared.metrics.tokenizer import SetFigures
-from dilforge_shared.textmetrics import measure, tokenizers_encoder
+from dilforge_shared.metrics.tokenizer import SetFigures, measure, tokenizers_encoder
 
 from . import morph as morph_mod
 from .metrics import BpbFigures, MorphFigures, ParityFigures
@@ -58,7 +57,7 @@ def default_window(model, requested: int | None, cap: int = 2048) -> int:
 # ---- tokenizers -------------------------------------------------------------------------------------------------
 def tokenizer_metrics(toks, sets: dict[str, list[str]]) -> dict[str, dict[str, SetFigures]]:
     return {
-        label: {name: SetFigures(**measure(docs, tokenizers_encoder(tok)).summary()) for name, docs in sets.items()}
+        label: {name: measure(docs, tokenizers_encoder(tok)) for name, docs in sets.items()}
         for label, tok in toks.items()
     }
 

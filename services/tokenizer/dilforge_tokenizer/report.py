@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from dilforge_shared.corpus import iter_texts
 from dilforge_shared.errors import InputError
-from dilforge_shared.metrics.tokenizer import StrategyRow
-from dilforge_shared.textmetrics import measure, tokenizers_encoder
+from dilforge_shared.metrics.tokenizer import StrategyRow, measure, tokenizers_encoder
 from tabulate import tabulate
 from tokenizers import Tokenizer
 
@@ -18,7 +17,9 @@ def measure_sets(tok: Tokenizer, sets: dict[str, list[str]]) -> dict[str, dict]:
     """Each set measured in one encode_batch call (the sets are small and in memory)."""
     encode = tokenizers_encoder(tok)
     return {
-        name: measure(texts, encode, batch_size=max(1, len(texts))).summary() for name, texts in sets.items() if texts
+        name: measure(texts, encode, batch_size=max(1, len(texts))).model_dump()
+        for name, texts in sets.items()
+        if texts
     }
 
 
