@@ -369,7 +369,6 @@ OFFLINE_SDK_CONFIG = {"SchemaVersion": "1.0", "SageMaker": {"PythonSDK": {"Modul
 def sdk_session(boto_session, offline: bool = False):
     """A sagemaker Session on `boto_session`; offline (dry run, local mode): the SDK's telemetry opted out
     through its documented defaults config, so nothing at all leaves the machine."""
-    require_sdk()
     from sagemaker.core.helper.session_helper import Session
 
     session = Session(boto_session=boto_session)
@@ -387,8 +386,8 @@ def _validate_offline_config() -> None:
 
 
 def _config_manager(session):
-    """The SDK re-validates a session's defaults config against its whole JSON schema on every lookup (~0.3 s,
-    dozens per job). Our offline config is a constant, validated here once; the manager then skips re-checks."""
+    """The SDK re-validates a session's defaults config against its whole JSON schema on every lookup, dozens of
+    times per job; our offline config is a constant, validated here once, so the manager skips re-checks."""
     from sagemaker.core.config.config_manager import SageMakerConfig as SdkConfig
 
     if session is None or getattr(session, "sagemaker_config", None) is not OFFLINE_SDK_CONFIG:
@@ -408,7 +407,6 @@ def model_trainer(
 ):
     """The SDK's ModelTrainer for `spec`: a SageMaker training job, or (local_root given) SageMaker's local
     container mode with the upstream artifacts as local channel folders (`local_channels`: name -> folder)."""
-    require_sdk()
     from sagemaker.core.training.configs import (
         Channel,
         CheckpointConfig,
@@ -488,7 +486,6 @@ def model_trainer(
 
 def run_processor(spec: ProcessingSpec, session, wait: bool = False) -> str:
     """Submit one Processing job through the SDK's `Processor.run` (the request is the SDK's own); its name."""
-    require_sdk()
     from sagemaker.core.processing import Processor
     from sagemaker.core.shapes import ProcessingInput, ProcessingOutput, ProcessingS3Input, ProcessingS3Output
 
@@ -655,15 +652,6 @@ class SageMakerBackend:
             return f"{self.config.registry}/{self.config.repository_prefix}-{stage}:{default_tag(gpu=True)}"
         raise ConfigError(f"no image for stage {stage}: run `coordinator images push` or set sagemaker.images.{stage}")
 
-    def spec(self, job: StageJob) -> JobSpec:
-        return job_spec(job, self.config, self.image(image_of(job.stage)), job.s3_endpoint_url)
-
-    def processing(self, job: StageJob) -> list[ProcessingSpec]:
-        return processing_specs(job, self.config, self.image(image_of(job.stage)))
-
-    def token_cache(self, job: StageJob) -> ProcessingSpec | None:
-        return token_cache_spec(job, self.config, self.image(image_of(job.stage)))
-
     # ---- the request -------------------------------------------------------------------------
     def dry_run_requests(self, pipeline: PipelineConfig, stage: str | None = None) -> list[dict]:
         """Every stage's CreateTrainingJob / CreateProcessingJob request, built by the SDK and captured at botocore."""
@@ -671,12 +659,13 @@ class SageMakerBackend:
         jobs = [job for job in offline_jobs(pipeline) if stage is None or job.stage == stage]
         specs = []
         for job in jobs:
+            image = self.image(image_of(job.stage))
             if job.stage in PROCESSING_STAGES:
-                specs.append(self.processing(job))
+                specs.append(processing_specs(job, self.config, image))
                 continue
-            if cache := self.token_cache(job):
+            if cache := token_cache_spec(job, self.config, image):
                 specs.append([cache])
-            specs.append(self.spec(job))
+            specs.append(job_spec(job, self.config, image, job.s3_endpoint_url))
         boto_session = offline_boto_session(self.config.region)
         with offline(boto_session) as requests:
             session = sdk_session(boto_session, offline=True)
@@ -704,14 +693,15 @@ class SageMakerBackend:
 
     def run(self, job: StageJob) -> None:
         write_uri(config_uri(self.config, job), job.config.model_dump_json(indent=2), job.s3_endpoint_url)
+        image = self.image(image_of(job.stage))
         if job.stage in PROCESSING_STAGES:
-            self.run_processing(job, self.processing(job))
+            self.run_processing(job, processing_specs(job, self.config, image))
             return
         if name := self.running_job(job):
             self.out(f"[{job.stage}] attaching to running job {name}")
         else:
-            spec = self.spec(job)  # a bad request fails before the token cache is built
-            if cache := self.token_cache(job):
+            spec = job_spec(job, self.config, image, job.s3_endpoint_url)  # a bad request fails before the cache
+            if cache := token_cache_spec(job, self.config, image):
                 self.run_processing(job, [cache])
             submitted = len(self.requests)
             model_trainer(spec, sdk_session(self.session())).train(wait=False, logs=False)
