@@ -90,13 +90,8 @@ def resolve_base(config: TokenizerConfig, ctx: StageContext) -> Base | None:
 
 
 def check_base(config: TokenizerConfig, base: Base | None) -> None:
-    """Refuse, before reading any corpus, a strategy that needs a base it cannot use."""
-    for strategy in config.strategies:
-        if strategy in ("base", "extend") and base is None:
-            raise ConfigError(
-                f"tokenizer.base_tokenizer: strategy {strategy!r} needs a base tokenizer: set "
-                "base_tokenizer or run a model stage upstream (input 'model')"
-            )
+    """Refuse, before reading any corpus, an `extend` over a base it cannot continue (a missing base is refused with
+    the request: `TokenizerConfig.needed_inputs`)."""
     if "extend" in config.strategies:
         check_extendable(base.doc, f"{base.uri.rstrip('/')}/tokenizer.json")
         if base.family is None:
