@@ -38,22 +38,17 @@ _MAGIC = (
     (b"PK\x03\x04", "a zip archive"),
     (b"PAR1", "a parquet file"),
 )
+_FIX = {"gzip-compressed": "name it .gz (gzip is read as it streams)", "a parquet file": "set format: parquet"}
 
 
-def _check_not_compressed(stream: IO[bytes], uri: str, fmt_hint: str) -> None:
+def _check_not_compressed(stream: IO[bytes], uri: str) -> None:
     """A compressed file read as text would be reported as invalid UTF-8; say what it is instead."""
-    head = stream.peek(8)[:8] if hasattr(stream, "peek") else b""
+    head = stream.peek(8)[:8]
     for magic, what in _MAGIC:
         if magic == b"BZh" and head[3:4] not in b"123456789":  # bzip2: "BZh" then the block size digit
             continue
-        if head.startswith(magic) and not (what == "a parquet file" and fmt_hint == "parquet"):
-            fix = (
-                "name it .gz (gzip is read as it streams)"
-                if what == "gzip-compressed"
-                else "set format: parquet"
-                if what == "a parquet file"
-                else "decompress it, or recompress it with gzip and name it .gz"
-            )
+        if head.startswith(magic):
+            fix = _FIX.get(what, "decompress it, or recompress it with gzip and name it .gz")
             raise InputError(f"is {what}, not text: {fix}", path=uri)
 
 
@@ -77,7 +72,7 @@ def open_binary(uri: str, endpoint_url: str | None) -> IO[bytes]:
         stream = gzip.GzipFile(fileobj=stream)  # type: ignore[assignment]
     elif not uri.lower().endswith(".parquet"):
         try:
-            _check_not_compressed(stream, uri, detect_format(uri))
+            _check_not_compressed(stream, uri)
         except InputError:
             stream.close()
             raise
@@ -145,8 +140,6 @@ def _lines(
                     raise InputError(_oversize_message(max_bytes), path=uri, line=lineno)
                 yield from _oversized(stream, raw, uri, lineno, max_bytes, policy)
         except (OSError, EOFError) as exc:
-            if isinstance(exc, InputError):
-                raise
             raise InputError(f"read failed: {exc}", path=uri, line=lineno + 1) from None
 
 
@@ -305,7 +298,7 @@ def _is_text(kind) -> bool:
 
     if pa.types.is_dictionary(kind):
         kind = kind.value_type
-    return pa.types.is_string(kind) or pa.types.is_large_string(kind) or str(kind) == "string_view"
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)
 
 
 def _bounded_value(text: str, uri: str, row: int, max_bytes: int, oversize: Oversize) -> Iterator[tuple[int, str]]:
@@ -322,21 +315,9 @@ def _bounded_value(text: str, uri: str, row: int, max_bytes: int, oversize: Over
             yield row, piece
 
 
-def iter_texts(
-    uri: str,
-    fmt: TextFormat = "auto",
-    text_field: str = "text",
-    endpoint_url: str | None = None,
-    normalization: Literal["NFC", "none"] = "NFC",
-    skip_empty: bool = True,
-    max_document_bytes: int = MAX_DOCUMENT_BYTES,
-    on_oversize: Oversize = "error",
-) -> Iterator[str]:
-    """Documents of every file behind `uri`, NFC-normalised, streamed, each bounded (see the module doc)."""
-    for located in iter_located_texts(
-        uri, fmt, text_field, endpoint_url, normalization, skip_empty, max_document_bytes, on_oversize
-    ):
-        yield located[2]
+def iter_texts(uri: str, *args, **kwargs) -> Iterator[str]:
+    """The texts of `iter_located_texts` (same arguments), without their locations."""
+    return (text for _, _, text in iter_located_texts(uri, *args, **kwargs))
 
 
 def iter_located_texts(

@@ -1,8 +1,6 @@
-"""Read ahead of a consumer on a background thread, for every stage that overlaps producing data with using it.
-
-`ReadAhead(items, depth)` stays at most `depth` items ahead through a bounded queue; items come in order, a
-producer's exception is re-raised in the consumer, and `close()` (also on exit, exhaustion or collection)
-stops and joins the thread and closes `items`."""
+"""`ReadAhead(items, depth)`: `items` produced on a background thread at most `depth` ahead, in order; a producer's
+exception is re-raised in the consumer; `close()` (also on exit, exhaustion or collection) joins the thread and
+closes `items`."""
 
 from __future__ import annotations
 
@@ -42,8 +40,6 @@ def _produce(items: Iterable, q: queue.Queue, stop: threading.Event) -> None:
 
 
 class ReadAhead(Generic[T]):
-    """`items`, produced by a background thread up to `depth` ahead (see the module doc)."""
-
     def __init__(self, items: Iterable[T], depth: int = 2, name: str = "read-ahead"):
         self._queue: queue.Queue = queue.Queue(maxsize=max(1, depth))
         self._stop = threading.Event()

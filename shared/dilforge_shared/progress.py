@@ -1,8 +1,6 @@
-"""Progress of the passes that take minutes, one helper for every stage.
-
-A tqdm bar on a terminal; elsewhere (SageMaker, compose, CI) a log line at most every `every_s` seconds with
-the count, rate and ETA, a heartbeat `(in progress)` line when an update is late, and a `(done)` or
-`(stopped)` line at the end. `enabled=False` (ranks other than 0) shows nothing."""
+"""Progress of the passes that take minutes: a tqdm bar on a terminal; elsewhere (SageMaker, compose, CI) a log
+line at most every `every_s` seconds with count, rate and ETA, a heartbeat `(in progress)` line when an update is
+late, and `(done)` or `(stopped)` at the end. `enabled=False` (ranks other than 0) shows nothing."""
 
 from __future__ import annotations
 
@@ -20,12 +18,8 @@ _clock = time.monotonic  # module-level so a test can drive it without patching 
 
 
 class Progress:
-    """A pass over `total` units (None: not known up front) with tqdm's update/set_postfix/write/close.
-
-    Log lines read `desc: 3/10 batches (30%), 30s elapsed, ETA 70s` (the rate and ETA count from `initial`, so a
-    resumed run's ETA is not flattered by the steps it skipped); keyword arguments of `update` are appended as
-    `key=value`.
-    """
+    """A pass over `total` units (None: not known up front). Lines read `desc: 3/10 batches (30%), 30s elapsed,
+    ETA 70s key=value` (rate and ETA count from `initial`: a resumed run's skipped steps do not flatter them)."""
 
     def __init__(
         self,

@@ -62,8 +62,17 @@ def _staged(dest: Path, fill: Callable[[Path], object]) -> Path:
     return tmp
 
 
-def join(*parts: str) -> str:
-    return "/".join(p.strip("/") for p in parts if p and p.strip("/"))
+@contextmanager
+def _found(uri: str) -> Iterator[None]:
+    """A missing local file or S3 object (botocore's 404 / NoSuchKey) as NotFound naming `uri`."""
+    try:
+        yield
+    except FileNotFoundError:
+        raise NotFound(f"{uri}: no such file") from None
+    except Exception as exc:
+        if (getattr(exc, "response", None) or {}).get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+            raise NotFound(f"{uri}: no such object") from None
+        raise
 
 
 class LocalStorage:
@@ -83,16 +92,12 @@ class LocalStorage:
         return self._path(key).exists()
 
     def read_bytes(self, key: str) -> bytes:
-        try:
+        with _found(f"{self.uri}/{key}"):
             return self._path(key).read_bytes()
-        except FileNotFoundError:
-            raise NotFound(f"{self.uri}/{key}: no such file") from None
 
     def size(self, key: str) -> int:
-        try:
+        with _found(f"{self.uri}/{key}"):
             return self._path(key).stat().st_size
-        except FileNotFoundError:
-            raise NotFound(f"{self.uri}/{key}: no such file") from None
 
     def write_bytes(self, key: str, data: bytes) -> None:
         path = self._path(key)
@@ -116,13 +121,12 @@ class LocalStorage:
 
     def download_file(self, key: str, path: Path) -> None:
         src = self._path(key)
-        if not src.exists():
-            raise NotFound(f"{self.uri}/{key}: no such file")
         path.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(src, path)
+        with _found(f"{self.uri}/{key}"):
+            shutil.copyfile(src, path)
 
     def list(self, prefix: str) -> Iterator[str]:
-        base = self._path(prefix) if prefix else self.root
+        base = self._path(prefix)
         if not base.exists():
             return
         for p in sorted(base.rglob("*")):
@@ -171,7 +175,7 @@ def endpoint_keys(endpoint_url: str | None) -> dict[str, str]:
 
 
 class S3Storage:
-    """boto3 with adaptive retries (exponential backoff) and multipart transfers above 64 MiB."""
+    """boto3 with bounded standard retries and multipart transfers above MULTIPART_THRESHOLD."""
 
     def __init__(self, bucket: str, prefix: str, endpoint_url: str | None = None, client=None):
         import boto3
@@ -203,26 +207,14 @@ class S3Storage:
     def _key(self, key: str) -> str:
         if key:
             check_relative_path(key)
-        return join(self.prefix, key)
+        return "/".join(part for part in (self.prefix, key) if part)
 
     def local_path(self, key: str) -> Path | None:
         return None
 
-    @contextmanager
-    def _found(self, key: str) -> Iterator[None]:
-        """A ClientError for a missing object as NotFound."""
-        from botocore.exceptions import ClientError
-
-        try:
-            yield
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code", "") in ("404", "NoSuchKey", "NotFound"):
-                raise NotFound(f"{self.uri}/{key}: no such object") from None
-            raise
-
     def head(self, key: str) -> dict:
         """The object's HeadObject answer (ContentLength, ETag, user `Metadata`)."""
-        with self._found(key):
+        with _found(f"{self.uri}/{key}"):
             return self.client.head_object(Bucket=self.bucket, Key=self._key(key))
 
     def exists(self, key: str) -> bool:
@@ -240,7 +232,7 @@ class S3Storage:
 
     def read_versioned(self, key: str) -> tuple[bytes, str]:
         """The object's bytes and its ETag, from one GetObject."""
-        with self._found(key):
+        with _found(f"{self.uri}/{key}"):
             got = self.client.get_object(Bucket=self.bucket, Key=self._key(key))
             return got["Body"].read(), got["ETag"]
 
@@ -282,7 +274,7 @@ class S3Storage:
     def download_file(self, key: str, path: Path) -> None:
         full = self._key(key)  # checked before anything is created locally
         path.parent.mkdir(parents=True, exist_ok=True)
-        with self._found(key):
+        with _found(f"{self.uri}/{key}"):
             self.client.download_file(self.bucket, full, str(path), Config=self.transfer)
 
     def list_stats(self, prefix: str) -> Iterator[tuple[str, int, str]]:
@@ -436,20 +428,16 @@ def publish(
     manifest: Manifest,
     endpoint_url: str | None = None,
 ) -> Manifest:
-    """Upload every file of `local_dir` (a file large enough to go up in parts, and one at least every 25 s, is
-    logged as it starts: a long publish is never silent), then create
-    the manifest, its `files` and `data_dir` filled in here. ArtifactExistsError if taken."""
+    """Upload every file of `local_dir` (logging a big file, or any after PUBLISH_LOG_S of quiet), then create the
+    manifest, its `files` and `data_dir` filled in here. ArtifactExistsError if taken."""
     backend = open_backend(artifact_uri, endpoint_url)
-    manifest_key = MANIFEST_NAME
-    if backend.exists(manifest_key):
+    if backend.exists(MANIFEST_NAME):
         raise ArtifactExistsError(f"{artifact_uri}/{MANIFEST_NAME}")
     files = scan_files(local_dir)
     if not files:
         raise DilforgeError(f"{local_dir}: nothing to publish (empty output folder)")
-    root, artifacts, _stage, _id = (artifact_uri.rstrip("/").rsplit("/", 3) + ["", "", ""])[:4]
-    # `<store>/artifacts/<stage>/<id>`, as the coordinator's ArtifactStore names it
-    if artifacts == "artifacts" and root:
-        mark_store(open_backend(root, endpoint_url))
+    if found := store_of(artifact_uri, endpoint_url):
+        mark_store(open_backend(found[0], endpoint_url))
     data_dir = f"data-{uuid.uuid4().hex[:12]}"
     manifest = manifest.model_copy(update={"files": files, "data_dir": data_dir})
     body = manifest.to_json()
@@ -468,7 +456,7 @@ def publish(
                 )
             backend.upload_file(f"{data_dir}/{entry.path}", local_dir / entry.path)
         backend.write_bytes(manifest_digest_key(data_dir), sha256_bytes(body).encode())
-        created = backend.create_bytes(manifest_key, body)
+        created = backend.create_bytes(MANIFEST_NAME, body)
     except BaseException:
         _remove_attempt(backend, data_dir)
         raise
