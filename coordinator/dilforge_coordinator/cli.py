@@ -311,9 +311,5 @@ def gc_cmd(
     typer.echo(f"{len(found)} item(s) {verb}")
 
 
-def main() -> None:  # pragma: no cover
-    app()
-
-
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(app())
