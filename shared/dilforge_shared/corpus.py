@@ -339,32 +339,3 @@ def iter_located_texts(
             if skip_empty and not text.strip():
                 continue
             yield file_uri, lineno, text
-
-
-def iter_word_counts(
-    uri: str,
-    endpoint_url: str | None = None,
-    normalization: Literal["NFC", "none"] = "NFC",
-    max_document_bytes: int = MAX_DOCUMENT_BYTES,
-    on_oversize: Oversize = "error",
-) -> Iterator[tuple[str, int, str, int]]:
-    """(file, line, word, count) of every entry of a word-frequency list behind `uri`: one `WORD COUNT` per line
-    (a positive count; blank lines and a BOM skipped); any other layout is an error naming the file and line."""
-    for file_uri in source_files(uri, endpoint_url):
-        for lineno, line in _lines(file_uri, endpoint_url, max_document_bytes, on_oversize, splittable=False):
-            if lineno == 1:
-                line = line.removeprefix("\ufeff")
-            parts = line.split()
-            if not parts:
-                continue
-            count = parts[-1]
-            if len(parts) != 2 or not (count.isascii() and count.isdigit()) or int(count) == 0:
-                raise InputError(
-                    f"expected 'WORD COUNT' (two fields: a word, then a positive integer), got {line.strip()[:60]!r}",
-                    path=file_uri,
-                    line=lineno,
-                )
-            word = parts[0]
-            if normalization == "NFC":
-                word = unicodedata.normalize("NFC", word)
-            yield file_uri, lineno, word, int(count)

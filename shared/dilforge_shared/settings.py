@@ -96,9 +96,6 @@ def secret_values() -> list[str]:
         public = is_key_id_name(name) or name.startswith("XDG_") or name in NOT_SECRETS
         if is_secret_name(name) and not public and len(value) >= 8:
             values.append(value)
-    secret = settings().s3_secret_access_key
-    if secret is not None and len(secret.get_secret_value()) >= 8:
-        values.append(secret.get_secret_value())
     values += aws_file_secrets()
     return sorted(set(values), key=len, reverse=True)
 

@@ -10,14 +10,16 @@ import itertools
 import logging
 import random
 import re
+import unicodedata
 import zlib
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-from dilforge_shared.configs.base import DataSource
-from dilforge_shared.corpus import iter_located_texts, iter_word_counts
+from dilforge_shared.configs.base import DataSource, Oversize
+from dilforge_shared.corpus import _lines, iter_located_texts
 from dilforge_shared.errors import InputError
+from dilforge_shared.identity import source_files
 from dilforge_shared.prefetch import ReadAhead
 from dilforge_shared.progress import Progress
 
@@ -77,10 +79,7 @@ class CorpusStream:
     def _reader(self, s: DataSource) -> Iterator[tuple]:
         """(file, line, text) of a text source; (file, line, (word, count)) of a word_counts list."""
         if s.format == "word_counts":
-            return (
-                (f, n, (word, count))
-                for f, n, word, count in iter_word_counts(s.uri, self.endpoint_url, self.normalization, **s.bounds)
-            )
+            return iter_word_counts(s.uri, self.endpoint_url, self.normalization, **s.bounds)
         return iter_located_texts(s.uri, s.format, s.text_field, self.endpoint_url, self.normalization, **s.bounds)
 
     def _scan(self) -> Iterator[list[str]]:
@@ -219,6 +218,31 @@ def _feed_words(
         st.bytes_fed += reps * len(text.encode("utf-8"))
         if reps:
             fed[text] += reps
+
+
+def iter_word_counts(
+    uri: str, endpoint_url: str | None, normalization: str, max_document_bytes: int, on_oversize: Oversize
+) -> Iterator[tuple[str, int, tuple[str, int]]]:
+    """(file, line, (word, count)) of every entry of a word-frequency list behind `uri`: one `WORD COUNT` per line
+    (a positive count; blank lines and a BOM skipped); any other layout is an error naming the file and line."""
+    for file_uri in source_files(uri, endpoint_url):
+        for lineno, line in _lines(file_uri, endpoint_url, max_document_bytes, on_oversize, splittable=False):
+            if lineno == 1:
+                line = line.removeprefix("\ufeff")
+            parts = line.split()
+            if not parts:
+                continue
+            count = parts[-1]
+            if len(parts) != 2 or not (count.isascii() and count.isdigit()) or int(count) == 0:
+                raise InputError(
+                    f"expected 'WORD COUNT' (two fields: a word, then a positive integer), got {line.strip()[:60]!r}",
+                    path=file_uri,
+                    line=lineno,
+                )
+            word = parts[0]
+            if normalization == "NFC":
+                word = unicodedata.normalize("NFC", word)
+            yield file_uri, lineno, (word, int(count))
 
 
 def _regrouped(batches: Iterator[list[str]], min_lines: int) -> Iterator[list[str]]:
