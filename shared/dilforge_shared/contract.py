@@ -226,18 +226,6 @@ class StageContext:
     _artifacts: dict[str, Artifact] = field(default_factory=dict)
 
     @property
-    def model_dir(self) -> Path:
-        return self.opt.model_dir
-
-    @property
-    def checkpoint_dir(self) -> Path:
-        return self.opt.checkpoint_dir
-
-    @property
-    def tensorboard_dir(self) -> Path:
-        return self.opt.tensorboard_dir
-
-    @property
     def endpoint_url(self) -> str | None:
         return self.request.s3_endpoint_url
 
@@ -368,7 +356,7 @@ def publish_result(
         files=[],
         metrics=result.metrics,
     )
-    return publish(ctx.request.artifact_uri, ctx.model_dir, manifest, ctx.endpoint_url)
+    return publish(ctx.request.artifact_uri, ctx.opt.model_dir, manifest, ctx.endpoint_url)
 
 
 M = TypeVar("M", bound=BaseModel)

@@ -35,13 +35,13 @@ def body(config, ctx):
     deadline = time.time() + float(os.environ.get("FAKE_SECONDS", "0"))
     while time.time() < deadline:
         if flag["stop"]:
-            ctx.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-            (ctx.checkpoint_dir / "step").write_text("checkpoint")
+            ctx.opt.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+            (ctx.opt.checkpoint_dir / "step").write_text("checkpoint")
             with open(log, "a") as f:
                 f.write("checkpointed\\n")
             raise Terminated("stopped by SIGTERM after checkpointing")
         time.sleep(0.05)
-    (ctx.model_dir / "out.txt").write_text("done")
+    (ctx.opt.model_dir / "out.txt").write_text("done")
     with open(log, "a") as f:
         f.write("published\\n")
     return StageResult(metrics=json.loads(os.environ["FAKE_METRICS"]))

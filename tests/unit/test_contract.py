@@ -87,7 +87,7 @@ def test_stage_main_publishes_what_run_left_in_model_dir(tmp_path, monkeypatch):
     monkeypatch.setattr("dilforge_shared.contract.lineage", lambda ctx: [])
 
     def run(config, ctx):
-        (ctx.model_dir / "tokenizer.json").write_text("{}")
+        (ctx.opt.model_dir / "tokenizer.json").write_text("{}")
         return StageResult(metrics=metrics_samples.sample("tokenizer", peak_rss_mib=1.4))
 
     code, opt = run_main(tmp_path, monkeypatch, run)
@@ -101,7 +101,7 @@ def test_stage_main_failure_writes_reason_and_publishes_nothing(tmp_path, monkey
     from dilforge_shared.errors import InputError
 
     def run(config, ctx):
-        (ctx.model_dir / "half.bin").write_text("x")
+        (ctx.opt.model_dir / "half.bin").write_text("x")
         raise InputError("not valid UTF-8", path="/data/az.txt", line=7)
 
     code, opt = run_main(tmp_path, monkeypatch, run)
@@ -124,7 +124,7 @@ def test_a_stage_downloads_into_dilforge_cache_else_its_opt_ml_cache(tmp_path, m
 
     def run(config, ctx):
         seen.append(ctx.cache_dir)
-        (ctx.model_dir / "tokenizer.json").write_text("{}")
+        (ctx.opt.model_dir / "tokenizer.json").write_text("{}")
         return StageResult(metrics=metrics_samples.sample("tokenizer", peak_rss_mib=1.4))
 
     monkeypatch.setattr("dilforge_shared.contract.lineage", lambda ctx: [])

@@ -29,7 +29,7 @@ class InProcessBackend:
         def body(config, ctx):
             if self.fail:
                 raise DilforgeError("corpus.txt:3: not valid UTF-8")
-            (ctx.model_dir / "out.txt").write_text(json.dumps(sorted(ctx.request.inputs)))
+            (ctx.opt.model_dir / "out.txt").write_text(json.dumps(sorted(ctx.request.inputs)))
             return StageResult(metrics=metrics_samples.sample(job.stage))
 
         if stage_main(STAGE_CONFIGS[job.stage], body, "test", ["train"]) != 0:

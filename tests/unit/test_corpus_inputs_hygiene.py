@@ -227,7 +227,7 @@ def test_a_full_work_disk_ends_with_the_oserror_s_reason(tmp_path, monkeypatch):
 
     def body(config, ctx):
         _full_disk(monkeypatch, free_when_reserve_gone=True)
-        raise OSError(errno.ENOSPC, "No space left on device", str(ctx.checkpoint_dir / "curate" / "x.jsonl"))
+        raise OSError(errno.ENOSPC, "No space left on device", str(ctx.opt.checkpoint_dir / "curate" / "x.jsonl"))
 
     code, opt = _stage(tmp_path, monkeypatch, body)
     monkeypatch.undo()

@@ -61,7 +61,7 @@ def test_the_cache_job_runs_build_cache_into_the_training_jobs_checkpoint_prefix
     assert cache["ProcessingResources"]["ClusterConfig"]["InstanceCount"] == 1
     root = cache["Environment"]["DILFORGE_OPT_ML"]
     (output,) = cache["ProcessingOutputConfig"]["Outputs"]
-    assert output["S3Output"]["LocalPath"] == f"{root}/checkpoints/tokens"  # the stage's ctx.checkpoint_dir / "tokens"
+    assert output["S3Output"]["LocalPath"] == f"{root}/checkpoints/tokens"  # ctx.opt.checkpoint_dir / "tokens"
     assert output["S3Output"]["S3Uri"] == train["CheckpointConfig"]["S3Uri"].rstrip("/") + "/tokens/"
     assert cache["Environment"]["DILFORGE_TOKEN_CACHE_URI"] == output["S3Output"]["S3Uri"]  # a rerun restores it
     assert train["CheckpointConfig"]["LocalPath"] == "/opt/ml/checkpoints"  # restored there: the cache is found

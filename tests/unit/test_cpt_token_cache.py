@@ -178,7 +178,7 @@ def counted(*args, **kwargs):
 stage.tokenize_to_file = counted
 rt = init_runtime(config)
 tok = load_tokenizer(tok_dir)
-ctx = SimpleNamespace(checkpoint_dir=checkpoints, endpoint_url=None)
+ctx = SimpleNamespace(opt=SimpleNamespace(checkpoint_dir=checkpoints), endpoint_url=None)
 try:
     files = stage.tokenize_corpora(config, ctx, rt, tok, special_ids(tok, "t"), tok_dir)
     (out / f"rank{rank}.json").write_text(json.dumps([[str(f.path), f.num_tokens] for f in files]))
@@ -260,7 +260,7 @@ def test_build_cache_command_fills_the_cache_a_training_run_reuses(
     assert not (root / "model").exists() or not any((root / "model").iterdir())  # nothing published
 
     monkeypatch.setattr(data, "tokenize_shard", lambda *a: pytest.fail("re-tokenised"))
-    ctx = SimpleNamespace(checkpoint_dir=root / "checkpoints", endpoint_url=None)
+    ctx = SimpleNamespace(opt=SimpleNamespace(checkpoint_dir=root / "checkpoints"), endpoint_url=None)
     (tf,) = stage.tokenize_corpora(config, ctx, Runtime(), tok, ids, tiny_tokenizer_dir)
     assert tf.path == entry_file and tf.num_docs == 3000
 

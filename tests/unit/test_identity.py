@@ -250,7 +250,7 @@ def test_a_corpus_changed_while_the_stage_reads_it_fails_naming_it_and_publishes
     monkeypatch.setenv("DILFORGE_OPT_ML", str(opt.root))
 
     def body(config, ctx):
-        (ctx.model_dir / "out.txt").write_text("trained")
+        (ctx.opt.model_dir / "out.txt").write_text("trained")
         (tmp_path / "corpus.txt").write_text("dəyişdi\n")  # after the stage read it
         return StageResult(metrics=metrics_samples.sample("tokenizer"))
 

@@ -522,7 +522,7 @@ def test_a_full_disk_in_a_stage_is_a_one_line_failure_naming_the_file(tmp_path, 
     monkeypatch.setenv("DILFORGE_OPT_ML", str(opt.root))
 
     def body(config, ctx):
-        raise OSError(errno.EFBIG, "File too large", str(ctx.model_dir / "model.safetensors"))
+        raise OSError(errno.EFBIG, "File too large", str(ctx.opt.model_dir / "model.safetensors"))
 
     assert stage_main(STAGE_CONFIGS["tokenizer"], body, "test", ["train"]) == 1
     failure = opt.failure_file.read_text()

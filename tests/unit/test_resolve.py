@@ -78,7 +78,7 @@ class Ctx:
 
     def __init__(self, inputs, tmp_path):
         self.request = SimpleNamespace(inputs={k: str(v) for k, v in inputs.items()})
-        self.endpoint_url, self.checkpoint_dir, self.cache_dir = None, tmp_path / "ck", tmp_path / "cache"
+        self.endpoint_url, self.cache_dir = None, tmp_path / "cache"
 
     def has_input(self, name):
         return name in self.request.inputs

@@ -38,7 +38,7 @@ def run(config: ModelConfig, ctx: StageContext) -> StageResult:
     kind = source_kind(config.source)
     ref = config.source_ref(ctx.endpoint_url)
     log_config(config, {"source_kind": kind, "source_identity": ref.uri, "source_sha256": ref.sha256})
-    out = ctx.model_dir
+    out = ctx.opt.model_dir
     provenance: dict = {"source": config.source, "source_kind": kind, "sha256": ref.sha256}
     if kind == "recipe":
         recipe = RECIPES[config.source]

@@ -220,7 +220,7 @@ def restore_token_cache(uri: str, ctx: StageContext) -> None:
     from dilforge_shared.store import open_backend
 
     backend = open_backend(uri.rstrip("/"), ctx.endpoint_url)
-    local = ctx.checkpoint_dir / "tokens"
+    local = ctx.opt.checkpoint_dir / "tokens"
     keys = [k for k in backend.list("") if not k.rsplit("/", 1)[-1].startswith(".")]  # not another job's markers
     for key in keys:
         backend.download_file(key, local / key)
@@ -253,7 +253,7 @@ def train_in_process(config: CptConfig, ctx: StageContext, rt: Runtime) -> dict:
     val = build_validation(config.validation, tok, ids, config.num_validation_docs, ctx.endpoint_url)
 
     # where the loop starts: a fresh state, or the newest checkpoint complete on every host that verifies
-    checkpointer = Checkpointer(ctx.checkpoint_dir / "train", rt, config.num_checkpoints_kept)
+    checkpointer = Checkpointer(ctx.opt.checkpoint_dir / "train", rt, config.num_checkpoints_kept)
     resume = checkpointer.resume_point()
     state = TrainState()
 
@@ -327,7 +327,7 @@ def train_in_process(config: CptConfig, ctx: StageContext, rt: Runtime) -> dict:
     if rt.is_main:
         log.info("derived: %s", json.dumps(derived, sort_keys=True, default=str))
 
-    metrics = MetricsLog(ctx.tensorboard_dir, config.num_steps, rt, checkpointer.resume_step)
+    metrics = MetricsLog(ctx.opt.tensorboard_dir, config.num_steps, rt, checkpointer.resume_step)
     if resume is None:
         step0 = step0 if step0 is not None else evaluate(model, val, config, rt)
         state.add_validation(metrics.record(0, step0, kind="validation"))
@@ -358,18 +358,18 @@ def train_in_process(config: CptConfig, ctx: StageContext, rt: Runtime) -> dict:
 def publish_files(config: CptConfig, ctx: StageContext, rt: Runtime, model, tok_dir: Path, state: TrainState) -> None:
     """The HF folder: weights (gathered from every rank), the tokenizer files, cpt_metrics.json."""
     if rt.is_main:
-        ctx.model_dir.mkdir(parents=True, exist_ok=True)
+        ctx.opt.model_dir.mkdir(parents=True, exist_ok=True)
     # auto on CPU keeps fp32 weights: bf16 there is autocast arithmetic, and CPU consumers compute in fp32
     auto = rt.dtype if rt.cuda else torch.float32
     save_dtype = {"bf16": torch.bfloat16, "fp32": torch.float32, "auto": auto}[config.save_dtype]
-    save_hf_model(model, ctx.model_dir, save_dtype, rt)
+    save_hf_model(model, ctx.opt.model_dir, save_dtype, rt)
     if rt.is_main:
         for name in TOKENIZER_FILES:
             if (tok_dir / name).is_file():
-                shutil.copy2(tok_dir / name, ctx.model_dir / name)
-        family, ids = describe_model_folder(ctx.model_dir)
+                shutil.copy2(tok_dir / name, ctx.opt.model_dir / name)
+        family, ids = describe_model_folder(ctx.opt.model_dir)
         log.info("model folder describes the %s family: %s", family.name, ids)
-        (ctx.model_dir / "cpt_metrics.json").write_text(
+        (ctx.opt.model_dir / "cpt_metrics.json").write_text(
             json.dumps(
                 {
                     "train": state.history,
@@ -431,7 +431,7 @@ def derive_grad_accum(config: CptConfig, world: int) -> int:
 def tokenize_corpora(config: CptConfig, ctx: StageContext, rt: Runtime, tok, ids, tok_dir: Path) -> list[TokenFile]:
     """The token cache, built once per cache folder (global rank 0 on a shared folder, else local rank 0 per
     host) while the others wait for its ready marker, which carries this job's id."""
-    cache = ctx.checkpoint_dir / "tokens"
+    cache = ctx.opt.checkpoint_dir / "tokens"
     workers = config.tokenize_workers or available_cpus()
 
     def build() -> list[TokenFile]:

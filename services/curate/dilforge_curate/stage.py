@@ -109,8 +109,8 @@ def run(config: CurateConfig, ctx: StageContext) -> StageResult:
     resume(inputs.work, config)
     executors = build(config, inputs, Folders(inputs.work, inputs.work), inputs.work / "out")
     seconds = execute(executors, inputs.work)
-    move_shards(inputs.work / "out", ctx.model_dir)
-    return finish(config, ctx.model_dir, inputs.work, seconds, t0)
+    move_shards(inputs.work / "out", ctx.opt.model_dir)
+    return finish(config, ctx.opt.model_dir, inputs.work, seconds, t0)
 
 
 def workers(config: CurateConfig) -> int:
@@ -252,7 +252,7 @@ def parse(config: CurateConfig, ctx: StageContext) -> Inputs:
         tokenizer_file = str(ctx.input("model").path / "tokenizer.json")
     if tokenizer_file and not Path(tokenizer_file).is_file():
         raise InputError("no tokenizer.json to count tokens with", path=tokenizer_file)
-    work = ctx.checkpoint_dir / "curate"
+    work = ctx.opt.checkpoint_dir / "curate"
     work.mkdir(parents=True, exist_ok=True)
     return Inputs(tokenizer_file=tokenizer_file, work=work, endpoint_url=ctx.endpoint_url)
 
@@ -491,5 +491,5 @@ def publish_phases(config: CurateConfig, ctx: StageContext, work: Path) -> Stage
     t0 = time.perf_counter()
     require_finished(work, config, PHASES)
     for shard in sorted((work / "out").glob("shard-*")):
-        shutil.copyfile(shard, ctx.model_dir / shard.name)
-    return finish(config, ctx.model_dir, work, {}, t0)
+        shutil.copyfile(shard, ctx.opt.model_dir / shard.name)
+    return finish(config, ctx.opt.model_dir, work, {}, t0)

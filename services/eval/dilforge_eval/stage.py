@@ -149,7 +149,7 @@ def parse(config: EvalConfig, ctx: StageContext) -> Inputs:
         for p in config.parallel_sets
     }
     prompts = gen_mod.load_prompts(config.prompts, config.generation.num_prompts, endpoint) if config.prompts else []
-    task_dir = ctx.model_dir / downstream.TASK_DIR
+    task_dir = ctx.opt.model_dir / downstream.TASK_DIR
     specs = downstream.prepare(config.tasks, task_dir, endpoint) if config.tasks else []
     assistant = assistant_groups(config, endpoint)
     models, skipped = resolve_models(config, ctx, cache)
@@ -468,7 +468,7 @@ def publish(ctx: StageContext, typed: EvalMetrics, evaluated: Evaluated) -> dict
     """generations.jsonl, task_answers.jsonl, the report and metrics.json into the artifact folder; returns the
     manifest's metrics (curves as their last points: the whole curves are in metrics.json). The report reads
     the typed model."""
-    out = ctx.model_dir
+    out = ctx.opt.model_dir
     downstream.write_jsonl(out / "generations.jsonl", evaluated.generations)
     if evaluated.downstream is not None:
         downstream.write_jsonl(out / "task_answers.jsonl", evaluated.task_samples)

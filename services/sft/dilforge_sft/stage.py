@@ -44,9 +44,9 @@ log = logging.getLogger("dilforge.sft")
 # a chat template that marks assistant turns for the assistant-only loss ({% generation %} ... {% endgeneration %})
 GENERATION_MARKER = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
-TRAINER_DIR = "trainer"  # under ctx.checkpoint_dir: Trainer's checkpoint-<step>/ folders
-EVAL_BEFORE_FILE = "eval_before.json"  # under ctx.checkpoint_dir: the base model's validation loss, kept across resumes
-LABEL_PREVIEW_FILE = "label_preview.jsonl"  # under ctx.model_dir: the first training examples with their loss mask
+TRAINER_DIR = "trainer"  # under ctx.opt.checkpoint_dir: Trainer's checkpoint-<step>/ folders
+EVAL_BEFORE_FILE = "eval_before.json"  # under ctx.opt.checkpoint_dir: the base model's loss, kept across resumes
+LABEL_PREVIEW_FILE = "label_preview.jsonl"  # under ctx.opt.model_dir: the first training examples with their loss mask
 
 
 def run(config: SftConfig, ctx: StageContext) -> StageResult:
@@ -94,7 +94,7 @@ def run(config: SftConfig, ctx: StageContext) -> StageResult:
         },
     )
 
-    trainer_dir = ctx.checkpoint_dir / TRAINER_DIR
+    trainer_dir = ctx.opt.checkpoint_dir / TRAINER_DIR
     trainer_dir.mkdir(parents=True, exist_ok=True)
     progress = progress_callback()
     trainer = build_trainer(
@@ -109,7 +109,7 @@ def run(config: SftConfig, ctx: StageContext) -> StageResult:
             stop_on_sigterm_callback(stop_flag),
             seal_checkpoints_callback(),
             progress,
-            tensorboard_callback(ctx.tensorboard_dir),
+            tensorboard_callback(ctx.opt.tensorboard_dir),
         ],
         checkpointing=checkpointing,
     )
@@ -117,12 +117,12 @@ def run(config: SftConfig, ctx: StageContext) -> StageResult:
     num_previewed = 0
     if config.num_label_preview_examples:
         num_previewed = write_label_preview(
-            trainer.train_dataset, tokenizer, ctx.model_dir / LABEL_PREVIEW_FILE, config.num_label_preview_examples
+            trainer.train_dataset, tokenizer, ctx.opt.model_dir / LABEL_PREVIEW_FILE, config.num_label_preview_examples
         )
         log.info("wrote %s: %d training example(s) with their loss mask", LABEL_PREVIEW_FILE, num_previewed)
 
     resume = latest_checkpoint(trainer_dir)
-    before_file = ctx.checkpoint_dir / EVAL_BEFORE_FILE
+    before_file = ctx.opt.checkpoint_dir / EVAL_BEFORE_FILE
     if before_file.exists() and resume is not None:
         eval_before = json.loads(before_file.read_text())["eval_loss"]
     else:
@@ -145,15 +145,15 @@ def run(config: SftConfig, ctx: StageContext) -> StageResult:
     history = loss_history(trainer.state.log_history)  # includes steps logged before a resume
     log.info("validation loss after: %.4f (before %.4f)", eval_after, eval_before)
 
-    adapter_dir = ctx.model_dir / ADAPTER_DIR
+    adapter_dir = ctx.opt.model_dir / ADAPTER_DIR
     save_adapter(trainer, tokenizer, adapter_dir, base_uri)
     trainer = None  # released before merging
     defaults = config.generation.as_generation_config()
     write_generation_defaults(adapter_dir, defaults)
     if config.save_merged:
-        save_merged(base_dir, adapter_dir, ctx.model_dir / MERGED_DIR)
-        write_generation_defaults(ctx.model_dir / MERGED_DIR, defaults)
-    shutil.rmtree(ctx.model_dir / "runs", ignore_errors=True)
+        save_merged(base_dir, adapter_dir, ctx.opt.model_dir / MERGED_DIR)
+        write_generation_defaults(ctx.opt.model_dir / MERGED_DIR, defaults)
+    shutil.rmtree(ctx.opt.model_dir / "runs", ignore_errors=True)
     metrics = SftMetrics(
         base_model=base_uri,
         chat_template=template_source,

@@ -71,7 +71,7 @@ def run(config: TokenizerConfig, ctx: StageContext) -> StageResult:
     trained.seconds["measure_and_save"] = round(time.perf_counter() - t_metrics, 2)
     trained.seconds["total"] = round(time.perf_counter() - t_start, 2)
     metrics = tokenizer_metrics(config, inputs, trained, measured, selection, published, comparison)
-    write_tables(ctx.model_dir, metrics, measured, selection)
+    write_tables(ctx.opt.model_dir, metrics, measured, selection)
     return StageResult(metrics=metrics.model_dump())
 
 
@@ -314,10 +314,10 @@ def publish(
             else len(doc["model"]["vocab"]) - chosen.first_new_id,
         )
     if chosen.strategy == "base":
-        base_tok.copy_folder(base.folder, ctx.model_dir)
+        base_tok.copy_folder(base.folder, ctx.opt.model_dir)
     else:
-        family_out.write_folder(published, ctx.model_dir, chosen.family)
-    output = verify_output(ctx.model_dir, published)
+        family_out.write_folder(published, ctx.opt.model_dir, chosen.family)
+    output = verify_output(ctx.opt.model_dir, published)
     published_sets = chosen.sets if published is chosen.tok else measure_sets(published, measured.sets)
     return Published(tok=published, num_pruned=pruned, audit=published_audit, sets=published_sets, output=output)
 
