@@ -656,25 +656,25 @@ class SageMakerBackend:
     def dry_run_requests(self, pipeline: PipelineConfig, stage: str | None = None) -> list[dict]:
         """Every stage's CreateTrainingJob / CreateProcessingJob request, built by the SDK and captured at botocore."""
         self.prepare(pipeline)
-        jobs = [job for job in offline_jobs(pipeline) if stage is None or job.stage == stage]
-        specs = []
-        for job in jobs:
-            image = self.image(image_of(job.stage))
-            if job.stage in PROCESSING_STAGES:
-                specs.append(processing_specs(job, self.config, image))
-                continue
-            if cache := token_cache_spec(job, self.config, image):
-                specs.append([cache])
-            specs.append(job_spec(job, self.config, image, job.s3_endpoint_url))
         boto_session = offline_boto_session(self.config.region)
         with offline(boto_session) as requests:
             session = sdk_session(boto_session, offline=True)
-            for spec in specs:
-                if isinstance(spec, list):
-                    for phase in spec:
-                        run_processor(phase, session)
+            for job in offline_jobs(pipeline):
+                if stage not in (None, job.stage):
+                    continue
+                image = self.image(image_of(job.stage))
+                if job.stage in PROCESSING_STAGES:
+                    specs = processing_specs(job, self.config, image)
                 else:
-                    model_trainer(spec, session).train(wait=False, logs=False)
+                    specs = [
+                        token_cache_spec(job, self.config, image),
+                        job_spec(job, self.config, image, job.s3_endpoint_url),
+                    ]
+                for spec in filter(None, specs):
+                    if isinstance(spec, ProcessingSpec):
+                        run_processor(spec, session)
+                    else:
+                        model_trainer(spec, session).train(wait=False, logs=False)
         return requests
 
     # ---- a real run --------------------------------------------------------------------------
