@@ -203,8 +203,7 @@ def iter_located_records(uri: str, endpoint_url: str | None = None, **kwargs) ->
     header (`iter_tsv_records`)."""
     for file_uri in source_files(uri, endpoint_url):
         if detect_format(file_uri) == "tsv":
-            kwargs.pop("on_bad", None)
-            rows = iter_tsv_records(file_uri, endpoint_url, **kwargs)
+            rows = iter_tsv_records(file_uri, endpoint_url, **{k: v for k, v in kwargs.items() if k != "on_bad"})
         else:
             rows = iter_records(file_uri, endpoint_url, **kwargs)
         for lineno, record in rows:
@@ -274,20 +273,16 @@ def _iter_file(
                 f"column {text_field!r} holds {kind}, not text (text columns: {texts}); set text_field", path=uri
             )
         row = 0
-        batches = pf.iter_batches(columns=[text_field], batch_size=4096)
-        while True:
-            try:
-                batch = next(batches)
-            except StopIteration:
-                break
-            except (OSError, ValueError) as exc:  # a damaged row group or page
-                raise InputError(
-                    f"damaged parquet data after row {row}: {str(exc).splitlines()[0][:200]}", path=uri
-                ) from None
-            for value in batch.column(0).to_pylist():
-                row += 1
-                if isinstance(value, str):
-                    yield from _bounded_value(value, uri, row, max_bytes, oversize)
+        try:
+            for batch in pf.iter_batches(columns=[text_field], batch_size=4096):
+                for value in batch.column(0).to_pylist():
+                    row += 1
+                    if isinstance(value, str):
+                        yield from _bounded_value(value, uri, row, max_bytes, oversize)
+        except (OSError, ValueError) as exc:  # a damaged row group or page
+            raise InputError(
+                f"damaged parquet data after row {row}: {str(exc).splitlines()[0][:200]}", path=uri
+            ) from None
     else:
         raise InputError(f"unknown format {fmt!r}", path=uri)
 
