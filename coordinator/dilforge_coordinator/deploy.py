@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import math
 import re
 from collections.abc import Callable
@@ -25,7 +24,6 @@ from .cloud import SageMakerConfig
 from .common import ForceOpt
 from .config import PipelineConfig, load_pipeline
 
-log = logging.getLogger("dilforge.coordinator.deploy")
 GPU_FAMILIES = ("g", "p")  # ml.g5/g6/p4d/p5...: the serve image's GPU variant
 VARIANT = "AllTraffic"
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import os
 import shutil
 import subprocess
@@ -46,8 +45,6 @@ from .sagemaker import (
     stage_hyperparameters,
     token_cache_spec,
 )
-
-log = logging.getLogger("dilforge.coordinator.sagemaker_local")
 
 NETWORK = "sagemaker-local"  # the network the SDK's local mode puts every host on
 S3_ALIAS = "dilforge-s3"  # the compose S3 as the job containers reach it on that network
@@ -102,13 +99,7 @@ def upload_local_data(raw: Any, store: str, endpoint_url: str, declared: set[str
 
     def upload(text: str) -> str:
         path = Path(text.removeprefix("file://"))
-        if (
-            text not in declared
-            or "://" in text.removeprefix("file://")
-            or "\n" in text
-            or len(text) > 4096
-            or not path.exists()
-        ):
+        if text not in declared or len(text) > 4096 or not path.exists():  # a longer path cannot exist
             return text
         if "*" in text:
             raise ConfigError(f"{text}: local globs are not uploaded for sagemaker-local; name a folder instead")
