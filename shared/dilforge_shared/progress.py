@@ -9,10 +9,8 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Iterator
-from typing import Any, TypeVar
+from typing import Any
 
-T = TypeVar("T")
 _log = logging.getLogger("dilforge.progress")
 _clock = time.monotonic  # module-level so a test can drive it without patching time.monotonic for every thread
 
@@ -134,16 +132,6 @@ class Progress:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def track(items: Iterable[T], desc: str, total: int | None = None, **kwargs: Any) -> Iterator[T]:
-    """`items`, ticking a Progress once per item (total: len(items) when it has one)."""
-    if total is None and hasattr(items, "__len__"):
-        total = len(items)  # type: ignore[arg-type]
-    with Progress(desc, total, **kwargs) as progress:
-        for item in items:
-            yield item
-            progress.update(1)
 
 
 def _heartbeat(ref: weakref.ref, stop: threading.Event, every_s: float) -> None:

@@ -9,7 +9,7 @@ import logging
 
 import pytest
 from dilforge_shared import progress as progress_mod
-from dilforge_shared.progress import Progress, track
+from dilforge_shared.progress import Progress
 
 LOGGER = "test.progress"
 
@@ -94,19 +94,6 @@ def test_on_a_tty_a_tqdm_bar_draws_and_nothing_is_logged(caplog, monkeypatch):
     assert messages(caplog) == []
     drawn = stderr.getvalue()
     assert "measure" in drawn and "2/4" in drawn and "a message" in drawn
-
-
-def test_track_yields_every_item_and_counts_it(caplog, clock):
-    clock.times = [0.0, 10.0, 20.0, 30.0, 30.0]
-    seen = []
-    with caplog.at_level(logging.INFO, logger=LOGGER):
-        for item in track(["a", "b", "c"], "measure", every_s=15, log=logging.getLogger(LOGGER), tty=False):
-            seen.append(item)
-    assert seen == ["a", "b", "c"]
-    assert messages(caplog) == [
-        "measure: 2/3 it (67%), 20s elapsed, ETA 10s",
-        "measure: 3/3 it (100%), 30s elapsed, ETA 0s (done)",
-    ]
 
 
 def test_a_pass_with_no_update_for_the_interval_logs_a_heartbeat_until_closed(caplog):

@@ -19,7 +19,7 @@ from dilforge_shared.contract import StageContext, StageResult, log_config
 from dilforge_shared.errors import InputError
 from dilforge_shared.families import LLAMA3, Family
 from dilforge_shared.metrics.tokenizer import TokenizerMetrics
-from dilforge_shared.progress import track
+from dilforge_shared.progress import Progress
 from tokenizers import Tokenizer
 
 from . import audit, bpe, continued, family_out, llama3, pretokens
@@ -222,11 +222,13 @@ def measure(config: TokenizerConfig, inputs: Inputs, trained: Trained, sets: dic
     """Every (strategy, size) on every set, and its dead-token audit; the configured strategy's sweep rows."""
     base = inputs.base
     base_metrics = measure_sets(base.tok, sets) if base is not None else None
-    for cand in track(trained.candidates, "measure", unit="candidates", log=log):
-        cand.sets = base_metrics if cand.strategy == "base" else measure_sets(cand.tok, sets)
-        cand.audit, cand.dead = audit.audit(
-            cand.doc, cand.tok, trained.corpus_words(cand.strategy), cand.new_ids, inputs.validation
-        )
+    with Progress("measure", len(trained.candidates), unit="candidates", log=log) as bar:
+        for cand in trained.candidates:
+            cand.sets = base_metrics if cand.strategy == "base" else measure_sets(cand.tok, sets)
+            cand.audit, cand.dead = audit.audit(
+                cand.doc, cand.tok, trained.corpus_words(cand.strategy), cand.new_ids, inputs.validation
+            )
+            bar.update()
     rows = [
         {
             "vocab_size": c.size,
