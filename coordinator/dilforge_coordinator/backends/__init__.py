@@ -2,28 +2,23 @@
 
 from __future__ import annotations
 
+import importlib
+
 from dilforge_shared.errors import ConfigError
 
 from ..pipeline import Backend
 
-BACKENDS = ("local", "compose", "sagemaker", "sagemaker-local")
+# name -> module.class, imported only when chosen (the SageMaker SDK and docker stay out of a local run)
+BACKENDS = {
+    "local": "local.LocalBackend",
+    "compose": "compose.ComposeBackend",
+    "sagemaker": "sagemaker.SageMakerBackend",
+    "sagemaker-local": "sagemaker_local.SageMakerLocalBackend",
+}
 
 
 def get_backend(name: str, **options) -> Backend:
-    if name == "local":
-        from .local import LocalBackend
-
-        return LocalBackend(**options)
-    if name == "compose":
-        from .compose import ComposeBackend
-
-        return ComposeBackend(**options)
-    if name == "sagemaker":
-        from .sagemaker import SageMakerBackend
-
-        return SageMakerBackend(**options)
-    if name == "sagemaker-local":
-        from .sagemaker_local import SageMakerLocalBackend
-
-        return SageMakerLocalBackend(**options)
-    raise ConfigError(f"unknown backend {name!r}; choose one of {BACKENDS}")
+    if name not in BACKENDS:
+        raise ConfigError(f"unknown backend {name!r}; choose one of {tuple(BACKENDS)}")
+    module, cls = BACKENDS[name].split(".")
+    return getattr(importlib.import_module(f".{module}", __name__), cls)(**options)
