@@ -18,7 +18,7 @@ from dilforge_shared.configs.base import (
     Switch,
     check_unique_labels,
 )
-from dilforge_shared.configs.knobs import Batching, Checkpointing, SourceLimits, Warmup, on_off
+from dilforge_shared.configs.knobs import Batching, Checkpointing, SourceLimits, Warmup
 from dilforge_shared.control_tokens import control_token_in
 from dilforge_shared.metrics.cpt import CptMetrics
 from pydantic import Field, field_validator, model_validator
@@ -271,11 +271,6 @@ class CptConfig(StageConfig, Batching, Checkpointing):
         default="auto",
         description="dtype of the published weights; auto = the training precision on CUDA, fp32 on CPU.",
     )
-
-    @field_validator("activation_checkpointing", mode="before")
-    @classmethod
-    def _bool_is_on_off(cls, value):
-        return on_off(value)
 
     @model_validator(mode="after")
     def _check(self) -> CptConfig:

@@ -15,7 +15,7 @@ from dilforge_shared.configs.base import (
     StrictModel,
     Switch,
 )
-from dilforge_shared.configs.knobs import Batching, Checkpointing, SourceLimits, Warmup, knob, on_off
+from dilforge_shared.configs.knobs import Batching, Checkpointing, SourceLimits, Warmup, knob
 from dilforge_shared.configs.language import LinguaCode
 from dilforge_shared.control_tokens import control_token_in
 from dilforge_shared.metrics.sft import SftMetrics
@@ -234,11 +234,6 @@ class SftConfig(StageConfig, Batching, Warmup, Checkpointing):
         "sees them (token ids, per-token 'trained' flag, decoded text and decoded trained tokens), to audit where "
         "the loss falls. 0 disables.",
     )
-
-    @field_validator("activation_checkpointing", mode="before")
-    @classmethod
-    def _bool_is_on_off(cls, value):
-        return on_off(value)
 
     @field_validator("system_prompt")
     @classmethod

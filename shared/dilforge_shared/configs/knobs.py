@@ -7,7 +7,7 @@ import copy
 import math
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 from pydantic.fields import FieldInfo
 
 from .base import MAX_BATCH, MAX_STEPS, RUN_ONLY, StrictModel, Switch
@@ -99,6 +99,12 @@ class Checkpointing(StrictModel):
         "CPT: the micro-batch in free GPU memory; off on CPU). YAML true/false mean on/off.",
     )
 
+    @field_validator("activation_checkpointing", mode="before")
+    @classmethod
+    def _bool_is_on_off(cls, value: Any) -> Any:
+        """YAML 1.1 reads `on`/`off`/`true`/`false` as booleans; a bool switch means on/off."""
+        return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
+
 
 class SourceLimits(StrictModel):
     """How much of one data source a stage reads (demos, smoke runs)."""
@@ -106,8 +112,3 @@ class SourceLimits(StrictModel):
     max_docs: int | None = Field(
         default=None, ge=1, description="Read at most this many documents (records) of this source; None = all."
     )
-
-
-def on_off(value: Any) -> Any:
-    """YAML 1.1 reads `on`/`off`/`true`/`false` as booleans; a bool switch means on/off."""
-    return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
