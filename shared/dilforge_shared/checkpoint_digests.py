@@ -48,8 +48,8 @@ def seal(path: Path, step: int) -> Path:
 
 
 def read_markers(path: Path) -> list[dict] | None:
-    """Every node's marker, if there is one from each node of the same run; None otherwise (not complete yet:
-    e.g. a host's files have not reached this folder)."""
+    """Every node's marker, if there is one from each node of the same run; None otherwise: not complete yet (e.g.
+    a host's files have not reached this folder); a file missing or of another size after that is damage."""
     infos = []
     for marker in sorted(path.glob(f"{MARKER_PREFIX}*")):
         try:
@@ -68,24 +68,13 @@ def read_markers(path: Path) -> list[dict] | None:
     return infos
 
 
-def listed_files(infos: list[dict]) -> dict[str, dict]:
-    """name -> {size, sha256} over all markers."""
-    return {name: entry for info in infos for name, entry in info["files"].items()}
-
-
-def complete(path: Path) -> bool:
-    """A marker from every node: every rank finished writing (a file missing or of another size after that is
-    damage, found by `verify`)."""
-    return read_markers(path) is not None
-
-
 def verify(path: Path, share: slice = slice(None)) -> str | None:
     """None if the files in `share` of this checkpoint's sorted file list match their digests, else what is wrong.
     Every file in the folder must be listed by a marker: an unlisted file is not verified, so it is refused."""
     infos = read_markers(path)
     if infos is None:
         return f"{path.name}: markers missing or unreadable"
-    files = listed_files(infos)
+    files = {name: entry for info in infos for name, entry in info["files"].items()}
     if unlisted := sorted(set(checkpoint_files(path)) - set(files)):
         return f"{path.name}: files {unlisted} are not listed by any marker"
     for name in sorted(files)[share]:

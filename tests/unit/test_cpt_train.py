@@ -374,7 +374,8 @@ def test_multi_node_checkpoint_finalisation(tmp_path, shared):
     import socket
 
     import torch.multiprocessing as mp
-    from dilforge_cpt.checkpoints import checkpoint_folders, complete
+    from dilforge_cpt.checkpoints import checkpoint_folders
+    from dilforge_shared.checkpoint_digests import read_markers
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -390,7 +391,7 @@ def test_multi_node_checkpoint_finalisation(tmp_path, shared):
     else:  # each host finalised its own folder; neither alone is a complete checkpoint
         for host in ("host0", "host1"):
             assert sorted(p.name for p in (tmp_path / host).iterdir()) == ["step-00000002", "step-00000003"]
-            assert not any(complete(p) for p in checkpoint_folders(tmp_path / host))
+            assert all(read_markers(p) is None for p in checkpoint_folders(tmp_path / host))
         root = tmp_path / "s3-restore"  # SageMaker restores the union of all hosts' uploads
         for host in ("host0", "host1"):
             shutil.copytree(tmp_path / host, root, dirs_exist_ok=True)

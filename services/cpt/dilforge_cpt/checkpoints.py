@@ -20,9 +20,9 @@ import numpy as np
 import torch
 from dilforge_shared.checkpoint_digests import (
     MARKER_PREFIX,
-    complete,
     digest,
     marker_name,
+    read_markers,
     set_aside,
     verify,
     write_marker,
@@ -75,8 +75,6 @@ class Checkpointer:
         self._chosen: list[Path | None] = []
 
     def register(self, name: str, obj: Stateful, kind: Kind = "json") -> None:
-        if any(c.name == name for c in self.components):
-            raise ValueError(f"checkpoint component {name!r} registered twice")
         self.components.append(Component(name, obj, kind))
 
     # ---- choosing what to resume --------------------------------------------------------------
@@ -94,7 +92,7 @@ class Checkpointer:
 
     def _choose(self) -> Path | None:
         rt = self.rt
-        mine = [p.name for p in checkpoint_folders(self.root) if complete(p)]
+        mine = [p.name for p in checkpoint_folders(self.root) if read_markers(p) is not None]
         everyone = self._gather(mine)
         common = set(everyone[0]).intersection(*everyone[1:])
         if set(mine) - common and rt.local_rank == 0:

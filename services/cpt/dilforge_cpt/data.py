@@ -202,8 +202,8 @@ def tokenize_to_file(
     if max_docs is not None:
         docs = islice(docs, max_docs)
     per_doc = getattr(source, "num_lines_per_document", 1)
-    if per_doc > 1:
-        docs = joined(docs, per_doc)
+    if per_doc > 1:  # every `per_doc` consecutive texts as one document
+        docs = (" ".join(group) for group in batched(docs, per_doc))
     shard_dir = cache_dir / f"{key}.shards"
     for stale in cache_dir.glob(f"{key}.tmp*"):  # a build killed while assembling (one builder per folder)
         stale.unlink(missing_ok=True)
@@ -432,13 +432,6 @@ def wait_ready(path: Path, poll_s: float = 1.0) -> list[TokenFile]:
     if ready["error"] is not None:
         raise DilforgeError(f"the token cache builder failed: {ready['error']}")
     return [TokenFile(**{**e, "path": Path(e["path"])}) for e in ready["files"]]
-
-
-def joined(texts: Iterable[str], n: int) -> Iterator[str]:
-    """Every `n` consecutive texts as one document (separated by a space); the last one may hold fewer."""
-    it = iter(texts)
-    while group := list(islice(it, n)):
-        yield " ".join(group)
 
 
 def check_windows(files: list[TokenFile], seq_len: int) -> None:
