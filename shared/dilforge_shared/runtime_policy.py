@@ -58,7 +58,7 @@ def cpu_computes_bf16(cpuinfo: str | Path = "/proc/cpuinfo") -> bool:
 
 @dataclass(frozen=True)
 class RuntimePolicy:
-    """The decision for one process: logged at start and recorded in the manifest's metrics."""
+    """The decision for one process."""
 
     device: Device
     precision: Precision
@@ -74,15 +74,6 @@ class RuntimePolicy:
         import torch
 
         return torch.bfloat16 if self.bf16 else torch.float32
-
-    def as_dict(self) -> dict:
-        return {
-            "device": self.device,
-            "precision": self.precision,
-            "liger": self.liger,
-            "attention": self.attention,
-            "attention_reason": self.attention_reason,
-        }
 
 
 def choose_device(requested: str, facts: DeviceFacts, field: str = "device") -> Device:
@@ -104,9 +95,7 @@ def choose_precision(
     if requested == "fp32":
         return "fp32"
     if requested == "bf16":
-        if device == "cuda" and not facts.bf16_supported:
-            raise ConfigError(f"{field}: bf16 needs a CUDA GPU with bf16 support; use auto or fp32")
-        if device == "cpu" and not cpu_bf16:
+        if not (facts.bf16_supported if device == "cuda" else cpu_bf16):
             raise ConfigError(f"{field}: bf16 needs a CUDA GPU with bf16 support; use auto or fp32")
         return "bf16"
     if requested != "auto":

@@ -58,7 +58,7 @@ def test_bf16_cpus_are_told_by_their_instruction_flags(tmp_path, flags, expected
 
 
 def test_explicit_settings_win_where_the_machine_allows_them():
-    assert decide("eval", device="cpu", facts=GPU).as_dict()["device"] == "cpu"
+    assert decide("eval", device="cpu", facts=GPU).device == "cpu"
     assert decide("eval", device="cpu", facts=GPU).precision == "fp32"
     assert decide("eval", precision="fp32", facts=GPU).precision == "fp32"
     assert decide("eval", precision="bf16", facts=CPU).precision == "bf16"  # CPU bf16 inference is allowed
