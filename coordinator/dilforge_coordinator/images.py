@@ -35,13 +35,13 @@ def record_path() -> Path:
     return coordinator_settings().images_record
 
 
-def load_record(path: Path | None = None) -> dict:
-    path = path or record_path()
+def load_record() -> dict:
+    path = record_path()
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def save_record(record: dict, path: Path | None = None) -> None:
-    path = path or record_path()
+def save_record(record: dict) -> None:
+    path = record_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
 
@@ -175,11 +175,11 @@ def build(
     )
 
 
-def record_build(result: BuildResult, path: Path | None = None) -> None:
-    record = load_record(path)
+def record_build(result: BuildResult) -> None:
+    record = load_record()
     key = result.stage + ("-gpu" if result.gpu else "")
     record.setdefault(key, {})["build"] = asdict(result)
-    save_record(record, path)
+    save_record(record)
 
 
 # ---------------------------------------------------------------- ECR
@@ -262,16 +262,16 @@ def push(
     return PushResult(stage=stage, source=source, repository_uri=uri, tag=tag, digest=details[0]["imageDigest"])
 
 
-def record_push(result: PushResult, gpu: bool = False, path: Path | None = None) -> None:
-    record = load_record(path)
+def record_push(result: PushResult, gpu: bool = False) -> None:
+    record = load_record()
     key = result.stage + ("-gpu" if gpu else "")
     record.setdefault(key, {})["push"] = {**asdict(result), "image": result.image}
-    save_record(record, path)
+    save_record(record)
 
 
-def pushed_image(stage: str, gpu: bool = True, path: Path | None = None) -> str | None:
+def pushed_image(stage: str, gpu: bool = True) -> str | None:
     """The recorded `repo@sha256:...` for a stage (the GPU variant first when asked), or None."""
-    record = load_record(path)
+    record = load_record()
     for key in ([f"{stage}-gpu"] if gpu else []) + [stage]:
         if image := record.get(key, {}).get("push", {}).get("image"):
             return image
