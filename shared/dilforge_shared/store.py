@@ -238,8 +238,8 @@ class S3Storage:
 
     def open(self, key: str) -> IO[bytes]:
         """The object as a buffered stream, read as it downloads (botocore's errors as they come)."""
-        body = self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"]
-        return io.BufferedReader(_BodyReader(body), buffer_size=1 << 20)
+        body = self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"]  # an IOBase with readinto
+        return io.BufferedReader(body, buffer_size=1 << 20)
 
     def write_bytes(self, key: str, data: bytes) -> None:
         self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
@@ -326,25 +326,6 @@ class S3Storage:
             request_timeout=cfg.s3_read_timeout,
             retry_strategy=fs.AwsStandardS3RetryStrategy(max_attempts=cfg.s3_max_attempts),
         )
-
-
-class _BodyReader(io.RawIOBase):
-    """A botocore StreamingBody as a raw stream, so buffering, gzip and line iteration work on it."""
-
-    def __init__(self, body):
-        self.body = body
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer) -> int:
-        data = self.body.read(len(buffer))
-        buffer[: len(data)] = data
-        return len(data)
-
-    def close(self) -> None:
-        self.body.close()
-        super().close()
 
 
 # Where artifact bytes live (Storage, not Backend: the coordinator's backends are where stages run).
@@ -481,21 +462,17 @@ def read_manifest(uri: str, endpoint_url: str | None = None) -> tuple[Manifest, 
     except NotFound as exc:
         raise ManifestNotFound(f"{muri}: no manifest there ({exc})") from None
     manifest, digest = parse_manifest(data, muri), sha256_bytes(data)
+    sidecar = manifest_digest_key(manifest.data_dir)
     try:
-        recorded = (
-            read_uri_bytes(f"{muri[: -len(MANIFEST_NAME)]}{manifest_digest_key(manifest.data_dir)}", endpoint_url)
-            .decode("ascii", "replace")
-            .strip()
-        )
+        recorded = read_uri_bytes(f"{muri[: -len(MANIFEST_NAME)]}{sidecar}", endpoint_url).decode("ascii", "replace")
     except NotFound:
         raise IntegrityError(
-            f"{muri}: no recorded digest beside the manifest ({manifest_digest_key(manifest.data_dir)} is missing): "
-            "an edited manifest cannot be told from the published one; republish the artifact (rerun its stage)"
+            f"{muri}: no recorded digest beside the manifest ({sidecar} is missing): an edited manifest cannot be "
+            "told from the published one; republish the artifact (rerun its stage)"
         ) from None
-    if recorded != digest:
+    if recorded.strip() != digest:
         raise IntegrityError(
-            f"{muri}: damaged manifest: its sha256 is not the one recorded when it was published "
-            f"({manifest_digest_key(manifest.data_dir)})"
+            f"{muri}: damaged manifest: its sha256 is not the one recorded when it was published ({sidecar})"
         )
     return manifest, digest
 
