@@ -140,6 +140,7 @@ PUBLIC_MODULES = {
     "torch.optim",
     "transformers",
     "transformers.integrations",
+    "transformers.trainer_utils",  # get_last_checkpoint, as HF's example scripts import it
     "trl",
     "peft",
     "datasets",
