@@ -105,12 +105,9 @@ def resolve_chat_model(
     cache_dir: Path | None = None,
     fetched: Iterable[Artifact] = (),
 ) -> ChatModel:
-    """Any model or adapter artifact (or HF folder) → base + adapter folders, through `resolve`: for chat, serve
-    and eval. `prefer_merged`: a model folder (an SFT artifact's merged/) wins over an adapter beside it.
-
-    An adapter's base is `adapter_base` (its SFT lineage), unless `base` overrides it; a base that is one of
-    `fetched` (upstream artifacts already local) is used as it is.
-    """
+    """Any model or adapter artifact (or HF folder) → base + adapter folders, for chat, serve and eval.
+    `prefer_merged`: a model folder (an SFT artifact's merged/) wins over an adapter beside it. An adapter's base is
+    `base`, else `adapter_base`; one of `fetched` (upstream artifacts already local) is used as it is."""
     uri = source.uri if isinstance(source, Artifact) else source
     src = open_model(source, endpoint_url, cache_dir)
     adapter_dir = find_dir(src.path, "adapter", uri, required=False)

@@ -1,10 +1,6 @@
-"""The tokenizer candidates: every (strategy, size) the stage measures, each strategy trained once.
-
-replace: one fresh byte-level BPE at the largest size, smaller sizes its prefixes; extend: one continued BPE over
-the base's own segmentation at the largest number of new tokens, smaller numbers its prefixes; base: the base
-itself. `prune_and_refill` drops an extend candidate's dead new tokens and refills their places with further
-merges (extend + prune_dead).
-"""
+"""The tokenizer candidates: every (strategy, size) the stage measures, each strategy trained once at its largest
+size and the smaller sizes cut from it (replace: a fresh byte-level BPE; extend: the base's BPE continued over its
+own segmentation; base: the base itself)."""
 
 from __future__ import annotations
 
