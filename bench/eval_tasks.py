@@ -54,7 +54,6 @@ def main() -> None:
                 tasks,
                 Path(tmp) / "cache",
                 0,
-                folder,
             )
             print(
                 f"{label}: tasks {time.perf_counter() - t0:.0f} s wall, {time.process_time() - c0:.0f} s CPU "

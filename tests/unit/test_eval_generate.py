@@ -169,13 +169,17 @@ def test_no_repeat_ngram_size_removes_repeated_ngrams(tiny_llama_dir):
     assert bigram_repeats(GenerationSettings(max_new_tokens=40, no_repeat_ngram_size=2)) == 0
 
 
-def test_chat_prompt_falls_back_to_the_family_template(tiny_llama_dir):
-    from transformers import AutoTokenizer
+def test_a_tokenizer_without_a_chat_template_gets_its_familys(tiny_llama_dir, tmp_path):
+    """load_model gives it the family's template: the chat prompts, assistant answers and chat tasks render with it."""
+    import shutil
 
-    tok = AutoTokenizer.from_pretrained(str(tiny_llama_dir), trust_remote_code=False)
-    tok.chat_template = None
-    family = eval_generate.model_family(tok, "tiny")
-    text, templated = eval_generate.render_prompt(tok, eval_generate.Prompt("q", "chat", "Salam"), family)
+    from dilforge_eval.resolve import EvalModel, load_model
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_llama_dir, folder)
+    (folder / "chat_template.jinja").unlink()
+    _, tok = load_model(EvalModel("m", folder, folder), "cpu", None)
+    text, templated = eval_generate.render_prompt(tok, eval_generate.Prompt("q", "chat", "Salam"))
     assert templated and text == (
         "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nSalam<|eot_id|>"
         "<|start_header_id|>assistant<|end_header_id|>\n\n"

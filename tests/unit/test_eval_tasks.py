@@ -317,7 +317,13 @@ def test_task_folder_is_self_contained_and_commands_name_every_task(prepared):
     commands = (task_dir / "commands.txt").read_text()
     for s in specs:
         assert s.task in commands and (task_dir / f"{s.task}.yaml").is_file()
-    assert "--apply_chat_template" in commands
+    assert "--apply_chat_template" in commands and "--system_instruction" not in commands
+    # the instruction task's system turn is the one the stage passes to lm-eval and the chat command names
+    system = cfg.instructions.model_copy(update={"system_prompt": 'Sən "köməkçisən".'})
+    with_system = cfg.model_copy(update={"instructions": system})
+    assert with_system.system_prompt == 'Sən "köməkçisən".'
+    chat = downstream.write_commands(task_dir, specs, with_system, "float32", "cpu", 0)[-1]
+    assert chat.endswith('--apply_chat_template --system_instruction "Sən \\"köməkçisən\\"."')
     # data paths are relative to the folder, so the published copy works wherever it is fetched to
     for s in specs:
         assert str(task_dir) not in (task_dir / f"{s.task}.yaml").read_text()

@@ -317,6 +317,11 @@ class DownstreamTasks(StrictModel):
             raise ValueError(f"tasks: names {clashes[0]} become the same lm-eval task; rename one")
         return self
 
+    @property
+    def system_prompt(self) -> str | None:
+        """The system turn of the chat tasks (the instruction task's), for the stage and its `lm_eval` command."""
+        return self.instructions.system_prompt if self.instructions else None
+
     def data_sources(self) -> list[DataSource]:
         out: list[DataSource] = []
         if self.sib200:

@@ -241,9 +241,9 @@ def write_commands(
     )
     plain = [s.task for s in specs if not s.chat]
     chat = [s.task for s in specs if s.chat]
-    system = tasks.instructions.system_prompt if tasks.instructions else None
     commands = [f"{base} --tasks {','.join(plain)}"] if plain else []
     if chat:
+        system = tasks.system_prompt
         sys_arg = f" --system_instruction {json.dumps(system, ensure_ascii=False)}" if system else ""
         commands.append(f"{base} --tasks {','.join(chat)} --apply_chat_template{sys_arg}")
     lines = [

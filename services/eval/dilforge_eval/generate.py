@@ -76,11 +76,11 @@ def render_prompt(
     tokenizer, prompt: Prompt, family: Family | None = None, system_prompt: str | None = None
 ) -> tuple[str, bool]:
     """The model input text, and whether a chat template made it. A chat prompt goes through the tokenizer's chat
-    template (an instruct or SFT model's own), else the family's, as a server renders it (`serving_template`,
-    with the system message a server inserts); a completion prompt is the family's BOS (none for ChatML) + text."""
+    template (`load_model` gives one of a known family's), as a server renders it (`serving_template`, with the
+    system message a server inserts); a completion prompt is the family's BOS (none for ChatML) + text."""
     from dilforge_shared.serving import serving_template
 
-    template = getattr(tokenizer, "chat_template", None) or (family.chat_template if family else None)
+    template = tokenizer.chat_template
     if prompt.kind == "chat" and template:
         messages = [{"role": "user", "content": prompt.prompt}]
         template = serving_template(template, system_prompt)

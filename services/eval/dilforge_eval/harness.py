@@ -24,17 +24,6 @@ def _offline_env(cache: Path) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-def _ensure_chat_template(tokenizer, source: str) -> None:
-    """A tokenizer without a chat template gets its family's (as the generations do)."""
-    if getattr(tokenizer, "chat_template", None):
-        return
-    from .generate import model_family
-
-    family = model_family(tokenizer, source)
-    if family is not None:
-        tokenizer.chat_template = family.chat_template
-
-
 def run_model(
     model,
     tokenizer,
@@ -43,7 +32,6 @@ def run_model(
     tasks: DownstreamTasks,
     cache: Path,
     seed: int,
-    source: str,
 ) -> tuple[dict, list[dict]]:
     """Every task on one loaded model: {task key: {metric: {value, stderr, ci95}, ...}} and the per-example
     records (prompt, answer, reference) of the generative tasks."""
@@ -61,15 +49,13 @@ def run_model(
             group = [s for s in specs if s.chat == chat]
             if not group:
                 continue
-            if chat:
-                _ensure_chat_template(tokenizer, source)
             out = simple_evaluate(
                 model=lm,
                 tasks=[s.task for s in group],
                 task_manager=manager,
                 bootstrap_iters=tasks.bootstrap_iters,
                 apply_chat_template=chat,
-                system_instruction=tasks.instructions.system_prompt if chat and tasks.instructions else None,
+                system_instruction=tasks.system_prompt if chat else None,
                 log_samples=True,
                 **seeds(seed),
             )
@@ -100,18 +86,13 @@ def score(value: float, se: float | None, top: float = 1.0) -> TaskScore:
     )
 
 
-def share(flags: list[bool]) -> TaskScore:
-    """A share with lm-eval's binomial standard error (sample std / sqrt(n)) and its 95 % interval."""
-    n = len(flags)
-    p = sum(flags) / n if n else 0.0
-    return score(p, math.sqrt(p * (1 - p) / (n - 1)) if n > 1 else None)
-
-
 def ended_turn(answers: list[str], tokenizer, max_new_tokens: int) -> TaskScore:
     """Share of answers that stopped at the end of the turn, i.e. before the token limit (the stage counts the
-    answer's tokens; lm-eval strips the stop token, so this one figure is the stage's, not the harness's)."""
-    lengths = [len(tokenizer(a, add_special_tokens=False)["input_ids"]) for a in answers]
-    return share([n < max_new_tokens for n in lengths])
+    answer's tokens; lm-eval strips the stop token, so this one figure is the stage's, not the harness's), with
+    lm-eval's binomial standard error (sample std / sqrt(n))."""
+    n = len(answers)
+    p = sum(len(tokenizer(a, add_special_tokens=False)["input_ids"]) < max_new_tokens for a in answers) / n
+    return score(p, math.sqrt(p * (1 - p) / (n - 1)) if n > 1 else None)
 
 
 def metrics_header(
@@ -139,9 +120,7 @@ def metrics_header(
 
 def changes(section: Downstream, reference: str | None) -> dict[str, dict[str, dict[str, float]]]:
     """model -> task -> metric -> value minus the reference model's (positive = higher)."""
-    results = section.results
-    if reference is None or reference not in results:
-        return {}
+    results = section.results  # the reference is one of them unless there are none
     out: dict = {}
     for model, tasks in results.items():
         if model == reference:

@@ -71,10 +71,15 @@ def eval_model(
 
 
 def load_model(src: EvalModel, device: str, dtype):
-    """(model in eval mode on device, transformers tokenizer); a PEFT adapter is merged in."""
+    """(model in eval mode on device, transformers tokenizer); a PEFT adapter is merged in, and a tokenizer without
+    a chat template gets its family's (for the chat prompts, the assistant answers and the chat tasks)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from .generate import model_family
+
     tokenizer = AutoTokenizer.from_pretrained(str(src.tokenizer_dir), trust_remote_code=False)
+    if not tokenizer.chat_template and (family := model_family(tokenizer, str(src.tokenizer_dir))) is not None:
+        tokenizer.chat_template = family.chat_template
     model = AutoModelForCausalLM.from_pretrained(str(src.model_dir), dtype=dtype, trust_remote_code=False)
     if src.adapter_dir is not None:
         from peft import PeftModel

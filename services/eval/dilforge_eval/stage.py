@@ -180,10 +180,7 @@ def assistant_groups(config: EvalConfig, endpoint: str | None) -> dict[str, list
         return {}
     settings = config.assistant
     prompts = assistant_mod.load_prompts(settings.prompts, settings.per_language, endpoint)
-    groups = assistant_mod.groups(prompts, config.target_language)
-    if not settings.no_diacritics:
-        groups.pop(config.target_language + assistant_mod.PLAIN_SUFFIX, None)
-    return groups
+    return assistant_mod.groups(prompts, config.target_language, settings.no_diacritics)
 
 
 # ---- measure and evaluate -----------------------------------------------------------------------------------
@@ -294,7 +291,6 @@ def evaluate_model(src: EvalModel, config: EvalConfig, inputs: Inputs, out: Eval
             config.tasks,
             inputs.cache,
             config.seed,
-            str(src.tokenizer_dir),
         )
         info.tasks_seconds = round(time.perf_counter() - t_tasks, 2)
         info.tasks_cpu_seconds = round(time.process_time() - c_tasks, 2)  # all threads; shared CPUs inflate wall
