@@ -70,7 +70,7 @@ def bpb_changes(
     bpb: dict[str, dict[str, BpbFigures]], reference: str | None, languages: dict[str, str]
 ) -> dict[str, dict[str, BpbChange]]:
     """model -> set -> its BPB against the reference model's; change = bpb / reference's bpb - 1, per set."""
-    if reference is None or reference not in bpb:
+    if reference is None:  # no model
         return {}
     ref = bpb[reference]
     out: dict[str, dict[str, BpbChange]] = {}

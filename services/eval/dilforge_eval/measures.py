@@ -23,9 +23,9 @@ def text_bytes(docs: Sequence[str]) -> int:
     return sum(len(d.encode("utf-8")) for d in docs)
 
 
-def encode_stream(tokenizer, docs: Sequence[str], source: str = "tokenizer") -> TokenStream:
+def encode_stream(tokenizer, docs: Sequence[str]) -> TokenStream:
     """The documents as one stream framed by the tokenizer family's separators (see dilforge_shared.bpb)."""
-    family = detect_family(tokenizer.get_vocab(), source)
+    family = detect_family(tokenizer.get_vocab(), "tokenizer")
     bos = tokenizer.convert_tokens_to_ids(family.bos) if family.bos is not None else None
     doc_end = tokenizer.convert_tokens_to_ids(family.doc_end)
     encoded = [tokenizer(doc, add_special_tokens=False)["input_ids"] for doc in docs]

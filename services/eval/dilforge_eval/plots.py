@@ -7,8 +7,7 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-# Labels are user text (text set, model and tokenizer names): a `$` in one must not be parsed as mathtext, which
-# raised ValueError at savefig — after the whole evaluation had run.
+# labels are user text (set, model, tokenizer names): a `$` in one must not be parsed as mathtext (ValueError)
 matplotlib.rcParams["text.parse_math"] = False
 import matplotlib.pyplot as plt  # noqa: E402 - after the rcParams change above
 
