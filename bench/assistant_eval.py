@@ -41,7 +41,7 @@ def main() -> None:
         f"max_new_tokens {args.max_new_tokens}, batch {args.batch_size}"
     )
     for folder in args.models:
-        model, tok = load_model(EvalModel(folder.name, folder, folder), "cpu", None)
+        model, tok = load_model(EvalModel(folder, None, folder, "", label=folder.name), "cpu", None)
         gen = G.published_generation_config(model, (folder,))
         t0, c0 = time.perf_counter(), time.process_time()
         answers = G.answer_batched(

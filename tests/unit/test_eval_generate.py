@@ -178,7 +178,7 @@ def test_a_tokenizer_without_a_chat_template_gets_its_familys(tiny_llama_dir, tm
     folder = tmp_path / "model"
     shutil.copytree(tiny_llama_dir, folder)
     (folder / "chat_template.jinja").unlink()
-    _, tok = load_model(EvalModel("m", folder, folder), "cpu", None)
+    _, tok = load_model(EvalModel(folder, None, folder, "", label="m"), "cpu", None)
     text, templated = eval_generate.render_prompt(tok, eval_generate.Prompt("q", "chat", "Salam"))
     assert templated and text == (
         "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nSalam<|eot_id|>"
@@ -197,7 +197,7 @@ def test_answer_batched_matches_one_by_one_and_reads_the_published_config(tiny_l
 
     folder = tmp_path / "model"
     shutil.copytree(tiny_llama_dir, folder)
-    model, tok = load_model(EvalModel("m", folder, folder), "cpu", None)
+    model, tok = load_model(EvalModel(folder, None, folder, "", label="m"), "cpu", None)
     prompts = ["Salam", "Azərbaycanın paytaxtı haradır? Bir cümlə ilə cavab ver.", "Bakı"]
     # the random tiny model likes newlines and special tokens, which answers drop: suppressed, so answers have text
     special = sorted(tok.added_tokens_decoder) + tok("\n\n\n", add_special_tokens=False)["input_ids"]

@@ -10,9 +10,9 @@ from pathlib import Path
 
 from dilforge_shared.contract import StageContext
 from dilforge_shared.errors import ConfigError, InputError
-from dilforge_shared.manifest import Manifest, sha256_file
+from dilforge_shared.manifest import sha256_file
 from dilforge_shared.models import Kind, resolve
-from dilforge_shared.serving import resolve_chat_model
+from dilforge_shared.serving import ChatModel, resolve_chat_model
 from dilforge_shared.store import Artifact
 
 from .config import BASE_LABEL, EvalConfig
@@ -30,16 +30,11 @@ def locate(source: str | Artifact, kind: Kind, cache_dir: Path | None, endpoint_
 
 
 @dataclass
-class EvalModel:
-    """One model the eval stage scores, under its report label: model, tokenizer and adapter folders and where
-    they came from."""
+class EvalModel(ChatModel):
+    """One model the eval stage scores: the folders `serving.resolve_chat_model` found, its report label and origin."""
 
-    label: str
-    model_dir: Path
-    tokenizer_dir: Path
-    adapter_dir: Path | None = None
+    label: str = ""
     origin: str = ""
-    manifest: Manifest | None = None
 
 
 def eval_model(
@@ -67,7 +62,7 @@ def eval_model(
     if not (tok.is_file() or (tok / "tokenizer.json").is_file()):
         raise InputError(f"model {label!r}: no tokenizer.json next to the model; set tokenizer_uri", path=uri)
     adapter = locate(adapter_uri, "adapter", cache_dir, endpoint_url) if adapter_uri else spec.adapter_dir
-    return EvalModel(label, spec.base_dir, tok, adapter, origin, spec.manifest)
+    return EvalModel(spec.base_dir, adapter, tok, spec.description, spec.manifest, label, origin)
 
 
 def load_model(src: EvalModel, device: str, dtype):
@@ -80,7 +75,7 @@ def load_model(src: EvalModel, device: str, dtype):
     tokenizer = AutoTokenizer.from_pretrained(str(src.tokenizer_dir), trust_remote_code=False)
     if not tokenizer.chat_template and (family := model_family(tokenizer, str(src.tokenizer_dir))) is not None:
         tokenizer.chat_template = family.chat_template
-    model = AutoModelForCausalLM.from_pretrained(str(src.model_dir), dtype=dtype, trust_remote_code=False)
+    model = AutoModelForCausalLM.from_pretrained(str(src.base_dir), dtype=dtype, trust_remote_code=False)
     if src.adapter_dir is not None:
         from peft import PeftModel
 

@@ -326,7 +326,7 @@ def assistant_answers(model, tokenizer, src: EvalModel, config: EvalConfig, grou
     """The model's answers to every assistant prompt group, as a server gives them: its published generation
     config, its chat template with the SFT system prompt a server inserts by default, batched."""
     settings = config.assistant
-    gen_config = gen_mod.published_generation_config(model, (src.model_dir, src.adapter_dir))
+    gen_config = gen_mod.published_generation_config(model, (src.base_dir, src.adapter_dir))
     manifest = src.manifest
     system_prompt = (manifest.config.get("system_prompt") or None) if manifest and manifest.stage == "sft" else None
     asked = [(group, p) for group, prompts in groups.items() for p in prompts]
