@@ -83,9 +83,8 @@ def parquet_location(uri: str, endpoint_url: str | None):
     """(path, filesystem) for pyarrow: a checked local file, or an S3 object behind pyarrow.fs (seekable, never
     read whole) with the store's endpoint and credentials."""
     parsed = urlparse(uri)
-    if parsed.scheme != "s3":
-        with open_binary(uri, endpoint_url):  # the same checks and errors as any local corpus file
-            return uri, None
+    if parsed.scheme != "s3":  # a regular file; whatever its name, pyarrow reads it as parquet
+        return regular_file(uri, uri), None
     from .store import S3Storage
 
     try:
@@ -119,7 +118,7 @@ def _oversize_message(limit: int) -> str:
     )
 
 
-def _lines(
+def iter_lines(
     uri: str,
     endpoint_url: str | None,
     max_bytes: int = MAX_DOCUMENT_BYTES,
@@ -180,7 +179,7 @@ def iter_records(
 ) -> Iterator[tuple[int, dict]]:
     """JSON objects of a JSONL file with their line numbers; blank lines skipped; lines bounded (error or skip). A
     line that is not a JSON object is an InputError naming the file and line, or goes to `on_bad(file, line, reason)`."""
-    for lineno, line in _lines(uri, endpoint_url, max_document_bytes, on_oversize, splittable=False):
+    for lineno, line in iter_lines(uri, endpoint_url, max_document_bytes, on_oversize, splittable=False):
         if not line.strip():
             continue
         try:
@@ -219,7 +218,7 @@ def iter_tsv_records(
     """The rows of a TSV file after its header, as {column: cell} with their line numbers; blank lines skipped.
     A row with fewer cells than the header is an InputError naming the file and line."""
     header = None
-    for lineno, line in _lines(uri, endpoint_url, max_document_bytes, on_oversize, splittable=False):
+    for lineno, line in iter_lines(uri, endpoint_url, max_document_bytes, on_oversize, splittable=False):
         if header is None:
             header = line.split("\t")
             continue
@@ -240,7 +239,7 @@ def _iter_file(
     oversize: Oversize = "error",
 ) -> Iterator[tuple[int, str]]:
     if fmt == "txt":
-        yield from _lines(uri, endpoint_url, max_bytes, oversize)
+        yield from iter_lines(uri, endpoint_url, max_bytes, oversize)
     elif fmt == "jsonl":
         for lineno, record in iter_records(uri, endpoint_url, max_bytes, oversize):
             value = record.get(text_field)
@@ -257,7 +256,10 @@ def _iter_file(
                 )
             yield lineno, row[text_field]
     elif fmt == "parquet":
-        import pyarrow.parquet as pq
+        try:
+            import pyarrow.parquet as pq
+        except ImportError:  # an optional dependency outside the images (the tokenizer's `parquet` extra)
+            raise InputError("reading parquet needs pyarrow installed", path=uri) from None
 
         path, filesystem = parquet_location(uri, endpoint_url)  # S3: read by ranges, a row group at a time
         try:

@@ -62,6 +62,9 @@ def _staged(dest: Path, fill: Callable[[Path], object]) -> Path:
     return tmp
 
 
+MISSING = ("404", "NoSuchKey", "NotFound")  # the codes S3 and S3-compatible stores answer for a missing object
+
+
 @contextmanager
 def _found(uri: str) -> Iterator[None]:
     """A missing local file or S3 object (botocore's 404 / NoSuchKey) as NotFound naming `uri`."""
@@ -70,7 +73,7 @@ def _found(uri: str) -> Iterator[None]:
     except FileNotFoundError:
         raise NotFound(f"{uri}: no such file") from None
     except Exception as exc:
-        if (getattr(exc, "response", None) or {}).get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+        if (getattr(exc, "response", None) or {}).get("Error", {}).get("Code") in MISSING:
             raise NotFound(f"{uri}: no such object") from None
         raise
 
@@ -261,8 +264,7 @@ class S3Storage:
         except ClientError as exc:
             code = exc.response.get("Error", {}).get("Code", "")
             status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-            refused = ("NoSuchKey", "PreconditionFailed", "ConditionalRequestConflict")
-            if code in refused or status in (409, 412):
+            if code in (*MISSING, "PreconditionFailed", "ConditionalRequestConflict") or status in (404, 409, 412):
                 return False
             raise
 

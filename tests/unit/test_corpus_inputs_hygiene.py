@@ -114,6 +114,9 @@ def test_a_parquet_column_that_is_not_text_is_named(tmp_path):
     ):
         list(iter_texts(str(path)))
     assert list(iter_texts(str(path), text_field="body")) == ["Bakı", "Xəzər"]
+    named = tmp_path / "t.bin"  # format: parquet reads a file whatever its name
+    path.rename(named)
+    assert list(iter_texts(str(named), fmt="parquet", text_field="body")) == ["Bakı", "Xəzər"]
 
 
 def test_a_huge_document_is_dropped_by_the_reader_at_once(tmp_path):

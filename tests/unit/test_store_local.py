@@ -105,3 +105,16 @@ def test_a_long_publish_of_small_files_logs_as_it_goes(tmp_path, monkeypatch, ca
         "1/2 files, uploading model.safetensors (0 MiB)",
         "2/2 files, uploading sub/config.json (0 MiB)",
     ]
+
+
+@pytest.mark.parametrize(("code", "status"), [("NoSuchKey", 404), ("NotFound", 404), ("404", 404)])
+def test_a_conditional_s3_write_on_a_missing_object_is_refused_not_raised(code, status):
+    """S3 and S3-compatible stores name a missing object three ways; a lease renewal on one returns False."""
+    from botocore.exceptions import ClientError
+    from dilforge_shared.store import S3Storage
+
+    class Client:
+        def put_object(self, **_):
+            raise ClientError({"Error": {"Code": code}, "ResponseMetadata": {"HTTPStatusCode": status}}, "PutObject")
+
+    assert S3Storage("bkt", "runs", client=Client()).replace_bytes("lease", b"{}", "etag") is False

@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from dilforge_shared.configs.base import DataSource, Oversize
-from dilforge_shared.corpus import _lines, iter_located_texts
+from dilforge_shared.corpus import iter_lines, iter_located_texts
 from dilforge_shared.errors import InputError
 from dilforge_shared.identity import source_files
 from dilforge_shared.prefetch import ReadAhead
@@ -226,7 +226,7 @@ def iter_word_counts(
     """(file, line, (word, count)) of every entry of a word-frequency list behind `uri`: one `WORD COUNT` per line
     (a positive count; blank lines and a BOM skipped); any other layout is an error naming the file and line."""
     for file_uri in source_files(uri, endpoint_url):
-        for lineno, line in _lines(file_uri, endpoint_url, max_document_bytes, on_oversize, splittable=False):
+        for lineno, line in iter_lines(file_uri, endpoint_url, max_document_bytes, on_oversize, splittable=False):
             if lineno == 1:
                 line = line.removeprefix("\ufeff")
             parts = line.split()
