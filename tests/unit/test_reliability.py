@@ -630,3 +630,12 @@ def test_credentials_in_a_store_url_are_refused_and_masked_in_any_log_line(tmp_p
     record = logging.LogRecord("x", logging.INFO, __file__, 1, "endpoint %s", ("https://u:p@e.example",), None)
     MaskSecrets(values=[]).filter(record)
     assert record.getMessage() == "endpoint https://***@e.example"
+
+
+def test_a_stage_killed_in_a_container_is_told_as_killed_not_only_as_its_exit_code():
+    from dilforge_coordinator.backends.local import _exit_reason
+
+    oom = " (the kernel's OOM killer sends this when memory runs out)"
+    assert _exit_reason(-9) == "killed by SIGKILL" + oom  # a local process
+    assert _exit_reason(137) == "exit code 137: killed by SIGKILL" + oom  # docker's 128 + 9
+    assert _exit_reason(1) == "exit code 1"

@@ -291,6 +291,9 @@ def test_the_served_tokenizers_own_special_tokens_are_refused_anywhere(tokenizer
     call = {"function": {"name": "f", "arguments": '{"q": ["<file_sep>"]}'}}
     with pytest.raises(BadRequest, match="tool_calls\\[0\\].function.arguments.q\\[0\\] contains the special"):
         check(guard, {"messages": [*USER, {"role": "assistant", "tool_calls": [call]}]})
+    call = {"function": {"name": "f", "arguments": '{"q": {"<file_sep>": 1}}'}}  # a key is named as a key
+    with pytest.raises(BadRequest, match="arguments.q has a key '<file_sep>' that contains the special token"):
+        check(guard, {"messages": [*USER, {"role": "assistant", "tool_calls": [call]}]})
 
 
 def test_templates_offer_only_their_own_variables():

@@ -84,8 +84,10 @@ def run_in_work_folder(
 
 
 def _exit_reason(returncode: int) -> str:
-    if returncode < 0:
-        name = signal.Signals(-returncode).name
-        hint = " (the kernel's OOM killer sends this when memory runs out)" if name == "SIGKILL" else ""
-        return f"killed by {name}{hint}"
-    return f"exit code {returncode}"
+    """How a stage process ended: a signal as Python reports it (-n), or as a container's exit code (128 + n)."""
+    signum = -returncode if returncode < 0 else returncode - 128
+    if signum not in signal.valid_signals():
+        return f"exit code {returncode}"
+    name = signal.Signals(signum).name
+    hint = " (the kernel's OOM killer sends this when memory runs out)" if name == "SIGKILL" else ""
+    return f"killed by {name}{hint}" if returncode < 0 else f"exit code {returncode}: killed by {name}{hint}"

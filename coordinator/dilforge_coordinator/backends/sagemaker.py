@@ -693,13 +693,13 @@ class SageMakerBackend:
 
     def run(self, job: StageJob) -> None:
         write_uri(config_uri(self.config, job), job.config.model_dump_json(indent=2), job.s3_endpoint_url)
-        image = self.image(image_of(job.stage))
         if job.stage in PROCESSING_STAGES:
-            self.run_processing(job, processing_specs(job, self.config, image))
+            self.run_processing(job, processing_specs(job, self.config, self.image(image_of(job.stage))))
             return
-        if name := self.running_job(job):
+        if name := self.running_job(job):  # attaching needs no image
             self.out(f"[{job.stage}] attaching to running job {name}")
         else:
+            image = self.image(image_of(job.stage))
             spec = job_spec(job, self.config, image, job.s3_endpoint_url)  # a bad request fails before the cache
             if cache := token_cache_spec(job, self.config, image):
                 self.run_processing(job, [cache])

@@ -87,7 +87,7 @@ def declared_inputs(pipeline: PipelineConfig) -> set[str]:
         declared |= {s.uri for s in config.file_sources()} | set(config.model_uris())
         if isinstance(config, ModelConfig):
             declared.add(config.source)
-    return {uri for uri in declared if "://" not in uri.removeprefix("file://")}
+    return {uri for uri in declared if "://" not in uri.removeprefix("file://") and "\n" not in uri}
 
 
 def upload_local_data(raw: Any, store: str, endpoint_url: str, declared: set[str]) -> tuple[Any, dict[str, str]]:

@@ -3,6 +3,7 @@ the shared resolver (`dilforge_shared.models`) and loaded here."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -10,6 +11,7 @@ from pathlib import Path
 
 from dilforge_shared.contract import StageContext
 from dilforge_shared.errors import ConfigError, InputError
+from dilforge_shared.families import detect_family
 from dilforge_shared.manifest import sha256_file
 from dilforge_shared.models import Kind, resolve
 from dilforge_shared.serving import ChatModel, resolve_chat_model
@@ -29,11 +31,11 @@ def locate(source: str | Artifact, kind: Kind, cache_dir: Path | None, endpoint_
         raise InputError(str(exc).removeprefix(f"{uri}: "), path=uri) from None
 
 
-@dataclass
+@dataclass(kw_only=True)
 class EvalModel(ChatModel):
     """One model the eval stage scores: the folders `serving.resolve_chat_model` found, its report label and origin."""
 
-    label: str = ""
+    label: str
     origin: str = ""
 
 
@@ -62,7 +64,7 @@ def eval_model(
     if not (tok.is_file() or (tok / "tokenizer.json").is_file()):
         raise InputError(f"model {label!r}: no tokenizer.json next to the model; set tokenizer_uri", path=uri)
     adapter = locate(adapter_uri, "adapter", cache_dir, endpoint_url) if adapter_uri else spec.adapter_dir
-    return EvalModel(spec.base_dir, adapter, tok, spec.description, spec.manifest, label, origin)
+    return EvalModel(spec.base_dir, adapter, tok, spec.description, spec.manifest, label=label, origin=origin)
 
 
 def load_model(src: EvalModel, device: str, dtype):
@@ -70,11 +72,10 @@ def load_model(src: EvalModel, device: str, dtype):
     a chat template gets its family's (for the chat prompts, the assistant answers and the chat tasks)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .generate import model_family
-
     tokenizer = AutoTokenizer.from_pretrained(str(src.tokenizer_dir), trust_remote_code=False)
-    if not tokenizer.chat_template and (family := model_family(tokenizer, str(src.tokenizer_dir))) is not None:
-        tokenizer.chat_template = family.chat_template
+    if not tokenizer.chat_template:  # one of no known family keeps none; generation warns of it once (model_family)
+        with contextlib.suppress(InputError):
+            tokenizer.chat_template = detect_family(tokenizer.get_vocab(), str(src.tokenizer_dir)).chat_template
     model = AutoModelForCausalLM.from_pretrained(str(src.base_dir), dtype=dtype, trust_remote_code=False)
     if src.adapter_dir is not None:
         from peft import PeftModel

@@ -139,7 +139,10 @@ def all_strings(value: Any, info: ValidationInfo, at: tuple = (), depth: int = 0
         raise refused_at(at, str(exc)) from None
     if isinstance(value, dict):
         for key, item in value.items():
-            all_strings(key, info, at, depth + 1)
+            try:
+                plain(key, info)
+            except ValueError as exc:
+                raise refused_at(at, f"has a key {short(key)} that {exc}") from None
             all_strings(item, info, (*at, key), depth + 1)
     elif isinstance(value, list):
         for i, item in enumerate(value):
@@ -242,7 +245,7 @@ class CompletionRequest(Request):
 class Function(BaseModel):
     model_config = ConfigDict(strict=True)
     name: text(1, 256)
-    arguments: dict[str, Any] = Field(default_factory=dict)  # parsed once; sent on as the JSON string OpenAI's is
+    arguments: dict[str, Any] = Field(default_factory=dict)  # parsed once; sent on re-serialised as a JSON string
 
     @field_validator("arguments", mode="before")
     @classmethod
