@@ -51,13 +51,8 @@ def local_path(uri: str) -> Path:
     return Path(uri.removeprefix("file://")).expanduser()
 
 
-def uploaded_copy(bucket_root: str, content_digest: str, location: str) -> str:
-    """Where the uploaded copy of the local input at `location` (an absolute path, as the config wrote it) lives."""
-    return f"{bucket_root}/data/{content_digest[:16]}{location}"
-
-
 def declared_uri(uri: str) -> str:
-    """The URI a config declared: the local path for an uploaded copy (`uploaded_copy`), else `uri` itself."""
+    """The URI a config declared: the local path for an uploaded copy (UPLOADED_COPY), else `uri` itself."""
     match = UPLOADED_COPY.match(uri)
     return match.group(1) if match else uri
 

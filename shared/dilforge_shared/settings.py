@@ -11,28 +11,11 @@ from pathlib import Path
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-# A name is a secret's when one of its `_`-separated parts is one of these (plural too: API_KEYS, TOKENS), or it holds
-# one of SECRET_SUBSTRINGS anywhere (APIKEY, MYPASSWORD). `LLAMA32_TOKENIZER` is none: TOKENIZER is not TOKEN.
-SECRET_MARKERS = (
-    "SECRET",
-    "PASSWORD",
-    "PASSWD",
-    "PASS",
-    "PWD",
-    "TOKEN",
-    "KEY",
-    "APIKEY",
-    "AUTH",
-    "AUTHORIZATION",
-    "SESSION",
-    "CREDENTIAL",
-    "PRIVATE",
-    "COOKIE",
-    "SIGNATURE",
-)
+# What makes a name a secret's (`is_secret_name`).
+SECRET_SUBSTRINGS = ("SECRET", "PASSWORD", "PASSWD", "APIKEY", "ACCESS_KEY", "CREDENTIAL", "PRIVATE_KEY")
+SECRET_MARKERS = ("PASS", "PWD", "TOKEN", "KEY", "AUTH", "AUTHORIZATION", "SESSION", "PRIVATE", "COOKIE", "SIGNATURE")
 # Shell and desktop variables whose names hold a marker but whose values are paths, never credentials.
 NOT_SECRETS = ("PWD", "OLDPWD", "SSH_AUTH_SOCK", "DBUS_SESSION_BUS_ADDRESS", "SESSION_MANAGER")
-SECRET_SUBSTRINGS = ("SECRET", "PASSWORD", "PASSWD", "APIKEY", "ACCESS_KEY", "CREDENTIAL", "PRIVATE_KEY")
 
 
 class Settings(BaseSettings):
@@ -74,38 +57,21 @@ def settings() -> Settings:
 
 
 def is_secret_name(name: str) -> bool:
-    """A credential-looking name: a marker as a whole `_`/`-`/`.`-separated part (AWS_SESSION_TOKEN, API_KEY,
-    DB_PWD, BASIC_AUTH) or a SECRET_SUBSTRINGS entry anywhere; `LLAMA32_TOKENIZER` is not one."""
+    """A credential-looking name: a marker as a whole `_`/`-`/`.`-separated part, plural too (AWS_SESSION_TOKEN,
+    API_KEYS, DB_PWD) or a SECRET_SUBSTRINGS entry anywhere (MYPASSWORD); `LLAMA32_TOKENIZER` is not one."""
     upper = name.upper()
     parts = set(re.split(r"[_.\-]", upper))
     return any(m in upper for m in SECRET_SUBSTRINGS) or any(m in parts or f"{m}S" in parts for m in SECRET_MARKERS)
 
 
-def is_key_id_name(name: str) -> bool:
-    """An access key's public half (AWS_ACCESS_KEY_ID, DILFORGE_S3_ACCESS_KEY_ID): it names the key, it is no
-    secret (AWS prints it in CloudTrail and the console), so logs keep it; the secret access key is masked."""
-    return name.upper().endswith("KEY_ID")
-
-
 def secret_values() -> list[str]:
-    """Values of every credential variable (ours and AWS's) but the key ids, to mask in logs. Masking a public
-    value would garble every line holding it: the compose stack's key id is `dilforge`, the project's name."""
-    values = []
-    for name, value in os.environ.items():
-        # 8+ characters: a short value ("user", "tty") would garble every log line it appears in
-        public = is_key_id_name(name) or name.startswith("XDG_") or name in NOT_SECRETS
-        if is_secret_name(name) and not public and len(value) >= 8:
-            values.append(value)
-    values += aws_file_secrets()
-    return sorted(set(values), key=len, reverse=True)
-
-
-def aws_file_secrets() -> list[str]:
-    """Secret values in the AWS shared credentials and config files (boto3 reads keys from there as well as from
-    the environment), so a key that came from a file is masked wherever it appears, inside a path too."""
+    """Values of every credential variable (ours and AWS's) and of the AWS shared credentials and config files
+    (boto3 reads keys there too), to mask in logs, longest first. Not key ids (AWS_ACCESS_KEY_ID names a key, it is
+    public; the compose stack's is `dilforge`, the project's name) nor values under 8 characters ("user", "tty"):
+    masking those would garble every line holding them."""
     import configparser
 
-    values = []
+    found = list(os.environ.items())
     for variable, default in (("AWS_SHARED_CREDENTIALS_FILE", "credentials"), ("AWS_CONFIG_FILE", "config")):
         path = Path(os.environ.get(variable) or Path.home() / ".aws" / default).expanduser()
         parser = configparser.RawConfigParser(strict=False)
@@ -113,11 +79,10 @@ def aws_file_secrets() -> list[str]:
             parser.read_string(path.read_text(encoding="utf-8", errors="replace"))
         except (OSError, configparser.Error):
             continue
-        for section in parser.sections():
-            for name, value in parser.items(section):
-                if is_secret_name(name) and not is_key_id_name(name) and len(value.strip()) >= 8:
-                    values.append(value.strip())
-    return values
+        found += [item for section in parser.sections() for item in parser.items(section)]
+    public = {n for n, _ in found if n.upper().endswith("KEY_ID") or n.startswith("XDG_") or n in NOT_SECRETS}
+    values = {v.strip() for n, v in found if is_secret_name(n) and n not in public}
+    return sorted((v for v in values if len(v) >= 8), key=len, reverse=True)
 
 
 class MaskSecrets:

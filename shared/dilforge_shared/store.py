@@ -43,9 +43,6 @@ class NotFound(DilforgeError):
     """A key or object that does not exist."""
 
 
-FULL_DISK = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
-
-
 def _staged(dest: Path, fill: Callable[[Path], object]) -> Path:
     """A complete temp file beside `dest`, filled by `fill`, for the caller to move or link into place. A failed
     write names the store path (shutil's sendfile copy blames its *source*, the work folder, for a full store
@@ -56,7 +53,7 @@ def _staged(dest: Path, fill: Callable[[Path], object]) -> Path:
         fill(tmp)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
-        if exc.errno in FULL_DISK or exc.filename in (None, str(tmp)):
+        if exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT) or exc.filename in (None, str(tmp)):
             raise OSError(exc.errno, exc.strerror or str(exc), str(dest)) from None
         raise
     return tmp
@@ -348,23 +345,11 @@ def open_backend(uri: str, endpoint_url: str | None = None) -> Storage:
     raise DilforgeError(f"{uri}: unsupported URI scheme {parsed.scheme!r}; use a path, file:// or s3://")
 
 
-def split_uri(uri: str, endpoint_url: str | None = None) -> tuple[Storage, str]:
-    """Split an object URI into (backend rooted at its parent, file name)."""
-    uri = uri.rstrip("/")
-    parent, _, name = uri.rpartition("/")
-    if not parent or parent in ("s3:", "file:"):
-        parent, name = ".", uri
-    return open_backend(parent, endpoint_url), name
-
-
 def read_uri_bytes(uri: str, endpoint_url: str | None = None) -> bytes:
-    backend, name = split_uri(uri, endpoint_url)
-    return backend.read_bytes(name)
-
-
-def write_uri(uri: str, text: str, endpoint_url: str | None = None) -> None:
-    backend, name = split_uri(uri, endpoint_url)
-    backend.write_bytes(name, text.encode())
+    """The bytes of the object or file at `uri`."""
+    uri = uri.rstrip("/")
+    name = uri.rpartition("/")[2]
+    return open_backend(uri[: len(uri) - len(name)] or ".", endpoint_url).read_bytes(name)
 
 
 STORE_MARKER = ".dilforge-store"  # at a store's root, written by every publish and run record
@@ -533,23 +518,17 @@ def extra_keys(manifest: Manifest, backend: Storage) -> list[str]:
     return sorted(k for k in backend.list(manifest.data_dir) if k not in listed)
 
 
-def extra_files(manifest: Manifest, root: Path) -> list[str]:
-    """What `root` holds besides the manifest's files (any file, link or special file, at any depth, hidden ones too)."""
-    listed = {entry.path for entry in manifest.files}
-    extra = []
-    for folder, dirs, files in os.walk(root):
-        rel = Path(folder).relative_to(root)
-        for name in files + [d for d in dirs if (Path(folder) / d).is_symlink()]:
-            path = (rel / name).as_posix()
-            if path not in listed:
-                extra.append(path)
-    return sorted(extra)
-
-
 def verify_files(manifest: Manifest, root: Path, source: str, full: bool = True) -> None:
     """Every listed file present, inside `root` (no symlink leaving it), of its size, and (full) of its sha256; and
-    nothing else there: readers read exactly the manifest's files, so a file added later is an error, not data."""
-    if extra := extra_files(manifest, root):
+    nothing else there (any file, link or special file, at any depth): readers read exactly the manifest's files."""
+    listed = {entry.path for entry in manifest.files}
+    extra = sorted(
+        path
+        for folder, dirs, files in os.walk(root)
+        for name in files + [d for d in dirs if (Path(folder) / d).is_symlink()]
+        if (path := (Path(folder).relative_to(root) / name).as_posix()) not in listed
+    )
+    if extra:
         more = f" and {len(extra) - 1} more" if len(extra) > 1 else ""
         raise IntegrityError(
             f"{source}: {root.name}/{extra[0]}{more} not listed in the manifest: an artifact holds exactly its "

@@ -24,7 +24,7 @@ from dilforge_shared.contract import build_hyperparameters
 from dilforge_shared.errors import ConfigError, DilforgeError
 from dilforge_shared.identity import artifact_id as planned_artifact_id
 from dilforge_shared.manifest import InputRef
-from dilforge_shared.store import open_backend, write_uri
+from dilforge_shared.store import open_backend
 
 from ..cloud import SageMakerConfig, StageResources
 from ..config import PipelineConfig
@@ -165,6 +165,12 @@ def checkpoint_uri(cfg: SageMakerConfig, job: StageJob) -> str:
 def config_uri(cfg: SageMakerConfig, job: StageJob) -> str:
     """Where the stage config goes (hyperparameter values are limited to 2500 characters)."""
     return f"{output_root(cfg, job)}/configs/{job.stage}/{job.artifact_id}.json"
+
+
+def write_uri(uri: str, text: str, endpoint_url: str | None) -> None:
+    """Write `text` to the object at `uri` (a config or hyperparameters file a job reads)."""
+    parent, _, name = uri.rpartition("/")
+    open_backend(parent, endpoint_url).write_bytes(name, text.encode())
 
 
 def require_s3_inputs(job: StageJob) -> None:

@@ -18,8 +18,7 @@ from typing import Any
 from dilforge_cpt.model_config import ModelConfig
 from dilforge_shared.errors import ConfigError, DilforgeError
 from dilforge_shared.identity import stamped_sha256
-from dilforge_shared.paths import uploaded_copy
-from dilforge_shared.store import fetch, open_backend, write_uri
+from dilforge_shared.store import fetch, open_backend
 
 from ..cloud import SageMakerConfig
 from ..config import PipelineConfig
@@ -44,6 +43,7 @@ from .sagemaker import (
     sdk_session,
     stage_hyperparameters,
     token_cache_spec,
+    write_uri,
 )
 
 NETWORK = "sagemaker-local"  # the network the SDK's local mode puts every host on
@@ -112,8 +112,9 @@ def upload_local_data(raw: Any, store: str, endpoint_url: str, declared: set[str
         # the copy sits under the path as written (identity reads it back: paths.declared_uri), or, for a relative
         # one, under the absolute path
         location = text.removeprefix("file://") if text.removeprefix("file://").startswith("/") else str(path)
-        moved[text] = uploaded_copy(bucket_root, digest.hexdigest(), location)
-        backend = open_backend(f"{bucket_root}/data/{digest.hexdigest()[:16]}", endpoint_url)
+        copy_root = f"{bucket_root}/data/{digest.hexdigest()[:16]}"  # paths.UPLOADED_COPY
+        moved[text] = copy_root + location
+        backend = open_backend(copy_root, endpoint_url)
         base = location.strip("/")
         for file in files:
             key = base if file == path else f"{base}/{file.relative_to(path).as_posix()}"
