@@ -20,13 +20,25 @@ def wiki_lines(n: int = 5000) -> list[str]:
     return list(itertools.islice(iter_texts(str(data_root() / "az/train/azwiki_sentences_cv_extractor.txt")), n))
 
 
-def llama3_bpe(texts: list[str], vocab_size: int, min_frequency: int = 2):
-    """A new byte-level BPE of `vocab_size` regular tokens + Llama 3's 256 specials, through the stage's own
-    building blocks (bpe.train, then family_out.finish)."""
-    from dilforge_shared.families import LLAMA3
-    from dilforge_tokenizer import bpe, family_out
+def bpe_from_text(batches, vocab_size: int, min_frequency: int = 2, template=None):
+    """tokenizers' own BPE training on text, the reference of the stage's `bpe.train_from_counts`: a byte-level BPE
+    (no special tokens) with `template`'s normalizer, pre-tokenizer and decoder, else Llama 3's."""
+    from dilforge_tokenizer import bpe, llama3
 
-    return family_out.finish(bpe.train(texts, vocab_size, min_frequency), LLAMA3)
+    tok = llama3.empty_bpe()
+    if template is not None:
+        tok.normalizer, tok.pre_tokenizer, tok.decoder = template.normalizer, template.pre_tokenizer, template.decoder
+    tok.train_from_iterator(batches, trainer=bpe.trainer(vocab_size, min_frequency))
+    return tok
+
+
+def llama3_bpe(texts: list[str], vocab_size: int, min_frequency: int = 2):
+    """A new byte-level BPE of `vocab_size` regular tokens + Llama 3's 256 specials (`bpe_from_text`, then the
+    stage's family_out.finish)."""
+    from dilforge_shared.families import LLAMA3
+    from dilforge_tokenizer import family_out
+
+    return family_out.finish(bpe_from_text(texts, vocab_size, min_frequency), LLAMA3)
 
 
 def build_tokenizer(out_dir: Path, vocab_size: int = 512, num_lines: int = 5000) -> Path:

@@ -18,8 +18,8 @@ def wiki(data_root) -> list[str]:
 
 
 def test_truncating_a_larger_training_equals_training_at_that_size(wiki):
-    big = bpe.model_of(bpe.train([wiki], 900, 2))
-    small = bpe.model_of(bpe.train([wiki], 600, 2))
+    big = bpe.model_of(factories.bpe_from_text([wiki], 900, 2))
+    small = bpe.model_of(factories.bpe_from_text([wiki], 600, 2))
     cut = bpe.truncate(big, 600)
     assert cut["model"]["vocab"] == small["model"]["vocab"]
     assert cut["model"]["merges"] == small["model"]["merges"]
@@ -28,7 +28,9 @@ def test_truncating_a_larger_training_equals_training_at_that_size(wiki):
 
 def replaced(wiki, trained_size: int, size: int):
     """What the stage's `replace` strategy builds for a Llama 3 base: a truncated BPE finished in its family."""
-    return family_out.finish(bpe.from_doc(bpe.truncate(bpe.model_of(bpe.train([wiki], trained_size, 2)), size)), LLAMA3)
+    return family_out.finish(
+        bpe.from_doc(bpe.truncate(bpe.model_of(factories.bpe_from_text([wiki], trained_size, 2)), size)), LLAMA3
+    )
 
 
 def test_replace_tokenizer_puts_llama3_specials_after_the_regular_vocab(wiki):

@@ -6,7 +6,7 @@ import json
 from collections import Counter
 
 from dilforge_tokenizer import audit, bpe, continued, llama3, pretokens
-from factories import load_bench
+from factories import bpe_from_text, load_bench
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 # "abc" 10x and "dbc" 5x: a raw BPE learns "bc" first (15) and then "abc" from (a, bc); but the base
@@ -34,7 +34,7 @@ def test_naive_appending_leaves_a_token_dead_and_continued_bpe_does_not():
     words = pretokens.of_lines(LINES, base)
     first_new = len(doc["model"]["vocab"])
 
-    raw = bpe.train([[line] * n for line, n in LINES.items()], first_new + 3, 2, template=base)
+    raw = bpe_from_text([[line] * n for line, n in LINES.items()], first_new + 3, 2, template=base)
     naive, added = load_bench("tokenizer_extend").naive_extend(doc, bpe.model_of(raw))  # the bench's baseline
     assert "abc" in naive["model"]["vocab"] and added >= 2
     report, dead = audit.audit(naive, bpe.from_doc(naive), words, set(range(first_new, first_new + added)), {})

@@ -10,6 +10,7 @@ import pytest
 from dilforge_tokenizer import bpe, llama3, pretokens
 from dilforge_tokenizer.config import CorpusSource
 from dilforge_tokenizer.stream import CorpusStream
+from factories import bpe_from_text
 
 LINES = [f"söz{i % 97} kitab{i % 13}lar, {i % 7} Bakı şəhəri {'ə' * (i % 5)}x" for i in range(3000)]
 
@@ -43,7 +44,7 @@ def test_a_worker_that_dies_raises_instead_of_leaving_the_count_waiting(tmp_path
 
 def test_training_from_the_counts_gives_the_tokenizer_training_on_the_text_gives():
     lines = [line for line in LINES for _ in range(2)]
-    from_text = bpe.model_of(bpe.train([lines], 900, 2))
+    from_text = bpe.model_of(bpe_from_text([lines], 900, 2))
     from_counts = bpe.model_of(bpe.train_from_counts(pretokens.of_lines(Counter(lines), llama3.empty_bpe()), 900, 2))
     assert from_counts == from_text and len(from_text["model"]["merges"]) > 100
 

@@ -3,6 +3,7 @@ for and never trains. Words are encoded once each with the BPE model alone (no t
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 
@@ -13,10 +14,7 @@ from .continued import encoded_ids, model_only
 
 
 def used_ids(encoder: Tokenizer, texts: list[str]) -> set[int]:
-    out: set[int] = set()
-    for ids in encoded_ids(encoder, texts):
-        out.update(ids)
-    return out
+    return set(itertools.chain.from_iterable(encoded_ids(encoder, texts)))
 
 
 def audit(

@@ -24,26 +24,10 @@ def trainer(vocab_size: int, min_frequency: int, show_progress: bool = False) ->
     )
 
 
-def train(
-    batches: Iterable,
-    vocab_size: int,
-    min_frequency: int,
-    template: Tokenizer | None = None,
-    show_progress: bool = False,
-) -> Tokenizer:
-    """A byte-level BPE (no special tokens) with `template`'s normalizer/pre-tokenizer, or Llama 3's."""
-    tok = llama3.empty_bpe()
-    if template is not None:
-        tok.normalizer = template.normalizer
-        tok.pre_tokenizer = template.pre_tokenizer
-        tok.decoder = template.decoder
-    tok.train_from_iterator(batches, trainer=trainer(vocab_size, min_frequency, show_progress))
-    return tok
-
-
 def train_from_counts(words: Counter, vocab_size: int, min_frequency: int, show_progress: bool = False) -> Tokenizer:
-    """What `train` learns from a corpus whose Llama 3 pre-tokens are `words`: a byte-level pre-token holds no
-    whitespace, so the trainer's whitespace split of their repetition counts exactly these pre-tokens."""
+    """What tokenizers' BPE training with Llama 3's pre-tokenizer learns from a corpus whose pre-tokens are `words`:
+    a byte-level pre-token holds no whitespace, so the trainer's whitespace split of their repetition counts exactly
+    these pre-tokens."""
     counter = Tokenizer(models.BPE())
     counter.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     counter.train_from_iterator(repeated(words.items()), trainer=trainer(vocab_size, min_frequency, show_progress))

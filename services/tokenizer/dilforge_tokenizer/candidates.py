@@ -42,6 +42,23 @@ def base_candidate(base: Base) -> Candidate:
     return Candidate("base", size, base.tok, base.doc, set(), size, base.family or LLAMA3)
 
 
+def size_given(out: list[Candidate], strategy: str, size: int, got: int, min_frequency: int) -> int | None:
+    """The size a candidate asked `size` is recorded (and selectable) as: what the corpus gave, never a size that
+    does not exist; None when a smaller candidate in `out` already is that tokenizer."""
+    if got >= size:
+        return size
+    same = any(c.size == got for c in out)
+    log.warning(
+        "%s: size %d asked, but the corpus gives only %d at min_frequency %d; %s",
+        strategy,
+        size,
+        got,
+        min_frequency,
+        "dropped (the same tokenizer as a smaller size)" if same else f"measured and recorded as {got}",
+    )
+    return None if same else got
+
+
 def replace_candidates(
     config: TokenizerConfig, words: Counter, family: Family, base: Base | None, tty: bool
 ) -> list[Candidate]:
@@ -53,19 +70,9 @@ def replace_candidates(
     out = []
     for size in sorted(config.vocab_sizes):
         doc = bpe.truncate(trained_doc, size)
-        produced = len(doc["model"]["vocab"])
-        if produced < size:  # the corpus ran out of merges: never report (or select) a size that does not exist
-            same = any(c.size == produced for c in out)
-            log.warning(
-                "replace: vocab size %d asked, but the corpus gives only %d tokens at min_frequency %d; %s",
-                size,
-                produced,
-                config.min_frequency,
-                f"dropped (same tokenizer as size {produced})" if same else f"measured and recorded as {produced}",
-            )
-            if same:
-                continue
-            size = produced
+        size = size_given(out, "replace", size, len(doc["model"]["vocab"]), config.min_frequency)
+        if size is None:
+            continue
         new_ids = {i for t, i in doc["model"]["vocab"].items() if len(t) > 1}
         tok = family_out.finish(bpe.from_doc(doc), family, base.doc if base else None)
         out.append(Candidate("replace", size, tok, doc, new_ids, min(new_ids, default=size), family))
@@ -87,18 +94,9 @@ def extend_candidates(config: TokenizerConfig, seg: continued.Segmented, base: B
     out = []
     for size in sorted(config.num_new_tokens):
         doc, added = continued.extend_doc(base.doc, learned, size)
-        if added < size:  # recorded (and selectable) as what exists, never as the size asked for
-            same = any(c.size == added for c in out)
-            log.warning(
-                "extend: the corpus supports only %d new tokens at min_frequency %d (asked %d); %s",
-                added,
-                config.min_frequency,
-                size,
-                f"dropped (same tokenizer as {added} new tokens)" if same else f"recorded as {added}",
-            )
-            if same:
-                continue
-            size = added
+        size = size_given(out, "extend", size, added, config.min_frequency)
+        if size is None:
+            continue
         new_ids = set(range(first, first + added))
         out.append(Candidate("extend", size, bpe.from_doc(doc), doc, new_ids, first, base.family, learned=learned))
     return out

@@ -14,7 +14,7 @@ import unicodedata
 import zlib
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from dilforge_shared.configs.base import DataSource, Oversize
 from dilforge_shared.corpus import iter_lines, iter_located_texts
@@ -158,12 +158,7 @@ class CorpusStream:
         return ReadAhead(_regrouped(self._scan(), min_lines), depth, name="corpus-read-ahead")
 
     def summary(self) -> dict:
-        from dataclasses import asdict
-
-        total = SourceStats()
-        for st in self.stats.values():
-            for k, v in asdict(st).items():
-                setattr(total, k, getattr(total, k) + v)
+        total = SourceStats(**{k: sum(getattr(st, k) for st in self.stats.values()) for k in asdict(SourceStats())})
         return {
             "total": asdict(total),
             "sources": {k: asdict(v) for k, v in self.stats.items()},
