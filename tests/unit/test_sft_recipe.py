@@ -4,6 +4,7 @@ and the repetition control written into the published generation_config.json."""
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -28,7 +29,7 @@ def test_the_language_of_each_last_answer_is_counted():
     share = count_answer_languages([conv(AZ), conv(EN), conv(EN), conv(AZ), conv(AZ)], "az", counts)
     assert counts.answer_languages == {"az": 3, "en": 2}
     assert share == pytest.approx(0.6)
-    assert counts.as_dict()["answer_languages"] == {"az": 3, "en": 2}  # what the manifest's metrics carry
+    assert asdict(counts)["answer_languages"] == {"az": 3, "en": 2}  # what the manifest's metrics carry
 
 
 def test_a_mostly_english_answer_set_is_warned_about(caplog):
@@ -45,15 +46,13 @@ def test_a_mostly_english_answer_set_is_warned_about(caplog):
 
 def test_generation_defaults_are_added_to_the_published_generation_config(tmp_path):
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 0], "bos_token_id": 1}))
-    defaults = GenerationDefaults(repetition_penalty=1.2).as_generation_config()
-    assert defaults == {"repetition_penalty": 1.2}  # an unset key is not written
-    write_generation_defaults(tmp_path, defaults)
+    write_generation_defaults(tmp_path, GenerationDefaults(repetition_penalty=1.2))
     assert json.loads((tmp_path / "generation_config.json").read_text()) == {
         "bos_token_id": 1,
         "eos_token_id": [2, 0],
         "repetition_penalty": 1.2,
-    }
-    write_generation_defaults(tmp_path / "missing", {})  # nothing to write: no folder touched
+    }  # an unset key is not written
+    write_generation_defaults(tmp_path / "missing", GenerationDefaults())  # nothing to write: no folder touched
     assert not (tmp_path / "missing").exists()
 
 

@@ -51,14 +51,12 @@ class SftDataSource(DataSource, SourceLimits):
     def _check(self) -> SftDataSource:
         if self.layout == "translation" and "{source}" not in self.translation_prompt:
             raise ValueError("translation_prompt must contain '{source}'")
-        _no_control_token(self.translation_prompt, "translation_prompt")
+        if (token := control_token_in(self.translation_prompt)) is not None:
+            raise ValueError(
+                f"translation_prompt contains the control token {token!r}, which would forge a turn in every "
+                "conversation"
+            )
         return self
-
-
-def _no_control_token(text: str, name: str) -> None:
-    token = control_token_in(text)
-    if token is not None:
-        raise ValueError(f"{name} contains the control token {token!r}, which would forge a turn in every conversation")
 
 
 class LoraSettings(StrictModel):
@@ -67,16 +65,16 @@ class LoraSettings(StrictModel):
     dropout: float = Field(default=0.05, ge=0, lt=1, description="Dropout on the LoRA input.")
     target_modules: list[str] = Field(
         default=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        min_length=1,
         description="Module names that get a LoRA adapter (never lm_head).",
     )
 
-    @model_validator(mode="after")
-    def _check(self) -> LoraSettings:
-        if not self.target_modules:
-            raise ValueError("target_modules: name at least one module")
-        if "lm_head" in self.target_modules:
-            raise ValueError("target_modules: lm_head cannot carry an adapter (TRL computes logits from its weight)")
-        return self
+    @field_validator("target_modules")
+    @classmethod
+    def _no_lm_head(cls, modules: list[str]) -> list[str]:
+        if "lm_head" in modules:
+            raise ValueError("lm_head cannot carry an adapter (TRL computes logits from its weight)")
+        return modules
 
 
 class GenerationDefaults(StrictModel):
@@ -96,10 +94,6 @@ class GenerationDefaults(StrictModel):
         le=32,
         description="Never repeat a token n-gram of this size (transformers only); None = not written.",
     )
-
-    def as_generation_config(self) -> dict[str, float | int]:
-        """The keys to write, the unset ones left out."""
-        return {k: v for k, v in self.model_dump().items() if v is not None}
 
 
 class SftConfig(StageConfig, Batching, Warmup, Checkpointing):

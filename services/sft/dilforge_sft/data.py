@@ -7,8 +7,7 @@ import logging
 import random
 import unicodedata
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
 
 from dilforge_shared.control_tokens import control_token_in
 from dilforge_shared.corpus import iter_located_records, iter_located_texts
@@ -44,9 +43,6 @@ class DataCounts:
     bad_record_examples: list[str] = field(default_factory=list)
     num_user_turns_folded: int = 0
     answer_languages: dict[str, int] = field(default_factory=dict)  # language of the last answer -> conversations
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
     def skip_bad(self, reason: str) -> None:
         """Count a skipped bad record, keep its first reasons as examples, and log it."""

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 from dilforge_shared.families import GENERATION_CONFIG_FILE, describe_model_folder
 from dilforge_shared.models import merge_adapter
+
+from .config import GenerationDefaults
 
 
 def save_adapter(trainer, tokenizer, out_dir: Path, base_uri: str) -> None:
@@ -31,9 +32,10 @@ def save_merged(base_dir: Path, adapter_dir: Path, out_dir: Path) -> None:
     describe_model_folder(out_dir)
 
 
-def write_generation_defaults(folder: Path, defaults: dict[str, Any]) -> None:
-    """Add the decoding defaults (repetition control) to the folder's generation_config.json, other keys kept:
+def write_generation_defaults(folder: Path, generation: GenerationDefaults) -> None:
+    """Add the decoding defaults set (repetition control) to the folder's generation_config.json, other keys kept:
     what every stock consumer (transformers generate and serve, the GGUF export) then applies by itself."""
+    defaults = generation.model_dump(exclude_none=True)
     if not defaults:
         return
     path = folder / GENERATION_CONFIG_FILE
@@ -48,26 +50,10 @@ def write_label_preview(dataset, tokenizer, path: Path, num_examples: int) -> in
     n = min(num_examples, len(dataset))
     with path.open("w", encoding="utf-8") as f:
         for i in range(n):
-            row = dataset[i]
-            ids = list(row["input_ids"])
-            trained = [0 if label == -100 else 1 for label in row["labels"]]
-            f.write(
-                json.dumps(
-                    {
-                        "index": i,
-                        "input_ids": ids,
-                        "trained": trained,
-                        "text": tokenizer.decode(ids, skip_special_tokens=False),
-                        "trained_text": tokenizer.decode(
-                            [t for t, on in zip(ids, trained, strict=False) if on], skip_special_tokens=False
-                        ),
-                    },
-                    ensure_ascii=False,
-                )
-                + "\n"
-            )
+            ids = list(dataset[i]["input_ids"])
+            trained = [0 if label == -100 else 1 for label in dataset[i]["labels"]]
+            trained_ids = [t for t, on in zip(ids, trained, strict=False) if on]
+            row = {"index": i, "input_ids": ids, "trained": trained, "text": tokenizer.decode(ids)}
+            row["trained_text"] = tokenizer.decode(trained_ids)
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
     return n
-
-
-def loss_history(log_history: list[dict[str, Any]]) -> list[dict[str, float]]:
-    return [{"step": e["step"], "loss": round(float(e["loss"]), 6)} for e in log_history if "loss" in e]

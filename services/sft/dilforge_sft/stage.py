@@ -9,6 +9,7 @@ import math
 import re
 import shutil
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ from .data import (
     load_splits,
     refuse_special_tokens,
 )
-from .outputs import loss_history, save_adapter, save_merged, write_generation_defaults, write_label_preview
+from .outputs import save_adapter, save_merged, write_generation_defaults, write_label_preview
 from .training import (
     activation_checkpointing,
     build_trainer,
@@ -70,19 +71,22 @@ def run(config: SftConfig, ctx: StageContext) -> StageResult:
     checkpointing, checkpointing_reason = activation_checkpointing(config, model_config, plan)
     global_batch = config.global_batch_size
     steps = config.num_steps or math.ceil(math.ceil(len(train_set) / global_batch) * config.num_epochs)
+    setup = {  # logged now, and kept in the metrics
+        "base_model": base_uri,
+        "chat_template": template_source,
+        "family": family.name,
+        "attention": plan.attention,
+        "activation_checkpointing": checkpointing,
+        "device": plan.device,
+        "bf16": plan.bf16,
+        "liger": plan.liger,
+    }
     log_config(
         config,
         {
-            "base_model": base_uri,
-            "device": plan.device,
-            "bf16": plan.bf16,
-            "liger": plan.liger,
-            "chat_template": template_source,
-            "family": family.name,
+            **setup,
             "eot": family.eot,
-            "attention": plan.attention,
             "attention_reason": plan.attention_reason,
-            "activation_checkpointing": checkpointing,
             "activation_checkpointing_reason": checkpointing_reason,
             "global_batch": global_batch,
             "tokens_per_step_max": global_batch * config.max_length,
@@ -142,27 +146,22 @@ def run(config: SftConfig, ctx: StageContext) -> StageResult:
             f"{trainer_dir}; rerun the stage to resume"
         )
     eval_after = trainer.evaluate()["eval_loss"]
-    history = loss_history(trainer.state.log_history)  # includes steps logged before a resume
+    # the logged losses, including steps logged before a resume
+    history = [
+        {"step": e["step"], "loss": round(float(e["loss"]), 6)} for e in trainer.state.log_history if "loss" in e
+    ]
     log.info("validation loss after: %.4f (before %.4f)", eval_after, eval_before)
 
     adapter_dir = ctx.opt.model_dir / ADAPTER_DIR
     save_adapter(trainer, tokenizer, adapter_dir, base_uri)
     trainer = None  # released before merging
-    defaults = config.generation.as_generation_config()
-    write_generation_defaults(adapter_dir, defaults)
+    write_generation_defaults(adapter_dir, config.generation)
     if config.save_merged:
         save_merged(base_dir, adapter_dir, ctx.opt.model_dir / MERGED_DIR)
-        write_generation_defaults(ctx.opt.model_dir / MERGED_DIR, defaults)
+        write_generation_defaults(ctx.opt.model_dir / MERGED_DIR, config.generation)
     shutil.rmtree(ctx.opt.model_dir / "runs", ignore_errors=True)
     metrics = SftMetrics(
-        base_model=base_uri,
-        chat_template=template_source,
-        family=family.name,
-        attention=plan.attention,
-        activation_checkpointing=checkpointing,
-        device=plan.device,
-        bf16=plan.bf16,
-        liger=plan.liger,
+        **setup,
         trainable_parameters=trainable,
         total_parameters=total,
         eval_loss_before=eval_before,
@@ -173,7 +172,7 @@ def run(config: SftConfig, ctx: StageContext) -> StageResult:
         resumed_from_step=int(resume.name.split("-")[1]) if resume else 0,
         train_runtime_s=round(seconds, 3),
         train_steps_per_second=out.metrics.get("train_steps_per_second"),
-        data={"train": train_counts.as_dict(), "validation": val_counts.as_dict()},
+        data={"train": asdict(train_counts), "validation": asdict(val_counts)},
         outputs=[ADAPTER_DIR, *([MERGED_DIR] if config.save_merged else [])],
         num_label_preview_examples=num_previewed,
     )
@@ -193,17 +192,13 @@ def check_answer_languages(train: list[Conversation], target: str, counts: DataC
     """Log the language mix of the training answers (kept in the metrics); warn when most are not in `target`."""
     share = count_answer_languages(train, target, counts)
     mix = ", ".join(f"{k} {v}" for k, v in counts.answer_languages.items())
-    if share < 0.5:
-        log.warning(
-            "only %.0f%% of the training answers are in %s (%s): the assistant learns to answer in the language of "
-            "its answers, not of the question; add answers in %s (e.g. translation into it)",
-            100 * share,
-            target,
-            mix,
-            target,
-        )
-    else:
+    if share >= 0.5:
         log.info("training answers: %.0f%% in %s (%s)", 100 * share, target, mix)
+        return
+    log.warning(
+        f"only {share:.0%} of the training answers are in {target} ({mix}): the assistant learns to answer in the "
+        f"language of its answers, not of the question; add answers in {target} (e.g. translation into it)"
+    )
 
 
 def resolve_base(config: SftConfig, ctx: StageContext) -> tuple[Path, str]:

@@ -76,24 +76,6 @@ def load_model(model_dir: Path, plan: RuntimePolicy):
     return model
 
 
-def lora_config(config: SftConfig):
-    from peft import LoraConfig
-
-    return LoraConfig(
-        r=config.lora.r,
-        lora_alpha=config.lora.alpha,
-        lora_dropout=config.lora.dropout,
-        target_modules=list(config.lora.target_modules),
-        bias="none",
-        task_type="CAUSAL_LM",
-    )
-
-
-def warmup_arg(config: SftConfig) -> int | float:
-    """TrainingArguments.warmup_steps: an int is a count of steps, a float below 1 a share of them."""
-    return config.num_warmup_steps if config.num_warmup_steps is not None else float(config.warmup_ratio or 0.0)
-
-
 def sft_arguments(config: SftConfig, output_dir: Path, plan: RuntimePolicy, checkpointing: bool = False):
     """The TRL SFTConfig of this stage: every knob comes from SftConfig, nothing from TRL's own defaults by accident."""
     from trl import SFTConfig
@@ -112,7 +94,10 @@ def sft_arguments(config: SftConfig, output_dir: Path, plan: RuntimePolicy, chec
         eval_packing=False,
         learning_rate=config.learning_rate,
         lr_scheduler_type=config.lr_scheduler,
-        warmup_steps=warmup_arg(config),
+        # an int is a count of steps, a float below 1 a share of them
+        warmup_steps=config.num_warmup_steps
+        if config.num_warmup_steps is not None
+        else float(config.warmup_ratio or 0),
         weight_decay=config.weight_decay,
         max_grad_norm=config.max_grad_norm,
         num_train_epochs=config.num_epochs,
@@ -151,6 +136,7 @@ def build_trainer(
     """TRL's SFTTrainer with LoRA on the stage's tokenised conversations (`prepare_data`): TRL builds the labels
     from their assistant masks, truncates or packs them; it does not apply the chat template again."""
     from datasets import Dataset
+    from peft import LoraConfig
     from trl import SFTTrainer
 
     return SFTTrainer(
@@ -159,7 +145,14 @@ def build_trainer(
         processing_class=tokenizer,
         train_dataset=Dataset.from_list(train),
         eval_dataset=Dataset.from_list(val),
-        peft_config=lora_config(config),
+        peft_config=LoraConfig(
+            r=config.lora.r,
+            lora_alpha=config.lora.alpha,
+            lora_dropout=config.lora.dropout,
+            target_modules=list(config.lora.target_modules),
+            bias="none",
+            task_type="CAUSAL_LM",
+        ),
         callbacks=callbacks or [],
     )
 
