@@ -29,7 +29,7 @@ def fake_checkpoint(folder, step, state="{}", sealed=True):
 
 
 def test_latest_checkpoint_removes_cut_off_ones_and_sets_aside_unsealed_ones(tmp_path, caplog):
-    from dilforge_sft.checkpoints import latest_checkpoint
+    from dilforge_sft.training import latest_checkpoint
 
     assert latest_checkpoint(tmp_path) is None and latest_checkpoint(tmp_path / "missing") is None
     fake_checkpoint(tmp_path, 2)
@@ -45,7 +45,7 @@ def test_latest_checkpoint_removes_cut_off_ones_and_sets_aside_unsealed_ones(tmp
 
 @pytest.mark.parametrize("damage", ["flipped-byte", "truncated", "missing", "extra-file"])
 def test_every_kind_of_damage_to_the_newest_falls_back_to_the_previous(tmp_path, damage, caplog):
-    from dilforge_sft.checkpoints import latest_checkpoint
+    from dilforge_sft.training import latest_checkpoint
 
     fake_checkpoint(tmp_path, 2)
     newest = fake_checkpoint(tmp_path, 4)
@@ -74,7 +74,7 @@ def test_a_damaged_newest_trainer_checkpoint_is_set_aside_and_training_resumes_f
 
     torch.set_num_threads(1)
     from dilforge_sft import stage, training
-    from dilforge_sft.checkpoints import latest_checkpoint, seal_checkpoints_callback
+    from dilforge_sft.training import latest_checkpoint, seal_checkpoints_callback
     from dilforge_shared.runtime_policy import DeviceFacts
     from safetensors.torch import load_file
 

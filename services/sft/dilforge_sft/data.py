@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import random
 import unicodedata
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -357,16 +358,12 @@ def count_answer_languages(convs: list[Conversation], target: str, counts: DataC
     language answers in it, whatever the question's language: the stage warns when this share is below half."""
     from lingua import IsoCode639_1, Language, LanguageDetectorBuilder
 
-    def language(code: str) -> Language:
-        return Language.from_iso_code_639_1(getattr(IsoCode639_1, code.upper()))
-
     codes = sorted({target, *ANSWER_LANGUAGE_CANDIDATES})
-    detector = LanguageDetectorBuilder.from_languages(*(language(c) for c in codes)).build()
-    found: dict[str, int] = {}
+    languages = [Language.from_iso_code_639_1(getattr(IsoCode639_1, c.upper())) for c in codes]
+    detector = LanguageDetectorBuilder.from_languages(*languages).build()
+    found: Counter[str] = Counter()
     for conv in convs:
-        answer = next(m["content"] for m in reversed(conv) if m["role"] == "assistant")
-        detected = detector.detect_language_of(answer)
-        code = detected.iso_code_639_1.name.lower() if detected is not None else "unknown"
-        found[code] = found.get(code, 0) + 1
+        detected = detector.detect_language_of(next(m["content"] for m in reversed(conv) if m["role"] == "assistant"))
+        found[detected.iso_code_639_1.name.lower() if detected is not None else "unknown"] += 1
     counts.answer_languages = dict(sorted(found.items()))
-    return found.get(target, 0) / len(convs) if convs else 0.0
+    return found[target] / len(convs) if convs else 0.0

@@ -19,7 +19,6 @@ from dilforge_shared.families import Family, detect_family
 from dilforge_shared.metrics.sft import SftMetrics
 from dilforge_shared.models import ADAPTER_DIR, MERGED_DIR, choose, resolve
 
-from .checkpoints import latest_checkpoint, seal_checkpoints_callback
 from .config import SftConfig
 from .data import (
     Conversation,
@@ -35,8 +34,10 @@ from .training import (
     activation_checkpointing,
     build_trainer,
     decide_runtime,
+    latest_checkpoint,
     load_model,
     progress_callback,
+    seal_checkpoints_callback,
     stop_on_sigterm_callback,
     tensorboard_callback,
 )

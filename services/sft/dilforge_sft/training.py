@@ -1,14 +1,18 @@
 """TRL, PEFT and transformers as libraries: the base model (with Liger's layer kernels on CUDA), the LoRA config,
 TRL's SFTConfig from the stage config (every knob from SftConfig, nothing from TRL's defaults by accident), the
-SFTTrainer, and the callbacks (SIGTERM → checkpoint and stop; progress; TensorBoard where SageMaker uploads it)."""
+SFTTrainer, and the callbacks (SIGTERM → checkpoint and stop; progress; TensorBoard where SageMaker uploads it;
+checkpoints sealed with a digest marker after each save, resumed from the newest that verifies)."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import shutil
 from pathlib import Path
 
 from dilforge_shared import runtime_policy
+from dilforge_shared.checkpoint_digests import seal, set_aside, verify
 from dilforge_shared.progress import Progress
 from dilforge_shared.runtime_policy import DeviceFacts, RuntimePolicy
 
@@ -212,3 +216,44 @@ def tensorboard_callback(log_dir: Path):
 
     log_dir.mkdir(parents=True, exist_ok=True)
     return TensorBoardCallback(tb_writer=SummaryWriter(log_dir=str(log_dir)))
+
+
+def latest_checkpoint(folder: Path) -> Path | None:
+    """Newest Trainer checkpoint whose files match their digests. A cut-off one (trainer_state.json, written
+    last, missing or unparsable) is removed; a damaged or unsealed one is set aside with a warning; then the
+    previous one is tried."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    while folder.is_dir() and (found := get_last_checkpoint(folder)):
+        path = Path(found)
+        try:
+            json.loads((path / "trainer_state.json").read_text())
+        except (ValueError, OSError):
+            log.warning("removing incomplete checkpoint %s (no complete trainer_state.json)", path)
+            shutil.rmtree(path)
+            continue
+        if (problem := verify(path)) is None:
+            return path
+        aside = set_aside(path, "damaged-" + path.name)
+        log.warning(
+            "checkpoint %s is damaged (%s); set aside as %s, trying the previous one",
+            path,
+            problem,
+            aside.name if aside else "(already)",
+        )
+    return None
+
+
+def seal_checkpoints_callback():
+    """Digests of every file of a checkpoint, written right after Trainer saved it (rotation included)."""
+    from transformers import TrainerCallback
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+    class SealCheckpoints(TrainerCallback):
+        def on_save(self, args, state, control, **kwargs):
+            folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+            if args.should_save and folder.is_dir():
+                seal(folder, state.global_step)
+            return control
+
+    return SealCheckpoints()
