@@ -286,7 +286,7 @@ def fill_what_moto_omits(backend) -> None:
 
 
 class CheckpointTensors:
-    """A checkpoint component for any module + optimizer (the stage registers resumable.TrainingModel)."""
+    """A checkpoint component for any module + optimizer (the stage registers optim.TrainingModel)."""
 
     def __init__(self, model, opt):
         self.model, self.opt = model, opt

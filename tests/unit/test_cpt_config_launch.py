@@ -40,6 +40,7 @@ def test_config_wiring_and_data_sources():
         ({"base_model": "/m"}, "not both"),
         ({"corpora": []}, "corpora: at least one"),
         ({"validation": []}, "validation: at least one"),
+        ({"validation": [{"uri": "a/dev.txt"}, {"uri": "b/dev.txt"}]}, "validation: two sources are named"),
         ({"phase1": {"num_steps": 0}, "phase2": {"num_steps": 0}}, "nothing to train"),
         ({"global_batch_size": 6, "micro_batch_size": 4}, "multiple of micro_batch_size"),
         ({"phase2": {"num_steps": 2, "num_warmup_steps": 5}}, "phase2.num_warmup_steps"),

@@ -152,8 +152,6 @@ def test_validation_sets_are_family_framed_streams_of_their_text(tok, ids, tmp_p
     expected = [ids.bos, *encoded[0], ids.doc_end, ids.bos, *encoded[1], ids.doc_end, ids.bos, *encoded[2]]
     assert val.stream.ids == expected
     assert val.stream.num_text_tokens == sum(map(len, encoded))
-    with pytest.raises(InputError, match="distinct names"):
-        build_validation([DataSource(uri=str(dev)), DataSource(uri=str(dev))], tok, ids, 10, None)
 
 
 def test_english_replay_is_a_weighted_corpus_and_its_share_matches(tok, ids, tmp_path, data_root):

@@ -12,8 +12,7 @@ import pytest
 import torch
 from dilforge_cpt.config import CptConfig
 from dilforge_cpt.model_init import kept_row_mask
-from dilforge_cpt.optim import run_step, set_trainable
-from dilforge_cpt.resumable import TrainingModel
+from dilforge_cpt.optim import TrainingModel, run_step, set_trainable
 from dilforge_cpt.runtime import Runtime
 from factories import tiny_cpt_config
 

@@ -46,10 +46,10 @@ def run(tmp_path, ckpt_root, stop_at: int | None):
 def train(cfg, ckpt_root, data, val, stop_at=None):
     """What the stage does around the loop: one checkpointer with everything resumable, the loop starting with
     its load() (stage.train_in_process)."""
-    from dilforge_cpt.checkpoints import Checkpointer
+    from dilforge_cpt.checkpoints import Checkpointer, RngState
     from dilforge_cpt.loop import LoopSetup, TrainState, train_loop
+    from dilforge_cpt.optim import TrainingModel
     from dilforge_cpt.reporting import MetricsLog
-    from dilforge_cpt.resumable import TrainingModel, register_resumables
     from dilforge_cpt.runtime import Runtime
     from transformers import LlamaForCausalLM
 
@@ -57,7 +57,9 @@ def train(cfg, ckpt_root, data, val, stop_at=None):
     rt, state = Runtime(), TrainState()
     checkpointer = Checkpointer(ckpt_root, rt, cfg.num_checkpoints_kept)
     training = TrainingModel(model, cfg, rt, state)
-    register_resumables(checkpointer, training, data.sampler, state)
+    checkpointer.register("train_state", state)
+    checkpointer.register("model", training, kind="tensors")
+    checkpointer.register("rng", RngState(), kind="rank_json")
     setup = LoopSetup(
         config=cfg,
         rt=rt,

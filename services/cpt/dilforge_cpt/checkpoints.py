@@ -14,7 +14,7 @@ import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -38,18 +38,13 @@ CKPT_PREFIX = "step-"
 _RANK_FILE = re.compile(r"^(?:__(\d+)_\d+\.distcp|.+-rank(\d+)\.json)$")  # DCP's shard names; our per-rank JSON
 
 
-class Stateful(Protocol):
-    def state_dict(self) -> dict: ...
-    def load_state_dict(self, state: dict) -> None: ...
-
-
 Kind = Literal["json", "rank_json", "tensors"]
 
 
 @dataclass
 class Component:
     name: str
-    obj: Stateful
+    obj: Any  # state_dict() and load_state_dict(state)
     kind: Kind
 
     def file(self, rank: int) -> str:
@@ -74,7 +69,7 @@ class Checkpointer:
         self.components: list[Component] = []
         self._chosen: list[Path | None] = []
 
-    def register(self, name: str, obj: Stateful, kind: Kind = "json") -> None:
+    def register(self, name: str, obj: Any, kind: Kind = "json") -> None:
         self.components.append(Component(name, obj, kind))
 
     # ---- choosing what to resume --------------------------------------------------------------

@@ -536,8 +536,9 @@ def build_validation(
     endpoint_url: str | None,
     encode: Callable[[list[str]], list[list[int]]] | None = None,
 ) -> list[ValidationSet]:
-    """The first `max_docs` documents of each source, framed by the family's separators; `encode` replaces the
-    tokenizer's (the leakage probe encodes with the base tokenizer, in the stage's ids)."""
+    """The first `max_docs` documents of each source (distinct labels: config.py), framed by the family's
+    separators; `encode` replaces the tokenizer's (the leakage probe encodes with the base tokenizer, in the stage's
+    ids)."""
     from dilforge_shared.bpb import build_stream
 
     sets = []
@@ -553,11 +554,6 @@ def build_validation(
             else [enc.ids for enc in tok.encode_batch(docs, add_special_tokens=False)]
         )
         sets.append(ValidationSet(source.label, build_stream(docs, encoded, ids.bos, ids.doc_end)))
-    names = [vs.name for vs in sets]
-    if len(set(names)) != len(names):
-        raise InputError(
-            f"validation sets need distinct names (got {names}); set `name` on each", path="cpt.validation"
-        )
     return sets
 
 

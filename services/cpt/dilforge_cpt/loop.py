@@ -71,7 +71,7 @@ class LoopSetup:
 
     config: CptConfig
     rt: Runtime
-    checkpointer: Checkpointer  # everything resumable registered (resumable.register_resumables)
+    checkpointer: Checkpointer  # everything resumable registered (stage: state, model with optimizer, RNG)
     metrics: MetricsLog
     stop_requested: Callable[[], bool]  # SIGTERM here or the launcher's stop file (checked on every rank)
     flops_per_token: dict[int, float]  # per phase (phase 1 computes no weight gradients in the blocks)
@@ -128,7 +128,9 @@ def train_loop(training, data: PackedData, val: list[ValidationSet], state: Trai
     """Resume from the newest good checkpoint, then run both phases. The host syncs with the device only on log,
     validation and checkpoint steps (`settle`)."""
     config, rt, metrics = setup.config, setup.rt, setup.metrics
-    if not setup.checkpointer.load():
+    if setup.checkpointer.load():
+        data.sampler.load_state_dict(state.sampler)  # the position the loop consumed, not the prefetcher's
+    else:
         state.sampler = data.sampler.state_dict()  # a fresh run starts where the sampler stands
     model = training.model
     tokens_per_step = config.global_batch_size * config.seq_len
@@ -140,15 +142,10 @@ def train_loop(training, data: PackedData, val: list[ValidationSet], state: Trai
                 continue
             if index > state.phase:
                 state.phase, state.step_in_phase = index, 0
-            rows = training.rows(index)
             trainable, optimizer = training.start_phase(index)
-            what = (
-                "all parameters"
-                if index == 2
-                else "embeddings + LM head"
-                if rows is None
-                else f"the {int(rows.sum())} new rows of the embeddings + LM head"
-            )
+            what = "all parameters" if index == 2 else "embeddings + LM head"
+            if trainable.row_masks:
+                what = f"the {int(training.new_rows.sum())} new rows of the {what}"
             log.info(
                 "phase %d: %d steps at lr %g (%s); host syncs on log steps only: %s",
                 index,

@@ -193,3 +193,61 @@ def run_step(
             p.sub_(old).mul_(factor).add_(old)
     optimizer.zero_grad(set_to_none=True)
     return StepResult(total, norm, ok)
+
+
+class TrainingModel:
+    """The model and the optimizer of the phase in progress, built when the phase starts or when a checkpoint
+    taken in it is loaded (its moments restored into it)."""
+
+    def __init__(
+        self,
+        model,
+        config: CptConfig,
+        rt: Runtime,
+        state,
+        new_rows: torch.Tensor | None = None,
+        kept_rows: torch.Tensor | None = None,
+    ):
+        self.model, self.config, self.rt, self.state = model, config, rt, state
+        self.new_rows, self.kept_rows = new_rows, kept_rows  # model_init.new_row_mask, kept_row_mask
+        self.phase: int | None = None
+        self.trainable = self.optimizer = None
+        self._param_groups: list = []
+
+    def kept_scale(self) -> float:
+        """Phase 2: kept_rows_learning_rate / the vocabulary matrices' rate (1 when unset)."""
+        p2 = self.config.phase2
+        if p2.kept_rows_learning_rate is None:
+            return 1.0
+        return p2.kept_rows_learning_rate / (p2.embedding_learning_rate or p2.learning_rate)
+
+    def start_phase(self, index: int):
+        """(Trainable, optimizer) of phase `index`, built once."""
+        if self.phase != index:
+            phase = self.config.phase1 if index == 1 else self.config.phase2
+            self.trainable = set_trainable(self.model, index, self.new_rows, self.kept_rows, self.kept_scale())
+            self.optimizer = make_optimizer(
+                self.trainable, self.config, phase, fused=self.rt.device.type in ("cuda", "cpu")
+            )
+            self.phase = index
+        return self.trainable, self.optimizer
+
+    def state_dict(self) -> dict:
+        """Model and optimizer *state* tensors: param_groups (hyperparameters) come from the config on resume, so
+        nothing but tensors goes into the checkpoint."""
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        self.start_phase(self.state.phase)
+        msd, osd = get_state_dict(self.model, self.optimizer)
+        self._param_groups = osd["param_groups"]
+        return {"model": msd, "optim": {"state": osd["state"]}}
+
+    def load_state_dict(self, saved: dict) -> None:
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        set_state_dict(
+            self.model,
+            self.optimizer,
+            model_state_dict=saved["model"],
+            optim_state_dict={"state": saved["optim"]["state"], "param_groups": self._param_groups},
+        )

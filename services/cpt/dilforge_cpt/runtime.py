@@ -111,20 +111,12 @@ def init_runtime(config: CptConfig) -> Runtime:
     if cuda:
         torch.cuda.set_device(device)
     backend = config.distributed_backend if config.distributed_backend != "auto" else ("nccl" if cuda else "gloo")
-    if distributed:
-        dist.init_process_group(backend, timeout=timedelta(minutes=30), device_id=device if backend == "nccl" else None)
-    elif fsdp:
-        # One process with FSDP2: a one-rank group, so a single GPU computes in bf16 with fp32 master
-        # weights (MixedPrecisionPolicy) through the same code path as many GPUs.
-        store = dist.HashStore()  # in memory: one process, nothing left in /tmp
-        dist.init_process_group(
-            backend,
-            store=store,
-            rank=0,
-            world_size=1,
-            timeout=timedelta(minutes=30),
-            device_id=device if backend == "nccl" else None,
-        )
+    if distributed or fsdp:
+        # one process with FSDP2 gets a one-rank group (an in-memory store), so a single GPU computes in bf16
+        # with fp32 master weights (MixedPrecisionPolicy) through the same code path as many GPUs
+        alone = {} if distributed else {"store": dist.HashStore(), "rank": 0, "world_size": 1}
+        device_id = device if backend == "nccl" else None
+        dist.init_process_group(backend, timeout=timedelta(minutes=30), device_id=device_id, **alone)
         distributed = True
     dtype = policy.torch_dtype()
     torch.manual_seed(config.seed)
@@ -132,17 +124,7 @@ def init_runtime(config: CptConfig) -> Runtime:
         logging.getLogger("dilforge.cpt").info(
             "precision: bf16 autocast over fp32 weights on CPU (cpt.precision %s)", config.precision
         )
-    return Runtime(
-        rank,
-        world,
-        local_rank,
-        device,
-        dtype,
-        distributed,
-        fsdp=fsdp,
-        node=node,
-        num_nodes=max(1, world // local_world),
-    )
+    return Runtime(rank, world, local_rank, device, dtype, distributed, fsdp, node, max(1, world // local_world))
 
 
 def shutdown(rt: Runtime) -> None:

@@ -31,7 +31,7 @@ from dilforge_shared.models import TOKENIZER_FILES, resolve
 from dilforge_shared.processes import available_cpus, die_with_parent
 from dilforge_shared.settings import settings
 
-from .checkpoints import Checkpointer
+from .checkpoints import Checkpointer, RngState
 from .config import CptConfig
 from .data import (
     PackedData,
@@ -48,8 +48,8 @@ from .launch import build_launch, wait_for_artifact, wait_for_hosts
 from .leakage import build_probe
 from .loop import LoopSetup, TrainState, train_loop
 from .model_init import initialise, kept_row_mask, load_model, locate_base_model, new_row_mask
+from .optim import TrainingModel
 from .reporting import MetricsLog, flops_per_token, peak_flops
-from .resumable import TrainingModel, register_resumables
 from .runtime import Runtime, init_runtime, shutdown
 from .sharding import apply_liger, resolve_memory, save_hf_model, shard_model
 from .validation import bpb_by_set, evaluate, window_and_stride
@@ -92,15 +92,16 @@ def worker(config: CptConfig, ctx: StageContext) -> StageResult:
     """`worker`: one torchrun process; global rank 0 leaves the metrics for the launcher. Stopped by the stop
     file, it checkpoints and exits 0 (rank 0 leaves the reason): the launcher reports the stop, torchrun no
     ChildFailedError."""
+    first = os.environ.get("RANK", "0") == "0"
     try:
         metrics = train(config, ctx)
     except Terminated as exc:
         if not stop_file(ctx).exists():
             raise
-        if int(os.environ.get("RANK", "0")) == 0:
+        if first:
             ctx.opt.failure_file.write_text(str(exc))
         return StageResult(metrics={})
-    if int(os.environ.get("RANK", "0")) == 0:
+    if first:
         tmp = ctx.opt.output_dir / f"{RESULT_FILE}.tmp"
         tmp.write_text(json.dumps(metrics))
         os.replace(tmp, ctx.opt.output_dir / RESULT_FILE)
@@ -110,26 +111,20 @@ def worker(config: CptConfig, ctx: StageContext) -> StageResult:
 def stay_until_published(ctx: StageContext) -> None:
     """A later host stays up until the first host has published, then ignores SIGTERM: local mode stops it when
     the first host exits, the job's normal end, not a failure (exit 143)."""
-    previous = signal.signal(signal.SIGTERM, end_once_published(ctx))
+
+    def end_once_published(signum, frame):
+        if published_by_first_host(ctx):
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            raise SystemExit(0)
+        raise Terminated("stopped by SIGTERM while waiting for the first host to publish")
+
+    previous = signal.signal(signal.SIGTERM, end_once_published)
     try:
         wait_for_artifact(ctx.request.artifact_uri, ctx.endpoint_url)
     except Exception:
         signal.signal(signal.SIGTERM, previous)
         raise
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # kept through interpreter exit (CPython restores only handlers)
-
-
-def end_once_published(ctx: StageContext):
-    """SIGTERM handler of a later host waiting for the first host's publish: once published, a SIGTERM is the
-    job's normal end (exit 0)."""
-
-    def handler(signum, frame):
-        if published_by_first_host(ctx):
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
-            raise SystemExit(0)
-        raise Terminated("stopped by SIGTERM while waiting for the first host to publish")
-
-    return handler
 
 
 def published_by_first_host(ctx: StageContext) -> bool:
@@ -146,12 +141,11 @@ def stop_file(ctx: StageContext) -> Path:
     return ctx.opt.output_dir / STOP_FILE
 
 
-def run_workers(plan, ctx: StageContext, grace_s: float | None = None) -> dict:
+def run_workers(plan, ctx: StageContext, grace_s: float = STOP_GRACE_S) -> dict:
     """Run torchrun and surface a worker's failure message.
 
     SIGTERM is not forwarded (torchrun SIGKILLs its workers too soon to checkpoint): this process creates the stop
     file, which the workers poll each step, checkpoint and exit; torchrun is signalled only `grace_s` later."""
-    grace_s = STOP_GRACE_S if grace_s is None else grace_s
     result = ctx.opt.output_dir / RESULT_FILE
     ctx.opt.output_dir.mkdir(parents=True, exist_ok=True)
     for stale in (result, ctx.opt.failure_file, stop_file(ctx)):
@@ -242,7 +236,7 @@ def train_in_process(config: CptConfig, ctx: StageContext, rt: Runtime) -> dict:
     stop = install_sigterm_handler()
     stop_path = stop_file(ctx)  # created by the launcher (multi-process runs) on SIGTERM
     if config.micro_batch_size != "auto":
-        derive_grad_accum(config, rt.world)  # a bad batch split fails before any data is read
+        grad_accum_steps(config, rt.world)  # a bad batch split fails before any data is read
 
     # data: tokenizer → token cache → packed windows + sampler; validation set
     tok_dir = resolve(ctx.input("tokenizer"), "tokenizer").path
@@ -266,7 +260,7 @@ def train_in_process(config: CptConfig, ctx: StageContext, rt: Runtime) -> dict:
     config = config.model_copy(
         update={"micro_batch_size": micro_batch, "activation_checkpointing": "on" if checkpointing else "off"}
     )
-    grad_accum = derive_grad_accum(config, rt.world)
+    grad_accum = grad_accum_steps(config, rt.world)
     probe = None
     if pending is not None and config.measure_leakage:
         probe, why = build_probe(config, pending.base_tok, pending.mapping, tok, ids, ctx.endpoint_url)
@@ -292,6 +286,7 @@ def train_in_process(config: CptConfig, ctx: StageContext, rt: Runtime) -> dict:
     model = shard_model(model, config, rt)
 
     fpt = {phase: flops_per_token(model.config, num_params, config.seq_len, phase) for phase in (1, 2)}
+    window, stride = window_and_stride(config)
     tokens_per_step = config.global_batch_size * config.seq_len
     derived = {
         "world_size": rt.world,
@@ -320,8 +315,8 @@ def train_in_process(config: CptConfig, ctx: StageContext, rt: Runtime) -> dict:
             }
             for vs in val
         },
-        "validation_window": window_and_stride(config)[0],
-        "validation_stride": window_and_stride(config)[1],
+        "validation_window": window,
+        "validation_stride": stride,
         "resume_from": resume.name if resume is not None else None,
     }
     if rt.is_main:
@@ -335,7 +330,9 @@ def train_in_process(config: CptConfig, ctx: StageContext, rt: Runtime) -> dict:
             state.add_leakage(0, step0_leakage)
 
     training = TrainingModel(model, config, rt, state, new_rows, kept_rows)
-    register_resumables(checkpointer, training, data.sampler, state)
+    checkpointer.register("train_state", state)  # first: the model component builds the optimizer of its phase
+    checkpointer.register("model", training, kind="tensors")
+    checkpointer.register("rng", RngState(), kind="rank_json")
     setup = LoopSetup(
         config=config,
         rt=rt,
@@ -385,16 +382,15 @@ def publish_files(config: CptConfig, ctx: StageContext, rt: Runtime, model, tok_
 
 def summarize(state: TrainState, derived: dict) -> CptMetrics:
     """The manifest's metrics, built as the typed model (a misnamed or missing figure fails here, in the stage)."""
-    last_val = state.last_val
     first_val = state.validation[0] if state.validation else {}
     timed = [h for h in state.history if h.get("tokens_per_s")]
     return CptMetrics(
         num_steps=state.step,
         tokens_seen=state.tokens_seen,
         final_train_loss=state.last_loss,
-        final_val_loss=last_val.get("val_loss"),
-        final_val_bpb=last_val.get("val_bpb"),
-        final_val_bpb_by_set=bpb_by_set(last_val),
+        final_val_loss=state.last_val.get("val_loss"),
+        final_val_bpb=state.last_val.get("val_bpb"),
+        final_val_bpb_by_set=bpb_by_set(state.last_val),
         best_val_bpb=state.best_val_bpb,
         step0_val_loss=first_val.get("val_loss"),
         step0_val_bpb=first_val.get("val_bpb"),
@@ -408,20 +404,14 @@ def summarize(state: TrainState, derived: dict) -> CptMetrics:
             (v["eval_peak_memory_gb"] for v in state.validation if v.get("eval_peak_memory_gb") is not None),
             default=None,
         ),
-        world_size=derived["world_size"],
-        global_batch_sequences=derived["global_batch_sequences"],
-        global_batch_tokens=derived["global_batch_tokens"],
-        total_tokens=derived["total_tokens"],
-        num_params=derived["num_params"],
-        liger_kernels=derived["liger_kernels"],
-        dtype=derived["dtype"],
         history=state.history,
         validation=state.validation,
+        **{k: derived[k] for k in CptMetrics.model_fields if k in derived},
     )
 
 
 # ---- pieces ----------------------------------------------------------------------------------
-def derive_grad_accum(config: CptConfig, world: int) -> int:
+def grad_accum_steps(config: CptConfig, world: int) -> int:
     try:
         return config.grad_accum_steps(world, "cpt.")
     except ValueError as exc:
