@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from dilforge_shared.errors import ConfigError, DilforgeError
+from dilforge_shared.errors import ConfigError, DilforgeError, field_errors
 from dilforge_shared.locks import FileLock
 from dilforge_shared.paths import check_name, check_relative_path
 from dilforge_shared.settings import redact_values
@@ -142,9 +142,7 @@ def parse_record(data: bytes, source: str) -> RecordDoc:
     try:
         return RecordDoc.model_validate(raw)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(map(str, first["loc"])) or "<root>"
-        raise DamagedRecord(f"{source}: damaged run record: {where}: {first['msg']}") from None
+        raise DamagedRecord(f"{source}: damaged run record: {field_errors(exc)}") from None
 
 
 def store_lock(store: ArtifactStore, key: str, poll_s: float = 2.0) -> FileLock | S3Lease:

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ValidationError
 
 from . import identity
 from .configs.base import ARTIFACT_PREFIX, StageConfig, validate_model
-from .errors import ConfigError, DilforgeError, InputError, UnsafePathError
+from .errors import ConfigError, DilforgeError, InputError, UnsafePathError, field_errors
 from .identity import artifact_id, config_refs
 from .manifest import MANIFEST_NAME, InputRef, Manifest, current_producer, parse_manifest, sha256_bytes
 from .paths import check_name
@@ -362,13 +362,6 @@ def publish_result(
 M = TypeVar("M", bound=BaseModel)
 
 
-def _first_error(exc: ValidationError) -> str:
-    err = exc.errors()[0]
-    where = ".".join(str(p) for p in err["loc"]) or "(top level)"
-    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-    return f"metrics.{where}: {err['msg']}{more}"
-
-
 def validate_metrics(stage: str, model: type[M], metrics: dict[str, Any]) -> M:
     """What a run of `stage` is about to publish, as its metrics model (DilforgeError naming the field: a bug in
     the stage, caught before anything is published)."""
@@ -377,7 +370,7 @@ def validate_metrics(stage: str, model: type[M], metrics: dict[str, Any]) -> M:
     except ValidationError as exc:
         raise DilforgeError(
             f"stage {stage} publishes metrics that do not match {model.__module__}.{model.__name__}: "
-            f"{_first_error(exc)}"
+            + field_errors(exc, within=("metrics",))
         ) from None
 
 
@@ -387,7 +380,8 @@ def read_metrics(model: type[M], metrics: dict[str, Any], uri: str) -> M:
         return model.model_validate(metrics)
     except ValidationError as exc:
         raise InputError(
-            f"metrics do not match {model.__name__} (an artifact of another dilforge version?): {_first_error(exc)}",
+            f"metrics do not match {model.__name__} (an artifact of another dilforge version?): "
+            + field_errors(exc, within=("metrics",)),
             path=uri,
         ) from None
 

@@ -13,6 +13,12 @@ def printable(path: object) -> str:
     return str(path).translate(_CONTROL)
 
 
+def field_errors(exc, sep: str = "; ", within: tuple = ()) -> str:
+    """Every problem of a pydantic ValidationError as `field.path: message`, joined by `sep`; `within` prefixes
+    the paths (`("metrics",)` → `metrics.loss`) and `<root>` names the document itself."""
+    return sep.join(f"{'.'.join(map(str, (*within, *e['loc']))) or '<root>'}: {e['msg']}" for e in exc.errors())
+
+
 class InputError(DilforgeError):
     """Bad user input: a corpus, a data record, a config value."""
 

@@ -16,7 +16,7 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from .errors import ManifestError
+from .errors import ManifestError, field_errors
 from .paths import check_name, check_relative_path, declared_uri
 from .settings import redact_values, settings
 
@@ -150,8 +150,7 @@ def parse_manifest(data: bytes | str, source: str) -> Manifest:
     try:
         return Manifest.model_validate(raw)
     except ValidationError as exc:
-        details = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        raise ManifestError(f"{source}: invalid manifest: {details}") from None
+        raise ManifestError(f"{source}: invalid manifest: {field_errors(exc)}") from None
 
 
 def sha256_file(path: Path) -> str:

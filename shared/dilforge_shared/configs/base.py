@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic.fields import FieldInfo
 from pydantic_core import to_jsonable_python
 
-from ..errors import ConfigError
+from ..errors import ConfigError, field_errors
 from ..manifest import InputRef
 from ..paths import declared_uri
 from ..settings import redact, secret_values
@@ -245,5 +245,4 @@ def validate_model(model: type[StrictModel], raw: Any, source: str):
     try:
         return model.model_validate(raw)
     except ValidationError as exc:  # every bad field, one a line, naming the document
-        fields = (f"  {'.'.join(map(str, e['loc'])) or '<root>'}: {e['msg']}" for e in exc.errors())
-        raise ConfigError("\n".join([f"invalid config in {source}:", *fields])) from None
+        raise ConfigError(f"invalid config in {source}:\n  " + field_errors(exc, sep="\n  ")) from None
