@@ -32,16 +32,15 @@ from .store import Artifact, fetch, publish, read_uri_bytes, verify_files
 
 log = logging.getLogger("dilforge")
 
-# SageMaker's /opt/ml layout, rooted anywhere (`DILFORGE_OPT_ML` for local runs): input/config/*.json and
-# input/data/<channel>/ in; model/ (the artifact), output/ (failure file) and checkpoints/ out.
-OPT_ML_ENV = "DILFORGE_OPT_ML"
-
-
+OPT_ML_ENV = "DILFORGE_OPT_ML"  # the /opt/ml root of a local run
 FAILURE_LIMIT = 1024 * 1024 - 1  # SageMaker reads at most 1 MiB of the failure file
+FAILURE_RESERVE = 64 * 1024  # bytes held on the /opt/ml disk from the start, freed to write the failure reason
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 class OptMl:
-    """The /opt/ml layout, rooted anywhere."""
+    """SageMaker's /opt/ml layout, rooted anywhere: input/config/*.json and input/data/<channel>/ in; model/ (the
+    artifact), output/ (failure file) and checkpoints/ out."""
 
     def __init__(self, root: Path):
         self.root = root
@@ -52,6 +51,7 @@ class OptMl:
         self.checkpoint_dir = root / "checkpoints"
         self.tensorboard_dir = self.output_dir / "tensorboard"
         self.failure_file = self.output_dir / "failure"
+        self.failure_reserve = self.output_dir / ".failure-reserve"
 
     @classmethod
     def from_env(cls) -> OptMl:
@@ -98,31 +98,12 @@ class ResourceConfig:
     def node_rank(self) -> int:
         return self.hosts.index(self.current_host)
 
-    @property
-    def master_addr(self) -> str:
-        return self.hosts[0]
-
-
-FAILURE_RESERVE = 64 * 1024  # bytes held on the /opt/ml disk for the failure reason (reserve_failure_space)
-
-
-def reserve_failure_space(opt: OptMl) -> None:
-    """Hold FAILURE_RESERVE bytes on the /opt/ml disk from the start of a stage: when that disk fills,
-    write_failure frees them first, so the failure still says why."""
-    with contextlib.suppress(OSError):
-        opt.output_dir.mkdir(parents=True, exist_ok=True)
-        (opt.output_dir / ".failure-reserve").write_bytes(b"\0" * FAILURE_RESERVE)  # written, not sparse
-
-
-def release_failure_space(opt: OptMl) -> None:
-    with contextlib.suppress(OSError):
-        (opt.output_dir / ".failure-reserve").unlink(missing_ok=True)
-
 
 def write_failure(opt: OptMl, message: str) -> None:
-    """SageMaker's failure file (its job status shows it), secrets redacted; never left empty (a failure
-    without a reason)."""
-    release_failure_space(opt)
+    """SageMaker's failure file (its job status shows it), secrets redacted, written in the space `stage_main`
+    held; never left empty (a failure without a reason)."""
+    with contextlib.suppress(OSError):
+        opt.failure_reserve.unlink(missing_ok=True)
     try:
         opt.output_dir.mkdir(parents=True, exist_ok=True)
         opt.failure_file.write_text(redact(message)[:FAILURE_LIMIT])
@@ -150,25 +131,20 @@ class StageRequest:
 
 def parse_hyperparameters(hp: dict[str, Any], config_cls: type[StageConfig], source: str) -> StageRequest:
     """Strictly parse SageMaker-style string hyperparameters into a StageRequest."""
-    bad = [k for k in hp if k not in HYPERPARAMETER_KEYS and not k.startswith("sagemaker_")]
-    if bad:
+    if bad := [k for k in hp if k not in HYPERPARAMETER_KEYS and not k.startswith("sagemaker_")]:
         raise ConfigError(f"{source}: unknown hyperparameters {sorted(bad)}; expected {sorted(HYPERPARAMETER_KEYS)}")
-    for key, value in hp.items():
-        if not isinstance(value, str):
-            raise ConfigError(f"{source}: hyperparameter {key!r} must be a string (SageMaker passes strings)")
-    for key in ("artifact_uri", "run_id"):
-        if not hp.get(key):
-            raise ConfigError(f"{source}: hyperparameter {key!r} is required")
+    if bad := [k for k, v in hp.items() if not isinstance(v, str)]:
+        raise ConfigError(f"{source}: hyperparameter {bad[0]!r} must be a string (SageMaker passes strings)")
+    if missing := [k for k in ("artifact_uri", "run_id") if not hp.get(k)]:
+        raise ConfigError(f"{source}: hyperparameter {missing[0]!r} is required")
     endpoint = hp.get("s3_endpoint_url") or None
-    if "stage_config" in hp and "stage_config_uri" in hp:
-        raise ConfigError(f"{source}: give stage_config or stage_config_uri, not both")
+    if ("stage_config" in hp) == ("stage_config_uri" in hp):
+        raise ConfigError(f"{source}: give one of the hyperparameters 'stage_config' and 'stage_config_uri'")
     if "stage_config" in hp:
         doc, doc_source = hp["stage_config"], f"{source}: stage_config"
-    elif "stage_config_uri" in hp:
+    else:
         doc_source = hp["stage_config_uri"]
         doc = read_uri_bytes(doc_source, endpoint).decode()
-    else:
-        raise ConfigError(f"{source}: hyperparameter 'stage_config' or 'stage_config_uri' is required")
     try:
         raw = json.loads(doc)
     except json.JSONDecodeError as exc:
@@ -185,16 +161,9 @@ def parse_hyperparameters(hp: dict[str, Any], config_cls: type[StageConfig], sou
             check_name(name, "input name")
         except UnsafePathError as exc:
             raise ConfigError(f"{source}: hyperparameter 'inputs': {exc}") from None
-    missing = [name for name in config.needed_inputs() if name not in inputs]
-    if missing:
+    if missing := [name for name in config.needed_inputs() if name not in inputs]:
         raise ConfigError(f"{source}: {config.missing_inputs_message(missing)}")
-    return StageRequest(
-        config=config,
-        artifact_uri=hp["artifact_uri"].rstrip("/"),
-        run_id=hp["run_id"],
-        inputs=inputs,
-        s3_endpoint_url=endpoint,
-    )
+    return StageRequest(config, hp["artifact_uri"].rstrip("/"), hp["run_id"], inputs, endpoint)
 
 
 def build_hyperparameters(
@@ -207,13 +176,8 @@ def build_hyperparameters(
 ) -> dict[str, str]:
     """The inverse of parse_hyperparameters, for backends."""
     hp = {"artifact_uri": artifact_uri, "run_id": run_id, "inputs": json.dumps(inputs, sort_keys=True)}
-    if config_uri:
-        hp["stage_config_uri"] = config_uri
-    else:
-        hp["stage_config"] = config.model_dump_json()
-    if s3_endpoint_url:
-        hp["s3_endpoint_url"] = s3_endpoint_url
-    return hp
+    hp |= {"stage_config_uri": config_uri} if config_uri else {"stage_config": config.model_dump_json()}
+    return hp | ({"s3_endpoint_url": s3_endpoint_url} if s3_endpoint_url else {})
 
 
 @dataclass
@@ -239,19 +203,14 @@ class StageContext:
         """An upstream artifact, verified: from its SageMaker channel when mounted, else from the store."""
         if name not in self._artifacts:
             if name not in self.request.inputs:
-                raise ConfigError(
-                    f"stage {self.request.config.stage} has no input {name!r} "
-                    f"(inputs given: {sorted(self.request.inputs)})"
-                )
-            uri = self.request.inputs[name]
-            channel = self.opt.data_dir / name
+                given = sorted(self.request.inputs)
+                raise ConfigError(f"stage {self.request.config.stage} has no input {name!r} (inputs given: {given})")
+            uri, channel = self.request.inputs[name], self.opt.data_dir / name
             if (channel / MANIFEST_NAME).is_file():
                 data = (channel / MANIFEST_NAME).read_bytes()
                 manifest = parse_manifest(data, str(channel / MANIFEST_NAME))
                 verify_files(manifest, channel / manifest.data_dir, str(channel))
-                self._artifacts[name] = Artifact(
-                    uri=uri, manifest=manifest, manifest_sha256=sha256_bytes(data), path=channel / manifest.data_dir
-                )
+                self._artifacts[name] = Artifact(uri, manifest, sha256_bytes(data), channel / manifest.data_dir)
             else:
                 self._artifacts[name] = fetch(uri, cache_dir=self.cache_dir, endpoint_url=self.endpoint_url)
         return self._artifacts[name]
@@ -294,10 +253,6 @@ def resolve_sources(config: StageConfig, ctx: StageContext) -> StageConfig:
     return type(config).model_validate(walk(config.model_dump(mode="json")))
 
 
-class IdentityMismatch(DilforgeError):
-    """What the stage read is not what the artifact id was planned from: nothing is published."""
-
-
 def planned_id(ctx: StageContext) -> str | None:
     """The artifact id the coordinator planned (the folder name), or None when the folder is not named by an id
     (a stage started by hand into a named folder: its artifact is never reused, so there is no id to keep)."""
@@ -320,14 +275,14 @@ def check_identity(ctx: StageContext, refs: list[InputRef], since: list[InputRef
         if old.name == ref.name and old.sha256 != ref.sha256
     ]
     if changed:
-        raise IdentityMismatch(
+        raise DilforgeError(
             f"stage {stage}: inputs changed while the stage ran: {'; '.join(changed)}; nothing "
             "published; rerun once the data is stable"
         )
     got = artifact_id(ctx.request.config, refs)
     if got != expected:
         names = ", ".join(ref.name for ref in refs if ref.kind == "data") or "none"
-        raise IdentityMismatch(
+        raise DilforgeError(
             f"stage {stage}: the inputs and code as read now give artifact id {got}, not the planned {expected}: data, "
             f"an upstream artifact or the stage's code changed after the run was planned (data inputs: {names}); "
             "nothing published; rerun to plan again"
@@ -420,19 +375,16 @@ def stage_main(
     exit; nothing is published unless run_fn returns."""
     argv = sys.argv[1:] if argv is None else argv
     # stdout, credentials masked on every line (botocore logs keys at DEBUG)
-    logging.basicConfig(
-        level=settings().log_level,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stdout,
-        force=True,
-    )
+    logging.basicConfig(level=settings().log_level, format=LOG_FORMAT, stream=sys.stdout, force=True)
     install_log_masking()
     opt = OptMl.from_env()
     if argv[:1] != ["train"]:
         print(f"usage: {package} train   (SageMaker contract; /opt/ml root from ${OPT_ML_ENV})", file=sys.stderr)
         return 2
     try:
-        reserve_failure_space(opt)  # a full disk still ends with its reason
+        with contextlib.suppress(OSError):  # held for write_failure: a full disk still ends with its reason
+            opt.output_dir.mkdir(parents=True, exist_ok=True)
+            opt.failure_reserve.write_bytes(b"\0" * FAILURE_RESERVE)  # written, not sparse
         hp_path = opt.config_dir / "hyperparameters.json"
         hp = opt.read_json("hyperparameters.json", None)
         if hp is None:
@@ -450,7 +402,8 @@ def stage_main(
         if publish_from_this_process:
             manifest = publish_result(ctx, result, package, start_refs)
             log.info("published %s/%s (%d files)", request.artifact_uri, MANIFEST_NAME, len(manifest.files))
-        release_failure_space(opt)
+        with contextlib.suppress(OSError):
+            opt.failure_reserve.unlink(missing_ok=True)
         return 0
     except DilforgeError as exc:
         message = str(exc)

@@ -72,7 +72,7 @@ def test_resource_config_sorts_hosts_and_picks_master(tmp_path):
         {}, resource={"current_host": "algo-1", "hosts": ["algo-2", "algo-1"], "network_interface_name": "eth0"}
     )
     res = ResourceConfig.load(opt)
-    assert res.hosts == ["algo-1", "algo-2"] and res.master_addr == "algo-1" and res.node_rank == 0
+    assert res.hosts == ["algo-1", "algo-2"] and res.node_rank == 0
 
 
 def run_main(tmp_path, monkeypatch, run_fn, **hp_overrides):
