@@ -30,19 +30,7 @@ STAGES: tuple[StageName, ...] = get_args(StageName)  # the pipeline's stages, in
 
 ArtifactKind = Literal["corpus", "tokenizer", "model", "adapter", "eval_report"]
 
-KEY_LIBRARIES = (
-    "torch",
-    "transformers",
-    "tokenizers",
-    "trl",
-    "peft",
-    "accelerate",
-    "datasets",
-    "liger-kernel",
-    "safetensors",
-    "pydantic",
-    "boto3",
-)
+KEY_LIBRARIES = "torch transformers tokenizers trl peft accelerate datasets liger-kernel safetensors pydantic boto3"
 
 
 class Metrics(BaseModel):
@@ -164,11 +152,8 @@ def sha256_bytes(data: bytes) -> str:
 
 def scan_files(root: Path) -> list[FileEntry]:
     """Every regular file under root, sorted, with size and sha256."""
-    entries = []
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
-        rel = path.relative_to(root).as_posix()
-        entries.append(FileEntry(path=rel, size=path.stat().st_size, sha256=sha256_file(path)))
-    return entries
+    files = sorted(p for p in root.rglob("*") if p.is_file())
+    return [FileEntry(path=p.relative_to(root).as_posix(), size=p.stat().st_size, sha256=sha256_file(p)) for p in files]
 
 
 def git_sha(cwd: Path | None = None) -> str | None:
@@ -176,49 +161,27 @@ def git_sha(cwd: Path | None = None) -> str | None:
     the checkout holding `cwd` (default: this package's), else None. The one git-sha helper (manifests, image tags)."""
     if sha := settings().git_sha:
         return sha
+    cwd = cwd or Path(__file__).resolve().parent
     try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            cwd=cwd or Path(__file__).resolve().parent,
-        )
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, cwd=cwd)
         return out.stdout.strip() or None if out.returncode == 0 else None
     except (OSError, subprocess.SubprocessError):
         return None
 
 
 def current_producer(package: str) -> Producer:
-    libs = {}
-    for name in KEY_LIBRARIES:
+    versions = {}
+    for name in (package, *KEY_LIBRARIES.split()):
         with contextlib.suppress(metadata.PackageNotFoundError):
-            libs[name] = metadata.version(name)
-    try:
-        version = metadata.version(package)
-    except metadata.PackageNotFoundError:
-        version = "unknown"
-    return Producer(
-        package=package,
-        version=version,
-        git_sha=git_sha(),
-        image=settings().image,
-        libraries=libs,
-    )
+            versions[name] = metadata.version(name)
+    version = versions.pop(package, "unknown")
+    return Producer(package=package, version=version, git_sha=git_sha(), image=settings().image, libraries=versions)
 
 
 def artifact_ref(name: str, uri: str, manifest: Manifest) -> InputRef:
     """An upstream artifact as lineage and identity record it: by its artifact id (a digest of what made it), never
     by its manifest's bytes (where and when it was stored) nor its files' (CPT's and SFT's carry run timings)."""
     return InputRef(name=name, kind="manifest", uri=uri, sha256=f"artifact:{manifest.artifact_id}")
-
-
-def input_key(ref: InputRef) -> list[str]:
-    """What the id hashes of one input: its role and content, never where it lives nor its display name (a data
-    source's or model folder's place in the config is bound by `fingerprint`)."""
-    if ref.name.startswith(("data:", "model:")):
-        return [ref.name.split(":", 1)[0], ref.sha256]
-    return [ref.name, ref.sha256]
 
 
 def by_content(value: Any, content: dict[str, str]) -> Any:
@@ -232,13 +195,14 @@ def by_content(value: Any, content: dict[str, str]) -> Any:
 
 def fingerprint(stage: str, identity: dict[str, Any], inputs: list[InputRef], code_version: str) -> str:
     """Artifact id: the stage, its code version, its config's identity fields and its inputs' digests (same values,
-    same id: reruns reuse). A file, folder or model the config names counts by its content, wherever it lives."""
-    content = {declared_uri(ref.uri): ref.sha256 for ref in inputs if ref.name.startswith(("data:", "model:"))}
+    same id: reruns reuse). A file, folder or model the config names counts by its content, wherever it lives: an
+    input is hashed by its role and content, never by where it lives nor by its display name."""
+    named = ("data:", "model:")  # inputs the config names (a data source, a model folder)
     payload = {
         "stage": stage,
         "code_version": code_version,
-        "config": by_content(identity, content),
-        "inputs": sorted(input_key(ref) for ref in inputs),
+        "config": by_content(identity, {declared_uri(r.uri): r.sha256 for r in inputs if r.name.startswith(named)}),
+        "inputs": sorted([r.name.split(":", 1)[0] if r.name.startswith(named) else r.name, r.sha256] for r in inputs),
         "schema_major": SCHEMA_VERSION.split(".")[0],
     }
     canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
