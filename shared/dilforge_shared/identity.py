@@ -6,6 +6,7 @@ recomputed. Models are identified without downloading weights (`source_ref`); a 
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import glob
 import hashlib
@@ -17,20 +18,13 @@ from urllib.parse import urlparse
 
 from .configs.base import StageConfig
 from .errors import ConfigError, InputError, ManifestNotFound
-from .manifest import MANIFEST_NAME, InputRef, StageName, artifact_ref, fingerprint, parse_manifest, sha256_file
+from .manifest import MANIFEST_NAME, STAGES, InputRef, StageName, artifact_ref, fingerprint, parse_manifest, sha256_file
 from .paths import check_links, content_keys, declared_uri, holds_dilforge_data, local_path
 from .settings import cache_root
 from .store import S3Storage, read_manifest
 
 # the module each stage's container runs (`python -m <module> train`); the model stage runs in the cpt image
-STAGE_MODULES: dict[StageName, str] = {
-    "model": "dilforge_cpt.import_model",
-    "curate": "dilforge_curate",
-    "tokenizer": "dilforge_tokenizer",
-    "cpt": "dilforge_cpt",
-    "sft": "dilforge_sft",
-    "eval": "dilforge_eval",
-}
+STAGE_MODULES: dict[StageName, str] = {s: f"dilforge_{s}" for s in STAGES} | {"model": "dilforge_cpt.import_model"}
 
 
 def config_refs(config: StageConfig, endpoint_url: str | None = None) -> list[InputRef]:
@@ -119,7 +113,13 @@ def expand(uri: str, endpoint_url: str | None = None) -> list[str]:
     or prefix."""
     parsed = urlparse(uri)
     if parsed.scheme == "s3":
-        return _expand_s3(uri, parsed.netloc, parsed.path.lstrip("/"), endpoint_url)
+        backend, key = S3Storage(parsed.netloc, "", endpoint_url), parsed.path.lstrip("/")
+        if key and not key.endswith("/") and backend.exists(key):
+            return [uri]
+        prefix = key.rstrip("/")
+        if not (keys := [k for k in content_keys(backend.list(prefix), prefix) if k.lower().endswith(SUFFIXES)]):
+            raise InputError("no such S3 object, and no corpus files under that prefix", path=uri)
+        return [f"s3://{parsed.netloc}/{k}" for k in sorted(keys)]
     path = uri[len("file://") :] if parsed.scheme == "file" else uri
     if any(ch in path for ch in GLOB_CHARS) and not os.path.lexists(path):
         matches = sorted(glob.glob(path))
@@ -130,8 +130,7 @@ def expand(uri: str, endpoint_url: str | None = None) -> list[str]:
         return [regular_file(m, m) for m in matches]
     p = Path(path)
     if p.is_dir():
-        files = _walk(p, uri)
-        if not files:
+        if not (files := _walk(p, uri)):
             raise InputError("folder holds no corpus file (.txt, .txt.gz, .jsonl, .tsv, .parquet)", path=uri)
         return files
     if not p.exists():
@@ -148,37 +147,20 @@ def _walk(root: Path, uri: str) -> list[str]:
     files = []
     for dirpath, dirnames, filenames in os.walk(root, onerror=fail):
         here = Path(dirpath)
-        keep = []
-        for name in dirnames:
-            sub = here / name
-            if name.startswith("."):
-                continue
-            if sub.is_symlink():
-                raise InputError(
-                    f"{sub.relative_to(root)} is a link to a folder; links are not followed in a corpus folder "
-                    "(they may loop or lead out of it): name its target as a source of its own",
-                    path=uri,
-                )
-            if not holds_dilforge_data(sub):
-                keep.append(name)
-        dirnames[:] = keep
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        if links := [d for d in dirnames if (here / d).is_symlink()]:
+            raise InputError(
+                f"{(here / links[0]).relative_to(root)} is a link to a folder; links are not followed in a corpus "
+                "folder (they may loop or lead out of it): name its target as a source of its own",
+                path=uri,
+            )
+        dirnames[:] = [d for d in dirnames if not holds_dilforge_data(here / d)]
         files += [
             str(here / f)
             for f in filenames
             if not f.startswith(".") and f.lower().endswith(SUFFIXES) and (here / f).is_file()
         ]
     return sorted(files)
-
-
-def _expand_s3(uri: str, bucket: str, key: str, endpoint_url: str | None) -> list[str]:
-    backend = S3Storage(bucket, "", endpoint_url)
-    if key and not key.endswith("/") and backend.exists(key):
-        return [uri]
-    prefix = key.rstrip("/")
-    keys = [k for k in content_keys(backend.list(prefix), prefix) if k.lower().endswith(SUFFIXES)]
-    if not keys:
-        raise InputError("no such S3 object, and no corpus files under that prefix", path=uri)
-    return [f"s3://{bucket}/{k}" for k in sorted(keys)]
 
 
 def regular_file(path: str, uri: str) -> str:
@@ -199,26 +181,19 @@ def regular_file(path: str, uri: str) -> str:
 
 
 def source_files(uri: str, endpoint_url: str | None = None) -> list[str]:
-    """The files a source names: an artifact's data folder by its manifest's list (a file added to a published
-    artifact is never read), anything else by `expand`."""
-    listed = artifact_files(uri)
-    return listed if listed is not None else expand(uri, endpoint_url)
-
-
-def artifact_files(uri: str) -> list[str] | None:
-    """The corpus files an artifact's manifest lists, when `uri` is its data folder (the folder a `manifest.json`
-    beside it names as `data_dir`: in a local store, a fetched copy, a SageMaker channel); else None."""
+    """The files a source names: an artifact's data folder (the folder a `manifest.json` beside it names as
+    `data_dir`: in a local store, a fetched copy, a SageMaker channel) by its manifest's list, so a file added to a
+    published artifact is never read; anything else by `expand`."""
     folder = Path(uri)
     beside = folder.parent / MANIFEST_NAME
     if "://" in uri or not folder.is_dir() or not beside.is_file():
-        return None
+        return expand(uri, endpoint_url)
     manifest = parse_manifest(beside.read_bytes(), str(beside))
     if manifest.data_dir != folder.name:
-        return None
-    files = sorted(str(folder / e.path) for e in manifest.files if e.path.lower().endswith(SUFFIXES))
-    if not files:
-        raise InputError("the artifact's manifest lists no corpus file (.txt, .jsonl, .tsv, .parquet)", path=uri)
-    return files
+        return expand(uri, endpoint_url)
+    if files := sorted(str(folder / e.path) for e in manifest.files if e.path.lower().endswith(SUFFIXES)):
+        return files
+    raise InputError("the artifact's manifest lists no corpus file (.txt, .jsonl, .tsv, .parquet)", path=uri)
 
 
 def data_digest(uri: str, endpoint_url: str | None = None) -> str:
@@ -230,19 +205,17 @@ def data_digest(uri: str, endpoint_url: str | None = None) -> str:
     h = hashlib.sha256()
     for file_uri in files:
         parsed = urlparse(file_uri)
-        if parsed.scheme == "s3":
+        if parsed.scheme != "s3":
+            sha256 = stamped_sha256(Path(file_uri))
+        else:
             head = S3Storage(parsed.netloc, "", endpoint_url).head(parsed.path.lstrip("/"))
             sha256 = head.get("Metadata", {}).get("sha256")
-            if sha256 and declared_uri(file_uri) != file_uri:  # an uploaded copy: hashed as the local file
-                if named:
-                    return sha256
-                h.update(f"{os.path.basename(file_uri)}:{sha256}\n".encode())
-            else:
+            if not sha256 or declared_uri(file_uri) == file_uri:  # an uploaded copy is hashed as the local file
                 h.update(f"{file_uri}:{head['ETag']}\n".encode())
-        elif named:
-            return stamped_sha256(Path(file_uri))
-        else:
-            h.update(f"{os.path.basename(file_uri)}:{stamped_sha256(Path(file_uri))}\n".encode())
+                continue
+        if named:
+            return sha256
+        h.update(f"{os.path.basename(file_uri)}:{sha256}\n".encode())
     return h.hexdigest()
 
 
@@ -253,20 +226,15 @@ def stamped_sha256(path: Path) -> str:
     stamp = f"{path.resolve()}|{st.st_dev}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}"
     root = cache_root() / "digests"
     entry = root / hashlib.sha256(stamp.encode()).hexdigest()
-    try:
-        cached = entry.read_text().strip()
-        if len(cached) == 64:
+    with contextlib.suppress(OSError):
+        if len(cached := entry.read_text().strip()) == 64:
             return cached
-    except OSError:
-        pass
     digest = sha256_file(path)
-    try:  # best effort: an unwritable cache only costs the next read
+    with contextlib.suppress(OSError):  # best effort: an unwritable cache only costs the next read
         root.mkdir(parents=True, exist_ok=True)
         tmp = entry.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(digest)
         os.replace(tmp, entry)
-    except OSError:
-        pass
     return digest
 
 
