@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import posixpath
+from types import UnionType
 from typing import Annotated, Any, ClassVar, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -59,21 +60,14 @@ def identity_view(value):
     return to_jsonable_python(value)
 
 
-def _numbers_only(annotation) -> bool:
-    """Whether a field's type admits int or float and no boolean (through Annotated, Optional and unions)."""
-
-    def kinds(t) -> set:
-        origin = get_origin(t)
-        if origin is Annotated:
-            return kinds(get_args(t)[0])
-        if origin is Union or type(t).__name__ == "UnionType":
-            return set().union(*(kinds(a) for a in get_args(t)))
-        if origin is Literal:
-            return {type(v) for v in get_args(t)}
-        return {t if t in (int, float, bool, type(None)) else Any}
-
-    found = kinds(annotation)
-    return bool(found & {int, float}) and not found & {bool, Any}
+def _kinds(t) -> set:
+    """The basic types a field's type admits (through Annotated, Optional, unions and Literal); Any for others."""
+    origin = get_origin(t)
+    if origin is Annotated:
+        return _kinds(get_args(t)[0])
+    if origin in (Union, UnionType, Literal):
+        return set().union(*({type(a)} if origin is Literal else _kinds(a) for a in get_args(t)))
+    return {t if t in (int, float, bool, type(None)) else Any}
 
 
 class StrictModel(BaseModel):
@@ -86,7 +80,8 @@ class StrictModel(BaseModel):
     def _no_boolean_for_a_number(cls, value, info):
         """pydantic's lax mode reads `true` as 1 for a number (`num_shards: true` would run one shard): a field
         that takes a number and not a boolean refuses one, naming the field."""
-        if isinstance(value, bool) and info.field_name and _numbers_only(cls.model_fields[info.field_name].annotation):
+        kinds = _kinds(cls.model_fields[info.field_name].annotation) if isinstance(value, bool) else set()
+        if kinds & {int, float} and not kinds & {bool, Any}:
             raise ValueError(f"{str(value).lower()} is a boolean; this field takes a number")
         return value
 
@@ -98,17 +93,6 @@ Switch = Literal["auto", "on", "off"]
 # then that artifact's id (an upstream ref), and the stage reads the artifact's shards (contract.resolve_sources).
 ARTIFACT_PREFIX = "artifact:"
 CORPUS_STAGES = ("curate",)
-
-
-def normal_local_uri(uri: str) -> str:
-    """A local path in one spelling, so one file has one identity: `file://` dropped, `./`, `a/../`, doubled and
-    trailing slashes collapsed (`./x`, `x/`, `file://x` → `x`; `//data/x` → `/data/x`). Other URIs are kept."""
-    if uri.startswith("file://"):
-        uri = uri[len("file://") :]
-    elif "://" in uri or uri.startswith(ARTIFACT_PREFIX) or not uri:
-        return uri
-    path = posixpath.normpath(uri)
-    return "/" + path.lstrip("/") if path.startswith("//") else path
 
 
 class DataSource(StrictModel):
@@ -135,12 +119,19 @@ class DataSource(StrictModel):
 
     @field_validator("uri")
     @classmethod
-    def _check_artifact(cls, uri: str) -> str:
+    def _normal_uri(cls, uri: str) -> str:
+        """A local path in one spelling, so one file has one identity: `file://` dropped, `./`, `a/../`, doubled
+        and trailing slashes collapsed (`./x`, `x/`, `file://x` → `x`; `//data/x` → `/data/x`). Other URIs kept."""
         if uri.startswith(ARTIFACT_PREFIX) and uri[len(ARTIFACT_PREFIX) :] not in CORPUS_STAGES:
             raise ValueError(
                 f"{uri!r}: an upstream artifact is named {', '.join(ARTIFACT_PREFIX + s for s in CORPUS_STAGES)}"
             )
-        return normal_local_uri(uri)
+        if uri.startswith("file://"):
+            uri = uri[len("file://") :]
+        elif "://" in uri or uri.startswith(ARTIFACT_PREFIX) or not uri:
+            return uri
+        path = posixpath.normpath(uri)
+        return "/" + path.lstrip("/") if path.startswith("//") else path
 
     @property
     def artifact(self) -> str | None:
@@ -161,8 +152,7 @@ def check_unique_labels(sources: list[DataSource], field: str) -> None:
     """Per-source metrics, weights and lineage are keyed by a source's label: two sources with one label would be
     merged silently, so refuse them, naming the field and the label."""
     labels = [s.label for s in sources]
-    dupes = sorted({x for x in labels if labels.count(x) > 1})
-    if dupes:
+    if dupes := sorted({x for x in labels if labels.count(x) > 1}):
         raise ValueError(
             f"{field}: two sources are named {dupes[0]!r} (set a distinct `name` on each; the name "
             "defaults to the file name)"
