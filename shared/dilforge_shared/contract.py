@@ -85,13 +85,9 @@ class ResourceConfig:
     def load(cls, opt: OptMl) -> ResourceConfig:
         raw = opt.read_json("resourceconfig.json", {"current_host": "algo-1", "hosts": ["algo-1"]})
         try:
-            return cls(
-                current_host=raw["current_host"],
-                hosts=sorted(raw["hosts"]),
-                network_interface_name=raw.get("network_interface_name"),
-                instance_type=raw.get("current_instance_type"),
-            )
-        except (KeyError, TypeError) as exc:
+            interface, instance_type = raw.get("network_interface_name"), raw.get("current_instance_type")
+            return cls(raw["current_host"], sorted(raw["hosts"]), interface, instance_type)
+        except (KeyError, TypeError, AttributeError) as exc:
             raise ConfigError(f"{opt.config_dir / 'resourceconfig.json'}: missing field {exc}") from None
 
     @property
@@ -113,8 +109,7 @@ def write_failure(opt: OptMl, message: str) -> None:
                 opt.failure_file.unlink()
 
 
-# Keys: stage_config or stage_config_uri, artifact_uri, run_id, inputs (JSON {name: manifest URI}), optional
-# s3_endpoint_url; any other key is an error (`sagemaker_*` aside).
+# stage_config or stage_config_uri, artifact_uri, run_id, inputs (JSON {name: manifest URI}), s3_endpoint_url
 HYPERPARAMETER_KEYS = {"stage_config", "stage_config_uri", "artifact_uri", "run_id", "inputs", "s3_endpoint_url"}
 
 
@@ -130,7 +125,8 @@ class StageRequest:
 
 
 def parse_hyperparameters(hp: dict[str, Any], config_cls: type[StageConfig], source: str) -> StageRequest:
-    """Strictly parse SageMaker-style string hyperparameters into a StageRequest."""
+    """Strictly parse SageMaker-style string hyperparameters into a StageRequest: a key not in
+    HYPERPARAMETER_KEYS is an error (`sagemaker_*` aside)."""
     if bad := [k for k in hp if k not in HYPERPARAMETER_KEYS and not k.startswith("sagemaker_")]:
         raise ConfigError(f"{source}: unknown hyperparameters {sorted(bad)}; expected {sorted(HYPERPARAMETER_KEYS)}")
     if bad := [k for k, v in hp.items() if not isinstance(v, str)]:

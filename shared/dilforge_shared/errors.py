@@ -23,9 +23,7 @@ class InputError(DilforgeError):
     """Bad user input: a corpus, a data record, a config value."""
 
     def __init__(self, message: str, *, path: str | None = None, line: int | None = None):
-        where = ""
-        if path is not None:
-            where = f"{printable(path)}:{line}: " if line is not None else f"{printable(path)}: "
+        where = "" if path is None else printable(path) + ("" if line is None else f":{line}") + ": "
         super().__init__(f"{where}{message}")
 
 

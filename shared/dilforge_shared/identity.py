@@ -54,10 +54,8 @@ def source_ref(uri: str, name: str, endpoint_url: str | None = None) -> InputRef
     """Lineage of whatever a model/tokenizer URI holds, computed without downloading any weights."""
     if urlparse(uri).scheme != "s3" and local_path(uri).is_file():
         return InputRef(name=name, kind="data", uri=uri, sha256=sha256_file(local_path(uri)))
-    try:
+    with contextlib.suppress(ManifestNotFound):
         return artifact_ref(name, uri, read_manifest(uri, endpoint_url)[0])
-    except ManifestNotFound:
-        pass
     return InputRef(name=name, kind="data", uri=uri, sha256=model_digest(uri, endpoint_url))
 
 
@@ -93,8 +91,7 @@ def model_digest(uri: str, endpoint_url: str | None = None) -> str:
     h = hashlib.sha256()
     stats = sorted(backend.list_stats(""))  # (key, size, ETag): one listing, no request per object
     content = set(content_keys((key for key, _, _ in stats), ""))  # what folder_files takes of a local folder
-    stats = [s for s in stats if s[0] in content]
-    if not stats:
+    if not (stats := [s for s in stats if s[0] in content]):
         raise ConfigError(f"{uri}: no objects under this prefix")
     copy = declared_uri(uri) != uri  # an uploaded copy: each object's sha256, as dir_digest hashes the folder
     for key, _, etag in stats:
@@ -104,7 +101,6 @@ def model_digest(uri: str, endpoint_url: str | None = None) -> str:
 
 
 SUFFIXES = (".txt", ".txt.gz", ".jsonl", ".jsonl.gz", ".tsv", ".tsv.gz", ".parquet")
-GLOB_CHARS = "*?["
 
 
 def expand(uri: str, endpoint_url: str | None = None) -> list[str]:
@@ -121,9 +117,8 @@ def expand(uri: str, endpoint_url: str | None = None) -> list[str]:
             raise InputError("no such S3 object, and no corpus files under that prefix", path=uri)
         return [f"s3://{parsed.netloc}/{k}" for k in sorted(keys)]
     path = uri[len("file://") :] if parsed.scheme == "file" else uri
-    if any(ch in path for ch in GLOB_CHARS) and not os.path.lexists(path):
-        matches = sorted(glob.glob(path))
-        if not matches:
+    if any(ch in path for ch in "*?[") and not os.path.lexists(path):
+        if not (matches := sorted(glob.glob(path))):
             raise InputError(
                 "glob matches no file (a file whose name holds *, ? or [ is read when it exists)", path=uri
             )
