@@ -26,7 +26,7 @@ DATA_DIR = re.compile(r"^data-[0-9a-f]{12}$")  # store.publish
 DIGEST_FILE = re.compile(r"^\.data-[0-9a-f]{12}\.manifest\.sha256$")  # store.manifest_digest_key
 DAMAGED = re.compile(r"\.damaged-\d{8}T\d{6}Z(-\d+)?$")  # integrity.move_aside
 ARTIFACT_ID = re.compile(r"^[0-9a-f]{16}$")  # manifest.fingerprint: `artifacts/<stage>/<id>`
-# In the download cache, by subfolder: models._download_prefix → mirror_prefix (`.<key>.<8 hex>.partial|old` beside
+# In the download cache, by subfolder: models.open_model → mirror_prefix (`.<key>.<8 hex>.partial|old` beside
 # the copy), identity.stamped_sha256 (`<sha256>.<pid>.tmp`), the model stage's recipe wheels (`.download-<uuid>`).
 CACHE_LEFTOVERS = {
     "models": re.compile(r"^\.[0-9a-f]{16}\.[0-9a-f]{8}\.(partial|old)$"),

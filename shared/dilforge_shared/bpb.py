@@ -7,6 +7,7 @@ full-vocabulary logits per batch), via a decoder hook, so FSDP2 gathers the head
 
 from __future__ import annotations
 
+import inspect
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -50,13 +51,9 @@ def build_stream(docs: Sequence[str], encoded: Sequence[Sequence[int]], bos: int
 
 
 def window_plan(num_positions: int, window: int, stride: int) -> list[tuple[int, int, int]]:
-    """(begin, end, first_scored) per window over positions 0..n-1 (position 0 is only context).
-
-    Window k feeds positions [begin, end) and scores target positions [first_scored, end); every
-    target 1..n-1 falls in exactly one window, with at least window - stride tokens of context
-    after the first window. The stride is capped at window - 1: the first position of a window has
-    no context inside it, so consecutive windows must overlap by one token at least.
-    """
+    """(begin, end, first_scored) per window over positions 0..n-1 (position 0 is only context): window k feeds
+    [begin, end) and scores targets [first_scored, end), each target 1..n-1 in exactly one window. The stride is
+    capped at window - 1 (a window's first position has no context inside it, so windows overlap by one at least)."""
     if window < 2 or stride < 1 or stride > window:
         raise ValueError(f"need window >= 2 and 1 <= stride <= window, got window={window}, stride={stride}")
     stride = min(stride, window - 1)
@@ -72,8 +69,6 @@ def window_plan(num_positions: int, window: int, stride: int) -> list[tuple[int,
 def _decoder_and_head(model):
     """(decoder, lm_head) when logits are a plain linear map of the decoder's output and the model's
     forward can skip computing them (`logits_to_keep`), else (None, None)."""
-    import inspect
-
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     cfg = getattr(model, "config", None)
@@ -107,13 +102,9 @@ def _batch_nll(
     chunk_positions: int,
     kept: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Summed NLL (float64) of `targets` at hidden positions (rows, cols) of one forward pass
-    (with `kept`: [full softmax, kept rows only], see `_chunk_nll`).
-
-    The model's own forward runs (so FSDP2's root hooks gather the embedding, norm and head, and
-    Liger/compile apply as in training) with `logits_to_keep=1`; a hook on the decoder turns the
-    scored positions' final hidden states into log-probabilities, `chunk_positions` at a time.
-    """
+    """Summed NLL (float64; with `kept` see `_chunk_nll`) of `targets` at hidden positions (rows, cols) of one
+    forward: the model's own (FSDP2's hooks gather the head, Liger/compile apply as in training) with
+    `logits_to_keep=1`; a decoder hook scores the picked final hidden states, `chunk_positions` at a time."""
     decoder, head = _decoder_and_head(model)
     total = torch.zeros(() if kept is None else (2,), dtype=torch.float64, device=targets.device)
     if decoder is None:  # logits are not a plain linear map of the hidden states: the model computes them
@@ -214,7 +205,7 @@ def stream_nll(
 
 
 @dataclass
-class BpbResult:
+class BpbResult:  # one stream's `sliding_window_bpb`
     nll_nats: float
     num_bytes: int
     num_tokens: int  # text tokens scored (separators excluded)
@@ -250,10 +241,4 @@ def sliding_window_bpb(
         nll, scored, windows = stream_nll(model, stream, window, stride, batch_size, chunk_positions, on_batch=on_batch)
     if torch.cuda.is_available():
         torch.cuda.synchronize()
-    return BpbResult(
-        nll_nats=nll,
-        num_bytes=stream.num_bytes,
-        num_tokens=scored,
-        num_windows=windows,
-        seconds=time.perf_counter() - start,
-    )
+    return BpbResult(nll, stream.num_bytes, scored, windows, time.perf_counter() - start)

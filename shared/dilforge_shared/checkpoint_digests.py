@@ -13,7 +13,6 @@ from pathlib import Path
 from .manifest import sha256_file
 
 MARKER_PREFIX = "COMPLETE.node"
-DAMAGED_SUFFIX = ".damaged"
 
 
 def marker_name(node: int, num_nodes: int) -> str:
@@ -60,12 +59,9 @@ def read_markers(path: Path) -> list[dict] | None:
         n = int(infos[0]["num_nodes"])
         if sorted(int(i["node"]) for i in infos) != list(range(n)) or any(int(i["num_nodes"]) != n for i in infos):
             return None
-        for info in infos:
-            if not isinstance(info["files"], dict):
-                return None
+        return infos if all(isinstance(i["files"], dict) for i in infos) else None
     except (IndexError, KeyError, TypeError, ValueError, AttributeError):
         return None
-    return infos
 
 
 def verify(path: Path, share: slice = slice(None)) -> str | None:
@@ -92,8 +88,8 @@ def verify(path: Path, share: slice = slice(None)) -> str | None:
 def set_aside(path: Path, name: str | None = None) -> Path | None:
     """Rename a damaged checkpoint (default `<name>.damaged`; kept for inspection, never resumed again); None if
     another process set it aside first."""
-    target = path.with_name(name or path.name + DAMAGED_SUFFIX)
-    base, n = target.name, 1
+    base = name or path.name + ".damaged"
+    target, n = path.with_name(base), 1
     while target.exists():
         n += 1
         target = path.with_name(f"{base}-{n}")

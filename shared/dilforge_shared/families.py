@@ -60,13 +60,11 @@ class Family:
     turn_starts: tuple[str, ...] = ()
 
     @property
-    def specials(self) -> list[str]:
-        """The family's named special tokens, in a stable order, deduplicated."""
+    def specials(self) -> list[str]:  # the family's named special tokens, in a stable order, deduplicated
         return list(dict.fromkeys(t for t in (self.bos, self.doc_end, self.eot, self.pad, *self.markers) if t))
 
     @property
-    def stop_tokens(self) -> list[str]:
-        """Generation ends on the end of a turn (or the family's other message ends) or the end of a document."""
+    def stop_tokens(self) -> list[str]:  # the end of a turn (or the family's other message ends) or of a document
         return list(dict.fromkeys([self.eot, *self.extra_stops, self.doc_end]))
 
     def generation_ids(self, token_ids: Mapping[str, int]) -> dict[str, int | list[int] | None]:
@@ -110,9 +108,8 @@ def detect_family(tokens: Iterable[str], source: str) -> Family:
     """The family whose marker tokens are all in `tokens` (a vocabulary or its added tokens); InputError naming
     `source` when none matches, rather than training with the wrong separators."""
     vocab = set(tokens)
-    for family in FAMILIES.values():
-        if all(m in vocab for m in family.markers):
-            return family
+    if family := next((f for f in FAMILIES.values() if vocab.issuperset(f.markers)), None):
+        return family
     raise InputError(
         "tokenizer follows no known family (Llama 3: <|begin_of_text|>/<|eot_id|>; ChatML: "
         "<|im_start|>/<|im_end|>/<|endoftext|>); its special tokens cannot be mapped",
@@ -131,8 +128,6 @@ def stop_token_ids(tokenizer, family: Family | None = None) -> list[int]:
     # by vocabulary, not by "is not the unk id": SmolLM2's unk token is its document end, <|endoftext|>
     return list(dict.fromkeys(i for i in ids if isinstance(i, int) and i >= 0))
 
-
-# ---- self-describing model folders --------------------------------------------------------------------
 
 GENERATION_CONFIG_FILE = "generation_config.json"
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
@@ -158,8 +153,9 @@ def describe_model_folder(folder: Path, tokenizer_dir: Path | None = None) -> tu
         if path.is_file() or path.name == GENERATION_CONFIG_FILE:
             doc = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
             path.write_text(json.dumps({**doc, **ids}, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    tok_config_path = folder / "tokenizer_config.json"
-    tok_config = json.loads(tok_config_path.read_text(encoding="utf-8")) if tok_config_path.is_file() else {}
-    if not (folder / CHAT_TEMPLATE_FILE).is_file() and not tok_config.get("chat_template"):
+    tok_config = folder / "tokenizer_config.json"
+    if not (folder / CHAT_TEMPLATE_FILE).is_file() and not (
+        tok_config.is_file() and json.loads(tok_config.read_text(encoding="utf-8")).get("chat_template")
+    ):
         (folder / CHAT_TEMPLATE_FILE).write_text(family.chat_template, encoding="utf-8")
     return family, ids

@@ -20,7 +20,7 @@ from .errors import ConfigError, ManifestNotFound
 from .manifest import Manifest
 from .paths import local_path
 from .settings import cache_root
-from .store import Artifact, NotFound, Storage, fetch, open_backend
+from .store import Artifact, NotFound, fetch, open_backend
 
 log = logging.getLogger("dilforge")
 
@@ -34,20 +34,12 @@ PREFERRED: dict[str, tuple[str, ...]] = {
     "tokenizer": ("tokenizer", MERGED_DIR, "model", "final", "hf"),
     "adapter": (ADAPTER_DIR,),
 }
-TOKENIZER_FILES = (  # a tokenizer's files in an HF folder: what is downloaded, copied or published as a tokenizer
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "chat_template.jinja",
-    "chat_template.json",
-)
+# a tokenizer's files in an HF folder: what is downloaded, copied or published as a tokenizer
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json")
+TOKENIZER_FILES += ("chat_template.jinja", "chat_template.json")
 WEIGHT_SUFFIXES = (".safetensors", ".bin")
-SEARCH_DEPTH = 3
 BASE_INPUTS = ("cpt", "model")  # upstream artifacts that carry a base model, nearest stage first
-
-
-# ---- the one precedence rule ------------------------------------------------------------------------
+WHAT = {"model": "HF model folder (config.json + safetensors)", "adapter": "PEFT adapter (adapter_config.json)"}
 
 
 @dataclass(frozen=True)
@@ -75,36 +67,23 @@ def choose(
     return None
 
 
-# ---- finding a folder of a kind inside an artifact or folder -----------------------------------------
-
-
 def _has_weights(folder: Path) -> bool:
     return any(f.name.endswith(WEIGHT_SUFFIXES) and "adapter" not in f.name for f in folder.iterdir())
-
-
-def _walk(root: Path, depth: int = SEARCH_DEPTH) -> list[Path]:
-    out, frontier = [root], [root]
-    for _ in range(depth):
-        frontier = [c for d in frontier for c in sorted(d.iterdir()) if c.is_dir() and not c.name.startswith(".")]
-        out += frontier
-    return out
 
 
 def find_dir(root: Path, kind: Kind, source: str, required: bool = True) -> Path | None:
     """The folder of `kind` under root (its marker file: config.json + weights, tokenizer.json,
     adapter_config.json): root itself, else the preferred subfolders (PREFERRED, in order), else the
-    shallowest one; two equally good candidates are an error naming both."""
-    marker = MARKERS[kind]
-    hits = [d for d in _walk(root) if (d / marker).is_file() and (kind != "model" or _has_weights(d))]
+    shallowest one (3 levels deep at most); two equally good candidates are an error naming both."""
+    folders, frontier = [root], [root]
+    for _ in range(3):
+        frontier = [c for d in frontier for c in sorted(d.iterdir()) if c.is_dir() and not c.name.startswith(".")]
+        folders += frontier
+    hits = [d for d in folders if (d / MARKERS[kind]).is_file() and (kind != "model" or _has_weights(d))]
     if not hits:
         if not required:
             return None
-        what = {
-            "model": "HF model folder (config.json + safetensors)",
-            "tokenizer": "tokenizer.json",
-            "adapter": "PEFT adapter (adapter_config.json)",
-        }[kind]
-        raise ConfigError(f"{source}: no {what} in it")
+        raise ConfigError(f"{source}: no {WHAT.get(kind, MARKERS[kind])} in it")
 
     def rank(d: Path) -> tuple[int, int, int]:
         rel = d.relative_to(root).parts
@@ -118,26 +97,13 @@ def find_dir(root: Path, kind: Kind, source: str, required: bool = True) -> Path
     return tied[0]
 
 
-# ---- the one resolver --------------------------------------------------------------------------------
-
-
 @dataclass
 class Resolved:
-    """A local folder (or tokenizer file) of what was asked for, the URI it came from and, for an artifact, its
-    manifest."""
+    """A local folder (or tokenizer file), the URI it came from and, for an artifact, its manifest."""
 
     path: Path
     uri: str
     manifest: Manifest | None = None
-
-
-# ---- local copies of S3 (or local) prefixes ---------------------------------------------------------
-
-
-def _listing(backend: Storage, only: Collection[str] | None) -> dict[str, list]:
-    """key → [size, version] for what a mirror copies: ETags on S3, size + mtime locally."""
-    listing = backend.list_stats("")
-    return {k: [size, tag] for k, size, tag in listing if not k.endswith("/") and (only is None or k in only)}
 
 
 def mirror_prefix(uri: str, dest: Path, endpoint_url: str | None = None, only: Collection[str] | None = None) -> Path:
@@ -145,7 +111,9 @@ def mirror_prefix(uri: str, dest: Path, endpoint_url: str | None = None, only: C
     re-validated on every use against the listing `.complete` recorded (sizes and ETags or mtimes): changed weights
     under the same URI get a fresh copy, downloaded beside `dest` and swapped in (a crash leaves no half copy)."""
     backend = open_backend(uri, endpoint_url)
-    listing = _listing(backend, only)
+    listing = {  # key -> [size, version]: ETags on S3, mtimes locally
+        k: [size, tag] for k, size, tag in backend.list_stats("") if not k.endswith("/") and (only is None or k in only)
+    }
     if not listing:
         raise NotFound(f"{uri}: no objects under this prefix" + (f" named {sorted(only)}" if only else ""))
     marker = dest / ".complete"
@@ -157,12 +125,8 @@ def mirror_prefix(uri: str, dest: Path, endpoint_url: str | None = None, only: C
         sizes_ok = all((dest / k).is_file() and (dest / k).stat().st_size == size for k, (size, _) in listing.items())
         if recorded == listing and sizes_ok:
             return dest
-        log.warning(
-            "%s: the copy at %s is %s; downloading again",
-            uri,
-            dest,
-            "out of date (the source changed)" if recorded != listing else "damaged",
-        )
+        why = "out of date (the source changed)" if recorded != listing else "damaged"
+        log.warning("%s: the copy at %s is %s; downloading again", uri, dest, why)
     partial = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}.partial")
     try:
         for key in listing:
@@ -176,16 +140,6 @@ def mirror_prefix(uri: str, dest: Path, endpoint_url: str | None = None, only: C
     finally:
         shutil.rmtree(partial, ignore_errors=True)
     return dest
-
-
-def _download_prefix(
-    uri: str, endpoint_url: str | None, cache_dir: Path | None = None, only: Iterable[str] | None = None
-) -> Path:
-    key = hashlib.sha256((f"{uri}|{sorted(only)}" if only else uri).encode()).hexdigest()[:16]
-    try:
-        return mirror_prefix(uri, (cache_dir or cache_root() / "models") / key, endpoint_url, only)
-    except NotFound as exc:
-        raise ConfigError(str(exc)) from None
 
 
 def open_model(
@@ -204,7 +158,11 @@ def open_model(
     except (ManifestNotFound, NotFound):
         pass
     if urlparse(uri).scheme == "s3":
-        path = _download_prefix(uri, endpoint_url, cache_dir, only)
+        key = hashlib.sha256((f"{uri}|{sorted(only)}" if only else uri).encode()).hexdigest()[:16]
+        try:
+            path = mirror_prefix(uri, (cache_dir or cache_root() / "models") / key, endpoint_url, only)
+        except NotFound as exc:
+            raise ConfigError(str(exc)) from None
     else:
         path = local_path(uri)
         if not path.is_dir():
@@ -213,22 +171,14 @@ def open_model(
 
 
 def resolve(
-    source: str | Artifact,
-    kind: Kind,
-    endpoint_url: str | None = None,
-    cache_dir: Path | None = None,
+    source: str | Artifact, kind: Kind, endpoint_url: str | None = None, cache_dir: Path | None = None
 ) -> Resolved:
     """The folder of a model, tokenizer or adapter in `source` (a verified artifact, an HF folder, an s3:// prefix, a
     tokenizer .json file, or a fetched `Artifact`), found by `find_dir` (a tokenizer never downloads the weights
     beside it); ConfigError naming the URI."""
-    if (
-        kind == "tokenizer"
-        and isinstance(source, str)
-        and urlparse(source).scheme != "s3"
-        and local_path(source).is_file()
-        and local_path(source).suffix == ".json"
-    ):
-        return Resolved(local_path(source), source)
+    plain = isinstance(source, str) and urlparse(source).scheme != "s3"
+    if kind == "tokenizer" and plain and (file := local_path(source)).is_file() and file.suffix == ".json":
+        return Resolved(file, source)
     src = open_model(source, endpoint_url, cache_dir, only=TOKENIZER_FILES if kind == "tokenizer" else None)
     return Resolved(find_dir(src.path, kind, src.uri), src.uri, src.manifest)
 

@@ -57,9 +57,7 @@ def cpu_computes_bf16(cpuinfo: str | Path = "/proc/cpuinfo") -> bool:
 
 
 @dataclass(frozen=True)
-class RuntimePolicy:
-    """The decision for one process."""
-
+class RuntimePolicy:  # the decision for one process
     device: Device
     precision: Precision
     liger: bool
@@ -77,11 +75,11 @@ class RuntimePolicy:
 
 
 def choose_device(requested: str, facts: DeviceFacts, field: str = "device") -> Device:
-    if requested == "cuda" and not facts.cuda:
-        raise ConfigError(f"{field}: 'cuda' requested but no CUDA device is available; use auto or cpu")
     if requested not in ("auto", "cuda", "cpu"):
         raise ConfigError(f"{field}: {requested!r} is not one of auto, cpu, cuda")
-    return "cuda" if requested in ("auto", "cuda") and facts.cuda else "cpu"
+    if requested == "cuda" and not facts.cuda:
+        raise ConfigError(f"{field}: 'cuda' requested but no CUDA device is available; use auto or cpu")
+    return "cuda" if requested != "cpu" and facts.cuda else "cpu"
 
 
 def choose_precision(
@@ -110,17 +108,14 @@ def choose_liger(requested: LigerSetting, device: Device, model_type: str | None
     if requested == "off":
         return False
     if device != "cuda":
-        if requested == "on":
-            raise ConfigError(f"{field}: the Liger kernels need CUDA; use auto or off")
-        return False
-    if model_type is not None and model_type not in LIGER_MODEL_TYPES:
-        if requested == "on":
-            raise ConfigError(
-                f"{field}: no Liger kernels for model_type {model_type!r} "
-                f"(only {', '.join(sorted(LIGER_MODEL_TYPES))}); use auto or off"
-            )
-        return False
-    return True
+        problem = "the Liger kernels need CUDA"
+    elif model_type is not None and model_type not in LIGER_MODEL_TYPES:
+        problem = f"no Liger kernels for model_type {model_type!r} (only {', '.join(sorted(LIGER_MODEL_TYPES))})"
+    else:
+        return True
+    if requested == "on":
+        raise ConfigError(f"{field}: {problem}; use auto or off")
+    return False
 
 
 def choose_attention(
@@ -165,16 +160,12 @@ def decide(
 ) -> RuntimePolicy:
     """The whole policy for one stage's process; config errors name `<stage>.<field>`."""
     facts = probe_device() if facts is None else facts
-    chosen_device = choose_device(device, facts, f"{stage}.device")
-    implementation, reason = choose_attention(attention, chosen_device, facts, packing, f"{stage}.attention")
+    dev = choose_device(device, facts, f"{stage}.device")
     return RuntimePolicy(
-        device=chosen_device,
-        precision=choose_precision(
-            precision, chosen_device, facts, f"{stage}.precision", cpu_bf16=cpu_bf16, auto_cpu_bf16=auto_cpu_bf16
-        ),
-        liger=choose_liger(liger, chosen_device, model_type, f"{stage}.liger"),
-        attention=implementation,
-        attention_reason=reason,
+        dev,
+        choose_precision(precision, dev, facts, f"{stage}.precision", cpu_bf16, auto_cpu_bf16),
+        choose_liger(liger, dev, model_type, f"{stage}.liger"),
+        *choose_attention(attention, dev, facts, packing, f"{stage}.attention"),
     )
 
 
