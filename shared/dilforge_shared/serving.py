@@ -30,9 +30,8 @@ def default_model_id(run_id: str | None, stage: str | None, fallback: str) -> st
 
 def served_model_id(uri: str, manifest: Manifest | None, model_id: str | None = None) -> str:
     """The OpenAI `model` id a server of `uri` answers to: `model_id`, else `<run_id>-<stage>`, else the folder name."""
-    name = model_id or default_model_id(
-        manifest.run_id if manifest else None, manifest.stage if manifest else None, Path(uri.rstrip("/")).name
-    )
+    run_id, stage = (manifest.run_id, manifest.stage) if manifest else (None, None)
+    name = model_id or default_model_id(run_id, stage, Path(uri.rstrip("/")).name)
     if not MODEL_ID.match(name):
         raise ConfigError(
             f"--model-id {name!r}: use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit"
@@ -42,14 +41,11 @@ def served_model_id(uri: str, manifest: Manifest | None, model_id: str | None = 
 
 def chat_template_of(tokenizer_dir: Path) -> str | None:
     """The template a tokenizer folder carries: chat_template.jinja, else tokenizer_config.json's."""
-    jinja = tokenizer_dir / "chat_template.jinja"
-    if jinja.is_file():
+    if (jinja := tokenizer_dir / "chat_template.jinja").is_file():
         return jinja.read_text(encoding="utf-8")
     config = tokenizer_dir / "tokenizer_config.json"
-    if config.is_file():
-        template = json.loads(config.read_text(encoding="utf-8")).get("chat_template")
-        return template if isinstance(template, str) else None
-    return None
+    template = json.loads(config.read_text(encoding="utf-8")).get("chat_template") if config.is_file() else None
+    return template if isinstance(template, str) else None
 
 
 def serving_template(template: str, system_prompt: str | None) -> str:
@@ -79,10 +75,9 @@ def adapter_base(adapter: Resolved) -> str | None:
         if picked is not None:
             return picked.uri
     try:
-        cfg = json.loads((adapter.path / MARKERS["adapter"]).read_text())
+        return json.loads((adapter.path / MARKERS["adapter"]).read_text()).get("base_model_name_or_path") or None
     except (OSError, ValueError):
         return None
-    return cfg.get("base_model_name_or_path") or None
 
 
 @dataclass

@@ -26,18 +26,13 @@ def special_tokens(tokenizer) -> list[str]:
 
 def special_token_pattern(tokens: Iterable[str]) -> re.Pattern[str] | None:
     """A pattern matching any of `tokens` (longest first), or None when there is none."""
-    tokens = [t for t in tokens if t]
-    if not tokens:
-        return None
-    return re.compile("|".join(re.escape(t) for t in sorted(tokens, key=len, reverse=True)))
+    tokens = sorted((t for t in tokens if t), key=len, reverse=True)
+    return re.compile("|".join(map(re.escape, tokens))) if tokens else None
 
 
 def special_token_in(text: str, pattern: re.Pattern[str] | None) -> str | None:
     """The first family control token or special token of `pattern` (`special_token_pattern`) in `text`, or None."""
-    if (token := control_token_in(text)) is not None:
-        return token
-    match = pattern.search(text) if pattern is not None else None
-    return match.group(0) if match else None
+    return control_token_in(text) or (m.group(0) if pattern is not None and (m := pattern.search(text)) else None)
 
 
 def system_prompt_problem(text: str, specials: Iterable[str] = ()) -> str | None:

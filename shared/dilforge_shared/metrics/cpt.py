@@ -108,15 +108,8 @@ class CptMetrics(Metrics):
 
     def cost(self) -> dict[str, float]:
         """Time, token and memory figures the eval report lists."""
-        figures = {
-            "tokens_seen": self.tokens_seen,
-            "total_tokens": self.total_tokens,
-            "tokens_per_s": self.tokens_per_s,
-            "mfu": self.mfu,
-            "peak_memory_gb": self.peak_memory_gb,
-            "eval_peak_memory_gb": self.eval_peak_memory_gb,
-        }
-        return {k: v for k, v in figures.items() if v is not None}
+        names = ("tokens_seen", "total_tokens", "tokens_per_s", "mfu", "peak_memory_gb", "eval_peak_memory_gb")
+        return {k: v for k in names if (v := getattr(self, k)) is not None}
 
     def curves(self) -> dict[str, list[tuple[float, float]]]:
         """Loss per step (train) and validation loss per step."""

@@ -38,12 +38,8 @@ class SftMetrics(Metrics):
     num_label_preview_examples: int
 
     def cost(self) -> dict[str, float]:
-        figures = {
-            "train_runtime_s": self.train_runtime_s,
-            "train_steps_per_second": self.train_steps_per_second,
-            "optimizer_steps": self.optimizer_steps,
-        }
-        return {k: v for k, v in figures.items() if v is not None}
+        names = ("train_runtime_s", "train_steps_per_second", "optimizer_steps")
+        return {k: v for k in names if (v := getattr(self, k)) is not None}
 
     def curves(self) -> dict[str, list[tuple[float, float]]]:
         return {"loss": [(float(p.step), p.loss) for p in self.train_loss_history]} if self.train_loss_history else {}

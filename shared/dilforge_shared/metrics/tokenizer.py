@@ -36,11 +36,8 @@ class SetFigures(Metrics):
 
 
 def tokens_per_word_span(text: str, offsets: Offsets) -> list[int]:
-    """For each word of `text`, how many tokens overlap it.
-
-    A token (s, e) overlaps word (ws, we) when s < we and e > ws; with offsets in order (as
-    tokenizers give them) that count is bisect_left(starts, we) - bisect_right(ends, ws).
-    """
+    """For each word of `text`, how many tokens overlap it: token (s, e) overlaps word (ws, we) when s < we and
+    e > ws, which with offsets in order (as tokenizers give them) is bisect_left(starts, we) - bisect_right(ends, ws)."""
     offsets = [o for o in offsets if o[1] > o[0]]
     starts = [o[0] for o in offsets]
     ends = [o[1] for o in offsets]
