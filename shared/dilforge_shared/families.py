@@ -4,10 +4,8 @@ them, or the base model's knowledge of them is lost). Every stage asks this modu
 from __future__ import annotations
 
 import contextlib
-import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 
 from .errors import InputError
 
@@ -67,18 +65,6 @@ class Family:
     def stop_tokens(self) -> list[str]:  # the end of a turn (or the family's other message ends) or of a document
         return list(dict.fromkeys([self.eot, *self.extra_stops, self.doc_end]))
 
-    def generation_ids(self, token_ids: Mapping[str, int]) -> dict[str, int | list[int] | None]:
-        """bos/eos/pad ids for config.json and generation_config.json as the family's instruct models write them:
-        eos lists every stop token the vocabulary has, so stock servers end an answer at the end of the turn."""
-        eos = [token_ids[t] for t in self.stop_tokens if t in token_ids]
-        if self.eot not in token_ids or self.doc_end not in token_ids:
-            raise InputError(f"tokenizer lacks the {self.name} family's {self.eot} or {self.doc_end}")
-        return {
-            "bos_token_id": token_ids.get(self.bos) if self.bos is not None else None,
-            "eos_token_id": eos if len(eos) > 1 else eos[0],
-            "pad_token_id": token_ids.get(self.pad),
-        }
-
 
 LLAMA3 = Family(
     name="llama3",
@@ -130,32 +116,3 @@ def stop_token_ids(tokenizer, family: Family | None = None) -> list[int]:
 
 
 GENERATION_CONFIG_FILE = "generation_config.json"
-CHAT_TEMPLATE_FILE = "chat_template.jinja"
-
-
-def special_token_ids(tokenizer_json: Path) -> dict[str, int]:
-    """content -> id of a tokenizer.json's added tokens (where every family's specials live), read as JSON."""
-    try:
-        doc = json.loads(tokenizer_json.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise InputError(f"cannot read the tokenizer: {exc}", path=str(tokenizer_json)) from None
-    return {t["content"]: int(t["id"]) for t in doc.get("added_tokens", [])}
-
-
-def describe_model_folder(folder: Path, tokenizer_dir: Path | None = None) -> tuple[Family, dict]:
-    """Make a published model folder describe itself to stock servers: the family's bos/eos/pad ids into config.json
-    and generation_config.json, its chat template when the tokenizer has none. Returns (family, the ids written)."""
-    tokenizer_dir = tokenizer_dir or folder
-    tokens = special_token_ids(tokenizer_dir / "tokenizer.json")
-    family = detect_family(tokens, str(tokenizer_dir))
-    ids = family.generation_ids(tokens)
-    for path in (folder / "config.json", folder / GENERATION_CONFIG_FILE):  # config.json only when there is one
-        if path.is_file() or path.name == GENERATION_CONFIG_FILE:
-            doc = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-            path.write_text(json.dumps({**doc, **ids}, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    tok_config = folder / "tokenizer_config.json"
-    if not (folder / CHAT_TEMPLATE_FILE).is_file() and not (
-        tok_config.is_file() and json.loads(tok_config.read_text(encoding="utf-8")).get("chat_template")
-    ):
-        (folder / CHAT_TEMPLATE_FILE).write_text(family.chat_template, encoding="utf-8")
-    return family, ids

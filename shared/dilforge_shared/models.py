@@ -1,6 +1,6 @@
 """The one resolver: a model/tokenizer/adapter URI → a local folder of that kind (an S3 prefix through
 `mirror_prefix`, a local copy re-validated against its listing on every use), and the one precedence rule for a
-stage's base model (`choose`). Lineage is `identity.source_ref`'s; torch is imported only inside `merge_adapter`."""
+stage's base model (`choose`). Lineage is `identity.source_ref`'s."""
 
 from __future__ import annotations
 
@@ -181,17 +181,3 @@ def resolve(
         return Resolved(file, source)
     src = open_model(source, endpoint_url, cache_dir, only=TOKENIZER_FILES if kind == "tokenizer" else None)
     return Resolved(find_dir(src.path, kind, src.uri), src.uri, src.manifest)
-
-
-def merge_adapter(base_dir: Path, adapter_dir: Path, out: Path) -> None:
-    """The adapter merged into its base (PEFT `merge_and_unload`, fp32 on CPU, from the saved files as a user
-    would), saved to `out` in the base's own dtype. torch and peft are imported here, for the callers that merge."""
-    import torch
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
-
-    base = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32, trust_remote_code=False)
-    dtype = getattr(base.config, "dtype", None) or torch.float32
-    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
-    merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
-    merged.to(dtype).save_pretrained(str(out), safe_serialization=True)

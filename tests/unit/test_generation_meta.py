@@ -10,7 +10,8 @@ import pytest
 
 os.environ["OMP_NUM_THREADS"] = "1"
 
-from dilforge_shared.families import CHATML, LLAMA3, describe_model_folder
+from dilforge_shared.families import CHATML, LLAMA3
+from dilforge_shared.model_folders import describe_model_folder, generation_ids
 from factories import build_tiny_llama
 from generation_checks import assert_stock_generate_stops_at_end_of_turn, expected_ids, published_ids
 from sft_factories import build_chatml_tokenizer
@@ -24,13 +25,13 @@ def test_generation_ids_list_every_stop_the_vocabulary_has():
         "<|eom_id|>": 8,
         "<|eot_id|>": 9,
     }
-    assert LLAMA3.generation_ids(llama) == {"bos_token_id": 0, "eos_token_id": [9, 8, 1], "pad_token_id": 4}
+    assert generation_ids(LLAMA3, llama) == {"bos_token_id": 0, "eos_token_id": [9, 8, 1], "pad_token_id": 4}
     del llama["<|eom_id|>"]
-    assert LLAMA3.generation_ids(llama)["eos_token_id"] == [9, 1]
+    assert generation_ids(LLAMA3, llama)["eos_token_id"] == [9, 1]
     chatml = {"<|endoftext|>": 0, "<|im_start|>": 1, "<|im_end|>": 2}  # SmolLM2's ids
-    assert CHATML.generation_ids(chatml) == {"bos_token_id": None, "eos_token_id": [2, 0], "pad_token_id": 0}
+    assert generation_ids(CHATML, chatml) == {"bos_token_id": None, "eos_token_id": [2, 0], "pad_token_id": 0}
     with pytest.raises(Exception, match="<|im_end|>"):
-        CHATML.generation_ids({"<|endoftext|>": 0})
+        generation_ids(CHATML, {"<|endoftext|>": 0})
 
 
 @pytest.fixture(params=["llama3", "chatml"])

@@ -23,7 +23,8 @@ from typing import Annotated, Literal
 import typer
 from dilforge_shared import locks
 from dilforge_shared.errors import DilforgeError, ManifestNotFound
-from dilforge_shared.families import GENERATION_CONFIG_FILE, Family, detect_family, special_token_ids
+from dilforge_shared.families import GENERATION_CONFIG_FILE, Family, detect_family
+from dilforge_shared.model_folders import special_token_ids
 from dilforge_shared.models import resolve
 from dilforge_shared.processes import die_with_parent
 from dilforge_shared.settings import cache_root

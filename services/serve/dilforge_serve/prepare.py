@@ -15,13 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dilforge_shared.errors import DilforgeError
-from dilforge_shared.families import (
-    CHAT_TEMPLATE_FILE,
-    GENERATION_CONFIG_FILE,
-    describe_model_folder,
-    special_token_ids,
-)
-from dilforge_shared.models import TOKENIZER_FILES, merge_adapter
+from dilforge_shared.families import GENERATION_CONFIG_FILE
+from dilforge_shared.model_folders import CHAT_TEMPLATE_FILE, describe_model_folder, merge_adapter, special_token_ids
+from dilforge_shared.models import TOKENIZER_FILES
 from dilforge_shared.serving import chat_template_of, resolve_chat_model, served_model_id, serving_template
 from dilforge_shared.specials import system_prompt_problem
 
