@@ -58,7 +58,8 @@ def held_out(data: Path, n: int) -> dict[str, list[str]]:
 def bpb_of(model_dir: Path, sets: dict[str, list[str]], loaded=None) -> dict[str, float]:
     import torch
     from dilforge_cpt.data import load_tokenizer, special_ids
-    from dilforge_shared.bpb import build_stream, sliding_window_bpb
+    from dilforge_eval.measures import sliding_window_bpb
+    from dilforge_shared.bpb import build_stream
     from transformers import AutoModelForCausalLM
 
     if loaded is None:

@@ -8,8 +8,6 @@ full-vocabulary logits per batch), via a decoder hook, so FSDP2 gathers the head
 from __future__ import annotations
 
 import inspect
-import math
-import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -202,43 +200,3 @@ def stream_nll(
     _reshard(model)
     nll = float(total) if kept is None else tuple(total.tolist())
     return nll, count, len(mine)
-
-
-@dataclass
-class BpbResult:  # one stream's `sliding_window_bpb`
-    nll_nats: float
-    num_bytes: int
-    num_tokens: int  # text tokens scored (separators excluded)
-    num_windows: int
-    seconds: float
-
-    @property
-    def bits(self) -> float:
-        return self.nll_nats / math.log(2)
-
-    @property
-    def bpb(self) -> float:
-        return self.bits / self.num_bytes if self.num_bytes else float("nan")
-
-    @property
-    def bits_per_token(self) -> float:
-        return self.bits / self.num_tokens if self.num_tokens else float("nan")
-
-
-@torch.no_grad()
-def sliding_window_bpb(
-    model,
-    stream: TokenStream,
-    window: int,
-    stride: int,
-    batch_size: int = 8,
-    chunk_positions: int = 1024,
-    on_batch: Callable[[int, int], None] | None = None,
-) -> BpbResult:
-    """BPB of one stream in one process (see the module docstring for the definition)."""
-    start = time.perf_counter()
-    with eval_mode(model):
-        nll, scored, windows = stream_nll(model, stream, window, stride, batch_size, chunk_positions, on_batch=on_batch)
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    return BpbResult(nll, stream.num_bytes, scored, windows, time.perf_counter() - start)

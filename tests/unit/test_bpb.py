@@ -8,7 +8,8 @@ import math
 
 import pytest
 import torch
-from dilforge_shared.bpb import build_stream, sliding_window_bpb, stream_nll
+from dilforge_eval.measures import sliding_window_bpb
+from dilforge_shared.bpb import build_stream, stream_nll
 from factories import manual_nll
 
 torch.set_num_threads(1)

@@ -1,13 +1,16 @@
 """Per tokenizer: fertility, parity with English, morpheme alignment; per model: bits per byte (the shared
-`sliding_window_bpb` on the tokenizer family's framing, so CPT validation computes the same number)."""
+`bpb.stream_nll` on the tokenizer family's framing, so CPT validation computes the same number)."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from dataclasses import asdict
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
 
-from dilforge_shared.bpb import BpbResult, TokenStream, build_stream, sliding_window_bpb
+import torch
+from dilforge_shared.bpb import TokenStream, build_stream, eval_mode, stream_nll
 from dilforge_shared.families import detect_family
 from dilforge_shared.metrics.tokenizer import SetFigures, measure, tokenizers_encoder
 
@@ -18,6 +21,46 @@ log = logging.getLogger("dilforge.eval")
 
 
 # ---- bits per byte ------------------------------------------------------------------------------------------
+@dataclass
+class BpbResult:  # one stream's `sliding_window_bpb`
+    nll_nats: float
+    num_bytes: int
+    num_tokens: int  # text tokens scored (separators excluded)
+    num_windows: int
+    seconds: float
+
+    @property
+    def bits(self) -> float:
+        return self.nll_nats / math.log(2)
+
+    @property
+    def bpb(self) -> float:
+        return self.bits / self.num_bytes if self.num_bytes else float("nan")
+
+    @property
+    def bits_per_token(self) -> float:
+        return self.bits / self.num_tokens if self.num_tokens else float("nan")
+
+
+@torch.no_grad()
+def sliding_window_bpb(
+    model,
+    stream: TokenStream,
+    window: int,
+    stride: int,
+    batch_size: int = 8,
+    chunk_positions: int = 1024,
+    on_batch: Callable[[int, int], None] | None = None,
+) -> BpbResult:
+    """BPB of one stream in one process, by the shared definition (`dilforge_shared.bpb`)."""
+    start = time.perf_counter()
+    with eval_mode(model):
+        nll, scored, windows = stream_nll(model, stream, window, stride, batch_size, chunk_positions, on_batch=on_batch)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return BpbResult(nll, stream.num_bytes, scored, windows, time.perf_counter() - start)
+
+
 def text_bytes(docs: Sequence[str]) -> int:
     """The BPB denominator: UTF-8 bytes of the documents' text (separators are not text)."""
     return sum(len(d.encode("utf-8")) for d in docs)
