@@ -261,15 +261,10 @@ def _code_version(entry: str) -> str:
 def canonical_source(text: str) -> str:
     """A module's syntax tree without docstrings, serialised without line numbers or empty fields."""
     tree = ast.parse(text)
+    kinds = (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
     for node in ast.walk(tree):
-        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            first = node.body[0] if node.body else None
-            if (
-                isinstance(first, ast.Expr)
-                and isinstance(first.value, ast.Constant)
-                and isinstance(first.value.value, str)
-            ):
-                node.body = node.body[1:]
+        if isinstance(node, kinds) and ast.get_docstring(node, clean=False) is not None:
+            node.body = node.body[1:]
     return _canon(tree)
 
 

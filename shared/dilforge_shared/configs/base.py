@@ -20,7 +20,6 @@ TextFormat = Literal["auto", "txt", "jsonl", "tsv", "parquet"]
 Oversize = Literal["error", "split", "truncate", "skip"]
 MAX_DOCUMENT_BYTES = 32 << 20
 
-# ---- bounds --------------------------------------------------------------------------------
 # Upper bounds of the fields that scale memory or time, far above any real run: a typo such as 1e9 is refused.
 MAX_SEED = 2**32 - 1  # numpy's and the lm-eval seeds' range; torch takes up to 2**64
 MAX_STEPS = 100_000_000
@@ -30,7 +29,6 @@ MAX_NEW_TOKENS = 32_768
 MAX_VOCAB = 1_048_576
 
 
-# ---- identity ------------------------------------------------------------------------------
 # A config field is part of the artifact id unless it carries RUN_ONLY (how, where or how fast a stage runs, not what
 # it makes), so a new field is hashed until someone decides otherwise; the JSON Schema shows the marker. Changing a
 # run-only field keeps the id, so a rerun with another checkpoint cadence resumes its checkpoint.
