@@ -260,23 +260,20 @@ def check_identity(ctx: StageContext, refs: list[InputRef], since: list[InputRef
     """The inputs as this stage read them (`refs`, data hashed now) must give the planned id: checked before the
     stage runs and again before publishing, with `since` = the refs seen at the start (data changed while the stage
     read it fails, naming it)."""
-    expected = planned_id(ctx)
-    if expected is None:
+    if (expected := planned_id(ctx)) is None:
         return
     stage = ctx.request.config.stage
-    changed = [
+    if changed := [
         f"{ref.name} ({ref.uri}): sha256 {old.sha256[:12]}… at start, {ref.sha256[:12]}… now"
         for ref in refs
         for old in (since or [])
         if old.name == ref.name and old.sha256 != ref.sha256
-    ]
-    if changed:
+    ]:
         raise DilforgeError(
             f"stage {stage}: inputs changed while the stage ran: {'; '.join(changed)}; nothing "
             "published; rerun once the data is stable"
         )
-    got = artifact_id(ctx.request.config, refs)
-    if got != expected:
+    if (got := artifact_id(ctx.request.config, refs)) != expected:
         names = ", ".join(ref.name for ref in refs if ref.kind == "data") or "none"
         raise DilforgeError(
             f"stage {stage}: the inputs and code as read now give artifact id {got}, not the planned {expected}: data, "
@@ -382,8 +379,7 @@ def stage_main(
             opt.output_dir.mkdir(parents=True, exist_ok=True)
             opt.failure_reserve.write_bytes(b"\0" * FAILURE_RESERVE)  # written, not sparse
         hp_path = opt.config_dir / "hyperparameters.json"
-        hp = opt.read_json("hyperparameters.json", None)
-        if hp is None:
+        if (hp := opt.read_json(hp_path.name, None)) is None:
             raise ConfigError(f"{hp_path}: missing; the stage needs its hyperparameters")
         request = parse_hyperparameters(hp, config_cls, str(hp_path))
         ctx = StageContext(request=request, opt=opt, resources=ResourceConfig.load(opt))

@@ -130,11 +130,9 @@ def parse_manifest(data: bytes | str, source: str) -> Manifest:
             f"schema {major}.x to read it"
         )
     if minor > our_minor:
-        known = set(Manifest.model_fields)
-        unknown = sorted(set(raw) - known)
-        if unknown:
+        if unknown := sorted(set(raw) - set(Manifest.model_fields)):
             log.warning("%s: schema %s is newer than %s; ignoring fields %s", source, version, SCHEMA_VERSION, unknown)
-        raw = {k: v for k, v in raw.items() if k in known}
+        raw = {k: v for k, v in raw.items() if k in Manifest.model_fields}
     try:
         return Manifest.model_validate(raw)
     except ValidationError as exc:
