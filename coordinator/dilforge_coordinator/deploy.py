@@ -102,12 +102,8 @@ def plan(
         json.dumps([artifact_uri, image, env, ep.instance_type, ep.num_instances], sort_keys=True).encode()
     ).hexdigest()[:10]
     model = f"{name[:52]}-{digest}"
-    tags = [
-        {"Key": k, "Value": v}
-        for k, v in sorted(
-            {"dilforge:run-id": pipeline.run_id, "dilforge:artifact": artifact_uri[-256:], **cfg.tags}.items()
-        )
-    ]
+    tagged = {"dilforge:run-id": pipeline.run_id, "dilforge:artifact": artifact_uri[-256:], **cfg.tags}
+    tags = [{"Key": k, "Value": v} for k, v in sorted(tagged.items())]
     create_model: dict[str, Any] = {
         "ModelName": model,
         "ExecutionRoleArn": cfg.role_arn,
@@ -143,22 +139,7 @@ def plan(
         ],
         "Tags": tags,
     }
-    return DeployPlan(
-        endpoint=name,
-        model=model,
-        create_model=create_model,
-        create_endpoint_config=create_config,
-        artifact_uri=artifact_uri,
-    )
-
-
-def dry_run_requests(deploy: DeployPlan) -> list[tuple[str, dict]]:
-    """What a first deployment sends (an existing endpoint gets UpdateEndpoint instead of CreateEndpoint)."""
-    return [
-        ("CreateModel", deploy.create_model),
-        ("CreateEndpointConfig", deploy.create_endpoint_config),
-        deploy.endpoint_request(exists=False),
-    ]
+    return DeployPlan(name, model, create_model, create_config, artifact_uri)
 
 
 def delete_requests(name: str, config_name: str | None, models: list[str]) -> list[tuple[str, dict]]:
@@ -310,8 +291,9 @@ def deploy_cmd(
 
         gate.check(uri, pipeline.store.uri, pipeline.run_id, pipeline.store.s3_endpoint_url, force, "deploy")
     deploy = plan(pipeline, uri, serve_image(pipeline.sagemaker, dry_run), system_prompt, model_id)
-    if dry_run:
-        for op, request in dry_run_requests(deploy):
+    if dry_run:  # what a first deployment sends
+        first = [("CreateModel", deploy.create_model), ("CreateEndpointConfig", deploy.create_endpoint_config)]
+        for op, request in [*first, deploy.endpoint_request(exists=False)]:
             typer.echo(json.dumps({"operation": op, "request": request}, indent=2, ensure_ascii=False))
         typer.echo(
             f"# dry run: nothing sent. An existing endpoint {name} gets UpdateEndpoint instead of CreateEndpoint."

@@ -31,19 +31,9 @@ STAGE_DOCKERFILE = "docker/stage.Dockerfile"  # every stage image and serve: --b
 Runner = Callable[..., subprocess.CompletedProcess]
 
 
-def record_path() -> Path:
-    return coordinator_settings().images_record
-
-
 def load_record() -> dict:
-    path = record_path()
+    path = coordinator_settings().images_record
     return json.loads(path.read_text()) if path.exists() else {}
-
-
-def save_record(record: dict) -> None:
-    path = record_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
 
 
 def short_sha(root: Path = ROOT) -> str:
@@ -175,13 +165,6 @@ def build(
     )
 
 
-def record_build(result: BuildResult) -> None:
-    record = load_record()
-    key = result.stage + ("-gpu" if result.gpu else "")
-    record.setdefault(key, {})["build"] = asdict(result)
-    save_record(record)
-
-
 # ---------------------------------------------------------------- ECR
 
 
@@ -224,10 +207,7 @@ class PushResult:
     repository_uri: str
     tag: str
     digest: str
-
-    @property
-    def image(self) -> str:
-        return f"{self.repository_uri}@{self.digest}"
+    image: str  # <repository uri>@<digest>
 
 
 def push(
@@ -241,16 +221,14 @@ def push(
     gpu: bool = False,
 ) -> PushResult:
     """Tag the local image for ECR, push it, and read back the digest the registry assigned."""
-    docker = docker or docker_binary()
-    tag = tag or default_tag(gpu)
+    docker, tag = docker or docker_binary(), tag or default_tag(gpu)
+    logged_in = set() if logged_in is None else logged_in  # registries this process has logged in to
     source = f"dilforge-{stage}:{tag}"
     inspect(source, docker, runner)  # fails clearly when the image was not built
     uri = ensure_repository(ecr, repository, {"project": "dilforge", "stage": stage})
-    registry = uri.split("/", 1)[0]
-    if logged_in is None or registry not in logged_in:
+    if (registry := uri.split("/", 1)[0]) not in logged_in:
         docker_login(ecr, docker, runner)
-        if logged_in is not None:
-            logged_in.add(registry)
+        logged_in.add(registry)
     target = f"{uri}:{tag}"
     for cmd in ([docker, "tag", source, target], [docker, "push", target]):
         proc = runner(cmd, capture_output=True, text=True)
@@ -259,14 +237,18 @@ def push(
     details = ecr.describe_images(repositoryName=repository, imageIds=[{"imageTag": tag}])["imageDetails"]
     if not details:
         raise DilforgeError(f"pushed {target} but ECR does not list it")
-    return PushResult(stage=stage, source=source, repository_uri=uri, tag=tag, digest=details[0]["imageDigest"])
+    digest = details[0]["imageDigest"]
+    return PushResult(stage, source, uri, tag, digest, f"{uri}@{digest}")
 
 
-def record_push(result: PushResult, gpu: bool = False) -> None:
-    record = load_record()
-    key = result.stage + ("-gpu" if gpu else "")
-    record.setdefault(key, {})["push"] = {**asdict(result), "image": result.image}
-    save_record(record)
+def record(result: BuildResult | PushResult, gpu: bool) -> None:
+    """Keep a build's or push's result in the images record, under `<stage>[-gpu]`."""
+    path = coordinator_settings().images_record
+    entries = load_record()
+    section = "build" if isinstance(result, BuildResult) else "push"
+    entries.setdefault(result.stage + ("-gpu" if gpu else ""), {})[section] = asdict(result)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(entries, indent=2, sort_keys=True) + "\n")
 
 
 def pushed_image(stage: str, gpu: bool = True) -> str | None:
@@ -326,7 +308,7 @@ def build_cmd(
         typer.echo(f"wheelhouse: {', '.join(wheels)}")
     for name in _stages(stage):
         result = build(name, tag, base_image, gpu, no_cache=no_cache)
-        record_build(result)
+        record(result, gpu)
         typer.echo(
             f"{result.ref}: {_human(result.size_bytes)}, built in {result.build_s:.0f} s ({result.image_id[:19]})"
         )
@@ -370,6 +352,6 @@ def push_cmd(
     logged_in: set[str] = set()
     for name in _stages(stage):
         result = push(name, ecr, f"{prefix}-{name}", tag, logged_in=logged_in, gpu=gpu)
-        record_push(result, gpu=gpu)
+        record(result, gpu)
         typer.echo(f"{result.source} → {result.image}")
-    typer.echo(f"recorded in {record_path()}")
+    typer.echo(f"recorded in {coordinator_settings().images_record}")

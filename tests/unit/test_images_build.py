@@ -233,7 +233,7 @@ def test_push_creates_repository_logs_in_and_records_digest(ecr):
     images.push("eval", ecr, "dilforge-eval", tag="0.1.0-abc", docker="docker", runner=docker, logged_in=logged)
     assert sum(1 for c in docker.calls if c[1] == "login") == 1
 
-    images.record_push(result, gpu=True)
+    images.record(result, gpu=True)
     assert images.pushed_image("sft") == result.image
     # an existing repository is reused
     assert images.ensure_repository(ecr, "dilforge-sft") == repo["repositoryUri"]

@@ -78,15 +78,8 @@ class ComposeBackend:
         return f"http://127.0.0.1:{self.s3_port}"
 
     def compose_cmd(self, *args: str) -> list[str]:
-        return [
-            self.docker,
-            "compose",
-            "--project-directory",
-            str(self.project_dir),
-            "-f",
-            str(self.project_dir / "compose.yaml"),
-            *args,
-        ]
+        project = self.project_dir
+        return [self.docker, "compose", "--project-directory", str(project), "-f", str(project / "compose.yaml"), *args]
 
     def compose_env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         env = {
@@ -123,11 +116,7 @@ class ComposeBackend:
             return
         if self.up:
             proc = subprocess.run(
-                self.compose_cmd("up", "-d", "--wait", "s3"),
-                env=self.compose_env(),
-                capture_output=True,
-                text=True,
-                check=False,
+                self.compose_cmd("up", "-d", "--wait", "s3"), env=self.compose_env(), capture_output=True, text=True
             )
             if proc.returncode != 0:
                 raise DilforgeError(f"docker compose up s3 failed: {proc.stderr.strip()[-2000:]}")

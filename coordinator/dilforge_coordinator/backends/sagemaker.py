@@ -31,17 +31,11 @@ from ..config import PipelineConfig
 from ..pipeline import StageFailed, StageJob, image_of, module_env
 
 HYPERPARAMETER_LIMIT = 2500
-
-
 MULTI_HOST_STAGES = {"cpt"}
-
-
 BASE_NAME_LIMIT = 48  # the SDK appends -YYYYMMDDHHMMSS; SageMaker names are at most 63 characters
-
-
+CHECKPOINT_PATH = "/opt/ml/checkpoints"
+TENSORBOARD_PATH = "/opt/ml/output/tensorboard"
 NUM = r"([-+]?(?:[0-9]*\.)?[0-9]+(?:[eE][-+]?[0-9]+)?)"
-
-
 # SageMaker reads the job's stdout/stderr with these (first capture group = the value).
 # cpt: its Metrics.record lines `step=10 phase=2 loss=2.31 lr=0.0003 grad_norm=0.9 tokens_per_s=...`
 #      and validation lines `step=10 val_loss=2.4 val_bpb=1.1`;
@@ -88,35 +82,16 @@ def offline_jobs(pipeline: PipelineConfig) -> list[StageJob]:
         missing = [n for n in config.needed_inputs() if n not in inputs]
         if missing:
             raise DilforgeError(f"stage {stage} needs upstream artifacts {missing} in the same pipeline for a dry run")
+        data = [(f"data:{s.label}", s.uri) for s in config.file_sources()]
+        data += [(f"model:{u}", u) for u in config.model_uris()]
+        data += [("source", config.source)] if isinstance(config, ModelConfig) else []
         refs = [InputRef(name=n, kind="manifest", uri=u, sha256=f"offline:{u}") for n, u in sorted(inputs.items())]
-        refs += [
-            InputRef(name=f"data:{s.label}", kind="data", uri=s.uri, sha256=f"offline:{s.uri}")
-            for s in config.file_sources()
-        ]
-        refs += [InputRef(name=f"model:{u}", kind="data", uri=u, sha256=f"offline:{u}") for u in config.model_uris()]
-        if isinstance(config, ModelConfig):
-            refs.append(InputRef(name="source", kind="data", uri=config.source, sha256=f"offline:{config.source}"))
-        artifact_id = planned_artifact_id(config, refs)
-        uri = f"{store}/artifacts/{stage}/{artifact_id}"
-        planned[stage] = uri
+        refs += [InputRef(name=n, kind="data", uri=u, sha256=f"offline:{u}") for n, u in data]
+        planned[stage] = f"{store}/artifacts/{stage}/{planned_artifact_id(config, refs)}"
         jobs.append(
-            StageJob(
-                stage=stage,
-                config=config,
-                run_id=pipeline.run_id,
-                artifact_uri=uri,
-                inputs=inputs,
-                store_uri=store,
-                s3_endpoint_url=pipeline.store.s3_endpoint_url,
-            )
+            StageJob(stage, config, pipeline.run_id, planned[stage], inputs, store, pipeline.store.s3_endpoint_url)
         )
     return jobs
-
-
-CHECKPOINT_PATH = "/opt/ml/checkpoints"
-
-
-TENSORBOARD_PATH = "/opt/ml/output/tensorboard"
 
 
 @dataclass(frozen=True)
@@ -534,7 +509,7 @@ def run_processor(spec: ProcessingSpec, session, wait: bool = False) -> str:
 
 
 def _offline_response(operation: str, body: dict) -> dict:
-    now = dt.datetime.now(dt.UTC)
+    """The dry run's answer: the created job's ARN, or (DescribeTrainingJob) a job still starting."""
     if operation == "CreateProcessingJob":
         return {
             "ProcessingJobArn": f"arn:aws:sagemaker:us-east-1:000000000000:processing-job/{body['ProcessingJobName']}"
@@ -548,7 +523,7 @@ def _offline_response(operation: str, body: dict) -> dict:
         "TrainingJobArn": arn,
         "TrainingJobStatus": "InProgress",
         "SecondaryStatus": "Starting",
-        "CreationTime": now,
+        "CreationTime": dt.datetime.now(dt.UTC),
         "AlgorithmSpecification": {"TrainingInputMode": "File"},
         "ResourceConfig": {"InstanceCount": 1, "VolumeSizeInGB": 1},
         "StoppingCondition": {},

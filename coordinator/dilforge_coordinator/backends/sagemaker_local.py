@@ -193,32 +193,15 @@ class SageMakerLocalBackend:
     def join_network(self) -> None:
         """Put the compose S3 on the SDK's `sagemaker-local` network as `dilforge-s3`. The network is made with
         the compose label the SDK's generated compose file expects, so its `docker compose up` adopts it."""
-        run = self.run_cmd
-        if run([self.docker, "network", "inspect", NETWORK], capture_output=True, check=False).returncode != 0:
-            made = run(
-                [self.docker, "network", "create", "--label", f"com.docker.compose.network={NETWORK}", NETWORK],
-                capture_output=True,
-                text=True,
-                check=False,
-            )
+        if self.docker_cmd("network", "inspect", NETWORK).returncode != 0:
+            made = self.docker_cmd("network", "create", "--label", f"com.docker.compose.network={NETWORK}", NETWORK)
             if made.returncode != 0 and "already exists" not in made.stderr:
                 raise DilforgeError(f"docker network create {NETWORK}: {made.stderr.strip()}")
-        ps = run(
-            self.compose.compose_cmd("ps", "-q", "s3"),
-            env=self.compose.compose_env(),
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        container = ps.stdout.strip().splitlines()[0] if ps.stdout.strip() else ""
+        ps = self.docker_cmd(*self.compose.compose_cmd("ps", "-q", "s3")[1:], env=self.compose.compose_env())
+        container = next(iter(ps.stdout.split()), "")
         if not container:
             raise DilforgeError("the compose S3 is not running (docker compose ps s3 shows no container)")
-        joined = run(
-            [self.docker, "network", "connect", "--alias", S3_ALIAS, NETWORK, container],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
+        joined = self.docker_cmd("network", "connect", "--alias", S3_ALIAS, NETWORK, container)
         if joined.returncode != 0 and "already exists" not in joined.stderr:
             raise DilforgeError(f"docker network connect {NETWORK} (compose S3): {joined.stderr.strip()}")
 
@@ -303,30 +286,21 @@ class SageMakerLocalBackend:
             shutil.rmtree(root, ignore_errors=True)
             open_backend(processing_root(self.config, job), job.s3_endpoint_url).delete_prefix("")
 
+    def docker_cmd(self, *args: str, **kwargs) -> subprocess.CompletedProcess:
+        """`docker ARGS`, its output captured; the caller reads the exit code."""
+        return self.run_cmd([self.docker, *args], capture_output=True, text=True, check=False, **kwargs)
+
     def job_containers(self, image: str) -> set[str]:
         """Stopped containers of `image` (the SDK's `docker compose up` leaves one per host and job)."""
-        ps = self.run_cmd(
-            [
-                self.docker,
-                "ps",
-                "-a",
-                "--filter",
-                f"ancestor={image}",
-                "--filter",
-                "status=exited",
-                "--format",
-                "{{.ID}}",
-            ],
-            capture_output=True,
-            text=True,
-            check=False,
+        ps = self.docker_cmd(
+            "ps", "-a", "--filter", f"ancestor={image}", "--filter", "status=exited", "--format", "{{.ID}}"
         )
         return set(ps.stdout.split()) if ps.returncode == 0 else set()
 
     def remove_containers(self, ids: set[str]) -> None:
         """Remove the containers this job left (only those that appeared while it ran); logs are already shown."""
         if ids:
-            self.run_cmd([self.docker, "rm", *sorted(ids)], capture_output=True, text=True, check=False)
+            self.docker_cmd("rm", *sorted(ids))
 
     @staticmethod
     def failure_reason(root: Path, num_hosts: int) -> str | None:

@@ -275,8 +275,6 @@ def empty_answer_note(tokens: Any, test_sized: bool) -> str:
 
 def answer_text(choice: Any) -> str | None:
     """The text of a response's (or stream chunk's) choice, or None when it has none or calls tools."""
-    if not isinstance(choice, dict):
-        return None
     part = choice.get("message") or choice.get("delta")
     if isinstance(part, dict):
         return None if part.get("tool_calls") else part.get("content") or ""
@@ -289,43 +287,29 @@ def explain_empty_answers(send, test_sized: bool):
     only the content gets the same answer, one that reads the warning learns why it is empty. Logged too."""
     state: dict[str, Any] = {"mode": None, "text": "", "tools": False}
 
-    def noted(doc: dict, tokens: Any) -> None:
-        doc["warning"] = empty_answer_note(tokens, test_sized)
-        log.warning("empty answer: %s", doc["warning"])
-
-    def json_answer(raw: bytes) -> bytes:
+    def checked(raw: bytes, stream: bool) -> bytes:
+        """A JSON answer or stream chunk, with the warning added when the answer's text is empty or blank."""
         try:
             doc = json.loads(raw)
         except ValueError:
             return raw
         choices = doc.get("choices") if isinstance(doc, dict) else None
-        if not (isinstance(choices, list) and len(choices) == 1):
+        if not (isinstance(choices, list) and len(choices) == 1 and isinstance(choices[0], dict)):
             return raw
         text = answer_text(choices[0])
+        if stream:  # the stream's text so far, noted on the chunk that finishes it
+            state["tools"] |= text is None
+            state["text"] += text or ""
+            text = None if state["tools"] or not choices[0].get("finish_reason") else state["text"]
         if text is None or text.strip():
             return raw
-        noted(doc, (doc.get("usage") or {}).get("completion_tokens", "?"))
+        doc["warning"] = empty_answer_note((doc.get("usage") or {}).get("completion_tokens", "?"), test_sized)
+        log.warning("empty answer: %s", doc["warning"])
         return json.dumps(doc, ensure_ascii=False).encode()
 
     def sse_events(raw: bytes) -> bytes:
         events = raw.split(b"\n\n")
-        for i, event in enumerate(events):
-            if not event.startswith(b"data: "):
-                continue
-            try:
-                doc = json.loads(event[len(b"data: ") :])
-            except ValueError:
-                continue
-            choices = doc.get("choices") if isinstance(doc, dict) else None
-            if not (isinstance(choices, list) and len(choices) == 1 and isinstance(choices[0], dict)):
-                continue
-            text = answer_text(choices[0])
-            state["tools"] |= text is None
-            state["text"] += text or ""
-            if choices[0].get("finish_reason") and not state["tools"] and not state["text"].strip():
-                noted(doc, (doc.get("usage") or {}).get("completion_tokens", "?"))
-                events[i] = b"data: " + json.dumps(doc, ensure_ascii=False).encode()
-        return b"\n\n".join(events)
+        return b"\n\n".join(b"data: " + checked(e[6:], True) if e.startswith(b"data: ") else e for e in events)
 
     async def _send(message):
         if message["type"] == "http.response.start":
@@ -345,7 +329,7 @@ def explain_empty_answers(send, test_sized: bool):
         state["chunks"].append(message.get("body", b""))
         if message.get("more_body"):
             return None
-        raw = json_answer(b"".join(state.pop("chunks")))
+        raw = checked(b"".join(state.pop("chunks")), False)
         start = state.pop("start")
         headers = [(k, v) for k, v in start.get("headers", []) if k.lower() != b"content-length"]
         await send({**start, "headers": headers + [(b"content-length", str(len(raw)).encode())]})
