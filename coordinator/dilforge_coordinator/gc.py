@@ -4,6 +4,7 @@ inside a published data folder; in-flight work is skipped by its lock or --min-a
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import shutil
@@ -126,12 +127,9 @@ def find_store_garbage(store: ArtifactStore, min_age_s: float, unreferenced: boo
     for (stage, name), entries in sorted(folders.items()):
         prefix = f"artifacts/{stage}/{name}"
         uri = f"{backend.uri}/{prefix}"
+        remove_folder = functools.partial(backend.delete_prefix, prefix)
         if DAMAGED.search(name):
-            found.append(
-                Garbage(
-                    "damaged", uri, "moved aside by a rerun that rebuilt it", lambda p=prefix: backend.delete_prefix(p)
-                )
-            )
+            found.append(Garbage("damaged", uri, "moved aside by a rerun that rebuilt it", remove_folder))
             continue
         data_dir = None
         if MANIFEST_NAME in entries:
@@ -143,9 +141,7 @@ def find_store_garbage(store: ArtifactStore, min_age_s: float, unreferenced: boo
                 continue  # a manifest of another place: not the artifact this folder's name says
             data_dir = manifest.data_dir
             if unreferenced and uri not in refs:
-                found.append(
-                    Garbage("unreferenced", uri, "no run record names it", lambda p=prefix: backend.delete_prefix(p))
-                )
+                found.append(Garbage("unreferenced", uri, "no run record names it", remove_folder))
                 continue
         keep = {data_dir, manifest_digest_key(data_dir)} if data_dir else set()
         orphans = sorted(e for e in entries if e not in keep and (DATA_DIR.match(e) or DIGEST_FILE.match(e)))
@@ -157,7 +153,7 @@ def find_store_garbage(store: ArtifactStore, min_age_s: float, unreferenced: boo
                 continue  # a link is not what publish writes; a young one may be a publish in flight
             why = "no manifest points at it (publish interrupted)" if data_dir is None else "not the manifest's data"
             remove = backend.delete if entry.startswith(".") else backend.delete_prefix  # a digest file, a folder
-            found.append(Garbage("orphan-data", f"{uri}/{entry}", why, lambda p=f"{prefix}/{entry}", r=remove: r(p)))
+            found.append(Garbage("orphan-data", f"{uri}/{entry}", why, functools.partial(remove, f"{prefix}/{entry}")))
     root = backend.local_path("")
     if root is not None:  # where the store writes through a temp file: beside manifests, records, locks
         folders = [f for f in (root, root / "runs", root / "locks") if not f.is_symlink()]
@@ -180,7 +176,7 @@ def _leftovers(folder: Path, patterns: tuple[re.Pattern, ...], min_age_s: float)
     except OSError:
         return []
     return [
-        Garbage("temp", str(path), "left by an interrupted write", lambda p=path: _rm(p))
+        Garbage("temp", str(path), "left by an interrupted write", functools.partial(_rm, path))
         for path in entries
         if any(pat.match(path.name) for pat in patterns) and _age_s(path) >= min_age_s
     ]
@@ -193,21 +189,19 @@ def _cache_leftovers(cache: Path, min_age_s: float) -> list[Garbage]:
     for sub, pattern in CACHE_LEFTOVERS.items():
         found += _leftovers(cache / sub, (pattern,), min_age_s)
     for sub in CACHE_STAGING:
-        found += [
-            Garbage("staging", str(p), "staging folder of a process that is gone", lambda p=p: remove_abandoned(p))
-            for p in abandoned(cache / sub)
-        ]
+        found += [_staging(p, "a process that is gone") for p in abandoned(cache / sub)]
     return found
+
+
+def _staging(path: Path, whose: str) -> Garbage:
+    return Garbage("staging", str(path), f"staging folder of {whose}", functools.partial(remove_abandoned, path))
 
 
 def find_staging_garbage(folder: Path) -> list[Garbage]:
     """Staging folders a killed export left in its --out folder."""
     if not folder.is_dir():
         raise NotOurs(f"--export-dir {folder} is not a folder")
-    return [
-        Garbage("staging", str(p), "staging folder of an export that was killed", lambda p=p: remove_abandoned(p))
-        for p in abandoned(folder)
-    ]
+    return [_staging(p, "an export that was killed") for p in abandoned(folder)]
 
 
 def _rm(path: Path) -> None:
@@ -241,13 +235,7 @@ def find_work_garbage(workdir: Path, min_age_s: float, caches: Iterable[Path] = 
         if WORK_NAME.match(path.name) and (path / WORK_MARKER).is_file():
             if is_locked(path.with_name(f"{path.name}.lock")):
                 continue
-            found.append(
-                Garbage(
-                    "work",
-                    str(path),
-                    "work folder no live process holds (checkpoints of a failed "
-                    "or cancelled run; removing it means the next run starts over)",
-                    lambda p=path: _rm_work(p),
-                )
-            )
+            why = "work folder no live process holds (checkpoints of a failed or cancelled run; removing it means "
+            why += "the next run starts over)"
+            found.append(Garbage("work", str(path), why, functools.partial(_rm_work, path)))
     return found  # temp files inside a work folder go with it; a held one is a live process's business

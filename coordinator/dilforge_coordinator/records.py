@@ -13,14 +13,14 @@ import os
 import socket
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Annotated, Any
 
 from dilforge_shared.errors import ConfigError, DilforgeError, field_errors
 from dilforge_shared.locks import FileLock
 from dilforge_shared.paths import check_name, check_relative_path
 from dilforge_shared.settings import redact_values
 from dilforge_shared.store import NotFound, mark_store, open_backend
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from .leases import S3Lease, owner_alive
 from .settings import coordinator_settings
@@ -67,37 +67,27 @@ class DamagedRecord(DilforgeError):
 
 
 GOOD = ("produced", "reused")
+Address = Annotated[str, AfterValidator(check_relative_path)]  # store-relative: artifacts/<stage>/<id>
 
 
 class StageEntry(BaseModel):
     """One stage in a record; unknown keys are kept (a newer coordinator may add some)."""
 
     model_config = ConfigDict(extra="allow")
-    artifact: str = Field(description="The stage's artifact, relative to the store: artifacts/<stage>/<id>.")
+    artifact: Address = Field(description="The stage's artifact.")
     status: str = Field(description="running, produced, reused, failed or cancelled.")
     backend: str | None = None
     error: str | None = None
-    last_good: str | None = Field(
+    last_good: Address | None = Field(
         default=None,
         description="While the stage's latest attempt is running, failed or was cancelled: the artifact its last "
-        "good attempt produced or reused (store-relative), which downstream stages and gc keep using.",
+        "good attempt produced or reused, which downstream stages and gc keep using.",
     )
-
-    also: list[str] = Field(
+    also: list[Address] = Field(
         default_factory=list,
         description="Good artifacts of this stage that another process running the same run id produced or reused "
-        "at the same time (store-relative): kept referenced, so gc never counts them unreferenced.",
+        "at the same time: kept referenced, so gc never counts them unreferenced.",
     )
-
-    @field_validator("artifact", "last_good")
-    @classmethod
-    def _relative(cls, value: str | None) -> str | None:
-        return check_relative_path(value) if value is not None else None
-
-    @field_validator("also")
-    @classmethod
-    def _all_relative(cls, value: list[str]) -> list[str]:
-        return [check_relative_path(v) for v in value]
 
     def addresses(self) -> list[str]:
         """Every artifact this entry keeps referenced: the latest attempt, the last good one, and `also`."""
@@ -121,16 +111,11 @@ class RecordDoc(BaseModel):
     error: str | None = None
     updated_at: str | None = None
     stages: dict[str, StageEntry] = Field(default_factory=dict)
-    witnesses: dict[str, Witness] = Field(
+    witnesses: dict[Address, Witness] = Field(
         default_factory=dict,
         description="Store-relative artifact address → the publish this run last produced or reused there; kept "
         "when the stage's entry moves on, so an artifact the run no longer names is still checked against it.",
     )
-
-    @field_validator("witnesses")
-    @classmethod
-    def _relative_keys(cls, value: dict[str, Witness]) -> dict[str, Witness]:
-        return {check_relative_path(k): v for k, v in value.items()}
 
 
 def parse_record(data: bytes, source: str) -> RecordDoc:
