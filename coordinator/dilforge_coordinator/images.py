@@ -1,8 +1,6 @@
-"""Build the stage images and push them to ECR; record each image's digest for the SageMaker backend.
-
-`images build`: docker/stage.Dockerfile with `--build-arg STAGE=<stage>` under BuildKit (CA bundle as a
-secret, local wheels linked in), tagged `dilforge-<stage>:<version>-<gitsha>` and `:dev` (compose).
-`images push`: creates the ECR repository, logs in, pushes and records `<repo>@sha256:<digest>` in .dilforge/images.json, so jobs name images by digest."""
+"""`images build`: docker/stage.Dockerfile per stage under BuildKit, tagged `dilforge-<stage>:<version>-<gitsha>`
+and `:dev` (compose). `images push`: to ECR, recording `<repo>@sha256:<digest>` so SageMaker jobs name images by
+digest."""
 
 from __future__ import annotations
 

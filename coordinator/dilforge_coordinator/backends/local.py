@@ -1,8 +1,5 @@
-"""Run a stage's container entrypoint in a subprocess, with a private /opt/ml root.
-
-The root, `<workdir>/<stage>-<artifact_id>/`, is kept after a failure so a rerun resumes from its checkpoints,
-and removed after success. Its flocked `.lock`, inherited by the stage, keeps two runs out of one folder; its
-`WORK_MARKER` lets `coordinator gc` prove a backend made it (compose and SageMaker local mode do the same)."""
+"""Run a stage in a subprocess with a private /opt/ml root, `<workdir>/<stage>-<artifact_id>/`: kept after a
+failure (a rerun resumes from its checkpoints), flocked while in use, marked (`WORK_MARKER`) for `gc`."""
 
 from __future__ import annotations
 

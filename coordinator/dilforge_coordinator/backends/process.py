@@ -1,8 +1,5 @@
-"""Run a stage process the coordinator owns: no stdin, its own session, signals forwarded, dies with us.
-
-stdin is /dev/null (no library prompt can block on the terminal); its own session, so Ctrl-C reaches only the
-coordinator, which forwards SIGTERM once and SIGKILL on a second signal; PR_SET_PDEATHSIG, so a killed
-coordinator never leaves an orphan stage publishing behind a stale run record."""
+"""Run a stage process the coordinator owns: stdin /dev/null (no prompt can block), its own session (Ctrl-C
+reaches the coordinator, which forwards SIGTERM, then SIGKILL), and it dies with the coordinator (no orphan)."""
 
 from __future__ import annotations
 

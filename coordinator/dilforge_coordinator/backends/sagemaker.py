@@ -1,9 +1,6 @@
 """`--backend sagemaker`: each stage as a SageMaker training job (curate, and CPT's token cache, as Processing
-jobs), through the SDK's ModelTrainer / Processor, waited for and logged by the SDK.
-
-`job_spec` / `processing_specs` define the jobs SDK-free, so `--backend sagemaker-local` runs the same ones.
-`--dry-run` runs the SDK's own train()/run() `offline`: the requests botocore would send, without credentials.
-The SDK is an optional extra, imported only when a job is built (its absence is a one-line error)."""
+jobs) through the SDK's ModelTrainer / Processor, which wait and log. `job_spec` / `processing_specs` are SDK-free,
+so sagemaker-local runs the same jobs; `--dry-run` runs the SDK `offline`, printing what botocore would send."""
 
 from __future__ import annotations
 
@@ -388,21 +385,7 @@ def model_trainer(
 ):
     """The SDK's ModelTrainer for `spec`: a SageMaker training job, or (local_root given) SageMaker's local
     container mode with the upstream artifacts as local channel folders (`local_channels`: name -> folder)."""
-    from sagemaker.core.training.configs import (
-        Channel,
-        CheckpointConfig,
-        Compute,
-        DataSource,
-        InputData,
-        MetricDefinition,
-        Networking,
-        OutputDataConfig,
-        RetryStrategy,
-        S3DataSource,
-        StoppingCondition,
-        Tag,
-        TensorBoardOutputConfig,
-    )
+    from sagemaker.core.training import configs as sm
     from sagemaker.train.model_trainer import Mode, ModelTrainer
 
     local = local_root is not None
@@ -410,14 +393,14 @@ def model_trainer(
         missing = sorted(set(spec.channels) - set(local_channels or {}))
         if missing:
             raise DilforgeError(f"{spec.stage}: local mode needs a folder for channels {missing}")
-        channels = [InputData(channel_name=n, data_source=str(local_channels[n])) for n in sorted(spec.channels)]
+        channels = [sm.InputData(channel_name=n, data_source=str(local_channels[n])) for n in sorted(spec.channels)]
     else:
         channels = [
-            Channel(
+            sm.Channel(
                 channel_name=n,
                 input_mode=spec.input_mode,
-                data_source=DataSource(
-                    s3_data_source=S3DataSource(
+                data_source=sm.DataSource(
+                    s3_data_source=sm.S3DataSource(
                         s3_data_type="S3Prefix", s3_uri=uri, s3_data_distribution_type="FullyReplicated"
                     )
                 ),
@@ -437,31 +420,31 @@ def model_trainer(
         base_job_name=spec.base_job_name,
         training_image=spec.image,
         training_input_mode=spec.input_mode,
-        compute=Compute(
+        compute=sm.Compute(
             instance_type="local" if local else spec.instance_type,
             instance_count=spec.num_instances,
             volume_size_in_gb=spec.volume_size_gb,
             enable_managed_spot_training=spec.spot,
         ),
-        networking=Networking(**networking),
-        stopping_condition=StoppingCondition(**stopping),
-        output_data_config=OutputDataConfig(s3_output_path=spec.output_path),
-        checkpoint_config=CheckpointConfig(s3_uri=spec.checkpoint_uri, local_path=CHECKPOINT_PATH),
+        networking=sm.Networking(**networking),
+        stopping_condition=sm.StoppingCondition(**stopping),
+        output_data_config=sm.OutputDataConfig(s3_output_path=spec.output_path),
+        checkpoint_config=sm.CheckpointConfig(s3_uri=spec.checkpoint_uri, local_path=CHECKPOINT_PATH),
         environment=dict(spec.environment),
         hyperparameters=dict(spec.hyperparameters),
-        tags=[Tag(key=k, value=v) for k, v in sorted(spec.tags.items())],
+        tags=[sm.Tag(key=k, value=v) for k, v in sorted(spec.tags.items())],
         input_data_config=channels or None,
         **({"local_container_root": str(local_root)} if local else {}),
         **_config_manager(session),
     )
     trainer.with_metric_definitions(
-        [MetricDefinition(name=d["Name"], regex=d["Regex"]) for d in spec.metric_definitions]
+        [sm.MetricDefinition(name=d["Name"], regex=d["Regex"]) for d in spec.metric_definitions]
     )
     trainer.with_tensorboard_output_config(
-        TensorBoardOutputConfig(s3_output_path=spec.tensorboard_uri, local_path=TENSORBOARD_PATH)
+        sm.TensorBoardOutputConfig(s3_output_path=spec.tensorboard_uri, local_path=TENSORBOARD_PATH)
     )
     if spec.max_retry_attempts:
-        trainer.with_retry_strategy(RetryStrategy(maximum_retry_attempts=spec.max_retry_attempts))
+        trainer.with_retry_strategy(sm.RetryStrategy(maximum_retry_attempts=spec.max_retry_attempts))
     return trainer
 
 

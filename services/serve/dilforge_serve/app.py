@@ -1,9 +1,6 @@
-"""The ASGI app: `transformers serve`'s own FastAPI server, pinned to one model, behind a request guard.
-
-transformers serve does the OpenAI API (`compat.serve.serve_command_app` builds it without starting uvicorn).
-`RequestGuard`, a pure ASGI middleware, turns what the stock server leaves to a stack trace or an endless
-generation (bad body, unknown model or field, a prompt or `max_tokens` past the context) into a 4xx
-OpenAI-style error naming the field, and maps SageMaker's /ping and /invocations onto the same server."""
+"""The ASGI app: `transformers serve`'s own OpenAI server (`compat.serve.serve_command_app`), pinned to one
+model, behind `RequestGuard`: an ASGI middleware that answers what the stock server leaves to a stack trace or an
+endless generation with a 4xx naming the field, and maps SageMaker's /ping and /invocations onto the server."""
 
 from __future__ import annotations
 

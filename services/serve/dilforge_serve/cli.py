@@ -1,10 +1,6 @@
 """`serve [MODEL]`: resolve an artifact, build the served folder, run transformers serve behind the guard.
-
-Defaults follow SageMaker's inference contract, so `docker run IMAGE serve` is a SageMaker real-time
-endpoint: the model in /opt/ml/model (an artifact folder: manifest.json + data-*/, or a plain HF folder),
-0.0.0.0 on port 8080 (SAGEMAKER_BIND_TO_PORT when set). `coordinator serve` is this command, mounted with
-a store URI or --run, 127.0.0.1 and port 8000.
-"""
+Its defaults are SageMaker's inference contract (the model in /opt/ml/model, 0.0.0.0:8080 or
+SAGEMAKER_BIND_TO_PORT), so `docker run IMAGE serve` is a real-time endpoint; `coordinator serve` mounts it."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""What to serve (`resolve_served_model`, on the one resolver) and the folder the server is pinned to: the
-artifact's weights (linked, never copied), its tokenizer, and a serving chat template that makes the SFT system
-prompt the default system message.
-
-Named by the model id, so the OpenAI `model` a client sends is that id; an adapter is merged into its base
-here, so every server runs one plain model."""
+"""What to serve (`resolve_served_model`) and the folder the server is pinned to, named by the model id: the
+weights (linked, or an adapter merged into its base), the tokenizer, and a chat template whose default system
+message is the SFT system prompt."""
 
 from __future__ import annotations
 
