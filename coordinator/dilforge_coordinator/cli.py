@@ -104,12 +104,8 @@ StoreOpt = Annotated[str | None, typer.Option("--store", help="Override store.ur
 RunIdOpt = Annotated[str | None, typer.Option("--run-id", help="Override run_id of the config.")]
 
 
-DryRunOpt = Annotated[
-    bool,
-    typer.Option(
-        "--dry-run", help="sagemaker backend: print every CreateTrainingJob request, offline, and submit nothing."
-    ),
-]
+DryRunHelp = "sagemaker backend: print every CreateTrainingJob request, offline, and submit nothing."
+DryRunOpt = Annotated[bool, typer.Option("--dry-run", help=DryRunHelp)]
 
 
 def _load(config: Path, data: Path | None, store: str | None, run_id: str | None) -> PipelineConfig:
@@ -292,15 +288,11 @@ def gc_cmd(
 ) -> None:
     """List (dry run) or --delete orphan data-* folders, damaged copies, temp files, stale work folders: only what
     dilforge provably made (a marked store, marked work folders, its writers' exact temp names)."""
-
     from . import gc
 
     found = gc.find_store_garbage(ArtifactStore(store, endpoint), min_age_minutes * 60, unreferenced)
-    found += gc.find_work_garbage(
-        Path(workdir or coordinator_settings().workdir).resolve(),
-        min_age_minutes * 60,
-        [cache_root()],
-    )
+    work = Path(workdir or coordinator_settings().workdir).resolve()
+    found += gc.find_work_garbage(work, min_age_minutes * 60, [cache_root()])
     for folder in export_dir or []:
         found += gc.find_staging_garbage(folder)
     for item in found:

@@ -239,19 +239,15 @@ class Deployer:
 
 def artifact_of(pipeline: PipelineConfig, dry_run: bool) -> str:
     """The pipeline's SFT artifact: from its run record, or (dry run, offline) the URI the plan gives it."""
-    if dry_run:
-        from .backends.sagemaker import offline_jobs
-
-        planned = {job.stage: job.artifact_uri for job in offline_jobs(pipeline)}
-        if "sft" in planned:
-            return planned["sft"]
-        raise ConfigError("the pipeline has no sft stage: pass the artifact URI to deploy")
+    from .backends.sagemaker import offline_jobs
     from .pipeline import upstream_from_record
 
-    produced = upstream_from_record(pipeline)
-    if "sft" not in produced:
-        raise ConfigError(f"run {pipeline.run_id} has no SFT artifact yet (run the pipeline, or pass the artifact URI)")
-    return produced["sft"]
+    produced = {j.stage: j.artifact_uri for j in offline_jobs(pipeline)} if dry_run else upstream_from_record(pipeline)
+    if "sft" in produced:
+        return produced["sft"]
+    if dry_run:
+        raise ConfigError("the pipeline has no sft stage: pass the artifact URI to deploy")
+    raise ConfigError(f"run {pipeline.run_id} has no SFT artifact yet (run the pipeline, or pass the artifact URI)")
 
 
 def deploy_cmd(
@@ -276,21 +272,17 @@ def deploy_cmd(
     if pipeline.sagemaker is None:
         raise ConfigError(f"{config}: deploy needs a `sagemaker:` section (role_arn, region, endpoint)")
     name = endpoint_name(pipeline)
-    if delete:
-        if dry_run:
-            for op, request in delete_requests(name, "<its endpoint config>", ["<its model>"]):
-                typer.echo(json.dumps({"operation": op, "request": request}, indent=2))
-            return
-        import boto3
-
-        Deployer(boto3.client("sagemaker", region_name=pipeline.sagemaker.region), out=typer.echo).delete(name)
+    if delete and dry_run:
+        for op, request in delete_requests(name, "<its endpoint config>", ["<its model>"]):
+            typer.echo(json.dumps({"operation": op, "request": request}, indent=2))
         return
-    uri = artifact or artifact_of(pipeline, dry_run)
-    if not dry_run:  # a dry run plans offline, before the artifact or its eval may exist
-        from . import gate
+    if not delete:
+        uri = artifact or artifact_of(pipeline, dry_run)
+        if not dry_run:  # a dry run plans offline, before the artifact or its eval may exist
+            from . import gate
 
-        gate.check(uri, pipeline.store.uri, pipeline.run_id, pipeline.store.s3_endpoint_url, force, "deploy")
-    deploy = plan(pipeline, uri, serve_image(pipeline.sagemaker, dry_run), system_prompt, model_id)
+            gate.check(uri, pipeline.store.uri, pipeline.run_id, pipeline.store.s3_endpoint_url, force, "deploy")
+        deploy = plan(pipeline, uri, serve_image(pipeline.sagemaker, dry_run), system_prompt, model_id)
     if dry_run:  # what a first deployment sends
         first = [("CreateModel", deploy.create_model), ("CreateEndpointConfig", deploy.create_endpoint_config)]
         for op, request in [*first, deploy.endpoint_request(exists=False)]:
@@ -301,11 +293,11 @@ def deploy_cmd(
         return
     import boto3
 
-    deployer = Deployer(
-        boto3.client("sagemaker", region_name=pipeline.sagemaker.region),
-        out=typer.echo,
-        poll_s=pipeline.sagemaker.poll_interval_s,
-    )
+    client = boto3.client("sagemaker", region_name=pipeline.sagemaker.region)
+    deployer = Deployer(client, out=typer.echo, poll_s=pipeline.sagemaker.poll_interval_s)
+    if delete:
+        deployer.delete(name)
+        return
     desc = deployer.deploy(deploy, wait=wait)
     typer.echo(
         f"endpoint {name}: {desc.get('EndpointStatus')}; model id "

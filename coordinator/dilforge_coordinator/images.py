@@ -125,13 +125,7 @@ def inspect(ref: str, docker: str, runner: Runner = subprocess.run) -> dict:
     return json.loads(proc.stdout)
 
 
-def build(
-    stage: str,
-    tag: str | None = None,
-    base_image: str | None = None,
-    gpu: bool = False,
-    no_cache: bool = False,
-) -> BuildResult:
+def build(stage: str, tag: str | None = None, base_image: str | None = None, gpu=False, no_cache=False) -> BuildResult:
     """Build one image (a stage, or 'serve' / 's3' / 'coordinator'); returns its id, size and build time."""
     docker = docker_binary()
     tag = tag or default_tag(gpu)
@@ -139,28 +133,16 @@ def build(
     tags = [f"{name}:{tag}"] + ([] if gpu or tag == "dev" else [f"{name}:dev"])
     ca_bundle = os.environ.get("BUILD_CA_BUNDLE") or None
     cmd = build_command(stage, tags, docker, base_image, gpu, ca_bundle, no_cache=no_cache)
-    env = {**os.environ, "DOCKER_BUILDKIT": "1"}
-    start = time.monotonic()
-    log_dir = Path(".dilforge/build-logs")
-    log_dir.mkdir(parents=True, exist_ok=True)
-    log_file = log_dir / f"{name}.log"
+    start, log_file = time.monotonic(), Path(".dilforge/build-logs") / f"{name}.log"
+    log_file.parent.mkdir(parents=True, exist_ok=True)
     with open(log_file, "w") as log:
-        proc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.run(cmd, env={**os.environ, "DOCKER_BUILDKIT": "1"}, stdout=log, stderr=subprocess.STDOUT)
     seconds = time.monotonic() - start
     if proc.returncode != 0:
         tail = log_file.read_text()[-3000:] if log_file.exists() else ""
         raise DilforgeError(f"building {tags[0]} failed (exit {proc.returncode}); log {log_file}:\n{tail}")
     info = inspect(tags[0], docker)
-    return BuildResult(
-        stage=stage,
-        ref=tags[0],
-        image_id=info["Id"],
-        size_bytes=int(info.get("Size", 0)),
-        build_s=round(seconds, 1),
-        tag=tag,
-        git_sha=short_sha(),
-        gpu=gpu,
-    )
+    return BuildResult(stage, tags[0], info["Id"], int(info.get("Size", 0)), round(seconds, 1), tag, short_sha(), gpu)
 
 
 # ---------------------------------------------------------------- ECR

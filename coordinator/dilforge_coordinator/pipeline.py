@@ -148,15 +148,8 @@ def plan_stage(pipeline: PipelineConfig, stage: str, upstream: dict[str, str]) -
     check_input_kinds(stage, inputs, endpoint)
     planned_id = artifact_id(config, stage_refs(config, inputs, endpoint))
     store = ArtifactStore(pipeline.store.uri, endpoint)
-    return StageJob(
-        stage=stage,
-        config=config,
-        run_id=pipeline.run_id,
-        artifact_uri=store.artifact_uri(stage, planned_id),
-        inputs=inputs,
-        store_uri=store.backend.uri,
-        s3_endpoint_url=endpoint,
-    )
+    uri = store.artifact_uri(stage, planned_id)
+    return StageJob(stage, config, pipeline.run_id, uri, inputs, store.backend.uri, endpoint)
 
 
 def run_stage(
@@ -206,16 +199,9 @@ def _reuse_or_run(job: StageJob, stage: str, backend: Backend, store: ArtifactSt
     try:
         backend.run(job)
     except BaseException as exc:
-        cancelled = isinstance(exc, (StageCancelled, KeyboardInterrupt))
+        status = "cancelled" if isinstance(exc, (StageCancelled, KeyboardInterrupt)) else "failed"
         reason = exc.reason if isinstance(exc, StageFailed) else (str(exc) or type(exc).__name__)
-        record.set_stage(
-            store,
-            stage,
-            job.artifact_uri,
-            "cancelled" if cancelled else "failed",
-            error=reason[:2000],
-            backend=backend.name,
-        )
+        record.set_stage(store, stage, job.artifact_uri, status, error=reason[:2000], backend=backend.name)
         record.save(store)
         raise
     if not artifact_exists(job.artifact_uri, job.s3_endpoint_url):

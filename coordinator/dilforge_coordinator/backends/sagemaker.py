@@ -103,6 +103,8 @@ class Machines:
     num_instances: int
     volume_size_gb: int
     max_runtime_s: int
+    environment: dict[str, str]
+    tags: dict[str, str]
 
 
 @dataclass(frozen=True)
@@ -116,9 +118,7 @@ class JobSpec(Machines):
     output_path: str
     checkpoint_uri: str
     tensorboard_uri: str
-    environment: dict[str, str]
     hyperparameters: dict[str, str]
-    tags: dict[str, str]
     metric_definitions: list[dict[str, str]]
     subnets: list[str] = field(default_factory=list)
     security_group_ids: list[str] = field(default_factory=list)
@@ -237,8 +237,6 @@ class ProcessingSpec(Machines):
     entrypoint: list[str]
     inputs: dict[str, tuple[str, str]]  # input name -> (S3 prefix, container path)
     outputs: dict[str, tuple[str, str]]  # output name -> (container path, S3 prefix)
-    environment: dict[str, str]
-    tags: dict[str, str]
 
 
 def processing_root(cfg: SageMakerConfig, job: StageJob) -> str:
@@ -466,17 +464,9 @@ def run_processor(spec: ProcessingSpec, session, wait: bool = False) -> str:
         env=dict(spec.environment),
         tags=[{"Key": k, "Value": v} for k, v in sorted(spec.tags.items())],
     )
+    prefix = {"s3_data_type": "S3Prefix", "s3_input_mode": "File", "s3_data_distribution_type": "FullyReplicated"}
     inputs = [
-        ProcessingInput(
-            input_name=name,
-            s3_input=ProcessingS3Input(
-                s3_uri=uri,
-                local_path=path,
-                s3_data_type="S3Prefix",
-                s3_input_mode="File",
-                s3_data_distribution_type="FullyReplicated",
-            ),
-        )
+        ProcessingInput(input_name=name, s3_input=ProcessingS3Input(s3_uri=uri, local_path=path, **prefix))
         for name, (uri, path) in sorted(spec.inputs.items())
     ]
     outputs = [

@@ -210,15 +210,13 @@ class SageMakerLocalBackend:
         """(the local image by tag, what the manifest cites); one line when it is not built."""
         return f"dilforge-{stage}:{self.compose.tag}", self.compose.image_ref(stage)
 
-    def channel(self, uri: str, endpoint_url: str) -> Path:
-        """An upstream artifact folder (manifest.json + data-*/) copied from the store and verified (`fetch`)."""
-        return fetch(uri, self.workdir / "channels", endpoint_url).path.parent
-
     def spec(self, job: StageJob) -> tuple[JobSpec, dict[str, str]]:
         ref, cited = self.image(image_of(job.stage))
         spec = job_spec(job, self.config, ref, CONTAINER_ENDPOINT)
         env = {**spec.environment, **self.container_env(cited), CHECKPOINT_SYNC_ENV: spec.checkpoint_uri}
-        channels = {name: str(self.channel(uri, job.s3_endpoint_url)) for name, uri in spec.channels.items()}
+        # each upstream artifact folder (manifest.json + data-*/), copied from the store and verified
+        cache, endpoint = self.workdir / "channels", job.s3_endpoint_url
+        channels = {name: str(fetch(uri, cache, endpoint).path.parent) for name, uri in spec.channels.items()}
         return replace(spec, environment=env), channels
 
     def container_env(self, cited: str) -> dict[str, str]:

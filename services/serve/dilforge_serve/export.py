@@ -182,14 +182,6 @@ def quantize(source: Path, out: Path, quant: str) -> None:
         raise ExportError(f"llama.cpp's quantizer failed on {source.name} (code {rc})")
 
 
-def set_eos_to_end_of_turn(folder: Path, family: Family) -> None:
-    """The GGUF's eos is tokenizer_config's eos_token: make it the end of an assistant turn."""
-    path = folder / "tokenizer_config.json"
-    config = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-    config["eos_token"] = family.eot
-    path.write_text(json.dumps(config, indent=2), encoding="utf-8")
-
-
 # ---- the Ollama Modelfile -------------------------------------------------------------------------------------
 OLLAMA_TEMPLATES = {
     "chatml": (
@@ -233,18 +225,9 @@ def check_out_dir(out_dir: Path) -> None:
         if not out_dir.is_dir():
             raise ExportError(f"--out {out_dir} is a file, not a folder; give a folder")
         return
-    for parent in out_dir.absolute().parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise ExportError(f"--out {out_dir}: {parent} is a file, not a folder")
-            return
-
-
-def make_out_dir(out_dir: Path) -> None:
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ExportError(f"--out {out_dir}: cannot create the folder ({exc.strerror or exc})") from None
+    parent = next(p for p in out_dir.absolute().parents if p.exists())
+    if not parent.is_dir():
+        raise ExportError(f"--out {out_dir}: {parent} is a file, not a folder")
 
 
 NO_HARD_LINKS = (errno.EPERM, errno.EXDEV, errno.EOPNOTSUPP, errno.EMLINK)  # FAT/exFAT sticks, some mounts
@@ -334,7 +317,10 @@ def export(
     check_pre_tokenizer(spec.tokenizer_dir, base_tok)
     family = detect_family(special_token_ids(spec.tokenizer_dir / "tokenizer.json"), str(spec.tokenizer_dir))
     sources = converter_sources()
-    make_out_dir(out_dir)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ExportError(f"--out {out_dir}: cannot create the folder ({exc.strerror or exc})") from None
     for stale in locks.abandoned(out_dir, "export"):
         log.info("removing %s, left by an export that was killed", stale)
         locks.remove_abandoned(stale)
@@ -355,7 +341,9 @@ def _build(spec, work: Path, sources: Path, names: tuple[str, str], quant: str, 
     """The GGUF and its Modelfile, written into the staging folder `work`."""
     gguf_name, modelfile_name = names
     folder = prepare(spec, work / "model")
-    set_eos_to_end_of_turn(folder, family)
+    tok_config = folder / "tokenizer_config.json"  # the GGUF's eos is its eos_token: the end of an assistant turn
+    config = json.loads(tok_config.read_text(encoding="utf-8")) if tok_config.is_file() else {}
+    tok_config.write_text(json.dumps({**config, "eos_token": family.eot}, indent=2), encoding="utf-8")
     staged = work / gguf_name
     if quant == "q4_k_m":
         convert(sources, folder, work / "f16.gguf", "f16", base_tok)
