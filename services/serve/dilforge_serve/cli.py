@@ -109,7 +109,14 @@ def serve(
         with locks.staging_dir(parent, "serve") as root:
             os.chmod(root, 0o700)
             try:
-                spec = resolve_served_model(model, s3_endpoint_url, base, model_id, system_prompt, not adapter)
+                spec = resolve_served_model(
+                    model,
+                    endpoint_url=s3_endpoint_url,
+                    base=base,
+                    model_id=model_id,
+                    system_prompt=system_prompt,
+                    prefer_merged=not adapter,
+                )
                 field = "--system-prompt" if system_prompt else f"{model}: its SFT config's system_prompt"
                 check_system_prompt(spec.system_prompt, field, spec.tokenizer_dir)
                 prepare(spec, root)
