@@ -22,11 +22,8 @@ log = logging.getLogger(__name__)
 
 
 def detect_format(uri: str) -> str:
-    name = uri.lower().removesuffix(".gz")
-    for suffix, fmt in ((".jsonl", "jsonl"), (".json", "jsonl"), (".tsv", "tsv"), (".parquet", "parquet")):
-        if name.endswith(suffix):
-            return fmt
-    return "txt"
+    suffix = uri.lower().removesuffix(".gz").rpartition(".")[2]
+    return {"jsonl": "jsonl", "json": "jsonl", "tsv": "tsv", "parquet": "parquet"}.get(suffix, "txt")
 
 
 # Compressed files a user may name as a corpus; only gzip (.gz) is read.
@@ -112,10 +109,7 @@ def _split_piece(text: str, max_bytes: int) -> tuple[str, str]:
     return prefix, text[len(prefix) :]
 
 
-def _oversize_message(limit: int) -> str:
-    return (
-        f"line longer than {limit} bytes (max_document_bytes); raise it, or set on_oversize to split, truncate or skip"
-    )
+_OVERSIZE = "{} longer than {} bytes (max_document_bytes); raise it, or set on_oversize to split, truncate or skip"
 
 
 def iter_lines(
@@ -136,7 +130,7 @@ def iter_lines(
                     yield lineno, _decode(raw, uri, lineno).rstrip("\r\n")
                     continue
                 if policy == "error":
-                    raise InputError(_oversize_message(max_bytes), path=uri, line=lineno)
+                    raise InputError(_OVERSIZE.format("line", max_bytes), path=uri, line=lineno)
                 yield from _oversized(stream, raw, uri, lineno, max_bytes, policy)
         except (OSError, EOFError) as exc:
             raise InputError(f"read failed: {exc}", path=uri, line=lineno + 1) from None
@@ -148,9 +142,8 @@ def _oversized(
     """The rest of an over-long line, read `max_bytes` at a time: split into pieces, truncated or skipped."""
     decoder = codecs.getincrementaldecoder("utf-8")()
     if policy != "split":
-        log.warning(
-            "%s:%d: %s; %s", uri, lineno, _oversize_message(max_bytes), "skipped" if policy == "skip" else "truncated"
-        )
+        what = "skipped" if policy == "skip" else "truncated"
+        log.warning("%s:%d: %s; %s", uri, lineno, _OVERSIZE.format("line", max_bytes), what)
     if policy == "truncate":  # a character cut in half at the end is dropped, not decoded
         yield lineno, _decode(first[:max_bytes], uri, lineno, decoder, final=False)
     chunk, buffer = first, ""
@@ -303,7 +296,7 @@ def _bounded_value(text: str, uri: str, row: int, max_bytes: int, oversize: Over
     if len(text) * 4 <= max_bytes or len(text.encode("utf-8")) <= max_bytes:
         yield row, text
     elif oversize == "error":
-        raise InputError(_oversize_message(max_bytes).replace("line", "value"), path=uri, line=row)
+        raise InputError(_OVERSIZE.format("value", max_bytes), path=uri, line=row)
     elif oversize == "truncate":
         yield row, _split_piece(text, max_bytes)[0]
     elif oversize == "split":

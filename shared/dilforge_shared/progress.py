@@ -55,13 +55,6 @@ class Progress:
             ).start()
             weakref.finalize(self, self._stop.set)
 
-    def set_total(self, total: int | None) -> None:
-        if self.total != total:
-            self.total = total
-            if self.bar is not None:
-                self.bar.total = total
-                self.bar.refresh()
-
     def update(self, n: int = 1, **postfix: Any) -> None:
         self.n += n
         if not self.enabled:
@@ -78,7 +71,11 @@ class Progress:
 
     def batches(self, done: int, total: int) -> None:
         """`done` of `total` batches: the `on_batch` callback of `dilforge_shared.bpb`'s passes."""
-        self.set_total(total)
+        if self.total != total:
+            self.total = total
+            if self.bar is not None:
+                self.bar.total = total
+                self.bar.refresh()
         self.update(done - self.n)
 
     def _emit(self, now: float, text: str) -> None:
