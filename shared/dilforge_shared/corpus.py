@@ -77,15 +77,36 @@ def open_binary(uri: str, endpoint_url: str | None) -> IO[bytes]:
 
 
 def parquet_location(uri: str, endpoint_url: str | None):
-    """(path, filesystem) for pyarrow: a checked local file, or an S3 object behind pyarrow.fs (seekable, never
-    read whole) with the store's endpoint and credentials."""
+    """(path, filesystem) for pyarrow: a checked local file, or an S3 object behind a `pyarrow.fs.S3FileSystem`
+    (seekable: read by ranges, never whole) with the store's endpoint, credentials (boto3's chain), region, timeouts
+    and attempts."""
     parsed = urlparse(uri)
     if parsed.scheme != "s3":  # a regular file; whatever its name, pyarrow reads it as parquet
         return regular_file(uri, uri), None
+    import boto3
+    from pyarrow import fs
+
+    from .settings import settings
     from .store import S3Storage
 
+    cfg = settings()
     try:
-        filesystem = S3Storage(parsed.netloc, "", endpoint_url).arrow_filesystem()
+        storage = S3Storage(parsed.netloc, "", endpoint_url)
+        creds = boto3.Session(**{k: v for k, v in storage.keys.items() if k != "region_name"}).get_credentials()
+        frozen = creds.get_frozen_credentials() if creds is not None else None
+        endpoint = urlparse(storage.client.meta.endpoint_url)
+        filesystem = fs.S3FileSystem(
+            access_key=frozen.access_key if frozen else None,
+            secret_key=frozen.secret_key if frozen else None,
+            session_token=frozen.token if frozen else None,
+            anonymous=frozen is None,
+            region=storage.client.meta.region_name,
+            endpoint_override=endpoint.netloc,
+            scheme=endpoint.scheme,
+            connect_timeout=cfg.s3_connect_timeout,
+            request_timeout=cfg.s3_read_timeout,
+            retry_strategy=fs.AwsStandardS3RetryStrategy(max_attempts=cfg.s3_max_attempts),
+        )
     except OSError as exc:
         raise InputError(f"cannot reach S3: {str(exc).splitlines()[0][:200]}", path=uri) from None
     return f"{parsed.netloc}/{parsed.path.lstrip('/')}", filesystem

@@ -303,29 +303,6 @@ class S3Storage:
                 Bucket=self.bucket, Delete={"Objects": [{"Key": k} for k in keys[i : i + 1000]], "Quiet": True}
             )
 
-    def arrow_filesystem(self):
-        """This store's endpoint, credentials (boto3's chain), region, timeouts and attempts as a
-        `pyarrow.fs.S3FileSystem`, for readers that seek (parquet reads its footer, then one row group at a time)."""
-        import boto3
-        from pyarrow import fs
-
-        cfg = settings()
-        creds = boto3.Session(**{k: v for k, v in self.keys.items() if k != "region_name"}).get_credentials()
-        frozen = creds.get_frozen_credentials() if creds is not None else None
-        endpoint = urlparse(self.client.meta.endpoint_url)
-        return fs.S3FileSystem(
-            access_key=frozen.access_key if frozen else None,
-            secret_key=frozen.secret_key if frozen else None,
-            session_token=frozen.token if frozen else None,
-            anonymous=frozen is None,
-            region=self.client.meta.region_name,
-            endpoint_override=endpoint.netloc,
-            scheme=endpoint.scheme,
-            connect_timeout=cfg.s3_connect_timeout,
-            request_timeout=cfg.s3_read_timeout,
-            retry_strategy=fs.AwsStandardS3RetryStrategy(max_attempts=cfg.s3_max_attempts),
-        )
-
 
 # Where artifact bytes live (Storage, not Backend: the coordinator's backends are where stages run).
 Storage = LocalStorage | S3Storage
