@@ -7,14 +7,13 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from .errors import UnsafePathError
 
 # Artifact ids, run ids, stage and input names: one path component, no leading dot, nothing a shell or a URI
 # would read specially. Fingerprints (16 hex digits) and every run id the pipeline config accepts match.
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
-_NAME = re.compile(NAME_PATTERN)
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
 # A local input uploaded for `--backend sagemaker-local`: s3://<bucket>/data/<16 hex of its content>/<its absolute
@@ -22,14 +21,12 @@ _NAME = re.compile(NAME_PATTERN)
 UPLOADED_COPY = re.compile(r"^s3://[a-z0-9][a-z0-9.-]*/data/[0-9a-f]{16}(/.+)$")
 
 
-# A folder holding one of these is a dilforge store, artifact or work folder, never corpus or model content (a store
-# kept inside a corpus folder would otherwise feed each run its own earlier output).
 STORE_FILES = (".dilforge-store", ".dilforge-work", "manifest.json")
 
 
 def holds_dilforge_data(folder: Path) -> bool:
     """A dilforge store, artifact or stage work folder (it holds one of STORE_FILES): never content of a corpus or
-    model folder it sits in."""
+    model folder it sits in (a store kept inside a corpus folder would feed each run its own earlier output)."""
     return any((folder / f).exists() for f in STORE_FILES)
 
 
@@ -59,8 +56,7 @@ def declared_uri(uri: str) -> str:
 
 def check_relative_path(path: str) -> str:
     """Reject absolute paths, `..`, backslashes and empty parts: a file name may not escape its artifact."""
-    p = PurePosixPath(path)
-    if not path or "\\" in path or p.is_absolute() or any(part in ("..", "", ".") for part in path.split("/")):
+    if not path or "\\" in path or any(part in ("..", "", ".") for part in path.split("/")):  # "" for "/x", "a//b"
         raise UnsafePathError(f"unsafe file path {path!r}: must be relative, without '..' or empty parts")
     return path
 

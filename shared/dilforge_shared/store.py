@@ -315,10 +315,8 @@ def open_backend(uri: str, endpoint_url: str | None = None) -> Storage:
         if not parsed.netloc:
             raise DilforgeError(f"{uri}: an s3:// URI needs a bucket")
         return S3Storage(parsed.netloc, parsed.path, endpoint_url)
-    if parsed.scheme == "file":
-        return LocalStorage(Path(parsed.path))
-    if not parsed.scheme:
-        return LocalStorage(Path(uri))
+    if parsed.scheme in ("", "file"):
+        return LocalStorage(Path(parsed.path if parsed.scheme else uri))
     raise DilforgeError(f"{uri}: unsupported URI scheme {parsed.scheme!r}; use a path, file:// or s3://")
 
 
