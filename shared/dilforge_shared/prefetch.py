@@ -15,27 +15,18 @@ _ITEM, _END, _ERROR = 0, 1, 2
 
 
 def _produce(items: Iterable, q: queue.Queue, stop: threading.Event) -> None:
-    """The thread's body; it holds no reference to the ReadAhead, so an abandoned one can be collected."""
-
-    def put(entry: tuple) -> bool:
-        while not stop.is_set():
-            try:
-                q.put(entry, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
+    """The thread's body; it holds no reference to the ReadAhead, so an abandoned one can be collected. A put
+    blocked on a full queue returns once `close` drains it."""
     try:
         for item in items:
-            if not put((_ITEM, item)):
+            if stop.is_set():
                 return
-        put((_END, None))
+            q.put((_ITEM, item))
+        q.put((_END, None))
     except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which re-raises it
-        put((_ERROR, exc))
+        q.put((_ERROR, exc))
     finally:
-        close = getattr(items, "close", None)
-        if close is not None:
+        if (close := getattr(items, "close", None)) is not None:
             close()
 
 
