@@ -245,12 +245,7 @@ def iter_tsv_records(
 
 
 def _iter_file(
-    uri: str,
-    fmt: str,
-    text_field: str,
-    endpoint_url: str | None,
-    max_bytes: int = MAX_DOCUMENT_BYTES,
-    oversize: Oversize = "error",
+    uri: str, fmt: str, text_field: str, endpoint_url: str | None, max_bytes: int, oversize: Oversize
 ) -> Iterator[tuple[int, str]]:
     if fmt == "txt":
         yield from iter_lines(uri, endpoint_url, max_bytes, oversize)

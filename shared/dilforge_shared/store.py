@@ -365,12 +365,7 @@ def artifact_exists(artifact_uri: str, endpoint_url: str | None = None) -> bool:
     return open_backend(artifact_uri, endpoint_url).exists(MANIFEST_NAME)
 
 
-def publish(
-    artifact_uri: str,
-    local_dir: Path,
-    manifest: Manifest,
-    endpoint_url: str | None = None,
-) -> Manifest:
+def publish(artifact_uri: str, local_dir: Path, manifest: Manifest, endpoint_url: str | None = None) -> Manifest:
     """Upload every file of `local_dir` (logging a big file, or any after PUBLISH_LOG_S of quiet), then create the
     manifest, its `files` and `data_dir` filled in here. ArtifactExistsError if taken."""
     backend = open_backend(artifact_uri, endpoint_url)
