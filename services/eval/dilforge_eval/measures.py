@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import torch
@@ -43,19 +43,11 @@ class BpbResult:  # one stream's `sliding_window_bpb`
 
 
 @torch.no_grad()
-def sliding_window_bpb(
-    model,
-    stream: TokenStream,
-    window: int,
-    stride: int,
-    batch_size: int = 8,
-    chunk_positions: int = 1024,
-    on_batch: Callable[[int, int], None] | None = None,
-) -> BpbResult:
-    """BPB of one stream in one process, by the shared definition (`dilforge_shared.bpb`)."""
+def sliding_window_bpb(model, stream: TokenStream, window: int, stride: int, batch_size: int = 8, on_batch=None):
+    """BPB of one stream in one process (a `BpbResult`), by the shared definition (`dilforge_shared.bpb`)."""
     start = time.perf_counter()
     with eval_mode(model):
-        nll, scored, windows = stream_nll(model, stream, window, stride, batch_size, chunk_positions, on_batch=on_batch)
+        nll, scored, windows = stream_nll(model, stream, window, stride, batch_size, on_batch=on_batch)
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     return BpbResult(nll, stream.num_bytes, scored, windows, time.perf_counter() - start)
