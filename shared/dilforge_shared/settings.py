@@ -34,9 +34,7 @@ class Settings(BaseSettings):
     s3_max_attempts: int = Field(default=3, ge=1, le=10, description="Attempts per S3 call, the first included.")
     log_level: str = Field(default="INFO", description="Stage log level.")
     git_sha: str | None = Field(
-        default=None,
-        description="Source commit recorded in manifests and image labels "
-        "(set in images at build time); unset = `git rev-parse` where a checkout exists.",
+        default=None, description="Source commit for manifests and image labels (set in images); unset = git rev-parse."
     )
     image: str | None = Field(default=None, description="Image reference a stage runs in, recorded in its manifest.")
     token_cache_uri: str | None = Field(
