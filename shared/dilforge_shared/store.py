@@ -149,13 +149,12 @@ class LocalStorage:
             yield key, st.st_size, f"mtime:{st.st_mtime_ns}"
 
 
-# Keys of an S3-compatible endpoint this process provides (the compose backend's SeaweedFS), by endpoint URL: used
-# by clients of that endpoint while the DILFORGE_S3_* keys are unset, never written into os.environ.
-_ENDPOINT_KEYS: dict[str, tuple[str, str, str]] = {}
+_ENDPOINT_KEYS: dict[str, tuple[str, str, str]] = {}  # by endpoint URL, for `use_endpoint_keys`
 
 
 def use_endpoint_keys(endpoint_url: str, access_key_id: str, secret_access_key: str, region: str = "us-east-1") -> None:
-    """Give this process's S3 clients of `endpoint_url` these keys (unless DILFORGE_S3_* keys are set)."""
+    """Give this process's S3 clients of `endpoint_url` (an endpoint it provides: the compose backend's SeaweedFS)
+    these keys unless DILFORGE_S3_* keys are set; never written into os.environ."""
     _ENDPOINT_KEYS[endpoint_url.rstrip("/")] = (access_key_id, secret_access_key, region)
 
 
