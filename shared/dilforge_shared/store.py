@@ -126,10 +126,7 @@ class LocalStorage:
             shutil.copyfile(src, path)
 
     def list(self, prefix: str) -> Iterator[str]:
-        base = self._path(prefix)
-        if not base.exists():
-            return
-        for p in sorted(base.rglob("*")):
+        for p in sorted(self._path(prefix).rglob("*")):  # none under a missing folder
             if p.is_file() and not p.name.endswith(".tmp"):
                 yield p.relative_to(self.root).as_posix()
 
