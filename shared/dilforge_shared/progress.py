@@ -62,7 +62,7 @@ class Progress:
         if self.bar is not None:
             self.bar.update(n)
             if postfix:
-                self.bar.set_postfix({k: _fmt(v) for k, v in postfix.items()}, refresh=False)
+                self.bar.set_postfix({k: fmt_value(v) for k, v in postfix.items()}, refresh=False)
             return
         self.postfix = postfix
         now = _clock()
@@ -92,7 +92,7 @@ class Progress:
     def line(self, now: float, postfix: dict | None = None) -> str:
         elapsed = now - self.start
         rate = (self.n - self.initial) / elapsed if elapsed > 0 else 0.0
-        extra = "".join(f" {k}={_fmt(v)}" for k, v in (postfix or {}).items())
+        extra = "".join(f" {k}={fmt_value(v)}" for k, v in (postfix or {}).items())
         if self.total:
             eta = f"ETA {max(0.0, (self.total - self.n) / rate):.0f}s" if rate > 0 else "ETA ?"
             return (
@@ -140,5 +140,6 @@ def _heartbeat(ref: weakref.ref, stop: threading.Event, every_s: float) -> None:
         del progress
 
 
-def _fmt(v: Any) -> str:
+def fmt_value(v: Any) -> str:
+    """A metric as progress lines and rows show it: floats to 6 significant digits."""
     return f"{v:.6g}" if isinstance(v, float) else str(v)

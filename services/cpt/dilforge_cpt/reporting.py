@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from dilforge_shared.progress import Progress
+from dilforge_shared.progress import Progress, fmt_value
 
 from .config import CptConfig
 from .runtime import Runtime
@@ -133,7 +133,7 @@ class MetricsLog:
             for key, value in values.items():
                 if isinstance(value, (int, float)) and math.isfinite(value):
                     self.writer.add_scalar(f"{kind}/{key}", value, step)
-        self.progress.write(" ".join(f"{k}={_fmt(v)}" for k, v in row.items()))
+        self.progress.write(" ".join(f"{k}={fmt_value(v)}" for k, v in row.items()))
         return row
 
     def tick(self, loss: float) -> None:
@@ -144,9 +144,3 @@ class MetricsLog:
             self.writer.flush()
             self.writer.close()
         self.progress.close()
-
-
-def _fmt(v: Any) -> str:
-    if isinstance(v, float):
-        return f"{v:.6g}"
-    return str(v)
