@@ -49,14 +49,16 @@ def section(data: Path, model_dir: Path | None, steps: int) -> dict:
 
 
 def run_stage(data: Path, model_dir: Path, steps: int, work: Path) -> float:
+    from dilforge_coordinator.backends.local import write_inputs
+    from dilforge_coordinator.pipeline import build_hyperparameters
     from dilforge_sft.config import SftConfig
     from dilforge_sft.stage import run
-    from dilforge_shared.contract import OPT_ML_ENV, OptMl, build_hyperparameters, stage_main
+    from dilforge_shared.contract import OPT_ML_ENV, OptMl, stage_main
     from dilforge_shared.store import fetch
 
     opt = OptMl(Path(tempfile.mkdtemp(dir=work)))
     config = SftConfig.model_validate(section(data, model_dir, steps))
-    opt.write_inputs(build_hyperparameters(config, str(opt.root / "store/sft"), "bench", {}))
+    write_inputs(opt, build_hyperparameters(config, str(opt.root / "store/sft"), "bench", {}))
     os.environ[OPT_ML_ENV] = str(opt.root)
     assert stage_main(SftConfig, run, "dilforge-sft", argv=["train"]) == 0, (
         opt.failure_file.read_text() if opt.failure_file.exists() else ""

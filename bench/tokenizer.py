@@ -51,6 +51,7 @@ def timed(cmd: list[str], env: dict | None = None) -> tuple[float, float, float]
 
 
 def stage_cmd(files: list[str], size: int, validation: str, work: Path, i: int) -> tuple[list[str], dict]:
+    from dilforge_coordinator.backends.local import write_inputs
     from dilforge_shared.contract import OptMl
 
     config = {
@@ -60,12 +61,13 @@ def stage_cmd(files: list[str], size: int, validation: str, work: Path, i: int) 
         "validation": [{"uri": validation, "text_field": "azj_Latn", "name": "flores_dev"}],
     }
     opt = OptMl(work / f"optml-{i}")
-    opt.write_inputs(
+    write_inputs(
+        opt,
         {
             "stage_config": json.dumps(config),
             "artifact_uri": str(work / f"store/artifacts/tokenizer/{i}"),
             "run_id": "bench",
-        }
+        },
     )
     return [sys.executable, "-m", "dilforge_tokenizer", "train"], {**os.environ, "DILFORGE_OPT_ML": str(opt.root)}
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -63,6 +64,20 @@ class Backend(Protocol):
 
     def run(self, job: StageJob) -> None:
         """Run the stage to completion; raise StageFailed with the stage's failure reason."""
+
+
+def build_hyperparameters(
+    config: StageConfig,
+    artifact_uri: str,
+    run_id: str,
+    inputs: dict[str, str],
+    s3_endpoint_url: str | None = None,
+    config_uri: str | None = None,
+) -> dict[str, str]:
+    """A stage's request as SageMaker passes it to the container: the inverse of contract.parse_hyperparameters."""
+    hp = {"artifact_uri": artifact_uri, "run_id": run_id, "inputs": json.dumps(inputs, sort_keys=True)}
+    hp |= {"stage_config_uri": config_uri} if config_uri else {"stage_config": config.model_dump_json()}
+    return hp | ({"s3_endpoint_url": s3_endpoint_url} if s3_endpoint_url else {})
 
 
 def track_run(store: ArtifactStore, record: RunRecord, body):

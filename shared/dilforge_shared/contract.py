@@ -66,13 +66,6 @@ class OptMl:
         except json.JSONDecodeError as exc:
             raise ConfigError(f"{path}: not valid JSON: {exc}") from None
 
-    def write_inputs(self, hyperparameters: dict[str, str], resource: dict | None = None) -> None:
-        """What SageMaker (or the local backend) lays down before the container starts."""
-        self.config_dir.mkdir(parents=True, exist_ok=True)
-        (self.config_dir / "hyperparameters.json").write_text(json.dumps(hyperparameters))
-        resource = resource or {"current_host": "algo-1", "hosts": ["algo-1"], "network_interface_name": "lo"}
-        (self.config_dir / "resourceconfig.json").write_text(json.dumps(resource))
-
 
 @dataclass(frozen=True)
 class ResourceConfig:
@@ -160,20 +153,6 @@ def parse_hyperparameters(hp: dict[str, Any], config_cls: type[StageConfig], sou
     if missing := [name for name in config.needed_inputs() if name not in inputs]:
         raise ConfigError(f"{source}: {config.missing_inputs_message(missing)}")
     return StageRequest(config, hp["artifact_uri"].rstrip("/"), hp["run_id"], inputs, endpoint)
-
-
-def build_hyperparameters(
-    config: StageConfig,
-    artifact_uri: str,
-    run_id: str,
-    inputs: dict[str, str],
-    s3_endpoint_url: str | None = None,
-    config_uri: str | None = None,
-) -> dict[str, str]:
-    """The inverse of parse_hyperparameters, for backends."""
-    hp = {"artifact_uri": artifact_uri, "run_id": run_id, "inputs": json.dumps(inputs, sort_keys=True)}
-    hp |= {"stage_config_uri": config_uri} if config_uri else {"stage_config": config.model_dump_json()}
-    return hp | ({"s3_endpoint_url": s3_endpoint_url} if s3_endpoint_url else {})
 
 
 @dataclass

@@ -167,10 +167,12 @@ def stage_process(opt_root: Path) -> subprocess.Popen:
 
 
 def start_stage(root: Path, name: str, config, tok_uri: str) -> tuple[subprocess.Popen, Path]:
-    from dilforge_shared.contract import OptMl, build_hyperparameters
+    from dilforge_coordinator.backends.local import write_inputs
+    from dilforge_coordinator.pipeline import build_hyperparameters
+    from dilforge_shared.contract import OptMl
 
     opt = OptMl(root / f"optml-{name}")
-    opt.write_inputs(build_hyperparameters(config, str(root / "out" / name), "gpu", {"tokenizer": tok_uri}))
+    write_inputs(opt, build_hyperparameters(config, str(root / "out" / name), "gpu", {"tokenizer": tok_uri}))
     return stage_process(opt.root), opt.root
 
 

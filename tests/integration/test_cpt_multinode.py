@@ -65,9 +65,10 @@ def tiny_config(data_root: Path, master_port: int):
 
 def start_host(opt: Path, hp: dict, resource: dict, log: Path) -> subprocess.Popen:
     """What SageMaker does for one host: lay down /opt/ml/input/config, then run `IMAGE train`."""
+    from dilforge_coordinator.backends.local import write_inputs
     from dilforge_shared.contract import OPT_ML_ENV, OptMl
 
-    OptMl(opt).write_inputs(hp, resource)
+    write_inputs(OptMl(opt), hp, resource)
     env = {k: v for k, v in os.environ.items() if k != "DILFORGE_CACHE"}
     env.update({OPT_ML_ENV: str(opt), "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"})
     with log.open("w") as out:
@@ -92,7 +93,7 @@ def manifests(store: Path) -> list[Path]:
 
 
 def test_two_hosts_train_as_one_job_and_only_node_zero_publishes(tmp_path, data_root, tiny_tokenizer_dir):
-    from dilforge_shared.contract import build_hyperparameters
+    from dilforge_coordinator.pipeline import build_hyperparameters
     from dilforge_shared.store import fetch
 
     store, ref_store = tmp_path / "store", tmp_path / "ref-store"

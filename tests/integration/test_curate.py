@@ -187,9 +187,11 @@ def two_hosts(curated, tmp_path):
     """`process(host, *args)`: start `python -m dilforge_curate process ARGS` as host algo-1 or algo-2 of a job of
     two, as a SageMaker Processing container would (the run's config as hyperparameters, resourceconfig.json);
     also the local run's manifest and the artifact folder the hosts publish to."""
+    from dilforge_coordinator.backends.local import write_inputs
+    from dilforge_coordinator.pipeline import build_hyperparameters
     from dilforge_curate.config import CurateConfig
     from dilforge_shared.configs.base import validate_model
-    from dilforge_shared.contract import OPT_ML_ENV, OptMl, build_hyperparameters
+    from dilforge_shared.contract import OPT_ML_ENV, OptMl
 
     root, _, config, out = curated
     local = json.loads((artifact_dir(root / "store", "curate", out).parent / "manifest.json").read_text())
@@ -199,7 +201,7 @@ def two_hosts(curated, tmp_path):
 
     def process(host: str, *args: str) -> subprocess.Popen:
         opt_root = tmp_path / f"opt-{host}-{args[0]}"
-        OptMl(opt_root).write_inputs(hp, {"current_host": host, "hosts": ["algo-1", "algo-2"]})
+        write_inputs(OptMl(opt_root), hp, {"current_host": host, "hosts": ["algo-1", "algo-2"]})
         cmd = [sys.executable, "-m", "dilforge_curate", "process", *args]
         env = {**os.environ, OPT_ML_ENV: str(opt_root)}
         return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

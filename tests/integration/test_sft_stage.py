@@ -14,10 +14,12 @@ import yaml
 
 os.environ["OMP_NUM_THREADS"] = "1"
 
+from dilforge_coordinator.backends.local import write_inputs
 from dilforge_coordinator.cli import app
+from dilforge_coordinator.pipeline import build_hyperparameters
 from dilforge_sft.config import SftConfig
 from dilforge_shared.checkpoint_digests import verify
-from dilforge_shared.contract import OPT_ML_ENV, OptMl, build_hyperparameters
+from dilforge_shared.contract import OPT_ML_ENV, OptMl
 from dilforge_shared.identity import stage_refs
 from dilforge_shared.manifest import Manifest, current_producer
 from dilforge_shared.store import fetch, publish
@@ -219,7 +221,7 @@ def test_resumes_from_the_latest_good_checkpoint_with_a_direct_base_model(tmp_pa
                 log_every=1,
             )
         )
-        opt.write_inputs(build_hyperparameters(config, str(tmp_path / "store" / name), "resume", {}))
+        write_inputs(opt, build_hyperparameters(config, str(tmp_path / "store" / name), "resume", {}))
         proc = subprocess.run(
             [sys.executable, "-m", "dilforge_sft", "train"], env=env, capture_output=True, text=True, check=False
         )

@@ -18,6 +18,7 @@ import yaml
 
 os.environ["OMP_NUM_THREADS"] = "1"
 
+from dilforge_coordinator.backends.local import write_inputs
 from dilforge_coordinator.cli import app
 from dilforge_shared.contract import OPT_ML_ENV, OptMl
 from typer.testing import CliRunner
@@ -45,7 +46,7 @@ def entrypoint(root: Path, config: dict, artifact_uri: str, endpoint: str | None
     hp = {"stage_config": json.dumps(config), "artifact_uri": artifact_uri, "run_id": "bad"}
     if endpoint:
         hp["s3_endpoint_url"] = endpoint
-    opt.write_inputs(hp)
+    write_inputs(opt, hp)
     proc = subprocess.run(
         [sys.executable, "-m", "dilforge_tokenizer", "train"],
         capture_output=True,

@@ -20,6 +20,7 @@ import pytest
 
 os.environ["OMP_NUM_THREADS"] = "1"
 
+from dilforge_coordinator.backends.local import write_inputs
 from dilforge_shared.contract import OPT_ML_ENV, OptMl
 from dilforge_shared.corpus import iter_texts
 from dilforge_shared.families import CHATML_CHAT_TEMPLATE
@@ -71,13 +72,14 @@ def model_artifact(tmp_path_factory, smollm2_dir) -> str:
 def entrypoint(root: Path, config: dict, inputs: dict | None = None) -> tuple[int, str, str]:
     opt = OptMl(root / "optml")
     artifact = str(root / "store/artifacts/tokenizer/out")
-    opt.write_inputs(
+    write_inputs(
+        opt,
         {
             "stage_config": json.dumps(config),
             "artifact_uri": artifact,
             "run_id": "fam",
             "inputs": json.dumps(inputs or {}),
-        }
+        },
     )
     proc = subprocess.run(
         [sys.executable, "-m", "dilforge_tokenizer", "train"],

@@ -2,14 +2,9 @@ import json
 
 import metrics_samples
 import pytest
-from dilforge_shared.contract import (
-    OptMl,
-    ResourceConfig,
-    StageResult,
-    build_hyperparameters,
-    parse_hyperparameters,
-    stage_main,
-)
+from dilforge_coordinator.backends.local import write_inputs
+from dilforge_coordinator.pipeline import build_hyperparameters
+from dilforge_shared.contract import OptMl, ResourceConfig, StageResult, parse_hyperparameters, stage_main
 from dilforge_shared.errors import ConfigError
 from dilforge_shared.store import fetch
 from dilforge_tokenizer.config import TokenizerConfig
@@ -68,8 +63,8 @@ def test_stage_config_uri_is_read(tmp_path):
 
 def test_resource_config_sorts_hosts_and_picks_master(tmp_path):
     opt = OptMl(tmp_path)
-    opt.write_inputs(
-        {}, resource={"current_host": "algo-1", "hosts": ["algo-2", "algo-1"], "network_interface_name": "eth0"}
+    write_inputs(
+        opt, {}, resource={"current_host": "algo-1", "hosts": ["algo-2", "algo-1"], "network_interface_name": "eth0"}
     )
     res = ResourceConfig.load(opt)
     assert res.hosts == ["algo-1", "algo-2"] and res.node_rank == 0
@@ -77,7 +72,7 @@ def test_resource_config_sorts_hosts_and_picks_master(tmp_path):
 
 def run_main(tmp_path, monkeypatch, run_fn, **hp_overrides):
     opt = OptMl(tmp_path / "optml")
-    opt.write_inputs(hp(artifact_uri=str(tmp_path / "store" / "a"), **hp_overrides))
+    write_inputs(opt, hp(artifact_uri=str(tmp_path / "store" / "a"), **hp_overrides))
     monkeypatch.setenv("DILFORGE_OPT_ML", str(opt.root))
     code = stage_main(TokenizerConfig, run_fn, "dilforge-tokenizer", ["train"])
     return code, opt

@@ -4,10 +4,12 @@ import textwrap
 import metrics_samples
 import pytest
 from dilforge_coordinator import pipeline as pl
+from dilforge_coordinator.backends.local import write_inputs
 from dilforge_coordinator.cli import app
 from dilforge_coordinator.config import STAGE_CONFIGS, load_pipeline
+from dilforge_coordinator.pipeline import build_hyperparameters
 from dilforge_coordinator.records import ArtifactStore
-from dilforge_shared.contract import OptMl, StageResult, build_hyperparameters, stage_main
+from dilforge_shared.contract import OptMl, StageResult, stage_main
 from dilforge_shared.errors import ConfigError, DilforgeError
 from typer.testing import CliRunner
 
@@ -22,7 +24,7 @@ class InProcessBackend:
 
     def run(self, job):
         opt = OptMl(self.tmp_path / f"opt-{len(self.runs)}")
-        opt.write_inputs(build_hyperparameters(job.config, job.artifact_uri, job.run_id, job.inputs))
+        write_inputs(opt, build_hyperparameters(job.config, job.artifact_uri, job.run_id, job.inputs))
         self.monkeypatch.setenv("DILFORGE_OPT_ML", str(opt.root))
         self.runs.append(job)
 

@@ -193,12 +193,14 @@ def test_the_alpha_words_bound_means_what_datatrove_does_with_it():
 
 
 def _stage(tmp_path, monkeypatch, body, publish=True):
+    from dilforge_coordinator.backends.local import write_inputs
     from dilforge_coordinator.config import STAGE_CONFIGS
-    from dilforge_shared.contract import OptMl, build_hyperparameters, stage_main
+    from dilforge_coordinator.pipeline import build_hyperparameters
+    from dilforge_shared.contract import OptMl, stage_main
 
     config = CurateConfig(corpora=[{"uri": str(tmp_path / "web.jsonl")}])
     opt = OptMl(tmp_path / "opt")
-    opt.write_inputs(build_hyperparameters(config, str(tmp_path / "store" / "a"), "r", {}))
+    write_inputs(opt, build_hyperparameters(config, str(tmp_path / "store" / "a"), "r", {}))
     monkeypatch.setenv("DILFORGE_OPT_ML", str(opt.root))
     return stage_main(STAGE_CONFIGS["curate"], body, "test", ["train"], publish_from_this_process=publish), opt
 

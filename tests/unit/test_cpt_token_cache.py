@@ -296,15 +296,17 @@ def test_build_cache_restores_an_earlier_builds_output_and_tokenises_only_what_i
 
 def _build_cache_job(tmp_path, root, corpus, tiny_tokenizer_dir, monkeypatch, workers: int = 1):
     """`python -m dilforge_cpt build-cache` on a fresh /opt/ml root, with a published tokenizer."""
+    from dilforge_coordinator.backends.local import write_inputs
+    from dilforge_coordinator.pipeline import build_hyperparameters
     from dilforge_cpt import __main__ as entry
-    from dilforge_shared.contract import OptMl, build_hyperparameters
+    from dilforge_shared.contract import OptMl
 
     tok_uri = f"{tmp_path}/store/artifacts/tokenizer/tok"
     if not (tmp_path / "store" / "artifacts" / "tokenizer" / "tok" / "manifest.json").exists():
         factories.publish_tokenizer(tmp_path / "store", tiny_tokenizer_dir)
     config = cpt_config(corpus, tokenize_workers=workers)
-    OptMl(root).write_inputs(
-        build_hyperparameters(config, str(tmp_path / "store" / "cpt"), "t", {"tokenizer": tok_uri})
+    write_inputs(
+        OptMl(root), build_hyperparameters(config, str(tmp_path / "store" / "cpt"), "t", {"tokenizer": tok_uri})
     )
     monkeypatch.setenv("DILFORGE_OPT_ML", str(root))
     assert entry.main(["build-cache"]) == 0

@@ -240,13 +240,15 @@ def test_a_corpus_changed_between_planning_and_the_stage_fails_the_stage_and_pub
 
 
 def test_a_corpus_changed_while_the_stage_reads_it_fails_naming_it_and_publishes_nothing(tmp_path, monkeypatch):
-    from dilforge_shared.contract import OptMl, StageResult, build_hyperparameters, stage_main
+    from dilforge_coordinator.backends.local import write_inputs
+    from dilforge_coordinator.pipeline import build_hyperparameters
+    from dilforge_shared.contract import OptMl, StageResult, stage_main
 
     monkeypatch.setenv("DILFORGE_VAR_CORPUS_DIR", str(tmp_path))
     cfg = load_pipeline(write_config(tmp_path))
     job = pl.plan_stage(cfg, "tokenizer", {})
     opt = OptMl(tmp_path / "opt")
-    opt.write_inputs(build_hyperparameters(job.config, job.artifact_uri, job.run_id, job.inputs))
+    write_inputs(opt, build_hyperparameters(job.config, job.artifact_uri, job.run_id, job.inputs))
     monkeypatch.setenv("DILFORGE_OPT_ML", str(opt.root))
 
     def body(config, ctx):

@@ -513,12 +513,14 @@ def test_default_s3_budget_is_under_a_minute(monkeypatch):
 def test_a_full_disk_in_a_stage_is_a_one_line_failure_naming_the_file(tmp_path, monkeypatch):
     import errno
 
+    from dilforge_coordinator.backends.local import write_inputs
     from dilforge_coordinator.config import STAGE_CONFIGS
-    from dilforge_shared.contract import OptMl, build_hyperparameters, stage_main
+    from dilforge_coordinator.pipeline import build_hyperparameters
+    from dilforge_shared.contract import OptMl, stage_main
 
     cfg = load_pipeline(write_config(tmp_path))
     opt = OptMl(tmp_path / "opt")
-    opt.write_inputs(build_hyperparameters(cfg.tokenizer, str(tmp_path / "store" / "a"), "r", {}))
+    write_inputs(opt, build_hyperparameters(cfg.tokenizer, str(tmp_path / "store" / "a"), "r", {}))
     monkeypatch.setenv("DILFORGE_OPT_ML", str(opt.root))
 
     def body(config, ctx):

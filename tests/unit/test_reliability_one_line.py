@@ -118,8 +118,10 @@ def _unigram_folder(root: Path) -> Path:
 
 
 def test_extend_over_a_unigram_base_of_another_model_type_is_one_line(tmp_path, monkeypatch):
+    from dilforge_coordinator.backends.local import write_inputs
     from dilforge_coordinator.config import STAGE_CONFIGS
-    from dilforge_shared.contract import OptMl, build_hyperparameters, stage_main
+    from dilforge_coordinator.pipeline import build_hyperparameters
+    from dilforge_shared.contract import OptMl, stage_main
     from dilforge_tokenizer.stage import run
 
     base = _unigram_folder(tmp_path / "t5")
@@ -131,7 +133,7 @@ def test_extend_over_a_unigram_base_of_another_model_type_is_one_line(tmp_path, 
     )
     cfg = load_pipeline(config)
     opt = OptMl(tmp_path / "opt")
-    opt.write_inputs(build_hyperparameters(cfg.tokenizer, str(tmp_path / "store" / "t"), "r", {}))
+    write_inputs(opt, build_hyperparameters(cfg.tokenizer, str(tmp_path / "store" / "t"), "r", {}))
     monkeypatch.setenv("DILFORGE_OPT_ML", str(opt.root))
     assert stage_main(STAGE_CONFIGS["tokenizer"], run, "test", ["train"]) == 1
     failure = opt.failure_file.read_text()

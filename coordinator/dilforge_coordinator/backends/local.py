@@ -3,6 +3,7 @@ failure (a rerun resumes from its checkpoints), flocked while in use, marked (`W
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -11,10 +12,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from dilforge_shared.contract import OPT_ML_ENV, OptMl, build_hyperparameters
+from dilforge_shared.contract import OPT_ML_ENV, OptMl
 from dilforge_shared.locks import FileLock
 
-from ..pipeline import STAGE_MODULES, StageCancelled, StageFailed, StageJob
+from ..pipeline import STAGE_MODULES, StageCancelled, StageFailed, StageJob, build_hyperparameters
 from ..settings import coordinator_settings
 from .process import run_child
 
@@ -38,6 +39,14 @@ def work_folder(workdir: Path, stage: str, artifact_id: str) -> Iterator[tuple[P
         yield root, lock
     finally:
         lock.release()
+
+
+def write_inputs(opt: OptMl, hyperparameters: dict[str, str], resource: dict | None = None) -> None:
+    """What SageMaker lays down in /opt/ml before the container starts (here, or a test standing in for it)."""
+    opt.config_dir.mkdir(parents=True, exist_ok=True)
+    (opt.config_dir / "hyperparameters.json").write_text(json.dumps(hyperparameters))
+    resource = resource or {"current_host": "algo-1", "hosts": ["algo-1"], "network_interface_name": "lo"}
+    (opt.config_dir / "resourceconfig.json").write_text(json.dumps(resource))
 
 
 class LocalBackend:
@@ -66,7 +75,8 @@ def run_in_work_folder(
         opt = OptMl(root)
         opt.failure_file.unlink(missing_ok=True)
         shutil.rmtree(opt.model_dir, ignore_errors=True)
-        opt.write_inputs(build_hyperparameters(job.config, job.artifact_uri, job.run_id, job.inputs, endpoint_url))
+        hp = build_hyperparameters(job.config, job.artifact_uri, job.run_id, job.inputs, endpoint_url)
+        write_inputs(opt, hp)
         returncode, stopped_by = run_child(*command(opt), pass_fds=(lock.fd,))
     if stopped_by is not None:
         raise StageCancelled(

@@ -17,7 +17,6 @@ from typing import Any
 
 from dilforge_cpt.model_config import ModelConfig
 from dilforge_cpt.recipes import source_kind
-from dilforge_shared.contract import build_hyperparameters
 from dilforge_shared.errors import ConfigError, DilforgeError
 from dilforge_shared.identity import artifact_id as planned_artifact_id
 from dilforge_shared.manifest import InputRef
@@ -25,7 +24,7 @@ from dilforge_shared.store import open_backend
 
 from ..cloud import SageMakerConfig, StageResources
 from ..config import PipelineConfig
-from ..pipeline import StageFailed, StageJob, image_of, module_env
+from ..pipeline import StageFailed, StageJob, build_hyperparameters, image_of, module_env
 
 HYPERPARAMETER_LIMIT = 2500
 MULTI_HOST_STAGES = {"cpt"}
