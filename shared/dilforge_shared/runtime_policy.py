@@ -167,34 +167,3 @@ def decide(
         choose_liger(liger, dev, model_type, f"{stage}.liger"),
         *choose_attention(attention, dev, facts, packing, f"{stage}.attention"),
     )
-
-
-def training_bytes(
-    model_config,
-    tokens: int,
-    *,
-    full: bool,
-    bf16: bool,
-    world: int = 1,
-    checkpointing: bool = False,
-    fused_loss: bool = False,
-) -> tuple[float, float]:
-    """(weight/optimizer bytes per rank, activation bytes for `tokens` tokens per micro-batch): the one training
-    memory estimate, for choosing CPT's micro-batch and SFT's activation checkpointing.
-
-    Parameters are counted from the HF config. Full training: 16 B/param sharded over `world` (fp32 weights,
-    gradients, AdamW moments) + a 2 B/param bf16 copy; LoRA: the frozen weights in the compute dtype. Activations
-    per layer and token: 17·h·dtype bytes with a flash kernel (Korthikanti et al. 2022), h·dtype with
-    checkpointing (plus one layer recomputed); the loss (dtype + 8)·V per token (logits, fp32 loss and gradient)
-    unless the fused linear cross entropy runs."""
-    c = model_config
-    h, layers, vocab, inter = c.hidden_size, c.num_hidden_layers, c.vocab_size, c.intermediate_size
-    kv = h * getattr(c, "num_key_value_heads", c.num_attention_heads) // c.num_attention_heads
-    embeddings = vocab * h * (1 if getattr(c, "tie_word_embeddings", False) else 2)
-    params = embeddings + layers * (2 * h * h + 2 * h * kv + 3 * h * inter)
-    elem = 2 if bf16 else 4
-    state = 16.0 * params / world + 2.0 * params if full else float(elem * params)
-    per_layer = (1 if checkpointing else 17) * elem * h
-    activations = tokens * (layers * per_layer + (17 * elem * h if checkpointing else 0))
-    loss = 0.0 if fused_loss else float(tokens * vocab * (elem + 8))
-    return state, activations + loss

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 from dilforge_shared import runtime_policy
+from dilforge_shared.configs.knobs import training_bytes
 
 from .config import CptConfig
 from .runtime import Runtime
@@ -53,7 +54,7 @@ def resolve_memory(
     config: CptConfig, rt: Runtime, model_config, free_bytes: float | None = None
 ) -> tuple[int, bool, str]:
     """(micro_batch_size, activation checkpointing, why) from the settings, `auto` from the memory estimate
-    (`runtime_policy.training_bytes`) on CUDA: checkpointing only when the micro-batch does not fit without it,
+    (`knobs.training_bytes`) on CUDA: checkpointing only when the micro-batch does not fit without it,
     the micro-batch the largest divisor of the per-process batch that fits. CPU: no estimate, auto is off."""
     micro, checkpointing = config.micro_batch_size, config.activation_checkpointing
     per_rank = config.global_batch_size // rt.world
@@ -72,7 +73,7 @@ def resolve_memory(
     )
 
     def fits(recompute: bool) -> tuple[int, float, float]:
-        state, per_seq = runtime_policy.training_bytes(
+        state, per_seq = training_bytes(
             model_config,
             config.seq_len,
             full=True,

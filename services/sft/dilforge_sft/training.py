@@ -13,6 +13,7 @@ from pathlib import Path
 
 from dilforge_shared import runtime_policy
 from dilforge_shared.checkpoint_digests import seal, set_aside, verify
+from dilforge_shared.configs.knobs import training_bytes
 from dilforge_shared.progress import Progress
 from dilforge_shared.runtime_policy import DeviceFacts, RuntimePolicy
 
@@ -40,7 +41,7 @@ def activation_checkpointing(
     config: SftConfig, model_config, plan: RuntimePolicy, memory: int | None = None
 ) -> tuple[bool, str]:
     """(recompute activations?, why): `auto` turns it on only when the memory estimate of LoRA training without
-    it (`runtime_policy.training_bytes`) exceeds memory_budget_fraction of `memory` (default: the device's)."""
+    it (`knobs.training_bytes`) exceeds memory_budget_fraction of `memory` (default: the device's)."""
     if config.activation_checkpointing != "auto":
         return config.activation_checkpointing == "on", "set by sft.activation_checkpointing"
     if memory is None and plan.device == "cuda":
@@ -50,9 +51,7 @@ def activation_checkpointing(
     elif memory is None:
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     tokens = config.micro_batch_size * config.max_length
-    estimate = sum(
-        runtime_policy.training_bytes(model_config, tokens, full=False, bf16=plan.bf16, fused_loss=plan.liger)
-    )
+    estimate = sum(training_bytes(model_config, tokens, full=False, bf16=plan.bf16, fused_loss=plan.liger))
     budget = int(memory * config.memory_budget_fraction)
     gib = 2**30
     if estimate > budget:
