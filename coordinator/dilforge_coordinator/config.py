@@ -165,7 +165,9 @@ MAX_YAML_NODES = 100_000
 
 
 def _expanded_nodes(node: yaml.Node, path: Path, memo: dict[int, int], active: set[int]) -> int:
-    """How many nodes the document has with every alias expanded (linear: shared nodes are counted once each)."""
+    """How many nodes the document has with every alias expanded (linear: shared nodes are counted once each).
+    A mapping that repeats a key is refused here too: PyYAML would keep the last silently (`num_shards: 8` then
+    `num_shards: 1`); keys merged in by `<<: *anchor` may be overridden."""
     key = id(node)
     if key in memo:
         return memo[key]
@@ -175,11 +177,18 @@ def _expanded_nodes(node: yaml.Node, path: Path, memo: dict[int, int], active: s
             "(a recursive structure); a config cannot be recursive"
         )
     active.add(key)
-    children = (
-        node.value
-        if isinstance(node, yaml.SequenceNode)
-        else ([n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode) else [])
-    )
+    children = node.value if isinstance(node, yaml.SequenceNode) else []
+    if isinstance(node, yaml.MappingNode):
+        children, seen = [n for pair in node.value for n in pair], {}
+        for name, _ in node.value:
+            if not isinstance(name, yaml.ScalarNode) or name.tag == "tag:yaml.org,2002:merge":
+                continue
+            if (name.tag, name.value) in seen:
+                raise ConfigError(
+                    f"{path}: line {name.start_mark.line + 1}: key {name.value!r} appears twice in one mapping "
+                    f"(first on line {seen[name.tag, name.value]}); keep one"
+                )
+            seen[name.tag, name.value] = name.start_mark.line + 1
     total = 1
     for child in children:
         total += _expanded_nodes(child, path, memo, active)
@@ -190,33 +199,9 @@ def _expanded_nodes(node: yaml.Node, path: Path, memo: dict[int, int], active: s
     return total
 
 
-class DuplicateKey(yaml.YAMLError):
-    """A mapping repeats a key (the message names both lines)."""
-
-
-class UniqueKeyLoader(yaml.SafeLoader):
-    """yaml's SafeLoader, refusing a mapping that repeats a key: YAML requires unique keys and PyYAML would keep
-    the last silently (`num_shards: 8` then `num_shards: 1`). Keys merged in by `<<: *anchor` may be overridden."""
-
-    def construct_mapping(self, node, deep=False):
-        if isinstance(node, yaml.MappingNode):
-            seen: dict[tuple[str, str], int] = {}
-            for key, _ in node.value:
-                if not isinstance(key, yaml.ScalarNode) or key.tag == "tag:yaml.org,2002:merge":
-                    continue
-                name = (key.tag, key.value)
-                if name in seen:
-                    raise DuplicateKey(
-                        f"line {key.start_mark.line + 1}: key {key.value!r} appears twice in one mapping (first on "
-                        f"line {seen[name]}); keep one"
-                    )
-                seen[name] = key.start_mark.line + 1
-        return super().construct_mapping(node, deep)
-
-
 def safe_load_bounded(text: str, path: Path) -> Any:
     """yaml.safe_load, refusing documents whose aliases expand past MAX_YAML_NODES nodes or that recurse, and
-    mappings that repeat a key (`UniqueKeyLoader`)."""
+    mappings that repeat a key (`_expanded_nodes`)."""
     node = yaml.compose(text, Loader=yaml.SafeLoader)
     if node is None:
         return None
@@ -226,10 +211,7 @@ def safe_load_bounded(text: str, path: Path) -> Any:
             f"{path}: YAML aliases expand to more than {MAX_YAML_NODES:,} nodes (nested anchors "
             "repeating each other, a 'billion laughs' document); write the config out without them"
         )
-    try:
-        return yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
-    except DuplicateKey as exc:
-        raise ConfigError(f"{path}: {exc}") from None
+    return yaml.safe_load(text)
 
 
 def load_yaml(path: Path, variables: dict[str, str] | None = None) -> dict[str, Any]:
