@@ -637,10 +637,8 @@ class SageMakerBackend:
         pattern = re.compile(re.escape(base) + r"-[0-9]+")
         for page in self.session().client("sagemaker").get_paginator("list_training_jobs").paginate(NameContains=base):
             for summary in page["TrainingJobSummaries"]:
-                if pattern.fullmatch(summary["TrainingJobName"]) and summary["TrainingJobStatus"] in (
-                    "InProgress",
-                    "Stopping",
-                ):
+                running = summary["TrainingJobStatus"] in ("InProgress", "Stopping")
+                if running and pattern.fullmatch(summary["TrainingJobName"]):
                     return summary["TrainingJobName"]
         return None
 
