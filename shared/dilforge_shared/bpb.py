@@ -37,14 +37,9 @@ def build_stream(docs: Sequence[str], encoded: Sequence[Sequence[int]], bos: int
     ids: list[int] = [] if bos is not None else [doc_end]
     scored: list[bool] = [False] * len(ids)
     for i, doc_ids in enumerate(encoded):
-        if i:
-            ids.append(doc_end)
-            scored.append(False)
-        if bos is not None:
-            ids.append(bos)
-            scored.append(False)
-        ids.extend(int(t) for t in doc_ids)
-        scored.extend([True] * len(doc_ids))
+        separators = ([doc_end] if i else []) + ([bos] if bos is not None else [])
+        ids += separators + [int(t) for t in doc_ids]
+        scored += [False] * len(separators) + [True] * len(doc_ids)
     return TokenStream(ids, scored, sum(len(d.encode("utf-8")) for d in docs), len(docs))
 
 
