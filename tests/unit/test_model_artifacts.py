@@ -68,7 +68,7 @@ def test_every_stage_id_is_recomputable_from_its_manifest(tmp_path, monkeypatch)
         assert recompute_artifact_id(manifest) == manifest.artifact_id == uri.rsplit("/", 1)[-1], stage
     eval_names = {ref.name for ref in fetch(produced["eval"]).manifest.inputs}
     assert f"model:{tmp_path / 'extra'}" in eval_names and "model" in eval_names
-    source = fetch(produced["model"]).manifest.input("source")
+    source = next(r for r in fetch(produced["model"]).manifest.inputs if r.name == "source")
     assert source.sha256 == dir_digest(tmp_path / "base")
 
 
