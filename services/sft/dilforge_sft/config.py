@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar, Literal
+import copy
+from typing import Annotated, Any, ClassVar, Literal
 
 from dilforge_shared.configs.base import (
     MAX_BATCH,
@@ -15,12 +16,19 @@ from dilforge_shared.configs.base import (
     StrictModel,
     Switch,
 )
-from dilforge_shared.configs.knobs import Batching, Checkpointing, SourceLimits, Warmup, knob
+from dilforge_shared.configs.knobs import Batching, Checkpointing, SourceLimits, Warmup
 from dilforge_shared.configs.language import LinguaCode
 from dilforge_shared.control_tokens import control_token_in
 from dilforge_shared.metrics.sft import SftMetrics
 from dilforge_shared.specials import system_prompt_problem
-from pydantic import Field, field_validator, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
+
+
+def knob(group: type[BaseModel], name: str, default: Any) -> Any:
+    """The shared field `name` of `group` (configs.knobs) with SFT's default, everything else as defined there."""
+    info = copy.copy(group.model_fields[name])
+    info.default = default
+    return info
 
 
 class SftDataSource(DataSource, SourceLimits):

@@ -1,24 +1,15 @@
 """Training knobs CPT and SFT share, as groups their configs inherit fields from (the YAML stays flat): one name,
-one meaning, one description per idea. `knob(Group, name, default)` re-declares a field with another default;
-`training_bytes` is the memory estimate the `auto` micro-batch and activation checkpointing come from."""
+one meaning, one description per idea. `training_bytes` is the memory estimate the `auto` micro-batch and
+activation checkpointing come from."""
 
 from __future__ import annotations
 
-import copy
 import math
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, field_validator
-from pydantic.fields import FieldInfo
+from pydantic import Field, field_validator
 
 from .base import MAX_BATCH, MAX_STEPS, RUN_ONLY, StrictModel, Switch
-
-
-def knob(group: type[BaseModel], name: str, default: Any) -> Any:
-    """The shared field `name` of `group` with another default (everything else as defined once there)."""
-    info: FieldInfo = copy.copy(group.model_fields[name])
-    info.default = default
-    return info
 
 
 class Batching(StrictModel):
