@@ -285,10 +285,7 @@ def module_path(name: str) -> Path | None:
     if spec is None or not spec.submodule_search_locations:  # every dilforge top-level module is a package
         return None
     base = Path(next(iter(spec.submodule_search_locations))).joinpath(*rest)
-    for path in (base / "__init__.py", base.with_suffix(".py")):
-        if path.is_file():
-            return path
-    return None
+    return next((p for p in (base / "__init__.py", base.with_suffix(".py")) if p.is_file()), None)
 
 
 def module_closure(entry: str) -> dict[str, Path]:
@@ -298,8 +295,7 @@ def module_closure(entry: str) -> dict[str, Path]:
         name = todo.pop()
         if name in found or not name.startswith("dilforge_"):
             continue
-        path = module_path(name)
-        if path is None:
+        if (path := module_path(name)) is None:
             continue
         found[name] = path
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
