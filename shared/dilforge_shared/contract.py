@@ -59,12 +59,15 @@ class OptMl:
 
     def read_json(self, name: str, default: Any) -> Any:
         path = self.config_dir / name
-        if not path.exists():
-            return default
-        try:
-            return json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{path}: not valid JSON: {exc}") from None
+        return parse_json(path.read_text(), str(path)) if path.exists() else default
+
+
+def parse_json(text: str, where: str) -> Any:
+    """`text` as JSON, or a ConfigError naming `where`."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{where}: not valid JSON: {exc}") from None
 
 
 @dataclass(frozen=True)
@@ -134,15 +137,8 @@ def parse_hyperparameters(hp: dict[str, Any], config_cls: type[StageConfig], sou
     else:
         doc_source = hp["stage_config_uri"]
         doc = read_uri_bytes(doc_source, endpoint).decode()
-    try:
-        raw = json.loads(doc)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{doc_source}: not valid JSON: {exc}") from None
-    config = validate_model(config_cls, raw, doc_source)
-    try:
-        inputs = json.loads(hp.get("inputs", "{}"))
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{source}: hyperparameter 'inputs' is not valid JSON: {exc}") from None
+    config = validate_model(config_cls, parse_json(doc, doc_source), doc_source)
+    inputs = parse_json(hp.get("inputs", "{}"), f"{source}: hyperparameter 'inputs'")
     if not isinstance(inputs, dict) or not all(isinstance(v, str) for v in inputs.values()):
         raise ConfigError(f"{source}: hyperparameter 'inputs' must be a JSON object of name -> manifest URI")
     for name in inputs:  # input names become channel folders (/opt/ml/input/data/<name>)
