@@ -369,18 +369,17 @@ def _stage_run(tmp_path: Path, source: Path, num_shards: int = 4):
     config = CurateConfig(
         corpora=[{"uri": str(source), "name": "web"}], output={"num_shards": num_shards}, num_workers=1
     )
-    inputs = stage.Inputs(tokenizer_file=None, work=tmp_path / "work")
+    work = tmp_path / "work"
 
     def run(model: Path) -> dict:
         model.mkdir(parents=True, exist_ok=True)
-        stage.resume(inputs.work, config)
-        stage.execute(
-            stage.build(config, inputs, stage.Folders(inputs.work, inputs.work), inputs.work / "out"), inputs.work
-        )
-        stage.move_shards(inputs.work / "out", model)
-        return stage.finish(config, model, inputs.work, {}, time.perf_counter()).metrics
+        stage.resume(work, config)
+        stage.execute(stage.build(config, stage.Folders(work, work)), work)
+        for shard in (work / "out").glob("shard-*"):
+            shutil.move(shard, model / shard.name)
+        return stage.finish(config, model, work, {}, time.perf_counter()).metrics
 
-    return stage, config, inputs.work, run
+    return stage, config, work, run
 
 
 def test_a_rerun_after_the_shards_left_the_work_folder_rewrites_them(tmp_path, data_root, capsys):

@@ -10,6 +10,7 @@ from datatrove.data import Document
 from dilforge_coordinator.config import PipelineConfig
 from dilforge_curate.config import CurateConfig, RedactConfig
 from dilforge_curate.steps import (
+    FTFY_CONFIG,
     ContactRedactor,
     LinguaFilter,
     MinhashSignature,
@@ -17,7 +18,6 @@ from dilforge_curate.steps import (
     QualityFilter,
     RepetitionFilter,
     WordSplitter,
-    _ftfy_config,
     ftfy_may_change,
     luhn_ok,
 )
@@ -124,7 +124,7 @@ def test_mis_decoded_text_is_repaired_and_normalised():
 def test_ftfy_is_skipped_only_where_it_would_change_nothing(text):
     import ftfy
 
-    fixed = ftfy.fix_text(text, config=_ftfy_config())
+    fixed = ftfy.fix_text(text, config=FTFY_CONFIG)
     assert Normaliser(fix_encoding=True, unicode_form="none", whitespace=False).format(text) == fixed
     assert ftfy_may_change(text) or fixed == text
     assert ftfy_may_change(text) == (text not in (AZ,))
@@ -133,7 +133,7 @@ def test_ftfy_is_skipped_only_where_it_would_change_nothing(text):
 def test_ftfy_leaves_every_character_the_shortcut_passes_unchanged():
     import ftfy
 
-    config = _ftfy_config()
+    config = FTFY_CONFIG
     for cp in [*range(0x3000), *range(0xFE00, 0x10000)]:
         if 0xD800 <= cp < 0xE000:
             continue

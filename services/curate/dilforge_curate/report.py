@@ -29,11 +29,8 @@ EXAMPLE_CHARS = 240
 
 def record(self, doc: Document) -> dict:
     """An output record: `text` first; provenance without local paths, so the output is the same wherever it ran."""
-    out = {"text": doc.text, "id": doc.id, "source": doc.metadata.get("source")}
-    for key in ("language_score", "token_count"):
-        if key in doc.metadata:
-            out[key] = doc.metadata[key]
-    return out
+    scores = {key: doc.metadata[key] for key in ("language_score", "token_count") if key in doc.metadata}
+    return {"text": doc.text, "id": doc.id, "source": doc.metadata.get("source"), **scores}
 
 
 def _merged(folder: Path) -> list[tuple[str, Counter]]:
@@ -72,14 +69,10 @@ def collect(work: Path, config: CurateConfig, seconds: dict[str, float]) -> Cura
     steps = []
     for key, part, _ in STEPS:
         stats = _find(written if key == "duplicates" else filtered, part)
-        reasons = {k.removeprefix("dropped_"): v for k, v in stats.items() if k.startswith("dropped_")}
+        reasons = Counter({k.removeprefix("dropped_"): v for k, v in stats.items() if k.startswith("dropped_")})
+        examples = _examples(work / "removed" / key, config.output.num_examples)
         steps.append(
-            CurateStep(
-                step=key,
-                removed=stats.get("dropped", 0),
-                reasons=dict(sorted(reasons.items(), key=lambda kv: -kv[1])),
-                examples=_examples(work / "removed" / key, config.output.num_examples),
-            )
+            CurateStep(step=key, removed=stats["dropped"], reasons=dict(reasons.most_common()), examples=examples)
         )
     kept, tokens = _find(written, "Source counter"), _find(written, "📊 Counter")
     read, bytes_read, cpu = reader.get("documents", 0), reader.get("bytes", 0), cpu_seconds(work)

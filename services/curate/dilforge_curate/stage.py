@@ -1,6 +1,6 @@
 """The curate stage, top to bottom.
 
-parse → four datatrove pipelines (filter: read, normalise, redact, language ID, quality, MinHash signatures;
+Four datatrove pipelines (filter: read, normalise, redact, language ID, quality, MinHash signatures;
 buckets; clusters; write: drop duplicates, count tokens, shards) → datatrove's local executor → publish shards,
 report.md, the data card and metrics. The work folder lives under /opt/ml/checkpoints, so a rerun resumes from
 the tasks it can verify."""
@@ -48,13 +48,6 @@ log = logging.getLogger("dilforge.curate")
 PHASES = ("filter", "buckets", "cluster", "write")
 
 
-@dataclass
-class Inputs:
-    tokenizer_file: str | None
-    work: Path
-    endpoint_url: str | None = None  # the S3 endpoint the sources are read from
-
-
 class Stopped(DilforgeError):
     """SIGTERM (SageMaker stop, spot interruption, Ctrl-C of the coordinator): datatrove's pool is terminated."""
 
@@ -79,25 +72,21 @@ class StageExecutor(LocalPipelineExecutor):
         super().mark_rank_as_completed(rank)
 
 
-def forked_child(parent_pid: int) -> None:
-    """In a forked process: die with the parent (even on `kill -9`), and on SIGTERM (the pool's terminate) as
-    usual instead of raising `Stopped`."""
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    die_with_parent(parent_pid)
-
-
 _FORKING: dict[str, int] = {}  # the pid of the process about to fork, seen by its child
 
 
 def children_die_with_the_stage() -> None:
     """Every process this one forks (datatrove's workers and Manager, which inherit the work-folder lock) dies
-    with its parent: a killed stage leaves no orphan writing to the work folder or holding its lock."""
+    with its parent, even on `kill -9`, and on SIGTERM (the pool's terminate) as usual instead of raising
+    `Stopped`: a killed stage leaves no orphan writing to the work folder or holding its lock."""
+
+    def in_child() -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        die_with_parent(_FORKING["parent"])
+
     if not _FORKING:
         _FORKING["parent"] = os.getpid()
-        os.register_at_fork(
-            before=lambda: _FORKING.update(parent=os.getpid()),
-            after_in_child=lambda: forked_child(_FORKING["parent"]),
-        )
+        os.register_at_fork(before=lambda: _FORKING.update(parent=os.getpid()), after_in_child=in_child)
 
 
 def run(config: CurateConfig, ctx: StageContext) -> StageResult:
@@ -105,12 +94,13 @@ def run(config: CurateConfig, ctx: StageContext) -> StageResult:
     signal.signal(signal.SIGTERM, _stop)  # raised in the main thread: the pool's `with` terminates its workers
     children_die_with_the_stage()
     log_config(config, {"num_tasks": config.output.num_shards, "num_workers": workers(config)})
-    inputs = parse(config, ctx)
-    resume(inputs.work, config)
-    executors = build(config, inputs, Folders(inputs.work, inputs.work), inputs.work / "out")
-    seconds = execute(executors, inputs.work)
-    move_shards(inputs.work / "out", ctx.opt.model_dir)
-    return finish(config, ctx.opt.model_dir, inputs.work, seconds, t0)
+    work = ctx.opt.checkpoint_dir / "curate"
+    work.mkdir(parents=True, exist_ok=True)
+    resume(work, config)
+    seconds = execute(build(config, Folders(work, work), counting_tokenizer(config, ctx), ctx.endpoint_url), work)
+    for shard in sorted((work / "out").glob("shard-*")):  # a rerun after a failed publish rewrites them
+        shutil.move(shard, ctx.opt.model_dir / shard.name)
+    return finish(config, ctx.opt.model_dir, work, seconds, t0)
 
 
 def workers(config: CurateConfig) -> int:
@@ -139,12 +129,10 @@ def finish(config: CurateConfig, out_dir: Path, work: Path, seconds: dict[str, f
 # ---- resume: what a rerun can verify ------------------------------------------------------------------
 
 
-def shard_name(config: CurateConfig, rank: int) -> str:
-    return f"shard-{rank:05d}.{config.output.format}"
-
-
 def documents_in(path: Path) -> int:
-    """Documents in a shard (JSONL lines, or Parquet rows from the file's footer)."""
+    """Documents in a shard (JSONL lines, or Parquet rows from the file's footer); 0 when missing."""
+    if not path.is_file():
+        return 0
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
@@ -163,20 +151,19 @@ def _written(work: Path, phase: str, rank: int, step: int) -> int | None:
     return total["total"] if isinstance(total, dict) else total
 
 
-def _lines(path: Path) -> int:
-    return documents_in(path) if path.is_file() else 0
-
-
 def task_problem(work: Path, config: CurateConfig, phase: str, rank: int) -> str | None:
     """Why a task datatrove marked complete cannot be trusted (outputs missing, cut short or not matching its
     stats); None when whole."""
-    if phase == "filter":
-        kept = _written(work, phase, rank, -2)
+    if phase in ("filter", "write"):  # the documents its last writer counted are all in its output file
+        kept = _written(work, phase, rank, -2 if phase == "filter" else -1)
         if kept is None:
             return "no stats"
-        filtered = work / "filtered" / f"{rank:05d}.jsonl"
-        if _lines(filtered) != kept:
-            return f"{filtered.name} holds {_lines(filtered)} of {kept} documents"
+        out = work / "filtered" / f"{rank:05d}.jsonl"
+        if phase == "write":
+            out = work / "out" / f"shard-{rank:05d}.{config.output.format}"
+        if documents_in(out) != kept:
+            return f"{out.name} holds {documents_in(out)} of {kept} documents"
+    if phase == "filter":
         record = struct.calcsize(f"<{config.dedup.hashes_per_bucket}QI")
         sizes = set()
         for bucket in range(config.dedup.num_buckets):
@@ -190,16 +177,8 @@ def task_problem(work: Path, config: CurateConfig, phase: str, rank: int) -> str
         dups = work / "buckets" / f"{rank:05d}_00.dups"
         if not dups.is_file() or dups.stat().st_size % 16:
             return f"{dups.name} missing or cut short"
-    elif phase == "cluster":
-        if any(f.stat().st_size % 4 for f in (work / "remove_ids").glob("*.remove")):
-            return "a .remove file cut short"
-    elif phase == "write":
-        kept = _written(work, phase, rank, -1)
-        if kept is None:
-            return "no stats"
-        shard = work / "out" / shard_name(config, rank)
-        if _lines(shard) != kept:
-            return f"{shard.name} holds {_lines(shard)} of {kept} documents"
+    elif phase == "cluster" and any(f.stat().st_size % 4 for f in (work / "remove_ids").glob("*.remove")):
+        return "a .remove file cut short"
     return None
 
 
@@ -227,12 +206,6 @@ def resume(work: Path, config: CurateConfig, phases: tuple[str, ...] = PHASES) -
             )
 
 
-def move_shards(src: Path, out_dir: Path) -> None:
-    """The finished shards into the artifact folder (a rename); a rerun after a failed publish rewrites them."""
-    for shard in sorted(src.glob("shard-*")):
-        shutil.move(shard, out_dir / shard.name)
-
-
 def check_shards(out_dir: Path, config: CurateConfig, kept: int) -> None:
     """Publish only a whole corpus: the shards must hold exactly the documents the write phase counted."""
     shards = sorted(out_dir.glob("shard-*"))
@@ -244,17 +217,17 @@ def check_shards(out_dir: Path, config: CurateConfig, kept: int) -> None:
         )
 
 
-def parse(config: CurateConfig, ctx: StageContext) -> Inputs:
-    tokenizer_file = None
+def counting_tokenizer(config: CurateConfig, ctx: StageContext) -> str | None:
+    """The tokenizer.json counting the output's tokens: `tokenizer`'s, else the upstream model's, else none."""
     if config.tokenizer:
-        tokenizer_file = str(Path(config.tokenizer.removeprefix("file://")) / "tokenizer.json")
+        path = Path(config.tokenizer.removeprefix("file://")) / "tokenizer.json"
     elif ctx.has_input("model"):
-        tokenizer_file = str(ctx.input("model").path / "tokenizer.json")
-    if tokenizer_file and not Path(tokenizer_file).is_file():
-        raise InputError("no tokenizer.json to count tokens with", path=tokenizer_file)
-    work = ctx.opt.checkpoint_dir / "curate"
-    work.mkdir(parents=True, exist_ok=True)
-    return Inputs(tokenizer_file=tokenizer_file, work=work, endpoint_url=ctx.endpoint_url)
+        path = ctx.input("model").path / "tokenizer.json"
+    else:
+        return None
+    if not path.is_file():
+        raise InputError("no tokenizer.json to count tokens with", path=str(path))
+    return str(path)
 
 
 @dataclass
@@ -265,11 +238,6 @@ class Folders:
     read: Path
     write: Path
     shared: bool = False  # every host writes to the same folder (SageMaker local mode mounts one for all hosts)
-
-
-def host_slice(num_tasks: int, host: int, num_hosts: int) -> range:
-    """The contiguous range of a phase's datatrove tasks that host `host` of `num_hosts` runs."""
-    return range(num_tasks * host // num_hosts, num_tasks * (host + 1) // num_hosts)
 
 
 def num_tasks(config: CurateConfig, phase: str) -> int:
@@ -300,10 +268,15 @@ def require_finished(folder: Path, config: CurateConfig, phases: tuple[str, ...]
 
 
 def build(
-    config: CurateConfig, inputs: Inputs, folders: Folders, out_dir: Path, host: int = 0, num_hosts: int = 1
+    config: CurateConfig,
+    folders: Folders,
+    tokenizer_file: str | None = None,
+    endpoint_url: str | None = None,
+    host: int = 0,
+    num_hosts: int = 1,
 ) -> dict:
-    """The four datatrove executors; with several hosts each runs this host's slice of its phase's tasks (None
-    where the slice is empty)."""
+    """The four datatrove executors, shards written to `folders.write / "out"`; with several hosts each runs this
+    host's slice of its phase's tasks (None where the slice is empty). `endpoint_url`: the sources' S3 endpoint."""
     from datatrove.pipeline.dedup import MinhashDedupBuckets, MinhashDedupCluster, MinhashDedupFilter
     from datatrove.pipeline.dedup.minhash import MinhashConfig
     from datatrove.pipeline.filters import FineWebQualityFilter
@@ -325,7 +298,7 @@ def build(
     )
     filtered = str(work / "filtered")
     filter_steps = [
-        SourceReader(config.corpora, inputs.endpoint_url),
+        SourceReader(config.corpora, endpoint_url),
         Normaliser(**config.normalise.model_dump()),
         EmptyFilter(exclusion_writer=removed("empty")),
         ContactRedactor(config.redact),
@@ -362,21 +335,25 @@ def build(
         MinhashSignature(output_folder=str(work / "signatures"), config=minhash, language=words),
     ]
     writer = (
-        ParquetWriter(str(out_dir), output_filename="shard-${rank}.parquet", adapter=report.record, compression=None)
+        ParquetWriter(
+            str(work / "out"), output_filename="shard-${rank}.parquet", adapter=report.record, compression=None
+        )
         if config.output.format == "parquet"
-        else JsonlWriter(str(out_dir), output_filename="shard-${rank}.jsonl", adapter=report.record, compression=None)
+        else JsonlWriter(
+            str(work / "out"), output_filename="shard-${rank}.jsonl", adapter=report.record, compression=None
+        )
     )
     write_steps = [
         RankFileReader(str(read / "filtered")),
         MinhashDedupFilter(input_folder=str(read / "remove_ids"), exclusion_writer=removed("duplicates")),
-        *([TokensCounter(inputs.tokenizer_file, batch_size=256)] if inputs.tokenizer_file else []),
+        *([TokensCounter(tokenizer_file, batch_size=256)] if tokenizer_file else []),
         SourceCounter(),
         writer,
     ]
 
     def executor(phase: str, steps: list) -> LocalPipelineExecutor | None:
         tasks = num_tasks(config, phase)
-        mine = host_slice(tasks, host, num_hosts)
+        mine = range(tasks * host // num_hosts, tasks * (host + 1) // num_hosts)  # this host's tasks
         if not mine:
             return None
         return StageExecutor(
@@ -461,11 +438,10 @@ def run_phase(config: CurateConfig, ctx: StageContext, phase: str, folders: Fold
     earlier = folders.read / "logs" / phase
     if earlier.is_dir() and folders.read != folders.write:  # an earlier attempt's finished tasks are not redone
         shutil.copytree(earlier, folders.write / "logs" / phase, dirs_exist_ok=True)
-    inputs = parse(config, ctx)
     host, num_hosts = ctx.resources.node_rank, len(ctx.resources.hosts)
     print(f"[curate] {phase} on host {host + 1} of {num_hosts}", flush=True)
     require_finished(folders.read, config, PHASES[: PHASES.index(phase)])
-    executors = build(config, inputs, folders, folders.write / "out", host, num_hosts)
+    executors = build(config, folders, counting_tokenizer(config, ctx), ctx.endpoint_url, host, num_hosts)
     execute(executors, folders.write, (phase,))
     if folders.shared and num_hosts > 1:
         wait_for_other_hosts(folders.write, config, phase)

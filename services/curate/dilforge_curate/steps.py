@@ -16,6 +16,7 @@ import re
 import unicodedata
 from collections import Counter
 
+import ftfy
 import numpy as np
 import regex
 from datatrove.data import Document, DocumentsPipeline
@@ -35,6 +36,11 @@ from datatrove.pipeline.writers import JsonlWriter
 from datatrove.utils.text import PUNCTUATION_SET, simplify_text, split_into_words
 from datatrove.utils.word_tokenizers import WhitespaceTokenizer
 from dilforge_shared.configs.language import LanguageConfig
+from dilforge_shared.control_tokens import CONTROL_TOKEN
+from dilforge_shared.corpus import iter_located_texts
+from dilforge_shared.errors import DilforgeError
+from ftfy.badness import BADNESS_RE, MOJIBAKE_CATEGORIES
+from lingua import IsoCode639_1, Language, LanguageDetectorBuilder
 
 from .config import RawSource, RedactConfig
 
@@ -57,33 +63,25 @@ class SourceReader(BaseReader):
         self.endpoint_url = endpoint_url
 
     def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
-        from dilforge_shared.corpus import iter_located_texts
-        from dilforge_shared.errors import DilforgeError
-
         position = 0
         for source in self.sources:
-            read = 0
-            texts = iter_located_texts(
-                source.uri, source.format, source.text_field, self.endpoint_url, "none", **source.bounds
-            )
-            while True:
-                try:
-                    uri, line, text = next(texts)
-                except StopIteration:
-                    break
-                except DilforgeError as exc:
-                    raise SourceReadError(f"corpora[{source.label}]: {exc}") from None
-                read += 1
-                position += 1
-                if (position - 1) % world_size != rank:
-                    continue
-                self.stat_update("documents", f"source:{source.label}")
-                self.stat_update("bytes", value=len(text.encode("utf-8", "surrogatepass")))  # throughput per core
-                doc = Document(text=text, id=f"{source.label}:{position - 1}", metadata={"source": source.label})
-                doc.metadata["location"] = f"{uri}:{line}"
-                self.update_doc_stats(doc)
-                yield doc
-            if read == 0 and rank == 0:
+            start = position
+            try:
+                for uri, line, text in iter_located_texts(
+                    source.uri, source.format, source.text_field, self.endpoint_url, "none", **source.bounds
+                ):
+                    position += 1
+                    if (position - 1) % world_size != rank:
+                        continue
+                    self.stat_update("documents", f"source:{source.label}")
+                    self.stat_update("bytes", value=len(text.encode("utf-8", "surrogatepass")))  # throughput per core
+                    doc = Document(text, f"{source.label}:{position - 1}", metadata={"source": source.label})
+                    doc.metadata["location"] = f"{uri}:{line}"
+                    self.update_doc_stats(doc)
+                    yield doc
+            except DilforgeError as exc:
+                raise SourceReadError(f"corpora[{source.label}]: {exc}") from None
+            if position == start and rank == 0:
                 self.stat_update(f"empty_source:{source.label}")
 
 
@@ -127,13 +125,10 @@ class Normaliser(BaseFormatter):
         self.fix_encoding = fix_encoding
         self.unicode_form = unicode_form
         self.whitespace = whitespace
-        self.ftfy_config = _ftfy_config() if fix_encoding else None
 
     def format(self, text: str) -> str:
         if self.fix_encoding and ftfy_may_change(text):
-            import ftfy
-
-            fixed = ftfy.fix_text(text, config=self.ftfy_config)
+            fixed = ftfy.fix_text(text, config=FTFY_CONFIG)
             if fixed != text:
                 self.stat_update("encoding_repaired")
             text = fixed
@@ -154,8 +149,6 @@ class Normaliser(BaseFormatter):
 def strip_control_tokens(text: str, count=None) -> str:
     """`text` without strings shaped like a control token, removed until none is left (removing one may join the
     halves of another: `<|eot<|x|>_id|>`)."""
-    from dilforge_shared.control_tokens import CONTROL_TOKEN
-
     removed = 0
     while True:
         text, n = CONTROL_TOKEN.subn("", text)
@@ -167,7 +160,12 @@ def strip_control_tokens(text: str, count=None) -> str:
     return text
 
 
-# What ftfy (with `_ftfy_config`) changes without its mojibake heuristic: C1 controls, surrogates, terminal escapes,
+# datatrove FTFYFormatter's choices: repair encodings, never enforce a display format
+FTFY_CONFIG = ftfy.TextFixerConfig(
+    unescape_html=False, fix_latin_ligatures=False, fix_character_width=False, uncurl_quotes=False,
+    fix_line_breaks=False, normalization=None,
+)  # fmt: skip
+# What ftfy (with `FTFY_CONFIG`) changes without its mojibake heuristic: C1 controls, surrogates, terminal escapes,
 # `ftfy.chardata.CONTROL_CHARS`; and its one anchored pattern (`^[ÃÂ] `), which it matches per line.
 _FTFY_FIXES = re.compile("[\x00-\x08\x0b\x0e-\x1f\x7f-\x9f\u206a-\u206f\ufeff\ufff9-\ufffc\ud800-\udfff]|\n[ÃÂ] ")
 _FTFY_SEGMENT = 1_000_000  # TextFixerConfig.max_decode_length: a longer line is cut where the anchor can match
@@ -184,11 +182,10 @@ def _mojibake_marks() -> re.Pattern:
     """A character every match of ftfy's `BADNESS_RE` holds: one of its rarer categories, a letter its literal
     sequences turn on (Œ œ Ø Ù Ђ Â Ã Î Ð °), or a lowercase letter before an uppercase accented one (its one
     alternative of common letters only)."""
-    from ftfy.badness import MOJIBAKE_CATEGORIES as C
-
-    rare = "".join(C[k] for k in ("c1", "bad", "box", "end_punctuation", "currency", "numeric", "law"))
-    rare += C["start_punctuation"] + "\u0152\u0153\u00d8\u00d9\u0402\u00c2\u00c3\u00ce\u00d0\u00b0"
-    return re.compile(f"[{rare}]|[{C['lower_accented']}{C['lower_common']}](?=[{C['upper_accented']}])")
+    cat = MOJIBAKE_CATEGORIES
+    rare = "".join(cat[k] for k in ("c1", "bad", "box", "end_punctuation", "currency", "numeric", "law"))
+    rare += cat["start_punctuation"] + "\u0152\u0153\u00d8\u00d9\u0402\u00c2\u00c3\u00ce\u00d0\u00b0"
+    return re.compile(f"[{rare}]|[{cat['lower_accented']}{cat['lower_common']}](?=[{cat['upper_accented']}])")
 
 
 _MOJIBAKE_REACH = 7  # the longest match of ftfy's pattern (`ГўВЂВ.x`) less one: how far a match reaches past a mark
@@ -196,22 +193,10 @@ _MOJIBAKE_REACH = 7  # the longest match of ftfy's pattern (`ГўВЂВ.x`) less
 
 def mojibake_in(text: str) -> bool:
     """ftfy's `is_bad(text)`, its pattern searched only around the marks a match must hold (`_mojibake_marks`)."""
-    from ftfy.badness import BADNESS_RE
-
     return any(
         BADNESS_RE.search(text, max(0, m.start() - _MOJIBAKE_REACH), m.start() + _MOJIBAKE_REACH + 1)
         for m in _mojibake_marks().finditer(text)
     )
-
-
-def _ftfy_config():
-    from ftfy import TextFixerConfig
-
-    # datatrove FTFYFormatter's choices: repair encodings, never enforce a display format
-    return TextFixerConfig(
-        unescape_html=False, fix_latin_ligatures=False, fix_character_width=False, uncurl_quotes=False,
-        fix_line_breaks=False, normalization=None,
-    )  # fmt: skip
 
 
 class EmptyFilter(BaseFilter):
@@ -235,13 +220,15 @@ OWN_LETTER_SHARE = 0.02  # far above a name or two in a Turkish text, far below 
 _DETECTORS: dict[tuple[str, ...], object] = {}
 
 
+def lingua_language(code: str) -> Language:
+    return Language.from_iso_code_639_1(getattr(IsoCode639_1, code.upper()))
+
+
 def lingua_detector(codes: tuple[str, ...]):
     """One lingua detector per candidate set and process, its models loaded at once: built before datatrove forks
     its workers, which then share them."""
     if codes not in _DETECTORS:
-        from lingua import IsoCode639_1, Language, LanguageDetectorBuilder
-
-        languages = [Language.from_iso_code_639_1(getattr(IsoCode639_1, c.upper())) for c in codes]
+        languages = map(lingua_language, codes)
         _DETECTORS[codes] = LanguageDetectorBuilder.from_languages(*languages).with_preloaded_language_models().build()
     return _DETECTORS[codes]
 
@@ -265,9 +252,7 @@ class LinguaFilter(BaseFilter):
         self._detector = None
 
     def _build(self):
-        from lingua import IsoCode639_1, Language
-
-        self._target = Language.from_iso_code_639_1(getattr(IsoCode639_1, self.language.upper()))
+        self._target = lingua_language(self.language)
         self._detector = lingua_detector(tuple(self.candidates))
 
     def filter(self, doc: Document) -> bool | tuple[bool, str]:
@@ -661,7 +646,7 @@ def phone_spans(match: str) -> list[tuple[int, int]]:
 
 
 def _card_spans(match: str) -> list[tuple[int, int]]:
-    return [(0, len(match))] if luhn_ok(match) else []
+    return _whole(match) if luhn_ok(match) else []
 
 
 def _whole(match: str) -> list[tuple[int, int]]:
@@ -669,15 +654,9 @@ def _whole(match: str) -> list[tuple[int, int]]:
 
 
 def luhn_ok(match: str) -> bool:
-    digits = [int(c) for c in match if c.isdigit()]
-    if not 13 <= len(digits) <= 19:
-        return False
-    total = 0
-    for i, d in enumerate(reversed(digits)):
-        if i % 2:
-            d = d * 2 - 9 if d > 4 else d * 2
-        total += d
-    return total % 10 == 0
+    digits = [int(c) for c in reversed(match) if c.isdigit()]
+    total = sum(digits[::2]) + sum(d * 2 - 9 if d > 4 else d * 2 for d in digits[1::2])
+    return 13 <= len(digits) <= 19 and total % 10 == 0
 
 
 class ContactRedactor(BaseFormatter):

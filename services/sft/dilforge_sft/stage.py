@@ -46,8 +46,6 @@ log = logging.getLogger("dilforge.sft")
 # a chat template that marks assistant turns for the assistant-only loss ({% generation %} ... {% endgeneration %})
 GENERATION_MARKER = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
-TRAINER_DIR = "trainer"  # under ctx.opt.checkpoint_dir: Trainer's checkpoint-<step>/ folders
-EVAL_BEFORE_FILE = "eval_before.json"  # under ctx.opt.checkpoint_dir: the base model's loss, kept across resumes
 LABEL_PREVIEW_FILE = "label_preview.jsonl"  # under ctx.opt.model_dir: the first training examples with their loss mask
 
 
@@ -99,7 +97,7 @@ def run(config: SftConfig, ctx: StageContext) -> StageResult:
         },
     )
 
-    trainer_dir = ctx.opt.checkpoint_dir / TRAINER_DIR
+    trainer_dir = ctx.opt.checkpoint_dir / "trainer"  # Trainer's checkpoint-<step>/ folders
     trainer_dir.mkdir(parents=True, exist_ok=True)
     progress = progress_callback()
     trainer = build_trainer(
@@ -127,7 +125,7 @@ def run(config: SftConfig, ctx: StageContext) -> StageResult:
         log.info("wrote %s: %d training example(s) with their loss mask", LABEL_PREVIEW_FILE, num_previewed)
 
     resume = latest_checkpoint(trainer_dir)
-    before_file = ctx.opt.checkpoint_dir / EVAL_BEFORE_FILE
+    before_file = ctx.opt.checkpoint_dir / "eval_before.json"  # the base model's loss, kept across resumes
     if before_file.exists() and resume is not None:
         eval_before = json.loads(before_file.read_text())["eval_loss"]
     else:

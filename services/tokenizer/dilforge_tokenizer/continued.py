@@ -23,17 +23,8 @@ CODE_OFFSET = 0x10000  # above the BMP: no whitespace, no surrogates; 0x10000 + 
 
 def model_only(doc: dict) -> Tokenizer:
     """The base's BPE model alone: encodes one already pre-tokenized, byte-level word per input string."""
-    bare = {
-        "version": doc.get("version", "1.0"),
-        "truncation": None,
-        "padding": None,
-        "added_tokens": [],
-        "normalizer": None,
-        "pre_tokenizer": None,
-        "post_processor": None,
-        "decoder": None,
-        "model": doc["model"],
-    }
+    bare = dict.fromkeys(("truncation", "padding", "normalizer", "pre_tokenizer", "post_processor", "decoder"))
+    bare.update(version=doc.get("version", "1.0"), added_tokens=[], model=doc["model"])
     return Tokenizer.from_str(json.dumps(bare, ensure_ascii=False))
 
 

@@ -41,27 +41,16 @@ def finish(tok: Tokenizer, family: Family, base_doc: dict | None = None) -> Toke
     return tok
 
 
-def tokenizer_config(family: Family, model_max_length: int = 131072) -> dict:
-    """Special-token roles for transformers (class name readable by transformers 4 and 5)."""
-    return {
-        "backend": "tokenizers",
-        "bos_token": family.bos,
-        "clean_up_tokenization_spaces": False,
-        "eos_token": family.eot,
-        "model_max_length": model_max_length,
-        "pad_token": family.pad,
-        "tokenizer_class": "PreTrainedTokenizerFast",
-    }
-
-
 def write_folder(tok: Tokenizer, out_dir: Path, family: Family, model_max_length: int = 131072) -> None:
-    """tokenizer.json, tokenizer_config.json and the family's training chat template: a folder stock
-    AutoTokenizer and tokenizers.Tokenizer.from_file load as is (no transformers import here)."""
+    """tokenizer.json, tokenizer_config.json (the special-token roles, a class name transformers 4 and 5 read) and
+    the family's training chat template: a folder stock AutoTokenizer and tokenizers.Tokenizer.from_file load as
+    is (no transformers import here)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     tok.save(str(out_dir / "tokenizer.json"))
-    (out_dir / "tokenizer_config.json").write_text(
-        json.dumps(tokenizer_config(family, model_max_length), indent=2) + "\n"
-    )
+    config = {"backend": "tokenizers", "clean_up_tokenization_spaces": False, "model_max_length": model_max_length}
+    config.update(bos_token=family.bos, eos_token=family.eot, pad_token=family.pad)
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     (out_dir / "chat_template.jinja").write_text(family.chat_template)
 
 
