@@ -75,26 +75,23 @@ def collect(work: Path, config: CurateConfig, seconds: dict[str, float]) -> Cura
             CurateStep(step=key, removed=stats["dropped"], reasons=dict(reasons.most_common()), examples=examples)
         )
     kept, tokens = _find(written, "Source counter"), _find(written, "📊 Counter")
-    read, bytes_read, cpu = reader.get("documents", 0), reader.get("bytes", 0), cpu_seconds(work)
+    read, bytes_read, cpu = reader["documents"], reader["bytes"], cpu_seconds(work)
     return CurateMetrics(
         language=config.language,
         documents_read=read,
-        documents_kept=kept.get("kept", 0),
-        chars_read=reader.get("doc_len", 0),
-        chars_kept=kept.get("chars", 0),
-        words_kept=kept.get("words", 0),
+        documents_kept=kept["kept"],
+        chars_read=reader["doc_len"],
+        chars_kept=kept["chars"],
+        words_kept=kept["words"],
         tokens_kept=tokens.get("tokens") if tokens else None,
         per_source={
-            s.label: SourceCount(read=reader.get(f"source:{s.label}", 0), kept=kept.get(f"kept:{s.label}", 0))
-            for s in config.corpora
+            s.label: SourceCount(read=reader[f"source:{s.label}"], kept=kept[f"kept:{s.label}"]) for s in config.corpora
         },
-        empty_sources=[s.label for s in config.corpora if reader.get(f"empty_source:{s.label}", 0)],
+        empty_sources=[s.label for s in config.corpora if reader[f"empty_source:{s.label}"]],
         steps=steps,
-        repairs={k: normalise.get(k, 0) for k in ("encoding_repaired", "unicode_normalised", "whitespace_normalised")},
+        repairs={k: normalise[k] for k in ("encoding_repaired", "unicode_normalised", "whitespace_normalised")},
         redacted={
-            kind: Redacted(
-                documents=redact.get(f"documents_with_{kind}", 0), replaced=redact.get(f"{kind}s_replaced", 0)
-            )
+            kind: Redacted(documents=redact[f"documents_with_{kind}"], replaced=redact[f"{kind}s_replaced"])
             for kind in ("email", "phone", "card")
         },
         num_shards=config.output.num_shards,

@@ -240,8 +240,7 @@ class SftConfig(StageConfig, Batching, Warmup, Checkpointing):
     @field_validator("system_prompt")
     @classmethod
     def _system_prompt(cls, value: str | None) -> str | None:
-        problem = system_prompt_problem(value) if value is not None else None
-        if problem is not None:
+        if value is not None and (problem := system_prompt_problem(value)) is not None:
             raise ValueError(f"system_prompt {problem}")
         return value
 

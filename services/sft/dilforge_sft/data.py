@@ -67,9 +67,8 @@ def _checked_text(text: str, where: str) -> str:
 
 
 def _optional_str(record: dict, name: str | None) -> str | None:
-    if name is None or record.get(name) is None:
+    if name is None or (value := record.get(name)) is None:
         return None
-    value = record[name]
     if not isinstance(value, str):
         raise BadRecord(f"field {name!r} must be a string, got {type(value).__name__}")
     return _checked_text(value, f"field {name!r}")
@@ -78,8 +77,7 @@ def _optional_str(record: dict, name: str | None) -> str | None:
 def _required_str(record: dict, name: str) -> str:
     if name not in record:
         raise BadRecord(f"field {name!r} is missing (fields: {sorted(record)})")
-    value = _optional_str(record, name)
-    if value is None:
+    if (value := _optional_str(record, name)) is None:
         raise BadRecord(f"field {name!r} is null")
     return value
 

@@ -246,15 +246,14 @@ def prepare_data(
     """Read both splits with the counted record rules, then tokenise them once (the chat template) and apply the
     max-length rule with the real tokenizer."""
     train, val, train_counts, val_counts = splits or load_splits(config, endpoint_url)
-    path = config.train[0].uri
-    train = refuse_special_tokens(train, tokenizer, "train", config.on_bad_record, train_counts, path)
-    val = refuse_special_tokens(val, tokenizer, "validation", config.on_bad_record, val_counts, path)
-    train = apply_length_rule(train, tokenizer, config.max_length, config.long_conversations, train_counts)
-    val = apply_length_rule(val, tokenizer, config.max_length, config.long_conversations, val_counts)
-    if not train or not val:
-        raise InputError(
-            f"no conversation left after the long_conversations={config.long_conversations!r} rule "
-            f"(max_length {config.max_length}); raise max_length",
-            path=config.train[0].uri,
-        )
-    return train, val, train_counts, val_counts
+    path, examples = config.train[0].uri, []
+    for split, convs, counts in (("train", train, train_counts), ("validation", val, val_counts)):
+        convs = refuse_special_tokens(convs, tokenizer, split, config.on_bad_record, counts, path)
+        examples.append(apply_length_rule(convs, tokenizer, config.max_length, config.long_conversations, counts))
+        if not examples[-1]:
+            raise InputError(
+                f"no conversation left after the long_conversations={config.long_conversations!r} rule "
+                f"(max_length {config.max_length}); raise max_length",
+                path=path,
+            )
+    return *examples, train_counts, val_counts

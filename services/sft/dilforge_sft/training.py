@@ -213,7 +213,6 @@ def tensorboard_callback(log_dir: Path):
     from torch.utils.tensorboard import SummaryWriter
     from transformers.integrations import TensorBoardCallback
 
-    log_dir.mkdir(parents=True, exist_ok=True)
     return TensorBoardCallback(tb_writer=SummaryWriter(log_dir=str(log_dir)))
 
 
@@ -253,6 +252,5 @@ def seal_checkpoints_callback():
             folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
             if args.should_save and folder.is_dir():
                 seal(folder, state.global_step)
-            return control
 
     return SealCheckpoints()
