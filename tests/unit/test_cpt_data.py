@@ -95,10 +95,10 @@ def test_a_damaged_token_cache_is_tokenised_again_not_trained_on(tmp_path, tok, 
 
 
 def test_too_short_corpus_is_an_input_error(tmp_path):
-    from dilforge_cpt.data import TokenFile, check_windows
+    from dilforge_cpt.data import PackedData, TokenFile
 
     with pytest.raises(InputError, match="fewer than one training window of seq_len=64"):
-        check_windows([TokenFile(tmp_path / "x", 40, 3, "tiny.txt")], 64)
+        PackedData([TokenFile(tmp_path / "x", 40, 3, "tiny.txt")], [1.0], 64, seed=0)
 
 
 def test_sampler_is_deterministic_resumable_and_follows_weights():

@@ -57,13 +57,11 @@ class Phase(Warmup):
     learning_rate: float = Field(default=1e-3, gt=0, description="Peak learning rate (AdamW).")
     min_lr_ratio: float = Field(default=0.1, ge=0, le=1, description="Cosine decays to learning_rate × min_lr_ratio.")
     weight_decay: float = Field(default=0.0, ge=0, description="AdamW decoupled weight decay.")
-    where: ClassVar[str] = "cpt.phase."
 
 
 class Phase1(Phase):
     """Phase 1 adapts the vocabulary: the backbone is frozen."""
 
-    where: ClassVar[str] = "cpt.phase1."
     trainable: Literal["embeddings", "new_rows"] = Field(
         default="embeddings",
         description="What phase 1 trains: embeddings = the whole embedding and LM-head matrices; new_rows = only "
@@ -75,7 +73,6 @@ class Phase1(Phase):
 class Phase2(Phase):
     """Phase 2 trains every parameter."""
 
-    where: ClassVar[str] = "cpt.phase2."
     embedding_learning_rate: float | None = Field(
         default=None,
         gt=0,

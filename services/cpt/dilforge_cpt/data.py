@@ -434,16 +434,6 @@ def wait_ready(path: Path, poll_s: float = 1.0) -> list[TokenFile]:
     return [TokenFile(**{**e, "path": Path(e["path"])}) for e in ready["files"]]
 
 
-def check_windows(files: list[TokenFile], seq_len: int) -> None:
-    for tf in files:
-        if tf.windows(seq_len) == 0:
-            raise InputError(
-                f"corpus has {tf.num_tokens} tokens ({tf.num_docs} documents), fewer than one "
-                f"training window of seq_len={seq_len}; add text or lower seq_len",
-                path=tf.label,
-            )
-
-
 class MixtureSampler:
     """Global sequence of (corpus, window) picks: the corpus of positions [b·B, (b+1)·B) from rng(seed, b), windows
     by rng(seed, corpus, epoch).permutation. State = position + per-corpus cursors."""
@@ -498,9 +488,14 @@ class PackedData:
     """Windows of every corpus, sampled by the mixture; each rank reads only its share of a step."""
 
     def __init__(self, files: list[TokenFile], weights: list[float], seq_len: int, seed: int):
-        check_windows(files, seq_len)
-        self.files = files
-        self.seq_len = seq_len
+        for tf in files:
+            if tf.windows(seq_len) == 0:
+                raise InputError(
+                    f"corpus has {tf.num_tokens} tokens ({tf.num_docs} documents), fewer than one "
+                    f"training window of seq_len={seq_len}; add text or lower seq_len",
+                    path=tf.label,
+                )
+        self.files, self.seq_len = files, seq_len
         self.arrays = [tf.open() for tf in files]
         self.sampler = MixtureSampler([tf.windows(seq_len) for tf in files], weights, seed)
 

@@ -38,16 +38,6 @@ class LaunchPlan:
         return self.nnodes * self.nproc_per_node
 
 
-def interface_exists(name: str) -> bool:
-    """SageMaker names the host's interface (eth0); the SDK's local mode writes `ethwe`, which a Docker container
-    lacks: pointing NCCL/gloo at a missing interface fails the rendezvous, so it is only set when present."""
-    return not Path("/sys/class/net").is_dir() or (Path("/sys/class/net") / name).exists()
-
-
-def is_efa_instance(instance_type: str | None) -> bool:
-    return bool(instance_type) and instance_type.startswith(EFA_INSTANCE_PREFIXES)
-
-
 def build_launch(
     resources: ResourceConfig,
     module_args: Sequence[str],
@@ -82,10 +72,13 @@ def build_launch(
         ]
     cmd += ["--nproc_per_node", str(nproc_per_node), *module_args]
     env = dict(base_env if base_env is not None else os.environ)
-    if resources.network_interface_name and nnodes > 1 and interface_exists(resources.network_interface_name):
-        env.setdefault("NCCL_SOCKET_IFNAME", resources.network_interface_name)
-        env.setdefault("GLOO_SOCKET_IFNAME", resources.network_interface_name)
-    if is_efa_instance(resources.instance_type):
+    # SageMaker names the host's interface (eth0); the SDK's local mode writes `ethwe`, which a Docker container
+    # lacks: pointing NCCL/gloo at a missing interface fails the rendezvous, so it is only set when present
+    net, nic = Path("/sys/class/net"), resources.network_interface_name
+    if nic and nnodes > 1 and (not net.is_dir() or (net / nic).exists()):
+        env.setdefault("NCCL_SOCKET_IFNAME", nic)
+        env.setdefault("GLOO_SOCKET_IFNAME", nic)
+    if (resources.instance_type or "").startswith(EFA_INSTANCE_PREFIXES):
         for key, value in EFA_ENV.items():
             env.setdefault(key, value)
     return LaunchPlan(
@@ -108,38 +101,29 @@ def wait_for_hosts(
 ) -> None:
     """Block until every host name resolves (SageMaker's DNS for algo-N appears a little after start)."""
     resolve = resolve or (lambda h: socket.getaddrinfo(h, None))
+
+    def resolves(host: str) -> bool:
+        try:
+            resolve(host)
+        except OSError:
+            return False
+        return True
+
     deadline = time.monotonic() + timeout_s
-    pending = list(hosts)
-    while True:
-        still = []
-        for host in pending:
-            try:
-                resolve(host)
-            except OSError:
-                still.append(host)
-        if not still:
-            return
+    while still := [h for h in hosts if not resolves(h)]:
         if time.monotonic() >= deadline:
             raise DilforgeError(f"hosts {still} did not resolve within {timeout_s:.0f} s; check the cluster's network")
         log.info("waiting for hosts to resolve: %s", still)
-        pending = still
         sleep(interval_s)
 
 
-def wait_for_artifact(
-    uri: str,
-    endpoint_url: str | None,
-    timeout_s: float = 3600.0,
-    interval_s: float = 2.0,
-    sleep: Callable[[float], None] | None = None,
-) -> None:
+def wait_for_artifact(uri: str, endpoint_url: str | None, timeout_s: float = 3600.0, interval_s: float = 2.0) -> None:
     """Block until the first host has published the artifact: the SDK's local mode ends a job when any host
     exits, which would stop the first host in the middle of publishing."""
     from dilforge_shared.store import artifact_exists
 
-    sleep = sleep or time.sleep
     deadline = time.monotonic() + timeout_s
     while not artifact_exists(uri, endpoint_url):
         if time.monotonic() >= deadline:
             raise DilforgeError(f"{uri}: not published by the first host within {timeout_s:.0f} s")
-        sleep(interval_s)
+        time.sleep(interval_s)

@@ -108,8 +108,9 @@ def format_table(table: dict[str, dict[str, dict[str, float]]]) -> str:
         "bpb_base_model": "base model BPB",
         "bpb_extended": "extended tokenizer BPB",
         "extended_vs_base": "× base",
+        "bpb_base_tokenization": "base tokenisation BPB",
+        "base_tokenization_vs_base": "× base",
     }
-    columns |= {"bpb_base_tokenization": "base tokenisation BPB", "base_tokenization_vs_base": "× base"}
     rows = [[method, name, *map(r.get, columns)] for method, sets in table.items() for name, r in sets.items()]
     head = ["initialisation", "set", *columns.values()]
     return tabulate(rows, head, "pipe", floatfmt=".4f", missingval="—")

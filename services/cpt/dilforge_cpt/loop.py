@@ -50,10 +50,6 @@ class TrainState:
         """In place: the loop, the sampler position and the model component hold this very object."""
         vars(self).update(vars(TrainState(**data)))
 
-    def add_leakage(self, step: int, sets: dict[str, dict[str, float]]) -> None:
-        """A leakage measurement (leakage.measure / step0_row) after `step` steps."""
-        self.leakage.append({"step": step, "sets": sets})
-
     def add_validation(self, row: dict | None) -> None:
         if row is None:  # not global rank 0
             return
@@ -228,7 +224,7 @@ def train_loop(training, data: PackedData, val: list[ValidationSet], state: Trai
                     )
                     if setup.leakage_probe is not None:
                         rows = measure_leakage(model, setup.leakage_probe, config, rt)
-                        state.add_leakage(step, rows)
+                        state.leakage.append({"step": step, "sets": rows})
                         log.info(
                             "leakage at step %d: %s",
                             step,

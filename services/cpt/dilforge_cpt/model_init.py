@@ -125,10 +125,8 @@ def load_model(config: CptConfig, base: BaseModel | None, tok: Tokenizer, ids: T
     mapping = transplant.build_mapping(base_tok, tok)
     rows = transplant.prepare(model, vocab)
     tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
-    model.config.bos_token_id, model.config.eos_token_id, model.config.pad_token_id = ids.bos, ids.doc_end, ids.pad
-    if getattr(model, "generation_config", None) is not None:
-        model.generation_config.bos_token_id, model.generation_config.eos_token_id = ids.bos, ids.doc_end
-        model.generation_config.pad_token_id = ids.pad
+    for cfg in (model.config, model.generation_config):
+        cfg.bos_token_id, cfg.eos_token_id, cfg.pad_token_id = ids.bos, ids.doc_end, ids.pad
     report = {
         "method": config.transplant,
         "num_kept": mapping.num_kept,

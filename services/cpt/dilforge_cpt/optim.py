@@ -27,12 +27,6 @@ class Trainable:
     row_scales: list[tuple[torch.nn.Parameter, torch.Tensor]] = field(default_factory=list)
 
 
-def vocab_matrices(model) -> list[torch.nn.Parameter]:
-    """The embedding and the LM head (once when tied)."""
-    emb, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
-    return [emb] if head is emb else [emb, head]
-
-
 def set_trainable(
     model,
     phase: int,
@@ -43,16 +37,12 @@ def set_trainable(
     """Phase 1: embeddings + LM head only (with `new_rows`, a bool per vocabulary row, only those
     rows). Phase 2: everything; with `kept_rows` (a bool per vocabulary row) those rows' steps are scaled
     by `kept_scale` (`run_step`)."""
-    vocab = vocab_matrices(model)
-    keep = {id(p) for p in vocab}
-    params = []
+    emb, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+    vocab = [emb] if head is emb else [emb, head]  # the LM head once when tied
     for p in model.parameters():
-        p.requires_grad_(phase == 2 or id(p) in keep)
-        if p.requires_grad:
-            params.append(p)
-    masks = []
-    if phase == 1 and new_rows is not None:
-        masks = [(p, _row_mask(p, new_rows)) for p in vocab]
+        p.requires_grad_(phase == 2 or any(p is v for v in vocab))
+    params = [p for p in model.parameters() if p.requires_grad]
+    masks = [(p, _row_mask(p, new_rows)) for p in vocab] if phase == 1 and new_rows is not None else []
     scales = []
     if phase == 2 and kept_rows is not None and kept_scale != 1.0:
         factor = torch.where(kept_rows, kept_scale, 1.0)
@@ -112,18 +102,6 @@ def lr_at(phase: Phase, step: int) -> float:
     )
 
 
-def grad_norm(model, max_norm: float | None) -> torch.Tensor:
-    """Clip and return the global gradient norm as a device tensor (no host sync; under FSDP2 the
-    DTensor norm is all-reduced to the full norm, the same on every rank)."""
-    params = [p for p in model.parameters() if p.grad is not None]
-    if not params:
-        return torch.zeros((), dtype=torch.float32)
-    norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm is not None else float("inf"))
-    if hasattr(norm, "full_tensor"):
-        norm = norm.full_tensor()
-    return norm.float()
-
-
 def skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
     """Fused AdamW honours `optimizer.found_inf` inside its kernel (the GradScaler protocol): with
     found_inf = 1 neither parameters nor moments nor the step count change, decided on the device.
@@ -179,7 +157,11 @@ def run_step(
     for param, mask in row_masks:
         if param.grad is not None:
             param.grad.mul_(mask)
-    norm = grad_norm(model, max_grad_norm).to(total.device)
+    # clip and keep the norm on the device (no host sync); under FSDP2 the DTensor norm is all-reduced to the full
+    # norm, the same on every rank
+    grads = [p for p in model.parameters() if p.grad is not None]
+    norm = torch.nn.utils.clip_grad_norm_(grads, max_grad_norm or float("inf"))
+    norm = (norm.full_tensor() if hasattr(norm, "full_tensor") else norm).float().to(total.device)
     ok = torch.isfinite(total) & torch.isfinite(norm)
     blocked = ~ok if skip is None else ~ok | skip
     before = [(p, factor, p.detach().clone()) for p, factor in row_scales]

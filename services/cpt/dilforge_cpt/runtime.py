@@ -3,6 +3,7 @@ process by `init_runtime` and frozen."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import warnings
@@ -78,15 +79,11 @@ class Runtime:
         return nullcontext()
 
 
-_CONTROL: list = []
-
-
+@functools.cache
 def _control_group():
     """The gloo group for host-side flags, made on first use (every rank reaches `Runtime.any` at the
     same points, so they create it together)."""
-    if not _CONTROL:
-        _CONTROL.append(dist.new_group(backend="gloo"))
-    return _CONTROL[0]
+    return dist.new_group(backend="gloo")
 
 
 def init_runtime(config: CptConfig) -> Runtime:
@@ -128,6 +125,6 @@ def init_runtime(config: CptConfig) -> Runtime:
 
 
 def shutdown(rt: Runtime) -> None:
-    _CONTROL.clear()
+    _control_group.cache_clear()
     if rt.distributed and dist.is_initialized():
         dist.destroy_process_group()

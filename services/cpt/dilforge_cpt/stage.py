@@ -327,7 +327,7 @@ def train_in_process(config: CptConfig, ctx: StageContext, rt: Runtime) -> dict:
         step0 = step0 if step0 is not None else evaluate(model, val, config, rt)
         state.add_validation(metrics.record(0, step0, kind="validation"))
         if probe is not None:
-            state.add_leakage(0, step0_leakage)
+            state.leakage.append({"step": 0, "sets": step0_leakage})
 
     training = TrainingModel(model, config, rt, state, new_rows, kept_rows)
     checkpointer.register("train_state", state)  # first: the model component builds the optimizer of its phase
@@ -427,23 +427,12 @@ def tokenize_corpora(config: CptConfig, ctx: StageContext, rt: Runtime, tok, ids
     def build() -> list[TokenFile]:
         if rt.is_main:
             log.info("token cache: %d tokenizer workers", workers)
-        out = []
-        for source in config.corpora:
-            key = cache_key(source, tok_dir / "tokenizer.json", source.max_docs, ctx.endpoint_url)
-            out.append(
-                tokenize_to_file(
-                    source,
-                    tok,
-                    ids,
-                    cache,
-                    key,
-                    source.max_docs,
-                    config.tokenize_batch_size,
-                    ctx.endpoint_url,
-                    workers=workers,
-                )
-            )
-        return out
+        url, batch = ctx.endpoint_url, config.tokenize_batch_size
+        keys = [cache_key(s, tok_dir / "tokenizer.json", s.max_docs, url) for s in config.corpora]
+        return [
+            tokenize_to_file(s, tok, ids, cache, key, s.max_docs, batch, url, workers=workers)
+            for s, key in zip(config.corpora, keys, strict=True)
+        ]
 
     if not rt.distributed or rt.world == 1:
         return build()
