@@ -6,6 +6,7 @@ allow-listed `.metadata` unpickler, the rest JSON."""
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -67,25 +68,15 @@ class Checkpointer:
     def __init__(self, root: Path, rt: Runtime, keep: int):
         self.root, self.rt, self.keep = root, rt, keep
         self.components: list[Component] = []
-        self._chosen: list[Path | None] = []
 
     def register(self, name: str, obj: Any, kind: Kind = "json") -> None:
         self.components.append(Component(name, obj, kind))
 
     # ---- choosing what to resume --------------------------------------------------------------
+    @functools.cache  # noqa: B019 - one Checkpointer per run: decided once, every rank at the same point
     def resume_point(self) -> Path | None:
         """The newest checkpoint complete on every host whose files all verify; damaged ones are set aside on the
-        way with a warning. Decided once (every rank calls it at the same point) and cached."""
-        if not self._chosen:
-            self._chosen.append(self._choose())
-        return self._chosen[0]
-
-    @property
-    def resume_step(self) -> int:
-        path = self.resume_point()
-        return int(path.name.removeprefix(CKPT_PREFIX)) if path is not None else 0
-
-    def _choose(self) -> Path | None:
+        way with a warning."""
         rt = self.rt
         mine = [p.name for p in checkpoint_folders(self.root) if read_markers(p) is not None]
         everyone = self._gather(mine)
@@ -109,6 +100,11 @@ class Checkpointer:
                 )
             rt.barrier()
         return None
+
+    @property
+    def resume_step(self) -> int:
+        path = self.resume_point()
+        return int(path.name.removeprefix(CKPT_PREFIX)) if path is not None else 0
 
     def _gather(self, value) -> list:
         if not self.rt.distributed or self.rt.world == 1:

@@ -9,7 +9,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from dilforge_shared.contract import ResourceConfig
@@ -26,12 +26,11 @@ class LaunchPlan:
     """Everything needed to start torchrun on this host."""
 
     command: list[str]
-    env: dict[str, str] = field(default_factory=dict)
-    nnodes: int = 1
-    node_rank: int = 0
-    nproc_per_node: int = 1
-    master_addr: str = "localhost"
-    master_port: int = 29500
+    env: dict[str, str]
+    nnodes: int
+    node_rank: int
+    nproc_per_node: int
+    master_addr: str
 
     @property
     def world_size(self) -> int:
@@ -81,15 +80,7 @@ def build_launch(
     if (resources.instance_type or "").startswith(EFA_INSTANCE_PREFIXES):
         for key, value in EFA_ENV.items():
             env.setdefault(key, value)
-    return LaunchPlan(
-        command=cmd,
-        env=env,
-        nnodes=nnodes,
-        node_rank=node_rank,
-        nproc_per_node=nproc_per_node,
-        master_addr=master_addr,
-        master_port=master_port,
-    )
+    return LaunchPlan(cmd, env, nnodes, node_rank, nproc_per_node, master_addr)
 
 
 def wait_for_hosts(
