@@ -142,14 +142,8 @@ def train_loop(training, data: PackedData, val: list[ValidationSet], state: Trai
             what = "all parameters" if index == 2 else "embeddings + LM head"
             if trainable.row_masks:
                 what = f"the {int(training.new_rows.sum())} new rows of the {what}"
-            log.info(
-                "phase %d: %d steps at lr %g (%s); host syncs on log steps only: %s",
-                index,
-                phase.num_steps,
-                phase.learning_rate,
-                what,
-                skips_on_device(optimizer),
-            )
+            said = f"phase {index}: {phase.num_steps} steps at lr {phase.learning_rate:g} ({what})"
+            log.info("%s; host syncs on log steps only: %s", said, skips_on_device(optimizer))
             memory.start_phase()
             step_time, step_tokens = 0.0, 0
             skip = torch.zeros((), dtype=torch.bool, device=rt.device)  # latched by the first bad step

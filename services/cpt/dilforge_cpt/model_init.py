@@ -72,22 +72,8 @@ class PendingTransplant:
 def scratch_model(config: CptConfig, vocab: int, ids: TokenIds):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    s = config.scratch_model
-    assert s is not None
-    cfg = LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=s.hidden_size,
-        intermediate_size=s.intermediate_size,
-        num_hidden_layers=s.num_hidden_layers,
-        num_attention_heads=s.num_attention_heads,
-        num_key_value_heads=s.num_key_value_heads,
-        max_position_embeddings=s.max_position_embeddings,
-        rope_theta=s.rope_theta,
-        tie_word_embeddings=s.tie_word_embeddings,
-        bos_token_id=ids.bos,
-        eos_token_id=ids.doc_end,
-        pad_token_id=ids.pad,
-    )
+    special = {"bos_token_id": ids.bos, "eos_token_id": ids.doc_end, "pad_token_id": ids.pad}
+    cfg = LlamaConfig(vocab_size=vocab, **config.scratch_model.model_dump(), **special)  # ScratchModel: LlamaConfig's
     torch.manual_seed(config.seed)
     return LlamaForCausalLM(cfg)
 

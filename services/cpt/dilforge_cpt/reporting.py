@@ -57,10 +57,7 @@ def mfu(tokens_per_s: float, flops_per_token: float, peak_flops: float | None) -
 
 
 def device_peak_tflops(name: str) -> float | None:
-    for key, tflops in PEAK_TFLOPS:
-        if key in name:
-            return tflops
-    return None
+    return next((tflops for key, tflops in PEAK_TFLOPS if key in name), None)
 
 
 def peak_flops(config: CptConfig, rt: Runtime) -> float | None:
