@@ -255,10 +255,8 @@ def require_finished(folder: Path, config: CurateConfig, phases: tuple[str, ...]
     """A host that stopped early, or a task whose outputs are not whole, fails the next phase in one line rather
     than leave it to run on part of the data."""
     for phase in phases:
-        missing = unfinished(folder, config, phase)
-        missing += [
-            r for r in range(num_tasks(config, phase)) if r not in missing and task_problem(folder, config, phase, r)
-        ]
+        todo = set(unfinished(folder, config, phase))
+        missing = [r for r in range(num_tasks(config, phase)) if r in todo or task_problem(folder, config, phase, r)]
         if missing:
             raise InputError(
                 f"curate: {len(missing)} task(s) of phase {phase} did not finish (first: {missing[0]}); rerun the "
