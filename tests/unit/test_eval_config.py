@@ -52,7 +52,7 @@ def test_data_sources_list_every_file():
         ({"max_bytes_per_set": 0}, "max_bytes_per_set"),
         ({"modles": []}, "modles"),
         ({"set_languages": {"nope": "en"}}, "set_languages: 'nope' is not a text set name"),
-        ({"text_sets": [{"uri": "/a.txt", "name": "a"}], "set_languages": {"a": "English"}}, r"set_languages\[a\]"),
+        ({"text_sets": [{"uri": "/a.txt", "name": "a"}], "set_languages": {"a": "English"}}, r"set_languages\.a"),
         ({"target_language": "Azerbaijani"}, "target_language"),
         ({"generation": {"no_repeat_ngram_size": -1}}, "generation.no_repeat_ngram_size"),
         # issue 31: a built-in prompt set is a name, never a path; task names that lm-eval would merge

@@ -20,9 +20,11 @@ from pydantic import AfterValidator, Field, model_validator
 from .metrics import EvalMetrics
 
 _LABEL = r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,39}$"
+Label = Annotated[str, Field(pattern=_LABEL, description="Name shown in the report.")]
+Language = Annotated[str, Field(pattern=r"^[a-z]{2,3}$", description="2-3 letter language code.")]
 UPSTREAM_LABELS = ("tokenizer", "cpt", "sft")
 BASE_LABEL = "base"  # the label of the upstream `model` input (the pipeline's base model)
-_LANG = r"^[a-z]{2,3}$"
+SIB_LABELS = ("science/technology", "travel", "politics", "sports", "health", "entertainment", "geography")
 
 
 def _builtin_name(value: str) -> str:
@@ -33,6 +35,7 @@ def _builtin_name(value: str) -> str:
 
 
 PromptsUri = Annotated[str, AfterValidator(_builtin_name)]
+Count = Annotated[int | None, Field(ge=1)]  # at most this many (the first ones); None = all
 
 
 def _unique(values: list[str], what: str, hint: str = "") -> None:
@@ -43,53 +46,35 @@ def _unique(values: list[str], what: str, hint: str = "") -> None:
 class ModelRef(StrictModel):
     """A causal LM to evaluate besides the upstream CPT/SFT models (e.g. the stock base model)."""
 
-    label: str = Field(pattern=_LABEL, description="Name shown in the report, e.g. 'base'.")
-    uri: str = Field(
-        description="HF model folder (local path or s3:// prefix) or a dilforge artifact "
-        "(folder or manifest.json URI) holding one."
-    )
+    label: Label
+    uri: str = Field(description="HF model folder (local or s3://) or a dilforge artifact (folder or manifest URI).")
     tokenizer_uri: str | None = Field(default=None, description="Tokenizer folder if it is not next to the model.")
-    adapter_uri: str | None = Field(
-        default=None, description="Optional PEFT adapter folder applied on top of the model."
-    )
+    adapter_uri: str | None = Field(default=None, description="PEFT adapter folder applied on top of the model.")
 
 
 class TokenizerRef(StrictModel):
     """A tokenizer to compare (fertility, morpheme alignment) without a model."""
 
-    label: str = Field(pattern=_LABEL, description="Name shown in the report, e.g. 'llama3'.")
-    uri: str = Field(
-        description="HF tokenizer folder (local or s3:// prefix), a tokenizer.json file, or a dilforge artifact."
-    )
+    label: Label
+    uri: str = Field(description="HF tokenizer folder (local or s3://), a tokenizer.json or a dilforge artifact.")
 
 
 class ParallelSet(StrictModel):
-    """Aligned Azerbaijani/English text for tokenizer parity (tokens az / tokens en)."""
+    """Aligned Azerbaijani/English text for tokenizer parity (tokens az / tokens en); document i of `az` aligns
+    with document i of `en`."""
 
-    name: str = Field(pattern=_LABEL, description="Name shown in the report.")
-    az: DataSource = Field(description="Azerbaijani side; document i aligns with document i of `en`.")
-    en: DataSource = Field(description="English side.")
+    name: Label
+    az: DataSource
+    en: DataSource
 
 
 class MorphResources(StrictModel):
-    """Gold morphology for the morpheme-alignment metric (see docs/eval.md for the method)."""
+    """Gold morphology for the morpheme-alignment metric (docs/eval.md has the file layouts and the method)."""
 
-    segmented: list[str] = Field(
-        default_factory=list, description="TSV files word<TAB>segmentation ('kitab+lar'), header row optional."
-    )
-    lemma_forms: list[str] = Field(
-        default_factory=list,
-        description="TSV files of lemma/form pairs (UniMorph "
-        "lemma<TAB>form<TAB>feats, or a header naming 'lemma' and 'form' columns).",
-    )
-    conllu: list[str] = Field(
-        default_factory=list,
-        description="CoNLL-U files; lemmas give stem boundaries and a "
-        "'# glossing =' comment (Leipzig hyphens) refines them.",
-    )
-    num_words_per_source: int = Field(
-        le=1_000_000, default=2000, ge=1, description="Words sampled (seeded) from each source."
-    )
+    segmented: list[str] = Field(default_factory=list, description="TSV word<TAB>segmentation ('kitab+lar').")
+    lemma_forms: list[str] = Field(default_factory=list, description="TSV lemma/form pairs (UniMorph or a header).")
+    conllu: list[str] = Field(default_factory=list, description="CoNLL-U: lemmas and '# glossing =' comments.")
+    num_words_per_source: int = Field(le=1_000_000, default=2000, ge=1, description="Words sampled per source.")
 
 
 class GenerationSettings(StrictModel):
@@ -98,84 +83,34 @@ class GenerationSettings(StrictModel):
     temperature: float = Field(default=0.7, gt=0, description="Sampling temperature (sampled mode).")
     top_p: float = Field(default=0.9, gt=0, le=1, description="Nucleus sampling mass (sampled mode).")
     repetition_penalty: float = Field(
-        default=1.0,
-        gt=0,
-        description="Divides the logits of tokens already in the "
-        "prompt or answer (transformers' CTRL penalty); 1.0 = none, so the report "
-        "shows raw behaviour; 1.1-1.3 keeps small models from looping.",
+        default=1.0, gt=0, description="CTRL penalty on tokens already seen; 1.0 = none (raw behaviour)."
     )
-    no_repeat_ngram_size: int = Field(
-        le=64,
-        default=0,
-        ge=0,
-        description="Never repeat an n-gram of this many tokens within one prompt+answer; 0 = off.",
-    )
-    num_prompts: int | None = Field(default=None, ge=1, description="Use at most this many prompts (demos).")
+    no_repeat_ngram_size: int = Field(le=64, default=0, ge=0, description="Never repeat an n-gram this long; 0 = off.")
+    num_prompts: Count = Field(default=None, description="Use at most this many prompts (demos).")
 
 
 class AssistantSettings(StrictModel):
     """Held-out user turns answered through each model's published generation defaults and scored as an
-    assistant (docs/eval.md "Assistant measures"); the thresholds are the gate `serve`, `deploy` and `export`
-    apply to the SFT model's answers in the target language."""
+    assistant (docs/eval.md "Assistant measures"); `min_*` are the gate `serve`, `deploy` and `export` apply to
+    the SFT model's answers in the target language (below it they refuse the model unless --force)."""
 
     prompts: PromptsUri = Field(
-        default="builtin:assistant",
-        description="JSONL {id, language, prompt, reference?}, or 'builtin:assistant' for the held-out "
-        "Azerbaijani and English prompts shipped with the eval service.",
+        default="builtin:assistant", description="JSONL {id, language, prompt, reference?} or 'builtin:assistant'."
     )
-    per_language: int | None = Field(
-        default=40, ge=1, description="Prompts per language (the first ones of each); None = all."
-    )
-    no_diacritics: bool = Field(
-        default=True,
-        description="Also score the target language's prompts typed without its letters (ə→e, ı→i, ş→s, ç→c, "
-        "ğ→g, ö→o, ü→u), as their own group.",
-    )
-    max_new_tokens: int = Field(
-        le=MAX_NEW_TOKENS,
-        default=64,
-        ge=1,
-        description="New tokens per answer: an answer that reaches it has not ended its turn.",
-    )
-    batch_size: int = Field(
-        le=MAX_BATCH,
-        json_schema_extra=RUN_ONLY,
-        default=40,
-        ge=1,
-        description="Prompts per generate call (left-padded; larger batches cost less time per prompt, docs/eval.md).",
-    )
-    min_in_language: float = Field(
-        default=0.9,
-        ge=0,
-        le=1,
-        description="Gate: the least share of the SFT model's answers to target-language prompts that are in "
-        "that language; below it serve/deploy/export refuse the model unless --force.",
-    )
-    min_ended_turn: float = Field(
-        default=0.9,
-        ge=0,
-        le=1,
-        description="Gate: the least share of those answers that end the turn (stop token, not the length limit).",
-    )
+    per_language: Count = Field(default=40, description="Prompts per language (the first ones of each).")
+    no_diacritics: bool = Field(default=True, description="Also the target language typed without its letters.")
+    max_new_tokens: int = Field(le=MAX_NEW_TOKENS, default=64, ge=1, description="An answer reaching it did not end.")
+    batch_size: int = Field(le=MAX_BATCH, json_schema_extra=RUN_ONLY, default=40, ge=1, description="Prompts per call.")
+    min_in_language: float = Field(default=0.9, ge=0, le=1, description="Gate: least share in the language.")
+    min_ended_turn: float = Field(default=0.9, ge=0, le=1, description="Gate: least share that end the turn.")
 
 
 class BpbSettings(StrictModel):
     window: int | None = Field(
-        le=MAX_TOKENS,
-        default=None,
-        ge=8,
-        description="Tokens per forward window; None = the model's max_position_embeddings capped at 2048.",
+        le=MAX_TOKENS, default=None, ge=8, description="Tokens per window; None = max_position_embeddings, ≤ 2048."
     )
-    stride: int | None = Field(
-        le=MAX_TOKENS,
-        default=None,
-        ge=1,
-        description="Window step in tokens; every token after the first "
-        "window sees at least window-stride tokens of context. None = window/2.",
-    )
-    batch_size: int = Field(
-        le=MAX_BATCH, json_schema_extra=RUN_ONLY, default=8, ge=1, description="Windows per forward pass."
-    )
+    stride: int | None = Field(le=MAX_TOKENS, default=None, ge=1, description="Window step in tokens; None = window/2.")
+    batch_size: int = Field(le=MAX_BATCH, json_schema_extra=RUN_ONLY, default=8, ge=1, description="Windows per pass.")
 
     @model_validator(mode="after")
     def _check(self) -> BpbSettings:
@@ -184,137 +119,78 @@ class BpbSettings(StrictModel):
         return self
 
 
-SIB_LABELS = ("science/technology", "travel", "politics", "sports", "health", "entertainment", "geography")
-
-
 class SibTask(StrictModel):
-    """SIB-200 topic classification (docs/eval.md): log-likelihood of each topic label after the sentence,
-    k-shot from the SIB train split, scored on the SIB test split."""
+    """SIB-200 topic classification (docs/eval.md): a file with a split, a topic and one text column per
+    language (the FLORES-200 dev file with SIB-200 labels); test rows scored, k shots from train."""
 
-    uri: str = Field(
-        description="TSV/CSV/JSONL with a split column, a topic column and one text column per "
-        "language (the FLORES-200 dev file with SIB-200 labels)."
+    uri: str
+    languages: dict[Language, str] = Field(
+        default_factory=lambda: {"az": "azj_Latn", "en": "eng_Latn"}, description="Language -> text column."
     )
-    languages: dict[str, str] = Field(
-        default_factory=lambda: {"az": "azj_Latn", "en": "eng_Latn"},
-        description="Language code -> text column; one task per language.",
-    )
-    label_field: str = Field(
-        default="sib_category", description="Column with the topic label (one of the 7 SIB-200 topics)."
-    )
-    split_field: str = Field(
-        default="sib_split",
-        description="Column with the SIB split (train/dev/test): examples come from `test`, shots from `train`.",
-    )
-    num_fewshot: list[Annotated[int, Field(ge=0, le=64)]] = Field(
-        default=[0, 5], min_length=1, description="Shots per run; one figure each."
-    )
-    max_examples: int | None = Field(
-        default=None,
-        ge=1,
-        description="Score at most this many test sentences (the first ones; the CPU demo's budget), None = all.",
-    )
-
-    @model_validator(mode="after")
-    def _check(self) -> SibTask:
-        for lang in self.languages:
-            if not re.fullmatch(_LANG, lang):
-                raise ValueError(f"languages: {lang!r} is not a 2-3 letter language code")
-        return self
+    label_field: str = "sib_category"
+    split_field: str = "sib_split"
+    num_fewshot: list[Annotated[int, Field(ge=0, le=64)]] = Field(default=[0, 5], min_length=1)
+    max_examples: Count = None
 
 
 class TranslationSet(StrictModel):
-    """Aligned Azerbaijani/English sentences scored as translation (chrF++ and BLEU, sacrebleu)."""
+    """Aligned Azerbaijani/English sentences (line i with line i) scored as translation (chrF++, BLEU)."""
 
-    name: str = Field(pattern=_LABEL, description="Name shown in the report, e.g. 'flores-dev'.")
-    az: DataSource = Field(description="Azerbaijani side; line i aligns with line i of `en`.")
-    en: DataSource = Field(description="English side.")
-    directions: list[Literal["az-en", "en-az"]] = Field(
-        default=["az-en", "en-az"], min_length=1, description="Directions scored, one task each."
-    )
-    max_examples: int | None = Field(default=None, ge=1, description="Translate at most this many (first) pairs.")
+    name: Label
+    az: DataSource
+    en: DataSource
+    directions: list[Literal["az-en", "en-az"]] = Field(default=["az-en", "en-az"], min_length=1)
+    max_examples: Count = None
 
 
 class InstructionTask(StrictModel):
     """Instruction answering with the model's chat template (chrF++ against the reference, share of answers in
-    the task language, repetition)."""
+    the task language, repetition); rows from JSONL/TSV/CSV."""
 
-    name: str = Field(default="khazar", pattern=_LABEL, description="Name shown in the report.")
-    uri: str = Field(description="JSONL (or TSV/CSV) with an instruction and a reference response per row.")
-    instruction_field: str = Field(default="instruction", description="Field with the user's turn.")
-    response_field: str = Field(default="response", description="Field with the reference answer.")
-    language: Literal["az", "en"] = Field(default="az", description="Language the answers should be in.")
+    name: Label = "khazar"
+    uri: str
+    instruction_field: str = "instruction"
+    response_field: str = "response"
+    language: Literal["az", "en"] = "az"
     system_prompt: str | None = Field(default=None, description="System turn before every instruction.")
-    max_examples: int | None = Field(default=None, ge=1, description="Answer at most this many (first) rows.")
+    max_examples: Count = None
 
 
 class MultipleChoiceTask(StrictModel):
     """A multiple-choice file in the Belebele or TUMLU layout (docs/eval.md), scored as lm-eval scores them."""
 
-    name: str = Field(pattern=_LABEL, description="Name shown in the report, e.g. 'belebele-az'.")
-    uri: str = Field(description="JSONL/TSV/CSV test file.")
-    layout: Literal["belebele", "tumlu"] = Field(
-        description="belebele: flores_passage, question, mc_answer1-4, "
-        "correct_answer_num (1-4); tumlu: question, choices (list of 2-5), "
-        "answer (letter A-E)."
-    )
-    language: str = Field(pattern=_LANG, description="Language of the questions (the report's column).")
-    fewshot_uri: str | None = Field(
-        default=None,
-        description="File (same layout) the shots come from; None = the first rows of `uri` other than the one scored.",
-    )
-    num_fewshot: int = Field(le=64, default=0, ge=0, description="Shots (TUMLU-mini publishes 5-shot).")
-    max_examples: int | None = Field(default=None, ge=1, description="Score at most this many (first) rows.")
+    name: Label
+    uri: str
+    layout: Literal["belebele", "tumlu"]
+    language: Language
+    fewshot_uri: str | None = Field(default=None, description="Shots' file; None = rows of `uri` not scored.")
+    num_fewshot: int = Field(le=64, default=0, ge=0)
+    max_examples: Count = None
 
 
 class DownstreamTasks(StrictModel):
     """Downstream tasks run through lm-evaluation-harness with the task configs shipped in
     dilforge_eval/tasks (docs/eval.md has the `lm_eval` command that reproduces every figure)."""
 
-    sib200: SibTask | None = Field(default=None, description="SIB-200 topic classification.")
-    translation: list[TranslationSet] = Field(default_factory=list, description="Translation sets (FLORES, X-WMT).")
-    instructions: InstructionTask | None = Field(default=None, description="Instruction answering (khazar).")
-    multiple_choice: list[MultipleChoiceTask] = Field(default_factory=list, description="Belebele/TUMLU files.")
-    translation_max_new_tokens: int = Field(
-        le=MAX_NEW_TOKENS, default=64, ge=1, description="Tokens per translation (stops at the first newline)."
-    )
-    instruction_max_new_tokens: int = Field(
-        le=MAX_NEW_TOKENS, default=128, ge=1, description="Tokens per answer (stops at the end of the turn)."
-    )
-    batch_size: int = Field(
-        le=MAX_BATCH,
-        json_schema_extra=RUN_ONLY,
-        default=8,
-        ge=1,
-        description="Requests per forward pass (lm-eval batch_size).",
-    )
-    max_length: int = Field(
-        le=MAX_TOKENS,
-        default=2048,
-        ge=64,
-        description="Longest prompt+answer in tokens (lm-eval max_length; longer prompts are cut from the left).",
-    )
-    bootstrap_iters: int = Field(
-        le=100_000,
-        default=1000,
-        ge=0,
-        description="Bootstrap resamples for the standard error of "
-        "corpus metrics (chrF++, BLEU); 0 = no standard errors.",
-    )
+    sib200: SibTask | None = None
+    translation: list[TranslationSet] = Field(default_factory=list)
+    instructions: InstructionTask | None = None
+    multiple_choice: list[MultipleChoiceTask] = Field(default_factory=list)
+    translation_max_new_tokens: int = Field(le=MAX_NEW_TOKENS, default=64, ge=1)
+    instruction_max_new_tokens: int = Field(le=MAX_NEW_TOKENS, default=128, ge=1)
+    batch_size: int = Field(le=MAX_BATCH, json_schema_extra=RUN_ONLY, default=8, ge=1)
+    max_length: int = Field(le=MAX_TOKENS, default=2048, ge=64, description="Longest prompt+answer in tokens.")
+    bootstrap_iters: int = Field(le=100_000, default=1000, ge=0, description="For chrF++/BLEU stderr; 0 = none.")
 
     @model_validator(mode="after")
     def _check(self) -> DownstreamTasks:
-        names = [t.name for t in self.translation] + [t.name for t in self.multiple_choice]
-        if self.instructions:
-            names.append(self.instructions.name)
+        names = [t.name for t in [*self.translation, *self.multiple_choice, *filter(None, [self.instructions])]]
         _unique(names, "tasks: duplicate names")
-        # lm-eval task names write '-' and '.' as '_': `bele-a` and `bele_a` would be one task, scored once
-        by_task: dict[str, list[str]] = {}
+        by_task: dict[str, list[str]] = {}  # lm-eval task names write '-' and '.' as '_'
         for name in names:
-            by_task.setdefault(name.replace("-", "_").replace(".", "_").lower(), []).append(name)
-        clashes = [sorted(group) for group in by_task.values() if len(group) > 1]
-        if clashes:
-            raise ValueError(f"tasks: names {clashes[0]} become the same lm-eval task; rename one")
+            by_task.setdefault(re.sub(r"[-.]", "_", name).lower(), []).append(name)
+        if clash := next((sorted(group) for group in by_task.values() if len(group) > 1), None):
+            raise ValueError(f"tasks: names {clash} become the same lm-eval task; rename one")
         return self
 
     @property
@@ -323,14 +199,9 @@ class DownstreamTasks(StrictModel):
         return self.instructions.system_prompt if self.instructions else None
 
     def data_sources(self) -> list[DataSource]:
-        out: list[DataSource] = []
-        if self.sib200:
-            out.append(DataSource(uri=self.sib200.uri, name="tasks.sib200"))
+        out = [DataSource(uri=self.sib200.uri, name="tasks.sib200")] if self.sib200 else []
         for t in self.translation:
-            out += [
-                t.az.model_copy(update={"name": f"tasks.{t.name}.az"}),
-                t.en.model_copy(update={"name": f"tasks.{t.name}.en"}),
-            ]
+            out += [getattr(t, side).model_copy(update={"name": f"tasks.{t.name}.{side}"}) for side in ("az", "en")]
         if self.instructions:
             out.append(DataSource(uri=self.instructions.uri, name=f"tasks.{self.instructions.name}"))
         for t in self.multiple_choice:
@@ -347,83 +218,48 @@ class EvalConfig(StageConfig):
     consumes: ClassVar[tuple[str, ...]] = ("model", "tokenizer", "cpt", "sft")
 
     on_unloadable_model: Literal["fail", "skip"] = Field(
-        default="fail",
-        description="An upstream model that cannot be loaded (e.g. an adapter without its base): "
-        "fail the stage, or skip it and say so in the report.",
+        default="fail", description="An upstream model that cannot be loaded: fail, or skip it and say so."
     )
     models: list[ModelRef] = Field(
         default_factory=list,
-        description="Models besides the upstream model/cpt/sft "
-        "ones, each with a label. Every BPB change is against the upstream `model` "
-        "artifact (labelled 'base'), else the model labelled 'base', else the first listed.",
+        description="Models besides the upstream ones. Every change is against the upstream `model` ('base'), "
+        "else the model labelled 'base', else the first listed.",
     )
-    tokenizers: list[TokenizerRef] = Field(
-        default_factory=list, description="Tokenizers besides the upstream one and the models' own."
-    )
-    text_sets: list[DataSource] = Field(
-        default_factory=list,
-        description="Text sets (one per domain) for BPB and tokenizer metrics; `name` is the domain label.",
-    )
+    tokenizers: list[TokenizerRef] = Field(default_factory=list, description="Tokenizers besides the models' own.")
+    text_sets: list[DataSource] = Field(default_factory=list, description="BPB and fertility sets, by `name`.")
     parallel_sets: list[ParallelSet] = Field(default_factory=list, description="Aligned az/en text for parity.")
     morph: MorphResources | None = Field(default=None, description="Gold morphology; None = no alignment metric.")
     prompts: PromptsUri | None = Field(
-        default=None,
-        description="JSONL prompts file: {id, kind: completion|chat, prompt}, or "
-        "'builtin:az-generation' for the Azerbaijani prompts shipped with the eval service.",
+        default=None, description="JSONL {id, kind: completion|chat, prompt} or 'builtin:az-generation'."
     )
-    generation: GenerationSettings = Field(default_factory=GenerationSettings, description="Decoding settings.")
-
-    assistant: AssistantSettings | None = Field(
-        default=None,
-        description="Assistant measures on held-out prompts per language (and the gate's thresholds); None = none.",
-    )
-
+    generation: GenerationSettings = Field(default_factory=GenerationSettings)
+    assistant: AssistantSettings | None = None
     bpb: BpbSettings = Field(default_factory=BpbSettings, description="Sliding-window settings for bits per byte.")
-    tasks: DownstreamTasks | None = Field(
-        default=None,
-        description="Downstream tasks through lm-evaluation-harness "
-        "(SIB-200, translation, instructions, multiple choice); None = none.",
+    tasks: DownstreamTasks | None = None
+    target_language: Language = Field(
+        default="az", description="Its first text set is the headline gain; every other language is retention."
     )
-    target_language: str = Field(
-        default="az",
-        pattern=_LANG,
-        description="Language the pipeline adapts to: its "
-        "text sets give the report's headline gain; every other language is a retention "
-        "row (BPB change against the base model, per set).",
-    )
-    set_languages: dict[str, str] = Field(
+    set_languages: dict[str, Language] = Field(
         default_factory=dict,
-        description="Language code per text set name, e.g. "
-        "{flores-dev-en: en}; a set not listed takes it from a FLORES-style "
-        "text_field (eng_Latn -> en) or a trailing -en/_en/.en in its name or file "
-        "name, else target_language.",
+        description="Language per text set name; else from a FLORES text_field (eng_Latn), a -en/_en/.en name "
+        "suffix, else target_language.",
     )
-    max_docs_per_set: int | None = Field(default=None, ge=1, description="Read at most this many documents per set.")
-    max_bytes_per_set: int | None = Field(
-        default=200_000,
-        ge=1,
-        description="Stop reading a set after this many UTF-8 bytes (keeps CPU demos fast); None = the whole set.",
-    )
-    device: Literal["auto", "cpu", "cuda"] = Field(
-        json_schema_extra=RUN_ONLY, default="auto", description="auto = cuda when available."
-    )
+    max_docs_per_set: Count = Field(default=None, description="Read at most this many documents per set.")
+    max_bytes_per_set: Count = Field(default=200_000, description="Stop reading a set after this many UTF-8 bytes.")
+    device: Literal["auto", "cpu", "cuda"] = Field(json_schema_extra=RUN_ONLY, default="auto")
     precision: Precision = Field(default="auto", description="auto = bf16 on CUDA with bf16 support, else fp32.")
 
     @model_validator(mode="after")
     def _check(self) -> EvalConfig:
         labels = [m.label for m in self.models]
-        for label in labels:
-            if label in UPSTREAM_LABELS:
-                raise ValueError(f"models: label {label!r} is reserved for the upstream artifact")
+        if reserved := sorted(set(labels) & set(UPSTREAM_LABELS)):
+            raise ValueError(f"models: label {reserved[0]!r} is reserved for the upstream artifact")
         _unique(labels, "models: duplicate labels")
         _unique([t.label for t in self.tokenizers], "tokenizers: duplicate labels")
         names = [s.label for s in self.text_sets]
         _unique(names, "text_sets: duplicate names", "; set `name` on each")
-        for name, lang in self.set_languages.items():
-            if name not in names:
-                raise ValueError(f"set_languages: {name!r} is not a text set name (names: {names})")
-            if not re.fullmatch(_LANG, lang):
-                raise ValueError(f"set_languages[{name}]: {lang!r} is not a 2-3 letter language code")
+        if unknown := sorted(set(self.set_languages) - set(names)):
+            raise ValueError(f"set_languages: {unknown[0]!r} is not a text set name (names: {names})")
         return self
 
     def model_uris(self) -> list[str]:
@@ -433,18 +269,14 @@ class EvalConfig(StageConfig):
     def data_sources(self) -> list[DataSource]:
         sources = list(self.text_sets)
         for p in self.parallel_sets:
-            sources += [
-                p.az.model_copy(update={"name": f"{p.name}.az"}),
-                p.en.model_copy(update={"name": f"{p.name}.en"}),
-            ]
+            sources += [getattr(p, side).model_copy(update={"name": f"{p.name}.{side}"}) for side in ("az", "en")]
         if self.morph:
             for kind in ("segmented", "lemma_forms", "conllu"):
-                for i, uri in enumerate(getattr(self.morph, kind)):
-                    sources.append(DataSource(uri=uri, name=f"morph.{kind}.{i}"))
+                sources += [
+                    DataSource(uri=u, name=f"morph.{kind}.{i}") for i, u in enumerate(getattr(self.morph, kind))
+                ]
         if self.prompts and not self.prompts.startswith("builtin:"):  # built-ins: in the eval stage's code version
             sources.append(DataSource(uri=self.prompts, name="prompts"))
         if self.assistant and not self.assistant.prompts.startswith("builtin:"):
             sources.append(DataSource(uri=self.assistant.prompts, name="assistant.prompts"))
-        if self.tasks:
-            sources += self.tasks.data_sources()
-        return sources
+        return sources + (self.tasks.data_sources() if self.tasks else [])

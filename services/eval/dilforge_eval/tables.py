@@ -1,5 +1,6 @@
-"""The report's tables, as data: a header and rows of `Cell`s (text + CSS class), rendered by `report`. Every
-change is per text set or task against the reference (base) model, never averaged across languages."""
+"""The report's tables, as data: a header and rows of `Cell`s (text + CSS class), rendered by `report`. Each
+table's docstring is the note the report prints under it. Every change is per text set or task against the
+reference (base) model, never averaged across languages."""
 
 from __future__ import annotations
 
@@ -29,13 +30,7 @@ Table = tuple[list[str], list[list[str | Cell]]]
 def fmt(v: Any, digits: int = 3) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "–"
-    if isinstance(v, float):
-        return f"{v:.{digits}f}"
-    return str(v)
-
-
-def pct(v: float | None) -> str:
-    return "–" if v is None else f"{100 * v:.1f}%"
+    return f"{v:.{digits}f}" if isinstance(v, float) else str(v)
 
 
 def num(v: Any, digits: int = 3) -> Cell:
@@ -43,13 +38,17 @@ def num(v: Any, digits: int = 3) -> Cell:
     return Cell(fmt(v, digits), "num")
 
 
-def pct_cell(v: float | None) -> Cell:
-    return Cell(pct(v), "num")
+def pct(v: float | None) -> Cell:
+    return Cell("–" if v is None else f"{100 * v:.1f}%", "num")
 
 
 def _pairs(data: dict[str, dict[str, Any]], cells: Callable[[str, Any], list]) -> list[list[str | Cell]]:
     """One row per (outer, inner) key of a two-level dict: both keys, then `cells(inner key, value)`."""
     return [[a, b, *cells(b, v)] for a, inner in data.items() for b, v in inner.items()]
+
+
+def _fields(v: Any, names: tuple[str, ...], digits: int = 3) -> list[Cell]:
+    return [num(getattr(v, k), digits) for k in names]
 
 
 def change_cell(change: float | None) -> Cell:
@@ -64,30 +63,30 @@ def transition(entry: BpbChange | None) -> Cell:
     if entry is None:
         return Cell("–")
     ch = change_cell(entry.change)
-    return Cell(f"{fmt(entry.reference_bpb, 3)} → {fmt(entry.bpb, 3)} ({ch.text})", ch.cls)
+    return Cell(f"{fmt(entry.reference_bpb)} → {fmt(entry.bpb)} ({ch.text})", ch.cls)
 
 
 def headline_table(metrics: EvalMetrics) -> Table:
-    """One row per model: the target-language gain and each other language's retention, each on one named set."""
+    """BPB of each model against the reference model named in the header (the base model when the pipeline has
+    one) on the first text set of each language: the gain on the target language and what every other language
+    kept (negative = fewer bits per byte = better). Per set, never averaged across languages."""
     h = metrics.headline
     if not h.gain and not h.retention:
         return [], []
-    target, ref = h.target_language, h.reference
     gain_set = next((g.set for g in h.gain.values()), None)
     others: dict[str, str] = {}
     for langs in h.retention.values():
         for lang, e in langs.items():
             others.setdefault(lang, e.set)
-    head = ["model"]
-    if gain_set:
-        head.append(f"{language_name(target)} gain: BPB vs {ref} on {gain_set}")
-    head += [f"{language_name(lang)} retention: BPB vs {ref} on {name}" for lang, name in others.items()]
+    head = [
+        "model",
+        *([f"{language_name(h.target_language)} gain: BPB vs {h.reference} on {gain_set}"] if gain_set else []),
+    ]
+    head += [f"{language_name(lang)} retention: BPB vs {h.reference} on {name}" for lang, name in others.items()]
     rows = []
     for m in dict.fromkeys([*h.gain, *h.retention]):
-        row: list[str | Cell] = [m]
-        if gain_set:
-            row.append(transition(h.gain.get(m)))
-        rows.append(row + [transition(h.retention.get(m, {}).get(lang)) for lang in others])
+        gain = [transition(h.gain.get(m))] if gain_set else []
+        rows.append([m, *gain, *[transition(h.retention.get(m, {}).get(lang)) for lang in others]])
     return head, rows
 
 
@@ -103,25 +102,30 @@ METRIC_NAMES = {
     "ended_turn": "answers ending at the end of the turn",
 }
 LOWER_IS_BETTER = ("repetition_rate", "empty_answer")
+SCALE_100 = ("chrf++", "chrf", "bleu")  # chrF/BLEU: 0-100, one decimal
 
 
 def _delta_cell(v: TaskScore | None, delta: float | None, metric: str) -> Cell:
     """'0.250 [0.10, 0.40] (+0.050)': value, 95 % interval and the change against the reference model, coloured
-    by whether higher is better; chrF/BLEU with one decimal."""
+    by whether higher is better."""
     if v is None:
         return Cell("–", "num")
-    digits = 1 if metric in ("chrf++", "chrf", "bleu") else 3
+    digits = 1 if metric in SCALE_100 else 3
     text = fmt(v.value, digits) + (f" [{fmt(v.ci95[0], digits)}, {fmt(v.ci95[1], digits)}]" if v.ci95 else "")
     if delta is None:
         return Cell(text, "num")
     better = delta < 0 if metric in LOWER_IS_BETTER else delta > 0
-    cls = "num" if delta == 0 else "num better" if better else "num worse"
-    return Cell(f"{text} ({delta:+.{digits}f})", cls)
+    return Cell(f"{text} ({delta:+.{digits}f})", "num" if delta == 0 else "num better" if better else "num worse")
 
 
 def downstream_table(metrics: EvalMetrics) -> Table:
-    """Headline task rows: each model's figure per language side by side (95 % interval; change vs the
-    reference model in brackets, coloured better/worse), with the task's chance level. Nothing averaged."""
+    """Tasks run by lm-evaluation-harness with the task configs in the artifact's lm_eval_tasks/ (commands.txt
+    reproduces them with `lm_eval`). Each figure with its 95 % interval (value ± 1.96 standard errors: binomial
+    for accuracies and shares, bootstrap for chrF++/BLEU), the change against the reference model in brackets
+    (green better, red worse, by the metric's direction) and the chance level: uniform guessing for
+    classification and multiple choice, copying the source (translation) or the instruction (answers) for
+    chrF++/BLEU. Translation columns are the target language. Small n means wide intervals: read a change as
+    real only when the intervals do not overlap."""
     d = metrics.downstream
     if d is None or not d.results:
         return [], []
@@ -133,8 +137,9 @@ def downstream_table(metrics: EvalMetrics) -> Table:
     head = ["task", "metric", "n", "chance"] + [f"{m} {lang}" for m in models for lang in languages]
     rows = []
     for (row, metric), by_lang in by_row.items():
+        digits = 1 if metric in ("chrf++", "bleu") else 3
         chance = [
-            f"{lang} {fmt(d.tasks[k].chance[metric], 3 if metric not in ('chrf++', 'bleu') else 1)}"
+            f"{lang} {fmt(d.tasks[k].chance[metric], digits)}"
             for lang, k in by_lang.items()
             if metric in d.tasks[k].chance
         ]
@@ -152,7 +157,7 @@ def downstream_table(metrics: EvalMetrics) -> Table:
 
 
 def tasks_detail_table(metrics: EvalMetrics) -> Table:
-    """Every task, model and metric: value, standard error, 95 % interval, chance, examples, shots."""
+    """Every metric lm-eval reported, per task and model; per-example answers are in task_answers.jsonl."""
     d = metrics.downstream
     head = ["task", "language", "model", "metric", "value", "stderr", "95 % interval", "chance", "n", "shots"]
     rows = []
@@ -161,37 +166,30 @@ def tasks_detail_table(metrics: EvalMetrics) -> Table:
             for metric in dict.fromkeys([*t.metrics, *t.headline_metrics]):
                 if (v := res.get(key, {}).get(metric)) is None:
                     continue
+                ci = Cell(f"{fmt(v.ci95[0], 4)} – {fmt(v.ci95[1], 4)}" if v.ci95 else "–", "num")
                 rows.append(
-                    [
-                        key,
-                        t.language,
-                        model,
-                        METRIC_NAMES.get(metric, metric),
-                        num(v.value, 4),
-                        num(v.stderr, 4),
-                        Cell(f"{fmt(v.ci95[0], 4)} – {fmt(v.ci95[1], 4)}" if v.ci95 else "–", "num"),
-                        num(t.chance.get(metric), 4),
-                        num(t.num_examples),
-                        num(t.num_fewshot),
-                    ]
+                    [key, t.language, model, METRIC_NAMES.get(metric, metric), num(v.value, 4), num(v.stderr, 4), ci]
+                    + [num(t.chance.get(metric), 4), num(t.num_examples), num(t.num_fewshot)]
                 )
     return head, rows
 
 
 def bpb_table(metrics: EvalMetrics) -> Table:
-    """Every model on every set, with the set's language and the change against the reference on that set."""
+    """BPB of each model with its own tokenizer on each text set: NLL in bits over the UTF-8 bytes, so different
+    vocabularies compare fairly. Lower is better. The change is against the reference model on the same set."""
     ref = metrics.headline.reference
-    langs = {k: v.language for k, v in metrics.text_sets.items()}
     head = ["model", "text set", "language", "BPB", *([f"{ref} BPB", f"change vs {ref}"] if ref else [])]
     rows = []
     for m, sets in metrics.bpb.items():
         for s, res in sets.items():
-            row: list[str | Cell] = [m, s, langs.get(s) or "–", num(res.bpb, 4)]
-            if ref:
-                e = metrics.bpb_change.get(m, {}).get(s)
-                row += [num(e.reference_bpb, 4), change_cell(e.change)] if e else [num(None), Cell("–")]
-            rows.append(row)
+            e = metrics.bpb_change.get(m, {}).get(s)
+            change = [num(e.reference_bpb, 4), change_cell(e.change)] if e else [num(None), Cell("–")]
+            rows.append([m, s, _language(metrics, s), num(res.bpb, 4), *(change if ref else [])])
     return head, rows
+
+
+def _language(metrics: EvalMetrics, text_set: str) -> str:
+    return (s.language if (s := metrics.text_sets.get(text_set)) else None) or "–"
 
 
 def _method(name: str, trained: str) -> str:
@@ -199,6 +197,8 @@ def _method(name: str, trained: str) -> str:
 
 
 def step0_table(metrics: EvalMetrics) -> Table:
+    """BPB on the CPT validation text right after the vocabulary transplant, before any training, for each way
+    of initialising the new embedding rows (from the CPT manifest)."""
     t = metrics.transplant
     if t is None or not t.step0_bpb:
         return [], []
@@ -207,25 +207,23 @@ def step0_table(metrics: EvalMetrics) -> Table:
 
 
 def leakage_table(metrics: EvalMetrics) -> Table:
-    """Step-0 leakage per initialisation and set: the base model's BPB, the extended tokenizer's and the base
-    tokenisation's under the full softmax (what the new rows take from text the base model handled)."""
+    """Per initialisation (CPT manifest `transplant.step0_leakage`): each validation set scored with the extended
+    tokenizer and in the base model's own tokenisation under the full softmax, next to the base model's BPB on
+    the same text. Base tokenisation above 1.0 × base is probability the new rows take from text the base model
+    already handled (docs/cpt.md, Vocabulary leakage)."""
     t = metrics.transplant
     if t is None or not t.leakage:
         return [], []
     head = ["initialisation", "set", "base model BPB", "extended tokenizer BPB", "× base"]
     head += ["base tokenisation BPB", "× base"]
-    figures = (
-        "bpb_base_model",
-        "bpb_extended",
-        "extended_vs_base",
-        "bpb_base_tokenization",
-        "base_tokenization_vs_base",
-    )
+    figures = ("bpb_base_model", "bpb_extended", "extended_vs_base", "bpb_base_tokenization")
+    figures += ("base_tokenization_vs_base",)
     leakage = {_method(m, t.method): sets for m, sets in t.leakage.items()}
-    return head, _pairs(leakage, lambda _, r: [num(getattr(r, f), 4) for f in figures])
+    return head, _pairs(leakage, lambda _, r: _fields(r, figures, 4))
 
 
 def cost_table(metrics: EvalMetrics) -> Table:
+    """Time and token counts the upstream stages recorded in their manifests."""
     return ["stage", "figure", "value"], _pairs(metrics.cost, lambda _, v: [num(v)])
 
 
@@ -233,14 +231,17 @@ def _share_cell(s, floor: float | None = None) -> Cell:
     """A share with its 95 % Wilson interval; red when under the gate's floor."""
     if s.value is None:
         return Cell("–", "num")
-    cls = "num worse" if floor is not None and s.value < floor else "num"
-    return Cell(f"{s.value:.2f} [{s.low:.2f}–{s.high:.2f}]", cls)
+    return Cell(f"{s.value:.2f} [{s.low:.2f}–{s.high:.2f}]", "num worse" if floor and s.value < floor else "num")
 
 
 def assistant_table(metrics: EvalMetrics) -> Table:
-    """Per model and prompt group: answers in the prompt's language, ending the turn, looping, parroting (each
-    share with its 95 % Wilson interval) and chrF++ against the references (bootstrap 95 % interval); the
-    target language's in-language and ending shares in red under the gate's thresholds."""
+    """Held-out user turns (never trained on) answered through each model's published generation defaults and
+    chat template, as `serve`, HF generate and the GGUF answer them; per language, and the target language typed
+    without its letters (ə→e, ı→i, ş→s, ç→c, ğ→g, ö→o, ü→u). Each share with its 95 % Wilson interval: answers in
+    the prompt's language (lingua), ending the turn (a stop token before the length limit), looping (≥ 30 %
+    repeated word 3-grams), parroting (≥ 80 % of the words copied from the prompt); chrF++ against the references
+    where the prompts have them. Red: under the gate's thresholds (serve/deploy/export refuse such a model
+    without --force). Answers: assistant_answers.jsonl."""
     a = metrics.assistant
     head = ["model", "prompts", "n", "in language", "ended the turn", "looping", "parroting", "chrF++ (n)"]
     if a is None:
@@ -263,7 +264,8 @@ def assistant_table(metrics: EvalMetrics) -> Table:
 
 
 def strategy_table(metrics: EvalMetrics) -> Table:
-    """The tokenizer strategies side by side, every language's figures in the same row."""
+    """The tokenizer stage's strategies side by side on each language's validation text (from its manifest);
+    dead new tokens are never produced on the training corpus."""
     comp = metrics.tokenizer_comparison
     if comp is None:
         return [], []
@@ -274,63 +276,61 @@ def strategy_table(metrics: EvalMetrics) -> Table:
     for r in comp.rows:
         row: list[str | Cell] = [r.strategy, num(r.vocab_size), num(r.num_new_tokens), "yes" if r.selected else ""]
         for v in (r.languages.get(lang) for lang in comp.languages):
-            row += (
-                [num(v.tokens_per_word), num(v.bytes_per_token), pct_cell(v.frac_words_3plus)]
-                if v
-                else [num(None)] * 2 + [pct_cell(None)]
-            )
-        rows.append([*row, pct_cell(r.dead_new_tokens_frac)])
+            row += [num(v and v.tokens_per_word), num(v and v.bytes_per_token), pct(v and v.frac_words_3plus)]
+        rows.append([*row, pct(r.dead_new_tokens_frac)])
     return [*head, "dead new tokens"], rows
 
 
 def _flatten(d: dict, prefix: str = "") -> list[tuple[str, Any]]:
     out: list[tuple[str, Any]] = []
     for k, v in d.items():
-        key = f"{prefix}{k}"
-        out += _flatten(v, f"{key}.") if isinstance(v, dict) else [(key, v)]
+        out += _flatten(v, f"{prefix}{k}.") if isinstance(v, dict) else [(f"{prefix}{k}", v)]
     return out
 
 
 def dead_tokens_table(metrics: EvalMetrics) -> Table:
-    """The tokenizer stage's dead-token audit, every figure it published (a free-form section: flattened)."""
+    """From the tokenizer stage's manifest (`dead_tokens`)."""
     dead = (metrics.tokenizer_comparison.dead_tokens if metrics.tokenizer_comparison else None) or {}
     return ["figure", "value"], [[k, num(len(v) if isinstance(v, list) else v, 4)] for k, v in _flatten(dead)]
 
 
 def tokenizer_table(metrics: EvalMetrics) -> Table:
+    """Words are whitespace-separated; tokens exclude BOS/EOS."""
     head = ["tokenizer", "text set", "language", "tokens/word", "bytes/token", "words in 3+ tokens", "tokens", "words"]
-    langs = {k: v.language for k, v in metrics.text_sets.items()}
 
     def cells(s: str, v) -> list:
-        figures = [num(v.tokens_per_word), num(v.bytes_per_token), pct_cell(v.share_words_3plus)]
-        return [langs.get(s) or "–", *figures, num(v.num_tokens), num(v.num_words)]
+        figures = [num(v.tokens_per_word), num(v.bytes_per_token), pct(v.share_words_3plus)]
+        return [_language(metrics, s), *figures, num(v.num_tokens), num(v.num_words)]
 
     return head, _pairs(metrics.tokenizer_metrics, cells)
 
 
 def parity_table(metrics: EvalMetrics) -> Table:
+    """Tokens for the Azerbaijani side over tokens for the aligned English side; 1.0 means Azerbaijani costs as
+    much as English."""
     head = ["tokenizer", "aligned set", "tokens az", "tokens en", "parity (az/en)", "pairs"]
-    return head, _pairs(
-        metrics.parity, lambda _, v: [num(v.tokens_az), num(v.tokens_en), num(v.parity), num(v.num_pairs)]
-    )
+    return head, _pairs(metrics.parity, lambda _, v: _fields(v, ("tokens_az", "tokens_en", "parity", "num_pairs")))
 
 
 def morph_table(metrics: EvalMetrics) -> Table:
+    """Gold boundaries from segmented words, lemma/form pairs and glossed UD sentences; see docs/eval.md for the
+    method."""
     head = ["tokenizer", "resource", "words", "gold boundaries", "boundary recall"]
     head += ["token boundaries inside a morpheme", "exact segmentation"]
     shares = ("boundary_recall", "inside_morpheme_rate", "exact_segmentation_rate")
     return head, _pairs(
         metrics.morph,
-        lambda _, v: [num(v.num_words), num(v.num_gold_boundaries), *[pct_cell(getattr(v, k)) for k in shares]],
+        lambda _, v: [*_fields(v, ("num_words", "num_gold_boundaries")), *[pct(getattr(v, k)) for k in shares]],
     )
 
 
 def repetition_table(metrics: EvalMetrics) -> Table:
+    """Means over answers: distinct-n = unique n-grams / n-grams of words in one answer; repeated 3-gram rate =
+    share of 3-grams that repeat an earlier one in the same answer."""
     head = ["model", "mode", "answers", "words/answer", "distinct-1", "distinct-2", "repeated 3-gram rate"]
     figures = ("distinct_1", "distinct_2", "repeated_3gram_rate")
     return head, _pairs(
-        metrics.generation,
-        lambda _, v: [num(v.num_generations), num(v.num_words, 1), *[num(getattr(v, k)) for k in figures]],
+        metrics.generation, lambda _, v: [num(v.num_generations), num(v.num_words, 1), *_fields(v, figures)]
     )
 
 
