@@ -9,6 +9,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
+from importlib.resources import files
 
 from dilforge_shared.corpus import iter_records
 from dilforge_shared.errors import InputError
@@ -48,27 +49,17 @@ class Answer:
 # ---- prompts ----------------------------------------------------------------------------------------------
 
 
-BUILTIN = "builtin:"
-
-
-def resolve_prompts_uri(uri: str) -> str:
-    """`builtin:NAME` is a prompts file shipped inside this package, so it exists in every image and job."""
-    if not uri.startswith(BUILTIN):
-        return uri
-    from importlib.resources import files
-
-    name = uri.removeprefix(BUILTIN)
-    path = files("dilforge_eval") / "prompts" / f"{name}.jsonl"
-    if not path.is_file():
-        shipped = sorted(p.name.removesuffix(".jsonl") for p in (files("dilforge_eval") / "prompts").iterdir())
-        raise InputError(f"no built-in prompts {name!r}; built-in: {shipped}", path=uri)
-    return str(path)
-
-
 def prompt_records(uri: str, endpoint_url: str | None) -> Iterator[tuple[str, int, dict, str, str]]:
-    """(file, line, record, id, prompt) of a JSONL prompts file (`builtin:NAME`: one shipped in this package), each
-    prompt non-empty and each id unique; a file without a prompt is an error."""
-    uri = resolve_prompts_uri(uri)
+    """(file, line, record, id, prompt) of a JSONL prompts file, each prompt non-empty and each id unique; a file
+    without a prompt is an error. `builtin:NAME` is one shipped in this package (in every image and job)."""
+    if uri.startswith("builtin:"):
+        shipped = files("dilforge_eval") / "prompts"
+        name = uri.removeprefix("builtin:")
+        path = shipped / f"{name}.jsonl"
+        if not path.is_file():
+            names = sorted(p.name.removesuffix(".jsonl") for p in shipped.iterdir())
+            raise InputError(f"no built-in prompts {name!r}; built-in: {names}", path=uri)
+        uri = str(path)
     seen: set[str] = set()
     for lineno, rec in iter_records(uri, endpoint_url):
         text = rec.get("prompt")

@@ -21,14 +21,7 @@ from .metrics import (
 
 # ISO 639-3 codes that FLORES-style column names use, mapped to the 2-letter codes the report uses.
 ISO3 = {"eng": "en", "azj": "az", "aze": "az", "azb": "az", "rus": "ru", "tur": "tr", "deu": "de", "fra": "fr"}
-LANGUAGE_NAMES = {
-    "az": "Azerbaijani",
-    "en": "English",
-    "ru": "Russian",
-    "tr": "Turkish",
-    "de": "German",
-    "fr": "French",
-}
+LANGUAGE_NAMES = dict(az="Azerbaijani", en="English", ru="Russian", tr="Turkish", de="German", fr="French")
 _FLORES_FIELD = re.compile(r"^([a-z]{3})_[A-Z][a-z]{3}$")
 _SUFFIX = re.compile(r"[-_.]([a-z]{2,3})$")
 
@@ -60,12 +53,6 @@ def reference_label(model_labels: Iterable[str], base_label: str = "base") -> st
     return labels[0] if labels else None
 
 
-def relative_change(value: float | None, ref: float | None) -> float | None:
-    if value is None or ref is None or ref == 0:
-        return None
-    return round(value / ref - 1, 5)
-
-
 def bpb_changes(
     bpb: dict[str, dict[str, BpbFigures]], reference: str | None, languages: dict[str, str]
 ) -> dict[str, dict[str, BpbChange]]:
@@ -79,8 +66,9 @@ def bpb_changes(
             continue
         for name, res in sets.items():
             base = ref[name].bpb if name in ref else None
+            change = round(res.bpb / base - 1, 5) if base else None
             out.setdefault(model, {})[name] = BpbChange(
-                language=languages.get(name), bpb=res.bpb, reference_bpb=base, change=relative_change(res.bpb, base)
+                language=languages.get(name), bpb=res.bpb, reference_bpb=base, change=change
             )
     return out
 

@@ -59,13 +59,6 @@ def _task_file(out: Path, spec: TaskSpec, body: dict) -> TaskSpec:
     return spec
 
 
-def _copy_templates(out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    for entry in files("dilforge_eval.tasks").iterdir():
-        if entry.name.endswith((".yaml", ".py")) and entry.name != "__init__.py":
-            shutil.copyfile(str(entry), out / entry.name)
-
-
 def _copy_scores(pairs: list[tuple[str, str]]) -> dict[str, float]:
     """chrF++ / chrF / BLEU of answering with the source itself: the floor a model must beat."""
     import sacrebleu
@@ -80,7 +73,10 @@ def _copy_scores(pairs: list[tuple[str, str]]) -> dict[str, float]:
 
 def prepare(tasks: DownstreamTasks, out: Path, endpoint: str | None) -> list[TaskSpec]:
     """Read and check every task's rows, write the lm-eval task folder `out`; the specs of the tasks in it."""
-    _copy_templates(out)
+    out.mkdir(parents=True, exist_ok=True)
+    for entry in files("dilforge_eval.tasks").iterdir():  # the shared task configs and utils.py
+        if entry.name.endswith((".yaml", ".py")) and entry.name != "__init__.py":
+            shutil.copyfile(str(entry), out / entry.name)
     specs: list[TaskSpec] = []
 
     if tasks.sib200:
@@ -90,7 +86,8 @@ def prepare(tasks: DownstreamTasks, out: Path, endpoint: str | None) -> list[Tas
                 split: write_jsonl(out / "data" / f"sib200_{lang}.{split}.jsonl", rows)
                 for split, rows in splits.items()
             }
-            counts = [sum(r["label"] == i for r in splits["test"]) for i in range(len(SIB_LABELS))]
+            test, uniform = splits["test"], 1 / len(SIB_LABELS)
+            majority = max(sum(r["label"] == i for r in test) for i in range(len(SIB_LABELS))) / len(test)
             for k in cfg.num_fewshot:
                 spec = TaskSpec(
                     key=f"sib200/{lang}/{k}-shot",
@@ -100,14 +97,10 @@ def prepare(tasks: DownstreamTasks, out: Path, endpoint: str | None) -> list[Tas
                     row=f"SIB-200 topics, {k}-shot",
                     metrics=["acc", "acc_norm"],
                     headline_metrics=["acc"],
-                    num_examples=len(splits["test"]),
+                    num_examples=len(test),
                     num_fewshot=k,
                     source=cfg.uri,
-                    chance={
-                        "acc": 1 / len(SIB_LABELS),
-                        "acc_norm": 1 / len(SIB_LABELS),
-                        "majority": max(counts) / len(splits["test"]),
-                    },
+                    chance={"acc": uniform, "acc_norm": uniform, "majority": majority},
                     chance_note=f"uniform 1/{len(SIB_LABELS)}; majority class share",
                 )
                 body = {"include": "_sib200.yaml", "num_fewshot": k, "dataset_kwargs": {"data_files": files_}}
@@ -163,11 +156,8 @@ def prepare(tasks: DownstreamTasks, out: Path, endpoint: str | None) -> list[Tas
             chance={"chrf++": _copy_scores([(r["instruction"], r["response"]) for r in rows])["chrf++"]},
             chance_note="chrF++: repeating the instruction",
         )
-        gen = {
-            "until": ["<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<|end_of_text|>"],
-            "do_sample": False,
-            "max_gen_toks": tasks.instruction_max_new_tokens,
-        }
+        until = ["<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<|end_of_text|>"]
+        gen = {"until": until, "do_sample": False, "max_gen_toks": tasks.instruction_max_new_tokens}
         body = {
             "include": "_instruction.yaml",
             "process_results": Fn(f"utils.process_instruction_{cfg.language}"),
@@ -222,12 +212,8 @@ def _mc_task(t: MultipleChoiceTask, out: Path, endpoint: str | None) -> TaskSpec
 
 def seeds(seed: int) -> dict[str, int]:
     """simple_evaluate's seeds for the stage seed (lm-eval's defaults 0/1234/1234/1234 at seed 0)."""
-    return {
-        "random_seed": seed,
-        "numpy_random_seed": 1234 + seed,
-        "torch_random_seed": 1234 + seed,
-        "fewshot_random_seed": 1234 + seed,
-    }
+    names = ("numpy_random_seed", "torch_random_seed", "fewshot_random_seed")
+    return {"random_seed": seed, **dict.fromkeys(names, 1234 + seed)}
 
 
 def write_commands(

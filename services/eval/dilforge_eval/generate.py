@@ -3,6 +3,8 @@ is repetitive, incoherent text, so the report measures repetition, not only show
 
 from __future__ import annotations
 
+import copy
+import json
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -10,7 +12,7 @@ from typing import Literal
 
 import torch
 from dilforge_shared.errors import InputError
-from dilforge_shared.families import Family, detect_family, stop_token_ids
+from dilforge_shared.families import GENERATION_CONFIG_FILE, Family, detect_family, stop_token_ids
 
 from .assistant import ngrams, prompt_records, repeated_ngram_rate, words
 from .config import GenerationSettings
@@ -94,19 +96,18 @@ def render_prompt(
 
 def generate_kwargs(settings: GenerationSettings, mode: str, pad_id: int | None, stop: list[int]) -> dict:
     """The arguments of `model.generate` for one decoding mode (greedy ignores temperature/top_p)."""
-    kwargs = {
+    sampled = mode == "sampled"
+    return {
         "max_new_tokens": settings.max_new_tokens,
-        "do_sample": mode == "sampled",
+        "do_sample": sampled,
         "pad_token_id": pad_id,
         "eos_token_id": stop or None,
         "repetition_penalty": settings.repetition_penalty,
         "no_repeat_ngram_size": settings.no_repeat_ngram_size,
+        "temperature": settings.temperature if sampled else None,
+        "top_p": settings.top_p if sampled else None,
+        "top_k": 0 if sampled else None,
     }
-    if mode == "sampled":
-        kwargs.update(temperature=settings.temperature, top_p=settings.top_p, top_k=0)
-    else:
-        kwargs.update(temperature=None, top_p=None, top_k=None)
-    return kwargs
 
 
 @torch.inference_mode()
@@ -133,18 +134,8 @@ def generate(
         kwargs = generate_kwargs(settings, mode, tokenizer.pad_token_id, stop)
         gen = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **kwargs)[0, ids.shape[1] :]
         answer = tokenizer.decode(gen, skip_special_tokens=True)
-        out.append(
-            {
-                "prompt_id": p.id,
-                "kind": p.kind,
-                "mode": mode,
-                "chat_template": templated,
-                "prompt": p.prompt,
-                "output": answer,
-                "num_new_tokens": int(gen.shape[0]),
-                **repetition(answer),
-            }
-        )
+        row = {"prompt_id": p.id, "kind": p.kind, "mode": mode, "chat_template": templated, "prompt": p.prompt}
+        out.append({**row, "output": answer, "num_new_tokens": int(gen.shape[0]), **repetition(answer)})
         if progress is not None:
             progress.update(1)
     return out
@@ -153,11 +144,6 @@ def generate(
 def published_generation_config(model, folders: Iterable):
     """The generation defaults a consumer of the model gets: the loaded model's (its weights folder's), updated by
     the generation_config.json of each of `folders` that has one, in order (the weights', then an adapter's)."""
-    import copy
-    import json
-
-    from dilforge_shared.families import GENERATION_CONFIG_FILE
-
     gen = copy.deepcopy(model.generation_config)
     for folder in folders:
         if folder is not None and (folder / GENERATION_CONFIG_FILE).is_file():
@@ -182,8 +168,6 @@ def answer_batched(
     batch with the published generation config (only max_new_tokens set); ended = a stop token (the config's eos
     ids, else the tokenizer's EOS) came before the limit. Batches hold prompts of similar length (longest first), so
     left padding adds few positions to compute. Sampled configs are seeded per batch, so reruns match."""
-    import copy
-
     device = next(model.parameters()).device
     family = model_family(tokenizer, source)
     gen = copy.deepcopy(gen_config)

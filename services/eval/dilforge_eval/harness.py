@@ -25,13 +25,7 @@ def _offline_env(cache: Path) -> None:
 
 
 def run_model(
-    model,
-    tokenizer,
-    specs: list[TaskSpec],
-    task_dir: Path,
-    tasks: DownstreamTasks,
-    cache: Path,
-    seed: int,
+    model, tokenizer, specs: list[TaskSpec], task_dir: Path, tasks: DownstreamTasks, cache: Path, seed: int
 ) -> tuple[dict, list[dict]]:
     """Every task on one loaded model: {task key: {metric: {value, stderr, ci95}, ...}} and the per-example
     records (prompt, answer, reference) of the generative tasks."""
@@ -42,8 +36,7 @@ def run_model(
 
     lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=tasks.batch_size, max_length=tasks.max_length)
     manager = TaskManager(include_path=str(task_dir), include_defaults=False)
-    results: dict = {}
-    samples: list[dict] = []
+    results, samples = {}, []
     with contextlib.chdir(task_dir):  # data_files are relative to the task folder, as in the lm_eval command
         for chat in (False, True):
             group = [s for s in specs if s.chat == chat]
@@ -65,15 +58,10 @@ def run_model(
                     answers = [row["filtered_resps"][0] for row in out["samples"][s.task]]
                     results[s.key]["ended_turn"] = ended_turn(answers, tokenizer, tasks.instruction_max_new_tokens)
                 if s.kind in ("translation", "instruction"):
-                    for row in out["samples"][s.task]:
-                        samples.append(
-                            {
-                                "task": s.key,
-                                "doc_id": row["doc_id"],
-                                "target": row["target"],
-                                "answer": row["filtered_resps"][0],
-                            }
-                        )
+                    samples += [
+                        {"task": s.key, "doc_id": r["doc_id"], "target": r["target"], "answer": r["filtered_resps"][0]}
+                        for r in out["samples"][s.task]
+                    ]
     return results, samples
 
 
@@ -102,7 +90,6 @@ def metrics_header(
     (the commands are also written to the task folder's commands.txt)."""
     from importlib.metadata import version
 
-    commands = write_commands(task_dir, specs, tasks, dtype, device, seed)
     return Downstream(
         harness=HarnessInfo(
             name="lm-evaluation-harness",
@@ -111,7 +98,7 @@ def metrics_header(
             batch_size=tasks.batch_size,
         ),
         task_dir=task_dir.name,
-        commands=commands,
+        commands=write_commands(task_dir, specs, tasks, dtype, device, seed),
         tasks={s.key: DownstreamTask(**s.model_dump()) for s in specs},
         results={},
         seconds={},

@@ -97,23 +97,12 @@ def make_plots(metrics: EvalMetrics, plot_dir: Path) -> dict[str, Path]:
         tok: {src: v.boundary_recall for src, v in d.items() if v.boundary_recall is not None}
         for tok, d in metrics.morph.items()
     }
-    plots = {
-        "fertility": grouped_bars(
-            fert,
-            "Fertility per tokenizer (lower is better)",
-            "tokens per word",
-            plot_dir / "fertility_per_tokenizer.png",
-        ),
-        "sweep": sweep_plot(metrics.vocab_sweep, plot_dir / "fertility_per_vocab_size.png"),
-        "bpb": grouped_bars(
-            bpb, "Bits per byte per model and domain (lower is better)", "bits per byte", plot_dir / "bpb_per_model.png"
-        ),
-        "morph": grouped_bars(
-            morph,
-            "Morpheme boundary recall (higher is better)",
-            "boundary recall",
-            plot_dir / "morpheme_boundary_recall.png",
-        ),
-        "curves": curves_plot(metrics.curves, plot_dir / "training_curves.png"),
+    bars = {  # section key: data, title, y label, file
+        "fertility": (fert, "Fertility per tokenizer (lower is better)", "tokens per word", "fertility_per_tokenizer"),
+        "bpb": (bpb, "Bits per byte per model and domain (lower is better)", "bits per byte", "bpb_per_model"),
+        "morph": (morph, "Morpheme boundary recall (higher is better)", "boundary recall", "morpheme_boundary_recall"),
     }
+    plots = {key: grouped_bars(d, title, y, plot_dir / f"{name}.png") for key, (d, title, y, name) in bars.items()}
+    plots["sweep"] = sweep_plot(metrics.vocab_sweep, plot_dir / "fertility_per_vocab_size.png")
+    plots["curves"] = curves_plot(metrics.curves, plot_dir / "training_curves.png")
     return {key: p for key, p in plots.items() if p is not None}

@@ -97,14 +97,11 @@ def load_tokenizers(config: EvalConfig, ctx: StageContext, models: list[EvalMode
     """label -> tokenizers.Tokenizer; tokenizers with identical tokenizer.json are listed once, with aliases."""
     from tokenizers import Tokenizer
 
-    entries: list[tuple[str, Path, str]] = []
+    entries = [(r.label, locate(r.uri, "tokenizer", cache, ctx.endpoint_url), r.uri) for r in config.tokenizers]
+    entries += [(m.label, m.tokenizer_dir, f"tokenizer of model {m.label}") for m in models]
     if ctx.has_input("tokenizer"):
         art = ctx.input("tokenizer")
-        entries.append(("tokenizer", locate(art, "tokenizer", cache), f"artifact {art.manifest.artifact_id}"))
-    for ref in config.tokenizers:
-        entries.append((ref.label, locate(ref.uri, "tokenizer", cache, ctx.endpoint_url), ref.uri))
-    for m in models:
-        entries.append((m.label, m.tokenizer_dir, f"tokenizer of model {m.label}"))
+        entries.insert(0, ("tokenizer", locate(art, "tokenizer", cache), f"artifact {art.manifest.artifact_id}"))
     out, info, by_hash = {}, {}, {}
     for label, tdir, origin in entries:
         path = tdir if tdir.is_file() else tdir / "tokenizer.json"
@@ -113,8 +110,7 @@ def load_tokenizers(config: EvalConfig, ctx: StageContext, models: list[EvalMode
             info[by_hash[digest]]["aliases"].append(label)
             continue
         by_hash[digest] = label
-        tok = Tokenizer.from_file(str(path))
-        out[label] = tok
+        tok = out[label] = Tokenizer.from_file(str(path))
         info[label] = {"origin": origin, "vocab_size": tok.get_vocab_size(with_added_tokens=True), "aliases": []}
     return out, info
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from dilforge_shared import runtime_policy
-from dilforge_shared.contract import M, StageContext, StageResult, log_config, read_metrics
+from dilforge_shared.contract import StageContext, StageResult, log_config, read_metrics
 from dilforge_shared.errors import InputError
 from dilforge_shared.metrics.cpt import CptMetrics
 from dilforge_shared.metrics.sft import SftMetrics
@@ -137,50 +137,37 @@ def parse(config: EvalConfig, ctx: StageContext) -> Inputs:
     import torch
 
     torch.manual_seed(config.seed)
-    endpoint = ctx.endpoint_url
-    cache = ctx.cache_dir
+    endpoint, cap, a = ctx.endpoint_url, (config.max_docs_per_set, config.max_bytes_per_set), config.assistant
     policy = runtime_policy.decide("eval", device=config.device, precision=config.precision)
-    sets = {s.label: read_set(s, config.max_docs_per_set, config.max_bytes_per_set, endpoint) for s in config.text_sets}
-    languages = {
-        s.label: compare.infer_language(s, config.set_languages, config.target_language) for s in config.text_sets
-    }
-    parallel = {
-        p.name: read_parallel(p, config.max_docs_per_set, config.max_bytes_per_set, endpoint)
-        for p in config.parallel_sets
-    }
+    sets = {s.label: read_set(s, *cap, endpoint) for s in config.text_sets}
+    parallel = {p.name: read_parallel(p, *cap, endpoint) for p in config.parallel_sets}
     prompts = gen_mod.load_prompts(config.prompts, config.generation.num_prompts, endpoint) if config.prompts else []
     task_dir = ctx.opt.model_dir / downstream.TASK_DIR
     specs = downstream.prepare(config.tasks, task_dir, endpoint) if config.tasks else []
-    assistant = assistant_groups(config, endpoint)
-    models, skipped = resolve_models(config, ctx, cache)
-    toks, tok_info = load_tokenizers(config, ctx, models, cache)
-    gold = morph_mod.load_gold(config.morph, config.seed, endpoint) if config.morph else {}
+    if a:  # one prompt group per language, and the target language without diacritics
+        assistant = assistant_mod.load_prompts(a.prompts, a.per_language, endpoint)
+        assistant = assistant_mod.groups(assistant, config.target_language, a.no_diacritics)
+    models, skipped = resolve_models(config, ctx, ctx.cache_dir)
+    toks, tok_info = load_tokenizers(config, ctx, models, ctx.cache_dir)
     return Inputs(
         device=policy.device,
         dtype=policy.torch_dtype(),
-        cache=cache,
+        cache=ctx.cache_dir,
         sets=sets,
-        languages=languages,
+        languages={
+            s.label: compare.infer_language(s, config.set_languages, config.target_language) for s in config.text_sets
+        },
         parallel=parallel,
         prompts=prompts,
         task_dir=task_dir,
         specs=specs,
-        assistant=assistant,
+        assistant=assistant if a else {},
         models=models,
         skipped=skipped,
         toks=toks,
         tok_info=tok_info,
-        gold=gold,
+        gold=morph_mod.load_gold(config.morph, config.seed, endpoint) if config.morph else {},
     )
-
-
-def assistant_groups(config: EvalConfig, endpoint: str | None) -> dict[str, list[assistant_mod.AssistantPrompt]]:
-    """The assistant prompt groups: one per language, and the target language without diacritics."""
-    if config.assistant is None:
-        return {}
-    settings = config.assistant
-    prompts = assistant_mod.load_prompts(settings.prompts, settings.per_language, endpoint)
-    return assistant_mod.groups(prompts, config.target_language, settings.no_diacritics)
 
 
 # ---- measure and evaluate -----------------------------------------------------------------------------------
@@ -207,13 +194,9 @@ def evaluate_models(config: EvalConfig, inputs: Inputs) -> Evaluated:
     """Each model in turn (loaded, scored, freed): BPB per set, generations, downstream tasks, assistant answers."""
     out = Evaluated()
     if inputs.specs:
+        dtype = str(inputs.dtype).removeprefix("torch.")
         out.downstream = harness.metrics_header(
-            inputs.specs,
-            config.tasks,
-            inputs.task_dir,
-            str(inputs.dtype).removeprefix("torch."),
-            inputs.device,
-            config.seed,
+            inputs.specs, config.tasks, inputs.task_dir, dtype, inputs.device, config.seed
         )
     for src in inputs.models:
         t_model = time.perf_counter()
@@ -248,34 +231,15 @@ def evaluate_model(src: EvalModel, config: EvalConfig, inputs: Inputs, out: Eval
     log.info("model %s: %s parameters, window %d stride %d", src.label, f"{info.num_parameters:,}", window, stride)
     for name, docs in inputs.sets.items():
         with Progress(f"bpb {src.label}/{name}", unit="batches", log=log) as bar:
-            res = measures.bits_per_byte(
-                model, tokenizer, docs, window, stride, config.bpb.batch_size, on_batch=bar.batches
-            )
-        out.bpb.setdefault(src.label, {})[name] = measures.bpb_summary(res)
-        log.info(
-            "bpb %s / %s: %.4f (%d tokens, %d bytes, %.0f bytes/s)",
-            src.label,
-            name,
-            res.bpb,
-            res.num_tokens,
-            res.num_bytes,
-            res.num_bytes / max(res.seconds, 1e-9),
-        )
-    if inputs.prompts:
-        # closed on an error too: its heartbeat thread must not outlive the pass
-        with Progress(
-            f"generate {src.label}", len(inputs.prompts) * len(config.generation.modes), unit="answers", log=log
-        ) as bar:
-            for mode in config.generation.modes:
+            res = measures.bits_per_byte(model, tokenizer, docs, window, stride, config.bpb.batch_size, bar.batches)
+        f = out.bpb.setdefault(src.label, {})[name] = measures.bpb_summary(res)
+        log.info("bpb %s / %s: %.4f (%d tokens, %d bytes)", src.label, name, f.bpb, f.num_tokens, f.num_bytes)
+    if inputs.prompts:  # closed on an error too: its heartbeat thread must not outlive the pass
+        modes, source = config.generation.modes, str(src.tokenizer_dir)
+        with Progress(f"generate {src.label}", len(inputs.prompts) * len(modes), unit="answers", log=log) as bar:
+            for mode in modes:
                 rows = gen_mod.generate(
-                    model,
-                    tokenizer,
-                    inputs.prompts,
-                    mode,
-                    config.generation,
-                    config.seed,
-                    source=str(src.tokenizer_dir),
-                    progress=bar,
+                    model, tokenizer, inputs.prompts, mode, config.generation, config.seed, source, bar
                 )
                 out.generations += [{"model": src.label, **row} for row in rows]
     if inputs.assistant:
@@ -284,13 +248,7 @@ def evaluate_model(src: EvalModel, config: EvalConfig, inputs: Inputs, out: Eval
     if inputs.specs:
         t_tasks, c_tasks = time.perf_counter(), time.process_time()
         results, samples = harness.run_model(
-            model,
-            tokenizer,
-            inputs.specs,
-            inputs.task_dir,
-            config.tasks,
-            inputs.cache,
-            config.seed,
+            model, tokenizer, inputs.specs, inputs.task_dir, config.tasks, inputs.cache, config.seed
         )
         info.tasks_seconds = round(time.perf_counter() - t_tasks, 2)
         info.tasks_cpu_seconds = round(time.process_time() - c_tasks, 2)  # all threads; shared CPUs inflate wall
@@ -298,15 +256,10 @@ def evaluate_model(src: EvalModel, config: EvalConfig, inputs: Inputs, out: Eval
         out.downstream.seconds[src.label] = info.tasks_seconds
         out.task_samples += [{"model": src.label, **row} for row in samples]
         for key, res in results.items():
-            log.info(
-                "task %s / %s: %s",
-                src.label,
-                key,
-                ", ".join(
-                    f"{m} {v.value:.4g}" + (f" ± {v.stderr:.2g}" if v.stderr is not None else "")
-                    for m, v in res.items()
-                ),
+            figures = (
+                f"{m} {v.value:.4g}" + (f" ± {v.stderr:.2g}" if v.stderr is not None else "") for m, v in res.items()
             )
+            log.info("task %s / %s: %s", src.label, key, ", ".join(figures))
     del model
     gc.collect()
     if torch.cuda.is_available():
@@ -315,16 +268,18 @@ def evaluate_model(src: EvalModel, config: EvalConfig, inputs: Inputs, out: Eval
 
 @dataclass
 class AssistantRun:
-    """One model's answers to the assistant prompts, the generation defaults they were decoded with, seconds."""
+    """One model's answers to the assistant prompts, their figures per prompt group, the generation defaults they
+    were decoded with, and the seconds answering took."""
 
     rows: list[dict]
+    figures: dict[str, AssistantFigures]
     generation_config: dict
     seconds: float
 
 
 def assistant_answers(model, tokenizer, src: EvalModel, config: EvalConfig, groups: dict) -> AssistantRun:
     """The model's answers to every assistant prompt group, as a server gives them: its published generation
-    config, its chat template with the SFT system prompt a server inserts by default, batched."""
+    config, its chat template with the SFT system prompt a server inserts by default, batched; scored per group."""
     settings = config.assistant
     gen_config = gen_mod.published_generation_config(model, (src.base_dir, src.adapter_dir))
     manifest = src.manifest
@@ -345,22 +300,28 @@ def assistant_answers(model, tokenizer, src: EvalModel, config: EvalConfig, grou
             source=str(src.tokenizer_dir),
             progress=bar,
         )
-    rows = [
-        {
-            "model": src.label,
-            "group": group,
-            "prompt_id": p.id,
-            "language": p.language,
-            "prompt": p.prompt,
-            "answer": text,
-            "ended_turn": ended,
-            "num_new_tokens": num_new,
-            "reference": p.reference,
-        }
-        for (group, p), (text, ended, num_new) in zip(asked, answered, strict=True)
-    ]
-    log.info("assistant %s: %d answers in %.1f s", src.label, len(rows), time.perf_counter() - t0)
-    return AssistantRun(rows, gen_config.to_diff_dict(), round(time.perf_counter() - t0, 2))
+    seconds = round(time.perf_counter() - t0, 2)
+    log.info("assistant %s: %d answers in %.1f s", src.label, len(asked), seconds)
+    rows, by_group = [], {}
+    for (group, p), (text, ended, num_new) in zip(asked, answered, strict=True):
+        rows.append({"model": src.label, "group": group, "prompt_id": p.id, "language": p.language, "prompt": p.prompt})
+        rows[-1].update(answer=text, ended_turn=ended, num_new_tokens=num_new, reference=p.reference)
+        by_group.setdefault(group, []).append(assistant_mod.Answer(p.prompt, text, p.language, ended, p.reference))
+    figures = {group: assistant_mod.score(answers) for group, answers in by_group.items()}
+    for group, f in figures.items():
+        shares = ", ".join(f"{k.replace('_', ' ')} {getattr(f, k).value:.2f}" for k in SHARES)
+        log.info(
+            "assistant %s / %s (n %d): %s%s",
+            src.label,
+            group,
+            f.n,
+            shares,
+            f", chrF++ {f.chrf.score:.1f}" if f.chrf else "",
+        )
+    return AssistantRun(rows, figures, gen_config.to_diff_dict(), seconds)
+
+
+SHARES = ("in_language", "ended_turn", "looping", "parroting")
 
 
 # ---- compare ----------------------------------------------------------------------------------------------
@@ -388,26 +349,6 @@ def assistant_section(config: EvalConfig, evaluated: Evaluated) -> AssistantSect
     settings = config.assistant
     if settings is None or not evaluated.assistant:
         return None
-    figures: dict[str, dict[str, AssistantFigures]] = {}
-    for label, run_ in evaluated.assistant.items():
-        by_group: dict[str, list[assistant_mod.Answer]] = {}
-        for r in run_.rows:
-            by_group.setdefault(r["group"], []).append(
-                assistant_mod.Answer(r["prompt"], r["answer"], r["language"], r["ended_turn"], r["reference"])
-            )
-        figures[label] = {group: assistant_mod.score(answers) for group, answers in by_group.items()}
-        for group, f in figures[label].items():
-            log.info(
-                "assistant %s / %s (n %d): in language %.2f, ended the turn %.2f, looping %.2f, parroting %.2f%s",
-                label,
-                group,
-                f.n,
-                f.in_language.value,
-                f.ended_turn.value,
-                f.looping.value,
-                f.parroting.value,
-                f", chrF++ {f.chrf.score:.1f}" if f.chrf else "",
-            )
     return AssistantSection(
         prompts=settings.prompts,
         max_new_tokens=settings.max_new_tokens,
@@ -417,32 +358,31 @@ def assistant_section(config: EvalConfig, evaluated: Evaluated) -> AssistantSect
             min_in_language=settings.min_in_language,
             min_ended_turn=settings.min_ended_turn,
         ),
-        figures=figures,
+        figures={label: r.figures for label, r in evaluated.assistant.items()},
         generation_config={label: r.generation_config for label, r in evaluated.assistant.items()},
         seconds={label: r.seconds for label, r in evaluated.assistant.items()},
     )
 
 
-def upstream_metrics(ctx: StageContext, stage: str, model: type[M]) -> M | None:
-    """An upstream stage's metrics, typed (`contract.read_metrics`), or None without that input."""
-    if not ctx.has_input(stage):
-        return None
-    art = ctx.input(stage)
-    return read_metrics(model, art.manifest.metrics, art.uri)
-
-
 def upstream_sections(ctx: StageContext) -> dict:
-    """Training curves and costs (cpt, sft), the vocab sweep and strategies (tokenizer), step-0 BPB (cpt)."""
+    """Training curves and costs (cpt, sft), the vocab sweep and strategies (tokenizer), step-0 BPB (cpt), from
+    each upstream stage's typed metrics (`contract.read_metrics`)."""
     out: dict[str, Any] = {"curves": {}, "cost": {}}
-    for stage, model in (("cpt", CptMetrics), ("sft", SftMetrics)):
-        if (typed := upstream_metrics(ctx, stage, model)) is not None:
-            if series := typed.curves():  # name -> [(step, value)]
+    models = {"cpt": CptMetrics, "sft": SftMetrics, "tokenizer": TokenizerMetrics}
+    typed = {
+        s: read_metrics(m, ctx.input(s).manifest.metrics, ctx.input(s).uri)
+        for s, m in models.items()
+        if ctx.has_input(s)
+    }
+    for stage in ("cpt", "sft"):
+        if stage in typed:
+            if series := typed[stage].curves():  # name -> [(step, value)]
                 out["curves"][stage] = {k: [list(p) for p in sorted(v)] for k, v in series.items()}
-            if c := typed.cost():
+            if c := typed[stage].cost():
                 out["cost"][stage] = c
-            if stage == "cpt":
-                out["transplant"] = compare.step0_bpb(typed)
-    if (tok := upstream_metrics(ctx, "tokenizer", TokenizerMetrics)) is not None:
+    if "cpt" in typed:
+        out["transplant"] = compare.step0_bpb(typed["cpt"])
+    if (tok := typed.get("tokenizer")) is not None:
         out["vocab_sweep"] = VocabSweep(selected=tok.selected_vocab_size, rows=tok.sweep, base=tok.base)
         out["tokenizer_comparison"] = compare.tokenizer_comparison(tok)
     return out
@@ -469,9 +409,8 @@ def publish(ctx: StageContext, typed: EvalMetrics, evaluated: Evaluated) -> dict
     if evaluated.downstream is not None:
         downstream.write_jsonl(out / "task_answers.jsonl", evaluated.task_samples)
     if evaluated.assistant:
-        downstream.write_jsonl(
-            out / "assistant_answers.jsonl", [r for a in evaluated.assistant.values() for r in a.rows]
-        )
+        rows = [r for a in evaluated.assistant.values() for r in a.rows]
+        downstream.write_jsonl(out / "assistant_answers.jsonl", rows)
     paths = write_report(typed, evaluated.generations, out, f"dilforge eval report — run {ctx.request.run_id}")
     typed.report = {k: str(p.relative_to(out)) for k, p in paths.items()}
     dumped = typed.model_dump(mode="json")

@@ -96,13 +96,8 @@ def sib_rows(cfg, endpoint: str | None) -> dict[str, dict[str, list[dict]]]:
 
 def instruction_rows(cfg, endpoint: str | None) -> list[dict]:
     rows = _nonempty(read_rows(cfg.uri, endpoint), cfg.uri, "rows")[: cfg.max_examples]
-    return [
-        {
-            "instruction": need(rec, cfg.instruction_field, cfg.uri, n),
-            "response": need(rec, cfg.response_field, cfg.uri, n),
-        }
-        for n, rec in rows
-    ]
+    fields = {"instruction": cfg.instruction_field, "response": cfg.response_field}
+    return [{k: need(rec, field, cfg.uri, n) for k, field in fields.items()} for n, rec in rows]
 
 
 def mc_rows(uri: str, layout: str, endpoint: str | None) -> list[dict]:
@@ -110,10 +105,8 @@ def mc_rows(uri: str, layout: str, endpoint: str | None) -> list[dict]:
     out = []
     for n, rec in _nonempty(read_rows(uri, endpoint), uri, "rows"):
         if layout == "belebele":
-            row = {
-                k: need(rec, k, uri, n)
-                for k in ("flores_passage", "question", "mc_answer1", "mc_answer2", "mc_answer3", "mc_answer4")
-            }
+            keys = ("flores_passage", "question", "mc_answer1", "mc_answer2", "mc_answer3", "mc_answer4")
+            row = {k: need(rec, k, uri, n) for k in keys}
             answer = str(need(rec, "correct_answer_num", uri, n, (str, int))).strip()
             if answer not in ("1", "2", "3", "4"):
                 raise InputError(f"field 'correct_answer_num': unknown label {answer!r} (1-4)", path=uri, line=n)
@@ -125,10 +118,8 @@ def mc_rows(uri: str, layout: str, endpoint: str | None) -> list[dict]:
                     choices = json.loads(choices)
                 except ValueError:
                     raise InputError("field 'choices': not a JSON list", path=uri, line=n) from None
-            if (
-                not isinstance(choices, list)
-                or not 2 <= len(choices) <= 5
-                or not all(isinstance(c, str) and c for c in choices)
+            if not (
+                isinstance(choices, list) and 2 <= len(choices) <= 5 and all(isinstance(c, str) and c for c in choices)
             ):
                 raise InputError("field 'choices' missing or not a list of 2-5 strings", path=uri, line=n)
             answer = need(rec, "answer", uri, n).strip()

@@ -34,15 +34,11 @@ def read_set(source, max_docs: int | None, max_bytes: int | None, endpoint: str 
 
 
 def read_parallel(pset, max_docs: int | None, max_bytes: int | None, endpoint: str | None) -> list[tuple[str, str]]:
-    """Aligned (az, en) pairs: line i of one side with line i of the other; capped like a text set.
-
-    Both sides are streamed together; past the cap the rest is only counted (to check alignment), not kept.
-    """
-    az = iter_texts(
-        pset.az.uri, pset.az.format, pset.az.text_field, endpoint, skip_empty=False, **_capped(pset.az, max_bytes)
-    )
-    en = iter_texts(
-        pset.en.uri, pset.en.format, pset.en.text_field, endpoint, skip_empty=False, **_capped(pset.en, max_bytes)
+    """Aligned (az, en) pairs: line i of one side with line i of the other; capped like a text set. Both sides are
+    streamed together; past the cap the rest is only counted (to check alignment), not kept."""
+    az, en = (
+        iter_texts(s.uri, s.format, s.text_field, endpoint, skip_empty=False, **_capped(s, max_bytes))
+        for s in (pset.az, pset.en)
     )
     pairs: list[tuple[str, str]] = []
     size, full, num_az, num_en = 0, False, 0, 0
