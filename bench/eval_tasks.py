@@ -31,7 +31,7 @@ def main() -> None:
     args = ap.parse_args()
     import torch
     import yaml
-    from dilforge_eval import downstream, harness
+    from dilforge_eval import downstream
     from dilforge_eval.config import DownstreamTasks
     from dilforge_eval.resolve import eval_model, load_model
 
@@ -46,7 +46,7 @@ def main() -> None:
             label, folder = item.split("=", 1)
             model, tok = load_model(eval_model(label, folder, folder, None), "cpu", torch.float32)
             t0, c0 = time.perf_counter(), time.process_time()
-            harness.run_model(
+            downstream.run_model(
                 model,
                 tok,
                 specs,

@@ -26,7 +26,7 @@ ALLOWED_WRITES = {
     "coordinator/dilforge_coordinator/backends/sagemaker.py",
     # the eval stage's own process, before lm-eval is imported: datasets/huggingface_hub take their offline
     # switches (HF_DATASETS_OFFLINE, HF_HUB_OFFLINE) from the environment only; never a hub
-    "services/eval/dilforge_eval/harness.py",
+    "services/eval/dilforge_eval/downstream.py",
     # a CPT token-cache worker process (spawned, its own environment): tokenizers takes its thread switches
     # (TOKENIZERS_PARALLELISM, RAYON_NUM_THREADS) from the environment only; one thread a worker, the workers are
     # the parallelism

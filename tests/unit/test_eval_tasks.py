@@ -9,7 +9,7 @@ from pathlib import Path
 
 import metrics_samples
 import pytest
-from dilforge_eval import downstream, harness
+from dilforge_eval import downstream
 from dilforge_eval.config import SIB_LABELS, DownstreamTasks
 from dilforge_eval.tasks import utils
 from dilforge_eval.texts import read_parallel
@@ -55,7 +55,7 @@ class FakeLM:
 
 
 def _run(lm, specs, task_dir, chat=False):
-    harness._offline_env(task_dir.parent / "cache")
+    downstream._offline_env(task_dir.parent / "cache")
     import contextlib
 
     from lm_eval import simple_evaluate
@@ -70,7 +70,7 @@ def _run(lm, specs, task_dir, chat=False):
             apply_chat_template=chat,
             task_manager=TaskManager(include_path=str(task_dir), include_defaults=False),
         )
-    return {s.key: harness.summarize(out["results"][s.task], s) for s in group}
+    return {s.key: downstream.summarize(out["results"][s.task], s) for s in group}
 
 
 @pytest.fixture(scope="module")

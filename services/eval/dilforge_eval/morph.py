@@ -40,17 +40,10 @@ def from_segments(word: str, parts: list[str], source: str) -> GoldWord:
 def stem_boundary(lemma: str, form: str) -> int | None:
     """Length of the stem in `form` when `lemma` is its prefix (allowing a final-consonant alternation)."""
     lemma, low = az_lower(lemma), az_lower(form)
-    if not lemma or len(low) != len(form):
+    if not lemma or len(low) != len(form) or len(low) < len(lemma):
         return None
-    if low.startswith(lemma):
-        return len(lemma)
-    last = lemma[-1]
-    if (
-        last in ALTERNATIONS
-        and len(low) >= len(lemma)
-        and low.startswith(lemma[:-1])
-        and low[len(lemma) - 1] in ALTERNATIONS[last]
-    ):
+    stem = low[: len(lemma)]
+    if stem == lemma or (stem[:-1] == lemma[:-1] and stem[-1] in ALTERNATIONS.get(lemma[-1], "")):
         return len(lemma)
     return None
 
@@ -113,8 +106,7 @@ def load_lemma_forms(path: str, endpoint_url: str | None = None) -> list[GoldWor
         lemma, form = cells[lemma_col].strip(), cells[form_col].strip()
         if " " in form or " " in lemma or not form:
             continue
-        gw = from_lemma(form, lemma, _name(path))
-        if gw is not None:
+        if (gw := from_lemma(form, lemma, _name(path))) is not None:
             words.append(gw)
     return words
 
@@ -136,17 +128,15 @@ def load_conllu(path: str, endpoint_url: str | None = None) -> list[GoldWord]:
                 words.append(gw)
 
     for lineno, line in _lines(path, endpoint_url):
-        cells = line.split("\t")
         if line.startswith("#"):
             if line.startswith("# sent_id"):
                 if tokens:
                     flush()
                 tokens, glossing = [], None
-            m = re.match(r"#\s*glossing\s*=\s*(.*)", "\t".join(cells))
-            if m:
+            if m := re.match(r"#\s*glossing\s*=\s*(.*)", line):
                 glossing = m.group(1).strip()
             continue
-        if len(cells) < 4:
+        if len(cells := line.split("\t")) < 4:
             raise InputError("expected a CoNLL-U token line (10 tab-separated columns)", path=path, line=lineno)
         if "-" in cells[0] or "." in cells[0]:
             continue  # multiword range or empty node

@@ -20,12 +20,11 @@ from dilforge_shared.metrics.tokenizer import TokenizerMetrics
 from dilforge_shared.progress import Progress
 
 from . import assistant as assistant_mod
-from . import compare, downstream, harness, measures
+from . import compare, downstream, measures
 from . import generate as gen_mod
 from . import morph as morph_mod
 from .config import EvalConfig
 from .metrics import (
-    AssistantFigures,
     AssistantSection,
     AssistantThresholds,
     BpbFigures,
@@ -66,7 +65,7 @@ def run(config: EvalConfig, ctx: StageContext) -> StageResult:
         models=evaluated.models,
         bpb=evaluated.bpb,
         downstream=evaluated.downstream,
-        assistant=assistant_section(config, evaluated),
+        assistant=evaluated.assistant if evaluated.assistant and evaluated.assistant.figures else None,
         skipped=inputs.skipped,
         seconds=seconds,
     )
@@ -122,9 +121,10 @@ class Evaluated:
     models: dict[str, ModelFigures] = field(default_factory=dict)
     bpb: dict[str, dict[str, BpbFigures]] = field(default_factory=dict)
     generations: list[dict] = field(default_factory=list)
-    downstream: Downstream | None = None  # harness.metrics_header + results and seconds per model
+    downstream: Downstream | None = None  # downstream.metrics_header + results and seconds per model
     task_samples: list[dict] = field(default_factory=list)
-    assistant: dict[str, AssistantRun] = field(default_factory=dict)  # model -> its answers to the prompt groups
+    assistant: AssistantSection | None = None  # figures, generation config and seconds per model
+    assistant_rows: list[dict] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
 
 
@@ -195,8 +195,15 @@ def evaluate_models(config: EvalConfig, inputs: Inputs) -> Evaluated:
     out = Evaluated()
     if inputs.specs:
         dtype = str(inputs.dtype).removeprefix("torch.")
-        out.downstream = harness.metrics_header(
+        out.downstream = downstream.metrics_header(
             inputs.specs, config.tasks, inputs.task_dir, dtype, inputs.device, config.seed
+        )
+    if a := config.assistant:  # the gate's thresholds; each model adds its figures
+        gate = AssistantThresholds(
+            language=config.target_language, min_in_language=a.min_in_language, min_ended_turn=a.min_ended_turn
+        )
+        out.assistant = AssistantSection(
+            prompts=a.prompts, max_new_tokens=a.max_new_tokens, batch_size=a.batch_size, thresholds=gate, figures={}
         )
     for src in inputs.models:
         t_model = time.perf_counter()
@@ -205,7 +212,7 @@ def evaluate_models(config: EvalConfig, inputs: Inputs) -> Evaluated:
         if (seconds := out.models[src.label].tasks_seconds) is not None:
             out.seconds[f"tasks.{src.label}"] = seconds
     if out.downstream is not None:
-        out.downstream.changes = harness.changes(out.downstream, compare.reference_label(out.downstream.results))
+        out.downstream.changes = downstream.changes(out.downstream, compare.reference_label(out.downstream.results))
     return out
 
 
@@ -243,11 +250,10 @@ def evaluate_model(src: EvalModel, config: EvalConfig, inputs: Inputs, out: Eval
                 )
                 out.generations += [{"model": src.label, **row} for row in rows]
     if inputs.assistant:
-        answers = out.assistant[src.label] = assistant_answers(model, tokenizer, src, config, inputs.assistant)
-        out.seconds[f"assistant.{src.label}"] = answers.seconds
+        assistant_answers(model, tokenizer, src, config, inputs.assistant, out)
     if inputs.specs:
         t_tasks, c_tasks = time.perf_counter(), time.process_time()
-        results, samples = harness.run_model(
+        results, samples = downstream.run_model(
             model, tokenizer, inputs.specs, inputs.task_dir, config.tasks, inputs.cache, config.seed
         )
         info.tasks_seconds = round(time.perf_counter() - t_tasks, 2)
@@ -266,20 +272,10 @@ def evaluate_model(src: EvalModel, config: EvalConfig, inputs: Inputs, out: Eval
         torch.cuda.empty_cache()
 
 
-@dataclass
-class AssistantRun:
-    """One model's answers to the assistant prompts, their figures per prompt group, the generation defaults they
-    were decoded with, and the seconds answering took."""
-
-    rows: list[dict]
-    figures: dict[str, AssistantFigures]
-    generation_config: dict
-    seconds: float
-
-
-def assistant_answers(model, tokenizer, src: EvalModel, config: EvalConfig, groups: dict) -> AssistantRun:
+def assistant_answers(model, tokenizer, src: EvalModel, config: EvalConfig, groups: dict, out: Evaluated) -> None:
     """The model's answers to every assistant prompt group, as a server gives them: its published generation
-    config, its chat template with the SFT system prompt a server inserts by default, batched; scored per group."""
+    config, its chat template with the SFT system prompt a server inserts by default, batched; scored per group
+    into `out.assistant` (the gate's section, docs/eval.md), the answers into `out.assistant_rows`."""
     settings = config.assistant
     gen_config = gen_mod.published_generation_config(model, (src.base_dir, src.adapter_dir))
     manifest = src.manifest
@@ -302,23 +298,19 @@ def assistant_answers(model, tokenizer, src: EvalModel, config: EvalConfig, grou
         )
     seconds = round(time.perf_counter() - t0, 2)
     log.info("assistant %s: %d answers in %.1f s", src.label, len(asked), seconds)
-    rows, by_group = [], {}
+    by_group = {}
     for (group, p), (text, ended, num_new) in zip(asked, answered, strict=True):
-        rows.append({"model": src.label, "group": group, "prompt_id": p.id, "language": p.language, "prompt": p.prompt})
-        rows[-1].update(answer=text, ended_turn=ended, num_new_tokens=num_new, reference=p.reference)
+        row = {"model": src.label, "group": group, "prompt_id": p.id, "language": p.language, "prompt": p.prompt}
+        row |= {"answer": text, "ended_turn": ended, "num_new_tokens": num_new, "reference": p.reference}
+        out.assistant_rows.append(row)
         by_group.setdefault(group, []).append(assistant_mod.Answer(p.prompt, text, p.language, ended, p.reference))
-    figures = {group: assistant_mod.score(answers) for group, answers in by_group.items()}
+    figures = out.assistant.figures[src.label] = {g: assistant_mod.score(answers) for g, answers in by_group.items()}
     for group, f in figures.items():
         shares = ", ".join(f"{k.replace('_', ' ')} {getattr(f, k).value:.2f}" for k in SHARES)
-        log.info(
-            "assistant %s / %s (n %d): %s%s",
-            src.label,
-            group,
-            f.n,
-            shares,
-            f", chrF++ {f.chrf.score:.1f}" if f.chrf else "",
-        )
-    return AssistantRun(rows, figures, gen_config.to_diff_dict(), seconds)
+        chrf = f", chrF++ {f.chrf.score:.1f}" if f.chrf else ""
+        log.info("assistant %s / %s (n %d): %s%s", src.label, group, f.n, shares, chrf)
+    out.assistant.generation_config[src.label] = gen_config.to_diff_dict()
+    out.assistant.seconds[src.label] = out.seconds[f"assistant.{src.label}"] = seconds
 
 
 SHARES = ("in_language", "ended_turn", "looping", "parroting")
@@ -342,26 +334,6 @@ def comparisons(config: EvalConfig, inputs: Inputs, evaluated: Evaluated) -> dic
         for m, d in by_mode.items()
     }
     return {"bpb_change": bpb_change, "headline": headline, "generation": generation}
-
-
-def assistant_section(config: EvalConfig, evaluated: Evaluated) -> AssistantSection | None:
-    """Every model's assistant figures per prompt group, and the gate's thresholds (docs/eval.md)."""
-    settings = config.assistant
-    if settings is None or not evaluated.assistant:
-        return None
-    return AssistantSection(
-        prompts=settings.prompts,
-        max_new_tokens=settings.max_new_tokens,
-        batch_size=settings.batch_size,
-        thresholds=AssistantThresholds(
-            language=config.target_language,
-            min_in_language=settings.min_in_language,
-            min_ended_turn=settings.min_ended_turn,
-        ),
-        figures={label: r.figures for label, r in evaluated.assistant.items()},
-        generation_config={label: r.generation_config for label, r in evaluated.assistant.items()},
-        seconds={label: r.seconds for label, r in evaluated.assistant.items()},
-    )
 
 
 def upstream_sections(ctx: StageContext) -> dict:
@@ -408,9 +380,8 @@ def publish(ctx: StageContext, typed: EvalMetrics, evaluated: Evaluated) -> dict
     downstream.write_jsonl(out / "generations.jsonl", evaluated.generations)
     if evaluated.downstream is not None:
         downstream.write_jsonl(out / "task_answers.jsonl", evaluated.task_samples)
-    if evaluated.assistant:
-        rows = [r for a in evaluated.assistant.values() for r in a.rows]
-        downstream.write_jsonl(out / "assistant_answers.jsonl", rows)
+    if evaluated.assistant_rows:
+        downstream.write_jsonl(out / "assistant_answers.jsonl", evaluated.assistant_rows)
     paths = write_report(typed, evaluated.generations, out, f"dilforge eval report — run {ctx.request.run_id}")
     typed.report = {k: str(p.relative_to(out)) for k, p in paths.items()}
     dumped = typed.model_dump(mode="json")

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .compare import language_name
+from .downstream import SCALE_100  # chrF/BLEU: 0-100, shown with one decimal
 from .metrics import BpbChange, EvalMetrics, TaskScore
 
 
@@ -102,7 +103,6 @@ METRIC_NAMES = {
     "ended_turn": "answers ending at the end of the turn",
 }
 LOWER_IS_BETTER = ("repetition_rate", "empty_answer")
-SCALE_100 = ("chrf++", "chrf", "bleu")  # chrF/BLEU: 0-100, one decimal
 
 
 def _delta_cell(v: TaskScore | None, delta: float | None, metric: str) -> Cell:
