@@ -92,7 +92,7 @@ def test_bad_configs_name_the_field(raw, message):
 
 def test_base_label_is_taken_by_the_pipeline_model_artifact():
     """With a `model` input, "base" is that artifact; a config model of the same label is an error naming the field."""
-    from dilforge_eval.resolve import base_model
+    from dilforge_eval.resolve import resolve_models
 
     class Ctx:
         def has_input(self, name):
@@ -100,7 +100,7 @@ def test_base_label_is_taken_by_the_pipeline_model_artifact():
 
     cfg = EvalConfig.model_validate({"models": [{"label": "stock", "uri": "/x"}, {"label": "base", "uri": "/y"}]})
     with pytest.raises(ConfigError, match=r"eval.models\[1\].label: 'base' is the pipeline's model artifact"):
-        base_model(cfg, Ctx())
+        resolve_models(cfg, Ctx(), None)
 
 
 def test_builtin_prompt_names_still_load():

@@ -58,8 +58,8 @@ def test_parity_is_az_tokens_over_en_tokens():
 
 def test_alignment_perfect_when_tokens_follow_morphemes():
     words = [
-        eval_morph.from_segments("kitablar", ["kitab", "lar"], "hand"),
-        eval_morph.from_segments("evlər", ["ev", "lər"], "hand"),
+        eval_morph.from_segments("kitablar", ["kitab", "lar"]),
+        eval_morph.from_segments("evlər", ["ev", "lər"]),
     ]
     tok = suffix_tokenizer(["kitablar"], "lar")
     s = eval_morph.alignment(tok, words[:1]).summary()
@@ -70,7 +70,7 @@ def test_alignment_perfect_when_tokens_follow_morphemes():
 
 
 def test_alignment_character_tokens_hit_every_boundary_but_mostly_inside_morphemes():
-    word = eval_morph.from_segments("kitablar", ["kitab", "lar"], "hand")
+    word = eval_morph.from_segments("kitablar", ["kitab", "lar"])
     s = eval_morph.alignment(char_tokenizer("kitablar"), [word]).summary()
     # 7 internal token boundaries; 1 is the gold one, the other 6 fall inside kitab or lar
     assert (s["num_gold_hit"], s["num_token_boundaries_decidable"], s["num_token_boundaries_inside"]) == (1, 7, 6)
@@ -80,13 +80,13 @@ def test_alignment_character_tokens_hit_every_boundary_but_mostly_inside_morphem
 def test_alignment_counts_a_split_inside_a_two_byte_letter_as_inside_a_morpheme():
     tok = byte_tokenizer()
     assert eval_morph.token_byte_boundaries(tok, "əl") == [1, 2]  # ə = C9 99: a boundary between its two bytes
-    s = eval_morph.alignment(tok, [eval_morph.from_segments("əl", ["əl"], "hand")]).summary()
+    s = eval_morph.alignment(tok, [eval_morph.from_segments("əl", ["əl"])]).summary()
     assert s["num_token_boundaries_inside"] == 2 and s["inside_morpheme_rate"] == 1.0
 
 
 def test_alignment_ignores_token_boundaries_in_unknown_suffix_regions():
     # lemma/form: stem known, suffix "lara" (two morphemes, split unknown)
-    gw = eval_morph.from_lemma("açarlara", "açar", "hand")
+    gw = eval_morph.from_lemma("açarlara", "açar")
     assert gw.boundaries == (4,) and gw.known == ((0, 4),)
     s = eval_morph.alignment(char_tokenizer("açarlara"), [gw]).summary()
     # char boundaries at 1..7: 1,2,3 inside the stem; 4 gold; 5,6,7 undecidable
@@ -96,8 +96,8 @@ def test_alignment_ignores_token_boundaries_in_unknown_suffix_regions():
 
 def test_morph_metrics_has_per_source_and_overall_rows():
     gold = {
-        "a": [eval_morph.from_segments("evlər", ["ev", "lər"], "a")],
-        "b": [eval_morph.from_segments("ev", ["ev"], "b")],
+        "a": [eval_morph.from_segments("evlər", ["ev", "lər"])],
+        "b": [eval_morph.from_segments("ev", ["ev"])],
     }
     out = morph_metrics({"c": char_tokenizer("evlər")}, gold)["c"]
     assert set(out) == {"a", "b", "all"}
@@ -121,11 +121,11 @@ def test_stem_boundary_with_alternations(lemma, form, boundary):
 
 
 def test_from_lemma_uses_gloss_morpheme_count():
-    assert eval_morph.from_lemma("yoldaşı", "yoldaş", "g", num_morphemes=2).known == ((0, 6), (6, 7))
-    assert eval_morph.from_lemma("yoldaşına", "yoldaş", "g", num_morphemes=3).known == ((0, 6),)
-    assert eval_morph.from_lemma("aç", "aç", "g", num_morphemes=1).known == ((0, 2),)
-    assert eval_morph.from_lemma("aç", "aç", "g", num_morphemes=3) is None
-    assert eval_morph.from_lemma("yazdı", "yaz", "g", num_morphemes=1) is None
+    assert eval_morph.from_lemma("yoldaşı", "yoldaş", num_morphemes=2).known == ((0, 6), (6, 7))
+    assert eval_morph.from_lemma("yoldaşına", "yoldaş", num_morphemes=3).known == ((0, 6),)
+    assert eval_morph.from_lemma("aç", "aç", num_morphemes=1).known == ((0, 2),)
+    assert eval_morph.from_lemma("aç", "aç", num_morphemes=3) is None
+    assert eval_morph.from_lemma("yazdı", "yaz", num_morphemes=1) is None
 
 
 def test_loaders_read_hand_made_resources(tmp_path):

@@ -46,9 +46,6 @@ class Answer:
     reference: str | None = None
 
 
-# ---- prompts ----------------------------------------------------------------------------------------------
-
-
 def prompt_records(uri: str, endpoint_url: str | None) -> Iterator[tuple[str, int, dict, str, str]]:
     """(file, line, record, id, prompt) of a JSONL prompts file, each prompt non-empty and each id unique; a file
     without a prompt is an error. `builtin:NAME` is one shipped in this package (in every image and job)."""
@@ -115,9 +112,6 @@ def groups(
     if no_diacritics and (plain := plain_variant(out.get(target_language, []), target_language)):
         out[target_language + PLAIN_SUFFIX] = plain
     return out
-
-
-# ---- measures ---------------------------------------------------------------------------------------------
 
 
 def words(text: str) -> list[str]:

@@ -91,24 +91,6 @@ def headline(
     return out
 
 
-def headline_lines(h: Headline) -> list[str]:
-    """The headline as sentences for the log: 'cpt: Azerbaijani BPB 3.250 -> 2.330 (-28.3%) on flores vs base'."""
-
-    def one(lang: str, e: HeadlineEntry) -> str:
-        change = "n/a" if e.change is None else f"{100 * e.change:+.1f}%"
-        return f"{language_name(lang)} BPB {e.reference_bpb} -> {e.bpb} ({change}) on {e.set}"
-
-    lines = []
-    for model in dict.fromkeys([*h.gain, *h.retention]):
-        parts = [one(h.target_language, h.gain[model])] if model in h.gain else []
-        parts += [one(lang, e) for lang, e in h.retention.get(model, {}).items()]
-        lines.append(f"{model}: " + "; ".join(parts) + f" (vs {h.reference})")
-    return lines
-
-
-# ----------------------------------------------------------------------------------------------- upstream manifests
-
-
 def step0_bpb(cpt: CptMetrics) -> Step0Section | None:
     """Step-0 BPB per initialisation and validation set, from the CPT metrics' typed `transplant` block."""
     t = cpt.transplant

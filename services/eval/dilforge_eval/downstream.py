@@ -32,9 +32,6 @@ class TaskSpec(DownstreamTask):
     key: str = Field(exclude=True)
 
 
-# ----------------------------------------------------------------------------------------- task folder
-
-
 class Fn(str):
     """A `!function utils.NAME` value: written as a YAML tag, not a string."""
 
@@ -202,9 +199,6 @@ def _mc_task(t: MultipleChoiceTask, out: Path, endpoint: str | None) -> TaskSpec
     return _task_file(out, spec, body, data)
 
 
-# ------------------------------------------------------------------------------------ reproducing it
-
-
 def seeds(seed: int) -> dict[str, int]:
     """simple_evaluate's seeds for the stage seed (lm-eval's defaults 0/1234/1234/1234 at seed 0)."""
     names = ("numpy_random_seed", "torch_random_seed", "fewshot_random_seed")
@@ -234,9 +228,6 @@ def write_commands(
     ]
     (out / "commands.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
     return commands
-
-
-# ------------------------------------------------------------------------------------ running them
 
 
 Z95 = 1.959964

@@ -20,7 +20,6 @@ from .metrics import BpbFigures, MorphFigures, ParityFigures
 log = logging.getLogger("dilforge.eval")
 
 
-# ---- bits per byte ------------------------------------------------------------------------------------------
 @dataclass
 class BpbResult:  # one stream's `sliding_window_bpb`
     nll_nats: float
@@ -89,7 +88,6 @@ def default_window(model, requested: int | None, cap: int = 2048) -> int:
     return min(requested or cap, limit)
 
 
-# ---- tokenizers -------------------------------------------------------------------------------------------------
 def tokenizer_metrics(toks, sets: dict[str, list[str]]) -> dict[str, dict[str, SetFigures]]:
     return {
         label: {name: measure(docs, tokenizers_encoder(tok)) for name, docs in sets.items()}

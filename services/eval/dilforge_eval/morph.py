@@ -28,13 +28,12 @@ class GoldWord:
     word: str
     boundaries: tuple[int, ...]  # character offsets, 0 < b < len(word)
     known: tuple[tuple[int, int], ...]  # character spans known to be one morpheme each
-    source: str
 
 
-def from_segments(word: str, parts: list[str], source: str) -> GoldWord:
+def from_segments(word: str, parts: list[str]) -> GoldWord:
     offsets = list(accumulate(len(part) for part in parts[:-1]))
     edges = [0, *offsets, len(word)]
-    return GoldWord(word, tuple(offsets), tuple(pairwise(edges)), source)
+    return GoldWord(word, tuple(offsets), tuple(pairwise(edges)))
 
 
 def stem_boundary(lemma: str, form: str) -> int | None:
@@ -48,7 +47,7 @@ def stem_boundary(lemma: str, form: str) -> int | None:
     return None
 
 
-def from_lemma(form: str, lemma: str, source: str, num_morphemes: int | None = None) -> GoldWord | None:
+def from_lemma(form: str, lemma: str, num_morphemes: int | None = None) -> GoldWord | None:
     """A gold word from a lemma/form pair; `num_morphemes` from a gloss, when there is one."""
     b = stem_boundary(lemma, form)
     if b is None:
@@ -56,11 +55,11 @@ def from_lemma(form: str, lemma: str, source: str, num_morphemes: int | None = N
     if b == len(form):
         if num_morphemes not in (None, 1):
             return None  # a fused or zero-marked form: nothing reliable to say
-        return GoldWord(form, (), ((0, len(form)),), source)
+        return GoldWord(form, (), ((0, len(form)),))
     if num_morphemes == 1:
         return None  # gloss says one morpheme but the form is longer than its lemma
     known = ((0, b), (b, len(form))) if num_morphemes == 2 else ((0, b),)
-    return GoldWord(form, (b,), known, source)
+    return GoldWord(form, (b,), known)
 
 
 def _name(uri: str) -> str:
@@ -90,7 +89,7 @@ def load_segmented(path: str, endpoint_url: str | None = None) -> list[GoldWord]
         parts = [p for p in re.split(r"[+]", seg) if p]
         if "".join(parts) != word or not word:
             continue  # segmentation does not spell the word (an alternation written as the lemma's form)
-        words.append(from_segments(word, parts, _name(path)))
+        words.append(from_segments(word, parts))
     return words
 
 
@@ -106,7 +105,7 @@ def load_lemma_forms(path: str, endpoint_url: str | None = None) -> list[GoldWor
         lemma, form = cells[lemma_col].strip(), cells[form_col].strip()
         if " " in form or " " in lemma or not form:
             continue
-        if (gw := from_lemma(form, lemma, _name(path))) is not None:
+        if (gw := from_lemma(form, lemma)) is not None:
             words.append(gw)
     return words
 
@@ -123,7 +122,7 @@ def load_conllu(path: str, endpoint_url: str | None = None) -> list[GoldWord]:
         aligned = len(glosses) == len(content)
         for i, (form, lemma, _) in enumerate(content):
             n = glosses[i].count("-") + 1 if aligned else None
-            gw = from_lemma(form, lemma, _name(path), n)
+            gw = from_lemma(form, lemma, n)
             if gw is not None and re.fullmatch(r"\w+", form):
                 words.append(gw)
 
@@ -159,10 +158,6 @@ def load_gold(resources: MorphResources, seed: int, endpoint_url: str | None = N
                 raise InputError("no usable gold words in this morphology resource", path=path)
             out[_name(path)] = unique
     return out
-
-
-# --------------------------------------------------------------------------------------------------
-# token boundaries in bytes
 
 
 def token_byte_boundaries(tokenizer, text: str) -> list[int]:

@@ -36,8 +36,7 @@ def grouped_bars(data: dict[str, dict[str, float]], title: str, ylabel: str, pat
         bars = ax.bar(xs, ys, width, label=name)
         ax.bar_label(bars, fmt="%.3g", fontsize=7)
     ax.set_xticks(range(len(groups)), groups, rotation=15, ha="right")
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
+    ax.set(ylabel=ylabel, title=title)
     ax.legend(fontsize=8)
     return _save(fig, path)
 
@@ -47,19 +46,12 @@ def sweep_plot(sweep: VocabSweep | None, path: Path) -> Path | None:
         return None
     rows = sweep.rows
     fig, ax = plt.subplots(figsize=(6.5, 4))
-    sets = sorted({s for r in rows for s in r.sets})
-    for s in sets:
+    for s in sorted({s for r in rows for s in r.sets}):
         pts = sorted((r.vocab_size, r.sets[s].tokens_per_word) for r in rows if s in r.sets)
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=s)
-        base = sweep.base.sets.get(s) if sweep.base else None
-        if base:
-            ax.axhline(
-                base.tokens_per_word,
-                linestyle="--",
-                linewidth=1,
-                color=ax.lines[-1].get_color(),
-                label=f"{s} (base tokenizer)",
-            )
+        if base := sweep.base.sets.get(s) if sweep.base else None:
+            colour, label = ax.lines[-1].get_color(), f"{s} (base tokenizer)"
+            ax.axhline(base.tokens_per_word, linestyle="--", linewidth=1, color=colour, label=label)
     if sweep.selected:
         ax.axvline(sweep.selected, color="grey", linestyle=":", label=f"selected {sweep.selected}")
     sizes = sorted({r.vocab_size for r in rows})
@@ -67,8 +59,7 @@ def sweep_plot(sweep: VocabSweep | None, path: Path) -> Path | None:
         ax.set_xscale("log")
     ax.set_xticks(sizes, [f"{s:,}" for s in sizes], rotation=30)
     ax.minorticks_off()
-    ax.set_xlabel("vocab size (regular tokens)")
-    ax.set_ylabel("tokens per word")
+    ax.set(xlabel="vocab size (regular tokens)", ylabel="tokens per word")
     ax.set_title("Fertility per vocab size (tokenizer stage sweep)")
     ax.legend(fontsize=8)
     return _save(fig, path)
@@ -82,9 +73,7 @@ def curves_plot(curves: dict[str, dict[str, list]], path: Path) -> Path | None:
     for ax, (stage, series) in zip(axes[0], panels, strict=False):
         for name, pts in sorted(series.items()):
             ax.plot([p[0] for p in pts], [p[1] for p in pts], label=name, marker="." if len(pts) < 30 else None)
-        ax.set_title(f"{stage} training curves")
-        ax.set_xlabel("step")
-        ax.set_ylabel("loss")
+        ax.set(title=f"{stage} training curves", xlabel="step", ylabel="loss")
         ax.legend(fontsize=8)
     return _save(fig, path)
 

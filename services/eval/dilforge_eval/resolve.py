@@ -115,42 +115,35 @@ def load_tokenizers(config: EvalConfig, ctx: StageContext, models: list[EvalMode
     return out, info
 
 
-def base_model(config: EvalConfig, ctx: StageContext) -> EvalModel | None:
-    """The pipeline's `model` artifact (the base model, with its own tokenizer) as "base", when there is one."""
-    if not ctx.has_input("model"):
-        return None
-    for i, ref in enumerate(config.models):
-        if ref.label == BASE_LABEL:
-            raise ConfigError(
-                f"eval.models[{i}].label: {BASE_LABEL!r} is the pipeline's model artifact here; "
-                "give this model another label"
-            )
-    art = ctx.input("model")
-    return eval_model(BASE_LABEL, art, f"artifact {art.manifest.artifact_id}", None, ctx.endpoint_url)
-
-
-def resolve_models(config: EvalConfig, ctx: StageContext, cache: Path) -> tuple[list[EvalModel], list[str]]:
-    """Base first (the reference of every change), then the config's models, then cpt and sft (an SFT adapter on
-    the upstream artifact already here, cpt or model, when its lineage names that one)."""
-    models, skipped = [], []
-    if (base := base_model(config, ctx)) is not None:
-        models.append(base)
-    for ref in config.models:
-        models.append(
-            eval_model(ref.label, ref.uri, ref.uri, cache, ctx.endpoint_url, ref.tokenizer_uri, ref.adapter_uri)
+def resolve_models(config: EvalConfig, ctx: StageContext, cache: Path | None) -> tuple[list[EvalModel], list[str]]:
+    """The pipeline's `model` artifact first as "base" (the reference of every change), then the config's models,
+    then cpt and sft (an SFT adapter on the upstream artifact already here, cpt or model, when its lineage names
+    that one); an SFT model that cannot be loaded is skipped when the config says so."""
+    if ctx.has_input("model") and BASE_LABEL in (labels := [m.label for m in config.models]):
+        raise ConfigError(
+            f"eval.models[{labels.index(BASE_LABEL)}].label: {BASE_LABEL!r} is the pipeline's model artifact here; "
+            "give this model another label"
         )
-    upstream = {name: ctx.input(name) for name in ("model", "cpt") if ctx.has_input(name)}
-    if (art := upstream.get("cpt")) is not None:
-        models.append(eval_model("cpt", art, f"artifact {art.manifest.artifact_id}", cache, ctx.endpoint_url))
-    if ctx.has_input("sft"):
-        art = ctx.input("sft")
+    arts = {name: ctx.input(name) for name in ("model", "cpt", "sft") if ctx.has_input(name)}
+
+    def upstream(label: str, name: str, cache_dir: Path | None, **kw) -> EvalModel:
+        art = arts[name]
+        return eval_model(label, art, f"artifact {art.manifest.artifact_id}", cache_dir, ctx.endpoint_url, **kw)
+
+    models = [upstream(BASE_LABEL, "model", None)] if "model" in arts else []
+    models += [
+        eval_model(r.label, r.uri, r.uri, cache, ctx.endpoint_url, r.tokenizer_uri, r.adapter_uri)
+        for r in config.models
+    ]
+    models += [upstream("cpt", "cpt", cache)] if "cpt" in arts else []
+    skipped = []
+    if "sft" in arts:
         try:
-            origin = f"artifact {art.manifest.artifact_id}"
-            models.append(eval_model("sft", art, origin, cache, ctx.endpoint_url, fetched=upstream.values()))
+            models.append(upstream("sft", "sft", cache, fetched=[a for n, a in arts.items() if n != "sft"]))
         except InputError as exc:
             if config.on_unloadable_model == "fail":
                 raise InputError(
-                    f"sft artifact {art.uri}: {exc} (set on_unloadable_model: skip to report without it)"
+                    f"sft artifact {arts['sft'].uri}: {exc} (set on_unloadable_model: skip to report without it)"
                 ) from None
             log.warning("%s", exc)
             skipped.append(f"sft model: {exc}")

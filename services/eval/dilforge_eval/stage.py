@@ -20,7 +20,7 @@ from dilforge_shared.metrics.tokenizer import TokenizerMetrics
 from dilforge_shared.progress import Progress
 
 from . import assistant as assistant_mod
-from . import compare, downstream, measures
+from . import compare, downstream, measures, tables
 from . import generate as gen_mod
 from . import morph as morph_mod
 from .config import EvalConfig
@@ -70,9 +70,6 @@ def run(config: EvalConfig, ctx: StageContext) -> StageResult:
         seconds=seconds,
     )
     return StageResult(metrics=publish(ctx, metrics, evaluated))
-
-
-# ---- the steps' results ---------------------------------------------------------------------------------
 
 
 @dataclass
@@ -128,9 +125,6 @@ class Evaluated:
     seconds: dict[str, float] = field(default_factory=dict)
 
 
-# ---- parse ------------------------------------------------------------------------------------------------
-
-
 def parse(config: EvalConfig, ctx: StageContext) -> Inputs:
     """Device and dtype first (an impossible device fails before anything is read), then texts, prompts, the
     task folder, models, tokenizers and the morphology gold."""
@@ -168,9 +162,6 @@ def parse(config: EvalConfig, ctx: StageContext) -> Inputs:
         tok_info=tok_info,
         gold=morph_mod.load_gold(config.morph, config.seed, endpoint) if config.morph else {},
     )
-
-
-# ---- measure and evaluate -----------------------------------------------------------------------------------
 
 
 def measure_tokenizers(config: EvalConfig, inputs: Inputs) -> dict:
@@ -316,16 +307,11 @@ def assistant_answers(model, tokenizer, src: EvalModel, config: EvalConfig, grou
 SHARES = ("in_language", "ended_turn", "looping", "parroting")
 
 
-# ---- compare ----------------------------------------------------------------------------------------------
-
-
 def comparisons(config: EvalConfig, inputs: Inputs, evaluated: Evaluated) -> dict:
     """Per-set BPB change against the reference model, the headline and each model's generation repetition."""
     reference = compare.reference_label(evaluated.bpb)
     bpb_change = compare.bpb_changes(evaluated.bpb, reference, inputs.languages)
     headline = compare.headline(bpb_change, reference, inputs.languages, config.target_language)
-    for line in compare.headline_lines(headline):
-        log.info("headline: %s", line)
     by_mode: dict = {}
     for g in evaluated.generations:
         by_mode.setdefault(g["model"], {}).setdefault(g["mode"], []).append(g)
@@ -369,9 +355,6 @@ def eval_cost(seconds: dict[str, float], c_start: float, evaluated: Evaluated) -
     return cost
 
 
-# ---- publish ----------------------------------------------------------------------------------------------
-
-
 def publish(ctx: StageContext, typed: EvalMetrics, evaluated: Evaluated) -> dict:
     """generations.jsonl, task_answers.jsonl, the report and metrics.json into the artifact folder; returns the
     manifest's metrics (curves as their last points: the whole curves are in metrics.json). The report reads
@@ -387,6 +370,9 @@ def publish(ctx: StageContext, typed: EvalMetrics, evaluated: Evaluated) -> dict
     dumped = typed.model_dump(mode="json")
     (out / "metrics.json").write_text(json.dumps(dumped, indent=2, ensure_ascii=False), encoding="utf-8")
     log.info("wrote %s (published with the artifact)", ", ".join(sorted(typed.report.values())))
+    head, rows = tables.headline_table(typed)
+    for model, *cells in rows:  # the report's headline, in the log
+        log.info("headline: %s: %s", model, "; ".join(f"{h} {c}" for h, c in zip(head[1:], cells, strict=True)))
     summary = {k: v for k, v in dumped.items() if k != "curves"}
     summary["curves"] = {stage: {k: v[-1] for k, v in s.items()} for stage, s in dumped["curves"].items()}
     return summary
