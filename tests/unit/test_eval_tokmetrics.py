@@ -62,16 +62,16 @@ def test_alignment_perfect_when_tokens_follow_morphemes():
         eval_morph.from_segments("evlər", ["ev", "lər"]),
     ]
     tok = suffix_tokenizer(["kitablar"], "lar")
-    s = eval_morph.alignment(tok, words[:1]).summary()
+    s = eval_morph.figures(eval_morph.alignment(tok, words[:1])).model_dump()
     assert s["boundary_recall"] == 1.0 and s["inside_morpheme_rate"] == 0.0 and s["exact_segmentation_rate"] == 1.0
     # evlər is one unknown token for this vocabulary: a missed boundary, no token boundary at all
-    s = eval_morph.alignment(tok, words[1:]).summary()
+    s = eval_morph.figures(eval_morph.alignment(tok, words[1:])).model_dump()
     assert s["boundary_recall"] == 0.0 and s["inside_morpheme_rate"] is None and s["exact_segmentation_rate"] == 0.0
 
 
 def test_alignment_character_tokens_hit_every_boundary_but_mostly_inside_morphemes():
     word = eval_morph.from_segments("kitablar", ["kitab", "lar"])
-    s = eval_morph.alignment(char_tokenizer("kitablar"), [word]).summary()
+    s = eval_morph.figures(eval_morph.alignment(char_tokenizer("kitablar"), [word])).model_dump()
     # 7 internal token boundaries; 1 is the gold one, the other 6 fall inside kitab or lar
     assert (s["num_gold_hit"], s["num_token_boundaries_decidable"], s["num_token_boundaries_inside"]) == (1, 7, 6)
     assert s["boundary_recall"] == 1.0 and s["inside_morpheme_rate"] == pytest.approx(6 / 7, abs=1e-4)
@@ -80,7 +80,7 @@ def test_alignment_character_tokens_hit_every_boundary_but_mostly_inside_morphem
 def test_alignment_counts_a_split_inside_a_two_byte_letter_as_inside_a_morpheme():
     tok = byte_tokenizer()
     assert eval_morph.token_byte_boundaries(tok, "əl") == [1, 2]  # ə = C9 99: a boundary between its two bytes
-    s = eval_morph.alignment(tok, [eval_morph.from_segments("əl", ["əl"])]).summary()
+    s = eval_morph.figures(eval_morph.alignment(tok, [eval_morph.from_segments("əl", ["əl"])])).model_dump()
     assert s["num_token_boundaries_inside"] == 2 and s["inside_morpheme_rate"] == 1.0
 
 
@@ -88,7 +88,7 @@ def test_alignment_ignores_token_boundaries_in_unknown_suffix_regions():
     # lemma/form: stem known, suffix "lara" (two morphemes, split unknown)
     gw = eval_morph.from_lemma("açarlara", "açar")
     assert gw.boundaries == (4,) and gw.known == ((0, 4),)
-    s = eval_morph.alignment(char_tokenizer("açarlara"), [gw]).summary()
+    s = eval_morph.figures(eval_morph.alignment(char_tokenizer("açarlara"), [gw])).model_dump()
     # char boundaries at 1..7: 1,2,3 inside the stem; 4 gold; 5,6,7 undecidable
     assert (s["num_token_boundaries_decidable"], s["num_token_boundaries_inside"], s["num_gold_hit"]) == (4, 3, 1)
     assert s["exact_segmentation_rate"] is None

@@ -343,9 +343,7 @@ def summarize(res: dict, spec: TaskSpec) -> dict[str, TaskScore]:
     (value ± 1.96 stderr, clipped to the metric's range: 0-1 for shares, 0-100 for chrF/BLEU)."""
     out: dict[str, TaskScore] = {}
     for m in spec.metrics:
-        value = res.get(f"{m},none")
-        if value is None:
-            continue
-        se = res.get(f"{m}_stderr,none")
-        out[m] = score(value, se if isinstance(se, int | float) else None, 100.0 if m in SCALE_100 else 1.0)
+        if (value := res.get(f"{m},none")) is not None:
+            se = res.get(f"{m}_stderr,none")
+            out[m] = score(value, se if isinstance(se, int | float) else None, 100.0 if m in SCALE_100 else 1.0)
     return out

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
@@ -108,14 +109,11 @@ def parity_metrics(toks, parallel: dict[str, list[tuple[str, str]]]) -> dict[str
 
 
 def morph_metrics(toks, gold: dict[str, list[morph_mod.GoldWord]]) -> dict[str, dict[str, MorphFigures]]:
+    """Per tokenizer and gold source (and "all" of them, when there are several): the morpheme alignment."""
     out: dict = {}
     for label, tok in toks.items():
-        total = morph_mod.AlignmentStats()
-        for source, words in gold.items():
-            stats = morph_mod.alignment(tok, words)
-            out.setdefault(label, {})[source] = MorphFigures(**stats.summary())
-            for k, v in stats.__dict__.items():
-                setattr(total, k, getattr(total, k) + v)
+        counts = {source: morph_mod.alignment(tok, words) for source, words in gold.items()}
         if len(gold) > 1:
-            out[label]["all"] = MorphFigures(**total.summary())
+            counts["all"] = sum(counts.values(), Counter())
+        out[label] = {source: morph_mod.figures(n) for source, n in counts.items()}
     return out

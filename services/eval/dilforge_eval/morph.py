@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import re
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from itertools import accumulate, pairwise
@@ -14,6 +15,7 @@ from dilforge_shared.errors import InputError
 from tokenizers.pre_tokenizers import ByteLevel
 
 from .config import MorphResources
+from .metrics import MorphFigures
 
 ALTERNATIONS = {"k": "yğ", "q": "ğ", "p": "b", "ç": "c", "t": "d"}
 BYTE_ALPHABET = frozenset(ByteLevel.alphabet())  # byte-level BPE (GPT-2, Llama 3): one character per byte
@@ -172,43 +174,36 @@ def token_byte_boundaries(tokenizer, text: str) -> list[int]:
     return [len(text[:e].encode("utf-8")) for e in ends if 0 < e < len(text)]
 
 
-@dataclass
-class AlignmentStats:
-    num_words: int = 0
-    num_gold_boundaries: int = 0
-    num_gold_hit: int = 0
-    num_token_boundaries_decidable: int = 0
-    num_token_boundaries_inside: int = 0
-    num_words_exact: int = 0  # fully known words whose token boundaries equal the gold ones
-    num_words_fully_known: int = 0
-
-    def summary(self) -> dict:
-        def ratio(a: int, b: int) -> float | None:
-            return round(a / b, 4) if b else None
-
-        return {
-            "boundary_recall": ratio(self.num_gold_hit, self.num_gold_boundaries),
-            "inside_morpheme_rate": ratio(self.num_token_boundaries_inside, self.num_token_boundaries_decidable),
-            "exact_segmentation_rate": ratio(self.num_words_exact, self.num_words_fully_known),
-            **self.__dict__,
-        }
-
-
-def alignment(tokenizer, words: Iterable[GoldWord]) -> AlignmentStats:
-    """Each word's token boundaries (after a leading space, as in running text) against its gold ones, in bytes."""
-    stats = AlignmentStats()
+def alignment(tokenizer, words: Iterable[GoldWord]) -> Counter[str]:
+    """Each word's token boundaries (after a leading space, as in running text) against its gold ones, in bytes:
+    the counts `figures` reads (`num_words_exact`: fully known words whose token boundaries are the gold ones)."""
+    n: Counter[str] = Counter()
     for gold in words:
         word_bytes = len(gold.word.encode("utf-8"))
         token_b = {b - 1 for b in token_byte_boundaries(tokenizer, " " + gold.word) if 1 < b < word_bytes + 1}
         gold_b = {len(gold.word[:b].encode("utf-8")) for b in gold.boundaries}
         known = [(len(gold.word[:s].encode("utf-8")), len(gold.word[:e].encode("utf-8"))) for s, e in gold.known]
-        stats.num_words += 1
-        stats.num_gold_boundaries += len(gold_b)
-        stats.num_gold_hit += len(gold_b & token_b)
         inside = [b for b in token_b - gold_b if any(s < b < e for s, e in known)]
-        stats.num_token_boundaries_decidable += len(token_b & gold_b) + len(inside)
-        stats.num_token_boundaries_inside += len(inside)
+        n["num_words"] += 1
+        n["num_gold_boundaries"] += len(gold_b)
+        n["num_gold_hit"] += len(gold_b & token_b)
+        n["num_token_boundaries_decidable"] += len(token_b & gold_b) + len(inside)
+        n["num_token_boundaries_inside"] += len(inside)
         if sum(e - s for s, e in known) == word_bytes:
-            stats.num_words_fully_known += 1
-            stats.num_words_exact += token_b == gold_b
-    return stats
+            n["num_words_fully_known"] += 1
+            n["num_words_exact"] += token_b == gold_b
+    return n
+
+
+def figures(n: Counter[str]) -> MorphFigures:
+    """The counts of `alignment` and their ratios, None where undefined."""
+
+    def ratio(a: str, b: str) -> float | None:
+        return round(n[a] / n[b], 4) if n[b] else None
+
+    return MorphFigures(
+        boundary_recall=ratio("num_gold_hit", "num_gold_boundaries"),
+        inside_morpheme_rate=ratio("num_token_boundaries_inside", "num_token_boundaries_decidable"),
+        exact_segmentation_rate=ratio("num_words_exact", "num_words_fully_known"),
+        **{k: n[k] for k in MorphFigures.model_fields if k.startswith("num_")},
+    )

@@ -72,23 +72,18 @@ def headline_table(metrics: EvalMetrics) -> Table:
     one) on the first text set of each language: the gain on the target language and what every other language
     kept (negative = fewer bits per byte = better). Per set, never averaged across languages."""
     h = metrics.headline
-    if not h.gain and not h.retention:
-        return [], []
-    gain_set = next((g.set for g in h.gain.values()), None)
-    others: dict[str, str] = {}
-    for langs in h.retention.values():
-        for lang, e in langs.items():
-            others.setdefault(lang, e.set)
-    head = [
-        "model",
-        *([f"{language_name(h.target_language)} gain: BPB vs {h.reference} on {gain_set}"] if gain_set else []),
+    entries = [(m, h.target_language, e) for m, e in h.gain.items()]
+    entries += [(m, lang, e) for m, langs in h.retention.items() for lang, e in langs.items()]
+    sets: dict[str, str] = {}  # language -> its set, the target language's (the gain) first
+    by_model: dict[str, dict[str, BpbChange]] = {}
+    for m, lang, e in entries:
+        sets.setdefault(lang, e.set)
+        by_model.setdefault(m, {})[lang] = e
+    head = ["model"] + [
+        f"{language_name(lang)} {'gain' if lang == h.target_language else 'retention'}: BPB vs {h.reference} on {s}"
+        for lang, s in sets.items()
     ]
-    head += [f"{language_name(lang)} retention: BPB vs {h.reference} on {name}" for lang, name in others.items()]
-    rows = []
-    for m in dict.fromkeys([*h.gain, *h.retention]):
-        gain = [transition(h.gain.get(m))] if gain_set else []
-        rows.append([m, *gain, *[transition(h.retention.get(m, {}).get(lang)) for lang in others]])
-    return head, rows
+    return head if by_model else [], [[m, *[transition(d.get(lang)) for lang in sets]] for m, d in by_model.items()]
 
 
 METRIC_NAMES = {
