@@ -28,22 +28,19 @@ def read_rows(uri: str, endpoint_url: str | None = None) -> list[tuple[int, dict
     lines = (f"{line}\n" for _, _, line in iter_located_texts(uri, "txt", endpoint_url=endpoint_url, skip_empty=False))
     reader = csv.reader(lines, delimiter=delimiter, quoting=quoting, strict=True)
     rows, header, start = [], None, 1
-    while True:
-        try:
-            cells = next(reader)
-        except StopIteration:
-            break
-        except csv.Error as exc:
-            raise InputError(f"not valid {name.rsplit('.', 1)[-1].upper()}: {exc}", path=uri, line=start) from None
-        lineno, start = start, reader.line_num + 1
-        if not any(cell.strip() for cell in cells):
-            continue
-        if header is None:
-            header = [cells[0].removeprefix("\ufeff"), *cells[1:]]  # a byte-order mark is not part of the name
-            continue
-        if len(cells) != len(header):
-            raise InputError(f"{len(cells)} columns, the header has {len(header)}", path=uri, line=lineno)
-        rows.append((lineno, dict(zip(header, cells, strict=False))))
+    try:
+        for cells in reader:
+            lineno, start = start, reader.line_num + 1
+            if not any(cell.strip() for cell in cells):
+                continue
+            if header is None:
+                header = [cells[0].removeprefix("\ufeff"), *cells[1:]]  # a byte-order mark is not part of the name
+                continue
+            if len(cells) != len(header):
+                raise InputError(f"{len(cells)} columns, the header has {len(header)}", path=uri, line=lineno)
+            rows.append((lineno, dict(zip(header, cells, strict=False))))
+    except csv.Error as exc:
+        raise InputError(f"not valid {name.rsplit('.', 1)[-1].upper()}: {exc}", path=uri, line=start) from None
     return rows
 
 
