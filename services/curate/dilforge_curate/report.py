@@ -172,10 +172,8 @@ def write(out_dir: Path, config: CurateConfig, m: CurateMetrics) -> None:
     card = [
         f"# Data card: curated {config.language} corpus",
         "",
-        "Shards `shard-*."
-        + ("parquet" if config.output.format == "parquet" else "jsonl")
-        + "`, field `text` (also `id`, `source`, `language_score`, `token_count`). Made by dilforge's curate stage "
-        "on datatrove; steps and counts in report.md.",
+        f"Shards `shard-*.{config.output.format}`, field `text` (also `id`, `source`, `language_score`, "
+        "`token_count`). Made by dilforge's curate stage on datatrove; steps and counts in report.md.",
         "",
         tabulate(sources, ["source", "licence", "documents read", "kept"], "pipe", intfmt=",", disable_numparse=[0, 1]),
         "",
