@@ -56,8 +56,6 @@ class Component:
 
 def checkpoint_folders(root: Path) -> list[Path]:
     """Finalised `step-N` folders, oldest first (half-written `.tmp` and set-aside ones excluded)."""
-    if not root.is_dir():
-        return []
     return sorted(p for p in root.glob(f"{CKPT_PREFIX}*") if p.is_dir() and re.fullmatch(r"step-\d+", p.name))
 
 

@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import shutil
+import time
 import unicodedata
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -211,7 +212,7 @@ def tokenize_to_file(
     num_tokens, num_docs, digest = 0, 0, hashlib.sha256()
     with open(tmp, "wb") as f:
         for shard in build_shards(docs, tok, ids, shard_dir, batch_size, workers, shard_chars, source.label):
-            with open(shard_dir / shard.file, "rb") as part:
+            with open(shard_dir / shard_file(shard.index), "rb") as part:
                 while raw := part.read(1 << 24):
                     f.write(raw)
                     digest.update(raw)
@@ -234,7 +235,7 @@ def tokenize_to_file(
 
 @dataclass(frozen=True)
 class Shard:
-    """One finished shard: `file` (in the shard folder) holds the packed tokens of documents
+    """One finished shard: `shard-<index>.u32` in the shard folder holds the packed tokens of documents
     [first_doc, first_doc + num_docs) of the stream; its sidecar `<file>.json` records this."""
 
     index: int
@@ -243,9 +244,9 @@ class Shard:
     num_tokens: int
     sha256: str
 
-    @property
-    def file(self) -> str:
-        return f"shard-{self.index:06d}.u32"
+
+def shard_file(index: int) -> str:
+    return f"shard-{index:06d}.u32"
 
 
 def build_shards(
@@ -319,7 +320,7 @@ def tokenize_shard(
     first_doc: int,
 ) -> Shard:
     """Pack one shard's documents into its file (temporary name, fsync, rename), then its sidecar."""
-    path = shard_dir / Shard(index, 0, 0, 0, "").file
+    path = shard_dir / shard_file(index)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     num_tokens, digest = 0, hashlib.sha256()
     with open(tmp, "wb") as f:
@@ -338,7 +339,7 @@ def tokenize_shard(
 
 def _finished(shard_dir: Path, index: int, first_doc: int, num_docs: int) -> Shard | None:
     """The shard at `index` if its sidecar describes these documents and its file matches it, else None."""
-    path = shard_dir / Shard(index, 0, 0, 0, "").file
+    path = shard_dir / shard_file(index)
     try:
         shard = Shard(**json.loads(path.with_name(f"{path.name}.json").read_text()))
         whole = (
@@ -420,8 +421,6 @@ def write_ready(path: Path, files: list[TokenFile] | None, error: str | None = N
 def wait_ready(path: Path, poll_s: float = 1.0) -> list[TokenFile]:
     """The builder's files once its ready marker appears (its error raised here). No collective is held, so a
     long build cannot time out the process group."""
-    import time
-
     waited = 0.0
     while not path.is_file():
         time.sleep(poll_s)
