@@ -13,7 +13,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from dilforge_shared.contract import OPT_ML_ENV, OptMl, stage_main
+from dilforge_shared.contract import OPT_ML_ENV, OptMl, StageContext, StageResult, stage_main
 
 from .config import CurateConfig
 from .stage import PHASES, Folders, publish_phases, run, run_phase
@@ -42,20 +42,15 @@ def process(argv: list[str]) -> int:
         shutil.copyfile(given.config_dir / "hyperparameters.json", private.config_dir / "hyperparameters.json")
         shutil.copyfile(hosts, private.config_dir / "resourceconfig.json")
         os.environ[OPT_ML_ENV] = str(private.root)
-    if args.phase == "publish":
-        return stage_main(
-            CurateConfig, lambda config, ctx: publish_phases(config, ctx, args.read), "dilforge-curate", ["train"]
-        )
-    if args.write is None:
+    publish = args.phase == "publish"
+    if not publish and args.write is None:
         ap.error("--write is required for a phase")
     folders = Folders(args.read, args.write, args.shared_write)
-    return stage_main(
-        CurateConfig,
-        lambda config, ctx: run_phase(config, ctx, args.phase, folders),
-        "dilforge-curate",
-        ["train"],
-        publish_from_this_process=False,
-    )
+
+    def work(config: CurateConfig, ctx: StageContext) -> StageResult | None:
+        return publish_phases(config, ctx, args.read) if publish else run_phase(config, ctx, args.phase, folders)
+
+    return stage_main(CurateConfig, work, "dilforge-curate", ["train"], publish_from_this_process=publish)
 
 
 if __name__ == "__main__":  # datatrove's worker processes re-import this module: run only as the main program
