@@ -5,7 +5,7 @@ and one optimizer step over a rank's micro-batches that skips non-finite steps (
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -21,10 +21,10 @@ class Trainable:
 
     params: list[torch.nn.Parameter]
     vocab_params: list[torch.nn.Parameter]  # embedding (and untied LM head): embedding_learning_rate applies
-    row_masks: list[tuple[torch.nn.Parameter, torch.Tensor]] = field(default_factory=list)
+    row_masks: list[tuple[torch.nn.Parameter, torch.Tensor]]
     # phase 2 `kept_rows_learning_rate`: a [rows, 1] factor on each optimizer step's change of the vocabulary
     # matrices (kept rows kept_rows_learning_rate / embedding_learning_rate, new rows 1)
-    row_scales: list[tuple[torch.nn.Parameter, torch.Tensor]] = field(default_factory=list)
+    row_scales: list[tuple[torch.nn.Parameter, torch.Tensor]]
 
 
 def set_trainable(

@@ -63,9 +63,7 @@ def device_peak_tflops(name: str) -> float | None:
 def peak_flops(config: CptConfig, rt: Runtime) -> float | None:
     if config.peak_tflops_per_device:
         return config.peak_tflops_per_device * 1e12
-    if not rt.cuda:
-        return None
-    tflops = device_peak_tflops(torch.cuda.get_device_name(rt.device))
+    tflops = device_peak_tflops(torch.cuda.get_device_name(rt.device)) if rt.cuda else None
     return tflops * 1e12 if tflops else None
 
 

@@ -46,10 +46,8 @@ def score_set(model, vs: ValidationSet, config: CptConfig, rt: Runtime, desc: st
 def evaluate(
     model, val: list[ValidationSet], config: CptConfig, rt: Runtime, desc: str = "validation"
 ) -> dict[str, float]:
-    """val_loss (nats per text token) and val_bpb over all sets, and `val_bpb/<set>` for each set.
-
-    Each rank scores its share of every set's windows; the sums are all-reduced.
-    """
+    """val_loss (nats per text token) and val_bpb over all sets, and `val_bpb/<set>` for each set; each rank
+    scores its share of every set's windows, the sums are all-reduced."""
     sums: list[float] = []
     with eval_mode(model):
         for vs in val:
