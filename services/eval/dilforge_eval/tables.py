@@ -68,9 +68,6 @@ def transition(entry: BpbChange | None) -> Cell:
 
 
 def headline_table(metrics: EvalMetrics) -> Table:
-    """BPB of each model against the reference model named in the header (the base model when the pipeline has
-    one) on the first text set of each language: the gain on the target language and what every other language
-    kept (negative = fewer bits per byte = better). Per set, never averaged across languages."""
     h = metrics.headline
     entries = [(m, h.target_language, e) for m, e in h.gain.items()]
     entries += [(m, lang, e) for m, langs in h.retention.items() for lang, e in langs.items()]
@@ -114,13 +111,6 @@ def _delta_cell(v: TaskScore | None, delta: float | None, metric: str) -> Cell:
 
 
 def downstream_table(metrics: EvalMetrics) -> Table:
-    """Tasks run by lm-evaluation-harness with the task configs in the artifact's lm_eval_tasks/ (commands.txt
-    reproduces them with `lm_eval`). Each figure with its 95 % interval (value ± 1.96 standard errors: binomial
-    for accuracies and shares, bootstrap for chrF++/BLEU), the change against the reference model in brackets
-    (green better, red worse, by the metric's direction) and the chance level: uniform guessing for
-    classification and multiple choice, copying the source (translation) or the instruction (answers) for
-    chrF++/BLEU. Translation columns are the target language. Small n means wide intervals: read a change as
-    real only when the intervals do not overlap."""
     d = metrics.downstream
     if d is None or not d.results:
         return [], []
@@ -152,7 +142,6 @@ def downstream_table(metrics: EvalMetrics) -> Table:
 
 
 def tasks_detail_table(metrics: EvalMetrics) -> Table:
-    """Every metric lm-eval reported, per task and model; per-example answers are in task_answers.jsonl."""
     d = metrics.downstream
     head = ["task", "language", "model", "metric", "value", "stderr", "95 % interval", "chance", "n", "shots"]
     rows = []
@@ -170,8 +159,6 @@ def tasks_detail_table(metrics: EvalMetrics) -> Table:
 
 
 def bpb_table(metrics: EvalMetrics) -> Table:
-    """BPB of each model with its own tokenizer on each text set: NLL in bits over the UTF-8 bytes, so different
-    vocabularies compare fairly. Lower is better. The change is against the reference model on the same set."""
     ref = metrics.headline.reference
     head = ["model", "text set", "language", "BPB", *([f"{ref} BPB", f"change vs {ref}"] if ref else [])]
     rows = []
@@ -192,8 +179,6 @@ def _method(name: str, trained: str) -> str:
 
 
 def step0_table(metrics: EvalMetrics) -> Table:
-    """BPB on the CPT validation text right after the vocabulary transplant, before any training, for each way
-    of initialising the new embedding rows (from the CPT manifest)."""
     t = metrics.transplant
     if t is None or not t.step0_bpb:
         return [], []
@@ -202,10 +187,6 @@ def step0_table(metrics: EvalMetrics) -> Table:
 
 
 def leakage_table(metrics: EvalMetrics) -> Table:
-    """Per initialisation (CPT manifest `transplant.step0_leakage`): each validation set scored with the extended
-    tokenizer and in the base model's own tokenisation under the full softmax, next to the base model's BPB on
-    the same text. Base tokenisation above 1.0 × base is probability the new rows take from text the base model
-    already handled (docs/cpt.md, Vocabulary leakage)."""
     t = metrics.transplant
     if t is None or not t.leakage:
         return [], []
@@ -218,7 +199,6 @@ def leakage_table(metrics: EvalMetrics) -> Table:
 
 
 def cost_table(metrics: EvalMetrics) -> Table:
-    """Time and token counts the upstream stages recorded in their manifests."""
     return ["stage", "figure", "value"], _pairs(metrics.cost, lambda _, v: [num(v)])
 
 
@@ -230,13 +210,6 @@ def _share_cell(s, floor: float | None = None) -> Cell:
 
 
 def assistant_table(metrics: EvalMetrics) -> Table:
-    """Held-out user turns (never trained on) answered through each model's published generation defaults and
-    chat template, as `serve`, HF generate and the GGUF answer them; per language, and the target language typed
-    without its letters (ə→e, ı→i, ş→s, ç→c, ğ→g, ö→o, ü→u). Each share with its 95 % Wilson interval: answers in
-    the prompt's language (lingua), ending the turn (a stop token before the length limit), looping (≥ 30 %
-    repeated word 3-grams), parroting (≥ 80 % of the words copied from the prompt); chrF++ against the references
-    where the prompts have them. Red: under the gate's thresholds (serve/deploy/export refuse such a model
-    without --force). Answers: assistant_answers.jsonl."""
     a = metrics.assistant
     head = ["model", "prompts", "n", "in language", "ended the turn", "looping", "parroting", "chrF++ (n)"]
     if a is None:
@@ -259,8 +232,6 @@ def assistant_table(metrics: EvalMetrics) -> Table:
 
 
 def strategy_table(metrics: EvalMetrics) -> Table:
-    """The tokenizer stage's strategies side by side on each language's validation text (from its manifest);
-    dead new tokens are never produced on the training corpus."""
     comp = metrics.tokenizer_comparison
     if comp is None:
         return [], []
@@ -284,13 +255,11 @@ def _flatten(d: dict, prefix: str = "") -> list[tuple[str, Any]]:
 
 
 def dead_tokens_table(metrics: EvalMetrics) -> Table:
-    """From the tokenizer stage's manifest (`dead_tokens`)."""
     dead = (metrics.tokenizer_comparison.dead_tokens if metrics.tokenizer_comparison else None) or {}
     return ["figure", "value"], [[k, num(len(v) if isinstance(v, list) else v, 4)] for k, v in _flatten(dead)]
 
 
 def tokenizer_table(metrics: EvalMetrics) -> Table:
-    """Words are whitespace-separated; tokens exclude BOS/EOS."""
     head = ["tokenizer", "text set", "language", "tokens/word", "bytes/token", "words in 3+ tokens", "tokens", "words"]
 
     def cells(s: str, v) -> list:
@@ -301,15 +270,11 @@ def tokenizer_table(metrics: EvalMetrics) -> Table:
 
 
 def parity_table(metrics: EvalMetrics) -> Table:
-    """Tokens for the Azerbaijani side over tokens for the aligned English side; 1.0 means Azerbaijani costs as
-    much as English."""
     head = ["tokenizer", "aligned set", "tokens az", "tokens en", "parity (az/en)", "pairs"]
     return head, _pairs(metrics.parity, lambda _, v: _fields(v, ("tokens_az", "tokens_en", "parity", "num_pairs")))
 
 
 def morph_table(metrics: EvalMetrics) -> Table:
-    """Gold boundaries from segmented words, lemma/form pairs and glossed UD sentences; see docs/eval.md for the
-    method."""
     head = ["tokenizer", "resource", "words", "gold boundaries", "boundary recall"]
     head += ["token boundaries inside a morpheme", "exact segmentation"]
     shares = ("boundary_recall", "inside_morpheme_rate", "exact_segmentation_rate")
@@ -320,8 +285,6 @@ def morph_table(metrics: EvalMetrics) -> Table:
 
 
 def repetition_table(metrics: EvalMetrics) -> Table:
-    """Means over answers: distinct-n = unique n-grams / n-grams of words in one answer; repeated 3-gram rate =
-    share of 3-grams that repeat an earlier one in the same answer."""
     head = ["model", "mode", "answers", "words/answer", "distinct-1", "distinct-2", "repeated 3-gram rate"]
     figures = ("distinct_1", "distinct_2", "repeated_3gram_rate")
     return head, _pairs(
