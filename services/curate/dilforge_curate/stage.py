@@ -187,11 +187,8 @@ def resume(work: Path, config: CurateConfig, phases: tuple[str, ...] = PHASES) -
     reruns in full."""
     later = False
     for phase in phases:
-        marks = work / "logs" / phase / "completions"
-        if not marks.is_dir():
-            continue
         dropped: list[str] = []
-        for mark in sorted(marks.iterdir()):
+        for mark in sorted((work / "logs" / phase / "completions").glob("*")):  # none when the phase never ran
             problem = "an earlier phase reruns" if later else task_problem(work, config, phase, int(mark.name))
             if problem:
                 mark.unlink()
@@ -413,12 +410,10 @@ def execute(executors: dict, work: Path, phases: tuple[str, ...] = PHASES) -> di
                 executor.run()
         except SourceReadError as exc:
             raise InputError(str(exc)) from None
-        failed = executor.get_incomplete_ranks(mine)
-        if failed:
-            logs = work / "logs" / phase / "logs"
+        if failed := executor.get_incomplete_ranks(mine):
             raise InputError(
                 f"curate {phase}: {len(failed)} task(s) did not finish (first: {failed[0]}); their logs are in "
-                f"{logs}; a rerun resumes the unfinished tasks"
+                f"{work / 'logs' / phase / 'logs'}; a rerun resumes the unfinished tasks"
             )
         seconds[phase] = round(time.perf_counter() - t, 2)
         print(f"[curate] {phase}: done in {seconds[phase]:.1f} s", flush=True)
