@@ -65,11 +65,12 @@ class Base:
     tok: Tokenizer
     doc: dict
     family: Family | None
-    family_error: InputError | None = None
 
 
 def resolve_base(config: TokenizerConfig, ctx: StageContext) -> Base | None:
-    """`base_tokenizer` when set, else the upstream `model` artifact's tokenizer, else None (`models.choose`)."""
+    """`base_tokenizer` when set, else the upstream `model` artifact's tokenizer, else None (`models.choose`); an
+    `extend` over a base it cannot continue is refused here, before any corpus is read (a missing base is refused
+    with the request: `TokenizerConfig.needed_inputs`)."""
     choice = choose("base_tokenizer", config.base_tokenizer, ctx.request.inputs, order=("model",))
     if choice is None:
         return None
@@ -82,17 +83,13 @@ def resolve_base(config: TokenizerConfig, ctx: StageContext) -> Base | None:
     if folder.is_file():
         raise InputError(f"{choice.field}: a folder (or artifact) with tokenizer.json is needed, not a file", path=uri)
     tok, doc = load(folder, uri)
+    extend = "extend" in config.strategies
+    if extend:
+        check_extendable(doc, f"{uri.rstrip('/')}/tokenizer.json")
     try:
-        family, error = detect_family(vocab_tokens(doc), uri), None
-    except InputError as exc:
-        family, error = None, exc
-    return Base(folder=folder, uri=uri, tok=tok, doc=doc, family=family, family_error=error)
-
-
-def check_base(config: TokenizerConfig, base: Base | None) -> None:
-    """Refuse, before reading any corpus, an `extend` over a base it cannot continue (a missing base is refused with
-    the request: `TokenizerConfig.needed_inputs`)."""
-    if "extend" in config.strategies:
-        check_extendable(base.doc, f"{base.uri.rstrip('/')}/tokenizer.json")
-        if base.family is None:
-            raise base.family_error
+        family = detect_family(vocab_tokens(doc), uri)
+    except InputError:
+        if extend:  # extend writes the base's family: an unknown one is an error, else the output is Llama 3's
+            raise
+        family = None
+    return Base(folder=folder, uri=uri, tok=tok, doc=doc, family=family)

@@ -22,7 +22,7 @@ from tokenizers import Tokenizer
 
 from . import audit, bpe, continued, family_out, llama3, pretokens
 from . import base as base_tok
-from .base import Base, check_base, resolve_base
+from .base import Base, resolve_base
 from .candidates import Candidate, base_candidate, extend_candidates, prune_and_refill, replace_candidates
 from .config import TokenizerConfig
 from .report import (
@@ -51,8 +51,7 @@ def run(config: TokenizerConfig, ctx: StageContext) -> StageResult:
             "extend_num_new_tokens": max(config.num_new_tokens),
         },
     )
-    base = resolve_base(config, ctx)
-    check_base(config, base)  # before any corpus is read
+    base = resolve_base(config, ctx)  # refused here, before any corpus is read, when it does not fit the strategies
     family = base.family if base is not None and base.family is not None else LLAMA3
     log.info("base: %s (family %s)", base.uri if base else None, family.name)
     validation = read_validation_sets(config, ctx.endpoint_url)
