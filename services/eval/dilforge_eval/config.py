@@ -19,10 +19,8 @@ from pydantic import AfterValidator, Field, model_validator
 
 from .metrics import EvalMetrics
 
-_LABEL = r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,39}$"
-Label = Annotated[str, Field(pattern=_LABEL, description="Name shown in the report.")]
+Label = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,39}$", description="Name shown in the report.")]
 Language = Annotated[str, Field(pattern=r"^[a-z]{2,3}$", description="2-3 letter language code.")]
-UPSTREAM_LABELS = ("tokenizer", "cpt", "sft")
 BASE_LABEL = "base"  # the label of the upstream `model` input (the pipeline's base model)
 SIB_LABELS = ("science/technology", "travel", "politics", "sports", "health", "entertainment", "geography")
 
@@ -252,7 +250,7 @@ class EvalConfig(StageConfig):
     @model_validator(mode="after")
     def _check(self) -> EvalConfig:
         labels = [m.label for m in self.models]
-        if reserved := sorted(set(labels) & set(UPSTREAM_LABELS)):
+        if reserved := sorted(set(labels) & {"tokenizer", "cpt", "sft"}):
             raise ValueError(f"models: label {reserved[0]!r} is reserved for the upstream artifact")
         _unique(labels, "models: duplicate labels")
         _unique([t.label for t in self.tokenizers], "tokenizers: duplicate labels")

@@ -64,15 +64,9 @@ def from_lemma(form: str, lemma: str, num_morphemes: int | None = None) -> GoldW
     return GoldWord(form, (b,), known)
 
 
-def _name(uri: str) -> str:
-    """The file name of a local path or s3:// URI: how the report labels a resource."""
-    return uri.rstrip("/").rsplit("/", 1)[-1]
-
-
 def _lines(uri: str, endpoint_url: str | None) -> Iterable[tuple[int, str]]:
     """(line number, line) of every non-blank line, through the shared corpus reader (local, gz or s3://)."""
-    for _, lineno, line in iter_located_texts(uri, "txt", endpoint_url=endpoint_url, skip_empty=True):
-        yield lineno, line
+    return ((n, line) for _, n, line in iter_located_texts(uri, "txt", endpoint_url=endpoint_url, skip_empty=True))
 
 
 def _rows(uri: str, endpoint_url: str | None) -> Iterable[tuple[int, list[str]]]:
@@ -148,7 +142,7 @@ def load_conllu(path: str, endpoint_url: str | None = None) -> list[GoldWord]:
 
 
 def load_gold(resources: MorphResources, seed: int, endpoint_url: str | None = None) -> dict[str, list[GoldWord]]:
-    """Gold words per source file, deduplicated and sampled with `seed`."""
+    """Gold words per source file (named by its file name), deduplicated and sampled with `seed`."""
     out: dict[str, list[GoldWord]] = {}
     r, n = resources, resources.num_words_per_source
     for loader, paths in ((load_segmented, r.segmented), (load_lemma_forms, r.lemma_forms), (load_conllu, r.conllu)):
@@ -158,7 +152,7 @@ def load_gold(resources: MorphResources, seed: int, endpoint_url: str | None = N
                 unique = random.Random(seed).sample(unique, n)
             if not unique:
                 raise InputError("no usable gold words in this morphology resource", path=path)
-            out[_name(path)] = unique
+            out[path.rstrip("/").rsplit("/", 1)[-1]] = unique
     return out
 
 

@@ -32,6 +32,7 @@ from .metrics import (
     EvalMetrics,
     EvalTokenizer,
     GenerationFigures,
+    Share,
     TextSet,
     VocabSweep,
 )
@@ -297,14 +298,11 @@ def assistant_answers(model, tokenizer, src: EvalModel, config: EvalConfig, grou
         by_group.setdefault(group, []).append(assistant_mod.Answer(p.prompt, text, p.language, ended, p.reference))
     figures = out.assistant.figures[src.label] = {g: assistant_mod.score(answers) for g, answers in by_group.items()}
     for group, f in figures.items():
-        shares = ", ".join(f"{k.replace('_', ' ')} {getattr(f, k).value:.2f}" for k in SHARES)
+        shares = ", ".join(f"{k.replace('_', ' ')} {s.value:.2f}" for k, s in f if isinstance(s, Share))
         chrf = f", chrF++ {f.chrf.score:.1f}" if f.chrf else ""
         log.info("assistant %s / %s (n %d): %s%s", src.label, group, f.n, shares, chrf)
     out.assistant.generation_config[src.label] = gen_config.to_diff_dict()
     out.assistant.seconds[src.label] = out.seconds[f"assistant.{src.label}"] = seconds
-
-
-SHARES = ("in_language", "ended_turn", "looping", "parroting")
 
 
 def comparisons(config: EvalConfig, inputs: Inputs, evaluated: Evaluated) -> dict:
