@@ -14,7 +14,7 @@ from . import tables
 from .metrics import EvalMetrics
 from .plots import make_plots
 
-# (heading, plot, table); every section's note is in NOTES (a docstring would be dropped by -OO)
+# (heading, plot, table); the notes are in NOTES, not in docstrings (which -OO drops)
 SECTIONS = [
     ("Headline", None, tables.headline_table),
     ("Headline: downstream tasks", None, tables.downstream_table),
@@ -33,72 +33,48 @@ SECTIONS = [
     ("Cost", None, tables.cost_table),
     ("Generation repetition", None, tables.repetition_table),
 ]
-NOTES = {
-    "Headline": (
-        "BPB of each model against the reference model named in the header (the base model when the "
-        "pipeline has one) on the first text set of each language: the gain on the target language and "
-        "what every other language kept (negative = fewer bits per byte = better). Per set, never "
-        "averaged across languages."
-    ),
-    "Headline: downstream tasks": (
-        "Tasks run by lm-evaluation-harness with the task configs in the artifact's lm_eval_tasks/ "
-        "(commands.txt reproduces them with `lm_eval`). Each figure with its 95 % interval (value ± 1.96 "
-        "standard errors: binomial for accuracies and shares, bootstrap for chrF++/BLEU), the change "
-        "against the reference model in brackets (green better, red worse, by the metric's direction) and"
-        " the chance level: uniform guessing for classification and multiple choice, copying the source "
-        "(translation) or the instruction (answers) for chrF++/BLEU. Translation columns are the target "
-        "language. Small n means wide intervals: read a change as real only when the intervals do not "
-        "overlap."
-    ),
-    "Headline: the assistant": (
-        "Held-out user turns (never trained on) answered through each model's published generation "
-        "defaults and chat template, as `serve`, HF generate and the GGUF answer them; per language, and "
-        "the target language typed without its letters (ə→e, ı→i, ş→s, ç→c, ğ→g, ö→o, ü→u). Each share "
-        "with its 95 % Wilson interval: answers in the prompt's language (lingua), ending the turn (a "
-        "stop token before the length limit), looping (≥ 30 % repeated word 3-grams), parroting (≥ 80 % "
-        "of the words copied from the prompt); chrF++ against the references where the prompts have them."
-        " Red: under the gate's thresholds (serve/deploy/export refuse such a model without --force). "
-        "Answers: assistant_answers.jsonl."
-    ),
-    "Downstream tasks: all figures": (
-        "Every metric lm-eval reported, per task and model; per-example answers are in task_answers.jsonl."
-    ),
-    "Bits per byte": (
-        "BPB of each model with its own tokenizer on each text set: NLL in bits over the UTF-8 bytes, so "
-        "different vocabularies compare fairly. Lower is better. The change is against the reference "
-        "model on the same set."
-    ),
-    "Step-0 BPB per initialisation": (
-        "BPB on the CPT validation text right after the vocabulary transplant, before any training, for "
-        "each way of initialising the new embedding rows (from the CPT manifest)."
-    ),
-    "Step-0 vocabulary leakage": (
-        "Per initialisation (CPT manifest `transplant.step0_leakage`): each validation set scored with "
-        "the extended tokenizer and in the base model's own tokenisation under the full softmax, next to "
-        "the base model's BPB on the same text. Base tokenisation above 1.0 × base is probability the new"
-        " rows take from text the base model already handled (docs/cpt.md, Vocabulary leakage)."
-    ),
-    "Tokenizer strategies": (
-        "The tokenizer stage's strategies side by side on each language's validation text (from its "
-        "manifest); dead new tokens are never produced on the training corpus."
-    ),
+NOTES = {  # the note printed under each heading (whitespace collapsed)
+    "Headline": """BPB of each model against the reference model named in the header (the base model when the
+        pipeline has one) on the first text set of each language: the gain on the target language and what every
+        other language kept (negative = fewer bits per byte = better). Per set, never averaged across languages.""",
+    "Headline: downstream tasks": """Tasks run by lm-evaluation-harness with the task configs in the artifact's
+        lm_eval_tasks/ (commands.txt reproduces them with `lm_eval`). Each figure with its 95 % interval (value ±
+        1.96 standard errors: binomial for accuracies and shares, bootstrap for chrF++/BLEU), the change against the
+        reference model in brackets (green better, red worse, by the metric's direction) and the chance level:
+        uniform guessing for classification and multiple choice, copying the source (translation) or the instruction
+        (answers) for chrF++/BLEU. Translation columns are the target language. Small n means wide intervals: read a
+        change as real only when the intervals do not overlap.""",
+    "Headline: the assistant": """Held-out user turns (never trained on) answered through each model's published
+        generation defaults and chat template, as `serve`, HF generate and the GGUF answer them; per language, and
+        the target language typed without its letters (ə→e, ı→i, ş→s, ç→c, ğ→g, ö→o, ü→u). Each share with its 95 %
+        Wilson interval: answers in the prompt's language (lingua), ending the turn (a stop token before the length
+        limit), looping (≥ 30 % repeated word 3-grams), parroting (≥ 80 % of the words copied from the prompt);
+        chrF++ against the references where the prompts have them. Red: under the gate's thresholds
+        (serve/deploy/export refuse such a model without --force). Answers: assistant_answers.jsonl.""",
+    "Downstream tasks: all figures": """Every metric lm-eval reported, per task and model; per-example answers are
+        in task_answers.jsonl.""",
+    "Bits per byte": """BPB of each model with its own tokenizer on each text set: NLL in bits over the UTF-8 bytes,
+        so different vocabularies compare fairly. Lower is better. The change is against the reference model on the
+        same set.""",
+    "Step-0 BPB per initialisation": """BPB on the CPT validation text right after the vocabulary transplant, before
+        any training, for each way of initialising the new embedding rows (from the CPT manifest).""",
+    "Step-0 vocabulary leakage": """Per initialisation (CPT manifest `transplant.step0_leakage`): each validation
+        set scored with the extended tokenizer and in the base model's own tokenisation under the full softmax, next
+        to the base model's BPB on the same text. Base tokenisation above 1.0 × base is probability the new rows
+        take from text the base model already handled (docs/cpt.md, Vocabulary leakage).""",
+    "Tokenizer strategies": """The tokenizer stage's strategies side by side on each language's validation text
+        (from its manifest); dead new tokens are never produced on the training corpus.""",
     "Dead-token audit": "From the tokenizer stage's manifest (`dead_tokens`).",
     "Tokenizer efficiency": "Words are whitespace-separated; tokens exclude BOS/EOS.",
-    "Parity with English": (
-        "Tokens for the Azerbaijani side over tokens for the aligned English side; 1.0 means Azerbaijani "
-        "costs as much as English."
-    ),
-    "Morpheme alignment": (
-        "Gold boundaries from segmented words, lemma/form pairs and glossed UD sentences; see "
-        "docs/eval.md for the method."
-    ),
+    "Parity with English": """Tokens for the Azerbaijani side over tokens for the aligned English side; 1.0 means
+        Azerbaijani costs as much as English.""",
+    "Morpheme alignment": """Gold boundaries from segmented words, lemma/form pairs and glossed UD sentences; see
+        docs/eval.md for the method.""",
     "Vocab size sweep": "Fertility per vocab size from the tokenizer stage's manifest.",
     "Training curves": "Loss per step read from the CPT/SFT manifests (or their TensorBoard logs).",
     "Cost": "Time and token counts the upstream stages recorded in their manifests.",
-    "Generation repetition": (
-        "Means over answers: distinct-n = unique n-grams / n-grams of words in one answer; repeated "
-        "3-gram rate = share of 3-grams that repeat an earlier one in the same answer."
-    ),
+    "Generation repetition": """Means over answers: distinct-n = unique n-grams / n-grams of words in one answer;
+        repeated 3-gram rate = share of 3-grams that repeat an earlier one in the same answer.""",
 }
 
 
@@ -137,7 +113,7 @@ def write_report(metrics: EvalMetrics, generations: list[dict], out_dir: Path, t
     plots = make_plots(metrics, out_dir / "plots")
     sections = []
     for heading, plot_key, make_table in SECTIONS:
-        note = NOTES[heading]
+        note = " ".join(NOTES[heading].split())
         table = make_table(metrics) if make_table else None
         plot = plots.get(plot_key) if plot_key else None
         if (table is None or not table[1]) and plot is None:
