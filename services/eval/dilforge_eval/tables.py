@@ -1,6 +1,6 @@
-"""The report's tables, as data: a header and rows of `Cell`s (text + CSS class), rendered by `report`. Each
-table's docstring is the note the report prints under it. Every change is per text set or task against the
-reference (base) model, never averaged across languages."""
+"""The report's tables, as data: a header and rows of `Cell`s (text + CSS class), rendered by `report` under the
+note `report.NOTES` holds for each. Every change is per text set or task against the reference (base) model,
+never averaged across languages."""
 
 from __future__ import annotations
 
