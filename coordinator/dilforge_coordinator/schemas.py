@@ -24,6 +24,8 @@ def render(schema: dict) -> str:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) > 2 or sys.argv[-1].startswith("-"):
+        sys.exit("usage: python -m dilforge_coordinator.schemas [FOLDER]  (default: schemas)")
     out = Path(sys.argv[1] if len(sys.argv) > 1 else "schemas")
     out.mkdir(parents=True, exist_ok=True)
     for name, schema in schemas().items():

@@ -10,6 +10,7 @@ import os
 import pytest
 import torch
 from cpt_steps import train_step
+from dilforge_shared.errors import ConfigError
 from factories import tiny_llama_config
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -142,3 +143,5 @@ def test_auto_micro_batch_and_checkpointing_from_the_memory_estimate():
     assert resolve_memory(cfg(**auto), gpu, shape, free_bytes=28e9)[:2] == (1, True)  # not one sequence without
     assert resolve_memory(cfg(**auto), Runtime(), shape)[:2] == (8, False)  # CPU: no estimate
     assert cfg().micro_batch_size == "auto"
+    with pytest.raises(ConfigError, match=r"cpt.global_batch_size \(256\) must be a multiple of the processes \(3\)"):
+        resolve_memory(cfg(), Runtime(world=3), shape)  # auto: refused before a per-process batch is worked out

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 from dilforge_shared import runtime_policy
 from dilforge_shared.configs.knobs import training_bytes
+from dilforge_shared.errors import ConfigError
 
 from .config import CptConfig
 from .runtime import Runtime
@@ -57,12 +58,16 @@ def resolve_memory(
     (`knobs.training_bytes`) on CUDA: checkpointing only when the micro-batch does not fit without it,
     the micro-batch the largest divisor of the per-process batch that fits. CPU: no estimate, auto is off."""
     micro, checkpointing = config.micro_batch_size, config.activation_checkpointing
+    if micro == "auto" and config.global_batch_size % rt.world:
+        raise ConfigError(
+            f"cpt.global_batch_size ({config.global_batch_size}) must be a multiple of the processes ({rt.world})"
+        )
     per_rank = config.global_batch_size // rt.world
     divisors = [d for d in range(1, per_rank + 1) if per_rank % d == 0]
     if "auto" not in (micro, checkpointing) or not rt.cuda:
         if micro != "auto":
             return micro, checkpointing == "on", "set by cpt.micro_batch_size"
-        best = max((d for d in divisors if d <= CPU_MAX_MICRO_BATCH), default=1)
+        best = max(d for d in divisors if d <= CPU_MAX_MICRO_BATCH)
         why = f"auto on CPU: the largest divisor of {per_rank} sequences per process up to {CPU_MAX_MICRO_BATCH}"
         return best, checkpointing == "on", why
     if free_bytes is None:

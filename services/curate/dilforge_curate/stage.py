@@ -94,10 +94,11 @@ def run(config: CurateConfig, ctx: StageContext) -> StageResult:
     signal.signal(signal.SIGTERM, _stop)  # raised in the main thread: the pool's `with` terminates its workers
     children_die_with_the_stage()
     log_config(config, {"num_tasks": config.output.num_shards, "num_workers": workers(config)})
+    tokenizer = counting_tokenizer(config, ctx)  # a missing tokenizer is refused before the work folder is touched
     work = ctx.opt.checkpoint_dir / "curate"
     work.mkdir(parents=True, exist_ok=True)
     resume(work, config)
-    seconds = execute(build(config, Folders(work, work), counting_tokenizer(config, ctx), ctx.endpoint_url), work)
+    seconds = execute(build(config, Folders(work, work), tokenizer, ctx.endpoint_url), work)
     for shard in sorted((work / "out").glob("shard-*")):  # a rerun after a failed publish rewrites them
         shutil.move(shard, ctx.opt.model_dir / shard.name)
     return finish(config, ctx.opt.model_dir, work, seconds, t0)
@@ -428,13 +429,14 @@ def run_phase(config: CurateConfig, ctx: StageContext, phase: str, folders: Fold
     `folders.read`, writing to `folders.write`."""
     signal.signal(signal.SIGTERM, _stop)
     children_die_with_the_stage()
+    tokenizer = counting_tokenizer(config, ctx)
     earlier = folders.read / "logs" / phase
     if earlier.is_dir() and folders.read != folders.write:  # an earlier attempt's finished tasks are not redone
         shutil.copytree(earlier, folders.write / "logs" / phase, dirs_exist_ok=True)
     host, num_hosts = ctx.resources.node_rank, len(ctx.resources.hosts)
     print(f"[curate] {phase} on host {host + 1} of {num_hosts}", flush=True)
     require_finished(folders.read, config, PHASES[: PHASES.index(phase)])
-    executors = build(config, folders, counting_tokenizer(config, ctx), ctx.endpoint_url, host, num_hosts)
+    executors = build(config, folders, tokenizer, ctx.endpoint_url, host, num_hosts)
     execute(executors, folders.write, (phase,))
     if folders.shared and num_hosts > 1:
         wait_for_other_hosts(folders.write, config, phase)
