@@ -139,10 +139,12 @@ def run_stage(inp: Path, work: Path, tasks: int, workers: int) -> dict:
         num_workers=workers,
         language_id=MAX_CHARS,
     )
-    inputs = stage.Inputs(tokenizer_file=None, work=work / "work")
+    folder = work / "work"
     (work / "out").mkdir(parents=True)
-    stage.execute(stage.build(config, inputs, stage.Folders(inputs.work, inputs.work), work / "out"), inputs.work)
-    metrics = report.collect(inputs.work, config, {})
+    stage.execute(stage.build(config, stage.Folders(folder, folder)), folder)
+    for shard in sorted((folder / "out").glob("shard-*")):  # published next to the report, as the stage's run does
+        shutil.move(shard, work / "out" / shard.name)
+    metrics = report.collect(folder, config, {})
     report.write(work / "out", config, metrics)
     return {"read": metrics.documents_read, "kept": metrics.documents_kept, "out": work / "out"}
 
@@ -213,8 +215,7 @@ def step_costs(source: str, size: int) -> None:
 
     config = CurateConfig(corpora=[{"uri": source, "name": "web"}], output={"num_shards": 1}, language_id=MAX_CHARS)
     work = Path("/tmp/dilforge-bench-curate-steps")
-    inputs = stage.Inputs(tokenizer_file=None, work=work)
-    steps = stage.build(config, inputs, stage.Folders(work, work), work / "out")["filter"].pipeline
+    steps = stage.build(config, stage.Folders(work, work))["filter"].pipeline
     mb = size / 1e6
     t = time.process_time()
     docs = list(steps[0].run(None, 0, 1))

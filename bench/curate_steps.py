@@ -34,8 +34,7 @@ def step_inputs(source: str, work: Path) -> dict[str, list[str]]:
     from dilforge_curate.config import CurateConfig
 
     config = CurateConfig(corpora=[{"uri": source, "name": "web"}], output={"num_shards": 1})
-    inputs = stage.Inputs(tokenizer_file=None, work=work)
-    steps = stage.build(config, inputs, stage.Folders(work, work), work / "out")["filter"].pipeline
+    steps = stage.build(config, stage.Folders(work, work))["filter"].pipeline
     docs = list(steps[0].run(None, 0, 1))
     texts = {}
     for step in steps[1:-2]:
@@ -55,12 +54,12 @@ def main() -> None:
     from datatrove.utils.hashing import HashConfig
     from dilforge_curate.config import CurateConfig
     from dilforge_curate.steps import (
+        FTFY_CONFIG,
         MinhashSignature,
         Normaliser,
         QualityFilter,
         RepetitionFilter,
         WordSplitter,
-        _ftfy_config,
     )
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -79,7 +78,7 @@ def main() -> None:
     mb = size / args.every / 1e6
     print(f"input: {docs:,} documents, {size / 1e6:,.1f} MB; every {args.every}: {mb:.2f} MB timed", flush=True)
 
-    config, words = _ftfy_config(), WordSplitter()
+    words = WordSplitter()
     plain = Normaliser(fix_encoding=False, unicode_form="NFC", whitespace=True)
     q = CurateConfig(corpora=[{"uri": "x"}]).quality
     rep = {"dup_line_frac": q.dup_line_frac, "top_n_grams": tuple(q.top_n_grams), "dup_n_grams": tuple(q.dup_n_grams)}
@@ -99,7 +98,7 @@ def main() -> None:
     signatures[1].get_shingles("ə")  # the mark class is built once per process, as before the stage's workers fork
     cases = [
         ("normalise (ftfy, NFC, whitespace)", texts["Normaliser"],
-         lambda t: plain.format(ftfy.fix_text(t, config=config)), Normaliser(True, "NFC", True).format),
+         lambda t: plain.format(ftfy.fix_text(t, config=FTFY_CONFIG)), Normaliser(True, "NFC", True).format),
         ("Gopher repetition", rep_docs,
          GopherRepetitionFilter(language=words, **rep).filter, RepetitionFilter(language=words, **rep).filter),
         ("Gopher quality", quality_docs,
