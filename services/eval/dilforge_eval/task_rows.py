@@ -15,10 +15,10 @@ from .config import SIB_LABELS
 
 
 def read_rows(uri: str, endpoint_url: str | None = None) -> list[tuple[int, dict]]:
-    """(line, record) of a JSONL, TSV or CSV file (header row names the columns)."""
+    """(line, record) of a JSONL, TSV or CSV file (header row names the columns); a file without one is an error."""
     name = uri.lower()
     if name.endswith((".jsonl", ".json")):
-        return list(iter_records(uri, endpoint_url))
+        return _nonempty(list(iter_records(uri, endpoint_url)), uri)
     if not name.endswith((".tsv", ".csv")):
         raise InputError("task file must be .jsonl, .tsv or .csv", path=uri)
     delimiter = "\t" if name.endswith(".tsv") else ","
@@ -41,7 +41,7 @@ def read_rows(uri: str, endpoint_url: str | None = None) -> list[tuple[int, dict
             rows.append((lineno, dict(zip(header, cells, strict=False))))
     except csv.Error as exc:
         raise InputError(f"not valid {name.rsplit('.', 1)[-1].upper()}: {exc}", path=uri, line=start) from None
-    return rows
+    return _nonempty(rows, uri)
 
 
 def need(rec: dict, key: str, uri: str, lineno: int, kind: type | tuple[type, ...] = str) -> Any:
@@ -55,17 +55,16 @@ def need(rec: dict, key: str, uri: str, lineno: int, kind: type | tuple[type, ..
     return value
 
 
-def _nonempty(rows: list, uri: str, what: str) -> list:
+def _nonempty(rows: list, uri: str) -> list:
     if not rows:
-        raise InputError(f"task file holds no {what}", path=uri)
+        raise InputError("task file holds no rows", path=uri)
     return rows
 
 
 def sib_rows(cfg, endpoint: str | None) -> dict[str, dict[str, list[dict]]]:
     """language -> split -> [{text, label, topic}] from the SIB-200 file."""
-    rows = _nonempty(read_rows(cfg.uri, endpoint), cfg.uri, "rows")
     out: dict[str, dict[str, list[dict]]] = {lang: {"train": [], "test": []} for lang in cfg.languages}
-    for lineno, rec in rows:
+    for lineno, rec in read_rows(cfg.uri, endpoint):
         split = need(rec, cfg.split_field, cfg.uri, lineno)
         topic = need(rec, cfg.label_field, cfg.uri, lineno)
         if topic not in SIB_LABELS:
@@ -92,7 +91,7 @@ def sib_rows(cfg, endpoint: str | None) -> dict[str, dict[str, list[dict]]]:
 
 
 def instruction_rows(cfg, endpoint: str | None) -> list[dict]:
-    rows = _nonempty(read_rows(cfg.uri, endpoint), cfg.uri, "rows")[: cfg.max_examples]
+    rows = read_rows(cfg.uri, endpoint)[: cfg.max_examples]
     fields = {"instruction": cfg.instruction_field, "response": cfg.response_field}
     return [{k: need(rec, field, cfg.uri, n) for k, field in fields.items()} for n, rec in rows]
 
@@ -100,7 +99,7 @@ def instruction_rows(cfg, endpoint: str | None) -> list[dict]:
 def mc_rows(uri: str, layout: str, endpoint: str | None) -> list[dict]:
     """Rows of a Belebele- or TUMLU-layout file, checked; TUMLU `choices` may be a JSON list in a TSV cell."""
     out = []
-    for n, rec in _nonempty(read_rows(uri, endpoint), uri, "rows"):
+    for n, rec in read_rows(uri, endpoint):
         if layout == "belebele":
             keys = ("flores_passage", "question", "mc_answer1", "mc_answer2", "mc_answer3", "mc_answer4")
             row = {k: need(rec, k, uri, n) for k in keys}
