@@ -105,7 +105,7 @@ class Checkpointer:
         return int(path.name.removeprefix(CKPT_PREFIX)) if path is not None else 0
 
     def _gather(self, value) -> list:
-        if not self.rt.distributed or self.rt.world == 1:
+        if self.rt.world == 1:
             return [value]
         import torch.distributed as dist
 

@@ -36,6 +36,7 @@ if TYPE_CHECKING:  # bpb imports torch: the token cache's worker processes impor
 log = logging.getLogger("dilforge.cpt.data")
 
 TOKEN_DTYPE = np.uint32
+TOKEN_BYTES = np.dtype(TOKEN_DTYPE).itemsize
 SAMPLER_BLOCK = 4096
 SHARD_CHARS = 4_000_000  # characters of text per shard: the unit of parallel work and of resumption
 PLAN_FILE = "plan.json"
@@ -185,10 +186,7 @@ def tokenize_to_file(
     if meta_path.is_file() and path.is_file():
         try:
             meta = json.loads(meta_path.read_text())
-            whole = (
-                path.stat().st_size == meta["num_tokens"] * TOKEN_DTYPE().itemsize
-                and sha256_file(path) == meta["sha256"]
-            )
+            whole = _intact(path, meta["num_tokens"], meta["sha256"])
         except (ValueError, KeyError, TypeError):
             whole = False
         if whole:
@@ -208,23 +206,18 @@ def tokenize_to_file(
     shard_dir = cache_dir / f"{key}.shards"
     for stale in cache_dir.glob(f"{key}.tmp*"):  # a build killed while assembling (one builder per folder)
         stale.unlink(missing_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    num_tokens, num_docs, digest = 0, 0, hashlib.sha256()
-    with open(tmp, "wb") as f:
+    num_docs = 0
+
+    def shard_bytes() -> Iterator[bytes]:  # the shards' files in stream order, each as it is finished
+        nonlocal num_docs
         for shard in build_shards(docs, tok, ids, shard_dir, batch_size, workers, shard_chars, source.label):
-            with open(shard_dir / shard_file(shard.index), "rb") as part:
-                while raw := part.read(1 << 24):
-                    f.write(raw)
-                    digest.update(raw)
-            num_tokens += shard.num_tokens
             num_docs += shard.num_docs
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    meta = {"num_tokens": num_tokens, "num_docs": num_docs, "source": source.uri, "sha256": digest.hexdigest()}
-    meta_tmp = meta_path.with_suffix(f".tmp{os.getpid()}")
-    meta_tmp.write_text(json.dumps(meta))
-    os.replace(meta_tmp, meta_path)
+            with open(shard_dir / shard_file(shard.index), "rb") as part:
+                yield from iter(lambda: part.read(1 << 24), b"")
+
+    sha256 = _write_tokens(path, shard_bytes())
+    num_tokens = path.stat().st_size // TOKEN_BYTES
+    _write_json(meta_path, {"num_tokens": num_tokens, "num_docs": num_docs, "source": source.uri, "sha256": sha256})
     shutil.rmtree(shard_dir, ignore_errors=True)
     log.info("corpus %s: tokenised %d documents into %d tokens", source.label, num_docs, num_tokens)
     return TokenFile(path, num_tokens, num_docs, source.label)
@@ -319,20 +312,10 @@ def tokenize_shard(
     index: int,
     first_doc: int,
 ) -> Shard:
-    """Pack one shard's documents into its file (temporary name, fsync, rename), then its sidecar."""
+    """Pack one shard's documents into its file, then its sidecar."""
     path = shard_dir / shard_file(index)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    num_tokens, digest = 0, hashlib.sha256()
-    with open(tmp, "wb") as f:
-        for chunk in pack_stream(texts, tok, ids, batch_size):
-            raw = chunk.tobytes()
-            f.write(raw)
-            digest.update(raw)
-            num_tokens += len(chunk)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    shard = Shard(index, first_doc, len(texts), num_tokens, digest.hexdigest())
+    sha256 = _write_tokens(path, (chunk.tobytes() for chunk in pack_stream(texts, tok, ids, batch_size)))
+    shard = Shard(index, first_doc, len(texts), path.stat().st_size // TOKEN_BYTES, sha256)
     _write_json(path.with_name(f"{path.name}.json"), asdict(shard))
     return shard
 
@@ -342,14 +325,30 @@ def _finished(shard_dir: Path, index: int, first_doc: int, num_docs: int) -> Sha
     path = shard_dir / shard_file(index)
     try:
         shard = Shard(**json.loads(path.with_name(f"{path.name}.json").read_text()))
-        whole = (
-            (shard.index, shard.first_doc, shard.num_docs) == (index, first_doc, num_docs)
-            and path.stat().st_size == shard.num_tokens * np.dtype(TOKEN_DTYPE).itemsize
-            and sha256_file(path) == shard.sha256
+        whole = (shard.index, shard.first_doc, shard.num_docs) == (index, first_doc, num_docs) and _intact(
+            path, shard.num_tokens, shard.sha256
         )
     except (OSError, ValueError, TypeError):
         return None
     return shard if whole else None
+
+
+def _intact(path: Path, num_tokens: int, sha256: str) -> bool:
+    """The token file holds `num_tokens` tokens whose bytes hash to `sha256` (OSError when it is missing)."""
+    return path.stat().st_size == num_tokens * TOKEN_BYTES and sha256_file(path) == sha256
+
+
+def _write_tokens(path: Path, chunks: Iterable[bytes]) -> str:
+    """`chunks` into `path` atomically (temporary name, fsync, rename); their sha256."""
+    tmp, digest = path.with_suffix(f".tmp{os.getpid()}"), hashlib.sha256()
+    with open(tmp, "wb") as f:
+        for raw in chunks:
+            f.write(raw)
+            digest.update(raw)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return digest.hexdigest()
 
 
 def _same_json(path: Path, value: dict) -> bool:

@@ -149,7 +149,7 @@ def run_step(
             loss = model(input_ids=x, labels=x).loss / len(batches)
         loss.backward()
         total += loss.detach().float()
-    if rt.distributed and rt.world > 1:
+    if rt.world > 1:
         import torch.distributed as dist
 
         dist.all_reduce(total)

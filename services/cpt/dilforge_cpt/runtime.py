@@ -48,7 +48,7 @@ class Runtime:
             dist.barrier()
 
     def all_sum(self, values: list[float]) -> list[float]:
-        if not self.distributed or self.world == 1:  # a one-rank group (FSDP2 on one GPU): no collective, no sync
+        if self.world == 1:  # also a one-rank group (FSDP2 on one GPU): no collective, no sync
             return values
         t = torch.tensor(values, dtype=torch.float64, device=self.device)
         dist.all_reduce(t)
@@ -57,7 +57,7 @@ class Runtime:
     def any(self, flag: bool) -> bool:
         """True on every rank if `flag` is true on any; over a gloo group, so the per-step stop check does not
         wait behind the step's GPU kernels."""
-        if not self.distributed or self.world == 1:
+        if self.world == 1:
             return flag
         t = torch.tensor([1.0 if flag else 0.0], dtype=torch.float64)
         dist.all_reduce(t, group=_control_group())
@@ -65,7 +65,7 @@ class Runtime:
 
     def broadcast(self, value):
         """Global rank 0's `value` (a small picklable object) on every rank, over the host-side gloo group."""
-        if not self.distributed or self.world == 1:
+        if self.world == 1:
             return value
         box = [value]
         dist.broadcast_object_list(box, src=0, group=_control_group())

@@ -434,7 +434,7 @@ def tokenize_corpora(config: CptConfig, ctx: StageContext, rt: Runtime, tok, ids
             for s, key in zip(config.corpora, keys, strict=True)
         ]
 
-    if not rt.distributed or rt.world == 1:
+    if rt.world == 1:
         return build()
     cache.mkdir(parents=True, exist_ok=True)
     job = rt.broadcast(uuid.uuid4().hex if rt.is_main else None)
