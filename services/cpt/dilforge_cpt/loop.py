@@ -139,8 +139,9 @@ def train_loop(training, data: PackedData, val: list[ValidationSet], state: Trai
             if index > state.phase:
                 state.phase, state.step_in_phase = index, 0
             trainable, optimizer = training.start_phase(index)
+            masks, scales = trainable.row_masks, trainable.row_scales
             what = "all parameters" if index == 2 else "embeddings + LM head"
-            if trainable.row_masks:
+            if masks:
                 what = f"the {int(training.new_rows.sum())} new rows of the {what}"
             said = f"phase {index}: {phase.num_steps} steps at lr {phase.learning_rate:g} ({what})"
             log.info("%s; host syncs on log steps only: %s", said, skips_on_device(optimizer))
@@ -153,16 +154,7 @@ def train_loop(training, data: PackedData, val: list[ValidationSet], state: Trai
                 set_lr(optimizer, lr)
                 t0 = time.perf_counter()
                 item = prefetch.next()
-                result = run_step(
-                    model,
-                    optimizer,
-                    item.batches,
-                    rt,
-                    config.max_grad_norm,
-                    trainable.row_masks,
-                    skip,
-                    trainable.row_scales,
-                )
+                result = run_step(model, optimizer, item.batches, rt, config.max_grad_norm, masks, skip, scales)
                 skip = skip | ~result.ok
                 pending.append(Pending(state.step + 1, lr, item.sampler_before, result))
                 state.step_in_phase += 1

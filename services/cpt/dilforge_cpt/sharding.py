@@ -76,16 +76,11 @@ def resolve_memory(
         runtime_policy.choose_liger(config.liger, rt.device.type, model_config.model_type)
         and liger_kernels(config)["fused_linear_cross_entropy"]
     )
+    bf16 = rt.dtype == torch.bfloat16
 
-    def fits(recompute: bool) -> tuple[int, float, float]:
+    def fits(on: bool) -> tuple[int, float, float]:  # with activation checkpointing `on`
         state, per_seq = training_bytes(
-            model_config,
-            config.seq_len,
-            full=True,
-            bf16=rt.dtype == torch.bfloat16,
-            world=rt.world,
-            checkpointing=recompute,
-            fused_loss=fused,
+            model_config, config.seq_len, full=True, bf16=bf16, world=rt.world, checkpointing=on, fused_loss=fused
         )
         return max(int((0.85 * free_bytes - state) // per_seq), 0), state, per_seq
 
@@ -94,15 +89,12 @@ def resolve_memory(
     )
     count, state, per_seq = fits(recompute)
     best = micro if micro != "auto" else max([d for d in divisors if d <= count], default=1)
-    return (
-        best,
-        recompute,
-        (
-            f"from the memory estimate: {free_bytes / 2**30:.0f} GiB free, {state / 2**30:.1f} GiB model state, "
-            f"{per_seq / 2**30:.2f} GiB per sequence {'with' if recompute else 'without'} activation checkpointing "
-            f"-> {count} fit; micro-batch {best} of {per_rank} sequences per process"
-        ),
+    why = (
+        f"from the memory estimate: {free_bytes / 2**30:.0f} GiB free, {state / 2**30:.1f} GiB model state, "
+        f"{per_seq / 2**30:.2f} GiB per sequence {'with' if recompute else 'without'} activation checkpointing "
+        f"-> {count} fit; micro-batch {best} of {per_rank} sequences per process"
     )
+    return best, recompute, why
 
 
 def fsdp_options(rt: Runtime) -> dict:
@@ -124,11 +116,7 @@ def shard_model(model, config: CptConfig, rt: Runtime):
     if rt.fsdp:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        mp = (
-            MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-            if rt.dtype == torch.bfloat16
-            else MixedPrecisionPolicy()
-        )
+        mp = MixedPrecisionPolicy(param_dtype=rt.dtype, reduce_dtype=torch.float32)  # fp32 weights: no cast
         options = fsdp_options(rt)
         for layer in layers:
             fully_shard(layer, mp_policy=mp, **options)
