@@ -47,10 +47,10 @@ def test_prefetcher_yields_the_same_steps_and_rewinds_the_sampler_to_what_was_co
     prefetch = Prefetcher(data, 8, 2, 1, 2, torch.device("cpu"), depth=2)
     try:
         for before, arrays in expected[:3]:
-            item = prefetch.next()
-            assert item.sampler_before == before
-            assert len(item.batches) == len(arrays) == 2
-            for got, want in zip(item.batches, arrays, strict=False):
+            batches, sampler_before, _ = prefetch.next()
+            assert sampler_before == before
+            assert len(batches) == len(arrays) == 2
+            for got, want in zip(batches, arrays, strict=False):
                 assert got.dtype == torch.int64 and torch.equal(got, torch.from_numpy(want))
         time.sleep(0.2)  # the worker runs ahead, bounded by the queue: 2 queued + 1 in hand at most
         assert 3 * 8 < data.sampler.position <= 6 * 8

@@ -550,16 +550,6 @@ def build_validation(
     return sets
 
 
-@dataclass(frozen=True)
-class StepBatch:
-    """One step's micro-batches on the device and the sampler state around them, so a checkpoint never counts a
-    batch still waiting in the prefetch queue."""
-
-    batches: list  # [accum] int64 tensors of shape [micro, seq_len] on the training device
-    sampler_before: dict
-    sampler_after: dict
-
-
 class Prefetcher:
     """Assembles the next `depth` steps' batches on a background thread (pinned on CUDA) while the device trains;
     `close()` rewinds the sampler to the last step the loop took."""
@@ -583,11 +573,12 @@ class Prefetcher:
                 host = [t.pin_memory() for t in host]
             yield host, before, self.data.sampler.state_dict()
 
-    def next(self) -> StepBatch:
+    def next(self) -> tuple[list, dict, dict]:
+        """One step's [accum] int64 [micro, seq_len] tensors on the device and the sampler state before and after
+        them, so a checkpoint never counts a batch still waiting in the queue."""
         host, before, after = next(self._steps)
-        batches = [t.to(self.device, non_blocking=self.pin) for t in host]
         self.consumed = after
-        return StepBatch(batches, before, after)
+        return [t.to(self.device, non_blocking=self.pin) for t in host], before, after
 
     def close(self) -> None:
         """Stop the worker and rewind the sampler to what the loop consumed (idempotent)."""

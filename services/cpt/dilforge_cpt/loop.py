@@ -153,14 +153,14 @@ def train_loop(training, data: PackedData, val: list[ValidationSet], state: Trai
                 lr = lr_at(phase, state.step_in_phase)
                 set_lr(optimizer, lr)
                 t0 = time.perf_counter()
-                item = prefetch.next()
-                result = run_step(model, optimizer, item.batches, rt, config.max_grad_norm, masks, skip, scales)
+                batches, sampler_before, sampler_after = prefetch.next()
+                result = run_step(model, optimizer, batches, rt, config.max_grad_norm, masks, skip, scales)
                 skip = skip | ~result.ok
-                pending.append(Pending(state.step + 1, lr, item.sampler_before, result))
+                pending.append(Pending(state.step + 1, lr, sampler_before, result))
                 state.step_in_phase += 1
                 state.step += 1
                 state.tokens_seen += tokens_per_step
-                state.sampler = item.sampler_after
+                state.sampler = sampler_after
                 step = state.step
                 log_now = (
                     step % config.log_every == 0 or step == config.num_steps or state.step_in_phase == phase.num_steps
