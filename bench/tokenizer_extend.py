@@ -18,7 +18,9 @@ share of new tokens never produced on the training corpus.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -27,6 +29,7 @@ import hardware  # bench/hardware.py
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))  # factories.bpe_from_text: tokenizers' BPE training on raw text
 
 
 def corpus_lines(data: Path, config: Path, list_weight: float | None = None, recase: bool | None = None) -> Counter:
@@ -48,7 +51,14 @@ def corpus_lines(data: Path, config: Path, list_weight: float | None = None, rec
         dedup=config.dedup,
         progress=False,
     )
-    return stream.line_counts()
+    lines = Counter(stream.lines())
+    lines.update(stream.fed_words)
+    return lines
+
+
+def fed(lines: Counter):
+    """The training lines, each as often as it was fed (weights), for a trainer on raw text."""
+    return itertools.chain.from_iterable(itertools.repeat(line, n) for line, n in lines.items())
 
 
 def naive_extend(base: dict, corpus: dict) -> tuple[dict, int]:
@@ -104,11 +114,12 @@ def main() -> None:
 
     from dilforge_shared.corpus import iter_texts
     from dilforge_shared.families import LLAMA3, detect_family
-    from dilforge_tokenizer import audit, bpe, continued, family_out
+    from dilforge_tokenizer import audit, bpe, continued, family_out, pretokens
     from dilforge_tokenizer import base as base_tok
     from dilforge_tokenizer import candidates as stage
     from dilforge_tokenizer.base import Base
     from dilforge_tokenizer.report import measure_sets
+    from factories import bpe_from_text
 
     flores = str(args.data / "az/dev/flores200.dev.partial_from_sib200.tsv")
     sets = {
@@ -130,11 +141,11 @@ def main() -> None:
     largest = max(args.sizes)
 
     t0 = time.perf_counter()
-    raw = bpe.train(stage.expanded(lines), largest + 256, args.min_frequency, template=tok)
+    raw = bpe_from_text(fed(lines), largest + 256, args.min_frequency, template=tok)
     raw_s = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    words = continued.word_counts(lines.items(), tok)
+    words = pretokens.of_lines(lines, tok)
     words_s = time.perf_counter() - t0
     seg = continued.segment(words, doc)
     segment_s = time.perf_counter() - t0 - words_s
@@ -175,12 +186,10 @@ def main() -> None:
     replace_s = None
     if args.replace_size:
         t0 = time.perf_counter()
-        trained = bpe.train(stage.expanded(lines), args.replace_size, args.min_frequency)
+        trained = bpe_from_text(fed(lines), args.replace_size, args.min_frequency)
         replace_s = time.perf_counter() - t0
         rdoc = bpe.model_of(trained)
-        rwords = (
-            words if rdoc["pre_tokenizer"] == doc["pre_tokenizer"] else continued.word_counts(lines.items(), trained)
-        )
+        rwords = words if rdoc["pre_tokenizer"] == doc["pre_tokenizer"] else pretokens.of_lines(lines, trained)
         rows.append(
             (
                 f"replace {args.replace_size}",
