@@ -1,7 +1,5 @@
-"""CPT stage config: continued pre-training of a Llama-family model on new-language text.
-
-No torch import here: the coordinator validates this config on machines without torch.
-"""
+"""CPT stage config: continued pre-training of a Llama-family model on new-language text (no torch import: the
+coordinator validates this config on machines without torch)."""
 
 from __future__ import annotations
 
@@ -135,9 +133,7 @@ class CptDataSource(DataSource, SourceLimits):
 
 
 class CptConfig(StageConfig, Batching, Checkpointing):
-    """CPT: the shared training knobs (`knobs.Batching`: global_batch_size, micro_batch_size,
-    eval_micro_batch_size; `knobs.Checkpointing`: checkpoint_every, num_checkpoints_kept,
-    activation_checkpointing) plus what only CPT has."""
+    """CPT: the shared training knobs (`knobs.Batching`, `knobs.Checkpointing`) plus what only CPT has."""
 
     stage: ClassVar[str] = "cpt"
     metrics_model: ClassVar[type[CptMetrics]] = CptMetrics

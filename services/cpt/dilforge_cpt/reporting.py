@@ -136,6 +136,5 @@ class MetricsLog:
 
     def close(self) -> None:
         if self.writer is not None:
-            self.writer.flush()
-            self.writer.close()
+            self.writer.close()  # flushes
         self.progress.close()

@@ -366,17 +366,10 @@ def publish_files(config: CptConfig, ctx: StageContext, rt: Runtime, model, tok_
                 shutil.copy2(tok_dir / name, ctx.opt.model_dir / name)
         family, ids = describe_model_folder(ctx.opt.model_dir)
         log.info("model folder describes the %s family: %s", family.name, ids)
-        (ctx.opt.model_dir / "cpt_metrics.json").write_text(
-            json.dumps(
-                {
-                    "train": state.history,
-                    "validation": state.validation,
-                    "transplant": state.transplant,
-                    "leakage": state.leakage,
-                },
-                indent=1,
-            )
+        record = dict(
+            train=state.history, validation=state.validation, transplant=state.transplant, leakage=state.leakage
         )
+        (ctx.opt.model_dir / "cpt_metrics.json").write_text(json.dumps(record, indent=1))
     rt.barrier()
 
 
