@@ -448,10 +448,7 @@ class MixtureSampler:
 
     def _choices(self, block: int) -> np.ndarray:
         if self._block is None or self._block[0] != block:
-            if len(self.num_windows) == 1:
-                choices = np.zeros(SAMPLER_BLOCK, dtype=np.int64)
-            else:
-                choices = np.random.default_rng([self.seed, 0, block]).choice(len(self.p), size=SAMPLER_BLOCK, p=self.p)
+            choices = np.random.default_rng([self.seed, 0, block]).choice(len(self.p), size=SAMPLER_BLOCK, p=self.p)
             self._block = (block, choices)
         return self._block[1]
 
@@ -504,13 +501,11 @@ class PackedData:
     def next_step(self, global_batch: int, micro_batch: int, rank: int, world: int) -> list[np.ndarray]:
         """This rank's [accum] arrays of [micro, seq_len] for one step: sample i goes to micro-step
         i // (micro·world), rank (i // micro) % world, so the global batch does not depend on the process count."""
-        picks = self.sampler.take(global_batch)
-        per_micro_step = micro_batch * world
-        batches = []
-        for start in range(0, global_batch, per_micro_step):
-            mine = picks[start + rank * micro_batch : start + (rank + 1) * micro_batch]
-            batches.append(np.stack([self.window(c, w) for c, w in mine]))
-        return batches
+        picks, first = self.sampler.take(global_batch), rank * micro_batch
+        return [
+            np.stack([self.window(c, w) for c, w in picks[start + first : start + first + micro_batch]])
+            for start in range(0, global_batch, micro_batch * world)
+        ]
 
 
 @dataclass(frozen=True)
@@ -534,6 +529,7 @@ def build_validation(
     ids)."""
     from dilforge_shared.bpb import build_stream
 
+    encode = encode or (lambda docs: [e.ids for e in tok.encode_batch(docs, add_special_tokens=False)])
     sets = []
     for source in sources:
         docs = list(
@@ -541,12 +537,7 @@ def build_validation(
         )
         if not docs:
             raise InputError("validation source holds no text", path=source.uri)
-        encoded = (
-            encode(docs)
-            if encode is not None
-            else [enc.ids for enc in tok.encode_batch(docs, add_special_tokens=False)]
-        )
-        sets.append(ValidationSet(source.label, build_stream(docs, encoded, ids.bos, ids.doc_end)))
+        sets.append(ValidationSet(source.label, build_stream(docs, encode(docs), ids.bos, ids.doc_end)))
     return sets
 
 
