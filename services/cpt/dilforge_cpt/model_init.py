@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,16 +42,9 @@ def locate_base_model(config: CptConfig, ctx: StageContext, rt: Runtime) -> Base
     if choice is None:
         return None
     uri = choice.uri
-
-    def find():
-        return resolve(
-            ctx.input(choice.input) if choice.input else uri,
-            "model",
-            endpoint_url=ctx.endpoint_url,
-            cache_dir=ctx.cache_dir,
-        )
-
     try:
+        target = ctx.input(choice.input) if choice.input else uri
+        find = functools.partial(resolve, target, "model", endpoint_url=ctx.endpoint_url, cache_dir=ctx.cache_dir)
         found = find() if rt.local_rank == 0 else None
         rt.barrier()
         found = found or find()

@@ -119,18 +119,12 @@ class StepResult:
 
 
 def run_step(
-    model,
-    optimizer,
-    batches: list,
-    rt: Runtime,
-    max_grad_norm: float | None,
-    row_masks: list[tuple[torch.nn.Parameter, torch.Tensor]] = (),
-    skip: torch.Tensor | None = None,
-    row_scales: list[tuple[torch.nn.Parameter, torch.Tensor]] = (),
+    model, optimizer, batches: list, rt: Runtime, max_grad_norm: float | None, row_masks=(), skip=None, row_scales=()
 ) -> StepResult:
     """Forward/backward over this rank's micro-batches, clip, and step unless the loss or gradient norm is
-    non-finite or `skip` (a device bool) is set; with fused AdamW nothing waits for the device. `row_scales`
-    multiplies each listed matrix's change row by row: for AdamW that is exactly a per-row learning rate."""
+    non-finite or `skip` (a device bool) is set; with fused AdamW nothing waits for the device. `row_masks` and
+    `row_scales` as in `Trainable`: a row scale multiplies the matrix's change row by row (for AdamW exactly a
+    per-row learning rate)."""
     total = torch.zeros((), device=rt.device, dtype=torch.float32)
     sync_control = hasattr(model, "set_requires_gradient_sync")  # an FSDP2 root module
     for i, mb in enumerate(batches):
@@ -181,17 +175,9 @@ class TrainingModel:
     """The model and the optimizer of the phase in progress, built when the phase starts or when a checkpoint
     taken in it is loaded (its moments restored into it)."""
 
-    def __init__(
-        self,
-        model,
-        config: CptConfig,
-        rt: Runtime,
-        state,
-        new_rows: torch.Tensor | None = None,
-        kept_rows: torch.Tensor | None = None,
-    ):
+    def __init__(self, model, config: CptConfig, rt: Runtime, state, new_rows=None, kept_rows=None):
         self.model, self.config, self.rt, self.state = model, config, rt, state
-        self.new_rows, self.kept_rows = new_rows, kept_rows  # model_init.new_row_mask, kept_row_mask
+        self.new_rows, self.kept_rows = new_rows, kept_rows  # bool per row (model_init) or None
         self.phase: int | None = None
         self.trainable = self.optimizer = None
         self._param_groups: list = []
