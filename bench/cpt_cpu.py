@@ -26,14 +26,17 @@ import hardware  # bench/hardware.py
 import numpy as np
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # factories.llama3_bpe: BPE trained on text
+
 
 def make_tokenizer(corpus: Path, out: Path, vocab: int) -> Path:
     from dilforge_shared.corpus import iter_texts
     from dilforge_shared.families import LLAMA3
-    from dilforge_tokenizer import bpe, family_out
+    from dilforge_tokenizer import family_out
+    from factories import llama3_bpe
 
     texts = list(itertools.islice(iter_texts(str(corpus)), 5000))
-    family_out.write_folder(family_out.finish(bpe.train(texts, vocab, 2), LLAMA3), out, LLAMA3)
+    family_out.write_folder(llama3_bpe(texts, vocab), out, LLAMA3)
     return out
 
 

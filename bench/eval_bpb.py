@@ -23,6 +23,8 @@ from pathlib import Path
 
 import hardware  # bench/hardware.py
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # factories.llama3_bpe: BPE trained on text
+
 
 def baseline_bytes_per_s(model, ids: list[int], num_bytes: int, window: int, batch_size: int) -> tuple[float, float]:
     """Bare loop: non-overlapping windows, full logits, cross-entropy over every position."""
@@ -73,14 +75,14 @@ def main() -> None:
     from dilforge_eval import measures as eval_bpb
     from dilforge_shared.corpus import iter_texts
     from dilforge_shared.families import LLAMA3
-    from dilforge_tokenizer import bpe, family_out
+    from factories import llama3_bpe
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
     torch.set_num_threads(args.threads)
     data = Path(os.environ.get("DILFORGE_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
     print(hardware.describe("transformers"))
     wiki = list(itertools.islice(iter_texts(str(data / "az/train/azwiki_sentences_cv_extractor.txt")), 20000))
-    raw = family_out.finish(bpe.train(wiki, args.vocab, 2), LLAMA3)
+    raw = llama3_bpe(wiki, args.vocab)
     tok = PreTrainedTokenizerFast(
         tokenizer_object=raw, bos_token=LLAMA3.bos, eos_token=LLAMA3.eot, pad_token=LLAMA3.pad
     )
