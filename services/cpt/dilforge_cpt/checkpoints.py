@@ -162,9 +162,8 @@ class Checkpointer:
         rt.barrier()
         mine = {}
         for f in sorted(p for p in tmp.iterdir() if p.is_file() and not p.name.startswith(MARKER_PREFIX)):
-            owner = _RANK_FILE.match(f.name)
-            rank = int(next(g for g in owner.groups() if g is not None)) if owner else 0
-            if rank == rt.rank:
+            owner = _RANK_FILE.match(f.name)  # other files are global rank 0's
+            if (int(owner[1] or owner[2]) if owner else 0) == rt.rank:
                 mine[f.name] = digest(f)
         by_rank = self._gather((rt.node, mine))
         if rt.local_rank == 0:
