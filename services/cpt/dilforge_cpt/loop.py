@@ -183,20 +183,10 @@ def train_loop(training, data: PackedData, val: list[ValidationSet], state: Trai
                 step_tokens += tokens_per_step
                 if log_now:
                     tps = step_tokens / step_time if step_time else 0.0
-                    fpt = setup.flops_per_token[index]
-                    row = metrics.record(
-                        step,
-                        {
-                            "phase": index,
-                            "loss": loss,
-                            "lr": lr,
-                            "grad_norm": norm,
-                            "tokens_per_s": tps,
-                            "tokens_per_s_per_device": tps / rt.world,
-                            "mfu": mfu(tps / rt.world, fpt, setup.peak_flops),
-                            "peak_memory_gb": memory.training_gb(),
-                        },
-                    )
+                    train = {"phase": index, "loss": loss, "lr": lr, "grad_norm": norm, "tokens_per_s": tps}
+                    train["tokens_per_s_per_device"] = per_device = tps / rt.world
+                    train["mfu"] = mfu(per_device, setup.flops_per_token[index], setup.peak_flops)
+                    row = metrics.record(step, {**train, "peak_memory_gb": memory.training_gb()})
                     if row is not None:
                         state.history.append(row)
                     step_time, step_tokens = 0.0, 0

@@ -59,7 +59,7 @@ class Runtime:
         wait behind the step's GPU kernels."""
         if self.world == 1:
             return flag
-        t = torch.tensor([1.0 if flag else 0.0], dtype=torch.float64)
+        t = torch.tensor([float(flag)], dtype=torch.float64)
         dist.all_reduce(t, group=_control_group())
         return bool(t.item() > 0)
 
