@@ -152,6 +152,11 @@ def test_validation_sets_are_family_framed_streams_of_their_text(tok, ids, tmp_p
     expected = [ids.bos, *encoded[0], ids.doc_end, ids.bos, *encoded[1], ids.doc_end, ids.bos, *encoded[2]]
     assert val.stream.ids == expected
     assert val.stream.num_text_tokens == sum(map(len, encoded))
+    control = tok.id_to_token(ids.doc_end)  # a control token typed in a validation text stays text, even after a
+    dev.write_text(f"Salam {control} dünya\n")  # chat corpus was packed last in this process (pack_stream's flag)
+    tok.encode_special_tokens = False
+    (val,) = build_validation([DataSource(uri=str(dev), name="dev")], tok, ids, max_docs=10, endpoint_url=None)
+    assert val.stream.ids.count(ids.doc_end) == 0 and val.stream.num_text_tokens > 3
 
 
 def test_english_replay_is_a_weighted_corpus_and_its_share_matches(tok, ids, tmp_path, data_root):

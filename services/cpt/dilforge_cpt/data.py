@@ -529,6 +529,7 @@ def build_validation(
     ids)."""
     from dilforge_shared.bpb import build_stream
 
+    tok.encode_special_tokens = True  # text is text, whatever pack_stream last set for a conversation corpus
     encode = encode or (lambda docs: [e.ids for e in tok.encode_batch(docs, add_special_tokens=False)])
     sets = []
     for source in sources:
