@@ -57,7 +57,7 @@ CHILD = """
 import json, sys, time
 from pathlib import Path
 from dilforge_cpt import data
-from dilforge_shared.configs.base import DataSource
+from dilforge_shared.configs import DataSource
 corpus, tok_dir, cache, workers = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4])
 tok = data.load_tokenizer(tok_dir)
 ids = data.special_ids(tok, str(tok_dir))

@@ -118,7 +118,7 @@ def main() -> int:
 
     from dilforge_cpt import data, stage
     from dilforge_cpt.config import CptConfig
-    from dilforge_shared.configs.base import DataSource
+    from dilforge_shared.configs import DataSource
     from dilforge_shared.corpus import iter_texts
 
     print(f"# cpt_cpu  {hardware.describe('transformers')}")

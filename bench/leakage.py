@@ -40,7 +40,7 @@ def step0(args) -> dict:
     from dilforge_cpt.data import PackedData, build_validation, cache_key, load_tokenizer, special_ids, tokenize_to_file
     from dilforge_cpt.leakage import build_probe, format_table
     from dilforge_cpt.runtime import Runtime
-    from dilforge_shared.configs.base import DataSource
+    from dilforge_shared.configs import DataSource
     from dilforge_shared.models import find_dir
 
     torch.manual_seed(0)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from dilforge_shared.configs.base import StrictModel
+from dilforge_shared.configs import StrictModel
 from pydantic import AfterValidator, Field, model_validator
 
 from .stage_images import ImageName

@@ -13,7 +13,7 @@ from dilforge_cpt.model_config import ModelConfig
 from dilforge_curate.config import CurateConfig
 from dilforge_eval.config import EvalConfig
 from dilforge_sft.config import SftConfig
-from dilforge_shared.configs.base import StageConfig, StrictModel, validate_model
+from dilforge_shared.configs import StageConfig, StrictModel, validate_model
 from dilforge_shared.errors import ConfigError
 from dilforge_shared.manifest import StageName
 from dilforge_shared.settings import is_secret_name

@@ -11,7 +11,7 @@ import os
 from datetime import UTC, datetime
 from pathlib import Path
 
-from dilforge_shared.configs.base import validate_model
+from dilforge_shared.configs import validate_model
 from dilforge_shared.errors import DilforgeError, IntegrityError, ManifestError, ManifestNotFound
 from dilforge_shared.identity import artifact_id
 from dilforge_shared.manifest import MANIFEST_NAME, Manifest

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from dilforge_cpt.model_metrics import ModelMetrics
 from dilforge_cpt.recipes import RECIPES, source_kind
-from dilforge_shared.configs.base import validate_model
+from dilforge_shared.configs import validate_model
 from dilforge_shared.contract import read_metrics
 from dilforge_shared.store import read_manifest
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Protocol
 
-from dilforge_shared.configs.base import StageConfig
+from dilforge_shared.configs import StageConfig
 from dilforge_shared.errors import DilforgeError, ManifestNotFound
 from dilforge_shared.identity import STAGE_MODULES, artifact_id, stage_refs
 from dilforge_shared.locks import FileLock

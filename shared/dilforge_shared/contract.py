@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from . import identity
-from .configs.base import ARTIFACT_PREFIX, StageConfig, validate_model
+from .configs import ARTIFACT_PREFIX, StageConfig, validate_model
 from .errors import ConfigError, DilforgeError, InputError, UnsafePathError, field_errors
 from .identity import artifact_id, config_refs
 from .manifest import MANIFEST_NAME, InputRef, Manifest, current_producer, parse_manifest, sha256_bytes

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from typing import IO, Literal
 from urllib.parse import urlparse
 
-from .configs.base import MAX_DOCUMENT_BYTES, Oversize, TextFormat
+from .configs import MAX_DOCUMENT_BYTES, Oversize, TextFormat
 from .errors import InputError
 from .identity import regular_file, source_files
 

@@ -16,7 +16,7 @@ import stat
 from pathlib import Path
 from urllib.parse import urlparse
 
-from .configs.base import StageConfig
+from .configs import StageConfig
 from .errors import ConfigError, InputError, ManifestNotFound
 from .manifest import MANIFEST_NAME, STAGES, InputRef, StageName, artifact_ref, fingerprint, parse_manifest, sha256_file
 from .paths import check_links, content_keys, declared_uri, holds_dilforge_data, local_path

@@ -190,7 +190,7 @@ def two_hosts(curated, tmp_path):
     from dilforge_coordinator.backends.local import write_inputs
     from dilforge_coordinator.pipeline import build_hyperparameters
     from dilforge_curate.config import CurateConfig
-    from dilforge_shared.configs.base import validate_model
+    from dilforge_shared.configs import validate_model
     from dilforge_shared.contract import OPT_ML_ENV, OptMl
 
     root, _, config, out = curated

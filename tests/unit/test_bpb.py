@@ -149,7 +149,7 @@ def test_cpt_validation_and_eval_report_the_same_bpb(model_and_tok, tmp_path, ti
     from dilforge_cpt.runtime import Runtime
     from dilforge_cpt.validation import evaluate
     from dilforge_eval.measures import bits_per_byte
-    from dilforge_shared.configs.base import DataSource
+    from dilforge_shared.configs import DataSource
 
     model, tok = model_and_tok
     az, en = tmp_path / "az.txt", tmp_path / "en.txt"

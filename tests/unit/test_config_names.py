@@ -11,7 +11,7 @@ import pytest
 from dilforge_coordinator.config import CONFIG_SCHEMA_VERSION, load_pipeline
 from dilforge_cpt.config import CptConfig
 from dilforge_sft.config import SftConfig
-from dilforge_shared.configs.base import validate_model
+from dilforge_shared.configs import validate_model
 from dilforge_shared.configs.knobs import Batching, Checkpointing, SourceLimits, Warmup
 from dilforge_shared.errors import ConfigError
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from dilforge_coordinator.config import PipelineConfig, load_yaml
 from dilforge_curate.config import CurateConfig, RawSource
-from dilforge_shared.configs.base import validate_model
+from dilforge_shared.configs import validate_model
 from dilforge_shared.corpus import iter_located_texts, iter_texts
 from dilforge_shared.errors import ConfigError, InputError
 from dilforge_shared.identity import data_digest, expand

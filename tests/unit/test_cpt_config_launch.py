@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from dilforge_cpt.config import CptConfig
 from dilforge_cpt.launch import build_launch, wait_for_hosts
-from dilforge_shared.configs.base import validate_model
+from dilforge_shared.configs import validate_model
 from dilforge_shared.contract import ResourceConfig
 from dilforge_shared.errors import ConfigError, DilforgeError
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from dilforge_shared.configs.base import DataSource
+from dilforge_shared.configs import DataSource
 from dilforge_shared.errors import InputError
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import factories
 import numpy as np
 import pytest
-from dilforge_shared.configs.base import DataSource
+from dilforge_shared.configs import DataSource
 from dilforge_shared.corpus import iter_texts
 
 
@@ -330,7 +330,7 @@ KILLED_BUILD = """
 import sys
 from pathlib import Path
 from dilforge_cpt import data
-from dilforge_shared.configs.base import DataSource
+from dilforge_shared.configs import DataSource
 
 if __name__ == "__main__":  # the workers are spawned: they import this script
     corpus, tok_dir, cache = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
@@ -385,7 +385,7 @@ def test_an_entry_of_another_encoding_is_not_reused(tiny_tokenizer_dir, monkeypa
     import hashlib
 
     from dilforge_cpt import data
-    from dilforge_shared.configs.base import DataSource
+    from dilforge_shared.configs import DataSource
 
     monkeypatch.setattr(data, "data_digest", lambda uri, endpoint_url: "d")
     source, tokenizer_json = DataSource(uri="x.txt"), tiny_tokenizer_dir / "tokenizer.json"

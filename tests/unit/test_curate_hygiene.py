@@ -9,7 +9,7 @@ from datatrove.data import Document
 from dilforge_coordinator.config import PipelineConfig
 from dilforge_curate.config import RedactConfig
 from dilforge_curate.steps import ContactRedactor, Normaliser, strip_control_tokens
-from dilforge_shared.configs.base import validate_model
+from dilforge_shared.configs import validate_model
 from dilforge_shared.errors import ConfigError
 
 REDACT = ContactRedactor(RedactConfig())

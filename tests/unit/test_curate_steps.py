@@ -21,7 +21,7 @@ from dilforge_curate.steps import (
     ftfy_may_change,
     luhn_ok,
 )
-from dilforge_shared.configs.base import validate_model
+from dilforge_shared.configs import validate_model
 from dilforge_shared.configs.language import LanguageConfig
 from dilforge_shared.errors import ConfigError
 

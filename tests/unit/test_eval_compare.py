@@ -6,7 +6,7 @@ import metrics_samples
 import pytest
 from dilforge_eval import compare
 from dilforge_eval.metrics import BpbFigures
-from dilforge_shared.configs.base import DataSource
+from dilforge_shared.configs import DataSource
 from dilforge_shared.metrics.cpt import CptMetrics
 from dilforge_shared.metrics.tokenizer import TokenizerMetrics
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from dilforge_eval.config import EvalConfig
-from dilforge_shared.configs.base import validate_model
+from dilforge_shared.configs import validate_model
 from dilforge_shared.errors import ConfigError
 
 

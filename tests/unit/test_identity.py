@@ -15,7 +15,7 @@ from dilforge_coordinator.config import STAGE_CONFIGS, load_pipeline
 from dilforge_coordinator.integrity import check_artifact
 from dilforge_coordinator.schemas import schemas
 from dilforge_shared import identity
-from dilforge_shared.configs.base import IDENTITY_KEY, is_run_only
+from dilforge_shared.configs import IDENTITY_KEY, is_run_only
 from dilforge_shared.store import fetch
 from pydantic import BaseModel
 from test_coordinator import InProcessBackend, write_config

@@ -10,7 +10,7 @@ from dilforge_coordinator.config import PipelineConfig
 from dilforge_coordinator.integrity import recompute_artifact_id
 from dilforge_cpt.model_config import ModelConfig
 from dilforge_cpt.recipes import RECIPES
-from dilforge_shared.configs.base import validate_model
+from dilforge_shared.configs import validate_model
 from dilforge_shared.errors import ConfigError, InputError
 from dilforge_shared.identity import config_refs, dir_digest, source_ref
 from dilforge_shared.manifest import sha256_file

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -9,12 +10,17 @@ ROOT = Path(__file__).resolve().parents[2]
 PRODUCTION = ("shared", "coordinator", "services", "docker")  # what the issue-29 line count covers
 
 
+def defines_something(path: Path) -> bool:
+    """A package `__init__` that holds code (a function or class), not only a docstring or re-exports."""
+    return any(isinstance(n, (ast.FunctionDef, ast.ClassDef)) for n in ast.parse(path.read_text(encoding="utf-8")).body)
+
+
 def production_modules() -> list[str]:
     return sorted(
         p.relative_to(ROOT).as_posix()
         for folder in PRODUCTION
         for p in (ROOT / folder).rglob("*.py")
-        if p.name != "__init__.py"
+        if (p.name != "__init__.py" or defines_something(p))
         and not any(part in ("build", "dist") or part.endswith(".egg-info") for part in p.parts)
     )
 

@@ -13,7 +13,7 @@ from dilforge_coordinator import pipeline as pl
 from dilforge_coordinator.cli import app
 from dilforge_coordinator.config import PipelineConfig, load_pipeline
 from dilforge_coordinator.records import ArtifactStore, RunRecord, record_lock, running_owner
-from dilforge_shared.configs.base import validate_model
+from dilforge_shared.configs import validate_model
 from dilforge_shared.store import publish
 from test_reliability import PublishingBackend, write_config
 from typer.testing import CliRunner

@@ -159,7 +159,7 @@ def test_set_and_model_names_with_dollars_draw(tmp_path):
 
 
 def test_vocab_sizes_beyond_what_training_produced_are_recorded_as_produced(tmp_path):
-    from dilforge_shared.configs.base import validate_model
+    from dilforge_shared.configs import validate_model
     from dilforge_shared.families import LLAMA3
     from dilforge_tokenizer import llama3, pretokens
     from dilforge_tokenizer.candidates import replace_candidates

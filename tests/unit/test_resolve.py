@@ -11,7 +11,7 @@ import pytest
 from dilforge_coordinator.config import PipelineConfig
 from dilforge_cpt.config import CptConfig
 from dilforge_sft.config import SftConfig
-from dilforge_shared.configs.base import validate_model
+from dilforge_shared.configs import validate_model
 from dilforge_shared.errors import ConfigError
 from dilforge_shared.manifest import InputRef, Manifest, current_producer
 from dilforge_shared.models import Resolved, choose, find_dir, open_model, resolve

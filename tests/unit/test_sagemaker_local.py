@@ -312,7 +312,7 @@ def test_an_uploaded_copy_gets_the_local_inputs_artifact_id(monkeypatch, tmp_pat
     --backend sagemaker-local, as the copies uploaded to the store (paths.declared_uri, sha256 metadata)."""
     import boto3
     import moto
-    from dilforge_shared.configs.base import validate_model
+    from dilforge_shared.configs import validate_model
     from dilforge_shared.identity import artifact_id, config_refs
     from dilforge_tokenizer.config import TokenizerConfig
 

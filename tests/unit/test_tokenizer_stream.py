@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from dilforge_shared.configs.base import DataSource
+from dilforge_shared.configs import DataSource
 from dilforge_shared.errors import InputError
 from dilforge_tokenizer import pretokens
 from dilforge_tokenizer.config import CorpusSource

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from dilforge_shared.configs.base import (
+from dilforge_shared.configs import (
     MAX_STEPS,
     MAX_TOKENS,
     RUN_ONLY,

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-from dilforge_shared.configs.base import DataSource
+from dilforge_shared.configs import DataSource
 from dilforge_shared.corpus import iter_located_records, iter_texts
 from dilforge_shared.errors import DilforgeError, InputError
 from dilforge_shared.families import FAMILIES, Family, detect_family

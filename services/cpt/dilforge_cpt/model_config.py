@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from dilforge_shared.configs.base import StageConfig
+from dilforge_shared.configs import StageConfig
 from dilforge_shared.errors import ConfigError, InputError
 from dilforge_shared.identity import source_ref
 from dilforge_shared.manifest import MANIFEST_NAME, InputRef

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Annotated, ClassVar, Literal
 
-from dilforge_shared.configs.base import RUN_ONLY, DataSource, StageConfig, StrictModel, check_unique_labels
+from dilforge_shared.configs import RUN_ONLY, DataSource, StageConfig, StrictModel, check_unique_labels
 from dilforge_shared.configs.language import LanguageConfig, LinguaCode
 from pydantic import Field, field_validator, model_validator
 

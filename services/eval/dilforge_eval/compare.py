@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from dilforge_shared.configs.base import DataSource
+from dilforge_shared.configs import DataSource
 from dilforge_shared.metrics.cpt import CptMetrics
 from dilforge_shared.metrics.tokenizer import TokenizerMetrics
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, ClassVar, Literal
 
-from dilforge_shared.configs.base import (
+from dilforge_shared.configs import (
     MAX_BATCH,
     MAX_NEW_TOKENS,
     MAX_TOKENS,

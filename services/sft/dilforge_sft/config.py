@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Annotated, Any, ClassVar, Literal
 
-from dilforge_shared.configs.base import (
+from dilforge_shared.configs import (
     MAX_BATCH,
     MAX_STEPS,
     MAX_TOKENS,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, ClassVar, Literal
 
-from dilforge_shared.configs.base import MAX_VOCAB, DataSource, StageConfig, check_unique_labels
+from dilforge_shared.configs import MAX_VOCAB, DataSource, StageConfig, check_unique_labels
 from dilforge_shared.metrics.tokenizer import TokenizerMetrics
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 

@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 
-from dilforge_shared.configs.base import DataSource, Oversize
+from dilforge_shared.configs import DataSource, Oversize
 from dilforge_shared.corpus import iter_lines, iter_located_texts
 from dilforge_shared.errors import InputError
 from dilforge_shared.identity import source_files

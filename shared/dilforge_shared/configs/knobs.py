@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
 
-from .base import MAX_BATCH, MAX_STEPS, RUN_ONLY, StrictModel, Switch
+from . import MAX_BATCH, MAX_STEPS, RUN_ONLY, StrictModel, Switch
 
 
 class Batching(StrictModel):

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from .base import StrictModel
+from . import StrictModel
 
 # the ISO 639-1 codes lingua-language-detector 2.1 detects
 LinguaCode = Literal[
