@@ -241,7 +241,7 @@ def test_resumes_from_the_latest_good_checkpoint_with_a_direct_base_model(tmp_pa
     assert second.metrics["resumed_from_step"] == 1 and second.metrics["optimizer_steps"] == 4
     assert [h["step"] for h in second.metrics["train_loss_history"]] == [1, 2, 3, 4]
     assert second.metrics["eval_loss_before"] == first.metrics["eval_loss_before"]
-    base_ref = second.input(f"model:{tiny_llama_dir}")
+    base_ref = next(r for r in second.inputs if r.name == f"model:{tiny_llama_dir}")
     assert base_ref.kind == "data" and base_ref.uri == str(tiny_llama_dir) and len(base_ref.sha256) == 64
     planned = stage_refs(SftConfig.model_validate(second.config), {})  # what the coordinator would fingerprint
     assert sorted((r.name, r.sha256) for r in second.inputs) == sorted((r.name, r.sha256) for r in planned)
