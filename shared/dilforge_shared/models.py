@@ -35,8 +35,14 @@ PREFERRED: dict[str, tuple[str, ...]] = {
     "adapter": (ADAPTER_DIR,),
 }
 # a tokenizer's files in an HF folder: what is downloaded, copied or published as a tokenizer
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json")
-TOKENIZER_FILES += ("chat_template.jinja", "chat_template.json")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+)
 WEIGHT_SUFFIXES = (".safetensors", ".bin")
 BASE_INPUTS = ("cpt", "model")  # upstream artifacts that carry a base model, nearest stage first
 WHAT = {"model": "HF model folder (config.json + safetensors)", "adapter": "PEFT adapter (adapter_config.json)"}
