@@ -273,6 +273,7 @@ def assistant_answers(model, tokenizer, src: EvalModel, config: EvalConfig, grou
     manifest = src.manifest
     system_prompt = (manifest.config.get("system_prompt") or None) if manifest and manifest.stage == "sft" else None
     asked = [(group, p) for group, prompts in groups.items() for p in prompts]
+    log.info("assistant %s: %d prompts in batches of %d", src.label, len(asked), settings.batch_size)
     t0 = time.perf_counter()
     # every group in one call: batches of similar length across the groups
     with Progress(f"assistant {src.label}", len(asked), unit="answers", log=log) as bar:
