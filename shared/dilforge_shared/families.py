@@ -22,9 +22,8 @@ LLAMA3_CHAT_TEMPLATE = (
     "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}"
 )
 
-# ChatML as SmolLM2/Qwen write it, with TRL's {% generation %} markers around what the assistant says
-# (its content and <|im_end|>), so `assistant_only_loss` masks everything else. No default system
-# prompt: that is a model's choice, not the family's (SFT configs set `system_prompt`).
+# ChatML as SmolLM2/Qwen write it, {% generation %} around what the assistant says (content and <|im_end|>) for
+# the assistant-only loss; no default system prompt (that is a model's choice: SFT's `system_prompt`).
 CHATML_CHAT_TEMPLATE = (
     "{%- for message in messages %}"
     "{%- if message['role'] == 'assistant' %}"
@@ -41,11 +40,9 @@ CHATML_CHAT_TEMPLATE = (
 
 @dataclass(frozen=True)
 class Family:
-    """Special tokens of one tokenizer family, by string (ids differ between tokenizers).
-
-    bos / doc_end frame each pre-training document (bos None: the family uses none); eot ends an assistant turn;
-    pad is never trained on; extra_stops are other tokens its instruct models stop on; turn_starts begin a
-    document or turn, and the server stops on them too."""
+    """Special tokens of one tokenizer family, by string (ids differ between tokenizers): bos / doc_end frame a
+    pre-training document (bos None: none); eot ends an assistant turn; pad is never trained on; extra_stops are
+    other tokens its instruct models stop on; turn_starts begin a document or turn (the server stops on them)."""
 
     name: str
     bos: str | None

@@ -1,22 +1,15 @@
 """The one device / precision / kernels policy every stage and `coordinator chat` asks.
 
 Pure functions of the machine's facts (`DeviceFacts`), so they are tested without a GPU; only `probe_device`
-imports torch. device `auto` = cuda when available; precision `auto` = bf16 on a CUDA device with bf16, on a
-bf16-native CPU only where the stage allows it (CPT training), fp32 elsewhere so measurements compare;
-Liger only on CUDA for `llama`; attention: `choose_attention`. An impossible request is a ConfigError."""
+imports torch. An impossible request is a ConfigError naming the field."""
 
 from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 from .errors import ConfigError
-
-Device = Literal["cuda", "cpu"]
-Precision = Literal["bf16", "fp32"]
-LigerSetting = Literal["auto", "on", "off"]
 
 # The model types whose layers the Liger kernels we apply (apply_liger_kernel_to_llama) patch.
 LIGER_MODEL_TYPES = frozenset({"llama"})
@@ -33,7 +26,6 @@ class DeviceFacts:
 
 
 def probe_device() -> DeviceFacts:
-    """The facts of this machine (imports torch here, never at module import)."""
     import torch
 
     cuda = torch.cuda.is_available()
@@ -58,11 +50,11 @@ def cpu_computes_bf16(cpuinfo: str | Path = "/proc/cpuinfo") -> bool:
 
 @dataclass(frozen=True)
 class RuntimePolicy:  # the decision for one process
-    device: Device
-    precision: Precision
+    device: str  # cuda or cpu
+    precision: str  # bf16 or fp32
     liger: bool
     attention: str  # transformers' attn_implementation
-    attention_reason: str  # why this kernel
+    attention_reason: str
 
     @property
     def bf16(self) -> bool:
@@ -74,22 +66,11 @@ class RuntimePolicy:  # the decision for one process
         return torch.bfloat16 if self.bf16 else torch.float32
 
 
-def choose_device(requested: str, facts: DeviceFacts, field: str = "device") -> Device:
-    if requested not in ("auto", "cuda", "cpu"):
-        raise ConfigError(f"{field}: {requested!r} is not one of auto, cpu, cuda")
-    if requested == "cuda" and not facts.cuda:
-        raise ConfigError(f"{field}: 'cuda' requested but no CUDA device is available; use auto or cpu")
-    return "cuda" if requested != "cpu" and facts.cuda else "cpu"
-
-
 def choose_precision(
-    requested: str,
-    device: Device,
-    facts: DeviceFacts,
-    field: str = "precision",
-    cpu_bf16: bool = True,
-    auto_cpu_bf16: bool = False,
-) -> Precision:
+    requested: str, device: str, facts: DeviceFacts, field: str, cpu_bf16: bool, auto_cpu: bool
+) -> str:
+    """auto: bf16 on a CUDA device with bf16, on a bf16-native CPU only where the stage asks (`auto_cpu`: CPT
+    training), else fp32 so measurements compare. `cpu_bf16` False refuses bf16 on CPU."""
     if requested == "fp32":
         return "fp32"
     if requested == "bf16":
@@ -100,10 +81,10 @@ def choose_precision(
         raise ConfigError(f"{field}: {requested!r} is not one of auto, bf16, fp32")
     if device == "cuda":
         return "bf16" if facts.bf16_supported else "fp32"
-    return "bf16" if auto_cpu_bf16 and cpu_bf16 and facts.cpu_bf16 else "fp32"
+    return "bf16" if auto_cpu and cpu_bf16 and facts.cpu_bf16 else "fp32"
 
 
-def choose_liger(requested: LigerSetting, device: Device, model_type: str | None = None, field: str = "liger") -> bool:
+def choose_liger(requested: str, device: str, model_type: str | None = None, field: str = "liger") -> bool:
     """Whether the Liger layer kernels apply; model_type None = not known yet (checked again later)."""
     if requested == "off":
         return False
@@ -118,14 +99,10 @@ def choose_liger(requested: LigerSetting, device: Device, model_type: str | None
     return False
 
 
-def choose_attention(
-    requested: str, device: Device, facts: DeviceFacts, packing: bool = False, field: str = "attention"
-) -> tuple[str, str]:
-    """(attn_implementation, reason).
-
-    Packed rows hold several documents told apart by position ids. flash-attention's varlen path and flex
-    attention take those boundaries natively; SDPA gets a dense block-diagonal mask instead, which disables
-    its flash kernel on CUDA: fine on CPU, avoided on GPU."""
+def choose_attention(requested: str, device: str, facts: DeviceFacts, packing: bool, field: str) -> tuple[str, str]:
+    """(attn_implementation, reason). Packed rows hold several documents told apart by position ids:
+    flash-attention's varlen path and flex attention take those boundaries natively; SDPA gets a dense
+    block-diagonal mask, which disables its flash kernel on CUDA: fine on CPU, avoided on GPU."""
     if requested == "flash_attention_2" and not (device == "cuda" and facts.flash_attn):
         raise ConfigError(f"{field}: flash_attention_2 needs CUDA and the flash-attn package; use auto")
     if requested != "auto":
@@ -133,16 +110,10 @@ def choose_attention(
     if not packing:
         return "sdpa", "no packing: padded rows, sdpa's own causal kernels"
     if device != "cuda":
-        return "sdpa", (
-            "packing on CPU: no varlen/flex kernel worth compiling here; sdpa gets a "
-            "block-diagonal mask from the position ids (dense, N^2 per packed row)"
-        )
+        return "sdpa", "packing on CPU: sdpa with a dense block-diagonal mask from the position ids (N^2 per row)"
     if facts.flash_attn:
         return "flash_attention_2", "packing on CUDA: flash-attn varlen kernel on the collator's cu_seq_lens, no mask"
-    return "flex_attention", (
-        "packing on CUDA without flash-attn: flex attention with a block-sparse "
-        "mask of document boundaries (no N^2 mask)"
-    )
+    return "flex_attention", "packing on CUDA without flash-attn: flex attention, block-sparse document mask"
 
 
 def decide(
@@ -150,7 +121,7 @@ def decide(
     *,
     device: str = "auto",
     precision: str = "auto",
-    liger: LigerSetting = "off",
+    liger: str = "off",
     attention: str = "auto",
     packing: bool = False,
     model_type: str | None = None,
@@ -158,9 +129,14 @@ def decide(
     auto_cpu_bf16: bool = False,
     facts: DeviceFacts | None = None,
 ) -> RuntimePolicy:
-    """The whole policy for one stage's process; config errors name `<stage>.<field>`."""
+    """The whole policy for one stage's process (device `auto` = cuda when available); config errors name
+    `<stage>.<field>`."""
     facts = probe_device() if facts is None else facts
-    dev = choose_device(device, facts, f"{stage}.device")
+    if device not in ("auto", "cuda", "cpu"):
+        raise ConfigError(f"{stage}.device: {device!r} is not one of auto, cpu, cuda")
+    if device == "cuda" and not facts.cuda:
+        raise ConfigError(f"{stage}.device: 'cuda' requested but no CUDA device is available; use auto or cpu")
+    dev = "cuda" if device != "cpu" and facts.cuda else "cpu"
     return RuntimePolicy(
         dev,
         choose_precision(precision, dev, facts, f"{stage}.precision", cpu_bf16, auto_cpu_bf16),

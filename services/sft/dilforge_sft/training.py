@@ -60,12 +60,11 @@ def activation_checkpointing(
 
 
 def load_model(model_dir: Path, plan: RuntimePolicy):
-    import torch
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(
         str(model_dir),
-        dtype=torch.bfloat16 if plan.bf16 else torch.float32,
+        dtype=plan.torch_dtype(),
         attn_implementation=plan.attention,
         trust_remote_code=False,
     )
