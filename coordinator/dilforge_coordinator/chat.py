@@ -73,7 +73,7 @@ def _user_text(text: str, where: str) -> str:
 def reply(tok, model, messages: list[dict[str, str]], max_new_tokens: int, temperature: float, seed: int) -> str:
     """One assistant turn for the conversation so far, stopping at the family's end of turn."""
     import torch
-    from dilforge_shared.families import stop_token_ids
+    from dilforge_shared.serving import stop_token_ids
 
     if not tok.chat_template:
         raise typer.BadParameter("the tokenizer has no chat template; this model cannot hold a dialogue")

@@ -3,7 +3,6 @@ them, or the base model's knowledge of them is lost). Every stage asks this modu
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -98,18 +97,6 @@ def detect_family(tokens: Iterable[str], source: str) -> Family:
         "<|im_start|>/<|im_end|>/<|endoftext|>); its special tokens cannot be mapped",
         path=source,
     )
-
-
-def stop_token_ids(tokenizer, family: Family | None = None) -> list[int]:
-    """Ids generation stops on: the family's end of turn and end of document (detected from the vocabulary when
-    not given; none for a tokenizer of no known family), and the tokenizer's EOS."""
-    vocab = tokenizer.get_vocab()
-    if family is None:
-        with contextlib.suppress(InputError):
-            family = detect_family(vocab, "tokenizer")
-    ids = [vocab[t] for t in (family.stop_tokens if family else []) if t in vocab] + [tokenizer.eos_token_id]
-    # by vocabulary, not by "is not the unk id": SmolLM2's unk token is its document end, <|endoftext|>
-    return list(dict.fromkeys(i for i in ids if isinstance(i, int) and i >= 0))
 
 
 GENERATION_CONFIG_FILE = "generation_config.json"

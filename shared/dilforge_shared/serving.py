@@ -4,13 +4,15 @@ that makes the SFT config's `system_prompt` the default system message (no torch
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import ConfigError
+from .errors import ConfigError, InputError
+from .families import Family, detect_family
 from .manifest import Manifest
 from .models import MARKERS, Resolved, choose, find_dir, open_model, resolve
 from .store import Artifact
@@ -120,3 +122,15 @@ def resolve_chat_model(
     local = {art.uri.rstrip("/"): art for art in fetched}
     base_res = resolve(local.get(base.rstrip("/"), base), "model", endpoint_url, cache_dir)
     return ChatModel(base_res.path, adapter_dir, adapter_dir, f"adapter {uri} on base {base}", src.manifest)
+
+
+def stop_token_ids(tokenizer, family: Family | None = None) -> list[int]:
+    """Ids generation stops on: the family's end of turn and end of document (detected from the vocabulary when
+    not given; none for a tokenizer of no known family), and the tokenizer's EOS."""
+    vocab = tokenizer.get_vocab()
+    if family is None:
+        with contextlib.suppress(InputError):
+            family = detect_family(vocab, "tokenizer")
+    ids = [vocab[t] for t in (family.stop_tokens if family else []) if t in vocab] + [tokenizer.eos_token_id]
+    # by vocabulary, not by "is not the unk id": SmolLM2's unk token is its document end, <|endoftext|>
+    return list(dict.fromkeys(i for i in ids if isinstance(i, int) and i >= 0))

@@ -183,7 +183,7 @@ def test_chat_asks_the_policy_and_reports_its_error(monkeypatch):
 
 
 def test_chat_stops_at_the_tokenizer_familys_end_of_turn():
-    from dilforge_shared.families import stop_token_ids
+    from dilforge_shared.serving import stop_token_ids
 
     vocab = {"<|im_start|>": 1, "<|im_end|>": 2, "<|endoftext|>": 0, "salam": 3}
     chatml = SimpleNamespace(get_vocab=lambda: vocab, convert_tokens_to_ids=vocab.get, eos_token_id=2)

@@ -12,7 +12,8 @@ from typing import Literal
 
 import torch
 from dilforge_shared.errors import InputError
-from dilforge_shared.families import GENERATION_CONFIG_FILE, Family, detect_family, stop_token_ids
+from dilforge_shared.families import GENERATION_CONFIG_FILE, Family, detect_family
+from dilforge_shared.serving import stop_token_ids
 
 from .assistant import ngrams, prompt_records, repeated_ngram_rate, words
 from .config import GenerationSettings
