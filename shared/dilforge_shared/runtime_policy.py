@@ -22,7 +22,7 @@ class DeviceFacts:
     cuda: bool
     bf16_supported: bool = False  # the CUDA device computes in bf16 natively (Ampere or newer)
     cpu_bf16: bool = False  # the CPU computes bf16 natively (AVX512-BF16 or AMX-BF16 instructions)
-    flash_attn: bool = False  # the flash-attn package is importable
+    flash_attn: bool = False  # the flash-attn package is importable (SFT's packed attention)
 
 
 def probe_device() -> DeviceFacts:
@@ -53,8 +53,6 @@ class RuntimePolicy:  # the decision for one process
     device: str  # cuda or cpu
     precision: str  # bf16 or fp32
     liger: bool
-    attention: str  # transformers' attn_implementation
-    attention_reason: str
 
     @property
     def bf16(self) -> bool:
@@ -99,31 +97,12 @@ def choose_liger(requested: str, device: str, model_type: str | None = None, fie
     return False
 
 
-def choose_attention(requested: str, device: str, facts: DeviceFacts, packing: bool, field: str) -> tuple[str, str]:
-    """(attn_implementation, reason). Packed rows hold several documents told apart by position ids:
-    flash-attention's varlen path and flex attention take those boundaries natively; SDPA gets a dense
-    block-diagonal mask, which disables its flash kernel on CUDA: fine on CPU, avoided on GPU."""
-    if requested == "flash_attention_2" and not (device == "cuda" and facts.flash_attn):
-        raise ConfigError(f"{field}: flash_attention_2 needs CUDA and the flash-attn package; use auto")
-    if requested != "auto":
-        return requested, f"set by {field}"
-    if not packing:
-        return "sdpa", "no packing: padded rows, sdpa's own causal kernels"
-    if device != "cuda":
-        return "sdpa", "packing on CPU: sdpa with a dense block-diagonal mask from the position ids (N^2 per row)"
-    if facts.flash_attn:
-        return "flash_attention_2", "packing on CUDA: flash-attn varlen kernel on the collator's cu_seq_lens, no mask"
-    return "flex_attention", "packing on CUDA without flash-attn: flex attention, block-sparse document mask"
-
-
 def decide(
     stage: str,
     *,
     device: str = "auto",
     precision: str = "auto",
     liger: str = "off",
-    attention: str = "auto",
-    packing: bool = False,
     model_type: str | None = None,
     cpu_bf16: bool = True,
     auto_cpu_bf16: bool = False,
@@ -141,5 +120,4 @@ def decide(
         dev,
         choose_precision(precision, dev, facts, f"{stage}.precision", cpu_bf16, auto_cpu_bf16),
         choose_liger(liger, dev, model_type, f"{stage}.liger"),
-        *choose_attention(attention, dev, facts, packing, f"{stage}.attention"),
     )

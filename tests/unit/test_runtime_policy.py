@@ -29,7 +29,6 @@ BF16_CPU = DeviceFacts(cuda=False, cpu_bf16=True)  # e.g. AMD EPYC (Zen 4) or Xe
 def test_auto_is_bf16_and_liger_on_a_bf16_gpu_fp32_without_liger_on_cpu(facts, expected):
     policy = decide("cpt", liger="auto", model_type="llama", facts=facts)
     assert (policy.device, policy.precision, policy.liger) == expected
-    assert policy.attention == "sdpa"
 
 
 def test_auto_is_bf16_on_a_bf16_cpu_only_for_the_stage_that_asks_for_it():
@@ -73,7 +72,6 @@ def test_explicit_settings_win_where_the_machine_allows_them():
         ({"precision": "bf16", "cpu_bf16": False}, CPU, "eval.precision"),
         ({"liger": "on"}, CPU, "eval.liger"),
         ({"liger": "on", "model_type": "mistral"}, GPU, "eval.liger"),
-        ({"attention": "flash_attention_2"}, GPU, "eval.attention"),
     ],
 )
 def test_impossible_requests_are_config_errors_naming_the_field(kwargs, facts, field):
@@ -99,8 +97,12 @@ def test_liger_only_for_llama_and_auto_stays_off_quietly():
     ],
 )
 def test_attention_follows_packing_and_the_installed_kernels(packing, facts, expected):
-    assert decide("sft", packing=packing, facts=facts).attention == expected
-    assert decide("sft", attention="eager", packing=packing, facts=facts).attention == "eager"
+    from dilforge_sft.config import SftConfig
+    from dilforge_sft.training import decide_runtime
+
+    config = SftConfig.model_validate({"train": [{"uri": "x.jsonl"}], "packing": packing})
+    assert decide_runtime(config, facts=facts).attention == expected
+    assert decide_runtime(config.model_copy(update={"attention": "eager"}), facts=facts).attention == "eager"
 
 
 def test_the_policy_module_does_not_import_torch():

@@ -9,11 +9,13 @@ import json
 import logging
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 from dilforge_shared import runtime_policy
 from dilforge_shared.checkpoint_digests import seal, set_aside, verify
 from dilforge_shared.configs.knobs import training_bytes
+from dilforge_shared.errors import ConfigError
 from dilforge_shared.progress import Progress
 from dilforge_shared.runtime_policy import DeviceFacts, RuntimePolicy
 
@@ -23,22 +25,38 @@ from .data import Example
 log = logging.getLogger("dilforge.sft")
 
 
-def decide_runtime(config: SftConfig, model_type: str | None = None, facts: DeviceFacts | None = None) -> RuntimePolicy:
-    """Device, precision (never bf16 on CPU), Liger and attention kernel, by the shared policy."""
-    return runtime_policy.decide(
-        "sft",
-        precision=config.precision,
-        liger=config.liger,
-        attention=config.attention,
-        packing=config.packing,
-        model_type=model_type,
-        cpu_bf16=False,
-        facts=facts,
+@dataclass(frozen=True)
+class SftPlan(RuntimePolicy):
+    attention: str  # transformers' attn_implementation
+    attention_reason: str
+
+
+def decide_runtime(config: SftConfig, model_type: str | None = None, facts: DeviceFacts | None = None) -> SftPlan:
+    """Device, precision (never bf16 on CPU) and Liger by the shared policy; then the attention kernel. Packed rows
+    hold several conversations told apart by position ids: flash-attention's varlen path and flex attention take
+    those boundaries natively; SDPA gets a dense block-diagonal mask, which disables its flash kernel on CUDA."""
+    facts = runtime_policy.probe_device() if facts is None else facts
+    policy = runtime_policy.decide(
+        "sft", precision=config.precision, liger=config.liger, model_type=model_type, cpu_bf16=False, facts=facts
     )
+    cuda, requested = policy.device == "cuda", config.attention
+    if requested == "flash_attention_2" and not (cuda and facts.flash_attn):
+        raise ConfigError("sft.attention: flash_attention_2 needs CUDA and the flash-attn package; use auto")
+    if requested != "auto":
+        attention = requested, "set by sft.attention"
+    elif not config.packing:
+        attention = "sdpa", "no packing: padded rows, sdpa's own causal kernels"
+    elif not cuda:
+        attention = "sdpa", "packing on CPU: sdpa with a dense block-diagonal mask from the position ids (N^2 per row)"
+    elif facts.flash_attn:
+        attention = "flash_attention_2", "packing on CUDA: flash-attn varlen kernel on the collator's cu_seq_lens"
+    else:
+        attention = "flex_attention", "packing on CUDA without flash-attn: flex attention, block-sparse document mask"
+    return SftPlan(**vars(policy), attention=attention[0], attention_reason=attention[1])
 
 
 def activation_checkpointing(
-    config: SftConfig, model_config, plan: RuntimePolicy, memory: int | None = None
+    config: SftConfig, model_config, plan: SftPlan, memory: int | None = None
 ) -> tuple[bool, str]:
     """(recompute activations?, why): `auto` turns it on only when the memory estimate of LoRA training without
     it (`knobs.training_bytes`) exceeds memory_budget_fraction of `memory` (default: the device's)."""
@@ -59,7 +77,7 @@ def activation_checkpointing(
     return False, f"estimated {estimate / gib:.1f} GiB <= budget {budget / gib:.1f} GiB: no recomputation"
 
 
-def load_model(model_dir: Path, plan: RuntimePolicy):
+def load_model(model_dir: Path, plan: SftPlan):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(
@@ -78,7 +96,7 @@ def load_model(model_dir: Path, plan: RuntimePolicy):
     return model
 
 
-def sft_arguments(config: SftConfig, output_dir: Path, plan: RuntimePolicy, checkpointing: bool = False):
+def sft_arguments(config: SftConfig, output_dir: Path, plan: SftPlan, checkpointing: bool = False):
     """The TRL SFTConfig of this stage: every knob comes from SftConfig, nothing from TRL's own defaults by accident."""
     from trl import SFTConfig
 
@@ -131,7 +149,7 @@ def build_trainer(
     train: list[Example],
     val: list[Example],
     output_dir: Path,
-    plan: RuntimePolicy,
+    plan: SftPlan,
     callbacks: list | None = None,
     checkpointing: bool = False,
 ):
