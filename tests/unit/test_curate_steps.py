@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from datatrove.data import Document
 from dilforge_coordinator.config import PipelineConfig
-from dilforge_curate.config import CurateConfig, RedactConfig
+from dilforge_curate.config import CurateConfig, LanguageConfig, RedactConfig
 from dilforge_curate.steps import (
     FTFY_CONFIG,
     ContactRedactor,
@@ -22,7 +22,6 @@ from dilforge_curate.steps import (
     luhn_ok,
 )
 from dilforge_shared.configs import validate_model
-from dilforge_shared.configs.language import LanguageConfig
 from dilforge_shared.errors import ConfigError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Annotated, ClassVar, Literal
 
 from dilforge_shared.configs import RUN_ONLY, DataSource, StageConfig, StrictModel, check_unique_labels
-from dilforge_shared.configs.language import LanguageConfig, LinguaCode
+from dilforge_shared.configs.language import CANDIDATES, LinguaCode
 from pydantic import Field, field_validator, model_validator
 
 from .metrics import CurateMetrics
@@ -20,6 +20,40 @@ AZ_STOPWORDS = (
 
 
 NGram = Annotated[int, Field(ge=1, le=32)]  # words per n-gram; Gopher uses 2..10
+
+
+class LanguageConfig(StrictModel):
+    min_score: float = Field(
+        default=0.5,
+        ge=0,
+        le=1,
+        description="Keep a document when lingua's confidence in the target language is at least this "
+        "(0-1, over the candidate languages; Turkish, English and Russian are among them).",
+    )
+    candidates: list[LinguaCode] = Field(
+        default_factory=lambda: list(CANDIDATES),
+        min_length=2,
+        description="ISO 639-1 codes lingua chooses among (the target language is added); fewer is faster.",
+    )
+    max_chars: int = Field(
+        default=250,
+        ge=100,
+        le=100_000,
+        description="Characters of each document the detector reads, from its start (measured: docs/curate.md).",
+    )
+    relatives: list[LinguaCode] = Field(
+        default_factory=lambda: ["tr"],
+        description="Close relatives lingua confuses the target with (Azerbaijani → Turkish on short texts, names "
+        "and quotes). A document whose most likely language is one of them is still kept when the target's "
+        "confidence is within relative_margin of it, or when at least 2 % of its letters are ones only the target "
+        "writes among the candidates (Azerbaijani's ə; Turkish has none).",
+    )
+    relative_margin: float = Field(
+        default=0.2,
+        ge=0,
+        le=1,
+        description="How far below a relative's confidence the target's may be and the document still be kept.",
+    )
 
 
 class RawSource(DataSource):

@@ -155,10 +155,10 @@ def parrots(prompt: str, answer: str) -> bool:
 @lru_cache(maxsize=1)
 def _detector():
     """lingua over curate's candidate languages (built once: loading its models takes seconds)."""
-    from dilforge_shared.configs.language import LanguageConfig
+    from dilforge_shared.configs.language import CANDIDATES
     from lingua import IsoCode639_1, Language, LanguageDetectorBuilder
 
-    codes = sorted(set(LanguageConfig().candidates) | {"az", "en"})
+    codes = sorted(set(CANDIDATES) | {"az", "en"})
     languages = [Language.from_iso_code_639_1(getattr(IsoCode639_1, c.upper())) for c in codes]
     return LanguageDetectorBuilder.from_languages(*languages).build()
 
