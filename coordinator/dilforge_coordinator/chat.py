@@ -70,8 +70,8 @@ def _user_text(text: str, where: str) -> str:
     return text
 
 
-def reply(tok, model, messages: list[dict[str, str]], max_new_tokens: int, temperature: float, seed: int) -> str:
-    """One assistant turn for the conversation so far, stopping at the family's end of turn."""
+def reply(tok, model, messages: list[dict[str, str]], max_new_tokens: int) -> str:
+    """One greedy assistant turn for the conversation so far, stopping at the family's end of turn."""
     import torch
     from dilforge_shared.serving import stop_token_ids
 
@@ -80,14 +80,13 @@ def reply(tok, model, messages: list[dict[str, str]], max_new_tokens: int, tempe
     enc = tok.apply_chat_template(messages, add_generation_prompt=True, return_dict=True, return_tensors="pt")
     enc = {k: v.to(model.device) for k, v in enc.items()}
     stop = stop_token_ids(tok)
-    torch.manual_seed(seed)
     with torch.no_grad():
         out = model.generate(
             **enc,
             max_new_tokens=max_new_tokens,
-            do_sample=temperature > 0,
-            temperature=temperature if temperature > 0 else None,
-            top_p=0.95 if temperature > 0 else None,
+            do_sample=False,
+            temperature=None,
+            top_p=None,
             eos_token_id=stop,
             pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else stop[0],
         )
@@ -107,8 +106,6 @@ def chat_cmd(
         bool, typer.Option("--merged", help="Use the artifact's merged/ weights when it has them.")
     ] = False,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1)] = 256,
-    temperature: Annotated[float, typer.Option("--temperature", min=0.0, help="0 = greedy.")] = 0.0,
-    seed: Annotated[int, typer.Option("--seed")] = 0,
     device: Annotated[str, typer.Option("--device", help="auto, cpu or cuda.")] = "auto",
     endpoint: EndpointOpt = None,
 ) -> None:
@@ -122,7 +119,7 @@ def chat_cmd(
     messages = [{"role": "system", "content": system}] if system else []
     if prompt is not None:
         messages.append({"role": "user", "content": prompt})
-        typer.echo(reply(tok, lm, messages, max_new_tokens, temperature, seed))
+        typer.echo(reply(tok, lm, messages, max_new_tokens))
         return
     typer.echo(f"{spec.description} on {policy.device}. Empty line or Ctrl-D to quit.", err=True)
     while True:
@@ -148,6 +145,6 @@ def chat_cmd(
             typer.echo(f"error: {exc}", err=True)
             continue
         messages.append({"role": "user", "content": line})
-        answer = reply(tok, lm, messages, max_new_tokens, temperature, seed)
+        answer = reply(tok, lm, messages, max_new_tokens)
         messages.append({"role": "assistant", "content": answer})
         typer.echo(f"model> {answer}")

@@ -101,22 +101,16 @@ DataOpt = Annotated[
 ]
 BackendOpt = Annotated[str, typer.Option("--backend", "-b", help=f"Where stages run: {', '.join(BACKENDS)}.")]
 StoreOpt = Annotated[str | None, typer.Option("--store", help="Override store.uri of the config.")]
-RunIdOpt = Annotated[str | None, typer.Option("--run-id", help="Override run_id of the config.")]
 
 
 DryRunHelp = "sagemaker backend: print every CreateTrainingJob request, offline, and submit nothing."
 DryRunOpt = Annotated[bool, typer.Option("--dry-run", help=DryRunHelp)]
 
 
-def _load(config: Path, data: Path | None, store: str | None, run_id: str | None) -> PipelineConfig:
+def _load(config: Path, data: Path | None, store: str | None) -> PipelineConfig:
     """The pipeline config; `--data` is passed to interpolation as DILFORGE_DATA (os.environ is never written)."""
-    overrides = {}
-    if store:
-        overrides["store.uri"] = store
-    if run_id:
-        overrides["run_id"] = run_id
     variables = {"DILFORGE_DATA": str(data.resolve())} if data is not None else None
-    return load_pipeline(config, overrides, variables)
+    return load_pipeline(config, {"store.uri": store} if store else None, variables)
 
 
 def _print_dry_run(backend, cfg: PipelineConfig, stage: str | None = None) -> None:
@@ -126,7 +120,7 @@ def _print_dry_run(backend, cfg: PipelineConfig, stage: str | None = None) -> No
 @app.command("validate")
 def validate_cmd(config: ConfigOpt, data: DataOpt = None) -> None:
     """Validate a pipeline config (every stage) without running anything."""
-    cfg = _load(config, data, None, None)
+    cfg = _load(config, data, None)
     typer.echo(f"{config}: valid; stages: {', '.join(name for name, _ in cfg.stages()) or 'none'}")
 
 
@@ -137,7 +131,6 @@ def run_cmd(
     data: DataOpt = None,
     backend: BackendOpt = "local",
     store: StoreOpt = None,
-    run_id: RunIdOpt = None,
     inputs: Annotated[
         list[str] | None, typer.Option("--input", help="Upstream artifact NAME=URI; defaults to this run's record.")
     ] = None,
@@ -148,7 +141,7 @@ def run_cmd(
     _setup_logging(verbose)
     if stage not in STAGES:
         fail(f"{stage!r} is not a stage; stages: {', '.join(STAGES)}")
-    cfg = _load(config, data, store, run_id)
+    cfg = _load(config, data, store)
     if getattr(cfg, stage, None) is None:
         fail(f"{config}: no '{stage}' section; stages configured: {[n for n, _ in cfg.stages()]}")
     runner, cfg = _prepared_backend(backend, cfg, dry_run, data)
@@ -180,13 +173,12 @@ def run_all_cmd(
     data: DataOpt = None,
     backend: BackendOpt = "local",
     store: StoreOpt = None,
-    run_id: RunIdOpt = None,
     dry_run: DryRunOpt = False,
     verbose: bool = False,
 ) -> None:
     """Run every configured stage in order, each fed the manifests of the ones before."""
     _setup_logging(verbose)
-    cfg = _load(config, data, store, run_id)
+    cfg = _load(config, data, store)
     runner, cfg = _prepared_backend(backend, cfg, dry_run, data)
     if dry_run:
         return _print_dry_run(runner, cfg)

@@ -177,7 +177,7 @@ class Deployer:
     def describe_endpoint(self, name: str) -> dict | None:
         return self._describe("describe_endpoint", EndpointName=name)
 
-    def deploy(self, deploy: DeployPlan, wait: bool = True) -> dict:
+    def deploy(self, deploy: DeployPlan) -> dict:
         current = self.describe_endpoint(deploy.endpoint)
         if current is not None and current.get("EndpointConfigName") == deploy.model:
             self.out(f"endpoint {deploy.endpoint} already serves {deploy.artifact_uri} ({deploy.model}): nothing to do")
@@ -193,7 +193,7 @@ class Deployer:
                 f"({deploy.create_endpoint_config['ProductionVariants'][0]['InitialInstanceCount']} x "
                 f"{deploy.create_endpoint_config['ProductionVariants'][0]['InstanceType']})"
             )
-        return self.wait(deploy.endpoint) if wait else (self.describe_endpoint(deploy.endpoint) or {})
+        return self.wait(deploy.endpoint)
 
     def wait(self, name: str) -> dict:
         """boto3's `endpoint_in_service` waiter: DescribeEndpoint every poll_s until InService; Failed (or the
@@ -257,7 +257,6 @@ def deploy_cmd(
     ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print every request offline; send nothing.")] = False,
     delete: Annotated[bool, typer.Option("--delete", help="Delete the endpoint, its config and its model.")] = False,
-    wait: Annotated[bool, typer.Option("--wait/--no-wait", help="Wait until the endpoint is InService.")] = True,
     model_id: Annotated[str | None, typer.Option("--model-id", help="OpenAI model id; default <run_id>-sft.")] = None,
     system_prompt: Annotated[
         str | None,
@@ -298,7 +297,7 @@ def deploy_cmd(
     if delete:
         deployer.delete(name)
         return
-    desc = deployer.deploy(deploy, wait=wait)
+    desc = deployer.deploy(deploy)
     typer.echo(
         f"endpoint {name}: {desc.get('EndpointStatus')}; model id "
         f"{deploy.create_model['PrimaryContainer']['Environment'][MODEL_ID_ENV]}; invoke with "

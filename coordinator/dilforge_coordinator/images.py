@@ -306,18 +306,18 @@ def push_cmd(
         ),
     ] = None,
     region: Annotated[str | None, typer.Option("--region", help="AWS region (overrides the config).")] = None,
-    prefix: Annotated[str, typer.Option("--repository-prefix", help="ECR repositories <prefix>-<stage>.")] = "dilforge",
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print each local image and its ECR target; contact nothing.")
     ] = False,
 ) -> None:
     """Push images to ECR (creating repositories) and record their digests for --backend sagemaker."""
+    section = {}
     if config is not None:
         from .config import load_yaml
 
         section = load_yaml(config).get("sagemaker") or {}
         region = region or section.get("region")
-        prefix = section.get("repository_prefix", prefix)
+    prefix = section.get("repository_prefix", "dilforge")  # ECR repositories <prefix>-<stage>
     if dry_run:
         chosen_tag = tag or default_tag(gpu)
         for name in _stages(stage):

@@ -1,28 +1,33 @@
 """Run a stage in a subprocess with a private /opt/ml root, `<workdir>/<stage>-<artifact_id>/`: kept after a
-failure (a rerun resumes from its checkpoints), flocked while in use, marked (`WORK_MARKER`) for `gc`."""
+failure (a rerun resumes from its checkpoints), flocked while in use, marked (`WORK_MARKER`) for `gc`. The process
+reads /dev/null, runs in its own session (Ctrl-C reaches the coordinator, which forwards SIGTERM, then SIGKILL) and
+dies with the coordinator (no orphan)."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import os
 import shutil
 import signal
+import subprocess
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from dilforge_shared.contract import OPT_ML_ENV, OptMl
 from dilforge_shared.locks import FileLock
+from dilforge_shared.processes import die_with_parent
 
 from ..pipeline import STAGE_MODULES, StageCancelled, StageFailed, StageJob, build_hyperparameters
 from ..settings import coordinator_settings
-from .process import run_child
 
 WORK_MARKER = ".dilforge-work"
 
 
-@contextmanager
+@contextlib.contextmanager
 def work_folder(workdir: Path, stage: str, artifact_id: str) -> Iterator[tuple[Path, FileLock]]:
     """`<workdir>/<stage>-<artifact_id>/`, created with its marker and held (flocked) while the stage runs."""
     root = workdir / f"{stage}-{artifact_id}"
@@ -88,6 +93,38 @@ def run_in_work_folder(
         reason = opt.failure_file.read_text() if opt.failure_file.exists() else _exit_reason(returncode)
         raise StageFailed(job.stage, reason)
     shutil.rmtree(root, ignore_errors=True)
+
+
+def run_child(cmd: Sequence[str], env: dict[str, str], pass_fds: Sequence[int] = ()) -> tuple[int, int | None]:
+    """Run to completion; returns (exit code, the first signal that asked us to stop, or None)."""
+    proc = subprocess.Popen(
+        list(cmd),
+        env=env,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        pass_fds=tuple(pass_fds),
+        preexec_fn=functools.partial(die_with_parent, os.getpid(), signal.SIGTERM),  # noqa: PLW1509 - prctl only
+    )
+    received: list[int] = []
+
+    def forward(signum, frame) -> None:
+        received.append(signum)
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM if len(received) == 1 else signal.SIGKILL)
+
+    main = threading.current_thread() is threading.main_thread()
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)} if main else {}
+    try:
+        while True:
+            try:
+                returncode = proc.wait()
+                break
+            except KeyboardInterrupt:  # a SIGINT that raced the handler install
+                forward(signal.SIGINT, None)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return returncode, (received[0] if received else None)
 
 
 def _exit_reason(returncode: int) -> str:
