@@ -17,7 +17,7 @@ from typing import Annotated, Any
 
 from dilforge_shared.errors import ConfigError, DilforgeError, field_errors
 from dilforge_shared.locks import FileLock
-from dilforge_shared.paths import check_name, check_relative_path
+from dilforge_shared.manifest import check_name, check_relative_path
 from dilforge_shared.settings import redact_values
 from dilforge_shared.store import NotFound, mark_store, open_backend
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError

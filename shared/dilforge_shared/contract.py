@@ -25,8 +25,7 @@ from . import identity
 from .configs import ARTIFACT_PREFIX, StageConfig, validate_model
 from .errors import ConfigError, DilforgeError, InputError, UnsafePathError, field_errors
 from .identity import artifact_id, config_refs
-from .manifest import MANIFEST_NAME, InputRef, Manifest, current_producer, parse_manifest, sha256_bytes
-from .paths import check_name
+from .manifest import MANIFEST_NAME, InputRef, Manifest, check_name, current_producer, parse_manifest, sha256_bytes
 from .settings import install_log_masking, redact, settings
 from .store import Artifact, fetch, publish, read_uri_bytes, verify_files
 

@@ -13,18 +13,66 @@ import hashlib
 import importlib.util
 import os
 import stat
+from collections.abc import Iterable
 from pathlib import Path
 from urllib.parse import urlparse
 
 from .configs import StageConfig
-from .errors import ConfigError, InputError, ManifestNotFound
-from .manifest import MANIFEST_NAME, STAGES, InputRef, StageName, artifact_ref, fingerprint, parse_manifest, sha256_file
-from .paths import check_links, content_keys, declared_uri, holds_dilforge_data, local_path
+from .errors import ConfigError, InputError, ManifestNotFound, UnsafePathError
+from .manifest import (
+    MANIFEST_NAME,
+    STAGES,
+    InputRef,
+    StageName,
+    artifact_ref,
+    declared_uri,
+    fingerprint,
+    parse_manifest,
+    sha256_file,
+)
 from .settings import cache_root
-from .store import S3Storage, read_manifest
+from .store import S3Storage, local_path, read_manifest
 
 # the module each stage's container runs (`python -m <module> train`); the model stage runs in the cpt image
 STAGE_MODULES: dict[StageName, str] = {s: f"dilforge_{s}" for s in STAGES} | {"model": "dilforge_cpt.import_model"}
+
+
+STORE_FILES = (".dilforge-store", ".dilforge-work", "manifest.json")
+
+
+def holds_dilforge_data(folder: Path) -> bool:
+    """A dilforge store, artifact or stage work folder (it holds one of STORE_FILES): never content of a corpus or
+    model folder it sits in (a store kept inside a corpus folder would feed each run its own earlier output)."""
+    return any((folder / f).exists() for f in STORE_FILES)
+
+
+def content_keys(keys: Iterable[str], prefix: str) -> list[str]:
+    """The keys under an S3 `prefix` that are its content, by the folders' rule: none hidden at any level below the
+    prefix, none under a sub-prefix holding one of STORE_FILES (a store, artifact or work folder kept there)."""
+    keys = list(keys)
+    start = len(prefix) + 1 if prefix else 0
+    stores = {k.rsplit("/", 1)[0] + "/" for k in keys if "/" in k[start:] and k.rsplit("/", 1)[-1] in STORE_FILES}
+    return [
+        k
+        for k in keys
+        if not any(part.startswith(".") for part in k[start:].split("/")) and not any(k.startswith(s) for s in stores)
+    ]
+
+
+def check_links(folder: Path, source: str) -> None:
+    """Refuse a folder read as input if any symlink in it points outside it (it would publish, or fingerprint,
+    files the user never pointed at); links inside it are fine."""
+    real = folder.resolve()
+    for dirpath, dirnames, filenames in os.walk(folder):
+        for name in (*dirnames, *filenames):
+            path = Path(dirpath) / name
+            if path.is_symlink():
+                target = path.resolve()
+                if not target.is_relative_to(real):
+                    raise UnsafePathError(
+                        f"{source}: {path.relative_to(folder)} is a link to {target}, outside the "
+                        "folder; copy the file in instead of linking it"
+                    )
 
 
 def config_refs(config: StageConfig, endpoint_url: str | None = None) -> list[InputRef]:

@@ -8,6 +8,7 @@ import hashlib
 import json
 import logging
 import platform
+import re
 import subprocess
 from datetime import UTC, datetime
 from importlib import metadata
@@ -16,8 +17,7 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from .errors import ManifestError, field_errors
-from .paths import check_name, check_relative_path, declared_uri
+from .errors import ManifestError, UnsafePathError, field_errors
 from .settings import redact_values, settings
 
 log = logging.getLogger(__name__)
@@ -31,6 +31,37 @@ STAGES: tuple[StageName, ...] = get_args(StageName)  # the pipeline's stages, in
 ArtifactKind = Literal["corpus", "tokenizer", "model", "adapter", "eval_report"]
 
 KEY_LIBRARIES = "torch transformers tokenizers trl peft accelerate datasets liger-kernel safetensors pydantic boto3"
+
+
+# Artifact ids, run ids, stage and input names: one path component, no leading dot, nothing a shell or a URI
+# would read specially. Fingerprints (16 hex digits) and every run id the pipeline config accepts match.
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+# A local input uploaded for `--backend sagemaker-local`: s3://<bucket>/data/<16 hex of its content>/<its absolute
+# path>, its sha256 as metadata. Identity reads it as that local path (`declared_uri`), so the copy gets the local id.
+UPLOADED_COPY = re.compile(r"^s3://[a-z0-9][a-z0-9.-]*/data/[0-9a-f]{16}(/.+)$")
+
+
+def declared_uri(uri: str) -> str:
+    """The URI a config declared: the local path for an uploaded copy (UPLOADED_COPY), else `uri` itself."""
+    match = UPLOADED_COPY.match(uri)
+    return match.group(1) if match else uri
+
+
+def check_relative_path(path: str) -> str:
+    """Reject absolute paths, `..`, backslashes and empty parts: a file name may not escape its artifact."""
+    if not path or "\\" in path or any(part in ("..", "", ".") for part in path.split("/")):  # "" for "/x", "a//b"
+        raise UnsafePathError(f"unsafe file path {path!r}: must be relative, without '..' or empty parts")
+    return path
+
+
+def check_name(value: str, what: str) -> str:
+    """`value` as one safe path component (an id or a name), else UnsafePathError naming `what`."""
+    if not isinstance(value, str) or not _NAME.match(value) or ".." in value:
+        raise UnsafePathError(
+            f"{what} {value!r} is not a valid name: use letters, digits, '.', '_' and '-' "
+            "(at most 128, starting with a letter or digit, no '..')"
+        )
+    return value
 
 
 class Metrics(BaseModel):

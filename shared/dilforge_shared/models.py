@@ -18,9 +18,8 @@ from urllib.parse import urlparse
 
 from .errors import ConfigError, ManifestNotFound
 from .manifest import Manifest
-from .paths import local_path
 from .settings import cache_root
-from .store import Artifact, NotFound, fetch, open_backend
+from .store import Artifact, NotFound, fetch, local_path, open_backend
 
 log = logging.getLogger("dilforge")
 

@@ -19,24 +19,39 @@ from pathlib import Path
 from typing import IO
 from urllib.parse import urlparse
 
-from .errors import ArtifactExistsError, DilforgeError, IntegrityError, ManifestNotFound
+from .errors import ArtifactExistsError, DilforgeError, IntegrityError, ManifestNotFound, UnsafePathError
 from .manifest import (
     MANIFEST_NAME,
     InputRef,
     Manifest,
     artifact_ref,
+    check_relative_path,
     parse_manifest,
     scan_files,
     sha256_bytes,
     sha256_file,
 )
-from .paths import check_relative_path, confined
 from .settings import cache_root, settings
 
 log = logging.getLogger("dilforge_shared.store")
 
 MULTIPART_THRESHOLD = 64 << 20  # bytes; larger files go up in parts of this size
 PUBLISH_LOG_S = 25.0  # the longest a publish goes without a log line between files, as stages log progress
+
+
+def local_path(uri: str) -> Path:
+    """A local URI (a path or file://) as a Path."""
+    return Path(uri.removeprefix("file://")).expanduser()
+
+
+def confined(root: Path, rel: str, what: str = "path") -> Path:
+    """`root / rel`, refused unless `rel` is a clean relative path that also resolves (links followed) inside root."""
+    check_relative_path(rel)
+    path = root / rel
+    real_root = root.resolve()
+    if not path.resolve().is_relative_to(real_root):
+        raise UnsafePathError(f"{what} {rel!r} resolves to {path.resolve()}, outside {real_root}")
+    return path
 
 
 class NotFound(DilforgeError):

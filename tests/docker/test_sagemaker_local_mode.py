@@ -191,7 +191,7 @@ def test_rerun_reuses_every_artifact(pipeline):
 
 def test_the_ids_are_the_local_runs(pipeline, data_root):
     """Issue 32: the same config and data run by `--backend local` into a local folder publish the same ids (the
-    local data sagemaker-local uploaded are identified as the local files: paths.declared_uri)."""
+    local data sagemaker-local uploaded are identified as the local files: manifest.declared_uri)."""
     tmp = pipeline["tmp"]
     raw = yaml.safe_load((tmp / "pipeline.yaml").read_text())
     raw["store"] = {"uri": str(tmp / "local-store")}

@@ -16,8 +16,7 @@ from dilforge_coordinator.config import PipelineConfig, load_pipeline
 from dilforge_coordinator.records import ArtifactStore, DamagedRecord, RecordDoc, RunRecord, parse_record
 from dilforge_shared.configs import validate_model
 from dilforge_shared.errors import ConfigError, ManifestError
-from dilforge_shared.manifest import Manifest, current_producer, parse_manifest
-from dilforge_shared.paths import check_name, check_relative_path
+from dilforge_shared.manifest import Manifest, check_name, check_relative_path, current_producer, parse_manifest
 from fuzzing import FUZZ
 from hypothesis import assume, given
 from hypothesis import strategies as st

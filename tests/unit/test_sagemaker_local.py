@@ -309,7 +309,7 @@ def test_only_declared_inputs_are_uploaded(tmp_path):
 
 def test_an_uploaded_copy_gets_the_local_inputs_artifact_id(monkeypatch, tmp_path, tiny_tokenizer_dir):
     """Issue 32: the same config and data give the same id whether a stage reads them locally or, under
-    --backend sagemaker-local, as the copies uploaded to the store (paths.declared_uri, sha256 metadata)."""
+    --backend sagemaker-local, as the copies uploaded to the store (manifest.declared_uri, sha256 metadata)."""
     import boto3
     import moto
     from dilforge_shared.configs import validate_model

@@ -109,10 +109,10 @@ def upload_local_data(raw: Any, store: str, endpoint_url: str, declared: set[str
         files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
         sums = {file: stamped_sha256(file) for file in files}
         digest = hashlib.sha256("".join(f"{p.relative_to(path.parent)}\0{sums[p]}\n" for p in files).encode())
-        # the copy sits under the path as written (identity reads it back: paths.declared_uri), or, for a relative
+        # the copy sits under the path as written (identity reads it back: manifest.declared_uri), or, for a relative
         # one, under the absolute path
         location = text.removeprefix("file://") if text.removeprefix("file://").startswith("/") else str(path)
-        copy_root = f"{bucket_root}/data/{digest.hexdigest()[:16]}"  # paths.UPLOADED_COPY
+        copy_root = f"{bucket_root}/data/{digest.hexdigest()[:16]}"  # manifest.UPLOADED_COPY
         moved[text] = copy_root + location
         backend = open_backend(copy_root, endpoint_url)
         base = location.strip("/")

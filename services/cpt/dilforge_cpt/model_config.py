@@ -10,7 +10,7 @@ from dilforge_shared.errors import ConfigError, InputError
 from dilforge_shared.identity import source_ref
 from dilforge_shared.manifest import MANIFEST_NAME, InputRef
 from dilforge_shared.models import find_dir
-from dilforge_shared.paths import local_path
+from dilforge_shared.store import local_path
 from pydantic import Field, field_validator
 
 from .model_metrics import ModelMetrics

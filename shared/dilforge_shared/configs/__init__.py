@@ -12,8 +12,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import to_jsonable_python
 
 from ..errors import ConfigError, field_errors
-from ..manifest import InputRef
-from ..paths import declared_uri
+from ..manifest import InputRef, declared_uri
 from ..settings import redact, secret_values
 
 # the corpus readers' formats and their bound on one line/document (a 200 MB line never reaches memory whole)
