@@ -238,7 +238,7 @@ def run_stage(stage: str, corpus: Path, data: Path, cache: Path, work: Path, **o
     env = {**os.environ, "DILFORGE_WORKDIR": str(work / "work"), "DILFORGE_CACHE": str(cache)}
     if stage == "cpt-cache":  # the stage's own build (bench/cpt_cache.py), SmolLM2's tokenizer, every core
         from cpt_cache import measure
-        from dilforge_shared.processes import available_cpus
+        from dilforge_shared.workers import available_cpus
 
         tok = overrides.pop("base_tokenizer", None) or smollm2_tokenizer(cache)
         row = measure(corpus, Path(tok), available_cpus(), work)

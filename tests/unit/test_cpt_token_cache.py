@@ -319,7 +319,7 @@ def test_workers_default_to_the_cpus_of_the_affinity_mask_not_the_machine():
 
     if shutil.which("taskset") is None or len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs taskset and two CPUs")
-    code = "from dilforge_shared.processes import available_cpus; print(available_cpus())"
+    code = "from dilforge_shared.workers import available_cpus; print(available_cpus())"
     one = subprocess.run(["taskset", "-c", "0", sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert one.stdout.strip() == "1"
     every = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from dilforge_shared.contract import OPT_ML_ENV, OptMl
 from dilforge_shared.locks import FileLock
-from dilforge_shared.processes import die_with_parent
+from dilforge_shared.workers import die_with_parent
 
 from ..pipeline import STAGE_MODULES, StageCancelled, StageFailed, StageJob, build_hyperparameters
 from ..settings import coordinator_settings

@@ -6,7 +6,7 @@ import sys
 
 from dilforge_shared.contract import OptMl, ResourceConfig, stage_main
 from dilforge_shared.errors import DilforgeError
-from dilforge_shared.processes import die_with_parent
+from dilforge_shared.workers import die_with_parent
 
 from .config import CptConfig
 from .stage import build_cache, run, worker

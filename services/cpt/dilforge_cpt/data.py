@@ -24,8 +24,8 @@ from dilforge_shared.errors import DilforgeError, InputError
 from dilforge_shared.families import FAMILIES, Family, detect_family
 from dilforge_shared.identity import data_digest
 from dilforge_shared.manifest import sha256_file
-from dilforge_shared.processes import die_with_parent
 from dilforge_shared.specials import special_token_in, special_token_pattern, special_tokens
+from dilforge_shared.workers import die_with_parent
 from tokenizers import Tokenizer
 
 from .config import CptDataSource
@@ -549,7 +549,7 @@ class Prefetcher:
     def __init__(
         self, data: PackedData, global_batch: int, micro_batch: int, rank: int, world: int, device, depth: int = 2
     ):
-        from dilforge_shared.prefetch import ReadAhead
+        from dilforge_shared.workers import ReadAhead
 
         self.data, self.device, self.pin = data, device, device.type == "cuda"
         self.consumed = data.sampler.state_dict()

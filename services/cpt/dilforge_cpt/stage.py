@@ -28,8 +28,8 @@ from dilforge_shared.errors import ConfigError, DilforgeError
 from dilforge_shared.metrics.cpt import CptMetrics
 from dilforge_shared.model_folders import describe_model_folder
 from dilforge_shared.models import TOKENIZER_FILES, resolve
-from dilforge_shared.processes import available_cpus, die_with_parent
 from dilforge_shared.settings import settings
+from dilforge_shared.workers import available_cpus, die_with_parent
 
 from .checkpoints import Checkpointer, RngState
 from .config import CptConfig

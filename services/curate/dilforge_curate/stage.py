@@ -22,7 +22,7 @@ from pathlib import Path
 from datatrove.executor import LocalPipelineExecutor
 from dilforge_shared.contract import StageContext, StageResult, log_config
 from dilforge_shared.errors import DilforgeError, InputError
-from dilforge_shared.processes import available_cpus, die_with_parent
+from dilforge_shared.workers import available_cpus, die_with_parent
 
 from . import report
 from .config import CurateConfig

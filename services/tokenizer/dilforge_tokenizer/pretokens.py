@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
-from dilforge_shared.processes import available_cpus, die_with_parent
+from dilforge_shared.workers import available_cpus, die_with_parent
 from tokenizers import Tokenizer
 
 from .stream import CorpusStream
