@@ -1,7 +1,6 @@
-"""The container contract: every stage runs as SageMaker runs a bring-your-own container. `stage_main`: /opt/ml →
-hyperparameters (strings, parsed strictly into a `StageRequest`) → `StageContext` (upstream fetched, verified) →
-the stage → metrics validated, inputs proved to give the planned id, files and manifest published. Any error
-leaves the failure file, a non-zero exit and nothing published."""
+"""The container contract, as SageMaker runs a bring-your-own container. `stage_main`: /opt/ml → hyperparameters →
+`StageContext` → the stage → metrics validated, inputs proved to give the planned id, files and manifest published.
+Any error leaves the failure file, a non-zero exit and nothing published."""
 
 from __future__ import annotations
 
@@ -38,8 +37,7 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 class OptMl:
-    """SageMaker's /opt/ml layout, rooted anywhere: input/config/*.json and input/data/<channel>/ in; model/ (the
-    artifact), output/ (failure file) and checkpoints/ out."""
+    """SageMaker's /opt/ml layout, rooted anywhere."""
 
     def __init__(self, root: Path):
         self.root = root
@@ -91,8 +89,7 @@ class ResourceConfig:
 
 
 def write_failure(opt: OptMl, message: str) -> None:
-    """SageMaker's failure file (its job status shows it), secrets redacted, written in the space `stage_main`
-    held; never left empty (a failure without a reason)."""
+    """SageMaker's failure file, secrets redacted, written in the space `stage_main` held; never left empty."""
     with contextlib.suppress(OSError):
         opt.failure_reserve.unlink(missing_ok=True)
     try:
@@ -104,7 +101,6 @@ def write_failure(opt: OptMl, message: str) -> None:
                 opt.failure_file.unlink()
 
 
-# stage_config or stage_config_uri, artifact_uri, run_id, inputs (JSON {name: manifest URI}), s3_endpoint_url
 HYPERPARAMETER_KEYS = {"stage_config", "stage_config_uri", "artifact_uri", "run_id", "inputs", "s3_endpoint_url"}
 
 
@@ -120,8 +116,7 @@ class StageRequest:
 
 
 def parse_hyperparameters(hp: dict[str, Any], config_cls: type[StageConfig], source: str) -> StageRequest:
-    """Strictly parse SageMaker-style string hyperparameters into a StageRequest: a key not in
-    HYPERPARAMETER_KEYS is an error (`sagemaker_*` aside)."""
+    """SageMaker's string hyperparameters as a StageRequest: only HYPERPARAMETER_KEYS and `sagemaker_*`."""
     if bad := [k for k in hp if k not in HYPERPARAMETER_KEYS and not k.startswith("sagemaker_")]:
         raise ConfigError(f"{source}: unknown hyperparameters {sorted(bad)}; expected {sorted(HYPERPARAMETER_KEYS)}")
     if bad := [k for k, v in hp.items() if not isinstance(v, str)]:
@@ -165,8 +160,7 @@ class StageContext:
 
     @property
     def cache_dir(self) -> Path:
-        """Where the stage keeps what it downloads from the store: $DILFORGE_CACHE, else <opt_ml>/cache (on
-        SageMaker the instance's ML volume, which holds the model sizes a root disk may not)."""
+        """Where the stage keeps downloads: $DILFORGE_CACHE, else <opt_ml>/cache (on SageMaker the ML volume)."""
         return settings().cache or self.opt.root / "cache"
 
     def input(self, name: str) -> Artifact:
@@ -191,8 +185,7 @@ class StageContext:
 
 @dataclass
 class StageResult:
-    """What a run function returns: the metrics for the manifest. Files are whatever it left in model_dir.
-    Lineage is not returned: it is exactly what the coordinator fingerprinted (`lineage`)."""
+    """What a run function returns: the metrics for the manifest (its files are what it left in model_dir)."""
 
     metrics: dict[str, Any]
 
@@ -204,9 +197,8 @@ def lineage(ctx: StageContext) -> list[InputRef]:
 
 
 def resolve_sources(config: StageConfig, ctx: StageContext) -> StageConfig:
-    """The config the stage runs with: each source named `artifact:<stage>` points at the local folder of that
-    upstream corpus artifact (its shards). Identity is unaffected: those sources are hashed as the upstream
-    artifact's id, never by path."""
+    """The config the stage runs with: each `artifact:<stage>` source at that artifact's local folder (identity
+    hashes such sources as the artifact's id, never by path)."""
     if not config.source_inputs():
         return config
 
@@ -224,16 +216,14 @@ def resolve_sources(config: StageConfig, ctx: StageContext) -> StageConfig:
 
 
 def planned_id(ctx: StageContext) -> str | None:
-    """The artifact id the coordinator planned (the folder name), or None when the folder is not named by an id
-    (a stage started by hand into a named folder: its artifact is never reused, so there is no id to keep)."""
+    """The artifact id the coordinator planned (the folder name), or None for a folder not named by an id."""
     name = ctx.request.artifact_uri.rsplit("/", 1)[-1]
     return name if re.fullmatch(r"[0-9a-f]{16}", name) else None
 
 
 def check_identity(ctx: StageContext, refs: list[InputRef], since: list[InputRef] | None = None) -> None:
-    """The inputs as this stage read them (`refs`, data hashed now) must give the planned id: checked before the
-    stage runs and again before publishing, with `since` = the refs seen at the start (data changed while the stage
-    read it fails, naming it)."""
+    """The inputs as read now (`refs`) must give the planned id, and equal `since` (the refs seen at the start):
+    checked before the stage runs and again before publishing."""
     if (expected := planned_id(ctx)) is None:
         return
     stage = ctx.request.config.stage
@@ -259,8 +249,7 @@ def check_identity(ctx: StageContext, refs: list[InputRef], since: list[InputRef
 def publish_result(
     ctx: StageContext, result: StageResult, package: str, start_refs: list[InputRef] | None = None
 ) -> Manifest:
-    """Validate the metrics against the stage's model (`validate_metrics`) and the inputs against the
-    planned id, then publish files + manifest."""
+    """Check the metrics and the planned id, then publish files + manifest."""
     config = ctx.request.config
     validate_metrics(config.stage, type(config).metrics_model, result.metrics)
     inputs = lineage(ctx)
@@ -285,8 +274,7 @@ M = TypeVar("M", bound=BaseModel)
 
 
 def validate_metrics(stage: str, model: type[M], metrics: dict[str, Any]) -> M:
-    """What a run of `stage` is about to publish, as its metrics model (DilforgeError naming the field: a bug in
-    the stage, caught before anything is published)."""
+    """The metrics a run of `stage` is about to publish, as its metrics model; DilforgeError naming the field."""
     try:
         return model.model_validate(metrics)
     except ValidationError as exc:
@@ -338,8 +326,7 @@ def stage_main(
     argv: list[str] | None = None,
     publish_from_this_process: bool = True,
 ) -> int:
-    """Entrypoint body of every stage image (`IMAGE train`): any exception becomes a failure file and a non-zero
-    exit; nothing is published unless run_fn returns."""
+    """Entrypoint of every stage image (`IMAGE train`): any exception becomes a failure file and a non-zero exit."""
     argv = sys.argv[1:] if argv is None else argv
     # stdout, credentials masked on every line (botocore logs keys at DEBUG)
     logging.basicConfig(level=settings().log_level, format=LOG_FORMAT, stream=sys.stdout, force=True)

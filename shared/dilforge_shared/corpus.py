@@ -1,7 +1,6 @@
-"""Streaming readers for corpora on local disk or S3 (the files a source names: `identity.source_files`): .txt
-(a line per document), .txt.gz, .jsonl, .tsv, .parquet (by ranges over pyarrow.fs), word-frequency lists. Nothing
-is loaded whole: a line is read at most `max_document_bytes` at a time, `on_oversize` says what happens past that;
-errors name the file and line."""
+"""Streaming readers for corpora on local disk or S3: .txt (a line per document), .txt.gz, .jsonl, .tsv, .parquet.
+Nothing is loaded whole: a line is read at most `max_document_bytes` at a time, `on_oversize` says what happens past
+that; errors name the file and line."""
 
 from __future__ import annotations
 
@@ -78,8 +77,7 @@ def open_binary(uri: str, endpoint_url: str | None) -> IO[bytes]:
 
 def parquet_location(uri: str, endpoint_url: str | None):
     """(path, filesystem) for pyarrow: a checked local file, or an S3 object behind a `pyarrow.fs.S3FileSystem`
-    (seekable: read by ranges, never whole) with the store's endpoint, credentials (boto3's chain), region, timeouts
-    and attempts."""
+    (read by ranges) with the store's endpoint, credentials, region, timeouts and attempts."""
     parsed = urlparse(uri)
     if parsed.scheme != "s3":  # a regular file; whatever its name, pyarrow reads it as parquet
         return regular_file(uri, uri), None
@@ -191,8 +189,7 @@ def iter_records(
     on_oversize: Oversize = "error",
     on_bad: Callable[[str, int, str], None] | None = None,
 ) -> Iterator[tuple[int, dict]]:
-    """JSON objects of a JSONL file with their line numbers; blank lines skipped; lines bounded (error or skip). A
-    line that is not a JSON object is an InputError naming the file and line, or goes to `on_bad(file, line, reason)`."""
+    """JSON objects of a JSONL file with line numbers; a bad line is an InputError or goes to `on_bad`."""
     for lineno, line in iter_lines(uri, endpoint_url, max_document_bytes, on_oversize, splittable=False):
         if not line.strip():
             continue
@@ -211,9 +208,7 @@ def iter_records(
 
 
 def iter_located_records(uri: str, endpoint_url: str | None = None, **kwargs) -> Iterator[tuple[str, int, dict]]:
-    """(file, line, object) for every JSONL record behind `uri` (a file, folder, glob or S3 prefix): iter_records
-    over each file, with its keyword arguments (bounds, on_bad); a .tsv file's rows as {column: cell} by its
-    header (`iter_tsv_records`)."""
+    """(file, line, object) for every JSONL record or TSV row (by its header) behind `uri`."""
     for file_uri in source_files(uri, endpoint_url):
         if detect_format(file_uri) == "tsv":
             rows = iter_tsv_records(file_uri, endpoint_url, **{k: v for k, v in kwargs.items() if k != "on_bad"})
@@ -229,8 +224,7 @@ def iter_tsv_records(
     max_document_bytes: int = MAX_DOCUMENT_BYTES,
     on_oversize: Oversize = "error",
 ) -> Iterator[tuple[int, dict]]:
-    """The rows of a TSV file after its header, as {column: cell} with their line numbers; blank lines skipped.
-    A row with fewer cells than the header is an InputError naming the file and line."""
+    """A TSV file's rows after its header, as {column: cell} with line numbers; short rows refused."""
     header = None
     for lineno, line in iter_lines(uri, endpoint_url, max_document_bytes, on_oversize, splittable=False):
         if header is None:

@@ -14,8 +14,7 @@ def printable(path: object) -> str:
 
 
 def field_errors(exc, sep: str = "; ", within: tuple = ()) -> str:
-    """Every problem of a pydantic ValidationError as `field.path: message`, joined by `sep`; `within` prefixes
-    the paths (`("metrics",)` → `metrics.loss`) and `<root>` names the document itself."""
+    """A pydantic ValidationError as `field.path: message` joined by `sep`, paths prefixed by `within`."""
     return sep.join(f"{'.'.join(map(str, (*within, *e['loc']))) or '<root>'}: {e['msg']}" for e in exc.errors())
 
 

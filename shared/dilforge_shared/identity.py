@@ -1,7 +1,6 @@
-"""What identifies a stage's artifact: its code version (the code its container entry imports, `module_closure`),
-its inputs' lineage refs, and the artifact id. Planning and the contract compute the same refs, so an id can be
-recomputed. Models are identified without downloading weights (`source_ref`); a corpus source by the files it names
-(`expand`, `source_files`, which its readers read too) and their digest (`data_digest`)."""
+"""What identifies a stage's artifact: its code version (the code its entry imports, `module_closure`), its inputs'
+lineage refs (models without downloading weights, a corpus source by the files it names and their digest), and the
+artifact id. Planning and the contract compute the same refs, so an id can be recomputed."""
 
 from __future__ import annotations
 
@@ -41,14 +40,12 @@ STORE_FILES = (".dilforge-store", ".dilforge-work", "manifest.json")
 
 
 def holds_dilforge_data(folder: Path) -> bool:
-    """A dilforge store, artifact or stage work folder (it holds one of STORE_FILES): never content of a corpus or
-    model folder it sits in (a store kept inside a corpus folder would feed each run its own earlier output)."""
+    """A dilforge store, artifact or work folder: never content of a corpus or model folder it sits in."""
     return any((folder / f).exists() for f in STORE_FILES)
 
 
 def content_keys(keys: Iterable[str], prefix: str) -> list[str]:
-    """The keys under an S3 `prefix` that are its content, by the folders' rule: none hidden at any level below the
-    prefix, none under a sub-prefix holding one of STORE_FILES (a store, artifact or work folder kept there)."""
+    """The keys under an S3 `prefix` that are its content, by the folders' rule: none hidden, none in a store."""
     keys = list(keys)
     start = len(prefix) + 1 if prefix else 0
     stores = {k.rsplit("/", 1)[0] + "/" for k in keys if "/" in k[start:] and k.rsplit("/", 1)[-1] in STORE_FILES}
@@ -60,8 +57,7 @@ def content_keys(keys: Iterable[str], prefix: str) -> list[str]:
 
 
 def check_links(folder: Path, source: str) -> None:
-    """Refuse a folder read as input if any symlink in it points outside it (it would publish, or fingerprint,
-    files the user never pointed at); links inside it are fine."""
+    """Refuse an input folder holding a link to outside it (it would publish, or fingerprint, files never named)."""
     real = folder.resolve()
     for dirpath, dirnames, filenames in os.walk(folder):
         for name in (*dirnames, *filenames):
@@ -86,8 +82,7 @@ def config_refs(config: StageConfig, endpoint_url: str | None = None) -> list[In
 
 
 def stage_refs(config: StageConfig, inputs: dict[str, str], endpoint_url: str | None = None) -> list[InputRef]:
-    """What a stage's artifact id covers, as its manifest records them: upstream artifacts by their ids, then
-    `config_refs`."""
+    """What a stage's artifact id covers: upstream artifacts by their ids, then `config_refs`."""
     upstream = [artifact_ref(name, uri, read_manifest(uri, endpoint_url)[0]) for name, uri in sorted(inputs.items())]
     return [*upstream, *config_refs(config, endpoint_url)]
 
@@ -108,8 +103,7 @@ def source_ref(uri: str, name: str, endpoint_url: str | None = None) -> InputRef
 
 
 def folder_files(root: Path) -> list[Path]:
-    """The files a model folder is made of, sorted (what its digest hashes and `models import` copies): every
-    regular file but hidden entries (`.git/`, `.cache/`) and dilforge stores or work folders kept in it."""
+    """A model folder's files, sorted (what its digest hashes and `models import` copies): not hidden, not stores."""
     files = []
     for folder, dirs, names in os.walk(root):
         here = Path(folder)
@@ -152,9 +146,8 @@ SUFFIXES = (".txt", ".txt.gz", ".jsonl", ".jsonl.gz", ".tsv", ".tsv.gz", ".parqu
 
 
 def expand(uri: str, endpoint_url: str | None = None) -> list[str]:
-    """The corpus files behind `uri`: a file, a folder (its corpus files, sorted, but hidden entries and dilforge
-    stores or work folders; a link to a folder is refused), a glob (only when no such file exists), an S3 object
-    or prefix."""
+    """The corpus files behind `uri`: a file, a folder (sorted, not hidden, not stores; no link to a folder), a glob
+    (only when no such file exists), an S3 object or prefix."""
     parsed = urlparse(uri)
     if parsed.scheme == "s3":
         backend, key = S3Storage(parsed.netloc, "", endpoint_url), parsed.path.lstrip("/")
@@ -224,9 +217,7 @@ def regular_file(path: str, uri: str) -> str:
 
 
 def source_files(uri: str, endpoint_url: str | None = None) -> list[str]:
-    """The files a source names: an artifact's data folder (the folder a `manifest.json` beside it names as
-    `data_dir`: in a local store, a fetched copy, a SageMaker channel) by its manifest's list, so a file added to a
-    published artifact is never read; anything else by `expand`."""
+    """The files a source names: an artifact's data folder by its manifest's list, else by `expand`."""
     folder = Path(uri)
     beside = folder.parent / MANIFEST_NAME
     if "://" in uri or not folder.is_dir() or not beside.is_file():
@@ -240,9 +231,8 @@ def source_files(uri: str, endpoint_url: str | None = None) -> list[str]:
 
 
 def data_digest(uri: str, endpoint_url: str | None = None) -> str:
-    """A content digest for lineage and artifact reuse: sha256 of local files, ETags on S3. A source naming one
-    local file (or an uploaded copy of one) is that file's sha256, whatever its name or path: a copy or a link
-    is the same input; a folder or glob also hashes its files' names."""
+    """A content digest for lineage: sha256 of local files, ETags on S3. One named file is its sha256, whatever its
+    path (a copy is the same input); a folder or glob also hashes its files' names."""
     files = source_files(uri, endpoint_url)
     named = files == [uri.removeprefix("file://")]
     h = hashlib.sha256()
@@ -263,8 +253,7 @@ def data_digest(uri: str, endpoint_url: str | None = None) -> str:
 
 
 def stamped_sha256(path: Path) -> str:
-    """sha256 of a local file, read once per content: kept under the cache by the file's stat stamp (path, device,
-    inode, size, mtime and ctime, as git's index does), so the checks after planning only stat it."""
+    """sha256 of a local file, cached by its stat stamp (as git's index does): the checks after planning stat it."""
     st = path.stat()
     stamp = f"{path.resolve()}|{st.st_dev}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}"
     root = cache_root() / "digests"
@@ -286,9 +275,8 @@ DATA_SUFFIXES = (".json", ".jsonl", ".yaml", ".yml", ".j2")
 
 
 def code_version(stage: str) -> str:
-    """The stage's code version (part of its artifact id): 16 hex of sha256 over the syntax trees of every
-    dilforge module the stage imports, transitively, and its package's data files. Docstrings and comments are not
-    hashed, so editing them keeps the id; any other change gives new ids, with nothing to bump."""
+    """The stage's code version: sha256 of the syntax trees of every dilforge module the stage imports and of its
+    package's data files; docstrings are not hashed, so editing one keeps the ids."""
     return _code_version(STAGE_MODULES[stage])
 
 
@@ -326,8 +314,7 @@ def _canon(node) -> str:
 
 
 def module_path(name: str) -> Path | None:
-    """The source file of a dilforge module, found without importing it (only the top-level package is
-    located by the import system)."""
+    """The source file of a dilforge module, found without importing it."""
     top, *rest = name.split(".")
     spec = importlib.util.find_spec(top)
     if spec is None or not spec.submodule_search_locations:  # every dilforge top-level module is a package

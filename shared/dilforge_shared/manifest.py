@@ -65,8 +65,7 @@ def check_name(value: str, what: str) -> str:
 
 
 class Metrics(BaseModel):
-    """Base of the typed metrics a manifest carries (a stage config's `metrics_model`): unknown keys are an error,
-    so a renamed metric fails its producer (`contract.validate_metrics`) and its readers (`read_metrics`)."""
+    """Base of a stage's typed metrics: unknown keys are an error, so a renamed metric fails producer and readers."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -180,8 +179,7 @@ def scan_files(root: Path) -> list[FileEntry]:
 
 
 def git_sha(cwd: Path | None = None) -> str | None:
-    """The dilforge source commit: DILFORGE_GIT_SHA (set in images at build time), else `git rev-parse HEAD` in
-    the checkout holding `cwd` (default: this package's), else None. The one git-sha helper (manifests, image tags)."""
+    """The dilforge source commit: DILFORGE_GIT_SHA, else `git rev-parse HEAD` in `cwd`'s checkout."""
     if sha := settings().git_sha:
         return sha
     cwd = cwd or Path(__file__).resolve().parent
@@ -202,8 +200,7 @@ def current_producer(package: str) -> Producer:
 
 
 def artifact_ref(name: str, uri: str, manifest: Manifest) -> InputRef:
-    """An upstream artifact as lineage and identity record it: by its artifact id (a digest of what made it), never
-    by its manifest's bytes (where and when it was stored) nor its files' (CPT's and SFT's carry run timings)."""
+    """An upstream artifact as lineage records it: by its artifact id, never by its manifest's or files' bytes."""
     return InputRef(name=name, kind="manifest", uri=uri, sha256=f"artifact:{manifest.artifact_id}")
 
 
@@ -218,8 +215,7 @@ def by_content(value: Any, content: dict[str, str]) -> Any:
 
 def fingerprint(stage: str, identity: dict[str, Any], inputs: list[InputRef], code_version: str) -> str:
     """Artifact id: the stage, its code version, its config's identity fields and its inputs' digests (same values,
-    same id: reruns reuse). A file, folder or model the config names counts by its content, wherever it lives: an
-    input is hashed by its role and content, never by where it lives nor by its display name."""
+    same id: reruns reuse). An input counts by its role and content, never by where it lives nor its name."""
     named = ("data:", "model:")  # inputs the config names (a data source, a model folder)
     payload = {
         "stage": stage,

@@ -1,6 +1,5 @@
-"""Progress of the passes that take minutes: a tqdm bar on a terminal; elsewhere (SageMaker, compose, CI) a log
-line at most every `every_s` seconds with count, rate and ETA, a heartbeat `(in progress)` line when an update is
-late, and `(done)` or `(stopped)` at the end. `enabled=False` (ranks other than 0) shows nothing."""
+"""Progress of the passes that take minutes: a tqdm bar on a terminal; elsewhere a log line at most every `every_s`
+seconds with count, rate and ETA, a heartbeat line when an update is late, `(done)` or `(stopped)` at the end."""
 
 from __future__ import annotations
 
@@ -16,8 +15,7 @@ _clock = time.monotonic  # module-level so a test can drive it without patching 
 
 
 class Progress:
-    """A pass over `total` units (None: not known up front). Lines read `desc: 3/10 batches (30%), 30s elapsed,
-    ETA 70s key=value` (rate and ETA count from `initial`: a resumed run's skipped steps do not flatter them)."""
+    """A pass over `total` units (None: unknown); rate and ETA count from `initial`, not a resume's start."""
 
     def __init__(
         self,
@@ -113,8 +111,7 @@ class Progress:
                 self.log.info("%s", text)
 
     def close(self) -> None:
-        """Closes the bar; without one, a final line only for passes long enough to have logged one: `(done)`, or
-        `(stopped)` when it ends short of its total (a SIGTERM stop, an error)."""
+        """Closes the bar, or ends a pass that logged a line with `(done)`, or `(stopped)` short of its total."""
         self._stop.set()
         if self.bar is not None:
             self.bar.close()

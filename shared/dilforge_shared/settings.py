@@ -1,6 +1,5 @@
 """The DILFORGE_* settings stages and the store read (pydantic-settings), read on each use (`settings()`), and the
-redaction of secrets in everything dilforge writes. The coordinator's own settings are
-`dilforge_coordinator.settings`; the serving image's are its CLI options (dilforge_serve.cli)."""
+redaction of secrets in everything dilforge writes."""
 
 from __future__ import annotations
 
@@ -11,7 +10,6 @@ from pathlib import Path
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-# What makes a name a secret's (`is_secret_name`).
 SECRET_SUBSTRINGS = ("SECRET", "PASSWORD", "PASSWD", "APIKEY", "ACCESS_KEY", "CREDENTIAL", "PRIVATE_KEY")
 SECRET_MARKERS = ("PASS", "PWD", "TOKEN", "KEY", "AUTH", "AUTHORIZATION", "SESSION", "PRIVATE", "COOKIE", "SIGNATURE")
 # Shell and desktop variables whose names hold a marker but whose values are paths, never credentials.
@@ -45,8 +43,7 @@ class Settings(BaseSettings):
 
 
 def cache_root() -> Path:
-    """Where downloads are kept between runs and tests: $DILFORGE_CACHE, else ~/.cache/dilforge (outside the
-    repository: a recipe's wheel is fetched once per machine)."""
+    """Where downloads are kept between runs and tests: $DILFORGE_CACHE, else ~/.cache/dilforge."""
     return (settings().cache or Path.home() / ".cache" / "dilforge").expanduser()
 
 
@@ -63,10 +60,8 @@ def is_secret_name(name: str) -> bool:
 
 
 def secret_values() -> list[str]:
-    """Values of every credential variable (ours and AWS's) and of the AWS shared credentials and config files
-    (boto3 reads keys there too), to mask in logs, longest first. Not key ids (AWS_ACCESS_KEY_ID names a key, it is
-    public; the compose stack's is `dilforge`, the project's name) nor values under 8 characters ("user", "tty"):
-    masking those would garble every line holding them."""
+    """Values of every credential variable and of the AWS credentials and config files, longest first; not key ids
+    (public) nor values under 8 characters: masking those would garble every line holding them."""
     import configparser
 
     found = list(os.environ.items())
@@ -101,12 +96,9 @@ class MaskSecrets:
 
 
 REDACTED = "***"
-# Recognised by position: a URL's userinfo, `user:password@` or `token@` (a password may hold `/`, as AWS secret
-# keys do, so it runs to the last `@` before a blank or a quote).
+# A URL's userinfo, `user:password@` or `token@` (a password may hold `/`: it runs to the last `@` before a blank).
 _URL_USERINFO = re.compile(r"(?<=://)(?:[^\s@/:\"'<>]+@|[^\s@/:\"'<>]*:[^\s@\"'<>]*@)")
-# Recognised by format: AWS key ids and the 40-character secret beside one or alone (mixed case and digits, not a
-# path); bearer and basic tokens; issued tokens (GitHub, Hugging Face, GitLab, Slack, OpenAI/Anthropic, Stripe,
-# Google); JWTs; PEM private key blocks.
+# By format: AWS key ids and 40-character secrets; bearer and basic tokens; issued tokens; JWTs; PEM private keys.
 _AWS_KEY_ID = re.compile(r"(?<![A-Z0-9])(?:AKIA|ASIA|AGPA|AIDA|AROA|AIPA|ANPA|ANVA|APKA)[A-Z0-9]{16}(?![A-Z0-9])")
 _AWS_SECRET = re.compile(r"(?<![A-Za-z0-9/+=])[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+=])")
 _LONE_AWS_SECRET = re.compile(
@@ -123,17 +115,14 @@ _ISSUED_TOKEN = re.compile(
 )
 _BEARER = re.compile(r"(?i)(\bbearer\s+)[A-Za-z0-9\-._~+/]{12,}=*")
 _BASIC = re.compile(r"(\bBasic\s+)[A-Za-z0-9+/]{12,}={0,2}")
-# an Authorization header's value after its scheme; AWS's signed header names the public key id (`Credential=AKIA…`)
-# and leaves its `Signature=` to the names below
+# an Authorization header's value after its scheme (AWS's signed header: its `Signature=` is left to _NAMED)
 _AUTHORIZATION = re.compile(
     r"(?i)(\b(?:proxy-)?authorization[\"']?\s*[:=]\s*[\"']?(?:[A-Za-z]+\s+)?+)(?!AWS4-)(?![A-Za-z]+=)(?!\*\*\*)"
     r"[^\s\"',;]+"
 )
-# Recognised by name: `api_key=…`, `"password": "…"`, `X-Auth-Token: …`, `DB_PASS=…`, and in a URL's query
-# `?sig=…`, `&Signature=…`, `&auth=…`, `&key=…`. A value runs to a blank, a quote or `&;,<>()[]{}` (a quoted one
-# to its quote, blanks included) and is 6+ characters, not a number: `max_tokens: 64` and `eos_token: <|eot_id|>`
-# are no secrets. Generic words (pass, auth, key, signature) count only as the last part of a compound name or as
-# a query parameter: `second pass: embeddings` and an S3 `key=runs/x.json` are no secrets, `db_pass=…` is one.
+# By name: `api_key=…`, `"password": "…"`, `X-Auth-Token: …`, `DB_PASS=…`, a URL's `?sig=…`; a value of 6+
+# characters, not a number (`max_tokens: 64` is none). Generic words (pass, auth, key, signature) count only as the
+# last part of a compound name or as a query parameter (`second pass: embeddings` is none, `db_pass=…` is one).
 _NAMED = re.compile(
     r"(?i)((?<![A-Za-z0-9])(?:[A-Za-z0-9]+[_.\-])*(?:api[_\-]?key|secret(?:[_\-]?access)?(?:[_\-]?key)?|"
     r"access[_\-]?key|private[_\-]?key|token|password|passwd|passphrase|pwd|cookie)s?"
@@ -144,9 +133,7 @@ _NAMED = re.compile(
     r"|(?![\d.,_+\-eE]+(?:[\s\"',;&)}\]]|$))(?![<\[])([^\s\"'&;,<>()\[\]{}`]{6,}))"
 )
 
-
-# What every pattern below needs somewhere in the text: `@`, `:` or `=`, a key id's prefix, `bearer`/`basic`, an
-# issued token's prefix, or a run of 40 secret characters.
+# What every pattern above needs somewhere in the text.
 _MAYBE_SECRET = re.compile(
     r"[@:=]|A(?:KI|SI|GP|ID|RO|IP|NP|NV|PK)A|(?i:bearer|basic)|gh[pousr]_|github_pat_|hf_|glpat-|xox|sk[-_]|rk_"
     r"|AIza|eyJ|PRIVATE KEY|[A-Za-z0-9/+]{40}"
@@ -159,8 +146,7 @@ def _named(match: re.Match) -> str:
 
 
 def redact(text: str, values: list[str] | None = None) -> str:
-    """The one redaction of secrets, used by every writer (logs, errors, records, manifests, data cards): credential
-    values (`secret_values`) and whatever the patterns above recognise, each replaced by `***`."""
+    """The one redaction of secrets, used by every writer: credential values and what the patterns recognise."""
     for value in values if values is not None else secret_values():
         text = text.replace(value, REDACTED)
     if not _MAYBE_SECRET.search(text):  # most strings (paths, digests, numbers): none of the patterns can match

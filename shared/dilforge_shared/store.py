@@ -59,9 +59,8 @@ class NotFound(DilforgeError):
 
 
 def _staged(dest: Path, fill: Callable[[Path], object]) -> Path:
-    """A complete temp file beside `dest`, filled by `fill`, for the caller to move or link into place. A failed
-    write names the store path (shutil's sendfile copy blames its *source*, the work folder, for a full store
-    disk) and removes the temp file."""
+    """A complete temp file beside `dest`, filled by `fill`, to move or link into place; a failed write removes it
+    and names the store path (shutil's copy blames its source for a full store disk)."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex}.tmp")
     try:
@@ -165,14 +164,12 @@ _ENDPOINT_KEYS: dict[str, tuple[str, str, str]] = {}  # by endpoint URL, for `us
 
 
 def use_endpoint_keys(endpoint_url: str, access_key_id: str, secret_access_key: str, region: str = "us-east-1") -> None:
-    """Give this process's S3 clients of `endpoint_url` (an endpoint it provides: the compose backend's SeaweedFS)
-    these keys unless DILFORGE_S3_* keys are set; never written into os.environ."""
+    """This process's S3 clients of `endpoint_url` use these keys unless DILFORGE_S3_* are set."""
     _ENDPOINT_KEYS[endpoint_url.rstrip("/")] = (access_key_id, secret_access_key, region)
 
 
 def endpoint_keys(endpoint_url: str | None) -> dict[str, str]:
-    """boto3 client keyword arguments for `endpoint_url`: the DILFORGE_S3_* keys, else registered ones, else none
-    (boto3's usual chain, as on AWS)."""
+    """boto3 client keys for `endpoint_url`: DILFORGE_S3_*, else registered ones, else none (boto3's chain)."""
     cfg = settings()
     if cfg.s3_access_key_id and cfg.s3_secret_access_key:
         return {
@@ -377,8 +374,7 @@ def artifact_exists(artifact_uri: str, endpoint_url: str | None = None) -> bool:
 
 
 def publish(artifact_uri: str, local_dir: Path, manifest: Manifest, endpoint_url: str | None = None) -> Manifest:
-    """Upload every file of `local_dir` (logging a big file, or any after PUBLISH_LOG_S of quiet), then create the
-    manifest, its `files` and `data_dir` filled in here. ArtifactExistsError if taken."""
+    """Upload every file of `local_dir`, then create the manifest; ArtifactExistsError if taken."""
     backend = open_backend(artifact_uri, endpoint_url)
     if backend.exists(MANIFEST_NAME):
         raise ArtifactExistsError(f"{artifact_uri}/{MANIFEST_NAME}")
@@ -446,8 +442,7 @@ def read_manifest(uri: str, endpoint_url: str | None = None) -> tuple[Manifest, 
 
 
 def store_of(artifact_uri: str, endpoint_url: str | None = None) -> tuple[str, str] | None:
-    """(store root, `artifacts/<stage>/<id>`) of an artifact kept in a store, else None; a local artifact by its
-    real path, so a relative one, `//`, `./` or a link to its folder is still in its store."""
+    """(store root, `artifacts/<stage>/<id>`) of an artifact kept in a store (a local one by real path)."""
     local = open_backend(artifact_uri, endpoint_url).local_path("")
     where = local.as_posix() if local is not None else artifact_uri.rstrip("/")
     root, sep, tail = where.rpartition("/artifacts/")
@@ -457,9 +452,8 @@ def store_of(artifact_uri: str, endpoint_url: str | None = None) -> tuple[str, s
 
 
 def recorded_digest_problem(artifact_uri: str, manifest: Manifest, digest: str, endpoint_url: str | None) -> str | None:
-    """None unless the store's run records (each keeps the data folder and manifest sha256 of what it produced or
-    reused) witnessed publishes of this artifact and none is this one: its manifest was edited or its files swapped
-    under a new data folder, whatever digest lies beside it."""
+    """None unless the store's run records witnessed publishes of this artifact (data folder, manifest sha256) and
+    none is this one: its manifest was edited or its files swapped, whatever digest lies beside it."""
     if (found := store_of(artifact_uri, endpoint_url)) is None:
         return None
     root, address = found
@@ -500,8 +494,7 @@ def extra_keys(manifest: Manifest, backend: Storage) -> list[str]:
 
 
 def verify_files(manifest: Manifest, root: Path, source: str, full: bool = True) -> None:
-    """Every listed file present, inside `root` (no symlink leaving it), of its size, and (full) of its sha256; and
-    nothing else there (any file, link or special file, at any depth): readers read exactly the manifest's files."""
+    """Every listed file present, inside `root`, of its size and (full) sha256, and nothing else there."""
     listed = {entry.path for entry in manifest.files}
     extra = sorted(
         path
@@ -533,8 +526,7 @@ def verify_files(manifest: Manifest, root: Path, source: str, full: bool = True)
 
 
 def fetch(uri: str, cache_dir: Path | None = None, endpoint_url: str | None = None) -> Artifact:
-    """Read a manifest and make its files available locally, verified: a local store's in place, a remote one's
-    downloaded to `cache_dir/<artifact_id>-<sha>/` (reused when complete and verified)."""
+    """A manifest and its files, verified: a local store's in place, a remote one's downloaded to a cache."""
     muri = manifest_uri_of(uri)
     artifact_uri = muri[: -len(MANIFEST_NAME) - 1]
     manifest, digest = read_manifest(muri, endpoint_url)

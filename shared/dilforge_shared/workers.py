@@ -1,7 +1,6 @@
-"""Stage work beside the main thread: worker processes (how many this process may run, `available_cpus`; children
-that die with their parent, so a stage killed even by `kill -9` leaves none behind) and `ReadAhead(items, depth)`,
-`items` produced on a background thread at most `depth` ahead, in order, a producer's exception re-raised in the
-consumer; its `close()` (also on exit, exhaustion or collection) joins the thread and closes `items`."""
+"""Stage work beside the main thread: worker processes (`available_cpus`; `die_with_parent`, so a stage killed even
+by `kill -9` leaves none behind) and `ReadAhead(items, depth)`: `items` produced on a background thread at most
+`depth` ahead, in order, errors re-raised in the consumer; `close()` (also on exhaustion or collection) joins it."""
 
 from __future__ import annotations
 
@@ -19,8 +18,7 @@ PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def die_with_parent(parent: int, sig: int = signal.SIGKILL) -> None:
-    """Call in a child (forked worker, or a preexec_fn): the kernel sends it `sig` when `parent` dies, and a parent
-    already gone before the call ends it at once (the ppid check closes the race)."""
+    """In a child: the kernel sends it `sig` when `parent` dies; a parent already gone ends it at once."""
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, sig)
     if os.getppid() != parent:
@@ -28,8 +26,7 @@ def die_with_parent(parent: int, sig: int = signal.SIGKILL) -> None:
 
 
 def available_cpus() -> int:
-    """CPUs this process may run on: its affinity mask (a container's cpuset, taskset), not the machine's count.
-    CPU-bound stage work (tokenising, counting) sizes its worker processes by it."""
+    """CPUs this process may run on (its affinity mask: a container's cpuset), not the machine's."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux

@@ -7,7 +7,6 @@ from typing import Annotated, ClassVar, Literal
 
 from dilforge_shared.configs import (
     MAX_BATCH,
-    MAX_NEW_TOKENS,
     MAX_TOKENS,
     RUN_ONLY,
     DataSource,
@@ -21,6 +20,7 @@ from .metrics import EvalMetrics
 
 Label = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,39}$", description="Name shown in the report.")]
 Language = Annotated[str, Field(pattern=r"^[a-z]{2,3}$", description="2-3 letter language code.")]
+MAX_NEW_TOKENS = 32_768  # far above any real answer: a typo such as 1e9 is refused
 BASE_LABEL = "base"  # the label of the upstream `model` input (the pipeline's base model)
 SIB_LABELS = ("science/technology", "travel", "politics", "sports", "health", "entertainment", "geography")
 

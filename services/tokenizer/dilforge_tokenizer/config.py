@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Annotated, ClassVar, Literal
 
-from dilforge_shared.configs import MAX_VOCAB, DataSource, StageConfig, check_unique_labels
+from dilforge_shared.configs import DataSource, StageConfig, check_unique_labels
 from dilforge_shared.metrics.tokenizer import TokenizerMetrics
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 # 256 byte symbols + Llama 3's 256 reserved/special tokens: the least a byte-level vocab can hold.
 NUM_BYTE_SYMBOLS = 256
 NUM_LLAMA3_SPECIAL_TOKENS = 256
+MAX_VOCAB = 1_048_576  # far above any real vocabulary: a typo such as 1e9 is refused
 
 
 class CorpusSource(DataSource):

@@ -25,13 +25,10 @@ MAX_SEED = 2**32 - 1  # numpy's and the lm-eval seeds' range; torch takes up to 
 MAX_STEPS = 100_000_000
 MAX_BATCH = 65_536  # sequences per step or per forward pass
 MAX_TOKENS = 1_048_576  # a sequence, window or context, in tokens
-MAX_NEW_TOKENS = 32_768
-MAX_VOCAB = 1_048_576
 
 
-# A config field is part of the artifact id unless it carries RUN_ONLY (how, where or how fast a stage runs, not what
-# it makes), so a new field is hashed until someone decides otherwise; the JSON Schema shows the marker. Changing a
-# run-only field keeps the id, so a rerun with another checkpoint cadence resumes its checkpoint.
+# A config field is part of the artifact id unless it carries RUN_ONLY (how, where or how fast a stage runs, not
+# what it makes): changing one keeps the id, so a rerun with another checkpoint cadence resumes its checkpoint.
 IDENTITY_KEY = "x-dilforge-identity"
 RUN_ONLY = {IDENTITY_KEY: "run-only"}
 
@@ -147,8 +144,7 @@ class DataSource(StrictModel):
 
 
 def check_unique_labels(sources: list[DataSource], field: str) -> None:
-    """Per-source metrics, weights and lineage are keyed by a source's label: two sources with one label would be
-    merged silently, so refuse them, naming the field and the label."""
+    """Refuse two sources with one label (per-source metrics and lineage are keyed by it), naming `field`."""
     labels = [s.label for s in sources]
     if dupes := sorted({x for x in labels if labels.count(x) > 1}):
         raise ValueError(
@@ -158,8 +154,7 @@ def check_unique_labels(sources: list[DataSource], field: str) -> None:
 
 
 class StageConfig(StrictModel):
-    """Base of the stage configs: `stage`, the `metrics_model` and `artifact_kind` it publishes, and the upstream
-    stages it `consumes` (inputs named after them when they are in the same pipeline)."""
+    """Base of the stage configs: the metrics model and artifact kind it publishes, the stages it consumes."""
 
     stage: ClassVar[str]
     metrics_model: ClassVar[type[BaseModel]]
@@ -198,14 +193,12 @@ class StageConfig(StrictModel):
         return []
 
     def needed_inputs(self) -> tuple[str, ...]:
-        """Upstream inputs this config cannot run without: `required_inputs`, plus those its fields leave open
-        (e.g. no `base_model` given → the base model must come from the pipeline's `model` stage), plus the
-        corpora its sources name."""
+        """Upstream inputs this config cannot run without: `required_inputs`, those its fields leave open (no
+        `base_model` → the `model` stage's), and the corpora its sources name."""
         return (*self.required_inputs, *self.source_inputs())
 
     def missing_inputs_message(self, missing: list[str]) -> str:
-        """The one-line error when `missing` upstream inputs are absent; configs override it to name the field
-        that would have made the input unnecessary."""
+        """The error for absent inputs; configs override it to name the field that would avoid them."""
         return f"stage {self.stage} needs inputs {missing}"
 
 
@@ -213,8 +206,7 @@ Precision = Literal["auto", "bf16", "fp32"]
 
 
 def secret_fields(raw: Any, where: str = "", values: list[str] | None = None) -> list[str]:
-    """Dotted paths of the config strings holding a secret `settings.redact` recognises: a config is written into
-    manifests and records, so a credential in it is refused (a redacted config would no longer give its id)."""
+    """Dotted paths of the config strings holding a secret (`redact`): configs go into manifests."""
     values = secret_values() if values is None else values
     if isinstance(raw, dict):
         return [p for k, v in raw.items() for p in secret_fields(v, f"{where}.{k}" if where else str(k), values)]
