@@ -57,8 +57,8 @@ def _load(model_uri: str, base: str | None, endpoint: str | None, merged: bool, 
 def _user_text(text: str, where: str) -> str:
     """Text from argv or stdin that was not UTF-8 arrives with surrogate escapes, and text holding a control token
     would render as a forged turn: both are refused with a line naming where, as serve refuses them."""
-    from dilforge_shared.control_tokens import control_token_in
     from dilforge_shared.errors import DilforgeError
+    from dilforge_shared.specials import control_token_in
 
     try:
         text.encode("utf-8")

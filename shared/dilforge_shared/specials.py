@@ -1,12 +1,19 @@
 """Special tokens in text a user gave (training data, requests, system prompts): a control token there forges a
-turn, so the stages that take such text find them here."""
+turn, so the stages that take such text find them here. `CONTROL_TOKEN` needs no tokenizer: the shape every control
+token of the known families has (<|eot_id|>, <|im_start|>, <|reserved_special_token_3|>)."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable
 
-from .control_tokens import control_token_in
+CONTROL_TOKEN = re.compile(r"<\|[A-Za-z0-9_]{1,64}\|>")
+
+
+def control_token_in(text: str) -> str | None:
+    """The first substring of `text` shaped like a family control token, or None."""
+    match = CONTROL_TOKEN.search(text)
+    return match.group(0) if match else None
 
 
 def special_tokens(tokenizer) -> list[str]:

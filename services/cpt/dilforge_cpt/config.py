@@ -17,8 +17,8 @@ from dilforge_shared.configs import (
     check_unique_labels,
 )
 from dilforge_shared.configs.knobs import Batching, Checkpointing, SourceLimits, Warmup
-from dilforge_shared.control_tokens import control_token_in
 from dilforge_shared.metrics.cpt import CptMetrics
+from dilforge_shared.specials import control_token_in
 from pydantic import Field, field_validator, model_validator
 
 

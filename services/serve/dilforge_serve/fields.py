@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from dilforge_shared.control_tokens import control_token_in
+from dilforge_shared.specials import control_token_in
 from pydantic import (
     AfterValidator,
     BaseModel,

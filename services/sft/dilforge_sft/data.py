@@ -10,10 +10,9 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from dilforge_shared.control_tokens import control_token_in
 from dilforge_shared.corpus import iter_located_records, iter_located_texts
 from dilforge_shared.errors import InputError
-from dilforge_shared.specials import special_token_in, special_token_pattern, special_tokens
+from dilforge_shared.specials import control_token_in, special_token_in, special_token_pattern, special_tokens
 
 from .config import SftConfig, SftDataSource
 
