@@ -63,8 +63,7 @@ class Phase1(Phase):
     trainable: Literal["embeddings", "new_rows"] = Field(
         default="embeddings",
         description="What phase 1 trains: embeddings = the whole embedding and LM-head matrices; new_rows = only "
-        "the rows of tokens the base model did not have (kept tokens' rows and everything else stay "
-        "bit-identical, so the base model's knowledge of its own tokens is untouched).",
+        "the rows of tokens the base model lacked (the rest stays bit-identical).",
     )
 
 
@@ -74,16 +73,13 @@ class Phase2(Phase):
     embedding_learning_rate: float | None = Field(
         default=None,
         gt=0,
-        description="Peak learning rate of the embedding and LM-head matrices in phase 2 (same warmup and "
-        "cosine shape as learning_rate); None = learning_rate.",
+        description="Phase 2's peak learning rate of the embedding and LM-head matrices; None = learning_rate.",
     )
     kept_rows_learning_rate: float | None = Field(
         default=None,
         gt=0,
-        description="Peak learning rate, in phase 2, of the embedding and LM-head rows of tokens the base model "
-        "already had (same warmup and cosine shape); the new rows keep embedding_learning_rate. Why: the new "
-        "rows start far from trained and need a high rate, while the kept rows (tied to the LM head) are the "
-        "base model's own and a high rate moves its other languages (docs/cpt.md, leakage). None = "
+        description="Phase 2's peak learning rate of the vocabulary rows the base model already had (new rows keep "
+        "embedding_learning_rate): a high rate there moves its other languages (docs/cpt.md, leakage). None = "
         "embedding_learning_rate for every row.",
     )
 
@@ -94,8 +90,7 @@ class ChatTurns(StrictModel):
 
     user: str = Field(
         min_length=1,
-        description="The user turn: a template over the record's fields, e.g. '{instruction}' or "
-        "'Bu cümləni Azərbaycan dilinə tərcümə et:\\n{eng}'.",
+        description="The user turn: a template over the record's fields, e.g. '{instruction}'.",
     )
     assistant: str = Field(min_length=1, description="The assistant turn, a template as `user`, e.g. '{response}'.")
     system_prompt: str | None = Field(default=None, description="System turn before the user's (none: no system turn).")
@@ -114,11 +109,9 @@ class CptDataSource(DataSource, SourceLimits):
 
     chat: ChatTurns | None = Field(
         default=None,
-        description="Read the records (JSONL objects or TSV rows; text_field unused) as conversations, one a "
-        "document, in the tokenizer family's chat template with its control tokens (<|im_start|>, <|im_end|>) "
-        "as control tokens. Why: phase 2 trains every weight on raw text, which wears away the base's habit of "
-        "answering in its chat template and ending the turn; conversations in the mixture keep it, in the new "
-        "language (docs/cpt.md). None: plain text.",
+        description="Read the records (JSONL objects or TSV rows) as conversations, one a document, in the "
+        "tokenizer family's chat template: they keep the base's habit of answering in turns through phase 2 "
+        "(docs/cpt.md). None: plain text.",
     )
 
     num_lines_per_document: int = Field(
@@ -126,9 +119,7 @@ class CptDataSource(DataSource, SourceLimits):
         ge=1,
         le=1024,
         description="Join this many consecutive records (after max_docs) into one training document, separated "
-        "by a space; at most 1,024 (a joined document is built in memory). Why: a sentence-per-line corpus "
-        "otherwise ends a document after every sentence, and the model learns to end its answer after any "
-        "sentence (docs/cpt.md, leakage).",
+        "by a space, so a sentence-per-line corpus does not teach ending after every sentence (docs/cpt.md).",
     )
 
 
@@ -144,32 +135,28 @@ class CptConfig(StageConfig, Batching, Checkpointing):
     # ---- model -----------------------------------------------------------------------------
     base_model: str | None = Field(
         default=None,
-        description="HF model folder (local path or s3:// prefix) or model artifact URI, with config.json, "
-        "safetensors weights and its tokenizer. None = the pipeline's `model` stage (input 'model'), or a random "
-        "model shaped by scratch_model (tests, demos).",
+        description="HF model folder (local path or s3:// prefix) or model artifact URI; None = the pipeline's "
+        "`model` stage (input 'model'), or a random model shaped by scratch_model.",
     )
     scratch_model: ScratchModel | None = Field(
         default=None, description="Architecture of a random model; used only when base_model is None."
     )
     transplant: Literal["none", "mean_of_pieces"] = Field(
         default="mean_of_pieces",
-        description="How embedding/LM-head rows are initialised when the stage's tokenizer differs from the "
-        "base model's. Tokens in both keep their rows; new tokens get the mean of the base rows of the pieces "
-        "the base tokenizer splits the token's bytes into (mean_of_pieces). none = the tokenizers must be "
-        "identical. The other initialisations measured against it live in bench/init_experiments.py.",
+        description="How vocabulary rows are initialised when the stage's tokenizer differs from the base "
+        "model's: kept tokens keep their rows, a new token gets the mean of its base pieces' rows "
+        "(mean_of_pieces); none = the tokenizers must be identical.",
     )
     measure_leakage: bool = Field(
         default=True,
-        description="Score the validation sets also in the base model's tokenisation (full softmax), at step 0 "
-        "and at each validation: the BPB the new rows take from text the base model already handled (needs "
-        "every base token in the stage's vocabulary, i.e. extend).",
+        description="Also score the validation sets in the base model's tokenisation, at step 0 and each "
+        "validation: the BPB the new rows take from text the base model handled (needs an extended vocabulary).",
     )
 
     # ---- data ------------------------------------------------------------------------------
     corpora: list[CptDataSource] = Field(
         default_factory=list,
-        description="Training corpora; `weight` is each one's share of sampled windows (e.g. 0.2 English "
-        "replay against forgetting).",
+        description="Training corpora; `weight` is each one's share of sampled windows (e.g. English replay).",
     )
     validation: list[DataSource] = Field(
         default_factory=list, description="Held-out text for validation loss and bits per byte (BPB)."
@@ -182,8 +169,7 @@ class CptConfig(StageConfig, Batching, Checkpointing):
         le=MAX_TOKENS,
         default=None,
         ge=1,
-        description="Validation BPB slides windows of seq_len tokens by this many (dilforge_shared.bpb); None = "
-        "seq_len // 2, eval's default, so CPT and eval report the same number for the same window.",
+        description="Validation BPB slides windows of seq_len tokens by this many; None = seq_len // 2, as eval.",
     )
     tokenize_batch_size: int = Field(
         le=1_000_000, json_schema_extra=RUN_ONLY, default=1000, ge=1, description="Documents per encode_batch call."
@@ -193,15 +179,14 @@ class CptConfig(StageConfig, Batching, Checkpointing):
         json_schema_extra=RUN_ONLY,
         default=None,
         ge=1,
-        description="Processes tokenising the training corpora into the token cache (once per job, by one "
-        "process per cache folder); None = every CPU this process may use. The cache's bytes do not depend on it.",
+        description="Processes tokenising the corpora into the token cache; None = every CPU this process may use "
+        "(the cache's bytes do not depend on it).",
     )
 
     # ---- optimisation ----------------------------------------------------------------------
     phase1: Phase1 = Field(
         default_factory=lambda: Phase1(num_steps=0, learning_rate=1e-3),
-        description="Embeddings + LM head only (all of them, or only the new rows: trainable); every other "
-        "parameter frozen.",
+        description="Embeddings + LM head only (all of them, or only the new rows: trainable).",
     )
     phase2: Phase2 = Field(
         default_factory=lambda: Phase2(num_steps=0, learning_rate=1e-4), description="All parameters."
@@ -212,8 +197,8 @@ class CptConfig(StageConfig, Batching, Checkpointing):
     adam_eps: float = Field(default=1e-8, gt=0, description="AdamW epsilon.")
     precision: Precision = Field(
         default="auto",
-        description="auto = bf16 on a CUDA GPU with bf16; in a single process on a CPU with bf16 instructions "
-        "(AVX512-BF16/AMX), bf16 autocast over fp32 weights; fp32 otherwise.",
+        description="auto = bf16 on a CUDA GPU with bf16, bf16 autocast in a single process on a CPU with bf16 "
+        "instructions, fp32 otherwise.",
     )
 
     # ---- distribution and kernels ----------------------------------------------------------
@@ -222,15 +207,14 @@ class CptConfig(StageConfig, Batching, Checkpointing):
         json_schema_extra=RUN_ONLY,
         default=None,
         ge=1,
-        description="Training processes per host; None = one per GPU (1 on CPU). More than one process in "
-        "total (here or several hosts in resourceconfig.json) runs under torchrun.",
+        description="Training processes per host; None = one per GPU (1 on CPU). More than one in total runs "
+        "under torchrun.",
     )
     fsdp: Literal["auto", "on", "off"] = Field(
         json_schema_extra=RUN_ONLY,
         default="auto",
         description="FSDP2 fully_shard per decoder layer + root; auto = on with >1 process or on CUDA (one GPU "
-        "gets a one-rank group: bf16 compute, fp32 master weights, the multi-GPU code path); off = plain "
-        "module with autocast (single process only).",
+        "runs the multi-GPU path in a one-rank group); off = plain module with autocast (single process only).",
     )
     distributed_backend: Literal["auto", "nccl", "gloo"] = Field(
         json_schema_extra=RUN_ONLY, default="auto", description="auto = nccl on CUDA, gloo on CPU."
@@ -249,8 +233,7 @@ class CptConfig(StageConfig, Batching, Checkpointing):
         json_schema_extra=RUN_ONLY,
         default=None,
         gt=0,
-        description="Peak dense TFLOP/s of one device for MFU; None = known GPUs' bf16 peak (H100/H200 "
-        "989, A100 312, ...), no MFU on CPU.",
+        description="Peak dense TFLOP/s of one device for MFU; None = the known GPUs' bf16 peak, no MFU on CPU.",
     )
 
     # ---- logging, evaluation, checkpoints ------------------------------------------------

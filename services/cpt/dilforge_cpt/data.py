@@ -39,7 +39,6 @@ TOKEN_DTYPE = np.uint32
 TOKEN_BYTES = np.dtype(TOKEN_DTYPE).itemsize
 SAMPLER_BLOCK = 4096
 SHARD_CHARS = 4_000_000  # characters of text per shard: the unit of parallel work and of resumption
-PLAN_FILE = "plan.json"
 
 
 @dataclass(frozen=True)
@@ -255,16 +254,11 @@ def build_shards(
     """The stream's shards in order, each tokenised by one of `workers` processes (in this one when 1).
 
     A shard ends at the document that brings it to `shard_chars` characters, so its contents depend only on the
-    stream; one whose sidecar matches its bytes is done, so an interrupted build resumes. At most `workers + 2`
-    shards of text are held in memory."""
-    plan = {"shard_chars": shard_chars, "token_dtype": np.dtype(TOKEN_DTYPE).name}
-    plan_path = shard_dir / PLAN_FILE
-    if shard_dir.is_dir() and not _same_json(plan_path, plan):
-        shutil.rmtree(shard_dir)
+    stream; one whose sidecar names the same documents and matches its bytes is done, so an interrupted build
+    resumes (whatever shard size or token width built it). At most `workers + 2` shards of text are held in memory."""
     shard_dir.mkdir(parents=True, exist_ok=True)
     for stale in shard_dir.glob("*.tmp*"):  # written by a build that was killed
         stale.unlink(missing_ok=True)
-    _write_json(plan_path, plan)
     reused = 0
     pool = _pool(tok, ids, workers) if workers > 1 else None
     queue: deque = deque()  # (index, Shard or its future), in stream order
@@ -349,13 +343,6 @@ def _write_tokens(path: Path, chunks: Iterable[bytes]) -> str:
         os.fsync(f.fileno())
     os.replace(tmp, path)
     return digest.hexdigest()
-
-
-def _same_json(path: Path, value: dict) -> bool:
-    try:
-        return json.loads(path.read_text()) == value
-    except (OSError, ValueError):
-        return False
 
 
 def _write_json(path: Path, value: dict) -> None:

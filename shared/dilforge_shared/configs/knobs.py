@@ -25,10 +25,8 @@ class Batching(StrictModel):
     micro_batch_size: Annotated[int, Field(ge=1, le=MAX_BATCH)] | Literal["auto"] = Field(
         json_schema_extra=RUN_ONLY,
         default="auto",
-        description="Sequences per forward pass per process (memory, not results: the global batch is the same). "
-        "auto (CPT only) = the largest divisor of global_batch_size / processes that the memory estimate says fits "
-        "(CUDA: free memory after weights, gradients and AdamW state, over the activations of one sequence; CPU: at "
-        "most 8), logged at start; a number from bench/gpu_cpt.py (its bisected largest batch) overrides it.",
+        description="Sequences per forward pass per process (memory, not results). auto (CPT only) = the largest "
+        "divisor of global_batch_size / processes that the memory estimate says fits (CPU: at most 8), logged.",
     )
     eval_micro_batch_size: int | None = Field(
         le=MAX_BATCH,
@@ -87,8 +85,7 @@ class Checkpointing(StrictModel):
         json_schema_extra=RUN_ONLY,
         default="off",
         description="Recompute layer activations in backward to save memory at the cost of speed. auto: on where the "
-        "memory estimate says training does not fit without it (SFT: memory_budget_fraction of the device's memory; "
-        "CPT: the micro-batch in free GPU memory; off on CPU). YAML true/false mean on/off.",
+        "memory estimate says training does not fit without it (off on CPU). YAML true/false mean on/off.",
     )
 
     @field_validator("activation_checkpointing", mode="before")
