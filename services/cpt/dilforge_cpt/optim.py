@@ -1,6 +1,5 @@
-"""Optimisation for the CPT loop: what each phase trains (phase 1 the vocabulary matrices, optionally only their
-new rows; phase 2 everything), AdamW with its parameter groups, the warmup + cosine schedule, gradient clipping,
-and one optimizer step over a rank's micro-batches that skips non-finite steps (on the device with fused AdamW)."""
+"""Optimisation for the CPT loop: what each phase trains, AdamW and its parameter groups, the warmup + cosine
+schedule, and one optimizer step that skips non-finite steps (on the device with fused AdamW)."""
 
 from __future__ import annotations
 
@@ -15,9 +14,8 @@ from .runtime import Runtime
 
 @dataclass(frozen=True)
 class Trainable:
-    """What one phase trains: the parameters, and row masks (1 = train) for vocabulary matrices of
-    which only some rows train (phase 1 `new_rows`); masked rows get zero gradient, so AdamW (no
-    weight decay there) leaves them bit-identical."""
+    """What one phase trains: the parameters, and row masks (1 = train) for vocabulary matrices of which only
+    some rows train (phase 1 `new_rows`): masked rows get zero gradient, so AdamW leaves them bit-identical."""
 
     params: list[torch.nn.Parameter]
     vocab_params: list[torch.nn.Parameter]  # embedding (and untied LM head): embedding_learning_rate applies
@@ -62,9 +60,8 @@ def _row_mask(param: torch.nn.Parameter, per_row: torch.Tensor) -> torch.Tensor:
 
 
 def make_optimizer(trainable: Trainable, config: CptConfig, phase: Phase, fused: bool = False) -> torch.optim.Optimizer:
-    """AdamW; matrices decay, vectors do not. `embedding_learning_rate` (phase 2) scales the vocabulary matrices'
-    learning rate by embedding_learning_rate / learning_rate, so they follow the phase's warmup and cosine at their own peak.
-    `fused` (on CUDA) runs one kernel for all parameters instead of a loop of small ones."""
+    """AdamW; matrices decay, vectors do not. The vocabulary matrices' group is scaled by embedding_learning_rate /
+    learning_rate (phase 2). `fused` runs one kernel for all parameters instead of a loop of small ones."""
     vocab_ids = {id(p) for p in trainable.vocab_params}
     scale = (getattr(phase, "embedding_learning_rate", None) or phase.learning_rate) / phase.learning_rate
     groups = []
@@ -103,9 +100,8 @@ def lr_at(phase: Phase, step: int) -> float:
 
 
 def skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
-    """Fused AdamW honours `optimizer.found_inf` inside its kernel (the GradScaler protocol): with
-    found_inf = 1 neither parameters nor moments nor the step count change, decided on the device.
-    The foreach/for-loop AdamW cannot, so the step needs a host sync there."""
+    """Fused AdamW honours `optimizer.found_inf` in its kernel (the GradScaler protocol), so a step is skipped
+    on the device; the foreach/for-loop AdamW needs a host sync to skip."""
     return all(group.get("fused") for group in optimizer.param_groups)
 
 

@@ -33,10 +33,9 @@ SIZE_FIELDS = (
 
 
 def check_dimensions(dims: dict, num_weights: int | None, path: str) -> None:
-    """Before anything is built (a 100,000-layer config on the meta device takes minutes and gigabytes): sizes are
-    positive integers, the heads divide, and the parameter count the sizes imply is not beyond what the weight
-    files hold. Embedding, attention and MLP matrices only: norms and an untied head only add to what the files
-    hold, so a consistent model always passes. `num_weights` None: the checks that need no weights."""
+    """Before anything is built (an absurd config takes minutes even on the meta device): sizes are positive
+    integers, the heads divide, and the parameters the sizes imply (embedding, attention, MLP: a lower bound) are
+    not more than the weight files hold. `num_weights` None: the checks that need no weights."""
     dims = dict(dims)
     for name in SIZE_FIELDS:
         value = dims.get(name)
@@ -67,8 +66,7 @@ def check_dimensions(dims: dict, num_weights: int | None, path: str) -> None:
 
 
 def check_tokenizer_fits(folder: Path, vocab_size: int | None) -> None:
-    """Every id the tokenizer can produce has an embedding row (a 7,304-id tokenizer over 2,304 rows would make
-    `chat` fail with an IndexError)."""
+    """Every id the tokenizer can produce has an embedding row (else `chat` fails with an IndexError)."""
     import json
 
     path = folder / "tokenizer.json"
