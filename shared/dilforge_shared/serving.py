@@ -41,15 +41,6 @@ def served_model_id(uri: str, manifest: Manifest | None, model_id: str | None = 
     return name
 
 
-def chat_template_of(tokenizer_dir: Path) -> str | None:
-    """The template a tokenizer folder carries: chat_template.jinja, else tokenizer_config.json's."""
-    if (jinja := tokenizer_dir / "chat_template.jinja").is_file():
-        return jinja.read_text(encoding="utf-8")
-    config = tokenizer_dir / "tokenizer_config.json"
-    template = json.loads(config.read_text(encoding="utf-8")).get("chat_template") if config.is_file() else None
-    return template if isinstance(template, str) else None
-
-
 def serving_template(template: str, system_prompt: str | None) -> str:
     """The chat template a server applies: the training template without TRL's {% generation %} markers
     (servers other than transformers do not know them) and, with a system prompt, one that starts the

@@ -15,7 +15,7 @@ from dilforge_shared.errors import DilforgeError
 from dilforge_shared.families import GENERATION_CONFIG_FILE
 from dilforge_shared.model_folders import CHAT_TEMPLATE_FILE, describe_model_folder, merge_adapter, special_token_ids
 from dilforge_shared.models import TOKENIZER_FILES
-from dilforge_shared.serving import chat_template_of, resolve_chat_model, served_model_id, serving_template
+from dilforge_shared.serving import resolve_chat_model, served_model_id, serving_template
 from dilforge_shared.specials import system_prompt_problem
 
 log = logging.getLogger("dilforge.serve")
@@ -115,15 +115,14 @@ def prepare(spec: ServedModel, root: Path) -> Path:
     for name in TOKENIZER_FILES:
         if (spec.tokenizer_dir / name).is_file():
             shutil.copyfile(spec.tokenizer_dir / name, out / name)
-    template = chat_template_of(out)
-    tok_config_path = out / "tokenizer_config.json"
-    if tok_config_path.is_file():  # one template only: the .jinja file below
-        tok_config = json.loads(tok_config_path.read_text(encoding="utf-8"))
-        if tok_config.pop("chat_template", None) is not None:
-            tok_config_path.write_text(json.dumps(tok_config, indent=2), encoding="utf-8")
+    tok_config_path, jinja = out / "tokenizer_config.json", out / CHAT_TEMPLATE_FILE
+    tok_config = json.loads(tok_config_path.read_text(encoding="utf-8")) if tok_config_path.is_file() else {}
+    template = jinja.read_text(encoding="utf-8") if jinja.is_file() else tok_config.get("chat_template")
+    if tok_config.pop("chat_template", None) is not None:  # one template only: the .jinja file below
+        tok_config_path.write_text(json.dumps(tok_config, indent=2), encoding="utf-8")
     family, _ = describe_model_folder(out)
     stops = stop_at_turn_starts(out, family)
-    template = template or family.chat_template
+    template = (template if isinstance(template, str) else None) or family.chat_template
     (out / CHAT_TEMPLATE_FILE).write_text(serving_template(template, spec.system_prompt), encoding="utf-8")
     log.info(
         "serving %s as %r from %s (%s family, stops %s, default system message: %s)",
