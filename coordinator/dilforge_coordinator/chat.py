@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from .common import EndpointOpt
+from .common import EndpointOpt, fail
 
 
 def _policy(device: str):
@@ -128,15 +128,9 @@ def chat_cmd(
         except EOFError:
             break
         except UnicodeDecodeError as exc:
-            typer.echo(
-                f"error: stdin is not UTF-8 text (byte {exc.start}: {exc.object[exc.start : exc.start + 4]!r}); "
-                "send UTF-8",
-                err=True,
-            )
-            raise typer.Exit(1) from None
+            fail(f"stdin is not UTF-8 text (byte {exc.start}: {exc.object[exc.start : exc.start + 4]!r}); send UTF-8")
         if any("\udc80" <= ch <= "\udcff" for ch in line):  # surrogate escapes: bytes that were not UTF-8
-            typer.echo("error: stdin is not UTF-8 text (undecodable bytes); send UTF-8", err=True)
-            raise typer.Exit(1)
+            fail("stdin is not UTF-8 text (undecodable bytes); send UTF-8")
         if not line.strip():
             break
         try:

@@ -12,6 +12,8 @@ from dilforge_eval.metrics import AssistantFigures, AssistantSection, EvalMetric
 from dilforge_shared.contract import read_metrics
 from dilforge_shared.errors import ConfigError, DilforgeError, ManifestNotFound
 
+from .common import fail
+
 LABELS = {"sft": "sft", "cpt": "cpt", "model": "base"}  # the artifact's stage -> its label in the eval report
 
 
@@ -112,5 +114,4 @@ def check(artifact: str, store: str, run: str | None, endpoint: str | None, forc
     if force:
         typer.echo(f"warning: {action} anyway (--force): {verdict.refusal}", err=True)
         return
-    typer.echo(f"error: refusing to {action} {artifact}: {verdict.refusal} (--force to {action} it anyway)", err=True)
-    raise typer.Exit(1)
+    fail(f"refusing to {action} {artifact}: {verdict.refusal} (--force to {action} it anyway)")

@@ -21,6 +21,7 @@ from dilforge_shared.errors import DilforgeError
 from dilforge_shared.manifest import git_sha
 
 from .backends.compose import ROOT, docker_binary
+from .common import fail
 from .settings import coordinator_settings
 from .stage_images import IMAGES
 
@@ -259,8 +260,7 @@ def _stages(stages: list[str] | None) -> list[str]:
     chosen = stages or list(IMAGES)
     bad = [s for s in chosen if s not in (*IMAGES, *EXTRA_IMAGES)]
     if bad:
-        typer.echo(f"error: unknown --stage {bad}; choose from {[*IMAGES, *EXTRA_IMAGES]}", err=True)
-        raise typer.Exit(2)
+        fail(f"unknown --stage {bad}; choose from {[*IMAGES, *EXTRA_IMAGES]}", 2)
     return chosen
 
 
@@ -281,8 +281,7 @@ def build_cmd(
 ) -> None:
     """Build images (BuildKit; CA bundle from $BUILD_CA_BUNDLE, local wheels from $BUILD_WHEELHOUSE)."""
     if gpu and not base_image:
-        typer.echo("error: --gpu needs --base-image (the AWS PyTorch training DLC; see docs/containers.md)", err=True)
-        raise typer.Exit(2)
+        fail("--gpu needs --base-image (the AWS PyTorch training DLC; see docs/containers.md)", 2)
     wheels = prepare_wheelhouse()
     if wheels:
         typer.echo(f"wheelhouse: {', '.join(wheels)}")
