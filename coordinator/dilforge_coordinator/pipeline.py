@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import socket
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Protocol
@@ -83,7 +81,7 @@ def build_hyperparameters(
 def track_run(store: ArtifactStore, record: RunRecord, body):
     """Run `body()` with the record saying `running`, then `succeeded`, `failed` or `cancelled` whatever happens."""
     record.status, record.error = "running", None
-    record.owner = {"pid": os.getpid(), "host": socket.gethostname(), "started_at": datetime.now(UTC).isoformat()}
+    record.owner = {**running_owner(), "started_at": datetime.now(UTC).isoformat()}
     record.save(store)
     try:
         result = body()
