@@ -43,7 +43,7 @@ def test_the_server_warns_of_a_library_outside_the_checked_versions(tmp_path, mo
 def test_prepare_never_writes_into_an_existing_folder(tmp_path):
     (tmp_path / "keep").mkdir()
     (tmp_path / "keep" / "weights.bin").write_bytes(b"mine")
-    spec = ServedModel(tmp_path, None, tmp_path, "keep", None, "x")
+    spec = ServedModel(tmp_path, None, tmp_path, "x", model_id="keep")
     with pytest.raises(DilforgeError, match="exists; the served folder is built only in a fresh folder"):
         prepare(spec, tmp_path)
     assert (tmp_path / "keep" / "weights.bin").read_bytes() == b"mine"

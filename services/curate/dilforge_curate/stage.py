@@ -31,7 +31,6 @@ from .steps import (
     EmptyFilter,
     ExampleWriter,
     LinguaFilter,
-    MinhashSignature,
     Normaliser,
     QualityFilter,
     RankFileReader,
@@ -273,7 +272,12 @@ def build(
 ) -> dict:
     """The four datatrove executors, shards written to `folders.write / "out"`; with several hosts each runs this
     host's slice of its phase's tasks (None where the slice is empty). `endpoint_url`: the sources' S3 endpoint."""
-    from datatrove.pipeline.dedup import MinhashDedupBuckets, MinhashDedupCluster, MinhashDedupFilter
+    from datatrove.pipeline.dedup import (
+        MinhashDedupBuckets,
+        MinhashDedupCluster,
+        MinhashDedupFilter,
+        MinhashDedupSignature,
+    )
     from datatrove.pipeline.dedup.minhash import MinhashConfig
     from datatrove.pipeline.filters import FineWebQualityFilter
     from datatrove.pipeline.tokens import TokensCounter
@@ -328,7 +332,7 @@ def build(
             language=words,
         ),
         JsonlWriter(filtered, output_filename="${rank}.jsonl", compression=None),
-        MinhashSignature(output_folder=str(work / "signatures"), config=minhash, language=words),
+        MinhashDedupSignature(output_folder=str(work / "signatures"), config=minhash, language=words),
     ]
     writer = (
         ParquetWriter(

@@ -15,7 +15,7 @@ from dilforge_shared.errors import DilforgeError
 from dilforge_shared.families import GENERATION_CONFIG_FILE
 from dilforge_shared.model_folders import CHAT_TEMPLATE_FILE, describe_model_folder, merge_adapter, special_token_ids
 from dilforge_shared.models import TOKENIZER_FILES
-from dilforge_shared.serving import resolve_chat_model, served_model_id, serving_template
+from dilforge_shared.serving import ChatModel, resolve_chat_model, served_model_id, serving_template
 from dilforge_shared.specials import system_prompt_problem
 
 log = logging.getLogger("dilforge.serve")
@@ -23,16 +23,12 @@ log = logging.getLogger("dilforge.serve")
 WEIGHT_SUFFIXES = (".safetensors",)
 
 
-@dataclass(frozen=True)
-class ServedModel:
-    """An artifact resolved for serving: local folders, the OpenAI `model` id, the default system message."""
+@dataclass
+class ServedModel(ChatModel):
+    """A chat model resolved for serving, with its OpenAI `model` id and default system message."""
 
-    base_dir: Path
-    adapter_dir: Path | None
-    tokenizer_dir: Path
-    model_id: str
-    system_prompt: str | None
-    description: str
+    model_id: str = "model"
+    system_prompt: str | None = None
 
 
 def resolve_served_model(
@@ -47,16 +43,10 @@ def resolve_served_model(
     folder when it has one (unless not `prefer_merged`), else base + adapter. `system_prompt` overrides the SFT
     config's (an empty string serves without a default system message)."""
     spec = resolve_chat_model(uri, base=base, endpoint_url=endpoint_url, prefer_merged=prefer_merged)
-    manifest = spec.manifest
-    if system_prompt is None and manifest is not None and manifest.stage == "sft":
-        system_prompt = manifest.config.get("system_prompt") or None
+    if system_prompt is None and spec.manifest is not None and spec.manifest.stage == "sft":
+        system_prompt = spec.manifest.config.get("system_prompt")
     return ServedModel(
-        base_dir=spec.base_dir,
-        adapter_dir=spec.adapter_dir,
-        tokenizer_dir=spec.tokenizer_dir,
-        model_id=served_model_id(uri, manifest, model_id),
-        system_prompt=system_prompt or None,
-        description=spec.description,
+        **vars(spec), model_id=served_model_id(uri, spec.manifest, model_id), system_prompt=system_prompt or None
     )
 
 
