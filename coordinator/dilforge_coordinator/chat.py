@@ -125,12 +125,11 @@ def chat_cmd(
     while True:
         try:
             line = input("siz> ") if sys.stdin.isatty() else sys.stdin.readline().rstrip("\n")
+            line.encode("utf-8")  # where stdin reads with surrogateescape, bytes that were not UTF-8 fail here
         except EOFError:
             break
-        except UnicodeDecodeError as exc:
-            fail(f"stdin is not UTF-8 text (byte {exc.start}: {exc.object[exc.start : exc.start + 4]!r}); send UTF-8")
-        if any("\udc80" <= ch <= "\udcff" for ch in line):  # surrogate escapes: bytes that were not UTF-8
-            fail("stdin is not UTF-8 text (undecodable bytes); send UTF-8")
+        except UnicodeError as exc:  # decoding stdin, or encoding its surrogate escapes
+            fail(f"stdin is not UTF-8 text (byte {exc.start}); send UTF-8")
         if not line.strip():
             break
         try:
