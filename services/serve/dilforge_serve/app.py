@@ -81,7 +81,7 @@ class RequestGuard:
         # the body is JSON now, whatever the client called it (SageMaker clients may send another content type)
         headers = [(k, v) for k, v in scope["headers"] if k.lower() not in (b"content-length", b"content-type")]
         headers += [(b"content-length", str(len(data)).encode()), (b"content-type", b"application/json")]
-        outgoing = openai_errors(explain_empty_answers(send, self.test_sized))
+        outgoing = openai_answers(send, self.test_sized)
         return await self.app({**scope, "headers": headers}, replay(data, receive), outgoing)
 
     # ---- the checks ----------------------------------------------------------------------------
@@ -226,36 +226,6 @@ def replay(data: bytes, receive):
     return _receive
 
 
-def openai_errors(send):
-    """`send`, with the inner app's error responses in OpenAI's shape: transformers serve answers some bad requests
-    the FastAPI way (422, `{"detail": "Unexpected fields in the request: {'foo'}"}`), which OpenAI clients do not
-    parse. Such a response becomes a 400 (a 422) or keeps its status, with the detail as the error's message."""
-    held: dict[str, Any] = {}
-
-    async def _send(message):
-        if message["type"] == "http.response.start" and message["status"] >= 400:
-            held.update(start=message, chunks=[])
-            return None
-        if "start" not in held or message["type"] != "http.response.body":
-            return await send(message)
-        held["chunks"].append(message.get("body", b""))
-        if message.get("more_body"):
-            return None
-        raw, status = b"".join(held.pop("chunks")), held.pop("start")["status"]
-        try:
-            doc = json.loads(raw)
-        except ValueError:
-            doc = None
-        if not (isinstance(doc, dict) and isinstance(doc.get("error"), dict)):
-            detail = doc.get("detail", doc) if isinstance(doc, dict) else raw.decode("utf-8", "replace")
-            text = detail if isinstance(detail, str) else json.dumps(detail, ensure_ascii=False)
-            status = 400 if status == 422 else status
-            raw = BadRequest(text[:1000] or f"request failed with status {status}", status=status).body()
-        return await respond(send, status, raw)
-
-    return _send
-
-
 def empty_answer_note(tokens: Any, test_sized: bool) -> str:
     """Why an answer holds no visible text, for the response's `warning` field."""
     note = (
@@ -278,11 +248,13 @@ def answer_text(choice: Any) -> str | None:
     return choice.get("text") if isinstance(choice.get("text"), str) else None
 
 
-def explain_empty_answers(send, test_sized: bool):
-    """`send`, with a `warning` field added to a 200 answer whose text is empty or blank (in a stream: to the
-    chunk that carries the finish reason). OpenAI's finish reasons stay as they are (`stop`): a client that reads
-    only the content gets the same answer, one that reads the warning learns why it is empty. Logged too."""
-    state: dict[str, Any] = {"mode": None, "text": "", "tools": False}
+def openai_answers(send, test_sized: bool):
+    """`send`, with the inner app's answers as OpenAI clients read them. An error response keeps its status (a 422
+    becomes a 400) with its detail as an OpenAI error: transformers serve answers some bad requests the FastAPI way
+    (`{"detail": "Unexpected fields in the request: {'foo'}"}`). A 200 answer whose text is empty or blank gets a
+    `warning` field saying why (in a stream: the chunk that carries the finish reason), logged too; its finish
+    reason stays as it is (`stop`), so a client that reads only the content gets the same answer."""
+    state: dict[str, Any] = {"start": None, "sse": False, "text": "", "tools": False}
 
     def checked(raw: bytes, stream: bool) -> bytes:
         """A JSON answer or stream chunk, with the warning added when the answer's text is empty or blank."""
@@ -304,30 +276,43 @@ def explain_empty_answers(send, test_sized: bool):
         log.warning("empty answer: %s", doc["warning"])
         return json.dumps(doc, ensure_ascii=False).encode()
 
-    def sse_events(raw: bytes) -> bytes:
-        events = raw.split(b"\n\n")
-        return b"\n\n".join(b"data: " + checked(e[6:], True) if e.startswith(b"data: ") else e for e in events)
+    def error(raw: bytes, status: int) -> tuple[int, bytes]:
+        try:
+            doc = json.loads(raw)
+        except ValueError:
+            doc = None
+        if isinstance(doc, dict) and isinstance(doc.get("error"), dict):
+            return status, raw
+        detail = doc.get("detail", doc) if isinstance(doc, dict) else raw.decode("utf-8", "replace")
+        text = detail if isinstance(detail, str) else json.dumps(detail, ensure_ascii=False)
+        status = 400 if status == 422 else status
+        return status, BadRequest(text[:1000] or f"request failed with status {status}", status=status).body()
 
     async def _send(message):
         if message["type"] == "http.response.start":
+            status = message["status"]
             content_type = dict(message.get("headers", [])).get(b"content-type", b"")
-            if message["status"] != 200:
-                state["mode"] = None
-            elif content_type.startswith(b"text/event-stream"):
-                state["mode"] = "sse"
-            elif content_type.startswith(b"application/json"):
-                state.update(mode="json", start=message, chunks=[])
+            state["sse"] = status == 200 and content_type.startswith(b"text/event-stream")
+            if status >= 400 or (status == 200 and content_type.startswith(b"application/json")):
+                state.update(start=message, chunks=[])
                 return None
             return await send(message)
-        if message["type"] != "http.response.body" or state["mode"] is None:
+        if message["type"] != "http.response.body":
             return await send(message)
-        if state["mode"] == "sse":
-            return await send({**message, "body": sse_events(message.get("body", b""))})
+        if state["sse"]:
+            events = message.get("body", b"").split(b"\n\n")
+            body = b"\n\n".join(b"data: " + checked(e[6:], True) if e.startswith(b"data: ") else e for e in events)
+            return await send({**message, "body": body})
+        if state["start"] is None:
+            return await send(message)
         state["chunks"].append(message.get("body", b""))
         if message.get("more_body"):
             return None
-        raw = checked(b"".join(state.pop("chunks")), False)
-        start = state.pop("start")
+        raw, start = b"".join(state["chunks"]), state["start"]
+        state["start"] = None
+        if start["status"] >= 400:
+            return await respond(send, *error(raw, start["status"]))
+        raw = checked(raw, False)
         headers = [(k, v) for k, v in start.get("headers", []) if k.lower() != b"content-length"]
         await send({**start, "headers": headers + [(b"content-length", str(len(raw)).encode())]})
         return await send({"type": "http.response.body", "body": raw})
