@@ -63,7 +63,7 @@ def _user_text(text: str, where: str) -> str:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise DilforgeError(f"{where} is not UTF-8 text (byte {exc.start}); send UTF-8") from None
+        raise DilforgeError(f"{where} is not UTF-8 text (at position {exc.start}); send UTF-8") from None
     token = control_token_in(text)
     if token is not None:
         raise DilforgeError(f"{where} contains the control token {token!r}, which would forge a turn; remove it")
@@ -129,7 +129,7 @@ def chat_cmd(
         except EOFError:
             break
         except UnicodeError as exc:  # decoding stdin, or encoding its surrogate escapes
-            fail(f"stdin is not UTF-8 text (byte {exc.start}); send UTF-8")
+            fail(f"stdin is not UTF-8 text (at position {exc.start}); send UTF-8")
         if not line.strip():
             break
         try:
