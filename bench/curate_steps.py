@@ -5,7 +5,8 @@ to collect the documents each step receives, then times, one after the other in 
 of), datatrove's or ftfy's own code and the stage's step on every `--every`-th of those documents, and counts the
 outputs that differ: ftfy's `fix_text` then the rest of the Normaliser vs the Normaliser; datatrove's
 `GopherRepetitionFilter` vs `RepetitionFilter`; `GopherQualityFilter` vs `QualityFilter` (which differs on
-purpose: docs/curate.md). Prints CPU seconds per MB of the input, as `bench/curate.py --steps`.
+purpose: docs/curate.md); datatrove's MinHash shingles vs `MinhashSignature`'s. Prints CPU seconds per MB of the
+input, as `bench/curate.py --steps`.
 
     python bench/curate_steps.py --data ../shared/data --size-mb 10 --every 4 --rounds 1
 """
@@ -28,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def step_inputs(source: str, work: Path) -> dict[str, list[str]]:
-    """The texts entering each filter-phase step, by step name."""
+    """The texts entering each filter-phase step, by step name (and `minhash`: those the signatures get)."""
     from dilforge_curate import stage
     from dilforge_curate.config import CurateConfig
 
@@ -41,15 +42,25 @@ def step_inputs(source: str, work: Path) -> dict[str, list[str]]:
         if hasattr(step, "_build"):
             step._build()
         docs = list(step.run(iter(docs), 0, 1))
+    texts["minhash"] = [d.text for d in docs]
     return texts
 
 
 def main() -> None:
     import ftfy
     from datatrove.data import Document
+    from datatrove.pipeline.dedup.minhash import MinhashConfig, MinhashDedupSignature
     from datatrove.pipeline.filters import GopherQualityFilter, GopherRepetitionFilter
+    from datatrove.utils.hashing import HashConfig
     from dilforge_curate.config import CurateConfig
-    from dilforge_curate.steps import FTFY_CONFIG, Normaliser, QualityFilter, RepetitionFilter, WordSplitter
+    from dilforge_curate.steps import (
+        FTFY_CONFIG,
+        MinhashSignature,
+        Normaliser,
+        QualityFilter,
+        RepetitionFilter,
+        WordSplitter,
+    )
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, default=Path(os.environ.get("DILFORGE_DATA", ROOT.parent / "shared/data")))
@@ -79,6 +90,12 @@ def main() -> None:
         "stop_words": q.stop_words,
     }  # fmt: skip
     quality_docs = [Document(text=t, id=str(i)) for i, t in enumerate(texts["QualityFilter"])]
+    minhash = MinhashConfig(hash_config=HashConfig(precision=64, hash_fc="sha1"))
+    signatures = [
+        cls(str(args.workdir / cls.__name__), config=minhash, language=words)
+        for cls in (MinhashDedupSignature, MinhashSignature)
+    ]
+    signatures[1].get_shingles("ə")  # the mark class is built once per process, as before the stage's workers fork
     cases = [
         ("normalise (ftfy, NFC, whitespace)", texts["Normaliser"],
          lambda t: plain.format(ftfy.fix_text(t, config=FTFY_CONFIG)), Normaliser(True, "NFC", True).format),
@@ -86,6 +103,8 @@ def main() -> None:
          GopherRepetitionFilter(language=words, **rep).filter, RepetitionFilter(language=words, **rep).filter),
         ("Gopher quality", quality_docs,
          GopherQualityFilter(language=words, **quality).filter, QualityFilter(language=words, **quality).filter),
+        ("MinHash shingles", texts["minhash"], lambda t: signatures[0].get_shingles(t).tolist(),
+         lambda t: signatures[1].get_shingles(t).tolist()),
     ]  # fmt: skip
     print("| step | documents | library, CPU s per MB | stage | outputs |\n|---|---:|---:|---:|---|")
     for name, items, library, stage_step in cases:

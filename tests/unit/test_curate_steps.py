@@ -13,6 +13,7 @@ from dilforge_curate.steps import (
     FTFY_CONFIG,
     ContactRedactor,
     LinguaFilter,
+    MinhashSignature,
     Normaliser,
     QualityFilter,
     RepetitionFilter,
@@ -275,6 +276,36 @@ def test_quality_filter_decides_as_datatrove_does_but_over_words_for_the_letter_
             decisions.append(str(expected))
         assert len(set(decisions)) >= 4  # the texts reach several of the checks
     assert differed  # the texts reach the difference too
+
+
+@pytest.mark.parametrize(
+    ("precision", "hash_fc", "diacritics"),
+    [(64, "sha1", True), (32, "sha1", True), (64, "sha1", False)],
+)
+def test_minhash_shingles_are_datatrove_s(tmp_path, precision, hash_fc, diacritics):
+    import random
+
+    import numpy as np
+    from datatrove.pipeline.dedup.minhash import MinhashConfig, MinhashDedupSignature
+    from datatrove.utils.hashing import HashConfig
+    from datatrove.utils.text import TextNormConfig
+
+    config = MinhashConfig(
+        hash_config=HashConfig(precision=precision, hash_fc=hash_fc),
+        norm_config=TextNormConfig(norm_unicode_diacritics=diacritics),
+    )
+    ours = MinhashSignature(str(tmp_path / "a"), config=config, language=WordSplitter())
+    theirs = MinhashDedupSignature(str(tmp_path / "b"), config=config, language=WordSplitter())
+    # combining marks of several scripts (two past U+FFFF), precomposed letters, a ligature, other digits
+    marks = [*"ñÅǅəİışﬁ٣\U0001d7d8\U0001d167\U0001e8d0\u0338\u05b0\u0e31\u20dd", "e\u0301"]
+    rng = random.Random(2)
+    texts = _repetition_texts() + [
+        " ".join("".join(rng.choice([*marks, "a", "b", "və", ",", " "]) for _ in range(5)) for _ in range(40))
+        for _ in range(100)
+    ]
+    shingles = [(ours.get_shingles(t), theirs.get_shingles(t)) for t in texts]
+    assert all(a.dtype == b.dtype and np.array_equal(a, b) for a, b in shingles)
+    assert sum(len(a) > 0 for a, _ in shingles) > 300
 
 
 def test_language_filter_keeps_azerbaijani_and_names_what_it_drops():

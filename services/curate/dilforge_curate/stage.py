@@ -31,6 +31,7 @@ from .steps import (
     EmptyFilter,
     ExampleWriter,
     LinguaFilter,
+    MinhashSignature,
     Normaliser,
     QualityFilter,
     RankFileReader,
@@ -272,12 +273,7 @@ def build(
 ) -> dict:
     """The four datatrove executors, shards written to `folders.write / "out"`; with several hosts each runs this
     host's slice of its phase's tasks (None where the slice is empty). `endpoint_url`: the sources' S3 endpoint."""
-    from datatrove.pipeline.dedup import (
-        MinhashDedupBuckets,
-        MinhashDedupCluster,
-        MinhashDedupFilter,
-        MinhashDedupSignature,
-    )
+    from datatrove.pipeline.dedup import MinhashDedupBuckets, MinhashDedupCluster, MinhashDedupFilter
     from datatrove.pipeline.dedup.minhash import MinhashConfig
     from datatrove.pipeline.filters import FineWebQualityFilter
     from datatrove.pipeline.tokens import TokensCounter
@@ -332,7 +328,7 @@ def build(
             language=words,
         ),
         JsonlWriter(filtered, output_filename="${rank}.jsonl", compression=None),
-        MinhashDedupSignature(output_folder=str(work / "signatures"), config=minhash, language=words),
+        MinhashSignature(output_folder=str(work / "signatures"), config=minhash, language=words),
     ]
     writer = (
         ParquetWriter(
