@@ -536,7 +536,7 @@ class Prefetcher:
     def __init__(
         self, data: PackedData, global_batch: int, micro_batch: int, rank: int, world: int, device, depth: int = 2
     ):
-        from dilforge_shared.workers import ReadAhead
+        from dilforge_shared.prefetch import ReadAhead
 
         self.data, self.device, self.pin = data, device, device.type == "cuda"
         self.consumed = data.sampler.state_dict()

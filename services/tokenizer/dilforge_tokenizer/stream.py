@@ -20,8 +20,8 @@ from dilforge_shared.configs import DataSource, Oversize
 from dilforge_shared.corpus import iter_lines, iter_located_texts
 from dilforge_shared.errors import InputError
 from dilforge_shared.identity import source_files
+from dilforge_shared.prefetch import ReadAhead
 from dilforge_shared.progress import Progress
-from dilforge_shared.workers import ReadAhead
 
 log = logging.getLogger("dilforge.tokenizer")
 

@@ -1,4 +1,4 @@
-"""The one read-ahead every stage uses (dilforge_shared.workers.ReadAhead): items in order, at most `depth`
+"""The one read-ahead every stage uses (dilforge_shared.prefetch.ReadAhead): items in order, at most `depth`
 ahead, a producer's exception re-raised in the consumer, and the thread stopped and joined on close, on
 exhaustion and when the iterator is abandoned."""
 
@@ -9,7 +9,7 @@ import threading
 import time
 
 import pytest
-from dilforge_shared.workers import ReadAhead
+from dilforge_shared.prefetch import ReadAhead
 
 
 def alive(name: str) -> bool:
