@@ -20,11 +20,9 @@ CREDENTIAL_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOK
 
 
 def check_environment(env: dict[str, str]) -> dict[str, str]:
-    """Container environment from a config: valid names within SageMaker's limits, none that dilforge or SageMaker
-    set, no credentials."""
-    if len(env) > 100:
-        raise ValueError(f"{len(env)} entries; SageMaker takes at most 100")
-    for name, value in env.items():
+    """Container environment from a config: valid names, none that dilforge or SageMaker set, no credentials
+    (SageMaker's count and value limits are the type's)."""
+    for name in env:
         if not ENV_NAME.fullmatch(name):
             raise ValueError(f"{name!r} is not an environment variable name ([A-Za-z_][A-Za-z0-9_]*, ≤ 512 chars)")
         if name in CREDENTIAL_ENV:
@@ -33,31 +31,31 @@ def check_environment(env: dict[str, str]) -> dict[str, str]:
             raise ValueError(
                 f"{name}: names starting with {', '.join(RESERVED_ENV_PREFIXES)} are set by dilforge or SageMaker"
             )
-        if len(value) > 512:
-            raise ValueError(f"{name}: value of {len(value)} characters; SageMaker takes at most 512")
     return env
 
 
-TAG_KEY = re.compile(r"[\w\s.:/=+\-@]{1,128}")
-
-
 def check_tags(tags: dict[str, str]) -> dict[str, str]:
-    """Tags from a config: SageMaker's key and value rules, and none of the reserved `aws:` or dilforge's own
-    `dilforge:` keys (those would be refused by AWS, or overwrite the run id and artifact dilforge tags)."""
-    if len(tags) > 40:
-        raise ValueError(f"{len(tags)} tags; SageMaker takes 50, and dilforge adds its own")
-    for key, value in tags.items():
+    """None of the reserved `aws:` or dilforge's own `dilforge:` keys (those would be refused by AWS, or overwrite
+    the run id and artifact dilforge tags); SageMaker's key and value rules are the type's."""
+    for key in tags:
         if key.lower().startswith(("aws:", "dilforge:")):
             raise ValueError(f"{key!r}: keys starting with aws: are reserved by AWS, dilforge: by dilforge")
-        if not TAG_KEY.fullmatch(key):
-            raise ValueError(f"{key!r} is not a tag key (1-128 letters, digits, spaces and _.:/=+-@)")
-        if len(value) > 256 or not re.fullmatch(r"[\w\s.:/=+\-@]*", value):
-            raise ValueError(f"tag {key!r}: value must be ≤ 256 letters, digits, spaces and _.:/=+-@")
     return tags
 
 
-ContainerEnvironment = Annotated[dict[str, str], AfterValidator(check_environment)]
-Tags = Annotated[dict[str, str], AfterValidator(check_tags)]
+TAG_TEXT = r"^[\w\s.:/=+\-@]*$"  # SageMaker's tag characters: letters, digits, spaces and _.:/=+-@
+ContainerEnvironment = Annotated[
+    dict[str, Annotated[str, Field(max_length=512)]], Field(max_length=100), AfterValidator(check_environment)
+]
+# SageMaker takes 50 tags; dilforge adds its own
+Tags = Annotated[
+    dict[
+        Annotated[str, Field(min_length=1, max_length=128, pattern=TAG_TEXT)],
+        Annotated[str, Field(max_length=256, pattern=TAG_TEXT)],
+    ],
+    Field(max_length=40),
+    AfterValidator(check_tags),
+]
 
 
 class StageResources(StrictModel):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -130,33 +131,36 @@ def interpolation_variables(extra: dict[str, str] | None = None) -> dict[str, st
     return {**{n: v for n, v in os.environ.items() if may_interpolate(n)}, **(extra or {})}
 
 
+def map_strings(value: Any, fn: Callable[[str], Any]) -> Any:
+    """`fn` applied to every string value in a JSON-like structure (mapping keys kept)."""
+    if isinstance(value, dict):
+        return {k: map_strings(v, fn) for k, v in value.items()}
+    if isinstance(value, list):
+        return [map_strings(v, fn) for v in value]
+    return fn(value) if isinstance(value, str) else value
+
+
 def expand_env(value: Any, source: str, variables: dict[str, str] | None = None) -> Any:
     """Replace ${VAR} / ${VAR:-default} in every string from `variables` (default `interpolation_variables()`);
     a name off the allow-list, a credential (it would end up in manifests and logs) or an unset one is an error."""
     if variables is None:
         variables = interpolation_variables()
-    if isinstance(value, dict):
-        return {k: expand_env(v, source, variables) for k, v in value.items()}
-    if isinstance(value, list):
-        return [expand_env(v, source, variables) for v in value]
-    if isinstance(value, str):
 
-        def sub(m: re.Match) -> str:
-            name, default = m.group(1), m.group(2)
-            if not may_interpolate(name):
-                raise ConfigError(
-                    f"{source}: ${{{name}}} may not be interpolated: a config may name only "
-                    f"{', '.join(INTERPOLATION_ALLOWED)} and {USER_VAR_PREFIX}<NAME> variables, never a credential "
-                    "(see docs/reliability.md)"
-                )
-            if name in variables:
-                return variables[name]
-            if default is not None:
-                return default
-            raise ConfigError(f"{source}: ${{{name}}} is used but not set (export it, or pass the matching option)")
+    def sub(m: re.Match) -> str:
+        name, default = m.group(1), m.group(2)
+        if not may_interpolate(name):
+            raise ConfigError(
+                f"{source}: ${{{name}}} may not be interpolated: a config may name only "
+                f"{', '.join(INTERPOLATION_ALLOWED)} and {USER_VAR_PREFIX}<NAME> variables, never a credential "
+                "(see docs/reliability.md)"
+            )
+        if name in variables:
+            return variables[name]
+        if default is not None:
+            return default
+        raise ConfigError(f"{source}: ${{{name}}} is used but not set (export it, or pass the matching option)")
 
-        return _ENV_REF.sub(sub, value)
-    return value
+    return map_strings(value, lambda text: _ENV_REF.sub(sub, text))
 
 
 # A config is a few hundred nodes; aliases may repeat a block, but a document that expands past this many nodes

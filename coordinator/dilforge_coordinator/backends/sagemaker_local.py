@@ -21,7 +21,7 @@ from dilforge_shared.identity import stamped_sha256
 from dilforge_shared.store import fetch, open_backend
 
 from ..cloud import SageMakerConfig
-from ..config import PipelineConfig
+from ..config import PipelineConfig, map_strings
 from ..pipeline import StageFailed, StageJob, image_of
 from ..settings import coordinator_settings
 from .compose import S3_ACCESS_KEY, S3_SECRET_KEY, ComposeBackend
@@ -122,14 +122,7 @@ def upload_local_data(raw: Any, store: str, endpoint_url: str, declared: set[str
                 backend.upload_file(key, file, sha256=sums[file])
         return moved[text]
 
-    def walk(value):
-        if isinstance(value, dict):
-            return {k: walk(v) for k, v in value.items()}
-        if isinstance(value, list):
-            return [walk(v) for v in value]
-        return upload(value) if isinstance(value, str) else value
-
-    return walk(raw), moved
+    return map_strings(raw, upload), moved
 
 
 def local_processing_session(region: str, s3_endpoint_url: str, access_key: str, secret_key: str):
