@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from dilforge_shared.metrics.cpt import CptMetrics
+from dilforge_cpt.metrics import CptMetrics
 from hardware import describe
 
 ROOT = Path(__file__).resolve().parents[1]

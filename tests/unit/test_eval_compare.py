@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import metrics_samples
 import pytest
+from dilforge_cpt.metrics import CptMetrics
 from dilforge_eval import compare
 from dilforge_eval.metrics import BpbFigures
 from dilforge_shared.configs import DataSource
-from dilforge_shared.metrics.cpt import CptMetrics
 from dilforge_shared.metrics.tokenizer import TokenizerMetrics
+
+PRODUCERS = {"cpt": CptMetrics, "tokenizer": TokenizerMetrics}
+
+
+def published(stage: str, **changes) -> dict:
+    """A stage's sample metrics as its manifest holds them: validated by its own model, dumped."""
+    return PRODUCERS[stage].model_validate(metrics_samples.sample(stage, **changes)).model_dump(mode="json")
 
 
 @pytest.mark.parametrize(
@@ -85,20 +92,18 @@ def test_reference_is_base_else_first_model():
     ],
 )
 def test_step0_bpb_per_initialisation_and_set(transplant, expected):
-    got = compare.step0_bpb(CptMetrics.model_validate(metrics_samples.sample("cpt", transplant=transplant)))
+    got = compare.step0_bpb(published("cpt", transplant=transplant))
     assert got.step0_bpb == expected and got.method == transplant["method"]
     assert got.sets == sorted({s for v in expected.values() for s in v})
 
 
 @pytest.mark.parametrize("transplant", [None, {"method": "none", "reason": "same tokenizer as the base model"}])
 def test_step0_bpb_absent_without_a_comparison(transplant):
-    assert compare.step0_bpb(CptMetrics.model_validate(metrics_samples.sample("cpt", transplant=transplant))) is None
+    assert compare.step0_bpb(published("cpt", transplant=transplant)) is None
 
 
-def test_tokenizer_comparison_reads_the_typed_metrics():
-    tok = TokenizerMetrics.model_validate(metrics_samples.sample("tokenizer"))
-    got = compare.tokenizer_comparison(tok)
-    assert got.languages == ["az", "en"] and got.rows[0].strategy == "replace"
+def test_tokenizer_comparison_reads_the_published_metrics():
+    got = compare.tokenizer_comparison(published("tokenizer"))
+    assert got.languages == ["az", "en"] and got.rows[0]["strategy"] == "replace"
     assert got.dead_tokens["num_dead_new_tokens"] == 5  # the audit is free-form: published as the tokenizer wrote it
-    empty = TokenizerMetrics.model_validate(metrics_samples.sample("tokenizer", comparison=[], dead_tokens={}))
-    assert compare.tokenizer_comparison(empty) is None
+    assert compare.tokenizer_comparison(published("tokenizer", comparison=[], dead_tokens={})) is None

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import metrics_samples
 import pytest
+from dilforge_cpt.metrics import CptMetrics
 from dilforge_eval import compare
 from dilforge_eval.metrics import BpbFigures
 from dilforge_eval.report import write_report
-from dilforge_shared.metrics.cpt import CptMetrics
 from dilforge_shared.metrics.tokenizer import TokenizerMetrics
 
 _spec = importlib.util.spec_from_file_location(
@@ -111,7 +111,7 @@ def fake_metrics():
                         },
                     },
                 )
-            )
+            ).model_dump()
         ),
         "tokenizer_comparison": compare.tokenizer_comparison(
             TokenizerMetrics.model_validate(
@@ -137,7 +137,7 @@ def fake_metrics():
                     ],
                     dead_tokens={"num_new_dead": 439, "per_corpus": {"wiki": {"frac_vocab_used": 0.61}}},
                 )
-            )
+            ).model_dump()
         ),
     }
     bpb = {model: {s: BpbFigures(**f) for s, f in sets.items()} for model, sets in m["bpb"].items()}

@@ -6,11 +6,11 @@ from __future__ import annotations
 import metrics_samples
 import pytest
 from dilforge_coordinator.config import STAGE_CONFIGS
+from dilforge_cpt.metrics import CptMetrics
 from dilforge_eval import compare
+from dilforge_sft.metrics import SftMetrics
 from dilforge_shared.contract import read_metrics, validate_metrics
 from dilforge_shared.errors import DilforgeError, InputError
-from dilforge_shared.metrics.cpt import CptMetrics
-from dilforge_shared.metrics.sft import SftMetrics
 
 STAGE_METRICS = {stage: config.metrics_model for stage, config in STAGE_CONFIGS.items()}
 
@@ -53,14 +53,34 @@ def test_an_upstream_manifest_that_does_not_parse_names_the_artifact_and_field()
         read_metrics(SftMetrics, old, "s3://b/sft/1")
 
 
-def test_eval_reads_curves_cost_and_step0_from_the_typed_models():
-    cpt = CptMetrics.model_validate(metrics_samples.sample("cpt"))
-    sft = SftMetrics.model_validate(metrics_samples.sample("sft"))
-    assert cpt.curves() == {
-        "loss": [(1.0, 5.5), (2.0, 5.0), (3.0, 4.5), (4.0, 4.0)],
-        "validation/val_loss": [(0.0, 6.5), (4.0, 4.1)],
+def test_eval_reads_curves_cost_and_step0_from_the_published_metrics():
+    """What eval reads of the cpt and sft metrics as their models publish them; a field renamed in a producer's
+    model (and so in its sample) fails here, and an upstream artifact without it is an InputError naming it."""
+    out = {"curves": {}, "cost": {}}
+    for stage, model in (("cpt", CptMetrics), ("sft", SftMetrics)):
+        compare.upstream(stage, model.model_validate(metrics_samples.sample(stage)).model_dump(mode="json"), out)
+    assert out["curves"] == {
+        "cpt": {
+            "loss": [[1.0, 5.5], [2.0, 5.0], [3.0, 4.5], [4.0, 4.0]],
+            "validation/val_loss": [[0.0, 6.5], [4.0, 4.1]],
+        },
+        "sft": {"loss": [[1.0, 3.0], [2.0, 2.5]]},
     }
-    assert sft.curves() == {"loss": [(1.0, 3.0), (2.0, 2.5)]}
-    assert cpt.cost() == {"tokens_seen": 4096, "total_tokens": 4096, "tokens_per_s": 100.0, "peak_memory_gb": 0.46}
-    assert sft.cost() == {"train_runtime_s": 2.5, "train_steps_per_second": 0.8, "optimizer_steps": 2}
-    assert compare.step0_bpb(cpt).step0_bpb == {"random": {"val": 5.27}, "mean_of_pieces": {"val": 2.81}}
+    assert out["cost"] == {
+        "cpt": {"tokens_seen": 4096, "total_tokens": 4096, "tokens_per_s": 100.0, "peak_memory_gb": 0.46},
+        "sft": {"train_runtime_s": 2.5, "train_steps_per_second": 0.8, "optimizer_steps": 2},
+    }
+    assert out["transplant"].step0_bpb == {"random": {"val": 5.27}, "mean_of_pieces": {"val": 2.81}}
+
+
+def test_an_upstream_manifest_without_a_field_eval_reads_names_the_artifact_and_field():
+    from types import SimpleNamespace
+
+    from dilforge_eval.stage import upstream_sections
+
+    old = metrics_samples.sample("sft")
+    del old["train_loss_history"]
+    art = SimpleNamespace(uri="s3://b/sft/1", manifest=SimpleNamespace(metrics=old))
+    ctx = SimpleNamespace(has_input=lambda name: name == "sft", input=lambda name: art)
+    with pytest.raises(InputError, match=r"s3://b/sft/1: sft metrics do not hold .*no field 'train_loss_history'"):
+        upstream_sections(ctx)

@@ -17,9 +17,10 @@ from dilforge_shared.configs import (
     check_unique_labels,
 )
 from dilforge_shared.configs.knobs import Batching, Checkpointing, SourceLimits, Warmup
-from dilforge_shared.metrics.cpt import CptMetrics
 from dilforge_shared.specials import control_token_in
 from pydantic import Field, field_validator, model_validator
+
+from .metrics import CptMetrics
 
 
 class ScratchModel(StrictModel):

@@ -25,7 +25,6 @@ from dilforge_shared.contract import (
     log_config,
 )
 from dilforge_shared.errors import ConfigError, DilforgeError
-from dilforge_shared.metrics.cpt import CptMetrics
 from dilforge_shared.model_folders import describe_model_folder
 from dilforge_shared.models import TOKENIZER_FILES, resolve
 from dilforge_shared.settings import settings
@@ -47,6 +46,7 @@ from .data import (
 from .launch import build_launch, wait_for_artifact, wait_for_hosts
 from .leakage import build_probe
 from .loop import LoopSetup, TrainState, train_loop
+from .metrics import CptMetrics
 from .model_init import initialise, kept_row_mask, load_model, locate_base_model, new_row_mask
 from .optim import TrainingModel
 from .reporting import MetricsLog, flops_per_token, peak_flops

@@ -8,11 +8,11 @@ import math
 
 import torch
 from dilforge_shared.bpb import eval_mode, stream_nll
-from dilforge_shared.metrics.cpt import SET_PREFIX  # a validation row's `val_bpb/<set>`, as CptMetrics reads it
 from dilforge_shared.progress import Progress
 
 from .config import CptConfig
 from .data import ValidationSet
+from .metrics import SET_PREFIX  # a validation row's `val_bpb/<set>`, as CptMetrics reads it
 from .runtime import Runtime
 
 log = logging.getLogger("dilforge.cpt")

@@ -1,14 +1,14 @@
 """Each model's BPB against the base model's, per text set (an average across languages would hide the loss
-elsewhere), the headline per language, and the upstream manifests' step-0 BPB and tokenizer strategies."""
+elsewhere), the headline per language, and what the report shows of the upstream manifests' metrics: curves,
+cost, step-0 BPB and tokenizer strategies (read as published; each stage validated them when it published)."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from typing import Any
 
 from dilforge_shared.configs import DataSource
-from dilforge_shared.metrics.cpt import CptMetrics
-from dilforge_shared.metrics.tokenizer import TokenizerMetrics
 
 from .metrics import (
     BpbChange,
@@ -17,6 +17,7 @@ from .metrics import (
     HeadlineEntry,
     Step0Section,
     TokenizerComparison,
+    VocabSweep,
 )
 
 # ISO 639-3 codes that FLORES-style column names use, mapped to the 2-letter codes the report uses.
@@ -91,23 +92,51 @@ def headline(
     return out
 
 
-def step0_bpb(cpt: CptMetrics) -> Step0Section | None:
-    """Step-0 BPB per initialisation and validation set, from the CPT metrics' typed `transplant` block."""
-    t = cpt.transplant
-    if t is None or not t.step0_val_bpb_by_set:
+COST = {  # stage -> the figures of its metrics the report lists as its cost
+    "cpt": ("tokens_seen", "total_tokens", "tokens_per_s", "mfu", "peak_memory_gb", "eval_peak_memory_gb"),
+    "sft": ("train_runtime_s", "train_steps_per_second", "optimizer_steps"),
+}
+CURVES = {  # stage -> curve -> (the metrics' list of rows, the row's value at its `step`)
+    "cpt": {"loss": ("history", "loss"), "validation/val_loss": ("validation", "val_loss")},
+    "sft": {"loss": ("train_loss_history", "loss")},
+}
+
+
+def upstream(stage: str, metrics: dict[str, Any], out: dict[str, Any]) -> None:
+    """Into `out`: the curves and cost of a cpt or sft manifest's metrics, the step-0 BPB of cpt's, the vocab
+    sweep and strategies of the tokenizer's. KeyError/TypeError where the metrics lack a field read here."""
+    if stage in CURVES:
+        curves = {k: sorted([float(r["step"]), r[v]] for r in metrics[rows]) for k, (rows, v) in CURVES[stage].items()}
+        if curves := {k: v for k, v in curves.items() if v}:
+            out["curves"][stage] = curves
+        if cost := {k: v for k in COST[stage] if (v := metrics[k]) is not None}:
+            out["cost"][stage] = cost
+    if stage == "cpt":
+        out["transplant"] = step0_bpb(metrics)
+    if stage == "tokenizer":
+        out["vocab_sweep"] = VocabSweep(
+            selected=metrics["selected_vocab_size"], rows=metrics["sweep"], base=metrics["base"]
+        )
+        out["tokenizer_comparison"] = tokenizer_comparison(metrics)
+
+
+def step0_bpb(cpt: dict[str, Any]) -> Step0Section | None:
+    """Step-0 BPB per initialisation and validation set, from the CPT metrics' `transplant` block."""
+    t = cpt["transplant"]
+    if t is None or not t.get("step0_val_bpb_by_set"):
         return None
-    methods = {m: dict(sets) for m, sets in t.step0_val_bpb_by_set.items()}
+    methods = {m: dict(sets) for m, sets in t["step0_val_bpb_by_set"].items()}
     return Step0Section(
-        method=t.method,
+        method=t["method"],
         sets=sorted({s for v in methods.values() for s in v}),
         step0_bpb=methods,
-        leakage=t.step0_leakage or None,  # {method: {set: row}} (cpt leakage.step0_row)
+        leakage=t.get("step0_leakage") or None,  # {method: {set: row}} (cpt leakage.step0_row)
     )
 
 
-def tokenizer_comparison(tok: TokenizerMetrics) -> TokenizerComparison | None:
+def tokenizer_comparison(tok: dict[str, Any]) -> TokenizerComparison | None:
     """The tokenizer strategies side by side (`comparison` rows, `dead_tokens`), or None when it has neither."""
-    if not tok.comparison and not tok.dead_tokens:
+    if not tok["comparison"] and not tok["dead_tokens"]:
         return None
-    languages = sorted({lang for r in tok.comparison for lang in r.languages})
-    return TokenizerComparison(rows=tok.comparison, languages=languages, dead_tokens=tok.dead_tokens or None)
+    languages = sorted({lang for r in tok["comparison"] for lang in r["languages"]})
+    return TokenizerComparison(rows=tok["comparison"], languages=languages, dead_tokens=tok["dead_tokens"] or None)

@@ -5,8 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from dilforge_shared.manifest import Metrics
-from dilforge_shared.metrics.cpt import LeakageRow
-from dilforge_shared.metrics.tokenizer import SetFigures, StrategyRow, SweepRow, TokenizerBase
+from dilforge_shared.metrics.tokenizer import SetFigures
 from pydantic import Field
 
 
@@ -218,13 +217,15 @@ class Step0Section(Metrics):
     method: str
     sets: list[str]
     step0_bpb: dict[str, dict[str, float]] = Field(description="method -> validation set -> step-0 BPB.")
-    leakage: dict[str, dict[str, LeakageRow]] | None = None
+    leakage: dict[str, dict[str, dict[str, float | None]]] | None = Field(
+        default=None, description="method -> validation set -> the CPT manifest's step-0 leakage row."
+    )
 
 
 class TokenizerComparison(Metrics):
     """eval's `tokenizer_comparison`: the tokenizer stage's strategies side by side and its dead-token audit."""
 
-    rows: list[StrategyRow]
+    rows: list[dict[str, Any]] = Field(description="The tokenizer manifest's `comparison` rows.")
     languages: list[str]
     dead_tokens: dict[str, Any] | None = Field(description="The audit as the tokenizer stage published it.")
 
@@ -233,8 +234,8 @@ class VocabSweep(Metrics):
     """eval's `vocab_sweep`: the tokenizer stage's fertility per vocabulary size, the selected size, the base's."""
 
     selected: int | None
-    rows: list[SweepRow]
-    base: TokenizerBase | None
+    rows: list[dict[str, Any]] = Field(description="The tokenizer manifest's `sweep` rows.")
+    base: dict[str, Any] | None = Field(description="The tokenizer manifest's `base`.")
 
 
 class EvalMetrics(Metrics):

@@ -46,15 +46,15 @@ def sweep_plot(sweep: VocabSweep | None, path: Path) -> Path | None:
         return None
     rows = sweep.rows
     fig, ax = plt.subplots(figsize=(6.5, 4))
-    for s in sorted({s for r in rows for s in r.sets}):
-        pts = sorted((r.vocab_size, r.sets[s].tokens_per_word) for r in rows if s in r.sets)
+    for s in sorted({s for r in rows for s in r["sets"]}):
+        pts = sorted((r["vocab_size"], r["sets"][s]["tokens_per_word"]) for r in rows if s in r["sets"])
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=s)
-        if base := sweep.base.sets.get(s) if sweep.base else None:
+        if base := sweep.base["sets"].get(s) if sweep.base else None:
             colour, label = ax.lines[-1].get_color(), f"{s} (base tokenizer)"
-            ax.axhline(base.tokens_per_word, linestyle="--", linewidth=1, color=colour, label=label)
+            ax.axhline(base["tokens_per_word"], linestyle="--", linewidth=1, color=colour, label=label)
     if sweep.selected:
         ax.axvline(sweep.selected, color="grey", linestyle=":", label=f"selected {sweep.selected}")
-    sizes = sorted({r.vocab_size for r in rows})
+    sizes = sorted({r["vocab_size"] for r in rows})
     if len(sizes) > 1 and sizes[-1] / sizes[0] > 4:
         ax.set_xscale("log")
     ax.set_xticks(sizes, [f"{s:,}" for s in sizes], rotation=30)

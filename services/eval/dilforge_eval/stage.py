@@ -12,11 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from dilforge_shared import runtime_policy
-from dilforge_shared.contract import StageContext, StageResult, log_config, read_metrics
+from dilforge_shared.contract import StageContext, StageResult, log_config
 from dilforge_shared.errors import InputError
-from dilforge_shared.metrics.cpt import CptMetrics
-from dilforge_shared.metrics.sft import SftMetrics
-from dilforge_shared.metrics.tokenizer import TokenizerMetrics
 from dilforge_shared.progress import Progress
 
 from . import assistant as assistant_mod
@@ -34,7 +31,6 @@ from .metrics import (
     GenerationFigures,
     Share,
     TextSet,
-    VocabSweep,
 )
 from .metrics import EvalModel as ModelFigures
 from .report import write_report
@@ -323,25 +319,19 @@ def comparisons(config: EvalConfig, inputs: Inputs, evaluated: Evaluated) -> dic
 
 def upstream_sections(ctx: StageContext) -> dict:
     """Training curves and costs (cpt, sft), the vocab sweep and strategies (tokenizer), step-0 BPB (cpt), from
-    each upstream stage's typed metrics (`contract.read_metrics`)."""
+    each upstream stage's manifest metrics (`compare.upstream`)."""
     out: dict[str, Any] = {"curves": {}, "cost": {}}
-    models = {"cpt": CptMetrics, "sft": SftMetrics, "tokenizer": TokenizerMetrics}
-    typed = {
-        s: read_metrics(m, ctx.input(s).manifest.metrics, ctx.input(s).uri)
-        for s, m in models.items()
-        if ctx.has_input(s)
-    }
-    for stage in ("cpt", "sft"):
-        if stage in typed:
-            if series := typed[stage].curves():  # name -> [(step, value)]
-                out["curves"][stage] = {k: [list(p) for p in sorted(v)] for k, v in series.items()}
-            if c := typed[stage].cost():
-                out["cost"][stage] = c
-    if "cpt" in typed:
-        out["transplant"] = compare.step0_bpb(typed["cpt"])
-    if (tok := typed.get("tokenizer")) is not None:
-        out["vocab_sweep"] = VocabSweep(selected=tok.selected_vocab_size, rows=tok.sweep, base=tok.base)
-        out["tokenizer_comparison"] = compare.tokenizer_comparison(tok)
+    for stage in ("cpt", "sft", "tokenizer"):
+        if ctx.has_input(stage):
+            art = ctx.input(stage)
+            try:
+                compare.upstream(stage, art.manifest.metrics, out)
+            except (KeyError, TypeError) as exc:
+                what = f"no field {exc}" if isinstance(exc, KeyError) else str(exc)
+                raise InputError(
+                    f"{stage} metrics do not hold what eval reports ({what}): an artifact of another dilforge version?",
+                    path=art.uri,
+                ) from None
     return out
 
 

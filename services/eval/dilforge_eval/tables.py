@@ -195,7 +195,7 @@ def leakage_table(metrics: EvalMetrics) -> Table:
     figures = ("bpb_base_model", "bpb_extended", "extended_vs_base", "bpb_base_tokenization")
     figures += ("base_tokenization_vs_base",)
     leakage = {_method(m, t.method): sets for m, sets in t.leakage.items()}
-    return head, _pairs(leakage, lambda _, r: _fields(r, figures, 4))
+    return head, _pairs(leakage, lambda _, r: [num(r.get(k), 4) for k in figures])
 
 
 def cost_table(metrics: EvalMetrics) -> Table:
@@ -240,10 +240,11 @@ def strategy_table(metrics: EvalMetrics) -> Table:
         head += [f"{lang} tokens/word", f"{lang} bytes/token", f"{lang} words in 3+ tokens"]
     rows = []
     for r in comp.rows:
-        row: list[str | Cell] = [r.strategy, num(r.vocab_size), num(r.num_new_tokens), "yes" if r.selected else ""]
-        for v in (r.languages.get(lang) for lang in comp.languages):
-            row += [num(v and v.tokens_per_word), num(v and v.bytes_per_token), pct(v and v.frac_words_3plus)]
-        rows.append([*row, pct(r.dead_new_tokens_frac)])
+        row: list[str | Cell] = [r["strategy"], num(r["vocab_size"]), num(r["num_new_tokens"])]
+        row.append("yes" if r["selected"] else "")
+        for v in (r["languages"].get(lang) or {} for lang in comp.languages):
+            row += [num(v.get("tokens_per_word")), num(v.get("bytes_per_token")), pct(v.get("frac_words_3plus"))]
+        rows.append([*row, pct(r.get("dead_new_tokens_frac"))])
     return [*head, "dead new tokens"], rows
 
 

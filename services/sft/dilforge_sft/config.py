@@ -18,9 +18,10 @@ from dilforge_shared.configs import (
 )
 from dilforge_shared.configs.knobs import Batching, Checkpointing, SourceLimits, Warmup
 from dilforge_shared.configs.language import LinguaCode
-from dilforge_shared.metrics.sft import SftMetrics
 from dilforge_shared.specials import control_token_in, system_prompt_problem
 from pydantic import BaseModel, Field, field_validator, model_validator
+
+from .metrics import SftMetrics
 
 
 def knob(group: type[BaseModel], name: str, default: Any) -> Any:

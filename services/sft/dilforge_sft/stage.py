@@ -16,7 +16,6 @@ from typing import Any
 from dilforge_shared.contract import StageContext, StageResult, Terminated, install_sigterm_handler, log_config
 from dilforge_shared.errors import ConfigError, InputError
 from dilforge_shared.families import Family, detect_family
-from dilforge_shared.metrics.sft import SftMetrics
 from dilforge_shared.models import ADAPTER_DIR, MERGED_DIR, choose, resolve
 
 from .config import SftConfig
@@ -29,6 +28,7 @@ from .data import (
     load_splits,
     refuse_special_tokens,
 )
+from .metrics import SftMetrics
 from .outputs import save_adapter, save_merged, write_generation_defaults, write_label_preview
 from .training import (
     activation_checkpointing,

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
+from dilforge_shared.manifest import Metrics
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-
-from ..manifest import Metrics
 
 
 class TrainRow(Metrics):
@@ -105,16 +104,3 @@ class CptMetrics(Metrics):
     history: list[TrainRow]
     validation: list[ValidationRow]
     leakage: list[LeakageEntry] = Field(default_factory=list)  # step 0 and every validation
-
-    def cost(self) -> dict[str, float]:
-        """Time, token and memory figures the eval report lists."""
-        names = ("tokens_seen", "total_tokens", "tokens_per_s", "mfu", "peak_memory_gb", "eval_peak_memory_gb")
-        return {k: v for k in names if (v := getattr(self, k)) is not None}
-
-    def curves(self) -> dict[str, list[tuple[float, float]]]:
-        """Loss per step (train) and validation loss per step."""
-        out = {
-            "loss": [(float(r.step), r.loss) for r in self.history],
-            "validation/val_loss": [(float(r.step), r.val_loss) for r in self.validation],
-        }
-        return {k: v for k, v in out.items() if v}

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from dilforge_shared.manifest import Metrics
 from pydantic import Field
-
-from ..manifest import Metrics
 
 
 class LossPoint(Metrics):
@@ -36,10 +35,3 @@ class SftMetrics(Metrics):
     data: dict[str, dict[str, Any]] = Field(description="Record counts per split (sft data.DataCounts).")
     outputs: list[str]
     num_label_preview_examples: int
-
-    def cost(self) -> dict[str, float]:
-        names = ("train_runtime_s", "train_steps_per_second", "optimizer_steps")
-        return {k: v for k in names if (v := getattr(self, k)) is not None}
-
-    def curves(self) -> dict[str, list[tuple[float, float]]]:
-        return {"loss": [(float(p.step), p.loss) for p in self.train_loss_history]} if self.train_loss_history else {}
