@@ -109,7 +109,7 @@ def test_an_edit_changes_exactly_the_versions_of_the_stages_that_import_it(tree)
     for module in (
         "dilforge_cpt.config",
         "dilforge_shared.configs.language",
-        "dilforge_shared.metrics.tokenizer",
+        "dilforge_shared.fertility",
         "dilforge_shared.compat",
         "dilforge_shared.compat.dcp",
         "dilforge_shared.corpus",

@@ -8,7 +8,7 @@ from dilforge_cpt.metrics import CptMetrics
 from dilforge_eval import compare
 from dilforge_eval.metrics import BpbFigures
 from dilforge_shared.configs import DataSource
-from dilforge_shared.metrics.tokenizer import TokenizerMetrics
+from dilforge_tokenizer.metrics import TokenizerMetrics
 
 PRODUCERS = {"cpt": CptMetrics, "tokenizer": TokenizerMetrics}
 

@@ -14,7 +14,7 @@ from dilforge_cpt.metrics import CptMetrics
 from dilforge_eval import compare
 from dilforge_eval.metrics import BpbFigures
 from dilforge_eval.report import write_report
-from dilforge_shared.metrics.tokenizer import TokenizerMetrics
+from dilforge_tokenizer.metrics import TokenizerMetrics
 
 _spec = importlib.util.spec_from_file_location(
     "render_report", Path(__file__).resolve().parents[2] / "scripts" / "render_report.py"

@@ -6,7 +6,7 @@ import itertools
 import math
 
 import pytest
-from dilforge_shared.metrics.tokenizer import measure, tokenizers_encoder, tokens_per_word_span
+from dilforge_shared.fertility import measure, tokenizers_encoder, tokens_per_word_span
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 

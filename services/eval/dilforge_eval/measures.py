@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 import torch
 from dilforge_shared.bpb import TokenStream, build_stream, eval_mode, stream_nll
 from dilforge_shared.families import detect_family
-from dilforge_shared.metrics.tokenizer import SetFigures, measure, tokenizers_encoder
+from dilforge_shared.fertility import SetFigures, measure, tokenizers_encoder
 
 from . import morph as morph_mod
 from .metrics import BpbFigures, MorphFigures, ParityFigures

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from dilforge_shared.fertility import SetFigures
 from dilforge_shared.manifest import Metrics
-from dilforge_shared.metrics.tokenizer import SetFigures
 from pydantic import Field
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Annotated, ClassVar, Literal
 
 from dilforge_shared.configs import DataSource, StageConfig, check_unique_labels
-from dilforge_shared.metrics.tokenizer import TokenizerMetrics
 from pydantic import Field, ValidationInfo, field_validator, model_validator
+
+from .metrics import TokenizerMetrics
 
 # 256 byte symbols + Llama 3's 256 reserved/special tokens: the least a byte-level vocab can hold.
 NUM_BYTE_SYMBOLS = 256

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from dilforge_shared.corpus import iter_texts
 from dilforge_shared.errors import InputError
-from dilforge_shared.metrics.tokenizer import StrategyRow, measure, tokenizers_encoder
+from dilforge_shared.fertility import measure, tokenizers_encoder
 from tabulate import tabulate
 from tokenizers import Tokenizer
 
 from .candidates import Candidate
 from .config import TokenizerConfig
+from .metrics import StrategyRow
 
 
 def measure_sets(tok: Tokenizer, sets: dict[str, list[str]]) -> dict[str, dict]:

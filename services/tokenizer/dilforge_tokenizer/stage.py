@@ -16,7 +16,6 @@ from collections import Counter
 from dilforge_shared.contract import StageContext, StageResult, log_config
 from dilforge_shared.errors import InputError
 from dilforge_shared.families import LLAMA3, Family
-from dilforge_shared.metrics.tokenizer import TokenizerMetrics
 from dilforge_shared.progress import Progress
 from tokenizers import Tokenizer
 
@@ -25,6 +24,7 @@ from . import base as base_tok
 from .base import Base, resolve_base
 from .candidates import Candidate, base_candidate, extend_candidates, prune_and_refill, replace_candidates
 from .config import TokenizerConfig
+from .metrics import TokenizerMetrics
 from .report import (
     comparison_rows,
     comparison_table,

@@ -1,6 +1,5 @@
-"""The tokenizer stage's metrics (the strategies compared, the vocabulary sweep, the base's figures) and how a
-tokenizer is measured on raw text, the same for the tokenizer and eval stages: fertility, bytes per token, share of
-words split 3+ ways. A word is a `str.split()` run; tokens exclude added specials; fertility and bytes/token are
+"""How a tokenizer is measured on raw text, the same for the tokenizer and eval stages: fertility, bytes per token,
+share of words split 3+ ways. A word is a `str.split()` run; tokens exclude added specials; fertility and bytes/token are
 ratios of sums over the set; a token counts for every word its span overlaps."""
 
 from __future__ import annotations
@@ -9,11 +8,8 @@ import itertools
 import re
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
 
-from pydantic import Field
-
-from ..manifest import Metrics
+from .manifest import Metrics
 
 Offsets = Sequence[tuple[int, int]]
 EncodeOffsets = Callable[[list[str]], list[Offsets]]
@@ -79,55 +75,3 @@ def tokenizers_encoder(tokenizer) -> EncodeOffsets:
         return [enc.offsets for enc in tokenizer.encode_batch(texts, add_special_tokens=False)]
 
     return encode
-
-
-class LanguageFigures(Metrics):
-    """The headline figures of one validation set (tokenizer report.language_figures)."""
-
-    tokens_per_word: float
-    bytes_per_token: float
-    frac_words_3plus: float
-
-
-class StrategyRow(Metrics):
-    """One strategy's candidate in the side-by-side comparison (`languages`: per validation set)."""
-
-    strategy: str
-    vocab_size: int
-    num_new_tokens: int
-    selected: bool
-    languages: dict[str, LanguageFigures]
-    dead_new_tokens_frac: float | None = None
-
-
-class SweepRow(Metrics):
-    """One candidate size of the configured strategy: replace records its regular vocabulary, extend the
-    number of tokens it added."""
-
-    vocab_size: int
-    vocab_size_total: int | None = None
-    vocab_size_regular: int | None = None
-    num_added_tokens: int | None = None
-    sets: dict[str, SetFigures]
-
-
-class TokenizerBase(Metrics):
-    uri: str
-    sets: dict[str, SetFigures]
-
-
-class TokenizerMetrics(Metrics):
-    strategy: str
-    family: str
-    selected_vocab_size: int | None
-    selection: dict[str, Any]
-    word_definition: str
-    comparison: list[StrategyRow]
-    languages: dict[str, LanguageFigures]
-    dead_tokens: dict[str, Any] = Field(description="The dead-token audit of the published tokenizer.")
-    sweep: list[SweepRow]
-    base: TokenizerBase | None = None
-    output: dict[str, Any]
-    corpus: dict[str, Any]
-    seconds: dict[str, float]
-    peak_rss_mib: float
