@@ -235,7 +235,8 @@ def write_output(tmp_path: Path, name: str = "out", content: bytes = b"weights")
 def job_manifest(job, kind: str, **fields):
     """The manifest a real stage publishes for a coordinator job (for fake backends): its config, code version and
     the very inputs the id was planned from, so reuse can prove the artifact is the job's."""
-    from dilforge_shared.identity import code_version, stage_refs
+    from dilforge_coordinator.pipeline import stage_refs
+    from dilforge_shared.identity import code_version
     from dilforge_shared.manifest import Manifest, current_producer
 
     return Manifest(

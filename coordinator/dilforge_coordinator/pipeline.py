@@ -10,10 +10,10 @@ from typing import Protocol
 
 from dilforge_shared.configs import StageConfig
 from dilforge_shared.errors import DilforgeError, ManifestNotFound
-from dilforge_shared.identity import STAGE_MODULES, artifact_id, stage_refs
+from dilforge_shared.identity import STAGE_MODULES, artifact_id, config_refs
 from dilforge_shared.locks import FileLock
-from dilforge_shared.manifest import MANIFEST_NAME, STAGES
-from dilforge_shared.store import artifact_exists
+from dilforge_shared.manifest import MANIFEST_NAME, STAGES, InputRef, artifact_ref
+from dilforge_shared.store import artifact_exists, read_manifest
 
 from .config import PipelineConfig
 from .integrity import check_artifact, move_aside
@@ -145,6 +145,13 @@ def check_input_kinds(stage: str, inputs: dict[str, str], endpoint_url: str | No
                 f"stage {stage}: input {name}={uri} is a {manifest.kind!r} artifact (made by stage "
                 f"{manifest.stage}); input {name!r} needs a {expected!r} artifact"
             )
+
+
+def stage_refs(config: StageConfig, inputs: dict[str, str], endpoint_url: str | None = None) -> list[InputRef]:
+    """What a stage's artifact id covers: upstream artifacts by their ids, then `identity.config_refs` (the refs
+    the stage records, `contract.lineage`)."""
+    upstream = [artifact_ref(name, uri, read_manifest(uri, endpoint_url)[0]) for name, uri in sorted(inputs.items())]
+    return [*upstream, *config_refs(config, endpoint_url)]
 
 
 def plan_stage(pipeline: PipelineConfig, stage: str, upstream: dict[str, str]) -> StageJob:

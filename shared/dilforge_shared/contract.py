@@ -191,7 +191,7 @@ class StageResult:
 
 
 def lineage(ctx: StageContext) -> list[InputRef]:
-    """Exactly the refs the coordinator fingerprinted (`identity.stage_refs`), so the id can be recomputed."""
+    """Exactly the refs the coordinator fingerprinted (its `pipeline.stage_refs`), so the id can be recomputed."""
     refs = [ctx.input(name).ref(name) for name in sorted(ctx.request.inputs)]
     return [*refs, *config_refs(ctx.request.config, ctx.endpoint_url)]
 

@@ -81,12 +81,6 @@ def config_refs(config: StageConfig, endpoint_url: str | None = None) -> list[In
     return refs + config.source_refs(endpoint_url)
 
 
-def stage_refs(config: StageConfig, inputs: dict[str, str], endpoint_url: str | None = None) -> list[InputRef]:
-    """What a stage's artifact id covers: upstream artifacts by their ids, then `config_refs`."""
-    upstream = [artifact_ref(name, uri, read_manifest(uri, endpoint_url)[0]) for name, uri in sorted(inputs.items())]
-    return [*upstream, *config_refs(config, endpoint_url)]
-
-
 def artifact_id(config: StageConfig, refs: list[InputRef], version: str | None = None) -> str:
     """The id of the artifact `config` produces from inputs `refs` with this code (or the given code version)."""
     version = code_version(config.stage) if version is None else version

@@ -150,9 +150,6 @@ class LocalStorage:
     def delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)
 
-    def copy(self, key: str, dest: str) -> None:
-        self.upload_file(dest, self._path(key))
-
     def list_stats(self, prefix: str) -> Iterator[tuple[str, int, str]]:
         """(key, size, a version tag: the mtime in ns) of every file under prefix, as S3's listing gives them."""
         for key in self.list(prefix):

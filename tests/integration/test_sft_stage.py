@@ -16,11 +16,10 @@ os.environ["OMP_NUM_THREADS"] = "1"
 
 from dilforge_coordinator.backends.local import write_inputs
 from dilforge_coordinator.cli import app
-from dilforge_coordinator.pipeline import build_hyperparameters
+from dilforge_coordinator.pipeline import build_hyperparameters, stage_refs
 from dilforge_sft.config import SftConfig
 from dilforge_shared.checkpoint_digests import verify
 from dilforge_shared.contract import OPT_ML_ENV, OptMl
-from dilforge_shared.identity import stage_refs
 from dilforge_shared.manifest import Manifest, current_producer
 from dilforge_shared.store import fetch, publish
 from factories import flip_byte

@@ -170,7 +170,8 @@ def _fake_job_publishes(backend: SageMakerBackend, s3, submitted: list[dict]):
         out.mkdir(parents=True)
         (out / "weights.txt").write_text(f"{stage} trained with inputs {hp['inputs']}")
         from dilforge_coordinator.config import STAGE_CONFIGS
-        from dilforge_shared.identity import code_version, stage_refs
+        from dilforge_coordinator.pipeline import stage_refs
+        from dilforge_shared.identity import code_version
 
         refs = stage_refs(
             STAGE_CONFIGS[stage].model_validate(config), json.loads(hp["inputs"]), hp.get("s3_endpoint_url")

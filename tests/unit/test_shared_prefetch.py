@@ -1,4 +1,4 @@
-"""The one read-ahead every stage uses (dilforge_shared.prefetch.ReadAhead): items in order, at most `depth`
+"""The one read-ahead every stage uses (dilforge_shared.prefetch.read_ahead): items in order, at most `depth`
 ahead, a producer's exception re-raised in the consumer, and the thread stopped and joined on close, on
 exhaustion and when the iterator is abandoned."""
 
@@ -9,7 +9,7 @@ import threading
 import time
 
 import pytest
-from dilforge_shared.prefetch import ReadAhead
+from dilforge_shared.prefetch import read_ahead
 
 
 def alive(name: str) -> bool:
@@ -23,7 +23,7 @@ def counting(produced: list, n: int = 1000):
 
 
 def test_items_arrive_in_order_and_the_thread_ends_with_them():
-    it = ReadAhead(iter(range(100)), depth=3, name="ra-order")
+    it = read_ahead(iter(range(100)), depth=3, name="ra-order")
     assert list(it) == list(range(100))
     assert not alive("ra-order")
     assert list(it) == []  # exhausted stays exhausted
@@ -39,7 +39,7 @@ def test_the_producer_stays_at_most_depth_ahead_and_close_joins_it():
         finally:
             closed.append(True)
 
-    it = ReadAhead(items(), depth=2, name="ra-bounded")
+    it = read_ahead(items(), depth=2, name="ra-bounded")
     assert next(it) == 0
     time.sleep(0.3)
     # 1 consumed + 2 queued + 1 waiting to be put: never more, however long the consumer takes
@@ -60,7 +60,7 @@ def test_a_producer_error_is_raised_in_the_consumer_after_the_items_before_it():
         yield 2
         raise OSError("disk gone")
 
-    it = ReadAhead(items(), depth=4, name="ra-error")
+    it = read_ahead(items(), depth=4, name="ra-error")
     assert next(it) == 1 and next(it) == 2
     with pytest.raises(OSError, match="disk gone"):
         next(it)
@@ -69,7 +69,7 @@ def test_a_producer_error_is_raised_in_the_consumer_after_the_items_before_it():
 
 def test_an_abandoned_read_ahead_stops_its_thread():
     produced: list[int] = []
-    it = ReadAhead(counting(produced), depth=2, name="ra-abandoned")
+    it = read_ahead(counting(produced), depth=2, name="ra-abandoned")
     assert next(it) == 0
     del it
     gc.collect()

@@ -536,11 +536,11 @@ class Prefetcher:
     def __init__(
         self, data: PackedData, global_batch: int, micro_batch: int, rank: int, world: int, device, depth: int = 2
     ):
-        from dilforge_shared.prefetch import ReadAhead
+        from dilforge_shared.prefetch import read_ahead
 
         self.data, self.device, self.pin = data, device, device.type == "cuda"
         self.consumed = data.sampler.state_dict()
-        self._steps = ReadAhead(self._produce((global_batch, micro_batch, rank, world)), depth, name="cpt-prefetch")
+        self._steps = read_ahead(self._produce((global_batch, micro_batch, rank, world)), depth, name="cpt-prefetch")
 
     def _produce(self, args: tuple) -> Iterator[tuple]:
         import torch

@@ -20,7 +20,7 @@ from dilforge_shared.configs import DataSource, Oversize
 from dilforge_shared.corpus import iter_lines, iter_located_texts
 from dilforge_shared.errors import InputError
 from dilforge_shared.identity import source_files
-from dilforge_shared.prefetch import ReadAhead
+from dilforge_shared.prefetch import read_ahead
 from dilforge_shared.progress import Progress
 
 log = logging.getLogger("dilforge.tokenizer")
@@ -155,7 +155,7 @@ class CorpusStream:
     def batches(self, min_lines: int = 4096, depth: int = 4) -> Iterator[list[str]]:
         """Training lines in lists of at least `min_lines`, read ahead by a background thread (overlapping the
         reading with the counting workers). Stats and `heldout` are final once it is exhausted or closed."""
-        return ReadAhead(_regrouped(self._scan(), min_lines), depth, name="corpus-read-ahead")
+        return read_ahead(_regrouped(self._scan(), min_lines), depth, name="corpus-read-ahead")
 
     def summary(self) -> dict:
         total = SourceStats(**{k: sum(getattr(st, k) for st in self.stats.values()) for k in asdict(SourceStats())})
