@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from dilforge_cpt.config import CptConfig
-from dilforge_cpt.launch import build_launch, wait_for_hosts
+from dilforge_cpt.stage import build_launch, wait_for_hosts
 from dilforge_shared.configs import validate_model
 from dilforge_shared.contract import ResourceConfig
 from dilforge_shared.errors import ConfigError, DilforgeError
@@ -151,7 +151,6 @@ def test_a_later_host_stopped_while_its_torchrun_ends_is_done_once_the_first_hos
     from types import SimpleNamespace
 
     import dilforge_cpt.stage as stage
-    import dilforge_shared.store as store
     from dilforge_shared.contract import Terminated
 
     def interrupted(plan, ctx):
@@ -161,7 +160,7 @@ def test_a_later_host_stopped_while_its_torchrun_ends_is_done_once_the_first_hos
     monkeypatch.setattr(stage, "build_launch", lambda *a, **k: plan)
     monkeypatch.setattr(stage, "wait_for_hosts", lambda hosts: None)
     monkeypatch.setattr(stage, "run_workers", interrupted)
-    monkeypatch.setattr(store, "artifact_exists", lambda uri, endpoint: published)
+    monkeypatch.setattr(stage, "artifact_exists", lambda uri, endpoint: published)
     ctx = SimpleNamespace(
         resources=SimpleNamespace(hosts=["algo-1", "algo-2"]),
         request=SimpleNamespace(artifact_uri="s3://b/store/artifacts/cpt/0123456789abcdef"),

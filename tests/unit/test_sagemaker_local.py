@@ -15,7 +15,7 @@ from dilforge_coordinator.backends.sagemaker import JobSpec, model_trainer
 from dilforge_coordinator.backends.sagemaker_local import SageMakerLocalBackend, preflight, upload_local_data
 from dilforge_coordinator.cli import app
 from dilforge_coordinator.pipeline import StageFailed
-from dilforge_cpt.launch import build_launch
+from dilforge_cpt.stage import build_launch
 from dilforge_shared.contract import ResourceConfig
 from dilforge_shared.errors import ConfigError
 from typer.testing import CliRunner

@@ -216,7 +216,7 @@ def tokenize_to_file(
 
     sha256 = _write_tokens(path, shard_bytes())
     num_tokens = path.stat().st_size // TOKEN_BYTES
-    _write_json(meta_path, {"num_tokens": num_tokens, "num_docs": num_docs, "source": source.uri, "sha256": sha256})
+    write_json(meta_path, {"num_tokens": num_tokens, "num_docs": num_docs, "source": source.uri, "sha256": sha256})
     shutil.rmtree(shard_dir, ignore_errors=True)
     log.info("corpus %s: tokenised %d documents into %d tokens", source.label, num_docs, num_tokens)
     return TokenFile(path, num_tokens, num_docs, source.label)
@@ -310,7 +310,7 @@ def tokenize_shard(
     path = shard_dir / shard_file(index)
     sha256 = _write_tokens(path, (chunk.tobytes() for chunk in pack_stream(texts, tok, ids, batch_size)))
     shard = Shard(index, first_doc, len(texts), path.stat().st_size // TOKEN_BYTES, sha256)
-    _write_json(path.with_name(f"{path.name}.json"), asdict(shard))
+    write_json(path.with_name(f"{path.name}.json"), asdict(shard))
     return shard
 
 
@@ -345,7 +345,7 @@ def _write_tokens(path: Path, chunks: Iterable[bytes]) -> str:
     return digest.hexdigest()
 
 
-def _write_json(path: Path, value: dict) -> None:
+def write_json(path: Path, value: dict) -> None:
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     tmp.write_text(json.dumps(value))
     os.replace(tmp, path)
@@ -401,7 +401,7 @@ def _tokenize_in_worker(texts: list[str], batch_size: int, shard_dir: Path, inde
 
 def write_ready(path: Path, files: list[TokenFile] | None, error: str | None = None) -> None:
     """The builder's word to the processes waiting on its cache folder: the finished files, or its error."""
-    _write_json(path, {"files": [{**asdict(tf), "path": str(tf.path)} for tf in files or []], "error": error})
+    write_json(path, {"files": [{**asdict(tf), "path": str(tf.path)} for tf in files or []], "error": error})
 
 
 def wait_ready(path: Path, poll_s: float = 1.0) -> list[TokenFile]:

@@ -7,7 +7,6 @@ bpb_base_tokenization / bpb_kept_rows - 1, with no second model. Defined for ext
 
 from __future__ import annotations
 
-import logging
 import math
 from dataclasses import dataclass
 
@@ -21,8 +20,6 @@ from .data import TokenIds, ValidationSet, build_validation
 from .runtime import Runtime
 from .transplant import VocabMapping
 from .validation import score_set
-
-log = logging.getLogger("dilforge.cpt")
 
 
 @dataclass(frozen=True)

@@ -6,13 +6,10 @@ initialisations are compared in bench/init_experiments.py (docs/benchmarks.md)."
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 import torch
 from tokenizers import Tokenizer
-
-log = logging.getLogger("dilforge.cpt.transplant")
 
 
 @dataclass
