@@ -84,3 +84,15 @@ def test_an_upstream_manifest_without_a_field_eval_reads_names_the_artifact_and_
     ctx = SimpleNamespace(has_input=lambda name: name == "sft", input=lambda name: art)
     with pytest.raises(InputError, match=r"s3://b/sft/1: sft metrics do not hold .*no field 'train_loss_history'"):
         upstream_sections(ctx)
+
+
+def test_an_upstream_sweep_of_another_shape_names_the_field():
+    from types import SimpleNamespace
+
+    from dilforge_eval.stage import upstream_sections
+
+    bad = metrics_samples.sample("tokenizer", sweep=3)
+    art = SimpleNamespace(uri="s3://b/tok/1", manifest=SimpleNamespace(metrics=bad))
+    ctx = SimpleNamespace(has_input=lambda name: name == "tokenizer", input=lambda name: art)
+    with pytest.raises(InputError, match=r"s3://b/tok/1: tokenizer metrics do not hold .*\(rows: Input should be"):
+        upstream_sections(ctx)

@@ -13,8 +13,9 @@ from typing import Any
 
 from dilforge_shared import runtime_policy
 from dilforge_shared.contract import StageContext, StageResult, log_config
-from dilforge_shared.errors import InputError
+from dilforge_shared.errors import InputError, field_errors
 from dilforge_shared.progress import Progress
+from pydantic import ValidationError
 
 from . import assistant as assistant_mod
 from . import compare, downstream, measures, tables
@@ -326,8 +327,9 @@ def upstream_sections(ctx: StageContext) -> dict:
             art = ctx.input(stage)
             try:
                 compare.upstream(stage, art.manifest.metrics, out)
-            except (KeyError, TypeError) as exc:
-                what = f"no field {exc}" if isinstance(exc, KeyError) else str(exc)
+            except (KeyError, TypeError, ValidationError) as exc:  # a field missing, or of another shape
+                what = field_errors(exc) if isinstance(exc, ValidationError) else str(exc)
+                what = f"no field {what}" if isinstance(exc, KeyError) else what
                 raise InputError(
                     f"{stage} metrics do not hold what eval reports ({what}): an artifact of another dilforge version?",
                     path=art.uri,
