@@ -190,9 +190,7 @@ class TrainingModel:
         if self.phase != index:
             phase = self.config.phase1 if index == 1 else self.config.phase2
             self.trainable = set_trainable(self.model, index, self.new_rows, self.kept_rows, self.kept_scale())
-            self.optimizer = make_optimizer(
-                self.trainable, self.config, phase, fused=self.rt.device.type in ("cuda", "cpu")
-            )
+            self.optimizer = make_optimizer(self.trainable, self.config, phase, fused=True)  # CUDA and CPU have it
             self.phase = index
         return self.trainable, self.optimizer
 
