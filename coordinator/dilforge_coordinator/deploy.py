@@ -18,7 +18,7 @@ import typer
 from botocore import xform_name
 from botocore.exceptions import ClientError, WaiterError
 from dilforge_shared.errors import ConfigError, DilforgeError
-from dilforge_shared.serving import MODEL_ID_ENV, SYSTEM_PROMPT_ENV, default_model_id
+from dilforge_shared.model_id import MODEL_ID_ENV, SYSTEM_PROMPT_ENV, default_model_id
 
 from .cloud import SageMakerConfig
 from .common import ForceOpt

@@ -56,7 +56,7 @@ def gated(command: Callable, action: str, announce: Callable[[dict], dict] | Non
 
 def _announce_server(options: dict) -> dict:
     """Print where the server will answer and under which model id (before the model loads)."""
-    from dilforge_shared.serving import served_model_id
+    from dilforge_shared.model_id import served_model_id
 
     from . import gate
 

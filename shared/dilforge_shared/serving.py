@@ -1,6 +1,6 @@
-"""How a server presents an artifact, the same for `coordinator serve` / `deploy` and the serve image: what to load
-(`resolve_chat_model`, also for `coordinator chat` and eval), the OpenAI model id, and the served chat template
-that makes the SFT config's `system_prompt` the default system message (no torch)."""
+"""How a server presents an artifact, the same for `coordinator serve` / `deploy`, the serve image and eval: what to
+load (`resolve_chat_model`, also for `coordinator chat`), the served chat template that makes the SFT config's
+`system_prompt` the default system message, and the ids generation stops on (no torch)."""
 
 from __future__ import annotations
 
@@ -17,28 +17,7 @@ from .manifest import Manifest
 from .models import MARKERS, Resolved, choose, find_dir, open_model, resolve
 from .store import Artifact
 
-MODEL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-SYSTEM_PROMPT_ENV = "DILFORGE_SYSTEM_PROMPT"
-MODEL_ID_ENV = "DILFORGE_MODEL_ID"
 _GENERATION_TAGS = re.compile(r"\{%-?\s*(end)?generation\s*-?%\}")
-
-
-def default_model_id(run_id: str | None, stage: str | None, fallback: str) -> str:
-    """`<run_id>-<stage>` for an artifact (e.g. az-small-sft), else the folder's name; safe as an OpenAI model id
-    and as a folder name (the server is pinned to a local folder of that name)."""
-    raw = f"{run_id}-{stage}" if run_id and stage else fallback
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", raw).strip("-._")[:64] or "model"
-
-
-def served_model_id(uri: str, manifest: Manifest | None, model_id: str | None = None) -> str:
-    """The OpenAI `model` id a server of `uri` answers to: `model_id`, else `<run_id>-<stage>`, else the folder name."""
-    run_id, stage = (manifest.run_id, manifest.stage) if manifest else (None, None)
-    name = model_id or default_model_id(run_id, stage, Path(uri.rstrip("/")).name)
-    if not MODEL_ID.match(name):
-        raise ConfigError(
-            f"--model-id {name!r}: use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit"
-        )
-    return name
 
 
 def serving_template(template: str, system_prompt: str | None) -> str:
