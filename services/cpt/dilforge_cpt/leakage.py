@@ -11,7 +11,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-from dilforge_shared.bpb import eval_mode
 from tabulate import tabulate
 from tokenizers import Tokenizer
 
@@ -19,7 +18,7 @@ from .config import CptConfig
 from .data import TokenIds, ValidationSet, build_validation
 from .runtime import Runtime
 from .transplant import VocabMapping
-from .validation import score_set
+from .validation import score_sets
 
 
 @dataclass(frozen=True)
@@ -61,19 +60,12 @@ def build_probe(
     return LeakageProbe(sets, kept, mapping), None
 
 
-@torch.no_grad()
 def measure(model, probe: LeakageProbe, config: CptConfig, rt: Runtime) -> dict[str, dict[str, float]]:
     """{set: {bpb_base_tokenization, bpb_kept_rows, leakage}} (summed over ranks)."""
-    sums: list[float] = []
-    with eval_mode(model):
-        for vs in probe.sets:
-            (full, kept), _, _ = score_set(model, vs, config, rt, "leakage", kept=probe.kept)
-            sums += [full, kept]
-    sums = rt.all_sum(sums)
     out = {}
-    for i, vs in enumerate(probe.sets):
+    for vs, nlls in zip(probe.sets, score_sets(model, probe.sets, config, rt, "leakage", probe.kept), strict=True):
         bits = 1 / math.log(2) / max(vs.stream.num_bytes, 1)
-        full, kept = sums[2 * i] * bits, sums[2 * i + 1] * bits
+        full, kept = (nll * bits for nll in nlls)
         out[vs.name] = {"bpb_base_tokenization": full, "bpb_kept_rows": kept, "leakage": full / kept - 1}
     return out
 

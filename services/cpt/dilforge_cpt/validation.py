@@ -22,43 +22,44 @@ def window_and_stride(config: CptConfig) -> tuple[int, int]:
     return config.seq_len, config.validation_stride or max(1, config.seq_len // 2)
 
 
-def score_set(model, vs: ValidationSet, config: CptConfig, rt: Runtime, desc: str, kept: torch.Tensor | None = None):
-    """`bpb.stream_nll` of one set over this rank's share of its windows, under the run's autocast, with its
-    progress logged; the caller holds `eval_mode` and all-reduces. Validation and the leakage pass both score
-    through here."""
+def score_sets(
+    model, sets: list[ValidationSet], config: CptConfig, rt: Runtime, desc: str, kept: torch.Tensor | None = None
+) -> list[tuple[float, float]]:
+    """Per set, `bpb.stream_nll`'s (NLL, text tokens), or with `kept` (NLL, NLL over the kept rows' softmax):
+    each rank scores its share of the windows in eval mode under the run's autocast, the sums are all-reduced.
+    Validation and the leakage pass both score through here."""
     window, stride = window_and_stride(config)
     batch_size = config.eval_micro_batch_size or config.micro_batch_size
-    with Progress(f"{desc} {vs.name}", 0, unit="batches", log=log, enabled=rt.is_main) as progress, rt.autocast():
-        return stream_nll(
-            model,
-            vs.stream,
-            window,
-            stride,
-            batch_size,
-            rank=rt.rank,
-            world=rt.world,
-            on_batch=progress.batches,
-            kept=kept,
-        )
+    sums: list[float] = []
+    with eval_mode(model), rt.autocast():
+        for vs in sets:
+            with Progress(f"{desc} {vs.name}", 0, unit="batches", log=log, enabled=rt.is_main) as progress:
+                nll, count, _ = stream_nll(
+                    model,
+                    vs.stream,
+                    window,
+                    stride,
+                    batch_size,
+                    rank=rt.rank,
+                    world=rt.world,
+                    on_batch=progress.batches,
+                    kept=kept,
+                )
+            sums += [*nll] if kept is not None else [nll, float(count)]
+    sums = rt.all_sum(sums)
+    return list(zip(sums[0::2], sums[1::2], strict=True))
 
 
-@torch.no_grad()
 def evaluate(
     model, val: list[ValidationSet], config: CptConfig, rt: Runtime, desc: str = "validation"
 ) -> dict[str, float]:
-    """val_loss (nats per text token) and val_bpb over all sets, and `val_bpb/<set>` for each set; each rank
-    scores its share of every set's windows, the sums are all-reduced."""
-    sums: list[float] = []
-    with eval_mode(model):
-        for vs in val:
-            nll, count, _ = score_set(model, vs, config, rt, desc)
-            sums += [nll, float(count)]
-    sums = rt.all_sum(sums)
-    nll_total, count_total = sum(sums[0::2]), sum(sums[1::2])
+    """val_loss (nats per text token) and val_bpb over all sets, and `val_bpb/<set>` for each set."""
+    sums = score_sets(model, val, config, rt, desc)
+    nll_total, count_total = sum(nll for nll, _ in sums), sum(count for _, count in sums)
     bytes_total = sum(vs.stream.num_bytes for vs in val)
     out = {"val_loss": nll_total / max(count_total, 1.0), "val_bpb": nll_total / math.log(2) / max(bytes_total, 1)}
-    for i, vs in enumerate(val):
-        out[f"{SET_PREFIX}{vs.name}"] = sums[2 * i] / math.log(2) / max(vs.stream.num_bytes, 1)
+    for vs, (nll, _) in zip(val, sums, strict=True):
+        out[f"{SET_PREFIX}{vs.name}"] = nll / math.log(2) / max(vs.stream.num_bytes, 1)
     return out
 
 
