@@ -71,7 +71,7 @@ NOTES = {  # the note printed under each heading (whitespace collapsed)
     "Morpheme alignment": """Gold boundaries from segmented words, lemma/form pairs and glossed UD sentences; see
         docs/eval.md for the method.""",
     "Vocab size sweep": "Fertility per vocab size from the tokenizer stage's manifest.",
-    "Training curves": "Loss per step read from the CPT/SFT manifests (or their TensorBoard logs).",
+    "Training curves": "Loss per step read from the CPT/SFT manifests.",
     "Cost": "Time and token counts the upstream stages recorded in their manifests.",
     "Generation repetition": """Means over answers: distinct-n = unique n-grams / n-grams of words in one answer;
         repeated 3-gram rate = share of 3-grams that repeat an earlier one in the same answer.""",
