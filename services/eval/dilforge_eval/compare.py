@@ -104,7 +104,8 @@ CURVES = {  # stage -> curve -> (the metrics' list of rows, the row's value at i
 
 def upstream(stage: str, metrics: dict[str, Any], out: dict[str, Any]) -> None:
     """Into `out`: the curves and cost of a cpt or sft manifest's metrics, the step-0 BPB of cpt's, the vocab
-    sweep and strategies of the tokenizer's. KeyError/TypeError where the metrics lack a field read here."""
+    sweep and strategies of the tokenizer's. KeyError, TypeError or ValidationError where a field read here is
+    missing or of another shape (`stage.upstream_sections` names it)."""
     if stage in CURVES:
         curves = {k: sorted([float(r["step"]), r[v]] for r in metrics[rows]) for k, (rows, v) in CURVES[stage].items()}
         if curves := {k: v for k, v in curves.items() if v}:

@@ -122,7 +122,7 @@ def downstream_table(metrics: EvalMetrics) -> Table:
     head = ["task", "metric", "n", "chance"] + [f"{m} {lang}" for m in models for lang in languages]
     rows = []
     for (row, metric), by_lang in by_row.items():
-        digits = 1 if metric in ("chrf++", "bleu") else 3
+        digits = 1 if metric in SCALE_100 else 3
         chance = [
             f"{lang} {fmt(d.tasks[k].chance[metric], digits)}"
             for lang, k in by_lang.items()
