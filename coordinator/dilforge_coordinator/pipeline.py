@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Protocol
 
+from dilforge_cpt.model_config import ModelConfig
 from dilforge_shared.configs import StageConfig
 from dilforge_shared.errors import DilforgeError, ManifestNotFound
 from dilforge_shared.identity import STAGE_MODULES, artifact_id, config_refs
@@ -154,19 +155,30 @@ def stage_refs(config: StageConfig, inputs: dict[str, str], endpoint_url: str | 
     return [*upstream, *config_refs(config, endpoint_url)]
 
 
-def plan_stage(pipeline: PipelineConfig, stage: str, upstream: dict[str, str]) -> StageJob:
-    """Resolve inputs and fingerprint: same config + same upstream manifests + same data → same artifact."""
+def plan_stage(pipeline: PipelineConfig, stage: str, upstream: dict[str, str], offline: bool = False) -> StageJob:
+    """Resolve inputs and fingerprint: same config + same upstream manifests + same data → same artifact.
+    `offline` (a dry run): nothing is read, so inputs count by their URIs (a real run's ids hash digests)."""
     config: StageConfig = getattr(pipeline, stage)
     inputs = {name: upstream[name] for name in config.input_names() if name in upstream}
     missing = [name for name in config.needed_inputs() if name not in inputs]
     if missing:
-        raise DilforgeError(
-            f"stage {stage} needs upstream artifacts {missing}: add those stages to the pipeline, "
-            f"run them first, or pass --input NAME=URI"
+        how = (
+            "to the same pipeline for a dry run"
+            if offline
+            else "to the pipeline, run them first, or pass --input NAME=URI"
         )
+        raise DilforgeError(f"stage {stage} needs upstream artifacts {missing}: add those stages {how}")
     endpoint = pipeline.store.s3_endpoint_url
-    check_input_kinds(stage, inputs, endpoint)
-    planned_id = artifact_id(config, stage_refs(config, inputs, endpoint))
+    if offline:
+        refs = [InputRef(name=n, kind="manifest", uri=u, sha256=f"offline:{u}") for n, u in sorted(inputs.items())]
+        data = [(f"data:{s.label}", s.uri) for s in config.file_sources()]
+        data += [(f"model:{u}", u) for u in config.model_uris()]
+        data += [("source", config.source)] if isinstance(config, ModelConfig) else []
+        refs += [InputRef(name=n, kind="data", uri=u, sha256=f"offline:{u}") for n, u in data]
+    else:
+        check_input_kinds(stage, inputs, endpoint)
+        refs = stage_refs(config, inputs, endpoint)
+    planned_id = artifact_id(config, refs)
     store = ArtifactStore(pipeline.store.uri, endpoint)
     uri = store.artifact_uri(stage, planned_id)
     return StageJob(stage, config, pipeline.run_id, uri, inputs, store.backend.uri, endpoint)

@@ -18,13 +18,11 @@ from typing import Any
 from dilforge_cpt.model_config import ModelConfig
 from dilforge_cpt.recipes import source_kind
 from dilforge_shared.errors import ConfigError, DilforgeError
-from dilforge_shared.identity import artifact_id as planned_artifact_id
-from dilforge_shared.manifest import InputRef
 from dilforge_shared.store import open_backend
 
 from ..cloud import SageMakerConfig, StageResources
 from ..config import PipelineConfig
-from ..pipeline import StageFailed, StageJob, build_hyperparameters, image_of, module_env
+from ..pipeline import StageFailed, StageJob, build_hyperparameters, image_of, module_env, plan_stage
 
 HYPERPARAMETER_LIMIT = 2500
 MULTI_HOST_STAGES = {"cpt"}
@@ -69,25 +67,12 @@ def job_base_name(prefix: str, stage: str, artifact_id: str) -> str:
 
 
 def offline_jobs(pipeline: PipelineConfig) -> list[StageJob]:
-    """Plan every stage without reading S3: ids from config + input URIs (a real run's ids also hash digests)."""
-    store = pipeline.store.uri.rstrip("/")
-    planned: dict[str, str] = {}
-    jobs = []
-    for stage, config in pipeline.stages():
-        inputs = {name: planned[name] for name in config.input_names() if name in planned}
-        missing = [n for n in config.needed_inputs() if n not in inputs]
-        if missing:
-            raise DilforgeError(f"stage {stage} needs upstream artifacts {missing} in the same pipeline for a dry run")
-        data = [(f"data:{s.label}", s.uri) for s in config.file_sources()]
-        data += [(f"model:{u}", u) for u in config.model_uris()]
-        data += [("source", config.source)] if isinstance(config, ModelConfig) else []
-        refs = [InputRef(name=n, kind="manifest", uri=u, sha256=f"offline:{u}") for n, u in sorted(inputs.items())]
-        refs += [InputRef(name=n, kind="data", uri=u, sha256=f"offline:{u}") for n, u in data]
-        planned[stage] = f"{store}/artifacts/{stage}/{planned_artifact_id(config, refs)}"
-        jobs.append(
-            StageJob(stage, config, pipeline.run_id, planned[stage], inputs, store, pipeline.store.s3_endpoint_url)
-        )
-    return jobs
+    """Plan every stage without reading S3 (`plan_stage` offline), each fed the ones before."""
+    planned: dict[str, StageJob] = {}
+    for stage, _ in pipeline.stages():
+        upstream = {name: job.artifact_uri for name, job in planned.items()}
+        planned[stage] = plan_stage(pipeline, stage, upstream, offline=True)
+    return list(planned.values())
 
 
 @dataclass(frozen=True)
