@@ -25,10 +25,10 @@ def _coordinator_options(
     """What the coordinator adds to a serve service command (declared as a signature, read by `gated`)."""
 
 
-def gated(command: Callable, action: str, announce: Callable[[dict], dict] | None = None, **defaults) -> Callable:
+def gated(command: Callable, action: str, **defaults) -> Callable:
     """The serve service's Typer `command` (its first parameter the artifact, its options as declared there,
     `defaults` replacing some defaults) plus the coordinator's options: the artifact is the argument or --run's,
-    the ship gate passes it (or --force), `announce` may print and complete the options, then `command` runs."""
+    the ship gate passes it (or --force), then `command` runs."""
     theirs = list(inspect.signature(command, eval_str=True).parameters.values())
     ours = list(inspect.signature(_coordinator_options, eval_str=True).parameters.values())
     artifact_param = theirs[0].name
@@ -43,7 +43,7 @@ def gated(command: Callable, action: str, announce: Callable[[dict], dict] | Non
         artifact = artifact if artifact is not None else run_artifact(run, store, stage, endpoint)
         gate.check(artifact, store, run, endpoint, force, action)
         options[artifact_param] = artifact
-        return command(**(announce(options) if announce else options))
+        return command(**options)
 
     defaults[artifact_param] = None  # the argument or --run
     keyword = inspect.Parameter.KEYWORD_ONLY  # a required option may follow the optional argument
@@ -54,22 +54,5 @@ def gated(command: Callable, action: str, announce: Callable[[dict], dict] | Non
     return gated_command
 
 
-def _announce_server(options: dict) -> dict:
-    """Print where the server will answer and under which model id (before the model loads)."""
-    from dilforge_shared.model_id import served_model_id
-
-    from . import gate
-
-    artifact, host, port = options["model"], options["host"], options["port"]
-    model = served_model_id(artifact, gate.manifest_or_none(artifact, options["s3_endpoint_url"]), options["model_id"])
-    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
-    typer.echo(
-        f"serving {artifact}\n  OpenAI base URL: http://{shown}:{port}/v1\n  model id: {model}\n"
-        f"  try: curl http://{shown}:{port}/v1/chat/completions -H 'Content-Type: application/json' "
-        f'-d \'{{"model": "{model}", "messages": [{{"role": "user", "content": "Salam!"}}]}}\''
-    )
-    return {**options, "model_id": model}
-
-
-serve_cmd = gated(serve_cli.serve, "serve", _announce_server, host="127.0.0.1", port="8000")
+serve_cmd = gated(serve_cli.serve, "serve", host="127.0.0.1", port="8000")
 export_cmd = gated(export_cli.export_cmd, "export")

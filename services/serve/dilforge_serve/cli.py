@@ -98,6 +98,8 @@ def serve(
     if problem is not None:
         print(f"error: {problem}", file=sys.stderr)
         raise typer.Exit(1)
+    base_url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
+    print(f"OpenAI base URL: {base_url}/v1 (SageMaker: GET /ping, POST /invocations)", flush=True)  # before loading
     # a private staging folder of our own (never a path the user named: their model may live there), removed on
     # exit; one a killed server left (links, and for an adapter a merged copy of the model) goes at the next start
     parent = Path(workdir or tempfile.gettempdir())
@@ -124,10 +126,10 @@ def serve(
                 import uvicorn
 
                 server = build_app(spec.model_id, device=device, dtype=dtype, continuous_batching=continuous_batching)
-                shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
                 print(
-                    f"serving {spec.description}\n  model id: {spec.model_id}\n  OpenAI base URL: "
-                    f"http://{shown}:{port}/v1\n  SageMaker: GET /ping, POST /invocations",
+                    f"serving {spec.description}\n  model id: {spec.model_id}\n  try: curl {base_url}/v1/chat/completions "
+                    f'-H \'Content-Type: application/json\' -d \'{{"model": "{spec.model_id}", "messages": '
+                    '[{"role": "user", "content": "Salam!"}]}\'',
                     flush=True,
                 )
                 uvicorn.run(server, host=host, port=int(port), log_level=log_level)
