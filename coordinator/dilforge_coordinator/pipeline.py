@@ -19,7 +19,7 @@ from dilforge_shared.store import artifact_exists, read_manifest
 from .config import PipelineConfig
 from .integrity import check_artifact, move_aside
 from .leases import S3Lease
-from .records import ArtifactStore, RunRecord, record_artifacts, running_owner, store_lock
+from .records import ArtifactStore, RunRecord, good_artifacts, running_owner, store_lock
 from .stage_images import image_of
 
 log = logging.getLogger("dilforge.coordinator")
@@ -244,9 +244,7 @@ def _reuse_or_run(job: StageJob, stage: str, backend: Backend, store: ArtifactSt
 
 
 def upstream_from_record(pipeline: PipelineConfig) -> dict[str, str]:
-    store = ArtifactStore(pipeline.store.uri, pipeline.store.s3_endpoint_url)
-    record = RunRecord.load(store, pipeline.run_id)
-    return record_artifacts(store, record, ("produced", "reused"))
+    return good_artifacts(ArtifactStore(pipeline.store.uri, pipeline.store.s3_endpoint_url), pipeline.run_id)
 
 
 def run_all(pipeline: PipelineConfig, backend: Backend) -> dict[str, str]:

@@ -288,22 +288,17 @@ def set_aside(store: ArtifactStore, key: str, data: bytes) -> str:
     return f"{store.backend.uri}/{aside}"
 
 
-def record_artifacts(store: ArtifactStore, record: RunRecord, statuses: tuple[str, ...] | None = None) -> dict:
-    """stage → artifact URI in this store (wherever it now is), optionally only stages with one of `statuses`.
-    Asked for good statuses, a stage whose latest attempt failed gives its last good artifact."""
-    out = {}
-    for name, s in record.stages.items():
-        if statuses is None or s.get("status") in statuses:
-            out[name] = store.resolve(s["artifact"])
-        elif set(statuses) <= set(GOOD) and s.get("last_good"):
-            out[name] = store.resolve(s["last_good"])
-    return out
+def good_artifacts(store: ArtifactStore, run_id: str) -> dict[str, str]:
+    """stage → the artifact the run produced or reused (a stage whose latest attempt failed: its last good one), as
+    a URI in this store, wherever it now is."""
+    stages = RunRecord.load(store, run_id).stages.items()
+    good = {name: s["artifact"] if s.get("status") in GOOD else s.get("last_good") for name, s in stages}
+    return {name: store.resolve(address) for name, address in good.items() if address}
 
 
 def run_artifact(run_id: str, store: str, stage: str, endpoint: str | None = None) -> str:
     """The artifact a run produced (or reused) for `stage`, from its run record."""
-    artifacts = ArtifactStore(store, endpoint)
-    found = record_artifacts(artifacts, RunRecord.load(artifacts, run_id), ("produced", "reused"))
+    found = good_artifacts(ArtifactStore(store, endpoint), run_id)
     if stage not in found:
         raise ConfigError(
             f"run {run_id!r} in store {store} has no {stage} artifact (run the pipeline first, or pass "

@@ -173,7 +173,7 @@ def test_a_failed_attempt_never_replaces_the_last_good_artifact(tmp_path, monkey
     """Issue 31: a failing `run tokenizer` recorded the failed id in place of the good tokenizer, so downstream
     stages lost their input and `gc --unreferenced --delete` would have deleted the good artifact."""
     from dilforge_coordinator.gc import find_store_garbage
-    from dilforge_coordinator.records import ArtifactStore, RunRecord, record_artifacts
+    from dilforge_coordinator.records import ArtifactStore, RunRecord, good_artifacts
 
     monkeypatch.setenv("DILFORGE_VAR_CORPUS_DIR", str(tmp_path))
     good = pl.run_all(load_pipeline(write_config(tmp_path)), InProcessBackend(tmp_path, monkeypatch))["tokenizer"]
@@ -183,7 +183,7 @@ def test_a_failed_attempt_never_replaces_the_last_good_artifact(tmp_path, monkey
     store = ArtifactStore(str(tmp_path / "store"))
     record = RunRecord.load(store, "demo")
     assert record.stages["tokenizer"]["status"] == "failed" and record.stages["tokenizer"]["artifact"] != good
-    assert record_artifacts(store, record, ("produced", "reused")) == {"tokenizer": good}
+    assert good_artifacts(store, "demo") == {"tokenizer": good}
     assert pl.upstream_from_record(load_pipeline(write_config(tmp_path)))["tokenizer"] == good
     unreferenced = [g for g in find_store_garbage(store, 0, unreferenced=True) if g.kind == "unreferenced"]
     assert good.rstrip("/") not in [g.uri.rstrip("/") for g in unreferenced]
