@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from dilforge_cpt.config import CptConfig
-from dilforge_cpt.model_init import kept_row_mask
+from dilforge_cpt.model_init import row_masks
 from dilforge_cpt.optim import TrainingModel, run_step, set_trainable
 from dilforge_cpt.runtime import Runtime
 from factories import tiny_cpt_config
@@ -91,7 +91,7 @@ def test_phase2_scales_only_kept_rows_at_the_configured_ratio():
     phase2 = {"num_steps": 2, "learning_rate": 1e-4, "embedding_learning_rate": 2e-3, "kept_rows_learning_rate": 5e-5}
     cfg = CptConfig.model_validate({**tiny_cpt_config().model_dump(), "phase2": phase2})
     pending = SimpleNamespace(mapping=SimpleNamespace(kept=[0, 1, 2, -1, -1]))
-    kept = kept_row_mask(cfg, pending, 5, scratch=False)
+    _, kept = row_masks(cfg, pending, 5, scratch=False)
     assert kept.tolist() == [True, True, True, False, False]
     model = torch.nn.Module()
     model.embed = torch.nn.Embedding(5, 3)
@@ -105,5 +105,5 @@ def test_phase2_scales_only_kept_rows_at_the_configured_ratio():
     assert factor.reshape(-1).tolist() == pytest.approx([0.025, 0.025, 0.025, 1.0, 1.0])
     assert set_trainable(model, 1, None, kept, 0.025).row_scales == []  # phase 1 has no kept-row rate
     unset = tiny_cpt_config()
-    assert kept_row_mask(unset, pending, 5, scratch=False) is None
-    assert kept_row_mask(cfg, None, 4, scratch=True).tolist() == [False] * 4
+    assert row_masks(unset, pending, 5, scratch=False)[1] is None
+    assert row_masks(cfg, None, 4, scratch=True)[1].tolist() == [False] * 4

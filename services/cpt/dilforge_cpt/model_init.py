@@ -114,33 +114,25 @@ def load_model(config: CptConfig, base: BaseModel | None, tok: Tokenizer, ids: T
     return model.to(rt.device), PendingTransplant(rows, mapping, report, base_tok), report
 
 
-def new_row_mask(
+def row_masks(
     config: CptConfig, pending: PendingTransplant | None, vocab: int, scratch: bool
-) -> torch.Tensor | None:
-    """For phase 1 `new_rows`: True for rows of tokens the base model did not have (all rows of a
-    scratch model); None when phase 1 trains whole matrices."""
-    if config.phase1.trainable != "new_rows" or config.phase1.num_steps == 0:
-        return None
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(new rows, kept rows), a bool per vocabulary row: the rows of tokens the base model did not have (all of a
+    scratch model) for phase 1 `new_rows`, and those it had (all with its own tokenizer) for phase 2
+    `kept_rows_learning_rate`; None where the setting does not use it."""
     if pending is None:
-        if scratch:
-            return torch.ones(vocab, dtype=torch.bool)
-        raise ConfigError(
-            "phase1.trainable: new_rows, but the tokenizer equals the base model's: there are no new "
-            "rows to train (use trainable: embeddings or a new tokenizer)"
-        )
-    return torch.tensor([k < 0 for k in pending.mapping.kept], dtype=torch.bool)
-
-
-def kept_row_mask(
-    config: CptConfig, pending: PendingTransplant | None, vocab: int, scratch: bool
-) -> torch.Tensor | None:
-    """For phase 2 `kept_rows_learning_rate`: True for rows of tokens the base model had (none of a
-    scratch model, all when the tokenizer is the base model's); None when the field is unset."""
-    if config.phase2.kept_rows_learning_rate is None:
-        return None
-    if pending is None:
-        return torch.full((vocab,), not scratch, dtype=torch.bool)
-    return torch.tensor([k >= 0 for k in pending.mapping.kept], dtype=torch.bool)
+        kept = torch.full((vocab,), not scratch, dtype=torch.bool)
+    else:
+        kept = torch.tensor([k >= 0 for k in pending.mapping.kept], dtype=torch.bool)
+    new = None
+    if config.phase1.trainable == "new_rows" and config.phase1.num_steps:
+        if not scratch and pending is None:
+            raise ConfigError(
+                "phase1.trainable: new_rows, but the tokenizer equals the base model's: there are no new "
+                "rows to train (use trainable: embeddings or a new tokenizer)"
+            )
+        new = ~kept
+    return new, (kept if config.phase2.kept_rows_learning_rate is not None else None)
 
 
 def initialise(model, pending: PendingTransplant, val, config: CptConfig, rt: Runtime, probe=None):

@@ -53,7 +53,7 @@ from .data import (
 from .leakage import build_probe
 from .loop import LoopSetup, TrainState, train_loop
 from .metrics import CptMetrics
-from .model_init import initialise, kept_row_mask, load_model, locate_base_model, new_row_mask
+from .model_init import initialise, load_model, locate_base_model, row_masks
 from .optim import TrainingModel
 from .reporting import MetricsLog, flops_per_token, peak_flops
 from .runtime import Runtime, init_runtime, shutdown
@@ -379,8 +379,7 @@ def train_in_process(config: CptConfig, ctx: StageContext, rt: Runtime) -> dict:
     if resume is None:
         state.transplant = transplant_report
     vocab = tok.get_vocab_size(with_added_tokens=True)
-    new_rows = new_row_mask(config, pending, vocab, scratch=base is None)
-    kept_rows = kept_row_mask(config, pending, vocab, scratch=base is None)
+    new_rows, kept_rows = row_masks(config, pending, vocab, scratch=base is None)
 
     kernels = apply_liger(model, config, rt)
     log.info("liger kernels applied: %s", ", ".join(kernels) if kernels else "none (CPU or liger: off)")
