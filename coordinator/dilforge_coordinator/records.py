@@ -175,8 +175,15 @@ class RunRecord:
         self.base = copy.deepcopy(self.stages)
 
     def to_json(self) -> bytes:
-        doc = {"run_id": self.run_id, "updated_at": datetime.now(UTC).isoformat()}
-        doc |= {key: getattr(self, key) for key in ("status", "owner", "error", "stages", "witnesses")}
+        doc = {
+            "run_id": self.run_id,
+            "updated_at": datetime.now(UTC).isoformat(),
+            "status": self.status,
+            "owner": self.owner,
+            "error": self.error,
+            "stages": self.stages,
+            "witnesses": self.witnesses,
+        }
         return json.dumps(redact_values(doc), indent=2, ensure_ascii=False).encode()
 
     def set_stage(self, store: ArtifactStore, stage: str, artifact_uri: str, status: str, **extra) -> None:
