@@ -18,10 +18,10 @@ from dilforge_coordinator.backends.local import write_inputs
 from dilforge_coordinator.cli import app
 from dilforge_coordinator.pipeline import build_hyperparameters, stage_refs
 from dilforge_sft.config import SftConfig
-from dilforge_shared.checkpoint_digests import verify
 from dilforge_shared.contract import OPT_ML_ENV, OptMl
 from dilforge_shared.manifest import Manifest, current_producer
 from dilforge_shared.store import fetch, publish
+from dilforge_shared.training import verify
 from factories import flip_byte
 from typer.testing import CliRunner
 

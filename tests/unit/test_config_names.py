@@ -1,4 +1,4 @@
-"""One name per idea across the stage configs (the shared training knobs of configs/knobs.py)."""
+"""One name per idea across the stage configs (the shared training knobs of dilforge_shared/training.py)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from dilforge_coordinator.config import CONFIG_SCHEMA_VERSION, load_pipeline
 from dilforge_cpt.config import CptConfig
 from dilforge_sft.config import SftConfig
 from dilforge_shared.configs import validate_model
-from dilforge_shared.configs.knobs import Batching, Checkpointing, SourceLimits, Warmup
 from dilforge_shared.errors import ConfigError
+from dilforge_shared.training import Batching, Checkpointing, SourceLimits, Warmup
 
 ROOT = Path(__file__).resolve().parents[2]
 CPT = {

@@ -375,7 +375,7 @@ def test_multi_node_checkpoint_finalisation(tmp_path, shared):
 
     import torch.multiprocessing as mp
     from dilforge_cpt.checkpoints import checkpoint_folders
-    from dilforge_shared.checkpoint_digests import read_markers
+    from dilforge_shared.training import read_markers
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

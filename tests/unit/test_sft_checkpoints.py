@@ -1,4 +1,4 @@
-"""SFT's Trainer checkpoints carry content digests (dilforge_shared.checkpoint_digests, CPT's format): sealed
+"""SFT's Trainer checkpoints carry content digests (dilforge_shared.training, CPT's format): sealed
 right after Trainer saves them, verified before a resume; a damaged newest checkpoint is set aside and the
 previous one resumed, through the stage's own trainer on a tiny Llama."""
 
@@ -13,7 +13,7 @@ import pytest
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from dilforge_sft.config import SftConfig
-from dilforge_shared.checkpoint_digests import read_markers, seal, verify
+from dilforge_shared.training import read_markers, seal, verify
 from factories import SFT_CONVERSATION, flip_byte
 
 

@@ -19,7 +19,9 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from dilforge_shared.checkpoint_digests import (
+from dilforge_shared.compat.dcp import safe_dcp_reader
+from dilforge_shared.errors import InputError
+from dilforge_shared.training import (
     MARKER_PREFIX,
     digest,
     marker_name,
@@ -28,8 +30,6 @@ from dilforge_shared.checkpoint_digests import (
     verify,
     write_marker,
 )
-from dilforge_shared.compat.dcp import safe_dcp_reader
-from dilforge_shared.errors import InputError
 
 from .runtime import Runtime
 

@@ -16,8 +16,8 @@ from dilforge_shared.configs import (
     Switch,
     check_unique_labels,
 )
-from dilforge_shared.configs.knobs import Batching, Checkpointing, SourceLimits, Warmup
 from dilforge_shared.specials import control_token_in
+from dilforge_shared.training import Batching, Checkpointing, SourceLimits, Warmup
 from pydantic import Field, field_validator, model_validator
 
 from .metrics import CptMetrics

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import torch
 from dilforge_shared import runtime_policy
-from dilforge_shared.configs.knobs import training_bytes
 from dilforge_shared.errors import ConfigError
+from dilforge_shared.training import training_bytes
 
 from .config import CptConfig
 from .runtime import Runtime

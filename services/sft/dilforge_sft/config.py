@@ -16,9 +16,9 @@ from dilforge_shared.configs import (
     StrictModel,
     Switch,
 )
-from dilforge_shared.configs.knobs import Batching, Checkpointing, SourceLimits, Warmup
 from dilforge_shared.configs.language import LinguaCode
 from dilforge_shared.specials import control_token_in, system_prompt_problem
+from dilforge_shared.training import Batching, Checkpointing, SourceLimits, Warmup
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from .metrics import SftMetrics

@@ -13,11 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dilforge_shared import runtime_policy
-from dilforge_shared.checkpoint_digests import seal, set_aside, verify
-from dilforge_shared.configs.knobs import training_bytes
 from dilforge_shared.errors import ConfigError
 from dilforge_shared.progress import Progress
 from dilforge_shared.runtime_policy import DeviceFacts, RuntimePolicy
+from dilforge_shared.training import seal, set_aside, training_bytes, verify
 
 from .config import SftConfig
 from .data import Example
