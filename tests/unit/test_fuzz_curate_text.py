@@ -9,7 +9,7 @@ import unicodedata
 
 from dilforge_curate.config import RedactConfig
 from dilforge_curate.steps import ContactRedactor, Normaliser
-from dilforge_shared.specials import CONTROL_TOKEN
+from dilforge_shared import CONTROL_TOKEN
 from fuzzing import FUZZ
 from hypothesis import given
 from hypothesis import strategies as st

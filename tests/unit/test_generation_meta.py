@@ -11,7 +11,7 @@ import pytest
 os.environ["OMP_NUM_THREADS"] = "1"
 
 from dilforge_shared.families import CHATML, LLAMA3
-from dilforge_shared.model_folders import describe_model_folder, generation_ids
+from dilforge_shared.specials import describe_model_folder, generation_ids
 from factories import build_tiny_llama
 from generation_checks import assert_stock_generate_stops_at_end_of_turn, expected_ids, published_ids
 from sft_factories import build_chatml_tokenizer

@@ -18,8 +18,8 @@ from dilforge_shared.contract import StageContext, StageResult, log_config, stag
 from dilforge_shared.errors import InputError
 from dilforge_shared.identity import check_links, folder_files
 from dilforge_shared.manifest import sha256_file
-from dilforge_shared.model_folders import describe_model_folder
 from dilforge_shared.models import mirror_prefix
+from dilforge_shared.specials import describe_model_folder
 from dilforge_shared.store import NotFound
 
 from .gguf_convert import convert_gguf

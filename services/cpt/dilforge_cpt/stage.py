@@ -30,9 +30,9 @@ from dilforge_shared.contract import (
     log_config,
 )
 from dilforge_shared.errors import ConfigError, DilforgeError
-from dilforge_shared.model_folders import describe_model_folder
 from dilforge_shared.models import TOKENIZER_FILES, resolve
 from dilforge_shared.settings import settings
+from dilforge_shared.specials import describe_model_folder
 from dilforge_shared.store import artifact_exists, open_backend
 from dilforge_shared.workers import available_cpus, die_with_parent
 

@@ -35,9 +35,9 @@ from datatrove.pipeline.readers.base import BaseReader
 from datatrove.pipeline.writers import JsonlWriter
 from datatrove.utils.text import PUNCTUATION_SET, simplify_text, split_into_words
 from datatrove.utils.word_tokenizers import WhitespaceTokenizer
+from dilforge_shared import CONTROL_TOKEN
 from dilforge_shared.corpus import iter_located_texts
 from dilforge_shared.errors import DilforgeError
-from dilforge_shared.specials import CONTROL_TOKEN
 from ftfy.badness import BADNESS_RE, MOJIBAKE_CATEGORIES
 from lingua import IsoCode639_1, Language, LanguageDetectorBuilder
 

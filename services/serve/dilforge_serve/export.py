@@ -24,9 +24,9 @@ import typer
 from dilforge_shared import locks
 from dilforge_shared.errors import DilforgeError, ManifestNotFound
 from dilforge_shared.families import GENERATION_CONFIG_FILE, Family, detect_family
-from dilforge_shared.model_folders import special_token_ids
 from dilforge_shared.models import resolve
 from dilforge_shared.settings import cache_root
+from dilforge_shared.specials import special_token_ids
 from dilforge_shared.store import STORE_MARKER, read_manifest
 from dilforge_shared.workers import die_with_parent
 

@@ -13,11 +13,16 @@ from pathlib import Path
 
 from dilforge_shared.errors import DilforgeError
 from dilforge_shared.families import GENERATION_CONFIG_FILE
-from dilforge_shared.model_folders import CHAT_TEMPLATE_FILE, describe_model_folder, merge_adapter, special_token_ids
 from dilforge_shared.model_id import served_model_id
 from dilforge_shared.models import TOKENIZER_FILES
 from dilforge_shared.serving import ChatModel, resolve_chat_model, serving_template
-from dilforge_shared.specials import system_prompt_problem
+from dilforge_shared.specials import (
+    CHAT_TEMPLATE_FILE,
+    describe_model_folder,
+    merge_adapter,
+    special_token_ids,
+    system_prompt_problem,
+)
 
 log = logging.getLogger("dilforge.serve")
 

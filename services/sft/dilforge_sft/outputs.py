@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from dilforge_shared.families import GENERATION_CONFIG_FILE
-from dilforge_shared.model_folders import describe_model_folder, merge_adapter
+from dilforge_shared.specials import describe_model_folder, merge_adapter
 
 from .config import GenerationDefaults
 
@@ -24,7 +24,7 @@ def save_adapter(trainer, tokenizer, out_dir: Path, base_uri: str) -> None:
 
 
 def save_merged(base_dir: Path, adapter_dir: Path, out_dir: Path) -> None:
-    """The merged model (`model_folders.merge_adapter`) with the adapter's tokenizer, describing its family."""
+    """The merged model (`specials.merge_adapter`) with the adapter's tokenizer, describing its family."""
     from transformers import AutoTokenizer
 
     merge_adapter(base_dir, adapter_dir, out_dir)
