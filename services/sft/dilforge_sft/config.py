@@ -25,7 +25,7 @@ from .metrics import SftMetrics
 
 
 def knob(group: type[BaseModel], name: str, default: Any) -> Any:
-    """The shared field `name` of `group` (configs.knobs) with SFT's default, everything else as defined there."""
+    """The shared field `name` of `group` (dilforge_shared.training) with SFT's default, everything else as defined there."""
     info = copy.copy(group.model_fields[name])
     info.default = default
     return info
