@@ -92,18 +92,20 @@ def test_reference_is_base_else_first_model():
     ],
 )
 def test_step0_bpb_per_initialisation_and_set(transplant, expected):
-    got = compare.step0_bpb(published("cpt", transplant=transplant))
+    got = compare.step0_bpb(compare.CptRead.model_validate(published("cpt", transplant=transplant)).transplant)
     assert got.step0_bpb == expected and got.method == transplant["method"]
     assert got.sets == sorted({s for v in expected.values() for s in v})
 
 
 @pytest.mark.parametrize("transplant", [None, {"method": "none", "reason": "same tokenizer as the base model"}])
 def test_step0_bpb_absent_without_a_comparison(transplant):
-    assert compare.step0_bpb(published("cpt", transplant=transplant)) is None
+    assert compare.step0_bpb(compare.CptRead.model_validate(published("cpt", transplant=transplant)).transplant) is None
 
 
 def test_tokenizer_comparison_reads_the_published_metrics():
-    got = compare.tokenizer_comparison(published("tokenizer"))
+    tok = published("tokenizer")
+    got = compare.tokenizer_comparison(compare.TokenizerRead.model_validate(tok), tok["comparison"])
     assert got.languages == ["az", "en"] and got.rows[0]["strategy"] == "replace"
     assert got.dead_tokens["num_dead_new_tokens"] == 5  # the audit is free-form: published as the tokenizer wrote it
-    assert compare.tokenizer_comparison(published("tokenizer", comparison=[], dead_tokens={})) is None
+    empty = compare.TokenizerRead.model_validate(published("tokenizer", comparison=[], dead_tokens={}))
+    assert compare.tokenizer_comparison(empty, []) is None

@@ -33,6 +33,16 @@ BPB = {
 }
 
 
+def step0_bpb(published: dict):
+    """eval's step-0 section of a published CPT metrics dict."""
+    return compare.step0_bpb(compare.CptRead.model_validate(published).transplant)
+
+
+def tokenizer_comparison(published: dict):
+    """eval's strategies section of a published tokenizer metrics dict."""
+    return compare.tokenizer_comparison(compare.TokenizerRead.model_validate(published), published["comparison"])
+
+
 def fake_metrics():
     """Every section the report shows, validated as the stage validates it (EvalMetrics)."""
     tm = {
@@ -92,7 +102,7 @@ def fake_metrics():
         "cost": {"cpt": {"seconds_train": 12.5}},
         "skipped": [],
         "seconds": {"total": 1.0},
-        "transplant": compare.step0_bpb(
+        "transplant": step0_bpb(
             CptMetrics.model_validate(
                 metrics_samples.sample(
                     "cpt",
@@ -113,7 +123,7 @@ def fake_metrics():
                 )
             ).model_dump()
         ),
-        "tokenizer_comparison": compare.tokenizer_comparison(
+        "tokenizer_comparison": tokenizer_comparison(
             TokenizerMetrics.model_validate(
                 metrics_samples.sample(
                     "tokenizer",

@@ -1,5 +1,6 @@
-"""Typed metrics between stages (contract.validate_metrics, read_metrics): a producer's renamed metric fails its publish, and
-eval reads the typed fields, so a field renamed in the model without its consumer fails here too."""
+"""Typed metrics between stages (contract.validate_metrics, read_metrics): a producer's renamed metric fails its
+publish, and eval reads the upstream fields it shows through its own models (compare.READERS), so a field renamed in a
+producer's model without its consumer fails here too, and an upstream artifact of another shape is an InputError."""
 
 from __future__ import annotations
 
@@ -82,7 +83,9 @@ def test_an_upstream_manifest_without_a_field_eval_reads_names_the_artifact_and_
     del old["train_loss_history"]
     art = SimpleNamespace(uri="s3://b/sft/1", manifest=SimpleNamespace(metrics=old))
     ctx = SimpleNamespace(has_input=lambda name: name == "sft", input=lambda name: art)
-    with pytest.raises(InputError, match=r"s3://b/sft/1: sft metrics do not hold .*no field 'train_loss_history'"):
+    with pytest.raises(
+        InputError, match=r"s3://b/sft/1: sft metrics do not hold .*metrics\.train_loss_history: Field required"
+    ):
         upstream_sections(ctx)
 
 
@@ -94,5 +97,57 @@ def test_an_upstream_sweep_of_another_shape_names_the_field():
     bad = metrics_samples.sample("tokenizer", sweep=3)
     art = SimpleNamespace(uri="s3://b/tok/1", manifest=SimpleNamespace(metrics=bad))
     ctx = SimpleNamespace(has_input=lambda name: name == "tokenizer", input=lambda name: art)
-    with pytest.raises(InputError, match=r"s3://b/tok/1: tokenizer metrics do not hold .*\(rows: Input should be"):
+    with pytest.raises(
+        InputError, match=r"s3://b/tok/1: tokenizer metrics do not hold .*\(metrics\.sweep: Input should be"
+    ):
         upstream_sections(ctx)
+
+
+def _edit(sample: dict, path: str, value) -> dict:
+    """`sample` with the value at a dotted path (list indices as numbers) replaced, or removed where value is ..."""
+    *parents, last = [int(k) if k.isdigit() else k for k in path.split(".")]
+    node = sample
+    for key in parents:
+        node = node[key]
+    if value is ...:
+        del node[last]
+    else:
+        node[last] = value
+    return sample
+
+
+@pytest.mark.parametrize(
+    "stage,path,value",
+    [
+        ("cpt", "history.0.step", "abc"),
+        ("cpt", "history.0.loss", "high"),
+        ("cpt", "tokens_per_s", "fast"),
+        ("cpt", "transplant", 3),
+        ("cpt", "transplant.step0_val_bpb_by_set", {"x": "ab"}),
+        ("cpt", "validation.0.val_loss", ...),
+        ("sft", "train_loss_history.0.loss", [1]),
+        ("tokenizer", "comparison.0.languages", ["az"]),
+        ("tokenizer", "sweep.0.sets", ...),
+    ],
+)
+def test_an_upstream_field_eval_reads_of_another_shape_is_an_input_error_naming_it(stage, path, value):
+    from types import SimpleNamespace
+
+    from dilforge_eval.stage import upstream_sections
+
+    bad = _edit(metrics_samples.sample(stage), path, value)
+    art = SimpleNamespace(uri=f"s3://b/{stage}/1", manifest=SimpleNamespace(metrics=bad))
+    ctx = SimpleNamespace(has_input=lambda name: name == stage, input=lambda name: art)
+    field = path.split(".")[0]
+    with pytest.raises(InputError, match=rf"s3://b/{stage}/1: {stage} metrics do not hold .*metrics\.{field}"):
+        upstream_sections(ctx)
+
+
+def test_eval_shows_the_tokenizer_rows_as_published():
+    out = {"curves": {}, "cost": {}}
+    sample = metrics_samples.sample("tokenizer")
+    compare.upstream("tokenizer", sample, out)
+    assert out["vocab_sweep"].rows == sample["sweep"]
+    assert out["vocab_sweep"].base == sample.get("base")
+    if out["tokenizer_comparison"] is not None:
+        assert out["tokenizer_comparison"].rows == sample["comparison"]

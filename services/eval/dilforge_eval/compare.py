@@ -1,6 +1,7 @@
 """Each model's BPB against the base model's, per text set (an average across languages would hide the loss
 elsewhere), the headline per language, and what the report shows of the upstream manifests' metrics: curves,
-cost, step-0 BPB and tokenizer strategies (read as published; each stage validated them when it published)."""
+cost, step-0 BPB and tokenizer strategies. Those are read through eval's own models of just the fields it shows
+(other fields are the producer's, ignored), so an artifact of another version fails here naming the field."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from dilforge_shared.configs import DataSource
+from dilforge_shared.fertility import SetFigures
+from pydantic import BaseModel, ConfigDict, Field
 
 from .metrics import (
     BpbChange,
@@ -92,52 +95,114 @@ def headline(
     return out
 
 
-COST = {  # stage -> the figures of its metrics the report lists as its cost
+class Read(BaseModel):
+    """What eval reads of an upstream stage's metrics; other fields are ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+class LossRow(Read):
+    step: int
+    loss: float
+
+
+class ValidationRow(LossRow):
+    loss: float = Field(alias="val_loss")
+
+
+class TransplantRead(Read):
+    method: str
+    step0_val_bpb_by_set: dict[str, dict[str, float]] = Field(default_factory=dict)
+    step0_leakage: dict[str, dict[str, dict[str, float | None]]] = Field(default_factory=dict)
+
+
+class CptRead(Read):
+    history: list[LossRow]
+    validation: list[ValidationRow]
+    transplant: TransplantRead | None
+    tokens_seen: int
+    total_tokens: int
+    tokens_per_s: float | None
+    mfu: float | None
+    peak_memory_gb: float | None
+    eval_peak_memory_gb: float | None
+
+
+class SftRead(Read):
+    train_loss_history: list[LossRow]
+    train_runtime_s: float
+    train_steps_per_second: float | None = None
+    optimizer_steps: int
+
+
+class SweepRow(Read):
+    vocab_size: int
+    sets: dict[str, SetFigures]
+
+
+class StrategyRow(Read):
+    languages: dict[str, dict[str, float]]
+
+
+class BaseRead(Read):
+    sets: dict[str, SetFigures]
+
+
+class TokenizerRead(Read):
+    selected_vocab_size: int | None
+    sweep: list[SweepRow]
+    base: BaseRead | None = None
+    comparison: list[StrategyRow]
+    dead_tokens: dict[str, Any]
+
+
+READERS: dict[str, type[Read]] = {"cpt": CptRead, "sft": SftRead, "tokenizer": TokenizerRead}
+COST = {  # the figures of each stage's metrics the report lists as its cost
     "cpt": ("tokens_seen", "total_tokens", "tokens_per_s", "mfu", "peak_memory_gb", "eval_peak_memory_gb"),
     "sft": ("train_runtime_s", "train_steps_per_second", "optimizer_steps"),
-}
-CURVES = {  # stage -> curve -> (the metrics' list of rows, the row's value at its `step`)
-    "cpt": {"loss": ("history", "loss"), "validation/val_loss": ("validation", "val_loss")},
-    "sft": {"loss": ("train_loss_history", "loss")},
 }
 
 
 def upstream(stage: str, metrics: dict[str, Any], out: dict[str, Any]) -> None:
     """Into `out`: the curves and cost of a cpt or sft manifest's metrics, the step-0 BPB of cpt's, the vocab
-    sweep and strategies of the tokenizer's. KeyError, TypeError or ValidationError where a field read here is
-    missing or of another shape (`stage.upstream_sections` names it)."""
-    if stage in CURVES:
-        curves = {k: sorted([float(r["step"]), r[v]] for r in metrics[rows]) for k, (rows, v) in CURVES[stage].items()}
-        if curves := {k: v for k, v in curves.items() if v}:
+    sweep and strategies of the tokenizer's. pydantic's ValidationError where a field read here is missing or of
+    another shape (`stage.upstream_sections` names it)."""
+    read = READERS[stage].model_validate(metrics)
+    if isinstance(read, CptRead):
+        curves = {"loss": read.history, "validation/val_loss": read.validation}
+    elif isinstance(read, SftRead):
+        curves = {"loss": read.train_loss_history}
+    if isinstance(read, CptRead | SftRead):
+        if curves := {name: sorted([float(r.step), r.loss] for r in rows) for name, rows in curves.items() if rows}:
             out["curves"][stage] = curves
-        if cost := {k: v for k in COST[stage] if (v := metrics[k]) is not None}:
+        if cost := {name: value for name in COST[stage] if (value := getattr(read, name)) is not None}:
             out["cost"][stage] = cost
-    if stage == "cpt":
-        out["transplant"] = step0_bpb(metrics)
-    if stage == "tokenizer":
-        out["vocab_sweep"] = VocabSweep(
-            selected=metrics["selected_vocab_size"], rows=metrics["sweep"], base=metrics["base"]
-        )
-        out["tokenizer_comparison"] = tokenizer_comparison(metrics)
+    if isinstance(read, CptRead):
+        out["transplant"] = step0_bpb(read.transplant)
+    if isinstance(read, TokenizerRead):
+        # the rows as published (checked above), which the report shows as they are
+        base = metrics.get("base")
+        out["vocab_sweep"] = VocabSweep(selected=read.selected_vocab_size, rows=metrics["sweep"], base=base)
+        out["tokenizer_comparison"] = tokenizer_comparison(read, metrics["comparison"])
 
 
-def step0_bpb(cpt: dict[str, Any]) -> Step0Section | None:
+def step0_bpb(t: TransplantRead | None) -> Step0Section | None:
     """Step-0 BPB per initialisation and validation set, from the CPT metrics' `transplant` block."""
-    t = cpt["transplant"]
-    if t is None or not t.get("step0_val_bpb_by_set"):
+    if t is None or not t.step0_val_bpb_by_set:
         return None
-    methods = {m: dict(sets) for m, sets in t["step0_val_bpb_by_set"].items()}
+    methods = t.step0_val_bpb_by_set
     return Step0Section(
-        method=t["method"],
+        method=t.method,
         sets=sorted({s for v in methods.values() for s in v}),
         step0_bpb=methods,
-        leakage=t.get("step0_leakage") or None,  # {method: {set: row}} (cpt leakage.step0_row)
+        leakage=t.step0_leakage or None,  # {method: {set: row}} (cpt leakage.step0_row)
     )
 
 
-def tokenizer_comparison(tok: dict[str, Any]) -> TokenizerComparison | None:
-    """The tokenizer strategies side by side (`comparison` rows, `dead_tokens`), or None when it has neither."""
-    if not tok["comparison"] and not tok["dead_tokens"]:
+def tokenizer_comparison(tok: TokenizerRead, rows: list[dict[str, Any]]) -> TokenizerComparison | None:
+    """The tokenizer strategies side by side (`rows`: the published `comparison`, `dead_tokens`), or None when it
+    has neither."""
+    if not tok.comparison and not tok.dead_tokens:
         return None
-    languages = sorted({lang for r in tok["comparison"] for lang in r["languages"]})
-    return TokenizerComparison(rows=tok["comparison"], languages=languages, dead_tokens=tok["dead_tokens"] or None)
+    languages = sorted({lang for r in tok.comparison for lang in r.languages})
+    return TokenizerComparison(rows=rows, languages=languages, dead_tokens=tok.dead_tokens or None)

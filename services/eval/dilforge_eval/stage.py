@@ -327,11 +327,10 @@ def upstream_sections(ctx: StageContext) -> dict:
             art = ctx.input(stage)
             try:
                 compare.upstream(stage, art.manifest.metrics, out)
-            except (KeyError, TypeError, ValidationError) as exc:  # a field missing, or of another shape
-                what = field_errors(exc) if isinstance(exc, ValidationError) else str(exc)
-                what = f"no field {what}" if isinstance(exc, KeyError) else what
+            except ValidationError as exc:  # a field eval reads is missing or of another shape
                 raise InputError(
-                    f"{stage} metrics do not hold what eval reports ({what}): an artifact of another dilforge version?",
+                    f"{stage} metrics do not hold what eval reports ({field_errors(exc, within=('metrics',))}): "
+                    "an artifact of another dilforge version?",
                     path=art.uri,
                 ) from None
     return out
