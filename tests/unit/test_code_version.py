@@ -108,7 +108,7 @@ def test_an_edit_changes_exactly_the_versions_of_the_stages_that_import_it(tree)
     closures = {stage: identity.module_closure(entry) for stage, entry in identity.STAGE_MODULES.items()}
     for module in (
         "dilforge_cpt.config",
-        "dilforge_shared.training",
+        "dilforge_shared.configs.language",
         "dilforge_shared.fertility",
         "dilforge_shared.compat",
         "dilforge_shared.compat.dcp",

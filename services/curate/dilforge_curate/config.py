@@ -6,15 +6,8 @@ from __future__ import annotations
 
 from typing import Annotated, ClassVar, Literal
 
-from dilforge_shared.configs import (
-    CANDIDATES,
-    RUN_ONLY,
-    DataSource,
-    LinguaCode,
-    StageConfig,
-    StrictModel,
-    check_unique_labels,
-)
+from dilforge_shared.configs import RUN_ONLY, DataSource, StageConfig, StrictModel, check_unique_labels
+from dilforge_shared.configs.language import CANDIDATES, LinguaCode
 from pydantic import Field, field_validator, model_validator
 
 from .metrics import CurateMetrics

@@ -155,7 +155,7 @@ def parrots(prompt: str, answer: str) -> bool:
 @lru_cache(maxsize=1)
 def _detector():
     """lingua over curate's candidate languages (built once: loading its models takes seconds)."""
-    from dilforge_shared.configs import CANDIDATES
+    from dilforge_shared.configs.language import CANDIDATES
     from lingua import IsoCode639_1, Language, LanguageDetectorBuilder
 
     codes = sorted(set(CANDIDATES) | {"az", "en"})

@@ -11,12 +11,12 @@ from dilforge_shared.configs import (
     MAX_TOKENS,
     RUN_ONLY,
     DataSource,
-    LinguaCode,
     Precision,
     StageConfig,
     StrictModel,
     Switch,
 )
+from dilforge_shared.configs.language import LinguaCode
 from dilforge_shared.specials import control_token_in, system_prompt_problem
 from dilforge_shared.training import Batching, Checkpointing, SourceLimits, Warmup
 from pydantic import BaseModel, Field, field_validator, model_validator

@@ -1,5 +1,5 @@
-"""What every stage config shares: strict validation, data sources, language codes, and the stage's wiring. Each
-stage's section is its own package's `config.py`; CPT and SFT's knobs are in `dilforge_shared.training`."""
+"""What every stage config shares: strict validation, data sources, and the stage's wiring. CPT and SFT's knobs
+and the language settings are submodules; each stage's section is its own package's `config.py`."""
 
 from __future__ import annotations
 
@@ -82,13 +82,6 @@ class StrictModel(BaseModel):
 
 
 Switch = Literal["auto", "on", "off"]
-
-# the ISO 639-1 codes lingua-language-detector 2.1 detects (curate's language filter, SFT's target language, eval's
-# assistant figures), and the languages lingua chooses among by default (curate adds its target language)
-LinguaCode = Literal[
-    "af", "ar", "az", "be", "bg", "bn", "bs", "ca", "cs", "cy", "da", "de", "el", "en", "eo", "es", "et", "eu", "fa", "fi", "fr", "ga", "gu", "he", "hi", "hr", "hu", "hy", "id", "is", "it", "ja", "ka", "kk", "ko", "la", "lg", "lt", "lv", "mi", "mk", "mn", "mr", "ms", "nb", "nl", "nn", "pa", "pl", "pt", "ro", "ru", "sk", "sl", "sn", "so", "sq", "sr", "st", "sv", "sw", "ta", "te", "th", "tl", "tn", "tr", "ts", "uk", "ur", "vi", "xh", "yo", "zh", "zu",
-]  # fmt: skip
-CANDIDATES = ("az", "tr", "en", "ru", "kk", "fa", "ar", "de", "fr", "es", "uk")
 
 
 # A source may name an upstream stage's corpus artifact instead of files: `uri: artifact:curate`. Its identity is
