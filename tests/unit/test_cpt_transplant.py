@@ -72,3 +72,15 @@ def test_same_vocab_detection(toks):
 
     base, new = toks
     assert same_vocab(base, base) and not same_vocab(base, new)
+
+
+def test_a_base_model_without_a_tokenizer_is_named_as_configured(tmp_path):
+    """The error names what the user wrote as base_model, not the local cache folder it was fetched to."""
+    from types import SimpleNamespace
+
+    from dilforge_cpt.model_init import BaseModel, load_model
+    from dilforge_shared.errors import InputError
+
+    tok = SimpleNamespace(get_vocab_size=lambda with_added_tokens: 8)
+    with pytest.raises(InputError, match=r"^s3://models/base: base_model: no tokenizer.json beside the weights"):
+        load_model(None, BaseModel(tmp_path, "s3://models/base"), tok, None, None)

@@ -78,7 +78,11 @@ def load_model(config: CptConfig, base: BaseModel | None, tok: Tokenizer, ids: T
     if base is None:
         model = scratch_model(config, vocab, ids).to(rt.device)
         return model, None, {"method": "none", "reason": "scratch model on the stage's tokenizer"}
-    base_tok = load_tokenizer(base.path)  # InputError naming the folder when it has no tokenizer.json
+    if not (base.path / "tokenizer.json").is_file():  # named as the user configured it, not the cached folder
+        raise InputError(
+            "base_model: no tokenizer.json beside the weights (needed to compare vocabularies)", path=base.source
+        )
+    base_tok = load_tokenizer(base.path)
     same = transplant.same_vocab(base_tok, tok)
     if not same and config.transplant == "none":
         raise InputError(
