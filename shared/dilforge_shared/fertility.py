@@ -1,6 +1,6 @@
-"""How a tokenizer is measured on raw text, the same for the tokenizer and eval stages: fertility, bytes per token,
-share of words split 3+ ways. A word is a `str.split()` run; tokens exclude added specials; fertility and bytes/token are
-ratios of sums over the set; a token counts for every word its span overlaps."""
+"""How a tokenizer is measured on raw text, the same for the tokenizer and eval stages: fertility, bytes per
+token, share of words split 3+ ways. A word is a `str.split()` run; tokens exclude added specials; fertility and
+bytes/token are ratios of sums over the set; a token counts for every word its span overlaps."""
 
 from __future__ import annotations
 

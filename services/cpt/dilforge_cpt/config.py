@@ -47,7 +47,7 @@ class ScratchModel(StrictModel):
 
 
 class Phase(Warmup):
-    """One training phase: its own steps, peak learning rate and warmup (`knobs.Warmup`: num_warmup_steps or
+    """One training phase: its own steps, peak learning rate and warmup (`training.Warmup`: num_warmup_steps or
     warmup_ratio); cosine decay to min_lr_ratio × peak."""
 
     num_steps: int = Field(
@@ -125,7 +125,7 @@ class CptDataSource(DataSource, SourceLimits):
 
 
 class CptConfig(StageConfig, Batching, Checkpointing):
-    """CPT: the shared training knobs (`knobs.Batching`, `knobs.Checkpointing`) plus what only CPT has."""
+    """CPT: the shared training knobs (`training.Batching`, `training.Checkpointing`) plus what only CPT has."""
 
     stage: ClassVar[str] = "cpt"
     metrics_model: ClassVar[type[CptMetrics]] = CptMetrics

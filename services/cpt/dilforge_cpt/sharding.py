@@ -55,7 +55,7 @@ def resolve_memory(
     config: CptConfig, rt: Runtime, model_config, free_bytes: float | None = None
 ) -> tuple[int, bool, str]:
     """(micro_batch_size, activation checkpointing, why) from the settings, `auto` from the memory estimate
-    (`knobs.training_bytes`) on CUDA: checkpointing only when the micro-batch does not fit without it,
+    (`training.training_bytes`) on CUDA: checkpointing only when the micro-batch does not fit without it,
     the micro-batch the largest divisor of the per-process batch that fits. CPU: no estimate, auto is off."""
     micro, checkpointing = config.micro_batch_size, config.activation_checkpointing
     if micro == "auto" and config.global_batch_size % rt.world:

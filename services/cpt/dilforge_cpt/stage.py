@@ -1,7 +1,8 @@
 """CPT stage: adapt a Llama-family model to a new language and its new tokenizer.
 
-`run` trains here or starts torchrun (`build_launch`) on `worker`; node 0 publishes. Each process: runtime → token cache → packed
-data → validation → resume point → base model → transplant → Liger, compile, FSDP2 → `train_loop` → HF folder."""
+`run` trains here or starts torchrun (`build_launch`) on `worker`; node 0 publishes. Each process: runtime → token
+cache → packed data → validation → resume point → base model → transplant → Liger, compile, FSDP2 → `train_loop` →
+HF folder."""
 
 from __future__ import annotations
 

@@ -127,7 +127,8 @@ def serve(
 
                 server = build_app(spec.model_id, device=device, dtype=dtype, continuous_batching=continuous_batching)
                 print(
-                    f"serving {spec.description}\n  model id: {spec.model_id}\n  try: curl {base_url}/v1/chat/completions "
+                    f"serving {spec.description}\n  model id: {spec.model_id}\n"
+                    f"  try: curl {base_url}/v1/chat/completions "
                     f'-H \'Content-Type: application/json\' -d \'{{"model": "{spec.model_id}", "messages": '
                     '[{"role": "user", "content": "Salam!"}]}\'',
                     flush=True,

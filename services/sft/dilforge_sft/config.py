@@ -25,7 +25,8 @@ from .metrics import SftMetrics
 
 
 def knob(group: type[BaseModel], name: str, default: Any) -> Any:
-    """The shared field `name` of `group` (dilforge_shared.training) with SFT's default, everything else as defined there."""
+    """The shared field `name` of `group` (dilforge_shared.training) with SFT's default, everything else as
+    defined there."""
     info = copy.copy(group.model_fields[name])
     info.default = default
     return info
@@ -105,7 +106,7 @@ class GenerationDefaults(StrictModel):
 
 
 class SftConfig(StageConfig, Batching, Warmup, Checkpointing):
-    """SFT: the shared training knobs (`knobs.Batching`, `knobs.Warmup`, `knobs.Checkpointing`; other defaults
+    """SFT: the shared training knobs (`training.Batching`, `training.Warmup`, `training.Checkpointing`; other defaults
     where SFT needs them) plus what only SFT has."""
 
     stage: ClassVar[str] = "sft"

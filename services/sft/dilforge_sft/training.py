@@ -58,7 +58,7 @@ def activation_checkpointing(
     config: SftConfig, model_config, plan: SftPlan, memory: int | None = None
 ) -> tuple[bool, str]:
     """(recompute activations?, why): `auto` turns it on only when the memory estimate of LoRA training without
-    it (`knobs.training_bytes`) exceeds memory_budget_fraction of `memory` (default: the device's)."""
+    it (`training.training_bytes`) exceeds memory_budget_fraction of `memory` (default: the device's)."""
     if config.activation_checkpointing != "auto":
         return config.activation_checkpointing == "on", "set by sft.activation_checkpointing"
     if memory is None and plan.device == "cuda":

@@ -1,5 +1,6 @@
 """What every stage config shares: strict validation, data sources, and the stage's wiring. CPT and SFT's knobs
-and the language settings are submodules; each stage's section is its own package's `config.py`."""
+are `dilforge_shared.training`, the language codes `configs.language`; each stage's section is its own package's
+`config.py`."""
 
 from __future__ import annotations
 
